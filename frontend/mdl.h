@@ -1,0 +1,32 @@
+/* mdl.h - the MDL frontend: source text -> IrModule with one block,
+ * "forward", whose last node is `output "loss"` (the model's return value).
+ * Parameters become IrStates (kind param) with their initializers; the
+ * config, train and parallel blocks fill m->consts, m->train and m->par.
+ * Functions are inlined, `repeat` is unrolled, config arithmetic is done
+ * here: the IR has no control flow and no symbolic sizes.
+ *
+ * Diagnostics go to opt->diag (stderr when NULL) as
+ *   file:line:col: error: message
+ *       <the source line>
+ *       <caret under the column>
+ * and compilation stops at the end of the stage that found them. */
+#ifndef TS_MDL_H
+#define TS_MDL_H
+#include "../ir/ir.h"
+
+typedef struct { const char *name, *value; } MdlDefine;   /* -D name=value */
+
+typedef struct {
+  const MdlDefine *defines; int ndefines;  /* config overrides */
+  const char *stdlib_dir;                  /* where `import nn` looks; NULL: TS_SOURCE_DIR/stdlib */
+  IrDtype precision;                       /* IR_VOID: the train block's (default f32) */
+  int tp, pp, cp, ep, sp;                  /* -1: the parallel block's (default 1, sp 0) */
+  FILE *diag;                              /* NULL: stderr */
+} MdlOptions;
+
+void mdl_options_init(MdlOptions *o);
+/* NULL after printing diagnostics.  The caller owns the module. */
+IrModule *mdl_compile_file(const char *path, const MdlOptions *opt);
+IrModule *mdl_compile_string(const char *src, const char *fname, const MdlOptions *opt);
+
+#endif

@@ -1,0 +1,7 @@
+%{
+int yylex(void);
+void yyerror(const char *s);
+%}
+%%
+start: ;
+%%

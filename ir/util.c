@@ -1,0 +1,218 @@
+/* util.c - arenas, interning, string buffers, atomic file writes. */
+#include "util.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <unistd.h>
+
+void ts_die_at(const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s:%d: ", file, line);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  abort();
+}
+
+void *ts_xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) TS_DIE("out of memory allocating %zu bytes", n);
+  return p;
+}
+void *ts_xcalloc(size_t n, size_t sz) {
+  void *p = calloc(n ? n : 1, sz ? sz : 1);
+  if (!p) TS_DIE("out of memory allocating %zu x %zu bytes", n, sz);
+  return p;
+}
+void *ts_xrealloc(void *p, size_t n) {
+  void *q = realloc(p, n ? n : 1);
+  if (!q) TS_DIE("out of memory reallocating %zu bytes", n);
+  return q;
+}
+char *ts_xstrdup(const char *s) {
+  size_t n = strlen(s) + 1;
+  return memcpy(ts_xmalloc(n), s, n);
+}
+
+/* ---- arena ---- */
+struct ArenaBlock { ArenaBlock *next; size_t size, used; _Alignas(16) unsigned char data[]; };
+
+void arena_init(Arena *a) { a->head = NULL; a->used_total = 0; }
+
+void arena_free(Arena *a) {
+  for (ArenaBlock *b = a->head, *n; b; b = n) { n = b->next; free(b); }
+  a->head = NULL;
+  a->used_total = 0;
+}
+
+void *arena_alloc(Arena *a, size_t n) {
+  n = (n + 15) & ~(size_t)15;
+  ArenaBlock *b = a->head;
+  if (!b || b->size - b->used < n) {
+    size_t size = n > 64 * 1024 ? n : 64 * 1024;
+    b = ts_xmalloc(sizeof *b + size);
+    b->size = size;
+    b->used = 0;
+    b->next = a->head;
+    a->head = b;
+  }
+  void *p = b->data + b->used;
+  b->used += n;
+  a->used_total += n;
+  memset(p, 0, n);
+  return p;
+}
+
+char *arena_strndup(Arena *a, const char *s, size_t n) {
+  char *p = arena_alloc(a, n + 1);
+  memcpy(p, s, n);
+  p[n] = 0;
+  return p;
+}
+char *arena_strdup(Arena *a, const char *s) { return arena_strndup(a, s, strlen(s)); }
+
+char *arena_printf(Arena *a, const char *fmt, ...) {
+  va_list ap, ap2;
+  va_start(ap, fmt);
+  va_copy(ap2, ap);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char *p = arena_alloc(a, (size_t)n + 1);
+  vsnprintf(p, (size_t)n + 1, fmt, ap2);
+  va_end(ap2);
+  return p;
+}
+
+/* ---- interning: open-addressing hash set, process-wide, thread-safe ---- */
+static struct { const char **slot; size_t cap, n; Arena arena; } intern_tab;
+static pthread_mutex_t intern_mu = PTHREAD_MUTEX_INITIALIZER;
+
+uint64_t ts_hash64(const void *p, size_t n, uint64_t seed) {
+  const unsigned char *s = p;
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (size_t i = 0; i < n; i++) { h ^= s[i]; h *= 1099511628211ull; }
+  return h;
+}
+
+static void intern_grow(void) {
+  size_t cap = intern_tab.cap ? intern_tab.cap * 2 : 1024;
+  const char **slot = ts_xcalloc(cap, sizeof *slot);
+  for (size_t i = 0; i < intern_tab.cap; i++) {
+    const char *s = intern_tab.slot[i];
+    if (!s) continue;
+    size_t j = ts_hash64(s, strlen(s), 0) & (cap - 1);
+    while (slot[j]) j = (j + 1) & (cap - 1);
+    slot[j] = s;
+  }
+  free(intern_tab.slot);
+  intern_tab.slot = slot;
+  intern_tab.cap = cap;
+}
+
+const char *ts_intern_n(const char *s, size_t n) {
+  if (!s) return NULL;
+  pthread_mutex_lock(&intern_mu);
+  if (2 * (intern_tab.n + 1) > intern_tab.cap) intern_grow();
+  size_t j = ts_hash64(s, n, 0) & (intern_tab.cap - 1);
+  const char *r;
+  for (;;) {
+    r = intern_tab.slot[j];
+    if (!r) {
+      r = intern_tab.slot[j] = arena_strndup(&intern_tab.arena, s, n);
+      intern_tab.n++;
+      break;
+    }
+    if (strncmp(r, s, n) == 0 && r[n] == 0) break;
+    j = (j + 1) & (intern_tab.cap - 1);
+  }
+  pthread_mutex_unlock(&intern_mu);
+  return r;
+}
+const char *ts_intern(const char *s) { return s ? ts_intern_n(s, strlen(s)) : NULL; }
+
+/* ---- StrBuf ---- */
+static void sb_reserve(StrBuf *b, size_t extra) {
+  if (b->n + extra + 1 <= b->cap) return;
+  size_t cap = b->cap ? b->cap : 256;
+  while (cap < b->n + extra + 1) cap *= 2;
+  b->p = ts_xrealloc(b->p, cap);
+  b->cap = cap;
+}
+void sb_write(StrBuf *b, const void *p, size_t n) {
+  sb_reserve(b, n);
+  memcpy(b->p + b->n, p, n);
+  b->n += n;
+  b->p[b->n] = 0;
+}
+void sb_putc(StrBuf *b, char c) { sb_write(b, &c, 1); }
+void sb_puts(StrBuf *b, const char *s) { sb_write(b, s, strlen(s)); }
+void sb_printf(StrBuf *b, const char *fmt, ...) {
+  va_list ap, ap2;
+  va_start(ap, fmt);
+  va_copy(ap2, ap);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  sb_reserve(b, (size_t)n);
+  vsnprintf(b->p + b->n, (size_t)n + 1, fmt, ap2);
+  va_end(ap2);
+  b->n += (size_t)n;
+}
+void sb_free(StrBuf *b) { free(b->p); b->p = NULL; b->n = b->cap = 0; }
+
+/* ---- files ---- */
+char *ts_read_file(const char *path, size_t *len_out) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  StrBuf b = {0};
+  char tmp[65536];
+  size_t k;
+  while ((k = fread(tmp, 1, sizeof tmp, f)) > 0) sb_write(&b, tmp, k);
+  int bad = ferror(f);
+  fclose(f);
+  if (bad) { sb_free(&b); errno = EIO; return NULL; }
+  if (!b.p) sb_reserve(&b, 0), b.p[0] = 0;
+  if (len_out) *len_out = b.n;
+  return b.p;
+}
+
+int ts_write_file_atomic(const char *path, const void *data, size_t len) {
+  size_t n = strlen(path);
+  char *tmp = ts_xmalloc(n + 32);
+  snprintf(tmp, n + 32, "%s.tmp.%ld", path, (long)getpid());
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) { free(tmp); return -1; }
+  const char *p = data;
+  size_t left = len;
+  while (left > 0) {
+    ssize_t w = write(fd, p, left);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      int e = errno; close(fd); unlink(tmp); free(tmp); errno = e; return -1;
+    }
+    p += w;
+    left -= (size_t)w;
+  }
+  if (fsync(fd) != 0 || close(fd) != 0) {
+    int e = errno; unlink(tmp); free(tmp); errno = e; return -1;
+  }
+  if (rename(tmp, path) != 0) { int e = errno; unlink(tmp); free(tmp); errno = e; return -1; }
+  free(tmp);
+  return 0;
+}
+
+void ts_fmt_double(char *buf, size_t n, double x) {
+  if (isnan(x)) { snprintf(buf, n, "nan"); return; }
+  if (isinf(x)) { snprintf(buf, n, x > 0 ? "inf" : "-inf"); return; }
+  for (int prec = 1; prec <= 17; prec++) {       /* shortest that round-trips */
+    snprintf(buf, n, "%.*g", prec, x);
+    if (strtod(buf, NULL) == x) break;
+  }
+  /* keep it visibly a float: "1" -> "1.0" (unless it has e/./inf) */
+  if (!strpbrk(buf, ".eEni")) {
+    size_t k = strlen(buf);
+    if (k + 2 < n) { buf[k] = '.'; buf[k + 1] = '0'; buf[k + 2] = 0; }
+  }
+}

@@ -1,0 +1,70 @@
+/* util.h - small shared helpers for every stage: arenas, growable arrays,
+ * string interning, internal-bug asserts.  No dependencies beyond libc.
+ *
+ * Ownership rule (CONVENTIONS §5): compiler data lives in an Arena that is
+ * freed as a whole; nothing allocated from an arena is freed one by one. */
+#ifndef TS_UTIL_H
+#define TS_UTIL_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Internal compiler/runtime bug: names our own file and line, then aborts. */
+#define TS_ASSERT(c) \
+  do { if (!(c)) ts_die_at(__FILE__, __LINE__, "internal error: assertion '%s' failed", #c); } while (0)
+#define TS_DIE(...) ts_die_at(__FILE__, __LINE__, __VA_ARGS__)
+void ts_die_at(const char *file, int line, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 3, 4)));
+
+/* malloc/calloc/realloc that die (with a message) on out-of-memory. */
+void *ts_xmalloc(size_t n);
+void *ts_xcalloc(size_t n, size_t sz);
+void *ts_xrealloc(void *p, size_t n);
+char *ts_xstrdup(const char *s);
+
+/* ---- Arena: bump allocator in chained blocks; zeroed memory. ---- */
+typedef struct ArenaBlock ArenaBlock;
+typedef struct Arena { ArenaBlock *head; size_t used_total; } Arena;
+void  arena_init(Arena *a);
+void  arena_free(Arena *a);                 /* releases every block */
+void *arena_alloc(Arena *a, size_t n);      /* 16-byte aligned, zeroed */
+char *arena_strdup(Arena *a, const char *s);
+char *arena_strndup(Arena *a, const char *s, size_t n);
+char *arena_printf(Arena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- Growable array on the heap: VEC(T) v = {0}; VEC_PUSH(v, x); free(v.a) ---- */
+#define VEC(T) struct { T *a; int n, cap; }
+#define VEC_PUSH(v, x) do { \
+    if ((v).n == (v).cap) { (v).cap = (v).cap ? 2 * (v).cap : 8; \
+      (v).a = ts_xrealloc((v).a, (size_t)(v).cap * sizeof *(v).a); } \
+    (v).a[(v).n++] = (x); } while (0)
+
+/* ---- Interned strings: equal strings get the same pointer (process-wide,
+ * never freed), so names can be compared with ==. NULL maps to NULL. ---- */
+const char *ts_intern(const char *s);
+const char *ts_intern_n(const char *s, size_t n);
+
+/* ---- Byte buffer for building text or binary blobs ---- */
+typedef struct { char *p; size_t n, cap; } StrBuf;
+void sb_putc(StrBuf *b, char c);
+void sb_puts(StrBuf *b, const char *s);
+void sb_write(StrBuf *b, const void *p, size_t n);
+void sb_printf(StrBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sb_free(StrBuf *b);
+
+/* Reads a whole file into a NUL-terminated heap buffer; NULL + errno on failure. */
+char *ts_read_file(const char *path, size_t *len_out);
+/* Writes atomically: temp file in the same directory, fsync, rename.
+ * Returns 0 on success, -1 with errno set (and no partial file left). */
+int ts_write_file_atomic(const char *path, const void *data, size_t len);
+
+/* Formats a double so that strtod() gives back the same bits ("%.17g",
+ * shortest form that round-trips, "inf"/"-inf"/"nan" spelled out). */
+void ts_fmt_double(char *buf, size_t n, double x);
+
+/* 64-bit FNV-1a, for checksums and content hashes. */
+uint64_t ts_hash64(const void *p, size_t n, uint64_t seed);
+
+#endif

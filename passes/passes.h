@@ -1,0 +1,38 @@
+/* passes.h - the compiler's passes over IrModule and the pipeline that runs
+ * them in order (CONVENTIONS §4): int pass_<name>(IrModule *m, PassCtx *cx).
+ * Each pass file states at its top what it expects and guarantees.  The
+ * pipeline verifies the module after every pass and dumps it on request. */
+#ifndef TS_PASSES_H
+#define TS_PASSES_H
+#include "../ir/ir.h"
+
+typedef struct PassCtx {
+  Arena scratch;             /* reset after each pass */
+  char err[2048];            /* a failing pass writes its message here */
+  int verify_each;           /* run ir_verify after every pass (default on) */
+  int verify_roundtrip;      /* print -> parse -> print after every pass, must match */
+  const char *dump_dir;      /* --dump-ir=all DIR: writes DIR/NN-<pass>.ir */
+  const char *print_after;   /* --print-ir-after=PASS: prints that pass's result to stdout */
+  FILE *print_to;            /* where print_after goes (stdout) */
+} PassCtx;
+
+typedef int (*PassFn)(IrModule *m, PassCtx *cx);
+typedef struct { const char *name; PassFn fn; const char *doc; } PassInfo;
+
+/* forward -> micro (forward + backward + accumulate into grad state) */
+int pass_autodiff(IrModule *m, PassCtx *cx);
+/* adds the update block: global grad norm, clip, AdamW, zero grads */
+int pass_optimizer(IrModule *m, PassCtx *cx);
+/* removes nodes whose value is never used (effects are roots) */
+int pass_dce(IrModule *m, PassCtx *cx);
+
+/* The pipeline, in order ("frontend" is the pseudo-pass that made the input). */
+extern const PassInfo pass_pipeline[];
+extern const int pass_pipeline_count;
+void pass_ctx_init(PassCtx *cx);
+void pass_ctx_free(PassCtx *cx);
+/* Runs every pass in order; the module after the frontend counts as pass 0.
+ * 0 on success; -1 with cx->err set. */
+int pass_run_pipeline(IrModule *m, PassCtx *cx);
+
+#endif
