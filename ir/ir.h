@@ -40,6 +40,8 @@ typedef struct {
 } IrOpInfo;
 extern const IrOpInfo ir_ops[IR_OP_COUNT];
 int ir_op_lookup(const char *name);          /* -1 if unknown */
+/* Markdown table of ops.def (name, operands, attrs, flags, doc) for docs/ir.md. */
+void ir_ops_markdown(StrBuf *out);
 
 typedef enum { IR_VOID, IR_F32, IR_F64, IR_I32, IR_DTYPE_COUNT } IrDtype;
 const char *ir_dtype_name(IrDtype t);         /* "f32" ... */

@@ -1,0 +1,331 @@
+/* ir.c - the IR's data structures: the op table built from ops.def, dtype
+ * and type helpers, modules/blocks/states, and ir_emit (the one way nodes
+ * get appended, always through the shape rule of ir/shape.c).
+ *
+ * Memory: a module's blocks' node arrays, operand arrays and everything
+ * else reachable from a node live in m->arena; the VEC arrays of the
+ * module itself (consts, states, blocks) are heap arrays freed by
+ * ir_module_free.  Names are interned (process-wide), never copied. */
+#include "ir.h"
+#include "ir_priv.h"
+#include <pthread.h>
+#include <stdarg.h>
+
+const IrOpInfo ir_ops[IR_OP_COUNT] = {
+#define X(name, text, nin, ia, fa, flags, doc) [IR_OP_##name] = {text, nin, ia, fa, flags, doc},
+#include "ops.def"
+#undef X
+};
+
+int ir_op_lookup(const char *name) {
+  if (!name) return -1;
+  for (int i = 0; i < IR_OP_COUNT; i++)
+    if (strcmp(ir_ops[i].name, name) == 0) return i;
+  return -1;
+}
+
+/* ---- attribute names, split once from the ops.def strings ---- */
+static IrOpAttrs op_attrs[IR_OP_COUNT];
+static pthread_once_t op_attrs_once = PTHREAD_ONCE_INIT;
+
+/* Splits "a b c" into words of at most 23 chars; returns the count.  The
+ * table is ours, so a malformed row is an internal error. */
+static int split_words(const char *s, char out[][24], int max) {
+  int n = 0;
+  while (*s) {
+    while (*s == ' ') s++;
+    if (!*s) break;
+    size_t k = strcspn(s, " ");
+    TS_ASSERT(n < max && k < 24);
+    memcpy(out[n], s, k);
+    out[n][k] = 0;
+    n++;
+    s += k;
+  }
+  return n;
+}
+
+static void op_attrs_init(void) {
+  for (int op = 0; op < IR_OP_COUNT; op++) {
+    IrOpAttrs *a = &op_attrs[op];
+    a->list = -1;
+    a->ni = split_words(ir_ops[op].iattrs, a->iname, IR_MAX_IATTR);
+    a->nf = split_words(ir_ops[op].fattrs, a->fname, IR_MAX_FATTR);
+    for (int i = 0; i < a->ni; i++) {
+      char *w = a->iname[i];
+      size_t k = strlen(w);
+      if (w[0] == '@') { a->is_state[i] = 1; memmove(w, w + 1, k); k--; }
+      if (k && w[k - 1] == '*') { w[k - 1] = 0; TS_ASSERT(i == a->ni - 1); a->list = i; }
+    }
+  }
+}
+
+const IrOpAttrs *ir_op_attrs(IrOp op) {
+  TS_ASSERT((int)op >= 0 && op < IR_OP_COUNT);
+  pthread_once(&op_attrs_once, op_attrs_init);
+  return &op_attrs[op];
+}
+
+int ir_op_iattr_count(IrOp op, int rank0) {
+  const IrOpAttrs *a = ir_op_attrs(op);
+  if (a->list < 0) return a->ni;
+  int n = a->list + (rank0 > 0 ? rank0 : 0);
+  return n > IR_MAX_IATTR ? IR_MAX_IATTR : n;
+}
+
+/* Markdown table of the op table, pasted into docs/ir.md (a test checks
+ * that the doc still contains exactly this text). */
+void ir_ops_markdown(StrBuf *out) {
+  sb_puts(out, "| op | operands | int attrs | float attrs | flags | description |\n");
+  sb_puts(out, "|----|----------|-----------|-------------|-------|-------------|\n");
+  static const char *flag_names[] = {"leaf", "ew", "typed", "effect", "nodiff"};
+  for (int i = 0; i < IR_OP_COUNT; i++) {
+    const IrOpInfo *o = &ir_ops[i];
+    sb_printf(out, "| `%s` | ", o->name);
+    if (o->nin < 0) sb_puts(out, "1+");
+    else sb_printf(out, "%d", o->nin);
+    sb_printf(out, " | %s | %s | ", *o->iattrs ? o->iattrs : "-", *o->fattrs ? o->fattrs : "-");
+    int any = 0;
+    for (int f = 0; f < 5; f++)
+      if (o->flags & (1u << f)) { sb_printf(out, "%s%s", any ? ", " : "", flag_names[f]); any = 1; }
+    if (!any) sb_puts(out, "-");
+    sb_puts(out, " | ");
+    for (const char *d = o->doc; *d; d++) {   /* '|' would end the cell */
+      if (*d == '|') sb_puts(out, "\\|");
+      else sb_putc(out, *d);
+    }
+    sb_puts(out, " |\n");
+  }
+}
+
+/* ---- dtypes and types ---- */
+static const char *dtype_names[IR_DTYPE_COUNT] = {"void", "f32", "f64", "i32"};
+
+const char *ir_dtype_name(IrDtype t) {
+  return (int)t >= 0 && t < IR_DTYPE_COUNT ? dtype_names[t] : "?";
+}
+int ir_dtype_lookup(const char *name) {
+  for (int i = 0; name && i < IR_DTYPE_COUNT; i++)
+    if (strcmp(dtype_names[i], name) == 0) return i;
+  return -1;
+}
+size_t ir_dtype_size(IrDtype t) {
+  switch (t) {
+  case IR_F32: case IR_I32: return 4;
+  case IR_F64: return 8;
+  default: return 0;
+  }
+}
+
+int64_t ir_type_numel(const IrType *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) n *= t->dim[i];
+  return n;
+}
+
+int ir_type_same_shape(const IrType *a, const IrType *b) {
+  if (a->dtype != b->dtype || a->rank != b->rank) return 0;
+  for (int i = 0; i < a->rank; i++)
+    if (a->dim[i] != b->dim[i]) return 0;
+  return 1;
+}
+
+int ir_type_equal(const IrType *a, const IrType *b) {
+  if (!ir_type_same_shape(a, b)) return 0;
+  for (int i = 0; i < a->rank; i++)   /* interned: pointer equality */
+    if (a->dname[i] != b->dname[i]) return 0;
+  return 1;
+}
+
+char *ir_type_str(const IrType *t, char *buf, size_t n) {
+  if (!n) return buf;
+  size_t k = 0;
+  buf[0] = 0;
+#define PUT(...) do { if (k < n) { int w_ = snprintf(buf + k, n - k, __VA_ARGS__); \
+                        if (w_ > 0) k += (size_t)w_; } } while (0)
+  PUT("%s[", ir_dtype_name(t->dtype));
+  for (int i = 0; i < t->rank && i < IR_MAX_RANK; i++) {
+    if (i) PUT(", ");
+    if (t->dname[i]) PUT("%s:", t->dname[i]);
+    PUT("%lld", (long long)t->dim[i]);
+  }
+  PUT("]");
+#undef PUT
+  return buf;
+}
+
+/* ---- names of the small enums ---- */
+const char *ir_state_kind_name(IrStateKind k) {
+  static const char *s[] = {"param", "grad", "adam_m", "adam_v"};
+  return (int)k >= 0 && k < IR_STATE_KIND_COUNT ? s[k] : "?";
+}
+const char *ir_init_kind_name(IrInitKind k) {
+  static const char *s[] = {"zeros", "ones", "normal", "uniform"};
+  return (int)k >= 0 && k < IR_INIT_KIND_COUNT ? s[k] : "?";
+}
+const char *ir_schedule_name(IrSchedule s) {
+  static const char *n[] = {"constant", "cosine", "linear"};
+  return (int)s >= 0 && s < IR_SCHED_COUNT ? n[s] : "?";
+}
+
+/* ---- modules ---- */
+void ir_train_defaults(IrTrain *t) {
+  memset(t, 0, sizeof *t);
+  t->lr = 3e-4;
+  t->beta1 = 0.9;
+  t->beta2 = 0.95;
+  t->eps = 1e-8;
+  t->weight_decay = 0.0;
+  t->schedule = IR_SCHED_CONSTANT;
+  t->warmup = 0;
+  t->decay_steps = 0;       /* 0 = decay over all `steps` */
+  t->min_lr = 0.0;
+  t->clip_grad = 0.0;
+  t->global_batch = 1;
+  t->micro_batch = 1;
+  t->seq_len = 0;
+  t->steps = 100;
+  t->seed = 1234;
+  t->precision = IR_F32;
+}
+
+IrModule *ir_module_new(const char *name) {
+  IrModule *m = ts_xcalloc(1, sizeof *m);
+  arena_init(&m->arena);
+  m->name = ts_intern(name ? name : "module");
+  ir_train_defaults(&m->train);
+  return m;   /* parallel: all zero (= 1 / unset), filled by the frontend */
+}
+
+void ir_module_free(IrModule *m) {
+  if (!m) return;
+  free(m->consts.a);
+  free(m->states.a);
+  free(m->blocks.a);     /* block node arrays are in the arena */
+  arena_free(&m->arena);
+  free(m);
+}
+
+/* Deep copy into a fresh arena.  IrSharding is still an opaque type that
+ * no pass creates; the clone drops it (to be copied once it is defined). */
+IrModule *ir_module_clone(const IrModule *m) {
+  IrModule *c = ir_module_new(m->name);
+  c->train = m->train;
+  c->par = m->par;
+  for (int i = 0; i < m->consts.n; i++) VEC_PUSH(c->consts, m->consts.a[i]);
+  for (int i = 0; i < m->states.n; i++) VEC_PUSH(c->states, m->states.a[i]);
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    IrBlock nb = {b->name, NULL, b->n, b->n};
+    if (b->n) {
+      nb.nodes = arena_alloc(&c->arena, (size_t)b->n * sizeof *nb.nodes);
+      for (int i = 0; i < b->n; i++) {
+        IrNode *d = &nb.nodes[i];
+        *d = b->nodes[i];
+        d->sharding = NULL;
+        if (d->nin > 0) {
+          d->in = arena_alloc(&c->arena, (size_t)d->nin * sizeof *d->in);
+          memcpy(d->in, b->nodes[i].in, (size_t)d->nin * sizeof *d->in);
+        } else {
+          d->in = NULL;
+        }
+      }
+    }
+    VEC_PUSH(c->blocks, nb);
+  }
+  return c;
+}
+
+int ir_block_add(IrModule *m, const char *name) {
+  IrBlock b = {ts_intern(name), NULL, 0, 0};
+  VEC_PUSH(m->blocks, b);
+  return m->blocks.n - 1;
+}
+
+int ir_block_find(const IrModule *m, const char *name) {
+  const char *s = ts_intern(name);
+  for (int i = 0; i < m->blocks.n; i++)
+    if (m->blocks.a[i].name == s) return i;
+  return -1;
+}
+
+int ir_state_add(IrModule *m, const IrState *s) {
+  IrState c = *s;
+  c.name = ts_intern(s->name);
+  for (int i = 0; i < c.type.rank && i < IR_MAX_RANK; i++) c.type.dname[i] = ts_intern(c.type.dname[i]);
+  VEC_PUSH(m->states, c);
+  return m->states.n - 1;
+}
+
+int ir_state_find(const IrModule *m, const char *name) {
+  const char *s = ts_intern(name);
+  for (int i = 0; i < m->states.n; i++)
+    if (m->states.a[i].name == s) return i;
+  return -1;
+}
+
+/* Grows a block's node array inside the module arena (old arrays are
+ * abandoned to the arena: at most 2x the final size in total). */
+static void block_reserve(IrModule *m, IrBlock *b, int need) {
+  if (need <= b->cap) return;
+  int cap = b->cap ? 2 * b->cap : 16;
+  while (cap < need) cap *= 2;
+  IrNode *nodes = arena_alloc(&m->arena, (size_t)cap * sizeof *nodes);
+  if (b->n) memcpy(nodes, b->nodes, (size_t)b->n * sizeof *nodes);
+  b->nodes = nodes;
+  b->cap = cap;
+}
+
+static int emit_fail(char *err, size_t errlen, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+int ir_emit(IrModule *m, int b, IrOp op, const int *in, int nin,
+            const int64_t *ia, const double *fa, const char *sa,
+            const IrType *type, char *err, size_t errlen) {
+  if ((int)op < 0 || op >= IR_OP_COUNT) return emit_fail(err, errlen, "ir_emit: bad op %d", (int)op);
+  const char *opn = ir_ops[op].name;
+  if (b < 0 || b >= m->blocks.n) return emit_fail(err, errlen, "%s: no block %d", opn, b);
+  IrBlock *blk = &m->blocks.a[b];
+  if (nin < 0 || nin > 4096 || (nin > 0 && !in))
+    return emit_fail(err, errlen, "%s: bad operand list (%d operands)", opn, nin);
+
+  IrNode n;
+  memset(&n, 0, sizeof n);
+  n.op = op;
+  n.nin = nin;
+  n.in = (int *)in;          /* borrowed until the shape rule accepted it */
+  /* Copy only the attr slots the op names: callers pass short arrays. */
+  int rank0 = 0;
+  if (nin > 0 && in[0] >= 0 && in[0] < blk->n) rank0 = blk->nodes[in[0]].type.rank;
+  int ni = ir_op_iattr_count(op, rank0);
+  if (ia) memcpy(n.ia, ia, (size_t)ni * sizeof *ia);
+  int nf = ir_op_attrs(op)->nf;
+  if (fa) memcpy(n.fa, fa, (size_t)nf * sizeof *fa);
+  n.sa = ts_intern(sa);
+  if (ir_ops[op].flags & OPF_TYPED) {
+    if (!type) return emit_fail(err, errlen, "%s: the result type must be given", opn);
+    n.type = *type;
+    for (int i = 0; i < n.type.rank && i < IR_MAX_RANK; i++) n.type.dname[i] = ts_intern(n.type.dname[i]);
+  }
+
+  IrType out;
+  if (ir_infer_type(m, blk, &n, &out, err, errlen) != 0) return -1;
+
+  if (nin > 0) {
+    n.in = arena_alloc(&m->arena, (size_t)nin * sizeof *n.in);
+    memcpy(n.in, in, (size_t)nin * sizeof *n.in);
+  } else {
+    n.in = NULL;
+  }
+  n.type = out;
+  block_reserve(m, blk, blk->n + 1);
+  blk->nodes[blk->n] = n;
+  return blk->n++;
+}

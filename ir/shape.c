@@ -1,0 +1,529 @@
+/* shape.c - the shape rule of every op: shape_NAME, one per row of
+ * ops.def, gathered into rules[] by the same X-macro (so an op without a
+ * rule does not compile).
+ *
+ * A rule sees the node (operands are earlier nodes of the block, already
+ * range-checked and known to be values, not effects) and either writes the
+ * result type or fails with "op: reason, naming the operand types".
+ * For OPF_TYPED ops the result type is given (x->out starts as it, already
+ * checked to be a well-formed type) and the rule only validates it against
+ * the operands.  Attribute validity (axis ranges etc.) is checked here too,
+ * so a node that passes its rule is safe for every later stage.
+ * Only sizes and dtypes take part in checks; dim names ride along. */
+#include "ir.h"
+#include "ir_priv.h"
+#include <math.h>
+#include <stdarg.h>
+
+#define TS_BIG ((int64_t)1 << 40)   /* bound on sizes and size-like attrs */
+
+typedef struct {
+  const IrModule *m;
+  const IrBlock *b;
+  const IrNode *n;
+  IrType *out;
+  char *err;
+  size_t errlen;
+  char tbuf[4][256];
+  int tb;
+} Sx;
+
+static const IrType *opnd(Sx *x, int i) { return &x->b->nodes[x->n->in[i]].type; }
+
+/* Type text for messages; four rotating buffers so one message can name
+ * several types. */
+static const char *tstr(Sx *x, const IrType *t) {
+  char *buf = x->tbuf[x->tb++ & 3];
+  return ir_type_str(t, buf, sizeof x->tbuf[0]);
+}
+
+static int fail(Sx *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(Sx *x, const char *fmt, ...) {
+  if (x->err && x->errlen) {
+    int k = snprintf(x->err, x->errlen, "%s: ", ir_ops[x->n->op].name);
+    if (k >= 0 && (size_t)k < x->errlen) {
+      va_list ap;
+      va_start(ap, fmt);
+      vsnprintf(x->err + k, x->errlen - (size_t)k, fmt, ap);
+      va_end(ap);
+    }
+  }
+  return -1;
+}
+
+static int same_sizes(const IrType *a, const IrType *b) {
+  if (a->rank != b->rank) return 0;
+  for (int i = 0; i < a->rank; i++)
+    if (a->dim[i] != b->dim[i]) return 0;
+  return 1;
+}
+
+/* Dims left unnamed in t take the name the same dim has in u. */
+static void fill_names(IrType *t, const IrType *u) {
+  for (int i = 0; i < t->rank && i < u->rank; i++)
+    if (!t->dname[i]) t->dname[i] = u->dname[i];
+}
+
+static int need_float(Sx *x, int i) {
+  const IrType *t = opnd(x, i);
+  if (ir_dtype_is_float(t->dtype)) return 0;
+  return fail(x, "operand %d must be a float tensor, got %s", i + 1, tstr(x, t));
+}
+
+static int need_bool(Sx *x, int slot) {
+  int64_t v = x->n->ia[slot];
+  if (v == 0 || v == 1) return 0;
+  return fail(x, "%s must be 0 or 1, got %lld", ir_op_attrs(x->n->op)->iname[slot], (long long)v);
+}
+
+static int need_axis(Sx *x, int slot, int rank) {
+  int64_t v = x->n->ia[slot];
+  if (v >= 0 && v < rank) return 0;
+  return fail(x, "%s=%lld out of range for %s (rank %d)", ir_op_attrs(x->n->op)->iname[slot],
+              (long long)v, tstr(x, opnd(x, 0)), rank);
+}
+
+/* The state named by int attr `slot`, or NULL after failing. */
+static const IrState *state_ref(Sx *x, int slot) {
+  int64_t v = x->n->ia[slot];
+  if (v >= 0 && v < x->m->states.n) return &x->m->states.a[v];
+  fail(x, "state reference %lld out of range (module has %d states)", (long long)v, x->m->states.n);
+  return NULL;
+}
+
+/* Well-formed type: known dtype, rank within bounds, positive sizes whose
+ * product cannot overflow.  Returns NULL or a static reason. */
+static const char *type_problem(const IrType *t, int allow_void) {
+  if ((int)t->dtype < 0 || t->dtype >= IR_DTYPE_COUNT || (t->dtype == IR_VOID && !allow_void))
+    return "bad dtype";
+  if (t->rank < 0 || t->rank > IR_MAX_RANK) return "rank out of range";
+  int64_t n = 1;
+  for (int i = 0; i < t->rank; i++) {
+    if (t->dim[i] < 1) return "dims must be >= 1";
+    if (t->dim[i] > TS_BIG || n > INT64_MAX / 4 / t->dim[i]) return "too many elements";
+    n *= t->dim[i];
+  }
+  return NULL;
+}
+
+/* ---- leaves ---- */
+static int shape_INPUT(Sx *x) {
+  if (!x->n->sa || !*x->n->sa) return fail(x, "needs a name");
+  return 0;
+}
+static int shape_STATE(Sx *x) {
+  const IrState *s = state_ref(x, 0);
+  if (!s) return -1;
+  if (!ir_type_same_shape(&s->type, x->out)) {
+    return fail(x, "type %s differs from state @%s : %s", tstr(x, x->out), s->name, tstr(x, &s->type));
+  }
+  return 0;
+}
+static int shape_FULL(Sx *x) { return 0; }
+
+/* ---- elementwise: identical sizes and float dtype ---- */
+static int ew_rule(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (need_float(x, 0)) return -1;
+  *x->out = *a;
+  for (int i = 1; i < x->n->nin; i++) {
+    const IrType *b = opnd(x, i);
+    if (b->dtype != a->dtype || !same_sizes(a, b))
+      return fail(x, "operand types %s and %s differ", tstr(x, a), tstr(x, b));
+    fill_names(x->out, b);
+  }
+  return 0;
+}
+#define EW(name) static int shape_##name(Sx *x) { return ew_rule(x); }
+EW(ADD) EW(SUB) EW(MUL) EW(DIV) EW(ADDS) EW(MULS) EW(NEG) EW(EXP) EW(LOG) EW(SQRT)
+EW(RSQRT) EW(TANH) EW(GELU_TANH) EW(GELU_ERF) EW(SILU) EW(RELU) EW(GELU_TANH_BWD)
+EW(GELU_ERF_BWD) EW(SILU_BWD) EW(RELU_BWD) EW(EQ)
+#undef EW
+
+static int shape_NE_SCALAR(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (!ir_dtype_is_float(x->out->dtype))
+    return fail(x, "result %s must be float", tstr(x, x->out));
+  if (!same_sizes(a, x->out))
+    return fail(x, "result %s and operand %s differ in shape", tstr(x, x->out), tstr(x, a));
+  return 0;
+}
+static int shape_CAST(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (!same_sizes(a, x->out))
+    return fail(x, "result %s and operand %s differ in shape", tstr(x, x->out), tstr(x, a));
+  return 0;
+}
+
+/* ---- layout ---- */
+static int shape_RESHAPE(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (a->dtype != x->out->dtype || ir_type_numel(a) != ir_type_numel(x->out))
+    return fail(x, "cannot reshape %s to %s (element count or dtype differs)", tstr(x, a), tstr(x, x->out));
+  return 0;
+}
+
+static int shape_PERMUTE(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  int seen[IR_MAX_RANK] = {0};
+  *x->out = *a;
+  for (int i = 0; i < a->rank; i++) {
+    int64_t p = x->n->ia[i];
+    if (p < 0 || p >= a->rank || seen[p])
+      return fail(x, "perm is not a permutation of 0..%d for %s", a->rank - 1, tstr(x, a));
+    seen[p] = 1;
+    x->out->dim[i] = a->dim[p];
+    x->out->dname[i] = a->dname[p];
+  }
+  return 0;
+}
+
+static int shape_SLICE(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (need_axis(x, 0, a->rank)) return -1;
+  int ax = (int)x->n->ia[0];
+  int64_t s = x->n->ia[1], e = x->n->ia[2];
+  if (s < 0 || s >= e || e > a->dim[ax])
+    return fail(x, "start=%lld end=%lld invalid for axis %d of %s", (long long)s, (long long)e, ax, tstr(x, a));
+  *x->out = *a;
+  x->out->dim[ax] = e - s;
+  if (e - s != a->dim[ax]) x->out->dname[ax] = NULL;   /* a part is no longer that dim */
+  return 0;
+}
+
+static int shape_PAD(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (need_axis(x, 0, a->rank)) return -1;
+  int ax = (int)x->n->ia[0];
+  int64_t lo = x->n->ia[1], hi = x->n->ia[2];
+  if (lo < 0 || hi < 0 || lo > TS_BIG || hi > TS_BIG)
+    return fail(x, "before=%lld after=%lld must be >= 0", (long long)lo, (long long)hi);
+  *x->out = *a;
+  x->out->dim[ax] = a->dim[ax] + lo + hi;
+  if (lo || hi) x->out->dname[ax] = NULL;
+  return 0;
+}
+
+static int shape_CONCAT(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (need_axis(x, 0, a->rank)) return -1;
+  int ax = (int)x->n->ia[0];
+  *x->out = *a;
+  for (int i = 1; i < x->n->nin; i++) {
+    const IrType *b = opnd(x, i);
+    int ok = b->dtype == a->dtype && b->rank == a->rank;
+    for (int d = 0; ok && d < a->rank; d++)
+      if (d != ax && b->dim[d] != a->dim[d]) ok = 0;
+    if (!ok) return fail(x, "operands %s and %s do not concatenate along axis %d", tstr(x, a), tstr(x, b), ax);
+    x->out->dim[ax] += b->dim[ax];
+    if (x->out->dim[ax] > TS_BIG) return fail(x, "result too large");
+    fill_names(x->out, b);
+  }
+  if (x->n->nin > 1) x->out->dname[ax] = NULL;
+  return 0;
+}
+
+static int shape_BROADCAST(Sx *x) {
+  const IrType *a = opnd(x, 0), *r = x->out;
+  int ok = a->dtype == r->dtype && a->rank <= r->rank;
+  for (int i = 0; ok && i < a->rank; i++) {
+    int64_t d = a->dim[a->rank - 1 - i], e = r->dim[r->rank - 1 - i];
+    if (d != e && d != 1) ok = 0;
+  }
+  if (!ok) return fail(x, "cannot broadcast %s to %s", tstr(x, a), tstr(x, r));
+  return 0;
+}
+
+static int shape_SUM_TO(Sx *x) {
+  const IrType *a = opnd(x, 0), *r = x->out;
+  int ok = a->dtype == r->dtype && r->rank <= a->rank;
+  for (int i = 0; ok && i < r->rank; i++) {
+    int64_t d = a->dim[a->rank - 1 - i], e = r->dim[r->rank - 1 - i];
+    if (d != e && e != 1) ok = 0;
+  }
+  if (!ok) return fail(x, "cannot sum %s down to %s", tstr(x, a), tstr(x, r));
+  return 0;
+}
+
+/* ---- reductions ---- */
+static int reduce_rule(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (need_float(x, 0) || need_axis(x, 0, a->rank) || need_bool(x, 1)) return -1;
+  int ax = (int)x->n->ia[0];
+  *x->out = *a;
+  if (x->n->ia[1]) {
+    x->out->dim[ax] = 1;
+    x->out->dname[ax] = NULL;
+  } else {
+    for (int i = ax; i + 1 < a->rank; i++) {
+      x->out->dim[i] = a->dim[i + 1];
+      x->out->dname[i] = a->dname[i + 1];
+    }
+    x->out->rank--;
+    x->out->dim[x->out->rank] = 0;
+    x->out->dname[x->out->rank] = NULL;
+  }
+  return 0;
+}
+static int shape_SUM(Sx *x) { return reduce_rule(x); }
+static int shape_MEAN(Sx *x) { return reduce_rule(x); }
+static int shape_MAX(Sx *x) { return reduce_rule(x); }
+static int shape_SUMSQ(Sx *x) {
+  if (need_float(x, 0)) return -1;
+  memset(x->out, 0, sizeof *x->out);
+  x->out->dtype = opnd(x, 0)->dtype;
+  return 0;
+}
+
+/* ---- contraction ---- */
+/* a[..., M, K] @ b[K, N] or a[..., M, K] @ b[..., K, N] -> [..., M, N]. */
+static int shape_MATMUL(Sx *x) {
+  if (need_bool(x, 0) || need_bool(x, 1)) return -1;
+  const IrType *a0 = opnd(x, 0), *b0 = opnd(x, 1);
+  if (a0->rank < 2 || b0->rank < 2)
+    return fail(x, "operands %s and %s must have rank >= 2", tstr(x, a0), tstr(x, b0));
+  if (!ir_dtype_is_float(a0->dtype) || a0->dtype != b0->dtype)
+    return fail(x, "operands %s and %s must have the same float dtype", tstr(x, a0), tstr(x, b0));
+  IrType a = *a0, b = *b0;      /* apply the transposes of the last two dims */
+  if (x->n->ia[0]) {
+    int r = a.rank;
+    a.dim[r - 2] = a0->dim[r - 1]; a.dim[r - 1] = a0->dim[r - 2];
+    a.dname[r - 2] = a0->dname[r - 1]; a.dname[r - 1] = a0->dname[r - 2];
+  }
+  if (x->n->ia[1]) {
+    int r = b.rank;
+    b.dim[r - 2] = b0->dim[r - 1]; b.dim[r - 1] = b0->dim[r - 2];
+    b.dname[r - 2] = b0->dname[r - 1]; b.dname[r - 1] = b0->dname[r - 2];
+  }
+  int64_t K = a.dim[a.rank - 1], K2 = b.dim[b.rank - 2];
+  if (K != K2)
+    return fail(x, "operand shapes %s and %s do not contract (%lld vs %lld)", tstr(x, a0), tstr(x, b0),
+                (long long)K, (long long)K2);
+  if (b.rank != 2) {
+    int ok = b.rank == a.rank;
+    for (int i = 0; ok && i < a.rank - 2; i++)
+      if (a.dim[i] != b.dim[i]) ok = 0;
+    if (!ok)
+      return fail(x, "operand shapes %s and %s: batch dims differ (b must be [K, N] or match a's batch dims)",
+                  tstr(x, a0), tstr(x, b0));
+  }
+  *x->out = a;
+  x->out->dim[a.rank - 1] = b.dim[b.rank - 1];
+  x->out->dname[a.rank - 1] = b.dname[b.rank - 1];
+  return 0;
+}
+
+/* ---- neural-network ops ---- */
+static int lastaxis_rule(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (need_float(x, 0)) return -1;
+  if (a->rank < 1) return fail(x, "operand %s must have rank >= 1", tstr(x, a));
+  *x->out = *a;
+  return 0;
+}
+static int bwd_rule(Sx *x) {
+  if (lastaxis_rule(x)) return -1;
+  const IrType *a = opnd(x, 0), *b = opnd(x, 1);
+  if (!ir_type_same_shape(a, b)) return fail(x, "operand types %s and %s differ", tstr(x, a), tstr(x, b));
+  fill_names(x->out, b);
+  return 0;
+}
+static int need_eps(Sx *x) {
+  double e = x->n->fa[0];
+  if (e > 0 && isfinite(e)) return 0;
+  return fail(x, "eps must be > 0, got %g", e);
+}
+static int shape_SOFTMAX(Sx *x) { return lastaxis_rule(x); }
+static int shape_SOFTMAX_BWD(Sx *x) { return bwd_rule(x); }
+static int shape_LOG_SOFTMAX(Sx *x) { return lastaxis_rule(x); }
+static int shape_LOG_SOFTMAX_BWD(Sx *x) { return bwd_rule(x); }
+static int shape_LAYERNORM(Sx *x) { return need_eps(x) || lastaxis_rule(x) ? -1 : 0; }
+static int shape_LAYERNORM_BWD(Sx *x) { return need_eps(x) || bwd_rule(x) ? -1 : 0; }
+static int shape_RMSNORM(Sx *x) { return need_eps(x) || lastaxis_rule(x) ? -1 : 0; }
+static int shape_RMSNORM_BWD(Sx *x) { return need_eps(x) || bwd_rule(x) ? -1 : 0; }
+
+/* (table [V, C], ids [...] i32) -> [..., C] */
+static int shape_EMBEDDING(Sx *x) {
+  const IrType *t = opnd(x, 0), *ids = opnd(x, 1);
+  if (t->rank != 2 || !ir_dtype_is_float(t->dtype))
+    return fail(x, "table %s must be a float [V, C] matrix", tstr(x, t));
+  if (ids->dtype != IR_I32) return fail(x, "ids %s must be i32", tstr(x, ids));
+  if (ids->rank + 1 > IR_MAX_RANK) return fail(x, "ids %s: result rank too large", tstr(x, ids));
+  *x->out = *ids;
+  x->out->dtype = t->dtype;
+  x->out->dim[ids->rank] = t->dim[1];
+  x->out->dname[ids->rank] = t->dname[1];
+  x->out->rank = ids->rank + 1;
+  return 0;
+}
+
+/* (ids [...] i32, dy [..., C]) -> [V, C] given */
+static int shape_EMBEDDING_BWD(Sx *x) {
+  const IrType *ids = opnd(x, 0), *dy = opnd(x, 1), *r = x->out;
+  if (r->rank != 2 || !ir_dtype_is_float(r->dtype))
+    return fail(x, "result %s must be a float [V, C] matrix", tstr(x, r));
+  if (ids->dtype != IR_I32) return fail(x, "ids %s must be i32", tstr(x, ids));
+  int ok = dy->dtype == r->dtype && dy->rank == ids->rank + 1 && dy->dim[ids->rank] == r->dim[1];
+  for (int i = 0; ok && i < ids->rank; i++)
+    if (dy->dim[i] != ids->dim[i]) ok = 0;
+  if (!ok) return fail(x, "dy %s must be ids %s dims + [%lld] of dtype %s", tstr(x, dy), tstr(x, ids),
+                       (long long)r->dim[1], ir_dtype_name(r->dtype));
+  return 0;
+}
+
+static int shape_CAUSAL_MASK(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (need_float(x, 0)) return -1;
+  if (a->rank < 2) return fail(x, "operand %s must have rank >= 2", tstr(x, a));
+  *x->out = *a;
+  return 0;
+}
+
+static int shape_MASKED_FILL(Sx *x) {
+  const IrType *a = opnd(x, 0), *k = opnd(x, 1);
+  if (need_float(x, 0)) return -1;
+  if (!ir_type_same_shape(a, k)) return fail(x, "x %s and keep %s differ", tstr(x, a), tstr(x, k));
+  *x->out = *a;
+  fill_names(x->out, k);
+  return 0;
+}
+
+static int shape_DROPOUT(Sx *x) {
+  double p = x->n->fa[0];
+  if (!(p >= 0 && p < 1)) return fail(x, "p must be in [0, 1), got %g", p);
+  if (x->n->ia[0] < 0) return fail(x, "stream must be >= 0");
+  if (need_float(x, 0)) return -1;
+  *x->out = *opnd(x, 0);
+  return 0;
+}
+
+static int shape_ROPE(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (need_float(x, 0) || need_bool(x, 1)) return -1;
+  if (a->rank < 2) return fail(x, "operand %s must have rank >= 2", tstr(x, a));
+  if (x->n->ia[0] < 0 || x->n->ia[0] >= a->rank - 1)
+    return fail(x, "axis=%lld must name a dim before the last of %s", (long long)x->n->ia[0], tstr(x, a));
+  if (a->dim[a->rank - 1] % 2) return fail(x, "last dim of %s must be even", tstr(x, a));
+  double base = x->n->fa[0];
+  if (!(base > 0) || !isfinite(base)) return fail(x, "base must be > 0, got %g", base);
+  *x->out = *a;
+  return 0;
+}
+
+/* logits [..., V] and targets [...] must agree on the leading dims. */
+static int ce_check(Sx *x) {
+  const IrType *l = opnd(x, 0), *t = opnd(x, 1);
+  if (need_float(x, 0)) return -1;
+  if (t->dtype != IR_I32) return fail(x, "targets %s must be i32", tstr(x, t));
+  int ok = l->rank >= 1 && t->rank == l->rank - 1;
+  for (int i = 0; ok && i < t->rank; i++)
+    if (t->dim[i] != l->dim[i]) ok = 0;
+  if (!ok) return fail(x, "logits %s and targets %s: targets must be logits' dims without the last",
+                       tstr(x, l), tstr(x, t));
+  return 0;
+}
+static int shape_CROSS_ENTROPY(Sx *x) {
+  if (ce_check(x)) return -1;
+  const IrType *l = opnd(x, 0), *t = opnd(x, 1);
+  *x->out = *t;
+  x->out->dtype = l->dtype;
+  for (int i = 0; i < t->rank; i++)
+    if (l->dname[i]) x->out->dname[i] = l->dname[i];
+  return 0;
+}
+static int shape_CROSS_ENTROPY_BWD(Sx *x) {
+  if (ce_check(x)) return -1;
+  const IrType *l = opnd(x, 0), *t = opnd(x, 1), *d = opnd(x, 2);
+  if (d->dtype != l->dtype || !same_sizes(d, t))
+    return fail(x, "dloss %s must have the shape of targets %s and the dtype of logits %s",
+                tstr(x, d), tstr(x, t), tstr(x, l));
+  *x->out = *l;
+  return 0;
+}
+
+/* ---- step program ---- */
+static int scalar_float(Sx *x, int i, const char *what) {
+  const IrType *a = opnd(x, i);
+  if (a->rank == 0 && ir_dtype_is_float(a->dtype)) return 0;
+  return fail(x, "%s %s must be a float scalar", what, tstr(x, a));
+}
+static int shape_CLIP_COEF(Sx *x) {
+  if (scalar_float(x, 0, "norm")) return -1;
+  if (!(x->n->fa[0] > 0)) return fail(x, "max must be > 0, got %g", x->n->fa[0]);
+  *x->out = *opnd(x, 0);
+  return 0;
+}
+static int shape_ACCUM(Sx *x) {
+  const IrState *s = state_ref(x, 0);
+  if (!s) return -1;
+  const IrType *a = opnd(x, 0);
+  if (!ir_type_same_shape(a, &s->type))
+    return fail(x, "operand %s does not match state @%s : %s", tstr(x, a), s->name, tstr(x, &s->type));
+  return 0;
+}
+static int shape_ZERO(Sx *x) { return state_ref(x, 0) ? 0 : -1; }
+static int shape_ADAMW(Sx *x) {
+  if (scalar_float(x, 0, "coef")) return -1;
+  static const IrStateKind kinds[4] = {IR_STATE_PARAM, IR_STATE_GRAD, IR_STATE_ADAM_M, IR_STATE_ADAM_V};
+  const IrState *s[4];
+  for (int i = 0; i < 4; i++) {
+    if (!(s[i] = state_ref(x, i))) return -1;
+    if (s[i]->kind != kinds[i])
+      return fail(x, "@%s is a %s, expected a %s", s[i]->name, ir_state_kind_name(s[i]->kind),
+                  ir_state_kind_name(kinds[i]));
+    if (!ir_type_same_shape(&s[i]->type, &s[0]->type))
+      return fail(x, "@%s : %s does not match param @%s : %s", s[i]->name, tstr(x, &s[i]->type),
+                  s[0]->name, tstr(x, &s[0]->type));
+  }
+  const double *f = x->n->fa;
+  if (!(f[0] >= 0 && f[0] < 1) || !(f[1] >= 0 && f[1] < 1))
+    return fail(x, "b1=%g b2=%g must be in [0, 1)", f[0], f[1]);
+  if (!(f[2] >= 0) || !(f[3] >= 0) || !isfinite(f[2]) || !isfinite(f[3]))
+    return fail(x, "eps=%g wd=%g must be >= 0", f[2], f[3]);
+  return 0;
+}
+static int shape_OUTPUT(Sx *x) {
+  if (!x->n->sa || !*x->n->sa) return fail(x, "needs a name");
+  return scalar_float(x, 0, "operand");
+}
+
+typedef int (*ShapeFn)(Sx *x);
+static const ShapeFn rules[IR_OP_COUNT] = {
+#define X(name, text, nin, ia, fa, flags, doc) [IR_OP_##name] = shape_##name,
+#include "ops.def"
+#undef X
+};
+
+int ir_infer_type(const IrModule *m, const IrBlock *b, const IrNode *n,
+                  IrType *out, char *err, size_t errlen) {
+  Sx x = {.m = m, .b = b, .n = n, .out = out, .err = err, .errlen = errlen};
+  memset(out, 0, sizeof *out);
+  if ((int)n->op < 0 || n->op >= IR_OP_COUNT) {
+    if (err && errlen) snprintf(err, errlen, "unknown op %d", (int)n->op);
+    return -1;
+  }
+  const IrOpInfo *info = &ir_ops[n->op];
+  if (info->nin >= 0 ? n->nin != info->nin : n->nin < 1)
+    return fail(&x, "expects %s%d operand%s, got %d", info->nin < 0 ? "at least " : "",
+                info->nin < 0 ? 1 : info->nin, info->nin == 1 || info->nin < 0 ? "" : "s", n->nin);
+  if (n->nin > 0 && !n->in) return fail(&x, "operand list missing");
+  for (int i = 0; i < n->nin; i++) {
+    int v = n->in[i];
+    if (v < 0 || v >= b->n) return fail(&x, "operand %d (%%%d) is not a value of block %s", i + 1, v, b->name);
+    if (b->nodes[v].type.dtype == IR_VOID)
+      return fail(&x, "operand %d (%%%d) is an effect, not a value", i + 1, v);
+  }
+  if (info->flags & OPF_TYPED) {
+    const char *why = type_problem(&n->type, 0);
+    if (why) return fail(&x, "result type: %s", why);
+    *out = n->type;
+  }
+  if (rules[n->op](&x)) return -1;
+  if (info->flags & OPF_EFFECT) {
+    memset(out, 0, sizeof *out);     /* dtype IR_VOID, rank 0 */
+    return 0;
+  }
+  const char *why = type_problem(out, 0);
+  if (why) return fail(&x, "result type %s: %s", tstr(&x, out), why);
+  return 0;
+}
