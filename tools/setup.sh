@@ -1,28 +1,75 @@
 #!/usr/bin/env bash
-# Installs what Tessera needs from Debian's packages (only what is missing),
-# then configures and builds the project.  Idempotent; safe to re-run.
+# setup.sh - installs what Tessera needs from Debian's packages (only what is
+# missing), then configures and builds the project.
 #   tools/setup.sh            -> release build in build/
-#   tools/setup.sh --asan     -> also the sanitizer build in build-asan/
+#   tools/setup.sh --asan     -> also the ASan+UBSan (Debug) build in build-asan/
+#
+# Idempotent (re-running does only the work that is left) and quiet on
+# success: it prints nothing unless it has to install packages, and the
+# output of apt, cmake and the compiler is shown only when a step fails.
+# Needs no terminal (works with CI=true and stdin closed).  As a normal user
+# it uses sudo for apt-get; as root it calls apt-get directly.
+# TESSERA_BUILD_DIR / TESSERA_ASAN_DIR override the two build directories.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS="flex bison cmake make gcc g++ llvm-19-dev libopenblas-dev openmpi-bin libopenmpi-dev
-      python3-torch python3-numpy graphviz libclang-rt-14-dev clang-14 bible-kjv"
+asan=0
+for a in "$@"; do
+  case "$a" in
+    --asan) asan=1 ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "setup: unknown option '$a' (use --asan)" >&2; exit 2 ;;
+  esac
+done
+
+# Build tools, libraries, the oracle's PyTorch (Debian's, used only from
+# /usr/bin/python3), graphviz for `mcc --emit=dot`, the sanitizer runtime for
+# clang, and bible-kjv (the text of the bundled training corpus).
+PKGS="ca-certificates flex bison cmake make gcc g++ llvm-19-dev libopenblas-dev
+      openmpi-bin libopenmpi-dev python3 python3-torch python3-numpy graphviz
+      libclang-rt-14-dev clang-14 bible-kjv"
+
+log=$(mktemp "${TMPDIR:-/tmp}/tessera-setup.XXXXXX")
+trap 'rm -f "$log"' EXIT
+
+# run LABEL CMD...: runs CMD with its output captured; on failure shows it.
+run() {
+  local label=$1; shift
+  if ! "$@" >"$log" 2>&1 </dev/null; then
+    echo "setup: $label failed:" >&2
+    tail -n 60 "$log" >&2
+    exit 1
+  fi
+}
+
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
 if [ -n "$missing" ]; then
-  echo "setup: installing:$missing"
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  echo "setup: installing Debian packages:$missing"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: not root and no sudo; install:$missing" >&2; exit 1; }
+    SUDO="sudo -n"
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  run "apt-get update" $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  # shellcheck disable=SC2086  # word splitting of the package list is intended
+  run "apt-get install" $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+      --no-install-recommends $missing
 fi
 
-jobs=$(nproc)
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$jobs"
-if [ "${1:-}" = "--asan" ]; then
-  cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTESSERA_SANITIZE=ON >/dev/null
-  cmake --build build-asan -j"$jobs"
+jobs=$(nproc 2>/dev/null || echo 2)
+
+# build DIR TYPE [cmake options...]: configure (once) and build.
+build() {
+  local dir=$1 type=$2; shift 2
+  run "cmake configure ($dir)" cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE="$type" "$@"
+  run "build ($dir)" cmake --build "$dir" -j"$jobs"
+}
+
+build "${TESSERA_BUILD_DIR:-build}" Release
+if [ "$asan" = 1 ]; then
+  build "${TESSERA_ASAN_DIR:-build-asan}" Debug -DTESSERA_SANITIZE=ON
 fi
