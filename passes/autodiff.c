@@ -1,0 +1,490 @@
+/* autodiff.c - reverse-mode automatic differentiation over the IR.
+ *
+ * Expects: a module with a block "forward" containing `output "loss"` on a
+ *          float scalar (the frontend's result), and train.global_batch a
+ *          multiple of train.micro_batch.
+ * Guarantees: a block "micro" and no block "forward".  "micro" holds the
+ *          forward nodes unchanged (same value ids), then the backward graph,
+ *          then one `accum` per parameter that receives a gradient, into a new
+ *          state "grad.<param>" (kind grad, same type, zero at start).
+ *
+ * The backward graph is seeded with FULL(1 / n_micro), n_micro =
+ * global_batch / micro_batch, so the gradients accumulated over one step are
+ * the gradient of the step's mean loss (the dp pass scales further).
+ *
+ * Every op has one derivative function ad_NAME (the table at the bottom is
+ * built from ops.def, so a new op without one does not compile).  It gets the
+ * forward node and the id of its output gradient dy, and adds a gradient
+ * contribution to each operand that needs one.  Lean by construction:
+ *   - only values that depend on a parameter through differentiable ops and
+ *     are float ("need") ever get a gradient; i32 values never do;
+ *   - a zero gradient is "no node" (-1), never a FULL 0;
+ *   - several contributions to one value are summed with ADD as they arrive.
+ * Emission errors are sticky: after the first failure every emit returns -1
+ * and the message of the first failure is kept in cx->err. */
+#include "passes.h"
+#include <stdarg.h>
+
+typedef struct {
+  IrModule *m;
+  PassCtx *cx;
+  int mb;              /* the micro block being built */
+  int cur;             /* forward node being differentiated (for messages) */
+  unsigned char *need; /* per forward node: a gradient may flow into it */
+  int *grad;           /* per forward node: micro id of d loss / d value, -1 = zero */
+  int *pgrad;          /* per state: summed gradient of the parameter, -1 = none */
+  int failed;
+} Ad;
+
+static void ad_fail(Ad *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void ad_fail(Ad *a, const char *fmt, ...) {
+  if (a->failed) return;
+  a->failed = 1;
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (a->cur >= 0)
+    snprintf(a->cx->err, sizeof a->cx->err, "autodiff: differentiating %%%d = %s: %s", a->cur,
+             ir_ops[a->m->blocks.a[a->mb].nodes[a->cur].op].name, msg);
+  else
+    snprintf(a->cx->err, sizeof a->cx->err, "autodiff: %s", msg);
+}
+
+/* A node of the micro block.  Re-fetch after every emit: emitting may move
+ * the node array. */
+static const IrNode *nd(const Ad *a, int id) { return &a->m->blocks.a[a->mb].nodes[id]; }
+static IrType ty(const Ad *a, int id) { return nd(a, id)->type; }
+static int rank_of(const Ad *a, int id) { return nd(a, id)->type.rank; }
+static int in_of(const Ad *a, int id, int k) { return nd(a, id)->in[k]; }
+static int needs(const Ad *a, int id) { return a->need[id]; }
+
+/* Appends a node to the micro block; -1 (and nothing emitted) once anything
+ * failed or if an operand is missing. */
+static int em(Ad *a, IrOp op, const int *in, int nin, const int64_t *ia, const double *fa,
+              const IrType *type) {
+  if (a->failed) return -1;
+  for (int k = 0; k < nin; k++)
+    if (in[k] < 0) { ad_fail(a, "internal: missing operand for %s", ir_ops[op].name); return -1; }
+  char err[512];
+  int id = ir_emit(a->m, a->mb, op, in, nin, ia, fa, NULL, type, err, sizeof err);
+  if (id < 0) ad_fail(a, "cannot emit %s: %s", ir_ops[op].name, err);
+  return id;
+}
+static int em1(Ad *a, IrOp op, int x) { return em(a, op, &x, 1, NULL, NULL, NULL); }
+static int em2(Ad *a, IrOp op, int x, int y) { int in[2] = {x, y}; return em(a, op, in, 2, NULL, NULL, NULL); }
+static int emc(Ad *a, IrOp op, int x, double c) { return em(a, op, &x, 1, NULL, &c, NULL); }
+static int emt(Ad *a, IrOp op, int x, const IrType *t) { return em(a, op, &x, 1, NULL, NULL, t); }
+static int em_matmul(Ad *a, int x, int y, int ta, int tb) {
+  int in[2] = {x, y};
+  int64_t ia[2] = {ta, tb};
+  return em(a, IR_OP_MATMUL, in, 2, ia, NULL, NULL);
+}
+/* x with its last two dims swapped. */
+static int em_swap_last2(Ad *a, int x) {
+  int r = rank_of(a, x);
+  int64_t perm[IR_MAX_RANK];
+  for (int i = 0; i < r; i++) perm[i] = i;
+  perm[r - 1] = r - 2;
+  perm[r - 2] = r - 1;
+  return em(a, IR_OP_PERMUTE, &x, 1, perm, NULL, NULL);
+}
+
+/* Adds g to the gradient of forward value x (if x can have one). */
+static void add_grad(Ad *a, int x, int g) {
+  if (a->failed || g < 0 || !needs(a, x)) return;
+  a->grad[x] = a->grad[x] < 0 ? g : em2(a, IR_OP_ADD, a->grad[x], g);
+}
+
+static int norm_axis(int64_t axis, int rank) { return (int)(axis < 0 ? axis + rank : axis); }
+
+/* ---------------- derivatives, one per op ----------------
+ * i: the forward node (same id in micro); dy: its gradient, same shape as
+ * its result.  x0, x1: its operands. */
+#define X0 in_of(a, i, 0)
+#define X1 in_of(a, i, 1)
+typedef void (*AdFn)(Ad *a, int i, int dy);
+
+/* Leaves, effects and no-gradient ops contribute nothing (parameters are
+ * collected from STATE nodes by the walk itself). */
+#define AD_NONE(NAME) static void ad_##NAME(Ad *a, int i, int dy) { (void)a; (void)i; (void)dy; }
+AD_NONE(INPUT) AD_NONE(STATE) AD_NONE(FULL)
+AD_NONE(EQ) AD_NONE(NE_SCALAR)
+AD_NONE(ACCUM) AD_NONE(ZERO) AD_NONE(ADAMW) AD_NONE(OUTPUT)
+
+/* Derivative ops themselves: we only do first derivatives. */
+#define AD_SECOND(NAME) static void ad_##NAME(Ad *a, int i, int dy) { \
+    (void)i; (void)dy; ad_fail(a, "second derivative not supported (the forward graph contains a derivative op)"); }
+AD_SECOND(GELU_TANH_BWD) AD_SECOND(GELU_ERF_BWD) AD_SECOND(SILU_BWD) AD_SECOND(RELU_BWD)
+AD_SECOND(SOFTMAX_BWD) AD_SECOND(LOG_SOFTMAX_BWD) AD_SECOND(LAYERNORM_BWD) AD_SECOND(RMSNORM_BWD)
+AD_SECOND(EMBEDDING_BWD) AD_SECOND(CROSS_ENTROPY_BWD)
+
+static void ad_CLIP_COEF(Ad *a, int i, int dy) {
+  (void)i; (void)dy;
+  ad_fail(a, "clip_coef belongs to the update step and has no derivative");
+}
+
+/* ---- elementwise ---- */
+static void ad_ADD(Ad *a, int i, int dy) { add_grad(a, X0, dy); add_grad(a, X1, dy); }
+static void ad_SUB(Ad *a, int i, int dy) {
+  add_grad(a, X0, dy);
+  if (needs(a, X1)) add_grad(a, X1, em1(a, IR_OP_NEG, dy));
+}
+static void ad_MUL(Ad *a, int i, int dy) {
+  int x = X0, y = X1;
+  if (needs(a, x)) add_grad(a, x, em2(a, IR_OP_MUL, dy, y));
+  if (needs(a, y)) add_grad(a, y, em2(a, IR_OP_MUL, dy, x));
+}
+/* z = x / y:  dx = dy / y,  dy_ = -dy x / y^2 = -(dy / y) * z */
+static void ad_DIV(Ad *a, int i, int dy) {
+  int x = X0, y = X1;
+  if (!needs(a, x) && !needs(a, y)) return;
+  int q = em2(a, IR_OP_DIV, dy, y);
+  add_grad(a, x, q);
+  if (needs(a, y)) add_grad(a, y, em1(a, IR_OP_NEG, em2(a, IR_OP_MUL, q, i)));
+}
+static void ad_ADDS(Ad *a, int i, int dy) { add_grad(a, X0, dy); }
+static void ad_MULS(Ad *a, int i, int dy) { add_grad(a, X0, emc(a, IR_OP_MULS, dy, nd(a, i)->fa[0])); }
+static void ad_NEG(Ad *a, int i, int dy) { add_grad(a, X0, em1(a, IR_OP_NEG, dy)); }
+static void ad_EXP(Ad *a, int i, int dy) { add_grad(a, X0, em2(a, IR_OP_MUL, dy, i)); }
+static void ad_LOG(Ad *a, int i, int dy) { add_grad(a, X0, em2(a, IR_OP_DIV, dy, X0)); }
+/* y = sqrt(x): dx = dy * 0.5 / y */
+static void ad_SQRT(Ad *a, int i, int dy) {
+  add_grad(a, X0, emc(a, IR_OP_MULS, em2(a, IR_OP_DIV, dy, i), 0.5));
+}
+/* y = x^-1/2: dx = dy * (-0.5) * y^3 */
+static void ad_RSQRT(Ad *a, int i, int dy) {
+  int y3 = em2(a, IR_OP_MUL, i, em2(a, IR_OP_MUL, i, i));
+  add_grad(a, X0, emc(a, IR_OP_MULS, em2(a, IR_OP_MUL, dy, y3), -0.5));
+}
+/* y = tanh(x): dx = dy * (1 - y^2) */
+static void ad_TANH(Ad *a, int i, int dy) {
+  int one_m_y2 = emc(a, IR_OP_ADDS, em1(a, IR_OP_NEG, em2(a, IR_OP_MUL, i, i)), 1.0);
+  add_grad(a, X0, em2(a, IR_OP_MUL, dy, one_m_y2));
+}
+/* Activations with a dedicated (x, dy) -> dx op. */
+#define AD_ACT(NAME) static void ad_##NAME(Ad *a, int i, int dy) { \
+    add_grad(a, X0, em2(a, IR_OP_##NAME##_BWD, X0, dy)); }
+AD_ACT(GELU_TANH) AD_ACT(GELU_ERF) AD_ACT(SILU) AD_ACT(RELU)
+
+/* Converts back to the operand's dtype (no gradient into i32: needs() is 0). */
+static void ad_CAST(Ad *a, int i, int dy) {
+  if (!needs(a, X0)) return;
+  IrType t = ty(a, X0);
+  add_grad(a, X0, emt(a, IR_OP_CAST, dy, &t));
+}
+
+/* ---- layout ---- */
+static void ad_RESHAPE(Ad *a, int i, int dy) {
+  IrType t = ty(a, X0);
+  add_grad(a, X0, emt(a, IR_OP_RESHAPE, dy, &t));
+}
+/* result dim k is input dim perm[k], so input dim perm[k] is result dim k */
+static void ad_PERMUTE(Ad *a, int i, int dy) {
+  int r = rank_of(a, i);
+  int64_t inv[IR_MAX_RANK];
+  for (int k = 0; k < r; k++) inv[nd(a, i)->ia[k]] = k;
+  add_grad(a, X0, em(a, IR_OP_PERMUTE, &dy, 1, inv, NULL, NULL));
+}
+/* slice [start, end) along axis -> pad the gradient back with zeros */
+static void ad_SLICE(Ad *a, int i, int dy) {
+  int x = X0, ax = norm_axis(nd(a, i)->ia[0], rank_of(a, x));
+  int64_t start = nd(a, i)->ia[1], xd = ty(a, x).dim[ax], yd = ty(a, i).dim[ax];
+  if (start < 0) start += xd;
+  int64_t ia[3] = {ax, start, xd - start - yd};
+  add_grad(a, x, em(a, IR_OP_PAD, &dy, 1, ia, NULL, NULL));
+}
+/* pad (before, after) along axis -> slice the operand's part back out */
+static void ad_PAD(Ad *a, int i, int dy) {
+  int x = X0, ax = norm_axis(nd(a, i)->ia[0], rank_of(a, x));
+  int64_t before = nd(a, i)->ia[1];
+  int64_t ia[3] = {ax, before, before + ty(a, x).dim[ax]};
+  add_grad(a, x, em(a, IR_OP_SLICE, &dy, 1, ia, NULL, NULL));
+}
+/* each operand gets its slice of dy along axis */
+static void ad_CONCAT(Ad *a, int i, int dy) {
+  int nin = nd(a, i)->nin, ax = norm_axis(nd(a, i)->ia[0], rank_of(a, i));
+  int64_t off = 0;
+  for (int k = 0; k < nin; k++) {
+    int x = in_of(a, i, k);
+    int64_t d = ty(a, x).dim[ax];
+    if (needs(a, x)) {
+      int64_t ia[3] = {ax, off, off + d};
+      add_grad(a, x, em(a, IR_OP_SLICE, &dy, 1, ia, NULL, NULL));
+    }
+    off += d;
+  }
+}
+static void ad_BROADCAST(Ad *a, int i, int dy) {
+  IrType t = ty(a, X0);
+  add_grad(a, X0, emt(a, IR_OP_SUM_TO, dy, &t));
+}
+static void ad_SUM_TO(Ad *a, int i, int dy) {
+  IrType t = ty(a, X0);
+  add_grad(a, X0, emt(a, IR_OP_BROADCAST, dy, &t));
+}
+
+/* ---- reductions ---- */
+/* Broadcasts v (node i's result or its gradient: x's shape reduced along
+ * node i's axis, with or without keepdim) back to x's shape: for keepdim=0
+ * first reshape to the keepdim shape so the numpy broadcast lines up. */
+static int unreduce(Ad *a, int i, int v) {
+  int x = X0;
+  IrType xt = ty(a, x);
+  if (!nd(a, i)->ia[1]) {
+    IrType kt = xt;
+    int ax = norm_axis(nd(a, i)->ia[0], xt.rank);
+    kt.dim[ax] = 1;
+    kt.dname[ax] = NULL;
+    v = emt(a, IR_OP_RESHAPE, v, &kt);
+  }
+  return emt(a, IR_OP_BROADCAST, v, &xt);
+}
+static void ad_SUM(Ad *a, int i, int dy) { add_grad(a, X0, unreduce(a, i, dy)); }
+static void ad_MEAN(Ad *a, int i, int dy) {
+  int x = X0;
+  int64_t n = ty(a, x).dim[norm_axis(nd(a, i)->ia[0], rank_of(a, x))];
+  add_grad(a, x, emc(a, IR_OP_MULS, unreduce(a, i, dy), 1.0 / (double)n));
+}
+/* The gradient goes to every element equal to the max (ties share it in
+ * full; with real data ties are measure-zero). */
+static void ad_MAX(Ad *a, int i, int dy) {
+  int x = X0;
+  int hit = em2(a, IR_OP_EQ, x, unreduce(a, i, i));
+  add_grad(a, x, em2(a, IR_OP_MUL, hit, unreduce(a, i, dy)));
+}
+/* s = sum(x^2) -> scalar: dx = 2 x dy */
+static void ad_SUMSQ(Ad *a, int i, int dy) {
+  int x = X0;
+  IrType xt = ty(a, x);
+  int b = emt(a, IR_OP_BROADCAST, dy, &xt);
+  add_grad(a, x, em2(a, IR_OP_MUL, emc(a, IR_OP_MULS, x, 2.0), b));
+}
+
+/* ---- contraction ----
+ * C = A' @ B' with A' = ta ? A^T : A ([.., M, K]) and B' = tb ? B^T : B
+ * ([.., K, N]).  dA' = dC @ B'^T, dB' = A'^T @ dC, and dA = dA'^T when ta
+ * (likewise B).  Each case is one matmul with the right transpose flags.
+ * With a 2-D rhs and a batched lhs the weight gradient must sum over all
+ * leading dims: flatten A' and dC to 2-D and contract over the rows. */
+static void ad_MATMUL(Ad *a, int i, int dy) {
+  int A = X0, B = X1;
+  int ta = (int)nd(a, i)->ia[0], tb = (int)nd(a, i)->ia[1];
+  int flat = rank_of(a, B) == 2 && rank_of(a, A) > 2;
+  if (needs(a, A)) {
+    int g;
+    if (!ta) g = em_matmul(a, dy, B, 0, !tb);              /* dC @ B'^T */
+    else if (!flat) g = em_matmul(a, B, dy, tb, 1);        /* (dC @ B'^T)^T = B' @ dC^T */
+    else g = em_swap_last2(a, em_matmul(a, dy, B, 0, !tb)); /* 2-D B cannot be the batched lhs */
+    add_grad(a, A, g);
+  }
+  if (needs(a, B)) {
+    int g;
+    if (!flat) {
+      if (!tb) g = em_matmul(a, A, dy, !ta, 0);            /* A'^T @ dC */
+      else g = em_matmul(a, dy, A, 1, ta);                 /* (A'^T @ dC)^T = dC^T @ A' */
+    } else {
+      IrType at = ty(a, A), dt = ty(a, dy);
+      int ap = ta ? em_swap_last2(a, A) : A;               /* A' [.., M, K] */
+      int64_t rows = ir_type_numel(&at) / at.dim[at.rank - (ta ? 2 : 1)];
+      IrType a2 = {at.dtype, 2, {rows, at.dim[at.rank - (ta ? 2 : 1)]},
+                   {NULL, at.dname[at.rank - (ta ? 2 : 1)]}};
+      IrType d2 = {dt.dtype, 2, {rows, dt.dim[dt.rank - 1]}, {NULL, dt.dname[dt.rank - 1]}};
+      int A2 = emt(a, IR_OP_RESHAPE, ap, &a2), D2 = emt(a, IR_OP_RESHAPE, dy, &d2);
+      g = tb ? em_matmul(a, D2, A2, 1, 0) : em_matmul(a, A2, D2, 1, 0);
+    }
+    add_grad(a, B, g);
+  }
+}
+
+/* ---- neural-network ops ---- */
+static void ad_SOFTMAX(Ad *a, int i, int dy) { add_grad(a, X0, em2(a, IR_OP_SOFTMAX_BWD, i, dy)); }
+static void ad_LOG_SOFTMAX(Ad *a, int i, int dy) { add_grad(a, X0, em2(a, IR_OP_LOG_SOFTMAX_BWD, i, dy)); }
+static void ad_LAYERNORM(Ad *a, int i, int dy) {
+  int in[2] = {X0, dy};
+  add_grad(a, X0, em(a, IR_OP_LAYERNORM_BWD, in, 2, NULL, nd(a, i)->fa, NULL));
+}
+static void ad_RMSNORM(Ad *a, int i, int dy) {
+  int in[2] = {X0, dy};
+  add_grad(a, X0, em(a, IR_OP_RMSNORM_BWD, in, 2, NULL, nd(a, i)->fa, NULL));
+}
+/* Scatter-add into the table; the ids are i32 and get nothing. */
+static void ad_EMBEDDING(Ad *a, int i, int dy) {
+  int table = X0;
+  if (!needs(a, table)) return;
+  IrType t = ty(a, table);
+  int in[2] = {X1, dy};
+  add_grad(a, table, em(a, IR_OP_EMBEDDING_BWD, in, 2, NULL, NULL, &t));
+}
+/* Masked positions are constants: their gradient is 0. */
+static void ad_CAUSAL_MASK(Ad *a, int i, int dy) { add_grad(a, X0, emc(a, IR_OP_CAUSAL_MASK, dy, 0.0)); }
+static void ad_MASKED_FILL(Ad *a, int i, int dy) {
+  if (!needs(a, X0)) return;
+  int in[2] = {dy, X1};
+  double fill = 0.0;
+  add_grad(a, X0, em(a, IR_OP_MASKED_FILL, in, 2, NULL, &fill, NULL));
+}
+/* The mask is a function of (seed, stream, step, micro, index), so the same
+ * attrs on dy reproduce it: dx = dy * mask / (1 - p). */
+static void ad_DROPOUT(Ad *a, int i, int dy) {
+  IrNode n = *nd(a, i);
+  add_grad(a, X0, em(a, IR_OP_DROPOUT, &dy, 1, n.ia, n.fa, NULL));
+}
+/* A rotation is orthogonal: its transpose is the inverse rotation. */
+static void ad_ROPE(Ad *a, int i, int dy) {
+  IrNode n = *nd(a, i);
+  int64_t ia[2] = {n.ia[0], !n.ia[1]};
+  add_grad(a, X0, em(a, IR_OP_ROPE, &dy, 1, ia, n.fa, NULL));
+}
+static void ad_CROSS_ENTROPY(Ad *a, int i, int dy) {
+  if (!needs(a, X0)) return;
+  int in[3] = {X0, X1, dy};
+  add_grad(a, X0, em(a, IR_OP_CROSS_ENTROPY_BWD, in, 3, nd(a, i)->ia, NULL, NULL));
+}
+#undef X0
+#undef X1
+
+static const AdFn ad_fns[IR_OP_COUNT] = {
+#define X(name, text, nin, ia, fa, flags, doc) [IR_OP_##name] = ad_##name,
+#include "../ir/ops.def"
+#undef X
+};
+
+/* ---------------- the pass ---------------- */
+
+/* Finds the value reported as `output "loss"` in block b; -1 with a message. */
+static int find_loss(const IrModule *m, const IrBlock *b, char *err, size_t errlen) {
+  const char *loss = ts_intern("loss");
+  int at = -1;
+  for (int i = 0; i < b->n; i++)
+    if (b->nodes[i].op == IR_OP_OUTPUT && b->nodes[i].sa == loss) {
+      if (at >= 0) { snprintf(err, errlen, "autodiff: block forward reports \"loss\" twice (%%%d and %%%d)", at, i); return -1; }
+      at = i;
+    }
+  if (at < 0) { snprintf(err, errlen, "autodiff: block forward has no `output \"loss\"`"); return -1; }
+  int v = b->nodes[at].in[0];
+  const IrType *t = &b->nodes[v].type;
+  if (t->rank != 0 || !ir_dtype_is_float(t->dtype)) {
+    char buf[128];
+    snprintf(err, errlen, "autodiff: the loss %%%d must be a float scalar, not %s", v, ir_type_str(t, buf, sizeof buf));
+    return -1;
+  }
+  (void)m;
+  return v;
+}
+
+/* need[i]: value i is float and depends on a parameter through ops a
+ * gradient can pass; everything else is a constant for autodiff. */
+static void mark_need(const IrModule *m, const IrBlock *b, unsigned char *need) {
+  for (int i = 0; i < b->n; i++) {
+    const IrNode *n = &b->nodes[i];
+    unsigned fl = ir_ops[n->op].flags;
+    need[i] = 0;
+    if (!ir_dtype_is_float(n->type.dtype)) continue;
+    if (n->op == IR_OP_STATE) {
+      need[i] = m->states.a[n->ia[0]].kind == IR_STATE_PARAM;
+      continue;
+    }
+    if (fl & (OPF_LEAF | OPF_NODIFF | OPF_EFFECT)) continue;
+    for (int k = 0; k < n->nin; k++) need[i] |= need[n->in[k]];
+  }
+}
+
+/* The state "grad.<param>" for param p: an existing one is reused if it
+ * matches (kind grad, of p, same type), else a new one is added.  -1 on a
+ * name clash. */
+static int grad_state(IrModule *m, int p, char *err, size_t errlen) {
+  char name[512];
+  IrState ps = m->states.a[p];
+  snprintf(name, sizeof name, "grad.%s", ps.name);
+  int s = ir_state_find(m, name);
+  if (s >= 0) {
+    const IrState *g = &m->states.a[s];
+    if (g->kind == IR_STATE_GRAD && g->of == p && ir_type_same_shape(&g->type, &ps.type)) return s;
+    snprintf(err, errlen, "autodiff: state @%s exists and is not the gradient of @%s", name, ps.name);
+    return -1;
+  }
+  IrState g = {0};
+  g.name = name;
+  g.type = ps.type;
+  g.kind = IR_STATE_GRAD;
+  g.init = IR_INIT_ZEROS;
+  g.of = p;
+  return ir_state_add(m, &g);
+}
+
+/* The backward walk from the loss down to node 0, then the accums. */
+static void differentiate(Ad *a, int loss, int n_micro) {
+  IrModule *m = a->m;
+  IrType lt = ty(a, loss);
+  double seed = 1.0 / (double)n_micro;
+  a->grad[loss] = em(a, IR_OP_FULL, NULL, 0, NULL, &seed, &lt);
+  for (int i = loss; i >= 0 && !a->failed; i--) {
+    int g = a->grad[i];
+    if (g < 0 || !a->need[i]) continue;
+    const IrNode *n = nd(a, i);
+    if (n->op == IR_OP_STATE) {        /* a parameter read: collect per state */
+      int s = (int)n->ia[0];
+      a->pgrad[s] = a->pgrad[s] < 0 ? g : em2(a, IR_OP_ADD, a->pgrad[s], g);
+      continue;
+    }
+    a->cur = i;
+    ad_fns[n->op](a, i, g);
+    a->cur = -1;
+  }
+  int nstates = m->states.n;  /* grad states are appended past this */
+  for (int s = 0; s < nstates && !a->failed; s++) {
+    if (a->pgrad[s] < 0) continue;
+    int gs = grad_state(m, s, a->cx->err, sizeof a->cx->err);
+    if (gs < 0) { a->failed = 1; break; }
+    int64_t ia[1] = {gs};
+    em(a, IR_OP_ACCUM, &a->pgrad[s], 1, ia, NULL, NULL);
+  }
+}
+
+int pass_autodiff(IrModule *m, PassCtx *cx) {
+  int fb = ir_block_find(m, "forward");
+  if (fb < 0) { snprintf(cx->err, sizeof cx->err, "autodiff: the module has no block \"forward\""); return -1; }
+  if (ir_block_find(m, "micro") >= 0) { snprintf(cx->err, sizeof cx->err, "autodiff: block \"micro\" already exists"); return -1; }
+  const IrTrain *t = &m->train;
+  if (t->micro_batch <= 0 || t->global_batch <= 0 || t->global_batch % t->micro_batch) {
+    snprintf(cx->err, sizeof cx->err, "autodiff: global_batch %lld is not a positive multiple of micro_batch %lld",
+             (long long)t->global_batch, (long long)t->micro_batch);
+    return -1;
+  }
+  int loss = find_loss(m, &m->blocks.a[fb], cx->err, sizeof cx->err);
+  if (loss < 0) return -1;
+
+  int nstates0 = m->states.n, nblocks0 = m->blocks.n;
+  int mb = ir_block_add(m, "micro");
+  /* Copy the forward nodes: same ids, so forward value i is micro value i.
+   * Operand arrays stay shared with the forward block (both live in m's
+   * arena, and nodes are never edited in place). */
+  const IrBlock *f = &m->blocks.a[fb];
+  IrBlock *mbk = &m->blocks.a[mb];
+  int nf = f->n;
+  mbk->cap = nf + 16;
+  mbk->nodes = arena_alloc(&m->arena, (size_t)mbk->cap * sizeof *mbk->nodes);
+  memcpy(mbk->nodes, f->nodes, (size_t)nf * sizeof *f->nodes);
+  mbk->n = nf;
+
+  Ad a = {m, cx, mb, -1, NULL, NULL, NULL, 0};
+  a.need = arena_alloc(&cx->scratch, (size_t)nf + 1);
+  a.grad = arena_alloc(&cx->scratch, ((size_t)nf + 1) * sizeof *a.grad);
+  a.pgrad = arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof *a.pgrad);
+  for (int i = 0; i < nf; i++) a.grad[i] = -1;
+  for (int s = 0; s < nstates0; s++) a.pgrad[s] = -1;
+  mark_need(m, mbk, a.need);
+
+  differentiate(&a, loss, (int)(t->global_batch / t->micro_batch));
+  if (a.failed) {            /* leave the module as it was */
+    m->blocks.n = nblocks0;
+    m->states.n = nstates0;
+    return -1;
+  }
+  /* Drop "forward" (its nodes stay in the arena until the module is freed). */
+  memmove(&m->blocks.a[fb], &m->blocks.a[fb + 1], (size_t)(m->blocks.n - fb - 1) * sizeof *m->blocks.a);
+  m->blocks.n--;
+  return 0;
+}
