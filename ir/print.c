@@ -1,0 +1,136 @@
+/* print.c - the IR text form (docs/ir.md), written so that
+ * ir_print_module(ir_parse_module(text)) == text for any printed module:
+ * every attr is always printed, in ops.def order, floats in their
+ * shortest round-trip form.  A module ends with the line `end` so that
+ * several can follow one another (the plan text). */
+#include "ir.h"
+#include "ir_priv.h"
+
+static void put_double(StrBuf *out, double x) {
+  char buf[64];
+  ts_fmt_double(buf, sizeof buf, x);
+  sb_puts(out, buf);
+}
+
+static void put_type(StrBuf *out, const IrType *t) {
+  sb_printf(out, "%s[", ir_dtype_name(t->dtype));
+  for (int i = 0; i < t->rank && i < IR_MAX_RANK; i++) {
+    if (i) sb_puts(out, ", ");
+    if (t->dname[i]) sb_printf(out, "%s:", t->dname[i]);
+    sb_printf(out, "%lld", (long long)t->dim[i]);
+  }
+  sb_putc(out, ']');
+}
+
+/* Double-quoted, with \" \\ \n \t and \xHH for other control bytes, so a
+ * string never breaks the one-item-per-line structure. */
+static void put_string(StrBuf *out, const char *s) {
+  sb_putc(out, '"');
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') { sb_putc(out, '\\'); sb_putc(out, (char)c); }
+    else if (c == '\n') sb_puts(out, "\\n");
+    else if (c == '\t') sb_puts(out, "\\t");
+    else if (c < 0x20 || c == 0x7f) sb_printf(out, "\\x%02x", c);
+    else sb_putc(out, (char)c);
+  }
+  sb_putc(out, '"');
+}
+
+static void put_state_ref(const IrModule *m, StrBuf *out, int64_t idx) {
+  if (idx >= 0 && idx < m->states.n) sb_printf(out, "@%s", m->states.a[idx].name);
+  else sb_printf(out, "@<bad state %lld>", (long long)idx);   /* only in broken modules */
+}
+
+/* One node, without indentation or newline:
+ *   %N = op ["sa"] %a, %b @state... key=value... : type      (values)
+ *   op ["sa"] %a @state... key=value...                       (effects) */
+void ir_print_node(const IrModule *m, const IrBlock *b, int id, StrBuf *out) {
+  const IrNode *n = &b->nodes[id];
+  if ((int)n->op < 0 || n->op >= IR_OP_COUNT) { sb_printf(out, "%%%d = <bad op %d>", id, (int)n->op); return; }
+  const IrOpInfo *info = &ir_ops[n->op];
+  const IrOpAttrs *at = ir_op_attrs(n->op);
+  int effect = (info->flags & OPF_EFFECT) != 0;
+  if (!effect) sb_printf(out, "%%%d = ", id);
+  sb_puts(out, info->name);
+  if (n->sa) { sb_putc(out, ' '); put_string(out, n->sa); }
+  for (int i = 0; i < n->nin; i++) sb_printf(out, "%s%%%d", i ? ", " : " ", n->in[i]);
+  for (int i = 0; i < at->ni; i++)
+    if (at->is_state[i]) { sb_putc(out, ' '); put_state_ref(m, out, n->ia[i]); }
+  for (int i = 0; i < at->ni; i++) {
+    if (at->is_state[i]) continue;
+    if (i == at->list) {
+      /* one entry per result dim (= operand dims for permute) */
+      int len = ir_op_iattr_count(n->op, effect ? 0 : n->type.rank) - at->list;
+      sb_printf(out, " %s=[", at->iname[i]);
+      for (int k = 0; k < len; k++) sb_printf(out, "%s%lld", k ? ", " : "", (long long)n->ia[i + k]);
+      sb_putc(out, ']');
+    } else {
+      sb_printf(out, " %s=%lld", at->iname[i], (long long)n->ia[i]);
+    }
+  }
+  for (int i = 0; i < at->nf; i++) {
+    sb_printf(out, " %s=", at->fname[i]);
+    put_double(out, n->fa[i]);
+  }
+  if (!effect) { sb_puts(out, " : "); put_type(out, &n->type); }
+}
+
+static void print_state(const IrModule *m, const IrState *s, StrBuf *out) {
+  sb_printf(out, "state @%s : ", s->name);
+  put_type(out, &s->type);
+  sb_printf(out, " %s", ir_state_kind_name(s->kind));
+  if (s->kind == IR_STATE_PARAM) {
+    sb_printf(out, " init=%s", ir_init_kind_name(s->init));
+    if (s->init == IR_INIT_NORMAL || s->init == IR_INIT_UNIFORM) {
+      sb_putc(out, '(');
+      put_double(out, s->init_a);
+      sb_puts(out, ", ");
+      put_double(out, s->init_b);
+      sb_putc(out, ')');
+    }
+  } else {
+    sb_puts(out, " of=");
+    put_state_ref(m, out, s->of);
+  }
+  if (s->flags & IR_STATE_NODECAY) sb_puts(out, " nodecay");
+  sb_putc(out, '\n');
+}
+
+void ir_print_module(const IrModule *m, StrBuf *out) {
+  sb_printf(out, "module %s\n", m->name ? m->name : "module");
+  for (int i = 0; i < m->consts.n; i++) {
+    const IrConst *c = &m->consts.a[i];
+    sb_printf(out, "const %s = ", c->name);
+    if (c->is_float) put_double(out, c->f);
+    else sb_printf(out, "%lld", (long long)c->i);
+    sb_putc(out, '\n');
+  }
+  const IrTrain *t = &m->train;
+  sb_puts(out, "train lr=");        put_double(out, t->lr);
+  sb_puts(out, " beta1=");          put_double(out, t->beta1);
+  sb_puts(out, " beta2=");          put_double(out, t->beta2);
+  sb_puts(out, " eps=");            put_double(out, t->eps);
+  sb_puts(out, " weight_decay=");   put_double(out, t->weight_decay);
+  sb_printf(out, " schedule=%s warmup=%lld decay_steps=%lld", ir_schedule_name(t->schedule),
+            (long long)t->warmup, (long long)t->decay_steps);
+  sb_puts(out, " min_lr=");         put_double(out, t->min_lr);
+  sb_puts(out, " clip_grad=");      put_double(out, t->clip_grad);
+  sb_printf(out, " global_batch=%lld micro_batch=%lld seq_len=%lld steps=%lld seed=%llu precision=%s\n",
+            (long long)t->global_batch, (long long)t->micro_batch, (long long)t->seq_len,
+            (long long)t->steps, (unsigned long long)t->seed, ir_dtype_name(t->precision));
+  const IrParallel *p = &m->par;
+  sb_printf(out, "parallel tp=%d pp=%d cp=%d ep=%d dp=%d sp=%d\n", p->tp, p->pp, p->cp, p->ep, p->dp, p->sp);
+  for (int i = 0; i < m->states.n; i++) print_state(m, &m->states.a[i], out);
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    sb_printf(out, "block %s {\n", b->name);
+    for (int i = 0; i < b->n; i++) {
+      sb_puts(out, "  ");
+      ir_print_node(m, b, i, out);
+      sb_putc(out, '\n');
+    }
+    sb_puts(out, "}\n");
+  }
+  sb_puts(out, "end\n");
+}
