@@ -14,6 +14,8 @@ typedef struct PassCtx {
   const char *dump_dir;      /* --dump-ir=all DIR: writes DIR/NN-<pass>.ir */
   const char *print_after;   /* --print-ir-after=PASS: prints that pass's result to stdout */
   FILE *print_to;            /* where print_after goes (stdout) */
+  const char *dump_pass;     /* --dump-ir=PASS DIR: dump only that pass; NULL = all */
+  FILE *time_to;             /* --time: per-pass wall times go here; NULL = off */
 } PassCtx;
 
 typedef int (*PassFn)(IrModule *m, PassCtx *cx);
@@ -34,5 +36,10 @@ void pass_ctx_free(PassCtx *cx);
 /* Runs every pass in order; the module after the frontend counts as pass 0.
  * 0 on success; -1 with cx->err set. */
 int pass_run_pipeline(IrModule *m, PassCtx *cx);
+/* 0 for "frontend", i + 1 for pass_pipeline[i], -1 for an unknown name. */
+int pass_find(const char *name);
+/* 0 if `name` is a pass; else -1 with "unknown pass 'x' for <what>; the
+ * passes are: frontend, autodiff, ..." in err. */
+int pass_check_name(const char *name, const char *what, char *err, size_t errlen);
 
 #endif

@@ -1,0 +1,167 @@
+/* pipeline.c - the compiler's passes in order, and the driver that runs
+ * them with the checks between them (CONVENTIONS §4, §6, §8).
+ *
+ * The module handed to pass_run_pipeline is what the frontend made; it is
+ * checked as pass 0 "frontend".  After every pass (and for pass 0):
+ *   - ir_verify                  if cx->verify_each (default on)
+ *   - print -> parse -> print    if cx->verify_roundtrip; must be identical
+ *   - dump to DIR/NN-<name>.ir   if cx->dump_dir (atomic writes)
+ *   - print to cx->print_to      if cx->print_after names the pass
+ * and the scratch arena is reset.  A check that fails is a compiler bug,
+ * reported as "internal error: ... after pass 'NAME': ...". */
+#include "passes.h"
+#include <errno.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <time.h>
+
+const PassInfo pass_pipeline[] = {
+    {"autodiff", pass_autodiff, "forward -> micro: forward, backward, accumulate into gradient state"},
+    {"optimizer", pass_optimizer, "adds the update block: grad norm, clipping, AdamW, zeroing grads"},
+    {"dce", pass_dce, "removes values that nothing uses"},
+};
+const int pass_pipeline_count = (int)(sizeof pass_pipeline / sizeof pass_pipeline[0]);
+
+void pass_ctx_init(PassCtx *cx) {
+  memset(cx, 0, sizeof *cx);
+  arena_init(&cx->scratch);
+  cx->verify_each = 1;
+  cx->print_to = stdout;
+}
+
+void pass_ctx_free(PassCtx *cx) { arena_free(&cx->scratch); }
+
+static int cx_fail(PassCtx *cx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int cx_fail(PassCtx *cx, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cx->err, sizeof cx->err, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+/* Pass numbers as the dumps use them: 0 = "frontend", i + 1 = pass_pipeline[i]. */
+static const char *pass_name_at(int i) { return i == 0 ? "frontend" : pass_pipeline[i - 1].name; }
+
+int pass_find(const char *name) {
+  for (int i = 0; name && i <= pass_pipeline_count; i++)
+    if (strcmp(pass_name_at(i), name) == 0) return i;
+  return -1;
+}
+
+int pass_check_name(const char *name, const char *what, char *err, size_t errlen) {
+  if (pass_find(name) >= 0) return 0;
+  StrBuf b = {0};
+  for (int i = 0; i <= pass_pipeline_count; i++) sb_printf(&b, "%s%s", i ? ", " : "", pass_name_at(i));
+  snprintf(err, errlen, "unknown pass '%s' for %s; the passes are: %s", name ? name : "", what, b.p);
+  sb_free(&b);
+  return -1;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The first line where a and b differ, for the round-trip message. */
+static void first_diff(const char *a, const char *b, char *out, size_t n) {
+  int line = 1;
+  const char *la = a, *lb = b;
+  while (*a && *a == *b) {
+    if (*a == '\n') { line++; la = a + 1; lb = b + 1; }
+    a++, b++;
+  }
+  int ka = (int)strcspn(la, "\n"), kb = (int)strcspn(lb, "\n");
+  snprintf(out, n, "line %d: printed '%.*s', reprinted '%.*s'", line, ka > 300 ? 300 : ka, la,
+           kb > 300 ? 300 : kb, lb);
+}
+
+/* print -> parse -> print must be identical (CONVENTIONS §8). */
+static int check_roundtrip(const IrModule *m, PassCtx *cx, const char *name) {
+  StrBuf a = {0}, b = {0};
+  ir_print_module(m, &a);
+  char perr[1024] = "";
+  char fname[64];
+  snprintf(fname, sizeof fname, "<IR after %s>", name);
+  IrModule *back = ir_parse_module(a.p ? a.p : "", fname, perr, sizeof perr);
+  int rc = 0;
+  if (!back) {
+    rc = cx_fail(cx, "internal error: IR printed after pass '%s' does not parse back: %s", name, perr);
+  } else {
+    ir_print_module(back, &b);
+    if (a.n != b.n || memcmp(a.p, b.p, a.n) != 0) {
+      char d[800];
+      first_diff(a.p, b.p ? b.p : "", d, sizeof d);
+      rc = cx_fail(cx, "internal error: IR text does not round-trip after pass '%s': %s", name, d);
+    }
+    ir_module_free(back);
+  }
+  sb_free(&a);
+  sb_free(&b);
+  return rc;
+}
+
+static int dump(const IrModule *m, PassCtx *cx, int idx, const char *name) {
+  if (mkdir(cx->dump_dir, 0777) != 0 && errno != EEXIST)
+    return cx_fail(cx, "cannot create the IR dump directory '%s': %s", cx->dump_dir, strerror(errno));
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%02d-%s.ir", cx->dump_dir, idx, name);
+  StrBuf b = {0};
+  ir_print_module(m, &b);
+  int rc = ts_write_file_atomic(path, b.p ? b.p : "", b.n);
+  int e = errno;
+  sb_free(&b);
+  if (rc != 0) return cx_fail(cx, "cannot write IR dump '%s': %s", path, strerror(e));
+  return 0;
+}
+
+/* Everything that happens after pass `idx` (0 = the frontend's output). */
+static int after_pass(IrModule *m, PassCtx *cx, int idx) {
+  const char *name = pass_name_at(idx);
+  char verr[1024];
+  if (cx->verify_each && ir_verify(m, verr, sizeof verr) != 0)
+    return cx_fail(cx, "internal error: IR invalid after pass '%s': %s", name, verr);
+  if (cx->verify_roundtrip && check_roundtrip(m, cx, name) != 0) return -1;
+  if (cx->dump_dir && (!cx->dump_pass || strcmp(cx->dump_pass, name) == 0) && dump(m, cx, idx, name) != 0)
+    return -1;
+  if (cx->print_after && strcmp(cx->print_after, name) == 0) {
+    StrBuf b = {0};
+    sb_printf(&b, "# IR after pass '%s'\n", name);
+    ir_print_module(m, &b);
+    FILE *f = cx->print_to ? cx->print_to : stdout;
+    fwrite(b.p, 1, b.n, f);
+    fflush(f);
+    sb_free(&b);
+  }
+  arena_free(&cx->scratch);
+  arena_init(&cx->scratch);
+  return 0;
+}
+
+int pass_run_pipeline(IrModule *m, PassCtx *cx) {
+  cx->err[0] = 0;
+  /* Name checks first: a typo should not cost a full compile. */
+  if (cx->print_after && pass_check_name(cx->print_after, "--print-ir-after", cx->err, sizeof cx->err) != 0)
+    return -1;
+  if (cx->dump_pass && pass_check_name(cx->dump_pass, "--dump-ir", cx->err, sizeof cx->err) != 0) return -1;
+
+  double t0 = now_ms();
+  if (after_pass(m, cx, 0) != 0) return -1;
+  double checks = now_ms() - t0;
+  for (int i = 0; i < pass_pipeline_count; i++) {
+    const PassInfo *p = &pass_pipeline[i];
+    double t1 = now_ms();
+    cx->err[0] = 0;
+    if (p->fn(m, cx) != 0) {
+      if (!cx->err[0]) cx_fail(cx, "pass '%s' failed", p->name);
+      return -1;
+    }
+    double t2 = now_ms();
+    if (cx->time_to) fprintf(cx->time_to, "time: %-12s %9.1f ms\n", p->name, t2 - t1);
+    if (after_pass(m, cx, i + 1) != 0) return -1;
+    checks += now_ms() - t2;
+  }
+  if (cx->time_to) fprintf(cx->time_to, "time: %-12s %9.1f ms\n", "checks", checks);
+  return 0;
+}

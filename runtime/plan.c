@@ -1,0 +1,927 @@
+/* plan.c - the plan file: binary encode/decode, text print/parse, and the
+ * file functions mcc and mrun use (see plan.h for the on-disk header).
+ *
+ * Binary payload: a sequence of tagged, length-prefixed records
+ *     u32 tag | u32 body length | body
+ * all little-endian.  Top level, in this order:
+ *     MESH  u32 dp pp cp ep tp
+ *     SRC   str source
+ *     PROG  one IrModule (repeated, once per program; see enc_module)
+ *     RANK  u32 nranks, then u32 program index per rank
+ * Primitive encodings: u8/u32/i32/u64/i64 fixed width; f64 as its IEEE
+ * bits (so every value, -0.0 and NaN payloads included, survives); str as
+ * u32 length + bytes, length 0xFFFFFFFF meaning NULL.  Ops are stored by
+ * NAME, so renumbering ops.def does not invalidate old plans.
+ *
+ * Decoding trusts nothing: every read is bounds-checked against its
+ * record, every count is checked against the bytes left before anything
+ * is allocated for it, every enum and index is range-checked, and each
+ * decoded program must pass ir_verify.  Failures return NULL with a
+ * message; they never crash (tests feed corrupted bytes).
+ *
+ * Text form (mcc --emit=plan-text): a small header
+ *     tessera-plan 1
+ *     mesh dp=1 pp=1 cp=1 ep=1 tp=1
+ *     source "samples/gpt.mdl"
+ *     ranks 1
+ *     rank 0 program 0
+ * then per program a line `program K` followed by ir_print_module's text.
+ * Both forms hold exactly the same content: encode(parse_text(print_text(p)))
+ * == encode(p) byte for byte.  A NULL source and "" are the same thing
+ * (both print as ""; both decode to NULL).
+ *
+ * IrSharding is not stored yet: no pass creates it (plan format 2 will). */
+#include "plan.h"
+#include <errno.h>
+#include <stdarg.h>
+
+#define PLAN_MAGIC "TSPLAN\0\0"
+#define PLAN_HEADER 32               /* magic 8 | version 4 | flags 4 | len 8 | sum 8 */
+#define PLAN_CHECKSUM_SEED 0x7e55e7a9ull
+#define STR_NULL 0xFFFFFFFFu
+
+#define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
+#define TAG_MESH TAG('M', 'E', 'S', 'H')
+#define TAG_SRC  TAG('S', 'R', 'C', ' ')
+#define TAG_PROG TAG('P', 'R', 'O', 'G')
+#define TAG_RANK TAG('R', 'A', 'N', 'K')
+/* records inside PROG */
+#define TAG_NAME TAG('N', 'A', 'M', 'E')
+#define TAG_CNST TAG('C', 'N', 'S', 'T')
+#define TAG_TRAN TAG('T', 'R', 'A', 'N')
+#define TAG_PARL TAG('P', 'A', 'R', 'L')
+#define TAG_STAT TAG('S', 'T', 'A', 'T')
+#define TAG_BLCK TAG('B', 'L', 'C', 'K')
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+RtPlan *rt_plan_new(void) {
+  RtPlan *p = ts_xcalloc(1, sizeof *p);
+  p->version = RT_PLAN_VERSION;
+  p->mesh = (RtMesh){1, 1, 1, 1, 1};
+  return p;
+}
+
+void rt_plan_free(RtPlan *p) {
+  if (!p) return;
+  for (int i = 0; i < p->nprograms; i++) ir_module_free(p->programs[i]);
+  free(p->programs);
+  free(p->rank_program);
+  free(p);           /* source is interned: process-wide, never freed */
+}
+
+/* ======================================================================
+ * Encoding
+ * ====================================================================== */
+
+static void put_u8(StrBuf *b, unsigned v) { unsigned char c = (unsigned char)v; sb_write(b, &c, 1); }
+static void put_u32(StrBuf *b, uint32_t v) {
+  unsigned char c[4];
+  for (int i = 0; i < 4; i++) c[i] = (unsigned char)(v >> (8 * i));
+  sb_write(b, c, 4);
+}
+static void put_u64(StrBuf *b, uint64_t v) {
+  unsigned char c[8];
+  for (int i = 0; i < 8; i++) c[i] = (unsigned char)(v >> (8 * i));
+  sb_write(b, c, 8);
+}
+static void put_i32(StrBuf *b, int32_t v) { put_u32(b, (uint32_t)v); }
+static void put_i64(StrBuf *b, int64_t v) { put_u64(b, (uint64_t)v); }
+static void put_f64(StrBuf *b, double v) { uint64_t u; memcpy(&u, &v, 8); put_u64(b, u); }
+static void put_str(StrBuf *b, const char *s) {
+  if (!s) { put_u32(b, STR_NULL); return; }
+  size_t n = strlen(s);
+  TS_ASSERT(n < STR_NULL);
+  put_u32(b, (uint32_t)n);
+  sb_write(b, s, n);
+}
+
+/* Starts a record; returns the offset of its length field for rec_end. */
+static size_t rec_begin(StrBuf *b, uint32_t tag) {
+  put_u32(b, tag);
+  put_u32(b, 0);
+  return b->n - 4;
+}
+static void rec_end(StrBuf *b, size_t at) {
+  size_t len = b->n - at - 4;
+  TS_ASSERT(len < 0xFFFFFFFFu);
+  for (int i = 0; i < 4; i++) b->p[at + i] = (char)(unsigned char)(len >> (8 * i));
+}
+
+static void enc_type(StrBuf *b, const IrType *t) {
+  put_u8(b, (unsigned)t->dtype);
+  put_u8(b, (unsigned)t->rank);
+  for (int i = 0; i < t->rank; i++) {
+    put_i64(b, t->dim[i]);
+    put_str(b, t->dname[i]);
+  }
+}
+
+/* Attr slots are stored up to the last non-zero one (bitwise, so -0.0 is
+ * kept): unused slots are zero in every node, so this is exact and keeps
+ * one canonical encoding per node. */
+static int used_ia(const IrNode *n) {
+  int k = IR_MAX_IATTR;
+  while (k > 0 && n->ia[k - 1] == 0) k--;
+  return k;
+}
+static int used_fa(const IrNode *n) {
+  static const double zero = 0.0;
+  int k = IR_MAX_FATTR;
+  while (k > 0 && memcmp(&n->fa[k - 1], &zero, sizeof zero) == 0) k--;
+  return k;
+}
+
+static void enc_node(StrBuf *b, const IrNode *n) {
+  put_str(b, ir_ops[n->op].name);
+  put_u32(b, (uint32_t)n->nin);
+  for (int i = 0; i < n->nin; i++) put_u32(b, (uint32_t)n->in[i]);
+  int ni = used_ia(n), nf = used_fa(n);
+  put_u8(b, (unsigned)ni);
+  for (int i = 0; i < ni; i++) put_i64(b, n->ia[i]);
+  put_u8(b, (unsigned)nf);
+  for (int i = 0; i < nf; i++) put_f64(b, n->fa[i]);
+  put_str(b, n->sa);
+  enc_type(b, &n->type);
+}
+
+static void enc_train(StrBuf *b, const IrTrain *t) {
+  put_f64(b, t->lr); put_f64(b, t->beta1); put_f64(b, t->beta2);
+  put_f64(b, t->eps); put_f64(b, t->weight_decay);
+  put_u32(b, (uint32_t)t->schedule);
+  put_i64(b, t->warmup); put_i64(b, t->decay_steps);
+  put_f64(b, t->min_lr); put_f64(b, t->clip_grad);
+  put_i64(b, t->global_batch); put_i64(b, t->micro_batch);
+  put_i64(b, t->seq_len); put_i64(b, t->steps);
+  put_u64(b, t->seed);
+  put_u32(b, (uint32_t)t->precision);
+}
+
+static void enc_module(StrBuf *b, const IrModule *m) {
+  size_t r = rec_begin(b, TAG_NAME);
+  put_str(b, m->name);
+  rec_end(b, r);
+
+  r = rec_begin(b, TAG_CNST);
+  put_u32(b, (uint32_t)m->consts.n);
+  for (int i = 0; i < m->consts.n; i++) {
+    const IrConst *c = &m->consts.a[i];
+    put_str(b, c->name);
+    put_u8(b, c->is_float ? 1 : 0);
+    put_i64(b, c->i);
+    put_f64(b, c->f);
+  }
+  rec_end(b, r);
+
+  r = rec_begin(b, TAG_TRAN);
+  enc_train(b, &m->train);
+  rec_end(b, r);
+
+  r = rec_begin(b, TAG_PARL);
+  const IrParallel *q = &m->par;
+  put_i32(b, q->tp); put_i32(b, q->pp); put_i32(b, q->cp);
+  put_i32(b, q->ep); put_i32(b, q->dp); put_i32(b, q->sp);
+  rec_end(b, r);
+
+  r = rec_begin(b, TAG_STAT);
+  put_u32(b, (uint32_t)m->states.n);
+  for (int i = 0; i < m->states.n; i++) {
+    const IrState *s = &m->states.a[i];
+    put_str(b, s->name);
+    enc_type(b, &s->type);
+    put_u32(b, (uint32_t)s->kind);
+    put_u32(b, (uint32_t)s->init);
+    put_f64(b, s->init_a);
+    put_f64(b, s->init_b);
+    put_i32(b, s->of);
+    put_u32(b, s->flags);
+  }
+  rec_end(b, r);
+
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *blk = &m->blocks.a[bi];
+    r = rec_begin(b, TAG_BLCK);
+    put_str(b, blk->name);
+    put_u32(b, (uint32_t)blk->n);
+    for (int i = 0; i < blk->n; i++) enc_node(b, &blk->nodes[i]);
+    rec_end(b, r);
+  }
+}
+
+static void enc_payload(const RtPlan *p, StrBuf *b) {
+  size_t r = rec_begin(b, TAG_MESH);
+  put_u32(b, (uint32_t)p->mesh.dp); put_u32(b, (uint32_t)p->mesh.pp);
+  put_u32(b, (uint32_t)p->mesh.cp); put_u32(b, (uint32_t)p->mesh.ep);
+  put_u32(b, (uint32_t)p->mesh.tp);
+  rec_end(b, r);
+
+  r = rec_begin(b, TAG_SRC);
+  put_str(b, p->source && *p->source ? p->source : "");
+  rec_end(b, r);
+
+  for (int i = 0; i < p->nprograms; i++) {
+    r = rec_begin(b, TAG_PROG);
+    enc_module(b, p->programs[i]);
+    rec_end(b, r);
+  }
+
+  r = rec_begin(b, TAG_RANK);
+  put_u32(b, (uint32_t)p->nranks);
+  for (int i = 0; i < p->nranks; i++) put_u32(b, (uint32_t)p->rank_program[i]);
+  rec_end(b, r);
+}
+
+void rt_plan_encode(const RtPlan *p, StrBuf *out) {
+  StrBuf pay = {0};
+  enc_payload(p, &pay);
+  sb_write(out, PLAN_MAGIC, 8);
+  put_u32(out, RT_PLAN_VERSION);
+  put_u32(out, 0);                          /* flags: none defined yet */
+  put_u64(out, (uint64_t)pay.n);
+  put_u64(out, ts_hash64(pay.p, pay.n, PLAN_CHECKSUM_SEED));
+  sb_write(out, pay.p, pay.n);
+  sb_free(&pay);
+}
+
+/* ======================================================================
+ * Decoding
+ * ====================================================================== */
+
+/* A bounds-checked reader over [p, end).  The first failure sets bad and
+ * a message; later reads return zeros, so callers check r->bad once per
+ * record or before anything that depends on a value (counts, indices). */
+typedef struct {
+  const unsigned char *p, *end;
+  int bad;
+  char *err;
+  size_t errlen;
+  const char *where;      /* what is being read, for messages */
+} Rd;
+
+static int rd_fail(Rd *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int rd_fail(Rd *r, const char *fmt, ...) {
+  if (r->bad) return -1;
+  r->bad = 1;
+  if (r->err && r->errlen) {
+    int k = snprintf(r->err, r->errlen, "%s: ", r->where ? r->where : "plan");
+    if (k >= 0 && (size_t)k < r->errlen) {
+      va_list ap;
+      va_start(ap, fmt);
+      vsnprintf(r->err + k, r->errlen - (size_t)k, fmt, ap);
+      va_end(ap);
+    }
+  }
+  return -1;
+}
+
+static size_t rd_left(const Rd *r) { return (size_t)(r->end - r->p); }
+
+static const unsigned char *rd_take(Rd *r, size_t n) {
+  if (r->bad) return NULL;
+  if (rd_left(r) < n) { rd_fail(r, "unexpected end of data"); return NULL; }
+  const unsigned char *q = r->p;
+  r->p += n;
+  return q;
+}
+static unsigned rd_u8(Rd *r) { const unsigned char *q = rd_take(r, 1); return q ? q[0] : 0; }
+static uint32_t rd_u32(Rd *r) {
+  const unsigned char *q = rd_take(r, 4);
+  uint32_t v = 0;
+  for (int i = 0; q && i < 4; i++) v |= (uint32_t)q[i] << (8 * i);
+  return v;
+}
+static uint64_t rd_u64(Rd *r) {
+  const unsigned char *q = rd_take(r, 8);
+  uint64_t v = 0;
+  for (int i = 0; q && i < 8; i++) v |= (uint64_t)q[i] << (8 * i);
+  return v;
+}
+static int32_t rd_i32(Rd *r) { return (int32_t)rd_u32(r); }
+static int64_t rd_i64(Rd *r) { return (int64_t)rd_u64(r); }
+static double rd_f64(Rd *r) { uint64_t u = rd_u64(r); double d; memcpy(&d, &u, 8); return d; }
+
+/* Strings come back interned (names compare by pointer everywhere). */
+static const char *rd_str(Rd *r) {
+  uint32_t n = rd_u32(r);
+  if (r->bad || n == STR_NULL) return NULL;
+  const unsigned char *q = rd_take(r, n);
+  if (!q) return NULL;
+  if (memchr(q, 0, n)) { rd_fail(r, "string contains a NUL byte"); return NULL; }
+  return ts_intern_n((const char *)q, n);
+}
+static const char *rd_name(Rd *r, const char *what) {
+  const char *s = rd_str(r);
+  if (!r->bad && (!s || !*s)) rd_fail(r, "%s has no name", what);
+  return s;
+}
+
+/* A count of items that each take at least `min_bytes`: refused when the
+ * record cannot possibly hold that many, so a bogus count never turns into
+ * a huge allocation. */
+static int rd_count(Rd *r, size_t min_bytes, const char *what) {
+  uint32_t n = rd_u32(r);
+  if (r->bad) return -1;
+  if (n > INT32_MAX / 2 || (uint64_t)n * min_bytes > rd_left(r))
+    return rd_fail(r, "%s count %u does not fit in the %zu bytes left", what, n, rd_left(r));
+  return (int)n;
+}
+
+/* Opens the next record, which must have tag `want`: *sub reads its body,
+ * r moves past it. */
+static int rd_record(Rd *r, uint32_t want, const char *what, Rd *sub) {
+  uint32_t tag = rd_u32(r), len = rd_u32(r);
+  if (r->bad) return -1;
+  if (tag != want) return rd_fail(r, "expected the %s record, found tag 0x%08x", what, tag);
+  const unsigned char *q = rd_take(r, len);
+  if (!q) return -1;
+  *sub = (Rd){q, q + len, 0, r->err, r->errlen, what};
+  return 0;
+}
+/* A record must be read to its end: leftovers mean a writer we don't know. */
+static int rd_done(Rd *sub, Rd *parent) {
+  if (!sub->bad && rd_left(sub)) rd_fail(sub, "%zu unexpected bytes at the end of the record", rd_left(sub));
+  if (sub->bad) parent->bad = 1;
+  return sub->bad ? -1 : 0;
+}
+static uint32_t rd_peek_tag(const Rd *r) {
+  if (rd_left(r) < 4) return 0;
+  return (uint32_t)r->p[0] | (uint32_t)r->p[1] << 8 | (uint32_t)r->p[2] << 16 | (uint32_t)r->p[3] << 24;
+}
+
+static void rd_type(Rd *r, IrType *t) {
+  unsigned dt = rd_u8(r), rank = rd_u8(r);
+  if (r->bad) return;
+  if (dt >= IR_DTYPE_COUNT) { rd_fail(r, "bad dtype %u", dt); return; }
+  if (rank > IR_MAX_RANK) { rd_fail(r, "rank %u exceeds the maximum %d", rank, IR_MAX_RANK); return; }
+  memset(t, 0, sizeof *t);
+  t->dtype = (IrDtype)dt;
+  t->rank = (int)rank;
+  for (unsigned i = 0; i < rank && !r->bad; i++) {
+    t->dim[i] = rd_i64(r);
+    t->dname[i] = rd_str(r);
+    if (!r->bad && t->dim[i] < 0) rd_fail(r, "negative dim size %lld", (long long)t->dim[i]);
+  }
+}
+
+/* The ops.def int attrs that name states ("@x"): their values must be
+ * valid state indices before anything (ir_verify included) follows them. */
+static int state_attr_slot(IrOp op, int slot) {
+  const char *s = ir_ops[op].iattrs;
+  for (int i = 0; *s; i++) {
+    while (*s == ' ') s++;
+    if (!*s) break;
+    if (i == slot) return *s == '@';
+    s += strcspn(s, " ");
+  }
+  return 0;
+}
+
+static void rd_node(Rd *r, IrModule *m, int id, IrNode *n) {
+  const char *opname = rd_str(r);
+  if (r->bad) return;
+  int op = ir_op_lookup(opname);
+  if (op < 0) { rd_fail(r, "node %%%d: unknown op '%s'", id, opname ? opname : "(null)"); return; }
+  n->op = (IrOp)op;
+  int nin = rd_count(r, 4, "operand");
+  if (r->bad) return;
+  if (ir_ops[op].nin >= 0 ? nin != ir_ops[op].nin : nin < 1) {
+    rd_fail(r, "node %%%d = %s: %d operands", id, opname, nin);
+    return;
+  }
+  n->nin = nin;
+  n->in = nin ? arena_alloc(&m->arena, (size_t)nin * sizeof *n->in) : NULL;
+  for (int i = 0; i < nin && !r->bad; i++) {
+    uint32_t v = rd_u32(r);
+    if (!r->bad && v >= (uint32_t)id) { rd_fail(r, "node %%%d = %s: operand %%%u is not an earlier node", id, opname, v); return; }
+    n->in[i] = (int)v;
+  }
+  unsigned ni = rd_u8(r);
+  if (!r->bad && ni > IR_MAX_IATTR) { rd_fail(r, "node %%%d: %u int attrs", id, ni); return; }
+  for (unsigned i = 0; i < ni && !r->bad; i++) {
+    n->ia[i] = rd_i64(r);
+    if (!r->bad && state_attr_slot(n->op, (int)i) && (n->ia[i] < 0 || n->ia[i] >= m->states.n)) {
+      rd_fail(r, "node %%%d = %s: state index %lld out of range", id, opname, (long long)n->ia[i]);
+      return;
+    }
+  }
+  unsigned nf = rd_u8(r);
+  if (!r->bad && nf > IR_MAX_FATTR) { rd_fail(r, "node %%%d: %u float attrs", id, nf); return; }
+  for (unsigned i = 0; i < nf && !r->bad; i++) n->fa[i] = rd_f64(r);
+  n->sa = rd_str(r);
+  rd_type(r, &n->type);
+}
+
+static void rd_block(Rd *r, IrModule *m) {
+  const char *name = rd_name(r, "block");
+  int nn = rd_count(r, 4 + 4 + 1 + 1 + 4 + 2, "node");   /* smallest node */
+  if (r->bad) return;
+  if (ir_block_find(m, name) >= 0) { rd_fail(r, "block '%s' appears twice", name); return; }
+  int bi = ir_block_add(m, name);
+  IrBlock *b = &m->blocks.a[bi];
+  if (nn == 0) return;
+  /* Nodes go straight into the arena (not through ir_emit): the plan
+   * holds the types as they were, and ir_verify checks them afterwards. */
+  b->nodes = arena_alloc(&m->arena, (size_t)nn * sizeof *b->nodes);
+  b->cap = nn;
+  for (int i = 0; i < nn && !r->bad; i++) {
+    rd_node(r, m, i, &b->nodes[i]);
+    if (!r->bad) b->n = i + 1;
+  }
+}
+
+static void rd_state(Rd *r, IrModule *m, int i, int nstates) {
+  IrState s;
+  memset(&s, 0, sizeof s);
+  s.name = rd_name(r, "state");
+  rd_type(r, &s.type);
+  uint32_t kind = rd_u32(r), init = rd_u32(r);
+  s.init_a = rd_f64(r);
+  s.init_b = rd_f64(r);
+  s.of = rd_i32(r);
+  s.flags = rd_u32(r);
+  if (r->bad) return;
+  if (kind >= IR_STATE_KIND_COUNT) { rd_fail(r, "state '%s': bad kind %u", s.name, kind); return; }
+  if (init >= IR_INIT_KIND_COUNT) { rd_fail(r, "state '%s': bad init %u", s.name, init); return; }
+  if (s.of < -1 || s.of >= nstates || s.of == i) { rd_fail(r, "state '%s': bad 'of' %d", s.name, s.of); return; }
+  if (ir_state_find(m, s.name) >= 0) { rd_fail(r, "state '%s' appears twice", s.name); return; }
+  s.kind = (IrStateKind)kind;
+  s.init = (IrInitKind)init;
+  ir_state_add(m, &s);
+}
+
+static void rd_train(Rd *r, IrTrain *t) {
+  t->lr = rd_f64(r); t->beta1 = rd_f64(r); t->beta2 = rd_f64(r);
+  t->eps = rd_f64(r); t->weight_decay = rd_f64(r);
+  uint32_t sched = rd_u32(r);
+  t->warmup = rd_i64(r); t->decay_steps = rd_i64(r);
+  t->min_lr = rd_f64(r); t->clip_grad = rd_f64(r);
+  t->global_batch = rd_i64(r); t->micro_batch = rd_i64(r);
+  t->seq_len = rd_i64(r); t->steps = rd_i64(r);
+  t->seed = rd_u64(r);
+  uint32_t prec = rd_u32(r);
+  if (r->bad) return;
+  if (sched >= IR_SCHED_COUNT) { rd_fail(r, "bad schedule %u", sched); return; }
+  if (prec >= IR_DTYPE_COUNT) { rd_fail(r, "bad precision %u", prec); return; }
+  t->schedule = (IrSchedule)sched;
+  t->precision = (IrDtype)prec;
+}
+
+/* One PROG record -> a module, or NULL (r->bad set). */
+static IrModule *rd_module(Rd *r) {
+  Rd s;
+  if (rd_record(r, TAG_NAME, "program name", &s) != 0) return NULL;
+  const char *name = rd_name(&s, "module");
+  if (rd_done(&s, r) != 0) return NULL;
+  IrModule *m = ir_module_new(name);
+
+  if (rd_record(r, TAG_CNST, "consts", &s) != 0) goto bad;
+  int nc = rd_count(&s, 4 + 1 + 8 + 8, "const");
+  for (int i = 0; i < nc && !s.bad; i++) {
+    IrConst c;
+    c.name = rd_name(&s, "const");
+    c.is_float = (int)rd_u8(&s);
+    c.i = rd_i64(&s);
+    c.f = rd_f64(&s);
+    if (!s.bad && c.is_float > 1) rd_fail(&s, "const '%s': bad flag %d", c.name, c.is_float);
+    if (!s.bad) VEC_PUSH(m->consts, c);
+  }
+  if (rd_done(&s, r) != 0) goto bad;
+
+  if (rd_record(r, TAG_TRAN, "train", &s) != 0) goto bad;
+  rd_train(&s, &m->train);
+  if (rd_done(&s, r) != 0) goto bad;
+
+  if (rd_record(r, TAG_PARL, "parallel", &s) != 0) goto bad;
+  m->par.tp = rd_i32(&s); m->par.pp = rd_i32(&s); m->par.cp = rd_i32(&s);
+  m->par.ep = rd_i32(&s); m->par.dp = rd_i32(&s); m->par.sp = rd_i32(&s);
+  if (rd_done(&s, r) != 0) goto bad;
+
+  if (rd_record(r, TAG_STAT, "states", &s) != 0) goto bad;
+  int ns = rd_count(&s, 4 + 2 + 4 + 4 + 8 + 8 + 4 + 4, "state");
+  for (int i = 0; i < ns && !s.bad; i++) rd_state(&s, m, i, ns);
+  if (rd_done(&s, r) != 0) goto bad;
+
+  while (!r->bad && rd_peek_tag(r) == TAG_BLCK) {
+    if (rd_record(r, TAG_BLCK, "block", &s) != 0) goto bad;
+    rd_block(&s, m);
+    if (rd_done(&s, r) != 0) goto bad;
+  }
+  if (rd_left(r) && !r->bad) rd_fail(r, "unexpected record after the blocks");
+  if (r->bad) goto bad;
+  return m;
+bad:
+  ir_module_free(m);
+  r->bad = 1;
+  return NULL;
+}
+
+/* Decodes a checked payload into a plan; NULL with a message. */
+static RtPlan *decode_payload(const unsigned char *data, size_t len, const char *what,
+                              char *err, size_t errlen) {
+  char msg[1024] = "";
+  Rd r = {data, data + len, 0, msg, sizeof msg, "plan"};
+  Rd s;
+  RtPlan *p = rt_plan_new();
+  VEC(IrModule *) progs = {0};
+
+  if (rd_record(&r, TAG_MESH, "mesh", &s) != 0) goto bad;
+  int *ax[5] = {&p->mesh.dp, &p->mesh.pp, &p->mesh.cp, &p->mesh.ep, &p->mesh.tp};
+  for (int i = 0; i < 5; i++) {
+    uint32_t v = rd_u32(&s);
+    if (!s.bad && (v < 1 || v > 1u << 20)) rd_fail(&s, "mesh axis size %u", v);
+    *ax[i] = (int)v;
+  }
+  if (rd_done(&s, &r) != 0) goto bad;
+
+  if (rd_record(&r, TAG_SRC, "source", &s) != 0) goto bad;
+  const char *src = rd_str(&s);
+  p->source = src && *src ? src : NULL;
+  if (rd_done(&s, &r) != 0) goto bad;
+
+  while (rd_peek_tag(&r) == TAG_PROG) {
+    if (rd_record(&r, TAG_PROG, "program", &s) != 0) goto bad;
+    char where[32];
+    snprintf(where, sizeof where, "program %d", progs.n);
+    s.where = where;
+    IrModule *m = rd_module(&s);
+    if (!m) { r.bad = 1; goto bad; }
+    VEC_PUSH(progs, m);
+  }
+  p->nprograms = progs.n;
+  p->programs = progs.a;
+  progs.a = NULL;
+  if (p->nprograms == 0) { rd_fail(&r, "no programs"); goto bad; }
+
+  if (rd_record(&r, TAG_RANK, "rank table", &s) != 0) goto bad;
+  int nr = rd_count(&s, 4, "rank");
+  if (!s.bad && nr < 1) rd_fail(&s, "no ranks");
+  if (!s.bad) {
+    p->nranks = nr;
+    p->rank_program = ts_xcalloc((size_t)nr, sizeof *p->rank_program);
+  }
+  for (int i = 0; i < nr && !s.bad; i++) {
+    uint32_t k = rd_u32(&s);
+    if (!s.bad && k >= (uint32_t)p->nprograms) rd_fail(&s, "rank %d runs program %u of %d", i, k, p->nprograms);
+    if (!s.bad) p->rank_program[i] = (int)k;
+  }
+  if (rd_done(&s, &r) != 0) goto bad;
+  if (rd_left(&r)) { rd_fail(&r, "%zu unexpected bytes after the rank table", rd_left(&r)); goto bad; }
+
+  for (int i = 0; i < p->nprograms; i++) {
+    char verr[1024];
+    if (ir_verify(p->programs[i], verr, sizeof verr) != 0) {
+      fail(err, errlen, "%s: program %d is invalid: %s", what, i, verr);
+      rt_plan_free(p);
+      return NULL;
+    }
+  }
+  return p;
+bad:
+  for (int i = 0; i < progs.n; i++) ir_module_free(progs.a[i]);
+  free(progs.a);
+  rt_plan_free(p);
+  fail(err, errlen, "%s is corrupted: %s", what, msg);
+  return NULL;
+}
+
+static uint32_t le32(const unsigned char *q) {
+  return (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
+}
+static uint64_t le64(const unsigned char *q) { return (uint64_t)le32(q) | (uint64_t)le32(q + 4) << 32; }
+
+/* Checks the header and checksum, then decodes.  `name` is the file name
+ * for messages. */
+static RtPlan *decode_named(const void *data, size_t len, const char *name, char *err, size_t errlen) {
+  const unsigned char *q = data;
+  char what[512];
+  snprintf(what, sizeof what, "plan '%s'", name);
+  if (len < 8 || memcmp(q, PLAN_MAGIC, 8) != 0) {
+    fail(err, errlen, "'%s' is not a Tessera plan (bad magic)", name);
+    return NULL;
+  }
+  if (len < PLAN_HEADER) {
+    fail(err, errlen, "%s is truncated: the file has %zu bytes, less than the %d-byte header", what, len, PLAN_HEADER);
+    return NULL;
+  }
+  uint32_t version = le32(q + 8), flags = le32(q + 12);
+  uint64_t plen = le64(q + 16), sum = le64(q + 24);
+  if (version > RT_PLAN_VERSION) {
+    fail(err, errlen, "%s has format version %u; this mrun reads up to version %d: rebuild mrun or recompile the plan",
+         what, version, RT_PLAN_VERSION);
+    return NULL;
+  }
+  if (version == 0) { fail(err, errlen, "%s is corrupted: format version 0", what); return NULL; }
+  if (flags != 0) {
+    fail(err, errlen, "%s uses format flags 0x%x that this mrun does not know: rebuild mrun or recompile the plan", what, flags);
+    return NULL;
+  }
+  size_t have = len - PLAN_HEADER;
+  if (plen > have) {
+    fail(err, errlen, "%s is truncated: header says %llu payload bytes, file has %zu", what,
+         (unsigned long long)plen, have);
+    return NULL;
+  }
+  if (plen < have) {
+    fail(err, errlen, "%s is corrupted: header says %llu payload bytes, file has %zu (trailing data)", what,
+         (unsigned long long)plen, have);
+    return NULL;
+  }
+  if (ts_hash64(q + PLAN_HEADER, have, PLAN_CHECKSUM_SEED) != sum) {
+    fail(err, errlen, "%s is corrupted: checksum mismatch", what);
+    return NULL;
+  }
+  RtPlan *p = decode_payload(q + PLAN_HEADER, have, what, err, errlen);
+  if (p) p->version = version;
+  return p;
+}
+
+RtPlan *rt_plan_decode(const void *data, size_t len, char *err, size_t errlen) {
+  return decode_named(data, len, "<memory>", err, errlen);
+}
+
+/* ======================================================================
+ * Text form
+ * ====================================================================== */
+
+static void print_quoted(StrBuf *b, const char *s) {
+  sb_putc(b, '"');
+  for (; s && *s; s++) {
+    if (*s == '"' || *s == '\\') { sb_putc(b, '\\'); sb_putc(b, *s); }
+    else if (*s == '\n') sb_puts(b, "\\n");
+    else sb_putc(b, *s);
+  }
+  sb_putc(b, '"');
+}
+
+void rt_plan_print_text(const RtPlan *p, StrBuf *out) {
+  sb_printf(out, "tessera-plan %d\n", RT_PLAN_VERSION);
+  sb_printf(out, "mesh dp=%d pp=%d cp=%d ep=%d tp=%d\n", p->mesh.dp, p->mesh.pp, p->mesh.cp,
+            p->mesh.ep, p->mesh.tp);
+  sb_puts(out, "source ");
+  print_quoted(out, p->source);
+  sb_putc(out, '\n');
+  sb_printf(out, "ranks %d\n", p->nranks);
+  for (int i = 0; i < p->nranks; i++) sb_printf(out, "rank %d program %d\n", i, p->rank_program[i]);
+  for (int i = 0; i < p->nprograms; i++) {
+    sb_printf(out, "program %d\n", i);
+    ir_print_module(p->programs[i], out);
+  }
+}
+
+/* Line-oriented reader for the header lines (the modules are parsed by
+ * ir_parse_module_at, which shares pos/line with us). */
+typedef struct {
+  const char *text, *fname;
+  size_t pos;
+  int line;
+  char *err;
+  size_t errlen;
+} Tx;
+
+static int tx_fail(Tx *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int tx_fail(Tx *t, const char *fmt, ...) {
+  if (t->err && t->errlen) {
+    int k = snprintf(t->err, t->errlen, "%s:%d: error: ", t->fname, t->line);
+    if (k >= 0 && (size_t)k < t->errlen) {
+      va_list ap;
+      va_start(ap, fmt);
+      vsnprintf(t->err + k, t->errlen - (size_t)k, fmt, ap);
+      va_end(ap);
+    }
+  }
+  return -1;
+}
+
+/* Skips blank and comment lines; copies the next line (without the
+ * comment and trailing blanks) into buf.  0 at end of text. */
+static int tx_line(Tx *t, char *buf, size_t n) {
+  for (;;) {
+    if (!t->text[t->pos]) return 0;
+    const char *s = t->text + t->pos;
+    size_t k = strcspn(s, "\n");
+    t->pos += k + (s[k] == '\n');
+    t->line++;
+    /* '#' inside a quoted string is not a comment */
+    size_t e = 0;
+    int inq = 0;
+    for (; e < k; e++) {
+      if (inq && s[e] == '\\' && e + 1 < k) { e++; continue; }
+      if (s[e] == '"') inq = !inq;
+      else if (s[e] == '#' && !inq) break;
+    }
+    while (e > 0 && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\r')) e--;
+    size_t b0 = 0;
+    while (b0 < e && (s[b0] == ' ' || s[b0] == '\t')) b0++;
+    if (b0 == e) continue;
+    if (e - b0 >= n) return tx_fail(t, "line too long"), -1;
+    memcpy(buf, s + b0, e - b0);
+    buf[e - b0] = 0;
+    return 1;
+  }
+}
+
+/* Position of the next non-blank, non-comment line without consuming it
+ * (ir_parse_module_at starts there). */
+static void tx_skip_blank(Tx *t) {
+  for (;;) {
+    const char *s = t->text + t->pos;
+    size_t k = strcspn(s, "\n");
+    size_t b0 = strspn(s, " \t\r");
+    if (!*s || (b0 < k && s[b0] != '#')) return;
+    t->pos += k + (s[k] == '\n');
+    t->line++;
+  }
+}
+
+/* Parses a non-negative decimal that fits an int; -1 otherwise. */
+static int parse_int(const char *s, const char **end) {
+  if (*s < '0' || *s > '9') return -1;
+  long long v = 0;
+  while (*s >= '0' && *s <= '9') {
+    v = v * 10 + (*s++ - '0');
+    if (v > INT32_MAX) return -1;
+  }
+  *end = s;
+  return (int)v;
+}
+
+/* `word N` with nothing after it; -1 on mismatch. */
+static int parse_kv_line(const char *line, const char *word) {
+  size_t k = strlen(word);
+  if (strncmp(line, word, k) != 0 || line[k] != ' ') return -1;
+  const char *e;
+  int v = parse_int(line + k + 1, &e);
+  return v >= 0 && *e == 0 ? v : -1;
+}
+
+static int parse_mesh(Tx *t, const char *line, RtMesh *mesh) {
+  static const char *names[5] = {"dp", "pp", "cp", "ep", "tp"};
+  int *ax[5] = {&mesh->dp, &mesh->pp, &mesh->cp, &mesh->ep, &mesh->tp};
+  if (strncmp(line, "mesh", 4) != 0) return tx_fail(t, "expected 'mesh dp=N pp=N cp=N ep=N tp=N'");
+  const char *s = line + 4;
+  for (int i = 0; i < 5; i++) {
+    size_t k = strlen(names[i]);
+    const char *e;
+    if (*s != ' ' || strncmp(s + 1, names[i], k) != 0 || s[1 + k] != '=')
+      return tx_fail(t, "expected 'mesh dp=N pp=N cp=N ep=N tp=N'");
+    int v = parse_int(s + 2 + k, &e);
+    if (v < 1 || v > 1 << 20) return tx_fail(t, "mesh %s must be a positive size", names[i]);
+    *ax[i] = v;
+    s = e;
+  }
+  if (*s) return tx_fail(t, "unexpected text after the mesh sizes: '%s'", s);
+  return 0;
+}
+
+static int parse_source(Tx *t, const char *line, const char **out) {
+  if (strncmp(line, "source \"", 8) != 0) return tx_fail(t, "expected 'source \"FILE\"'");
+  StrBuf b = {0};
+  const char *s = line + 8;
+  for (; *s && *s != '"'; s++) {
+    if (*s == '\\') {
+      s++;
+      if (*s == 'n') sb_putc(&b, '\n');
+      else if (*s == '"' || *s == '\\') sb_putc(&b, *s);
+      else { sb_free(&b); return tx_fail(t, "bad escape in the source string"); }
+    } else {
+      sb_putc(&b, *s);
+    }
+  }
+  if (*s != '"' || s[1]) { sb_free(&b); return tx_fail(t, "bad source string"); }
+  *out = b.n ? ts_intern(b.p) : NULL;
+  sb_free(&b);
+  return 0;
+}
+
+RtPlan *rt_plan_parse_text(const char *text, const char *fname, char *err, size_t errlen) {
+  Tx t = {text, fname ? fname : "<plan>", 0, 0, err, errlen};
+  char line[4096];
+  if (err && errlen) err[0] = 0;
+  RtPlan *p = rt_plan_new();
+  VEC(IrModule *) progs = {0};
+  const char *e;
+
+  int r = tx_line(&t, line, sizeof line);
+  if (r <= 0 || strncmp(line, "tessera-plan ", 13) != 0) {
+    if (r == 0) tx_fail(&t, "empty plan text");
+    else if (r > 0) tx_fail(&t, "not a Tessera plan text (expected 'tessera-plan %d')", RT_PLAN_VERSION);
+    goto bad;
+  }
+  int version = parse_int(line + 13, &e);
+  if (version < 1 || *e) { tx_fail(&t, "bad plan version '%s'", line + 13); goto bad; }
+  if (version > RT_PLAN_VERSION) {
+    tx_fail(&t, "plan has format version %d; this mrun reads up to version %d: rebuild mrun or recompile the plan",
+            version, RT_PLAN_VERSION);
+    goto bad;
+  }
+  p->version = (uint32_t)version;
+
+  if (tx_line(&t, line, sizeof line) <= 0 || parse_mesh(&t, line, &p->mesh) != 0) {
+    if (!err || !*err) tx_fail(&t, "expected the mesh line");
+    goto bad;
+  }
+  if (tx_line(&t, line, sizeof line) <= 0 || parse_source(&t, line, &p->source) != 0) goto bad;
+  int nr;
+  if (tx_line(&t, line, sizeof line) <= 0 || (nr = parse_kv_line(line, "ranks")) < 1 || nr > 1 << 20) {
+    tx_fail(&t, "expected 'ranks N' with N >= 1");
+    goto bad;
+  }
+  p->nranks = nr;
+  p->rank_program = ts_xcalloc((size_t)nr, sizeof *p->rank_program);
+  for (int i = 0; i < nr; i++) {
+    int ri = -1, pi = -1;
+    if (tx_line(&t, line, sizeof line) > 0 && strncmp(line, "rank ", 5) == 0) {
+      ri = parse_int(line + 5, &e);
+      if (ri >= 0 && strncmp(e, " program ", 9) == 0) {
+        pi = parse_int(e + 9, &e);
+        if (*e) pi = -1;
+      }
+    }
+    if (ri != i || pi < 0) { tx_fail(&t, "expected 'rank %d program K'", i); goto bad; }
+    p->rank_program[i] = pi;
+  }
+  for (;;) {
+    size_t save_pos = t.pos;
+    int save_line = t.line;
+    r = tx_line(&t, line, sizeof line);
+    if (r < 0) goto bad;
+    if (r == 0) break;
+    if (parse_kv_line(line, "program") != progs.n) {
+      t.pos = save_pos, t.line = save_line + 1;
+      tx_fail(&t, "expected 'program %d'", progs.n);
+      goto bad;
+    }
+    tx_skip_blank(&t);
+    IrModule *m = ir_parse_module_at(text, &t.pos, &t.line, t.fname, err, errlen);
+    if (!m) goto bad;
+    VEC_PUSH(progs, m);
+  }
+  p->nprograms = progs.n;
+  p->programs = progs.a;
+  progs.a = NULL;
+  progs.n = 0;
+  if (p->nprograms == 0) { tx_fail(&t, "the plan has no programs"); goto bad; }
+  for (int i = 0; i < nr; i++)
+    if (p->rank_program[i] >= p->nprograms) {
+      fail(err, errlen, "%s: rank %d runs program %d, but there are %d", t.fname, i, p->rank_program[i], p->nprograms);
+      goto bad;
+    }
+  for (int i = 0; i < p->nprograms; i++) {
+    char verr[1024];
+    if (ir_verify(p->programs[i], verr, sizeof verr) != 0) {
+      fail(err, errlen, "%s: program %d is invalid: %s", t.fname, i, verr);
+      goto bad;
+    }
+  }
+  return p;
+bad:
+  for (int i = 0; i < progs.n; i++) ir_module_free(progs.a[i]);
+  free(progs.a);
+  rt_plan_free(p);
+  return NULL;
+}
+
+/* ======================================================================
+ * Files
+ * ====================================================================== */
+
+int rt_plan_write(const RtPlan *p, const char *path, char *err, size_t errlen) {
+  StrBuf b = {0};
+  rt_plan_encode(p, &b);
+  int rc = ts_write_file_atomic(path, b.p, b.n);
+  int e = errno;
+  sb_free(&b);
+  if (rc != 0) return fail(err, errlen, "cannot write plan '%s': %s", path, strerror(e));
+  return 0;
+}
+
+RtPlan *rt_plan_read(const char *path, char *err, size_t errlen) {
+  size_t len = 0;
+  char *data = ts_read_file(path, &len);
+  if (!data) {
+    fail(err, errlen, "cannot read plan '%s': %s", path, strerror(errno));
+    return NULL;
+  }
+  RtPlan *p;
+  if (len >= 12 && memcmp(data, "tessera-plan", 12) == 0) {
+    if (strlen(data) != len) {
+      fail(err, errlen, "plan '%s' is corrupted: NUL byte in the plan text", path);
+      p = NULL;
+    } else {
+      p = rt_plan_parse_text(data, path, err, errlen);
+    }
+  } else {
+    p = decode_named(data, len, path, err, errlen);
+  }
+  free(data);
+  return p;
+}
