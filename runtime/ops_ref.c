@@ -1,0 +1,377 @@
+/* ops_ref.c - the reference kernel of every op in ops.def, for f32 and f64
+ * (i32 where an op moves ids or targets).  The table rt_ref_kernels[] is
+ * built from ops.def with the X-macro, so an op without a kernel
+ * `ref_<NAME>` is a compile error.
+ *
+ * Float kernels are written once in ops_ref_t.h and instantiated for float
+ * and double; each ref_<NAME> checks operand dtypes and sizes against a
+ * small signature, then dispatches on the dtype.  Layout ops (reshape,
+ * permute, slice, pad, concat, broadcast) move elements by size, so they
+ * work for every dtype.  The executor (rt.c) handles INPUT, STATE and
+ * OUTPUT itself; their entries here only exist to keep the table whole.
+ * Assumes: operands are contiguous row-major buffers of their IrType. */
+#include "rt_priv.h"
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+
+#define RT_CAT_(a, b) a##_##b
+#define RT_CAT(a, b) RT_CAT_(a, b)
+
+/* ---- helpers shared by the kernels ---- */
+static inline double rt_ld(const void *p, IrDtype t, int64_t i) {
+  switch (t) {
+  case IR_F32: return ((const float *)p)[i];
+  case IR_F64: return ((const double *)p)[i];
+  case IR_I32: return ((const int32_t *)p)[i];
+  default: return NAN;
+  }
+}
+static inline void rt_st(void *p, IrDtype t, int64_t i, double v) {
+  switch (t) {
+  case IR_F32: ((float *)p)[i] = (float)v; break;
+  case IR_F64: ((double *)p)[i] = v; break;
+  case IR_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+  default: break;
+  }
+}
+
+/* A type as text for messages; two slots so one message can show two. */
+static const char *rt_tstr(const IrType *t, int slot) {
+  static _Thread_local char buf[2][192];
+  return ir_type_str(t, buf[slot & 1], sizeof buf[0]);
+}
+
+/* axis attr (negative counts from the end) -> 0..rank-1, or -1 */
+static int rt_axis(int64_t a, int rank) {
+  if (a < 0) a += rank;
+  return a >= 0 && a < rank ? (int)a : -1;
+}
+
+/* t viewed as [outer, len, inner] around axis ax */
+static void rt_split(const IrType *t, int ax, int64_t *outer, int64_t *len, int64_t *inner) {
+  *outer = 1;
+  *inner = 1;
+  for (int d = 0; d < ax; d++) *outer *= t->dim[d];
+  for (int d = ax + 1; d < t->rank; d++) *inner *= t->dim[d];
+  *len = t->dim[ax];
+}
+
+/* t viewed as [rows, D] with D the last dim (a scalar is one row of 1) */
+static int64_t rt_rows(const IrType *t, int64_t *D) {
+  *D = t->rank ? t->dim[t->rank - 1] : 1;
+  return *D ? ir_type_numel(t) / *D : 0;
+}
+
+/* Numpy broadcasting, right-aligned, from small (dims equal or 1, or
+ * missing on the left) to big: per dim of big, the stride in small (0
+ * where small is broadcast).  -1 if small does not broadcast to big. */
+static int rt_bcast_strides(const IrType *small, const IrType *big, int64_t *str) {
+  if (small->rank > big->rank) return -1;
+  int off = big->rank - small->rank;
+  int64_t s = 1;
+  for (int d = big->rank - 1; d >= 0; d--) {
+    int sd = d - off;
+    if (sd < 0) { str[d] = 0; continue; }
+    if (small->dim[sd] == big->dim[d]) str[d] = small->dim[sd] == 1 ? 0 : s;
+    else if (small->dim[sd] == 1) str[d] = 0;
+    else return -1;
+    s *= small->dim[sd];
+  }
+  return 0;
+}
+
+static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+#define GELU_K 0.7978845608028654   /* sqrt(2 / pi) */
+#define GELU_A 0.044715
+static double gelu_tanh(double x) { return 0.5 * x * (1.0 + tanh(GELU_K * (x + GELU_A * x * x * x))); }
+static double gelu_tanh_grad(double x) {
+  double th = tanh(GELU_K * (x + GELU_A * x * x * x));
+  return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * GELU_K * (1.0 + 3.0 * GELU_A * x * x);
+}
+static double gelu_erf(double x) { return 0.5 * x * (1.0 + erf(x / M_SQRT2)); }
+static double gelu_erf_grad(double x) {
+  return 0.5 * (1.0 + erf(x / M_SQRT2)) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+}
+
+/* ---- the float kernels, instantiated twice ---- */
+#define T float
+#define SUF f32
+#define GEMM cblas_sgemm
+#include "ops_ref_t.h"
+#undef T
+#undef SUF
+#undef GEMM
+#define T double
+#define SUF f64
+#define GEMM cblas_dgemm
+#include "ops_ref_t.h"
+#undef T
+#undef SUF
+#undef GEMM
+
+/* Checks operands against sig (one char per operand) for float type ft:
+ *   'T' dtype ft and as many elements as the result, 't' dtype ft,
+ *   'i' i32, '*' any dtype and as many elements as the result, '?' anything. */
+static int check_sig(RtKctx *k, const char *sig, IrDtype ft) {
+  int64_t n = k->ot && k->ot->dtype != IR_VOID ? ir_type_numel(k->ot) : -1;
+  for (int i = 0; i < k->n->nin && sig[i]; i++) {
+    const IrType *t = k->it[i];
+    char c = sig[i];
+    if ((c == 'T' || c == 't') && t->dtype != ft)
+      return rt_kfail(k, "operand %d is %s, expected %s", i, rt_tstr(t, 0), ir_dtype_name(ft));
+    if (c == 'i' && t->dtype != IR_I32)
+      return rt_kfail(k, "operand %d is %s, expected i32", i, rt_tstr(t, 0));
+    if ((c == 'T' || c == '*') && n >= 0 && ir_type_numel(t) != n)
+      return rt_kfail(k, "operand %d %s does not have the result's %lld elements", i, rt_tstr(t, 0), (long long)n);
+  }
+  return 0;
+}
+
+/* ref_NAME for a float op: check, then run the f32 or f64 instance on the
+ * result dtype. */
+#define FLOAT_OP(NAME, SIG)                                                         \
+  static int ref_##NAME(RtKctx *k) {                                                \
+    IrDtype ft = k->ot->dtype;                                                      \
+    if (!ir_dtype_is_float(ft)) return rt_kfail(k, "result must be f32 or f64, not %s", ir_dtype_name(ft)); \
+    if (check_sig(k, SIG, ft) != 0) return -1;                                      \
+    return ft == IR_F32 ? k_##NAME##_f32(k) : k_##NAME##_f64(k);                    \
+  }
+FLOAT_OP(ADD, "TT")
+FLOAT_OP(SUB, "TT")
+FLOAT_OP(MUL, "TT")
+FLOAT_OP(DIV, "TT")
+FLOAT_OP(ADDS, "T")
+FLOAT_OP(MULS, "T")
+FLOAT_OP(NEG, "T")
+FLOAT_OP(EXP, "T")
+FLOAT_OP(LOG, "T")
+FLOAT_OP(SQRT, "T")
+FLOAT_OP(RSQRT, "T")
+FLOAT_OP(TANH, "T")
+FLOAT_OP(GELU_TANH, "T")
+FLOAT_OP(GELU_ERF, "T")
+FLOAT_OP(SILU, "T")
+FLOAT_OP(RELU, "T")
+FLOAT_OP(GELU_TANH_BWD, "TT")
+FLOAT_OP(GELU_ERF_BWD, "TT")
+FLOAT_OP(SILU_BWD, "TT")
+FLOAT_OP(RELU_BWD, "TT")
+FLOAT_OP(SUM_TO, "t")
+FLOAT_OP(SUM, "t")
+FLOAT_OP(MEAN, "t")
+FLOAT_OP(MAX, "t")
+FLOAT_OP(SUMSQ, "t")
+FLOAT_OP(MATMUL, "tt")
+FLOAT_OP(SOFTMAX, "T")
+FLOAT_OP(SOFTMAX_BWD, "TT")
+FLOAT_OP(LOG_SOFTMAX, "T")
+FLOAT_OP(LOG_SOFTMAX_BWD, "TT")
+FLOAT_OP(LAYERNORM, "T")
+FLOAT_OP(LAYERNORM_BWD, "TT")
+FLOAT_OP(RMSNORM, "T")
+FLOAT_OP(RMSNORM_BWD, "TT")
+FLOAT_OP(EMBEDDING, "ti")
+FLOAT_OP(EMBEDDING_BWD, "it")
+FLOAT_OP(CAUSAL_MASK, "T")
+FLOAT_OP(MASKED_FILL, "T*")
+FLOAT_OP(DROPOUT, "T")
+FLOAT_OP(ROPE, "T")
+FLOAT_OP(CROSS_ENTROPY, "ti")
+FLOAT_OP(CROSS_ENTROPY_BWD, "Tit")
+FLOAT_OP(CLIP_COEF, "T")
+#undef FLOAT_OP
+
+/* ---- leaves: INPUT and STATE are the executor's (they alias memory) ---- */
+static int ref_INPUT(RtKctx *k) { return rt_kfail(k, "internal error: input is run by the executor"); }
+static int ref_STATE(RtKctx *k) { return rt_kfail(k, "internal error: state is run by the executor"); }
+static int ref_OUTPUT(RtKctx *k) { return rt_kfail(k, "internal error: output is run by the executor"); }
+
+static int ref_FULL(RtKctx *k) {
+  int64_t n = ir_type_numel(k->ot);
+  for (int64_t i = 0; i < n; i++) rt_st(k->out, k->ot->dtype, i, k->n->fa[0]);
+  return 0;
+}
+
+/* ---- dtype-generic elementwise: any input dtype, result dtype given ---- */
+static int ref_EQ(RtKctx *k) {
+  if (check_sig(k, "**", IR_VOID) != 0) return -1;
+  int64_t n = ir_type_numel(k->ot);
+  for (int64_t i = 0; i < n; i++)
+    rt_st(k->out, k->ot->dtype, i, rt_ld(k->in[0], k->it[0]->dtype, i) == rt_ld(k->in[1], k->it[1]->dtype, i));
+  return 0;
+}
+static int ref_NE_SCALAR(RtKctx *k) {
+  if (check_sig(k, "*", IR_VOID) != 0) return -1;
+  int64_t n = ir_type_numel(k->ot);
+  for (int64_t i = 0; i < n; i++)
+    rt_st(k->out, k->ot->dtype, i, rt_ld(k->in[0], k->it[0]->dtype, i) != k->n->fa[0]);
+  return 0;
+}
+static int ref_CAST(RtKctx *k) {
+  if (check_sig(k, "*", IR_VOID) != 0) return -1;
+  int64_t n = ir_type_numel(k->ot);
+  for (int64_t i = 0; i < n; i++) rt_st(k->out, k->ot->dtype, i, rt_ld(k->in[0], k->it[0]->dtype, i));
+  return 0;
+}
+
+/* ---- layout: moves elements by size, any dtype ---- */
+static int same_dtype(RtKctx *k) {
+  for (int i = 0; i < k->n->nin; i++)
+    if (k->it[i]->dtype != k->ot->dtype)
+      return rt_kfail(k, "operand %d is %s but the result is %s", i, rt_tstr(k->it[i], 0), rt_tstr(k->ot, 1));
+  return 0;
+}
+
+static int ref_RESHAPE(RtKctx *k) {
+  if (same_dtype(k) != 0 || check_sig(k, "*", IR_VOID) != 0) return -1;
+  memcpy(k->out, k->in[0], (size_t)ir_type_numel(k->ot) * ir_dtype_size(k->ot->dtype));
+  return 0;
+}
+
+/* y[i0..] = x[index with y dim d taken from x dim perm[d]] */
+static int ref_PERMUTE(RtKctx *k) {
+  if (same_dtype(k) != 0) return -1;
+  const IrType *xt = k->it[0], *yt = k->ot;
+  int r = xt->rank;
+  if (yt->rank != r) return rt_kfail(k, "rank changes");
+  int64_t xs[IR_MAX_RANK], ps[IR_MAX_RANK], idx[IR_MAX_RANK] = {0};
+  unsigned seen = 0;
+  int64_t s = 1;
+  for (int d = r - 1; d >= 0; d--) { xs[d] = s; s *= xt->dim[d]; }
+  for (int d = 0; d < r; d++) {
+    int64_t q = k->n->ia[d];
+    if (q < 0 || q >= r || (seen & (1u << q)) || yt->dim[d] != xt->dim[q]) return rt_kfail(k, "bad perm");
+    seen |= 1u << q;
+    ps[d] = xs[q];
+  }
+  size_t es = ir_dtype_size(yt->dtype);
+  int64_t n = ir_type_numel(yt), off = 0;
+  const char *x = k->in[0];
+  char *y = k->out;
+  for (int64_t i = 0; i < n; i++) {
+    memcpy(y + (size_t)i * es, x + (size_t)off * es, es);
+    for (int d = r - 1; d >= 0; d--) {   /* odometer over y's index */
+      off += ps[d];
+      if (++idx[d] < yt->dim[d]) break;
+      off -= ps[d] * yt->dim[d];
+      idx[d] = 0;
+    }
+  }
+  return 0;
+}
+
+/* Copies rows of `len` slices: [outer, xl, inner] -> [outer, yl, inner]
+ * taking x's slice starting at xs to y's at ys, cnt along the axis. */
+static void copy_axis(char *y, int64_t yl, int64_t ys, const char *x, int64_t xl, int64_t xs,
+                      int64_t cnt, int64_t outer, int64_t inner, size_t es) {
+  size_t chunk = (size_t)(cnt * inner) * es;
+  for (int64_t o = 0; o < outer; o++)
+    memcpy(y + (size_t)((o * yl + ys) * inner) * es, x + (size_t)((o * xl + xs) * inner) * es, chunk);
+}
+
+static int ref_SLICE(RtKctx *k) {
+  if (same_dtype(k) != 0) return -1;
+  const IrType *xt = k->it[0];
+  int ax = rt_axis(k->n->ia[0], xt->rank);
+  int64_t st = k->n->ia[1], en = k->n->ia[2];
+  if (ax < 0 || st < 0 || en < st || en > xt->dim[ax]) return rt_kfail(k, "bad slice of %s", rt_tstr(xt, 0));
+  int64_t outer, len, inner;
+  rt_split(xt, ax, &outer, &len, &inner);
+  if (ir_type_numel(k->ot) != outer * (en - st) * inner) return rt_kfail(k, "result size does not match the slice");
+  copy_axis(k->out, en - st, 0, k->in[0], len, st, en - st, outer, inner, ir_dtype_size(xt->dtype));
+  return 0;
+}
+
+static int ref_PAD(RtKctx *k) {
+  if (same_dtype(k) != 0) return -1;
+  const IrType *xt = k->it[0];
+  int ax = rt_axis(k->n->ia[0], xt->rank);
+  int64_t bef = k->n->ia[1], aft = k->n->ia[2];
+  if (ax < 0 || bef < 0 || aft < 0) return rt_kfail(k, "bad pad of %s", rt_tstr(xt, 0));
+  int64_t outer, len, inner;
+  rt_split(xt, ax, &outer, &len, &inner);
+  int64_t yl = bef + len + aft;
+  if (ir_type_numel(k->ot) != outer * yl * inner) return rt_kfail(k, "result size does not match the pad");
+  size_t es = ir_dtype_size(xt->dtype);
+  memset(k->out, 0, (size_t)ir_type_numel(k->ot) * es);
+  copy_axis(k->out, yl, bef, k->in[0], len, 0, len, outer, inner, es);
+  return 0;
+}
+
+static int ref_CONCAT(RtKctx *k) {
+  if (same_dtype(k) != 0) return -1;
+  const IrType *yt = k->ot;
+  int ax = rt_axis(k->n->ia[0], yt->rank);
+  if (ax < 0) return rt_kfail(k, "axis out of range");
+  int64_t outer, yl, inner, at = 0;
+  rt_split(yt, ax, &outer, &yl, &inner);
+  size_t es = ir_dtype_size(yt->dtype);
+  for (int i = 0; i < k->n->nin; i++) {
+    const IrType *xt = k->it[i];
+    int64_t xl = xt->rank == yt->rank ? xt->dim[ax] : -1;
+    if (xl < 0 || ir_type_numel(xt) != outer * xl * inner || at + xl > yl)
+      return rt_kfail(k, "operand %d %s does not fit %s", i, rt_tstr(xt, 0), rt_tstr(yt, 1));
+    copy_axis(k->out, yl, at, k->in[i], xl, 0, xl, outer, inner, es);
+    at += xl;
+  }
+  if (at != yl) return rt_kfail(k, "operands do not fill %s", rt_tstr(yt, 0));
+  return 0;
+}
+
+static int ref_BROADCAST(RtKctx *k) {
+  if (same_dtype(k) != 0) return -1;
+  const IrType *xt = k->it[0], *yt = k->ot;
+  int64_t str[IR_MAX_RANK], idx[IR_MAX_RANK] = {0};
+  if (rt_bcast_strides(xt, yt, str) != 0)
+    return rt_kfail(k, "cannot broadcast %s to %s", rt_tstr(xt, 0), rt_tstr(yt, 1));
+  size_t es = ir_dtype_size(yt->dtype);
+  int64_t n = ir_type_numel(yt), off = 0;
+  const char *x = k->in[0];
+  char *y = k->out;
+  for (int64_t i = 0; i < n; i++) {
+    memcpy(y + (size_t)i * es, x + (size_t)off * es, es);
+    for (int d = yt->rank - 1; d >= 0; d--) {
+      off += str[d];
+      if (++idx[d] < yt->dim[d]) break;
+      off -= str[d] * yt->dim[d];
+      idx[d] = 0;
+    }
+  }
+  return 0;
+}
+
+/* ---- effects on state ---- */
+static const IrState *kstate(RtKctx *k, int slot) {
+  return &rt_program_module(k->p)->states.a[k->n->ia[slot]];
+}
+
+static int ref_ZERO(RtKctx *k) {
+  const IrState *s = kstate(k, 0);
+  memset(rt_state_data(k->p, (int)k->n->ia[0]), 0, (size_t)ir_type_numel(&s->type) * ir_dtype_size(s->type.dtype));
+  return 0;
+}
+
+static int ref_ACCUM(RtKctx *k) {
+  const IrState *s = kstate(k, 0);
+  if (!ir_type_same_shape(&s->type, k->it[0]) || !ir_dtype_is_float(s->type.dtype))
+    return rt_kfail(k, "cannot add %s into @%s %s", rt_tstr(k->it[0], 0), s->name, rt_tstr(&s->type, 1));
+  return s->type.dtype == IR_F32 ? k_ACCUM_f32(k) : k_ACCUM_f64(k);
+}
+
+static int ref_ADAMW(RtKctx *k) {
+  const IrState *w = kstate(k, 0);
+  if (!ir_dtype_is_float(w->type.dtype)) return rt_kfail(k, "@%s is not a float tensor", w->name);
+  for (int s = 1; s < 4; s++)
+    if (!ir_type_same_shape(&kstate(k, s)->type, &w->type))
+      return rt_kfail(k, "@%s does not match @%s", kstate(k, s)->name, w->name);
+  if (ir_type_numel(k->it[0]) != 1) return rt_kfail(k, "the coefficient must be a scalar");
+  return w->type.dtype == IR_F32 ? k_ADAMW_f32(k) : k_ADAMW_f64(k);
+}
+
+/* ---- the table: one entry per ops.def row ---- */
+const RtKernel rt_ref_kernels[IR_OP_COUNT] = {
+#define X(name, text, nin, ia, fa, flags, doc) [IR_OP_##name] = ref_##name,
+#include "../ir/ops.def"
+#undef X
+};

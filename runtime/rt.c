@@ -1,0 +1,304 @@
+/* rt.c - the reference runtime's program: one rank's IrModule brought to
+ * life.  Every state (parameters, gradients, moments) lives in ONE slab,
+ * each at a 64-byte aligned offset (llm.c's single allocation), initialized
+ * counter-based (rng.c documents the formula), so element i of a parameter
+ * has the same value whatever else the module holds.
+ *
+ * Execution (rt_run_block) walks a block's nodes in order.  Each value gets
+ * its own heap buffer, freed right after its last use; last uses are
+ * computed once per block and cached.  INPUT values alias the caller's feed
+ * and STATE values alias the slab (no copies); effects write the slab.
+ * The kernels are the reference ones of ops_ref.c. */
+#include "rt_priv.h"
+#include <math.h>
+#include <stdarg.h>
+
+typedef struct { const char *name; double v; } RtOut;   /* name interned */
+
+struct RtProgram {
+  const IrModule *m;
+  unsigned char *slab;      /* all states, 64-byte aligned offsets */
+  size_t slab_bytes;
+  size_t *off;              /* per state: byte offset into slab */
+  int **last_use;           /* per block: node -> index of its last user (lazy) */
+  VEC(RtOut) outs;
+};
+
+#define RT_ALIGN 64
+static size_t align_up(size_t x) { return (x + RT_ALIGN - 1) & ~(size_t)(RT_ALIGN - 1); }
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || !errlen) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+int rt_kfail(RtKctx *k, const char *fmt, ...) {
+  if (k->err && k->errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->err, k->errlen, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+/* Fills parameter s (type t, row-major) from its initializer. */
+static void init_param(const IrState *s, uint64_t seed, void *data) {
+  int64_t n = ir_type_numel(&s->type);
+  uint64_t nh = rt_name_hash(s->name);
+  for (int64_t i = 0; i < n; i++) {
+    double v = rt_init_value(s, seed, nh, i);
+    switch (s->type.dtype) {
+    case IR_F32: ((float *)data)[i] = (float)v; break;
+    case IR_F64: ((double *)data)[i] = v; break;
+    case IR_I32: ((int32_t *)data)[i] = (int32_t)v; break;
+    default: break;
+    }
+  }
+}
+
+RtProgram *rt_program_new(const IrModule *m, char *err, size_t errlen) {
+  if (!m) { set_err(err, errlen, "rt_program_new: no module"); return NULL; }
+  RtProgram *p = ts_xcalloc(1, sizeof *p);
+  p->m = m;
+  p->off = ts_xcalloc((size_t)m->states.n + 1, sizeof *p->off);
+  p->last_use = ts_xcalloc((size_t)m->blocks.n + 1, sizeof *p->last_use);
+  size_t total = 0;
+  for (int i = 0; i < m->states.n; i++) {
+    const IrState *s = &m->states.a[i];
+    size_t es = ir_dtype_size(s->type.dtype);
+    int64_t n = ir_type_numel(&s->type);
+    if (es == 0 || n < 0) {
+      set_err(err, errlen, "state @%s: unsupported type", s->name);
+      rt_program_free(p);
+      return NULL;
+    }
+    p->off[i] = total;
+    total += align_up((size_t)n * es);
+  }
+  p->slab_bytes = total;
+  void *slab = NULL;
+  if (posix_memalign(&slab, RT_ALIGN, total ? total : RT_ALIGN) != 0) {
+    set_err(err, errlen, "out of memory allocating %zu bytes of state", total);
+    rt_program_free(p);
+    return NULL;
+  }
+  p->slab = slab;
+  memset(p->slab, 0, total);
+  for (int i = 0; i < m->states.n; i++) {
+    const IrState *s = &m->states.a[i];
+    if (s->kind == IR_STATE_PARAM) init_param(s, m->train.seed, p->slab + p->off[i]);
+  }
+  return p;
+}
+
+void rt_program_free(RtProgram *p) {
+  if (!p) return;
+  if (p->last_use)
+    for (int b = 0; b < p->m->blocks.n; b++) free(p->last_use[b]);
+  free(p->last_use);
+  free(p->off);
+  free(p->slab);
+  free(p->outs.a);
+  free(p);
+}
+
+const IrModule *rt_program_module(const RtProgram *p) { return p->m; }
+uint64_t rt_program_seed(const RtProgram *p) { return p->m->train.seed; }
+
+void *rt_state_data(RtProgram *p, int s) {
+  if (s < 0 || s >= p->m->states.n) return NULL;
+  return p->slab + p->off[s];
+}
+
+/* last[i] = index of the last node reading value i (i itself if none), so
+ * the executor frees value i right after node last[i] ran. */
+static int *compute_last_use(const IrBlock *b) {
+  int *last = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *last);
+  for (int i = 0; i < b->n; i++) last[i] = i;
+  for (int i = 0; i < b->n; i++)
+    for (int k = 0; k < b->nodes[i].nin; k++) {
+      int v = b->nodes[i].in[k];
+      if (v >= 0 && v < i && last[v] < i) last[v] = i;
+    }
+  return last;
+}
+
+static void record_output(RtProgram *p, const char *name, double v) {
+  for (int i = 0; i < p->outs.n; i++)
+    if (p->outs.a[i].name == name) { p->outs.a[i].v = v; return; }
+  RtOut o = {name, v};
+  VEC_PUSH(p->outs, o);
+}
+
+int rt_output(const RtProgram *p, const char *name, double *value) {
+  const char *s = ts_intern(name);
+  for (int i = 0; i < p->outs.n; i++)
+    if (p->outs.a[i].name == s) { if (value) *value = p->outs.a[i].v; return 0; }
+  return -1;
+}
+
+static double load_scalar(const void *d, IrDtype t) {
+  switch (t) {
+  case IR_F32: return ((const float *)d)[0];
+  case IR_F64: return ((const double *)d)[0];
+  case IR_I32: return ((const int32_t *)d)[0];
+  default: return NAN;
+  }
+}
+
+/* Structural checks the executor relies on (a module that passed ir_verify
+ * satisfies them; we still refuse rather than read out of bounds). */
+static int check_node(const RtProgram *p, const IrBlock *b, int i, char *msg, size_t n) {
+  const IrNode *nd = &b->nodes[i];
+  if ((int)nd->op < 0 || nd->op >= IR_OP_COUNT) { snprintf(msg, n, "bad op %d", (int)nd->op); return -1; }
+  const IrOpInfo *oi = &ir_ops[nd->op];
+  if (oi->nin >= 0 ? nd->nin != oi->nin : nd->nin < 1) {
+    snprintf(msg, n, "%d operands", nd->nin);
+    return -1;
+  }
+  for (int k = 0; k < nd->nin; k++) {
+    int v = nd->in[k];
+    if (v < 0 || v >= i) { snprintf(msg, n, "operand %d refers to %%%d, not an earlier value", k, v); return -1; }
+    if (b->nodes[v].type.dtype == IR_VOID) { snprintf(msg, n, "operand %d (%%%d) has no value", k, v); return -1; }
+  }
+  /* int attrs spelled "@name" in ops.def are state indices */
+  const char *s = oi->iattrs;
+  for (int slot = 0; *s && slot < IR_MAX_IATTR; slot++) {
+    while (*s == ' ') s++;
+    if (!*s) break;
+    if (*s == '@') {
+      int64_t st = nd->ia[slot];
+      if (st < 0 || st >= p->m->states.n) { snprintf(msg, n, "state index %lld out of range", (long long)st); return -1; }
+    }
+    s += strcspn(s, " ");
+  }
+  if (!(oi->flags & OPF_EFFECT) && (nd->type.dtype == IR_VOID || ir_dtype_size(nd->type.dtype) == 0)) {
+    snprintf(msg, n, "result has no dtype");
+    return -1;
+  }
+  return 0;
+}
+
+static const RtFeed *find_feed(const RtFeed *feeds, int nfeeds, const char *name) {
+  for (int i = 0; i < nfeeds; i++)
+    if (feeds[i].name && name && strcmp(feeds[i].name, name) == 0) return &feeds[i];
+  return NULL;
+}
+
+/* Runs node i of block b; buf[] holds the live values (owned[] says which
+ * buffers are ours to free).  0 or -1 with a message in msg. */
+static int run_node(RtProgram *p, const IrBlock *b, int i, void **buf, unsigned char *owned,
+                    const RtFeed *feeds, int nfeeds, const RtRunInfo *info, char *msg, size_t n) {
+  const IrNode *nd = &b->nodes[i];
+  if (check_node(p, b, i, msg, n) != 0) return -1;
+  switch (nd->op) {
+  case IR_OP_INPUT: {
+    const RtFeed *f = find_feed(feeds, nfeeds, nd->sa);
+    if (!f || !f->data) { snprintf(msg, n, "missing input \"%s\" (no feed of that name)", nd->sa ? nd->sa : ""); return -1; }
+    buf[i] = (void *)f->data;   /* read-only alias: kernels never write operands */
+    return 0;
+  }
+  case IR_OP_STATE: {
+    const IrState *st = &p->m->states.a[nd->ia[0]];
+    if (!ir_type_same_shape(&st->type, &nd->type)) {
+      char a[128], c[128];
+      snprintf(msg, n, "state @%s is %s but the node says %s", st->name,
+               ir_type_str(&st->type, a, sizeof a), ir_type_str(&nd->type, c, sizeof c));
+      return -1;
+    }
+    buf[i] = rt_state_data(p, (int)nd->ia[0]);
+    return 0;
+  }
+  default: break;
+  }
+
+  const void *in_data[64];
+  const IrType *in_type[64];
+  const void **ind = in_data;
+  const IrType **inty = in_type;
+  if (nd->nin > 64) {  /* only concat can be that wide */
+    ind = ts_xmalloc((size_t)nd->nin * sizeof *ind);
+    inty = ts_xmalloc((size_t)nd->nin * sizeof *inty);
+  }
+  for (int k = 0; k < nd->nin; k++) {
+    ind[k] = buf[nd->in[k]];
+    inty[k] = &b->nodes[nd->in[k]].type;
+  }
+  void *out = NULL;
+  if (!(ir_ops[nd->op].flags & OPF_EFFECT)) {
+    size_t bytes = (size_t)ir_type_numel(&nd->type) * ir_dtype_size(nd->type.dtype);
+    if (posix_memalign(&out, RT_ALIGN, bytes ? bytes : RT_ALIGN) != 0) {
+      snprintf(msg, n, "out of memory allocating %zu bytes", bytes);
+      if (ind != in_data) { free(ind); free(inty); }
+      return -1;
+    }
+    buf[i] = out;
+    owned[i] = 1;
+  }
+  RtKctx k = {p, nd, info, out, &nd->type, ind, inty, msg, n};
+  int rc;
+  if (nd->op == IR_OP_OUTPUT) {
+    if (ir_type_numel(inty[0]) != 1) rc = rt_kfail(&k, "output \"%s\" is not a scalar", nd->sa ? nd->sa : "");
+    else { record_output(p, ts_intern(nd->sa ? nd->sa : ""), load_scalar(ind[0], inty[0]->dtype)); rc = 0; }
+  } else {
+    rc = rt_ref_kernels[nd->op](&k);
+  }
+  if (ind != in_data) { free(ind); free(inty); }
+  return rc;
+}
+
+int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds,
+                 const RtRunInfo *info, char *err, size_t errlen) {
+  const IrModule *m = p->m;
+  if (bi < 0 || bi >= m->blocks.n) { set_err(err, errlen, "no block %d", bi); return -1; }
+  const IrBlock *b = &m->blocks.a[bi];
+  if (!p->last_use[bi]) p->last_use[bi] = compute_last_use(b);
+  const int *last = p->last_use[bi];
+  RtRunInfo dflt = {0, 0, m->train.lr};
+  if (!info) info = &dflt;
+
+  void **buf = ts_xcalloc((size_t)b->n + 1, sizeof *buf);
+  unsigned char *owned = ts_xcalloc((size_t)b->n + 1, 1);
+  char msg[512];
+  int rc = 0;
+  for (int i = 0; i < b->n; i++) {
+    msg[0] = 0;
+    if (run_node(p, b, i, buf, owned, feeds, nfeeds, info, msg, sizeof msg) != 0) {
+      set_err(err, errlen, "block %s, %%%d = %s: %s", b->name, i, ir_ops[b->nodes[i].op].name, msg);
+      rc = -1;
+      break;
+    }
+    /* free what node i was the last reader of (and i itself if unread) */
+    const IrNode *nd = &b->nodes[i];
+    for (int k = 0; k < nd->nin; k++) {
+      int v = nd->in[k];
+      if (last[v] == i && owned[v]) { free(buf[v]); owned[v] = 0; }
+      if (last[v] == i) buf[v] = NULL;
+    }
+    if (last[i] == i && owned[i]) { free(buf[i]); owned[i] = 0; buf[i] = NULL; }
+  }
+  for (int i = 0; i < b->n; i++)
+    if (owned[i]) free(buf[i]);
+  free(buf);
+  free(owned);
+  return rc;
+}
+
+/* Warmup, then cosine / linear decay to min_lr over the steps after warmup
+ * (up to decay_steps, 0 meaning train.steps), then min_lr. */
+double rt_lr_at(const IrTrain *t, int64_t step) {
+  if (t->warmup > 0 && step < t->warmup) return t->lr * (double)(step + 1) / (double)t->warmup;
+  if (t->schedule == IR_SCHED_CONSTANT) return t->lr;
+  int64_t d = t->decay_steps > 0 ? t->decay_steps : t->steps;
+  int64_t span = d - t->warmup;
+  if (span < 1) span = 1;
+  double prog = (double)(step - t->warmup) / (double)span;
+  if (prog < 0) prog = 0;
+  if (prog > 1) prog = 1;
+  if (t->schedule == IR_SCHED_COSINE) return t->min_lr + 0.5 * (t->lr - t->min_lr) * (1.0 + cos(M_PI * prog));
+  return t->lr - (t->lr - t->min_lr) * prog;   /* linear */
+}

@@ -1,0 +1,42 @@
+/* rt_priv.h - what the files of runtime/ share and nobody else needs: the
+ * counter-based random numbers (rng.c), the kernel calling convention and
+ * the reference kernel table (ops_ref.c), used by the executor (rt.c). */
+#ifndef TS_RT_PRIV_H
+#define TS_RT_PRIV_H
+#include "rt.h"
+
+/* ---- counter-based random numbers (rng.c; formulas in its header) ---- */
+enum { RT_RNG_INIT = 1, RT_RNG_DROPOUT = 2, RT_RNG_DATA = 3 };  /* domain tags */
+uint64_t rt_mix64(uint64_t z);                            /* splitmix64 finalizer */
+uint64_t rt_hash_words(const uint64_t *w, int n);         /* chained mix over words */
+static inline double rt_u01(uint64_t h) { return (double)(h >> 11) * 0x1.0p-53; }  /* [0, 1) */
+uint64_t rt_name_hash(const char *name);                  /* FNV-1a of the name */
+/* The initial value of element i of a parameter (name hash nh) under seed. */
+double rt_init_value(const IrState *s, uint64_t seed, uint64_t nh, int64_t i);
+/* Dropout's uniform draw for element i. */
+double rt_dropout_u(uint64_t seed, int64_t stream, int64_t step, int micro, int64_t i);
+
+/* ---- kernels ----
+ * One call computes one node.  in[k] / it[k] are operand k's data and type
+ * (contiguous, row-major), out / ot the result's (NULL / void for effects).
+ * A kernel returns 0, or -1 after writing a message into err (the executor
+ * prefixes the block and node). */
+typedef struct RtKctx {
+  RtProgram *p;
+  const IrNode *n;
+  const RtRunInfo *info;
+  void *out;
+  const IrType *ot;
+  const void *const *in;
+  const IrType *const *it;
+  char *err;
+  size_t errlen;
+} RtKctx;
+typedef int (*RtKernel)(RtKctx *k);
+extern const RtKernel rt_ref_kernels[IR_OP_COUNT];
+
+int rt_kfail(RtKctx *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The module's training seed, for dropout (set by the program). */
+uint64_t rt_program_seed(const RtProgram *p);
+
+#endif
