@@ -302,3 +302,5 @@ double rt_lr_at(const IrTrain *t, int64_t step) {
   if (t->schedule == IR_SCHED_COSINE) return t->min_lr + 0.5 * (t->lr - t->min_lr) * (1.0 + cos(M_PI * prog));
   return t->lr - (t->lr - t->min_lr) * prog;   /* linear */
 }
+
+void rt_outputs_clear(RtProgram *p) { p->outs.n = 0; }

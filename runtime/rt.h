@@ -33,6 +33,9 @@ int rt_run_block(RtProgram *p, int b, const RtFeed *feeds, int nfeeds,
                  const RtRunInfo *info, char *err, size_t errlen);
 /* The value last reported by `output "name"`; 0 if found, -1 if never. */
 int rt_output(const RtProgram *p, const char *name, double *value);
+/* Forgets every recorded output (so a caller can tell "not reported by
+ * this run" from a stale value). */
+void rt_outputs_clear(RtProgram *p);
 
 /* The learning rate at `step` (0-based) under m->train's schedule. */
 double rt_lr_at(const IrTrain *t, int64_t step);
