@@ -398,8 +398,10 @@ static int parse_node(P *p, int bi) {
   if (cur(p) == '%') {
     p->pos++;
     int64_t id;
+    size_t idat = p->pos;
     if (parse_int(p, &id)) return -1;
-    if (id != b->n) return PERR("expected %%%d (nodes are numbered in order)", b->n);
+    if (id != b->n)
+      return perr_at(p, p->line, col_of(p, idat), "expected %%%d (nodes, effects included, are numbered in order)", b->n);
     if (expect(p, '=')) return -1;
     has_result = 1;
   }
@@ -443,6 +445,8 @@ static int parse_node(P *p, int bi) {
     if (at->is_state[i] && parse_state_ref(p, &ia[i])) goto out;
   for (int i = 0; i < at->ni; i++) {
     if (at->is_state[i]) continue;
+    skip_ws(p);
+    size_t kat = p->pos;
     if (parse_key(p, at->iname[i])) goto out;
     if (i == at->list) {
       int want = in.n > 0 ? b->nodes[in.a[0]].type.rank : 0, k = 0;
@@ -456,7 +460,10 @@ static int parse_node(P *p, int bi) {
           if (expect(p, ',')) goto out;
         }
       }
-      if (k != want) { PERR("%s has %d entries, expected %d (the operand's rank)", at->iname[i], k, want); goto out; }
+      if (k != want) {
+        perr_at(p, p->line, col_of(p, kat),"%s has %d entries, expected %d (the operand's rank)", at->iname[i], k, want);
+        goto out;
+      }
     } else if (parse_int(p, &ia[i])) {
       goto out;
     }

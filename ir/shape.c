@@ -469,7 +469,7 @@ static int shape_ADAMW(Sx *x) {
   for (int i = 0; i < 4; i++) {
     if (!(s[i] = state_ref(x, i))) return -1;
     if (s[i]->kind != kinds[i])
-      return fail(x, "@%s is a %s, expected a %s", s[i]->name, ir_state_kind_name(s[i]->kind),
+      return fail(x, "@%s is a %s, expected kind %s", s[i]->name, ir_state_kind_name(s[i]->kind),
                   ir_state_kind_name(kinds[i]));
     if (!ir_type_same_shape(&s[i]->type, &s[0]->type))
       return fail(x, "@%s : %s does not match param @%s : %s", s[i]->name, tstr(x, &s[i]->type),

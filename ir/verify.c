@@ -47,10 +47,10 @@ static int verify_states(const IrModule *m, char *err, size_t errlen) {
   return 0;
 }
 
-/* Name of node id for messages: "%12 = matmul" or "node 3 (adamw)". */
+/* Name of node id for messages: "%12 = matmul" or "node 3: adamw". */
 static void node_label(const IrNode *n, int id, char *buf, size_t len) {
   int ok = (int)n->op >= 0 && n->op < IR_OP_COUNT;
-  if (ok && (ir_ops[n->op].flags & OPF_EFFECT)) snprintf(buf, len, "node %d (%s)", id, ir_ops[n->op].name);
+  if (ok && (ir_ops[n->op].flags & OPF_EFFECT)) snprintf(buf, len, "node %d: %s", id, ir_ops[n->op].name);
   else snprintf(buf, len, "%%%d = %s", id, ok ? ir_ops[n->op].name : "?");
 }
 
@@ -80,8 +80,8 @@ static int verify_block(const IrModule *m, const IrBlock *b, char *err, size_t e
     if (n->op == IR_OP_INPUT || n->op == IR_OP_OUTPUT)
       for (int j = 0; j < id; j++)
         if (b->nodes[j].op == n->op && b->nodes[j].sa == n->sa)
-          return vfail(err, errlen, "block %s, %s: %s \"%s\" appears twice (first %%%d)", b->name, lab,
-                       ir_ops[n->op].name, n->sa, j);
+          return vfail(err, errlen, "block %s, %s: name \"%s\" appears twice (first at node %d)", b->name, lab,
+                       n->sa, j);
   }
   return 0;
 }
