@@ -37,7 +37,7 @@
 
 #define PLAN_MAGIC "TSPLAN\0\0"
 #define PLAN_HEADER 32               /* magic 8 | version 4 | flags 4 | len 8 | sum 8 */
-#define PLAN_CHECKSUM_SEED 0x7e55e7a9ull
+#define PLAN_CHECKSUM_SEED 0   /* plan.h: "ts_hash64 of the payload" */
 #define STR_NULL 0xFFFFFFFFu
 
 #define TAG(a, b, c, d) ((uint32_t)(a) | (uint32_t)(b) << 8 | (uint32_t)(c) << 16 | (uint32_t)(d) << 24)
@@ -559,6 +559,7 @@ static RtPlan *decode_payload(const unsigned char *data, size_t len, const char 
   p->nprograms = progs.n;
   p->programs = progs.a;
   progs.a = NULL;
+  progs.n = 0;                          /* the plan owns them now */
   if (p->nprograms == 0) { rd_fail(&r, "no programs"); goto bad; }
 
   if (rd_record(&r, TAG_RANK, "rank table", &s) != 0) goto bad;
