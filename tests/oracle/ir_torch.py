@@ -157,6 +157,8 @@ def parse_module(text):
             block = mod.blocks[name] = []
         elif word in ("const", "train", "parallel"):
             pass
+        elif word == "end":   # a module's last line (lets the plan text embed modules)
+            break
         else:
             raise IrError("line %d: unknown item %r" % (i, word))
     return mod

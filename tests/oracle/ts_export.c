@@ -1,6 +1,7 @@
 /* ts_export.c - the C half of the PyTorch oracle (CONVENTIONS §10).
  *
  *   ts_export MODEL.mdl OUTDIR [-D name=value ...]
+ *   ts_export FORWARD.ir OUTDIR        (a forward module as text, already f64)
  *
  * Compiles MODEL.mdl in f64 with one micro-batch per step (global_batch is
  * set to micro_batch), keeps the forward module as text (OUTDIR/forward.ir),
@@ -138,7 +139,8 @@ static int export_states(RtProgram *p, const IrModule *m, const char *dir, StrBu
 }
 
 static int usage(void) {
-  fprintf(stderr, "usage: ts_export MODEL.mdl OUTDIR [-D name=value ...]\n");
+  fprintf(stderr, "usage: ts_export MODEL.mdl OUTDIR [-D name=value ...]\n"
+                  "       ts_export FORWARD.ir OUTDIR\n");
   return 2;
 }
 
@@ -168,7 +170,18 @@ int main(int argc, char **argv) {
   opt.defines = defs;
   opt.ndefines = ndefs;
   opt.precision = IR_F64;
-  IrModule *m = mdl_compile_file(mdl, &opt);
+  IrModule *m = NULL;
+  size_t len = strlen(mdl);
+  if (len > 3 && !strcmp(mdl + len - 3, ".ir")) {   /* IR text: skips the frontend */
+    char perr[1024];
+    char *text = ts_read_file(mdl, NULL);
+    if (!text) { fprintf(stderr, "ts_export: cannot read %s: %s\n", mdl, strerror(errno)); return 1; }
+    m = ir_parse_module(text, mdl, perr, sizeof perr);
+    free(text);
+    if (!m) { fprintf(stderr, "%s\n", perr); return 1; }
+  } else {
+    m = mdl_compile_file(mdl, &opt);
+  }
   if (!m) return 1;
   m->train.global_batch = m->train.micro_batch;   /* one micro-batch per step */
 
