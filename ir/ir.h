@@ -167,7 +167,9 @@ void ir_print_node(const IrModule *m, const IrBlock *b, int id, StrBuf *out);
  * ("file:line:col: error: ..."); NULL result on error with message in err. */
 IrModule *ir_parse_module(const char *text, const char *fname, char *err, size_t errlen);
 /* Parses starting at *pos inside a larger text (the plan text embeds
- * modules); advances *pos and *line past the module. */
+ * modules); advances *pos and *line past the module.  *pos must start a
+ * line and *line counts the lines before it (0 at the start of the text);
+ * a module ends with the line `end` (see docs/ir.md). */
 IrModule *ir_parse_module_at(const char *text, size_t *pos, int *line, const char *fname,
                              char *err, size_t errlen);
 void ir_print_dot(const IrModule *m, StrBuf *out);

@@ -561,10 +561,13 @@ static IrModule *parse_module(P *p, int need_end_or_eof) {
 
 IrModule *ir_parse_module_at(const char *text, size_t *pos, int *line, const char *fname,
                              char *err, size_t errlen) {
-  P p = {.s = text, .pos = *pos, .line_start = *pos, .line = *line, .fname = fname, .err = err, .errlen = errlen};
+  /* *line counts the lines before *pos (which starts a line), as the plan
+   * text reader keeps it; our own counter is the 1-based line at pos. */
+  P p = {.s = text, .pos = *pos, .line_start = *pos, .line = *line + 1, .fname = fname, .err = err,
+         .errlen = errlen};
   if (err && errlen) err[0] = 0;
   IrModule *m = parse_module(&p, 0);
-  if (m) { *pos = p.pos; *line = p.line; }
+  if (m) { *pos = p.pos; *line = p.line - 1; }
   return m;
 }
 

@@ -190,23 +190,29 @@ static void test_emit_roundtrip(void) {
   sb_puts(&cat, all_ops);
   sb_puts(&cat, "tail\n");
   size_t pos = 0;
-  int line = 1;
+  int line = 0;    /* lines before pos */
   IrModule *a = ir_parse_module_at(cat.p, &pos, &line, "plan", err, sizeof err);
   CHECK(a && strcmp(a->name, "built") == 0, "first module: %s", err);
   CHECK(strncmp(cat.p + pos, "program 1\n", 10) == 0, "pos after first module: '%.12s'", cat.p + pos);
-  int nl = 1;
+  int nl = 0;
   for (size_t i = 0; i < pos; i++) nl += cat.p[i] == '\n';
   CHECK(line == nl, "line %d, expected %d", line, nl);
   pos += 10;
   line++;
+  int first_line = line + 1;    /* 1-based line of "module all_ops" */
   IrModule *bm = ir_parse_module_at(cat.p, &pos, &line, "plan", err, sizeof err);
   CHECK(bm && strcmp(bm->name, "all_ops") == 0, "second module: %s", err);
   CHECK(strcmp(cat.p + pos, "tail\n") == 0, "pos after second module");
-  /* an error inside the second module reports the line within the whole text */
-  pos = 0;
-  line = 1;
-  ir_module_free(a);
-  a = ir_parse_module_at(cat.p, &pos, &line, "plan", err, sizeof err);
+  /* an error inside an embedded module reports its line within the whole text */
+  char *bad = strstr(cat.p + 1, "module all_ops");
+  char *zero = strstr(bad, "zero @grad.wte");
+  memcpy(zero, "zerx", 4);
+  pos = (size_t)(bad - cat.p);
+  line = first_line - 1;
+  IrModule *c = ir_parse_module_at(cat.p, &pos, &line, "plan", err, sizeof err);
+  char want[64];
+  snprintf(want, sizeof want, "plan:%d:3: error: unknown op 'zerx'", first_line + 81);
+  CHECK(c == NULL && strcmp(err, want) == 0, "got '%s', want '%s'", err, want);
   ir_module_free(a);
   ir_module_free(bm);
   sb_free(&cat);
@@ -242,7 +248,7 @@ static void test_parse_errors(void) {
     IrModule *m;
     if (strstr(cases[i].what, "missing 'end'")) {
       size_t pos = 0;
-      int line = 1;
+      int line = 0;
       m = ir_parse_module_at(cases[i].text, &pos, &line, "e", err, sizeof err);
     } else {
       m = ir_parse_module(cases[i].text, "e", err, sizeof err);
