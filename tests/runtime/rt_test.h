@@ -1,0 +1,133 @@
+/* rt_test.h - helpers for the runtime tests: checks that count failures,
+ * a deterministic test-data generator, and run_op(), which builds a
+ * one-op module with ir_emit (inputs -> op -> accum into a state) and runs
+ * it on the reference runtime so a test can read the op's full result. */
+#ifndef RT_TEST_H
+#define RT_TEST_H
+#include "ir/ir.h"
+#include "runtime/rt.h"
+#include <math.h>
+
+static int g_fails, g_checks;
+#define CHECK(c, ...) do { g_checks++; if (!(c)) { g_fails++;                 \
+    fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                       \
+    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+/* |a - b| <= tol * max(1, |b|) */
+#define CHECK_NEAR(a, b, tol, ...) do { double a_ = (a), b_ = (b);              \
+    CHECK(fabs(a_ - b_) <= (tol) * (fabs(b_) > 1 ? fabs(b_) : 1) || (isnan(a_) && isnan(b_)) || (a_ == b_), \
+          "%s = %.10g, expected %.10g: " __VA_ARGS__ ""); } while (0)
+
+static int test_summary(const char *name) {
+  if (g_fails) fprintf(stderr, "%s: %d of %d checks FAILED\n", name, g_fails, g_checks);
+  else printf("%s: all %d checks passed\n", name, g_checks);
+  return g_fails ? 1 : 0;
+}
+
+/* splitmix-style generator for test inputs (independent of rng.c) */
+static uint64_t g_rs = 12345;
+static double trand(void) {   /* uniform in [-1, 1) */
+  uint64_t z = (g_rs += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return (double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0;
+}
+
+static IrType mkty(IrDtype dt, int rank, const int64_t *dims) {
+  IrType t;
+  memset(&t, 0, sizeof t);
+  t.dtype = dt;
+  t.rank = rank;
+  for (int i = 0; i < rank; i++) t.dim[i] = dims[i];
+  return t;
+}
+#define TY(dt, ...) mkty(dt, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__})
+static IrType scalar_ty(IrDtype dt) { IrType t; memset(&t, 0, sizeof t); t.dtype = dt; return t; }
+
+/* Converts n doubles to a buffer of dtype dt (malloc'd). */
+static void *to_dtype(const double *v, int64_t n, IrDtype dt) {
+  void *p = ts_xmalloc((size_t)(n ? n : 1) * 8);
+  for (int64_t i = 0; i < n; i++) {
+    if (dt == IR_F32) ((float *)p)[i] = (float)v[i];
+    else if (dt == IR_F64) ((double *)p)[i] = v[i];
+    else ((int32_t *)p)[i] = (int32_t)v[i];
+  }
+  return p;
+}
+static double *from_dtype(const void *p, int64_t n, IrDtype dt) {
+  double *v = ts_xmalloc((size_t)(n ? n : 1) * sizeof *v);
+  for (int64_t i = 0; i < n; i++)
+    v[i] = dt == IR_F32 ? ((const float *)p)[i] : dt == IR_F64 ? ((const double *)p)[i] : ((const int32_t *)p)[i];
+  return v;
+}
+
+typedef struct { IrType t; const double *v; } Arg;
+
+/* Runs one op on inputs args[0..nin) (values as doubles, converted to each
+ * arg's dtype).  Returns the result as a malloc'd double array and its type
+ * in *rt, or NULL with the message in err (emit or run failure).  A result
+ * of an integer dtype is cast to f64 inside the module first (accum needs a
+ * float state). */
+static double *run_op(IrOp op, int nin, const Arg *args, const int64_t *ia, const double *fa,
+                      const IrType *typed, IrType *rt, char *err, size_t errlen) {
+  IrModule *m = ir_module_new("t");
+  int b = ir_block_add(m, "forward");
+  int ids[16];
+  RtFeed feeds[16];
+  void *bufs[16];
+  char names[16][8];
+  double *res = NULL;
+  for (int i = 0; i < nin; i++) {
+    snprintf(names[i], sizeof names[i], "x%d", i);
+    ids[i] = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, names[i], &args[i].t, err, errlen);
+    TS_ASSERT(ids[i] >= 0);
+    bufs[i] = to_dtype(args[i].v, ir_type_numel(&args[i].t), args[i].t.dtype);
+    feeds[i] = (RtFeed){names[i], bufs[i]};
+  }
+  int r = ir_emit(m, b, op, ids, nin, ia, fa, NULL, typed, err, errlen);
+  RtProgram *p = NULL;
+  if (r >= 0) {
+    IrType t = m->blocks.a[b].nodes[r].type;
+    if (!ir_dtype_is_float(t.dtype)) {
+      IrType c = t;
+      c.dtype = IR_F64;
+      r = ir_emit(m, b, IR_OP_CAST, &r, 1, NULL, NULL, NULL, &c, err, errlen);
+      TS_ASSERT(r >= 0);
+    }
+    IrState st;
+    memset(&st, 0, sizeof st);
+    st.name = "out";
+    st.type = m->blocks.a[b].nodes[r].type;
+    st.kind = IR_STATE_GRAD;
+    st.of = -1;
+    int s = ir_state_add(m, &st);
+    int64_t sa[1] = {s};
+    TS_ASSERT(ir_emit(m, b, IR_OP_ACCUM, &r, 1, sa, NULL, NULL, NULL, err, errlen) >= 0);
+    p = rt_program_new(m, err, errlen);
+    TS_ASSERT(p);
+    RtRunInfo info = {0, 0, 1e-3};
+    if (rt_run_block(p, b, feeds, nin, &info, err, errlen) == 0) {
+      *rt = t;
+      res = from_dtype(rt_state_data(p, s), ir_type_numel(&st.type), st.type.dtype);
+    }
+  }
+  rt_program_free(p);
+  ir_module_free(m);
+  for (int i = 0; i < nin; i++) free(bufs[i]);
+  return res;
+}
+
+/* A fresh array of n test values in [lo, hi), rounded to dtype dt so the
+ * test's double reference sees exactly what the kernel sees. */
+static double *rand_vec(int64_t n, double lo, double hi, IrDtype dt) {
+  double *v = ts_xmalloc((size_t)(n ? n : 1) * sizeof *v);
+  for (int64_t i = 0; i < n; i++) {
+    v[i] = lo + (hi - lo) * (trand() + 1) / 2;
+    if (dt == IR_F32) v[i] = (float)v[i];
+  }
+  return v;
+}
+/* Comparison tolerance for results of dtype dt. */
+static double tol_of(IrDtype dt) { return dt == IR_F32 ? 2e-5 : 1e-11; }
+
+#endif

@@ -1,0 +1,526 @@
+/* test_rt_ops.c - every reference kernel (ops_ref.c) against a direct,
+ * independent computation written here, for f32 and f64: elementwise ops
+ * (the *_BWD ones against finite differences of the forward formula),
+ * layout, reductions, matmul variants, softmax, norms, embedding,
+ * masks, dropout, rope, cross-entropy, and the step ops. */
+#include "rt_test.h"
+
+#define NT 2
+static const IrDtype DTS[NT] = {IR_F32, IR_F64};
+static char err[1024];
+
+/* Compares n results with expected values; msg names the case. */
+static void cmp(const double *got, const double *want, int64_t n, double tol, const char *msg, IrDtype dt) {
+  TS_ASSERT(got);
+  int64_t bad = -1;
+  for (int64_t i = 0; i < n && bad < 0; i++) {
+    double a = got[i], b = want[i];
+    if (!(fabs(a - b) <= tol * (fabs(b) > 1 ? fabs(b) : 1)) && !(a == b)) bad = i;
+  }
+  CHECK(bad < 0, "%s (%s): element %lld = %.10g, expected %.10g", msg, ir_dtype_name(dt), (long long)bad,
+        bad >= 0 ? got[bad] : 0.0, bad >= 0 ? want[bad] : 0.0);
+}
+
+/* Runs op and compares to want; frees the result. */
+static void expect(IrOp op, int nin, const Arg *a, const int64_t *ia, const double *fa, const IrType *typed,
+                   const double *want, int64_t n, double tol, const char *msg, IrDtype dt) {
+  IrType rt;
+  double *got = run_op(op, nin, a, ia, fa, typed, &rt, err, sizeof err);
+  CHECK(got != NULL, "%s (%s): %s", msg, ir_dtype_name(dt), err);
+  if (!got) return;
+  CHECK(ir_type_numel(&rt) == n, "%s: %lld results, expected %lld", msg, (long long)ir_type_numel(&rt), (long long)n);
+  if (ir_type_numel(&rt) == n) cmp(got, want, n, tol, msg, dt);
+  free(got);
+}
+
+/* ---- reference formulas ---- */
+static double sig(double x) { return 1 / (1 + exp(-x)); }
+static double gelu_t(double x) { return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+static double gelu_e(double x) { return 0.5 * x * (1 + erf(x / sqrt(2))); }
+static double silu(double x) { return x * sig(x); }
+static double fd(double (*f)(double), double x) { double h = 1e-5; return (f(x + h) - f(x - h)) / (2 * h); }
+
+static void test_elementwise(IrDtype dt) {
+  enum { N = 24 };
+  IrType t = TY(dt, 4, 6);
+  double *x = rand_vec(N, -3, 3, dt), *y = rand_vec(N, 0.5, 2, dt), *pos = rand_vec(N, 0.1, 4, dt);
+  double w[N];
+  Arg a1[1] = {{t, x}}, a2[2] = {{t, x}, {t, y}}, ap[1] = {{t, pos}};
+  double tol = tol_of(dt), c[1] = {0.75};
+#define EW2T(OP, EXPR) do { for (int i = 0; i < N; i++) w[i] = (EXPR); expect(OP, 2, a2, NULL, NULL, NULL, w, N, tol, #OP, dt); } while (0)
+#define EW1T(OP, ARGS, EXPR) do { for (int i = 0; i < N; i++) w[i] = (EXPR); expect(OP, 1, ARGS, NULL, c, NULL, w, N, tol, #OP, dt); } while (0)
+  EW2T(IR_OP_ADD, x[i] + y[i]);
+  EW2T(IR_OP_SUB, x[i] - y[i]);
+  EW2T(IR_OP_MUL, x[i] * y[i]);
+  EW2T(IR_OP_DIV, x[i] / y[i]);
+  EW1T(IR_OP_ADDS, a1, x[i] + 0.75);
+  EW1T(IR_OP_MULS, a1, x[i] * 0.75);
+  EW1T(IR_OP_NEG, a1, -x[i]);
+  EW1T(IR_OP_EXP, a1, exp(x[i]));
+  EW1T(IR_OP_LOG, ap, log(pos[i]));
+  EW1T(IR_OP_SQRT, ap, sqrt(pos[i]));
+  EW1T(IR_OP_RSQRT, ap, 1 / sqrt(pos[i]));
+  EW1T(IR_OP_TANH, a1, tanh(x[i]));
+  EW1T(IR_OP_GELU_TANH, a1, gelu_t(x[i]));
+  EW1T(IR_OP_GELU_ERF, a1, gelu_e(x[i]));
+  EW1T(IR_OP_SILU, a1, silu(x[i]));
+  EW1T(IR_OP_RELU, a1, x[i] > 0 ? x[i] : 0);
+  /* backward ops: (x, dy) -> dy * f'(x), f' by central differences */
+  double ftol = dt == IR_F32 ? 1e-4 : 1e-8;
+  for (int i = 0; i < N; i++) w[i] = y[i] * fd(gelu_t, x[i]);
+  expect(IR_OP_GELU_TANH_BWD, 2, a2, NULL, NULL, NULL, w, N, ftol, "gelu_tanh_bwd", dt);
+  for (int i = 0; i < N; i++) w[i] = y[i] * fd(gelu_e, x[i]);
+  expect(IR_OP_GELU_ERF_BWD, 2, a2, NULL, NULL, NULL, w, N, ftol, "gelu_erf_bwd", dt);
+  for (int i = 0; i < N; i++) w[i] = y[i] * fd(silu, x[i]);
+  expect(IR_OP_SILU_BWD, 2, a2, NULL, NULL, NULL, w, N, ftol, "silu_bwd", dt);
+  EW2T(IR_OP_RELU_BWD, x[i] > 0 ? y[i] : 0);
+  /* eq: half the elements equal */
+  double *z = ts_xmalloc(N * sizeof *z);
+  for (int i = 0; i < N; i++) z[i] = i % 2 ? x[i] : y[i];
+  Arg aeq[2] = {{t, x}, {t, z}};
+  for (int i = 0; i < N; i++) w[i] = x[i] == z[i];
+  expect(IR_OP_EQ, 2, aeq, NULL, NULL, NULL, w, N, 0, "eq", dt);
+  free(z);
+#undef EW2T
+#undef EW1T
+  free(x);
+  free(y);
+  free(pos);
+}
+
+/* ne_scalar on i32 and float inputs; cast among all dtypes; full */
+static void test_typed_ew(IrDtype dt) {
+  double ids[6] = {0, -1, 3, -1, 7, 2}, w[6];
+  IrType ti = TY(IR_I32, 2, 3), tr = TY(dt, 2, 3);
+  Arg a[1] = {{ti, ids}};
+  double c[1] = {-1};
+  for (int i = 0; i < 6; i++) w[i] = ids[i] != -1;
+  expect(IR_OP_NE_SCALAR, 1, a, NULL, c, &tr, w, 6, 0, "ne_scalar i32", dt);
+  double xf[6] = {1.5, -1, 0, -1, 2.25, -1.5};
+  IrType tf = TY(dt, 2, 3);
+  Arg af[1] = {{tf, xf}};
+  for (int i = 0; i < 6; i++) w[i] = xf[i] != -1;
+  expect(IR_OP_NE_SCALAR, 1, af, NULL, c, &tr, w, 6, 0, "ne_scalar float", dt);
+  /* cast float -> i32 truncates toward zero; i32 -> float exact */
+  IrType to_i = TY(IR_I32, 2, 3);
+  for (int i = 0; i < 6; i++) w[i] = (double)(int32_t)xf[i];
+  expect(IR_OP_CAST, 1, af, NULL, NULL, &to_i, w, 6, 0, "cast to i32", dt);
+  expect(IR_OP_CAST, 1, a, NULL, NULL, &tr, ids, 6, 0, "cast from i32", dt);
+  IrType other = TY(dt == IR_F32 ? IR_F64 : IR_F32, 2, 3);
+  expect(IR_OP_CAST, 1, af, NULL, NULL, &other, xf, 6, 0, "cast float->float", dt);
+  double fv[1] = {-2.5};
+  for (int i = 0; i < 6; i++) w[i] = -2.5;
+  expect(IR_OP_FULL, 0, NULL, NULL, fv, &tr, w, 6, 0, "full", dt);
+}
+
+/* index helpers for the layout references */
+static void test_layout(IrDtype dt) {
+  enum { A = 2, B = 3, C = 4, N = A * B * C };
+  IrType t = TY(dt, A, B, C);
+  double *x = rand_vec(N, -1, 1, dt), w[4 * N];
+  Arg a[1] = {{t, x}};
+  /* reshape: same order */
+  IrType rs = TY(dt, 6, 4);
+  expect(IR_OP_RESHAPE, 1, a, NULL, NULL, &rs, x, N, 0, "reshape", dt);
+  /* permute [2, 0, 1]: y[k, i, j] = x[i, j, k] */
+  int64_t perm[3] = {2, 0, 1};
+  for (int k = 0; k < C; k++)
+    for (int i = 0; i < A; i++)
+      for (int j = 0; j < B; j++) w[(k * A + i) * B + j] = x[(i * B + j) * C + k];
+  expect(IR_OP_PERMUTE, 1, a, perm, NULL, NULL, w, N, 0, "permute", dt);
+  /* slice axis 1 [1, 3) */
+  int64_t sl[3] = {1, 1, 3};
+  int n = 0;
+  for (int i = 0; i < A; i++)
+    for (int j = 1; j < 3; j++)
+      for (int k = 0; k < C; k++) w[n++] = x[(i * B + j) * C + k];
+  expect(IR_OP_SLICE, 1, a, sl, NULL, NULL, w, n, 0, "slice", dt);
+  /* pad axis 2 by 1 before, 2 after */
+  int64_t pd[3] = {2, 1, 2};
+  n = 0;
+  for (int i = 0; i < A; i++)
+    for (int j = 0; j < B; j++)
+      for (int k = -1; k < C + 2; k++) w[n++] = k >= 0 && k < C ? x[(i * B + j) * C + k] : 0;
+  expect(IR_OP_PAD, 1, a, pd, NULL, NULL, w, n, 0, "pad", dt);
+  /* concat along axis 1 of x[2,3,4], y[2,1,4], x */
+  IrType t2 = TY(dt, A, 1, C);
+  double *y = rand_vec(A * C, -1, 1, dt);
+  Arg ac[3] = {{t, x}, {t2, y}, {t, x}};
+  int64_t ax1[1] = {1};
+  n = 0;
+  for (int i = 0; i < A; i++) {
+    for (int j = 0; j < B; j++) for (int k = 0; k < C; k++) w[n++] = x[(i * B + j) * C + k];
+    for (int k = 0; k < C; k++) w[n++] = y[i * C + k];
+    for (int j = 0; j < B; j++) for (int k = 0; k < C; k++) w[n++] = x[(i * B + j) * C + k];
+  }
+  expect(IR_OP_CONCAT, 3, ac, ax1, NULL, NULL, w, n, 0, "concat", dt);
+  /* broadcast [3, 1] -> [2, 3, 4]; sum_to back = 8 * value */
+  IrType tb = TY(dt, B, 1);
+  double *v = rand_vec(B, -1, 1, dt);
+  Arg ab[1] = {{tb, v}};
+  for (int i = 0; i < A; i++)
+    for (int j = 0; j < B; j++)
+      for (int k = 0; k < C; k++) w[(i * B + j) * C + k] = v[j];
+  expect(IR_OP_BROADCAST, 1, ab, NULL, NULL, &t, w, N, 0, "broadcast", dt);
+  double s[B];
+  for (int j = 0; j < B; j++) {
+    s[j] = 0;
+    for (int i = 0; i < A; i++) for (int k = 0; k < C; k++) s[j] += x[(i * B + j) * C + k];
+  }
+  expect(IR_OP_SUM_TO, 1, a, NULL, NULL, &tb, s, B, tol_of(dt), "sum_to [3,1]", dt);
+  IrType tc = TY(dt, C);   /* fewer dims: [2,3,4] -> [4] */
+  double s2[C] = {0};
+  for (int i = 0; i < N; i++) s2[i % C] += x[i];
+  expect(IR_OP_SUM_TO, 1, a, NULL, NULL, &tc, s2, C, tol_of(dt), "sum_to [4]", dt);
+  free(x);
+  free(y);
+  free(v);
+}
+
+static void test_reductions(IrDtype dt) {
+  enum { A = 3, B = 5, C = 2, N = A * B * C };
+  IrType t = TY(dt, A, B, C);
+  double *x = rand_vec(N, -2, 2, dt), w[N];
+  Arg a[1] = {{t, x}};
+  for (int keep = 0; keep < 2; keep++) {
+    int64_t ia[2] = {1, keep};
+    for (int op = 0; op < 3; op++) {
+      for (int i = 0; i < A; i++)
+        for (int k = 0; k < C; k++) {
+          double acc = op == 2 ? -INFINITY : 0;
+          for (int j = 0; j < B; j++) {
+            double v = x[(i * B + j) * C + k];
+            acc = op == 2 ? (v > acc ? v : acc) : acc + v;
+          }
+          w[i * C + k] = op == 1 ? acc / B : acc;
+        }
+      IrOp ops[3] = {IR_OP_SUM, IR_OP_MEAN, IR_OP_MAX};
+      IrType rt;
+      double *got = run_op(ops[op], 1, a, ia, NULL, NULL, &rt, err, sizeof err);
+      CHECK(got, "%s: %s", ir_ops[ops[op]].name, err);
+      if (!got) continue;
+      CHECK(rt.rank == (keep ? 3 : 2), "%s keepdim=%d gives rank %d", ir_ops[ops[op]].name, keep, rt.rank);
+      cmp(got, w, A * C, tol_of(dt), ir_ops[ops[op]].name, dt);
+      free(got);
+    }
+  }
+  /* axis 0 and the last axis too (sum only) */
+  int64_t ia0[2] = {0, 0}, ia2[2] = {2, 0};
+  for (int j = 0; j < B * C; j++) { w[j] = 0; for (int i = 0; i < A; i++) w[j] += x[i * B * C + j]; }
+  expect(IR_OP_SUM, 1, a, ia0, NULL, NULL, w, B * C, tol_of(dt), "sum axis 0", dt);
+  for (int r = 0; r < A * B; r++) w[r] = x[r * C] + x[r * C + 1];
+  expect(IR_OP_SUM, 1, a, ia2, NULL, NULL, w, A * B, tol_of(dt), "sum axis 2", dt);
+  double ss = 0;
+  for (int i = 0; i < N; i++) ss += x[i] * x[i];
+  expect(IR_OP_SUMSQ, 1, a, NULL, NULL, NULL, &ss, 1, tol_of(dt), "sumsq", dt);
+  free(x);
+}
+
+/* C[b, m, n] = sum_k A[b, m, k] B[b?, k, n], operands stored transposed as asked */
+static void test_matmul(IrDtype dt) {
+  enum { BT = 3, M = 4, K = 5, N = 6 };
+  double *A = rand_vec(BT * M * K, -1, 1, dt), *B = rand_vec(BT * K * N, -1, 1, dt);
+  double As[BT * M * K], Bs[BT * K * N], w[BT * M * N];
+  for (int batched_b = 0; batched_b < 2; batched_b++)
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++) {
+        /* store A as [BT, M, K] or [BT, K, M]; B as [(BT,) K, N] or [(BT,) N, K] */
+        for (int b = 0; b < BT; b++)
+          for (int m = 0; m < M; m++)
+            for (int k = 0; k < K; k++) As[b * M * K + (ta ? k * M + m : m * K + k)] = A[(b * M + m) * K + k];
+        int nbb = batched_b ? BT : 1;
+        for (int b = 0; b < nbb; b++)
+          for (int k = 0; k < K; k++)
+            for (int n = 0; n < N; n++) Bs[b * K * N + (tb ? n * K + k : k * N + n)] = B[(b * K + k) * N + n];
+        for (int b = 0; b < BT; b++)
+          for (int m = 0; m < M; m++)
+            for (int n = 0; n < N; n++) {
+              double s = 0;
+              for (int k = 0; k < K; k++) s += A[(b * M + m) * K + k] * B[((batched_b ? b : 0) * K + k) * N + n];
+              w[(b * M + m) * N + n] = s;
+            }
+        IrType at = ta ? TY(dt, BT, K, M) : TY(dt, BT, M, K);
+        IrType bt = batched_b ? (tb ? TY(dt, BT, N, K) : TY(dt, BT, K, N)) : (tb ? TY(dt, N, K) : TY(dt, K, N));
+        Arg args[2] = {{at, As}, {bt, Bs}};
+        int64_t ia[2] = {ta, tb};
+        char msg[64];
+        snprintf(msg, sizeof msg, "matmul ta=%d tb=%d %s rhs", ta, tb, batched_b ? "batched" : "2-D");
+        expect(IR_OP_MATMUL, 2, args, ia, NULL, NULL, w, BT * M * N, tol_of(dt) * 5, msg, dt);
+      }
+  /* plain 2-D @ 2-D */
+  IrType a2 = TY(dt, M, K), b2 = TY(dt, K, N);
+  Arg args[2] = {{a2, A}, {b2, B}};
+  expect(IR_OP_MATMUL, 2, args, (int64_t[]){0, 0}, NULL, NULL, w, M * N, tol_of(dt) * 5, "matmul 2-D", dt);
+  free(A);
+  free(B);
+}
+
+static void test_softmax_norms(IrDtype dt) {
+  enum { R = 6, D = 7, N = R * D };
+  IrType t = TY(dt, 2, 3, D);
+  double *x = rand_vec(N, -4, 4, dt), *dy = rand_vec(N, -1, 1, dt), w[N], sm[N], ls[N];
+  for (int r = 0; r < R; r++) {
+    double mx = -INFINITY, s = 0;
+    for (int i = 0; i < D; i++) mx = fmax(mx, x[r * D + i]);
+    for (int i = 0; i < D; i++) s += exp(x[r * D + i] - mx);
+    for (int i = 0; i < D; i++) { sm[r * D + i] = exp(x[r * D + i] - mx) / s; ls[r * D + i] = x[r * D + i] - mx - log(s); }
+  }
+  Arg a[1] = {{t, x}};
+  expect(IR_OP_SOFTMAX, 1, a, NULL, NULL, NULL, sm, N, tol_of(dt), "softmax", dt);
+  IrType rt;
+  double *got = run_op(IR_OP_SOFTMAX, 1, a, NULL, NULL, NULL, &rt, err, sizeof err);
+  for (int r = 0; got && r < R; r++) {
+    double s = 0;
+    for (int i = 0; i < D; i++) s += got[r * D + i];
+    CHECK(fabs(s - 1) < tol_of(dt) * 5, "softmax row %d sums to %.10g", r, s);
+  }
+  free(got);
+  expect(IR_OP_LOG_SOFTMAX, 1, a, NULL, NULL, NULL, ls, N, tol_of(dt), "log_softmax", dt);
+  /* backward formulas from ops.def, on rounded y */
+  double *y = ts_xmalloc(N * sizeof *y), *ly = ts_xmalloc(N * sizeof *ly);
+  for (int i = 0; i < N; i++) { y[i] = dt == IR_F32 ? (float)sm[i] : sm[i]; ly[i] = dt == IR_F32 ? (float)ls[i] : ls[i]; }
+  for (int r = 0; r < R; r++) {
+    double s = 0, s2 = 0;
+    for (int i = 0; i < D; i++) { s += dy[r * D + i] * y[r * D + i]; s2 += dy[r * D + i]; }
+    for (int i = 0; i < D; i++) {
+      sm[r * D + i] = y[r * D + i] * (dy[r * D + i] - s);
+      ls[r * D + i] = dy[r * D + i] - exp(ly[r * D + i]) * s2;
+    }
+  }
+  Arg sb[2] = {{t, y}, {t, dy}}, lb[2] = {{t, ly}, {t, dy}};
+  expect(IR_OP_SOFTMAX_BWD, 2, sb, NULL, NULL, NULL, sm, N, tol_of(dt), "softmax_bwd", dt);
+  expect(IR_OP_LOG_SOFTMAX_BWD, 2, lb, NULL, NULL, NULL, ls, N, tol_of(dt), "log_softmax_bwd", dt);
+  free(y);
+  free(ly);
+
+  /* layernorm / rmsnorm forward by hand; backward against finite
+   * differences of L(x) = sum(dy * norm(x)) computed here in double */
+  double eps[1] = {1e-5};
+  for (int rms = 0; rms < 2; rms++) {
+    for (int r = 0; r < R; r++) {
+      const double *xr = x + r * D;
+      double mu = 0, v = 0;
+      for (int i = 0; i < D; i++) mu += xr[i];
+      mu /= D;
+      for (int i = 0; i < D; i++) v += rms ? xr[i] * xr[i] : (xr[i] - mu) * (xr[i] - mu);
+      v /= D;
+      for (int i = 0; i < D; i++) w[r * D + i] = (rms ? xr[i] : xr[i] - mu) / sqrt(v + eps[0]);
+    }
+    IrOp fwd = rms ? IR_OP_RMSNORM : IR_OP_LAYERNORM, bwd = rms ? IR_OP_RMSNORM_BWD : IR_OP_LAYERNORM_BWD;
+    expect(fwd, 1, a, NULL, eps, NULL, w, N, tol_of(dt) * 2, ir_ops[fwd].name, dt);
+    double *xx = ts_xmalloc(N * sizeof *xx);
+    memcpy(xx, x, N * sizeof *xx);
+    for (int j = 0; j < N; j++) {
+      double lp[2];
+      double orig = xx[j];
+      int r = j / D;
+      for (int sgn = 0; sgn < 2; sgn++) {
+        xx[j] = orig + (sgn ? -1e-6 : 1e-6);
+        const double *xr = xx + r * D;
+        double mu = 0, v = 0, L = 0;
+        for (int i = 0; i < D; i++) mu += xr[i];
+        mu /= D;
+        for (int i = 0; i < D; i++) v += rms ? xr[i] * xr[i] : (xr[i] - mu) * (xr[i] - mu);
+        v /= D;
+        for (int i = 0; i < D; i++) L += dy[r * D + i] * (rms ? xr[i] : xr[i] - mu) / sqrt(v + eps[0]);
+        lp[sgn] = L;
+      }
+      xx[j] = orig;
+      w[j] = (lp[0] - lp[1]) / 2e-6;
+    }
+    free(xx);
+    Arg ab[2] = {{t, x}, {t, dy}};
+    expect(bwd, 2, ab, NULL, eps, NULL, w, N, dt == IR_F32 ? 1e-4 : 1e-6, ir_ops[bwd].name, dt);
+  }
+  free(x);
+  free(dy);
+}
+
+static void test_embedding(IrDtype dt) {
+  enum { V = 5, C = 3, B = 2, T = 4 };
+  IrType tt = TY(dt, V, C), it = TY(IR_I32, B, T);
+  double *tab = rand_vec(V * C, -1, 1, dt), ids[B * T] = {0, 4, 2, 2, 1, 0, 4, 4}, w[V * C];
+  double out[B * T * C];
+  for (int i = 0; i < B * T; i++)
+    for (int c = 0; c < C; c++) out[i * C + c] = tab[(int)ids[i] * C + c];
+  Arg a[2] = {{tt, tab}, {it, ids}};
+  expect(IR_OP_EMBEDDING, 2, a, NULL, NULL, NULL, out, B * T * C, 0, "embedding", dt);
+  /* out-of-range ids are refused with a message, for both directions */
+  double bad[B * T] = {0, 1, 5, 0, 0, 0, 0, 0};
+  Arg ab[2] = {{tt, tab}, {it, bad}};
+  IrType rt;
+  double *got = run_op(IR_OP_EMBEDDING, 2, ab, NULL, NULL, NULL, &rt, err, sizeof err);
+  CHECK(!got && strstr(err, "outside"), "embedding with id 5 of 5 should fail, got '%s'", err);
+  free(got);
+  bad[2] = -1;
+  got = run_op(IR_OP_EMBEDDING, 2, ab, NULL, NULL, NULL, &rt, err, sizeof err);
+  CHECK(!got && strstr(err, "outside"), "embedding with id -1 should fail, got '%s'", err);
+  free(got);
+  /* backward: scatter-add of dy rows into [V, C] */
+  IrType dyt = TY(dt, B, T, C);
+  double *dy = rand_vec(B * T * C, -1, 1, dt);
+  memset(w, 0, sizeof w);
+  for (int i = 0; i < B * T; i++)
+    for (int c = 0; c < C; c++) w[(int)ids[i] * C + c] += dy[i * C + c];
+  Arg bb[2] = {{it, ids}, {dyt, dy}};
+  expect(IR_OP_EMBEDDING_BWD, 2, bb, NULL, NULL, &tt, w, V * C, tol_of(dt), "embedding_bwd", dt);
+  Arg bbad[2] = {{it, bad}, {dyt, dy}};
+  got = run_op(IR_OP_EMBEDDING_BWD, 2, bbad, NULL, NULL, &tt, &rt, err, sizeof err);
+  CHECK(!got && strstr(err, "outside"), "embedding_bwd with id -1 should fail, got '%s'", err);
+  free(got);
+  free(tab);
+  free(dy);
+}
+
+static void test_masks(IrDtype dt) {
+  enum { B = 2, R = 3, C = 4, N = B * R * C };
+  IrType t = TY(dt, B, R, C);
+  double *x = rand_vec(N, -1, 1, dt), w[N], fill[1] = {-INFINITY};
+  for (int b = 0; b < B; b++)
+    for (int i = 0; i < R; i++)
+      for (int j = 0; j < C; j++) w[(b * R + i) * C + j] = j > i ? -INFINITY : x[(b * R + i) * C + j];
+  Arg a[1] = {{t, x}};
+  expect(IR_OP_CAUSAL_MASK, 1, a, NULL, fill, NULL, w, N, 0, "causal_mask", dt);
+  double keep[N], f2[1] = {7.5};
+  for (int i = 0; i < N; i++) { keep[i] = (i % 3) != 0; w[i] = keep[i] ? x[i] : 7.5; }
+  Arg am[2] = {{t, x}, {t, keep}};
+  expect(IR_OP_MASKED_FILL, 2, am, NULL, f2, NULL, w, N, 0, "masked_fill", dt);
+  free(x);
+}
+
+static void test_dropout(IrDtype dt) {
+  enum { N = 20000 };
+  IrType t = TY(dt, 100, 200);
+  double *x = rand_vec(N, 0.5, 1.5, dt);
+  Arg a[1] = {{t, x}};
+  int64_t stream[1] = {3};
+  double p[1] = {0.3};
+  IrType rt;
+  double *y1 = run_op(IR_OP_DROPOUT, 1, a, stream, p, NULL, &rt, err, sizeof err);
+  double *y2 = run_op(IR_OP_DROPOUT, 1, a, stream, p, NULL, &rt, err, sizeof err);
+  int64_t stream2[1] = {4};
+  double *y3 = run_op(IR_OP_DROPOUT, 1, a, stream2, p, NULL, &rt, err, sizeof err);
+  CHECK(y1 && y2 && y3, "dropout: %s", err);
+  if (y1 && y2 && y3) {
+    int kept = 0, scaled_ok = 1, same = 1, diff = 0;
+    for (int i = 0; i < N; i++) {
+      if (y1[i] != 0) {
+        kept++;
+        if (fabs(y1[i] - x[i] / 0.7) > tol_of(dt) * 2) scaled_ok = 0;
+      }
+      if (y1[i] != y2[i]) same = 0;
+      if ((y1[i] != 0) != (y3[i] != 0)) diff++;
+    }
+    double frac = (double)kept / N;
+    CHECK(fabs(frac - 0.7) < 0.02, "dropout keep fraction %.4f, expected 0.7", frac);
+    CHECK(scaled_ok, "dropout: kept values are not x / (1 - p)");
+    CHECK(same, "dropout is not reproducible");
+    CHECK(diff > N / 10, "another stream gives nearly the same mask (%d differ)", diff);
+  }
+  free(y1);
+  free(y2);
+  free(y3);
+  double p0[1] = {0};
+  expect(IR_OP_DROPOUT, 1, a, stream, p0, NULL, x, N, 0, "dropout p=0", dt);
+  free(x);
+}
+
+static void test_rope(IrDtype dt) {
+  enum { B = 2, T = 5, H = 3, D = 8, N = B * T * H * D };
+  IrType t = TY(dt, B, T, H, D);
+  double *x = rand_vec(N, -1, 1, dt), w[N], base[1] = {100.0};
+  for (int b = 0; b < B; b++)
+    for (int s = 0; s < T; s++)
+      for (int h = 0; h < H; h++) {
+        const double *xr = x + ((b * T + s) * H + h) * D;
+        double *yr = w + ((b * T + s) * H + h) * D;
+        for (int i = 0; i < D / 2; i++) {
+          double th = s * pow(100.0, -2.0 * i / D);
+          yr[i] = xr[i] * cos(th) - xr[i + D / 2] * sin(th);
+          yr[i + D / 2] = xr[i] * sin(th) + xr[i + D / 2] * cos(th);
+        }
+      }
+  Arg a[1] = {{t, x}};
+  int64_t ia[2] = {1, 0};
+  expect(IR_OP_ROPE, 1, a, ia, base, NULL, w, N, tol_of(dt) * 2, "rope", dt);
+  /* inverse undoes it */
+  double *rw = ts_xmalloc(N * sizeof *rw);
+  for (int i = 0; i < N; i++) rw[i] = dt == IR_F32 ? (float)w[i] : w[i];
+  Arg ai[1] = {{t, rw}};
+  int64_t inv[2] = {1, 1};
+  expect(IR_OP_ROPE, 1, ai, inv, base, NULL, x, N, tol_of(dt) * 4, "rope inverse", dt);
+  free(rw);
+  free(x);
+}
+
+static void test_cross_entropy(IrDtype dt) {
+  enum { B = 2, T = 3, V = 5, R = B * T };
+  IrType lt = TY(dt, B, T, V), tt = TY(IR_I32, B, T), dlt = TY(dt, B, T);
+  double *lg = rand_vec(R * V, -3, 3, dt), tg[R] = {0, 4, -1, 2, 2, 1}, w[R * V];
+  for (int r = 0; r < R; r++) {
+    if (tg[r] == -1) { w[r] = 0; continue; }
+    double s = 0;
+    for (int i = 0; i < V; i++) s += exp(lg[r * V + i]);
+    w[r] = log(s) - lg[r * V + (int)tg[r]];
+  }
+  Arg a[2] = {{lt, lg}, {tt, tg}};
+  int64_t ign[1] = {-1};
+  expect(IR_OP_CROSS_ENTROPY, 2, a, ign, NULL, NULL, w, R, tol_of(dt), "cross_entropy", dt);
+  /* a target outside [0, V) that is not `ignore` is an error */
+  double bad[R] = {0, 5, 0, 0, 0, 0};
+  Arg ab[2] = {{lt, lg}, {tt, bad}};
+  IrType rt;
+  double *got = run_op(IR_OP_CROSS_ENTROPY, 2, ab, ign, NULL, NULL, &rt, err, sizeof err);
+  CHECK(!got && strstr(err, "target 5"), "cross_entropy with target 5 of 5 should fail, got '%s'", err);
+  free(got);
+  /* with ignore = 4 the 4 is ignored and the -1 is refused */
+  int64_t ign4[1] = {4};
+  got = run_op(IR_OP_CROSS_ENTROPY, 2, a, ign4, NULL, NULL, &rt, err, sizeof err);
+  CHECK(!got && strstr(err, "target -1"), "cross_entropy with target -1 (ignore 4) should fail, got '%s'", err);
+  free(got);
+  /* backward vs finite differences of sum(dl * ce) */
+  double *dl = rand_vec(R, 0.5, 1.5, dt);
+  for (int r = 0; r < R; r++)
+    for (int i = 0; i < V; i++) {
+      if (tg[r] == -1) { w[r * V + i] = 0; continue; }
+      double f[2];
+      for (int sgn = 0; sgn < 2; sgn++) {
+        double s = 0;
+        for (int j = 0; j < V; j++) s += exp(lg[r * V + j] + (j == i ? (sgn ? -1e-6 : 1e-6) : 0));
+        f[sgn] = log(s) - (lg[r * V + (int)tg[r]] + ((int)tg[r] == i ? (sgn ? -1e-6 : 1e-6) : 0));
+      }
+      w[r * V + i] = dl[r] * (f[0] - f[1]) / 2e-6;
+    }
+  Arg abw[3] = {{lt, lg}, {tt, tg}, {dlt, dl}};
+  expect(IR_OP_CROSS_ENTROPY_BWD, 3, abw, ign, NULL, NULL, w, R * V, dt == IR_F32 ? 1e-4 : 1e-7, "cross_entropy_bwd", dt);
+  free(lg);
+  free(dl);
+}
+
+static void test_clip(IrDtype dt) {
+  IrType t = scalar_ty(dt);
+  double mx[1] = {1.0};
+  double n1[1] = {4.0}, n2[1] = {0.25}, w1 = 1.0 / (4.0 + 1e-6), w2 = 1.0;
+  Arg a1[1] = {{t, n1}}, a2[1] = {{t, n2}};
+  expect(IR_OP_CLIP_COEF, 1, a1, NULL, mx, NULL, &w1, 1, tol_of(dt), "clip_coef large norm", dt);
+  expect(IR_OP_CLIP_COEF, 1, a2, NULL, mx, NULL, &w2, 1, tol_of(dt), "clip_coef small norm", dt);
+}
+
+int main(void) {
+  for (int d = 0; d < NT; d++) {
+    IrDtype dt = DTS[d];
+    test_elementwise(dt);
+    test_typed_ew(dt);
+    test_layout(dt);
+    test_reductions(dt);
+    test_matmul(dt);
+    test_softmax_norms(dt);
+    test_embedding(dt);
+    test_masks(dt);
+    test_dropout(dt);
+    test_rope(dt);
+    test_cross_entropy(dt);
+    test_clip(dt);
+  }
+  return test_summary("test_rt_ops");
+}
