@@ -243,6 +243,12 @@ static void test_refusals(void) {
   /* a broken text plan names file and line */
   expect_refusal(path, "tessera-plan 1\nmesh dp=1 pp=1\n", 30, "~bad.plan:2: error: expected 'mesh");
   expect_refusal(path, "tessera-plan 9\n", 15, "~has format version 9");
+  /* errors inside a program carry the line number within the whole file */
+  static const char bad_module[] = "tessera-plan 1\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"\"\nranks 1\n"
+                                   "rank 0 program 0\n# a comment\n\nprogram 0\nmodule x\nbogus line\n";
+  expect_refusal(path, bad_module, sizeof bad_module - 1, "~bad.plan:10:");
+  static const char bad_rank[] = "tessera-plan 1\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"\"\nranks 1\nrank 0 program 3\n";
+  expect_refusal(path, bad_rank, sizeof bad_rank - 1, "~no programs");
   sb_free(&b);
   sb_free(&bin);
 }
