@@ -419,7 +419,8 @@ static void differentiate(Ad *a, int loss, int n_micro) {
   IrModule *m = a->m;
   IrType lt = ty(a, loss);
   double seed = 1.0 / (double)n_micro;
-  a->grad[loss] = em(a, IR_OP_FULL, NULL, 0, NULL, &seed, &lt);
+  if (a->need[loss])   /* else no parameter influences the loss: nothing to do */
+    a->grad[loss] = em(a, IR_OP_FULL, NULL, 0, NULL, &seed, &lt);
   for (int i = loss; i >= 0 && !a->failed; i--) {
     int g = a->grad[i];
     if (g < 0 || !a->need[i]) continue;

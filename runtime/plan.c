@@ -820,8 +820,9 @@ RtPlan *rt_plan_parse_text(const char *text, const char *fname, char *err, size_
   int version = parse_int(line + 13, &e);
   if (version < 1 || *e) { tx_fail(&t, "bad plan version '%s'", line + 13); goto bad; }
   if (version > RT_PLAN_VERSION) {
-    tx_fail(&t, "plan has format version %d; this mrun reads up to version %d: rebuild mrun or recompile the plan",
-            version, RT_PLAN_VERSION);
+    /* the same words as for a binary plan */
+    fail(err, errlen, "plan '%s' has format version %d; this mrun reads up to version %d: rebuild mrun or recompile the plan",
+         t.fname, version, RT_PLAN_VERSION);
     goto bad;
   }
   p->version = (uint32_t)version;

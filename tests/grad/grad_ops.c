@@ -520,8 +520,42 @@ static int check_coverage(void) {
   return missing;
 }
 
+/* Modules autodiff must refuse, each with a message naming the problem,
+ * leaving the module unchanged. */
+static int check_errors(void) {
+  static const struct { const char *what, *expect; } errs[] = {
+    {"no forward block", "no block \"forward\""},
+    {"no loss output", "no `output \"loss\"`"},
+    {"loss reported twice", "twice"},
+    {"global_batch 3, micro_batch 2", "not a positive multiple"},
+  };
+  int fails = 0;
+  for (int e = 0; e < 4; e++) {
+    Cx c;
+    memset(&c, 0, sizeof c);
+    c.m = ir_module_new("errors");
+    c.m->train.precision = IR_F64;
+    c.b = ir_block_add(c.m, e == 0 ? "main" : "forward");
+    int x = E1(&c, IR_OP_SUMSQ, param(&c, T(1, 3), D_NORMAL));
+    if (e != 1) E(&c, IR_OP_OUTPUT, 1, &x, NULL, NULL, "loss", NULL);
+    if (e == 2) E(&c, IR_OP_OUTPUT, 1, &x, NULL, NULL, "loss", NULL);
+    if (e == 3) c.m->train.global_batch = 3, c.m->train.micro_batch = 2;
+    PassCtx cx;
+    memset(&cx, 0, sizeof cx);
+    arena_init(&cx.scratch);
+    int nb = c.m->blocks.n, ns = c.m->states.n;
+    int rc = pass_autodiff(c.m, &cx);
+    int ok = rc != 0 && strstr(cx.err, errs[e].expect) && c.m->blocks.n == nb && c.m->states.n == ns;
+    printf("%-4s error: %-30s %s\n", ok ? "ok" : "FAIL", errs[e].what, rc ? cx.err : "(accepted)");
+    fails += !ok;
+    arena_free(&cx.scratch);
+    ir_module_free(c.m);
+  }
+  return fails;
+}
+
 int main(int argc, char **argv) {
-  int fails = check_coverage();
+  int fails = check_coverage() + check_errors();
   for (int i = 0; i < NCASES; i++)
     if (argc < 2 || strstr(cases[i].name, argv[1])) fails += run_case(&cases[i]);
   printf("%s: %d failure(s)\n", fails ? "FAILED" : "PASSED", fails);
