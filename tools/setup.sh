@@ -36,8 +36,10 @@ trap 'rm -f "$log"' EXIT
 run() {
   local label=$1; shift
   if ! "$@" >"$log" 2>&1 </dev/null; then
-    echo "setup: $label failed:" >&2
-    tail -n 60 "$log" >&2
+    echo "setup: $label failed; the first errors, then the end of its output:" >&2
+    grep -E -m 20 "error|Error|E: " "$log" >&2 || true
+    echo "..." >&2
+    tail -n 30 "$log" >&2
     exit 1
   fi
 }
