@@ -226,6 +226,13 @@ static int check_single_rank(const IrModule *m) {
 static int write_plan(const Args *a, IrModule *m, int *owned) {
   RtPlan *p = rt_plan_new();
   p->source = ts_intern(a->input);
+  /* The mesh follows the module's parallel settings (0 = unset = 1); data
+   * parallelism is whatever ranks remain, and there is one rank for now. */
+  p->mesh.tp = m->par.tp > 1 ? m->par.tp : 1;
+  p->mesh.pp = m->par.pp > 1 ? m->par.pp : 1;
+  p->mesh.cp = m->par.cp > 1 ? m->par.cp : 1;
+  p->mesh.ep = m->par.ep > 1 ? m->par.ep : 1;
+  p->mesh.dp = 1;
   p->nprograms = 1;
   p->programs = ts_xmalloc(sizeof *p->programs);
   p->programs[0] = m;
