@@ -171,8 +171,7 @@ static IrModule *compile(const char *src, size_t len, const char *fname, const M
     int rc = load_imports(&dr, main);
     if (!main->model) {
       MdlLoc at = { main->file, 1, 1 };
-      mdl_error(&dr.diag, at, "no model in '%s': the main file must declare exactly one 'model'",
-                main->file);
+      mdl_error(&dr.diag, at, "no model: the main file must declare exactly one 'model'");
       rc = -1;
     }
     if (rc == 0 && dr.diag.nerrors == 0)

@@ -117,8 +117,8 @@ static void yyerror(MDL_YYLTYPE *l, MdlParseState *P, const char *msg);
 %left '*' '/' FLOORDIV '%' '@'
 
 %type <expr> expr unary init_arg postfix primary param dim sub
-%type <seq> exprs args args_opt dims dims_opt subs decls decls_opt stmts stmt_body block
-%type <seq> kvs kv_body names
+%type <seq> exprs args args_opt dims dims_opt subs decls decls_opt stmt_lines stmt_body block
+%type <seq> kv_lines kv_body names
 %type <stmt> stmt if_stmt
 %type <decl> decl type
 %type <arg> arg
@@ -128,18 +128,20 @@ static void yyerror(MDL_YYLTYPE *l, MdlParseState *P, const char *msg);
 
 %%
 
+/* Lists of items, entries and statements all have the shape
+ *   lines := (sep | X sep)*        list := lines | lines X
+ * (X needs a separator after it unless it is the last).  The empty `lines`
+ * is reduced before any token is read, so a syntax error in the very
+ * first X still finds the X-level `error` rule (important with LAC). */
 program
-  : seps_opt
-  | seps_opt items seps_opt
+  : top_lines
+  | top_lines item
   ;
-
-items
-  : item
-  | items seps item
+top_lines
+  : %empty
+  | top_lines sep
+  | top_lines item sep
   ;
-
-seps    : sep | seps sep ;
-seps_opt: %empty | seps ;
 sep     : NL | ';' ;
 
 item
@@ -178,16 +180,18 @@ item
       else { g->model = mk_func(P, 1, $2, @2, $4, $6); g->model_loc = L(P, @1); }
     }
   | error
+  | error block              /* skip a whole { ... } after a bad header */
   ;
 
 /* ---- config / train / parallel: NAME = expr entries ---- */
 kv_body
-  : seps_opt                 { $$ = seq_new(P); }
-  | seps_opt kvs seps_opt    { $$ = $2; }
+  : kv_lines                 { $$ = $1; }
+  | kv_lines kv              { $$ = seq_push(P, $1, $2); }
   ;
-kvs
-  : kv                       { $$ = seq_push(P, seq_new(P), $1); }
-  | kvs seps kv              { $$ = seq_push(P, $1, $3); }
+kv_lines
+  : %empty                   { $$ = seq_new(P); }
+  | kv_lines sep             { $$ = $1; }
+  | kv_lines kv sep          { $$ = seq_push(P, $1, $2); }
   ;
 kv
   : NAME '=' expr            { $$ = mk_kv(P, $1, @1, $3); }
@@ -196,15 +200,15 @@ kv
 
 /* ---- rules { dim: axis, ... }: commas or line ends between rules ---- */
 rule_body
-  : seps_opt
-  | seps_opt rules rule_trail
+  : rule_lines
+  | rule_lines rule
   ;
-rules
-  : rule
-  | rules rule_sep rule
+rule_lines
+  : %empty
+  | rule_lines sep
+  | rule_lines rule sep
+  | rule_lines rule ','
   ;
-rule_sep  : ',' seps_opt | seps ;
-rule_trail: seps_opt | ',' seps_opt ;
 rule
   : NAME ':' NAME {
       MdlProgram *g = P->prog;
@@ -240,13 +244,14 @@ type
   | KW_STR                   { $$ = arena_alloc(P->arena, sizeof *$$); $$->type = MDL_T_STR; }
   | FN                       { $$ = arena_alloc(P->arena, sizeof *$$); $$->type = MDL_T_FN; }
   | dtype '[' dims_opt ']'   {
-      $$ = arena_alloc(P->arena, sizeof *$$); $$->type = MDL_T_TENSOR; $$->dtype = $1;
+      $$ = arena_alloc(P->arena, sizeof *$$); $$->type = MDL_T_TENSOR;
+      $$->dtype = $1 ? check_dtype(P, $1, @1) : NULL;
       $$->dims = (MdlExpr **)$3->a; $$->ndims = $3->n;
     }
   ;
 dtype
   : %empty                   { $$ = NULL; }
-  | NAME                     { $$ = check_dtype(P, $1, @1); }
+  | NAME                     { $$ = $1; }   /* checked by the user: `x: foo` is a type error only once */
   ;
 
 /* ---- shapes: [batch=micro_batch, seq, ..., heads * 2] ---- */
@@ -270,12 +275,13 @@ block
   : '{' stmt_body '}'        { $$ = $2; }
   ;
 stmt_body
-  : seps_opt                 { $$ = seq_new(P); }
-  | seps_opt stmts seps_opt  { $$ = $2; }
+  : stmt_lines               { $$ = $1; }
+  | stmt_lines stmt          { $$ = seq_push(P, $1, $2); }
   ;
-stmts
-  : stmt                     { $$ = seq_push(P, seq_new(P), $1); }
-  | stmts seps stmt          { $$ = seq_push(P, $1, $3); }
+stmt_lines
+  : %empty                   { $$ = seq_new(P); }
+  | stmt_lines sep           { $$ = $1; }
+  | stmt_lines stmt sep      { $$ = seq_push(P, $1, $2); }
   ;
 stmt
   : names '=' expr {
@@ -298,6 +304,7 @@ stmt
   | REPEAT expr AS NAME block { $$ = mk_stmt(P, MDL_S_REPEAT, @1); $$->value = $2; $$->as = $4; stmt_body(P, $$, $5); }
   | expr                     { $$ = mk_stmt(P, MDL_S_EXPR, @1); $$->value = $1; }
   | error                    { $$ = NULL; }
+  | error block              { $$ = NULL; }   /* e.g. `else {` on its own line: skip the block */
   ;
 /* Assignment targets; kept as NAME exprs for their locations. */
 names
@@ -376,7 +383,7 @@ exprs
 param
   : PARAM dtype '[' dims_opt ']' popts {
       $$ = mk_items(P, MDL_E_PARAM, $4, @1);
-      $$->str = $2; $$->a = $6.init; $$->ival = $6.flags;
+      $$->str = $2 ? check_dtype(P, $2, @2) : NULL; $$->a = $6.init; $$->ival = $6.flags;
     }
   ;
 popts
@@ -661,6 +668,23 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, MdlParseState *P) {
     perr(P, at, "unexpected %s (nothing to close)", found);
     return 0;
   }
+  /* An item keyword inside a block: the block above it was not closed. */
+  if ((la == YYSYMBOL_MODEL || la == YYSYMBOL_FN || la == YYSYMBOL_CONFIG || la == YYSYMBOL_IMPORT ||
+       la == YYSYMBOL_RULES || la == YYSYMBOL_TRAIN || la == YYSYMBOL_PARALLEL) && P->brackets.n > 0 &&
+      !(la == YYSYMBOL_FN && P->prev_tok == ':')) {
+    const MdlBracket *b = &P->brackets.a[P->brackets.n - 1];
+    perr(P, at, "expected '%c' to close %s opened at %d:%d, found %s", closer_of(b->ch),
+         bracket_owner(b, ob, sizeof ob), b->line, b->col, found);
+    return 0;
+  }
+  if (la == YYTRANSLATE('=') && P->prev_tok >= T_IMPORT && P->prev_tok <= T_KW_STR) {
+    perr(P, at, "'%s' is a keyword and cannot be assigned to; choose another name", P->prev_text);
+    return 0;
+  }
+  if (P->prev_tok == T_PARAM) {
+    perr(P, at, "expected a shape after 'param', such as [embed] or f32[vocab, embed], found %s", found);
+    return 0;
+  }
   if (la == YYSYMBOL_ELSE && P->prev_tok == T_NL) {
     perr(P, at, "'else' must be on the same line as the '}' that closes its 'if'");
     return 0;
@@ -686,6 +710,17 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, MdlParseState *P) {
          found);
     return 0;
   }
+  if (has[YYSYMBOL_IMPORT] && has[YYSYMBOL_MODEL]) {
+    perr(P, at, "expected an item ('import', 'config', 'rules', 'train', 'parallel', 'fn' or 'model'), "
+         "found %s", found);
+    return 0;
+  }
+  int cmp = la == YYTRANSLATE('<') || la == YYTRANSLATE('>') || la == YYSYMBOL_LE || la == YYSYMBOL_GE ||
+            la == YYSYMBOL_EQ || la == YYSYMBOL_NE;
+  if (cmp && has[YYTRANSLATE('+')]) {
+    perr(P, at, "comparisons do not chain: write 'a < b and b < c' instead of 'a < b < c'");
+    return 0;
+  }
   /* After a complete expression every operator could follow; listing them
    * helps nobody, so keep only the other tokens. */
   if (has[YYTRANSLATE('+')]) {
@@ -696,6 +731,16 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, MdlParseState *P) {
   }
   int m = 0;
   yysymbol_kind_t keep[YYNTOKENS];
+  /* Only a statement end fits: the statement is complete. */
+  int only_end = has[YYSYMBOL_NL];
+  for (int i = 0; i < n; i++)
+    if (has[exp[i]] && exp[i] != YYSYMBOL_NL && exp[i] != YYTRANSLATE(';') && exp[i] != YYTRANSLATE('}') &&
+        exp[i] != YYSYMBOL_YYEOF)
+      only_end = 0;
+  if (only_end) {
+    perr(P, at, "expected the end of the statement (a new line or ';'), found %s", found);
+    return 0;
+  }
   for (int i = 0; i < n; i++) if (has[exp[i]]) keep[m++] = exp[i];
   if (m >= 1 && m <= 4) {
     char msg[400] = "expected ";
@@ -706,7 +751,7 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, MdlParseState *P) {
       strcat(msg, d);
     }
     /* Say which bracket the expected closer would close. */
-    if (P->brackets.n > 0) {
+    if (P->brackets.n > 0 && P->brackets.a[P->brackets.n - 1].ch != '{') {
       const MdlBracket *b = &P->brackets.a[P->brackets.n - 1];
       if (has[YYTRANSLATE((unsigned char)closer_of(b->ch))]) {
         size_t len = strlen(msg);
@@ -726,7 +771,7 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, MdlParseState *P) {
 }
 
 /* ---- limits on nesting, so later recursive stages cannot overflow ---- */
-enum { MDL_MAX_EXPR_DEPTH = 200, MDL_MAX_BLOCK_DEPTH = 64 };
+enum { MDL_MAX_EXPR_DEPTH = 256, MDL_MAX_BLOCK_DEPTH = 64 };
 
 static int check_expr(MdlParseState *P, const MdlExpr *e, int depth) {
   if (!e) return 0;
