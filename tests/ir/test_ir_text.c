@@ -369,6 +369,52 @@ static void test_docs_table(void) {
   sb_free(&md);
 }
 
+/* Small helpers: defaults, dtypes, type text and comparisons, op lookup. */
+static void test_basics(void) {
+  IrTrain t;
+  ir_train_defaults(&t);
+  CHECK(t.lr == 3e-4 && t.beta1 == 0.9 && t.beta2 == 0.95 && t.eps == 1e-8 && t.weight_decay == 0.0 &&
+        t.schedule == IR_SCHED_CONSTANT && t.warmup == 0 && t.decay_steps == 0 && t.min_lr == 0.0 &&
+        t.clip_grad == 0.0 && t.global_batch == 1 && t.micro_batch == 1 && t.seq_len == 0 && t.steps == 100 &&
+        t.seed == 1234 && t.precision == IR_F32, "train defaults");
+  CHECK(ir_dtype_lookup("f64") == IR_F64 && ir_dtype_lookup("void") == IR_VOID && ir_dtype_lookup("f16") == -1,
+        "dtype lookup");
+  CHECK(strcmp(ir_dtype_name(IR_I32), "i32") == 0 && ir_dtype_size(IR_F64) == 8 && ir_dtype_size(IR_I32) == 4,
+        "dtype names/sizes");
+  CHECK(ir_op_lookup("matmul") == IR_OP_MATMUL && ir_op_lookup("cross_entropy_bwd") == IR_OP_CROSS_ENTROPY_BWD &&
+        ir_op_lookup("nope") == -1, "op lookup");
+  char buf[128];
+  IrType a = {IR_F32, 3, {4, 64, 768}, {ts_intern("batch"), ts_intern("seq"), NULL}};
+  CHECK(strcmp(ir_type_str(&a, buf, sizeof buf), "f32[batch:4, seq:64, 768]") == 0, "type_str '%s'", buf);
+  IrType s = {IR_F64, 0, {0}, {0}};
+  CHECK(strcmp(ir_type_str(&s, buf, sizeof buf), "f64[]") == 0, "scalar type_str '%s'", buf);
+  CHECK(strlen(ir_type_str(&a, buf, 8)) == 7, "type_str truncates");
+  IrType b = a;
+  b.dname[0] = NULL;
+  CHECK(ir_type_same_shape(&a, &b) && !ir_type_equal(&a, &b) && ir_type_equal(&a, &a), "type comparisons");
+  b.dim[2] = 767;
+  CHECK(!ir_type_same_shape(&a, &b) && ir_type_numel(&a) == 4 * 64 * 768 && ir_type_numel(&s) == 1, "numel");
+  CHECK(strcmp(ir_state_kind_name(IR_STATE_ADAM_V), "adam_v") == 0 &&
+        strcmp(ir_init_kind_name(IR_INIT_UNIFORM), "uniform") == 0 &&
+        strcmp(ir_schedule_name(IR_SCHED_LINEAR), "linear") == 0, "enum names");
+  IrModule *m = ir_module_new("x");
+  int b0 = ir_block_add(m, "forward"), b1 = ir_block_add(m, "update");
+  IrState st = {.name = "a.b", .type = {IR_F32, 1, {3}, {0}}, .kind = IR_STATE_PARAM, .of = -1};
+  int s0 = ir_state_add(m, &st);
+  CHECK(b0 == 0 && b1 == 1 && ir_block_find(m, "update") == 1 && ir_block_find(m, "x") == -1, "blocks");
+  CHECK(s0 == 0 && ir_state_find(m, "a.b") == 0 && ir_state_find(m, "a") == -1 && m->states.a[0].name == ts_intern("a.b"),
+        "states");
+  StrBuf line = {0};
+  int in = ir_emit(m, b0, IR_OP_STATE, NULL, 0, (int64_t[]){0}, NULL, NULL, &st.type, buf, sizeof buf);
+  ir_emit(m, b0, IR_OP_ACCUM, &in, 1, (int64_t[]){0}, NULL, NULL, NULL, buf, sizeof buf);
+  ir_print_node(m, &m->blocks.a[b0], 0, &line);
+  sb_puts(&line, "|");
+  ir_print_node(m, &m->blocks.a[b0], 1, &line);
+  CHECK(strcmp(line.p, "%0 = state @a.b : f32[3]|accum %0 @a.b") == 0, "print_node '%s'", line.p);
+  sb_free(&line);
+  ir_module_free(m);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], "--print-op-table") == 0) {   /* to regenerate docs/ir.md */
     StrBuf md = {0};
@@ -377,6 +423,7 @@ int main(int argc, char **argv) {
     sb_free(&md);
     return 0;
   }
+  test_basics();
   test_all_ops_roundtrip();
   test_emit_roundtrip();
   test_parse_errors();
