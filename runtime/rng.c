@@ -37,7 +37,16 @@ uint64_t rt_hash_words(const uint64_t *w, int n) {
   return h;
 }
 
-uint64_t rt_name_hash(const char *name) { return ts_hash64(name, strlen(name), 0); }
+/* Standard FNV-1a, spelled out here (not util's ts_hash64) so the init
+ * formula cannot drift with a helper that serves other purposes. */
+uint64_t rt_name_hash(const char *name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const unsigned char *c = (const unsigned char *)name; *c; c++) {
+    h ^= *c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
 
 static double init_u(uint64_t seed, uint64_t nh, int64_t i, uint64_t draw) {
   uint64_t w[5] = {RT_RNG_INIT, seed, nh, (uint64_t)i, draw};

@@ -12,12 +12,13 @@ static int g_fails, g_checks;
 #define CHECK(c, ...) do { g_checks++; if (!(c)) { g_fails++;                 \
     fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                       \
     fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
-/* |a - b| <= tol * max(1, |b|) */
+/* |a - b| <= tol * max(1, |b|); the message is printf-style */
 #define CHECK_NEAR(a, b, tol, ...) do { double a_ = (a), b_ = (b);              \
-    CHECK(fabs(a_ - b_) <= (tol) * (fabs(b_) > 1 ? fabs(b_) : 1) || (isnan(a_) && isnan(b_)) || (a_ == b_), \
-          "%s = %.10g, expected %.10g: " __VA_ARGS__ ""); } while (0)
+    int ok_ = fabs(a_ - b_) <= (tol) * (fabs(b_) > 1 ? fabs(b_) : 1) || a_ == b_; \
+    CHECK(ok_, __VA_ARGS__);                                                     \
+    if (!ok_) fprintf(stderr, "    got %.12g, expected %.12g\n", a_, b_); } while (0)
 
-static int test_summary(const char *name) {
+static inline int test_summary(const char *name) {
   if (g_fails) fprintf(stderr, "%s: %d of %d checks FAILED\n", name, g_fails, g_checks);
   else printf("%s: all %d checks passed\n", name, g_checks);
   return g_fails ? 1 : 0;
@@ -25,7 +26,7 @@ static int test_summary(const char *name) {
 
 /* splitmix-style generator for test inputs (independent of rng.c) */
 static uint64_t g_rs = 12345;
-static double trand(void) {   /* uniform in [-1, 1) */
+static inline double trand(void) {   /* uniform in [-1, 1) */
   uint64_t z = (g_rs += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -33,7 +34,7 @@ static double trand(void) {   /* uniform in [-1, 1) */
   return (double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0;
 }
 
-static IrType mkty(IrDtype dt, int rank, const int64_t *dims) {
+static inline IrType mkty(IrDtype dt, int rank, const int64_t *dims) {
   IrType t;
   memset(&t, 0, sizeof t);
   t.dtype = dt;
@@ -42,10 +43,10 @@ static IrType mkty(IrDtype dt, int rank, const int64_t *dims) {
   return t;
 }
 #define TY(dt, ...) mkty(dt, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__})
-static IrType scalar_ty(IrDtype dt) { IrType t; memset(&t, 0, sizeof t); t.dtype = dt; return t; }
+static inline IrType scalar_ty(IrDtype dt) { IrType t; memset(&t, 0, sizeof t); t.dtype = dt; return t; }
 
 /* Converts n doubles to a buffer of dtype dt (malloc'd). */
-static void *to_dtype(const double *v, int64_t n, IrDtype dt) {
+static inline void *to_dtype(const double *v, int64_t n, IrDtype dt) {
   void *p = ts_xmalloc((size_t)(n ? n : 1) * 8);
   for (int64_t i = 0; i < n; i++) {
     if (dt == IR_F32) ((float *)p)[i] = (float)v[i];
@@ -54,7 +55,7 @@ static void *to_dtype(const double *v, int64_t n, IrDtype dt) {
   }
   return p;
 }
-static double *from_dtype(const void *p, int64_t n, IrDtype dt) {
+static inline double *from_dtype(const void *p, int64_t n, IrDtype dt) {
   double *v = ts_xmalloc((size_t)(n ? n : 1) * sizeof *v);
   for (int64_t i = 0; i < n; i++)
     v[i] = dt == IR_F32 ? ((const float *)p)[i] : dt == IR_F64 ? ((const double *)p)[i] : ((const int32_t *)p)[i];
@@ -68,7 +69,7 @@ typedef struct { IrType t; const double *v; } Arg;
  * in *rt, or NULL with the message in err (emit or run failure).  A result
  * of an integer dtype is cast to f64 inside the module first (accum needs a
  * float state). */
-static double *run_op(IrOp op, int nin, const Arg *args, const int64_t *ia, const double *fa,
+static inline double *run_op(IrOp op, int nin, const Arg *args, const int64_t *ia, const double *fa,
                       const IrType *typed, IrType *rt, char *err, size_t errlen) {
   IrModule *m = ir_module_new("t");
   int b = ir_block_add(m, "forward");
@@ -119,7 +120,7 @@ static double *run_op(IrOp op, int nin, const Arg *args, const int64_t *ia, cons
 
 /* A fresh array of n test values in [lo, hi), rounded to dtype dt so the
  * test's double reference sees exactly what the kernel sees. */
-static double *rand_vec(int64_t n, double lo, double hi, IrDtype dt) {
+static inline double *rand_vec(int64_t n, double lo, double hi, IrDtype dt) {
   double *v = ts_xmalloc((size_t)(n ? n : 1) * sizeof *v);
   for (int64_t i = 0; i < n; i++) {
     v[i] = lo + (hi - lo) * (trand() + 1) / 2;
@@ -128,6 +129,6 @@ static double *rand_vec(int64_t n, double lo, double hi, IrDtype dt) {
   return v;
 }
 /* Comparison tolerance for results of dtype dt. */
-static double tol_of(IrDtype dt) { return dt == IR_F32 ? 2e-5 : 1e-11; }
+static inline double tol_of(IrDtype dt) { return dt == IR_F32 ? 2e-5 : 1e-11; }
 
 #endif
