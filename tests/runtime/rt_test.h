@@ -76,7 +76,7 @@ static inline double *run_op(IrOp op, int nin, const Arg *args, const int64_t *i
   int ids[16];
   RtFeed feeds[16];
   void *bufs[16];
-  char names[16][8];
+  char names[16][16];
   double *res = NULL;
   for (int i = 0; i < nin; i++) {
     snprintf(names[i], sizeof names[i], "x%d", i);
