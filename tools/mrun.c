@@ -144,6 +144,12 @@ int main(int argc, char **argv) {
     goto out;
   }
   IrModule *m = plan->programs[plan->rank_program[0]];
+  /* a plan from another build or edited by hand: refuse it with the
+   * verifier's message rather than fail somewhere inside a kernel */
+  if (ir_verify(m, err, sizeof err) != 0) {
+    fprintf(stderr, "mrun: %s: rank 0's program is invalid: %s\n", a.plan, err);
+    goto out;
+  }
   if (a.steps >= 0) m->train.steps = a.steps;   /* decay_steps 0 follows it */
   if (a.has_seed) m->train.seed = a.seed;
   RtTrainOpts o = {a.data, a.metrics, a.quiet, stdout};

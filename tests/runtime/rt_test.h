@@ -69,6 +69,9 @@ typedef struct { IrType t; const double *v; } Arg;
  * in *rt, or NULL with the message in err (emit or run failure).  A result
  * of an integer dtype is cast to f64 inside the module first (accum needs a
  * float state). */
+/* Which ops run_op has exercised (test_rt_ops checks that every op was). */
+static unsigned char g_covered[IR_OP_COUNT];
+
 static inline double *run_op(IrOp op, int nin, const Arg *args, const int64_t *ia, const double *fa,
                       const IrType *typed, IrType *rt, char *err, size_t errlen) {
   IrModule *m = ir_module_new("t");
@@ -85,6 +88,7 @@ static inline double *run_op(IrOp op, int nin, const Arg *args, const int64_t *i
     bufs[i] = to_dtype(args[i].v, ir_type_numel(&args[i].t), args[i].t.dtype);
     feeds[i] = (RtFeed){names[i], bufs[i]};
   }
+  g_covered[op] = g_covered[IR_OP_INPUT] = g_covered[IR_OP_ACCUM] = 1;
   int r = ir_emit(m, b, op, ids, nin, ia, fa, NULL, typed, err, errlen);
   RtProgram *p = NULL;
   if (r >= 0) {

@@ -522,5 +522,13 @@ int main(void) {
     test_cross_entropy(dt);
     test_clip(dt);
   }
+  /* every op of ops.def has a kernel test here, except those that need
+   * state or a whole block and are tested in test_rt_exec.c */
+  static const IrOp elsewhere[] = {IR_OP_STATE, IR_OP_ZERO, IR_OP_ADAMW, IR_OP_OUTPUT};
+  for (int op = 0; op < IR_OP_COUNT; op++) {
+    int skip = 0;
+    for (size_t i = 0; i < sizeof elsewhere / sizeof *elsewhere; i++) skip |= elsewhere[i] == (IrOp)op;
+    CHECK(skip || g_covered[op], "op %s has no kernel test", ir_ops[op].name);
+  }
   return test_summary("test_rt_ops");
 }
