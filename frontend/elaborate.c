@@ -1,10 +1,1370 @@
-/* elaborate.c - evaluates a parsed MDL program into IR (placeholder; the
- * real elaborator lands in the next commits). */
-#include "frontend/elab.h"
+/* elaborate.c - evaluates a parsed MDL program into IR (mdl_elaborate).
+ *
+ * The elaborator is a tree-walking interpreter: config constants, the train
+ * and parallel blocks and all int/float arithmetic are computed here; every
+ * tensor operation emits an IR node into the single block "forward".  fn
+ * calls are inlined (a fresh scope per call) and `repeat` is unrolled, so
+ * the IR has no control flow and no symbolic sizes.  The language is
+ * defined in docs/mdl.md ("Semantics and builtins"); the samples and
+ * stdlib/nn.mdl use all of it.
+ *
+ * Scopes: the config block is one scope; the model body sees it and its
+ * own arguments; a fn body sees only its arguments.  Assignments inside
+ * `if` and `repeat` bodies write the enclosing scope (like Python).
+ * Names that are not variables resolve to imported modules, then the fns
+ * of the current module, then builtins (inside fn f, `f` is the builtin f
+ * if there is one, so nn.layernorm can call the layernorm builtin).
+ *
+ * Parameter names are dotted paths built from naming scopes (ElabNaming):
+ * one component per repeat iteration ("layers.3"), one per fn call
+ * ("attention", then "attention_1" for a second call in the same scope
+ * instance), then the variable the param is assigned to ("wq"). */
+#include "elab_priv.h"
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+
+/* ---- values ---- */
+Value elab_err(void) { Value v; memset(&v, 0, sizeof v); v.k = V_ERR; return v; }
+static Value mk(VKind k, MdlLoc loc) { Value v; memset(&v, 0, sizeof v); v.k = k; v.loc = loc; return v; }
+Value elab_int(int64_t i, MdlLoc loc) { Value v = mk(V_INT, loc); v.i = i; return v; }
+Value elab_float(double f, MdlLoc loc) { Value v = mk(V_FLOAT, loc); v.f = f; return v; }
+Value elab_bool(int b, MdlLoc loc) { Value v = mk(V_BOOL, loc); v.i = !!b; return v; }
+Value elab_none(MdlLoc loc) { return mk(V_NONE, loc); }
+Value elab_tensor(int id, MdlLoc loc) { Value v = mk(V_TENSOR, loc); v.i = id; return v; }
+Value elab_tuple(Elab *e, VKind k, int n, MdlLoc loc) {
+  Value v = mk(k, loc);
+  v.n = n;
+  v.items = n ? arena_alloc(&e->a, (size_t)n * sizeof *v.items) : NULL;
+  return v;
+}
+int elab_is_num(const Value *v) { return v->k == V_INT || v->k == V_FLOAT; }
+double elab_num(const Value *v) { return v->k == V_INT ? (double)v->i : v->f; }
+
+const char *elab_kind_name(VKind k) {
+  static const char *names[] = {"error", "unset", "none", "int", "float", "bool", "string",
+                                "tensor", "tuple", "list", "function", "builtin function", "module"};
+  return names[k];
+}
+
+const char *elab_value_desc(Elab *e, const Value *v, char *buf, size_t n) {
+  switch (v->k) {
+  case V_TENSOR: return elab_tstr(e, v, buf, n);
+  case V_INT: snprintf(buf, n, "int %lld", (long long)v->i); break;
+  case V_FLOAT: snprintf(buf, n, "float %g", v->f); break;
+  case V_BOOL: snprintf(buf, n, "bool %s", v->i ? "true" : "false"); break;
+  case V_STR: snprintf(buf, n, "string \"%s\"", v->s); break;
+  case V_TUPLE: case V_LIST: snprintf(buf, n, "%s of %d", elab_kind_name(v->k), v->n); break;
+  case V_FN: snprintf(buf, n, "function '%s'", v->fn->name); break;
+  case V_BUILTIN: snprintf(buf, n, "builtin function '%s'", elab_builtin_name((int)v->i)); break;
+  default: snprintf(buf, n, "%s", elab_kind_name(v->k)); break;
+  }
+  return buf;
+}
+
+void elab_error(Elab *e, MdlLoc loc, const char *fmt, ...) {
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  mdl_error(e->d, loc, "%s", msg);
+  if (e->d->nerrors >= ELAB_MAX_ERRORS) e->abort = 1;
+}
+
+/* ---- scopes ---- */
+static Value *frame_own(ElabFrame *f, const char *name) {
+  for (int i = f->vars.n - 1; i >= 0; i--)
+    if (strcmp(f->vars.a[i].name, name) == 0) return &f->vars.a[i].v;
+  return NULL;
+}
+static Value *frame_lookup(ElabFrame *f, const char *name) {
+  for (; f; f = f->parent) {
+    Value *v = frame_own(f, name);
+    if (v) return v;
+  }
+  return NULL;
+}
+static void frame_set(ElabFrame *f, const char *name, Value v) {
+  Value *old = frame_own(f, name);
+  if (old) { *old = v; return; }
+  ElabVar var = {name, v};
+  VEC_PUSH(f->vars, var);
+}
+
+/* The next free component `base`, `base_1`, ... of a naming scope. */
+static const char *naming_component(Elab *e, ElabNaming *nm, const char *base) {
+  for (int i = 0; i < nm->counters.n; i++) {
+    ElabCounter *c = &nm->counters.a[i];
+    if (strcmp(c->name, base) == 0) return arena_printf(&e->a, "%s_%d", base, c->count++);
+  }
+  ElabCounter c = {base, 1};
+  VEC_PUSH(nm->counters, c);
+  return base;
+}
+static const char *join_path(Elab *e, const char *prefix, const char *comp) {
+  return *prefix ? arena_printf(&e->a, "%s.%s", prefix, comp) : comp;
+}
+
+/* State names already taken (interned pointers; open addressing). */
+static int sname_insert(Elab *e, const char *s) {
+  if (2 * (e->nsnames + 1) > e->capsnames) {
+    int cap = e->capsnames ? 2 * e->capsnames : 256;
+    const char **t = ts_xcalloc((size_t)cap, sizeof *t);
+    for (int i = 0; i < e->capsnames; i++) {
+      if (!e->snames[i]) continue;
+      size_t h = (size_t)ts_hash64(&e->snames[i], sizeof e->snames[i], 0) & (size_t)(cap - 1);
+      while (t[h]) h = (h + 1) & (size_t)(cap - 1);
+      t[h] = e->snames[i];
+    }
+    free(e->snames);
+    e->snames = t;
+    e->capsnames = cap;
+  }
+  size_t h = (size_t)ts_hash64(&s, sizeof s, 0) & (size_t)(e->capsnames - 1);
+  for (; e->snames[h]; h = (h + 1) & (size_t)(e->capsnames - 1))
+    if (e->snames[h] == s) return -1;
+  e->snames[h] = s;
+  e->nsnames++;
+  return 0;
+}
+
+/* ---- printing patterns for messages ---- */
+static void expr_str(StrBuf *b, const MdlExpr *x) {
+  if (!x) return;
+  switch (x->kind) {
+  case MDL_E_INT: sb_printf(b, "%lld", (long long)x->ival); break;
+  case MDL_E_FLOAT: sb_printf(b, "%g", x->fval); break;
+  case MDL_E_BOOL: sb_puts(b, x->ival ? "true" : "false"); break;
+  case MDL_E_NAME: sb_puts(b, x->str); break;
+  case MDL_E_MEMBER: expr_str(b, x->a); sb_printf(b, ".%s", x->str); break;
+  case MDL_E_ELLIPSIS: sb_puts(b, "..."); break;
+  case MDL_E_NAMED_DIM: sb_printf(b, "%s=", x->str); expr_str(b, x->a); break;
+  case MDL_E_UNARY:
+    sb_puts(b, x->op == MDL_OP_NOT ? "not " : "-");
+    expr_str(b, x->a);
+    break;
+  case MDL_E_BINARY:
+    sb_putc(b, '(');
+    expr_str(b, x->a);
+    sb_printf(b, " %s ", elab_op_text(x->op));
+    expr_str(b, x->b);
+    sb_putc(b, ')');
+    break;
+  case MDL_E_CALL:
+    expr_str(b, x->a);
+    sb_puts(b, "(...)");
+    break;
+  default: sb_puts(b, "<expr>"); break;
+  }
+}
+
+static const char *pattern_str(Elab *e, const MdlDecl *dc) {
+  StrBuf b = {0};
+  if (dc->dtype) sb_puts(&b, dc->dtype);
+  sb_putc(&b, '[');
+  for (int i = 0; i < dc->ndims; i++) {
+    if (i) sb_puts(&b, ", ");
+    expr_str(&b, dc->dims[i]);
+  }
+  sb_putc(&b, ']');
+  const char *s = arena_strdup(&e->a, b.p);
+  sb_free(&b);
+  return s;
+}
+
+/* ---- argument binding for builtins and the train block ---- */
+static int count_names(const char *const *names) {
+  int n = 0;
+  while (names[n]) n++;
+  return n;
+}
+static const char *names_list(Elab *e, const char *const *names) {
+  StrBuf b = {0};
+  for (int i = 0; names[i]; i++) sb_printf(&b, "%s%s", i ? ", " : "", names[i]);
+  const char *s = arena_strdup(&e->a, b.p ? b.p : "");
+  sb_free(&b);
+  return s;
+}
+
+int elab_bind_args(Elab *e, const ElabCall *c, const char *const *names, int nreq, Value *out) {
+  int n = count_names(names), npos = 0, ngiven_pos = 0;
+  for (int i = 0; i < n; i++) out[i] = mk(V_UNSET, c->loc);
+  for (int i = 0; i < c->nargs; i++) ngiven_pos += !c->args[i].name;
+  for (int i = 0; i < c->nargs; i++) {
+    const ElabArg *a = &c->args[i];
+    if (a->v.k == V_ERR) return -1;
+    int j = -1;
+    if (!a->name) {
+      if (npos >= n) {
+        elab_error(e, a->loc, "%s() takes at most %d argument%s (%s), got %d", c->fname, n, n == 1 ? "" : "s",
+                   names_list(e, names), ngiven_pos);
+        return -1;
+      }
+      j = npos++;
+    } else {
+      for (int k = 0; k < n; k++)
+        if (strcmp(names[k], a->name) == 0) j = k;
+      if (j < 0) {
+        elab_error(e, a->loc, "%s() has no argument named '%s' (it takes: %s)", c->fname, a->name,
+                   names_list(e, names));
+        return -1;
+      }
+      if (out[j].k != V_UNSET) {
+        elab_error(e, a->loc, "%s(): argument '%s' is given twice", c->fname, a->name);
+        return -1;
+      }
+    }
+    out[j] = a->v;
+  }
+  for (int i = 0; i < nreq; i++) {
+    if (out[i].k == V_UNSET) {
+      elab_error(e, c->loc, "%s() is missing argument '%s' (it takes: %s)", c->fname, names[i],
+                 names_list(e, names));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static int want_fail(Elab *e, const ElabCall *c, const char *arg, const Value *v, const char *what) {
+  if (v->k == V_ERR) return -1;
+  char buf[256];
+  elab_error(e, v->loc, "%s(): argument '%s' must be %s, got %s", c->fname, arg, what,
+             elab_value_desc(e, v, buf, sizeof buf));
+  if (v->k == V_TENSOR) elab_note_origin(e, v);
+  return -1;
+}
+int elab_want_int(Elab *e, const ElabCall *c, const char *arg, const Value *v, int64_t *out) {
+  if (v->k != V_INT) return want_fail(e, c, arg, v, "an int");
+  *out = v->i;
+  return 0;
+}
+int elab_want_num(Elab *e, const ElabCall *c, const char *arg, const Value *v, double *out) {
+  if (!elab_is_num(v)) return want_fail(e, c, arg, v, "a number");
+  *out = elab_num(v);
+  return 0;
+}
+int elab_want_bool(Elab *e, const ElabCall *c, const char *arg, const Value *v, int *out) {
+  if (v->k != V_BOOL) return want_fail(e, c, arg, v, "a bool");
+  *out = (int)v->i;
+  return 0;
+}
+int elab_want_tensor(Elab *e, const ElabCall *c, const char *arg, const Value *v, int need_float) {
+  if (v->k != V_TENSOR) return want_fail(e, c, arg, v, need_float ? "a float tensor" : "a tensor");
+  if (need_float) {
+    IrType t = elab_type(e, v);
+    if (!ir_dtype_is_float(t.dtype)) return want_fail(e, c, arg, v, "a float tensor");
+  }
+  return 0;
+}
+
+/* ---- expressions ---- */
+typedef enum { FLOW_NEXT, FLOW_RETURN, FLOW_STOP } Flow;
+static Value eval(Elab *e, ElabFrame *f, const MdlExpr *x);
+static Flow exec_block(Elab *e, ElabFrame *f, MdlStmt **body, int n);
+
+static const MdlProgram *find_module(Elab *e, const char *name) {
+  for (int i = 0; i < e->nmods; i++)
+    if (strcmp(e->mods[i].name, name) == 0) return e->mods[i].prog;
+  return NULL;
+}
+
+static const MdlFunc *find_fn(const MdlProgram *p, const char *name) {
+  for (int i = 0; i < p->nfuncs; i++)
+    if (strcmp(p->funcs[i]->name, name) == 0) return p->funcs[i];
+  return NULL;
+}
+
+/* A name in value position: variable, module, fn of this module, builtin. */
+static Value lookup_name(Elab *e, ElabFrame *f, const char *name, MdlLoc loc, int callee) {
+  Value *v = frame_lookup(f, name);
+  /* a call looks past variables that are not functions: `dropout(x, dropout)`
+   * with a float argument named dropout calls the builtin */
+  Value *shadow = NULL;
+  if (v && callee && v->k != V_FN && v->k != V_BUILTIN && v->k != V_ERR) { shadow = v; v = NULL; }
+  if (v) {
+    Value r = *v;
+    if (r.k == V_INT) {   /* an int read from a variable names a dim */
+      r.s = ts_intern(name);
+      r.loc = loc;
+    }
+    return r;
+  }
+  for (int i = 0; i < f->prog->nimports; i++) {
+    if (strcmp(f->prog->imports[i], name) != 0) continue;
+    const MdlProgram *p = find_module(e, name);
+    if (p) {
+      Value m = mk(V_MODULE, loc);
+      m.prog = p;
+      m.s = f->prog->imports[i];
+      return m;
+    }
+  }
+  int bi = elab_builtin_lookup(name);
+  const MdlFunc *fn = find_fn(f->prog, name);
+  if (fn && !(f->fn && bi >= 0 && strcmp(f->fn->name, name) == 0)) {
+    Value r = mk(V_FN, loc);
+    r.fn = fn;
+    r.prog = f->prog;
+    return r;
+  }
+  if (bi >= 0) {
+    Value r = mk(V_BUILTIN, loc);
+    r.i = bi;
+    return r;
+  }
+  if (shadow) {
+    char buf[256];
+    elab_error(e, loc, "'%s' is not a function, it is %s", name, elab_value_desc(e, shadow, buf, sizeof buf));
+  } else if (callee) elab_error(e, loc, "unknown function '%s'", name);
+  else elab_error(e, loc, "unknown name '%s'", name);
+  return elab_err();
+}
+
+static Value eval_member(Elab *e, ElabFrame *f, const MdlExpr *x) {
+  Value m = eval(e, f, x->a);
+  if (m.k == V_ERR) return m;
+  if (m.k != V_MODULE) {
+    char buf[256];
+    elab_error(e, x->loc, "'.%s': only modules have members, this is %s", x->str,
+               elab_value_desc(e, &m, buf, sizeof buf));
+    return elab_err();
+  }
+  const MdlFunc *fn = find_fn(m.prog, x->str);
+  if (!fn) {
+    elab_error(e, x->loc, "module '%s' has no function '%s'", m.s, x->str);
+    return elab_err();
+  }
+  Value r = mk(V_FN, x->loc);
+  r.fn = fn;
+  r.prog = m.prog;
+  return r;
+}
+
+static int64_t as_index(Elab *e, const MdlExpr *x, ElabFrame *f, int *ok) {
+  Value v = eval(e, f, x);
+  *ok = 0;
+  if (v.k == V_ERR) return 0;
+  if (v.k != V_INT) {
+    char buf[256];
+    elab_error(e, x->loc, "indices must be ints, got %s", elab_value_desc(e, &v, buf, sizeof buf));
+    return 0;
+  }
+  *ok = 1;
+  return v.i;
+}
+
+/* x[a:b, i, ..., :]: slices stay, an int index drops its axis. */
+static Value index_tensor(Elab *e, ElabFrame *f, const MdlExpr *x, Value base) {
+  IrType t = elab_type(e, &base);
+  int nell = 0, ellpos = x->nitems;
+  for (int i = 0; i < x->nitems; i++)
+    if (x->items[i]->kind == MDL_E_ELLIPSIS) { nell++; ellpos = i; }
+  char buf[256];
+  if (nell > 1) {
+    elab_error(e, x->loc, "only one '...' is allowed in an index");
+    return elab_err();
+  }
+  int k = x->nitems - nell;
+  if (k > t.rank) {
+    elab_error(e, x->loc, "too many indices (%d) for %s", k, ir_type_str(&t, buf, sizeof buf));
+    elab_note_origin(e, &base);
+    return elab_err();
+  }
+  int drop[IR_MAX_RANK] = {0}, ndrop = 0;
+  Value cur = base;
+  for (int j = 0; j < x->nitems; j++) {
+    const MdlExpr *it = x->items[j];
+    if (it->kind == MDL_E_ELLIPSIS) continue;
+    int axis = j < ellpos ? j : t.rank - (x->nitems - j);
+    int64_t n = t.dim[axis], s, en;
+    int ok = 1;
+    if (it->kind == MDL_E_SLICE) {
+      s = it->a ? as_index(e, it->a, f, &ok) : 0;
+      if (!ok) return elab_err();
+      en = it->b ? as_index(e, it->b, f, &ok) : n;
+      if (!ok) return elab_err();
+      int64_t s0 = s, e0 = en;
+      if (s < 0) s += n;
+      if (en < 0) en += n;
+      if (s < 0 || en > n || s >= en) {
+        elab_error(e, it->loc, "slice %lld:%lld is out of range or empty for axis %d of %s", (long long)s0,
+                   (long long)e0, axis, ir_type_str(&t, buf, sizeof buf));
+        elab_note_origin(e, &base);
+        return elab_err();
+      }
+      if (s == 0 && en == n) continue;
+    } else {
+      int64_t i0 = as_index(e, it, f, &ok);
+      if (!ok) return elab_err();
+      s = i0 < 0 ? i0 + n : i0;
+      if (s < 0 || s >= n) {
+        elab_error(e, it->loc, "index %lld is out of range for axis %d of %s", (long long)i0, axis,
+                   ir_type_str(&t, buf, sizeof buf));
+        elab_note_origin(e, &base);
+        return elab_err();
+      }
+      en = s + 1;
+      drop[axis] = 1;
+      ndrop++;
+    }
+    int64_t ia[3] = {axis, s, en};
+    cur = elab_emit(e, x->loc, IR_OP_SLICE, &cur, 1, ia, NULL, NULL, NULL);
+    if (cur.k == V_ERR) return cur;
+  }
+  if (!ndrop) return cur;
+  IrType ct = elab_type(e, &cur), r = ct;
+  r.rank = 0;
+  for (int i = 0; i < ct.rank; i++) {
+    if (drop[i]) continue;
+    r.dim[r.rank] = ct.dim[i];
+    r.dname[r.rank++] = ct.dname[i];
+  }
+  for (int i = r.rank; i < IR_MAX_RANK; i++) { r.dim[i] = 0; r.dname[i] = NULL; }
+  return elab_reshape(e, x->loc, cur, &r);
+}
+
+static Value eval_index(Elab *e, ElabFrame *f, const MdlExpr *x) {
+  Value base = eval(e, f, x->a);
+  if (base.k == V_ERR) return base;
+  if (base.k == V_TENSOR) return index_tensor(e, f, x, base);
+  char buf[256];
+  if (base.k == V_TUPLE || base.k == V_LIST) {
+    if (x->nitems != 1 || x->items[0]->kind == MDL_E_SLICE || x->items[0]->kind == MDL_E_ELLIPSIS) {
+      elab_error(e, x->loc, "a %s takes one int index", elab_kind_name(base.k));
+      return elab_err();
+    }
+    int ok;
+    int64_t i = as_index(e, x->items[0], f, &ok);
+    if (!ok) return elab_err();
+    int64_t j = i < 0 ? i + base.n : i;
+    if (j < 0 || j >= base.n) {
+      elab_error(e, x->items[0]->loc, "index %lld is out of range for a %s of %d", (long long)i,
+                 elab_kind_name(base.k), base.n);
+      return elab_err();
+    }
+    return base.items[j];
+  }
+  elab_error(e, x->loc, "cannot index %s", elab_value_desc(e, &base, buf, sizeof buf));
+  return elab_err();
+}
+
+/* ---- params ---- */
+static int param_init(Elab *e, ElabFrame *f, const MdlExpr *ix, IrState *st) {
+  st->init = IR_INIT_ZEROS;
+  if (!ix) return 0;
+  static const char *kinds = "zeros, ones, normal(std), uniform(lo, hi) or scaled_normal(std, n)";
+  const char *name = ix->kind == MDL_E_NAME ? ix->str
+                     : ix->kind == MDL_E_CALL && ix->a->kind == MDL_E_NAME ? ix->a->str : NULL;
+  static const char *const n_none[] = {NULL}, *const n_normal[] = {"std", NULL},
+                           *const n_uniform[] = {"lo", "hi", NULL}, *const n_scaled[] = {"std", "n", NULL};
+  const char *const *names = NULL;
+  if (name && !strcmp(name, "zeros")) names = n_none;
+  else if (name && !strcmp(name, "ones")) names = n_none;
+  else if (name && !strcmp(name, "normal")) names = n_normal;
+  else if (name && !strcmp(name, "uniform")) names = n_uniform;
+  else if (name && !strcmp(name, "scaled_normal")) names = n_scaled;
+  if (!names) {
+    elab_error(e, ix->loc, "unknown param init: expected %s", kinds);
+    return -1;
+  }
+  ElabCall c = {ix->loc, name, NULL, 0};
+  if (ix->kind == MDL_E_CALL) {
+    c.args = arena_alloc(&e->a, (size_t)(ix->nargs + 1) * sizeof *c.args);
+    c.nargs = ix->nargs;
+    for (int i = 0; i < ix->nargs; i++) {
+      c.args[i].name = ix->args[i].name;
+      c.args[i].loc = ix->args[i].value->loc;
+      c.args[i].v = eval(e, f, ix->args[i].value);
+      if (c.args[i].v.k == V_ERR) return -1;
+    }
+  }
+  Value a[2];
+  if (elab_bind_args(e, &c, names, count_names(names), a)) return -1;
+  double x0 = 0, x1 = 0;
+  if (names == n_none) {
+    st->init = !strcmp(name, "ones") ? IR_INIT_ONES : IR_INIT_ZEROS;
+    return 0;
+  }
+  if (elab_want_num(e, &c, names[0], &a[0], &x0)) return -1;
+  if (names == n_uniform) {
+    if (elab_want_num(e, &c, "hi", &a[1], &x1)) return -1;
+    if (!(x0 < x1) || !isfinite(x0) || !isfinite(x1)) {
+      elab_error(e, ix->loc, "uniform(lo, hi) needs finite lo < hi, got %g, %g", x0, x1);
+      return -1;
+    }
+    st->init = IR_INIT_UNIFORM;
+    st->init_a = x0;
+    st->init_b = x1;
+    return 0;
+  }
+  if (!(x0 >= 0) || !isfinite(x0)) {
+    elab_error(e, a[0].loc, "%s(): std must be finite and >= 0, got %g", name, x0);
+    return -1;
+  }
+  if (names == n_scaled) {   /* GPT-2's residual scaling: std / sqrt(2 n) */
+    int64_t n;
+    if (elab_want_int(e, &c, "n", &a[1], &n)) return -1;
+    if (n < 1) {
+      elab_error(e, a[1].loc, "scaled_normal(): n must be >= 1, got %lld", (long long)n);
+      return -1;
+    }
+    x0 /= sqrt(2.0 * (double)n);
+  }
+  st->init = IR_INIT_NORMAL;
+  st->init_a = 0;
+  st->init_b = x0;
+  return 0;
+}
+
+/* A float dtype spelled in the source is the model precision. */
+static int resolve_dtype(Elab *e, const char *name, MdlLoc loc, IrDtype *out) {
+  if (!name) { *out = e->prec; return 0; }
+  int d = ir_dtype_lookup(name);
+  if (d < 0 || d == IR_VOID) {
+    elab_error(e, loc, "unknown dtype '%s' (expected f32, f64 or i32)", name);
+    return -1;
+  }
+  *out = ir_dtype_is_float((IrDtype)d) ? e->prec : (IrDtype)d;
+  return 0;
+}
+
+/* `param [dims] init I [decay|nodecay]` -> a new param state and a STATE
+ * node reading it.  varname: the variable it is assigned to, or NULL. */
+static Value eval_param(Elab *e, ElabFrame *f, const MdlExpr *x, const char *varname) {
+  if (!f->naming) {
+    elab_error(e, x->loc, "param is only allowed in a model or fn body");
+    return elab_err();
+  }
+  IrState st;
+  memset(&st, 0, sizeof st);
+  if (resolve_dtype(e, x->str, x->loc, &st.type.dtype)) return elab_err();
+  if (!ir_dtype_is_float(st.type.dtype)) {
+    elab_error(e, x->loc, "parameters must have a float dtype, not %s", x->str);
+    return elab_err();
+  }
+  if (x->nitems > IR_MAX_RANK) {
+    elab_error(e, x->loc, "param: rank %d exceeds the maximum of %d", x->nitems, IR_MAX_RANK);
+    return elab_err();
+  }
+  st.type.rank = x->nitems;
+  for (int i = 0; i < x->nitems; i++) {
+    const MdlExpr *it = x->items[i];
+    if (it->kind == MDL_E_ELLIPSIS) {
+      elab_error(e, it->loc, "'...' is not allowed in a param shape");
+      return elab_err();
+    }
+    Value v = eval(e, f, it->kind == MDL_E_NAMED_DIM ? it->a : it);
+    if (v.k == V_ERR) return v;
+    if (v.k != V_INT) {
+      char buf[256];
+      elab_error(e, it->loc, "param shape entries must be ints, got %s", elab_value_desc(e, &v, buf, sizeof buf));
+      return elab_err();
+    }
+    st.type.dim[i] = v.i;
+    st.type.dname[i] = it->kind == MDL_E_NAMED_DIM ? ts_intern(it->str) : v.s;
+  }
+  if (elab_check_type(e, x->loc, &st.type, "param")) return elab_err();
+  if (param_init(e, f, x->a, &st)) return elab_err();
+  int decay = x->ival & MDL_PARAM_NODECAY ? 0 : x->ival & MDL_PARAM_DECAY ? 1 : st.type.rank >= 2;
+  st.flags = decay ? 0 : IR_STATE_NODECAY;
+  st.kind = IR_STATE_PARAM;
+  st.of = -1;
+  st.name = ts_intern(join_path(e, f->naming->prefix, naming_component(e, f->naming, varname ? varname : "param")));
+  if (sname_insert(e, st.name)) {
+    elab_error(e, x->loc, "parameter name '%s' is already taken", st.name);
+    return elab_err();
+  }
+  int64_t ia[1] = {ir_state_add(e->m, &st)};
+  return elab_emit(e, x->loc, IR_OP_STATE, NULL, 0, ia, NULL, NULL, &st.type);
+}
+
+/* ---- calls ---- */
+static int check_decl(Elab *e, ElabFrame *fr, const char *fname, const MdlDecl *dc, Value *v, MdlLoc at);
+
+/* Binds the arguments of a call to fn's declarations in the callee frame:
+ * first every argument passed (so patterns and defaults can refer to any
+ * of them), then in order: defaults for the missing ones, types, shape
+ * patterns (which bind dim names). */
+static int bind_fn_args(Elab *e, ElabFrame *fr, const MdlFunc *fn, const ElabCall *c) {
+  int n = fn->ndecls, npos = 0;
+  Value *given = arena_alloc(&e->a, (size_t)(n + 1) * sizeof *given);
+  MdlLoc *at = arena_alloc(&e->a, (size_t)(n + 1) * sizeof *at);
+  for (int i = 0; i < n; i++) { given[i] = mk(V_UNSET, c->loc); at[i] = c->loc; }
+  for (int i = 0; i < c->nargs; i++) {
+    const ElabArg *a = &c->args[i];
+    int j = -1;
+    if (!a->name) {
+      if (npos >= n) {
+        int np = 0;
+        for (int k = 0; k < c->nargs; k++) np += !c->args[k].name;
+        elab_error(e, a->loc, "%s() takes %d argument%s, got %d", c->fname, n, n == 1 ? "" : "s", np);
+        mdl_note(e->d, fn->loc, "'%s' is defined here", fn->name);
+        return -1;
+      }
+      j = npos++;
+    } else {
+      for (int k = 0; k < n; k++)
+        if (strcmp(fn->decls[k].name, a->name) == 0) j = k;
+      if (j < 0) {
+        elab_error(e, a->loc, "%s() has no argument named '%s'", c->fname, a->name);
+        mdl_note(e->d, fn->loc, "'%s' is defined here", fn->name);
+        return -1;
+      }
+      if (given[j].k != V_UNSET) {
+        elab_error(e, a->loc, "%s(): argument '%s' is given twice", c->fname, a->name);
+        return -1;
+      }
+    }
+    given[j] = a->v;
+    at[j] = a->loc;
+  }
+  for (int i = 0; i < n; i++)
+    if (given[i].k != V_UNSET) frame_set(fr, fn->decls[i].name, given[i]);
+  for (int i = 0; i < n; i++) {
+    const MdlDecl *dc = &fn->decls[i];
+    Value v = given[i];
+    if (v.k == V_UNSET) {
+      if (!dc->dflt) {
+        elab_error(e, c->loc, "%s() is missing argument '%s'", c->fname, dc->name);
+        mdl_note(e->d, dc->loc, "'%s' is declared here", dc->name);
+        return -1;
+      }
+      v = eval(e, fr, dc->dflt);
+      if (v.k == V_ERR) return -1;
+      at[i] = dc->dflt->loc;
+    }
+    if (check_decl(e, fr, c->fname, dc, &v, at[i])) return -1;
+    frame_set(fr, dc->name, v);
+  }
+  return 0;
+}
+
+static Value call_fn(Elab *e, ElabFrame *caller, const MdlFunc *fn, const MdlProgram *prog, const ElabCall *c) {
+  if (e->depth >= ELAB_MAX_DEPTH) {
+    elab_error(e, c->loc, "call depth exceeds %d at the call of '%s' (recursion?)", ELAB_MAX_DEPTH, c->fname);
+    e->abort = 1;   /* every frame below would report it again */
+    return elab_err();
+  }
+  ElabNaming nm;
+  memset(&nm, 0, sizeof nm);
+  ElabNaming top = {"", {0}};
+  ElabNaming *outer = caller->naming ? caller->naming : &top;
+  nm.prefix = join_path(e, outer->prefix, naming_component(e, outer, fn->name));
+  ElabFrame fr;
+  memset(&fr, 0, sizeof fr);
+  fr.prog = prog;
+  fr.fn = fn;
+  fr.naming = caller->naming ? &nm : NULL;   /* no params from the config block */
+  Value r = elab_err();
+  if (bind_fn_args(e, &fr, fn, c) == 0) {
+    int err0 = e->d->nerrors;
+    e->depth++;
+    Flow fl = exec_block(e, &fr, fn->body, fn->nbody);
+    e->depth--;
+    if (e->d->nerrors > err0) {
+      if (!e->abort || e->depth == 0) mdl_note(e->d, c->loc, "in the call of '%s' here", c->fname);
+    } else {
+      r = fl == FLOW_RETURN ? fr.ret : elab_none(c->loc);
+    }
+  }
+  free(fr.vars.a);
+  free(nm.counters.a);
+  free(top.counters.a);
+  return r;
+}
+
+static Value eval_call(Elab *e, ElabFrame *f, const MdlExpr *x) {
+  const MdlExpr *ce = x->a;
+  Value fv;
+  const char *fname;
+  if (ce->kind == MDL_E_NAME) {
+    fv = lookup_name(e, f, ce->str, ce->loc, 1);
+    fname = ce->str;
+  } else if (ce->kind == MDL_E_MEMBER) {
+    fv = eval(e, f, ce);
+    fname = ce->a->kind == MDL_E_NAME ? arena_printf(&e->a, "%s.%s", ce->a->str, ce->str) : ce->str;
+  } else {
+    fv = eval(e, f, ce);
+    fname = "<expression>";
+  }
+  if (fv.k == V_ERR) return fv;
+  if (fv.k == V_FN && ce->kind == MDL_E_NAME) fname = fv.fn->name;   /* act(h) -> gelu_tanh */
+  if (fv.k == V_BUILTIN) fname = elab_builtin_name((int)fv.i);
+  if (fv.k != V_FN && fv.k != V_BUILTIN) {
+    char buf[256];
+    elab_error(e, ce->loc, "'%s' is not a function, it is %s", fname, elab_value_desc(e, &fv, buf, sizeof buf));
+    return elab_err();
+  }
+  ElabCall c = {x->loc, fname, NULL, x->nargs};
+  c.args = arena_alloc(&e->a, (size_t)(x->nargs + 1) * sizeof *c.args);
+  int bad = 0;
+  for (int i = 0; i < x->nargs; i++) {
+    c.args[i].name = x->args[i].name;
+    c.args[i].loc = x->args[i].value->loc;
+    c.args[i].v = eval(e, f, x->args[i].value);
+    bad |= c.args[i].v.k == V_ERR;
+  }
+  if (bad || e->abort) return elab_err();
+  if (++e->steps > ELAB_MAX_STEPS) {
+    elab_error(e, x->loc, "elaboration does too much work (more than %d steps); is a repeat count too large?",
+               ELAB_MAX_STEPS);
+    e->abort = 1;
+    return elab_err();
+  }
+  if (fv.k == V_BUILTIN) return elab_call_builtin(e, (int)fv.i, &c);
+  return call_fn(e, f, fv.fn, fv.prog, &c);
+}
+
+/* ---- signature checks ---- */
+static int pattern_mismatch(Elab *e, const char *fname, const MdlDecl *dc, const Value *v, MdlLoc at,
+                            const char *why) {
+  char buf[256];
+  elab_error(e, at, "%s(): argument '%s' has shape %s, which does not match %s: %s", fname, dc->name,
+             elab_tstr(e, v, buf, sizeof buf), pattern_str(e, dc), why);
+  elab_note_origin(e, v);
+  mdl_note(e->d, dc->loc, "'%s' is declared here", dc->name);
+  return -1;
+}
+
+/* Binds or checks a dim name of a pattern against size. */
+static int bind_dim(Elab *e, ElabFrame *fr, const char *fname, const MdlDecl *dc, const Value *v, MdlLoc at,
+                    const char *name, int k, int64_t size) {
+  Value *b = frame_own(fr, name);
+  if (!b) {
+    Value iv = elab_int(size, dc->loc);
+    frame_set(fr, name, iv);
+    return 0;
+  }
+  if (b->k == V_INT && b->i == size) return 0;
+  char why[512], bd[256];
+  if (b->k == V_INT)
+    snprintf(why, sizeof why, "dim %d is %lld but %s = %lld", k, (long long)size, name, (long long)b->i);
+  else
+    snprintf(why, sizeof why, "dim %d names '%s', which is %s", k, name, elab_value_desc(e, b, bd, sizeof bd));
+  return pattern_mismatch(e, fname, dc, v, at, why);
+}
+
+static int match_pattern(Elab *e, ElabFrame *fr, const char *fname, const MdlDecl *dc, const Value *v, MdlLoc at) {
+  IrType t = elab_type(e, v);
+  char buf[256];
+  if (dc->dtype) {
+    IrDtype want;
+    if (resolve_dtype(e, dc->dtype, dc->loc, &want)) return -1;
+    if (t.dtype != want) {
+      elab_error(e, at, "%s(): argument '%s' must be %s, got %s", fname, dc->name, pattern_str(e, dc),
+                 ir_type_str(&t, buf, sizeof buf));
+      elab_note_origin(e, v);
+      return -1;
+    }
+  } else if (!ir_dtype_is_float(t.dtype)) {
+    elab_error(e, at, "%s(): argument '%s' must be a float tensor %s, got %s", fname, dc->name, pattern_str(e, dc),
+               ir_type_str(&t, buf, sizeof buf));
+    elab_note_origin(e, v);
+    return -1;
+  }
+  int nell = 0, ellpos = dc->ndims;
+  for (int i = 0; i < dc->ndims; i++)
+    if (dc->dims[i]->kind == MDL_E_ELLIPSIS) { nell++; ellpos = i; }
+  if (nell > 1) {
+    elab_error(e, dc->loc, "only one '...' is allowed in a shape pattern");
+    return -1;
+  }
+  int fixed = dc->ndims - nell;
+  if (nell ? t.rank < fixed : t.rank != fixed) {
+    char why[128];
+    snprintf(why, sizeof why, "rank %d, expected %s%d", t.rank, nell ? "at least " : "", fixed);
+    return pattern_mismatch(e, fname, dc, v, at, why);
+  }
+  for (int j = 0; j < dc->ndims; j++) {
+    const MdlExpr *p = dc->dims[j];
+    if (p->kind == MDL_E_ELLIPSIS) continue;
+    int k = j < ellpos ? j : t.rank - (dc->ndims - j);
+    int64_t size = t.dim[k];
+    if (p->kind == MDL_E_NAME) {
+      if (bind_dim(e, fr, fname, dc, v, at, p->str, k, size)) return -1;
+      continue;
+    }
+    Value w = eval(e, fr, p->kind == MDL_E_NAMED_DIM ? p->a : p);
+    if (w.k == V_ERR) return -1;
+    if (w.k != V_INT) {
+      elab_error(e, p->loc, "shape pattern entries must be ints, got %s", elab_value_desc(e, &w, buf, sizeof buf));
+      return -1;
+    }
+    if (w.i != size) {
+      char why[256];
+      snprintf(why, sizeof why, "dim %d is %lld, expected %lld", k, (long long)size, (long long)w.i);
+      return pattern_mismatch(e, fname, dc, v, at, why);
+    }
+    if (p->kind == MDL_E_NAMED_DIM && bind_dim(e, fr, fname, dc, v, at, p->str, k, size)) return -1;
+  }
+  return 0;
+}
+
+/* Checks (and for float, converts) an argument against its declaration. */
+static int check_decl(Elab *e, ElabFrame *fr, const char *fname, const MdlDecl *dc, Value *v, MdlLoc at) {
+  const char *want = NULL;
+  switch (dc->type) {
+  case MDL_T_ANY: return 0;
+  case MDL_T_INT: if (v->k != V_INT) want = "an int"; break;
+  case MDL_T_FLOAT:
+    if (v->k == V_INT) { *v = elab_float((double)v->i, v->loc); return 0; }
+    if (v->k != V_FLOAT) want = "a float";
+    break;
+  case MDL_T_BOOL: if (v->k != V_BOOL) want = "a bool"; break;
+  case MDL_T_STR: if (v->k != V_STR) want = "a string"; break;
+  case MDL_T_FN: if (v->k != V_FN && v->k != V_BUILTIN) want = "a function"; break;
+  case MDL_T_TENSOR:
+    if (v->k != V_TENSOR) { want = "a tensor"; break; }
+    return match_pattern(e, fr, fname, dc, v, at);
+  }
+  if (!want) return 0;
+  char buf[256];
+  elab_error(e, at, "%s(): argument '%s' must be %s, got %s", fname, dc->name, want,
+             elab_value_desc(e, v, buf, sizeof buf));
+  mdl_note(e->d, dc->loc, "'%s' is declared here", dc->name);
+  return -1;
+}
+
+static Value eval(Elab *e, ElabFrame *f, const MdlExpr *x) {
+  if (e->abort) return elab_err();
+  switch (x->kind) {
+  case MDL_E_INT: return elab_int(x->ival, x->loc);
+  case MDL_E_FLOAT: return elab_float(x->fval, x->loc);
+  case MDL_E_BOOL: return elab_bool((int)x->ival, x->loc);
+  case MDL_E_NONE: return elab_none(x->loc);
+  case MDL_E_STRING: { Value v = mk(V_STR, x->loc); v.s = x->str; return v; }
+  case MDL_E_NAME: return lookup_name(e, f, x->str, x->loc, 0);
+  case MDL_E_MEMBER: return eval_member(e, f, x);
+  case MDL_E_CALL: return eval_call(e, f, x);
+  case MDL_E_INDEX: return eval_index(e, f, x);
+  case MDL_E_PARAM: return eval_param(e, f, x, NULL);
+  case MDL_E_UNARY: {
+    Value a = eval(e, f, x->a);
+    if (a.k == V_ERR) return a;
+    if (x->op == '-') return elab_negate(e, x->loc, a);
+    if (a.k != V_BOOL) {
+      char buf[256];
+      elab_error(e, x->loc, "'not' needs a bool, got %s", elab_value_desc(e, &a, buf, sizeof buf));
+      return elab_err();
+    }
+    return elab_bool(!a.i, x->loc);
+  }
+  case MDL_E_BINARY: {
+    Value a = eval(e, f, x->a);
+    if (a.k == V_ERR) return a;
+    if (x->op == MDL_OP_AND || x->op == MDL_OP_OR) {   /* short-circuit */
+      char buf[256];
+      if (a.k != V_BOOL) {
+        elab_error(e, x->a->loc, "'%s' needs bools, got %s", elab_op_text(x->op), elab_value_desc(e, &a, buf, sizeof buf));
+        return elab_err();
+      }
+      if (a.i == (x->op == MDL_OP_OR)) return elab_bool((int)a.i, x->loc);
+      Value b = eval(e, f, x->b);
+      if (b.k == V_ERR) return b;
+      if (b.k != V_BOOL) {
+        elab_error(e, x->b->loc, "'%s' needs bools, got %s", elab_op_text(x->op), elab_value_desc(e, &b, buf, sizeof buf));
+        return elab_err();
+      }
+      return elab_bool((int)b.i, x->loc);
+    }
+    Value b = eval(e, f, x->b);
+    return elab_binary(e, x->loc, x->op, a, b);
+  }
+  case MDL_E_TUPLE:
+  case MDL_E_LIST: {
+    Value t = elab_tuple(e, x->kind == MDL_E_TUPLE ? V_TUPLE : V_LIST, x->nitems, x->loc);
+    for (int i = 0; i < x->nitems; i++) {
+      t.items[i] = eval(e, f, x->items[i]);
+      if (t.items[i].k == V_ERR) return elab_err();
+    }
+    return t;
+  }
+  case MDL_E_SLICE:
+  case MDL_E_ELLIPSIS:
+  case MDL_E_NAMED_DIM:
+    elab_error(e, x->loc, "%s is only allowed inside an index or a shape",
+               x->kind == MDL_E_SLICE ? "a slice" : x->kind == MDL_E_ELLIPSIS ? "'...'" : "'name=size'");
+    return elab_err();
+  }
+  TS_DIE("elaborate: unknown expression kind %d", (int)x->kind);
+}
+
+/* ---- statements ---- */
+static Flow exec_repeat(Elab *e, ElabFrame *f, const MdlStmt *s) {
+  Value cv = eval(e, f, s->value);
+  char buf[256];
+  if (cv.k == V_ERR) return FLOW_NEXT;
+  if (cv.k != V_INT) {
+    elab_error(e, s->value->loc, "the repeat count must be an int, got %s", elab_value_desc(e, &cv, buf, sizeof buf));
+    return FLOW_NEXT;
+  }
+  if (cv.i < 0 || cv.i > ELAB_MAX_REPEAT) {
+    elab_error(e, s->value->loc, "the repeat count %lld is out of range (0 .. %d)", (long long)cv.i, ELAB_MAX_REPEAT);
+    return FLOW_NEXT;
+  }
+  ElabNaming *outer = f->naming;
+  const char *base = s->as ? s->as : s->value->kind == MDL_E_NAME ? s->value->str : "repeat";
+  const char *path = outer ? join_path(e, outer->prefix, naming_component(e, outer, base)) : "";
+  for (int64_t i = 0; i < cv.i; i++) {
+    ElabNaming it;
+    memset(&it, 0, sizeof it);
+    it.prefix = arena_printf(&e->a, "%s%s%lld", path, *path ? "." : "", (long long)i);
+    f->naming = outer ? &it : NULL;
+    int err0 = e->d->nerrors;
+    Flow fl = exec_block(e, f, s->body, s->nbody);
+    f->naming = outer;
+    free(it.counters.a);
+    if (fl != FLOW_NEXT) return fl;
+    if (e->d->nerrors > err0) break;   /* the next iteration would say the same */
+  }
+  return FLOW_NEXT;
+}
+
+static Flow exec_stmt(Elab *e, ElabFrame *f, const MdlStmt *s) {
+  if (++e->steps > ELAB_MAX_STEPS) {
+    elab_error(e, s->loc, "elaboration does too much work (more than %d steps); is a repeat count too large?",
+               ELAB_MAX_STEPS);
+    e->abort = 1;
+    return FLOW_STOP;
+  }
+  switch (s->kind) {
+  case MDL_S_ASSIGN: {
+    if (s->nnames == 1) {
+      Value v = s->value->kind == MDL_E_PARAM ? eval_param(e, f, s->value, s->names[0]) : eval(e, f, s->value);
+      frame_set(f, s->names[0], v);
+      return FLOW_NEXT;
+    }
+    Value v = eval(e, f, s->value);
+    if (v.k != V_ERR && ((v.k != V_TUPLE && v.k != V_LIST) || v.n != s->nnames)) {
+      char buf[256];
+      elab_error(e, s->loc, "cannot unpack %s into %d names", elab_value_desc(e, &v, buf, sizeof buf), s->nnames);
+      v = elab_err();
+    }
+    for (int i = 0; i < s->nnames; i++) frame_set(f, s->names[i], v.k == V_ERR ? v : v.items[i]);
+    return FLOW_NEXT;
+  }
+  case MDL_S_RETURN:
+    if (s->nitems == 1) {
+      f->ret = eval(e, f, s->items[0]);
+    } else {
+      f->ret = elab_tuple(e, V_TUPLE, s->nitems, s->loc);
+      for (int i = 0; i < s->nitems; i++) {
+        f->ret.items[i] = eval(e, f, s->items[i]);
+        if (f->ret.items[i].k == V_ERR) f->ret = elab_err();
+        if (f->ret.k == V_ERR) break;
+      }
+    }
+    return FLOW_RETURN;
+  case MDL_S_IF: {
+    Value c = eval(e, f, s->value);
+    if (c.k == V_ERR) return FLOW_NEXT;
+    if (c.k != V_BOOL) {
+      char buf[256];
+      elab_error(e, s->value->loc, "the condition of 'if' must be a bool, got %s", elab_value_desc(e, &c, buf, sizeof buf));
+      return FLOW_NEXT;
+    }
+    return c.i ? exec_block(e, f, s->body, s->nbody) : exec_block(e, f, s->els, s->nels);
+  }
+  case MDL_S_REPEAT: return exec_repeat(e, f, s);
+  case MDL_S_EXPR: eval(e, f, s->value); return FLOW_NEXT;
+  }
+  TS_DIE("elaborate: unknown statement kind %d", (int)s->kind);
+}
+
+static Flow exec_block(Elab *e, ElabFrame *f, MdlStmt **body, int n) {
+  for (int i = 0; i < n; i++) {
+    if (e->abort) return FLOW_STOP;
+    Flow fl = exec_stmt(e, f, body[i]);
+    if (fl != FLOW_NEXT) return fl;
+  }
+  return e->abort ? FLOW_STOP : FLOW_NEXT;
+}
+
+/* ---- config block ---- */
+static const MdlLoc no_loc = {NULL, 0, 0};   /* command-line options: "mcc: error: ..." */
+
+static int parse_define(Elab *e, const MdlDefine *df, Value *out) {
+  const char *s = df->value ? df->value : "";
+  char *end;
+  errno = 0;
+  long long i = strtoll(s, &end, 10);
+  if (*s && !*end) {
+    if (errno == ERANGE) {
+      elab_error(e, no_loc, "-D %s=%s: the value does not fit in 64 bits", df->name, s);
+      return -1;
+    }
+    *out = elab_int(i, no_loc);
+    return 0;
+  }
+  double f = strtod(s, &end);
+  if (*s && !*end && isfinite(f)) {
+    *out = elab_float(f, no_loc);
+    return 0;
+  }
+  if (!strcmp(s, "true") || !strcmp(s, "false")) {
+    *out = elab_bool(s[0] == 't', no_loc);
+    return 0;
+  }
+  elab_error(e, no_loc, "-D %s=%s: the value must be an int or float literal", df->name, s);
+  return -1;
+}
+
+static const char *config_keys(Elab *e) {
+  StrBuf b = {0};
+  for (int i = 0; i < e->main->nconfig; i++) sb_printf(&b, "%s%s", i ? ", " : "", e->main->config[i].name);
+  const char *s = arena_strdup(&e->a, b.p ? b.p : "(none)");
+  sb_free(&b);
+  return s;
+}
+
+static void elab_config(Elab *e) {
+  const MdlProgram *p = e->main;
+  const MdlOptions *o = e->opt;
+  for (int i = 0; i < o->ndefines; i++) {
+    int found = 0;
+    for (int j = 0; j < p->nconfig; j++) found |= !strcmp(p->config[j].name, o->defines[i].name);
+    if (!found)
+      elab_error(e, no_loc, "-D %s: no config key of that name (known: %s)", o->defines[i].name, config_keys(e));
+  }
+  for (int j = 0; j < p->nconfig; j++) {
+    const MdlKV *kv = &p->config[j];
+    for (int k = 0; k < j; k++)
+      if (!strcmp(p->config[k].name, kv->name)) {
+        elab_error(e, kv->loc, "config key '%s' is defined twice", kv->name);
+        mdl_note(e->d, p->config[k].loc, "first defined here");
+      }
+    Value v = eval(e, &e->config, kv->value);
+    const MdlDefine *df = NULL;
+    for (int i = 0; i < o->ndefines; i++)
+      if (!strcmp(o->defines[i].name, kv->name)) df = &o->defines[i];   /* the last -D wins */
+    if (df && v.k != V_ERR) {
+      Value d;
+      if (parse_define(e, df, &d)) {
+        v = elab_err();
+      } else if (v.k == V_FLOAT && d.k == V_INT) {
+        v = elab_float((double)d.i, kv->loc);
+      } else if (v.k != d.k) {
+        elab_error(e, no_loc, "-D %s=%s: '%s' is %s in the config, not %s", df->name, df->value, kv->name,
+                   v.k == V_INT ? "an int" : elab_kind_name(v.k), elab_kind_name(d.k));
+        v = elab_err();
+      } else {
+        v = d;
+        v.loc = kv->loc;
+      }
+    }
+    if (v.k != V_ERR && v.k != V_INT && v.k != V_FLOAT && v.k != V_BOOL && v.k != V_STR) {
+      char buf[256];
+      elab_error(e, kv->value->loc, "config values must be numbers, bools or strings; '%s' is %s", kv->name,
+                 elab_value_desc(e, &v, buf, sizeof buf));
+      v = elab_err();
+    }
+    frame_set(&e->config, kv->name, v);
+    if (v.k == V_INT || v.k == V_FLOAT) {
+      IrConst c = {ts_intern(kv->name), v.k == V_FLOAT, v.k == V_INT ? v.i : 0, v.k == V_FLOAT ? v.f : 0};
+      VEC_PUSH(e->m->consts, c);
+    }
+  }
+}
+
+/* ---- train block ---- */
+/* key = name(args...) with keyword arguments evaluated in the config scope. */
+static int train_call(Elab *e, const MdlKV *kv, const char *const *fnames, int *which,
+                      const char *const *names, Value *out) {
+  const MdlExpr *x = kv->value;
+  const char *fn = x->kind == MDL_E_CALL && x->a->kind == MDL_E_NAME ? x->a->str : NULL;
+  *which = -1;
+  for (int i = 0; fn && fnames[i]; i++)
+    if (!strcmp(fn, fnames[i])) *which = i;
+  if (*which < 0) {
+    StrBuf b = {0};
+    for (int i = 0; fnames[i]; i++) sb_printf(&b, "%s%s(...)", i ? " or " : "", fnames[i]);
+    elab_error(e, x->loc, "train: %s must be %s", kv->name, b.p);
+    sb_free(&b);
+    return -1;
+  }
+  ElabCall c = {x->loc, fn, arena_alloc(&e->a, (size_t)(x->nargs + 1) * sizeof(ElabArg)), x->nargs};
+  for (int i = 0; i < x->nargs; i++) {
+    c.args[i].name = x->args[i].name;
+    c.args[i].loc = x->args[i].value->loc;
+    c.args[i].v = eval(e, &e->config, x->args[i].value);
+    if (c.args[i].v.k == V_ERR) return -1;
+  }
+  return elab_bind_args(e, &c, names, 0, out);
+}
+
+static int train_range(Elab *e, const Value *v, const char *what, double lo, double hi, int lo_open, double *out) {
+  if (v->k == V_ERR) return -1;
+  if (!elab_is_num(v)) {
+    char buf[256];
+    elab_error(e, v->loc, "train: %s must be a number, got %s", what, elab_value_desc(e, v, buf, sizeof buf));
+    return -1;
+  }
+  double x = elab_num(v);
+  if (!isfinite(x) || (lo_open ? !(x > lo) : !(x >= lo)) || !(x < hi || (isinf(hi) && x <= hi))) {
+    elab_error(e, v->loc, "train: %s must be %s %g%s, got %g", what, lo_open ? ">" : ">=", lo,
+               isinf(hi) ? "" : hi == 1 ? " and < 1" : " and below the limit", x);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+static int train_int(Elab *e, const Value *v, const char *what, int64_t lo, int64_t *out) {
+  if (v->k == V_ERR) return -1;
+  if (v->k != V_INT || v->i < lo) {
+    char buf[256];
+    elab_error(e, v->loc, "train: %s must be an int >= %lld, got %s", what, (long long)lo,
+               elab_value_desc(e, v, buf, sizeof buf));
+    return -1;
+  }
+  *out = v->i;
+  return 0;
+}
+
+static void elab_train(Elab *e) {
+  const MdlProgram *p = e->main;
+  IrTrain t;
+  ir_train_defaults(&t);
+  int have_decay = 0, gb_at = -1;
+  for (int j = 0; j < p->ntrain; j++) {
+    const MdlKV *kv = &p->train[j];
+    for (int k = 0; k < j; k++)
+      if (!strcmp(p->train[k].name, kv->name)) elab_error(e, kv->loc, "train key '%s' is given twice", kv->name);
+    const char *key = kv->name;
+    Value a[4];
+    int which;
+    if (!strcmp(key, "optimizer")) {
+      static const char *const fns[] = {"adamw", NULL}, *const names[] = {"lr", "betas", "eps", "weight_decay", NULL};
+      if (train_call(e, kv, fns, &which, names, a)) continue;
+      if (a[0].k != V_UNSET) train_range(e, &a[0], "lr", 0, INFINITY, 1, &t.lr);
+      if (a[1].k != V_UNSET) {
+        if ((a[1].k != V_TUPLE && a[1].k != V_LIST) || a[1].n != 2) {
+          elab_error(e, a[1].loc, "train: betas must be a pair (beta1, beta2)");
+        } else {
+          train_range(e, &a[1].items[0], "beta1", 0, 1, 0, &t.beta1);
+          train_range(e, &a[1].items[1], "beta2", 0, 1, 0, &t.beta2);
+        }
+      }
+      if (a[2].k != V_UNSET) train_range(e, &a[2], "eps", 0, INFINITY, 0, &t.eps);
+      if (a[3].k != V_UNSET) train_range(e, &a[3], "weight_decay", 0, INFINITY, 0, &t.weight_decay);
+    } else if (!strcmp(key, "schedule")) {
+      static const char *const fns[] = {"constant", "cosine", "linear", NULL},
+                               *const names[] = {"warmup", "min_lr", "decay_steps", NULL};
+      if (train_call(e, kv, fns, &which, names, a)) continue;
+      static const IrSchedule sch[] = {IR_SCHED_CONSTANT, IR_SCHED_COSINE, IR_SCHED_LINEAR};
+      t.schedule = sch[which];
+      if (which == 0 && (a[1].k != V_UNSET || a[2].k != V_UNSET))
+        elab_error(e, kv->value->loc, "train: constant() takes only warmup:");
+      if (a[0].k != V_UNSET) train_int(e, &a[0], "warmup", 0, &t.warmup);
+      if (a[1].k != V_UNSET) train_range(e, &a[1], "min_lr", 0, INFINITY, 0, &t.min_lr);
+      if (a[2].k != V_UNSET && train_int(e, &a[2], "decay_steps", 1, &t.decay_steps) == 0) have_decay = 1;
+    } else if (!strcmp(key, "precision")) {
+      const MdlExpr *x = kv->value;
+      const char *s = x->kind == MDL_E_NAME || x->kind == MDL_E_STRING ? x->str : "";
+      if (!strcmp(s, "f32")) t.precision = IR_F32;
+      else if (!strcmp(s, "f64")) t.precision = IR_F64;
+      else elab_error(e, x->loc, "train: precision must be f32 or f64");
+    } else {
+      Value v = eval(e, &e->config, kv->value);
+      if (!strcmp(key, "clip_grad")) train_range(e, &v, key, 0, INFINITY, 0, &t.clip_grad);
+      else if (!strcmp(key, "global_batch")) { if (!train_int(e, &v, key, 1, &t.global_batch)) gb_at = j; }
+      else if (!strcmp(key, "micro_batch")) train_int(e, &v, key, 1, &t.micro_batch);
+      else if (!strcmp(key, "seq_len")) train_int(e, &v, key, 1, &t.seq_len);
+      else if (!strcmp(key, "steps")) train_int(e, &v, key, 1, &t.steps);
+      else if (!strcmp(key, "seed")) { int64_t s; if (!train_int(e, &v, key, 0, &s)) t.seed = (uint64_t)s; }
+      else
+        elab_error(e, kv->loc, "unknown train key '%s' (known: optimizer, schedule, clip_grad, global_batch, "
+                               "micro_batch, seq_len, steps, seed, precision)", key);
+    }
+  }
+  if (t.global_batch % t.micro_batch != 0) {
+    MdlLoc at = gb_at >= 0 ? p->train[gb_at].loc : p->ntrain ? p->train[0].loc : no_loc;
+    elab_error(e, at, "train: global_batch %lld is not a multiple of micro_batch %lld", (long long)t.global_batch,
+               (long long)t.micro_batch);
+  }
+  if (!have_decay) t.decay_steps = t.steps;
+  if (e->opt->precision != IR_VOID) {
+    if (!ir_dtype_is_float(e->opt->precision)) elab_error(e, no_loc, "--precision must be f32 or f64");
+    else t.precision = e->opt->precision;
+  }
+  e->prec = t.precision;
+  e->m->train = t;
+}
+
+/* ---- parallel and rules blocks ---- */
+static void elab_parallel(Elab *e) {
+  const MdlProgram *p = e->main;
+  IrParallel par = {1, 1, 1, 1, 0, 0};
+  for (int j = 0; j < p->nparallel; j++) {
+    const MdlKV *kv = &p->parallel[j];
+    Value v = eval(e, &e->config, kv->value);
+    if (v.k == V_ERR) continue;
+    char buf[256];
+    const char *k = kv->name;
+    int *slot = !strcmp(k, "tp") ? &par.tp : !strcmp(k, "pp") ? &par.pp : !strcmp(k, "cp") ? &par.cp
+              : !strcmp(k, "ep") ? &par.ep : !strcmp(k, "dp") ? &par.dp : NULL;
+    if (!strcmp(k, "sp")) {
+      if (v.k != V_BOOL) elab_error(e, kv->value->loc, "parallel: sp must be a bool, got %s", elab_value_desc(e, &v, buf, sizeof buf));
+      else par.sp = (int)v.i;
+    } else if (slot) {
+      int lo = slot == &par.dp ? 0 : 1;
+      if (v.k != V_INT || v.i < lo || v.i > 1 << 20)
+        elab_error(e, kv->value->loc, "parallel: %s must be an int >= %d, got %s", k, lo, elab_value_desc(e, &v, buf, sizeof buf));
+      else *slot = (int)v.i;
+    } else {
+      elab_error(e, kv->loc, "unknown parallel key '%s' (known: tp, pp, cp, ep, dp, sp)", k);
+    }
+  }
+  const MdlOptions *o = e->opt;
+  const int *ov[5] = {&o->tp, &o->pp, &o->cp, &o->ep, &o->sp};
+  int *dst[5] = {&par.tp, &par.pp, &par.cp, &par.ep, &par.sp};
+  static const char *names[5] = {"tp", "pp", "cp", "ep", "sp"};
+  for (int i = 0; i < 5; i++) {
+    if (*ov[i] < 0) continue;
+    if ((i < 4 && *ov[i] < 1) || (i == 4 && *ov[i] > 1))
+      elab_error(e, no_loc, "--%s=%d is out of range (%s)", names[i], *ov[i], i < 4 ? ">= 1" : "0 or 1");
+    else *dst[i] = *ov[i];
+  }
+  e->m->par = par;
+}
+
+static void elab_rules(Elab *e) {
+  static const char *axes[] = {"dp", "tp", "pp", "cp", "ep"};
+  const MdlProgram *p = e->main;
+  for (int i = 0; i < p->nrules; i++) {
+    const MdlRule *r = &p->rules[i];
+    int ok = 0;
+    for (int a = 0; a < 5; a++) ok |= !strcmp(r->axis, axes[a]);
+    if (!ok) elab_error(e, r->loc, "rules: unknown mesh axis '%s' for dim '%s' (known: dp, tp, pp, cp, ep)", r->axis, r->dim);
+    for (int j = 0; j < i; j++)
+      if (!strcmp(p->rules[j].dim, r->dim)) elab_error(e, r->loc, "rules: dim '%s' is mapped twice", r->dim);
+  }
+  /* TODO(sharding): the IR has no place for dim -> mesh-axis rules yet; the
+   * sharding pass will need them on IrModule (validated here, then dropped). */
+}
+
+/* ---- the model ---- */
+/* The type of a model argument: every dim must have a size. */
+static int input_type(Elab *e, ElabFrame *f, const MdlDecl *dc, IrType *t) {
+  memset(t, 0, sizeof *t);
+  if (resolve_dtype(e, dc->dtype, dc->loc, &t->dtype)) return -1;
+  if (dc->ndims > IR_MAX_RANK) {
+    elab_error(e, dc->loc, "model argument '%s': rank %d exceeds the maximum of %d", dc->name, dc->ndims, IR_MAX_RANK);
+    return -1;
+  }
+  t->rank = dc->ndims;
+  for (int i = 0; i < dc->ndims; i++) {
+    const MdlExpr *p = dc->dims[i];
+    if (p->kind == MDL_E_ELLIPSIS) {
+      elab_error(e, p->loc, "model argument '%s': '...' is not allowed; the runtime needs every size", dc->name);
+      return -1;
+    }
+    if (p->kind == MDL_E_NAME && !frame_lookup(f, p->str)) {
+      elab_error(e, p->loc, "model argument '%s': dim '%s' has no size (write %s=<size>)", dc->name, p->str, p->str);
+      return -1;
+    }
+    Value v = eval(e, f, p->kind == MDL_E_NAMED_DIM ? p->a : p);
+    if (v.k == V_ERR) return -1;
+    if (v.k != V_INT) {
+      char buf[256];
+      elab_error(e, p->loc, "model argument '%s': dims must be ints, got %s", dc->name, elab_value_desc(e, &v, buf, sizeof buf));
+      return -1;
+    }
+    t->dim[i] = v.i;
+    t->dname[i] = p->kind == MDL_E_NAMED_DIM ? ts_intern(p->str) : v.s;
+  }
+  char what[256];
+  snprintf(what, sizeof what, "model argument '%s'", dc->name);
+  return elab_check_type(e, dc->loc, t, what);
+}
+
+static void elab_model(Elab *e) {
+  const MdlFunc *fn = e->main->model;
+  ElabNaming nm;
+  memset(&nm, 0, sizeof nm);
+  nm.prefix = "";
+  ElabFrame fr;
+  memset(&fr, 0, sizeof fr);
+  fr.parent = &e->config;
+  fr.prog = e->main;
+  fr.naming = &nm;
+  for (int i = 0; i < fn->ndecls; i++) {
+    const MdlDecl *dc = &fn->decls[i];
+    Value v;
+    if (dc->type == MDL_T_TENSOR) {
+      IrType t;
+      v = input_type(e, &fr, dc, &t) ? elab_err()
+                                     : elab_emit(e, dc->loc, IR_OP_INPUT, NULL, 0, NULL, NULL, dc->name, &t);
+    } else if (!dc->dflt) {
+      elab_error(e, dc->loc, "model argument '%s' is not a tensor, so it needs a default value", dc->name);
+      v = elab_err();
+    } else {
+      v = eval(e, &fr, dc->dflt);
+      if (v.k != V_ERR && check_decl(e, &fr, fn->name, dc, &v, dc->dflt->loc)) v = elab_err();
+    }
+    frame_set(&fr, dc->name, v);
+  }
+  int err0 = e->d->nerrors;
+  Flow fl = exec_block(e, &fr, fn->body, fn->nbody);
+  if (e->d->nerrors == err0) {
+    if (fl != FLOW_RETURN) {
+      elab_error(e, fn->loc, "model '%s' must return its loss (a scalar float tensor)", fn->name);
+    } else if (fr.ret.k != V_ERR) {
+      Value r = fr.ret;
+      IrType t;
+      if (r.k == V_TENSOR) t = elab_type(e, &r);
+      if (r.k != V_TENSOR || t.rank != 0 || !ir_dtype_is_float(t.dtype)) {
+        char buf[256];
+        elab_error(e, r.loc, "the model must return a scalar float tensor (the loss), got %s",
+                   elab_value_desc(e, &r, buf, sizeof buf));
+        if (r.k == V_TENSOR) mdl_note(e->d, r.loc, "reduce it with sum(...) or mean(...)");
+      } else {
+        elab_emit(e, r.loc, IR_OP_OUTPUT, &r, 1, NULL, NULL, "loss", NULL);
+      }
+    }
+  }
+  free(fr.vars.a);
+  free(nm.counters.a);
+}
 
 IrModule *mdl_elaborate(const MdlProgram *main, const MdlModuleRef *mods, int nmods,
                         const MdlOptions *opt, MdlDiag *d) {
-  (void)mods; (void)nmods; (void)opt;
-  mdl_error(d, main->model_loc, "the elaborator is not implemented yet");
-  return NULL;
+  MdlOptions defaults;
+  if (!opt) { mdl_options_init(&defaults); opt = &defaults; }
+  int err0 = d->nerrors;
+  if (!main->model) {
+    MdlLoc at = {main->file, 0, 0};
+    mdl_error(d, at, "no model to elaborate");
+    return NULL;
+  }
+  Elab e;
+  memset(&e, 0, sizeof e);
+  e.d = d;
+  e.opt = opt;
+  e.main = main;
+  e.mods = mods;
+  e.nmods = nmods;
+  e.m = ir_module_new(main->model->name);
+  e.blk = ir_block_add(e.m, "forward");
+  e.prec = IR_F32;
+  arena_init(&e.a);
+  e.config.prog = main;
+  /* the blocks in dependency order: train and parallel read config values,
+   * the model needs the precision from train */
+  elab_config(&e);
+  if (!e.abort) elab_train(&e);
+  if (!e.abort) elab_parallel(&e);
+  if (!e.abort) elab_rules(&e);
+  if (!e.abort && d->nerrors == err0) elab_model(&e);
+  IrModule *m = e.m;
+  if (d->nerrors > err0) {
+    ir_module_free(m);
+    m = NULL;
+  }
+  free(e.config.vars.a);
+  free(e.snames);
+  arena_free(&e.a);
+  return m;
 }

@@ -1,0 +1,622 @@
+/* elab_builtins.c - MDL's builtin functions: one row per builtin in
+ * `builtins[]` (name, argument names, how many are required, handler).
+ * Arguments are bound (positional, then keyword) before the handler runs,
+ * so handlers see a[i] in the order of the row's names, V_UNSET when an
+ * optional one was not passed.
+ *
+ * Tensor builtins emit IR nodes; several names also work on plain numbers
+ * at compile time (sqrt, exp, log, tanh, rsqrt, max, min, abs, float, int).
+ * Axes may be negative; they are normalized before emitting (the IR has
+ * only non-negative axes). */
+#include "elab_priv.h"
+#include <math.h>
+
+typedef Value (*BuiltinFn)(Elab *e, const ElabCall *c, Value *a, int op);
+typedef struct {
+  const char *name;
+  const char *args[6];   /* NULL-terminated; args[0] == NULL and nreq < 0: variadic */
+  int nreq;
+  BuiltinFn fn;
+  int op;                /* IrOp for the generic handlers */
+} Builtin;
+
+static Value fail_arg(Elab *e, const Value *v, const char *fmt, const char *fname) {
+  char buf[256];
+  elab_error(e, v->loc, fmt, fname, elab_value_desc(e, v, buf, sizeof buf));
+  elab_note_origin(e, v);
+  return elab_err();
+}
+
+static const char *list_str(Elab *e, const Value *list) {
+  StrBuf b = {0};
+  sb_putc(&b, '[');
+  for (int i = 0; i < list->n; i++) {
+    const Value *v = &list->items[i];
+    if (i) sb_puts(&b, ", ");
+    if (v->k == V_INT) sb_printf(&b, "%lld", (long long)v->i);
+    else sb_puts(&b, "?");
+  }
+  sb_putc(&b, ']');
+  const char *s = arena_strdup(&e->a, b.p);
+  sb_free(&b);
+  return s;
+}
+
+/* ---- elementwise / scalar math ---- */
+static Value scalar_math(Elab *e, const ElabCall *c, const Value *x, int op) {
+  double v = elab_num(x), r = 0;
+  const char *dom = NULL;
+  switch (op) {
+  case IR_OP_EXP: r = exp(v); break;
+  case IR_OP_LOG: if (v <= 0) dom = "> 0"; else r = log(v); break;
+  case IR_OP_SQRT: if (v < 0) dom = ">= 0"; else r = sqrt(v); break;
+  case IR_OP_RSQRT: if (v <= 0) dom = "> 0"; else r = 1.0 / sqrt(v); break;
+  case IR_OP_TANH: r = tanh(v); break;
+  default: return fail_arg(e, x, "%s() needs a tensor, got %s", c->fname);
+  }
+  if (dom) {
+    elab_error(e, x->loc, "%s(): the argument must be %s, got %g", c->fname, dom, v);
+    return elab_err();
+  }
+  return elab_float(r, c->loc);
+}
+
+static Value bi_unary(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_is_num(&a[0])) return scalar_math(e, c, &a[0], op);
+  if (elab_want_tensor(e, c, "x", &a[0], 1)) return elab_err();
+  return elab_emit(e, c->loc, (IrOp)op, &a[0], 1, NULL, NULL, NULL, NULL);
+}
+
+static Value bi_abs(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (a[0].k == V_INT) {
+    if (a[0].i == INT64_MIN) { elab_error(e, c->loc, "abs(): integer overflow"); return elab_err(); }
+    return elab_int(a[0].i < 0 ? -a[0].i : a[0].i, c->loc);
+  }
+  if (a[0].k == V_FLOAT) return elab_float(fabs(a[0].f), c->loc);
+  return fail_arg(e, &a[0], "%s() needs a number, got %s", c->fname);
+}
+
+static Value bi_float(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_is_num(&a[0])) return elab_float(elab_num(&a[0]), c->loc);
+  if (a[0].k == V_BOOL) return elab_float((double)a[0].i, c->loc);
+  return fail_arg(e, &a[0], "%s() needs a number, got %s", c->fname);
+}
+
+static Value bi_int(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (a[0].k == V_INT) return elab_int(a[0].i, c->loc);
+  if (a[0].k == V_BOOL) return elab_int(a[0].i, c->loc);
+  if (a[0].k == V_FLOAT) {   /* truncates toward zero, like Python */
+    double f = trunc(a[0].f);
+    if (!(f >= -9.2e18 && f <= 9.2e18)) {
+      elab_error(e, a[0].loc, "int(): %g does not fit in an int", a[0].f);
+      return elab_err();
+    }
+    return elab_int((int64_t)f, c->loc);
+  }
+  return fail_arg(e, &a[0], "%s() needs a number, got %s", c->fname);
+}
+
+/* ---- reductions ---- */
+static Value reduce(Elab *e, const ElabCall *c, Value x, const Value *axis, const Value *keep, IrOp op) {
+  if (elab_want_tensor(e, c, "x", &x, 1)) return elab_err();
+  int kd = 0;
+  if (keep->k != V_UNSET && elab_want_bool(e, c, "keepdim", keep, &kd)) return elab_err();
+  if (axis->k == V_UNSET) return elab_reduce_all(e, c->loc, op, x, kd);
+  IrType t = elab_type(e, &x);
+  int mark[IR_MAX_RANK] = {0};
+  if (axis->k == V_LIST || axis->k == V_TUPLE) {
+    for (int i = 0; i < axis->n; i++) {
+      int ax = elab_axis(e, c->loc, &axis->items[i], t.rank, &x, c->fname);
+      if (ax < 0) return elab_err();
+      if (mark[ax]) {
+        elab_error(e, axis->items[i].loc, "%s(): axis %d is listed twice", c->fname, ax);
+        return elab_err();
+      }
+      mark[ax] = 1;
+    }
+  } else {
+    int ax = elab_axis(e, c->loc, axis, t.rank, &x, c->fname);
+    if (ax < 0) return elab_err();
+    mark[ax] = 1;
+  }
+  for (int ax = t.rank - 1; ax >= 0 && x.k != V_ERR; ax--) {   /* last first: lower axes keep their index */
+    if (!mark[ax]) continue;
+    int64_t ia[2] = {ax, kd};
+    x = elab_emit(e, c->loc, op, &x, 1, ia, NULL, NULL, NULL);
+  }
+  return x;
+}
+
+static Value bi_reduce(Elab *e, const ElabCall *c, Value *a, int op) {
+  return reduce(e, c, a[0], &a[1], &a[2], (IrOp)op);
+}
+
+/* min/max: on numbers (any count, ints stay ints) or, for max, a tensor
+ * reduction max(x, axis:, keepdim:). */
+static Value bi_minmax(Elab *e, const ElabCall *c, Value *unused, int op) {
+  int is_max = op == IR_OP_MAX;
+  if (c->nargs >= 1 && c->args[0].v.k == V_TENSOR && !c->args[0].name) {
+    if (!is_max) {
+      elab_error(e, c->loc, "min() works on numbers only (there is no min reduction)");
+      return elab_err();
+    }
+    static const char *const names[] = {"x", "axis", "keepdim", NULL};
+    Value a[3];
+    if (elab_bind_args(e, c, names, 1, a)) return elab_err();
+    return reduce(e, c, a[0], &a[1], &a[2], IR_OP_MAX);
+  }
+  if (c->nargs < 1) {
+    elab_error(e, c->loc, "%s() needs at least one number", c->fname);
+    return elab_err();
+  }
+  Value r = elab_int(0, c->loc);
+  int all_int = 1;
+  double best = 0;
+  int64_t ibest = 0;
+  for (int i = 0; i < c->nargs; i++) {
+    const ElabArg *g = &c->args[i];
+    if (g->name) {
+      elab_error(e, g->loc, "%s() on numbers takes no keyword arguments", c->fname);
+      return elab_err();
+    }
+    if (!elab_is_num(&g->v)) return fail_arg(e, &g->v, "%s() needs numbers, got %s", c->fname);
+    double v = elab_num(&g->v);
+    if (g->v.k != V_INT) all_int = 0;
+    if (i == 0 || (is_max ? v > best : v < best)) best = v;
+    if (g->v.k == V_INT && (i == 0 || (is_max ? g->v.i > ibest : g->v.i < ibest))) ibest = g->v.i;
+  }
+  if (all_int) { r.i = ibest; return r; }
+  return elab_float(best, c->loc);
+}
+
+/* ---- layout ---- */
+static Value bi_reshape(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "x", &a[0], 0)) return elab_err();
+  IrType xt = elab_type(e, &a[0]), t = xt;
+  int infer;
+  if (elab_shape_list(e, &a[1], a[1].loc, &t, 1, &infer, c->fname)) return elab_err();
+  for (int i = t.rank; i < IR_MAX_RANK; i++) { t.dim[i] = 0; t.dname[i] = NULL; }
+  int64_t n = ir_type_numel(&xt), known = 1;
+  IrType probe = t;
+  if (infer >= 0) probe.dim[infer] = 1;
+  if (elab_check_type(e, a[1].loc, &probe, c->fname)) return elab_err();
+  known = ir_type_numel(&probe);
+  if (infer >= 0) {
+    if (n % known == 0) t.dim[infer] = n / known;
+    known = n % known == 0 ? n : -1;
+  }
+  if (known != n) {
+    char buf[256];
+    elab_error(e, c->loc, "%s(): cannot reshape %s (%lld elements) to %s", c->fname,
+               ir_type_str(&xt, buf, sizeof buf), (long long)n, list_str(e, &a[1]));
+    elab_note_origin(e, &a[0]);
+    return elab_err();
+  }
+  return elab_reshape(e, c->loc, a[0], &t);
+}
+
+static Value permute(Elab *e, const ElabCall *c, Value x, const int *perm) {
+  IrType t = elab_type(e, &x);
+  int64_t ia[IR_MAX_RANK];
+  int id = 1;
+  for (int i = 0; i < t.rank; i++) { ia[i] = perm[i]; id &= perm[i] == i; }
+  if (id) return x;
+  return elab_emit(e, c->loc, IR_OP_PERMUTE, &x, 1, ia, NULL, NULL, NULL);
+}
+
+static Value bi_transpose(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "x", &a[0], 0)) return elab_err();
+  IrType t = elab_type(e, &a[0]);
+  if (t.rank < 2) return fail_arg(e, &a[0], "%s() needs a tensor of rank >= 2, got %s", c->fname);
+  int p = t.rank - 2, q = t.rank - 1;
+  if ((a[1].k == V_UNSET) != (a[2].k == V_UNSET)) {
+    elab_error(e, c->loc, "%s() takes either no axes or two: transpose(x, a, b)", c->fname);
+    return elab_err();
+  }
+  if (a[1].k != V_UNSET) {
+    p = elab_axis(e, c->loc, &a[1], t.rank, &a[0], c->fname);
+    q = p < 0 ? -1 : elab_axis(e, c->loc, &a[2], t.rank, &a[0], c->fname);
+    if (q < 0) return elab_err();
+  }
+  int perm[IR_MAX_RANK];
+  for (int i = 0; i < t.rank; i++) perm[i] = i;
+  perm[p] = q;
+  perm[q] = p;
+  return permute(e, c, a[0], perm);
+}
+
+static Value bi_permute(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "x", &a[0], 0)) return elab_err();
+  IrType t = elab_type(e, &a[0]);
+  char buf[256];
+  if ((a[1].k != V_LIST && a[1].k != V_TUPLE) || a[1].n != t.rank) {
+    elab_error(e, a[1].loc, "%s(): expected a list of %d axes for %s", c->fname, t.rank, ir_type_str(&t, buf, sizeof buf));
+    elab_note_origin(e, &a[0]);
+    return elab_err();
+  }
+  int perm[IR_MAX_RANK], seen[IR_MAX_RANK] = {0};
+  for (int i = 0; i < t.rank; i++) {
+    int ax = elab_axis(e, c->loc, &a[1].items[i], t.rank, &a[0], c->fname);
+    if (ax < 0) return elab_err();
+    if (seen[ax]) {
+      elab_error(e, a[1].loc, "%s(): %s is not a permutation of 0..%d", c->fname, list_str(e, &a[1]), t.rank - 1);
+      return elab_err();
+    }
+    seen[ax] = 1;
+    perm[i] = ax;
+  }
+  return permute(e, c, a[0], perm);
+}
+
+/* x[start:end] along axis (negative start/end count from the end). */
+static Value slice_axis(Elab *e, const ElabCall *c, Value x, int ax, int64_t s, int64_t en, MdlLoc at) {
+  IrType t = elab_type(e, &x);
+  int64_t n = t.dim[ax], s0 = s, e0 = en;
+  if (s < 0) s += n;
+  if (en < 0) en += n;
+  if (s < 0 || en > n || s >= en) {
+    char buf[256];
+    elab_error(e, at, "%s(): %lld:%lld is out of range or empty for axis %d of %s", c->fname, (long long)s0,
+               (long long)e0, ax, ir_type_str(&t, buf, sizeof buf));
+    elab_note_origin(e, &x);
+    return elab_err();
+  }
+  if (s == 0 && en == n) return x;
+  int64_t ia[3] = {ax, s, en};
+  return elab_emit(e, c->loc, IR_OP_SLICE, &x, 1, ia, NULL, NULL, NULL);
+}
+
+static Value bi_slice(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "x", &a[0], 0)) return elab_err();
+  IrType t = elab_type(e, &a[0]);
+  int ax = elab_axis(e, c->loc, &a[1], t.rank, &a[0], c->fname);
+  int64_t s, en;
+  if (ax < 0 || elab_want_int(e, c, "start", &a[2], &s) || elab_want_int(e, c, "end", &a[3], &en)) return elab_err();
+  return slice_axis(e, c, a[0], ax, s, en, c->loc);
+}
+
+static Value bi_concat(Elab *e, const ElabCall *c, Value *a, int op) {
+  Value *xs = &a[0];
+  if ((xs->k != V_LIST && xs->k != V_TUPLE) || xs->n < 1)
+    return fail_arg(e, xs, "%s() needs a non-empty list of tensors, got %s", c->fname);
+  for (int i = 0; i < xs->n; i++)
+    if (elab_want_tensor(e, c, "xs", &xs->items[i], 0)) return elab_err();
+  IrType t0 = elab_type(e, &xs->items[0]);
+  Value dflt = elab_int(-1, c->loc);
+  int ax = elab_axis(e, c->loc, a[1].k == V_UNSET ? &dflt : &a[1], t0.rank, &xs->items[0], c->fname);
+  if (ax < 0) return elab_err();
+  for (int i = 1; i < xs->n; i++) {
+    IrType t = elab_type(e, &xs->items[i]);
+    int ok = t.dtype == t0.dtype && t.rank == t0.rank;
+    for (int d = 0; ok && d < t.rank; d++) ok = d == ax || t.dim[d] == t0.dim[d];
+    if (!ok) {
+      char b1[256], b2[256];
+      elab_error(e, c->loc, "%s(): %s and %s do not concatenate along axis %d", c->fname,
+                 ir_type_str(&t0, b1, sizeof b1), ir_type_str(&t, b2, sizeof b2), ax);
+      elab_note_origin(e, &xs->items[0]);
+      elab_note_origin(e, &xs->items[i]);
+      return elab_err();
+    }
+  }
+  if (xs->n == 1) return xs->items[0];
+  int64_t ia[1] = {ax};
+  return elab_emit(e, c->loc, IR_OP_CONCAT, xs->items, xs->n, ia, NULL, NULL, NULL);
+}
+
+/* split(x, n or [sizes], axis: -1) -> tuple of slices */
+static Value bi_split(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "x", &a[0], 0)) return elab_err();
+  IrType t = elab_type(e, &a[0]);
+  Value dflt = elab_int(-1, c->loc);
+  int ax = elab_axis(e, c->loc, a[2].k == V_UNSET ? &dflt : &a[2], t.rank, &a[0], c->fname);
+  if (ax < 0) return elab_err();
+  int64_t n = t.dim[ax];
+  char buf[256];
+  int64_t *sizes;
+  int np;
+  if (a[1].k == V_INT) {
+    int64_t k = a[1].i;
+    if (k < 1 || k > 4096 || n % k != 0) {
+      elab_error(e, a[1].loc, "%s(): cannot split axis %d of %s (size %lld) into %lld equal parts", c->fname, ax,
+                 ir_type_str(&t, buf, sizeof buf), (long long)n, (long long)k);
+      elab_note_origin(e, &a[0]);
+      return elab_err();
+    }
+    np = (int)k;
+    sizes = arena_alloc(&e->a, (size_t)np * sizeof *sizes);
+    for (int i = 0; i < np; i++) sizes[i] = n / k;
+  } else if (a[1].k == V_LIST || a[1].k == V_TUPLE) {
+    np = a[1].n;
+    sizes = arena_alloc(&e->a, (size_t)(np + 1) * sizeof *sizes);
+    int64_t sum = 0;
+    for (int i = 0; i < np; i++) {
+      if (elab_want_int(e, c, "sizes", &a[1].items[i], &sizes[i])) return elab_err();
+      if (sizes[i] < 1 || sizes[i] > n) { sum = -1; break; }
+      sum += sizes[i];
+    }
+    if (np < 1 || sum != n) {
+      elab_error(e, a[1].loc, "%s(): sizes %s do not add up to %lld, the size of axis %d of %s", c->fname,
+                 list_str(e, &a[1]), (long long)n, ax, ir_type_str(&t, buf, sizeof buf));
+      elab_note_origin(e, &a[0]);
+      return elab_err();
+    }
+  } else {
+    return fail_arg(e, &a[1], "%s(): the parts must be an int or a list of sizes, got %s", c->fname);
+  }
+  Value r = elab_tuple(e, V_TUPLE, np, c->loc);
+  int64_t at = 0;
+  for (int i = 0; i < np; i++) {
+    r.items[i] = slice_axis(e, c, a[0], ax, at, at + sizes[i], c->loc);
+    if (r.items[i].k == V_ERR) return elab_err();
+    at += sizes[i];
+  }
+  return r;
+}
+
+static Value bi_broadcast(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "x", &a[0], 0)) return elab_err();
+  IrType t;
+  memset(&t, 0, sizeof t);
+  if (elab_shape_list(e, &a[1], a[1].loc, &t, 0, NULL, c->fname)) return elab_err();
+  if (elab_check_type(e, a[1].loc, &t, c->fname)) return elab_err();
+  return elab_broadcast_to(e, c->loc, a[0], &t);
+}
+
+static Value bi_full(Elab *e, const ElabCall *c, Value *a, int op) {
+  IrType t;
+  memset(&t, 0, sizeof t);
+  t.dtype = e->prec;
+  double v;
+  if (elab_shape_list(e, &a[0], a[0].loc, &t, 0, NULL, c->fname) || elab_check_type(e, a[0].loc, &t, c->fname) ||
+      elab_want_num(e, c, "value", &a[1], &v))
+    return elab_err();
+  double fa[1] = {v};
+  return elab_emit(e, c->loc, IR_OP_FULL, NULL, 0, NULL, fa, NULL, &t);
+}
+
+static Value bi_size(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "x", &a[0], 0)) return elab_err();
+  IrType t = elab_type(e, &a[0]);
+  int ax = elab_axis(e, c->loc, &a[1], t.rank, &a[0], c->fname);
+  if (ax < 0) return elab_err();
+  Value r = elab_int(t.dim[ax], c->loc);
+  r.s = t.dname[ax];
+  return r;
+}
+
+/* ---- neural-network ops ---- */
+static Value bi_softmax(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "x", &a[0], 1)) return elab_err();
+  IrType t = elab_type(e, &a[0]);
+  if (t.rank < 1) return fail_arg(e, &a[0], "%s() needs a tensor of rank >= 1, got %s", c->fname);
+  if (a[1].k != V_UNSET) {
+    int ax = elab_axis(e, c->loc, &a[1], t.rank, &a[0], c->fname);
+    if (ax < 0) return elab_err();
+    if (ax != t.rank - 1) {
+      elab_error(e, a[1].loc, "%s() works on the last axis only (axis: -1); permute the tensor first", c->fname);
+      return elab_err();
+    }
+  }
+  return elab_emit(e, c->loc, (IrOp)op, &a[0], 1, NULL, NULL, NULL, NULL);
+}
+
+static Value bi_norm(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "x", &a[0], 1)) return elab_err();
+  double eps = 1e-5;
+  if (a[1].k != V_UNSET && elab_want_num(e, c, "eps", &a[1], &eps)) return elab_err();
+  if (!(eps > 0) || !isfinite(eps)) {
+    elab_error(e, a[1].loc, "%s(): eps must be > 0, got %g", c->fname, eps);
+    return elab_err();
+  }
+  double fa[1] = {eps};
+  return elab_emit(e, c->loc, (IrOp)op, &a[0], 1, NULL, fa, NULL, NULL);
+}
+
+static Value bi_embedding(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "table", &a[0], 1) || elab_want_tensor(e, c, "ids", &a[1], 0)) return elab_err();
+  IrType ids = elab_type(e, &a[1]);
+  if (ids.dtype != IR_I32) return fail_arg(e, &a[1], "%s(): ids must be an i32 tensor, got %s", c->fname);
+  return elab_emit(e, c->loc, IR_OP_EMBEDDING, a, 2, NULL, NULL, NULL, NULL);
+}
+
+static Value bi_causal_mask(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "x", &a[0], 1)) return elab_err();
+  double fa[1] = {-INFINITY};
+  return elab_emit(e, c->loc, IR_OP_CAUSAL_MASK, &a[0], 1, NULL, fa, NULL, NULL);
+}
+
+/* keep as x's dtype and shape: cast, then broadcast */
+static Value as_mask(Elab *e, const ElabCall *c, Value keep, const IrType *xt) {
+  IrType kt = elab_type(e, &keep);
+  if (kt.dtype != xt->dtype) {
+    kt.dtype = xt->dtype;
+    keep = elab_emit(e, c->loc, IR_OP_CAST, &keep, 1, NULL, NULL, NULL, &kt);
+  }
+  return elab_broadcast_to(e, c->loc, keep, xt);
+}
+
+static Value bi_masked_fill(Elab *e, const ElabCall *c, Value *a, int op) {
+  double v;
+  if (elab_want_tensor(e, c, "x", &a[0], 1) || elab_want_tensor(e, c, "keep", &a[1], 0) ||
+      elab_want_num(e, c, "value", &a[2], &v))
+    return elab_err();
+  IrType xt = elab_type(e, &a[0]);
+  Value in[2] = {a[0], as_mask(e, c, a[1], &xt)};
+  double fa[1] = {v};
+  return elab_emit(e, c->loc, IR_OP_MASKED_FILL, in, 2, NULL, fa, NULL, NULL);
+}
+
+/* scores[batch, ..., k], mask[batch, k]: keys where mask == 0 get -inf. */
+static Value bi_padding_mask(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "scores", &a[0], 1) || elab_want_tensor(e, c, "mask", &a[1], 0)) return elab_err();
+  IrType st = elab_type(e, &a[0]), mt = elab_type(e, &a[1]);
+  if (st.rank < 2 || mt.rank != 2 || mt.dim[0] != st.dim[0] || mt.dim[1] != st.dim[st.rank - 1]) {
+    char b1[256], b2[256];
+    elab_error(e, c->loc, "%s(): mask %s must be [batch, keys] for scores %s ([batch, ..., keys])", c->fname,
+               ir_type_str(&mt, b1, sizeof b1), ir_type_str(&st, b2, sizeof b2));
+    elab_note_origin(e, &a[1]);
+    elab_note_origin(e, &a[0]);
+    return elab_err();
+  }
+  IrType kt = mt;
+  kt.dtype = st.dtype;
+  double zero[1] = {0};
+  Value keep = elab_emit(e, c->loc, IR_OP_NE_SCALAR, &a[1], 1, NULL, zero, NULL, &kt);
+  IrType r = st;   /* [batch, 1, ..., 1, keys] */
+  for (int i = 1; i < st.rank - 1; i++) { r.dim[i] = 1; r.dname[i] = NULL; }
+  r.dname[0] = mt.dname[0];
+  r.dname[st.rank - 1] = mt.dname[1];
+  keep = elab_broadcast_to(e, c->loc, elab_reshape(e, c->loc, keep, &r), &st);
+  Value in[2] = {a[0], keep};
+  double fa[1] = {-INFINITY};
+  return elab_emit(e, c->loc, IR_OP_MASKED_FILL, in, 2, NULL, fa, NULL, NULL);
+}
+
+static Value bi_dropout(Elab *e, const ElabCall *c, Value *a, int op) {
+  double p;
+  if (elab_want_tensor(e, c, "x", &a[0], 1) || elab_want_num(e, c, "p", &a[1], &p)) return elab_err();
+  if (!(p >= 0 && p < 1)) {
+    elab_error(e, a[1].loc, "%s(): p must be in [0, 1), got %g", c->fname, p);
+    return elab_err();
+  }
+  if (p == 0) return a[0];
+  int64_t ia[1] = {e->stream++};   /* deterministic: the n-th dropout of the model */
+  double fa[1] = {p};
+  return elab_emit(e, c->loc, IR_OP_DROPOUT, &a[0], 1, ia, fa, NULL, NULL);
+}
+
+static Value bi_rope(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "x", &a[0], 1)) return elab_err();
+  IrType t = elab_type(e, &a[0]);
+  double base = 10000.0;
+  if (a[1].k != V_UNSET && elab_want_num(e, c, "base", &a[1], &base)) return elab_err();
+  if (t.rank < 2) return fail_arg(e, &a[0], "%s() needs a tensor of rank >= 2, got %s", c->fname);
+  Value dflt = elab_int(-3, c->loc);
+  if (t.rank < 3 && a[2].k == V_UNSET) dflt.i = -2;
+  int ax = elab_axis(e, c->loc, a[2].k == V_UNSET ? &dflt : &a[2], t.rank, &a[0], c->fname);
+  if (ax < 0) return elab_err();
+  if (ax == t.rank - 1) {
+    elab_error(e, c->loc, "%s(): the position axis cannot be the last one (that is the rotated dim)", c->fname);
+    return elab_err();
+  }
+  int64_t ia[2] = {ax, 0};
+  double fa[1] = {base};
+  return elab_emit(e, c->loc, IR_OP_ROPE, &a[0], 1, ia, fa, NULL, NULL);
+}
+
+/* cross_entropy(logits[..., V], targets[...] i32): per-token losses, their
+ * sum, or their mean over the targets that are not ignore_index. */
+static Value bi_cross_entropy(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "logits", &a[0], 1) || elab_want_tensor(e, c, "targets", &a[1], 0)) return elab_err();
+  int64_t ignore = -1;
+  if (a[2].k != V_UNSET && elab_want_int(e, c, "ignore_index", &a[2], &ignore)) return elab_err();
+  const char *red = "mean";
+  if (a[3].k != V_UNSET) {
+    if (a[3].k != V_STR) return fail_arg(e, &a[3], "%s(): reduction must be \"mean\", \"sum\" or \"none\", got %s", c->fname);
+    red = a[3].s;
+  }
+  if (strcmp(red, "mean") && strcmp(red, "sum") && strcmp(red, "none")) {
+    elab_error(e, a[3].loc, "%s(): reduction must be \"mean\", \"sum\" or \"none\", got \"%s\"", c->fname, red);
+    return elab_err();
+  }
+  IrType lt = elab_type(e, &a[0]), tt = elab_type(e, &a[1]);
+  int ok = tt.dtype == IR_I32 && lt.rank == tt.rank + 1;
+  for (int i = 0; ok && i < tt.rank; i++) ok = lt.dim[i] == tt.dim[i];
+  if (!ok) {
+    char b1[256], b2[256];
+    elab_error(e, c->loc, "%s(): logits %s and targets %s: targets must be i32 with the logits' dims minus the last",
+               c->fname, ir_type_str(&lt, b1, sizeof b1), ir_type_str(&tt, b2, sizeof b2));
+    elab_note_origin(e, &a[0]);
+    elab_note_origin(e, &a[1]);
+    return elab_err();
+  }
+  int64_t ia[1] = {ignore};
+  Value loss = elab_emit(e, c->loc, IR_OP_CROSS_ENTROPY, a, 2, ia, NULL, NULL, NULL);
+  if (!strcmp(red, "none")) return loss;
+  Value total = elab_reduce_all(e, c->loc, IR_OP_SUM, loss, 0);
+  if (!strcmp(red, "sum")) return total;
+  /* mean over counted tokens; count + (count == 0) keeps an all-ignored
+   * batch at loss 0 instead of 0/0 */
+  IrType vt = tt;
+  vt.dtype = lt.dtype;
+  double fa[1] = {(double)ignore};
+  Value valid = elab_emit(e, c->loc, IR_OP_NE_SCALAR, &a[1], 1, NULL, fa, NULL, &vt);
+  Value count = elab_reduce_all(e, c->loc, IR_OP_SUM, valid, 0);
+  if (count.k == V_ERR) return count;
+  IrType st = elab_type(e, &count);
+  double zero[1] = {0};
+  Value z = elab_emit(e, c->loc, IR_OP_FULL, NULL, 0, NULL, zero, NULL, &st);
+  Value in[2] = {count, z};
+  Value isz = elab_emit(e, c->loc, IR_OP_EQ, in, 2, NULL, NULL, NULL, NULL);
+  in[1] = isz;
+  Value den = elab_emit(e, c->loc, IR_OP_ADD, in, 2, NULL, NULL, NULL, NULL);
+  in[0] = total;
+  in[1] = den;
+  return elab_emit(e, c->loc, IR_OP_DIV, in, 2, NULL, NULL, NULL, NULL);
+}
+
+static const Builtin builtins[] = {
+  /* elementwise (also scalar math where it makes sense) */
+  {"exp", {"x"}, 1, bi_unary, IR_OP_EXP},
+  {"log", {"x"}, 1, bi_unary, IR_OP_LOG},
+  {"sqrt", {"x"}, 1, bi_unary, IR_OP_SQRT},
+  {"rsqrt", {"x"}, 1, bi_unary, IR_OP_RSQRT},
+  {"tanh", {"x"}, 1, bi_unary, IR_OP_TANH},
+  {"gelu", {"x"}, 1, bi_unary, IR_OP_GELU_ERF},
+  {"gelu_erf", {"x"}, 1, bi_unary, IR_OP_GELU_ERF},
+  {"gelu_tanh", {"x"}, 1, bi_unary, IR_OP_GELU_TANH},
+  {"silu", {"x"}, 1, bi_unary, IR_OP_SILU},
+  {"relu", {"x"}, 1, bi_unary, IR_OP_RELU},
+  /* scalars */
+  {"abs", {"x"}, 1, bi_abs, 0},
+  {"float", {"x"}, 1, bi_float, 0},
+  {"int", {"x"}, 1, bi_int, 0},
+  {"min", {NULL}, -1, bi_minmax, IR_OP_SUM},
+  {"max", {NULL}, -1, bi_minmax, IR_OP_MAX},
+  /* reductions */
+  {"sum", {"x", "axis", "keepdim"}, 1, bi_reduce, IR_OP_SUM},
+  {"mean", {"x", "axis", "keepdim"}, 1, bi_reduce, IR_OP_MEAN},
+  /* layout */
+  {"reshape", {"x", "shape"}, 2, bi_reshape, 0},
+  {"view", {"x", "shape"}, 2, bi_reshape, 0},
+  {"transpose", {"x", "a", "b"}, 1, bi_transpose, 0},
+  {"permute", {"x", "perm"}, 2, bi_permute, 0},
+  {"slice", {"x", "axis", "start", "end"}, 4, bi_slice, 0},
+  {"concat", {"xs", "axis"}, 1, bi_concat, 0},
+  {"split", {"x", "parts", "axis"}, 2, bi_split, 0},
+  {"broadcast", {"x", "shape"}, 2, bi_broadcast, 0},
+  {"full", {"shape", "value"}, 2, bi_full, 0},
+  {"size", {"x", "axis"}, 2, bi_size, 0},
+  /* neural-network ops */
+  {"softmax", {"x", "axis"}, 1, bi_softmax, IR_OP_SOFTMAX},
+  {"log_softmax", {"x", "axis"}, 1, bi_softmax, IR_OP_LOG_SOFTMAX},
+  {"layernorm", {"x", "eps"}, 1, bi_norm, IR_OP_LAYERNORM},
+  {"rmsnorm", {"x", "eps"}, 1, bi_norm, IR_OP_RMSNORM},
+  {"embedding", {"table", "ids"}, 2, bi_embedding, 0},
+  {"causal_mask", {"x"}, 1, bi_causal_mask, 0},
+  {"masked_fill", {"x", "keep", "value"}, 3, bi_masked_fill, 0},
+  {"padding_mask", {"scores", "mask"}, 2, bi_padding_mask, 0},
+  {"dropout", {"x", "p"}, 2, bi_dropout, 0},
+  {"rope", {"x", "base", "axis"}, 1, bi_rope, 0},
+  {"cross_entropy", {"logits", "targets", "ignore_index", "reduction"}, 2, bi_cross_entropy, 0},
+};
+enum { NBUILTINS = sizeof builtins / sizeof builtins[0] };
+
+int elab_builtin_lookup(const char *name) {
+  for (int i = 0; i < NBUILTINS; i++)
+    if (!strcmp(builtins[i].name, name)) return i;
+  return -1;
+}
+
+const char *elab_builtin_name(int idx) {
+  TS_ASSERT(idx >= 0 && idx < NBUILTINS);
+  return builtins[idx].name;
+}
+
+Value elab_call_builtin(Elab *e, int idx, const ElabCall *c) {
+  TS_ASSERT(idx >= 0 && idx < NBUILTINS);
+  const Builtin *b = &builtins[idx];
+  Value a[6];
+  if (b->nreq >= 0 && elab_bind_args(e, c, b->args, b->nreq, a)) return elab_err();
+  return b->fn(e, c, a, b->op);
+}
