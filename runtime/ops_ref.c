@@ -81,6 +81,14 @@ static int rt_bcast_strides(const IrType *small, const IrType *big, int64_t *str
   return 0;
 }
 
+/* Copies one element of es bytes; the fixed sizes compile to one move
+ * (a variable-size memcpy per element would be a call). */
+static inline void copy_elem(char *dst, const char *src, size_t es) {
+  if (es == 4) memcpy(dst, src, 4);
+  else if (es == 8) memcpy(dst, src, 8);
+  else memcpy(dst, src, es);
+}
+
 static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 #define GELU_K 0.7978845608028654   /* sqrt(2 / pi) */
 #define GELU_A 0.044715
@@ -250,7 +258,7 @@ static int ref_PERMUTE(RtKctx *k) {
   const char *x = k->in[0];
   char *y = k->out;
   for (int64_t i = 0; i < n; i++) {
-    memcpy(y + (size_t)i * es, x + (size_t)off * es, es);
+    copy_elem(y + (size_t)i * es, x + (size_t)off * es, es);
     for (int d = r - 1; d >= 0; d--) {   /* odometer over y's index */
       off += ps[d];
       if (++idx[d] < yt->dim[d]) break;
@@ -330,7 +338,7 @@ static int ref_BROADCAST(RtKctx *k) {
   const char *x = k->in[0];
   char *y = k->out;
   for (int64_t i = 0; i < n; i++) {
-    memcpy(y + (size_t)i * es, x + (size_t)off * es, es);
+    copy_elem(y + (size_t)i * es, x + (size_t)off * es, es);
     for (int d = yt->rank - 1; d >= 0; d--) {
       off += str[d];
       if (++idx[d] < yt->dim[d]) break;
