@@ -21,7 +21,7 @@
 #define ELAB_MAX_DEPTH 64           /* fn call depth (catches recursion) */
 #define ELAB_MAX_REPEAT 100000      /* iterations of one repeat */
 #define ELAB_MAX_NODES 1000000      /* IR nodes in the forward block */
-#define ELAB_MAX_STEPS 20000000     /* statements + calls executed in total */
+#define ELAB_MAX_STEPS 2000000      /* statements, calls and iterations in total */
 #define ELAB_MAX_ERRORS 20          /* stop elaborating after this many */
 #define ELAB_MAX_DIM ((int64_t)1 << 40)  /* the IR's bound on one size */
 
@@ -55,7 +55,9 @@ typedef struct { const char *name; int count; } ElabCounter;
  * fn call, repeat and param inside it takes a component from `counters`
  * (name, name_1, name_2, ...), so dotted state names are unique. */
 typedef struct ElabNaming {
-  const char *prefix;    /* "layers.0.attention"; "" at the model's top */
+  const char *prefix;    /* "layers.0.attention"; "" at the model's top; NULL: not built yet */
+  const char *base;      /* a repeat iteration: prefix = base.index, built when first needed */
+  int64_t index;
   VEC(ElabCounter) counters;
 } ElabNaming;
 

@@ -51,7 +51,12 @@ const char *elab_value_desc(Elab *e, const Value *v, char *buf, size_t n) {
   switch (v->k) {
   case V_TENSOR: return elab_tstr(e, v, buf, n);
   case V_INT: snprintf(buf, n, "int %lld", (long long)v->i); break;
-  case V_FLOAT: snprintf(buf, n, "float %g", v->f); break;
+  case V_FLOAT: {
+    char num[64];
+    ts_fmt_double(num, sizeof num, v->f);
+    snprintf(buf, n, "float %s", num);
+    break;
+  }
   case V_BOOL: snprintf(buf, n, "bool %s", v->i ? "true" : "false"); break;
   case V_STR: snprintf(buf, n, "string \"%s\"", v->s); break;
   case V_TUPLE: case V_LIST: snprintf(buf, n, "%s of %d", elab_kind_name(v->k), v->n); break;
@@ -101,6 +106,13 @@ static const char *naming_component(Elab *e, ElabNaming *nm, const char *base) {
   ElabCounter c = {base, 1};
   VEC_PUSH(nm->counters, c);
   return base;
+}
+/* The dotted prefix of a naming scope (repeat iterations build it lazily:
+ * most iterations of big loops never need it). */
+static const char *naming_prefix(Elab *e, ElabNaming *nm) {
+  if (!nm->prefix)
+    nm->prefix = arena_printf(&e->a, "%s%s%lld", nm->base, *nm->base ? "." : "", (long long)nm->index);
+  return nm->prefix;
 }
 static const char *join_path(Elab *e, const char *prefix, const char *comp) {
   return *prefix ? arena_printf(&e->a, "%s.%s", prefix, comp) : comp;
@@ -475,7 +487,7 @@ static int param_init(Elab *e, ElabFrame *f, const MdlExpr *ix, IrState *st) {
     c.nargs = ix->nargs;
     for (int i = 0; i < ix->nargs; i++) {
       c.args[i].name = ix->args[i].name;
-      c.args[i].loc = ix->args[i].value->loc;
+      c.args[i].loc = ix->args[i].loc;
       c.args[i].v = eval(e, f, ix->args[i].value);
       if (c.args[i].v.k == V_ERR) return -1;
     }
@@ -571,7 +583,7 @@ static Value eval_param(Elab *e, ElabFrame *f, const MdlExpr *x, const char *var
   st.flags = decay ? 0 : IR_STATE_NODECAY;
   st.kind = IR_STATE_PARAM;
   st.of = -1;
-  st.name = ts_intern(join_path(e, f->naming->prefix, naming_component(e, f->naming, varname ? varname : "param")));
+  st.name = ts_intern(join_path(e, naming_prefix(e, f->naming), naming_component(e, f->naming, varname ? varname : "param")));
   if (sname_insert(e, st.name)) {
     elab_error(e, x->loc, "parameter name '%s' is already taken", st.name);
     return elab_err();
@@ -649,9 +661,11 @@ static Value call_fn(Elab *e, ElabFrame *caller, const MdlFunc *fn, const MdlPro
   }
   ElabNaming nm;
   memset(&nm, 0, sizeof nm);
-  ElabNaming top = {"", {0}};
+  ElabNaming top;
+  memset(&top, 0, sizeof top);
+  top.prefix = "";
   ElabNaming *outer = caller->naming ? caller->naming : &top;
-  nm.prefix = join_path(e, outer->prefix, naming_component(e, outer, fn->name));
+  nm.prefix = join_path(e, naming_prefix(e, outer), naming_component(e, outer, fn->name));
   ElabFrame fr;
   memset(&fr, 0, sizeof fr);
   fr.prog = prog;
@@ -702,7 +716,7 @@ static Value eval_call(Elab *e, ElabFrame *f, const MdlExpr *x) {
   int bad = 0;
   for (int i = 0; i < x->nargs; i++) {
     c.args[i].name = x->args[i].name;
-    c.args[i].loc = x->args[i].value->loc;
+    c.args[i].loc = x->args[i].loc;
     c.args[i].v = eval(e, f, x->args[i].value);
     bad |= c.args[i].v.k == V_ERR;
   }
@@ -906,11 +920,18 @@ static Flow exec_repeat(Elab *e, ElabFrame *f, const MdlStmt *s) {
   }
   ElabNaming *outer = f->naming;
   const char *base = s->as ? s->as : s->value->kind == MDL_E_NAME ? s->value->str : "repeat";
-  const char *path = outer ? join_path(e, outer->prefix, naming_component(e, outer, base)) : "";
+  const char *path = outer ? join_path(e, naming_prefix(e, outer), naming_component(e, outer, base)) : "";
   for (int64_t i = 0; i < cv.i; i++) {
+    if (++e->steps > ELAB_MAX_STEPS) {   /* nested repeats of empty bodies count too */
+      elab_error(e, s->loc, "elaboration does too much work (more than %d steps); is a repeat count too large?",
+                 ELAB_MAX_STEPS);
+      e->abort = 1;
+      return FLOW_STOP;
+    }
     ElabNaming it;
     memset(&it, 0, sizeof it);
-    it.prefix = arena_printf(&e->a, "%s%s%lld", path, *path ? "." : "", (long long)i);
+    it.base = path;
+    it.index = i;
     f->naming = outer ? &it : NULL;
     int err0 = e->d->nerrors;
     Flow fl = exec_block(e, f, s->body, s->nbody);
@@ -1087,7 +1108,7 @@ static int train_call(Elab *e, const MdlKV *kv, const char *const *fnames, int *
   ElabCall c = {x->loc, fn, arena_alloc(&e->a, (size_t)(x->nargs + 1) * sizeof(ElabArg)), x->nargs};
   for (int i = 0; i < x->nargs; i++) {
     c.args[i].name = x->args[i].name;
-    c.args[i].loc = x->args[i].value->loc;
+    c.args[i].loc = x->args[i].loc;
     c.args[i].v = eval(e, &e->config, x->args[i].value);
     if (c.args[i].v.k == V_ERR) return -1;
   }
