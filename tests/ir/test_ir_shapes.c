@@ -192,7 +192,7 @@ int main(void) {
     CHECK(m == NULL, "%s: invalid case accepted: %s", c->op, c->bad);
     char want[64];
     snprintf(want, sizeof want, "error: %s: ", c->op);   /* the message comes from the op's rule */
-    if (getenv("SHOW")) fprintf(stderr, "%s\n", err);
+    if (getenv("SHOW")) fprintf(stderr, "%s\n", err);   /* SHOW=1: list the messages for review */
     CHECK(strstr(err, want) != NULL, "%s: message '%s' lacks '%s'", c->op, err, want);
     CHECK(strncmp(err, "case:18:", 8) == 0, "%s: message '%s' not at line 18", c->op, err);
     ir_module_free(m);
