@@ -1295,6 +1295,9 @@ static int input_type(Elab *e, ElabFrame *f, const MdlDecl *dc, IrType *t) {
     }
     t->dim[i] = v.i;
     t->dname[i] = p->kind == MDL_E_NAMED_DIM ? ts_intern(p->str) : v.s;
+    /* `batch=micro_batch` binds batch in the model body, as in a fn (it may
+     * shadow a config constant of that name: inside, it is this size) */
+    if (p->kind == MDL_E_NAMED_DIM) frame_set(f, p->str, elab_int(v.i, p->loc));
   }
   char what[256];
   snprintf(what, sizeof what, "model argument '%s'", dc->name);
