@@ -533,9 +533,10 @@ static int param_init(Elab *e, ElabFrame *f, const MdlExpr *ix, IrState *st) {
 /* A float dtype spelled in the source is the model precision. */
 static int resolve_dtype(Elab *e, const char *name, MdlLoc loc, IrDtype *out) {
   if (!name) { *out = e->prec; return 0; }
+  if (!strcmp(name, "bf16") || !strcmp(name, "f16")) { *out = e->prec; return 0; }   /* no low precision yet */
   int d = ir_dtype_lookup(name);
   if (d < 0 || d == IR_VOID) {
-    elab_error(e, loc, "unknown dtype '%s' (expected f32, f64 or i32)", name);
+    elab_error(e, loc, "unknown dtype '%s' (expected f32, f64, bf16, f16 or i32)", name);
     return -1;
   }
   *out = ir_dtype_is_float((IrDtype)d) ? e->prec : (IrDtype)d;
