@@ -11,6 +11,11 @@
  *                                         the first line not starting '#')
  *   # DEFINE: name=value                  a config override (-D), repeatable
  *
+ * An EXPECT-IR block takes every '#' line after it, so put it at the end of
+ * the file (comments describing the test go first).  --update rewrites an
+ * expectation in place; keep a placeholder "# EXPECT: error 0:0 ?" line in
+ * a new file so that line numbers do not move when it is filled in.
+ *
  * Usage:  golden [--update] [--parse-only] PATH...
  * PATH is an .mdl file or a directory (its *.mdl files, sorted; a missing
  * or empty directory passes with a note, so areas can fill it later).
