@@ -106,17 +106,21 @@ static double gelu_erf_grad(double x) {
 #define T float
 #define SUF f32
 #define GEMM cblas_sgemm
+#define TEXP expf
 #include "ops_ref_t.h"
 #undef T
 #undef SUF
 #undef GEMM
+#undef TEXP
 #define T double
 #define SUF f64
 #define GEMM cblas_dgemm
+#define TEXP exp
 #include "ops_ref_t.h"
 #undef T
 #undef SUF
 #undef GEMM
+#undef TEXP
 
 /* Checks operands against sig (one char per operand) for float type ft:
  *   'T' dtype ft and as many elements as the result, 't' dtype ft,

@@ -3,7 +3,10 @@
  * cblas_sgemm, and with T = double, SUF = f64, GEMM = cblas_dgemm.  Each
  * kernel FN(k_name) computes one node; ops_ref.c has checked that the
  * float operands and the result have dtype T.  Arithmetic is in double;
- * reductions, norms, softmax and cross-entropy accumulate in double.
+ * reductions, norms, softmax and cross-entropy accumulate in double.  The
+ * exponentials of softmax and cross-entropy use TEXP (expf for float):
+ * they dominate a step's time at large vocabularies, and one float
+ * rounding per term is below what an f32 result keeps anyway.
  * Shapes: in[k] / it[k] operand k, out / ot the result, all row-major. */
 #ifndef T
 #error "include ops_ref_t.h from ops_ref.c with T, SUF and GEMM defined"
@@ -171,8 +174,8 @@ static int FN(k_SOFTMAX)(RtKctx *k) {
     double mx = -INFINITY, s = 0;
     for (int64_t i = 0; i < D; i++) if (xr[i] > mx) mx = xr[i];
     if (mx == -INFINITY) mx = 0;   /* a fully masked row: avoid inf - inf */
-    for (int64_t i = 0; i < D; i++) s += exp((double)xr[i] - mx);
-    for (int64_t i = 0; i < D; i++) yr[i] = (T)(exp((double)xr[i] - mx) / s);
+    for (int64_t i = 0; i < D; i++) { T e = TEXP((T)((double)xr[i] - mx)); yr[i] = e; s += e; }
+    for (int64_t i = 0; i < D; i++) yr[i] = (T)((double)yr[i] / s);
   }
   return 0;
 }
@@ -186,7 +189,7 @@ static int FN(k_LOG_SOFTMAX)(RtKctx *k) {
     double mx = -INFINITY, s = 0;
     for (int64_t i = 0; i < D; i++) if (xr[i] > mx) mx = xr[i];
     if (mx == -INFINITY) mx = 0;
-    for (int64_t i = 0; i < D; i++) s += exp((double)xr[i] - mx);
+    for (int64_t i = 0; i < D; i++) s += TEXP((T)((double)xr[i] - mx));
     double lse = mx + log(s);
     for (int64_t i = 0; i < D; i++) y[r * D + i] = (T)((double)xr[i] - lse);
   }
@@ -435,7 +438,7 @@ static int FN(k_CROSS_ENTROPY)(RtKctx *k) {
     const T *lr = lg + r * V;
     double mx = -INFINITY, s = 0;
     for (int64_t i = 0; i < V; i++) if (lr[i] > mx) mx = lr[i];
-    for (int64_t i = 0; i < V; i++) s += exp((double)lr[i] - mx);
+    for (int64_t i = 0; i < V; i++) s += TEXP((T)((double)lr[i] - mx));
     y[r] = (T)(mx + log(s) - (double)lr[tg[r]]);
   }
   return 0;
@@ -458,8 +461,10 @@ static int FN(k_CROSS_ENTROPY_BWD)(RtKctx *k) {
     const T *lr = lg + r * V;
     double mx = -INFINITY, s = 0, d = dl[r];
     for (int64_t i = 0; i < V; i++) if (lr[i] > mx) mx = lr[i];
-    for (int64_t i = 0; i < V; i++) s += exp((double)lr[i] - mx);
-    for (int64_t i = 0; i < V; i++) gr[i] = (T)((exp((double)lr[i] - mx) / s - (i == tg[r])) * d);
+    for (int64_t i = 0; i < V; i++) { T e = TEXP((T)((double)lr[i] - mx)); gr[i] = e; s += e; }
+    double inv = 1.0 / s;
+    for (int64_t i = 0; i < V; i++) gr[i] = (T)((double)gr[i] * inv * d);
+    gr[tg[r]] = (T)((double)gr[tg[r]] - d);
   }
   return 0;
 }

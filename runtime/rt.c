@@ -5,8 +5,9 @@
  * has the same value whatever else the module holds.
  *
  * Execution (rt_run_block) walks a block's nodes in order.  Each value gets
- * its own heap buffer, freed right after its last use; last uses are
- * computed once per block and cached.  INPUT values alias the caller's feed
+ * its own heap buffer, released right after its last use (into a pool for
+ * reuse by the next node or run); last uses are computed once per block
+ * and cached.  INPUT values alias the caller's feed
  * and STATE values alias the slab (no copies); effects write the slab.
  * The kernels are the reference ones of ops_ref.c. */
 #include "rt_priv.h"
@@ -14,6 +15,24 @@
 #include <stdarg.h>
 
 typedef struct { const char *name; double v; } RtOut;   /* name interned */
+typedef struct { size_t bytes; void *p; } RtBuf;
+
+/* Freed value buffers are kept for reuse by size: every run of a block
+ * asks for the same sizes in the same order, and big buffers (logits) come
+ * from mmap, so without reuse each step pays their page faults again.
+ * The pool holds at most what the busiest block had live at its peak.
+ * Under AddressSanitizer buffers are really freed, so that a kernel reading
+ * a dead value is caught. */
+#if defined(__SANITIZE_ADDRESS__)
+#define RT_POOL 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RT_POOL 0
+#endif
+#endif
+#ifndef RT_POOL
+#define RT_POOL 1
+#endif
 
 struct RtProgram {
   const IrModule *m;
@@ -22,6 +41,7 @@ struct RtProgram {
   size_t *off;              /* per state: byte offset into slab */
   int **last_use;           /* per block: node -> index of its last user (lazy) */
   VEC(RtOut) outs;
+  VEC(RtBuf) pool;          /* free value buffers, reused by exact size */
 };
 
 #define RT_ALIGN 64
@@ -97,6 +117,8 @@ RtProgram *rt_program_new(const IrModule *m, char *err, size_t errlen) {
 
 void rt_program_free(RtProgram *p) {
   if (!p) return;
+  for (int i = 0; i < p->pool.n; i++) free(p->pool.a[i].p);
+  free(p->pool.a);
   if (p->last_use)
     for (int b = 0; b < p->m->blocks.n; b++) free(p->last_use[b]);
   free(p->last_use);
@@ -112,6 +134,29 @@ uint64_t rt_program_seed(const RtProgram *p) { return p->m->train.seed; }
 void *rt_state_data(RtProgram *p, int s) {
   if (s < 0 || s >= p->m->states.n) return NULL;
   return p->slab + p->off[s];
+}
+
+static size_t value_bytes(const IrNode *n) {
+  size_t b = (size_t)ir_type_numel(&n->type) * ir_dtype_size(n->type.dtype);
+  return b ? b : RT_ALIGN;
+}
+
+/* A 64-byte aligned buffer of `bytes` (from the pool if one fits). */
+static void *buf_get(RtProgram *p, size_t bytes) {
+  for (int i = p->pool.n - 1; i >= 0; i--)
+    if (p->pool.a[i].bytes == bytes) {
+      void *q = p->pool.a[i].p;
+      p->pool.a[i] = p->pool.a[--p->pool.n];
+      return q;
+    }
+  void *q = NULL;
+  return posix_memalign(&q, RT_ALIGN, bytes) == 0 ? q : NULL;
+}
+
+static void buf_put(RtProgram *p, void *q, size_t bytes) {
+  if (!RT_POOL) { free(q); return; }
+  RtBuf b = {bytes, q};
+  VEC_PUSH(p->pool, b);
 }
 
 /* last[i] = index of the last node reading value i (i itself if none), so
@@ -230,8 +275,8 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, void **buf, unsigned 
   }
   void *out = NULL;
   if (!(ir_ops[nd->op].flags & OPF_EFFECT)) {
-    size_t bytes = (size_t)ir_type_numel(&nd->type) * ir_dtype_size(nd->type.dtype);
-    if (posix_memalign(&out, RT_ALIGN, bytes ? bytes : RT_ALIGN) != 0) {
+    size_t bytes = value_bytes(nd);
+    if (!(out = buf_get(p, bytes))) {
       snprintf(msg, n, "out of memory allocating %zu bytes", bytes);
       if (ind != in_data) { free(ind); free(inty); }
       return -1;
@@ -276,13 +321,13 @@ int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds,
     const IrNode *nd = &b->nodes[i];
     for (int k = 0; k < nd->nin; k++) {
       int v = nd->in[k];
-      if (last[v] == i && owned[v]) { free(buf[v]); owned[v] = 0; }
+      if (last[v] == i && owned[v]) { buf_put(p, buf[v], value_bytes(&b->nodes[v])); owned[v] = 0; }
       if (last[v] == i) buf[v] = NULL;
     }
-    if (last[i] == i && owned[i]) { free(buf[i]); owned[i] = 0; buf[i] = NULL; }
+    if (last[i] == i && owned[i]) { buf_put(p, buf[i], value_bytes(nd)); owned[i] = 0; buf[i] = NULL; }
   }
   for (int i = 0; i < b->n; i++)
-    if (owned[i]) free(buf[i]);
+    if (owned[i]) buf_put(p, buf[i], value_bytes(&b->nodes[i]));
   free(buf);
   free(owned);
   return rc;
