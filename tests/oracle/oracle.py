@@ -14,7 +14,12 @@ in float64 with torch.autograd, in one of two independent ways:
   ir           a generic interpreter of the forward IR text (ir_torch.py):
                model-agnostic, so it covers any .mdl.
 Passes when |loss - loss_ref| / |loss_ref| and, for every parameter,
-max|g - g_ref| / max|g_ref| are <= --tol (1e-9).  Exit code 1 on any
+max|g - g_ref| / max(max|g_ref|, 1e-6 * G) are <= --tol (1e-9), where G is
+the largest reference gradient element of any parameter.  The floor only
+matters for gradients that are zero in exact arithmetic (e.g. the key bias
+of attention: softmax ignores a per-query constant), where both sides are
+rounding noise (~1e-20) and a plain ratio of noise to noise means nothing;
+a real error there is of the size of the other gradients and still fails.  Exit code 1 on any
 mismatch or error (including torch missing: setup.sh installs it).
 """
 import argparse
@@ -64,10 +69,10 @@ def load_export(out_dir):
     return params, grads, inputs, float(man["loss"])
 
 
-def rel_err(a, b):
-    """max|a - b| / max|b| (0 when both are all zeros)."""
+def rel_err(a, b, floor=0.0):
+    """max|a - b| / max(max|b|, floor) (0 when both are all zeros)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    den = np.max(np.abs(b)) if b.size else 0.0
+    den = max(np.max(np.abs(b)) if b.size else 0.0, floor)
     num = np.max(np.abs(a - b)) if a.size else 0.0
     if den == 0.0:
         return 0.0 if num == 0.0 else float("inf")
@@ -120,13 +125,14 @@ def main():
     print("  %-44s %12.5g  (tessera %.17g, torch %.17g)" % ("loss", e, loss, ref_loss.item()))
     if not e <= args.tol:
         failures.append("loss")
+    refs = {n: (p.grad.numpy() if p.grad is not None else np.zeros(p.shape)) for n, p in params.items()}
+    floor = 1e-6 * max((float(np.max(np.abs(r))) for r in refs.values() if r.size), default=0.0)
     for name in sorted(params):
-        p = params[name]
-        ref = p.grad.numpy() if p.grad is not None else np.zeros(p.shape)
+        ref = refs[name]
         if name not in grads:
             failures.append(name + " (no gradient exported)")
             continue
-        e = rel_err(grads[name], ref)
+        e = rel_err(grads[name], ref, floor)
         print("  %-44s %12.5g  max|g| %.4g" % ("grad " + name, e, float(np.max(np.abs(ref))) if ref.size else 0.0))
         if not e <= args.tol:
             failures.append(name)
