@@ -838,7 +838,13 @@ MdlProgram *mdl_parse(const char *src, const char *file, Arena *a, MdlDiag *d) {
    * the text (the arena outlives this parse's diagnostics). */
   if (!diag_has_source(d, st.file)) mdl_diag_add_source(d, st.file, st.prog->src);
 
-  if (mdl_lex_init(&st, st.prog->src, strlen(st.prog->src)) != 0) {
+  size_t len = strlen(st.prog->src);
+  if (len > (size_t)1 << 30) {       /* flex takes an int length; no model is this big */
+    MdlLoc at = { st.file, 0, 0 };
+    mdl_error(d, at, "file too large (%zu bytes; the limit is 1 GiB)", len);
+    return NULL;
+  }
+  if (mdl_lex_init(&st, st.prog->src, len) != 0) {
     MdlLoc at = { st.file, 0, 0 };
     mdl_error(d, at, "cannot start the scanner (out of memory)");
     return NULL;

@@ -173,6 +173,21 @@ static void test_error_cap(void) {
   free(out);
   arena_free(&a);
   sb_free(&src);
+
+  /* Errors from inside one token (a string full of bad escapes) and from
+   * a run of invalid bytes count against the same limit. */
+  StrBuf s2 = {0};
+  sb_puts(&s2, "config { a = \"");
+  for (int i = 0; i < 50; i++) sb_puts(&s2, "\\q");
+  sb_puts(&s2, "\" }\nconfig { b = ");
+  for (int i = 0; i < 50; i++) sb_puts(&s2, "$");
+  sb_puts(&s2, " }\n");
+  arena_init(&a);
+  CHECK(parse(&a, s2.p, &out) == NULL);
+  CHECK(count(out, ": error: ") == 20);
+  free(out);
+  arena_free(&a);
+  sb_free(&s2);
 }
 
 static void write_file(const char *path, const char *text) {
