@@ -484,7 +484,7 @@ static int run_case(const Case *k) {
       for (int64_t i = 0; i < n; i++) g[i] = gd[i] * nmicro;
     }
     double max_fd;
-    double e = gc_check(pf, 0, c.feeds, c.nfeed, rt_state_data(pf, c.par[p].state), g, n, NULL, 0, &max_fd);
+    double e = gc_check(pf, 0, c.feeds, c.nfeed, rt_state_data(pf, c.par[p].state), g, n, NULL, 0, 1e-8, &max_fd);
     free(g);
     if (!(e <= GC_TOL)) {
       snprintf(why, sizeof why, "@%s: relative error %.3g (max |fd| %.3g)", ps->name, e, max_fd);

@@ -42,10 +42,13 @@ static inline double gc_loss(RtProgram *p, int b, const RtFeed *feeds, int nfeed
  * of parameter data x (f64, n elements, inside program pf whose block fb
  * computes the loss) against central differences, on the elements listed
  * in idx (or all when idx is NULL).  Returns the relative error
- * max|g - fd| / max(1e-8, max|fd|); x is restored. */
+ * max|g - fd| / max(floor, max|fd|); x is restored.  The floor is where a
+ * relative bound stops making sense: central differences carry a rounding
+ * error of about eps * |loss| / h (~1e-9 for a loss of a few units), so a
+ * gradient that is (structurally) zero shows up as fd noise of that size. */
 static inline double gc_check(RtProgram *pf, int fb, const RtFeed *feeds, int nfeeds,
                               double *x, const double *g, int64_t n, const int64_t *idx, int nidx,
-                              double *max_fd_out) {
+                              double floor, double *max_fd_out) {
   double max_err = 0, max_fd = 0;
   int64_t cnt = idx ? nidx : n;
   for (int64_t k = 0; k < cnt; k++) {
@@ -62,7 +65,7 @@ static inline double gc_check(RtProgram *pf, int fb, const RtFeed *feeds, int nf
     if (fabs(fd) > max_fd) max_fd = fabs(fd);
   }
   if (max_fd_out) *max_fd_out = max_fd;
-  return max_err / (max_fd > 1e-8 ? max_fd : 1e-8);
+  return max_err / (max_fd > floor ? max_fd : floor);
 }
 
 #endif
