@@ -685,6 +685,12 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, MdlParseState *P) {
     perr(P, at, "expected a shape after 'param', such as [embed] or f32[vocab, embed], found %s", found);
     return 0;
   }
+  /* "x += 1": there are no compound assignments. */
+  if (la == YYTRANSLATE('=') && (P->prev_tok == '+' || P->prev_tok == '-' || P->prev_tok == '*' ||
+                                 P->prev_tok == '/' || P->prev_tok == '%' || P->prev_tok == '@')) {
+    perr(P, at, "MDL has no '%c=': write 'x = x %c y'", P->prev_tok, P->prev_tok);
+    return 0;
+  }
   if (la == YYSYMBOL_ELSE && P->prev_tok == T_NL) {
     perr(P, at, "'else' must be on the same line as the '}' that closes its 'if'");
     return 0;
@@ -729,6 +735,16 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, MdlParseState *P) {
     has[YYSYMBOL_FLOORDIV] = has[YYSYMBOL_LE] = has[YYSYMBOL_GE] = has[YYSYMBOL_EQ] = 0;
     has[YYSYMBOL_NE] = has[YYSYMBOL_AND] = has[YYSYMBOL_OR] = 0;
   }
+  /* "f(x) = 2", "a.b = 1": a complete expression followed by '='. */
+  if (la == YYTRANSLATE('=') && has[YYSYMBOL_NL]) {
+    perr(P, at, "only names can be assigned to ('name = value' or 'a, b = value')");
+    return 0;
+  }
+  /* In a call, ':' is expected only because the argument could have been
+   * a keyword; "expected ',' or ')'" is what the writer needs to hear. */
+  if (P->brackets.n > 0 && P->brackets.a[P->brackets.n - 1].ch == '(' && has[YYTRANSLATE(')')] &&
+      has[YYTRANSLATE(',')])
+    has[YYTRANSLATE(':')] = 0;
   int m = 0;
   yysymbol_kind_t keep[YYNTOKENS];
   /* Only a statement end fits: the statement is complete. */
