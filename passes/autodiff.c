@@ -33,6 +33,8 @@ typedef struct {
   unsigned char *need; /* per forward node: a gradient may flow into it */
   int *grad;           /* per forward node: micro id of d loss / d value, -1 = zero */
   int *pgrad;          /* per state: summed gradient of the parameter, -1 = none */
+  int *flat[2];        /* per forward node, [ta]: its 2-D flattening for weight
+                        * gradients (one activation often feeds several weights) */
   int failed;
 } Ad;
 
@@ -286,12 +288,14 @@ static void ad_MATMUL(Ad *a, int i, int dy) {
       else g = em_matmul(a, dy, A, 1, ta);                 /* (A'^T @ dC)^T = dC^T @ A' */
     } else {
       IrType at = ty(a, A), dt = ty(a, dy);
-      int ap = ta ? em_swap_last2(a, A) : A;               /* A' [.., M, K] */
       int64_t rows = ir_type_numel(&at) / at.dim[at.rank - (ta ? 2 : 1)];
-      IrType a2 = {at.dtype, 2, {rows, at.dim[at.rank - (ta ? 2 : 1)]},
-                   {NULL, at.dname[at.rank - (ta ? 2 : 1)]}};
+      if (a->flat[ta][A] < 0) {                            /* A' [.., M, K] -> [rows, K] */
+        IrType a2 = {at.dtype, 2, {rows, at.dim[at.rank - (ta ? 2 : 1)]},
+                     {NULL, at.dname[at.rank - (ta ? 2 : 1)]}};
+        a->flat[ta][A] = emt(a, IR_OP_RESHAPE, ta ? em_swap_last2(a, A) : A, &a2);
+      }
       IrType d2 = {dt.dtype, 2, {rows, dt.dim[dt.rank - 1]}, {NULL, dt.dname[dt.rank - 1]}};
-      int A2 = emt(a, IR_OP_RESHAPE, ap, &a2), D2 = emt(a, IR_OP_RESHAPE, dy, &d2);
+      int A2 = a->flat[ta][A], D2 = emt(a, IR_OP_RESHAPE, dy, &d2);
       g = tb ? em_matmul(a, D2, A2, 1, 0) : em_matmul(a, A2, D2, 1, 0);
     }
     add_grad(a, B, g);
@@ -470,10 +474,14 @@ int pass_autodiff(IrModule *m, PassCtx *cx) {
   memcpy(mbk->nodes, f->nodes, (size_t)nf * sizeof *f->nodes);
   mbk->n = nf;
 
-  Ad a = {m, cx, mb, -1, NULL, NULL, NULL, 0};
+  Ad a = {m, cx, mb, -1, NULL, NULL, NULL, {NULL, NULL}, 0};
   a.need = arena_alloc(&cx->scratch, (size_t)nf + 1);
   a.grad = arena_alloc(&cx->scratch, ((size_t)nf + 1) * sizeof *a.grad);
   a.pgrad = arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof *a.pgrad);
+  for (int t = 0; t < 2; t++) {
+    a.flat[t] = arena_alloc(&cx->scratch, ((size_t)nf + 1) * sizeof *a.flat[t]);
+    for (int i = 0; i < nf; i++) a.flat[t][i] = -1;
+  }
   for (int i = 0; i < nf; i++) a.grad[i] = -1;
   for (int s = 0; s < nstates0; s++) a.pgrad[s] = -1;
   mark_need(m, mbk, a.need);
