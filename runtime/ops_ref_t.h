@@ -164,6 +164,36 @@ static int FN(k_MATMUL)(RtKctx *k) {
 }
 
 /* ---- row-wise neural-network ops over the last axis: [rows, D] ---- */
+/* The largest of x[0..n), n >= 1 (a NaN anywhere may or may not win;
+ * the sum of exponentials is NaN then anyway). */
+static T FN(row_max)(const T *x, int64_t n) {
+  T m = x[0];
+  for (int64_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+/* sum of exp(x[i] - mx) over i < n, in double; the terms are also stored
+ * into e[0..n) when e is not NULL.  Chunked, with four partial sums: one
+ * running double sum would make every element wait for the previous add,
+ * and this loop is most of a step's time at large vocabularies. */
+static double FN(sum_exp)(const T *x, int64_t n, T mx, T *e) {
+  T tmp[256];
+  double acc[4] = {0, 0, 0, 0};
+  for (int64_t i0 = 0; i0 < n; i0 += 256) {
+    int64_t m = n - i0 < 256 ? n - i0 : 256, i = 0;
+    T *dst = e ? e + i0 : tmp;
+    for (int64_t j = 0; j < m; j++) dst[j] = TEXP(x[i0 + j] - mx);
+    for (; i + 4 <= m; i += 4) {
+      acc[0] += dst[i];
+      acc[1] += dst[i + 1];
+      acc[2] += dst[i + 2];
+      acc[3] += dst[i + 3];
+    }
+    for (; i < m; i++) acc[0] += dst[i];
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
 static int FN(k_SOFTMAX)(RtKctx *k) {
   int64_t D, rows = rt_rows(k->ot, &D);
   const T *x = k->in[0];
@@ -171,10 +201,9 @@ static int FN(k_SOFTMAX)(RtKctx *k) {
   for (int64_t r = 0; r < rows; r++) {
     const T *xr = x + r * D;
     T *yr = y + r * D;
-    double mx = -INFINITY, s = 0;
-    for (int64_t i = 0; i < D; i++) if (xr[i] > mx) mx = xr[i];
+    T mx = FN(row_max)(xr, D);
     if (mx == -INFINITY) mx = 0;   /* a fully masked row: avoid inf - inf */
-    for (int64_t i = 0; i < D; i++) { T e = TEXP((T)((double)xr[i] - mx)); yr[i] = e; s += e; }
+    double s = FN(sum_exp)(xr, D, mx, yr);
     for (int64_t i = 0; i < D; i++) yr[i] = (T)((double)yr[i] / s);
   }
   return 0;
@@ -186,11 +215,9 @@ static int FN(k_LOG_SOFTMAX)(RtKctx *k) {
   T *y = k->out;
   for (int64_t r = 0; r < rows; r++) {
     const T *xr = x + r * D;
-    double mx = -INFINITY, s = 0;
-    for (int64_t i = 0; i < D; i++) if (xr[i] > mx) mx = xr[i];
+    T mx = FN(row_max)(xr, D);
     if (mx == -INFINITY) mx = 0;
-    for (int64_t i = 0; i < D; i++) s += TEXP((T)((double)xr[i] - mx));
-    double lse = mx + log(s);
+    double lse = (double)mx + log(FN(sum_exp)(xr, D, mx, NULL));
     for (int64_t i = 0; i < D; i++) y[r * D + i] = (T)((double)xr[i] - lse);
   }
   return 0;
@@ -422,7 +449,8 @@ static int64_t FN(ce_shape)(RtKctx *k, int64_t *V) {
   return rows;
 }
 
-/* logsumexp(row) - row[target]; 0 where target == ignore */
+/* logsumexp(row) - row[target]; 0 where target == ignore.  The row works
+ * in T (exponentials of x - max are in (0, 1]); the sum is in double. */
 static int FN(k_CROSS_ENTROPY)(RtKctx *k) {
   int64_t V, rows = FN(ce_shape)(k, &V);
   if (rows < 0) return -1;
@@ -436,10 +464,8 @@ static int FN(k_CROSS_ENTROPY)(RtKctx *k) {
     if (tg[r] < 0 || tg[r] >= V)
       return rt_kfail(k, "target %d at position %lld is outside [0, %lld)", tg[r], (long long)r, (long long)V);
     const T *lr = lg + r * V;
-    double mx = -INFINITY, s = 0;
-    for (int64_t i = 0; i < V; i++) if (lr[i] > mx) mx = lr[i];
-    for (int64_t i = 0; i < V; i++) s += TEXP((T)((double)lr[i] - mx));
-    y[r] = (T)(mx + log(s) - (double)lr[tg[r]]);
+    T mx = FN(row_max)(lr, V);
+    y[r] = (T)((double)mx + log(FN(sum_exp)(lr, V, mx, NULL)) - (double)lr[tg[r]]);
   }
   return 0;
 }
@@ -459,11 +485,10 @@ static int FN(k_CROSS_ENTROPY_BWD)(RtKctx *k) {
     if (tg[r] < 0 || tg[r] >= V)
       return rt_kfail(k, "target %d at position %lld is outside [0, %lld)", tg[r], (long long)r, (long long)V);
     const T *lr = lg + r * V;
-    double mx = -INFINITY, s = 0, d = dl[r];
-    for (int64_t i = 0; i < V; i++) if (lr[i] > mx) mx = lr[i];
-    for (int64_t i = 0; i < V; i++) { T e = TEXP((T)((double)lr[i] - mx)); gr[i] = e; s += e; }
-    double inv = 1.0 / s;
-    for (int64_t i = 0; i < V; i++) gr[i] = (T)((double)gr[i] * inv * d);
+    T mx = FN(row_max)(lr, V);
+    double d = dl[r], s = FN(sum_exp)(lr, V, mx, gr);
+    T scale = (T)(d / s);
+    for (int64_t i = 0; i < V; i++) gr[i] *= scale;
     gr[tg[r]] = (T)((double)gr[tg[r]] - d);
   }
   return 0;
