@@ -21,7 +21,7 @@
 #define ELAB_MAX_DEPTH 64           /* fn call depth (catches recursion) */
 #define ELAB_MAX_REPEAT 100000      /* iterations of one repeat */
 #define ELAB_MAX_NODES 1000000      /* IR nodes in the forward block */
-#define ELAB_MAX_STEPS 2000000      /* statements, calls and iterations in total */
+#define ELAB_MAX_STEPS 500000       /* statements, calls, iterations and nodes in total */
 #define ELAB_MAX_ERRORS 20          /* stop elaborating after this many */
 #define ELAB_MAX_DIM ((int64_t)1 << 40)  /* the IR's bound on one size */
 
@@ -48,7 +48,7 @@ struct Value {
   const MdlProgram *prog;/* FN, MODULE */
 };
 
-typedef struct { const char *name; Value v; } ElabVar;
+typedef struct { const char *name; Value v; const char *iname; } ElabVar;   /* iname: interned, once needed */
 typedef struct { const char *name; int count; } ElabCounter;
 
 /* One instance of a naming scope: a fn call or one repeat iteration.  Every

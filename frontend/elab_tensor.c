@@ -47,6 +47,12 @@ Value elab_emit(Elab *e, MdlLoc loc, IrOp op, const Value *in, int nin,
     TS_ASSERT(in[i].k == V_TENSOR);
   }
   if (e->abort) return elab_err();
+  if (++e->steps > ELAB_MAX_STEPS) {   /* emitting is work too: bounds time and memory */
+    elab_error(e, loc, "elaboration does too much work (more than %d steps); is a repeat count too large?",
+               ELAB_MAX_STEPS);
+    e->abort = 1;
+    return elab_err();
+  }
   if (e->m->blocks.a[e->blk].n >= ELAB_MAX_NODES) {
     elab_error(e, loc, "the model is too large: more than %d IR nodes", ELAB_MAX_NODES);
     e->abort = 1;

@@ -78,22 +78,30 @@ void elab_error(Elab *e, MdlLoc loc, const char *fmt, ...) {
 }
 
 /* ---- scopes ---- */
-static Value *frame_own(ElabFrame *f, const char *name) {
+static ElabVar *frame_var(ElabFrame *f, const char *name) {
   for (int i = f->vars.n - 1; i >= 0; i--)
-    if (strcmp(f->vars.a[i].name, name) == 0) return &f->vars.a[i].v;
+    if (strcmp(f->vars.a[i].name, name) == 0) return &f->vars.a[i];
   return NULL;
 }
-static Value *frame_lookup(ElabFrame *f, const char *name) {
+static Value *frame_own(ElabFrame *f, const char *name) {
+  ElabVar *v = frame_var(f, name);
+  return v ? &v->v : NULL;
+}
+static ElabVar *frame_lookup_var(ElabFrame *f, const char *name) {
   for (; f; f = f->parent) {
-    Value *v = frame_own(f, name);
+    ElabVar *v = frame_var(f, name);
     if (v) return v;
   }
   return NULL;
 }
+static Value *frame_lookup(ElabFrame *f, const char *name) {
+  ElabVar *v = frame_lookup_var(f, name);
+  return v ? &v->v : NULL;
+}
 static void frame_set(ElabFrame *f, const char *name, Value v) {
-  Value *old = frame_own(f, name);
-  if (old) { *old = v; return; }
-  ElabVar var = {name, v};
+  ElabVar *old = frame_var(f, name);
+  if (old) { old->v = v; return; }
+  ElabVar var = {name, v, NULL};
   VEC_PUSH(f->vars, var);
 }
 
@@ -290,7 +298,8 @@ static const MdlFunc *find_fn(const MdlProgram *p, const char *name) {
 
 /* A name in value position: variable, module, fn of this module, builtin. */
 static Value lookup_name(Elab *e, ElabFrame *f, const char *name, MdlLoc loc, int callee) {
-  Value *v = frame_lookup(f, name);
+  ElabVar *var = frame_lookup_var(f, name);
+  Value *v = var ? &var->v : NULL;
   /* a call looks past variables that are not functions: `dropout(x, dropout)`
    * with a float argument named dropout calls the builtin */
   Value *shadow = NULL;
@@ -298,7 +307,8 @@ static Value lookup_name(Elab *e, ElabFrame *f, const char *name, MdlLoc loc, in
   if (v) {
     Value r = *v;
     if (r.k == V_INT) {   /* an int read from a variable names a dim */
-      r.s = ts_intern(name);
+      if (!var->iname) var->iname = ts_intern(name);   /* interning takes a lock: once per variable */
+      r.s = var->iname;
       r.loc = loc;
     }
     return r;
