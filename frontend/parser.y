@@ -6,6 +6,9 @@
  * inside () and []), so a statement list is statements separated by NL or
  * ';', with any number of separators before, between and after.
  *
+ * The lexer and parser share one MdlParseState (declared below, so that
+ * it lands in the generated header mdl_parser.h that lexer.l includes).
+ *
  * Errors: yyreport_syntax_error (parse.error custom) turns bison's view of
  * the failure (the unexpected token, the tokens that would have been
  * accepted, computed exactly thanks to LAC) plus the lexer's bracket stack
@@ -52,6 +55,7 @@ typedef struct MdlParseState {
   char cur_text[40], prev_text[40];
   MdlProgram *prog;
   MdlLoc config_loc, rules_loc, train_loc, parallel_loc;   /* duplicate-block checks */
+  MdlSeq imports, funcs, rules;  /* collected here, copied into prog at the end */
 } MdlParseState;
 
 int mdl_lex_init(MdlParseState *P, const char *src, size_t len);
@@ -69,13 +73,12 @@ void mdl_lex_free(MdlParseState *P);
   MdlDecl *decl;
   MdlArg *arg;
   MdlKV *kv;
-  MdlFunc *func;
   struct { MdlExpr *init; int flags; int has_init; } popts;
 }
 
 %code {
 #include <stdarg.h>
-/* flex's scanner (lexer.l), prefix mdl_yy */
+/* flex's scanner (lexer.l, prefix mdl_lex_yy) */
 int mdl_lex_yylex(MDL_YYSTYPE *lval, MDL_YYLTYPE *lloc, void *scanner);
 static int yylex(MDL_YYSTYPE *lval, MDL_YYLTYPE *lloc, MdlParseState *P);
 static MdlLoc L(MdlParseState *P, MDL_YYLTYPE l) { MdlLoc r = { P->file, l.first_line, l.first_column }; return r; }
@@ -146,15 +149,9 @@ sep     : NL | ';' ;
 
 item
   : IMPORT NAME {
-      MdlProgram *g = P->prog;
-      const char **ni = arena_alloc(P->arena, sizeof *ni * (size_t)(g->nimports + 1));
-      MdlLoc *nl = arena_alloc(P->arena, sizeof *nl * (size_t)(g->nimports + 1));
-      if (g->nimports) {
-        memcpy(ni, g->imports, sizeof *ni * (size_t)g->nimports);
-        memcpy(nl, g->import_locs, sizeof *nl * (size_t)g->nimports);
-      }
-      ni[g->nimports] = $2; nl[g->nimports] = L(P, @2);
-      g->imports = ni; g->import_locs = nl; g->nimports++;
+      MdlExpr *e = mk(P, MDL_E_NAME, @2);
+      e->str = $2;
+      seq_push(P, &P->imports, e);
     }
   | CONFIG '{' kv_body '}'   { set_kvs(P, "config", &P->config_loc, @1, $3, &P->prog->config, &P->prog->nconfig); }
   | TRAIN '{' kv_body '}'    { set_kvs(P, "train", &P->train_loc, @1, $3, &P->prog->train, &P->prog->ntrain); }
@@ -165,13 +162,7 @@ item
              P->rules_loc.line, P->rules_loc.col);
       else P->rules_loc = L(P, @1);
     }
-  | FN NAME '(' decls_opt ')' block {
-      MdlProgram *g = P->prog;
-      MdlFunc **nf = arena_alloc(P->arena, sizeof *nf * (size_t)(g->nfuncs + 1));
-      if (g->nfuncs) memcpy(nf, g->funcs, sizeof *nf * (size_t)g->nfuncs);
-      nf[g->nfuncs] = mk_func(P, 0, $2, @2, $4, $6);
-      g->funcs = nf; g->nfuncs++;
-    }
+  | FN NAME '(' decls_opt ')' block { seq_push(P, &P->funcs, mk_func(P, 0, $2, @2, $4, $6)); }
   | MODEL NAME '(' decls_opt ')' block {
       MdlProgram *g = P->prog;
       if (g->model)
@@ -211,11 +202,9 @@ rule_lines
   ;
 rule
   : NAME ':' NAME {
-      MdlProgram *g = P->prog;
-      MdlRule *nr = arena_alloc(P->arena, sizeof *nr * (size_t)(g->nrules + 1));
-      if (g->nrules) memcpy(nr, g->rules, sizeof *nr * (size_t)g->nrules);
-      nr[g->nrules].dim = $1; nr[g->nrules].axis = $3; nr[g->nrules].loc = L(P, @1);
-      g->rules = nr; g->nrules++;
+      MdlRule *r = arena_alloc(P->arena, sizeof *r);
+      r->dim = $1; r->axis = $3; r->loc = L(P, @1);
+      seq_push(P, &P->rules, r);
     }
   | error
   ;
@@ -677,6 +666,7 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, MdlParseState *P) {
          bracket_owner(b, ob, sizeof ob), b->line, b->col, found);
     return 0;
   }
+  /* keywords are declared contiguously, 'import' through 'str' */
   if (la == YYTRANSLATE('=') && P->prev_tok >= T_IMPORT && P->prev_tok <= T_KW_STR) {
     perr(P, at, "'%s' is a keyword and cannot be assigned to; choose another name", P->prev_text);
     return 0;
@@ -834,6 +824,25 @@ static int check_program(MdlParseState *P, const MdlProgram *g) {
   return 0;
 }
 
+/* Moves the collected imports, fns and rules into the program's arrays. */
+static void finish_program(MdlParseState *P) {
+  MdlProgram *g = P->prog;
+  int n = P->imports.n;
+  g->imports = arena_alloc(P->arena, sizeof *g->imports * (size_t)(n ? n : 1));
+  g->import_locs = arena_alloc(P->arena, sizeof *g->import_locs * (size_t)(n ? n : 1));
+  for (int i = 0; i < n; i++) {
+    const MdlExpr *e = P->imports.a[i];
+    g->imports[i] = e->str;
+    g->import_locs[i] = e->loc;
+  }
+  g->nimports = n;
+  g->funcs = (MdlFunc **)P->funcs.a;
+  g->nfuncs = P->funcs.n;
+  g->rules = arena_alloc(P->arena, sizeof *g->rules * (size_t)(P->rules.n ? P->rules.n : 1));
+  for (int i = 0; i < P->rules.n; i++) g->rules[i] = *(MdlRule *)P->rules.a[i];
+  g->nrules = P->rules.n;
+}
+
 static int diag_has_source(const MdlDiag *d, const char *file) {
   for (int i = 0; i < d->sources.n; i++)
     if (d->sources.a[i].file == file) return 1;
@@ -867,6 +876,7 @@ MdlProgram *mdl_parse(const char *src, const char *file, Arena *a, MdlDiag *d) {
   }
   mdl_yyparse(&st);
   mdl_lex_free(&st);
+  finish_program(&st);
 
   if (too_many_errors(&st))
     fprintf(d->out ? d->out : stderr, "%s: note: too many errors (%d); stopping\n", st.file, MDL_MAX_ERRORS);
