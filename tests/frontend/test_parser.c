@@ -283,7 +283,33 @@ static void test_driver(void) {
   rmdir(dir);
 }
 
+/* Many items and long lists must parse in linear time (an earlier
+ * version copied the fn array on every fn: 100k fns took minutes). */
+static void test_large_input(void) {
+  StrBuf src = {0};
+  for (int i = 0; i < 30000; i++) sb_printf(&src, "fn f%d(x) { return x + %d }\nimport m%d\n", i, i, i);
+  sb_puts(&src, "rules {");
+  for (int i = 0; i < 30000; i++) sb_printf(&src, " d%d: tp,", i);
+  sb_puts(&src, " }\nmodel m(x) { return g(");
+  for (int i = 0; i < 30000; i++) sb_printf(&src, "%d, ", i);
+  sb_puts(&src, ") }\n");
+  Arena a;
+  arena_init(&a);
+  char *out = NULL;
+  MdlProgram *p = parse(&a, src.p, &out);
+  CHECK(p != NULL);
+  if (p) {
+    CHECK(p->nfuncs == 30000 && p->nimports == 30000 && p->nrules == 30000);
+    CHECK(p->funcs[29999]->name == ts_intern("f29999") && p->imports[123] == ts_intern("m123"));
+    CHECK(p->model->body[0]->items[0]->nargs == 30000);
+  }
+  free(out);
+  arena_free(&a);
+  sb_free(&src);
+}
+
 int main(void) {
+  test_large_input();
   test_expressions();
   test_items();
   test_diag_format();
