@@ -96,7 +96,8 @@ static int run_sample(const Sample *s) {
     for (int64_t i = 0; i < n; i++) a[i] += 0.3 * gc_normal(&rng);
     memcpy(b, a, (size_t)n * sizeof *a);
   }
-  double lm = gc_loss(pm, ir_block_find(m, "micro"), feeds, 2), lf = gc_loss(pf, 0, feeds, 2);
+  RtRunInfo info = {0, 0, 0.0};
+  double lm = gc_loss(pm, ir_block_find(m, "micro"), &info, feeds, 2), lf = gc_loss(pf, 0, &info, feeds, 2);
   if (!(fabs(lm - lf) <= 1e-12 * (1 + fabs(lf)))) { printf("FAIL %s: micro loss %.17g vs forward %.17g\n", s->name, lm, lf); fails++; goto out; }
 
   /* Central differences round to about eps * |loss| / h; a gradient below
@@ -118,7 +119,7 @@ static int run_sample(const Sample *s) {
     int64_t idx[NCHECK];
     int k = pick(ir_type_numel(&ps->type), &rng, idx);
     double max_fd;
-    double e = gc_check(pf, 0, feeds, 2, rt_state_data(pf, p), gs >= 0 ? rt_state_data(pm, gs) : NULL,
+    double e = gc_check(pf, 0, &info, feeds, 2, rt_state_data(pf, p), gs >= 0 ? rt_state_data(pm, gs) : NULL,
                         ir_type_numel(&ps->type), idx, k, fd_floor, &max_fd);
     if (getenv("GC_VERBOSE")) printf("     %-36s rel %.2g  max|fd| %.3g\n", ps->name, e, max_fd);
     if (!(e <= GC_TOL)) {

@@ -24,12 +24,12 @@ static inline double gc_normal(uint64_t *s) {       /* Box-Muller */
   return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
 }
 
-/* Runs block b of p (step 0, micro 0) and returns its `output "loss"`;
- * NAN with a message on stderr if the run fails. */
-static inline double gc_loss(RtProgram *p, int b, const RtFeed *feeds, int nfeeds) {
+/* Runs block b of p (as step/micro `info`; dropout masks depend on them)
+ * and returns its `output "loss"`; NAN with a message on stderr if the
+ * run fails. */
+static inline double gc_loss(RtProgram *p, int b, const RtRunInfo *info, const RtFeed *feeds, int nfeeds) {
   char err[1024];
-  RtRunInfo info = {0, 0, 0.0};
-  if (rt_run_block(p, b, feeds, nfeeds, &info, err, sizeof err) != 0) {
+  if (rt_run_block(p, b, feeds, nfeeds, info, err, sizeof err) != 0) {
     fprintf(stderr, "  run failed: %s\n", err);
     return NAN;
   }
@@ -46,7 +46,7 @@ static inline double gc_loss(RtProgram *p, int b, const RtFeed *feeds, int nfeed
  * relative bound stops making sense: central differences carry a rounding
  * error of about eps * |loss| / h (~1e-9 for a loss of a few units), so a
  * gradient that is (structurally) zero shows up as fd noise of that size. */
-static inline double gc_check(RtProgram *pf, int fb, const RtFeed *feeds, int nfeeds,
+static inline double gc_check(RtProgram *pf, int fb, const RtRunInfo *info, const RtFeed *feeds, int nfeeds,
                               double *x, const double *g, int64_t n, const int64_t *idx, int nidx,
                               double floor, double *max_fd_out) {
   double max_err = 0, max_fd = 0;
@@ -55,9 +55,9 @@ static inline double gc_check(RtProgram *pf, int fb, const RtFeed *feeds, int nf
     int64_t j = idx ? idx[k] : k;
     double v = x[j];
     x[j] = v + GC_H;
-    double lp = gc_loss(pf, fb, feeds, nfeeds);
+    double lp = gc_loss(pf, fb, info, feeds, nfeeds);
     x[j] = v - GC_H;
-    double lm = gc_loss(pf, fb, feeds, nfeeds);
+    double lm = gc_loss(pf, fb, info, feeds, nfeeds);
     x[j] = v;
     double fd = (lp - lm) / (2 * GC_H);
     double e = fabs((g ? g[j] : 0.0) - fd);
