@@ -386,8 +386,8 @@ static void mark_need(const IrModule *m, const IrBlock *b, unsigned char *need) 
     unsigned fl = ir_ops[n->op].flags;
     need[i] = 0;
     if (!ir_dtype_is_float(n->type.dtype)) continue;
-    if (n->op == IR_OP_STATE) {
-      need[i] = m->states.a[n->ia[0]].kind == IR_STATE_PARAM;
+    if (n->op == IR_OP_STATE) {   /* (the range check is the verifier's; be safe anyway) */
+      need[i] = n->ia[0] >= 0 && n->ia[0] < m->states.n && m->states.a[n->ia[0]].kind == IR_STATE_PARAM;
       continue;
     }
     if (fl & (OPF_LEAF | OPF_NODIFF | OPF_EFFECT)) continue;
