@@ -169,7 +169,7 @@ static void print_stats(const IrModule *m) {
           (long long)params, nparams, m->states.n, m->blocks.n, (long long)nodes);
 }
 
-/* Writes text to -o or stdout. */
+/* Writes text (or bytes) to -o, or to stdout when there is none or it is "-". */
 static int emit_text(const char *out, const StrBuf *b) {
   if (!out || strcmp(out, "-") == 0) {
     fwrite(b->p ? b->p : "", 1, b->n, stdout);
@@ -245,6 +245,11 @@ static int write_plan(const Args *a, IrModule *m, int *owned) {
     StrBuf b = {0};
     rt_plan_print_text(p, &b);
     rc = emit_text(a->output, &b);
+    sb_free(&b);
+  } else if (rc == 0 && a->output && strcmp(a->output, "-") == 0) {   /* binary to stdout (a pipe) */
+    StrBuf b = {0};
+    rt_plan_encode(p, &b);
+    rc = emit_text(NULL, &b);
     sb_free(&b);
   } else if (rc == 0) {
     char err[1024];

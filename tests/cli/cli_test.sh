@@ -68,9 +68,13 @@ parallel)
 full-gpt|full-llama)
   # default (full-size) config: the IR only, nothing is allocated
   m=${CASE#full-}
-  run 0 "$MCC" samples/$m.mdl -o "$TMP/$m.plan" --verify-roundtrip --stats --time &&
+  run 0 "$MCC" samples/$m.mdl -o "$TMP/$m.plan" --verify-roundtrip --stats --time --dump-ir=all "$TMP/dump" &&
     has "$TMP/err" "parameters in" && has "$TMP/err" "time: total"
   run 0 "$CHECK" plan "$TMP/$m.plan"
+  run 0 "$CHECK" ir "$TMP"/dump/*.ir
+  [ "$(ls "$TMP/dump" | wc -l)" = 4 ] || fail "expected 4 dumps: $(ls "$TMP/dump")"
+  # -o - writes the same binary plan to stdout
+  run 0 "$MCC" samples/$m.mdl -o - && cmp -s "$TMP/out" "$TMP/$m.plan" || fail "-o - differs from the plan file"
   head -c 6 "$TMP/$m.plan" | grep -q TSPLAN || fail "$m.plan does not start with the magic"
   ;;
 tiny-gpt|tiny-llama)
