@@ -524,6 +524,24 @@ bad:
   return NULL;
 }
 
+/* What both readers check once the pieces are read: one rank per mesh
+ * position, and every program passes the IR verifier (so mrun never sees
+ * a node whose operands or types are inconsistent). */
+static int check_plan(const RtPlan *p, const char *what, char *err, size_t errlen) {
+  uint64_t size = 1;
+  const int ax[5] = {p->mesh.dp, p->mesh.pp, p->mesh.cp, p->mesh.ep, p->mesh.tp};
+  for (int i = 0; i < 5; i++) size = size > (1u << 20) ? size : size * (uint64_t)ax[i];
+  if (size != (uint64_t)p->nranks)
+    return fail(err, errlen, "%s is inconsistent: the mesh dp=%d pp=%d cp=%d ep=%d tp=%d has %llu ranks, the rank table %d",
+                what, ax[0], ax[1], ax[2], ax[3], ax[4], (unsigned long long)size, p->nranks);
+  for (int i = 0; i < p->nprograms; i++) {
+    char verr[1024];
+    if (ir_verify(p->programs[i], verr, sizeof verr) != 0)
+      return fail(err, errlen, "%s: program %d is invalid: %s", what, i, verr);
+  }
+  return 0;
+}
+
 /* Decodes a checked payload into a plan; NULL with a message. */
 static RtPlan *decode_payload(const unsigned char *data, size_t len, const char *what,
                               char *err, size_t errlen) {
@@ -577,14 +595,7 @@ static RtPlan *decode_payload(const unsigned char *data, size_t len, const char 
   if (rd_done(&s, &r) != 0) goto bad;
   if (rd_left(&r)) { rd_fail(&r, "%zu unexpected bytes after the rank table", rd_left(&r)); goto bad; }
 
-  for (int i = 0; i < p->nprograms; i++) {
-    char verr[1024];
-    if (ir_verify(p->programs[i], verr, sizeof verr) != 0) {
-      fail(err, errlen, "%s: program %d is invalid: %s", what, i, verr);
-      rt_plan_free(p);
-      return NULL;
-    }
-  }
+  if (check_plan(p, what, err, errlen) != 0) { rt_plan_free(p); return NULL; }
   return p;
 bad:
   for (int i = 0; i < progs.n; i++) ir_module_free(progs.a[i]);
@@ -877,13 +888,9 @@ RtPlan *rt_plan_parse_text(const char *text, const char *fname, char *err, size_
       fail(err, errlen, "%s: rank %d runs program %d, but there are %d", t.fname, i, p->rank_program[i], p->nprograms);
       goto bad;
     }
-  for (int i = 0; i < p->nprograms; i++) {
-    char verr[1024];
-    if (ir_verify(p->programs[i], verr, sizeof verr) != 0) {
-      fail(err, errlen, "%s: program %d is invalid: %s", t.fname, i, verr);
-      goto bad;
-    }
-  }
+  char what[512];
+  snprintf(what, sizeof what, "plan '%s'", t.fname);
+  if (check_plan(p, what, err, errlen) != 0) goto bad;
   return p;
 bad:
   for (int i = 0; i < progs.n; i++) ir_module_free(progs.a[i]);

@@ -251,6 +251,17 @@ static void test_refusals(void) {
   expect_refusal(path, bad_module, sizeof bad_module - 1, "~bad.plan:10:");
   static const char bad_rank[] = "tessera-plan 1\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"\"\nranks 1\nrank 0 program 3\n";
   expect_refusal(path, bad_rank, sizeof bad_rank - 1, "~no programs");
+  /* a rank table that does not match the mesh */
+  RtPlan *p2 = make_plan();
+  p2->mesh.tp = 2;
+  StrBuf b2 = {0};
+  rt_plan_encode(p2, &b2);
+  expect_refusal(path, b2.p, b2.n, "~has 2 ranks, the rank table 1");
+  b2.n = 0;
+  rt_plan_print_text(p2, &b2);
+  expect_refusal(path, b2.p, b2.n, "~has 2 ranks, the rank table 1");
+  rt_plan_free(p2);
+  sb_free(&b2);
   sb_free(&b);
   sb_free(&bin);
 }
