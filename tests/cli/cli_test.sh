@@ -3,7 +3,7 @@
 #
 #   cli_test.sh CASE MCC MRUN CLI_CHECK SRCDIR TMPDIR
 #
-# CASE is one of: usage, errors, parallel, full-gpt, full-llama,
+# CASE is one of: usage, errors, parallel, options, full-gpt, full-llama,
 # tiny-gpt, tiny-llama (one ctest each, see CMakeLists.txt).  The tiny
 # cases hold the IR round-trip acceptance test: print -> parse -> print is
 # identical for the sample after every pass, checked twice (mcc
@@ -64,6 +64,18 @@ parallel)
   [ -e "$TMP/tp.plan" ] && fail "a tp=2 plan was written"
   run 0 "$MCC" samples/gpt.mdl $TINY_GPT --tp 2 --sp --emit=ir && has "$TMP/out" "parallel tp=2 pp=1 cp=1 ep=1 dp=0 sp=1"
   run 1 "$MCC" samples/llama.mdl $TINY_LLAMA --pp 2 --emit=plan-text && has "$TMP/err" "pp=2: pipeline parallelism is not supported yet"
+  ;;
+options)
+  run 0 "$MCC" samples/gpt.mdl $TINY_GPT --precision f64 --emit=ir &&
+    has "$TMP/out" "precision=f64" && has "$TMP/out" "state @token_embedding.wte : f64[vocab:256, dim:32] param"
+  run 1 "$MCC" samples/gpt.mdl $TINY_GPT --stdlib "$TMP/nowhere" && has "$TMP/err" "cannot find module 'nn'"
+  mkdir -p "$TMP/lib" && cp stdlib/nn.mdl "$TMP/lib/"
+  run 0 "$MCC" samples/gpt.mdl $TINY_GPT --stdlib "$TMP/lib" --emit=ir -o "$TMP/a.ir"
+  run 0 "$MCC" samples/gpt.mdl -Dlayers=2 -Dd_model=32 -Dheads=4 -Dseq_len=16 -Dvocab=256 -Dbatch=2 -Dmicro_batch=2 \
+    --emit=ir -o "$TMP/b.ir"
+  cmp -s "$TMP/a.ir" "$TMP/b.ir" || fail "-Dkey=value and --stdlib change the IR"
+  run 0 "$MCC" samples/gpt.mdl $TINY_GPT --no-verify --emit=ir -o "$TMP/c.ir"
+  cmp -s "$TMP/a.ir" "$TMP/c.ir" || fail "--no-verify changes the IR"
   ;;
 full-gpt|full-llama)
   # default (full-size) config: the IR only, nothing is allocated
