@@ -51,6 +51,7 @@ static void show_line(FILE *out, const char *src, int line, int col) {
   for (int l = 1; l < line && *p; p++)
     if (*p == '\n') l++;
   if (line < 1) return;
+  if (line == 1 && !strncmp(p, "\xEF\xBB\xBF", 3)) p += 3;   /* the lexer skips a BOM too */
   const char *end = strchr(p, '\n');
   size_t len = end ? (size_t)(end - p) : strlen(p);
   if (len == 0 && !*p && line > 1 && col <= 1) return;   /* end of file on an empty last line */
