@@ -14,6 +14,8 @@
  * Everything parsed lives in one Arena freed before returning; the IrModule
  * returned owns its own memory. */
 #include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
 #include "frontend/elab.h"
 
 void mdl_options_init(MdlOptions *o) {
@@ -32,6 +34,8 @@ typedef struct {
   const MdlOptions *opt;
   VEC(MdlModuleRef) mods;              /* loaded library modules */
   VEC(const char *) loading;           /* import chain being resolved, for cycles */
+  char *main_real;                     /* realpath of the main file (heap), or NULL */
+  const char *main_name;               /* its name without directory and .mdl */
 } Driver;
 
 static const char *stdlib_dir(const MdlOptions *opt) {
@@ -90,20 +94,25 @@ static int check_library(Driver *dr, const MdlProgram *p, const char *name) {
   return bad ? -1 : 0;
 }
 
+/* Reports "import cycle: a -> b -> a": the chain from loading[from] (or
+ * from the main file, from = -1) to `name`.  Returns -1. */
+static int import_cycle(Driver *dr, int from, const char *name, MdlLoc at) {
+  StrBuf chain = {0};
+  if (from < 0) { sb_printf(&chain, "%s -> ", dr->main_name); from = 0; }
+  for (int j = from; j < dr->loading.n; j++) sb_printf(&chain, "%s -> ", dr->loading.a[j]);
+  sb_puts(&chain, name);
+  mdl_error(&dr->diag, at, "import cycle: %s", chain.p);
+  sb_free(&chain);
+  return -1;
+}
+
 /* Finds, parses and checks module `name` imported at `at` from file
  * `from`, then its own imports.  0 on success. */
 static int load_module(Driver *dr, const char *name, MdlLoc at, const char *from) {
   for (int i = 0; i < dr->mods.n; i++)
     if (dr->mods.a[i].name == name) return 0;           /* already loaded */
-  for (int i = 0; i < dr->loading.n; i++) {
-    if (dr->loading.a[i] != name) continue;
-    StrBuf chain = {0};
-    for (int j = i; j < dr->loading.n; j++) sb_printf(&chain, "%s -> ", dr->loading.a[j]);
-    sb_puts(&chain, name);
-    mdl_error(&dr->diag, at, "import cycle: %s", chain.p);
-    sb_free(&chain);
-    return -1;
-  }
+  for (int i = 0; i < dr->loading.n; i++)
+    if (dr->loading.a[i] == name) return import_cycle(dr, i, name, at);
 
   const char *local = arena_printf(&dr->arena, "%s%s.mdl", dir_of(&dr->arena, from), name);
   const char *lib = arena_printf(&dr->arena, "%s/%s.mdl", stdlib_dir(dr->opt), name);
@@ -127,6 +136,12 @@ static int load_module(Driver *dr, const char *name, MdlLoc at, const char *from
     else
       mdl_error(&dr->diag, at, "cannot find module '%s' (looked for '%s')", name, lib);
     return -1;
+  }
+  if (dr->main_real) {
+    char *real = realpath(path, NULL);
+    int self = real && !strcmp(real, dr->main_real);
+    free(real);
+    if (self) { free(src); return import_cycle(dr, -1, name, at); }
   }
   MdlProgram *p = parse_text(dr, src, len, path);
   free(src);
@@ -161,13 +176,14 @@ static IrModule *compile(const char *src, size_t len, const char *fname, const M
   IrModule *m = NULL;
   MdlProgram *main = parse_text(&dr, src, len, fname);
   if (main) {
-    /* The main file is the first link of any import chain. */
-    const char *self = NULL;
+    /* The main file is the first link of any import chain: an import
+     * that resolves to it (same file on disk) is a cycle. */
+    dr.main_real = main->file[0] != '<' ? realpath(main->file, NULL) : NULL;
     const char *base = strrchr(main->file, '/');
     base = base ? base + 1 : main->file;
     size_t blen = strlen(base);
-    if (blen > 4 && !strcmp(base + blen - 4, ".mdl")) self = ts_intern_n(base, blen - 4);
-    if (self) VEC_PUSH(dr.loading, self);
+    dr.main_name = blen > 4 && !strcmp(base + blen - 4, ".mdl") ? ts_intern_n(base, blen - 4)
+                                                                  : ts_intern(base);
     int rc = load_imports(&dr, main);
     if (!main->model) {
       MdlLoc at = { main->file, 1, 1 };
@@ -183,6 +199,7 @@ static IrModule *compile(const char *src, size_t len, const char *fname, const M
   }
   free(dr.mods.a);
   free(dr.loading.a);
+  free(dr.main_real);
   mdl_diag_free(&dr.diag);
   arena_free(&dr.arena);
   return m;

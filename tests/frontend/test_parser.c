@@ -278,6 +278,15 @@ static void test_driver(void) {
   CHECK(strstr(out, "d.mdl:1:8: error: import cycle: c -> d -> c") != NULL);
   free(out);
 
+  /* A main file that imports itself. */
+  char p_self[300];
+  snprintf(p_self, sizeof p_self, "%s/selfie.mdl", dir);
+  write_file(p_self, "import selfie\nmodel m(x: [n]) { return x }\n");
+  out = compile(NULL, NULL, lib, p_self);
+  CHECK(strstr(out, "selfie.mdl:1:8: error: import cycle: selfie -> selfie") != NULL);
+  free(out);
+  unlink(p_self);
+
   unlink(p_main); unlink(p_a); unlink(p_b); unlink(p_c); unlink(p_d);
   rmdir(lib);
   rmdir(dir);
