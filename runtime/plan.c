@@ -814,89 +814,87 @@ static int parse_source(Tx *t, const char *line, const char **out) {
   return 0;
 }
 
-RtPlan *rt_plan_parse_text(const char *text, const char *fname, char *err, size_t errlen) {
-  Tx t = {text, fname ? fname : "<plan>", 0, 0, err, errlen};
+/* The header lines: version, mesh, source, rank table. */
+static int parse_text_header(Tx *t, RtPlan *p) {
   char line[4096];
-  if (err && errlen) err[0] = 0;
-  RtPlan *p = rt_plan_new();
-  VEC(IrModule *) progs = {0};
   const char *e;
-
-  int r = tx_line(&t, line, sizeof line);
-  if (r <= 0 || strncmp(line, "tessera-plan ", 13) != 0) {
-    if (r == 0) tx_fail(&t, "empty plan text");
-    else if (r > 0) tx_fail(&t, "not a Tessera plan text (expected 'tessera-plan %d')", RT_PLAN_VERSION);
-    goto bad;
-  }
+  int r = tx_line(t, line, sizeof line);
+  if (r < 0) return -1;
+  if (r == 0) return tx_fail(t, "empty plan text");
+  if (strncmp(line, "tessera-plan ", 13) != 0)
+    return tx_fail(t, "not a Tessera plan text (expected 'tessera-plan %d')", RT_PLAN_VERSION);
   int version = parse_int(line + 13, &e);
-  if (version < 1 || *e) { tx_fail(&t, "bad plan version '%s'", line + 13); goto bad; }
-  if (version > RT_PLAN_VERSION) {
-    /* the same words as for a binary plan */
-    fail(err, errlen, "plan '%s' has format version %d; this mrun reads up to version %d: rebuild mrun or recompile the plan",
-         t.fname, version, RT_PLAN_VERSION);
-    goto bad;
-  }
+  if (version < 1 || *e) return tx_fail(t, "bad plan version '%s'", line + 13);
+  if (version > RT_PLAN_VERSION)   /* the same words as for a binary plan */
+    return fail(t->err, t->errlen,
+                "plan '%s' has format version %d; this mrun reads up to version %d: rebuild mrun or recompile the plan",
+                t->fname, version, RT_PLAN_VERSION);
   p->version = (uint32_t)version;
 
-  if (tx_line(&t, line, sizeof line) <= 0 || parse_mesh(&t, line, &p->mesh) != 0) {
-    if (!err || !*err) tx_fail(&t, "expected the mesh line");
-    goto bad;
-  }
-  if (tx_line(&t, line, sizeof line) <= 0 || parse_source(&t, line, &p->source) != 0) goto bad;
-  int nr;
-  if (tx_line(&t, line, sizeof line) <= 0 || (nr = parse_kv_line(line, "ranks")) < 1 || nr > 1 << 20) {
-    tx_fail(&t, "expected 'ranks N' with N >= 1");
-    goto bad;
-  }
+  if ((r = tx_line(t, line, sizeof line)) <= 0) return r < 0 ? -1 : tx_fail(t, "expected the mesh line");
+  if (parse_mesh(t, line, &p->mesh) != 0) return -1;
+  if ((r = tx_line(t, line, sizeof line)) <= 0) return r < 0 ? -1 : tx_fail(t, "expected the source line");
+  if (parse_source(t, line, &p->source) != 0) return -1;
+  int nr = -1;
+  if ((r = tx_line(t, line, sizeof line)) > 0) nr = parse_kv_line(line, "ranks");
+  if (nr < 1 || nr > 1 << 20) return r < 0 ? -1 : tx_fail(t, "expected 'ranks N' with N >= 1");
   p->nranks = nr;
   p->rank_program = ts_xcalloc((size_t)nr, sizeof *p->rank_program);
   for (int i = 0; i < nr; i++) {
     int ri = -1, pi = -1;
-    if (tx_line(&t, line, sizeof line) > 0 && strncmp(line, "rank ", 5) == 0) {
+    if ((r = tx_line(t, line, sizeof line)) > 0 && strncmp(line, "rank ", 5) == 0) {
       ri = parse_int(line + 5, &e);
       if (ri >= 0 && strncmp(e, " program ", 9) == 0) {
         pi = parse_int(e + 9, &e);
         if (*e) pi = -1;
       }
     }
-    if (ri != i || pi < 0) { tx_fail(&t, "expected 'rank %d program K'", i); goto bad; }
+    if (r < 0) return -1;
+    if (ri != i || pi < 0) return tx_fail(t, "expected 'rank %d program K'", i);
     p->rank_program[i] = pi;
   }
-  for (;;) {
-    size_t save_pos = t.pos;
-    int save_line = t.line;
-    r = tx_line(&t, line, sizeof line);
-    if (r < 0) goto bad;
-    if (r == 0) break;
-    if (parse_kv_line(line, "program") != progs.n) {
-      t.pos = save_pos, t.line = save_line + 1;
-      tx_fail(&t, "expected 'program %d'", progs.n);
-      goto bad;
-    }
-    tx_skip_blank(&t);
-    IrModule *m = ir_parse_module_at(text, &t.pos, &t.line, t.fname, err, errlen);
-    if (!m) goto bad;
-    VEC_PUSH(progs, m);
+  return 0;
+}
+
+/* `program K` + module text, for K = 0, 1, ... up to the end of the text. */
+static int parse_text_programs(Tx *t, RtPlan *p) {
+  VEC(IrModule *) progs = {0};
+  char line[4096];
+  int rc = 0, r;
+  while (rc == 0 && (r = tx_line(t, line, sizeof line)) != 0) {
+    if (r < 0) { rc = -1; break; }
+    if (parse_kv_line(line, "program") != progs.n) { rc = tx_fail(t, "expected 'program %d'", progs.n); break; }
+    tx_skip_blank(t);
+    IrModule *m = ir_parse_module_at(t->text, &t->pos, &t->line, t->fname, t->err, t->errlen);
+    if (!m) rc = -1;
+    else VEC_PUSH(progs, m);
+  }
+  if (rc == 0 && progs.n == 0) rc = tx_fail(t, "the plan has no programs");
+  if (rc != 0) {
+    for (int i = 0; i < progs.n; i++) ir_module_free(progs.a[i]);
+    free(progs.a);
+    return -1;
   }
   p->nprograms = progs.n;
   p->programs = progs.a;
-  progs.a = NULL;
-  progs.n = 0;
-  if (p->nprograms == 0) { tx_fail(&t, "the plan has no programs"); goto bad; }
-  for (int i = 0; i < nr; i++)
-    if (p->rank_program[i] >= p->nprograms) {
-      fail(err, errlen, "%s: rank %d runs program %d, but there are %d", t.fname, i, p->rank_program[i], p->nprograms);
-      goto bad;
-    }
+  for (int i = 0; i < p->nranks; i++)
+    if (p->rank_program[i] >= p->nprograms)
+      return fail(t->err, t->errlen, "%s: rank %d runs program %d, but there are %d", t->fname, i,
+                  p->rank_program[i], p->nprograms);
+  return 0;
+}
+
+RtPlan *rt_plan_parse_text(const char *text, const char *fname, char *err, size_t errlen) {
+  Tx t = {text, fname ? fname : "<plan>", 0, 0, err, errlen};
+  if (err && errlen) err[0] = 0;
+  RtPlan *p = rt_plan_new();
   char what[512];
   snprintf(what, sizeof what, "plan '%s'", t.fname);
-  if (check_plan(p, what, err, errlen) != 0) goto bad;
+  if (parse_text_header(&t, p) != 0 || parse_text_programs(&t, p) != 0 || check_plan(p, what, err, errlen) != 0) {
+    rt_plan_free(p);
+    return NULL;
+  }
   return p;
-bad:
-  for (int i = 0; i < progs.n; i++) ir_module_free(progs.a[i]);
-  free(progs.a);
-  rt_plan_free(p);
-  return NULL;
 }
 
 /* ======================================================================
