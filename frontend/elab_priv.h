@@ -23,6 +23,7 @@
 #define ELAB_MAX_NODES 1000000      /* IR nodes in the forward block */
 #define ELAB_MAX_STEPS 500000       /* statements, calls, iterations and nodes in total */
 #define ELAB_MAX_ERRORS 20          /* stop elaborating after this many */
+#define ELAB_MAX_EVAL_DEPTH 1000    /* nested expressions, counting through calls */
 #define ELAB_MAX_DIM ((int64_t)1 << 40)  /* the IR's bound on one size */
 
 typedef enum {
@@ -94,6 +95,7 @@ typedef struct Elab {
   Arena a;                      /* values, tuples, scratch strings */
   IrDtype prec;                 /* the model's float dtype */
   int depth;                    /* fn call depth */
+  int eval_depth;               /* expression nesting, through calls */
   int64_t steps;                /* work done, against ELAB_MAX_STEPS */
   int64_t stream;               /* next dropout stream id */
   int abort;                    /* stop everything (limits, too many errors) */

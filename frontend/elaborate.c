@@ -487,6 +487,16 @@ static int param_init(Elab *e, ElabFrame *f, const MdlExpr *ix, IrState *st) {
   else if (name && !strcmp(name, "normal")) names = n_normal;
   else if (name && !strcmp(name, "uniform")) names = n_uniform;
   else if (name && !strcmp(name, "scaled_normal")) names = n_scaled;
+  if (!name && (ix->kind == MDL_E_INT || ix->kind == MDL_E_FLOAT || ix->kind == MDL_E_UNARY)) {
+    Value v = eval(e, f, ix);   /* `init 1.0`, `init 0`: the constants the IR has */
+    if (v.k == V_ERR) return -1;
+    if (elab_is_num(&v) && (elab_num(&v) == 0 || elab_num(&v) == 1)) {
+      st->init = elab_num(&v) == 0 ? IR_INIT_ZEROS : IR_INIT_ONES;
+      return 0;
+    }
+    elab_error(e, ix->loc, "constant param inits other than 0 and 1 are not supported; expected %s", kinds);
+    return -1;
+  }
   if (!names) {
     elab_error(e, ix->loc, "unknown param init: expected %s", kinds);
     return -1;
@@ -655,7 +665,10 @@ static int bind_fn_args(Elab *e, ElabFrame *fr, const MdlFunc *fn, const ElabCal
         return -1;
       }
       v = eval(e, fr, dc->dflt);
-      if (v.k == V_ERR) return -1;
+      if (v.k == V_ERR) {
+        mdl_note(e->d, c->loc, "in the call of '%s' here", c->fname);
+        return -1;
+      }
       at[i] = dc->dflt->loc;
     }
     if (check_decl(e, fr, c->fname, dc, &v, at[i])) return -1;
@@ -852,8 +865,25 @@ static int check_decl(Elab *e, ElabFrame *fr, const char *fname, const MdlDecl *
   return -1;
 }
 
+static Value eval_expr(Elab *e, ElabFrame *f, const MdlExpr *x);
+
+/* Expression nesting counts across calls (the parser bounds it per file,
+ * calls multiply it), so that no program can exhaust the C stack. */
 static Value eval(Elab *e, ElabFrame *f, const MdlExpr *x) {
   if (e->abort) return elab_err();
+  if (e->eval_depth >= ELAB_MAX_EVAL_DEPTH) {
+    elab_error(e, x->loc, "expressions nest too deeply (more than %d levels, counting through calls)",
+               ELAB_MAX_EVAL_DEPTH);
+    e->abort = 1;
+    return elab_err();
+  }
+  e->eval_depth++;
+  Value r = eval_expr(e, f, x);
+  e->eval_depth--;
+  return r;
+}
+
+static Value eval_expr(Elab *e, ElabFrame *f, const MdlExpr *x) {
   switch (x->kind) {
   case MDL_E_INT: return elab_int(x->ival, x->loc);
   case MDL_E_FLOAT: return elab_float(x->fval, x->loc);
