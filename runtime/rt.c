@@ -1,8 +1,14 @@
 /* rt.c - the reference runtime's program: one rank's IrModule brought to
  * life.  Every state (parameters, gradients, moments) lives in ONE slab,
  * each at a 64-byte aligned offset (llm.c's single allocation), initialized
- * counter-based (rng.c documents the formula), so element i of a parameter
- * has the same value whatever else the module holds.
+ * counter-based, so element i of a parameter has the same value whatever
+ * else the module holds and however a later pass shards it:
+ *   u_d(P, i) = U(H(1, seed, fnv1a64(P's name), i, d))     d = draw 0 or 1
+ *   H(w...)   = h = 0x6a09e667f3bcc909; h = splitmix64_mix(h ^ w) per word
+ *   U(h)      = (h >> 11) * 2^-53                          in [0, 1)
+ *   normal(mu, sd)  = mu + sd * sqrt(-2 ln(1 - u_0)) cos(2 pi u_1)
+ *   uniform(a, b)   = a + (b - a) u_0;   zeros / ones: 0 / 1
+ * (rng.c spells out every constant; other states start at zero.)
  *
  * Execution (rt_run_block) walks a block's nodes in order.  Each value gets
  * its own heap buffer, released right after its last use (into a pool for
