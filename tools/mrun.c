@@ -13,6 +13,7 @@
 #include "runtime/train.h"
 #include <errno.h>
 #include <limits.h>
+#include <sys/stat.h>
 
 static const char usage[] =
     "usage: mrun PLAN [--gpus N] [--steps N] [--data FILE] [--metrics out.jsonl] [--seed N] [--quiet]\n"
@@ -92,6 +93,11 @@ static int is_module_text(const char *s) {
 
 /* Loads PATH as a plan, or as a one-rank plan around a bare IR module. */
 static RtPlan *load_plan(const char *path, char *err, size_t errlen) {
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    snprintf(err, errlen, "cannot read plan '%s': it is a directory", path);
+    return NULL;
+  }
   size_t len = 0;
   char *text = ts_read_file(path, &len);
   if (!text) { snprintf(err, errlen, "cannot read plan '%s': %s", path, strerror(errno)); return NULL; }
@@ -158,7 +164,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "mrun: %s\n", err);
     goto out;
   }
-  if (!a.quiet)
+  if (!a.quiet && res.steps > 0)
     printf("mrun: trained %lld steps: loss %.4f -> %.4f\n", (long long)res.steps, res.first_loss, res.last_loss);
   rc = 0;
 out:
