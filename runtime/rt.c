@@ -19,6 +19,7 @@
 #include "rt_priv.h"
 #include <math.h>
 #include <stdarg.h>
+#include <time.h>
 
 typedef struct { const char *name; double v; } RtOut;   /* name interned */
 typedef struct { size_t bytes; void *p; } RtBuf;
@@ -48,7 +49,34 @@ struct RtProgram {
   int **last_use;           /* per block: node -> index of its last user (lazy) */
   VEC(RtOut) outs;
   VEC(RtBuf) pool;          /* free value buffers, reused by exact size */
+  int profile;              /* TS_RT_PROFILE set: time every op */
+  double op_s[IR_OP_COUNT]; /* seconds spent per op (when profiling) */
+  int64_t op_n[IR_OP_COUNT];
 };
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* With TS_RT_PROFILE in the environment, the time per op, most first, on
+ * stderr when the program is freed: where a step's time goes. */
+static void print_profile(const RtProgram *p) {
+  double total = 0;
+  for (int i = 0; i < IR_OP_COUNT; i++) total += p->op_s[i];
+  unsigned char done[IR_OP_COUNT] = {0};
+  fprintf(stderr, "rt profile: %.3f s in kernels\n", total);
+  for (;;) {
+    int best = -1;
+    for (int i = 0; i < IR_OP_COUNT; i++)
+      if (!done[i] && p->op_n[i] && (best < 0 || p->op_s[i] > p->op_s[best])) best = i;
+    if (best < 0) break;
+    done[best] = 1;
+    fprintf(stderr, "  %-18s %9.3f s %5.1f%% %9lld calls\n", ir_ops[best].name, p->op_s[best],
+            total > 0 ? 100 * p->op_s[best] / total : 0.0, (long long)p->op_n[best]);
+  }
+}
 
 #define RT_ALIGN 64
 static size_t align_up(size_t x) { return (x + RT_ALIGN - 1) & ~(size_t)(RT_ALIGN - 1); }
@@ -90,6 +118,7 @@ RtProgram *rt_program_new(const IrModule *m, char *err, size_t errlen) {
   if (!m) { set_err(err, errlen, "rt_program_new: no module"); return NULL; }
   RtProgram *p = ts_xcalloc(1, sizeof *p);
   p->m = m;
+  p->profile = getenv("TS_RT_PROFILE") != NULL;
   p->off = ts_xcalloc((size_t)m->states.n + 1, sizeof *p->off);
   p->last_use = ts_xcalloc((size_t)m->blocks.n + 1, sizeof *p->last_use);
   size_t total = 0;
@@ -123,6 +152,7 @@ RtProgram *rt_program_new(const IrModule *m, char *err, size_t errlen) {
 
 void rt_program_free(RtProgram *p) {
   if (!p) return;
+  if (p->profile) print_profile(p);
   for (int i = 0; i < p->pool.n; i++) free(p->pool.a[i].p);
   free(p->pool.a);
   if (p->last_use)
@@ -318,7 +348,13 @@ int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds,
   int rc = 0;
   for (int i = 0; i < b->n; i++) {
     msg[0] = 0;
-    if (run_node(p, b, i, buf, owned, feeds, nfeeds, info, msg, sizeof msg) != 0) {
+    double t0 = p->profile ? now_s() : 0;
+    int bad = run_node(p, b, i, buf, owned, feeds, nfeeds, info, msg, sizeof msg);
+    if (p->profile) {
+      p->op_s[b->nodes[i].op] += now_s() - t0;
+      p->op_n[b->nodes[i].op]++;
+    }
+    if (bad) {
       set_err(err, errlen, "block %s, %%%d = %s: %s", b->name, i, ir_ops[b->nodes[i].op].name, msg);
       rc = -1;
       break;

@@ -23,7 +23,8 @@ static const char usage[] =
     "  --data FILE      training text, byte-level tokens (default samples/data/kjv.txt)\n"
     "  --metrics FILE   write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s)\n"
     "  --seed N         override the plan's train.seed (initialization, data order, dropout)\n"
-    "  --quiet          no per-step progress lines\n";
+    "  --quiet          no per-step progress lines\n"
+    "environment: TS_RT_PROFILE=1 prints the time spent per op at exit\n";
 
 typedef struct {
   const char *plan, *data, *metrics;
