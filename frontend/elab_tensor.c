@@ -58,7 +58,7 @@ Value elab_emit(Elab *e, MdlLoc loc, IrOp op, const Value *in, int nin,
     e->abort = 1;
     return elab_err();
   }
-  int small[8];
+  int small[8] = {0};
   int *ids = nin <= 8 ? small : arena_alloc(&e->a, (size_t)nin * sizeof *ids);
   for (int i = 0; i < nin; i++) ids[i] = (int)in[i].i;
   char err[1024];
