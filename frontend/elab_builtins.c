@@ -571,7 +571,7 @@ static const Builtin builtins[] = {
   {"abs", {"x"}, 1, bi_abs, 0},
   {"float", {"x"}, 1, bi_float, 0},
   {"int", {"x"}, 1, bi_int, 0},
-  {"min", {NULL}, -1, bi_minmax, IR_OP_SUM},
+  {"min", {NULL}, -1, bi_minmax, 0},
   {"max", {NULL}, -1, bi_minmax, IR_OP_MAX},
   /* reductions */
   {"sum", {"x", "axis", "keepdim"}, 1, bi_reduce, IR_OP_SUM},
