@@ -275,7 +275,7 @@ static void test_data(void) {
 /* ---- end to end: a bigram model, tokens i32[4, 16] ->
  *      logits = embedding(wte[256, 32], tokens) @ w_out[32, 256] + b[256]
  *      loss = mean(cross_entropy(logits, targets)) ---- */
-static IrModule *bigram(int64_t steps, int nan_loss) {
+static IrModule *bigram(int64_t steps, int nan_loss, IrDtype dt) {
   IrModule *m = ir_module_new("bigram");
   m->train.global_batch = 8;
   m->train.micro_batch = 4;
@@ -285,7 +285,8 @@ static IrModule *bigram(int64_t steps, int nan_loss) {
   m->train.clip_grad = 1.0;
   m->train.weight_decay = 0.0;
   m->train.seed = 9;
-  IrType it = TY(IR_I32, 4, 16), wt = TY(IR_F32, 256, 32), ot = TY(IR_F32, 32, 256), bt = TY(IR_F32, 256);
+  m->train.precision = dt;
+  IrType it = TY(IR_I32, 4, 16), wt = TY(dt, 256, 32), ot = TY(dt, 32, 256), bt = TY(dt, 256);
   int wte = ir_state_add(m, &(IrState){.name = "wte", .type = wt, .kind = IR_STATE_PARAM, .init = IR_INIT_NORMAL, .init_b = 0.1, .of = -1});
   int wo = ir_state_add(m, &(IrState){.name = "w_out", .type = ot, .kind = IR_STATE_PARAM, .init = IR_INIT_NORMAL, .init_b = 0.1, .of = -1});
   int bo = ir_state_add(m, &(IrState){.name = "b_out", .type = bt, .kind = IR_STATE_PARAM, .init = IR_INIT_ZEROS, .of = -1, .flags = IR_STATE_NODECAY});
@@ -334,7 +335,7 @@ static int count_lines(const char *path, int *with_keys) {
 
 static void test_train(const char *mrun) {
   write_corpus("rt_train.txt", 20000);
-  IrModule *m = bigram(40, 0);
+  IrModule *m = bigram(40, 0, IR_F32);
   RtTrainOpts o = {"rt_train.txt", "rt_metrics.jsonl", 1, NULL};
   RtTrainResult r;
   CHECK(rt_train(m, &o, &r, err, sizeof err) == 0, "train: %s", err);
@@ -347,7 +348,7 @@ static void test_train(const char *mrun) {
   /* the same run again gives the same losses (deterministic) */
   RtTrainResult r2;
   ir_module_free(m);
-  m = bigram(40, 0);
+  m = bigram(40, 0, IR_F32);
   o.metrics_path = NULL;
   CHECK(rt_train(m, &o, &r2, err, sizeof err) == 0 && r2.last_loss == r.last_loss,
         "a second identical run ends at %.9g, not %.9g", r2.last_loss, r.last_loss);
@@ -379,8 +380,15 @@ static void test_train(const char *mrun) {
   }
   ir_module_free(m);
 
+  /* the same model in f64 trains too (every kernel's f64 instance) */
+  m = bigram(20, 0, IR_F64);
+  o.data_path = "rt_train.txt";
+  CHECK(rt_train(m, &o, &r2, err, sizeof err) == 0, "f64 train: %s", err);
+  CHECK(r2.steps == 20 && r2.last_loss < r2.first_loss - 1.0, "f64 loss %.4f -> %.4f", r2.first_loss, r2.last_loss);
+  ir_module_free(m);
+
   /* a NaN loss stops training with an error naming the step */
-  m = bigram(5, 1);
+  m = bigram(5, 1, IR_F32);
   o.data_path = "rt_train.txt";
   CHECK(rt_train(m, &o, &r2, err, sizeof err) == -1 && strstr(err, "step 1") && strstr(err, "nan"),
         "nan loss: '%s'", err);
