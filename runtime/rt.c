@@ -13,8 +13,8 @@
  * Execution (rt_run_block) walks a block's nodes in order.  Each value gets
  * its own heap buffer, released right after its last use (into a pool for
  * reuse by the next node or run); last uses are computed once per block
- * and cached.  INPUT values alias the caller's feed
- * and STATE values alias the slab (no copies); effects write the slab.
+ * and cached.  INPUT values alias the caller's feed and STATE values
+ * alias the slab (no copies); effects write the slab.
  * The kernels are the reference ones of ops_ref.c. */
 #include "rt_priv.h"
 #include <math.h>
@@ -27,7 +27,8 @@ typedef struct { size_t bytes; void *p; } RtBuf;
 /* Freed value buffers are kept for reuse by size: every run of a block
  * asks for the same sizes in the same order, and big buffers (logits) come
  * from mmap, so without reuse each step pays their page faults again.
- * The pool holds at most what the busiest block had live at its peak.
+ * The pool never holds more buffers of a size than some block had live
+ * at once, so it stays within the runs' own peak per size.
  * Under AddressSanitizer buffers are really freed, so that a kernel reading
  * a dead value is caught. */
 #if defined(__SANITIZE_ADDRESS__)
