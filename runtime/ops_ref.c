@@ -27,11 +27,19 @@ static inline double rt_ld(const void *p, IrDtype t, int64_t i) {
   default: return NAN;
   }
 }
+/* double -> i32 truncating toward zero like a C cast, but defined for
+ * every input: NaN gives 0, out-of-range values saturate. */
+static inline int32_t rt_to_i32(double v) {
+  if (!(v == v)) return 0;
+  if (v >= 2147483647.0) return INT32_MAX;
+  if (v <= -2147483648.0) return INT32_MIN;
+  return (int32_t)v;
+}
 static inline void rt_st(void *p, IrDtype t, int64_t i, double v) {
   switch (t) {
   case IR_F32: ((float *)p)[i] = (float)v; break;
   case IR_F64: ((double *)p)[i] = v; break;
-  case IR_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+  case IR_I32: ((int32_t *)p)[i] = rt_to_i32(v); break;
   default: break;
   }
 }
