@@ -394,6 +394,24 @@ static void test_train(const char *mrun) {
         "nan loss: '%s'", err);
   ir_module_free(m);
 
+  /* loss_mask is fed as all ones: loss = mean(mask) must be exactly 1; an
+   * update block that reports no grad norm gives NaN there, not an error */
+  m = ir_module_new("mask");
+  m->train.global_batch = m->train.micro_batch = 2;
+  m->train.steps = 2;
+  int mb = ir_block_add(m, "micro");
+  ir_block_add(m, "update");
+  IrType ti = TY(IR_I32, 2, 8), tm = TY(IR_F32, 2, 8);
+  emit(m, mb, IR_OP_INPUT, NULL, 0, NULL, NULL, "tokens", &ti);
+  emit(m, mb, IR_OP_INPUT, NULL, 0, NULL, NULL, "targets", &ti);
+  int mk = emit(m, mb, IR_OP_INPUT, NULL, 0, NULL, NULL, "loss_mask", &tm);
+  int m1 = emit(m, mb, IR_OP_MEAN, &mk, 1, (int64_t[]){1, 0}, NULL, NULL, NULL);
+  int m0 = emit(m, mb, IR_OP_MEAN, &m1, 1, (int64_t[]){0, 0}, NULL, NULL, NULL);
+  emit(m, mb, IR_OP_OUTPUT, &m0, 1, NULL, NULL, "loss", NULL);
+  CHECK(rt_train(m, &o, &r2, err, sizeof err) == 0 && r2.last_loss == 1.0 && isnan(r2.last_grad_norm),
+        "loss_mask: %s (loss %g, grad norm %g)", err, r2.last_loss, r2.last_grad_norm);
+  ir_module_free(m);
+
   /* a model input the data pipeline does not provide is refused */
   m = ir_module_new("odd");
   int b = ir_block_add(m, "micro");
