@@ -1,7 +1,8 @@
 /* elab_priv.h - what the files of the MDL elaborator share (not a public
  * API; the contract with the driver is elab.h):
- *   elaborate.c     blocks (config/train/parallel/rules), the model, scopes,
- *                   statements, expressions, calls and signature patterns
+ *   elaborate.c     the model, scopes, statements, expressions, calls,
+ *                   signature patterns and params
+ *   elab_blocks.c   the config, train, parallel and rules blocks
  *   elab_tensor.c   emitting IR nodes, broadcasting, arithmetic, matmul,
  *                   shape lists and shape-error messages
  *   elab_builtins.c the builtin functions (tensor and scalar)
@@ -149,6 +150,16 @@ Value elab_matmul(Elab *e, MdlLoc loc, Value a, Value b);
 /* Reduces every axis of x with SUM/MEAN/MAX (keepdim: all ones). */
 Value elab_reduce_all(Elab *e, MdlLoc loc, IrOp op, Value x, int keepdim);
 const char *elab_op_text(int op);
+
+/* ---- scopes and evaluation (elaborate.c) ---- */
+Value elab_eval(Elab *e, ElabFrame *f, const MdlExpr *x);
+void elab_frame_set(ElabFrame *f, const char *name, Value v);   /* assigns in f itself */
+
+/* ---- the config, train, parallel and rules blocks (elab_blocks.c) ---- */
+void elab_config(Elab *e);     /* fills e->config and m->consts */
+void elab_train(Elab *e);      /* m->train and e->prec */
+void elab_parallel(Elab *e);   /* m->par */
+void elab_rules(Elab *e);      /* validates only */
 
 /* ---- builtins (elab_builtins.c) ---- */
 int elab_builtin_lookup(const char *name);       /* -1 if none */

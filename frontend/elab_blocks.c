@@ -1,0 +1,272 @@
+/* elab_blocks.c - the elaborator's top-level blocks other than the model:
+ * `config` (constants, with -D overrides, kept as IrConst), `train`
+ * (IrTrain, from ir_train_defaults), `parallel` (IrParallel, with the
+ * --tp/--pp/... overrides) and `rules` (validated only).  Values in these
+ * blocks are evaluated in the config scope, so `global_batch = batch`
+ * works.  Errors from command-line options have no source position. */
+#include "elab_priv.h"
+#include <errno.h>
+#include <math.h>
+
+/* ---- config block ---- */
+static const MdlLoc no_loc = {NULL, 0, 0};   /* command-line options: "mcc: error: ..." */
+
+static int parse_define(Elab *e, const MdlDefine *df, Value *out) {
+  const char *s = df->value ? df->value : "";
+  char *end;
+  errno = 0;
+  long long i = strtoll(s, &end, 10);
+  if (*s && !*end) {
+    if (errno == ERANGE) {
+      elab_error(e, no_loc, "-D %s=%s: the value does not fit in 64 bits", df->name, s);
+      return -1;
+    }
+    *out = elab_int(i, no_loc);
+    return 0;
+  }
+  double f = strtod(s, &end);
+  if (*s && !*end && isfinite(f)) {
+    *out = elab_float(f, no_loc);
+    return 0;
+  }
+  if (!strcmp(s, "true") || !strcmp(s, "false")) {
+    *out = elab_bool(s[0] == 't', no_loc);
+    return 0;
+  }
+  elab_error(e, no_loc, "-D %s=%s: the value must be an int or float literal", df->name, s);
+  return -1;
+}
+
+static const char *config_keys(Elab *e) {
+  StrBuf b = {0};
+  for (int i = 0; i < e->main->nconfig; i++) sb_printf(&b, "%s%s", i ? ", " : "", e->main->config[i].name);
+  const char *s = arena_strdup(&e->a, b.p ? b.p : "(none)");
+  sb_free(&b);
+  return s;
+}
+
+void elab_config(Elab *e) {
+  const MdlProgram *p = e->main;
+  const MdlOptions *o = e->opt;
+  for (int i = 0; i < o->ndefines; i++) {
+    int found = 0;
+    for (int j = 0; j < p->nconfig; j++) found |= !strcmp(p->config[j].name, o->defines[i].name);
+    if (!found)
+      elab_error(e, no_loc, "-D %s: no config key of that name (known: %s)", o->defines[i].name, config_keys(e));
+  }
+  for (int j = 0; j < p->nconfig; j++) {
+    const MdlKV *kv = &p->config[j];
+    for (int k = 0; k < j; k++)
+      if (!strcmp(p->config[k].name, kv->name)) {
+        elab_error(e, kv->loc, "config key '%s' is defined twice", kv->name);
+        mdl_note(e->d, p->config[k].loc, "first defined here");
+      }
+    Value v = elab_eval(e, &e->config, kv->value);
+    const MdlDefine *df = NULL;
+    for (int i = 0; i < o->ndefines; i++)
+      if (!strcmp(o->defines[i].name, kv->name)) df = &o->defines[i];   /* the last -D wins */
+    if (df && v.k != V_ERR) {
+      Value d;
+      if (parse_define(e, df, &d)) {
+        v = elab_err();
+      } else if (v.k == V_FLOAT && d.k == V_INT) {
+        v = elab_float((double)d.i, kv->loc);
+      } else if (v.k != d.k) {
+        elab_error(e, no_loc, "-D %s=%s: '%s' is %s in the config, not %s", df->name, df->value, kv->name,
+                   v.k == V_INT ? "an int" : elab_kind_name(v.k), elab_kind_name(d.k));
+        v = elab_err();
+      } else {
+        v = d;
+        v.loc = kv->loc;
+      }
+    }
+    if (v.k != V_ERR && v.k != V_INT && v.k != V_FLOAT && v.k != V_BOOL && v.k != V_STR) {
+      char buf[256];
+      elab_error(e, kv->value->loc, "config values must be numbers, bools or strings; '%s' is %s", kv->name,
+                 elab_value_desc(e, &v, buf, sizeof buf));
+      v = elab_err();
+    }
+    elab_frame_set(&e->config, kv->name, v);
+    if (v.k == V_INT || v.k == V_FLOAT) {
+      IrConst c = {ts_intern(kv->name), v.k == V_FLOAT, v.k == V_INT ? v.i : 0, v.k == V_FLOAT ? v.f : 0};
+      VEC_PUSH(e->m->consts, c);
+    }
+  }
+}
+
+/* ---- train block ---- */
+/* key = name(args...) with keyword arguments evaluated in the config scope. */
+static int train_call(Elab *e, const MdlKV *kv, const char *const *fnames, int *which,
+                      const char *const *names, Value *out) {
+  const MdlExpr *x = kv->value;
+  const char *fn = x->kind == MDL_E_CALL && x->a->kind == MDL_E_NAME ? x->a->str : NULL;
+  *which = -1;
+  for (int i = 0; fn && fnames[i]; i++)
+    if (!strcmp(fn, fnames[i])) *which = i;
+  if (*which < 0) {
+    StrBuf b = {0};
+    for (int i = 0; fnames[i]; i++) sb_printf(&b, "%s%s(...)", i ? " or " : "", fnames[i]);
+    elab_error(e, x->loc, "train: %s must be %s", kv->name, b.p);
+    sb_free(&b);
+    return -1;
+  }
+  ElabCall c = {x->loc, fn, arena_alloc(&e->a, (size_t)(x->nargs + 1) * sizeof(ElabArg)), x->nargs};
+  for (int i = 0; i < x->nargs; i++) {
+    c.args[i].name = x->args[i].name;
+    c.args[i].loc = x->args[i].loc;
+    c.args[i].v = elab_eval(e, &e->config, x->args[i].value);
+    if (c.args[i].v.k == V_ERR) return -1;
+  }
+  return elab_bind_args(e, &c, names, 0, out);
+}
+
+static int train_range(Elab *e, const Value *v, const char *what, double lo, double hi, int lo_open, double *out) {
+  if (v->k == V_ERR) return -1;
+  if (!elab_is_num(v)) {
+    char buf[256];
+    elab_error(e, v->loc, "train: %s must be a number, got %s", what, elab_value_desc(e, v, buf, sizeof buf));
+    return -1;
+  }
+  double x = elab_num(v);
+  if (!isfinite(x) || (lo_open ? !(x > lo) : !(x >= lo)) || !(x < hi || (isinf(hi) && x <= hi))) {
+    elab_error(e, v->loc, "train: %s must be %s %g%s, got %g", what, lo_open ? ">" : ">=", lo,
+               isinf(hi) ? "" : hi == 1 ? " and < 1" : " and below the limit", x);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+static int train_int(Elab *e, const Value *v, const char *what, int64_t lo, int64_t *out) {
+  if (v->k == V_ERR) return -1;
+  if (v->k != V_INT || v->i < lo) {
+    char buf[256];
+    elab_error(e, v->loc, "train: %s must be an int >= %lld, got %s", what, (long long)lo,
+               elab_value_desc(e, v, buf, sizeof buf));
+    return -1;
+  }
+  *out = v->i;
+  return 0;
+}
+
+void elab_train(Elab *e) {
+  const MdlProgram *p = e->main;
+  IrTrain t;
+  ir_train_defaults(&t);
+  int have_decay = 0, gb_at = -1;
+  for (int j = 0; j < p->ntrain; j++) {
+    const MdlKV *kv = &p->train[j];
+    for (int k = 0; k < j; k++)
+      if (!strcmp(p->train[k].name, kv->name)) elab_error(e, kv->loc, "train key '%s' is given twice", kv->name);
+    const char *key = kv->name;
+    Value a[4];
+    int which;
+    if (!strcmp(key, "optimizer")) {
+      static const char *const fns[] = {"adamw", NULL}, *const names[] = {"lr", "betas", "eps", "weight_decay", NULL};
+      if (train_call(e, kv, fns, &which, names, a)) continue;
+      if (a[0].k != V_UNSET) train_range(e, &a[0], "lr", 0, INFINITY, 1, &t.lr);
+      if (a[1].k != V_UNSET) {
+        if ((a[1].k != V_TUPLE && a[1].k != V_LIST) || a[1].n != 2) {
+          elab_error(e, a[1].loc, "train: betas must be a pair (beta1, beta2)");
+        } else {
+          train_range(e, &a[1].items[0], "beta1", 0, 1, 0, &t.beta1);
+          train_range(e, &a[1].items[1], "beta2", 0, 1, 0, &t.beta2);
+        }
+      }
+      if (a[2].k != V_UNSET) train_range(e, &a[2], "eps", 0, INFINITY, 0, &t.eps);
+      if (a[3].k != V_UNSET) train_range(e, &a[3], "weight_decay", 0, INFINITY, 0, &t.weight_decay);
+    } else if (!strcmp(key, "schedule")) {
+      static const char *const fns[] = {"constant", "cosine", "linear", NULL},
+                               *const names[] = {"warmup", "min_lr", "decay_steps", NULL};
+      if (train_call(e, kv, fns, &which, names, a)) continue;
+      static const IrSchedule sch[] = {IR_SCHED_CONSTANT, IR_SCHED_COSINE, IR_SCHED_LINEAR};
+      t.schedule = sch[which];
+      if (which == 0 && (a[1].k != V_UNSET || a[2].k != V_UNSET))
+        elab_error(e, kv->value->loc, "train: constant() takes only warmup:");
+      if (a[0].k != V_UNSET) train_int(e, &a[0], "warmup", 0, &t.warmup);
+      if (a[1].k != V_UNSET) train_range(e, &a[1], "min_lr", 0, INFINITY, 0, &t.min_lr);
+      if (a[2].k != V_UNSET && train_int(e, &a[2], "decay_steps", 1, &t.decay_steps) == 0) have_decay = 1;
+    } else if (!strcmp(key, "precision")) {
+      const MdlExpr *x = kv->value;
+      const char *s = x->kind == MDL_E_NAME || x->kind == MDL_E_STRING ? x->str : "";
+      if (!strcmp(s, "f32")) t.precision = IR_F32;
+      else if (!strcmp(s, "f64")) t.precision = IR_F64;
+      else elab_error(e, x->loc, "train: precision must be f32 or f64");
+    } else {
+      Value v = elab_eval(e, &e->config, kv->value);
+      if (!strcmp(key, "clip_grad")) train_range(e, &v, key, 0, INFINITY, 0, &t.clip_grad);
+      else if (!strcmp(key, "global_batch")) { if (!train_int(e, &v, key, 1, &t.global_batch)) gb_at = j; }
+      else if (!strcmp(key, "micro_batch")) train_int(e, &v, key, 1, &t.micro_batch);
+      else if (!strcmp(key, "seq_len")) train_int(e, &v, key, 1, &t.seq_len);
+      else if (!strcmp(key, "steps")) train_int(e, &v, key, 1, &t.steps);
+      else if (!strcmp(key, "seed")) { int64_t s; if (!train_int(e, &v, key, 0, &s)) t.seed = (uint64_t)s; }
+      else
+        elab_error(e, kv->loc, "unknown train key '%s' (known: optimizer, schedule, clip_grad, global_batch, "
+                               "micro_batch, seq_len, steps, seed, precision)", key);
+    }
+  }
+  if (t.global_batch % t.micro_batch != 0) {
+    MdlLoc at = gb_at >= 0 ? p->train[gb_at].loc : p->ntrain ? p->train[0].loc : no_loc;
+    elab_error(e, at, "train: global_batch %lld is not a multiple of micro_batch %lld", (long long)t.global_batch,
+               (long long)t.micro_batch);
+  }
+  if (!have_decay) t.decay_steps = t.steps;
+  if (e->opt->precision != IR_VOID) {
+    if (!ir_dtype_is_float(e->opt->precision)) elab_error(e, no_loc, "--precision must be f32 or f64");
+    else t.precision = e->opt->precision;
+  }
+  e->prec = t.precision;
+  e->m->train = t;
+}
+
+/* ---- parallel and rules blocks ---- */
+void elab_parallel(Elab *e) {
+  const MdlProgram *p = e->main;
+  IrParallel par = {1, 1, 1, 1, 0, 0};
+  for (int j = 0; j < p->nparallel; j++) {
+    const MdlKV *kv = &p->parallel[j];
+    Value v = elab_eval(e, &e->config, kv->value);
+    if (v.k == V_ERR) continue;
+    char buf[256];
+    const char *k = kv->name;
+    int *slot = !strcmp(k, "tp") ? &par.tp : !strcmp(k, "pp") ? &par.pp : !strcmp(k, "cp") ? &par.cp
+              : !strcmp(k, "ep") ? &par.ep : !strcmp(k, "dp") ? &par.dp : NULL;
+    if (!strcmp(k, "sp")) {
+      if (v.k != V_BOOL) elab_error(e, kv->value->loc, "parallel: sp must be a bool, got %s", elab_value_desc(e, &v, buf, sizeof buf));
+      else par.sp = (int)v.i;
+    } else if (slot) {
+      int lo = slot == &par.dp ? 0 : 1;
+      if (v.k != V_INT || v.i < lo || v.i > 1 << 20)
+        elab_error(e, kv->value->loc, "parallel: %s must be an int >= %d, got %s", k, lo, elab_value_desc(e, &v, buf, sizeof buf));
+      else *slot = (int)v.i;
+    } else {
+      elab_error(e, kv->loc, "unknown parallel key '%s' (known: tp, pp, cp, ep, dp, sp)", k);
+    }
+  }
+  const MdlOptions *o = e->opt;
+  const int *ov[5] = {&o->tp, &o->pp, &o->cp, &o->ep, &o->sp};
+  int *dst[5] = {&par.tp, &par.pp, &par.cp, &par.ep, &par.sp};
+  static const char *names[5] = {"tp", "pp", "cp", "ep", "sp"};
+  for (int i = 0; i < 5; i++) {
+    if (*ov[i] < 0) continue;
+    if ((i < 4 && *ov[i] < 1) || (i == 4 && *ov[i] > 1))
+      elab_error(e, no_loc, "--%s=%d is out of range (%s)", names[i], *ov[i], i < 4 ? ">= 1" : "0 or 1");
+    else *dst[i] = *ov[i];
+  }
+  e->m->par = par;
+}
+
+void elab_rules(Elab *e) {
+  static const char *axes[] = {"dp", "tp", "pp", "cp", "ep"};
+  const MdlProgram *p = e->main;
+  for (int i = 0; i < p->nrules; i++) {
+    const MdlRule *r = &p->rules[i];
+    int ok = 0;
+    for (int a = 0; a < 5; a++) ok |= !strcmp(r->axis, axes[a]);
+    if (!ok) elab_error(e, r->loc, "rules: unknown mesh axis '%s' for dim '%s' (known: dp, tp, pp, cp, ep)", r->axis, r->dim);
+    for (int j = 0; j < i; j++)
+      if (!strcmp(p->rules[j].dim, r->dim)) elab_error(e, r->loc, "rules: dim '%s' is mapped twice", r->dim);
+  }
+  /* TODO(sharding): the IR has no place for dim -> mesh-axis rules yet; the
+   * sharding pass will need them on IrModule (validated here, then dropped). */
+}
