@@ -347,6 +347,16 @@ static Value lookup_name(Elab *e, ElabFrame *f, const char *name, MdlLoc loc, in
 }
 
 static Value eval_member(Elab *e, ElabFrame *f, const MdlExpr *x) {
+  const MdlExpr *obj = x->a;
+  if (obj->kind == MDL_E_NAME && !frame_lookup(f, obj->str) && !find_fn(f->prog, obj->str) &&
+      elab_builtin_lookup(obj->str) < 0) {
+    int imported = 0;
+    for (int i = 0; i < f->prog->nimports; i++) imported |= !strcmp(f->prog->imports[i], obj->str);
+    if (!imported) {   /* the usual cause: a file that uses nn.* without `import nn` */
+      elab_error(e, obj->loc, "unknown module '%s' (missing 'import %s'?)", obj->str, obj->str);
+      return elab_err();
+    }
+  }
   Value m = eval(e, f, x->a);
   if (m.k == V_ERR) return m;
   if (m.k != V_MODULE) {
