@@ -92,7 +92,7 @@ static pthread_mutex_t intern_mu = PTHREAD_MUTEX_INITIALIZER;
 
 uint64_t ts_hash64(const void *p, size_t n, uint64_t seed) {
   const unsigned char *s = p;
-  uint64_t h = 1469598103934665603ull ^ seed;
+  uint64_t h = 14695981039346656037ull ^ seed;
   for (size_t i = 0; i < n; i++) { h ^= s[i]; h *= 1099511628211ull; }
   return h;
 }
