@@ -276,25 +276,15 @@ static void block_reserve(IrModule *m, IrBlock *b, int need) {
   b->cap = cap;
 }
 
-static int emit_fail(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
-
 int ir_emit(IrModule *m, int b, IrOp op, const int *in, int nin,
             const int64_t *ia, const double *fa, const char *sa,
             const IrType *type, char *err, size_t errlen) {
-  if ((int)op < 0 || op >= IR_OP_COUNT) return emit_fail(err, errlen, "ir_emit: bad op %d", (int)op);
+  if ((int)op < 0 || op >= IR_OP_COUNT) return ts_errf(err, errlen, "ir_emit: bad op %d", (int)op);
   const char *opn = ir_ops[op].name;
-  if (b < 0 || b >= m->blocks.n) return emit_fail(err, errlen, "%s: no block %d", opn, b);
+  if (b < 0 || b >= m->blocks.n) return ts_errf(err, errlen, "%s: no block %d", opn, b);
   IrBlock *blk = &m->blocks.a[b];
   if (nin < 0 || nin > 4096 || (nin > 0 && !in))
-    return emit_fail(err, errlen, "%s: bad operand list (%d operands)", opn, nin);
+    return ts_errf(err, errlen, "%s: bad operand list (%d operands)", opn, nin);
 
   IrNode n;
   memset(&n, 0, sizeof n);
@@ -310,7 +300,7 @@ int ir_emit(IrModule *m, int b, IrOp op, const int *in, int nin,
   if (fa) memcpy(n.fa, fa, (size_t)nf * sizeof *fa);
   n.sa = ts_intern(sa);
   if (ir_ops[op].flags & OPF_TYPED) {
-    if (!type) return emit_fail(err, errlen, "%s: the result type must be given", opn);
+    if (!type) return ts_errf(err, errlen, "%s: the result type must be given", opn);
     n.type = *type;
     for (int i = 0; i < n.type.rank && i < IR_MAX_RANK; i++) n.type.dname[i] = ts_intern(n.type.dname[i]);
   }

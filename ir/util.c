@@ -17,6 +17,16 @@ void ts_die_at(const char *file, int line, const char *fmt, ...) {
   abort();
 }
 
+int ts_errf(char *err, size_t errlen, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
 void *ts_xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);
   if (!p) TS_DIE("out of memory allocating %zu bytes", n);

@@ -18,6 +18,10 @@
 void ts_die_at(const char *file, int line, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 3, 4)));
 
+/* Writes a message into err (if err && errlen) and returns -1: the one way
+ * every stage reports a recoverable error to its caller. */
+int ts_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* malloc/calloc/realloc that die (with a message) on out-of-memory. */
 void *ts_xmalloc(size_t n);
 void *ts_xcalloc(size_t n, size_t sz);

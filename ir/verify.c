@@ -10,38 +10,27 @@
 #include "ir.h"
 #include <stdarg.h>
 
-static int vfail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int vfail(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
-
 static int verify_states(const IrModule *m, char *err, size_t errlen) {
   for (int i = 0; i < m->states.n; i++) {
     const IrState *s = &m->states.a[i];
-    if (!s->name || !*s->name) return vfail(err, errlen, "state %d has no name", i);
+    if (!s->name || !*s->name) return ts_errf(err, errlen, "state %d has no name", i);
     for (int j = 0; j < i; j++)
-      if (m->states.a[j].name == s->name) return vfail(err, errlen, "state @%s defined twice", s->name);
+      if (m->states.a[j].name == s->name) return ts_errf(err, errlen, "state @%s defined twice", s->name);
     const IrType *t = &s->type;
     int ok = t->dtype != IR_VOID && (int)t->dtype >= 0 && t->dtype < IR_DTYPE_COUNT &&
              t->rank >= 0 && t->rank <= IR_MAX_RANK;
     for (int d = 0; ok && d < t->rank; d++)
       if (t->dim[d] < 1) ok = 0;
-    if (!ok) return vfail(err, errlen, "state @%s has a malformed type", s->name);
+    if (!ok) return ts_errf(err, errlen, "state @%s has a malformed type", s->name);
     if ((int)s->kind < 0 || s->kind >= IR_STATE_KIND_COUNT)
-      return vfail(err, errlen, "state @%s has a bad kind %d", s->name, (int)s->kind);
+      return ts_errf(err, errlen, "state @%s has a bad kind %d", s->name, (int)s->kind);
     if (s->kind == IR_STATE_PARAM) {
       if ((int)s->init < 0 || s->init >= IR_INIT_KIND_COUNT)
-        return vfail(err, errlen, "param @%s has a bad init kind %d", s->name, (int)s->init);
-      if (s->of != -1) return vfail(err, errlen, "param @%s has of=%d (must be -1)", s->name, s->of);
+        return ts_errf(err, errlen, "param @%s has a bad init kind %d", s->name, (int)s->init);
+      if (s->of != -1) return ts_errf(err, errlen, "param @%s has of=%d (must be -1)", s->name, s->of);
     } else {
       if (s->of < 0 || s->of >= m->states.n || m->states.a[s->of].kind != IR_STATE_PARAM)
-        return vfail(err, errlen, "%s @%s: of=%d is not a param", ir_state_kind_name(s->kind), s->name, s->of);
+        return ts_errf(err, errlen, "%s @%s: of=%d is not a param", ir_state_kind_name(s->kind), s->name, s->of);
     }
   }
   return 0;
@@ -59,28 +48,28 @@ static int verify_block(const IrModule *m, const IrBlock *b, char *err, size_t e
   for (int id = 0; id < b->n; id++) {
     const IrNode *n = &b->nodes[id];
     node_label(n, id, lab, sizeof lab);
-    if ((int)n->op < 0 || n->op >= IR_OP_COUNT) return vfail(err, errlen, "block %s, %s: bad op", b->name, lab);
+    if ((int)n->op < 0 || n->op >= IR_OP_COUNT) return ts_errf(err, errlen, "block %s, %s: bad op", b->name, lab);
     if (n->nin < 0 || (n->nin > 0 && !n->in))
-      return vfail(err, errlen, "block %s, %s: bad operand list", b->name, lab);
+      return ts_errf(err, errlen, "block %s, %s: bad operand list", b->name, lab);
     for (int i = 0; i < n->nin; i++)
       if (n->in[i] < 0 || n->in[i] >= id)
-        return vfail(err, errlen, "block %s, %s: operand %d (%%%d) is not defined before use",
+        return ts_errf(err, errlen, "block %s, %s: operand %d (%%%d) is not defined before use",
                      b->name, lab, i + 1, n->in[i]);
     IrType want;
     if (ir_infer_type(m, b, n, &want, msg, sizeof msg) != 0)
     {
       /* msg starts with the op name: "block micro, %12 = matmul: ..." */
       if (ir_ops[n->op].flags & OPF_EFFECT)
-        return vfail(err, errlen, "block %s, node %d: %s", b->name, id, msg);
-      return vfail(err, errlen, "block %s, %%%d = %s", b->name, id, msg);
+        return ts_errf(err, errlen, "block %s, node %d: %s", b->name, id, msg);
+      return ts_errf(err, errlen, "block %s, %%%d = %s", b->name, id, msg);
     }
     if (!ir_type_same_shape(&want, &n->type) || (want.dtype == IR_VOID && n->type.rank != 0))
-      return vfail(err, errlen, "block %s, %s: stored type %s but the shape rule gives %s", b->name, lab,
+      return ts_errf(err, errlen, "block %s, %s: stored type %s but the shape rule gives %s", b->name, lab,
                    ir_type_str(&n->type, t1, sizeof t1), ir_type_str(&want, t2, sizeof t2));
     if (n->op == IR_OP_INPUT || n->op == IR_OP_OUTPUT)
       for (int j = 0; j < id; j++)
         if (b->nodes[j].op == n->op && b->nodes[j].sa == n->sa)
-          return vfail(err, errlen, "block %s, %s: name \"%s\" appears twice (first at node %d)", b->name, lab,
+          return ts_errf(err, errlen, "block %s, %s: name \"%s\" appears twice (first at node %d)", b->name, lab,
                        n->sa, j);
   }
   return 0;
@@ -91,10 +80,10 @@ int ir_verify(const IrModule *m, char *err, size_t errlen) {
   if (verify_states(m, err, errlen)) return -1;
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
-    if (!b->name) return vfail(err, errlen, "block %d has no name", bi);
+    if (!b->name) return ts_errf(err, errlen, "block %d has no name", bi);
     for (int j = 0; j < bi; j++)
-      if (m->blocks.a[j].name == b->name) return vfail(err, errlen, "block %s defined twice", b->name);
-    if (b->n < 0 || (b->n > 0 && !b->nodes)) return vfail(err, errlen, "block %s: bad node array", b->name);
+      if (m->blocks.a[j].name == b->name) return ts_errf(err, errlen, "block %s defined twice", b->name);
+    if (b->n < 0 || (b->n > 0 && !b->nodes)) return ts_errf(err, errlen, "block %s: bad node array", b->name);
     if (verify_block(m, b, err, errlen)) return -1;
   }
   return 0;

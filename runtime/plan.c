@@ -53,17 +53,6 @@
 #define TAG_STAT TAG('S', 'T', 'A', 'T')
 #define TAG_BLCK TAG('B', 'L', 'C', 'K')
 
-static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
-
 RtPlan *rt_plan_new(void) {
   RtPlan *p = ts_xcalloc(1, sizeof *p);
   p->version = RT_PLAN_VERSION;
@@ -532,12 +521,12 @@ static int check_plan(const RtPlan *p, const char *what, char *err, size_t errle
   const int ax[5] = {p->mesh.dp, p->mesh.pp, p->mesh.cp, p->mesh.ep, p->mesh.tp};
   for (int i = 0; i < 5; i++) size = size > (1u << 20) ? size : size * (uint64_t)ax[i];
   if (size != (uint64_t)p->nranks)
-    return fail(err, errlen, "%s is inconsistent: the mesh dp=%d pp=%d cp=%d ep=%d tp=%d has %llu ranks, the rank table %d",
+    return ts_errf(err, errlen, "%s is inconsistent: the mesh dp=%d pp=%d cp=%d ep=%d tp=%d has %llu ranks, the rank table %d",
                 what, ax[0], ax[1], ax[2], ax[3], ax[4], (unsigned long long)size, p->nranks);
   for (int i = 0; i < p->nprograms; i++) {
     char verr[1024];
     if (ir_verify(p->programs[i], verr, sizeof verr) != 0)
-      return fail(err, errlen, "%s: program %d is invalid: %s", what, i, verr);
+      return ts_errf(err, errlen, "%s: program %d is invalid: %s", what, i, verr);
   }
   return 0;
 }
@@ -601,7 +590,7 @@ bad:
   for (int i = 0; i < progs.n; i++) ir_module_free(progs.a[i]);
   free(progs.a);
   rt_plan_free(p);
-  fail(err, errlen, "%s is corrupted: %s", what, msg);
+  ts_errf(err, errlen, "%s is corrupted: %s", what, msg);
   return NULL;
 }
 
@@ -617,38 +606,38 @@ static RtPlan *decode_named(const void *data, size_t len, const char *name, char
   char what[512];
   snprintf(what, sizeof what, "plan '%s'", name);
   if (len < 8 || memcmp(q, PLAN_MAGIC, 8) != 0) {
-    fail(err, errlen, "'%s' is not a Tessera plan (bad magic)", name);
+    ts_errf(err, errlen, "'%s' is not a Tessera plan (bad magic)", name);
     return NULL;
   }
   if (len < PLAN_HEADER) {
-    fail(err, errlen, "%s is truncated: the file has %zu bytes, less than the %d-byte header", what, len, PLAN_HEADER);
+    ts_errf(err, errlen, "%s is truncated: the file has %zu bytes, less than the %d-byte header", what, len, PLAN_HEADER);
     return NULL;
   }
   uint32_t version = le32(q + 8), flags = le32(q + 12);
   uint64_t plen = le64(q + 16), sum = le64(q + 24);
   if (version > RT_PLAN_VERSION) {
-    fail(err, errlen, "%s has format version %u; this mrun reads up to version %d: rebuild mrun or recompile the plan",
+    ts_errf(err, errlen, "%s has format version %u; this mrun reads up to version %d: rebuild mrun or recompile the plan",
          what, version, RT_PLAN_VERSION);
     return NULL;
   }
-  if (version == 0) { fail(err, errlen, "%s is corrupted: format version 0", what); return NULL; }
+  if (version == 0) { ts_errf(err, errlen, "%s is corrupted: format version 0", what); return NULL; }
   if (flags != 0) {
-    fail(err, errlen, "%s uses format flags 0x%x that this mrun does not know: rebuild mrun or recompile the plan", what, flags);
+    ts_errf(err, errlen, "%s uses format flags 0x%x that this mrun does not know: rebuild mrun or recompile the plan", what, flags);
     return NULL;
   }
   size_t have = len - PLAN_HEADER;
   if (plen > have) {
-    fail(err, errlen, "%s is truncated: header says %llu payload bytes, file has %zu", what,
+    ts_errf(err, errlen, "%s is truncated: header says %llu payload bytes, file has %zu", what,
          (unsigned long long)plen, have);
     return NULL;
   }
   if (plen < have) {
-    fail(err, errlen, "%s is corrupted: header says %llu payload bytes, file has %zu (trailing data)", what,
+    ts_errf(err, errlen, "%s is corrupted: header says %llu payload bytes, file has %zu (trailing data)", what,
          (unsigned long long)plen, have);
     return NULL;
   }
   if (ts_hash64(q + PLAN_HEADER, have, PLAN_CHECKSUM_SEED) != sum) {
-    fail(err, errlen, "%s is corrupted: checksum mismatch", what);
+    ts_errf(err, errlen, "%s is corrupted: checksum mismatch", what);
     return NULL;
   }
   RtPlan *p = decode_payload(q + PLAN_HEADER, have, what, err, errlen);
@@ -826,7 +815,7 @@ static int parse_text_header(Tx *t, RtPlan *p) {
   int version = parse_int(line + 13, &e);
   if (version < 1 || *e) return tx_fail(t, "bad plan version '%s'", line + 13);
   if (version > RT_PLAN_VERSION)   /* the same words as for a binary plan */
-    return fail(t->err, t->errlen,
+    return ts_errf(t->err, t->errlen,
                 "plan '%s' has format version %d; this mrun reads up to version %d: rebuild mrun or recompile the plan",
                 t->fname, version, RT_PLAN_VERSION);
   p->version = (uint32_t)version;
@@ -879,7 +868,7 @@ static int parse_text_programs(Tx *t, RtPlan *p) {
   p->programs = progs.a;
   for (int i = 0; i < p->nranks; i++)
     if (p->rank_program[i] >= p->nprograms)
-      return fail(t->err, t->errlen, "%s: rank %d runs program %d, but there are %d", t->fname, i,
+      return ts_errf(t->err, t->errlen, "%s: rank %d runs program %d, but there are %d", t->fname, i,
                   p->rank_program[i], p->nprograms);
   return 0;
 }
@@ -907,7 +896,7 @@ int rt_plan_write(const RtPlan *p, const char *path, char *err, size_t errlen) {
   int rc = ts_write_file_atomic(path, b.p, b.n);
   int e = errno;
   sb_free(&b);
-  if (rc != 0) return fail(err, errlen, "cannot write plan '%s': %s", path, strerror(e));
+  if (rc != 0) return ts_errf(err, errlen, "cannot write plan '%s': %s", path, strerror(e));
   return 0;
 }
 
@@ -915,13 +904,13 @@ RtPlan *rt_plan_read(const char *path, char *err, size_t errlen) {
   size_t len = 0;
   char *data = ts_read_file(path, &len);
   if (!data) {
-    fail(err, errlen, "cannot read plan '%s': %s", path, strerror(errno));
+    ts_errf(err, errlen, "cannot read plan '%s': %s", path, strerror(errno));
     return NULL;
   }
   RtPlan *p;
   if (len >= 12 && memcmp(data, "tessera-plan", 12) == 0) {
     if (strlen(data) != len) {
-      fail(err, errlen, "plan '%s' is corrupted: NUL byte in the plan text", path);
+      ts_errf(err, errlen, "plan '%s' is corrupted: NUL byte in the plan text", path);
       p = NULL;
     } else {
       p = rt_plan_parse_text(data, path, err, errlen);

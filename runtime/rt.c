@@ -82,14 +82,6 @@ static void print_profile(const RtProgram *p) {
 #define RT_ALIGN 64
 static size_t align_up(size_t x) { return (x + RT_ALIGN - 1) & ~(size_t)(RT_ALIGN - 1); }
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
 int rt_kfail(RtKctx *k, const char *fmt, ...) {
   if (k->err && k->errlen) {
     va_list ap;
@@ -116,7 +108,7 @@ static void init_param(const IrState *s, uint64_t seed, void *data) {
 }
 
 RtProgram *rt_program_new(const IrModule *m, char *err, size_t errlen) {
-  if (!m) { set_err(err, errlen, "rt_program_new: no module"); return NULL; }
+  if (!m) { ts_errf(err, errlen, "rt_program_new: no module"); return NULL; }
   RtProgram *p = ts_xcalloc(1, sizeof *p);
   p->m = m;
   p->profile = getenv("TS_RT_PROFILE") != NULL;
@@ -128,7 +120,7 @@ RtProgram *rt_program_new(const IrModule *m, char *err, size_t errlen) {
     size_t es = ir_dtype_size(s->type.dtype);
     int64_t n = ir_type_numel(&s->type);
     if (es == 0 || n < 0) {
-      set_err(err, errlen, "state @%s: unsupported type", s->name);
+      ts_errf(err, errlen, "state @%s: unsupported type", s->name);
       rt_program_free(p);
       return NULL;
     }
@@ -138,7 +130,7 @@ RtProgram *rt_program_new(const IrModule *m, char *err, size_t errlen) {
   p->slab_bytes = total;
   void *slab = NULL;
   if (posix_memalign(&slab, RT_ALIGN, total ? total : RT_ALIGN) != 0) {
-    set_err(err, errlen, "out of memory allocating %zu bytes of state", total);
+    ts_errf(err, errlen, "out of memory allocating %zu bytes of state", total);
     rt_program_free(p);
     return NULL;
   }
@@ -336,7 +328,7 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, void **buf, unsigned 
 int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds,
                  const RtRunInfo *info, char *err, size_t errlen) {
   const IrModule *m = p->m;
-  if (bi < 0 || bi >= m->blocks.n) { set_err(err, errlen, "no block %d", bi); return -1; }
+  if (bi < 0 || bi >= m->blocks.n) { ts_errf(err, errlen, "no block %d", bi); return -1; }
   const IrBlock *b = &m->blocks.a[bi];
   if (!p->last_use[bi]) p->last_use[bi] = compute_last_use(b);
   const int *last = p->last_use[bi];
@@ -356,7 +348,7 @@ int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds,
       p->op_n[b->nodes[i].op]++;
     }
     if (bad) {
-      set_err(err, errlen, "block %s, %%%d = %s: %s", b->name, i, ir_ops[b->nodes[i].op].name, msg);
+      ts_errf(err, errlen, "block %s, %%%d = %s: %s", b->name, i, ir_ops[b->nodes[i].op].name, msg);
       rc = -1;
       break;
     }
