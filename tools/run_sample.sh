@@ -11,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+echo "run_sample: checking packages and building (tools/setup.sh; quiet unless something fails)"
 bash tools/setup.sh
 bdir=${TESSERA_BUILD_DIR:-build}
 
