@@ -32,6 +32,8 @@
  *    named (world ranks), and peers that are in a different collective are
  *    named as such (a mismatched program).  A peer that has not timed out
  *    yet (it arrived much later) can be named wrongly, hence the '?'.
+ *  - Threads: MPI is initialized single-threaded; call every rt_comm_*
+ *    function from the thread that called rt_comm_init_mpi.
  *  - Not guaranteed: detecting a wrong count or dtype on one rank (MPI may
  *    then corrupt memory or report a truncation error), progress of a rank
  *    that never calls into MPI again, or a clean MPI_Finalize after an error.
@@ -147,11 +149,15 @@ RtComm *rt_comm_wrap_mpi(MPI_Comm comm, const char *name, double timeout, char *
  * the message and aborts the job (peer: group rank of a point-to-point
  * partner, or -1 for a collective). */
 void rt_comm_wait_mpi(RtComm *c, MPI_Request *req, RtCollKind k, int peer);
+/* comm_mpi.c: after a timeout in collective k, asks the peers (over
+ * c->side) where they are; writes "waiting for rank K?"-style text. */
+void rt_comm_diagnose(RtComm *c, RtCollKind k, char *out, size_t n);
 /* comm_nccl.c: one operation on a NCCL group, same contract as the public
  * functions (send: peer/tag used for send and recv). */
 int  rt_nccl_run(RtComm *c, RtCollKind k, IrDtype dt, const void *send, void *recv, size_t count,
                  int peer, char *err, size_t errlen);
 void rt_nccl_free(RtNccl *n);
+int  rt_nccl_device(const RtNccl *n);   /* the CUDA device the group runs on */
 #endif
 
 #endif

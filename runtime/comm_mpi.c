@@ -214,7 +214,7 @@ RtComm *rt_comm_split(RtComm *c, int color, int key, const char *name, char *err
   RtComm *s = rt_comm_wrap_mpi(sub, name, c->timeout, err, errlen);
   if (!s) { MPI_Comm_free(&sub); return NULL; }
   if (c->nccl) {   /* a NCCL group splits into NCCL groups over the split MPI group */
-    RtComm *n = rt_comm_init_nccl(s, -1, err, errlen);
+    RtComm *n = rt_comm_init_nccl(s, rt_nccl_device(c->nccl), err, errlen);   /* same GPU */
     rt_comm_free(s);
     if (n) snprintf(n->name, sizeof n->name, "%s", name ? name : "?");
     return n;
@@ -255,7 +255,7 @@ static void backoff(int iter) {
 /* On timeout of a collective: tell every peer (on the side communicator)
  * which collective we are in, listen for a grace period, and name the
  * peers that were silent or elsewhere.  Writes the guess into out. */
-static void diagnose_peers(RtComm *c, RtCollKind k, char *out, size_t n) {
+void rt_comm_diagnose(RtComm *c, RtCollKind k, char *out, size_t n) {
   int p = c->size;
   long mine[2] = {(long)c->seq, (long)k};
   long *got = ts_xcalloc((size_t)p * 2, sizeof(long));
@@ -324,7 +324,7 @@ void rt_comm_wait_mpi(RtComm *c, MPI_Request *req, RtCollKind k, int peer) {
         rt_comm_abort(c, "%s %s rank %d on group %s timed out after %g s (%s)", rt_coll_name(k),
                       k == RT_COLL_SEND ? "to" : "from", c->world_ranks[peer], c->name, c->timeout, who);
       }
-      diagnose_peers(c, k, who, sizeof who);
+      rt_comm_diagnose(c, k, who, sizeof who);
       rt_comm_abort(c, "collective %s on group %s timed out after %g s (%s)", rt_coll_name(k), c->name,
                     c->timeout, who);
     }

@@ -98,7 +98,9 @@ static int load_libs(void) {
 struct RtNccl {
   ncComm comm;
   cuStream stream;
+  int device;
 };
+int rt_nccl_device(const RtNccl *n) { return n->device; }
 
 static const char *cu_str(cuError e) { return L.GetErrorString ? L.GetErrorString(e) : "?"; }
 static const char *nc_str(ncResult r) { return L.ncGetErrorString ? L.ncGetErrorString(r) : "?"; }
@@ -161,7 +163,8 @@ RtComm *rt_comm_init_nccl(RtComm *mpi, int device, char *err, size_t errlen) {
   /* Each setup step that can fail on one rank only is followed by an
    * agreement, so that all ranks leave together instead of one waiting in
    * the next collective. */
-  cuError se = L.SetDevice(device >= 0 ? device : local_rank(mpi) % ndev);
+  c->nccl->device = device >= 0 ? device : local_rank(mpi) % ndev;
+  cuError se = L.SetDevice(c->nccl->device);
   if (se != 0) {
     ts_errf(err, errlen, "cudaSetDevice failed: %s (hint: is the device visible? CUDA_VISIBLE_DEVICES)", cu_str(se));
     ok = 0;
@@ -201,8 +204,9 @@ static double now_s(void) {
 }
 
 /* Waits for the group's stream, checking NCCL's async error, until the
- * deadline; then aborts the NCCL communicator and the job. */
-static void wait_stream(RtComm *c, RtCollKind k) {
+ * deadline; then aborts the NCCL communicator and the job.  peer: the group
+ * rank of a send/recv partner, or -1 for a collective. */
+static void wait_stream(RtComm *c, RtCollKind k, int peer) {
   double end = now_s() + c->timeout;
   for (;;) {
     cuError e = L.StreamQuery(c->nccl->stream);
@@ -217,9 +221,11 @@ static void wait_stream(RtComm *c, RtCollKind k) {
       rt_comm_abort(c, "%s on group %s failed: %s (hint: NCCL_DEBUG=INFO; a rank died?)", rt_coll_name(k), c->name, nc_str(ae));
     }
     if (now_s() > end) {
+      char who[512];
       L.CommAbort(c->nccl->comm);
-      rt_comm_abort(c, "collective %s on group %s timed out after %g s (a rank of the group stalled or died)",
-                    rt_coll_name(k), c->name, c->timeout);
+      if (peer >= 0) snprintf(who, sizeof who, "waiting for rank %d?", c->world_ranks[peer]);
+      else rt_comm_diagnose(c, k, who, sizeof who);   /* the peers time out too and answer over MPI */
+      rt_comm_abort(c, "collective %s on group %s timed out after %g s (%s)", rt_coll_name(k), c->name, c->timeout, who);
     }
     struct timespec ts = {0, 100000};
     nanosleep(&ts, NULL);
@@ -253,6 +259,6 @@ int rt_nccl_run(RtComm *c, RtCollKind k, IrDtype dt, const void *send, void *rec
   default:
     return ts_errf(err, errlen, "%s is not a NCCL operation", rt_coll_name(k));
   }
-  wait_stream(c, k);
+  wait_stream(c, k, k == RT_COLL_SEND || k == RT_COLL_RECV ? peer : -1);
   return 0;
 }
