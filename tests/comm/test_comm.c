@@ -7,6 +7,7 @@
  *                argument errors.  Exit 0 iff every check on every rank passed.
  *   stall        the last rank sleeps instead of joining an all_reduce; the
  *                others must abort after the (short) timeout naming it.
+ *   stall_tp     the same inside the tp group of a 2x2 mesh (4 ranks).
  *   die, die0, kill  the last rank exits (status 3, status 0 without
  *                MPI_Finalize, SIGKILL) in the middle of the job; the others
  *                must not hang, and mpirun must name the rank.
@@ -204,9 +205,9 @@ static void test_mesh_math(void) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 2) { fprintf(stderr, "usage: test_comm collectives|stall|die|die0|kill|nccl|mesh\n"); return 2; }
+  if (argc < 2) { fprintf(stderr, "usage: test_comm collectives|stall|stall_tp|die|die0|kill|nccl|mesh\n"); return 2; }
   const char *mode = argv[1];
-  double timeout = !strcmp(mode, "stall") || !strncmp(mode, "die", 3) || !strcmp(mode, "kill") ? 3.0 : 30.0;
+  double timeout = !strncmp(mode, "stall", 5) || !strncmp(mode, "die", 3) || !strcmp(mode, "kill") ? 3.0 : 30.0;
   RtComm *w = rt_comm_init_mpi(&argc, &argv, timeout, err, sizeof err);
   if (!w) { fprintf(stderr, "test_comm: %s\n", err); return 1; }
   g_rank = rt_comm_rank(w);
@@ -237,6 +238,18 @@ int main(int argc, char **argv) {
     rt_comm_all_reduce(w, IR_F64, &x, 1, err, sizeof err);
     fprintf(stderr, "rank %d: all_reduce returned, it should have aborted\n", g_rank);
     return 0;   /* exit 0: the test wants non-zero */
+  } else if (!strcmp(mode, "stall_tp")) {
+    /* 2x2 dp x tp mesh; rank 3 stalls, so its tp partner (rank 2) must
+     * name it, in world ranks, and name the group. */
+    RtMesh m = {2, 1, 1, 1, 2};
+    RtComm *tp = rt_comm_mesh_group(w, &m, RT_AXIS_TP, err, sizeof err);
+    CHECK(tp != NULL, "tp group: %s", err);
+    double x = 1;
+    if (tp) {
+      if (g_rank == 3) sleep(40);
+      rt_comm_all_reduce(tp, IR_F64, &x, 1, err, sizeof err);
+      rt_comm_free(tp);
+    }
   } else if (!strcmp(mode, "nccl")) {
     RtComm *n = rt_comm_init_nccl(w, -1, err, sizeof err);
     if (n) {
