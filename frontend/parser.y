@@ -351,6 +351,8 @@ primary
   | NONE                     { $$ = mk(P, MDL_E_NONE, @1); }
   | STRING                   { $$ = mk(P, MDL_E_STRING, @1); $$->str = $1; }
   | NAME                     { $$ = mk(P, MDL_E_NAME, @1); $$->str = $1; }
+  | KW_INT                   { $$ = mk(P, MDL_E_NAME, @1); $$->str = ts_intern("int"); }    /* int(x): the conversion */
+  | KW_FLOAT                 { $$ = mk(P, MDL_E_NAME, @1); $$->str = ts_intern("float"); }  /* float(x) */
   | '(' expr ')'             { $$ = $2; }
   | '(' ')'                  { $$ = mk_items(P, MDL_E_TUPLE, seq_new(P), @1); }
   | '(' expr ',' ')'         { $$ = mk_items(P, MDL_E_TUPLE, seq_push(P, seq_new(P), $2), @1); }
