@@ -22,7 +22,7 @@
  *    passes, the rank prints
  *      rank R: collective all_reduce on group tp timed out after 60 s (waiting for rank K?)
  *    on stderr and calls MPI_Abort, which makes mpirun kill every rank.  So
- *    a rank that stalls makes the job stop within about timeout + 1 s; a
+ *    a rank that stalls makes the job stop within timeout + 2 s (grace); a
  *    rank that dies is reported by mpirun at once (OpenMPI kills the job
  *    when a process exits without MPI_Finalize) or, at the latest, by the
  *    peers' deadline.
