@@ -10,6 +10,7 @@
  * Exit codes: 0 ok, 1 compile or I/O error, 2 usage error. */
 #include "frontend/mdl.h"
 #include "passes/passes.h"
+#include "passes/memplan.h"
 #include "runtime/plan.h"
 #include <errno.h>
 #include <time.h>
@@ -39,6 +40,8 @@ static void usage(FILE *f) {
           "  --verify-roundtrip     check that the IR (and the plan) print and parse back identically\n"
           "  --time                 per-stage wall times on stderr\n"
           "  --stats                parameter, state and node counts on stderr\n"
+          "  --report memory        print per-rank memory (states, planned activation arenas) to\n"
+          "                         stdout (or -o) instead of writing a plan\n"
           "  --help, --version\n"
           "Passes, in order: frontend");
   for (int i = 0; i < pass_pipeline_count; i++) fprintf(f, ", %s", pass_pipeline[i].name);
@@ -69,7 +72,7 @@ static int parse_size(const char *s, int *out) {
 }
 
 typedef struct {
-  const char *input, *output, *emit;
+  const char *input, *output, *emit, *report;
   VEC(MdlDefine) defines;
   MdlOptions mdl;
   PassCtx *cx;
@@ -132,6 +135,12 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--verify-roundtrip") == 0) { a->cx->verify_roundtrip = 1; continue; }
     if (strcmp(s, "--time") == 0) { a->time = 1; continue; }
     if (strcmp(s, "--stats") == 0) { a->stats = 1; continue; }
+    if (strcmp(s, "--report") == 0) {
+      NEED_ARG(s);
+      if (strcmp(next, "memory") != 0) return usage_error("--report must be memory, got '%s'", next);
+      a->report = next;
+      continue;
+    }
     if (s[0] == '-' && s[1]) return usage_error("unknown option '%s'", s);
     if (a->input) return usage_error("more than one input file ('%s')", s);
     a->input = s;
@@ -296,7 +305,13 @@ int main(int argc, char **argv) {
   }
   if (a.stats) print_stats(m);
   double t2 = now_ms();
-  if (strcmp(a.emit, "ir") == 0 || strcmp(a.emit, "dot") == 0) {
+  if (a.report) {                        /* --report memory: an analysis, no plan */
+    StrBuf b = {0};
+    char err[1024];
+    if (pass_memplan_report(m, &b, err, sizeof err) != 0) fprintf(stderr, "mcc: %s\n", err);
+    else rc = emit_text(a.output, &b);
+    sb_free(&b);
+  } else if (strcmp(a.emit, "ir") == 0 || strcmp(a.emit, "dot") == 0) {
     StrBuf b = {0};
     if (strcmp(a.emit, "ir") == 0) ir_print_module(m, &b);
     else ir_print_dot(m, &b);

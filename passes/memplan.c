@@ -1,0 +1,318 @@
+/* memplan.c - static memory planning analysis (see memplan.h for the rules
+ * of which values own a buffer and when RESHAPE aliases).
+ *
+ * Expects: a verified module (operands are earlier nodes of the block).
+ * Guarantees: the module is not changed; the plan packs every value buffer
+ * of one block into one arena, checked by pass_memplan_check.
+ *
+ * Packing is ggml-allocator style but offline: buffers sorted by size,
+ * largest first (ties: earlier start, then lower id, so the result is
+ * deterministic), each placed in the smallest gap between the buffers
+ * already placed that it conflicts with (intervals intersect), or after
+ * the last of them.  Big buffers first keeps the small ones filling holes
+ * instead of fragmenting the bottom of the arena. */
+#include "memplan.h"
+
+static size_t align64(size_t x) { return (x + MEMPLAN_ALIGN - 1) & ~(size_t)(MEMPLAN_ALIGN - 1); }
+
+/* Does value node n need bytes of its own (before any reshape aliasing)? */
+static int wants_buffer(const IrNode *n) {
+  return n->op != IR_OP_STATE && !(ir_ops[n->op].flags & OPF_EFFECT) && n->type.dtype != IR_VOID;
+}
+
+/* Bytes of value node n's buffer: numel * dtype size rounded up to 64; an
+ * empty tensor still gets 64 (the runtime never allocates 0).  0 if the
+ * type has no byte size (the caller reports it). */
+static size_t value_bytes(const IrNode *n) {
+  int64_t numel = ir_type_numel(&n->type);
+  size_t es = ir_dtype_size(n->type.dtype);
+  if (numel < 0 || es == 0) return 0;
+  size_t b = (size_t)numel * es;
+  return align64(b ? b : 1);
+}
+
+/* last[i] = the last node reading value i (i if nobody reads it). */
+static void last_uses(const IrBlock *b, int *last) {
+  for (int i = 0; i < b->n; i++) last[i] = i;
+  for (int i = 0; i < b->n; i++)
+    for (int k = 0; k < b->nodes[i].nin; k++) {
+      int v = b->nodes[i].in[k];
+      if (v >= 0 && v < i && last[v] < i) last[v] = i;
+    }
+}
+
+void pass_memplan_free(MemPlan *p) {
+  if (!p) return;
+  free(p->offset);
+  free(p->size);
+  free(p->buf);
+  free(p->first);
+  free(p->last);
+  memset(p, 0, sizeof *p);
+}
+
+typedef struct { size_t off, size; } Span;
+
+static int cmp_span(const void *a, const void *b) {
+  const Span *x = a, *y = b;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Order of placement: bigger first, then earlier start, then lower id.
+ * The sort keys are copied next to the id so that qsort needs no context. */
+typedef struct { size_t size; int first, id; } OwnerKey;
+static int cmp_owner(const void *a, const void *b) {
+  const OwnerKey *x = a, *y = b;
+  if (x->size != y->size) return x->size > y->size ? -1 : 1;
+  if (x->first != y->first) return x->first < y->first ? -1 : 1;
+  return (x->id > y->id) - (x->id < y->id);
+}
+
+static int intersects(const MemPlan *p, int a, int b) {
+  return p->first[a] <= p->last[b] && p->first[b] <= p->last[a];
+}
+
+/* Places the owners in `order` (size-sorted) one by one.  placed[] holds
+ * the owners already placed; gaps[] is scratch of p->n spans. */
+static void pack(MemPlan *p, const int *order, int nown) {
+  int *placed = ts_xmalloc((size_t)(nown ? nown : 1) * sizeof *placed);
+  Span *sp = ts_xmalloc((size_t)(nown ? nown : 1) * sizeof *sp);
+  int nplaced = 0;
+  for (int oi = 0; oi < nown; oi++) {
+    int o = order[oi];
+    int ns = 0;
+    for (int k = 0; k < nplaced; k++)
+      if (intersects(p, o, placed[k])) sp[ns++] = (Span){(size_t)p->offset[placed[k]], p->size[placed[k]]};
+    qsort(sp, (size_t)ns, sizeof *sp, cmp_span);
+    /* walk the occupied spans bottom-up; a gap is [cur, next span's offset) */
+    size_t cur = 0, best = 0, best_gap = SIZE_MAX;
+    for (int k = 0; k < ns; k++) {
+      if (sp[k].off > cur) {
+        size_t gap = sp[k].off - cur;
+        if (gap >= p->size[o] && gap < best_gap) { best = cur; best_gap = gap; }
+      }
+      if (sp[k].off + sp[k].size > cur) cur = sp[k].off + sp[k].size;
+    }
+    p->offset[o] = (int64_t)(best_gap != SIZE_MAX ? best : cur);
+    placed[nplaced++] = o;
+  }
+  free(placed);
+  free(sp);
+}
+
+int pass_memplan_block(const IrModule *m, int block, MemPlan *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (!m || block < 0 || block >= m->blocks.n)
+    return ts_errf(err, errlen, "memplan: no block %d (the module has %d)", block, m ? m->blocks.n : 0);
+  const IrBlock *b = &m->blocks.a[block];
+  int n = b->n, cap = n ? n : 1;
+  out->block = block;
+  out->n = n;
+  out->offset = ts_xmalloc((size_t)cap * sizeof *out->offset);
+  out->size = ts_xcalloc((size_t)cap, sizeof *out->size);
+  out->buf = ts_xmalloc((size_t)cap * sizeof *out->buf);
+  out->first = ts_xmalloc((size_t)cap * sizeof *out->first);
+  out->last = ts_xmalloc((size_t)cap * sizeof *out->last);
+  int *last = ts_xmalloc((size_t)cap * sizeof *last);
+  last_uses(b, last);
+
+  /* 1. buffers and their live intervals (indexed by owner id) */
+  for (int i = 0; i < n; i++) {
+    const IrNode *nd = &b->nodes[i];
+    out->offset[i] = -1;
+    out->buf[i] = out->first[i] = out->last[i] = -1;
+    if (!wants_buffer(nd)) continue;
+    size_t bytes = value_bytes(nd);
+    if (bytes == 0) {
+      char t[128];
+      pass_memplan_free(out);
+      free(last);
+      return ts_errf(err, errlen, "memplan: block %s, %%%d = %s: type %s has no byte size", b->name, i,
+                     ir_ops[nd->op].name, ir_type_str(&nd->type, t, sizeof t));
+    }
+    int v = nd->op == IR_OP_RESHAPE && nd->nin == 1 ? nd->in[0] : -1;
+    if (v >= 0 && out->buf[v] >= 0 && last[v] == i && out->size[out->buf[v]] == bytes) {
+      int o = out->buf[v];           /* the operand dies here: reuse its bytes */
+      out->buf[i] = o;
+      if (last[i] > out->last[o]) out->last[o] = last[i];
+    } else {
+      out->buf[i] = i;
+      out->size[i] = bytes;
+      out->first[i] = i;
+      out->last[i] = last[i];
+      out->nbuffers++;
+    }
+  }
+  free(last);
+
+  /* 2. lower bound: the most bytes live at any one node (difference array) */
+  int64_t *delta = ts_xcalloc((size_t)n + 1, sizeof *delta);
+  int *order = ts_xmalloc((size_t)cap * sizeof *order);
+  int nown = 0;
+  for (int i = 0; i < n; i++)
+    if (out->buf[i] == i) {
+      order[nown++] = i;
+      delta[out->first[i]] += (int64_t)out->size[i];
+      delta[out->last[i] + 1] -= (int64_t)out->size[i];
+      out->total_bytes += out->size[i];
+    }
+  int64_t live = 0;
+  for (int i = 0; i < n; i++) {
+    live += delta[i];
+    if ((size_t)live > out->lower_bound_bytes) out->lower_bound_bytes = (size_t)live;
+  }
+  free(delta);
+
+  /* 3. offsets */
+  OwnerKey *key = ts_xmalloc((size_t)cap * sizeof *key);
+  for (int k = 0; k < nown; k++) key[k] = (OwnerKey){out->size[order[k]], out->first[order[k]], order[k]};
+  qsort(key, (size_t)nown, sizeof *key, cmp_owner);
+  for (int k = 0; k < nown; k++) order[k] = key[k].id;
+  free(key);
+  pack(out, order, nown);
+  free(order);
+  for (int i = 0; i < n; i++) {
+    int o = out->buf[i];
+    if (o < 0) continue;
+    if (o == i) {
+      size_t end = (size_t)out->offset[i] + out->size[i];
+      if (end > out->peak_bytes) out->peak_bytes = end;
+    } else {                         /* aliases share the owner's placement */
+      out->offset[i] = out->offset[o];
+      out->size[i] = out->size[o];
+    }
+  }
+  for (int i = 0; i < n; i++)         /* every member reports its buffer's interval */
+    if (out->buf[i] >= 0 && out->buf[i] != i) {
+      out->first[i] = out->first[out->buf[i]];
+      out->last[i] = out->last[out->buf[i]];
+    }
+  return 0;
+}
+
+/* Per-value checks: it has the buffer it needs, and the buffer's interval
+ * covers its definition and every reader (recomputed from the IR). */
+static int check_values(const IrModule *m, const MemPlan *p, char *err, size_t errlen) {
+  const IrBlock *b = &m->blocks.a[p->block];
+  int *last = ts_xmalloc((size_t)(p->n ? p->n : 1) * sizeof *last);
+  last_uses(b, last);
+  int rc = 0;
+  for (int i = 0; i < p->n && rc == 0; i++) {
+    const IrNode *nd = &b->nodes[i];
+    int o = p->buf[i];
+    if (!wants_buffer(nd)) {
+      if (o != -1) rc = ts_errf(err, errlen, "memplan: %%%d (%s) owns no bytes but has buffer %d", i, ir_ops[nd->op].name, o);
+      continue;
+    }
+    if (o < 0 || o > i || p->buf[o] != o)
+      rc = ts_errf(err, errlen, "memplan: %%%d has no valid buffer (buf %d)", i, o);
+    else if (p->size[o] < value_bytes(nd) || p->size[o] % MEMPLAN_ALIGN || p->offset[o] < 0 ||
+             p->offset[o] % MEMPLAN_ALIGN || p->offset[i] != p->offset[o] || p->size[i] != p->size[o])
+      rc = ts_errf(err, errlen, "memplan: %%%d: buffer at %lld of %zu bytes is misaligned or too small",
+                   i, (long long)p->offset[o], p->size[o]);
+    else if (p->first[o] != o || p->last[o] < last[i] || p->first[i] != p->first[o] || p->last[i] != p->last[o])
+      rc = ts_errf(err, errlen, "memplan: %%%d is live over [%d, %d] but its buffer only over [%d, %d]",
+                   i, i, last[i], p->first[o], p->last[o]);
+    else if (o != i) {
+      /* sharing is legal only as a reshape of the value dying at this node */
+      int v = nd->op == IR_OP_RESHAPE && nd->nin == 1 ? nd->in[0] : -1;
+      if (v < 0 || p->buf[v] != o || last[v] != i)
+        rc = ts_errf(err, errlen, "memplan: %%%d shares buffer %%%d but is not a reshape of a value dying there", i, o);
+    }
+  }
+  free(last);
+  return rc;
+}
+
+int pass_memplan_check(const IrModule *m, const MemPlan *p, char *err, size_t errlen) {
+  if (!m || !p || p->block < 0 || p->block >= m->blocks.n || m->blocks.a[p->block].n != p->n)
+    return ts_errf(err, errlen, "memplan: the plan does not belong to this module");
+  if (check_values(m, p, err, errlen) != 0) return -1;
+  int *own = ts_xmalloc((size_t)(p->n ? p->n : 1) * sizeof *own);
+  int nown = 0;
+  size_t peak = 0, total = 0;
+  for (int i = 0; i < p->n; i++)
+    if (p->buf[i] == i) {
+      own[nown++] = i;
+      size_t end = (size_t)p->offset[i] + p->size[i];
+      if (end > peak) peak = end;
+      total += p->size[i];
+    }
+  int rc = 0;
+  if (peak != p->peak_bytes || total != p->total_bytes || nown != p->nbuffers)
+    rc = ts_errf(err, errlen, "memplan: peak %zu / total %zu / %d buffers recorded, but the buffers give %zu / %zu / %d",
+                 p->peak_bytes, p->total_bytes, p->nbuffers, peak, total, nown);
+  else if (p->lower_bound_bytes > p->peak_bytes || p->peak_bytes > p->total_bytes)
+    rc = ts_errf(err, errlen, "memplan: expected lower bound %zu <= peak %zu <= total %zu",
+                 p->lower_bound_bytes, p->peak_bytes, p->total_bytes);
+  /* pairwise overlap: by start, each buffer against those starting within it */
+  /* owners are value ids and a buffer starts at its owner's node, so
+   * ascending ids are already ascending starts */
+  for (int a = 0; a < nown && rc == 0; a++)
+    for (int c = a + 1; c < nown && p->first[own[c]] <= p->last[own[a]]; c++) {
+      int x = own[a], y = own[c];
+      size_t xo = (size_t)p->offset[x], yo = (size_t)p->offset[y];
+      if (xo < yo + p->size[y] && yo < xo + p->size[x]) {
+        rc = ts_errf(err, errlen, "memplan: %%%d [%zu, %zu) live over [%d, %d] overlaps %%%d [%zu, %zu) live over [%d, %d]",
+                     x, xo, xo + p->size[x], p->first[x], p->last[x], y, yo, yo + p->size[y], p->first[y], p->last[y]);
+        break;
+      }
+    }
+  free(own);
+  return rc;
+}
+
+size_t pass_memplan_state_bytes(const IrModule *m, IrStateKind kind) {
+  size_t total = 0;
+  for (int i = 0; i < m->states.n; i++)
+    if (m->states.a[i].kind == kind)
+      total += (size_t)ir_type_numel(&m->states.a[i].type) * ir_dtype_size(m->states.a[i].type.dtype);
+  return total;
+}
+
+static void report_row(StrBuf *out, const char *label, size_t bytes) {
+  sb_printf(out, "  %-44s %16zu %12.2f\n", label, bytes, (double)bytes / (1024.0 * 1024.0));
+}
+
+int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen) {
+  int ntensors = 0;
+  for (int i = 0; i < m->states.n; i++) ntensors += m->states.a[i].kind == IR_STATE_PARAM;
+  sb_printf(out, "memory report: %s, rank 0 of 1 (single-rank plan), %s training\n",
+            m->name ? m->name : "?", ir_dtype_name(m->train.precision));
+  sb_printf(out, "# exact bytes from the IR types; activation arenas are a static plan (liveness +\n"
+                 "# best-fit packing, 64-byte aligned) that the runtime does NOT use yet: mrun still\n"
+                 "# allocates each value on its own and frees it after its last use.\n");
+  const IrParallel *pr = &m->par;
+  if (pr->tp > 1 || pr->pp > 1 || pr->cp > 1 || pr->ep > 1)
+    sb_printf(out, "# parallel sizes are recorded but not applied (no sharding yet): unsharded figures\n");
+  sb_printf(out, "  %-44s %16s %12s\n", "", "bytes", "MiB");
+  size_t par = pass_memplan_state_bytes(m, IR_STATE_PARAM);
+  size_t grad = pass_memplan_state_bytes(m, IR_STATE_GRAD);
+  size_t opt = pass_memplan_state_bytes(m, IR_STATE_ADAM_M) + pass_memplan_state_bytes(m, IR_STATE_ADAM_V);
+  char label[160];
+  snprintf(label, sizeof label, "parameters (%d tensors)", ntensors);
+  report_row(out, label, par);
+  report_row(out, "gradients", grad);
+  report_row(out, "optimizer state (adam m+v)", opt);
+  report_row(out, "states total", par + grad + opt);
+  size_t arena = 0;
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    MemPlan p;
+    if (pass_memplan_block(m, bi, &p, err, errlen) != 0) return -1;
+    if (pass_memplan_check(m, &p, err, errlen) != 0) { pass_memplan_free(&p); return -1; }
+    const char *bn = m->blocks.a[bi].name;
+    snprintf(label, sizeof label, "block %s: arena peak (packed)", bn);
+    report_row(out, label, p.peak_bytes);
+    snprintf(label, sizeof label, "block %s: lower bound (max live)", bn);
+    report_row(out, label, p.lower_bound_bytes);
+    snprintf(label, sizeof label, "block %s: no reuse (%d buffers)", bn, p.nbuffers);
+    report_row(out, label, p.total_bytes);
+    if (p.peak_bytes > arena) arena = p.peak_bytes;
+    pass_memplan_free(&p);
+  }
+  /* blocks run one after another, so one arena the size of the largest
+   * block's serves them all */
+  report_row(out, "activation arena (largest block)", arena);
+  report_row(out, "total (states + arena)", par + grad + opt + arena);
+  return 0;
+}
