@@ -162,6 +162,7 @@ static void test_states_effects(void) {
   CHECK(p.nbuffers == 2 && p.peak_bytes == 256 && p.lower_bound_bytes == 256, "%d buffers, peak %zu", p.nbuffers, p.peak_bytes);
   CHECK(pass_memplan_state_bytes(m, IR_STATE_PARAM) == 128 && pass_memplan_state_bytes(m, IR_STATE_GRAD) == 128,
         "state bytes");
+  pass_memplan_free(&p);
   CHECK(pass_memplan_block(m, 7, &p, err, sizeof err) != 0 && strstr(err, "no block"), "bad block index accepted");
   ir_module_free(m);
 }
