@@ -55,6 +55,13 @@ fi
 # and torch.set_num_threads in torch_step.py.  OPENBLAS_CORETYPE, when the
 # machine sets it, is left alone (see shared FACTS).
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
+# PyTorch (Debian's build) runs elementwise ops on an OpenMP pool and GEMMs
+# on OpenBLAS' own pthread pool.  With GNU OpenMP's default ACTIVE wait its
+# idle threads spin while OpenBLAS works, so the two pools fight for the
+# cores: measured here 2-3x slower steps on a busy machine.  PASSIVE is the
+# usual fix and the fair baseline (same thread count); an OMP_WAIT_POLICY
+# already in the environment wins.
+torch_wait=${OMP_WAIT_POLICY:-PASSIVE}
 
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -104,6 +111,8 @@ else
   echo "step_time.sh: warning: could not build the sgemm probe: $(head -3 "$TMP/sgemm.err")" >&2
 fi
 
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+
 # One results line per (config, system): config system B T params rss_kib times...
 results=$TMP/results
 : >"$results"
@@ -127,7 +136,7 @@ print(" ".join("%.6f" % x for x in d[int(sys.argv[2]):]))' "$TMP/m.jsonl" "$warm
   echo "$cfg Tessera $B $T $params $(tail -1 "$TMP/rss") $times" >>"$results"
 
   echo "step_time.sh: $cfg: PyTorch, $n steps ..." >&2
-  /usr/bin/time -f '%M' -o "$TMP/rss" "$PY" bench/torch_step.py --batch "$B" --seq "$T" --layers "$L" \
+  OMP_WAIT_POLICY=$torch_wait /usr/bin/time -f '%M' -o "$TMP/rss" "$PY" bench/torch_step.py --batch "$B" --seq "$T" --layers "$L" \
     --d-model "$E" --heads "$H" --vocab "$V" --steps "$steps" --warmup "$warmup" --threads "$threads" \
     >"$TMP/torch.json" 2>"$TMP/torch.err" ||
     { echo "step_time.sh: torch_step.py failed:" >&2; cat "$TMP/torch.err" >&2; exit 1; }
@@ -139,9 +148,9 @@ print(sys.argv[2], "PyTorch", sys.argv[3], sys.argv[4], r["params"], sys.argv[5]
 done
 
 torch_ver=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["torch"])' "$TMP/torch.json")
-"$PY" - "$results" "$sgemm" "$threads" "$steps" "$warmup" "$torch_ver" <<'EOF'
+"$PY" - "$results" "$sgemm" "$threads" "$steps" "$warmup" "$torch_ver" "$load_start" "$(nproc)" "$torch_wait" <<'EOF'
 import statistics, sys
-path, sgemm, threads, steps, warmup, torch_ver = sys.argv[1:]
+path, sgemm, threads, steps, warmup, torch_ver, load, ncpu, wait = sys.argv[1:]
 rows = [l.split() for l in open(path) if l.strip()]
 print("| config | system | median step (s) | tokens/s | model GFLOP/s | peak RSS (GiB) | Tessera/PyTorch |")
 print("|---|---|---:|---:|---:|---:|---:|")
@@ -166,6 +175,7 @@ print("Machine: OpenBLAS sgemm (2048^3, f32, %s threads, median of 9) = %s GFLOP
 print("Achieved = 6 * params * tokens_per_step / median step time (params counted once, tied head; "
       "the attention score FLOPs are not counted): " + "; ".join(notes) + ".")
 print("%s threads (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, torch.set_num_threads), f32, "
-      "median of %s timed steps after %s warm-up; PyTorch %s; Tessera: reference CPU backend." % (
-          threads, steps, warmup, torch_ver))
+      "median of %s timed steps after %s warm-up; PyTorch %s (OMP_WAIT_POLICY=%s); Tessera: reference CPU backend." % (
+          threads, steps, warmup, torch_ver, wait))
+print("Load average at the start: %s on %s CPUs (other work on the machine slows both systems alike only roughly)." % (load, ncpu))
 EOF
