@@ -105,6 +105,53 @@ static void test_best_fit(void) {
   ir_module_free(m);
 }
 
+/* Best fit, not first fit: when Z is placed, two holes fit it and it takes
+ * the tighter one.  Sizes: L0, G1 f32[128] = 512 B; L2, G3, L4, Z, w
+ * f32[64] = 256 B; scalars 64 B.  Intervals (node of birth, last reader):
+ *   %0 L0 = input a   [0, 10]     %7  Z  = neg L2        [7, 8]
+ *   %1 G1 = exp L0    [1, 5]      %8  w  = add Z, L4     [8, 9]
+ *   %2 L2 = input b   [2, 7]      %9  sw = sumsq w       [9, 12]
+ *   %3 G3 = input c   [3, 6]      %10 s0 = sumsq L0      [10, 12]
+ *   %4 L4 = input d   [4, 8]      %11 t  = add u, v      [11, 12]
+ *   %5 u  = sumsq G1  [5, 11]     %12 t2 = add t, sw     [12, 13]
+ *   %6 v  = sumsq G3  [6, 11]     %13 t3 = add t2, s0    [13, 14]
+ *                                 %14 output t3
+ * Big first: L0@0, G1@512; then by start L2@1024, G3@1280, L4@1536.  Z
+ * conflicts with L0, L2, L4 only: holes [512, 1024) and [1280, 1536); best
+ * fit takes 1280 (first fit would take 512).  w then fits at 512.  The
+ * scalars: u has no hole (tail, 1792), v takes [768, 1024) ... the peak is
+ * u's end, 1856, which is also the most bytes live at once (at %5:
+ * 2 * 512 + 3 * 256 + 64), so lower bound = peak = 1856. */
+static void test_best_fit_hole(void) {
+  IrModule *m = ir_module_new("hole");
+  int b = ir_block_add(m, "micro");
+  IrType big = {IR_F32, 1, {128}, {NULL}}, mid = {IR_F32, 1, {64}, {NULL}};
+  int l0 = EMIT(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "a", &big);
+  int g1 = UN(m, b, IR_OP_EXP, l0);
+  int l2 = EMIT(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "b", &mid);
+  int g3 = EMIT(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "c", &mid);
+  int l4 = EMIT(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "d", &mid);
+  int u = UN(m, b, IR_OP_SUMSQ, g1), v = UN(m, b, IR_OP_SUMSQ, g3);
+  int z = UN(m, b, IR_OP_NEG, l2);
+  int w = BIN(m, b, IR_OP_ADD, z, l4);
+  int sw = UN(m, b, IR_OP_SUMSQ, w), s0 = UN(m, b, IR_OP_SUMSQ, l0);
+  int t = BIN(m, b, IR_OP_ADD, u, v);
+  int t2 = BIN(m, b, IR_OP_ADD, t, sw);
+  int t3 = BIN(m, b, IR_OP_ADD, t2, s0);
+  EMIT(m, b, IR_OP_OUTPUT, &t3, 1, NULL, NULL, "loss", NULL);
+  MemPlan p = plan_ok(m, b);
+  CHECK(p.offset[l0] == 0 && p.offset[g1] == 512 && p.offset[l2] == 1024 && p.offset[g3] == 1280 &&
+        p.offset[l4] == 1536, "big buffers at %lld %lld %lld %lld %lld", (long long)p.offset[l0],
+        (long long)p.offset[g1], (long long)p.offset[l2], (long long)p.offset[g3], (long long)p.offset[l4]);
+  CHECK(p.offset[z] == 1280, "Z at %lld, not in the tighter hole 1280", (long long)p.offset[z]);
+  CHECK(p.offset[w] == 512, "w at %lld", (long long)p.offset[w]);
+  CHECK(p.offset[u] == 1792 && p.offset[v] == 768, "u at %lld, v at %lld", (long long)p.offset[u], (long long)p.offset[v]);
+  CHECK(p.lower_bound_bytes == 1856 && p.peak_bytes == 1856, "lower %zu peak %zu", p.lower_bound_bytes, p.peak_bytes);
+  CHECK(p.total_bytes == 2 * 512 + 5 * 256 + 7 * 64, "total %zu", p.total_bytes);
+  pass_memplan_free(&p);
+  ir_module_free(m);
+}
+
 /* RESHAPE shares its operand's buffer only where the operand dies:
  *   %0 x = input f32[4,16]      256 B
  *   %1 r = reshape x : [64]     x dies here: shares x's buffer
@@ -227,6 +274,7 @@ static void test_sample(const Sample *s) {
 int main(void) {
   test_chain();
   test_best_fit();
+  test_best_fit_hole();
   test_reshape_alias();
   test_states_effects();
   const Sample samples[] = {
