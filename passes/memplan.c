@@ -131,7 +131,7 @@ int pass_memplan_block(const IrModule *m, int block, MemPlan *out, char *err, si
                      ir_ops[nd->op].name, ir_type_str(&nd->type, t, sizeof t));
     }
     int v = nd->op == IR_OP_RESHAPE && nd->nin == 1 ? nd->in[0] : -1;
-    if (v >= 0 && out->buf[v] >= 0 && last[v] == i && out->size[out->buf[v]] == bytes) {
+    if (v >= 0 && v < i && out->buf[v] >= 0 && last[v] == i && out->size[out->buf[v]] == bytes) {
       int o = out->buf[v];           /* the operand dies here: reuse its bytes */
       out->buf[i] = o;
       if (last[i] > out->last[o]) out->last[o] = last[i];
@@ -216,7 +216,7 @@ static int check_values(const IrModule *m, const MemPlan *p, char *err, size_t e
     else if (o != i) {
       /* sharing is legal only as a reshape of the value dying at this node */
       int v = nd->op == IR_OP_RESHAPE && nd->nin == 1 ? nd->in[0] : -1;
-      if (v < 0 || p->buf[v] != o || last[v] != i)
+      if (v < 0 || v >= i || p->buf[v] != o || last[v] != i)
         rc = ts_errf(err, errlen, "memplan: %%%d shares buffer %%%d but is not a reshape of a value dying there", i, o);
     }
   }
