@@ -32,7 +32,7 @@ while [ $# -gt 0 ]; do
     --warmup) warmup=${2:?}; shift ;;
     --threads) threads=${2:?}; shift ;;
     --build) build=${2:?}; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "step_time.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -75,6 +75,8 @@ config_sizes() {
     *) echo "step_time.sh: unknown config '$1' (tiny, quick, full)" >&2; return 1 ;;
   esac
 }
+
+for cfg in "${configs[@]}"; do config_sizes "$cfg" >/dev/null || exit 2; done
 
 # sgemm rate at $threads threads through the same OpenBLAS that Tessera links:
 # C = A*B with square n x n f32 matrices, 2*n^3 flops, median of 9 calls.
