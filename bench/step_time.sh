@@ -173,11 +173,11 @@ for cfg, system, B, T, params, rss, *times in rows:
     if pt and system == "Tessera" and pt[0][4] != params:
         notes.append("warning: %s: parameter counts differ (Tessera %s, PyTorch %s)" % (cfg, params, pt[0][4]))
 print()
-print("Machine: OpenBLAS sgemm (2048^3, f32, %s threads, median of 9) = %s GFLOP/s." % (threads, sgemm))
-print("Achieved = 6 * params * tokens_per_step / median step time (params counted once, tied head; "
+print("- Machine: OpenBLAS sgemm (2048^3, f32, %s threads, median of 9) = %s GFLOP/s." % (threads, sgemm))
+print("- Achieved = 6 * params * tokens_per_step / median step time (params counted once, tied head; "
       "the attention score FLOPs are not counted): " + "; ".join(notes) + ".")
-print("%s threads (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, torch.set_num_threads), f32, "
+print("- %s threads (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, torch.set_num_threads), f32, "
       "median of %s timed steps after %s warm-up; PyTorch %s (OMP_WAIT_POLICY=%s); Tessera: reference CPU backend." % (
           threads, steps, warmup, torch_ver, wait))
-print("Load average at the start: %s on %s CPUs (other work on the machine slows both systems alike only roughly)." % (load, ncpu))
+print("- Load average at the start: %s on %s CPUs (other work on the machine slows both systems alike only roughly)." % (load, ncpu))
 EOF
