@@ -264,6 +264,27 @@ int ir_state_find(const IrModule *m, const char *name) {
   return -1;
 }
 
+int ir_state_derived(IrModule *m, int p, IrStateKind kind, const char *prefix,
+                     char *err, size_t errlen) {
+  IrState ps = m->states.a[p];
+  char name[512];
+  snprintf(name, sizeof name, "%s.%s", prefix, ps.name);
+  int s = ir_state_find(m, name);
+  if (s >= 0) {
+    const IrState *d = &m->states.a[s];
+    if (d->kind == kind && d->of == p && ir_type_same_shape(&d->type, &ps.type)) return s;
+    return ts_errf(err, errlen, "state @%s exists and is not the %s of @%s", name,
+                   ir_state_kind_name(kind), ps.name);
+  }
+  IrState d = {0};
+  d.name = name;
+  d.type = ps.type;
+  d.kind = kind;
+  d.init = IR_INIT_ZEROS;
+  d.of = p;
+  return ir_state_add(m, &d);
+}
+
 /* Grows a block's node array inside the module arena (old arrays are
  * abandoned to the arena: at most 2x the final size in total). */
 static void block_reserve(IrModule *m, IrBlock *b, int need) {

@@ -139,6 +139,12 @@ int ir_block_add(IrModule *m, const char *name);            /* returns block ind
 int ir_block_find(const IrModule *m, const char *name);     /* -1 if none */
 int ir_state_add(IrModule *m, const IrState *s);            /* copies; returns index */
 int ir_state_find(const IrModule *m, const char *name);     /* -1 if none */
+/* The state "<prefix>.<name of param p>" of `kind` (a gradient or an
+ * optimizer moment: p's type, zero-initialized, of = p): the existing one if
+ * it matches, else a new one.  -1 with a message if a state of that name
+ * exists but is something else.  Used by autodiff ("grad") and optimizer. */
+int ir_state_derived(IrModule *m, int p, IrStateKind kind, const char *prefix,
+                     char *err, size_t errlen);
 void ir_train_defaults(IrTrain *t);
 
 /* Appends a node to block b.  For OPF_TYPED ops `type` gives the result

@@ -395,29 +395,6 @@ static void mark_need(const IrModule *m, const IrBlock *b, unsigned char *need) 
   }
 }
 
-/* The state "grad.<param>" for param p: an existing one is reused if it
- * matches (kind grad, of p, same type), else a new one is added.  -1 on a
- * name clash. */
-static int grad_state(IrModule *m, int p, char *err, size_t errlen) {
-  char name[512];
-  IrState ps = m->states.a[p];
-  snprintf(name, sizeof name, "grad.%s", ps.name);
-  int s = ir_state_find(m, name);
-  if (s >= 0) {
-    const IrState *g = &m->states.a[s];
-    if (g->kind == IR_STATE_GRAD && g->of == p && ir_type_same_shape(&g->type, &ps.type)) return s;
-    snprintf(err, errlen, "autodiff: state @%s exists and is not the gradient of @%s", name, ps.name);
-    return -1;
-  }
-  IrState g = {0};
-  g.name = name;
-  g.type = ps.type;
-  g.kind = IR_STATE_GRAD;
-  g.init = IR_INIT_ZEROS;
-  g.of = p;
-  return ir_state_add(m, &g);
-}
-
 /* The backward walk from the loss down to node 0, then the accums. */
 static void differentiate(Ad *a, int loss, int n_micro) {
   IrModule *m = a->m;
@@ -441,7 +418,7 @@ static void differentiate(Ad *a, int loss, int n_micro) {
   int nstates = m->states.n;  /* grad states are appended past this */
   for (int s = 0; s < nstates && !a->failed; s++) {
     if (a->pgrad[s] < 0) continue;
-    int gs = grad_state(m, s, a->cx->err, sizeof a->cx->err);
+    int gs = ir_state_derived(m, s, IR_STATE_GRAD, "grad", a->cx->err, sizeof a->cx->err);
     if (gs < 0) { a->failed = 1; break; }
     int64_t ia[1] = {gs};
     em(a, IR_OP_ACCUM, &a->pgrad[s], 1, ia, NULL, NULL);

@@ -16,29 +16,6 @@
  * before any adamw so it sees this step's gradients unchanged. */
 #include "passes.h"
 
-/* The state "<prefix>.<param name>" of kind `kind` for param p: reused if a
- * matching one exists, else added (zero-initialized, same type).  -1 on a
- * name clash. */
-static int moment_state(IrModule *m, const char *prefix, IrStateKind kind, int p, char *err, size_t errlen) {
-  char name[512];
-  IrState ps = m->states.a[p];
-  snprintf(name, sizeof name, "%s.%s", prefix, ps.name);
-  int s = ir_state_find(m, name);
-  if (s >= 0) {
-    const IrState *g = &m->states.a[s];
-    if (g->kind == kind && g->of == p && ir_type_same_shape(&g->type, &ps.type)) return s;
-    snprintf(err, errlen, "optimizer: state @%s exists and is not the %s of @%s", name, prefix, ps.name);
-    return -1;
-  }
-  IrState st = {0};
-  st.name = name;
-  st.type = ps.type;
-  st.kind = kind;
-  st.init = IR_INIT_ZEROS;
-  st.of = p;
-  return ir_state_add(m, &st);
-}
-
 /* Emits into the update block; the first failure is written to cx->err and
  * every later call returns -1 without emitting (operands < 0 propagate). */
 typedef struct { IrModule *m; PassCtx *cx; int b; int failed; } Em;
@@ -114,8 +91,8 @@ int pass_optimizer(IrModule *m, PassCtx *cx) {
   /* 3. AdamW per parameter */
   for (int k = 0; k < ng && !e.failed; k++) {
     int g = grads[k], p = m->states.a[g].of;
-    int ms = moment_state(m, "adam_m", IR_STATE_ADAM_M, p, cx->err, sizeof cx->err);
-    int vs = ms < 0 ? -1 : moment_state(m, "adam_v", IR_STATE_ADAM_V, p, cx->err, sizeof cx->err);
+    int ms = ir_state_derived(m, p, IR_STATE_ADAM_M, "adam_m", cx->err, sizeof cx->err);
+    int vs = ms < 0 ? -1 : ir_state_derived(m, p, IR_STATE_ADAM_V, "adam_v", cx->err, sizeof cx->err);
     if (vs < 0) { e.failed = 1; break; }
     const IrTrain *t = &m->train;
     int64_t ia[4] = {p, g, ms, vs};
