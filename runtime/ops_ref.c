@@ -249,13 +249,30 @@ static int ref_RESHAPE(RtKctx *k) {
   return 0;
 }
 
+/* y[i] = x[sum_d idx_d(i) * str[d]] for every element i of y (row-major,
+ * type yt): the gather that permute (strides of x's dims in y's order) and
+ * broadcast (stride 0 on broadcast dims) both are. */
+static void gather_strided(char *y, const char *x, const IrType *yt, const int64_t *str) {
+  size_t es = ir_dtype_size(yt->dtype);
+  int64_t n = ir_type_numel(yt), off = 0, idx[IR_MAX_RANK] = {0};
+  for (int64_t i = 0; i < n; i++) {
+    copy_elem(y + (size_t)i * es, x + (size_t)off * es, es);
+    for (int d = yt->rank - 1; d >= 0; d--) {   /* odometer over y's index */
+      off += str[d];
+      if (++idx[d] < yt->dim[d]) break;
+      off -= str[d] * yt->dim[d];
+      idx[d] = 0;
+    }
+  }
+}
+
 /* y[i0..] = x[index with y dim d taken from x dim perm[d]] */
 static int ref_PERMUTE(RtKctx *k) {
   if (same_dtype(k) != 0) return -1;
   const IrType *xt = k->it[0], *yt = k->ot;
   int r = xt->rank;
   if (yt->rank != r) return rt_kfail(k, "rank changes");
-  int64_t xs[IR_MAX_RANK], ps[IR_MAX_RANK], idx[IR_MAX_RANK] = {0};
+  int64_t xs[IR_MAX_RANK], ps[IR_MAX_RANK];
   unsigned seen = 0;
   int64_t s = 1;
   for (int d = r - 1; d >= 0; d--) { xs[d] = s; s *= xt->dim[d]; }
@@ -265,19 +282,7 @@ static int ref_PERMUTE(RtKctx *k) {
     seen |= 1u << q;
     ps[d] = xs[q];
   }
-  size_t es = ir_dtype_size(yt->dtype);
-  int64_t n = ir_type_numel(yt), off = 0;
-  const char *x = k->in[0];
-  char *y = k->out;
-  for (int64_t i = 0; i < n; i++) {
-    copy_elem(y + (size_t)i * es, x + (size_t)off * es, es);
-    for (int d = r - 1; d >= 0; d--) {   /* odometer over y's index */
-      off += ps[d];
-      if (++idx[d] < yt->dim[d]) break;
-      off -= ps[d] * yt->dim[d];
-      idx[d] = 0;
-    }
-  }
+  gather_strided(k->out, k->in[0], yt, ps);
   return 0;
 }
 
@@ -342,22 +347,10 @@ static int ref_CONCAT(RtKctx *k) {
 static int ref_BROADCAST(RtKctx *k) {
   if (same_dtype(k) != 0) return -1;
   const IrType *xt = k->it[0], *yt = k->ot;
-  int64_t str[IR_MAX_RANK], idx[IR_MAX_RANK] = {0};
+  int64_t str[IR_MAX_RANK];
   if (rt_bcast_strides(xt, yt, str) != 0)
     return rt_kfail(k, "cannot broadcast %s to %s", rt_tstr(xt, 0), rt_tstr(yt, 1));
-  size_t es = ir_dtype_size(yt->dtype);
-  int64_t n = ir_type_numel(yt), off = 0;
-  const char *x = k->in[0];
-  char *y = k->out;
-  for (int64_t i = 0; i < n; i++) {
-    copy_elem(y + (size_t)i * es, x + (size_t)off * es, es);
-    for (int d = yt->rank - 1; d >= 0; d--) {
-      off += str[d];
-      if (++idx[d] < yt->dim[d]) break;
-      off -= str[d] * yt->dim[d];
-      idx[d] = 0;
-    }
-  }
+  gather_strided(k->out, k->in[0], yt, str);
   return 0;
 }
 
