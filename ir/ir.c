@@ -55,6 +55,7 @@ static void op_attrs_init(void) {
       char *w = a->iname[i];
       size_t k = strlen(w);
       if (w[0] == '@') { a->is_state[i] = 1; memmove(w, w + 1, k); k--; }
+      else if (w[0] == '~') { a->is_axis[i] = 1; memmove(w, w + 1, k); k--; }
       if (k && w[k - 1] == '*') { w[k - 1] = 0; TS_ASSERT(i == a->ni - 1); a->list = i; }
     }
   }
@@ -78,7 +79,7 @@ int ir_op_iattr_count(IrOp op, int rank0) {
 void ir_ops_markdown(StrBuf *out) {
   sb_puts(out, "| op | operands | int attrs | float attrs | flags | description |\n");
   sb_puts(out, "|----|----------|-----------|-------------|-------|-------------|\n");
-  static const char *flag_names[] = {"leaf", "ew", "typed", "effect", "nodiff"};
+  static const char *flag_names[] = {"leaf", "ew", "typed", "effect", "nodiff", "late"};
   for (int i = 0; i < IR_OP_COUNT; i++) {
     const IrOpInfo *o = &ir_ops[i];
     sb_printf(out, "| `%s` | ", o->name);
@@ -86,7 +87,7 @@ void ir_ops_markdown(StrBuf *out) {
     else sb_printf(out, "%d", o->nin);
     sb_printf(out, " | %s | %s | ", *o->iattrs ? o->iattrs : "-", *o->fattrs ? o->fattrs : "-");
     int any = 0;
-    for (int f = 0; f < 5; f++)
+    for (int f = 0; f < 6; f++)
       if (o->flags & (1u << f)) { sb_printf(out, "%s%s", any ? ", " : "", flag_names[f]); any = 1; }
     if (!any) sb_puts(out, "-");
     sb_puts(out, " | ");
@@ -202,18 +203,62 @@ void ir_module_free(IrModule *m) {
   free(m->consts.a);
   free(m->states.a);
   free(m->blocks.a);     /* block node arrays are in the arena */
+  free(m->rules.a);
   arena_free(&m->arena);
   free(m);
 }
 
-/* Deep copy into a fresh arena.  IrSharding is still an opaque type that
- * no pass creates; the clone drops it (to be copied once it is defined). */
+/* ---- mesh axes and shardings ---- */
+static const char *const axis_names[IR_AXIS_COUNT] = {"dp", "pp", "cp", "ep", "tp"};
+const char *ir_axis_name(IrAxis a) { return (int)a >= 0 && a < IR_AXIS_COUNT ? axis_names[a] : "?"; }
+int ir_axis_lookup(const char *name) {
+  for (int a = 0; name && a < IR_AXIS_COUNT; a++)
+    if (strcmp(name, axis_names[a]) == 0) return a;
+  return -1;
+}
+int ir_axis_size(const IrModule *m, IrAxis a) {
+  int v = 1;
+  switch (a) {
+  case IR_AXIS_DP: v = m->par.dp; break;
+  case IR_AXIS_PP: v = m->par.pp; break;
+  case IR_AXIS_CP: v = m->par.cp; break;
+  case IR_AXIS_EP: v = m->par.ep; break;
+  case IR_AXIS_TP: v = m->par.tp; break;
+  default: break;
+  }
+  return v < 1 ? 1 : v;
+}
+int ir_sharding_equal(const IrSharding *a, const IrSharding *b) { return memcmp(a, b, sizeof *a) == 0; }
+
+static void put_axes(StrBuf *b, unsigned mask) {
+  int first = 1;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (mask & (1u << a)) { sb_printf(b, "%s%s", first ? "" : "+", axis_names[a]); first = 0; }
+}
+char *ir_sharding_str(const IrSharding *s, int rank, char *buf, size_t n) {
+  StrBuf b = {0};
+  int any = 0;
+  for (int d = 0; d < rank && d < IR_MAX_RANK; d++) {
+    if (!s->split[d]) continue;
+    sb_printf(&b, "%s%d:", any++ ? ", " : "{", d);
+    put_axes(&b, s->split[d]);
+  }
+  if (s->partial) { sb_printf(&b, "%spartial:", any++ ? ", " : "{"); put_axes(&b, s->partial); }
+  if (s->flat) { sb_printf(&b, "%sflat:", any++ ? ", " : "{"); put_axes(&b, s->flat); }
+  if (any) sb_putc(&b, '}');
+  snprintf(buf, n, "%s", b.p ? b.p : "");
+  sb_free(&b);
+  return buf;
+}
+
+/* Deep copy into a fresh arena. */
 IrModule *ir_module_clone(const IrModule *m) {
   IrModule *c = ir_module_new(m->name);
   c->train = m->train;
   c->par = m->par;
   for (int i = 0; i < m->consts.n; i++) VEC_PUSH(c->consts, m->consts.a[i]);
   for (int i = 0; i < m->states.n; i++) VEC_PUSH(c->states, m->states.a[i]);
+  for (int i = 0; i < m->rules.n; i++) VEC_PUSH(c->rules, m->rules.a[i]);
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
     IrBlock nb = {b->name, NULL, b->n, b->n};
@@ -222,7 +267,6 @@ IrModule *ir_module_clone(const IrModule *m) {
       for (int i = 0; i < b->n; i++) {
         IrNode *d = &nb.nodes[i];
         *d = b->nodes[i];
-        d->sharding = NULL;
         if (d->nin > 0) {
           d->in = arena_alloc(&c->arena, (size_t)d->nin * sizeof *d->in);
           memcpy(d->in, b->nodes[i].in, (size_t)d->nin * sizeof *d->in);

@@ -28,6 +28,7 @@ enum {                 /* op flags */
   OPF_TYPED  = 1 << 2, /* result type is given, not inferred */
   OPF_EFFECT = 1 << 3, /* writes state or reports; no result */
   OPF_NODIFF = 1 << 4, /* no gradient flows through it */
+  OPF_LATE   = 1 << 5, /* inserted by the sharding passes, after autodiff: no derivative */
 };
 
 typedef struct {
@@ -66,9 +67,40 @@ int  ir_type_equal(const IrType *a, const IrType *b);        /* ... and dim name
 /* "f32[batch:4, seq:64, 768]"; writes into buf, returns buf. */
 char *ir_type_str(const IrType *t, char *buf, size_t n);
 
-/* Reserved for the sharding passes: per mesh axis, replicated / split(dim) /
- * partial.  NULL everywhere until a sharding pass runs. */
-typedef struct IrSharding IrSharding;
+/* ---- sharding ----
+ * The device mesh has five axes, outer to inner (Megatron's order; tp
+ * innermost).  A sharded module is what ONE rank runs: every type in it is
+ * the rank's LOCAL shape, and the sharding says how the local value relates
+ * to the global (single-device) one, per mesh axis:
+ *   - replicated (axis in no mask): every rank of the axis holds the same;
+ *   - split along dim d (axis in split[d]): the global dim d is the
+ *     concatenation of the axis ranks' blocks, in coordinate order; when
+ *     several axes split one dim, the outer axis (lower IrAxis) is major;
+ *   - partial (axis in `partial`): the global value is the SUM over the
+ *     axis' ranks of their local values;
+ *   - flat (axis in `flat`, states only: ZeRO): the global tensor, flattened
+ *     row-major and zero-padded to a multiple of the axis size, split into
+ *     equal chunks; the local type is [chunk].
+ * All zero = unsharded.  dp never splits a micro-batch tensor: the batch
+ * dim of the program is the per-rank micro batch (Megatron's convention),
+ * so data parallelism appears only as dp-partial gradient states and the
+ * update block's dp collectives (see docs/sharding.md). */
+typedef enum { IR_AXIS_DP, IR_AXIS_PP, IR_AXIS_CP, IR_AXIS_EP, IR_AXIS_TP, IR_AXIS_COUNT } IrAxis;
+const char *ir_axis_name(IrAxis a);            /* "dp" ... "tp" */
+int ir_axis_lookup(const char *name);          /* -1 if unknown */
+typedef struct IrSharding {
+  uint8_t split[IR_MAX_RANK];   /* per dim: mask of axes (1u << IrAxis) splitting it */
+  uint8_t partial;              /* mask of axes over which the value is a partial sum */
+  uint8_t flat;                 /* mask of axes holding flat chunks (ZeRO state) */
+} IrSharding;
+static inline int ir_sharding_is_none(const IrSharding *s) {
+  if (s->partial || s->flat) return 0;
+  for (int i = 0; i < IR_MAX_RANK; i++) if (s->split[i]) return 0;
+  return 1;
+}
+int ir_sharding_equal(const IrSharding *a, const IrSharding *b);
+/* "{2:tp, partial:tp}" (the text form); "" when unsharded.  Writes buf. */
+char *ir_sharding_str(const IrSharding *s, int rank, char *buf, size_t n);
 
 #define IR_MAX_IATTR 8
 #define IR_MAX_FATTR 4
@@ -79,8 +111,8 @@ typedef struct {
   int64_t ia[IR_MAX_IATTR]; /* int attrs, named by ops.def */
   double fa[IR_MAX_FATTR];  /* float attrs, named by ops.def */
   const char *sa;           /* string attr (interned): input/output name */
-  IrType type;              /* result type; dtype IR_VOID for effects */
-  IrSharding *sharding;     /* NULL until a sharding pass */
+  IrType type;              /* result type (local shape); IR_VOID for effects */
+  IrSharding sh;            /* how the local value maps to the global one */
 } IrNode;
 
 typedef struct {
@@ -101,6 +133,11 @@ typedef struct {
   double init_a, init_b;    /* normal: mean a, std b; uniform: [a, b) */
   int of;                   /* grad/moment: index of its parameter; -1 for params */
   unsigned flags;           /* IR_STATE_* */
+  IrSharding sh;            /* type is the local shape; see IrSharding */
+  int64_t logical[IR_MAX_RANK]; /* per dim: the model's global size when the
+                               global dim was padded up for sharding (vocab
+                               not divisible by tp), else 0.  Padding is zero
+                               and never reaches the loss. */
 } IrState;
 
 typedef enum { IR_SCHED_CONSTANT, IR_SCHED_COSINE, IR_SCHED_LINEAR, IR_SCHED_COUNT } IrSchedule;
@@ -118,6 +155,11 @@ typedef struct {
 
 typedef struct { int tp, pp, cp, ep, dp, sp; } IrParallel;  /* dp = 0: whatever remains */
 
+/* A sharding rule of the MDL `rules` block: dims named `dim` are split over
+ * the mesh axes in `axes` (mask).  Stdlib defaults come first, the model's
+ * own rules after them (a later rule for the same dim wins). */
+typedef struct { const char *dim; uint8_t axes; } IrRule;
+
 /* A config constant of the MDL source, kept for reports and the plan text. */
 typedef struct { const char *name; int is_float; int64_t i; double f; } IrConst;
 
@@ -129,7 +171,11 @@ typedef struct IrModule {
   VEC(IrBlock) blocks;
   IrTrain train;
   IrParallel par;
+  VEC(IrRule) rules;
 } IrModule;
+
+/* Size of mesh axis a in m (m->par; sizes < 1 count as 1). */
+int ir_axis_size(const IrModule *m, IrAxis a);
 
 /* ---- building ---- */
 IrModule *ir_module_new(const char *name);

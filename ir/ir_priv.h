@@ -14,6 +14,7 @@ typedef struct {
   char iname[IR_MAX_IATTR][24];        /* without '@' and '*' */
   char fname[IR_MAX_FATTR][24];
   unsigned char is_state[IR_MAX_IATTR];/* "@name" */
+  unsigned char is_axis[IR_MAX_IATTR]; /* "~name": a mesh axis, printed by name */
   int list;                            /* slot of the "name*" list attr, or -1 */
 } IrOpAttrs;
 

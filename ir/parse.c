@@ -231,6 +231,51 @@ static int parse_type(P *p, IrType *t) {
   }
 }
 
+/* axes joined by '+': "cp+tp" -> mask */
+static int parse_axes(P *p, uint8_t *mask) {
+  *mask = 0;
+  for (;;) {
+    skip_ws(p);
+    size_t at = p->pos;
+    const char *w = word(p, "a mesh axis");
+    if (!w) return -1;
+    int a = ir_axis_lookup(w);
+    if (a < 0) return perr_at(p, p->line, col_of(p, at), "unknown mesh axis '%s' (dp, pp, cp, ep, tp)", w);
+    if (*mask & (1u << a)) return perr_at(p, p->line, col_of(p, at), "mesh axis %s given twice", w);
+    *mask |= (uint8_t)(1u << a);
+    if (!accept(p, '+')) return 0;
+  }
+}
+
+/* Optional " {1:tp, partial:dp, flat:dp}" after a type of rank `rank`. */
+static int parse_sharding(P *p, IrSharding *sh, int rank) {
+  memset(sh, 0, sizeof *sh);
+  skip_ws(p);
+  if (cur(p) != '{') return 0;
+  p->pos++;
+  for (;;) {
+    skip_ws(p);
+    size_t at = p->pos;
+    uint8_t *slot;
+    if (cur(p) >= '0' && cur(p) <= '9') {
+      int64_t d;
+      if (parse_int(p, &d)) return -1;
+      if (d < 0 || d >= rank) return perr_at(p, p->line, col_of(p, at), "sharding dim %lld out of range (rank %d)", (long long)d, rank);
+      slot = &sh->split[d];
+    } else {
+      const char *k = word(p, "a dim number, 'partial' or 'flat'");
+      if (!k) return -1;
+      if (!strcmp(k, "partial")) slot = &sh->partial;
+      else if (!strcmp(k, "flat")) slot = &sh->flat;
+      else return perr_at(p, p->line, col_of(p, at), "unknown sharding key '%s'", k);
+    }
+    if (*slot) return perr_at(p, p->line, col_of(p, at), "sharding entry given twice");
+    if (expect(p, ':') || parse_axes(p, slot)) return -1;
+    if (accept(p, '}')) return 0;
+    if (expect(p, ',')) return -1;
+  }
+}
+
 /* @name of an existing state -> its index */
 static int parse_state_ref(P *p, int64_t *idx) {
   skip_ws(p);
@@ -329,7 +374,24 @@ static int parse_parallel(P *p) {
   return expect_eol(p);
 }
 
-/* state @name : type kind (init=... | of=@param) [nodecay] */
+/* rule DIM = axis... */
+static int parse_rule(P *p) {
+  IrRule r = {0};
+  if (!(r.dim = word(p, "a dim name")) || expect(p, '=')) return -1;
+  while (!at_eol(p)) {
+    skip_ws(p);
+    size_t at = p->pos;
+    const char *w = word(p, "a mesh axis");
+    if (!w) return -1;
+    int a = ir_axis_lookup(w);
+    if (a < 0) return perr_at(p, p->line, col_of(p, at), "unknown mesh axis '%s' (dp, pp, cp, ep, tp)", w);
+    r.axes |= (uint8_t)(1u << a);
+  }
+  VEC_PUSH(p->m->rules, r);
+  return expect_eol(p);
+}
+
+/* state @name : type [sharding] kind (init=... | of=@param) [nodecay] [logical=[...]] */
 static int parse_state(P *p) {
   IrState s = {0};
   s.of = -1;
@@ -337,7 +399,7 @@ static int parse_state(P *p) {
   size_t at = p->pos;
   if (expect(p, '@') || !(s.name = word(p, "a state name"))) return -1;
   if (ir_state_find(p->m, s.name) >= 0) return perr_at(p, p->line, col_of(p, at), "state @%s defined twice", s.name);
-  if (expect(p, ':') || parse_type(p, &s.type)) return -1;
+  if (expect(p, ':') || parse_type(p, &s.type) || parse_sharding(p, &s.sh, s.type.rank)) return -1;
   skip_ws(p);
   size_t kat = p->pos;
   const char *kind = word(p, "a state kind");
@@ -372,6 +434,17 @@ static int parse_state(P *p) {
     VEC_PUSH(p->ofs, ((PendingOf){p->m->states.n, of, oline, ocol}));
   }
   if (accept_word(p, "nodecay")) s.flags |= IR_STATE_NODECAY;
+  if (accept_word(p, "logical")) {
+    if (expect(p, '=') || expect(p, '[')) return -1;
+    for (int d = 0;; d++) {
+      if (d >= s.type.rank) return PERR("logical has more entries than the type's rank");
+      skip_ws(p);
+      if (parse_int(p, &s.logical[d])) return -1;
+      if (s.logical[d] < 0) return PERR("logical sizes must be >= 0");
+      if (accept(p, ']')) { if (d != s.type.rank - 1) return PERR("logical needs one entry per dim"); break; }
+      if (expect(p, ',')) return -1;
+    }
+  }
   if (expect_eol(p)) return -1;
   ir_state_add(p->m, &s);
   return 0;
@@ -464,6 +537,14 @@ static int parse_node(P *p, int bi) {
         perr_at(p, p->line, col_of(p, kat),"%s has %d entries, expected %d (the operand's rank)", at->iname[i], k, want);
         goto out;
       }
+    } else if (at->is_axis[i]) {
+      skip_ws(p);
+      size_t vat = p->pos;
+      const char *w = word(p, "a mesh axis");
+      if (!w) goto out;
+      int a = ir_axis_lookup(w);
+      if (a < 0) { perr_at(p, p->line, col_of(p, vat), "unknown mesh axis '%s' (dp, pp, cp, ep, tp)", w); goto out; }
+      ia[i] = a;
     } else if (parse_int(p, &ia[i])) {
       goto out;
     }
@@ -471,7 +552,8 @@ static int parse_node(P *p, int bi) {
   for (int i = 0; i < at->nf; i++)
     if (parse_key(p, at->fname[i]) || parse_double(p, &fa[i])) goto out;
   IrType t = {0};
-  if (!effect && (expect(p, ':') || parse_type(p, &t))) goto out;
+  IrSharding sh = {0};
+  if (!effect && (expect(p, ':') || parse_type(p, &t) || parse_sharding(p, &sh, t.rank))) goto out;
   if (expect_eol(p)) goto out;
   {
     char msg[512];
@@ -488,6 +570,7 @@ static int parse_node(P *p, int bi) {
         goto out;
       }
       n->type = t;    /* keep the written dim names */
+      n->sh = sh;
     }
   }
   rc = 0;
@@ -544,6 +627,7 @@ static IrModule *parse_module(P *p, int need_end_or_eof) {
     else if (!strcmp(kw, "train")) r = parse_train(p);
     else if (!strcmp(kw, "parallel")) r = parse_parallel(p);
     else if (!strcmp(kw, "state")) r = parse_state(p);
+    else if (!strcmp(kw, "rule")) r = parse_rule(p);
     else { perr_at(p, kline, kcol, "unknown line '%s'", kw); break; }
     if (r) break;
   }

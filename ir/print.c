@@ -37,6 +37,13 @@ static void put_string(StrBuf *out, const char *s) {
   sb_putc(out, '"');
 }
 
+/* " {1:tp, partial:dp}" after a type; nothing when unsharded. */
+static void put_sharding(StrBuf *out, const IrSharding *sh, int rank) {
+  char buf[256];
+  ir_sharding_str(sh, rank, buf, sizeof buf);
+  if (buf[0]) { sb_putc(out, ' '); sb_puts(out, buf); }
+}
+
 static void put_state_ref(const IrModule *m, StrBuf *out, int64_t idx) {
   if (idx >= 0 && idx < m->states.n) sb_printf(out, "@%s", m->states.a[idx].name);
   else sb_printf(out, "@<bad state %lld>", (long long)idx);   /* only in broken modules */
@@ -65,6 +72,8 @@ void ir_print_node(const IrModule *m, const IrBlock *b, int id, StrBuf *out) {
       sb_printf(out, " %s=[", at->iname[i]);
       for (int k = 0; k < len; k++) sb_printf(out, "%s%lld", k ? ", " : "", (long long)n->ia[i + k]);
       sb_putc(out, ']');
+    } else if (at->is_axis[i]) {
+      sb_printf(out, " %s=%s", at->iname[i], ir_axis_name((IrAxis)n->ia[i]));
     } else {
       sb_printf(out, " %s=%lld", at->iname[i], (long long)n->ia[i]);
     }
@@ -73,12 +82,13 @@ void ir_print_node(const IrModule *m, const IrBlock *b, int id, StrBuf *out) {
     sb_printf(out, " %s=", at->fname[i]);
     put_double(out, n->fa[i]);
   }
-  if (!effect) { sb_puts(out, " : "); put_type(out, &n->type); }
+  if (!effect) { sb_puts(out, " : "); put_type(out, &n->type); put_sharding(out, &n->sh, n->type.rank); }
 }
 
 static void print_state(const IrModule *m, const IrState *s, StrBuf *out) {
   sb_printf(out, "state @%s : ", s->name);
   put_type(out, &s->type);
+  put_sharding(out, &s->sh, s->type.rank);
   sb_printf(out, " %s", ir_state_kind_name(s->kind));
   if (s->kind == IR_STATE_PARAM) {
     sb_printf(out, " init=%s", ir_init_kind_name(s->init));
@@ -94,6 +104,13 @@ static void print_state(const IrModule *m, const IrState *s, StrBuf *out) {
     put_state_ref(m, out, s->of);
   }
   if (s->flags & IR_STATE_NODECAY) sb_puts(out, " nodecay");
+  int padded = 0;
+  for (int d = 0; d < s->type.rank; d++) padded |= s->logical[d] != 0;
+  if (padded) {
+    sb_puts(out, " logical=[");
+    for (int d = 0; d < s->type.rank; d++) sb_printf(out, "%s%lld", d ? ", " : "", (long long)s->logical[d]);
+    sb_putc(out, ']');
+  }
   sb_putc(out, '\n');
 }
 
@@ -121,6 +138,12 @@ void ir_print_module(const IrModule *m, StrBuf *out) {
             (long long)t->steps, (unsigned long long)t->seed, ir_dtype_name(t->precision));
   const IrParallel *p = &m->par;
   sb_printf(out, "parallel tp=%d pp=%d cp=%d ep=%d dp=%d sp=%d\n", p->tp, p->pp, p->cp, p->ep, p->dp, p->sp);
+  for (int i = 0; i < m->rules.n; i++) {
+    sb_printf(out, "rule %s =", m->rules.a[i].dim);
+    for (int a = 0; a < IR_AXIS_COUNT; a++)
+      if (m->rules.a[i].axes & (1u << a)) sb_printf(out, " %s", ir_axis_name((IrAxis)a));
+    sb_putc(out, '\n');
+  }
   for (int i = 0; i < m->states.n; i++) print_state(m, &m->states.a[i], out);
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const IrBlock *b = &m->blocks.a[bi];

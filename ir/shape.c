@@ -464,22 +464,104 @@ static int shape_ACCUM(Sx *x) {
 static int shape_ZERO(Sx *x) { return state_ref(x, 0) ? 0 : -1; }
 static int shape_ADAMW(Sx *x) {
   if (scalar_float(x, 0, "coef")) return -1;
-  static const IrStateKind kinds[4] = {IR_STATE_PARAM, IR_STATE_GRAD, IR_STATE_ADAM_M, IR_STATE_ADAM_V};
-  const IrState *s[4];
-  for (int i = 0; i < 4; i++) {
+  static const IrStateKind kinds[3] = {IR_STATE_PARAM, IR_STATE_ADAM_M, IR_STATE_ADAM_V};
+  const IrState *s[3];
+  for (int i = 0; i < 3; i++) {
     if (!(s[i] = state_ref(x, i))) return -1;
     if (s[i]->kind != kinds[i])
       return fail(x, "@%s is a %s, expected kind %s", s[i]->name, ir_state_kind_name(s[i]->kind),
                   ir_state_kind_name(kinds[i]));
-    if (!ir_type_same_shape(&s[i]->type, &s[0]->type))
-      return fail(x, "@%s : %s does not match param @%s : %s", s[i]->name, tstr(x, &s[i]->type),
-                  s[0]->name, tstr(x, &s[0]->type));
   }
+  /* m and v: the param's shape, or (ZeRO) both a flat chunk [c] */
+  const IrType *want = s[1]->sh.flat ? &s[1]->type : &s[0]->type;
+  if (s[1]->sh.flat) {
+    int64_t n = ir_type_numel(&s[0]->type), c = s[1]->type.dim[0];
+    if (s[1]->type.rank != 1 || c * ir_axis_size(x->m, IR_AXIS_DP) < n)
+      return fail(x, "flat moment @%s : %s cannot hold a chunk of param @%s : %s", s[1]->name,
+                  tstr(x, &s[1]->type), s[0]->name, tstr(x, &s[0]->type));
+  }
+  for (int i = 1; i < 3; i++)
+    if (!ir_type_same_shape(&s[i]->type, want) || s[i]->sh.flat != s[1]->sh.flat)
+      return fail(x, "@%s : %s does not match @%s : %s", s[i]->name, tstr(x, &s[i]->type),
+                  s[1]->name, tstr(x, want));
+  const IrType *g = opnd(x, 1);
+  if (!ir_type_same_shape(g, want))
+    return fail(x, "grad %s must have the type of @%s : %s", tstr(x, g), s[1]->name, tstr(x, want));
   const double *f = x->n->fa;
   if (!(f[0] >= 0 && f[0] < 1) || !(f[1] >= 0 && f[1] < 1))
     return fail(x, "b1=%g b2=%g must be in [0, 1)", f[0], f[1]);
   if (!(f[2] >= 0) || !(f[3] >= 0) || !isfinite(f[2]) || !isfinite(f[3]))
     return fail(x, "eps=%g wd=%g must be >= 0", f[2], f[3]);
+  return 0;
+}
+static int shape_ASSIGN(Sx *x) {
+  const IrState *s = state_ref(x, 0);
+  if (!s) return -1;
+  const IrType *a = opnd(x, 0);
+  if (!ir_type_same_shape(a, &s->type))
+    return fail(x, "operand %s does not match state @%s : %s", tstr(x, a), s->name, tstr(x, &s->type));
+  return 0;
+}
+
+/* ---- sharding ops ---- */
+static int mesh_axis(Sx *x, int slot) {
+  int64_t v = x->n->ia[slot];
+  if (v >= 0 && v < IR_AXIS_COUNT) return 0;
+  return fail(x, "mesh axis %lld out of range", (long long)v);
+}
+static int shape_ALL_REDUCE(Sx *x) {
+  if (mesh_axis(x, 0) || need_float(x, 0)) return -1;
+  if (x->n->ia[1] != 0 && x->n->ia[1] != 1) return fail(x, "red must be 0 (sum) or 1 (max)");
+  *x->out = *opnd(x, 0);
+  return 0;
+}
+/* all_gather multiplies dim by the axis size; reduce_scatter and
+ * shard_slice divide it (which must be exact). */
+static int axis_resize(Sx *x, int grow) {
+  const IrType *a = opnd(x, 0);
+  if (mesh_axis(x, 0) || need_axis(x, 1, a->rank)) return -1;
+  int k = ir_axis_size(x->m, (IrAxis)x->n->ia[0]);
+  int d = (int)x->n->ia[1];
+  *x->out = *a;
+  if (grow) {
+    x->out->dim[d] *= k;
+  } else {
+    if (a->dim[d] % k)
+      return fail(x, "dim %d of %s is not divisible by the %s size %d", d, tstr(x, a),
+                  ir_axis_name((IrAxis)x->n->ia[0]), k);
+    x->out->dim[d] /= k;
+  }
+  return 0;
+}
+static int shape_ALL_GATHER(Sx *x) { return need_float(x, 0) ? -1 : axis_resize(x, 1); }
+static int shape_REDUCE_SCATTER(Sx *x) { return need_float(x, 0) ? -1 : axis_resize(x, 0); }
+static int shape_SHARD_SLICE(Sx *x) { return axis_resize(x, 0); }
+/* x[..., V] and idx[...] i32 agreeing on the leading dims. */
+static int index_check(Sx *x, const IrType *v, const IrType *idx) {
+  if (idx->dtype != IR_I32) return fail(x, "index %s must be i32", tstr(x, idx));
+  int ok = v->rank >= 1 && idx->rank == v->rank - 1;
+  for (int i = 0; ok && i < idx->rank; i++)
+    if (idx->dim[i] != v->dim[i]) ok = 0;
+  if (!ok) return fail(x, "%s and index %s: the index must have the dims of %s without the last",
+                       tstr(x, v), tstr(x, idx), tstr(x, v));
+  return 0;
+}
+static int shape_TAKE(Sx *x) {
+  const IrType *v = opnd(x, 0), *idx = opnd(x, 1);
+  if (need_float(x, 0) || index_check(x, v, idx)) return -1;
+  *x->out = *idx;
+  x->out->dtype = v->dtype;
+  return 0;
+}
+static int shape_ONEHOT(Sx *x) {
+  if (!ir_dtype_is_float(x->out->dtype)) return fail(x, "result %s must be float", tstr(x, x->out));
+  return index_check(x, x->out, opnd(x, 0));
+}
+static int shape_PAD_FILL(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (need_float(x, 0) || need_axis(x, 0, a->rank)) return -1;
+  if (x->n->ia[1] < 0) return fail(x, "limit must be >= 0");
+  *x->out = *a;
   return 0;
 }
 static int shape_OUTPUT(Sx *x) {

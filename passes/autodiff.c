@@ -113,7 +113,13 @@ typedef void (*AdFn)(Ad *a, int i, int dy);
 #define AD_NONE(NAME) static void ad_##NAME(Ad *a, int i, int dy) { (void)a; (void)i; (void)dy; }
 AD_NONE(INPUT) AD_NONE(STATE) AD_NONE(FULL)
 AD_NONE(EQ) AD_NONE(NE_SCALAR)
-AD_NONE(ACCUM) AD_NONE(ZERO) AD_NONE(ADAMW) AD_NONE(OUTPUT)
+AD_NONE(ACCUM) AD_NONE(ZERO) AD_NONE(ADAMW) AD_NONE(OUTPUT) AD_NONE(ASSIGN)
+
+/* Sharding ops are inserted after autodiff (passes/shard.c). */
+#define AD_LATE(NAME) static void ad_##NAME(Ad *a, int i, int dy) { \
+    (void)i; (void)dy; ad_fail(a, "%s is inserted by the sharding passes, after autodiff", ir_ops[IR_OP_##NAME].name); }
+AD_LATE(ALL_REDUCE) AD_LATE(ALL_GATHER) AD_LATE(REDUCE_SCATTER) AD_LATE(SHARD_SLICE)
+AD_LATE(TAKE) AD_LATE(ONEHOT) AD_LATE(PAD_FILL)
 
 /* Derivative ops themselves: we only do first derivatives. */
 #define AD_SECOND(NAME) static void ad_##NAME(Ad *a, int i, int dy) { \

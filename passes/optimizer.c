@@ -95,10 +95,14 @@ int pass_optimizer(IrModule *m, PassCtx *cx) {
     int vs = ms < 0 ? -1 : ir_state_derived(m, p, IR_STATE_ADAM_V, "adam_v", cx->err, sizeof cx->err);
     if (vs < 0) { e.failed = 1; break; }
     const IrTrain *t = &m->train;
-    int64_t ia[4] = {p, g, ms, vs};
+    int64_t ia[3] = {p, ms, vs};
     double fa[4] = {t->beta1, t->beta2, t->eps,
                     (m->states.a[p].flags & IR_STATE_NODECAY) ? 0.0 : t->weight_decay};
-    em(&e, IR_OP_ADAMW, &coef, 1, ia, fa, NULL, NULL);
+    IrType gt = m->states.a[g].type;
+    int64_t gi[1] = {g};
+    int gv = em(&e, IR_OP_STATE, NULL, 0, gi, NULL, NULL, &gt);
+    int in[2] = {coef, gv};
+    em(&e, IR_OP_ADAMW, in, 2, ia, fa, NULL, NULL);
   }
 
   /* 4. clear the accumulators */

@@ -375,12 +375,30 @@ static int ref_ACCUM(RtKctx *k) {
 static int ref_ADAMW(RtKctx *k) {
   const IrState *w = kstate(k, 0);
   if (!ir_dtype_is_float(w->type.dtype)) return rt_kfail(k, "@%s is not a float tensor", w->name);
-  for (int s = 1; s < 4; s++)
+  for (int s = 1; s < 3; s++)
     if (!ir_type_same_shape(&kstate(k, s)->type, &w->type))
       return rt_kfail(k, "@%s does not match @%s", kstate(k, s)->name, w->name);
+  if (!ir_type_same_shape(k->it[1], &w->type) || k->it[1]->dtype != w->type.dtype)
+    return rt_kfail(k, "grad %s does not match @%s", rt_tstr(k->it[1], 0), w->name);
   if (ir_type_numel(k->it[0]) != 1) return rt_kfail(k, "the coefficient must be a scalar");
   return w->type.dtype == IR_F32 ? k_ADAMW_f32(k) : k_ADAMW_f64(k);
 }
+
+static int ref_ASSIGN(RtKctx *k) {
+  const IrState *s = kstate(k, 0);
+  if (!ir_type_same_shape(&s->type, k->it[0]) || s->type.dtype != k->it[0]->dtype)
+    return rt_kfail(k, "cannot assign %s to @%s %s", rt_tstr(k->it[0], 0), s->name, rt_tstr(&s->type, 1));
+  memcpy(rt_state_data(k->p, (int)k->n->ia[0]), k->in[0],
+         (size_t)ir_type_numel(&s->type) * ir_dtype_size(s->type.dtype));
+  return 0;
+}
+
+/* ---- sharding ops: need the distributed runtime (TODO(issue 3): rank
+ * context and comm groups in RtProgram) ---- */
+#define NEEDS_RANK(NAME) static int ref_##NAME(RtKctx *k) { \
+    return rt_kfail(k, "%s is not implemented by this runtime yet", ir_ops[IR_OP_##NAME].name); }
+NEEDS_RANK(ALL_REDUCE) NEEDS_RANK(ALL_GATHER) NEEDS_RANK(REDUCE_SCATTER) NEEDS_RANK(SHARD_SLICE)
+NEEDS_RANK(TAKE) NEEDS_RANK(ONEHOT) NEEDS_RANK(PAD_FILL)
 
 /* ---- the table: one entry per ops.def row ---- */
 const RtKernel rt_ref_kernels[IR_OP_COUNT] = {

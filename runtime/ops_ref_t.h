@@ -518,9 +518,10 @@ static int FN(k_ADAMW)(RtKctx *k) {
   const IrNode *n = k->n;
   RtProgram *p = k->p;
   T *w = rt_state_data(p, (int)n->ia[0]);
-  const T *gr = rt_state_data(p, (int)n->ia[1]);
-  T *m = rt_state_data(p, (int)n->ia[2]), *v = rt_state_data(p, (int)n->ia[3]);
+  const T *gr = k->in[1];
+  T *m = rt_state_data(p, (int)n->ia[1]), *v = rt_state_data(p, (int)n->ia[2]);
   int64_t cnt = ir_type_numel(&rt_program_module(p)->states.a[n->ia[0]].type);
+  /* TODO(zero): flat dp chunk of w when @m is flat-sharded (rt_rank) */
   double coef = rt_ld(k->in[0], k->it[0]->dtype, 0);
   double b1 = n->fa[0], b2 = n->fa[1], eps = n->fa[2], wd = n->fa[3], lr = k->info->lr;
   double t = (double)(k->info->step + 1);

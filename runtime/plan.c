@@ -20,7 +20,7 @@
  * message; they never crash (tests feed corrupted bytes).
  *
  * Text form (mcc --emit=plan-text): a small header
- *     tessera-plan 1
+ *     tessera-plan 2
  *     mesh dp=1 pp=1 cp=1 ep=1 tp=1
  *     source "samples/gpt.mdl"
  *     ranks 1
@@ -30,7 +30,10 @@
  * == encode(p) byte for byte.  A NULL source and "" are the same thing
  * (both print as ""; both decode to NULL).
  *
- * IrSharding is not stored yet: no pass creates it (plan format 2 will). */
+ * Version 2 added shardings (after each node's and state's type: u8 per
+ * dim, then u8 partial, u8 flat), the states' logical sizes (u8 count,
+ * i64 each) and the RULE record (after PARL).  Version 1 plans are refused
+ * ("recompile the plan"): they predate sharding. */
 #include "plan.h"
 #include <errno.h>
 #include <stdarg.h>
@@ -52,6 +55,7 @@
 #define TAG_PARL TAG('P', 'A', 'R', 'L')
 #define TAG_STAT TAG('S', 'T', 'A', 'T')
 #define TAG_BLCK TAG('B', 'L', 'C', 'K')
+#define TAG_RULE TAG('R', 'U', 'L', 'E')
 
 RtPlan *rt_plan_new(void) {
   RtPlan *p = ts_xcalloc(1, sizeof *p);
@@ -114,6 +118,11 @@ static void enc_type(StrBuf *b, const IrType *t) {
     put_str(b, t->dname[i]);
   }
 }
+static void enc_sharding(StrBuf *b, const IrSharding *sh, int rank) {
+  for (int i = 0; i < rank; i++) put_u8(b, sh->split[i]);
+  put_u8(b, sh->partial);
+  put_u8(b, sh->flat);
+}
 
 /* Attr slots are stored up to the last non-zero one (bitwise, so -0.0 is
  * kept): unused slots are zero in every node, so this is exact and keeps
@@ -141,6 +150,7 @@ static void enc_node(StrBuf *b, const IrNode *n) {
   for (int i = 0; i < nf; i++) put_f64(b, n->fa[i]);
   put_str(b, n->sa);
   enc_type(b, &n->type);
+  enc_sharding(b, &n->sh, n->type.rank);
 }
 
 static void enc_train(StrBuf *b, const IrTrain *t) {
@@ -181,6 +191,14 @@ static void enc_module(StrBuf *b, const IrModule *m) {
   put_i32(b, q->ep); put_i32(b, q->dp); put_i32(b, q->sp);
   rec_end(b, r);
 
+  r = rec_begin(b, TAG_RULE);
+  put_u32(b, (uint32_t)m->rules.n);
+  for (int i = 0; i < m->rules.n; i++) {
+    put_str(b, m->rules.a[i].dim);
+    put_u8(b, m->rules.a[i].axes);
+  }
+  rec_end(b, r);
+
   r = rec_begin(b, TAG_STAT);
   put_u32(b, (uint32_t)m->states.n);
   for (int i = 0; i < m->states.n; i++) {
@@ -193,6 +211,11 @@ static void enc_module(StrBuf *b, const IrModule *m) {
     put_f64(b, s->init_b);
     put_i32(b, s->of);
     put_u32(b, s->flags);
+    enc_sharding(b, &s->sh, s->type.rank);
+    int nl = s->type.rank;
+    while (nl > 0 && s->logical[nl - 1] == 0) nl--;
+    put_u8(b, (unsigned)nl);
+    for (int d = 0; d < nl; d++) put_i64(b, s->logical[d]);
   }
   rec_end(b, r);
 
@@ -374,6 +397,17 @@ static int state_attr_slot(IrOp op, int slot) {
   return 0;
 }
 
+static void rd_sharding(Rd *r, IrSharding *sh, int rank) {
+  memset(sh, 0, sizeof *sh);
+  for (int i = 0; i < rank; i++) sh->split[i] = (uint8_t)rd_u8(r);
+  sh->partial = (uint8_t)rd_u8(r);
+  sh->flat = (uint8_t)rd_u8(r);
+  unsigned all = (1u << IR_AXIS_COUNT) - 1;
+  for (int i = 0; i < rank; i++)
+    if (sh->split[i] & ~all) { rd_fail(r, "bad sharding mask 0x%x", sh->split[i]); return; }
+  if ((sh->partial | sh->flat) & ~all) rd_fail(r, "bad sharding mask");
+}
+
 static void rd_node(Rd *r, IrModule *m, int id, IrNode *n) {
   const char *opname = rd_str(r);
   if (r->bad) return;
@@ -407,6 +441,7 @@ static void rd_node(Rd *r, IrModule *m, int id, IrNode *n) {
   for (unsigned i = 0; i < nf && !r->bad; i++) n->fa[i] = rd_f64(r);
   n->sa = rd_str(r);
   rd_type(r, &n->type);
+  if (!r->bad) rd_sharding(r, &n->sh, n->type.rank);
 }
 
 static void rd_block(Rd *r, IrModule *m) {
@@ -437,6 +472,14 @@ static void rd_state(Rd *r, IrModule *m, int i, int nstates) {
   s.init_b = rd_f64(r);
   s.of = rd_i32(r);
   s.flags = rd_u32(r);
+  if (r->bad) return;
+  rd_sharding(r, &s.sh, s.type.rank);
+  unsigned nl = rd_u8(r);
+  if (!r->bad && nl > (unsigned)s.type.rank) { rd_fail(r, "state '%s': %u logical sizes for rank %d", s.name, nl, s.type.rank); return; }
+  for (unsigned d = 0; d < nl && !r->bad; d++) {
+    s.logical[d] = rd_i64(r);
+    if (!r->bad && s.logical[d] < 0) rd_fail(r, "state '%s': negative logical size", s.name);
+  }
   if (r->bad) return;
   if (kind >= IR_STATE_KIND_COUNT) { rd_fail(r, "state '%s': bad kind %u", s.name, kind); return; }
   if (init >= IR_INIT_KIND_COUNT) { rd_fail(r, "state '%s': bad init %u", s.name, init); return; }
@@ -492,6 +535,17 @@ static IrModule *rd_module(Rd *r) {
   if (rd_record(r, TAG_PARL, "parallel", &s) != 0) goto bad;
   m->par.tp = rd_i32(&s); m->par.pp = rd_i32(&s); m->par.cp = rd_i32(&s);
   m->par.ep = rd_i32(&s); m->par.dp = rd_i32(&s); m->par.sp = rd_i32(&s);
+  if (rd_done(&s, r) != 0) goto bad;
+
+  if (rd_record(r, TAG_RULE, "rules", &s) != 0) goto bad;
+  int nr = rd_count(&s, 4 + 1, "rule");
+  for (int i = 0; i < nr && !s.bad; i++) {
+    IrRule ru;
+    ru.dim = rd_name(&s, "rule");
+    ru.axes = (uint8_t)rd_u8(&s);
+    if (!s.bad && (ru.axes & ~((1u << IR_AXIS_COUNT) - 1))) rd_fail(&s, "rule '%s': bad axes", ru.dim);
+    if (!s.bad) VEC_PUSH(m->rules, ru);
+  }
   if (rd_done(&s, r) != 0) goto bad;
 
   if (rd_record(r, TAG_STAT, "states", &s) != 0) goto bad;
@@ -621,6 +675,11 @@ static RtPlan *decode_named(const void *data, size_t len, const char *name, char
     return NULL;
   }
   if (version == 0) { ts_errf(err, errlen, "%s is corrupted: format version 0", what); return NULL; }
+  if (version < RT_PLAN_VERSION) {
+    ts_errf(err, errlen, "%s has format version %u, older than this mrun's %d (it predates sharding): recompile the plan",
+            what, version, RT_PLAN_VERSION);
+    return NULL;
+  }
   if (flags != 0) {
     ts_errf(err, errlen, "%s uses format flags 0x%x that this mrun does not know: rebuild mrun or recompile the plan", what, flags);
     return NULL;
@@ -818,6 +877,10 @@ static int parse_text_header(Tx *t, RtPlan *p) {
     return ts_errf(t->err, t->errlen,
                 "plan '%s' has format version %d; this mrun reads up to version %d: rebuild mrun or recompile the plan",
                 t->fname, version, RT_PLAN_VERSION);
+  if (version < RT_PLAN_VERSION)
+    return ts_errf(t->err, t->errlen,
+                   "plan '%s' has format version %d, older than this mrun's %d (it predates sharding): recompile the plan",
+                   t->fname, version, RT_PLAN_VERSION);
   p->version = (uint32_t)version;
 
   if ((r = tx_line(t, line, sizeof line)) <= 0) return r < 0 ? -1 : tx_fail(t, "expected the mesh line");

@@ -15,7 +15,7 @@
 #define TS_PLAN_H
 #include "../ir/ir.h"
 
-#define RT_PLAN_VERSION 1
+#define RT_PLAN_VERSION 2
 
 typedef struct { int dp, pp, cp, ep, tp; } RtMesh;   /* axes outer to inner; tp innermost */
 

@@ -85,7 +85,9 @@ static void check_structure(const Config *c, const IrModule *m) {
     const IrNode *n = &b->nodes[i];
     if (n->op == IR_OP_ADAMW) {
       adamw++;
-      check(n->ia[0] == w && n->ia[1] == g && n->ia[2] == am && n->ia[3] == av, c, "adamw states", 0, 0);
+      check(n->ia[0] == w && n->ia[1] == am && n->ia[2] == av, c, "adamw states", 0, 0);
+      const IrNode *gn = &b->nodes[n->in[1]];
+      check(gn->op == IR_OP_STATE && gn->ia[0] == g, c, "adamw grad operand is @grad", 0, 0);
       check(n->fa[0] == m->train.beta1 && n->fa[1] == m->train.beta2 && n->fa[2] == m->train.eps, c, "adamw betas/eps", 0, 0);
       check(n->fa[3] == (c->nodecay ? 0.0 : c->wd), c, "adamw wd", n->fa[3], c->nodecay ? 0.0 : c->wd);
     }

@@ -13,6 +13,7 @@ static int failures;
 
 static const char *prelude =
     "module t\n"
+    "parallel tp=2 pp=1 cp=1 ep=1 dp=1 sp=0\n"
     "state @p : f32[16, 8] param init=zeros\n"
     "state @g : f32[16, 8] grad of=@p\n"
     "state @m : f32[16, 8] adam_m of=@p\n"
@@ -101,8 +102,18 @@ static const Case cases[] = {
   {"clip_coef", "%10 = clip_coef %4 max=1.0 : f32[]", "%10 = clip_coef %8 max=1.0 : f32[]"},
   {"accum", "accum %6 @g", "accum %1 @g"},
   {"zero", "zero @g", NULL},    /* an unknown state is a parse error; see test_zero_bad_ref */
-  {"adamw", "adamw %4 @p @g @m @v b1=0.9 b2=0.95 eps=1e-08 wd=0.1",
-   "adamw %4 @p @g @m @q b1=0.9 b2=0.95 eps=1e-08 wd=0.1"},
+  {"adamw", "adamw %4, %6 @p @m @v b1=0.9 b2=0.95 eps=1e-08 wd=0.1",
+   "adamw %4, %1 @p @m @v b1=0.9 b2=0.95 eps=1e-08 wd=0.1"},
+  {"assign", "assign %6 @p", "assign %1 @p"},
+  {"all_reduce", "%10 = all_reduce %1 axis=tp red=1 : f32[2, 4, 8]", "%10 = all_reduce %1 axis=tp red=2 : f32[2, 4, 8]"},
+  {"all_gather", "%10 = all_gather %1 axis=tp dim=2 : f32[2, 4, 16]", "%10 = all_gather %1 axis=tp dim=3 : f32[2, 4, 16]"},
+  {"reduce_scatter", "%10 = reduce_scatter %1 axis=tp dim=1 : f32[2, 2, 8]",
+   "%10 = reduce_scatter %0 axis=tp dim=1 : i32[2, 2]"},
+  {"shard_slice", "%10 = shard_slice %0 axis=tp dim=1 : i32[2, 2]", "%10 = shard_slice %1 axis=tp dim=-1 : f32[2, 4, 8]"},
+  {"take", "%10 = take %9, %0 ignore=-1 : f32[2, 4]", "%10 = take %9, %8 ignore=-1 : f32[2, 4]"},
+  {"onehot", "%10 = onehot %0 ignore=-1 : f32[2, 4, 16]", "%10 = onehot %0 ignore=-1 : f32[2, 3, 16]"},
+  {"pad_fill", "%10 = pad_fill %9 dim=2 limit=10 fill=-inf : f32[2, 4, 16]",
+   "%10 = pad_fill %9 dim=3 limit=10 fill=-inf : f32[2, 4, 16]"},
   {"output", "output \"loss\" %4", "output \"loss\" %8"},
 };
 
@@ -194,7 +205,7 @@ int main(void) {
     snprintf(want, sizeof want, "error: %s: ", c->op);   /* the message comes from the op's rule */
     if (getenv("SHOW")) fprintf(stderr, "%s\n", err);   /* SHOW=1: list the messages for review */
     CHECK(strstr(err, want) != NULL, "%s: message '%s' lacks '%s'", c->op, err, want);
-    CHECK(strncmp(err, "case:18:", 8) == 0, "%s: message '%s' not at line 18", c->op, err);
+    CHECK(strncmp(err, "case:19:", 8) == 0, "%s: message '%s' not at line 19", c->op, err);
     ir_module_free(m);
   }
   test_zero_bad_ref();

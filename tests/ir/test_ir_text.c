@@ -23,13 +23,15 @@ static const char *all_ops =
     "const neg = -3\n"
     "train lr=0.001 beta1=0.9 beta2=0.95 eps=1e-08 weight_decay=0.1 schedule=cosine warmup=20 decay_steps=200 "
     "min_lr=0.0001 clip_grad=1.0 global_batch=8 micro_batch=4 seq_len=4 steps=200 seed=1234 precision=f32\n"
-    "parallel tp=1 pp=1 cp=1 ep=1 dp=0 sp=0\n"
-    "state @wte : f32[vocab:16, dim:8] param init=normal(0.0, 0.02)\n"
+    "parallel tp=2 pp=1 cp=1 ep=1 dp=0 sp=0\n"
+    "rule vocab = tp\n"
+    "rule seq = cp tp\n"
+    "state @wte : f32[vocab:16, dim:8] {0:tp} param init=normal(0.0, 0.02) logical=[31, 0]\n"
     "state @layers.0.ln.g : f32[dim:8] param init=ones nodecay\n"
     "state @w : f32[8, 8] param init=uniform(-0.125, 0.125)\n"
-    "state @grad.wte : f32[vocab:16, dim:8] grad of=@wte\n"
-    "state @adam_m.wte : f32[vocab:16, dim:8] adam_m of=@wte\n"
-    "state @adam_v.wte : f32[vocab:16, dim:8] adam_v of=@wte\n"
+    "state @grad.wte : f32[vocab:16, dim:8] {0:tp, partial:dp} grad of=@wte\n"
+    "state @adam_m.wte : f32[vocab:16, dim:8] {0:tp} adam_m of=@wte\n"
+    "state @adam_v.wte : f32[vocab:16, dim:8] {0:tp} adam_v of=@wte\n"
     "block micro {\n"
     "  %0 = input \"tokens\" : i32[batch:2, seq:4]\n"
     "  %1 = input \"tar\\\"g\\\\ets\" : i32[batch:2, seq:4]\n"
@@ -92,14 +94,22 @@ static const char *all_ops =
     "  %58 = sumsq %53 : f32[]\n"
     "  output \"loss\" %58\n"
     "  %60 = sumsq %27 : f64[]\n"
+    "  %61 = take %52, %1 ignore=-1 : f32[batch:2, seq:4] {partial:tp}\n"
+    "  %62 = onehot %1 ignore=-1 : f32[batch:2, seq:4, vocab:16] {2:tp}\n"
+    "  %63 = pad_fill %52 dim=2 limit=10 fill=-inf : f32[batch:2, seq:4, vocab:16] {2:tp}\n"
     "}\n"
     "block update {\n"
     "  %0 = state @grad.wte : f32[vocab:16, dim:8]\n"
     "  %1 = sumsq %0 : f32[]\n"
     "  %2 = sqrt %1 : f32[]\n"
     "  %3 = clip_coef %2 max=1.0 : f32[]\n"
-    "  adamw %3 @wte @grad.wte @adam_m.wte @adam_v.wte b1=0.9 b2=0.95 eps=1e-08 wd=0.1\n"
+    "  adamw %3, %0 @wte @adam_m.wte @adam_v.wte b1=0.9 b2=0.95 eps=1e-08 wd=0.1\n"
     "  zero @grad.wte\n"
+    "  %6 = all_reduce %0 axis=tp red=0 : f32[vocab:16, dim:8] {0:tp, partial:dp}\n"
+    "  %7 = all_gather %6 axis=tp dim=0 : f32[vocab:32, dim:8] {partial:dp}\n"
+    "  %8 = reduce_scatter %7 axis=tp dim=1 : f32[vocab:32, dim:4] {1:tp, partial:dp}\n"
+    "  %9 = shard_slice %8 axis=cp dim=0 : f32[vocab:32, dim:4] {0:cp, 1:tp, partial:dp, flat:dp}\n"
+    "  assign %6 @wte\n"
     "}\n"
     "end\n";
 
@@ -211,7 +221,7 @@ static void test_emit_roundtrip(void) {
   line = first_line - 1;
   IrModule *c = ir_parse_module_at(cat.p, &pos, &line, "plan", err, sizeof err);
   char want[64];
-  snprintf(want, sizeof want, "plan:%d:3: error: unknown op 'zerx'", first_line + 81);
+  snprintf(want, sizeof want, "plan:%d:3: error: unknown op 'zerx'", first_line + 86);
   CHECK(c == NULL && strcmp(err, want) == 0, "got '%s', want '%s'", err, want);
   ir_module_free(a);
   ir_module_free(bm);
@@ -333,7 +343,7 @@ static void test_verifier(void) {
   u->nodes[4].ia[2] = 99;
   CHECK(ir_verify(m, err, sizeof err) == -1 && strstr(err, "block update, node 4: adamw: state reference 99"),
         "bad state ref: '%s'", err);
-  u->nodes[4].ia[2] = 4;
+  u->nodes[4].ia[2] = 5;
   /* a grad whose `of` is not a param; duplicate state names */
   m->states.a[3].of = 4;
   CHECK(ir_verify(m, err, sizeof err) == -1 && strstr(err, "of=4 is not a param"), "bad of: '%s'", err);

@@ -194,9 +194,9 @@ static void test_reshape_alias(void) {
 static void test_states_effects(void) {
   IrModule *m = ir_module_new("st");
   IrType t = {IR_F32, 1, {32}, {NULL}};
-  IrState w = {"w", t, IR_STATE_PARAM, IR_INIT_ZEROS, 0, 0, -1, 0};
+  IrState w = {"w", t, IR_STATE_PARAM, IR_INIT_ZEROS, 0, 0, -1, 0, {{0}, 0, 0}, {0}};
   int sw = ir_state_add(m, &w);
-  IrState g = {"grad.w", t, IR_STATE_GRAD, IR_INIT_ZEROS, 0, 0, sw, 0};
+  IrState g = {"grad.w", t, IR_STATE_GRAD, IR_INIT_ZEROS, 0, 0, sw, 0, {{0}, 0, 0}, {0}};
   int sg = ir_state_add(m, &g);
   int b = ir_block_add(m, "micro");
   int64_t iw[1] = {sw}, ig[1] = {sg};

@@ -26,7 +26,7 @@ static int emit_or_die(int id) {
 static IrModule *make_forward(int dead) {
   IrModule *m = ir_module_new("fwd");
   IrType tw = {IR_F32, 2, {4, 3}, {ts_intern("in"), ts_intern("out")}};
-  IrState w = {"w", tw, IR_STATE_PARAM, IR_INIT_NORMAL, 0.0, 0.02, -1, 0};
+  IrState w = {"w", tw, IR_STATE_PARAM, IR_INIT_NORMAL, 0.0, 0.02, -1, 0, {{0}, 0, 0}, {0}};
   int sw = ir_state_add(m, &w);
   int b = ir_block_add(m, "forward");
   IrType tx = {IR_F32, 2, {2, 4}, {NULL, ts_intern("in")}};

@@ -36,16 +36,16 @@ static IrModule *make_module(void) {
   m->par = (IrParallel){1, 1, 1, 1, 0, 0};
 
   IrType tw = {IR_F32, 2, {4, 3}, {ts_intern("in"), ts_intern("out")}};
-  IrState w = {"w.in_proj", tw, IR_STATE_PARAM, IR_INIT_NORMAL, 0.0, 0.02, -1, 0};
+  IrState w = {"w.in_proj", tw, IR_STATE_PARAM, IR_INIT_NORMAL, 0.0, 0.02, -1, 0, {{0}, 0, 0}, {0}};
   int sw = ir_state_add(m, &w);
   IrType tb = {IR_F32, 1, {3}, {NULL}};
-  IrState b = {"b", tb, IR_STATE_PARAM, IR_INIT_ONES, 0, 0, -1, IR_STATE_NODECAY};
+  IrState b = {"b", tb, IR_STATE_PARAM, IR_INIT_ONES, 0, 0, -1, IR_STATE_NODECAY, {{0}, 0, 0}, {0}};
   ir_state_add(m, &b);
-  IrState g = {"grad.w.in_proj", tw, IR_STATE_GRAD, IR_INIT_ZEROS, 0, 0, sw, 0};
+  IrState g = {"grad.w.in_proj", tw, IR_STATE_GRAD, IR_INIT_ZEROS, 0, 0, sw, 0, {{0}, 0, 0}, {0}};
   int sg = ir_state_add(m, &g);
-  IrState am = {"adam_m.w.in_proj", tw, IR_STATE_ADAM_M, IR_INIT_ZEROS, 0, 0, sw, 0};
+  IrState am = {"adam_m.w.in_proj", tw, IR_STATE_ADAM_M, IR_INIT_ZEROS, 0, 0, sw, 0, {{0}, 0, 0}, {0}};
   int sm = ir_state_add(m, &am);
-  IrState av = {"adam_v.w.in_proj", tw, IR_STATE_ADAM_V, IR_INIT_ZEROS, 0, 0, sw, 0};
+  IrState av = {"adam_v.w.in_proj", tw, IR_STATE_ADAM_V, IR_INIT_ZEROS, 0, 0, sw, 0, {{0}, 0, 0}, {0}};
   int sv = ir_state_add(m, &av);
 
   char err[512];
@@ -68,9 +68,12 @@ static IrModule *make_module(void) {
   IrType scalar = {IR_F32, 0, {0}, {NULL}};
   double one[1] = {1.0};
   int c = ir_emit(m, ub, IR_OP_FULL, NULL, 0, NULL, one, NULL, &scalar, err, sizeof err);
-  int64_t ia_adam[4] = {sw, sg, sm, sv};
+  int64_t ia_adam[3] = {sw, sm, sv};
   double fa_adam[4] = {0.9, 0.95, 1e-8, 0.1};
-  int ad = ir_emit(m, ub, IR_OP_ADAMW, &c, 1, ia_adam, fa_adam, NULL, NULL, err, sizeof err);
+  int64_t ia_gs[1] = {sg};
+  int gv = ir_emit(m, ub, IR_OP_STATE, NULL, 0, ia_gs, NULL, NULL, &tw, err, sizeof err);
+  int cg[2] = {c, gv};
+  int ad = ir_emit(m, ub, IR_OP_ADAMW, cg, 2, ia_adam, fa_adam, NULL, NULL, err, sizeof err);
   int64_t ia_g[1] = {sg};
   int z = ir_emit(m, ub, IR_OP_ZERO, NULL, 0, ia_g, NULL, NULL, NULL, err, sizeof err);
   if (c < 0 || ad < 0 || z < 0) TS_DIE("make_module: %s", err);
@@ -138,7 +141,7 @@ static void test_roundtrips(void) {
   }
 
   rt_plan_print_text(p, &text);
-  CHECK(strncmp(text.p, "tessera-plan 1\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"tests/plan/\\\"tiny\\\".mdl\"\n"
+  CHECK(strncmp(text.p, "tessera-plan 2\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"tests/plan/\\\"tiny\\\".mdl\"\n"
                         "ranks 1\nrank 0 program 0\nprogram 0\nmodule tiny\n", 125) == 0,
         "text header:\n%.200s", text.p);
   RtPlan *t = rt_plan_parse_text(text.p, "tiny.plan.txt", err, sizeof err);
@@ -219,15 +222,22 @@ static void test_refusals(void) {
   }
 
   /* newer versions (the checksum covers only the payload: still valid) */
-  unsigned vers[] = {2, 7};
+  unsigned vers[] = {RT_PLAN_VERSION + 1, 7};
   for (int i = 0; i < 2; i++) {
     put_le((unsigned char *)b.p + 8, vers[i], 4);
     snprintf(want, sizeof want,
-             "plan '%s' has format version %u; this mrun reads up to version 1: rebuild mrun or recompile the plan",
-             path, vers[i]);
+             "plan '%s' has format version %u; this mrun reads up to version %d: rebuild mrun or recompile the plan",
+             path, vers[i], RT_PLAN_VERSION);
     expect_refusal(path, b.p, b.n, want);
   }
+  /* an older version predates sharding */
   put_le((unsigned char *)b.p + 8, 1, 4);
+  snprintf(want, sizeof want,
+           "plan '%s' has format version 1, older than this mrun's %d (it predates sharding): recompile the plan",
+           path, RT_PLAN_VERSION);
+  expect_refusal(path, b.p, b.n, want);
+  expect_refusal(path, "tessera-plan 1\n", 15, want);
+  put_le((unsigned char *)b.p + 8, RT_PLAN_VERSION, 4);
 
   /* bad magic: text that is not a plan, and a damaged magic */
   snprintf(want, sizeof want, "'%s' is not a Tessera plan (bad magic)", path);
@@ -241,15 +251,16 @@ static void test_refusals(void) {
   expect_refusal(path, b.p, b.n, "~is corrupted: header says");
 
   /* a broken text plan names file and line */
-  expect_refusal(path, "tessera-plan 1\nmesh dp=1 pp=1\n", 30, "~bad.plan:2: error: expected 'mesh");
+  expect_refusal(path, "tessera-plan 2\nmesh dp=1 pp=1\n", 30, "~bad.plan:2: error: expected 'mesh");
   snprintf(want, sizeof want,
-           "plan '%s' has format version 9; this mrun reads up to version 1: rebuild mrun or recompile the plan", path);
+           "plan '%s' has format version 9; this mrun reads up to version %d: rebuild mrun or recompile the plan", path,
+           RT_PLAN_VERSION);
   expect_refusal(path, "tessera-plan 9\n", 15, want);
   /* errors inside a program carry the line number within the whole file */
-  static const char bad_module[] = "tessera-plan 1\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"\"\nranks 1\n"
+  static const char bad_module[] = "tessera-plan 2\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"\"\nranks 1\n"
                                    "rank 0 program 0\n# a comment\n\nprogram 0\nmodule x\nbogus line\n";
   expect_refusal(path, bad_module, sizeof bad_module - 1, "~bad.plan:10:");
-  static const char bad_rank[] = "tessera-plan 1\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"\"\nranks 1\nrank 0 program 3\n";
+  static const char bad_rank[] = "tessera-plan 2\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"\"\nranks 1\nrank 0 program 3\n";
   expect_refusal(path, bad_rank, sizeof bad_rank - 1, "~no programs");
   /* a rank table that does not match the mesh */
   RtPlan *p2 = make_plan();
@@ -271,7 +282,7 @@ static void test_refusals(void) {
 static void test_huge_count(void) {
   StrBuf b = {0};
   sb_write(&b, "TSPLAN\0\0", 8);
-  unsigned char h[24] = {1};
+  unsigned char h[24] = {RT_PLAN_VERSION};
   sb_write(&b, h, 24);
   unsigned char rec[64];
   /* MESH */

@@ -196,7 +196,9 @@ static void test_adamw(IrDtype dt) {
   IrType sc = scalar_ty(dt);
   int c = emit(m, b, IR_OP_FULL, NULL, 0, NULL, (double[]){0.5}, NULL, &sc);
   double b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, lr = 0.01;
-  emit(m, b, IR_OP_ADAMW, &c, 1, (int64_t[]){p, g, mm, vv}, (double[]){b1, b2, eps, wd}, NULL, NULL);
+  IrType gty = m->states.a[g].type;
+  int gv = emit(m, b, IR_OP_STATE, NULL, 0, (int64_t[]){g}, NULL, NULL, &gty);
+  emit(m, b, IR_OP_ADAMW, (int[]){c, gv}, 2, (int64_t[]){p, mm, vv}, (double[]){b1, b2, eps, wd}, NULL, NULL);
   RtProgram *pr = rt_program_new(m, err, sizeof err);
   TS_ASSERT(pr);
   double w[5], M[5] = {0}, V[5] = {0}, gr[5];
