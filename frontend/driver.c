@@ -24,7 +24,7 @@ void mdl_options_init(MdlOptions *o) {
   o->ndefines = 0;
   o->stdlib_dir = NULL;
   o->precision = IR_VOID;
-  o->tp = o->pp = o->cp = o->ep = o->sp = -1;
+  o->tp = o->pp = o->cp = o->ep = o->sp = o->zero = -1;
   o->diag = NULL;
 }
 

@@ -222,7 +222,7 @@ void elab_train(Elab *e) {
 /* ---- parallel and rules blocks ---- */
 void elab_parallel(Elab *e) {
   const MdlProgram *p = e->main;
-  IrParallel par = {1, 1, 1, 1, 0, 0};
+  IrParallel par = {1, 1, 1, 1, 0, 0, 1};
   for (int j = 0; j < p->nparallel; j++) {
     const MdlKV *kv = &p->parallel[j];
     Value v = elab_eval(e, &e->config, kv->value);
@@ -231,25 +231,25 @@ void elab_parallel(Elab *e) {
     const char *k = kv->name;
     int *slot = !strcmp(k, "tp") ? &par.tp : !strcmp(k, "pp") ? &par.pp : !strcmp(k, "cp") ? &par.cp
               : !strcmp(k, "ep") ? &par.ep : !strcmp(k, "dp") ? &par.dp : NULL;
-    if (!strcmp(k, "sp")) {
-      if (v.k != V_BOOL) elab_error(e, kv->value->loc, "parallel: sp must be a bool, got %s", elab_value_desc(e, &v, buf, sizeof buf));
-      else par.sp = (int)v.i;
+    if (!strcmp(k, "sp") || !strcmp(k, "zero")) {
+      if (v.k != V_BOOL) elab_error(e, kv->value->loc, "parallel: %s must be a bool, got %s", k, elab_value_desc(e, &v, buf, sizeof buf));
+      else *(k[0] == 's' ? &par.sp : &par.zero) = (int)v.i;
     } else if (slot) {
       int lo = slot == &par.dp ? 0 : 1;
       if (v.k != V_INT || v.i < lo || v.i > 1 << 20)
         elab_error(e, kv->value->loc, "parallel: %s must be an int >= %d, got %s", k, lo, elab_value_desc(e, &v, buf, sizeof buf));
       else *slot = (int)v.i;
     } else {
-      elab_error(e, kv->loc, "unknown parallel key '%s' (known: tp, pp, cp, ep, dp, sp)", k);
+      elab_error(e, kv->loc, "unknown parallel key '%s' (known: tp, pp, cp, ep, dp, sp, zero)", k);
     }
   }
   const MdlOptions *o = e->opt;
-  const int *ov[5] = {&o->tp, &o->pp, &o->cp, &o->ep, &o->sp};
-  int *dst[5] = {&par.tp, &par.pp, &par.cp, &par.ep, &par.sp};
-  static const char *names[5] = {"tp", "pp", "cp", "ep", "sp"};
-  for (int i = 0; i < 5; i++) {
+  const int *ov[6] = {&o->tp, &o->pp, &o->cp, &o->ep, &o->sp, &o->zero};
+  int *dst[6] = {&par.tp, &par.pp, &par.cp, &par.ep, &par.sp, &par.zero};
+  static const char *names[6] = {"tp", "pp", "cp", "ep", "sp", "zero"};
+  for (int i = 0; i < 6; i++) {
     if (*ov[i] < 0) continue;
-    if ((i < 4 && *ov[i] < 1) || (i == 4 && *ov[i] > 1))
+    if ((i < 4 && *ov[i] < 1) || (i >= 4 && *ov[i] > 1))
       elab_error(e, no_loc, "--%s=%d is out of range (%s)", names[i], *ov[i], i < 4 ? ">= 1" : "0 or 1");
     else *dst[i] = *ov[i];
   }

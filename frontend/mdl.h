@@ -21,6 +21,7 @@ typedef struct {
   const char *stdlib_dir;                  /* where `import nn` looks; NULL: TS_SOURCE_DIR/stdlib */
   IrDtype precision;                       /* IR_VOID: the train block's (default f32) */
   int tp, pp, cp, ep, sp;                  /* -1: the parallel block's (default 1, sp 0) */
+  int zero;                                /* -1: the parallel block's (default 1) */
   FILE *diag;                              /* NULL: stderr */
 } MdlOptions;
 

@@ -153,7 +153,9 @@ typedef struct {
   IrDtype precision;        /* IR_F32 or IR_F64 */
 } IrTrain;
 
-typedef struct { int tp, pp, cp, ep, dp, sp; } IrParallel;  /* dp = 0: whatever remains */
+/* dp = 0: whatever remains.  sp: sequence parallelism (tp > 1).
+ * zero: distributed optimizer (ZeRO-1) when dp > 1 (default 1). */
+typedef struct { int tp, pp, cp, ep, dp, sp, zero; } IrParallel;
 
 /* A sharding rule of the MDL `rules` block: dims named `dim` are split over
  * the mesh axes in `axes` (mask).  Stdlib defaults come first, the model's

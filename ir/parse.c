@@ -362,7 +362,7 @@ static int parse_parallel(P *p) {
     const char *k = word(p, "a parallel key");
     if (!k || expect(p, '=')) return -1;
     int *slot = !strcmp(k, "tp") ? &q->tp : !strcmp(k, "pp") ? &q->pp : !strcmp(k, "cp") ? &q->cp
-              : !strcmp(k, "ep") ? &q->ep : !strcmp(k, "dp") ? &q->dp : !strcmp(k, "sp") ? &q->sp : NULL;
+              : !strcmp(k, "ep") ? &q->ep : !strcmp(k, "dp") ? &q->dp : !strcmp(k, "sp") ? &q->sp : !strcmp(k, "zero") ? &q->zero : NULL;
     if (!slot) return perr_at(p, p->line, col_of(p, at), "unknown parallel key '%s'", k);
     int64_t v;
     skip_ws(p);

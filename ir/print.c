@@ -137,7 +137,8 @@ void ir_print_module(const IrModule *m, StrBuf *out) {
             (long long)t->global_batch, (long long)t->micro_batch, (long long)t->seq_len,
             (long long)t->steps, (unsigned long long)t->seed, ir_dtype_name(t->precision));
   const IrParallel *p = &m->par;
-  sb_printf(out, "parallel tp=%d pp=%d cp=%d ep=%d dp=%d sp=%d\n", p->tp, p->pp, p->cp, p->ep, p->dp, p->sp);
+  sb_printf(out, "parallel tp=%d pp=%d cp=%d ep=%d dp=%d sp=%d zero=%d\n", p->tp, p->pp, p->cp, p->ep, p->dp,
+            p->sp, p->zero);
   for (int i = 0; i < m->rules.n; i++) {
     sb_printf(out, "rule %s =", m->rules.a[i].dim);
     for (int a = 0; a < IR_AXIS_COUNT; a++)

@@ -188,7 +188,7 @@ static void enc_module(StrBuf *b, const IrModule *m) {
   r = rec_begin(b, TAG_PARL);
   const IrParallel *q = &m->par;
   put_i32(b, q->tp); put_i32(b, q->pp); put_i32(b, q->cp);
-  put_i32(b, q->ep); put_i32(b, q->dp); put_i32(b, q->sp);
+  put_i32(b, q->ep); put_i32(b, q->dp); put_i32(b, q->sp); put_i32(b, q->zero);
   rec_end(b, r);
 
   r = rec_begin(b, TAG_RULE);
@@ -535,6 +535,7 @@ static IrModule *rd_module(Rd *r) {
   if (rd_record(r, TAG_PARL, "parallel", &s) != 0) goto bad;
   m->par.tp = rd_i32(&s); m->par.pp = rd_i32(&s); m->par.cp = rd_i32(&s);
   m->par.ep = rd_i32(&s); m->par.dp = rd_i32(&s); m->par.sp = rd_i32(&s);
+  m->par.zero = rd_i32(&s);
   if (rd_done(&s, r) != 0) goto bad;
 
   if (rd_record(r, TAG_RULE, "rules", &s) != 0) goto bad;

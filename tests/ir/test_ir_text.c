@@ -23,7 +23,7 @@ static const char *all_ops =
     "const neg = -3\n"
     "train lr=0.001 beta1=0.9 beta2=0.95 eps=1e-08 weight_decay=0.1 schedule=cosine warmup=20 decay_steps=200 "
     "min_lr=0.0001 clip_grad=1.0 global_batch=8 micro_batch=4 seq_len=4 steps=200 seed=1234 precision=f32\n"
-    "parallel tp=2 pp=1 cp=1 ep=1 dp=0 sp=0\n"
+    "parallel tp=2 pp=1 cp=1 ep=1 dp=0 sp=0 zero=1\n"
     "rule vocab = tp\n"
     "rule seq = cp tp\n"
     "state @wte : f32[vocab:16, dim:8] {0:tp} param init=normal(0.0, 0.02) logical=[31, 0]\n"
