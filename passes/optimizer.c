@@ -1,26 +1,58 @@
-/* optimizer.c - the once-per-step update block: global gradient norm,
- * clipping, AdamW, and zeroing the gradient accumulators.
+/* optimizer.c - the once-per-step update block: gradient collectives over
+ * the mesh, global gradient norm, clipping, AdamW (optionally ZeRO-1, the
+ * distributed optimizer), and zeroing the gradient accumulators.
  *
- * Expects: a block "micro" (autodiff's) accumulating into grad states
- *          (kind grad, `of` = their parameter); no block "update" yet.
+ * Expects: a block "micro" (autodiff's, possibly sharded by `shard`)
+ *   accumulating into grad states (kind grad, `of` = their parameter, the
+ *   parameter's local type).  A grad state's sharding says how it relates
+ *   to the global gradient: split like its parameter (`{0:tp}`) and/or
+ *   partial over non-dp axes (`{partial:tp}`); over dp it is always partial
+ *   (each dp rank sums its own micro batches), whether or not the state
+ *   says so.  No block "update" yet.  dp = ir_axis_size(m, IR_AXIS_DP),
+ *   ZeRO on when dp > 1 and m->par.zero.
  * Guarantees: a block "update" that
- *   1. reads every grad state, norm = sqrt(sum of their sumsq), reports it
- *      as `output "grad_norm"`;
- *   2. coef = clip_coef(norm, max = train.clip_grad) (or 1 when clipping
- *      is off), the factor every gradient is scaled by;
- *   3. one `adamw` per parameter with a gradient, with new zero states
- *      "adam_m.<param>" / "adam_v.<param>" (kinds adam_m / adam_v); weight
- *      decay train.weight_decay, or 0 for params flagged nodecay;
- *   4. zeroes every grad state for the next step's accumulation.
- * The scalars are in the module's precision dtype.  The norm is computed
- * before any adamw so it sees this step's gradients unchanged. */
+ *   1. reads every grad state; all-reduces it over the non-dp axes it is
+ *      partial over; then over dp: nothing (dp = 1), an all_reduce
+ *      (zero = 0), or (ZeRO) flatten -> zero-pad to dp*c -> reduce_scatter,
+ *      leaving the rank's chunk [c], c = ceil(numel / dp);
+ *   2. norm = sqrt(sum of squares of the WHOLE global gradient), exactly the
+ *      single-rank value: square sums of grads split over an axis are
+ *      partial over it and all-reduced once per distinct set of axes,
+ *      replicated grads are counted once; with ZeRO the chunks are disjoint
+ *      (padding is zero), so one all_reduce over dp at the end.  Reported
+ *      as `output "grad_norm"`.  Axes of size 1 get no collective;
+ *   3. coef = clip_coef(norm, max = train.clip_grad) (1 when clipping is
+ *      off), the factor every gradient is scaled by;
+ *   4. one `adamw` per parameter with new zero states "adam_m.<param>" /
+ *      "adam_v.<param>": the parameter's local type and sharding, or (ZeRO)
+ *      type [c] and sharding {flat:dp} - adamw then updates only the rank's
+ *      chunk of the parameter; weight decay train.weight_decay, 0 for
+ *      params flagged nodecay;
+ *   5. (ZeRO) after every adamw, each parameter rebuilt from the ranks'
+ *      updated chunks: flatten -> pad -> shard_slice (own chunk) ->
+ *      all_gather -> slice [0, n) -> reshape -> assign;
+ *   6. zeroes every grad state for the next step's accumulation.
+ * Every value carries its IrSharding.  The flattened/padded/chunk values of
+ * ZeRO describe the rank's local tensor over the other axes (a tp-split
+ * parameter is chunked within its tp block, as in Megatron's distributed
+ * optimizer): only their dp layout is annotated.  The scalars are in the
+ * module's precision dtype.  The norm is computed before any adamw so it
+ * sees this step's gradients unchanged.  With dp = 1 and no shardings the
+ * block is the plain single-rank one (no collectives, no reshapes).
+ *
+ * pass_respecialize_dp (mrun running a plan at another dp than it was
+ * compiled for) drops the update block and the moments and runs this pass
+ * and dce again. */
 #include "passes.h"
 
+#define DP_BIT (1u << IR_AXIS_DP)
+
 /* Emits into the update block; the first failure is written to cx->err and
- * every later call returns -1 without emitting (operands < 0 propagate). */
+ * every later call returns -1 without emitting (operands < 0 propagate).
+ * sh (NULL = unsharded) becomes the node's sharding. */
 typedef struct { IrModule *m; PassCtx *cx; int b; int failed; } Em;
 static int em(Em *e, IrOp op, const int *in, int nin, const int64_t *ia, const double *fa,
-              const char *sa, const IrType *type) {
+              const char *sa, const IrType *type, const IrSharding *sh) {
   if (e->failed) return -1;
   for (int k = 0; k < nin; k++)
     if (in[k] < 0) { e->failed = 1; return -1; }
@@ -29,92 +61,399 @@ static int em(Em *e, IrOp op, const int *in, int nin, const int64_t *ia, const d
   if (id < 0) {
     e->failed = 1;
     snprintf(e->cx->err, sizeof e->cx->err, "optimizer: cannot emit %s: %s", ir_ops[op].name, err);
+    return -1;
   }
+  if (sh) e->m->blocks.a[e->b].nodes[id].sh = *sh;
   return id;
 }
 
-/* sumsq of grad state s, as a precision-dtype scalar. */
-static int grad_sumsq(Em *e, int s, IrDtype prec) {
-  IrType st = e->m->states.a[s].type;
-  int64_t ia[1] = {s};
-  int v = em(e, IR_OP_STATE, NULL, 0, ia, NULL, NULL, &st);
-  int sq = em(e, IR_OP_SUMSQ, &v, 1, NULL, NULL, NULL, NULL);
-  if (st.dtype != prec) {
-    IrType ct = {prec, 0, {0}, {0}};
-    sq = em(e, IR_OP_CAST, &sq, 1, NULL, NULL, NULL, &ct);
+/* The update block's view of the mesh. */
+typedef struct {
+  int dp;            /* dp ranks */
+  int zero;          /* ZeRO-1: dp > 1 and m->par.zero */
+  unsigned live;     /* axes of size > 1: only they need collectives */
+  IrDtype prec;      /* dtype of the scalars */
+} Mesh;
+
+/* One parameter's gradient as the update block handles it. */
+typedef struct {
+  int g, p;          /* grad state, param state */
+  unsigned split;    /* live non-dp axes splitting the grad: its square sum is partial over them */
+  int64_t n, c;      /* numel of the local param; ZeRO chunk ceil(n / dp) */
+  int val;           /* the rank's true local gradient [param type], or (ZeRO) its reduced chunk [c] */
+} Grad;
+
+static IrSharding sh_partial(unsigned mask) {
+  IrSharding s;
+  memset(&s, 0, sizeof s);
+  s.partial = (uint8_t)mask;
+  return s;
+}
+static IrSharding sh_flat_dp(void) {
+  IrSharding s;
+  memset(&s, 0, sizeof s);
+  s.flat = (uint8_t)DP_BIT;
+  return s;
+}
+static void type_vec(IrType *t, IrDtype dt, int64_t n) {
+  memset(t, 0, sizeof *t);
+  t->dtype = dt;
+  t->rank = 1;
+  t->dim[0] = n;
+}
+
+/* x : [local param shape] -> the row-major flattening padded with zeros to
+ * [dp*c] (no-ops skipped).  sh is the result's sharding. */
+static int flat_padded(Em *e, int x, const Grad *gr, const Mesh *ms, const IrSharding *sh) {
+  if (x < 0) return -1;
+  const IrType t = e->m->blocks.a[e->b].nodes[x].type;
+  if (t.rank != 1) {
+    IrType ft;
+    type_vec(&ft, t.dtype, gr->n);
+    x = em(e, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &ft, sh);
+  }
+  if (gr->c * ms->dp > gr->n) {
+    int64_t ia[3] = {0, 0, gr->c * ms->dp - gr->n};
+    x = em(e, IR_OP_PAD, &x, 1, ia, NULL, NULL, NULL, sh);
+  }
+  return x;
+}
+
+/* Step 1: the gradient value G of gr (sets gr->val). */
+static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
+  const IrState *gs = &e->m->states.a[gr->g];
+  IrType gt = gs->type;
+  IrSharding sh = gs->sh;
+  /* partial over a size-1 axis is the same as replicated; over dp the
+   * accumulator is always partial (each dp rank's own micro batches) */
+  sh.partial &= (uint8_t)(ms->live & ~DP_BIT);
+  if (ms->dp > 1) sh.partial |= (uint8_t)DP_BIT;
+  int64_t gi[1] = {gr->g};
+  int v = em(e, IR_OP_STATE, NULL, 0, gi, NULL, NULL, &gt, &sh);
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {
+    if (a == IR_AXIS_DP || !(sh.partial & (1u << a))) continue;
+    sh.partial &= (uint8_t)~(1u << a);
+    int64_t ia[2] = {a, 0};
+    v = em(e, IR_OP_ALL_REDUCE, &v, 1, ia, NULL, NULL, NULL, &sh);
+  }
+  if (ms->dp > 1 && !ms->zero) {
+    sh.partial &= (uint8_t)~DP_BIT;
+    int64_t ia[2] = {IR_AXIS_DP, 0};
+    v = em(e, IR_OP_ALL_REDUCE, &v, 1, ia, NULL, NULL, NULL, &sh);
+  } else if (ms->zero) {
+    IrSharding pd = sh_partial(DP_BIT), fl = sh_flat_dp();
+    v = flat_padded(e, v, gr, ms, &pd);
+    int64_t ia[2] = {IR_AXIS_DP, 0};
+    v = em(e, IR_OP_REDUCE_SCATTER, &v, 1, ia, NULL, NULL, NULL, &fl);
+  }
+  gr->val = v;
+}
+
+/* Step 2 for one gradient: its square sum as a precision scalar, partial
+ * over the axes splitting it (and over dp with ZeRO: chunks are disjoint). */
+static int grad_sumsq(Em *e, const Grad *gr, const Mesh *ms) {
+  IrSharding sh = sh_partial(gr->split | (ms->zero ? DP_BIT : 0));
+  int sq = em(e, IR_OP_SUMSQ, &gr->val, 1, NULL, NULL, NULL, NULL, &sh);
+  if (!e->failed && e->m->blocks.a[e->b].nodes[sq].type.dtype != ms->prec) {
+    IrType ct = {ms->prec, 0, {0}, {0}};
+    sq = em(e, IR_OP_CAST, &sq, 1, NULL, NULL, NULL, &ct, &sh);
   }
   return sq;
+}
+
+/* all_reduce (sum) of x over every axis in mask, clearing them from its
+ * partial mask (which starts as `partial`). */
+static int reduce_over(Em *e, int x, unsigned mask, unsigned partial) {
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {
+    if (!(mask & (1u << a))) continue;
+    partial &= ~(1u << a);
+    IrSharding sh = sh_partial(partial);
+    int64_t ia[2] = {a, 0};
+    x = em(e, IR_OP_ALL_REDUCE, &x, 1, ia, NULL, NULL, NULL, &sh);
+  }
+  return x;
+}
+
+/* Steps 1-2: every gradient's value (gr->val) and the global norm.  Square
+ * sums are added per set of splitting axes (a tp-split grad's sum is
+ * partial over tp, a replicated one is not: adding them before the
+ * all_reduce would count the replicated ones tp times); each set is
+ * all-reduced over its axes, then all are added.  Per gradient, its value
+ * and square sum are emitted together (the single-rank block's order). */
+static int values_and_norm(Em *e, Grad *grads, int ng, const Mesh *ms) {
+  enum { NMASK = 1 << IR_AXIS_COUNT };
+  int sum[NMASK], order[NMASK], nsets = 0;
+  for (int k = 0; k < NMASK; k++) sum[k] = -1;
+  unsigned zdp = ms->zero ? DP_BIT : 0;
+  for (int k = 0; k < ng; k++) {
+    grad_value(e, &grads[k], ms);
+    int sq = grad_sumsq(e, &grads[k], ms);
+    unsigned s = grads[k].split;
+    if (sum[s] < 0) { sum[s] = sq; order[nsets++] = (int)s; continue; }
+    IrSharding sh = sh_partial(s | zdp);
+    int in[2] = {sum[s], sq};
+    sum[s] = em(e, IR_OP_ADD, in, 2, NULL, NULL, NULL, NULL, &sh);
+  }
+  int total = -1;
+  for (int k = 0; k < nsets; k++) {
+    unsigned s = (unsigned)order[k];
+    int x = reduce_over(e, sum[s], s, s | zdp);
+    if (total < 0) { total = x; continue; }
+    IrSharding sh = sh_partial(zdp);
+    int in[2] = {total, x};
+    total = em(e, IR_OP_ADD, in, 2, NULL, NULL, NULL, NULL, &sh);
+  }
+  total = reduce_over(e, total, zdp, zdp);
+  return em(e, IR_OP_SQRT, &total, 1, NULL, NULL, NULL, NULL, NULL);
+}
+
+/* The moment state "<prefix>.<param>" of gr's parameter: the param's type
+ * and sharding, or (ZeRO) a flat dp chunk [c].  Made by ir_state_derived;
+ * a leftover one of the right kind (an earlier update block's) is reused
+ * and re-typed.  -1 with cx->err on a name clash. */
+static int moment_state(Em *e, const Grad *gr, const Mesh *ms, IrStateKind kind, const char *prefix) {
+  IrModule *m = e->m;
+  char name[512];
+  snprintf(name, sizeof name, "%s.%s", prefix, m->states.a[gr->p].name);
+  int s = ir_state_find(m, name);
+  if (s < 0 || m->states.a[s].kind != kind || m->states.a[s].of != gr->p)
+    s = ir_state_derived(m, gr->p, kind, prefix, e->cx->err, sizeof e->cx->err);
+  if (s < 0) { e->failed = 1; return -1; }
+  const IrState *ps = &m->states.a[gr->p];
+  IrState *d = &m->states.a[s];
+  if (ms->zero) {
+    type_vec(&d->type, ps->type.dtype, gr->c);
+    d->sh = sh_flat_dp();
+    memset(d->logical, 0, sizeof d->logical);
+  } else {
+    d->type = ps->type;
+    d->sh = ps->sh;           /* split like the parameter */
+    memcpy(d->logical, ps->logical, sizeof d->logical);
+  }
+  return s;
+}
+
+/* Step 4: adamw for one parameter. */
+static void adamw(Em *e, const Grad *gr, const Mesh *ms, int coef) {
+  int mst = moment_state(e, gr, ms, IR_STATE_ADAM_M, "adam_m");
+  int vst = mst < 0 ? -1 : moment_state(e, gr, ms, IR_STATE_ADAM_V, "adam_v");
+  if (vst < 0) return;
+  const IrModule *m = e->m;
+  const IrTrain *t = &m->train;
+  int64_t ia[3] = {gr->p, mst, vst};
+  double fa[4] = {t->beta1, t->beta2, t->eps,
+                  (m->states.a[gr->p].flags & IR_STATE_NODECAY) ? 0.0 : t->weight_decay};
+  int g = gr->val;
+  if (!e->failed && m->blocks.a[e->b].nodes[g].op == IR_OP_STATE) {
+    /* no collective in between: read the accumulator again, as the
+     * single-rank block always did (keeps the norm's read short-lived) */
+    const IrNode *gn = &m->blocks.a[e->b].nodes[g];
+    IrType gt = gn->type;
+    IrSharding gsh = gn->sh;
+    int64_t gi[1] = {gr->g};
+    g = em(e, IR_OP_STATE, NULL, 0, gi, NULL, NULL, &gt, &gsh);
+  }
+  int in[2] = {coef, g};
+  em(e, IR_OP_ADAMW, in, 2, ia, fa, NULL, NULL, NULL);
+}
+
+/* Step 5 (ZeRO): param p <- all ranks' updated chunks, gathered. */
+static void rebuild_param(Em *e, const Grad *gr, const Mesh *ms) {
+  const IrState *ps = &e->m->states.a[gr->p];
+  IrType pt = ps->type;
+  IrSharding psh = ps->sh, none = sh_partial(0), fl = sh_flat_dp();
+  int64_t pi[1] = {gr->p};
+  int x = em(e, IR_OP_STATE, NULL, 0, pi, NULL, NULL, &pt, &psh);
+  x = flat_padded(e, x, gr, ms, &none);
+  int64_t ia[2] = {IR_AXIS_DP, 0};
+  x = em(e, IR_OP_SHARD_SLICE, &x, 1, ia, NULL, NULL, NULL, &fl);
+  x = em(e, IR_OP_ALL_GATHER, &x, 1, ia, NULL, NULL, NULL, &none);
+  if (gr->c * ms->dp > gr->n) {
+    int64_t sa[3] = {0, 0, gr->n};
+    x = em(e, IR_OP_SLICE, &x, 1, sa, NULL, NULL, NULL, &none);
+  }
+  if (pt.rank != 1) x = em(e, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &pt, &psh);
+  else if (!e->failed) e->m->blocks.a[e->b].nodes[x].sh = psh;
+  em(e, IR_OP_ASSIGN, &x, 1, pi, NULL, NULL, NULL, NULL);
+}
+
+/* The grads of m (states of kind grad) into grads[]; their count, or -1
+ * with cx->err. */
+static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) {
+  int ng = 0;
+  for (int s = 0; s < m->states.n; s++) {
+    const IrState *gs = &m->states.a[s];
+    if (gs->kind != IR_STATE_GRAD) continue;
+    int p = gs->of;
+    if (p < 0 || p >= m->states.n || m->states.a[p].kind != IR_STATE_PARAM)
+      return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s is not attached to a parameter", gs->name);
+    const IrState *ps = &m->states.a[p];
+    if (!ir_type_same_shape(&gs->type, &ps->type)) {
+      char a[256], b[256];
+      return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s : %s does not have the type of its parameter @%s : %s",
+                     gs->name, ir_type_str(&gs->type, a, sizeof a), ps->name, ir_type_str(&ps->type, b, sizeof b));
+    }
+    unsigned split = 0;
+    for (int d = 0; d < IR_MAX_RANK; d++) split |= gs->sh.split[d];
+    if (gs->sh.flat || (split & DP_BIT)) {
+      char shs[128];
+      return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s has sharding %s; a gradient is never "
+                     "split or flat over dp (it is partial over dp)", gs->name,
+                     ir_sharding_str(&gs->sh, gs->type.rank, shs, sizeof shs));
+    }
+    Grad *g = &grads[ng++];
+    g->g = s;
+    g->p = p;
+    g->split = split & ms->live;
+    g->n = ir_type_numel(&ps->type);
+    g->c = (g->n + ms->dp - 1) / ms->dp;
+    g->val = -1;
+  }
+  if (!ng) return ts_errf(cx->err, sizeof cx->err, "optimizer: no parameter receives a gradient; nothing to train");
+  return ng;
 }
 
 int pass_optimizer(IrModule *m, PassCtx *cx) {
   if (ir_block_find(m, "micro") < 0) { snprintf(cx->err, sizeof cx->err, "optimizer: the module has no block \"micro\" (run autodiff first)"); return -1; }
   if (ir_block_find(m, "update") >= 0) { snprintf(cx->err, sizeof cx->err, "optimizer: block \"update\" already exists"); return -1; }
-  IrDtype prec = m->train.precision;
-  if (!ir_dtype_is_float(prec)) { snprintf(cx->err, sizeof cx->err, "optimizer: precision must be f32 or f64"); return -1; }
+  Mesh ms;
+  ms.prec = m->train.precision;
+  if (!ir_dtype_is_float(ms.prec)) { snprintf(cx->err, sizeof cx->err, "optimizer: precision must be f32 or f64"); return -1; }
+  ms.dp = ir_axis_size(m, IR_AXIS_DP);
+  ms.zero = ms.dp > 1 && m->par.zero;
+  ms.live = 0;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (ir_axis_size(m, (IrAxis)a) > 1) ms.live |= 1u << a;
 
   int nstates0 = m->states.n, nblocks0 = m->blocks.n;
-  int *grads = arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof *grads);
-  int ng = 0;
-  for (int s = 0; s < nstates0; s++)
-    if (m->states.a[s].kind == IR_STATE_GRAD) {
-      int p = m->states.a[s].of;
-      if (p < 0 || p >= nstates0 || m->states.a[p].kind != IR_STATE_PARAM) {
-        snprintf(cx->err, sizeof cx->err, "optimizer: grad state @%s is not attached to a parameter", m->states.a[s].name);
-        return -1;
-      }
-      grads[ng++] = s;
-    }
-  if (!ng) { snprintf(cx->err, sizeof cx->err, "optimizer: no parameter receives a gradient; nothing to train"); return -1; }
+  /* moment_state may re-type leftover moment states: keep them to restore */
+  IrState *saved = arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof *saved);
+  if (nstates0) memcpy(saved, m->states.a, (size_t)nstates0 * sizeof *saved);
+  Grad *grads = arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof *grads);
+  int ng = collect_grads(m, cx, &ms, grads);
+  if (ng < 0) return -1;
 
   Em e = {m, cx, ir_block_add(m, "update"), 0};
-  /* 1. global norm over all gradients */
-  int total = -1;
-  for (int k = 0; k < ng; k++) {
-    int sq = grad_sumsq(&e, grads[k], prec);
-    if (total < 0) total = sq;
-    else { int in[2] = {total, sq}; total = em(&e, IR_OP_ADD, in, 2, NULL, NULL, NULL, NULL); }
-  }
-  int norm = em(&e, IR_OP_SQRT, &total, 1, NULL, NULL, NULL, NULL);
-  em(&e, IR_OP_OUTPUT, &norm, 1, NULL, NULL, "grad_norm", NULL);
+  /* 1-2. reduced gradients and the global norm, before any adamw */
+  int total_norm = values_and_norm(&e, grads, ng, &ms);
+  em(&e, IR_OP_OUTPUT, &total_norm, 1, NULL, NULL, "grad_norm", NULL, NULL);
 
-  /* 2. the clipping factor */
+  /* 3. the clipping factor */
   int coef;
   if (m->train.clip_grad > 0) {
     double mx = m->train.clip_grad;
-    coef = em(&e, IR_OP_CLIP_COEF, &norm, 1, NULL, &mx, NULL, NULL);
+    coef = em(&e, IR_OP_CLIP_COEF, &total_norm, 1, NULL, &mx, NULL, NULL, NULL);
   } else {
-    IrType sc = {prec, 0, {0}, {0}};
+    IrType sc = {ms.prec, 0, {0}, {0}};
     double one = 1.0;
-    coef = em(&e, IR_OP_FULL, NULL, 0, NULL, &one, NULL, &sc);
+    coef = em(&e, IR_OP_FULL, NULL, 0, NULL, &one, NULL, &sc, NULL);
   }
 
-  /* 3. AdamW per parameter */
-  for (int k = 0; k < ng && !e.failed; k++) {
-    int g = grads[k], p = m->states.a[g].of;
-    int ms = ir_state_derived(m, p, IR_STATE_ADAM_M, "adam_m", cx->err, sizeof cx->err);
-    int vs = ms < 0 ? -1 : ir_state_derived(m, p, IR_STATE_ADAM_V, "adam_v", cx->err, sizeof cx->err);
-    if (vs < 0) { e.failed = 1; break; }
-    const IrTrain *t = &m->train;
-    int64_t ia[3] = {p, ms, vs};
-    double fa[4] = {t->beta1, t->beta2, t->eps,
-                    (m->states.a[p].flags & IR_STATE_NODECAY) ? 0.0 : t->weight_decay};
-    IrType gt = m->states.a[g].type;
-    int64_t gi[1] = {g};
-    int gv = em(&e, IR_OP_STATE, NULL, 0, gi, NULL, NULL, &gt);
-    int in[2] = {coef, gv};
-    em(&e, IR_OP_ADAMW, in, 2, ia, fa, NULL, NULL);
-  }
+  /* 4-5. AdamW per parameter; with ZeRO, then the all-gathers */
+  for (int k = 0; k < ng && !e.failed; k++) adamw(&e, &grads[k], &ms, coef);
+  for (int k = 0; ms.zero && k < ng && !e.failed; k++) rebuild_param(&e, &grads[k], &ms);
 
-  /* 4. clear the accumulators */
+  /* 6. clear the accumulators */
   for (int k = 0; k < ng; k++) {
-    int64_t ia[1] = {grads[k]};
-    em(&e, IR_OP_ZERO, NULL, 0, ia, NULL, NULL, NULL);
+    int64_t ia[1] = {grads[k].g};
+    em(&e, IR_OP_ZERO, NULL, 0, ia, NULL, NULL, NULL, NULL);
   }
 
   if (e.failed) {            /* leave the module as it was */
     m->blocks.n = nblocks0;
     m->states.n = nstates0;
+    if (nstates0) memcpy(m->states.a, saved, (size_t)nstates0 * sizeof *saved);
     return -1;
   }
   return 0;
+}
+
+/* ---- pass_respecialize_dp ---- */
+
+/* 1 if int attr `slot` of op is a state index ("@name" in ops.def). */
+static int attr_is_state(IrOp op, int slot) {
+  const char *s = ir_ops[op].iattrs;
+  for (int i = 0; *s; i++) {
+    while (*s == ' ') s++;
+    if (!*s) break;
+    if (i == slot) return *s == '@';
+    s += strcspn(s, " ");
+  }
+  return 0;
+}
+
+static int is_moment(const IrState *s) { return s->kind == IR_STATE_ADAM_M || s->kind == IR_STATE_ADAM_V; }
+
+/* The index of the first moment state if the moments can be dropped by
+ * truncating the state array: they are the last states and no block but
+ * `ub` refers to them (this pass appended them after everything the micro
+ * block uses).  -1 with a message otherwise. */
+static int droppable_moments(const IrModule *m, int ub, char *err, size_t errlen) {
+  int first = m->states.n;
+  for (int s = 0; s < m->states.n; s++)
+    if (is_moment(&m->states.a[s])) { first = s; break; }
+  for (int s = first; s < m->states.n; s++)
+    if (!is_moment(&m->states.a[s]))
+      return ts_errf(err, errlen, "state @%s (%s) comes after the optimizer moments, so they cannot be dropped",
+                     m->states.a[s].name, ir_state_kind_name(m->states.a[s].kind));
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    if (bi == ub) continue;
+    const IrBlock *b = &m->blocks.a[bi];
+    for (int i = 0; i < b->n; i++)
+      for (int k = 0; k < IR_MAX_IATTR; k++)
+        if (attr_is_state(b->nodes[i].op, k) && b->nodes[i].ia[k] >= first && b->nodes[i].ia[k] < m->states.n)
+          return ts_errf(err, errlen, "block %s, node %d uses optimizer state @%s", b->name, i,
+                         m->states.a[b->nodes[i].ia[k]].name);
+  }
+  return first;
+}
+
+static void block_remove(IrModule *m, int bi) {
+  memmove(&m->blocks.a[bi], &m->blocks.a[bi + 1], (size_t)(m->blocks.n - bi - 1) * sizeof *m->blocks.a);
+  m->blocks.n--;
+}
+static void block_insert(IrModule *m, int bi, const IrBlock *b) {
+  VEC_PUSH(m->blocks, *b);   /* grows; then shift into place */
+  memmove(&m->blocks.a[bi + 1], &m->blocks.a[bi], (size_t)(m->blocks.n - bi - 1) * sizeof *m->blocks.a);
+  m->blocks.a[bi] = *b;
+}
+
+int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
+  if (dp < 1 || dp > (1 << 20)) return ts_errf(err, errlen, "respecialize: dp=%d is out of range (1 .. 2^20)", dp);
+  int ub = ir_block_find(m, "update");
+  if (ub < 0) return ts_errf(err, errlen, "respecialize: the module has no block \"update\" (the optimizer pass did not run)");
+  char why[512];
+  int first = droppable_moments(m, ub, why, sizeof why);
+  if (first < 0) return ts_errf(err, errlen, "respecialize to dp=%d: %s", dp, why);
+
+  /* Detach the update block and the moments, keeping them to restore the
+   * module if the optimizer refuses.  The old block's nodes stay in the
+   * module arena (freed with the module). */
+  IrBlock old = m->blocks.a[ub];
+  int nmom = m->states.n - first;
+  IrState *mom = nmom ? ts_xmalloc((size_t)nmom * sizeof *mom) : NULL;
+  if (nmom) memcpy(mom, &m->states.a[first], (size_t)nmom * sizeof *mom);
+  IrParallel par0 = m->par;
+  block_remove(m, ub);
+  m->states.n = first;
+  m->par.dp = dp;
+
+  PassCtx cx;
+  pass_ctx_init(&cx);
+  int rc = pass_optimizer(m, &cx);
+  if (rc == 0) rc = pass_dce(m, &cx);
+  if (rc == 0 && ir_verify(m, why, sizeof why) != 0)
+    rc = ts_errf(cx.err, sizeof cx.err, "internal error: IR invalid after respecializing: %s", why);
+  if (rc != 0) {
+    ts_errf(err, errlen, "respecialize to dp=%d: %s", dp, cx.err);
+    int nb = ir_block_find(m, "update");
+    if (nb >= 0) block_remove(m, nb);
+    m->states.n = first;
+    for (int k = 0; k < nmom; k++) VEC_PUSH(m->states, mom[k]);
+    block_insert(m, ub, &old);
+    m->par = par0;
+  }
+  pass_ctx_free(&cx);
+  free(mom);
+  return rc;
 }

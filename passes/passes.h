@@ -23,10 +23,18 @@ typedef struct { const char *name; PassFn fn; const char *doc; } PassInfo;
 
 /* forward -> micro (forward + backward + accumulate into grad state) */
 int pass_autodiff(IrModule *m, PassCtx *cx);
+/* micro block -> one rank's local micro block for tp / sp (docs/sharding.md) */
+int pass_shard(IrModule *m, PassCtx *cx);
 /* adds the update block: global grad norm, clip, AdamW, zero grads */
 int pass_optimizer(IrModule *m, PassCtx *cx);
 /* removes nodes whose value is never used (effects are roots) */
 int pass_dce(IrModule *m, PassCtx *cx);
+/* For a compiled module (micro + update) and another data-parallel size:
+ * drops block "update" and the adam_m/adam_v states (refused unless they
+ * are the last states and only "update" uses them), sets m->par.dp = dp,
+ * re-runs optimizer and dce, verifies.  What mrun does to run a plan at a
+ * dp it was not compiled for.  0 on success; -1 with a message, m unchanged. */
+int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen);
 
 /* The pipeline, in order ("frontend" is the pseudo-pass that made the input). */
 extern const PassInfo pass_pipeline[];
