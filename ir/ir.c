@@ -323,6 +323,8 @@ int ir_state_derived(IrModule *m, int p, IrStateKind kind, const char *prefix,
   IrState d = {0};
   d.name = name;
   d.type = ps.type;
+  d.sh = ps.sh;              /* a gradient or moment is laid out like its parameter */
+  memcpy(d.logical, ps.logical, sizeof d.logical);
   d.kind = kind;
   d.init = IR_INIT_ZEROS;
   d.of = p;

@@ -17,6 +17,7 @@
 
 const PassInfo pass_pipeline[] = {
     {"autodiff", pass_autodiff, "forward -> micro: forward, backward, accumulate into gradient state"},
+    {"shard", pass_shard, "tensor / sequence parallelism: local shapes, layouts, collectives (docs/sharding.md)"},
     {"optimizer", pass_optimizer, "adds the update block: grad norm, clipping, AdamW, zeroing grads"},
     {"dce", pass_dce, "removes values that nothing uses"},
 };

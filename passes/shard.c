@@ -1,0 +1,806 @@
+/* shard.c - the sharding propagation pass: the global micro block becomes
+ * one rank's local micro block for tensor (and sequence) parallelism.
+ * Design and vocabulary: docs/sharding.md.
+ *
+ * Expects: autodiff's "micro" block (forward + backward + accumulation into
+ *          grad states, global shapes, topological order), no "update" yet,
+ *          m->rules (dim name -> mesh axes) and m->par (tp, sp).
+ * Guarantees: with tp = 1 the module is unchanged.  Otherwise
+ *   - every parameter dim whose name has a tp rule is split over tp (its
+ *     state type becomes the local shape, IrState.sh says how); a dim that
+ *     tp does not divide is padded up when only zero-preserving ops and the
+ *     class dim of cross_entropy see it (IrState.logical keeps the model's
+ *     size), else the pass fails naming the dim and both sizes;
+ *   - the micro block is rebuilt in local shapes, every value annotated
+ *     with its IrSharding, with all_reduce / all_gather / reduce_scatter /
+ *     shard_slice inserted where layouts meet (see "Propagation");
+ *   - cross_entropy over a tp-split class dim is lowered to max / sum /
+ *     take with all-reduces, and its backward to exp(l - max) / sum - onehot
+ *     from the same statistics: no rank holds the full logits;
+ *   - grad states take the layout of their accumulated value: their
+ *     parameter's split, plus partial:tp when the value is a partial sum
+ *     (the update block reduces it once per step).
+ *
+ * Propagation visits nodes in order.  A value's layout along one mesh axis
+ * is its "axis state": replicated (AX_R), partial (AX_P) or split along dim
+ * d (d >= 0).  Each op rule reads its operands' axis states and decides
+ * what it wants them to be and what its result is; conv() then converts
+ * operands (cached per value and target, so x is gathered once however many
+ * matmuls read it).  Rules are written per axis, so cp and ep can join tp. */
+#include "passes.h"
+#include <math.h>
+#include <stdarg.h>
+
+enum { AX_R = -1, AX_P = -2 };
+#define BIT(a) ((uint8_t)(1u << (a)))
+
+typedef struct { IrSharding sh; int id; } ConvEntry;
+typedef struct { int logits, targets; int L, mx, e, se, valid; } CeStats;
+
+typedef struct {
+  IrModule *m;
+  PassCtx *cx;
+  IrBlock ob;             /* the global micro block (nodes stay in the arena) */
+  int nb;                 /* the block being rebuilt (same index) */
+  int T;                  /* tp size */
+  int sp;                 /* sequence parallelism */
+  const char *seq_name;   /* the dim name mapped to cp: the sequence dim */
+  int *nv;                /* old value -> new value (canonical layout) */
+  IrSharding *sh;         /* old value -> its canonical layout */
+  uint8_t *taint;         /* old value -> dims holding padding (zeros) */
+  IrSharding *hint;       /* old value -> layout its consumer wants (or none) */
+  uint8_t *has_hint;
+  VEC(ConvEntry) *conv;   /* old value -> converted variants */
+  VEC(CeStats) ce;
+  int failed;
+} Sh;
+
+static int sh_fail(Sh *S, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int sh_fail(Sh *S, const char *fmt, ...) {
+  if (S->failed) return -1;
+  S->failed = 1;
+  int k = snprintf(S->cx->err, sizeof S->cx->err, "shard: ");
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(S->cx->err + k, sizeof S->cx->err - (size_t)k, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+static const IrNode *onode(const Sh *S, int v) { return &S->ob.nodes[v]; }
+static const char *tstr(const IrType *t, char *buf, size_t n) { return ir_type_str(t, buf, n); }
+
+/* ---------------- axis states ---------------- */
+
+static int ax_get(const IrSharding *s, int a) {
+  if (s->partial & BIT(a)) return AX_P;
+  for (int d = 0; d < IR_MAX_RANK; d++)
+    if (s->split[d] & BIT(a)) return d;
+  return AX_R;
+}
+static void ax_set(IrSharding *s, int a, int st) {
+  s->partial &= (uint8_t)~BIT(a);
+  for (int d = 0; d < IR_MAX_RANK; d++) s->split[d] &= (uint8_t)~BIT(a);
+  if (st == AX_P) s->partial |= BIT(a);
+  else if (st >= 0) s->split[st] |= BIT(a);
+}
+
+/* The global type of old value v: its type with padded dims rounded up. */
+static IrType gtype(const Sh *S, int v) {
+  IrType t = onode(S, v)->type;
+  for (int d = 0; d < t.rank; d++)
+    if (S->taint[v] & BIT(d)) t.dim[d] = (t.dim[d] + S->T - 1) / S->T * S->T;
+  return t;
+}
+
+/* Local type of a global type under a sharding (split dims divided). */
+static IrType local_type(const Sh *S, IrType t, const IrSharding *sh) {
+  for (int d = 0; d < t.rank; d++)
+    for (int a = 0; a < IR_AXIS_COUNT; a++)
+      if (sh->split[d] & BIT(a)) t.dim[d] /= ir_axis_size(S->m, (IrAxis)a);
+  return t;
+}
+
+/* ---------------- emitting ---------------- */
+
+static int emit(Sh *S, IrOp op, const int *in, int nin, const int64_t *ia, const double *fa,
+                const char *sa, const IrType *type, const IrSharding *sh) {
+  if (S->failed) return -1;
+  for (int k = 0; k < nin; k++)
+    if (in[k] < 0) return -1;
+  char err[512];
+  int id = ir_emit(S->m, S->nb, op, in, nin, ia, fa, sa, type, err, sizeof err);
+  if (id < 0) return sh_fail(S, "internal error: cannot emit %s: %s", ir_ops[op].name, err);
+  if (sh) S->m->blocks.a[S->nb].nodes[id].sh = *sh;
+  return id;
+}
+static const IrNode *nnode(const Sh *S, int id) { return &S->m->blocks.a[S->nb].nodes[id]; }
+
+/* ---------------- conversions ---------------- */
+
+/* Emits value `id` (old value v's layout `from`) re-laid out along axis a
+ * to state `to`.  Returns the new id; *from is updated. */
+static int conv_axis(Sh *S, int v, int id, IrSharding *from, int a, int to) {
+  int st = ax_get(from, a);
+  if (st == to || id < 0) return id;
+  IrSharding sh = *from;
+  IrType t = nnode(S, id)->type;
+  int64_t ia[2] = {a, 0};
+  char tb[256];
+  if (t.dtype == IR_I32 && !(st == AX_R && to >= 0))
+    return sh_fail(S, "internal error: value %%%d (%s) would need communication", v, tstr(&t, tb, sizeof tb));
+  if (to == AX_P) return sh_fail(S, "internal error: cannot make value %%%d a partial sum", v);
+  if (st == AX_P) {
+    if (to == AX_R) { ia[1] = 0; ax_set(&sh, a, AX_R); id = emit(S, IR_OP_ALL_REDUCE, &id, 1, ia, NULL, NULL, NULL, &sh); }
+    else { ia[1] = to; ax_set(&sh, a, to); id = emit(S, IR_OP_REDUCE_SCATTER, &id, 1, ia, NULL, NULL, NULL, &sh); }
+  } else {
+    if (st >= 0) {   /* gather first */
+      ia[1] = st;
+      ax_set(&sh, a, AX_R);
+      id = emit(S, IR_OP_ALL_GATHER, &id, 1, ia, NULL, NULL, NULL, &sh);
+    }
+    if (to >= 0) {
+      ia[1] = to;
+      ax_set(&sh, a, to);
+      id = emit(S, IR_OP_SHARD_SLICE, &id, 1, ia, NULL, NULL, NULL, &sh);
+    }
+  }
+  *from = sh;
+  return id;
+}
+
+static int conv(Sh *S, int v, const IrSharding *want);
+
+/* A replicated FULL or BROADCAST asked for a split is re-made at the local
+ * shape instead of built whole and sliced. */
+static int remake_local(Sh *S, int v, const IrSharding *want) {
+  const IrNode *n = onode(S, v);
+  if (n->op != IR_OP_FULL && n->op != IR_OP_BROADCAST) return -2;
+  if (!ir_sharding_is_none(&S->sh[v]) || want->partial) return -2;
+  IrType lt = local_type(S, gtype(S, v), want);
+  if (n->op == IR_OP_FULL) return emit(S, IR_OP_FULL, NULL, 0, NULL, n->fa, NULL, &lt, want);
+  /* broadcast: the input dims that keep a split take it along */
+  int x = n->in[0];
+  const IrType *xt = &onode(S, x)->type;
+  int off = n->type.rank - xt->rank;
+  IrSharding xs = {0};
+  for (int d = 0; d < xt->rank; d++)
+    if (xt->dim[d] != 1) xs.split[d] = want->split[d + off];
+  int xi = conv(S, x, &xs);
+  return emit(S, IR_OP_BROADCAST, &xi, 1, NULL, NULL, NULL, &lt, want);
+}
+
+/* Old value v in layout `want`: the canonical value, or a cached or new
+ * conversion of it. */
+static int conv(Sh *S, int v, const IrSharding *want) {
+  if (S->failed) return -1;
+  if (ir_sharding_equal(&S->sh[v], want)) return S->nv[v];
+  for (int i = 0; i < S->conv[v].n; i++)
+    if (ir_sharding_equal(&S->conv[v].a[i].sh, want)) return S->conv[v].a[i].id;
+  int id = remake_local(S, v, want);
+  if (id == -2) {
+    IrSharding cur = S->sh[v];
+    id = S->nv[v];
+    for (int a = 0; a < IR_AXIS_COUNT && id >= 0; a++) id = conv_axis(S, v, id, &cur, a, ax_get(want, a));
+  }
+  if (id >= 0) VEC_PUSH(S->conv[v], ((ConvEntry){*want, id}));
+  return id;
+}
+
+/* ---------------- per-axis rules ---------------- */
+
+/* The axes this pass shards along (size > 1). */
+static int active(const Sh *S, int a) { return a == IR_AXIS_TP && S->T > 1; }
+
+/* Where a partial value goes when nothing asks for a layout: all-reduce,
+ * or with sequence parallelism a reduce-scatter along the sequence dim. */
+static int resolve_default(const Sh *S, int v, int a) {
+  if (!(S->sp && a == IR_AXIS_TP)) return AX_R;
+  IrType t = gtype(S, v);
+  for (int d = 0; d < t.rank; d++)
+    if (t.dname[d] && t.dname[d] == S->seq_name && t.dim[d] % S->T == 0 && !S->sh[v].split[d]) return d;
+  return AX_R;
+}
+
+/* True if old value v is a parameter seen through reshapes/permutes: the
+ * operand to keep in place when a matmul must gather one side. */
+static int is_weight(const Sh *S, int v) {
+  for (;;) {
+    const IrNode *n = onode(S, v);
+    if (n->op == IR_OP_STATE) return 1;
+    if (n->op != IR_OP_RESHAPE && n->op != IR_OP_PERMUTE) return 0;
+    v = n->in[0];
+  }
+}
+
+/* Reshape: the output dim carrying in-dim d's split (d must be the major
+ * dim of its group and the matching output major dim divisible by k), or
+ * -1.  in / out are global types. */
+static int reshape_map(const IrType *in, const IrType *out, int d, int k) {
+  int i = 0, j = 0;
+  while (i < in->rank && j < out->rank) {
+    int i0 = i, j0 = j;
+    int64_t pi = in->dim[i++], pj = out->dim[j++];
+    while (pi != pj) {
+      if (pi < pj) { if (i >= in->rank) return -1; pi *= in->dim[i++]; }
+      else { if (j >= out->rank) return -1; pj *= out->dim[j++]; }
+    }
+    /* trailing size-1 dims join this group */
+    while (i < in->rank && in->dim[i] == 1 && (j >= out->rank || out->dim[j] != 1)) i++;
+    if (d >= i0 && d < i) {
+      int mi = i0, mj = j0;
+      while (mi < i && in->dim[mi] == 1) mi++;
+      while (mj < j && out->dim[mj] == 1) mj++;
+      if (d != mi || mj >= j || out->dim[mj] % k) return -1;
+      return mj;
+    }
+  }
+  return -1;
+}
+
+/* Elementwise ops whose result is a partial sum when some operands are
+ * (linear in them, the others replicated). */
+static int ew_partial_ok(IrOp op, const int *st, int nin) {
+  int np = 0, nr = 0;
+  for (int k = 0; k < nin; k++) { np += st[k] == AX_P; nr += st[k] == AX_R; }
+  if (!np) return 0;
+  switch (op) {
+  case IR_OP_ADD: case IR_OP_SUB: return np == nin;
+  case IR_OP_MUL: return np == 1 && nr == 1;
+  case IR_OP_DIV: return st[0] == AX_P && st[1] == AX_R;
+  case IR_OP_MULS: case IR_OP_NEG: case IR_OP_CAST: return 1;
+  default: return 0;
+  }
+}
+
+/* The rule of node i along axis a: st[] operand states -> want[] and *out.
+ * Returns 0, or -1 after sh_fail. */
+static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
+  const IrNode *n = onode(S, i);
+  int nin = n->nin;
+  for (int k = 0; k < nin; k++) want[k] = st[k];
+  *out = AX_R;
+  const IrOpInfo *info = &ir_ops[n->op];
+  switch (n->op) {
+  case IR_OP_INPUT: case IR_OP_FULL: case IR_OP_STATE:
+    *out = AX_R;          /* states: set by the caller */
+    return 0;
+  case IR_OP_RESHAPE: {
+    if (st[0] == AX_P || st[0] == AX_R) { *out = st[0]; return 0; }
+    IrType in = gtype(S, n->in[0]), o = gtype(S, i);
+    int d = reshape_map(&in, &o, st[0], S->T);
+    if (d < 0) { want[0] = AX_R; *out = AX_R; }
+    else *out = d;
+    return 0;
+  }
+  case IR_OP_PERMUTE:
+    if (st[0] >= 0) {
+      for (int d = 0; d < n->type.rank; d++)
+        if (n->ia[d] == st[0]) *out = d;
+    } else *out = st[0];
+    return 0;
+  case IR_OP_BROADCAST:
+    *out = st[0] >= 0 ? st[0] + (n->type.rank - onode(S, n->in[0])->type.rank) : st[0];
+    return 0;
+  case IR_OP_SUM_TO: {
+    if (st[0] < 0) { *out = st[0]; return 0; }
+    const IrType *xt = &onode(S, n->in[0])->type;
+    int d = st[0] - (xt->rank - n->type.rank);
+    *out = (d >= 0 && n->type.dim[d] == xt->dim[st[0]]) ? d : AX_P;
+    return 0;
+  }
+  case IR_OP_SLICE: case IR_OP_PAD: case IR_OP_CONCAT: {
+    int ax = (int)n->ia[0], split = -1, np = 0;
+    for (int k = 0; k < nin; k++) { if (st[k] >= 0 && split < 0) split = st[k]; np += st[k] == AX_P; }
+    if (split == ax) split = -1;
+    int t = split >= 0 ? split : (np == nin ? AX_P : AX_R);
+    for (int k = 0; k < nin; k++) want[k] = t;
+    *out = t;
+    return 0;
+  }
+  case IR_OP_SUM: case IR_OP_MEAN: case IR_OP_MAX: {
+    int ax = (int)n->ia[0], keep = (int)n->ia[1];
+    if (st[0] == AX_P) {
+      if (n->op == IR_OP_MAX) { want[0] = resolve_default(S, n->in[0], a); if (want[0] == ax) want[0] = AX_R; }
+      else { *out = AX_P; return 0; }
+    }
+    int s = want[0];
+    if (s < 0) { *out = s; return 0; }
+    if (s == ax) *out = n->op == IR_OP_MAX ? AX_R : AX_P;   /* max: all_reduce(max) after; mean: scaled */
+    else *out = (keep || s < ax) ? s : s - 1;
+    return 0;
+  }
+  case IR_OP_SUMSQ:
+    if (st[0] == AX_P) want[0] = resolve_default(S, n->in[0], a);
+    *out = want[0] >= 0 ? AX_P : AX_R;
+    return 0;
+  case IR_OP_MATMUL: {
+    const IrType *at = &onode(S, n->in[0])->type, *bt = &onode(S, n->in[1])->type;
+    int ra = at->rank, rb = bt->rank, ro = n->type.rank;
+    int ta = (int)n->ia[0], tb = (int)n->ia[1];
+    int aM = ta ? ra - 1 : ra - 2, aK = ta ? ra - 2 : ra - 1;
+    int bK = tb ? rb - 1 : rb - 2, bN = tb ? rb - 2 : rb - 1;
+    int sa = st[0], sb = st[1];
+    /* partial sums: linear in each operand separately */
+    if (sa == AX_P && sb == AX_R) { *out = AX_P; return 0; }
+    if (sb == AX_P && sa == AX_R) { *out = AX_P; return 0; }
+    if (sa == AX_P) sa = resolve_default(S, n->in[0], a);
+    if (sb == AX_P) sb = resolve_default(S, n->in[1], a);
+    /* roles: 'B'atch i, 'M', 'K', 'N' */
+    for (int pass = 0; pass < 2; pass++) {
+      char ra_ = sa == AX_R ? 'R' : sa == aM ? 'M' : sa == aK ? 'K' : 'B';
+      char rb_ = sb == AX_R ? 'R' : (rb > 2 && sb < rb - 2) ? 'B' : sb == bK ? 'K' : sb == bN ? 'N' : '?';
+      int ok = 1;
+      if (ra_ == 'R' && rb_ == 'R') *out = AX_R;
+      else if (ra_ == 'B' && (rb_ == 'R' || (rb_ == 'B' && sb == sa))) { if (rb > 2) sb = sa; *out = sa; }
+      else if (ra_ == 'R' && rb_ == 'B') { sa = sb; *out = sb; }
+      else if (ra_ == 'M' && rb_ == 'R') *out = ro - 2;
+      else if (ra_ == 'R' && rb_ == 'N') *out = ro - 1;
+      else if (ra_ == 'K' && rb_ == 'K') *out = AX_P;
+      else if (ra_ == 'K' && rb_ == 'R') { sb = bK; *out = AX_P; }
+      else if (ra_ == 'R' && rb_ == 'K') { sa = aK; *out = AX_P; }
+      else ok = 0;
+      if (ok) { want[0] = sa; want[1] = sb; return 0; }
+      /* conflict: gather the operand that is not a parameter (else the smaller) */
+      int ga = !is_weight(S, n->in[0]) || (is_weight(S, n->in[1]) && ir_type_numel(at) <= ir_type_numel(bt));
+      if (ga) sa = AX_R; else sb = AX_R;
+    }
+    return sh_fail(S, "internal error: no layout for matmul %%%d", i);
+  }
+  case IR_OP_SOFTMAX: case IR_OP_LOG_SOFTMAX: case IR_OP_LAYERNORM: case IR_OP_RMSNORM:
+  case IR_OP_SOFTMAX_BWD: case IR_OP_LOG_SOFTMAX_BWD: case IR_OP_LAYERNORM_BWD: case IR_OP_RMSNORM_BWD:
+  case IR_OP_ROPE: case IR_OP_CAUSAL_MASK: case IR_OP_DROPOUT: case IR_OP_MASKED_FILL: {
+    /* elementwise-like, no partial sums; the normalized / rotated last
+     * dim must be whole */
+    int last = n->type.rank - 1, t = AX_R, p = -1;
+    for (int k = 0; k < nin; k++) {
+      if (st[k] >= 0 && t == AX_R) t = st[k];
+      if (st[k] == AX_P && p < 0) p = k;
+    }
+    int whole_last = n->op != IR_OP_CAUSAL_MASK && n->op != IR_OP_DROPOUT && n->op != IR_OP_MASKED_FILL;
+    if (t == last && whole_last) t = AX_R;
+    if (t == AX_R && p >= 0) { t = resolve_default(S, n->in[p], a); if (t == last && whole_last) t = AX_R; }
+    for (int k = 0; k < nin; k++) want[k] = t;
+    *out = t;
+    return 0;
+  }
+  case IR_OP_EMBEDDING: {
+    /* table [V, C], ids [...] */
+    int stab = st[0] == AX_P ? AX_R : st[0];
+    want[0] = stab;
+    if (stab == 0) { want[1] = AX_R; *out = AX_P; return 0; }            /* vocab-parallel */
+    if (stab == 1) { want[1] = AX_R; *out = n->type.rank - 1; return 0; }
+    *out = st[1];                                                        /* ids' own split */
+    return 0;
+  }
+  case IR_OP_EMBEDDING_BWD: {
+    /* ids [...], dy [..., C] -> [V, C]: made in the layout its user wants */
+    int h = S->has_hint[i] ? ax_get(&S->hint[i], a) : AX_R;
+    int rdy = onode(S, n->in[1])->type.rank;
+    if (h == 0) { want[0] = AX_R; want[1] = AX_R; *out = 0; return 0; }
+    if (h == 1) { want[0] = AX_R; want[1] = rdy - 1; *out = 1; return 0; }
+    if (st[1] == rdy - 1) { want[0] = AX_R; *out = 1; return 0; }
+    if (st[1] >= 0) { want[0] = st[1]; *out = AX_P; return 0; }          /* tokens split: partial table */
+    *out = st[1] == AX_P ? AX_P : AX_R;
+    return 0;
+  }
+  case IR_OP_CROSS_ENTROPY: case IR_OP_CROSS_ENTROPY_BWD: {
+    int last = onode(S, n->in[0])->type.rank - 1;
+    int sl = st[0] == AX_P ? AX_R : st[0];
+    want[0] = sl;
+    int lead = sl >= 0 && sl < last ? sl : AX_R;
+    want[1] = lead;                                   /* targets follow the token dims */
+    if (n->op == IR_OP_CROSS_ENTROPY_BWD) want[2] = lead;
+    *out = n->op == IR_OP_CROSS_ENTROPY ? lead : sl;
+    return 0;
+  }
+  case IR_OP_OUTPUT:
+    want[0] = AX_R;
+    return 0;
+  case IR_OP_ACCUM:
+    return 0;             /* decided by the caller against the state */
+  default:
+    break;
+  }
+  if (info->flags & OPF_EW) {
+    if (ew_partial_ok(n->op, st, nin)) { *out = AX_P; return 0; }
+    int t = AX_R, p = -1;
+    for (int k = 0; k < nin; k++) {
+      if (st[k] >= 0 && t == AX_R) t = st[k];
+      if (st[k] == AX_P && p < 0) p = k;
+    }
+    if (t == AX_R && p >= 0) t = resolve_default(S, n->in[p], a);
+    for (int k = 0; k < nin; k++) want[k] = t;
+    *out = t;
+    return 0;
+  }
+  return sh_fail(S, "op %s has no sharding rule", info->name);
+}
+
+/* ---------------- padding (taint) ---------------- */
+
+/* Which dims of node i's result hold padding, from its operands'; -1 after
+ * failing when padding reaches an op that would see it. */
+static int taint_of(Sh *S, int i) {
+  const IrNode *n = onode(S, i);
+  uint8_t any = 0;
+  for (int k = 0; k < n->nin; k++) any |= S->taint[n->in[k]];
+  if (!any && n->op != IR_OP_EMBEDDING_BWD) return 0;
+  const uint8_t *tn = S->taint;
+  switch (n->op) {
+  case IR_OP_ADD: case IR_OP_SUB: case IR_OP_MUL: case IR_OP_NEG: case IR_OP_MULS: case IR_OP_CAST:
+    for (int k = 1; k < n->nin; k++)
+      if (tn[n->in[k]] != tn[n->in[0]]) goto refuse;
+    return tn[n->in[0]];
+  case IR_OP_EMBEDDING:
+    if (tn[n->in[0]] & ~1u) goto refuse;
+    return 0;
+  case IR_OP_EMBEDDING_BWD:
+    return S->has_hint[i] ? (int)(S->taint[i]) : 0;      /* preset from the hint */
+  case IR_OP_MATMUL: {
+    const IrType *at = &onode(S, n->in[0])->type, *bt = &onode(S, n->in[1])->type;
+    int ra = at->rank, rb = bt->rank, ro = n->type.rank;
+    int aM = n->ia[0] ? ra - 1 : ra - 2, aK = n->ia[0] ? ra - 2 : ra - 1;
+    int bK = n->ia[1] ? rb - 1 : rb - 2, bN = n->ia[1] ? rb - 2 : rb - 1;
+    uint8_t ta = tn[n->in[0]], tb = tn[n->in[1]];
+    if (((ta >> aK) & 1) != ((tb >> bK) & 1)) goto refuse;
+    if ((ta & ~(BIT(aM) | BIT(aK))) || (tb & ~(BIT(bK) | BIT(bN)))) goto refuse;
+    return ((ta >> aM) & 1 ? BIT(ro - 2) : 0) | ((tb >> bN) & 1 ? BIT(ro - 1) : 0);
+  }
+  case IR_OP_PERMUTE: {
+    int r = 0;
+    for (int d = 0; d < n->type.rank; d++)
+      if (tn[n->in[0]] & BIT(n->ia[d])) r |= BIT(d);
+    return r;
+  }
+  case IR_OP_RESHAPE: {
+    const IrType *xt = &onode(S, n->in[0])->type;
+    int r = 0;
+    for (int d = 0; d < xt->rank; d++) {
+      if (!(tn[n->in[0]] & BIT(d))) continue;
+      /* a padded dim must map one to one */
+      int o = reshape_map(xt, &n->type, d, 1);
+      if (o < 0 || n->type.dim[o] != xt->dim[d]) goto refuse;
+      r |= BIT(o);
+    }
+    return r;
+  }
+  case IR_OP_SUM_TO: {
+    const IrType *xt = &onode(S, n->in[0])->type;
+    int r = 0, off = xt->rank - n->type.rank;
+    for (int d = 0; d < xt->rank; d++)
+      if ((tn[n->in[0]] & BIT(d)) && d - off >= 0 && n->type.dim[d - off] == xt->dim[d]) r |= BIT(d - off);
+    return r;
+  }
+  case IR_OP_CROSS_ENTROPY: case IR_OP_CROSS_ENTROPY_BWD: {
+    int last = onode(S, n->in[0])->type.rank - 1;
+    if (tn[n->in[0]] & ~BIT(last)) goto refuse;
+    for (int k = 1; k < n->nin; k++) if (tn[n->in[k]]) goto refuse;
+    return n->op == IR_OP_CROSS_ENTROPY_BWD ? BIT(last) : 0;
+  }
+  case IR_OP_ACCUM:
+    return 0;             /* checked against the state by the caller */
+  default:
+    break;
+  }
+refuse: {
+  /* name the padded dim that got here */
+  const char *dn = "?";
+  for (int k = 0; k < n->nin; k++) {
+    const IrType *t = &onode(S, n->in[k])->type;
+    for (int d = 0; d < t->rank; d++)
+      if ((tn[n->in[k]] & BIT(d)) && t->dname[d]) dn = t->dname[d];
+  }
+  return sh_fail(S, "dim '%s' is not divisible by tp=%d and cannot be padded: the padding would reach "
+                 "'%s' (%%%d of block micro); only embedding tables, matmuls and the class dim of "
+                 "cross_entropy can carry padding", dn, S->T, ir_ops[n->op].name, i);
+}
+}
+
+/* ---------------- the special lowerings ---------------- */
+
+/* The masked local logits and the softmax statistics of a vocab-parallel
+ * cross_entropy over (logits l, targets t): L [.., Vl] (padding set to
+ * -inf), mx = max over the whole vocab [..], e = exp(L - mx) [.., Vl],
+ * se = sum of e over the whole vocab [..], valid = (t != ignore) [..]. */
+static CeStats *ce_stats(Sh *S, int i, int L, int tg, const IrSharding *lsh, const IrSharding *tsh) {
+  const IrNode *n = onode(S, i);
+  for (int k = 0; k < S->ce.n; k++)
+    if (S->ce.a[k].logits == n->in[0] && S->ce.a[k].targets == n->in[1]) return &S->ce.a[k];
+  CeStats c = {n->in[0], n->in[1], L, -1, -1, -1, -1};
+  const IrType *lt = &nnode(S, L)->type;
+  int last = lt->rank - 1;
+  IrSharding rsh = *lsh;              /* row layout: the token dims' splits */
+  rsh.split[last] = 0;
+  int64_t ia_max[2] = {last, 0};
+  c.mx = emit(S, IR_OP_MAX, &L, 1, ia_max, NULL, NULL, NULL, &rsh);
+  int64_t ar_max[2] = {IR_AXIS_TP, 1}, ar_sum[2] = {IR_AXIS_TP, 0};
+  c.mx = emit(S, IR_OP_ALL_REDUCE, &c.mx, 1, ar_max, NULL, NULL, NULL, &rsh);
+  IrType bt = *lt;
+  /* broadcast mx [..] to [.., Vl]: via a keepdim reshape to [.., 1] */
+  IrType kt = *lt;
+  kt.dim[last] = 1;
+  kt.dname[last] = NULL;
+  int mk = emit(S, IR_OP_RESHAPE, &c.mx, 1, NULL, NULL, NULL, &kt, &rsh);
+  int mbc = emit(S, IR_OP_BROADCAST, &mk, 1, NULL, NULL, NULL, &bt, lsh);
+  int in2[2] = {L, mbc};
+  int sub = emit(S, IR_OP_SUB, in2, 2, NULL, NULL, NULL, NULL, lsh);
+  c.e = emit(S, IR_OP_EXP, &sub, 1, NULL, NULL, NULL, NULL, lsh);
+  int64_t ia_sum[2] = {last, 0};
+  int se = emit(S, IR_OP_SUM, &c.e, 1, ia_sum, NULL, NULL, NULL, &rsh);
+  IrSharding psh = rsh;
+  psh.partial |= BIT(IR_AXIS_TP);
+  if (se >= 0) S->m->blocks.a[S->nb].nodes[se].sh = psh;
+  c.se = emit(S, IR_OP_ALL_REDUCE, &se, 1, ar_sum, NULL, NULL, NULL, &rsh);
+  IrType vt = nnode(S, tg)->type;
+  vt.dtype = lt->dtype;
+  double ign = (double)n->ia[0];
+  c.valid = emit(S, IR_OP_NE_SCALAR, &tg, 1, NULL, &ign, NULL, &vt, tsh);
+  VEC_PUSH(S->ce, c);
+  return &S->ce.a[S->ce.n - 1];
+}
+
+/* cross_entropy / cross_entropy_bwd with logits split along the class dim
+ * over tp.  in: the converted operands (logits, targets[, dloss]). */
+static int lower_ce(Sh *S, int i, const int *in, const IrSharding *ish, const IrSharding *osh) {
+  const IrNode *n = onode(S, i);
+  int L = in[0];
+  const IrType *lt = &nnode(S, L)->type;
+  int last = lt->rank - 1;
+  if (S->taint[n->in[0]]) {      /* padding columns: -inf, so they get no probability */
+    int64_t ia[2] = {last, onode(S, n->in[0])->type.dim[last]};
+    double fill = -INFINITY;
+    L = emit(S, IR_OP_PAD_FILL, &L, 1, ia, &fill, NULL, NULL, &ish[0]);
+  }
+  CeStats *c = ce_stats(S, i, L, in[1], &ish[0], &ish[1]);
+  if (S->failed) return -1;
+  CeStats cs = *c;                /* S->ce may grow below */
+  IrSharding rsh = ish[0];
+  rsh.split[last] = 0;
+  if (n->op == IR_OP_CROSS_ENTROPY) {
+    /* loss = (log(se) + mx - l[t]) * valid */
+    int64_t ign[1] = {n->ia[0]};
+    int tk = emit(S, IR_OP_TAKE, (int[]){cs.L, in[1]}, 2, ign, NULL, NULL, NULL, NULL);
+    IrSharding psh = rsh;
+    psh.partial |= BIT(IR_AXIS_TP);
+    if (tk >= 0) S->m->blocks.a[S->nb].nodes[tk].sh = psh;
+    int64_t ar[2] = {IR_AXIS_TP, 0};
+    tk = emit(S, IR_OP_ALL_REDUCE, &tk, 1, ar, NULL, NULL, NULL, &rsh);
+    int lg = emit(S, IR_OP_LOG, &cs.se, 1, NULL, NULL, NULL, NULL, &rsh);
+    int lse = emit(S, IR_OP_ADD, (int[]){lg, cs.mx}, 2, NULL, NULL, NULL, NULL, &rsh);
+    int d = emit(S, IR_OP_SUB, (int[]){lse, tk}, 2, NULL, NULL, NULL, NULL, &rsh);
+    return emit(S, IR_OP_MUL, (int[]){d, cs.valid}, 2, NULL, NULL, NULL, NULL, osh);
+  }
+  /* dlogits = (e / se - onehot(t)) * dloss * valid */
+  IrType kt = *lt;
+  kt.dim[last] = 1;
+  kt.dname[last] = NULL;
+  int sk = emit(S, IR_OP_RESHAPE, &cs.se, 1, NULL, NULL, NULL, &kt, &rsh);
+  int sb = emit(S, IR_OP_BROADCAST, &sk, 1, NULL, NULL, NULL, lt, &ish[0]);
+  int p = emit(S, IR_OP_DIV, (int[]){cs.e, sb}, 2, NULL, NULL, NULL, NULL, &ish[0]);
+  int64_t ign[1] = {n->ia[0]};
+  int oh = emit(S, IR_OP_ONEHOT, &in[1], 1, ign, NULL, NULL, lt, &ish[0]);
+  int g = emit(S, IR_OP_SUB, (int[]){p, oh}, 2, NULL, NULL, NULL, NULL, &ish[0]);
+  int w = emit(S, IR_OP_MUL, (int[]){in[2], cs.valid}, 2, NULL, NULL, NULL, NULL, &rsh);
+  int wk = emit(S, IR_OP_RESHAPE, &w, 1, NULL, NULL, NULL, &kt, &rsh);
+  int wb = emit(S, IR_OP_BROADCAST, &wk, 1, NULL, NULL, NULL, lt, &ish[0]);
+  return emit(S, IR_OP_MUL, (int[]){g, wb}, 2, NULL, NULL, NULL, NULL, osh);
+}
+
+/* ---------------- hints: layouts wanted by accumulations ---------------- */
+
+static void set_hint(Sh *S, int v, const IrSharding *h, uint8_t taint) {
+  if (S->has_hint[v]) return;
+  S->has_hint[v] = 1;
+  S->hint[v] = *h;
+  const IrNode *n = onode(S, v);
+  if (n->op == IR_OP_EMBEDDING_BWD) S->taint[v] = taint;
+  if (n->op == IR_OP_ADD || n->op == IR_OP_SUB)
+    for (int k = 0; k < n->nin; k++) set_hint(S, n->in[k], h, taint);
+}
+
+static void compute_hints(Sh *S) {
+  for (int i = S->ob.n - 1; i >= 0; i--) {
+    const IrNode *n = onode(S, i);
+    if (n->op != IR_OP_ACCUM) continue;
+    const IrState *g = &S->m->states.a[n->ia[0]];
+    if (g->of < 0) continue;
+    const IrState *p = &S->m->states.a[g->of];
+    uint8_t t = 0;
+    for (int d = 0; d < p->type.rank; d++) if (p->logical[d]) t |= BIT(d);
+    set_hint(S, n->in[0], &p->sh, t);
+  }
+}
+
+/* ---------------- parameters ---------------- */
+
+static uint8_t rule_axes(const IrModule *m, const char *dname) {
+  if (!dname) return 0;
+  uint8_t r = 0;
+  for (int i = 0; i < m->rules.n; i++)
+    if (m->rules.a[i].dim == dname) r = m->rules.a[i].axes;    /* the last rule wins */
+  return r;
+}
+
+/* Splits every parameter dim with a tp rule; pads the ones tp does not
+ * divide (taint decides later whether that is allowed). */
+static int shard_params(Sh *S) {
+  IrModule *m = S->m;
+  for (int s = 0; s < m->states.n; s++) {
+    IrState *st = &m->states.a[s];
+    if (st->kind != IR_STATE_PARAM) continue;
+    for (int d = 0; d < st->type.rank; d++) {
+      if (!(rule_axes(m, st->type.dname[d]) & BIT(IR_AXIS_TP))) continue;
+      if (ax_get(&st->sh, IR_AXIS_TP) != AX_R) {
+        return sh_fail(S, "parameter @%s has two dims ruled to tp ('%s' and '%s'); a mesh axis splits one dim",
+                       st->name, st->type.dname[ax_get(&st->sh, IR_AXIS_TP)], st->type.dname[d]);
+      }
+      int64_t size = st->type.dim[d];
+      if (size % S->T) {
+        st->logical[d] = size;
+        size = (size + S->T - 1) / S->T * S->T;
+      }
+      st->sh.split[d] |= BIT(IR_AXIS_TP);
+      st->type.dim[d] = size / S->T;
+    }
+  }
+  return 0;
+}
+
+/* ---------------- the pass ---------------- */
+
+/* Shards node i of the old block into the new one. */
+static void shard_node(Sh *S, int i) {
+  const IrNode *n = onode(S, i);
+  IrModule *m = S->m;
+  int nin = n->nin;
+  int st[64], want[64], out;
+  IrSharding ish[64], osh = {0};
+  if (nin > 64) { sh_fail(S, "node %%%d has more than 64 operands", i); return; }
+  int t = taint_of(S, i);
+  if (t < 0) return;
+  if (n->op != IR_OP_EMBEDDING_BWD) S->taint[i] = (uint8_t)t;
+  for (int k = 0; k < nin; k++) ish[k] = S->sh[n->in[k]];
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {
+    if (!active(S, a)) continue;
+    for (int k = 0; k < nin; k++) st[k] = ax_get(&S->sh[n->in[k]], a);
+    if (rule(S, i, a, st, want, &out)) return;
+    for (int k = 0; k < nin; k++) ax_set(&ish[k], a, want[k]);
+    ax_set(&osh, a, out);
+  }
+  /* leaves and effects */
+  IrType gt = gtype(S, i);
+  if (n->op == IR_OP_STATE) {
+    const IrState *s = &m->states.a[n->ia[0]];
+    S->sh[i] = s->sh;
+    S->taint[i] = 0;
+    for (int d = 0; d < s->type.rank; d++) if (s->logical[d]) S->taint[i] |= BIT(d);
+    S->nv[i] = emit(S, IR_OP_STATE, NULL, 0, n->ia, NULL, NULL, &s->type, &s->sh);
+    return;
+  }
+  if (n->op == IR_OP_ACCUM) {
+    IrState *g = &m->states.a[n->ia[0]];
+    const IrState *p = g->of >= 0 ? &m->states.a[g->of] : g;
+    IrSharding want_sh = p->sh;
+    const IrSharding *xs = &S->sh[n->in[0]];
+    /* a partial sum may stay partial along axes the parameter does not split */
+    for (int a = 0; a < IR_AXIS_COUNT; a++)
+      if ((xs->partial & BIT(a)) && ax_get(&p->sh, a) == AX_R) want_sh.partial |= BIT(a);
+    int x = conv(S, n->in[0], &want_sh);
+    g->sh = want_sh;
+    g->type = p->type;
+    memcpy(g->logical, p->logical, sizeof g->logical);
+    S->nv[i] = emit(S, IR_OP_ACCUM, &x, 1, n->ia, NULL, NULL, NULL, NULL);
+    return;
+  }
+  int in[64];
+  for (int k = 0; k < nin; k++) in[k] = conv(S, n->in[k], &ish[k]);
+  if (S->failed) return;
+  S->sh[i] = osh;
+  IrType lt = local_type(S, gt, &osh);
+  const IrType *typed = (ir_ops[n->op].flags & OPF_TYPED) ? &lt : NULL;
+  int tsplit = -1;                    /* the split dim along tp, if any */
+  for (int d = 0; d < IR_MAX_RANK; d++) if (osh.split[d] & BIT(IR_AXIS_TP)) tsplit = d;
+  int in0_split = ax_get(&ish[0], IR_AXIS_TP);
+  int64_t ia[IR_MAX_IATTR];
+  memcpy(ia, n->ia, sizeof ia);
+  switch (n->op) {
+  case IR_OP_CROSS_ENTROPY: case IR_OP_CROSS_ENTROPY_BWD: {
+    int last = onode(S, n->in[0])->type.rank - 1;
+    if (in0_split == last) { S->nv[i] = lower_ce(S, i, in, ish, &osh); return; }
+    if (S->taint[n->in[0]]) {
+      int64_t pa[2] = {last, onode(S, n->in[0])->type.dim[last]};
+      double fill = -INFINITY;
+      in[0] = emit(S, IR_OP_PAD_FILL, &in[0], 1, pa, &fill, NULL, NULL, &ish[0]);
+    }
+    break;
+  }
+  case IR_OP_MAX:
+    if (in0_split == n->ia[0]) {      /* local max, then the max over the axis */
+      IrSharding r = osh;
+      int lm = emit(S, n->op, in, nin, ia, n->fa, n->sa, NULL, &r);
+      int64_t ar[2] = {IR_AXIS_TP, 1};
+      S->nv[i] = emit(S, IR_OP_ALL_REDUCE, &lm, 1, ar, NULL, NULL, NULL, &osh);
+      return;
+    }
+    break;
+  case IR_OP_MEAN:
+    if (in0_split == n->ia[0]) {      /* the local mean is T times a share of the global one */
+      IrSharding r = osh;
+      int lm = emit(S, n->op, in, nin, ia, n->fa, n->sa, NULL, &r);
+      double c = 1.0 / S->T;
+      S->nv[i] = emit(S, IR_OP_MULS, &lm, 1, NULL, &c, NULL, NULL, &osh);
+      return;
+    }
+    break;
+  default:
+    break;
+  }
+  (void)tsplit;
+  S->nv[i] = emit(S, n->op, in, nin, ia, n->fa, n->sa, typed, &osh);
+  if (S->nv[i] >= 0 && !(ir_ops[n->op].flags & OPF_EFFECT)) {
+    const IrType *got = &nnode(S, S->nv[i])->type;
+    if (!ir_type_same_shape(got, &lt)) {
+      char b1[256], b2[256];
+      sh_fail(S, "internal error: %%%d = %s has local type %s, expected %s", i, ir_ops[n->op].name,
+              tstr(got, b1, sizeof b1), tstr(&lt, b2, sizeof b2));
+    }
+  }
+}
+
+int pass_shard(IrModule *m, PassCtx *cx) {
+  int T = ir_axis_size(m, IR_AXIS_TP);
+  if (m->par.sp && T < 2) {
+    snprintf(cx->err, sizeof cx->err, "shard: sequence parallelism (sp) needs tp > 1, got tp=%d", T);
+    return -1;
+  }
+  if (T < 2) return 0;
+  int bi = ir_block_find(m, "micro");
+  if (bi < 0) { snprintf(cx->err, sizeof cx->err, "shard: the module has no block \"micro\" (run autodiff first)"); return -1; }
+  if (ir_block_find(m, "update") >= 0) { snprintf(cx->err, sizeof cx->err, "shard: run before the optimizer pass"); return -1; }
+  Sh S = {0};
+  S.m = m;
+  S.cx = cx;
+  S.T = T;
+  S.sp = m->par.sp;
+  S.seq_name = ts_intern("seq");
+  for (int r = 0; r < m->rules.n; r++)
+    if (m->rules.a[r].axes & BIT(IR_AXIS_CP)) S.seq_name = m->rules.a[r].dim;
+  S.ob = m->blocks.a[bi];
+  S.nb = bi;
+  int n = S.ob.n;
+  S.nv = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.nv);
+  S.sh = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.sh);
+  S.hint = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.hint);
+  S.taint = arena_alloc(&cx->scratch, (size_t)(n + 1));
+  S.has_hint = arena_alloc(&cx->scratch, (size_t)(n + 1));
+  S.conv = ts_xcalloc((size_t)n + 1, sizeof *S.conv);
+  memset(S.sh, 0, (size_t)(n + 1) * sizeof *S.sh);
+  memset(S.hint, 0, (size_t)(n + 1) * sizeof *S.hint);
+  memset(S.taint, 0, (size_t)(n + 1));
+  memset(S.has_hint, 0, (size_t)(n + 1));
+  for (int i = 0; i < n; i++) S.nv[i] = -1;
+
+  /* the model's sizes, before padding: checked in messages */
+  if (shard_params(&S) == 0) {
+    compute_hints(&S);
+    m->blocks.a[bi] = (IrBlock){S.ob.name, NULL, 0, 0};
+    for (int i = 0; i < n && !S.failed; i++) shard_node(&S, i);
+  }
+  for (int i = 0; i < n + 1; i++) free(S.conv[i].a);
+  free(S.conv);
+  free(S.ce.a);
+  if (S.failed) return -1;
+  /* grads never accumulated (no path from the loss) keep their param's layout */
+  for (int s = 0; s < m->states.n; s++) {
+    IrState *g = &m->states.a[s];
+    if (g->kind == IR_STATE_PARAM || g->of < 0) continue;
+    const IrState *p = &m->states.a[g->of];
+    if (!ir_type_same_shape(&g->type, &p->type) && ir_sharding_is_none(&g->sh)) {
+      g->type = p->type;
+      g->sh = p->sh;
+      memcpy(g->logical, p->logical, sizeof g->logical);
+    }
+  }
+  return 0;
+}
