@@ -90,6 +90,9 @@ RtComm *rt_comm_mesh_group(RtComm *c, const RtMesh *m, RtMeshAxis a, char *err, 
  * argument error; communication failures abort the job, see above) ---- */
 /* buf[count], in place: element-wise sum over the group. */
 int rt_comm_all_reduce(RtComm *c, IrDtype dt, void *buf, size_t count, char *err, size_t errlen);
+/* buf[count], in place: element-wise maximum over the group (MPI groups;
+ * a NCCL group returns -1 with a message). */
+int rt_comm_all_reduce_max(RtComm *c, IrDtype dt, void *buf, size_t count, char *err, size_t errlen);
 /* send[count] -> recv[size*count]: rank i's block lands at recv + i*count
  * (concatenation along the leading dim). */
 int rt_comm_all_gather(RtComm *c, IrDtype dt, const void *send, void *recv, size_t count,

@@ -244,10 +244,12 @@ RtComm *rt_comm_mesh_group(RtComm *c, const RtMesh *m, RtMeshAxis a, char *err, 
 /* ---------------- waiting with a deadline ---------------- */
 
 /* Short sleeps, growing: ranks share cores (mpirun --oversubscribe), so
- * busy-polling would starve the very peer we wait for. */
+ * busy-polling would starve the very peer we wait for.  After a few ms of
+ * waiting the rank sleeps 1 ms per poll: with 64 ranks on 2 cores, idle
+ * ranks waking every few microseconds would eat the working ranks' CPU. */
 static void backoff(int iter) {
-  if (iter < 64) { sched_yield(); return; }
-  long ns = iter < 1000 ? 20000 : 500000;
+  if (iter < 32) { sched_yield(); return; }
+  long ns = iter < 150 ? 30000 : 1000000;
   struct timespec ts = {0, ns};
   nanosleep(&ts, NULL);
 }
@@ -357,6 +359,17 @@ int rt_comm_all_reduce(RtComm *c, IrDtype dt, void *buf, size_t count, char *err
   MPI_Request r;
   c->seq++;
   RT_MPI_FATAL(c, RT_COLL_ALL_REDUCE, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), MPI_SUM, c->comm, &r),
+               "a rank of the group died, or MPI is out of memory");
+  rt_comm_wait_mpi(c, &r, RT_COLL_ALL_REDUCE, -1);
+  return 0;
+}
+
+int rt_comm_all_reduce_max(RtComm *c, IrDtype dt, void *buf, size_t count, char *err, size_t errlen) {
+  if (check_args(c, RT_COLL_ALL_REDUCE, dt, buf, buf, count, err, errlen)) return -1;
+  if (c->nccl) return ts_errf(err, errlen, "all_reduce max on group %s: not supported on NCCL groups", c->name);
+  MPI_Request r;
+  c->seq++;
+  RT_MPI_FATAL(c, RT_COLL_ALL_REDUCE, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), MPI_MAX, c->comm, &r),
                "a rank of the group died, or MPI is out of memory");
   rt_comm_wait_mpi(c, &r, RT_COLL_ALL_REDUCE, -1);
   return 0;

@@ -11,6 +11,7 @@
  * OUTPUT itself; their entries here only exist to keep the table whole.
  * Assumes: operands are contiguous row-major buffers of their IrType. */
 #include "rt_priv.h"
+#include "comm.h"
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
@@ -372,14 +373,25 @@ static int ref_ACCUM(RtKctx *k) {
   return s->type.dtype == IR_F32 ? k_ACCUM_f32(k) : k_ACCUM_f64(k);
 }
 
+/* m, v (and grad) have the param's type, or (ZeRO) are all one flat chunk
+ * [c] with c * (number of chunks) covering the param. */
 static int ref_ADAMW(RtKctx *k) {
-  const IrState *w = kstate(k, 0);
+  const IrState *w = kstate(k, 0), *m = kstate(k, 1);
   if (!ir_dtype_is_float(w->type.dtype)) return rt_kfail(k, "@%s is not a float tensor", w->name);
+  IrType want = w->type;
+  if (m->sh.flat) {
+    int64_t nb;
+    rt_shard_block(k->p, m->sh.flat, &nb);
+    if (m->type.rank != 1 || m->type.dtype != w->type.dtype || m->type.dim[0] * nb < ir_type_numel(&w->type))
+      return rt_kfail(k, "flat moment @%s %s cannot hold a chunk of @%s %s", m->name, rt_tstr(&m->type, 0),
+                      w->name, rt_tstr(&w->type, 1));
+    want = m->type;
+  }
   for (int s = 1; s < 3; s++)
-    if (!ir_type_same_shape(&kstate(k, s)->type, &w->type))
-      return rt_kfail(k, "@%s does not match @%s", kstate(k, s)->name, w->name);
-  if (!ir_type_same_shape(k->it[1], &w->type) || k->it[1]->dtype != w->type.dtype)
-    return rt_kfail(k, "grad %s does not match @%s", rt_tstr(k->it[1], 0), w->name);
+    if (!ir_type_same_shape(&kstate(k, s)->type, &want) || kstate(k, s)->sh.flat != m->sh.flat)
+      return rt_kfail(k, "@%s does not match @%s", kstate(k, s)->name, s == 1 ? w->name : m->name);
+  if (!ir_type_same_shape(k->it[1], &want) || k->it[1]->dtype != w->type.dtype)
+    return rt_kfail(k, "grad %s does not match %s", rt_tstr(k->it[1], 0), rt_tstr(&want, 1));
   if (ir_type_numel(k->it[0]) != 1) return rt_kfail(k, "the coefficient must be a scalar");
   return w->type.dtype == IR_F32 ? k_ADAMW_f32(k) : k_ADAMW_f64(k);
 }
@@ -393,12 +405,175 @@ static int ref_ASSIGN(RtKctx *k) {
   return 0;
 }
 
-/* ---- sharding ops: need the distributed runtime (TODO(issue 3): rank
- * context and comm groups in RtProgram) ---- */
-#define NEEDS_RANK(NAME) static int ref_##NAME(RtKctx *k) { \
-    return rt_kfail(k, "%s is not implemented by this runtime yet", ir_ops[IR_OP_##NAME].name); }
-NEEDS_RANK(ALL_REDUCE) NEEDS_RANK(ALL_GATHER) NEEDS_RANK(REDUCE_SCATTER) NEEDS_RANK(SHARD_SLICE)
-NEEDS_RANK(TAKE) NEEDS_RANK(ONEHOT) NEEDS_RANK(PAD_FILL)
+/* ---- sharding ops (docs/sharding.md).  Collectives run over the rank's
+ * group along the node's mesh axis (ia[0]); a group's rank i is coordinate
+ * i on that axis, so "block i" of a dim is coordinate i's.  An axis of
+ * size 1 needs no group: the collective is a copy. ---- */
+
+/* The mesh axis of a sharding op (ia[0]), its size and the group (NULL for
+ * size 1).  -1 with a message when the axis is bad or a group is missing. */
+static int kaxis(RtKctx *k, IrAxis *ax, int *size, RtComm **g) {
+  int64_t a = k->n->ia[0];
+  if (a < 0 || a >= IR_AXIS_COUNT) return rt_kfail(k, "mesh axis %lld out of range", (long long)a);
+  *ax = (IrAxis)a;
+  *size = rt_program_axis_size(k->p, *ax);
+  *g = *size > 1 ? rt_program_group(k->p, *ax) : NULL;
+  if (*size > 1 && !*g)
+    return rt_kfail(k, "the %s axis has %d ranks but this rank has no %s group (run the plan with mrun --gpus)",
+                    ir_axis_name(*ax), *size, ir_axis_name(*ax));
+  if (*g && rt_comm_size(*g) != *size)
+    return rt_kfail(k, "the %s group has %d ranks, the mesh says %d", ir_axis_name(*ax), rt_comm_size(*g), *size);
+  return 0;
+}
+
+/* Operand 0 viewed as [outer, len, inner] around dim ia[1]. */
+static int kdim(RtKctx *k, int64_t *outer, int64_t *len, int64_t *inner) {
+  int d = rt_axis(k->n->ia[1], k->it[0]->rank);
+  if (d < 0) return rt_kfail(k, "dim %lld out of range for %s", (long long)k->n->ia[1], rt_tstr(k->it[0], 0));
+  rt_split(k->it[0], d, outer, len, inner);
+  return 0;
+}
+
+static int kfloat(RtKctx *k) {
+  if (!ir_dtype_is_float(k->ot->dtype) || same_dtype(k) != 0)
+    return rt_kfail(k, "%s needs f32 or f64 operands, got %s", ir_ops[k->n->op].name, rt_tstr(k->it[0], 0));
+  return 0;
+}
+
+/* x -> sum (red=0) or max (red=1) over the axis' ranks */
+static int ref_ALL_REDUCE(RtKctx *k) {
+  IrAxis ax;
+  int size;
+  RtComm *g;
+  if (kfloat(k) || check_sig(k, "*", IR_VOID) || kaxis(k, &ax, &size, &g)) return -1;
+  if (k->n->ia[1] != 0 && k->n->ia[1] != 1) return rt_kfail(k, "red must be 0 (sum) or 1 (max)");
+  size_t n = (size_t)ir_type_numel(k->ot);
+  memcpy(k->out, k->in[0], n * ir_dtype_size(k->ot->dtype));
+  if (!g) return 0;
+  return k->n->ia[1] ? rt_comm_all_reduce_max(g, k->ot->dtype, k->out, n, k->err, k->errlen)
+                     : rt_comm_all_reduce(g, k->ot->dtype, k->out, n, k->err, k->errlen);
+}
+
+/* x[outer, L, inner] -> y[outer, size*L, inner]: block q of dim is rank q's
+ * x.  The comm layer concatenates along the leading dim, so for a dim
+ * other than the first the blocks go through a buffer [size][outer, L, inner]. */
+static int ref_ALL_GATHER(RtKctx *k) {
+  IrAxis ax;
+  int size;
+  RtComm *g;
+  int64_t outer, L, inner;
+  if (kfloat(k) || kaxis(k, &ax, &size, &g) || kdim(k, &outer, &L, &inner)) return -1;
+  size_t es = ir_dtype_size(k->ot->dtype), blk = (size_t)(outer * L * inner);
+  if (ir_type_numel(k->ot) != (int64_t)blk * size) return rt_kfail(k, "result size is not %d times the operand's", size);
+  if (!g) { memcpy(k->out, k->in[0], blk * es); return 0; }
+  if (outer == 1) return rt_comm_all_gather(g, k->ot->dtype, k->in[0], k->out, blk, k->err, k->errlen);
+  char *tmp = ts_xmalloc(blk * (size_t)size * es);
+  int rc = rt_comm_all_gather(g, k->ot->dtype, k->in[0], tmp, blk, k->err, k->errlen);
+  for (int q = 0; rc == 0 && q < size; q++)
+    copy_axis(k->out, L * size, q * L, tmp + (size_t)q * blk * es, L, 0, L, outer, inner, es);
+  free(tmp);
+  return rc;
+}
+
+/* x[outer, size*L, inner] -> y[outer, L, inner] = block c (this rank's
+ * coordinate) of the sum over the axis' ranks. */
+static int ref_REDUCE_SCATTER(RtKctx *k) {
+  IrAxis ax;
+  int size;
+  RtComm *g;
+  int64_t outer, len, inner;
+  if (kfloat(k) || kaxis(k, &ax, &size, &g) || kdim(k, &outer, &len, &inner)) return -1;
+  if (len % size) return rt_kfail(k, "dim of %s is not divisible by the %s size %d", rt_tstr(k->it[0], 0), ir_axis_name(ax), size);
+  int64_t L = len / size;
+  size_t es = ir_dtype_size(k->ot->dtype), blk = (size_t)(outer * L * inner);
+  if (ir_type_numel(k->ot) != (int64_t)blk) return rt_kfail(k, "result size is not 1/%d of the operand's", size);
+  if (!g) { memcpy(k->out, k->in[0], blk * es); return 0; }
+  if (outer == 1) return rt_comm_reduce_scatter(g, k->ot->dtype, k->in[0], k->out, blk, k->err, k->errlen);
+  char *tmp = ts_xmalloc(blk * (size_t)size * es);   /* [size][outer, L, inner] */
+  for (int q = 0; q < size; q++)
+    copy_axis(tmp + (size_t)q * blk * es, L, 0, k->in[0], len, q * L, L, outer, inner, es);
+  int rc = rt_comm_reduce_scatter(g, k->ot->dtype, tmp, k->out, blk, k->err, k->errlen);
+  free(tmp);
+  return rc;
+}
+
+/* x[outer, size*L, inner] -> block c (this rank's coordinate) of dim; any
+ * dtype, no communication. */
+static int ref_SHARD_SLICE(RtKctx *k) {
+  int64_t a = k->n->ia[0], outer, len, inner;
+  if (same_dtype(k) != 0 || kdim(k, &outer, &len, &inner)) return -1;
+  if (a < 0 || a >= IR_AXIS_COUNT) return rt_kfail(k, "mesh axis %lld out of range", (long long)a);
+  int size = rt_program_axis_size(k->p, (IrAxis)a), c = rt_program_rank(k->p)->coord[a];
+  if (len % size) return rt_kfail(k, "dim of %s is not divisible by the %s size %d", rt_tstr(k->it[0], 0), ir_axis_name((IrAxis)a), size);
+  int64_t L = len / size;
+  if (ir_type_numel(k->ot) != outer * L * inner) return rt_kfail(k, "result size is not 1/%d of the operand's", size);
+  copy_axis(k->out, L, 0, k->in[0], len, c * L, L, outer, inner, ir_dtype_size(k->ot->dtype));
+  return 0;
+}
+
+/* Checks global index id against [0, Vg) unless it is `ignore`. */
+static int index_ok(RtKctx *k, int32_t id, int64_t pos, int64_t Vg) {
+  if (id == k->n->ia[0] || (id >= 0 && id < Vg)) return 0;
+  return rt_kfail(k, "index %d at position %lld is outside [0, %lld)", id, (long long)pos, (long long)Vg);
+}
+
+/* (x[rows, V], idx[rows] i32) -> y[rows] = x[r, idx[r] - off] where x's last
+ * dim holds global [off, off + V) (its split); 0 outside the block or where
+ * idx == ignore. */
+static int ref_TAKE(RtKctx *k) {
+  const IrType *xt = k->it[0];
+  if (!ir_dtype_is_float(xt->dtype) || xt->rank < 1 || k->it[1]->dtype != IR_I32 || k->ot->dtype != xt->dtype)
+    return rt_kfail(k, "take needs float x[..., V] and i32 indices, got %s and %s", rt_tstr(xt, 0), rt_tstr(k->it[1], 1));
+  int64_t V, rows = rt_rows(xt, &V), nb;
+  if (ir_type_numel(k->it[1]) != rows || ir_type_numel(k->ot) != rows)
+    return rt_kfail(k, "indices %s do not match %s", rt_tstr(k->it[1], 0), rt_tstr(xt, 1));
+  int64_t off = rt_shard_block(k->p, rt_kin_sh(k, 0)->split[xt->rank - 1], &nb) * V;
+  const int32_t *idx = k->in[1];
+  for (int64_t r = 0; r < rows; r++) {
+    if (index_ok(k, idx[r], r, nb * V)) return -1;
+    int64_t j = (int64_t)idx[r] - off;
+    double v = idx[r] != k->n->ia[0] && j >= 0 && j < V ? rt_ld(k->in[0], xt->dtype, r * V + j) : 0.0;
+    rt_st(k->out, xt->dtype, r, v);
+  }
+  return 0;
+}
+
+/* idx[rows] i32 -> y[rows, V]: 1 at global column idx[r] (the result's last
+ * dim holds global [off, off + V)), else 0; a row of 0 where idx == ignore. */
+static int ref_ONEHOT(RtKctx *k) {
+  const IrType *yt = k->ot;
+  if (!ir_dtype_is_float(yt->dtype) || yt->rank < 1 || k->it[0]->dtype != IR_I32)
+    return rt_kfail(k, "onehot needs i32 indices and a float result, got %s -> %s", rt_tstr(k->it[0], 0), rt_tstr(yt, 1));
+  int64_t V, rows = rt_rows(yt, &V), nb;
+  if (ir_type_numel(k->it[0]) != rows) return rt_kfail(k, "indices %s do not match %s", rt_tstr(k->it[0], 0), rt_tstr(yt, 1));
+  int64_t off = rt_shard_block(k->p, k->n->sh.split[yt->rank - 1], &nb) * V;
+  const int32_t *idx = k->in[0];
+  memset(k->out, 0, (size_t)ir_type_numel(yt) * ir_dtype_size(yt->dtype));
+  for (int64_t r = 0; r < rows; r++) {
+    if (index_ok(k, idx[r], r, nb * V)) return -1;
+    int64_t j = (int64_t)idx[r] - off;
+    if (idx[r] != k->n->ia[0] && j >= 0 && j < V) rt_st(k->out, yt->dtype, r * V + j, 1.0);
+  }
+  return 0;
+}
+
+/* x -> x with `fill` where the GLOBAL index along dim (ia[0]) is >= limit
+ * (ia[1]); a split dim starts at the rank's block offset. */
+static int ref_PAD_FILL(RtKctx *k) {
+  if (kfloat(k) || check_sig(k, "*", IR_VOID)) return -1;
+  const IrType *t = k->ot;
+  int d = rt_axis(k->n->ia[0], t->rank);
+  if (d < 0) return rt_kfail(k, "dim %lld out of range for %s", (long long)k->n->ia[0], rt_tstr(t, 0));
+  int64_t outer, len, inner, lim = k->n->ia[1];
+  rt_split(t, d, &outer, &len, &inner);
+  int64_t off = rt_shard_block(k->p, k->n->sh.split[d], NULL) * len;
+  size_t es = ir_dtype_size(t->dtype);
+  memcpy(k->out, k->in[0], (size_t)ir_type_numel(t) * es);
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t l = lim - off > 0 ? lim - off : 0; l < len; l++)
+      for (int64_t i = 0; i < inner; i++) rt_st(k->out, t->dtype, (o * len + l) * inner + i, k->n->fa[0]);
+  return 0;
+}
 
 /* ---- the table: one entry per ops.def row ---- */
 const RtKernel rt_ref_kernels[IR_OP_COUNT] = {

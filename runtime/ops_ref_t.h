@@ -329,48 +329,59 @@ static int FN(k_RMSNORM_BWD)(RtKctx *k) {
   return 0;
 }
 
-/* (table[V, C], ids[...] i32) -> out[..., C] */
+/* (table[V, C], ids[...] i32) -> out[..., C].  A table split on dim 0
+ * (vocab-parallel) holds global rows [off, off + V): ids outside that
+ * block give 0 rows (the result is a partial sum over the split axes). */
 static int FN(k_EMBEDDING)(RtKctx *k) {
   const IrType *tt = k->it[0];
   if (tt->rank != 2) return rt_kfail(k, "the table must be [V, C], got %s", rt_tstr(tt, 0));
-  int64_t V = tt->dim[0], C = tt->dim[1], n = ir_type_numel(k->it[1]);
+  int64_t V = tt->dim[0], C = tt->dim[1], n = ir_type_numel(k->it[1]), nb;
+  int64_t off = rt_shard_block(k->p, rt_kin_sh(k, 0)->split[0], &nb) * V, Vg = nb * V;
   if (ir_type_numel(k->ot) != n * C) return rt_kfail(k, "result size is not ids * C");
   const T *tab = k->in[0];
   const int32_t *ids = k->in[1];
   T *y = k->out;
   for (int64_t i = 0; i < n; i++) {
-    if (ids[i] < 0 || ids[i] >= V)
-      return rt_kfail(k, "token id %d at position %lld is outside the table [0, %lld)", ids[i], (long long)i, (long long)V);
-    memcpy(y + i * C, tab + (int64_t)ids[i] * C, (size_t)C * sizeof *y);
+    if (ids[i] < 0 || ids[i] >= Vg)
+      return rt_kfail(k, "token id %d at position %lld is outside the table [0, %lld)", ids[i], (long long)i, (long long)Vg);
+    if (ids[i] >= off && ids[i] < off + V) memcpy(y + i * C, tab + ((int64_t)ids[i] - off) * C, (size_t)C * sizeof *y);
+    else memset(y + i * C, 0, (size_t)C * sizeof *y);
   }
   return 0;
 }
 
-/* (ids[...] i32, dy[..., C]) -> d table [V, C]: scatter-add into zeros */
+/* (ids[...] i32, dy[..., C]) -> d table [V, C]: scatter-add into zeros.
+ * A result split on dim 0 holds global rows [off, off + V): only ids in
+ * that block are scattered. */
 static int FN(k_EMBEDDING_BWD)(RtKctx *k) {
   const IrType *ot = k->ot;
   if (ot->rank != 2) return rt_kfail(k, "the result must be [V, C], got %s", rt_tstr(ot, 0));
-  int64_t V = ot->dim[0], C = ot->dim[1], n = ir_type_numel(k->it[0]);
+  int64_t V = ot->dim[0], C = ot->dim[1], n = ir_type_numel(k->it[0]), nb;
+  int64_t off = rt_shard_block(k->p, k->n->sh.split[0], &nb) * V, Vg = nb * V;
   if (ir_type_numel(k->it[1]) != n * C) return rt_kfail(k, "dy size is not ids * C");
   const int32_t *ids = k->in[0];
   const T *dy = k->in[1];
   T *g = k->out;
   memset(g, 0, (size_t)(V * C) * sizeof *g);
   for (int64_t i = 0; i < n; i++) {
-    if (ids[i] < 0 || ids[i] >= V)
-      return rt_kfail(k, "token id %d at position %lld is outside the table [0, %lld)", ids[i], (long long)i, (long long)V);
-    T *row = g + (int64_t)ids[i] * C;
+    if (ids[i] < 0 || ids[i] >= Vg)
+      return rt_kfail(k, "token id %d at position %lld is outside the table [0, %lld)", ids[i], (long long)i, (long long)Vg);
+    if (ids[i] < off || ids[i] >= off + V) continue;
+    T *row = g + ((int64_t)ids[i] - off) * C;
     for (int64_t c = 0; c < C; c++) row[c] += dy[i * C + c];
   }
   return 0;
 }
 
-/* x[..., R, C]: fill where column j > row i.  (Not I/J: cblas.h pulls in
- * complex.h, whose I is a macro.) */
+/* x[..., R, C]: fill where column j > row i, both global indices (a
+ * split row or column dim starts at the rank's block offset).  (Not I/J:
+ * cblas.h pulls in complex.h, whose I is a macro.) */
 static int FN(k_CAUSAL_MASK)(RtKctx *k) {
   const IrType *t = k->ot;
   if (t->rank < 2) return rt_kfail(k, "needs rank >= 2");
   int64_t R = t->dim[t->rank - 2], Cn = t->dim[t->rank - 1];
+  int64_t ro = rt_shard_block(k->p, k->n->sh.split[t->rank - 2], NULL) * R;
+  int64_t co = rt_shard_block(k->p, k->n->sh.split[t->rank - 1], NULL) * Cn;
   int64_t mats = (R > 0 && Cn > 0) ? ir_type_numel(t) / (R * Cn) : 0;
   const T *x = k->in[0];
   T *y = k->out;
@@ -379,7 +390,7 @@ static int FN(k_CAUSAL_MASK)(RtKctx *k) {
     for (int64_t i = 0; i < R; i++)
       for (int64_t j = 0; j < Cn; j++) {
         int64_t o = (m * R + i) * Cn + j;
-        y[o] = j > i ? fill : x[o];
+        y[o] = j + co > i + ro ? fill : x[o];
       }
   return 0;
 }
@@ -395,9 +406,13 @@ static int FN(k_MASKED_FILL)(RtKctx *k) {
   return 0;
 }
 
-/* keep iff U(H(2, seed, stream, step, micro, i)) >= p; kept scaled 1/(1-p) */
+/* keep iff U(H(2, seed, stream, step, micro, g)) >= p; kept scaled
+ * 1/(1-p).  g is the element's flat index in the GLOBAL tensor (the local
+ * index i when nothing is split) and micro the global micro-batch index,
+ * so a sharded run draws the single-rank run's mask element by element. */
 static int FN(k_DROPOUT)(RtKctx *k) {
-  int64_t n = ir_type_numel(k->ot);
+  const IrType *t = k->ot;
+  int64_t n = ir_type_numel(t);
   const T *x = k->in[0];
   T *y = k->out;
   double p = k->n->fa[0];
@@ -405,15 +420,29 @@ static int FN(k_DROPOUT)(RtKctx *k) {
   if (p == 0) { memcpy(y, x, (size_t)n * sizeof *y); return 0; }
   double scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
   uint64_t seed = rt_program_seed(k->p);
+  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK], idx[IR_MAX_RANK] = {0};
+  rt_shard_offsets(k->p, &k->n->sh, t, off, gdim);
+  int split = 0;
+  for (int d = 0; d < t->rank; d++) split |= gdim[d] != t->dim[d];
   for (int64_t i = 0; i < n; i++) {
-    double u = rt_dropout_u(seed, k->n->ia[0], k->info->step, k->info->micro, i);
+    int64_t g = i;
+    if (split) {
+      g = 0;
+      for (int d = 0; d < t->rank; d++) g = g * gdim[d] + off[d] + idx[d];
+      for (int d = t->rank - 1; d >= 0; d--) {   /* odometer over the local index */
+        if (++idx[d] < t->dim[d]) break;
+        idx[d] = 0;
+      }
+    }
+    double u = rt_dropout_u(seed, k->n->ia[0], k->info->step, k->info->micro, g);
     y[i] = u >= p ? (T)((double)x[i] * scale) : (T)0;
   }
   return 0;
 }
 
 /* x[..., T at axis, ..., D]: pairs (x[i], x[i + D/2]) rotate by
- * theta = t * base^(-2i/D) (inverse: -theta), t = index along axis. */
+ * theta = t * base^(-2i/D) (inverse: -theta), t = GLOBAL index along axis
+ * (the rank's block offset plus the local one when the axis is split). */
 static int FN(k_ROPE)(RtKctx *k) {
   const IrType *t = k->ot;
   int ax = rt_axis(k->n->ia[0], t->rank);
@@ -423,10 +452,11 @@ static int FN(k_ROPE)(RtKctx *k) {
   int64_t h = D / 2, rows = ir_type_numel(t) / (D ? D : 1), per = 1;   /* rows per step of axis */
   for (int d = ax + 1; d < t->rank - 1; d++) per *= t->dim[d];
   double sign = k->n->ia[1] ? -1.0 : 1.0, base = k->n->fa[0];
+  int64_t p0 = rt_shard_block(k->p, k->n->sh.split[ax], NULL) * t->dim[ax];
   const T *x = k->in[0];
   T *y = k->out;
   for (int64_t r = 0; r < rows; r++) {
-    double pos = (double)((r / per) % t->dim[ax]);
+    double pos = (double)(p0 + (r / per) % t->dim[ax]);
     for (int64_t i = 0; i < h; i++) {
       double th = sign * pos * pow(base, -2.0 * (double)i / (double)D);
       double c = cos(th), s = sin(th), x1 = x[r * D + i], x2 = x[r * D + i + h];
@@ -513,15 +543,24 @@ static int FN(k_ACCUM)(RtKctx *k) {
 }
 
 /* coef[]: g = grad * coef; m, v moments; bias-corrected step with
- * decoupled weight decay wd (0 for nodecay params, set by the optimizer pass). */
+ * decoupled weight decay wd (0 for nodecay params, set by the optimizer pass).
+ * ZeRO: when @m is flat-sharded, m, v and grad are the rank's chunk [c] of
+ * the flattened (local) parameter, chunk b = the rank's block over the
+ * flat axes: only param elements [b*c, min((b+1)*c, numel)) are updated. */
 static int FN(k_ADAMW)(RtKctx *k) {
   const IrNode *n = k->n;
   RtProgram *p = k->p;
+  const IrModule *mod = rt_program_module(p);
+  const IrState *ms = &mod->states.a[n->ia[1]];
   T *w = rt_state_data(p, (int)n->ia[0]);
   const T *gr = k->in[1];
   T *m = rt_state_data(p, (int)n->ia[1]), *v = rt_state_data(p, (int)n->ia[2]);
-  int64_t cnt = ir_type_numel(&rt_program_module(p)->states.a[n->ia[0]].type);
-  /* TODO(zero): flat dp chunk of w when @m is flat-sharded (rt_rank) */
+  int64_t cnt = ir_type_numel(&mod->states.a[n->ia[0]].type);
+  if (ms->sh.flat) {
+    int64_t c = ir_type_numel(&ms->type), start = rt_shard_block(p, ms->sh.flat, NULL) * c;
+    w += start < cnt ? start : cnt;
+    cnt = start >= cnt ? 0 : (cnt - start < c ? cnt - start : c);
+  }
   double coef = rt_ld(k->in[0], k->it[0]->dtype, 0);
   double b1 = n->fa[0], b2 = n->fa[1], eps = n->fa[2], wd = n->fa[3], lr = k->info->lr;
   double t = (double)(k->info->step + 1);

@@ -44,6 +44,7 @@ typedef struct { size_t bytes; void *p; } RtBuf;
 
 struct RtProgram {
   const IrModule *m;
+  RtRank rank;              /* mesh coordinates and groups (single rank: all 0) */
   unsigned char *slab;      /* all states, 64-byte aligned offsets */
   size_t slab_bytes;
   size_t *off;              /* per state: byte offset into slab */
@@ -92,25 +93,128 @@ int rt_kfail(RtKctx *k, const char *fmt, ...) {
   return -1;
 }
 
-/* Fills parameter s (type t, row-major) from its initializer. */
-static void init_param(const IrState *s, uint64_t seed, void *data) {
-  int64_t n = ir_type_numel(&s->type);
-  uint64_t nh = rt_name_hash(s->name);
-  for (int64_t i = 0; i < n; i++) {
-    double v = rt_init_value(s, seed, nh, i);
-    switch (s->type.dtype) {
-    case IR_F32: ((float *)data)[i] = (float)v; break;
-    case IR_F64: ((double *)data)[i] = v; break;
-    case IR_I32: ((int32_t *)data)[i] = (int32_t)v; break;
-    default: break;
+/* ---- the rank in the mesh ---- */
+RtRank rt_rank_single(void) {
+  RtRank r;
+  memset(&r, 0, sizeof r);
+  r.mesh = (RtMesh){1, 1, 1, 1, 1};
+  return r;
+}
+
+int rt_rank_axis_size(const RtRank *r, IrAxis a) {
+  int v = 1;
+  switch (a) {
+  case IR_AXIS_DP: v = r->mesh.dp; break;
+  case IR_AXIS_PP: v = r->mesh.pp; break;
+  case IR_AXIS_CP: v = r->mesh.cp; break;
+  case IR_AXIS_EP: v = r->mesh.ep; break;
+  case IR_AXIS_TP: v = r->mesh.tp; break;
+  default: break;
+  }
+  return v < 1 ? 1 : v;
+}
+
+int rt_program_axis_size(const RtProgram *p, IrAxis a) { return rt_rank_axis_size(&p->rank, a); }
+RtComm *rt_program_group(const RtProgram *p, IrAxis a) { return a < IR_AXIS_COUNT ? p->rank.group[a] : NULL; }
+const RtRank *rt_program_rank(const RtProgram *p) { return &p->rank; }
+
+int64_t rt_shard_block(const RtProgram *p, unsigned mask, int64_t *nblk) {
+  int64_t b = 0, n = 1;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)   /* IrAxis order is outer to inner */
+    if (mask & (1u << a)) {
+      int sz = rt_rank_axis_size(&p->rank, (IrAxis)a);
+      b = b * sz + p->rank.coord[a];
+      n *= sz;
     }
+  if (nblk) *nblk = n;
+  return b;
+}
+
+void rt_shard_offsets(const RtProgram *p, const IrSharding *sh, const IrType *t,
+                      int64_t off[IR_MAX_RANK], int64_t gdim[IR_MAX_RANK]) {
+  for (int d = 0; d < IR_MAX_RANK; d++) {
+    int64_t L = d < t->rank ? t->dim[d] : 1, nb;
+    int64_t b = rt_shard_block(p, d < t->rank ? sh->split[d] : 0, &nb);
+    off[d] = b * L;
+    gdim[d] = nb * L;
   }
 }
 
+static void store(void *data, IrDtype dt, int64_t i, double v) {
+  switch (dt) {
+  case IR_F32: ((float *)data)[i] = (float)v; break;
+  case IR_F64: ((double *)data)[i] = v; break;
+  case IR_I32: ((int32_t *)data)[i] = (int32_t)v; break;
+  default: break;
+  }
+}
+
+/* Fills parameter s (local type, row-major) from its initializer.  Element
+ * i's value is drawn from its flat index in the LOGICAL global shape (the
+ * model's sizes, before padding for sharding); padding elements are 0.  In
+ * an unsharded, unpadded module that index is i itself. */
+static int init_param(const RtProgram *p, const IrState *s, uint64_t seed, void *data,
+                      char *err, size_t errlen) {
+  const IrType *t = &s->type;
+  int64_t n = ir_type_numel(t);
+  uint64_t nh = rt_name_hash(s->name);
+  if (s->sh.flat || s->sh.partial)
+    return ts_errf(err, errlen, "parameter @%s is %s; a parameter can only be split or replicated",
+                   s->name, s->sh.flat ? "flat (ZeRO)" : "partial");
+  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK], lg[IR_MAX_RANK], idx[IR_MAX_RANK] = {0};
+  rt_shard_offsets(p, &s->sh, t, off, gdim);
+  int plain = 1;
+  for (int d = 0; d < t->rank; d++) {
+    lg[d] = s->logical[d] > 0 ? s->logical[d] : gdim[d];
+    if (lg[d] > gdim[d])
+      return ts_errf(err, errlen, "parameter @%s: logical size %lld of dim %d exceeds its global size %lld",
+                     s->name, (long long)lg[d], d, (long long)gdim[d]);
+    if (off[d] != 0 || lg[d] != t->dim[d]) plain = 0;
+  }
+  if (plain) {   /* the whole tensor: the global index is the local one */
+    for (int64_t i = 0; i < n; i++) store(data, t->dtype, i, rt_init_value(s, seed, nh, i));
+    return 0;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    int64_t g = 0, pad = 0;
+    for (int d = 0; d < t->rank; d++) {
+      int64_t gd = off[d] + idx[d];
+      pad |= gd >= lg[d];
+      g = g * lg[d] + gd;
+    }
+    store(data, t->dtype, i, pad ? 0.0 : rt_init_value(s, seed, nh, g));
+    for (int d = t->rank - 1; d >= 0; d--) {   /* odometer over the local index */
+      if (++idx[d] < t->dim[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return 0;
+}
+
 RtProgram *rt_program_new(const IrModule *m, char *err, size_t errlen) {
+  RtRank r = rt_rank_single();
+  return rt_program_new_rank(m, &r, err, errlen);
+}
+
+RtProgram *rt_program_new_rank(const IrModule *m, const RtRank *r, char *err, size_t errlen) {
   if (!m) { ts_errf(err, errlen, "rt_program_new: no module"); return NULL; }
+  if (!r) { ts_errf(err, errlen, "rt_program_new_rank: no rank"); return NULL; }
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {
+    int want = ir_axis_size(m, (IrAxis)a), have = rt_rank_axis_size(r, (IrAxis)a);
+    if (want != have) {
+      ts_errf(err, errlen, "the program was compiled for %s=%d but this rank's mesh has %s=%d",
+              ir_axis_name((IrAxis)a), want, ir_axis_name((IrAxis)a), have);
+      return NULL;
+    }
+    if (r->coord[a] < 0 || r->coord[a] >= have) {
+      ts_errf(err, errlen, "rank coordinate %s=%d is outside the mesh (size %d)", ir_axis_name((IrAxis)a),
+              r->coord[a], have);
+      return NULL;
+    }
+  }
   RtProgram *p = ts_xcalloc(1, sizeof *p);
   p->m = m;
+  p->rank = *r;
   p->profile = getenv("TS_RT_PROFILE") != NULL;
   p->off = ts_xcalloc((size_t)m->states.n + 1, sizeof *p->off);
   p->last_use = ts_xcalloc((size_t)m->blocks.n + 1, sizeof *p->last_use);
@@ -138,7 +242,10 @@ RtProgram *rt_program_new(const IrModule *m, char *err, size_t errlen) {
   memset(p->slab, 0, total);
   for (int i = 0; i < m->states.n; i++) {
     const IrState *s = &m->states.a[i];
-    if (s->kind == IR_STATE_PARAM) init_param(s, m->train.seed, p->slab + p->off[i]);
+    if (s->kind == IR_STATE_PARAM && init_param(p, s, m->train.seed, p->slab + p->off[i], err, errlen) != 0) {
+      rt_program_free(p);
+      return NULL;
+    }
   }
   return p;
 }
@@ -313,7 +420,7 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, void **buf, unsigned 
     buf[i] = out;
     owned[i] = 1;
   }
-  RtKctx k = {p, nd, info, out, &nd->type, ind, inty, msg, n};
+  RtKctx k = {p, b, nd, info, out, &nd->type, ind, inty, msg, n};
   int rc;
   if (nd->op == IR_OP_OUTPUT) {
     if (ir_type_numel(inty[0]) != 1) rc = rt_kfail(&k, "output \"%s\" is not a scalar", nd->sa ? nd->sa : "");

@@ -5,8 +5,25 @@
 #ifndef TS_RT_H
 #define TS_RT_H
 #include "../ir/ir.h"
+#include "plan.h"
 
 typedef struct RtProgram RtProgram;
+typedef struct RtComm RtComm;   /* comm.h */
+
+/* Where a rank sits in the device mesh, and its communicators: group[a]
+ * is the rank's group along mesh axis a (ordered by the coordinate on a,
+ * as rt_comm_mesh_group makes them), NULL when the axis has size 1.  The
+ * kernels use coord[] to find a local element's global index (see
+ * docs/sharding.md) and group[] for the collectives. */
+typedef struct RtRank {
+  RtMesh mesh;
+  int coord[IR_AXIS_COUNT];
+  RtComm *group[IR_AXIS_COUNT];
+} RtRank;
+/* The single-rank context: 1x1x1x1x1 mesh, coordinates 0, no groups. */
+RtRank rt_rank_single(void);
+/* Size of axis a of r's mesh (sizes < 1 count as 1). */
+int rt_rank_axis_size(const RtRank *r, IrAxis a);
 
 /* Allocates every state of m and initializes parameters from m->train.seed.
  * Initialization is counter-based: element i of parameter P gets
@@ -14,6 +31,14 @@ typedef struct RtProgram RtProgram;
  * on how a later pass shards P.  Other states start at zero.
  * NULL with a message in err on failure. m must outlive the program. */
 RtProgram *rt_program_new(const IrModule *m, char *err, size_t errlen);
+/* The same for one rank of a sharded module: m's axis sizes (m->par) must
+ * be those of r's mesh, and every axis of size > 1 needs its group (unless
+ * the caller only runs local ops, as the kernel tests do).  Parameters are
+ * initialized from their GLOBAL indices (so every rank holds exactly its
+ * block of the single-rank initialization).  r is copied; its groups must
+ * outlive the program. */
+RtProgram *rt_program_new_rank(const IrModule *m, const RtRank *r, char *err, size_t errlen);
+const RtRank *rt_program_rank(const RtProgram *p);
 void rt_program_free(RtProgram *p);
 const IrModule *rt_program_module(const RtProgram *p);
 

@@ -23,6 +23,7 @@ double rt_dropout_u(uint64_t seed, int64_t stream, int64_t step, int micro, int6
  * prefixes the block and node). */
 typedef struct RtKctx {
   RtProgram *p;
+  const IrBlock *b;         /* the node's block: operand k is b->nodes[n->in[k]] */
   const IrNode *n;
   const RtRunInfo *info;
   void *out;
@@ -36,6 +37,22 @@ typedef int (*RtKernel)(RtKctx *k);
 extern const RtKernel rt_ref_kernels[IR_OP_COUNT];
 
 int rt_kfail(RtKctx *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The sharding of operand i's value (all zero in an unsharded module). */
+static inline const IrSharding *rt_kin_sh(const RtKctx *k, int i) { return &k->b->nodes[k->n->in[i]].sh; }
+
+/* ---- global indices of local elements (docs/sharding.md) ----
+ * rt_shard_block: the rank's block index along a dim split by the axes in
+ * `mask` (outer axis major: b = (c_a1 * S_a2 + c_a2) * S_a3 + ...); the
+ * number of blocks (product of the axis sizes) into *nblk if not NULL.
+ * 0 (and 1 block) for mask 0. */
+int64_t rt_shard_block(const RtProgram *p, unsigned mask, int64_t *nblk);
+/* Per dim of the local type t under sharding sh: the global offset of the
+ * rank's block (off[d]) and the global (padded) size (gdim[d]). */
+void rt_shard_offsets(const RtProgram *p, const IrSharding *sh, const IrType *t,
+                      int64_t off[IR_MAX_RANK], int64_t gdim[IR_MAX_RANK]);
+/* The rank's group along axis a, or NULL (axis of size 1, or none made). */
+RtComm *rt_program_group(const RtProgram *p, IrAxis a);
+int rt_program_axis_size(const RtProgram *p, IrAxis a);
 /* The module's training seed, for dropout (set by the program). */
 uint64_t rt_program_seed(const RtProgram *p);
 

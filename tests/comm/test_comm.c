@@ -244,6 +244,12 @@ int main(int argc, char **argv) {
     RtMesh m = {2, 1, 1, 1, 2};
     RtComm *tp = rt_comm_mesh_group(w, &m, RT_AXIS_TP, err, sizeof err);
     CHECK(tp != NULL, "tp group: %s", err);
+    /* Only rank 2 may time out: ranks 0 and 1 finish their tp all_reduce
+     * and wait in the world agreement below.  With the world's 3 s they
+     * could time out first under load (rank 2 descheduled after the split)
+     * and abort the job before rank 2 names rank 3, so the world gets a
+     * longer deadline than the tp group. */
+    rt_comm_set_timeout(w, 20.0);
     double x = 1;
     if (tp) {
       if (g_rank == 3) sleep(40);
