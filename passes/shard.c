@@ -403,7 +403,14 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     break;
   }
   if (info->flags & OPF_EW) {
-    if (ew_partial_ok(n->op, st, nin)) { *out = AX_P; return 0; }
+    /* With sequence parallelism a partial activation is reduce-scattered
+     * once, right away, rather than carried through products (which would
+     * make each consumer reduce its own product); sums of partials stay
+     * partial (one reduction for the sum). */
+    int eager = 0;
+    for (int k = 0; k < nin && n->op != IR_OP_ADD && n->op != IR_OP_SUB; k++)
+      if (st[k] == AX_P && resolve_default(S, n->in[k], a) >= 0) eager = 1;
+    if (!eager && ew_partial_ok(n->op, st, nin)) { *out = AX_P; return 0; }
     int t = AX_R, p = -1;
     for (int k = 0; k < nin; k++) {
       if (st[k] >= 0 && t == AX_R) t = st[k];
