@@ -272,8 +272,9 @@ static void rebuild_param(Em *e, const Grad *gr, const Mesh *ms) {
     int64_t sa[3] = {0, 0, gr->n};
     x = em(e, IR_OP_SLICE, &x, 1, sa, NULL, NULL, NULL, &none);
   }
-  if (pt.rank != 1) x = em(e, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &pt, &psh);
-  else if (!e->failed) e->m->blocks.a[e->b].nodes[x].sh = psh;
+  /* back to p's type, dim names included (a slice drops a rank-1 name) */
+  if (!e->failed && ir_type_equal(&e->m->blocks.a[e->b].nodes[x].type, &pt)) e->m->blocks.a[e->b].nodes[x].sh = psh;
+  else x = em(e, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &pt, &psh);
   em(e, IR_OP_ASSIGN, &x, 1, pi, NULL, NULL, NULL, NULL);
 }
 
