@@ -1,0 +1,69 @@
+/* cg.h - code generation: tensor-IR nodes -> kernel IR (lower.c), kernel IR
+ * -> LLVM IR -> host machine code through ORC LLJIT (llvm.c), and a small
+ * helper that spreads a kernel's parallel space over threads (par.c).
+ * The kernel IR itself is in kir.h; docs/codegen.md has the design. */
+#ifndef TS_CG_H
+#define TS_CG_H
+#include "kir.h"
+
+/* ---- lowering (lower.c) ----
+ * The buffers of a lowered kernel: first the values it reads, then the
+ * values it writes, each a whole tensor of its IrType, contiguous row-major. */
+typedef struct {
+  int nin, nout;
+  int in[CG_MAX_BUFS];   /* buffer k (k < nin) holds value %in[k] of the block */
+  int out[CG_MAX_BUFS];  /* buffer nin + j receives value %out[j] */
+} CgGroupIO;
+
+/* Lowers a group of nodes of block b into ONE kernel.  nodes[0..n) are
+ * value ids, ascending (so in execution order); the group is
+ *   - a chain (any DAG) of elementwise ops: every OPF_EW op, broadcast
+ *     (of a value from outside the group), full, causal_mask, masked_fill;
+ *   - plus any number of row ops over the last axis: softmax, log_softmax,
+ *     layernorm, rmsnorm, their _bwd forms, cross_entropy(_bwd);
+ *   - plus reductions over the last axis (sum, mean, max) whose results
+ *     are not used inside the group (the "at most one reduction at the end"
+ *     of a fusion chain).
+ * All of them have the same element shape [..., D] (a reduction's and a
+ * cross-entropy's is their operand's).  Per-row operands (targets, dloss)
+ * and broadcast sources come from outside the group.
+ * A group of one node may also be a reduction along any axis or sumsq.
+ * The kernel reads every operand from outside the group (io->in) and
+ * writes every group value used by a node outside the group, and the last
+ * node (io->out).  Values are computed in f64 and rounded to each node's
+ * dtype after each node, so a fused group computes what the nodes compute
+ * one by one.  NULL with a message if the group is not of that form. */
+CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, int n, CgGroupIO *io,
+                         char *err, size_t errlen);
+/* Whether op can be part of a group (or be a group of one node). */
+int cg_op_lowerable(IrOp op);
+
+/* ---- LLVM (llvm.c) ----
+ * A compiled kernel computes iterations [begin, end) of its parallel space;
+ * bufs[k] points at buffer k (see CgGroupIO). */
+typedef void (*CgFn)(void **bufs, int64_t begin, int64_t end);
+typedef struct CgJit CgJit;
+
+/* One ORC LLJIT for the host CPU (its name and features: AVX2/AVX-512 are
+ * used where present).  Kernels compiled by it live until cg_jit_free. */
+CgJit *cg_jit_new(char *err, size_t errlen);
+void cg_jit_free(CgJit *j);
+/* Emits k as LLVM IR, optimizes it (new pass manager, default<O3>), JITs
+ * it.  NULL with a message on failure. */
+CgFn cg_jit_compile(CgJit *j, const CgKernel *k, char *err, size_t errlen);
+/* The host CPU name and feature string the JIT targets (for reports). */
+const char *cg_jit_cpu(const CgJit *j);
+
+/* k's LLVM IR as text (for --emit=llvm); optimize != 0 runs default<O3>
+ * for the host CPU first.  0, or -1 with a message. */
+int cg_kernel_llvm_text(const CgKernel *k, int optimize, StrBuf *out, char *err, size_t errlen);
+/* The host assembly of k after optimization (to check vectorization). */
+int cg_kernel_asm_text(const CgKernel *k, StrBuf *out, char *err, size_t errlen);
+
+/* ---- threads (par.c) ----
+ * Runs fn over iterations [0, n) split into nthreads contiguous chunks, one
+ * pthread each (the caller's thread takes the first); nthreads <= 1 runs
+ * inline.  Returns when all are done. */
+void cg_par_run(CgFn fn, void **bufs, int64_t n, int nthreads);
+
+#endif

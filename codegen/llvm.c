@@ -1,0 +1,438 @@
+/* llvm.c - kernel IR -> LLVM IR through the LLVM-C API, optimized with the
+ * new pass manager (default<O3>) for the host CPU and JIT-compiled with
+ * ORC LLJIT.  See cg.h for the API and docs/codegen.md for the design.
+ *
+ * A kernel becomes
+ *     void NAME(void **bufs, int64_t begin, int64_t end)
+ *     { for (gid = begin; gid < end; gid++) BODY }
+ * Loop counters and accumulators are allocas that SROA/mem2reg promote;
+ * the vectorizer then sees plain counted loops.  A sum accumulator's adds
+ * carry the `reassoc` flag (and nothing else) so the vectorizer may split
+ * the sum into lanes: the kernel IR's sums have no prescribed order.
+ * exp/log/sqrt are LLVM intrinsics; tanh and erf are libm calls resolved
+ * in the process by the JIT.  Every module is built for the host target
+ * (triple, data layout, CPU name and features), so the cost model knows
+ * the vector width (AVX2: 4 doubles / 8 floats; AVX-512 twice that). */
+#include "cg.h"
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/Error.h>
+#include <llvm-c/LLJIT.h>
+#include <llvm-c/Orc.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+#include <pthread.h>
+
+static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
+static int g_init_rc;
+static void init_llvm(void) {
+  g_init_rc = LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter() ? -1 : 0;
+}
+
+/* Consumes e; writes "what: LLVM's message" and returns -1 (0 if no error). */
+static int llvm_err(LLVMErrorRef e, const char *what, char *err, size_t errlen) {
+  if (!e) return 0;
+  char *msg = LLVMGetErrorMessage(e);
+  ts_errf(err, errlen, "%s: %s", what, msg);
+  LLVMDisposeErrorMessage(msg);
+  return -1;
+}
+
+/* A target machine for the host CPU (name and features), or NULL. */
+static LLVMTargetMachineRef host_tm(char *err, size_t errlen) {
+  pthread_once(&g_init_once, init_llvm);
+  if (g_init_rc) { ts_errf(err, errlen, "LLVM: cannot initialize the native target (is LLVM built with it?)"); return NULL; }
+  char *triple = LLVMGetDefaultTargetTriple(), *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
+  char *msg = NULL;
+  LLVMTargetRef target;
+  LLVMTargetMachineRef tm = NULL;
+  if (LLVMGetTargetFromTriple(triple, &target, &msg) != 0) ts_errf(err, errlen, "LLVM: no target for %s: %s", triple, msg);
+  else
+    tm = LLVMCreateTargetMachine(target, triple, cpu, feat, LLVMCodeGenLevelAggressive, LLVMRelocDefault,
+                                 LLVMCodeModelJITDefault);
+  if (!tm && !msg) ts_errf(err, errlen, "LLVM: cannot create a target machine for %s (%s)", triple, cpu);
+  LLVMDisposeMessage(msg);
+  LLVMDisposeMessage(triple);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(feat);
+  return tm;
+}
+
+/* ---- emission ---- */
+typedef struct {
+  LLVMContextRef cx;
+  LLVMModuleRef mod;
+  LLVMBuilderRef b, eb;   /* eb: allocas at the top of the entry block */
+  LLVMValueRef fn;
+  const CgKernel *k;
+  LLVMValueRef *v;        /* value of each instruction (ACC: its alloca) */
+  LLVMValueRef bufp[CG_MAX_BUFS];
+  LLVMTypeRef t[CG_TYPE_COUNT];
+} Em;
+
+typedef struct { LLVMValueRef ctr, iv; LLVMBasicBlockRef head, exit; } Loop;
+
+static LLVMValueRef alloca_entry(Em *e, LLVMTypeRef ty, const char *name) {
+  return LLVMBuildAlloca(e->eb, ty, name);
+}
+
+/* The value of operand a (an accumulator is read where it is used). */
+static LLVMValueRef val(Em *e, int a) {
+  const CgInst *in = &e->k->code.a[a];
+  if (in->op == CG_ACC) return LLVMBuildLoad2(e->b, e->t[in->type], e->v[a], "");
+  return e->v[a];
+}
+
+static LLVMValueRef intrinsic(Em *e, const char *name, LLVMTypeRef *over, int nover, LLVMValueRef *args, int nargs) {
+  unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+  TS_ASSERT(id != 0);
+  LLVMValueRef f = LLVMGetIntrinsicDeclaration(e->mod, id, over, (size_t)nover);
+  LLVMTypeRef ft = LLVMIntrinsicGetType(e->cx, id, over, (size_t)nover);
+  return LLVMBuildCall2(e->b, ft, f, args, (unsigned)nargs, "");
+}
+
+/* A call to libm's double or float function `name` (tanh, erf). */
+static LLVMValueRef libm(Em *e, const char *name, CgType t, LLVMValueRef x) {
+  char nm[16];
+  snprintf(nm, sizeof nm, "%s%s", name, t == CG_F32 ? "f" : "");
+  LLVMTypeRef ty = e->t[t];
+  LLVMTypeRef ft = LLVMFunctionType(ty, &ty, 1, 0);
+  LLVMValueRef f = LLVMGetNamedFunction(e->mod, nm);
+  if (!f) {
+    f = LLVMAddFunction(e->mod, nm, ft);
+    /* pure: lets LLVM hoist and CSE the calls */
+    unsigned kind = LLVMGetEnumAttributeKindForName("nounwind", 8);
+    LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(e->cx, kind, 0));
+    kind = LLVMGetEnumAttributeKindForName("willreturn", 10);
+    LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(e->cx, kind, 0));
+    /* memory(none): errno is never inspected by kernels */
+    kind = LLVMGetEnumAttributeKindForName("memory", 6);
+    LLVMAddAttributeAtIndex(f, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(e->cx, kind, 0));
+  }
+  return LLVMBuildCall2(e->b, ft, f, &x, 1, "");
+}
+
+static LLVMValueRef emit_cast(Em *e, CgType to, CgType from, LLVMValueRef x) {
+  LLVMTypeRef tt = e->t[to];
+  int fi = cg_type_is_float(from), ti = cg_type_is_float(to);
+  if (fi && ti) return to == CG_F64 ? LLVMBuildFPExt(e->b, x, tt, "") : LLVMBuildFPTrunc(e->b, x, tt, "");
+  if (!fi && ti) return from == CG_I1 ? LLVMBuildUIToFP(e->b, x, tt, "") : LLVMBuildSIToFP(e->b, x, tt, "");
+  if (fi && !ti) {
+    if (to == CG_I1) return LLVMBuildFCmp(e->b, LLVMRealUNE, x, LLVMConstReal(e->t[from], 0), "");
+    LLVMTypeRef over[2] = {tt, e->t[from]};   /* saturating, NaN -> 0 */
+    return intrinsic(e, "llvm.fptosi.sat", over, 2, &x, 1);
+  }
+  if (to == CG_I1) return LLVMBuildICmp(e->b, LLVMIntNE, x, LLVMConstInt(e->t[from], 0, 0), "");
+  if (from == CG_I1) return LLVMBuildZExt(e->b, x, tt, "");
+  return LLVMBuildIntCast2(e->b, x, tt, 1, "");
+}
+
+static LLVMValueRef emit_bin(Em *e, const CgInst *in, LLVMValueRef x, LLVMValueRef y) {
+  CgType t = e->k->code.a[in->a[0]].type;
+  int fl = cg_type_is_float(t);
+  LLVMBuilderRef b = e->b;
+  switch (in->op) {
+  case CG_ADD: return fl ? LLVMBuildFAdd(b, x, y, "") : LLVMBuildAdd(b, x, y, "");
+  case CG_SUB: return fl ? LLVMBuildFSub(b, x, y, "") : LLVMBuildSub(b, x, y, "");
+  case CG_MUL: return fl ? LLVMBuildFMul(b, x, y, "") : LLVMBuildMul(b, x, y, "");
+  case CG_DIV: return fl ? LLVMBuildFDiv(b, x, y, "") : LLVMBuildSDiv(b, x, y, "");
+  case CG_MOD: return LLVMBuildSRem(b, x, y, "");
+  case CG_MAX:
+  case CG_MIN: {
+    if (fl) {
+      LLVMValueRef args[2] = {x, y};
+      LLVMTypeRef ty = e->t[t];
+      return intrinsic(e, in->op == CG_MAX ? "llvm.maxnum" : "llvm.minnum", &ty, 1, args, 2);
+    }
+    LLVMValueRef c = LLVMBuildICmp(b, in->op == CG_MAX ? LLVMIntSGT : LLVMIntSLT, x, y, "");
+    return LLVMBuildSelect(b, c, x, y, "");
+  }
+  case CG_LT: return fl ? LLVMBuildFCmp(b, LLVMRealOLT, x, y, "") : LLVMBuildICmp(b, LLVMIntSLT, x, y, "");
+  case CG_LE: return fl ? LLVMBuildFCmp(b, LLVMRealOLE, x, y, "") : LLVMBuildICmp(b, LLVMIntSLE, x, y, "");
+  case CG_EQ: return fl ? LLVMBuildFCmp(b, LLVMRealOEQ, x, y, "") : LLVMBuildICmp(b, LLVMIntEQ, x, y, "");
+  case CG_NE: return fl ? LLVMBuildFCmp(b, LLVMRealUNE, x, y, "") : LLVMBuildICmp(b, LLVMIntNE, x, y, "");
+  case CG_AND: return LLVMBuildAnd(b, x, y, "");
+  case CG_OR: return LLVMBuildOr(b, x, y, "");
+  default: TS_DIE("llvm: %s is not binary", cg_op_names[in->op]);
+  }
+}
+
+/* Emits one instruction i of the body. */
+static void emit_inst(Em *e, int i, Loop *loops, int *nloops) {
+  const CgInst *in = &e->k->code.a[i];
+  LLVMBuilderRef b = e->b;
+  LLVMTypeRef ty = in->type != CG_VOID ? e->t[in->type] : NULL;
+  switch (in->op) {
+  case CG_CONST:
+    e->v[i] = cg_type_is_float(in->type) ? LLVMConstReal(ty, in->f) : LLVMConstInt(ty, (unsigned long long)in->i, 1);
+    return;
+  case CG_GID: TS_DIE("llvm: gid is emitted by the caller");
+  case CG_RANGE: {
+    Loop *l = &loops[(*nloops)++];
+    l->ctr = alloca_entry(e, e->t[CG_I64], "i");
+    LLVMBuildStore(b, LLVMConstInt(e->t[CG_I64], 0, 0), l->ctr);
+    l->head = LLVMAppendBasicBlockInContext(e->cx, e->fn, "loop");
+    LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(e->cx, e->fn, "body");
+    l->exit = LLVMAppendBasicBlockInContext(e->cx, e->fn, "done");
+    LLVMBuildBr(b, l->head);
+    LLVMPositionBuilderAtEnd(b, l->head);
+    l->iv = LLVMBuildLoad2(b, e->t[CG_I64], l->ctr, "");
+    LLVMBuildCondBr(b, LLVMBuildICmp(b, LLVMIntSLT, l->iv, val(e, in->a[0]), ""), body, l->exit);
+    LLVMPositionBuilderAtEnd(b, body);
+    e->v[i] = l->iv;
+    return;
+  }
+  case CG_END: {
+    Loop *l = &loops[--(*nloops)];
+    LLVMBuildStore(b, LLVMBuildNSWAdd(b, l->iv, LLVMConstInt(e->t[CG_I64], 1, 0), ""), l->ctr);
+    LLVMBuildBr(b, l->head);
+    LLVMPositionBuilderAtEnd(b, l->exit);
+    return;
+  }
+  case CG_ACC:
+    e->v[i] = alloca_entry(e, ty, "acc");
+    LLVMBuildStore(b, LLVMConstReal(ty, in->f), e->v[i]);
+    return;
+  case CG_UPDATE: {
+    const CgInst *acc = &e->k->code.a[in->a[0]];
+    LLVMTypeRef at = e->t[acc->type];
+    LLVMValueRef cur = LLVMBuildLoad2(b, at, e->v[in->a[0]], ""), x = val(e, in->a[1]), nv;
+    if (acc->red == CG_RED_SUM) {
+      nv = LLVMBuildFAdd(b, cur, x, "");
+      LLVMSetFastMathFlags(nv, LLVMFastMathAllowReassoc);   /* sums may be split into lanes */
+    } else {
+      LLVMValueRef args[2] = {cur, x};
+      nv = intrinsic(e, "llvm.maxnum", &at, 1, args, 2);
+    }
+    LLVMBuildStore(b, nv, e->v[in->a[0]]);
+    return;
+  }
+  case CG_LOAD:
+  case CG_STORE: {
+    LLVMTypeRef et = e->t[e->k->buf[in->buf].type];
+    LLVMValueRef idx = val(e, in->a[0]);
+    LLVMValueRef p = LLVMBuildInBoundsGEP2(b, et, e->bufp[in->buf], &idx, 1, "");
+    if (in->op == CG_LOAD) e->v[i] = LLVMBuildLoad2(b, et, p, "");
+    else LLVMBuildStore(b, val(e, in->a[1]), p);
+    return;
+  }
+  default: break;
+  }
+  LLVMValueRef x = val(e, in->a[0]);
+  switch (in->op) {
+  case CG_NEG: e->v[i] = cg_type_is_float(in->type) ? LLVMBuildFNeg(b, x, "") : LLVMBuildNeg(b, x, ""); return;
+  case CG_EXP: e->v[i] = intrinsic(e, "llvm.exp", &ty, 1, &x, 1); return;
+  case CG_LOG: e->v[i] = intrinsic(e, "llvm.log", &ty, 1, &x, 1); return;
+  case CG_SQRT: e->v[i] = intrinsic(e, "llvm.sqrt", &ty, 1, &x, 1); return;
+  case CG_RSQRT:
+    e->v[i] = LLVMBuildFDiv(b, LLVMConstReal(ty, 1), intrinsic(e, "llvm.sqrt", &ty, 1, &x, 1), "");
+    return;
+  case CG_TANH: e->v[i] = libm(e, "tanh", in->type, x); return;
+  case CG_ERF: e->v[i] = libm(e, "erf", in->type, x); return;
+  case CG_SELECT: e->v[i] = LLVMBuildSelect(b, x, val(e, in->a[1]), val(e, in->a[2]), ""); return;
+  case CG_CAST: e->v[i] = emit_cast(e, in->type, e->k->code.a[in->a[0]].type, x); return;
+  default: e->v[i] = emit_bin(e, in, x, val(e, in->a[1])); return;
+  }
+}
+
+/* Builds k as function `sym` in a new module of context cx. */
+static LLVMModuleRef emit_module(const CgKernel *k, const char *sym, LLVMContextRef cx, LLVMTargetMachineRef tm,
+                                 char *err, size_t errlen) {
+  if (cg_kernel_verify(k, err, errlen) != 0) return NULL;
+  Em e = {.cx = cx, .k = k};
+  e.mod = LLVMModuleCreateWithNameInContext(k->name, cx);
+  char *triple = LLVMGetTargetMachineTriple(tm);
+  LLVMSetTarget(e.mod, triple);
+  LLVMDisposeMessage(triple);
+  LLVMTargetDataRef td = LLVMCreateTargetDataLayout(tm);
+  LLVMSetModuleDataLayout(e.mod, td);
+  LLVMDisposeTargetData(td);
+  e.t[CG_I1] = LLVMInt1TypeInContext(cx);
+  e.t[CG_I32] = LLVMInt32TypeInContext(cx);
+  e.t[CG_I64] = LLVMInt64TypeInContext(cx);
+  e.t[CG_F32] = LLVMFloatTypeInContext(cx);
+  e.t[CG_F64] = LLVMDoubleTypeInContext(cx);
+  LLVMTypeRef ptr = LLVMPointerTypeInContext(cx, 0);
+  LLVMTypeRef params[3] = {ptr, e.t[CG_I64], e.t[CG_I64]};
+  e.fn = LLVMAddFunction(e.mod, sym, LLVMFunctionType(LLVMVoidTypeInContext(cx), params, 3, 0));
+  /* the host CPU for this function too, so the cost model sees AVX */
+  char *cpu = LLVMGetHostCPUName(), *feat = LLVMGetHostCPUFeatures();
+  LLVMAddTargetDependentFunctionAttr(e.fn, "target-cpu", cpu);
+  LLVMAddTargetDependentFunctionAttr(e.fn, "target-features", feat);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(feat);
+  unsigned nounwind = LLVMGetEnumAttributeKindForName("nounwind", 8);
+  LLVMAddAttributeAtIndex(e.fn, LLVMAttributeFunctionIndex, LLVMCreateEnumAttribute(cx, nounwind, 0));
+
+  LLVMBasicBlockRef entry = LLVMAppendBasicBlockInContext(cx, e.fn, "entry");
+  LLVMBasicBlockRef head = LLVMAppendBasicBlockInContext(cx, e.fn, "grid");
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(cx, e.fn, "iter");
+  LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(cx, e.fn, "exit");
+  e.b = LLVMCreateBuilderInContext(cx);
+  e.eb = LLVMCreateBuilderInContext(cx);
+  LLVMPositionBuilderAtEnd(e.eb, entry);
+  LLVMPositionBuilderAtEnd(e.b, entry);
+  LLVMValueRef bufs = LLVMGetParam(e.fn, 0);
+  for (int i = 0; i < k->nbuf; i++) {   /* buffer pointers, loaded once */
+    LLVMValueRef idx = LLVMConstInt(e.t[CG_I64], (unsigned long long)i, 0);
+    e.bufp[i] = LLVMBuildLoad2(e.b, ptr, LLVMBuildInBoundsGEP2(e.b, ptr, bufs, &idx, 1, ""), "");
+  }
+  LLVMValueRef gctr = LLVMBuildAlloca(e.b, e.t[CG_I64], "gid");
+  LLVMBuildStore(e.b, LLVMGetParam(e.fn, 1), gctr);
+  LLVMValueRef entry_br = LLVMBuildBr(e.b, head);
+  LLVMPositionBuilderBefore(e.eb, entry_br);   /* later allocas go before the branch */
+  LLVMPositionBuilderAtEnd(e.b, head);
+  LLVMValueRef gid = LLVMBuildLoad2(e.b, e.t[CG_I64], gctr, "");
+  LLVMBuildCondBr(e.b, LLVMBuildICmp(e.b, LLVMIntSLT, gid, LLVMGetParam(e.fn, 2), ""), body, exit);
+  LLVMPositionBuilderAtEnd(e.b, body);
+
+  e.v = ts_xcalloc((size_t)(k->code.n ? k->code.n : 1), sizeof *e.v);
+  Loop *loops = ts_xcalloc((size_t)(k->code.n ? k->code.n : 1), sizeof *loops);
+  int nloops = 0;
+  for (int i = 0; i < k->code.n; i++) {
+    if (k->code.a[i].op == CG_GID) e.v[i] = gid;
+    else emit_inst(&e, i, loops, &nloops);
+  }
+  LLVMBuildStore(e.b, LLVMBuildNSWAdd(e.b, gid, LLVMConstInt(e.t[CG_I64], 1, 0), ""), gctr);
+  LLVMBuildBr(e.b, head);
+  LLVMPositionBuilderAtEnd(e.b, exit);
+  LLVMBuildRetVoid(e.b);
+  free(e.v);
+  free(loops);
+  LLVMDisposeBuilder(e.b);
+  LLVMDisposeBuilder(e.eb);
+
+  char *msg = NULL;
+  if (LLVMVerifyModule(e.mod, LLVMReturnStatusAction, &msg) != 0) {
+    ts_errf(err, errlen, "internal error: kernel %s gives invalid LLVM IR: %s", k->name, msg ? msg : "");
+    LLVMDisposeMessage(msg);
+    LLVMDisposeModule(e.mod);
+    return NULL;
+  }
+  LLVMDisposeMessage(msg);
+  return e.mod;
+}
+
+static int optimize(LLVMModuleRef mod, LLVMTargetMachineRef tm, char *err, size_t errlen) {
+  LLVMPassBuilderOptionsRef o = LLVMCreatePassBuilderOptions();
+  LLVMPassBuilderOptionsSetLoopVectorization(o, 1);
+  LLVMPassBuilderOptionsSetSLPVectorization(o, 1);
+  LLVMPassBuilderOptionsSetLoopUnrolling(o, 1);
+  int rc = llvm_err(LLVMRunPasses(mod, "default<O3>", tm, o), "LLVM optimization", err, errlen);
+  LLVMDisposePassBuilderOptions(o);
+  return rc;
+}
+
+/* ---- the JIT ---- */
+struct CgJit {
+  LLVMOrcLLJITRef jit;
+  LLVMTargetMachineRef tm;   /* for the optimization pipeline */
+  int nkern;
+  char cpu[512];
+};
+
+CgJit *cg_jit_new(char *err, size_t errlen) {
+  LLVMTargetMachineRef tm = host_tm(err, errlen), tm2 = tm ? host_tm(err, errlen) : NULL;
+  if (!tm2) {
+    if (tm) LLVMDisposeTargetMachine(tm);
+    return NULL;
+  }
+  LLVMOrcLLJITBuilderRef jb = LLVMOrcCreateLLJITBuilder();
+  /* the builder takes tm2 (and disposes of it) */
+  LLVMOrcLLJITBuilderSetJITTargetMachineBuilder(jb, LLVMOrcJITTargetMachineBuilderCreateFromTargetMachine(tm2));
+  LLVMOrcLLJITRef jit;
+  if (llvm_err(LLVMOrcCreateLLJIT(&jit, jb), "LLVM JIT", err, errlen) != 0) {
+    LLVMDisposeTargetMachine(tm);
+    return NULL;
+  }
+  /* kernels call libm (tanh, erf, exp): resolve in this process */
+  LLVMOrcDefinitionGeneratorRef gen;
+  if (llvm_err(LLVMOrcCreateDynamicLibrarySearchGeneratorForProcess(&gen, LLVMOrcLLJITGetGlobalPrefix(jit), NULL, NULL),
+               "LLVM JIT symbol search", err, errlen) != 0) {
+    LLVMOrcDisposeLLJIT(jit);
+    LLVMDisposeTargetMachine(tm);
+    return NULL;
+  }
+  LLVMOrcJITDylibAddGenerator(LLVMOrcLLJITGetMainJITDylib(jit), gen);
+  CgJit *j = ts_xcalloc(1, sizeof *j);
+  j->jit = jit;
+  j->tm = tm;
+  char *cpu = LLVMGetTargetMachineCPU(tm), *feat = LLVMGetTargetMachineFeatureString(tm);
+  snprintf(j->cpu, sizeof j->cpu, "%s %s", cpu, feat);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(feat);
+  return j;
+}
+
+void cg_jit_free(CgJit *j) {
+  if (!j) return;
+  LLVMErrorRef e = LLVMOrcDisposeLLJIT(j->jit);
+  if (e) LLVMConsumeError(e);
+  LLVMDisposeTargetMachine(j->tm);
+  free(j);
+}
+
+const char *cg_jit_cpu(const CgJit *j) { return j->cpu; }
+
+CgFn cg_jit_compile(CgJit *j, const CgKernel *k, char *err, size_t errlen) {
+  char sym[96];
+  snprintf(sym, sizeof sym, "%s_%d", k->name, j->nkern++);   /* unique in the JIT */
+  LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();
+  LLVMModuleRef mod = emit_module(k, sym, LLVMOrcThreadSafeContextGetContext(tsc), j->tm, err, errlen);
+  if (!mod || optimize(mod, j->tm, err, errlen) != 0) {
+    if (mod) LLVMDisposeModule(mod);
+    LLVMOrcDisposeThreadSafeContext(tsc);
+    return NULL;
+  }
+  LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(mod, tsc);
+  LLVMOrcDisposeThreadSafeContext(tsc);   /* the module keeps the context alive */
+  LLVMOrcJITDylibRef dl = LLVMOrcLLJITGetMainJITDylib(j->jit);
+  LLVMErrorRef e = LLVMOrcLLJITAddLLVMIRModule(j->jit, dl, tsm);
+  if (e) {
+    LLVMOrcDisposeThreadSafeModule(tsm);
+    llvm_err(e, "LLVM JIT: adding the module", err, errlen);
+    return NULL;
+  }
+  LLVMOrcExecutorAddress addr = 0;
+  if (llvm_err(LLVMOrcLLJITLookup(j->jit, &addr, sym), "LLVM JIT: compiling the kernel", err, errlen) != 0) return NULL;
+  CgFn fn;
+  memcpy(&fn, &(void *){(void *)(uintptr_t)addr}, sizeof fn);   /* object to function pointer */
+  return fn;
+}
+
+/* ---- text ---- */
+static int with_module(const CgKernel *k, int opt, int assembly, StrBuf *out, char *err, size_t errlen) {
+  LLVMTargetMachineRef tm = host_tm(err, errlen);
+  if (!tm) return -1;
+  LLVMContextRef cx = LLVMContextCreate();
+  LLVMModuleRef mod = emit_module(k, k->name, cx, tm, err, errlen);
+  int rc = mod ? 0 : -1;
+  if (rc == 0 && opt) rc = optimize(mod, tm, err, errlen);
+  if (rc == 0 && !assembly) {
+    char *s = LLVMPrintModuleToString(mod);
+    sb_puts(out, s);
+    LLVMDisposeMessage(s);
+  } else if (rc == 0) {
+    char *msg = NULL;
+    LLVMMemoryBufferRef mb = NULL;
+    if (LLVMTargetMachineEmitToMemoryBuffer(tm, mod, LLVMAssemblyFile, &msg, &mb) != 0) {
+      rc = ts_errf(err, errlen, "LLVM: cannot emit assembly: %s", msg ? msg : "");
+    } else {
+      sb_write(out, LLVMGetBufferStart(mb), LLVMGetBufferSize(mb));
+      LLVMDisposeMemoryBuffer(mb);
+    }
+    LLVMDisposeMessage(msg);
+  }
+  if (mod) LLVMDisposeModule(mod);
+  LLVMContextDispose(cx);
+  LLVMDisposeTargetMachine(tm);
+  return rc;
+}
+
+int cg_kernel_llvm_text(const CgKernel *k, int opt, StrBuf *out, char *err, size_t errlen) {
+  return with_module(k, opt, 0, out, err, errlen);
+}
+int cg_kernel_asm_text(const CgKernel *k, StrBuf *out, char *err, size_t errlen) {
+  return with_module(k, 1, 1, out, err, errlen);
+}

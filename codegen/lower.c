@@ -1,0 +1,574 @@
+/* lower.c - tensor-IR nodes -> kernel IR (cg_lower_group, see cg.h).
+ *
+ * One engine lowers single ops and fused groups alike.  A group's values
+ * share one element shape, viewed as [rows, D] with D the last dim:
+ *   - flat mode (only elementwise ops): one iteration per element, the
+ *     parallel space is the flat index and vectorizes directly;
+ *   - row mode (any row op or last-axis reduction): one iteration per row.
+ *     Each row op first computes its per-row statistics (max, sums, mean,
+ *     rstd) in loops over the row, at row level, in node order; then one
+ *     final loop over the row stores every output element and feeds the
+ *     reductions.
+ * elem() gives the value of a group node at the current element position,
+ * recursively: an operand from outside the group is a load, an elementwise
+ * node applies its formula to its operands' elements, a row op combines its
+ * operand's element with its statistics.  So a producer chain is recomputed
+ * inside every loop that needs it (rematerialization: cheaper than a
+ * round trip through memory for the memory-bound ops fused here); within
+ * one loop each value is computed once (memo, reset when a loop ends).
+ *
+ * Numerics follow runtime/ops_ref_t.h: arithmetic and accumulation in f64,
+ * each node's value rounded to its dtype (so fusing does not change
+ * results), the same formulas in the same order where it matters. */
+#include "cg.h"
+#include <math.h>
+
+#define GELU_K 0.7978845608028654   /* sqrt(2 / pi), as the reference */
+#define GELU_A 0.044715
+
+typedef struct { int v[5]; } RowStats;   /* per-row values of a row op */
+
+typedef struct {
+  CgKernel *k;
+  const IrModule *m;
+  const IrBlock *b;
+  const int *nodes;
+  int n;
+  CgGroupIO *io;
+  IrType shape;          /* the element shape */
+  int rowmode;
+  int64_t D, rows, numel;
+  int gid;
+  int row, col, flat;    /* current position (values; -1 = not built yet) */
+  int gen;               /* memo generation: bumped when a loop ends */
+  int *memo, *memogen;   /* per group position */
+  int inmemo[CG_MAX_BUFS], inmemogen[CG_MAX_BUFS];
+  RowStats *st;          /* per group position (row ops, cross-entropy) */
+  int *outbuf;           /* per group position: output buffer or -1 */
+  char *err;
+  size_t errlen;
+} Lw;
+
+static int gpos(const Lw *L, int id) {
+  for (int i = 0; i < L->n; i++)
+    if (L->nodes[i] == id) return i;
+  return -1;
+}
+static const IrNode *node(const Lw *L, int id) { return &L->b->nodes[id]; }
+static int in_buf(const Lw *L, int id) {
+  for (int i = 0; i < L->io->nin; i++)
+    if (L->io->in[i] == id) return i;
+  return -1;
+}
+
+/* ---- small emit helpers (all f64 unless named otherwise) ---- */
+static int F(Lw *L, double v) { return cg_const_f(L->k, CG_F64, v); }
+static int I(Lw *L, int64_t v) { return cg_const_i(L->k, CG_I64, v); }
+static int add(Lw *L, int a, int b) { return cg_bin(L->k, CG_ADD, a, b); }
+static int sub(Lw *L, int a, int b) { return cg_bin(L->k, CG_SUB, a, b); }
+static int mul(Lw *L, int a, int b) { return cg_bin(L->k, CG_MUL, a, b); }
+static int dvd(Lw *L, int a, int b) { return cg_bin(L->k, CG_DIV, a, b); }
+static int un(Lw *L, CgOp op, int a) { return cg_un(L->k, op, a); }
+static int sel(Lw *L, int c, int a, int b) { return cg_select(L->k, c, a, b); }
+static int sigmoid(Lw *L, int x) { return dvd(L, F(L, 1), add(L, F(L, 1), un(L, CG_EXP, un(L, CG_NEG, x)))); }
+/* value v (f64) rounded to dtype dt and back, as storing it would */
+static int round_to(Lw *L, IrDtype dt, int v) {
+  CgType t = cg_type_of_dtype(dt);
+  return t == CG_F64 ? v : cg_cast(L->k, CG_F64, cg_cast(L->k, t, v));
+}
+static int load_f64(Lw *L, int buf, int idx) { return cg_cast(L->k, CG_F64, cg_load(L->k, buf, idx)); }
+
+/* ---- positions ---- */
+static int pos_flat(Lw *L) {
+  if (L->flat < 0) L->flat = add(L, mul(L, L->row, I(L, L->D)), L->col);
+  return L->flat;
+}
+static int pos_col(Lw *L) {
+  if (L->col < 0) L->col = cg_bin(L->k, CG_MOD, L->flat, I(L, L->D));
+  return L->col;
+}
+static int pos_row(Lw *L) {
+  if (L->row < 0) L->row = cg_bin(L->k, CG_DIV, L->flat, I(L, L->D));
+  return L->row;
+}
+static void forget(Lw *L) { L->gen++; }
+
+/* A loop over the row (row mode); its body sees the position (gid, i). */
+static int loop_begin(Lw *L) {
+  int r = cg_range(L->k, I(L, L->D));
+  forget(L);
+  L->col = r;
+  L->flat = -1;
+  return r;
+}
+static void loop_end(Lw *L) {
+  cg_end(L->k);
+  forget(L);
+  L->col = L->flat = -1;
+}
+
+/* Index into a broadcast source src for the current element of dst
+ * (right-aligned numpy broadcasting, as ref_BROADCAST). */
+static int bcast_index(Lw *L, const IrType *src, const IrType *dst) {
+  int off = dst->rank - src->rank;
+  int64_t sn = ir_type_numel(src);
+  /* common case, a bias: src without its leading 1s is dst's trailing dims */
+  int f = 0, trailing = 1;
+  while (f < src->rank && src->dim[f] == 1) f++;
+  for (int d = f; d < src->rank; d++)
+    if (src->dim[d] != dst->dim[d + off]) trailing = 0;
+  if (trailing) {
+    if (L->rowmode && L->D % (sn ? sn : 1) == 0)
+      return sn == L->D ? pos_col(L) : cg_bin(L->k, CG_MOD, pos_col(L), I(L, sn));
+    return cg_bin(L->k, CG_MOD, pos_flat(L), I(L, sn ? sn : 1));
+  }
+  /* general: sum over kept dims of coordinate * stride in src */
+  int idx = I(L, 0);
+  int64_t sstride = 1, dstride = 1;
+  int64_t ds[IR_MAX_RANK], ss[IR_MAX_RANK];
+  for (int d = dst->rank - 1; d >= 0; d--) {
+    ds[d] = dstride;
+    dstride *= dst->dim[d];
+    int sd = d - off;
+    ss[d] = (sd >= 0 && src->dim[sd] != 1) ? sstride : 0;
+    if (sd >= 0) sstride *= src->dim[sd];
+  }
+  for (int d = 0; d < dst->rank; d++) {
+    if (!ss[d]) continue;
+    int c = cg_bin(L->k, CG_MOD, cg_bin(L->k, CG_DIV, pos_flat(L), I(L, ds[d])), I(L, dst->dim[d]));
+    idx = add(L, idx, mul(L, c, I(L, ss[d])));
+  }
+  return idx;
+}
+
+static int elem(Lw *L, int id);
+
+/* Per-row operand (targets, dloss) at the current row, raw type. */
+static int row_operand(Lw *L, int id) { return cg_load(L->k, in_buf(L, id), pos_row(L)); }
+
+/* The formula of an elementwise node at the current position. */
+static int elem_ew(Lw *L, const IrNode *nd) {
+  int x = nd->nin > 0 ? elem(L, nd->in[0]) : -1;
+  int z = nd->nin > 1 ? elem(L, nd->in[1]) : -1;
+  double c = nd->fa[0];
+  switch (nd->op) {
+  case IR_OP_ADD: return add(L, x, z);
+  case IR_OP_SUB: return sub(L, x, z);
+  case IR_OP_MUL: return mul(L, x, z);
+  case IR_OP_DIV: return dvd(L, x, z);
+  case IR_OP_ADDS: return add(L, x, F(L, c));
+  case IR_OP_MULS: return mul(L, x, F(L, c));
+  case IR_OP_NEG: return un(L, CG_NEG, x);
+  case IR_OP_EXP: return un(L, CG_EXP, x);
+  case IR_OP_LOG: return un(L, CG_LOG, x);
+  case IR_OP_SQRT: return un(L, CG_SQRT, x);
+  case IR_OP_RSQRT: return dvd(L, F(L, 1), un(L, CG_SQRT, x));
+  case IR_OP_TANH: return un(L, CG_TANH, x);
+  case IR_OP_GELU_TANH: {   /* 0.5 x (1 + tanh(K (x + A x^3))) */
+    int x3 = mul(L, mul(L, mul(L, F(L, GELU_A), x), x), x);
+    int th = un(L, CG_TANH, mul(L, F(L, GELU_K), add(L, x, x3)));
+    return mul(L, mul(L, F(L, 0.5), x), add(L, F(L, 1), th));
+  }
+  case IR_OP_GELU_ERF:      /* 0.5 x (1 + erf(x / sqrt 2)) */
+    return mul(L, mul(L, F(L, 0.5), x), add(L, F(L, 1), un(L, CG_ERF, dvd(L, x, F(L, M_SQRT2)))));
+  case IR_OP_SILU: return mul(L, x, sigmoid(L, x));
+  case IR_OP_RELU: return sel(L, cg_bin(L->k, CG_LT, F(L, 0), x), x, F(L, 0));
+  case IR_OP_GELU_TANH_BWD: {
+    int x3 = mul(L, mul(L, mul(L, F(L, GELU_A), x), x), x);
+    int th = un(L, CG_TANH, mul(L, F(L, GELU_K), add(L, x, x3)));
+    int a = mul(L, F(L, 0.5), add(L, F(L, 1), th));
+    int s = sub(L, F(L, 1), mul(L, th, th));
+    int p = add(L, F(L, 1), mul(L, mul(L, F(L, 3 * GELU_A), x), x));
+    int bb = mul(L, mul(L, mul(L, mul(L, F(L, 0.5), x), s), F(L, GELU_K)), p);
+    return mul(L, z, add(L, a, bb));
+  }
+  case IR_OP_GELU_ERF_BWD: {
+    int a = mul(L, F(L, 0.5), add(L, F(L, 1), un(L, CG_ERF, dvd(L, x, F(L, M_SQRT2)))));
+    int e = un(L, CG_EXP, mul(L, mul(L, F(L, -0.5), x), x));
+    int bb = dvd(L, mul(L, x, e), F(L, sqrt(2.0 * M_PI)));
+    return mul(L, z, add(L, a, bb));
+  }
+  case IR_OP_SILU_BWD: {    /* dy sig (1 + x (1 - sig)) */
+    int s = sigmoid(L, x);
+    return mul(L, mul(L, z, s), add(L, F(L, 1), mul(L, x, sub(L, F(L, 1), s))));
+  }
+  case IR_OP_RELU_BWD: return sel(L, cg_bin(L->k, CG_LT, F(L, 0), x), z, F(L, 0));
+  case IR_OP_EQ: return sel(L, cg_bin(L->k, CG_EQ, x, z), F(L, 1), F(L, 0));
+  case IR_OP_NE_SCALAR: return sel(L, cg_bin(L->k, CG_NE, x, F(L, c)), F(L, 1), F(L, 0));
+  case IR_OP_CAST: return x;   /* the rounding to the result dtype does it */
+  case IR_OP_FULL: return F(L, nd->fa[0]);
+  case IR_OP_BROADCAST: {
+    const IrType *st = &node(L, nd->in[0])->type;
+    return load_f64(L, in_buf(L, nd->in[0]), bcast_index(L, st, &nd->type));
+  }
+  case IR_OP_CAUSAL_MASK: {  /* fill where column j > row i of the last two dims */
+    int64_t R = nd->type.dim[nd->type.rank - 2];
+    int i = cg_bin(L->k, CG_MOD, pos_row(L), I(L, R));
+    return sel(L, cg_bin(L->k, CG_LT, i, pos_col(L)), F(L, c), x);
+  }
+  case IR_OP_MASKED_FILL: return sel(L, cg_bin(L->k, CG_NE, z, F(L, 0)), x, F(L, c));
+  default: TS_DIE("lower: %s is not elementwise", ir_ops[nd->op].name);
+  }
+}
+
+/* A row op's element from its statistics (computed by row_stats). */
+static int elem_row(Lw *L, const IrNode *nd, const RowStats *s) {
+  const int *v = s->v;
+  switch (nd->op) {
+  case IR_OP_SOFTMAX: return dvd(L, un(L, CG_EXP, sub(L, elem(L, nd->in[0]), v[0])), v[1]);
+  case IR_OP_LOG_SOFTMAX: return sub(L, elem(L, nd->in[0]), v[2]);
+  case IR_OP_SOFTMAX_BWD: {
+    int y = elem(L, nd->in[0]), dy = elem(L, nd->in[1]);
+    return mul(L, y, sub(L, dy, v[0]));
+  }
+  case IR_OP_LOG_SOFTMAX_BWD: {
+    int y = elem(L, nd->in[0]), dy = elem(L, nd->in[1]);
+    return sub(L, dy, mul(L, un(L, CG_EXP, y), v[0]));
+  }
+  case IR_OP_LAYERNORM: return mul(L, sub(L, elem(L, nd->in[0]), v[0]), v[1]);
+  case IR_OP_LAYERNORM_BWD: {  /* rs (dy - mean(dy) - xh mean(dy xh)) */
+    int xh = mul(L, sub(L, elem(L, nd->in[0]), v[0]), v[1]);
+    int dy = elem(L, nd->in[1]);
+    return mul(L, v[1], sub(L, sub(L, dy, v[2]), mul(L, xh, v[3])));
+  }
+  case IR_OP_RMSNORM: return mul(L, elem(L, nd->in[0]), v[0]);
+  case IR_OP_RMSNORM_BWD: {    /* r dy - r^3 x mean(dy x) */
+    int x = elem(L, nd->in[0]), dy = elem(L, nd->in[1]);
+    int r3 = mul(L, mul(L, v[0], v[0]), v[0]);
+    return sub(L, mul(L, v[0], dy), mul(L, mul(L, r3, x), v[1]));
+  }
+  case IR_OP_CROSS_ENTROPY_BWD: {
+    /* (T)e * (T)(d / s), then d subtracted at the target; 0 if ignored,
+     * NaN for a target outside [0, V) */
+    IrDtype dt = nd->type.dtype;
+    int e = round_to(L, dt, un(L, CG_EXP, sub(L, elem(L, nd->in[0]), v[0])));
+    int g = round_to(L, dt, mul(L, e, v[1]));
+    int at = cg_bin(L->k, CG_EQ, pos_col(L), v[2]);
+    g = sel(L, at, round_to(L, dt, sub(L, g, v[3])), g);
+    return sel(L, v[4], g, F(L, 0));   /* v[4]: 1 kept, 0 ignored (NaN folded into v[1]) */
+  }
+  default: TS_DIE("lower: %s is not a row op", ir_ops[nd->op].name);
+  }
+}
+
+static int elem(Lw *L, int id) {
+  int g = gpos(L, id);
+  if (g < 0) {                    /* from outside: a load, once per loop */
+    int bi = in_buf(L, id);
+    TS_ASSERT(bi >= 0);
+    if (L->inmemogen[bi] == L->gen && L->inmemo[bi] >= 0) return L->inmemo[bi];
+    L->inmemogen[bi] = L->gen;
+    return L->inmemo[bi] = load_f64(L, bi, pos_flat(L));
+  }
+  if (L->memogen[g] == L->gen && L->memo[g] >= 0) return L->memo[g];
+  const IrNode *nd = node(L, id);
+  int v = (ir_ops[nd->op].flags & OPF_EW) || nd->op == IR_OP_FULL || nd->op == IR_OP_BROADCAST ||
+                  nd->op == IR_OP_CAUSAL_MASK || nd->op == IR_OP_MASKED_FILL
+              ? elem_ew(L, nd)
+              : elem_row(L, nd, &L->st[g]);
+  v = round_to(L, nd->type.dtype, v);
+  L->memogen[g] = L->gen;
+  return L->memo[g] = v;
+}
+
+/* sum over the row of f(element), f selected by `what`; one loop */
+enum { S_X, S_EXP_SHIFT, S_PROD, S_SQDEV, S_SQ, S_PROD_XH };
+static int row_sum(Lw *L, int what, int a, int bnode, int p0, int p1) {
+  int acc = cg_acc(L->k, CG_F64, CG_RED_SUM, 0);
+  loop_begin(L);
+  int x = elem(L, a), t;
+  switch (what) {
+  case S_X: t = x; break;
+  case S_EXP_SHIFT: t = un(L, CG_EXP, sub(L, x, p0)); break;
+  case S_PROD: t = mul(L, x, elem(L, bnode)); break;
+  case S_SQDEV: { int d = sub(L, x, p0); t = mul(L, d, d); break; }
+  case S_SQ: t = mul(L, x, x); break;
+  default: /* S_PROD_XH: dy * ((x - mu) * rs), x = a, dy = bnode */
+    t = mul(L, elem(L, bnode), mul(L, sub(L, x, p0), p1));
+    break;
+  }
+  cg_update(L->k, acc, t);
+  loop_end(L);
+  return acc;
+}
+static int row_max(Lw *L, int a) {
+  int acc = cg_acc(L->k, CG_F64, CG_RED_MAX, -INFINITY);
+  loop_begin(L);
+  cg_update(L->k, acc, elem(L, a));
+  loop_end(L);
+  return acc;
+}
+
+/* Statistics of row op nodes[g] for the current row (at row level). */
+static void row_stats(Lw *L, int g) {
+  const IrNode *nd = node(L, L->nodes[g]);
+  int *v = L->st[g].v;
+  double eps = nd->fa[0];
+  int Dv = F(L, (double)L->D);
+  switch (nd->op) {
+  case IR_OP_SOFTMAX:
+  case IR_OP_LOG_SOFTMAX: {
+    int mx = row_max(L, nd->in[0]);
+    mx = sel(L, cg_bin(L->k, CG_EQ, mx, F(L, -INFINITY)), F(L, 0), mx);   /* fully masked row */
+    v[0] = mx;
+    v[1] = row_sum(L, S_EXP_SHIFT, nd->in[0], -1, mx, -1);
+    v[2] = add(L, mx, un(L, CG_LOG, v[1]));
+    break;
+  }
+  case IR_OP_SOFTMAX_BWD: v[0] = row_sum(L, S_PROD, nd->in[1], nd->in[0], -1, -1); break;
+  case IR_OP_LOG_SOFTMAX_BWD: v[0] = row_sum(L, S_X, nd->in[1], -1, -1, -1); break;
+  case IR_OP_LAYERNORM:
+  case IR_OP_LAYERNORM_BWD: {
+    int mu = dvd(L, row_sum(L, S_X, nd->in[0], -1, -1, -1), Dv);
+    int var = dvd(L, row_sum(L, S_SQDEV, nd->in[0], -1, mu, -1), Dv);
+    v[0] = mu;
+    v[1] = dvd(L, F(L, 1), un(L, CG_SQRT, add(L, var, F(L, eps))));
+    if (nd->op == IR_OP_LAYERNORM_BWD) {
+      v[2] = dvd(L, row_sum(L, S_X, nd->in[1], -1, -1, -1), Dv);
+      v[3] = dvd(L, row_sum(L, S_PROD_XH, nd->in[0], nd->in[1], mu, v[1]), Dv);
+    }
+    break;
+  }
+  case IR_OP_RMSNORM:
+  case IR_OP_RMSNORM_BWD:
+    v[0] = dvd(L, F(L, 1), un(L, CG_SQRT, add(L, dvd(L, row_sum(L, S_SQ, nd->in[0], -1, -1, -1), Dv), F(L, eps))));
+    if (nd->op == IR_OP_RMSNORM_BWD) v[1] = dvd(L, row_sum(L, S_PROD, nd->in[1], nd->in[0], -1, -1), Dv);
+    break;
+  case IR_OP_CROSS_ENTROPY:
+  case IR_OP_CROSS_ENTROPY_BWD: {
+    /* t = target; kept = t != ignore; valid = 0 <= t < V */
+    int t = cg_cast(L->k, CG_I64, row_operand(L, nd->in[1]));
+    int kept = cg_bin(L->k, CG_NE, t, I(L, nd->ia[0]));
+    int valid = cg_bin(L->k, CG_AND, cg_bin(L->k, CG_LE, I(L, 0), t), cg_bin(L->k, CG_LT, t, I(L, L->D)));
+    int tc = sel(L, valid, t, I(L, 0));    /* never index outside the row */
+    int mx = row_max(L, nd->in[0]);
+    int s = row_sum(L, S_EXP_SHIFT, nd->in[0], -1, mx, -1);
+    int nan = F(L, NAN);
+    if (nd->op == IR_OP_CROSS_ENTROPY) {
+      /* the logit at the target: elem at column tc of this row */
+      forget(L);
+      L->col = tc;
+      L->flat = -1;
+      int xt = elem(L, nd->in[0]);
+      forget(L);
+      L->col = L->flat = -1;
+      int loss = sub(L, add(L, mx, un(L, CG_LOG, s)), xt);
+      v[0] = sel(L, kept, sel(L, valid, loss, nan), F(L, 0));
+    } else {
+      int d = load_f64(L, in_buf(L, nd->in[2]), pos_row(L));
+      v[0] = mx;
+      v[1] = sel(L, valid, round_to(L, nd->type.dtype, dvd(L, d, s)), nan);
+      v[2] = tc;
+      v[3] = d;
+      v[4] = kept;
+    }
+    break;
+  }
+  default: break;
+  }
+}
+
+static int is_ew_like(IrOp op) {
+  return (ir_ops[op].flags & OPF_EW) || op == IR_OP_FULL || op == IR_OP_BROADCAST || op == IR_OP_CAUSAL_MASK ||
+         op == IR_OP_MASKED_FILL;
+}
+static int is_row_op(IrOp op) {
+  switch (op) {
+  case IR_OP_SOFTMAX: case IR_OP_SOFTMAX_BWD: case IR_OP_LOG_SOFTMAX: case IR_OP_LOG_SOFTMAX_BWD:
+  case IR_OP_LAYERNORM: case IR_OP_LAYERNORM_BWD: case IR_OP_RMSNORM: case IR_OP_RMSNORM_BWD:
+  case IR_OP_CROSS_ENTROPY: case IR_OP_CROSS_ENTROPY_BWD: return 1;
+  default: return 0;
+  }
+}
+static int is_reduce(IrOp op) { return op == IR_OP_SUM || op == IR_OP_MEAN || op == IR_OP_MAX; }
+/* one value per row rather than per element */
+static int is_per_row(IrOp op) { return is_reduce(op) || op == IR_OP_CROSS_ENTROPY; }
+
+int cg_op_lowerable(IrOp op) {
+  return op >= 0 && op < IR_OP_COUNT && (is_ew_like(op) || is_row_op(op) || is_reduce(op) || op == IR_OP_SUMSQ);
+}
+
+/* The element shape of a node: its own type, or its operand's for per-row nodes. */
+static const IrType *elem_type(const Lw *L, const IrNode *nd) {
+  return is_per_row(nd->op) ? &node(L, nd->in[0])->type : &nd->type;
+}
+static int same_sizes(const IrType *a, const IrType *b) {
+  if (ir_type_numel(a) != ir_type_numel(b)) return 0;
+  int64_t la = a->rank ? a->dim[a->rank - 1] : 1, lb = b->rank ? b->dim[b->rank - 1] : 1;
+  return la == lb;
+}
+static int is_last_axis(int64_t ax, int rank) { return ax == rank - 1 || (ax == -1 && rank > 0); }
+
+/* Checks the group's form and fills io; 0 or -1 with a message. */
+static int check_group(Lw *L) {
+  const IrBlock *b = L->b;
+  CgGroupIO *io = L->io;
+  for (int i = 0; i < L->n; i++) {
+    int id = L->nodes[i];
+    if (id < 0 || id >= b->n || (i && id <= L->nodes[i - 1]))
+      return ts_errf(L->err, L->errlen, "group: node ids must be ascending values of block %s (got %d)", b->name, id);
+    const IrNode *nd = node(L, id);
+    if (!cg_op_lowerable(nd->op) || (L->n > 1 && nd->op == IR_OP_SUMSQ))
+      return ts_errf(L->err, L->errlen, "group: %%%d = %s cannot be lowered into a fused kernel", id, ir_ops[nd->op].name);
+    if (is_reduce(nd->op) && !is_last_axis(nd->ia[0], node(L, nd->in[0])->type.rank) && L->n > 1)
+      return ts_errf(L->err, L->errlen, "group: %%%d = %s reduces axis %lld; a fused reduction must be over the last axis",
+                     id, ir_ops[nd->op].name, (long long)nd->ia[0]);
+    if (!same_sizes(elem_type(L, nd), &L->shape)) {
+      char b1[128], b2[128];
+      return ts_errf(L->err, L->errlen, "group: %%%d = %s works on %s but the group on %s", id, ir_ops[nd->op].name,
+                     ir_type_str(elem_type(L, nd), b1, sizeof b1), ir_type_str(&L->shape, b2, sizeof b2));
+    }
+    for (int j = 0; j < nd->nin; j++) {
+      int a = nd->in[j], ga = gpos(L, a);
+      if (ga >= 0 && is_per_row(node(L, a)->op))
+        return ts_errf(L->err, L->errlen, "group: %%%d = %s uses the per-row result %%%d inside the group", id,
+                       ir_ops[nd->op].name, a);
+      int per_row_operand = (nd->op == IR_OP_CROSS_ENTROPY || nd->op == IR_OP_CROSS_ENTROPY_BWD) && j > 0;
+      if (ga >= 0 && (per_row_operand || nd->op == IR_OP_BROADCAST))
+        return ts_errf(L->err, L->errlen, "group: operand %d of %%%d = %s must come from outside the group", j, id,
+                       ir_ops[nd->op].name);
+      if (ga < 0 && !per_row_operand && nd->op != IR_OP_BROADCAST &&
+          ir_type_numel(&node(L, a)->type) != ir_type_numel(&L->shape))
+        return ts_errf(L->err, L->errlen, "group: operand %%%d of %%%d = %s is not of the group's shape", a, id,
+                       ir_ops[nd->op].name);
+      if (ga < 0 && in_buf(L, a) < 0) {
+        if (io->nin >= CG_MAX_BUFS / 2) return ts_errf(L->err, L->errlen, "group: more than %d inputs", CG_MAX_BUFS / 2);
+        if (cg_type_of_dtype(node(L, a)->type.dtype) == CG_VOID)
+          return ts_errf(L->err, L->errlen, "group: operand %%%d has no value", a);
+        io->in[io->nin++] = a;
+      }
+    }
+    if (cg_type_of_dtype(nd->type.dtype) == CG_VOID)
+      return ts_errf(L->err, L->errlen, "group: %%%d = %s has no value", id, ir_ops[nd->op].name);
+    if (is_row_op(nd->op) || is_reduce(nd->op)) L->rowmode = 1;
+  }
+  /* outputs: group values used after the group by other nodes, and the last */
+  for (int i = 0; i < L->n; i++) {
+    int id = L->nodes[i], used = i == L->n - 1;
+    for (int u = id + 1; u < b->n && !used; u++) {
+      if (gpos(L, u) >= 0) continue;
+      for (int j = 0; j < b->nodes[u].nin; j++)
+        if (b->nodes[u].in[j] == id) used = 1;
+    }
+    L->outbuf[i] = -1;
+    if (used) {
+      if (io->nout >= CG_MAX_BUFS / 2) return ts_errf(L->err, L->errlen, "group: more than %d outputs", CG_MAX_BUFS / 2);
+      io->out[io->nout++] = id;
+    }
+  }
+  return 0;
+}
+
+/* A reduction along any axis, or sumsq (a group of one node):
+ * x viewed as [outer, len, inner] -> y[outer, inner]; one iteration per
+ * output element, the loop strides by inner through x. */
+static void lower_reduce_axis(Lw *L, const IrNode *nd, int xb, int yb) {
+  const IrType *xt = &node(L, nd->in[0])->type;
+  int64_t outer = 1, len = ir_type_numel(xt), inner = 1;
+  if (nd->op != IR_OP_SUMSQ) {
+    int ax = (int)(nd->ia[0] < 0 ? nd->ia[0] + xt->rank : nd->ia[0]);
+    outer = 1;
+    for (int d = 0; d < ax; d++) outer *= xt->dim[d];
+    for (int d = ax + 1; d < xt->rank; d++) inner *= xt->dim[d];
+    len = xt->dim[ax];
+  }
+  L->k->grid = outer * inner;
+  int gid = L->gid;
+  int o = cg_bin(L->k, CG_DIV, gid, I(L, inner)), j = cg_bin(L->k, CG_MOD, gid, I(L, inner));
+  int base = add(L, mul(L, o, I(L, len * inner)), j);
+  int acc = cg_acc(L->k, CG_F64, nd->op == IR_OP_MAX ? CG_RED_MAX : CG_RED_SUM, nd->op == IR_OP_MAX ? -INFINITY : 0);
+  int l = cg_range(L->k, I(L, len));
+  int x = load_f64(L, xb, add(L, base, mul(L, l, I(L, inner))));
+  cg_update(L->k, acc, nd->op == IR_OP_SUMSQ ? mul(L, x, x) : x);
+  cg_end(L->k);
+  int r = acc;
+  if (nd->op == IR_OP_MEAN) r = len ? dvd(L, acc, F(L, (double)len)) : F(L, NAN);
+  cg_store(L->k, yb, gid, cg_cast(L->k, cg_type_of_dtype(nd->type.dtype), r));
+}
+
+CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, int n, CgGroupIO *io,
+                         char *err, size_t errlen) {
+  memset(io, 0, sizeof *io);
+  if (n < 1 || !nodes) { ts_errf(err, errlen, "group: no nodes"); return NULL; }
+  if (nodes[0] < 0 || nodes[0] >= b->n) { ts_errf(err, errlen, "group: node %d out of range", nodes[0]); return NULL; }
+  Lw L = {.m = m, .b = b, .nodes = nodes, .n = n, .io = io, .err = err, .errlen = errlen};
+  L.shape = *elem_type(&L, &b->nodes[nodes[0]]);
+  L.memo = ts_xmalloc((size_t)n * sizeof *L.memo);
+  L.memogen = ts_xmalloc((size_t)n * sizeof *L.memogen);
+  L.outbuf = ts_xmalloc((size_t)n * sizeof *L.outbuf);
+  L.st = ts_xcalloc((size_t)n, sizeof *L.st);
+  for (int i = 0; i < n; i++) L.memo[i] = L.memogen[i] = -1;
+  for (int i = 0; i < CG_MAX_BUFS; i++) L.inmemo[i] = L.inmemogen[i] = -1;
+  CgKernel *k = NULL;
+  if (check_group(&L) != 0) goto done;
+
+  const IrNode *last = &b->nodes[nodes[n - 1]];
+  char name[64];
+  snprintf(name, sizeof name, "%s%s_%s", n > 1 ? "fused_" : "", ir_ops[last->op].name, ir_dtype_name(last->type.dtype));
+  L.numel = ir_type_numel(&L.shape);
+  L.D = L.shape.rank ? L.shape.dim[L.shape.rank - 1] : 1;
+  L.rows = L.D ? L.numel / L.D : 0;
+  k = L.k = cg_kernel_new(name, L.rowmode ? L.rows : L.numel);
+  for (int i = 0; i < io->nin; i++) cg_buf(k, cg_type_of_dtype(b->nodes[io->in[i]].type.dtype), ir_type_numel(&b->nodes[io->in[i]].type), 0);
+  for (int j = 0; j < io->nout; j++) {
+    int id = io->out[j];
+    L.outbuf[gpos(&L, id)] = cg_buf(k, cg_type_of_dtype(b->nodes[id].type.dtype), ir_type_numel(&b->nodes[id].type), 1);
+  }
+  L.gid = cg_gid(k);
+
+  if (n == 1 && (last->op == IR_OP_SUMSQ || (is_reduce(last->op) && !is_last_axis(last->ia[0], L.shape.rank)))) {
+    lower_reduce_axis(&L, last, 0, io->nin);
+    goto done;
+  }
+  L.row = L.col = L.flat = -1;
+  if (!L.rowmode) {                          /* flat: one element per iteration */
+    L.flat = L.gid;
+    for (int i = 0; i < n; i++)
+      if (L.outbuf[i] >= 0)
+        cg_store(k, L.outbuf[i], L.gid, cg_cast(k, k->buf[L.outbuf[i]].type, elem(&L, nodes[i])));
+    goto done;
+  }
+  /* row mode: statistics of every row op, then one loop for the outputs */
+  L.row = L.gid;
+  for (int i = 0; i < n; i++)
+    if (is_row_op(b->nodes[nodes[i]].op)) row_stats(&L, i);
+  int accs[CG_MAX_BUFS], nacc = 0, need_loop = 0;
+  for (int i = 0; i < n; i++) {
+    const IrNode *nd = &b->nodes[nodes[i]];
+    if (is_reduce(nd->op)) {
+      accs[i] = cg_acc(k, CG_F64, nd->op == IR_OP_MAX ? CG_RED_MAX : CG_RED_SUM, nd->op == IR_OP_MAX ? -INFINITY : 0);
+      nacc++;
+      need_loop = 1;
+    } else if (L.outbuf[i] >= 0 && !is_per_row(nd->op)) {
+      need_loop = 1;
+    }
+  }
+  if (need_loop) {
+    loop_begin(&L);
+    for (int i = 0; i < n; i++) {
+      const IrNode *nd = &b->nodes[nodes[i]];
+      if (is_reduce(nd->op)) cg_update(k, accs[i], elem(&L, nd->in[0]));
+      else if (L.outbuf[i] >= 0 && !is_per_row(nd->op))
+        cg_store(k, L.outbuf[i], pos_flat(&L), cg_cast(k, k->buf[L.outbuf[i]].type, elem(&L, nodes[i])));
+    }
+    loop_end(&L);
+  }
+  for (int i = 0; i < n; i++) {
+    const IrNode *nd = &b->nodes[nodes[i]];
+    if (L.outbuf[i] < 0 || !is_per_row(nd->op)) continue;
+    int v = nd->op == IR_OP_CROSS_ENTROPY ? L.st[i].v[0] : accs[i];
+    if (nd->op == IR_OP_MEAN) v = L.D ? dvd(&L, v, F(&L, (double)L.D)) : F(&L, NAN);
+    cg_store(k, L.outbuf[i], L.gid, cg_cast(k, k->buf[L.outbuf[i]].type, v));
+  }
+  (void)nacc;
+done:
+  if (k && cg_kernel_verify(k, err, errlen) != 0) {
+    cg_kernel_free(k);
+    k = NULL;
+  }
+  free(L.memo);
+  free(L.memogen);
+  free(L.outbuf);
+  free(L.st);
+  return k;
+}
