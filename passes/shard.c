@@ -493,14 +493,15 @@ static int taint_of(Sh *S, int i) {
 refuse: {
   /* name the padded dim that got here */
   const char *dn = "?";
+  int64_t size = 0;
   for (int k = 0; k < n->nin; k++) {
     const IrType *t = &onode(S, n->in[k])->type;
     for (int d = 0; d < t->rank; d++)
-      if ((tn[n->in[k]] & BIT(d)) && t->dname[d]) dn = t->dname[d];
+      if ((tn[n->in[k]] & BIT(d)) && t->dname[d]) { dn = t->dname[d]; size = t->dim[d]; }
   }
-  return sh_fail(S, "dim '%s' is not divisible by tp=%d and cannot be padded: the padding would reach "
-                 "'%s' (%%%d of block micro); only embedding tables, matmuls and the class dim of "
-                 "cross_entropy can carry padding", dn, S->T, ir_ops[n->op].name, i);
+  return sh_fail(S, "dim '%s' = %lld is not divisible by tp = %d, and it cannot be padded: the padding "
+                 "would reach '%s' (%%%d of block micro); only embedding tables, matmuls and the class "
+                 "dim of cross_entropy can carry padding", dn, (long long)size, S->T, ir_ops[n->op].name, i);
 }
 }
 
