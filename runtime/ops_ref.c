@@ -454,25 +454,31 @@ static int ref_ALL_REDUCE(RtKctx *k) {
                      : rt_comm_all_reduce(g, k->ot->dtype, k->out, n, k->err, k->errlen);
 }
 
-/* x[outer, L, inner] -> y[outer, size*L, inner]: block q of dim is rank q's
- * x.  The comm layer concatenates along the leading dim, so for a dim
- * other than the first the blocks go through a buffer [size][outer, L, inner]. */
+/* x[outer, L, inner] -> y[outer, size*L, inner]: block q of the dim is
+ * group rank q's x.  The comm layer concatenates along the leading dim, so
+ * for outer > 1 the blocks go through a buffer [size][outer, L, inner]. */
+int rt_all_gather_dim(RtComm *g, IrDtype dt, const void *x, void *y, int64_t outer, int64_t L,
+                      int64_t inner, char *err, size_t errlen) {
+  int size = g ? rt_comm_size(g) : 1;
+  size_t es = ir_dtype_size(dt), blk = (size_t)(outer * L * inner);
+  if (!g || size == 1) { memcpy(y, x, blk * es); return 0; }
+  if (outer == 1) return rt_comm_all_gather(g, dt, x, y, blk, err, errlen);
+  char *tmp = ts_xmalloc(blk * (size_t)size * es);
+  int rc = rt_comm_all_gather(g, dt, x, tmp, blk, err, errlen);
+  for (int q = 0; rc == 0 && q < size; q++)
+    copy_axis(y, L * size, q * L, tmp + (size_t)q * blk * es, L, 0, L, outer, inner, es);
+  free(tmp);
+  return rc;
+}
+
 static int ref_ALL_GATHER(RtKctx *k) {
   IrAxis ax;
   int size;
   RtComm *g;
   int64_t outer, L, inner;
   if (kfloat(k) || kaxis(k, &ax, &size, &g) || kdim(k, &outer, &L, &inner)) return -1;
-  size_t es = ir_dtype_size(k->ot->dtype), blk = (size_t)(outer * L * inner);
-  if (ir_type_numel(k->ot) != (int64_t)blk * size) return rt_kfail(k, "result size is not %d times the operand's", size);
-  if (!g) { memcpy(k->out, k->in[0], blk * es); return 0; }
-  if (outer == 1) return rt_comm_all_gather(g, k->ot->dtype, k->in[0], k->out, blk, k->err, k->errlen);
-  char *tmp = ts_xmalloc(blk * (size_t)size * es);
-  int rc = rt_comm_all_gather(g, k->ot->dtype, k->in[0], tmp, blk, k->err, k->errlen);
-  for (int q = 0; rc == 0 && q < size; q++)
-    copy_axis(k->out, L * size, q * L, tmp + (size_t)q * blk * es, L, 0, L, outer, inner, es);
-  free(tmp);
-  return rc;
+  if (ir_type_numel(k->ot) != outer * L * inner * size) return rt_kfail(k, "result size is not %d times the operand's", size);
+  return rt_all_gather_dim(g, k->ot->dtype, k->in[0], k->out, outer, L, inner, k->err, k->errlen);
 }
 
 /* x[outer, size*L, inner] -> y[outer, L, inner] = block c (this rank's

@@ -52,6 +52,11 @@ void rt_shard_offsets(const RtProgram *p, const IrSharding *sh, const IrType *t,
                       int64_t off[IR_MAX_RANK], int64_t gdim[IR_MAX_RANK]);
 /* The rank's group along axis a, or NULL (axis of size 1, or none made). */
 RtComm *rt_program_group(const RtProgram *p, IrAxis a);
+/* All-gather along a middle dim (ops_ref.c): x[outer, L, inner] on each
+ * rank of g -> y[outer, size*L, inner], block q from group rank q.  g NULL
+ * or of size 1: a copy.  dt f32 or f64. */
+int rt_all_gather_dim(RtComm *g, IrDtype dt, const void *x, void *y, int64_t outer, int64_t L,
+                      int64_t inner, char *err, size_t errlen);
 int rt_program_axis_size(const RtProgram *p, IrAxis a);
 /* The module's training seed, for dropout (set by the program). */
 uint64_t rt_program_seed(const RtProgram *p);

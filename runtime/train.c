@@ -1,20 +1,25 @@
 /* train.c - the training loop: one rank's module (after autodiff and the
- * optimizer pass: blocks "micro" and "update") trained on the byte corpus.
+ * optimizer pass: blocks "micro" and "update") trained on the byte corpus,
+ * alone or as one of N ranks (train.h has the multi-rank contract).
  *
  *   for step s in [0, steps):
  *     lr = rt_lr_at(train, s)
- *     for micro-batch k in [0, global_batch / micro_batch):
- *       feed tokens / targets (/ loss_mask) of rows k*rows .. ; run "micro"
+ *     for local micro-batch j in [0, n_local), global index g = r*n_local + j:
+ *       feed tokens / targets (/ loss_mask) of global rows g*mb ..; run "micro"
  *     run "update"
- *     loss = mean of the micro runs' `output "loss"`; grad norm = update's
+ *     loss = (sum over dp ranks of the micro losses) / (global_batch / mb)
  *
  * Progress goes to stdout one line per step; --metrics writes the same as
  * JSON Lines (step numbered from 1, like the progress line), flushed per
  * line so a crashed or interrupted run leaves every finished step. */
 #include "train.h"
+#include "rt_priv.h"
+#include "comm.h"
 #include <math.h>
 #include <errno.h>
+#include <signal.h>
 #include <time.h>
+#include <unistd.h>
 
 static double now_s(void) {
   struct timespec ts;
@@ -22,17 +27,21 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* What the micro block wants fed, found from its INPUT nodes. */
+/* What the micro block wants fed, found from its INPUT nodes.  An input
+ * split over mesh axes (sequence parallelism) is fed the rank's block of
+ * the global micro batch. */
 typedef struct {
   int has_tokens, has_targets, has_mask;
-  IrType tok_t, mask_t;      /* tokens/targets type; loss_mask type */
-  int64_t T, rows;           /* window length (last dim), rows per micro-batch */
+  IrType tok_t, mask_t;      /* tokens/targets type (local); loss_mask type */
+  IrSharding tok_sh;         /* the tokens/targets inputs' sharding */
+  int64_t T, rows;           /* GLOBAL window length (last dim), rows per micro-batch */
+  int split;                 /* the inputs are split: slice the global batch */
 } FeedSpec;
 
 static int same_input_type(const IrType *a, const IrType *b) { return ir_type_same_shape(a, b); }
 
 /* Collects and checks the inputs of block b against the data convention. */
-static int feed_spec(const IrModule *m, int b, FeedSpec *fs, char *err, size_t errlen) {
+static int feed_spec(const RtProgram *p, const IrModule *m, int b, FeedSpec *fs, char *err, size_t errlen) {
   memset(fs, 0, sizeof *fs);
   const IrBlock *blk = &m->blocks.a[b];
   char tb[160], tb2[160];
@@ -52,7 +61,12 @@ static int feed_spec(const IrModule *m, int b, FeedSpec *fs, char *err, size_t e
                  ir_type_str(&fs->tok_t, tb, sizeof tb), ir_type_str(&n->type, tb2, sizeof tb2));
         return -1;
       }
+      if ((fs->has_tokens || fs->has_targets) && !ir_sharding_equal(&fs->tok_sh, &n->sh)) {
+        snprintf(err, errlen, "model inputs \"tokens\" and \"targets\" are sharded differently");
+        return -1;
+      }
       fs->tok_t = n->type;
+      fs->tok_sh = n->sh;
       if (is_tok) fs->has_tokens = 1; else fs->has_targets = 1;
     } else if (strcmp(name, "loss_mask") == 0) {
       fs->has_mask = 1;
@@ -67,8 +81,19 @@ static int feed_spec(const IrModule *m, int b, FeedSpec *fs, char *err, size_t e
     snprintf(err, errlen, "block \"micro\" has no input \"tokens\" or \"targets\"");
     return -1;
   }
-  fs->T = fs->tok_t.dim[fs->tok_t.rank - 1];
-  fs->rows = fs->T ? ir_type_numel(&fs->tok_t) / fs->T : 0;
+  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
+  rt_shard_offsets(p, &fs->tok_sh, &fs->tok_t, off, gdim);
+  IrType gt = fs->tok_t;
+  for (int d = 0; d < gt.rank; d++) {
+    fs->split |= gdim[d] != gt.dim[d];
+    gt.dim[d] = gdim[d];
+  }
+  if (fs->tok_sh.partial) {
+    snprintf(err, errlen, "model input \"tokens\" is a partial sum; inputs can only be split or replicated");
+    return -1;
+  }
+  fs->T = gt.dim[gt.rank - 1];
+  fs->rows = fs->T ? ir_type_numel(&gt) / fs->T : 0;
   if (fs->T < 1 || fs->rows < 1) {
     snprintf(err, errlen, "the tokens input %s is empty", ir_type_str(&fs->tok_t, tb, sizeof tb));
     return -1;
@@ -111,8 +136,12 @@ typedef struct {
   RtProgram *prog;
   RtCorpus corpus;
   FILE *metrics;
-  int32_t *tokens, *targets;
+  int32_t *tokens, *targets;     /* the rank's local block, fed to the program */
+  int32_t *gtok, *gtgt;          /* the global micro batch (split inputs only) */
   void *mask;
+  RtComm *dp;                    /* the dp group (NULL: dp = 1) */
+  int world_rank;
+  int64_t kill_step, stall_step; /* fault injection (0: off) */
 } TrainRun;
 
 static void run_free(TrainRun *r) {
@@ -121,25 +150,82 @@ static void run_free(TrainRun *r) {
   if (r->metrics) fclose(r->metrics);
   free(r->tokens);
   free(r->targets);
+  free(r->gtok);
+  free(r->gtgt);
   free(r->mask);
 }
 
-/* One step: every micro-batch, then the update.  Writes the step's mean
- * loss and grad norm. */
-static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb, int ub,
-                      int64_t s, int64_t nmicro, double lr, double *loss, double *gnorm,
+/* The local block of a global [rows, T]-shaped i32 batch: x holds the
+ * global tensor of type gt, y gets the block at off[] of local type lt. */
+static void slice_block(int32_t *y, const int32_t *x, const IrType *lt, const int64_t *gdim, const int64_t *off) {
+  int64_t n = ir_type_numel(lt), idx[IR_MAX_RANK] = {0};
+  for (int64_t i = 0; i < n; i++) {
+    int64_t g = 0;
+    for (int d = 0; d < lt->rank; d++) g = g * gdim[d] + off[d] + idx[d];
+    y[i] = x[g];
+    for (int d = lt->rank - 1; d >= 0; d--) {
+      if (++idx[d] < lt->dim[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+/* Fills the feeds with global micro batch g of step s. */
+static int load_micro(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_t s, int64_t g,
                       char *err, size_t errlen) {
+  if (!fs->split)
+    return rt_corpus_batch(&r->corpus, m->train.seed, s, g * fs->rows, fs->rows, fs->T,
+                           r->tokens, r->targets, err, errlen);
+  if (rt_corpus_batch(&r->corpus, m->train.seed, s, g * fs->rows, fs->rows, fs->T, r->gtok, r->gtgt,
+                      err, errlen) != 0)
+    return -1;
+  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
+  rt_shard_offsets(r->prog, &fs->tok_sh, &fs->tok_t, off, gdim);
+  slice_block(r->tokens, r->gtok, &fs->tok_t, gdim, off);
+  slice_block(r->targets, r->gtgt, &fs->tok_t, gdim, off);
+  return 0;
+}
+
+/* TS_FAULT_<what>_RANK / _STEP: the step (from 1) at which this world rank
+ * fails, or 0. */
+static int64_t fault_step(const char *what, int world_rank) {
+  char k1[64], k2[64];
+  snprintf(k1, sizeof k1, "TS_FAULT_%s_RANK", what);
+  snprintf(k2, sizeof k2, "TS_FAULT_%s_STEP", what);
+  const char *r = getenv(k1), *s = getenv(k2);
+  if (!r || !s || atoi(r) != world_rank) return 0;
+  return atoll(s) > 0 ? atoll(s) : 0;
+}
+
+/* The injected faults, in step s (0-based) after a micro batch. */
+static void maybe_fail(const TrainRun *r, int64_t s) {
+  if (r->kill_step == s + 1) {
+    fprintf(stderr, "rank %d: TS_FAULT_KILL: killing myself in step %lld\n", r->world_rank, (long long)s + 1);
+    fflush(stderr);
+    raise(SIGKILL);
+  }
+  if (r->stall_step == s + 1) {
+    fprintf(stderr, "rank %d: TS_FAULT_STALL: stalling in step %lld\n", r->world_rank, (long long)s + 1);
+    fflush(stderr);
+    for (;;) sleep(1000);   /* the peers' deadline ends the job */
+  }
+}
+
+/* One step: the rank's micro-batches, then the update.  Writes the step's
+ * loss (over all dp ranks) and grad norm. */
+static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb, int ub,
+                      int64_t s, int64_t n_local, int64_t n_global, int dp_coord, double lr,
+                      double *loss, double *gnorm, char *err, size_t errlen) {
   RtFeed feeds[3];
   int nf = 0;
   if (fs->has_tokens) feeds[nf++] = (RtFeed){"tokens", r->tokens};
   if (fs->has_targets) feeds[nf++] = (RtFeed){"targets", r->targets};
   if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
   double sum = 0;
-  for (int64_t k = 0; k < nmicro; k++) {
-    if (rt_corpus_batch(&r->corpus, m->train.seed, s, k * fs->rows, fs->rows, fs->T,
-                        r->tokens, r->targets, err, errlen) != 0)
-      return -1;
-    RtRunInfo info = {s, (int)k, lr};
+  for (int64_t j = 0; j < n_local; j++) {
+    int64_t g = (int64_t)dp_coord * n_local + j;   /* the global micro batch */
+    if (load_micro(r, m, fs, s, g, err, errlen) != 0) return -1;
+    RtRunInfo info = {s, (int)g, lr};
     rt_outputs_clear(r->prog);
     if (rt_run_block(r->prog, mb, feeds, nf, &info, err, errlen) != 0) return -1;
     double l;
@@ -148,11 +234,13 @@ static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb
       return -1;
     }
     sum += l;
+    if (j == 0) maybe_fail(r, s);
   }
+  if (r->dp && rt_comm_all_reduce(r->dp, IR_F64, &sum, 1, err, errlen) != 0) return -1;
   RtRunInfo info = {s, 0, lr};
   rt_outputs_clear(r->prog);
   if (rt_run_block(r->prog, ub, NULL, 0, &info, err, errlen) != 0) return -1;
-  *loss = sum / (double)nmicro;
+  *loss = sum / (double)n_global;
   if (rt_output(r->prog, "grad_norm", gnorm) != 0) *gnorm = NAN;
   return 0;
 }
@@ -175,11 +263,31 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     return -1;
   }
   int64_t nmicro = tr->global_batch / tr->micro_batch;
-  FeedSpec fs;
-  if (feed_spec(m, mb, &fs, err, errlen) != 0) return -1;
-  if (fs.has_targets) warn_vocab(m);
-
+  RtRank single = rt_rank_single();
+  const RtRank *rank = o->rank ? o->rank : &single;
+  int dp = rt_rank_axis_size(rank, IR_AXIS_DP);
+  if (nmicro % dp != 0) {
+    snprintf(err, errlen, "global_batch %lld is not a multiple of micro_batch %lld x dp %d "
+             "(each dp rank runs whole micro batches)",
+             (long long)tr->global_batch, (long long)tr->micro_batch, dp);
+    return -1;
+  }
+  int64_t n_local = nmicro / dp;
   TrainRun r = {0};
+  r.world_rank = o->world ? rt_comm_world_rank(o->world) : 0;
+  r.dp = dp > 1 ? rank->group[IR_AXIS_DP] : NULL;
+  if (dp > 1 && !r.dp) {
+    snprintf(err, errlen, "dp=%d but this rank has no dp group", dp);
+    return -1;
+  }
+  r.kill_step = fault_step("KILL", r.world_rank);
+  r.stall_step = fault_step("STALL", r.world_rank);
+  int lead = r.world_rank == 0;   /* prints and writes metrics */
+  if (!(r.prog = rt_program_new_rank(m, rank, err, errlen))) return -1;
+  FeedSpec fs;
+  if (feed_spec(r.prog, m, mb, &fs, err, errlen) != 0) { run_free(&r); return -1; }
+  if (fs.has_targets && lead) warn_vocab(m);
+
   const char *path = o->data_path ? o->data_path : rt_corpus_default_path();
   if (rt_corpus_open(&r.corpus, path, err, errlen) != 0) return -1;
   if (r.corpus.len < (size_t)fs.T + 2) {
@@ -188,30 +296,35 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     run_free(&r);
     return -1;
   }
-  if (o->metrics_path && !(r.metrics = fopen(o->metrics_path, "w"))) {
+  if (lead && o->metrics_path && !(r.metrics = fopen(o->metrics_path, "w"))) {
     snprintf(err, errlen, "cannot write metrics %s: %s", o->metrics_path, strerror(errno));
     run_free(&r);
     return -1;
   }
-  int64_t ntok = fs.rows * fs.T;
-  r.tokens = ts_xcalloc((size_t)ntok, sizeof *r.tokens);
-  r.targets = ts_xcalloc((size_t)ntok, sizeof *r.targets);
+  int64_t ntok = fs.rows * fs.T, nloc = ir_type_numel(&fs.tok_t);   /* global / local per micro */
+  r.tokens = ts_xcalloc((size_t)nloc, sizeof *r.tokens);
+  r.targets = ts_xcalloc((size_t)nloc, sizeof *r.targets);
+  if (fs.split) {
+    r.gtok = ts_xcalloc((size_t)ntok, sizeof *r.gtok);
+    r.gtgt = ts_xcalloc((size_t)ntok, sizeof *r.gtgt);
+  }
   if (fs.has_mask) {
     size_t es = ir_dtype_size(fs.mask_t.dtype);
-    r.mask = ts_xcalloc((size_t)ntok, es);
-    for (int64_t i = 0; i < ntok; i++) {
+    int64_t nm = ir_type_numel(&fs.mask_t);
+    r.mask = ts_xcalloc((size_t)nm, es);
+    for (int64_t i = 0; i < nm; i++) {
       if (fs.mask_t.dtype == IR_F32) ((float *)r.mask)[i] = 1.0f;
       else if (fs.mask_t.dtype == IR_F64) ((double *)r.mask)[i] = 1.0;
       else ((int32_t *)r.mask)[i] = 1;
     }
   }
-  if (!(r.prog = rt_program_new(m, err, errlen))) { run_free(&r); return -1; }
 
   double t0 = now_s();
   int rc = 0;
   for (int64_t s = 0; s < tr->steps; s++) {
     double ts = now_s(), lr = rt_lr_at(tr, s), loss, gn;
-    if (train_step(&r, m, &fs, mb, ub, s, nmicro, lr, &loss, &gn, err, errlen) != 0) {
+    if (train_step(&r, m, &fs, mb, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
+                   err, errlen) != 0) {
       char msg[1024];
       snprintf(msg, sizeof msg, "step %lld: %s", (long long)s + 1, err);
       snprintf(err, errlen, "%s", msg);
@@ -225,7 +338,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       break;
     }
     double t1 = now_s(), tps = (double)(ntok * nmicro) / (t1 - ts > 1e-9 ? t1 - ts : 1e-9);
-    if (!o->quiet) {
+    if (!o->quiet && lead) {
       fprintf(log, "step %4lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f s\n",
               (long long)s + 1, (long long)tr->steps, loss, lr, gn, tps, t1 - t0);
       fflush(log);
@@ -245,6 +358,9 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     rs.last_grad_norm = gn;
     rs.steps = s + 1;
   }
+  if (rc == 0 && o->save_params_path &&
+      rt_params_save(r.prog, o->world, o->save_params_path, err, errlen) != 0)
+    rc = -1;
   run_free(&r);
   if (res) *res = rs;
   return rc;

@@ -29,12 +29,29 @@ int rt_corpus_batch(const RtCorpus *c, uint64_t seed, int64_t step, int64_t row0
                     int64_t rows, int64_t T, int32_t *tokens, int32_t *targets,
                     char *err, size_t errlen);
 
-/* ---- training ---- */
+/* ---- training ----
+ * Over N ranks (opts.rank and opts.world set), each rank trains its own
+ * program (SPMD).  With dp = the rank's mesh dp and r its dp coordinate,
+ * a step runs n_local = global_batch / (micro_batch * dp) micro batches
+ * per rank: micro j is the GLOBAL micro batch g = r * n_local + j, holding
+ * global rows [g * micro_batch, (g+1) * micro_batch) (RtRunInfo.micro = g,
+ * for dropout), so the ranks together see exactly the single-rank step's
+ * batch.  The step's loss is the sum of the micro losses, all-reduced over
+ * dp, divided by global_batch / micro_batch.  Only world rank 0 prints
+ * progress and writes metrics.
+ *
+ * Fault injection for the tests (world ranks, steps from 1):
+ *   TS_FAULT_KILL_RANK=R TS_FAULT_KILL_STEP=S   rank R SIGKILLs itself in
+ *       step S, after its first micro batch;
+ *   TS_FAULT_STALL_RANK=R TS_FAULT_STALL_STEP=S rank R stops (sleeps) there. */
 typedef struct {
   const char *data_path;     /* NULL: rt_corpus_default_path() */
   const char *metrics_path;  /* JSON Lines, one object per step; NULL: none */
   int quiet;                 /* no progress lines */
   FILE *log;                 /* progress lines (NULL: stdout) */
+  const RtRank *rank;        /* NULL: a single rank (no communication) */
+  RtComm *world;             /* all ranks (for --save-params); NULL: single rank */
+  const char *save_params_path;  /* after training: rt_params_save; NULL: none */
 } RtTrainOpts;
 
 typedef struct {
@@ -50,6 +67,39 @@ typedef struct {
  * 0 on success, -1 with a message. */
 int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res,
              char *err, size_t errlen);
+
+/* ---- parameter files (mrun --save-params) ----
+ * Every parameter in its GLOBAL logical shape: tp (and other) splits
+ * undone, padding for sharding stripped (IrState.logical), so a sharded
+ * run's file compares element by element with the single-rank run's.
+ * Format (little-endian, written atomically):
+ *   "TSPARAMS" | u32 version (1) | u32 count
+ *   count times, sorted by name (strcmp):
+ *     u32 name length | name bytes (no NUL) | u32 dtype (IrDtype: 1 f32,
+ *     2 f64) | u32 rank | i64 dim[rank] | numel * dtype-size bytes of data,
+ *     row-major. */
+typedef struct {
+  char *name;
+  IrDtype dtype;
+  int rank;
+  int64_t dim[IR_MAX_RANK];
+  int64_t numel;
+  double *data;              /* converted to double */
+} RtParam;
+typedef struct { int n; RtParam *a; } RtParams;
+
+/* Collective over `world` (every rank calls it; world NULL: single rank):
+ * gathers each parameter of p's module over the axes it is split on and
+ * world rank 0 writes `path`.  0, or -1 with a message (rank 0's write
+ * error is only known to rank 0). */
+int rt_params_save(RtProgram *p, RtComm *world, const char *path, char *err, size_t errlen);
+RtParams *rt_params_read(const char *path, char *err, size_t errlen);
+void rt_params_free(RtParams *ps);
+/* The largest difference between a and b over every parameter, relative
+ * to the parameter's size: max_i |a_i - b_i| / max(max_i |b_i|, 1e-300).
+ * -1 with a message in where when the files hold different parameters or
+ * shapes; else where names the parameter with the largest difference. */
+double rt_params_max_rel_diff(const RtParams *a, const RtParams *b, char *where, size_t n);
 
 /* ---- GPU probe ---- */
 /* dlopen()s libcuda.so.1 (never linked) and counts devices.  Returns the

@@ -1,36 +1,54 @@
-/* mrun - trains a compiled plan:
+/* mrun - trains a compiled plan on CPU ranks:
  *
  *   mrun PLAN [--gpus N] [--steps N] [--data FILE] [--metrics out.jsonl]
- *             [--seed N] [--quiet]
+ *             [--seed N] [--timeout S] [--save-params FILE] [--quiet]
  *
  * Loads the plan (binary or text, as written by mcc; a bare IR module
- * with blocks "micro" and "update" is accepted too), takes rank 0's
- * program and trains it on the byte corpus with the reference CPU runtime
- * (runtime/train.c).  Single rank for now: multi-rank plans and --gpus
- * N > 1 are refused with a message.  Exit status 0 on success, 1 on any
- * error (after a message on stderr), 2 on bad usage. */
+ * with blocks "micro" and "update" is accepted too) and trains it with the
+ * reference CPU runtime (runtime/train.c) on N ranks, one process each:
+ *   - N = 1 without an MPI launcher: this process, no MPI at all;
+ *   - N > 1 without a launcher: mrun re-executes itself under
+ *     `mpirun -np N --oversubscribe --bind-to none` (marker TS_MRUN_LAUNCHED
+ *     in the environment, so a broken launcher cannot loop);
+ *   - under a launcher (OMPI_COMM_WORLD_SIZE or PMI_SIZE set): joins it;
+ *     the world size must equal N (N defaults to the world size).
+ * The mesh is the plan's tp, pp, cp, ep and dp = N / (tp*pp*cp*ep); a plan
+ * compiled for another dp gets its update block rebuilt for this dp
+ * (pass_respecialize_dp).  A rank that fails or dies ends every rank: an
+ * error calls MPI_Abort, and a stalled or dead peer is caught by the
+ * collectives' deadline (--timeout, default 60 s).
+ * Exit status 0 on success, 1 on any error (after a message on stderr), 2
+ * on bad usage. */
 #include "runtime/plan.h"
 #include "runtime/train.h"
+#include "runtime/comm.h"
+#include "passes/passes.h"
 #include <errno.h>
 #include <limits.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static const char usage[] =
-    "usage: mrun PLAN [--gpus N] [--steps N] [--data FILE] [--metrics out.jsonl] [--seed N] [--quiet]\n"
-    "  PLAN             a plan from mcc (binary or --emit=plan-text), or an IR module text\n"
-    "  --gpus N         GPUs to use (only 1 rank is supported for now; CPU without a driver)\n"
-    "  --steps N        train N steps instead of the plan's train.steps\n"
-    "  --data FILE      training text, byte-level tokens (default samples/data/kjv.txt)\n"
-    "  --metrics FILE   write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s)\n"
-    "  --seed N         override the plan's train.seed (initialization, data order, dropout)\n"
-    "  --quiet          no per-step progress lines\n"
+    "usage: mrun PLAN [--gpus N] [--steps N] [--data FILE] [--metrics out.jsonl] [--seed N]\n"
+    "                 [--timeout S] [--save-params FILE] [--quiet]\n"
+    "  PLAN               a plan from mcc (binary or --emit=plan-text), or an IR module text\n"
+    "  --gpus N           number of ranks (CPU ranks without a GPU driver); N / (tp*pp*cp*ep) is dp.\n"
+    "                     N > 1 starts the ranks with mpirun unless already under an MPI launcher\n"
+    "  --steps N          train N steps instead of the plan's train.steps\n"
+    "  --data FILE        training text, byte-level tokens (default samples/data/kjv.txt)\n"
+    "  --metrics FILE     write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s)\n"
+    "  --seed N           override the plan's train.seed (initialization, data order, dropout)\n"
+    "  --timeout S        seconds a rank waits in a collective before the job is stopped (default 60)\n"
+    "  --save-params FILE after training, write every parameter in its global shape (format: runtime/train.h)\n"
+    "  --quiet            no per-step progress lines\n"
     "environment: TS_RT_PROFILE=1 prints the time spent per op at exit\n";
 
 typedef struct {
-  const char *plan, *data, *metrics;
+  const char *plan, *data, *metrics, *save_params;
   int64_t gpus, steps;        /* -1: not given */
   int has_seed, quiet;
   uint64_t seed;
+  double timeout;             /* seconds */
 } Args;
 
 /* Parses a non-negative integer option value; 0 or -1 with a message. */
@@ -50,6 +68,7 @@ static int parse_count(const char *opt, const char *s, int64_t max, int64_t *out
 static int parse_args(int argc, char **argv, Args *a) {
   memset(a, 0, sizeof *a);
   a->gpus = a->steps = -1;
+  a->timeout = RT_COMM_DEFAULT_TIMEOUT;
   for (int i = 1; i < argc; i++) {
     char *arg = argv[i], *val = NULL;
     if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) return 1;
@@ -74,6 +93,17 @@ static int parse_args(int argc, char **argv, Args *a) {
       a->seed = (uint64_t)v;
       a->has_seed = 1;
     }
+    else if (strcmp(name, "--timeout") == 0) {
+      char *e;
+      errno = 0;
+      double t = strtod(val, &e);
+      if (!*val || *e || errno || !(t > 0) || t > 1e6) {
+        fprintf(stderr, "mrun: --timeout needs seconds > 0, got '%s'\n", val);
+        return -1;
+      }
+      a->timeout = t;
+    }
+    else if (strcmp(name, "--save-params") == 0) a->save_params = val;
     else if (strcmp(name, "--data") == 0) a->data = val;
     else if (strcmp(name, "--metrics") == 0) a->metrics = val;
     else { fprintf(stderr, "mrun: unknown option '%s'\n%s", name, usage); return -1; }
@@ -121,54 +151,194 @@ static RtPlan *load_plan(const char *path, char *err, size_t errlen) {
   return bare ? p : rt_plan_read(path, err, errlen);
 }
 
+static int under_launcher(void) {
+  return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL;
+}
+
+/* dp for n ranks of the plan's mesh; -1 with a message if n does not
+ * divide.  *mesh gets the run's mesh. */
+static int mesh_for(const RtPlan *plan, int64_t n, RtMesh *mesh, char *err, size_t errlen) {
+  RtMesh m = plan->mesh;
+  int64_t per = 1;
+  int s[4] = {m.tp, m.pp, m.cp, m.ep};
+  for (int i = 0; i < 4; i++) per *= s[i] < 1 ? 1 : s[i];
+  if (n < 1 || n % per != 0)
+    return ts_errf(err, errlen, "--gpus %lld does not divide into the plan's mesh: tp=%d x pp=%d x cp=%d x ep=%d "
+                   "= %lld ranks per data-parallel replica (use a multiple of %lld)",
+                   (long long)n, m.tp < 1 ? 1 : m.tp, m.pp < 1 ? 1 : m.pp, m.cp < 1 ? 1 : m.cp,
+                   m.ep < 1 ? 1 : m.ep, (long long)per, (long long)per);
+  m.dp = (int)(n / per);
+  *mesh = m;
+  return 0;
+}
+
+/* Re-executes this binary under mpirun with n ranks; returns only on
+ * failure (with a message). */
+static int launch(int64_t n, char **argv) {
+  char self[PATH_MAX];
+  ssize_t l = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (l <= 0) { fprintf(stderr, "mrun: cannot find my own binary: %s\n", strerror(errno)); return 1; }
+  self[l] = 0;
+  int argc = 0;
+  while (argv[argc]) argc++;
+  char np[32];
+  snprintf(np, sizeof np, "%lld", (long long)n);
+  char **av = ts_xcalloc((size_t)argc + 12, sizeof *av);
+  int k = 0;
+  av[k++] = "mpirun";
+  av[k++] = "-np";
+  av[k++] = np;
+  av[k++] = "--oversubscribe";
+  if (getuid() == 0) av[k++] = "--allow-run-as-root";
+  av[k++] = "--bind-to";
+  av[k++] = "none";
+  av[k++] = self;
+  for (int i = 1; i < argc; i++) av[k++] = argv[i];
+  av[k] = NULL;
+  setenv("TS_MRUN_LAUNCHED", "1", 1);
+  /* Ranks share the cores: waiting ranks must yield (Open MPI) and BLAS
+   * must not start a thread per core in every rank. */
+  setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+  setenv("OPENBLAS_NUM_THREADS", "1", 0);
+  fflush(NULL);
+  execvp("mpirun", av);
+  fprintf(stderr, "mrun: cannot start %lld ranks with mpirun: %s (is Open MPI installed and on PATH?)\n",
+          (long long)n, strerror(errno));
+  free(av);
+  return 1;
+}
+
+/* The program rank `rank` (of `mesh`) runs: the plan's program for the
+ * same coordinates, with the dp coordinate folded onto the plan's dp (one
+ * plan runs at any dp).  NULL with a message. */
+static IrModule *pick_program(RtPlan *plan, const RtMesh *mesh, int rank, char *err, size_t errlen) {
+  int c[RT_AXIS_COUNT];
+  if (rt_mesh_coords(mesh, rank, c) != 0) { ts_errf(err, errlen, "rank %d is outside the mesh", rank); return NULL; }
+  int pdp = plan->mesh.dp < 1 ? 1 : plan->mesh.dp;
+  c[RT_AXIS_DP] %= pdp;
+  int pr = rt_mesh_rank(&plan->mesh, c);
+  if (plan->nranks < 1 || !plan->rank_program) { ts_errf(err, errlen, "the plan has no ranks"); return NULL; }
+  if (pr < 0 || pr >= plan->nranks) pr = pr < 0 ? 0 : pr % plan->nranks;
+  int pi = plan->rank_program[pr];
+  if (pi < 0 || pi >= plan->nprograms) { ts_errf(err, errlen, "the plan has no program for rank %d", pr); return NULL; }
+  return plan->programs[pi];
+}
+
+/* Prepares rank `rank`'s program: picks it, respecializes it for the
+ * run's dp, applies --steps / --seed, verifies it.  NULL with a message. */
+static IrModule *prepare(RtPlan *plan, const RtMesh *mesh, int rank, const Args *a, char *err, size_t errlen) {
+  IrModule *m = pick_program(plan, mesh, rank, err, errlen);
+  if (!m) return NULL;
+  char why[1536];
+  /* a plan from another build or edited by hand: refuse it with the
+   * verifier's message rather than fail somewhere inside a kernel */
+  if (ir_verify(m, why, sizeof why) != 0) { ts_errf(err, errlen, "%s: the program is invalid: %s", a->plan, why); return NULL; }
+  if (ir_axis_size(m, IR_AXIS_DP) != mesh->dp) {
+    if (pass_respecialize_dp(m, mesh->dp, why, sizeof why) != 0) {
+      ts_errf(err, errlen, "%s was compiled for dp=%d; running it at dp=%d failed: %s", a->plan,
+              ir_axis_size(m, IR_AXIS_DP), mesh->dp, why);
+      return NULL;
+    }
+  }
+  if (a->steps >= 0) m->train.steps = a->steps;   /* decay_steps 0 follows it */
+  if (a->has_seed) m->train.seed = a->seed;
+  return m;
+}
+
+static void print_done(const Args *a, const RtTrainResult *res) {
+  if (!a->quiet && res->steps > 0)
+    printf("mrun: trained %lld steps: loss %.4f -> %.4f\n", (long long)res->steps, res->first_loss, res->last_loss);
+}
+
+/* One process, no MPI. */
+static int run_single(const Args *a) {
+  char err[2048] = "";
+  RtPlan *plan = load_plan(a->plan, err, sizeof err);
+  if (!plan) { fprintf(stderr, "mrun: %s\n", err); return 1; }
+  int rc = 1;
+  RtMesh mesh;
+  IrModule *m;
+  if (mesh_for(plan, 1, &mesh, err, sizeof err) != 0 || !(m = prepare(plan, &mesh, 0, a, err, sizeof err))) {
+    fprintf(stderr, "mrun: %s\n", err);
+    goto out;
+  }
+  RtRank rank = rt_rank_single();
+  rank.mesh = mesh;
+  RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
+                   .rank = &rank, .save_params_path = a->save_params};
+  RtTrainResult res;
+  if (rt_train(m, &o, &res, err, sizeof err) != 0) { fprintf(stderr, "mrun: %s\n", err); goto out; }
+  print_done(a, &res);
+  rc = 0;
+out:
+  rt_plan_free(plan);
+  return rc;
+}
+
+/* One rank of an MPI job.  Any error ends the whole job (MPI_Abort), so no
+ * rank waits for a peer that gave up. */
+static int run_rank(int *argc, char ***argv, const Args *a) {
+  char err[2048] = "";
+  RtComm *world = rt_comm_init_mpi(argc, argv, a->timeout, err, sizeof err);
+  if (!world) { fprintf(stderr, "mrun: %s\n", err); return 1; }
+  int me = rt_comm_rank(world), n = rt_comm_size(world);
+  if (a->gpus >= 1 && a->gpus != n)
+    rt_comm_abort(world, "mrun: --gpus %lld but the MPI job has %d ranks", (long long)a->gpus, n);
+  if (me == 0) {
+    char msg[256];
+    if (rt_gpu_probe(msg, sizeof msg) == 0) fprintf(stderr, "mrun: %s; using %d CPU ranks\n", msg, n);
+    else fprintf(stderr, "mrun: %s, but CUDA execution is not implemented yet; using %d CPU ranks\n", msg, n);
+  }
+  RtPlan *plan = load_plan(a->plan, err, sizeof err);
+  if (!plan) rt_comm_abort(world, "mrun: %s", err);
+  RtMesh mesh;
+  if (mesh_for(plan, n, &mesh, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
+  IrModule *m = prepare(plan, &mesh, me, a, err, sizeof err);
+  if (!m) rt_comm_abort(world, "mrun: %s", err);
+  RtRank rank = rt_rank_single();
+  rank.mesh = mesh;
+  rt_mesh_coords(&mesh, me, rank.coord);
+  for (int ax = 0; ax < IR_AXIS_COUNT; ax++) {
+    if (rt_rank_axis_size(&rank, (IrAxis)ax) == 1) continue;
+    rank.group[ax] = rt_comm_mesh_group(world, &mesh, (RtMeshAxis)ax, err, sizeof err);
+    if (!rank.group[ax]) rt_comm_abort(world, "mrun: %s", err);
+  }
+  RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
+                   .rank = &rank, .world = world, .save_params_path = a->save_params};
+  RtTrainResult res;
+  if (rt_train(m, &o, &res, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
+  if (me == 0) print_done(a, &res);
+  fflush(stdout);
+  for (int ax = 0; ax < IR_AXIS_COUNT; ax++) rt_comm_free(rank.group[ax]);
+  rt_plan_free(plan);
+  rt_comm_free(world);   /* MPI_Finalize */
+  return 0;
+}
+
 int main(int argc, char **argv) {
   Args a;
   int pr = parse_args(argc, argv, &a);
   if (pr == 1) { fputs(usage, stdout); return 0; }
   if (pr != 0) return 2;
+  if (under_launcher()) return run_rank(&argc, &argv, &a);
   if (a.gpus > 1) {
-    fprintf(stderr, "mrun: --gpus %lld: multi-rank execution is not supported yet (single rank only)\n",
-            (long long)a.gpus);
-    return 1;
+    if (getenv("TS_MRUN_LAUNCHED")) {
+      fprintf(stderr, "mrun: started by mpirun, but the MPI environment is missing (OMPI_COMM_WORLD_SIZE / PMI_SIZE)\n");
+      return 1;
+    }
+    /* check what can be checked before starting N processes */
+    char err[2048] = "";
+    RtPlan *plan = load_plan(a.plan, err, sizeof err);
+    RtMesh mesh;
+    int ok = plan && mesh_for(plan, a.gpus, &mesh, err, sizeof err) == 0;
+    rt_plan_free(plan);
+    if (!ok) { fprintf(stderr, "mrun: %s\n", err); return 1; }
+    return launch(a.gpus, argv);
   }
   char msg[256];
-  int ngpu = rt_gpu_probe(msg, sizeof msg);
-  if (ngpu == 0) fprintf(stderr, "mrun: %s; running on CPU ranks\n", msg);
-  else fprintf(stderr, "mrun: %s, but CUDA execution is not implemented yet; running on CPU ranks\n", msg);
-
-  char err[2048] = "";
-  RtPlan *plan = load_plan(a.plan, err, sizeof err);
-  if (!plan) { fprintf(stderr, "mrun: %s\n", err); return 1; }
-  int rc = 1;
-  if (plan->nranks < 1 || plan->nprograms < 1 || !plan->rank_program ||
-      plan->rank_program[0] < 0 || plan->rank_program[0] >= plan->nprograms) {
-    fprintf(stderr, "mrun: %s: the plan has no program for rank 0\n", a.plan);
-    goto out;
+  if (a.gpus >= 1) {
+    if (rt_gpu_probe(msg, sizeof msg) == 0) fprintf(stderr, "mrun: %s; using 1 CPU rank\n", msg);
+    else fprintf(stderr, "mrun: %s, but CUDA execution is not implemented yet; using 1 CPU rank\n", msg);
   }
-  if (plan->nranks > 1) {
-    fprintf(stderr, "mrun: %s: the plan has %d ranks; multi-rank execution is not supported yet\n",
-            a.plan, plan->nranks);
-    goto out;
-  }
-  IrModule *m = plan->programs[plan->rank_program[0]];
-  /* a plan from another build or edited by hand: refuse it with the
-   * verifier's message rather than fail somewhere inside a kernel */
-  if (ir_verify(m, err, sizeof err) != 0) {
-    fprintf(stderr, "mrun: %s: rank 0's program is invalid: %s\n", a.plan, err);
-    goto out;
-  }
-  if (a.steps >= 0) m->train.steps = a.steps;   /* decay_steps 0 follows it */
-  if (a.has_seed) m->train.seed = a.seed;
-  RtTrainOpts o = {a.data, a.metrics, a.quiet, stdout};
-  RtTrainResult res;
-  if (rt_train(m, &o, &res, err, sizeof err) != 0) {
-    fprintf(stderr, "mrun: %s\n", err);
-    goto out;
-  }
-  if (!a.quiet && res.steps > 0)
-    printf("mrun: trained %lld steps: loss %.4f -> %.4f\n", (long long)res.steps, res.first_loss, res.last_loss);
-  rc = 0;
-out:
-  rt_plan_free(plan);
-  return rc;
+  return run_single(&a);
 }

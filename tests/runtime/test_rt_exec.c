@@ -338,7 +338,7 @@ static int count_lines(const char *path, int *with_keys) {
 static void test_train(const char *mrun) {
   write_corpus("rt_train.txt", 20000);
   IrModule *m = bigram(40, 0, IR_F32);
-  RtTrainOpts o = {"rt_train.txt", "rt_metrics.jsonl", 1, NULL};
+  RtTrainOpts o = {.data_path = "rt_train.txt", .metrics_path = "rt_metrics.jsonl", .quiet = 1};
   RtTrainResult r;
   CHECK(rt_train(m, &o, &r, err, sizeof err) == 0, "train: %s", err);
   CHECK(r.steps == 40, "trained %lld steps", (long long)r.steps);
