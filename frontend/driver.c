@@ -8,8 +8,9 @@
  *      $TESSERA_STDLIB if set and non-empty, else TS_SOURCE_DIR/stdlib.
  * A module is parsed once however often it is imported.  Cycles and
  * missing modules are errors at the `import` that causes them.  Imported
- * (library) modules may contain only `fn` items and imports; the main file
- * must contain exactly one `model`.
+ * (library) modules may contain only `fn` items, imports and a `rules`
+ * block (default sharding rules, which the model's own rules override);
+ * the main file must contain exactly one `model`.
  *
  * Everything parsed lives in one Arena freed before returning; the IrModule
  * returned owns its own memory. */
@@ -75,7 +76,8 @@ static MdlProgram *parse_text(Driver *dr, const char *src, size_t len, const cha
 
 static int load_imports(Driver *dr, const MdlProgram *p);
 
-/* A library module: only fn items and imports. */
+/* A library module: only fn items, imports and rules (defaults for every
+ * model importing it; config, train and parallel belong to one model). */
 static int check_library(Driver *dr, const MdlProgram *p, const char *name) {
   int bad = 0;
   const char *what = NULL;
@@ -84,11 +86,10 @@ static int check_library(Driver *dr, const MdlProgram *p, const char *name) {
   else if (p->nconfig) { what = "a 'config' block"; at = p->config[0].loc; }
   else if (p->ntrain) { what = "a 'train' block"; at = p->train[0].loc; }
   else if (p->nparallel) { what = "a 'parallel' block"; at = p->parallel[0].loc; }
-  else if (p->nrules) { what = "a 'rules' block"; at = p->rules[0].loc; }
   if (what) {
     mdl_error(&dr->diag, at,
-              "module '%s' is imported, so it is a library and may contain only 'fn' items and "
-              "imports, not %s", name, what);
+              "module '%s' is imported, so it is a library and may contain only 'fn' items, "
+              "imports and 'rules', not %s", name, what);
     bad = 1;
   }
   return bad ? -1 : 0;

@@ -1,9 +1,9 @@
 /* elab_blocks.c - the elaborator's top-level blocks other than the model:
  * `config` (constants, with -D overrides, kept as IrConst), `train`
  * (IrTrain, from ir_train_defaults), `parallel` (IrParallel, with the
- * --tp/--pp/... overrides) and `rules` (validated only).  Values in these
- * blocks are evaluated in the config scope, so `global_batch = batch`
- * works.  Errors from command-line options have no source position. */
+ * --tp/--pp/... overrides) and `rules` (IrRule: stdlib defaults merged
+ * with the model's own).  Values in these blocks are evaluated in the
+ * config scope, so `global_batch = batch` works.  Errors from command-line options have no source position. */
 #include "elab_priv.h"
 #include <errno.h>
 #include <math.h>
@@ -256,17 +256,34 @@ void elab_parallel(Elab *e) {
   e->m->par = par;
 }
 
-void elab_rules(Elab *e) {
-  static const char *axes[] = {"dp", "tp", "pp", "cp", "ep"};
-  const MdlProgram *p = e->main;
+/* Checks one program's rules block and merges it into m->rules: a rule for
+ * a dim already there (from a library read earlier) replaces it, and the
+ * replacing rule moves to the end, so m->rules reads "the library defaults
+ * nobody overrode, then the later module's rules in source order".  The
+ * MDL form names one axis per dim; IrRule keeps a mask for later forms. */
+static void rules_merge(Elab *e, const MdlProgram *p) {
   for (int i = 0; i < p->nrules; i++) {
     const MdlRule *r = &p->rules[i];
-    int ok = 0;
-    for (int a = 0; a < 5; a++) ok |= !strcmp(r->axis, axes[a]);
-    if (!ok) elab_error(e, r->loc, "rules: unknown mesh axis '%s' for dim '%s' (known: dp, tp, pp, cp, ep)", r->axis, r->dim);
+    int axis = ir_axis_lookup(r->axis);
+    if (axis < 0)
+      elab_error(e, r->loc, "rules: unknown mesh axis '%s' for dim '%s' (known: dp, tp, pp, cp, ep)", r->axis, r->dim);
+    int twice = 0;
     for (int j = 0; j < i; j++)
-      if (!strcmp(p->rules[j].dim, r->dim)) elab_error(e, r->loc, "rules: dim '%s' is mapped twice", r->dim);
+      if (!strcmp(p->rules[j].dim, r->dim)) twice = 1;
+    if (twice) elab_error(e, r->loc, "rules: dim '%s' is mapped twice", r->dim);
+    if (axis < 0 || twice) continue;
+    IrRule rule = {ts_intern(r->dim), (uint8_t)(1u << axis)};
+    int w = 0;                               /* drop an earlier rule for the dim */
+    for (int j = 0; j < e->m->rules.n; j++)
+      if (e->m->rules.a[j].dim != rule.dim) e->m->rules.a[w++] = e->m->rules.a[j];
+    e->m->rules.n = w;
+    VEC_PUSH(e->m->rules, rule);
   }
-  /* TODO(sharding): the IR has no place for dim -> mesh-axis rules yet; the
-   * sharding pass will need them on IrModule (validated here, then dropped). */
+}
+
+/* Library modules' rules first (in load order: a module's dependencies
+ * before it), then the main file's: the model overrides stdlib defaults. */
+void elab_rules(Elab *e) {
+  for (int i = 0; i < e->nmods; i++) rules_merge(e, e->mods[i].prog);
+  rules_merge(e, e->main);
 }

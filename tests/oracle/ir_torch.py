@@ -155,7 +155,7 @@ def parse_module(text):
         elif word == "block":
             name = line.split()[1]
             block = mod.blocks[name] = []
-        elif word in ("const", "train", "parallel"):
+        elif word in ("const", "train", "parallel", "rule"):   # rules: sharding only
             pass
         elif word == "end":   # a module's last line (lets the plan text embed modules)
             break
