@@ -122,6 +122,11 @@ int cg_select(CgKernel *k, int c, int a, int b) {
 }
 int cg_cast(CgKernel *k, CgType t, int a) {
   if (ty(k, a) == t) return a;
+  /* narrowing back what an exact widening made gives the original value */
+  const CgInst *w = &k->code.a[a];
+  if (w->op == CG_CAST && ty(k, w->a[0]) == t &&
+      ((t == CG_F32 && w->type == CG_F64) || (t == CG_I32 && (w->type == CG_F64 || w->type == CG_I64))))
+    return w->a[0];
   TS_ASSERT(t != CG_VOID && ty(k, a) != CG_VOID);
   return push(k, (CgInst){.op = CG_CAST, .type = t, .a = {a, -1, -1}});
 }

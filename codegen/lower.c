@@ -40,6 +40,7 @@ typedef struct {
   int64_t D, rows, numel;
   int gid;
   int row, col, flat;    /* current position (values; -1 = not built yet) */
+  int rowbase;           /* row mode: row * D, built once per iteration */
   int gen;               /* memo generation: bumped when a loop ends */
   int *memo, *memogen;   /* per group position */
   int inmemo[CG_MAX_BUFS], inmemogen[CG_MAX_BUFS];
@@ -80,7 +81,7 @@ static int load_f64(Lw *L, int buf, int idx) { return cg_cast(L->k, CG_F64, cg_l
 
 /* ---- positions ---- */
 static int pos_flat(Lw *L) {
-  if (L->flat < 0) L->flat = add(L, mul(L, L->row, I(L, L->D)), L->col);
+  if (L->flat < 0) L->flat = add(L, L->rowbase, L->col);
   return L->flat;
 }
 static int pos_col(Lw *L) {
@@ -304,7 +305,9 @@ static void row_stats(Lw *L, int g) {
   const IrNode *nd = node(L, L->nodes[g]);
   int *v = L->st[g].v;
   double eps = nd->fa[0];
-  int Dv = F(L, (double)L->D);
+  int Dv = -1;
+  if (nd->op == IR_OP_LAYERNORM || nd->op == IR_OP_LAYERNORM_BWD || nd->op == IR_OP_RMSNORM || nd->op == IR_OP_RMSNORM_BWD)
+    Dv = F(L, (double)L->D);
   switch (nd->op) {
   case IR_OP_SOFTMAX:
   case IR_OP_LOG_SOFTMAX: {
@@ -312,7 +315,7 @@ static void row_stats(Lw *L, int g) {
     mx = sel(L, cg_bin(L->k, CG_EQ, mx, F(L, -INFINITY)), F(L, 0), mx);   /* fully masked row */
     v[0] = mx;
     v[1] = row_sum(L, S_EXP_SHIFT, nd->in[0], -1, mx, -1);
-    v[2] = add(L, mx, un(L, CG_LOG, v[1]));
+    if (nd->op == IR_OP_LOG_SOFTMAX) v[2] = add(L, mx, un(L, CG_LOG, v[1]));
     break;
   }
   case IR_OP_SOFTMAX_BWD: v[0] = row_sum(L, S_PROD, nd->in[1], nd->in[0], -1, -1); break;
@@ -390,7 +393,7 @@ int cg_op_lowerable(IrOp op) {
 
 /* The element shape of a node: its own type, or its operand's for per-row nodes. */
 static const IrType *elem_type(const Lw *L, const IrNode *nd) {
-  return is_per_row(nd->op) ? &node(L, nd->in[0])->type : &nd->type;
+  return is_per_row(nd->op) || nd->op == IR_OP_SUMSQ ? &node(L, nd->in[0])->type : &nd->type;
 }
 static int same_sizes(const IrType *a, const IrType *b) {
   if (ir_type_numel(a) != ir_type_numel(b)) return 0;
@@ -530,6 +533,7 @@ CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, 
   }
   /* row mode: statistics of every row op, then one loop for the outputs */
   L.row = L.gid;
+  L.rowbase = mul(&L, L.gid, I(&L, L.D));
   for (int i = 0; i < n; i++)
     if (is_row_op(b->nodes[nodes[i]].op)) row_stats(&L, i);
   int accs[CG_MAX_BUFS], nacc = 0, need_loop = 0;

@@ -1,0 +1,554 @@
+/* test_codegen.c - the LLVM backend against the reference runtime.
+ *
+ * Every case builds a small tensor-IR module, lowers a group of its nodes
+ * (one node, or a fused chain) with cg_lower_group, JIT-compiles the
+ * kernel, runs it on random inputs (split into several [begin, end)
+ * pieces, or over 2 threads) and compares each output element with the
+ * reference runtime running the same module node by node (rt_run_block;
+ * results read back through accum into states).  f32 within 1e-6
+ * relative, f64 within 1e-12 (see rel_ok).  Plus: the kernel-IR printer
+ * (golden text), the verifier's and the lowering's errors, and that the
+ * JIT emits vector code for the host (AVX when the CPU has it). */
+#include "codegen/cg.h"
+#include "runtime/rt.h"
+#include <math.h>
+
+static int g_fails, g_checks;
+#define CHECK(c, ...) do { g_checks++; if (!(c)) { g_fails++;                 \
+    fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                       \
+    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+static char err[2048];
+static CgJit *g_jit;
+
+/* ---- deterministic inputs ---- */
+static uint64_t g_rs = 0x5eed;
+static double urand(void) {   /* [0, 1) */
+  uint64_t z = (g_rs += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  return (double)(z >> 11) / 9007199254740992.0;
+}
+
+static IrType mkty(IrDtype dt, int rank, const int64_t *dims) {
+  IrType t;
+  memset(&t, 0, sizeof t);
+  t.dtype = dt;
+  t.rank = rank;
+  for (int i = 0; i < rank; i++) t.dim[i] = dims[i];
+  return t;
+}
+#define TY(dt, ...) mkty(dt, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__})
+
+/* ---- a test module: inputs with random data, then nodes ---- */
+#define MAXF 8
+typedef struct {
+  IrModule *m;
+  int b;
+  int nfeed;
+  RtFeed feeds[MAXF];
+  int feed_id[MAXF];
+  void *data[MAXF];
+  char names[MAXF][16];
+} Case;
+
+static void case_init(Case *c) {
+  memset(c, 0, sizeof *c);
+  c->m = ir_module_new("t");
+  c->b = ir_block_add(c->m, "forward");
+}
+static void case_free(Case *c) {
+  ir_module_free(c->m);
+  for (int i = 0; i < c->nfeed; i++) free(c->data[i]);
+}
+
+/* An input of type t, uniform in [lo, hi); i32 inputs get integers in
+ * [lo, hi).  Returns its value id. */
+static int input(Case *c, IrType t, double lo, double hi) {
+  TS_ASSERT(c->nfeed < MAXF);
+  int i = c->nfeed++;
+  snprintf(c->names[i], sizeof c->names[i], "x%d", i);
+  int id = ir_emit(c->m, c->b, IR_OP_INPUT, NULL, 0, NULL, NULL, c->names[i], &t, err, sizeof err);
+  TS_ASSERT(id >= 0);
+  int64_t n = ir_type_numel(&t);
+  void *p = ts_xmalloc((size_t)(n ? n : 1) * 8);
+  for (int64_t k = 0; k < n; k++) {
+    double v = lo + (hi - lo) * urand();
+    if (t.dtype == IR_F32) ((float *)p)[k] = (float)v;
+    else if (t.dtype == IR_F64) ((double *)p)[k] = v;
+    else ((int32_t *)p)[k] = (int32_t)floor(v);
+  }
+  c->data[i] = p;
+  c->feeds[i] = (RtFeed){c->names[i], p};
+  c->feed_id[i] = id;
+  return id;
+}
+
+static int emit(Case *c, IrOp op, const int *in, int nin, const int64_t *ia, const double *fa, const IrType *typed) {
+  int id = ir_emit(c->m, c->b, op, in, nin, ia, fa, NULL, typed, err, sizeof err);
+  if (id < 0) TS_DIE("test setup: %s: %s", ir_ops[op].name, err);
+  return id;
+}
+#define E1(c, op, a) emit(c, op, (int[]){a}, 1, NULL, NULL, NULL)
+#define E2(c, op, a, b) emit(c, op, (int[]){a, b}, 2, NULL, NULL, NULL)
+
+static double ld(const void *p, IrDtype t, int64_t i) {
+  return t == IR_F32 ? ((const float *)p)[i] : t == IR_F64 ? ((const double *)p)[i] : ((const int32_t *)p)[i];
+}
+
+/* |got - want| <= tol * |want| (relative), with want == got for exact
+ * values (0, inf, NaN on both sides); a floor of tol * 1e-3 absolute
+ * covers results that are a cancellation near 0 (layernorm of a value at
+ * the mean, x - y of nearly equal inputs): there a relative error is
+ * meaningless, the error is relative to the operands' scale. */
+static int rel_ok(double got, double want, double tol) {
+  if (got == want || (isnan(got) && isnan(want))) return 1;
+  return fabs(got - want) <= tol * fmax(fabs(want), 1e-3);
+}
+
+enum { RUN_PIECES, RUN_THREADS };
+
+/* Lowers nodes[0..n) of c, runs kernel and reference, compares every output. */
+static void check_group(Case *c, const int *nodes, int n, const char *what, int how) {
+  IrModule *m = c->m;
+  CgGroupIO io;
+  CgKernel *k = cg_lower_group(m, &m->blocks.a[c->b], nodes, n, &io, err, sizeof err);
+  CHECK(k != NULL, "%s: lowering failed: %s", what, err);
+  if (!k) return;
+  /* reference: capture every kernel buffer that is not an input's data */
+  int st_of[CG_MAX_BUFS];
+  for (int i = 0; i < io.nin + io.nout; i++) {
+    int id = i < io.nin ? io.in[i] : io.out[i - io.nin];
+    st_of[i] = -1;
+    const IrNode *nd = &m->blocks.a[c->b].nodes[id];
+    if (nd->op == IR_OP_INPUT) continue;
+    int v = id;
+    if (!ir_dtype_is_float(nd->type.dtype)) {
+      IrType f = nd->type;
+      f.dtype = IR_F64;
+      v = emit(c, IR_OP_CAST, &id, 1, NULL, NULL, &f);
+    }
+    IrState s;
+    memset(&s, 0, sizeof s);
+    char nm[32];
+    snprintf(nm, sizeof nm, "out%d", i);
+    s.name = ts_intern(nm);
+    s.type = m->blocks.a[c->b].nodes[v].type;
+    s.kind = IR_STATE_GRAD;
+    s.of = -1;
+    st_of[i] = ir_state_add(m, &s);
+    emit(c, IR_OP_ACCUM, &v, 1, (int64_t[]){st_of[i]}, NULL, NULL);
+  }
+  RtProgram *p = rt_program_new(m, err, sizeof err);
+  TS_ASSERT(p);
+  RtRunInfo info = {0, 0, 1e-3};
+  int rc = rt_run_block(p, c->b, c->feeds, c->nfeed, &info, err, sizeof err);
+  CHECK(rc == 0, "%s: reference run failed: %s", what, err);
+  CgFn fn = rc == 0 ? cg_jit_compile(g_jit, k, err, sizeof err) : NULL;
+  CHECK(rc != 0 || fn != NULL, "%s: JIT failed: %s", what, err);
+  if (fn) {
+    void *bufs[CG_MAX_BUFS];
+    for (int i = 0; i < io.nin; i++) {
+      bufs[i] = NULL;
+      for (int f = 0; f < c->nfeed; f++)
+        if (c->feed_id[f] == io.in[i]) bufs[i] = c->data[f];
+      if (!bufs[i]) bufs[i] = rt_state_data(p, st_of[i]);   /* same dtype: float producers */
+    }
+    for (int j = 0; j < io.nout; j++)
+      bufs[io.nin + j] = ts_xcalloc((size_t)(k->buf[io.nin + j].n + 1), 8);
+    int64_t g = k->grid;
+    if (how == RUN_THREADS) cg_par_run(fn, bufs, g, 2);
+    else { fn(bufs, 0, g / 3); fn(bufs, g / 3, 2 * g / 3); fn(bufs, 2 * g / 3, g); }
+    for (int j = 0; j < io.nout; j++) {
+      const IrNode *nd = &m->blocks.a[c->b].nodes[io.out[j]];
+      const void *want = rt_state_data(p, st_of[io.nin + j]);
+      IrDtype dt = nd->type.dtype, wt = m->states.a[st_of[io.nin + j]].type.dtype;
+      double tol = dt == IR_F32 ? 1e-6 : dt == IR_F64 ? 1e-12 : 0;
+      /* the float inputs decide the precision of an i32 or cast result */
+      for (int a = 0; a < nd->nin && dt == IR_I32; a++)
+        if (m->blocks.a[c->b].nodes[nd->in[a]].type.dtype == IR_F32) tol = 1e-6;
+      int64_t cnt = ir_type_numel(&nd->type), bad = -1;
+      for (int64_t i = 0; i < cnt && bad < 0; i++)
+        if (!rel_ok(ld(bufs[io.nin + j], dt, i), ld(want, wt, i), tol)) bad = i;
+      CHECK(bad < 0, "%s: output %%%d (%s) element %lld = %.17g, reference %.17g", what, io.out[j],
+            ir_ops[nd->op].name, (long long)bad, bad >= 0 ? ld(bufs[io.nin + j], dt, bad) : 0.0,
+            bad >= 0 ? ld(want, wt, bad) : 0.0);
+      free(bufs[io.nin + j]);
+    }
+  }
+  rt_program_free(p);
+  cg_kernel_free(k);
+}
+static void check1(Case *c, int id, const char *what) { check_group(c, &id, 1, what, RUN_PIECES); }
+
+/* ---- single ops ---- */
+static const IrOp EW1_OPS[] = {IR_OP_NEG, IR_OP_EXP, IR_OP_TANH, IR_OP_GELU_TANH, IR_OP_GELU_ERF, IR_OP_SILU,
+                               IR_OP_RELU, IR_OP_ADDS, IR_OP_MULS};
+static const IrOp EWPOS_OPS[] = {IR_OP_LOG, IR_OP_SQRT, IR_OP_RSQRT};
+static const IrOp EW2_OPS[] = {IR_OP_ADD, IR_OP_SUB, IR_OP_MUL, IR_OP_DIV, IR_OP_GELU_TANH_BWD,
+                               IR_OP_GELU_ERF_BWD, IR_OP_SILU_BWD, IR_OP_RELU_BWD};
+static unsigned char g_covered[IR_OP_COUNT];
+
+static void test_elementwise(IrDtype dt) {
+  IrType t = TY(dt, 5, 37);   /* 185: not a multiple of any vector width */
+  char what[96];
+  for (size_t i = 0; i < sizeof EW1_OPS / sizeof *EW1_OPS; i++) {
+    Case c;
+    case_init(&c);
+    int x = input(&c, t, -3, 3);
+    int id = emit(&c, EW1_OPS[i], &x, 1, NULL, (double[]){0.75}, NULL);
+    snprintf(what, sizeof what, "%s %s", ir_ops[EW1_OPS[i]].name, ir_dtype_name(dt));
+    check1(&c, id, what);
+    g_covered[EW1_OPS[i]] = 1;
+    case_free(&c);
+  }
+  for (size_t i = 0; i < sizeof EWPOS_OPS / sizeof *EWPOS_OPS; i++) {
+    Case c;
+    case_init(&c);
+    int x = input(&c, t, 0.01, 5);
+    snprintf(what, sizeof what, "%s %s", ir_ops[EWPOS_OPS[i]].name, ir_dtype_name(dt));
+    check1(&c, E1(&c, EWPOS_OPS[i], x), what);
+    g_covered[EWPOS_OPS[i]] = 1;
+    case_free(&c);
+  }
+  for (size_t i = 0; i < sizeof EW2_OPS / sizeof *EW2_OPS; i++) {
+    Case c;
+    case_init(&c);
+    int x = input(&c, t, -3, 3), y = input(&c, t, 0.5, 2);
+    snprintf(what, sizeof what, "%s %s", ir_ops[EW2_OPS[i]].name, ir_dtype_name(dt));
+    check1(&c, E2(&c, EW2_OPS[i], x, y), what);
+    g_covered[EW2_OPS[i]] = 1;
+    case_free(&c);
+  }
+  { /* eq: inputs from a small integer range, so about a third are equal */
+    Case c;
+    case_init(&c);
+    int x = input(&c, TY(IR_I32, 5, 37), 0, 3), y = input(&c, TY(IR_I32, 5, 37), 0, 3);
+    IrType ft = t;
+    int xf = emit(&c, IR_OP_CAST, &x, 1, NULL, NULL, &ft), yf = emit(&c, IR_OP_CAST, &y, 1, NULL, NULL, &ft);
+    int id = E2(&c, IR_OP_EQ, xf, yf);
+    snprintf(what, sizeof what, "cast+eq %s", ir_dtype_name(dt));
+    check_group(&c, (int[]){xf, yf, id}, 3, what, RUN_PIECES);
+    g_covered[IR_OP_EQ] = g_covered[IR_OP_CAST] = 1;
+    case_free(&c);
+  }
+  { /* ne_scalar of i32 ids, and cast float -> i32 (saturating) and back */
+    Case c;
+    case_init(&c);
+    int ids = input(&c, TY(IR_I32, 5, 37), -2, 3);
+    int ne = emit(&c, IR_OP_NE_SCALAR, &ids, 1, NULL, (double[]){1}, &t);
+    snprintf(what, sizeof what, "ne_scalar %s", ir_dtype_name(dt));
+    check1(&c, ne, what);
+    int x = input(&c, t, -1e10, 1e10);
+    IrType it = TY(IR_I32, 5, 37);
+    int ci = emit(&c, IR_OP_CAST, &x, 1, NULL, NULL, &it);
+    snprintf(what, sizeof what, "cast %s -> i32", ir_dtype_name(dt));
+    check1(&c, ci, what);
+    g_covered[IR_OP_NE_SCALAR] = 1;
+    case_free(&c);
+  }
+  { /* masked_fill with an i32 and a float mask; causal_mask; full; broadcast */
+    Case c;
+    case_init(&c);
+    int x = input(&c, t, -3, 3), ikeep = input(&c, TY(IR_I32, 5, 37), 0, 2), fkeep = input(&c, t, -1, 1);
+    int keep = emit(&c, IR_OP_CAST, &ikeep, 1, NULL, NULL, &t);
+    int relu_keep = E1(&c, IR_OP_RELU, fkeep);
+    snprintf(what, sizeof what, "masked_fill %s", ir_dtype_name(dt));
+    check1(&c, emit(&c, IR_OP_MASKED_FILL, (int[]){x, keep}, 2, NULL, (double[]){-1e9}, NULL), what);
+    int mf = emit(&c, IR_OP_MASKED_FILL, (int[]){x, relu_keep}, 2, NULL, (double[]){-7}, NULL);
+    check_group(&c, (int[]){relu_keep, mf}, 2, what, RUN_PIECES);
+    int s = input(&c, TY(dt, 2, 3, 7, 6), -2, 2);
+    snprintf(what, sizeof what, "causal_mask %s", ir_dtype_name(dt));
+    check1(&c, emit(&c, IR_OP_CAUSAL_MASK, &s, 1, NULL, (double[]){-INFINITY}, NULL), what);
+    IrType ft = TY(dt, 3, 4);
+    snprintf(what, sizeof what, "full %s", ir_dtype_name(dt));
+    check1(&c, emit(&c, IR_OP_FULL, NULL, 0, NULL, (double[]){2.5}, &ft), what);
+    int bias = input(&c, TY(dt, 37), -1, 1), col = input(&c, TY(dt, 5, 1), -1, 1), mid = input(&c, TY(dt, 3, 1, 4), -1, 1);
+    snprintf(what, sizeof what, "broadcast %s", ir_dtype_name(dt));
+    check1(&c, emit(&c, IR_OP_BROADCAST, &bias, 1, NULL, NULL, &t), what);
+    check1(&c, emit(&c, IR_OP_BROADCAST, &col, 1, NULL, NULL, &t), what);
+    IrType big = TY(dt, 2, 3, 5, 4);
+    check1(&c, emit(&c, IR_OP_BROADCAST, &mid, 1, NULL, NULL, &big), what);
+    g_covered[IR_OP_MASKED_FILL] = g_covered[IR_OP_CAUSAL_MASK] = g_covered[IR_OP_FULL] = g_covered[IR_OP_BROADCAST] = 1;
+    case_free(&c);
+  }
+}
+
+static void test_rows(IrDtype dt) {
+  char what[96];
+  IrType t = TY(dt, 3, 4, 29);
+  static const IrOp R1[] = {IR_OP_SOFTMAX, IR_OP_LOG_SOFTMAX, IR_OP_LAYERNORM, IR_OP_RMSNORM};
+  static const IrOp R2[] = {IR_OP_SOFTMAX_BWD, IR_OP_LOG_SOFTMAX_BWD, IR_OP_LAYERNORM_BWD, IR_OP_RMSNORM_BWD};
+  for (int i = 0; i < 4; i++) {
+    Case c;
+    case_init(&c);
+    int x = input(&c, t, -4, 4), dy = input(&c, t, -1, 1);
+    snprintf(what, sizeof what, "%s %s", ir_ops[R1[i]].name, ir_dtype_name(dt));
+    check1(&c, emit(&c, R1[i], &x, 1, NULL, (double[]){1e-5}, NULL), what);
+    snprintf(what, sizeof what, "%s %s", ir_ops[R2[i]].name, ir_dtype_name(dt));
+    check_group(&c, (int[]){emit(&c, R2[i], (int[]){x, dy}, 2, NULL, (double[]){1e-5}, NULL)}, 1, what, RUN_THREADS);
+    g_covered[R1[i]] = g_covered[R2[i]] = 1;
+    case_free(&c);
+  }
+  { /* softmax of a fully masked row stays finite (0/0 guarded like the reference) */
+    Case c;
+    case_init(&c);
+    int x = input(&c, TY(dt, 4, 8), -1, 1);
+    int cm = emit(&c, IR_OP_CAUSAL_MASK, &x, 1, NULL, (double[]){-INFINITY}, NULL);
+    int sm = E1(&c, IR_OP_SOFTMAX, cm);
+    snprintf(what, sizeof what, "causal_mask+softmax %s", ir_dtype_name(dt));
+    check_group(&c, (int[]){cm, sm}, 2, what, RUN_PIECES);
+    case_free(&c);
+  }
+  { /* cross-entropy (+bwd), V = 53, some targets ignored (-1) */
+    Case c;
+    case_init(&c);
+    int lg = input(&c, TY(dt, 2, 5, 53), -5, 5), tg = input(&c, TY(IR_I32, 2, 5), -1, 53);
+    int dl = input(&c, TY(dt, 2, 5), 0.1, 1);
+    snprintf(what, sizeof what, "cross_entropy %s", ir_dtype_name(dt));
+    check1(&c, emit(&c, IR_OP_CROSS_ENTROPY, (int[]){lg, tg}, 2, (int64_t[]){-1}, NULL, NULL), what);
+    snprintf(what, sizeof what, "cross_entropy_bwd %s", ir_dtype_name(dt));
+    check1(&c, emit(&c, IR_OP_CROSS_ENTROPY_BWD, (int[]){lg, tg, dl}, 3, (int64_t[]){-1}, NULL, NULL), what);
+    g_covered[IR_OP_CROSS_ENTROPY] = g_covered[IR_OP_CROSS_ENTROPY_BWD] = 1;
+    case_free(&c);
+  }
+  /* reductions along every axis, with and without keepdim; sumsq */
+  static const IrOp RED[] = {IR_OP_SUM, IR_OP_MEAN, IR_OP_MAX};
+  for (int r = 0; r < 3; r++)
+    for (int ax = 0; ax < 3; ax++) {
+      Case c;
+      case_init(&c);
+      int x = input(&c, t, -2, 2);
+      snprintf(what, sizeof what, "%s axis=%d %s", ir_ops[RED[r]].name, ax, ir_dtype_name(dt));
+      check1(&c, emit(&c, RED[r], &x, 1, (int64_t[]){ax, ax & 1}, NULL, NULL), what);
+      g_covered[RED[r]] = 1;
+      case_free(&c);
+    }
+  Case c;
+  case_init(&c);
+  int x = input(&c, t, -2, 2);
+  snprintf(what, sizeof what, "sumsq %s", ir_dtype_name(dt));
+  check1(&c, E1(&c, IR_OP_SUMSQ, x), what);
+  g_covered[IR_OP_SUMSQ] = 1;
+  case_free(&c);
+}
+
+/* ---- fused chains vs the nodes one by one ---- */
+static void test_fused(IrDtype dt) {
+  char what[96];
+  int64_t R = 6, C = 67;
+  IrType t = TY(dt, R, C);
+  { /* bias add + gelu + residual add; the gelu is also used outside */
+    Case c;
+    case_init(&c);
+    int x = input(&c, t, -2, 2), b = input(&c, TY(dt, C), -1, 1), res = input(&c, t, -1, 1);
+    int bb = emit(&c, IR_OP_BROADCAST, &b, 1, NULL, NULL, &t);
+    int a = E2(&c, IR_OP_ADD, x, bb), g = E1(&c, IR_OP_GELU_TANH, a), y = E2(&c, IR_OP_ADD, g, res);
+    E1(&c, IR_OP_EXP, g);   /* a user after the group: g must be an output */
+    snprintf(what, sizeof what, "bias+gelu+residual %s", ir_dtype_name(dt));
+    check_group(&c, (int[]){bb, a, g, y}, 4, what, RUN_THREADS);
+    case_free(&c);
+  }
+  { /* layernorm with its affine */
+    Case c;
+    case_init(&c);
+    int x = input(&c, t, -3, 3), gm = input(&c, TY(dt, C), 0.5, 1.5), be = input(&c, TY(dt, C), -1, 1);
+    int ln = emit(&c, IR_OP_LAYERNORM, &x, 1, NULL, (double[]){1e-5}, NULL);
+    int g = emit(&c, IR_OP_BROADCAST, &gm, 1, NULL, NULL, &t), bt = emit(&c, IR_OP_BROADCAST, &be, 1, NULL, NULL, &t);
+    int mu = E2(&c, IR_OP_MUL, ln, g), y = E2(&c, IR_OP_ADD, mu, bt);
+    snprintf(what, sizeof what, "layernorm+affine %s", ir_dtype_name(dt));
+    check_group(&c, (int[]){ln, g, bt, mu, y}, 5, what, RUN_PIECES);
+    case_free(&c);
+  }
+  { /* attention scores: scale, causal mask, softmax */
+    Case c;
+    case_init(&c);
+    int s = input(&c, TY(dt, 2, 3, 9, 9), -4, 4);
+    int sc = emit(&c, IR_OP_MULS, &s, 1, NULL, (double[]){0.125}, NULL);
+    int cm = emit(&c, IR_OP_CAUSAL_MASK, &sc, 1, NULL, (double[]){-INFINITY}, NULL);
+    int sm = E1(&c, IR_OP_SOFTMAX, cm);
+    snprintf(what, sizeof what, "scale+causal+softmax %s", ir_dtype_name(dt));
+    check_group(&c, (int[]){sc, cm, sm}, 3, what, RUN_PIECES);
+    case_free(&c);
+  }
+  { /* logits scaled then cross-entropy and its backward in one kernel */
+    Case c;
+    case_init(&c);
+    int lg = input(&c, t, -3, 3), tg = input(&c, TY(IR_I32, R), 0, C), dl = input(&c, TY(dt, R), 0.1, 1);
+    int sc = emit(&c, IR_OP_MULS, &lg, 1, NULL, (double[]){2}, NULL);
+    int ce = emit(&c, IR_OP_CROSS_ENTROPY, (int[]){sc, tg}, 2, (int64_t[]){-100}, NULL, NULL);
+    int cb = emit(&c, IR_OP_CROSS_ENTROPY_BWD, (int[]){sc, tg, dl}, 3, (int64_t[]){-100}, NULL, NULL);
+    E1(&c, IR_OP_NEG, ce);
+    snprintf(what, sizeof what, "scale+cross_entropy+bwd %s", ir_dtype_name(dt));
+    check_group(&c, (int[]){sc, ce, cb}, 3, what, RUN_THREADS);
+    case_free(&c);
+  }
+  { /* a chain ending in a reduction: mean over the last axis of (x - y)^2 */
+    Case c;
+    case_init(&c);
+    int x = input(&c, t, -1, 1), y = input(&c, t, -1, 1);
+    int d = E2(&c, IR_OP_SUB, x, y), sq = E2(&c, IR_OP_MUL, d, d);
+    int mn = emit(&c, IR_OP_MEAN, &sq, 1, (int64_t[]){1, 1}, NULL, NULL);
+    snprintf(what, sizeof what, "sub+square+mean %s", ir_dtype_name(dt));
+    check_group(&c, (int[]){d, sq, mn}, 3, what, RUN_PIECES);
+    case_free(&c);
+  }
+  { /* rmsnorm backward of a silu output, then the product with a gain */
+    Case c;
+    case_init(&c);
+    int x = input(&c, t, -2, 2), dy = input(&c, t, -1, 1), gm = input(&c, TY(dt, C), 0.5, 1.5);
+    int s = E1(&c, IR_OP_SILU, x);
+    int rb = emit(&c, IR_OP_RMSNORM_BWD, (int[]){s, dy}, 2, NULL, (double[]){1e-6}, NULL);
+    int g = emit(&c, IR_OP_BROADCAST, &gm, 1, NULL, NULL, &t);
+    int y = E2(&c, IR_OP_MUL, rb, g);
+    snprintf(what, sizeof what, "silu+rmsnorm_bwd+gain %s", ir_dtype_name(dt));
+    check_group(&c, (int[]){s, rb, g, y}, 4, what, RUN_PIECES);
+    case_free(&c);
+  }
+}
+
+/* ---- printer, verifier, lowering errors, vector code ---- */
+static void test_printer(void) {
+  Case c;
+  case_init(&c);
+  int x = input(&c, TY(IR_F32, 2, 3), -1, 1);
+  int s = E1(&c, IR_OP_SOFTMAX, x);
+  CgGroupIO io;
+  CgKernel *k = cg_lower_group(c.m, &c.m->blocks.a[c.b], &s, 1, &io, err, sizeof err);
+  TS_ASSERT(k);
+  StrBuf sb = {0};
+  cg_kernel_print(k, &sb);
+  const char *want =
+      "kernel softmax_f32(b0: f32[6] in, b1: f32[6] out) grid=2\n"
+      "  %0 = gid : i64\n"
+      "  %1 = const 3 : i64\n"
+      "  %2 = mul %0, %1 : i64\n"
+      "  %3 = acc max init=-inf : f64\n"
+      "  %4 = const 3 : i64\n"
+      "  %5 = range %4 : i64 {\n"
+      "    %6 = add %2, %5 : i64\n"
+      "    %7 = load b0[%6] : f32\n"
+      "    %8 = cast %7 : f64\n"
+      "    update %3, %8\n"
+      "  }\n"
+      "  %11 = const 0.0 : f64\n"
+      "  %12 = const -inf : f64\n"
+      "  %13 = eq %3, %12 : i1\n"
+      "  %14 = select %13, %11, %3 : f64\n"
+      "  %15 = acc sum init=0.0 : f64\n"
+      "  %16 = const 3 : i64\n"
+      "  %17 = range %16 : i64 {\n"
+      "    %18 = add %2, %17 : i64\n"
+      "    %19 = load b0[%18] : f32\n"
+      "    %20 = cast %19 : f64\n"
+      "    %21 = sub %20, %14 : f64\n"
+      "    %22 = exp %21 : f64\n"
+      "    update %15, %22\n"
+      "  }\n"
+      "  %25 = const 3 : i64\n"
+      "  %26 = range %25 : i64 {\n"
+      "    %27 = add %2, %26 : i64\n"
+      "    %28 = load b0[%27] : f32\n"
+      "    %29 = cast %28 : f64\n"
+      "    %30 = sub %29, %14 : f64\n"
+      "    %31 = exp %30 : f64\n"
+      "    %32 = div %31, %15 : f64\n"
+      "    %33 = cast %32 : f32\n"
+      "    %34 = cast %33 : f64\n"
+      "    store b1[%27], %33\n"
+      "  }\n";
+  CHECK(sb.p && strcmp(sb.p, want) == 0, "printer: softmax kernel text differs:\n%s\nexpected:\n%s",
+        sb.p ? sb.p : "", want);
+  sb_free(&sb);
+  cg_kernel_free(k);
+  case_free(&c);
+}
+
+static void test_errors(void) {
+  /* verifier: a value used after its loop closed */
+  CgKernel *k = cg_kernel_new("bad", 4);
+  int b0 = cg_buf(k, CG_F64, 4, 1), gid = cg_gid(k);
+  int r = cg_range(k, cg_const_i(k, CG_I64, 2));
+  int v = cg_cast(k, CG_F64, r);
+  cg_end(k);
+  cg_store(k, b0, gid, v);
+  CHECK(cg_kernel_verify(k, err, sizeof err) != 0 && strstr(err, "outside its loop"), "verifier: scope error not caught (%s)", err);
+  cg_kernel_free(k);
+  k = cg_kernel_new("bad2", 4);
+  b0 = cg_buf(k, CG_F64, 4, 0);
+  gid = cg_gid(k);
+  cg_store(k, b0, gid, cg_const_f(k, CG_F64, 1));
+  CHECK(cg_kernel_verify(k, err, sizeof err) != 0 && strstr(err, "read-only"), "verifier: store to input not caught (%s)", err);
+  char e2[256];
+  CHECK(cg_jit_compile(g_jit, k, e2, sizeof e2) == NULL, "JIT accepted an invalid kernel");
+  cg_kernel_free(k);
+
+  Case c;
+  case_init(&c);
+  int a = input(&c, TY(IR_F32, 4, 8), -1, 1), w = input(&c, TY(IR_F32, 8, 8), -1, 1);
+  int mm = E2(&c, IR_OP_MATMUL, a, w);
+  CgGroupIO io;
+  CHECK(cg_lower_group(c.m, &c.m->blocks.a[c.b], &mm, 1, &io, err, sizeof err) == NULL && strstr(err, "matmul"),
+        "lowering: matmul should be refused (%s)", err);
+  int sm = emit(&c, IR_OP_SUM, &a, 1, (int64_t[]){1, 1}, NULL, NULL);
+  int bc = emit(&c, IR_OP_BROADCAST, &sm, 1, NULL, NULL, &c.m->blocks.a[c.b].nodes[a].type);
+  int ad = E2(&c, IR_OP_ADD, a, bc);
+  CHECK(cg_lower_group(c.m, &c.m->blocks.a[c.b], (int[]){sm, bc, ad}, 3, &io, err, sizeof err) == NULL,
+        "lowering: a reduction used inside its group should be refused");
+  CHECK(cg_lower_group(c.m, &c.m->blocks.a[c.b], (int[]){ad, sm}, 2, &io, err, sizeof err) == NULL && strstr(err, "ascending"),
+        "lowering: unordered nodes should be refused (%s)", err);
+  int s0 = emit(&c, IR_OP_SUM, &a, 1, (int64_t[]){0, 0}, NULL, NULL), e0 = E1(&c, IR_OP_EXP, a);
+  CHECK(cg_lower_group(c.m, &c.m->blocks.a[c.b], (int[]){s0, e0}, 2, &io, err, sizeof err) == NULL && strstr(err, "last axis"),
+        "lowering: a fused reduction over axis 0 should be refused (%s)", err);
+  case_free(&c);
+}
+
+/* The optimized code of a flat kernel and of a row kernel uses vectors. */
+static void test_vector_code(void) {
+  Case c;
+  case_init(&c);
+  int x = input(&c, TY(IR_F32, 64, 256), -1, 1), y = input(&c, TY(IR_F32, 64, 256), -1, 1);
+  int ad = E2(&c, IR_OP_ADD, x, y), ln = emit(&c, IR_OP_LAYERNORM, &x, 1, NULL, (double[]){1e-5}, NULL);
+  int ids[2] = {ad, ln};
+  const char *cpu = cg_jit_cpu(g_jit);
+  int avx2 = strstr(cpu, "+avx2") != NULL, avx512 = strstr(cpu, "+avx512f") != NULL;
+  printf("host: %.60s... avx2=%d avx512f=%d\n", cpu, avx2, avx512);
+  for (int i = 0; i < 2; i++) {
+    CgGroupIO io;
+    CgKernel *k = cg_lower_group(c.m, &c.m->blocks.a[c.b], &ids[i], 1, &io, err, sizeof err);
+    TS_ASSERT(k);
+    StrBuf ir = {0}, as = {0};
+    CHECK(cg_kernel_llvm_text(k, 1, &ir, err, sizeof err) == 0, "llvm text: %s", err);
+    CHECK(ir.p && strstr(ir.p, "define void @") && (strstr(ir.p, " x double>") || strstr(ir.p, " x float>")),
+          "%s: optimized IR has no vectors",
+          k->name);
+    CHECK(cg_kernel_asm_text(k, &as, err, sizeof err) == 0, "asm: %s", err);
+    if (avx2) CHECK(as.p && (strstr(as.p, "ymm") || strstr(as.p, "zmm")), "%s: no AVX registers in the assembly", k->name);
+    sb_free(&ir);
+    sb_free(&as);
+    cg_kernel_free(k);
+  }
+  case_free(&c);
+}
+
+int main(void) {
+  g_jit = cg_jit_new(err, sizeof err);
+  if (!g_jit) { fprintf(stderr, "cannot create the JIT: %s\n", err); return 1; }
+  test_printer();
+  test_errors();
+  test_vector_code();
+  IrDtype dts[2] = {IR_F32, IR_F64};
+  for (int i = 0; i < 2; i++) {
+    test_elementwise(dts[i]);
+    test_rows(dts[i]);
+    test_fused(dts[i]);
+  }
+  /* every op the lowering accepts has a case above */
+  for (int op = 0; op < IR_OP_COUNT; op++)
+    CHECK(!cg_op_lowerable((IrOp)op) || g_covered[op], "op %s is lowerable but has no test", ir_ops[op].name);
+  cg_jit_free(g_jit);
+  if (g_fails) fprintf(stderr, "test_codegen: %d of %d checks FAILED\n", g_fails, g_checks);
+  else printf("test_codegen: all %d checks passed\n", g_checks);
+  return g_fails ? 1 : 0;
+}
