@@ -6,9 +6,25 @@
  * node, operands earlier in the block (SSA order), arity and attrs valid,
  * the stored result type equal in sizes and dtype to what the shape rule
  * computes (dim names may differ: passes may rename them); input and output
- * names unique per block.  Stops at the first problem. */
+ * names unique per block; shardings well-formed (a mesh axis splits at most
+ * one dim, or marks a partial sum, or a flat chunk), `state` and `accum`
+ * nodes laid out like their state, and each collective's operand and
+ * result layouts consistent with what it does (an all_gather over tp
+ * along dim d takes a value split along d over tp and returns one that is
+ * not, ...).  Stops at the first problem. */
 #include "ir.h"
 #include <stdarg.h>
+
+static int sh_well_formed(const IrSharding *sh, int rank) {
+  unsigned seen = 0;
+  for (int d = 0; d < IR_MAX_RANK; d++) {
+    if (!sh->split[d]) continue;
+    if (d >= rank || (seen & sh->split[d])) return 0;
+    seen |= sh->split[d];
+  }
+  if ((seen & sh->partial) || (seen & sh->flat) || (sh->partial & sh->flat)) return 0;
+  return ((seen | sh->partial | sh->flat) >> IR_AXIS_COUNT) == 0;
+}
 
 static int verify_states(const IrModule *m, char *err, size_t errlen) {
   for (int i = 0; i < m->states.n; i++) {
@@ -22,6 +38,7 @@ static int verify_states(const IrModule *m, char *err, size_t errlen) {
     for (int d = 0; ok && d < t->rank; d++)
       if (t->dim[d] < 1) ok = 0;
     if (!ok) return ts_errf(err, errlen, "state @%s has a malformed type", s->name);
+    if (!sh_well_formed(&s->sh, t->rank)) return ts_errf(err, errlen, "state @%s has a malformed sharding", s->name);
     if ((int)s->kind < 0 || s->kind >= IR_STATE_KIND_COUNT)
       return ts_errf(err, errlen, "state @%s has a bad kind %d", s->name, (int)s->kind);
     if (s->kind == IR_STATE_PARAM) {
@@ -34,6 +51,45 @@ static int verify_states(const IrModule *m, char *err, size_t errlen) {
     }
   }
   return 0;
+}
+
+/* Equal layouts, except that either may be a partial sum over dp: dp is
+ * not a tensor sharding (docs/sharding.md), a gradient state is summed
+ * over dp ranks by the update block whatever its annotation says. */
+static int same_but_dp(const IrSharding *a, const IrSharding *b) {
+  IrSharding x = *a, y = *b;
+  x.partial &= (uint8_t)~(1u << IR_AXIS_DP);
+  y.partial &= (uint8_t)~(1u << IR_AXIS_DP);
+  return ir_sharding_equal(&x, &y);
+}
+
+/* Collective ops against their operand's layout; NULL if consistent. */
+static const char *collective_problem(const IrNode *n, const IrSharding *in) {
+  unsigned a = 1u << (n->ia[0] & 7);
+  const IrSharding *out = &n->sh;
+  int d = (int)n->ia[1];
+  switch (n->op) {
+  case IR_OP_ALL_REDUCE:
+    if (n->ia[1] == 0 && !(in->partial & a)) return "all_reduce (sum) of a value that is not a partial sum over its axis";
+    if ((out->partial & a)) return "all_reduce result is still partial over its axis";
+    return NULL;
+  case IR_OP_ALL_GATHER:
+    if (!(in->split[d] & a)) return "all_gather of a value that is not split along its dim over its axis";
+    if (out->split[d] & a) return "all_gather result is still split over its axis";
+    return NULL;
+  case IR_OP_REDUCE_SCATTER:
+    if (!(in->partial & a)) return "reduce_scatter of a value that is not a partial sum over its axis";
+    if (!(out->split[d] & a) || (out->partial & a)) return "reduce_scatter result is not split along its dim over its axis";
+    return NULL;
+  case IR_OP_SHARD_SLICE:
+    if (in->partial & a) return "shard_slice of a partial sum";
+    for (int k = 0; k < IR_MAX_RANK; k++)
+      if (in->split[k] & a) return "shard_slice of a value already split over its axis";
+    if (!(out->split[d] & a)) return "shard_slice result is not split along its dim over its axis";
+    return NULL;
+  default:
+    return NULL;
+  }
 }
 
 /* Name of node id for messages: "%12 = matmul" or "node 3: adamw". */
@@ -66,6 +122,16 @@ static int verify_block(const IrModule *m, const IrBlock *b, char *err, size_t e
     if (!ir_type_same_shape(&want, &n->type) || (want.dtype == IR_VOID && n->type.rank != 0))
       return ts_errf(err, errlen, "block %s, %s: stored type %s but the shape rule gives %s", b->name, lab,
                    ir_type_str(&n->type, t1, sizeof t1), ir_type_str(&want, t2, sizeof t2));
+    if (!sh_well_formed(&n->sh, n->type.rank))
+      return ts_errf(err, errlen, "block %s, %s: malformed sharding", b->name, lab);
+    if (n->op == IR_OP_STATE && !same_but_dp(&n->sh, &m->states.a[n->ia[0]].sh))
+      return ts_errf(err, errlen, "block %s, %s: sharding differs from state @%s's", b->name, lab,
+                     m->states.a[n->ia[0]].name);
+    if (n->op == IR_OP_ACCUM && !same_but_dp(&b->nodes[n->in[0]].sh, &m->states.a[n->ia[0]].sh))
+      return ts_errf(err, errlen, "block %s, %s: operand sharding differs from state @%s's", b->name, lab,
+                     m->states.a[n->ia[0]].name);
+    const char *why = n->nin == 1 ? collective_problem(n, &b->nodes[n->in[0]].sh) : NULL;
+    if (why) return ts_errf(err, errlen, "block %s, %s: %s", b->name, lab, why);
     if (n->op == IR_OP_INPUT || n->op == IR_OP_OUTPUT)
       for (int j = 0; j < id; j++)
         if (b->nodes[j].op == n->op && b->nodes[j].sa == n->sa)

@@ -46,7 +46,7 @@ usage)
   run 2 "$MCC" samples/gpt.mdl --precision bf16 && has "$TMP/err" "f32 or f64"
   run 2 "$MCC" samples/gpt.mdl samples/llama.mdl && has "$TMP/err" "more than one input file"
   run 2 "$MCC" samples/gpt.mdl --print-ir-after=autodif &&
-    has "$TMP/err" "unknown pass 'autodif'" && has "$TMP/err" "frontend, autodiff, optimizer, dce"
+    has "$TMP/err" "unknown pass 'autodif'" && has "$TMP/err" "frontend, autodiff, shard, optimizer, dce"
   run 0 "$MCC" --help && has "$TMP/out" "usage: mcc FILE.mdl" && has "$TMP/out" "--dump-ir=all DIR"
   run 0 "$MCC" --version && has "$TMP/out" "plan format 2"
   run 1 "$MCC" "$TMP/missing.mdl" && has "$TMP/err" "cannot open '$TMP/missing.mdl'"

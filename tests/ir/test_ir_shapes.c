@@ -21,7 +21,7 @@ static const char *prelude =
     "state @q : f32[8] param init=ones\n"
     "block b {\n"
     "  %0 = input \"ids\" : i32[batch:2, seq:4]\n"
-    "  %1 = input \"x\" : f32[batch:2, seq:4, dim:8]\n"
+    "  %1 = input \"x\" : f32[batch:2, seq:4, dim:8] {2:tp, partial:cp}\n"
     "  %2 = input \"y\" : f32[2, 4, 8]\n"
     "  %3 = input \"w\" : f32[8, 8]\n"
     "  %4 = input \"s\" : f32[]\n"
@@ -107,9 +107,9 @@ static const Case cases[] = {
   {"assign", "assign %6 @p", "assign %1 @p"},
   {"all_reduce", "%10 = all_reduce %1 axis=tp red=1 : f32[2, 4, 8]", "%10 = all_reduce %1 axis=tp red=2 : f32[2, 4, 8]"},
   {"all_gather", "%10 = all_gather %1 axis=tp dim=2 : f32[2, 4, 16]", "%10 = all_gather %1 axis=tp dim=3 : f32[2, 4, 16]"},
-  {"reduce_scatter", "%10 = reduce_scatter %1 axis=tp dim=1 : f32[2, 2, 8]",
+  {"reduce_scatter", "%10 = reduce_scatter %1 axis=cp dim=1 : f32[2, 4, 8] {1:cp, 2:tp}",
    "%10 = reduce_scatter %0 axis=tp dim=1 : i32[2, 2]"},
-  {"shard_slice", "%10 = shard_slice %0 axis=tp dim=1 : i32[2, 2]", "%10 = shard_slice %1 axis=tp dim=-1 : f32[2, 4, 8]"},
+  {"shard_slice", "%10 = shard_slice %0 axis=tp dim=1 : i32[2, 2] {1:tp}", "%10 = shard_slice %1 axis=tp dim=-1 : f32[2, 4, 8]"},
   {"take", "%10 = take %9, %0 ignore=-1 : f32[2, 4]", "%10 = take %9, %8 ignore=-1 : f32[2, 4]"},
   {"onehot", "%10 = onehot %0 ignore=-1 : f32[2, 4, 16]", "%10 = onehot %0 ignore=-1 : f32[2, 3, 16]"},
   {"pad_fill", "%10 = pad_fill %9 dim=2 limit=10 fill=-inf : f32[2, 4, 16]",
