@@ -19,15 +19,28 @@
 #include <llvm-c/Error.h>
 #include <llvm-c/LLJIT.h>
 #include <llvm-c/Orc.h>
+#include <llvm-c/Support.h>
 #include <llvm-c/Target.h>
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
+#include <dlfcn.h>
 #include <pthread.h>
 
 static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
-static int g_init_rc;
+static int g_init_rc, g_vecmath;
+/* Once per process: the native target, and glibc's vector math library
+ * (libmvec) when it loads: then the vectorizer may turn exp/log of a
+ * vector loop into one libmvec call per vector (_ZGVdN4v_exp ...) instead
+ * of one libm call per lane.  The library is loaded RTLD_GLOBAL so the
+ * JIT's process symbol search finds it.  TS_CG_NO_VECMATH=1 turns it off. */
 static void init_llvm(void) {
   g_init_rc = LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter() ? -1 : 0;
+  const char *off = getenv("TS_CG_NO_VECMATH");
+  if (g_init_rc == 0 && !(off && *off && strcmp(off, "0") != 0) && dlopen("libmvec.so.1", RTLD_NOW | RTLD_GLOBAL)) {
+    const char *args[2] = {"tessera", "-vector-library=LIBMVEC-X86"};
+    LLVMParseCommandLineOptions(2, args, NULL);
+    g_vecmath = 1;
+  }
 }
 
 /* Consumes e; writes "what: LLVM's message" and returns -1 (0 if no error). */
@@ -359,7 +372,7 @@ CgJit *cg_jit_new(char *err, size_t errlen) {
   j->jit = jit;
   j->tm = tm;
   char *cpu = LLVMGetTargetMachineCPU(tm), *feat = LLVMGetTargetMachineFeatureString(tm);
-  snprintf(j->cpu, sizeof j->cpu, "%s %s", cpu, feat);
+  snprintf(j->cpu, sizeof j->cpu, "%s %s%s", cpu, feat, g_vecmath ? " libmvec" : "");
   LLVMDisposeMessage(cpu);
   LLVMDisposeMessage(feat);
   return j;

@@ -41,6 +41,7 @@ typedef struct {
   int gid;
   int row, col, flat;    /* current position (values; -1 = not built yet) */
   int rowbase;           /* row mode: row * D, built once per iteration */
+  int needs_col;         /* some node depends on the column (bias, mask) */
   int gen;               /* memo generation: bumped when a loop ends */
   int *memo, *memogen;   /* per group position */
   int inmemo[CG_MAX_BUFS], inmemogen[CG_MAX_BUFS];
@@ -72,6 +73,11 @@ static int dvd(Lw *L, int a, int b) { return cg_bin(L->k, CG_DIV, a, b); }
 static int un(Lw *L, CgOp op, int a) { return cg_un(L->k, op, a); }
 static int sel(Lw *L, int c, int a, int b) { return cg_select(L->k, c, a, b); }
 static int sigmoid(Lw *L, int x) { return dvd(L, F(L, 1), add(L, F(L, 1), un(L, CG_EXP, un(L, CG_NEG, x)))); }
+/* u = K (x + A x^3), the argument of gelu_tanh's tanh */
+static int gelu_u(Lw *L, int x) {
+  int x3 = mul(L, mul(L, mul(L, F(L, GELU_A), x), x), x);
+  return mul(L, F(L, GELU_K), add(L, x, x3));
+}
 /* value v (f64) rounded to dtype dt and back, as storing it would */
 static int round_to(Lw *L, IrDtype dt, int v) {
   CgType t = cg_type_of_dtype(dt);
@@ -165,23 +171,20 @@ static int elem_ew(Lw *L, const IrNode *nd) {
   case IR_OP_SQRT: return un(L, CG_SQRT, x);
   case IR_OP_RSQRT: return dvd(L, F(L, 1), un(L, CG_SQRT, x));
   case IR_OP_TANH: return un(L, CG_TANH, x);
-  case IR_OP_GELU_TANH: {   /* 0.5 x (1 + tanh(K (x + A x^3))) */
-    int x3 = mul(L, mul(L, mul(L, F(L, GELU_A), x), x), x);
-    int th = un(L, CG_TANH, mul(L, F(L, GELU_K), add(L, x, x3)));
-    return mul(L, mul(L, F(L, 0.5), x), add(L, F(L, 1), th));
-  }
+  case IR_OP_GELU_TANH:      /* 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = K (x + A x^3) */
+    return mul(L, x, sigmoid(L, mul(L, F(L, 2), gelu_u(L, x))));
   case IR_OP_GELU_ERF:      /* 0.5 x (1 + erf(x / sqrt 2)) */
     return mul(L, mul(L, F(L, 0.5), x), add(L, F(L, 1), un(L, CG_ERF, dvd(L, x, F(L, M_SQRT2)))));
   case IR_OP_SILU: return mul(L, x, sigmoid(L, x));
   case IR_OP_RELU: return sel(L, cg_bin(L->k, CG_LT, F(L, 0), x), x, F(L, 0));
   case IR_OP_GELU_TANH_BWD: {
-    int x3 = mul(L, mul(L, mul(L, F(L, GELU_A), x), x), x);
-    int th = un(L, CG_TANH, mul(L, F(L, GELU_K), add(L, x, x3)));
-    int a = mul(L, F(L, 0.5), add(L, F(L, 1), th));
-    int s = sub(L, F(L, 1), mul(L, th, th));
+    /* the reference's 0.5 (1 + th) + 0.5 x (1 - th^2) K (1 + 3 A x^2) with
+     * th = tanh(u), through s = sigmoid(2u) = 0.5 (1 + th), 1 - th^2 = 4 s (1 - s):
+     * exp vectorizes where tanh is a scalar libm call */
+    int s = sigmoid(L, mul(L, F(L, 2), gelu_u(L, x)));
     int p = add(L, F(L, 1), mul(L, mul(L, F(L, 3 * GELU_A), x), x));
-    int bb = mul(L, mul(L, mul(L, mul(L, F(L, 0.5), x), s), F(L, GELU_K)), p);
-    return mul(L, z, add(L, a, bb));
+    int bb = mul(L, mul(L, mul(L, mul(L, F(L, 2), x), mul(L, s, sub(L, F(L, 1), s))), F(L, GELU_K)), p);
+    return mul(L, z, add(L, s, bb));
   }
   case IR_OP_GELU_ERF_BWD: {
     int a = mul(L, F(L, 0.5), add(L, F(L, 1), un(L, CG_ERF, dvd(L, x, F(L, M_SQRT2)))));
@@ -444,6 +447,7 @@ static int check_group(Lw *L) {
     if (cg_type_of_dtype(nd->type.dtype) == CG_VOID)
       return ts_errf(L->err, L->errlen, "group: %%%d = %s has no value", id, ir_ops[nd->op].name);
     if (is_row_op(nd->op) || is_reduce(nd->op)) L->rowmode = 1;
+    if (nd->op == IR_OP_BROADCAST || nd->op == IR_OP_CAUSAL_MASK) L->needs_col = 1;
   }
   /* outputs: group values used after the group by other nodes, and the last */
   for (int i = 0; i < L->n; i++) {
@@ -511,6 +515,11 @@ CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, 
   L.numel = ir_type_numel(&L.shape);
   L.D = L.shape.rank ? L.shape.dim[L.shape.rank - 1] : 1;
   L.rows = L.D ? L.numel / L.D : 0;
+  /* An elementwise group whose values depend on the column (a broadcast
+   * bias, a causal mask) runs row by row when rows are long enough: the
+   * column is then the loop index, where flat mode would need a div/mod
+   * per element, which does not vectorize. */
+  if (L.needs_col && L.D >= 8) L.rowmode = 1;
   k = L.k = cg_kernel_new(name, L.rowmode ? L.rows : L.numel);
   for (int i = 0; i < io->nin; i++) cg_buf(k, cg_type_of_dtype(b->nodes[io->in[i]].type.dtype), ir_type_numel(&b->nodes[io->in[i]].type), 0);
   for (int j = 0; j < io->nout; j++) {
