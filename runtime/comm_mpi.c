@@ -103,12 +103,14 @@ static int world_rank_now(void) {
 }
 
 void rt_comm_abort(RtComm *c, const char *fmt, ...) {
+  /* one write, so that the lines of ranks aborting together do not mix */
+  char msg[2048];
+  int n = snprintf(msg, sizeof msg, "rank %d: ", c ? c->world_rank : world_rank_now());
   va_list ap;
-  fprintf(stderr, "rank %d: ", c ? c->world_rank : world_rank_now());
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  if (n >= 0 && (size_t)n < sizeof msg) vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
   va_end(ap);
-  fputc('\n', stderr);
+  fprintf(stderr, "%s\n", msg);
   fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
   _exit(1);   /* MPI_Abort does not return; this is for a broken MPI */

@@ -212,13 +212,11 @@ double rt_params_max_rel_diff(const RtParams *a, const RtParams *b, char *where,
     int same = strcmp(x->name, y->name) == 0 && x->rank == y->rank;
     for (int d = 0; same && d < x->rank; d++) same = x->dim[d] == y->dim[d];
     if (!same) { snprintf(where, n, "parameter %s vs %s: different names or shapes", x->name, y->name); return -1; }
-    double dmax = 0, bmax = 0;
+    double r = 0;
     for (int64_t k = 0; k < x->numel; k++) {
-      double d = fabs(x->data[k] - y->data[k]);
-      if (!isnan(dmax) && !(d <= dmax)) dmax = d;   /* a NaN wins and stays */
-      if (fabs(y->data[k]) > bmax) bmax = fabs(y->data[k]);
+      double b = fabs(y->data[k]), d = fabs(x->data[k] - y->data[k]) / (b > 1 ? b : 1);
+      if (!isnan(r) && !(d <= r)) r = d;   /* a NaN wins and stays */
     }
-    double r = dmax / (bmax > 1e-300 ? bmax : 1e-300);
     if (wi < 0 || r > worst || (isnan(r) && !isnan(worst))) {
       worst = r;
       wi = i;

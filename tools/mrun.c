@@ -139,7 +139,9 @@ static RtPlan *load_plan(const char *path, char *err, size_t errlen) {
     if (m) {
       p = rt_plan_new();
       p->version = RT_PLAN_VERSION;
-      p->mesh = (RtMesh){1, 1, 1, 1, 1};
+      /* the module says what mesh it was sharded for */
+      p->mesh = (RtMesh){ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_PP), ir_axis_size(m, IR_AXIS_CP),
+                         ir_axis_size(m, IR_AXIS_EP), ir_axis_size(m, IR_AXIS_TP)};
       p->nprograms = 1;
       p->programs = ts_xcalloc(1, sizeof *p->programs);
       p->programs[0] = m;
