@@ -6,11 +6,13 @@
  *   accumulating into grad states (kind grad, `of` = their parameter, the
  *   parameter's local type).  A grad state's sharding says how it relates
  *   to the global gradient: split like its parameter (`{0:tp}`) and/or
- *   partial over non-dp axes (`{partial:tp}`); over dp it is always partial
- *   (each dp rank sums its own micro batches), whether or not the state
- *   says so.  No block "update" yet.  dp = ir_axis_size(m, IR_AXIS_DP),
- *   ZeRO on when dp > 1 and m->par.zero.
- * Guarantees: a block "update" that
+ *   partial over non-dp axes (`{partial:tp}`).  No block "update" yet.
+ *   dp = ir_axis_size(m, IR_AXIS_DP), ZeRO on when dp > 1 and m->par.zero.
+ * Guarantees: over dp every accumulator is a partial sum (each dp rank sums
+ *   its own micro batches): with dp > 1 the grad states and the values
+ *   accumulated into them are marked `partial:dp`, with dp = 1 they are
+ *   not (the micro block's computation never depends on dp; only these
+ *   marks do).  And a block "update" that
  *   1. reads every grad state; all-reduces it over the non-dp axes it is
  *      partial over; then over dp: nothing (dp = 1), an all_reduce
  *      (zero = 0), or (ZeRO) flatten -> zero-pad to dp*c -> reduce_scatter,
@@ -32,10 +34,12 @@
  *      updated chunks: flatten -> pad -> shard_slice (own chunk) ->
  *      all_gather -> slice [0, n) -> reshape -> assign;
  *   6. zeroes every grad state for the next step's accumulation.
- * Every value carries its IrSharding.  The flattened/padded/chunk values of
- * ZeRO describe the rank's local tensor over the other axes (a tp-split
- * parameter is chunked within its tp block, as in Megatron's distributed
- * optimizer): only their dp layout is annotated.  The scalars are in the
+ * Every value carries its IrSharding; a chunk value is the flattened,
+ * padded vector [dp*c] split along dim 0 over dp (`{0:dp}`), the moment
+ * states are `{flat:dp}`.  ZeRO's flattened vectors are of the rank's
+ * local tensor over the other axes (a tp-split parameter is chunked within
+ * its tp block, as in Megatron's distributed optimizer): only their dp
+ * layout is annotated.  The scalars are in the
  * module's precision dtype.  The norm is computed before any adamw so it
  * sees this step's gradients unchanged.  With dp = 1 and no shardings the
  * block is the plain single-rank one (no collectives, no reshapes).
@@ -95,6 +99,13 @@ static IrSharding sh_flat_dp(void) {
   s.flat = (uint8_t)DP_BIT;
   return s;
 }
+/* A dp chunk of a flattened vector: its dim 0 split over dp. */
+static IrSharding sh_chunk_dp(void) {
+  IrSharding s;
+  memset(&s, 0, sizeof s);
+  s.split[0] = (uint8_t)DP_BIT;
+  return s;
+}
 static void type_vec(IrType *t, IrDtype dt, int64_t n) {
   memset(t, 0, sizeof *t);
   t->dtype = dt;
@@ -123,13 +134,11 @@ static int flat_padded(Em *e, int x, const Grad *gr, const Mesh *ms, const IrSha
 static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
   const IrState *gs = &e->m->states.a[gr->g];
   IrType gt = gs->type;
-  IrSharding sh = gs->sh;
-  /* partial over a size-1 axis is the same as replicated; over dp the
-   * accumulator is always partial (each dp rank's own micro batches) */
-  sh.partial &= (uint8_t)(ms->live & ~DP_BIT);
-  if (ms->dp > 1) sh.partial |= (uint8_t)DP_BIT;
+  IrSharding sh = gs->sh;      /* partial:dp when dp > 1 (dp_marks) */
   int64_t gi[1] = {gr->g};
   int v = em(e, IR_OP_STATE, NULL, 0, gi, NULL, NULL, &gt, &sh);
+  /* partial over a size-1 axis is the same as replicated: no collective */
+  sh.partial &= (uint8_t)(ms->live | DP_BIT);
   for (int a = 0; a < IR_AXIS_COUNT; a++) {
     if (a == IR_AXIS_DP || !(sh.partial & (1u << a))) continue;
     sh.partial &= (uint8_t)~(1u << a);
@@ -141,10 +150,10 @@ static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
     int64_t ia[2] = {IR_AXIS_DP, 0};
     v = em(e, IR_OP_ALL_REDUCE, &v, 1, ia, NULL, NULL, NULL, &sh);
   } else if (ms->zero) {
-    IrSharding pd = sh_partial(DP_BIT), fl = sh_flat_dp();
+    IrSharding pd = sh_partial(DP_BIT), ch = sh_chunk_dp();
     v = flat_padded(e, v, gr, ms, &pd);
     int64_t ia[2] = {IR_AXIS_DP, 0};
-    v = em(e, IR_OP_REDUCE_SCATTER, &v, 1, ia, NULL, NULL, NULL, &fl);
+    v = em(e, IR_OP_REDUCE_SCATTER, &v, 1, ia, NULL, NULL, NULL, &ch);
   }
   gr->val = v;
 }
@@ -261,12 +270,12 @@ static void adamw(Em *e, const Grad *gr, const Mesh *ms, int coef) {
 static void rebuild_param(Em *e, const Grad *gr, const Mesh *ms) {
   const IrState *ps = &e->m->states.a[gr->p];
   IrType pt = ps->type;
-  IrSharding psh = ps->sh, none = sh_partial(0), fl = sh_flat_dp();
+  IrSharding psh = ps->sh, none = sh_partial(0), ch = sh_chunk_dp();
   int64_t pi[1] = {gr->p};
   int x = em(e, IR_OP_STATE, NULL, 0, pi, NULL, NULL, &pt, &psh);
   x = flat_padded(e, x, gr, ms, &none);
   int64_t ia[2] = {IR_AXIS_DP, 0};
-  x = em(e, IR_OP_SHARD_SLICE, &x, 1, ia, NULL, NULL, NULL, &fl);
+  x = em(e, IR_OP_SHARD_SLICE, &x, 1, ia, NULL, NULL, NULL, &ch);
   x = em(e, IR_OP_ALL_GATHER, &x, 1, ia, NULL, NULL, NULL, &none);
   if (gr->c * ms->dp > gr->n) {
     int64_t sa[3] = {0, 0, gr->n};
@@ -314,6 +323,52 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
   return ng;
 }
 
+/* Over dp every accumulator is a partial sum (each dp rank adds its own
+ * micro batches).  With dp > 1 the grad states and the values accumulated
+ * into them say so (the verifier checks that a state read and an accum
+ * operand are laid out like their state, and that a dp collective reduces
+ * a dp-partial value); with dp = 1 they do not, so the single-rank module
+ * is unsharded.  Only these marks change with dp. */
+static void dp_marks(IrModule *m, int on) {
+  uint8_t bit = (uint8_t)DP_BIT;
+  for (int s = 0; s < m->states.n; s++) {
+    IrState *st = &m->states.a[s];
+    if (st->kind == IR_STATE_GRAD) st->sh.partial = on ? st->sh.partial | bit : st->sh.partial & ~bit;
+  }
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    IrBlock *b = &m->blocks.a[bi];
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *n = &b->nodes[i];
+      if (n->op != IR_OP_ACCUM || n->ia[0] < 0 || n->ia[0] >= m->states.n) continue;
+      if (m->states.a[n->ia[0]].kind != IR_STATE_GRAD || n->in[0] < 0 || n->in[0] >= i) continue;
+      IrSharding *sh = &b->nodes[n->in[0]].sh;
+      sh->partial = on ? sh->partial | bit : sh->partial & ~bit;
+    }
+  }
+}
+
+/* The shardings dp_marks may change in the blocks' nodes, to restore. */
+typedef struct { int b, id; IrSharding sh; } SavedSh;
+static SavedSh *save_accum_operands(IrModule *m, Arena *a, int *n_out) {
+  int n = 0;
+  for (int bi = 0; bi < m->blocks.n; bi++)
+    for (int i = 0; i < m->blocks.a[bi].n; i++) n += m->blocks.a[bi].nodes[i].op == IR_OP_ACCUM;
+  SavedSh *v = arena_alloc(a, ((size_t)n + 1) * sizeof *v);
+  int k = 0;
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *nd = &b->nodes[i];
+      if (nd->op != IR_OP_ACCUM || nd->in[0] < 0 || nd->in[0] >= i) continue;
+      v[k].b = bi;
+      v[k].id = nd->in[0];
+      v[k++].sh = b->nodes[nd->in[0]].sh;
+    }
+  }
+  *n_out = k;
+  return v;
+}
+
 int pass_optimizer(IrModule *m, PassCtx *cx) {
   if (ir_block_find(m, "micro") < 0) { snprintf(cx->err, sizeof cx->err, "optimizer: the module has no block \"micro\" (run autodiff first)"); return -1; }
   if (ir_block_find(m, "update") >= 0) { snprintf(cx->err, sizeof cx->err, "optimizer: block \"update\" already exists"); return -1; }
@@ -333,6 +388,9 @@ int pass_optimizer(IrModule *m, PassCtx *cx) {
   Grad *grads = arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof *grads);
   int ng = collect_grads(m, cx, &ms, grads);
   if (ng < 0) return -1;
+  int nacc;
+  SavedSh *acc = save_accum_operands(m, &cx->scratch, &nacc);
+  dp_marks(m, ms.dp > 1);
 
   Em e = {m, cx, ir_block_add(m, "update"), 0};
   /* 1-2. reduced gradients and the global norm, before any adamw */
@@ -364,6 +422,7 @@ int pass_optimizer(IrModule *m, PassCtx *cx) {
     m->blocks.n = nblocks0;
     m->states.n = nstates0;
     if (nstates0) memcpy(m->states.a, saved, (size_t)nstates0 * sizeof *saved);
+    for (int k = 0; k < nacc; k++) m->blocks.a[acc[k].b].nodes[acc[k].id].sh = acc[k].sh;
     return -1;
   }
   return 0;
@@ -453,6 +512,7 @@ int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
     for (int k = 0; k < nmom; k++) VEC_PUSH(m->states, mom[k]);
     block_insert(m, ub, &old);
     m->par = par0;
+    dp_marks(m, ir_axis_size(m, IR_AXIS_DP) > 1);   /* the marks of the old dp */
   }
   pass_ctx_free(&cx);
   free(mom);

@@ -6,7 +6,8 @@
  *            collectives over which axes and how many, ZeRO chunk sizes
  *            (ceil(numel / dp), padding only where dp does not divide),
  *            flat {flat:dp} moment states, the adamw operand being the
- *            reduced chunk, every assign after every adamw, the norm
+ *            reduced chunk {0:dp}, grad states and accumulated values
+ *            marked partial:dp iff dp > 1, every assign after every adamw, the norm
  *            replicated, scalars in the module precision, ir_verify, and
  *            print -> parse -> print;
  *   respec   pass_respecialize_dp 1 -> 4 -> 2 gives the text of compiling
@@ -136,6 +137,15 @@ static void check_update(const IrModule *m, int dp, int zero, const char *tag) {
     CHECK(st->type.dtype == p->type.dtype, "%s: @%s dtype", tag, st->name);
   }
   CHECK(ng > 5, "%s: only %d grads", tag, ng);
+  /* over dp the accumulators are partial sums, marked exactly when dp > 1 */
+  unsigned dpmark = dp > 1 ? DP_BIT : 0;
+  for (int s = 0; s < m->states.n; s++)
+    if (m->states.a[s].kind == IR_STATE_GRAD)
+      CHECK((m->states.a[s].sh.partial & DP_BIT) == dpmark, "%s: @%s dp mark", tag, m->states.a[s].name);
+  const IrBlock *mb = &m->blocks.a[ir_block_find(m, "micro")];
+  for (int i = 0; i < mb->n; i++)
+    if (mb->nodes[i].op == IR_OP_ACCUM)
+      CHECK((mb->nodes[mb->nodes[i].in[0]].sh.partial & DP_BIT) == dpmark, "%s: micro accum %d operand dp mark", tag, i);
 
   /* collectives: over dp only (tp = 1), counted per gradient */
   int ar = count_coll(b, IR_OP_ALL_REDUCE, IR_AXIS_DP), rs = count_coll(b, IR_OP_REDUCE_SCATTER, IR_AXIS_DP);
@@ -180,7 +190,8 @@ static void check_update(const IrModule *m, int dp, int zero, const char *tag) {
       CHECK(ir_type_same_shape(&g->type, &ms->type), "%s: adamw grad operand type", tag);
       if (dp == 1) CHECK(g->op == IR_OP_STATE && ir_sharding_is_none(&g->sh), "%s: dp=1 adamw grad is not the plain state", tag);
       else if (!z) CHECK(g->op == IR_OP_ALL_REDUCE && g->ia[0] == IR_AXIS_DP && !g->sh.partial, "%s: adamw grad is not all-reduced", tag);
-      else CHECK(g->op == IR_OP_REDUCE_SCATTER && g->sh.flat == DP_BIT && g->type.rank == 1, "%s: adamw grad is not a chunk", tag);
+      else CHECK(g->op == IR_OP_REDUCE_SCATTER && g->sh.split[0] == DP_BIT && !g->sh.partial && g->type.rank == 1,
+                 "%s: adamw grad is not a chunk {0:dp}", tag);
     }
     if (n->op == IR_OP_ASSIGN) {
       if (i < first_assign) first_assign = i;
@@ -189,8 +200,8 @@ static void check_update(const IrModule *m, int dp, int zero, const char *tag) {
       CHECK(p->kind == IR_STATE_PARAM && source_state(b, n->in[0]) == n->ia[0], "%s: assign of @%s", tag, p->name);
       CHECK(ir_type_equal(&v->type, &p->type) && ir_sharding_equal(&v->sh, &p->sh), "%s: assign @%s value type/sharding", tag, p->name);
     }
-    if (n->op == IR_OP_ALL_GATHER) CHECK(b->nodes[n->in[0]].op == IR_OP_SHARD_SLICE && b->nodes[n->in[0]].sh.flat == DP_BIT,
-                                         "%s: all_gather %%%d of something else than the own flat chunk", tag, i);
+    if (n->op == IR_OP_ALL_GATHER) CHECK(b->nodes[n->in[0]].op == IR_OP_SHARD_SLICE && b->nodes[n->in[0]].sh.split[0] == DP_BIT,
+                                         "%s: all_gather %%%d of something else than the own chunk", tag, i);
     if (n->op == IR_OP_REDUCE_SCATTER) {
       const IrNode *in = &b->nodes[n->in[0]];
       CHECK(in->sh.partial == DP_BIT && in->type.dim[0] == (int64_t)dp * n->type.dim[0], "%s: reduce_scatter %%%d input", tag, i);
@@ -360,6 +371,14 @@ static IrModule *make_tp_module(int tp, int dp, int zero) {
   TS_ASSERT(gw >= 0 && gg >= 0);
   m->states.a[gw].sh.split[1] = TP_BIT;
   m->states.a[gg].sh.partial = TP_BIT;
+  /* the micro block laid out to match: state reads and accumulated values
+   * like their states (what the verifier checks) */
+  IrBlock *mb = &m->blocks.a[ir_block_find(m, "micro")];
+  for (int i = 0; i < mb->n; i++) {
+    IrNode *n = &mb->nodes[i];
+    if (n->op == IR_OP_STATE) n->sh = m->states.a[n->ia[0]].sh;
+    if (n->op == IR_OP_ACCUM) mb->nodes[n->in[0]].sh = m->states.a[n->ia[0]].sh;
+  }
   return m;
 }
 
@@ -411,6 +430,7 @@ static void test_tp(int tp, int dp, int zero) {
     if (n->op == IR_OP_ADAMW && n->ia[0] == w) {
       const IrState *ms = &m->states.a[n->ia[1]];
       if (z) CHECK(ms->sh.flat == DP_BIT && ms->type.dim[0] == (24 + dp - 1) / dp, "%s: adam_m.w not a flat chunk", tag);
+      if (z) CHECK(b->nodes[n->in[1]].sh.split[0] == DP_BIT, "%s: w's chunk is not {0:dp}", tag);
       else CHECK(ir_sharding_equal(&ms->sh, &m->states.a[w].sh), "%s: adam_m.w not split like w", tag);
       const IrNode *g = &b->nodes[n->in[1]];
       if (!z) CHECK(g->sh.split[1] == TP_BIT && !g->sh.partial, "%s: w's gradient value is not {1:tp}", tag);
