@@ -274,18 +274,12 @@ static void report_row(StrBuf *out, const char *label, size_t bytes) {
   sb_printf(out, "  %-44s %16zu %12.2f\n", label, bytes, (double)bytes / (1024.0 * 1024.0));
 }
 
-int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen) {
+/* The rows of one rank's program m: its states by kind (LOCAL types: a
+ * tp-split parameter counts 1/tp of its elements, a ZeRO moment its flat
+ * chunk), each block's arena, and the total. */
+static int report_rows(const IrModule *m, StrBuf *out, char *err, size_t errlen) {
   int ntensors = 0;
   for (int i = 0; i < m->states.n; i++) ntensors += m->states.a[i].kind == IR_STATE_PARAM;
-  sb_printf(out, "memory report: %s, rank 0 of 1 (single-rank plan), %s training\n",
-            m->name ? m->name : "?", ir_dtype_name(m->train.precision));
-  sb_printf(out, "# exact bytes from the IR types; activation arenas are a static plan (liveness +\n"
-                 "# best-fit packing, 64-byte aligned) that the runtime does NOT use yet: mrun still\n"
-                 "# allocates each value on its own and frees it after its last use.\n");
-  const IrParallel *pr = &m->par;
-  if (pr->tp > 1 || pr->pp > 1 || pr->cp > 1 || pr->ep > 1)
-    sb_printf(out, "# parallel sizes are recorded but not applied (no sharding yet): unsharded figures\n");
-  sb_printf(out, "  %-44s %16s %12s\n", "", "bytes", "MiB");
   size_t par = pass_memplan_state_bytes(m, IR_STATE_PARAM);
   size_t grad = pass_memplan_state_bytes(m, IR_STATE_GRAD);
   size_t opt = pass_memplan_state_bytes(m, IR_STATE_ADAM_M) + pass_memplan_state_bytes(m, IR_STATE_ADAM_V);
@@ -314,5 +308,66 @@ int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen
    * block's serves them all */
   report_row(out, "activation arena (largest block)", arena);
   report_row(out, "total (states + arena)", par + grad + opt + arena);
+  return 0;
+}
+
+static const char *report_note =
+    "# exact bytes from the IR types; activation arenas are a static plan (liveness +\n"
+    "# best-fit packing, 64-byte aligned) that the runtime does NOT use yet: mrun still\n"
+    "# allocates each value on its own and frees it after its last use.\n";
+
+int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen) {
+  sb_printf(out, "memory report: %s, rank 0 of 1 (single-rank plan), %s training\n",
+            m->name ? m->name : "?", ir_dtype_name(m->train.precision));
+  sb_puts(out, report_note);
+  sb_printf(out, "  %-44s %16s %12s\n", "", "bytes", "MiB");
+  return report_rows(m, out, err, errlen);
+}
+
+/* "0-3", "0, 2, 4-5": the ranks r with rank_program[r] == prog. */
+static void rank_set(const int *rank_program, int nranks, int prog, StrBuf *out) {
+  int first = 1;
+  for (int r = 0; r < nranks; r++) {
+    if (rank_program[r] != prog) continue;
+    int e = r;
+    while (e + 1 < nranks && rank_program[e + 1] == prog) e++;
+    sb_printf(out, "%s%d", first ? "" : ", ", r);
+    if (e > r) sb_printf(out, "-%d", e);
+    first = 0;
+    r = e;
+  }
+}
+
+int pass_memplan_report_ranks(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
+                              const IrModule *unsharded, StrBuf *out, char *err, size_t errlen) {
+  if (nprograms < 1 || nranks < 1) return ts_errf(err, errlen, "memplan: a report needs a program and a rank");
+  const IrModule *m0 = programs[0];
+  const IrParallel *pr = &m0->par;
+  sb_printf(out, "memory report: %s, %d rank%s (dp=%d pp=%d cp=%d ep=%d tp=%d%s%s), %s training\n",
+            m0->name ? m0->name : "?", nranks, nranks == 1 ? "" : "s", ir_axis_size(m0, IR_AXIS_DP),
+            ir_axis_size(m0, IR_AXIS_PP), ir_axis_size(m0, IR_AXIS_CP), ir_axis_size(m0, IR_AXIS_EP),
+            ir_axis_size(m0, IR_AXIS_TP), pr->sp ? ", sp" : "",
+            ir_axis_size(m0, IR_AXIS_DP) > 1 ? (pr->zero ? ", ZeRO-1" : ", no ZeRO") : "",
+            ir_dtype_name(m0->train.precision));
+  sb_puts(out, report_note);
+  sb_puts(out, "# per rank, from the LOCAL types of the rank's program: a tp-split parameter (and\n"
+               "# its gradient) holds 1/tp of the elements, a ZeRO (flat:dp) Adam moment 1/dp of\n"
+               "# its tp-local tensor, zero-padded to a multiple of dp.\n");
+  for (int p = 0; p < nprograms; p++) {
+    int used = 0;
+    for (int r = 0; r < nranks; r++) used |= rank_program[r] == p;
+    if (!used) continue;
+    StrBuf set = {0};
+    rank_set(rank_program, nranks, p, &set);
+    sb_printf(out, "%s %s (each):\n", strchr(set.p, '-') || strchr(set.p, ',') ? "ranks" : "rank", set.p);
+    sb_free(&set);
+    sb_printf(out, "  %-44s %16s %12s\n", "", "bytes", "MiB");
+    if (report_rows(programs[p], out, err, errlen) != 0) return -1;
+  }
+  if (unsharded) {
+    sb_puts(out, "unsharded (the same model on 1 rank), for comparison:\n");
+    sb_printf(out, "  %-44s %16s %12s\n", "", "bytes", "MiB");
+    if (report_rows(unsharded, out, err, errlen) != 0) return -1;
+  }
   return 0;
 }

@@ -6,7 +6,7 @@
  * buffer first, over the interval graph - ggml's allocator, llm.c's single
  * allocation), a checker that no two simultaneously live buffers overlap,
  * and the peak next to its lower bound.  Also the per-rank memory report of
- * `mcc --report memory` (states + activation arenas).
+ * `mcc --report memory` (states + activation arenas, per group of ranks).
  *
  * Which values own a buffer:
  *   - STATE nodes alias the state slab and effects (accum, zero, adamw,
@@ -65,5 +65,14 @@ size_t pass_memplan_state_bytes(const IrModule *m, IrStateKind kind);
  * each block's packed arena peak and lower bound, and the total, in bytes
  * and MiB.  0, or -1 with a message (then out holds a partial report). */
 int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen);
+
+/* The report of a plan's ranks: rank r runs programs[rank_program[r]]
+ * (each a sharded module, all types LOCAL).  One section per program,
+ * headed by the set of ranks running it ("ranks 0-3 (each):"), with the
+ * rows of pass_memplan_report; then, when `unsharded` is not NULL (the
+ * same model compiled for one rank), its rows for comparison.  0, or -1
+ * with a message. */
+int pass_memplan_report_ranks(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
+                              const IrModule *unsharded, StrBuf *out, char *err, size_t errlen);
 
 #endif

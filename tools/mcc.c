@@ -2,17 +2,28 @@
  *
  *   frontend (mdl_compile_file) -> pass pipeline (passes/pipeline.c) -> plan
  *
- * The plan is single-rank for now: one program that every rank runs, on a
- * 1x1x1x1x1 mesh.  Parallel settings (--tp ... or the model's `parallel`
- * block) are recorded in the IR, and IR output (--emit=ir/dot) works with
- * them, but a plan with tp/pp/cp/ep > 1 is refused until sharding lands.
+ * The layout comes from the model's `parallel` block and --tp/--dp/--sp/
+ * --no-zero.  The plan's mesh is (dp, pp, cp, ep, tp) of the compiled
+ * module; every rank runs program 0 (one program per pipeline stage once
+ * pipeline parallelism exists; pp, cp and ep > 1 are refused until issues
+ * 5 and 6).  dp only shapes the update block (ZeRO), and mrun re-runs the
+ * optimizer for another dp, so a plan runs at any dp.
  *
- * Exit codes: 0 ok, 1 compile or I/O error, 2 usage error. */
+ * Besides plans and IR: --report memory|comm (analyses of the compiled
+ * program, no plan written) and --check (compile sharded and unsharded,
+ * run both with mrun, compare losses and parameters).
+ *
+ * Exit codes: 0 ok, 1 compile, I/O or check failure, 2 usage error. */
 #include "frontend/mdl.h"
 #include "passes/passes.h"
 #include "passes/memplan.h"
 #include "runtime/plan.h"
+#include "runtime/train.h"
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,10 +37,12 @@ static void usage(FILE *f) {
           "  -o OUT                 output file (default: FILE with .plan; stdout for ir/dot/plan-text)\n"
           "  -D key=value           override a config value (repeatable)\n"
           "  --precision f32|f64    training precision (default: the train block's)\n"
-          "  --tp N --pp N --cp N --ep N\n"
-          "                         tensor/pipeline/context/expert parallel sizes (recorded in the\n"
-          "                         IR; plans with any of them > 1 are not supported yet)\n"
-          "  --sp                   sequence parallelism (with tp)\n"
+          "  --tp N                 tensor parallel size (default: the parallel block's, else 1)\n"
+          "  --sp                   sequence parallelism (needs tp > 1)\n"
+          "  --dp N                 data parallel size the update block and reports are built for\n"
+          "                         (default: the parallel block's, else 1; mrun adapts a plan to any dp)\n"
+          "  --no-zero              no distributed optimizer: every dp rank keeps whole Adam moments\n"
+          "  --pp N --cp N --ep N   pipeline/context/expert parallel sizes: only 1 for now (issues 5, 6)\n"
           "  --stdlib DIR           where `import nn` looks (default: the source tree's stdlib/)\n"
           "  --emit=KIND            plan (default), plan-text, ir (final IR), dot (Graphviz)\n"
           "  --dump-ir=all DIR      write the IR after every pass to DIR/NN-<pass>.ir\n"
@@ -40,8 +53,14 @@ static void usage(FILE *f) {
           "  --verify-roundtrip     check that the IR (and the plan) print and parse back identically\n"
           "  --time                 per-stage wall times on stderr\n"
           "  --stats                parameter, state and node counts on stderr\n"
-          "  --report memory        print per-rank memory (states, planned activation arenas) to\n"
-          "                         stdout (or -o) instead of writing a plan\n"
+          "  --report memory        per-rank memory (parameters, gradients, optimizer state, planned\n"
+          "                         activation arenas) and the unsharded totals, to stdout (or -o)\n"
+          "  --report comm          per-rank collectives per step (count, payload, ring bytes sent)\n"
+          "  --check                compile the layout and the unsharded model in f64, run both with\n"
+          "                         mrun, compare the per-step losses and final parameters (fails\n"
+          "                         above 1e-10; with --precision f32: f32 and 1e-5)\n"
+          "  --steps K              --check: steps to run (default 3)\n"
+          "  --gpus N               --check: ranks for the layout's run (default: its mesh size)\n"
           "  --help, --version\n"
           "Passes, in order: frontend");
   for (int i = 0; i < pass_pipeline_count; i++) fprintf(f, ", %s", pass_pipeline[i].name);
@@ -77,6 +96,8 @@ typedef struct {
   MdlOptions mdl;
   PassCtx *cx;
   int time, stats;
+  int dp;                    /* --dp N; -1: the parallel block's (else 1) */
+  int check, steps, gpus;    /* --check, --steps K (-1: 3), --gpus N (0: the mesh size) */
 } Args;
 
 /* Returns -1 to continue, or the exit code (0 for --help/--version). */
@@ -107,14 +128,18 @@ static int parse_args(int argc, char **argv, Args *a) {
       else return usage_error("--precision must be f32 or f64, got '%s'", next);
       continue;
     }
-    int *par = strcmp(s, "--tp") == 0 ? &a->mdl.tp : strcmp(s, "--pp") == 0 ? &a->mdl.pp
-             : strcmp(s, "--cp") == 0 ? &a->mdl.cp : strcmp(s, "--ep") == 0 ? &a->mdl.ep : NULL;
-    if (par) {
+    int *num = strcmp(s, "--tp") == 0 ? &a->mdl.tp : strcmp(s, "--pp") == 0 ? &a->mdl.pp
+             : strcmp(s, "--cp") == 0 ? &a->mdl.cp : strcmp(s, "--ep") == 0 ? &a->mdl.ep
+             : strcmp(s, "--dp") == 0 ? &a->dp : strcmp(s, "--steps") == 0 ? &a->steps
+             : strcmp(s, "--gpus") == 0 ? &a->gpus : NULL;
+    if (num) {
       NEED_ARG(s);
-      if (parse_size(next, par) != 0) return usage_error("expected a positive size, got '%s'", next);
+      if (parse_size(next, num) != 0) return usage_error("expected a positive size, got '%s'", next);
       continue;
     }
     if (strcmp(s, "--sp") == 0) { a->mdl.sp = 1; continue; }
+    if (strcmp(s, "--no-zero") == 0) { a->mdl.zero = 0; continue; }
+    if (strcmp(s, "--check") == 0) { a->check = 1; continue; }
     if (strcmp(s, "--stdlib") == 0) { NEED_ARG(s); a->mdl.stdlib_dir = next; continue; }
     if (strncmp(s, "--emit=", 7) == 0) {
       a->emit = s + 7;
@@ -137,7 +162,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--stats") == 0) { a->stats = 1; continue; }
     if (strcmp(s, "--report") == 0) {
       NEED_ARG(s);
-      if (strcmp(next, "memory") != 0) return usage_error("--report must be memory, got '%s'", next);
+      if (strcmp(next, "memory") != 0 && strcmp(next, "comm") != 0)
+        return usage_error("--report must be memory or comm, got '%s'", next);
       a->report = next;
       continue;
     }
@@ -147,6 +173,9 @@ static int parse_args(int argc, char **argv, Args *a) {
 #undef NEED_ARG
   }
   if (!a->input) return usage_error("%s", "no input file");
+  if (a->check && a->report) return usage_error("%s", "--check and --report do not go together");
+  if (!a->check && (a->steps > 0 || a->gpus > 0))
+    return usage_error("%s", "--steps and --gpus go with --check (mrun takes them for training)");
   /* Pass names are checked before the (possibly long) frontend runs. */
   char err[512];
   if (a->cx->print_after && pass_check_name(a->cx->print_after, "--print-ir-after", err, sizeof err) != 0)
@@ -154,6 +183,101 @@ static int parse_args(int argc, char **argv, Args *a) {
   if (a->cx->dump_pass && pass_check_name(a->cx->dump_pass, "--dump-ir", err, sizeof err) != 0)
     return usage_error("%s", err);
   return -1;
+}
+
+/* "tp=2 dp=2 sp": the layout of m, the sizes > 1 only ("1 rank" if none). */
+static const char *layout_str(const IrModule *m, char *buf, size_t n) {
+  static const IrAxis order[] = {IR_AXIS_TP, IR_AXIS_DP, IR_AXIS_PP, IR_AXIS_CP, IR_AXIS_EP};
+  size_t k = 0;
+  buf[0] = 0;
+  for (int i = 0; i < 5; i++)
+    if (ir_axis_size(m, order[i]) > 1 && k < n)
+      k += (size_t)snprintf(buf + k, n - k, "%s%s=%d", k ? " " : "", ir_axis_name(order[i]), ir_axis_size(m, order[i]));
+  if (m->par.sp && k < n) k += (size_t)snprintf(buf + k, n - k, "%ssp", k ? " " : "");
+  if (ir_axis_size(m, IR_AXIS_DP) > 1 && !m->par.zero && k < n) snprintf(buf + k, n - k, " no-zero");
+  if (!buf[0]) snprintf(buf, n, "unsharded");
+  return buf;
+}
+
+/* Ranks of m's mesh: the product of its axis sizes. */
+static int64_t mesh_ranks(const IrModule *m) {
+  int64_t n = 1;
+  for (int ax = 0; ax < IR_AXIS_COUNT; ax++) n *= ir_axis_size(m, (IrAxis)ax);
+  return n;
+}
+
+#define MCC_MAX_RANKS (1 << 20)
+
+/* What this compiler can lay out, checked on the frontend's module (the
+ * parallel block and the options are merged there).  0, or 1 after
+ * printing "mcc: error: ...". */
+static int check_layout(const IrModule *m) {
+  static const struct { IrAxis ax; const char *what; int issue; } later[] = {
+      {IR_AXIS_PP, "pipeline", 5}, {IR_AXIS_CP, "context", 6}, {IR_AXIS_EP, "expert", 6}};
+  for (int i = 0; i < 3; i++) {
+    int v = ir_axis_size(m, later[i].ax);
+    if (v > 1) {
+      fprintf(stderr, "mcc: error: %s=%d: %s parallelism is not supported yet (issue %d); use %s=1\n",
+              ir_axis_name(later[i].ax), v, later[i].what, later[i].issue, ir_axis_name(later[i].ax));
+      return 1;
+    }
+  }
+  if (m->par.sp && ir_axis_size(m, IR_AXIS_TP) < 2) {
+    fprintf(stderr, "mcc: error: sequence parallelism (--sp or sp = true) needs tensor parallelism: it splits "
+                    "the sequence over the tp ranks, and tp=%d; add --tp N with N > 1\n", ir_axis_size(m, IR_AXIS_TP));
+    return 1;
+  }
+  if (mesh_ranks(m) > MCC_MAX_RANKS) {
+    fprintf(stderr, "mcc: error: the mesh has %lld ranks (more than %d)\n", (long long)mesh_ranks(m), MCC_MAX_RANKS);
+    return 1;
+  }
+  /* each dp rank runs a whole number of the step's micro batches */
+  int dp = ir_axis_size(m, IR_AXIS_DP);
+  int64_t nmicro = m->train.micro_batch > 0 ? m->train.global_batch / m->train.micro_batch : 0;
+  if (dp > 1 && nmicro % dp != 0) {
+    fprintf(stderr, "mcc: error: dp=%d does not divide the %lld micro batches of a step (global_batch %lld / "
+                    "micro_batch %lld): each dp rank must run the same number of them\n",
+            dp, (long long)nmicro, (long long)m->train.global_batch, (long long)m->train.micro_batch);
+    return 1;
+  }
+  return 0;
+}
+
+/* Frontend + layout checks + passes with options `o` and data-parallel
+ * size dp (-1: the parallel block's).  Returns the compiled module, or
+ * NULL after printing why.  *t_front gets the frontend's wall time. */
+static IrModule *compile(const Args *a, const MdlOptions *o, int dp, PassCtx *cx, double *t_front) {
+  double t0 = now_ms();
+  IrModule *m = mdl_compile_file(a->input, o);
+  if (t_front) *t_front = now_ms() - t0;
+  if (!m) return NULL;                   /* the frontend printed the diagnostics */
+  if (dp > 0) m->par.dp = dp;
+  if (check_layout(m) != 0) { ir_module_free(m); return NULL; }
+  if (pass_run_pipeline(m, cx) != 0) {
+    /* a pass's refusal (heads not divisible by tp, ...) is the user's
+     * error; "internal error: ..." is ours and says so itself */
+    int internal = strncmp(cx->err, "internal error", 14) == 0;
+    fprintf(stderr, "mcc: %s%s\n", internal ? "" : "error: ", cx->err);
+    ir_module_free(m);
+    return NULL;
+  }
+  return m;
+}
+
+/* The plan of compiled module m: the mesh of its parallel sizes, every
+ * rank on program 0 (SPMD; pipeline stages will add programs).  The plan
+ * takes m. */
+static RtPlan *make_plan(const char *source, IrModule *m) {
+  RtPlan *p = rt_plan_new();
+  p->source = ts_intern(source);
+  p->mesh = (RtMesh){ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_PP), ir_axis_size(m, IR_AXIS_CP),
+                     ir_axis_size(m, IR_AXIS_EP), ir_axis_size(m, IR_AXIS_TP)};
+  p->nprograms = 1;
+  p->programs = ts_xmalloc(sizeof *p->programs);
+  p->programs[0] = m;
+  p->nranks = (int)mesh_ranks(m);
+  p->rank_program = ts_xcalloc((size_t)p->nranks, sizeof *p->rank_program);
+  return p;
 }
 
 /* FILE.mdl -> FILE.plan (any other name: FILE.plan appended). */
@@ -218,36 +342,9 @@ static int check_plan_roundtrip(const RtPlan *p) {
   return rc;
 }
 
-/* Only single-rank plans exist until the sharding passes land. */
-static int check_single_rank(const IrModule *m) {
-  const char *axis[4] = {"tp", "pp", "cp", "ep"};
-  const char *what[4] = {"tensor", "pipeline", "context", "expert"};
-  int v[4] = {m->par.tp, m->par.pp, m->par.cp, m->par.ep};
-  for (int i = 0; i < 4; i++)
-    if (v[i] > 1) {
-      fprintf(stderr, "mcc: %s=%d: %s parallelism is not supported yet (plans are single-rank); "
-                      "--emit=ir shows the IR with it recorded\n", axis[i], v[i], what[i]);
-      return 1;
-    }
-  return 0;
-}
-
 static int write_plan(const Args *a, IrModule *m, int *owned) {
-  RtPlan *p = rt_plan_new();
-  p->source = ts_intern(a->input);
-  /* The mesh follows the module's parallel settings (0 = unset = 1); data
-   * parallelism is whatever ranks remain, and there is one rank for now. */
-  p->mesh.tp = m->par.tp > 1 ? m->par.tp : 1;
-  p->mesh.pp = m->par.pp > 1 ? m->par.pp : 1;
-  p->mesh.cp = m->par.cp > 1 ? m->par.cp : 1;
-  p->mesh.ep = m->par.ep > 1 ? m->par.ep : 1;
-  p->mesh.dp = 1;
-  p->nprograms = 1;
-  p->programs = ts_xmalloc(sizeof *p->programs);
-  p->programs[0] = m;
+  RtPlan *p = make_plan(a->input, m);
   *owned = 0;                         /* the plan owns the module now */
-  p->nranks = 1;
-  p->rank_program = ts_xcalloc(1, sizeof *p->rank_program);
   int rc = 0;
   if (a->cx->verify_roundtrip) rc = check_plan_roundtrip(p);
   if (rc == 0 && strcmp(a->emit, "plan-text") == 0) {
@@ -273,6 +370,271 @@ static int write_plan(const Args *a, IrModule *m, int *owned) {
   return rc;
 }
 
+/* A second compilation of the same model (the unsharded reference of
+ * --report memory and --check): options `o`, no dumps or prints. */
+static IrModule *compile_quiet(const Args *a, const MdlOptions *o, int dp) {
+  PassCtx cx;
+  pass_ctx_init(&cx);
+  cx.verify_each = a->cx->verify_each;
+  IrModule *m = compile(a, o, dp, &cx, NULL);
+  pass_ctx_free(&cx);
+  return m;
+}
+
+/* The options of the unsharded run of the same model: one rank. */
+static MdlOptions unsharded_options(const MdlOptions *o) {
+  MdlOptions u = *o;
+  u.tp = u.pp = u.cp = u.ep = 1;
+  u.sp = 0;
+  return u;
+}
+
+/* --report memory: per group of ranks, then the unsharded model's rows. */
+static int report_memory(const Args *a, IrModule *m, StrBuf *out) {
+  int64_t n = mesh_ranks(m);
+  IrModule *u = NULL;
+  if (n > 1 || m->par.sp) {
+    MdlOptions uo = unsharded_options(&a->mdl);
+    if (!(u = compile_quiet(a, &uo, 1))) return 1;
+  }
+  int *rank_program = ts_xcalloc((size_t)n, sizeof *rank_program);   /* SPMD: all on program 0 */
+  char err[1024];
+  int rc = pass_memplan_report_ranks(&m, 1, rank_program, (int)n, u, out, err, sizeof err);
+  if (rc != 0) fprintf(stderr, "mcc: %s\n", err);
+  free(rank_program);
+  ir_module_free(u);
+  return rc != 0;
+}
+
+/* ---- --report comm ----
+ * What one rank communicates per training step, from the compiled program:
+ * every collective node over an axis of size n > 1, counted once per run
+ * of its block (the micro block runs global_batch / (micro_batch * dp)
+ * times per rank per step, the update block once).  Payload = the whole
+ * tensor the collective works on (all_reduce: its operand; all_gather: its
+ * result; reduce_scatter: its operand); "ring" = what a rank sends with a
+ * ring algorithm: 2(n-1)/n x payload for all_reduce, (n-1)/n x payload for
+ * all_gather and reduce_scatter. */
+typedef struct { int64_t count; double payload, ring; } CommSum;
+
+static int is_collective(IrOp op) {
+  return op == IR_OP_ALL_REDUCE || op == IR_OP_ALL_GATHER || op == IR_OP_REDUCE_SCATTER;
+}
+
+static int report_comm(const IrModule *m, StrBuf *out) {
+  int dp = ir_axis_size(m, IR_AXIS_DP);
+  int64_t nmicro = m->train.global_batch / (m->train.micro_batch * dp);
+  char lay[128];
+  sb_printf(out, "comm report: %s, %s (%lld ranks), %s training, per rank per step\n", m->name ? m->name : "?",
+            layout_str(m, lay, sizeof lay), (long long)mesh_ranks(m), ir_dtype_name(m->train.precision));
+  sb_printf(out, "# from the compiled program: each collective over an axis of size n > 1, times the runs\n"
+                 "# of its block per step (micro: %lld per rank, update: 1).  payload = the whole tensor\n"
+                 "# (all_reduce, reduce_scatter: the operand; all_gather: the result); ring = the bytes a\n"
+                 "# rank sends with a ring algorithm: 2(n-1)/n x payload for all_reduce, (n-1)/n for the\n"
+                 "# others.  Not counted: the trainer's all-reduce of the step loss over dp (8 bytes).\n",
+            (long long)nmicro);
+  sb_printf(out, "  %-8s %-15s %-4s %10s %16s %16s\n", "block", "collective", "axis", "per step", "payload bytes",
+            "ring bytes sent");
+  CommSum total = {0};
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    int64_t runs = strcmp(b->name, "micro") == 0 ? nmicro : 1;
+    CommSum row[3][IR_AXIS_COUNT];
+    memset(row, 0, sizeof row);
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *nd = &b->nodes[i];
+      if (!is_collective(nd->op)) continue;
+      int ax = (int)nd->ia[0];
+      int n = ax >= 0 && ax < IR_AXIS_COUNT ? ir_axis_size(m, (IrAxis)ax) : 1;
+      if (n < 2) continue;
+      const IrType *t = nd->op == IR_OP_ALL_GATHER ? &nd->type : &b->nodes[nd->in[0]].type;
+      double bytes = (double)ir_type_numel(t) * (double)ir_dtype_size(t->dtype);
+      double ring = (nd->op == IR_OP_ALL_REDUCE ? 2.0 : 1.0) * (n - 1) / n * bytes;
+      int k = nd->op == IR_OP_ALL_REDUCE ? 0 : nd->op == IR_OP_ALL_GATHER ? 1 : 2;
+      row[k][ax].count += runs;
+      row[k][ax].payload += bytes * (double)runs;
+      row[k][ax].ring += ring * (double)runs;
+    }
+    static const char *names[3] = {"all_reduce", "all_gather", "reduce_scatter"};
+    for (int k = 0; k < 3; k++)
+      for (int ax = 0; ax < IR_AXIS_COUNT; ax++) {
+        const CommSum *c = &row[k][ax];
+        if (!c->count) continue;
+        sb_printf(out, "  %-8s %-15s %-4s %10lld %16.0f %16.0f\n", b->name, names[k], ir_axis_name((IrAxis)ax),
+                  (long long)c->count, c->payload, c->ring);
+        total.count += c->count;
+        total.payload += c->payload;
+        total.ring += c->ring;
+      }
+  }
+  sb_printf(out, "total per step: %lld collectives, payload %.0f bytes, ring %.0f bytes sent per rank\n",
+            (long long)total.count, total.payload, total.ring);
+  return 0;
+}
+
+/* ---- --check ---- */
+
+/* A fresh directory for the check's files (under $TMPDIR, else /tmp). */
+static char *make_tmpdir(void) {
+  const char *base = getenv("TMPDIR");
+  if (!base || !*base) base = "/tmp";
+  size_t n = strlen(base) + 32;
+  char *dir = ts_xmalloc(n);
+  snprintf(dir, n, "%s/mcc-check-XXXXXX", base);
+  if (!mkdtemp(dir)) {
+    fprintf(stderr, "mcc: error: --check: cannot create a directory in %s: %s\n", base, strerror(errno));
+    free(dir);
+    return NULL;
+  }
+  return dir;
+}
+
+/* mrun is installed next to mcc (the build puts both in one directory). */
+static int find_mrun(char *path, size_t n) {
+  char self[PATH_MAX];
+  ssize_t l = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (l <= 0) return -1;
+  self[l] = 0;
+  char *slash = strrchr(self, '/');
+  if (!slash) return -1;
+  *slash = 0;
+  snprintf(path, n, "%s/mrun", self);
+  return access(path, X_OK);
+}
+
+/* Runs mrun PLAN --gpus N --steps K --metrics M --save-params P --quiet,
+ * its stdout discarded and its stderr passed on.  0 if it exited 0. */
+static int run_mrun(const char *mrun, const char *plan, int gpus, int steps, const char *metrics, const char *params) {
+  char g[32], k[32];
+  snprintf(g, sizeof g, "%d", gpus);
+  snprintf(k, sizeof k, "%d", steps);
+  const char *argv[] = {mrun, plan, "--gpus", g, "--steps", k, "--metrics", metrics, "--save-params", params,
+                        "--quiet", NULL};
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0) { fprintf(stderr, "mcc: error: --check: fork: %s\n", strerror(errno)); return -1; }
+  if (pid == 0) {
+    FILE *devnull = freopen("/dev/null", "w", stdout);
+    (void)devnull;
+    execv(mrun, (char *const *)argv);
+    fprintf(stderr, "mcc: error: --check: cannot run %s: %s\n", mrun, strerror(errno));
+    _exit(127);
+  }
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return -1;
+  if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
+  if (WIFEXITED(st)) fprintf(stderr, "mcc: error: --check: mrun %s exited with status %d\n", plan, WEXITSTATUS(st));
+  else fprintf(stderr, "mcc: error: --check: mrun %s was killed by signal %d\n", plan, WTERMSIG(st));
+  return -1;
+}
+
+/* The per-step losses of an mrun --metrics file (JSON Lines with
+ * "loss": number; null = not finite).  Returns the count, or -1. */
+static int read_losses(const char *path, double *loss, int max) {
+  size_t len;
+  char *text = ts_read_file(path, &len);
+  if (!text) { fprintf(stderr, "mcc: error: --check: cannot read %s: %s\n", path, strerror(errno)); return -1; }
+  int n = 0;
+  for (char *line = text; *line && n < max;) {
+    char *end = strchr(line, '\n');
+    if (end) *end = 0;
+    char *at = strstr(line, "\"loss\":");
+    if (at) loss[n++] = strncmp(at + 7 + strspn(at + 7, " "), "null", 4) == 0 ? NAN : strtod(at + 7, NULL);
+    if (!end) break;
+    line = end + 1;
+  }
+  free(text);
+  return n;
+}
+
+static double rel_diff(double a, double b) {
+  double s = fabs(b) > 1e-300 ? fabs(b) : 1e-300;
+  return fabs(a - b) / s;
+}
+
+/* Compiles `m`'s model unsharded too (the module m is the requested
+ * layout), runs both with mrun and compares.  0 = within tolerance. */
+static int run_check(const Args *a, IrModule *m) {
+  int steps = a->steps > 0 ? a->steps : 3;
+  double tol = m->train.precision == IR_F64 ? 1e-10 : 1e-5;
+  int64_t nranks = mesh_ranks(m);
+  int gpus = a->gpus > 0 ? a->gpus : (int)nranks;
+  char lay[128], mrun[PATH_MAX + 8];
+  layout_str(m, lay, sizeof lay);
+  if (find_mrun(mrun, sizeof mrun) != 0) {
+    fprintf(stderr, "mcc: error: --check needs mrun next to mcc (looked for %s)\n", mrun);
+    return 1;
+  }
+  MdlOptions uo = unsharded_options(&a->mdl);
+  IrModule *u = compile_quiet(a, &uo, 1);
+  if (!u) return 1;
+  char *dir = make_tmpdir();
+  if (!dir) { ir_module_free(u); return 1; }
+  static const char *const files[] = {"layout.plan", "layout.jsonl", "layout.params",
+                                      "single.plan", "single.jsonl", "single.params"};
+  char path[6][PATH_MAX];
+  for (int i = 0; i < 6; i++) snprintf(path[i], sizeof path[i], "%s/%s", dir, files[i]);
+
+  int rc = 1;
+  char err[1024];
+  IrModule *mods[2] = {m, u};
+  for (int i = 0; i < 2; i++) {        /* the plans own clones: m stays the caller's */
+    RtPlan *p = make_plan(a->input, i == 0 ? ir_module_clone(mods[i]) : mods[i]);
+    if (i == 1) u = NULL;
+    int w = rt_plan_write(p, path[3 * i], err, sizeof err);
+    rt_plan_free(p);
+    if (w != 0) { fprintf(stderr, "mcc: error: --check: %s\n", err); goto cleanup; }
+  }
+  printf("check: %s, %s on %d rank%s against 1 rank, %d steps, %s\n", m->name, lay, gpus, gpus == 1 ? "" : "s",
+         steps, ir_dtype_name(m->train.precision));
+  fflush(stdout);
+  if (run_mrun(mrun, path[0], gpus, steps, path[1], path[2]) != 0) goto cleanup;
+  if (run_mrun(mrun, path[3], 1, steps, path[4], path[5]) != 0) goto cleanup;
+
+  double la[4096], lb[4096];
+  int na = read_losses(path[1], la, 4096), nb = read_losses(path[4], lb, 4096);
+  if (na < 0 || nb < 0) goto cleanup;
+  if (na != nb || na != (steps < 4096 ? steps : 4096)) {
+    fprintf(stderr, "mcc: error: --check: %d and %d losses reported for %d steps\n", na, nb, steps);
+    goto cleanup;
+  }
+  double dloss = 0;
+  int worst_step = 0;
+  for (int s = 0; s < na; s++) {
+    double d = rel_diff(la[s], lb[s]);
+    if (isnan(d) || d > dloss) { dloss = d; worst_step = s + 1; }
+    if (isnan(d)) break;
+  }
+  RtParams *pa = rt_params_read(path[2], err, sizeof err), *pb = pa ? rt_params_read(path[5], err, sizeof err) : NULL;
+  if (!pa || !pb) {
+    fprintf(stderr, "mcc: error: --check: %s\n", err);
+    rt_params_free(pa);
+    goto cleanup;
+  }
+  char where[256];
+  double dpar = rt_params_max_rel_diff(pa, pb, where, sizeof where);
+  rt_params_free(pa);
+  rt_params_free(pb);
+  if (dpar < 0 && !isnan(dpar)) {
+    fprintf(stderr, "mcc: error: --check: the runs saved different parameters: %s\n", where);
+    goto cleanup;
+  }
+  printf("  loss:   max relative difference %.3g over %d steps (worst at step %d)\n", dloss, na, worst_step);
+  printf("  params: max relative difference %.3g (worst: %s; |a-b| / max(|b|, 1) per element)\n", dpar, where);
+  int ok = dloss <= tol && dpar <= tol;      /* NaN fails */
+  printf("check: %s: %s %s the single-rank run within %g\n", ok ? "PASS" : "FAIL", lay, ok ? "matches" : "does NOT match",
+         tol);
+  rc = ok ? 0 : 1;
+cleanup:
+  for (int i = 0; i < 6; i++) unlink(path[i]);
+  rmdir(dir);
+  free(dir);
+  ir_module_free(u);
+  fflush(stdout);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   PassCtx cx;
   pass_ctx_init(&cx);
@@ -280,6 +642,7 @@ int main(int argc, char **argv) {
   memset(&a, 0, sizeof a);
   a.emit = "plan";
   a.cx = &cx;
+  a.dp = a.steps = -1;
   mdl_options_init(&a.mdl);
   int rc = parse_args(argc, argv, &a);
   if (rc >= 0) goto out;
@@ -290,26 +653,22 @@ int main(int argc, char **argv) {
   }
   a.mdl.defines = a.defines.a;
   a.mdl.ndefines = a.defines.n;
+  if (a.check && a.mdl.precision == IR_VOID) a.mdl.precision = IR_F64;   /* --check compares in f64 */
   if (a.time) cx.time_to = stderr;
 
-  double t0 = now_ms();
-  IrModule *m = mdl_compile_file(a.input, &a.mdl);
-  double t1 = now_ms();
-  if (!m) goto out;                      /* the frontend printed the diagnostics */
+  double t0 = now_ms(), tf = 0;
+  IrModule *m = compile(&a, &a.mdl, a.dp, &cx, &tf);
+  if (a.time) fprintf(stderr, "time: %-12s %9.1f ms\n", "frontend", tf);
+  if (!m) goto out;
   int owned = 1;
-  if (a.time) fprintf(stderr, "time: %-12s %9.1f ms\n", "frontend", t1 - t0);
-
-  if (pass_run_pipeline(m, &cx) != 0) {
-    fprintf(stderr, "mcc: %s\n", cx.err);
-    goto done;
-  }
   if (a.stats) print_stats(m);
   double t2 = now_ms();
-  if (a.report) {                        /* --report memory: an analysis, no plan */
+  if (a.check) {
+    rc = run_check(&a, m);
+  } else if (a.report) {                 /* an analysis, no plan */
     StrBuf b = {0};
-    char err[1024];
-    if (pass_memplan_report(m, &b, err, sizeof err) != 0) fprintf(stderr, "mcc: %s\n", err);
-    else rc = emit_text(a.output, &b);
+    int r = strcmp(a.report, "memory") == 0 ? report_memory(&a, m, &b) : report_comm(m, &b);
+    rc = r != 0 ? 1 : emit_text(a.output, &b);
     sb_free(&b);
   } else if (strcmp(a.emit, "ir") == 0 || strcmp(a.emit, "dot") == 0) {
     StrBuf b = {0};
@@ -317,7 +676,7 @@ int main(int argc, char **argv) {
     else ir_print_dot(m, &b);
     rc = emit_text(a.output, &b);
     sb_free(&b);
-  } else if (check_single_rank(m) == 0) {
+  } else {
     rc = write_plan(&a, m, &owned);
   }
   double t3 = now_ms();
@@ -325,7 +684,6 @@ int main(int argc, char **argv) {
     fprintf(stderr, "time: %-12s %9.1f ms\n", strcmp(a.emit, "plan") == 0 ? "plan write" : "emit", t3 - t2);
     fprintf(stderr, "time: %-12s %9.1f ms\n", "total", t3 - t0);
   }
-done:
   if (owned) ir_module_free(m);
 out:
   free(a.defines.a);

@@ -59,11 +59,29 @@ errors)
   run 1 "$MCC" samples/gpt.mdl $TINY_GPT -o "$TMP/no/such/dir/g.plan" && has "$TMP/err" "cannot write plan"
   ;;
 parallel)
-  # recorded in the IR, refused for plans until sharding exists
-  run 1 "$MCC" samples/gpt.mdl $TINY_GPT --tp 2 -o "$TMP/tp.plan" && has "$TMP/err" "not supported yet"
-  [ -e "$TMP/tp.plan" ] && fail "a tp=2 plan was written"
+  # the plan's mesh is (dp, pp, cp, ep, tp) of the layout; every rank runs program 0
+  LAY="-D batch=4 -D micro_batch=1"
+  run 0 "$MCC" samples/gpt.mdl $TINY_GPT $LAY --tp 2 --dp 2 --sp --emit=plan-text -o "$TMP/tp.txt" &&
+    has "$TMP/tp.txt" "mesh dp=2 pp=1 cp=1 ep=1 tp=2" && has "$TMP/tp.txt" "ranks 4" &&
+    has "$TMP/tp.txt" "rank 3 program 0" && has "$TMP/tp.txt" "parallel tp=2 pp=1 cp=1 ep=1 dp=2 sp=1 zero=1"
+  run 0 "$MCC" samples/gpt.mdl $TINY_GPT --tp 2 -o "$TMP/tp.plan" && [ -s "$TMP/tp.plan" ] || fail "no tp=2 plan"
+  run 0 "$MCC" samples/gpt.mdl $TINY_GPT $LAY --dp 4 --no-zero --emit=ir && has "$TMP/out" "dp=4 sp=0 zero=0"
   run 0 "$MCC" samples/gpt.mdl $TINY_GPT --tp 2 --sp --emit=ir && has "$TMP/out" "parallel tp=2 pp=1 cp=1 ep=1 dp=0 sp=1"
-  run 1 "$MCC" samples/llama.mdl $TINY_LLAMA --pp 2 --emit=plan-text && has "$TMP/err" "pp=2: pipeline parallelism is not supported yet"
+  # refusals: later issues, sp without tp, sizes that do not divide
+  run 1 "$MCC" samples/llama.mdl $TINY_LLAMA --pp 2 --emit=plan-text &&
+    has "$TMP/err" "mcc: error: pp=2: pipeline parallelism is not supported yet (issue 5)"
+  run 1 "$MCC" samples/llama.mdl $TINY_LLAMA --cp 2 && has "$TMP/err" "cp=2: context parallelism is not supported yet (issue 6)"
+  run 1 "$MCC" samples/llama.mdl $TINY_LLAMA --ep 2 && has "$TMP/err" "ep=2: expert parallelism is not supported yet (issue 6)"
+  run 1 "$MCC" samples/gpt.mdl $TINY_GPT --sp -o "$TMP/sp.plan" && has "$TMP/err" "mcc: error: sequence parallelism" &&
+    has "$TMP/err" "tp=1"
+  [ -e "$TMP/sp.plan" ] && fail "an sp plan without tp was written"
+  run 1 "$MCC" samples/gpt.mdl $TINY_GPT --dp 2 && has "$TMP/err" "dp=2 does not divide the 1 micro batches"
+  run 1 "$MCC" samples/gpt.mdl $TINY_GPT -D heads=2 --tp 4 -o "$TMP/h.plan" &&
+    has "$TMP/err" "mcc: error: shard: dim 'heads' = 2 is not divisible by tp = 4"
+  [ -e "$TMP/h.plan" ] && fail "a plan with heads not divisible by tp was written"
+  run 2 "$MCC" samples/gpt.mdl --steps 3 && has "$TMP/err" "--steps and --gpus go with --check"
+  run 2 "$MCC" samples/gpt.mdl --check --report memory && has "$TMP/err" "do not go together"
+  run 2 "$MCC" samples/gpt.mdl --report speed && has "$TMP/err" "--report must be memory or comm"
   ;;
 options)
   run 0 "$MCC" samples/gpt.mdl $TINY_GPT --precision f64 --emit=ir &&
@@ -84,7 +102,7 @@ full-gpt|full-llama)
     has "$TMP/err" "parameters in" && has "$TMP/err" "time: total"
   run 0 "$CHECK" plan "$TMP/$m.plan"
   run 0 "$CHECK" ir "$TMP"/dump/*.ir
-  [ "$(ls "$TMP/dump" | wc -l)" = 4 ] || fail "expected 4 dumps: $(ls "$TMP/dump")"
+  [ "$(ls "$TMP/dump" | wc -l)" = 5 ] || fail "expected 5 dumps: $(ls "$TMP/dump")"
   # -o - writes the same binary plan to stdout
   run 0 "$MCC" samples/$m.mdl -o - && cmp -s "$TMP/out" "$TMP/$m.plan" || fail "-o - differs from the plan file"
   head -c 6 "$TMP/$m.plan" | grep -q TSPLAN || fail "$m.plan does not start with the magic"
@@ -95,14 +113,14 @@ tiny-gpt|tiny-llama)
   # every pass: --verify-roundtrip inside mcc, then the dumps checked here
   run 0 "$MCC" samples/$m.mdl $DEFS -o "$TMP/$m.plan" --verify-roundtrip --verify-each --dump-ir=all "$TMP/dump"
   dumps=$(ls "$TMP/dump" | tr '\n' ' ')
-  [ "$dumps" = "00-frontend.ir 01-autodiff.ir 02-optimizer.ir 03-dce.ir " ] || fail "dump files: $dumps"
+  [ "$dumps" = "00-frontend.ir 01-autodiff.ir 02-shard.ir 03-optimizer.ir 04-dce.ir " ] || fail "dump files: $dumps"
   run 0 "$CHECK" ir "$TMP"/dump/*.ir
   has "$TMP/dump/00-frontend.ir" "block forward {"
-  has "$TMP/dump/03-dce.ir" "block micro {"
-  has "$TMP/dump/03-dce.ir" "block update {"
+  has "$TMP/dump/04-dce.ir" "block micro {"
+  has "$TMP/dump/04-dce.ir" "block update {"
   # the final IR: --emit=ir equals the last dump
   run 0 "$MCC" samples/$m.mdl $DEFS --emit=ir -o "$TMP/final.ir"
-  cmp -s "$TMP/final.ir" "$TMP/dump/03-dce.ir" || fail "--emit=ir differs from the last dump"
+  cmp -s "$TMP/final.ir" "$TMP/dump/04-dce.ir" || fail "--emit=ir differs from the last dump"
   # --print-ir-after prints parseable IR of that pass to stdout
   run 0 "$MCC" samples/$m.mdl $DEFS --print-ir-after=autodiff -o "$TMP/p.plan" &&
     has "$TMP/out" "# IR after pass 'autodiff'" && has "$TMP/out" "block micro {"
