@@ -5,14 +5,15 @@
 # with sequence parallelism x dp 2).  Everything in f64 at tiny sizes, 3
 # steps.  For every case: the loss of every step (from --metrics) and every
 # parameter after training (--save-params, global shapes) must be within a
-# relative 1e-10 of the single-rank run.  The program is a plan when mcc
+# relative 1e-10 of the single-rank run (batch 32 = 16 micro batches, so dp
+# can go up to 16).  The program is a plan when mcc
 # makes one for these settings, else the IR module (mrun runs both);
 # ZERO=0 edits the module's `parallel` line (mcc has no flag for it).
 set -uo pipefail
 mcc=$1 mrun=$2 pdiff=$3 src=$4 work=$5 model=$6
 shift 6
 rm -rf "$work"; mkdir -p "$work"; cd "$work" || exit 1
-D="-D layers=2 -D d_model=16 -D heads=4 -D seq_len=8 -D vocab=250 -D batch=8 -D micro_batch=2 --precision f64"
+D="-D layers=2 -D d_model=16 -D heads=4 -D seq_len=8 -D vocab=250 -D batch=32 -D micro_batch=2 --precision f64"
 [ "$model" = llama ] && D="$D -D kv_heads=2 -D ffn=32"
 data="$src/samples/data/kjv.txt"
 run() { echo "+ $*"; "$@"; }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# refuse.sh - mrun's refusals for a rank count that does not fit the mesh:
+#   refuse.sh MCC MRUN SOURCE_DIR WORK_DIR
+# A tp=2 module on 3 ranks must be refused before any rank starts, with a
+# message naming the numbers; a global batch that the dp ranks cannot share
+# in whole micro batches likewise (here from inside the ranks).
+set -uo pipefail
+mcc=$1 mrun=$2 src=$3 work=$4
+rm -rf "$work"; mkdir -p "$work"; cd "$work" || exit 1
+D="-D layers=1 -D d_model=16 -D heads=2 -D seq_len=8 -D vocab=256 -D batch=4 -D micro_batch=2"
+"$mcc" "$src/samples/gpt.mdl" $D --tp 2 --emit=ir -o tp2.ir || exit 1
+"$mcc" "$src/samples/gpt.mdl" $D -o dp.plan || exit 1
+status=0
+expect() {   # expect REGEX CMD...: CMD must exit 1 and print REGEX
+  local re=$1; shift
+  "$@" >out.txt 2>&1; local rc=$?
+  cat out.txt
+  if [ "$rc" != 1 ] || ! grep -Eq -- "$re" out.txt; then
+    echo "refuse: '$*' exited $rc, expected 1 and /$re/"; status=1
+  fi
+}
+expect "--gpus 3 does not divide into the plan's mesh: tp=2 .*use a multiple of 2" \
+  "$mrun" tp2.ir --gpus 3 --steps 1
+# global_batch 4 / micro_batch 2 = 2 micro batches: not enough for dp 4
+expect "global_batch 4 is not a multiple of micro_batch 2 x dp 4" \
+  timeout -k 5 60 "$mrun" dp.plan --gpus 4 --steps 1 --timeout 10
+echo "refuse: $([ $status = 0 ] && echo ok || echo FAILED)"
+exit $status
