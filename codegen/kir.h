@@ -52,7 +52,7 @@ CgType cg_type_of_dtype(IrDtype d);
   X(RANGE, "range", 1)   /* i64 loop index 0..a0-1; opens a loop           */ \
   X(END, "end", 0)       /* closes the innermost open RANGE                */ \
   X(ACC, "acc", 0)       /* accumulator of `type`, starts at f; red = kind */ \
-  X(UPDATE, "update", 2) /* acc a0 = red(a0, a1)                           */ \
+  X(UPDATE, "update", 2) /* acc a0 = red(a0, a1); max propagates NaN     */ \
   X(LOAD, "load", 1)     /* buf[a0]                                        */ \
   X(STORE, "store", 2)   /* buf[a0] = a1                                   */ \
   X(NEG, "neg", 1)                                                           \

@@ -215,8 +215,10 @@ static void emit_inst(Em *e, int i, Loop *loops, int *nloops) {
       nv = LLVMBuildFAdd(b, cur, x, "");
       LLVMSetFastMathFlags(nv, LLVMFastMathAllowReassoc);   /* sums may be split into lanes */
     } else {
+      /* llvm.maximum: NaN-propagating like the reference's max reduction,
+       * and (unlike maxnum without nnan) vectorized by LLVM 19 */
       LLVMValueRef args[2] = {cur, x};
-      nv = intrinsic(e, "llvm.maxnum", &at, 1, args, 2);
+      nv = intrinsic(e, "llvm.maximum", &at, 1, args, 2);
     }
     LLVMBuildStore(b, nv, e->v[in->a[0]]);
     return;
