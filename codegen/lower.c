@@ -405,6 +405,24 @@ static int same_sizes(const IrType *a, const IrType *b) {
 }
 static int is_last_axis(int64_t ax, int rank) { return ax == rank - 1 || (ax == -1 && rank > 0); }
 
+/* Whether value id (outside the group) reads a group value, directly or
+ * through other nodes outside the group.  Iterative: marks ids from id
+ * down to the group's first node. */
+static int depends_on_group(const Lw *L, int id) {
+  int lo = L->nodes[0], n = id - lo + 1, found = 0;
+  unsigned char *need = ts_xcalloc((size_t)n, 1);   /* need[v - lo]: v feeds id */
+  need[n - 1] = 1;
+  for (int v = id; v >= lo && !found; v--) {
+    if (!need[v - lo]) continue;
+    if (v != id && gpos(L, v) >= 0) { found = 1; break; }
+    const IrNode *nd = &L->b->nodes[v];
+    for (int j = 0; j < nd->nin; j++)
+      if (nd->in[j] >= lo && nd->in[j] < v) need[nd->in[j] - lo] = 1;
+  }
+  free(need);
+  return found;
+}
+
 /* Checks the group's form and fills io; 0 or -1 with a message. */
 static int check_group(Lw *L) {
   const IrBlock *b = L->b;
@@ -449,6 +467,12 @@ static int check_group(Lw *L) {
     if (is_row_op(nd->op) || is_reduce(nd->op)) L->rowmode = 1;
     if (nd->op == IR_OP_BROADCAST || nd->op == IR_OP_CAUSAL_MASK) L->needs_col = 1;
   }
+  /* convexity: no input may depend on a group value (through nodes outside
+   * the group), or the kernel would need its own output before it runs */
+  for (int i = 0; i < io->nin; i++)
+    if (io->in[i] > L->nodes[0] && depends_on_group(L, io->in[i]))
+      return ts_errf(L->err, L->errlen, "group: operand %%%d is computed from the group's own values (the group is not convex)",
+                     io->in[i]);
   /* outputs: group values used after the group by other nodes, and the last */
   for (int i = 0; i < L->n; i++) {
     int id = L->nodes[i], used = i == L->n - 1;

@@ -404,6 +404,18 @@ static void test_fused(IrDtype dt) {
     check_group(&c, (int[]){d, sq, mn}, 3, what, RUN_PIECES);
     case_free(&c);
   }
+  { /* two row ops in one group: layernorm, scale, softmax (the softmax's
+     * loops recompute the layernorm from its statistics) */
+    Case c;
+    case_init(&c);
+    int x = input(&c, t, -3, 3);
+    int ln = emit(&c, IR_OP_LAYERNORM, &x, 1, NULL, (double[]){1e-5}, NULL);
+    int sc = emit(&c, IR_OP_MULS, &ln, 1, NULL, (double[]){1.5}, NULL);
+    int sm = E1(&c, IR_OP_SOFTMAX, sc), ls = E1(&c, IR_OP_LOG_SOFTMAX, sm);
+    snprintf(what, sizeof what, "layernorm+scale+softmax+log_softmax %s", ir_dtype_name(dt));
+    check_group(&c, (int[]){ln, sc, sm, ls}, 4, what, RUN_PIECES);
+    case_free(&c);
+  }
   { /* rmsnorm backward of a silu output, then the product with a gain */
     Case c;
     case_init(&c);
@@ -511,6 +523,13 @@ static void test_errors(void) {
   int s0 = emit(&c, IR_OP_SUM, &a, 1, (int64_t[]){0, 0}, NULL, NULL), e0 = E1(&c, IR_OP_EXP, a);
   CHECK(cg_lower_group(c.m, &c.m->blocks.a[c.b], (int[]){s0, e0}, 2, &io, err, sizeof err) == NULL && strstr(err, "last axis"),
         "lowering: a fused reduction over axis 0 should be refused (%s)", err);
+  /* not convex: %ad's operand %ex is computed outside the group from %e1 in it */
+  int e1 = E1(&c, IR_OP_EXP, a), ex = E1(&c, IR_OP_NEG, e1), ad2 = E2(&c, IR_OP_ADD, e1, ex);
+  CHECK(cg_lower_group(c.m, &c.m->blocks.a[c.b], (int[]){e1, ad2}, 2, &io, err, sizeof err) == NULL && strstr(err, "convex"),
+        "lowering: a non-convex group should be refused (%s)", err);
+  CgKernel *whole = cg_lower_group(c.m, &c.m->blocks.a[c.b], (int[]){e1, ex, ad2}, 3, &io, err, sizeof err);
+  CHECK(whole != NULL && io.nin == 1 && io.nout == 1, "lowering: the convex group {exp, neg, add} should lower (%s)", err);
+  cg_kernel_free(whole);
   case_free(&c);
 }
 
