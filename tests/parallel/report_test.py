@@ -1,0 +1,173 @@
+"""report_test.py - `mcc --report memory` and `mcc --report comm` against
+figures computed here, independently of the shard and optimizer passes:
+
+memory: from the UNSHARDED frontend IR (state lines with dim names) and
+its `rule` lines, a parameter dim whose name maps to tp is split in tp
+equal blocks (padded up when it does not divide: vocab), so each rank
+holds numel/tp of it; gradients likewise; with ZeRO each dp rank holds
+ceil(local numel / dp) of each Adam moment, without ZeRO the whole local
+tensor.  The unsharded section holds the plain numel.
+
+comm: from the compiled IR text (--emit=ir), every all_reduce /
+all_gather / reduce_scatter over an axis of size n > 1, payload = the
+operand's bytes (the result's for all_gather), ring bytes = 2(n-1)/n resp.
+(n-1)/n of it, micro-block ones times global_batch / (micro_batch * dp).
+
+usage: report_test.py MCC SRCDIR
+"""
+import math
+import re
+import subprocess
+import sys
+
+MCC, SRC = sys.argv[1], sys.argv[2]
+GPT = ["-D", "layers=2", "-D", "d_model=32", "-D", "heads=4", "-D", "seq_len=16", "-D", "batch=4",
+       "-D", "micro_batch=1"]
+LLAMA = GPT + ["-D", "kv_heads=2", "-D", "ffn=64"]
+DSIZE = {"f32": 4, "f64": 8, "i32": 4}
+failures = 0
+
+
+def fail(msg):
+    global failures
+    failures += 1
+    print("FAIL: " + msg)
+
+
+def mcc(args):
+    r = subprocess.run([MCC] + args, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit("mcc %s failed: %s" % (" ".join(args), r.stderr))
+    return r.stdout
+
+
+def parse_type(t):
+    """'f32[vocab:256, dim:32]' -> ('f32', [(name or None, size), ...])"""
+    m = re.match(r"(\w+)\[(.*)\]", t)
+    dims = []
+    for d in filter(None, (x.strip() for x in m.group(2).split(","))):
+        name, _, size = d.rpartition(":")
+        dims.append((name or None, int(size)))
+    return m.group(1), dims
+
+
+def frontend_params(model, defs):
+    """[(dtype, dims)] of the params and the dim -> axis rules, unsharded."""
+    text = mcc(["%s/samples/%s.mdl" % (SRC, model)] + defs + ["--print-ir-after=frontend", "-o", "/dev/null"])
+    params, rules = [], {}
+    for line in text.splitlines():
+        m = re.match(r"state @\S+ : (\S+\[[^\]]*\]) param", line)
+        if m:
+            params.append(parse_type(m.group(1)))
+        m = re.match(r"rule (\S+) = (.*)", line)
+        if m:
+            rules[m.group(1)] = m.group(2).split()
+    return params, rules
+
+
+def rows(section):
+    """label -> bytes for the rows of one report section"""
+    out = {}
+    for line in section:
+        m = re.match(r"  (\S.*?)\s+(\d+)\s+[\d.]+$", line)
+        if m:
+            out[re.sub(r" \(.*\)$", "", m.group(1))] = int(m.group(2))
+    return out
+
+
+def check_memory(model, defs, tp, dp, zero, extra):
+    before = failures
+    params, rules = frontend_params(model, defs)
+    tp_dims = {d for d, axes in rules.items() if "tp" in axes}
+    par = adam = whole = 0
+    for dtype, dims in params:
+        size = DSIZE[dtype]
+        split = [i for i, (name, _) in enumerate(dims) if name in tp_dims] if tp > 1 else []
+        if len(split) > 1:
+            fail("%s: a parameter with two tp dims %s: the test cannot predict it" % (model, dims))
+        local = 1
+        for i, (_, n) in enumerate(dims):
+            local *= math.ceil(n / tp) if i in split else n
+        whole += math.prod(n for _, n in dims) * size
+        par += local * size
+        adam += 2 * (math.ceil(local / dp) if zero and dp > 1 else local) * size
+    args = ["%s/samples/%s.mdl" % (SRC, model)] + defs + extra + ["--report", "memory"]
+    text = mcc(args).splitlines()
+    what = "%s %s" % (model, " ".join(extra))
+    n = tp * dp
+    head = [i for i, l in enumerate(text) if re.match(r"ranks? ", l)]
+    uns = [i for i, l in enumerate(text) if l.startswith("unsharded")]
+    if len(head) != 1 or len(uns) != 1:
+        return fail("%s: expected one rank group and one unsharded section:\n%s" % (what, "\n".join(text)))
+    want_head = "ranks 0-%d (each):" % (n - 1)
+    if text[head[0]] != want_head:
+        fail("%s: rank group line %r, expected %r" % (what, text[head[0]], want_head))
+    mine, base = rows(text[head[0]:uns[0]]), rows(text[uns[0]:])
+    for label, got, want in [("parameters", mine.get("parameters"), par), ("gradients", mine.get("gradients"), par),
+                             ("optimizer state", mine.get("optimizer state"), adam),
+                             ("unsharded parameters", base.get("parameters"), whole),
+                             ("unsharded optimizer state", base.get("optimizer state"), 2 * whole)]:
+        if got != want:
+            fail("%s: %s %s bytes, expected %d" % (what, label, got, want))
+    if mine.get("states total") != mine.get("parameters", 0) + mine.get("gradients", 0) + mine.get("optimizer state", 0):
+        fail("%s: states total does not add up" % what)
+    # tp shrinks the micro block's activations; dp alone leaves them as they are
+    arena, arena1 = mine.get("activation arena", 0), base.get("activation arena", 0)
+    if not (0 < arena < arena1 if tp > 1 else 0 < arena <= arena1):
+        fail("%s: activation arena %d per rank against %d unsharded" % (what, arena, arena1))
+    if failures == before:
+        print("ok: memory %s: params %d, adam %d bytes per rank (unsharded %d)" % (what, par, adam, whole))
+
+
+def check_comm(model, defs, extra, sizes):
+    src = ["%s/samples/%s.mdl" % (SRC, model)] + defs + extra
+    ir = mcc(src + ["--emit=ir"]).splitlines()
+    train = next(l for l in ir if l.startswith("train "))
+    gb = int(re.search(r"global_batch=(\d+)", train).group(1))
+    mb = int(re.search(r"micro_batch=(\d+)", train).group(1))
+    nmicro = gb // (mb * sizes.get("dp", 1))
+    count = payload = ring = 0
+    block, types = None, {}
+    for line in ir:
+        m = re.match(r"block (\w+) \{", line)
+        if m:
+            block, types = m.group(1), {}
+            continue
+        m = re.match(r"\s+%(\d+) = (\w+) (.*) : (\S+\[[^\]]*\])", line)
+        if not m:
+            continue
+        types[int(m.group(1))] = parse_type(m.group(4))
+        op = m.group(2)
+        if op not in ("all_reduce", "all_gather", "reduce_scatter"):
+            continue
+        n = sizes.get(re.search(r"axis=(\w+)", m.group(3)).group(1), 1)
+        if n < 2:
+            continue
+        operand = int(re.match(r"%(\d+)", m.group(3)).group(1))
+        dtype, dims = types[int(m.group(1))] if op == "all_gather" else types[operand]
+        nbytes = math.prod(s for _, s in dims) * DSIZE[dtype]
+        runs = nmicro if block == "micro" else 1
+        count += runs
+        payload += nbytes * runs
+        ring += (2 if op == "all_reduce" else 1) * (n - 1) / n * nbytes * runs
+    text = mcc(src + ["--report", "comm"])
+    m = re.search(r"total per step: (\d+) collectives, payload (\d+) bytes, ring (\d+) bytes", text)
+    what = "%s %s" % (model, " ".join(extra))
+    if not m:
+        return fail("%s: no total line in:\n%s" % (what, text))
+    got = tuple(int(x) for x in m.groups())
+    if got != (count, payload, round(ring)) or count == 0:
+        fail("%s: comm total %s, expected %s" % (what, got, (count, payload, round(ring))))
+    else:
+        print("ok: comm %s: %d collectives, %d payload bytes per step" % (what, count, payload))
+
+
+check_memory("gpt", GPT + ["-D", "vocab=257"], 2, 1, True, ["--tp", "2"])          # padded vocab
+check_memory("llama", LLAMA + ["-D", "vocab=256"], 2, 2, True, ["--tp", "2", "--dp", "2", "--sp"])
+check_memory("gpt", GPT + ["-D", "vocab=256"], 1, 4, True, ["--dp", "4"])
+check_memory("gpt", GPT + ["-D", "vocab=256"], 1, 4, False, ["--dp", "4", "--no-zero"])
+check_memory("llama", LLAMA + ["-D", "vocab=256", "-D", "heads=8", "-D", "kv_heads=4"], 4, 1, True, ["--tp", "4"])
+check_comm("gpt", GPT + ["-D", "vocab=256"], ["--tp", "2", "--dp", "2", "--sp"], {"tp": 2, "dp": 2})
+check_comm("llama", LLAMA + ["-D", "vocab=256"], ["--tp", "2"], {"tp": 2})
+check_comm("gpt", GPT + ["-D", "vocab=256"], ["--dp", "4", "--no-zero"], {"dp": 4})
+sys.exit(1 if failures else 0)
