@@ -502,14 +502,17 @@ static int find_mrun(char *path, size_t n) {
   return access(path, X_OK);
 }
 
-/* Runs mrun PLAN --gpus N --steps K --metrics M --save-params P --quiet,
- * its stdout discarded and its stderr passed on.  0 if it exited 0. */
-static int run_mrun(const char *mrun, const char *plan, int gpus, int steps, const char *metrics, const char *params) {
-  char g[32], k[32];
+/* Runs mrun PLAN --gpus N --steps K --metrics M --save-params P --quiet
+ * [--seed S when seed >= 0], its stdout discarded and its stderr passed
+ * on.  0 if it exited 0. */
+static int run_mrun(const char *mrun, const char *plan, int gpus, int steps, const char *metrics, const char *params,
+                    long long seed) {
+  char g[32], k[32], sd[32];
   snprintf(g, sizeof g, "%d", gpus);
   snprintf(k, sizeof k, "%d", steps);
+  snprintf(sd, sizeof sd, "%lld", seed);
   const char *argv[] = {mrun, plan, "--gpus", g, "--steps", k, "--metrics", metrics, "--save-params", params,
-                        "--quiet", NULL};
+                        "--quiet", seed >= 0 ? "--seed" : NULL, sd, NULL};
   fflush(NULL);
   pid_t pid = fork();
   if (pid < 0) { fprintf(stderr, "mcc: error: --check: fork: %s\n", strerror(errno)); return -1; }
@@ -589,8 +592,12 @@ static int run_check(const Args *a, IrModule *m) {
   printf("check: %s, %s on %d rank%s against 1 rank, %d steps, %s\n", m->name, lay, gpus, gpus == 1 ? "" : "s",
          steps, ir_dtype_name(m->train.precision));
   fflush(stdout);
-  if (run_mrun(mrun, path[0], gpus, steps, path[1], path[2]) != 0) goto cleanup;
-  if (run_mrun(mrun, path[3], 1, steps, path[4], path[5]) != 0) goto cleanup;
+  /* Test hook (tests/parallel): TS_CHECK_PERTURB_SEED=1 runs the layout
+   * with another seed, so the comparison must report FAIL. */
+  const char *perturb = getenv("TS_CHECK_PERTURB_SEED");
+  long long seed = perturb && *perturb && strcmp(perturb, "0") ? (long long)(m->train.seed % (1ull << 62)) + 1 : -1;
+  if (run_mrun(mrun, path[0], gpus, steps, path[1], path[2], seed) != 0) goto cleanup;
+  if (run_mrun(mrun, path[3], 1, steps, path[4], path[5], -1) != 0) goto cleanup;
 
   double la[4096], lb[4096];
   int na = read_losses(path[1], la, 4096), nb = read_losses(path[4], lb, 4096);
