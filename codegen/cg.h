@@ -50,8 +50,12 @@ typedef struct CgJit CgJit;
 CgJit *cg_jit_new(char *err, size_t errlen);
 void cg_jit_free(CgJit *j);
 /* Emits k as LLVM IR, optimizes it (new pass manager, default<O3>), JITs
- * it.  NULL with a message on failure. */
+ * it.  A kernel whose text form equals one compiled before by this JIT
+ * (the same op on the same shapes in another layer) is not compiled
+ * again: its function is returned.  NULL with a message on failure. */
 CgFn cg_jit_compile(CgJit *j, const CgKernel *k, char *err, size_t errlen);
+/* How many cg_jit_compile calls were answered from that cache. */
+int cg_jit_cache_hits(const CgJit *j);
 /* The host CPU name and feature string the JIT targets (for reports). */
 const char *cg_jit_cpu(const CgJit *j);
 

@@ -340,11 +340,17 @@ static int optimize(LLVMModuleRef mod, LLVMTargetMachineRef tm, char *err, size_
 }
 
 /* ---- the JIT ---- */
+/* A compiled kernel, keyed by its text form: identical kernels (the same
+ * op on the same shapes in every layer of a model) compile once. */
+typedef struct { uint64_t hash; char *text; CgFn fn; } CgCached;
+
 struct CgJit {
   LLVMOrcLLJITRef jit;
   LLVMTargetMachineRef tm;   /* for the optimization pipeline */
   int nkern;
   char cpu[512];
+  VEC(CgCached) cache;
+  int hits;
 };
 
 CgJit *cg_jit_new(char *err, size_t errlen) {
@@ -385,12 +391,35 @@ void cg_jit_free(CgJit *j) {
   LLVMErrorRef e = LLVMOrcDisposeLLJIT(j->jit);
   if (e) LLVMConsumeError(e);
   LLVMDisposeTargetMachine(j->tm);
+  for (int i = 0; i < j->cache.n; i++) free(j->cache.a[i].text);
+  free(j->cache.a);
   free(j);
 }
 
+int cg_jit_cache_hits(const CgJit *j) { return j->hits; }
+
 const char *cg_jit_cpu(const CgJit *j) { return j->cpu; }
 
+static CgFn compile(CgJit *j, const CgKernel *k, char *err, size_t errlen);
+
 CgFn cg_jit_compile(CgJit *j, const CgKernel *k, char *err, size_t errlen) {
+  StrBuf key = {0};
+  cg_kernel_print(k, &key);
+  sb_putc(&key, 0);
+  uint64_t h = ts_hash64(key.p, key.n, 0);
+  for (int i = 0; i < j->cache.n; i++)
+    if (j->cache.a[i].hash == h && strcmp(j->cache.a[i].text, key.p) == 0) {
+      sb_free(&key);
+      j->hits++;
+      return j->cache.a[i].fn;
+    }
+  CgFn fn = compile(j, k, err, errlen);
+  if (fn) VEC_PUSH(j->cache, ((CgCached){h, key.p, fn}));
+  else sb_free(&key);
+  return fn;
+}
+
+static CgFn compile(CgJit *j, const CgKernel *k, char *err, size_t errlen) {
   char sym[96];
   snprintf(sym, sizeof sym, "%s_%d", k->name, j->nkern++);   /* unique in the JIT */
   LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();

@@ -576,6 +576,23 @@ int main(void) {
   /* every op the lowering accepts has a case above */
   for (int op = 0; op < IR_OP_COUNT; op++)
     CHECK(!cg_op_lowerable((IrOp)op) || g_covered[op], "op %s is lowerable but has no test", ir_ops[op].name);
+  /* identical kernels (the same op and shapes, as in every layer) compile once */
+  CHECK(cg_jit_cache_hits(g_jit) > 0, "JIT cache: no kernel was reused");
+  {
+    Case c;
+    case_init(&c);
+    int x = input(&c, TY(IR_F32, 3, 11), -1, 1);
+    int a = E1(&c, IR_OP_TANH, x), b = E1(&c, IR_OP_TANH, x);
+    CgGroupIO io;
+    CgKernel *ka = cg_lower_group(c.m, &c.m->blocks.a[c.b], &a, 1, &io, err, sizeof err);
+    CgKernel *kb = cg_lower_group(c.m, &c.m->blocks.a[c.b], &b, 1, &io, err, sizeof err);
+    int before = cg_jit_cache_hits(g_jit);
+    CgFn fa = cg_jit_compile(g_jit, ka, err, sizeof err), fb = cg_jit_compile(g_jit, kb, err, sizeof err);
+    CHECK(fa && fa == fb && cg_jit_cache_hits(g_jit) == before + 1, "JIT cache: the same kernel compiled twice");
+    cg_kernel_free(ka);
+    cg_kernel_free(kb);
+    case_free(&c);
+  }
   cg_jit_free(g_jit);
   if (g_fails) fprintf(stderr, "test_codegen: %d of %d checks FAILED\n", g_fails, g_checks);
   else printf("test_codegen: all %d checks passed\n", g_checks);
