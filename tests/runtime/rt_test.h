@@ -72,9 +72,17 @@ typedef struct { IrType t; const double *v; } Arg;
 /* Which ops run_op has exercised (test_rt_ops checks that every op was). */
 static unsigned char g_covered[IR_OP_COUNT];
 
-static inline double *run_op(IrOp op, int nin, const Arg *args, const int64_t *ia, const double *fa,
-                      const IrType *typed, IrType *rt, char *err, size_t errlen) {
+/* Sharded runs of one op (single process): the rank (mesh sizes and
+ * coordinates, no groups) and the shardings of the result and operands. */
+typedef struct { const RtRank *rank; IrSharding res; IrSharding in[4]; } OpShard;
+
+static inline double *run_op_sh(IrOp op, int nin, const Arg *args, const int64_t *ia, const double *fa,
+                                const IrType *typed, const OpShard *sh, IrType *rt, char *err, size_t errlen) {
   IrModule *m = ir_module_new("t");
+  if (sh) {
+    const RtMesh *ms = &sh->rank->mesh;
+    m->par = (IrParallel){ms->tp, ms->pp, ms->cp, ms->ep, ms->dp, 0, 0};
+  }
   int b = ir_block_add(m, "forward");
   int ids[16];
   RtFeed feeds[16];
@@ -91,6 +99,10 @@ static inline double *run_op(IrOp op, int nin, const Arg *args, const int64_t *i
   g_covered[op] = g_covered[IR_OP_INPUT] = g_covered[IR_OP_ACCUM] = 1;
   int r = ir_emit(m, b, op, ids, nin, ia, fa, NULL, typed, err, errlen);
   RtProgram *p = NULL;
+  if (r >= 0 && sh) {
+    m->blocks.a[b].nodes[r].sh = sh->res;
+    for (int i = 0; i < nin && i < 4; i++) m->blocks.a[b].nodes[ids[i]].sh = sh->in[i];
+  }
   if (r >= 0) {
     IrType t = m->blocks.a[b].nodes[r].type;
     if (!ir_dtype_is_float(t.dtype)) {
@@ -108,7 +120,7 @@ static inline double *run_op(IrOp op, int nin, const Arg *args, const int64_t *i
     int s = ir_state_add(m, &st);
     int64_t sa[1] = {s};
     TS_ASSERT(ir_emit(m, b, IR_OP_ACCUM, &r, 1, sa, NULL, NULL, NULL, err, errlen) >= 0);
-    p = rt_program_new(m, err, errlen);
+    p = sh ? rt_program_new_rank(m, sh->rank, err, errlen) : rt_program_new(m, err, errlen);
     TS_ASSERT(p);
     RtRunInfo info = {0, 0, 1e-3};
     if (rt_run_block(p, b, feeds, nin, &info, err, errlen) == 0) {
@@ -120,6 +132,11 @@ static inline double *run_op(IrOp op, int nin, const Arg *args, const int64_t *i
   ir_module_free(m);
   for (int i = 0; i < nin; i++) free(bufs[i]);
   return res;
+}
+
+static inline double *run_op(IrOp op, int nin, const Arg *args, const int64_t *ia, const double *fa,
+                             const IrType *typed, IrType *rt, char *err, size_t errlen) {
+  return run_op_sh(op, nin, args, ia, fa, typed, NULL, rt, err, errlen);
 }
 
 /* A fresh array of n test values in [lo, hi), rounded to dtype dt so the

@@ -506,6 +506,223 @@ static void test_clip(IrDtype dt) {
   expect(IR_OP_CLIP_COEF, 1, a2, NULL, mx, NULL, &w2, 1, tol_of(dt), "clip_coef small norm", dt);
 }
 
+/* ---- sharding: the ops of one rank, with coordinates set by hand (a
+ * single process: axes of size > 1 have no group, so only local ops; the
+ * collectives run under MPI in tests/rank) ---- */
+#define TPB (1u << IR_AXIS_TP)
+#define DPB (1u << IR_AXIS_DP)
+
+/* A rank of a dp x tp mesh at coordinates (cd, ct). */
+static RtRank mkrank(int dp, int tp, int cd, int ct) {
+  RtRank r = rt_rank_single();
+  r.mesh.dp = dp;
+  r.mesh.tp = tp;
+  r.coord[IR_AXIS_DP] = cd;
+  r.coord[IR_AXIS_TP] = ct;
+  return r;
+}
+
+/* Result split on dim rd by mask rm, operand 0 on dim id by im (-1: none). */
+static OpShard shd(const RtRank *r, int rd, unsigned rm, int id, unsigned im) {
+  OpShard sh;
+  memset(&sh, 0, sizeof sh);
+  sh.rank = r;
+  if (rd >= 0) sh.res.split[rd] = (uint8_t)rm;
+  if (id >= 0) sh.in[0].split[id] = (uint8_t)im;
+  return sh;
+}
+
+/* Runs op sharded (sh) and compares to want[n]. */
+static void expect_sh(IrOp op, int nin, const Arg *a, const int64_t *ia, const double *fa, const IrType *typed,
+                      const OpShard *sh, const double *want, int64_t n, double tol, const char *msg, IrDtype dt) {
+  IrType rt;
+  double *got = run_op_sh(op, nin, a, ia, fa, typed, sh, &rt, err, sizeof err);
+  CHECK(got != NULL, "%s (%s): %s", msg, ir_dtype_name(dt), err);
+  if (!got) return;
+  CHECK(ir_type_numel(&rt) == n, "%s: %lld results, expected %lld", msg, (long long)ir_type_numel(&rt), (long long)n);
+  if (ir_type_numel(&rt) == n) cmp(got, want, n, tol, msg, dt);
+  free(got);
+}
+
+/* shard_slice on dims 0..2 over tp and dp, any dtype; collectives over axes
+ * of size 1 are copies (all_gather / reduce_scatter keep the dim) */
+static void test_shard_local(IrDtype dt) {
+  enum { A = 2, B = 8, C = 3, N = A * B * C };
+  IrType t = TY(dt, A, B, C);
+  double *x = rand_vec(N, -1, 1, dt), w[N];
+  Arg a[1] = {{t, x}};
+  for (int ct = 0; ct < 4; ct++) {   /* dim 1 over tp = 4: rows [2ct, 2ct+2) */
+    RtRank r = mkrank(1, 4, 0, ct);
+    OpShard sh = shd(&r, 1, TPB, -1, 0);
+    int n = 0;
+    for (int i = 0; i < A; i++)
+      for (int j = 2 * ct; j < 2 * ct + 2; j++)
+        for (int k = 0; k < C; k++) w[n++] = x[(i * B + j) * C + k];
+    int64_t ia[2] = {IR_AXIS_TP, 1};
+    expect_sh(IR_OP_SHARD_SLICE, 1, a, ia, NULL, NULL, &sh, w, n, 0, "shard_slice dim 1 tp", dt);
+  }
+  RtRank r = mkrank(2, 1, 1, 0);   /* dim 0 over dp = 2, coordinate 1 */
+  OpShard sh = shd(&r, 0, DPB, -1, 0);
+  int64_t ia0[2] = {IR_AXIS_DP, 0};
+  expect_sh(IR_OP_SHARD_SLICE, 1, a, ia0, NULL, NULL, &sh, x + B * C, B * C, 0, "shard_slice dim 0 dp", dt);
+  RtRank r3 = mkrank(1, 3, 0, 2);   /* last dim over tp = 3: column 2 */
+  OpShard sh3 = shd(&r3, 2, TPB, -1, 0);
+  for (int i = 0; i < A * B; i++) w[i] = x[i * C + 2];
+  int64_t ia2[2] = {IR_AXIS_TP, 2};
+  expect_sh(IR_OP_SHARD_SLICE, 1, a, ia2, NULL, NULL, &sh3, w, A * B, 0, "shard_slice dim 2 tp", dt);
+  /* an i32 operand moves too (the result is cast to f64 by run_op) */
+  IrType ti = TY(IR_I32, 4);
+  double ids[4] = {7, -3, 11, 2};
+  Arg ai[1] = {{ti, ids}};
+  RtRank r2 = mkrank(1, 2, 0, 1);
+  OpShard shi = shd(&r2, 0, TPB, -1, 0);
+  int64_t iai[2] = {IR_AXIS_TP, 0};
+  expect_sh(IR_OP_SHARD_SLICE, 1, ai, iai, NULL, NULL, &shi, ids + 2, 2, 0, "shard_slice i32", dt);
+  /* axes of size 1: identity */
+  int64_t ar[2] = {IR_AXIS_TP, 0}, ar1[2] = {IR_AXIS_TP, 1}, ag[2] = {IR_AXIS_CP, 1};
+  expect(IR_OP_ALL_REDUCE, 1, a, ar, NULL, NULL, x, N, 0, "all_reduce size 1", dt);
+  ar1[1] = 1;
+  expect(IR_OP_ALL_REDUCE, 1, a, ar1, NULL, NULL, x, N, 0, "all_reduce max size 1", dt);
+  expect(IR_OP_ALL_GATHER, 1, a, ag, NULL, NULL, x, N, 0, "all_gather size 1", dt);
+  expect(IR_OP_REDUCE_SCATTER, 1, a, ag, NULL, NULL, x, N, 0, "reduce_scatter size 1", dt);
+  /* a collective over an axis of size > 1 without a group: a clear error */
+  RtRank rg = mkrank(1, 2, 0, 0);
+  OpShard shg = shd(&rg, -1, 0, -1, 0);
+  IrType rt;
+  double *got = run_op_sh(IR_OP_ALL_REDUCE, 1, a, ar, NULL, NULL, &shg, &rt, err, sizeof err);
+  CHECK(!got && strstr(err, "no tp group"), "all_reduce without a group should fail, got '%s'", err);
+  free(got);
+  free(x);
+}
+
+/* take / onehot / pad_fill with the vocab dim split over tp = 2 (this
+ * rank: coordinate 1, global columns [4, 8)) */
+static void test_index_ops(IrDtype dt) {
+  enum { R = 4, V = 4 };
+  RtRank r = mkrank(1, 2, 0, 1);
+  IrType xt = TY(dt, R, V), it = TY(IR_I32, R);
+  double *x = rand_vec(R * V, -2, 2, dt), idx[R] = {5, 2, -100, 7}, w[R * V];
+  Arg a[2] = {{xt, x}, {it, idx}};
+  int64_t ign[1] = {-100};
+  OpShard sh = shd(&r, -1, 0, 1, TPB);
+  double wt[R] = {x[0 * V + 1], 0, 0, x[3 * V + 3]};
+  expect_sh(IR_OP_TAKE, 2, a, ign, NULL, NULL, &sh, wt, R, 0, "take vocab-split", dt);
+  double wu[R] = {0, x[1 * V + 2], 0, 0};   /* unsplit: only idx 2 is in [0, 4) ... */
+  double idx_u[R] = {1, 2, -100, 3};
+  Arg au[2] = {{xt, x}, {it, idx_u}};
+  wu[0] = x[0 * V + 1];
+  wu[3] = x[3 * V + 3];
+  expect(IR_OP_TAKE, 2, au, ign, NULL, NULL, wu, R, 0, "take", dt);
+  IrType rt;
+  double *got = run_op_sh(IR_OP_TAKE, 2, a, ign, NULL, NULL, NULL, &rt, err, sizeof err);   /* 5 >= V */
+  CHECK(!got && strstr(err, "index 5"), "take of index 5 in 4 columns should fail, got '%s'", err);
+  free(got);
+  /* onehot: result [R, V] split on its last dim */
+  Arg ao[1] = {{it, idx}};
+  OpShard sho = shd(&r, 1, TPB, -1, 0);
+  memset(w, 0, sizeof w);
+  w[0 * V + 1] = 1;
+  w[3 * V + 3] = 1;
+  expect_sh(IR_OP_ONEHOT, 1, ao, ign, NULL, &xt, &sho, w, R * V, 0, "onehot vocab-split", dt);
+  memset(w, 0, sizeof w);
+  w[0 * V + 1] = w[1 * V + 2] = w[3 * V + 3] = 1;
+  Arg aou[1] = {{it, idx_u}};
+  expect(IR_OP_ONEHOT, 1, aou, ign, NULL, &xt, w, R * V, 0, "onehot", dt);
+  /* pad_fill: global columns >= 6 get -1e30; on this rank columns 2, 3 */
+  int64_t pf[2] = {1, 6};
+  double fill[1] = {-1e30};
+  Arg ax[1] = {{xt, x}};
+  for (int i = 0; i < R * V; i++) w[i] = (i % V) >= 2 ? -1e30 : x[i];
+  if (dt == IR_F32) for (int i = 0; i < R * V; i++) w[i] = (float)w[i];
+  expect_sh(IR_OP_PAD_FILL, 1, ax, pf, fill, NULL, &sho, w, R * V, 0, "pad_fill vocab-split", dt);
+  int64_t pf3[2] = {1, 3};
+  for (int i = 0; i < R * V; i++) w[i] = (i % V) >= 3 ? (dt == IR_F32 ? (float)-1e30 : -1e30) : x[i];
+  expect(IR_OP_PAD_FILL, 1, ax, pf3, fill, NULL, w, R * V, 0, "pad_fill", dt);
+  free(x);
+}
+
+/* A kernel whose result depends on where an element is: the sharded
+ * local block must equal the same block of the unsharded result. */
+static void block_matches(IrOp op, const IrType *full, const int64_t *ia, const double *fa, int dim,
+                          const char *msg, IrDtype dt) {
+  int64_t n = ir_type_numel(full);
+  double *x = rand_vec(n, -1, 1, dt);
+  Arg a[1] = {{*full, x}};
+  IrType rt;
+  double *y = run_op(op, 1, a, ia, fa, NULL, &rt, err, sizeof err);
+  CHECK(y != NULL, "%s unsharded: %s", msg, err);
+  int64_t outer, len, inner;
+  outer = inner = 1;
+  for (int d = 0; d < dim; d++) outer *= full->dim[d];
+  for (int d = dim + 1; d < full->rank; d++) inner *= full->dim[d];
+  len = full->dim[dim];
+  for (int c = 0; y && c < 2; c++) {   /* tp = 2, both coordinates */
+    RtRank r = mkrank(1, 2, 0, c);
+    IrType lt = *full;
+    lt.dim[dim] /= 2;
+    int64_t L = len / 2, k = 0;
+    double *xl = ts_xmalloc((size_t)(n / 2) * sizeof *xl), *wl = ts_xmalloc((size_t)(n / 2) * sizeof *wl);
+    for (int64_t o = 0; o < outer; o++)
+      for (int64_t l = c * L; l < (c + 1) * L; l++)
+        for (int64_t i = 0; i < inner; i++, k++) {
+          xl[k] = x[(o * len + l) * inner + i];
+          wl[k] = y[(o * len + l) * inner + i];
+        }
+    OpShard sh = shd(&r, -1, 0, -1, 0);
+    sh.res.split[dim] = TPB;
+    sh.in[0].split[dim] = TPB;
+    Arg al[1] = {{lt, xl}};
+    char m2[96];
+    snprintf(m2, sizeof m2, "%s: block %d of dim %d", msg, c, dim);
+    expect_sh(op, 1, al, ia, fa, NULL, &sh, wl, n / 2, 0, m2, dt);
+    free(xl);
+    free(wl);
+  }
+  free(y);
+  free(x);
+}
+
+static void test_global_positions(IrDtype dt) {
+  IrType t = TY(dt, 2, 6, 4);
+  int64_t drop[1] = {3}, rope[2] = {1, 0}, none[1] = {0};
+  double p[1] = {0.4}, base[1] = {10000}, fill[1] = {-1e9};
+  for (int d = 0; d < 3; d++) block_matches(IR_OP_DROPOUT, &t, drop, p, d, "dropout", dt);
+  block_matches(IR_OP_ROPE, &t, rope, base, 1, "rope", dt);
+  IrType sq = TY(dt, 2, 6, 6);
+  block_matches(IR_OP_CAUSAL_MASK, &sq, none, fill, 1, "causal_mask rows", dt);
+  block_matches(IR_OP_CAUSAL_MASK, &sq, none, fill, 2, "causal_mask columns", dt);
+}
+
+/* embedding with a vocab-split table (rows [4, 8) of 8 on this rank) and
+ * embedding_bwd with a vocab-split result */
+static void test_embedding_split(IrDtype dt) {
+  enum { V = 4, C = 3, N = 5 };
+  RtRank r = mkrank(1, 2, 0, 1);
+  IrType tt = TY(dt, V, C), it = TY(IR_I32, N);
+  double *tab = rand_vec(V * C, -1, 1, dt), ids[N] = {5, 1, 7, 4, 5}, w[N * C];
+  for (int i = 0; i < N; i++)
+    for (int c = 0; c < C; c++) w[i * C + c] = ids[i] >= 4 ? tab[((int)ids[i] - 4) * C + c] : 0;
+  Arg a[2] = {{tt, tab}, {it, ids}};
+  OpShard sh = shd(&r, -1, 0, 0, TPB);
+  sh.res.partial = TPB;
+  expect_sh(IR_OP_EMBEDDING, 2, a, NULL, NULL, NULL, &sh, w, N * C, 0, "embedding vocab-split", dt);
+  double *dy = rand_vec(N * C, -1, 1, dt), g[V * C] = {0};
+  for (int i = 0; i < N; i++)
+    for (int c = 0; c < C && ids[i] >= 4; c++) g[((int)ids[i] - 4) * C + c] += dy[i * C + c];
+  IrType dyt = TY(dt, N, C);
+  Arg ab[2] = {{it, ids}, {dyt, dy}};
+  OpShard shb = shd(&r, 0, TPB, -1, 0);
+  expect_sh(IR_OP_EMBEDDING_BWD, 2, ab, NULL, NULL, &tt, &shb, g, V * C, tol_of(dt), "embedding_bwd vocab-split", dt);
+  double big[N] = {5, 1, 8, 4, 5};   /* 8 is outside the global table of 8 rows */
+  Arg abad[2] = {{tt, tab}, {it, big}};
+  IrType rt;
+  double *got = run_op_sh(IR_OP_EMBEDDING, 2, abad, NULL, NULL, NULL, &sh, &rt, err, sizeof err);
+  CHECK(!got && strstr(err, "token id 8") && strstr(err, "[0, 8)"), "embedding id 8 of 8 should fail, got '%s'", err);
+  free(got);
+  free(tab);
+  free(dy);
+}
+
 int main(void) {
   for (int d = 0; d < NT; d++) {
     IrDtype dt = DTS[d];
@@ -521,13 +738,14 @@ int main(void) {
     test_rope(dt);
     test_cross_entropy(dt);
     test_clip(dt);
+    test_shard_local(dt);
+    test_index_ops(dt);
+    test_global_positions(dt);
+    test_embedding_split(dt);
   }
   /* every op of ops.def has a kernel test here, except those that need
    * state or a whole block and are tested in test_rt_exec.c */
-  static const IrOp elsewhere[] = {IR_OP_STATE, IR_OP_ZERO, IR_OP_ADAMW, IR_OP_OUTPUT,
-                                   /* TODO(issue 3): kernels of the sharding ops land with the rank runtime */
-                                   IR_OP_ASSIGN, IR_OP_ALL_REDUCE, IR_OP_ALL_GATHER, IR_OP_REDUCE_SCATTER,
-                                   IR_OP_SHARD_SLICE, IR_OP_TAKE, IR_OP_ONEHOT, IR_OP_PAD_FILL};
+  static const IrOp elsewhere[] = {IR_OP_STATE, IR_OP_ZERO, IR_OP_ADAMW, IR_OP_OUTPUT, IR_OP_ASSIGN};
   for (int op = 0; op < IR_OP_COUNT; op++) {
     int skip = 0;
     for (size_t i = 0; i < sizeof elsewhere / sizeof *elsewhere; i++) skip |= elsewhere[i] == (IrOp)op;
