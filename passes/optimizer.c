@@ -311,6 +311,14 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
                      "split or flat over dp (it is partial over dp)", gs->name,
                      ir_sharding_str(&gs->sh, gs->type.rank, shs, sizeof shs));
     }
+    /* adamw pairs the grad's elements with the param's: same blocks */
+    if (memcmp(gs->sh.split, ps->sh.split, sizeof gs->sh.split) != 0 || ps->sh.partial || ps->sh.flat) {
+      char a[128], b[128];
+      return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s is laid out %s but its parameter @%s %s; "
+                     "a gradient is split like its parameter", gs->name,
+                     ir_sharding_str(&gs->sh, gs->type.rank, a, sizeof a), ps->name,
+                     ir_sharding_str(&ps->sh, ps->type.rank, b, sizeof b));
+    }
     Grad *g = &grads[ng++];
     g->g = s;
     g->p = p;

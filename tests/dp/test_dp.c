@@ -439,17 +439,22 @@ static void test_tp(int tp, int dp, int zero) {
   CHECK(count_coll(b, IR_OP_ALL_REDUCE, IR_AXIS_DP) == (dp == 1 ? 0 : z ? 1 : 3), "%s: dp all_reduces", tag);
   ir_module_free(m);
 
-  /* a flat gradient is refused, the module unchanged */
-  m = make_tp_module(tp, dp, zero);
-  m->states.a[ir_state_find(m, "grad.b")].sh.flat = DP_BIT;
-  StrBuf a = {0}, a2 = {0};
-  print(m, &a);
-  CHECK(run_optimizer(m) != 0 && strstr(err, "grad.b"), "%s: flat grad accepted (%s)", tag, err);
-  print(m, &a2);
-  CHECK(strcmp(a.p, a2.p) == 0, "%s: a refused optimizer changed the module", tag);
-  sb_free(&a);
-  sb_free(&a2);
-  ir_module_free(m);
+  /* a flat gradient, and one split unlike its parameter, are refused with
+   * the module unchanged */
+  for (int bad = 0; bad < 2; bad++) {
+    m = make_tp_module(tp, dp, zero);
+    if (bad == 0) m->states.a[ir_state_find(m, "grad.b")].sh.flat = DP_BIT;
+    else m->states.a[ir_state_find(m, "b")].sh.split[0] = TP_BIT;
+    StrBuf a = {0}, a2 = {0};
+    print(m, &a);
+    const char *want = bad == 0 ? "never split or flat over dp" : "split like its parameter";
+    CHECK(run_optimizer(m) != 0 && strstr(err, "grad.b") && strstr(err, want), "%s: bad grad %d accepted (%s)", tag, bad, err);
+    print(m, &a2);
+    CHECK(strcmp(a.p, a2.p) == 0, "%s: a refused optimizer changed the module", tag);
+    sb_free(&a);
+    sb_free(&a2);
+    ir_module_free(m);
+  }
 }
 
 int main(void) {
