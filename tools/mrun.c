@@ -338,9 +338,7 @@ int main(int argc, char **argv) {
     return launch(a.gpus, argv);
   }
   char msg[256];
-  if (a.gpus >= 1) {
-    if (rt_gpu_probe(msg, sizeof msg) == 0) fprintf(stderr, "mrun: %s; using 1 CPU rank\n", msg);
-    else fprintf(stderr, "mrun: %s, but CUDA execution is not implemented yet; using 1 CPU rank\n", msg);
-  }
+  if (rt_gpu_probe(msg, sizeof msg) == 0) fprintf(stderr, "mrun: %s; using 1 CPU rank\n", msg);
+  else fprintf(stderr, "mrun: %s, but CUDA execution is not implemented yet; using 1 CPU rank\n", msg);
   return run_single(&a);
 }
