@@ -581,6 +581,7 @@ static int run_check(const Args *a, IrModule *m) {
 
   int rc = 1;
   char err[1024];
+  double *la = NULL, *lb = NULL;          /* per-step losses of the two runs */
   IrModule *mods[2] = {m, u};
   for (int i = 0; i < 2; i++) {        /* the plans own clones: m stays the caller's */
     RtPlan *p = make_plan(a->input, i == 0 ? ir_module_clone(mods[i]) : mods[i]);
@@ -599,10 +600,11 @@ static int run_check(const Args *a, IrModule *m) {
   if (run_mrun(mrun, path[0], gpus, steps, path[1], path[2], seed) != 0) goto cleanup;
   if (run_mrun(mrun, path[3], 1, steps, path[4], path[5], -1) != 0) goto cleanup;
 
-  double la[4096], lb[4096];
-  int na = read_losses(path[1], la, 4096), nb = read_losses(path[4], lb, 4096);
+  la = ts_xmalloc((size_t)steps * sizeof *la);
+  lb = ts_xmalloc((size_t)steps * sizeof *lb);
+  int na = read_losses(path[1], la, steps), nb = read_losses(path[4], lb, steps);
   if (na < 0 || nb < 0) goto cleanup;
-  if (na != nb || na != (steps < 4096 ? steps : 4096)) {
+  if (na != nb || na != steps) {
     fprintf(stderr, "mcc: error: --check: %d and %d losses reported for %d steps\n", na, nb, steps);
     goto cleanup;
   }
@@ -634,6 +636,8 @@ static int run_check(const Args *a, IrModule *m) {
          tol);
   rc = ok ? 0 : 1;
 cleanup:
+  free(la);
+  free(lb);
   for (int i = 0; i < 6; i++) unlink(path[i]);
   rmdir(dir);
   free(dir);
