@@ -32,7 +32,8 @@ typedef struct {
  * writes every group value used by a node outside the group, and the last
  * node (io->out).  Values are computed in f64 and rounded to each node's
  * dtype after each node, so a fused group computes what the nodes compute
- * one by one.  NULL with a message if the group is not of that form or
+ * one by one.  An output may share memory with an input of its shape (in
+ * place).  NULL with a message if the group is not of that form or
  * not convex (an operand computed from the group's values elsewhere). */
 CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, int n, CgGroupIO *io,
                          char *err, size_t errlen);

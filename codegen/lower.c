@@ -517,6 +517,19 @@ static void lower_reduce_axis(Lw *L, const IrNode *nd, int xb, int yb) {
   cg_store(L->k, yb, gid, cg_cast(L->k, cg_type_of_dtype(nd->type.dtype), r));
 }
 
+/* Stores every per-element output at index idx.  All values are computed
+ * before the first store, so an output may share memory with an input of
+ * the same shape (in place): every load of the element precedes every
+ * store to it, and no other element is touched. */
+static void store_outputs(Lw *L, int idx) {
+  int val[CG_MAX_BUFS];
+  for (int i = 0; i < L->n; i++)
+    if (L->outbuf[i] >= 0 && !is_per_row(node(L, L->nodes[i])->op))
+      val[L->outbuf[i]] = cg_cast(L->k, L->k->buf[L->outbuf[i]].type, elem(L, L->nodes[i]));
+  for (int i = 0; i < L->n; i++)
+    if (L->outbuf[i] >= 0 && !is_per_row(node(L, L->nodes[i])->op)) cg_store(L->k, L->outbuf[i], idx, val[L->outbuf[i]]);
+}
+
 CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, int n, CgGroupIO *io,
                          char *err, size_t errlen) {
   memset(io, 0, sizeof *io);
@@ -559,9 +572,7 @@ CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, 
   L.row = L.col = L.flat = -1;
   if (!L.rowmode) {                          /* flat: one element per iteration */
     L.flat = L.gid;
-    for (int i = 0; i < n; i++)
-      if (L.outbuf[i] >= 0)
-        cg_store(k, L.outbuf[i], L.gid, cg_cast(k, k->buf[L.outbuf[i]].type, elem(&L, nodes[i])));
+    store_outputs(&L, L.gid);
     goto done;
   }
   /* row mode: statistics of every row op, then one loop for the outputs */
@@ -585,9 +596,8 @@ CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, 
     for (int i = 0; i < n; i++) {
       const IrNode *nd = &b->nodes[nodes[i]];
       if (is_reduce(nd->op)) cg_update(k, accs[i], elem(&L, nd->in[0]));
-      else if (L.outbuf[i] >= 0 && !is_per_row(nd->op))
-        cg_store(k, L.outbuf[i], pos_flat(&L), cg_cast(k, k->buf[L.outbuf[i]].type, elem(&L, nodes[i])));
     }
+    store_outputs(&L, pos_flat(&L));
     loop_end(&L);
   }
   for (int i = 0; i < n; i++) {

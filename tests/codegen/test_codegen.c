@@ -107,7 +107,9 @@ static int rel_ok(double got, double want, double tol) {
   return fabs(got - want) <= tol * fmax(fabs(want), 1e-3);
 }
 
-enum { RUN_PIECES, RUN_THREADS };
+/* how to run a kernel: in three [begin, end) pieces, over 2 threads, or
+ * in pieces with an output sharing memory with an input of its shape */
+enum { RUN_PIECES, RUN_THREADS, RUN_INPLACE };
 
 /* Lowers nodes[0..n) of c, runs kernel and reference, compares every output. */
 static void check_group(Case *c, const int *nodes, int n, const char *what, int how) {
@@ -157,6 +159,21 @@ static void check_group(Case *c, const int *nodes, int n, const char *what, int 
     }
     for (int j = 0; j < io.nout; j++)
       bufs[io.nin + j] = ts_xcalloc((size_t)(k->buf[io.nin + j].n + 1), 8);
+    int shared_out = -1, shared_in = -1;   /* RUN_INPLACE: this output overwrites this input */
+    /* the first output that can, over the LAST input it can: an input read
+     * by later nodes than the output's, the case where a store before the
+     * other loads would go wrong */
+    for (int j = 0; j < io.nout && how == RUN_INPLACE && shared_out < 0; j++)
+      for (int i = io.nin - 1; i >= 0 && shared_out < 0; i--)
+        if (k->buf[i].type == k->buf[io.nin + j].type && k->buf[i].n == k->buf[io.nin + j].n) {
+          shared_out = io.nin + j;
+          shared_in = i;
+        }
+    CHECK(how != RUN_INPLACE || shared_out >= 0, "%s: no output to run in place", what);
+    if (shared_out >= 0) {
+      memcpy(bufs[shared_out], bufs[shared_in], (size_t)k->buf[shared_in].n * (k->buf[shared_in].type == CG_F64 ? 8 : 4));
+      bufs[shared_in] = bufs[shared_out];
+    }
     int64_t g = k->grid;
     if (how == RUN_THREADS) cg_par_run(fn, bufs, g, 2);
     else { fn(bufs, 0, g / 3); fn(bufs, g / 3, 2 * g / 3); fn(bufs, 2 * g / 3, g); }
@@ -358,6 +375,7 @@ static void test_fused(IrDtype dt) {
     E1(&c, IR_OP_EXP, g);   /* a user after the group: g must be an output */
     snprintf(what, sizeof what, "bias+gelu+residual %s", ir_dtype_name(dt));
     check_group(&c, (int[]){bb, a, g, y}, 4, what, RUN_THREADS);
+    check_group(&c, (int[]){bb, a, g, y}, 4, what, RUN_INPLACE);
     case_free(&c);
   }
   { /* layernorm with its affine */
@@ -392,6 +410,7 @@ static void test_fused(IrDtype dt) {
     E1(&c, IR_OP_NEG, ce);
     snprintf(what, sizeof what, "scale+cross_entropy+bwd %s", ir_dtype_name(dt));
     check_group(&c, (int[]){sc, ce, cb}, 3, what, RUN_THREADS);
+    check_group(&c, (int[]){sc, ce, cb}, 3, what, RUN_INPLACE);
     case_free(&c);
   }
   { /* a chain ending in a reduction: mean over the last axis of (x - y)^2 */
@@ -404,6 +423,17 @@ static void test_fused(IrDtype dt) {
     check_group(&c, (int[]){d, sq, mn}, 3, what, RUN_PIECES);
     case_free(&c);
   }
+  { /* two independent outputs, the first overwriting the input of the
+     * second (in place): all loads must come before the stores */
+    Case c;
+    case_init(&c);
+    int x = input(&c, t, -1, 1), y = input(&c, t, -1, 1);
+    int a = E1(&c, IR_OP_NEG, y), e = E1(&c, IR_OP_EXP, x);
+    E1(&c, IR_OP_NEG, a);
+    snprintf(what, sizeof what, "neg, exp in place %s", ir_dtype_name(dt));
+    check_group(&c, (int[]){a, e}, 2, what, RUN_INPLACE);
+    case_free(&c);
+  }
   { /* two row ops in one group: layernorm, scale, softmax (the softmax's
      * loops recompute the layernorm from its statistics) */
     Case c;
@@ -413,7 +443,7 @@ static void test_fused(IrDtype dt) {
     int sc = emit(&c, IR_OP_MULS, &ln, 1, NULL, (double[]){1.5}, NULL);
     int sm = E1(&c, IR_OP_SOFTMAX, sc), ls = E1(&c, IR_OP_LOG_SOFTMAX, sm);
     snprintf(what, sizeof what, "layernorm+scale+softmax+log_softmax %s", ir_dtype_name(dt));
-    check_group(&c, (int[]){ln, sc, sm, ls}, 4, what, RUN_PIECES);
+    check_group(&c, (int[]){ln, sc, sm, ls}, 4, what, RUN_INPLACE);
     case_free(&c);
   }
   { /* rmsnorm backward of a silu output, then the product with a gain */
