@@ -17,8 +17,10 @@ typedef struct {
 
 /* Lowers a group of nodes of block b into ONE kernel.  nodes[0..n) are
  * value ids, ascending (so in execution order); the group is
- *   - a chain (any DAG) of elementwise ops: every OPF_EW op, broadcast
- *     (of a value from outside the group), full, causal_mask, masked_fill;
+ *   - a chain (any DAG) of elementwise ops: every OPF_EW op, full,
+ *     causal_mask, masked_fill;
+ *   - layout ops that read a value from outside the group at a remapped
+ *     index: broadcast, reshape, permute, slice, pad, concat;
  *   - plus any number of row ops over the last axis: softmax, log_softmax,
  *     layernorm, rmsnorm, their _bwd forms, cross_entropy(_bwd);
  *   - plus reductions over the last axis (sum, mean, max) whose results
@@ -26,8 +28,9 @@ typedef struct {
  *     of a fusion chain).
  * All of them have the same element shape [..., D] (a reduction's and a
  * cross-entropy's is their operand's).  Per-row operands (targets, dloss)
- * and broadcast sources come from outside the group.
- * A group of one node may also be a reduction along any axis or sumsq.
+ * and the operands of layout ops come from outside the group.
+ * A group of one node may also be a reduction along any axis, sumsq or
+ * sum_to.
  * The kernel reads every operand from outside the group (io->in) and
  * writes every group value used by a node outside the group, and the last
  * node (io->out).  Values are computed in f64 and rounded to each node's

@@ -63,6 +63,27 @@ static int in_buf(const Lw *L, int id) {
   return -1;
 }
 
+static int is_ew_like(IrOp op) {
+  return (ir_ops[op].flags & OPF_EW) || op == IR_OP_FULL || op == IR_OP_BROADCAST || op == IR_OP_CAUSAL_MASK ||
+         op == IR_OP_MASKED_FILL;
+}
+static int is_row_op(IrOp op) {
+  switch (op) {
+  case IR_OP_SOFTMAX: case IR_OP_SOFTMAX_BWD: case IR_OP_LOG_SOFTMAX: case IR_OP_LOG_SOFTMAX_BWD:
+  case IR_OP_LAYERNORM: case IR_OP_LAYERNORM_BWD: case IR_OP_RMSNORM: case IR_OP_RMSNORM_BWD:
+  case IR_OP_CROSS_ENTROPY: case IR_OP_CROSS_ENTROPY_BWD: return 1;
+  default: return 0;
+  }
+}
+/* layout ops read one value (concat: several) from outside the group at a
+ * remapped index, like broadcast */
+static int is_layout(IrOp op) {
+  return op == IR_OP_RESHAPE || op == IR_OP_PERMUTE || op == IR_OP_SLICE || op == IR_OP_PAD || op == IR_OP_CONCAT;
+}
+static int is_reduce(IrOp op) { return op == IR_OP_SUM || op == IR_OP_MEAN || op == IR_OP_MAX; }
+/* one value per row rather than per element */
+static int is_per_row(IrOp op) { return is_reduce(op) || op == IR_OP_CROSS_ENTROPY; }
+
 /* ---- small emit helpers (all f64 unless named otherwise) ---- */
 static int F(Lw *L, double v) { return cg_const_f(L->k, CG_F64, v); }
 static int I(Lw *L, int64_t v) { return cg_const_i(L->k, CG_I64, v); }
@@ -149,6 +170,86 @@ static int bcast_index(Lw *L, const IrType *src, const IrType *dst) {
 }
 
 static int elem(Lw *L, int id);
+
+/* t viewed as [outer, len, inner] around axis ax */
+static void split3(const IrType *t, int ax, int64_t *outer, int64_t *len, int64_t *inner) {
+  *outer = *inner = 1;
+  for (int d = 0; d < ax; d++) *outer *= t->dim[d];
+  for (int d = ax + 1; d < t->rank; d++) *inner *= t->dim[d];
+  *len = t->dim[ax];
+}
+static int axis_of(int64_t a, int rank) { return (int)(a < 0 ? a + rank : a); }
+
+/* The current element of node nd (a layout op reading value `src` from
+ * outside the group) as a load from src's buffer at a remapped index.
+ * With the result viewed as [outer, yl, inner] around the op's axis:
+ * o = flat / (yl inner), l = flat / inner % yl, j = flat % inner. */
+static int view_load(Lw *L, const IrNode *nd, int src, int64_t at, int64_t xl) {
+  const IrType *yt = &nd->type;
+  int ax = axis_of(nd->ia[0], yt->rank);
+  int64_t outer, yl, inner;
+  split3(yt, ax, &outer, &yl, &inner);
+  int f = pos_flat(L);
+  int o = cg_bin(L->k, CG_DIV, f, I(L, yl * inner));
+  int l = cg_bin(L->k, CG_MOD, cg_bin(L->k, CG_DIV, f, I(L, inner)), I(L, yl));
+  int j = cg_bin(L->k, CG_MOD, f, I(L, inner));
+  /* source row l - at, valid when 0 <= l - at < xl; index 0 otherwise */
+  int sl = cg_bin(L->k, CG_SUB, l, I(L, at));
+  int ok = cg_bin(L->k, CG_AND, cg_bin(L->k, CG_LE, I(L, 0), sl), cg_bin(L->k, CG_LT, sl, I(L, xl)));
+  int idx = add(L, add(L, mul(L, o, I(L, xl * inner)), mul(L, sl, I(L, inner))), j);
+  idx = sel(L, ok, idx, I(L, 0));
+  int v = load_f64(L, in_buf(L, src), idx);
+  return sel(L, ok, v, F(L, 0));
+}
+
+static int elem_layout(Lw *L, const IrNode *nd) {
+  const IrType *yt = &nd->type;
+  switch (nd->op) {
+  case IR_OP_RESHAPE: return load_f64(L, in_buf(L, nd->in[0]), pos_flat(L));
+  case IR_OP_PERMUTE: {   /* result dim d is operand dim perm[d] */
+    const IrType *xt = &node(L, nd->in[0])->type;
+    int64_t xs[IR_MAX_RANK], s = 1, ys = 1;
+    for (int d = xt->rank - 1; d >= 0; d--) { xs[d] = s; s *= xt->dim[d]; }
+    int idx = I(L, 0);
+    for (int d = yt->rank - 1; d >= 0; d--) {
+      int c = cg_bin(L->k, CG_DIV, pos_flat(L), I(L, ys));
+      if (d > 0) c = cg_bin(L->k, CG_MOD, c, I(L, yt->dim[d]));
+      idx = add(L, idx, mul(L, c, I(L, xs[nd->ia[d]])));
+      ys *= yt->dim[d];
+    }
+    return load_f64(L, in_buf(L, nd->in[0]), idx);
+  }
+  case IR_OP_SLICE: {     /* x[..., start:end, ...]: result row l is x's row l + start */
+    const IrType *xt = &node(L, nd->in[0])->type;
+    int ax = axis_of(nd->ia[0], yt->rank);
+    /* x viewed around the axis, shifted so that result row l reads x row l + start */
+    int64_t outer, xl, inner;
+    split3(xt, ax, &outer, &xl, &inner);
+    int64_t yl = yt->dim[ax];
+    int f = pos_flat(L);
+    int o = cg_bin(L->k, CG_DIV, f, I(L, yl * inner)), r = cg_bin(L->k, CG_MOD, f, I(L, yl * inner));
+    int idx = add(L, add(L, mul(L, o, I(L, xl * inner)), I(L, nd->ia[1] * inner)), r);
+    return load_f64(L, in_buf(L, nd->in[0]), idx);
+  }
+  case IR_OP_PAD: {
+    const IrType *xt = &node(L, nd->in[0])->type;
+    int ax = axis_of(nd->ia[0], yt->rank);
+    return view_load(L, nd, nd->in[0], nd->ia[1], xt->dim[ax]);
+  }
+  case IR_OP_CONCAT: {    /* each element from the operand whose rows cover it */
+    int ax = axis_of(nd->ia[0], yt->rank), v = F(L, 0);
+    int64_t at = 0;
+    for (int i = 0; i < nd->nin; i++) {
+      int64_t xl = node(L, nd->in[i])->type.dim[ax];
+      int x = view_load(L, nd, nd->in[i], at, xl);   /* 0 outside its rows */
+      v = i ? add(L, v, x) : x;
+      at += xl;
+    }
+    return v;
+  }
+  default: TS_DIE("lower: %s is not a layout op", ir_ops[nd->op].name);
+  }
+}
 
 /* Per-row operand (targets, dloss) at the current row, raw type. */
 static int row_operand(Lw *L, int id) { return cg_load(L->k, in_buf(L, id), pos_row(L)); }
@@ -266,10 +367,7 @@ static int elem(Lw *L, int id) {
   }
   if (L->memogen[g] == L->gen && L->memo[g] >= 0) return L->memo[g];
   const IrNode *nd = node(L, id);
-  int v = (ir_ops[nd->op].flags & OPF_EW) || nd->op == IR_OP_FULL || nd->op == IR_OP_BROADCAST ||
-                  nd->op == IR_OP_CAUSAL_MASK || nd->op == IR_OP_MASKED_FILL
-              ? elem_ew(L, nd)
-              : elem_row(L, nd, &L->st[g]);
+  int v = is_layout(nd->op) ? elem_layout(L, nd) : is_row_op(nd->op) ? elem_row(L, nd, &L->st[g]) : elem_ew(L, nd);
   v = round_to(L, nd->type.dtype, v);
   L->memogen[g] = L->gen;
   return L->memo[g] = v;
@@ -374,29 +472,14 @@ static void row_stats(Lw *L, int g) {
   }
 }
 
-static int is_ew_like(IrOp op) {
-  return (ir_ops[op].flags & OPF_EW) || op == IR_OP_FULL || op == IR_OP_BROADCAST || op == IR_OP_CAUSAL_MASK ||
-         op == IR_OP_MASKED_FILL;
-}
-static int is_row_op(IrOp op) {
-  switch (op) {
-  case IR_OP_SOFTMAX: case IR_OP_SOFTMAX_BWD: case IR_OP_LOG_SOFTMAX: case IR_OP_LOG_SOFTMAX_BWD:
-  case IR_OP_LAYERNORM: case IR_OP_LAYERNORM_BWD: case IR_OP_RMSNORM: case IR_OP_RMSNORM_BWD:
-  case IR_OP_CROSS_ENTROPY: case IR_OP_CROSS_ENTROPY_BWD: return 1;
-  default: return 0;
-  }
-}
-static int is_reduce(IrOp op) { return op == IR_OP_SUM || op == IR_OP_MEAN || op == IR_OP_MAX; }
-/* one value per row rather than per element */
-static int is_per_row(IrOp op) { return is_reduce(op) || op == IR_OP_CROSS_ENTROPY; }
-
 int cg_op_lowerable(IrOp op) {
-  return op >= 0 && op < IR_OP_COUNT && (is_ew_like(op) || is_row_op(op) || is_reduce(op) || op == IR_OP_SUMSQ);
+  return op >= 0 && op < IR_OP_COUNT &&
+         (is_ew_like(op) || is_layout(op) || is_row_op(op) || is_reduce(op) || op == IR_OP_SUMSQ || op == IR_OP_SUM_TO);
 }
 
 /* The element shape of a node: its own type, or its operand's for per-row nodes. */
 static const IrType *elem_type(const Lw *L, const IrNode *nd) {
-  return is_per_row(nd->op) || nd->op == IR_OP_SUMSQ ? &node(L, nd->in[0])->type : &nd->type;
+  return is_per_row(nd->op) || nd->op == IR_OP_SUMSQ || nd->op == IR_OP_SUM_TO ? &node(L, nd->in[0])->type : &nd->type;
 }
 static int same_sizes(const IrType *a, const IrType *b) {
   if (ir_type_numel(a) != ir_type_numel(b)) return 0;
@@ -432,7 +515,7 @@ static int check_group(Lw *L) {
     if (id < 0 || id >= b->n || (i && id <= L->nodes[i - 1]))
       return ts_errf(L->err, L->errlen, "group: node ids must be ascending values of block %s (got %d)", b->name, id);
     const IrNode *nd = node(L, id);
-    if (!cg_op_lowerable(nd->op) || (L->n > 1 && nd->op == IR_OP_SUMSQ))
+    if (!cg_op_lowerable(nd->op) || (L->n > 1 && (nd->op == IR_OP_SUMSQ || nd->op == IR_OP_SUM_TO)))
       return ts_errf(L->err, L->errlen, "group: %%%d = %s cannot be lowered into a fused kernel", id, ir_ops[nd->op].name);
     if (is_reduce(nd->op) && !is_last_axis(nd->ia[0], node(L, nd->in[0])->type.rank) && L->n > 1)
       return ts_errf(L->err, L->errlen, "group: %%%d = %s reduces axis %lld; a fused reduction must be over the last axis",
@@ -448,10 +531,11 @@ static int check_group(Lw *L) {
         return ts_errf(L->err, L->errlen, "group: %%%d = %s uses the per-row result %%%d inside the group", id,
                        ir_ops[nd->op].name, a);
       int per_row_operand = (nd->op == IR_OP_CROSS_ENTROPY || nd->op == IR_OP_CROSS_ENTROPY_BWD) && j > 0;
-      if (ga >= 0 && (per_row_operand || nd->op == IR_OP_BROADCAST))
+      int remapped = nd->op == IR_OP_BROADCAST || is_layout(nd->op);   /* read at a computed index */
+      if (ga >= 0 && (per_row_operand || remapped))
         return ts_errf(L->err, L->errlen, "group: operand %d of %%%d = %s must come from outside the group", j, id,
                        ir_ops[nd->op].name);
-      if (ga < 0 && !per_row_operand && nd->op != IR_OP_BROADCAST &&
+      if (ga < 0 && !per_row_operand && !remapped &&
           ir_type_numel(&node(L, a)->type) != ir_type_numel(&L->shape))
         return ts_errf(L->err, L->errlen, "group: operand %%%d of %%%d = %s is not of the group's shape", a, id,
                        ir_ops[nd->op].name);
@@ -530,6 +614,42 @@ static void store_outputs(Lw *L, int idx) {
     if (L->outbuf[i] >= 0 && !is_per_row(node(L, L->nodes[i])->op)) cg_store(L->k, L->outbuf[i], idx, val[L->outbuf[i]]);
 }
 
+/* sum_to (a group of one node): x[in shape] -> y[out shape], summing the
+ * dims that broadcasting expanded (right-aligned; out dims are 1 or equal).
+ * One iteration per element of y; the loop runs over the S = |x| / |y|
+ * combinations of the summed dims, decoded from the loop index. */
+static void lower_sum_to(Lw *L, const IrNode *nd, int xb, int yb) {
+  const IrType *xt = &node(L, nd->in[0])->type, *yt = &nd->type;
+  int off = xt->rank - yt->rank;
+  int64_t xs[IR_MAX_RANK], s = 1, ny = ir_type_numel(yt), S = ny ? ir_type_numel(xt) / ny : 0;
+  for (int d = xt->rank - 1; d >= 0; d--) { xs[d] = s; s *= xt->dim[d]; }
+  L->k->grid = ny;
+  /* the kept dims' coordinates come from gid (y's index), the summed dims'
+   * from the loop index r, both decoded innermost dim first */
+  int base = I(L, 0);
+  int64_t ys = 1;
+  for (int d = xt->rank - 1; d >= 0; d--) {
+    int yd = d - off;
+    if (yd < 0 || yt->dim[yd] == 1) continue;
+    int c = cg_bin(L->k, CG_MOD, cg_bin(L->k, CG_DIV, L->gid, I(L, ys)), I(L, yt->dim[yd]));
+    base = add(L, base, mul(L, c, I(L, xs[d])));
+    ys *= yt->dim[yd];
+  }
+  int acc = cg_acc(L->k, CG_F64, CG_RED_SUM, 0);
+  int r = cg_range(L->k, I(L, S)), idx = base;
+  int64_t rs = 1;
+  for (int d = xt->rank - 1; d >= 0; d--) {
+    int yd = d - off;
+    if (yd >= 0 && yt->dim[yd] != 1) continue;
+    int c = cg_bin(L->k, CG_MOD, cg_bin(L->k, CG_DIV, r, I(L, rs)), I(L, xt->dim[d]));
+    idx = add(L, idx, mul(L, c, I(L, xs[d])));
+    rs *= xt->dim[d];
+  }
+  cg_update(L->k, acc, load_f64(L, xb, idx));
+  cg_end(L->k);
+  cg_store(L->k, yb, L->gid, cg_cast(L->k, cg_type_of_dtype(yt->dtype), acc));
+}
+
 CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, int n, CgGroupIO *io,
                          char *err, size_t errlen) {
   memset(io, 0, sizeof *io);
@@ -565,6 +685,10 @@ CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, 
   }
   L.gid = cg_gid(k);
 
+  if (n == 1 && last->op == IR_OP_SUM_TO) {
+    lower_sum_to(&L, last, 0, io->nin);
+    goto done;
+  }
   if (n == 1 && (last->op == IR_OP_SUMSQ || (is_reduce(last->op) && !is_last_axis(last->ia[0], L.shape.rank)))) {
     lower_reduce_axis(&L, last, 0, io->nin);
     goto done;

@@ -42,7 +42,7 @@ static IrType mkty(IrDtype dt, int rank, const int64_t *dims) {
 #define TY(dt, ...) mkty(dt, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__})
 
 /* ---- a test module: inputs with random data, then nodes ---- */
-#define MAXF 8
+#define MAXF 12
 typedef struct {
   IrModule *m;
   int b;
@@ -361,6 +361,59 @@ static void test_rows(IrDtype dt) {
   case_free(&c);
 }
 
+/* ---- layout ops: standalone, and read by a fused elementwise node ---- */
+static void test_layout(IrDtype dt) {
+  char what[96];
+  Case c;
+  case_init(&c);
+  IrType t4 = TY(dt, 2, 3, 4, 5);
+  int x = input(&c, t4, -2, 2);
+  IrType r1 = TY(dt, 6, 20), r2 = TY(dt, 120);
+  snprintf(what, sizeof what, "reshape %s", ir_dtype_name(dt));
+  check1(&c, emit(&c, IR_OP_RESHAPE, &x, 1, NULL, NULL, &r1), what);
+  check1(&c, emit(&c, IR_OP_RESHAPE, &x, 1, NULL, NULL, &r2), what);
+  static const int64_t perms[3][4] = {{0, 2, 1, 3}, {3, 1, 0, 2}, {1, 2, 3, 0}};
+  for (int i = 0; i < 3; i++) {
+    snprintf(what, sizeof what, "permute #%d %s", i, ir_dtype_name(dt));
+    check1(&c, emit(&c, IR_OP_PERMUTE, &x, 1, perms[i], NULL, NULL), what);
+  }
+  static const int64_t sl[3][3] = {{0, 1, 2}, {2, 1, 3}, {3, 2, 5}};
+  for (int i = 0; i < 3; i++) {
+    snprintf(what, sizeof what, "slice axis=%lld %s", (long long)sl[i][0], ir_dtype_name(dt));
+    check1(&c, emit(&c, IR_OP_SLICE, &x, 1, sl[i], NULL, NULL), what);
+  }
+  static const int64_t pd[3][3] = {{0, 1, 0}, {1, 2, 1}, {3, 0, 3}};
+  for (int i = 0; i < 3; i++) {
+    snprintf(what, sizeof what, "pad axis=%lld %s", (long long)pd[i][0], ir_dtype_name(dt));
+    check1(&c, emit(&c, IR_OP_PAD, &x, 1, pd[i], NULL, NULL), what);
+  }
+  int y = input(&c, TY(dt, 2, 1, 4, 5), -2, 2), z = input(&c, TY(dt, 2, 2, 4, 5), -2, 2);
+  snprintf(what, sizeof what, "concat axis=1 %s", ir_dtype_name(dt));
+  check1(&c, emit(&c, IR_OP_CONCAT, (int[]){y, x, z}, 3, (int64_t[]){1}, NULL, NULL), what);
+  int w = input(&c, TY(dt, 2, 3, 4, 2), -2, 2);
+  snprintf(what, sizeof what, "concat axis=3 %s", ir_dtype_name(dt));
+  check1(&c, emit(&c, IR_OP_CONCAT, (int[]){x, w}, 2, (int64_t[]){3}, NULL, NULL), what);
+  IrType s1 = TY(dt, 3, 1, 5), s2 = TY(dt, 4, 1), s3 = TY(dt, 1, 3, 1, 1), s0 = TY(dt, 1);
+  snprintf(what, sizeof what, "sum_to %s", ir_dtype_name(dt));
+  check1(&c, emit(&c, IR_OP_SUM_TO, &x, 1, NULL, NULL, &s1), what);
+  check1(&c, emit(&c, IR_OP_SUM_TO, &x, 1, NULL, NULL, &s2), what);
+  check1(&c, emit(&c, IR_OP_SUM_TO, &x, 1, NULL, NULL, &s3), what);
+  check1(&c, emit(&c, IR_OP_SUM_TO, &x, 1, NULL, NULL, &s0), what);
+  /* fused: heads back to [b, t, h, d] and a residual add; a slice into gelu */
+  int p = emit(&c, IR_OP_PERMUTE, &x, 1, perms[0], NULL, NULL);
+  int res = input(&c, c.m->blocks.a[c.b].nodes[p].type, -1, 1);
+  int a = E2(&c, IR_OP_ADD, p, res);
+  snprintf(what, sizeof what, "permute+add %s", ir_dtype_name(dt));
+  check_group(&c, (int[]){p, a}, 2, what, RUN_PIECES);
+  int sv = emit(&c, IR_OP_SLICE, &x, 1, sl[2], NULL, NULL), g = E1(&c, IR_OP_GELU_TANH, sv);
+  int sm = E1(&c, IR_OP_SOFTMAX, g);
+  snprintf(what, sizeof what, "slice+gelu+softmax %s", ir_dtype_name(dt));
+  check_group(&c, (int[]){sv, g, sm}, 3, what, RUN_THREADS);
+  g_covered[IR_OP_RESHAPE] = g_covered[IR_OP_PERMUTE] = g_covered[IR_OP_SLICE] = g_covered[IR_OP_PAD] = 1;
+  g_covered[IR_OP_CONCAT] = g_covered[IR_OP_SUM_TO] = 1;
+  case_free(&c);
+}
+
 /* ---- fused chains vs the nodes one by one ---- */
 static void test_fused(IrDtype dt) {
   char what[96];
@@ -601,6 +654,7 @@ int main(void) {
   for (int i = 0; i < 2; i++) {
     test_elementwise(dts[i]);
     test_rows(dts[i]);
+    test_layout(dts[i]);
     test_fused(dts[i]);
   }
   /* every op the lowering accepts has a case above */
