@@ -583,7 +583,7 @@ static int run_check(const Args *a, IrModule *m) {
   char err[1024];
   double *la = NULL, *lb = NULL;          /* per-step losses of the two runs */
   IrModule *mods[2] = {m, u};
-  for (int i = 0; i < 2; i++) {        /* the plans own clones: m stays the caller's */
+  for (int i = 0; i < 2; i++) {        /* a plan owns its module: m's plan gets a clone (the caller owns m) */
     RtPlan *p = make_plan(a->input, i == 0 ? ir_module_clone(mods[i]) : mods[i]);
     if (i == 1) u = NULL;
     int w = rt_plan_write(p, path[3 * i], err, sizeof err);
