@@ -69,6 +69,12 @@ int cg_kernel_llvm_text(const CgKernel *k, int optimize, StrBuf *out, char *err,
 /* The host assembly of k after optimization (to check vectorization). */
 int cg_kernel_asm_text(const CgKernel *k, StrBuf *out, char *err, size_t errlen);
 
+/* ---- C (cprint.c) ----
+ * k as a C translation unit defining `void NAME(void **bufs, int64_t
+ * begin, int64_t end)` with the same meaning as the JIT's function (C11,
+ * <math.h>; link with -lm).  0, or -1 with a message if k is invalid. */
+int cg_kernel_c_text(const CgKernel *k, StrBuf *out, char *err, size_t errlen);
+
 /* ---- threads (par.c) ----
  * Runs fn over iterations [0, n) split into nthreads contiguous chunks, one
  * pthread each (the caller's thread takes the first); nthreads <= 1 runs

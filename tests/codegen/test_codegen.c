@@ -11,7 +11,9 @@
  * JIT emits vector code for the host (AVX when the CPU has it). */
 #include "codegen/cg.h"
 #include "runtime/rt.h"
+#include <dlfcn.h>
 #include <math.h>
+#include <unistd.h>
 
 static int g_fails, g_checks;
 #define CHECK(c, ...) do { g_checks++; if (!(c)) { g_fails++;                 \
@@ -110,10 +112,61 @@ static int rel_ok(double got, double want, double tol) {
 /* how to run a kernel: in three [begin, end) pieces, over 2 threads, or
  * in pieces with an output sharing memory with an input of its shape */
 enum { RUN_PIECES, RUN_THREADS, RUN_INPLACE };
+/* flag: also print the kernel as C (cg_kernel_c_text), compile it with cc
+ * and check that too (the second printer against the same reference) */
+enum { RUN_C = 8 };
+static int g_have_cc = -1;
+
+/* Compiles C text to a shared object in a temporary directory and returns
+ * the function `name` (NULL with the reason printed when cc fails). */
+static CgFn compile_c(const char *text, const char *name, void **handle) {
+  char dir[] = "/tmp/cgtestXXXXXX", path[64], so[64], cmd[256];
+  if (!mkdtemp(dir)) return NULL;
+  snprintf(path, sizeof path, "%s/k.c", dir);
+  snprintf(so, sizeof so, "%s/k.so", dir);
+  FILE *f = fopen(path, "w");
+  TS_ASSERT(f);
+  fputs(text, f);
+  fclose(f);
+  snprintf(cmd, sizeof cmd, "cc -std=c11 -O2 -w -shared -fPIC -o %s %s -lm", so, path);
+  CgFn fn = NULL;
+  if (system(cmd) == 0 && (*handle = dlopen(so, RTLD_NOW | RTLD_LOCAL)) != NULL) {
+    void *sym = dlsym(*handle, name);
+    memcpy(&fn, &sym, sizeof fn);
+  } else {
+    fprintf(stderr, "compile_c: '%s' failed\n", cmd);
+  }
+  remove(path);
+  remove(so);
+  rmdir(dir);
+  return fn;
+}
+
+/* Compares the kernel's outputs (bufs[nin..]) with the reference's states. */
+static void compare_outputs(Case *c, RtProgram *p, const CgGroupIO *io, void **bufs, const int *st_of,
+                            const char *what, const char *backend) {
+  IrModule *m = c->m;
+  for (int j = 0; j < io->nout; j++) {
+    const IrNode *nd = &m->blocks.a[c->b].nodes[io->out[j]];
+    const void *want = rt_state_data(p, st_of[io->nin + j]);
+    IrDtype dt = nd->type.dtype, wt = m->states.a[st_of[io->nin + j]].type.dtype;
+    double tol = dt == IR_F32 ? 1e-6 : dt == IR_F64 ? 1e-12 : 0;
+    /* the float inputs decide the precision of an i32 or cast result */
+    for (int a = 0; a < nd->nin && dt == IR_I32; a++)
+      if (m->blocks.a[c->b].nodes[nd->in[a]].type.dtype == IR_F32) tol = 1e-6;
+    int64_t cnt = ir_type_numel(&nd->type), bad = -1;
+    for (int64_t i = 0; i < cnt && bad < 0; i++)
+      if (!rel_ok(ld(bufs[io->nin + j], dt, i), ld(want, wt, i), tol)) bad = i;
+    CHECK(bad < 0, "%s (%s): output %%%d (%s) element %lld = %.17g, reference %.17g", what, backend, io->out[j],
+          ir_ops[nd->op].name, (long long)bad, bad >= 0 ? ld(bufs[io->nin + j], dt, bad) : 0.0,
+          bad >= 0 ? ld(want, wt, bad) : 0.0);
+  }
+}
 
 /* Lowers nodes[0..n) of c, runs kernel and reference, compares every output. */
-static void check_group(Case *c, const int *nodes, int n, const char *what, int how) {
+static void check_group(Case *c, const int *nodes, int n, const char *what, int how_flags) {
   IrModule *m = c->m;
+  int how = how_flags & 7, with_c = (how_flags & RUN_C) && how != RUN_INPLACE;
   CgGroupIO io;
   CgKernel *k = cg_lower_group(m, &m->blocks.a[c->b], nodes, n, &io, err, sizeof err);
   CHECK(k != NULL, "%s: lowering failed: %s", what, err);
@@ -177,22 +230,24 @@ static void check_group(Case *c, const int *nodes, int n, const char *what, int 
     int64_t g = k->grid;
     if (how == RUN_THREADS) cg_par_run(fn, bufs, g, 2);
     else { fn(bufs, 0, g / 3); fn(bufs, g / 3, 2 * g / 3); fn(bufs, 2 * g / 3, g); }
-    for (int j = 0; j < io.nout; j++) {
-      const IrNode *nd = &m->blocks.a[c->b].nodes[io.out[j]];
-      const void *want = rt_state_data(p, st_of[io.nin + j]);
-      IrDtype dt = nd->type.dtype, wt = m->states.a[st_of[io.nin + j]].type.dtype;
-      double tol = dt == IR_F32 ? 1e-6 : dt == IR_F64 ? 1e-12 : 0;
-      /* the float inputs decide the precision of an i32 or cast result */
-      for (int a = 0; a < nd->nin && dt == IR_I32; a++)
-        if (m->blocks.a[c->b].nodes[nd->in[a]].type.dtype == IR_F32) tol = 1e-6;
-      int64_t cnt = ir_type_numel(&nd->type), bad = -1;
-      for (int64_t i = 0; i < cnt && bad < 0; i++)
-        if (!rel_ok(ld(bufs[io.nin + j], dt, i), ld(want, wt, i), tol)) bad = i;
-      CHECK(bad < 0, "%s: output %%%d (%s) element %lld = %.17g, reference %.17g", what, io.out[j],
-            ir_ops[nd->op].name, (long long)bad, bad >= 0 ? ld(bufs[io.nin + j], dt, bad) : 0.0,
-            bad >= 0 ? ld(want, wt, bad) : 0.0);
-      free(bufs[io.nin + j]);
+    compare_outputs(c, p, &io, bufs, st_of, what, "llvm");
+    if (with_c && g_have_cc) {   /* the same buffers through the C printer's code */
+      StrBuf src = {0};
+      void *h = NULL;
+      CHECK(cg_kernel_c_text(k, &src, err, sizeof err) == 0, "%s: C printer: %s", what, err);
+      CgFn cfn = src.p ? compile_c(src.p, k->name, &h) : NULL;
+      CHECK(cfn != NULL, "%s: the printed C does not compile:\n%s", what, src.p ? src.p : "");
+      if (cfn) {
+        for (int j = 0; j < io.nout; j++)   /* poison: every element must be written again */
+          memset(bufs[io.nin + j], 0xff, (size_t)k->buf[io.nin + j].n * (k->buf[io.nin + j].type == CG_F64 ? 8 : 4));
+        cfn(bufs, 0, g / 2);
+        cfn(bufs, g / 2, g);
+        compare_outputs(c, p, &io, bufs, st_of, what, "C");
+      }
+      if (h) dlclose(h);
+      sb_free(&src);
     }
+    for (int j = 0; j < io.nout; j++) free(bufs[io.nin + j]);
   }
   rt_program_free(p);
   cg_kernel_free(k);
@@ -261,7 +316,7 @@ static void test_elementwise(IrDtype dt) {
     IrType it = TY(IR_I32, 5, 37);
     int ci = emit(&c, IR_OP_CAST, &x, 1, NULL, NULL, &it);
     snprintf(what, sizeof what, "cast %s -> i32", ir_dtype_name(dt));
-    check1(&c, ci, what);
+    check_group(&c, &ci, 1, what, RUN_PIECES | RUN_C);
     g_covered[IR_OP_NE_SCALAR] = 1;
     case_free(&c);
   }
@@ -395,7 +450,7 @@ static void test_layout(IrDtype dt) {
   check1(&c, emit(&c, IR_OP_CONCAT, (int[]){x, w}, 2, (int64_t[]){3}, NULL, NULL), what);
   IrType s1 = TY(dt, 3, 1, 5), s2 = TY(dt, 4, 1), s3 = TY(dt, 1, 3, 1, 1), s0 = TY(dt, 1);
   snprintf(what, sizeof what, "sum_to %s", ir_dtype_name(dt));
-  check1(&c, emit(&c, IR_OP_SUM_TO, &x, 1, NULL, NULL, &s1), what);
+  check_group(&c, (int[]){emit(&c, IR_OP_SUM_TO, &x, 1, NULL, NULL, &s1)}, 1, what, RUN_PIECES | RUN_C);
   check1(&c, emit(&c, IR_OP_SUM_TO, &x, 1, NULL, NULL, &s2), what);
   check1(&c, emit(&c, IR_OP_SUM_TO, &x, 1, NULL, NULL, &s3), what);
   check1(&c, emit(&c, IR_OP_SUM_TO, &x, 1, NULL, NULL, &s0), what);
@@ -404,11 +459,11 @@ static void test_layout(IrDtype dt) {
   int res = input(&c, c.m->blocks.a[c.b].nodes[p].type, -1, 1);
   int a = E2(&c, IR_OP_ADD, p, res);
   snprintf(what, sizeof what, "permute+add %s", ir_dtype_name(dt));
-  check_group(&c, (int[]){p, a}, 2, what, RUN_PIECES);
+  check_group(&c, (int[]){p, a}, 2, what, RUN_PIECES | RUN_C);
   int sv = emit(&c, IR_OP_SLICE, &x, 1, sl[2], NULL, NULL), g = E1(&c, IR_OP_GELU_TANH, sv);
   int sm = E1(&c, IR_OP_SOFTMAX, g);
   snprintf(what, sizeof what, "slice+gelu+softmax %s", ir_dtype_name(dt));
-  check_group(&c, (int[]){sv, g, sm}, 3, what, RUN_THREADS);
+  check_group(&c, (int[]){sv, g, sm}, 3, what, RUN_THREADS | RUN_C);
   g_covered[IR_OP_RESHAPE] = g_covered[IR_OP_PERMUTE] = g_covered[IR_OP_SLICE] = g_covered[IR_OP_PAD] = 1;
   g_covered[IR_OP_CONCAT] = g_covered[IR_OP_SUM_TO] = 1;
   case_free(&c);
@@ -427,7 +482,7 @@ static void test_fused(IrDtype dt) {
     int a = E2(&c, IR_OP_ADD, x, bb), g = E1(&c, IR_OP_GELU_TANH, a), y = E2(&c, IR_OP_ADD, g, res);
     E1(&c, IR_OP_EXP, g);   /* a user after the group: g must be an output */
     snprintf(what, sizeof what, "bias+gelu+residual %s", ir_dtype_name(dt));
-    check_group(&c, (int[]){bb, a, g, y}, 4, what, RUN_THREADS);
+    check_group(&c, (int[]){bb, a, g, y}, 4, what, RUN_THREADS | RUN_C);
     check_group(&c, (int[]){bb, a, g, y}, 4, what, RUN_INPLACE);
     case_free(&c);
   }
@@ -439,7 +494,7 @@ static void test_fused(IrDtype dt) {
     int g = emit(&c, IR_OP_BROADCAST, &gm, 1, NULL, NULL, &t), bt = emit(&c, IR_OP_BROADCAST, &be, 1, NULL, NULL, &t);
     int mu = E2(&c, IR_OP_MUL, ln, g), y = E2(&c, IR_OP_ADD, mu, bt);
     snprintf(what, sizeof what, "layernorm+affine %s", ir_dtype_name(dt));
-    check_group(&c, (int[]){ln, g, bt, mu, y}, 5, what, RUN_PIECES);
+    check_group(&c, (int[]){ln, g, bt, mu, y}, 5, what, RUN_PIECES | RUN_C);
     case_free(&c);
   }
   { /* attention scores: scale, causal mask, softmax */
@@ -450,7 +505,7 @@ static void test_fused(IrDtype dt) {
     int cm = emit(&c, IR_OP_CAUSAL_MASK, &sc, 1, NULL, (double[]){-INFINITY}, NULL);
     int sm = E1(&c, IR_OP_SOFTMAX, cm);
     snprintf(what, sizeof what, "scale+causal+softmax %s", ir_dtype_name(dt));
-    check_group(&c, (int[]){sc, cm, sm}, 3, what, RUN_PIECES);
+    check_group(&c, (int[]){sc, cm, sm}, 3, what, RUN_PIECES | RUN_C);
     case_free(&c);
   }
   { /* logits scaled then cross-entropy and its backward in one kernel */
@@ -462,7 +517,7 @@ static void test_fused(IrDtype dt) {
     int cb = emit(&c, IR_OP_CROSS_ENTROPY_BWD, (int[]){sc, tg, dl}, 3, (int64_t[]){-100}, NULL, NULL);
     E1(&c, IR_OP_NEG, ce);
     snprintf(what, sizeof what, "scale+cross_entropy+bwd %s", ir_dtype_name(dt));
-    check_group(&c, (int[]){sc, ce, cb}, 3, what, RUN_THREADS);
+    check_group(&c, (int[]){sc, ce, cb}, 3, what, RUN_THREADS | RUN_C);
     check_group(&c, (int[]){sc, ce, cb}, 3, what, RUN_INPLACE);
     case_free(&c);
   }
@@ -473,7 +528,7 @@ static void test_fused(IrDtype dt) {
     int d = E2(&c, IR_OP_SUB, x, y), sq = E2(&c, IR_OP_MUL, d, d);
     int mn = emit(&c, IR_OP_MEAN, &sq, 1, (int64_t[]){1, 1}, NULL, NULL);
     snprintf(what, sizeof what, "sub+square+mean %s", ir_dtype_name(dt));
-    check_group(&c, (int[]){d, sq, mn}, 3, what, RUN_PIECES);
+    check_group(&c, (int[]){d, sq, mn}, 3, what, RUN_PIECES | RUN_C);
     case_free(&c);
   }
   { /* two independent outputs, the first overwriting the input of the
@@ -645,6 +700,8 @@ static void test_vector_code(void) {
 }
 
 int main(void) {
+  g_have_cc = system("cc --version > /dev/null 2>&1") == 0;
+  if (!g_have_cc) printf("no cc: the C printer's output is not compiled\n");
   g_jit = cg_jit_new(err, sizeof err);
   if (!g_jit) { fprintf(stderr, "cannot create the JIT: %s\n", err); return 1; }
   test_printer();
