@@ -15,10 +15,14 @@
 #include <errno.h>
 #include <math.h>
 
-/* A state's data as double[numel]. */
+/* n elements of dtype dt at p (in a file buffer: not aligned) as double[n]. */
 static double *to_double(const void *p, IrDtype dt, int64_t n) {
   double *v = ts_xmalloc((size_t)(n ? n : 1) * sizeof *v);
-  for (int64_t i = 0; i < n; i++) v[i] = dt == IR_F32 ? ((const float *)p)[i] : ((const double *)p)[i];
+  const char *c = p;
+  for (int64_t i = 0; i < n; i++) {
+    if (dt == IR_F32) { float f; memcpy(&f, c + 4 * i, 4); v[i] = f; }
+    else memcpy(&v[i], c + 8 * i, 8);
+  }
   return v;
 }
 
