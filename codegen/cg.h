@@ -81,4 +81,14 @@ int cg_kernel_c_text(const CgKernel *k, StrBuf *out, char *err, size_t errlen);
  * inline.  Returns when all are done. */
 void cg_par_run(CgFn fn, void **bufs, int64_t n, int nthreads);
 
+/* A persistent pool of nthreads (the caller's thread counts as one; the
+ * others sleep between runs), for running many kernels without creating
+ * threads each time.  cg_pool_run splits [0, n) like cg_par_run and
+ * returns when all chunks are done; one run at a time per pool. */
+typedef struct CgPool CgPool;
+CgPool *cg_pool_new(int nthreads);
+void cg_pool_free(CgPool *p);
+int cg_pool_threads(const CgPool *p);   /* threads actually started + 1 */
+void cg_pool_run(CgPool *p, CgFn fn, void **bufs, int64_t n);
+
 #endif

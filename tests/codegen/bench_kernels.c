@@ -85,10 +85,12 @@ static void run(CgJit *jit, Bench *B, const char *name, int reps) {
   for (int j = 0; j < io.nout; j++) bufs[io.nin + j] = ts_xmalloc((size_t)k->buf[io.nin + j].n * 8);
   double tj[2];
   for (int th = 1; th <= 2; th++) {
-    cg_par_run(fn, bufs, k->grid, th);
+    CgPool *pool = cg_pool_new(th);
+    cg_pool_run(pool, fn, bufs, k->grid);
     t0 = now();
-    for (int r = 0; r < reps; r++) cg_par_run(fn, bufs, k->grid, th);
+    for (int r = 0; r < reps; r++) cg_pool_run(pool, fn, bufs, k->grid);
     tj[th - 1] = (now() - t0) / reps;
+    cg_pool_free(pool);
   }
   printf("| %-28s | %7.1f | %8.2f | %6.2f | %8.2f | %6.2f | %8.2f | %6.2f | %7.1f |\n", name, bytes / 1e6, tref * 1e3,
          bytes / tref / 1e9, tj[0] * 1e3, bytes / tj[0] / 1e9, tj[1] * 1e3, bytes / tj[1] / 1e9, tc * 1e3);

@@ -699,6 +699,43 @@ static void test_vector_code(void) {
   case_free(&c);
 }
 
+/* The pool gives exactly what one thread gives (every element is computed
+ * by the same code whichever thread runs it), over many runs, for spaces
+ * larger and smaller than the thread count. */
+static void test_pool(void) {
+  Case c;
+  case_init(&c);
+  IrType t = TY(IR_F32, 37, 29);
+  int x = input(&c, t, -3, 3), y = input(&c, t, -1, 1);
+  int ln = emit(&c, IR_OP_LAYERNORM, &x, 1, NULL, (double[]){1e-5}, NULL), a = E2(&c, IR_OP_ADD, ln, y);
+  CgGroupIO io;
+  CgKernel *k = cg_lower_group(c.m, &c.m->blocks.a[c.b], (int[]){ln, a}, 2, &io, err, sizeof err);
+  TS_ASSERT(k && io.nin == 2 && io.nout == 1);
+  CgFn fn = cg_jit_compile(g_jit, k, err, sizeof err);
+  TS_ASSERT(fn);
+  size_t bytes = (size_t)ir_type_numel(&t) * sizeof(float);
+  float *want = ts_xmalloc(bytes), *got = ts_xmalloc(bytes);
+  void *bufs[3] = {c.data[0], c.data[1], want};
+  fn(bufs, 0, k->grid);
+  bufs[2] = got;
+  for (int nt = 1; nt <= 3; nt++) {
+    CgPool *pool = cg_pool_new(nt);
+    CHECK(cg_pool_threads(pool) == nt, "pool: %d threads, asked %d", cg_pool_threads(pool), nt);
+    int same = 1;
+    for (int r = 0; r < 50 && same; r++) {
+      memset(got, 0xff, bytes);
+      cg_pool_run(pool, fn, bufs, r % 2 ? k->grid : 2);   /* 2 rows: fewer than the threads */
+      same = memcmp(got, want, r % 2 ? bytes : 2 * 29 * sizeof(float)) == 0;
+    }
+    CHECK(same, "pool of %d threads: results differ from one thread", nt);
+    cg_pool_free(pool);
+  }
+  free(want);
+  free(got);
+  cg_kernel_free(k);
+  case_free(&c);
+}
+
 int main(void) {
   g_have_cc = system("cc --version > /dev/null 2>&1") == 0;
   if (!g_have_cc) printf("no cc: the C printer's output is not compiled\n");
@@ -707,6 +744,7 @@ int main(void) {
   test_printer();
   test_errors();
   test_vector_code();
+  test_pool();
   IrDtype dts[2] = {IR_F32, IR_F64};
   for (int i = 0; i < 2; i++) {
     test_elementwise(dts[i]);
