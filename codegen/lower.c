@@ -99,6 +99,16 @@ static int gelu_u(Lw *L, int x) {
   int x3 = mul(L, mul(L, mul(L, F(L, GELU_A), x), x), x);
   return mul(L, F(L, GELU_K), add(L, x, x3));
 }
+/* exp(d) for d = x - max(row) <= 0, as the softmax family uses it.  A
+ * masked entry gives d = -inf; exp underflows to exactly 0 below -745.
+ * Vector exp (libmvec) takes a slow scalar path for such lanes, and a
+ * causal mask makes half the lanes -inf, so those are answered by a
+ * select and exp only sees d >= -700 (where it is a normal number).
+ * NaN stays NaN (it fails the d < -700 test and reaches exp). */
+static int exp_shifted(Lw *L, int d) {
+  int lo = cg_bin(L->k, CG_LT, d, F(L, -700));
+  return sel(L, lo, F(L, 0), un(L, CG_EXP, sel(L, lo, F(L, -700), d)));
+}
 /* value v (f64) rounded to dtype dt and back, as storing it would */
 static int round_to(Lw *L, IrDtype dt, int v) {
   CgType t = cg_type_of_dtype(dt);
@@ -320,7 +330,7 @@ static int elem_ew(Lw *L, const IrNode *nd) {
 static int elem_row(Lw *L, const IrNode *nd, const RowStats *s) {
   const int *v = s->v;
   switch (nd->op) {
-  case IR_OP_SOFTMAX: return dvd(L, un(L, CG_EXP, sub(L, elem(L, nd->in[0]), v[0])), v[1]);
+  case IR_OP_SOFTMAX: return dvd(L, exp_shifted(L, sub(L, elem(L, nd->in[0]), v[0])), v[1]);
   case IR_OP_LOG_SOFTMAX: return sub(L, elem(L, nd->in[0]), v[2]);
   case IR_OP_SOFTMAX_BWD: {
     int y = elem(L, nd->in[0]), dy = elem(L, nd->in[1]);
@@ -346,7 +356,7 @@ static int elem_row(Lw *L, const IrNode *nd, const RowStats *s) {
     /* (T)e * (T)(d / s), then d subtracted at the target; 0 if ignored,
      * NaN for a target outside [0, V) */
     IrDtype dt = nd->type.dtype;
-    int e = round_to(L, dt, un(L, CG_EXP, sub(L, elem(L, nd->in[0]), v[0])));
+    int e = round_to(L, dt, exp_shifted(L, sub(L, elem(L, nd->in[0]), v[0])));
     int g = round_to(L, dt, mul(L, e, v[1]));
     int at = cg_bin(L->k, CG_EQ, pos_col(L), v[2]);
     g = sel(L, at, round_to(L, dt, sub(L, g, v[3])), g);
@@ -381,7 +391,7 @@ static int row_sum(Lw *L, int what, int a, int bnode, int p0, int p1) {
   int x = elem(L, a), t;
   switch (what) {
   case S_X: t = x; break;
-  case S_EXP_SHIFT: t = un(L, CG_EXP, sub(L, x, p0)); break;
+  case S_EXP_SHIFT: t = exp_shifted(L, sub(L, x, p0)); break;
   case S_PROD: t = mul(L, x, elem(L, bnode)); break;
   case S_SQDEV: { int d = sub(L, x, p0); t = mul(L, d, d); break; }
   case S_SQ: t = mul(L, x, x); break;
