@@ -563,6 +563,12 @@ static int run_check(const Args *a, IrModule *m) {
   double tol = m->train.precision == IR_F64 ? 1e-10 : 1e-5;
   int64_t nranks = mesh_ranks(m);
   int gpus = a->gpus > 0 ? a->gpus : (int)nranks;
+  int replica = (int)(nranks / ir_axis_size(m, IR_AXIS_DP));   /* tp*pp*cp*ep: ranks per dp replica */
+  if (gpus % replica != 0) {
+    fprintf(stderr, "mcc: error: --check --gpus %d: not a multiple of the %d ranks of one data-parallel "
+                    "replica (tp*pp*cp*ep)\n", gpus, replica);
+    return 1;
+  }
   char lay[128], mrun[PATH_MAX + 8];
   layout_str(m, lay, sizeof lay);
   if (find_mrun(mrun, sizeof mrun) != 0) {
@@ -590,8 +596,10 @@ static int run_check(const Args *a, IrModule *m) {
     rt_plan_free(p);
     if (w != 0) { fprintf(stderr, "mcc: error: --check: %s\n", err); goto cleanup; }
   }
-  printf("check: %s, %s on %d rank%s against 1 rank, %d steps, %s\n", m->name, lay, gpus, gpus == 1 ? "" : "s",
-         steps, ir_dtype_name(m->train.precision));
+  char at_dp[32] = "";                   /* --gpus beyond the mesh: more dp ranks */
+  if (gpus != nranks) snprintf(at_dp, sizeof at_dp, " (dp=%d)", gpus / replica);
+  printf("check: %s, %s on %d rank%s%s against 1 rank, %d steps, %s\n", m->name, lay, gpus, gpus == 1 ? "" : "s",
+         at_dp, steps, ir_dtype_name(m->train.precision));
   fflush(stdout);
   /* Test hook (tests/parallel): TS_CHECK_PERTURB_SEED=1 runs the layout
    * with another seed, so the comparison must report FAIL. */
