@@ -86,7 +86,10 @@ static int parse_args(int argc, char **argv, Args *a) {
     else if (i + 1 < argc) val = argv[++i];
     else { fprintf(stderr, "mrun: %s needs a value\n", name); return -1; }
     int64_t v;
-    if (strcmp(name, "--gpus") == 0) { if (parse_count(name, val, 1 << 20, &a->gpus)) return -1; }
+    if (strcmp(name, "--gpus") == 0) {
+      if (parse_count(name, val, 1 << 20, &a->gpus)) return -1;
+      if (a->gpus < 1) { fprintf(stderr, "mrun: --gpus needs at least 1 rank\n"); return -1; }
+    }
     else if (strcmp(name, "--steps") == 0) { if (parse_count(name, val, INT64_MAX / 2, &a->steps)) return -1; }
     else if (strcmp(name, "--seed") == 0) {
       if (parse_count(name, val, INT64_MAX, &v)) return -1;
