@@ -50,7 +50,8 @@ typedef void (*CgFn)(void **bufs, int64_t begin, int64_t end);
 typedef struct CgJit CgJit;
 
 /* One ORC LLJIT for the host CPU (its name and features: AVX2/AVX-512 are
- * used where present).  Kernels compiled by it live until cg_jit_free. */
+ * used where present).  Kernels compiled by it live until cg_jit_free.
+ * Compile from one thread at a time; compiled functions run on any. */
 CgJit *cg_jit_new(char *err, size_t errlen);
 void cg_jit_free(CgJit *j);
 /* Emits k as LLVM IR, optimizes it (new pass manager, default<O3>), JITs
