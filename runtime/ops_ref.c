@@ -9,6 +9,12 @@
  * permute, slice, pad, concat, broadcast) move elements by size, so they
  * work for every dtype.  The executor (rt.c) handles INPUT, STATE and
  * OUTPUT itself; their entries here only exist to keep the table whole.
+ * Sharded modules: kernels whose result depends on where an element sits
+ * in the global tensor (init, dropout, rope, causal_mask, embedding,
+ * take, onehot, pad_fill, ZeRO adamw) read the shardings of their node and
+ * operands and the rank's coordinates (rt_shard_block); the collectives
+ * run on the rank's groups (comm.h).  Unsharded, every offset is 0 and the
+ * results are bit-identical to a single-rank build.
  * Assumes: operands are contiguous row-major buffers of their IrType. */
 #include "rt_priv.h"
 #include "comm.h"

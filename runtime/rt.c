@@ -9,6 +9,9 @@
  *   normal(mu, sd)  = mu + sd * sqrt(-2 ln(1 - u_0)) cos(2 pi u_1)
  *   uniform(a, b)   = a + (b - a) u_0;   zeros / ones: 0 / 1
  * (rng.c spells out every constant; other states start at zero.)
+ * In a sharded module i is the element's index in the parameter's GLOBAL
+ * logical shape, found from the rank's mesh coordinates (RtRank), so each
+ * rank holds exactly its block of the single-rank initialization.
  *
  * Execution (rt_run_block) walks a block's nodes in order.  Each value gets
  * its own heap buffer, released right after its last use (into a pool for
