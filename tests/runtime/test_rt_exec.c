@@ -326,6 +326,49 @@ static void test_init_sharded(void) {
   ir_module_free(pad5);
 }
 
+/* ---- a tokens input split along the sequence over tp = 2: each rank is
+ * fed its block of the global micro batch.  The model's loss is the sum of
+ * the squared token values it was fed, so the reported loss shows which
+ * tokens arrived: it must equal the same sum over the block of the global
+ * batch, averaged over the micro batches. ---- */
+static void test_train_split_input(void) {
+  const char *path = "rt_split.txt";
+  IrType lt = TY(IR_I32, 2, 4), ft = TY(IR_F64, 2, 4);
+  RtCorpus cor;
+  TS_ASSERT(rt_corpus_open(&cor, path, err, sizeof err) == 0);
+  for (int c = 0; c < 2; c++) {
+    IrModule *m = ir_module_new("split");
+    m->par.tp = 2;
+    m->train.global_batch = 4;
+    m->train.micro_batch = 2;
+    m->train.steps = 1;
+    m->train.seed = 5;
+    int b = ir_block_add(m, "micro");
+    int tok = emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "tokens", &lt);
+    m->blocks.a[b].nodes[tok].sh.split[1] = 1u << IR_AXIS_TP;
+    int f = emit(m, b, IR_OP_CAST, &tok, 1, NULL, NULL, NULL, &ft);
+    int sq = emit(m, b, IR_OP_SUMSQ, &f, 1, NULL, NULL, NULL, NULL);
+    emit(m, b, IR_OP_OUTPUT, &sq, 1, NULL, NULL, "loss", NULL);
+    ir_block_add(m, "update");
+    RtRank r = rt_rank_single();
+    r.mesh.tp = 2;
+    r.coord[IR_AXIS_TP] = c;
+    RtTrainOpts o = {.data_path = path, .quiet = 1, .rank = &r};
+    RtTrainResult res;
+    CHECK(rt_train(m, &o, &res, err, sizeof err) == 0, "split input rank %d: %s", c, err);
+    double want = 0;
+    int32_t gt[16];
+    for (int g = 0; g < 2; g++) {   /* global micro g: rows [2g, 2g+2), columns [4c, 4c+4) */
+      TS_ASSERT(rt_corpus_batch(&cor, 5, 0, 2 * g, 2, 8, gt, NULL, err, sizeof err) == 0);
+      for (int row = 0; row < 2; row++)
+        for (int j = 4 * c; j < 4 * c + 4; j++) want += (double)gt[row * 8 + j] * gt[row * 8 + j];
+    }
+    CHECK_NEAR(res.first_loss, want / 2, 1e-12, "split input rank %d: fed the wrong block", c);
+    ir_module_free(m);
+  }
+  rt_corpus_free(&cor);
+}
+
 /* ---- assign: state = x ---- */
 static void test_assign(void) {
   IrModule *m = ir_module_new("assign");
@@ -551,6 +594,8 @@ int main(int argc, char **argv) {
   test_adamw_flat(IR_F64);
   test_init_sharded();
   test_assign();
+  write_corpus("rt_split.txt", 5000);
+  test_train_split_input();
   test_data();
   test_train(argc > 1 ? argv[1] : NULL);
   return test_summary("test_rt_exec");
