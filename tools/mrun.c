@@ -207,6 +207,8 @@ static int launch(int64_t n, char **argv) {
   setenv("OPENBLAS_NUM_THREADS", "1", 0);
   fflush(NULL);
   execvp("mpirun", av);
+  av[0] = "mpiexec";   /* the same launcher under its MPI-standard name */
+  execvp("mpiexec", av);
   fprintf(stderr, "mrun: cannot start %lld ranks with mpirun: %s (is Open MPI installed and on PATH?)\n",
           (long long)n, strerror(errno));
   free(av);
