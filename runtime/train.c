@@ -289,7 +289,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   if (fs.has_targets && lead) warn_vocab(m);
 
   const char *path = o->data_path ? o->data_path : rt_corpus_default_path();
-  if (rt_corpus_open(&r.corpus, path, err, errlen) != 0) return -1;
+  if (rt_corpus_open(&r.corpus, path, err, errlen) != 0) { run_free(&r); return -1; }
   if (r.corpus.len < (size_t)fs.T + 2) {
     snprintf(err, errlen, "corpus %s has %zu bytes; seq_len %lld needs at least %lld",
              path, r.corpus.len, (long long)fs.T, (long long)fs.T + 2);
