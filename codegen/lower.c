@@ -674,6 +674,7 @@ CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, 
   for (int i = 0; i < n; i++) L.memo[i] = L.memogen[i] = -1;
   for (int i = 0; i < CG_MAX_BUFS; i++) L.inmemo[i] = L.inmemogen[i] = -1;
   CgKernel *k = NULL;
+  int *accs = ts_xmalloc((size_t)n * sizeof *accs);   /* per group position: a reduction's accumulator */
   if (check_group(&L) != 0) goto done;
 
   const IrNode *last = &b->nodes[nodes[n - 1]];
@@ -714,12 +715,11 @@ CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, 
   L.rowbase = mul(&L, L.gid, I(&L, L.D));
   for (int i = 0; i < n; i++)
     if (is_row_op(b->nodes[nodes[i]].op)) row_stats(&L, i);
-  int accs[CG_MAX_BUFS], nacc = 0, need_loop = 0;
+  int need_loop = 0;
   for (int i = 0; i < n; i++) {
     const IrNode *nd = &b->nodes[nodes[i]];
     if (is_reduce(nd->op)) {
       accs[i] = cg_acc(k, CG_F64, nd->op == IR_OP_MAX ? CG_RED_MAX : CG_RED_SUM, nd->op == IR_OP_MAX ? -INFINITY : 0);
-      nacc++;
       need_loop = 1;
     } else if (L.outbuf[i] >= 0 && !is_per_row(nd->op)) {
       need_loop = 1;
@@ -741,7 +741,6 @@ CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, 
     if (nd->op == IR_OP_MEAN) v = L.D ? dvd(&L, v, F(&L, (double)L.D)) : F(&L, NAN);
     cg_store(k, L.outbuf[i], L.gid, cg_cast(k, k->buf[L.outbuf[i]].type, v));
   }
-  (void)nacc;
 done:
   if (k && cg_kernel_verify(k, err, errlen) != 0) {
     cg_kernel_free(k);
@@ -751,5 +750,6 @@ done:
   free(L.memogen);
   free(L.outbuf);
   free(L.st);
+  free(accs);
   return k;
 }

@@ -554,6 +554,19 @@ static void test_fused(IrDtype dt) {
     check_group(&c, (int[]){ln, sc, sm, ls}, 4, what, RUN_INPLACE);
     case_free(&c);
   }
+  { /* a long chain (more nodes than kernel buffers) ending in a sum */
+    Case c;
+    case_init(&c);
+    int x = input(&c, t, -1, 1), v = x, ids[48], n = 0;
+    for (int i = 0; i < 40; i++) {
+      v = emit(&c, i % 2 ? IR_OP_ADDS : IR_OP_MULS, &v, 1, NULL, (double[]){i % 2 ? 0.25 : 0.9}, NULL);
+      ids[n++] = v;
+    }
+    ids[n++] = emit(&c, IR_OP_SUM, &v, 1, (int64_t[]){1, 0}, NULL, NULL);
+    snprintf(what, sizeof what, "40 scalar ops + sum %s", ir_dtype_name(dt));
+    check_group(&c, ids, n, what, RUN_PIECES);
+    case_free(&c);
+  }
   { /* rmsnorm backward of a silu output, then the product with a gain */
     Case c;
     case_init(&c);
