@@ -251,6 +251,19 @@ char *ir_sharding_str(const IrSharding *s, int rank, char *buf, size_t n) {
   return buf;
 }
 
+int ir_value_materialized(const IrBlock *b, int i) {
+  const IrNode *n = &b->nodes[i];
+  if (n->type.dtype == IR_VOID) return 0;
+  if (n->group <= 0) return 1;
+  for (int j = i + 1; j < b->n; j++) {
+    const IrNode *u = &b->nodes[j];
+    if (u->group == n->group) continue;
+    for (int k = 0; k < u->nin; k++)
+      if (u->in[k] == i) return 1;
+  }
+  return 0;
+}
+
 /* Deep copy into a fresh arena. */
 IrModule *ir_module_clone(const IrModule *m) {
   IrModule *c = ir_module_new(m->name);

@@ -113,6 +113,8 @@ typedef struct {
   const char *sa;           /* string attr (interned): input/output name */
   IrType type;              /* result type (local shape); IR_VOID for effects */
   IrSharding sh;            /* how the local value maps to the global one */
+  int group;                /* fusion (passes/fuse.c): nodes of a block with the
+                               same group > 0 run as one kernel; 0 = alone */
 } IrNode;
 
 typedef struct {
@@ -207,6 +209,11 @@ int ir_emit(IrModule *m, int b, IrOp op, const int *in, int nin,
  * computes the result type into *out; 0 on success, -1 with a message. */
 int ir_infer_type(const IrModule *m, const IrBlock *b, const IrNode *n,
                   IrType *out, char *err, size_t errlen);
+
+/* Whether value i of block b gets a buffer of its own: not a member of a
+ * fusion group, or used by a node outside its group (values that live
+ * only inside a fused kernel are never materialized). */
+int ir_value_materialized(const IrBlock *b, int i);
 
 /* ---- checking, text, graphviz ---- */
 /* Verifier (CONVENTIONS §6): operand ids in range and earlier (SSA order),

@@ -554,6 +554,14 @@ static int parse_node(P *p, int bi) {
   IrType t = {0};
   IrSharding sh = {0};
   if (!effect && (expect(p, ':') || parse_type(p, &t) || parse_sharding(p, &sh, t.rank))) goto out;
+  int64_t group = 0;
+  if (accept_word(p, "group")) {
+    if (expect(p, '=')) goto out;
+    skip_ws(p);
+    size_t gat = p->pos;
+    if (parse_int(p, &group)) goto out;
+    if (group < 1 || group > INT32_MAX) { perr_at(p, p->line, col_of(p, gat), "fusion group must be >= 1"); goto out; }
+  }
   if (expect_eol(p)) goto out;
   {
     char msg[512];
@@ -572,6 +580,7 @@ static int parse_node(P *p, int bi) {
       n->type = t;    /* keep the written dim names */
       n->sh = sh;
     }
+    n->group = (int)group;
   }
   rc = 0;
 out:

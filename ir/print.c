@@ -83,6 +83,7 @@ void ir_print_node(const IrModule *m, const IrBlock *b, int id, StrBuf *out) {
     put_double(out, n->fa[i]);
   }
   if (!effect) { sb_puts(out, " : "); put_type(out, &n->type); put_sharding(out, &n->sh, n->type.rank); }
+  if (n->group > 0) sb_printf(out, " group=%d", n->group);
 }
 
 static void print_state(const IrModule *m, const IrState *s, StrBuf *out) {

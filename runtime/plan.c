@@ -31,7 +31,7 @@
  * (both print as ""; both decode to NULL).
  *
  * Version 2 added shardings (after each node's and state's type: u8 per
- * dim, then u8 partial, u8 flat), the states' logical sizes (u8 count,
+ * dim, then u8 partial, u8 flat; nodes then an i32 fusion group), the states' logical sizes (u8 count,
  * i64 each) and the RULE record (after PARL).  Version 1 plans are refused
  * ("recompile the plan"): they predate sharding. */
 #include "plan.h"
@@ -151,6 +151,7 @@ static void enc_node(StrBuf *b, const IrNode *n) {
   put_str(b, n->sa);
   enc_type(b, &n->type);
   enc_sharding(b, &n->sh, n->type.rank);
+  put_i32(b, n->group);
 }
 
 static void enc_train(StrBuf *b, const IrTrain *t) {
@@ -442,11 +443,13 @@ static void rd_node(Rd *r, IrModule *m, int id, IrNode *n) {
   n->sa = rd_str(r);
   rd_type(r, &n->type);
   if (!r->bad) rd_sharding(r, &n->sh, n->type.rank);
+  n->group = rd_i32(r);
+  if (!r->bad && n->group < 0) rd_fail(r, "node %%%d: bad fusion group %d", id, n->group);
 }
 
 static void rd_block(Rd *r, IrModule *m) {
   const char *name = rd_name(r, "block");
-  int nn = rd_count(r, 4 + 4 + 1 + 1 + 4 + 2, "node");   /* smallest node */
+  int nn = rd_count(r, 4 + 4 + 1 + 1 + 4 + 2 + 2 + 4, "node");   /* smallest node */
   if (r->bad) return;
   if (ir_block_find(m, name) >= 0) { rd_fail(r, "block '%s' appears twice", name); return; }
   int bi = ir_block_add(m, name);
