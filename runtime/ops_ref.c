@@ -157,13 +157,24 @@ static int check_sig(RtKctx *k, const char *sig, IrDtype ft) {
 
 /* ref_NAME for a float op: check, then run the f32 or f64 instance on the
  * result dtype. */
-#define FLOAT_OP(NAME, SIG)                                                         \
+#define FLOAT_OP_PRE(NAME, SIG, PRE)                                                \
   static int ref_##NAME(RtKctx *k) {                                                \
     IrDtype ft = k->ot->dtype;                                                      \
     if (!ir_dtype_is_float(ft)) return rt_kfail(k, "result must be f32 or f64, not %s", ir_dtype_name(ft)); \
-    if (check_sig(k, SIG, ft) != 0) return -1;                                      \
+    if (check_sig(k, SIG, ft) != 0 || (PRE)) return -1;                             \
     return ft == IR_F32 ? k_##NAME##_f32(k) : k_##NAME##_f64(k);                    \
   }
+#define FLOAT_OP(NAME, SIG) FLOAT_OP_PRE(NAME, SIG, 0)
+/* The row ops normalize over the last dim, which must be whole on every
+ * rank: a split one means the sharding pass left it to us, and each rank
+ * would silently normalize its own block. */
+static int whole_last_dim(RtKctx *k) {
+  const IrType *t = k->it[0];
+  if (t->rank < 1 || !rt_kin_sh(k, 0)->split[t->rank - 1]) return 0;
+  return rt_kfail(k, "the last dim of %s is split across ranks; %s needs it whole (the sharding pass "
+                  "gathers it or lowers the op first)", rt_tstr(t, 0), ir_ops[k->n->op].name);
+}
+#define FLOAT_ROW_OP(NAME, SIG) FLOAT_OP_PRE(NAME, SIG, whole_last_dim(k))
 FLOAT_OP(ADD, "TT")
 FLOAT_OP(SUB, "TT")
 FLOAT_OP(MUL, "TT")
@@ -190,24 +201,26 @@ FLOAT_OP(MEAN, "t")
 FLOAT_OP(MAX, "t")
 FLOAT_OP(SUMSQ, "t")
 FLOAT_OP(MATMUL, "tt")
-FLOAT_OP(SOFTMAX, "T")
-FLOAT_OP(SOFTMAX_BWD, "TT")
-FLOAT_OP(LOG_SOFTMAX, "T")
-FLOAT_OP(LOG_SOFTMAX_BWD, "TT")
-FLOAT_OP(LAYERNORM, "T")
-FLOAT_OP(LAYERNORM_BWD, "TT")
-FLOAT_OP(RMSNORM, "T")
-FLOAT_OP(RMSNORM_BWD, "TT")
+FLOAT_ROW_OP(SOFTMAX, "T")
+FLOAT_ROW_OP(SOFTMAX_BWD, "TT")
+FLOAT_ROW_OP(LOG_SOFTMAX, "T")
+FLOAT_ROW_OP(LOG_SOFTMAX_BWD, "TT")
+FLOAT_ROW_OP(LAYERNORM, "T")
+FLOAT_ROW_OP(LAYERNORM_BWD, "TT")
+FLOAT_ROW_OP(RMSNORM, "T")
+FLOAT_ROW_OP(RMSNORM_BWD, "TT")
 FLOAT_OP(EMBEDDING, "ti")
 FLOAT_OP(EMBEDDING_BWD, "it")
 FLOAT_OP(CAUSAL_MASK, "T")
 FLOAT_OP(MASKED_FILL, "T*")
 FLOAT_OP(DROPOUT, "T")
 FLOAT_OP(ROPE, "T")
-FLOAT_OP(CROSS_ENTROPY, "ti")
-FLOAT_OP(CROSS_ENTROPY_BWD, "Tit")
+FLOAT_ROW_OP(CROSS_ENTROPY, "ti")
+FLOAT_ROW_OP(CROSS_ENTROPY_BWD, "Tit")
 FLOAT_OP(CLIP_COEF, "T")
 #undef FLOAT_OP
+#undef FLOAT_ROW_OP
+#undef FLOAT_OP_PRE
 
 /* ---- leaves: INPUT and STATE are the executor's (they alias memory) ---- */
 static int ref_INPUT(RtKctx *k) { return rt_kfail(k, "internal error: input is run by the executor"); }

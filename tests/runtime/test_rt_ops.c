@@ -592,6 +592,11 @@ static void test_shard_local(IrDtype dt) {
   double *got = run_op_sh(IR_OP_ALL_REDUCE, 1, a, ar, NULL, NULL, &shg, &rt, err, sizeof err);
   CHECK(!got && strstr(err, "no tp group"), "all_reduce without a group should fail, got '%s'", err);
   free(got);
+  /* a row op over a split last dim would normalize each block alone */
+  OpShard shl = shd(&rg, -1, 0, 2, TPB);
+  got = run_op_sh(IR_OP_SOFTMAX, 1, a, NULL, NULL, NULL, &shl, &rt, err, sizeof err);
+  CHECK(!got && strstr(err, "split across ranks"), "softmax over a split last dim should fail, got '%s'", err);
+  free(got);
   free(x);
 }
 
