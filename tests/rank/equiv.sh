@@ -6,9 +6,9 @@
 # steps.  For every case: the loss of every step (from --metrics) and every
 # parameter after training (--save-params, global shapes) must be within a
 # relative 1e-10 of the single-rank run (batch 32 = 16 micro batches, so dp
-# can go up to 16).  The program is a plan when mcc
-# makes one for these settings, else the IR module (mrun runs both);
-# ZERO=0 edits the module's `parallel` line (mcc has no flag for it).
+# can go up to 16).  The plans are compiled for dp = 1 (mcc --tp only), so
+# mrun rebuilds their update block for the run's dp (pass_respecialize_dp);
+# ZERO=0 compiles with --no-zero.
 set -uo pipefail
 mcc=$1 mrun=$2 pdiff=$3 src=$4 work=$5 model=$6
 shift 6
@@ -24,13 +24,9 @@ status=0
 for c in "$@"; do
   IFS=: read -r gpus tp sp zero <<<"$c"
   name="g${gpus}_tp${tp}_sp${sp}_z${zero}"
-  flags="--tp $tp"; [ "$sp" = 1 ] && flags="$flags --sp"
+  flags="--tp $tp"; [ "$sp" = 1 ] && flags="$flags --sp"; [ "$zero" = 0 ] && flags="$flags --no-zero"
   prog="$name.plan"
-  if [ "$zero" = 1 ] && "$mcc" "$src/samples/$model.mdl" $D $flags -o "$prog" 2>/dev/null; then :; else
-    prog="$name.ir"
-    run "$mcc" "$src/samples/$model.mdl" $D $flags --emit=ir -o "$prog" || { status=1; continue; }
-    [ "$zero" = 0 ] && sed -i -E 's/^(parallel .*)zero=1/\1zero=0/' "$prog"
-  fi
+  run "$mcc" "$src/samples/$model.mdl" $D $flags -o "$prog" || { echo "equiv: $name: mcc failed"; status=1; continue; }
   if ! run "$mrun" "$prog" --gpus "$gpus" --steps 3 --quiet --timeout 30 --data "$data" \
        --metrics "$name.jsonl" --save-params "$name.bin"; then
     echo "equiv: $name: mrun failed"; status=1; continue

@@ -2,7 +2,8 @@
 # refuse.sh - mrun's refusals for a rank count that does not fit the mesh,
 # and mrun joining a job started by an outside launcher:
 #   refuse.sh MCC MRUN SOURCE_DIR WORK_DIR MPIEXEC
-# A tp=2 module on 3 ranks must be refused before any rank starts, with a
+# A tp=2 module (IR text: mrun takes its mesh from the `parallel` line) on
+# 3 ranks must be refused before any rank starts, with a
 # message naming the numbers; a global batch that the dp ranks cannot share
 # in whole micro batches likewise (here from inside the ranks).  Under
 # `mpirun -np 2`, mrun without --gpus trains on the 2 ranks (the losses of
