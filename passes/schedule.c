@@ -1,0 +1,519 @@
+/* schedule.c - pipeline schedules (GPipe, 1F1B, interleaved 1F1B), their
+ * send/recv ops, the cross-rank checker, the timeline simulation and the
+ * text / trace views of `mcc --report schedule` and `--emit=trace`.
+ * See pipe.h for the types and the messaging semantics, docs/pipeline.md
+ * for the design.
+ *
+ * The schedules follow the published algorithms (GPipe: all forwards,
+ * then all backwards; 1F1B: PipeDream-flush as in Megatron-LM, warm-up of
+ * pp - r - 1 forwards; interleaved: Megatron-LM's virtual pipeline, warm-up
+ * of 2 (pp - r - 1) + (vpp - 1) pp chunk forwards, chunk order cycling
+ * every pp micro batches).  Nothing here trusts them: pass_pipe_check
+ * proves each generated schedule matched and deadlock-free, and the tests
+ * measure their bubbles from the simulated timeline. */
+#include "pipe.h"
+#include <math.h>
+
+static const char *const sched_names[PIPE_SCHED_COUNT] = {"gpipe", "1f1b", "interleaved"};
+const char *pass_pipe_sched_name(PipeSchedKind k) { return k < PIPE_SCHED_COUNT ? sched_names[k] : "?"; }
+int pass_pipe_sched_lookup(const char *name) {
+  for (int i = 0; name && i < PIPE_SCHED_COUNT; i++)
+    if (strcmp(name, sched_names[i]) == 0) return i;
+  return -1;
+}
+
+int pass_pipe_nmicro(const IrTrain *t, int dp, int *nmicro, char *err, size_t errlen) {
+  if (dp < 1) dp = 1;
+  int64_t per = t->micro_batch * (int64_t)dp;
+  if (t->micro_batch < 1 || t->global_batch < 1 || t->global_batch % per != 0)
+    return ts_errf(err, errlen, "pipeline: the micro batches per step, global_batch %lld / (micro_batch %lld x dp %d), "
+                                "is not a whole number", (long long)t->global_batch, (long long)t->micro_batch, dp);
+  if (t->global_batch / per > (1 << 20))
+    return ts_errf(err, errlen, "pipeline: %lld micro batches per step is too many to schedule",
+                   (long long)(t->global_batch / per));
+  *nmicro = (int)(t->global_batch / per);
+  return 0;
+}
+
+void pass_pipe_schedule_free(PipeSchedule *s) {
+  for (int r = 0; s->steps && r < s->pp; r++) free(s->steps[r]);
+  free(s->steps);
+  free(s->nsteps);
+  memset(s, 0, sizeof *s);
+}
+
+static void push(PipeSchedule *s, int r, char kind, int micro, int chunk) {
+  s->steps[r][s->nsteps[r]++] = (PipeStep){kind, micro, chunk};
+}
+
+/* Interleaved: the k-th forward (or backward) of rank r, in Megatron's
+ * order: groups of pp micro batches go through the local chunks in turn
+ * (backwards: the chunks in reverse). */
+static void interleaved_step(const PipeSchedule *s, int r, int k, int fwd, int *micro, int *chunk) {
+  int p = s->pp, v = s->vpp;
+  int local = (k % (p * v)) / p;
+  if (!fwd) local = v - 1 - local;
+  *micro = (k / (p * v)) * p + k % p;
+  *chunk = local * p + r;
+}
+
+int pass_pipe_schedule(PipeSchedKind kind, int pp, int vpp, int nmicro, PipeSchedule *out, char *err,
+                       size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (pp < 1 || vpp < 1 || nmicro < 1)
+    return ts_errf(err, errlen, "pipeline: pp=%d, vpp=%d and %d micro batches: each must be at least 1", pp, vpp,
+                   nmicro);
+  if (kind == PIPE_INTERLEAVED && (vpp < 2 || pp < 2))
+    return ts_errf(err, errlen, "--schedule interleaved needs pp >= 2 and --vpp V >= 2 (pp=%d, vpp=%d)", pp, vpp);
+  if (kind != PIPE_INTERLEAVED && vpp != 1)
+    return ts_errf(err, errlen, "--schedule %s runs one chunk per rank, and vpp=%d: use --schedule interleaved",
+                   pass_pipe_sched_name(kind), vpp);
+  if (kind == PIPE_1F1B && nmicro < pp)
+    return ts_errf(err, errlen, "--schedule 1f1b with pp=%d needs at least %d micro batches per step, and there are "
+                                "%d: raise global_batch or lower micro_batch (or use gpipe)", pp, pp, nmicro);
+  if (kind == PIPE_INTERLEAVED && nmicro % pp != 0)
+    return ts_errf(err, errlen, "--schedule interleaved needs the micro batches per step (%d) to be a multiple of "
+                                "pp=%d", nmicro, pp);
+  if ((double)nmicro * vpp * 2 > 1e8) return ts_errf(err, errlen, "pipeline: the schedule is too long");
+  out->kind = kind;
+  out->pp = pp;
+  out->vpp = vpp;
+  out->nmicro = nmicro;
+  out->nsteps = ts_xcalloc((size_t)pp, sizeof *out->nsteps);
+  out->steps = ts_xcalloc((size_t)pp, sizeof *out->steps);
+  int total = nmicro * vpp;                  /* forwards (and backwards) per rank */
+  for (int r = 0; r < pp; r++) {
+    out->steps[r] = ts_xmalloc((size_t)2 * total * sizeof **out->steps);
+    if (kind == PIPE_GPIPE) {
+      for (int m = 0; m < nmicro; m++) push(out, r, 'F', m, r);
+      for (int m = 0; m < nmicro; m++) push(out, r, 'B', m, r);
+    } else if (kind == PIPE_1F1B) {
+      int warm = pp - r - 1 < nmicro ? pp - r - 1 : nmicro;
+      for (int m = 0; m < warm; m++) push(out, r, 'F', m, r);
+      for (int i = 0; i < nmicro - warm; i++) {
+        push(out, r, 'F', warm + i, r);
+        push(out, r, 'B', i, r);
+      }
+      for (int i = nmicro - warm; i < nmicro; i++) push(out, r, 'B', i, r);
+    } else {
+      int warm = nmicro == pp ? total : 2 * (pp - r - 1) + (vpp - 1) * pp;
+      if (warm > total) warm = total;
+      int m, c;
+      for (int k = 0; k < warm; k++) { interleaved_step(out, r, k, 1, &m, &c); push(out, r, 'F', m, c); }
+      for (int k = 0; k < total - warm; k++) {
+        interleaved_step(out, r, k + warm, 1, &m, &c);
+        push(out, r, 'F', m, c);
+        interleaved_step(out, r, k, 0, &m, &c);
+        push(out, r, 'B', m, c);
+      }
+      for (int k = total - warm; k < total; k++) { interleaved_step(out, r, k, 0, &m, &c); push(out, r, 'B', m, c); }
+    }
+  }
+  return 0;
+}
+
+/* ---- send/recv ---- */
+
+int pass_pipe_rank_ops(const PipeSchedule *s, int r, PipeOp **ops) {
+  int last = s->pp * s->vpp - 1, n = 0;
+  *ops = ts_xmalloc((size_t)(3 * s->nsteps[r] + 1) * sizeof **ops);
+  for (int i = 0; i < s->nsteps[r]; i++) {
+    const PipeStep *st = &s->steps[r][i];
+    int g = st->chunk, fwd = st->kind == 'F';
+    int from = fwd ? g - 1 : g + 1, to = fwd ? g + 1 : g - 1;   /* neighbour chunks */
+    char what = fwd ? 'a' : 'g';
+    if (from >= 0 && from <= last && from % s->pp != r)
+      (*ops)[n++] = (PipeOp){PIPE_OP_RECV, from % s->pp, what, st->micro, fwd ? g - 1 : g, i};
+    (*ops)[n++] = (PipeOp){PIPE_OP_COMPUTE, -1, st->kind, st->micro, g, i};
+    if (to >= 0 && to <= last && to % s->pp != r)
+      (*ops)[n++] = (PipeOp){PIPE_OP_SEND, to % s->pp, what, st->micro, fwd ? g : g - 1, i};
+  }
+  return n;
+}
+
+static void msg_str(const PipeOp *o, char *buf, size_t n) {
+  snprintf(buf, n, "%s of micro batch %d across chunks %d|%d", o->what == 'a' ? "activation" : "gradient", o->micro,
+           o->edge, o->edge + 1);
+}
+
+static int same_msg(const PipeOp *a, const PipeOp *b) {
+  return a->what == b->what && a->micro == b->micro && a->edge == b->edge;
+}
+
+typedef struct {
+  int pp;
+  int *nops;
+  PipeOp **ops;
+} RankOps;
+
+static void rank_ops_free(RankOps *ro) {
+  for (int r = 0; r < ro->pp; r++) free(ro->ops[r]);
+  free(ro->ops);
+  free(ro->nops);
+}
+
+static void rank_ops_build(const PipeSchedule *s, RankOps *ro) {
+  ro->pp = s->pp;
+  ro->nops = ts_xcalloc((size_t)s->pp, sizeof *ro->nops);
+  ro->ops = ts_xcalloc((size_t)s->pp, sizeof *ro->ops);
+  for (int r = 0; r < s->pp; r++) ro->nops[r] = pass_pipe_rank_ops(s, r, &ro->ops[r]);
+}
+
+/* Per step validity: chunks of the rank, micro batches in range, one F and
+ * one B per (micro, chunk), B after F. */
+static int check_steps(const PipeSchedule *s, char *err, size_t errlen) {
+  int nch = s->pp * s->vpp;
+  size_t cells = (size_t)nch * (size_t)s->nmicro;
+  int *fpos = ts_xmalloc(cells * sizeof *fpos), *bpos = ts_xmalloc(cells * sizeof *bpos);
+  for (size_t i = 0; i < cells; i++) fpos[i] = bpos[i] = -1;
+  int rc = 0;
+  for (int r = 0; r < s->pp && rc == 0; r++)
+    for (int i = 0; i < s->nsteps[r] && rc == 0; i++) {
+      const PipeStep *st = &s->steps[r][i];
+      if (st->kind != 'F' && st->kind != 'B') {
+        rc = ts_errf(err, errlen, "pipeline schedule: rank %d step %d has kind '%c' (F or B expected)", r, i, st->kind);
+        break;
+      }
+      if (st->micro < 0 || st->micro >= s->nmicro || st->chunk < 0 || st->chunk >= nch || st->chunk % s->pp != r) {
+        rc = ts_errf(err, errlen, "pipeline schedule: rank %d step %d (%c micro %d chunk %d) names %s", r, i,
+                     st->kind, st->micro, st->chunk,
+                     st->micro < 0 || st->micro >= s->nmicro ? "a micro batch out of range" : "a chunk of another rank");
+        break;
+      }
+      int *pos = st->kind == 'F' ? fpos : bpos;
+      size_t c = (size_t)st->chunk * s->nmicro + st->micro;
+      if (pos[c] >= 0) {
+        rc = ts_errf(err, errlen, "pipeline schedule: rank %d runs %c of micro batch %d, chunk %d twice (steps %d "
+                                  "and %d)", r, st->kind, st->micro, st->chunk, pos[c], i);
+        break;
+      }
+      pos[c] = i;
+      if (st->kind == 'B' && fpos[c] < 0)
+        rc = ts_errf(err, errlen, "pipeline schedule: rank %d step %d runs B of micro batch %d, chunk %d before its F",
+                     r, i, st->micro, st->chunk);
+    }
+  for (size_t c = 0; c < cells && rc == 0; c++)
+    if (fpos[c] < 0 || bpos[c] < 0)
+      rc = ts_errf(err, errlen, "pipeline schedule: rank %d never runs %s of micro batch %d, chunk %d",
+                   (int)(c / s->nmicro) % s->pp, fpos[c] < 0 ? "F" : "B", (int)(c % s->nmicro), (int)(c / s->nmicro));
+  free(fpos);
+  free(bpos);
+  return rc;
+}
+
+/* Link (src -> dst): the k-th send of src to dst must be the k-th receive
+ * of dst from src. */
+static int check_links(const RankOps *ro, char *err, size_t errlen) {
+  int pp = ro->pp, rc = 0;
+  for (int src = 0; src < pp && rc == 0; src++)
+    for (int dst = 0; dst < pp && rc == 0; dst++) {
+      if (src == dst) continue;
+      int i = 0, j = 0, k = 0;
+      for (;;) {
+        while (i < ro->nops[src] && !(ro->ops[src][i].op == PIPE_OP_SEND && ro->ops[src][i].peer == dst)) i++;
+        while (j < ro->nops[dst] && !(ro->ops[dst][j].op == PIPE_OP_RECV && ro->ops[dst][j].peer == src)) j++;
+        int hs = i < ro->nops[src], hr = j < ro->nops[dst];
+        if (!hs && !hr) break;
+        char a[128], b[128];
+        if (hs) msg_str(&ro->ops[src][i], a, sizeof a);
+        if (hr) msg_str(&ro->ops[dst][j], b, sizeof b);
+        if (!hr) { rc = ts_errf(err, errlen, "pipeline schedule: rank %d sends the %s to rank %d (message %d on that "
+                                             "link), which never receives it", src, a, dst, k + 1); break; }
+        if (!hs) { rc = ts_errf(err, errlen, "pipeline schedule: rank %d waits for the %s from rank %d (message %d on "
+                                             "that link), which never sends it", dst, b, src, k + 1); break; }
+        if (!same_msg(&ro->ops[src][i], &ro->ops[dst][j])) {
+          rc = ts_errf(err, errlen, "pipeline schedule: message %d from rank %d to rank %d does not match: rank %d "
+                                    "sends the %s, rank %d expects the %s (messages on a link are matched in order)",
+                       k + 1, src, dst, src, a, dst, b);
+          break;
+        }
+        i++, j++, k++;
+      }
+    }
+  return rc;
+}
+
+/* Runs all ranks together (sends never wait, receives wait for the sent
+ * message); with fwd != NULL also times every step.  -1 on deadlock. */
+static int run_ranks(const PipeSchedule *s, const RankOps *ro, const double *fwd, double bwd_ratio, PipeTimeline *t,
+                     char *err, size_t errlen) {
+  int pp = s->pp;
+  int *pc = ts_xcalloc((size_t)pp, sizeof *pc);            /* next op per rank */
+  double *clock = ts_xcalloc((size_t)pp, sizeof *clock);
+  double *ready = ts_xcalloc((size_t)pp, sizeof *ready);    /* arrival time of the received input */
+  /* sent[src * pp + dst] = messages posted so far; their times */
+  int *sent = ts_xcalloc((size_t)pp * pp, sizeof *sent), *recvd = ts_xcalloc((size_t)pp * pp, sizeof *recvd);
+  int cap = 0;
+  for (int r = 0; r < pp; r++) cap += ro->nops[r];
+  double *when = ts_xmalloc(((size_t)cap + 1) * sizeof *when);   /* per link, in order: packed per src */
+  int **link_at = ts_xcalloc((size_t)pp * pp, sizeof *link_at);  /* per link: index into when[] of message k */
+  int used = 0;
+  for (int src = 0; src < pp; src++)
+    for (int dst = 0; dst < pp; dst++) {
+      int cnt = 0;
+      for (int i = 0; i < ro->nops[src]; i++)
+        if (ro->ops[src][i].op == PIPE_OP_SEND && ro->ops[src][i].peer == dst) cnt++;
+      link_at[src * pp + dst] = ts_xmalloc(((size_t)cnt + 1) * sizeof **link_at);
+      for (int k = 0; k < cnt; k++) link_at[src * pp + dst][k] = used++;
+    }
+  int done = 0, rc = 0;
+  while (!done) {
+    int progress = 0;
+    done = 1;
+    for (int r = 0; r < pp; r++) {
+      while (pc[r] < ro->nops[r]) {
+        const PipeOp *o = &ro->ops[r][pc[r]];
+        if (o->op == PIPE_OP_RECV) {
+          int l = o->peer * pp + r;
+          if (recvd[l] >= sent[l]) break;                      /* blocked */
+          ready[r] = when[link_at[l][recvd[l]++]];
+        } else if (o->op == PIPE_OP_SEND) {
+          int l = r * pp + o->peer;
+          when[link_at[l][sent[l]++]] = clock[r];
+        } else {
+          double f = fwd ? fwd[o->edge] : 1, d = o->what == 'F' ? f : f * bwd_ratio;
+          double st = clock[r] > ready[r] ? clock[r] : ready[r];
+          if (t) { t->start[r][o->step] = st; t->end[r][o->step] = st + d; t->busy[r] += d; }
+          clock[r] = st + d;
+          ready[r] = 0;
+        }
+        pc[r]++;
+        progress = 1;
+      }
+      if (pc[r] < ro->nops[r]) done = 0;
+    }
+    if (!done && !progress) {
+      StrBuf b = {0};
+      for (int r = 0; r < pp; r++) {
+        if (pc[r] >= ro->nops[r]) continue;
+        const PipeOp *o = &ro->ops[r][pc[r]];
+        char m[128];
+        msg_str(o, m, sizeof m);
+        const PipeStep *st = &s->steps[r][o->step];
+        sb_printf(&b, "%srank %d at step %d (%c of micro batch %d) waits for the %s from rank %d", b.n ? "; " : "", r,
+                  o->step, st->kind, st->micro, m, o->peer);
+      }
+      rc = ts_errf(err, errlen, "pipeline schedule deadlocks: %s", b.p ? b.p : "");
+      sb_free(&b);
+      break;
+    }
+  }
+  if (rc == 0 && t) {
+    for (int r = 0; r < pp; r++) if (clock[r] > t->makespan) t->makespan = clock[r];
+    for (int r = 0; r < pp; r++) t->idle[r] = t->makespan - t->busy[r];
+  }
+  for (int l = 0; l < pp * pp; l++) free(link_at[l]);
+  free(link_at);
+  free(when);
+  free(sent);
+  free(recvd);
+  free(ready);
+  free(clock);
+  free(pc);
+  return rc;
+}
+
+int pass_pipe_check(const PipeSchedule *s, char *err, size_t errlen) {
+  if (s->pp < 1 || s->vpp < 1 || s->nmicro < 1 || !s->nsteps || !s->steps)
+    return ts_errf(err, errlen, "pipeline schedule: empty");
+  int rc = check_steps(s, err, errlen);
+  if (rc != 0) return rc;
+  RankOps ro;
+  rank_ops_build(s, &ro);
+  rc = check_links(&ro, err, errlen);
+  if (rc == 0) rc = run_ranks(s, &ro, NULL, 1, NULL, err, errlen);
+  rank_ops_free(&ro);
+  return rc;
+}
+
+/* ---- timeline ---- */
+
+void pass_pipe_timeline_free(PipeTimeline *t) {
+  for (int r = 0; t->start && r < t->pp; r++) { free(t->start[r]); free(t->end[r]); }
+  free(t->start);
+  free(t->end);
+  free(t->nsteps);
+  free(t->busy);
+  free(t->idle);
+  free(t->peak_micro);
+  free(t->peak_chunks);
+  memset(t, 0, sizeof *t);
+}
+
+double pass_pipe_bubble(const PipeTimeline *t, int r) { return t->busy[r] > 0 ? t->idle[r] / t->busy[r] : 0; }
+
+int pass_pipe_simulate(const PipeSchedule *s, const double *fwd, double bwd_ratio, PipeTimeline *t, char *err,
+                       size_t errlen) {
+  memset(t, 0, sizeof *t);
+  int pp = s->pp;
+  t->pp = pp;
+  t->nsteps = ts_xmalloc((size_t)pp * sizeof *t->nsteps);
+  t->start = ts_xcalloc((size_t)pp, sizeof *t->start);
+  t->end = ts_xcalloc((size_t)pp, sizeof *t->end);
+  t->busy = ts_xcalloc((size_t)pp, sizeof *t->busy);
+  t->idle = ts_xcalloc((size_t)pp, sizeof *t->idle);
+  t->peak_micro = ts_xcalloc((size_t)pp, sizeof *t->peak_micro);
+  t->peak_chunks = ts_xcalloc((size_t)pp, sizeof *t->peak_chunks);
+  for (int r = 0; r < pp; r++) {
+    t->nsteps[r] = s->nsteps[r];
+    t->start[r] = ts_xcalloc((size_t)s->nsteps[r] + 1, sizeof **t->start);
+    t->end[r] = ts_xcalloc((size_t)s->nsteps[r] + 1, sizeof **t->end);
+  }
+  RankOps ro;
+  rank_ops_build(s, &ro);
+  int rc = run_ranks(s, &ro, fwd, bwd_ratio, t, err, errlen);
+  rank_ops_free(&ro);
+  /* in flight: a chunk's activations of micro m are held from the start of
+   * its F to the end of its B; steps of one rank never overlap, so walking
+   * the rank's steps in order is walking its time */
+  int *held = ts_xcalloc((size_t)s->nmicro, sizeof *held);
+  for (int r = 0; rc == 0 && r < pp; r++) {
+    int chunks = 0, micros = 0;
+    memset(held, 0, (size_t)s->nmicro * sizeof *held);
+    for (int i = 0; i < s->nsteps[r]; i++) {
+      const PipeStep *st = &s->steps[r][i];
+      if (st->kind == 'F') {
+        chunks++;
+        if (held[st->micro]++ == 0) micros++;
+        if (chunks > t->peak_chunks[r]) t->peak_chunks[r] = chunks;
+        if (micros > t->peak_micro[r]) t->peak_micro[r] = micros;
+      } else {
+        chunks--;
+        if (--held[st->micro] == 0) micros--;
+      }
+    }
+  }
+  free(held);
+  if (rc != 0) pass_pipe_timeline_free(t);
+  return rc;
+}
+
+/* ---- views ---- */
+
+static void si(double x, char *buf, size_t n) {
+  const char *u[] = {"", "k", "M", "G", "T", "P", "E"};
+  int k = 0;
+  while (fabs(x) >= 1000 && k < 6) { x /= 1000; k++; }
+  snprintf(buf, n, "%.3g%s", x, u[k]);
+}
+
+/* Forward time of each chunk from the partition's costs: a chunk's cost is
+ * forward + backward (3 x forward), so f = cost / 3 and b = 2 f. */
+static double *chunk_fwd(const PipePartition *p) {
+  double *f = ts_xcalloc((size_t)p->nchunks, sizeof *f);
+  for (int g = 0; g < p->nchunks; g++)
+    for (int u = p->chunk_begin[g]; u < p->chunk_begin[g + 1]; u++) f[g] += p->cost[u] / 3;
+  return f;
+}
+
+static void step_label(const PipeSchedule *s, const PipeStep *st, char *buf, size_t n) {
+  if (s->vpp > 1) snprintf(buf, n, "%c%d%c", st->kind, st->micro, 'a' + (st->chunk / s->pp) % 26);
+  else snprintf(buf, n, "%c%d", st->kind, st->micro);
+}
+
+int pass_pipe_report(const IrModule *m, const PipePartition *p, const PipeSchedule *s, StrBuf *out, char *err,
+                     size_t errlen) {
+  char a[32], b[32], c[32];
+  sb_printf(out, "schedule report: %s, pp=%d vpp=%d, %s, %d micro batches per step\n", m->name ? m->name : "?", s->pp,
+            s->vpp, pass_pipe_sched_name(s->kind), s->nmicro);
+  sb_printf(out, "# partition of the repeat stack '%s' (%d layers; E = before it, L = after it).  Per micro batch:\n"
+                 "# flops = forward + backward (3 x forward; matmul 2MNK), act bytes = forward values kept for the\n"
+                 "# backward, cost = flops + %g x bytes; sent = bytes of activations crossing to the next chunk\n",
+            p->stack, p->nlayers, PIPE_FLOPS_PER_BYTE);
+  sb_printf(out, "  %-5s %-4s %-28s %10s %10s %10s %10s\n", "chunk", "rank", "units", "flops", "act bytes", "cost",
+            "sent");
+  double *rank_cost = ts_xcalloc((size_t)p->pp, sizeof *rank_cost);
+  for (int g = 0; g < p->nchunks; g++) {
+    double fl = 0, by = 0, co = 0;
+    for (int u = p->chunk_begin[g]; u < p->chunk_begin[g + 1]; u++) { fl += p->flops[u]; by += p->bytes[u]; co += p->cost[u]; }
+    rank_cost[g % p->pp] += co;
+    char units[96], sent[32] = "-";
+    pass_pipe_chunk_str(p, g, units, sizeof units);
+    if (g + 1 < p->nchunks) si(p->cut_bytes[p->chunk_begin[g + 1] - 1 < 0 ? 0 : p->chunk_begin[g + 1] - 1], sent, sizeof sent);
+    si(fl, a, sizeof a), si(by, b, sizeof b), si(co, c, sizeof c);
+    sb_printf(out, "  %-5d %-4d %-28s %10s %10s %10s %10s\n", g, g % p->pp, units, a, b, c, sent);
+  }
+  for (int r = 0; r < p->pp; r++) {
+    si(rank_cost[r], c, sizeof c);
+    sb_printf(out, "  rank %d: cost %s\n", r, c);
+  }
+  free(rank_cost);
+  if (p->nshared) {
+    sb_printf(out, "  shared across pipeline ranks (gradients all-reduced in an embedding group):");
+    for (int i = 0; i < p->nshared; i++) sb_printf(out, " %s", p->shared[i]);
+    sb_printf(out, "\n");
+  }
+  /* the time grid: f = 1, b = 2 per chunk */
+  PipeTimeline t, tc;
+  if (pass_pipe_simulate(s, NULL, 2, &t, err, errlen) != 0) return -1;
+  double *fw = chunk_fwd(p);
+  int rc = pass_pipe_simulate(s, fw, 2, &tc, err, errlen);
+  free(fw);
+  if (rc != 0) { pass_pipe_timeline_free(&t); return -1; }
+  int w = 0;
+  for (int r = 0; r < s->pp; r++)
+    for (int i = 0; i < s->nsteps[r]; i++) {
+      char l[32];
+      step_label(s, &s->steps[r][i], l, sizeof l);
+      if ((int)strlen(l) > w) w = (int)strlen(l);
+    }
+  w++;
+  sb_printf(out, "timeline (each cell one time unit: forward 1, backward 2 per chunk; '.' idle%s):\n",
+            s->vpp > 1 ? "; letter = the rank's chunk" : "");
+  for (int r = 0; r < s->pp; r++) {
+    sb_printf(out, "  rank %-3d|", r);
+    double now = 0;
+    for (int i = 0; i < s->nsteps[r]; i++) {
+      for (; now + 0.5 < t.start[r][i]; now += 1) sb_printf(out, "%-*s", w, ".");
+      char l[32];
+      step_label(s, &s->steps[r][i], l, sizeof l);
+      int cells = (int)lround(t.end[r][i] - t.start[r][i]);
+      sb_printf(out, "%-*s", w * cells, l);
+      now = t.end[r][i];
+    }
+    for (; now + 0.5 < t.makespan; now += 1) sb_printf(out, "%-*s", w, ".");
+    sb_printf(out, "|\n");
+  }
+  sb_printf(out, "bubble (idle / busy, from the simulated timeline; communication free):\n");
+  for (int r = 0; r < s->pp; r++)
+    sb_printf(out, "  rank %-3d unit costs %.4f   estimated costs %.4f\n", r, pass_pipe_bubble(&t, r),
+              pass_pipe_bubble(&tc, r));
+  double formula = (double)(s->pp - 1) / ((double)s->vpp * s->nmicro);
+  sb_printf(out, "  (p-1)/(v*m) = %.4f\n", formula);
+  sb_printf(out, "in flight (micro batches whose activations a rank holds at once; chunk activations):\n");
+  for (int r = 0; r < s->pp; r++)
+    sb_printf(out, "  rank %-3d peak %d micro batches, %d chunk activations\n", r, t.peak_micro[r], t.peak_chunks[r]);
+  pass_pipe_timeline_free(&t);
+  pass_pipe_timeline_free(&tc);
+  return 0;
+}
+
+int pass_pipe_trace(const PipePartition *p, const PipeSchedule *s, StrBuf *out, char *err, size_t errlen) {
+  double *fw = chunk_fwd(p);
+  PipeTimeline t;
+  int rc = pass_pipe_simulate(s, fw, 2, &t, err, errlen);
+  free(fw);
+  if (rc != 0) return -1;
+  /* time: the cost model's flop-equivalents at an assumed 1 TFLOP/s, in us */
+  const double us = 1e-6;
+  sb_printf(out, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
+  sb_printf(out, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": \"pipeline %s pp=%d "
+                 "vpp=%d m=%d\"}}", pass_pipe_sched_name(s->kind), s->pp, s->vpp, s->nmicro);
+  for (int r = 0; r < s->pp; r++)
+    sb_printf(out, ",\n  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
+                   "\"pp rank %d\"}}", r, r);
+  for (int r = 0; r < s->pp; r++)
+    for (int i = 0; i < s->nsteps[r]; i++) {
+      const PipeStep *st = &s->steps[r][i];
+      char l[32], units[96];
+      step_label(s, st, l, sizeof l);
+      pass_pipe_chunk_str(p, st->chunk, units, sizeof units);
+      sb_printf(out, ",\n  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.6f, "
+                     "\"dur\": %.6f, \"args\": {\"micro\": %d, \"chunk\": %d, \"units\": \"%s\"}}",
+                l, st->kind == 'F' ? "forward" : "backward", r, t.start[r][i] * us,
+                (t.end[r][i] - t.start[r][i]) * us, st->micro, st->chunk, units);
+    }
+  sb_printf(out, "\n]}\n");
+  pass_pipe_timeline_free(&t);
+  return 0;
+}
