@@ -17,6 +17,7 @@
 #include "frontend/mdl.h"
 #include "passes/passes.h"
 #include "passes/memplan.h"
+#include "passes/pipe.h"
 #include "runtime/plan.h"
 #include "runtime/train.h"
 #include <errno.h>
@@ -56,6 +57,12 @@ static void usage(FILE *f) {
           "  --report memory        per-rank memory (parameters, gradients, optimizer state, planned\n"
           "                         activation arenas) and the unsharded totals, to stdout (or -o)\n"
           "  --report comm          per-rank collectives per step (count, payload, ring bytes sent)\n"
+          "  --report schedule      pipeline: stage partition, each rank's timeline, bubble, in flight\n"
+          "  --emit=trace FILE      pipeline: Chrome/Perfetto trace (JSON) of the simulated schedule\n"
+          "  --vpp V                pipeline: chunks per rank (virtual pipeline size; default 1)\n"
+          "  --schedule S           pipeline: gpipe, 1f1b (default) or interleaved (default with --vpp >= 2)\n"
+          "  --pp-layers A,B,...    pipeline: layers per stage (pp x vpp entries) instead of balancing\n"
+          "  --pp-layout STR        pipeline: Megatron layout string, e.g. \"Et*3|t*3|t*3|t*3L\"\n"
           "  --check                compile the layout and the unsharded model in f64, run both with\n"
           "                         mrun, compare the per-step losses and final parameters (fails\n"
           "                         above 1e-10; with --precision f32: f32 and 1e-5)\n"
@@ -98,7 +105,16 @@ typedef struct {
   int time, stats;
   int dp;                    /* --dp N; -1: the parallel block's (else 1) */
   int check, steps, gpus;    /* --check, --steps K (-1: 3), --gpus N (0: the mesh size) */
+  /* pipeline (passes/pipe.h): views of the partition and schedules */
+  const char *trace;         /* --emit=trace FILE */
+  const char *schedule;      /* --schedule NAME; NULL: 1f1b, interleaved with vpp >= 2 */
+  const char *pp_layout;     /* --pp-layout STR */
+  VEC(int) pp_layers;        /* --pp-layers A,B,... */
+  int vpp;                   /* --vpp V; 0: 1 or the layout's */
 } Args;
+
+/* --report schedule or --emit=trace: the pipeline views (pp > 1 allowed). */
+static int pipe_views(const Args *a) { return a->trace || (a->report && strcmp(a->report, "schedule") == 0); }
 
 /* Returns -1 to continue, or the exit code (0 for --help/--version). */
 static int parse_args(int argc, char **argv, Args *a) {
@@ -131,7 +147,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     int *num = strcmp(s, "--tp") == 0 ? &a->mdl.tp : strcmp(s, "--pp") == 0 ? &a->mdl.pp
              : strcmp(s, "--cp") == 0 ? &a->mdl.cp : strcmp(s, "--ep") == 0 ? &a->mdl.ep
              : strcmp(s, "--dp") == 0 ? &a->dp : strcmp(s, "--steps") == 0 ? &a->steps
-             : strcmp(s, "--gpus") == 0 ? &a->gpus : NULL;
+             : strcmp(s, "--gpus") == 0 ? &a->gpus : strcmp(s, "--vpp") == 0 ? &a->vpp : NULL;
     if (num) {
       NEED_ARG(s);
       if (parse_size(next, num) != 0) return usage_error("expected a positive size, got '%s'", next);
@@ -141,10 +157,33 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--no-zero") == 0) { a->mdl.zero = 0; continue; }
     if (strcmp(s, "--check") == 0) { a->check = 1; continue; }
     if (strcmp(s, "--stdlib") == 0) { NEED_ARG(s); a->mdl.stdlib_dir = next; continue; }
+    if (strcmp(s, "--emit=trace") == 0) { NEED_ARG(s); a->trace = next; continue; }
+    if (strcmp(s, "--schedule") == 0) {
+      NEED_ARG(s);
+      if (pass_pipe_sched_lookup(next) < 0) return usage_error("--schedule must be gpipe, 1f1b or interleaved, got '%s'", next);
+      a->schedule = next;
+      continue;
+    }
+    if (strcmp(s, "--pp-layout") == 0) { NEED_ARG(s); a->pp_layout = next; continue; }
+    if (strcmp(s, "--pp-layers") == 0) {
+      NEED_ARG(s);
+      a->pp_layers.n = 0;
+      for (const char *c = next;;) {
+        char *e;
+        errno = 0;
+        long v = strtol(c, &e, 10);
+        if (e == c || errno || v < 0 || v > 100000 || (*e && *e != ','))
+          return usage_error("--pp-layers needs layer counts separated by commas (e.g. 3,3,3,3), got '%s'", next);
+        VEC_PUSH(a->pp_layers, (int)v);
+        if (!*e) break;
+        c = e + 1;
+      }
+      continue;
+    }
     if (strncmp(s, "--emit=", 7) == 0) {
       a->emit = s + 7;
       if (strcmp(a->emit, "plan") && strcmp(a->emit, "plan-text") && strcmp(a->emit, "ir") && strcmp(a->emit, "dot"))
-        return usage_error("--emit must be plan, plan-text, ir or dot, got '%s'", a->emit);
+        return usage_error("--emit must be plan, plan-text, ir, dot or trace FILE, got '%s'", a->emit);
       continue;
     }
     if (strncmp(s, "--dump-ir=", 10) == 0) {
@@ -162,8 +201,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--stats") == 0) { a->stats = 1; continue; }
     if (strcmp(s, "--report") == 0) {
       NEED_ARG(s);
-      if (strcmp(next, "memory") != 0 && strcmp(next, "comm") != 0)
-        return usage_error("--report must be memory or comm, got '%s'", next);
+      if (strcmp(next, "memory") != 0 && strcmp(next, "comm") != 0 && strcmp(next, "schedule") != 0)
+        return usage_error("--report must be memory, comm or schedule, got '%s'", next);
       a->report = next;
       continue;
     }
@@ -174,6 +213,10 @@ static int parse_args(int argc, char **argv, Args *a) {
   }
   if (!a->input) return usage_error("%s", "no input file");
   if (a->check && a->report) return usage_error("%s", "--check and --report do not go together");
+  if (!pipe_views(a) && (a->vpp > 0 || a->schedule || a->pp_layout || a->pp_layers.n))
+    return usage_error("%s", "--vpp, --schedule, --pp-layers and --pp-layout shape --report schedule and --emit=trace "
+                             "(pipeline execution is not implemented yet)");
+  if (a->check && pipe_views(a)) return usage_error("%s", "--check and the pipeline views do not go together");
   if (!a->check && (a->steps > 0 || a->gpus > 0))
     return usage_error("%s", "--steps and --gpus go with --check (mrun takes them for training)");
   /* Pass names are checked before the (possibly long) frontend runs. */
@@ -211,11 +254,18 @@ static int64_t mesh_ranks(const IrModule *m) {
 /* What this compiler can lay out, checked on the frontend's module (the
  * parallel block and the options are merged there).  0, or 1 after
  * printing "mcc: error: ...". */
-static int check_layout(const IrModule *m) {
+static int check_layout(const IrModule *m, int allow_pp) {
   static const struct { IrAxis ax; const char *what; int issue; } later[] = {
       {IR_AXIS_PP, "pipeline", 5}, {IR_AXIS_CP, "context", 6}, {IR_AXIS_EP, "expert", 6}};
   for (int i = 0; i < 3; i++) {
     int v = ir_axis_size(m, later[i].ax);
+    if (v > 1 && i == 0 && allow_pp) continue;   /* the pipeline views work with any pp */
+    if (v > 1 && i == 0) {
+      fprintf(stderr, "mcc: error: pp=%d: pipeline parallelism is not supported yet (issue 5): pipeline execution "
+                      "is not implemented yet (--report schedule and --emit=trace FILE show the stages and "
+                      "schedules); use pp=1 for a plan\n", v);
+      return 1;
+    }
     if (v > 1) {
       fprintf(stderr, "mcc: error: %s=%d: %s parallelism is not supported yet (issue %d); use %s=1\n",
               ir_axis_name(later[i].ax), v, later[i].what, later[i].issue, ir_axis_name(later[i].ax));
@@ -252,7 +302,7 @@ static IrModule *compile(const Args *a, const MdlOptions *o, int dp, PassCtx *cx
   if (t_front) *t_front = now_ms() - t0;
   if (!m) return NULL;                   /* the frontend printed the diagnostics */
   if (dp > 0) m->par.dp = dp;
-  if (check_layout(m) != 0) { ir_module_free(m); return NULL; }
+  if (check_layout(m, pipe_views(a)) != 0) { ir_module_free(m); return NULL; }
   if (pass_run_pipeline(m, cx) != 0) {
     /* a pass's refusal (heads not divisible by tp, ...) is the user's
      * error; "internal error: ..." is ours and says so itself */
@@ -472,6 +522,61 @@ static int report_comm(const IrModule *m, StrBuf *out) {
   return 0;
 }
 
+/* ---- --report schedule, --emit=trace FILE ----
+ * Partitions the frontend's forward block (passes/partition.c), builds
+ * and checks every pipeline rank's schedule (passes/schedule.c), then
+ * runs the pass pipeline too, so the layout's other errors (a dim tp does
+ * not divide, ...) are reported as for a plan.  No plan is written:
+ * pipeline execution is not implemented yet. */
+static int run_pipe_views(const Args *a, PassCtx *cx) {
+  IrModule *m = mdl_compile_file(a->input, &a->mdl);
+  if (!m) return 1;
+  if (a->dp > 0) m->par.dp = a->dp;
+  if (check_layout(m, 1) != 0) { ir_module_free(m); return 1; }
+  char err[2048];
+  PipeOptions po = {ir_axis_size(m, IR_AXIS_PP), a->vpp, a->pp_layers.n ? a->pp_layers.a : NULL, a->pp_layers.n,
+                    a->pp_layout};
+  PipePartition part;
+  PipeSchedule sched;
+  memset(&sched, 0, sizeof sched);
+  int nmicro = 0, rc = 1;
+  if (pass_pipe_partition(m, &po, &part, err, sizeof err) != 0) {
+    fprintf(stderr, "mcc: error: %s\n", err);
+    ir_module_free(m);
+    return 1;
+  }
+  int kind = a->schedule ? pass_pipe_sched_lookup(a->schedule) : part.vpp > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;
+  if (pass_pipe_nmicro(&m->train, ir_axis_size(m, IR_AXIS_DP), &nmicro, err, sizeof err) != 0 ||
+      pass_pipe_schedule((PipeSchedKind)kind, part.pp, part.vpp, nmicro, &sched, err, sizeof err) != 0 ||
+      pass_pipe_check(&sched, err, sizeof err) != 0) {
+    fprintf(stderr, "mcc: error: %s\n", err);
+    goto done;
+  }
+  StrBuf rep = {0}, tr = {0};
+  int ok = 1;
+  if (a->report && pass_pipe_report(m, &part, &sched, &rep, err, sizeof err) != 0) ok = 0;
+  if (ok && a->trace && pass_pipe_trace(&part, &sched, &tr, err, sizeof err) != 0) ok = 0;
+  if (!ok) fprintf(stderr, "mcc: error: %s\n", err);
+  else if (pass_run_pipeline(m, cx) != 0) {
+    int internal = strncmp(cx->err, "internal error", 14) == 0;
+    fprintf(stderr, "mcc: %s%s\n", internal ? "" : "error: ", cx->err);
+  } else {
+    rc = 0;
+    if (a->report) rc = emit_text(a->output, &rep);
+    if (rc == 0 && a->trace && ts_write_file_atomic(a->trace, tr.p ? tr.p : "", tr.n) != 0) {
+      fprintf(stderr, "mcc: cannot write '%s': %s\n", a->trace, strerror(errno));
+      rc = 1;
+    }
+  }
+  sb_free(&rep);
+  sb_free(&tr);
+done:
+  pass_pipe_schedule_free(&sched);
+  pass_pipe_partition_free(&part);
+  ir_module_free(m);
+  return rc;
+}
+
 /* ---- --check ---- */
 
 /* A fresh directory for the check's files (under $TMPDIR, else /tmp). */
@@ -675,6 +780,10 @@ int main(int argc, char **argv) {
   if (a.check && a.mdl.precision == IR_VOID) a.mdl.precision = IR_F64;   /* --check compares in f64 */
   if (a.time) cx.time_to = stderr;
 
+  if (pipe_views(&a)) {
+    rc = run_pipe_views(&a, &cx);
+    goto out;
+  }
   double t0 = now_ms(), tf = 0;
   IrModule *m = compile(&a, &a.mdl, a.dp, &cx, &tf);
   if (a.time) fprintf(stderr, "time: %-12s %9.1f ms\n", "frontend", tf);
@@ -706,6 +815,7 @@ int main(int argc, char **argv) {
   if (owned) ir_module_free(m);
 out:
   free(a.defines.a);
+  free(a.pp_layers.a);
   pass_ctx_free(&cx);
   return rc;
 }
