@@ -99,6 +99,42 @@ static void node_label(const IrNode *n, int id, char *buf, size_t len) {
   else snprintf(buf, len, "%%%d = %s", id, ok ? ir_ops[n->op].name : "?");
 }
 
+/* Fusion groups (IrNode.group > 0, passes/fuse.c): a group runs as one
+ * kernel at the position of its LAST member, so it must be convex in
+ * execution order: no node outside the group may use a group value before
+ * that last member (it would read a value not computed yet).  Members
+ * have results (effects never fuse).  Whether codegen can lower a group is
+ * codegen's check (the executor falls back to the reference kernels). */
+static int verify_groups(const IrBlock *b, char *err, size_t errlen) {
+  int maxg = 0;
+  for (int i = 0; i < b->n; i++) {
+    const IrNode *n = &b->nodes[i];
+    if (n->group < 0) return ts_errf(err, errlen, "block %s, %%%d: negative fusion group %d", b->name, i, n->group);
+    if (n->group > 0 && n->type.dtype == IR_VOID)
+      return ts_errf(err, errlen, "block %s, node %d: %s has no result and cannot be in fusion group %d", b->name, i,
+                     ir_ops[n->op].name, n->group);
+    if (n->group > maxg) maxg = n->group;
+  }
+  if (!maxg) return 0;
+  if (maxg > b->n)   /* groups are numbered 1, 2, ... per block */
+    return ts_errf(err, errlen, "block %s: fusion group %d but the block has only %d nodes", b->name, maxg, b->n);
+  /* last[g]: the group's last member */
+  int *last = ts_xcalloc((size_t)maxg + 1, sizeof *last);
+  for (int i = 0; i < b->n; i++) last[b->nodes[i].group] = i;
+  int rc = 0;
+  for (int u = 0; u < b->n && !rc; u++) {
+    const IrNode *n = &b->nodes[u];
+    for (int k = 0; k < n->nin && !rc; k++) {
+      int g = b->nodes[n->in[k]].group;
+      if (g > 0 && g != n->group && u < last[g])
+        rc = ts_errf(err, errlen, "block %s: fusion group %d is not convex: node %d (%s) uses its value %%%d "
+                     "before the group's last member %%%d", b->name, g, u, ir_ops[n->op].name, n->in[k], last[g]);
+    }
+  }
+  free(last);
+  return rc;
+}
+
 static int verify_block(const IrModule *m, const IrBlock *b, char *err, size_t errlen) {
   char lab[96], msg[512], t1[256], t2[256];
   for (int id = 0; id < b->n; id++) {
@@ -151,6 +187,7 @@ int ir_verify(const IrModule *m, char *err, size_t errlen) {
       if (m->blocks.a[j].name == b->name) return ts_errf(err, errlen, "block %s defined twice", b->name);
     if (b->n < 0 || (b->n > 0 && !b->nodes)) return ts_errf(err, errlen, "block %s: bad node array", b->name);
     if (verify_block(m, b, err, errlen)) return -1;
+    if (verify_groups(b, err, errlen)) return -1;
   }
   return 0;
 }

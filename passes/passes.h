@@ -16,6 +16,7 @@ typedef struct PassCtx {
   FILE *print_to;            /* where print_after goes (stdout) */
   const char *dump_pass;     /* --dump-ir=PASS DIR: dump only that pass; NULL = all */
   FILE *time_to;             /* --time: per-pass wall times go here; NULL = off */
+  int no_fuse;               /* --no-fuse: pass_fuse forms no groups */
 } PassCtx;
 
 typedef int (*PassFn)(IrModule *m, PassCtx *cx);
@@ -29,6 +30,13 @@ int pass_shard(IrModule *m, PassCtx *cx);
 int pass_optimizer(IrModule *m, PassCtx *cx);
 /* removes nodes whose value is never used (effects are roots) */
 int pass_dce(IrModule *m, PassCtx *cx);
+/* marks fusion groups (IrNode.group) that codegen lowers as one kernel */
+int pass_fuse(IrModule *m, PassCtx *cx);
+/* Whether node i of b may be run as a generated kernel (in a group or
+ * alone): cg_op_lowerable, and not a node whose kernel would need the
+ * rank's mesh offsets (causal mask on split dims, row op on a split last
+ * dim).  The executor uses the same test. */
+int pass_fuse_node_ok(const IrModule *m, const IrBlock *b, int i);
 /* For a compiled module (micro + update) and another data-parallel size:
  * drops block "update" and the adam_m/adam_v states (refused unless they
  * are the last states and only "update" uses them), sets m->par.dp = dp,

@@ -20,6 +20,7 @@ const PassInfo pass_pipeline[] = {
     {"shard", pass_shard, "tensor / sequence parallelism: local shapes, layouts, collectives (docs/sharding.md)"},
     {"optimizer", pass_optimizer, "adds the update block: grad norm, clipping, AdamW, zeroing grads"},
     {"dce", pass_dce, "removes values that nothing uses"},
+    {"fuse", pass_fuse, "fusion groups: nodes that run as one generated kernel (docs/codegen.md)"},
 };
 const int pass_pipeline_count = (int)(sizeof pass_pipeline / sizeof pass_pipeline[0]);
 
