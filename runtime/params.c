@@ -208,19 +208,26 @@ fail:
 
 double rt_params_max_rel_diff(const RtParams *a, const RtParams *b, char *where, size_t n) {
   if (a->n != b->n) { snprintf(where, n, "%d parameters vs %d", a->n, b->n); return -1; }
-  double worst = 0;
+  double worst = 0, model = 0;
   int wi = -1;
   snprintf(where, n, "(no parameters)");
+  for (int i = 0; i < b->n; i++)
+    for (int64_t k = 0; k < b->a[i].numel; k++) model = fmax(model, fabs(b->a[i].data[k]));
   for (int i = 0; i < a->n; i++) {
     const RtParam *x = &a->a[i], *y = &b->a[i];
     int same = strcmp(x->name, y->name) == 0 && x->rank == y->rank;
     for (int d = 0; same && d < x->rank; d++) same = x->dim[d] == y->dim[d];
     if (!same) { snprintf(where, n, "parameter %s vs %s: different names or shapes", x->name, y->name); return -1; }
-    double r = 0;
+    /* tensor-wise: the largest difference over the tensor's largest entry,
+     * that scale floored at 10% of the model's largest parameter entry */
+    double dmax = 0, bmax = 0;
     for (int64_t k = 0; k < x->numel; k++) {
-      double b = fabs(y->data[k]), d = fabs(x->data[k] - y->data[k]) / (b > 1 ? b : 1);
-      if (!isnan(r) && !(d <= r)) r = d;   /* a NaN wins and stays */
+      double d = fabs(x->data[k] - y->data[k]);
+      if (!isnan(dmax) && !(d <= dmax)) dmax = d;   /* a NaN wins and stays */
+      bmax = fmax(bmax, fabs(y->data[k]));
     }
+    double scale = fmax(bmax, 0.1 * model);
+    double r = isnan(dmax) ? dmax : dmax / (scale > 0 ? scale : 1);
     if (wi < 0 || r > worst || (isnan(r) && !isnan(worst))) {
       worst = r;
       wi = i;

@@ -95,12 +95,13 @@ typedef struct { int n; RtParam *a; } RtParams;
 int rt_params_save(RtProgram *p, RtComm *world, const char *path, char *err, size_t errlen);
 RtParams *rt_params_read(const char *path, char *err, size_t errlen);
 void rt_params_free(RtParams *ps);
-/* The largest difference between a and b over every element of every
- * parameter, relative where |b_i| > 1 and absolute below:
- * |a_i - b_i| / max(|b_i|, 1).  (Not purely relative: a parameter whose
- * true gradient is 0, like an attention key bias, moves by AdamW steps
- * driven by rounding noise, ~1e-13 here and there but different in every
- * summation order, so its own size is no scale to compare against.)
+/* The largest tensor-wise relative difference between a and b:
+ *   max over parameters of  max_i |a_i - b_i| / max(max_i |b_i|, 0.1 * M)
+ * with M the largest |b_i| of the whole model.  The floor matters only for
+ * a parameter whose entries all stay below 10% of M: one whose true gradient
+ * is 0, like an attention key bias, moves by AdamW steps driven by rounding
+ * noise that differs with every summation order, so its own size is no
+ * scale to compare against.
  * -1 with a message in where when the files hold different parameters or
  * shapes; else where names the parameter with the largest difference. */
 double rt_params_max_rel_diff(const RtParams *a, const RtParams *b, char *where, size_t n);
