@@ -534,24 +534,34 @@ int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *
       }
     }
   }
-  /* parameters read on more than one pipeline rank */
+  /* parameters read on more than one pipeline rank: the ranks of the
+   * anchored readers, carried back through free values (a tied embedding
+   * is ONE state node read by the embedding and by the head) */
   if (rc == 0) {
     int *unit_rank = ts_xmalloc((size_t)nu * sizeof *unit_rank);
     for (int g = 0; g < out->nchunks; g++)
       for (int u = out->chunk_begin[g]; u < out->chunk_begin[g + 1]; u++) unit_rank[u] = g % out->pp;
-    int *first = ts_xmalloc((size_t)(m->states.n + 1) * sizeof *first);
-    for (int s = 0; s < m->states.n; s++) first[s] = -1;
-    out->shared = ts_xcalloc((size_t)(m->states.n + 1), sizeof *out->shared);
-    for (int i = 0; i < b->n; i++) {
-      if (b->nodes[i].op != IR_OP_STATE) continue;
-      int s = (int)b->nodes[i].ia[0], r = unit_rank[out->node_unit[i]];
-      if (first[s] < 0) first[s] = r;
-      else if (first[s] != r && first[s] != -2) {
-        out->shared[out->nshared++] = m->states.a[s].name;
-        first[s] = -2;
+    int *rank = ts_xmalloc((size_t)(b->n + 1) * sizeof *rank);   /* -1 none, -2 several */
+    for (int i = 0; i < b->n; i++) rank[i] = -1;
+    for (int i = b->n - 1; i >= 0; i--) {
+      int r = anchored(&f, i) ? unit_rank[out->node_unit[i]] : rank[i];
+      if (r == -1) continue;
+      for (int k = 0; k < b->nodes[i].nin; k++) {
+        int v = b->nodes[i].in[k];
+        if (anchored(&f, v)) continue;
+        rank[v] = rank[v] == -1 ? r : rank[v] == r ? r : -2;
       }
     }
-    free(first);
+    out->shared = ts_xcalloc((size_t)(m->states.n + 1), sizeof *out->shared);
+    char *done = ts_xcalloc((size_t)(m->states.n + 1), 1);
+    for (int i = 0; i < b->n; i++) {
+      int s = (int)b->nodes[i].ia[0];
+      if (b->nodes[i].op != IR_OP_STATE || rank[i] != -2 || done[s]) continue;
+      done[s] = 1;
+      out->shared[out->nshared++] = m->states.a[s].name;
+    }
+    free(done);
+    free(rank);
     free(unit_rank);
   }
   free(cut);

@@ -476,7 +476,7 @@ int pass_pipe_report(const IrModule *m, const PipePartition *p, const PipeSchedu
   }
   sb_printf(out, "bubble (idle / busy, from the simulated timeline; communication free):\n");
   for (int r = 0; r < s->pp; r++)
-    sb_printf(out, "  rank %-3d unit costs %.4f   estimated costs %.4f\n", r, pass_pipe_bubble(&t, r),
+    sb_printf(out, "  rank %-3d f=1,b=2 %.4f   estimated costs %.4f\n", r, pass_pipe_bubble(&t, r),
               pass_pipe_bubble(&tc, r));
   double formula = (double)(s->pp - 1) / ((double)s->vpp * s->nmicro);
   sb_printf(out, "  (p-1)/(v*m) = %.4f\n", formula);

@@ -1,0 +1,88 @@
+#!/bin/bash
+# mcc_test.sh - the pipeline views of mcc as a user runs them:
+# `--report schedule` (partition, one timeline line per rank, bubbles that
+# equal (p-1)/(v*m) on the time grid, in-flight peaks), `--emit=trace FILE`
+# (well-formed JSON with ph "X" events, one per step), the refusals (a plan
+# with pp > 1, 1f1b with too few micro batches, interleaved without --vpp,
+# a layout that misses a layer, micro batches that do not divide), and
+# that no plan is written.
+#
+# usage: mcc_test.sh MCC SRCDIR TMPDIR
+set -u
+MCC=$1 SRC=$2 TMP=$3
+rm -rf "$TMP" && mkdir -p "$TMP" || exit 1
+fail=0
+die() { echo "FAIL: $*" >&2; fail=1; }
+cp "$SRC/samples/gpt.mdl" "$TMP/gpt.mdl"
+cp "$SRC/samples/llama.mdl" "$TMP/llama.mdl"
+TINY="-D layers=8 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=64 -D batch=16 -D micro_batch=1"
+
+# run EXPECTED_RC args...: output in $TMP/out, errors in $TMP/err
+run() {
+  local want=$1; shift
+  "$MCC" "$@" > "$TMP/out" 2> "$TMP/err"
+  local rc=$?
+  [ "$rc" = "$want" ] || die "mcc $*: exit $rc, expected $want; stderr: $(head -c 600 "$TMP/err")"
+  return 0
+}
+has() { grep -qF -- "$2" "$1" || die "'$2' not in $1: $(head -c 2000 "$1")"; }
+
+# 1F1B, pp=4, 16 micro batches: bubble 3/16 on every rank, rank 0 holds 4
+run 0 "$TMP/gpt.mdl" $TINY --pp 4 --report schedule
+has "$TMP/out" "pp=4 vpp=1, 1f1b, 16 micro batches per step"
+has "$TMP/out" "E + layers 0-1"
+has "$TMP/out" "layers 6-7 + L"
+has "$TMP/out" "shared across pipeline ranks (gradients all-reduced in an embedding group): token_embedding.wte"
+[ "$(grep -c '^  rank [0-9]* *|' "$TMP/out")" = 4 ] || die "1f1b: not one timeline line per rank"
+[ "$(grep -c 'f=1,b=2 0.1875 ' "$TMP/out")" = 4 ] || die "1f1b: bubble not 3/16 on every rank: $(grep f=1 "$TMP/out")"
+has "$TMP/out" "rank 0   peak 4 micro batches"
+[ -e "$TMP/gpt.plan" ] && die "--report schedule wrote a plan"
+
+# interleaved (default with --vpp 2), pp=2: bubble 1/(2*16)
+run 0 "$TMP/llama.mdl" $TINY --pp 2 --vpp 2 --report schedule -o "$TMP/il.txt"
+has "$TMP/il.txt" "pp=2 vpp=2, interleaved"
+[ "$(grep -c 'f=1,b=2 0.0312 ' "$TMP/il.txt")" = 2 ] || die "interleaved: bubble not 1/32: $(grep f=1 "$TMP/il.txt")"
+
+# a Megatron layout and a trace
+run 0 "$TMP/gpt.mdl" $TINY --pp 4 --pp-layout "Et*3|t*2|t*2|tL" --schedule gpipe --report schedule --emit=trace "$TMP/t.json"
+has "$TMP/out" "E + layers 0-2"
+has "$TMP/out" "layer 7 + L"
+/usr/bin/python3 - "$TMP/t.json" <<'PY' || die "trace is not a well-formed Chrome trace"
+import json, sys
+d = json.load(open(sys.argv[1]))
+ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
+assert len(ev) == 4 * 2 * 16, len(ev)                 # pp ranks x (F + B) x micro batches
+assert {e["tid"] for e in ev} == {0, 1, 2, 3}
+for e in ev:
+    assert e["dur"] > 0 and e["ts"] >= 0 and e["name"][0] in "FB"
+for tid in range(4):                                 # a rank's steps never overlap
+    xs = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e["tid"] == tid)
+    assert all(a[1] <= b[0] + 1e-9 for a, b in zip(xs, xs[1:]))
+PY
+# --pp-layers with uneven first and last stages
+run 0 "$TMP/gpt.mdl" $TINY --pp 4 --pp-layers 1,3,3,1 --report schedule
+has "$TMP/out" "E + layer 0"
+has "$TMP/out" "layers 1-3"
+
+# refusals
+run 1 "$TMP/gpt.mdl" $TINY --pp 2
+has "$TMP/err" "pipeline execution is not implemented yet"
+run 1 "$TMP/gpt.mdl" $TINY -D batch=2 --pp 4 --report schedule
+has "$TMP/err" "needs at least 4 micro batches per step, and there are 2"
+run 1 "$TMP/gpt.mdl" $TINY -D batch=12 --pp 8 --vpp 1 --schedule interleaved --report schedule
+has "$TMP/err" "--vpp V >= 2"
+run 1 "$TMP/gpt.mdl" $TINY -D batch=10 --pp 4 --vpp 2 --report schedule
+has "$TMP/err" "needs the micro batches per step (10) to be a multiple of pp=4"
+run 1 "$TMP/gpt.mdl" $TINY --pp 4 --pp-layout "Et*3|t*2|t*2|L" --report schedule
+has "$TMP/err" "has 7 transformer layers 't' but the model's stack has 8"
+run 1 "$TMP/gpt.mdl" $TINY --pp 16 --report schedule
+has "$TMP/err" "16 stages but the stack 'layers' has only 8 layers"
+run 1 "$TMP/gpt.mdl" $TINY --dp 3 --pp 2 --report schedule
+has "$TMP/err" "dp=3 does not divide the 16 micro batches"
+run 0 "$TMP/gpt.mdl" $TINY --dp 2 --pp 2 --report schedule
+has "$TMP/out" "8 micro batches per step"
+run 2 "$TMP/gpt.mdl" $TINY --pp 2 --vpp 2
+has "$TMP/err" "pipeline execution is not implemented yet"
+run 2 "$TMP/gpt.mdl" $TINY --report schedule --schedule zigzag
+has "$TMP/err" "--schedule must be gpipe, 1f1b or interleaved"
+exit $fail
