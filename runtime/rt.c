@@ -18,7 +18,13 @@
  * reuse by the next node or run); last uses are computed once per block
  * and cached.  INPUT values alias the caller's feed and STATE values
  * alias the slab (no copies); effects write the slab.
- * The kernels are the reference ones of ops_ref.c. */
+ * Backends (RtExecOpts): with the reference one every node runs its
+ * kernel of ops_ref.c.  With the LLVM one (exec_jit.c) a fusion group runs
+ * as one generated kernel when the walk reaches its last member (the other
+ * members are skipped, and values used only inside the group never get a
+ * buffer); lone lowerable nodes run generated kernels too; everything else
+ * the reference kernels.  A value read by a kernel counts as read at the
+ * kernel's position, which is what the last uses are computed from. */
 #include "rt_priv.h"
 #include <math.h>
 #include <stdarg.h>
@@ -51,7 +57,10 @@ struct RtProgram {
   unsigned char *slab;      /* all states, 64-byte aligned offsets */
   size_t slab_bytes;
   size_t *off;              /* per state: byte offset into slab */
-  int **last_use;           /* per block: node -> index of its last user (lazy) */
+  RtExecOpts opts;
+  RtJit *jit;               /* LLVM backend: compiled kernels and their pool */
+  int **free_off, **free_val; /* per block (lazy): after position i, release
+                               values free_val[off[i] .. off[i+1]) */
   VEC(RtOut) outs;
   VEC(RtBuf) pool;          /* free value buffers, reused by exact size */
   int profile;              /* TS_RT_PROFILE set: time every op */
@@ -194,12 +203,27 @@ static int init_param(const RtProgram *p, const IrState *s, uint64_t seed, void 
   return 0;
 }
 
+static RtExecOpts g_exec_default;   /* zero: the reference backend */
+void rt_exec_set_default(const RtExecOpts *o) { if (o) g_exec_default = *o; }
+RtExecOpts rt_exec_default(void) { return g_exec_default; }
+
 RtProgram *rt_program_new(const IrModule *m, char *err, size_t errlen) {
   RtRank r = rt_rank_single();
-  return rt_program_new_rank(m, &r, err, errlen);
+  return rt_program_new_opts(m, &r, &g_exec_default, err, errlen);
 }
 
 RtProgram *rt_program_new_rank(const IrModule *m, const RtRank *r, char *err, size_t errlen) {
+  return rt_program_new_opts(m, r, &g_exec_default, err, errlen);
+}
+
+void rt_program_exec_stats(const RtProgram *p, RtExecStats *s) {
+  memset(s, 0, sizeof *s);
+  if (p->jit) *s = *rt_jit_stats(p->jit);
+}
+
+RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecOpts *o, char *err, size_t errlen) {
+  RtExecOpts dflt = {0};
+  if (!o) o = &dflt;
   if (!m) { ts_errf(err, errlen, "rt_program_new: no module"); return NULL; }
   if (!r) { ts_errf(err, errlen, "rt_program_new_rank: no rank"); return NULL; }
   for (int a = 0; a < IR_AXIS_COUNT; a++) {
@@ -220,7 +244,9 @@ RtProgram *rt_program_new_rank(const IrModule *m, const RtRank *r, char *err, si
   p->rank = *r;
   p->profile = getenv("TS_RT_PROFILE") != NULL;
   p->off = ts_xcalloc((size_t)m->states.n + 1, sizeof *p->off);
-  p->last_use = ts_xcalloc((size_t)m->blocks.n + 1, sizeof *p->last_use);
+  p->opts = *o;
+  p->free_off = ts_xcalloc((size_t)m->blocks.n + 1, sizeof *p->free_off);
+  p->free_val = ts_xcalloc((size_t)m->blocks.n + 1, sizeof *p->free_val);
   size_t total = 0;
   for (int i = 0; i < m->states.n; i++) {
     const IrState *s = &m->states.a[i];
@@ -250,6 +276,15 @@ RtProgram *rt_program_new_rank(const IrModule *m, const RtRank *r, char *err, si
       return NULL;
     }
   }
+  if (o->backend == RT_BACKEND_LLVM && !(p->jit = rt_jit_new(m, o, err, errlen))) {
+    rt_program_free(p);
+    return NULL;
+  }
+  if (p->jit && p->profile) {
+    const RtExecStats *s = rt_jit_stats(p->jit);
+    fprintf(stderr, "rt: llvm backend: %d kernels (%d fused groups, %d distinct compiled, %d groups on the reference) "
+            "in %.3f s, %d threads\n", s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->threads);
+  }
   return p;
 }
 
@@ -258,9 +293,13 @@ void rt_program_free(RtProgram *p) {
   if (p->profile) print_profile(p);
   for (int i = 0; i < p->pool.n; i++) free(p->pool.a[i].p);
   free(p->pool.a);
-  if (p->last_use)
-    for (int b = 0; b < p->m->blocks.n; b++) free(p->last_use[b]);
-  free(p->last_use);
+  for (int b = 0; p->free_off && b < p->m->blocks.n; b++) {
+    free(p->free_off[b]);
+    free(p->free_val[b]);
+  }
+  free(p->free_off);
+  free(p->free_val);
+  rt_jit_free(p->jit);
   free(p->off);
   free(p->slab);
   free(p->outs.a);
@@ -298,17 +337,33 @@ static void buf_put(RtProgram *p, void *q, size_t bytes) {
   VEC_PUSH(p->pool, b);
 }
 
-/* last[i] = index of the last node reading value i (i itself if none), so
- * the executor frees value i right after node last[i] ran. */
-static int *compute_last_use(const IrBlock *b) {
-  int *last = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *last);
-  for (int i = 0; i < b->n; i++) last[i] = i;
-  for (int i = 0; i < b->n; i++)
+/* Where each value is released: last[v] = the last position reading v
+ * (v's own position if none), as CSR lists per position (*off: b->n + 1
+ * offsets into *val).  A node computed by a kernel (jb, LLVM backend)
+ * "runs" at the kernel's position, and reads inside one kernel are not
+ * reads of a buffer. */
+static void compute_free_plan(const IrBlock *b, const RtJitBlock *jb, int **off_out, int **val_out) {
+  int n = b->n;
+  int *last = ts_xmalloc((size_t)(n ? n : 1) * sizeof *last);
+#define EP(u) (jb && jb->kern[u] >= 0 ? jb->k.a[jb->kern[u]].at : (u))
+  for (int i = 0; i < n; i++) last[i] = EP(i);
+  for (int i = 0; i < n; i++)
     for (int k = 0; k < b->nodes[i].nin; k++) {
       int v = b->nodes[i].in[k];
-      if (v >= 0 && v < i && last[v] < i) last[v] = i;
+      if (v < 0 || v >= i) continue;
+      if (jb && jb->kern[i] >= 0 && jb->kern[i] == jb->kern[v]) continue;
+      if (last[v] < EP(i)) last[v] = EP(i);
     }
-  return last;
+#undef EP
+  int *off = ts_xcalloc((size_t)n + 1, sizeof *off), *val = ts_xmalloc((size_t)(n ? n : 1) * sizeof *val);
+  for (int v = 0; v < n; v++) off[last[v] + 1]++;
+  for (int i = 0; i < n; i++) off[i + 1] += off[i];
+  int *fill = ts_xcalloc((size_t)(n ? n : 1), sizeof *fill);
+  for (int v = 0; v < n; v++) val[off[last[v]] + fill[last[v]]++] = v;
+  free(fill);
+  free(last);
+  *off_out = off;
+  *val_out = val;
 }
 
 static void record_output(RtProgram *p, const char *name, double v) {
@@ -435,13 +490,37 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, void **buf, unsigned 
   return rc;
 }
 
+/* Runs kernel K (at its position): reads its inputs' buffers, allocates
+ * its outputs.  0 or -1 with a message. */
+static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **buf, unsigned char *owned,
+                      char *msg, size_t n) {
+  void *bufs[CG_MAX_BUFS];
+  for (int k = 0; k < K->io.nin; k++) {
+    if (!(bufs[k] = buf[K->io.in[k]])) {
+      snprintf(msg, n, "internal error: kernel input %%%d has no buffer", K->io.in[k]);
+      return -1;
+    }
+  }
+  for (int j = 0; j < K->io.nout; j++) {
+    int v = K->io.out[j];
+    size_t bytes = value_bytes(&b->nodes[v]);
+    void *q = buf_get(p, bytes);
+    if (!q) { snprintf(msg, n, "out of memory allocating %zu bytes", bytes); return -1; }
+    buf[v] = bufs[K->io.nin + j] = q;
+    owned[v] = 1;
+  }
+  rt_jit_run(p->jit, K, bufs);
+  return 0;
+}
+
 int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds,
                  const RtRunInfo *info, char *err, size_t errlen) {
   const IrModule *m = p->m;
   if (bi < 0 || bi >= m->blocks.n) { ts_errf(err, errlen, "no block %d", bi); return -1; }
   const IrBlock *b = &m->blocks.a[bi];
-  if (!p->last_use[bi]) p->last_use[bi] = compute_last_use(b);
-  const int *last = p->last_use[bi];
+  const RtJitBlock *jb = p->jit ? rt_jit_block(p->jit, bi) : NULL;
+  if (!p->free_off[bi]) compute_free_plan(b, jb, &p->free_off[bi], &p->free_val[bi]);
+  const int *foff = p->free_off[bi], *fval = p->free_val[bi];
   RtRunInfo dflt = {0, 0, m->train.lr};
   if (!info) info = &dflt;
 
@@ -451,8 +530,11 @@ int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds,
   int rc = 0;
   for (int i = 0; i < b->n; i++) {
     msg[0] = 0;
+    int kid = jb ? jb->kern[i] : -1;
+    if (kid >= 0 && jb->k.a[kid].at != i) continue;   /* computed by a kernel later */
     double t0 = p->profile ? now_s() : 0;
-    int bad = run_node(p, b, i, buf, owned, feeds, nfeeds, info, msg, sizeof msg);
+    int bad = kid >= 0 ? run_kernel(p, b, &jb->k.a[kid], buf, owned, msg, sizeof msg)
+                       : run_node(p, b, i, buf, owned, feeds, nfeeds, info, msg, sizeof msg);
     if (p->profile) {
       p->op_s[b->nodes[i].op] += now_s() - t0;
       p->op_n[b->nodes[i].op]++;
@@ -462,14 +544,12 @@ int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds,
       rc = -1;
       break;
     }
-    /* free what node i was the last reader of (and i itself if unread) */
-    const IrNode *nd = &b->nodes[i];
-    for (int k = 0; k < nd->nin; k++) {
-      int v = nd->in[k];
-      if (last[v] == i && owned[v]) { buf_put(p, buf[v], value_bytes(&b->nodes[v])); owned[v] = 0; }
-      if (last[v] == i) buf[v] = NULL;
+    /* release what position i was the last reader of (and unread results) */
+    for (int f = foff[i]; f < foff[i + 1]; f++) {
+      int v = fval[f];
+      if (owned[v]) { buf_put(p, buf[v], value_bytes(&b->nodes[v])); owned[v] = 0; }
+      buf[v] = NULL;
     }
-    if (last[i] == i && owned[i]) { buf_put(p, buf[i], value_bytes(nd)); owned[i] = 0; buf[i] = NULL; }
   }
   for (int i = 0; i < b->n; i++)
     if (owned[i]) buf_put(p, buf[i], value_bytes(&b->nodes[i]));

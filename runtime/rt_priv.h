@@ -4,6 +4,7 @@
 #ifndef TS_RT_PRIV_H
 #define TS_RT_PRIV_H
 #include "rt.h"
+#include "../codegen/cg.h"
 
 /* ---- counter-based random numbers (rng.c; formulas in its header) ---- */
 enum { RT_RNG_INIT = 1, RT_RNG_DROPOUT = 2, RT_RNG_DATA = 3 };  /* domain tags */
@@ -60,5 +61,30 @@ int rt_all_gather_dim(RtComm *g, IrDtype dt, const void *x, void *y, int64_t out
 int rt_program_axis_size(const RtProgram *p, IrAxis a);
 /* The module's training seed, for dropout (set by the program). */
 uint64_t rt_program_seed(const RtProgram *p);
+
+/* ---- the LLVM backend (exec_jit.c) ----
+ * A kernel run at node `at` of its block (a group's last member, or a
+ * lone lowerable node): buffer k of fn is value io.in[k] (k < io.nin),
+ * then io.out[j] (written). */
+typedef struct {
+  int at;
+  IrOp op;            /* the op at `at` (profiles) */
+  CgFn fn;
+  int64_t grid, work; /* iterations; elements of the largest buffer */
+  CgGroupIO io;
+} RtJitKernel;
+typedef struct {
+  int *kern;          /* per node: the kernel computing it, or -1 (reference kernel) */
+  VEC(RtJitKernel) k;
+} RtJitBlock;
+typedef struct RtJit RtJit;
+/* Lowers and compiles every kernel of m's blocks (o->no_groups: every node
+ * alone, groups ignored).  NULL with a message on a JIT failure. */
+RtJit *rt_jit_new(const IrModule *m, const RtExecOpts *o, char *err, size_t errlen);
+void rt_jit_free(RtJit *j);
+const RtJitBlock *rt_jit_block(const RtJit *j, int b);
+const RtExecStats *rt_jit_stats(const RtJit *j);
+/* Runs kernel k over its parallel space (the pool, or inline if small). */
+void rt_jit_run(RtJit *j, const RtJitKernel *k, void **bufs);
 
 #endif

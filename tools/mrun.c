@@ -2,10 +2,11 @@
  *
  *   mrun PLAN [--gpus N] [--steps N] [--data FILE] [--metrics out.jsonl]
  *             [--seed N] [--timeout S] [--save-params FILE] [--quiet]
+ *             [--backend llvm|ref]
  *
  * Loads the plan (binary or text, as written by mcc; a bare IR module
  * with blocks "micro" and "update" is accepted too) and trains it with the
- * reference CPU runtime (runtime/train.c) on N ranks, one process each:
+ * CPU runtime (runtime/train.c) on N ranks, one process each:
  *   - N = 1 without an MPI launcher: this process, no MPI at all;
  *   - N > 1 without a launcher: mrun re-executes itself under
  *     `mpirun -np N --oversubscribe --bind-to none` (marker TS_MRUN_LAUNCHED
@@ -30,7 +31,7 @@
 
 static const char usage[] =
     "usage: mrun PLAN [--gpus N] [--steps N] [--data FILE] [--metrics out.jsonl] [--seed N]\n"
-    "                 [--timeout S] [--save-params FILE] [--quiet]\n"
+    "                 [--timeout S] [--save-params FILE] [--quiet] [--backend llvm|ref]\n"
     "  PLAN               a plan from mcc (binary or --emit=plan-text), or an IR module text\n"
     "  --gpus N           number of ranks (CPU ranks without a GPU driver); N / (tp*pp*cp*ep) is dp.\n"
     "                     N > 1 starts the ranks with mpirun unless already under an MPI launcher\n"
@@ -41,7 +42,11 @@ static const char usage[] =
     "  --timeout S        seconds a rank waits in a collective before the job is stopped (default 60)\n"
     "  --save-params FILE after training, write every parameter in its global shape (format: runtime/train.h)\n"
     "  --quiet            no per-step progress lines\n"
-    "environment: TS_RT_PROFILE=1 prints the time spent per op at exit\n";
+    "  --backend B        llvm (default): fusion groups and elementwise / row ops as JIT-compiled kernels;\n"
+    "                     ref: every op on the reference kernels (the oracle for tests)\n"
+    "environment: TS_RT_PROFILE=1 prints the time spent per op at exit (and the JIT's work);\n"
+    "             TS_THREADS=N threads of the generated kernels (default: all cores; 1 per rank when\n"
+    "             mrun starts several ranks itself)\n";
 
 typedef struct {
   const char *plan, *data, *metrics, *save_params;
@@ -49,6 +54,7 @@ typedef struct {
   int has_seed, quiet;
   uint64_t seed;
   double timeout;             /* seconds */
+  RtBackend backend;
 } Args;
 
 /* Parses a non-negative integer option value; 0 or -1 with a message. */
@@ -69,6 +75,7 @@ static int parse_args(int argc, char **argv, Args *a) {
   memset(a, 0, sizeof *a);
   a->gpus = a->steps = -1;
   a->timeout = RT_COMM_DEFAULT_TIMEOUT;
+  a->backend = RT_BACKEND_LLVM;
   for (int i = 1; i < argc; i++) {
     char *arg = argv[i], *val = NULL;
     if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) return 1;
@@ -105,6 +112,11 @@ static int parse_args(int argc, char **argv, Args *a) {
         return -1;
       }
       a->timeout = t;
+    }
+    else if (strcmp(name, "--backend") == 0) {
+      if (strcmp(val, "llvm") == 0) a->backend = RT_BACKEND_LLVM;
+      else if (strcmp(val, "ref") == 0) a->backend = RT_BACKEND_REF;
+      else { fprintf(stderr, "mrun: --backend must be llvm or ref, got '%s'\n", val); return -1; }
     }
     else if (strcmp(name, "--save-params") == 0) a->save_params = val;
     else if (strcmp(name, "--data") == 0) a->data = val;
@@ -205,6 +217,7 @@ static int launch(int64_t n, char **argv) {
    * must not start a thread per core in every rank. */
   setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
   setenv("OPENBLAS_NUM_THREADS", "1", 0);
+  setenv("TS_THREADS", "1", 0);   /* the same for the generated kernels' pool */
   fflush(NULL);
   execvp("mpirun", av);
   av[0] = "mpiexec";   /* the same launcher under its MPI-standard name */
@@ -327,6 +340,8 @@ int main(int argc, char **argv) {
   int pr = parse_args(argc, argv, &a);
   if (pr == 1) { fputs(usage, stdout); return 0; }
   if (pr != 0) return 2;
+  RtExecOpts xo = {.backend = a.backend};
+  rt_exec_set_default(&xo);   /* what rt_train's program uses */
   if (under_launcher()) return run_rank(&argc, &argv, &a);
   if (a.gpus > 1) {
     if (getenv("TS_MRUN_LAUNCHED")) {

@@ -1,0 +1,250 @@
+/* exec_jit.c - the executor's LLVM backend: which nodes of a block run as
+ * generated kernels, and those kernels compiled once per program.
+ *
+ * For every block of the module, at program creation:
+ *   - every fusion group (IrNode.group > 0, from passes/fuse.c) becomes ONE
+ *     kernel (cg_lower_group), run when execution reaches the group's last
+ *     member; its other members are skipped, and values used only inside
+ *     the group get no buffer (ir_value_materialized);
+ *   - every other node the code generator can lower (pass_fuse_node_ok)
+ *     becomes a kernel of its own, except lone layout ops (reshape,
+ *     permute, ...), which are copies the reference does as well;
+ *   - everything else (matmul, collectives, effects, dropout, ...) stays
+ *     on the reference kernels (ops_ref.c).
+ * A group the lowering refuses, or one whose placement is unsafe in this
+ * block (a value used outside before the group runs, a state read across
+ * an effect that writes state), falls back to the reference kernels, node
+ * by node: counted in RtExecStats.fallbacks, never an error, since the
+ * reference computes the same values.
+ * Kernels are JIT-compiled by one CgJit per program (identical kernels,
+ * e.g. the same op in every layer, compile once: cg_jit_compile caches by
+ * text) and run over a persistent CgPool. */
+#include "rt_priv.h"
+#include "../passes/passes.h"
+#include <errno.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+struct RtJit {
+  CgJit *jit;
+  CgPool *pool;
+  RtJitBlock *blocks;   /* per block of the module */
+  int nblocks;
+  RtExecStats stats;
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int is_layout_alone(IrOp op) {
+  return op == IR_OP_RESHAPE || op == IR_OP_PERMUTE || op == IR_OP_SLICE || op == IR_OP_PAD ||
+         op == IR_OP_CONCAT || op == IR_OP_BROADCAST;
+}
+
+/* Whether the kernel over members mem[0..n) can run at its last member:
+ * every member may be generated code, no node outside uses a member's
+ * value before the last member, and no effect lies between the first
+ * member reading a state and the last member (it could write that state). */
+static int placement_ok(const IrModule *m, const IrBlock *b, const int *mem, int n, const unsigned char *in_k) {
+  int at = mem[n - 1], first_state = -1;
+  for (int j = 0; j < n; j++) {
+    if (!pass_fuse_node_ok(m, b, mem[j])) return 0;
+    const IrNode *nd = &b->nodes[mem[j]];
+    for (int k = 0; k < nd->nin; k++)
+      if (b->nodes[nd->in[k]].op == IR_OP_STATE && first_state < 0) first_state = mem[j];
+  }
+  for (int u = mem[0] + 1; u < at; u++) {
+    if (in_k[u]) continue;
+    const IrNode *nd = &b->nodes[u];
+    if (first_state >= 0 && u > first_state && (ir_ops[nd->op].flags & OPF_EFFECT)) return 0;
+    for (int k = 0; k < nd->nin; k++)
+      if (in_k[nd->in[k]]) return 0;
+  }
+  return 1;
+}
+
+/* Lowers and compiles the kernel of members mem[0..n) of block b into
+ * *out.  0; 1 if the lowering refused (fall back); -1 on a JIT error. */
+static int compile_kernel(RtJit *J, const IrModule *m, const IrBlock *b, const int *mem, int n, RtJitKernel *out,
+                          char *err, size_t errlen) {
+  char why[512];
+  CgKernel *k = cg_lower_group(m, b, mem, n, &out->io, why, sizeof why);
+  if (!k) return 1;
+  int hits = cg_jit_cache_hits(J->jit);
+  CgFn fn = cg_jit_compile(J->jit, k, why, sizeof why);
+  if (!fn) {
+    ts_errf(err, errlen, "block %s: compiling the kernel of %%%d (%s): %s", b->name, mem[n - 1], k->name, why);
+    cg_kernel_free(k);
+    return -1;
+  }
+  if (cg_jit_cache_hits(J->jit) == hits) J->stats.distinct++;
+  out->fn = fn;
+  out->grid = k->grid;
+  out->at = mem[n - 1];
+  out->op = b->nodes[mem[n - 1]].op;
+  /* the largest buffer measures the work: small kernels run inline */
+  int64_t work = 0;
+  for (int i = 0; i < k->nbuf; i++) if (k->buf[i].n > work) work = k->buf[i].n;
+  out->work = work;
+  cg_kernel_free(k);
+  return 0;
+}
+
+static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock *jb, int use_groups,
+                      char *err, size_t errlen) {
+  int n = b->n;
+  jb->kern = ts_xmalloc((size_t)(n ? n : 1) * sizeof *jb->kern);
+  for (int i = 0; i < n; i++) jb->kern[i] = -1;
+  int *mem = ts_xmalloc((size_t)(n ? n : 1) * sizeof *mem);
+  unsigned char *in_k = ts_xcalloc((size_t)(n ? n : 1), 1);
+  unsigned char *done = ts_xcalloc((size_t)(n ? n : 1), 1);
+  int rc = 0;
+  for (int i = 0; i < n && rc == 0; i++) {
+    if (done[i]) continue;
+    const IrNode *nd = &b->nodes[i];
+    int cnt = 0;
+    if (use_groups && nd->group > 0) {
+      for (int j = i; j < n; j++)
+        if (b->nodes[j].group == nd->group) { mem[cnt++] = j; done[j] = 1; }
+    } else {
+      if (!pass_fuse_node_ok(m, b, i) || is_layout_alone(nd->op)) continue;
+      mem[cnt++] = i;
+    }
+    for (int j = 0; j < cnt; j++) in_k[mem[j]] = 1;
+    int r = 1;
+    RtJitKernel kk;
+    memset(&kk, 0, sizeof kk);
+    if (placement_ok(m, b, mem, cnt, in_k)) r = compile_kernel(J, m, b, mem, cnt, &kk, err, errlen);
+    for (int j = 0; j < cnt; j++) in_k[mem[j]] = 0;
+    if (r < 0) { rc = -1; break; }
+    if (r > 0) {   /* the reference computes the members one by one */
+      if (cnt > 1) J->stats.fallbacks++;
+      continue;
+    }
+    VEC_PUSH(jb->k, kk);
+    for (int j = 0; j < cnt; j++) jb->kern[mem[j]] = jb->k.n - 1;
+    J->stats.kernels++;
+    if (cnt > 1) J->stats.groups++;
+  }
+  free(mem);
+  free(in_k);
+  free(done);
+  return rc;
+}
+
+static int default_threads(void) {
+  const char *s = getenv("TS_THREADS");
+  if (s && *s) {
+    long v = strtol(s, NULL, 10);
+    if (v >= 1 && v <= 1024) return (int)v;
+  }
+  long c = sysconf(_SC_NPROCESSORS_ONLN);
+  return c >= 1 ? (int)(c > 1024 ? 1024 : c) : 1;
+}
+
+RtJit *rt_jit_new(const IrModule *m, const RtExecOpts *o, char *err, size_t errlen) {
+  double t0 = now_s();
+  RtJit *J = ts_xcalloc(1, sizeof *J);
+  char why[512];
+  if (!(J->jit = cg_jit_new(why, sizeof why))) {
+    ts_errf(err, errlen, "the LLVM backend cannot start: %s (use --backend ref)", why);
+    free(J);
+    return NULL;
+  }
+  J->nblocks = m->blocks.n;
+  J->blocks = ts_xcalloc((size_t)(m->blocks.n ? m->blocks.n : 1), sizeof *J->blocks);
+  for (int bi = 0; bi < m->blocks.n; bi++)
+    if (plan_block(J, m, &m->blocks.a[bi], &J->blocks[bi], !o->no_groups, err, errlen) != 0) {
+      rt_jit_free(J);
+      return NULL;
+    }
+  J->pool = cg_pool_new(o->threads > 0 ? o->threads : default_threads());
+  J->stats.threads = cg_pool_threads(J->pool);
+  J->stats.jit_s = now_s() - t0;
+  return J;
+}
+
+void rt_jit_free(RtJit *J) {
+  if (!J) return;
+  for (int b = 0; b < J->nblocks; b++) {
+    free(J->blocks[b].kern);
+    free(J->blocks[b].k.a);
+  }
+  free(J->blocks);
+  cg_pool_free(J->pool);
+  cg_jit_free(J->jit);
+  free(J);
+}
+
+const RtJitBlock *rt_jit_block(const RtJit *J, int b) { return J && b >= 0 && b < J->nblocks ? &J->blocks[b] : NULL; }
+const RtExecStats *rt_jit_stats(const RtJit *J) { return &J->stats; }
+
+/* Below this many elements a kernel runs on the calling thread: waking the
+ * pool costs more than the work. */
+#define RT_JIT_INLINE_WORK 16384
+
+void rt_jit_run(RtJit *J, const RtJitKernel *k, void **bufs) {
+  if (k->work < RT_JIT_INLINE_WORK || cg_pool_threads(J->pool) == 1) k->fn(bufs, 0, k->grid);
+  else cg_pool_run(J->pool, k->fn, bufs, k->grid);
+}
+
+/* ---- --emit=llvm ---- */
+int rt_emit_llvm(const IrModule *m, const char *dir, int *count, char *err, size_t errlen) {
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+    return ts_errf(err, errlen, "cannot create '%s': %s", dir, strerror(errno));
+  VEC(uint64_t) seen = {0};
+  int rc = 0, written = 0;
+  for (int bi = 0; bi < m->blocks.n && rc == 0; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    int *mem = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *mem);
+    unsigned char *done = ts_xcalloc((size_t)(b->n ? b->n : 1), 1);
+    for (int i = 0; i < b->n && rc == 0; i++) {
+      if (done[i]) continue;
+      const IrNode *nd = &b->nodes[i];
+      int cnt = 0;
+      if (nd->group > 0) {
+        for (int j = i; j < b->n; j++)
+          if (b->nodes[j].group == nd->group) { mem[cnt++] = j; done[j] = 1; }
+      } else {
+        if (!pass_fuse_node_ok(m, b, i) || is_layout_alone(nd->op)) continue;
+        mem[cnt++] = i;
+      }
+      CgGroupIO io;
+      char why[512];
+      CgKernel *k = cg_lower_group(m, b, mem, cnt, &io, why, sizeof why);
+      if (!k) continue;   /* the executor runs these on the reference kernels */
+      StrBuf key = {0};
+      cg_kernel_print(k, &key);
+      uint64_t h = ts_hash64(key.p, key.n, 0);
+      sb_free(&key);
+      int dup = 0;
+      for (int s = 0; s < seen.n; s++) dup |= seen.a[s] == h;
+      if (!dup) {
+        VEC_PUSH(seen, h);
+        StrBuf ll = {0};
+        if (cg_kernel_llvm_text(k, 1, &ll, why, sizeof why) != 0) {
+          rc = ts_errf(err, errlen, "block %s, %%%d: %s", b->name, mem[cnt - 1], why);
+        } else {
+          /* the kernel's name plus its content hash: identical kernels
+           * share one file, different ones never collide */
+          char path[4096];
+          snprintf(path, sizeof path, "%s/%s_%08llx.ll", dir, k->name, (unsigned long long)(h & 0xffffffffu));
+          if (ts_write_file_atomic(path, ll.p ? ll.p : "", ll.n) != 0)
+            rc = ts_errf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
+          else written++;
+        }
+        sb_free(&ll);
+      }
+      cg_kernel_free(k);
+    }
+    free(mem);
+    free(done);
+  }
+  free(seen.a);
+  if (count) *count = written;
+  return rc;
+}
