@@ -183,7 +183,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strncmp(s, "--emit=", 7) == 0) {
       a->emit = s + 7;
       if (strcmp(a->emit, "plan") && strcmp(a->emit, "plan-text") && strcmp(a->emit, "ir") && strcmp(a->emit, "dot"))
-        return usage_error("--emit must be plan, plan-text, ir, dot or trace FILE, got '%s'", a->emit);
+        return usage_error("--emit must be plan, plan-text, ir or dot (or --emit=trace FILE), got '%s'", a->emit);
       continue;
     }
     if (strncmp(s, "--dump-ir=", 10) == 0) {
@@ -202,7 +202,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--report") == 0) {
       NEED_ARG(s);
       if (strcmp(next, "memory") != 0 && strcmp(next, "comm") != 0 && strcmp(next, "schedule") != 0)
-        return usage_error("--report must be memory, comm or schedule, got '%s'", next);
+        return usage_error("--report must be memory or comm (or schedule), got '%s'", next);
       a->report = next;
       continue;
     }
