@@ -47,27 +47,29 @@ static int stack_split(const char *name, size_t *plen, long *idx) {
   return 0;
 }
 
-/* The stack: the prefix with the most distinct layer indices, which must be
+/* The stack: the prefix with the largest layer index; its indices must be
  * 0 .. L-1.  layer_of[state] = layer index or -1.  0, or -1 with a message. */
 static int find_stack(const IrModule *m, const char **stack, int *L, int *layer_of, char *err, size_t errlen) {
-  const char *best = NULL;
-  long bestmax = -1;
+  /* per distinct prefix (few: one per top-level repeat) its largest index */
+  typedef struct { const char *pre; long max; } Prefix;
+  VEC(Prefix) pres = {0};
   for (int i = 0; i < m->states.n; i++) {
     layer_of[i] = -1;
     size_t pl;
     long idx;
     if (m->states.a[i].kind != IR_STATE_PARAM || !stack_split(m->states.a[i].name, &pl, &idx)) continue;
     const char *pre = ts_intern_n(m->states.a[i].name, pl);
-    long mx = -1;
-    for (int j = 0; j < m->states.n; j++) {
-      size_t pl2;
-      long idx2;
-      if (m->states.a[j].kind == IR_STATE_PARAM && stack_split(m->states.a[j].name, &pl2, &idx2) &&
-          ts_intern_n(m->states.a[j].name, pl2) == pre && idx2 > mx)
-        mx = idx2;
-    }
-    if (mx > bestmax) { bestmax = mx; best = pre; }
+    int k = 0;
+    while (k < pres.n && pres.a[k].pre != pre) k++;
+    if (k == pres.n) { Prefix x = {pre, idx}; VEC_PUSH(pres, x); }
+    else if (idx > pres.a[k].max) pres.a[k].max = idx;
   }
+  const char *best = NULL;
+  long bestmax = -1;
+  for (int k = 0; k < pres.n; k++)
+    if (pres.a[k].max > bestmax) { bestmax = pres.a[k].max; best = pres.a[k].pre; }
+  free(pres.a);
+  if (bestmax > 1000000) return ts_errf(err, errlen, "pipeline: the repeat stack '%s' has %ld layers", best, bestmax + 1);
   if (!best)
     return ts_errf(err, errlen, "pipeline: the model has no repeat stack (no parameter named <stack>.<i>.<name>): "
                                 "there are no layers to split into stages");

@@ -74,7 +74,9 @@ int pass_pipe_schedule(PipeSchedKind kind, int pp, int vpp, int nmicro, PipeSche
   if (kind == PIPE_INTERLEAVED && nmicro % pp != 0)
     return ts_errf(err, errlen, "--schedule interleaved needs the micro batches per step (%d) to be a multiple of "
                                 "pp=%d", nmicro, pp);
-  if ((double)nmicro * vpp * 2 > 1e8) return ts_errf(err, errlen, "pipeline: the schedule is too long");
+  if ((double)nmicro * vpp * 2 * pp > 1e8)
+    return ts_errf(err, errlen, "pipeline: pp=%d x vpp=%d x %d micro batches: the schedules are too long to build",
+                   pp, vpp, nmicro);
   out->kind = kind;
   out->pp = pp;
   out->vpp = vpp;
@@ -146,6 +148,13 @@ typedef struct {
   PipeOp **ops;
 } RankOps;
 
+/* Messages only go to the neighbours on the pp ring (chunk g's ranks are
+ * g % pp), so links are indexed (src, 0 = to src + 1, 1 = to src - 1);
+ * with pp = 2 both neighbours are one rank and one link. */
+static int link_of(int pp, int src, int dst) {
+  return 2 * src + (dst == (src + 1) % pp ? 0 : 1);
+}
+
 static void rank_ops_free(RankOps *ro) {
   for (int r = 0; r < ro->pp; r++) free(ro->ops[r]);
   free(ro->ops);
@@ -206,8 +215,9 @@ static int check_steps(const PipeSchedule *s, char *err, size_t errlen) {
 static int check_links(const RankOps *ro, char *err, size_t errlen) {
   int pp = ro->pp, rc = 0;
   for (int src = 0; src < pp && rc == 0; src++)
-    for (int dst = 0; dst < pp && rc == 0; dst++) {
-      if (src == dst) continue;
+    for (int side = 0; side < 2 && rc == 0; side++) {
+      int dst = side == 0 ? (src + 1) % pp : (src + pp - 1) % pp;
+      if (src == dst || (side == 1 && dst == (src + 1) % pp)) continue;
       int i = 0, j = 0, k = 0;
       for (;;) {
         while (i < ro->nops[src] && !(ro->ops[src][i].op == PIPE_OP_SEND && ro->ops[src][i].peer == dst)) i++;
@@ -241,21 +251,21 @@ static int run_ranks(const PipeSchedule *s, const RankOps *ro, const double *fwd
   int *pc = ts_xcalloc((size_t)pp, sizeof *pc);            /* next op per rank */
   double *clock = ts_xcalloc((size_t)pp, sizeof *clock);
   double *ready = ts_xcalloc((size_t)pp, sizeof *ready);    /* arrival time of the received input */
-  /* sent[src * pp + dst] = messages posted so far; their times */
-  int *sent = ts_xcalloc((size_t)pp * pp, sizeof *sent), *recvd = ts_xcalloc((size_t)pp * pp, sizeof *recvd);
+  /* sent[link] = messages posted so far (link_of); their times */
+  int *sent = ts_xcalloc((size_t)2 * pp, sizeof *sent), *recvd = ts_xcalloc((size_t)2 * pp, sizeof *recvd);
   int cap = 0;
   for (int r = 0; r < pp; r++) cap += ro->nops[r];
   double *when = ts_xmalloc(((size_t)cap + 1) * sizeof *when);   /* per link, in order: packed per src */
-  int **link_at = ts_xcalloc((size_t)pp * pp, sizeof *link_at);  /* per link: index into when[] of message k */
-  int used = 0;
+  int **link_at = ts_xcalloc((size_t)2 * pp, sizeof *link_at);  /* per link: index into when[] of message k */
+  int *cnt = ts_xcalloc((size_t)2 * pp, sizeof *cnt), used = 0;
   for (int src = 0; src < pp; src++)
-    for (int dst = 0; dst < pp; dst++) {
-      int cnt = 0;
-      for (int i = 0; i < ro->nops[src]; i++)
-        if (ro->ops[src][i].op == PIPE_OP_SEND && ro->ops[src][i].peer == dst) cnt++;
-      link_at[src * pp + dst] = ts_xmalloc(((size_t)cnt + 1) * sizeof **link_at);
-      for (int k = 0; k < cnt; k++) link_at[src * pp + dst][k] = used++;
-    }
+    for (int i = 0; i < ro->nops[src]; i++)
+      if (ro->ops[src][i].op == PIPE_OP_SEND) cnt[link_of(pp, src, ro->ops[src][i].peer)]++;
+  for (int l = 0; l < 2 * pp; l++) {
+    link_at[l] = ts_xmalloc(((size_t)cnt[l] + 1) * sizeof **link_at);
+    for (int k = 0; k < cnt[l]; k++) link_at[l][k] = used++;
+  }
+  free(cnt);
   int done = 0, rc = 0;
   while (!done) {
     int progress = 0;
@@ -264,11 +274,11 @@ static int run_ranks(const PipeSchedule *s, const RankOps *ro, const double *fwd
       while (pc[r] < ro->nops[r]) {
         const PipeOp *o = &ro->ops[r][pc[r]];
         if (o->op == PIPE_OP_RECV) {
-          int l = o->peer * pp + r;
+          int l = link_of(pp, o->peer, r);
           if (recvd[l] >= sent[l]) break;                      /* blocked */
           ready[r] = when[link_at[l][recvd[l]++]];
         } else if (o->op == PIPE_OP_SEND) {
-          int l = r * pp + o->peer;
+          int l = link_of(pp, r, o->peer);
           when[link_at[l][sent[l]++]] = clock[r];
         } else {
           double f = fwd ? fwd[o->edge] : 1, d = o->what == 'F' ? f : f * bwd_ratio;
@@ -302,7 +312,7 @@ static int run_ranks(const PipeSchedule *s, const RankOps *ro, const double *fwd
     for (int r = 0; r < pp; r++) if (clock[r] > t->makespan) t->makespan = clock[r];
     for (int r = 0; r < pp; r++) t->idle[r] = t->makespan - t->busy[r];
   }
-  for (int l = 0; l < pp * pp; l++) free(link_at[l]);
+  for (int l = 0; l < 2 * pp; l++) free(link_at[l]);
   free(link_at);
   free(when);
   free(sent);
