@@ -46,6 +46,8 @@ static void usage(FILE *f) {
           "  --pp N --cp N --ep N   pipeline/context/expert parallel sizes: only 1 for now (issues 5, 6)\n"
           "  --stdlib DIR           where `import nn` looks (default: the source tree's stdlib/)\n"
           "  --emit=KIND            plan (default), plan-text, ir (final IR), dot (Graphviz)\n"
+          "  --emit=llvm DIR        instead of a plan, each distinct kernel's optimized LLVM IR as DIR/<kernel>_<hash>.ll\n"
+          "  --no-fuse              no fusion groups (every node its own kernel; for comparisons)\n"
           "  --dump-ir=all DIR      write the IR after every pass to DIR/NN-<pass>.ir\n"
           "  --dump-ir=PASS DIR     ... after one pass only\n"
           "  --print-ir-after=PASS  print the IR after PASS to stdout\n"
@@ -107,6 +109,7 @@ typedef struct {
   int check, steps, gpus;    /* --check, --steps K (-1: 3), --gpus N (0: the mesh size) */
   /* pipeline (passes/pipe.h): views of the partition and schedules */
   const char *trace;         /* --emit=trace FILE */
+  const char *llvm_dir;      /* --emit=llvm DIR: each kernel's LLVM IR (runtime/exec_jit.c) */
   const char *schedule;      /* --schedule NAME; NULL: 1f1b, interleaved with vpp >= 2 */
   const char *pp_layout;     /* --pp-layout STR */
   VEC(int) pp_layers;        /* --pp-layers A,B,... */
@@ -155,6 +158,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     }
     if (strcmp(s, "--sp") == 0) { a->mdl.sp = 1; continue; }
     if (strcmp(s, "--no-zero") == 0) { a->mdl.zero = 0; continue; }
+    if (strcmp(s, "--no-fuse") == 0) { a->cx->no_fuse = 1; continue; }
+    if (strcmp(s, "--emit=llvm") == 0) { NEED_ARG(s); a->llvm_dir = next; continue; }
     if (strcmp(s, "--check") == 0) { a->check = 1; continue; }
     if (strcmp(s, "--stdlib") == 0) { NEED_ARG(s); a->mdl.stdlib_dir = next; continue; }
     if (strcmp(s, "--emit=trace") == 0) { NEED_ARG(s); a->trace = next; continue; }
@@ -426,6 +431,7 @@ static IrModule *compile_quiet(const Args *a, const MdlOptions *o, int dp) {
   PassCtx cx;
   pass_ctx_init(&cx);
   cx.verify_each = a->cx->verify_each;
+  cx.no_fuse = a->cx->no_fuse;
   IrModule *m = compile(a, o, dp, &cx, NULL);
   pass_ctx_free(&cx);
   return m;
@@ -798,6 +804,12 @@ int main(int argc, char **argv) {
     int r = strcmp(a.report, "memory") == 0 ? report_memory(&a, m, &b) : report_comm(m, &b);
     rc = r != 0 ? 1 : emit_text(a.output, &b);
     sb_free(&b);
+  } else if (a.llvm_dir) {
+    char err[1024];
+    int nk = 0;
+    rc = rt_emit_llvm(m, a.llvm_dir, &nk, err, sizeof err) != 0;
+    if (rc) fprintf(stderr, "mcc: error: --emit=llvm: %s\n", err);
+    else fprintf(stderr, "mcc: wrote %d kernels to %s\n", nk, a.llvm_dir);
   } else if (strcmp(a.emit, "ir") == 0 || strcmp(a.emit, "dot") == 0) {
     StrBuf b = {0};
     if (strcmp(a.emit, "ir") == 0) ir_print_module(m, &b);
