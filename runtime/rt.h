@@ -69,6 +69,10 @@ typedef struct {
   double jit_s;    /* lowering + compiling, seconds */
 } RtExecStats;
 void rt_program_exec_stats(const RtProgram *p, RtExecStats *s);
+/* mcc --emit=llvm DIR: the optimized LLVM IR of every distinct kernel the
+ * LLVM backend would compile for m, as DIR/<kernel name>_<content hash>.ll
+ * (DIR is created).  *count gets the number of files.  0 or -1. */
+int rt_emit_llvm(const IrModule *m, const char *dir, int *count, char *err, size_t errlen);
 void rt_program_free(RtProgram *p);
 const IrModule *rt_program_module(const RtProgram *p);
 
