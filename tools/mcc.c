@@ -43,7 +43,8 @@ static void usage(FILE *f) {
           "  --dp N                 data parallel size the update block and reports are built for\n"
           "                         (default: the parallel block's, else 1; mrun adapts a plan to any dp)\n"
           "  --no-zero              no distributed optimizer: every dp rank keeps whole Adam moments\n"
-          "  --pp N --cp N --ep N   pipeline/context/expert parallel sizes: only 1 for now (issues 5, 6)\n"
+          "  --pp N --cp N --ep N   pipeline/context/expert parallel sizes: only 1 for a plan for now (issues 5,\n"
+          "                         6); --pp N > 1 works with --report schedule and --emit=trace\n"
           "  --stdlib DIR           where `import nn` looks (default: the source tree's stdlib/)\n"
           "  --emit=KIND            plan (default), plan-text, ir (final IR), dot (Graphviz)\n"
           "  --emit=llvm DIR        instead of a plan, each distinct kernel's optimized LLVM IR as DIR/<kernel>_<hash>.ll\n"
@@ -569,7 +570,8 @@ static int run_pipe_views(const Args *a, PassCtx *cx) {
   } else {
     rc = 0;
     if (a->report) rc = emit_text(a->output, &rep);
-    if (rc == 0 && a->trace && ts_write_file_atomic(a->trace, tr.p ? tr.p : "", tr.n) != 0) {
+    if (rc == 0 && a->trace && strcmp(a->trace, "-") == 0) rc = emit_text(NULL, &tr);
+    else if (rc == 0 && a->trace && ts_write_file_atomic(a->trace, tr.p ? tr.p : "", tr.n) != 0) {
       fprintf(stderr, "mcc: cannot write '%s': %s\n", a->trace, strerror(errno));
       rc = 1;
     }
