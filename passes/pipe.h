@@ -140,9 +140,9 @@ typedef struct {
 
 /* Simulates s with communication free: a step starts when its rank is
  * free and its input arrived.  fwd[g]: forward time of chunk g (NULL: 1
- * each); a backward takes bwd_ratio x its forward.  s must pass
- * pass_pipe_check.  0, or -1 with a message.  Free with
- * pass_pipe_timeline_free. */
+ * each); a backward takes bwd_ratio x its forward.  A schedule that
+ * pass_pipe_check would reject fails here too (bad steps, deadlock), with
+ * its message.  0, or -1.  Free with pass_pipe_timeline_free. */
 int pass_pipe_simulate(const PipeSchedule *s, const double *fwd, double bwd_ratio, PipeTimeline *out, char *err,
                        size_t errlen);
 void pass_pipe_timeline_free(PipeTimeline *t);

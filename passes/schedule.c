@@ -355,6 +355,9 @@ double pass_pipe_bubble(const PipeTimeline *t, int r) { return t->busy[r] > 0 ? 
 int pass_pipe_simulate(const PipeSchedule *s, const double *fwd, double bwd_ratio, PipeTimeline *t, char *err,
                        size_t errlen) {
   memset(t, 0, sizeof *t);
+  if (s->pp < 1 || s->vpp < 1 || s->nmicro < 1 || !s->nsteps || !s->steps)
+    return ts_errf(err, errlen, "pipeline schedule: empty");
+  if (check_steps(s, err, errlen) != 0) return -1;     /* indices below are trusted after this */
   int pp = s->pp;
   t->pp = pp;
   t->nsteps = ts_xmalloc((size_t)pp * sizeof *t->nsteps);

@@ -127,6 +127,13 @@ static void test_checker(void) {
    * gradient while rank 1 waits for micro batch 1's activation */
   const char *cycle[] = {"F0 B0 F1 B1", "F0 F1 B0 B1"};
   expect_broken(2, 2, cycle, "deadlocks: rank 0 at step 1 (B of micro batch 0) waits for the gradient");
+  {                                   /* the simulation refuses it too, instead of hanging */
+    PipeSchedule c;
+    PipeTimeline t;
+    make_sched(&c, 2, 2, cycle);
+    CHECK(pass_pipe_simulate(&c, NULL, 1, &t, err, sizeof err) != 0 && strstr(err, "deadlocks"), "simulate: %s", err);
+    pass_pipe_schedule_free(&c);
+  }
   const char *missing[] = {"F0 F1 B0 B1", "F0 F1 B0"};
   expect_broken(2, 2, missing, "rank 1 never runs B of micro batch 1");
   const char *twice[] = {"F0 F0 B0 B1", "F0 F1 B0 B1"};
