@@ -15,9 +15,15 @@
  * operands and the rank's coordinates (rt_shard_block); the collectives
  * run on the rank's groups (comm.h).  Unsharded, every offset is 0 and the
  * results are bit-identical to a single-rank build.
+ * Speed (bench/README.md): the big loops run on the worker pool of par.h,
+ * split so that no result depends on the thread count: elementwise and row
+ * ops by ranges of elements or rows, column sums by columns, sumsq in
+ * fixed blocks; batched small GEMMs one per thread.  Layout ops merge dims
+ * and move whole rows (memcpy) or 32x32 tiles, not single elements.
  * Assumes: operands are contiguous row-major buffers of their IrType. */
 #include "rt_priv.h"
 #include "comm.h"
+#include "par.h"
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
@@ -116,6 +122,17 @@ static double gelu_erf(double x) { return 0.5 * x * (1.0 + erf(x / M_SQRT2)); }
 static double gelu_erf_grad(double x) {
   return 0.5 * (1.0 + erf(x / M_SQRT2)) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
 }
+
+/* Work per pool range: ~32k elements keeps the dispatch (a few us) small
+ * next to the loop. */
+#define RT_EW_GRAIN 32768
+/* sumsq's fixed block (elements per double partial sum) */
+#define RT_SUM_BLOCK 32768
+/* A batched GEMM with M * N * K at most this runs one GEMM per pool thread
+ * (attention's [s, s, d] products), larger ones use BLAS's threads. */
+#define RT_SMALL_GEMM (64.0 * 1024 * 1024)
+/* rows of D elements per pool range */
+static inline int64_t rt_row_grain(int64_t D) { return D >= RT_EW_GRAIN ? 1 : RT_EW_GRAIN / (D > 0 ? D : 1); }
 
 /* ---- the float kernels, instantiated twice ---- */
 #define T float
@@ -265,25 +282,121 @@ static int same_dtype(RtKctx *k) {
 
 static int ref_RESHAPE(RtKctx *k) {
   if (same_dtype(k) != 0 || check_sig(k, "*", IR_VOID) != 0) return -1;
-  memcpy(k->out, k->in[0], (size_t)ir_type_numel(k->ot) * ir_dtype_size(k->ot->dtype));
+  /* a copy still: the executor gives every value its own buffer (an alias
+   * would need rt.c to share the operand's buffer and its lifetime) */
+  rt_par_memcpy(k->out, k->in[0], (size_t)ir_type_numel(k->ot) * ir_dtype_size(k->ot->dtype));
   return 0;
 }
 
-/* y[i] = x[sum_d idx_d(i) * str[d]] for every element i of y (row-major,
- * type yt): the gather that permute (strides of x's dims in y's order) and
- * broadcast (stride 0 on broadcast dims) both are. */
-static void gather_strided(char *y, const char *x, const IrType *yt, const int64_t *str) {
-  size_t es = ir_dtype_size(yt->dtype);
-  int64_t n = ir_type_numel(yt), off = 0, idx[IR_MAX_RANK] = {0};
-  for (int64_t i = 0; i < n; i++) {
-    copy_elem(y + (size_t)i * es, x + (size_t)off * es, es);
-    for (int d = yt->rank - 1; d >= 0; d--) {   /* odometer over y's index */
-      off += str[d];
-      if (++idx[d] < yt->dim[d]) break;
-      off -= str[d] * yt->dim[d];
+/* y[i] = x[sum_d idx_d(i) * str[d]] for every element i of y (row-major):
+ * the gather that permute (strides of x's dims in y's order) and broadcast
+ * (stride 0 on broadcast dims) both are.  Dims are merged first: y dims d
+ * and d+1 merge when str[d] == str[d+1] * dim[d+1] (contiguous in x, or
+ * both broadcast), and size-1 dims drop, so [b, s, h, d] -> [b, h, s, d]
+ * becomes rows of d contiguous elements and a bias broadcast [C] ->
+ * [B, T, C] rows of C. */
+typedef struct {
+  int r;                             /* merged rank, >= 1 */
+  int64_t dim[IR_MAX_RANK], str[IR_MAX_RANK];
+  size_t es;
+  char *y;
+  const char *x;
+  int64_t ntile;                     /* tiles of 32 along dim r-2 (tiled case) */
+} Gather;
+
+enum { RT_TILE = 32 };
+
+static void gather_init(Gather *g, char *y, const char *x, const IrType *yt, const int64_t *str) {
+  g->r = 0;
+  for (int d = 0; d < yt->rank; d++) {
+    if (yt->dim[d] == 1) continue;
+    if (g->r > 0 && g->str[g->r - 1] == str[d] * yt->dim[d]) {
+      g->dim[g->r - 1] *= yt->dim[d];
+      g->str[g->r - 1] = str[d];
+      continue;
+    }
+    g->dim[g->r] = yt->dim[d];
+    g->str[g->r] = str[d];
+    g->r++;
+  }
+  if (g->r == 0) { g->dim[0] = 1; g->str[0] = 0; g->r = 1; }
+  g->es = ir_dtype_size(yt->dtype);
+  g->y = y;
+  g->x = x;
+  g->ntile = 0;
+}
+
+/* x offset of the first element of outer index q over dims [0, nd) */
+static int64_t gather_off(const Gather *g, int nd, int64_t q, int64_t *idx) {
+  int64_t off = 0;
+  for (int d = nd - 1; d >= 0; d--) {
+    idx[d] = q % g->dim[d];
+    q /= g->dim[d];
+    off += idx[d] * g->str[d];
+  }
+  return off;
+}
+
+/* Rows [lo, hi) of y (a row = the last merged dim): a memcpy when it is
+ * contiguous in x, a fill when broadcast, else element by element. */
+static void gather_rows(void *jp, int64_t lo, int64_t hi) {
+  const Gather *g = jp;
+  int r = g->r;
+  int64_t L = g->dim[r - 1], sL = g->str[r - 1], idx[IR_MAX_RANK];
+  int64_t off = gather_off(g, r - 1, lo, idx);
+  size_t es = g->es;
+  for (int64_t row = lo; row < hi; row++) {
+    char *y = g->y + (size_t)(row * L) * es;
+    const char *x = g->x + (size_t)off * es;
+    if (sL == 1) memcpy(y, x, (size_t)L * es);
+    else
+      for (int64_t i = 0; i < L; i++) copy_elem(y + (size_t)i * es, x + (size_t)(i * sL) * es, es);
+    for (int d = r - 2; d >= 0; d--) {   /* odometer over the row index */
+      off += g->str[d];
+      if (++idx[d] < g->dim[d]) break;
+      off -= g->str[d] * g->dim[d];
       idx[d] = 0;
     }
   }
+}
+
+/* A transpose: y[o, a, b] = x[off(o) + a + b * sB] (x contiguous along a).
+ * Items [lo, hi) are (o, tile of 32 a's); each copies 32x32 tiles so that
+ * both the rows written and the x lines read stay in cache. */
+static void gather_tiles(void *jp, int64_t lo, int64_t hi) {
+  const Gather *g = jp;
+  int r = g->r;
+  int64_t A = g->dim[r - 2], B = g->dim[r - 1], sB = g->str[r - 1], idx[IR_MAX_RANK];
+  size_t es = g->es;
+  for (int64_t it = lo; it < hi; it++) {
+    int64_t o = it / g->ntile, a0 = (it % g->ntile) * RT_TILE, a1 = a0 + RT_TILE < A ? a0 + RT_TILE : A;
+    int64_t off = gather_off(g, r - 2, o, idx);
+    for (int64_t b0 = 0; b0 < B; b0 += RT_TILE) {
+      int64_t b1 = b0 + RT_TILE < B ? b0 + RT_TILE : B;
+      for (int64_t a = a0; a < a1; a++) {
+        char *y = g->y + (size_t)((o * A + a) * B) * es;
+        const char *x = g->x + (size_t)(off + a) * es;
+        for (int64_t b = b0; b < b1; b++) copy_elem(y + (size_t)b * es, x + (size_t)(b * sB) * es, es);
+      }
+    }
+  }
+}
+
+static void gather_strided(char *y, const char *x, const IrType *yt, const int64_t *str) {
+  Gather g;
+  gather_init(&g, y, x, yt, str);
+  int64_t n = ir_type_numel(yt);
+  if (n == 0) return;
+  int r = g.r;
+  int64_t L = g.dim[r - 1];
+  if (r >= 2 && g.str[r - 2] == 1 && g.str[r - 1] != 1 && g.str[r - 1] != 0) {
+    int64_t A = g.dim[r - 2];
+    g.ntile = (A + RT_TILE - 1) / RT_TILE;
+    int64_t items = n / (A * L) * g.ntile;
+    rt_par_for(items, (RT_EW_GRAIN + RT_TILE * L - 1) / (RT_TILE * L), gather_tiles, &g);
+    return;
+  }
+  rt_par_for(n / L, rt_row_grain(L), gather_rows, &g);
 }
 
 /* y[i0..] = x[index with y dim d taken from x dim perm[d]] */
@@ -381,7 +494,7 @@ static const IrState *kstate(RtKctx *k, int slot) {
 
 static int ref_ZERO(RtKctx *k) {
   const IrState *s = kstate(k, 0);
-  memset(rt_state_data(k->p, (int)k->n->ia[0]), 0, (size_t)ir_type_numel(&s->type) * ir_dtype_size(s->type.dtype));
+  rt_par_memset(rt_state_data(k->p, (int)k->n->ia[0]), 0, (size_t)ir_type_numel(&s->type) * ir_dtype_size(s->type.dtype));
   return 0;
 }
 
@@ -419,8 +532,8 @@ static int ref_ASSIGN(RtKctx *k) {
   const IrState *s = kstate(k, 0);
   if (!ir_type_same_shape(&s->type, k->it[0]) || s->type.dtype != k->it[0]->dtype)
     return rt_kfail(k, "cannot assign %s to @%s %s", rt_tstr(k->it[0], 0), s->name, rt_tstr(&s->type, 1));
-  memcpy(rt_state_data(k->p, (int)k->n->ia[0]), k->in[0],
-         (size_t)ir_type_numel(&s->type) * ir_dtype_size(s->type.dtype));
+  rt_par_memcpy(rt_state_data(k->p, (int)k->n->ia[0]), k->in[0],
+                (size_t)ir_type_numel(&s->type) * ir_dtype_size(s->type.dtype));
   return 0;
 }
 

@@ -14,26 +14,37 @@
 
 #define FN(name) RT_CAT(name, SUF)
 
-/* ---- elementwise: y[i] = EXPR of x = operand 0 (and z = operand 1) ---- */
+/* ---- elementwise: y[i] = EXPR of x = operand 0 (and z = operand 1) ----
+ * Each op is a range function run over the pool (par.h): elements are
+ * independent, so the result is the serial loop's bit for bit. */
+typedef struct { const T *x, *z; T *y; double c; } FN(EwJob);
 #define EW1(NAME, EXPR)                                                      \
-  static int FN(k_##NAME)(RtKctx *k) {                                       \
-    const T *xp = k->in[0];                                                  \
-    T *yp = k->out;                                                          \
-    const double c = k->n->fa[0];                                            \
+  static void FN(ew_##NAME)(void *jp, int64_t lo, int64_t hi) {              \
+    const FN(EwJob) *j = jp;                                                 \
+    const T *xp = j->x;                                                      \
+    T *yp = j->y;                                                            \
+    const double c = j->c;                                                   \
     (void)c;                                                                 \
-    int64_t n = ir_type_numel(k->ot);                                        \
-    for (int64_t i = 0; i < n; i++) { double x = xp[i]; yp[i] = (T)(EXPR); } \
+    for (int64_t i = lo; i < hi; i++) { double x = xp[i]; yp[i] = (T)(EXPR); } \
+  }                                                                          \
+  static int FN(k_##NAME)(RtKctx *k) {                                       \
+    FN(EwJob) j = {k->in[0], NULL, k->out, k->n->fa[0]};                     \
+    rt_par_for(ir_type_numel(k->ot), RT_EW_GRAIN, FN(ew_##NAME), &j);        \
     return 0;                                                                \
   }
 #define EW2(NAME, EXPR)                                                      \
-  static int FN(k_##NAME)(RtKctx *k) {                                       \
-    const T *xp = k->in[0], *zp = k->in[1];                                  \
-    T *yp = k->out;                                                          \
-    int64_t n = ir_type_numel(k->ot);                                        \
-    for (int64_t i = 0; i < n; i++) {                                        \
+  static void FN(ew_##NAME)(void *jp, int64_t lo, int64_t hi) {              \
+    const FN(EwJob) *j = jp;                                                 \
+    const T *xp = j->x, *zp = j->z;                                          \
+    T *yp = j->y;                                                            \
+    for (int64_t i = lo; i < hi; i++) {                                      \
       double x = xp[i], z = zp[i];                                           \
       yp[i] = (T)(EXPR);                                                     \
     }                                                                        \
+  }                                                                          \
+  static int FN(k_##NAME)(RtKctx *k) {                                       \
+    FN(EwJob) j = {k->in[0], k->in[1], k->out, 0};                           \
+    rt_par_for(ir_type_numel(k->ot), RT_EW_GRAIN, FN(ew_##NAME), &j);        \
     return 0;                                                                \
   }
 
@@ -90,24 +101,74 @@ static int FN(k_SUM)(RtKctx *k) { return FN(reduce)(k, 0); }
 static int FN(k_MEAN)(RtKctx *k) { return FN(reduce)(k, 1); }
 static int FN(k_MAX)(RtKctx *k) { return FN(reduce)(k, 2); }
 
-/* x[...] -> y[] = sum of x^2 */
+/* x[...] -> y[] = sum of x^2.  Summed in fixed blocks of RT_SUM_BLOCK
+ * elements (a double partial each, in order within the block), then the
+ * partials in block order: the same result on any thread count. */
+typedef struct { const T *x; int64_t n; double *part; } FN(SumsqJob);
+static void FN(sumsq_blocks)(void *jp, int64_t lo, int64_t hi) {
+  const FN(SumsqJob) *j = jp;
+  for (int64_t b = lo; b < hi; b++) {
+    int64_t i0 = b * RT_SUM_BLOCK, i1 = i0 + RT_SUM_BLOCK < j->n ? i0 + RT_SUM_BLOCK : j->n;
+    double acc = 0;
+    for (int64_t i = i0; i < i1; i++) acc += (double)j->x[i] * (double)j->x[i];
+    j->part[b] = acc;
+  }
+}
 static int FN(k_SUMSQ)(RtKctx *k) {
-  const T *x = k->in[0];
-  int64_t n = ir_type_numel(k->it[0]);
+  int64_t n = ir_type_numel(k->it[0]), nb = (n + RT_SUM_BLOCK - 1) / RT_SUM_BLOCK;
+  double one, *part = nb > 1 ? ts_xmalloc((size_t)nb * sizeof *part) : &one;
+  FN(SumsqJob) j = {k->in[0], n, part};
+  one = 0;
+  rt_par_for(nb, 1, FN(sumsq_blocks), &j);
   double acc = 0;
-  for (int64_t i = 0; i < n; i++) acc += (double)x[i] * (double)x[i];
+  for (int64_t b = 0; b < nb; b++) acc += part[b];
   ((T *)k->out)[0] = (T)acc;
+  if (part != &one) free(part);
   return 0;
 }
 
 /* x[in shape] -> y[ot], summing over the dims that broadcast expanded
  * (right-aligned; a result dim is 1 or equal to the input's). */
+/* The common case of SUM_TO: x viewed as [R, C] summed over its rows into
+ * y[C] (leading dims summed, trailing kept: bias gradients).  Columns are
+ * split over the threads; each output still adds its rows in order, as
+ * the general loop below does, so the result is the same bit for bit. */
+typedef struct { const T *x; T *y; int64_t R, C; } FN(ColsJob);
+static void FN(sum_cols)(void *jp, int64_t lo, int64_t hi) {
+  const FN(ColsJob) *j = jp;
+  enum { W = 256 };   /* columns per pass: the accumulators stay in L1 */
+  double acc[W];
+  for (int64_t c0 = lo; c0 < hi; c0 += W) {
+    int64_t w = hi - c0 < W ? hi - c0 : W;
+    for (int64_t c = 0; c < w; c++) acc[c] = 0;
+    for (int64_t r = 0; r < j->R; r++) {
+      const T *row = j->x + r * j->C + c0;
+      for (int64_t c = 0; c < w; c++) acc[c] += row[c];
+    }
+    for (int64_t c = 0; c < w; c++) j->y[c0 + c] = (T)acc[c];
+  }
+}
+
 static int FN(k_SUM_TO)(RtKctx *k) {
   const IrType *xt = k->it[0], *yt = k->ot;
   int64_t ymap[IR_MAX_RANK];  /* per input dim: stride in y, 0 if summed */
   if (rt_bcast_strides(yt, xt, ymap) != 0)
     return rt_kfail(k, "cannot sum %s down to %s", rt_tstr(xt, 0), rt_tstr(yt, 1));
   int64_t ny = ir_type_numel(yt), nx = ir_type_numel(xt);
+  /* leading dims summed (stride 0), the rest kept densely: [R, C] -> [C] */
+  int lead = 0;
+  while (lead < xt->rank && ymap[lead] == 0) lead++;
+  int64_t dense = 1, C = 1;
+  for (int d = xt->rank - 1; d >= lead; d--) {
+    if (ymap[d] != dense) { dense = -1; break; }
+    dense *= xt->dim[d];
+    C *= xt->dim[d];
+  }
+  if (dense > 0 && C == ny && C > 0) {
+    FN(ColsJob) j = {k->in[0], k->out, nx / C, C};
+    rt_par_for(C, (RT_EW_GRAIN + j.R - 1) / (j.R ? j.R : 1), FN(sum_cols), &j);
+    return 0;
+  }
   double *acc = ts_xcalloc((size_t)(ny ? ny : 1), sizeof *acc);
   const T *x = k->in[0];
   int64_t idx[IR_MAX_RANK] = {0}, off = 0;
@@ -127,6 +188,22 @@ static int FN(k_SUM_TO)(RtKctx *k) {
 }
 
 /* ---- contraction ---- */
+/* One GEMM per batch item i in [lo, hi): C_i = op(A_i) @ op(B_i), B shared
+ * when sb == 0. */
+typedef struct {
+  enum CBLAS_TRANSPOSE ta, tb;
+  int M, N, K, lda, ldb;
+  const T *A, *B;
+  T *C;
+  int64_t sa, sb, sc;   /* element strides between batch items */
+} FN(GemmJob);
+static void FN(gemm_batch)(void *jp, int64_t lo, int64_t hi) {
+  const FN(GemmJob) *j = jp;
+  for (int64_t i = lo; i < hi; i++)
+    GEMM(CblasRowMajor, j->ta, j->tb, j->M, j->N, j->K, 1.0, j->A + i * j->sa, j->lda, j->B + i * j->sb, j->ldb,
+         0.0, j->C + i * j->sc, j->N);
+}
+
 /* a[..., M, K] @ b[..., K, N] (equal batch dims) or a[..., M, K] @ b[K, N];
  * ta / tb: a is stored [..., K, M] / b is stored [..., N, K]. */
 static int FN(k_MATMUL)(RtKctx *k) {
@@ -157,13 +234,29 @@ static int FN(k_MATMUL)(RtKctx *k) {
     GEMM(CblasRowMajor, TA, TB, (int)(batch * M), (int)N, (int)K, 1.0, A, lda, B, ldb, 0.0, C, (int)N);
     return 0;
   }
-  for (int64_t i = 0; i < batch; i++)
-    GEMM(CblasRowMajor, TA, TB, (int)M, (int)N, (int)K, 1.0, A + i * M * K, lda,
-         B + (rb == 2 ? 0 : i * K * N), ldb, 0.0, C + i * M * N, (int)N);
+  /* Batched (attention's [b, h, s, d] products): the GEMMs are small, and
+   * OpenBLAS splitting each one over the cores costs more than it gains;
+   * whole GEMMs per pool thread (BLAS single-threaded meanwhile) keep every
+   * core busy.  Each GEMM is the same computation either way (BLAS threads
+   * split M and N, never K), so results do not change.  Large GEMMs keep
+   * BLAS's own threading. */
+  FN(GemmJob) j = {TA, TB, (int)M, (int)N, (int)K, lda, ldb, A, B, C, M * K, rb == 2 ? 0 : K * N, M * N};
+  if (batch > 1 && (double)M * (double)N * (double)K <= RT_SMALL_GEMM)
+    rt_par_blas_serial(FN(gemm_batch), &j, batch, 1);
+  else
+    FN(gemm_batch)(&j, 0, batch);
   return 0;
 }
 
 /* ---- row-wise neural-network ops over the last axis: [rows, D] ---- */
+/* k_NAME runs rows_NAME(k, lo, hi) over the rows on the pool: rows are
+ * independent, so threads change nothing in the result. */
+#define RT_ROW_KERNEL(NAME)                                                  \
+  static int FN(k_##NAME)(RtKctx *k) {                                       \
+    int64_t D, rows = rt_rows(k->ot, &D);                                    \
+    rt_par_for(rows, rt_row_grain(D), FN(rows_##NAME), k);                   \
+    return 0;                                                                \
+  }
 /* The largest of x[0..n), n >= 1 (a NaN anywhere may or may not win;
  * the sum of exponentials is NaN then anyway). */
 static T FN(row_max)(const T *x, int64_t n) {
@@ -194,11 +287,13 @@ static double FN(sum_exp)(const T *x, int64_t n, T mx, T *e) {
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
-static int FN(k_SOFTMAX)(RtKctx *k) {
-  int64_t D, rows = rt_rows(k->ot, &D);
+static void FN(rows_SOFTMAX)(void *jp, int64_t lo, int64_t hi) {
+  RtKctx *k = jp;
+  int64_t D;
+  rt_rows(k->ot, &D);
   const T *x = k->in[0];
   T *y = k->out;
-  for (int64_t r = 0; r < rows; r++) {
+  for (int64_t r = lo; r < hi; r++) {
     const T *xr = x + r * D;
     T *yr = y + r * D;
     T mx = FN(row_max)(xr, D);
@@ -206,48 +301,54 @@ static int FN(k_SOFTMAX)(RtKctx *k) {
     double s = FN(sum_exp)(xr, D, mx, yr);
     for (int64_t i = 0; i < D; i++) yr[i] = (T)((double)yr[i] / s);
   }
-  return 0;
 }
+RT_ROW_KERNEL(SOFTMAX)
 
-static int FN(k_LOG_SOFTMAX)(RtKctx *k) {
-  int64_t D, rows = rt_rows(k->ot, &D);
+static void FN(rows_LOG_SOFTMAX)(void *jp, int64_t lo, int64_t hi) {
+  RtKctx *k = jp;
+  int64_t D;
+  rt_rows(k->ot, &D);
   const T *x = k->in[0];
   T *y = k->out;
-  for (int64_t r = 0; r < rows; r++) {
+  for (int64_t r = lo; r < hi; r++) {
     const T *xr = x + r * D;
     T mx = FN(row_max)(xr, D);
     if (mx == -INFINITY) mx = 0;
     double lse = (double)mx + log(FN(sum_exp)(xr, D, mx, NULL));
     for (int64_t i = 0; i < D; i++) y[r * D + i] = (T)((double)xr[i] - lse);
   }
-  return 0;
 }
+RT_ROW_KERNEL(LOG_SOFTMAX)
 
 /* (y, dy) -> y * (dy - sum(dy * y)) */
-static int FN(k_SOFTMAX_BWD)(RtKctx *k) {
-  int64_t D, rows = rt_rows(k->ot, &D);
+static void FN(rows_SOFTMAX_BWD)(void *jp, int64_t lo, int64_t hi) {
+  RtKctx *k = jp;
+  int64_t D;
+  rt_rows(k->ot, &D);
   const T *y = k->in[0], *dy = k->in[1];
   T *dx = k->out;
-  for (int64_t r = 0; r < rows; r++) {
+  for (int64_t r = lo; r < hi; r++) {
     double s = 0;
     for (int64_t i = 0; i < D; i++) s += (double)dy[r * D + i] * (double)y[r * D + i];
     for (int64_t i = 0; i < D; i++) dx[r * D + i] = (T)((double)y[r * D + i] * ((double)dy[r * D + i] - s));
   }
-  return 0;
 }
+RT_ROW_KERNEL(SOFTMAX_BWD)
 
 /* (y, dy) -> dy - exp(y) * sum(dy), y = log_softmax(x) */
-static int FN(k_LOG_SOFTMAX_BWD)(RtKctx *k) {
-  int64_t D, rows = rt_rows(k->ot, &D);
+static void FN(rows_LOG_SOFTMAX_BWD)(void *jp, int64_t lo, int64_t hi) {
+  RtKctx *k = jp;
+  int64_t D;
+  rt_rows(k->ot, &D);
   const T *y = k->in[0], *dy = k->in[1];
   T *dx = k->out;
-  for (int64_t r = 0; r < rows; r++) {
+  for (int64_t r = lo; r < hi; r++) {
     double s = 0;
     for (int64_t i = 0; i < D; i++) s += dy[r * D + i];
     for (int64_t i = 0; i < D; i++) dx[r * D + i] = (T)((double)dy[r * D + i] - exp((double)y[r * D + i]) * s);
   }
-  return 0;
 }
+RT_ROW_KERNEL(LOG_SOFTMAX_BWD)
 
 /* y = (x - mu) * rstd, rstd = 1 / sqrt(var + eps), biased var (divide by D) */
 static void FN(ln_stats)(const T *x, int64_t D, double eps, double *mu, double *rstd) {
@@ -260,24 +361,28 @@ static void FN(ln_stats)(const T *x, int64_t D, double eps, double *mu, double *
   *rstd = 1.0 / sqrt(v + eps);
 }
 
-static int FN(k_LAYERNORM)(RtKctx *k) {
-  int64_t D, rows = rt_rows(k->ot, &D);
+static void FN(rows_LAYERNORM)(void *jp, int64_t lo, int64_t hi) {
+  RtKctx *k = jp;
+  int64_t D;
+  rt_rows(k->ot, &D);
   const T *x = k->in[0];
   T *y = k->out;
-  for (int64_t r = 0; r < rows && D > 0; r++) {
+  for (int64_t r = lo; r < hi && D > 0; r++) {
     double mu, rs;
     FN(ln_stats)(x + r * D, D, k->n->fa[0], &mu, &rs);
     for (int64_t i = 0; i < D; i++) y[r * D + i] = (T)(((double)x[r * D + i] - mu) * rs);
   }
-  return 0;
 }
+RT_ROW_KERNEL(LAYERNORM)
 
 /* dx = rstd * (dy - mean(dy) - xhat * mean(dy * xhat)) */
-static int FN(k_LAYERNORM_BWD)(RtKctx *k) {
-  int64_t D, rows = rt_rows(k->ot, &D);
+static void FN(rows_LAYERNORM_BWD)(void *jp, int64_t lo, int64_t hi) {
+  RtKctx *k = jp;
+  int64_t D;
+  rt_rows(k->ot, &D);
   const T *x = k->in[0], *dy = k->in[1];
   T *dx = k->out;
-  for (int64_t r = 0; r < rows && D > 0; r++) {
+  for (int64_t r = lo; r < hi && D > 0; r++) {
     const T *xr = x + r * D, *gr = dy + r * D;
     double mu, rs, mg = 0, mgx = 0;
     FN(ln_stats)(xr, D, k->n->fa[0], &mu, &rs);
@@ -293,8 +398,8 @@ static int FN(k_LAYERNORM_BWD)(RtKctx *k) {
       dx[r * D + i] = (T)(rs * ((double)gr[i] - mg - xh * mgx));
     }
   }
-  return 0;
 }
+RT_ROW_KERNEL(LAYERNORM_BWD)
 
 static double FN(rms_r)(const T *x, int64_t D, double eps) {
   double s = 0;
@@ -302,23 +407,27 @@ static double FN(rms_r)(const T *x, int64_t D, double eps) {
   return 1.0 / sqrt(s / (double)D + eps);
 }
 
-static int FN(k_RMSNORM)(RtKctx *k) {
-  int64_t D, rows = rt_rows(k->ot, &D);
+static void FN(rows_RMSNORM)(void *jp, int64_t lo, int64_t hi) {
+  RtKctx *k = jp;
+  int64_t D;
+  rt_rows(k->ot, &D);
   const T *x = k->in[0];
   T *y = k->out;
-  for (int64_t r = 0; r < rows && D > 0; r++) {
+  for (int64_t r = lo; r < hi && D > 0; r++) {
     double rr = FN(rms_r)(x + r * D, D, k->n->fa[0]);
     for (int64_t i = 0; i < D; i++) y[r * D + i] = (T)((double)x[r * D + i] * rr);
   }
-  return 0;
 }
+RT_ROW_KERNEL(RMSNORM)
 
 /* dx_i = r dy_i - r^3 x_i mean(dy * x), r = 1 / sqrt(mean(x^2) + eps) */
-static int FN(k_RMSNORM_BWD)(RtKctx *k) {
-  int64_t D, rows = rt_rows(k->ot, &D);
+static void FN(rows_RMSNORM_BWD)(void *jp, int64_t lo, int64_t hi) {
+  RtKctx *k = jp;
+  int64_t D;
+  rt_rows(k->ot, &D);
   const T *x = k->in[0], *dy = k->in[1];
   T *dx = k->out;
-  for (int64_t r = 0; r < rows && D > 0; r++) {
+  for (int64_t r = lo; r < hi && D > 0; r++) {
     const T *xr = x + r * D, *gr = dy + r * D;
     double rr = FN(rms_r)(xr, D, k->n->fa[0]), dot = 0;
     for (int64_t i = 0; i < D; i++) dot += (double)gr[i] * (double)xr[i];
@@ -326,8 +435,8 @@ static int FN(k_RMSNORM_BWD)(RtKctx *k) {
     for (int64_t i = 0; i < D; i++)
       dx[r * D + i] = (T)(rr * (double)gr[i] - rr * rr * rr * (double)xr[i] * dot);
   }
-  return 0;
 }
+RT_ROW_KERNEL(RMSNORM_BWD)
 
 /* (table[V, C], ids[...] i32) -> out[..., C].  A table split on dim 0
  * (vocab-parallel) holds global rows [off, off + V): ids outside that
@@ -350,6 +459,19 @@ static int FN(k_EMBEDDING)(RtKctx *k) {
   return 0;
 }
 
+/* Columns [lo, hi) of the scatter-add: every thread walks all ids in
+ * order, so each table element adds its rows in the serial order. */
+typedef struct { const int32_t *ids; const T *dy; T *g; int64_t n, C, off, V; } FN(EmbBwdJob);
+static void FN(emb_bwd_cols)(void *jp, int64_t lo, int64_t hi) {
+  const FN(EmbBwdJob) *j = jp;
+  for (int64_t i = 0; i < j->n; i++) {
+    if (j->ids[i] < j->off || j->ids[i] >= j->off + j->V) continue;
+    T *row = j->g + ((int64_t)j->ids[i] - j->off) * j->C;
+    const T *d = j->dy + i * j->C;
+    for (int64_t c = lo; c < hi; c++) row[c] += d[c];
+  }
+}
+
 /* (ids[...] i32, dy[..., C]) -> d table [V, C]: scatter-add into zeros.
  * A result split on dim 0 holds global rows [off, off + V): only ids in
  * that block are scattered. */
@@ -360,17 +482,26 @@ static int FN(k_EMBEDDING_BWD)(RtKctx *k) {
   int64_t off = rt_shard_block(k->p, k->n->sh.split[0], &nb) * V, Vg = nb * V;
   if (ir_type_numel(k->it[1]) != n * C) return rt_kfail(k, "dy size is not ids * C");
   const int32_t *ids = k->in[0];
-  const T *dy = k->in[1];
-  T *g = k->out;
-  memset(g, 0, (size_t)(V * C) * sizeof *g);
-  for (int64_t i = 0; i < n; i++) {
+  for (int64_t i = 0; i < n; i++)
     if (ids[i] < 0 || ids[i] >= Vg)
       return rt_kfail(k, "token id %d at position %lld is outside the table [0, %lld)", ids[i], (long long)i, (long long)Vg);
-    if (ids[i] < off || ids[i] >= off + V) continue;
-    T *row = g + ((int64_t)ids[i] - off) * C;
-    for (int64_t c = 0; c < C; c++) row[c] += dy[i * C + c];
-  }
+  rt_par_memset(k->out, 0, (size_t)(V * C) * sizeof(T));
+  FN(EmbBwdJob) j = {ids, k->in[1], k->out, n, C, off, V};
+  rt_par_for(C, 64, FN(emb_bwd_cols), &j);
   return 0;
+}
+
+/* Rows [lo, hi) of all the [R, C] matrices: row i keeps its columns
+ * j <= i (global), the rest is fill. */
+typedef struct { const T *x; T *y; T fill; int64_t R, C, ro, co; } FN(MaskJob);
+static void FN(mask_rows)(void *jp, int64_t lo, int64_t hi) {
+  const FN(MaskJob) *j = jp;
+  for (int64_t r = lo; r < hi; r++) {
+    int64_t i = r % j->R, keep = i + j->ro - j->co + 1;   /* columns j < keep stay */
+    keep = keep < 0 ? 0 : keep > j->C ? j->C : keep;
+    memcpy(j->y + r * j->C, j->x + r * j->C, (size_t)keep * sizeof(T));
+    for (int64_t c = keep; c < j->C; c++) j->y[r * j->C + c] = j->fill;
+  }
 }
 
 /* x[..., R, C]: fill where column j > row i, both global indices (a
@@ -383,15 +514,8 @@ static int FN(k_CAUSAL_MASK)(RtKctx *k) {
   int64_t ro = rt_shard_block(k->p, k->n->sh.split[t->rank - 2], NULL) * R;
   int64_t co = rt_shard_block(k->p, k->n->sh.split[t->rank - 1], NULL) * Cn;
   int64_t mats = (R > 0 && Cn > 0) ? ir_type_numel(t) / (R * Cn) : 0;
-  const T *x = k->in[0];
-  T *y = k->out;
-  T fill = (T)k->n->fa[0];
-  for (int64_t m = 0; m < mats; m++)
-    for (int64_t i = 0; i < R; i++)
-      for (int64_t j = 0; j < Cn; j++) {
-        int64_t o = (m * R + i) * Cn + j;
-        y[o] = j + co > i + ro ? fill : x[o];
-      }
+  FN(MaskJob) j = {k->in[0], k->out, (T)k->n->fa[0], R, Cn, ro, co};
+  rt_par_for(mats * R, rt_row_grain(Cn), FN(mask_rows), &j);
   return 0;
 }
 
@@ -406,6 +530,39 @@ static int FN(k_MASKED_FILL)(RtKctx *k) {
   return 0;
 }
 
+typedef struct {
+  RtKctx *k;
+  const T *x;
+  T *y;
+  double p, scale;
+  uint64_t seed;
+  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
+  int split;
+} FN(DropJob);
+/* Elements [lo, hi): the local index's odometer starts at lo's. */
+static void FN(drop_range)(void *jp, int64_t lo, int64_t hi) {
+  const FN(DropJob) *j = jp;
+  const IrType *t = j->k->ot;
+  int64_t idx[IR_MAX_RANK] = {0};
+  for (int64_t d = t->rank - 1, r = lo; d >= 0 && j->split; d--) {
+    idx[d] = t->dim[d] ? r % t->dim[d] : 0;
+    r = t->dim[d] ? r / t->dim[d] : 0;
+  }
+  for (int64_t i = lo; i < hi; i++) {
+    int64_t g = i;
+    if (j->split) {
+      g = 0;
+      for (int d = 0; d < t->rank; d++) g = g * j->gdim[d] + j->off[d] + idx[d];
+      for (int d = t->rank - 1; d >= 0; d--) {   /* odometer over the local index */
+        if (++idx[d] < t->dim[d]) break;
+        idx[d] = 0;
+      }
+    }
+    double u = rt_dropout_u(j->seed, j->k->n->ia[0], j->k->info->step, j->k->info->micro, g);
+    j->y[i] = u >= j->p ? (T)((double)j->x[i] * j->scale) : (T)0;
+  }
+}
+
 /* keep iff U(H(2, seed, stream, step, micro, g)) >= p; kept scaled
  * 1/(1-p).  g is the element's flat index in the GLOBAL tensor (the local
  * index i when nothing is split) and micro the global micro-batch index,
@@ -418,26 +575,28 @@ static int FN(k_DROPOUT)(RtKctx *k) {
   double p = k->n->fa[0];
   if (!(p >= 0 && p <= 1)) return rt_kfail(k, "p = %g is not in [0, 1]", p);
   if (p == 0) { memcpy(y, x, (size_t)n * sizeof *y); return 0; }
-  double scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
-  uint64_t seed = rt_program_seed(k->p);
-  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK], idx[IR_MAX_RANK] = {0};
-  rt_shard_offsets(k->p, &k->n->sh, t, off, gdim);
-  int split = 0;
-  for (int d = 0; d < t->rank; d++) split |= gdim[d] != t->dim[d];
-  for (int64_t i = 0; i < n; i++) {
-    int64_t g = i;
-    if (split) {
-      g = 0;
-      for (int d = 0; d < t->rank; d++) g = g * gdim[d] + off[d] + idx[d];
-      for (int d = t->rank - 1; d >= 0; d--) {   /* odometer over the local index */
-        if (++idx[d] < t->dim[d]) break;
-        idx[d] = 0;
-      }
-    }
-    double u = rt_dropout_u(seed, k->n->ia[0], k->info->step, k->info->micro, g);
-    y[i] = u >= p ? (T)((double)x[i] * scale) : (T)0;
-  }
+  FN(DropJob) j = {k, x, y, p, p < 1 ? 1.0 / (1.0 - p) : 0.0, rt_program_seed(k->p), {0}, {0}, 0};
+  rt_shard_offsets(k->p, &k->n->sh, t, j.off, j.gdim);
+  for (int d = 0; d < t->rank; d++) j.split |= j.gdim[d] != t->dim[d];
+  rt_par_for(n, RT_EW_GRAIN / 8, FN(drop_range), &j);
   return 0;
+}
+
+typedef struct { const T *x; T *y; const double *freq; double sign; int64_t p0, per, len, D; } FN(RopeJob);
+static void FN(rope_rows)(void *jp, int64_t lo, int64_t hi) {
+  const FN(RopeJob) *j = jp;
+  int64_t D = j->D, h = D / 2;
+  for (int64_t r = lo; r < hi; r++) {
+    double pos = (double)(j->p0 + (r / j->per) % j->len);
+    const T *x = j->x + r * D;
+    T *y = j->y + r * D;
+    for (int64_t i = 0; i < h; i++) {
+      double th = j->sign * pos * j->freq[i];
+      double c = cos(th), s = sin(th), x1 = x[i], x2 = x[i + h];
+      y[i] = (T)(x1 * c - x2 * s);
+      y[i + h] = (T)(x1 * s + x2 * c);
+    }
+  }
 }
 
 /* x[..., T at axis, ..., D]: pairs (x[i], x[i + D/2]) rotate by
@@ -452,18 +611,13 @@ static int FN(k_ROPE)(RtKctx *k) {
   int64_t h = D / 2, rows = ir_type_numel(t) / (D ? D : 1), per = 1;   /* rows per step of axis */
   for (int d = ax + 1; d < t->rank - 1; d++) per *= t->dim[d];
   double sign = k->n->ia[1] ? -1.0 : 1.0, base = k->n->fa[0];
-  int64_t p0 = rt_shard_block(k->p, k->n->sh.split[ax], NULL) * t->dim[ax];
-  const T *x = k->in[0];
-  T *y = k->out;
-  for (int64_t r = 0; r < rows; r++) {
-    double pos = (double)(p0 + (r / per) % t->dim[ax]);
-    for (int64_t i = 0; i < h; i++) {
-      double th = sign * pos * pow(base, -2.0 * (double)i / (double)D);
-      double c = cos(th), s = sin(th), x1 = x[r * D + i], x2 = x[r * D + i + h];
-      y[r * D + i] = (T)(x1 * c - x2 * s);
-      y[r * D + i + h] = (T)(x1 * s + x2 * c);
-    }
-  }
+  /* the frequencies once per call: the same pow() as per element before */
+  double *freq = ts_xmalloc((size_t)(h ? h : 1) * sizeof *freq);
+  for (int64_t i = 0; i < h; i++) freq[i] = pow(base, -2.0 * (double)i / (double)D);
+  FN(RopeJob) j = {k->in[0], k->out, freq, sign, rt_shard_block(k->p, k->n->sh.split[ax], NULL) * t->dim[ax],
+                   per, t->dim[ax], D};
+  rt_par_for(rows, rt_row_grain(D * 8), FN(rope_rows), &j);
+  free(freq);
   return 0;
 }
 
@@ -479,25 +633,53 @@ static int64_t FN(ce_shape)(RtKctx *k, int64_t *V) {
   return rows;
 }
 
+/* Checks every target is in [0, V) or the ignore index, before the rows
+ * run on the pool (which cannot fail). */
+static int FN(ce_targets)(RtKctx *k, int64_t rows, int64_t V) {
+  const int32_t *tg = k->in[1];
+  for (int64_t r = 0; r < rows; r++)
+    if (tg[r] != k->n->ia[0] && (tg[r] < 0 || tg[r] >= V))
+      return rt_kfail(k, "target %d at position %lld is outside [0, %lld)", tg[r], (long long)r, (long long)V);
+  return 0;
+}
+
+typedef struct { const T *lg; const int32_t *tg; const T *dl; T *y; int64_t V, ign; } FN(CeJob);
+static void FN(ce_rows)(void *jp, int64_t lo, int64_t hi) {
+  const FN(CeJob) *j = jp;
+  for (int64_t r = lo; r < hi; r++) {
+    if (j->tg[r] == j->ign) { j->y[r] = 0; continue; }
+    const T *lr = j->lg + r * j->V;
+    T mx = FN(row_max)(lr, j->V);
+    j->y[r] = (T)((double)mx + log(FN(sum_exp)(lr, j->V, mx, NULL)) - (double)lr[j->tg[r]]);
+  }
+}
+
 /* logsumexp(row) - row[target]; 0 where target == ignore.  The row works
  * in T (exponentials of x - max are in (0, 1]); the sum is in double. */
 static int FN(k_CROSS_ENTROPY)(RtKctx *k) {
   int64_t V, rows = FN(ce_shape)(k, &V);
   if (rows < 0) return -1;
   if (ir_type_numel(k->ot) != rows) return rt_kfail(k, "result size is not the token count");
-  const T *lg = k->in[0];
-  const int32_t *tg = k->in[1];
-  T *y = k->out;
-  int64_t ign = k->n->ia[0];
-  for (int64_t r = 0; r < rows; r++) {
-    if (tg[r] == ign) { y[r] = 0; continue; }
-    if (tg[r] < 0 || tg[r] >= V)
-      return rt_kfail(k, "target %d at position %lld is outside [0, %lld)", tg[r], (long long)r, (long long)V);
-    const T *lr = lg + r * V;
-    T mx = FN(row_max)(lr, V);
-    y[r] = (T)((double)mx + log(FN(sum_exp)(lr, V, mx, NULL)) - (double)lr[tg[r]]);
-  }
+  if (FN(ce_targets)(k, rows, V) != 0) return -1;
+  FN(CeJob) j = {k->in[0], k->in[1], NULL, k->out, V, k->n->ia[0]};
+  rt_par_for(rows, rt_row_grain(V), FN(ce_rows), &j);
   return 0;
+}
+
+static void FN(ce_bwd_rows)(void *jp, int64_t lo, int64_t hi) {
+  const FN(CeJob) *j = jp;
+  int64_t V = j->V;
+  for (int64_t r = lo; r < hi; r++) {
+    T *gr = j->y + r * V;
+    int32_t t = j->tg[r];
+    if (t == j->ign) { memset(gr, 0, (size_t)V * sizeof *gr); continue; }
+    const T *lr = j->lg + r * V;
+    T mx = FN(row_max)(lr, V);
+    double d = j->dl[r], s = FN(sum_exp)(lr, V, mx, gr);
+    T scale = (T)(d / s);
+    for (int64_t i = 0; i < V; i++) gr[i] *= scale;
+    gr[t] = (T)((double)gr[t] - d);
+  }
 }
 
 /* (logits, targets, dl[rows]) -> (softmax - onehot) * dl; 0 rows for ignored */
@@ -505,22 +687,9 @@ static int FN(k_CROSS_ENTROPY_BWD)(RtKctx *k) {
   int64_t V, rows = FN(ce_shape)(k, &V);
   if (rows < 0) return -1;
   if (ir_type_numel(k->it[2]) != rows) return rt_kfail(k, "dloss size is not the token count");
-  const T *lg = k->in[0], *dl = k->in[2];
-  const int32_t *tg = k->in[1];
-  T *g = k->out;
-  int64_t ign = k->n->ia[0];
-  for (int64_t r = 0; r < rows; r++) {
-    T *gr = g + r * V;
-    if (tg[r] == ign) { memset(gr, 0, (size_t)V * sizeof *gr); continue; }
-    if (tg[r] < 0 || tg[r] >= V)
-      return rt_kfail(k, "target %d at position %lld is outside [0, %lld)", tg[r], (long long)r, (long long)V);
-    const T *lr = lg + r * V;
-    T mx = FN(row_max)(lr, V);
-    double d = dl[r], s = FN(sum_exp)(lr, V, mx, gr);
-    T scale = (T)(d / s);
-    for (int64_t i = 0; i < V; i++) gr[i] *= scale;
-    gr[tg[r]] = (T)((double)gr[tg[r]] - d);
-  }
+  if (FN(ce_targets)(k, rows, V) != 0) return -1;
+  FN(CeJob) j = {k->in[0], k->in[1], k->in[2], k->out, V, k->n->ia[0]};
+  rt_par_for(rows, rt_row_grain(V), FN(ce_bwd_rows), &j);
   return 0;
 }
 
@@ -533,13 +702,35 @@ static int FN(k_CLIP_COEF)(RtKctx *k) {
   return 0;
 }
 
+static void FN(accum_range)(void *jp, int64_t lo, int64_t hi) {
+  const FN(EwJob) *j = jp;
+  for (int64_t i = lo; i < hi; i++) j->y[i] += j->x[i];
+}
+
 /* state[ia0] += x */
 static int FN(k_ACCUM)(RtKctx *k) {
-  T *s = rt_state_data(k->p, (int)k->n->ia[0]);
-  const T *x = k->in[0];
-  int64_t n = ir_type_numel(k->it[0]);
-  for (int64_t i = 0; i < n; i++) s[i] += x[i];
+  FN(EwJob) j = {k->in[0], NULL, rt_state_data(k->p, (int)k->n->ia[0]), 0};
+  rt_par_for(ir_type_numel(k->it[0]), RT_EW_GRAIN, FN(accum_range), &j);
   return 0;
+}
+
+/* One pass over elements [lo, hi) of w, grad, m, v (the serial formula,
+ * element by element). */
+typedef struct { T *w; const T *gr; T *m, *v; double coef, b1, b2, eps, wd, lr, c1, c2; } FN(AdamJob);
+static void FN(adamw_range)(void *jp, int64_t lo, int64_t hi) {
+  const FN(AdamJob) *j = jp;
+  T *w = j->w, *m = j->m, *v = j->v;
+  const T *gr = j->gr;
+  double coef = j->coef, b1 = j->b1, b2 = j->b2, eps = j->eps, wd = j->wd, lr = j->lr, c1 = j->c1, c2 = j->c2;
+  for (int64_t i = lo; i < hi; i++) {
+    double g = (double)gr[i] * coef;
+    double mi = b1 * (double)m[i] + (1.0 - b1) * g;
+    double vi = b2 * (double)v[i] + (1.0 - b2) * g * g;
+    m[i] = (T)mi;
+    v[i] = (T)vi;
+    double mh = mi / c1, vh = vi / c2;
+    w[i] = (T)((double)w[i] - lr * (mh / (sqrt(vh) + eps) + wd * (double)w[i]));
+  }
 }
 
 /* coef[]: g = grad * coef; m, v moments; bias-corrected step with
@@ -561,19 +752,10 @@ static int FN(k_ADAMW)(RtKctx *k) {
     w += start < cnt ? start : cnt;
     cnt = start >= cnt ? 0 : (cnt - start < c ? cnt - start : c);
   }
-  double coef = rt_ld(k->in[0], k->it[0]->dtype, 0);
-  double b1 = n->fa[0], b2 = n->fa[1], eps = n->fa[2], wd = n->fa[3], lr = k->info->lr;
   double t = (double)(k->info->step + 1);
-  double c1 = 1.0 - pow(b1, t), c2 = 1.0 - pow(b2, t);
-  for (int64_t i = 0; i < cnt; i++) {
-    double g = (double)gr[i] * coef;
-    double mi = b1 * (double)m[i] + (1.0 - b1) * g;
-    double vi = b2 * (double)v[i] + (1.0 - b2) * g * g;
-    m[i] = (T)mi;
-    v[i] = (T)vi;
-    double mh = mi / c1, vh = vi / c2;
-    w[i] = (T)((double)w[i] - lr * (mh / (sqrt(vh) + eps) + wd * (double)w[i]));
-  }
+  FN(AdamJob) j = {w, gr, m, v, rt_ld(k->in[0], k->it[0]->dtype, 0), n->fa[0], n->fa[1], n->fa[2], n->fa[3],
+                   k->info->lr, 1.0 - pow(n->fa[0], t), 1.0 - pow(n->fa[1], t)};
+  rt_par_for(cnt, RT_EW_GRAIN, FN(adamw_range), &j);
   return 0;
 }
 

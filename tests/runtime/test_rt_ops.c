@@ -2,8 +2,13 @@
  * independent computation written here, for f32 and f64: elementwise ops
  * (the *_BWD ones against finite differences of the forward formula),
  * layout, reductions, matmul variants, softmax, norms, embedding,
- * masks, dropout, rope, cross-entropy, and the step ops. */
+ * masks, dropout, rope, cross-entropy, and the step ops.
+ * The worker pool (runtime/par.h): every range covered once, and every
+ * threaded kernel at sizes that split gives the 1-thread result bit for
+ * bit on 3 threads, with layout ops (merged dims, tiles) against direct
+ * index arithmetic at those sizes. */
 #include "rt_test.h"
+#include "runtime/par.h"
 
 #define NT 2
 static const IrDtype DTS[NT] = {IR_F32, IR_F64};
@@ -728,6 +733,214 @@ static void test_embedding_split(IrDtype dt) {
   free(dy);
 }
 
+/* ---- the worker pool and the threaded kernels ---- */
+static void mark_range(void *c, int64_t lo, int64_t hi) {
+  unsigned char *seen = c;
+  for (int64_t i = lo; i < hi; i++) seen[i]++;
+}
+
+static void test_par_pool(void) {
+  static const int thr[] = {1, 2, 3, 7};
+  static const int64_t ns[] = {0, 1, 5, 64, 1000, 100003};
+  for (size_t t = 0; t < sizeof thr / sizeof *thr; t++) {
+    rt_par_set_threads(thr[t]);
+    CHECK(rt_par_threads() == thr[t], "pool has %d threads, set %d", rt_par_threads(), thr[t]);
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+      for (int64_t grain = 1; grain <= 4096; grain *= 64) {
+        int64_t n = ns[a];
+        unsigned char *seen = ts_xcalloc((size_t)(n ? n : 1), 1);
+        rt_par_for(n, grain, mark_range, seen);
+        int64_t bad = -1;
+        for (int64_t i = 0; i < n && bad < 0; i++)
+          if (seen[i] != 1) bad = i;
+        CHECK(bad < 0, "rt_par_for(n=%lld, grain=%lld) on %d threads ran item %lld %d times", (long long)n,
+              (long long)grain, thr[t], (long long)bad, bad >= 0 ? seen[bad] : 0);
+        free(seen);
+      }
+  }
+  /* big copies and fills */
+  size_t nb = (size_t)3 << 20;
+  unsigned char *a = ts_xmalloc(nb), *b = ts_xmalloc(nb);
+  for (size_t i = 0; i < nb; i++) a[i] = (unsigned char)(i * 31 + 7);
+  rt_par_memcpy(b, a, nb);
+  CHECK(memcmp(a, b, nb) == 0, "rt_par_memcpy of 3 MiB differs");
+  rt_par_memset(b, 0x5a, nb - 3);
+  int ok = b[nb - 3] == a[nb - 3];
+  for (size_t i = 0; i < nb - 3 && ok; i++) ok = b[i] == 0x5a;
+  CHECK(ok, "rt_par_memset of 3 MiB wrong");
+  free(a);
+  free(b);
+  rt_par_set_threads(0);
+}
+
+/* Runs op on 1 and on 3 threads: the results must be identical (kernels
+ * split work only where the order of every sum stays the same). */
+static void same_on_threads(IrOp op, int nin, const Arg *a, const int64_t *ia, const double *fa,
+                            const IrType *typed, const char *msg, IrDtype dt) {
+  IrType r1, r3;
+  rt_par_set_threads(1);
+  double *y1 = run_op(op, nin, a, ia, fa, typed, &r1, err, sizeof err);
+  CHECK(y1 != NULL, "%s (%s) on 1 thread: %s", msg, ir_dtype_name(dt), err);
+  rt_par_set_threads(3);
+  double *y3 = run_op(op, nin, a, ia, fa, typed, &r3, err, sizeof err);
+  CHECK(y3 != NULL, "%s (%s) on 3 threads: %s", msg, ir_dtype_name(dt), err);
+  rt_par_set_threads(0);
+  if (y1 && y3) {
+    int64_t n = ir_type_numel(&r1), bad = -1;
+    for (int64_t i = 0; i < n && bad < 0; i++)
+      if (memcmp(&y1[i], &y3[i], sizeof y1[i]) != 0) bad = i;
+    CHECK(bad < 0, "%s (%s): element %lld is %.17g on 1 thread, %.17g on 3", msg, ir_dtype_name(dt),
+          (long long)bad, bad >= 0 ? y1[bad] : 0.0, bad >= 0 ? y3[bad] : 0.0);
+  }
+  free(y1);
+  free(y3);
+}
+
+/* Every threaded kernel at a size its ranges split (> 2 x 32k elements). */
+static void test_threads_same(IrDtype dt) {
+  enum { B = 3, R = 67, D = 701, N = B * R * D };
+  IrType t = TY(dt, B, R, D), rows = TY(dt, B, R), it = TY(IR_I32, B, R);
+  double *x = rand_vec(N, -3, 3, dt), *y = rand_vec(N, -1, 1, dt), *dl = rand_vec(B * R, 0.5, 1.5, dt);
+  double *tg = ts_xmalloc(B * R * sizeof *tg), fa[2] = {1e-5, 0};
+  for (int i = 0; i < B * R; i++) tg[i] = i % 11 == 3 ? -1 : (i * 37) % D;
+  Arg a1[1] = {{t, x}}, a2[2] = {{t, x}, {t, y}}, ce[2] = {{t, x}, {it, tg}}, ceb[3] = {{t, x}, {it, tg}, {rows, dl}};
+  int64_t ign[1] = {-1}, drop[1] = {5}, rope[2] = {1, 0};
+  same_on_threads(IR_OP_ADD, 2, a2, NULL, NULL, NULL, "add", dt);
+  same_on_threads(IR_OP_GELU_TANH, 1, a1, NULL, NULL, NULL, "gelu_tanh", dt);
+  same_on_threads(IR_OP_GELU_TANH_BWD, 2, a2, NULL, NULL, NULL, "gelu_tanh_bwd", dt);
+  same_on_threads(IR_OP_SOFTMAX, 1, a1, NULL, NULL, NULL, "softmax", dt);
+  same_on_threads(IR_OP_SOFTMAX_BWD, 2, a2, NULL, NULL, NULL, "softmax_bwd", dt);
+  same_on_threads(IR_OP_LOG_SOFTMAX, 1, a1, NULL, NULL, NULL, "log_softmax", dt);
+  same_on_threads(IR_OP_LOG_SOFTMAX_BWD, 2, a2, NULL, NULL, NULL, "log_softmax_bwd", dt);
+  same_on_threads(IR_OP_LAYERNORM, 1, a1, NULL, fa, NULL, "layernorm", dt);
+  same_on_threads(IR_OP_LAYERNORM_BWD, 2, a2, NULL, fa, NULL, "layernorm_bwd", dt);
+  same_on_threads(IR_OP_RMSNORM, 1, a1, NULL, fa, NULL, "rmsnorm", dt);
+  same_on_threads(IR_OP_RMSNORM_BWD, 2, a2, NULL, fa, NULL, "rmsnorm_bwd", dt);
+  same_on_threads(IR_OP_CROSS_ENTROPY, 2, ce, ign, NULL, NULL, "cross_entropy", dt);
+  same_on_threads(IR_OP_CROSS_ENTROPY_BWD, 3, ceb, ign, NULL, NULL, "cross_entropy_bwd", dt);
+  same_on_threads(IR_OP_SUMSQ, 1, a1, NULL, NULL, NULL, "sumsq", dt);
+  double p[1] = {0.25}, fill[1] = {-1e9}, base[1] = {10000.0};
+  same_on_threads(IR_OP_DROPOUT, 1, a1, drop, p, NULL, "dropout", dt);
+  same_on_threads(IR_OP_CAUSAL_MASK, 1, a1, NULL, fill, NULL, "causal_mask", dt);
+  IrType te = TY(dt, B, R, 7, 100);   /* rope needs an even last dim (and <= N elements) */
+  Arg ar[1] = {{te, x}};
+  same_on_threads(IR_OP_ROPE, 1, ar, rope, base, NULL, "rope", dt);
+  IrType tc = TY(dt, D);
+  same_on_threads(IR_OP_SUM_TO, 1, a1, NULL, NULL, &tc, "sum_to [D]", dt);
+  IrType tab = TY(dt, 97, D);
+  double *ids = ts_xmalloc(B * R * sizeof *ids);
+  for (int i = 0; i < B * R; i++) ids[i] = (i * 13) % 97;
+  Arg eb[2] = {{it, ids}, {t, y}};
+  same_on_threads(IR_OP_EMBEDDING_BWD, 2, eb, NULL, NULL, &tab, "embedding_bwd", dt);
+  /* batched matmul with small GEMMs: one per thread */
+  IrType ma = TY(dt, 5, 4, 33, 40), mb = TY(dt, 5, 4, 40, 29);
+  Arg am[2] = {{ma, x}, {mb, y}};
+  same_on_threads(IR_OP_MATMUL, 2, am, (int64_t[]){0, 0}, NULL, NULL, "batched matmul", dt);
+  free(x);
+  free(y);
+  free(dl);
+  free(tg);
+  free(ids);
+}
+
+/* Layout ops at sizes that take the merged-row, tiled and threaded paths,
+ * against direct index arithmetic; also summing columns and batched GEMMs. */
+static void test_layout_big(IrDtype dt) {
+  enum { A = 3, B = 37, C = 5, D = 66, N = A * B * C * D };
+  const int64_t dims[4] = {A, B, C, D};
+  IrType t = TY(dt, A, B, C, D);
+  double *x = rand_vec(N, -1, 1, dt), *w = ts_xmalloc(N * sizeof *w);
+  Arg a[1] = {{t, x}};
+  static const int64_t perms[][4] = {{0, 2, 1, 3}, {0, 1, 3, 2}, {3, 2, 1, 0}, {1, 0, 2, 3}, {2, 3, 0, 1}, {0, 3, 1, 2}};
+  for (int th = 1; th <= 3; th += 2) {
+    rt_par_set_threads(th);
+    for (size_t q = 0; q < sizeof perms / sizeof *perms; q++) {
+      const int64_t *pm = perms[q];
+      int64_t yd[4] = {dims[pm[0]], dims[pm[1]], dims[pm[2]], dims[pm[3]]}, xs[4] = {B * C * D, C * D, D, 1};
+      int64_t i = 0;
+      for (int64_t i0 = 0; i0 < yd[0]; i0++)
+        for (int64_t i1 = 0; i1 < yd[1]; i1++)
+          for (int64_t i2 = 0; i2 < yd[2]; i2++)
+            for (int64_t i3 = 0; i3 < yd[3]; i3++)
+              w[i++] = x[i0 * xs[pm[0]] + i1 * xs[pm[1]] + i2 * xs[pm[2]] + i3 * xs[pm[3]]];
+      char msg[80];
+      snprintf(msg, sizeof msg, "permute [%lld %lld %lld %lld] on %d threads", (long long)pm[0], (long long)pm[1],
+               (long long)pm[2], (long long)pm[3], th);
+      expect(IR_OP_PERMUTE, 1, a, pm, NULL, NULL, w, N, 0, msg, dt);
+    }
+    /* broadcast [B, 1, D] and [D] and [A, 1, C, 1] up to [A, B, C, D] */
+    IrType bs[3] = {TY(dt, B, 1, D), TY(dt, D), TY(dt, A, 1, C, 1)};
+    for (int k = 0; k < 3; k++) {
+      int64_t ns = ir_type_numel(&bs[k]);
+      double *v = rand_vec(ns, -1, 1, dt);
+      for (int64_t i0 = 0; i0 < A; i0++)
+        for (int64_t i1 = 0; i1 < B; i1++)
+          for (int64_t i2 = 0; i2 < C; i2++)
+            for (int64_t i3 = 0; i3 < D; i3++) {
+              int64_t src = k == 0 ? i1 * D + i3 : k == 1 ? i3 : i0 * C + i2;
+              w[((i0 * B + i1) * C + i2) * D + i3] = v[src];
+            }
+      Arg ab[1] = {{bs[k], v}};
+      char msg[64];
+      snprintf(msg, sizeof msg, "broadcast #%d on %d threads", k, th);
+      expect(IR_OP_BROADCAST, 1, ab, NULL, NULL, &t, w, N, 0, msg, dt);
+      /* and back: sum_to, in the serial order (exact in f64 up to rounding) */
+      double *s = ts_xcalloc((size_t)ns, sizeof *s);
+      for (int64_t i0 = 0; i0 < A; i0++)
+        for (int64_t i1 = 0; i1 < B; i1++)
+          for (int64_t i2 = 0; i2 < C; i2++)
+            for (int64_t i3 = 0; i3 < D; i3++)
+              s[k == 0 ? i1 * D + i3 : k == 1 ? i3 : i0 * C + i2] += x[((i0 * B + i1) * C + i2) * D + i3];
+      snprintf(msg, sizeof msg, "sum_to #%d on %d threads", k, th);
+      expect(IR_OP_SUM_TO, 1, a, NULL, NULL, &bs[k], s, ns, tol_of(dt), msg, dt);
+      free(s);
+      free(v);
+    }
+    /* causal mask over [A*B, C*... ]: rows longer than columns and fewer */
+    IrType mt = TY(dt, A, B * C, D);
+    Arg amk[1] = {{mt, x}};
+    double fill[1] = {-5};
+    for (int64_t m = 0; m < A; m++)
+      for (int64_t i = 0; i < B * C; i++)
+        for (int64_t j = 0; j < D; j++) {
+          int64_t o = (m * B * C + i) * D + j;
+          w[o] = j > i ? -5 : x[o];
+        }
+    expect(IR_OP_CAUSAL_MASK, 1, amk, NULL, fill, NULL, w, N, 0, "causal_mask big", dt);
+    /* batched GEMMs small enough to run one per thread, both transposes */
+    enum { BT = 6, M = 17, K = 23, NN = 19 };
+    double *pa = rand_vec(BT * M * K, -1, 1, dt), *pb = rand_vec(BT * K * NN, -1, 1, dt), *pw = ts_xmalloc(BT * M * NN * sizeof *pw);
+    for (int ta = 0; ta < 2; ta++)
+      for (int tb = 0; tb < 2; tb++) {
+        for (int bb = 0; bb < BT; bb++)
+          for (int mm = 0; mm < M; mm++)
+            for (int n = 0; n < NN; n++) {
+              double acc = 0;
+              for (int kk = 0; kk < K; kk++)
+                acc += pa[bb * M * K + (ta ? kk * M + mm : mm * K + kk)] * pb[bb * K * NN + (tb ? n * K + kk : kk * NN + n)];
+              pw[(bb * M + mm) * NN + n] = acc;
+            }
+        IrType at = ta ? TY(dt, 2, 3, K, M) : TY(dt, 2, 3, M, K), bt = tb ? TY(dt, 2, 3, NN, K) : TY(dt, 2, 3, K, NN);
+        Arg ag[2] = {{at, pa}, {bt, pb}};
+        char msg[64];
+        snprintf(msg, sizeof msg, "batched matmul ta=%d tb=%d on %d threads", ta, tb, th);
+        expect(IR_OP_MATMUL, 2, ag, (int64_t[]){ta, tb}, NULL, NULL, pw, BT * M * NN, tol_of(dt) * 5, msg, dt);
+      }
+    free(pa);
+    free(pb);
+    free(pw);
+    /* sumsq over many fixed blocks */
+    double ss = 0;
+    for (int i = 0; i < N; i++) ss += x[i] * x[i];
+    IrType big = TY(dt, N);
+    Arg asq[1] = {{big, x}};
+    expect(IR_OP_SUMSQ, 1, asq, NULL, NULL, NULL, &ss, 1, tol_of(dt), "sumsq big", dt);
+  }
+  rt_par_set_threads(0);
+  free(x);
+  free(w);
+}
+
 int main(void) {
   for (int d = 0; d < NT; d++) {
     IrDtype dt = DTS[d];
@@ -747,7 +960,10 @@ int main(void) {
     test_index_ops(dt);
     test_global_positions(dt);
     test_embedding_split(dt);
+    test_threads_same(dt);
+    test_layout_big(dt);
   }
+  test_par_pool();
   /* every op of ops.def has a kernel test here, except those that need
    * state or a whole block and are tested in test_rt_exec.c */
   static const IrOp elsewhere[] = {IR_OP_STATE, IR_OP_ZERO, IR_OP_ADAMW, IR_OP_OUTPUT, IR_OP_ASSIGN};

@@ -1,0 +1,42 @@
+/* par.h - a small fixed pool of worker threads for the reference kernels
+ * (ops_ref.c) and anything else in runtime/ that splits a loop.
+ *
+ * rt_par_for(n, grain, fn, ctx) runs fn(ctx, lo, hi) over contiguous,
+ * disjoint ranges covering [0, n), on up to rt_par_threads() threads (the
+ * caller is one of them) and returns when all are done.  Ranges are fixed
+ * by n and the thread count only, never by timing, and no kernel reduces
+ * across ranges with atomics, so a result never depends on scheduling.
+ * Kernels whose ranges sum something (sumsq) split into fixed-size blocks
+ * instead, so their result does not depend on the thread count either.
+ *
+ * Thread count: TS_NUM_THREADS, else OMP_NUM_THREADS, else
+ * OPENBLAS_NUM_THREADS, else the online cores (at most RT_PAR_MAX).  mrun
+ * sets OPENBLAS_NUM_THREADS=1 when it starts several ranks on one machine,
+ * so ranks never oversubscribe the cores.  A call made while the pool is
+ * busy (another thread's kernel, or a nested call) runs serially. */
+#ifndef TS_RT_PAR_H
+#define TS_RT_PAR_H
+#include <stdint.h>
+#include <stddef.h>
+
+#define RT_PAR_MAX 64
+
+typedef void (*RtParFn)(void *ctx, int64_t lo, int64_t hi);
+
+/* Runs fn over [0, n) in ranges of at least `grain` items (a range per
+ * thread; serial when n < 2 * grain or one thread). */
+void rt_par_for(int64_t n, int64_t grain, RtParFn fn, void *ctx);
+/* The pool's thread count (>= 1), counting the caller. */
+int rt_par_threads(void);
+/* Sets the thread count (tests, benchmarks); n <= 0 restores the default
+ * from the environment.  Not to be called while a kernel runs. */
+void rt_par_set_threads(int n);
+/* memcpy split over the threads when it is large (>= 1 MiB). */
+void rt_par_memcpy(void *dst, const void *src, size_t bytes);
+/* memset split over the threads when it is large (>= 1 MiB). */
+void rt_par_memset(void *dst, int c, size_t bytes);
+/* Runs fn with BLAS limited to one thread (restored after): for loops that
+ * run many small GEMMs in parallel, one per pool thread. */
+void rt_par_blas_serial(RtParFn fn, void *ctx, int64_t n, int64_t grain);
+
+#endif
