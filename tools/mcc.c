@@ -751,7 +751,7 @@ static int run_check(const Args *a, IrModule *m) {
     goto cleanup;
   }
   printf("  loss:   max relative difference %.3g over %d steps (worst at step %d)\n", dloss, na, worst_step);
-  printf("  params: max relative difference %.3g (worst: %s; |a-b| / max(|b|, 1) per element)\n", dpar, where);
+  printf("  params: max relative difference %.3g (worst: %s; max|a-b| / max|b| per tensor, scale floored at 10%% of the largest parameter)\n", dpar, where);
   int ok = dloss <= tol && dpar <= tol;      /* NaN fails */
   printf("check: %s: %s %s the single-rank run within %g\n", ok ? "PASS" : "FAIL", lay, ok ? "matches" : "does NOT match",
          tol);
