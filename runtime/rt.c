@@ -203,17 +203,35 @@ static int init_param(const RtProgram *p, const IrState *s, uint64_t seed, void 
   return 0;
 }
 
-static RtExecOpts g_exec_default;   /* zero: the reference backend */
-void rt_exec_set_default(const RtExecOpts *o) { if (o) g_exec_default = *o; }
-RtExecOpts rt_exec_default(void) { return g_exec_default; }
+/* The default backend: what rt_exec_set_default set, else TS_BACKEND from
+ * the environment ("llvm" or "ref", so that tests written against
+ * rt_program_new can be run on either), else the reference. */
+static RtExecOpts g_exec_default;
+static int g_exec_set;
+void rt_exec_set_default(const RtExecOpts *o) {
+  if (!o) return;
+  g_exec_default = *o;
+  g_exec_set = 1;
+}
+RtExecOpts rt_exec_default(void) {
+  if (!g_exec_set) {
+    const char *e = getenv("TS_BACKEND");
+    RtExecOpts o = {0};
+    if (e && strcmp(e, "llvm") == 0) o.backend = RT_BACKEND_LLVM;
+    return o;
+  }
+  return g_exec_default;
+}
 
 RtProgram *rt_program_new(const IrModule *m, char *err, size_t errlen) {
   RtRank r = rt_rank_single();
-  return rt_program_new_opts(m, &r, &g_exec_default, err, errlen);
+  RtExecOpts o = rt_exec_default();
+  return rt_program_new_opts(m, &r, &o, err, errlen);
 }
 
 RtProgram *rt_program_new_rank(const IrModule *m, const RtRank *r, char *err, size_t errlen) {
-  return rt_program_new_opts(m, r, &g_exec_default, err, errlen);
+  RtExecOpts o = rt_exec_default();
+  return rt_program_new_opts(m, r, &o, err, errlen);
 }
 
 void rt_program_exec_stats(const RtProgram *p, RtExecStats *s) {

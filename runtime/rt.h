@@ -56,7 +56,8 @@ typedef enum { RT_BACKEND_REF, RT_BACKEND_LLVM } RtBackend;
 typedef struct { RtBackend backend; int threads; int no_groups; } RtExecOpts;
 RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecOpts *o, char *err, size_t errlen);
 /* The options rt_program_new and rt_program_new_rank use (what mrun sets
- * from --backend): initially the reference backend.  Copied. */
+ * from --backend).  Until set: TS_BACKEND=llvm in the environment selects
+ * the LLVM backend, anything else the reference.  Copied. */
 void rt_exec_set_default(const RtExecOpts *o);
 RtExecOpts rt_exec_default(void);
 /* What the LLVM backend compiled (all zero for the reference backend). */
