@@ -43,6 +43,7 @@ typedef struct {
   IrBlock ob;             /* the global micro block (nodes stay in the arena) */
   int nb;                 /* the block being rebuilt (same index) */
   int T;                  /* tp size */
+  int C;                  /* cp size */
   int sp;                 /* sequence parallelism */
   const char *seq_name;   /* the dim name mapped to cp: the sequence dim */
   int *nv;                /* old value -> new value (canonical layout) */
@@ -179,9 +180,24 @@ static int conv(Sh *S, int v, const IrSharding *want) {
     if (ir_sharding_equal(&S->conv[v].a[i].sh, want)) return S->conv[v].a[i].id;
   int id = remake_local(S, v, want);
   if (id == -2) {
+    /* Several axes may split one dim (outer axis major), so the order
+     * matters: splits are removed inner axis first and added outer axis
+     * first; an inner split on a dim whose outer splits change is removed
+     * and added back around the change. */
     IrSharding cur = S->sh[v];
+    int from[IR_AXIS_COUNT], to[IR_AXIS_COUNT], force[IR_AXIS_COUNT] = {0};
+    for (int a = 0; a < IR_AXIS_COUNT; a++) { from[a] = ax_get(&cur, a); to[a] = ax_get(want, a); }
+    for (int a = 0; a < IR_AXIS_COUNT; a++) {
+      if (from[a] == to[a]) continue;
+      for (int b = a + 1; b < IR_AXIS_COUNT; b++)
+        if ((from[a] >= 0 && from[b] == from[a]) || (to[a] >= 0 && from[b] == to[a])) force[b] = 1;
+    }
     id = S->nv[v];
-    for (int a = 0; a < IR_AXIS_COUNT && id >= 0; a++) id = conv_axis(S, v, id, &cur, a, ax_get(want, a));
+    for (int a = IR_AXIS_COUNT - 1; a >= 0 && id >= 0; a--)        /* remove, inner first */
+      if ((from[a] != to[a] || force[a]) && from[a] >= 0) id = conv_axis(S, v, id, &cur, a, AX_R);
+      else if (from[a] == AX_P && to[a] == AX_R) id = conv_axis(S, v, id, &cur, a, AX_R);
+    for (int a = 0; a < IR_AXIS_COUNT && id >= 0; a++)             /* add, outer first */
+      if (ax_get(&cur, a) != to[a]) id = conv_axis(S, v, id, &cur, a, to[a]);
   }
   if (id >= 0) VEC_PUSH(S->conv[v], ((ConvEntry){*want, id}));
   return id;
@@ -190,15 +206,28 @@ static int conv(Sh *S, int v, const IrSharding *want) {
 /* ---------------- per-axis rules ---------------- */
 
 /* The axes this pass shards along (size > 1). */
-static int active(const Sh *S, int a) { return a == IR_AXIS_TP && S->T > 1; }
+static int active(const Sh *S, int a) {
+  return (a == IR_AXIS_TP && S->T > 1) || (a == IR_AXIS_CP && S->C > 1);
+}
+
+/* Product of the sizes of the axes in mask. */
+static int64_t axes_size(const Sh *S, unsigned mask) {
+  int64_t k = 1;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (mask & BIT(a)) k *= ir_axis_size(S->m, (IrAxis)a);
+  return k;
+}
 
 /* Where a partial value goes when nothing asks for a layout: all-reduce,
  * or with sequence parallelism a reduce-scatter along the sequence dim. */
 static int resolve_default(const Sh *S, int v, int a) {
   if (!(S->sp && a == IR_AXIS_TP)) return AX_R;
   IrType t = gtype(S, v);
-  for (int d = 0; d < t.rank; d++)
-    if (t.dname[d] && t.dname[d] == S->seq_name && t.dim[d] % S->T == 0 && !S->sh[v].split[d]) return d;
+  for (int d = 0; d < t.rank; d++) {
+    uint8_t by = S->sh[v].split[d];
+    if (t.dname[d] && t.dname[d] == S->seq_name && !(by & BIT(a)) && (t.dim[d] / axes_size(S, by)) % S->T == 0)
+      return d;
+  }
   return AX_R;
 }
 
@@ -268,7 +297,7 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
   case IR_OP_RESHAPE: {
     if (st[0] == AX_P || st[0] == AX_R) { *out = st[0]; return 0; }
     IrType in = gtype(S, n->in[0]), o = gtype(S, i);
-    int d = reshape_map(&in, &o, st[0], S->T);
+    int d = reshape_map(&in, &o, st[0], ir_axis_size(S->m, (IrAxis)a));
     if (d < 0) { want[0] = AX_R; *out = AX_R; }
     else *out = d;
     return 0;
@@ -341,8 +370,11 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
       else if (ra_ == 'R' && rb_ == 'K') { sa = aK; *out = AX_P; }
       else ok = 0;
       if (ok) { want[0] = sa; want[1] = sb; return 0; }
-      /* conflict: gather the operand that is not a parameter (else the smaller) */
-      int ga = !is_weight(S, n->in[0]) || (is_weight(S, n->in[1]) && ir_type_numel(at) <= ir_type_numel(bt));
+      /* conflict: gather one side.  Parameters stay in place (gather the
+       * activation: sequence-parallel input of a column-parallel weight);
+       * between two activations gather b (attention under context
+       * parallelism: each rank keeps its queries, gathers keys / values). */
+      int ga = is_weight(S, n->in[1]) && !is_weight(S, n->in[0]);
       if (ga) sa = AX_R; else sb = AX_R;
     }
     return sh_fail(S, "internal error: no layout for matmul %%%d", i);
@@ -634,6 +666,7 @@ static uint8_t rule_axes(const IrModule *m, const char *dname) {
  * divide (taint decides later whether that is allowed). */
 static int shard_params(Sh *S) {
   IrModule *m = S->m;
+  if (S->T < 2) return 0;
   for (int s = 0; s < m->states.n; s++) {
     IrState *st = &m->states.a[s];
     if (st->kind != IR_STATE_PARAM) continue;
@@ -678,6 +711,20 @@ static void shard_node(Sh *S, int i) {
   }
   /* leaves and effects */
   IrType gt = gtype(S, i);
+  if (n->op == IR_OP_INPUT && S->C > 1) {
+    /* context parallelism: model inputs come split along their cp-ruled
+     * dims (the sequence), each rank its contiguous block */
+    for (int d = 0; d < gt.rank; d++) {
+      if (!(rule_axes(m, gt.dname[d]) & BIT(IR_AXIS_CP))) continue;
+      if (gt.dim[d] % S->C) {
+        sh_fail(S, "input \"%s\": dim '%s' = %lld is not divisible by cp = %d", n->sa, gt.dname[d],
+                (long long)gt.dim[d], S->C);
+        return;
+      }
+      osh.split[d] |= BIT(IR_AXIS_CP);
+      break;
+    }
+  }
   if (n->op == IR_OP_STATE) {
     const IrState *s = &m->states.a[n->ia[0]];
     S->sh[i] = s->sh;
@@ -710,6 +757,7 @@ static void shard_node(Sh *S, int i) {
   int tsplit = -1;                    /* the split dim along tp, if any */
   for (int d = 0; d < IR_MAX_RANK; d++) if (osh.split[d] & BIT(IR_AXIS_TP)) tsplit = d;
   int in0_split = ax_get(&ish[0], IR_AXIS_TP);
+  uint8_t red_axes = (n->op == IR_OP_MAX || n->op == IR_OP_MEAN) ? ish[0].split[n->ia[0]] : 0;
   int64_t ia[IR_MAX_IATTR];
   memcpy(ia, n->ia, sizeof ia);
   switch (n->op) {
@@ -724,19 +772,22 @@ static void shard_node(Sh *S, int i) {
     break;
   }
   case IR_OP_MAX:
-    if (in0_split == n->ia[0]) {      /* local max, then the max over the axis */
-      IrSharding r = osh;
-      int lm = emit(S, n->op, in, nin, ia, n->fa, n->sa, NULL, &r);
-      int64_t ar[2] = {IR_AXIS_TP, 1};
-      S->nv[i] = emit(S, IR_OP_ALL_REDUCE, &lm, 1, ar, NULL, NULL, NULL, &osh);
+    if (red_axes) {                   /* local max, then the max over each axis */
+      int lm = emit(S, n->op, in, nin, ia, n->fa, n->sa, NULL, &osh);
+      for (int a = 0; a < IR_AXIS_COUNT; a++) {
+        if (!(red_axes & BIT(a))) continue;
+        int64_t ar[2] = {a, 1};
+        lm = emit(S, IR_OP_ALL_REDUCE, &lm, 1, ar, NULL, NULL, NULL, &osh);
+      }
+      S->nv[i] = lm;
       return;
     }
     break;
   case IR_OP_MEAN:
-    if (in0_split == n->ia[0]) {      /* the local mean is T times a share of the global one */
+    if (red_axes) {                   /* the local mean is k times a share of the global one */
       IrSharding r = osh;
       int lm = emit(S, n->op, in, nin, ia, n->fa, n->sa, NULL, &r);
-      double c = 1.0 / S->T;
+      double c = 1.0 / (double)axes_size(S, red_axes);
       S->nv[i] = emit(S, IR_OP_MULS, &lm, 1, NULL, &c, NULL, NULL, &osh);
       return;
     }
@@ -757,12 +808,12 @@ static void shard_node(Sh *S, int i) {
 }
 
 int pass_shard(IrModule *m, PassCtx *cx) {
-  int T = ir_axis_size(m, IR_AXIS_TP);
+  int T = ir_axis_size(m, IR_AXIS_TP), C = ir_axis_size(m, IR_AXIS_CP);
   if (m->par.sp && T < 2) {
     snprintf(cx->err, sizeof cx->err, "shard: sequence parallelism (sp) needs tp > 1, got tp=%d", T);
     return -1;
   }
-  if (T < 2) return 0;
+  if (T < 2 && C < 2) return 0;
   int bi = ir_block_find(m, "micro");
   if (bi < 0) { snprintf(cx->err, sizeof cx->err, "shard: the module has no block \"micro\" (run autodiff first)"); return -1; }
   if (ir_block_find(m, "update") >= 0) { snprintf(cx->err, sizeof cx->err, "shard: run before the optimizer pass"); return -1; }
@@ -770,6 +821,7 @@ int pass_shard(IrModule *m, PassCtx *cx) {
   S.m = m;
   S.cx = cx;
   S.T = T;
+  S.C = C;
   S.sp = m->par.sp;
   S.seq_name = ts_intern("seq");
   for (int r = 0; r < m->rules.n; r++)

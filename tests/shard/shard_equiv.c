@@ -1,7 +1,7 @@
 /* shard_equiv.c - the sharding pass against the unsharded program, one
  * micro block at a time, under mpirun with TP ranks:
  *
- *   mpirun -np TP shard_equiv FILE TP SP [name=value ...]
+ *   mpirun -np TP*CP shard_equiv FILE TP SP [--cp=CP] [name=value ...]
  *
  * Every rank compiles the model twice in f64: unsharded (tp = 1) and with
  * the given tp / sp, runs the micro block (forward, backward, gradient
@@ -22,13 +22,14 @@
 #include "runtime/rt.h"
 #include <math.h>
 
-static IrModule *compile(const char *file, int tp, int sp, const MdlDefine *defs, int nd) {
+static IrModule *compile(const char *file, int tp, int sp, int cp, const MdlDefine *defs, int nd) {
   MdlOptions opt;
   mdl_options_init(&opt);
   opt.defines = defs;
   opt.ndefines = nd;
   opt.tp = tp;
   opt.sp = sp;
+  opt.cp = cp;
   opt.precision = IR_F64;
   IrModule *m = mdl_compile_file(file, &opt);
   if (!m) return NULL;
@@ -95,25 +96,27 @@ int main(int argc, char **argv) {
   RtComm *w = rt_comm_init_mpi(&argc, &argv, 60, err, sizeof err);
   if (!w) { fprintf(stderr, "shard_equiv: %s\n", err); return 1; }
   if (argc < 4) { fprintf(stderr, "usage: shard_equiv FILE TP SP [name=value ...]\n"); return 2; }
-  int T = atoi(argv[2]), sp = atoi(argv[3]);
+  int T = atoi(argv[2]), sp = atoi(argv[3]), C = 1;
   int me = rt_comm_rank(w);
   MdlDefine defs[32];
   int nd = 0;
   for (int i = 4; i < argc && nd < 32; i++) {
+    if (strncmp(argv[i], "--cp=", 5) == 0) { C = atoi(argv[i] + 5); continue; }
     char *eq = strchr(argv[i], '=');
     if (!eq) continue;
     *eq = 0;
     defs[nd++] = (MdlDefine){argv[i], eq + 1};
   }
-  if (rt_comm_size(w) != T) { fprintf(stderr, "shard_equiv: run with -np %d\n", T); return 2; }
-  IrModule *ref = compile(argv[1], 1, 0, defs, nd), *shd = compile(argv[1], T, sp, defs, nd);
+  if (rt_comm_size(w) != T * C) { fprintf(stderr, "shard_equiv: run with -np %d\n", T * C); return 2; }
+  IrModule *ref = compile(argv[1], 1, 0, 1, defs, nd), *shd = compile(argv[1], T, sp, C, defs, nd);
   if (!ref || !shd) return 1;
-  RtMesh mesh = {1, 1, 1, 1, T};
+  RtMesh mesh = {1, 1, C, 1, T};
   RtRank rk = rt_rank_single();
   rk.mesh = mesh;
   rt_mesh_coords(&mesh, me, rk.coord);
   rk.group[IR_AXIS_TP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_TP, err, sizeof err);
-  if (!rk.group[IR_AXIS_TP]) { fprintf(stderr, "shard_equiv: %s\n", err); return 1; }
+  rk.group[IR_AXIS_CP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_CP, err, sizeof err);
+  if (!rk.group[IR_AXIS_TP] || !rk.group[IR_AXIS_CP]) { fprintf(stderr, "shard_equiv: %s\n", err); return 1; }
   RtProgram *pr = rt_program_new(ref, err, sizeof err);
   RtProgram *ps = pr ? rt_program_new_rank(shd, &rk, err, sizeof err) : NULL;
   if (!ps) { fprintf(stderr, "shard_equiv: %s\n", err); return 1; }
@@ -122,12 +125,29 @@ int main(int argc, char **argv) {
   int32_t *tok = make_ids(ref, "tokens", V, 0), *tgt = make_ids(ref, "targets", V, 5);
   if (!tok || !tgt) { fprintf(stderr, "shard_equiv: the model has no tokens/targets inputs\n"); return 1; }
   RtFeed feeds[2] = {{"tokens", tok}, {"targets", tgt}};
+  /* with cp, each rank feeds its block of the sequence (the last dim) */
+  int32_t *ltok = tok, *ltgt = tgt;
+  if (C > 1) {
+    const IrBlock *mb = &ref->blocks.a[ir_block_find(ref, "micro")];
+    const IrType *it = NULL;
+    for (int i = 0; i < mb->n; i++)
+      if (mb->nodes[i].op == IR_OP_INPUT) it = &mb->nodes[i].type;
+    int64_t Tl = it->dim[it->rank - 1], rows = ir_type_numel(it) / Tl, bl = Tl / C, c = rk.coord[IR_AXIS_CP];
+    ltok = ts_xcalloc((size_t)(rows * bl), sizeof *ltok);
+    ltgt = ts_xcalloc((size_t)(rows * bl), sizeof *ltgt);
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t j = 0; j < bl; j++) {
+        ltok[r * bl + j] = tok[r * Tl + c * bl + j];
+        ltgt[r * bl + j] = tgt[r * Tl + c * bl + j];
+      }
+  }
+  RtFeed lfeeds[2] = {{"tokens", ltok}, {"targets", ltgt}};
   RtRunInfo info = {0, 0, 1e-3};
   int fails = 0;
   for (int step = 0; step < 2; step++) {      /* twice: accumulation adds up */
     info.micro = step;
     if (rt_run_block(pr, ir_block_find(ref, "micro"), feeds, 2, &info, err, sizeof err) ||
-        rt_run_block(ps, ir_block_find(shd, "micro"), feeds, 2, &info, err, sizeof err)) {
+        rt_run_block(ps, ir_block_find(shd, "micro"), lfeeds, 2, &info, err, sizeof err)) {
       fprintf(stderr, "shard_equiv: %s\n", err);
       return 1;
     }
@@ -153,11 +173,11 @@ int main(int argc, char **argv) {
     int64_t n = ir_type_numel(&st->type);
     double *d = ts_xcalloc((size_t)n + 1, sizeof *d);
     memcpy(d, rt_state_data(ps, s), (size_t)n * sizeof *d);
-    if (st->sh.partial & (1u << IR_AXIS_TP) &&
-        rt_comm_all_reduce(rk.group[IR_AXIS_TP], IR_F64, d, (size_t)n, err, sizeof err)) {
-      fprintf(stderr, "shard_equiv: %s\n", err);
-      return 1;
-    }
+    for (int a = IR_AXIS_CP; a <= IR_AXIS_TP; a += IR_AXIS_TP - IR_AXIS_CP)
+      if (st->sh.partial & (1u << a) && rt_comm_all_reduce(rk.group[a], IR_F64, d, (size_t)n, err, sizeof err)) {
+        fprintf(stderr, "shard_equiv: %s\n", err);
+        return 1;
+      }
     int nzpad = 0;
     double e = compare_block(st, d, &ref->states.a[r].type, rt_state_data(pr, r), rk.coord[IR_AXIS_TP],
                              1e-6 * gmax, &nzpad);
@@ -167,6 +187,7 @@ int main(int argc, char **argv) {
     free(d);
   }
   printf("rank %d: worst gradient rel err %.3g (@%s)\n", me, worst, worst_name);
+  if (ltok != tok) { free(ltok); free(ltgt); }
   free(tok);
   free(tgt);
   rt_program_free(ps);
@@ -174,6 +195,7 @@ int main(int argc, char **argv) {
   ir_module_free(ref);
   ir_module_free(shd);
   rt_comm_free(rk.group[IR_AXIS_TP]);
+  rt_comm_free(rk.group[IR_AXIS_CP]);
   int all = fails;
   double f = fails;
   rt_comm_all_reduce(w, IR_F64, &f, 1, err, sizeof err);
