@@ -61,6 +61,13 @@ void cg_jit_free(CgJit *j);
 CgFn cg_jit_compile(CgJit *j, const CgKernel *k, char *err, size_t errlen);
 /* How many cg_jit_compile calls were answered from that cache. */
 int cg_jit_cache_hits(const CgJit *j);
+/* Keeps compiled machine code in dir (created if missing) across
+ * processes: a kernel compiled once is loaded from DIR/<hash>.o by later
+ * JITs for the same CPU and LLVM version (keyed by the kernel's full text).
+ * NULL or "" turns it off (the default). */
+void cg_jit_set_cache_dir(CgJit *j, const char *dir);
+int cg_jit_disk_hits(const CgJit *j);     /* kernels loaded from the directory */
+int cg_jit_disk_writes(const CgJit *j);   /* kernels written to it */
 /* The host CPU name and feature string the JIT targets (for reports). */
 const char *cg_jit_cpu(const CgJit *j);
 

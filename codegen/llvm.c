@@ -24,6 +24,8 @@
 #include <llvm-c/TargetMachine.h>
 #include <llvm-c/Transforms/PassBuilder.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <pthread.h>
 
 static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
@@ -351,6 +353,8 @@ struct CgJit {
   char cpu[512];
   VEC(CgCached) cache;
   int hits;
+  char *disk;                /* on-disk object cache directory, or NULL */
+  int disk_hits, disk_writes;
 };
 
 CgJit *cg_jit_new(char *err, size_t errlen) {
@@ -393,6 +397,7 @@ void cg_jit_free(CgJit *j) {
   LLVMDisposeTargetMachine(j->tm);
   for (int i = 0; i < j->cache.n; i++) free(j->cache.a[i].text);
   free(j->cache.a);
+  free(j->disk);
   free(j);
 }
 
@@ -400,7 +405,14 @@ int cg_jit_cache_hits(const CgJit *j) { return j->hits; }
 
 const char *cg_jit_cpu(const CgJit *j) { return j->cpu; }
 
-static CgFn compile(CgJit *j, const CgKernel *k, char *err, size_t errlen);
+static CgFn compile(CgJit *j, const CgKernel *k, const char *text, char *err, size_t errlen);
+
+void cg_jit_set_cache_dir(CgJit *j, const char *dir) {
+  free(j->disk);
+  j->disk = dir && *dir ? ts_xstrdup(dir) : NULL;
+}
+int cg_jit_disk_hits(const CgJit *j) { return j->disk_hits; }
+int cg_jit_disk_writes(const CgJit *j) { return j->disk_writes; }
 
 CgFn cg_jit_compile(CgJit *j, const CgKernel *k, char *err, size_t errlen) {
   StrBuf key = {0};
@@ -413,36 +425,135 @@ CgFn cg_jit_compile(CgJit *j, const CgKernel *k, char *err, size_t errlen) {
       j->hits++;
       return j->cache.a[i].fn;
     }
-  CgFn fn = compile(j, k, err, errlen);
+  CgFn fn = compile(j, k, key.p, err, errlen);
   if (fn) VEC_PUSH(j->cache, ((CgCached){h, key.p, fn}));
   else sb_free(&key);
   return fn;
 }
 
-static CgFn compile(CgJit *j, const CgKernel *k, char *err, size_t errlen) {
-  char sym[96];
-  snprintf(sym, sizeof sym, "%s_%d", k->name, j->nkern++);   /* unique in the JIT */
+/* ---- the on-disk object cache (cg_jit_set_cache_dir) ----
+ * One file per kernel: DIR/<key hash>.o holding
+ *   "TSKOBJ1\n" | u64 key length | key | the relocatable object file
+ * where key = the kernel's text form + the host CPU and features + the
+ * LLVM version (a different CPU or LLVM never reads another's code).  The
+ * key is compared in full on load, so a hash collision is a miss.  The
+ * symbol inside is k_<hash>, the same in every process.  Files are written
+ * atomically (temp + rename); an unreadable or foreign file is a miss, a
+ * failed write only costs the next run a compilation. */
+#define CG_OBJ_MAGIC "TSKOBJ1\n"
+
+static void disk_key(const CgJit *j, const char *text, StrBuf *key) {
+  unsigned maj, min, pat;
+  LLVMGetVersion(&maj, &min, &pat);
+  sb_printf(key, "%s\ncpu %s\nllvm %u.%u.%u\n", text, j->cpu, maj, min, pat);
+}
+
+/* The object of key from the cache directory, or NULL. */
+static LLVMMemoryBufferRef disk_load(const CgJit *j, const char *path, const StrBuf *key) {
+  size_t len = 0;
+  char *f = ts_read_file(path, &len);
+  if (!f) return NULL;
+  LLVMMemoryBufferRef mb = NULL;
+  size_t ml = sizeof CG_OBJ_MAGIC - 1;
+  uint64_t kl = 0;
+  if (len > ml + 8 && memcmp(f, CG_OBJ_MAGIC, ml) == 0) {
+    memcpy(&kl, f + ml, 8);
+    if (kl == key->n && len > ml + 8 + kl && memcmp(f + ml + 8, key->p, kl) == 0)
+      mb = LLVMCreateMemoryBufferWithMemoryRangeCopy(f + ml + 8 + kl, len - ml - 8 - kl, "tessera-kernel");
+  }
+  (void)j;
+  free(f);
+  return mb;
+}
+
+static void disk_store(CgJit *j, const char *path, const StrBuf *key, LLVMMemoryBufferRef obj) {
+  StrBuf b = {0};
+  uint64_t kl = key->n;
+  sb_write(&b, CG_OBJ_MAGIC, sizeof CG_OBJ_MAGIC - 1);
+  sb_write(&b, &kl, 8);
+  sb_write(&b, key->p, key->n);
+  sb_write(&b, LLVMGetBufferStart(obj), LLVMGetBufferSize(obj));
+  /* mkdir -p: ~/.cache may not exist yet */
+  for (char *c = j->disk + 1;; c++) {
+    if (*c != '/' && *c) continue;
+    char save = *c;
+    *c = 0;
+    mkdir(j->disk, 0777);   /* errors show up as the write's */
+    *c = save;
+    if (!save) break;
+  }
+  if (ts_write_file_atomic(path, b.p, b.n) == 0) j->disk_writes++;
+  sb_free(&b);
+}
+
+static CgFn lookup(CgJit *j, const char *sym, char *err, size_t errlen) {
+  LLVMOrcExecutorAddress addr = 0;
+  if (llvm_err(LLVMOrcLLJITLookup(j->jit, &addr, sym), "LLVM JIT: compiling the kernel", err, errlen) != 0) return NULL;
+  CgFn fn;
+  memcpy(&fn, &(void *){(void *)(uintptr_t)addr}, sizeof fn);   /* object to function pointer */
+  return fn;
+}
+
+/* text: k's text form (the in-process cache key). */
+static CgFn compile(CgJit *j, const CgKernel *k, const char *text, char *err, size_t errlen) {
+  char sym[96], path[4200] = "";
+  StrBuf key = {0};
+  LLVMOrcJITDylibRef dl = LLVMOrcLLJITGetMainJITDylib(j->jit);
+  if (j->disk) {
+    disk_key(j, text, &key);
+    uint64_t h = ts_hash64(key.p, key.n, 0);
+    snprintf(sym, sizeof sym, "k_%016llx", (unsigned long long)h);   /* the same in every process */
+    snprintf(path, sizeof path, "%s/%016llx.o", j->disk, (unsigned long long)h);
+    LLVMMemoryBufferRef mb = disk_load(j, path, &key);
+    if (mb) {
+      LLVMErrorRef e = LLVMOrcLLJITAddObjectFile(j->jit, dl, mb);   /* takes mb */
+      if (!e) {
+        CgFn fn = lookup(j, sym, err, errlen);
+        if (fn) { j->disk_hits++; sb_free(&key); return fn; }
+      } else {
+        LLVMConsumeError(e);
+      }
+      /* a bad cached file: compile under a fresh name below */
+      snprintf(sym, sizeof sym, "k_%016llx_%d", (unsigned long long)h, j->nkern++);
+    }
+  } else {
+    snprintf(sym, sizeof sym, "%s_%d", k->name, j->nkern++);   /* unique in the JIT */
+  }
   LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();
   LLVMModuleRef mod = emit_module(k, sym, LLVMOrcThreadSafeContextGetContext(tsc), j->tm, err, errlen);
   if (!mod || optimize(mod, j->tm, err, errlen) != 0) {
     if (mod) LLVMDisposeModule(mod);
     LLVMOrcDisposeThreadSafeContext(tsc);
+    sb_free(&key);
     return NULL;
+  }
+  if (j->disk) {   /* machine code now, kept on disk for the next process */
+    char *msg = NULL;
+    LLVMMemoryBufferRef obj = NULL;
+    int bad = LLVMTargetMachineEmitToMemoryBuffer(j->tm, mod, LLVMObjectFile, &msg, &obj) != 0;
+    LLVMDisposeModule(mod);
+    LLVMOrcDisposeThreadSafeContext(tsc);
+    if (bad) {
+      ts_errf(err, errlen, "LLVM: cannot emit the object of %s: %s", k->name, msg ? msg : "");
+      LLVMDisposeMessage(msg);
+      sb_free(&key);
+      return NULL;
+    }
+    if (strncmp(sym, "k_", 2) == 0 && !strchr(sym + 2, '_')) disk_store(j, path, &key, obj);
+    sb_free(&key);
+    LLVMErrorRef e = LLVMOrcLLJITAddObjectFile(j->jit, dl, obj);
+    if (e) { llvm_err(e, "LLVM JIT: adding the object", err, errlen); return NULL; }
+    return lookup(j, sym, err, errlen);
   }
   LLVMOrcThreadSafeModuleRef tsm = LLVMOrcCreateNewThreadSafeModule(mod, tsc);
   LLVMOrcDisposeThreadSafeContext(tsc);   /* the module keeps the context alive */
-  LLVMOrcJITDylibRef dl = LLVMOrcLLJITGetMainJITDylib(j->jit);
   LLVMErrorRef e = LLVMOrcLLJITAddLLVMIRModule(j->jit, dl, tsm);
   if (e) {
     LLVMOrcDisposeThreadSafeModule(tsm);
     llvm_err(e, "LLVM JIT: adding the module", err, errlen);
     return NULL;
   }
-  LLVMOrcExecutorAddress addr = 0;
-  if (llvm_err(LLVMOrcLLJITLookup(j->jit, &addr, sym), "LLVM JIT: compiling the kernel", err, errlen) != 0) return NULL;
-  CgFn fn;
-  memcpy(&fn, &(void *){(void *)(uintptr_t)addr}, sizeof fn);   /* object to function pointer */
-  return fn;
+  return lookup(j, sym, err, errlen);
 }
 
 /* ---- text ---- */

@@ -301,7 +301,8 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
   if (p->jit && p->profile) {
     const RtExecStats *s = rt_jit_stats(p->jit);
     fprintf(stderr, "rt: llvm backend: %d kernels (%d fused groups, %d distinct compiled, %d groups on the reference) "
-            "in %.3f s, %d threads\n", s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->threads);
+            "in %.3f s, %d from the disk cache, %d threads\n", s->kernels, s->groups, s->distinct, s->fallbacks,
+            s->jit_s, s->disk_hits, s->threads);
   }
   return p;
 }

@@ -66,6 +66,7 @@ typedef struct {
   int groups;      /* of which fused groups */
   int distinct;    /* distinct kernels actually compiled (the rest shared code) */
   int fallbacks;   /* groups run on the reference kernels (not lowerable here) */
+  int disk_hits;   /* of the distinct ones, loaded from the on-disk cache */
   int threads;     /* the kernels' thread pool */
   double jit_s;    /* lowering + compiling, seconds */
 } RtExecStats;
