@@ -485,6 +485,21 @@ static Value bi_dropout(Elab *e, const ElabCall *c, Value *a, int op) {
   return elab_emit(e, c->loc, IR_OP_DROPOUT, &a[0], 1, ia, fa, NULL, NULL);
 }
 
+/* topk_mask(x, k): 1 at the k largest entries of each last-axis row (routing). */
+static Value bi_topk_mask(Elab *e, const ElabCall *c, Value *a, int op) {
+  int64_t k;
+  if (elab_want_tensor(e, c, "x", &a[0], 1) || elab_want_int(e, c, "k", &a[1], &k)) return elab_err();
+  IrType t = elab_type(e, &a[0]);
+  if (t.rank < 1) return fail_arg(e, &a[0], "%s() needs a tensor of rank >= 1, got %s", c->fname);
+  if (k < 1 || k > t.dim[t.rank - 1]) {
+    elab_error(e, a[1].loc, "%s(): k must be in [1, %lld] (the last dim), got %lld", c->fname,
+               (long long)t.dim[t.rank - 1], (long long)k);
+    return elab_err();
+  }
+  int64_t ia[1] = {k};
+  return elab_emit(e, c->loc, IR_OP_TOPK_MASK, &a[0], 1, ia, NULL, NULL, NULL);
+}
+
 static Value bi_rope(Elab *e, const ElabCall *c, Value *a, int op) {
   if (elab_want_tensor(e, c, "x", &a[0], 1)) return elab_err();
   IrType t = elab_type(e, &a[0]);
@@ -598,6 +613,7 @@ static const Builtin builtins[] = {
   {"padding_mask", {"scores", "mask"}, 2, bi_padding_mask, 0},
   {"dropout", {"x", "p"}, 2, bi_dropout, 0},
   {"rope", {"x", "base", "axis"}, 1, bi_rope, 0},
+  {"topk_mask", {"x", "k"}, 2, bi_topk_mask, 0},
   {"cross_entropy", {"logits", "targets", "ignore_index", "reduction"}, 2, bi_cross_entropy, 0},
 };
 enum { NBUILTINS = sizeof builtins / sizeof builtins[0] };

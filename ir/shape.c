@@ -410,6 +410,16 @@ static int shape_ROPE(Sx *x) {
   return 0;
 }
 
+static int shape_TOPK_MASK(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (need_float(x, 0)) return -1;
+  if (a->rank < 1) return fail(x, "operand %s must have rank >= 1", tstr(x, a));
+  int64_t k = x->n->ia[0], d = a->dim[a->rank - 1];
+  if (k < 1 || k > d) return fail(x, "k=%lld must be in [1, %lld] (the last dim of %s)", (long long)k, (long long)d, tstr(x, a));
+  *x->out = *a;
+  return 0;
+}
+
 /* logits [..., V] and targets [...] must agree on the leading dims. */
 static int ce_check(Sx *x) {
   const IrType *l = opnd(x, 0), *t = opnd(x, 1);

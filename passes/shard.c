@@ -381,7 +381,7 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
   }
   case IR_OP_SOFTMAX: case IR_OP_LOG_SOFTMAX: case IR_OP_LAYERNORM: case IR_OP_RMSNORM:
   case IR_OP_SOFTMAX_BWD: case IR_OP_LOG_SOFTMAX_BWD: case IR_OP_LAYERNORM_BWD: case IR_OP_RMSNORM_BWD:
-  case IR_OP_ROPE: case IR_OP_CAUSAL_MASK: case IR_OP_DROPOUT: case IR_OP_MASKED_FILL: {
+  case IR_OP_ROPE: case IR_OP_CAUSAL_MASK: case IR_OP_DROPOUT: case IR_OP_MASKED_FILL: case IR_OP_TOPK_MASK: {
     /* elementwise-like, no partial sums; the normalized / rotated last
      * dim must be whole */
     int last = n->type.rank - 1, t = AX_R, p = -1;

@@ -36,6 +36,8 @@ typedef struct RtKctx {
 } RtKctx;
 typedef int (*RtKernel)(RtKctx *k);
 extern const RtKernel rt_ref_kernels[IR_OP_COUNT];
+/* Routing kernels (ops_route.c), entries of the same table. */
+int ref_TOPK_MASK(RtKctx *k);
 
 int rt_kfail(RtKctx *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The sharding of operand i's value (all zero in an unsharded module). */

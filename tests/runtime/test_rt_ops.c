@@ -511,6 +511,20 @@ static void test_clip(IrDtype dt) {
   expect(IR_OP_CLIP_COEF, 1, a2, NULL, mx, NULL, &w2, 1, tol_of(dt), "clip_coef small norm", dt);
 }
 
+/* topk_mask: the k largest of each row, ties to the lower index */
+static void test_topk(IrDtype dt) {
+  IrType t = {dt, 2, {2, 5}, {NULL}};
+  double x[10] = {0.1, 0.7, -2.0, 0.7, 0.3,   4.0, 3.0, 2.0, 1.0, 0.0};
+  double w2[10] = {0, 1, 0, 1, 0,   1, 1, 0, 0, 0};
+  double w1[10] = {0, 1, 0, 0, 0,   1, 0, 0, 0, 0};    /* the tie goes to index 1 */
+  Arg a[1] = {{t, x}};
+  int64_t k2[1] = {2}, k1[1] = {1}, k5[1] = {5};
+  double all[10] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+  expect(IR_OP_TOPK_MASK, 1, a, k2, NULL, NULL, w2, 10, 0, "topk_mask k=2", dt);
+  expect(IR_OP_TOPK_MASK, 1, a, k1, NULL, NULL, w1, 10, 0, "topk_mask k=1 tie", dt);
+  expect(IR_OP_TOPK_MASK, 1, a, k5, NULL, NULL, all, 10, 0, "topk_mask k=D", dt);
+}
+
 /* ---- sharding: the ops of one rank, with coordinates set by hand (a
  * single process: axes of size > 1 have no group, so only local ops; the
  * collectives run under MPI in tests/rank) ---- */
@@ -956,6 +970,7 @@ int main(void) {
     test_rope(dt);
     test_cross_entropy(dt);
     test_clip(dt);
+    test_topk(dt);
     test_shard_local(dt);
     test_index_ops(dt);
     test_global_positions(dt);
