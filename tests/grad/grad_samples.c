@@ -20,7 +20,7 @@
 
 typedef struct {
   const char *name, *file;
-  MdlDefine defs[12];
+  MdlDefine defs[16];
   int ndefs;
 } Sample;
 
@@ -34,6 +34,10 @@ static const Sample samples[] = {
   {"llama", "samples/llama.mdl",
    {{"layers", "2"}, {"d_model", "16"}, {"heads", "2"}, {"kv_heads", "1"}, {"ffn", "32"},
     {"seq_len", "8"}, {"vocab", "32"}, {"batch", "2"}, {"micro_batch", "2"}}, 9},
+  {"moe", "samples/moe.mdl",         /* routing is piecewise constant: fd steps do not flip it */
+   {{"layers", "2"}, {"d_model", "16"}, {"heads", "2"}, {"kv_heads", "1"}, {"ffn", "32"},
+    {"seq_len", "8"}, {"vocab", "32"}, {"batch", "2"}, {"micro_batch", "2"}, {"experts", "4"},
+    {"topk", "2"}, {"z_coef", "0.01"}}, 12},
 };
 
 /* The input named `name` of block b: its node (type), or NULL. */

@@ -223,6 +223,13 @@ def _matmul(x, y, a):
     return torch.matmul(x, y)
 
 
+def _topk_mask(x, k):
+    """1 at the k largest entries of each last-axis row; ties to the lower
+    index (a stable descending sort); no gradient."""
+    idx = torch.sort(x.detach(), dim=-1, descending=True, stable=True).indices[..., :k]
+    return torch.zeros_like(x).scatter(-1, idx, 1.0)
+
+
 # op -> f(operands, attrs, node, dtype) -> tensor
 OPS = {
     "add": lambda v, a, n, dt: v[0] + v[1],
@@ -268,6 +275,7 @@ OPS = {
     "dropout": lambda v, a, n, dt: _dropout(v[0], a),
     "rope": lambda v, a, n, dt: _rope(v[0], a["axis"], a["inverse"], a["base"]),
     "cross_entropy": lambda v, a, n, dt: _cross_entropy(v[0], v[1], a["ignore"]),
+    "topk_mask": lambda v, a, n, dt: _topk_mask(v[0], a["k"]),
 }
 
 
