@@ -207,7 +207,8 @@ static int conv(Sh *S, int v, const IrSharding *want) {
 
 /* The axes this pass shards along (size > 1). */
 static int active(const Sh *S, int a) {
-  return (a == IR_AXIS_TP && S->T > 1) || (a == IR_AXIS_CP && S->C > 1);
+  return (a == IR_AXIS_TP && S->T > 1) || (a == IR_AXIS_CP && S->C > 1) ||
+         (a == IR_AXIS_EP && ir_axis_size(S->m, IR_AXIS_EP) > 1);
 }
 
 /* Product of the sizes of the axes in mask. */
@@ -662,27 +663,38 @@ static uint8_t rule_axes(const IrModule *m, const char *dname) {
   return r;
 }
 
-/* Splits every parameter dim with a tp rule; pads the ones tp does not
- * divide (taint decides later whether that is allowed). */
+/* Splits every parameter dim with a rule over tp or ep (experts); pads the
+ * dims tp does not divide (taint decides later whether that is allowed);
+ * an expert count ep does not divide is refused. */
 static int shard_params(Sh *S) {
   IrModule *m = S->m;
-  if (S->T < 2) return 0;
-  for (int s = 0; s < m->states.n; s++) {
-    IrState *st = &m->states.a[s];
-    if (st->kind != IR_STATE_PARAM) continue;
-    for (int d = 0; d < st->type.rank; d++) {
-      if (!(rule_axes(m, st->type.dname[d]) & BIT(IR_AXIS_TP))) continue;
-      if (ax_get(&st->sh, IR_AXIS_TP) != AX_R) {
-        return sh_fail(S, "parameter @%s has two dims ruled to tp ('%s' and '%s'); a mesh axis splits one dim",
-                       st->name, st->type.dname[ax_get(&st->sh, IR_AXIS_TP)], st->type.dname[d]);
+  static const IrAxis axes[2] = {IR_AXIS_TP, IR_AXIS_EP};
+  for (int ai = 0; ai < 2; ai++) {
+    IrAxis a = axes[ai];
+    int k = ir_axis_size(m, a);
+    if (k < 2) continue;
+    for (int s = 0; s < m->states.n; s++) {
+      IrState *st = &m->states.a[s];
+      if (st->kind != IR_STATE_PARAM) continue;
+      for (int d = 0; d < st->type.rank; d++) {
+        if (!(rule_axes(m, st->type.dname[d]) & BIT(a))) continue;
+        if (ax_get(&st->sh, a) != AX_R)
+          return sh_fail(S, "parameter @%s has two dims ruled to %s ('%s' and '%s'); a mesh axis splits one dim",
+                         st->name, ir_axis_name(a), st->type.dname[ax_get(&st->sh, a)], st->type.dname[d]);
+        if (st->sh.split[d])
+          return sh_fail(S, "parameter @%s: dim '%s' is ruled to both %s and another axis", st->name,
+                         st->type.dname[d], ir_axis_name(a));
+        int64_t size = st->type.dim[d];
+        if (size % k) {
+          if (a != IR_AXIS_TP)
+            return sh_fail(S, "dim '%s' = %lld of parameter @%s is not divisible by %s = %d", st->type.dname[d],
+                           (long long)size, st->name, ir_axis_name(a), k);
+          st->logical[d] = size;
+          size = (size + k - 1) / k * k;
+        }
+        st->sh.split[d] |= BIT(a);
+        st->type.dim[d] = size / k;
       }
-      int64_t size = st->type.dim[d];
-      if (size % S->T) {
-        st->logical[d] = size;
-        size = (size + S->T - 1) / S->T * S->T;
-      }
-      st->sh.split[d] |= BIT(IR_AXIS_TP);
-      st->type.dim[d] = size / S->T;
     }
   }
   return 0;
@@ -808,12 +820,12 @@ static void shard_node(Sh *S, int i) {
 }
 
 int pass_shard(IrModule *m, PassCtx *cx) {
-  int T = ir_axis_size(m, IR_AXIS_TP), C = ir_axis_size(m, IR_AXIS_CP);
+  int T = ir_axis_size(m, IR_AXIS_TP), C = ir_axis_size(m, IR_AXIS_CP), E = ir_axis_size(m, IR_AXIS_EP);
   if (m->par.sp && T < 2) {
     snprintf(cx->err, sizeof cx->err, "shard: sequence parallelism (sp) needs tp > 1, got tp=%d", T);
     return -1;
   }
-  if (T < 2 && C < 2) return 0;
+  if (T < 2 && C < 2 && E < 2) return 0;
   int bi = ir_block_find(m, "micro");
   if (bi < 0) { snprintf(cx->err, sizeof cx->err, "shard: the module has no block \"micro\" (run autodiff first)"); return -1; }
   if (ir_block_find(m, "update") >= 0) { snprintf(cx->err, sizeof cx->err, "shard: run before the optimizer pass"); return -1; }

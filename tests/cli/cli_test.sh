@@ -73,7 +73,7 @@ parallel)
   run 0 "$MCC" samples/llama.mdl $TINY_LLAMA --cp 2 --emit=ir && has "$TMP/out" "all_gather" &&
     has "$TMP/out" "parallel tp=1 pp=1 cp=2"
   run 1 "$MCC" samples/llama.mdl $TINY_LLAMA -D seq_len=7 --cp 2 && has "$TMP/err" "is not divisible by cp = 2"
-  run 1 "$MCC" samples/llama.mdl $TINY_LLAMA --ep 2 && has "$TMP/err" "ep=2: expert parallelism is not supported yet (issue 6)"
+  run 0 "$MCC" samples/llama.mdl $TINY_LLAMA --ep 2 --emit=ir && has "$TMP/out" "parallel tp=1 pp=1 cp=1 ep=2"
   run 1 "$MCC" samples/gpt.mdl $TINY_GPT --sp -o "$TMP/sp.plan" && has "$TMP/err" "mcc: error: sequence parallelism" &&
     has "$TMP/err" "tp=1"
   [ -e "$TMP/sp.plan" ] && fail "an sp plan without tp was written"

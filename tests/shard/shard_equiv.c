@@ -1,7 +1,7 @@
 /* shard_equiv.c - the sharding pass against the unsharded program, one
  * micro block at a time, under mpirun with TP ranks:
  *
- *   mpirun -np TP*CP shard_equiv FILE TP SP [--cp=CP] [name=value ...]
+ *   mpirun -np TP*CP*EP shard_equiv FILE TP SP [--cp=CP] [--ep=EP] [name=value ...]
  *
  * Every rank compiles the model twice in f64: unsharded (tp = 1) and with
  * the given tp / sp, runs the micro block (forward, backward, gradient
@@ -22,7 +22,7 @@
 #include "runtime/rt.h"
 #include <math.h>
 
-static IrModule *compile(const char *file, int tp, int sp, int cp, const MdlDefine *defs, int nd) {
+static IrModule *compile(const char *file, int tp, int sp, int cp, int ep, const MdlDefine *defs, int nd) {
   MdlOptions opt;
   mdl_options_init(&opt);
   opt.defines = defs;
@@ -30,6 +30,7 @@ static IrModule *compile(const char *file, int tp, int sp, int cp, const MdlDefi
   opt.tp = tp;
   opt.sp = sp;
   opt.cp = cp;
+  opt.ep = ep;
   opt.precision = IR_F64;
   IrModule *m = mdl_compile_file(file, &opt);
   if (!m) return NULL;
@@ -68,7 +69,7 @@ static int64_t vocab_of(const IrModule *m) {
 /* Worst relative error of sharded gradient state s (rank-local data d)
  * against the unsharded state data `ref` of type rt. */
 static double compare_block(const IrState *s, const double *d, const IrType *rt, const double *ref,
-                            int coord, double floor_, int *nonzero_pad) {
+                            const RtRank *rk, double floor_, int *nonzero_pad) {
   const IrType *lt = &s->type;
   double scale = floor_;
   int64_t rn = ir_type_numel(rt);
@@ -81,7 +82,10 @@ static double compare_block(const IrState *s, const double *d, const IrType *rt,
     int pad = 0;
     int64_t flat = 0;
     for (int k = 0; k < lt->rank; k++) {
-      if (s->sh.split[k] & (1u << IR_AXIS_TP)) g[k] += (int64_t)coord * lt->dim[k];
+      int64_t blk = 0;                 /* block index: outer axes major */
+      for (int a = 0; a < IR_AXIS_COUNT; a++)
+        if (s->sh.split[k] & (1u << a)) blk = blk * rt_rank_axis_size(rk, (IrAxis)a) + rk->coord[a];
+      g[k] += blk * lt->dim[k];
       if (g[k] >= rt->dim[k]) pad = 1;
       flat = flat * rt->dim[k] + (pad ? 0 : g[k]);
     }
@@ -96,27 +100,32 @@ int main(int argc, char **argv) {
   RtComm *w = rt_comm_init_mpi(&argc, &argv, 60, err, sizeof err);
   if (!w) { fprintf(stderr, "shard_equiv: %s\n", err); return 1; }
   if (argc < 4) { fprintf(stderr, "usage: shard_equiv FILE TP SP [name=value ...]\n"); return 2; }
-  int T = atoi(argv[2]), sp = atoi(argv[3]), C = 1;
+  int T = atoi(argv[2]), sp = atoi(argv[3]), C = 1, E = 1;
   int me = rt_comm_rank(w);
   MdlDefine defs[32];
   int nd = 0;
   for (int i = 4; i < argc && nd < 32; i++) {
     if (strncmp(argv[i], "--cp=", 5) == 0) { C = atoi(argv[i] + 5); continue; }
+    if (strncmp(argv[i], "--ep=", 5) == 0) { E = atoi(argv[i] + 5); continue; }
     char *eq = strchr(argv[i], '=');
     if (!eq) continue;
     *eq = 0;
     defs[nd++] = (MdlDefine){argv[i], eq + 1};
   }
-  if (rt_comm_size(w) != T * C) { fprintf(stderr, "shard_equiv: run with -np %d\n", T * C); return 2; }
-  IrModule *ref = compile(argv[1], 1, 0, 1, defs, nd), *shd = compile(argv[1], T, sp, C, defs, nd);
+  if (rt_comm_size(w) != T * C * E) { fprintf(stderr, "shard_equiv: run with -np %d\n", T * C * E); return 2; }
+  IrModule *ref = compile(argv[1], 1, 0, 1, 1, defs, nd), *shd = compile(argv[1], T, sp, C, E, defs, nd);
   if (!ref || !shd) return 1;
-  RtMesh mesh = {1, 1, C, 1, T};
+  RtMesh mesh = {1, 1, C, E, T};
   RtRank rk = rt_rank_single();
   rk.mesh = mesh;
   rt_mesh_coords(&mesh, me, rk.coord);
   rk.group[IR_AXIS_TP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_TP, err, sizeof err);
   rk.group[IR_AXIS_CP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_CP, err, sizeof err);
-  if (!rk.group[IR_AXIS_TP] || !rk.group[IR_AXIS_CP]) { fprintf(stderr, "shard_equiv: %s\n", err); return 1; }
+  rk.group[IR_AXIS_EP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_EP, err, sizeof err);
+  if (!rk.group[IR_AXIS_TP] || !rk.group[IR_AXIS_CP] || !rk.group[IR_AXIS_EP]) {
+    fprintf(stderr, "shard_equiv: %s\n", err);
+    return 1;
+  }
   RtProgram *pr = rt_program_new(ref, err, sizeof err);
   RtProgram *ps = pr ? rt_program_new_rank(shd, &rk, err, sizeof err) : NULL;
   if (!ps) { fprintf(stderr, "shard_equiv: %s\n", err); return 1; }
@@ -173,14 +182,13 @@ int main(int argc, char **argv) {
     int64_t n = ir_type_numel(&st->type);
     double *d = ts_xcalloc((size_t)n + 1, sizeof *d);
     memcpy(d, rt_state_data(ps, s), (size_t)n * sizeof *d);
-    for (int a = IR_AXIS_CP; a <= IR_AXIS_TP; a += IR_AXIS_TP - IR_AXIS_CP)
+    for (int a = IR_AXIS_CP; a <= IR_AXIS_TP; a++)
       if (st->sh.partial & (1u << a) && rt_comm_all_reduce(rk.group[a], IR_F64, d, (size_t)n, err, sizeof err)) {
         fprintf(stderr, "shard_equiv: %s\n", err);
         return 1;
       }
     int nzpad = 0;
-    double e = compare_block(st, d, &ref->states.a[r].type, rt_state_data(pr, r), rk.coord[IR_AXIS_TP],
-                             1e-6 * gmax, &nzpad);
+    double e = compare_block(st, d, &ref->states.a[r].type, rt_state_data(pr, r), &rk, 1e-6 * gmax, &nzpad);
     if (nzpad) { fprintf(stderr, "rank %d: @%s has non-zero padding\n", me, st->name); fails++; }
     if (!(e <= 1e-10)) { fprintf(stderr, "rank %d: @%s rel err %.3g\n", me, st->name, e); fails++; }
     if (e >= worst) { worst = e; worst_name = st->name; }
@@ -196,6 +204,7 @@ int main(int argc, char **argv) {
   ir_module_free(shd);
   rt_comm_free(rk.group[IR_AXIS_TP]);
   rt_comm_free(rk.group[IR_AXIS_CP]);
+  rt_comm_free(rk.group[IR_AXIS_EP]);
   int all = fails;
   double f = fails;
   rt_comm_all_reduce(w, IR_F64, &f, 1, err, sizeof err);
