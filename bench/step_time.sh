@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# step_time.sh - GPT-2 training step time, Tessera (mcc + mrun, reference
-# CPU backend) against PyTorch CPU (bench/torch_step.py, the hand-written
-# GPT-2 of tests/oracle/models.py), side by side in one run, f32, same
-# sizes, same optimizer, same thread count.  Prints a markdown table:
-# config, system, median step time, tokens/s, peak RSS, Tessera/PyTorch,
-# then the machine's measured OpenBLAS sgemm rate and the model FLOP rate.
+# step_time.sh - GPT-2 training step time, Tessera (mcc + mrun) against
+# PyTorch CPU (bench/torch_step.py, the hand-written GPT-2 of
+# tests/oracle/models.py), side by side in one run, f32, same sizes, same
+# optimizer, same thread count.  Tessera runs three ways: the reference
+# backend (mrun --backend ref; it ignores fusion groups, so "ref fused" is
+# the same computation and not run), the LLVM backend on a plan compiled
+# with --no-fuse (one generated kernel per elementwise / row op), and the
+# LLVM backend on the default, fused plan.  Prints a markdown table:
+# config, system, median step time, tokens/s, model GFLOP/s, peak RSS,
+# tokens/s relative to PyTorch; then a second table with mcc's compile
+# time and mrun's time to the end of the first step with a cold and a warm
+# kernel cache (and the JIT's share); then the machine's sgemm rate.
 #
 #   bench/step_time.sh                  quick: GPT-2 124M, B=4, T=64
 #   bench/step_time.sh --full           the issue's target: B=4, T=256
@@ -122,20 +128,42 @@ for cfg in "${configs[@]}"; do
   read -r B T L E H V < <(config_sizes "$cfg") || exit 2
   n=$((warmup + steps))
   echo "step_time.sh: $cfg (B=$B T=$T layers=$L d_model=$E heads=$H vocab=$V): Tessera, $n steps ..." >&2
-  "$MCC" samples/gpt.mdl -o "$TMP/$cfg.plan" --stats --precision f32 \
-    -D batch="$B" -D micro_batch="$B" -D seq_len="$T" -D layers="$L" -D d_model="$E" -D heads="$H" -D vocab="$V" \
-    2>"$TMP/mcc.err" || { echo "step_time.sh: mcc failed:" >&2; cat "$TMP/mcc.err" >&2; exit 1; }
+  DEFS=(-D batch="$B" -D micro_batch="$B" -D seq_len="$T" -D layers="$L" -D d_model="$E" -D heads="$H" -D vocab="$V")
+  t0=$(date +%s.%N)
+  "$MCC" samples/gpt.mdl -o "$TMP/$cfg.fused.plan" --stats --precision f32 "${DEFS[@]}" 2>"$TMP/mcc.err" ||
+    { echo "step_time.sh: mcc failed:" >&2; cat "$TMP/mcc.err" >&2; exit 1; }
+  t1=$(date +%s.%N)
   params=$(sed -n 's/^stats: \([0-9]*\) parameters.*/\1/p' "$TMP/mcc.err")
-  /usr/bin/time -f '%M' -o "$TMP/rss" "$MRUN" "$TMP/$cfg.plan" --steps "$n" --quiet \
-    --metrics "$TMP/m.jsonl" >"$TMP/mrun.out" 2>&1 ||
-    { echo "step_time.sh: mrun failed:" >&2; cat "$TMP/mrun.out" >&2; exit 1; }
-  # elapsed_s is measured from the start of step 1: differences are step times.
-  times=$("$PY" -c '
+  "$MCC" samples/gpt.mdl -o "$TMP/$cfg.unfused.plan" --no-fuse --precision f32 "${DEFS[@]}" 2>"$TMP/mcc.err" ||
+    { echo "step_time.sh: mcc --no-fuse failed:" >&2; cat "$TMP/mcc.err" >&2; exit 1; }
+  # time to the end of step 1 (load, initialize 124M parameters, compile or
+  # load the kernels, one step): a cold kernel cache, then a warm one
+  export TS_CACHE_DIR=$TMP/cache.$cfg TS_THREADS=$threads
+  first=()
+  for c in cold warm; do
+    s0=$(date +%s.%N)
+    TS_RT_PROFILE=1 "$MRUN" "$TMP/$cfg.fused.plan" --steps 1 --quiet >"$TMP/first.out" 2>&1 ||
+      { echo "step_time.sh: mrun failed:" >&2; cat "$TMP/first.out" >&2; exit 1; }
+    s1=$(date +%s.%N)
+    jit=$(sed -n 's/^rt: llvm backend: .* in \([0-9.]*\) s, .*/\1/p' "$TMP/first.out")
+    first+=("$(awk -v a="$s0" -v b="$s1" 'BEGIN { printf "%.2f", b - a }')" "${jit:-n/a}")
+  done
+  awk -v a="$t0" -v b="$t1" -v c="$cfg" -v r="${first[*]}" 'BEGIN { printf "%s %.3f %s\n", c, b - a, r }' >>"$TMP/start"
+  for v in ref:unfused llvm:unfused llvm:fused; do
+    be=${v%%:*} plan=${v#*:}
+    sys=Tessera-$be; [ "$be" = llvm ] && sys=Tessera-llvm-$plan
+    echo "step_time.sh: $cfg: $sys, $n steps ..." >&2
+    /usr/bin/time -f '%M' -o "$TMP/rss" "$MRUN" "$TMP/$cfg.$plan.plan" --backend "$be" --steps "$n" --quiet \
+      --metrics "$TMP/m.jsonl" >"$TMP/mrun.out" 2>&1 ||
+      { echo "step_time.sh: mrun failed:" >&2; cat "$TMP/mrun.out" >&2; exit 1; }
+    # elapsed_s is measured from the start of step 1: differences are step times.
+    times=$("$PY" -c '
 import json, sys
 e = [json.loads(l)["elapsed_s"] for l in open(sys.argv[1]) if l.strip()]
 d = [b - a for a, b in zip([0.0] + e[:-1], e)]
 print(" ".join("%.6f" % x for x in d[int(sys.argv[2]):]))' "$TMP/m.jsonl" "$warmup")
-  echo "$cfg Tessera $B $T $params $(tail -1 "$TMP/rss") $times" >>"$results"
+    echo "$cfg $sys $B $T $params $(tail -1 "$TMP/rss") $times" >>"$results"
+  done
 
   echo "step_time.sh: $cfg: PyTorch, $n steps ..." >&2
   OMP_WAIT_POLICY=$torch_wait /usr/bin/time -f '%M' -o "$TMP/rss" "$PY" bench/torch_step.py --batch "$B" --seq "$T" --layers "$L" \
@@ -150,11 +178,11 @@ print(sys.argv[2], "PyTorch", sys.argv[3], sys.argv[4], r["params"], sys.argv[5]
 done
 
 torch_ver=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["torch"])' "$TMP/torch.json")
-"$PY" - "$results" "$sgemm" "$threads" "$steps" "$warmup" "$torch_ver" "$load_start" "$(nproc)" "$torch_wait" <<'EOF'
+"$PY" - "$results" "$sgemm" "$threads" "$steps" "$warmup" "$torch_ver" "$load_start" "$(nproc)" "$torch_wait" "$TMP/start" <<'EOF'
 import statistics, sys
-path, sgemm, threads, steps, warmup, torch_ver, load, ncpu, wait = sys.argv[1:]
+path, sgemm, threads, steps, warmup, torch_ver, load, ncpu, wait, start = sys.argv[1:]
 rows = [l.split() for l in open(path) if l.strip()]
-print("| config | system | median step (s) | tokens/s | model GFLOP/s | peak RSS (GiB) | Tessera/PyTorch |")
+print("| config | system | median step (s) | tokens/s | model GFLOP/s | peak RSS (GiB) | tokens/s vs PyTorch |")
 print("|---|---|---:|---:|---:|---:|---:|")
 med = {}
 notes = []
@@ -163,21 +191,29 @@ for cfg, system, B, T, params, rss, *times in rows:
 for cfg, system, B, T, params, rss, *times in rows:
     m, tok, P = med[cfg, system], int(B) * int(T), int(params)
     other = med.get((cfg, "PyTorch"))
-    ratio = "%.2f" % (m / other) if other else "n/a"
+    ratio = "%.2fx" % (other / m) if other else "n/a"
     name = "GPT-2 %dM, B=%s, T=%s" % (round(P / 1e6), B, T) if P > 1e8 else "GPT-2 %.1fM, B=%s, T=%s" % (P / 1e6, B, T)
     print("| %s | %s | %.3f | %.0f | %.1f | %.2f | %s |" % (
         name, system, m, tok / m, 6 * P * tok / m / 1e9, int(rss) / 2**20, ratio))
-    if system == "Tessera":
+    if system == "Tessera-llvm-fused":
         notes.append("%s: Tessera %.1f GFLOP/s" % (name, 6 * P * tok / m / 1e9))
     pt = [r for r in rows if r[0] == cfg and r[1] != system]
-    if pt and system == "Tessera" and pt[0][4] != params:
+    if pt and system.startswith("Tessera") and pt[0][4] != params:
         notes.append("warning: %s: parameter counts differ (Tessera %s, PyTorch %s)" % (cfg, params, pt[0][4]))
 print()
 print("- Machine: OpenBLAS sgemm (2048^3, f32, %s threads, median of 9) = %s GFLOP/s." % (threads, sgemm))
 print("- Achieved = 6 * params * tokens_per_step / median step time (params counted once, tied head; "
-      "the attention score FLOPs are not counted): " + "; ".join(notes) + ".")
+      "the attention score FLOPs are not counted): " + "; ".join(notes) + " (fused LLVM backend).")
 print("- %s threads (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, torch.set_num_threads), f32, "
-      "median of %s timed steps after %s warm-up; PyTorch %s (OMP_WAIT_POLICY=%s); Tessera: reference CPU backend." % (
+      "median of %s timed steps after %s warm-up; PyTorch %s (OMP_WAIT_POLICY=%s)." % (
           threads, steps, warmup, torch_ver, wait))
+print("- Tessera-ref: mrun --backend ref; Tessera-llvm-unfused: mcc --no-fuse, LLVM backend (one JIT kernel "
+      "per elementwise/row op); Tessera-llvm-fused: the default (fusion groups, LLVM backend); TS_THREADS=%s." % threads)
+print()
+print("| config | mcc compile (s) | mrun to end of step 1, cold kernel cache (s) | of which JIT (s) | warm cache (s) | of which JIT (s) |")
+print("|---|---:|---:|---:|---:|---:|")
+for l in open(start):
+    cfg, mcc, cold, jcold, warm, jwarm = l.split()
+    print("| %s | %s | %s | %s | %s | %s |" % (cfg, mcc, cold, jcold, warm, jwarm))
 print("- Load average at the start: %s on %s CPUs (other work on the machine slows both systems alike only roughly)." % (load, ncpu))
 EOF
