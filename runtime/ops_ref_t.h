@@ -226,6 +226,7 @@ static int FN(k_MATMUL)(RtKctx *k) {
     return rt_kfail(k, "matrix dims exceed the BLAS int range");
   const T *A = k->in[0], *B = k->in[1];
   T *C = k->out;
+  (void)rt_par_threads();   /* first call: shares the cores among local ranks (par.h) */
   if (batch * M * N == 0) return 0;
   if (K == 0) { memset(C, 0, (size_t)(batch * M * N) * sizeof *C); return 0; }
   int lda = (int)(ta ? M : K), ldb = (int)(tb ? K : N);

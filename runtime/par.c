@@ -37,8 +37,22 @@ static Pool pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALI
  * that cannot take it runs serially */
 static pthread_mutex_t busy = PTHREAD_MUTEX_INITIALIZER;
 
-static int env_threads(void) {
+/* The ranks of this job on this machine (Open MPI, MPICH / Hydra), 1
+ * outside MPI. */
+static int local_ranks(void) {
+  const char *names[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    const char *v = getenv(names[i]);
+    if (v && atoi(v) >= 1) return atoi(v);
+  }
+  return 1;
+}
+
+/* The thread count from the environment; *set says whether a variable
+ * chose it.  Unset, the cores are shared among the machine's ranks. */
+static int env_threads_set(int *set) {
   const char *names[] = {"TS_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
+  *set = 1;
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     const char *v = getenv(names[i]);
     if (v && *v) {
@@ -46,8 +60,13 @@ static int env_threads(void) {
       if (n >= 1) return n < RT_PAR_MAX ? n : RT_PAR_MAX;
     }
   }
-  long c = sysconf(_SC_NPROCESSORS_ONLN);
+  *set = 0;
+  long c = sysconf(_SC_NPROCESSORS_ONLN) / local_ranks();
   return c < 1 ? 1 : c > RT_PAR_MAX ? RT_PAR_MAX : (int)c;
+}
+static int env_threads(void) {
+  int set;
+  return env_threads_set(&set);
 }
 
 static void run_range(RtParFn fn, void *ctx, int64_t n, int64_t per, int r) {
@@ -101,7 +120,13 @@ static void pool_grow(void) {
 }
 
 int rt_par_threads(void) {
-  if (!pool.want) pool.want = env_threads();
+  if (!pool.want) {
+    int set;
+    pool.want = env_threads_set(&set);
+    /* ranks started by an outside mpirun: OpenBLAS would start a thread per
+     * core in every rank; give it the same share as the pool */
+    if (!set && local_ranks() > 1) openblas_set_num_threads(pool.want);
+  }
   return pool.want;
 }
 

@@ -10,9 +10,12 @@
  * instead, so their result does not depend on the thread count either.
  *
  * Thread count: TS_NUM_THREADS, else OMP_NUM_THREADS, else
- * OPENBLAS_NUM_THREADS, else the online cores (at most RT_PAR_MAX).  mrun
- * sets OPENBLAS_NUM_THREADS=1 when it starts several ranks on one machine,
- * so ranks never oversubscribe the cores.  A call made while the pool is
+ * OPENBLAS_NUM_THREADS, else the online cores divided by the job's ranks
+ * on this machine (Open MPI's / MPICH's local size; at most RT_PAR_MAX).
+ * mrun sets OPENBLAS_NUM_THREADS=1 when it starts several ranks on one
+ * machine; under an outside mpirun with none of the variables set, the
+ * first rt_par_threads() also limits OpenBLAS to the rank's share, so
+ * ranks never oversubscribe the cores.  A call made while the pool is
  * busy (another thread's kernel, or a nested call) runs serially. */
 #ifndef TS_RT_PAR_H
 #define TS_RT_PAR_H
