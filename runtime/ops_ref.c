@@ -131,6 +131,9 @@ static double gelu_erf_grad(double x) {
 /* A batched GEMM with M * N * K at most this runs one GEMM per pool thread
  * (attention's [s, s, d] products), larger ones use BLAS's threads. */
 #define RT_SMALL_GEMM (64.0 * 1024 * 1024)
+/* Per range for kernels bound by memory (copies, column sums, accum): one
+ * core nearly saturates it, so only large tensors split (par.h). */
+#define RT_MEM_GRAIN (1 << 20)
 /* rows of D elements per pool range */
 static inline int64_t rt_row_grain(int64_t D) { return D >= RT_EW_GRAIN ? 1 : RT_EW_GRAIN / (D > 0 ? D : 1); }
 
@@ -393,10 +396,10 @@ static void gather_strided(char *y, const char *x, const IrType *yt, const int64
     int64_t A = g.dim[r - 2];
     g.ntile = (A + RT_TILE - 1) / RT_TILE;
     int64_t items = n / (A * L) * g.ntile;
-    rt_par_for(items, (RT_EW_GRAIN + RT_TILE * L - 1) / (RT_TILE * L), gather_tiles, &g);
+    rt_par_for(items, (RT_MEM_GRAIN + RT_TILE * L - 1) / (RT_TILE * L), gather_tiles, &g);
     return;
   }
-  rt_par_for(n / L, rt_row_grain(L), gather_rows, &g);
+  rt_par_for(n / L, (RT_MEM_GRAIN + L - 1) / L, gather_rows, &g);
 }
 
 /* y[i0..] = x[index with y dim d taken from x dim perm[d]] */

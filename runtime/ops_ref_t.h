@@ -166,7 +166,7 @@ static int FN(k_SUM_TO)(RtKctx *k) {
   }
   if (dense > 0 && C == ny && C > 0) {
     FN(ColsJob) j = {k->in[0], k->out, nx / C, C};
-    rt_par_for(C, (RT_EW_GRAIN + j.R - 1) / (j.R ? j.R : 1), FN(sum_cols), &j);
+    rt_par_for(C, (RT_MEM_GRAIN + j.R - 1) / (j.R ? j.R : 1), FN(sum_cols), &j);
     return 0;
   }
   double *acc = ts_xcalloc((size_t)(ny ? ny : 1), sizeof *acc);
@@ -711,7 +711,7 @@ static void FN(accum_range)(void *jp, int64_t lo, int64_t hi) {
 /* state[ia0] += x */
 static int FN(k_ACCUM)(RtKctx *k) {
   FN(EwJob) j = {k->in[0], NULL, rt_state_data(k->p, (int)k->n->ia[0]), 0};
-  rt_par_for(ir_type_numel(k->it[0]), RT_EW_GRAIN, FN(accum_range), &j);
+  rt_par_for(ir_type_numel(k->it[0]), RT_MEM_GRAIN, FN(accum_range), &j);
   return 0;
 }
 

@@ -171,9 +171,9 @@ static void copy_range(void *c, int64_t lo, int64_t hi) {
 }
 
 void rt_par_memcpy(void *dst, const void *src, size_t bytes) {
-  if (bytes < ((size_t)1 << 20)) { memcpy(dst, src, bytes); return; }
+  if (bytes < RT_PAR_MEM_MIN) { memcpy(dst, src, bytes); return; }
   CopyJob j = {dst, src};
-  rt_par_for((int64_t)bytes, (int64_t)1 << 19, copy_range, &j);
+  rt_par_for((int64_t)bytes, (int64_t)RT_PAR_MEM_MIN / 2, copy_range, &j);
 }
 
 typedef struct { char *d; int c; } SetJob;
@@ -183,9 +183,9 @@ static void set_range(void *c, int64_t lo, int64_t hi) {
 }
 
 void rt_par_memset(void *dst, int c, size_t bytes) {
-  if (bytes < ((size_t)1 << 20)) { memset(dst, c, bytes); return; }
+  if (bytes < RT_PAR_MEM_MIN) { memset(dst, c, bytes); return; }
   SetJob j = {dst, c};
-  rt_par_for((int64_t)bytes, (int64_t)1 << 19, set_range, &j);
+  rt_par_for((int64_t)bytes, (int64_t)RT_PAR_MEM_MIN / 2, set_range, &j);
 }
 
 void rt_par_blas_serial(RtParFn fn, void *ctx, int64_t n, int64_t grain) {

@@ -773,15 +773,15 @@ static void test_par_pool(void) {
       }
   }
   /* big copies and fills */
-  size_t nb = (size_t)3 << 20;
+  size_t nb = RT_PAR_MEM_MIN + 4099;   /* large enough to split */
   unsigned char *a = ts_xmalloc(nb), *b = ts_xmalloc(nb);
   for (size_t i = 0; i < nb; i++) a[i] = (unsigned char)(i * 31 + 7);
   rt_par_memcpy(b, a, nb);
-  CHECK(memcmp(a, b, nb) == 0, "rt_par_memcpy of 3 MiB differs");
+  CHECK(memcmp(a, b, nb) == 0, "rt_par_memcpy of %zu bytes differs", nb);
   rt_par_memset(b, 0x5a, nb - 3);
   int ok = b[nb - 3] == a[nb - 3];
   for (size_t i = 0; i < nb - 3 && ok; i++) ok = b[i] == 0x5a;
-  CHECK(ok, "rt_par_memset of 3 MiB wrong");
+  CHECK(ok, "rt_par_memset of %zu bytes wrong", nb - 3);
   free(a);
   free(b);
   rt_par_set_threads(0);
@@ -857,10 +857,11 @@ static void test_threads_same(IrDtype dt) {
   free(ids);
 }
 
-/* Layout ops at sizes that take the merged-row, tiled and threaded paths,
- * against direct index arithmetic; also summing columns and batched GEMMs. */
+/* Layout ops at sizes that take the merged-row, tiled and threaded paths
+ * (memory-bound kernels split only above 2^20 elements per range), against
+ * direct index arithmetic; also summing columns and batched GEMMs. */
 static void test_layout_big(IrDtype dt) {
-  enum { A = 3, B = 37, C = 5, D = 66, N = A * B * C * D };
+  enum { A = 6, B = 129, C = 41, D = 68, N = A * B * C * D };
   const int64_t dims[4] = {A, B, C, D};
   IrType t = TY(dt, A, B, C, D);
   double *x = rand_vec(N, -1, 1, dt), *w = ts_xmalloc(N * sizeof *w);
