@@ -506,10 +506,17 @@ int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
   m->states.n = first;
   m->par.dp = dp;
 
+  /* a plan compiled with fusion gets its new update block fused too (the
+   * same module as compiling at this dp); one from mcc --no-fuse has no
+   * groups anywhere and gets none */
+  int fused = 0;
+  for (int bi = 0; bi < m->blocks.n && !fused; bi++)
+    for (int i = 0; i < m->blocks.a[bi].n && !fused; i++) fused = m->blocks.a[bi].nodes[i].group > 0;
   PassCtx cx;
   pass_ctx_init(&cx);
   int rc = pass_optimizer(m, &cx);
   if (rc == 0) rc = pass_dce(m, &cx);
+  if (rc == 0 && fused) rc = pass_fuse(m, &cx);
   if (rc == 0 && ir_verify(m, why, sizeof why) != 0)
     rc = ts_errf(cx.err, sizeof cx.err, "internal error: IR invalid after respecializing: %s", why);
   if (rc != 0) {

@@ -104,7 +104,7 @@ full-gpt|full-llama)
     has "$TMP/err" "parameters in" && has "$TMP/err" "time: total"
   run 0 "$CHECK" plan "$TMP/$m.plan"
   run 0 "$CHECK" ir "$TMP"/dump/*.ir
-  [ "$(ls "$TMP/dump" | wc -l)" = 5 ] || fail "expected 5 dumps: $(ls "$TMP/dump")"
+  [ "$(ls "$TMP/dump" | wc -l)" = 6 ] || fail "expected 6 dumps: $(ls "$TMP/dump")"
   # -o - writes the same binary plan to stdout
   run 0 "$MCC" samples/$m.mdl -o - && cmp -s "$TMP/out" "$TMP/$m.plan" || fail "-o - differs from the plan file"
   head -c 6 "$TMP/$m.plan" | grep -q TSPLAN || fail "$m.plan does not start with the magic"
@@ -115,14 +115,15 @@ tiny-gpt|tiny-llama)
   # every pass: --verify-roundtrip inside mcc, then the dumps checked here
   run 0 "$MCC" samples/$m.mdl $DEFS -o "$TMP/$m.plan" --verify-roundtrip --verify-each --dump-ir=all "$TMP/dump"
   dumps=$(ls "$TMP/dump" | tr '\n' ' ')
-  [ "$dumps" = "00-frontend.ir 01-autodiff.ir 02-shard.ir 03-optimizer.ir 04-dce.ir " ] || fail "dump files: $dumps"
+  [ "$dumps" = "00-frontend.ir 01-autodiff.ir 02-shard.ir 03-optimizer.ir 04-dce.ir 05-fuse.ir " ] || fail "dump files: $dumps"
   run 0 "$CHECK" ir "$TMP"/dump/*.ir
   has "$TMP/dump/00-frontend.ir" "block forward {"
   has "$TMP/dump/04-dce.ir" "block micro {"
   has "$TMP/dump/04-dce.ir" "block update {"
   # the final IR: --emit=ir equals the last dump
   run 0 "$MCC" samples/$m.mdl $DEFS --emit=ir -o "$TMP/final.ir"
-  cmp -s "$TMP/final.ir" "$TMP/dump/04-dce.ir" || fail "--emit=ir differs from the last dump"
+  cmp -s "$TMP/final.ir" "$TMP/dump/05-fuse.ir" || fail "--emit=ir differs from the last dump"
+  has "$TMP/dump/05-fuse.ir" " group=1"
   # --print-ir-after prints parseable IR of that pass to stdout
   run 0 "$MCC" samples/$m.mdl $DEFS --print-ir-after=autodiff -o "$TMP/p.plan" &&
     has "$TMP/out" "# IR after pass 'autodiff'" && has "$TMP/out" "block micro {"
