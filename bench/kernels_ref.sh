@@ -5,14 +5,17 @@
 # the step time and tokens/s.  Prints one markdown table.
 #
 #   bench/kernels_ref.sh [--build DIR] [--base DIR] [--runs N] [--steps N]
-#                        [--batch B] [--seq T] [--threads N]
+#                        [--batch B] [--seq T] [--threads N] [--mrun-args STR]
 #
 #   --build DIR   the build to measure (default: build/); needs mcc and mrun
 #   --base DIR    a second build (e.g. of an older commit) shown as "before"
 #   --runs N      mrun runs per build (default 3); the median is reported
 #   --steps N     steps per run (default 2: the first is a warm-up, only the
 #                 per-op totals of steps after it count; see below)
-#   --threads N   OPENBLAS_NUM_THREADS and TS_NUM_THREADS (default 2)
+#   --threads N   OPENBLAS_NUM_THREADS, TS_NUM_THREADS, TS_THREADS (default 2)
+#   --mrun-args S extra mrun options for --build's runs only (e.g.
+#                 "--backend ref": the reference kernels on a build whose
+#                 mrun defaults to the LLVM backend)
 #
 # Per-op time per step = (profile of a run of S steps - profile of a run of
 # 1 step) / (S - 1): the first step pays page faults of the slab and buffer
@@ -21,6 +24,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 build="$here/build"
 base=""
+margs=""
 runs=3
 steps=2
 B=4
@@ -35,6 +39,7 @@ while [ $# -gt 0 ]; do
     --batch) B=$2; shift 2 ;;
     --seq) T=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
+    --mrun-args) margs=$2; shift 2 ;;
     -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "kernels_ref.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -52,20 +57,23 @@ for b in "${builds[@]}"; do
 done
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-export OPENBLAS_NUM_THREADS=$threads TS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads
+export OPENBLAS_NUM_THREADS=$threads TS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads TS_THREADS=$threads
 echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) cores"
 
-# run BUILD STEPS OUT: one mrun with the profile on stderr into OUT
+# run BUILD STEPS OUT [ARGS]: one mrun with the profile on stderr into OUT
 run() {
-  "$1/mrun" "$TMP/g.plan" --steps "$2" --metrics "$3.jsonl" 2>"$3" >/dev/null ||
+  # shellcheck disable=SC2086  # ARGS are words on purpose
+  "$1/mrun" "$TMP/g.plan" --steps "$2" --metrics "$3.jsonl" ${4:-} 2>"$3" >/dev/null ||
     { echo "kernels_ref.sh: mrun failed:" >&2; tail -5 "$3" >&2; exit 1; }
 }
 i=0
 for b in "${builds[@]}"; do
   "$b/mcc" "$here/samples/gpt.mdl" -D batch=$B -D micro_batch=$B -D seq_len=$T -o "$TMP/g.plan"
+  a=""
+  [ "$b" = "$build" ] && a=$margs
   for r in $(seq 1 "$runs"); do
-    TS_RT_PROFILE=1 run "$b" 1 "$TMP/p$i.1.$r"
-    TS_RT_PROFILE=1 run "$b" "$steps" "$TMP/p$i.S.$r"
+    TS_RT_PROFILE=1 run "$b" 1 "$TMP/p$i.1.$r" "$a"
+    TS_RT_PROFILE=1 run "$b" "$steps" "$TMP/p$i.S.$r" "$a"
   done
   i=$((i + 1))
 done
