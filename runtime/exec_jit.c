@@ -9,8 +9,10 @@
  *   - every other node the code generator can lower (pass_fuse_node_ok)
  *     becomes a kernel of its own, except lone layout ops (reshape,
  *     permute, ...), which are copies the reference does as well;
- *   - everything else (matmul, collectives, effects, dropout, ...) stays
- *     on the reference kernels (ops_ref.c).
+ *   - every AdamW update of a whole (not ZeRO-chunked) parameter becomes a
+ *     generated kernel too (lower_adamw, below);
+ *   - everything else (matmul, collectives, other effects, dropout, ...)
+ *     stays on the reference kernels (ops_ref.c).
  * A group the lowering refuses, or one whose placement is unsafe in this
  * block (a value used outside before the group runs, a state read across
  * an effect that writes state), falls back to the reference kernels, node
@@ -29,6 +31,7 @@
 #include "rt_priv.h"
 #include "../passes/passes.h"
 #include <errno.h>
+#include <math.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -101,6 +104,84 @@ static int compile_kernel(RtJit *J, const IrModule *m, const IrBlock *b, const i
   return 0;
 }
 
+/* ---- AdamW as one generated pass per parameter ----
+ * The same arithmetic as the reference kernel (ops_ref_t.h, adamw_range),
+ * in f64, in the same order:
+ *   g = grad * coef;  m' = b1 m + (1 - b1) g;  v' = b2 v + ((1 - b2) g) g
+ *   w' = w - lr (m'/c1 / (sqrt(v'/c2) + eps) + wd w)
+ * The step-dependent scalars lr, c1 = 1 - b1^t, c2 = 1 - b2^t come in a
+ * small f64 buffer per run (the kernel IR has no run-time arguments).
+ * Only whole-tensor moments: a ZeRO (flat) chunk stays on the reference. */
+static CgKernel *lower_adamw(const IrModule *m, const IrBlock *b, const IrNode *n) {
+  const IrState *w = &m->states.a[n->ia[0]], *ms = &m->states.a[n->ia[1]], *vs = &m->states.a[n->ia[2]];
+  const IrNode *coef = &b->nodes[n->in[0]], *gr = &b->nodes[n->in[1]];
+  IrDtype T = w->type.dtype;
+  int64_t cnt = ir_type_numel(&w->type);
+  if (!ir_dtype_is_float(T) || ms->sh.flat || vs->sh.flat || !ir_type_same_shape(&ms->type, &w->type) ||
+      !ir_type_same_shape(&vs->type, &w->type) || !ir_type_same_shape(&gr->type, &w->type) ||
+      ir_type_numel(&coef->type) != 1 || !ir_dtype_is_float(coef->type.dtype))
+    return NULL;
+  CgType t = cg_type_of_dtype(T);
+  char name[64];
+  snprintf(name, sizeof name, "adamw_%s", ir_dtype_name(T));
+  CgKernel *k = cg_kernel_new(name, cnt);
+  int bc = cg_buf(k, cg_type_of_dtype(coef->type.dtype), 1, 0), bg = cg_buf(k, t, cnt, 0), bs = cg_buf(k, CG_F64, 3, 0);
+  int bw = cg_buf(k, t, cnt, 1), bm = cg_buf(k, t, cnt, 1), bv = cg_buf(k, t, cnt, 1);
+  double b1 = n->fa[0], b2 = n->fa[1], eps = n->fa[2], wd = n->fa[3];
+#define C(x) cg_const_f(k, CG_F64, (x))
+#define LD(buf, i) cg_cast(k, CG_F64, cg_load(k, (buf), (i)))
+  int gid = cg_gid(k), z = cg_const_i(k, CG_I64, 0);
+  int lr = cg_load(k, bs, z), c1 = cg_load(k, bs, cg_const_i(k, CG_I64, 1)), c2 = cg_load(k, bs, cg_const_i(k, CG_I64, 2));
+  int g = cg_bin(k, CG_MUL, LD(bg, gid), LD(bc, z));
+  int mi = cg_bin(k, CG_ADD, cg_bin(k, CG_MUL, C(b1), LD(bm, gid)), cg_bin(k, CG_MUL, C(1.0 - b1), g));
+  int vi = cg_bin(k, CG_ADD, cg_bin(k, CG_MUL, C(b2), LD(bv, gid)),
+                  cg_bin(k, CG_MUL, cg_bin(k, CG_MUL, C(1.0 - b2), g), g));
+  int wv = LD(bw, gid);
+  int mh = cg_bin(k, CG_DIV, mi, c1), vh = cg_bin(k, CG_DIV, vi, c2);
+  int upd = cg_bin(k, CG_ADD, cg_bin(k, CG_DIV, mh, cg_bin(k, CG_ADD, cg_un(k, CG_SQRT, vh), C(eps))),
+                   cg_bin(k, CG_MUL, C(wd), wv));
+  int wn = cg_bin(k, CG_SUB, wv, cg_bin(k, CG_MUL, lr, upd));
+  /* every value is computed before the stores (in place, element by element) */
+  cg_store(k, bm, gid, cg_cast(k, t, mi));
+  cg_store(k, bv, gid, cg_cast(k, t, vi));
+  cg_store(k, bw, gid, cg_cast(k, t, wn));
+#undef C
+#undef LD
+  char err[256];
+  if (cg_kernel_verify(k, err, sizeof err) != 0) { cg_kernel_free(k); return NULL; }
+  return k;
+}
+
+void rt_jit_adamw_scalars(const IrNode *n, const RtRunInfo *info, double s[3]) {
+  double t = (double)(info->step + 1);
+  s[0] = info->lr;
+  s[1] = 1.0 - pow(n->fa[0], t);
+  s[2] = 1.0 - pow(n->fa[1], t);
+}
+
+static int compile_adamw(RtJit *J, const IrModule *m, const IrBlock *b, int i, RtJitKernel *out, char *err,
+                         size_t errlen) {
+  CgKernel *k = lower_adamw(m, b, &b->nodes[i]);
+  if (!k) return 1;
+  char why[512];
+  int hits = cg_jit_cache_hits(J->jit);
+  CgFn fn = cg_jit_compile(J->jit, k, why, sizeof why);
+  if (!fn) {
+    ts_errf(err, errlen, "block %s: compiling the AdamW kernel of node %d: %s", b->name, i, why);
+    cg_kernel_free(k);
+    return -1;
+  }
+  if (cg_jit_cache_hits(J->jit) == hits) J->stats.distinct++;
+  memset(out, 0, sizeof *out);
+  out->fn = fn;
+  out->grid = out->work = k->grid;
+  out->at = i;
+  out->op = IR_OP_ADAMW;
+  out->adamw = 1;
+  cg_kernel_free(k);
+  return 0;
+}
+
 static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock *jb, int use_groups,
                       char *err, size_t errlen) {
   int n = b->n;
@@ -114,6 +195,17 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
     if (done[i]) continue;
     const IrNode *nd = &b->nodes[i];
     int cnt = 0;
+    if (nd->op == IR_OP_ADAMW) {
+      RtJitKernel kk;
+      int r = compile_adamw(J, m, b, i, &kk, err, errlen);
+      if (r < 0) { rc = -1; break; }
+      if (r == 0) {
+        VEC_PUSH(jb->k, kk);
+        jb->kern[i] = jb->k.n - 1;
+        J->stats.kernels++;
+      }
+      continue;
+    }
     if (use_groups && nd->group > 0) {
       for (int j = i; j < n; j++)
         if (b->nodes[j].group == nd->group) { mem[cnt++] = j; done[j] = 1; }

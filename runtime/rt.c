@@ -512,8 +512,18 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, void **buf, unsigned 
 /* Runs kernel K (at its position): reads its inputs' buffers, allocates
  * its outputs.  0 or -1 with a message. */
 static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **buf, unsigned char *owned,
-                      char *msg, size_t n) {
+                      const RtRunInfo *info, char *msg, size_t n) {
   void *bufs[CG_MAX_BUFS];
+  if (K->adamw) {   /* coef, grad, run scalars, then the states updated in place */
+    const IrNode *nd = &b->nodes[K->at];
+    double sc[3];
+    rt_jit_adamw_scalars(nd, info, sc);
+    void *ab[6] = {buf[nd->in[0]], buf[nd->in[1]], sc, rt_state_data(p, (int)nd->ia[0]),
+                   rt_state_data(p, (int)nd->ia[1]), rt_state_data(p, (int)nd->ia[2])};
+    if (!ab[0] || !ab[1]) { snprintf(msg, n, "internal error: adamw operand has no buffer"); return -1; }
+    rt_jit_run(p->jit, K, ab);
+    return 0;
+  }
   for (int k = 0; k < K->io.nin; k++) {
     if (!(bufs[k] = buf[K->io.in[k]])) {
       snprintf(msg, n, "internal error: kernel input %%%d has no buffer", K->io.in[k]);
@@ -552,7 +562,7 @@ int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds,
     int kid = jb ? jb->kern[i] : -1;
     if (kid >= 0 && jb->k.a[kid].at != i) continue;   /* computed by a kernel later */
     double t0 = p->profile ? now_s() : 0;
-    int bad = kid >= 0 ? run_kernel(p, b, &jb->k.a[kid], buf, owned, msg, sizeof msg)
+    int bad = kid >= 0 ? run_kernel(p, b, &jb->k.a[kid], buf, owned, info, msg, sizeof msg)
                        : run_node(p, b, i, buf, owned, feeds, nfeeds, info, msg, sizeof msg);
     if (p->profile) {
       p->op_s[b->nodes[i].op] += now_s() - t0;

@@ -74,6 +74,8 @@ typedef struct {
   CgFn fn;
   int64_t grid, work; /* iterations; elements of the largest buffer */
   CgGroupIO io;
+  int adamw;          /* an AdamW update: buffers coef, grad, {lr, 1-b1^t, 1-b2^t}, then
+                         param, m, v (states, updated in place; see exec_jit.c) */
 } RtJitKernel;
 typedef struct {
   int *kern;          /* per node: the kernel computing it, or -1 (reference kernel) */
@@ -88,5 +90,7 @@ const RtJitBlock *rt_jit_block(const RtJit *j, int b);
 const RtExecStats *rt_jit_stats(const RtJit *j);
 /* Runs kernel k over its parallel space (the pool, or inline if small). */
 void rt_jit_run(RtJit *j, const RtJitKernel *k, void **bufs);
+/* The per-run scalars of an AdamW kernel for node n at info's step and lr. */
+void rt_jit_adamw_scalars(const IrNode *n, const RtRunInfo *info, double s[3]);
 
 #endif
