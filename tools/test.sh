@@ -4,9 +4,12 @@
 # each.  Prints ctest's summary per build and exits non-zero if either failed.
 #
 # The ASan run skips tests labelled `slow` (the 200-step end-to-end training
-# runs, tests/e2e): under the sanitizers they take several times longer and
-# exercise no code that the fast tests do not already cover.  Set
-# TESSERA_ASAN_SLOW=1 to run them there too.
+# runs, tests/e2e; the 64-rank run) and `mpi_matrix` (the many-layout
+# equivalence matrices of tests/parallel, tests/shard, tests/rank, tests/fuse:
+# the sanitizer run keeps one layout of each family -- tp x dp x sp, cp, ep,
+# the LLVM backend -- and every fault and refusal test): under the
+# sanitizers they take several times longer and exercise no code that the
+# kept ones do not.  Set TESSERA_ASAN_SLOW=1 to run them there too.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,7 +40,7 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 if [ "${TESSERA_ASAN_SLOW:-0}" = 1 ]; then
   suite asan "$adir"
 else
-  suite asan "$adir" -LE slow
+  suite asan "$adir" -LE "slow|mpi_matrix"
 fi
 
 exit $status
