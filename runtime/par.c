@@ -51,7 +51,7 @@ static int local_ranks(void) {
 /* The thread count from the environment; *set says whether a variable
  * chose it.  Unset, the cores are shared among the machine's ranks. */
 static int env_threads_set(int *set) {
-  const char *names[] = {"TS_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
+  const char *names[] = {"TS_NUM_THREADS", "TS_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
   *set = 1;
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     const char *v = getenv(names[i]);

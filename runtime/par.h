@@ -9,7 +9,8 @@
  * Kernels whose ranges sum something (sumsq) split into fixed-size blocks
  * instead, so their result does not depend on the thread count either.
  *
- * Thread count: TS_NUM_THREADS, else OMP_NUM_THREADS, else
+ * Thread count: TS_NUM_THREADS, else TS_THREADS (what the LLVM backend's
+ * kernel pool reads too), else OMP_NUM_THREADS, else
  * OPENBLAS_NUM_THREADS, else the online cores divided by the job's ranks
  * on this machine (Open MPI's / MPICH's local size; at most RT_PAR_MAX).
  * mrun sets OPENBLAS_NUM_THREADS=1 when it starts several ranks on one
