@@ -1,7 +1,9 @@
 /* rt.h - the runtime's view of one rank's program (an IrModule after the
  * passes): persistent state in memory, and execution of its blocks.
- * This is the reference backend: every op has a plain-C kernel (ops_ref.c)
- * for f32 and f64, GEMMs through BLAS. */
+ * Two backends (RtExecOpts): the reference one, a plain-C kernel per op
+ * (ops_ref.c) for f32 and f64 with GEMMs through BLAS, and the LLVM one,
+ * which runs fusion groups and the other lowerable ops as JIT-compiled
+ * kernels (exec_jit.c) and everything else like the reference. */
 #ifndef TS_RT_H
 #define TS_RT_H
 #include "../ir/ir.h"
