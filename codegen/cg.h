@@ -42,6 +42,9 @@ CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, 
                          char *err, size_t errlen);
 /* Whether op can be part of a group (or be a group of one node). */
 int cg_op_lowerable(IrOp op);
+/* Whether op is a row op over the last axis (softmax, the norms,
+ * cross-entropy, and their backward forms). */
+int cg_op_is_row(IrOp op);
 
 /* ---- LLVM (llvm.c) ----
  * A compiled kernel computes iterations [begin, end) of its parallel space;

@@ -482,6 +482,8 @@ static void row_stats(Lw *L, int g) {
   }
 }
 
+int cg_op_is_row(IrOp op) { return op >= 0 && op < IR_OP_COUNT && is_row_op(op); }
+
 int cg_op_lowerable(IrOp op) {
   return op >= 0 && op < IR_OP_COUNT &&
          (is_ew_like(op) || is_layout(op) || is_row_op(op) || is_reduce(op) || op == IR_OP_SUMSQ || op == IR_OP_SUM_TO);

@@ -67,6 +67,12 @@ const IrOpAttrs *ir_op_attrs(IrOp op) {
   return &op_attrs[op];
 }
 
+int ir_op_iattr_is_state(IrOp op, int slot) {
+  if ((int)op < 0 || op >= IR_OP_COUNT) return 0;
+  const IrOpAttrs *a = ir_op_attrs(op);
+  return slot >= 0 && slot < a->ni && a->is_state[slot];
+}
+
 int ir_op_iattr_count(IrOp op, int rank0) {
   const IrOpAttrs *a = ir_op_attrs(op);
   if (a->list < 0) return a->ni;

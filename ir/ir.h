@@ -41,6 +41,8 @@ typedef struct {
 } IrOpInfo;
 extern const IrOpInfo ir_ops[IR_OP_COUNT];
 int ir_op_lookup(const char *name);          /* -1 if unknown */
+/* Whether int attr `slot` of op names a state ("@name" in ops.def). */
+int ir_op_iattr_is_state(IrOp op, int slot);
 /* Markdown table of ops.def (name, operands, attrs, flags, doc) for docs/ir.md. */
 void ir_ops_markdown(StrBuf *out);
 

@@ -231,17 +231,26 @@ static int parse_type(P *p, IrType *t) {
   }
 }
 
+/* One mesh axis name -> its IrAxis in *a. */
+static int parse_axis(P *p, int *a) {
+  skip_ws(p);
+  size_t at = p->pos;
+  const char *w = word(p, "a mesh axis");
+  if (!w) return -1;
+  *a = ir_axis_lookup(w);
+  if (*a < 0) return perr_at(p, p->line, col_of(p, at), "unknown mesh axis '%s' (dp, pp, cp, ep, tp)", w);
+  return 0;
+}
+
 /* axes joined by '+': "cp+tp" -> mask */
 static int parse_axes(P *p, uint8_t *mask) {
   *mask = 0;
   for (;;) {
     skip_ws(p);
     size_t at = p->pos;
-    const char *w = word(p, "a mesh axis");
-    if (!w) return -1;
-    int a = ir_axis_lookup(w);
-    if (a < 0) return perr_at(p, p->line, col_of(p, at), "unknown mesh axis '%s' (dp, pp, cp, ep, tp)", w);
-    if (*mask & (1u << a)) return perr_at(p, p->line, col_of(p, at), "mesh axis %s given twice", w);
+    int a;
+    if (parse_axis(p, &a)) return -1;
+    if (*mask & (1u << a)) return perr_at(p, p->line, col_of(p, at), "mesh axis %s given twice", ir_axis_name((IrAxis)a));
     *mask |= (uint8_t)(1u << a);
     if (!accept(p, '+')) return 0;
   }
@@ -379,12 +388,8 @@ static int parse_rule(P *p) {
   IrRule r = {0};
   if (!(r.dim = word(p, "a dim name")) || expect(p, '=')) return -1;
   while (!at_eol(p)) {
-    skip_ws(p);
-    size_t at = p->pos;
-    const char *w = word(p, "a mesh axis");
-    if (!w) return -1;
-    int a = ir_axis_lookup(w);
-    if (a < 0) return perr_at(p, p->line, col_of(p, at), "unknown mesh axis '%s' (dp, pp, cp, ep, tp)", w);
+    int a;
+    if (parse_axis(p, &a)) return -1;
     r.axes |= (uint8_t)(1u << a);
   }
   VEC_PUSH(p->m->rules, r);
@@ -538,12 +543,8 @@ static int parse_node(P *p, int bi) {
         goto out;
       }
     } else if (at->is_axis[i]) {
-      skip_ws(p);
-      size_t vat = p->pos;
-      const char *w = word(p, "a mesh axis");
-      if (!w) goto out;
-      int a = ir_axis_lookup(w);
-      if (a < 0) { perr_at(p, p->line, col_of(p, vat), "unknown mesh axis '%s' (dp, pp, cp, ep, tp)", w); goto out; }
+      int a;
+      if (parse_axis(p, &a)) goto out;
       ia[i] = a;
     } else if (parse_int(p, &ia[i])) {
       goto out;

@@ -29,15 +29,6 @@
  * so long chains with many row ops would multiply work. */
 enum { FUSE_MAX_NODES = 48, FUSE_MAX_ROWOPS = 3 };
 
-static int is_row_op(IrOp op) {
-  switch (op) {
-  case IR_OP_SOFTMAX: case IR_OP_SOFTMAX_BWD: case IR_OP_LOG_SOFTMAX: case IR_OP_LOG_SOFTMAX_BWD:
-  case IR_OP_LAYERNORM: case IR_OP_LAYERNORM_BWD: case IR_OP_RMSNORM: case IR_OP_RMSNORM_BWD:
-  case IR_OP_CROSS_ENTROPY: case IR_OP_CROSS_ENTROPY_BWD: return 1;
-  default: return 0;
-  }
-}
-
 int pass_fuse_node_ok(const IrModule *m, const IrBlock *b, int i) {
   (void)m;
   const IrNode *n = &b->nodes[i];
@@ -49,7 +40,7 @@ int pass_fuse_node_ok(const IrModule *m, const IrBlock *b, int i) {
     return 0;
   /* a row op over a last dim split across ranks is an error the reference
    * kernel reports; leave it to it */
-  if (is_row_op(n->op) && n->nin > 0) {
+  if (cg_op_is_row(n->op) && n->nin > 0) {
     const IrNode *x = &b->nodes[n->in[0]];
     if (x->type.rank >= 1 && x->sh.split[x->type.rank - 1]) return 0;
   }
@@ -116,7 +107,7 @@ static int fuse_block(const IrModule *m, IrBlock *b) {
         const int *sel = tryk == 0 ? gs : &gs[tryk - 1];
         int nsel = tryk == 0 ? ng : 1;
         if (tryk == 1 && ng == 1) break;   /* same as the first try */
-        int total = 1, rows = is_row_op(n->op);
+        int total = 1, rows = cg_op_is_row(n->op);
         for (int j = 0; j < nsel; j++) { total += G.a[sel[j]].mem.n; rows += G.a[sel[j]].rowops; }
         if (total > FUSE_MAX_NODES || rows > FUSE_MAX_ROWOPS) continue;
         int cnt = union_with(G.a, sel, nsel, i, cand);
@@ -134,7 +125,7 @@ static int fuse_block(const IrModule *m, IrBlock *b) {
       if (joined < 0) {   /* start a group of its own (members may join later) */
         FGroup g = {0};
         VEC_PUSH(g.mem, i);
-        g.rowops = is_row_op(n->op);
+        g.rowops = cg_op_is_row(n->op);
         VEC_PUSH(G, g);
         joined = gof[i] = G.n - 1;
       }

@@ -438,18 +438,6 @@ int pass_optimizer(IrModule *m, PassCtx *cx) {
 
 /* ---- pass_respecialize_dp ---- */
 
-/* 1 if int attr `slot` of op is a state index ("@name" in ops.def). */
-static int attr_is_state(IrOp op, int slot) {
-  const char *s = ir_ops[op].iattrs;
-  for (int i = 0; *s; i++) {
-    while (*s == ' ') s++;
-    if (!*s) break;
-    if (i == slot) return *s == '@';
-    s += strcspn(s, " ");
-  }
-  return 0;
-}
-
 static int is_moment(const IrState *s) { return s->kind == IR_STATE_ADAM_M || s->kind == IR_STATE_ADAM_V; }
 
 /* The index of the first moment state if the moments can be dropped by
@@ -469,7 +457,7 @@ static int droppable_moments(const IrModule *m, int ub, char *err, size_t errlen
     const IrBlock *b = &m->blocks.a[bi];
     for (int i = 0; i < b->n; i++)
       for (int k = 0; k < IR_MAX_IATTR; k++)
-        if (attr_is_state(b->nodes[i].op, k) && b->nodes[i].ia[k] >= first && b->nodes[i].ia[k] < m->states.n)
+        if (ir_op_iattr_is_state(b->nodes[i].op, k) && b->nodes[i].ia[k] >= first && b->nodes[i].ia[k] < m->states.n)
           return ts_errf(err, errlen, "block %s, node %d uses optimizer state @%s", b->name, i,
                          m->states.a[b->nodes[i].ia[k]].name);
   }

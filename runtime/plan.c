@@ -385,19 +385,6 @@ static void rd_type(Rd *r, IrType *t) {
   }
 }
 
-/* The ops.def int attrs that name states ("@x"): their values must be
- * valid state indices before anything (ir_verify included) follows them. */
-static int state_attr_slot(IrOp op, int slot) {
-  const char *s = ir_ops[op].iattrs;
-  for (int i = 0; *s; i++) {
-    while (*s == ' ') s++;
-    if (!*s) break;
-    if (i == slot) return *s == '@';
-    s += strcspn(s, " ");
-  }
-  return 0;
-}
-
 static void rd_sharding(Rd *r, IrSharding *sh, int rank) {
   memset(sh, 0, sizeof *sh);
   for (int i = 0; i < rank; i++) sh->split[i] = (uint8_t)rd_u8(r);
@@ -432,7 +419,7 @@ static void rd_node(Rd *r, IrModule *m, int id, IrNode *n) {
   if (!r->bad && ni > IR_MAX_IATTR) { rd_fail(r, "node %%%d: %u int attrs", id, ni); return; }
   for (unsigned i = 0; i < ni && !r->bad; i++) {
     n->ia[i] = rd_i64(r);
-    if (!r->bad && state_attr_slot(n->op, (int)i) && (n->ia[i] < 0 || n->ia[i] >= m->states.n)) {
+    if (!r->bad && ir_op_iattr_is_state(n->op, (int)i) && (n->ia[i] < 0 || n->ia[i] >= m->states.n)) {
       rd_fail(r, "node %%%d = %s: state index %lld out of range", id, opname, (long long)n->ia[i]);
       return;
     }
