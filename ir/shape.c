@@ -463,7 +463,8 @@ static int shape_CLIP_COEF(Sx *x) {
   *x->out = *opnd(x, 0);
   return 0;
 }
-static int shape_ACCUM(Sx *x) {
+/* accum and assign: the operand has the state's shape. */
+static int state_operand(Sx *x) {
   const IrState *s = state_ref(x, 0);
   if (!s) return -1;
   const IrType *a = opnd(x, 0);
@@ -471,6 +472,7 @@ static int shape_ACCUM(Sx *x) {
     return fail(x, "operand %s does not match state @%s : %s", tstr(x, a), s->name, tstr(x, &s->type));
   return 0;
 }
+static int shape_ACCUM(Sx *x) { return state_operand(x); }
 static int shape_ZERO(Sx *x) { return state_ref(x, 0) ? 0 : -1; }
 static int shape_ADAMW(Sx *x) {
   if (scalar_float(x, 0, "coef")) return -1;
@@ -504,14 +506,7 @@ static int shape_ADAMW(Sx *x) {
     return fail(x, "eps=%g wd=%g must be >= 0", f[2], f[3]);
   return 0;
 }
-static int shape_ASSIGN(Sx *x) {
-  const IrState *s = state_ref(x, 0);
-  if (!s) return -1;
-  const IrType *a = opnd(x, 0);
-  if (!ir_type_same_shape(a, &s->type))
-    return fail(x, "operand %s does not match state @%s : %s", tstr(x, a), s->name, tstr(x, &s->type));
-  return 0;
-}
+static int shape_ASSIGN(Sx *x) { return state_operand(x); }
 
 /* ---- sharding ops ---- */
 static int mesh_axis(Sx *x, int slot) {

@@ -766,8 +766,6 @@ static void shard_node(Sh *S, int i) {
   S->sh[i] = osh;
   IrType lt = local_type(S, gt, &osh);
   const IrType *typed = (ir_ops[n->op].flags & OPF_TYPED) ? &lt : NULL;
-  int tsplit = -1;                    /* the split dim along tp, if any */
-  for (int d = 0; d < IR_MAX_RANK; d++) if (osh.split[d] & BIT(IR_AXIS_TP)) tsplit = d;
   int in0_split = ax_get(&ish[0], IR_AXIS_TP);
   uint8_t red_axes = (n->op == IR_OP_MAX || n->op == IR_OP_MEAN) ? ish[0].split[n->ia[0]] : 0;
   int64_t ia[IR_MAX_IATTR];
@@ -807,7 +805,6 @@ static void shard_node(Sh *S, int i) {
   default:
     break;
   }
-  (void)tsplit;
   S->nv[i] = emit(S, n->op, in, nin, ia, n->fa, n->sa, typed, &osh);
   if (S->nv[i] >= 0 && !(ir_ops[n->op].flags & OPF_EFFECT)) {
     const IrType *got = &nnode(S, S->nv[i])->type;
