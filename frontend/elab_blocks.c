@@ -222,7 +222,7 @@ void elab_train(Elab *e) {
 /* ---- parallel and rules blocks ---- */
 void elab_parallel(Elab *e) {
   const MdlProgram *p = e->main;
-  IrParallel par = {1, 1, 1, 1, 0, 0, 1};
+  IrParallel par = {.tp = 1, .pp = 1, .cp = 1, .ep = 1, .dp = 0, .sp = 0, .zero = 1};
   for (int j = 0; j < p->nparallel; j++) {
     const MdlKV *kv = &p->parallel[j];
     Value v = elab_eval(e, &e->config, kv->value);

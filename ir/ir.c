@@ -175,6 +175,22 @@ const char *ir_schedule_name(IrSchedule s) {
   return (int)s >= 0 && s < IR_SCHED_COUNT ? n[s] : "?";
 }
 
+const char *ir_pipe_sched_name(IrPipeSched s) {
+  static const char *n[] = {"none", "gpipe", "1f1b", "interleaved"};
+  return (int)s >= 0 && s < IR_PIPE_COUNT ? n[s] : "?";
+}
+
+int ir_block_chunk(const IrBlock *b, int *bwd) {
+  const char *s = b->name ? b->name : "";
+  int back = strncmp(s, "bwd.", 4) == 0;
+  if (!back && strncmp(s, "fwd.", 4) != 0) return -1;
+  char *end;
+  long g = strtol(s + 4, &end, 10);
+  if (end == s + 4 || *end || g < 0 || g > INT32_MAX) return -1;
+  if (bwd) *bwd = back;
+  return (int)g;
+}
+
 /* ---- modules ---- */
 void ir_train_defaults(IrTrain *t) {
   memset(t, 0, sizeof *t);

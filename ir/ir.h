@@ -117,7 +117,14 @@ typedef struct {
   IrSharding sh;            /* how the local value maps to the global one */
   int group;                /* fusion (passes/fuse.c): nodes of a block with the
                                same group > 0 run as one kernel; 0 = alone */
+  int stage;                /* pipeline placement (docs/pipeline.md), set only when
+                               pp > 1: 1 + 2 * chunk + (1 for the backward), 0 =
+                               unplaced.  Text: stage=N */
 } IrNode;
+/* Pipeline stage tags (IrNode.stage). */
+static inline int ir_stage_tag(int chunk, int backward) { return 1 + 2 * chunk + (backward ? 1 : 0); }
+static inline int ir_stage_chunk(int tag) { return tag > 0 ? (tag - 1) / 2 : -1; }
+static inline int ir_stage_is_bwd(int tag) { return tag > 0 && (tag - 1) % 2 == 1; }
 
 typedef struct {
   const char *name;         /* interned: "forward", "micro", "update" */
@@ -158,8 +165,18 @@ typedef struct {
 } IrTrain;
 
 /* dp = 0: whatever remains.  sp: sequence parallelism (tp > 1).
- * zero: distributed optimizer (ZeRO-1) when dp > 1 (default 1). */
-typedef struct { int tp, pp, cp, ep, dp, sp, zero; } IrParallel;
+ * zero: distributed optimizer (ZeRO-1) when dp > 1 (default 1).
+ * Pipeline (pp > 1, docs/pipeline.md): vpp chunks per pipeline rank (0 or 1:
+ * one), the schedule, and stage: 0 in the compiler's whole-model module
+ * (blocks fwd.<g> / bwd.<g> of every chunk g, update.<r> per pipeline
+ * rank), r + 1 in the program of pipeline rank r (its chunks' blocks and
+ * "update" only).  The text form prints them only when pp > 1. */
+typedef enum { IR_PIPE_NONE, IR_PIPE_GPIPE, IR_PIPE_1F1B, IR_PIPE_INTERLEAVED, IR_PIPE_COUNT } IrPipeSched;
+const char *ir_pipe_sched_name(IrPipeSched s);   /* "none", "gpipe", "1f1b", "interleaved" */
+typedef struct { int tp, pp, cp, ep, dp, sp, zero; int vpp, sched, stage; } IrParallel;
+/* The global chunk of a pipeline block "fwd.<g>" / "bwd.<g>" (*bwd set to
+ * 0 / 1 if not NULL); -1 for any other block. */
+int ir_block_chunk(const IrBlock *b, int *bwd);
 
 /* A sharding rule of the MDL `rules` block: dims named `dim` are split over
  * the mesh axes in `axes` (mask).  Stdlib defaults come first, the model's

@@ -370,8 +370,21 @@ static int parse_parallel(P *p) {
     size_t at = p->pos;
     const char *k = word(p, "a parallel key");
     if (!k || expect(p, '=')) return -1;
+    if (!strcmp(k, "schedule")) {      /* pipeline schedule by name */
+      skip_ws(p);
+      size_t vat = p->pos;
+      const char *v = word(p, "a pipeline schedule");
+      if (!v) return -1;
+      int s = -1;
+      for (int i = 0; i < IR_PIPE_COUNT; i++)
+        if (strcmp(v, ir_pipe_sched_name((IrPipeSched)i)) == 0) s = i;
+      if (s < 0) return perr_at(p, p->line, col_of(p, vat), "unknown pipeline schedule '%s'", v);
+      q->sched = s;
+      continue;
+    }
     int *slot = !strcmp(k, "tp") ? &q->tp : !strcmp(k, "pp") ? &q->pp : !strcmp(k, "cp") ? &q->cp
-              : !strcmp(k, "ep") ? &q->ep : !strcmp(k, "dp") ? &q->dp : !strcmp(k, "sp") ? &q->sp : !strcmp(k, "zero") ? &q->zero : NULL;
+              : !strcmp(k, "ep") ? &q->ep : !strcmp(k, "dp") ? &q->dp : !strcmp(k, "sp") ? &q->sp : !strcmp(k, "zero") ? &q->zero
+              : !strcmp(k, "vpp") ? &q->vpp : !strcmp(k, "stage") ? &q->stage : NULL;
     if (!slot) return perr_at(p, p->line, col_of(p, at), "unknown parallel key '%s'", k);
     int64_t v;
     skip_ws(p);
@@ -563,6 +576,14 @@ static int parse_node(P *p, int bi) {
     if (parse_int(p, &group)) goto out;
     if (group < 1 || group > INT32_MAX) { perr_at(p, p->line, col_of(p, gat), "fusion group must be >= 1"); goto out; }
   }
+  int64_t stage = 0;
+  if (accept_word(p, "stage")) {
+    if (expect(p, '=')) goto out;
+    skip_ws(p);
+    size_t sat = p->pos;
+    if (parse_int(p, &stage)) goto out;
+    if (stage < 1 || stage > INT32_MAX) { perr_at(p, p->line, col_of(p, sat), "pipeline stage tag must be >= 1"); goto out; }
+  }
   if (expect_eol(p)) goto out;
   {
     char msg[512];
@@ -582,6 +603,7 @@ static int parse_node(P *p, int bi) {
       n->sh = sh;
     }
     n->group = (int)group;
+    n->stage = (int)stage;
   }
   rc = 0;
 out:

@@ -84,6 +84,7 @@ void ir_print_node(const IrModule *m, const IrBlock *b, int id, StrBuf *out) {
   }
   if (!effect) { sb_puts(out, " : "); put_type(out, &n->type); put_sharding(out, &n->sh, n->type.rank); }
   if (n->group > 0) sb_printf(out, " group=%d", n->group);
+  if (n->stage > 0) sb_printf(out, " stage=%d", n->stage);
 }
 
 static void print_state(const IrModule *m, const IrState *s, StrBuf *out) {
@@ -138,8 +139,11 @@ void ir_print_module(const IrModule *m, StrBuf *out) {
             (long long)t->global_batch, (long long)t->micro_batch, (long long)t->seq_len,
             (long long)t->steps, (unsigned long long)t->seed, ir_dtype_name(t->precision));
   const IrParallel *p = &m->par;
-  sb_printf(out, "parallel tp=%d pp=%d cp=%d ep=%d dp=%d sp=%d zero=%d\n", p->tp, p->pp, p->cp, p->ep, p->dp,
+  sb_printf(out, "parallel tp=%d pp=%d cp=%d ep=%d dp=%d sp=%d zero=%d", p->tp, p->pp, p->cp, p->ep, p->dp,
             p->sp, p->zero);
+  if (p->pp > 1)
+    sb_printf(out, " vpp=%d schedule=%s stage=%d", p->vpp, ir_pipe_sched_name((IrPipeSched)p->sched), p->stage);
+  sb_putc(out, '\n');
   for (int i = 0; i < m->rules.n; i++) {
     sb_printf(out, "rule %s =", m->rules.a[i].dim);
     for (int a = 0; a < IR_AXIS_COUNT; a++)

@@ -569,6 +569,28 @@ static int shape_PAD_FILL(Sx *x) {
   *x->out = *a;
   return 0;
 }
+/* ---- pipeline ops: point-to-point along an axis, and the stash ---- */
+static int shape_SEND(Sx *x) { return mesh_axis(x, 0); }
+static int shape_RECV(Sx *x) {
+  if (mesh_axis(x, 0)) return -1;
+  if (x->out->dtype == IR_VOID) return fail(x, "needs a result type");
+  return 0;
+}
+static int shape_STASH(Sx *x) {
+  if (x->n->ia[0] < 0) return fail(x, "slot must be >= 0");
+  return 0;
+}
+static int shape_UNSTASH(Sx *x) {
+  if (x->n->ia[0] < 0) return fail(x, "slot must be >= 0");
+  if (x->out->dtype == IR_VOID) return fail(x, "needs a result type");
+  return 0;
+}
+static int shape_GROUP_SUM(Sx *x) {
+  if (mesh_axis(x, 0) || need_float(x, 0)) return -1;
+  if (x->n->ia[1] <= 0) return fail(x, "ranks must be a non-empty bit mask");
+  *x->out = *opnd(x, 0);
+  return 0;
+}
 static int shape_OUTPUT(Sx *x) {
   if (!x->n->sa || !*x->n->sa) return fail(x, "needs a name");
   return scalar_float(x, 0, "operand");

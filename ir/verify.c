@@ -177,6 +177,145 @@ static int verify_block(const IrModule *m, const IrBlock *b, char *err, size_t e
   return 0;
 }
 
+/* Pipeline blocks (pass "pipeline", docs/pipeline.md).  Sends and receives
+ * travel along pp between neighbouring chunks: in fwd.<g> a send goes to
+ * chunk g + 1 (peer +1), in bwd.<g> to chunk g - 1 (peer -1), and its recv
+ * (same tag) sits in the neighbour's block of the same kind with the
+ * opposite peer, with the same type and sharding.  Between two blocks the
+ * sends and the receives come in the same order (messages on a link are
+ * matched in order, as NCCL does).  A stash slot of fwd.<g> is read by one
+ * unstash of bwd.<g> with the same type.  In the compiler's whole-model
+ * module (parallel stage=0) every message and slot must have both ends; a
+ * rank's program holds only its own chunks, so there only the ends it holds
+ * are checked against each other. */
+typedef struct { int bi, id, chunk, bwd; } PipeEnd;
+
+static const char *pipe_end_str(const IrModule *m, const PipeEnd *e, char *buf, size_t n) {
+  snprintf(buf, n, "block %s, node %d", m->blocks.a[e->bi].name, e->id);
+  return buf;
+}
+
+static int verify_pipeline(const IrModule *m, char *err, size_t errlen) {
+  int whole = m->par.pp > 1 && m->par.stage == 0;
+  int maxtag = -1, maxslot = -1;
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *n = &b->nodes[i];
+      int pipe_op = n->op == IR_OP_SEND || n->op == IR_OP_RECV || n->op == IR_OP_STASH || n->op == IR_OP_UNSTASH;
+      if (!pipe_op) continue;
+      int bwd, g = ir_block_chunk(b, &bwd);
+      if (g < 0)
+        return ts_errf(err, errlen, "block %s, node %d: %s outside a pipeline block (fwd.<g> / bwd.<g>)", b->name, i,
+                       ir_ops[n->op].name);
+      if (n->op == IR_OP_SEND || n->op == IR_OP_RECV) {
+        if (n->ia[0] != IR_AXIS_PP) return ts_errf(err, errlen, "block %s, node %d: %s along an axis other than pp", b->name, i, ir_ops[n->op].name);
+        int want = (n->op == IR_OP_SEND) == !bwd ? 1 : -1;
+        if (n->ia[1] != want)
+          return ts_errf(err, errlen, "block %s, node %d: %s with peer=%lld; in a %s block it must be %+d", b->name, i,
+                         ir_ops[n->op].name, (long long)n->ia[1], bwd ? "backward" : "forward", want);
+        if (n->ia[2] < 0 || n->ia[2] > (1 << 24)) return ts_errf(err, errlen, "block %s, node %d: tag out of range", b->name, i);
+        if (n->ia[2] > maxtag) maxtag = (int)n->ia[2];
+      } else {
+        if ((n->op == IR_OP_STASH) == bwd)
+          return ts_errf(err, errlen, "block %s, node %d: %s belongs in a %s block", b->name, i, ir_ops[n->op].name,
+                         n->op == IR_OP_STASH ? "forward" : "backward");
+        if (n->ia[0] > (1 << 24)) return ts_errf(err, errlen, "block %s, node %d: slot out of range", b->name, i);
+        if (n->ia[0] > maxslot) maxslot = (int)n->ia[0];
+      }
+    }
+  }
+  if (maxtag < 0 && maxslot < 0) return 0;
+  int rc = 0;
+  /* messages: ends by tag */
+  size_t nt = (size_t)maxtag + 1;
+  PipeEnd *snd = ts_xmalloc((nt ? nt : 1) * sizeof *snd), *rcv = ts_xmalloc((nt ? nt : 1) * sizeof *rcv);
+  for (size_t t = 0; t < nt; t++) snd[t].bi = rcv[t].bi = -1;
+  char b1[128], b2[128], t1[256], t2[256];
+  for (int bi = 0; bi < m->blocks.n && !rc; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    int bwd, g = ir_block_chunk(b, &bwd);
+    for (int i = 0; i < b->n && !rc; i++) {
+      const IrNode *n = &b->nodes[i];
+      if (n->op != IR_OP_SEND && n->op != IR_OP_RECV) continue;
+      PipeEnd *e = n->op == IR_OP_SEND ? &snd[n->ia[2]] : &rcv[n->ia[2]];
+      if (e->bi >= 0)
+        rc = ts_errf(err, errlen, "block %s, node %d: a second %s with tag %lld (the first: %s)", b->name, i,
+                     ir_ops[n->op].name, (long long)n->ia[2], pipe_end_str(m, e, b1, sizeof b1));
+      *e = (PipeEnd){bi, i, g, bwd};
+    }
+  }
+  for (size_t t = 0; t < nt && !rc; t++) {
+    PipeEnd *s = &snd[t], *r = &rcv[t];
+    if (s->bi < 0 && r->bi < 0) continue;
+    if (s->bi < 0 || r->bi < 0) {
+      if (whole) rc = ts_errf(err, errlen, "%s: %s with tag %zu has no matching %s", pipe_end_str(m, s->bi >= 0 ? s : r, b1, sizeof b1),
+                              s->bi >= 0 ? "send" : "recv", t, s->bi >= 0 ? "recv" : "send");
+      continue;
+    }
+    int want = s->chunk + (s->bwd ? -1 : 1);
+    if (r->chunk != want || r->bwd != s->bwd) {
+      rc = ts_errf(err, errlen, "%s: send with tag %zu goes to %s, which is not the neighbouring %s block of chunk %d",
+                   pipe_end_str(m, s, b1, sizeof b1), t, pipe_end_str(m, r, b2, sizeof b2), s->bwd ? "backward" : "forward", want);
+      break;
+    }
+    const IrNode *sv = &m->blocks.a[s->bi].nodes[m->blocks.a[s->bi].nodes[s->id].in[0]];
+    const IrNode *rn = &m->blocks.a[r->bi].nodes[r->id];
+    if (!ir_type_same_shape(&sv->type, &rn->type) || !ir_sharding_equal(&sv->sh, &rn->sh))
+      rc = ts_errf(err, errlen, "%s: send with tag %zu sends %s but %s receives %s", pipe_end_str(m, s, b1, sizeof b1), t,
+                   ir_type_str(&sv->type, t1, sizeof t1), pipe_end_str(m, r, b2, sizeof b2), ir_type_str(&rn->type, t2, sizeof t2));
+  }
+  /* order on each link: for every pair of blocks, receives in send order */
+  for (size_t t = 0; t < nt && !rc; t++) {
+    if (snd[t].bi < 0 || rcv[t].bi < 0) continue;
+    for (size_t u = t + 1; u < nt && !rc; u++) {
+      if (snd[u].bi != snd[t].bi || rcv[u].bi != rcv[t].bi) continue;
+      if ((snd[u].id > snd[t].id) != (rcv[u].id > rcv[t].id))
+        rc = ts_errf(err, errlen, "%s and %s: messages with tags %zu and %zu are received in the other order than sent",
+                     pipe_end_str(m, &rcv[t], b1, sizeof b1), pipe_end_str(m, &rcv[u], b2, sizeof b2), t, u);
+    }
+  }
+  free(snd);
+  free(rcv);
+  if (rc || maxslot < 0) return rc;
+  /* stash slots: per chunk, each slot stashed once and unstashed once, same type */
+  for (int bi = 0; bi < m->blocks.n && !rc; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    int bwd, g = ir_block_chunk(b, &bwd);
+    if (g < 0) continue;
+    for (int i = 0; i < b->n && !rc; i++) {
+      const IrNode *n = &b->nodes[i];
+      if (n->op != IR_OP_STASH && n->op != IR_OP_UNSTASH) continue;
+      const IrType *ty = n->op == IR_OP_STASH ? &b->nodes[n->in[0]].type : &n->type;
+      int found = 0;
+      for (int cj = 0; cj < m->blocks.n && !rc; cj++) {
+        const IrBlock *c = &m->blocks.a[cj];
+        int cb, cg = ir_block_chunk(c, &cb);
+        if (cg != g) continue;
+        for (int j = 0; j < c->n && !rc; j++) {
+          const IrNode *o = &c->nodes[j];
+          if (o->ia[0] != n->ia[0] || (o->op != IR_OP_STASH && o->op != IR_OP_UNSTASH)) continue;
+          if (cj == bi && j == i) continue;
+          if (o->op == n->op) {
+            rc = ts_errf(err, errlen, "block %s, node %d: a second %s of slot %lld", c->name, j, ir_ops[o->op].name, (long long)o->ia[0]);
+            break;
+          }
+          found = 1;
+          const IrType *oty = o->op == IR_OP_STASH ? &c->nodes[o->in[0]].type : &o->type;
+          if (!ir_type_same_shape(ty, oty))
+            rc = ts_errf(err, errlen, "block %s, node %d: slot %lld stashed as %s but read as %s", b->name, i,
+                         (long long)n->ia[0], ir_type_str(n->op == IR_OP_STASH ? ty : oty, t1, sizeof t1),
+                         ir_type_str(n->op == IR_OP_STASH ? oty : ty, t2, sizeof t2));
+        }
+      }
+      if (!rc && !found && (whole || m->par.pp > 1))
+        rc = ts_errf(err, errlen, "block %s, node %d: %s of slot %lld has no matching %s in chunk %d", b->name, i,
+                     ir_ops[n->op].name, (long long)n->ia[0], n->op == IR_OP_STASH ? "unstash" : "stash", g);
+    }
+  }
+  return rc;
+}
+
 int ir_verify(const IrModule *m, char *err, size_t errlen) {
   if (err && errlen) err[0] = 0;
   if (verify_states(m, err, errlen)) return -1;
@@ -189,5 +328,5 @@ int ir_verify(const IrModule *m, char *err, size_t errlen) {
     if (verify_block(m, b, err, errlen)) return -1;
     if (verify_groups(b, err, errlen)) return -1;
   }
-  return 0;
+  return verify_pipeline(m, err, errlen);
 }

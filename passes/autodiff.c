@@ -120,6 +120,7 @@ AD_NONE(ACCUM) AD_NONE(ZERO) AD_NONE(ADAMW) AD_NONE(OUTPUT) AD_NONE(ASSIGN)
     (void)i; (void)dy; ad_fail(a, "%s is inserted by the sharding passes, after autodiff", ir_ops[IR_OP_##NAME].name); }
 AD_LATE(ALL_REDUCE) AD_LATE(ALL_GATHER) AD_LATE(REDUCE_SCATTER) AD_LATE(SHARD_SLICE)
 AD_LATE(TAKE) AD_LATE(ONEHOT) AD_LATE(PAD_FILL)
+AD_LATE(SEND) AD_LATE(RECV) AD_LATE(STASH) AD_LATE(UNSTASH) AD_LATE(GROUP_SUM)
 
 /* Derivative ops themselves: we only do first derivatives. */
 #define AD_SECOND(NAME) static void ad_##NAME(Ad *a, int i, int dy) { \

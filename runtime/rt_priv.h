@@ -38,6 +38,12 @@ typedef int (*RtKernel)(RtKctx *k);
 extern const RtKernel rt_ref_kernels[IR_OP_COUNT];
 /* Routing kernels (ops_route.c), entries of the same table. */
 int ref_TOPK_MASK(RtKctx *k);
+/* Pipeline kernels (ops_pipe.c), entries of the same table. */
+int ref_SEND(RtKctx *k);
+int ref_RECV(RtKctx *k);
+int ref_STASH(RtKctx *k);
+int ref_UNSTASH(RtKctx *k);
+int ref_GROUP_SUM(RtKctx *k);
 
 int rt_kfail(RtKctx *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The sharding of operand i's value (all zero in an unsharded module). */

@@ -116,11 +116,20 @@ static const Case cases[] = {
   {"pad_fill", "%10 = pad_fill %9 dim=2 limit=10 fill=-inf : f32[2, 4, 16]",
    "%10 = pad_fill %9 dim=3 limit=10 fill=-inf : f32[2, 4, 16]"},
   {"output", "output \"loss\" %4", "output \"loss\" %8"},
+  {"send", "send %1 axis=pp peer=1 tag=0", NULL},   /* a bad axis is a parse error */
+  {"recv", "%10 = recv axis=pp peer=-1 tag=0 : f32[2, 4, 8]", NULL},
+  {"stash", "stash %1 slot=0", "stash %1 slot=-1"},
+  {"unstash", "%10 = unstash slot=2 : f32[2, 4, 8]", "%10 = unstash slot=-1 : f32[2, 4, 8]"},
+  {"group_sum", "%10 = group_sum %1 axis=pp ranks=3 : f32[2, 4, 8]", "%10 = group_sum %1 axis=pp ranks=0 : f32[2, 4, 8]"},
 };
 
 static IrModule *parse_case(const char *line, char *err, size_t errlen) {
   StrBuf b = {0};
-  sb_puts(&b, prelude);
+  /* the pipeline ops live in pipeline blocks: block b is renamed for them */
+  const char *name = strstr(line, "unstash ") ? "bwd.0"
+                   : strstr(line, "send ") || strstr(line, "recv ") || strstr(line, "stash ") ? "fwd.0" : "b";
+  const char *at = strstr(prelude, "block b {");
+  sb_printf(&b, "%.*sblock %s {%s", (int)(at - prelude), prelude, name, at + strlen("block b {"));
   sb_printf(&b, "  %s\n}\nend\n", line);
   IrModule *m = ir_parse_module(b.p, "case", err, errlen);
   sb_free(&b);

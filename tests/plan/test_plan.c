@@ -33,7 +33,7 @@ static IrModule *make_module(void) {
   m->train.warmup = 3;
   m->train.clip_grad = 1.0;
   m->train.seed = 0xfedcba9876543210ull;
-  m->par = (IrParallel){1, 1, 1, 1, 0, 0, 1};
+  m->par = (IrParallel){.tp = 1, .pp = 1, .cp = 1, .ep = 1, .zero = 1};
 
   IrType tw = {IR_F32, 2, {4, 3}, {ts_intern("in"), ts_intern("out")}};
   IrState w = {"w.in_proj", tw, IR_STATE_PARAM, IR_INIT_NORMAL, 0.0, 0.02, -1, 0, {{0}, 0, 0}, {0}};

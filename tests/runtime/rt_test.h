@@ -81,7 +81,7 @@ static inline double *run_op_sh(IrOp op, int nin, const Arg *args, const int64_t
   IrModule *m = ir_module_new("t");
   if (sh) {
     const RtMesh *ms = &sh->rank->mesh;
-    m->par = (IrParallel){ms->tp, ms->pp, ms->cp, ms->ep, ms->dp, 0, 0};
+    m->par = (IrParallel){.tp = ms->tp, .pp = ms->pp, .cp = ms->cp, .ep = ms->ep, .dp = ms->dp};
   }
   int b = ir_block_add(m, "forward");
   int ids[16];
