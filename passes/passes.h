@@ -17,11 +17,21 @@ typedef struct PassCtx {
   const char *dump_pass;     /* --dump-ir=PASS DIR: dump only that pass; NULL = all */
   FILE *time_to;             /* --time: per-pass wall times go here; NULL = off */
   int no_fuse;               /* --no-fuse: pass_fuse forms no groups */
+  /* pipeline partition overrides (pass "partition"; vpp and the schedule
+   * are in m->par): --pp-layers (layers per chunk) and --pp-layout */
+  const int *pp_layers;
+  int pp_nlayers;
+  const char *pp_layout;
 } PassCtx;
 
 typedef int (*PassFn)(IrModule *m, PassCtx *cx);
 typedef struct { const char *name; PassFn fn; const char *doc; } PassInfo;
 
+/* pp > 1: tags each forward node with its pipeline chunk (IrNode.stage) */
+int pass_partition(IrModule *m, PassCtx *cx);
+/* pp > 1: micro -> per-chunk blocks fwd.<g> / bwd.<g> with send, recv,
+ * stash and unstash (docs/pipeline.md, "Execution") */
+int pass_pipeline(IrModule *m, PassCtx *cx);
 /* forward -> micro (forward + backward + accumulate into grad state) */
 int pass_autodiff(IrModule *m, PassCtx *cx);
 /* micro block -> one rank's local micro block for tp / sp (docs/sharding.md) */
