@@ -112,6 +112,28 @@ int rt_comm_send(RtComm *c, IrDtype dt, const void *buf, size_t count, int peer,
 int rt_comm_recv(RtComm *c, IrDtype dt, void *buf, size_t count, int peer, int tag,
                  char *err, size_t errlen);
 int rt_comm_barrier(RtComm *c, char *err, size_t errlen);
+
+/* ---- nonblocking sends (pipeline parallelism: docs/pipeline.md) ----
+ * rt_comm_isend posts buf[count] to group rank `peer` and returns at once
+ * with a request in *req; buf must stay unchanged until the request has
+ * completed.  Messages from one rank to another with the same tag are
+ * received in the order they were posted (rt_comm_recv matches by tag).
+ * Tags go from 0 to the MPI library's MPI_TAG_UB (at least 32767).
+ * rt_comm_test never waits: 1 when the request has completed (the handle
+ * is then freed and *req set to NULL; NULL counts as completed), 0 while it
+ * is in flight.  rt_comm_wait_all waits for every non-NULL reqs[i] against
+ * ONE deadline (the longest timeout of their groups, from the call), frees
+ * them and sets them to NULL; a peer that never receives ends the job like
+ * a stalled collective ("send to rank K on group pp timed out ...").
+ * NCCL groups: a send is only queued here and posted together with the
+ * group's next receive in one ncclGroupStart/End (or by rt_comm_wait_all),
+ * because NCCL operations on one stream run in order: two ranks that each
+ * send before they receive would otherwise wait for each other forever. */
+typedef struct RtCommReq RtCommReq;
+int rt_comm_isend(RtComm *c, IrDtype dt, const void *buf, size_t count, int peer, int tag, RtCommReq **req,
+                  char *err, size_t errlen);
+int rt_comm_test(RtCommReq **req);
+int rt_comm_wait_all(RtCommReq **reqs, int n, char *err, size_t errlen);
 /* Prints "rank R: <message>" on stderr and ends every rank of the job. */
 void rt_comm_abort(RtComm *c, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 
@@ -142,6 +164,18 @@ struct RtComm {
   int owns_mpi;         /* we called MPI_Init: MPI_Finalize when freed */
   unsigned long seq;    /* collectives started on this group (for diagnostics) */
   RtNccl *nccl;         /* non-NULL: a NCCL group (buffers on the device) */
+  int tag_ub;           /* the largest tag MPI allows (MPI_TAG_UB) */
+};
+/* A posted (MPI) or queued (NCCL) send of rt_comm_isend. */
+struct RtCommReq {
+  RtComm *c;
+  MPI_Request r;        /* MPI groups */
+  int peer, tag;
+  IrDtype dt;           /* NCCL groups: the send to post (see rt_nccl_queue_send) */
+  const void *buf;
+  size_t count;
+  int queued;           /* NCCL: not posted yet */
+  int done;             /* NCCL: posted and its stream finished */
 };
 typedef enum { RT_COLL_ALL_REDUCE, RT_COLL_ALL_GATHER, RT_COLL_REDUCE_SCATTER, RT_COLL_ALL_TO_ALL,
                RT_COLL_SEND, RT_COLL_RECV, RT_COLL_BARRIER, RT_COLL_COUNT } RtCollKind;
@@ -160,6 +194,11 @@ void rt_comm_diagnose(RtComm *c, RtCollKind k, char *out, size_t n);
 int  rt_nccl_run(RtComm *c, RtCollKind k, IrDtype dt, const void *send, void *recv, size_t count,
                  int peer, char *err, size_t errlen);
 void rt_nccl_free(RtNccl *n);
+/* comm_nccl.c: queues send r on c (posted by the next receive or flush). */
+void rt_nccl_queue_send(RtComm *c, RtCommReq *r);
+/* comm_nccl.c: posts c's queued sends as one NCCL group and waits for the
+ * stream; the requests are then done. */
+void rt_nccl_flush(RtComm *c);
 int  rt_nccl_device(const RtNccl *n);   /* the CUDA device the group runs on */
 #endif
 

@@ -137,6 +137,11 @@ RtComm *rt_comm_wrap_mpi(MPI_Comm comm, const char *name, double timeout, char *
   RT_MPI_TRY(MPI_Comm_rank(comm, &c->rank), "is the communicator valid?");
   RT_MPI_TRY(MPI_Comm_size(comm, &c->size), "is the communicator valid?");
   RT_MPI_TRY(MPI_Comm_rank(MPI_COMM_WORLD, &c->world_rank), "is MPI initialized?");
+  /* MPI_TAG_UB is an attribute of MPI_COMM_WORLD; the standard promises at least 32767 */
+  int *ub = NULL, has_ub = 0;
+  c->tag_ub = 32767;
+  if (MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &has_ub) == MPI_SUCCESS && has_ub && ub && *ub > c->tag_ub)
+    c->tag_ub = *ub;
   RT_MPI_TRY(MPI_Comm_dup(comm, &c->side), "out of communicators? free the groups you no longer use");
   RT_MPI_TRY(MPI_Comm_set_errhandler(c->side, MPI_ERRORS_RETURN), "is MPI initialized?");
   c->world_ranks = ts_xmalloc((size_t)c->size * sizeof(int));
@@ -414,8 +419,9 @@ static int check_peer(RtComm *c, RtCollKind k, int peer, int tag, char *err, siz
   if (peer < 0 || peer >= c->size || peer == c->rank)
     return ts_errf(err, errlen, "%s on group %s: peer %d is not another rank of the group (size %d, we are %d)",
                    rt_coll_name(k), c->name, peer, c->size, c->rank);
-  if (tag < 0 || tag > 32767)   /* MPI guarantees tags up to 32767 */
-    return ts_errf(err, errlen, "%s on group %s: tag %d is outside 0..32767", rt_coll_name(k), c->name, tag);
+  if (tag < 0 || tag > c->tag_ub)
+    return ts_errf(err, errlen, "%s on group %s: tag %d is outside 0..%d (MPI_TAG_UB)", rt_coll_name(k), c->name,
+                   tag, c->tag_ub);
   return 0;
 }
 
@@ -448,4 +454,70 @@ int rt_comm_barrier(RtComm *c, char *err, size_t errlen) {
   RT_MPI_FATAL(c, RT_COLL_BARRIER, MPI_Ibarrier(c->comm, &r), "a rank of the group died");
   rt_comm_wait_mpi(c, &r, RT_COLL_BARRIER, -1);
   return 0;
+}
+
+/* ---------------- nonblocking sends ---------------- */
+
+int rt_comm_isend(RtComm *c, IrDtype dt, const void *buf, size_t count, int peer, int tag, RtCommReq **req,
+                  char *err, size_t errlen) {
+  *req = NULL;
+  if (check_args(c, RT_COLL_SEND, dt, buf, buf, count, err, errlen) ||
+      check_peer(c, RT_COLL_SEND, peer, tag, err, errlen)) return -1;
+  RtCommReq *r = ts_xcalloc(1, sizeof *r);
+  *r = (RtCommReq){.c = c, .r = MPI_REQUEST_NULL, .peer = peer, .tag = tag, .dt = dt, .buf = buf, .count = count};
+  if (c->nccl) rt_nccl_queue_send(c, r);
+  else
+    RT_MPI_FATAL(c, RT_COLL_SEND, MPI_Isend(buf, (int)count, mpi_type(dt), peer, tag, c->comm, &r->r),
+                 "the peer died, or MPI is out of memory");
+  *req = r;
+  return 0;
+}
+
+/* One poll of r: 1 if it has completed (not freed), 0 if not.  An MPI
+ * error ends the job, naming the peer. */
+static int req_poll(RtCommReq *r) {
+  if (r->c->nccl) return r->done;
+  int flag = 0;
+  int rc = MPI_Test(&r->r, &flag, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    char s[MPI_MAX_ERROR_STRING];
+    mpi_errstr(rc, s, sizeof s);
+    rt_comm_abort(r->c, "send to rank %d on group %s failed: %s (hint: did rank %d die?)",
+                  r->c->world_ranks[r->peer], r->c->name, s, r->c->world_ranks[r->peer]);
+  }
+  return flag;
+}
+
+int rt_comm_test(RtCommReq **req) {
+  if (!*req) return 1;
+  if (!req_poll(*req)) return 0;
+  free(*req);
+  *req = NULL;
+  return 1;
+}
+
+int rt_comm_wait_all(RtCommReq **reqs, int n, char *err, size_t errlen) {
+  (void)err; (void)errlen;   /* every failure here ends the job */
+  double timeout = 0;
+  for (int i = 0; i < n; i++) {
+    if (!reqs[i]) continue;
+    if (reqs[i]->c->timeout > timeout) timeout = reqs[i]->c->timeout;
+    if (reqs[i]->queued) rt_nccl_flush(reqs[i]->c);   /* posts (and finishes) its whole group */
+  }
+  double end = now_s() + timeout;
+  for (int iter = 0;; iter++) {
+    int left = 0;
+    for (int i = 0; i < n; i++) left += !rt_comm_test(&reqs[i]);
+    if (!left) return 0;
+    if (now_s() > end) {
+      for (int i = 0; i < n; i++) {
+        if (!reqs[i]) continue;
+        RtComm *c = reqs[i]->c;
+        int w = c->world_ranks[reqs[i]->peer];
+        rt_comm_abort(c, "send to rank %d on group %s timed out after %g s (waiting for rank %d?) "
+                      "(%d send%s not received)", w, c->name, timeout, w, left, left == 1 ? "" : "s");
+      }
+    }
+    backoff(iter);
+  }
 }

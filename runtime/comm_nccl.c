@@ -99,6 +99,7 @@ struct RtNccl {
   ncComm comm;
   cuStream stream;
   int device;
+  VEC(RtCommReq *) queued;   /* sends of rt_comm_isend not posted yet */
 };
 int rt_nccl_device(const RtNccl *n) { return n->device; }
 
@@ -192,6 +193,7 @@ fail:
 }
 
 void rt_nccl_free(RtNccl *n) {
+  free(n->queued.a);
   if (n->stream) L.StreamDestroy(n->stream);
   if (n->comm) L.CommDestroy(n->comm);
   free(n);
@@ -245,7 +247,22 @@ int rt_nccl_run(RtComm *c, RtCollKind k, IrDtype dt, const void *send, void *rec
   case RT_COLL_ALL_GATHER: NC_FATAL(c, k, L.AllGather(send, recv, count, t, nc, s), hint); break;
   case RT_COLL_REDUCE_SCATTER: NC_FATAL(c, k, L.ReduceScatter(send, recv, count, t, NC_SUM, nc, s), hint); break;
   case RT_COLL_SEND: NC_FATAL(c, k, L.Send(send, count, t, peer, nc, s), hint); break;
-  case RT_COLL_RECV: NC_FATAL(c, k, L.Recv(recv, count, t, peer, nc, s), hint); break;
+  case RT_COLL_RECV: {
+    /* the queued sends go in the same NCCL group as the receive (comm.h) */
+    RtNccl *q = c->nccl;
+    NC_FATAL(c, k, L.GroupStart(), hint);
+    for (int i = 0; i < q->queued.n; i++) {
+      RtCommReq *r = q->queued.a[i];
+      int rt = r->dt == IR_F64 ? NC_FLOAT64 : NC_FLOAT32;
+      NC_FATAL(c, RT_COLL_SEND, L.Send(r->buf, r->count, rt, r->peer, nc, s), hint);
+    }
+    NC_FATAL(c, k, L.Recv(recv, count, t, peer, nc, s), hint);
+    NC_FATAL(c, k, L.GroupEnd(), hint);
+    wait_stream(c, k, peer);
+    for (int i = 0; i < q->queued.n; i++) q->queued.a[i]->queued = 0, q->queued.a[i]->done = 1;
+    q->queued.n = 0;
+    return 0;
+  }
   case RT_COLL_ALL_TO_ALL:
     /* block j of send goes to rank j, block j of recv comes from rank j;
      * one NCCL group so the sends and receives progress together. */
@@ -261,4 +278,25 @@ int rt_nccl_run(RtComm *c, RtCollKind k, IrDtype dt, const void *send, void *rec
   }
   wait_stream(c, k, k == RT_COLL_SEND || k == RT_COLL_RECV ? peer : -1);
   return 0;
+}
+
+void rt_nccl_queue_send(RtComm *c, RtCommReq *r) {
+  r->queued = 1;
+  VEC_PUSH(c->nccl->queued, r);
+}
+
+void rt_nccl_flush(RtComm *c) {
+  RtNccl *q = c->nccl;
+  if (!q || !q->queued.n) return;
+  const char *hint = "NCCL_DEBUG=INFO shows why; are the buffers device memory of this rank's GPU?";
+  NC_FATAL(c, RT_COLL_SEND, L.GroupStart(), hint);
+  for (int i = 0; i < q->queued.n; i++) {
+    RtCommReq *r = q->queued.a[i];
+    int t = r->dt == IR_F64 ? NC_FLOAT64 : NC_FLOAT32;
+    NC_FATAL(c, RT_COLL_SEND, L.Send(r->buf, r->count, t, r->peer, q->comm, q->stream), hint);
+  }
+  NC_FATAL(c, RT_COLL_SEND, L.GroupEnd(), hint);
+  wait_stream(c, RT_COLL_SEND, q->queued.a[0]->peer);
+  for (int i = 0; i < q->queued.n; i++) q->queued.a[i]->queued = 0, q->queued.a[i]->done = 1;
+  q->queued.n = 0;
 }

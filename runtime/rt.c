@@ -66,6 +66,7 @@ struct RtProgram {
   int profile;              /* TS_RT_PROFILE set: time every op */
   double op_s[IR_OP_COUNT]; /* seconds spent per op (when profiling) */
   int64_t op_n[IR_OP_COUNT];
+  RtPipe *pipe;             /* pipeline state: stashes, posted sends (ops_pipe.c) */
 };
 
 static double now_s(void) {
@@ -129,6 +130,7 @@ int rt_rank_axis_size(const RtRank *r, IrAxis a) {
 int rt_program_axis_size(const RtProgram *p, IrAxis a) { return rt_rank_axis_size(&p->rank, a); }
 RtComm *rt_program_group(const RtProgram *p, IrAxis a) { return a < IR_AXIS_COUNT ? p->rank.group[a] : NULL; }
 const RtRank *rt_program_rank(const RtProgram *p) { return &p->rank; }
+RtPipe **rt_program_pipe(RtProgram *p) { return &p->pipe; }
 
 int64_t rt_shard_block(const RtProgram *p, unsigned mask, int64_t *nblk) {
   int64_t b = 0, n = 1;
@@ -319,6 +321,7 @@ void rt_program_free(RtProgram *p) {
   free(p->free_off);
   free(p->free_val);
   rt_jit_free(p->jit);
+  rt_pipe_free(p->pipe);
   free(p->off);
   free(p->slab);
   free(p->outs.a);

@@ -45,6 +45,24 @@ int ref_STASH(RtKctx *k);
 int ref_UNSTASH(RtKctx *k);
 int ref_GROUP_SUM(RtKctx *k);
 
+/* Per-program pipeline state (ops_pipe.c): the stash (values kept by
+ * `stash` for the backward block, keyed by chunk, micro batch and slot),
+ * local hand-offs (send to this rank's own coordinate) and the posted
+ * sends with their buffers.  Made on first use; *rt_program_pipe(p) is the
+ * program's pointer to it (rt.c frees it with the program). */
+typedef struct RtPipe RtPipe;
+RtPipe **rt_program_pipe(RtProgram *p);
+void rt_pipe_free(RtPipe *s);
+/* Waits until every send the program has posted is complete (the peers
+ * received them), against the pp group's deadline, and releases their
+ * buffers.  0, or -1 with a message. */
+int rt_pipe_wait_sends(RtProgram *p, char *err, size_t errlen);
+/* The end of a training step, before "update": rt_pipe_wait_sends, then
+ * checks that nothing is left over -- a stashed value no backward block
+ * read, or a local hand-off nobody received -- naming chunk, micro batch
+ * and slot (or tag).  Leftovers are released either way. 0 or -1. */
+int rt_pipe_end_step(RtProgram *p, char *err, size_t errlen);
+
 int rt_kfail(RtKctx *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The sharding of operand i's value (all zero in an unsharded module). */
 static inline const IrSharding *rt_kin_sh(const RtKctx *k, int i) { return &k->b->nodes[k->n->in[i]].sh; }
