@@ -36,6 +36,16 @@ typedef struct {
   int *flat[2];        /* per forward node, [ta]: its 2-D flattening for weight
                         * gradients (one activation often feeds several weights) */
   int failed;
+  /* Pipeline (pp > 1, forward nodes tagged by pass "partition"): K chunks.
+   * Every emitted node gets tag (the chunk of the node being
+   * differentiated, backward).  A value that depends on no model input (a
+   * parameter read, the broadcast of a gain) can be read by several chunks;
+   * its gradient is kept per chunk (gradc, pgradc: [value or state][K]) and
+   * differentiated per chunk, so each chunk accumulates its own share into
+   * the gradient state and nothing crosses stages only to be summed. */
+  int K, tag;
+  unsigned char *nodep;  /* per forward node: depends on no model input */
+  int *gradc, *pgradc;
 } Ad;
 
 static void ad_fail(Ad *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -72,6 +82,7 @@ static int em(Ad *a, IrOp op, const int *in, int nin, const int64_t *ia, const d
   char err[512];
   int id = ir_emit(a->m, a->mb, op, in, nin, ia, fa, NULL, type, err, sizeof err);
   if (id < 0) ad_fail(a, "cannot emit %s: %s", ir_ops[op].name, err);
+  else if (a->K > 1) a->m->blocks.a[a->mb].nodes[id].stage = a->tag;
   return id;
 }
 static int em1(Ad *a, IrOp op, int x) { return em(a, op, &x, 1, NULL, NULL, NULL); }
@@ -96,7 +107,8 @@ static int em_swap_last2(Ad *a, int x) {
 /* Adds g to the gradient of forward value x (if x can have one). */
 static void add_grad(Ad *a, int x, int g) {
   if (a->failed || g < 0 || !needs(a, x)) return;
-  a->grad[x] = a->grad[x] < 0 ? g : em2(a, IR_OP_ADD, a->grad[x], g);
+  int *slot = a->K > 1 && a->nodep[x] ? &a->gradc[(size_t)x * a->K + ir_stage_chunk(a->tag)] : &a->grad[x];
+  *slot = *slot < 0 ? g : em2(a, IR_OP_ADD, *slot, g);
 }
 
 static int norm_axis(int64_t axis, int rank) { return (int)(axis < 0 ? axis + rank : axis); }
@@ -407,9 +419,30 @@ static void differentiate(Ad *a, int loss, int n_micro) {
   IrModule *m = a->m;
   IrType lt = ty(a, loss);
   double seed = 1.0 / (double)n_micro;
+  int K = a->K;
+  if (K > 1) a->tag = ir_stage_tag(ir_stage_chunk(nd(a, loss)->stage), 1);
   if (a->need[loss])   /* else no parameter influences the loss: nothing to do */
     a->grad[loss] = em(a, IR_OP_FULL, NULL, 0, NULL, &seed, &lt);
   for (int i = loss; i >= 0 && !a->failed; i--) {
+    if (K > 1 && a->nodep[i]) {       /* per chunk (see Ad) */
+      if (!a->need[i]) continue;
+      for (int c = 0; c < K && !a->failed; c++) {
+        int gc = a->gradc[(size_t)i * K + c];
+        if (gc < 0) continue;
+        a->tag = ir_stage_tag(c, 1);
+        const IrNode *n = nd(a, i);
+        if (n->op == IR_OP_STATE) {
+          int *p = &a->pgradc[(size_t)n->ia[0] * K + c];
+          *p = *p < 0 ? gc : em2(a, IR_OP_ADD, *p, gc);
+          continue;
+        }
+        a->cur = i;
+        ad_fns[n->op](a, i, gc);
+        a->cur = -1;
+      }
+      continue;
+    }
+    if (K > 1) a->tag = ir_stage_tag(ir_stage_chunk(nd(a, i)->stage), 1);
     int g = a->grad[i];
     if (g < 0 || !a->need[i]) continue;
     const IrNode *n = nd(a, i);
@@ -424,11 +457,21 @@ static void differentiate(Ad *a, int loss, int n_micro) {
   }
   int nstates = m->states.n;  /* grad states are appended past this */
   for (int s = 0; s < nstates && !a->failed; s++) {
-    if (a->pgrad[s] < 0) continue;
+    int has = a->pgrad[s] >= 0;
+    for (int c = 0; K > 1 && c < K; c++) has |= a->pgradc[(size_t)s * K + c] >= 0;
+    if (!has) continue;
     int gs = ir_state_derived(m, s, IR_STATE_GRAD, "grad", a->cx->err, sizeof a->cx->err);
     if (gs < 0) { a->failed = 1; break; }
     int64_t ia[1] = {gs};
-    em(a, IR_OP_ACCUM, &a->pgrad[s], 1, ia, NULL, NULL);
+    if (K <= 1) {
+      em(a, IR_OP_ACCUM, &a->pgrad[s], 1, ia, NULL, NULL);
+      continue;
+    }
+    for (int c = 0; c < K; c++) {     /* one accum per chunk that reads the parameter */
+      if (a->pgradc[(size_t)s * K + c] < 0) continue;
+      a->tag = ir_stage_tag(c, 1);
+      em(a, IR_OP_ACCUM, &a->pgradc[(size_t)s * K + c], 1, ia, NULL, NULL);
+    }
   }
 }
 
@@ -458,7 +501,7 @@ int pass_autodiff(IrModule *m, PassCtx *cx) {
   memcpy(mbk->nodes, f->nodes, (size_t)nf * sizeof *f->nodes);
   mbk->n = nf;
 
-  Ad a = {m, cx, mb, -1, NULL, NULL, NULL, {NULL, NULL}, 0};
+  Ad a = {.m = m, .cx = cx, .mb = mb, .cur = -1};
   a.need = arena_alloc(&cx->scratch, (size_t)nf + 1);
   a.grad = arena_alloc(&cx->scratch, ((size_t)nf + 1) * sizeof *a.grad);
   a.pgrad = arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof *a.pgrad);
@@ -469,6 +512,31 @@ int pass_autodiff(IrModule *m, PassCtx *cx) {
   for (int i = 0; i < nf; i++) a.grad[i] = -1;
   for (int s = 0; s < nstates0; s++) a.pgrad[s] = -1;
   mark_need(m, mbk, a.need);
+  /* pipeline: chunks, when pass "partition" tagged the forward nodes */
+  int tagged = 0;
+  for (int i = 0; i < nf; i++) tagged |= mbk->nodes[i].stage > 0;
+  if (tagged) {
+    a.K = ir_axis_size(m, IR_AXIS_PP) * (m->par.vpp > 0 ? m->par.vpp : 1);
+    for (int i = 0; i < nf; i++)
+      if (ir_stage_chunk(mbk->nodes[i].stage) < 0 || ir_stage_chunk(mbk->nodes[i].stage) >= a.K) {
+        snprintf(cx->err, sizeof cx->err, "autodiff: forward node %%%d has pipeline stage tag %d outside the %d chunks", i,
+                 mbk->nodes[i].stage, a.K);
+        m->blocks.n = nblocks0;
+        return -1;
+      }
+    a.nodep = arena_alloc(&cx->scratch, (size_t)nf + 1);
+    for (int i = 0; i < nf; i++) {
+      const IrNode *n = &mbk->nodes[i];
+      int dep = n->op == IR_OP_INPUT;
+      for (int k = 0; k < n->nin; k++) dep |= !a.nodep[n->in[k]];
+      a.nodep[i] = !dep;
+    }
+    size_t kn = ((size_t)nf + 1) * (size_t)a.K, ks = ((size_t)nstates0 + 1) * (size_t)a.K;
+    a.gradc = arena_alloc(&cx->scratch, kn * sizeof *a.gradc);
+    a.pgradc = arena_alloc(&cx->scratch, ks * sizeof *a.pgradc);
+    for (size_t k = 0; k < kn; k++) a.gradc[k] = -1;
+    for (size_t k = 0; k < ks; k++) a.pgradc[k] = -1;
+  }
 
   differentiate(&a, loss, (int)(t->global_batch / t->micro_batch));
   if (a.failed) {            /* leave the module as it was */

@@ -31,7 +31,7 @@ typedef struct { const char *name; PassFn fn; const char *doc; } PassInfo;
 int pass_partition(IrModule *m, PassCtx *cx);
 /* pp > 1: micro -> per-chunk blocks fwd.<g> / bwd.<g> with send, recv,
  * stash and unstash (docs/pipeline.md, "Execution") */
-int pass_pipeline(IrModule *m, PassCtx *cx);
+int pass_pipe_split(IrModule *m, PassCtx *cx);
 /* forward -> micro (forward + backward + accumulate into grad state) */
 int pass_autodiff(IrModule *m, PassCtx *cx);
 /* micro block -> one rank's local micro block for tp / sp (docs/sharding.md) */

@@ -16,8 +16,10 @@
 #include <time.h>
 
 const PassInfo pass_pipeline[] = {
+    {"partition", pass_partition, "pp > 1: tags forward nodes with their pipeline chunk (docs/pipeline.md)"},
     {"autodiff", pass_autodiff, "forward -> micro: forward, backward, accumulate into gradient state"},
     {"shard", pass_shard, "tensor / sequence parallelism: local shapes, layouts, collectives (docs/sharding.md)"},
+    {"pipeline", pass_pipe_split, "pp > 1: micro -> per-chunk blocks fwd.<g> / bwd.<g> joined by send/recv and stash"},
     {"optimizer", pass_optimizer, "adds the update block: grad norm, clipping, AdamW, zeroing grads"},
     {"dce", pass_dce, "removes values that nothing uses"},
     {"fuse", pass_fuse, "fusion groups: nodes that run as one generated kernel (docs/codegen.md)"},

@@ -54,6 +54,8 @@ typedef struct {
   VEC(ConvEntry) *conv;   /* old value -> converted variants */
   VEC(CeStats) ce;
   int failed;
+  int tag;                /* pipeline stage tag of the node being sharded (copied to what it emits) */
+  unsigned char *accumed; /* per state: an accum into it was sharded already */
 } Sh;
 
 static int sh_fail(Sh *S, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -113,6 +115,7 @@ static int emit(Sh *S, IrOp op, const int *in, int nin, const int64_t *ia, const
   int id = ir_emit(S->m, S->nb, op, in, nin, ia, fa, sa, type, err, sizeof err);
   if (id < 0) return sh_fail(S, "internal error: cannot emit %s: %s", ir_ops[op].name, err);
   if (sh) S->m->blocks.a[S->nb].nodes[id].sh = *sh;
+  S->m->blocks.a[S->nb].nodes[id].stage = S->tag;
   return id;
 }
 static const IrNode *nnode(const Sh *S, int id) { return &S->m->blocks.a[S->nb].nodes[id]; }
@@ -710,6 +713,7 @@ static void shard_node(Sh *S, int i) {
   int st[64], want[64], out;
   IrSharding ish[64], osh = {0};
   if (nin > 64) { sh_fail(S, "node %%%d has more than 64 operands", i); return; }
+  S->tag = n->stage;   /* pipeline stage: everything emitted for node i is i's */
   int t = taint_of(S, i);
   if (t < 0) return;
   if (n->op != IR_OP_EMBEDDING_BWD) S->taint[i] = (uint8_t)t;
@@ -750,9 +754,14 @@ static void shard_node(Sh *S, int i) {
     const IrState *p = g->of >= 0 ? &m->states.a[g->of] : g;
     IrSharding want_sh = p->sh;
     const IrSharding *xs = &S->sh[n->in[0]];
-    /* a partial sum may stay partial along axes the parameter does not split */
-    for (int a = 0; a < IR_AXIS_COUNT; a++)
-      if ((xs->partial & BIT(a)) && ax_get(&p->sh, a) == AX_R) want_sh.partial |= BIT(a);
+    /* a partial sum may stay partial along axes the parameter does not split;
+     * a second accum into the same state (one per pipeline chunk reading a
+     * shared parameter) takes the layout the first one gave it */
+    if (S->accumed[n->ia[0]]) want_sh = g->sh;
+    else
+      for (int a = 0; a < IR_AXIS_COUNT; a++)
+        if ((xs->partial & BIT(a)) && ax_get(&p->sh, a) == AX_R) want_sh.partial |= BIT(a);
+    S->accumed[n->ia[0]] = 1;
     int x = conv(S, n->in[0], &want_sh);
     g->sh = want_sh;
     g->type = p->type;
@@ -844,6 +853,8 @@ int pass_shard(IrModule *m, PassCtx *cx) {
   S.taint = arena_alloc(&cx->scratch, (size_t)(n + 1));
   S.has_hint = arena_alloc(&cx->scratch, (size_t)(n + 1));
   S.conv = ts_xcalloc((size_t)n + 1, sizeof *S.conv);
+  S.accumed = arena_alloc(&cx->scratch, (size_t)m->states.n + 1);
+  memset(S.accumed, 0, (size_t)m->states.n + 1);
   memset(S.sh, 0, (size_t)(n + 1) * sizeof *S.sh);
   memset(S.hint, 0, (size_t)(n + 1) * sizeof *S.hint);
   memset(S.taint, 0, (size_t)(n + 1));
