@@ -31,18 +31,52 @@ static size_t value_bytes(const IrNode *n) {
   return align64(b ? b : 1);
 }
 
-/* last[i] = the last node reading value i (i if nobody reads it). */
-static void last_uses(const IrBlock *b, int *last) {
-  for (int i = 0; i < b->n; i++) last[i] = i;
+/* The position node i is computed at (its own without an at[]). */
+static int pos(const int *at, int i) { return at ? at[i] : i; }
+
+/* Does node i run alone at its position (not as part of a larger kernel)? */
+static int alone(const int *at, int i) {
+  if (!at) return 1;
+  if (at[i] != i) return 0;
+  for (int j = 0; j < i; j++)
+    if (at[j] == i) return 0;
+  return 1;
+}
+
+/* last[i] = the last position reading value i from outside its kernel,
+ * or -1 if nobody does (the caller takes pos(i) then). */
+static void outside_reads(const IrBlock *b, const int *at, int *last) {
+  for (int i = 0; i < b->n; i++) last[i] = -1;
   for (int i = 0; i < b->n; i++)
     for (int k = 0; k < b->nodes[i].nin; k++) {
       int v = b->nodes[i].in[k];
-      if (v >= 0 && v < i && last[v] < i) last[v] = i;
+      if (v < 0 || v >= i || pos(at, v) == pos(at, i)) continue;   /* inside one kernel */
+      if (last[v] < pos(at, i)) last[v] = pos(at, i);
     }
+}
+
+/* Is at[] a valid execution order for a block of n nodes?  (see memplan.h) */
+static int check_at(const IrBlock *b, const int *at, char *err, size_t errlen) {
+  for (int i = 0; at && i < b->n; i++)
+    if (at[i] < i || at[i] >= b->n || at[at[i]] != at[i])
+      return ts_errf(err, errlen, "memplan: block %s: node %%%d is said to run at %d (a kernel runs at its last member)",
+                     b->name, i, at[i]);
+  return 0;
+}
+
+void pass_memplan_group_at(const IrBlock *b, int *at) {
+  int maxg = 0;
+  for (int i = 0; i < b->n; i++) if (b->nodes[i].group > maxg) maxg = b->nodes[i].group;
+  int *lastm = ts_xmalloc((size_t)(maxg + 1) * sizeof *lastm);
+  for (int g = 0; g <= maxg; g++) lastm[g] = -1;
+  for (int i = 0; i < b->n; i++) if (b->nodes[i].group > 0) lastm[b->nodes[i].group] = i;
+  for (int i = 0; i < b->n; i++) at[i] = b->nodes[i].group > 0 ? lastm[b->nodes[i].group] : i;
+  free(lastm);
 }
 
 void pass_memplan_free(MemPlan *p) {
   if (!p) return;
+  free(p->at);
   free(p->offset);
   free(p->size);
   free(p->buf);
@@ -101,20 +135,30 @@ static void pack(MemPlan *p, const int *order, int nown) {
 }
 
 int pass_memplan_block(const IrModule *m, int block, MemPlan *out, char *err, size_t errlen) {
+  return pass_memplan_block_at(m, block, NULL, out, err, errlen);
+}
+
+int pass_memplan_block_at(const IrModule *m, int block, const int *at, MemPlan *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   if (!m || block < 0 || block >= m->blocks.n)
     return ts_errf(err, errlen, "memplan: no block %d (the module has %d)", block, m ? m->blocks.n : 0);
   const IrBlock *b = &m->blocks.a[block];
+  if (check_at(b, at, err, errlen) != 0) return -1;
   int n = b->n, cap = n ? n : 1;
   out->block = block;
   out->n = n;
+  if (at) {
+    out->at = ts_xmalloc((size_t)cap * sizeof *out->at);
+    memcpy(out->at, at, (size_t)n * sizeof *at);
+  }
+  at = out->at;
   out->offset = ts_xmalloc((size_t)cap * sizeof *out->offset);
   out->size = ts_xcalloc((size_t)cap, sizeof *out->size);
   out->buf = ts_xmalloc((size_t)cap * sizeof *out->buf);
   out->first = ts_xmalloc((size_t)cap * sizeof *out->first);
   out->last = ts_xmalloc((size_t)cap * sizeof *out->last);
   int *last = ts_xmalloc((size_t)cap * sizeof *last);
-  last_uses(b, last);
+  outside_reads(b, at, last);
 
   /* 1. buffers and their live intervals (indexed by owner id) */
   for (int i = 0; i < n; i++) {
@@ -122,6 +166,7 @@ int pass_memplan_block(const IrModule *m, int block, MemPlan *out, char *err, si
     out->offset[i] = -1;
     out->buf[i] = out->first[i] = out->last[i] = -1;
     if (!wants_buffer(nd)) continue;
+    if (pos(at, i) != i && last[i] < 0) continue;   /* lives only inside its kernel */
     size_t bytes = value_bytes(nd);
     if (bytes == 0) {
       char t[128];
@@ -130,16 +175,17 @@ int pass_memplan_block(const IrModule *m, int block, MemPlan *out, char *err, si
       return ts_errf(err, errlen, "memplan: block %s, %%%d = %s: type %s has no byte size", b->name, i,
                      ir_ops[nd->op].name, ir_type_str(&nd->type, t, sizeof t));
     }
+    int end = last[i] > pos(at, i) ? last[i] : pos(at, i);
     int v = nd->op == IR_OP_RESHAPE && nd->nin == 1 ? nd->in[0] : -1;
-    if (v >= 0 && v < i && out->buf[v] >= 0 && last[v] == i && out->size[out->buf[v]] == bytes) {
-      int o = out->buf[v];           /* the operand dies here: reuse its bytes */
+    if (v >= 0 && v < i && out->buf[v] >= 0 && alone(at, i) && out->size[out->buf[v]] == bytes) {
+      int o = out->buf[v];           /* same bytes: read them where they are */
       out->buf[i] = o;
-      if (last[i] > out->last[o]) out->last[o] = last[i];
+      if (end > out->last[o]) out->last[o] = end;
     } else {
       out->buf[i] = i;
       out->size[i] = bytes;
-      out->first[i] = i;
-      out->last[i] = last[i];
+      out->first[i] = pos(at, i);
+      out->last[i] = end;
       out->nbuffers++;
     }
   }
@@ -191,16 +237,19 @@ int pass_memplan_block(const IrModule *m, int block, MemPlan *out, char *err, si
 }
 
 /* Per-value checks: it has the buffer it needs, and the buffer's interval
- * covers its definition and every reader (recomputed from the IR). */
+ * covers its position and every reader (recomputed from the IR and at). */
 static int check_values(const IrModule *m, const MemPlan *p, char *err, size_t errlen) {
   const IrBlock *b = &m->blocks.a[p->block];
+  const int *at = p->at;
   int *last = ts_xmalloc((size_t)(p->n ? p->n : 1) * sizeof *last);
-  last_uses(b, last);
+  outside_reads(b, at, last);
   int rc = 0;
   for (int i = 0; i < p->n && rc == 0; i++) {
     const IrNode *nd = &b->nodes[i];
     int o = p->buf[i];
-    if (!wants_buffer(nd)) {
+    int needs = wants_buffer(nd) && (pos(at, i) == i || last[i] >= 0);
+    int end = last[i] > pos(at, i) ? last[i] : pos(at, i);
+    if (!needs) {
       if (o != -1) rc = ts_errf(err, errlen, "memplan: %%%d (%s) owns no bytes but has buffer %d", i, ir_ops[nd->op].name, o);
       continue;
     }
@@ -210,23 +259,35 @@ static int check_values(const IrModule *m, const MemPlan *p, char *err, size_t e
              p->offset[o] % MEMPLAN_ALIGN || p->offset[i] != p->offset[o] || p->size[i] != p->size[o])
       rc = ts_errf(err, errlen, "memplan: %%%d: buffer at %lld of %zu bytes is misaligned or too small",
                    i, (long long)p->offset[o], p->size[o]);
-    else if (p->first[o] != o || p->last[o] < last[i] || p->first[i] != p->first[o] || p->last[i] != p->last[o])
+    else if (p->first[o] > pos(at, i) || p->first[o] != pos(at, o) || p->last[o] < end ||
+             p->first[i] != p->first[o] || p->last[i] != p->last[o])
       rc = ts_errf(err, errlen, "memplan: %%%d is live over [%d, %d] but its buffer only over [%d, %d]",
-                   i, i, last[i], p->first[o], p->last[o]);
+                   i, pos(at, i), end, p->first[o], p->last[o]);
     else if (o != i) {
-      /* sharing is legal only as a reshape of the value dying at this node */
+      /* sharing is legal only as a reshape, run alone, of a value in that buffer */
       int v = nd->op == IR_OP_RESHAPE && nd->nin == 1 ? nd->in[0] : -1;
-      if (v < 0 || v >= i || p->buf[v] != o || last[v] != i)
-        rc = ts_errf(err, errlen, "memplan: %%%d shares buffer %%%d but is not a reshape of a value dying there", i, o);
+      if (v < 0 || v >= i || p->buf[v] != o || !alone(at, i))
+        rc = ts_errf(err, errlen, "memplan: %%%d shares buffer %%%d but is not a reshape of a value in it", i, o);
     }
   }
   free(last);
   return rc;
 }
 
+/* Owners by the start of their interval (then id): the order the overlap
+ * sweep needs (with kernels a buffer starts at its kernel's position,
+ * which need not follow the owner's id). */
+typedef struct { int first, id; } StartKey;
+static int cmp_start(const void *a, const void *b) {
+  const StartKey *x = a, *y = b;
+  if (x->first != y->first) return x->first < y->first ? -1 : 1;
+  return (x->id > y->id) - (x->id < y->id);
+}
+
 int pass_memplan_check(const IrModule *m, const MemPlan *p, char *err, size_t errlen) {
   if (!m || !p || p->block < 0 || p->block >= m->blocks.n || m->blocks.a[p->block].n != p->n)
     return ts_errf(err, errlen, "memplan: the plan does not belong to this module");
+  if (check_at(&m->blocks.a[p->block], p->at, err, errlen) != 0) return -1;
   if (check_values(m, p, err, errlen) != 0) return -1;
   int *own = ts_xmalloc((size_t)(p->n ? p->n : 1) * sizeof *own);
   int nown = 0;
@@ -246,8 +307,11 @@ int pass_memplan_check(const IrModule *m, const MemPlan *p, char *err, size_t er
     rc = ts_errf(err, errlen, "memplan: expected lower bound %zu <= peak %zu <= total %zu",
                  p->lower_bound_bytes, p->peak_bytes, p->total_bytes);
   /* pairwise overlap: by start, each buffer against those starting within it */
-  /* owners are value ids and a buffer starts at its owner's node, so
-   * ascending ids are already ascending starts */
+  StartKey *key = ts_xmalloc((size_t)(nown ? nown : 1) * sizeof *key);
+  for (int k = 0; k < nown; k++) key[k] = (StartKey){p->first[own[k]], own[k]};
+  qsort(key, (size_t)nown, sizeof *key, cmp_start);
+  for (int k = 0; k < nown; k++) own[k] = key[k].id;
+  free(key);
   for (int a = 0; a < nown && rc == 0; a++)
     for (int c = a + 1; c < nown && p->first[own[c]] <= p->last[own[a]]; c++) {
       int x = own[a], y = own[c];
@@ -271,12 +335,46 @@ size_t pass_memplan_state_bytes(const IrModule *m, IrStateKind kind) {
 }
 
 static void report_row(StrBuf *out, const char *label, size_t bytes) {
-  sb_printf(out, "  %-44s %16zu %12.2f\n", label, bytes, (double)bytes / (1024.0 * 1024.0));
+  sb_printf(out, "  %-52s %16zu %12.2f\n", label, bytes, (double)bytes / (1024.0 * 1024.0));
+}
+
+size_t pass_memplan_slab_bytes(const IrModule *m) {
+  size_t total = 0;
+  for (int i = 0; i < m->states.n; i++)
+    total += align64((size_t)ir_type_numel(&m->states.a[i].type) * ir_dtype_size(m->states.a[i].type.dtype));
+  return total;
+}
+
+/* The plan of block bi as one backend runs it (fused: groups as kernels). */
+static int plan_backend(const IrModule *m, int bi, int fused, MemPlan *p, char *err, size_t errlen) {
+  int *at = NULL;
+  if (fused) {
+    const IrBlock *b = &m->blocks.a[bi];
+    at = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *at);
+    pass_memplan_group_at(b, at);
+  }
+  int rc = pass_memplan_block_at(m, bi, at, p, err, errlen);
+  free(at);
+  if (rc == 0 && (rc = pass_memplan_check(m, p, err, errlen)) != 0) pass_memplan_free(p);
+  return rc;
+}
+
+int pass_memplan_arena_bytes(const IrModule *m, int fused, size_t *out, char *err, size_t errlen) {
+  *out = 0;
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    MemPlan p;
+    if (plan_backend(m, bi, fused, &p, err, errlen) != 0) return -1;
+    if (p.peak_bytes > *out) *out = p.peak_bytes;
+    pass_memplan_free(&p);
+  }
+  return 0;
 }
 
 /* The rows of one rank's program m: its states by kind (LOCAL types: a
  * tp-split parameter counts 1/tp of its elements, a ZeRO moment its flat
- * chunk), each block's arena, and the total. */
+ * chunk), each block's arena under the LLVM backend (the default) and the
+ * reference one, the arenas (blocks run one after another, so one arena
+ * the size of the largest block serves them all) and the totals. */
 static int report_rows(const IrModule *m, StrBuf *out, char *err, size_t errlen) {
   int ntensors = 0;
   for (int i = 0; i < m->states.n; i++) ntensors += m->states.a[i].kind == IR_STATE_PARAM;
@@ -289,38 +387,47 @@ static int report_rows(const IrModule *m, StrBuf *out, char *err, size_t errlen)
   report_row(out, "gradients", grad);
   report_row(out, "optimizer state (adam m+v)", opt);
   report_row(out, "states total", par + grad + opt);
-  size_t arena = 0;
-  for (int bi = 0; bi < m->blocks.n; bi++) {
-    MemPlan p;
-    if (pass_memplan_block(m, bi, &p, err, errlen) != 0) return -1;
-    if (pass_memplan_check(m, &p, err, errlen) != 0) { pass_memplan_free(&p); return -1; }
-    const char *bn = m->blocks.a[bi].name;
-    snprintf(label, sizeof label, "block %s: arena peak (packed)", bn);
-    report_row(out, label, p.peak_bytes);
-    snprintf(label, sizeof label, "block %s: lower bound (max live)", bn);
-    report_row(out, label, p.lower_bound_bytes);
-    snprintf(label, sizeof label, "block %s: no reuse (%d buffers)", bn, p.nbuffers);
-    report_row(out, label, p.total_bytes);
-    if (p.peak_bytes > arena) arena = p.peak_bytes;
-    pass_memplan_free(&p);
+  size_t arena[2] = {0, 0};   /* [0] reference, [1] llvm */
+  for (int fused = 1; fused >= 0; fused--) {
+    for (int bi = 0; bi < m->blocks.n; bi++) {
+      MemPlan p;
+      if (plan_backend(m, bi, fused, &p, err, errlen) != 0) return -1;
+      const char *bn = m->blocks.a[bi].name, *be = fused ? "" : ", --backend ref";
+      snprintf(label, sizeof label, "block %s%s: arena peak (packed)", bn, be);
+      report_row(out, label, p.peak_bytes);
+      snprintf(label, sizeof label, "block %s%s: lower bound (max live)", bn, be);
+      report_row(out, label, p.lower_bound_bytes);
+      if (fused) {
+        snprintf(label, sizeof label, "block %s: no reuse (%d buffers)", bn, p.nbuffers);
+        report_row(out, label, p.total_bytes);
+      }
+      if (p.peak_bytes > arena[fused]) arena[fused] = p.peak_bytes;
+      pass_memplan_free(&p);
+    }
+    if (fused) {
+      report_row(out, "activation arena (largest block)", arena[1]);
+      report_row(out, "total (states + arena)", par + grad + opt + arena[1]);
+    }
   }
-  /* blocks run one after another, so one arena the size of the largest
-   * block's serves them all */
-  report_row(out, "activation arena (largest block)", arena);
-  report_row(out, "total (states + arena)", par + grad + opt + arena);
+  report_row(out, "activation arena, --backend ref", arena[0]);
+  report_row(out, "total, --backend ref", par + grad + opt + arena[0]);
+  report_row(out, "state slab as allocated (64-byte aligned)", pass_memplan_slab_bytes(m));
   return 0;
 }
 
 static const char *report_note =
-    "# exact bytes from the IR types; activation arenas are a static plan (liveness +\n"
-    "# best-fit packing, 64-byte aligned) that the runtime does NOT use yet: mrun still\n"
-    "# allocates each value on its own and frees it after its last use.\n";
+    "# exact bytes from the IR types.  mrun allocates the states in one slab (each\n"
+    "# 64-byte aligned) and runs every block in ONE activation arena, the size of\n"
+    "# the largest block's plan (liveness + best-fit packing, 64-byte aligned); its\n"
+    "# measured use equals these rows (tests/memplan).  Blocks are planned as the\n"
+    "# default LLVM backend runs them (a fused group is one kernel and values used\n"
+    "# only inside it own no bytes); the --backend ref rows run every node alone.\n";
 
 int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen) {
   sb_printf(out, "memory report: %s, rank 0 of 1 (single-rank plan), %s training\n",
             m->name ? m->name : "?", ir_dtype_name(m->train.precision));
   sb_puts(out, report_note);
-  sb_printf(out, "  %-44s %16s %12s\n", "", "bytes", "MiB");
+  sb_printf(out, "  %-52s %16s %12s\n", "", "bytes", "MiB");
   return report_rows(m, out, err, errlen);
 }
 
@@ -361,12 +468,12 @@ int pass_memplan_report_ranks(IrModule *const *programs, int nprograms, const in
     rank_set(rank_program, nranks, p, &set);
     sb_printf(out, "%s %s (each):\n", strchr(set.p, '-') || strchr(set.p, ',') ? "ranks" : "rank", set.p);
     sb_free(&set);
-    sb_printf(out, "  %-44s %16s %12s\n", "", "bytes", "MiB");
+    sb_printf(out, "  %-52s %16s %12s\n", "", "bytes", "MiB");
     if (report_rows(programs[p], out, err, errlen) != 0) return -1;
   }
   if (unsharded) {
     sb_puts(out, "unsharded (the same model on 1 rank), for comparison:\n");
-    sb_printf(out, "  %-44s %16s %12s\n", "", "bytes", "MiB");
+    sb_printf(out, "  %-52s %16s %12s\n", "", "bytes", "MiB");
     if (report_rows(unsharded, out, err, errlen) != 0) return -1;
   }
   return 0;

@@ -1,5 +1,7 @@
 /* memplan.h - static memory planning: an ANALYSIS over a pipeline-final
- * IrModule (it never changes the IR; nothing in the plan uses it yet).
+ * IrModule (it never changes the IR).  The runtime (runtime/rt.c) runs
+ * every block in ONE arena at the offsets planned here, so the numbers of
+ * `mcc --report memory` are what mrun allocates, byte for byte.
  *
  * Per block: the liveness of every value buffer, then one arena holding all
  * of them at 64-byte aligned offsets, packed greedily (best fit, biggest
@@ -8,18 +10,32 @@
  * and the peak next to its lower bound.  Also the per-rank memory report of
  * `mcc --report memory` (states + activation arenas, per group of ranks).
  *
+ * The plan models how the executor runs the block, given as at[]: node i
+ * is computed at position at[i] >= i.  The reference backend runs every
+ * node at its own position (at = NULL).  The LLVM backend runs a fusion
+ * group as one kernel at its LAST member: its members have at[] = that
+ * member (pass_memplan_group_at), a value read by the kernel counts as
+ * read there, and reads between members of one kernel are not reads of a
+ * buffer.
+ *
  * Which values own a buffer:
  *   - STATE nodes alias the state slab and effects (accum, zero, adamw,
- *     output) have no result: no buffer.
- *   - INPUT owns one: a compiled runtime copies the micro-batch into its
- *     arena (the reference runtime aliases the caller's feed instead).
- *   - RESHAPE shares its operand's buffer when the operand owns one and
- *     this reshape is the operand's last use (same bytes, row-major, so
- *     no copy); otherwise it gets a buffer of its own.  A shared buffer is
- *     live from the first value's node to the last use of the last one.
+ *     stash, output, ...) have no result: no buffer.
+ *   - a member of a kernel that is not its last member owns one only if a
+ *     node outside the kernel reads it (ir_value_materialized); the last
+ *     member always does (the kernel writes it).
+ *   - INPUT owns one: the runtime copies the caller's feed into its arena
+ *     (so the arena is all a block's values, and a feed need only live
+ *     until its INPUT node has run).
+ *   - RESHAPE run on its own (not inside a kernel) shares its operand's
+ *     buffer when the operand owns one (same bytes, row-major, and kernels
+ *     never write their operands, so no copy is needed): the shared buffer
+ *     is live from the first value's position to the last use of any of
+ *     them.  A reshape of a state (which effects may overwrite) or inside
+ *     a kernel gets a buffer of its own.
  *   - every other value owns ceil64(numel * dtype size) bytes (64 at
- *     least, as the runtime allocates), live from the node that makes it
- *     to its last use, both ends included: a node's result never shares
+ *     least, as the runtime allocates), live from the position that makes
+ *     it to its last use, both ends included: a node's result never shares
  *     bytes with its operands, because kernels are not in-place. */
 #ifndef TS_MEMPLAN_H
 #define TS_MEMPLAN_H
@@ -30,12 +46,14 @@
 typedef struct {
   int block;                 /* block index in the module */
   int n;                     /* nodes in the block */
+  int *at;                   /* per node: the position it is computed at (a copy of the
+                                caller's at[]), or NULL: every node at its own */
   /* per node (value id), all of length n: */
   int64_t *offset;           /* byte offset of the value's buffer in the arena; -1 = no buffer */
   size_t *size;              /* bytes of that buffer (64-aligned); 0 = no buffer */
   int *buf;                  /* buffer id (the value that owns it; a reshape that aliases
                                 names its operand's owner); -1 = no buffer */
-  int *first, *last;         /* live interval [first, last] (node indices, inclusive) of the
+  int *first, *last;         /* live interval [first, last] (positions, inclusive) of the
                                 value's buffer - the same for every value sharing it; -1 = none */
   int nbuffers;              /* distinct buffers (owners) */
   size_t peak_bytes;         /* arena size: max over buffers of offset + size */
@@ -43,14 +61,25 @@ typedef struct {
   size_t total_bytes;        /* sum of all buffer sizes (no reuse at all) */
 } MemPlan;
 
-/* Liveness + offset assignment for block `block` of m.  0 on success; -1
- * with a message (bad block index, a type with no byte size).  On success
- * *out owns heap arrays: release them with pass_memplan_free. */
+/* Liveness + offset assignment for block `block` of m, every node run at
+ * its own position (the reference backend).  0 on success; -1 with a
+ * message (bad block index, a type with no byte size).  On success *out
+ * owns heap arrays: release them with pass_memplan_free. */
 int pass_memplan_block(const IrModule *m, int block, MemPlan *out, char *err, size_t errlen);
+/* The same for an executor that computes node i at position at[i] (n
+ * entries; at[i] >= i, and at[at[i]] == at[i]: a kernel runs at one of its
+ * members, the last).  at NULL: pass_memplan_block.  -1 with a message
+ * for an at[] that breaks those rules. */
+int pass_memplan_block_at(const IrModule *m, int block, const int *at, MemPlan *out, char *err, size_t errlen);
+/* at[] (b->n entries) of the LLVM backend on block b: every fusion group
+ * (IrNode.group > 0) one kernel at its last member, other nodes alone.
+ * This is what the executor does when every group lowers, which the fuse
+ * pass guarantees (it asks the lowering). */
+void pass_memplan_group_at(const IrBlock *b, int *at);
 void pass_memplan_free(MemPlan *p);
 
 /* Validity of p as a plan for its block of m.  Liveness is recomputed
- * from the IR, not trusted: every value that needs bytes has a buffer big
+ * from the IR and p->at, not trusted: every value that needs bytes has a buffer big
  * enough, whose interval covers its node and all its readers; every buffer
  * is 64-byte aligned and inside [0, peak_bytes); no two buffers whose
  * intervals intersect share a byte; peak and bounds add up.
@@ -61,9 +90,20 @@ int pass_memplan_check(const IrModule *m, const MemPlan *p, char *err, size_t er
  * the exact numel * dtype size, summed (no slab alignment). */
 size_t pass_memplan_state_bytes(const IrModule *m, IrStateKind kind);
 
+/* The bytes of the runtime's state slab for m: every state at a 64-byte
+ * aligned offset (what rt_program_slab_bytes measures). */
+size_t pass_memplan_slab_bytes(const IrModule *m);
+
+/* The activation arena the runtime allocates for m: the largest block
+ * peak, blocks planned as the LLVM backend runs them (fused = 1: groups as
+ * kernels) or as the reference does (fused = 0).  -1 with a message. */
+int pass_memplan_arena_bytes(const IrModule *m, int fused, size_t *out, char *err, size_t errlen);
+
 /* The text of `mcc --report memory` for m (one rank): states by kind,
- * each block's packed arena peak and lower bound, and the total, in bytes
- * and MiB.  0, or -1 with a message (then out holds a partial report). */
+ * each block's packed arena peak and lower bound (LLVM backend), the
+ * arena and the total, the same for the reference backend, and the state
+ * slab as allocated, in bytes and MiB.  0, or -1 with a message (then out
+ * holds a partial report). */
 int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen);
 
 /* The report of a plan's ranks: rank r runs programs[rank_program[r]]

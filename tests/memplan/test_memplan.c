@@ -1,6 +1,6 @@
 /* test_memplan.c - passes/memplan.c: liveness and arena packing on
  * hand-built blocks whose peak is worked out by hand below; the checker
- * rejects broken plans; both samples, tiny and full size, pack without
+ * rejects broken plans; the LLVM backend's plan of a fused kernel; both samples, tiny and full size, pack without
  * overlap with lower bound <= peak <= sum of buffers; state byte totals
  * equal dtype size * parameter count (GPT-2 124M: 124,475,904 params).
  *
@@ -152,40 +152,90 @@ static void test_best_fit_hole(void) {
   ir_module_free(m);
 }
 
-/* RESHAPE shares its operand's buffer only where the operand dies:
+/* RESHAPE shares its operand's buffer (kernels never write operands, so
+ * the bytes need no copy), through chains of reshapes:
  *   %0 x = input f32[4,16]      256 B
- *   %1 r = reshape x : [64]     x dies here: shares x's buffer
- *   %2 y = reshape r : [8,8]    r is read again at %4: a buffer of its own
- *   %3 z = reshape y : [64]     y dies here: shares y's buffer
+ *   %1 r = reshape x : [64]     x's buffer
+ *   %2 y = reshape r : [8,8]    x's buffer (r is read again at %4: still shared)
+ *   %3 z = reshape y : [64]     x's buffer
  *   %4 e = add r, z
  *   %5 s = sumsq e              64 B
  *   %6 output s
- * Buffers: x+r [0, 4], y+z [2, 4], e [4, 5], s [5, 6]; at %4 three of
- * 256 B are live -> lower bound = peak = 768; no reuse 3 * 256 + 64. */
+ * Buffers: x+r+y+z [0, 4], e [4, 5], s [5, 6]; at %4 two of 256 B are
+ * live -> lower bound = peak = 512; no reuse 2 * 256 + 64. */
 static void test_reshape_alias(void) {
   IrModule *m = ir_module_new("alias");
   int b = ir_block_add(m, "micro");
   IrType t2 = {IR_F32, 2, {4, 16}, {NULL}}, t1 = {IR_F32, 1, {64}, {NULL}}, t8 = {IR_F32, 2, {8, 8}, {NULL}};
   int x = EMIT(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "x", &t2);
-  int r = EMIT(m, b, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &t1);    /* %1: x dies -> alias */
-  int y = EMIT(m, b, IR_OP_RESHAPE, &r, 1, NULL, NULL, NULL, &t8);    /* %2: r read again at %4 */
-  int z = EMIT(m, b, IR_OP_RESHAPE, &y, 1, NULL, NULL, NULL, &t1);    /* %3: y dies -> alias of y */
+  int r = EMIT(m, b, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &t1);    /* %1 */
+  int y = EMIT(m, b, IR_OP_RESHAPE, &r, 1, NULL, NULL, NULL, &t8);    /* %2 */
+  int z = EMIT(m, b, IR_OP_RESHAPE, &y, 1, NULL, NULL, NULL, &t1);    /* %3 */
   int e = BIN(m, b, IR_OP_ADD, r, z);                                 /* %4 */
   int s = UN(m, b, IR_OP_SUMSQ, e);                                   /* %5 */
   EMIT(m, b, IR_OP_OUTPUT, &s, 1, NULL, NULL, "loss", NULL);         /* %6 */
   MemPlan p = plan_ok(m, b);
-  CHECK(p.buf[r] == x && p.offset[r] == p.offset[x], "reshape of a dying value does not alias");
-  CHECK(p.buf[y] == y, "reshape of a value read later aliases it (buf %d)", p.buf[y]);
-  CHECK(p.buf[z] == y, "reshape chain does not alias (buf %d)", p.buf[z]);
-  CHECK(p.first[x] == 0 && p.last[x] == e && p.last[r] == e, "x/r buffer live over [%d, %d]", p.first[x], p.last[x]);
-  CHECK(p.first[y] == y && p.last[y] == e, "y/z buffer live over [%d, %d]", p.first[y], p.last[y]);
-  /* buffers: x(r) [0,4], y(z) [2,4], e [4,5], s [5,6]: 3 x 256 live at %4 */
-  CHECK(p.nbuffers == 4, "%d buffers", p.nbuffers);
-  CHECK(p.lower_bound_bytes == 768 && p.peak_bytes == 768, "lower %zu peak %zu", p.lower_bound_bytes, p.peak_bytes);
-  CHECK(p.total_bytes == 3 * 256 + 64, "total %zu", p.total_bytes);
-  /* the checker refuses sharing that is not a dying reshape: e onto y's buffer */
-  p.buf[e] = y;
+  CHECK(p.buf[r] == x && p.offset[r] == p.offset[x], "reshape does not alias its operand");
+  CHECK(p.buf[y] == x && p.buf[z] == x, "reshape chain does not alias (buf %d %d)", p.buf[y], p.buf[z]);
+  CHECK(p.first[x] == 0 && p.last[x] == e && p.last[r] == e && p.last[z] == e,
+        "x/r/y/z buffer live over [%d, %d]", p.first[x], p.last[x]);
+  CHECK(p.nbuffers == 3, "%d buffers", p.nbuffers);
+  CHECK(p.lower_bound_bytes == 512 && p.peak_bytes == 512, "lower %zu peak %zu", p.lower_bound_bytes, p.peak_bytes);
+  CHECK(p.total_bytes == 2 * 256 + 64, "total %zu", p.total_bytes);
+  /* the checker refuses sharing that is not a reshape: e onto x's buffer */
+  p.buf[e] = x;
   CHECK(pass_memplan_check(m, &p, err, sizeof err) != 0, "illegal sharing not caught");
+  pass_memplan_free(&p);
+  ir_module_free(m);
+}
+
+/* A fused kernel (the LLVM backend): group {a, b, c} runs at c.
+ *   %0 x = input f32[64]    read by a, i.e. at 3: live [0, 3]
+ *   %1 a = exp x    g1      read only inside the kernel: no buffer
+ *   %2 b = neg a    g1      read by d outside: written at 3, live [3, 4]
+ *   %3 c = exp b    g1      the kernel's last member: live [3, 4]
+ *   %4 d = add c, b         [4, 5]
+ *   %5 s = sumsq d          [5, 6] (64 B)
+ *   %6 output s
+ * Live per position: 256 at 0-2, 768 at 3 (x, b, c) and 4 (b, c, d), 320,
+ * 64.  Best fit: x@0, b@256, c@512, d@0 (x is dead), s@256 -> peak 768.
+ * The reference plan (no at) gives a its buffer. */
+static void test_kernel_at(void) {
+  IrModule *m = ir_module_new("kern");
+  int bl = ir_block_add(m, "micro");
+  IrType t = {IR_F32, 1, {64}, {NULL}};
+  int x = EMIT(m, bl, IR_OP_INPUT, NULL, 0, NULL, NULL, "x", &t);
+  int a = UN(m, bl, IR_OP_EXP, x), b = UN(m, bl, IR_OP_NEG, a), c = UN(m, bl, IR_OP_EXP, b);
+  int d = BIN(m, bl, IR_OP_ADD, c, b);
+  int s = UN(m, bl, IR_OP_SUMSQ, d);
+  EMIT(m, bl, IR_OP_OUTPUT, &s, 1, NULL, NULL, "loss", NULL);
+  IrBlock *blk = &m->blocks.a[bl];
+  blk->nodes[a].group = blk->nodes[b].group = blk->nodes[c].group = 1;
+  int at[7];
+  pass_memplan_group_at(blk, at);
+  CHECK(at[x] == x && at[a] == c && at[b] == c && at[c] == c && at[d] == d, "group_at %d %d %d %d", at[x], at[a], at[b], at[c]);
+  MemPlan p;
+  if (pass_memplan_block_at(m, bl, at, &p, err, sizeof err) != 0) TS_DIE("memplan: %s", err);
+  CHECK(pass_memplan_check(m, &p, err, sizeof err) == 0, "check: %s", err);
+  CHECK(p.buf[a] == -1 && p.offset[a] == -1, "a value inside the kernel owns bytes");
+  CHECK(p.first[x] == 0 && p.last[x] == c, "x live over [%d, %d]", p.first[x], p.last[x]);
+  CHECK(p.first[b] == c && p.last[b] == d && p.first[c] == c && p.last[c] == d, "b [%d, %d] c [%d, %d]",
+        p.first[b], p.last[b], p.first[c], p.last[c]);
+  CHECK(p.offset[x] == 0 && p.offset[b] == 256 && p.offset[c] == 512 && p.offset[d] == 0 && p.offset[s] == 256,
+        "offsets %lld %lld %lld %lld %lld", (long long)p.offset[x], (long long)p.offset[b], (long long)p.offset[c],
+        (long long)p.offset[d], (long long)p.offset[s]);
+  CHECK(p.nbuffers == 5 && p.lower_bound_bytes == 768 && p.peak_bytes == 768 && p.total_bytes == 4 * 256 + 64,
+        "%d buffers, lower %zu peak %zu total %zu", p.nbuffers, p.lower_bound_bytes, p.peak_bytes, p.total_bytes);
+  /* the checker recomputes liveness with the plan's at[]: b must reach d */
+  p.last[b] = p.last[p.buf[b]] = c;
+  CHECK(pass_memplan_check(m, &p, err, sizeof err) != 0 && strstr(err, "live over"), "short interval not caught: %s", err);
+  pass_memplan_free(&p);
+  /* an at[] that runs a node before itself is refused */
+  at[d] = c;
+  CHECK(pass_memplan_block_at(m, bl, at, &p, err, sizeof err) != 0 && strstr(err, "run at"), "bad at[] accepted");
+  /* the reference plan: a has bytes of its own */
+  p = plan_ok(m, bl);
+  CHECK(p.buf[a] == a && p.first[b] == b, "reference plan: a buf %d, b from %d", p.buf[a], p.first[b]);
   pass_memplan_free(&p);
   ir_module_free(m);
 }
@@ -249,6 +299,15 @@ static void test_sample(const Sample *s) {
         "%s: adam bytes", s->file);
 
   for (int b = 0; b < m->blocks.n; b++) {
+    /* the LLVM backend's plan (fused groups as kernels) must be valid too */
+    const IrBlock *blk = &m->blocks.a[b];
+    int *at = ts_xmalloc((size_t)(blk->n ? blk->n : 1) * sizeof *at);
+    pass_memplan_group_at(blk, at);
+    MemPlan pf;
+    CHECK(pass_memplan_block_at(m, b, at, &pf, err, sizeof err) == 0, "%s: fused plan: %s", s->file, err);
+    CHECK(pass_memplan_check(m, &pf, err, sizeof err) == 0, "%s: fused plan check: %s", s->file, err);
+    pass_memplan_free(&pf);
+    free(at);
     MemPlan p = plan_ok(m, b);
     const char *bn = m->blocks.a[b].name;
     CHECK(p.lower_bound_bytes <= p.peak_bytes && p.peak_bytes <= p.total_bytes,
@@ -266,7 +325,7 @@ static void test_sample(const Sample *s) {
   }
   StrBuf rep = {0};
   CHECK(pass_memplan_report(m, &rep, err, sizeof err) == 0, "%s: report: %s", s->file, err);
-  CHECK(rep.p && strstr(rep.p, "does NOT use"), "%s: report lacks the runtime note", s->file);
+  CHECK(rep.p && strstr(rep.p, "ONE activation arena"), "%s: report lacks the runtime note", s->file);
   sb_free(&rep);
   ir_module_free(m);
 }
@@ -276,6 +335,7 @@ int main(void) {
   test_best_fit();
   test_best_fit_hole();
   test_reshape_alias();
+  test_kernel_at();
   test_states_effects();
   const Sample samples[] = {
     {"gpt.mdl", 1, -1}, {"llama.mdl", 1, -1},
