@@ -1,0 +1,216 @@
+/* test_pipe_split.c - passes "partition" and "pipeline" (passes/pipesplit.c)
+ * on the samples: the micro block cut into fwd.<g> / bwd.<g> for pp 2 and
+ * 4, with and without interleaving, tp and sp.  Checked on the result:
+ *   - blocks of every chunk exist, "micro" is gone, every node carries
+ *     its block's stage tag, the module verifies and round-trips as text;
+ *   - every boundary carries exactly one activation forward and one
+ *     gradient back, of the hidden state's type [micro, seq, d_model]
+ *     (sequence-split under sp);
+ *   - the loss is reported by the last chunk only;
+ *   - no matmul is lost or duplicated: their count over all blocks equals
+ *     micro's, and each chunk's parameters are accumulated where they are
+ *     read (the tied embedding of gpt: in the first and the last chunk);
+ *   - the verifier refuses broken pairings (a recv without its send,
+ *     messages received out of order, an unstash without its stash). */
+#include "frontend/mdl.h"
+#include "passes/pipe.h"
+
+static int fails;
+#define CHECK(c, ...) do { if (!(c)) { fails++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+    fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); } } while (0)
+
+static IrModule *sample(const char *name, int layers, int pp, int vpp, int tp, int sp) {
+  char path[1024], L[16];
+  snprintf(path, sizeof path, "%s/samples/%s.mdl", TS_SOURCE_DIR, name);
+  snprintf(L, sizeof L, "%d", layers);
+  MdlDefine defs[] = {{ts_intern("layers"), L},       {ts_intern("vocab"), "256"},   {ts_intern("d_model"), "32"},
+                      {ts_intern("heads"), "4"},      {ts_intern("kv_heads"), "2"},  {ts_intern("seq_len"), "16"},
+                      {ts_intern("batch"), "8"},      {ts_intern("micro_batch"), "2"}, {ts_intern("ffn"), "64"}};
+  int nd = strcmp(name, "llama") == 0 ? 9 : 8;
+  if (strcmp(name, "gpt") == 0) defs[4] = defs[7], nd = 7;   /* gpt has no kv_heads / ffn */
+  MdlOptions o;
+  mdl_options_init(&o);
+  o.defines = defs, o.ndefines = nd;
+  IrModule *m = mdl_compile_file(path, &o);
+  CHECK(m != NULL, "cannot compile %s", path);
+  if (!m) return NULL;
+  m->par.pp = pp;
+  m->par.vpp = vpp;
+  m->par.tp = tp;
+  m->par.sp = sp;
+  return m;
+}
+
+/* partition, autodiff, shard, pipeline, with the verifier after each */
+static int split(IrModule *m, PassCtx *cx) {
+  PassFn fns[] = {pass_partition, pass_autodiff, pass_shard, pass_pipe_split};
+  char err[1024];
+  for (int i = 0; i < 4; i++) {
+    if (fns[i](m, cx) != 0) return -1;
+    if (ir_verify(m, err, sizeof err) != 0) {
+      snprintf(cx->err, sizeof cx->err, "verify after pass %d: %.1000s", i, err);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+static int count_op(const IrBlock *b, IrOp op) {
+  int k = 0;
+  for (int i = 0; i < b->n; i++) k += b->nodes[i].op == op;
+  return k;
+}
+
+static void check_roundtrip(const IrModule *m, const char *what) {
+  StrBuf a = {0}, b = {0};
+  ir_print_module(m, &a);
+  char err[1024];
+  IrModule *back = ir_parse_module(a.p, what, err, sizeof err);
+  CHECK(back != NULL, "%s: does not parse back: %s", what, err);
+  if (back) {
+    ir_print_module(back, &b);
+    CHECK(a.n == b.n && memcmp(a.p, b.p, a.n) == 0, "%s: text does not round-trip", what);
+    ir_module_free(back);
+  }
+  sb_free(&a);
+  sb_free(&b);
+}
+
+static void split_case(const char *name, int layers, int pp, int vpp, int tp, int sp) {
+  char what[128];
+  snprintf(what, sizeof what, "%s layers=%d pp=%d vpp=%d tp=%d sp=%d", name, layers, pp, vpp, tp, sp);
+  /* the reference: the same model without pipeline, for matmul counts */
+  IrModule *ref = sample(name, layers, 1, 0, tp, sp);
+  IrModule *m = sample(name, layers, pp, vpp, tp, sp);
+  if (!ref || !m) { ir_module_free(ref); ir_module_free(m); return; }
+  PassCtx cx;
+  pass_ctx_init(&cx);
+  int ok = split(ref, &cx) == 0;
+  CHECK(ok, "%s: reference: %s", what, cx.err);
+  pass_ctx_free(&cx);
+  pass_ctx_init(&cx);
+  ok = ok && split(m, &cx) == 0;
+  CHECK(ok, "%s: %s", what, cx.err);
+  pass_ctx_free(&cx);
+  if (!ok) { ir_module_free(ref); ir_module_free(m); return; }
+  int K = pp * vpp;
+  CHECK(ir_block_find(m, "micro") < 0, "%s: micro still there", what);
+  int mm_ref = count_op(&ref->blocks.a[ir_block_find(ref, "micro")], IR_OP_MATMUL), mm = 0;
+  int wte = ir_state_find(m, "grad.token_embedding.wte");
+  for (int g = 0; g < K; g++)
+    for (int bwd = 0; bwd < 2; bwd++) {
+      char bn[32];
+      snprintf(bn, sizeof bn, "%s.%d", bwd ? "bwd" : "fwd", g);
+      int bi = ir_block_find(m, ts_intern(bn));
+      CHECK(bi >= 0, "%s: no block %s", what, bn);
+      if (bi < 0) continue;
+      const IrBlock *b = &m->blocks.a[bi];
+      int tag = ir_stage_tag(g, bwd);
+      for (int i = 0; i < b->n; i++)
+        if (b->nodes[i].stage != tag) {
+          CHECK(0, "%s: block %s node %d has stage %d, want %d", what, bn, i, b->nodes[i].stage, tag);
+          break;
+        }
+      mm += count_op(b, IR_OP_MATMUL);
+      /* one message in from the neighbour, one out to the other */
+      int nrecv = count_op(b, IR_OP_RECV), nsend = count_op(b, IR_OP_SEND);
+      int want_recv = bwd ? g < K - 1 : g > 0, want_send = bwd ? g > 0 : g < K - 1;
+      CHECK(nrecv == want_recv && nsend == want_send, "%s: block %s receives %d and sends %d messages, want %d and %d",
+            what, bn, nrecv, nsend, want_recv, want_send);
+      for (int i = 0; i < b->n; i++) {
+        const IrNode *n = &b->nodes[i];
+        const IrNode *v = n->op == IR_OP_RECV ? n : n->op == IR_OP_SEND ? &b->nodes[n->in[0]] : NULL;
+        if (!v) continue;
+        const IrType *t = &v->type;
+        /* under sp the hidden state is sequence-split, or (llama's residual
+         * stream) a tp-partial sum of the whole sequence */
+        int64_t want_seq = sp && v->sh.split[1] ? 16 / tp : 16;
+        CHECK(t->rank == 3 && t->dim[0] == 2 && t->dim[1] == want_seq && t->dim[2] == 32,
+              "%s: block %s node %d: a message of %lld x %lld x %lld, want the hidden state 2 x %lld x 32", what, bn,
+              i, (long long)t->dim[0], (long long)t->dim[1], (long long)t->dim[2], (long long)want_seq);
+      }
+      int nloss = 0;
+      for (int i = 0; i < b->n; i++) nloss += b->nodes[i].op == IR_OP_OUTPUT && strcmp(b->nodes[i].sa, "loss") == 0;
+      CHECK(nloss == (!bwd && g == K - 1), "%s: block %s reports the loss %d times", what, bn, nloss);
+      /* gpt ties the embedding and the head: both ends accumulate its gradient */
+      if (bwd && wte >= 0 && strcmp(name, "gpt") == 0) {
+        int acc = 0;
+        for (int i = 0; i < b->n; i++) acc += b->nodes[i].op == IR_OP_ACCUM && b->nodes[i].ia[0] == wte;
+        CHECK(acc == (g == 0 || g == K - 1), "%s: block %s accumulates the tied embedding %d times", what, bn, acc);
+      }
+    }
+  CHECK(mm == mm_ref, "%s: %d matmuls over the blocks, micro had %d", what, mm, mm_ref);
+  /* every accum of a parameter's gradient sits in a chunk whose blocks read the parameter */
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    int bwd, g = ir_block_chunk(b, &bwd);
+    for (int i = 0; i < b->n; i++) {
+      if (b->nodes[i].op != IR_OP_ACCUM) continue;
+      int p = m->states.a[b->nodes[i].ia[0]].of, read = 0;
+      for (int bj = 0; bj < m->blocks.n && !read; bj++) {
+        const IrBlock *c = &m->blocks.a[bj];
+        if (ir_block_chunk(c, NULL) != g) continue;
+        for (int j = 0; j < c->n; j++) read |= c->nodes[j].op == IR_OP_STATE && c->nodes[j].ia[0] == p;
+      }
+      CHECK(read, "%s: %s accumulates @%s's gradient but chunk %d never reads it", what, b->name,
+            m->states.a[p].name, g);
+    }
+  }
+  check_roundtrip(m, what);
+  ir_module_free(ref);
+  ir_module_free(m);
+}
+
+/* ---- the verifier on broken pipelines ---- */
+static const char *head =
+    "module v\n"
+    "parallel tp=1 pp=2 cp=1 ep=1 dp=1 sp=0 zero=1 vpp=1 schedule=1f1b stage=0\n"
+    "state @w : f32[4] param init=ones\n";
+
+static void verify_case(const char *body, const char *want, const char *what) {
+  StrBuf b = {0};
+  sb_puts(&b, head);
+  sb_puts(&b, body);
+  sb_puts(&b, "end\n");
+  char err[1024] = "";
+  IrModule *m = ir_parse_module(b.p, what, err, sizeof err);
+  if (!want) CHECK(m != NULL, "%s: refused: %s", what, err);
+  else CHECK(!m && strstr(err, want), "%s: want an error with '%s', got '%s'", what, want, m ? "(accepted)" : err);
+  ir_module_free(m);
+  sb_free(&b);
+}
+
+static void test_verifier(void) {
+  verify_case("block fwd.0 {\n  %0 = state @w : f32[4]\n  send %0 axis=pp peer=1 tag=0\n  send %0 axis=pp peer=1 tag=1\n}\n"
+              "block fwd.1 {\n  %0 = recv axis=pp peer=-1 tag=0 : f32[4]\n  %1 = recv axis=pp peer=-1 tag=1 : f32[4]\n}\n",
+              NULL, "good pair");
+  verify_case("block fwd.0 {\n  %0 = state @w : f32[4]\n  send %0 axis=pp peer=1 tag=0\n}\n"
+              "block fwd.1 {\n  %0 = recv axis=pp peer=-1 tag=1 : f32[4]\n}\n",
+              "has no matching", "tags differ");
+  verify_case("block fwd.0 {\n  %0 = state @w : f32[4]\n  send %0 axis=pp peer=1 tag=0\n  send %0 axis=pp peer=1 tag=1\n}\n"
+              "block fwd.1 {\n  %0 = recv axis=pp peer=-1 tag=1 : f32[4]\n  %1 = recv axis=pp peer=-1 tag=0 : f32[4]\n}\n",
+              "other order", "order");
+  verify_case("block fwd.0 {\n  %0 = state @w : f32[4]\n  send %0 axis=pp peer=1 tag=0\n}\n"
+              "block fwd.1 {\n  %0 = recv axis=pp peer=-1 tag=0 : f32[2, 2]\n}\n",
+              "receives", "type");
+  verify_case("block fwd.0 {\n  %0 = state @w : f32[4]\n  send %0 axis=pp peer=-1 tag=0\n}\n", "peer=-1", "direction");
+  verify_case("block bwd.0 {\n  %0 = unstash slot=0 : f32[4]\n}\n", "no matching stash", "unstash alone");
+  verify_case("block fwd.0 {\n  %0 = state @w : f32[4]\n  stash %0 slot=0\n}\n"
+              "block bwd.0 {\n  %0 = unstash slot=0 : f32[2]\n}\n", "read as", "stash type");
+  verify_case("block micro {\n  %0 = state @w : f32[4]\n  stash %0 slot=0\n}\n", "outside a pipeline block", "stash in micro");
+}
+
+int main(void) {
+  test_verifier();
+  split_case("gpt", 4, 2, 1, 1, 0);
+  split_case("gpt", 4, 4, 1, 1, 0);
+  split_case("gpt", 4, 2, 2, 1, 0);
+  split_case("gpt", 4, 2, 1, 2, 1);
+  split_case("gpt", 8, 4, 2, 2, 0);
+  split_case("llama", 4, 2, 1, 1, 0);
+  split_case("llama", 4, 4, 1, 2, 1);
+  split_case("llama", 4, 2, 2, 1, 0);
+  if (fails) fprintf(stderr, "test_pipe_split: %d failure(s)\n", fails);
+  else printf("test_pipe_split: ok\n");
+  return fails != 0;
+}
