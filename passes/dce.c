@@ -5,6 +5,7 @@
  *   block; blocks are independent SSA scopes).
  * Guarantees: every effect (OPF_EFFECT: accum, zero, adamw, output) and
  *   every INPUT node is kept; so is everything they transitively use.
+ *   So are RECV and UNSTASH, the other ends of a send and a stash.
  *   INPUT nodes count as roots because they are the block's interface:
  *   the runtime feeds inputs by name, and what it must feed should not
  *   depend on what an optimization found unused.  Surviving nodes keep
@@ -22,7 +23,8 @@ static int dce_block(IrBlock *b, PassCtx *cx) {
   unsigned char *live = arena_alloc(&cx->scratch, (size_t)b->n);
   for (int i = b->n - 1; i >= 0; i--) {   /* uses come after defs: one backward sweep */
     const IrNode *n = &b->nodes[i];
-    if ((ir_ops[n->op].flags & OPF_EFFECT) || n->op == IR_OP_INPUT) live[i] = 1;
+    if ((ir_ops[n->op].flags & OPF_EFFECT) || n->op == IR_OP_INPUT || n->op == IR_OP_RECV || n->op == IR_OP_UNSTASH)
+      live[i] = 1;
     if (!live[i]) continue;
     for (int k = 0; k < n->nin; k++) {
       TS_ASSERT(n->in[k] >= 0 && n->in[k] < i);
