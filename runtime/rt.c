@@ -13,11 +13,24 @@
  * logical shape, found from the rank's mesh coordinates (RtRank), so each
  * rank holds exactly its block of the single-rank initialization.
  *
- * Execution (rt_run_block) walks a block's nodes in order.  Each value gets
- * its own heap buffer, released right after its last use (into a pool for
- * reuse by the next node or run); last uses are computed once per block
- * and cached.  INPUT values alias the caller's feed and STATE values
- * alias the slab (no copies); effects write the slab.
+ * Execution (rt_run_block) walks a block's nodes in order.  Every value
+ * lives in ONE activation arena, allocated once per program (the size of
+ * the largest block's plan; blocks run one after another) and reused by
+ * every run: value v of block b sits at the offset the static memory plan
+ * (passes/memplan.h, pass_memplan_block_at) gives it, computed once per
+ * block when the program is created, as the backend runs the block.  So
+ * `mcc --report memory` is what a run allocates, and the executor measures
+ * its own use to prove it (rt_program_block_memory; tests/memplan):
+ * independently of the plan it works out where each value dies, and
+ * refuses to run on if a buffer dies anywhere but where the plan said.
+ * INPUT values are copied from the caller's feed into the arena; STATE
+ * values alias the slab; effects write the slab; a RESHAPE run alone
+ * shares its operand's bytes (no copy) as the plan says.  Kernels never
+ * keep a pointer into the arena after they return (a send copies, a stash
+ * copies).  Under AddressSanitizer every byte of the arena that holds no
+ * live value is poisoned, so a reference kernel reading a dead value (or
+ * past the end of a live one) is caught; generated (JIT) code and BLAS are
+ * not instrumented, so their reads are not checked.
  * Backends (RtExecOpts): with the reference one every node runs its
  * kernel of ops_ref.c.  With the LLVM one (exec_jit.c) a fusion group runs
  * as one generated kernel when the walk reaches its last member (the other
@@ -26,30 +39,40 @@
  * the reference kernels.  A value read by a kernel counts as read at the
  * kernel's position, which is what the last uses are computed from. */
 #include "rt_priv.h"
+#include "../passes/memplan.h"
 #include <math.h>
 #include <stdarg.h>
 #include <time.h>
 
 typedef struct { const char *name; double v; } RtOut;   /* name interned */
-typedef struct { size_t bytes; void *p; } RtBuf;
 
-/* Freed value buffers are kept for reuse by size: every run of a block
- * asks for the same sizes in the same order, and big buffers (logits) come
- * from mmap, so without reuse each step pays their page faults again.
- * The pool never holds more buffers of a size than some block had live
- * at once, so it stays within the runs' own peak per size.
- * Under AddressSanitizer buffers are really freed, so that a kernel reading
- * a dead value is caught. */
+/* AddressSanitizer: dead arena bytes are poisoned (see the header). */
 #if defined(__SANITIZE_ADDRESS__)
-#define RT_POOL 0
+#define RT_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#define RT_POOL 0
+#define RT_ASAN 1
 #endif
 #endif
-#ifndef RT_POOL
-#define RT_POOL 1
+#ifdef RT_ASAN
+#include <sanitizer/asan_interface.h>
+#define RT_POISON(q, n) ASAN_POISON_MEMORY_REGION((q), (n))
+#define RT_UNPOISON(q, n) ASAN_UNPOISON_MEMORY_REGION((q), (n))
+#else
+#define RT_POISON(q, n) ((void)(q), (void)(n))
+#define RT_UNPOISON(q, n) ((void)(q), (void)(n))
 #endif
+
+/* One block's memory: where its values live in the arena, where the
+ * executor releases them, and what the runs measured. */
+typedef struct {
+  MemPlan plan;            /* offsets in the arena, as this program's backend runs the block */
+  int *rel_off, *rel_val;  /* after position i the executor releases values
+                              rel_val[rel_off[i] .. rel_off[i+1]) (compute_free_plan) */
+  size_t used;             /* measured: the highest end (offset + size) of a buffer written */
+  size_t live;             /* measured: the most bytes of buffers live at one position */
+  int64_t runs;
+} RtBlockMem;
 
 struct RtProgram {
   const IrModule *m;
@@ -59,15 +82,18 @@ struct RtProgram {
   size_t *off;              /* per state: byte offset into slab */
   RtExecOpts opts;
   RtJit *jit;               /* LLVM backend: compiled kernels and their pool */
-  int **free_off, **free_val; /* per block (lazy): after position i, release
-                               values free_val[off[i] .. off[i+1]) */
+  RtBlockMem *mem;          /* per block */
+  unsigned char *arena;     /* every block's values (the largest plan's peak) */
+  size_t arena_bytes;
   VEC(RtOut) outs;
-  VEC(RtBuf) pool;          /* free value buffers, reused by exact size */
   int profile;              /* TS_RT_PROFILE set: time every op */
   double op_s[IR_OP_COUNT]; /* seconds spent per op (when profiling) */
   int64_t op_n[IR_OP_COUNT];
   RtPipe *pipe;             /* pipeline state: stashes, posted sends (ops_pipe.c) */
 };
+
+static int plan_memory(RtProgram *p, char *err, size_t errlen);
+static void print_memory(const RtProgram *p);
 
 static double now_s(void) {
   struct timespec ts;
@@ -265,8 +291,7 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
   p->profile = getenv("TS_RT_PROFILE") != NULL;
   p->off = ts_xcalloc((size_t)m->states.n + 1, sizeof *p->off);
   p->opts = *o;
-  p->free_off = ts_xcalloc((size_t)m->blocks.n + 1, sizeof *p->free_off);
-  p->free_val = ts_xcalloc((size_t)m->blocks.n + 1, sizeof *p->free_val);
+  p->mem = ts_xcalloc((size_t)m->blocks.n + 1, sizeof *p->mem);
   size_t total = 0;
   for (int i = 0; i < m->states.n; i++) {
     const IrState *s = &m->states.a[i];
@@ -300,6 +325,10 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
     rt_program_free(p);
     return NULL;
   }
+  if (plan_memory(p, err, errlen) != 0) {
+    rt_program_free(p);
+    return NULL;
+  }
   if (p->jit && p->profile) {
     const RtExecStats *s = rt_jit_stats(p->jit);
     fprintf(stderr, "rt: llvm backend: %d kernels (%d fused groups, %d distinct compiled, %d groups on the reference) "
@@ -312,14 +341,15 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
 void rt_program_free(RtProgram *p) {
   if (!p) return;
   if (p->profile) print_profile(p);
-  for (int i = 0; i < p->pool.n; i++) free(p->pool.a[i].p);
-  free(p->pool.a);
-  for (int b = 0; p->free_off && b < p->m->blocks.n; b++) {
-    free(p->free_off[b]);
-    free(p->free_val[b]);
+  if (getenv("TS_RT_MEMORY")) print_memory(p);
+  for (int b = 0; p->mem && b < p->m->blocks.n; b++) {
+    pass_memplan_free(&p->mem[b].plan);
+    free(p->mem[b].rel_off);
+    free(p->mem[b].rel_val);
   }
-  free(p->free_off);
-  free(p->free_val);
+  free(p->mem);
+  if (p->arena) RT_UNPOISON(p->arena, p->arena_bytes);
+  free(p->arena);
   rt_jit_free(p->jit);
   rt_pipe_free(p->pipe);
   free(p->off);
@@ -336,27 +366,9 @@ void *rt_state_data(RtProgram *p, int s) {
   return p->slab + p->off[s];
 }
 
+/* The bytes a value's kernel writes (its buffer is this, rounded up). */
 static size_t value_bytes(const IrNode *n) {
-  size_t b = (size_t)ir_type_numel(&n->type) * ir_dtype_size(n->type.dtype);
-  return b ? b : RT_ALIGN;
-}
-
-/* A 64-byte aligned buffer of `bytes` (from the pool if one fits). */
-static void *buf_get(RtProgram *p, size_t bytes) {
-  for (int i = p->pool.n - 1; i >= 0; i--)
-    if (p->pool.a[i].bytes == bytes) {
-      void *q = p->pool.a[i].p;
-      p->pool.a[i] = p->pool.a[--p->pool.n];
-      return q;
-    }
-  void *q = NULL;
-  return posix_memalign(&q, RT_ALIGN, bytes) == 0 ? q : NULL;
-}
-
-static void buf_put(RtProgram *p, void *q, size_t bytes) {
-  if (!RT_POOL) { free(q); return; }
-  RtBuf b = {bytes, q};
-  VEC_PUSH(p->pool, b);
+  return (size_t)ir_type_numel(&n->type) * ir_dtype_size(n->type.dtype);
 }
 
 /* Where each value is released: last[v] = the last position reading v
@@ -386,6 +398,111 @@ static void compute_free_plan(const IrBlock *b, const RtJitBlock *jb, int **off_
   free(last);
   *off_out = off;
   *val_out = val;
+}
+
+/* Every block's memory plan as this program's backend runs it (a kernel
+ * at its position, RtJitKernel.at), checked; the executor's own release
+ * lists; and the arena, the size of the largest plan.  0 or -1. */
+static int plan_memory(RtProgram *p, char *err, size_t errlen) {
+  const IrModule *m = p->m;
+  size_t peak = 0;
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    const RtJitBlock *jb = p->jit ? rt_jit_block(p->jit, bi) : NULL;
+    RtBlockMem *bm = &p->mem[bi];
+    int *at = NULL;
+    if (jb) {
+      at = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *at);
+      for (int i = 0; i < b->n; i++) at[i] = jb->kern[i] >= 0 ? jb->k.a[jb->kern[i]].at : i;
+    }
+    char why[512];
+    int rc = pass_memplan_block_at(m, bi, at, &bm->plan, why, sizeof why);
+    if (rc == 0) rc = pass_memplan_check(m, &bm->plan, why, sizeof why);
+    free(at);
+    if (rc != 0) return ts_errf(err, errlen, "the memory plan of block %s: %s", b->name, why);
+    compute_free_plan(b, jb, &bm->rel_off, &bm->rel_val);
+    if (bm->plan.peak_bytes > peak) peak = bm->plan.peak_bytes;
+  }
+  void *q = NULL;
+  /* page-aligned: the plan's offsets are 64-byte aligned from here */
+  if (posix_memalign(&q, 4096, peak ? peak : RT_ALIGN) != 0)
+    return ts_errf(err, errlen, "out of memory allocating the %zu-byte activation arena", peak);
+  p->arena = q;
+  p->arena_bytes = peak;
+  RT_POISON(p->arena, p->arena_bytes);
+  return 0;
+}
+
+size_t rt_program_arena_bytes(const RtProgram *p) { return p->arena_bytes; }
+size_t rt_program_slab_bytes(const RtProgram *p) { return p->slab_bytes; }
+
+int rt_program_block_memory(const RtProgram *p, int b, size_t *used, size_t *live) {
+  if (b < 0 || b >= p->m->blocks.n) return -1;
+  if (used) *used = p->mem[b].used;
+  if (live) *live = p->mem[b].live;
+  return 0;
+}
+
+/* TS_RT_MEMORY set: what the program allocated and what its runs used,
+ * on stderr when it is freed (tests/memplan compares it with `mcc --report
+ * memory`). */
+static void print_memory(const RtProgram *p) {
+  fprintf(stderr, "rt memory: rank dp %d pp %d cp %d ep %d tp %d: slab %zu arena %zu\n", p->rank.coord[IR_AXIS_DP],
+          p->rank.coord[IR_AXIS_PP], p->rank.coord[IR_AXIS_CP], p->rank.coord[IR_AXIS_EP], p->rank.coord[IR_AXIS_TP],
+          p->slab_bytes, p->arena_bytes);
+  for (int b = 0; p->mem && b < p->m->blocks.n; b++)
+    fprintf(stderr, "rt memory: rank dp %d pp %d cp %d ep %d tp %d: block %s: runs %lld used %zu live %zu\n",
+            p->rank.coord[IR_AXIS_DP], p->rank.coord[IR_AXIS_PP], p->rank.coord[IR_AXIS_CP],
+            p->rank.coord[IR_AXIS_EP], p->rank.coord[IR_AXIS_TP], p->m->blocks.a[b].name,
+            (long long)p->mem[b].runs, p->mem[b].used, p->mem[b].live);
+}
+
+/* One run of a block: where its values are, and the arena buffers held. */
+typedef struct {
+  RtBlockMem *bm;
+  void **buf;            /* per value: its data (arena or slab), NULL once dead */
+  int *refs;             /* per buffer owner: values holding the buffer, not yet released */
+  unsigned char *held;   /* per value: holds an arena buffer */
+  size_t live;           /* bytes of the buffers held now */
+} RtRun;
+
+/* Value v's buffer, where the plan puts it; held until its release.
+ * NULL with a message if the plan gives v no buffer of its own (the
+ * executor and the plan disagree: a bug). */
+static void *claim(RtProgram *p, RtRun *r, const IrBlock *b, int v, char *msg, size_t n) {
+  const MemPlan *pl = &r->bm->plan;
+  if (pl->buf[v] != v) {
+    snprintf(msg, n, "internal error: the memory plan gives %%%d no buffer of its own", v);
+    return NULL;
+  }
+  unsigned char *q = p->arena + pl->offset[v];
+  RT_UNPOISON(q, value_bytes(&b->nodes[v]));
+  r->buf[v] = q;
+  r->held[v] = 1;
+  r->refs[v] = 1;
+  r->live += pl->size[v];
+  if (r->live > r->bm->live) r->bm->live = r->live;
+  if ((size_t)pl->offset[v] + pl->size[v] > r->bm->used) r->bm->used = (size_t)pl->offset[v] + pl->size[v];
+  return q;
+}
+
+/* Value v is dead after position i.  Its buffer is free when no value
+ * shares it any more, which must be where the plan said, or the plan may
+ * have put a live value there: -1 with a message. */
+static int release(RtProgram *p, RtRun *r, int v, int i, char *msg, size_t n) {
+  r->buf[v] = NULL;
+  if (!r->held[v]) return 0;
+  r->held[v] = 0;
+  const MemPlan *pl = &r->bm->plan;
+  int o = pl->buf[v];
+  if (--r->refs[o] > 0) return 0;
+  if (pl->last[o] != i) {
+    snprintf(msg, n, "internal error: the buffer of %%%d dies at %%%d but the memory plan says at %%%d", o, i, pl->last[o]);
+    return -1;
+  }
+  RT_POISON(p->arena + pl->offset[o], pl->size[o]);
+  r->live -= pl->size[o];
+  return 0;
 }
 
 static void record_output(RtProgram *p, const char *name, double v) {
@@ -450,17 +567,20 @@ static const RtFeed *find_feed(const RtFeed *feeds, int nfeeds, const char *name
   return NULL;
 }
 
-/* Runs node i of block b; buf[] holds the live values (owned[] says which
- * buffers are ours to free).  0 or -1 with a message in msg. */
-static int run_node(RtProgram *p, const IrBlock *b, int i, void **buf, unsigned char *owned,
+/* Runs node i of block b; r->buf[] holds the live values.  0 or -1 with a
+ * message in msg. */
+static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
                     const RtFeed *feeds, int nfeeds, const RtRunInfo *info, char *msg, size_t n) {
   const IrNode *nd = &b->nodes[i];
+  void **buf = r->buf;
   if (check_node(p, b, i, msg, n) != 0) return -1;
   switch (nd->op) {
   case IR_OP_INPUT: {
     const RtFeed *f = find_feed(feeds, nfeeds, nd->sa);
     if (!f || !f->data) { snprintf(msg, n, "missing input \"%s\" (no feed of that name)", nd->sa ? nd->sa : ""); return -1; }
-    buf[i] = (void *)f->data;   /* read-only alias: kernels never write operands */
+    void *q = claim(p, r, b, i, msg, n);   /* the arena holds every value of the block */
+    if (!q) return -1;
+    memcpy(q, f->data, value_bytes(nd));
     return 0;
   }
   case IR_OP_STATE: {
@@ -490,15 +610,9 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, void **buf, unsigned 
     inty[k] = &b->nodes[nd->in[k]].type;
   }
   void *out = NULL;
-  if (!(ir_ops[nd->op].flags & OPF_EFFECT)) {
-    size_t bytes = value_bytes(nd);
-    if (!(out = buf_get(p, bytes))) {
-      snprintf(msg, n, "out of memory allocating %zu bytes", bytes);
-      if (ind != in_data) { free(ind); free(inty); }
-      return -1;
-    }
-    buf[i] = out;
-    owned[i] = 1;
+  if (!(ir_ops[nd->op].flags & OPF_EFFECT) && !(out = claim(p, r, b, i, msg, n))) {
+    if (ind != in_data) { free(ind); free(inty); }
+    return -1;
   }
   RtKctx k = {p, b, nd, info, out, &nd->type, ind, inty, msg, n};
   int rc;
@@ -512,11 +626,12 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, void **buf, unsigned 
   return rc;
 }
 
-/* Runs kernel K (at its position): reads its inputs' buffers, allocates
- * its outputs.  0 or -1 with a message. */
-static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **buf, unsigned char *owned,
+/* Runs kernel K (at its position): reads its inputs' buffers, claims
+ * its outputs'.  0 or -1 with a message. */
+static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, RtRun *r,
                       const RtRunInfo *info, char *msg, size_t n) {
   void *bufs[CG_MAX_BUFS];
+  void **buf = r->buf;
   if (K->adamw) {   /* coef, grad, run scalars, then the states updated in place */
     const IrNode *nd = &b->nodes[K->at];
     double sc[3];
@@ -534,12 +649,9 @@ static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, void
     }
   }
   for (int j = 0; j < K->io.nout; j++) {
-    int v = K->io.out[j];
-    size_t bytes = value_bytes(&b->nodes[v]);
-    void *q = buf_get(p, bytes);
-    if (!q) { snprintf(msg, n, "out of memory allocating %zu bytes", bytes); return -1; }
-    buf[v] = bufs[K->io.nin + j] = q;
-    owned[v] = 1;
+    void *q = claim(p, r, b, K->io.out[j], msg, n);
+    if (!q) return -1;
+    bufs[K->io.nin + j] = q;
   }
   rt_jit_run(p->jit, K, bufs);
   return 0;
@@ -551,42 +663,53 @@ int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds,
   if (bi < 0 || bi >= m->blocks.n) { ts_errf(err, errlen, "no block %d", bi); return -1; }
   const IrBlock *b = &m->blocks.a[bi];
   const RtJitBlock *jb = p->jit ? rt_jit_block(p->jit, bi) : NULL;
-  if (!p->free_off[bi]) compute_free_plan(b, jb, &p->free_off[bi], &p->free_val[bi]);
-  const int *foff = p->free_off[bi], *fval = p->free_val[bi];
+  RtBlockMem *bm = &p->mem[bi];
+  const int *foff = bm->rel_off, *fval = bm->rel_val;
+  const MemPlan *pl = &bm->plan;
   RtRunInfo dflt = {0, 0, m->train.lr};
   if (!info) info = &dflt;
 
-  void **buf = ts_xcalloc((size_t)b->n + 1, sizeof *buf);
-  unsigned char *owned = ts_xcalloc((size_t)b->n + 1, 1);
+  RtRun r = {bm, ts_xcalloc((size_t)b->n + 1, sizeof *r.buf), ts_xcalloc((size_t)b->n + 1, sizeof *r.refs),
+             ts_xcalloc((size_t)b->n + 1, 1), 0};
+  bm->runs++;
   char msg[512];
   int rc = 0;
   for (int i = 0; i < b->n; i++) {
     msg[0] = 0;
-    int kid = jb ? jb->kern[i] : -1;
-    if (kid >= 0 && jb->k.a[kid].at != i) continue;   /* computed by a kernel later */
-    double t0 = p->profile ? now_s() : 0;
-    int bad = kid >= 0 ? run_kernel(p, b, &jb->k.a[kid], buf, owned, info, msg, sizeof msg)
-                       : run_node(p, b, i, buf, owned, feeds, nfeeds, info, msg, sizeof msg);
-    if (p->profile) {
-      p->op_s[b->nodes[i].op] += now_s() - t0;
-      p->op_n[b->nodes[i].op]++;
+    int kid = jb ? jb->kern[i] : -1, bad = 0;
+    if (pl->buf[i] >= 0 && pl->buf[i] != i) {
+      /* a reshape sharing its operand's bytes (memplan.h): nothing to run */
+      int v = b->nodes[i].in[0];
+      if (b->nodes[i].op != IR_OP_RESHAPE || !r.held[v] || pl->buf[v] != pl->buf[i]) {
+        snprintf(msg, sizeof msg, "internal error: the memory plan shares %%%d's buffer but it is not held", v);
+        bad = 1;
+      } else {
+        r.buf[i] = r.buf[v];
+        r.held[i] = 1;
+        r.refs[pl->buf[i]]++;
+      }
+    } else {
+      if (kid >= 0 && jb->k.a[kid].at != i) continue;   /* computed by a kernel later */
+      double t0 = p->profile ? now_s() : 0;
+      bad = kid >= 0 ? run_kernel(p, b, &jb->k.a[kid], &r, info, msg, sizeof msg)
+                     : run_node(p, b, i, &r, feeds, nfeeds, info, msg, sizeof msg);
+      if (p->profile) {
+        p->op_s[b->nodes[i].op] += now_s() - t0;
+        p->op_n[b->nodes[i].op]++;
+      }
     }
+    /* release what position i was the last reader of (and unread results) */
+    for (int f = foff[i]; f < foff[i + 1] && !bad; f++) bad = release(p, &r, fval[f], i, msg, sizeof msg);
     if (bad) {
       ts_errf(err, errlen, "block %s, %%%d = %s: %s", b->name, i, ir_ops[b->nodes[i].op].name, msg);
       rc = -1;
       break;
     }
-    /* release what position i was the last reader of (and unread results) */
-    for (int f = foff[i]; f < foff[i + 1]; f++) {
-      int v = fval[f];
-      if (owned[v]) { buf_put(p, buf[v], value_bytes(&b->nodes[v])); owned[v] = 0; }
-      buf[v] = NULL;
-    }
   }
-  for (int i = 0; i < b->n; i++)
-    if (owned[i]) buf_put(p, buf[i], value_bytes(&b->nodes[i]));
-  free(buf);
-  free(owned);
+  if (rc != 0) RT_POISON(p->arena, p->arena_bytes);   /* nothing is live after a run */
+  free(r.buf);
+  free(r.refs);
+  free(r.held);
   return rc;
 }
 

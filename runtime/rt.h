@@ -80,6 +80,20 @@ int rt_emit_llvm(const IrModule *m, const char *dir, int *count, char *err, size
 void rt_program_free(RtProgram *p);
 const IrModule *rt_program_module(const RtProgram *p);
 
+/* Memory, in bytes.  All states live in one slab (each at a 64-byte
+ * aligned offset); every value of every block lives in one activation
+ * arena, allocated with the program at the offsets of the static memory
+ * plan (passes/memplan.h) as the program's backend runs each block: its
+ * size is the largest block's planned peak (pass_memplan_arena_bytes).
+ * rt_program_block_memory: what the runs of block b measured so far --
+ * *used, the end of the highest arena range a value occupied; *live, the
+ * most bytes of values live at one position (both 0 before the first
+ * run).  `mcc --report memory` prints the same numbers; tests/memplan
+ * checks they are equal.  -1 for a bad block. */
+size_t rt_program_slab_bytes(const RtProgram *p);
+size_t rt_program_arena_bytes(const RtProgram *p);
+int rt_program_block_memory(const RtProgram *p, int b, size_t *used, size_t *live);
+
 /* Contiguous row-major data of state s (dtype and shape of its IrState). */
 void *rt_state_data(RtProgram *p, int s);
 
