@@ -4,6 +4,9 @@
  * compared.  This is how a sharded run is checked against the single-rank
  * run: same names, same shapes, same numbers up to rounding.
  *
+ * Pipeline parallelism: each pipeline rank holds its chunks' parameters;
+ * world rank 0 gets the ones it lacks from its pp group (pipe_collect).
+ *
  * Gathering: a parameter split along dim d by axes a1 (outer) .. ak (inner)
  * holds block b = (c_a1 * S_a2 + c_a2) ... of d.  All-gathering along d
  * over the INNERMOST axis first, then outward, concatenates the blocks in
@@ -89,51 +92,197 @@ static int by_name(const void *a, const void *b) {
 
 static void put_u32(StrBuf *b, uint32_t v) { sb_write(b, &v, 4); }
 
+/* One parameter in its global logical shape, as doubles. */
+typedef struct {
+  const char *name;         /* the IrState's, or malloc'd (received) */
+  int owned;                /* name is ours to free */
+  IrDtype dtype;
+  IrType lt;
+  double *v;
+} SavedParam;
+
+static int by_saved_name(const void *a, const void *b) {
+  return strcmp(((const SavedParam *)a)->name, ((const SavedParam *)b)->name);
+}
+
+/* ---- pipeline: the parameters world rank 0 lacks, from its pp group ----
+ * Each pipeline rank holds the parameters of its chunks.  The members of
+ * world rank 0's pp group (every other coordinate 0) learn each other's
+ * sorted name lists (an all-gather of the lengths, then of the lists
+ * padded to the longest, one character per f64: the comm layer carries
+ * floats only); every parameter is then sent to coordinate 0 by the lowest
+ * coordinate holding it, in name order, as a header [dtype, rank, dims]
+ * and the values as f64.  Coordinate 0 knows the same lists and receives
+ * exactly those messages. */
+#define PARAM_HDR (2 + IR_MAX_RANK)
+enum { PARAM_TAG = 7102 };
+
+/* The names of ps[0..n) as "a\nb\n" in doubles; *len gets the length. */
+static double *encode_names(const SavedParam *ps, int n, int64_t *len) {
+  StrBuf b = {0};
+  for (int i = 0; i < n; i++) { sb_puts(&b, ps[i].name); sb_putc(&b, '\n'); }
+  double *v = ts_xmalloc((b.n ? b.n : 1) * sizeof *v);
+  for (size_t i = 0; i < b.n; i++) v[i] = (unsigned char)b.p[i];
+  *len = (int64_t)b.n;
+  sb_free(&b);
+  return v;
+}
+
+/* Does list l (doubles, "a\nb\n", length n) hold name? */
+static int list_has(const double *l, int64_t n, const char *name) {
+  size_t k = strlen(name);
+  for (int64_t i = 0; i < n;) {
+    int64_t j = i;
+    while (j < n && l[j] != '\n') j++;
+    if ((size_t)(j - i) == k) {
+      size_t c = 0;
+      while (c < k && l[i + (int64_t)c] == (unsigned char)name[c]) c++;
+      if (c == k) return 1;
+    }
+    i = j + 1;
+  }
+  return 0;
+}
+
+/* The name at position *pos of list l (advanced past it), malloc'd. */
+static char *list_next(const double *l, int64_t n, int64_t *pos) {
+  int64_t i = *pos, j = i;
+  while (j < n && l[j] != '\n') j++;
+  char *s = ts_xmalloc((size_t)(j - i) + 1);
+  for (int64_t c = i; c < j; c++) s[c - i] = (char)l[c];
+  s[j - i] = 0;
+  *pos = j + 1;
+  return s;
+}
+
+/* Collective over the pp group g (the members described above): appends
+ * to *ps (n entries, capacity grown) on coordinate 0 what it lacks. */
+static int pipe_collect(RtComm *g, SavedParam **ps, int *n, char *err, size_t errlen) {
+  int P = rt_comm_size(g), me = rt_comm_rank(g);
+  int64_t mylen;
+  double *mine = encode_names(*ps, *n, &mylen);
+  double *lens = ts_xmalloc((size_t)P * sizeof *lens), len1 = (double)mylen;
+  int rc = rt_comm_all_gather(g, IR_F64, &len1, lens, 1, err, errlen);
+  int64_t maxlen = 1;
+  for (int q = 0; rc == 0 && q < P; q++) if ((int64_t)lens[q] > maxlen) maxlen = (int64_t)lens[q];
+  double *pad = ts_xcalloc((size_t)maxlen, sizeof *pad), *all = ts_xmalloc((size_t)(maxlen * P) * sizeof *all);
+  memcpy(pad, mine, (size_t)mylen * sizeof *pad);
+  if (rc == 0) rc = rt_comm_all_gather(g, IR_F64, pad, all, (size_t)maxlen, err, errlen);
+  /* list q is all + q * maxlen, lens[q] long; walk every q > 0's list in order */
+  for (int q = 1; rc == 0 && q < P; q++) {
+    const double *lq = all + (int64_t)q * maxlen;
+    int64_t nq = (int64_t)lens[q];
+    for (int64_t pos = 0; rc == 0 && pos < nq;) {
+      char *name = list_next(lq, nq, &pos);
+      int lower = 0;
+      for (int o = 0; o < q && !lower; o++) lower = list_has(all + (int64_t)o * maxlen, (int64_t)lens[o], name);
+      if (lower) { free(name); continue; }   /* a lower coordinate sends it (or 0 has it) */
+      double hdr[PARAM_HDR];
+      if (me == q) {
+        const SavedParam *sp = NULL;
+        for (int i = 0; i < *n && !sp; i++) if (strcmp((*ps)[i].name, name) == 0) sp = &(*ps)[i];
+        TS_ASSERT(sp);
+        memset(hdr, 0, sizeof hdr);
+        hdr[0] = sp->dtype;
+        hdr[1] = sp->lt.rank;
+        for (int d = 0; d < sp->lt.rank; d++) hdr[2 + d] = (double)sp->lt.dim[d];
+        rc = rt_comm_send(g, IR_F64, hdr, PARAM_HDR, 0, PARAM_TAG, err, errlen);
+        if (rc == 0)
+          rc = rt_comm_send(g, IR_F64, sp->v, (size_t)ir_type_numel(&sp->lt), 0, PARAM_TAG, err, errlen);
+      } else if (me == 0) {
+        rc = rt_comm_recv(g, IR_F64, hdr, PARAM_HDR, q, PARAM_TAG, err, errlen);
+        SavedParam r = {name, 1, (IrDtype)hdr[0], {0}, NULL};
+        r.lt.dtype = r.dtype;
+        r.lt.rank = (int)hdr[1];
+        if (rc == 0 && (r.lt.rank < 0 || r.lt.rank > IR_MAX_RANK || (r.dtype != IR_F32 && r.dtype != IR_F64)))
+          rc = ts_errf(err, errlen, "parameter %s from pipeline rank %d: bad header", name, q);
+        for (int d = 0; rc == 0 && d < r.lt.rank; d++) r.lt.dim[d] = (int64_t)hdr[2 + d];
+        if (rc == 0) {
+          int64_t ne = ir_type_numel(&r.lt);
+          r.v = ts_xmalloc((size_t)(ne ? ne : 1) * sizeof *r.v);
+          rc = rt_comm_recv(g, IR_F64, r.v, (size_t)ne, q, PARAM_TAG, err, errlen);
+          *ps = ts_xrealloc(*ps, (size_t)(*n + 1) * sizeof **ps);
+          (*ps)[(*n)++] = r;
+          name = NULL;   /* owned by the entry now */
+        }
+      }
+      free(name);
+    }
+  }
+  free(mine);
+  free(lens);
+  free(pad);
+  free(all);
+  return rc;
+}
+
 int rt_params_save(RtProgram *p, RtComm *world, const char *path, char *err, size_t errlen) {
   const IrModule *m = rt_program_module(p);
   int me = world ? rt_comm_rank(world) : 0;
-  if (rt_program_axis_size(p, IR_AXIS_PP) > 1)
-    return ts_errf(err, errlen, "--save-params does not support pipeline parallelism yet (pp=%d)",
-                   rt_program_axis_size(p, IR_AXIS_PP));
-  const IrState **ps = ts_xmalloc((size_t)(m->states.n ? m->states.n : 1) * sizeof *ps);
+  const IrState **st = ts_xmalloc((size_t)(m->states.n ? m->states.n : 1) * sizeof *st);
   int np = 0;
   for (int i = 0; i < m->states.n; i++)
-    if (m->states.a[i].kind == IR_STATE_PARAM) ps[np++] = &m->states.a[i];
-  qsort(ps, (size_t)np, sizeof *ps, by_name);
-  StrBuf out = {0};
-  sb_write(&out, "TSPARAMS", 8);
-  put_u32(&out, 1);
-  put_u32(&out, (uint32_t)np);
-  int rc = 0;
+    if (m->states.a[i].kind == IR_STATE_PARAM) st[np++] = &m->states.a[i];
+  /* Gathered in name order on every rank: the gathers are collectives, and
+   * every rank of a tp (cp, ep) group holds the same parameters. */
+  qsort(st, (size_t)np, sizeof *st, by_name);
+  int pp = rt_program_axis_size(p, IR_AXIS_PP);
+  const int *coord = rt_program_rank(p)->coord;
+  int in_root_pp = 1;   /* in world rank 0's pp group: every coordinate but pp is 0 */
+  for (int a = 0; a < IR_AXIS_COUNT; a++) if (a != IR_AXIS_PP && coord[a] != 0) in_root_pp = 0;
+  int keep = me == 0 || (pp > 1 && in_root_pp);   /* needs the values after gathering */
+  SavedParam *ps = ts_xcalloc((size_t)(np ? np : 1), sizeof *ps);
+  int n = 0, rc = 0;
   for (int i = 0; i < np && rc == 0; i++) {
-    const IrState *s = ps[i];
+    const IrState *s = st[i];
     if (!ir_dtype_is_float(s->type.dtype)) {
       rc = ts_errf(err, errlen, "parameter @%s is %s, not a float tensor", s->name, ir_dtype_name(s->type.dtype));
       break;
     }
-    IrType gt, lt;
+    IrType gt;
     void *full = gather_param(p, s, &gt, err, errlen);
     if (!full) { rc = -1; break; }
-    if (me == 0) {
-      double *v = strip_padding(full, &gt, s, &lt);
-      int64_t n = ir_type_numel(&lt);
-      put_u32(&out, (uint32_t)strlen(s->name));
-      sb_write(&out, s->name, strlen(s->name));
-      put_u32(&out, (uint32_t)s->type.dtype);
-      put_u32(&out, (uint32_t)lt.rank);
-      for (int d = 0; d < lt.rank; d++) sb_write(&out, &lt.dim[d], 8);
-      for (int64_t k = 0; k < n; k++) {
-        if (s->type.dtype == IR_F32) { float f = (float)v[k]; sb_write(&out, &f, 4); }
-        else sb_write(&out, &v[k], 8);
-      }
-      free(v);
+    if (keep) {
+      ps[n] = (SavedParam){s->name, 0, s->type.dtype, {0}, NULL};
+      ps[n].v = strip_padding(full, &gt, s, &ps[n].lt);
+      n++;
     }
     free(full);
   }
-  if (rc == 0 && me == 0 && ts_write_file_atomic(path, out.p, out.n) != 0)
-    rc = ts_errf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-  sb_free(&out);
+  if (rc == 0 && pp > 1 && in_root_pp) {
+    RtComm *g = rt_program_group(p, IR_AXIS_PP);
+    if (!g) rc = ts_errf(err, errlen, "pp=%d but this rank has no pp group", pp);
+    else rc = pipe_collect(g, &ps, &n, err, errlen);
+  }
+  if (rc == 0 && me == 0) {
+    qsort(ps, (size_t)n, sizeof *ps, by_saved_name);
+    StrBuf out = {0};
+    sb_write(&out, "TSPARAMS", 8);
+    put_u32(&out, 1);
+    put_u32(&out, (uint32_t)n);
+    for (int i = 0; i < n; i++) {
+      const SavedParam *q = &ps[i];
+      int64_t ne = ir_type_numel(&q->lt);
+      put_u32(&out, (uint32_t)strlen(q->name));
+      sb_write(&out, q->name, strlen(q->name));
+      put_u32(&out, (uint32_t)q->dtype);
+      put_u32(&out, (uint32_t)q->lt.rank);
+      for (int d = 0; d < q->lt.rank; d++) sb_write(&out, &q->lt.dim[d], 8);
+      for (int64_t k = 0; k < ne; k++) {
+        if (q->dtype == IR_F32) { float f = (float)q->v[k]; sb_write(&out, &f, 4); }
+        else sb_write(&out, &q->v[k], 8);
+      }
+    }
+    if (ts_write_file_atomic(path, out.p, out.n) != 0)
+      rc = ts_errf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    sb_free(&out);
+  }
+  for (int i = 0; i < n; i++) {
+    if (ps[i].owned) free((char *)ps[i].name);
+    free(ps[i].v);
+  }
   free(ps);
+  free(st);
   return rc;
 }
 

@@ -9,12 +9,24 @@
  *     run "update"
  *     loss = (sum over dp ranks of the micro losses) / (global_batch / mb)
  *
+ * A pipeline program (par.pp > 1, par.stage = r + 1: the blocks fwd.<g> /
+ * bwd.<g> of its chunks and "update"; docs/pipeline.md) runs, per step, the
+ * steps of its pipeline rank's schedule instead of "micro":
+ *
+ *     schedule = pass_pipe_schedule(par.sched, pp, vpp, n_local), checked
+ *     for each step (F|B, micro j, chunk g): run fwd.<g> / bwd.<g>, fed
+ *       micro batch g_j = r*n_local + j when the block has data inputs
+ *     complete the posted sends; no stash may be left
+ *     loss = (sum over pp and dp ranks of the forward blocks' losses) / (global_batch / mb)
+ *     run "update"
+ *
  * Progress goes to stdout one line per step; --metrics writes the same as
  * JSON Lines (step numbered from 1, like the progress line), flushed per
  * line so a crashed or interrupted run leaves every finished step. */
 #include "train.h"
 #include "rt_priv.h"
 #include "comm.h"
+#include "passes/pipe.h"
 #include <math.h>
 #include <errno.h>
 #include <signal.h>
@@ -31,6 +43,7 @@ static double now_s(void) {
  * split over mesh axes (sequence parallelism) is fed the rank's block of
  * the global micro batch. */
 typedef struct {
+  int none;                  /* no block has data inputs (a middle pipeline stage) */
   int has_tokens, has_targets, has_mask;
   IrType tok_t, mask_t;      /* tokens/targets type (local); loss_mask type */
   IrSharding tok_sh;         /* the tokens/targets inputs' sharding */
@@ -40,13 +53,16 @@ typedef struct {
 
 static int same_input_type(const IrType *a, const IrType *b) { return ir_type_same_shape(a, b); }
 
-/* Collects and checks the inputs of block b against the data convention. */
-static int feed_spec(const RtProgram *p, const IrModule *m, int b, FeedSpec *fs, char *err, size_t errlen) {
+/* Collects and checks the inputs of blocks blocks[0..nb) against the data
+ * convention (all blocks must agree).  need: at least one of them must
+ * read tokens or targets; otherwise no inputs at all sets fs->none. */
+static int feed_spec(const RtProgram *p, const IrModule *m, const int *blocks, int nb, int need, FeedSpec *fs,
+                     char *err, size_t errlen) {
   memset(fs, 0, sizeof *fs);
-  const IrBlock *blk = &m->blocks.a[b];
   char tb[160], tb2[160];
-  for (int i = 0; i < blk->n; i++) {
-    const IrNode *n = &blk->nodes[i];
+  for (int bi = 0; bi < nb; bi++)   /* every INPUT node of every block */
+  for (int i = 0; i < m->blocks.a[blocks[bi]].n; i++) {
+    const IrNode *n = &m->blocks.a[blocks[bi]].nodes[i];
     if (n->op != IR_OP_INPUT) continue;
     const char *name = n->sa ? n->sa : "";
     int is_tok = strcmp(name, "tokens") == 0, is_tgt = strcmp(name, "targets") == 0;
@@ -69,6 +85,11 @@ static int feed_spec(const RtProgram *p, const IrModule *m, int b, FeedSpec *fs,
       fs->tok_sh = n->sh;
       if (is_tok) fs->has_tokens = 1; else fs->has_targets = 1;
     } else if (strcmp(name, "loss_mask") == 0) {
+      if (fs->has_mask && !same_input_type(&fs->mask_t, &n->type)) {
+        snprintf(err, errlen, "model input \"loss_mask\" has two types: %s vs %s",
+                 ir_type_str(&fs->mask_t, tb, sizeof tb), ir_type_str(&n->type, tb2, sizeof tb2));
+        return -1;
+      }
       fs->has_mask = 1;
       fs->mask_t = n->type;
     } else {
@@ -78,7 +99,9 @@ static int feed_spec(const RtProgram *p, const IrModule *m, int b, FeedSpec *fs,
     }
   }
   if (!fs->has_tokens && !fs->has_targets) {
-    snprintf(err, errlen, "block \"micro\" has no input \"tokens\" or \"targets\"");
+    if (!need && !fs->has_mask) { fs->none = 1; return 0; }
+    snprintf(err, errlen, "block \"%s\"%s has no input \"tokens\" or \"targets\"", m->blocks.a[blocks[0]].name,
+             nb > 1 ? " (nor any other block of the program)" : "");
     return -1;
   }
   int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
@@ -140,6 +163,12 @@ typedef struct {
   int32_t *gtok, *gtgt;          /* the global micro batch (split inputs only) */
   void *mask;
   RtComm *dp;                    /* the dp group (NULL: dp = 1) */
+  RtComm *pp;                    /* the pp group (NULL: pp = 1) */
+  PipeSchedule sched;            /* pipeline programs: every pipeline rank's schedule */
+  int have_sched;
+  int *chunk_block;              /* pipeline: per global chunk, fwd.<g> and bwd.<g> ([2g], [2g+1]) or -1 */
+  unsigned char *has_data;       /* per block: it has data inputs (fed the micro batch) */
+  int64_t loaded_step, loaded_micro; /* what the feed buffers hold (-1: nothing) */
   int world_rank;
   int64_t kill_step, stall_step; /* fault injection (0: off) */
 } TrainRun;
@@ -153,6 +182,9 @@ static void run_free(TrainRun *r) {
   free(r->gtok);
   free(r->gtgt);
   free(r->mask);
+  if (r->have_sched) pass_pipe_schedule_free(&r->sched);
+  free(r->chunk_block);
+  free(r->has_data);
 }
 
 /* The local block of a global [rows, T]-shaped i32 batch: x holds the
@@ -171,8 +203,8 @@ static void slice_block(int32_t *y, const int32_t *x, const IrType *lt, const in
 }
 
 /* Fills the feeds with global micro batch g of step s. */
-static int load_micro(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_t s, int64_t g,
-                      char *err, size_t errlen) {
+static int load_micro_data(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_t s, int64_t g,
+                           char *err, size_t errlen) {
   if (!fs->split)
     return rt_corpus_batch(&r->corpus, m->train.seed, s, g * fs->rows, fs->rows, fs->T,
                            r->tokens, r->targets, err, errlen);
@@ -183,6 +215,18 @@ static int load_micro(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_
   rt_shard_offsets(r->prog, &fs->tok_sh, &fs->tok_t, off, gdim);
   slice_block(r->tokens, r->gtok, &fs->tok_t, gdim, off);
   slice_block(r->targets, r->gtgt, &fs->tok_t, gdim, off);
+  return 0;
+}
+
+/* The same, skipped when the buffers already hold it (a pipeline rank
+ * runs the F and the B of a micro batch, and several chunks). */
+static int load_micro(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_t s, int64_t g,
+                      char *err, size_t errlen) {
+  if (r->loaded_step == s && r->loaded_micro == g) return 0;
+  r->loaded_step = r->loaded_micro = -1;
+  if (load_micro_data(r, m, fs, s, g, err, errlen) != 0) return -1;
+  r->loaded_step = s;
+  r->loaded_micro = g;
   return 0;
 }
 
@@ -245,15 +289,109 @@ static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb
   return 0;
 }
 
+/* ---- pipeline programs ---- */
+
+/* The schedule of a pipeline program, regenerated from its parallel line
+ * (docs/pipeline.md) for n_local micro batches and checked, and the blocks
+ * of its chunks.  0, or -1 with a message. */
+static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_t n_local, char *err, size_t errlen) {
+  const IrParallel *par = &m->par;
+  int pp = ir_axis_size(m, IR_AXIS_PP), vpp = par->vpp > 1 ? par->vpp : 1, c = rank->coord[IR_AXIS_PP];
+  if (par->stage != c + 1)
+    return ts_errf(err, errlen, "this is the program of pipeline stage %d (parallel stage=%d) but it runs on pp "
+                   "coordinate %d (does the plan's rank_program match its mesh?)", par->stage - 1, par->stage, c);
+  PipeSchedKind kind;
+  if (par->sched > IR_PIPE_NONE && par->sched < IR_PIPE_COUNT) kind = (PipeSchedKind)(par->sched - 1);
+  else if (par->sched == IR_PIPE_NONE) kind = vpp > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;   /* mcc's defaults */
+  else return ts_errf(err, errlen, "the program's pipeline schedule %d is not one this runtime knows", par->sched);
+  if (n_local > (1 << 20)) return ts_errf(err, errlen, "%lld micro batches per step is too many to schedule", (long long)n_local);
+  char why[1024];
+  if (pass_pipe_schedule(kind, pp, vpp, (int)n_local, &r->sched, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "pipeline schedule for pp=%d, vpp=%d, %lld micro batches per step: %s", pp, vpp,
+                   (long long)n_local, why);
+  r->have_sched = 1;
+  if (pass_pipe_check(&r->sched, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "the regenerated pipeline schedule is wrong (a bug): %s", why);
+  int nchunks = pp * vpp;
+  r->chunk_block = ts_xmalloc((size_t)nchunks * 2 * sizeof *r->chunk_block);
+  for (int g = 0; g < 2 * nchunks; g++) r->chunk_block[g] = -1;
+  for (int g = c; g < nchunks; g += pp)
+    for (int bwd = 0; bwd < 2; bwd++) {
+      char name[32];
+      snprintf(name, sizeof name, "%s.%d", bwd ? "bwd" : "fwd", g);
+      if ((r->chunk_block[2 * g + bwd] = ir_block_find(m, name)) < 0)
+        return ts_errf(err, errlen, "pipeline rank %d runs chunk %d (pp=%d x vpp=%d chunks) but its program has no "
+                       "block %s", c, g, pp, vpp, name);
+    }
+  /* blocks of chunks that are not ours would never run: a mismatched plan */
+  for (int b = 0; b < m->blocks.n; b++) {
+    int g = ir_block_chunk(&m->blocks.a[b], NULL);
+    if (g >= 0 && (g >= nchunks || g % pp != c))
+      return ts_errf(err, errlen, "the program of pipeline rank %d has block %s, but chunk %d %s", c,
+                     m->blocks.a[b].name, g, g >= nchunks ? "does not exist" : "runs on another rank");
+  }
+  return 0;
+}
+
+/* One step of a pipeline program: its rank's schedule, then the update.
+ * Writes the step's loss (over all pp and dp ranks) and grad norm. */
+static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, int ub, int64_t s, int64_t n_local,
+                           int64_t n_global, int dp_coord, double lr, double *loss, double *gnorm, char *err,
+                           size_t errlen) {
+  RtFeed feeds[3];
+  int nf = 0;
+  if (fs->has_tokens) feeds[nf++] = (RtFeed){"tokens", r->tokens};
+  if (fs->has_targets) feeds[nf++] = (RtFeed){"targets", r->targets};
+  if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
+  int c = rt_program_rank(r->prog)->coord[IR_AXIS_PP];
+  double acc[2] = {0, 0};   /* sum of the reported losses, how many reports */
+  for (int i = 0; i < r->sched.nsteps[c]; i++) {
+    const PipeStep *st = &r->sched.steps[c][i];
+    int bwd = st->kind == 'B', b = r->chunk_block[2 * st->chunk + bwd];
+    int64_t g = (int64_t)dp_coord * n_local + st->micro;   /* the global micro batch */
+    char msg[1536];
+    if (r->has_data[b] && load_micro(r, m, fs, s, g, err, errlen) != 0) return -1;
+    RtRunInfo info = {s, (int)g, lr};
+    rt_outputs_clear(r->prog);
+    if (rt_run_block(r->prog, b, feeds, nf, &info, msg, sizeof msg) != 0)
+      return ts_errf(err, errlen, "pipeline step %d (%c of micro batch %d, chunk %d): %s", i + 1, st->kind,
+                     st->micro, st->chunk, msg);
+    double l;
+    if (!bwd && rt_output(r->prog, "loss", &l) == 0) acc[0] += l, acc[1] += 1;
+    if (i == 0) maybe_fail(r, s);
+  }
+  if (rt_pipe_end_step(r->prog, err, errlen) != 0) return -1;
+  if (r->pp && rt_comm_all_reduce(r->pp, IR_F64, acc, 2, err, errlen) != 0) return -1;
+  if (r->dp && rt_comm_all_reduce(r->dp, IR_F64, acc, 2, err, errlen) != 0) return -1;
+  /* each micro batch's loss comes from exactly one forward block: fewer
+   * or more reports would silently scale the loss */
+  if (acc[1] != (double)n_global)
+    return ts_errf(err, errlen, "the forward blocks reported `output \"loss\"` %.0f times for %lld micro batches "
+                   "(the last chunk's forward should report it once per micro batch)", acc[1], (long long)n_global);
+  RtRunInfo info = {s, 0, lr};
+  rt_outputs_clear(r->prog);
+  if (rt_run_block(r->prog, ub, NULL, 0, &info, err, errlen) != 0) return -1;
+  *loss = acc[0] / (double)n_global;
+  if (rt_output(r->prog, "grad_norm", gnorm) != 0) *gnorm = NAN;
+  return 0;
+}
+
 int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *err, size_t errlen) {
   RtTrainOpts dflt = {0};
   if (!o) o = &dflt;
   FILE *log = o->log ? o->log : stdout;
   RtTrainResult rs = {0, NAN, NAN, NAN};
+  /* a pipeline stage's program has fwd.<g> / bwd.<g> blocks instead of micro */
+  int piped = ir_axis_size(m, IR_AXIS_PP) > 1;
   int mb = ir_block_find(m, "micro"), ub = ir_block_find(m, "update");
-  if (mb < 0 || ub < 0) {
+  if ((!piped && mb < 0) || ub < 0) {
     snprintf(err, errlen, "the program has no block \"%s\" (was it compiled with autodiff and the optimizer?)",
-             mb < 0 ? "micro" : "update");
+             ub >= 0 ? "micro" : "update");
+    return -1;
+  }
+  if (piped && m->par.stage < 1) {
+    snprintf(err, errlen, "the module is the whole pipelined model (parallel pp=%d stage=0); mrun runs the "
+             "per-rank programs of a plan (mcc --pp writes them)", ir_axis_size(m, IR_AXIS_PP));
     return -1;
   }
   const IrTrain *tr = &m->train;
@@ -280,17 +418,35 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     snprintf(err, errlen, "dp=%d but this rank has no dp group", dp);
     return -1;
   }
+  int pp = rt_rank_axis_size(rank, IR_AXIS_PP);
+  r.pp = pp > 1 ? rank->group[IR_AXIS_PP] : NULL;
+  if (pp > 1 && !r.pp) {
+    snprintf(err, errlen, "pp=%d but this rank has no pp group", pp);
+    return -1;
+  }
+  r.loaded_step = r.loaded_micro = -1;
   r.kill_step = fault_step("KILL", r.world_rank);
   r.stall_step = fault_step("STALL", r.world_rank);
   int lead = r.world_rank == 0;   /* prints and writes metrics */
   if (!(r.prog = rt_program_new_rank(m, rank, err, errlen))) return -1;
+  if (piped && pipe_setup(&r, m, rank, n_local, err, errlen) != 0) { run_free(&r); return -1; }
+  /* the blocks fed with micro batches: micro, or every pipeline block */
+  int *fb = ts_xmalloc((size_t)m->blocks.n * sizeof *fb), nfb = 0;
+  r.has_data = ts_xcalloc((size_t)m->blocks.n, 1);
+  for (int b = 0; b < m->blocks.n; b++) {
+    if (piped ? ir_block_chunk(&m->blocks.a[b], NULL) < 0 : b != mb) continue;
+    fb[nfb++] = b;
+    for (int i = 0; i < m->blocks.a[b].n; i++) r.has_data[b] |= m->blocks.a[b].nodes[i].op == IR_OP_INPUT;
+  }
   FeedSpec fs;
-  if (feed_spec(r.prog, m, mb, &fs, err, errlen) != 0) { run_free(&r); return -1; }
+  int frc = feed_spec(r.prog, m, fb, nfb, !piped, &fs, err, errlen);
+  free(fb);
+  if (frc != 0) { run_free(&r); return -1; }
   if (fs.has_targets && lead) warn_vocab(m);
 
   const char *path = o->data_path ? o->data_path : rt_corpus_default_path();
-  if (rt_corpus_open(&r.corpus, path, err, errlen) != 0) { run_free(&r); return -1; }
-  if (r.corpus.len < (size_t)fs.T + 2) {
+  if (!fs.none && rt_corpus_open(&r.corpus, path, err, errlen) != 0) { run_free(&r); return -1; }
+  if (!fs.none && r.corpus.len < (size_t)fs.T + 2) {
     snprintf(err, errlen, "corpus %s has %zu bytes; seq_len %lld needs at least %lld",
              path, r.corpus.len, (long long)fs.T, (long long)fs.T + 2);
     run_free(&r);
@@ -302,8 +458,9 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     return -1;
   }
   int64_t ntok = fs.rows * fs.T, nloc = ir_type_numel(&fs.tok_t);   /* global / local per micro */
-  r.tokens = ts_xcalloc((size_t)nloc, sizeof *r.tokens);
-  r.targets = ts_xcalloc((size_t)nloc, sizeof *r.targets);
+  if (fs.none) ntok = tr->micro_batch * tr->seq_len, nloc = 0;        /* tokens/s of a middle stage */
+  r.tokens = ts_xcalloc((size_t)(nloc ? nloc : 1), sizeof *r.tokens);
+  r.targets = ts_xcalloc((size_t)(nloc ? nloc : 1), sizeof *r.targets);
   if (fs.split) {
     r.gtok = ts_xcalloc((size_t)ntok, sizeof *r.gtok);
     r.gtgt = ts_xcalloc((size_t)ntok, sizeof *r.gtgt);
@@ -322,9 +479,12 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   double t0 = now_s();
   int rc = 0;
   for (int64_t s = 0; s < tr->steps; s++) {
-    double ts = now_s(), lr = rt_lr_at(tr, s), loss, gn;
-    if (train_step(&r, m, &fs, mb, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
-                   err, errlen) != 0) {
+    double ts = now_s(), lr = rt_lr_at(tr, s), loss = NAN, gn = NAN;
+    int bad = piped ? train_step_pipe(&r, m, &fs, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
+                                      err, errlen)
+                    : train_step(&r, m, &fs, mb, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
+                                 err, errlen);
+    if (bad) {
       char msg[1024];
       snprintf(msg, sizeof msg, "step %lld: %s", (long long)s + 1, err);
       snprintf(err, errlen, "%s", msg);

@@ -40,6 +40,17 @@ int rt_corpus_batch(const RtCorpus *c, uint64_t seed, int64_t step, int64_t row0
  * dp, divided by global_batch / micro_batch.  Only world rank 0 prints
  * progress and writes metrics.
  *
+ * Pipeline programs (m->par.pp > 1, m->par.stage = pp coordinate + 1; see
+ * docs/pipeline.md): instead of "micro", the rank runs the steps of its
+ * schedule (regenerated from m->par with n_local micro batches and checked
+ * with pass_pipe_check): F of micro j on chunk g runs block fwd.<g>, B runs
+ * bwd.<g>, each fed micro batch r * n_local + j when it has data inputs
+ * (RtRunInfo.micro is that global index, as without pp).  Then every posted
+ * send completes, no stashed value may be left, and "update" runs.  The
+ * loss: the forward blocks' `output "loss"` (once per micro batch over the
+ * pipeline), summed, all-reduced over pp and dp, divided as above; the grad
+ * norm is the update's (every stage reports the same global value).
+ *
  * Fault injection for the tests (world ranks, steps from 1):
  *   TS_FAULT_KILL_RANK=R TS_FAULT_KILL_STEP=S   rank R SIGKILLs itself in
  *       step S, after its first micro batch;
@@ -60,7 +71,8 @@ typedef struct {
 } RtTrainResult;
 
 /* Trains m for m->train.steps steps: per step, global_batch / micro_batch
- * runs of block "micro" (each fed a fresh micro-batch), then block
+ * runs of block "micro" (each fed a fresh micro-batch; a pipeline program:
+ * its schedule, see above), then block
  * "update"; the step's loss is the mean of the micro runs' `output "loss"`,
  * its grad norm the update's `output "grad_norm"` (NaN if not reported).
  * A non-finite loss stops training with an error naming the step.
@@ -90,8 +102,12 @@ typedef struct { int n; RtParam *a; } RtParams;
 
 /* Collective over `world` (every rank calls it; world NULL: single rank):
  * gathers each parameter of p's module over the axes it is split on and
- * world rank 0 writes `path`.  0, or -1 with a message (rank 0's write
- * error is only known to rank 0). */
+ * world rank 0 writes `path`.  With pp > 1 every pipeline rank holds a
+ * different subset of the parameters: the ranks of world rank 0's pp group
+ * send it the ones it lacks (a parameter held by several pipeline ranks,
+ * like a tied embedding, from the lowest), so the file holds every
+ * parameter, as the single-rank run's does.  0, or -1 with a message
+ * (rank 0's write error is only known to rank 0). */
 int rt_params_save(RtProgram *p, RtComm *world, const char *path, char *err, size_t errlen);
 RtParams *rt_params_read(const char *path, char *err, size_t errlen);
 void rt_params_free(RtParams *ps);

@@ -15,7 +15,10 @@
  *     the world size must equal N (N defaults to the world size).
  * The mesh is the plan's tp, pp, cp, ep and dp = N / (tp*pp*cp*ep); a plan
  * compiled for another dp gets its update block rebuilt for this dp
- * (pass_respecialize_dp).  A rank that fails or dies ends every rank: an
+ * (pass_respecialize_dp), except a pipeline plan (pp > 1), which is
+ * refused ("recompile with mcc --dp N").  With pp > 1 each rank runs the
+ * program of its pp coordinate (the plan's rank_program) and trains it
+ * with its pipeline schedule (runtime/train.h).  A rank that fails or dies ends every rank: an
  * error calls MPI_Abort, and a stalled or dead peer is caught by the
  * collectives' deadline (--timeout, default 60 s).
  * Exit status 0 on success, 1 on any error (after a message on stderr), 2
@@ -254,6 +257,15 @@ static IrModule *prepare(RtPlan *plan, const RtMesh *mesh, int rank, const Args 
    * verifier's message rather than fail somewhere inside a kernel */
   if (ir_verify(m, why, sizeof why) != 0) { ts_errf(err, errlen, "%s: the program is invalid: %s", a->plan, why); return NULL; }
   if (ir_axis_size(m, IR_AXIS_DP) != mesh->dp) {
+    /* pass_respecialize_dp rebuilds one whole program's update; a pipeline
+     * stage's update (group sums over pp, a norm over pp) is not that */
+    if (ir_axis_size(m, IR_AXIS_PP) > 1) {
+      ts_errf(err, errlen, "%s is a pipeline plan (pp=%d) compiled for dp=%d, and --gpus %d gives dp=%d; a pipeline "
+              "plan runs only at its compiled dp (recompile with mcc --dp %d, or run --gpus %d)", a->plan,
+              ir_axis_size(m, IR_AXIS_PP), ir_axis_size(m, IR_AXIS_DP), rt_mesh_size(mesh), mesh->dp, mesh->dp,
+              rt_mesh_size(mesh) / mesh->dp * ir_axis_size(m, IR_AXIS_DP));
+      return NULL;
+    }
     if (pass_respecialize_dp(m, mesh->dp, why, sizeof why) != 0) {
       ts_errf(err, errlen, "%s was compiled for dp=%d; running it at dp=%d failed: %s", a->plan,
               ir_axis_size(m, IR_AXIS_DP), mesh->dp, why);
