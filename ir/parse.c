@@ -373,8 +373,10 @@ static int parse_parallel(P *p) {
     if (!strcmp(k, "schedule")) {      /* pipeline schedule by name */
       skip_ws(p);
       size_t vat = p->pos;
-      const char *v = word(p, "a pipeline schedule");
-      if (!v) return -1;
+      /* "1f1b" starts with a digit, which word() does not take */
+      while (is_word_char(cur(p))) p->pos++;
+      if (p->pos == vat) return PERR("expected a pipeline schedule"), -1;
+      const char *v = ts_intern_n(p->s + vat, p->pos - vat);
       int s = -1;
       for (int i = 0; i < IR_PIPE_COUNT; i++)
         if (strcmp(v, ir_pipe_sched_name((IrPipeSched)i)) == 0) s = i;

@@ -44,12 +44,30 @@
  * sees this step's gradients unchanged.  With dp = 1 and no shardings the
  * block is the plain single-rank one (no collectives, no reshapes).
  *
+ * Pipeline (pp > 1, whole-model module: parallel stage=0, blocks fwd.<g> /
+ * bwd.<g> of every global chunk g instead of "micro"; docs/pipeline.md):
+ *   one block "update.<r>" per pipeline rank r, built as above over the
+ *   gradients of the parameters r's chunks (g % pp == r) use: a parameter
+ *   read, or a gradient accumulated, in a chunk of r.  A gradient used on
+ *   several pipeline ranks (the tied embedding and head) is each member's
+ *   partial sum: it is first summed over them, `group_sum ~axis=pp
+ *   ranks=MASK`, so every member holds the same bits and updates its copy
+ *   of the parameter identically.  In the norm each gradient is counted on
+ *   one rank only (the lowest of its members), so the square sums are
+ *   partial over pp and all-reduced over pp after the other axes.  A
+ *   gradient no chunk uses goes to rank 0 (its parameter still decays).
+ *   tp, sp, cp, ep and dp (ZeRO or not) are handled inside each update.<r>
+ *   exactly as in the single-stage block.  With pp = 1 nothing changes.
+ *
  * pass_respecialize_dp (mrun running a plan at another dp than it was
  * compiled for) drops the update block and the moments and runs this pass
- * and dce again. */
+ * and dce again.  It refuses pipeline modules (recompile with --dp). */
 #include "passes.h"
 
 #define DP_BIT (1u << IR_AXIS_DP)
+#define PP_BIT (1u << IR_AXIS_PP)
+/* ranks=MASK of group_sum is an int64 bit mask of pp coordinates */
+#define PP_MAX_MASK_RANKS 62
 
 /* Emits into the update block; the first failure is written to cx->err and
  * every later call returns -1 without emitting (operands < 0 propagate).
@@ -77,6 +95,8 @@ typedef struct {
   int zero;          /* ZeRO-1: dp > 1 and m->par.zero */
   unsigned live;     /* axes of size > 1: only they need collectives */
   IrDtype prec;      /* dtype of the scalars */
+  unsigned ppn;      /* PP_BIT when building a pipeline rank's update (the norm's
+                        square sums are partial over pp), else 0 */
 } Mesh;
 
 /* One parameter's gradient as the update block handles it. */
@@ -85,6 +105,8 @@ typedef struct {
   unsigned split;    /* live non-dp axes splitting the grad: its square sum is partial over them */
   int64_t n, c;      /* numel of the local param; ZeRO chunk ceil(n / dp) */
   int val;           /* the rank's true local gradient [param type], or (ZeRO) its reduced chunk [c] */
+  uint64_t ranks;    /* pipeline: pp coordinates whose chunks use it (bit r); 0 with pp = 1 */
+  int in_norm;       /* counted in this block's norm (pipeline: only on its lowest rank) */
 } Grad;
 
 static IrSharding sh_partial(unsigned mask) {
@@ -137,8 +159,15 @@ static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
   IrSharding sh = gs->sh;      /* partial:dp when dp > 1 (dp_marks) */
   int64_t gi[1] = {gr->g};
   int v = em(e, IR_OP_STATE, NULL, 0, gi, NULL, NULL, &gt, &sh);
-  /* partial over a size-1 axis is the same as replicated: no collective */
-  sh.partial &= (uint8_t)(ms->live | DP_BIT);
+  if (gr->ranks & (gr->ranks - 1)) {
+    /* accumulated on several pipeline ranks: their sum, identical on each */
+    sh.partial &= (uint8_t)~PP_BIT;
+    int64_t ia[2] = {IR_AXIS_PP, (int64_t)gr->ranks};
+    v = em(e, IR_OP_GROUP_SUM, &v, 1, ia, NULL, NULL, NULL, &sh);
+  }
+  /* partial over a size-1 axis is the same as replicated: no collective;
+   * over pp a gradient is summed by group_sum only */
+  sh.partial &= (uint8_t)((ms->live | DP_BIT) & ~PP_BIT);
   for (int a = 0; a < IR_AXIS_COUNT; a++) {
     if (a == IR_AXIS_DP || !(sh.partial & (1u << a))) continue;
     sh.partial &= (uint8_t)~(1u << a);
@@ -161,7 +190,7 @@ static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
 /* Step 2 for one gradient: its square sum as a precision scalar, partial
  * over the axes splitting it (and over dp with ZeRO: chunks are disjoint). */
 static int grad_sumsq(Em *e, const Grad *gr, const Mesh *ms) {
-  IrSharding sh = sh_partial(gr->split | (ms->zero ? DP_BIT : 0));
+  IrSharding sh = sh_partial(gr->split | (ms->zero ? DP_BIT : 0) | ms->ppn);
   int sq = em(e, IR_OP_SUMSQ, &gr->val, 1, NULL, NULL, NULL, NULL, &sh);
   if (!e->failed && e->m->blocks.a[e->b].nodes[sq].type.dtype != ms->prec) {
     IrType ct = {ms->prec, 0, {0}, {0}};
@@ -193,9 +222,11 @@ static int values_and_norm(Em *e, Grad *grads, int ng, const Mesh *ms) {
   enum { NMASK = 1 << IR_AXIS_COUNT };
   int sum[NMASK], order[NMASK], nsets = 0;
   for (int k = 0; k < NMASK; k++) sum[k] = -1;
-  unsigned zdp = ms->zero ? DP_BIT : 0;
+  /* the axes every square sum stays partial over until the very end */
+  unsigned zdp = (ms->zero ? DP_BIT : 0) | ms->ppn;
   for (int k = 0; k < ng; k++) {
     grad_value(e, &grads[k], ms);
+    if (!grads[k].in_norm) continue;
     int sq = grad_sumsq(e, &grads[k], ms);
     unsigned s = grads[k].split;
     if (sum[s] < 0) { sum[s] = sq; order[nsets++] = (int)s; continue; }
@@ -211,6 +242,13 @@ static int values_and_norm(Em *e, Grad *grads, int ng, const Mesh *ms) {
     IrSharding sh = sh_partial(zdp);
     int in[2] = {total, x};
     total = em(e, IR_OP_ADD, in, 2, NULL, NULL, NULL, NULL, &sh);
+  }
+  if (total < 0 && !e->failed) {
+    /* a pipeline rank counting no gradient still joins the pp all_reduce */
+    IrType sc = {ms->prec, 0, {0}, {0}};
+    IrSharding sh = sh_partial(zdp);
+    double zero = 0.0;
+    total = em(e, IR_OP_FULL, NULL, 0, NULL, &zero, NULL, &sc, &sh);
   }
   total = reduce_over(e, total, zdp, zdp);
   return em(e, IR_OP_SQRT, &total, 1, NULL, NULL, NULL, NULL, NULL);
@@ -326,6 +364,8 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
     g->n = ir_type_numel(&ps->type);
     g->c = (g->n + ms->dp - 1) / ms->dp;
     g->val = -1;
+    g->ranks = 0;
+    g->in_norm = 1;
   }
   if (!ng) return ts_errf(cx->err, sizeof cx->err, "optimizer: no parameter receives a gradient; nothing to train");
   return ng;
@@ -377,8 +417,88 @@ static SavedSh *save_accum_operands(IrModule *m, Arena *a, int *n_out) {
   return v;
 }
 
+/* Steps 1-6 into a new block `name` for the gradients grads[0..ng). */
+static int build_update(IrModule *m, PassCtx *cx, const char *name, Grad *grads, int ng, const Mesh *ms) {
+  Em e = {m, cx, ir_block_add(m, name), 0};
+  /* 1-2. reduced gradients and the global norm, before any adamw */
+  int total_norm = values_and_norm(&e, grads, ng, ms);
+  em(&e, IR_OP_OUTPUT, &total_norm, 1, NULL, NULL, "grad_norm", NULL, NULL);
+
+  /* 3. the clipping factor */
+  int coef;
+  if (m->train.clip_grad > 0) {
+    double mx = m->train.clip_grad;
+    coef = em(&e, IR_OP_CLIP_COEF, &total_norm, 1, NULL, &mx, NULL, NULL, NULL);
+  } else {
+    IrType sc = {ms->prec, 0, {0}, {0}};
+    double one = 1.0;
+    coef = em(&e, IR_OP_FULL, NULL, 0, NULL, &one, NULL, &sc, NULL);
+  }
+
+  /* 4-5. AdamW per parameter; with ZeRO, then the all-gathers */
+  for (int k = 0; k < ng && !e.failed; k++) adamw(&e, &grads[k], ms, coef);
+  for (int k = 0; ms->zero && k < ng && !e.failed; k++) rebuild_param(&e, &grads[k], ms);
+
+  /* 6. clear the accumulators */
+  for (int k = 0; k < ng; k++) {
+    int64_t ia[1] = {grads[k].g};
+    em(&e, IR_OP_ZERO, NULL, 0, ia, NULL, NULL, NULL, NULL);
+  }
+  return e.failed ? -1 : 0;
+}
+
+/* Pipeline: the pp coordinates using each state, by the chunks of the
+ * blocks fwd.<g> / bwd.<g> referring to it (bit g % pp); 0 = none.
+ * Returns the array (scratch), or NULL with cx->err when the module is not
+ * a whole-model pipeline module. */
+static uint64_t *pipe_state_ranks(IrModule *m, PassCtx *cx, int pp) {
+  uint64_t *use = arena_alloc(&cx->scratch, ((size_t)m->states.n + 1) * sizeof *use);
+  int nchunk_blocks = 0;
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    int g = ir_block_chunk(b, NULL);
+    if (g < 0) {
+      if (strncmp(b->name, "update", 6) == 0) {
+        ts_errf(cx->err, sizeof cx->err, "optimizer: block \"%s\" already exists", b->name);
+        return NULL;
+      }
+      continue;
+    }
+    nchunk_blocks++;
+    for (int i = 0; i < b->n; i++)
+      for (int k = 0; k < IR_MAX_IATTR; k++) {
+        if (!ir_op_iattr_is_state(b->nodes[i].op, k)) continue;
+        int64_t s = b->nodes[i].ia[k];
+        if (s >= 0 && s < m->states.n) use[s] |= 1ull << (g % pp);
+      }
+  }
+  if (!nchunk_blocks) {
+    ts_errf(cx->err, sizeof cx->err, "optimizer: pp=%d but the module has no pipeline blocks fwd.<g> / bwd.<g> "
+            "(run the partition and pipeline passes first)", pp);
+    return NULL;
+  }
+  return use;
+}
+
 int pass_optimizer(IrModule *m, PassCtx *cx) {
-  if (ir_block_find(m, "micro") < 0) { snprintf(cx->err, sizeof cx->err, "optimizer: the module has no block \"micro\" (run autodiff first)"); return -1; }
+  int pp = ir_axis_size(m, IR_AXIS_PP);
+  int pipe = pp > 1 && m->par.stage == 0;
+  if (pp > 1 && !pipe) {
+    snprintf(cx->err, sizeof cx->err, "optimizer: this is the program of pipeline rank %d (stage=%d); the update "
+             "blocks are built on the whole-model module (stage=0)", m->par.stage - 1, m->par.stage);
+    return -1;
+  }
+  if (pipe && pp > PP_MAX_MASK_RANKS) {
+    snprintf(cx->err, sizeof cx->err, "optimizer: pp=%d: at most %d pipeline ranks are supported (group_sum's rank "
+             "mask is 64 bits)", pp, PP_MAX_MASK_RANKS);
+    return -1;
+  }
+  if (pipe && ir_block_find(m, "micro") >= 0) {
+    snprintf(cx->err, sizeof cx->err, "optimizer: pp=%d but the module still has block \"micro\" (the pipeline "
+             "pass cuts it into fwd.<g> / bwd.<g>)", pp);
+    return -1;
+  }
+  if (!pipe && ir_block_find(m, "micro") < 0) { snprintf(cx->err, sizeof cx->err, "optimizer: the module has no block \"micro\" (run autodiff first)"); return -1; }
   if (ir_block_find(m, "update") >= 0) { snprintf(cx->err, sizeof cx->err, "optimizer: block \"update\" already exists"); return -1; }
   Mesh ms;
   ms.prec = m->train.precision;
@@ -386,8 +506,11 @@ int pass_optimizer(IrModule *m, PassCtx *cx) {
   ms.dp = ir_axis_size(m, IR_AXIS_DP);
   ms.zero = ms.dp > 1 && m->par.zero;
   ms.live = 0;
+  ms.ppn = pipe ? PP_BIT : 0;
   for (int a = 0; a < IR_AXIS_COUNT; a++)
     if (ir_axis_size(m, (IrAxis)a) > 1) ms.live |= 1u << a;
+  uint64_t *use = pipe ? pipe_state_ranks(m, cx, pp) : NULL;
+  if (pipe && !use) return -1;
 
   int nstates0 = m->states.n, nblocks0 = m->blocks.n;
   /* moment_state may re-type leftover moment states: keep them to restore */
@@ -400,33 +523,32 @@ int pass_optimizer(IrModule *m, PassCtx *cx) {
   SavedSh *acc = save_accum_operands(m, &cx->scratch, &nacc);
   dp_marks(m, ms.dp > 1);
 
-  Em e = {m, cx, ir_block_add(m, "update"), 0};
-  /* 1-2. reduced gradients and the global norm, before any adamw */
-  int total_norm = values_and_norm(&e, grads, ng, &ms);
-  em(&e, IR_OP_OUTPUT, &total_norm, 1, NULL, NULL, "grad_norm", NULL, NULL);
-
-  /* 3. the clipping factor */
-  int coef;
-  if (m->train.clip_grad > 0) {
-    double mx = m->train.clip_grad;
-    coef = em(&e, IR_OP_CLIP_COEF, &total_norm, 1, NULL, &mx, NULL, NULL, NULL);
+  int rc = 0;
+  if (!pipe) {
+    rc = build_update(m, cx, "update", grads, ng, &ms);
   } else {
-    IrType sc = {ms.prec, 0, {0}, {0}};
-    double one = 1.0;
-    coef = em(&e, IR_OP_FULL, NULL, 0, NULL, &one, NULL, &sc, NULL);
+    /* a gradient belongs to the ranks reading its parameter or accumulating
+     * into it; one that no chunk uses goes to rank 0 */
+    for (int k = 0; k < ng; k++) {
+      grads[k].ranks = use[grads[k].g] | use[grads[k].p];
+      if (!grads[k].ranks) grads[k].ranks = 1;
+    }
+    Grad *mine = arena_alloc(&cx->scratch, ((size_t)ng + 1) * sizeof *mine);
+    for (int r = 0; r < pp && rc == 0; r++) {
+      int n = 0;
+      for (int k = 0; k < ng; k++) {
+        if (!(grads[k].ranks & (1ull << r))) continue;
+        mine[n] = grads[k];
+        /* counted in the norm once: on the lowest rank holding it */
+        mine[n++].in_norm = (grads[k].ranks & ((1ull << r) - 1)) == 0;
+      }
+      char name[32];
+      snprintf(name, sizeof name, "update.%d", r);
+      rc = build_update(m, cx, name, mine, n, &ms);
+    }
   }
 
-  /* 4-5. AdamW per parameter; with ZeRO, then the all-gathers */
-  for (int k = 0; k < ng && !e.failed; k++) adamw(&e, &grads[k], &ms, coef);
-  for (int k = 0; ms.zero && k < ng && !e.failed; k++) rebuild_param(&e, &grads[k], &ms);
-
-  /* 6. clear the accumulators */
-  for (int k = 0; k < ng; k++) {
-    int64_t ia[1] = {grads[k].g};
-    em(&e, IR_OP_ZERO, NULL, 0, ia, NULL, NULL, NULL, NULL);
-  }
-
-  if (e.failed) {            /* leave the module as it was */
+  if (rc != 0) {             /* leave the module as it was */
     m->blocks.n = nblocks0;
     m->states.n = nstates0;
     if (nstates0) memcpy(m->states.a, saved, (size_t)nstates0 * sizeof *saved);
@@ -476,6 +598,12 @@ static void block_insert(IrModule *m, int bi, const IrBlock *b) {
 
 int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
   if (dp < 1 || dp > (1 << 20)) return ts_errf(err, errlen, "respecialize: dp=%d is out of range (1 .. 2^20)", dp);
+  /* a pipeline rank's program holds only its chunks: its update block
+   * cannot be rebuilt without the other ranks' (group_sum masks, the norm) */
+  if (ir_axis_size(m, IR_AXIS_PP) > 1)
+    return ts_errf(err, errlen, "respecialize to dp=%d: this is a pipeline plan (pp=%d), compiled for dp=%d; a "
+                   "pipeline plan cannot be adapted to another dp at run time: recompile it with mcc --dp %d",
+                   dp, ir_axis_size(m, IR_AXIS_PP), ir_axis_size(m, IR_AXIS_DP), dp);
   int ub = ir_block_find(m, "update");
   if (ub < 0) return ts_errf(err, errlen, "respecialize: the module has no block \"update\" (the optimizer pass did not run)");
   char why[512];

@@ -149,6 +149,15 @@ void pass_pipe_timeline_free(PipeTimeline *t);
 /* idle / busy of rank r (0 when busy is 0). */
 double pass_pipe_bubble(const PipeTimeline *t, int r);
 
+/* ---- per-rank programs (passes/pipeline_rank.c) ---- */
+/* The program of pipeline rank r, cut out of the whole-model module
+ * `whole` (pp > 1, parallel stage=0, after the optimizer): the blocks
+ * fwd.<g> / bwd.<g> of r's chunks (g % pp == r), "update.<r>" renamed
+ * "update", only the states those use (re-indexed, names kept), parallel
+ * stage=r+1; everything else copied.  Verified.  A new module the caller
+ * frees, or NULL with a message. */
+IrModule *pass_pipeline_rank_module(const IrModule *whole, int r, char *err, size_t errlen);
+
 /* ---- what mcc shows ---- */
 /* The text of `mcc --report schedule`: the partition (units, FLOPs,
  * bytes, cost per chunk, bytes crossing each boundary, shared

@@ -3,11 +3,16 @@
  *   frontend (mdl_compile_file) -> pass pipeline (passes/pipeline.c) -> plan
  *
  * The layout comes from the model's `parallel` block and --tp/--dp/--sp/
- * --no-zero.  The plan's mesh is (dp, pp, cp, ep, tp) of the compiled
- * module; every rank runs program 0 (one program per pipeline stage once
- * pipeline parallelism exists; pp, cp and ep > 1 are refused until issues
- * 5 and 6).  dp only shapes the update block (ZeRO), and mrun re-runs the
- * optimizer for another dp, so a plan runs at any dp.
+ * --no-zero/--cp/--ep/--pp.  The plan's mesh is (dp, pp, cp, ep, tp) of
+ * the compiled module.  Without pipeline parallelism every rank runs
+ * program 0; dp only shapes the update block (ZeRO), and mrun re-runs the
+ * optimizer for another dp, so such a plan runs at any dp.  With pp > 1
+ * the passes build one whole-model module (blocks fwd.<g> / bwd.<g>,
+ * update.<r>), which is split into one program per pipeline rank
+ * (passes/pipeline_rank.c); rank k runs the program of its pp coordinate.
+ * The schedule (--schedule, --vpp) is computed and checked here, so a bad
+ * combination with the micro batches is a compile error.  A pipeline plan
+ * runs at the dp it was compiled for.
  *
  * Besides plans and IR: --report memory|comm (analyses of the compiled
  * program, no plan written) and --check (compile sharded and unsharded,
@@ -18,6 +23,7 @@
 #include "passes/passes.h"
 #include "passes/memplan.h"
 #include "passes/pipe.h"
+#include "runtime/comm.h"
 #include "runtime/plan.h"
 #include "runtime/train.h"
 #include <errno.h>
@@ -45,8 +51,7 @@ static void usage(FILE *f) {
           "  --no-zero              no distributed optimizer: every dp rank keeps whole Adam moments\n"
           "  --cp N                 context parallel size (sequence split over cp ranks; all-gather attention)\n"
           "  --ep N                 expert parallel size (dims ruled to ep, e.g. experts, split over ep ranks)\n"
-          "  --pp N                 pipeline parallel size: only 1 for a plan for now (issue 5); --pp N > 1\n"
-          "                         works with --report schedule and --emit=trace\n"
+          "  --pp N                 pipeline parallel size (stages of the model's layer stack)\n"
           "  --stdlib DIR           where `import nn` looks (default: the source tree's stdlib/)\n"
           "  --emit=KIND            plan (default), plan-text, ir (final IR), dot (Graphviz)\n"
           "  --emit=llvm DIR        instead of a plan, each distinct kernel's optimized LLVM IR as DIR/<kernel>_<hash>.ll\n"
@@ -221,9 +226,10 @@ static int parse_args(int argc, char **argv, Args *a) {
   }
   if (!a->input) return usage_error("%s", "no input file");
   if (a->check && a->report) return usage_error("%s", "--check and --report do not go together");
-  if (!pipe_views(a) && (a->vpp > 0 || a->schedule || a->pp_layout || a->pp_layers.n))
-    return usage_error("%s", "--vpp, --schedule, --pp-layers and --pp-layout shape --report schedule and --emit=trace "
-                             "(pipeline execution is not implemented yet)");
+  /* the partition pass reads the overrides from the pass context */
+  a->cx->pp_layers = a->pp_layers.n ? a->pp_layers.a : NULL;
+  a->cx->pp_nlayers = a->pp_layers.n;
+  a->cx->pp_layout = a->pp_layout;
   if (a->check && pipe_views(a)) return usage_error("%s", "--check and the pipeline views do not go together");
   if (!a->check && (a->steps > 0 || a->gpus > 0))
     return usage_error("%s", "--steps and --gpus go with --check (mrun takes them for training)");
@@ -262,25 +268,10 @@ static int64_t mesh_ranks(const IrModule *m) {
 /* What this compiler can lay out, checked on the frontend's module (the
  * parallel block and the options are merged there).  0, or 1 after
  * printing "mcc: error: ...". */
-static int check_layout(const IrModule *m, int allow_pp) {
+static int check_layout(const IrModule *m) {
   /* context parallelism (cp) works in its all-gather form, expert
-   * parallelism (ep) for dense expert layers (docs/sharding.md) */
-  static const struct { IrAxis ax; const char *what; int issue; } later[] = {{IR_AXIS_PP, "pipeline", 5}};
-  for (int i = 0; i < 1; i++) {
-    int v = ir_axis_size(m, later[i].ax);
-    if (v > 1 && i == 0 && allow_pp) continue;   /* the pipeline views work with any pp */
-    if (v > 1 && i == 0) {
-      fprintf(stderr, "mcc: error: pp=%d: pipeline parallelism is not supported yet (issue 5): pipeline execution "
-                      "is not implemented yet (--report schedule and --emit=trace FILE show the stages and "
-                      "schedules); use pp=1 for a plan\n", v);
-      return 1;
-    }
-    if (v > 1) {
-      fprintf(stderr, "mcc: error: %s=%d: %s parallelism is not supported yet (issue %d); use %s=1\n",
-              ir_axis_name(later[i].ax), v, later[i].what, later[i].issue, ir_axis_name(later[i].ax));
-      return 1;
-    }
-  }
+   * parallelism (ep) for dense expert layers (docs/sharding.md), pipeline
+   * parallelism (pp) as per-rank programs (docs/pipeline.md) */
   if (m->par.sp && ir_axis_size(m, IR_AXIS_TP) < 2) {
     fprintf(stderr, "mcc: error: sequence parallelism (--sp or sp = true) needs tensor parallelism: it splits "
                     "the sequence over the tp ranks, and tp=%d; add --tp N with N > 1\n", ir_axis_size(m, IR_AXIS_TP));
@@ -302,6 +293,66 @@ static int check_layout(const IrModule *m, int allow_pp) {
   return 0;
 }
 
+/* The pipeline options as the partition takes them. */
+static PipeOptions pipe_options(const Args *a, const IrModule *m) {
+  PipeOptions po = {ir_axis_size(m, IR_AXIS_PP), a->vpp, a->pp_layers.n ? a->pp_layers.a : NULL, a->pp_layers.n,
+                    a->pp_layout};
+  return po;
+}
+
+/* The schedule mcc builds for vpp chunks per rank: --schedule, else 1f1b,
+ * interleaved when vpp >= 2. */
+static PipeSchedKind pipe_kind(const Args *a, int vpp) {
+  if (a->schedule) return (PipeSchedKind)pass_pipe_sched_lookup(a->schedule);
+  return vpp > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;
+}
+
+static IrPipeSched ir_sched_of(PipeSchedKind k) {
+  return k == PIPE_GPIPE ? IR_PIPE_GPIPE : k == PIPE_INTERLEAVED ? IR_PIPE_INTERLEAVED : IR_PIPE_1F1B;
+}
+
+/* pp > 1, before the passes: partitions the model once to learn vpp (a
+ * --pp-layout implies it), records vpp and the schedule in m->par (the
+ * trainer regenerates the schedule from them), then builds every rank's
+ * schedule for this step's micro batches and proves it deadlock-free, so a
+ * bad --schedule / --vpp / batch combination is a compile error and never
+ * a hang.  With pp = 1 the pipeline options are refused (they would do
+ * nothing).  0, or 1 after printing why. */
+static int pipe_prepare(const Args *a, IrModule *m) {
+  int pp = ir_axis_size(m, IR_AXIS_PP);
+  if (pp < 2) {
+    if (a->vpp > 0 || a->schedule || a->pp_layout || a->pp_layers.n) {
+      fprintf(stderr, "mcc: error: --vpp, --schedule, --pp-layers and --pp-layout shape a pipeline, and pp=1; "
+                      "add --pp N with N > 1\n");
+      return 1;
+    }
+    return 0;
+  }
+  char err[2048];
+  PipeOptions po = pipe_options(a, m);
+  PipePartition part;
+  if (pass_pipe_partition(m, &po, &part, err, sizeof err) != 0) {
+    fprintf(stderr, "mcc: error: %s\n", err);
+    return 1;
+  }
+  int vpp = part.vpp;
+  pass_pipe_partition_free(&part);
+  PipeSchedKind kind = pipe_kind(a, vpp);
+  m->par.vpp = vpp;
+  m->par.sched = ir_sched_of(kind);
+  PipeSchedule sched;
+  memset(&sched, 0, sizeof sched);
+  int nmicro = 0, rc = 0;
+  if (pass_pipe_nmicro(&m->train, ir_axis_size(m, IR_AXIS_DP), &nmicro, err, sizeof err) != 0 ||
+      pass_pipe_schedule(kind, pp, vpp, nmicro, &sched, err, sizeof err) != 0 ||
+      pass_pipe_check(&sched, err, sizeof err) != 0) {
+    fprintf(stderr, "mcc: error: %s\n", err);
+    rc = 1;
+  }
+  pass_pipe_schedule_free(&sched);
+  return rc;
+}
+
 /* Frontend + layout checks + passes with options `o` and data-parallel
  * size dp (-1: the parallel block's).  Returns the compiled module, or
  * NULL after printing why.  *t_front gets the frontend's wall time. */
@@ -311,7 +362,7 @@ static IrModule *compile(const Args *a, const MdlOptions *o, int dp, PassCtx *cx
   if (t_front) *t_front = now_ms() - t0;
   if (!m) return NULL;                   /* the frontend printed the diagnostics */
   if (dp > 0) m->par.dp = dp;
-  if (check_layout(m, pipe_views(a)) != 0) { ir_module_free(m); return NULL; }
+  if (check_layout(m) != 0 || pipe_prepare(a, m) != 0) { ir_module_free(m); return NULL; }
   if (pass_run_pipeline(m, cx) != 0) {
     /* a pass's refusal (heads not divisible by tp, ...) is the user's
      * error; "internal error: ..." is ours and says so itself */
@@ -323,19 +374,42 @@ static IrModule *compile(const Args *a, const MdlOptions *o, int dp, PassCtx *cx
   return m;
 }
 
-/* The plan of compiled module m: the mesh of its parallel sizes, every
- * rank on program 0 (SPMD; pipeline stages will add programs).  The plan
- * takes m. */
+/* The plan of compiled module m: the mesh of its parallel sizes; every
+ * rank on program 0 (SPMD), or with pp > 1 one program per pipeline rank
+ * (passes/pipeline_rank.c), each rank on the program of its pp coordinate.
+ * The plan takes m (freed here when it is split).  NULL after printing why. */
 static RtPlan *make_plan(const char *source, IrModule *m) {
   RtPlan *p = rt_plan_new();
   p->source = ts_intern(source);
   p->mesh = (RtMesh){ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_PP), ir_axis_size(m, IR_AXIS_CP),
                      ir_axis_size(m, IR_AXIS_EP), ir_axis_size(m, IR_AXIS_TP)};
-  p->nprograms = 1;
-  p->programs = ts_xmalloc(sizeof *p->programs);
-  p->programs[0] = m;
   p->nranks = (int)mesh_ranks(m);
   p->rank_program = ts_xcalloc((size_t)p->nranks, sizeof *p->rank_program);
+  int pp = p->mesh.pp;
+  if (pp < 2) {
+    p->nprograms = 1;
+    p->programs = ts_xmalloc(sizeof *p->programs);
+    p->programs[0] = m;
+    return p;
+  }
+  p->programs = ts_xcalloc((size_t)pp, sizeof *p->programs);
+  char err[2048];
+  for (int r = 0; r < pp; r++) {
+    p->programs[r] = pass_pipeline_rank_module(m, r, err, sizeof err);
+    if (!p->programs[r]) {
+      fprintf(stderr, "mcc: %s\n", err);
+      ir_module_free(m);
+      rt_plan_free(p);              /* frees the programs made so far */
+      return NULL;
+    }
+    p->nprograms = r + 1;
+  }
+  for (int k = 0; k < p->nranks; k++) {
+    int c[RT_AXIS_COUNT];
+    rt_mesh_coords(&p->mesh, k, c);
+    p->rank_program[k] = c[RT_AXIS_PP];
+  }
+  ir_module_free(m);
   return p;
 }
 
@@ -404,6 +478,7 @@ static int check_plan_roundtrip(const RtPlan *p) {
 static int write_plan(const Args *a, IrModule *m, int *owned) {
   RtPlan *p = make_plan(a->input, m);
   *owned = 0;                         /* the plan owns the module now */
+  if (!p) return 1;
   int rc = 0;
   if (a->cx->verify_roundtrip) rc = check_plan_roundtrip(p);
   if (rc == 0 && strcmp(a->emit, "plan-text") == 0) {
@@ -457,11 +532,13 @@ static int report_memory(const Args *a, IrModule *m, StrBuf *out) {
     MdlOptions uo = unsharded_options(&a->mdl);
     if (!(u = compile_quiet(a, &uo, 1))) return 1;
   }
-  int *rank_program = ts_xcalloc((size_t)n, sizeof *rank_program);   /* SPMD: all on program 0 */
+  /* the plan's programs: SPMD (all on program 0), or one per pipeline rank */
+  RtPlan *p = make_plan(a->input, ir_module_clone(m));
+  if (!p) { ir_module_free(u); return 1; }
   char err[1024];
-  int rc = pass_memplan_report_ranks(&m, 1, rank_program, (int)n, u, out, err, sizeof err);
+  int rc = pass_memplan_report_ranks(p->programs, p->nprograms, p->rank_program, p->nranks, u, out, err, sizeof err);
   if (rc != 0) fprintf(stderr, "mcc: %s\n", err);
-  free(rank_program);
+  rt_plan_free(p);
   ir_module_free(u);
   return rc != 0;
 }
@@ -498,7 +575,7 @@ static int report_comm(const IrModule *m, StrBuf *out) {
   CommSum total = {0};
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
-    int64_t runs = strcmp(b->name, "micro") == 0 ? nmicro : 1;
+    int64_t runs = strcmp(b->name, "micro") == 0 || ir_block_chunk(b, NULL) >= 0 ? nmicro : 1;
     CommSum row[3][IR_AXIS_COUNT];
     memset(row, 0, sizeof row);
     for (int i = 0; i < b->n; i++) {
@@ -536,16 +613,14 @@ static int report_comm(const IrModule *m, StrBuf *out) {
  * Partitions the frontend's forward block (passes/partition.c), builds
  * and checks every pipeline rank's schedule (passes/schedule.c), then
  * runs the pass pipeline too, so the layout's other errors (a dim tp does
- * not divide, ...) are reported as for a plan.  No plan is written:
- * pipeline execution is not implemented yet. */
+ * not divide, ...) are reported as for a plan.  No plan is written. */
 static int run_pipe_views(const Args *a, PassCtx *cx) {
   IrModule *m = mdl_compile_file(a->input, &a->mdl);
   if (!m) return 1;
   if (a->dp > 0) m->par.dp = a->dp;
-  if (check_layout(m, 1) != 0) { ir_module_free(m); return 1; }
+  if (check_layout(m) != 0) { ir_module_free(m); return 1; }
   char err[2048];
-  PipeOptions po = {ir_axis_size(m, IR_AXIS_PP), a->vpp, a->pp_layers.n ? a->pp_layers.a : NULL, a->pp_layers.n,
-                    a->pp_layout};
+  PipeOptions po = pipe_options(a, m);
   PipePartition part;
   PipeSchedule sched;
   memset(&sched, 0, sizeof sched);
@@ -555,7 +630,11 @@ static int run_pipe_views(const Args *a, PassCtx *cx) {
     ir_module_free(m);
     return 1;
   }
-  int kind = a->schedule ? pass_pipe_sched_lookup(a->schedule) : part.vpp > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;
+  int kind = pipe_kind(a, part.vpp);
+  if (part.pp > 1) {
+    m->par.vpp = part.vpp;
+    m->par.sched = ir_sched_of((PipeSchedKind)kind);
+  }
   if (pass_pipe_nmicro(&m->train, ir_axis_size(m, IR_AXIS_DP), &nmicro, err, sizeof err) != 0 ||
       pass_pipe_schedule((PipeSchedKind)kind, part.pp, part.vpp, nmicro, &sched, err, sizeof err) != 0 ||
       pass_pipe_check(&sched, err, sizeof err) != 0) {
@@ -708,6 +787,7 @@ static int run_check(const Args *a, IrModule *m) {
   for (int i = 0; i < 2; i++) {        /* a plan owns its module: m's plan gets a clone (the caller owns m) */
     RtPlan *p = make_plan(a->input, i == 0 ? ir_module_clone(mods[i]) : mods[i]);
     if (i == 1) u = NULL;
+    if (!p) goto cleanup;
     int w = rt_plan_write(p, path[3 * i], err, sizeof err);
     rt_plan_free(p);
     if (w != 0) { fprintf(stderr, "mcc: error: --check: %s\n", err); goto cleanup; }

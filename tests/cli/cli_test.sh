@@ -67,9 +67,9 @@ parallel)
   run 0 "$MCC" samples/gpt.mdl $TINY_GPT --tp 2 -o "$TMP/tp.plan" && [ -s "$TMP/tp.plan" ] || fail "no tp=2 plan"
   run 0 "$MCC" samples/gpt.mdl $TINY_GPT $LAY --dp 4 --no-zero --emit=ir && has "$TMP/out" "dp=4 sp=0 zero=0"
   run 0 "$MCC" samples/gpt.mdl $TINY_GPT --tp 2 --sp --emit=ir && has "$TMP/out" "parallel tp=2 pp=1 cp=1 ep=1 dp=0 sp=1"
-  # refusals: later issues, sp without tp, sizes that do not divide
+  # refusals: too few micro batches for a pipeline, sp without tp, sizes that do not divide
   run 1 "$MCC" samples/llama.mdl $TINY_LLAMA --pp 2 --emit=plan-text &&
-    has "$TMP/err" "mcc: error: pp=2: pipeline parallelism is not supported yet (issue 5)"
+    has "$TMP/err" "mcc: error: --schedule 1f1b with pp=2 needs at least 2 micro batches per step, and there are 1"
   run 0 "$MCC" samples/llama.mdl $TINY_LLAMA --cp 2 --emit=ir && has "$TMP/out" "all_gather" &&
     has "$TMP/out" "parallel tp=1 pp=1 cp=2"
   run 1 "$MCC" samples/llama.mdl $TINY_LLAMA -D seq_len=7 --cp 2 && has "$TMP/err" "is not divisible by cp = 2"

@@ -2,8 +2,8 @@
 # mcc_test.sh - the pipeline views of mcc as a user runs them:
 # `--report schedule` (partition, one timeline line per rank, bubbles that
 # equal (p-1)/(v*m) on the time grid, in-flight peaks), `--emit=trace FILE`
-# (well-formed JSON with ph "X" events, one per step), the refusals (a plan
-# with pp > 1, 1f1b with too few micro batches, interleaved without --vpp,
+# (well-formed JSON with ph "X" events, one per step), the refusals (1f1b
+# with too few micro batches, also for a plan, pipeline options with pp=1, interleaved without --vpp,
 # a layout that misses a layer, micro batches that do not divide), and
 # that no plan is written.
 #
@@ -65,8 +65,8 @@ has "$TMP/out" "E + layer 0"
 has "$TMP/out" "layers 1-3"
 
 # refusals
-run 1 "$TMP/gpt.mdl" $TINY --pp 2
-has "$TMP/err" "pipeline execution is not implemented yet"
+run 1 "$TMP/gpt.mdl" $TINY -D batch=2 --pp 4 -o "$TMP/gpt.plan"
+has "$TMP/err" "needs at least 4 micro batches per step, and there are 2"
 run 1 "$TMP/gpt.mdl" $TINY -D batch=2 --pp 4 --report schedule
 has "$TMP/err" "needs at least 4 micro batches per step, and there are 2"
 run 1 "$TMP/gpt.mdl" $TINY -D batch=12 --pp 8 --vpp 1 --schedule interleaved --report schedule
@@ -81,8 +81,8 @@ run 1 "$TMP/gpt.mdl" $TINY --dp 3 --pp 2 --report schedule
 has "$TMP/err" "dp=3 does not divide the 16 micro batches"
 run 0 "$TMP/gpt.mdl" $TINY --dp 2 --pp 2 --report schedule
 has "$TMP/out" "8 micro batches per step"
-run 2 "$TMP/gpt.mdl" $TINY --pp 2 --vpp 2
-has "$TMP/err" "pipeline execution is not implemented yet"
+run 1 "$TMP/gpt.mdl" $TINY --vpp 2 -o "$TMP/gpt.plan"
+has "$TMP/err" "add --pp N with N > 1"
 run 2 "$TMP/gpt.mdl" $TINY --report schedule --schedule zigzag
 has "$TMP/err" "--schedule must be gpipe, 1f1b or interleaved"
 exit $fail
