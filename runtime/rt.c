@@ -447,9 +447,16 @@ int rt_program_block_memory(const RtProgram *p, int b, size_t *used, size_t *liv
  * on stderr when it is freed (tests/memplan compares it with `mcc --report
  * memory`). */
 static void print_memory(const RtProgram *p) {
-  fprintf(stderr, "rt memory: rank dp %d pp %d cp %d ep %d tp %d: slab %zu arena %zu\n", p->rank.coord[IR_AXIS_DP],
-          p->rank.coord[IR_AXIS_PP], p->rank.coord[IR_AXIS_CP], p->rank.coord[IR_AXIS_EP], p->rank.coord[IR_AXIS_TP],
-          p->slab_bytes, p->arena_bytes);
+  size_t kind[IR_STATE_KIND_COUNT] = {0};   /* exact bytes of the slab's states, by kind */
+  for (int i = 0; i < p->m->states.n; i++) {
+    const IrState *st = &p->m->states.a[i];
+    if (st->kind >= 0 && st->kind < IR_STATE_KIND_COUNT)
+      kind[st->kind] += (size_t)ir_type_numel(&st->type) * ir_dtype_size(st->type.dtype);
+  }
+  fprintf(stderr, "rt memory: rank dp %d pp %d cp %d ep %d tp %d: params %zu grads %zu adam %zu slab %zu arena %zu\n",
+          p->rank.coord[IR_AXIS_DP], p->rank.coord[IR_AXIS_PP], p->rank.coord[IR_AXIS_CP], p->rank.coord[IR_AXIS_EP],
+          p->rank.coord[IR_AXIS_TP], kind[IR_STATE_PARAM], kind[IR_STATE_GRAD],
+          kind[IR_STATE_ADAM_M] + kind[IR_STATE_ADAM_V], p->slab_bytes, p->arena_bytes);
   for (int b = 0; p->mem && b < p->m->blocks.n; b++)
     fprintf(stderr, "rt memory: rank dp %d pp %d cp %d ep %d tp %d: block %s: runs %lld used %zu live %zu\n",
             p->rank.coord[IR_AXIS_DP], p->rank.coord[IR_AXIS_PP], p->rank.coord[IR_AXIS_CP],

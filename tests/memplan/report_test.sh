@@ -2,8 +2,8 @@
 # report_test.sh - `mcc FILE --report memory` as a user runs it: the table's
 # state rows equal 4 bytes (f32) times the parameter count that --stats
 # reports, per block lower bound <= packed peak <= no-reuse sum, the totals
-# add up, the note that the runtime does not use the plan is there, no plan
-# file is written, -o takes the report, and a bad kind is a usage error.
+# add up for both backends, the slab holds the states (64-byte aligned), the
+# note that mrun runs in the planned arena is there, no plan file is written, -o takes the report, and a bad kind is a usage error.
 #
 # usage: report_test.sh MCC SRCDIR TMPDIR
 set -u
@@ -21,7 +21,7 @@ check_model() {   # name, then -D options
   local out="$TMP/$name.report"
   "$MCC" "$TMP/$name.mdl" "$@" --report memory > "$out" 2> "$TMP/$name.err" || { die "$name: mcc failed: $(cat "$TMP/$name.err")"; return; }
   [ -e "$TMP/$name.plan" ] && die "$name: --report memory wrote a plan"
-  grep -q "does NOT use" "$out" || die "$name: no note that the runtime does not use the plan"
+  grep -q "ONE activation arena" "$out" || die "$name: no note that mrun runs in the planned arena"
   local n
   n=$("$MCC" "$TMP/$name.mdl" "$@" --stats --emit=ir -o /dev/null 2>&1 | sed -n 's/^stats: \([0-9]*\) parameters.*/\1/p')
   [ -n "$n" ] || { die "$name: no parameter count from --stats"; return; }
@@ -42,6 +42,19 @@ check_model() {   # name, then -D options
   done
   [ "$(row "activation arena" "$out")" = "$maxpeak" ] || die "$name: arena is not the largest block peak ($maxpeak)"
   [ "$(row "total" "$out")" = $((16 * n + maxpeak)) ] || die "$name: total is not states + arena"
+  local refmax=0
+  for b in micro update; do
+    local pk lb
+    pk=$(row "block $b, --backend ref: arena peak" "$out"); lb=$(row "block $b, --backend ref: lower bound" "$out")
+    [ -n "$pk" ] && [ -n "$lb" ] && [ "$lb" -le "$pk" ] || die "$name $b: reference rows missing or out of order ($lb, $pk)"
+    [ -n "$pk" ] && [ "$pk" -gt "$refmax" ] && refmax=$pk
+  done
+  [ "$(row "activation arena, --backend ref" "$out")" = "$refmax" ] || die "$name: ref arena is not the largest ref block peak"
+  [ "$(row "total, --backend ref" "$out")" = $((16 * n + refmax)) ] || die "$name: ref total is not states + ref arena"
+  local slab
+  slab=$(row "state slab as allocated" "$out")
+  [ -n "$slab" ] && [ "$slab" -ge $((16 * n)) ] && [ "$slab" -lt $((16 * n + 64 * 4 * 400)) ] && [ $((slab % 64)) = 0 ] || \
+    die "$name: slab $slab bytes for $((16 * n)) bytes of states"
   # MiB column: bytes / 2^20 to two decimals
   local mib
   mib=$(awk 'index($0, "  parameters") == 1 { print $NF }' "$out")
