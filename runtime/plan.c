@@ -33,7 +33,11 @@
  * Version 2 added shardings (after each node's and state's type: u8 per
  * dim, then u8 partial, u8 flat; nodes then an i32 fusion group), the states' logical sizes (u8 count,
  * i64 each) and the RULE record (after PARL).  Version 1 plans are refused
- * ("recompile the plan"): they predate sharding. */
+ * ("recompile the plan"): they predate sharding.
+ * Pipeline programs (pp > 1) add, within version 2 and only when set (so
+ * other plans are byte for byte what they were): three i32 at the end of
+ * PARL (vpp, schedule, stage), and a STGE record after the blocks holding
+ * the nodes' stage tags (u32 count, then u32 block, u32 node, i32 tag). */
 #include "plan.h"
 #include <errno.h>
 #include <stdarg.h>
@@ -56,6 +60,7 @@
 #define TAG_STAT TAG('S', 'T', 'A', 'T')
 #define TAG_BLCK TAG('B', 'L', 'C', 'K')
 #define TAG_RULE TAG('R', 'U', 'L', 'E')
+#define TAG_STGE TAG('S', 'T', 'G', 'E')
 
 RtPlan *rt_plan_new(void) {
   RtPlan *p = ts_xcalloc(1, sizeof *p);
@@ -190,6 +195,7 @@ static void enc_module(StrBuf *b, const IrModule *m) {
   const IrParallel *q = &m->par;
   put_i32(b, q->tp); put_i32(b, q->pp); put_i32(b, q->cp);
   put_i32(b, q->ep); put_i32(b, q->dp); put_i32(b, q->sp); put_i32(b, q->zero);
+  if (q->vpp || q->sched || q->stage) { put_i32(b, q->vpp); put_i32(b, q->sched); put_i32(b, q->stage); }
   rec_end(b, r);
 
   r = rec_begin(b, TAG_RULE);
@@ -226,6 +232,21 @@ static void enc_module(StrBuf *b, const IrModule *m) {
     put_str(b, blk->name);
     put_u32(b, (uint32_t)blk->n);
     for (int i = 0; i < blk->n; i++) enc_node(b, &blk->nodes[i]);
+    rec_end(b, r);
+  }
+  uint32_t ntags = 0;
+  for (int bi = 0; bi < m->blocks.n; bi++)
+    for (int i = 0; i < m->blocks.a[bi].n; i++) ntags += m->blocks.a[bi].nodes[i].stage != 0;
+  if (ntags) {
+    r = rec_begin(b, TAG_STGE);
+    put_u32(b, ntags);
+    for (int bi = 0; bi < m->blocks.n; bi++)
+      for (int i = 0; i < m->blocks.a[bi].n; i++)
+        if (m->blocks.a[bi].nodes[i].stage) {
+          put_u32(b, (uint32_t)bi);
+          put_u32(b, (uint32_t)i);
+          put_i32(b, m->blocks.a[bi].nodes[i].stage);
+        }
     rec_end(b, r);
   }
 }
@@ -526,6 +547,11 @@ static IrModule *rd_module(Rd *r) {
   m->par.tp = rd_i32(&s); m->par.pp = rd_i32(&s); m->par.cp = rd_i32(&s);
   m->par.ep = rd_i32(&s); m->par.dp = rd_i32(&s); m->par.sp = rd_i32(&s);
   m->par.zero = rd_i32(&s);
+  if (!s.bad && rd_left(&s) >= 12) {      /* pipeline fields (pp > 1) */
+    m->par.vpp = rd_i32(&s); m->par.sched = rd_i32(&s); m->par.stage = rd_i32(&s);
+    if (!s.bad && (m->par.vpp < 0 || m->par.sched < 0 || m->par.sched >= IR_PIPE_COUNT || m->par.stage < 0))
+      rd_fail(&s, "bad pipeline fields vpp=%d schedule=%d stage=%d", m->par.vpp, m->par.sched, m->par.stage);
+  }
   if (rd_done(&s, r) != 0) goto bad;
 
   if (rd_record(r, TAG_RULE, "rules", &s) != 0) goto bad;
@@ -547,6 +573,20 @@ static IrModule *rd_module(Rd *r) {
   while (!r->bad && rd_peek_tag(r) == TAG_BLCK) {
     if (rd_record(r, TAG_BLCK, "block", &s) != 0) goto bad;
     rd_block(&s, m);
+    if (rd_done(&s, r) != 0) goto bad;
+  }
+  if (!r->bad && rd_peek_tag(r) == TAG_STGE) {   /* the nodes' pipeline stage tags */
+    if (rd_record(r, TAG_STGE, "stage tags", &s) != 0) goto bad;
+    int nt = rd_count(&s, 12, "stage tag");
+    for (int k = 0; k < nt && !s.bad; k++) {
+      uint32_t bi = rd_u32(&s), id = rd_u32(&s);
+      int32_t tag = rd_i32(&s);
+      if (s.bad) break;
+      if (bi >= (uint32_t)m->blocks.n || id >= (uint32_t)m->blocks.a[bi].n || tag < 1)
+        rd_fail(&s, "stage tag %d: block %u node %u tag %d out of range", k, bi, id, tag);
+      else
+        m->blocks.a[bi].nodes[id].stage = tag;
+    }
     if (rd_done(&s, r) != 0) goto bad;
   }
   if (rd_left(r) && !r->bad) rd_fail(r, "unexpected record after the blocks");
