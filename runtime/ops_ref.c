@@ -606,6 +606,19 @@ int rt_all_gather_dim(RtComm *g, IrDtype dt, const void *x, void *y, int64_t out
   return rc;
 }
 
+/* A collective along cp on a dim whose cp level is a zigzag (cp_layout.c):
+ * 1 if so, 0 if not, -1 (with a message) when the layout cannot be handled:
+ * an odd block, or the dim also split by an axis inside cp (the local block
+ * would be a piece of a zigzag chunk). */
+static int cp_zigzag_dim(RtKctx *k, IrAxis ax, int size, const IrSharding *sh, int64_t L) {
+  if (ax != IR_AXIS_CP || size <= 1) return 0;
+  int d = rt_axis(k->n->ia[1], k->it[0]->rank);
+  if (sh->split[d] & ((1u << IR_AXIS_EP) | (1u << IR_AXIS_TP)))
+    return rt_kfail(k, "dim %d is also split inside cp: the cp zigzag needs cp innermost here", d);
+  if (L % 2) return rt_kfail(k, "the cp block of dim %d has odd length %lld: causal load balancing needs 2 chunks per rank", d, (long long)L);
+  return 1;
+}
+
 static int ref_ALL_GATHER(RtKctx *k) {
   IrAxis ax;
   int size;
@@ -613,7 +626,15 @@ static int ref_ALL_GATHER(RtKctx *k) {
   int64_t outer, L, inner;
   if (kfloat(k) || kaxis(k, &ax, &size, &g) || kdim(k, &outer, &L, &inner)) return -1;
   if (ir_type_numel(k->ot) != outer * L * inner * size) return rt_kfail(k, "result size is not %d times the operand's", size);
-  return rt_all_gather_dim(g, k->ot->dtype, k->in[0], k->out, outer, L, inner, k->err, k->errlen);
+  int zz = cp_zigzag_dim(k, ax, size, rt_kin_sh(k, 0), L);
+  if (zz < 0) return -1;
+  if (!zz || !g) return rt_all_gather_dim(g, k->ot->dtype, k->in[0], k->out, outer, L, inner, k->err, k->errlen);
+  size_t es = ir_dtype_size(k->ot->dtype);
+  char *tmp = ts_xmalloc((size_t)(outer * L * inner * size) * es);   /* coordinate order */
+  int rc = rt_all_gather_dim(g, k->ot->dtype, k->in[0], tmp, outer, L, inner, k->err, k->errlen);
+  if (rc == 0) rt_cp_reorder(k->out, tmp, outer, size, L, inner, es, 1);
+  free(tmp);
+  return rc;
 }
 
 /* x[outer, size*L, inner] -> y[outer, L, inner] = block c (this rank's
@@ -629,12 +650,25 @@ static int ref_REDUCE_SCATTER(RtKctx *k) {
   size_t es = ir_dtype_size(k->ot->dtype), blk = (size_t)(outer * L * inner);
   if (ir_type_numel(k->ot) != (int64_t)blk) return rt_kfail(k, "result size is not 1/%d of the operand's", size);
   if (!g) { memcpy(k->out, k->in[0], blk * es); return 0; }
-  if (outer == 1) return rt_comm_reduce_scatter(g, k->ot->dtype, k->in[0], k->out, blk, k->err, k->errlen);
-  char *tmp = ts_xmalloc(blk * (size_t)size * es);   /* [size][outer, L, inner] */
-  for (int q = 0; q < size; q++)
-    copy_axis(tmp + (size_t)q * blk * es, L, 0, k->in[0], len, q * L, L, outer, inner, es);
-  int rc = rt_comm_reduce_scatter(g, k->ot->dtype, tmp, k->out, blk, k->err, k->errlen);
-  free(tmp);
+  int zz = cp_zigzag_dim(k, ax, size, &k->n->sh, L);
+  if (zz < 0) return -1;
+  const char *x = k->in[0];
+  char *coord = NULL;              /* cp zigzag: the operand in coordinate order */
+  if (zz) {
+    coord = ts_xmalloc(blk * (size_t)size * es);
+    rt_cp_reorder(coord, x, outer, size, L, inner, es, 0);
+    x = coord;
+  }
+  int rc;
+  if (outer == 1) {
+    rc = rt_comm_reduce_scatter(g, k->ot->dtype, x, k->out, blk, k->err, k->errlen);
+  } else {
+    char *tmp = ts_xmalloc(blk * (size_t)size * es);   /* [size][outer, L, inner] */
+    for (int q = 0; q < size; q++) copy_axis(tmp + (size_t)q * blk * es, L, 0, x, len, q * L, L, outer, inner, es);
+    rc = rt_comm_reduce_scatter(g, k->ot->dtype, tmp, k->out, blk, k->err, k->errlen);
+    free(tmp);
+  }
+  free(coord);
   return rc;
 }
 
@@ -648,7 +682,16 @@ static int ref_SHARD_SLICE(RtKctx *k) {
   if (len % size) return rt_kfail(k, "dim of %s is not divisible by the %s size %d", rt_tstr(k->it[0], 0), ir_axis_name((IrAxis)a), size);
   int64_t L = len / size;
   if (ir_type_numel(k->ot) != outer * L * inner) return rt_kfail(k, "result size is not 1/%d of the operand's", size);
-  copy_axis(k->out, L, 0, k->in[0], len, c * L, L, outer, inner, ir_dtype_size(k->ot->dtype));
+  size_t es = ir_dtype_size(k->ot->dtype);
+  int zz = cp_zigzag_dim(k, (IrAxis)a, size, &k->n->sh, L);
+  if (zz < 0) return -1;
+  if (!zz) {
+    copy_axis(k->out, L, 0, k->in[0], len, c * L, L, outer, inner, es);
+  } else {                         /* chunks c and 2*size-1-c (cp_layout.c) */
+    int64_t h = L / 2;
+    copy_axis(k->out, L, 0, k->in[0], len, c * h, h, outer, inner, es);
+    copy_axis(k->out, L, h, k->in[0], len, (2 * size - 1 - c) * h, h, outer, inner, es);
+  }
   return 0;
 }
 

@@ -494,11 +494,16 @@ static int FN(k_EMBEDDING_BWD)(RtKctx *k) {
 
 /* Rows [lo, hi) of all the [R, C] matrices: row i keeps its columns
  * j <= i (global), the rest is fill. */
-typedef struct { const T *x; T *y; T fill; int64_t R, C, ro, co; } FN(MaskJob);
+typedef struct { const T *x; T *y; T fill; int64_t R, C, ro, co; const int64_t *grow, *gcol; } FN(MaskJob);
 static void FN(mask_rows)(void *jp, int64_t lo, int64_t hi) {
   const FN(MaskJob) *j = jp;
   for (int64_t r = lo; r < hi; r++) {
-    int64_t i = r % j->R, keep = i + j->ro - j->co + 1;   /* columns j < keep stay */
+    int64_t i = r % j->R, gi = j->grow ? j->grow[i] : i + j->ro;
+    if (j->gcol) {                 /* columns in zigzag order (cp_layout.c) */
+      for (int64_t c = 0; c < j->C; c++) j->y[r * j->C + c] = j->gcol[c] <= gi ? j->x[r * j->C + c] : j->fill;
+      continue;
+    }
+    int64_t keep = gi - j->co + 1;   /* columns j < keep stay */
     keep = keep < 0 ? 0 : keep > j->C ? j->C : keep;
     memcpy(j->y + r * j->C, j->x + r * j->C, (size_t)keep * sizeof(T));
     for (int64_t c = keep; c < j->C; c++) j->y[r * j->C + c] = j->fill;
@@ -515,8 +520,20 @@ static int FN(k_CAUSAL_MASK)(RtKctx *k) {
   int64_t ro = rt_shard_block(k->p, k->n->sh.split[t->rank - 2], NULL) * R;
   int64_t co = rt_shard_block(k->p, k->n->sh.split[t->rank - 1], NULL) * Cn;
   int64_t mats = (R > 0 && Cn > 0) ? ir_type_numel(t) / (R * Cn) : 0;
-  FN(MaskJob) j = {k->in[0], k->out, (T)k->n->fa[0], R, Cn, ro, co};
+  unsigned rm = k->n->sh.split[t->rank - 2], cm = k->n->sh.split[t->rank - 1];
+  int64_t *grow = NULL, *gcol = NULL;   /* global positions when a dim is a cp zigzag */
+  if (rt_cp_zigzag(k->p, rm)) {
+    grow = ts_xmalloc((size_t)R * sizeof *grow);
+    for (int64_t i = 0; i < R; i++) grow[i] = rt_global_index(k->p, rm, R, i);
+  }
+  if (rt_cp_zigzag(k->p, cm)) {
+    gcol = ts_xmalloc((size_t)Cn * sizeof *gcol);
+    for (int64_t c = 0; c < Cn; c++) gcol[c] = rt_global_index(k->p, cm, Cn, c);
+  }
+  FN(MaskJob) j = {k->in[0], k->out, (T)k->n->fa[0], R, Cn, ro, co, grow, gcol};
   rt_par_for(mats * R, rt_row_grain(Cn), FN(mask_rows), &j);
+  free(grow);
+  free(gcol);
   return 0;
 }
 
@@ -539,6 +556,7 @@ typedef struct {
   uint64_t seed;
   int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
   int split;
+  unsigned char zz[IR_MAX_RANK];   /* dim is a cp zigzag: global index by rt_global_index */
 } FN(DropJob);
 /* Elements [lo, hi): the local index's odometer starts at lo's. */
 static void FN(drop_range)(void *jp, int64_t lo, int64_t hi) {
@@ -553,7 +571,9 @@ static void FN(drop_range)(void *jp, int64_t lo, int64_t hi) {
     int64_t g = i;
     if (j->split) {
       g = 0;
-      for (int d = 0; d < t->rank; d++) g = g * j->gdim[d] + j->off[d] + idx[d];
+      for (int d = 0; d < t->rank; d++)
+        g = g * j->gdim[d] + (j->zz[d] ? rt_global_index(j->k->p, j->k->n->sh.split[d], t->dim[d], idx[d])
+                                        : j->off[d] + idx[d]);
       for (int d = t->rank - 1; d >= 0; d--) {   /* odometer over the local index */
         if (++idx[d] < t->dim[d]) break;
         idx[d] = 0;
@@ -576,19 +596,23 @@ static int FN(k_DROPOUT)(RtKctx *k) {
   double p = k->n->fa[0];
   if (!(p >= 0 && p <= 1)) return rt_kfail(k, "p = %g is not in [0, 1]", p);
   if (p == 0) { memcpy(y, x, (size_t)n * sizeof *y); return 0; }
-  FN(DropJob) j = {k, x, y, p, p < 1 ? 1.0 / (1.0 - p) : 0.0, rt_program_seed(k->p), {0}, {0}, 0};
+  FN(DropJob) j = {k, x, y, p, p < 1 ? 1.0 / (1.0 - p) : 0.0, rt_program_seed(k->p), {0}, {0}, 0, {0}};
   rt_shard_offsets(k->p, &k->n->sh, t, j.off, j.gdim);
-  for (int d = 0; d < t->rank; d++) j.split |= j.gdim[d] != t->dim[d];
+  for (int d = 0; d < t->rank; d++) {
+    j.split |= j.gdim[d] != t->dim[d];
+    j.zz[d] = (unsigned char)rt_cp_zigzag(k->p, k->n->sh.split[d]);
+  }
   rt_par_for(n, RT_EW_GRAIN / 8, FN(drop_range), &j);
   return 0;
 }
 
-typedef struct { const T *x; T *y; const double *freq; double sign; int64_t p0, per, len, D; } FN(RopeJob);
+typedef struct { const T *x; T *y; const double *freq; double sign; int64_t p0, per, len, D; const int64_t *gpos; } FN(RopeJob);
 static void FN(rope_rows)(void *jp, int64_t lo, int64_t hi) {
   const FN(RopeJob) *j = jp;
   int64_t D = j->D, h = D / 2;
   for (int64_t r = lo; r < hi; r++) {
-    double pos = (double)(j->p0 + (r / j->per) % j->len);
+    int64_t l = (r / j->per) % j->len;
+    double pos = (double)(j->gpos ? j->gpos[l] : j->p0 + l);
     const T *x = j->x + r * D;
     T *y = j->y + r * D;
     for (int64_t i = 0; i < h; i++) {
@@ -615,10 +639,16 @@ static int FN(k_ROPE)(RtKctx *k) {
   /* the frequencies once per call: the same pow() as per element before */
   double *freq = ts_xmalloc((size_t)(h ? h : 1) * sizeof *freq);
   for (int64_t i = 0; i < h; i++) freq[i] = pow(base, -2.0 * (double)i / (double)D);
+  int64_t *gpos = NULL;            /* global positions when the axis is a cp zigzag */
+  if (rt_cp_zigzag(k->p, k->n->sh.split[ax])) {
+    gpos = ts_xmalloc((size_t)t->dim[ax] * sizeof *gpos);
+    for (int64_t l = 0; l < t->dim[ax]; l++) gpos[l] = rt_global_index(k->p, k->n->sh.split[ax], t->dim[ax], l);
+  }
   FN(RopeJob) j = {k->in[0], k->out, freq, sign, rt_shard_block(k->p, k->n->sh.split[ax], NULL) * t->dim[ax],
-                   per, t->dim[ax], D};
+                   per, t->dim[ax], D, gpos};
   rt_par_for(rows, rt_row_grain(D * 8), FN(rope_rows), &j);
   free(freq);
+  free(gpos);
   return 0;
 }
 

@@ -77,6 +77,18 @@ int64_t rt_shard_block(const RtProgram *p, unsigned mask, int64_t *nblk);
  * rank's block (off[d]) and the global (padded) size (gdim[d]). */
 void rt_shard_offsets(const RtProgram *p, const IrSharding *sh, const IrType *t,
                       int64_t off[IR_MAX_RANK], int64_t gdim[IR_MAX_RANK]);
+/* The cp level of a split is a zigzag (causal load balancing, cp_layout.c):
+ * rt_cp_zigzag: whether a dim split by `mask` is laid out so;
+ * rt_global_index: the GLOBAL index of local index j of a dim of local
+ * length L split by the axes in mask (contiguous blocks, outer axis major,
+ * except the zigzag at the cp level);
+ * rt_cp_reorder: x[outer, S*L, inner] between the cp coordinates' blocks
+ * in coordinate order (what an all_gather concatenates) and global order
+ * (to_global 1), or back (0).  L must be even. */
+int rt_cp_zigzag(const RtProgram *p, unsigned mask);
+int64_t rt_global_index(const RtProgram *p, unsigned mask, int64_t L, int64_t j);
+void rt_cp_reorder(void *dst, const void *src, int64_t outer, int S, int64_t L, int64_t inner, size_t es,
+                   int to_global);
 /* The rank's group along axis a, or NULL (axis of size 1, or none made). */
 RtComm *rt_program_group(const RtProgram *p, IrAxis a);
 /* All-gather along a middle dim (ops_ref.c): x[outer, L, inner] on each

@@ -188,12 +188,15 @@ static void run_free(TrainRun *r) {
 }
 
 /* The local block of a global [rows, T]-shaped i32 batch: x holds the
- * global tensor of type gt, y gets the block at off[] of local type lt. */
-static void slice_block(int32_t *y, const int32_t *x, const IrType *lt, const int64_t *gdim, const int64_t *off) {
+ * global tensor (dims gdim), y gets the rank's block of local type lt
+ * under sharding sh (global indices by rt_global_index: a dim split over
+ * cp holds its two zigzag chunks). */
+static void slice_block(const RtProgram *p, int32_t *y, const int32_t *x, const IrType *lt, const int64_t *gdim,
+                        const IrSharding *sh) {
   int64_t n = ir_type_numel(lt), idx[IR_MAX_RANK] = {0};
   for (int64_t i = 0; i < n; i++) {
     int64_t g = 0;
-    for (int d = 0; d < lt->rank; d++) g = g * gdim[d] + off[d] + idx[d];
+    for (int d = 0; d < lt->rank; d++) g = g * gdim[d] + rt_global_index(p, sh->split[d], lt->dim[d], idx[d]);
     y[i] = x[g];
     for (int d = lt->rank - 1; d >= 0; d--) {
       if (++idx[d] < lt->dim[d]) break;
@@ -213,8 +216,8 @@ static int load_micro_data(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
     return -1;
   int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
   rt_shard_offsets(r->prog, &fs->tok_sh, &fs->tok_t, off, gdim);
-  slice_block(r->tokens, r->gtok, &fs->tok_t, gdim, off);
-  slice_block(r->targets, r->gtgt, &fs->tok_t, gdim, off);
+  slice_block(r->prog, r->tokens, r->gtok, &fs->tok_t, gdim, &fs->tok_sh);
+  slice_block(r->prog, r->targets, r->gtgt, &fs->tok_t, gdim, &fs->tok_sh);
   return 0;
 }
 

@@ -134,7 +134,8 @@ int main(int argc, char **argv) {
   int32_t *tok = make_ids(ref, "tokens", V, 0), *tgt = make_ids(ref, "targets", V, 5);
   if (!tok || !tgt) { fprintf(stderr, "shard_equiv: the model has no tokens/targets inputs\n"); return 1; }
   RtFeed feeds[2] = {{"tokens", tok}, {"targets", tgt}};
-  /* with cp, each rank feeds its block of the sequence (the last dim) */
+  /* with cp, each rank feeds its block of the sequence (the last dim):
+   * causal load balancing gives rank c chunks c and 2C-1-c of 2C */
   int32_t *ltok = tok, *ltgt = tgt;
   if (C > 1) {
     const IrBlock *mb = &ref->blocks.a[ir_block_find(ref, "micro")];
@@ -144,10 +145,12 @@ int main(int argc, char **argv) {
     int64_t Tl = it->dim[it->rank - 1], rows = ir_type_numel(it) / Tl, bl = Tl / C, c = rk.coord[IR_AXIS_CP];
     ltok = ts_xcalloc((size_t)(rows * bl), sizeof *ltok);
     ltgt = ts_xcalloc((size_t)(rows * bl), sizeof *ltgt);
+    int64_t h = bl / 2;
     for (int64_t r = 0; r < rows; r++)
       for (int64_t j = 0; j < bl; j++) {
-        ltok[r * bl + j] = tok[r * Tl + c * bl + j];
-        ltgt[r * bl + j] = tgt[r * Tl + c * bl + j];
+        int64_t gj = j < h ? c * h + j : (2 * C - 1 - c) * h + (j - h);
+        ltok[r * bl + j] = tok[r * Tl + gj];
+        ltgt[r * bl + j] = tgt[r * Tl + gj];
       }
   }
   RtFeed lfeeds[2] = {{"tokens", ltok}, {"targets", ltgt}};
