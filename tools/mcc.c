@@ -317,11 +317,12 @@ static IrPipeSched ir_sched_of(PipeSchedKind k) {
  * schedule for this step's micro batches and proves it deadlock-free, so a
  * bad --schedule / --vpp / batch combination is a compile error and never
  * a hang.  With pp = 1 the pipeline options are refused (they would do
- * nothing).  0, or 1 after printing why. */
-static int pipe_prepare(const Args *a, IrModule *m) {
+ * nothing), except in the unsharded reference of --check / --report
+ * memory (`reference`), which ignores them.  0, or 1 after printing why. */
+static int pipe_prepare(const Args *a, IrModule *m, int reference) {
   int pp = ir_axis_size(m, IR_AXIS_PP);
   if (pp < 2) {
-    if (a->vpp > 0 || a->schedule || a->pp_layout || a->pp_layers.n) {
+    if (!reference && (a->vpp > 0 || a->schedule || a->pp_layout || a->pp_layers.n)) {
       fprintf(stderr, "mcc: error: --vpp, --schedule, --pp-layers and --pp-layout shape a pipeline, and pp=1; "
                       "add --pp N with N > 1\n");
       return 1;
@@ -354,7 +355,8 @@ static int pipe_prepare(const Args *a, IrModule *m) {
 }
 
 /* Frontend + layout checks + passes with options `o` and data-parallel
- * size dp (-1: the parallel block's).  Returns the compiled module, or
+ * size dp (-1: the parallel block's); `o` is the user's options, or those
+ * of the unsharded reference (another MdlOptions).  Returns the compiled module, or
  * NULL after printing why.  *t_front gets the frontend's wall time. */
 static IrModule *compile(const Args *a, const MdlOptions *o, int dp, PassCtx *cx, double *t_front) {
   double t0 = now_ms();
@@ -362,7 +364,7 @@ static IrModule *compile(const Args *a, const MdlOptions *o, int dp, PassCtx *cx
   if (t_front) *t_front = now_ms() - t0;
   if (!m) return NULL;                   /* the frontend printed the diagnostics */
   if (dp > 0) m->par.dp = dp;
-  if (check_layout(m) != 0 || pipe_prepare(a, m) != 0) { ir_module_free(m); return NULL; }
+  if (check_layout(m) != 0 || pipe_prepare(a, m, o != &a->mdl) != 0) { ir_module_free(m); return NULL; }
   if (pass_run_pipeline(m, cx) != 0) {
     /* a pass's refusal (heads not divisible by tp, ...) is the user's
      * error; "internal error: ..." is ours and says so itself */
@@ -530,7 +532,11 @@ static int report_memory(const Args *a, IrModule *m, StrBuf *out) {
   IrModule *u = NULL;
   if (n > 1 || m->par.sp) {
     MdlOptions uo = unsharded_options(&a->mdl);
-    if (!(u = compile_quiet(a, &uo, 1))) return 1;
+    Args ua = *a;   /* one rank has no pipeline for --schedule, --vpp, ... to shape */
+    ua.schedule = ua.pp_layout = NULL;
+    ua.vpp = 0;
+    ua.pp_layers.n = 0;
+    if (!(u = compile_quiet(&ua, &uo, 1))) return 1;
   }
   /* the plan's programs: SPMD (all on program 0), or one per pipeline rank */
   RtPlan *p = make_plan(a->input, ir_module_clone(m));
