@@ -1,0 +1,96 @@
+# tests/parallel/pipeline.cmake - issue 5's acceptance matrix (included by
+# CMakeLists.txt, which defines ts_parallel_test, TS_PAR_CHECK and the
+# environment): samples/gpt.mdl and samples/llama.mdl at tiny size with
+# pipeline parallelism, pp in {2, 4}, each with 1f1b and interleaved
+# (vpp 2), alone and combined with tp 2 and dp 2 (up to 16 ranks), trained
+# 10 steps in f64 with `mcc --check` against the single-rank run: per-step
+# losses and final parameters within 1e-10.  Then 64 ranks (tp 2 x pp 4 x
+# dp 8), a gpipe schedule, a Megatron layout with uneven stages, a check
+# that must fail, and the compile-time refusals of bad schedule / micro
+# batch combinations.
+#
+# 8 layers (pp 4 x vpp 2 = 8 chunks) and 8 sequences per step in micro
+# batches of 1: with dp 2 each dp rank runs 4, enough for 1f1b at pp 4 and
+# a multiple of pp for interleaving.  gpt with dropout (masks from global
+# indices must agree across stages) and tied embedding / head (a gradient
+# summed over the first and last pipeline ranks); llama untied, with
+# grouped-query attention.  Cells run 1-3 s (2-8 ranks) and 4-6 s (16
+# ranks) in a Release build, the 64-rank one about 18 s (labelled slow);
+# all but one cell per model are mpi_matrix (not in the sanitizer run).
+set(TS_PIPE_GPT -D layers=8 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=8 -D micro_batch=1
+                -D dropout=0.1)
+set(TS_PIPE_LLAMA -D layers=8 -D d_model=32 -D heads=8 -D kv_heads=4 -D ffn=64 -D seq_len=16 -D vocab=256
+                  -D batch=8 -D micro_batch=1)
+# tag : pipeline options (1f1b is the default with vpp 1, interleaved with vpp 2)
+set(TS_PIPE_LAYOUTS "pp2:--pp 2" "pp2_vpp2:--pp 2 --vpp 2" "pp4:--pp 4" "pp4_vpp2:--pp 4 --vpp 2")
+# tag : the other axes (gpt with sequence parallelism)
+set(TS_PIPE_WITH_gpt "alone:" "tp2_dp2_sp:--tp 2 --dp 2 --sp")
+set(TS_PIPE_WITH_llama "alone:" "tp2_dp2:--tp 2 --dp 2")
+
+function(ts_pipe_test name)
+  ts_parallel_test(${name} ${ARGN})
+  get_test_property(parallel.${name} LABELS labels)
+  list(APPEND labels pipe)
+  # kept in the sanitizer run: one 2-rank cell per model, the refusals and
+  # the failing check; the rest is mpi_matrix
+  if(name MATCHES "^(gpt[.]pp2[.]f64|llama[.]pp2_vpp2[.]f64|refuse[.].*|pipe_check_detects_difference)$")
+    list(REMOVE_ITEM labels mpi_matrix)
+  elseif(NOT "mpi_matrix" IN_LIST labels)
+    list(APPEND labels mpi_matrix)
+  endif()
+  if(name MATCHES "gpus64")
+    list(APPEND labels slow)
+  endif()
+  set_tests_properties(parallel.${name} PROPERTIES LABELS "${labels}")
+endfunction()
+
+foreach(model gpt llama)
+  string(TOUPPER ${model} M)
+  foreach(entry ${TS_PIPE_LAYOUTS})
+    string(REPLACE ":" ";" parts "${entry}")
+    list(GET parts 0 tag)
+    list(GET parts 1 popts)
+    foreach(with ${TS_PIPE_WITH_${model}})
+      string(REPLACE ":" ";" wparts "${with}")
+      list(GET wparts 0 wtag)
+      list(LENGTH wparts wn)
+      set(wopts "")
+      if(wn GREATER 1)
+        list(GET wparts 1 wopts)
+      endif()
+      set(name ${model}.${tag})
+      if(NOT wtag STREQUAL "alone")
+        set(name ${name}_${wtag})
+      endif()
+      separate_arguments(opts UNIX_COMMAND "${popts} ${wopts}")
+      ts_pipe_test(${name}.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/samples/${model}.mdl 1e-10
+                   ${TS_PIPE_${M}} ${opts} --steps 10)
+    endforeach()
+  endforeach()
+endforeach()
+
+# GPipe, and a Megatron layout with uneven stages (E + 3 layers | 2 | 2 | 1 + L)
+ts_pipe_test(gpt.pp2_gpipe.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/samples/gpt.mdl 1e-10
+             ${TS_PIPE_GPT} --pp 2 --schedule gpipe --steps 10)
+ts_pipe_test(llama.pp4_layout.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/samples/llama.mdl 1e-10
+             ${TS_PIPE_LLAMA} --pp 4 --pp-layout "Et*3|t*2|t*2|tL" --steps 10)
+
+# 64 ranks: tp 2 x pp 4 x dp 8 (32 sequences, 4 micro batches per dp rank), 3 steps
+ts_pipe_test(gpt.gpus64_tp2_pp4_dp8.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/samples/gpt.mdl 1e-10
+             -D layers=4 -D d_model=16 -D heads=4 -D seq_len=8 -D vocab=256 -D batch=32 -D micro_batch=1
+             --tp 2 --pp 4 --dp 8 --steps 3)
+set_tests_properties(parallel.gpt.gpus64_tp2_pp4_dp8.f64 PROPERTIES TIMEOUT 300)
+
+# The check can fail with pipeline parallelism too (the layout's run with another seed)
+ts_pipe_test(pipe_check_detects_difference bash ${CMAKE_CURRENT_SOURCE_DIR}/expect_fail.sh $<TARGET_FILE:mcc>
+             ${PROJECT_SOURCE_DIR}/samples/gpt.mdl ${TS_PIPE_GPT} --pp 2 --steps 2)
+
+# Compile-time refusals of a pipeline plan, naming the numbers
+ts_pipe_test(refuse.pipe_nmicro ${TS_PAR_REFUSE} ${CMAKE_CURRENT_BINARY_DIR}/tmp_pipe_nmicro
+             "--schedule 1f1b with pp=4 needs at least 4 micro batches per step, and there are 2"
+             ${PROJECT_SOURCE_DIR}/samples/gpt.mdl ${TS_PIPE_GPT} --pp 4 --dp 4)
+ts_pipe_test(refuse.pipe_interleaved ${TS_PAR_REFUSE} ${CMAKE_CURRENT_BINARY_DIR}/tmp_pipe_il
+             "to be a multiple of pp=4" ${PROJECT_SOURCE_DIR}/samples/gpt.mdl ${TS_PIPE_GPT} -D batch=6 --pp 4 --vpp 2)
+ts_pipe_test(refuse.pipe_stages ${TS_PAR_REFUSE} ${CMAKE_CURRENT_BINARY_DIR}/tmp_pipe_stages
+             "16 stages but the stack 'layers' has only 8 layers" ${PROJECT_SOURCE_DIR}/samples/gpt.mdl ${TS_PIPE_GPT}
+             --pp 4 --vpp 4)
