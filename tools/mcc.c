@@ -552,66 +552,101 @@ static int report_memory(const Args *a, IrModule *m, StrBuf *out) {
 /* ---- --report comm ----
  * What one rank communicates per training step, from the compiled program:
  * every collective node over an axis of size n > 1, counted once per run
- * of its block (the micro block runs global_batch / (micro_batch * dp)
- * times per rank per step, the update block once).  Payload = the whole
- * tensor the collective works on (all_reduce: its operand; all_gather: its
+ * of its block (the micro block, and with pipeline parallelism every
+ * fwd.<g> / bwd.<g> block, runs global_batch / (micro_batch * dp) times
+ * per rank per step, the update block once).  Payload = the whole tensor
+ * the collective works on (all_reduce: its operand; all_gather: its
  * result; reduce_scatter: its operand); "ring" = what a rank sends with a
  * ring algorithm: 2(n-1)/n x payload for all_reduce, (n-1)/n x payload for
- * all_gather and reduce_scatter. */
+ * all_gather and reduce_scatter.  Pipeline point-to-point traffic: a send
+ * sends its payload once; a group_sum over k pipeline ranks sends its
+ * operand to the k-1 others.  With pp > 1 there is one section per
+ * pipeline rank (its program). */
 typedef struct { int64_t count; double payload, ring; } CommSum;
 
-static int is_collective(IrOp op) {
-  return op == IR_OP_ALL_REDUCE || op == IR_OP_ALL_GATHER || op == IR_OP_REDUCE_SCATTER;
+enum { COMM_AR, COMM_AG, COMM_RS, COMM_GS, COMM_SEND, COMM_KINDS };
+static int comm_kind(IrOp op) {
+  switch (op) {
+  case IR_OP_ALL_REDUCE: return COMM_AR;
+  case IR_OP_ALL_GATHER: return COMM_AG;
+  case IR_OP_REDUCE_SCATTER: return COMM_RS;
+  case IR_OP_GROUP_SUM: return COMM_GS;
+  case IR_OP_SEND: return COMM_SEND;
+  default: return -1;
+  }
 }
 
-static int report_comm(const IrModule *m, StrBuf *out) {
-  int dp = ir_axis_size(m, IR_AXIS_DP);
-  int64_t nmicro = m->train.global_batch / (m->train.micro_batch * dp);
-  char lay[128];
-  sb_printf(out, "comm report: %s, %s (%lld ranks), %s training, per rank per step\n", m->name ? m->name : "?",
-            layout_str(m, lay, sizeof lay), (long long)mesh_ranks(m), ir_dtype_name(m->train.precision));
-  sb_printf(out, "# from the compiled program: each collective over an axis of size n > 1, times the runs\n"
-                 "# of its block per step (micro: %lld per rank, update: 1).  payload = the whole tensor\n"
-                 "# (all_reduce, reduce_scatter: the operand; all_gather: the result); ring = the bytes a\n"
-                 "# rank sends with a ring algorithm: 2(n-1)/n x payload for all_reduce, (n-1)/n for the\n"
-                 "# others.  Not counted: the trainer's all-reduce of the step loss over dp (8 bytes).\n",
-            (long long)nmicro);
-  sb_printf(out, "  %-8s %-15s %-4s %10s %16s %16s\n", "block", "collective", "axis", "per step", "payload bytes",
-            "ring bytes sent");
-  CommSum total = {0};
+/* The rows of one program into out, added to *total. */
+static void comm_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSum *total) {
+  static const char *names[COMM_KINDS] = {"all_reduce", "all_gather", "reduce_scatter", "group_sum", "send"};
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
     int64_t runs = strcmp(b->name, "micro") == 0 || ir_block_chunk(b, NULL) >= 0 ? nmicro : 1;
-    CommSum row[3][IR_AXIS_COUNT];
+    CommSum row[COMM_KINDS][IR_AXIS_COUNT];
     memset(row, 0, sizeof row);
     for (int i = 0; i < b->n; i++) {
       const IrNode *nd = &b->nodes[i];
-      if (!is_collective(nd->op)) continue;
+      int k = comm_kind(nd->op);
+      if (k < 0) continue;
       int ax = (int)nd->ia[0];
       int n = ax >= 0 && ax < IR_AXIS_COUNT ? ir_axis_size(m, (IrAxis)ax) : 1;
       if (n < 2) continue;
       const IrType *t = nd->op == IR_OP_ALL_GATHER ? &nd->type : &b->nodes[nd->in[0]].type;
       double bytes = (double)ir_type_numel(t) * (double)ir_dtype_size(t->dtype);
-      double ring = (nd->op == IR_OP_ALL_REDUCE ? 2.0 : 1.0) * (n - 1) / n * bytes;
-      int k = nd->op == IR_OP_ALL_REDUCE ? 0 : nd->op == IR_OP_ALL_GATHER ? 1 : 2;
+      double ring = k == COMM_AR ? 2.0 * (n - 1) / n * bytes
+                  : k == COMM_GS ? (double)(__builtin_popcountll((unsigned long long)nd->ia[1]) - 1) * bytes
+                  : k == COMM_SEND ? bytes : (double)(n - 1) / n * bytes;
       row[k][ax].count += runs;
       row[k][ax].payload += bytes * (double)runs;
       row[k][ax].ring += ring * (double)runs;
     }
-    static const char *names[3] = {"all_reduce", "all_gather", "reduce_scatter"};
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < COMM_KINDS; k++)
       for (int ax = 0; ax < IR_AXIS_COUNT; ax++) {
         const CommSum *c = &row[k][ax];
         if (!c->count) continue;
         sb_printf(out, "  %-8s %-15s %-4s %10lld %16.0f %16.0f\n", b->name, names[k], ir_axis_name((IrAxis)ax),
                   (long long)c->count, c->payload, c->ring);
-        total.count += c->count;
-        total.payload += c->payload;
-        total.ring += c->ring;
+        total->count += c->count;
+        total->payload += c->payload;
+        total->ring += c->ring;
       }
   }
-  sb_printf(out, "total per step: %lld collectives, payload %.0f bytes, ring %.0f bytes sent per rank\n",
-            (long long)total.count, total.payload, total.ring);
+}
+
+static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
+  int dp = ir_axis_size(m, IR_AXIS_DP), pp = ir_axis_size(m, IR_AXIS_PP);
+  int64_t nmicro = m->train.global_batch / (m->train.micro_batch * dp);
+  char lay[128];
+  sb_printf(out, "comm report: %s, %s (%lld ranks), %s training, per rank per step\n", m->name ? m->name : "?",
+            layout_str(m, lay, sizeof lay), (long long)mesh_ranks(m), ir_dtype_name(m->train.precision));
+  sb_printf(out, "# from the compiled program: each collective over an axis of size n > 1, times the runs\n"
+                 "# of its block per step (micro%s: %lld per rank, update: 1).  payload = the whole tensor\n"
+                 "# (all_reduce, reduce_scatter: the operand; all_gather: the result); ring = the bytes a\n"
+                 "# rank sends with a ring algorithm: 2(n-1)/n x payload for all_reduce, (n-1)/n for the\n"
+                 "# others.  Not counted: the trainer's all-reduce of the step loss over dp (8 bytes).\n",
+            pp > 1 ? " and each fwd.<g> / bwd.<g>" : "", (long long)nmicro);
+  if (pp > 1)
+    sb_printf(out, "# pipeline: a send sends its payload once; a group_sum over k ranks sends its operand\n"
+                   "# to the k-1 others; one section per pipeline rank (its program).\n");
+  sb_printf(out, "  %-8s %-15s %-4s %10s %16s %16s\n", "block", "collective", "axis", "per step", "payload bytes",
+            "ring bytes sent");
+  if (pp < 2) {
+    CommSum total = {0};
+    comm_rows(m, nmicro, out, &total);
+    sb_printf(out, "total per step: %lld collectives, payload %.0f bytes, ring %.0f bytes sent per rank\n",
+              (long long)total.count, total.payload, total.ring);
+    return 0;
+  }
+  RtPlan *p = make_plan(a->input, ir_module_clone(m));
+  if (!p) return 1;
+  for (int r = 0; r < p->nprograms; r++) {
+    CommSum total = {0};
+    sb_printf(out, "pipeline rank %d:\n", r);
+    comm_rows(p->programs[r], nmicro, out, &total);
+    sb_printf(out, "total per step on pipeline rank %d: %lld operations, payload %.0f bytes, %.0f bytes sent per rank\n",
+              r, (long long)total.count, total.payload, total.ring);
+  }
+  rt_plan_free(p);
   return 0;
 }
 
@@ -892,7 +927,7 @@ int main(int argc, char **argv) {
     rc = run_check(&a, m);
   } else if (a.report) {                 /* an analysis, no plan */
     StrBuf b = {0};
-    int r = strcmp(a.report, "memory") == 0 ? report_memory(&a, m, &b) : report_comm(m, &b);
+    int r = strcmp(a.report, "memory") == 0 ? report_memory(&a, m, &b) : report_comm(&a, m, &b);
     rc = r != 0 ? 1 : emit_text(a.output, &b);
     sb_free(&b);
   } else if (a.llvm_dir) {
