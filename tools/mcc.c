@@ -250,6 +250,10 @@ static const char *layout_str(const IrModule *m, char *buf, size_t n) {
   for (int i = 0; i < 5; i++)
     if (ir_axis_size(m, order[i]) > 1 && k < n)
       k += (size_t)snprintf(buf + k, n - k, "%s%s=%d", k ? " " : "", ir_axis_name(order[i]), ir_axis_size(m, order[i]));
+  if (ir_axis_size(m, IR_AXIS_PP) > 1 && m->par.vpp > 1 && k < n)   /* the pipeline's shape */
+    k += (size_t)snprintf(buf + k, n - k, " vpp=%d", m->par.vpp);
+  if (ir_axis_size(m, IR_AXIS_PP) > 1 && m->par.sched > 0 && k < n)
+    k += (size_t)snprintf(buf + k, n - k, " %s", ir_pipe_sched_name((IrPipeSched)m->par.sched));
   if (m->par.sp && k < n) k += (size_t)snprintf(buf + k, n - k, "%ssp", k ? " " : "");
   if (ir_axis_size(m, IR_AXIS_DP) > 1 && !m->par.zero && k < n) snprintf(buf + k, n - k, " no-zero");
   if (!buf[0]) snprintf(buf, n, "unsharded");
