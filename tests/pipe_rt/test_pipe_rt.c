@@ -188,7 +188,7 @@ static void free_rank(RtRank *r) {
   for (int a = 0; a < IR_AXIS_COUNT; a++) rt_comm_free(r->group[a]);
 }
 
-#define RING_N 20000   /* 160 KB per value: above every eager limit */
+#define RING_N 8192    /* 64 KB per value: above the eager limits of Open MPI's transports */
 
 /* The value chunk g holds for micro batch m (element i): chunk 0 gets
  * x = m + i/N; chunk g > 0 computes a + 0.5 b + (g + 1) from a = y_{g-1}
