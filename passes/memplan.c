@@ -12,6 +12,7 @@
  * the last of them.  Big buffers first keeps the small ones filling holes
  * instead of fragmenting the bottom of the arena. */
 #include "memplan.h"
+#include "pipe.h"
 
 static size_t align64(size_t x) { return (x + MEMPLAN_ALIGN - 1) & ~(size_t)(MEMPLAN_ALIGN - 1); }
 
@@ -72,6 +73,13 @@ void pass_memplan_group_at(const IrBlock *b, int *at) {
   for (int i = 0; i < b->n; i++) if (b->nodes[i].group > 0) lastm[b->nodes[i].group] = i;
   for (int i = 0; i < b->n; i++) at[i] = b->nodes[i].group > 0 ? lastm[b->nodes[i].group] : i;
   free(lastm);
+  /* AdamW runs: one multi-tensor launch at the run's last adamw, which
+   * reads every member's operands there (effects are in no group) */
+  int *run = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *run);
+  pass_fuse_adamw_runs(b, run);
+  for (int i = 0; i < b->n; i++)
+    if (run[i] >= 0) at[i] = run[i];
+  free(run);
 }
 
 void pass_memplan_free(MemPlan *p) {
@@ -345,13 +353,17 @@ size_t pass_memplan_slab_bytes(const IrModule *m) {
   return total;
 }
 
-/* The plan of block bi as one backend runs it (fused: groups as kernels). */
-static int plan_backend(const IrModule *m, int bi, int fused, MemPlan *p, char *err, size_t errlen) {
+/* The plan of block bi as one backend runs it (fused: the LLVM backend,
+ * whose positions llvm_at gives, or without it pass_memplan_group_at). */
+static int plan_backend(const IrModule *m, int bi, int fused, MemPlanAtFn llvm_at, void *ctx, MemPlan *p,
+                        char *err, size_t errlen) {
   int *at = NULL;
+  memset(p, 0, sizeof *p);
   if (fused) {
     const IrBlock *b = &m->blocks.a[bi];
     at = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *at);
-    pass_memplan_group_at(b, at);
+    if (!llvm_at) pass_memplan_group_at(b, at);
+    else if (llvm_at(ctx, m, bi, at, err, errlen) != 0) { free(at); return -1; }
   }
   int rc = pass_memplan_block_at(m, bi, at, p, err, errlen);
   free(at);
@@ -363,10 +375,74 @@ int pass_memplan_arena_bytes(const IrModule *m, int fused, size_t *out, char *er
   *out = 0;
   for (int bi = 0; bi < m->blocks.n; bi++) {
     MemPlan p;
-    if (plan_backend(m, bi, fused, &p, err, errlen) != 0) return -1;
+    if (plan_backend(m, bi, fused, NULL, NULL, &p, err, errlen) != 0) return -1;
     if (p.peak_bytes > *out) *out = p.peak_bytes;
     pass_memplan_free(&p);
   }
+  return 0;
+}
+
+/* Pipeline stashes of the program of pipeline rank r = stage - 1: per
+ * chunk of r, the bytes one micro batch stashes (the exact bytes of the
+ * operands of its forward block's `stash` nodes; they stay in the
+ * runtime's stash, outside the arena, until the chunk's backward block
+ * unstashes them), and the most bytes stashed at once over the step, from
+ * the schedule the trainer runs (regenerated like runtime/train.c does):
+ * walking r's steps in order, F of (micro, chunk) adds the chunk's stash,
+ * B removes it.  With one chunk per rank that is the stash of a micro
+ * batch times the simulated peak in flight (PipeTimeline.peak_chunks).
+ * *peak = 0 and no rows when m is not a pipeline rank's program. */
+static int report_stash(const IrModule *m, StrBuf *out, size_t *peak, char *err, size_t errlen) {
+  *peak = 0;
+  int pp = ir_axis_size(m, IR_AXIS_PP), r = m->par.stage - 1;
+  if (pp < 2 || r < 0) return 0;
+  int vpp = m->par.vpp > 1 ? m->par.vpp : 1, nchunks = pp * vpp;
+  PipeSchedKind kind = m->par.sched > IR_PIPE_NONE && m->par.sched < IR_PIPE_COUNT ? (PipeSchedKind)(m->par.sched - 1)
+                       : vpp > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;
+  size_t *stash = ts_xcalloc((size_t)nchunks, sizeof *stash);
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    int bwd, g = ir_block_chunk(b, &bwd);
+    if (g < 0 || g >= nchunks || bwd) continue;
+    for (int i = 0; i < b->n; i++)
+      if (b->nodes[i].op == IR_OP_STASH && b->nodes[i].nin == 1) {
+        const IrType *t = &b->nodes[b->nodes[i].in[0]].type;
+        stash[g] += (size_t)ir_type_numel(t) * ir_dtype_size(t->dtype);
+      }
+  }
+  int nmicro;
+  PipeSchedule sc;
+  PipeTimeline tl;
+  char why[512];
+  if (pass_pipe_nmicro(&m->train, ir_axis_size(m, IR_AXIS_DP), &nmicro, why, sizeof why) != 0 ||
+      pass_pipe_schedule(kind, pp, vpp, nmicro, &sc, why, sizeof why) != 0) {
+    free(stash);
+    return ts_errf(err, errlen, "memplan: the pipeline schedule of stage %d: %s", r, why);
+  }
+  if (pass_pipe_simulate(&sc, NULL, 2.0, &tl, why, sizeof why) != 0) {
+    pass_pipe_schedule_free(&sc);
+    free(stash);
+    return ts_errf(err, errlen, "memplan: simulating the pipeline schedule of stage %d: %s", r, why);
+  }
+  size_t held = 0;
+  for (int k = 0; k < sc.nsteps[r]; k++) {
+    const PipeStep *st = &sc.steps[r][k];
+    if (st->chunk < 0 || st->chunk >= nchunks) continue;
+    if (st->kind == 'F') held += stash[st->chunk];
+    else held -= stash[st->chunk] <= held ? stash[st->chunk] : held;
+    if (held > *peak) *peak = held;
+  }
+  char label[160];
+  for (int g = r; g < nchunks; g += pp) {
+    snprintf(label, sizeof label, "stash, chunk %d: per micro batch", g);
+    report_row(out, label, stash[g]);
+  }
+  snprintf(label, sizeof label, "stash peak (%s, %d micro batches: %d in flight)", pass_pipe_sched_name(kind), nmicro,
+           tl.peak_chunks[r]);
+  report_row(out, label, *peak);
+  pass_pipe_timeline_free(&tl);
+  pass_pipe_schedule_free(&sc);
+  free(stash);
   return 0;
 }
 
@@ -375,7 +451,7 @@ int pass_memplan_arena_bytes(const IrModule *m, int fused, size_t *out, char *er
  * chunk), each block's arena under the LLVM backend (the default) and the
  * reference one, the arenas (blocks run one after another, so one arena
  * the size of the largest block serves them all) and the totals. */
-static int report_rows(const IrModule *m, StrBuf *out, char *err, size_t errlen) {
+static int report_rows(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, StrBuf *out, char *err, size_t errlen) {
   int ntensors = 0;
   for (int i = 0; i < m->states.n; i++) ntensors += m->states.a[i].kind == IR_STATE_PARAM;
   size_t par = pass_memplan_state_bytes(m, IR_STATE_PARAM);
@@ -391,7 +467,7 @@ static int report_rows(const IrModule *m, StrBuf *out, char *err, size_t errlen)
   for (int fused = 1; fused >= 0; fused--) {
     for (int bi = 0; bi < m->blocks.n; bi++) {
       MemPlan p;
-      if (plan_backend(m, bi, fused, &p, err, errlen) != 0) return -1;
+      if (plan_backend(m, bi, fused, llvm_at, ctx, &p, err, errlen) != 0) return -1;
       const char *bn = m->blocks.a[bi].name, *be = fused ? "" : ", --backend ref";
       snprintf(label, sizeof label, "block %s%s: arena peak (packed)", bn, be);
       report_row(out, label, p.peak_bytes);
@@ -412,6 +488,9 @@ static int report_rows(const IrModule *m, StrBuf *out, char *err, size_t errlen)
   report_row(out, "activation arena, --backend ref", arena[0]);
   report_row(out, "total, --backend ref", par + grad + opt + arena[0]);
   report_row(out, "state slab as allocated (64-byte aligned)", pass_memplan_slab_bytes(m));
+  size_t stash;
+  if (report_stash(m, out, &stash, err, errlen) != 0) return -1;
+  if (stash) report_row(out, "total with the stash peak (states + arena + stash)", par + grad + opt + arena[1] + stash);
   return 0;
 }
 
@@ -428,7 +507,7 @@ int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen
             m->name ? m->name : "?", ir_dtype_name(m->train.precision));
   sb_puts(out, report_note);
   sb_printf(out, "  %-52s %16s %12s\n", "", "bytes", "MiB");
-  return report_rows(m, out, err, errlen);
+  return report_rows(m, NULL, NULL, out, err, errlen);
 }
 
 /* "0-3", "0, 2, 4-5": the ranks r with rank_program[r] == prog. */
@@ -447,6 +526,13 @@ static void rank_set(const int *rank_program, int nranks, int prog, StrBuf *out)
 
 int pass_memplan_report_ranks(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
                               const IrModule *unsharded, StrBuf *out, char *err, size_t errlen) {
+  return pass_memplan_report_ranks_at(programs, nprograms, rank_program, nranks, unsharded, NULL, NULL, out, err,
+                                      errlen);
+}
+
+int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
+                                 const IrModule *unsharded, MemPlanAtFn llvm_at, void *ctx, StrBuf *out, char *err,
+                                 size_t errlen) {
   if (nprograms < 1 || nranks < 1) return ts_errf(err, errlen, "memplan: a report needs a program and a rank");
   const IrModule *m0 = programs[0];
   const IrParallel *pr = &m0->par;
@@ -469,12 +555,12 @@ int pass_memplan_report_ranks(IrModule *const *programs, int nprograms, const in
     sb_printf(out, "%s %s (each):\n", strchr(set.p, '-') || strchr(set.p, ',') ? "ranks" : "rank", set.p);
     sb_free(&set);
     sb_printf(out, "  %-52s %16s %12s\n", "", "bytes", "MiB");
-    if (report_rows(programs[p], out, err, errlen) != 0) return -1;
+    if (report_rows(programs[p], llvm_at, ctx, out, err, errlen) != 0) return -1;
   }
   if (unsharded) {
     sb_puts(out, "unsharded (the same model on 1 rank), for comparison:\n");
     sb_printf(out, "  %-52s %16s %12s\n", "", "bytes", "MiB");
-    if (report_rows(unsharded, out, err, errlen) != 0) return -1;
+    if (report_rows(unsharded, llvm_at, ctx, out, err, errlen) != 0) return -1;
   }
   return 0;
 }

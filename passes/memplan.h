@@ -72,7 +72,9 @@ int pass_memplan_block(const IrModule *m, int block, MemPlan *out, char *err, si
  * for an at[] that breaks those rules. */
 int pass_memplan_block_at(const IrModule *m, int block, const int *at, MemPlan *out, char *err, size_t errlen);
 /* at[] (b->n entries) of the LLVM backend on block b: every fusion group
- * (IrNode.group > 0) one kernel at its last member, other nodes alone.
+ * (IrNode.group > 0) one kernel at its last member, every run of adamw
+ * nodes one multi-tensor launch at its last adamw (pass_fuse_adamw_runs),
+ * other nodes alone.
  * This is what the executor does when every group lowers, which the fuse
  * pass guarantees (it asks the lowering). */
 void pass_memplan_group_at(const IrBlock *b, int *at);
@@ -114,5 +116,13 @@ int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen
  * with a message. */
 int pass_memplan_report_ranks(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
                               const IrModule *unsharded, StrBuf *out, char *err, size_t errlen);
+/* The same with the LLVM backend's positions from llvm_at(ctx, m, block,
+ * at, ...) (0 or -1 with a message) instead of pass_memplan_group_at: mcc
+ * passes the runtime's own (rt_exec_positions), so that a group the
+ * executor runs on the reference kernels is planned that way too. */
+typedef int (*MemPlanAtFn)(void *ctx, const IrModule *m, int block, int *at, char *err, size_t errlen);
+int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
+                                 const IrModule *unsharded, MemPlanAtFn llvm_at, void *ctx, StrBuf *out, char *err,
+                                 size_t errlen);
 
 #endif

@@ -9,8 +9,12 @@
  *   - every other node the code generator can lower (pass_fuse_node_ok)
  *     becomes a kernel of its own, except lone layout ops (reshape,
  *     permute, ...), which are copies the reference does as well;
- *   - every AdamW update of a whole (not ZeRO-chunked) parameter becomes a
- *     generated kernel too (lower_adamw, below);
+ *   - a fusion group that is a GEMM bias epilogue (x @ W + b, formed by
+ *     passes/fuse.c) runs as one BLAS call with beta = 1 into the add's
+ *     buffer pre-filled with the bias (exec_gemm.c);
+ *   - every run of adamw nodes (pass_fuse_adamw_runs: in the update block,
+ *     all of them, ZeRO chunks included) becomes ONE multi-tensor launch
+ *     of a generated kernel at the run's last adamw (below);
  *   - everything else (matmul, collectives, other effects, dropout, ...)
  *     stays on the reference kernels (ops_ref.c).
  * A group the lowering refuses, or one whose placement is unsafe in this
@@ -56,13 +60,15 @@ static int is_layout_alone(IrOp op) {
 }
 
 /* Whether the kernel over members mem[0..n) can run at its last member:
- * every member may be generated code, no node outside uses a member's
+ * every member may be generated code (if `generated`: not for a GEMM
+ * epilogue, which runs on BLAS), no node outside uses a member's
  * value before the last member, and no effect lies between the first
  * member reading a state and the last member (it could write that state). */
-static int placement_ok(const IrModule *m, const IrBlock *b, const int *mem, int n, const unsigned char *in_k) {
+static int placement_ok(const IrModule *m, const IrBlock *b, const int *mem, int n, const unsigned char *in_k,
+                        int generated) {
   int at = mem[n - 1], first_state = -1;
   for (int j = 0; j < n; j++) {
-    if (!pass_fuse_node_ok(m, b, mem[j])) return 0;
+    if (generated && !pass_fuse_node_ok(m, b, mem[j])) return 0;
     const IrNode *nd = &b->nodes[mem[j]];
     for (int k = 0; k < nd->nin; k++)
       if (b->nodes[nd->in[k]].op == IR_OP_STATE && first_state < 0) first_state = mem[j];
@@ -104,34 +110,42 @@ static int compile_kernel(RtJit *J, const IrModule *m, const IrBlock *b, const i
   return 0;
 }
 
-/* ---- AdamW as one generated pass per parameter ----
- * The same arithmetic as the reference kernel (ops_ref_t.h, adamw_range),
- * in f64, in the same order:
+/* ---- AdamW as one pass over all parameters ----
+ * pass_fuse_adamw_runs (passes/fuse.c) cuts the adamw nodes of a block
+ * into runs (in the update block: all of them); each run is ONE launch on
+ * the pool over the concatenation of its tensors' element ranges (a
+ * multi-tensor apply): the threads split the total count into contiguous
+ * shares, and a share that spans several tensors runs the kernel on each
+ * piece with that tensor's buffers, from a table made per launch.  The
+ * launch happens at the run's last adamw (memplan models it: the
+ * operands stay live until there), after the clip coefficient and every
+ * gradient exist.
+ *
+ * The kernel is generated once per run (lower_adamw): the reference's
+ * arithmetic (ops_ref_t.h, adamw_range), in f64, in the same order, so
+ * every element gets the bits the per-tensor reference gives:
  *   g = grad * coef;  m' = b1 m + (1 - b1) g;  v' = b2 v + ((1 - b2) g) g
  *   w' = w - lr (m'/c1 / (sqrt(v'/c2) + eps) + wd w)
- * The step-dependent scalars lr, c1 = 1 - b1^t, c2 = 1 - b2^t come in a
- * small f64 buffer per run (the kernel IR has no run-time arguments).
- * Only whole-tensor moments: a ZeRO (flat) chunk stays on the reference. */
-static CgKernel *lower_adamw(const IrModule *m, const IrBlock *b, const IrNode *n) {
-  const IrState *w = &m->states.a[n->ia[0]], *ms = &m->states.a[n->ia[1]], *vs = &m->states.a[n->ia[2]];
-  const IrNode *coef = &b->nodes[n->in[0]], *gr = &b->nodes[n->in[1]];
-  IrDtype T = w->type.dtype;
-  int64_t cnt = ir_type_numel(&w->type);
-  if (!ir_dtype_is_float(T) || ms->sh.flat || vs->sh.flat || !ir_type_same_shape(&ms->type, &w->type) ||
-      !ir_type_same_shape(&vs->type, &w->type) || !ir_type_same_shape(&gr->type, &w->type) ||
-      ir_type_numel(&coef->type) != 1 || !ir_dtype_is_float(coef->type.dtype))
-    return NULL;
+ * b1, b2, eps are constants of the kernel (the run's key); lr, c1 = 1 -
+ * b1^t, c2 = 1 - b2^t and wd come per tensor in a small f64 buffer (the
+ * kernel IR has no run-time arguments; wd differs between decayed and
+ * undecayed parameters).  Its buffers are declared with the run's largest
+ * tensor's count: a piece [lo, hi) never passes its own tensor's end.
+ * A ZeRO member (flat moments) updates the rank's chunk: the param
+ * pointer moves to the chunk, the count is the chunk's part of it. */
+static CgKernel *lower_adamw(IrDtype T, IrDtype TC, const double *fa, int64_t cnt) {
   CgType t = cg_type_of_dtype(T);
   char name[64];
-  snprintf(name, sizeof name, "adamw_%s", ir_dtype_name(T));
+  snprintf(name, sizeof name, "adamw_multi_%s", ir_dtype_name(T));
   CgKernel *k = cg_kernel_new(name, cnt);
-  int bc = cg_buf(k, cg_type_of_dtype(coef->type.dtype), 1, 0), bg = cg_buf(k, t, cnt, 0), bs = cg_buf(k, CG_F64, 3, 0);
+  int bc = cg_buf(k, cg_type_of_dtype(TC), 1, 0), bg = cg_buf(k, t, cnt, 0), bs = cg_buf(k, CG_F64, 4, 0);
   int bw = cg_buf(k, t, cnt, 1), bm = cg_buf(k, t, cnt, 1), bv = cg_buf(k, t, cnt, 1);
-  double b1 = n->fa[0], b2 = n->fa[1], eps = n->fa[2], wd = n->fa[3];
+  double b1 = fa[0], b2 = fa[1], eps = fa[2];
 #define C(x) cg_const_f(k, CG_F64, (x))
 #define LD(buf, i) cg_cast(k, CG_F64, cg_load(k, (buf), (i)))
   int gid = cg_gid(k), z = cg_const_i(k, CG_I64, 0);
   int lr = cg_load(k, bs, z), c1 = cg_load(k, bs, cg_const_i(k, CG_I64, 1)), c2 = cg_load(k, bs, cg_const_i(k, CG_I64, 2));
+  int wd = cg_load(k, bs, cg_const_i(k, CG_I64, 3));
   int g = cg_bin(k, CG_MUL, LD(bg, gid), LD(bc, z));
   int mi = cg_bin(k, CG_ADD, cg_bin(k, CG_MUL, C(b1), LD(bm, gid)), cg_bin(k, CG_MUL, C(1.0 - b1), g));
   int vi = cg_bin(k, CG_ADD, cg_bin(k, CG_MUL, C(b2), LD(bv, gid)),
@@ -139,7 +153,7 @@ static CgKernel *lower_adamw(const IrModule *m, const IrBlock *b, const IrNode *
   int wv = LD(bw, gid);
   int mh = cg_bin(k, CG_DIV, mi, c1), vh = cg_bin(k, CG_DIV, vi, c2);
   int upd = cg_bin(k, CG_ADD, cg_bin(k, CG_DIV, mh, cg_bin(k, CG_ADD, cg_un(k, CG_SQRT, vh), C(eps))),
-                   cg_bin(k, CG_MUL, C(wd), wv));
+                   cg_bin(k, CG_MUL, wd, wv));
   int wn = cg_bin(k, CG_SUB, wv, cg_bin(k, CG_MUL, lr, upd));
   /* every value is computed before the stores (in place, element by element) */
   cg_store(k, bm, gid, cg_cast(k, t, mi));
@@ -152,34 +166,119 @@ static CgKernel *lower_adamw(const IrModule *m, const IrBlock *b, const IrNode *
   return k;
 }
 
-void rt_jit_adamw_scalars(const IrNode *n, const RtRunInfo *info, double s[3]) {
+void rt_jit_adamw_scalars(const IrNode *n, const RtRunInfo *info, double s[4]) {
   double t = (double)(info->step + 1);
   s[0] = info->lr;
   s[1] = 1.0 - pow(n->fa[0], t);
   s[2] = 1.0 - pow(n->fa[1], t);
+  s[3] = n->fa[3];
 }
 
-static int compile_adamw(RtJit *J, const IrModule *m, const IrBlock *b, int i, RtJitKernel *out, char *err,
-                         size_t errlen) {
-  CgKernel *k = lower_adamw(m, b, &b->nodes[i]);
+/* The elements adamw node n updates, as the reference does (ops_ref.c
+ * ref_ADAMW): the param's count, or (ZeRO: flat moments) the moment
+ * chunk's count; the states' types checked.  -1 if the kernel cannot take
+ * the node (the reference then runs it and reports what is wrong). */
+static int64_t adamw_count(const IrModule *m, const IrBlock *b, const IrNode *n) {
+  for (int s = 0; s < 3; s++)
+    if (n->ia[s] < 0 || n->ia[s] >= m->states.n) return -1;
+  const IrState *w = &m->states.a[n->ia[0]], *ms = &m->states.a[n->ia[1]], *vs = &m->states.a[n->ia[2]];
+  const IrNode *gr = &b->nodes[n->in[1]];
+  IrDtype T = w->type.dtype;
+  if (gr->type.dtype != T || ms->sh.flat != vs->sh.flat) return -1;
+  const IrType *want = ms->sh.flat ? &ms->type : &w->type;
+  if (ms->sh.flat && (ms->type.rank != 1 || ms->type.dtype != T)) return -1;
+  if (!ir_type_same_shape(&ms->type, want) || !ir_type_same_shape(&vs->type, want) ||
+      !ir_type_same_shape(&gr->type, want) || vs->type.dtype != T)
+    return -1;
+  return ir_type_numel(want);
+}
+
+/* Compiles the launch of the adamw nodes run[0..nrun) of block b into
+ * *out (which takes run).  0; 1 if one of them cannot be generated (the
+ * run stays on the reference); -1 on a JIT error. */
+static int compile_adamw_run(RtJit *J, const IrModule *m, const IrBlock *b, int *run, int nrun, RtJitKernel *out,
+                             char *err, size_t errlen) {
+  int64_t most = 1;
+  for (int j = 0; j < nrun; j++) {
+    int64_t c = adamw_count(m, b, &b->nodes[run[j]]);
+    if (c < 0) return 1;
+    if (c > most) most = c;
+  }
+  const IrNode *n0 = &b->nodes[run[0]];
+  CgKernel *k = lower_adamw(b->nodes[n0->in[1]].type.dtype, b->nodes[n0->in[0]].type.dtype, n0->fa, most);
   if (!k) return 1;
   char why[512];
   int hits = cg_jit_cache_hits(J->jit);
   CgFn fn = cg_jit_compile(J->jit, k, why, sizeof why);
   if (!fn) {
-    ts_errf(err, errlen, "block %s: compiling the AdamW kernel of node %d: %s", b->name, i, why);
+    ts_errf(err, errlen, "block %s: compiling the AdamW kernel of node %d: %s", b->name, run[0], why);
     cg_kernel_free(k);
     return -1;
   }
   if (cg_jit_cache_hits(J->jit) == hits) J->stats.distinct++;
   memset(out, 0, sizeof *out);
   out->fn = fn;
-  out->grid = out->work = k->grid;
-  out->at = i;
+  out->grid = out->work = most;
+  out->at = run[nrun - 1];
   out->op = IR_OP_ADAMW;
   out->adamw = 1;
+  out->run = run;
+  out->nrun = nrun;
   cg_kernel_free(k);
   return 0;
+}
+
+/* The table of one multi-tensor launch: tensor t covers elements
+ * [start[t], start[t + 1]) of the concatenation, with buffers bufs[t]. */
+typedef struct {
+  CgFn fn;
+  int n;
+  const int64_t *start;
+  void *(*bufs)[6];
+} AdamwTable;
+
+/* A CgFn over the concatenation: bufs[0] is the table; [lo, hi) is cut
+ * at tensor boundaries, each piece run by the kernel on its tensor. */
+static void adamw_apply(void **bufs, int64_t lo, int64_t hi) {
+  const AdamwTable *tb = bufs[0];
+  int a = 0, z = tb->n;   /* the first tensor with start[t + 1] > lo */
+  while (a < z) {
+    int mid = (a + z) / 2;
+    if (tb->start[mid + 1] > lo) z = mid; else a = mid + 1;
+  }
+  for (int t = a; t < tb->n && tb->start[t] < hi; t++) {
+    int64_t s = lo > tb->start[t] ? lo : tb->start[t], e = hi < tb->start[t + 1] ? hi : tb->start[t + 1];
+    if (e > s) tb->fn(tb->bufs[t], s - tb->start[t], e - tb->start[t]);
+  }
+}
+
+/* If the group mem[0..cnt) of block b is a GEMM bias epilogue
+ * (pass_fuse_epilogue_match on its last member, exactly its nodes, the
+ * add its only output, a product BLAS takes): its matmul's id, else -1. */
+static int epilogue_of(const IrBlock *b, const int *mem, int cnt) {
+  PassEpilogue e;
+  int want[PASS_EPILOGUE_MAX_RESHAPES + 3];
+  if (!pass_fuse_epilogue_match(b, mem[cnt - 1], &e) || pass_fuse_epilogue_members(&e, want) != cnt) return -1;
+  for (int j = 0; j < cnt; j++)
+    if (want[j] != mem[j] || (j < cnt - 1 && ir_value_materialized(b, mem[j]))) return -1;
+  return rt_gemm_epilogue_ok(b, e.matmul) ? e.matmul : -1;
+}
+
+/* The epilogue kernel of group mem[0..cnt) with matmul mm: buffers A, B,
+ * bias, then the add's value. */
+static void make_epilogue(const IrBlock *b, const int *mem, int cnt, int mm, RtJitKernel *out) {
+  const IrNode *add = &b->nodes[mem[cnt - 1]];
+  int bc = b->nodes[add->in[0]].op == IR_OP_BROADCAST ? add->in[0] : add->in[1];
+  memset(out, 0, sizeof *out);
+  out->gemm_mm = mm + 1;
+  out->at = mem[cnt - 1];
+  out->op = IR_OP_MATMUL;
+  out->io.nin = 3;
+  out->io.in[0] = b->nodes[mm].in[0];
+  out->io.in[1] = b->nodes[mm].in[1];
+  out->io.in[2] = b->nodes[bc].in[0];
+  out->io.nout = 1;
+  out->io.out[0] = mem[cnt - 1];
 }
 
 static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock *jb, int use_groups,
@@ -188,22 +287,32 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
   jb->kern = ts_xmalloc((size_t)(n ? n : 1) * sizeof *jb->kern);
   for (int i = 0; i < n; i++) jb->kern[i] = -1;
   int *mem = ts_xmalloc((size_t)(n ? n : 1) * sizeof *mem);
+  int *run_at = ts_xmalloc((size_t)(n ? n : 1) * sizeof *run_at);
   unsigned char *in_k = ts_xcalloc((size_t)(n ? n : 1), 1);
   unsigned char *done = ts_xcalloc((size_t)(n ? n : 1), 1);
+  pass_fuse_adamw_runs(b, run_at);
   int rc = 0;
   for (int i = 0; i < n && rc == 0; i++) {
     if (done[i]) continue;
     const IrNode *nd = &b->nodes[i];
     int cnt = 0;
-    if (nd->op == IR_OP_ADAMW) {
+    if (run_at[i] >= 0) {   /* the first adamw of a run: one launch for all of it */
+      int *run = ts_xmalloc((size_t)(run_at[i] - i + 1) * sizeof *run), nrun = 0;
+      for (int j = i; j <= run_at[i]; j++)
+        if (run_at[j] == run_at[i]) { run[nrun++] = j; done[j] = 1; }
       RtJitKernel kk;
-      int r = compile_adamw(J, m, b, i, &kk, err, errlen);
-      if (r < 0) { rc = -1; break; }
-      if (r == 0) {
-        VEC_PUSH(jb->k, kk);
-        jb->kern[i] = jb->k.n - 1;
-        J->stats.kernels++;
+      int r = compile_adamw_run(J, m, b, run, nrun, &kk, err, errlen);
+      if (r != 0) {   /* < 0: error; > 0: the reference updates them one by one */
+        free(run);
+        if (r < 0) { rc = -1; break; }
+        J->stats.fallbacks++;
+        continue;
       }
+      VEC_PUSH(jb->k, kk);
+      for (int j = 0; j < nrun; j++) jb->kern[run[j]] = jb->k.n - 1;
+      J->stats.kernels++;
+      J->stats.adamw_runs++;
+      J->stats.adamw_tensors += nrun;
       continue;
     }
     if (use_groups && nd->group > 0) {
@@ -214,10 +323,14 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
       mem[cnt++] = i;
     }
     for (int j = 0; j < cnt; j++) in_k[mem[j]] = 1;
-    int r = 1;
+    int r = 1, mm = cnt > 1 ? epilogue_of(b, mem, cnt) : -1;
     RtJitKernel kk;
     memset(&kk, 0, sizeof kk);
-    if (placement_ok(m, b, mem, cnt, in_k)) r = compile_kernel(J, m, b, mem, cnt, &kk, err, errlen);
+    if (mm >= 0) {   /* a GEMM bias epilogue: BLAS, nothing to compile */
+      if (placement_ok(m, b, mem, cnt, in_k, 0)) { make_epilogue(b, mem, cnt, mm, &kk); r = 0; }
+    } else if (placement_ok(m, b, mem, cnt, in_k, 1)) {
+      r = compile_kernel(J, m, b, mem, cnt, &kk, err, errlen);
+    }
     for (int j = 0; j < cnt; j++) in_k[mem[j]] = 0;
     if (r < 0) { rc = -1; break; }
     if (r > 0) {   /* the reference computes the members one by one */
@@ -228,8 +341,10 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
     for (int j = 0; j < cnt; j++) jb->kern[mem[j]] = jb->k.n - 1;
     J->stats.kernels++;
     if (cnt > 1) J->stats.groups++;
+    if (mm >= 0) J->stats.epilogues++;
   }
   free(mem);
+  free(run_at);
   free(in_k);
   free(done);
   return rc;
@@ -285,6 +400,7 @@ void rt_jit_free(RtJit *J) {
   if (!J) return;
   for (int b = 0; b < J->nblocks; b++) {
     free(J->blocks[b].kern);
+    for (int k = 0; k < J->blocks[b].k.n; k++) free(J->blocks[b].k.a[k].run);
     free(J->blocks[b].k.a);
   }
   free(J->blocks);
@@ -303,6 +419,56 @@ const RtExecStats *rt_jit_stats(const RtJit *J) { return &J->stats; }
 void rt_jit_run(RtJit *J, const RtJitKernel *k, void **bufs) {
   if (k->work < RT_JIT_INLINE_WORK || cg_pool_threads(J->pool) == 1) k->fn(bufs, 0, k->grid);
   else cg_pool_run(J->pool, k->fn, bufs, k->grid);
+}
+
+int rt_jit_run_adamw(RtJit *J, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void *const *vals,
+                     const RtRunInfo *info, char *msg, size_t n) {
+  const IrModule *m = rt_program_module(p);
+  int nt = K->nrun;
+  int64_t *start = ts_xmalloc((size_t)(nt + 1) * sizeof *start);
+  void *(*bufs)[6] = ts_xmalloc((size_t)nt * sizeof *bufs);
+  double (*sc)[4] = ts_xmalloc((size_t)nt * sizeof *sc);
+  int rc = 0;
+  start[0] = 0;
+  for (int t = 0; t < nt; t++) {
+    const IrNode *nd = &b->nodes[K->run[t]];
+    const IrState *w = &m->states.a[nd->ia[0]], *ms = &m->states.a[nd->ia[1]];
+    size_t es = ir_dtype_size(w->type.dtype);
+    int64_t cnt = ir_type_numel(&w->type), off = 0;
+    if (ms->sh.flat) {   /* the rank's chunk of the flattened param (ref_ADAMW's rule) */
+      int64_t c = ir_type_numel(&ms->type), s0 = rt_shard_block(p, ms->sh.flat, NULL) * c;
+      off = s0 < cnt ? s0 : cnt;
+      cnt = s0 >= cnt ? 0 : (cnt - s0 < c ? cnt - s0 : c);
+    }
+    rt_jit_adamw_scalars(nd, info, sc[t]);
+    void *row[6] = {vals[nd->in[0]], vals[nd->in[1]], sc[t], (char *)rt_state_data(p, (int)nd->ia[0]) + off * (int64_t)es,
+                    rt_state_data(p, (int)nd->ia[1]), rt_state_data(p, (int)nd->ia[2])};
+    if (!row[0] || !row[1]) {
+      snprintf(msg, n, "internal error: adamw %%%d's operand has no buffer", K->run[t]);
+      rc = -1;
+      break;
+    }
+    memcpy(bufs[t], row, sizeof row);
+    start[t + 1] = start[t] + cnt;
+  }
+  if (rc == 0) {
+    AdamwTable tb = {K->fn, nt, start, bufs};
+    void *arg[1] = {&tb};
+    int64_t total = start[nt];
+    if (total < RT_JIT_INLINE_WORK || cg_pool_threads(J->pool) == 1) adamw_apply(arg, 0, total);
+    else cg_pool_run(J->pool, adamw_apply, arg, total);
+    J->stats.adamw_launches++;
+  }
+  free(start);
+  free(bufs);
+  free(sc);
+  return rc;
+}
+
+int rt_jit_run_gemm(RtJit *J, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **bufs,
+                    const RtRunInfo *info, char *msg, size_t n) {
+  J->stats.epilogue_gemms++;
+  return rt_gemm_epilogue_run(p, b, K, bufs, info, msg, n);
 }
 
 /* ---- --emit=llvm ---- */

@@ -332,8 +332,9 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
   if (p->jit && p->profile) {
     const RtExecStats *s = rt_jit_stats(p->jit);
     fprintf(stderr, "rt: llvm backend: %d kernels (%d fused groups, %d distinct compiled, %d groups on the reference) "
-            "in %.3f s, %d from the disk cache, %d threads\n", s->kernels, s->groups, s->distinct, s->fallbacks,
-            s->jit_s, s->disk_hits, s->threads);
+            "in %.3f s, %d from the disk cache, %d threads; %d GEMM bias epilogues, %d AdamW launches for %d "
+            "tensors\n", s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->disk_hits, s->threads,
+            s->epilogues, s->adamw_runs, s->adamw_tensors);
   }
   return p;
 }
@@ -400,6 +401,28 @@ static void compute_free_plan(const IrBlock *b, const RtJitBlock *jb, int **off_
   *val_out = val;
 }
 
+/* at[i] = the position at which the executor computes node i of b: its
+ * kernel's (RtJitKernel.at) on the LLVM backend, else its own. */
+static void kernel_positions(const IrBlock *b, const RtJitBlock *jb, int *at) {
+  for (int i = 0; i < b->n; i++) at[i] = jb && jb->kern[i] >= 0 ? jb->k.a[jb->kern[i]].at : i;
+}
+
+int rt_exec_positions(const IrModule *m, const RtExecOpts *o, int block, int *at, char *err, size_t errlen) {
+  if (!m || block < 0 || block >= m->blocks.n) return ts_errf(err, errlen, "no block %d", block);
+  const IrBlock *b = &m->blocks.a[block];
+  if (!o || o->backend != RT_BACKEND_LLVM) {
+    kernel_positions(b, NULL, at);
+    return 0;
+  }
+  RtExecOpts one = *o;
+  one.threads = 1;                  /* no pool to speak of: nothing runs */
+  RtJit *j = rt_jit_new(m, &one, err, errlen);
+  if (!j) return -1;
+  kernel_positions(b, rt_jit_block(j, block), at);
+  rt_jit_free(j);
+  return 0;
+}
+
 /* Every block's memory plan as this program's backend runs it (a kernel
  * at its position, RtJitKernel.at), checked; the executor's own release
  * lists; and the arena, the size of the largest plan.  0 or -1. */
@@ -413,7 +436,7 @@ static int plan_memory(RtProgram *p, char *err, size_t errlen) {
     int *at = NULL;
     if (jb) {
       at = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *at);
-      for (int i = 0; i < b->n; i++) at[i] = jb->kern[i] >= 0 ? jb->k.a[jb->kern[i]].at : i;
+      kernel_positions(b, jb, at);
     }
     char why[512];
     int rc = pass_memplan_block_at(m, bi, at, &bm->plan, why, sizeof why);
@@ -639,16 +662,8 @@ static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, RtRu
                       const RtRunInfo *info, char *msg, size_t n) {
   void *bufs[CG_MAX_BUFS];
   void **buf = r->buf;
-  if (K->adamw) {   /* coef, grad, run scalars, then the states updated in place */
-    const IrNode *nd = &b->nodes[K->at];
-    double sc[3];
-    rt_jit_adamw_scalars(nd, info, sc);
-    void *ab[6] = {buf[nd->in[0]], buf[nd->in[1]], sc, rt_state_data(p, (int)nd->ia[0]),
-                   rt_state_data(p, (int)nd->ia[1]), rt_state_data(p, (int)nd->ia[2])};
-    if (!ab[0] || !ab[1]) { snprintf(msg, n, "internal error: adamw operand has no buffer"); return -1; }
-    rt_jit_run(p->jit, K, ab);
-    return 0;
-  }
+  if (K->adamw)   /* one launch for a run of adamw nodes: states updated in place */
+    return rt_jit_run_adamw(p->jit, p, b, K, buf, info, msg, n);
   for (int k = 0; k < K->io.nin; k++) {
     if (!(bufs[k] = buf[K->io.in[k]])) {
       snprintf(msg, n, "internal error: kernel input %%%d has no buffer", K->io.in[k]);
@@ -660,6 +675,7 @@ static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, RtRu
     if (!q) return -1;
     bufs[K->io.nin + j] = q;
   }
+  if (K->gemm_mm) return rt_jit_run_gemm(p->jit, p, b, K, bufs, info, msg, n);   /* BLAS, beta = 1 */
   rt_jit_run(p->jit, K, bufs);
   return 0;
 }

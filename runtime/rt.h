@@ -71,6 +71,11 @@ typedef struct {
   int disk_hits;   /* of the distinct ones, loaded from the on-disk cache */
   int threads;     /* the kernels' thread pool */
   double jit_s;    /* lowering + compiling, seconds */
+  int adamw_runs;      /* multi-tensor AdamW launches per run of the blocks (one per run of adamw nodes) */
+  int adamw_tensors;   /* adamw nodes updated by them */
+  int epilogues;       /* GEMM bias epilogue groups (one BLAS call, beta = 1), of `groups` */
+  long long adamw_launches;   /* counted as the blocks run: multi-tensor AdamW launches made */
+  long long epilogue_gemms;   /* ... and GEMM epilogues run */
 } RtExecStats;
 void rt_program_exec_stats(const RtProgram *p, RtExecStats *s);
 /* mcc --emit=llvm DIR: the optimized LLVM IR of every distinct kernel the
@@ -90,6 +95,14 @@ const IrModule *rt_program_module(const RtProgram *p);
  * most bytes of values live at one position (both 0 before the first
  * run).  `mcc --report memory` prints the same numbers; tests/memplan
  * checks they are equal.  -1 for a bad block. */
+/* The position at which a program of m with options o computes each node
+ * of block `block` (at[], b->n entries, as pass_memplan_block_at takes
+ * it): a node's own on the reference backend; on the LLVM backend, a
+ * kernel's (a fused group at its last member, unless it falls back to the
+ * reference).  The LLVM case plans, lowers and compiles (or loads from the
+ * kernel cache) the module's kernels, exactly as a program would, so that
+ * `mcc --report memory` plans what mrun will run.  0, or -1 with a message. */
+int rt_exec_positions(const IrModule *m, const RtExecOpts *o, int block, int *at, char *err, size_t errlen);
 size_t rt_program_slab_bytes(const RtProgram *p);
 size_t rt_program_arena_bytes(const RtProgram *p);
 int rt_program_block_memory(const RtProgram *p, int b, size_t *used, size_t *live);

@@ -110,8 +110,12 @@ typedef struct {
   CgFn fn;
   int64_t grid, work; /* iterations; elements of the largest buffer */
   CgGroupIO io;
-  int adamw;          /* an AdamW update: buffers coef, grad, {lr, 1-b1^t, 1-b2^t}, then
-                         param, m, v (states, updated in place; see exec_jit.c) */
+  int adamw;          /* a multi-tensor AdamW launch over the adamw nodes run[0..nrun): per
+                         tensor, buffers coef, grad, {lr, 1-b1^t, 1-b2^t, wd}, then param, m, v
+                         (states, updated in place; see exec_jit.c) */
+  int *run, nrun;
+  int gemm_mm;        /* > 0 (the matmul's id + 1): a GEMM bias epilogue (exec_gemm.c), buffers
+                         A, B, bias, then the add's value */
 } RtJitKernel;
 typedef struct {
   int *kern;          /* per node: the kernel computing it, or -1 (reference kernel) */
@@ -126,7 +130,23 @@ const RtJitBlock *rt_jit_block(const RtJit *j, int b);
 const RtExecStats *rt_jit_stats(const RtJit *j);
 /* Runs kernel k over its parallel space (the pool, or inline if small). */
 void rt_jit_run(RtJit *j, const RtJitKernel *k, void **bufs);
-/* The per-run scalars of an AdamW kernel for node n at info's step and lr. */
-void rt_jit_adamw_scalars(const IrNode *n, const RtRunInfo *info, double s[3]);
+/* The per-run scalars of an AdamW kernel for node n at info's step and lr:
+ * lr, 1 - b1^t, 1 - b2^t, wd. */
+void rt_jit_adamw_scalars(const IrNode *n, const RtRunInfo *info, double s[4]);
+/* Runs the multi-tensor AdamW kernel K (K->adamw) of block b: vals[] are
+ * the run's value buffers.  0, or -1 with a message. */
+int rt_jit_run_adamw(RtJit *j, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void *const *vals,
+                     const RtRunInfo *info, char *msg, size_t n);
+/* GEMM bias epilogues (exec_gemm.c).  rt_gemm_epilogue_ok: whether the
+ * matmul node mm of b is a product the epilogue runs (float, shapes BLAS
+ * takes).  rt_gemm_epilogue_run: kernel K (K->gemm_mm) with bufs = A, B,
+ * bias, out: out = broadcast(bias) (the reference kernel), then
+ * out = A.B + out (one GEMM, or one per batch item, beta = 1).  0 or -1. */
+int rt_gemm_epilogue_ok(const IrBlock *b, int mm);
+int rt_gemm_epilogue_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **bufs, const RtRunInfo *info,
+                         char *msg, size_t n);
+/* rt_gemm_epilogue_run, counted in j's stats. */
+int rt_jit_run_gemm(RtJit *j, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **bufs,
+                    const RtRunInfo *info, char *msg, size_t n);
 
 #endif

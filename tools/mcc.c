@@ -530,6 +530,14 @@ static MdlOptions unsharded_options(const MdlOptions *o) {
   return u;
 }
 
+/* The LLVM backend's kernel positions, as mrun's executor will find them
+ * (the memory report plans what it runs). */
+static int llvm_positions(void *ctx, const IrModule *m, int block, int *at, char *err, size_t errlen) {
+  (void)ctx;
+  RtExecOpts o = {.backend = RT_BACKEND_LLVM};
+  return rt_exec_positions(m, &o, block, at, err, errlen);
+}
+
 /* --report memory: per group of ranks, then the unsharded model's rows. */
 static int report_memory(const Args *a, IrModule *m, StrBuf *out) {
   int64_t n = mesh_ranks(m);
@@ -546,7 +554,8 @@ static int report_memory(const Args *a, IrModule *m, StrBuf *out) {
   RtPlan *p = make_plan(a->input, ir_module_clone(m));
   if (!p) { ir_module_free(u); return 1; }
   char err[1024];
-  int rc = pass_memplan_report_ranks(p->programs, p->nprograms, p->rank_program, p->nranks, u, out, err, sizeof err);
+  int rc = pass_memplan_report_ranks_at(p->programs, p->nprograms, p->rank_program, p->nranks, u, llvm_positions, NULL,
+                                        out, err, sizeof err);
   if (rc != 0) fprintf(stderr, "mcc: %s\n", err);
   rt_plan_free(p);
   ir_module_free(u);

@@ -11,11 +11,12 @@
 static int failures;
 #define CHECK(c, ...) do { if (!(c)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
 
-/* x -> matmul -> bias + gelu + layernorm (group 1), a matmul, then a
- * residual add + exp + row sum + neg (group 2: the sum is a trailing
- * reduction, the neg another output of the same rows).  %13 uses the sum
- * from outside: group 2 is closed, so %14 starts group 3.  sumsq never
- * fuses with others; %17 cannot join the sumsq nodes. */
+/* x -> matmul + bias (group 1: a GEMM bias epilogue, BLAS with beta = 1),
+ * gelu + layernorm (group 2), a matmul, then a residual add + exp + row
+ * sum + neg (group 3: the sum is a trailing reduction, the neg another
+ * output of the same rows).  %13 uses the sum from outside: group 3 is
+ * closed, so %14 starts group 4.  sumsq never fuses with others; %17
+ * cannot join the sumsq nodes. */
 static const char *snippet =
     "module snippet\n"
     "train lr=0.001 beta1=0.9 beta2=0.95 eps=1e-08 weight_decay=0.1 schedule=constant warmup=0 decay_steps=0 "
@@ -46,7 +47,7 @@ static const char *snippet =
     "}\n"
     "end\n";
 
-static const int want_group[] = {0, 0, 0, 0, 1, 1, 1, 1, 0, 2, 2, 2, 2, 0, 3, 3, 0, 0, 0};
+static const int want_group[] = {0, 0, 0, 1, 1, 1, 2, 2, 0, 3, 3, 3, 3, 0, 4, 4, 0, 0, 0};
 
 static IrModule *parse(void) {
   char err[512];
@@ -93,16 +94,17 @@ int main(void) {
           b->nodes[i].group, want_group[i]);
   CHECK(ir_verify(m, err, sizeof err) == 0, "fused snippet does not verify: %s", err);
   /* used only inside group 1: no buffer; used outside: materialized */
-  CHECK(!ir_value_materialized(b, 4) && !ir_value_materialized(b, 5), "bias add inside group 1 is materialized");
+  CHECK(!ir_value_materialized(b, 3) && !ir_value_materialized(b, 4) && ir_value_materialized(b, 5),
+        "epilogue group 1: the product or the broadcast bias is materialized, or the add is not");
   CHECK(ir_value_materialized(b, 6) && ir_value_materialized(b, 7), "gelu / layernorm (used outside) not materialized");
   CHECK(!ir_value_materialized(b, 9) && ir_value_materialized(b, 11) && ir_value_materialized(b, 12),
         "group 2's materialized values are wrong");
   /* the text form shows the groups and round-trips */
   StrBuf t = {0};
   ir_print_module(m, &t);
-  CHECK(strstr(t.p, "%7 = layernorm %6 eps=1e-05 : f64[2, 4, 6] group=1\n") != NULL, "text form lacks group=1");
+  CHECK(strstr(t.p, "%7 = layernorm %6 eps=1e-05 : f64[2, 4, 6] group=2\n") != NULL, "text form lacks group=2");
   IrModule *back = ir_parse_module(t.p, "<printed>", err, sizeof err);
-  CHECK(back && back->blocks.a[0].nodes[14].group == 3, "groups do not round-trip");
+  CHECK(back && back->blocks.a[0].nodes[14].group == 4, "groups do not round-trip");
   ir_module_free(back);
   sb_free(&t);
 
@@ -115,9 +117,11 @@ int main(void) {
   CHECK(ref_f == ref, "reference backend on the fused module: %.17g vs %.17g", ref_f, ref);
   CHECK(st.kernels == 0, "reference backend compiled %d kernels", st.kernels);
   close_to(run(m, RT_BACKEND_LLVM, 0, &st), ref, "llvm fused");
-  CHECK(st.groups == 3 && st.fallbacks == 0, "llvm fused: %d groups, %d fallbacks (want 3, 0)", st.groups, st.fallbacks);
-  /* 3 groups + sumsq %13, %16 + add %17 alone; the lone broadcast stays on the reference */
-  CHECK(st.kernels == 6, "llvm fused: %d kernels, want 6", st.kernels);
+  CHECK(st.groups == 4 && st.fallbacks == 0, "llvm fused: %d groups, %d fallbacks (want 4, 0)", st.groups, st.fallbacks);
+  CHECK(st.epilogues == 1 && st.epilogue_gemms == 1, "llvm fused: %d epilogues run %lld times (want 1, 1)",
+        st.epilogues, st.epilogue_gemms);
+  /* 4 groups + sumsq %13, %16 + add %17 alone */
+  CHECK(st.kernels == 7, "llvm fused: %d kernels, want 7", st.kernels);
   close_to(run(m, RT_BACKEND_LLVM, 1, &st), ref, "llvm, groups ignored");
   CHECK(st.groups == 0, "no_groups still ran %d groups", st.groups);
 

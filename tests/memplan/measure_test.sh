@@ -24,65 +24,77 @@ export TS_CACHE_DIR="$TMP/cache" TS_THREADS=1
 fail=0
 die() { echo "FAIL: $*" >&2; fail=1; }
 
-# bytes column of the first row whose label starts with $1
+# bytes column of the first row whose label starts with $1 (in the whole report)
 row() { awk -v l="$1" 'index($0, "  " l) == 1 { print $(NF-1); exit }' "$2"; }
-# field after word $2 on the rt memory lines of one rank ($3: "" or "block B:")
-meas() { awk -v k="$2" -v b="$3" '/^rt memory: / && (b == "" ? $0 !~ / block / : index($0, b) > 0) {
+# the same within section $3 of the report: the program of pipeline rank $3
+# (sections "rank 0 (each):", "ranks 0-1 (each):", ... in program order)
+srow() { awk -v l="$1" -v k="$3" '/^ranks? [0-9]/ { sec++ } /^unsharded/ { sec = -1 } sec == k + 1 && index($0, "  " l) == 1 { print $(NF-1); exit }' "$2"; }
+# block names of section $2
+blocks() { awk -v k="$2" '/^ranks? [0-9]/ { sec++ } /^unsharded/ { sec = -1 } sec == k + 1 && /^  block [^ ,]*: arena peak/ { sub(":", "", $2); print $2 }' "$1"; }
+# field after word $2 on the rt memory lines of pipeline rank $3 ($4: "" or "block B:")
+meas() { awk -v k="$2" -v c="pp $3 " -v b="$4" '/^rt memory: / && index($0, c) > 0 && (b == "" ? $0 !~ / block / : index($0, b) > 0) {
            for (i = 1; i < NF; i++) if ($i == k) print $(i + 1) }' "$1"; }
 
-check() {   # model tp fuse(yes|no) backend
-  local model=$1 tp=$2 fuse=$3 be=$4
-  local D="-D layers=2 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=4 -D micro_batch=2"
+check() {   # model tp pp fuse(yes|no) backend
+  local model=$1 tp=$2 pp=$3 fuse=$4 be=$5
+  local D="-D layers=4 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=4 -D micro_batch=2"
   [ "$model" = llama ] && D="$D -D kv_heads=2 -D ffn=64"
-  local opts="--tp $tp"
+  local opts="--tp $tp --pp $pp"
   [ "$fuse" = no ] && opts="$opts --no-fuse"
-  local tag="$model-tp$tp-fuse_$fuse-$be" rep="$TMP/$model-tp$tp-$fuse.report" plan="$TMP/$model-tp$tp-$fuse.plan"
+  local tag="$model-tp$tp-pp$pp-fuse_$fuse-$be" rep="$TMP/$model-tp$tp-pp$pp-$fuse.report" plan="$TMP/$model-tp$tp-pp$pp-$fuse.plan"
   if [ ! -s "$rep" ]; then
     "$MCC" "$SRC/samples/$model.mdl" $D $opts --report memory > "$rep" 2> "$TMP/$tag.mccerr" || { die "$tag: mcc --report: $(cat "$TMP/$tag.mccerr")"; return; }
     "$MCC" "$SRC/samples/$model.mdl" $D $opts -o "$plan" 2> "$TMP/$tag.mccerr" || { die "$tag: mcc: $(cat "$TMP/$tag.mccerr")"; return; }
   fi
-  local out="$TMP/$tag.err"
-  TS_RT_MEMORY=1 "$MRUN" "$plan" --gpus "$tp" --backend "$be" --steps 1 --quiet \
+  local out="$TMP/$tag.err" nr=$((tp * pp))
+  TS_RT_MEMORY=1 "$MRUN" "$plan" --gpus "$nr" --backend "$be" --steps 1 --quiet \
     --data "$SRC/samples/data/kjv.txt" > /dev/null 2> "$out" || { die "$tag: mrun: $(tail -5 "$out")"; return; }
   local n
   n=$(grep -c '^rt memory: .* arena ' "$out")
-  [ "$n" = "$tp" ] || { die "$tag: $n ranks reported memory, expected $tp: $(tail -5 "$out")"; return; }
+  [ "$n" = "$nr" ] || { die "$tag: $n ranks reported memory, expected $nr: $(tail -5 "$out")"; return; }
   local sfx="" arow="activation arena (largest block)"
   [ "$be" = ref ] && { sfx=", --backend ref"; arow="activation arena, --backend ref"; }
-  local want got k
-  for k in "params:parameters" "grads:gradients" "adam:optimizer state" "slab:state slab as allocated" "arena:$arow"; do
-    want=$(row "${k#*:}" "$rep")
-    [ -n "$want" ] || { die "$tag: no row '${k#*:}' in the report"; continue; }
-    for got in $(meas "$out" "${k%%:*}" ""); do
-      [ "$got" = "$want" ] || die "$tag: measured ${k%%:*} $got, the report says $want"
+  local c want got k b
+  for ((c = 0; c < pp; c++)); do
+    for k in "params:parameters" "grads:gradients" "adam:optimizer state" "slab:state slab as allocated" "arena:$arow"; do
+      want=$(srow "${k#*:}" "$rep" $c)
+      [ -n "$want" ] || { die "$tag: no row '${k#*:}' for pipeline rank $c in the report"; continue; }
+      got=$(meas "$out" "${k%%:*}" $c "")
+      [ "$(echo $got | wc -w)" = "$tp" ] || die "$tag: pp $c: $(echo $got | wc -w) measurements of ${k%%:*} for $tp ranks"
+      for got in $got; do
+        [ "$got" = "$want" ] || die "$tag: pp $c: measured ${k%%:*} $got, the report says $want"
+      done
     done
-  done
-  local b
-  for b in micro update; do
-    local pk lb
-    pk=$(row "block $b$sfx: arena peak" "$rep"); lb=$(row "block $b$sfx: lower bound" "$rep")
-    [ -n "$pk" ] && [ -n "$lb" ] || { die "$tag: no rows for block $b"; continue; }
-    local runs used live
-    runs=$(meas "$out" runs "block $b:"); used=$(meas "$out" used "block $b:"); live=$(meas "$out" live "block $b:")
-    for got in $runs; do [ "$got" -gt 0 ] || die "$tag: block $b never ran"; done
-    for got in $used; do [ "$got" = "$pk" ] || die "$tag: block $b used $got arena bytes, the report's peak is $pk"; done
-    for got in $live; do [ "$got" = "$lb" ] || die "$tag: block $b had $got bytes live, the report's bound is $lb"; done
-    [ "$(echo $used | wc -w)" = "$tp" ] || die "$tag: block $b: $(echo $used | wc -w) measurements for $tp ranks"
+    local nb=0
+    for b in $(blocks "$rep" $c); do
+      nb=$((nb + 1))
+      local pk lb runs used live
+      pk=$(srow "block $b$sfx: arena peak" "$rep" $c); lb=$(srow "block $b$sfx: lower bound" "$rep" $c)
+      [ -n "$pk" ] && [ -n "$lb" ] || { die "$tag: no rows for block $b"; continue; }
+      runs=$(meas "$out" runs $c "block $b:"); used=$(meas "$out" used $c "block $b:"); live=$(meas "$out" live $c "block $b:")
+      for got in $runs; do [ "$got" -gt 0 ] || die "$tag: pp $c: block $b never ran"; done
+      for got in $used; do [ "$got" = "$pk" ] || die "$tag: pp $c: block $b used $got arena bytes, the report's peak is $pk"; done
+      for got in $live; do [ "$got" = "$lb" ] || die "$tag: pp $c: block $b had $got bytes live, the report's bound is $lb"; done
+      [ "$(echo $used | wc -w)" = "$tp" ] || die "$tag: pp $c: block $b: $(echo $used | wc -w) measurements for $tp ranks"
+    done
+    [ $nb -ge 2 ] || die "$tag: pp $c: $nb blocks in the report"
   done
 }
 
 for model in $MODELS; do
   for tp in 1 2; do
     for fuse in yes no; do
-      for be in llvm ref; do check $model $tp $fuse $be; done
+      for be in llvm ref; do check $model $tp 1 $fuse $be; done
     done
   done
+  # a pipeline: one program per pipeline rank, blocks fwd.<g> / bwd.<g>
+  for be in llvm ref; do check $model 1 2 yes $be; done
 done
 # the fused plan must differ between the backends somewhere, or the test
 # would not show that the plan follows the backend
-[ ! -e "$TMP/gpt-tp1-yes.report" ] || \
-  [ "$(row "activation arena (largest block)" "$TMP/gpt-tp1-yes.report")$(row "block update: arena peak" "$TMP/gpt-tp1-yes.report")" != \
-    "$(row "activation arena, --backend ref" "$TMP/gpt-tp1-yes.report")$(row "block update, --backend ref: arena peak" "$TMP/gpt-tp1-yes.report")" ] || \
+[ ! -e "$TMP/gpt-tp1-pp1-yes.report" ] || \
+  [ "$(row "activation arena (largest block)" "$TMP/gpt-tp1-pp1-yes.report")$(row "block update: arena peak" "$TMP/gpt-tp1-pp1-yes.report")" != \
+    "$(row "activation arena, --backend ref" "$TMP/gpt-tp1-pp1-yes.report")$(row "block update, --backend ref: arena peak" "$TMP/gpt-tp1-pp1-yes.report")" ] || \
   die "gpt fused: the llvm and ref plans are identical"
 [ $fail -eq 0 ] && echo "memplan measure: ok"
 exit $fail
