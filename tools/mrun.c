@@ -192,6 +192,21 @@ static int mesh_for(const RtPlan *plan, int64_t n, RtMesh *mesh, char *err, size
   return 0;
 }
 
+/* A pipeline plan runs only at the dp it was compiled for: its stage
+ * programs' update blocks cannot be rebuilt for another dp (pass_respecialize_dp
+ * handles one whole program).  -1 with a message naming the numbers. */
+static int check_pipeline_dp(const RtPlan *plan, const RtMesh *mesh, const char *path, char *err, size_t errlen) {
+  for (int i = 0; i < plan->nprograms; i++) {
+    const IrModule *m = plan->programs[i];
+    int pp = ir_axis_size(m, IR_AXIS_PP), dp = ir_axis_size(m, IR_AXIS_DP);
+    if (pp > 1 && dp != mesh->dp)
+      return ts_errf(err, errlen, "%s is a pipeline plan (pp=%d) compiled for dp=%d, and --gpus %d gives dp=%d; a "
+                     "pipeline plan runs only at its compiled dp (recompile with mcc --dp %d, or run --gpus %d)",
+                     path, pp, dp, rt_mesh_size(mesh), mesh->dp, mesh->dp, rt_mesh_size(mesh) / mesh->dp * dp);
+  }
+  return 0;
+}
+
 /* Re-executes this binary under mpirun with n ranks; returns only on
  * failure (with a message). */
 static int launch(int64_t n, char **argv) {
@@ -256,16 +271,8 @@ static IrModule *prepare(RtPlan *plan, const RtMesh *mesh, int rank, const Args 
   /* a plan from another build or edited by hand: refuse it with the
    * verifier's message rather than fail somewhere inside a kernel */
   if (ir_verify(m, why, sizeof why) != 0) { ts_errf(err, errlen, "%s: the program is invalid: %s", a->plan, why); return NULL; }
+  if (check_pipeline_dp(plan, mesh, a->plan, err, errlen) != 0) return NULL;
   if (ir_axis_size(m, IR_AXIS_DP) != mesh->dp) {
-    /* pass_respecialize_dp rebuilds one whole program's update; a pipeline
-     * stage's update (group sums over pp, a norm over pp) is not that */
-    if (ir_axis_size(m, IR_AXIS_PP) > 1) {
-      ts_errf(err, errlen, "%s is a pipeline plan (pp=%d) compiled for dp=%d, and --gpus %d gives dp=%d; a pipeline "
-              "plan runs only at its compiled dp (recompile with mcc --dp %d, or run --gpus %d)", a->plan,
-              ir_axis_size(m, IR_AXIS_PP), ir_axis_size(m, IR_AXIS_DP), rt_mesh_size(mesh), mesh->dp, mesh->dp,
-              rt_mesh_size(mesh) / mesh->dp * ir_axis_size(m, IR_AXIS_DP));
-      return NULL;
-    }
     if (pass_respecialize_dp(m, mesh->dp, why, sizeof why) != 0) {
       ts_errf(err, errlen, "%s was compiled for dp=%d; running it at dp=%d failed: %s", a->plan,
               ir_axis_size(m, IR_AXIS_DP), mesh->dp, why);
@@ -364,7 +371,8 @@ int main(int argc, char **argv) {
     char err[2048] = "";
     RtPlan *plan = load_plan(a.plan, err, sizeof err);
     RtMesh mesh;
-    int ok = plan && mesh_for(plan, a.gpus, &mesh, err, sizeof err) == 0;
+    int ok = plan && mesh_for(plan, a.gpus, &mesh, err, sizeof err) == 0 &&
+             check_pipeline_dp(plan, &mesh, a.plan, err, sizeof err) == 0;
     rt_plan_free(plan);
     if (!ok) { fprintf(stderr, "mrun: %s\n", err); return 1; }
     return launch(a.gpus, argv);
