@@ -457,6 +457,46 @@ static int scalar_float(Sx *x, int i, const char *what) {
   if (a->rank == 0 && ir_dtype_is_float(a->dtype)) return 0;
   return fail(x, "%s %s must be a float scalar", what, tstr(x, a));
 }
+/* Fused attention: q [B, Hq, Tq, D], k / v [B, Hkv, Tk, D] with Hq a
+ * multiple of Hkv (grouped-query) -> [B, Hq, Tq, D]. */
+static int check_attention(Sx *x) {
+  const IrType *q = opnd(x, 0), *k = opnd(x, 1), *v = opnd(x, 2);
+  for (int i = 0; i < 3; i++)
+    if (need_float(x, i)) return -1;
+  if (need_bool(x, 0) || need_bool(x, 1)) return -1;
+  if (q->rank != 4 || k->rank != 4 || v->rank != 4)
+    return fail(x, "q %s, k %s and v %s must be [batch, heads, seq, head_dim]", tstr(x, q), tstr(x, k),
+                tstr(x, v));
+  if (k->dtype != q->dtype || v->dtype != q->dtype || !same_sizes(k, v) || k->dim[0] != q->dim[0] ||
+      k->dim[3] != q->dim[3])
+    return fail(x, "k %s and v %s must match q %s in dtype, batch and head_dim (and each other)", tstr(x, k),
+                tstr(x, v), tstr(x, q));
+  if (k->dim[1] < 1 || q->dim[1] % k->dim[1])
+    return fail(x, "query heads of q %s must be a multiple of the kv heads of k %s", tstr(x, q), tstr(x, k));
+  double s = x->n->fa[0];
+  if (!isfinite(s)) return fail(x, "scale must be finite, got %g", s);
+  return 0;
+}
+
+static int shape_ATTENTION(Sx *x) {
+  if (check_attention(x)) return -1;
+  *x->out = *opnd(x, 0);
+  return 0;
+}
+
+/* (q, k, v, o, do): o and do shaped like q; the result is shaped like q,
+ * k or v by part. */
+static int shape_ATTENTION_BWD(Sx *x) {
+  if (check_attention(x)) return -1;
+  const IrType *q = opnd(x, 0), *o = opnd(x, 3), *dy = opnd(x, 4);
+  if (!ir_type_same_shape(o, q) || !ir_type_same_shape(dy, q) || o->dtype != q->dtype || dy->dtype != q->dtype)
+    return fail(x, "o %s and do %s must be shaped like q %s", tstr(x, o), tstr(x, dy), tstr(x, q));
+  int64_t part = x->n->ia[2];
+  if (part < 0 || part > 2) return fail(x, "part must be 0 (dq), 1 (dk) or 2 (dv), got %lld", (long long)part);
+  *x->out = *opnd(x, (int)part);
+  return 0;
+}
+
 static int shape_CLIP_COEF(Sx *x) {
   if (scalar_float(x, 0, "norm")) return -1;
   if (!(x->n->fa[0] > 0)) return fail(x, "max must be > 0, got %g", x->n->fa[0]);

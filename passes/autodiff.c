@@ -139,7 +139,7 @@ AD_LATE(SEND) AD_LATE(RECV) AD_LATE(STASH) AD_LATE(UNSTASH) AD_LATE(GROUP_SUM)
     (void)i; (void)dy; ad_fail(a, "second derivative not supported (the forward graph contains a derivative op)"); }
 AD_SECOND(GELU_TANH_BWD) AD_SECOND(GELU_ERF_BWD) AD_SECOND(SILU_BWD) AD_SECOND(RELU_BWD)
 AD_SECOND(SOFTMAX_BWD) AD_SECOND(LOG_SOFTMAX_BWD) AD_SECOND(LAYERNORM_BWD) AD_SECOND(RMSNORM_BWD)
-AD_SECOND(EMBEDDING_BWD) AD_SECOND(CROSS_ENTROPY_BWD)
+AD_SECOND(EMBEDDING_BWD) AD_SECOND(CROSS_ENTROPY_BWD) AD_SECOND(ATTENTION_BWD)
 
 static void ad_CLIP_COEF(Ad *a, int i, int dy) {
   (void)i; (void)dy;
@@ -364,6 +364,19 @@ static void ad_CROSS_ENTROPY(Ad *a, int i, int dy) {
   if (!needs(a, X0)) return;
   int in[3] = {X0, X1, dy};
   add_grad(a, X0, em(a, IR_OP_CROSS_ENTROPY_BWD, in, 3, nd(a, i)->ia, NULL, NULL));
+}
+/* Fused attention: one attention_bwd per operand that needs a gradient
+ * (part 0, 1, 2 = dq, dk, dv), each from (q, k, v, o, do) with the
+ * forward's attrs; each recomputes the probabilities from q, k and the
+ * log-sum-exp rows (flash style, nothing [Tq, Tk] is kept). */
+static void ad_ATTENTION(Ad *a, int i, int dy) {
+  for (int part = 0; part < 3; part++) {
+    IrNode n = *nd(a, i);
+    if (!needs(a, n.in[part])) continue;
+    int in[5] = {n.in[0], n.in[1], n.in[2], i, dy};
+    int64_t ia[3] = {n.ia[0], n.ia[1], part};
+    add_grad(a, n.in[part], em(a, IR_OP_ATTENTION_BWD, in, 5, ia, n.fa, NULL));
+  }
 }
 #undef X0
 #undef X1

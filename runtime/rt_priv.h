@@ -44,6 +44,9 @@ int ref_RECV(RtKctx *k);
 int ref_STASH(RtKctx *k);
 int ref_UNSTASH(RtKctx *k);
 int ref_GROUP_SUM(RtKctx *k);
+/* Fused attention kernels (ops_attn.c), entries of the same table. */
+int ref_ATTENTION(RtKctx *k);
+int ref_ATTENTION_BWD(RtKctx *k);
 
 /* Per-program pipeline state (ops_pipe.c): the stash (values kept by
  * `stash` for the backward block, keyed by chunk, micro batch and slot),

@@ -234,6 +234,21 @@ static int b_rope(Cx *c, const Case *k) {
   double base = k->v == 2 ? 100.0 : 10000.0;
   return E(c, IR_OP_ROPE, 1, &x, ia, &base, NULL, NULL);
 }
+/* Fused attention: q [2, Hq, Tq, Dh], k / v [2, Hkv, Tk, Dh].  v = 0:
+ * causal, 2 heads, 5 positions; v = 1: grouped-query (4 query heads over 2
+ * kv heads), not causal, 3 queries against 4 keys; v = 2: causal GQA;
+ * v = 3: causal, 70 positions (two key tiles of the online softmax, so the
+ * rescaling between tiles is differentiated too). */
+static int b_attention(Cx *c, const Case *k) {
+  int Hq = k->v == 0 || k->v == 3 ? 2 : 4, Hkv = 2, Tq = k->v == 1 ? 3 : k->v == 3 ? 70 : 5;
+  int Tk = k->v == 1 ? 4 : Tq, Dh = k->v == 3 ? 2 : 3;
+  int q = param(c, T(4, 2, Hq, Tq, Dh), D_NORMAL);
+  int kk = param(c, T(4, 2, Hkv, Tk, Dh), D_NORMAL);
+  int v = param(c, T(4, 2, Hkv, Tk, Dh), D_NORMAL);
+  int64_t ia[2] = {k->v != 1, 0};
+  double scale = 0.7;
+  return E(c, IR_OP_ATTENTION, 3, (int[]){q, kk, v}, ia, &scale, NULL, NULL);
+}
 /* v = 0: ignore_index -1 on every 4th target; v = 1: ignore_index 2, a
  * class that also occurs naturally. */
 static int b_cross_entropy(Cx *c, const Case *k) {
@@ -332,6 +347,10 @@ static const Case cases[] = {
   {"dropout", IR_OP_DROPOUT, b_dropout, 0, NULL, 0, NULL},
   {"dropout step 5 micro 1", IR_OP_DROPOUT, b_dropout, 1, NULL, 0, NULL},
   {"rope", IR_OP_ROPE, b_rope, 0, NULL, 0, NULL},
+  {"attention causal", IR_OP_ATTENTION, b_attention, 0, NULL, 0, NULL},
+  {"attention gqa", IR_OP_ATTENTION, b_attention, 1, NULL, 0, NULL},
+  {"attention gqa causal", IR_OP_ATTENTION, b_attention, 2, NULL, 0, NULL},
+  {"attention 2 tiles", IR_OP_ATTENTION, b_attention, 3, NULL, 0, NULL},
   {"rope inverse", IR_OP_ROPE, b_rope, 1, NULL, 0, NULL},
   {"rope 2-D", IR_OP_ROPE, b_rope, 2, NULL, 0, NULL},
   {"cross_entropy", IR_OP_CROSS_ENTROPY, b_cross_entropy, 0, NULL, 0, NULL},

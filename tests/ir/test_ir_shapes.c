@@ -93,6 +93,9 @@ static const Case cases[] = {
   {"masked_fill", "%10 = masked_fill %1, %2 fill=0.0 : f32[2, 4, 8]",
    "%10 = masked_fill %1, %5 fill=0.0 : f32[2, 4, 8]"},
   {"dropout", "%10 = dropout %1 stream=3 p=0.1 : f32[2, 4, 8]", "%10 = dropout %1 stream=3 p=1.0 : f32[2, 4, 8]"},
+  /* rank-4 operands: no prelude value has them; cases in test_attention() */
+  {"attention", NULL, NULL},
+  {"attention_bwd", NULL, NULL},
   {"rope", "%10 = rope %1 axis=1 inverse=0 base=10000.0 : f32[2, 4, 8]",
    "%10 = rope %1 axis=2 inverse=0 base=10000.0 : f32[2, 4, 8]"},
   {"topk_mask", "%10 = topk_mask %1 k=2 : f32[2, 4, 8]", "%10 = topk_mask %1 k=9 : f32[2, 4, 8]"},
@@ -148,6 +151,37 @@ static void test_zero_bad_ref(void) {
   ir_module_free(m);
 }
 
+/* attention and attention_bwd through ir_emit: q [2, 4, 6, 8], k / v
+ * [2, 2, 5, 8] (grouped-query, two query heads per kv head). */
+static void test_attention(void) {
+  IrModule *m = ir_module_new("a");
+  int b = ir_block_add(m, "forward");
+  char err[256] = "";
+  IrType tq = {IR_F64, 4, {2, 4, 6, 8}, {0}}, tk = {IR_F64, 4, {2, 2, 5, 8}, {0}}, t3 = {IR_F64, 4, {2, 3, 5, 8}, {0}};
+  int q = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "q", &tq, err, sizeof err);
+  int k = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "k", &tk, err, sizeof err);
+  int k3 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "k3", &t3, err, sizeof err);
+  double sc = 0.125;
+  int o = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){1, 0}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(o >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[o].type, &tq), "attention: %s", err);
+  int r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k3, k3}, 3, (int64_t[]){1, 0}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "attention: ") && strstr(err, "multiple"), "heads 4 / 3: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){2, 0}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "attention: "), "causal=2: %d '%s'", r, err);
+  for (int part = 0; part < 3 && o >= 0; part++) {
+    r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, o, o}, 5, (int64_t[]){1, 0, part}, &sc, NULL, NULL, err,
+                sizeof err);
+    CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, part ? &tk : &tq), "part %d: %s", part, err);
+  }
+  r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, o, o}, 5, (int64_t[]){1, 0, 3}, &sc, NULL, NULL, err,
+              sizeof err);
+  CHECK(r == -1 && strstr(err, "attention_bwd: ") && strstr(err, "part"), "part 3: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, k, o}, 5, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err,
+              sizeof err);
+  CHECK(r == -1 && strstr(err, "attention_bwd: "), "o shaped like k: %d '%s'", r, err);
+  ir_module_free(m);
+}
+
 /* ir_emit's message names the op and both operand types (the brief's example). */
 static void test_emit_message(void) {
   IrModule *m = ir_module_new("e");
@@ -197,6 +231,7 @@ int main(void) {
   char err[512];
   for (int i = 0; i < ncases; i++) {
     const Case *c = &cases[i];
+    if (!c->good) continue;
     err[0] = 0;
     IrModule *m = parse_case(c->good, err, sizeof err);
     CHECK(m != NULL, "%s: valid case rejected: %s", c->op, err);
@@ -220,6 +255,7 @@ int main(void) {
   }
   test_zero_bad_ref();
   test_emit_message();
+  test_attention();
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);
   else printf("ok: %d shape-rule cases\n", ncases);
   return failures != 0;

@@ -223,6 +223,19 @@ def _matmul(x, y, a):
     return torch.matmul(x, y)
 
 
+def _attention(q, k, v, a):
+    """Fused attention as explicit softmax(scale q k^T) v (this torch has no
+    scaled_dot_product_attention); kv heads repeated for grouped-query
+    attention (query head h reads kv head h // (Hq / Hkv)); causal: key j
+    hidden from query i when j > i."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    s = torch.matmul(q, k.transpose(-1, -2)) * a["scale"]
+    if a["causal"]:
+        s = _causal(s, float("-inf"))
+    return torch.matmul(torch.softmax(s, -1), v)
+
+
 def _topk_mask(x, k):
     """1 at the k largest entries of each last-axis row; ties to the lower
     index (a stable descending sort); no gradient."""
@@ -276,6 +289,7 @@ OPS = {
     "rope": lambda v, a, n, dt: _rope(v[0], a["axis"], a["inverse"], a["base"]),
     "cross_entropy": lambda v, a, n, dt: _cross_entropy(v[0], v[1], a["ignore"]),
     "topk_mask": lambda v, a, n, dt: _topk_mask(v[0], a["k"]),
+    "attention": lambda v, a, n, dt: _attention(v[0], v[1], v[2], a),
 }
 
 

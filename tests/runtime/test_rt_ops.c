@@ -985,7 +985,8 @@ int main(void) {
    * state or a whole block and are tested in test_rt_exec.c, and the
    * pipeline ops, which need several ranks (tests/pipe_rt) */
   static const IrOp elsewhere[] = {IR_OP_STATE, IR_OP_ZERO, IR_OP_ADAMW, IR_OP_OUTPUT, IR_OP_ASSIGN,
-                                   IR_OP_SEND, IR_OP_RECV, IR_OP_STASH, IR_OP_UNSTASH, IR_OP_GROUP_SUM};
+                                   IR_OP_SEND, IR_OP_RECV, IR_OP_STASH, IR_OP_UNSTASH, IR_OP_GROUP_SUM,
+                                   IR_OP_ATTENTION, IR_OP_ATTENTION_BWD};   /* tests/grad, tests/oracle, tests/attn */
   for (int op = 0; op < IR_OP_COUNT; op++) {
     int skip = 0;
     for (size_t i = 0; i < sizeof elsewhere / sizeof *elsewhere; i++) skip |= elsewhere[i] == (IrOp)op;
