@@ -515,6 +515,13 @@ int rt_emit_llvm(const IrModule *m, const char *dir, int *count, char *err, size
           if (ts_write_file_atomic(path, ll.p ? ll.p : "", ll.n) != 0)
             rc = ts_errf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
           else written++;
+          /* and the kernel IR it came from (codegen/kir.h's text form) */
+          StrBuf kt = {0};
+          cg_kernel_print(k, &kt);
+          snprintf(path, sizeof path, "%s/%s_%08llx.kir", dir, k->name, (unsigned long long)(h & 0xffffffffu));
+          if (rc == 0 && ts_write_file_atomic(path, kt.p ? kt.p : "", kt.n) != 0)
+            rc = ts_errf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
+          sb_free(&kt);
         }
         sb_free(&ll);
       }

@@ -72,7 +72,7 @@ parallel)
     has "$TMP/err" "mcc: error: --schedule 1f1b with pp=2 needs at least 2 micro batches per step, and there are 1"
   run 0 "$MCC" samples/llama.mdl $TINY_LLAMA --cp 2 --emit=ir && has "$TMP/out" "all_gather" &&
     has "$TMP/out" "parallel tp=1 pp=1 cp=2"
-  run 1 "$MCC" samples/llama.mdl $TINY_LLAMA -D seq_len=7 --cp 2 && has "$TMP/err" "is not divisible by cp = 2"
+  run 1 "$MCC" samples/llama.mdl $TINY_LLAMA -D seq_len=6 --cp 2 && has "$TMP/err" "dim 'seq' = 6 is not divisible by 2 x cp = 4"
   run 0 "$MCC" samples/llama.mdl $TINY_LLAMA --ep 2 --emit=ir && has "$TMP/out" "parallel tp=1 pp=1 cp=1 ep=2"
   run 1 "$MCC" samples/gpt.mdl $TINY_GPT --sp -o "$TMP/sp.plan" && has "$TMP/err" "mcc: error: sequence parallelism" &&
     has "$TMP/err" "tp=1"
