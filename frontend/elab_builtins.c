@@ -500,6 +500,24 @@ static Value bi_topk_mask(Elab *e, const ElabCall *c, Value *a, int op) {
   return elab_emit(e, c->loc, IR_OP_TOPK_MASK, &a[0], 1, ia, NULL, NULL, NULL);
 }
 
+/* fused_attention(q[B, Hq, T, D], k[B, Hkv, S, D], v, causal: true,
+ * scale: 1 / sqrt(D)): softmax(scale q k^T) v in one op (docs/ir.md
+ * "Fused attention"); kv heads may be fewer (grouped-query). */
+static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "q", &a[0], 1) || elab_want_tensor(e, c, "k", &a[1], 1) ||
+      elab_want_tensor(e, c, "v", &a[2], 1))
+    return elab_err();
+  IrType t = elab_type(e, &a[0]);
+  if (t.rank != 4) return fail_arg(e, &a[0], "%s() needs q of shape [batch, heads, seq, head_dim], got %s", c->fname);
+  int causal = 1;
+  double scale = 1.0 / sqrt((double)t.dim[3]);
+  if (a[3].k != V_UNSET && elab_want_bool(e, c, "causal", &a[3], &causal)) return elab_err();
+  if (a[4].k != V_UNSET && elab_want_num(e, c, "scale", &a[4], &scale)) return elab_err();
+  int64_t ia[2] = {causal, 0};
+  double fa[1] = {scale};
+  return elab_emit(e, c->loc, IR_OP_ATTENTION, a, 3, ia, fa, NULL, NULL);
+}
+
 static Value bi_rope(Elab *e, const ElabCall *c, Value *a, int op) {
   if (elab_want_tensor(e, c, "x", &a[0], 1)) return elab_err();
   IrType t = elab_type(e, &a[0]);
@@ -613,6 +631,7 @@ static const Builtin builtins[] = {
   {"padding_mask", {"scores", "mask"}, 2, bi_padding_mask, 0},
   {"dropout", {"x", "p"}, 2, bi_dropout, 0},
   {"rope", {"x", "base", "axis"}, 1, bi_rope, 0},
+  {"fused_attention", {"q", "k", "v", "causal", "scale"}, 3, bi_fused_attention, 0},
   {"topk_mask", {"x", "k"}, 2, bi_topk_mask, 0},
   {"cross_entropy", {"logits", "targets", "ignore_index", "reduction"}, 2, bi_cross_entropy, 0},
 };

@@ -22,6 +22,8 @@ typedef struct PassCtx {
   const int *pp_layers;
   int pp_nlayers;
   const char *pp_layout;
+  int cp_attn_allgather;     /* --cp-attn allgather: fused attention under cp gathers
+                              * k / v instead of passing them in a ring (pass "shard") */
 } PassCtx;
 
 typedef int (*PassFn)(IrModule *m, PassCtx *cx);

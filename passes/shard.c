@@ -56,6 +56,7 @@ typedef struct {
   int failed;
   int tag;                /* pipeline stage tag of the node being sharded (copied to what it emits) */
   unsigned char *accumed; /* per state: an accum into it was sharded already */
+  int cp_ring;            /* attention under cp: ring (k / v stay blocks) or all-gather (PassCtx) */
 } Sh;
 
 static int sh_fail(Sh *S, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -430,6 +431,27 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     *out = n->op == IR_OP_CROSS_ENTROPY ? lead : sl;
     return 0;
   }
+  case IR_OP_ATTENTION: case IR_OP_ATTENTION_BWD: {
+    /* q [B, Hq, Tq, D], k / v [B, Hkv, Tk, D] (bwd: o, do like q).  Batch
+     * and heads split like batch dims (kv heads with the query heads);
+     * the sequence (dim 2) of the queries is a block of rows: along cp
+     * with the ring (S->cp_ring) k / v are blocks too and the kernel
+     * passes them around (ring=1, set in shard_node), else k / v are
+     * gathered and dk / dv come out partial.  head_dim stays whole. */
+    int t = AX_R, ring = a == IR_AXIS_CP && S->cp_ring, part = n->op == IR_OP_ATTENTION_BWD ? (int)n->ia[2] : 0;
+    for (int k = 0; k < nin && t == AX_R; k++)
+      if (st[k] >= 0 && st[k] <= 2) t = st[k];
+    if (t == 1) {
+      int64_t hk = onode(S, n->in[1])->type.dim[1], sz = ir_axis_size(S->m, (IrAxis)a);
+      if (hk % sz)
+        return sh_fail(S, "attention %%%d: kv heads = %lld are not divisible by %s = %lld (query heads split "
+                       "over %s need their kv heads split with them)", i, (long long)hk, ir_axis_name((IrAxis)a),
+                       (long long)sz, ir_axis_name((IrAxis)a));
+    }
+    for (int k = 0; k < nin; k++) want[k] = (t == 2 && (k == 1 || k == 2) && !ring) ? AX_R : t;
+    *out = (t == 2 && part > 0 && !ring) ? AX_P : t;
+    return 0;
+  }
   case IR_OP_OUTPUT:
     want[0] = AX_R;
     return 0;
@@ -779,6 +801,8 @@ static void shard_node(Sh *S, int i) {
   uint8_t red_axes = (n->op == IR_OP_MAX || n->op == IR_OP_MEAN) ? ish[0].split[n->ia[0]] : 0;
   int64_t ia[IR_MAX_IATTR];
   memcpy(ia, n->ia, sizeof ia);
+  if (n->op == IR_OP_ATTENTION || n->op == IR_OP_ATTENTION_BWD)   /* k / v as cp blocks: the kernel rings */
+    ia[1] = ax_get(&ish[1], IR_AXIS_CP) == 2 && ir_axis_size(m, IR_AXIS_CP) > 1;
   switch (n->op) {
   case IR_OP_CROSS_ENTROPY: case IR_OP_CROSS_ENTROPY_BWD: {
     int last = onode(S, n->in[0])->type.rank - 1;
@@ -841,6 +865,7 @@ int pass_shard(IrModule *m, PassCtx *cx) {
   S.T = T;
   S.C = C;
   S.sp = m->par.sp;
+  S.cp_ring = !cx->cp_attn_allgather;
   S.seq_name = ts_intern("seq");
   for (int r = 0; r < m->rules.n; r++)
     if (m->rules.a[r].axes & BIT(IR_AXIS_CP)) S.seq_name = m->rules.a[r].dim;

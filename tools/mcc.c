@@ -169,6 +169,13 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--sp") == 0) { a->mdl.sp = 1; continue; }
     if (strcmp(s, "--no-zero") == 0) { a->mdl.zero = 0; continue; }
     if (strcmp(s, "--no-fuse") == 0) { a->cx->no_fuse = 1; continue; }
+    if (strcmp(s, "--cp-attn") == 0) {
+      NEED_ARG(s);
+      if (strcmp(next, "ring") && strcmp(next, "allgather"))
+        return usage_error("--cp-attn must be ring or allgather, got '%s'", next);
+      a->cx->cp_attn_allgather = strcmp(next, "allgather") == 0;
+      continue;
+    }
     if (strcmp(s, "--emit=llvm") == 0) { NEED_ARG(s); a->llvm_dir = next; continue; }
     if (strcmp(s, "--check") == 0) { a->check = 1; continue; }
     if (strcmp(s, "--stdlib") == 0) { NEED_ARG(s); a->mdl.stdlib_dir = next; continue; }
@@ -519,6 +526,7 @@ static IrModule *compile_quiet(const Args *a, const MdlOptions *o, int dp) {
   pass_ctx_init(&cx);
   cx.verify_each = a->cx->verify_each;
   cx.no_fuse = a->cx->no_fuse;
+  cx.cp_attn_allgather = a->cx->cp_attn_allgather;
   IrModule *m = compile(a, o, dp, &cx, NULL);
   pass_ctx_free(&cx);
   return m;
