@@ -115,9 +115,7 @@ int rt_pipe_wait_sends(RtProgram *p, char *err, size_t errlen) {
   RtCommReq **reqs = ts_xmalloc((size_t)s->sends.n * sizeof *reqs);
   for (int i = 0; i < s->sends.n; i++) reqs[i] = s->sends.a[i].req;
   int rc = rt_comm_wait_all(reqs, s->sends.n, err, errlen);
-  for (int i = 0; i < s->sends.n; i++) {
-    s->sends.a[i].req = reqs[i];   /* NULL once complete */
-  }
+  for (int i = 0; i < s->sends.n; i++) s->sends.a[i].req = reqs[i];   /* NULL once complete */
   free(reqs);
   reap_sends(s);
   return rc;
@@ -314,7 +312,10 @@ int ref_GROUP_SUM(RtKctx *k) {
   if (k->it[0]->dtype != k->ot->dtype || ir_type_numel(k->it[0]) != ir_type_numel(k->ot))
     return rt_kfail(k, "result and operand differ in dtype or size");
   int64_t mask = k->n->ia[1];
-  if (mask <= 0 || size > 62 || (mask >> size) != 0)
+  if (size > 62)
+    return rt_kfail(k, "the %s axis has %d ranks; group_sum's ranks mask names at most 62", ir_axis_name((IrAxis)k->n->ia[0]),
+                    size);
+  if (mask <= 0 || (mask >> size) != 0)
     return rt_kfail(k, "ranks=%lld names coordinates outside the %s axis (size %d)", (long long)mask,
                     ir_axis_name((IrAxis)k->n->ia[0]), size);
   if (!(mask >> coord & 1))
@@ -324,29 +325,29 @@ int ref_GROUP_SUM(RtKctx *k) {
   size_t bytes = kbytes(k->ot);
   IrDtype dt = k->ot->dtype;
   if (mask == (int64_t)1 << coord) { memcpy(k->out, k->in[0], bytes); return 0; }
-  /* post our value to every other member, then receive theirs in order */
+  /* Post our value to every other member first (so nobody waits on us),
+   * then walk the members in coordinate order: the first one's value
+   * starts the sum, each next one is added (received into one buffer). */
   RtCommReq **reqs = ts_xcalloc((size_t)size, sizeof *reqs);
-  char *got = ts_xmalloc((size_t)size * (bytes ? bytes : 1));
-  int rc = 0;
+  void *tmp = ts_xmalloc(bytes ? bytes : 1);
+  int rc = 0, first = 1;
   for (int q = 0; q < size && rc == 0; q++)
     if (q != coord && (mask >> q & 1))
       rc = rt_comm_isend(g, dt, k->in[0], (size_t)n, q, PIPE_GROUP_SUM_TAG, &reqs[q], k->err, k->errlen);
-  for (int q = 0; q < size && rc == 0; q++)
-    if (q != coord && (mask >> q & 1))
-      rc = rt_comm_recv(g, dt, got + (size_t)q * bytes, (size_t)n, q, PIPE_GROUP_SUM_TAG, k->err, k->errlen);
-  /* the operand must outlive our sends: wait before returning */
-  if (rt_comm_wait_all(reqs, size, rc ? NULL : k->err, rc ? 0 : k->errlen) != 0) rc = -1;
-  if (rc == 0) {
-    memcpy(got + (size_t)coord * bytes, k->in[0], bytes);
-    int first = 1;
-    for (int q = 0; q < size; q++) {
-      if (!(mask >> q & 1)) continue;
-      if (first) memcpy(k->out, got + (size_t)q * bytes, bytes);
-      else add_into(k->out, got + (size_t)q * bytes, n, dt);
-      first = 0;
+  for (int q = 0; q < size && rc == 0; q++) {
+    if (!(mask >> q & 1)) continue;
+    const void *v = k->in[0];
+    if (q != coord) {
+      rc = rt_comm_recv(g, dt, first ? k->out : tmp, (size_t)n, q, PIPE_GROUP_SUM_TAG, k->err, k->errlen);
+      v = first ? k->out : tmp;
     }
+    if (rc == 0 && first && v != k->out) memcpy(k->out, v, bytes);
+    else if (rc == 0 && !first) add_into(k->out, v, n, dt);
+    first = 0;
   }
-  free(got);
+  /* the operand must outlive our sends: wait before returning */
+  if (rt_comm_wait_all(reqs, size, NULL, 0) != 0 && rc == 0) rc = rt_kfail(k, "group_sum: waiting for the sends failed");
+  free(tmp);
   free(reqs);
   return rc;
 }
