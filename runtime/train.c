@@ -389,7 +389,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   int mb = ir_block_find(m, "micro"), ub = ir_block_find(m, "update");
   if ((!piped && mb < 0) || ub < 0) {
     snprintf(err, errlen, "the program has no block \"%s\" (was it compiled with autodiff and the optimizer?)",
-             ub >= 0 ? "micro" : "update");
+             !piped && mb < 0 ? "micro" : "update");
     return -1;
   }
   if (piped && m->par.stage < 1) {
