@@ -20,6 +20,10 @@
  *       over masks {0,1}, {0,2}, {0,1,2} and {self} in f32 and f64; members
  *       must hold exactly the coordinate-order sum (so identical bits), and
  *       a mask without this rank or outside the axis is refused.
+ *   test_pipe_rt train TOKEN           2 ranks: rt_train on a hand-written
+ *       2-stage program (1F1B over 4 micro batches: the loss over the
+ *       pipeline, stash across blocks, update), and its refusals (stages
+ *       swapped, missing backward blocks, the loss reported twice).
  *   test_pipe_rt stall_recv TOKEN      2 ranks, timeout 3 s: rank 1 waits
  *       for a message rank 0 never sends; the job must end naming rank 0.
  *   test_pipe_rt stall_send TOKEN      2 ranks, timeout 3 s: rank 0 waits for
@@ -28,6 +32,7 @@
 #include "../runtime/rt_test.h"
 #include "runtime/rt_priv.h"
 #include "runtime/comm.h"
+#include "runtime/train.h"
 #include <stdarg.h>
 #include <unistd.h>
 
@@ -389,8 +394,71 @@ static void test_stall(RtComm *w, int sender_waits) {
   free_rank(&r);
 }
 
+/* ---------------- the trainer (rt_train) on 2 pipeline ranks ----------------
+ * A hand-written 2-stage program: fwd.0 casts the tokens and sends them,
+ * fwd.1 receives them, stashes them and reports loss = sumsq(tokens), bwd.1
+ * unstashes and sends them back, bwd.0 receives them; update reports a
+ * fixed grad norm.  The step's loss must be the mean over the step's 4
+ * micro batches of sumsq(their tokens) (read from the corpus here), on
+ * both ranks.  variant: 0 as described; 1 the stages swapped (each rank
+ * gets the other's program); 2 no bwd blocks; 3 both forwards report the
+ * loss.  The errors happen on both ranks alike, so no rank waits. */
+static IrModule *train_module(int c, int variant) {
+  int stage = variant == 1 ? 2 - c : c + 1;
+  const char *bwd0 = variant == 2 ? "" : "block bwd.0 {\n  %0 = recv axis=pp peer=1 tag=1 : f64[1, 4]\n}\n";
+  const char *bwd1 = variant == 2 ? "" : "block bwd.1 {\n  %0 = unstash slot=0 : f64[1, 4]\n  send %0 axis=pp peer=-1 tag=1\n}\n";
+  const char *loss0 = variant == 3 ? "  %3 = sumsq %1 : f64[]\n  output \"loss\" %3\n" : "";
+  char blocks[1024];
+  if (c == 0)
+    snprintf(blocks, sizeof blocks,
+             "block fwd.0 {\n  %%0 = input \"tokens\" : i32[1, 4]\n  %%1 = cast %%0 : f64[1, 4]\n"
+             "  send %%1 axis=pp peer=1 tag=0\n%s}\n%s", loss0, bwd0);
+  else
+    snprintf(blocks, sizeof blocks,
+             "block fwd.1 {\n  %%0 = recv axis=pp peer=-1 tag=0 : f64[1, 4]\n  %%1 = sumsq %%0 : f64[]\n"
+             "  output \"loss\" %%1\n%s}\n%s", variant == 2 ? "" : "  stash %0 slot=0\n", bwd1);
+  return module("module tr\n%sparallel tp=1 pp=2 cp=1 ep=1 dp=1 sp=0 zero=1 vpp=1 schedule=1f1b stage=%d\n"
+                "%sblock update {\n  %%0 = full value=2.5 : f64[]\n  output \"grad_norm\" %%0\n}\nend\n",
+                hdr, stage, blocks);
+}
+
+static void test_train(RtComm *w) {
+  RtRank r = make_rank(w, (RtMesh){1, 2, 1, 1, 1});
+  int c = r.coord[IR_AXIS_PP];
+  RtTrainOpts o = {.quiet = 1, .rank = &r, .world = w};
+  /* the expected loss of step 1 from the corpus */
+  RtCorpus corpus;
+  CHECK(rt_corpus_open(&corpus, rt_corpus_default_path(), err, sizeof err) == 0, "corpus: %s", err);
+  double want = 0;
+  for (int j = 0; j < 4; j++) {
+    int32_t tok[4], tgt[4];
+    CHECK(rt_corpus_batch(&corpus, 1, 0, j, 1, 4, tok, tgt, err, sizeof err) == 0, "batch: %s", err);
+    for (int i = 0; i < 4; i++) want += (double)tok[i] * tok[i];
+  }
+  want /= 4;
+  rt_corpus_free(&corpus);
+  static const char *const expect[4] = {NULL, "this is the program of pipeline stage", "has no block bwd.",
+                                        "reported `output \"loss\"` 8 times for 4 micro batches"};
+  for (int v = 0; v < 4; v++) {
+    IrModule *m = train_module(c, v);
+    RtTrainResult res;
+    int rc = rt_train(m, &o, &res, err, sizeof err);
+    if (v == 0) {
+      CHECK(rc == 0, "rank %d: training the 2-stage program: %s", g_rank, err);
+      CHECK(rc == 0 && res.steps == 1 && res.first_loss == want && res.last_grad_norm == 2.5,
+            "rank %d: loss %.17g (want %.17g), grad norm %g (want 2.5), %lld steps", g_rank, res.first_loss, want,
+            res.last_grad_norm, (long long)res.steps);
+    } else {
+      CHECK(rc != 0 && strstr(err, expect[v]), "rank %d: variant %d: want /%s/, got: %s", g_rank, v, expect[v],
+            rc ? err : "success");
+    }
+    ir_module_free(m);
+  }
+  free_rank(&r);
+}
+
 int main(int argc, char **argv) {
-  if (argc < 2) { fprintf(stderr, "usage: test_pipe_rt local | ring|group|stall_recv|stall_send TOKEN\n"); return 2; }
+  if (argc < 2) { fprintf(stderr, "usage: test_pipe_rt local | ring|group|train|stall_recv|stall_send TOKEN\n"); return 2; }
   const char *mode = argv[1];
   if (strcmp(mode, "local") == 0) {
     test_local();
@@ -405,6 +473,8 @@ int main(int argc, char **argv) {
     test_ring(w, 1);
   } else if (strcmp(mode, "group") == 0) {
     test_group(w);
+  } else if (strcmp(mode, "train") == 0) {
+    test_train(w);
   } else if (stall) {
     test_stall(w, strcmp(mode, "stall_send") == 0);
     rt_comm_free(w);
