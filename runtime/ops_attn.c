@@ -34,9 +34,10 @@
 #include "rt_priv.h"
 #include "comm.h"
 #include "par.h"
+#include <cblas.h>
 #include <math.h>
 
-#define ATTN_TILE 64          /* keys per tile of the online softmax */
+#define ATTN_TILE 64          /* query rows and key rows per tile */
 #define ATTN_RING_TAG 7700    /* tag of the ring messages on the cp group */
 
 typedef struct {
@@ -84,6 +85,34 @@ static void positions(const RtProgram *p, unsigned mask, int64_t L, int cp, int6
   }
 }
 
+/* ---- tiles ----
+ * Queries and keys are taken in tiles of ATTN_TILE rows; the scores of one
+ * tile pair, s[nq, nk] = scale * Q_t K_t^T, are one small GEMM (BLAS) into
+ * a per-thread buffer, so the only score storage is [ATTN_TILE, ATTN_TILE].
+ * Masked scores are -inf and their probabilities exactly 0. */
+typedef struct { int64_t i0, nq, j0, nk; } Tile;
+
+/* s = scale * Q_t K_t^T with the causal mask applied; returns whether any
+ * score of the tile is unmasked.  q: rows of this (b, h), [Tq, D]; k: the
+ * kv head's rows [Tk, D]. */
+static int tile_scores(const AttnDims *d, const Tile *t, const double *q, const double *k, const int64_t *qpos,
+                       const int64_t *kpos, double *s) {
+  if (d->causal && kpos[t->j0] > qpos[t->i0 + t->nq - 1]) {
+    /* the tile may be wholly masked (its first key after its last query): check */
+    int any = 0;
+    for (int64_t r = 0; r < t->nq && !any; r++)
+      for (int64_t c = 0; c < t->nk && !any; c++) any = kpos[t->j0 + c] <= qpos[t->i0 + r];
+    if (!any) return 0;
+  }
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->nq, (int)t->nk, (int)d->D, d->scale,
+              q + t->i0 * d->D, (int)d->D, k + t->j0 * d->D, (int)d->D, 0.0, s, (int)t->nk);
+  if (d->causal)
+    for (int64_t r = 0; r < t->nq; r++)
+      for (int64_t c = 0; c < t->nk; c++)
+        if (kpos[t->j0 + c] > qpos[t->i0 + r]) s[r * t->nk + c] = -INFINITY;
+  return 1;
+}
+
 /* ---- the forward: online softmax over one block of keys ----
  * q [B, Hq, Tq, D]; k, v [B, Hkv, Tk, D]; per query row the running max m
  * and sum l ([B, Hq, Tq]) and acc [B, Hq, Tq, D] (unnormalised output;
@@ -99,42 +128,40 @@ static void fwd_rows(void *jp, int64_t lo, int64_t hi) {
   const FwdJob *j = jp;
   const AttnDims *d = &j->d;
   int64_t D = d->D, grp = d->Hq / d->Hkv;
-  double s[ATTN_TILE];
+  double *s = ts_xmalloc(ATTN_TILE * ATTN_TILE * sizeof *s);
   for (int64_t bh = lo; bh < hi; bh++) {
     int64_t b = bh / d->Hq, h = bh % d->Hq, hk = h / grp;
     const double *K = j->k + (b * d->Hkv + hk) * d->Tk * D, *V = j->v + (b * d->Hkv + hk) * d->Tk * D;
-    for (int64_t i = 0; i < d->Tq; i++) {
-      int64_t row = bh * d->Tq + i;
-      const double *qi = j->q + row * D;
-      double *acc = j->acc ? j->acc + row * D : NULL;
-      for (int64_t t0 = 0; t0 < d->Tk; t0 += ATTN_TILE) {
-        int64_t n = d->Tk - t0 < ATTN_TILE ? d->Tk - t0 : ATTN_TILE;
-        double mt = -INFINITY;
-        for (int64_t c = 0; c < n; c++) {
-          int64_t jj = t0 + c;
-          if (d->causal && j->kpos[jj] > j->qpos[i]) { s[c] = -INFINITY; continue; }
-          double dot = 0;
-          for (int64_t e = 0; e < D; e++) dot += qi[e] * K[jj * D + e];
-          s[c] = dot * d->scale;
-          if (s[c] > mt) mt = s[c];
+    const double *Q = j->q + bh * d->Tq * D;
+    double *M = j->m + bh * d->Tq, *L = j->l + bh * d->Tq, *A = j->acc ? j->acc + bh * d->Tq * D : NULL;
+    for (Tile t = {0}; t.i0 < d->Tq; t.i0 += ATTN_TILE) {
+      t.nq = d->Tq - t.i0 < ATTN_TILE ? d->Tq - t.i0 : ATTN_TILE;
+      for (t.j0 = 0; t.j0 < d->Tk; t.j0 += ATTN_TILE) {
+        t.nk = d->Tk - t.j0 < ATTN_TILE ? d->Tk - t.j0 : ATTN_TILE;
+        if (!tile_scores(d, &t, Q, K, j->qpos, j->kpos, s)) continue;
+        /* per row: new max, rescale what was summed so far, p = exp(s - m) */
+        for (int64_t r = 0; r < t.nq; r++) {
+          double *sr = s + r * t.nk, mt = -INFINITY;
+          for (int64_t c = 0; c < t.nk; c++) mt = sr[c] > mt ? sr[c] : mt;
+          int64_t i = t.i0 + r;
+          if (mt == -INFINITY) {                     /* the row sees no key of this tile */
+            for (int64_t c = 0; c < t.nk; c++) sr[c] = 0;
+            continue;
+          }
+          double m_new = M[i] > mt ? M[i] : mt, corr = M[i] == -INFINITY ? 0.0 : exp(M[i] - m_new), sum = 0;
+          for (int64_t c = 0; c < t.nk; c++) { sr[c] = exp(sr[c] - m_new); sum += sr[c]; }
+          L[i] = L[i] * corr + sum;
+          M[i] = m_new;
+          if (A && corr != 1.0)
+            for (int64_t e = 0; e < D; e++) A[i * D + e] *= corr;
         }
-        if (mt == -INFINITY) continue;            /* the whole tile is masked */
-        double m_old = j->m[row], m_new = m_old > mt ? m_old : mt;
-        double corr = m_old == -INFINITY ? 0.0 : exp(m_old - m_new), sum = 0;
-        if (acc && corr != 1.0)
-          for (int64_t e = 0; e < D; e++) acc[e] *= corr;
-        for (int64_t c = 0; c < n; c++) {
-          if (s[c] == -INFINITY) continue;
-          double pc = exp(s[c] - m_new);
-          sum += pc;
-          if (acc)
-            for (int64_t e = 0; e < D; e++) acc[e] += pc * V[(t0 + c) * D + e];
-        }
-        j->l[row] = j->l[row] * corr + sum;
-        j->m[row] = m_new;
+        if (A)   /* acc_t += P V_t */
+          cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)t.nq, (int)D, (int)t.nk, 1.0, s, (int)t.nk,
+                      V + t.j0 * D, (int)D, 1.0, A + t.i0 * D, (int)D);
       }
     }
   }
+  free(s);
 }
 
 static void fwd_block(FwdJob *j) { rt_par_for(j->d.B * j->d.Hq, 1, fwd_rows, j); }
@@ -154,8 +181,7 @@ static void fwd_finish(int64_t rows, int64_t D, double *m, const double *l, doub
  * p = exp(scale q.k - lse), dp = do.v, ds = p (dp - Drow):
  *   dq += scale ds k,   dk += scale ds q,   dv += p do.
  * part 0 (dq [B, Hq, Tq, D]) runs over (b, query head); parts 1 and 2
- * (dk / dv [B, Hkv, Tk, D]; both are computed, `dk` and `dv` may be NULL)
- * over (b, kv head). */
+ * (dk / dv [B, Hkv, Tk, D]; `dk` or `dv` may be NULL) over (b, kv head). */
 typedef struct {
   AttnDims d;
   const double *q, *k, *v, *dout, *lse, *drow;
@@ -163,17 +189,23 @@ typedef struct {
   double *dq, *dk, *dv;
 } BwdJob;
 
-/* p and ds of query row `row` (local i) against key jj, or 0 if masked. */
-static int bwd_score(const BwdJob *j, int64_t row, int64_t i, const double *K, const double *V, int64_t jj,
-                     double *p, double *ds) {
+/* For one (b, h) and tile pair: p into s and ds into dp (both [nq, nk]);
+ * returns 0 when the whole tile is masked.  Q, G (do) are the head's
+ * [Tq, D] rows, K, V the kv head's [Tk, D], lse / drow the head's rows. */
+static int tile_grads(const BwdJob *j, const Tile *t, const double *Q, const double *G, const double *K,
+                      const double *V, const double *lse, const double *drow, double *s, double *dp) {
   const AttnDims *d = &j->d;
-  int64_t D = d->D;
-  if (j->lse[row] == -INFINITY || (d->causal && j->kpos[jj] > j->qpos[i])) return 0;
-  const double *qi = j->q + row * D, *gi = j->dout + row * D;
-  double dot = 0, dp = 0;
-  for (int64_t e = 0; e < D; e++) { dot += qi[e] * K[jj * D + e]; dp += gi[e] * V[jj * D + e]; }
-  *p = exp(dot * d->scale - j->lse[row]);
-  *ds = *p * (dp - j->drow[row]);
+  if (!tile_scores(d, t, Q, K, j->qpos, j->kpos, s)) return 0;
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->nq, (int)t->nk, (int)d->D, 1.0, G + t->i0 * d->D,
+              (int)d->D, V + t->j0 * d->D, (int)d->D, 0.0, dp, (int)t->nk);
+  for (int64_t r = 0; r < t->nq; r++) {
+    double ls = lse[t->i0 + r], dr = drow[t->i0 + r];
+    for (int64_t c = 0; c < t->nk; c++) {
+      int64_t x = r * t->nk + c;
+      s[x] = (ls == -INFINITY || s[x] == -INFINITY) ? 0.0 : exp(s[x] - ls);
+      dp[x] = s[x] * (dp[x] - dr);
+    }
+  }
   return 1;
 }
 
@@ -181,41 +213,53 @@ static void bwd_q_rows(void *jp, int64_t lo, int64_t hi) {
   const BwdJob *j = jp;
   const AttnDims *d = &j->d;
   int64_t D = d->D, grp = d->Hq / d->Hkv;
+  double *s = ts_xmalloc(2 * ATTN_TILE * ATTN_TILE * sizeof *s), *dp = s + ATTN_TILE * ATTN_TILE;
   for (int64_t bh = lo; bh < hi; bh++) {
     int64_t b = bh / d->Hq, h = bh % d->Hq, hk = h / grp;
     const double *K = j->k + (b * d->Hkv + hk) * d->Tk * D, *V = j->v + (b * d->Hkv + hk) * d->Tk * D;
-    for (int64_t i = 0; i < d->Tq; i++) {
-      int64_t row = bh * d->Tq + i;
-      double *dq = j->dq + row * D, p, ds;
-      for (int64_t jj = 0; jj < d->Tk; jj++)
-        if (bwd_score(j, row, i, K, V, jj, &p, &ds))
-          for (int64_t e = 0; e < D; e++) dq[e] += d->scale * ds * K[jj * D + e];
+    const double *Q = j->q + bh * d->Tq * D, *G = j->dout + bh * d->Tq * D;
+    for (Tile t = {0}; t.i0 < d->Tq; t.i0 += ATTN_TILE) {
+      t.nq = d->Tq - t.i0 < ATTN_TILE ? d->Tq - t.i0 : ATTN_TILE;
+      for (t.j0 = 0; t.j0 < d->Tk; t.j0 += ATTN_TILE) {
+        t.nk = d->Tk - t.j0 < ATTN_TILE ? d->Tk - t.j0 : ATTN_TILE;
+        if (!tile_grads(j, &t, Q, G, K, V, j->lse + bh * d->Tq, j->drow + bh * d->Tq, s, dp)) continue;
+        /* dq_t += scale dS K_t */
+        cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)t.nq, (int)D, (int)t.nk, d->scale, dp,
+                    (int)t.nk, K + t.j0 * D, (int)D, 1.0, j->dq + (bh * d->Tq + t.i0) * D, (int)D);
+      }
     }
   }
+  free(s);
 }
 
 static void bwd_kv_rows(void *jp, int64_t lo, int64_t hi) {
   const BwdJob *j = jp;
   const AttnDims *d = &j->d;
   int64_t D = d->D, grp = d->Hq / d->Hkv;
+  double *s = ts_xmalloc(2 * ATTN_TILE * ATTN_TILE * sizeof *s), *dp = s + ATTN_TILE * ATTN_TILE;
   for (int64_t bk = lo; bk < hi; bk++) {
     int64_t b = bk / d->Hkv, hk = bk % d->Hkv;
     const double *K = j->k + bk * d->Tk * D, *V = j->v + bk * d->Tk * D;
     double *dK = j->dk ? j->dk + bk * d->Tk * D : NULL, *dV = j->dv ? j->dv + bk * d->Tk * D : NULL;
-    for (int64_t h = hk * grp; h < (hk + 1) * grp; h++)
-      for (int64_t i = 0; i < d->Tq; i++) {
-        int64_t row = (b * d->Hq + h) * d->Tq + i;
-        const double *qi = j->q + row * D, *gi = j->dout + row * D;
-        double p, ds;
-        for (int64_t jj = 0; jj < d->Tk; jj++) {
-          if (!bwd_score(j, row, i, K, V, jj, &p, &ds)) continue;
-          if (dK)
-            for (int64_t e = 0; e < D; e++) dK[jj * D + e] += d->scale * ds * qi[e];
-          if (dV)
-            for (int64_t e = 0; e < D; e++) dV[jj * D + e] += p * gi[e];
+    for (int64_t h = hk * grp; h < (hk + 1) * grp; h++) {   /* the query heads reading this kv head */
+      int64_t bh = b * d->Hq + h;
+      const double *Q = j->q + bh * d->Tq * D, *G = j->dout + bh * d->Tq * D;
+      for (Tile t = {0}; t.i0 < d->Tq; t.i0 += ATTN_TILE) {
+        t.nq = d->Tq - t.i0 < ATTN_TILE ? d->Tq - t.i0 : ATTN_TILE;
+        for (t.j0 = 0; t.j0 < d->Tk; t.j0 += ATTN_TILE) {
+          t.nk = d->Tk - t.j0 < ATTN_TILE ? d->Tk - t.j0 : ATTN_TILE;
+          if (!tile_grads(j, &t, Q, G, K, V, j->lse + bh * d->Tq, j->drow + bh * d->Tq, s, dp)) continue;
+          if (dV)   /* dV_t += P^T dO_t */
+            cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)t.nk, (int)D, (int)t.nq, 1.0, s, (int)t.nk,
+                        G + t.i0 * D, (int)D, 1.0, dV + t.j0 * D, (int)D);
+          if (dK)   /* dK_t += scale dS^T Q_t */
+            cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)t.nk, (int)D, (int)t.nq, d->scale, dp,
+                        (int)t.nk, Q + t.i0 * D, (int)D, 1.0, dK + t.j0 * D, (int)D);
         }
       }
+    }
   }
+  free(s);
 }
 
 /* ---- the ring over the cp group ----
