@@ -65,6 +65,60 @@ check_model gpt                               # full size: 124,475,904 parameter
 check_model llama -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64
 [ "$(row parameters "$TMP/gpt.report")" = 497903616 ] || die "gpt: not 4 * 124475904 parameter bytes"
 
+# Pipeline stashes (issue 5's acceptance line: the first stage under 1F1B
+# holds at most pp micro batches of stash).  Per pipeline rank r, the
+# report's stash of one micro batch of chunk r must equal the bytes of the
+# operands of the stash nodes of block fwd.<r>, counted here from the IR
+# text; under 1F1B rank r holds pp - r micro batches at its peak (so the
+# first stage exactly pp) and the peak row is that many stashes; under
+# GPipe every rank holds all of them.
+# the bytes column of row $1 within the section of pipeline rank $3
+srow() { awk -v l="$1" -v k="$3" '/^ranks? [0-9]/ { sec++ } /^unsharded/ { sec = -1 } sec == k + 1 && index($0, "  " l) == 1 { print $(NF-1); exit }' "$2"; }
+# bytes of the stash operands of block $2 of the IR text $1
+stash_bytes() {
+  awk -v blk="block $2 {" '
+    $0 == blk { inb = 1; next }
+    inb && /^}/ { inb = 0 }
+    inb && /^  %[0-9]+ = / {
+      t = $0; sub(/^[^:]*= [^:]*: /, "", t)          # "f32[batch:1, seq:16, dim:32] ..."
+      es = t ~ /^f64/ ? 8 : 4
+      sub(/^[a-z0-9]*\[/, "", t); sub(/\].*/, "", t)
+      n = split(t, d, ", "); e = 1
+      for (i = 1; i <= n; i++) { x = d[i]; sub(/.*:/, "", x); e *= x }
+      bytes[$1] = (t == "" ? 1 : e) * es
+    }
+    inb && /^  stash / { sum += bytes[$2] }
+    END { print sum + 0 }' "$1"
+}
+pipe_check() {   # pp schedule
+  local pp=$1 sch=$2 nmicro=8
+  local D="-D layers=4 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=8 -D micro_batch=1"
+  local rep="$TMP/pp$pp-$sch.report" ir="$TMP/pp$pp-$sch.ir"
+  "$MCC" "$TMP/gpt.mdl" $D --pp "$pp" --schedule "$sch" --report memory > "$rep" 2> "$TMP/pp.err" ||
+    { die "pp $pp $sch: mcc --report memory: $(cat "$TMP/pp.err")"; return; }
+  "$MCC" "$TMP/gpt.mdl" $D --pp "$pp" --schedule "$sch" --emit=ir -o "$ir" 2> "$TMP/pp.err" ||
+    { die "pp $pp $sch: mcc --emit=ir: $(cat "$TMP/pp.err")"; return; }
+  local r
+  for ((r = 0; r < pp; r++)); do
+    local want got peak fl expect
+    want=$(stash_bytes "$ir" "fwd.$r")
+    got=$(srow "stash, chunk $r: per micro batch" "$rep" $r)
+    peak=$(srow "stash peak" "$rep" $r)
+    fl=$(awk -v k=$r '/^ranks? [0-9]/ { sec++ } sec == k + 1 && /^  stash peak/ { sub(/ in flight.*/, ""); print $NF; exit }' "$rep")
+    [ -n "$want" ] && [ "$want" -gt 0 ] || { die "pp $pp $sch rank $r: no stash nodes in fwd.$r"; continue; }
+    [ "$got" = "$want" ] || die "pp $pp $sch rank $r: report stashes $got bytes per micro batch, the IR's stash nodes $want"
+    if [ "$sch" = 1f1b ]; then expect=$((pp - r)); else expect=$nmicro; fi
+    [ "$fl" = "$expect" ] || die "pp $pp $sch rank $r: $fl micro batches in flight, expected $expect"
+    [ "$peak" = $((expect * want)) ] || die "pp $pp $sch rank $r: stash peak $peak, expected $expect x $want"
+    if [ "$sch" = 1f1b ] && [ $r = 0 ]; then
+      [ "$peak" -le $((pp * want)) ] || die "pp $pp: the first stage holds more than pp micro batches of stash"
+    fi
+  done
+}
+pipe_check 2 1f1b
+pipe_check 4 1f1b
+pipe_check 2 gpipe
+
 # -o takes the report
 "$MCC" "$TMP/gpt.mdl" -D layers=1 --report memory -o "$TMP/r.txt" > "$TMP/stdout.txt" || die "-o: mcc failed"
 grep -q "^memory report: gpt" "$TMP/r.txt" || die "-o: no report in the file"
