@@ -336,6 +336,28 @@ static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_
   return 0;
 }
 
+/* TS_PIPE_TRACE=PATH (tests): after the first step, the pipeline rank c
+ * of the mesh's first dp/cp/ep/tp coordinates writes the steps it ran, in
+ * order, one "F|B micro chunk" line each, to PATH.<c> (atomically).  The
+ * tests rebuild the schedule from what ran and measure its bubble. */
+static int trace_steps(const TrainRun *r, int c, char *err, size_t errlen) {
+  const char *path = getenv("TS_PIPE_TRACE");
+  const RtRank *rk = rt_program_rank(r->prog);
+  if (!path || !*path) return 0;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (a != IR_AXIS_PP && rk->coord[a] != 0) return 0;
+  StrBuf b = {0};
+  for (int i = 0; i < r->sched.nsteps[c]; i++) {
+    const PipeStep *st = &r->sched.steps[c][i];
+    sb_printf(&b, "%c %d %d\n", st->kind, st->micro, st->chunk);
+  }
+  char file[4096];
+  snprintf(file, sizeof file, "%s.%d", path, c);
+  int rc = ts_write_file_atomic(file, b.p ? b.p : "", b.n);
+  sb_free(&b);
+  return rc != 0 ? ts_errf(err, errlen, "TS_PIPE_TRACE: cannot write '%s': %s", file, strerror(errno)) : 0;
+}
+
 /* One step of a pipeline program: its rank's schedule, then the update.
  * Writes the step's loss (over all pp and dp ranks) and grad norm. */
 static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, int ub, int64_t s, int64_t n_local,
@@ -364,6 +386,7 @@ static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
     if (i == 0) maybe_fail(r, s);
   }
   if (rt_pipe_end_step(r->prog, err, errlen) != 0) return -1;
+  if (s == 0 && trace_steps(r, c, err, errlen) != 0) return -1;
   if (r->pp && rt_comm_all_reduce(r->pp, IR_F64, acc, 2, err, errlen) != 0) return -1;
   if (r->dp && rt_comm_all_reduce(r->dp, IR_F64, acc, 2, err, errlen) != 0) return -1;
   /* each micro batch's loss comes from exactly one forward block: fewer
