@@ -189,21 +189,23 @@ typedef struct {
   double *dq, *dk, *dv;
 } BwdJob;
 
-/* For one (b, h) and tile pair: p into s and ds into dp (both [nq, nk]);
- * returns 0 when the whole tile is masked.  Q, G (do) are the head's
- * [Tq, D] rows, K, V the kv head's [Tk, D], lse / drow the head's rows. */
+/* For one (b, h) and tile pair: p into s and, unless dp is NULL (dv needs
+ * p only), ds into dp (both [nq, nk]); returns 0 when the whole tile is
+ * masked.  Q, G (do) are the head's [Tq, D] rows, K, V the kv head's
+ * [Tk, D], lse / drow the head's rows. */
 static int tile_grads(const BwdJob *j, const Tile *t, const double *Q, const double *G, const double *K,
                       const double *V, const double *lse, const double *drow, double *s, double *dp) {
   const AttnDims *d = &j->d;
   if (!tile_scores(d, t, Q, K, j->qpos, j->kpos, s)) return 0;
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->nq, (int)t->nk, (int)d->D, 1.0, G + t->i0 * d->D,
-              (int)d->D, V + t->j0 * d->D, (int)d->D, 0.0, dp, (int)t->nk);
+  if (dp)
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->nq, (int)t->nk, (int)d->D, 1.0, G + t->i0 * d->D,
+                (int)d->D, V + t->j0 * d->D, (int)d->D, 0.0, dp, (int)t->nk);
   for (int64_t r = 0; r < t->nq; r++) {
     double ls = lse[t->i0 + r], dr = drow[t->i0 + r];
     for (int64_t c = 0; c < t->nk; c++) {
       int64_t x = r * t->nk + c;
       s[x] = (ls == -INFINITY || s[x] == -INFINITY) ? 0.0 : exp(s[x] - ls);
-      dp[x] = s[x] * (dp[x] - dr);
+      if (dp) dp[x] = s[x] * (dp[x] - dr);
     }
   }
   return 1;
@@ -248,7 +250,8 @@ static void bwd_kv_rows(void *jp, int64_t lo, int64_t hi) {
         t.nq = d->Tq - t.i0 < ATTN_TILE ? d->Tq - t.i0 : ATTN_TILE;
         for (t.j0 = 0; t.j0 < d->Tk; t.j0 += ATTN_TILE) {
           t.nk = d->Tk - t.j0 < ATTN_TILE ? d->Tk - t.j0 : ATTN_TILE;
-          if (!tile_grads(j, &t, Q, G, K, V, j->lse + bh * d->Tq, j->drow + bh * d->Tq, s, dp)) continue;
+          if (!tile_grads(j, &t, Q, G, K, V, j->lse + bh * d->Tq, j->drow + bh * d->Tq, s, dK ? dp : NULL))
+            continue;
           if (dV)   /* dV_t += P^T dO_t */
             cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)t.nk, (int)D, (int)t.nq, 1.0, s, (int)t.nk,
                         G + t.i0 * D, (int)D, 1.0, dV + t.j0 * D, (int)D);
