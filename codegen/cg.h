@@ -18,7 +18,9 @@ typedef struct {
 /* Lowers a group of nodes of block b into ONE kernel.  nodes[0..n) are
  * value ids, ascending (so in execution order); the group is
  *   - a chain (any DAG) of elementwise ops: every OPF_EW op, full,
- *     causal_mask, masked_fill;
+ *     causal_mask, masked_fill, dropout (unsplit: its mask uses the local
+ *     index as the global one; the kernel then reads the run-time scalars
+ *     seed, step and micro, kir.h PARAM);
  *   - layout ops that read a value from outside the group at a remapped
  *     index: broadcast, reshape, permute, slice, pad, concat;
  *   - plus any number of row ops over the last axis: softmax, log_softmax,

@@ -10,6 +10,7 @@
  * Buffers are not `restrict`: an output may share memory with an input. */
 #include "cg.h"
 #include <math.h>
+#include <stdint.h>
 
 static const char *c_type(CgType t) {
   switch (t) {
@@ -49,6 +50,7 @@ static void c_expr(const CgKernel *k, const CgInst *in, StrBuf *out) {
   switch (in->op) {
   case CG_CONST:
     if (cg_type_is_float(in->type)) c_float(out, in->type, in->f);
+    else if (in->i == INT64_MIN) sb_puts(out, "INT64_MIN");   /* -9223372036854775808LL is not a literal */
     else sb_printf(out, "%lldLL", (long long)in->i);
     return;
   case CG_LOAD: sb_printf(out, "b%d[v%d]", in->buf, x); return;
@@ -59,11 +61,25 @@ static void c_expr(const CgKernel *k, const CgInst *in, StrBuf *out) {
   case CG_RSQRT: sb_printf(out, "1 / sqrt%s(v%d)", fs, x); return;
   case CG_TANH: sb_printf(out, "tanh%s(v%d)", fs, x); return;
   case CG_ERF: sb_printf(out, "erf%s(v%d)", fs, x); return;
-  case CG_ADD: sb_printf(out, "v%d + v%d", x, y); return;
-  case CG_SUB: sb_printf(out, "v%d - v%d", x, y); return;
-  case CG_MUL: sb_printf(out, "v%d * v%d", x, y); return;
+  case CG_ADD:
+  case CG_SUB:
+  case CG_MUL: {
+    const char *o = in->op == CG_ADD ? "+" : in->op == CG_SUB ? "-" : "*";
+    /* integer arithmetic wraps in the kernel IR (the RNG's hash relies on
+     * it); C's signed overflow is undefined, so ints go through unsigned */
+    if (fl) sb_printf(out, "v%d %s v%d", x, o, y);
+    else if (a0->type == CG_I64) sb_printf(out, "(int64_t)((uint64_t)v%d %s (uint64_t)v%d)", x, o, y);
+    else sb_printf(out, "(int32_t)((uint32_t)v%d %s (uint32_t)v%d)", x, o, y);
+    return;
+  }
   case CG_DIV: sb_printf(out, "v%d / v%d", x, y); return;
   case CG_MOD: sb_printf(out, "v%d %% v%d", x, y); return;
+  case CG_XOR: sb_printf(out, "v%d ^ v%d", x, y); return;
+  case CG_SHR:   /* logical: shift the unsigned bits */
+    if (a0->type == CG_I64) sb_printf(out, "(int64_t)((uint64_t)v%d >> v%d)", x, y);
+    else sb_printf(out, "(int32_t)((uint32_t)v%d >> v%d)", x, y);
+    return;
+  case CG_PARAM: sb_printf(out, "prm[%lld]", (long long)in->i); return;
   case CG_MAX:
   case CG_MIN:
     if (fl) sb_printf(out, "f%s%s(v%d, v%d)", in->op == CG_MAX ? "max" : "min", fs, x, y);
@@ -93,6 +109,8 @@ int cg_kernel_c_text(const CgKernel *k, StrBuf *out, char *err, size_t errlen) {
             k->name);
   for (int b = 0; b < k->nbuf; b++)
     sb_printf(out, "  %s%s *b%d = bufs[%d];\n", k->buf[b].written ? "" : "const ", c_type(k->buf[b].type), b, b);
+  if (k->nparam)   /* the run-time scalars follow the buffers (kir.h) */
+    sb_printf(out, "  const int64_t *prm = bufs[%d];\n", k->nbuf);
   sb_puts(out, "  for (int64_t gid = begin; gid < end; gid++) {\n");
   int depth = 2;
   for (int i = 0; i < k->code.n; i++) {

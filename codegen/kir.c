@@ -113,6 +113,7 @@ int cg_bin(CgKernel *k, CgOp op, int a, int b) {
   if (op == CG_AND || op == CG_OR) TS_ASSERT(t == CG_I1);
   else TS_ASSERT(t != CG_I1 && t != CG_VOID);
   if (op == CG_MOD) TS_ASSERT(!cg_type_is_float(t));
+  if (op == CG_XOR || op == CG_SHR) TS_ASSERT(t == CG_I32 || t == CG_I64);
   CgType rt = (op >= CG_LT && op <= CG_NE) ? CG_I1 : t;
   return push(k, (CgInst){.op = op, .type = rt, .a = {a, b, -1}});
 }
@@ -129,6 +130,12 @@ int cg_cast(CgKernel *k, CgType t, int a) {
     return w->a[0];
   TS_ASSERT(t != CG_VOID && ty(k, a) != CG_VOID);
   return push(k, (CgInst){.op = CG_CAST, .type = t, .a = {a, -1, -1}});
+}
+
+int cg_param(CgKernel *k, int slot) {
+  TS_ASSERT(slot >= 0 && slot < CG_PARAM_COUNT);
+  if (slot >= k->nparam) k->nparam = slot + 1;
+  return push(k, (CgInst){.op = CG_PARAM, .type = CG_I64, .a = {-1, -1, -1}, .i = slot});
 }
 
 /* ---- verifier ---- */
@@ -175,6 +182,19 @@ int cg_kernel_verify(const CgKernel *k, char *err, size_t errlen) {
       else if (in->op == CG_STORE && k->code.a[in->a[1]].type != k->buf[in->buf].type)
         rc = ts_errf(err, errlen, "kernel %s: %%%d: stored value is not of the buffer's type", k->name, i);
       break;
+    case CG_PARAM:
+      if (in->i < 0 || in->i >= k->nparam || in->type != CG_I64)
+        rc = ts_errf(err, errlen, "kernel %s: %%%d: param slot %lld outside the kernel's %d", k->name, i, (long long)in->i,
+                     k->nparam);
+      break;
+    case CG_XOR:
+    case CG_SHR: {
+      CgType t0 = k->code.a[in->a[0]].type;
+      if ((t0 != CG_I32 && t0 != CG_I64) || k->code.a[in->a[1]].type != t0 || in->type != t0)
+        rc = ts_errf(err, errlen, "kernel %s: %%%d = %s: operands are not i32 or i64 of one type", k->name, i,
+                     cg_op_names[in->op]);
+      break;
+    }
     case CG_UPDATE:
       if (k->code.a[in->a[0]].op != CG_ACC || k->code.a[in->a[0]].type != k->code.a[in->a[1]].type)
         rc = ts_errf(err, errlen, "kernel %s: %%%d: update of a non-accumulator or of another type", k->name, i);
@@ -205,7 +225,9 @@ void cg_kernel_print(const CgKernel *k, StrBuf *out) {
   for (int b = 0; b < k->nbuf; b++)
     sb_printf(out, "%sb%d: %s[%lld] %s", b ? ", " : "", b, cg_type_name(k->buf[b].type), (long long)k->buf[b].n,
               k->buf[b].written ? "out" : "in");
-  sb_printf(out, ") grid=%lld\n", (long long)k->grid);
+  sb_printf(out, ") grid=%lld", (long long)k->grid);
+  if (k->nparam) sb_printf(out, " params=%d", k->nparam);
+  sb_putc(out, '\n');
   int depth = 1;
   for (int i = 0; i < k->code.n; i++) {
     const CgInst *in = &k->code.a[i];
@@ -223,6 +245,7 @@ void cg_kernel_print(const CgKernel *k, StrBuf *out) {
     switch (in->op) {
     case CG_CONST: sb_putc(out, ' '); print_const(in, out); break;
     case CG_GID: break;
+    case CG_PARAM: sb_printf(out, " %lld", (long long)in->i); break;
     case CG_ACC: {
       char b[40];
       ts_fmt_double(b, sizeof b, in->f);

@@ -19,6 +19,14 @@
  *     their loop.
  *
  * Scalar types: i1 (compare results), i32, i64 (indices), f32, f64.
+ * Integer ADD, SUB and MUL wrap around (two's complement), so the
+ * counter-based RNG (runtime/rng.c's splitmix64 chain) is plain kernel IR:
+ * XOR, SHR (logical) and MUL on i64.
+ * Run-time scalars (the training step, the micro batch, the seed: what a
+ * dropout mask depends on besides the element) are PARAM instructions:
+ * `param k` reads slot k of a small i64 array the caller passes with each
+ * launch, as the pointer after the last buffer (bufs[nbuf]); nparam is the
+ * number of slots the kernel reads (0: no array is passed).
  * Indices are plain i64 arithmetic (ADD/MUL/DIV/MOD of the loop indices,
  * GID and constants): affine strided expressions plus the div/mod that turn
  * a flat index into coordinates.  The spirit is QBE's IL and tinygrad's
@@ -34,6 +42,9 @@
  *       ...
  *     }
  *     store b1[%0], %6
+ *
+ * A kernel with run-time scalars says so in its header (`grid=8 params=3`)
+ * and reads them as `%5 = param 1 : i64`.
  */
 #ifndef TS_CG_KIR_H
 #define TS_CG_KIR_H
@@ -67,6 +78,8 @@ CgType cg_type_of_dtype(IrDtype d);
   X(MUL, "mul", 2)                                                           \
   X(DIV, "div", 2)      /* ints: truncating; operands >= 0 in practice    */ \
   X(MOD, "mod", 2)      /* ints only                                      */ \
+  X(XOR, "xor", 2)      /* i32 / i64: bitwise exclusive or                */ \
+  X(SHR, "shr", 2)      /* i32 / i64: logical shift right, 0 <= a1 < bits */ \
   X(MAX, "max", 2)      /* floats: the non-NaN operand wins (maxnum)      */ \
   X(MIN, "min", 2)                                                           \
   X(LT, "lt", 2)        /* compares give i1                               */ \
@@ -76,7 +89,8 @@ CgType cg_type_of_dtype(IrDtype d);
   X(AND, "and", 2)      /* i1                                             */ \
   X(OR, "or", 2)                                                             \
   X(SELECT, "select", 3) /* a0 (i1) ? a1 : a2                             */ \
-  X(CAST, "cast", 1)    /* to `type`; float -> i32 saturates, NaN -> 0    */
+  X(CAST, "cast", 1)    /* to `type`; float -> i32 saturates, NaN -> 0    */ \
+  X(PARAM, "param", 0)  /* i64: run-time scalar slot i (CG_PARAM_*)       */
 
 typedef enum {
 #define X(name, text, nargs) CG_##name,
@@ -110,6 +124,7 @@ typedef struct CgKernel {
   int nbuf;
   CgBuf buf[CG_MAX_BUFS];
   int64_t grid;     /* iterations of the parallel space */
+  int nparam;       /* run-time scalar slots read by PARAM (0: none) */
   VEC(CgInst) code;
   int open;         /* builder: RANGEs not yet closed */
 } CgKernel;
@@ -131,6 +146,10 @@ int cg_un(CgKernel *k, CgOp op, int a);                      /* NEG .. ERF */
 int cg_bin(CgKernel *k, CgOp op, int a, int b);              /* ADD .. OR */
 int cg_select(CgKernel *k, int c, int a, int b);
 int cg_cast(CgKernel *k, CgType t, int a);                   /* no-op if same type */
+/* The run-time scalar slots of a launch (bufs[nbuf] points at an int64_t
+ * array of CG_PARAM_COUNT): what the executor fills in per run. */
+enum { CG_PARAM_SEED, CG_PARAM_STEP, CG_PARAM_MICRO, CG_PARAM_COUNT };
+int cg_param(CgKernel *k, int slot);                         /* i64 value of slot */
 
 /* Checks structure: operands defined earlier in a still-open loop, types,
  * RANGE/END balance, buffer indices, stores only to written buffers.

@@ -83,6 +83,7 @@ typedef struct {
   const CgKernel *k;
   LLVMValueRef *v;        /* value of each instruction (ACC: its alloca) */
   LLVMValueRef bufp[CG_MAX_BUFS];
+  LLVMValueRef prm;       /* the run-time scalars: bufs[nbuf] (kernels with PARAM) */
   LLVMTypeRef t[CG_TYPE_COUNT];
 } Em;
 
@@ -167,6 +168,8 @@ static LLVMValueRef emit_bin(Em *e, const CgInst *in, LLVMValueRef x, LLVMValueR
   case CG_LE: return fl ? LLVMBuildFCmp(b, LLVMRealOLE, x, y, "") : LLVMBuildICmp(b, LLVMIntSLE, x, y, "");
   case CG_EQ: return fl ? LLVMBuildFCmp(b, LLVMRealOEQ, x, y, "") : LLVMBuildICmp(b, LLVMIntEQ, x, y, "");
   case CG_NE: return fl ? LLVMBuildFCmp(b, LLVMRealUNE, x, y, "") : LLVMBuildICmp(b, LLVMIntNE, x, y, "");
+  case CG_XOR: return LLVMBuildXor(b, x, y, "");
+  case CG_SHR: return LLVMBuildLShr(b, x, y, "");
   case CG_AND: return LLVMBuildAnd(b, x, y, "");
   case CG_OR: return LLVMBuildOr(b, x, y, "");
   default: TS_DIE("llvm: %s is not binary", cg_op_names[in->op]);
@@ -183,6 +186,11 @@ static void emit_inst(Em *e, int i, Loop *loops, int *nloops) {
     e->v[i] = cg_type_is_float(in->type) ? LLVMConstReal(ty, in->f) : LLVMConstInt(ty, (unsigned long long)in->i, 1);
     return;
   case CG_GID: TS_DIE("llvm: gid is emitted by the caller");
+  case CG_PARAM: {   /* read once, in the entry block: invariant over the whole launch */
+    LLVMValueRef idx = LLVMConstInt(e->t[CG_I64], (unsigned long long)in->i, 0);
+    e->v[i] = LLVMBuildLoad2(e->eb, ty, LLVMBuildInBoundsGEP2(e->eb, ty, e->prm, &idx, 1, ""), "");
+    return;
+  }
   case CG_RANGE: {
     Loop *l = &loops[(*nloops)++];
     l->ctr = alloca_entry(e, e->t[CG_I64], "i");
@@ -294,6 +302,10 @@ static LLVMModuleRef emit_module(const CgKernel *k, const char *sym, LLVMContext
   for (int i = 0; i < k->nbuf; i++) {   /* buffer pointers, loaded once */
     LLVMValueRef idx = LLVMConstInt(e.t[CG_I64], (unsigned long long)i, 0);
     e.bufp[i] = LLVMBuildLoad2(e.b, ptr, LLVMBuildInBoundsGEP2(e.b, ptr, bufs, &idx, 1, ""), "");
+  }
+  if (k->nparam) {   /* the scalar array follows the buffers */
+    LLVMValueRef idx = LLVMConstInt(e.t[CG_I64], (unsigned long long)k->nbuf, 0);
+    e.prm = LLVMBuildLoad2(e.b, ptr, LLVMBuildInBoundsGEP2(e.b, ptr, bufs, &idx, 1, ""), "");
   }
   LLVMValueRef gctr = LLVMBuildAlloca(e.b, e.t[CG_I64], "gid");
   LLVMBuildStore(e.b, LLVMGetParam(e.fn, 1), gctr);

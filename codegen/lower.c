@@ -65,7 +65,7 @@ static int in_buf(const Lw *L, int id) {
 
 static int is_ew_like(IrOp op) {
   return (ir_ops[op].flags & OPF_EW) || op == IR_OP_FULL || op == IR_OP_BROADCAST || op == IR_OP_CAUSAL_MASK ||
-         op == IR_OP_MASKED_FILL;
+         op == IR_OP_MASKED_FILL || op == IR_OP_DROPOUT;
 }
 static int is_row_op(IrOp op) {
   switch (op) {
@@ -115,6 +115,28 @@ static int round_to(Lw *L, IrDtype dt, int v) {
   return t == CG_F64 ? v : cg_cast(L->k, CG_F64, cg_cast(L->k, t, v));
 }
 static int load_f64(Lw *L, int buf, int idx) { return cg_cast(L->k, CG_F64, cg_load(L->k, buf, idx)); }
+
+/* ---- dropout's random numbers (runtime/rng.c, bit for bit) ----
+ * mix(z): splitmix64's finalizer; H(w1..wn) = fold of mix(h ^ w) from
+ * 0x6a09e667f3bcc909; U(h) = (h >> 11) * 2^-53.  All i64, wrapping. */
+static int xr(Lw *L, int a, int b) { return cg_bin(L->k, CG_XOR, a, b); }
+static int shr(Lw *L, int a, int n) { return cg_bin(L->k, CG_SHR, a, I(L, n)); }
+static int mix64(Lw *L, int z) {
+  z = add(L, z, I(L, (int64_t)0x9e3779b97f4a7c15ull));
+  z = mul(L, xr(L, z, shr(L, z, 30)), I(L, (int64_t)0xbf58476d1ce4e5b9ull));
+  z = mul(L, xr(L, z, shr(L, z, 27)), I(L, (int64_t)0x94d049bb133111ebull));
+  return xr(L, z, shr(L, z, 31));
+}
+/* The uniform draw of dropout node nd at flat index g (an i64 value):
+ * U(H(2, seed, stream, step, micro, g)), the words of rt_dropout_u; seed,
+ * step and micro are the launch's run-time scalars (kir.h PARAM). */
+static int dropout_u(Lw *L, const IrNode *nd, int g) {
+  int w[6] = {I(L, 2), cg_param(L->k, CG_PARAM_SEED), I(L, nd->ia[0]), cg_param(L->k, CG_PARAM_STEP),
+              cg_param(L->k, CG_PARAM_MICRO), g};
+  int h = I(L, (int64_t)0x6a09e667f3bcc909ull);
+  for (int j = 0; j < 6; j++) h = mix64(L, xr(L, h, w[j]));
+  return mul(L, cg_cast(L->k, CG_F64, shr(L, h, 11)), F(L, 0x1p-53));
+}
 
 /* ---- positions ---- */
 static int pos_flat(Lw *L) {
@@ -322,6 +344,11 @@ static int elem_ew(Lw *L, const IrNode *nd) {
     return sel(L, cg_bin(L->k, CG_LT, i, pos_col(L)), F(L, c), x);
   }
   case IR_OP_MASKED_FILL: return sel(L, cg_bin(L->k, CG_NE, z, F(L, 0)), x, F(L, c));
+  case IR_OP_DROPOUT: {      /* keep iff u >= p, kept x * (1 / (1 - p)): ops_ref_t.h k_DROPOUT */
+    double scale = c < 1 ? 1.0 / (1.0 - c) : 0.0;
+    int keep = cg_bin(L->k, CG_LE, F(L, c), dropout_u(L, nd, pos_flat(L)));
+    return sel(L, keep, mul(L, x, F(L, scale)), F(L, 0));
+  }
   default: TS_DIE("lower: %s is not elementwise", ir_ops[nd->op].name);
   }
 }
@@ -560,6 +587,16 @@ static int check_group(Lw *L) {
     }
     if (cg_type_of_dtype(nd->type.dtype) == CG_VOID)
       return ts_errf(L->err, L->errlen, "group: %%%d = %s has no value", id, ir_ops[nd->op].name);
+    if (nd->op == IR_OP_DROPOUT) {
+      /* the mask hashes the element's index in the GLOBAL tensor; the
+       * kernel knows only the local one, equal when no dim is split.  A
+       * bad p is the reference kernel's error to report. */
+      for (int d = 0; d < nd->type.rank; d++)
+        if (nd->sh.split[d])
+          return ts_errf(L->err, L->errlen, "group: %%%d = dropout is split across ranks (its mask needs global indices)", id);
+      if (!(nd->fa[0] >= 0 && nd->fa[0] <= 1))
+        return ts_errf(L->err, L->errlen, "group: %%%d = dropout has p = %g outside [0, 1]", id, nd->fa[0]);
+    }
     if (is_row_op(nd->op) || is_reduce(nd->op)) L->rowmode = 1;
     if (nd->op == IR_OP_BROADCAST || nd->op == IR_OP_CAUSAL_MASK) L->needs_col = 1;
   }

@@ -13,7 +13,7 @@
  *     group uses one of its values before that last member (a group is
  *     closed as soon as an outside node uses its values), and every
  *     operand a member reads from outside is an earlier value;
- *   - matmuls, collectives, effects, dropout, rope, embeddings and AdamW
+ *   - matmuls, collectives, effects, rope, embeddings and AdamW
  *     are never in a group (cg_op_lowerable refuses them), nor are nodes
  *     whose result depends on the rank's mesh coordinates in a way the
  *     kernels do not model (pass_fuse_node_ok);
@@ -50,6 +50,11 @@ int pass_fuse_node_ok(const IrModule *m, const IrBlock *b, int i) {
   if (n->op == IR_OP_CAUSAL_MASK && n->type.rank >= 2 &&
       (n->sh.split[n->type.rank - 1] || n->sh.split[n->type.rank - 2]))
     return 0;
+  /* likewise dropout: its mask hashes global indices, the kernel has the
+   * local ones, equal only when no dim is split */
+  if (n->op == IR_OP_DROPOUT)
+    for (int d = 0; d < n->type.rank; d++)
+      if (n->sh.split[d]) return 0;
   /* a row op over a last dim split across ranks is an error the reference
    * kernel reports; leave it to it */
   if (cg_op_is_row(n->op) && n->nin > 0) {

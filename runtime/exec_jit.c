@@ -15,8 +15,10 @@
  *   - every run of adamw nodes (pass_fuse_adamw_runs: in the update block,
  *     all of them, ZeRO chunks included) becomes ONE multi-tensor launch
  *     of a generated kernel at the run's last adamw (below);
- *   - everything else (matmul, collectives, other effects, dropout, ...)
- *     stays on the reference kernels (ops_ref.c).
+ *   - everything else (matmul, collectives, other effects, split
+ *     dropout, ...) stays on the reference kernels (ops_ref.c).
+ * A kernel with dropout reads the seed, step and micro batch at run time
+ * (kir.h PARAM): rt_jit_run passes them after the buffers.
  * A group the lowering refuses, or one whose placement is unsafe in this
  * block (a value used outside before the group runs, a state read across
  * an effect that writes state), falls back to the reference kernels, node
@@ -100,6 +102,7 @@ static int compile_kernel(RtJit *J, const IrModule *m, const IrBlock *b, const i
   if (cg_jit_cache_hits(J->jit) == hits) J->stats.distinct++;
   out->fn = fn;
   out->grid = k->grid;
+  out->nparam = k->nparam;
   out->at = mem[n - 1];
   out->op = b->nodes[mem[n - 1]].op;
   /* the largest buffer measures the work: small kernels run inline */
@@ -416,7 +419,20 @@ const RtExecStats *rt_jit_stats(const RtJit *J) { return &J->stats; }
  * pool costs more than the work. */
 #define RT_JIT_INLINE_WORK 16384
 
-void rt_jit_run(RtJit *J, const RtJitKernel *k, void **bufs) {
+void rt_jit_run(RtJit *J, const RtProgram *p, const RtJitKernel *k, void **bufs, const RtRunInfo *info) {
+  /* the run-time scalars (kir.h PARAM) go after the buffers: the slots of
+   * rt_dropout_u's words that vary per launch */
+  void *all[CG_MAX_BUFS + 1];
+  int64_t prm[CG_PARAM_COUNT];
+  if (k->nparam) {
+    int nb = k->io.nin + k->io.nout;
+    memcpy(all, bufs, (size_t)nb * sizeof *all);
+    prm[CG_PARAM_SEED] = (int64_t)rt_program_seed(p);
+    prm[CG_PARAM_STEP] = info ? info->step : 0;
+    prm[CG_PARAM_MICRO] = info ? info->micro : 0;
+    all[nb] = prm;
+    bufs = all;
+  }
   if (k->work < RT_JIT_INLINE_WORK || cg_pool_threads(J->pool) == 1) k->fn(bufs, 0, k->grid);
   else cg_pool_run(J->pool, k->fn, bufs, k->grid);
 }

@@ -676,7 +676,7 @@ static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, RtRu
     bufs[K->io.nin + j] = q;
   }
   if (K->gemm_mm) return rt_jit_run_gemm(p->jit, p, b, K, bufs, info, msg, n);   /* BLAS, beta = 1 */
-  rt_jit_run(p->jit, K, bufs);
+  rt_jit_run(p->jit, p, K, bufs, info);
   return 0;
 }
 

@@ -113,6 +113,8 @@ typedef struct {
   CgFn fn;
   int64_t grid, work; /* iterations; elements of the largest buffer */
   CgGroupIO io;
+  int nparam;         /* > 0: the kernel reads run-time scalars (dropout: seed, step, micro; kir.h
+                         PARAM), passed after its buffers by rt_jit_run */
   int adamw;          /* a multi-tensor AdamW launch over the adamw nodes run[0..nrun): per
                          tensor, buffers coef, grad, {lr, 1-b1^t, 1-b2^t, wd}, then param, m, v
                          (states, updated in place; see exec_jit.c) */
@@ -131,8 +133,10 @@ RtJit *rt_jit_new(const IrModule *m, const RtExecOpts *o, char *err, size_t errl
 void rt_jit_free(RtJit *j);
 const RtJitBlock *rt_jit_block(const RtJit *j, int b);
 const RtExecStats *rt_jit_stats(const RtJit *j);
-/* Runs kernel k over its parallel space (the pool, or inline if small). */
-void rt_jit_run(RtJit *j, const RtJitKernel *k, void **bufs);
+/* Runs kernel k over its parallel space (the pool, or inline if small);
+ * bufs[0 .. nin + nout) are its buffers.  A kernel with run-time scalars
+ * gets p's seed and info's step and micro batch (info NULL: 0, 0). */
+void rt_jit_run(RtJit *j, const RtProgram *p, const RtJitKernel *k, void **bufs, const RtRunInfo *info);
 /* The per-run scalars of an AdamW kernel for node n at info's step and lr:
  * lr, 1 - b1^t, 1 - b2^t, wd. */
 void rt_jit_adamw_scalars(const IrNode *n, const RtRunInfo *info, double s[4]);
