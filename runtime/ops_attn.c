@@ -2,9 +2,10 @@
  * attention_bwd; docs/ir.md "Fused attention"), entries of rt_ref_kernels
  * (ops_ref.c) like every other kernel.
  *
- * Flash style: the forward walks the keys in tiles with an online softmax
- * (running max m, running sum l, unnormalised accumulator), so nothing of
- * size [Tq, Tk] is ever held; the backward recomputes the probabilities
+ * Flash style: the forward walks 64 x 64 tiles of (queries, keys) with an
+ * online softmax (running max m, running sum l, unnormalised accumulator;
+ * the tile's scores and products are BLAS GEMMs), so nothing of size
+ * [Tq, Tk] is ever held; the backward recomputes the probabilities
  * p = exp(scale q.k - lse) from q, k and the log-sum-exp rows, which it
  * recomputes itself (one extra pass over the keys) rather than taking from
  * the forward, so both ops keep single results.
