@@ -28,8 +28,8 @@
  * (the add last, its only output).  The executor runs it as one BLAS call
  * with beta = 1 into the add's buffer pre-filled with the broadcast bias
  * (C = A.B + C; runtime/exec_gemm.c).  The code generator cannot lower such
- * a group (no matmul in the kernel IR); pass_fuse_epilogue recognizes it,
- * for the executor too.  The group is closed at once: what consumes the
+ * a group (no matmul in the kernel IR); pass_fuse_epilogue_match
+ * recognizes it, for the executor too.  The group is closed at once: what consumes the
  * add (gelu, a residual) starts its own group.
  *
  * `--no-fuse` (PassCtx.no_fuse) leaves every group 0. */

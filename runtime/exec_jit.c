@@ -264,6 +264,12 @@ static int epilogue_of(const IrBlock *b, const int *mem, int cnt) {
   if (!pass_fuse_epilogue_match(b, mem[cnt - 1], &e) || pass_fuse_epilogue_members(&e, want) != cnt) return -1;
   for (int j = 0; j < cnt; j++)
     if (want[j] != mem[j] || (j < cnt - 1 && ir_value_materialized(b, mem[j]))) return -1;
+  /* A, B and the bias come from outside (a hand-written group might
+   * broadcast its own product) */
+  int outside[3] = {b->nodes[e.matmul].in[0], b->nodes[e.matmul].in[1], b->nodes[e.bias].in[0]};
+  for (int k = 0; k < 3; k++)
+    for (int j = 0; j < cnt; j++)
+      if (outside[k] == mem[j]) return -1;
   return rt_gemm_epilogue_ok(b, e.matmul) ? e.matmul : -1;
 }
 
