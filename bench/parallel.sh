@@ -5,7 +5,9 @@
 #   bench/parallel.sh [--build DIR] [--steps N] [--warmup N] [--model gpt|llama]
 #   defaults: --build build, --steps 10 (timed), --warmup 2, --model gpt
 #
-# Layouts: 1 rank; tp=2; tp=2 sp; dp=2; tp=2 dp=2 sp; tp=4.  Each is
+# Layouts: 1 rank; tp=2; tp=2 sp; dp=2; tp=2 dp=2 sp; tp=4; pp=2 (1f1b,
+# gpipe); pp=2 dp=2; cp=2 (ring attention, when the model has no attention
+# dropout; else the all-gather form).  Each is
 # compiled with mcc and trained with `mrun --gpus N --metrics` (f32, MPI
 # ranks started by mrun, OPENBLAS_NUM_THREADS=1 per rank).
 # - step time: median of the elapsed_s differences of the timed steps
@@ -15,7 +17,8 @@
 #   nodes of their payload (the whole tensor: all_reduce / reduce_scatter
 #   operand, all_gather result) times the runs of their block (micro:
 #   micro batches per rank), and the bytes a rank sends with a ring
-#   algorithm (2(n-1)/n x payload for all_reduce, (n-1)/n otherwise);
+#   algorithm (2(n-1)/n x payload for all_reduce, (n-1)/n otherwise); with
+#   pp the pipeline sends count too, for the busiest pipeline rank;
 # - final loss: the last step's, the same model in every layout (equal up
 #   to f32 rounding: tests/parallel checks it to 1e-10 in f64).
 # The machine has 2 cores: 4 ranks share them, so this measures overheads
@@ -42,7 +45,8 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-layouts=("1 rank|" "tp=2|--tp 2" "tp=2 sp|--tp 2 --sp" "dp=2|--dp 2" "tp=2 dp=2 sp|--tp 2 --dp 2 --sp" "tp=4|--tp 4")
+layouts=("1 rank|" "tp=2|--tp 2" "tp=2 sp|--tp 2 --sp" "dp=2|--dp 2" "tp=2 dp=2 sp|--tp 2 --dp 2 --sp" "tp=4|--tp 4"
+         "pp=2 (1f1b)|--pp 2" "pp=2 gpipe|--pp 2 --schedule gpipe" "pp=2 dp=2|--pp 2 --dp 2" "cp=2 (ring)|--cp 2")
 echo "| layout | ranks | median step (ms) | vs 1 rank | collectives / step | payload bytes / step / rank | ring bytes sent / step / rank | final loss |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 base=""
@@ -51,7 +55,11 @@ for entry in "${layouts[@]}"; do
   # shellcheck disable=SC2086
   "$MCC" samples/$model.mdl "${CFG[@]}" $opts -o "$TMP/p.plan"
   # shellcheck disable=SC2086
-  comm=$("$MCC" samples/$model.mdl "${CFG[@]}" $opts --report comm | sed -n 's/^total per step: \([0-9]*\) collectives, payload \([0-9]*\) bytes, ring \([0-9]*\) bytes.*/\1 \2 \3/p')
+  # one total line, or with pp one per pipeline rank: the busiest rank's
+  comm=$("$MCC" samples/$model.mdl "${CFG[@]}" $opts --report comm | sed -n \
+    -e 's/^total per step: \([0-9]*\) collectives, payload \([0-9]*\) bytes, ring \([0-9]*\) bytes.*/\1 \2 \3/p' \
+    -e 's/^total per step on pipeline rank [0-9]*: \([0-9]*\) operations, payload \([0-9]*\) bytes, \([0-9]*\) bytes sent.*/\1 \2 \3/p' |
+    sort -k3,3n | tail -1)
   read -r ncoll payload ring <<<"$comm"
   ranks=$("$MCC" samples/$model.mdl "${CFG[@]}" $opts --emit=plan-text | sed -n 's/^ranks \([0-9]*\)$/\1/p')
   "$MRUN" "$TMP/p.plan" --gpus "$ranks" --steps $((warmup + steps)) --quiet --metrics "$TMP/m.jsonl" 2>/dev/null >/dev/null
