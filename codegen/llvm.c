@@ -5,6 +5,9 @@
  * A kernel becomes
  *     void NAME(void **bufs, int64_t begin, int64_t end)
  *     { for (gid = begin; gid < end; gid++) BODY }
+ * A kernel with run-time scalars (PARAM, kir.h) finds them at bufs[nbuf]
+ * and loads them in the entry block, so what depends on them alone (the
+ * dropout hash's seed/step/micro words) is hoisted out of the gid loop.
  * Loop counters and accumulators are allocas that SROA/mem2reg promote;
  * the vectorizer then sees plain counted loops.  A sum accumulator's adds
  * carry the `reassoc` flag (and nothing else) so the vectorizer may split

@@ -175,6 +175,12 @@ static void test_bits(IrDtype dt, double p) {
   sb_free(&txt);
   CgFn fn = cg_jit_compile(g_jit, k, err, sizeof err);
   CHECK(fn != NULL, "JIT: %s", err);
+  StrBuf ll = {0};   /* --emit=llvm's text: the scalars are read from bufs[nbuf] */
+  char at[64];
+  snprintf(at, sizeof at, "getelementptr inbounds ptr, ptr %%0, i64 %d", k->nbuf);
+  CHECK(cg_kernel_llvm_text(k, 0, &ll, err, sizeof err) == 0 && ll.p && strstr(ll.p, at), "LLVM text (want '%s'): %s\n%s",
+        at, err, ll.p ? ll.p : "");
+  sb_free(&ll);
   CgFn cfn = NULL;
   void *h = NULL;
   if (g_have_cc) {
