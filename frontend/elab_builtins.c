@@ -82,6 +82,22 @@ static Value bi_float(Elab *e, const ElabCall *c, Value *a, int op) {
   return fail_arg(e, &a[0], "%s() needs a number, got %s", c->fname);
 }
 
+/* mesh_size("cp"): the size of a mesh axis in the layout being compiled
+ * (the parallel block with the command line's overrides), so a library
+ * layer can pick an implementation per layout -- nn.attention runs the
+ * fused (ring) attention only when the sequence is split over cp. */
+static Value bi_mesh_size(Elab *e, const ElabCall *c, Value *a, int op) {
+  (void)op;
+  if (a[0].k != V_STR)
+    return fail_arg(e, &a[0], "%s() needs a mesh axis name (\"dp\", \"tp\", \"pp\", \"cp\" or \"ep\"), got %s", c->fname);
+  int ax = ir_axis_lookup(a[0].s);
+  if (ax < 0) {
+    elab_error(e, a[0].loc, "%s(): unknown mesh axis \"%s\" (known: dp, tp, pp, cp, ep)", c->fname, a[0].s);
+    return elab_err();
+  }
+  return elab_int(ir_axis_size(e->m, (IrAxis)ax), c->loc);
+}
+
 static Value bi_int(Elab *e, const ElabCall *c, Value *a, int op) {
   if (a[0].k == V_INT) return elab_int(a[0].i, c->loc);
   if (a[0].k == V_BOOL) return elab_int(a[0].i, c->loc);
@@ -604,6 +620,7 @@ static const Builtin builtins[] = {
   {"abs", {"x"}, 1, bi_abs, 0},
   {"float", {"x"}, 1, bi_float, 0},
   {"int", {"x"}, 1, bi_int, 0},
+  {"mesh_size", {"axis"}, 1, bi_mesh_size, 0},
   {"min", {NULL}, -1, bi_minmax, 0},
   {"max", {NULL}, -1, bi_minmax, IR_OP_MAX},
   /* reductions */
