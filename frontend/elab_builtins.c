@@ -516,6 +516,21 @@ static Value bi_topk_mask(Elab *e, const ElabCall *c, Value *a, int op) {
   return elab_emit(e, c->loc, IR_OP_TOPK_MASK, &a[0], 1, ia, NULL, NULL, NULL);
 }
 
+/* capacity_mask(keep, cap): per last-axis column of the 0/1 routing mask
+ * keep [..., E], the first cap ones in token (row) order (expert capacity). */
+static Value bi_capacity_mask(Elab *e, const ElabCall *c, Value *a, int op) {
+  int64_t cap;
+  if (elab_want_tensor(e, c, "keep", &a[0], 1) || elab_want_int(e, c, "cap", &a[1], &cap)) return elab_err();
+  IrType t = elab_type(e, &a[0]);
+  if (t.rank < 1) return fail_arg(e, &a[0], "%s() needs a tensor of rank >= 1, got %s", c->fname);
+  if (cap < 0) {
+    elab_error(e, a[1].loc, "%s(): cap must be >= 0, got %lld", c->fname, (long long)cap);
+    return elab_err();
+  }
+  int64_t ia[1] = {cap};
+  return elab_emit(e, c->loc, IR_OP_CAPACITY_MASK, &a[0], 1, ia, NULL, NULL, NULL);
+}
+
 /* fused_attention(q[B, Hq, T, D], k[B, Hkv, S, D], v, causal: true,
  * scale: 1 / sqrt(D)): softmax(scale q k^T) v in one op (docs/ir.md
  * "Fused attention"); kv heads may be fewer (grouped-query). */
@@ -650,6 +665,7 @@ static const Builtin builtins[] = {
   {"rope", {"x", "base", "axis"}, 1, bi_rope, 0},
   {"fused_attention", {"q", "k", "v", "causal", "scale"}, 3, bi_fused_attention, 0},
   {"topk_mask", {"x", "k"}, 2, bi_topk_mask, 0},
+  {"capacity_mask", {"keep", "cap"}, 2, bi_capacity_mask, 0},
   {"cross_entropy", {"logits", "targets", "ignore_index", "reduction"}, 2, bi_cross_entropy, 0},
 };
 enum { NBUILTINS = sizeof builtins / sizeof builtins[0] };

@@ -420,6 +420,15 @@ static int shape_TOPK_MASK(Sx *x) {
   return 0;
 }
 
+static int shape_CAPACITY_MASK(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (need_float(x, 0)) return -1;
+  if (a->rank < 1) return fail(x, "operand %s must have rank >= 1", tstr(x, a));
+  if (x->n->ia[0] < 0) return fail(x, "cap=%lld must be >= 0", (long long)x->n->ia[0]);
+  *x->out = *a;
+  return 0;
+}
+
 /* logits [..., V] and targets [...] must agree on the leading dims. */
 static int ce_check(Sx *x) {
   const IrType *l = opnd(x, 0), *t = opnd(x, 1);

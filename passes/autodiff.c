@@ -124,7 +124,7 @@ typedef void (*AdFn)(Ad *a, int i, int dy);
  * collected from STATE nodes by the walk itself). */
 #define AD_NONE(NAME) static void ad_##NAME(Ad *a, int i, int dy) { (void)a; (void)i; (void)dy; }
 AD_NONE(INPUT) AD_NONE(STATE) AD_NONE(FULL)
-AD_NONE(EQ) AD_NONE(NE_SCALAR) AD_NONE(TOPK_MASK)
+AD_NONE(EQ) AD_NONE(NE_SCALAR) AD_NONE(TOPK_MASK) AD_NONE(CAPACITY_MASK)
 AD_NONE(ACCUM) AD_NONE(ZERO) AD_NONE(ADAMW) AD_NONE(OUTPUT) AD_NONE(ASSIGN)
 
 /* Sharding ops are inserted after autodiff (passes/shard.c). */

@@ -401,6 +401,19 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     *out = t;
     return 0;
   }
+  case IR_OP_CAPACITY_MASK: {
+    /* keep [..., E]: each expert column counts its tokens in order, so the
+     * token (leading) dims must be whole on the rank; the expert dim may
+     * be split (columns are independent). */
+    if (st[0] >= 0 && st[0] < n->type.rank - 1)
+      return sh_fail(S, "capacity_mask %%%d: the token dims must be whole on every rank (capacity counts "
+                     "the micro batch's tokens in order), but dim %d is split over %s; capacity mode "
+                     "(nn.moe capacity_factor > 0) cannot run with the tokens split (e.g. under cp)",
+                     i, st[0], ir_axis_name((IrAxis)a));
+    *out = st[0] == AX_P ? AX_R : st[0];
+    want[0] = *out;
+    return 0;
+  }
   case IR_OP_EMBEDDING: {
     /* table [V, C], ids [...] */
     int stab = st[0] == AX_P ? AX_R : st[0];

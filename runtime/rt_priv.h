@@ -38,6 +38,7 @@ typedef int (*RtKernel)(RtKctx *k);
 extern const RtKernel rt_ref_kernels[IR_OP_COUNT];
 /* Routing kernels (ops_route.c), entries of the same table. */
 int ref_TOPK_MASK(RtKctx *k);
+int ref_CAPACITY_MASK(RtKctx *k);
 /* Pipeline kernels (ops_pipe.c), entries of the same table. */
 int ref_SEND(RtKctx *k);
 int ref_RECV(RtKctx *k);
