@@ -99,6 +99,7 @@ static const Case cases[] = {
   {"rope", "%10 = rope %1 axis=1 inverse=0 base=10000.0 : f32[2, 4, 8]",
    "%10 = rope %1 axis=2 inverse=0 base=10000.0 : f32[2, 4, 8]"},
   {"topk_mask", "%10 = topk_mask %1 k=2 : f32[2, 4, 8]", "%10 = topk_mask %1 k=9 : f32[2, 4, 8]"},
+  {"capacity_mask", "%10 = capacity_mask %1 cap=3 : f32[2, 4, 8]", "%10 = capacity_mask %1 cap=-1 : f32[2, 4, 8]"},
   {"cross_entropy", "%10 = cross_entropy %9, %0 ignore=-1 : f32[batch:2, seq:4]",
    "%10 = cross_entropy %9, %8 ignore=-1 : f32[2, 4]"},
   {"cross_entropy_bwd", "%10 = cross_entropy_bwd %9, %0, %8 ignore=-1 : f32[2, 4, 16]",

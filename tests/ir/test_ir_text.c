@@ -102,6 +102,7 @@ static const char *all_ops =
     "  %66 = reshape %51 : f32[batch:2, 1, seq:4, 8]\n"
     "  %67 = attention %65, %66, %66 causal=1 ring=0 scale=0.35 : f32[batch:2, heads:2, seq:4, 8]\n"
     "  %68 = attention_bwd %65, %66, %66, %67, %65 causal=1 ring=1 part=1 scale=0.35 : f32[batch:2, 1, seq:4, 8]\n"
+    "  %69 = capacity_mask %64 cap=2 : f32[batch:2, seq:4, vocab:16]\n"
     "}\n"
     "block update {\n"
     "  %0 = state @grad.wte : f32[vocab:16, dim:8] {0:tp, partial:dp}\n"
@@ -239,7 +240,7 @@ static void test_emit_roundtrip(void) {
   line = first_line - 1;
   IrModule *c = ir_parse_module_at(cat.p, &pos, &line, "plan", err, sizeof err);
   char want[64];
-  snprintf(want, sizeof want, "plan:%d:3: error: unknown op 'zerx'", first_line + 91);
+  snprintf(want, sizeof want, "plan:%d:3: error: unknown op 'zerx'", first_line + 92);
   CHECK(c == NULL && strcmp(err, want) == 0, "got '%s', want '%s'", err, want);
   ir_module_free(a);
   ir_module_free(bm);

@@ -243,6 +243,13 @@ def _topk_mask(x, k):
     return torch.zeros_like(x).scatter(-1, idx, 1.0)
 
 
+def _capacity_mask(keep, cap):
+    """Per last-axis column of the 0/1 mask keep[..., E], the first cap
+    nonzero entries in row-major order of the leading dims; no gradient."""
+    flat = (keep.detach() != 0).reshape(-1, keep.shape[-1]).to(keep.dtype)
+    return (flat * (torch.cumsum(flat, dim=0) <= cap).to(keep.dtype)).reshape(keep.shape)
+
+
 # op -> f(operands, attrs, node, dtype) -> tensor
 OPS = {
     "add": lambda v, a, n, dt: v[0] + v[1],
@@ -289,6 +296,7 @@ OPS = {
     "rope": lambda v, a, n, dt: _rope(v[0], a["axis"], a["inverse"], a["base"]),
     "cross_entropy": lambda v, a, n, dt: _cross_entropy(v[0], v[1], a["ignore"]),
     "topk_mask": lambda v, a, n, dt: _topk_mask(v[0], a["k"]),
+    "capacity_mask": lambda v, a, n, dt: _capacity_mask(v[0], a["cap"]),
     "attention": lambda v, a, n, dt: _attention(v[0], v[1], v[2], a),
 }
 

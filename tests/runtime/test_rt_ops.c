@@ -525,6 +525,21 @@ static void test_topk(IrDtype dt) {
   expect(IR_OP_TOPK_MASK, 1, a, k5, NULL, NULL, all, 10, 0, "topk_mask k=D", dt);
 }
 
+/* capacity_mask: per column, the first cap nonzero rows stay 1 */
+static void test_capacity(IrDtype dt) {
+  IrType t = {dt, 3, {2, 2, 3}, {NULL}};          /* [batch, seq, experts]: 4 tokens in row order */
+  double x[12] = {1, 1, 0,   1, 0, 1,   0, 1, 1,   1, 1, 0};
+  double w1[12] = {1, 1, 0,   0, 0, 1,   0, 0, 0,   0, 0, 0};
+  double w2[12] = {1, 1, 0,   1, 0, 1,   0, 1, 1,   0, 0, 0};
+  double w0[12] = {0};
+  Arg a[1] = {{t, x}};
+  int64_t c1[1] = {1}, c2[1] = {2}, c0[1] = {0}, c9[1] = {9};
+  expect(IR_OP_CAPACITY_MASK, 1, a, c1, NULL, NULL, w1, 12, 0, "capacity_mask cap=1", dt);
+  expect(IR_OP_CAPACITY_MASK, 1, a, c2, NULL, NULL, w2, 12, 0, "capacity_mask cap=2", dt);
+  expect(IR_OP_CAPACITY_MASK, 1, a, c0, NULL, NULL, w0, 12, 0, "capacity_mask cap=0", dt);
+  expect(IR_OP_CAPACITY_MASK, 1, a, c9, NULL, NULL, x, 12, 0, "capacity_mask cap >= tokens", dt);
+}
+
 /* ---- sharding: the ops of one rank, with coordinates set by hand (a
  * single process: axes of size > 1 have no group, so only local ops; the
  * collectives run under MPI in tests/rank) ---- */
@@ -973,6 +988,7 @@ int main(void) {
     test_cross_entropy(dt);
     test_clip(dt);
     test_topk(dt);
+    test_capacity(dt);
     test_shard_local(dt);
     test_index_ops(dt);
     test_global_positions(dt);
