@@ -38,10 +38,10 @@ static const Sample samples[] = {
    {{"layers", "2"}, {"d_model", "16"}, {"heads", "2"}, {"kv_heads", "1"}, {"ffn", "32"},
     {"seq_len", "8"}, {"vocab", "32"}, {"batch", "2"}, {"micro_batch", "2"}, {"experts", "4"},
     {"topk", "2"}, {"z_coef", "0.01"}}, 12},
-  {"moe+sigmoid+shared", "samples/moe.mdl",   /* DeepSeek-V3 gating, 2 shared experts */
-   {{"layers", "2"}, {"d_model", "16"}, {"heads", "2"}, {"kv_heads", "1"}, {"ffn", "32"},
+  {"moe+sigmoid+shared+capacity", "samples/moe.mdl",   /* DeepSeek-V3 gating, 2 shared experts, */
+   {{"layers", "2"}, {"d_model", "16"}, {"heads", "2"}, {"kv_heads", "1"}, {"ffn", "32"},  /* C = 4 of 16 tokens */
     {"seq_len", "8"}, {"vocab", "32"}, {"batch", "2"}, {"micro_batch", "2"}, {"experts", "4"},
-    {"topk", "2"}, {"z_coef", "0.01"}, {"sigmoid", "true"}, {"shared", "2"}}, 14},
+    {"topk", "2"}, {"z_coef", "0.01"}, {"sigmoid", "true"}, {"shared", "2"}, {"capacity_factor", "0.5"}}, 15},
 };
 
 /* The input named `name` of block b: its node (type), or NULL. */
