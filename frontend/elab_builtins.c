@@ -516,6 +516,56 @@ static Value bi_topk_mask(Elab *e, const ElabCall *c, Value *a, int op) {
   return elab_emit(e, c->loc, IR_OP_TOPK_MASK, &a[0], 1, ia, NULL, NULL, NULL);
 }
 
+/* Is `output "name"` already in the block being built? */
+static int output_taken(Elab *e, const char *name) {
+  const IrBlock *b = &e->m->blocks.a[e->blk];
+  const char *s = ts_intern(name);
+  for (int i = 0; i < b->n; i++)
+    if (b->nodes[i].op == IR_OP_OUTPUT && b->nodes[i].sa == s) return 1;
+  return 0;
+}
+
+/* metric(name, x): reports x (a scalar, or a vector [n] of at most 256
+ * entries) as training metrics: `output "name"`, or one `output "name.<i>"`
+ * per entry.  A '#' in the name becomes the number of earlier calls with
+ * that name (a fn called once per layer: "moe.#.tokens" gives
+ * moe.0.tokens.<i>, moe.1.tokens.<i>, ...); without one, a name is
+ * reported once.  The trainer sums each metric over the step's micro
+ * batches and dp ranks (docs/mdl.md). */
+static Value bi_metric(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (a[0].k != V_STR) return fail_arg(e, &a[0], "%s(): name must be a string, got %s", c->fname);
+  if (elab_want_tensor(e, c, "x", &a[1], 0)) return elab_err();
+  IrType t = elab_type(e, &a[1]);
+  if (t.rank > 1 || (t.rank == 1 && (t.dim[0] < 1 || t.dim[0] > 256)))
+    return fail_arg(e, &a[1], "%s() needs a scalar or a vector of 1 to 256 entries, got %s", c->fname);
+  if (!strcmp(a[0].s, "loss") || !strcmp(a[0].s, "grad_norm") || !*a[0].s) {
+    elab_error(e, a[0].loc, "%s(): the name '%s' is reserved", c->fname, a[0].s);
+    return elab_err();
+  }
+  char base[400], name[512];
+  const char *hash = strchr(a[0].s, '#');
+  if (strlen(a[0].s) > 300) return fail_arg(e, &a[0], "%s(): the name is too long: %s", c->fname);
+  for (int k = 0;; k++) {       /* the first free call number (or the plain name) */
+    if (hash) snprintf(base, sizeof base, "%.*s%d%s", (int)(hash - a[0].s), a[0].s, k, hash + 1);
+    else snprintf(base, sizeof base, "%s", a[0].s);
+    snprintf(name, sizeof name, t.rank ? "%s.0" : "%s", base);
+    if (!output_taken(e, name)) break;
+    if (!hash) {
+      elab_error(e, a[0].loc, "%s(): '%s' is reported twice (put a '#' in the name to number the calls, e.g. "
+                 "\"moe.#.tokens\")", c->fname, a[0].s);
+      return elab_err();
+    }
+  }
+  IrType s = {t.dtype, 0, {0}, {NULL}};
+  if (t.rank == 0) return elab_emit(e, c->loc, IR_OP_OUTPUT, &a[1], 1, NULL, NULL, ts_intern(base), NULL);
+  for (int64_t i = 0; i < t.dim[0]; i++) {
+    Value v = elab_reshape(e, c->loc, slice_axis(e, c, a[1], 0, i, i + 1, c->loc), &s);
+    snprintf(name, sizeof name, "%s.%lld", base, (long long)i);
+    if (elab_emit(e, c->loc, IR_OP_OUTPUT, &v, 1, NULL, NULL, ts_intern(name), NULL).k == V_ERR) return elab_err();
+  }
+  return elab_none(c->loc);
+}
+
 /* capacity_mask(keep, cap): per last-axis column of the 0/1 routing mask
  * keep [..., E], the first cap ones in token (row) order (expert capacity). */
 static Value bi_capacity_mask(Elab *e, const ElabCall *c, Value *a, int op) {
@@ -666,6 +716,7 @@ static const Builtin builtins[] = {
   {"fused_attention", {"q", "k", "v", "causal", "scale"}, 3, bi_fused_attention, 0},
   {"topk_mask", {"x", "k"}, 2, bi_topk_mask, 0},
   {"capacity_mask", {"keep", "cap"}, 2, bi_capacity_mask, 0},
+  {"metric", {"name", "x"}, 2, bi_metric, 0},
   {"cross_entropy", {"logits", "targets", "ignore_index", "reduction"}, 2, bi_cross_entropy, 0},
 };
 enum { NBUILTINS = sizeof builtins / sizeof builtins[0] };

@@ -535,9 +535,11 @@ static int release(RtProgram *p, RtRun *r, int v, int i, char *msg, size_t n) {
   return 0;
 }
 
+/* Outputs of the same name in one run add up (MDL metric() called in every
+ * layer reports the sum over layers); rt_outputs_clear starts afresh. */
 static void record_output(RtProgram *p, const char *name, double v) {
   for (int i = 0; i < p->outs.n; i++)
-    if (p->outs.a[i].name == name) { p->outs.a[i].v = v; return; }
+    if (p->outs.a[i].name == name) { p->outs.a[i].v += v; return; }
   RtOut o = {name, v};
   VEC_PUSH(p->outs, o);
 }
@@ -752,3 +754,9 @@ double rt_lr_at(const IrTrain *t, int64_t step) {
 }
 
 void rt_outputs_clear(RtProgram *p) { p->outs.n = 0; }
+int rt_output_count(const RtProgram *p) { return p->outs.n; }
+const char *rt_output_at(const RtProgram *p, int i, double *value) {
+  if (i < 0 || i >= p->outs.n) return NULL;
+  if (value) *value = p->outs.a[i].v;
+  return p->outs.a[i].name;
+}

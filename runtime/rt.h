@@ -126,6 +126,10 @@ int rt_output(const RtProgram *p, const char *name, double *value);
 /* Forgets every recorded output (so a caller can tell "not reported by
  * this run" from a stale value). */
 void rt_outputs_clear(RtProgram *p);
+/* The recorded outputs in order of first report: how many, and the i-th's
+ * name (NULL if out of range) and value. */
+int rt_output_count(const RtProgram *p);
+const char *rt_output_at(const RtProgram *p, int i, double *value);
 
 /* The learning rate at `step` (0-based) under m->train's schedule. */
 double rt_lr_at(const IrTrain *t, int64_t step);

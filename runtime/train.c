@@ -155,6 +155,8 @@ static void json_num(FILE *f, const char *key, double v, int comma) {
   fprintf(f, "\"%s\": %s%s", key, b, comma ? ", " : "");
 }
 
+#define RT_MAX_METRICS 1024   /* extra outputs recorded per step */
+
 typedef struct {
   RtProgram *prog;
   RtCorpus corpus;
@@ -171,7 +173,46 @@ typedef struct {
   int64_t loaded_step, loaded_micro; /* what the feed buffers hold (-1: nothing) */
   int world_rank;
   int64_t kill_step, stall_step; /* fault injection (0: off) */
+  /* the model's extra outputs (MDL metric(), e.g. nn.moe's tokens per
+   * expert): summed over the step's micro batches and dp ranks, not divided */
+  const char *xname[RT_MAX_METRICS];
+  double xval[RT_MAX_METRICS];
+  int nx;
 } TrainRun;
+
+/* Adds the outputs of the block just run, other than the loss, to r's
+ * step metrics (names are interned: pointer comparison). */
+static void add_metrics(TrainRun *r) {
+  const char *loss = ts_intern("loss");
+  double v;
+  const char *name;
+  for (int i = 0; (name = rt_output_at(r->prog, i, &v)); i++) {
+    if (name == loss) continue;
+    int j = 0;
+    while (j < r->nx && r->xname[j] != name) j++;
+    if (j == r->nx) {
+      if (r->nx == RT_MAX_METRICS) continue;      /* more are not recorded */
+      r->xname[r->nx] = name, r->xval[r->nx++] = 0;
+    }
+    r->xval[j] += v;
+  }
+}
+
+/* The progress line's compact form of the metrics: a vector metric
+ * "p.0" .. "p.n" prints as " | p a/b/.../n", a scalar as " | name v". */
+static void print_metrics(FILE *log, const TrainRun *r) {
+  for (int i = 0; i < r->nx; i++) {
+    const char *n = r->xname[i], *dot = strrchr(n, '.');
+    int vec = dot && dot[1] && strspn(dot + 1, "0123456789") == strlen(dot + 1);
+    size_t plen = vec ? (size_t)(dot - n) : strlen(n);
+    if (vec && i > 0) {   /* continues the previous entry's vector? */
+      const char *pn = r->xname[i - 1], *pd = strrchr(pn, '.');
+      if (pd && (size_t)(pd - pn) == plen && !strncmp(pn, n, plen)) { fprintf(log, "/%.0f", r->xval[i]); continue; }
+    }
+    if (vec) fprintf(log, " | %.*s %.0f", (int)plen, n, r->xval[i]);
+    else fprintf(log, " | %s %.4g", n, r->xval[i]);
+  }
+}
 
 static void run_free(TrainRun *r) {
   rt_program_free(r->prog);
@@ -269,6 +310,7 @@ static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb
   if (fs->has_targets) feeds[nf++] = (RtFeed){"targets", r->targets};
   if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
   double sum = 0;
+  r->nx = 0;
   for (int64_t j = 0; j < n_local; j++) {
     int64_t g = (int64_t)dp_coord * n_local + j;   /* the global micro batch */
     if (load_micro(r, m, fs, s, g, err, errlen) != 0) return -1;
@@ -281,9 +323,13 @@ static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb
       return -1;
     }
     sum += l;
+    add_metrics(r);
     if (j == 0) maybe_fail(r, s);
   }
   if (r->dp && rt_comm_all_reduce(r->dp, IR_F64, &sum, 1, err, errlen) != 0) return -1;
+  /* every dp rank runs the same program, so the metric lists agree; tp and
+   * ep ranks compute replicated values and are not summed over */
+  if (r->dp && r->nx && rt_comm_all_reduce(r->dp, IR_F64, r->xval, r->nx, err, errlen) != 0) return -1;
   RtRunInfo info = {s, 0, lr};
   rt_outputs_clear(r->prog);
   if (rt_run_block(r->prog, ub, NULL, 0, &info, err, errlen) != 0) return -1;
@@ -525,8 +571,10 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     }
     double t1 = now_s(), tps = (double)(ntok * nmicro) / (t1 - ts > 1e-9 ? t1 - ts : 1e-9);
     if (!o->quiet && lead) {
-      fprintf(log, "step %4lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f s\n",
+      fprintf(log, "step %4lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f s",
               (long long)s + 1, (long long)tr->steps, loss, lr, gn, tps, t1 - t0);
+      print_metrics(log, &r);
+      fprintf(log, "\n");
       fflush(log);
     }
     if (r.metrics) {
@@ -535,6 +583,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       json_num(r.metrics, "lr", lr, 1);
       json_num(r.metrics, "grad_norm", gn, 1);
       json_num(r.metrics, "tokens_per_s", tps, 1);
+      for (int i = 0; i < r.nx; i++) json_num(r.metrics, r.xname[i], r.xval[i], 1);
       json_num(r.metrics, "elapsed_s", t1 - t0, 0);
       fprintf(r.metrics, "}\n");
       fflush(r.metrics);
