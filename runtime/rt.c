@@ -535,11 +535,9 @@ static int release(RtProgram *p, RtRun *r, int v, int i, char *msg, size_t n) {
   return 0;
 }
 
-/* Outputs of the same name in one run add up (MDL metric() called in every
- * layer reports the sum over layers); rt_outputs_clear starts afresh. */
 static void record_output(RtProgram *p, const char *name, double v) {
   for (int i = 0; i < p->outs.n; i++)
-    if (p->outs.a[i].name == name) { p->outs.a[i].v += v; return; }
+    if (p->outs.a[i].name == name) { p->outs.a[i].v = v; return; }
   RtOut o = {name, v};
   VEC_PUSH(p->outs, o);
 }
