@@ -207,9 +207,9 @@ static void print_metrics(FILE *log, const TrainRun *r) {
     size_t plen = vec ? (size_t)(dot - n) : strlen(n);
     if (vec && i > 0) {   /* continues the previous entry's vector? */
       const char *pn = r->xname[i - 1], *pd = strrchr(pn, '.');
-      if (pd && (size_t)(pd - pn) == plen && !strncmp(pn, n, plen)) { fprintf(log, "/%.0f", r->xval[i]); continue; }
+      if (pd && (size_t)(pd - pn) == plen && !strncmp(pn, n, plen)) { fprintf(log, "/%.6g", r->xval[i]); continue; }
     }
-    if (vec) fprintf(log, " | %.*s %.0f", (int)plen, n, r->xval[i]);
+    if (vec) fprintf(log, " | %.*s %.6g", (int)plen, n, r->xval[i]);
     else fprintf(log, " | %s %.4g", n, r->xval[i]);
   }
 }
