@@ -22,11 +22,16 @@ int rt_cp_zigzag(const RtProgram *p, unsigned mask) {
 }
 
 int64_t rt_global_index(const RtProgram *p, unsigned mask, int64_t L, int64_t j) {
+  return rt_global_index_at(p, mask, L, j, -1);
+}
+
+int64_t rt_global_index_at(const RtProgram *p, unsigned mask, int64_t L, int64_t j, int cp_coord) {
   const RtRank *r = rt_program_rank(p);
   int64_t g = j, span = L;
   for (int a = IR_AXIS_COUNT - 1; a >= 0; a--) {   /* inner to outer */
     if (!(mask & (1u << a))) continue;
-    int S = rt_program_axis_size(p, (IrAxis)a), c = r->coord[a];
+    int S = rt_program_axis_size(p, (IrAxis)a);
+    int c = a == IR_AXIS_CP && cp_coord >= 0 ? cp_coord : r->coord[a];
     if (a == IR_AXIS_CP && S > 1) {
       int64_t h = span / 2;
       g = g < h ? (int64_t)c * h + g : (int64_t)(2 * S - 1 - c) * h + (g - h);

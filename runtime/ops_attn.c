@@ -68,22 +68,7 @@ static void store(void *out, IrDtype dt, const double *y, int64_t n) {
  * rt_global_index gives them, except that the cp coordinate is `cp` (the
  * owner of a block passed around the ring) when cp >= 0. */
 static void positions(const RtProgram *p, unsigned mask, int64_t L, int cp, int64_t *pos) {
-  const RtRank *r = rt_program_rank(p);
-  for (int64_t j = 0; j < L; j++) {
-    int64_t g = j, span = L;
-    for (int a = IR_AXIS_COUNT - 1; a >= 0; a--) {   /* inner to outer, as cp_layout.c */
-      if (!(mask & (1u << a))) continue;
-      int S = rt_program_axis_size(p, (IrAxis)a), c = (a == IR_AXIS_CP && cp >= 0) ? cp : r->coord[a];
-      if (a == IR_AXIS_CP && S > 1) {
-        int64_t h = span / 2;
-        g = g < h ? (int64_t)c * h + g : (int64_t)(2 * S - 1 - c) * h + (g - h);
-      } else {
-        g += (int64_t)c * span;
-      }
-      span *= S;
-    }
-    pos[j] = g;
-  }
+  for (int64_t j = 0; j < L; j++) pos[j] = rt_global_index_at(p, mask, L, j, cp);
 }
 
 /* ---- tiles ----

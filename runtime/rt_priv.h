@@ -91,6 +91,10 @@ void rt_shard_offsets(const RtProgram *p, const IrSharding *sh, const IrType *t,
  * (to_global 1), or back (0).  L must be even. */
 int rt_cp_zigzag(const RtProgram *p, unsigned mask);
 int64_t rt_global_index(const RtProgram *p, unsigned mask, int64_t L, int64_t j);
+/* The same as seen by cp coordinate cp_coord (< 0: this rank's): where a
+ * block that rank holds sits (ring attention computes with other ranks'
+ * key blocks). */
+int64_t rt_global_index_at(const RtProgram *p, unsigned mask, int64_t L, int64_t j, int cp_coord);
 void rt_cp_reorder(void *dst, const void *src, int64_t outer, int S, int64_t L, int64_t inner, size_t es,
                    int to_global);
 /* The rank's group along axis a, or NULL (axis of size 1, or none made). */
