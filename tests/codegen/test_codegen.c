@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <unistd.h>
+#include "compile_c.h"
 
 static int g_fails, g_checks;
 #define CHECK(c, ...) do { g_checks++; if (!(c)) { g_fails++;                 \
@@ -117,30 +118,6 @@ enum { RUN_PIECES, RUN_THREADS, RUN_INPLACE };
 enum { RUN_C = 8 };
 static int g_have_cc = -1;
 
-/* Compiles C text to a shared object in a temporary directory and returns
- * the function `name` (NULL with the reason printed when cc fails). */
-static CgFn compile_c(const char *text, const char *name, void **handle) {
-  char dir[] = "/tmp/cgtestXXXXXX", path[64], so[64], cmd[256];
-  if (!mkdtemp(dir)) return NULL;
-  snprintf(path, sizeof path, "%s/k.c", dir);
-  snprintf(so, sizeof so, "%s/k.so", dir);
-  FILE *f = fopen(path, "w");
-  TS_ASSERT(f);
-  fputs(text, f);
-  fclose(f);
-  snprintf(cmd, sizeof cmd, "cc -std=c11 -O2 -w -shared -fPIC -o %s %s -lm", so, path);
-  CgFn fn = NULL;
-  if (system(cmd) == 0 && (*handle = dlopen(so, RTLD_NOW | RTLD_LOCAL)) != NULL) {
-    void *sym = dlsym(*handle, name);
-    memcpy(&fn, &sym, sizeof fn);
-  } else {
-    fprintf(stderr, "compile_c: '%s' failed\n", cmd);
-  }
-  remove(path);
-  remove(so);
-  rmdir(dir);
-  return fn;
-}
 
 /* Compares the kernel's outputs (bufs[nin..]) with the reference's states. */
 static void compare_outputs(Case *c, RtProgram *p, const CgGroupIO *io, void **bufs, const int *st_of,

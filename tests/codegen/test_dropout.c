@@ -18,6 +18,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <unistd.h>
+#include "compile_c.h"
 
 static int g_fails, g_checks;
 #define CHECK(c, ...) do { g_checks++; if (!(c)) { g_fails++;                 \
@@ -52,29 +53,6 @@ static int emit(IrModule *m, IrOp op, const int *in, int nin, const int64_t *ia,
   return id;
 }
 
-/* Compiles C text to a shared object and returns function `name`. */
-static CgFn compile_c(const char *text, const char *name, void **handle) {
-  char dir[] = "/tmp/cgdropXXXXXX", path[64], so[64], cmd[256];
-  if (!mkdtemp(dir)) return NULL;
-  snprintf(path, sizeof path, "%s/k.c", dir);
-  snprintf(so, sizeof so, "%s/k.so", dir);
-  FILE *f = fopen(path, "w");
-  TS_ASSERT(f);
-  fputs(text, f);
-  fclose(f);
-  snprintf(cmd, sizeof cmd, "cc -std=c11 -O2 -w -shared -fPIC -o %s %s -lm", so, path);
-  CgFn fn = NULL;
-  if (system(cmd) == 0 && (*handle = dlopen(so, RTLD_NOW | RTLD_LOCAL)) != NULL) {
-    void *sym = dlsym(*handle, name);
-    memcpy(&fn, &sym, sizeof fn);
-  } else {
-    fprintf(stderr, "compile_c: '%s' failed\n", cmd);
-  }
-  remove(path);
-  remove(so);
-  rmdir(dir);
-  return fn;
-}
 
 typedef struct {
   IrModule *m;
