@@ -34,4 +34,20 @@ static CgFn compile_c(const char *text, const char *name, void **handle) {
   return fn;
 }
 
+/* The two tests' common start: whether a C compiler is there (without one
+ * the printed C is not compiled, and the tests say so), and the JIT
+ * (exits with the reason when it cannot be created). */
+static int g_have_cc;
+static CgJit *g_jit;
+static void codegen_test_init(void) {
+  char err[512];
+  g_have_cc = system("cc --version > /dev/null 2>&1") == 0;
+  if (!g_have_cc) printf("no cc: the C printer's output is not compiled\n");
+  g_jit = cg_jit_new(err, sizeof err);
+  if (!g_jit) {
+    fprintf(stderr, "cannot create the JIT: %s\n", err);
+    exit(1);
+  }
+}
+
 #endif

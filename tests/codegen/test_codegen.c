@@ -22,7 +22,6 @@ static int g_fails, g_checks;
     fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
 static char err[2048];
-static CgJit *g_jit;
 
 /* ---- deterministic inputs ---- */
 static uint64_t g_rs = 0x5eed;
@@ -116,7 +115,6 @@ enum { RUN_PIECES, RUN_THREADS, RUN_INPLACE };
 /* flag: also print the kernel as C (cg_kernel_c_text), compile it with cc
  * and check that too (the second printer against the same reference) */
 enum { RUN_C = 8 };
-static int g_have_cc = -1;
 
 
 /* Compares the kernel's outputs (bufs[nin..]) with the reference's states. */
@@ -739,10 +737,7 @@ static void test_pool(void) {
 }
 
 int main(void) {
-  g_have_cc = system("cc --version > /dev/null 2>&1") == 0;
-  if (!g_have_cc) printf("no cc: the C printer's output is not compiled\n");
-  g_jit = cg_jit_new(err, sizeof err);
-  if (!g_jit) { fprintf(stderr, "cannot create the JIT: %s\n", err); return 1; }
+  codegen_test_init();
   test_printer();
   test_errors();
   test_vector_code();

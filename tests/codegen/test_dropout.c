@@ -26,8 +26,6 @@ static int g_fails, g_checks;
     fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
 static char err[2048];
-static CgJit *g_jit;
-static int g_have_cc;
 
 enum { B = 4, T = 5, C = 67, N = B * T * C };
 
@@ -259,10 +257,7 @@ static void test_refusals(void) {
 }
 
 int main(void) {
-  g_have_cc = system("cc --version > /dev/null 2>&1") == 0;
-  if (!g_have_cc) printf("no cc: the C printer's output is not compiled\n");
-  g_jit = cg_jit_new(err, sizeof err);
-  if (!g_jit) { fprintf(stderr, "cannot create the JIT: %s\n", err); return 1; }
+  codegen_test_init();
   IrDtype dts[2] = {IR_F32, IR_F64};
   for (int i = 0; i < 2; i++) {
     test_bits(dts[i], 0.1);
