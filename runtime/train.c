@@ -404,6 +404,59 @@ static int trace_steps(const TrainRun *r, int c, char *err, size_t errlen) {
   return rc != 0 ? ts_errf(err, errlen, "TS_PIPE_TRACE: cannot write '%s': %s", file, strerror(errno)) : 0;
 }
 
+/* The step's metrics of a pipeline program: each stage reports its own
+ * layers' metric() outputs, so after the dp sum every pipeline rank's
+ * list is gathered (names as f64 characters, '\n', then the value) and
+ * merged in pp coordinate order, the same on every rank. */
+static int pipe_metrics(TrainRun *r, char *err, size_t errlen) {
+  if (r->dp && r->nx && rt_comm_all_reduce(r->dp, IR_F64, r->xval, r->nx, err, errlen) != 0) return -1;
+  if (!r->pp) return 0;
+  int P = rt_comm_size(r->pp);
+  int64_t len = 0;
+  for (int i = 0; i < r->nx; i++) len += (int64_t)strlen(r->xname[i]) + 2;
+  double *mine = ts_xcalloc((size_t)len + 1, sizeof *mine), *lens = ts_xcalloc((size_t)P, sizeof *lens);
+  int64_t at = 0;
+  for (int i = 0; i < r->nx; i++) {
+    for (const char *c = r->xname[i]; *c; c++) mine[at++] = (unsigned char)*c;
+    mine[at++] = '\n';
+    mine[at++] = r->xval[i];
+  }
+  double len1 = (double)len;
+  int rc = rt_comm_all_gather(r->pp, IR_F64, &len1, lens, 1, err, errlen);
+  int64_t maxlen = 1;
+  for (int q = 0; q < P; q++) if ((int64_t)lens[q] > maxlen) maxlen = (int64_t)lens[q];
+  double *pad = ts_xcalloc((size_t)maxlen, sizeof *pad), *all = ts_xcalloc((size_t)(maxlen * P), sizeof *all);
+  memcpy(pad, mine, (size_t)len * sizeof *pad);
+  if (rc == 0) rc = rt_comm_all_gather(r->pp, IR_F64, pad, all, (size_t)maxlen, err, errlen);
+  if (rc == 0) {
+    r->nx = 0;
+    char name[256];
+    for (int q = 0; q < P; q++) {
+      const double *l = all + (int64_t)q * maxlen;
+      for (int64_t i = 0, n = (int64_t)lens[q]; i < n;) {
+        int k = 0;
+        while (i < n && l[i] != '\n') { if (k < (int)sizeof name - 1) name[k++] = (char)l[i]; i++; }
+        name[k] = 0;
+        double v = i + 1 < n ? l[i + 1] : 0;
+        i += 2;
+        const char *nm = ts_intern(name);
+        int j = 0;
+        while (j < r->nx && r->xname[j] != nm) j++;
+        if (j == r->nx) {
+          if (r->nx == RT_MAX_METRICS) continue;
+          r->xname[r->nx] = nm, r->xval[r->nx++] = 0;
+        }
+        r->xval[j] += v;
+      }
+    }
+  }
+  free(mine);
+  free(lens);
+  free(pad);
+  free(all);
+  return rc;
+}
+
 /* One step of a pipeline program: its rank's schedule, then the update.
  * Writes the step's loss (over all pp and dp ranks) and grad norm. */
 static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, int ub, int64_t s, int64_t n_local,
@@ -416,6 +469,7 @@ static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
   if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
   int c = rt_program_rank(r->prog)->coord[IR_AXIS_PP];
   double acc[2] = {0, 0};   /* sum of the reported losses, how many reports */
+  r->nx = 0;
   for (int i = 0; i < r->sched.nsteps[c]; i++) {
     const PipeStep *st = &r->sched.steps[c][i];
     int bwd = st->kind == 'B', b = r->chunk_block[2 * st->chunk + bwd];
@@ -429,8 +483,10 @@ static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
                      st->micro, st->chunk, msg);
     double l;
     if (!bwd && rt_output(r->prog, "loss", &l) == 0) acc[0] += l, acc[1] += 1;
+    if (!bwd) add_metrics(r);
     if (i == 0) maybe_fail(r, s);
   }
+  if (pipe_metrics(r, err, errlen) != 0) return -1;
   if (rt_pipe_end_step(r->prog, err, errlen) != 0) return -1;
   if (s == 0 && trace_steps(r, c, err, errlen) != 0) return -1;
   if (r->pp && rt_comm_all_reduce(r->pp, IR_F64, acc, 2, err, errlen) != 0) return -1;
