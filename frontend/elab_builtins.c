@@ -581,6 +581,62 @@ static Value bi_capacity_mask(Elab *e, const ElabCall *c, Value *a, int op) {
   return elab_emit(e, c->loc, IR_OP_CAPACITY_MASK, &a[0], 1, ia, NULL, NULL, NULL);
 }
 
+/* ---- sparse mixture of experts (docs/ir.md "Token dispatch") ----
+ * routed [tokens, experts] is a 0/1 float mask; the token layout of `rows`
+ * rows holds expert 0's routed tokens, then expert 1's, ...  The shape
+ * rules check how the operands fit together; the handlers check each
+ * argument on its own, so the caret points at the argument at fault. */
+static int want_matrix(Elab *e, const ElabCall *c, const char *arg, const Value *v, const char *what) {
+  if (elab_want_tensor(e, c, arg, v, 1)) return -1;
+  if (elab_type(e, v).rank == 2) return 0;
+  char fmt[160];
+  snprintf(fmt, sizeof fmt, "%%s(): %s must be %s, got %%s", arg, what);
+  fail_arg(e, v, fmt, c->fname);
+  return -1;
+}
+/* moe_counts(routed[N, E]) -> i32[1, E]: the routed rows of each expert. */
+static Value bi_moe_counts(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (want_matrix(e, c, "routed", &a[0], "a [tokens, experts] mask")) return elab_err();
+  return elab_emit(e, c->loc, IR_OP_MOE_COUNTS, &a[0], 1, NULL, NULL, NULL, NULL);
+}
+/* moe_perm(x[N, D], routed[N, E], scale[N, E], rows) -> [rows, D] in token
+ * layout, the row of (t, e) holding scale[t, e] * x[t]. */
+static Value bi_moe_perm(Elab *e, const ElabCall *c, Value *a, int op) {
+  int64_t rows;
+  if (want_matrix(e, c, "x", &a[0], "[tokens, features]") ||
+      want_matrix(e, c, "routed", &a[1], "a [tokens, experts] mask") ||
+      want_matrix(e, c, "scale", &a[2], "[tokens, experts]") || elab_want_int(e, c, "rows", &a[3], &rows))
+    return elab_err();
+  if (rows < 1) {
+    elab_error(e, a[3].loc, "%s(): rows must be >= 1 (an upper bound on the routed slots), got %lld", c->fname,
+               (long long)rows);
+    return elab_err();
+  }
+  return elab_emit(e, c->loc, IR_OP_MOE_PERM, a, 3, &rows, NULL, NULL, NULL);
+}
+/* moe_unperm(y[R, D] token layout, routed[N, E], scale[N, E]) -> [N, D]:
+ * per token the scale-weighted sum of its experts' rows. */
+static Value bi_moe_unperm(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (want_matrix(e, c, "y", &a[0], "[rows, features]") ||
+      want_matrix(e, c, "routed", &a[1], "a [tokens, experts] mask") ||
+      want_matrix(e, c, "scale", &a[2], "[tokens, experts]"))
+    return elab_err();
+  return elab_emit(e, c->loc, IR_OP_MOE_UNPERM, a, 3, NULL, NULL, NULL, NULL);
+}
+/* gmm(a[R, K], w[E, K, N], counts i32[S, E]) -> [R, N]: expert g's rows of
+ * a times w[g] (a grouped matmul; rows past all groups are 0). */
+static Value bi_gmm(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (want_matrix(e, c, "a", &a[0], "[rows, features]") || elab_want_tensor(e, c, "w", &a[1], 1) ||
+      elab_want_tensor(e, c, "counts", &a[2], 0))
+    return elab_err();
+  if (elab_type(e, &a[1]).rank != 3) return fail_arg(e, &a[1], "%s(): w must be [experts, in, out], got %s", c->fname);
+  IrType ct = elab_type(e, &a[2]);
+  if (ct.dtype != IR_I32 || ct.rank != 2)
+    return fail_arg(e, &a[2], "%s(): counts must be i32 [sources, experts] (from moe_counts()), got %s", c->fname);
+  int64_t tb = 0;
+  return elab_emit(e, c->loc, IR_OP_GMM, a, 3, &tb, NULL, NULL, NULL);
+}
+
 /* fused_attention(q[B, Hq, T, D], k[B, Hkv, S, D], v, causal: true,
  * scale: 1 / sqrt(D)): softmax(scale q k^T) v in one op (docs/ir.md
  * "Fused attention"); kv heads may be fewer (grouped-query). */
@@ -716,6 +772,10 @@ static const Builtin builtins[] = {
   {"fused_attention", {"q", "k", "v", "causal", "scale"}, 3, bi_fused_attention, 0},
   {"topk_mask", {"x", "k"}, 2, bi_topk_mask, 0},
   {"capacity_mask", {"keep", "cap"}, 2, bi_capacity_mask, 0},
+  {"moe_counts", {"routed"}, 1, bi_moe_counts, 0},
+  {"moe_perm", {"x", "routed", "scale", "rows"}, 4, bi_moe_perm, 0},
+  {"moe_unperm", {"y", "routed", "scale"}, 3, bi_moe_unperm, 0},
+  {"gmm", {"a", "w", "counts"}, 3, bi_gmm, 0},
   {"metric", {"name", "x"}, 2, bi_metric, 0},
   {"cross_entropy", {"logits", "targets", "ignore_index", "reduction"}, 2, bi_cross_entropy, 0},
 };

@@ -429,6 +429,93 @@ static int shape_CAPACITY_MASK(Sx *x) {
   return 0;
 }
 
+/* ---- sparse MoE dispatch (ops.def): routed [N, E], token / expert layouts ---- */
+static int routed_check(Sx *x, int i, int64_t *N, int64_t *E) {
+  const IrType *r = opnd(x, i);
+  if (need_float(x, i)) return -1;
+  if (r->rank != 2) return fail(x, "routing mask %s must be [tokens, experts]", tstr(x, r));
+  *N = r->dim[0];
+  *E = r->dim[1];
+  return 0;
+}
+static int same_as(Sx *x, int i, int j) {
+  const IrType *a = opnd(x, i), *b = opnd(x, j);
+  if (a->dtype == b->dtype && same_sizes(a, b)) return 0;
+  return fail(x, "operands %d %s and %d %s must have the same type", i + 1, tstr(x, a), j + 1, tstr(x, b));
+}
+static int rows_of(Sx *x, int i, int64_t N, const char *what) {
+  const IrType *a = opnd(x, i);
+  if (need_float(x, i)) return -1;
+  if (a->rank != 2) return fail(x, "%s %s must be a matrix", what, tstr(x, a));
+  if (N >= 0 && a->dim[0] != N) return fail(x, "%s %s must have %lld rows", what, tstr(x, a), (long long)N);
+  return 0;
+}
+static int cnt_check(Sx *x, int i, int64_t G) {
+  const IrType *c = opnd(x, i);
+  if (c->dtype != IR_I32 || c->rank != 2 || (G >= 0 && c->dim[1] != G)) {
+    if (G < 0) return fail(x, "counts %s must be i32[sources, groups]", tstr(x, c));
+    return fail(x, "counts %s must be i32[sources, %lld]", tstr(x, c), (long long)G);
+  }
+  return 0;
+}
+static int shape_MOE_COUNTS(Sx *x) {
+  int64_t N, E;
+  if (routed_check(x, 0, &N, &E)) return -1;
+  *x->out = (IrType){.dtype = IR_I32, .rank = 2, .dim = {1, E}};
+  x->out->dname[1] = opnd(x, 0)->dname[1];
+  return 0;
+}
+static int shape_MOE_PERM(Sx *x) {
+  int64_t N, E;
+  if (routed_check(x, 1, &N, &E) || same_as(x, 1, 2) || rows_of(x, 0, N, "tokens")) return -1;
+  if (opnd(x, 0)->dtype != opnd(x, 1)->dtype) return fail(x, "tokens and routing mask must have one dtype");
+  if (x->n->ia[0] < 1 || x->n->ia[0] > TS_BIG) return fail(x, "rows=%lld must be >= 1", (long long)x->n->ia[0]);
+  *x->out = *opnd(x, 0);
+  x->out->dim[0] = x->n->ia[0];
+  x->out->dname[0] = NULL;
+  return 0;
+}
+static int shape_MOE_UNPERM(Sx *x) {
+  int64_t N, E;
+  if (routed_check(x, 1, &N, &E) || same_as(x, 1, 2) || rows_of(x, 0, -1, "rows")) return -1;
+  if (opnd(x, 0)->dtype != opnd(x, 1)->dtype) return fail(x, "rows and routing mask must have one dtype");
+  *x->out = *opnd(x, 0);
+  x->out->dim[0] = N;
+  x->out->dname[0] = opnd(x, 1)->dname[0];
+  return 0;
+}
+static int shape_MOE_GATE_GRAD(Sx *x) {
+  int64_t N, E;
+  if (routed_check(x, 2, &N, &E) || rows_of(x, 0, -1, "rows") || rows_of(x, 1, N, "token gradient")) return -1;
+  const IrType *y = opnd(x, 0), *d = opnd(x, 1);
+  if (y->dim[1] != d->dim[1] || y->dtype != d->dtype || y->dtype != opnd(x, 2)->dtype)
+    return fail(x, "rows %s and token gradient %s must have one width and dtype", tstr(x, y), tstr(x, d));
+  *x->out = *opnd(x, 2);
+  return 0;
+}
+static int shape_GMM(Sx *x) {
+  const IrType *a = opnd(x, 0), *w = opnd(x, 1);
+  if (rows_of(x, 0, -1, "rows") || need_float(x, 1) || need_bool(x, 0)) return -1;
+  if (w->rank != 3 || w->dtype != a->dtype) return fail(x, "weights %s must be [groups, K, N] of %s's dtype", tstr(x, w), tstr(x, a));
+  int tb = (int)x->n->ia[0];
+  int64_t K = tb ? w->dim[2] : w->dim[1], Nn = tb ? w->dim[1] : w->dim[2];
+  if (K != a->dim[1]) return fail(x, "rows %s and weights %s%s: inner dims differ", tstr(x, a), tstr(x, w), tb ? " (tb)" : "");
+  if (cnt_check(x, 2, w->dim[0])) return -1;
+  *x->out = *a;
+  x->out->dim[1] = Nn;
+  x->out->dname[1] = w->dname[tb ? 1 : 2];
+  return 0;
+}
+static int shape_GMM_DW(Sx *x) {
+  const IrType *a = opnd(x, 0), *d = opnd(x, 1), *c = opnd(x, 2);
+  if (rows_of(x, 0, -1, "rows") || rows_of(x, 1, a->dim[0], "row gradient") || cnt_check(x, 2, -1)) return -1;
+  if (a->dtype != d->dtype) return fail(x, "%s and %s must have one dtype", tstr(x, a), tstr(x, d));
+  *x->out = (IrType){.dtype = a->dtype, .rank = 3, .dim = {c->dim[1], a->dim[1], d->dim[1]}};
+  x->out->dname[1] = a->dname[1];
+  x->out->dname[2] = d->dname[1];
+  return 0;
+}
+
 /* logits [..., V] and targets [...] must agree on the leading dims. */
 static int ce_check(Sx *x) {
   const IrType *l = opnd(x, 0), *t = opnd(x, 1);
@@ -619,6 +706,29 @@ static int shape_PAD_FILL(Sx *x) {
   return 0;
 }
 /* ---- pipeline ops: point-to-point along an axis, and the stash ---- */
+static int shape_ALL_TO_ALL(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (mesh_axis(x, 0) || need_axis(x, 1, a->rank) || need_axis(x, 2, a->rank)) return -1;
+  int k = ir_axis_size(x->m, (IrAxis)x->n->ia[0]);
+  int s = (int)x->n->ia[1], c = (int)x->n->ia[2];
+  if (a->dim[s] % k) return fail(x, "dim %d of %s is not divisible by the %s size %d", s, tstr(x, a), ir_axis_name((IrAxis)x->n->ia[0]), k);
+  *x->out = *a;
+  x->out->dim[s] /= k;
+  x->out->dim[c] *= k;
+  return 0;
+}
+static int shape_ALL_TO_ALL_V(Sx *x) {
+  const IrType *a = opnd(x, 0), *c = opnd(x, 1), *r = opnd(x, 2);
+  if (mesh_axis(x, 0) || need_bool(x, 1) || rows_of(x, 0, -1, "rows")) return -1;
+  if (c->dtype != IR_I32 || c->rank != 2 || c->dim[0] != 1) return fail(x, "local counts %s must be i32[1, experts]", tstr(x, c));
+  if (cnt_check(x, 2, -1)) return -1;
+  if (r->dim[0] * r->dim[1] != c->dim[1])
+    return fail(x, "received counts %s must split the %lld experts of %s over the sources", tstr(x, r), (long long)c->dim[1], tstr(x, c));
+  if (x->out->dtype == IR_VOID) return fail(x, "needs a result type");
+  if (x->out->dtype != a->dtype || x->out->rank != 2 || x->out->dim[1] != a->dim[1])
+    return fail(x, "result must have the width and dtype of %s", tstr(x, a));
+  return 0;
+}
 static int shape_SEND(Sx *x) { return mesh_axis(x, 0); }
 static int shape_RECV(Sx *x) {
   if (mesh_axis(x, 0)) return -1;

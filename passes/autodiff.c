@@ -124,7 +124,7 @@ typedef void (*AdFn)(Ad *a, int i, int dy);
  * collected from STATE nodes by the walk itself). */
 #define AD_NONE(NAME) static void ad_##NAME(Ad *a, int i, int dy) { (void)a; (void)i; (void)dy; }
 AD_NONE(INPUT) AD_NONE(STATE) AD_NONE(FULL)
-AD_NONE(EQ) AD_NONE(NE_SCALAR) AD_NONE(TOPK_MASK) AD_NONE(CAPACITY_MASK)
+AD_NONE(EQ) AD_NONE(NE_SCALAR) AD_NONE(TOPK_MASK) AD_NONE(CAPACITY_MASK) AD_NONE(MOE_COUNTS)
 AD_NONE(ACCUM) AD_NONE(ZERO) AD_NONE(ADAMW) AD_NONE(OUTPUT) AD_NONE(ASSIGN)
 
 /* Sharding ops are inserted after autodiff (passes/shard.c). */
@@ -133,6 +133,7 @@ AD_NONE(ACCUM) AD_NONE(ZERO) AD_NONE(ADAMW) AD_NONE(OUTPUT) AD_NONE(ASSIGN)
 AD_LATE(ALL_REDUCE) AD_LATE(ALL_GATHER) AD_LATE(REDUCE_SCATTER) AD_LATE(SHARD_SLICE)
 AD_LATE(TAKE) AD_LATE(ONEHOT) AD_LATE(PAD_FILL)
 AD_LATE(SEND) AD_LATE(RECV) AD_LATE(STASH) AD_LATE(UNSTASH) AD_LATE(GROUP_SUM)
+AD_LATE(ALL_TO_ALL) AD_LATE(ALL_TO_ALL_V)
 
 /* Derivative ops themselves: we only do first derivatives. */
 #define AD_SECOND(NAME) static void ad_##NAME(Ad *a, int i, int dy) { \
@@ -377,6 +378,57 @@ static void ad_ATTENTION(Ad *a, int i, int dy) {
     int64_t ia[3] = {n.ia[0], n.ia[1], part};
     add_grad(a, n.in[part], em(a, IR_OP_ATTENTION_BWD, in, 5, ia, n.fa, NULL));
   }
+}
+
+/* ---- sparse mixture of experts (docs/ir.md "Token dispatch") ----
+ * perm, unperm and gate_grad are one bilinear form B(x, y, s) =
+ * sum over routed (t, e) of s[t, e] <x[t], y[row(t, e)]>, each op its
+ * derivative in one slot, so each one's derivative is the other two.  The
+ * routing mask r is a constant (no gradient); cnt is i32 (none either). */
+static int em_moe(Ad *a, IrOp op, int x, int y, int z, int64_t rows) {
+  int in[3] = {x, y, z};
+  return em(a, op, in, 3, op == IR_OP_MOE_PERM ? &rows : NULL, NULL, NULL);
+}
+/* xs[R, D] = moe_perm(x[N, D], r, s; rows=R):
+ * dx = moe_unperm(dxs, r, s), ds = moe_gate_grad(dxs, x, r). */
+static void ad_MOE_PERM(Ad *a, int i, int dy) {
+  int x = X0, r = X1, s = in_of(a, i, 2);
+  if (needs(a, x)) add_grad(a, x, em_moe(a, IR_OP_MOE_UNPERM, dy, r, s, 0));
+  if (needs(a, s)) add_grad(a, s, em_moe(a, IR_OP_MOE_GATE_GRAD, dy, x, r, 0));
+}
+/* out[N, D] = moe_unperm(y[R, D], r, s):
+ * dy = moe_perm(dout, r, s; rows=R), ds = moe_gate_grad(y, dout, r). */
+static void ad_MOE_UNPERM(Ad *a, int i, int dy) {
+  int y = X0, r = X1, s = in_of(a, i, 2);
+  if (needs(a, y)) add_grad(a, y, em_moe(a, IR_OP_MOE_PERM, dy, r, s, ty(a, y).dim[0]));
+  if (needs(a, s)) add_grad(a, s, em_moe(a, IR_OP_MOE_GATE_GRAD, y, dy, r, 0));
+}
+/* G[N, E] = moe_gate_grad(y[R, D], d[N, D], r):
+ * dy = moe_perm(d, r, dG; rows=R), dd = moe_unperm(y, r, dG). */
+static void ad_MOE_GATE_GRAD(Ad *a, int i, int dy) {
+  int y = X0, d = X1, r = in_of(a, i, 2);
+  if (needs(a, y)) add_grad(a, y, em_moe(a, IR_OP_MOE_PERM, d, r, dy, ty(a, y).dim[0]));
+  if (needs(a, d)) add_grad(a, d, em_moe(a, IR_OP_MOE_UNPERM, y, r, dy, 0));
+}
+static int em_gmm(Ad *a, IrOp op, int x, int y, int cnt, int64_t tb) {
+  int in[3] = {x, y, cnt};
+  return em(a, op, in, 3, op == IR_OP_GMM ? &tb : NULL, NULL, NULL);
+}
+/* y[R, N] = gmm(a[R, K], w, cnt), per group y_g = a_g w_g (tb: a_g w_g^T):
+ *   tb=0, w[G, K, N]: da = gmm(dy, w, cnt; tb=1), dw = gmm_dw(a, dy, cnt);
+ *   tb=1, w[G, N, K]: da = gmm(dy, w, cnt; tb=0), dw = gmm_dw(dy, a, cnt).
+ * Rows past the groups get gradient 0 in a: gmm zeroes them in da. */
+static void ad_GMM(Ad *a, int i, int dy) {
+  int A = X0, W = X1, c = in_of(a, i, 2), tb = nd(a, i)->ia[0] != 0;
+  if (needs(a, A)) add_grad(a, A, em_gmm(a, IR_OP_GMM, dy, W, c, !tb));
+  if (needs(a, W)) add_grad(a, W, tb ? em_gmm(a, IR_OP_GMM_DW, dy, A, c, 0) : em_gmm(a, IR_OP_GMM_DW, A, dy, c, 0));
+}
+/* O[G, K, N] = gmm_dw(a[R, K], d[R, N], cnt), O_g = a_g^T d_g:
+ * da = gmm(d, dO, cnt; tb=1), dd = gmm(a, dO, cnt; tb=0). */
+static void ad_GMM_DW(Ad *a, int i, int dy) {
+  int A = X0, D = X1, c = in_of(a, i, 2);
+  if (needs(a, A)) add_grad(a, A, em_gmm(a, IR_OP_GMM, D, dy, c, 1));
+  if (needs(a, D)) add_grad(a, D, em_gmm(a, IR_OP_GMM, A, dy, c, 0));
 }
 #undef X0
 #undef X1

@@ -35,6 +35,8 @@ enum { AX_R = -1, AX_P = -2 };
 #define BIT(a) ((uint8_t)(1u << (a)))
 
 typedef struct { IrSharding sh; int id; } ConvEntry;
+typedef struct { int from, to, id; } XEntry;   /* new value `from` re-laid out to XL_* `to` */
+enum { XL_TOK = 1, XL_EXP = 2 };
 typedef struct { int logits, targets; int L, mx, e, se, valid; } CeStats;
 
 typedef struct {
@@ -57,6 +59,15 @@ typedef struct {
   int tag;                /* pipeline stage tag of the node being sharded (copied to what it emits) */
   unsigned char *accumed; /* per state: an accum into it was sharded already */
   int cp_ring;            /* attention under cp: ring (k / v stay blocks) or all-gather (PassCtx) */
+  /* token dispatch under ep (shard_moe_ep): per old value, its row layout
+   * (XL_TOK / XL_EXP, or 0: an ordinary value), the moe_counts node that
+   * governs its rows, and its converted variants; per moe_counts node the
+   * local (pre-exchange) counts; per routing mask its moe_counts node */
+  uint8_t *xl;
+  int *xc;
+  int *cntl;
+  int *cnt_of;
+  VEC(XEntry) *xconv;
 } Sh;
 
 static int sh_fail(Sh *S, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -403,14 +414,9 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
   }
   case IR_OP_CAPACITY_MASK: {
     /* keep [..., E]: each expert column counts its tokens in order, so the
-     * token (leading) dims must be whole on the rank; the expert dim may
-     * be split (columns are independent). */
-    if (st[0] >= 0 && st[0] < n->type.rank - 1)
-      return sh_fail(S, "capacity_mask %%%d: the token dims must be whole on every rank (capacity counts "
-                     "the micro batch's tokens in order), but dim %d is split over %s; capacity mode "
-                     "(nn.moe capacity_factor > 0) cannot run with the tokens split (e.g. under cp)",
-                     i, st[0], ir_axis_name((IrAxis)a));
-    *out = st[0] == AX_P ? AX_R : st[0];
+     * token (leading) dims are gathered (the mask is small: tokens x
+     * experts); the expert dim may stay split (columns are independent). */
+    *out = (st[0] == AX_P || (st[0] >= 0 && st[0] < n->type.rank - 1)) ? AX_R : st[0];   /* gather the tokens */
     want[0] = *out;
     return 0;
   }
@@ -463,6 +469,46 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     }
     for (int k = 0; k < nin; k++) want[k] = (t == 2 && (k == 1 || k == 2) && !ring) ? AX_R : t;
     *out = (t == 2 && part > 0 && !ring) ? AX_P : t;
+    return 0;
+  }
+  case IR_OP_MOE_COUNTS: case IR_OP_MOE_PERM: case IR_OP_MOE_UNPERM: case IR_OP_MOE_GATE_GRAD: {
+    /* Token dispatch (docs/sharding.md "Expert parallelism"): along ep the
+     * token rows are this rank's block (dim 0) and moe_counts exchanges
+     * the counts (shard_node); along every other axis all operands whole. */
+    int t = a == IR_AXIS_EP ? 0 : AX_R;
+    for (int k = 0; k < nin; k++) want[k] = t;
+    *out = n->op == IR_OP_MOE_COUNTS ? AX_R : t;
+    return 0;
+  }
+  case IR_OP_GMM: case IR_OP_GMM_DW: {
+    /* a [R, K] rows in expert layout, w [G, K, N] (tb: [G, N, K]) or dy [R, N] */
+    want[2] = AX_R;
+    if (a == IR_AXIS_EP) {
+      if (n->op == IR_OP_GMM && st[1] != 0)
+        return sh_fail(S, "gmm %%%d: under ep the expert weights must be split over ep along their expert dim "
+                       "(rules { experts: ep }), but they are %s", i, st[1] == AX_R ? "replicated" : "split elsewhere");
+      want[0] = want[1] = 0;
+      if (n->op == IR_OP_GMM) want[1] = 0;
+      *out = 0;
+      return 0;
+    }
+    int s0 = st[0] == AX_P ? AX_R : st[0], s1 = st[1] == AX_P ? AX_R : st[1];
+    if (s0 == 0) s0 = AX_R;                       /* rows stay whole off ep */
+    if (n->op == IR_OP_GMM_DW) {
+      if (s1 == 0) s1 = AX_R;
+      if (s0 == 1 && s1 == 1) s1 = AX_R;          /* both split: gather dy */
+      want[0] = s0;
+      want[1] = s1;
+      *out = s0 == 1 ? 1 : s1 == 1 ? 2 : AX_R;
+      return 0;
+    }
+    int tb = (int)n->ia[0], wK = tb ? 2 : 1, wN = tb ? 1 : 2;
+    if (st[0] == AX_P && st[1] == AX_R) { *out = AX_P; return 0; }   /* linear in a */
+    if (s1 == 0) return sh_fail(S, "gmm %%%d: the expert dim of the weights is split over %s; only ep may split it", i,
+                                ir_axis_name((IrAxis)a));
+    if (s1 == wK) { want[0] = 1; want[1] = wK; *out = AX_P; }
+    else if (s1 == wN) { want[0] = AX_R; want[1] = wN; *out = 1; }
+    else { want[0] = AX_R; want[1] = AX_R; *out = AX_R; }
     return 0;
   }
   case IR_OP_OUTPUT:
@@ -740,6 +786,127 @@ static int shard_params(Sh *S) {
 
 /* ---------------- the pass ---------------- */
 
+/* ---------------- token dispatch under ep ----------------
+ * The moe ops keep their single-rank meaning on each rank's block of
+ * tokens; the rows between moe_perm and moe_unperm change hands.  A value
+ * in TOKEN layout (moe_perm's result: this rank's tokens, grouped by
+ * expert) becomes EXPERT layout (the rows of this rank's experts from
+ * every ep rank, expert-major) by all_to_all_v, and back by all_to_all_v
+ * rev=1.  Conversions happen where a reader needs the other layout: gmm
+ * and gmm_dw read expert layout, moe_unperm and moe_gate_grad token
+ * layout, elementwise ops keep theirs.  Expert-layout rows are a static
+ * bound, ep * min(token rows, tokens x local experts): every row a rank
+ * can receive in the worst routing. */
+
+/* New value `id` (old value v, layout from) in layout `to`. */
+static int xconv(Sh *S, int v, int id, int to) {
+  int from = S->xl[v];
+  if (from == to || id < 0) return id;
+  for (int k = 0; k < S->xconv[v].n; k++)
+    if (S->xconv[v].a[k].from == id && S->xconv[v].a[k].to == to) return S->xconv[v].a[k].id;
+  int c = S->xc[v];
+  if (c < 0 || S->cntl[c] < 0)
+    return sh_fail(S, "internal error: value %%%d in token-dispatch layout has no routing counts", v);
+  IrType t = nnode(S, id)->type;
+  int ep = ir_axis_size(S->m, IR_AXIS_EP);
+  if (to == XL_EXP) {
+    const IrNode *cn = nnode(S, S->cntl[c]);
+    int64_t ntok = nnode(S, cn->in[0])->type.dim[0], G = nnode(S, S->nv[c])->type.dim[1];
+    int64_t per = t.dim[0] < ntok * G ? t.dim[0] : ntok * G;
+    t.dim[0] = ep * per;
+  } else {
+    t.dim[0] = gtype(S, v).dim[0] / ep;
+  }
+  int64_t ia[2] = {IR_AXIS_EP, to == XL_TOK};
+  int in[3] = {id, S->cntl[c], S->nv[c]};
+  int r = emit(S, IR_OP_ALL_TO_ALL_V, in, 3, ia, NULL, NULL, &t, &nnode(S, id)->sh);
+  VEC_PUSH(S->xconv[v], ((XEntry){id, to, r}));
+  return r;
+}
+
+/* The ep half of node i when it is a moe op or reads a token-dispatch
+ * value: operands converted (in[] already carries the other axes'
+ * conversions), the node emitted.  1 if it handled the node, 0 if the
+ * node is ordinary, -1 after failing. */
+static int shard_moe_ep(Sh *S, int i, int *in, const IrSharding *osh, IrType *lt) {
+  const IrNode *n = onode(S, i);
+  int nin = n->nin, xin = 0;
+  for (int k = 0; k < nin; k++) xin |= S->xl[n->in[k]];
+  int moe = n->op == IR_OP_MOE_COUNTS || n->op == IR_OP_MOE_PERM || n->op == IR_OP_MOE_UNPERM ||
+            n->op == IR_OP_MOE_GATE_GRAD || n->op == IR_OP_GMM || n->op == IR_OP_GMM_DW;
+  if (!moe && !xin) return 0;
+  IrModule *m = S->m;
+  if (n->op == IR_OP_MOE_COUNTS) {   /* local counts, then each rank's share: [ep, experts / ep] */
+    int64_t E = n->type.dim[1], ep = ir_axis_size(m, IR_AXIS_EP);
+    if (E % ep)
+      return sh_fail(S, "moe_counts %%%d: %lld experts are not divisible by ep = %lld", i, (long long)E, (long long)ep);
+    S->cntl[i] = emit(S, IR_OP_MOE_COUNTS, in, 1, NULL, NULL, NULL, NULL, NULL);
+    int64_t ia[3] = {IR_AXIS_EP, 1, 0};
+    S->nv[i] = emit(S, IR_OP_ALL_TO_ALL, &S->cntl[i], 1, ia, NULL, NULL, NULL, NULL);
+    S->sh[i] = (IrSharding){0};
+    return 1;
+  }
+  int want = 0;   /* the layout the row operands need */
+  switch (n->op) {
+  case IR_OP_MOE_PERM: break;
+  case IR_OP_MOE_UNPERM: case IR_OP_MOE_GATE_GRAD: want = XL_TOK; break;
+  case IR_OP_GMM: case IR_OP_GMM_DW: want = XL_EXP; break;
+  default:
+    if (!(ir_ops[n->op].flags & OPF_EW))
+      return sh_fail(S, "%s %%%d reads a value in token-dispatch layout (rows of moe_perm, gmm, ...); only "
+                     "elementwise ops and the moe ops may read one", ir_ops[n->op].name, i);
+    want = (xin & XL_EXP) ? XL_EXP : XL_TOK;
+    for (int k = 0; k < nin; k++)
+      if (!S->xl[n->in[k]])
+        return sh_fail(S, "%s %%%d mixes a value in token-dispatch layout with an ordinary one", ir_ops[n->op].name, i);
+  }
+  int c = -1;   /* the counts that govern the result's rows */
+  if (n->op == IR_OP_GMM || n->op == IR_OP_GMM_DW) c = n->in[2];
+  else if (n->op == IR_OP_MOE_PERM) c = S->cnt_of[n->in[1]];
+  else for (int k = 0; k < nin && c < 0; k++) if (S->xl[n->in[k]]) c = S->xc[n->in[k]];
+  if (n->op == IR_OP_MOE_PERM && n->ia[0] % ir_axis_size(m, IR_AXIS_EP))
+    return sh_fail(S, "moe_perm %%%d: rows = %lld are not divisible by ep = %d", i, (long long)n->ia[0],
+                   ir_axis_size(m, IR_AXIS_EP));
+  if (n->op == IR_OP_MOE_PERM && c < 0)
+    return sh_fail(S, "moe_perm %%%d: under ep its routing mask needs a moe_counts (the token dispatch exchanges "
+                   "the counts)", i);
+  /* the row operands: rows of gmm / gmm_dw (0, and dy), rows of unperm / gate_grad (0), elementwise all */
+  for (int k = 0; k < nin; k++) {
+    int rows = (ir_ops[n->op].flags & OPF_EW) || k == 0 || (n->op == IR_OP_GMM_DW && k == 1);
+    if (!rows || !want) continue;
+    if (!S->xl[n->in[k]])
+      return sh_fail(S, "%s %%%d: operand %d is not in token-dispatch layout (its rows must come from moe_perm)",
+                     ir_ops[n->op].name, i, k + 1);
+    in[k] = xconv(S, n->in[k], in[k], want);
+  }
+  if (S->failed) return -1;
+  int outl = n->op == IR_OP_MOE_PERM ? XL_TOK : n->op == IR_OP_GMM ? XL_EXP
+           : (ir_ops[n->op].flags & OPF_EW) ? want : 0;
+  const IrType *typed = (ir_ops[n->op].flags & OPF_TYPED) ? lt : NULL;
+  int64_t ia[IR_MAX_IATTR];
+  memcpy(ia, n->ia, sizeof ia);
+  if (n->op == IR_OP_MOE_PERM) ia[0] = lt->dim[0];   /* this rank's share of the rows */
+  S->sh[i] = *osh;
+  S->nv[i] = emit(S, n->op, in, nin, ia, n->fa, n->sa, typed, osh);
+  if (S->nv[i] < 0) return -1;
+  S->xl[i] = (uint8_t)outl;
+  S->xc[i] = outl ? c : -1;
+  if (outl == XL_EXP) lt->dim[0] = nnode(S, S->nv[i])->type.dim[0];
+  return 1;
+}
+
+/* The node made for old value i has the local type lt. */
+static void check_local(Sh *S, int i, const IrType *lt) {
+  const IrNode *n = onode(S, i);
+  if (S->nv[i] < 0 || (ir_ops[n->op].flags & OPF_EFFECT)) return;
+  const IrType *got = &nnode(S, S->nv[i])->type;
+  if (!ir_type_same_shape(got, lt)) {
+    char b1[256], b2[256];
+    sh_fail(S, "internal error: %%%d = %s has local type %s, expected %s", i, ir_ops[n->op].name,
+            tstr(got, b1, sizeof b1), tstr(lt, b2, sizeof b2));
+  }
+}
+
 /* Shards node i of the old block into the new one. */
 static void shard_node(Sh *S, int i) {
   const IrNode *n = onode(S, i);
@@ -776,6 +943,22 @@ static void shard_node(Sh *S, int i) {
       break;
     }
   }
+  if (n->op == IR_OP_INPUT && ir_axis_size(m, IR_AXIS_EP) > 1) {
+    /* expert parallelism is carved out of data parallelism (Megatron): the
+     * micro batch's data-parallel dim (ruled to dp) is split over ep too */
+    int ep = ir_axis_size(m, IR_AXIS_EP);
+    for (int d = 0; d < gt.rank; d++) {
+      if (!(rule_axes(m, gt.dname[d]) & BIT(IR_AXIS_DP)) || osh.split[d]) continue;
+      if (gt.dim[d] % ep) {
+        sh_fail(S, "input \"%s\": dim '%s' = %lld is not divisible by ep = %d (expert parallelism splits each "
+                "micro batch's '%s' over the ep ranks; make micro_batch a multiple of ep)", n->sa, gt.dname[d],
+                (long long)gt.dim[d], ep, gt.dname[d]);
+        return;
+      }
+      osh.split[d] |= BIT(IR_AXIS_EP);
+      break;
+    }
+  }
   if (n->op == IR_OP_STATE) {
     const IrState *s = &m->states.a[n->ia[0]];
     S->sh[i] = s->sh;
@@ -809,6 +992,14 @@ static void shard_node(Sh *S, int i) {
   if (S->failed) return;
   S->sh[i] = osh;
   IrType lt = local_type(S, gt, &osh);
+  if (ir_axis_size(m, IR_AXIS_EP) > 1) {
+    int h = shard_moe_ep(S, i, in, &osh, &lt);
+    if (h < 0) return;
+    if (h > 0) {
+      if (n->op != IR_OP_MOE_COUNTS) check_local(S, i, &lt);
+      return;
+    }
+  }
   const IrType *typed = (ir_ops[n->op].flags & OPF_TYPED) ? &lt : NULL;
   int in0_split = ax_get(&ish[0], IR_AXIS_TP);
   uint8_t red_axes = (n->op == IR_OP_MAX || n->op == IR_OP_MEAN) ? ish[0].split[n->ia[0]] : 0;
@@ -852,14 +1043,7 @@ static void shard_node(Sh *S, int i) {
     break;
   }
   S->nv[i] = emit(S, n->op, in, nin, ia, n->fa, n->sa, typed, &osh);
-  if (S->nv[i] >= 0 && !(ir_ops[n->op].flags & OPF_EFFECT)) {
-    const IrType *got = &nnode(S, S->nv[i])->type;
-    if (!ir_type_same_shape(got, &lt)) {
-      char b1[256], b2[256];
-      sh_fail(S, "internal error: %%%d = %s has local type %s, expected %s", i, ir_ops[n->op].name,
-              tstr(got, b1, sizeof b1), tstr(&lt, b2, sizeof b2));
-    }
-  }
+  check_local(S, i, &lt);
 }
 
 int pass_shard(IrModule *m, PassCtx *cx) {
@@ -892,6 +1076,15 @@ int pass_shard(IrModule *m, PassCtx *cx) {
   S.has_hint = arena_alloc(&cx->scratch, (size_t)(n + 1));
   S.conv = ts_xcalloc((size_t)n + 1, sizeof *S.conv);
   S.accumed = arena_alloc(&cx->scratch, (size_t)m->states.n + 1);
+  S.xl = arena_alloc(&cx->scratch, (size_t)(n + 1));
+  memset(S.xl, 0, (size_t)(n + 1));
+  S.xc = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.xc);
+  S.cntl = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.cntl);
+  S.cnt_of = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.cnt_of);
+  S.xconv = ts_xcalloc((size_t)n + 1, sizeof *S.xconv);
+  for (int i = 0; i <= n; i++) S.xc[i] = S.cntl[i] = S.cnt_of[i] = -1;
+  for (int i = 0; i < n; i++)
+    if (S.ob.nodes[i].op == IR_OP_MOE_COUNTS) S.cnt_of[S.ob.nodes[i].in[0]] = i;
   memset(S.accumed, 0, (size_t)m->states.n + 1);
   memset(S.sh, 0, (size_t)(n + 1) * sizeof *S.sh);
   memset(S.hint, 0, (size_t)(n + 1) * sizeof *S.hint);
@@ -905,8 +1098,9 @@ int pass_shard(IrModule *m, PassCtx *cx) {
     m->blocks.a[bi] = (IrBlock){S.ob.name, NULL, 0, 0};
     for (int i = 0; i < n && !S.failed; i++) shard_node(&S, i);
   }
-  for (int i = 0; i < n + 1; i++) free(S.conv[i].a);
+  for (int i = 0; i < n + 1; i++) { free(S.conv[i].a); free(S.xconv[i].a); }
   free(S.conv);
+  free(S.xconv);
   free(S.ce.a);
   if (S.failed) return -1;
   /* grads never accumulated (no path from the loss) keep their param's layout */

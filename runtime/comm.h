@@ -105,6 +105,11 @@ int rt_comm_reduce_scatter(RtComm *c, IrDtype dt, const void *send, void *recv, 
  * block i of rank j's recv. */
 int rt_comm_all_to_all(RtComm *c, IrDtype dt, const void *send, void *recv, size_t count,
                        char *err, size_t errlen);
+/* Variable counts (elements): rank i sends scount[j] elements from
+ * send + sdispl[j] to rank j, and receives rcount[j] from rank j into
+ * recv + rdispl[j].  Counts must agree pairwise (MPI checks). */
+int rt_comm_all_to_all_v(RtComm *c, IrDtype dt, const void *send, const int *scount, const int *sdispl, void *recv,
+                         const int *rcount, const int *rdispl, char *err, size_t errlen);
 /* buf[count] to / from rank peer of the group; tag >= 0 tells apart
  * messages between the same pair. */
 int rt_comm_send(RtComm *c, IrDtype dt, const void *buf, size_t count, int peer, int tag,

@@ -415,6 +415,21 @@ int rt_comm_all_to_all(RtComm *c, IrDtype dt, const void *send, void *recv, size
   return 0;
 }
 
+int rt_comm_all_to_all_v(RtComm *c, IrDtype dt, const void *send, const int *scount, const int *sdispl, void *recv,
+                         const int *rcount, const int *rdispl, char *err, size_t errlen) {
+  if (check_args(c, RT_COLL_ALL_TO_ALL, dt, send, recv, 0, err, errlen)) return -1;
+  if (c->nccl)   /* the token dispatch runs on CPU ranks only so far (issue 7) */
+    return ts_errf(err, errlen, "all_to_all_v on group %s: variable-count all-to-all is not implemented on NCCL yet",
+                   c->name);
+  MPI_Request r;
+  c->seq++;
+  RT_MPI_FATAL(c, RT_COLL_ALL_TO_ALL, MPI_Ialltoallv(send, scount, sdispl, mpi_type(dt), recv, rcount, rdispl,
+                                                      mpi_type(dt), c->comm, &r),
+               "a rank of the group died, or MPI is out of memory");
+  rt_comm_wait_mpi(c, &r, RT_COLL_ALL_TO_ALL, -1);
+  return 0;
+}
+
 static int check_peer(RtComm *c, RtCollKind k, int peer, int tag, char *err, size_t errlen) {
   if (peer < 0 || peer >= c->size || peer == c->rank)
     return ts_errf(err, errlen, "%s on group %s: peer %d is not another rank of the group (size %d, we are %d)",

@@ -58,7 +58,7 @@ static inline void rt_st(void *p, IrDtype t, int64_t i, double v) {
 }
 
 /* A type as text for messages; two slots so one message can show two. */
-static const char *rt_tstr(const IrType *t, int slot) {
+const char *rt_tstr(const IrType *t, int slot) {
   static _Thread_local char buf[2][192];
   return ir_type_str(t, buf[slot & 1], sizeof buf[0]);
 }
@@ -547,7 +547,7 @@ static int ref_ASSIGN(RtKctx *k) {
 
 /* The mesh axis of a sharding op (ia[0]), its size and the group (NULL for
  * size 1).  -1 with a message when the axis is bad or a group is missing. */
-static int kaxis(RtKctx *k, IrAxis *ax, int *size, RtComm **g) {
+int rt_kaxis(RtKctx *k, IrAxis *ax, int *size, RtComm **g) {
   int64_t a = k->n->ia[0];
   if (a < 0 || a >= IR_AXIS_COUNT) return rt_kfail(k, "mesh axis %lld out of range", (long long)a);
   *ax = (IrAxis)a;
@@ -580,7 +580,7 @@ static int ref_ALL_REDUCE(RtKctx *k) {
   IrAxis ax;
   int size;
   RtComm *g;
-  if (kfloat(k) || check_sig(k, "*", IR_VOID) || kaxis(k, &ax, &size, &g)) return -1;
+  if (kfloat(k) || check_sig(k, "*", IR_VOID) || rt_kaxis(k, &ax, &size, &g)) return -1;
   if (k->n->ia[1] != 0 && k->n->ia[1] != 1) return rt_kfail(k, "red must be 0 (sum) or 1 (max)");
   size_t n = (size_t)ir_type_numel(k->ot);
   memcpy(k->out, k->in[0], n * ir_dtype_size(k->ot->dtype));
@@ -624,7 +624,7 @@ static int ref_ALL_GATHER(RtKctx *k) {
   int size;
   RtComm *g;
   int64_t outer, L, inner;
-  if (kfloat(k) || kaxis(k, &ax, &size, &g) || kdim(k, &outer, &L, &inner)) return -1;
+  if (kfloat(k) || rt_kaxis(k, &ax, &size, &g) || kdim(k, &outer, &L, &inner)) return -1;
   if (ir_type_numel(k->ot) != outer * L * inner * size) return rt_kfail(k, "result size is not %d times the operand's", size);
   int zz = cp_zigzag_dim(k, ax, size, rt_kin_sh(k, 0), L);
   if (zz < 0) return -1;
@@ -644,7 +644,7 @@ static int ref_REDUCE_SCATTER(RtKctx *k) {
   int size;
   RtComm *g;
   int64_t outer, len, inner;
-  if (kfloat(k) || kaxis(k, &ax, &size, &g) || kdim(k, &outer, &len, &inner)) return -1;
+  if (kfloat(k) || rt_kaxis(k, &ax, &size, &g) || kdim(k, &outer, &len, &inner)) return -1;
   if (len % size) return rt_kfail(k, "dim of %s is not divisible by the %s size %d", rt_tstr(k->it[0], 0), ir_axis_name(ax), size);
   int64_t L = len / size;
   size_t es = ir_dtype_size(k->ot->dtype), blk = (size_t)(outer * L * inner);

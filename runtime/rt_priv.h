@@ -45,6 +45,21 @@ int ref_RECV(RtKctx *k);
 int ref_STASH(RtKctx *k);
 int ref_UNSTASH(RtKctx *k);
 int ref_GROUP_SUM(RtKctx *k);
+/* A type as text for kernel messages; two slots so one message can show two. */
+const char *rt_tstr(const IrType *t, int slot);
+/* The mesh axis in the node's ia[0]: its size and this rank's group over
+ * it (NULL when the size is 1).  0, or -1 after rt_kfail. */
+int rt_kaxis(RtKctx *k, IrAxis *ax, int *size, RtComm **g);
+/* Sparse mixture-of-experts kernels (ops_moe.c), entries of the same table. */
+int ref_MOE_COUNTS(RtKctx *k);
+int ref_MOE_PERM(RtKctx *k);
+int ref_MOE_UNPERM(RtKctx *k);
+int ref_MOE_GATE_GRAD(RtKctx *k);
+int ref_GMM(RtKctx *k);
+int ref_GMM_DW(RtKctx *k);
+/* Expert-parallel collectives (ops_a2a.c), entries of the same table. */
+int ref_ALL_TO_ALL(RtKctx *k);
+int ref_ALL_TO_ALL_V(RtKctx *k);
 /* Fused attention kernels (ops_attn.c), entries of the same table. */
 int ref_ATTENTION(RtKctx *k);
 int ref_ATTENTION_BWD(RtKctx *k);

@@ -587,7 +587,7 @@ static int report_memory(const Args *a, IrModule *m, StrBuf *out) {
  * pipeline rank (its program). */
 typedef struct { int64_t count; double payload, ring; } CommSum;
 
-enum { COMM_AR, COMM_AG, COMM_RS, COMM_GS, COMM_SEND, COMM_KINDS };
+enum { COMM_AR, COMM_AG, COMM_RS, COMM_GS, COMM_SEND, COMM_A2A, COMM_A2AV, COMM_KINDS };
 static int comm_kind(IrOp op) {
   switch (op) {
   case IR_OP_ALL_REDUCE: return COMM_AR;
@@ -595,13 +595,16 @@ static int comm_kind(IrOp op) {
   case IR_OP_REDUCE_SCATTER: return COMM_RS;
   case IR_OP_GROUP_SUM: return COMM_GS;
   case IR_OP_SEND: return COMM_SEND;
+  case IR_OP_ALL_TO_ALL: return COMM_A2A;
+  case IR_OP_ALL_TO_ALL_V: return COMM_A2AV;
   default: return -1;
   }
 }
 
 /* The rows of one program into out, added to *total. */
 static void comm_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSum *total) {
-  static const char *names[COMM_KINDS] = {"all_reduce", "all_gather", "reduce_scatter", "group_sum", "send"};
+  static const char *names[COMM_KINDS] = {"all_reduce", "all_gather", "reduce_scatter", "group_sum", "send",
+                                          "all_to_all", "all_to_all_v"};
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
     int64_t runs = strcmp(b->name, "micro") == 0 || ir_block_chunk(b, NULL) >= 0 ? nmicro : 1;
@@ -614,7 +617,10 @@ static void comm_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSum *t
       int ax = (int)nd->ia[0];
       int n = ax >= 0 && ax < IR_AXIS_COUNT ? ir_axis_size(m, (IrAxis)ax) : 1;
       if (n < 2) continue;
+      /* all_to_all_v: the larger of its two buffers, the worst routing (its
+       * traffic follows the routing; the static plan bounds it) */
       const IrType *t = nd->op == IR_OP_ALL_GATHER ? &nd->type : &b->nodes[nd->in[0]].type;
+      if (nd->op == IR_OP_ALL_TO_ALL_V && ir_type_numel(&nd->type) > ir_type_numel(t)) t = &nd->type;
       double bytes = (double)ir_type_numel(t) * (double)ir_dtype_size(t->dtype);
       double ring = k == COMM_AR ? 2.0 * (n - 1) / n * bytes
                   : k == COMM_GS ? (double)(__builtin_popcountll((unsigned long long)nd->ia[1]) - 1) * bytes
@@ -646,7 +652,9 @@ static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
                  "# of its block per step (micro%s: %lld per rank, update: 1).  payload = the whole tensor\n"
                  "# (all_reduce, reduce_scatter: the operand; all_gather: the result); ring = the bytes a\n"
                  "# rank sends with a ring algorithm: 2(n-1)/n x payload for all_reduce, (n-1)/n for the\n"
-                 "# others.  Not counted: the trainer's all-reduce of the step loss over dp (8 bytes).\n",
+                 "# others.  all_to_all_v (expert parallelism's token dispatch): the larger of its static\n"
+                 "# buffers, the worst routing; what travels follows the routing.  Not counted: the\n"
+                 "# trainer's all-reduce of the step loss over dp (8 bytes).\n",
             pp > 1 ? " and each fwd.<g> / bwd.<g>" : "", (long long)nmicro);
   if (pp > 1)
     sb_printf(out, "# pipeline: a send sends its payload once; a group_sum over k ranks sends its operand\n"

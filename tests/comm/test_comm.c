@@ -79,6 +79,30 @@ static void test_collectives(RtComm *c, IrDtype dt, size_t count) {
   free(a); free(big); free(big2);
 }
 
+/* all_to_all_v: rank r sends n(r, j) = (r + 2j + count) % 5 elements to
+ * rank j (zero for some pairs), element i of that message val(r*p + j, i);
+ * rank r receives n(q, r) from each q, packed in rank order. */
+static int a2av_n(int r, int j, size_t count) { return (int)((size_t)(r + 2 * j) + count) % 5; }
+static void test_all_to_all_v(RtComm *c, IrDtype dt, size_t count) {
+  int p = rt_comm_size(c), r = rt_comm_rank(c);
+  int *sc = ts_xcalloc((size_t)p, sizeof *sc), *sd = ts_xcalloc((size_t)p, sizeof *sd);
+  int *rc = ts_xcalloc((size_t)p, sizeof *rc), *rd = ts_xcalloc((size_t)p, sizeof *rd);
+  int st = 0, rt = 0;
+  for (int j = 0; j < p; j++) {
+    sc[j] = a2av_n(r, j, count), sd[j] = st, st += sc[j];
+    rc[j] = a2av_n(j, r, count), rd[j] = rt, rt += rc[j];
+  }
+  void *snd = alloc_dt(dt, (size_t)st), *rcv = alloc_dt(dt, (size_t)rt);
+  for (int j = 0; j < p; j++)
+    for (int i = 0; i < sc[j]; i++) put(dt, snd, (size_t)(sd[j] + i), val(r * p + j, (size_t)i));
+  OK(rt_comm_all_to_all_v(c, dt, snd, sc, sd, rcv, rc, rd, err, sizeof err));
+  for (int q = 0; q < p; q++)
+    for (int i = 0; i < rc[q]; i++)
+      CHECK(get(dt, rcv, (size_t)(rd[q] + i)) == val(q * p + r, (size_t)i), "%s all_to_all_v from %d [%d]",
+            ir_dtype_name(dt), q, i);
+  free(sc); free(sd); free(rc); free(rd); free(snd); free(rcv);
+}
+
 /* Each rank sends to r+1 and receives from r-1; even ranks send first so
  * the ring cannot deadlock (our send waits for completion). */
 static void test_ring(RtComm *c, IrDtype dt, size_t count) {
@@ -219,6 +243,7 @@ int main(int argc, char **argv) {
       IrDtype dt = d ? IR_F64 : IR_F32;
       for (size_t k = 0; k < sizeof counts / sizeof *counts; k++) {
         test_collectives(w, dt, counts[k]);
+        test_all_to_all_v(w, dt, counts[k]);
         test_ring(w, dt, counts[k]);
       }
     }

@@ -29,7 +29,7 @@ typedef struct {
   struct { int state; int dist; } par[16];
   int nfeed;
   RtFeed feeds[4];
-  int32_t *feed_data[4];
+  void *feed_data[4];
   uint64_t rng;
 } Cx;
 
@@ -279,6 +279,65 @@ static int b_nodiff(Cx *c, const Case *k) {
   return E2(c, IR_OP_MUL, x, E2(c, IR_OP_EQ, q, q));
 }
 
+/* ---- sparse mixture of experts ----
+ * A fixed routing of N = 5 tokens over E = 4 experts (a 0/1 f64 input, not
+ * a parameter): token 2 goes to three experts, tokens 0 two, expert 1 gets
+ * no token; 8 routed pairs in MOE_ROWS = 10 rows, so the last 2 rows of
+ * every token / expert layout are spare zeros.  The counts come from a
+ * moe_counts node.  The loss is piecewise bilinear in the routed values,
+ * which stay fixed, so central differences are exact up to rounding. */
+enum { MOE_N = 5, MOE_E = 4, MOE_ROWS = 10 };
+static int moe_routed(Cx *c) {
+  static const double r[MOE_N][MOE_E] = {{1, 0, 1, 0}, {0, 0, 1, 0}, {1, 0, 1, 1}, {0, 0, 0, 1}, {1, 0, 0, 0}};
+  TS_ASSERT(c->nfeed < 4);
+  double *d = ts_xmalloc(sizeof r);
+  memcpy(d, r, sizeof r);
+  c->feed_data[c->nfeed] = d;
+  c->feeds[c->nfeed].name = "routed";
+  c->feeds[c->nfeed].data = d;
+  c->nfeed++;
+  IrType t = T(2, MOE_N, MOE_E);
+  return E(c, IR_OP_INPUT, 0, NULL, NULL, NULL, "routed", &t);
+}
+static int E3(Cx *c, IrOp op, int x, int y, int z, int64_t a0) {
+  int in[3] = {x, y, z};
+  return E(c, op, 3, in, &a0, NULL, NULL, NULL);
+}
+/* v = 0: moe_perm(x[5, 3], r, s; rows=10); v = 1: the scale is r itself (as
+ * stdlib's moe dispatches), only x gets a gradient. */
+static int b_moe_perm(Cx *c, const Case *k) {
+  int r = moe_routed(c), x = param(c, T(2, MOE_N, 3), D_NORMAL);
+  int s = k->v ? r : param(c, T(2, MOE_N, MOE_E), D_NORMAL);
+  return E3(c, IR_OP_MOE_PERM, x, r, s, MOE_ROWS);
+}
+static int b_moe_unperm(Cx *c, const Case *k) {
+  int r = moe_routed(c);
+  return E3(c, IR_OP_MOE_UNPERM, param(c, T(2, MOE_ROWS, 3), D_NORMAL), r, param(c, T(2, MOE_N, MOE_E), D_NORMAL), 0);
+}
+static int b_moe_gate_grad(Cx *c, const Case *k) {
+  int r = moe_routed(c);
+  return E3(c, IR_OP_MOE_GATE_GRAD, param(c, T(2, MOE_ROWS, 3), D_NORMAL), param(c, T(2, MOE_N, 3), D_NORMAL), r, 0);
+}
+/* gmm(a[10, 3], w[4, 3, 2] (v = 1: tb, [4, 2, 3]), moe_counts(r)) */
+static int b_gmm(Cx *c, const Case *k) {
+  int cnt = E1(c, IR_OP_MOE_COUNTS, moe_routed(c));
+  int a = param(c, T(2, MOE_ROWS, 3), D_NORMAL);
+  int w = param(c, k->v ? T(3, MOE_E, 2, 3) : T(3, MOE_E, 3, 2), D_NORMAL);
+  return E3(c, IR_OP_GMM, a, w, cnt, k->v);
+}
+static int b_gmm_dw(Cx *c, const Case *k) {
+  int cnt = E1(c, IR_OP_MOE_COUNTS, moe_routed(c));
+  return E3(c, IR_OP_GMM_DW, param(c, T(2, MOE_ROWS, 3), D_NORMAL), param(c, T(2, MOE_ROWS, 2), D_NORMAL), cnt, 0);
+}
+/* The sparse expert layer as stdlib's moe builds it:
+ * moe_unperm(gmm(moe_perm(x, r, r), w, cnt), r, g) */
+static int b_moe_layer(Cx *c, const Case *k) {
+  int r = moe_routed(c), cnt = E1(c, IR_OP_MOE_COUNTS, r);
+  int xs = E3(c, IR_OP_MOE_PERM, param(c, T(2, MOE_N, 3), D_NORMAL), r, r, MOE_ROWS);
+  int h = E3(c, IR_OP_GMM, xs, param(c, T(3, MOE_E, 3, 2), D_NORMAL), cnt, 0);
+  return E3(c, IR_OP_MOE_UNPERM, h, r, param(c, T(2, MOE_N, MOE_E), D_NORMAL), 0);
+}
+
 #define MM(v) {"matmul", IR_OP_MATMUL, b_matmul, v, NULL, 0, NULL}
 static const Case cases[] = {
   {"add", IR_OP_ADD, b_binary, 0, NULL, 0, NULL},
@@ -355,6 +414,14 @@ static const Case cases[] = {
   {"rope 2-D", IR_OP_ROPE, b_rope, 2, NULL, 0, NULL},
   {"cross_entropy", IR_OP_CROSS_ENTROPY, b_cross_entropy, 0, NULL, 0, NULL},
   {"cross_entropy ignore=2", IR_OP_CROSS_ENTROPY, b_cross_entropy, 1, NULL, 0, NULL},
+  {"moe_perm", IR_OP_MOE_PERM, b_moe_perm, 0, NULL, 0, NULL},
+  {"moe_perm scale=routed", IR_OP_MOE_PERM, b_moe_perm, 1, NULL, 0, NULL},
+  {"moe_unperm", IR_OP_MOE_UNPERM, b_moe_unperm, 0, NULL, 0, NULL},
+  {"moe_gate_grad", IR_OP_MOE_GATE_GRAD, b_moe_gate_grad, 0, NULL, 0, NULL},
+  {"gmm", IR_OP_GMM, b_gmm, 0, NULL, 0, NULL},
+  {"gmm tb", IR_OP_GMM, b_gmm, 1, NULL, 0, NULL},
+  {"gmm_dw", IR_OP_GMM_DW, b_gmm_dw, 0, NULL, 0, NULL},
+  {"moe layer", IR_OP_MOE_PERM, b_moe_layer, 0, NULL, 0, NULL},
   {"clip_coef", IR_OP_CLIP_COEF, b_clip, 0, "clip_coef", 0, NULL},
   {"softmax_bwd in forward", IR_OP_SOFTMAX_BWD, b_second, 0, "second derivative not supported", 0, NULL},
   {"reuse", IR_OP_ADD, b_reuse, 0, NULL, 0, NULL},

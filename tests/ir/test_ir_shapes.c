@@ -100,6 +100,15 @@ static const Case cases[] = {
    "%10 = rope %1 axis=2 inverse=0 base=10000.0 : f32[2, 4, 8]"},
   {"topk_mask", "%10 = topk_mask %1 k=2 : f32[2, 4, 8]", "%10 = topk_mask %1 k=9 : f32[2, 4, 8]"},
   {"capacity_mask", "%10 = capacity_mask %1 cap=3 : f32[2, 4, 8]", "%10 = capacity_mask %1 cap=-1 : f32[2, 4, 8]"},
+  /* token dispatch: %6 serves as tokens [16, 8], routing mask [16 tokens, 8
+   * experts] and scale at once; gmm / gmm_dw need i32 counts and 3-D
+   * weights that match: cases in test_moe() */
+  {"moe_counts", "%10 = moe_counts %6 : i32[1, 8]", "%10 = moe_counts %1 : i32[1, 8]"},
+  {"moe_perm", "%10 = moe_perm %6, %6, %6 rows=32 : f32[32, 8]", "%10 = moe_perm %6, %6, %6 rows=0 : f32[1, 8]"},
+  {"moe_unperm", "%10 = moe_unperm %6, %6, %6 : f32[16, 8]", "%10 = moe_unperm %6, %6, %3 : f32[16, 8]"},
+  {"moe_gate_grad", "%10 = moe_gate_grad %3, %6, %6 : f32[16, 8]", "%10 = moe_gate_grad %3, %3, %6 : f32[16, 8]"},
+  {"gmm", NULL, NULL},
+  {"gmm_dw", NULL, NULL},
   {"cross_entropy", "%10 = cross_entropy %9, %0 ignore=-1 : f32[batch:2, seq:4]",
    "%10 = cross_entropy %9, %8 ignore=-1 : f32[2, 4]"},
   {"cross_entropy_bwd", "%10 = cross_entropy_bwd %9, %0, %8 ignore=-1 : f32[2, 4, 16]",
@@ -110,6 +119,10 @@ static const Case cases[] = {
   {"adamw", "adamw %4, %6 @p @m @v b1=0.9 b2=0.95 eps=1e-08 wd=0.1",
    "adamw %4, %1 @p @m @v b1=0.9 b2=0.95 eps=1e-08 wd=0.1"},
   {"assign", "assign %6 @p", "assign %1 @p"},
+  {"all_to_all", "%10 = all_to_all %1 axis=tp split=2 concat=0 : f32[4, 4, 4]",
+   "%10 = all_to_all %3 axis=tp split=3 concat=0 : f32[2, 4, 8]"},
+  /* needs i32 counts: cases in test_moe() */
+  {"all_to_all_v", NULL, NULL},
   {"all_reduce", "%10 = all_reduce %1 axis=tp red=1 : f32[2, 4, 8]", "%10 = all_reduce %1 axis=tp red=2 : f32[2, 4, 8]"},
   {"all_gather", "%10 = all_gather %1 axis=tp dim=2 : f32[2, 4, 16]", "%10 = all_gather %1 axis=tp dim=3 : f32[2, 4, 16]"},
   {"reduce_scatter", "%10 = reduce_scatter %1 axis=cp dim=1 : f32[2, 4, 8] {1:cp, 2:tp}",
@@ -180,6 +193,56 @@ static void test_attention(void) {
   r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, k, o}, 5, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err,
               sizeof err);
   CHECK(r == -1 && strstr(err, "attention_bwd: "), "o shaped like k: %d '%s'", r, err);
+  ir_module_free(m);
+}
+
+/* gmm and gmm_dw through ir_emit: rows a [10, 3], counts i32 [2, 4] (2
+ * sources, 4 experts), w [4, 3, 5]. */
+static void test_moe(void) {
+  IrModule *m = ir_module_new("moe");
+  int b = ir_block_add(m, "forward");
+  char err[256] = "";
+  IrType ta = {IR_F64, 2, {10, 3}, {0}}, tw = {IR_F64, 3, {4, 3, 5}, {0}}, tc = {IR_I32, 2, {2, 4}, {0}};
+  IrType tc3 = {IR_I32, 2, {2, 3}, {0}}, tf = {IR_F64, 2, {2, 4}, {0}};
+  int a = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "a", &ta, err, sizeof err);
+  int w = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "w", &tw, err, sizeof err);
+  int c = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "c", &tc, err, sizeof err);
+  int c3 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "c3", &tc3, err, sizeof err);
+  int cf = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "cf", &tf, err, sizeof err);
+  int y = ir_emit(m, b, IR_OP_GMM, (int[]){a, w, c}, 3, (int64_t[]){0}, NULL, NULL, NULL, err, sizeof err);
+  IrType ty = {IR_F64, 2, {10, 5}, {0}};
+  CHECK(y >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[y].type, &ty), "gmm: %s", err);
+  int r = ir_emit(m, b, IR_OP_GMM, (int[]){y, w, c}, 3, (int64_t[]){1}, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &ta), "gmm tb=1: %s", err);
+  r = ir_emit(m, b, IR_OP_GMM, (int[]){a, w, c}, 3, (int64_t[]){1}, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "gmm: ") && strstr(err, "inner"), "gmm tb=1 on [4, 3, 5]: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_GMM, (int[]){a, w, c3}, 3, (int64_t[]){0}, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "gmm: ") && strstr(err, "counts"), "3 groups for 4 weights: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_GMM, (int[]){a, w, cf}, 3, (int64_t[]){0}, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "gmm: ") && strstr(err, "i32"), "float counts: %d '%s'", r, err);
+  if (y >= 0) {
+    int g = ir_emit(m, b, IR_OP_GMM_DW, (int[]){a, y, c}, 3, NULL, NULL, NULL, NULL, err, sizeof err);
+    CHECK(g >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[g].type, &tw), "gmm_dw: %s", err);
+    r = ir_emit(m, b, IR_OP_GMM_DW, (int[]){a, w, c}, 3, NULL, NULL, NULL, NULL, err, sizeof err);
+    CHECK(r == -1 && strstr(err, "gmm_dw: "), "gmm_dw with a 3-D dy: %d '%s'", r, err);
+  }
+  /* all_to_all_v: local counts [1, 8] and received [2, 4] (8 experts over 2
+   * sources); typed, so the result row count is the caller's */
+  IrType tl = {IR_I32, 2, {1, 8}, {0}}, tx = {IR_F64, 2, {14, 3}, {0}}, tb = {IR_F64, 2, {7, 3}, {0}};
+  int cl = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "cl", &tl, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ALL_TO_ALL_V, (int[]){a, cl, c}, 3, (int64_t[]){IR_AXIS_EP, 0}, NULL, NULL, &tx, err,
+              sizeof err);
+  CHECK(r >= 0, "all_to_all_v: %s", err);
+  r = ir_emit(m, b, IR_OP_ALL_TO_ALL_V, (int[]){a, c, c}, 3, (int64_t[]){IR_AXIS_EP, 0}, NULL, NULL, &tx, err,
+              sizeof err);
+  CHECK(r == -1 && strstr(err, "local counts"), "all_to_all_v with [2, 4] local counts: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ALL_TO_ALL_V, (int[]){a, cl, c3}, 3, (int64_t[]){IR_AXIS_EP, 1}, NULL, NULL, &tx, err,
+              sizeof err);
+  CHECK(r == -1 && strstr(err, "received counts"), "all_to_all_v with [2, 3] received counts: %d '%s'", r, err);
+  tb.dim[1] = 4;
+  r = ir_emit(m, b, IR_OP_ALL_TO_ALL_V, (int[]){a, cl, c}, 3, (int64_t[]){IR_AXIS_EP, 0}, NULL, NULL, &tb, err,
+              sizeof err);
+  CHECK(r == -1 && strstr(err, "width"), "all_to_all_v to 4 columns: %d '%s'", r, err);
   ir_module_free(m);
 }
 
@@ -257,6 +320,7 @@ int main(void) {
   test_zero_bad_ref();
   test_emit_message();
   test_attention();
+  test_moe();
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);
   else printf("ok: %d shape-rule cases\n", ncases);
   return failures != 0;

@@ -250,6 +250,39 @@ def _capacity_mask(keep, cap):
     return (flat * (torch.cumsum(flat, dim=0) <= cap).to(keep.dtype)).reshape(keep.shape)
 
 
+def _moe_slots(routed):
+    """The routed (token, expert) slots of routed[N, E] in token-layout row
+    order (docs/ir.md "Token dispatch"): expert 0's tokens in token order,
+    then expert 1's, ...  Returns (t, e) index tensors."""
+    e, t = (routed.detach() != 0).t().nonzero(as_tuple=True)
+    return t, e
+
+
+def _moe_perm(x, routed, scale, rows):
+    t, e = _moe_slots(routed)
+    if len(t) > rows:
+        raise IrError("moe_perm: %d routed slots do not fit in %d rows" % (len(t), rows))
+    vals = scale[t, e].unsqueeze(-1) * x[t]
+    return torch.cat([vals, vals.new_zeros(rows - len(t), x.shape[1])])
+
+
+def _moe_unperm(y, routed, scale):
+    t, e = _moe_slots(routed)
+    vals = scale[t, e].unsqueeze(-1) * y[:len(t)]
+    return y.new_zeros(routed.shape[0], y.shape[1]).index_add(0, t, vals)
+
+
+def _gmm(x, w, cnt, tb):
+    """Group g's rows (cnt summed over sources) times w[g] (w[g]^T when tb);
+    rows past all groups 0."""
+    outs, off = [], 0
+    for g, m in enumerate(cnt.sum(0).tolist()):
+        outs.append(torch.matmul(x[off:off + m], w[g].t() if tb else w[g]))
+        off += m
+    outs.append(x.new_zeros(x.shape[0] - off, w.shape[1] if tb else w.shape[2]))
+    return torch.cat(outs)
+
+
 # op -> f(operands, attrs, node, dtype) -> tensor
 OPS = {
     "add": lambda v, a, n, dt: v[0] + v[1],
@@ -298,6 +331,10 @@ OPS = {
     "topk_mask": lambda v, a, n, dt: _topk_mask(v[0], a["k"]),
     "capacity_mask": lambda v, a, n, dt: _capacity_mask(v[0], a["cap"]),
     "attention": lambda v, a, n, dt: _attention(v[0], v[1], v[2], a),
+    "moe_counts": lambda v, a, n, dt: (v[0].detach() != 0).sum(0).reshape(1, -1).to(dt),
+    "moe_perm": lambda v, a, n, dt: _moe_perm(v[0], v[1], v[2], a["rows"]),
+    "moe_unperm": lambda v, a, n, dt: _moe_unperm(v[0], v[1], v[2]),
+    "gmm": lambda v, a, n, dt: _gmm(v[0], v[1], v[2], a["tb"]),
 }
 
 

@@ -540,6 +540,50 @@ static void test_capacity(IrDtype dt) {
   expect(IR_OP_CAPACITY_MASK, 1, a, c9, NULL, NULL, x, 12, 0, "capacity_mask cap >= tokens", dt);
 }
 
+/* token dispatch (ops.def, docs/ir.md "Token dispatch"), worked by hand:
+ * 3 tokens, 3 experts, routed = [[1,0,1],[0,0,1],[1,1,0]], so the token
+ * layout is (t0,e0) (t2,e0) (t2,e1) (t0,e2) (t1,e2) and one spare row. */
+static void test_moe(IrDtype dt) {
+  IrType tr = {dt, 2, {3, 3}, {NULL}}, tx = {dt, 2, {3, 2}, {NULL}}, ty = {dt, 2, {6, 2}, {NULL}};
+  IrType tc = {IR_I32, 2, {1, 3}, {NULL}}, tw = {dt, 3, {3, 2, 1}, {NULL}}, twt = {dt, 3, {3, 1, 2}, {NULL}};
+  IrType tg = {dt, 2, {6, 1}, {NULL}};
+  double r[9] = {1, 0, 1, 0, 0, 1, 1, 1, 0}, sc[9] = {0.5, 7, 2, 7, 7, 3, 1, 4, 7};   /* 7: never read */
+  double x[6] = {1, 2, 3, 4, 5, 6}, y[12] = {1, 0, 0, 1, 1, 1, 2, 0, 0, 2, 9, 9}, cnt[3] = {2, 1, 2};
+  double w[6] = {1, 2, 3, 4, 5, 6}, dy[6] = {1, 2, 3, 4, 5, 6};
+  double want_cnt[3] = {2, 1, 2};
+  double want_perm[12] = {0.5, 1, 5, 6, 20, 24, 2, 4, 9, 12, 0, 0};
+  double want_unperm[6] = {4.5, 0, 0, 6, 4, 5};
+  double want_gg[9] = {1, 0, 2, 0, 0, 8, 6, 11, 0};
+  double want_gmm[6] = {1, 2, 7, 10, 12, 0};              /* row 5 is past the groups: 0, not y5 . w */
+  double want_dw[6] = {1, 2, 3, 3, 8, 10};
+  expect(IR_OP_MOE_COUNTS, 1, (Arg[]){{tr, r}}, NULL, NULL, NULL, want_cnt, 3, 0, "moe_counts", dt);
+  int64_t rows6[1] = {6};
+  expect(IR_OP_MOE_PERM, 3, (Arg[]){{tx, x}, {tr, r}, {tr, sc}}, rows6, NULL, NULL, want_perm, 12, 0, "moe_perm", dt);
+  expect(IR_OP_MOE_UNPERM, 3, (Arg[]){{ty, y}, {tr, r}, {tr, sc}}, NULL, NULL, NULL, want_unperm, 6, 0, "moe_unperm", dt);
+  expect(IR_OP_MOE_GATE_GRAD, 3, (Arg[]){{ty, y}, {tx, x}, {tr, r}}, NULL, NULL, NULL, want_gg, 9, 0, "moe_gate_grad", dt);
+  int64_t tb0[1] = {0}, tb1[1] = {1};
+  expect(IR_OP_GMM, 3, (Arg[]){{ty, y}, {tw, w}, {tc, cnt}}, tb0, NULL, NULL, want_gmm, 6, 0, "gmm", dt);
+  expect(IR_OP_GMM, 3, (Arg[]){{ty, y}, {twt, w}, {tc, cnt}}, tb1, NULL, NULL, want_gmm, 6, 0, "gmm tb=1", dt);
+  expect(IR_OP_GMM_DW, 3, (Arg[]){{ty, y}, {tg, dy}, {tc, cnt}}, NULL, NULL, NULL, want_dw, 6, 0, "gmm_dw", dt);
+  /* too few rows for the routed slots: refused, not written past the end */
+  int64_t rows4[1] = {4};
+  IrType rt;
+  double *got = run_op(IR_OP_MOE_PERM, 3, (Arg[]){{tx, x}, {tr, r}, {tr, sc}}, rows4, NULL, NULL, &rt, err, sizeof err);
+  CHECK(!got && strstr(err, "do not fit"), "moe_perm with 4 rows for 5 slots (%s): '%s'", ir_dtype_name(dt), err);
+  free(got);
+  /* the ep collectives on one rank (axis size 1): a copy, and the layouts
+   * coincide (extra result rows are 0) */
+  int64_t a2a[3] = {IR_AXIS_EP, 1, 0};
+  expect(IR_OP_ALL_TO_ALL, 1, (Arg[]){{ty, y}}, a2a, NULL, NULL, y, 12, 0, "all_to_all on one rank", dt);
+  IrType t7 = {dt, 2, {7, 2}, {NULL}};
+  double want_v[14] = {1, 0, 0, 1, 1, 1, 2, 0, 0, 2, 0, 0, 0, 0};
+  for (int rev = 0; rev < 2; rev++) {
+    int64_t ia[2] = {IR_AXIS_EP, rev};
+    expect(IR_OP_ALL_TO_ALL_V, 3, (Arg[]){{ty, y}, {tc, cnt}, {tc, cnt}}, ia, NULL, &t7, want_v, 14, 0,
+           rev ? "all_to_all_v rev=1 on one rank" : "all_to_all_v on one rank", dt);
+  }
+}
+
 /* ---- sharding: the ops of one rank, with coordinates set by hand (a
  * single process: axes of size > 1 have no group, so only local ops; the
  * collectives run under MPI in tests/rank) ---- */
@@ -989,6 +1033,7 @@ int main(void) {
     test_clip(dt);
     test_topk(dt);
     test_capacity(dt);
+    test_moe(dt);
     test_shard_local(dt);
     test_index_ops(dt);
     test_global_positions(dt);

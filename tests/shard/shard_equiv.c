@@ -20,6 +20,7 @@
 #include "passes/passes.h"
 #include "runtime/comm.h"
 #include "runtime/rt.h"
+#include "runtime/rt_priv.h"
 #include <math.h>
 
 static IrModule *compile(const char *file, int tp, int sp, int cp, int ep, const MdlDefine *defs, int nd) {
@@ -134,24 +135,32 @@ int main(int argc, char **argv) {
   int32_t *tok = make_ids(ref, "tokens", V, 0), *tgt = make_ids(ref, "targets", V, 5);
   if (!tok || !tgt) { fprintf(stderr, "shard_equiv: the model has no tokens/targets inputs\n"); return 1; }
   RtFeed feeds[2] = {{"tokens", tok}, {"targets", tgt}};
-  /* with cp, each rank feeds its block of the sequence (the last dim):
-   * causal load balancing gives rank c chunks c and 2C-1-c of 2C */
+  /* each rank feeds its block of the inputs as the sharded module splits
+   * them (the sequence over cp with causal load balancing, the batch over
+   * ep): local element -> global index by the runtime's own map */
   int32_t *ltok = tok, *ltgt = tgt;
-  if (C > 1) {
-    const IrBlock *mb = &ref->blocks.a[ir_block_find(ref, "micro")];
-    const IrType *it = NULL;
-    for (int i = 0; i < mb->n; i++)
-      if (mb->nodes[i].op == IR_OP_INPUT) it = &mb->nodes[i].type;
-    int64_t Tl = it->dim[it->rank - 1], rows = ir_type_numel(it) / Tl, bl = Tl / C, c = rk.coord[IR_AXIS_CP];
-    ltok = ts_xcalloc((size_t)(rows * bl), sizeof *ltok);
-    ltgt = ts_xcalloc((size_t)(rows * bl), sizeof *ltgt);
-    int64_t h = bl / 2;
-    for (int64_t r = 0; r < rows; r++)
-      for (int64_t j = 0; j < bl; j++) {
-        int64_t gj = j < h ? c * h + j : (2 * C - 1 - c) * h + (j - h);
-        ltok[r * bl + j] = tok[r * Tl + gj];
-        ltgt[r * bl + j] = tgt[r * Tl + gj];
+  const IrBlock *sb = &shd->blocks.a[ir_block_find(shd, "micro")];
+  const IrNode *in_node = NULL;
+  for (int i = 0; i < sb->n; i++)
+    if (sb->nodes[i].op == IR_OP_INPUT) in_node = &sb->nodes[i];
+  if (in_node && !ir_sharding_is_none(&in_node->sh)) {
+    const IrType *lt = &in_node->type, *gt = NULL;
+    const IrBlock *rb = &ref->blocks.a[ir_block_find(ref, "micro")];
+    for (int i = 0; i < rb->n; i++)
+      if (rb->nodes[i].op == IR_OP_INPUT) gt = &rb->nodes[i].type;
+    int64_t n = ir_type_numel(lt);
+    ltok = ts_xcalloc((size_t)n, sizeof *ltok);
+    ltgt = ts_xcalloc((size_t)n, sizeof *ltgt);
+    for (int64_t e = 0; e < n; e++) {
+      int64_t rem = e, g = 0, stride = 1, idx[IR_MAX_RANK];
+      for (int d = lt->rank - 1; d >= 0; d--) { idx[d] = rem % lt->dim[d]; rem /= lt->dim[d]; }
+      for (int d = lt->rank - 1; d >= 0; d--) {
+        g += rt_global_index(ps, in_node->sh.split[d], lt->dim[d], idx[d]) * stride;
+        stride *= gt->dim[d];
       }
+      ltok[e] = tok[g];
+      ltgt[e] = tgt[g];
+    }
   }
   RtFeed lfeeds[2] = {{"tokens", ltok}, {"targets", ltgt}};
   RtRunInfo info = {0, 0, 1e-3};
