@@ -555,11 +555,16 @@ static int scalar_float(Sx *x, int i, const char *what) {
 }
 /* Fused attention: q [B, Hq, Tq, D], k / v [B, Hkv, Tk, D] with Hq a
  * multiple of Hkv (grouped-query) -> [B, Hq, Tq, D]. */
+static int check_qkv(Sx *x);
 static int check_attention(Sx *x) {
+  if (need_bool(x, 0)) return -1;
+  if (x->n->ia[1] != 0) return fail(x, "ring must be 0 (the sharding pass lowers ring attention into attn_* steps)");
+  return check_qkv(x);
+}
+static int check_qkv(Sx *x) {
   const IrType *q = opnd(x, 0), *k = opnd(x, 1), *v = opnd(x, 2);
   for (int i = 0; i < 3; i++)
     if (need_float(x, i)) return -1;
-  if (need_bool(x, 0) || need_bool(x, 1)) return -1;
   if (q->rank != 4 || k->rank != 4 || v->rank != 4)
     return fail(x, "q %s, k %s and v %s must be [batch, heads, seq, head_dim]", tstr(x, q), tstr(x, k),
                 tstr(x, v));
@@ -591,6 +596,63 @@ static int shape_ATTENTION_BWD(Sx *x) {
   if (part < 0 || part > 2) return fail(x, "part must be 0 (dq), 1 (dk) or 2 (dv), got %lld", (long long)part);
   *x->out = *opnd(x, (int)part);
   return 0;
+}
+
+/* ---- ring attention steps ---- */
+/* operand i must have q's dtype and q's dims with the last one `last`
+ * (-1: dropped) */
+static int like_q(Sx *x, int i, int64_t last, const char *what) {
+  const IrType *q = opnd(x, 0), *a = opnd(x, i);
+  IrType want = *q;
+  if (last < 0) want.rank--;
+  else want.dim[3] = last;
+  if (a->dtype == q->dtype && same_sizes(a, &want)) return 0;
+  return fail(x, "%s %s must be q %s's dtype and shape%s", what, tstr(x, a), tstr(x, q),
+              last < 0 ? " without head_dim" : last == q->dim[3] ? "" : " with head_dim + 2 columns");
+}
+static int ring_attrs(Sx *x) {
+  if (need_bool(x, 0)) return -1;
+  if (x->n->ia[1] < 0 || x->n->ia[1] > 4096) return fail(x, "src=%lld must be a ring step >= 0", (long long)x->n->ia[1]);
+  if (!isfinite(x->n->fa[0])) return fail(x, "scale must be finite, got %g", x->n->fa[0]);
+  return check_qkv(x);
+}
+static int shape_ATTN_ACC(Sx *x) {
+  if (ring_attrs(x) || like_q(x, 3, opnd(x, 0)->dim[3] + 2, "state")) return -1;
+  *x->out = *opnd(x, 3);
+  return 0;
+}
+static int state_of(Sx *x) {
+  const IrType *st = opnd(x, 0);
+  if (need_float(x, 0)) return -1;
+  if (st->rank != 4 || st->dim[3] < 3) return fail(x, "state %s must be [B, H, T, head_dim + 2]", tstr(x, st));
+  *x->out = *st;
+  return 0;
+}
+static int shape_ATTN_FINISH(Sx *x) {
+  if (state_of(x)) return -1;
+  x->out->dim[3] -= 2;
+  x->out->dname[3] = NULL;
+  return 0;
+}
+static int shape_ATTN_LSE(Sx *x) {
+  if (state_of(x)) return -1;
+  x->out->rank = 3;
+  return 0;
+}
+static int ring_bwd(Sx *x, int acc_like) {
+  if (ring_attrs(x) || like_q(x, 3, opnd(x, 0)->dim[3], "do") || like_q(x, 4, -1, "lse") ||
+      like_q(x, 5, -1, "drow"))
+    return -1;
+  const IrType *want = opnd(x, acc_like), *a = opnd(x, 6);
+  if (a->dtype != want->dtype || !same_sizes(a, want))
+    return fail(x, "accumulator %s must be shaped like %s", tstr(x, a), tstr(x, want));
+  *x->out = *a;
+  return 0;
+}
+static int shape_ATTN_BWD_Q(Sx *x) { return ring_bwd(x, 0); }
+static int shape_ATTN_BWD_KV(Sx *x) {
+  if (x->n->ia[2] != 1 && x->n->ia[2] != 2) return fail(x, "part must be 1 (dk) or 2 (dv), got %lld", (long long)x->n->ia[2]);
+  return ring_bwd(x, 1);
 }
 
 static int shape_CLIP_COEF(Sx *x) {
@@ -727,6 +789,17 @@ static int shape_ALL_TO_ALL_V(Sx *x) {
   if (x->out->dtype == IR_VOID) return fail(x, "needs a result type");
   if (x->out->dtype != a->dtype || x->out->rank != 2 || x->out->dim[1] != a->dim[1])
     return fail(x, "result must have the width and dtype of %s", tstr(x, a));
+  return 0;
+}
+static int shape_RING_SHIFT(Sx *x) {
+  if (mesh_axis(x, 0) || need_float(x, 0)) return -1;
+  *x->out = *opnd(x, 0);
+  return 0;
+}
+static int shape_RING_WAIT(Sx *x) {
+  if (need_float(x, 0)) return -1;
+  if (x->b->nodes[x->n->in[0]].op != IR_OP_RING_SHIFT) return fail(x, "the operand must be a ring_shift");
+  *x->out = *opnd(x, 0);
   return 0;
 }
 static int shape_SEND(Sx *x) { return mesh_axis(x, 0); }

@@ -68,6 +68,9 @@ typedef struct {
   int *cntl;
   int *cnt_of;
   VEC(XEntry) *xconv;
+  /* ring attention: per old attention node its final state; per old
+   * attention_bwd node the lse and rowsum(do * o) its parts share */
+  int *ring_st, *ring_lse, *ring_drow;
 } Sh;
 
 static int sh_fail(Sh *S, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -454,8 +457,8 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     /* q [B, Hq, Tq, D], k / v [B, Hkv, Tk, D] (bwd: o, do like q).  Batch
      * and heads split like batch dims (kv heads with the query heads);
      * the sequence (dim 2) of the queries is a block of rows: along cp
-     * with the ring (S->cp_ring) k / v are blocks too and the kernel
-     * passes them around (ring=1, set in shard_node), else k / v are
+     * with the ring (S->cp_ring) k / v are blocks too and shard_node
+     * lowers the node into ring steps (lower_ring), else k / v are
      * gathered and dk / dv come out partial.  head_dim stays whole. */
     int t = AX_R, ring = a == IR_AXIS_CP && S->cp_ring, part = n->op == IR_OP_ATTENTION_BWD ? (int)n->ia[2] : 0;
     for (int k = 0; k < nin && t == AX_R; k++)
@@ -895,6 +898,104 @@ static int shard_moe_ep(Sh *S, int i, int *in, const IrSharding *osh, IrType *lt
   return 1;
 }
 
+/* ---------------- ring attention ----------------
+ * Under cp with the ring (S->cp_ring), attention and attention_bwd become
+ * one attn_* step per cp rank (docs/ir.md "Ring attention"): at step s the
+ * rank holds the (k, v) block of the rank s before it, posts it on with
+ * ring_shift before computing on it and takes the next one with ring_wait
+ * after, so the transfer overlaps the step.  The forward folds the blocks
+ * into an online-softmax state; the backward reuses that state's
+ * log-sum-exp (the forward value stays alive, or is stashed under pp), rings
+ * (k, v) again for dq, and for dk / dv rings them once more with the
+ * block's gradient accumulator travelling along, one shift behind, so it
+ * arrives home after the last step. */
+
+/* A zero tensor shaped like new value `like` with the last dim `last`. */
+static int zeros_like(Sh *S, int like, int64_t last, const IrSharding *sh) {
+  IrType t = nnode(S, like)->type;
+  if (t.dim[t.rank - 1] != last) t.dname[t.rank - 1] = NULL;
+  t.dim[t.rank - 1] = last;
+  double z = 0;
+  return emit(S, IR_OP_FULL, NULL, 0, NULL, &z, NULL, &t, sh);
+}
+
+/* Posts `id` around the cp ring; *wait gets what arrives (call ring_wait). */
+static int ring_post(Sh *S, int id, const IrSharding *sh) {
+  int64_t ax[1] = {IR_AXIS_CP};
+  return emit(S, IR_OP_RING_SHIFT, &id, 1, ax, NULL, NULL, NULL, sh);
+}
+static int ring_take(Sh *S, int post, const IrSharding *sh) { return emit(S, IR_OP_RING_WAIT, &post, 1, NULL, NULL, NULL, NULL, sh); }
+
+/* The ring over (k, v): for each step s, step(ctx, s, k_s, v_s) emits the
+ * step's node and returns the value it produces (threaded through *acc);
+ * `travel`: the accumulator moves one rank on after each step and once
+ * more at the end (dk / dv). */
+typedef int (*RingEmit)(Sh *S, void *ctx, int s, int kc, int vc, int acc);
+static int ring_loop(Sh *S, int k, int v, const IrSharding *ksh, int acc, const IrSharding *ash, int travel,
+                     RingEmit step, void *ctx) {
+  int C = S->C, kc = k, vc = v;
+  for (int s = 0; s < C && !S->failed; s++) {
+    int pk = -1, pv = -1;
+    if (s < C - 1) { pk = ring_post(S, kc, ksh); pv = ring_post(S, vc, ksh); }
+    acc = step(S, ctx, s, kc, vc, acc);
+    if (s < C - 1) { kc = ring_take(S, pk, ksh); vc = ring_take(S, pv, ksh); }
+    if (travel) acc = ring_take(S, ring_post(S, acc, ash), ash);
+  }
+  return acc;
+}
+
+typedef struct { int q, dout, lse, drow, causal, part; double scale; const IrSharding *osh; } RingCtx;
+static int step_fwd(Sh *S, void *cp, int s, int kc, int vc, int acc) {
+  RingCtx *c = cp;
+  int64_t ia[2] = {c->causal, s};
+  return emit(S, IR_OP_ATTN_ACC, (int[]){c->q, kc, vc, acc}, 4, ia, &c->scale, NULL, NULL, c->osh);
+}
+static int step_bwd(Sh *S, void *cp, int s, int kc, int vc, int acc) {
+  RingCtx *c = cp;
+  int64_t ia[3] = {c->causal, s, c->part};
+  return emit(S, c->part ? IR_OP_ATTN_BWD_KV : IR_OP_ATTN_BWD_Q,
+              (int[]){c->q, kc, vc, c->dout, c->lse, c->drow, acc}, 7, ia, &c->scale, NULL, NULL, c->osh);
+}
+
+/* The forward's final online-softmax state for (q, k, v). */
+static int ring_state(Sh *S, const IrNode *n, const int *in, const IrSharding *ish) {
+  RingCtx c = {in[0], -1, -1, -1, (int)n->ia[0], 0, n->fa[0], &ish[0]};
+  int st = zeros_like(S, in[0], nnode(S, in[0])->type.dim[3] + 2, &ish[0]);
+  return ring_loop(S, in[1], in[2], &ish[1], st, NULL, 0, step_fwd, &c);
+}
+
+static int lower_ring(Sh *S, int i, const int *in, const IrSharding *ish, const IrSharding *osh) {
+  const IrNode *n = onode(S, i);
+  if (n->op == IR_OP_ATTENTION) {
+    int st = ring_state(S, n, in, ish);
+    S->ring_st[i] = st;
+    return emit(S, IR_OP_ATTN_FINISH, &st, 1, NULL, NULL, NULL, NULL, osh);
+  }
+  /* attention_bwd (q, k, v, o, do): the forward's state, else recomputed */
+  int f = n->in[3], st = onode(S, f)->op == IR_OP_ATTENTION ? S->ring_st[f] : -1;
+  if (st < 0) st = ring_state(S, n, in, ish);
+  IrSharding rsh = ish[0];   /* [B, H, T]: q's layout without head_dim */
+  rsh.split[3] = 0;
+  if (S->ring_lse[i] < 0) {
+    int lse = emit(S, IR_OP_ATTN_LSE, &st, 1, NULL, NULL, NULL, NULL, &rsh);
+    int64_t sa[2] = {3, 0};
+    int pr = emit(S, IR_OP_MUL, (int[]){in[4], in[3]}, 2, NULL, NULL, NULL, NULL, &ish[0]);
+    int drow = emit(S, IR_OP_SUM, &pr, 1, sa, NULL, NULL, NULL, &rsh);
+    /* the three parts share them */
+    for (int j = 0; j < S->ob.n; j++) {
+      const IrNode *o = onode(S, j);
+      if (o->op == IR_OP_ATTENTION_BWD && o->in[3] == n->in[3] && o->in[4] == n->in[4]) {
+        S->ring_lse[j] = lse;
+        S->ring_drow[j] = drow;
+      }
+    }
+  }
+  int part = (int)n->ia[2];
+  RingCtx c = {in[0], in[4], S->ring_lse[i], S->ring_drow[i], (int)n->ia[0], part, n->fa[0], osh};
+  int acc = zeros_like(S, in[part], nnode(S, in[part])->type.dim[3], osh);
+  return ring_loop(S, in[1], in[2], &ish[1], acc, osh, part > 0, step_bwd, &c);
+}
+
 /* The node made for old value i has the local type lt. */
 static void check_local(Sh *S, int i, const IrType *lt) {
   const IrNode *n = onode(S, i);
@@ -1005,8 +1106,12 @@ static void shard_node(Sh *S, int i) {
   uint8_t red_axes = (n->op == IR_OP_MAX || n->op == IR_OP_MEAN) ? ish[0].split[n->ia[0]] : 0;
   int64_t ia[IR_MAX_IATTR];
   memcpy(ia, n->ia, sizeof ia);
-  if (n->op == IR_OP_ATTENTION || n->op == IR_OP_ATTENTION_BWD)   /* k / v as cp blocks: the kernel rings */
-    ia[1] = ax_get(&ish[1], IR_AXIS_CP) == 2 && ir_axis_size(m, IR_AXIS_CP) > 1;
+  if ((n->op == IR_OP_ATTENTION || n->op == IR_OP_ATTENTION_BWD) && ax_get(&ish[1], IR_AXIS_CP) == 2 &&
+      ir_axis_size(m, IR_AXIS_CP) > 1) {   /* k / v as cp blocks: the ring, step by step */
+    S->nv[i] = lower_ring(S, i, in, ish, &osh);
+    check_local(S, i, &lt);
+    return;
+  }
   switch (n->op) {
   case IR_OP_CROSS_ENTROPY: case IR_OP_CROSS_ENTROPY_BWD: {
     int last = onode(S, n->in[0])->type.rank - 1;
@@ -1082,7 +1187,10 @@ int pass_shard(IrModule *m, PassCtx *cx) {
   S.cntl = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.cntl);
   S.cnt_of = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.cnt_of);
   S.xconv = ts_xcalloc((size_t)n + 1, sizeof *S.xconv);
-  for (int i = 0; i <= n; i++) S.xc[i] = S.cntl[i] = S.cnt_of[i] = -1;
+  S.ring_st = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.ring_st);
+  S.ring_lse = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.ring_lse);
+  S.ring_drow = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.ring_drow);
+  for (int i = 0; i <= n; i++) S.xc[i] = S.cntl[i] = S.cnt_of[i] = S.ring_st[i] = S.ring_lse[i] = S.ring_drow[i] = -1;
   for (int i = 0; i < n; i++)
     if (S.ob.nodes[i].op == IR_OP_MOE_COUNTS) S.cnt_of[S.ob.nodes[i].in[0]] = i;
   memset(S.accumed, 0, (size_t)m->states.n + 1);

@@ -183,3 +183,73 @@ int ref_ALL_TO_ALL_V(RtKctx *k) {
   free(exp);
   return rc;
 }
+/* ---- ring_shift / ring_wait: one step of a ring over an axis, split so
+ * that the compute between them overlaps the transfer.  ring_shift copies
+ * x into its result and posts that buffer to coordinate + 1 (its only
+ * reader is its ring_wait, so the memory plan keeps it alive until then);
+ * ring_wait receives the left neighbour's post into its result and waits
+ * for this rank's own post.  Every rank runs the same program, so the
+ * posts and the waits pair up in order on one tag. ---- */
+#define RING_TAG 7701
+
+typedef struct { const IrNode *n; RtCommReq *req; } RingPost;
+struct RtRing { RingPost *a; int n, cap; };
+
+void rt_ring_free(RtRing *r) {
+  if (!r) return;
+  free(r->a);
+  free(r);
+}
+
+static int ring_args(RtKctx *k, const IrNode *shift, RtComm **g, int *S) {
+  IrAxis ax;
+  RtKctx kk = *k;
+  kk.n = shift;
+  if (rt_kaxis(&kk, &ax, S, g)) return -1;
+  IrDtype dt = k->ot->dtype;
+  if (dt != IR_F32 && dt != IR_F64) return rt_kfail(k, "%s needs f32 or f64, got %s", ir_ops[k->n->op].name, rt_tstr(k->ot, 0));
+  return 0;
+}
+
+int ref_RING_SHIFT(RtKctx *k) {
+  RtComm *g;
+  int S;
+  if (ring_args(k, k->n, &g, &S)) return -1;
+  size_t n = (size_t)ir_type_numel(k->ot);
+  memcpy(k->out, k->in[0], n * ir_dtype_size(k->ot->dtype));
+  if (!g) return 0;
+  RtRing **rp = rt_program_ring(k->p);
+  if (!*rp) *rp = ts_xcalloc(1, sizeof **rp);
+  RtRing *r = *rp;
+  for (int i = 0; i < r->n; i++)
+    if (r->a[i].n == k->n) return rt_kfail(k, "ring_shift posted twice without its ring_wait");
+  RtCommReq *req = NULL;
+  int me = rt_comm_rank(g);
+  if (rt_comm_isend(g, k->ot->dtype, k->out, n, (me + 1) % S, RING_TAG, &req, k->err, k->errlen)) return -1;
+  if (r->n == r->cap) {
+    r->cap = r->cap ? 2 * r->cap : 8;
+    r->a = ts_xrealloc(r->a, (size_t)r->cap * sizeof *r->a);
+  }
+  r->a[r->n++] = (RingPost){k->n, req};
+  return 0;
+}
+
+int ref_RING_WAIT(RtKctx *k) {
+  const IrNode *shift = &k->b->nodes[k->n->in[0]];
+  RtComm *g;
+  int S;
+  if (shift->op != IR_OP_RING_SHIFT) return rt_kfail(k, "the operand is not a ring_shift");
+  if (ring_args(k, shift, &g, &S)) return -1;
+  size_t n = (size_t)ir_type_numel(k->ot);
+  if (!g) { memcpy(k->out, k->in[0], n * ir_dtype_size(k->ot->dtype)); return 0; }
+  RtRing *r = *rt_program_ring(k->p);
+  int at = -1;
+  for (int i = 0; r && i < r->n; i++)
+    if (r->a[i].n == shift) at = i;
+  if (at < 0) return rt_kfail(k, "ring_wait without a posted ring_shift");
+  int me = rt_comm_rank(g);
+  if (rt_comm_recv(g, k->ot->dtype, k->out, n, (me - 1 + S) % S, RING_TAG, k->err, k->errlen)) return -1;
+  RtCommReq *req = r->a[at].req;
+  r->a[at] = r->a[--r->n];
+  return rt_comm_wait_all(&req, 1, k->err, k->errlen);
+}

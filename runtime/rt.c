@@ -90,6 +90,7 @@ struct RtProgram {
   double op_s[IR_OP_COUNT]; /* seconds spent per op (when profiling) */
   int64_t op_n[IR_OP_COUNT];
   RtPipe *pipe;             /* pipeline state: stashes, posted sends (ops_pipe.c) */
+  RtRing *ring;             /* ring_shift posts awaiting their ring_wait (ops_a2a.c) */
 };
 
 static int plan_memory(RtProgram *p, char *err, size_t errlen);
@@ -157,6 +158,7 @@ int rt_program_axis_size(const RtProgram *p, IrAxis a) { return rt_rank_axis_siz
 RtComm *rt_program_group(const RtProgram *p, IrAxis a) { return a < IR_AXIS_COUNT ? p->rank.group[a] : NULL; }
 const RtRank *rt_program_rank(const RtProgram *p) { return &p->rank; }
 RtPipe **rt_program_pipe(RtProgram *p) { return &p->pipe; }
+RtRing **rt_program_ring(RtProgram *p) { return &p->ring; }
 
 int64_t rt_shard_block(const RtProgram *p, unsigned mask, int64_t *nblk) {
   int64_t b = 0, n = 1;
@@ -353,6 +355,7 @@ void rt_program_free(RtProgram *p) {
   free(p->arena);
   rt_jit_free(p->jit);
   rt_pipe_free(p->pipe);
+  rt_ring_free(p->ring);
   free(p->off);
   free(p->slab);
   free(p->outs.a);

@@ -60,6 +60,14 @@ int ref_GMM_DW(RtKctx *k);
 /* Expert-parallel collectives (ops_a2a.c), entries of the same table. */
 int ref_ALL_TO_ALL(RtKctx *k);
 int ref_ALL_TO_ALL_V(RtKctx *k);
+/* Ring attention steps (ops_ring.c) and the ring transfer (ops_a2a.c). */
+int ref_ATTN_ACC(RtKctx *k);
+int ref_ATTN_FINISH(RtKctx *k);
+int ref_ATTN_LSE(RtKctx *k);
+int ref_ATTN_BWD_Q(RtKctx *k);
+int ref_ATTN_BWD_KV(RtKctx *k);
+int ref_RING_SHIFT(RtKctx *k);
+int ref_RING_WAIT(RtKctx *k);
 /* Fused attention kernels (ops_attn.c), entries of the same table. */
 int ref_ATTENTION(RtKctx *k);
 int ref_ATTENTION_BWD(RtKctx *k);
@@ -69,6 +77,11 @@ int ref_ATTENTION_BWD(RtKctx *k);
  * local hand-offs (send to this rank's own coordinate) and the posted
  * sends with their buffers.  Made on first use; *rt_program_pipe(p) is the
  * program's pointer to it (rt.c frees it with the program). */
+/* ring_shift's posted sends awaiting their ring_wait (ops_a2a.c); made on
+ * first use, freed with the program. */
+typedef struct RtRing RtRing;
+RtRing **rt_program_ring(RtProgram *p);
+void rt_ring_free(RtRing *r);
 typedef struct RtPipe RtPipe;
 RtPipe **rt_program_pipe(RtProgram *p);
 void rt_pipe_free(RtPipe *s);

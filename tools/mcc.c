@@ -597,6 +597,7 @@ static int comm_kind(IrOp op) {
   case IR_OP_SEND: return COMM_SEND;
   case IR_OP_ALL_TO_ALL: return COMM_A2A;
   case IR_OP_ALL_TO_ALL_V: return COMM_A2AV;
+  case IR_OP_RING_SHIFT: return COMM_SEND;
   default: return -1;
   }
 }

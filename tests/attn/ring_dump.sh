@@ -1,20 +1,30 @@
 #!/bin/bash
 # ring_dump.sh MCC ROOT - the IR after pass "shard" for llama (grouped-query,
-# rope) under cp 2: by default every fused attention node (forward and the
-# three backward parts) carries ring=1 and reads k / v as cp blocks, with no
-# all_gather along the sequence; with --cp-attn allgather the nodes carry
-# ring=0 and k / v are all-gathered.  A bad --cp-attn value is refused.
+# rope) under cp 2: by default every attention (forward and the three
+# backward parts) is lowered into ring steps (docs/sharding.md "Ring
+# attention"): per layer and cp = 2, the forward folds 2 blocks (attn_acc
+# src=0, 1), dq takes 2 steps, dk and dv 2 each, and the blocks move by
+# ring_shift / ring_wait pairs (k and v before each step but the last, the
+# dk / dv accumulators after every step), with no fused attention node and
+# no all_gather along the sequence; with --cp-attn allgather the fused nodes
+# carry ring=0 and k / v are all-gathered.  A bad --cp-attn value is refused.
 set -u
 mcc=$1 root=$2
 defs=(-D layers=2 -D d_model=32 -D heads=8 -D kv_heads=4 -D ffn=64 -D seq_len=16 -D vocab=256 -D batch=4
       -D micro_batch=1)
 fail() { echo "FAIL: $*"; exit 1; }
 ring=$("$mcc" "$root/samples/llama.mdl" "${defs[@]}" --cp 2 --print-ir-after=shard) || fail "mcc --cp 2"
-n=$(grep -cE ' = attention(_bwd)? .*ring=1' <<<"$ring")
-[ "$n" = 8 ] || fail "ring: $n attention nodes with ring=1, expected 2 layers x (1 forward + 3 backward)"
-n=$(grep -cE ' = attention(_bwd)? .*ring=0' <<<"$ring")
-[ "$n" = 0 ] || fail "ring: $n attention nodes with ring=0"
-grep -E ' = attention %' <<<"$ring" | grep -q '{2:cp}' || fail "ring: the attention output is not a cp block"
+count() { grep -cE "$1" <<<"$ring"; }
+[ "$(count ' = attention(_bwd)? ')" = 0 ] || fail "ring: fused attention nodes left"
+[ "$(count ' = attn_acc .*src=0 ')" = 2 ] && [ "$(count ' = attn_acc .*src=1 ')" = 2 ] ||
+  fail "ring: attn_acc steps: $(count ' = attn_acc '), expected 2 layers x src 0, 1"
+[ "$(count ' = attn_finish ')" = 2 ] || fail "ring: $(count ' = attn_finish ') attn_finish, expected 2"
+[ "$(count ' = attn_bwd_q ')" = 4 ] || fail "ring: $(count ' = attn_bwd_q ') attn_bwd_q, expected 4"
+[ "$(count ' = attn_bwd_kv .*part=1 ')" = 4 ] && [ "$(count ' = attn_bwd_kv .*part=2 ')" = 4 ] ||
+  fail "ring: $(count ' = attn_bwd_kv ') attn_bwd_kv, expected 2 layers x 2 steps x dk, dv"
+[ "$(count ' = ring_shift .*axis=cp')" = 24 ] || fail "ring: $(count ' = ring_shift ') ring_shift, expected 24"
+[ "$(count ' = ring_wait ')" = 24 ] || fail "ring: $(count ' = ring_wait ') ring_wait, expected 24"
+grep -E ' = attn_finish %' <<<"$ring" | grep -q '{2:cp}' || fail "ring: the attention output is not a cp block"
 n=$(grep -cE ' = all_gather .*axis=cp' <<<"$ring")
 [ "$n" = 0 ] || fail "ring: $n all_gathers over cp, expected none"
 ag=$("$mcc" "$root/samples/llama.mdl" "${defs[@]}" --cp 2 --cp-attn allgather --print-ir-after=shard) ||
@@ -25,4 +35,4 @@ n=$(grep -cE ' = all_gather .*axis=cp dim=2' <<<"$ag")
 [ "$n" -ge 4 ] || fail "allgather: $n all_gathers of k / v over cp, expected at least 4"
 err=$("$mcc" "$root/samples/llama.mdl" "${defs[@]}" --cp 2 --cp-attn sideways 2>&1) && fail "--cp-attn sideways accepted"
 grep -q "ring or allgather" <<<"$err" || fail "--cp-attn sideways: message '$err'"
-echo "ok: ring=1 on 8 attention nodes under cp 2, no cp all_gather; allgather variant and refusal as expected"
+echo "ok: the ring in IR steps under cp 2 (no fused node, no cp all_gather); allgather variant and refusal as expected"

@@ -123,6 +123,14 @@ static const Case cases[] = {
    "%10 = all_to_all %3 axis=tp split=3 concat=0 : f32[2, 4, 8]"},
   /* needs i32 counts: cases in test_moe() */
   {"all_to_all_v", NULL, NULL},
+  /* rank-4 operands: cases in test_attention() */
+  {"ring_shift", NULL, NULL},
+  {"ring_wait", NULL, NULL},
+  {"attn_acc", NULL, NULL},
+  {"attn_finish", NULL, NULL},
+  {"attn_lse", NULL, NULL},
+  {"attn_bwd_q", NULL, NULL},
+  {"attn_bwd_kv", NULL, NULL},
   {"all_reduce", "%10 = all_reduce %1 axis=tp red=1 : f32[2, 4, 8]", "%10 = all_reduce %1 axis=tp red=2 : f32[2, 4, 8]"},
   {"all_gather", "%10 = all_gather %1 axis=tp dim=2 : f32[2, 4, 16]", "%10 = all_gather %1 axis=tp dim=3 : f32[2, 4, 16]"},
   {"reduce_scatter", "%10 = reduce_scatter %1 axis=cp dim=1 : f32[2, 4, 8] {1:cp, 2:tp}",
@@ -193,6 +201,42 @@ static void test_attention(void) {
   r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, k, o}, 5, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err,
               sizeof err);
   CHECK(r == -1 && strstr(err, "attention_bwd: "), "o shaped like k: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){1, 1}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "ring must be 0"), "ring=1: %d '%s'", r, err);
+  /* the ring steps: state [2, 4, 6, 10], lse / drow [2, 4, 6] */
+  IrType ts = tq, tl = tq, ts9 = tq;
+  ts.dim[3] = 10;
+  ts9.dim[3] = 9;
+  tl.rank = 3;
+  int st = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "st", &ts, err, sizeof err);
+  int st9 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "st9", &ts9, err, sizeof err);
+  int ls = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "lse", &tl, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTN_ACC, (int[]){q, k, k, st}, 4, (int64_t[]){1, 3}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &ts), "attn_acc: %s", err);
+  r = ir_emit(m, b, IR_OP_ATTN_ACC, (int[]){q, k, k, st9}, 4, (int64_t[]){1, 0}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "head_dim + 2"), "attn_acc with a [.., 9] state: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTN_FINISH, &st, 1, NULL, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &tq), "attn_finish: %s", err);
+  r = ir_emit(m, b, IR_OP_ATTN_LSE, &st, 1, NULL, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &tl), "attn_lse: %s", err);
+  r = ir_emit(m, b, IR_OP_ATTN_BWD_Q, (int[]){q, k, k, q, ls, ls, q}, 7, (int64_t[]){1, 1}, &sc, NULL, NULL, err,
+              sizeof err);
+  CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &tq), "attn_bwd_q: %s", err);
+  r = ir_emit(m, b, IR_OP_ATTN_BWD_KV, (int[]){q, k, k, q, ls, ls, k}, 7, (int64_t[]){0, 1, 2}, &sc, NULL, NULL, err,
+              sizeof err);
+  CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &tk), "attn_bwd_kv: %s", err);
+  r = ir_emit(m, b, IR_OP_ATTN_BWD_KV, (int[]){q, k, k, q, ls, ls, q}, 7, (int64_t[]){0, 1, 1}, &sc, NULL, NULL, err,
+              sizeof err);
+  CHECK(r == -1 && strstr(err, "accumulator"), "attn_bwd_kv with a q-shaped accumulator: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTN_BWD_KV, (int[]){q, k, k, q, ls, ls, k}, 7, (int64_t[]){0, 1, 0}, &sc, NULL, NULL, err,
+              sizeof err);
+  CHECK(r == -1 && strstr(err, "part"), "attn_bwd_kv part=0: %d '%s'", r, err);
+  int sh = ir_emit(m, b, IR_OP_RING_SHIFT, &k, 1, (int64_t[]){IR_AXIS_CP}, NULL, NULL, NULL, err, sizeof err);
+  CHECK(sh >= 0, "ring_shift: %s", err);
+  r = ir_emit(m, b, IR_OP_RING_WAIT, &sh, 1, NULL, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &tk), "ring_wait: %s", err);
+  r = ir_emit(m, b, IR_OP_RING_WAIT, &k, 1, NULL, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "ring_shift"), "ring_wait of an input: %d '%s'", r, err);
   ir_module_free(m);
 }
 

@@ -101,7 +101,7 @@ static const char *all_ops =
     "  %65 = reshape %52 : f32[batch:2, heads:2, seq:4, 8]\n"
     "  %66 = reshape %51 : f32[batch:2, 1, seq:4, 8]\n"
     "  %67 = attention %65, %66, %66 causal=1 ring=0 scale=0.35 : f32[batch:2, heads:2, seq:4, 8]\n"
-    "  %68 = attention_bwd %65, %66, %66, %67, %65 causal=1 ring=1 part=1 scale=0.35 : f32[batch:2, 1, seq:4, 8]\n"
+    "  %68 = attention_bwd %65, %66, %66, %67, %65 causal=1 ring=0 part=1 scale=0.35 : f32[batch:2, 1, seq:4, 8]\n"
     "  %69 = capacity_mask %64 cap=2 : f32[batch:2, seq:4, vocab:16]\n"
     "  %70 = reshape %64 : f32[8, 16]\n"          /* token dispatch: 8 tokens, 16 experts */
     "  %71 = moe_counts %70 : i32[1, 16]\n"
@@ -114,6 +114,14 @@ static const char *all_ops =
     "  %78 = gmm_dw %73, %77, %71 : f32[16, 8, 4]\n"
     "  %79 = all_to_all %71 axis=tp split=1 concat=0 : i32[2, 8]\n"
     "  %80 = all_to_all_v %73, %71, %79 axis=tp rev=1 : f32[40, 8]\n"
+    "  %81 = full value=0.0 : f32[batch:2, heads:2, seq:4, 10]\n"   /* ring attention steps */
+    "  %82 = ring_shift %66 axis=cp : f32[batch:2, 1, seq:4, 8]\n"
+    "  %83 = attn_acc %65, %66, %66, %81 causal=1 src=0 scale=0.35 : f32[batch:2, heads:2, seq:4, 10]\n"
+    "  %84 = ring_wait %82 : f32[batch:2, 1, seq:4, 8]\n"
+    "  %85 = attn_finish %83 : f32[batch:2, heads:2, seq:4, 8]\n"
+    "  %86 = attn_lse %83 : f32[batch:2, heads:2, seq:4]\n"
+    "  %87 = attn_bwd_q %65, %84, %84, %65, %86, %86, %65 causal=1 src=1 scale=0.35 : f32[batch:2, heads:2, seq:4, 8]\n"
+    "  %88 = attn_bwd_kv %65, %84, %84, %65, %86, %86, %66 causal=0 src=1 part=2 scale=0.35 : f32[batch:2, 1, seq:4, 8]\n"
     "}\n"
     "block update {\n"
     "  %0 = state @grad.wte : f32[vocab:16, dim:8] {0:tp, partial:dp}\n"

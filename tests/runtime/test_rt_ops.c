@@ -2,7 +2,9 @@
  * independent computation written here, for f32 and f64: elementwise ops
  * (the *_BWD ones against finite differences of the forward formula),
  * layout, reductions, matmul variants, softmax, norms, embedding,
- * masks, dropout, rope, cross-entropy, and the step ops.
+ * masks, dropout, rope, cross-entropy, the ring-attention steps (against
+ * the fused attention kernels and a direct computation from global
+ * positions), and the step ops.
  * The worker pool (runtime/par.h): every range covered once, and every
  * threaded kernel at sizes that split gives the 1-thread result bit for
  * bit on 3 threads, with layout ops (merged dims, tiles) against direct
@@ -806,6 +808,367 @@ static void test_embedding_split(IrDtype dt) {
   free(dy);
 }
 
+/* ---- ring attention steps (ops_ring.c; docs/ir.md "Ring attention") ----
+ * A direct computation here, from global positions: queries at qpos
+ * against keys at kpos, grouped-query heads, causal by global position. */
+typedef struct {
+  int64_t B, Hq, Hkv, Tq, Tk, D;
+  double scale;
+  int causal;
+  const double *q, *k, *v, *dout;   /* q, do [B, Hq, Tq, D]; k, v [B, Hkv, Tk, D] */
+  const int64_t *qpos, *kpos;
+} RaCase;
+
+static double ra_score(const RaCase *c, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const double *q = c->q + ((b * c->Hq + h) * c->Tq + i) * c->D;
+  const double *k = c->k + ((b * c->Hkv + h / (c->Hq / c->Hkv)) * c->Tk + j) * c->D;
+  double s = 0;
+  for (int64_t e = 0; e < c->D; e++) s += q[e] * k[e];
+  return c->scale * s;
+}
+static int ra_sees(const RaCase *c, int64_t i, int64_t j) { return !c->causal || c->kpos[j] <= c->qpos[i]; }
+
+/* The online-softmax state st [B, Hq, Tq, D + 2] after all keys, from the
+ * zero state (rows that see no key stay 0). */
+static void ra_state(const RaCase *c, double *st) {
+  int64_t D = c->D, W = D + 2;
+  for (int64_t b = 0; b < c->B; b++)
+    for (int64_t h = 0; h < c->Hq; h++)
+      for (int64_t i = 0; i < c->Tq; i++) {
+        double *o = st + ((b * c->Hq + h) * c->Tq + i) * W, m = -INFINITY, l = 0;
+        memset(o, 0, (size_t)W * sizeof *o);
+        for (int64_t j = 0; j < c->Tk; j++)
+          if (ra_sees(c, i, j)) m = fmax(m, ra_score(c, b, h, i, j));
+        if (m == -INFINITY) continue;
+        for (int64_t j = 0; j < c->Tk; j++) {
+          if (!ra_sees(c, i, j)) continue;
+          double p = exp(ra_score(c, b, h, i, j) - m);
+          const double *v = c->v + ((b * c->Hkv + h / (c->Hq / c->Hkv)) * c->Tk + j) * D;
+          for (int64_t e = 0; e < D; e++) o[e] += p * v[e];
+          l += p;
+        }
+        o[D] = m;
+        o[D + 1] = l;
+      }
+}
+
+/* Adds the gradients: dq [B, Hq, Tq, D], dk, dv [B, Hkv, Tk, D] (any may
+ * be NULL) for lse and drow [B, Hq, Tq]. */
+static void ra_grads(const RaCase *c, const double *lse, const double *drow, double *dq, double *dk, double *dv) {
+  int64_t D = c->D;
+  for (int64_t b = 0; b < c->B; b++)
+    for (int64_t h = 0; h < c->Hq; h++)
+      for (int64_t i = 0; i < c->Tq; i++) {
+        int64_t r = (b * c->Hq + h) * c->Tq + i, hk = b * c->Hkv + h / (c->Hq / c->Hkv);
+        const double *q = c->q + r * D, *g = c->dout + r * D;
+        for (int64_t j = 0; j < c->Tk; j++) {
+          if (!ra_sees(c, i, j)) continue;
+          const double *k = c->k + (hk * c->Tk + j) * D, *v = c->v + (hk * c->Tk + j) * D;
+          double p = exp(ra_score(c, b, h, i, j) - lse[r]), dp = 0;
+          for (int64_t e = 0; e < D; e++) dp += g[e] * v[e];
+          double ds = p * (dp - drow[r]);
+          for (int64_t e = 0; e < D; e++) {
+            if (dq) dq[r * D + e] += c->scale * ds * k[e];
+            if (dk) dk[(hk * c->Tk + j) * D + e] += c->scale * ds * q[e];
+            if (dv) dv[(hk * c->Tk + j) * D + e] += p * g[e];
+          }
+        }
+      }
+}
+
+/* st -> o and lse as attn_finish / attn_lse define them (rows [B*Hq*Tq]). */
+static void ra_finish(const double *st, int64_t rows, int64_t D, double *o, double *lse) {
+  for (int64_t r = 0; r < rows; r++) {
+    const double *s = st + r * (D + 2);
+    for (int64_t e = 0; e < D && o; e++) o[r * D + e] = s[D + 1] > 0 ? s[e] / s[D + 1] : 0;
+    if (lse) lse[r] = s[D + 1] > 0 ? s[D] + log(s[D + 1]) : 0;
+  }
+}
+
+/* drow = rowsum(do * o), rounded to dt like an operand. */
+static double *ra_drow(const double *dout, const double *o, int64_t rows, int64_t D, IrDtype dt) {
+  double *y = ts_xmalloc((size_t)rows * sizeof *y);
+  for (int64_t r = 0; r < rows; r++) {
+    double s = 0;
+    for (int64_t e = 0; e < D; e++) s += dout[r * D + e] * o[r * D + e];
+    y[r] = dt == IR_F32 ? (float)s : s;
+  }
+  return y;
+}
+
+/* Rows [t0, t1) of dim 2 of x [outer, T, D]. */
+static double *ra_rows(const double *x, int64_t outer, int64_t T, int64_t D, int64_t t0, int64_t t1) {
+  double *y = ts_xmalloc((size_t)(outer * (t1 - t0) * D) * sizeof *y);
+  for (int64_t o = 0; o < outer; o++)
+    memcpy(y + o * (t1 - t0) * D, x + (o * T + t0) * D, (size_t)((t1 - t0) * D) * sizeof *y);
+  return y;
+}
+
+/* Largest |got - want| / max(1, |want|) seen per dtype (RT_VERBOSE=1
+ * prints them), and the check against tol. */
+static double g_ra_max[NT][3];   /* vs the fused kernels, vs the direct computation, two-block fold */
+static void ra_cmp(const double *got, const double *want, int64_t n, double tol, int kind, const char *msg,
+                   IrDtype dt) {
+  CHECK(got != NULL, "%s (%s): %s", msg, ir_dtype_name(dt), err);
+  if (!got) return;
+  double worst = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = fabs(got[i] - want[i]) / (fabs(want[i]) > 1 ? fabs(want[i]) : 1);
+    worst = d > worst || isnan(d) ? d : worst;
+  }
+  double *mx = &g_ra_max[dt == IR_F32 ? 0 : 1][kind];
+  *mx = worst > *mx ? worst : *mx;
+  CHECK(worst <= tol, "%s (%s): max relative difference %.3g > %.3g", msg, ir_dtype_name(dt), worst, tol);
+}
+
+/* One op, its result (NULL on failure, message in err). */
+static double *ra_run(IrOp op, int nin, const Arg *a, const int64_t *ia, double scale, const OpShard *sh) {
+  IrType rt;
+  double fa[1] = {scale};
+  return run_op_sh(op, nin, a, ia, fa, NULL, sh, &rt, err, sizeof err);
+}
+
+/* C = 1: the five step ops against the fused attention / attention_bwd
+ * kernels (one attn_acc over all keys from the zero state, src = 0),
+ * causal or not, grouped-query heads; T > one 64-row tile, so whole tiles
+ * are masked; accumulation into nonzero dq / dk; and a two-block fold. */
+static void ring_vs_fused(IrDtype dt, int causal) {
+  enum { B = 2, HQ = 4, HKV = 2, T = 70, D = 6, RQ = B * HQ * T, RK = B * HKV * T };
+  double scale = 0.45, tol = dt == IR_F32 ? 1e-4 : 1e-12, dtol = dt == IR_F32 ? 1e-4 : tol_of(dt);
+  IrType tq = TY(dt, B, HQ, T, D), tk = TY(dt, B, HKV, T, D), ts = TY(dt, B, HQ, T, D + 2), tr = TY(dt, B, HQ, T);
+  double *q = rand_vec(RQ * D, -1, 1, dt), *k = rand_vec(RK * D, -1, 1, dt), *v = rand_vec(RK * D, -1, 1, dt);
+  double *g = rand_vec(RQ * D, -1, 1, dt), *zst = ts_xcalloc(RQ * (D + 2), sizeof *zst);
+  double *zq = ts_xcalloc(RQ * D, sizeof *zq), *zk = ts_xcalloc(RK * D, sizeof *zk);
+  int64_t pos[T];
+  for (int i = 0; i < T; i++) pos[i] = i;
+  RaCase c = {B, HQ, HKV, T, T, D, scale, causal, q, k, v, g, pos, pos};
+  char msg[96];
+  int64_t ia[3] = {causal, 0, 0};
+  double *st = ra_run(IR_OP_ATTN_ACC, 4, (Arg[]){{tq, q}, {tk, k}, {tk, v}, {ts, zst}}, ia, scale, NULL);
+  double *ref_st = ts_xmalloc(RQ * (D + 2) * sizeof *ref_st), ref_lse[RQ];
+  ra_state(&c, ref_st);
+  ra_finish(ref_st, RQ, D, NULL, ref_lse);
+  snprintf(msg, sizeof msg, "attn_acc causal=%d vs direct", causal);
+  ra_cmp(st, ref_st, RQ * (D + 2), dtol, 1, msg, dt);
+  double *o_ref = ra_run(IR_OP_ATTENTION, 3, (Arg[]){{tq, q}, {tk, k}, {tk, v}}, ia, scale, NULL);
+  CHECK(o_ref != NULL, "attention: %s", err);
+  if (st && o_ref) {
+    double *o = ra_run(IR_OP_ATTN_FINISH, 1, (Arg[]){{ts, st}}, NULL, 0, NULL);
+    snprintf(msg, sizeof msg, "attn_finish(attn_acc) causal=%d vs attention", causal);
+    ra_cmp(o, o_ref, RQ * D, tol, 0, msg, dt);
+    double *lse = ra_run(IR_OP_ATTN_LSE, 1, (Arg[]){{ts, st}}, NULL, 0, NULL);
+    snprintf(msg, sizeof msg, "attn_lse causal=%d vs direct", causal);
+    ra_cmp(lse, ref_lse, RQ, dtol, 1, msg, dt);
+    double *drow = ra_drow(g, o_ref, RQ, D, dt);
+    /* the three gradients: from zero, and added to a nonzero accumulator */
+    for (int part = 0; part < 3 && lse; part++) {
+      int64_t fia[3] = {causal, 0, part}, n = part ? RK * D : RQ * D;
+      double *want = ra_run(IR_OP_ATTENTION_BWD, 5, (Arg[]){{tq, q}, {tk, k}, {tk, v}, {tq, o_ref}, {tq, g}}, fia,
+                            scale, NULL);
+      CHECK(want != NULL, "attention_bwd part %d: %s", part, err);
+      IrOp op = part ? IR_OP_ATTN_BWD_KV : IR_OP_ATTN_BWD_Q;
+      const IrType *ta = part ? &tk : &tq;
+      Arg a[7] = {{tq, q}, {tk, k}, {tk, v}, {tq, g}, {tr, lse}, {tr, drow}, {*ta, part ? zk : zq}};
+      double *got = ra_run(op, 7, a, fia, scale, NULL);
+      snprintf(msg, sizeof msg, "%s part=%d causal=%d vs attention_bwd", ir_ops[op].name, part, causal);
+      if (want) ra_cmp(got, want, n, tol, 0, msg, dt);
+      double *acc = rand_vec(n, -1, 1, dt), *w2 = ts_xmalloc((size_t)n * sizeof *w2);
+      for (int64_t i = 0; want && i < n; i++) w2[i] = want[i] + acc[i];
+      a[6].v = acc;
+      double *got2 = ra_run(op, 7, a, fia, scale, NULL);
+      snprintf(msg, sizeof msg, "%s part=%d causal=%d into a nonzero accumulator", ir_ops[op].name, part, causal);
+      if (want) ra_cmp(got2, w2, n, tol, 0, msg, dt);
+      free(got);
+      free(got2);
+      free(acc);
+      free(w2);
+      free(want);
+    }
+    free(drow);
+    free(o);
+    free(lse);
+  }
+  if (!causal && o_ref) {   /* two blocks: keys [0, 33) then [33, 70) */
+    IrType th = TY(dt, B, HKV, 33, D), th2 = TY(dt, B, HKV, T - 33, D);
+    double *k1 = ra_rows(k, B * HKV, T, D, 0, 33), *v1 = ra_rows(v, B * HKV, T, D, 0, 33);
+    double *k2 = ra_rows(k, B * HKV, T, D, 33, T), *v2 = ra_rows(v, B * HKV, T, D, 33, T);
+    double *s1 = ra_run(IR_OP_ATTN_ACC, 4, (Arg[]){{tq, q}, {th, k1}, {th, v1}, {ts, zst}}, ia, scale, NULL);
+    CHECK(s1 != NULL, "attn_acc first block: %s", err);
+    double *s2 = s1 ? ra_run(IR_OP_ATTN_ACC, 4, (Arg[]){{tq, q}, {th2, k2}, {th2, v2}, {ts, s1}}, ia, scale, NULL) : NULL;
+    CHECK(s2 != NULL, "attn_acc second block: %s", err);
+    double *o = s2 ? ra_run(IR_OP_ATTN_FINISH, 1, (Arg[]){{ts, s2}}, NULL, 0, NULL) : NULL;
+    ra_cmp(o, o_ref, RQ * D, tol, 2, "attn_acc in two blocks then attn_finish vs attention", dt);
+    free(o);
+    free(s1);
+    free(s2);
+    free(k1);
+    free(v1);
+    free(k2);
+    free(v2);
+  }
+  free(o_ref);
+  free(st);
+  free(ref_st);
+  free(q);
+  free(k);
+  free(v);
+  free(g);
+  free(zst);
+  free(zq);
+  free(zk);
+}
+
+#define CPB (1u << IR_AXIS_CP)
+/* Zigzag position of local index i on cp coordinate c of S (chunks of h:
+ * the rank holds chunks c and 2S-1-c of 2S; runtime/cp_layout.c). */
+static int64_t zz(int S, int c, int64_t h, int64_t i) { return i < h ? c * h + i : (2 * S - 1 - c) * h + (i - h); }
+
+/* A cp mesh of S set by hand: this rank (coordinate c) holds its zigzag
+ * query block; k / v are split over cp on dim 2, and the step `src` holds
+ * the block of coordinate c - src (wrapping).  Against the direct
+ * computation over the global positions of the rank's own block and that
+ * one: attn_acc over both (src 0 then src) then attn_finish / attn_lse; a
+ * row that sees none of the second block keeps its state bit for bit
+ * (`hidden`: the case has such rows); dq summed over both steps; dk / dv of
+ * the second block from this rank's queries.  (With S = 2, c - src and
+ * c + src coincide; S = 4 tells them apart.) */
+static void ring_cp(IrDtype dt, int S, int c, int src, int hidden) {
+  enum { B = 1, HQ = 4, HKV = 2, H = 5, L = 2 * H, D = 3, RQ = B * HQ * L, RK = B * HKV * L };
+  double scale = 0.6, tol = dt == IR_F32 ? 1e-4 : tol_of(dt);
+  RtRank r = rt_rank_single();
+  r.mesh.cp = S;
+  r.coord[IR_AXIS_CP] = c;
+  OpShard sh;
+  memset(&sh, 0, sizeof sh);
+  sh.rank = &r;
+  sh.res.split[2] = sh.in[0].split[2] = sh.in[1].split[2] = sh.in[2].split[2] = sh.in[3].split[2] = CPB;
+  IrType tq = TY(dt, B, HQ, L, D), tk = TY(dt, B, HKV, L, D), ts = TY(dt, B, HQ, L, D + 2), tr = TY(dt, B, HQ, L);
+  double *q = rand_vec(RQ * D, -1, 1, dt), *g = rand_vec(RQ * D, -1, 1, dt), *zst = ts_xcalloc(RQ * (D + 2), 8);
+  double *kb[2], *vb[2];   /* [0]: this rank's block, [1]: coordinate c - src's */
+  int owner = ((c - src) % S + S) % S;
+  for (int s = 0; s < 2; s++) { kb[s] = rand_vec(RK * D, -1, 1, dt); vb[s] = rand_vec(RK * D, -1, 1, dt); }
+  /* the direct computation over both blocks: keys concatenated per kv head */
+  double *kall = ts_xmalloc(2 * RK * D * sizeof *kall), *vall = ts_xmalloc(2 * RK * D * sizeof *vall);
+  int64_t qpos[L], kpos[2 * L];
+  for (int64_t i = 0; i < L; i++) {
+    qpos[i] = zz(S, c, H, i);
+    kpos[i] = zz(S, c, H, i);
+    kpos[L + i] = zz(S, owner, H, i);
+  }
+  for (int64_t hk = 0; hk < B * HKV; hk++)
+    for (int s = 0; s < 2; s++) {
+      memcpy(kall + (hk * 2 * L + s * L) * D, kb[s] + hk * L * D, L * D * sizeof *kall);
+      memcpy(vall + (hk * 2 * L + s * L) * D, vb[s] + hk * L * D, L * D * sizeof *vall);
+    }
+  RaCase all = {B, HQ, HKV, L, 2 * L, D, scale, 1, q, kall, vall, g, qpos, kpos};
+  RaCase other = {B, HQ, HKV, L, L, D, scale, 1, q, kb[1], vb[1], g, qpos, kpos + L};
+  double *st_all = ts_xmalloc(RQ * (D + 2) * sizeof *st_all), o_all[RQ * D], lse_all[RQ];
+  ra_state(&all, st_all);
+  ra_finish(st_all, RQ, D, o_all, lse_all);
+  char msg[96];
+  /* the forward: own block (src 0), then the other (src) */
+  double *st[2] = {NULL, NULL};
+  for (int s = 0; s < 2; s++) {
+    int64_t ia[2] = {1, s ? src : 0};
+    Arg a[4] = {{tq, q}, {tk, kb[s]}, {tk, vb[s]}, {ts, s ? st[0] : zst}};
+    st[s] = s && !st[0] ? NULL : ra_run(IR_OP_ATTN_ACC, 4, a, ia, scale, &sh);
+    CHECK(st[s] != NULL, "attn_acc cp %d coord %d src %d (%s): %s", S, c, (int)ia[1], ir_dtype_name(dt), err);
+  }
+  if (st[1]) {
+    /* rows that see no key of the other block keep their state bit for bit */
+    int kept = 1, some = 0;
+    for (int64_t row = 0; row < RQ; row++) {
+      int64_t i = row % L, sees = 0;
+      for (int64_t j = 0; j < L; j++) sees |= kpos[L + j] <= qpos[i];
+      if (sees) continue;
+      some = 1;
+      kept &= memcmp(st[1] + row * (D + 2), st[0] + row * (D + 2), (D + 2) * sizeof(double)) == 0;
+    }
+    CHECK(kept, "cp %d coord %d: a row that sees none of block %d changed", S, c, owner);
+    CHECK(some == hidden, "cp %d coord %d: rows hiding block %d: %d, expected %d", S, c, owner, some, hidden);
+    double *o = ra_run(IR_OP_ATTN_FINISH, 1, (Arg[]){{ts, st[1]}}, NULL, 0, &sh);
+    snprintf(msg, sizeof msg, "cp %d coord %d: attn_finish after src 0, %d vs direct", S, c, src);
+    ra_cmp(o, o_all, RQ * D, tol, 1, msg, dt);
+    double *lse = ra_run(IR_OP_ATTN_LSE, 1, (Arg[]){{ts, st[1]}}, NULL, 0, &sh);
+    snprintf(msg, sizeof msg, "cp %d coord %d: attn_lse after src 0, %d vs direct", S, c, src);
+    ra_cmp(lse, lse_all, RQ, tol, 1, msg, dt);
+    free(o);
+    free(lse);
+  }
+  {   /* from a state with l = 0 and garbage in m and acc: ignored where the block is seen, kept where not */
+    double *gst = rand_vec(RQ * (D + 2), -3, 3, dt), *want = ts_xmalloc(RQ * (D + 2) * sizeof *want);
+    ra_state(&other, want);
+    for (int64_t row = 0; row < RQ; row++) {
+      int sees = 0;
+      for (int64_t j = 0; j < L; j++) sees |= kpos[L + j] <= qpos[row % L];
+      gst[row * (D + 2) + D + 1] = 0;
+      if (!sees) memcpy(want + row * (D + 2), gst + row * (D + 2), (D + 2) * sizeof *want);
+    }
+    int64_t ia[2] = {1, src};
+    double *got = ra_run(IR_OP_ATTN_ACC, 4, (Arg[]){{tq, q}, {tk, kb[1]}, {tk, vb[1]}, {ts, gst}}, ia, scale, &sh);
+    snprintf(msg, sizeof msg, "cp %d coord %d: attn_acc src %d from a state with l = 0 vs direct", S, c, src);
+    ra_cmp(got, want, RQ * (D + 2), tol, 1, msg, dt);
+    free(got);
+    free(want);
+    free(gst);
+  }
+  /* the backward, with the exact lse and drow rounded to dt */
+  double *lse = ts_xmalloc(RQ * sizeof *lse), *drow = ra_drow(g, o_all, RQ, D, dt);
+  for (int64_t i = 0; i < RQ; i++) lse[i] = dt == IR_F32 ? (float)lse_all[i] : lse_all[i];
+  double *dq_ref = ts_xcalloc(RQ * D, sizeof *dq_ref), *dk_ref = ts_xcalloc(RK * D, 8), *dv_ref = ts_xcalloc(RK * D, 8);
+  ra_grads(&all, lse, drow, dq_ref, NULL, NULL);
+  ra_grads(&other, lse, drow, NULL, dk_ref, dv_ref);
+  double *dq = ts_xcalloc(RQ * D, sizeof *dq);
+  for (int s = 0; s < 2 && dq; s++) {
+    int64_t ia[2] = {1, s ? src : 0};
+    Arg a[7] = {{tq, q}, {tk, kb[s]}, {tk, vb[s]}, {tq, g}, {tr, lse}, {tr, drow}, {tq, dq}};
+    double *nx = ra_run(IR_OP_ATTN_BWD_Q, 7, a, ia, scale, &sh);
+    CHECK(nx != NULL, "attn_bwd_q cp %d coord %d src %d: %s", S, c, (int)ia[1], err);
+    free(dq);
+    dq = nx;
+  }
+  snprintf(msg, sizeof msg, "cp %d coord %d: attn_bwd_q over src 0, %d vs direct", S, c, src);
+  ra_cmp(dq, dq_ref, RQ * D, tol, 1, msg, dt);
+  double *zk = ts_xcalloc(RK * D, sizeof *zk);
+  for (int part = 1; part <= 2; part++) {
+    int64_t ia[3] = {1, src, part};
+    Arg a[7] = {{tq, q}, {tk, kb[1]}, {tk, vb[1]}, {tq, g}, {tr, lse}, {tr, drow}, {tk, zk}};
+    double *got = ra_run(IR_OP_ATTN_BWD_KV, 7, a, ia, scale, &sh);
+    snprintf(msg, sizeof msg, "cp %d coord %d: attn_bwd_kv part %d src %d vs direct", S, c, part, src);
+    ra_cmp(got, part == 1 ? dk_ref : dv_ref, RK * D, tol, 1, msg, dt);
+    free(got);
+  }
+  free(zk);
+  free(dq);
+  free(dq_ref);
+  free(dk_ref);
+  free(dv_ref);
+  free(lse);
+  free(drow);
+  free(st[0]);
+  free(st[1]);
+  free(st_all);
+  free(kall);
+  free(vall);
+  for (int s = 0; s < 2; s++) { free(kb[s]); free(vb[s]); }
+  free(q);
+  free(g);
+  free(zst);
+}
+
+static void test_ring_attn(IrDtype dt) {
+  for (int causal = 0; causal < 2; causal++) ring_vs_fused(dt, causal);
+  ring_cp(dt, 2, 0, 1, 1);   /* chunk 0's queries see none of chunks 1, 2 */
+  ring_cp(dt, 2, 1, 1, 0);
+  ring_cp(dt, 4, 1, 1, 0);   /* chunks 1, 6 against 0, 7 */
+  ring_cp(dt, 4, 0, 3, 1);   /* wraps: block of coordinate 1 (chunks 1, 6) against 0, 7 */
+  if (getenv("RT_VERBOSE")) {
+    const double *m = g_ra_max[dt == IR_F32 ? 0 : 1];
+    printf("ring attention (%s): max relative difference vs fused %.3g, vs direct %.3g, two-block fold %.3g\n",
+           ir_dtype_name(dt), m[0], m[1], m[2]);
+  }
+}
+
 /* ---- the worker pool and the threaded kernels ---- */
 static void mark_range(void *c, int64_t lo, int64_t hi) {
   unsigned char *seen = c;
@@ -909,6 +1272,16 @@ static void test_threads_same(IrDtype dt) {
   IrType ma = TY(dt, 5, 4, 33, 40), mb = TY(dt, 5, 4, 40, 29);
   Arg am[2] = {{ma, x}, {mb, y}};
   same_on_threads(IR_OP_MATMUL, 2, am, (int64_t[]){0, 0}, NULL, NULL, "batched matmul", dt);
+  /* ring attention steps: threads over (batch, head); the state's l column
+   * is random, so some rows start fresh and some fold into a running state */
+  IrType aq = TY(dt, 2, 4, 70, 6), ak = TY(dt, 2, 2, 70, 6), ast = TY(dt, 2, 4, 70, 8), arow = TY(dt, 2, 4, 70);
+  double sc[1] = {0.4};
+  Arg aacc[4] = {{aq, x}, {ak, y}, {ak, x + 5000}, {ast, y + 5000}};
+  Arg abw[7] = {{aq, x}, {ak, y}, {ak, x + 5000}, {aq, y + 5000}, {arow, x + 20000}, {arow, y + 9000}, {ak, x + 9000}};
+  same_on_threads(IR_OP_ATTN_ACC, 4, aacc, (int64_t[]){1, 0}, sc, NULL, "attn_acc", dt);
+  same_on_threads(IR_OP_ATTN_BWD_KV, 7, abw, (int64_t[]){1, 0, 1}, sc, NULL, "attn_bwd_kv", dt);
+  abw[6].t = aq;
+  same_on_threads(IR_OP_ATTN_BWD_Q, 7, abw, (int64_t[]){1, 0}, sc, NULL, "attn_bwd_q", dt);
   free(x);
   free(y);
   free(dl);
@@ -1038,16 +1411,19 @@ int main(void) {
     test_index_ops(dt);
     test_global_positions(dt);
     test_embedding_split(dt);
+    test_ring_attn(dt);
     test_threads_same(dt);
     test_layout_big(dt);
   }
   test_par_pool();
   /* every op of ops.def has a kernel test here, except those that need
    * state or a whole block and are tested in test_rt_exec.c, and the
-   * pipeline ops, which need several ranks (tests/pipe_rt) */
+   * pipeline and ring ops, which need several ranks (tests/pipe_rt,
+   * tests/parallel's cp cells) */
   static const IrOp elsewhere[] = {IR_OP_STATE, IR_OP_ZERO, IR_OP_ADAMW, IR_OP_OUTPUT, IR_OP_ASSIGN,
                                    IR_OP_SEND, IR_OP_RECV, IR_OP_STASH, IR_OP_UNSTASH, IR_OP_GROUP_SUM,
-                                   IR_OP_ATTENTION, IR_OP_ATTENTION_BWD};   /* tests/grad, tests/oracle, tests/attn */
+                                   IR_OP_ATTENTION, IR_OP_ATTENTION_BWD,    /* tests/grad, tests/oracle, tests/attn */
+                                   IR_OP_RING_SHIFT, IR_OP_RING_WAIT};      /* a pair on cp ranks: tests/parallel */
   for (int op = 0; op < IR_OP_COUNT; op++) {
     int skip = 0;
     for (size_t i = 0; i < sizeof elsewhere / sizeof *elsewhere; i++) skip |= elsewhere[i] == (IrOp)op;

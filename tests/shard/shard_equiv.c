@@ -101,13 +101,14 @@ int main(int argc, char **argv) {
   RtComm *w = rt_comm_init_mpi(&argc, &argv, 60, err, sizeof err);
   if (!w) { fprintf(stderr, "shard_equiv: %s\n", err); return 1; }
   if (argc < 4) { fprintf(stderr, "usage: shard_equiv FILE TP SP [name=value ...]\n"); return 2; }
-  int T = atoi(argv[2]), sp = atoi(argv[3]), C = 1, E = 1;
+  int T = atoi(argv[2]), sp = atoi(argv[3]), C = 1, E = 1, mask0 = 0;
   int me = rt_comm_rank(w);
   MdlDefine defs[32];
   int nd = 0;
   for (int i = 4; i < argc && nd < 32; i++) {
     if (strncmp(argv[i], "--cp=", 5) == 0) { C = atoi(argv[i] + 5); continue; }
     if (strncmp(argv[i], "--ep=", 5) == 0) { E = atoi(argv[i] + 5); continue; }
+    if (strcmp(argv[i], "--mask-cp-rank0") == 0) { mask0 = 1; continue; }
     char *eq = strchr(argv[i], '=');
     if (!eq) continue;
     *eq = 0;
@@ -134,6 +135,19 @@ int main(int argc, char **argv) {
   int64_t V = vocab_of(ref);
   int32_t *tok = make_ids(ref, "tokens", V, 0), *tgt = make_ids(ref, "targets", V, 5);
   if (!tok || !tgt) { fprintf(stderr, "shard_equiv: the model has no tokens/targets inputs\n"); return 1; }
+  if (mask0 && C > 1) {
+    /* --mask-cp-rank0: every target cp rank 0 holds is ignored (its zigzag
+     * chunks 0 and 2C-1 of each sequence): its share of the loss and of
+     * every gradient is empty, the whole-sequence mean must stay finite */
+    const IrBlock *rb = &ref->blocks.a[ir_block_find(ref, "micro")];
+    const IrType *it = NULL;
+    for (int i = 0; i < rb->n; i++)
+      if (rb->nodes[i].op == IR_OP_INPUT && strcmp(rb->nodes[i].sa, "targets") == 0) it = &rb->nodes[i].type;
+    int64_t Tl = it->dim[it->rank - 1], ch = Tl / (2 * C), rows = ir_type_numel(it) / Tl;
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t j = 0; j < Tl; j++)
+        if (j < ch || j >= Tl - ch) tgt[r * Tl + j] = -1;
+  }
   RtFeed feeds[2] = {{"tokens", tok}, {"targets", tgt}};
   /* each rank feeds its block of the inputs as the sharded module splits
    * them (the sequence over cp with causal load balancing, the batch over
