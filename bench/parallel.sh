@@ -2,12 +2,14 @@
 # parallel.sh - the tiny GPT across parallel layouts on CPU ranks: step
 # time and bytes communicated per step, one markdown table per run.
 #
-#   bench/parallel.sh [--build DIR] [--steps N] [--warmup N] [--model gpt|llama]
+#   bench/parallel.sh [--build DIR] [--steps N] [--warmup N] [--model gpt|llama|moe]
 #   defaults: --build build, --steps 10 (timed), --warmup 2, --model gpt
 #
 # Layouts: 1 rank; tp=2; tp=2 sp; dp=2; tp=2 dp=2 sp; tp=4; pp=2 (1f1b,
 # gpipe); pp=2 dp=2; cp=2 (ring attention, when the model has no attention
-# dropout; else the all-gather form).  Each is
+# dropout; else the all-gather form).  --model moe instead: 1 rank and
+# ep=2 / ep=4 / ep=2 dp=2 with the sparse experts (token dispatch by
+# all_to_all_v), and 1 rank / ep=2 with nn.moe's dense form.  Each is
 # compiled with mcc and trained with `mrun --gpus N --metrics` (f32, MPI
 # ranks started by mrun, OPENBLAS_NUM_THREADS=1 per rank).
 # - step time: median of the elapsed_s differences of the timed steps
@@ -39,14 +41,19 @@ while [ $# -gt 0 ]; do
 done
 MCC=$build/mcc MRUN=$build/mrun
 [ -x "$MCC" ] && [ -x "$MRUN" ] || { echo "parallel.sh: no mcc/mrun in $build (build first, or --build DIR)" >&2; exit 2; }
-CFG=(-D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=2)
+micro=2
+[ "$model" = moe ] && micro=4   # ep splits each micro batch: up to ep=4
+CFG=(-D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=$micro)
 [ "$model" = llama ] && CFG+=(-D kv_heads=4 -D ffn=256)
+[ "$model" = moe ] && CFG+=(-D kv_heads=2 -D ffn=128 -D experts=4 -D topk=2)
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 layouts=("1 rank|" "tp=2|--tp 2" "tp=2 sp|--tp 2 --sp" "dp=2|--dp 2" "tp=2 dp=2 sp|--tp 2 --dp 2 --sp" "tp=4|--tp 4"
          "pp=2 (1f1b)|--pp 2" "pp=2 gpipe|--pp 2 --schedule gpipe" "pp=2 dp=2|--pp 2 --dp 2" "cp=2 (ring)|--cp 2")
+[ "$model" = moe ] && layouts=("1 rank|" "ep=2|--ep 2" "ep=4|--ep 4" "ep=2 dp=2|--ep 2 --dp 2"
+                               "1 rank, dense experts|-D dense=true" "ep=2, dense experts|-D dense=true --ep 2")
 echo "| layout | ranks | median step (ms) | vs 1 rank | collectives / step | payload bytes / step / rank | ring bytes sent / step / rank | final loss |"
 echo "|---|---:|---:|---:|---:|---:|---:|---:|"
 base=""
