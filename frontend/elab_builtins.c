@@ -650,7 +650,7 @@ static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
   double scale = 1.0 / sqrt((double)t.dim[3]);
   if (a[3].k != V_UNSET && elab_want_bool(e, c, "causal", &a[3], &causal)) return elab_err();
   if (a[4].k != V_UNSET && elab_want_num(e, c, "scale", &a[4], &scale)) return elab_err();
-  int64_t ia[2] = {causal, 0};
+  int64_t ia[1] = {causal};
   double fa[1] = {scale};
   return elab_emit(e, c->loc, IR_OP_ATTENTION, a, 3, ia, fa, NULL, NULL);
 }

@@ -558,7 +558,6 @@ static int scalar_float(Sx *x, int i, const char *what) {
 static int check_qkv(Sx *x);
 static int check_attention(Sx *x) {
   if (need_bool(x, 0)) return -1;
-  if (x->n->ia[1] != 0) return fail(x, "ring must be 0 (the sharding pass lowers ring attention into attn_* steps)");
   return check_qkv(x);
 }
 static int check_qkv(Sx *x) {
@@ -592,7 +591,7 @@ static int shape_ATTENTION_BWD(Sx *x) {
   const IrType *q = opnd(x, 0), *o = opnd(x, 3), *dy = opnd(x, 4);
   if (!ir_type_same_shape(o, q) || !ir_type_same_shape(dy, q) || o->dtype != q->dtype || dy->dtype != q->dtype)
     return fail(x, "o %s and do %s must be shaped like q %s", tstr(x, o), tstr(x, dy), tstr(x, q));
-  int64_t part = x->n->ia[2];
+  int64_t part = x->n->ia[1];
   if (part < 0 || part > 2) return fail(x, "part must be 0 (dq), 1 (dk) or 2 (dv), got %lld", (long long)part);
   *x->out = *opnd(x, (int)part);
   return 0;

@@ -376,7 +376,7 @@ static void ad_ATTENTION(Ad *a, int i, int dy) {
     IrNode n = *nd(a, i);
     if (!needs(a, n.in[part])) continue;
     int in[5] = {n.in[0], n.in[1], n.in[2], i, dy};
-    int64_t ia[3] = {n.ia[0], n.ia[1], part};
+    int64_t ia[2] = {n.ia[0], part};
     add_grad(a, n.in[part], em(a, IR_OP_ATTENTION_BWD, in, 5, ia, n.fa, NULL));
   }
 }

@@ -460,7 +460,7 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
      * with the ring (S->cp_ring) k / v are blocks too and shard_node
      * lowers the node into ring steps (lower_ring), else k / v are
      * gathered and dk / dv come out partial.  head_dim stays whole. */
-    int t = AX_R, ring = a == IR_AXIS_CP && S->cp_ring, part = n->op == IR_OP_ATTENTION_BWD ? (int)n->ia[2] : 0;
+    int t = AX_R, ring = a == IR_AXIS_CP && S->cp_ring, part = n->op == IR_OP_ATTENTION_BWD ? (int)n->ia[1] : 0;
     for (int k = 0; k < nin && t == AX_R; k++)
       if (st[k] >= 0 && st[k] <= 2) t = st[k];
     if (t == 1) {
@@ -990,7 +990,7 @@ static int lower_ring(Sh *S, int i, const int *in, const IrSharding *ish, const 
       }
     }
   }
-  int part = (int)n->ia[2];
+  int part = (int)n->ia[1];
   RingCtx c = {in[0], in[4], S->ring_lse[i], S->ring_drow[i], (int)n->ia[0], part, n->fa[0], osh};
   int acc = zeros_like(S, in[part], nnode(S, in[part])->type.dim[3], osh);
   return ring_loop(S, in[1], in[2], &ish[1], acc, osh, part > 0, step_bwd, &c);

@@ -19,7 +19,7 @@
  * Ring attention (context parallelism) is not here: the sharding pass
  * lowers it into one attn_* step per cp rank (ops_ring.c, docs/sharding.md
  * "Ring attention"), so these kernels see whole keys or a gathered
- * sequence; a node with ring=1 is refused.
+ * sequence.
  *
  * All arithmetic is in double (f32 operands are widened once).
  * Threads: rt_par_for over (batch, query head) for the forward and dq, over
@@ -257,8 +257,6 @@ static int attn_open(RtKctx *k, Attn *a, int nin) {
                     (int)k->n->ia[0]};
   if (a->d.Hkv < 1 || a->d.Hq % a->d.Hkv) return rt_kfail(k, "query heads %lld are not a multiple of kv heads %lld",
                                                           (long long)a->d.Hq, (long long)a->d.Hkv);
-  if (k->n->ia[1])
-    return rt_kfail(k, "ring=1: ring attention runs as attn_* steps (the sharding pass lowers it), not as one node");
   a->qmask = rt_kin_sh(k, 0)->split[2];
   a->kmask = rt_kin_sh(k, 1)->split[2];
   for (int i = 0; i < nin; i++) a->x[i] = rt_attn_f64(k->in[i], dt, ir_type_numel(k->it[i]), &a->own[i]);
@@ -308,7 +306,7 @@ int ref_ATTENTION_BWD(RtKctx *k) {
   Attn a;
   if (attn_open(k, &a, 5)) { attn_close(&a); return -1; }
   const AttnDims *d = &a.d;
-  int part = (int)k->n->ia[2];
+  int part = (int)k->n->ia[1];
   if (part < 0 || part > 2) { attn_close(&a); return rt_kfail(k, "part must be 0, 1 or 2"); }
   int64_t rows = d->B * d->Hq * d->Tq, n = ir_type_numel(k->ot);
   double *lse = attn_forward(&a, NULL);

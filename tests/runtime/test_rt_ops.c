@@ -962,20 +962,20 @@ static void ring_vs_fused(IrDtype dt, int causal) {
     double *drow = ra_drow(g, o_ref, RQ, D, dt);
     /* the three gradients: from zero, and added to a nonzero accumulator */
     for (int part = 0; part < 3 && lse; part++) {
-      int64_t fia[3] = {causal, 0, part}, n = part ? RK * D : RQ * D;
+      int64_t fia[2] = {causal, part}, sia[3] = {causal, 0, part}, n = part ? RK * D : RQ * D;   /* fused; steps (src 0) */
       double *want = ra_run(IR_OP_ATTENTION_BWD, 5, (Arg[]){{tq, q}, {tk, k}, {tk, v}, {tq, o_ref}, {tq, g}}, fia,
                             scale, NULL);
       CHECK(want != NULL, "attention_bwd part %d: %s", part, err);
       IrOp op = part ? IR_OP_ATTN_BWD_KV : IR_OP_ATTN_BWD_Q;
       const IrType *ta = part ? &tk : &tq;
       Arg a[7] = {{tq, q}, {tk, k}, {tk, v}, {tq, g}, {tr, lse}, {tr, drow}, {*ta, part ? zk : zq}};
-      double *got = ra_run(op, 7, a, fia, scale, NULL);
+      double *got = ra_run(op, 7, a, sia, scale, NULL);
       snprintf(msg, sizeof msg, "%s part=%d causal=%d vs attention_bwd", ir_ops[op].name, part, causal);
       if (want) ra_cmp(got, want, n, tol, 0, msg, dt);
       double *acc = rand_vec(n, -1, 1, dt), *w2 = ts_xmalloc((size_t)n * sizeof *w2);
       for (int64_t i = 0; want && i < n; i++) w2[i] = want[i] + acc[i];
       a[6].v = acc;
-      double *got2 = ra_run(op, 7, a, fia, scale, NULL);
+      double *got2 = ra_run(op, 7, a, sia, scale, NULL);
       snprintf(msg, sizeof msg, "%s part=%d causal=%d into a nonzero accumulator", ir_ops[op].name, part, causal);
       if (want) ra_cmp(got2, w2, n, tol, 0, msg, dt);
       free(got);
