@@ -164,15 +164,23 @@ static int moe_check(RtKctx *k, int ri, int ti, int yi, int si, MoeJob *j, int64
   return 0;
 }
 
+/* j->map of the routing mask in operand ri (token_rows), or NULL after
+ * failing; the caller frees it. */
+static int64_t *job_map(RtKctx *k, int ri, MoeJob *j, int64_t R) {
+  int64_t total, *map = ts_xmalloc((size_t)(j->N * j->E > 0 ? j->N * j->E : 1) * sizeof *map);
+  if (token_rows(k, k->in[ri], j->dt, j->N, j->E, R, map, &total)) { free(map); return NULL; }
+  j->map = map;
+  return map;
+}
+
 /* (x[N, D], routed[N, E], scale[N, E]; rows=R) -> [R, D] token layout */
 int ref_MOE_PERM(RtKctx *k) {
   MoeJob j = {0};
-  int64_t R, total;
+  int64_t R;
   if (moe_check(k, 1, 0, -1, 2, &j, &R)) return -1;
   if (R != k->n->ia[0]) return rt_kfail(k, "result %s does not have rows=%lld", rt_tstr(k->ot, 0), (long long)k->n->ia[0]);
-  int64_t *map = ts_xmalloc((size_t)(j.N * j.E > 0 ? j.N * j.E : 1) * sizeof *map);
-  if (token_rows(k, k->in[1], j.dt, j.N, j.E, R, map, &total)) { free(map); return -1; }
-  j.map = map;
+  int64_t *map = job_map(k, 1, &j, R);
+  if (!map) return -1;
   j.x = k->in[0];
   j.s = k->in[2];
   j.out = k->out;
@@ -185,11 +193,10 @@ int ref_MOE_PERM(RtKctx *k) {
 /* (y[R, D] token layout, routed[N, E], scale[N, E]) -> [N, D] */
 int ref_MOE_UNPERM(RtKctx *k) {
   MoeJob j = {0};
-  int64_t R, total;
+  int64_t R;
   if (moe_check(k, 1, -1, 0, 2, &j, &R)) return -1;
-  int64_t *map = ts_xmalloc((size_t)(j.N * j.E > 0 ? j.N * j.E : 1) * sizeof *map);
-  if (token_rows(k, k->in[1], j.dt, j.N, j.E, R, map, &total)) { free(map); return -1; }
-  j.map = map;
+  int64_t *map = job_map(k, 1, &j, R);
+  if (!map) return -1;
   j.y = k->in[0];
   j.s = k->in[2];
   j.out = k->out;
@@ -201,13 +208,12 @@ int ref_MOE_UNPERM(RtKctx *k) {
 /* (y[R, D] token layout, d[N, D], routed[N, E]) -> [N, E] */
 int ref_MOE_GATE_GRAD(RtKctx *k) {
   MoeJob j = {0};
-  int64_t R, total;
+  int64_t R;
   if (moe_check(k, 2, 1, 0, -1, &j, &R)) return -1;
   if (k->ot->dtype != j.dt || ir_type_numel(k->ot) != j.N * j.E)
     return rt_kfail(k, "result %s must have the routing mask's type %s", rt_tstr(k->ot, 0), rt_tstr(k->it[2], 1));
-  int64_t *map = ts_xmalloc((size_t)(j.N * j.E > 0 ? j.N * j.E : 1) * sizeof *map);
-  if (token_rows(k, k->in[2], j.dt, j.N, j.E, R, map, &total)) { free(map); return -1; }
-  j.map = map;
+  int64_t *map = job_map(k, 2, &j, R);
+  if (!map) return -1;
   j.y = k->in[0];
   j.x = k->in[1];
   j.out = k->out;
