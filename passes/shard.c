@@ -491,7 +491,6 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
         return sh_fail(S, "gmm %%%d: under ep the expert weights must be split over ep along their expert dim "
                        "(rules { experts: ep }), but they are %s", i, st[1] == AX_R ? "replicated" : "split elsewhere");
       want[0] = want[1] = 0;
-      if (n->op == IR_OP_GMM) want[1] = 0;
       *out = 0;
       return 0;
     }
