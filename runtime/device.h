@@ -18,6 +18,7 @@
 #ifndef TS_RT_DEVICE_H
 #define TS_RT_DEVICE_H
 #include "../codegen/cuda.h"
+#include "rt.h"
 
 enum { RT_STREAM_COMPUTE = 0, RT_STREAM_COMM = 1, RT_DEV_STREAMS = 2 };
 enum { RT_DEV_EVENTS = 64 };
@@ -29,13 +30,13 @@ typedef struct RtDevGraph RtDevGraph;
 /* What a module is made from; a device takes what it can: the CUDA device
  * a cubin for its own arch, else the PTX (the driver JITs it); the
  * emulator the source. */
-typedef struct {
+struct RtDevImage {
   const char *source;            /* CUDA C, prelude included (may be NULL) */
   const char *ptx;               /* may be NULL */
   const void *cubin;             /* may be NULL */
   size_t cubin_len;
   int sm;                        /* the cubin's arch: 80, 90 (0: none) */
-} RtDevImage;
+};
 
 /* C[m, n] (+)= alpha * op(A) op(B), row-major, op = transpose if ta / tb,
  * `batch` products at the given element strides (0: shared operand);
@@ -57,7 +58,6 @@ typedef struct {
   int epilogue;
 } RtGemm;
 
-typedef struct RtDev RtDev;
 typedef struct {
   const char *name;              /* "cuda", "emu" */
   void (*close)(RtDev *d);
@@ -92,6 +92,8 @@ struct RtDev {
   int ordinal;                   /* device number */
   int sm;                        /* compute capability * 10 (80, 90), 0 if unknown */
   char label[128];               /* for messages: "NVIDIA H100 80GB HBM3 (sm_90)" */
+  int host_memory;               /* device pointers are host pointers (the emulator): the reference
+                                    kernels of collectives can run on them */
   void *impl;
 };
 

@@ -24,7 +24,7 @@
 /* The shapes of matmul mm of b: M, N, K, batch (product of a's leading
  * dims) and whether b is one matrix shared by every batch item.  0, or -1
  * if BLAS cannot take them (the reference kernel would say why). */
-static int gemm_shape(const IrBlock *b, const IrNode *mm, int64_t *M, int64_t *N, int64_t *K, int64_t *batch,
+int rt_gemm_shape(const IrBlock *b, const IrNode *mm, int64_t *M, int64_t *N, int64_t *K, int64_t *batch,
                       int *shared) {
   const IrType *at = &b->nodes[mm->in[0]].type, *bt = &b->nodes[mm->in[1]].type;
   int ta = mm->ia[0] != 0, tb = mm->ia[1] != 0, ra = at->rank, rb = bt->rank;
@@ -56,7 +56,7 @@ int rt_gemm_epilogue_ok(const IrBlock *b, int mm) {
     return 0;
   int64_t M, N, K, batch;
   int shared;
-  return gemm_shape(b, n, &M, &N, &K, &batch, &shared) == 0;
+  return rt_gemm_shape(b, n, &M, &N, &K, &batch, &shared) == 0;
 }
 
 /* One GEMM per batch item in [lo, hi), C_i = op(A_i) op(B_i) + C_i. */
@@ -99,7 +99,7 @@ int rt_gemm_epilogue_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, v
   /* 2. out += A.B */
   int64_t M, N, Kd, batch;
   int shared;
-  if (gemm_shape(b, mm, &M, &N, &Kd, &batch, &shared) != 0) {
+  if (rt_gemm_shape(b, mm, &M, &N, &Kd, &batch, &shared) != 0) {
     snprintf(msg, n, "internal error: the epilogue's matmul %%%d has shapes BLAS does not take", K->gemm_mm - 1);
     return -1;
   }

@@ -36,15 +36,27 @@
  * empty) compiles every time. */
 #include "rt_priv.h"
 #include "../passes/passes.h"
+#include "dev_prog.h"
 #include <errno.h>
 #include <math.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+/* A distinct CUDA kernel of the module (cuda mode): its text's hash and
+ * launch, so the same kernel in every layer is printed once. */
+typedef struct {
+  uint64_t hash;
+  CgCudaLaunch cl;
+} CudaSeen;
+
 struct RtJit {
-  CgJit *jit;
+  CgJit *jit;           /* NULL in cuda mode */
   CgPool *pool;
+  int cuda;             /* kernels printed as CUDA C into `cuda_src` instead of JIT-compiled */
+  StrBuf cuda_src;
+  VEC(CudaSeen) cuda_seen;
+  VEC(RtCudaKernelInfo) cuda_info;
   RtJitBlock *blocks;   /* per block of the module */
   int nblocks;
   RtExecStats stats;
@@ -85,6 +97,33 @@ static int placement_ok(const IrModule *m, const IrBlock *b, const int *mem, int
   return 1;
 }
 
+/* cuda mode: prints kernel k (renamed NAME_<hash of its text>, so equal
+ * kernels share one function and different ones never collide) into the
+ * module unless an equal one is there, and gives its launch.  0 or -1. */
+static int cuda_add(RtJit *J, CgKernel *k, const IrBlock *b, int at, CgCudaLaunch *cl, char *err, size_t errlen) {
+  StrBuf key = {0};
+  cg_kernel_print(k, &key);
+  uint64_t h = ts_hash64(key.p, key.n, 0);
+  sb_free(&key);
+  for (int i = 0; i < J->cuda_seen.n; i++)
+    if (J->cuda_seen.a[i].hash == h) { *cl = J->cuda_seen.a[i].cl; return 0; }
+  char name[64];
+  snprintf(name, sizeof name, "%.40s_%08llx", k->name, (unsigned long long)(h & 0xffffffffu));
+  snprintf(k->name, sizeof k->name, "%s", name);
+  char why[512];
+  if (cg_kernel_cuda_text(k, &J->cuda_src, cl, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "block %s: printing the CUDA kernel of %%%d (%s): %s", b->name, at, k->name, why);
+  CudaSeen cs = {h, *cl};
+  VEC_PUSH(J->cuda_seen, cs);
+  RtCudaKernelInfo ki;
+  memset(&ki, 0, sizeof ki);
+  snprintf(ki.name, sizeof ki.name, "%s", cl->name);
+  snprintf(ki.where, sizeof ki.where, "block %s, %%%d = %s", b->name, at, ir_ops[b->nodes[at].op].name);
+  VEC_PUSH(J->cuda_info, ki);
+  J->stats.distinct++;
+  return 0;
+}
+
 /* Lowers and compiles the kernel of members mem[0..n) of block b into
  * *out.  0; 1 if the lowering refused (fall back); -1 on a JIT error. */
 static int compile_kernel(RtJit *J, const IrModule *m, const IrBlock *b, const int *mem, int n, RtJitKernel *out,
@@ -92,6 +131,15 @@ static int compile_kernel(RtJit *J, const IrModule *m, const IrBlock *b, const i
   char why[512];
   CgKernel *k = cg_lower_group(m, b, mem, n, &out->io, why, sizeof why);
   if (!k) return 1;
+  if (J->cuda) {
+    int rc = cuda_add(J, k, b, mem[n - 1], &out->cl, err, errlen);
+    out->grid = k->grid;
+    out->nparam = k->nparam;
+    out->at = mem[n - 1];
+    out->op = b->nodes[mem[n - 1]].op;
+    cg_kernel_free(k);
+    return rc;
+  }
   int hits = cg_jit_cache_hits(J->jit);
   CgFn fn = cg_jit_compile(J->jit, k, why, sizeof why);
   if (!fn) {
@@ -196,6 +244,58 @@ static int64_t adamw_count(const IrModule *m, const IrBlock *b, const IrNode *n)
   return ir_type_numel(want);
 }
 
+/* Size of mesh axis a in m's parallel configuration (>= 1). */
+static int64_t par_axis_size(const IrModule *m, int a) {
+  const IrParallel *q = &m->par;
+  int v = a == IR_AXIS_DP ? q->dp : a == IR_AXIS_PP ? q->pp : a == IR_AXIS_CP ? q->cp : a == IR_AXIS_EP ? q->ep : q->tp;
+  return v > 1 ? v : 1;
+}
+
+/* cuda mode: one launch per tensor of the run (graphs make launches
+ * cheap).  A kernel's grid is a constant, but a ZeRO member updates a
+ * count that depends on the rank (the last chunk may be partial, a chunk
+ * past the end is empty) while the module is shared by every dp rank: so
+ * each member gets the kernels of both possible counts, cls[2j] for the
+ * full chunk (ccnt[2j]) and cls[2j + 1] for the partial one (ccnt[2j + 1],
+ * 0 if none); the executor launches the one matching its count. */
+static int cuda_adamw_run(RtJit *J, const IrModule *m, const IrBlock *b, int *run, int nrun, RtJitKernel *out,
+                          char *err, size_t errlen) {
+  CgCudaLaunch *cls = ts_xcalloc((size_t)(2 * nrun), sizeof *cls);
+  int64_t *ccnt = ts_xcalloc((size_t)(2 * nrun), sizeof *ccnt);
+  int rc = 0;
+  for (int j = 0; j < nrun && rc == 0; j++) {
+    const IrNode *nd = &b->nodes[run[j]];
+    const IrState *w = &m->states.a[nd->ia[0]], *ms = &m->states.a[nd->ia[1]];
+    int64_t c = adamw_count(m, b, nd), total = ir_type_numel(&w->type), nblk = 1;
+    for (int a = 0; a < IR_AXIS_COUNT; a++)
+      if (ms->sh.flat & (1u << a)) nblk *= par_axis_size(m, a);
+    ccnt[2 * j] = ms->sh.flat ? (total >= c ? c : 0) : c;
+    if (ms->sh.flat && total % c != 0 && total < nblk * c) ccnt[2 * j + 1] = total % c;
+    for (int h = 0; h < 2 && rc == 0; h++) {
+      if (ccnt[2 * j + h] <= 0) continue;
+      CgKernel *k = lower_adamw(b->nodes[nd->in[1]].type.dtype, b->nodes[nd->in[0]].type.dtype, nd->fa,
+                                ccnt[2 * j + h]);
+      if (!k) { rc = 1; break; }
+      rc = cuda_add(J, k, b, run[j], &cls[2 * j + h], err, errlen);
+      cg_kernel_free(k);
+    }
+  }
+  if (rc != 0) {
+    free(cls);
+    free(ccnt);
+    return rc;
+  }
+  memset(out, 0, sizeof *out);
+  out->at = run[nrun - 1];
+  out->op = IR_OP_ADAMW;
+  out->adamw = 1;
+  out->run = run;
+  out->nrun = nrun;
+  out->cls = cls;
+  out->ccnt = ccnt;
+  return 0;
+}
+
 /* Compiles the launch of the adamw nodes run[0..nrun) of block b into
  * *out (which takes run).  0; 1 if one of them cannot be generated (the
  * run stays on the reference); -1 on a JIT error. */
@@ -208,6 +308,7 @@ static int compile_adamw_run(RtJit *J, const IrModule *m, const IrBlock *b, int 
     if (c > most) most = c;
   }
   const IrNode *n0 = &b->nodes[run[0]];
+  if (J->cuda) return cuda_adamw_run(J, m, b, run, nrun, out, err, errlen);
   CgKernel *k = lower_adamw(b->nodes[n0->in[1]].type.dtype, b->nodes[n0->in[0]].type.dtype, n0->fa, most);
   if (!k) return 1;
   char why[512];
@@ -273,6 +374,22 @@ static int epilogue_of(const IrBlock *b, const int *mem, int cnt) {
   return rt_gemm_epilogue_ok(b, e.matmul) ? e.matmul : -1;
 }
 
+/* Whether the epilogue group's bias is one value per output column
+ * (rank-1, the product's N): what cuBLASLt's bias epilogue adds. */
+static int bias_per_column(const IrBlock *b, const int *mem, int cnt, int mm) {
+  const IrNode *add = &b->nodes[mem[cnt - 1]];
+  int bc = b->nodes[add->in[0]].op == IR_OP_BROADCAST ? add->in[0] : add->in[1];
+  const IrType *bt = &b->nodes[b->nodes[bc].in[0]].type, *ot = &add->type, *mt = &b->nodes[mm].type;
+  if (bt->rank < 1 || bt->rank > ot->rank || bt->dtype != mt->dtype ||
+      ir_type_numel(bt) != mt->dim[mt->rank - 1])
+    return 0;
+  /* the bias's dims are the output's trailing ones (a reshaped product,
+   * e.g. [.., heads, head_dim] + b[heads, head_dim]) */
+  for (int d = 0; d < bt->rank; d++)
+    if (bt->dim[d] != ot->dim[ot->rank - bt->rank + d]) return 0;
+  return 1;
+}
+
 /* The epilogue kernel of group mem[0..cnt) with matmul mm: buffers A, B,
  * bias, then the add's value. */
 static void make_epilogue(const IrBlock *b, const int *mem, int cnt, int mm, RtJitKernel *out) {
@@ -328,11 +445,14 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
       for (int j = i; j < n; j++)
         if (b->nodes[j].group == nd->group) { mem[cnt++] = j; done[j] = 1; }
     } else {
-      if (!pass_fuse_node_ok(m, b, i) || is_layout_alone(nd->op)) continue;
+      /* lone layout ops are copies the reference does on the CPU; a
+       * device needs them as kernels */
+      if (!pass_fuse_node_ok(m, b, i) || (is_layout_alone(nd->op) && !J->cuda)) continue;
       mem[cnt++] = i;
     }
     for (int j = 0; j < cnt; j++) in_k[mem[j]] = 1;
     int r = 1, mm = cnt > 1 ? epilogue_of(b, mem, cnt) : -1;
+    if (mm >= 0 && J->cuda && !bias_per_column(b, mem, cnt, mm)) mm = -1;   /* cuBLASLt's bias epilogue */
     RtJitKernel kk;
     memset(&kk, 0, sizeof kk);
     if (mm >= 0) {   /* a GEMM bias epilogue: BLAS, nothing to compile */
@@ -344,6 +464,18 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
     if (r < 0) { rc = -1; break; }
     if (r > 0) {   /* the reference computes the members one by one */
       if (cnt > 1) J->stats.fallbacks++;
+      /* a device has no reference kernels: members that lower alone do */
+      for (int j = 0; J->cuda && cnt > 1 && j < cnt && rc == 0; j++) {
+        if (!pass_fuse_node_ok(m, b, mem[j])) continue;
+        RtJitKernel k1;
+        memset(&k1, 0, sizeof k1);
+        int r1 = compile_kernel(J, m, b, &mem[j], 1, &k1, err, errlen);
+        if (r1 < 0) rc = -1;
+        if (r1 != 0) continue;
+        VEC_PUSH(jb->k, k1);
+        jb->kern[mem[j]] = jb->k.n - 1;
+        J->stats.kernels++;
+      }
       continue;
     }
     VEC_PUSH(jb->k, kk);
@@ -384,6 +516,18 @@ RtJit *rt_jit_new(const IrModule *m, const RtExecOpts *o, char *err, size_t errl
   double t0 = now_s();
   RtJit *J = ts_xcalloc(1, sizeof *J);
   char why[512];
+  J->cuda = o->cuda || o->dev;
+  if (J->cuda) {   /* plan and print only: the device compiles */
+    J->nblocks = m->blocks.n;
+    J->blocks = ts_xcalloc((size_t)(m->blocks.n ? m->blocks.n : 1), sizeof *J->blocks);
+    for (int bi = 0; bi < m->blocks.n; bi++)
+      if (plan_block(J, m, &m->blocks.a[bi], &J->blocks[bi], !o->no_groups, err, errlen) != 0) {
+        rt_jit_free(J);
+        return NULL;
+      }
+    J->stats.jit_s = now_s() - t0;
+    return J;
+  }
   if (!(J->jit = cg_jit_new(why, sizeof why))) {
     ts_errf(err, errlen, "the LLVM backend cannot start: %s (use --backend ref)", why);
     free(J);
@@ -409,17 +553,29 @@ void rt_jit_free(RtJit *J) {
   if (!J) return;
   for (int b = 0; b < J->nblocks; b++) {
     free(J->blocks[b].kern);
-    for (int k = 0; k < J->blocks[b].k.n; k++) free(J->blocks[b].k.a[k].run);
+    for (int k = 0; k < J->blocks[b].k.n; k++) {
+      free(J->blocks[b].k.a[k].run);
+      free(J->blocks[b].k.a[k].cls);
+      free(J->blocks[b].k.a[k].ccnt);
+    }
     free(J->blocks[b].k.a);
   }
   free(J->blocks);
-  cg_pool_free(J->pool);
-  cg_jit_free(J->jit);
+  if (J->pool) cg_pool_free(J->pool);
+  if (J->jit) cg_jit_free(J->jit);
+  sb_free(&J->cuda_src);
+  free(J->cuda_seen.a);
+  free(J->cuda_info.a);
   free(J);
 }
 
 const RtJitBlock *rt_jit_block(const RtJit *J, int b) { return J && b >= 0 && b < J->nblocks ? &J->blocks[b] : NULL; }
 const RtExecStats *rt_jit_stats(const RtJit *J) { return &J->stats; }
+const StrBuf *rt_jit_cuda_source(const RtJit *J) { return &J->cuda_src; }
+const RtCudaKernelInfo *rt_jit_cuda_info(const RtJit *J, int *n) {
+  *n = J->cuda_info.n;
+  return J->cuda_info.a;
+}
 
 /* Below this many elements a kernel runs on the calling thread: waking the
  * pool costs more than the work. */

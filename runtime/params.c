@@ -218,6 +218,7 @@ static int pipe_collect(RtComm *g, SavedParam **ps, int *n, char *err, size_t er
 
 int rt_params_save(RtProgram *p, RtComm *world, const char *path, char *err, size_t errlen) {
   const IrModule *m = rt_program_module(p);
+  if (rt_program_sync_states(p, err, errlen) != 0) return -1;   /* a device program's states */
   int me = world ? rt_comm_rank(world) : 0;
   const IrState **st = ts_xmalloc((size_t)(m->states.n ? m->states.n : 1) * sizeof *st);
   int np = 0;

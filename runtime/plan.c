@@ -61,6 +61,7 @@
 #define TAG_BLCK TAG('B', 'L', 'C', 'K')
 #define TAG_RULE TAG('R', 'U', 'L', 'E')
 #define TAG_STGE TAG('S', 'T', 'G', 'E')
+#define TAG_CUDA TAG('C', 'U', 'D', 'A')
 
 RtPlan *rt_plan_new(void) {
   RtPlan *p = ts_xcalloc(1, sizeof *p);
@@ -69,8 +70,36 @@ RtPlan *rt_plan_new(void) {
   return p;
 }
 
+static void image_free(RtPlanImage *im) {
+  free(im->ptx);
+  free(im->cubin);
+  free(im->kern);
+}
+
+void rt_plan_add_image(RtPlan *p, const RtPlanImage *im) {
+  p->images = realloc(p->images, (size_t)(p->nimages + 1) * sizeof *p->images);
+  TS_ASSERT(p->images);
+  RtPlanImage *c = &p->images[p->nimages++];
+  *c = *im;
+  c->ptx = ts_xmalloc(im->ptx_len + 1);
+  memcpy(c->ptx, im->ptx ? im->ptx : "", im->ptx_len);
+  c->ptx[im->ptx_len] = 0;
+  c->cubin = ts_xmalloc(im->cubin_len ? im->cubin_len : 1);
+  if (im->cubin_len) memcpy(c->cubin, im->cubin, im->cubin_len);
+  c->kern = ts_xcalloc((size_t)(im->nkern ? im->nkern : 1), sizeof *c->kern);
+  if (im->nkern) memcpy(c->kern, im->kern, (size_t)im->nkern * sizeof *c->kern);
+}
+
+const RtPlanImage *rt_plan_image(const RtPlan *p, int program, int sm) {
+  for (int i = 0; i < p->nimages; i++)
+    if (p->images[i].program == program && p->images[i].sm == sm) return &p->images[i];
+  return NULL;
+}
+
 void rt_plan_free(RtPlan *p) {
   if (!p) return;
+  for (int i = 0; i < p->nimages; i++) image_free(&p->images[i]);
+  free(p->images);
   for (int i = 0; i < p->nprograms; i++) ir_module_free(p->programs[i]);
   free(p->programs);
   free(p->rank_program);
@@ -271,6 +300,32 @@ static void enc_payload(const RtPlan *p, StrBuf *b) {
   r = rec_begin(b, TAG_RANK);
   put_u32(b, (uint32_t)p->nranks);
   for (int i = 0; i < p->nranks; i++) put_u32(b, (uint32_t)p->rank_program[i]);
+  rec_end(b, r);
+
+  if (p->nimages == 0) return;   /* plans without CUDA images stay as they were */
+  r = rec_begin(b, TAG_CUDA);
+  put_u32(b, (uint32_t)p->nimages);
+  for (int i = 0; i < p->nimages; i++) {
+    const RtPlanImage *im = &p->images[i];
+    put_u32(b, (uint32_t)im->program);
+    put_u32(b, (uint32_t)im->sm);
+    put_u64(b, im->source_hash);
+    put_u64(b, (uint64_t)im->ptx_len);
+    sb_write(b, im->ptx, im->ptx_len);
+    put_u64(b, (uint64_t)im->cubin_len);
+    sb_write(b, im->cubin, im->cubin_len);
+    put_u32(b, (uint32_t)im->nkern);
+    for (int k = 0; k < im->nkern; k++) {
+      const CgPtxasInfo *q = &im->kern[k];
+      put_str(b, q->name);
+      put_i32(b, q->registers);
+      put_i64(b, q->smem);
+      put_i64(b, q->stack);
+      put_i64(b, q->spill_stores);
+      put_i64(b, q->spill_loads);
+      put_i64(b, q->cmem);
+    }
+  }
   rec_end(b, r);
 }
 
@@ -613,10 +668,64 @@ static int check_plan(const RtPlan *p, const char *what, char *err, size_t errle
     if (ir_verify(p->programs[i], verr, sizeof verr) != 0)
       return ts_errf(err, errlen, "%s: program %d is invalid: %s", what, i, verr);
   }
+  for (int i = 0; i < p->nimages; i++) {
+    const RtPlanImage *im = &p->images[i];
+    if (im->program < 0 || im->program >= p->nprograms)
+      return ts_errf(err, errlen, "%s: CUDA image %d is for program %d, but there are %d", what, i, im->program,
+                     p->nprograms);
+    if (im->cubin_len < 4 || memcmp(im->cubin, "\177ELF", 4) != 0)
+      return ts_errf(err, errlen, "%s: the cubin of CUDA image %d is not an ELF file", what, i);
+  }
   return 0;
 }
 
-/* Decodes a checked payload into a plan; NULL with a message. */
+/* Bytes of a length-prefixed blob (u64 length), copied (NUL-terminated). */
+static void *rd_blob(Rd *r, size_t *len, const char *what) {
+  uint64_t n = rd_u64(r);
+  if (r->bad) return NULL;
+  if (n > rd_left(r)) { rd_fail(r, "%s of %llu bytes overruns the record", what, (unsigned long long)n); return NULL; }
+  const unsigned char *q = rd_take(r, (size_t)n);
+  if (!q) return NULL;
+  char *c = ts_xmalloc((size_t)n + 1);
+  memcpy(c, q, (size_t)n);
+  c[n] = 0;
+  *len = (size_t)n;
+  return c;
+}
+
+/* The CUDA record: images of the plan's programs.  0 or -1. */
+static int rd_images(Rd *r, RtPlan *p) {
+  int n = rd_count(r, 32, "image");
+  for (int i = 0; i < n && !r->bad; i++) {
+    RtPlanImage im;
+    memset(&im, 0, sizeof im);
+    im.program = (int)rd_u32(r);
+    im.sm = (int)rd_u32(r);
+    im.source_hash = rd_u64(r);
+    if (!r->bad && (im.program >= p->nprograms || (im.sm != 80 && im.sm != 90)))
+      rd_fail(r, "image %d: program %d of %d, arch sm_%d", i, im.program, p->nprograms, im.sm);
+    im.ptx = rd_blob(r, &im.ptx_len, "the PTX");
+    im.cubin = rd_blob(r, &im.cubin_len, "the cubin");
+    if (!r->bad && (im.cubin_len < 4 || memcmp(im.cubin, "\177ELF", 4) != 0)) rd_fail(r, "image %d: the cubin is not an ELF file", i);
+    im.nkern = rd_count(r, 44, "kernel report");
+    if (!r->bad) im.kern = ts_xcalloc((size_t)(im.nkern ? im.nkern : 1), sizeof *im.kern);
+    for (int k = 0; k < im.nkern && !r->bad; k++) {
+      CgPtxasInfo *q = &im.kern[k];
+      const char *nm = rd_str(r);
+      snprintf(q->name, sizeof q->name, "%s", nm ? nm : "");
+      q->registers = rd_i32(r);
+      q->smem = rd_i64(r);
+      q->stack = rd_i64(r);
+      q->spill_stores = rd_i64(r);
+      q->spill_loads = rd_i64(r);
+      q->cmem = rd_i64(r);
+    }
+    if (!r->bad) rt_plan_add_image(p, &im);
+    image_free(&im);
+  }
+  return r->bad ? -1 : 0;
+}
+
 static RtPlan *decode_payload(const unsigned char *data, size_t len, const char *what,
                               char *err, size_t errlen) {
   char msg[1024] = "";
@@ -667,6 +776,11 @@ static RtPlan *decode_payload(const unsigned char *data, size_t len, const char 
     if (!s.bad) p->rank_program[i] = (int)k;
   }
   if (rd_done(&s, &r) != 0) goto bad;
+  if (rd_left(&r) && rd_peek_tag(&r) == TAG_CUDA) {
+    if (rd_record(&r, TAG_CUDA, "CUDA images", &s) != 0) goto bad;
+    s.where = "CUDA images";
+    if (rd_images(&s, p) != 0 || rd_done(&s, &r) != 0) { r.bad = 1; goto bad; }
+  }
   if (rd_left(&r)) { rd_fail(&r, "%zu unexpected bytes after the rank table", rd_left(&r)); goto bad; }
 
   if (check_plan(p, what, err, errlen) != 0) { rt_plan_free(p); return NULL; }
@@ -753,6 +867,47 @@ static void print_quoted(StrBuf *b, const char *s) {
   sb_putc(b, '"');
 }
 
+/* ---- base64 (RFC 4648), for the CUDA images in the text form ---- */
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+enum { B64_LINE = 76 };
+
+/* data as base64 lines of at most 76 characters */
+static void put_b64(StrBuf *out, const unsigned char *d, size_t n) {
+  int col = 0;
+  for (size_t i = 0; i < n; i += 3) {
+    uint32_t v = (uint32_t)d[i] << 16 | (i + 1 < n ? (uint32_t)d[i + 1] << 8 : 0) | (i + 2 < n ? d[i + 2] : 0);
+    char q[4] = {B64[v >> 18 & 63], B64[v >> 12 & 63], i + 1 < n ? B64[v >> 6 & 63] : '=', i + 2 < n ? B64[v & 63] : '='};
+    sb_write(out, q, 4);
+    if ((col += 4) == B64_LINE) { sb_putc(out, '\n'); col = 0; }
+  }
+  if (col) sb_putc(out, '\n');
+}
+static size_t b64_lines(size_t n) { return (4 * ((n + 2) / 3) + B64_LINE - 1) / B64_LINE; }
+static int b64_val(int c) {
+  const char *q = c ? strchr(B64, c) : NULL;
+  return q ? (int)(q - B64) : -1;
+}
+
+/* `cuda N`, then per image a header line, one line per kernel report, the
+ * PTX and the cubin in base64 (their line counts follow from the sizes). */
+static void print_images(const RtPlan *p, StrBuf *out) {
+  if (p->nimages == 0) return;
+  sb_printf(out, "cuda %d\n", p->nimages);
+  for (int i = 0; i < p->nimages; i++) {
+    const RtPlanImage *im = &p->images[i];
+    sb_printf(out, "image program %d sm_%d hash %016llx ptx %zu cubin %zu kernels %d\n", im->program, im->sm,
+              (unsigned long long)im->source_hash, im->ptx_len, im->cubin_len, im->nkern);
+    for (int k = 0; k < im->nkern; k++) {
+      const CgPtxasInfo *q = &im->kern[k];
+      sb_printf(out, "kernel %s registers %d smem %lld stack %lld spills %lld %lld cmem %lld\n", q->name, q->registers,
+                (long long)q->smem, (long long)q->stack, (long long)q->spill_stores, (long long)q->spill_loads,
+                (long long)q->cmem);
+    }
+    put_b64(out, (const unsigned char *)im->ptx, im->ptx_len);
+    put_b64(out, im->cubin, im->cubin_len);
+  }
+}
+
 void rt_plan_print_text(const RtPlan *p, StrBuf *out) {
   sb_printf(out, "tessera-plan %d\n", RT_PLAN_VERSION);
   sb_printf(out, "mesh dp=%d pp=%d cp=%d ep=%d tp=%d\n", p->mesh.dp, p->mesh.pp, p->mesh.cp,
@@ -762,6 +917,7 @@ void rt_plan_print_text(const RtPlan *p, StrBuf *out) {
   sb_putc(out, '\n');
   sb_printf(out, "ranks %d\n", p->nranks);
   for (int i = 0; i < p->nranks; i++) sb_printf(out, "rank %d program %d\n", i, p->rank_program[i]);
+  print_images(p, out);
   for (int i = 0; i < p->nprograms; i++) {
     sb_printf(out, "program %d\n", i);
     ir_print_module(p->programs[i], out);
@@ -893,6 +1049,69 @@ static int parse_source(Tx *t, const char *line, const char **out) {
   return 0;
 }
 
+/* n bytes from base64 lines into a new buffer (NUL-terminated). */
+static void *parse_b64(Tx *t, size_t n) {
+  unsigned char *d = ts_xmalloc(n + 1);
+  size_t got = 0, lines = b64_lines(n);
+  char line[4096];
+  for (size_t l = 0; l < lines; l++) {
+    if (tx_line(t, line, sizeof line) <= 0) { tx_fail(t, "the base64 data ends early"); free(d); return NULL; }
+    for (const char *q = line; q[0]; q += 4) {
+      int v[4];
+      for (int j = 0; j < 4; j++) v[j] = q[j] == '=' ? 0 : b64_val(q[j]);
+      if (!q[1] || !q[2] || !q[3] || v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] < 0) {
+        tx_fail(t, "bad base64 data");
+        free(d);
+        return NULL;
+      }
+      uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
+      unsigned char b3[3] = {(unsigned char)(w >> 16), (unsigned char)(w >> 8), (unsigned char)w};
+      for (int j = 0; j < 3 && got < n && (j == 0 || q[j + 1] != '='); j++) d[got++] = b3[j];
+    }
+  }
+  if (got != n) { tx_fail(t, "base64 data holds %zu bytes, the header says %zu", got, n); free(d); return NULL; }
+  d[n] = 0;
+  return d;
+}
+
+/* The `cuda N` section (print_images). */
+static int parse_images(Tx *t, const char *first, RtPlan *p) {
+  int n = parse_kv_line(first, "cuda");
+  if (n < 1 || n > 4096) return tx_fail(t, "expected 'cuda N'");
+  char line[4096];
+  for (int i = 0; i < n; i++) {
+    RtPlanImage im;
+    memset(&im, 0, sizeof im);
+    unsigned long long h = 0;
+    if (tx_line(t, line, sizeof line) <= 0 ||
+        sscanf(line, "image program %d sm_%d hash %llx ptx %zu cubin %zu kernels %d", &im.program, &im.sm, &h,
+               &im.ptx_len, &im.cubin_len, &im.nkern) != 6 ||
+        im.nkern < 0 || im.nkern > 1 << 20 || (im.sm != 80 && im.sm != 90) || im.ptx_len > (size_t)1 << 31 ||
+        im.cubin_len > (size_t)1 << 31)
+      return tx_fail(t, "expected 'image program P sm_S hash H ptx N cubin N kernels K'");
+    im.source_hash = h;
+    im.kern = ts_xcalloc((size_t)(im.nkern ? im.nkern : 1), sizeof *im.kern);
+    int rc = 0;
+    for (int k = 0; k < im.nkern && rc == 0; k++) {
+      CgPtxasInfo *q = &im.kern[k];
+      long long a, b, c, d, e;
+      char name[80];
+      if (tx_line(t, line, sizeof line) <= 0 ||
+          sscanf(line, "kernel %79s registers %d smem %lld stack %lld spills %lld %lld cmem %lld", name, &q->registers,
+                 &a, &b, &c, &d, &e) != 7)
+        rc = tx_fail(t, "expected 'kernel NAME registers R smem S stack S spills A B cmem C'");
+      snprintf(q->name, sizeof q->name, "%s", name);
+      q->smem = a, q->stack = b, q->spill_stores = c, q->spill_loads = d, q->cmem = e;
+    }
+    if (rc == 0 && !(im.ptx = parse_b64(t, im.ptx_len))) rc = -1;
+    if (rc == 0 && !(im.cubin = parse_b64(t, im.cubin_len))) rc = -1;
+    if (rc == 0 && im.program >= 0) rt_plan_add_image(p, &im);
+    image_free(&im);
+    if (rc != 0) return -1;
+  }
+  return 0;
+}
+
 /* The header lines: version, mesh, source, rank table. */
 static int parse_text_header(Tx *t, RtPlan *p) {
   char line[4096];
@@ -936,7 +1155,12 @@ static int parse_text_header(Tx *t, RtPlan *p) {
     if (ri != i || pi < 0) return tx_fail(t, "expected 'rank %d program K'", i);
     p->rank_program[i] = pi;
   }
-  return 0;
+  size_t pos = t->pos;   /* an optional `cuda N` section */
+  int at = t->line;
+  if ((r = tx_line(t, line, sizeof line)) > 0 && strncmp(line, "cuda ", 5) == 0) return parse_images(t, line, p);
+  t->pos = pos;
+  t->line = at;
+  return r < 0 ? -1 : 0;
 }
 
 /* `program K` + module text, for K = 0, 1, ... up to the end of the text. */

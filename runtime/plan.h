@@ -10,14 +10,35 @@
  * rt_plan_read refuses, with a message saying which: a file that is not a
  * plan, a truncated one, a corrupted one (checksum), and a newer version.
  * The text form (mcc --emit=plan-text) holds the same content and parses
- * back into an identical plan. */
+ * back into an identical plan.
+ * CUDA images (mcc --target) are an optional CUDA record after the rank
+ * table (absent when there are none, so such plans are unchanged), and in
+ * the text form a `cuda N` section after the rank lines with PTX and
+ * cubin in base64. */
 #ifndef TS_PLAN_H
 #define TS_PLAN_H
 #include "../ir/ir.h"
+#include "../codegen/cuda.h"
 
 #define RT_PLAN_VERSION 2
 
 typedef struct { int dp, pp, cp, ep, tp; } RtMesh;   /* axes outer to inner; tp innermost */
+
+/* A program's CUDA module compiled for one arch (mcc --target): the PTX
+ * (a newer GPU's driver JITs it), the cubin, ptxas' report per kernel, and
+ * the hash of the module's source (RtCudaModule.hash), so mrun can tell
+ * whether the binary is for the module it rebuilds from the program. */
+typedef struct {
+  int program;
+  int sm;                    /* 80, 90 */
+  uint64_t source_hash;
+  char *ptx;                 /* NUL-terminated */
+  size_t ptx_len;
+  void *cubin;
+  size_t cubin_len;
+  int nkern;
+  CgPtxasInfo *kern;
+} RtPlanImage;
 
 typedef struct RtPlan {
   uint32_t version;
@@ -27,9 +48,15 @@ typedef struct RtPlan {
   IrModule **programs;
   int nranks;
   int *rank_program;         /* rank -> index into programs */
+  int nimages;               /* CUDA modules (mcc --target), any number per program */
+  RtPlanImage *images;
 } RtPlan;
 
 RtPlan *rt_plan_new(void);
+/* Adds an image (copied). */
+void rt_plan_add_image(RtPlan *p, const RtPlanImage *im);
+/* Program `program`'s image for arch sm, or NULL. */
+const RtPlanImage *rt_plan_image(const RtPlan *p, int program, int sm);
 void rt_plan_free(RtPlan *p);                 /* frees the programs too */
 int rt_plan_write(const RtPlan *p, const char *path, char *err, size_t errlen);  /* atomic */
 RtPlan *rt_plan_read(const char *path, char *err, size_t errlen);

@@ -39,6 +39,7 @@
  * the reference kernels.  A value read by a kernel counts as read at the
  * kernel's position, which is what the last uses are computed from. */
 #include "rt_priv.h"
+#include "dev_priv.h"
 #include "../passes/memplan.h"
 #include <math.h>
 #include <stdarg.h>
@@ -74,6 +75,7 @@ typedef struct {
   int64_t runs;
 } RtBlockMem;
 
+typedef struct RtDevBlockRun RtDevBlockRun;
 struct RtProgram {
   const IrModule *m;
   RtRank rank;              /* mesh coordinates and groups (single rank: all 0) */
@@ -91,6 +93,24 @@ struct RtProgram {
   int64_t op_n[IR_OP_COUNT];
   RtPipe *pipe;             /* pipeline state: stashes, posted sends (ops_pipe.c) */
   RtRing *ring;             /* ring_shift posts awaiting their ring_wait (ops_a2a.c) */
+  RtDevExec *dx;            /* on a device (RtExecOpts.dev): its plan and module; the arena is device
+                               memory, the slab has a device copy (dslab) the blocks work on */
+  unsigned char *dslab;
+  RtDevBlockRun *dgr;       /* per block: staging buffers, pending outputs, its captured graph */
+};
+
+/* A device program's per-block run state.  Feeds go through host staging
+ * buffers that stay put (a captured graph copies from them when it
+ * replays); outputs come back into host slots read after the block's
+ * final sync.  The block "micro" is captured as a CUDA Graph on its second
+ * run and replayed from then on (docs/cuda.md). */
+struct RtDevBlockRun {
+  void **stage;             /* per node: the INPUT's host staging buffer */
+  double *slot;             /* per node: the OUTPUT's host slot */
+  VEC(int) outs;            /* OUTPUT nodes copied this run, in order */
+  RtDevGraph *graph;
+  int runs;                 /* eager runs so far */
+  int no_graph;             /* never captured: why in the profile line */
 };
 
 static int plan_memory(RtProgram *p, char *err, size_t errlen);
@@ -269,6 +289,45 @@ void rt_program_exec_stats(const RtProgram *p, RtExecStats *s) {
   if (p->jit) *s = *rt_jit_stats(p->jit);
 }
 
+/* A program on a device: the device plan and module (exec_dev.c), and
+ * the device copy of the initialized slab.  0 or -1. */
+static int device_setup(RtProgram *p, char *err, size_t errlen) {
+  RtDev *d = p->opts.dev;
+  const MemPlan **plans = ts_xmalloc((size_t)(p->m->blocks.n ? p->m->blocks.n : 1) * sizeof *plans);
+  for (int b = 0; b < p->m->blocks.n; b++) plans[b] = &p->mem[b].plan;
+  p->dx = rt_dev_exec_new(p->m, &p->opts, p->jit, plans, err, errlen);
+  free(plans);
+  if (!p->dx) return -1;
+  void *q = NULL;
+  char why[512];
+  if (d->ops->alloc(d, p->slab_bytes ? p->slab_bytes : RT_ALIGN, &q, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "the %zu-byte state slab on %s: %s", p->slab_bytes, d->label, why);
+  p->dslab = q;
+  p->dgr = ts_xcalloc((size_t)(p->m->blocks.n ? p->m->blocks.n : 1), sizeof *p->dgr);
+  for (int b = 0; b < p->m->blocks.n; b++) {
+    int n = p->m->blocks.a[b].n;
+    p->dgr[b].stage = ts_xcalloc((size_t)(n ? n : 1), sizeof *p->dgr[b].stage);
+    p->dgr[b].slot = ts_xcalloc((size_t)(n ? n : 1), sizeof *p->dgr[b].slot);
+  }
+  if (d->ops->h2d(d, p->dslab, p->slab, p->slab_bytes, RT_STREAM_COMPUTE, why, sizeof why) != 0 ||
+      d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "copying the initial states to %s: %s", d->label, why);
+  return 0;
+}
+
+void *rt_state_dev(RtProgram *p, int s) { return p->dslab ? p->dslab + p->off[s] : rt_state_data(p, s); }
+
+int rt_program_sync_states(RtProgram *p, char *err, size_t errlen) {
+  if (!p->dx) return 0;
+  RtDev *d = p->opts.dev;
+  char why[512];
+  if (d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why) != 0 ||
+      d->ops->d2h(d, p->slab, p->dslab, p->slab_bytes, RT_STREAM_COMPUTE, why, sizeof why) != 0 ||
+      d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "copying the states back from %s: %s", d->label, why);
+  return 0;
+}
+
 RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecOpts *o, char *err, size_t errlen) {
   RtExecOpts dflt = {0};
   if (!o) o = &dflt;
@@ -323,11 +382,12 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
       return NULL;
     }
   }
-  if (o->backend == RT_BACKEND_LLVM && !(p->jit = rt_jit_new(m, o, err, errlen))) {
+  if (o->dev) p->opts.backend = RT_BACKEND_LLVM;   /* a device runs the planned kernels */
+  if ((o->backend == RT_BACKEND_LLVM || o->dev) && !(p->jit = rt_jit_new(m, &p->opts, err, errlen))) {
     rt_program_free(p);
     return NULL;
   }
-  if (plan_memory(p, err, errlen) != 0) {
+  if (plan_memory(p, err, errlen) != 0 || (o->dev && device_setup(p, err, errlen) != 0)) {
     rt_program_free(p);
     return NULL;
   }
@@ -349,6 +409,22 @@ void rt_program_free(RtProgram *p) {
     pass_memplan_free(&p->mem[b].plan);
     free(p->mem[b].rel_off);
     free(p->mem[b].rel_val);
+  }
+  if (p->opts.dev) {
+    RtDev *d = p->opts.dev;
+    for (int b = 0; p->dgr && b < p->m->blocks.n; b++) {
+      RtDevBlockRun *g = &p->dgr[b];
+      for (int i = 0; g->stage && i < p->m->blocks.a[b].n; i++) free(g->stage[i]);
+      free(g->stage);
+      free(g->slot);
+      free(g->outs.a);
+      if (g->graph) d->ops->graph_free(d, g->graph);
+    }
+    free(p->dgr);
+    if (p->arena) d->ops->free(d, p->arena);
+    if (p->dslab) d->ops->free(d, p->dslab);
+    p->arena = NULL;
+    rt_dev_exec_free(p->dx);
   }
   free(p->mem);
   if (p->arena) RT_UNPOISON(p->arena, p->arena_bytes);
@@ -450,11 +526,18 @@ static int plan_memory(RtProgram *p, char *err, size_t errlen) {
     if (bm->plan.peak_bytes > peak) peak = bm->plan.peak_bytes;
   }
   void *q = NULL;
+  p->arena_bytes = peak;
+  if (p->opts.dev) {   /* device memory (aligned to at least 256 bytes by the device) */
+    char why[512];
+    if (p->opts.dev->ops->alloc(p->opts.dev, peak ? peak : RT_ALIGN, &q, why, sizeof why) != 0)
+      return ts_errf(err, errlen, "the %zu-byte activation arena on %s: %s", peak, p->opts.dev->label, why);
+    p->arena = q;
+    return 0;
+  }
   /* page-aligned: the plan's offsets are 64-byte aligned from here */
   if (posix_memalign(&q, 4096, peak ? peak : RT_ALIGN) != 0)
     return ts_errf(err, errlen, "out of memory allocating the %zu-byte activation arena", peak);
   p->arena = q;
-  p->arena_bytes = peak;
   RT_POISON(p->arena, p->arena_bytes);
   return 0;
 }
@@ -509,7 +592,7 @@ static void *claim(RtProgram *p, RtRun *r, const IrBlock *b, int v, char *msg, s
     return NULL;
   }
   unsigned char *q = p->arena + pl->offset[v];
-  RT_UNPOISON(q, value_bytes(&b->nodes[v]));
+  if (!p->dx) RT_UNPOISON(q, value_bytes(&b->nodes[v]));
   r->buf[v] = q;
   r->held[v] = 1;
   r->refs[v] = 1;
@@ -533,7 +616,7 @@ static int release(RtProgram *p, RtRun *r, int v, int i, char *msg, size_t n) {
     snprintf(msg, n, "internal error: the buffer of %%%d dies at %%%d but the memory plan says at %%%d", o, i, pl->last[o]);
     return -1;
   }
-  RT_POISON(p->arena + pl->offset[o], pl->size[o]);
+  if (!p->dx) RT_POISON(p->arena + pl->offset[o], pl->size[o]);
   r->live -= pl->size[o];
   return 0;
 }
@@ -600,6 +683,16 @@ static const RtFeed *find_feed(const RtFeed *feeds, int nfeeds, const char *name
   return NULL;
 }
 
+/* `output` on a device: the scalar copied back and recorded. */
+static int device_output(RtProgram *p, int bi, int i, const IrNode *nd, const void *x, const IrType *t, char *msg,
+                         size_t n) {
+  if (ir_type_numel(t) != 1) { snprintf(msg, n, "output \"%s\" is not a scalar", nd->sa ? nd->sa : ""); return -1; }
+  RtDev *d = p->opts.dev;
+  RtDevBlockRun *g = &p->dgr[bi];
+  VEC_PUSH(g->outs, i);   /* recorded after the block's final sync (dev_finish) */
+  return d->ops->d2h(d, &g->slot[i], x, ir_dtype_size(t->dtype), RT_STREAM_COMPUTE, msg, n);
+}
+
 /* Runs node i of block b; r->buf[] holds the live values.  0 or -1 with a
  * message in msg. */
 static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
@@ -613,6 +706,13 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
     if (!f || !f->data) { snprintf(msg, n, "missing input \"%s\" (no feed of that name)", nd->sa ? nd->sa : ""); return -1; }
     void *q = claim(p, r, b, i, msg, n);   /* the arena holds every value of the block */
     if (!q) return -1;
+    if (p->dx) {   /* through the node's staging buffer: the feed may change after we return */
+      RtDevBlockRun *g = &p->dgr[b - p->m->blocks.a];
+      if (!g->stage[i]) g->stage[i] = ts_xmalloc(value_bytes(nd));
+      memcpy(g->stage[i], f->data, value_bytes(nd));
+      RtDev *d = p->opts.dev;
+      return d->ops->h2d(d, q, g->stage[i], value_bytes(nd), RT_STREAM_COMPUTE, msg, n);
+    }
     memcpy(q, f->data, value_bytes(nd));
     return 0;
   }
@@ -624,7 +724,7 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
                ir_type_str(&st->type, a, sizeof a), ir_type_str(&nd->type, c, sizeof c));
       return -1;
     }
-    buf[i] = rt_state_data(p, (int)nd->ia[0]);
+    buf[i] = p->dx ? rt_state_dev(p, (int)nd->ia[0]) : rt_state_data(p, (int)nd->ia[0]);
     return 0;
   }
   default: break;
@@ -649,7 +749,11 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
   }
   RtKctx k = {p, b, nd, info, out, &nd->type, ind, inty, msg, n};
   int rc;
-  if (nd->op == IR_OP_OUTPUT) {
+  if (p->dx && nd->op == IR_OP_OUTPUT) {
+    rc = device_output(p, (int)(b - p->m->blocks.a), i, nd, ind[0], inty[0], msg, n);
+  } else if (p->dx) {
+    rc = rt_dev_exec_node(p->dx, p, (int)(b - p->m->blocks.a), i, ind, out, info, msg, n);
+  } else if (nd->op == IR_OP_OUTPUT) {
     if (ir_type_numel(inty[0]) != 1) rc = rt_kfail(&k, "output \"%s\" is not a scalar", nd->sa ? nd->sa : "");
     else { record_output(p, ts_intern(nd->sa ? nd->sa : ""), load_scalar(ind[0], inty[0]->dtype)); rc = 0; }
   } else {
@@ -665,6 +769,8 @@ static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, RtRu
                       const RtRunInfo *info, char *msg, size_t n) {
   void *bufs[CG_MAX_BUFS];
   void **buf = r->buf;
+  int bi = (int)(b - p->m->blocks.a);
+  if (K->adamw && p->dx) return rt_dev_exec_kernel(p->dx, p, bi, K, NULL, buf, info, msg, n);
   if (K->adamw)   /* one launch for a run of adamw nodes: states updated in place */
     return rt_jit_run_adamw(p->jit, p, b, K, buf, info, msg, n);
   for (int k = 0; k < K->io.nin; k++) {
@@ -678,23 +784,23 @@ static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, RtRu
     if (!q) return -1;
     bufs[K->io.nin + j] = q;
   }
+  if (p->dx) return rt_dev_exec_kernel(p->dx, p, bi, K, bufs, buf, info, msg, n);
   if (K->gemm_mm) return rt_jit_run_gemm(p->jit, p, b, K, bufs, info, msg, n);   /* BLAS, beta = 1 */
   rt_jit_run(p->jit, p, K, bufs, info);
   return 0;
 }
 
-int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds,
-                 const RtRunInfo *info, char *err, size_t errlen) {
+/* Runs block bi node by node (kernels at their positions), claiming and
+ * releasing buffers as the memory plan says.  On a device the work is
+ * only issued (or captured); run_block_dev waits for it. */
+static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, const RtRunInfo *info, char *err,
+                      size_t errlen) {
   const IrModule *m = p->m;
-  if (bi < 0 || bi >= m->blocks.n) { ts_errf(err, errlen, "no block %d", bi); return -1; }
   const IrBlock *b = &m->blocks.a[bi];
   const RtJitBlock *jb = p->jit ? rt_jit_block(p->jit, bi) : NULL;
   RtBlockMem *bm = &p->mem[bi];
   const int *foff = bm->rel_off, *fval = bm->rel_val;
   const MemPlan *pl = &bm->plan;
-  RtRunInfo dflt = {0, 0, m->train.lr};
-  if (!info) info = &dflt;
-
   RtRun r = {bm, ts_xcalloc((size_t)b->n + 1, sizeof *r.buf), ts_xcalloc((size_t)b->n + 1, sizeof *r.refs),
              ts_xcalloc((size_t)b->n + 1, 1), 0};
   bm->runs++;
@@ -732,11 +838,107 @@ int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds,
       break;
     }
   }
-  if (rc != 0) RT_POISON(p->arena, p->arena_bytes);   /* nothing is live after a run */
+  if (rc != 0 && !p->dx) RT_POISON(p->arena, p->arena_bytes);   /* nothing is live after a run */
   free(r.buf);
   free(r.refs);
   free(r.held);
   return rc;
+}
+
+/* After a device run's work is issued: wait for it, then record the
+ * outputs listed in outs[0..n) from their host slots. */
+static int dev_finish(RtProgram *p, int bi, const int *outs, int n, char *err, size_t errlen) {
+  RtDev *d = p->opts.dev;
+  char why[512];
+  if (d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "block %s on %s: %s", p->m->blocks.a[bi].name, d->label, why);
+  const IrBlock *b = &p->m->blocks.a[bi];
+  for (int k = 0; k < n; k++) {
+    const IrNode *nd = &b->nodes[outs[k]];
+    record_output(p, ts_intern(nd->sa ? nd->sa : ""),
+                  load_scalar(&p->dgr[bi].slot[outs[k]], b->nodes[nd->in[0]].type.dtype));
+  }
+  return 0;
+}
+
+/* Whether block bi is captured as a graph: the per-micro-batch block,
+ * with nothing that runs on the host (collectives on a host-memory
+ * device), unless TS_CUDA_GRAPHS=0. */
+static int graph_ok(const RtProgram *p, int bi) {
+  const char *e = getenv("TS_CUDA_GRAPHS");
+  if (e && strcmp(e, "0") == 0) return 0;
+  const IrBlock *b = &p->m->blocks.a[bi];
+  if (strcmp(b->name, "micro") != 0) return 0;
+  const RtDevBlock *db = &rt_dev_exec_plan(p->dx)->blk[bi];
+  for (int i = 0; i < b->n; i++)
+    if (db->kind[i] == RT_DS_COMM) return 0;
+  return 1;
+}
+
+/* A block on a device: the first run issues the work node by node, the
+ * second (of a block graph_ok allows) captures it as a graph and launches
+ * it, later runs copy the feeds into the staging buffers and replay the
+ * graph.  Every run ends with a sync and the outputs. */
+static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, const RtRunInfo *info, char *err,
+                         size_t errlen) {
+  RtDevBlockRun *g = &p->dgr[bi];
+  RtDev *d = p->opts.dev;
+  const IrBlock *b = &p->m->blocks.a[bi];
+  char why[512];
+  if (rt_dev_exec_begin(p->dx, p, info, err, errlen) != 0) return -1;
+  if (g->graph) {
+    for (int i = 0; i < b->n; i++) {
+      if (b->nodes[i].op != IR_OP_INPUT) continue;
+      const RtFeed *f = find_feed(feeds, nfeeds, b->nodes[i].sa);
+      if (!f || !f->data)
+        return ts_errf(err, errlen, "block %s, %%%d = input: missing input \"%s\" (no feed of that name)", b->name,
+                       i, b->nodes[i].sa ? b->nodes[i].sa : "");
+      memcpy(g->stage[i], f->data, value_bytes(&b->nodes[i]));
+    }
+    if (d->ops->graph_launch(d, g->graph, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+      return ts_errf(err, errlen, "block %s: replaying its graph on %s: %s", b->name, d->label, why);
+    p->mem[bi].runs++;
+    return dev_finish(p, bi, g->outs.a, g->outs.n, err, errlen);
+  }
+  int capture = g->runs == 1 && graph_ok(p, bi);
+  if (capture && d->ops->graph_begin(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "block %s: starting its graph capture on %s: %s", b->name, d->label, why);
+  g->outs.n = 0;
+  int rc = walk_block(p, bi, feeds, nfeeds, info, err, errlen);
+  g->runs++;
+  if (capture) {
+    RtDevGraph *gr = NULL;
+    int e = d->ops->graph_end(d, RT_STREAM_COMPUTE, &gr, why, sizeof why);
+    if (rc == 0 && e != 0) rc = ts_errf(err, errlen, "block %s: ending its graph capture on %s: %s", b->name, d->label, why);
+    if (rc == 0) {
+      g->graph = gr;   /* the outputs list stays: every replay reports the same */
+      if (d->ops->graph_launch(d, gr, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+        rc = ts_errf(err, errlen, "block %s: launching its graph on %s: %s", b->name, d->label, why);
+    } else if (gr) {
+      d->ops->graph_free(d, gr);
+    }
+  }
+  if (rc != 0) {
+    d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why);   /* nothing in flight after an error */
+    return -1;
+  }
+  return dev_finish(p, bi, g->outs.a, g->outs.n, err, errlen);
+}
+
+int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, const RtRunInfo *info, char *err,
+                 size_t errlen) {
+  if (bi < 0 || bi >= p->m->blocks.n) return ts_errf(err, errlen, "no block %d", bi);
+  RtRunInfo dflt = {0, 0, p->m->train.lr};
+  if (!info) info = &dflt;
+  return p->dx ? run_block_dev(p, bi, feeds, nfeeds, info, err, errlen)
+               : walk_block(p, bi, feeds, nfeeds, info, err, errlen);
+}
+
+/* rt_program_exec_stats' device part: whether block "micro" replays a graph. */
+int rt_program_graphs(const RtProgram *p) {
+  int n = 0;
+  for (int b = 0; p->dgr && b < p->m->blocks.n; b++) n += p->dgr[b].graph != NULL;
+  return n;
 }
 
 /* Warmup, then cosine / linear decay to min_lr over the steps after warmup

@@ -55,7 +55,21 @@ const RtRank *rt_program_rank(const RtProgram *p);
  * threads: the kernels' thread pool (0: env TS_THREADS, else all cores).
  * no_groups: LLVM backend with every node alone (for comparisons). */
 typedef enum { RT_BACKEND_REF, RT_BACKEND_LLVM } RtBackend;
-typedef struct { RtBackend backend; int threads; int no_groups; } RtExecOpts;
+/* cuda: plan the kernels for a CUDA device (every generated kernel printed
+ * as CUDA C into one module, runtime/dev_prog.h) instead of JIT-compiling
+ * them; dev: run the program on that device (runtime/device.h; implies
+ * cuda), from `image` if given (a plan's cubin / PTX), else from the
+ * module's source (devices that compile sources: the tests' emulator). */
+typedef struct RtDev RtDev;
+typedef struct RtDevImage RtDevImage;
+typedef struct {
+  RtBackend backend;
+  int threads;
+  int no_groups;
+  int cuda;
+  RtDev *dev;
+  const RtDevImage *image;
+} RtExecOpts;
 RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecOpts *o, char *err, size_t errlen);
 /* The options rt_program_new and rt_program_new_rank use (what mrun sets
  * from --backend).  Until set: TS_BACKEND=llvm in the environment selects
@@ -109,6 +123,13 @@ int rt_program_block_memory(const RtProgram *p, int b, size_t *used, size_t *liv
 
 /* Contiguous row-major data of state s (dtype and shape of its IrState). */
 void *rt_state_data(RtProgram *p, int s);
+/* A program on a device works on a device copy of the states: this copies
+ * them back into the host memory rt_state_data points at (no-op for CPU
+ * programs).  0, or -1 with a message. */
+int rt_program_sync_states(RtProgram *p, char *err, size_t errlen);
+/* How many blocks of a device program replay a captured CUDA Graph (the
+ * block "micro" from its third run on; 0 on the CPU). */
+int rt_program_graphs(const RtProgram *p);
 
 /* One input fed to a block: matched by name to the block's INPUT nodes,
  * must have the same dtype and shape. */

@@ -5,6 +5,8 @@
 #define TS_RT_PRIV_H
 #include "rt.h"
 #include "../codegen/cg.h"
+#include "../codegen/cuda.h"
+#include "dev_prog.h"
 
 /* ---- counter-based random numbers (rng.c; formulas in its header) ---- */
 enum { RT_RNG_INIT = 1, RT_RNG_DROPOUT = 2, RT_RNG_DATA = 3 };  /* domain tags */
@@ -154,6 +156,10 @@ typedef struct {
   int *run, nrun;
   int gemm_mm;        /* > 0 (the matmul's id + 1): a GEMM bias epilogue (exec_gemm.c), buffers
                          A, B, bias, then the add's value */
+  CgCudaLaunch cl;    /* cuda mode (RtExecOpts.cuda): the printed kernel's launch */
+  CgCudaLaunch *cls;  /* cuda mode, adamw: per member j of run[], the launches cls[2j], cls[2j + 1] */
+  int64_t *ccnt;      /* ... for element counts ccnt[2j] (full ZeRO chunk or whole tensor), ccnt[2j + 1]
+                         (partial chunk; 0: none) (exec_jit.c cuda_adamw_run) */
 } RtJitKernel;
 typedef struct {
   int *kern;          /* per node: the kernel computing it, or -1 (reference kernel) */
@@ -166,6 +172,10 @@ RtJit *rt_jit_new(const IrModule *m, const RtExecOpts *o, char *err, size_t errl
 void rt_jit_free(RtJit *j);
 const RtJitBlock *rt_jit_block(const RtJit *j, int b);
 const RtExecStats *rt_jit_stats(const RtJit *j);
+/* cuda mode: the printed kernels (no prelude), and where each came from. */
+const StrBuf *rt_jit_cuda_source(const RtJit *j);
+const RtCudaKernelInfo *rt_jit_cuda_info(const RtJit *j, int *n);
+
 /* Runs kernel k over its parallel space (the pool, or inline if small);
  * bufs[0 .. nin + nout) are its buffers.  A kernel with run-time scalars
  * gets p's seed and info's step and micro batch (info NULL: 0, 0). */
@@ -183,6 +193,10 @@ int rt_jit_run_adamw(RtJit *j, RtProgram *p, const IrBlock *b, const RtJitKernel
  * bias, out: out = broadcast(bias) (the reference kernel), then
  * out = A.B + out (one GEMM, or one per batch item, beta = 1).  0 or -1. */
 int rt_gemm_epilogue_ok(const IrBlock *b, int mm);
+/* The product of matmul node mm as GEMMs: M, N, K, batch (product of a's
+ * leading dims) and whether b is one matrix shared by every batch item.
+ * 0, or -1 if BLAS cannot take it. */
+int rt_gemm_shape(const IrBlock *b, const IrNode *mm, int64_t *M, int64_t *N, int64_t *K, int64_t *batch, int *shared);
 int rt_gemm_epilogue_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **bufs, const RtRunInfo *info,
                          char *msg, size_t n);
 /* rt_gemm_epilogue_run, counted in j's stats. */

@@ -26,6 +26,7 @@
 #include "runtime/comm.h"
 #include "runtime/plan.h"
 #include "runtime/train.h"
+#include "runtime/dev_prog.h"
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -57,6 +58,10 @@ static void usage(FILE *f) {
           "  --emit=KIND            plan (default), plan-text, ir (final IR), dot (Graphviz)\n"
           "  --emit=llvm DIR        instead of a plan, each distinct kernel's optimized LLVM IR as DIR/<kernel>_<hash>.ll\n"
           "                         and its kernel IR (text) as DIR/<kernel>_<hash>.kir\n"
+          "  --target sm_80,sm_90   compile every kernel with NVRTC for these GPUs (PTX + cubin in the plan;\n"
+          "                         ptxas must report no spills, no stack frame)\n"
+          "  --emit=cuda DIR        instead of a plan, each program's CUDA module as DIR/prog<K>_<hash>.cu\n"
+          "                         (and .ptx per --target)\n"
           "  --no-fuse              no fusion groups (every node its own kernel; for comparisons)\n"
           "  --dump-ir=all DIR      write the IR after every pass to DIR/NN-<pass>.ir\n"
           "  --dump-ir=PASS DIR     ... after one pass only\n"
@@ -120,6 +125,8 @@ typedef struct {
   /* pipeline (passes/pipe.h): views of the partition and schedules */
   const char *trace;         /* --emit=trace FILE */
   const char *llvm_dir;      /* --emit=llvm DIR: each kernel's LLVM IR (runtime/exec_jit.c) */
+  const char *cuda_dir;      /* --emit=cuda DIR: each program's CUDA module (runtime/dev_prog.c) */
+  int sm[2], nsm;            /* --target sm_80,sm_90: NVRTC images in the plan (docs/cuda.md) */
   const char *schedule;      /* --schedule NAME; NULL: 1f1b, interleaved with vpp >= 2 */
   const char *pp_layout;     /* --pp-layout STR */
   VEC(int) pp_layers;        /* --pp-layers A,B,... */
@@ -177,6 +184,18 @@ static int parse_args(int argc, char **argv, Args *a) {
       continue;
     }
     if (strcmp(s, "--emit=llvm") == 0) { NEED_ARG(s); a->llvm_dir = next; continue; }
+    if (strcmp(s, "--emit=cuda") == 0) { NEED_ARG(s); a->cuda_dir = next; continue; }
+    if (strcmp(s, "--target") == 0) {
+      NEED_ARG(s);
+      for (const char *q = next; *q;) {
+        size_t n = strcspn(q, ",");
+        int sm = n == 5 && strncmp(q, "sm_80", 5) == 0 ? 80 : n == 5 && strncmp(q, "sm_90", 5) == 0 ? 90 : 0;
+        if (!sm) return usage_error("--target takes sm_80 and/or sm_90 (comma separated), got '%s'", next);
+        if (a->nsm < 2 && (a->nsm == 0 || a->sm[0] != sm)) a->sm[a->nsm++] = sm;
+        q += n + (q[n] == ',');
+      }
+      continue;
+    }
     if (strcmp(s, "--check") == 0) { a->check = 1; continue; }
     if (strcmp(s, "--stdlib") == 0) { NEED_ARG(s); a->mdl.stdlib_dir = next; continue; }
     if (strcmp(s, "--emit=trace") == 0) { NEED_ARG(s); a->trace = next; continue; }
@@ -490,12 +509,105 @@ static int check_plan_roundtrip(const RtPlan *p) {
   return rc;
 }
 
+/* An NVRTC failure: the first error lines, each with the kernel whose
+ * lines hold it (a kernel NVRTC rejects is a compiler bug). */
+static void nvrtc_failure(const RtCudaModule *cm, const char *log, int sm) {
+  fprintf(stderr, "mcc: internal error: NVRTC rejected the CUDA module for sm_%d:\n", sm);
+  int shown = 0;
+  for (const char *q = log ? strstr(log, "tessera.cu(") : NULL; q && shown < 5; q = strstr(q + 1, "tessera.cu(")) {
+    int line = atoi(q + 11);
+    const char *e = strchr(q, '\n');
+    const RtCudaKernelInfo *k = rt_cuda_module_kernel_at(cm, line);
+    fprintf(stderr, "  kernel %s (%s): %.*s\n", k ? k->name : "?", k ? k->where : "the prelude",
+            (int)(e ? e - q : (long)strlen(q)), q);
+    shown++;
+  }
+  if (!shown && log) fprintf(stderr, "%s\n", log);
+}
+
+/* --target / --emit=cuda: every program's CUDA module, compiled with NVRTC
+ * for each arch of a->sm into images of p (ptxas' report checked for
+ * every kernel) and, with dir, written there.  0 or 1. */
+static int compile_cuda(const Args *a, RtPlan *p, const char *dir) {
+  char err[2048];
+  if (a->nsm && !cg_nvrtc_available(err, sizeof err)) { fprintf(stderr, "mcc: --target: %s\n", err); return 1; }
+  if (dir && mkdir(dir, 0777) != 0 && errno != EEXIST) {
+    fprintf(stderr, "mcc: cannot create '%s': %s\n", dir, strerror(errno));
+    return 1;
+  }
+  for (int pi = 0; pi < p->nprograms; pi++) {
+    RtCudaModule cm;
+    if (rt_cuda_module_build(p->programs[pi], &cm, err, sizeof err) != 0) {
+      fprintf(stderr, "mcc: error: program %d has no CUDA form: %s\n", pi, err);
+      return 1;
+    }
+    char path[4096];
+    int rc = 0;
+    if (dir) {
+      snprintf(path, sizeof path, "%s/prog%d_%08llx.cu", dir, pi, (unsigned long long)(cm.hash & 0xffffffffu));
+      if (ts_write_file_atomic(path, cm.src.p, cm.src.n) != 0) {
+        fprintf(stderr, "mcc: cannot write '%s': %s\n", path, strerror(errno));
+        rc = 1;
+      }
+    }
+    for (int t = 0; t < a->nsm && rc == 0; t++) {
+      char arch[8];
+      snprintf(arch, sizeof arch, "sm_%d", a->sm[t]);
+      CgNvrtcOut o;
+      if (cg_nvrtc_compile(cm.src.p, arch, &o, err, sizeof err) != 0) {
+        if (o.log) nvrtc_failure(&cm, o.log, a->sm[t]);
+        else fprintf(stderr, "mcc: %s\n", err);
+        cg_nvrtc_out_free(&o);
+        rc = 1;
+        break;
+      }
+      for (int k = 0; k < cm.nkern && rc == 0; k++) {   /* every kernel has a clean report */
+        const CgPtxasInfo *q = NULL;
+        for (int j = 0; j < o.nkern; j++)
+          if (strcmp(o.kern[j].name, cm.kern[k].name) == 0) q = &o.kern[j];
+        if (!q) {
+          fprintf(stderr, "mcc: internal error: ptxas reports nothing for kernel %s (%s)\n", cm.kern[k].name, cm.kern[k].where);
+          rc = 1;
+        } else if (cg_ptxas_check(q, arch, err, sizeof err) != 0) {
+          fprintf(stderr, "mcc: internal error: %s (%s)\n", err, cm.kern[k].where);
+          rc = 1;
+        }
+      }
+      if (rc == 0 && dir) {
+        snprintf(path, sizeof path, "%s/prog%d_%08llx.%s.ptx", dir, pi, (unsigned long long)(cm.hash & 0xffffffffu), arch);
+        if (ts_write_file_atomic(path, o.ptx, o.ptx_len) != 0) {
+          fprintf(stderr, "mcc: cannot write '%s': %s\n", path, strerror(errno));
+          rc = 1;
+        }
+      }
+      if (rc == 0) {
+        RtPlanImage im = {pi, a->sm[t], cm.hash, o.ptx, o.ptx_len, o.cubin, o.cubin_len, o.nkern, o.kern};
+        rt_plan_add_image(p, &im);
+        int regs = 0;
+        for (int j = 0; j < o.nkern; j++) regs = o.kern[j].registers > regs ? o.kern[j].registers : regs;
+        fprintf(stderr, "mcc: program %d, %s: %d kernels, PTX %zu bytes, cubin %zu bytes, at most %d registers, "
+                "no spills\n", pi, arch, cm.nkern, o.ptx_len, o.cubin_len, regs);
+      }
+      cg_nvrtc_out_free(&o);
+    }
+    if (rc == 0 && dir) fprintf(stderr, "mcc: wrote program %d's CUDA module (%d kernels) to %s\n", pi, cm.nkern, dir);
+    rt_cuda_module_free(&cm);
+    if (rc) return 1;
+  }
+  return 0;
+}
+
 static int write_plan(const Args *a, IrModule *m, int *owned) {
   RtPlan *p = make_plan(a->input, m);
   *owned = 0;                         /* the plan owns the module now */
   if (!p) return 1;
   int rc = 0;
-  if (a->cx->verify_roundtrip) rc = check_plan_roundtrip(p);
+  if (a->nsm || a->cuda_dir) rc = compile_cuda(a, p, a->cuda_dir);
+  if (a->cuda_dir) {   /* the sources instead of a plan */
+    rt_plan_free(p);
+    return rc;
+  }
+  if (rc == 0 && a->cx->verify_roundtrip) rc = check_plan_roundtrip(p);
   if (rc == 0 && strcmp(a->emit, "plan-text") == 0) {
     StrBuf b = {0};
     rt_plan_print_text(p, &b);

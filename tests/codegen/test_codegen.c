@@ -15,6 +15,10 @@
 #include <math.h>
 #include <unistd.h>
 #include "compile_c.h"
+#ifdef TS_EMU_HEADER
+#include "codegen/cuda.h"
+#include "emu_host.h"
+#endif
 
 static int g_fails, g_checks;
 #define CHECK(c, ...) do { g_checks++; if (!(c)) { g_fails++;                 \
@@ -22,6 +26,24 @@ static int g_fails, g_checks;
     fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
 static char err[2048];
+
+/* ---- the CUDA printer under the emulator (test_codegen --cuda) ----
+ * Every kernel a case checks is also printed as CUDA C (cuda.c) into ONE
+ * module with its inputs and the reference's outputs kept; at the end the
+ * module is compiled once for the emulator and every kernel launched on
+ * its inputs and compared like the LLVM kernel (f32 1e-6, f64 1e-12). */
+static int g_cuda;
+typedef struct {
+  char what[96];
+  CgCudaLaunch l;
+  int nin, nout, shared_out, shared_in;
+  CgBuf buf[CG_MAX_BUFS];
+  void *data[CG_MAX_BUFS];      /* inputs: copies; outputs: filled by the launch */
+  double *want[CG_MAX_BUFS];    /* the reference's outputs */
+  IrDtype wt[CG_MAX_BUFS];
+} CudaCase;
+static VEC(CudaCase) g_cuda_cases;
+static StrBuf g_cuda_src;
 
 /* ---- deterministic inputs ---- */
 static uint64_t g_rs = 0x5eed;
@@ -138,6 +160,99 @@ static void compare_outputs(Case *c, RtProgram *p, const CgGroupIO *io, void **b
   }
 }
 
+static size_t buf_bytes(const CgBuf *b) { return (size_t)b->n * (b->type == CG_F64 ? 8 : 4); }
+
+/* Keeps kernel k (renamed to be unique in the module) with copies of its
+ * inputs, as run now, and the reference's outputs. */
+static void cuda_keep(Case *c, RtProgram *p, CgKernel *k, const CgGroupIO *io, void **bufs, const int *st_of,
+                      const char *what, int shared_out, int shared_in) {
+  CudaCase cc;
+  memset(&cc, 0, sizeof cc);
+  snprintf(cc.what, sizeof cc.what, "%s", what);
+  char name[64];
+  snprintf(name, sizeof name, "k%d_%.40s", g_cuda_cases.n, k->name);
+  snprintf(k->name, sizeof k->name, "%s", name);
+  CHECK(cg_kernel_cuda_text(k, &g_cuda_src, &cc.l, err, sizeof err) == 0, "%s: CUDA printer: %s", what, err);
+  cc.nin = io->nin;
+  cc.nout = io->nout;
+  cc.shared_out = shared_out;
+  cc.shared_in = shared_in;
+  memcpy(cc.buf, k->buf, sizeof cc.buf);
+  for (int i = 0; i < io->nin + io->nout; i++) {
+    cc.data[i] = ts_xcalloc(buf_bytes(&k->buf[i]) + 8, 1);
+    if (i < io->nin && i != shared_in) memcpy(cc.data[i], bufs[i], buf_bytes(&k->buf[i]));
+  }
+  if (shared_out >= 0) {   /* the output starts as the input it overwrites */
+    const void *src = NULL;
+    for (int f = 0; f < c->nfeed; f++)
+      if (c->feed_id[f] == io->in[shared_in]) src = c->data[f];
+    if (!src) src = rt_state_data(p, st_of[shared_in]);
+    memcpy(cc.data[shared_out], src, buf_bytes(&k->buf[shared_in]));
+  } else {
+    for (int j = 0; j < io->nout; j++) memset(cc.data[io->nin + j], 0xff, buf_bytes(&k->buf[io->nin + j]));
+  }
+  IrModule *m = c->m;
+  for (int j = 0; j < io->nout; j++) {
+    int s = st_of[io->nin + j];
+    int64_t n = ir_type_numel(&m->states.a[s].type);
+    cc.wt[j] = m->blocks.a[c->b].nodes[io->out[j]].type.dtype;
+    cc.want[j] = ts_xmalloc((size_t)(n ? n : 1) * sizeof(double));
+    for (int64_t e = 0; e < n; e++) cc.want[j][e] = ld(rt_state_data(p, s), m->states.a[s].type.dtype, e);
+  }
+  VEC_PUSH(g_cuda_cases, cc);
+}
+
+/* Compiles the kept kernels as one module for the emulator, runs each on
+ * its inputs and compares with the reference. */
+static void cuda_run_all(void) {
+#ifdef TS_EMU_HEADER
+  StrBuf src = {0};
+  sb_printf(&src, "%s%s", cg_cuda_prelude(), g_cuda_src.p ? g_cuda_src.p : "");
+  TsEmu *e = ts_emu_load(src.p, err, sizeof err);
+  CHECK(e != NULL, "the CUDA module does not compile for the emulator: %s", err);
+  long long run[CG_RUN_WORDS] = {0};
+  int rows = 0, vecs = 0;
+  for (int i = 0; e && i < g_cuda_cases.n; i++) {
+    CudaCase *cc = &g_cuda_cases.a[i];
+    CgCudaArgs a;
+    memset(&a, 0, sizeof a);
+    for (int b = 0; b < cc->nin + cc->nout; b++) a.b[b] = cc->data[b];
+    if (cc->shared_out >= 0) a.b[cc->shared_in] = cc->data[cc->shared_out];
+    a.run = run;
+    int rc = ts_emu_launch_kernel(e, &cc->l, &a, err, sizeof err);
+    CHECK(rc == 0, "%s (cuda): %s", cc->what, err);
+    if (rc != 0) continue;
+    const char *mode = strstr(src.p, cc->l.name);
+    rows += cc->l.threads != 256 || (mode && 0);
+    for (int j = 0; j < cc->nout; j++) {
+      const CgBuf *b = &cc->buf[cc->nin + j];
+      IrDtype dt = b->type == CG_F64 ? IR_F64 : b->type == CG_F32 ? IR_F32 : IR_I32;
+      double tol = dt == IR_F32 ? 1e-6 : dt == IR_F64 ? 1e-12 : 0;
+      if (dt == IR_I32) tol = 1e-6;
+      int64_t bad = -1;
+      for (int64_t x = 0; x < b->n && bad < 0; x++)
+        if (!rel_ok(ld(cc->data[cc->nin + j], dt, x), cc->want[j][x], tol)) bad = x;
+      CHECK(bad < 0, "%s (cuda, kernel %s): output %d element %lld = %.17g, reference %.17g", cc->what, cc->l.name, j,
+            (long long)bad, bad >= 0 ? ld(cc->data[cc->nin + j], dt, bad) : 0.0, bad >= 0 ? cc->want[j][bad] : 0.0);
+    }
+  }
+  for (const char *q = src.p; (q = strstr(q, "16-byte vectors")); q++) vecs++;
+  printf("cuda: %d kernels run under the emulator (%d with 16-byte vectors)\n", g_cuda_cases.n, vecs);
+  CHECK(vecs > 0, "no kernel used 16-byte vector accesses");
+  CHECK(strstr(src.p, "row mode") != NULL, "no kernel in row mode");
+  (void)rows;
+  ts_emu_free(e);
+  sb_free(&src);
+#endif
+  for (int i = 0; i < g_cuda_cases.n; i++) {
+    CudaCase *cc = &g_cuda_cases.a[i];
+    for (int b = 0; b < cc->nin + cc->nout; b++) free(cc->data[b]);
+    for (int j = 0; j < cc->nout; j++) free(cc->want[j]);
+  }
+  free(g_cuda_cases.a);
+  sb_free(&g_cuda_src);
+}
+
 /* Lowers nodes[0..n) of c, runs kernel and reference, compares every output. */
 static void check_group(Case *c, const int *nodes, int n, const char *what, int how_flags) {
   IrModule *m = c->m;
@@ -206,6 +321,7 @@ static void check_group(Case *c, const int *nodes, int n, const char *what, int 
     if (how == RUN_THREADS) cg_par_run(fn, bufs, g, 2);
     else { fn(bufs, 0, g / 3); fn(bufs, g / 3, 2 * g / 3); fn(bufs, 2 * g / 3, g); }
     compare_outputs(c, p, &io, bufs, st_of, what, "llvm");
+    if (g_cuda) cuda_keep(c, p, k, &io, bufs, st_of, what, shared_out, shared_in);
     if (with_c && g_have_cc) {   /* the same buffers through the C printer's code */
       StrBuf src = {0};
       void *h = NULL;
@@ -736,7 +852,8 @@ static void test_pool(void) {
   case_free(&c);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  g_cuda = argc > 1 && strcmp(argv[1], "--cuda") == 0;
   codegen_test_init();
   test_printer();
   test_errors();
@@ -772,6 +889,7 @@ int main(void) {
     case_free(&c);
   }
   cg_jit_free(g_jit);
+  if (g_cuda) cuda_run_all();
   if (g_fails) fprintf(stderr, "test_codegen: %d of %d checks FAILED\n", g_fails, g_checks);
   else printf("test_codegen: all %d checks passed\n", g_checks);
   return g_fails ? 1 : 0;

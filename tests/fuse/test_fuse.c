@@ -62,7 +62,7 @@ static double run(const IrModule *m, RtBackend be, int no_groups, RtExecStats *s
   for (int i = 0; i < 48; i++) x[i] = sin(0.7 * i + 0.3) * 1.5;
   RtFeed f = {"x", x};
   RtRank r = rt_rank_single();
-  RtExecOpts o = {be, 2, no_groups};
+  RtExecOpts o = {.backend = be, .threads = 2, .no_groups = no_groups};
   char err[512];
   RtProgram *p = rt_program_new_opts(m, &r, &o, err, sizeof err);
   if (!p) { printf("program: %s\n", err); failures++; return NAN; }

@@ -62,7 +62,7 @@ static const char *runs_ir =
 
 static RtProgram *program(const IrModule *m, RtBackend be) {
   RtRank r = rt_rank_single();
-  RtExecOpts o = {be, 2, 0};
+  RtExecOpts o = {.backend = be, .threads = 2};
   char err[512];
   RtProgram *p = rt_program_new_opts(m, &r, &o, err, sizeof err);
   if (!p) { printf("program: %s\n", err); exit(1); }

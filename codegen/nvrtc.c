@@ -1,0 +1,206 @@
+/* nvrtc.c - NVRTC, loaded with dlopen on first use (cuda.h): a CUDA module
+ * compiled to PTX and to a cubin for sm_80 or sm_90, with ptxas' verbose
+ * report parsed per kernel.  Works without a GPU or a driver (FACTS.md):
+ * this is how every kernel is checked on our machines.
+ *
+ * Options: -std=c++17; --fmad=false, so a*b+c is not contracted into one
+ * rounding: the CPU backends round after each operation and the tests
+ * compare bits (a real run may prefer fmad=true; the generated kernels
+ * are memory-bound, so it costs little); -lineinfo for profilers; and
+ * -Xptxas -v for the resource report.  PTX comes from a compile for the
+ * virtual arch (compute_80), the cubin from one for the real arch. */
+#include "cuda.h"
+#include <dlfcn.h>
+#include <stdlib.h>
+
+typedef int NvResult;   /* nvrtcResult: 0 = NVRTC_SUCCESS */
+typedef struct NvProg *NvProgram;
+static struct {
+  int tried;
+  void *h;
+  char why[256];
+  NvResult (*create)(NvProgram *, const char *, const char *, int, const char *const *, const char *const *);
+  NvResult (*compile)(NvProgram, int, const char *const *);
+  NvResult (*log_size)(NvProgram, size_t *);
+  NvResult (*log)(NvProgram, char *);
+  NvResult (*ptx_size)(NvProgram, size_t *);
+  NvResult (*ptx)(NvProgram, char *);
+  NvResult (*cubin_size)(NvProgram, size_t *);
+  NvResult (*cubin)(NvProgram, char *);
+  NvResult (*destroy)(NvProgram *);
+  const char *(*errstr)(NvResult);
+} nv;
+
+static int load(void) {
+  if (nv.tried) return nv.h ? 0 : -1;
+  nv.tried = 1;
+  static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so.13",
+                                      "/usr/local/cuda/lib64/libnvrtc.so"};
+  for (size_t i = 0; i < sizeof names / sizeof *names && !nv.h; i++) nv.h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+  if (!nv.h) {
+    snprintf(nv.why, sizeof nv.why, "NVRTC was not found (libnvrtc.so.13; is the CUDA toolkit installed?)");
+    return -1;
+  }
+#define SYM(f, s) if (!(*(void **)&nv.f = dlsym(nv.h, s))) { \
+    snprintf(nv.why, sizeof nv.why, "NVRTC has no %s (too old?)", s); dlclose(nv.h); nv.h = NULL; return -1; }
+  SYM(create, "nvrtcCreateProgram");
+  SYM(compile, "nvrtcCompileProgram");
+  SYM(log_size, "nvrtcGetProgramLogSize");
+  SYM(log, "nvrtcGetProgramLog");
+  SYM(ptx_size, "nvrtcGetPTXSize");
+  SYM(ptx, "nvrtcGetPTX");
+  SYM(cubin_size, "nvrtcGetCUBINSize");
+  SYM(cubin, "nvrtcGetCUBIN");
+  SYM(destroy, "nvrtcDestroyProgram");
+  SYM(errstr, "nvrtcGetErrorString");
+#undef SYM
+  return 0;
+}
+
+int cg_nvrtc_available(char *why, size_t whylen) {
+  if (load() == 0) return 1;
+  snprintf(why, whylen, "%s", nv.why);
+  return 0;
+}
+
+/* Every NVRTC call: its name and NVRTC's error string in the message, with
+ * a hint. */
+#define NVCHECK(call, what, hint)                                                                 \
+  do {                                                                                            \
+    NvResult r_ = (call);                                                                         \
+    if (r_ != 0) {                                                                                \
+      ts_errf(err, errlen, "%s: %s (%s)", what, nv.errstr ? nv.errstr(r_) : "error", hint);        \
+      goto fail;                                                                                  \
+    }                                                                                             \
+  } while (0)
+
+/* One compile for `arch` ("compute_80" or "sm_80"): the log always, PTX
+ * or the cubin. */
+static int compile_one(const char *src, const char *arch, char **log, char **ptx, size_t *ptx_len, void **cubin,
+                       size_t *cubin_len, char *err, size_t errlen) {
+  NvProgram prog = NULL;
+  char archopt[64];
+  snprintf(archopt, sizeof archopt, "-arch=%s", arch);
+  /* 177: a value computed and not used (the printer emits every instruction) */
+  const char *opts[] = {archopt, "-std=c++17", "--fmad=false", "-lineinfo", "--diag-suppress=177", "-Xptxas", "-v"};
+  int nopt = ptx ? 5 : 7;   /* the ptxas report only comes with a cubin */
+  NVCHECK(nv.create(&prog, src, "tessera.cu", 0, NULL, NULL), "nvrtcCreateProgram", "out of memory?");
+  NvResult rc = nv.compile(prog, nopt, opts);
+  size_t ls = 0;
+  NVCHECK(nv.log_size(prog, &ls), "nvrtcGetProgramLogSize", "internal NVRTC error");
+  *log = ts_xcalloc(ls + 1, 1);
+  if (ls) NVCHECK(nv.log(prog, *log), "nvrtcGetProgramLog", "internal NVRTC error");
+  if (rc != 0) {
+    ts_errf(err, errlen, "NVRTC rejected the module for %s: %s", arch, nv.errstr(rc));
+    goto fail;
+  }
+  if (ptx) {
+    NVCHECK(nv.ptx_size(prog, ptx_len), "nvrtcGetPTXSize", "compiled for a real arch?");
+    *ptx = ts_xcalloc(*ptx_len + 1, 1);
+    NVCHECK(nv.ptx(prog, *ptx), "nvrtcGetPTX", "internal NVRTC error");
+  } else {
+    NVCHECK(nv.cubin_size(prog, cubin_len), "nvrtcGetCUBINSize", "compiled for a virtual arch?");
+    *cubin = ts_xmalloc(*cubin_len ? *cubin_len : 1);
+    NVCHECK(nv.cubin(prog, *cubin), "nvrtcGetCUBIN", "internal NVRTC error");
+  }
+  nv.destroy(&prog);
+  return 0;
+fail:
+  if (prog) nv.destroy(&prog);
+  return -1;
+}
+
+/* ptxas' report: "Function properties for NAME" then "N bytes stack frame,
+ * N bytes spill stores, N bytes spill loads", and "Compiling entry
+ * function 'NAME'" then "Used N registers, [used N barriers, ][N bytes
+ * smem, ]N bytes cmem[0]".  Kernels in order of their first mention. */
+static CgPtxasInfo *kernel_of(CgNvrtcOut *o, const char *name, size_t len) {
+  for (int i = 0; i < o->nkern; i++)
+    if (strlen(o->kern[i].name) == len && strncmp(o->kern[i].name, name, len) == 0) return &o->kern[i];
+  o->kern = realloc(o->kern, (size_t)(o->nkern + 1) * sizeof *o->kern);
+  TS_ASSERT(o->kern);
+  CgPtxasInfo *k = &o->kern[o->nkern++];
+  memset(k, 0, sizeof *k);
+  snprintf(k->name, sizeof k->name, "%.*s", (int)(len < sizeof k->name ? len : sizeof k->name - 1), name);
+  return k;
+}
+
+static void parse_report(CgNvrtcOut *o) {
+  CgPtxasInfo *cur = NULL;
+  for (const char *s = o->log; s && *s;) {
+    const char *e = strchr(s, '\n');
+    size_t n = e ? (size_t)(e - s) : strlen(s);
+    char line[1024];
+    snprintf(line, sizeof line, "%.*s", (int)(n < sizeof line ? n : sizeof line - 1), s);
+    const char *p;
+    if ((p = strstr(line, "Compiling entry function '"))) {
+      p += 26;
+      cur = kernel_of(o, p, strcspn(p, "'"));
+    } else if ((p = strstr(line, "Function properties for "))) {
+      p += 24;
+      cur = kernel_of(o, p, strcspn(p, " \r"));
+    } else if (cur && strstr(line, "bytes stack frame")) {
+      long long a = 0, b = 0, c = 0;
+      if (sscanf(line, " %lld bytes stack frame, %lld bytes spill stores, %lld bytes spill loads", &a, &b, &c) == 3) {
+        cur->stack = a;
+        cur->spill_stores = b;
+        cur->spill_loads = c;
+      }
+    } else if (cur && (p = strstr(line, "Used "))) {
+      int regs = 0;
+      if (sscanf(p, "Used %d registers", &regs) == 1) cur->registers = regs;
+      const char *q = strstr(p, " bytes smem");
+      if (q) {
+        while (q > p && q[-1] >= '0' && q[-1] <= '9') q--;
+        cur->smem = atoll(q);
+      }
+      if ((q = strstr(p, " bytes cmem[0]"))) {
+        while (q > p && q[-1] >= '0' && q[-1] <= '9') q--;
+        cur->cmem = atoll(q);
+      }
+    }
+    s = e ? e + 1 : NULL;
+  }
+}
+
+int cg_nvrtc_compile(const char *src, const char *arch, CgNvrtcOut *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (strcmp(arch, "sm_80") != 0 && strcmp(arch, "sm_90") != 0)
+    return ts_errf(err, errlen, "unsupported CUDA target '%s' (supported: sm_80, sm_90)", arch);
+  if (load() != 0) return ts_errf(err, errlen, "%s", nv.why);
+  char virt[16];
+  snprintf(virt, sizeof virt, "compute_%s", arch + 3);
+  char *log1 = NULL;
+  if (compile_one(src, virt, &log1, &out->ptx, &out->ptx_len, NULL, NULL, err, errlen) != 0 ||
+      compile_one(src, arch, &out->log, NULL, NULL, &out->cubin, &out->cubin_len, err, errlen) != 0) {
+    if (!out->log) out->log = log1, log1 = NULL;
+    free(log1);
+    return -1;
+  }
+  free(log1);
+  parse_report(out);
+  return 0;
+}
+
+void cg_nvrtc_out_free(CgNvrtcOut *o) {
+  free(o->ptx);
+  free(o->cubin);
+  free(o->log);
+  free(o->kern);
+  memset(o, 0, sizeof *o);
+}
+
+int cg_ptxas_check(const CgPtxasInfo *k, const char *arch, char *err, size_t errlen) {
+  if (k->spill_stores || k->spill_loads)
+    return ts_errf(err, errlen, "kernel %s spills registers on %s (%lld bytes stored, %lld loaded)", k->name, arch,
+                   (long long)k->spill_stores, (long long)k->spill_loads);
+  if (k->stack)
+    return ts_errf(err, errlen, "kernel %s needs a %lld-byte stack frame on %s (local memory)", k->name,
+                   (long long)k->stack, arch);
+  if (k->registers > 255)
+    return ts_errf(err, errlen, "kernel %s uses %d registers on %s (at most 255)", k->name, k->registers, arch);
+  if (k->smem > 48 * 1024)
+    return ts_errf(err, errlen, "kernel %s uses %lld bytes of static shared memory on %s (at most 48 KiB)", k->name,
+                   (long long)k->smem, arch);
+  return 0;
+}

@@ -1,0 +1,72 @@
+/* dev_priv.h - what dev_prog.c (the device plan of a program), exec_dev.c
+ * (the executor's device backend) and rt.c share. */
+#ifndef TS_RT_DEV_PRIV_H
+#define TS_RT_DEV_PRIV_H
+#include "rt_priv.h"
+#include "device.h"
+#include "../passes/memplan.h"
+
+/* What runs node i of a block on a device. */
+enum {
+  RT_DS_KERNEL,   /* a kernel of the planning (RtJitBlock.kern[i] >= 0): generated, AdamW run, GEMM epilogue */
+  RT_DS_ALIAS,    /* shares its operand's buffer (memplan): nothing runs */
+  RT_DS_INPUT,    /* host feed -> device */
+  RT_DS_STATE,    /* a pointer into the device slab */
+  RT_DS_OUTPUT,   /* device scalar -> host */
+  RT_DS_GEMM,     /* matmul */
+  RT_DS_COMM,     /* collective / point to point / stash (the communication layer) */
+  RT_DS_LIB       /* library kernel(s), RtDevPlan.lib[RtDevBlock.lib[i]] */
+};
+
+typedef struct {
+  CgCudaLaunch l[CG_CUDA_LIB_MAX_LAUNCH];
+  int nl;
+  int64_t scratch;
+} RtDevLib;
+
+typedef struct {
+  unsigned char *kind;  /* per node: RT_DS_* */
+  int *lib;             /* per node: index into RtDevPlan.lib, or -1 */
+} RtDevBlock;
+
+typedef struct RtDevPlan {
+  int nblocks;
+  RtDevBlock *blk;
+  VEC(RtDevLib) lib;
+  int64_t scratch;      /* the largest scratch a library kernel asks for */
+  RtCudaModule mod;
+} RtDevPlan;
+
+/* The device plan of m whose kernels jit (cuda mode) planned; plans[b]
+ * is block b's memory plan (NULL: not known, as in mcc; reshapes the plan
+ * would alias then count as kernels).  NULL with a message naming the
+ * first node no device can run. */
+RtDevPlan *rt_dev_plan_new(const IrModule *m, RtJit *jit, const MemPlan *const *plans, char *err, size_t errlen);
+void rt_dev_plan_free(RtDevPlan *P);
+
+/* ---- the executor's device backend (exec_dev.c) ---- */
+typedef struct RtDevExec RtDevExec;
+/* Plans m's blocks for o->dev (jit: the cuda-mode planning; plans: the
+ * memory plans), loads the module (o->image, else its source), allocates
+ * the run block, scratch and AdamW scalars.  NULL with a message. */
+RtDevExec *rt_dev_exec_new(const IrModule *m, const RtExecOpts *o, RtJit *jit, const MemPlan *const *plans,
+                           char *err, size_t errlen);
+void rt_dev_exec_free(RtDevExec *x);
+RtDev *rt_dev_exec_dev(const RtDevExec *x);
+const RtDevPlan *rt_dev_exec_plan(const RtDevExec *x);
+/* Before a run of a block: the run block's words for info (seed, step,
+ * micro, lr, the rank's coordinates) copied to the device if changed. */
+int rt_dev_exec_begin(RtDevExec *x, RtProgram *p, const RtRunInfo *info, char *msg, size_t n);
+/* Node i of block bi (kind GEMM, COMM or LIB) with its operands' and
+ * result's device buffers. */
+int rt_dev_exec_node(RtDevExec *x, RtProgram *p, int bi, int i, const void *const *in, void *out, const RtRunInfo *info,
+                     char *msg, size_t n);
+/* Kernel K of the planning at its position: bufs = its buffers (io), vals
+ * = every value's buffer (AdamW runs read their operands there). */
+int rt_dev_exec_kernel(RtDevExec *x, RtProgram *p, int bi, const RtJitKernel *K, void **bufs, void *const *vals,
+                       const RtRunInfo *info, char *msg, size_t n);
+
+/* rt.c: the device address of state s (program on a device). */
+void *rt_state_dev(RtProgram *p, int s);
+
+#endif

@@ -1,0 +1,222 @@
+/* dev_prog.c - a rank program as device work: for every node of every
+ * block, what a device runs (a generated kernel, a library kernel, a GEMM,
+ * a copy, a collective), and the one CUDA module holding all the kernels.
+ *
+ * The kernel choice is the CPU executor's planning (exec_jit.c) in cuda
+ * mode: fusion groups, lone lowerable nodes (lone layout ops included, a
+ * copy on the device), AdamW runs and GEMM bias epilogues, each generated
+ * kernel printed as CUDA C.  The nodes no kernel covers get, by op:
+ *   input, state, output      copies / pointers (the executor, rt.c)
+ *   matmul                    a GEMM (cuBLASLt; the host BLAS emulated)
+ *   collectives, send / recv, stash, group_sum
+ *                             the communication layer
+ *   anything cuda_lib.c has   its library kernel(s)
+ * and anything else is refused, naming the node.  Library kernels are
+ * printed once per distinct text (the same op on the same shapes in every
+ * layer shares one function), named <op>_<hash>. */
+#include "rt_priv.h"
+#include "dev_priv.h"
+
+/* Whether op's node runs in the communication layer. */
+static int is_comm(IrOp op) {
+  switch (op) {
+  case IR_OP_ALL_REDUCE: case IR_OP_ALL_GATHER: case IR_OP_REDUCE_SCATTER: case IR_OP_ALL_TO_ALL:
+  case IR_OP_ALL_TO_ALL_V: case IR_OP_RING_SHIFT: case IR_OP_RING_WAIT: case IR_OP_SEND: case IR_OP_RECV:
+  case IR_OP_STASH: case IR_OP_UNSTASH: case IR_OP_GROUP_SUM:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+/* A distinct library kernel: the hash of its text and its launches. */
+typedef struct {
+  uint64_t hash;
+  RtDevLib lib;
+} LibSeen;
+typedef VEC(LibSeen) LibSeenVec;
+typedef VEC(RtCudaKernelInfo) KernelInfoVec;
+
+/* Library kernels of node i: printed into src unless an identical one is
+ * there (seen), its launches into *out.  0; -1 with a message. */
+static int lib_kernel(const IrModule *m, const IrBlock *b, int i, StrBuf *src, LibSeenVec *seen, KernelInfoVec *info,
+                      RtDevLib *out, char *err, size_t errlen) {
+  const IrNode *nd = &b->nodes[i];
+  StrBuf probe = {0};
+  RtDevLib l;
+  memset(&l, 0, sizeof l);
+  char why[512] = "";
+  int r = cg_cuda_lib_kernel(m, b, i, "TSLIB", &probe, l.l, &l.nl, &l.scratch, why, sizeof why);
+  if (r != 0) {
+    sb_free(&probe);
+    if (r > 0)
+      return ts_errf(err, errlen, "block %s, %%%d = %s: no CUDA kernel for this op%s%s", b->name, i,
+                     ir_ops[nd->op].name, why[0] ? ": " : "", why);
+    return ts_errf(err, errlen, "block %s, %%%d = %s: %s", b->name, i, ir_ops[nd->op].name, why);
+  }
+  uint64_t h = ts_hash64(probe.p, probe.n, 0);
+  sb_free(&probe);
+  for (int s = 0; s < seen->n; s++)
+    if (seen->a[s].hash == h) { *out = seen->a[s].lib; return 0; }
+  char name[64];
+  snprintf(name, sizeof name, "%.40s_%08llx", ir_ops[nd->op].name, (unsigned long long)(h & 0xffffffffu));
+  memset(&l, 0, sizeof l);
+  if (cg_cuda_lib_kernel(m, b, i, name, src, l.l, &l.nl, &l.scratch, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "block %s, %%%d = %s: %s", b->name, i, ir_ops[nd->op].name, why);
+  LibSeen ls = {h, l};
+  VEC_PUSH(*seen, ls);
+  for (int k = 0; k < l.nl; k++) {
+    RtCudaKernelInfo ki;
+    memset(&ki, 0, sizeof ki);
+    snprintf(ki.name, sizeof ki.name, "%s", l.l[k].name);
+    snprintf(ki.where, sizeof ki.where, "block %s, %%%d = %s (library kernel)", b->name, i, ir_ops[nd->op].name);
+    VEC_PUSH(*info, ki);
+  }
+  *out = l;
+  return 0;
+}
+
+/* The step of node i of block b that no kernel of jb covers. */
+static int classify(const IrModule *m, const IrBlock *b, int i, const MemPlan *pl, int *kind) {
+  const IrNode *nd = &b->nodes[i];
+  if (pl && pl->buf[i] >= 0 && pl->buf[i] != i) { *kind = RT_DS_ALIAS; return 0; }
+  switch (nd->op) {
+  case IR_OP_INPUT: *kind = RT_DS_INPUT; return 0;
+  case IR_OP_STATE: *kind = RT_DS_STATE; return 0;
+  case IR_OP_OUTPUT: *kind = RT_DS_OUTPUT; return 0;
+  case IR_OP_MATMUL:
+    if (!rt_gemm_epilogue_ok(b, i)) return -1;
+    *kind = RT_DS_GEMM;
+    return 0;
+  default: break;
+  }
+  if (is_comm(nd->op)) { *kind = RT_DS_COMM; return 0; }
+  *kind = RT_DS_LIB;
+  return 0;
+}
+
+/* Finds each kernel's lines in the module (its `__global__` line up to
+ * the line before the next one) and its `where` from info. */
+static void locate(RtCudaModule *cm, const RtCudaKernelInfo *info, int ninfo) {
+  const char *s = cm->src.p ? cm->src.p : "";
+  int line = 1;
+  KernelInfoVec k = {0};
+  for (const char *q = s; *q; q++) {
+    if ((q == s || q[-1] == '\n') && strncmp(q, "extern \"C\" __global__", 21) == 0) {
+      const char *v = strstr(q, " void ");
+      RtCudaKernelInfo ki;
+      memset(&ki, 0, sizeof ki);
+      if (v) {
+        v += 6;
+        while (*v == ' ') v++;
+        if (strncmp(v, "__launch_bounds__(", 18) == 0) {   /* void __launch_bounds__(256) NAME(TsArgs a) */
+          v = strchr(v, ')');
+          v = v ? v + 1 : "";
+          while (*v == ' ') v++;
+        }
+        size_t len = strcspn(v, "( \n");
+        snprintf(ki.name, sizeof ki.name, "%.*s", (int)(len < sizeof ki.name ? len : sizeof ki.name - 1), v);
+      }
+      ki.line0 = line;
+      if (k.n) k.a[k.n - 1].line1 = line - 1;
+      for (int j = 0; j < ninfo; j++)
+        if (strcmp(info[j].name, ki.name) == 0) { snprintf(ki.where, sizeof ki.where, "%s", info[j].where); break; }
+      VEC_PUSH(k, ki);
+    }
+    if (*q == '\n') line++;
+  }
+  if (k.n) k.a[k.n - 1].line1 = line;
+  cm->kern = k.a;
+  cm->nkern = k.n;
+}
+
+RtDevPlan *rt_dev_plan_new(const IrModule *m, RtJit *jit, const MemPlan *const *plans, char *err, size_t errlen) {
+  RtDevPlan *P = ts_xcalloc(1, sizeof *P);
+  P->nblocks = m->blocks.n;
+  P->blk = ts_xcalloc((size_t)(m->blocks.n ? m->blocks.n : 1), sizeof *P->blk);
+  StrBuf lib = {0};
+  LibSeenVec seen = {0};
+  KernelInfoVec info = {0};
+  int rc = 0;
+  for (int bi = 0; bi < m->blocks.n && rc == 0; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    const RtJitBlock *jb = rt_jit_block(jit, bi);
+    RtDevBlock *db = &P->blk[bi];
+    db->kind = ts_xcalloc((size_t)(b->n ? b->n : 1), sizeof *db->kind);
+    db->lib = ts_xcalloc((size_t)(b->n ? b->n : 1), sizeof *db->lib);
+    for (int i = 0; i < b->n && rc == 0; i++) {
+      db->lib[i] = -1;
+      if (jb && jb->kern[i] >= 0) { db->kind[i] = RT_DS_KERNEL; continue; }
+      int kind;
+      if (classify(m, b, i, plans ? plans[bi] : NULL, &kind) != 0) {
+        rc = ts_errf(err, errlen, "block %s, %%%d = %s: the device cannot run this product (shapes)", b->name, i,
+                     ir_ops[b->nodes[i].op].name);
+        break;
+      }
+      db->kind[i] = (unsigned char)kind;
+      if (kind != RT_DS_LIB) continue;
+      RtDevLib l;
+      if (lib_kernel(m, b, i, &lib, &seen, &info, &l, err, errlen) != 0) { rc = -1; break; }
+      if (l.scratch > P->scratch) P->scratch = l.scratch;
+      VEC_PUSH(P->lib, l);
+      db->lib[i] = P->lib.n - 1;
+    }
+  }
+  if (rc == 0) {
+    sb_printf(&P->mod.src, "%s", cg_cuda_prelude());
+    const StrBuf *gen = rt_jit_cuda_source(jit);
+    if (gen->n) sb_printf(&P->mod.src, "%s", gen->p);
+    if (lib.n) sb_printf(&P->mod.src, "%s", lib.p);
+    P->mod.hash = ts_hash64(P->mod.src.p, P->mod.src.n, 0);
+    int ngen;
+    const RtCudaKernelInfo *gi = rt_jit_cuda_info(jit, &ngen);
+    for (int j = 0; j < ngen; j++) VEC_PUSH(info, gi[j]);
+    locate(&P->mod, info.a, info.n);
+  }
+  sb_free(&lib);
+  free(seen.a);
+  free(info.a);
+  if (rc != 0) { rt_dev_plan_free(P); return NULL; }
+  return P;
+}
+
+void rt_dev_plan_free(RtDevPlan *P) {
+  if (!P) return;
+  for (int b = 0; b < P->nblocks; b++) {
+    free(P->blk[b].kind);
+    free(P->blk[b].lib);
+  }
+  free(P->blk);
+  free(P->lib.a);
+  rt_cuda_module_free(&P->mod);
+  free(P);
+}
+
+int rt_cuda_module_build(const IrModule *m, RtCudaModule *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  RtExecOpts o = rt_exec_default();
+  o.backend = RT_BACKEND_LLVM;
+  o.cuda = 1;
+  o.dev = NULL;
+  RtJit *J = rt_jit_new(m, &o, err, errlen);
+  if (!J) return -1;
+  RtDevPlan *P = rt_dev_plan_new(m, J, NULL, err, errlen);
+  rt_jit_free(J);
+  if (!P) return -1;
+  *out = P->mod;
+  memset(&P->mod, 0, sizeof P->mod);
+  rt_dev_plan_free(P);
+  return 0;
+}
+
+void rt_cuda_module_free(RtCudaModule *cm) {
+  sb_free(&cm->src);
+  free(cm->kern);
+  memset(cm, 0, sizeof *cm);
+}
+
+const RtCudaKernelInfo *rt_cuda_module_kernel_at(const RtCudaModule *cm, int line) {
+  for (int k = 0; k < cm->nkern; k++)
+    if (line >= cm->kern[k].line0 && line <= cm->kern[k].line1) return &cm->kern[k];
+  return NULL;
+}

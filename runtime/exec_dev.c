@@ -1,0 +1,248 @@
+/* exec_dev.c - the executor's device backend: a program's nodes as device
+ * work through the device layer (device.h).  rt.c walks the blocks, owns
+ * the memory plan and the buffers, and calls here for what a device runs:
+ *   - a kernel of the planning (exec_jit.c in cuda mode): a generated
+ *     kernel, launched with its buffers; an AdamW run, one launch per
+ *     tensor (the per-run scalars lr, 1 - b1^t, 1 - b2^t, wd copied to
+ *     the device first); a GEMM bias epilogue, one GEMM with the bias
+ *     epilogue;
+ *   - a matmul: one GEMM (strided batch);
+ *   - a library kernel (codegen/cuda_lib.c): its launches, with the
+ *     operands, the result, the states it names and the scratch buffer;
+ *   - a collective: on a device whose memory is host memory (the
+ *     emulator) the reference kernel, which calls the communication
+ *     layer; on a CUDA device, not yet (NCCL on the comm stream is
+ *     issue 7's remaining work).
+ * Every kernel takes the run block (a.run): seed, step, micro batch, lr
+ * and the rank's coordinates, refreshed on the device when they change. */
+#include "dev_priv.h"
+#include <math.h>
+
+struct RtDevExec {
+  RtDev *dev;
+  RtDevPlan *plan;
+  RtDevModule *mod;
+  void *run_dev;                   /* CG_RUN_WORDS int64 */
+  long long run_host[CG_RUN_WORDS];
+  int run_valid;
+  void *scratch;
+  void *scal_dev;                  /* AdamW scalars: 4 doubles per tensor of the largest run */
+  double *scal_host;
+  int scal_cap;
+};
+
+RtDev *rt_dev_exec_dev(const RtDevExec *x) { return x->dev; }
+const RtDevPlan *rt_dev_exec_plan(const RtDevExec *x) { return x->plan; }
+
+RtDevExec *rt_dev_exec_new(const IrModule *m, const RtExecOpts *o, RtJit *jit, const MemPlan *const *plans,
+                           char *err, size_t errlen) {
+  RtDevExec *x = ts_xcalloc(1, sizeof *x);
+  RtDev *d = x->dev = o->dev;
+  char why[512];
+  if (!(x->plan = rt_dev_plan_new(m, jit, plans, err, errlen))) goto fail;
+  RtDevImage src = {x->plan->mod.src.p, NULL, NULL, 0, 0};
+  if (o->image && o->image->source && strcmp(o->image->source, x->plan->mod.src.p) != 0) {
+    ts_errf(err, errlen, "the plan's CUDA module is not the one this program needs (recompile the plan)");
+    goto fail;
+  }
+  if (d->ops->module_load(d, o->image ? o->image : &src, &x->mod, why, sizeof why) != 0) {
+    ts_errf(err, errlen, "loading the CUDA module on %s: %s", d->label, why);
+    goto fail;
+  }
+  int most = 1;
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const RtJitBlock *jb = rt_jit_block(jit, bi);
+    for (int k = 0; jb && k < jb->k.n; k++)
+      if (jb->k.a[k].adamw && jb->k.a[k].nrun > most) most = jb->k.a[k].nrun;
+  }
+  x->scal_cap = most;
+  x->scal_host = ts_xcalloc((size_t)most * 4, sizeof *x->scal_host);
+  if (d->ops->alloc(d, CG_RUN_WORDS * sizeof(long long), &x->run_dev, why, sizeof why) != 0 ||
+      d->ops->alloc(d, (size_t)most * 4 * sizeof(double), &x->scal_dev, why, sizeof why) != 0 ||
+      (x->plan->scratch > 0 && d->ops->alloc(d, (size_t)x->plan->scratch, &x->scratch, why, sizeof why) != 0)) {
+    ts_errf(err, errlen, "device memory on %s: %s", d->label, why);
+    goto fail;
+  }
+  return x;
+fail:
+  rt_dev_exec_free(x);
+  return NULL;
+}
+
+void rt_dev_exec_free(RtDevExec *x) {
+  if (!x) return;
+  RtDev *d = x->dev;
+  if (x->run_dev) d->ops->free(d, x->run_dev);
+  if (x->scal_dev) d->ops->free(d, x->scal_dev);
+  if (x->scratch) d->ops->free(d, x->scratch);
+  if (x->mod) d->ops->module_free(d, x->mod);
+  rt_dev_plan_free(x->plan);
+  free(x->scal_host);
+  free(x);
+}
+
+int rt_dev_exec_begin(RtDevExec *x, RtProgram *p, const RtRunInfo *info, char *msg, size_t n) {
+  long long w[CG_RUN_WORDS];
+  memset(w, 0, sizeof w);
+  w[CG_RUN_SEED] = (long long)rt_program_seed(p);
+  w[CG_RUN_STEP] = info ? info->step : 0;
+  w[CG_RUN_MICRO] = info ? info->micro : 0;
+  double lr = info ? info->lr : 0;
+  memcpy(&w[CG_RUN_LR], &lr, sizeof lr);
+  const RtRank *r = rt_program_rank(p);
+  for (int a = 0; a < IR_AXIS_COUNT; a++) w[CG_RUN_COORD + a] = r->coord[a];
+  if (x->run_valid && memcmp(w, x->run_host, sizeof w) == 0) return 0;
+  memcpy(x->run_host, w, sizeof w);
+  x->run_valid = 1;
+  /* the device reads the words after the copy is done; the host array
+   * stays as it is until the next change */
+  return x->dev->ops->h2d(x->dev, x->run_dev, x->run_host, sizeof w, RT_STREAM_COMPUTE, msg, n);
+}
+
+static int launch(RtDevExec *x, const CgCudaLaunch *l, const CgCudaArgs *a, char *msg, size_t n) {
+  return x->dev->ops->launch(x->dev, x->mod, l, a, RT_STREAM_COMPUTE, msg, n);
+}
+
+/* An AdamW run: per tensor, buffers coef, grad, its scalars, param (at
+ * the rank's chunk), m, v -- the kernel of exec_jit.c's lower_adamw. */
+static int adamw_run(RtDevExec *x, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void *const *vals,
+                     const RtRunInfo *info, char *msg, size_t n) {
+  const IrModule *m = rt_program_module(p);
+  RtDev *d = x->dev;
+  if (K->nrun > x->scal_cap) { snprintf(msg, n, "internal error: AdamW run larger than planned"); return -1; }
+  for (int t = 0; t < K->nrun; t++) rt_jit_adamw_scalars(&b->nodes[K->run[t]], info, &x->scal_host[4 * t]);
+  if (d->ops->h2d(d, x->scal_dev, x->scal_host, (size_t)K->nrun * 4 * sizeof(double), RT_STREAM_COMPUTE, msg, n))
+    return -1;
+  for (int t = 0; t < K->nrun; t++) {
+    const IrNode *nd = &b->nodes[K->run[t]];
+    const IrState *w = &m->states.a[nd->ia[0]], *ms = &m->states.a[nd->ia[1]];
+    size_t es = ir_dtype_size(w->type.dtype);
+    int64_t cnt = ir_type_numel(&w->type), off = 0;
+    if (ms->sh.flat) {   /* the rank's chunk of the flattened param (ref_ADAMW's rule) */
+      int64_t c = ir_type_numel(&ms->type), s0 = rt_shard_block(p, ms->sh.flat, NULL) * c;
+      off = s0 < cnt ? s0 : cnt;
+      cnt = s0 >= cnt ? 0 : (cnt - s0 < c ? cnt - s0 : c);
+    }
+    if (cnt == 0) continue;
+    const CgCudaLaunch *l = K->ccnt[2 * t] == cnt ? &K->cls[2 * t] : K->ccnt[2 * t + 1] == cnt ? &K->cls[2 * t + 1] : NULL;
+    if (!l) { snprintf(msg, n, "internal error: no AdamW kernel for %lld elements", (long long)cnt); return -1; }
+    CgCudaArgs a;
+    memset(&a, 0, sizeof a);
+    a.b[0] = vals[nd->in[0]];
+    a.b[1] = vals[nd->in[1]];
+    a.b[2] = (double *)x->scal_dev + 4 * t;
+    a.b[3] = (char *)rt_state_dev(p, (int)nd->ia[0]) + off * (int64_t)es;
+    a.b[4] = rt_state_dev(p, (int)nd->ia[1]);
+    a.b[5] = rt_state_dev(p, (int)nd->ia[2]);
+    a.run = x->run_dev;
+    if (!a.b[0] || !a.b[1]) { snprintf(msg, n, "internal error: adamw %%%d's operand has no buffer", K->run[t]); return -1; }
+    if (launch(x, l, &a, msg, n) != 0) return -1;
+  }
+  return 0;
+}
+
+/* The GEMM(s) of matmul node mm into c: C = op(A) op(B) (+ bias per
+ * column when bias is not NULL). */
+static int gemm(RtDevExec *x, const IrBlock *b, const IrNode *mm, const void *A, const void *B, void *C,
+                const void *bias, char *msg, size_t n) {
+  int64_t M, N, K, batch;
+  int shared;
+  if (rt_gemm_shape(b, mm, &M, &N, &K, &batch, &shared) != 0) {
+    snprintf(msg, n, "internal error: a product the device GEMM does not take");
+    return -1;
+  }
+  int ta = mm->ia[0] != 0, tb = mm->ia[1] != 0;
+  RtGemm g;
+  memset(&g, 0, sizeof g);
+  g.dtype = mm->type.dtype;
+  g.ta = ta;
+  g.tb = tb;
+  g.m = M;
+  g.n = N;
+  g.k = K;
+  g.lda = ta ? M : K;
+  g.ldb = tb ? K : N;
+  g.ldc = N;
+  g.batch = batch;
+  g.stride_a = M * K;
+  g.stride_b = shared ? 0 : K * N;
+  g.stride_c = M * N;
+  if (shared && !ta) {   /* every batch item's rows in one product */
+    g.m = batch * M;
+    g.batch = 1;
+    g.stride_a = g.stride_c = 0;
+  }
+  g.alpha = 1;
+  g.beta = 0;
+  g.a = A;
+  g.b = B;
+  g.c = C;
+  g.bias = bias;
+  g.epilogue = bias ? RT_GEMM_BIAS : RT_GEMM_PLAIN;
+  if (batch * M * N == 0) return 0;
+  return x->dev->ops->gemm(x->dev, &g, RT_STREAM_COMPUTE, msg, n);
+}
+
+int rt_dev_exec_kernel(RtDevExec *x, RtProgram *p, int bi, const RtJitKernel *K, void **bufs, void *const *vals,
+                       const RtRunInfo *info, char *msg, size_t n) {
+  const IrBlock *b = &rt_program_module(p)->blocks.a[bi];
+  if (K->adamw) return adamw_run(x, p, b, K, vals, info, msg, n);
+  if (K->gemm_mm) {   /* A, B, bias -> the add's value */
+    const IrNode *mm = &b->nodes[K->gemm_mm - 1];
+    return gemm(x, b, mm, bufs[0], bufs[1], bufs[3], bufs[2], msg, n);
+  }
+  CgCudaArgs a;
+  memset(&a, 0, sizeof a);
+  for (int k = 0; k < K->io.nin + K->io.nout; k++) a.b[k] = bufs[k];
+  a.run = x->run_dev;
+  return launch(x, &K->cl, &a, msg, n);
+}
+
+int rt_dev_exec_node(RtDevExec *x, RtProgram *p, int bi, int i, const void *const *in, void *out, const RtRunInfo *info,
+                     char *msg, size_t n) {
+  const IrModule *m = rt_program_module(p);
+  const IrBlock *b = &m->blocks.a[bi];
+  const IrNode *nd = &b->nodes[i];
+  const RtDevBlock *db = &x->plan->blk[bi];
+  switch (db->kind[i]) {
+  case RT_DS_GEMM:
+    return gemm(x, b, nd, in[0], in[1], out, NULL, msg, n);
+  case RT_DS_COMM: {
+    if (!x->dev->host_memory) {
+      snprintf(msg, n, "%s on %s: collectives on CUDA devices (NCCL on the comm stream) are not wired into the "
+               "executor yet", ir_ops[nd->op].name, x->dev->label);
+      return -1;
+    }
+    /* host memory: the reference kernel and the communication layer as on CPU ranks */
+    const IrType *it[64];
+    if (nd->nin > 64) { snprintf(msg, n, "too many operands"); return -1; }
+    for (int k = 0; k < nd->nin; k++) it[k] = &b->nodes[nd->in[k]].type;
+    if (x->dev->ops->sync(x->dev, RT_STREAM_COMPUTE, msg, n) != 0) return -1;
+    RtKctx kc = {p, b, nd, info, out, &nd->type, in, it, msg, n};
+    return rt_ref_kernels[nd->op](&kc);
+  }
+  case RT_DS_LIB: {
+    const RtDevLib *l = &x->plan->lib.a[db->lib[i]];
+    CgCudaArgs a;
+    memset(&a, 0, sizeof a);
+    int nb = 0;
+    for (int k = 0; k < nd->nin && nb < CG_CUDA_MAX_BUFS; k++) a.b[nb++] = (void *)in[k];
+    if (!(ir_ops[nd->op].flags & OPF_EFFECT)) a.b[nb++] = out;
+    const char *s = ir_ops[nd->op].iattrs;   /* "@name" int attributes name states */
+    for (int slot = 0; *s && slot < IR_MAX_IATTR; slot++) {
+      while (*s == ' ') s++;
+      if (!*s) break;
+      if (*s == '@') a.b[nb++] = rt_state_dev(p, (int)nd->ia[slot]);
+      s += strcspn(s, " ");
+    }
+    if (l->scratch > 0) a.b[nb++] = x->scratch;
+    a.run = x->run_dev;
+    for (int k = 0; k < l->nl; k++)
+      if (launch(x, &l->l[k], &a, msg, n) != 0) return -1;
+    return 0;
+  }
+  default:
+    snprintf(msg, n, "internal error: node kind %d has no device step", db->kind[i]);
+    return -1;
+  }
+}

@@ -1,0 +1,481 @@
+/* ts_cuda_emu.h - CUDA on the CPU for the tests (issue 7; docs/cuda.md,
+ * "Emulation").  Force-included (g++ -include) before a CUDA module's
+ * source, which then compiles with the host C++ compiler into a shared
+ * object (tests/cuda/emu_host.c).  It provides exactly the CUDA subset
+ * the generated and library kernels use (docs/cuda.md, "The kernel ABI")
+ * and the launcher the module exports:
+ *   extern "C" int ts_emu_launch(void (*fn)(TsArgs), const TsArgs *a, long long blocks, int threads,
+ *                                char *err, unsigned long errlen);
+ *
+ * How it runs.  Blocks run one after another on the calling OS thread (a
+ * mutex serializes launches of one module), so a function-static array is
+ * exactly one block's shared memory: __shared__ is `static`.  A block's
+ * threads are user-level threads, one worker per thread index with its
+ * own mmap'd stack (TS_EMU_STACK_BYTES, a guard page below), kept across
+ * blocks and launches.  A worker runs until it reaches a barrier or
+ * returns; a FIFO scheduler then runs the next ready one (deterministic).
+ * Barriers: __syncthreads (the whole block) and every warp shuffle (the
+ * warp of 32 consecutive threads: each lane deposits its value, waits for
+ * all 32, reads its source lane; deposits alternate between two buffers,
+ * so one wait per shuffle suffices).  Atomics are plain read-modify-write:
+ * threads switch only at barriers.  A barrier some threads can never pass
+ * (divergent __syncthreads, a shuffle in a warp with returned lanes,
+ * deadlock) ends the launch with a message; the abandoned workers' stacks
+ * are reset.  The context switch is a few lines of x86-64 assembly
+ * (callee-saved registers, MXCSR and the x87 control word; no signal-mask
+ * system call as swapcontext makes); -DTS_EMU_UCONTEXT, and any other
+ * architecture, use makecontext / swapcontext instead.
+ *
+ * Not emulated: partial shuffle masks (reported), dynamic shared memory,
+ * 2-D/3-D launches, memory-model races (threads never interleave between
+ * barriers, so a race a GPU would show is invisible here), a stack
+ * overflow (the guard page faults: the test crashes). */
+#ifndef TS_CUDA_EMU_H
+#define TS_CUDA_EMU_H
+#ifndef __cplusplus
+#error "ts_cuda_emu.h is a C++ header (compile the module with -x c++)"
+#endif
+
+#include <math.h>   /* libstdc++'s math.h: the float overloads (exp(float) ...) in the global namespace, as CUDA has */
+#include <cmath>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <type_traits>
+#include <unistd.h>
+
+#if !defined(__x86_64__) && !defined(TS_EMU_UCONTEXT)
+#define TS_EMU_UCONTEXT 1
+#endif
+#ifdef TS_EMU_UCONTEXT
+#include <ucontext.h>
+#endif
+#ifndef TS_EMU_STACK_BYTES
+#define TS_EMU_STACK_BYTES (256 * 1024)
+#endif
+
+/* ---- the kernel ABI (codegen/cuda.h: CgCudaArgs, same layout) ---- */
+typedef struct {
+  void *b[32];
+  const long long *run;
+} TsArgs;
+#define TS_ARGS_DEFINED 1
+
+/* ---- qualifiers ---- */
+#define __global__
+#define __device__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __shared__ static
+
+/* ---- built-in vector types ---- */
+struct uint3 {
+  unsigned x, y, z;
+};
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
+};
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(16) double2 {
+  double x, y;
+};
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
+static inline float2 make_float2(float x, float y) { float2 r = {x, y}; return r; }
+static inline float4 make_float4(float x, float y, float z, float w) { float4 r = {x, y, z, w}; return r; }
+static inline double2 make_double2(double x, double y) { double2 r = {x, y}; return r; }
+static inline int4 make_int4(int x, int y, int z, int w) { int4 r = {x, y, z, w}; return r; }
+
+/* ---- built-in variables: the running user-level thread's values (the
+ * scheduler stores threadIdx before it switches to a thread, so whatever
+ * a kernel reads, from memory or a register saved across a switch, is its
+ * own) ---- */
+static uint3 threadIdx, blockIdx;
+static dim3 blockDim, gridDim;
+
+/* ---- math: libm's, plus what CUDA has and libm lacks ---- */
+using std::isinf;
+using std::isnan;
+static inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+static inline float rsqrt(float x) { return 1.0f / sqrtf(x); }
+static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+/* glibc's math.h declares __expf / __logf (its internal names): ours are renamed */
+static inline float ts_emu_expf(float x) { return expf(x); }
+static inline float ts_emu_logf(float x) { return logf(x); }
+#define __expf ts_emu_expf
+#define __logf ts_emu_logf
+static inline float __fdividef(float a, float b) { return a / b; }
+
+/* ---- the scheduler ---- */
+namespace ts_emu_impl {
+
+enum { T_READY, T_SYNC, T_WARP, T_DONE, T_FAIL };
+enum { MAX_THREADS = 1024, WARP = 32 };
+
+struct Ctx {
+#ifdef TS_EMU_UCONTEXT
+  ucontext_t uc;
+#else
+  void *sp;
+#endif
+};
+
+struct Thread {
+  Ctx ctx;
+  int state;
+  int parity;      /* which of the warp's two shuffle buffers this lane's next shuffle uses */
+};
+
+struct Warp {
+  unsigned long long buf[2][WARP];
+  int arrived, done;   /* lanes waiting at the shuffle, lanes returned */
+};
+
+struct State {
+  Thread th[MAX_THREADS];
+  char *stack[MAX_THREADS];   /* lowest address of each worker's mapping (guard page first) */
+  int nworkers;
+  Ctx sched;
+  Thread *cur;
+  void (*fn)(TsArgs);
+  const TsArgs *args;
+  const char *fail;           /* message of a thread that gave up (T_FAIL) */
+  Warp warp[MAX_THREADS / WARP];
+  int queue[MAX_THREADS];     /* ready threads, FIFO ring */
+  int qhead, qlen;
+};
+
+static State S;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t page_bytes() {
+  long p = sysconf(_SC_PAGESIZE);
+  return p > 0 ? (size_t)p : 4096;
+}
+
+static void worker_main();
+
+#ifdef TS_EMU_UCONTEXT
+static void ctx_init(Ctx *c, char *lo, size_t bytes) {
+  getcontext(&c->uc);
+  c->uc.uc_stack.ss_sp = lo;
+  c->uc.uc_stack.ss_size = bytes;
+  c->uc.uc_link = NULL;
+  makecontext(&c->uc, worker_main, 0);
+}
+static inline void ctx_swap(Ctx *from, Ctx *to) { swapcontext(&from->uc, &to->uc); }
+#else
+/* ts_emu_swap(save, to): pushes the callee-saved registers and the FP
+ * control words, stores the stack pointer in *save, switches to the stack
+ * `to` and pops the same frame from it.  A new worker's stack holds such a
+ * frame whose return address is worker_main. */
+__asm__(".text\n"
+        ".p2align 4\n"
+        ".type ts_emu_swap, @function\n"
+        "ts_emu_swap:\n"
+        "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+        "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
+        "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+        "  ret\n"
+        ".size ts_emu_swap, .-ts_emu_swap\n");
+extern "C" void ts_emu_swap(void **save, void *to);
+
+static void ctx_init(Ctx *c, char *lo, size_t bytes) {
+  unsigned mxcsr;
+  unsigned short fpucw;
+  __asm__ volatile("stmxcsr %0" : "=m"(mxcsr));
+  __asm__ volatile("fnstcw %0" : "=m"(fpucw));
+  void **sp = (void **)(((uintptr_t)(lo + bytes)) & ~(uintptr_t)15);
+  *--sp = NULL;                      /* worker_main's "return address": it never returns */
+  *--sp = (void *)worker_main;       /* popped by ts_emu_swap's ret; rsp = 8 mod 16 at entry, as after a call */
+  for (int i = 0; i < 6; i++) *--sp = NULL;   /* rbp rbx r12 r13 r14 r15 */
+  uint64_t csr = (uint64_t)mxcsr | (uint64_t)fpucw << 32;
+  *--sp = (void *)(uintptr_t)csr;
+  c->sp = sp;
+}
+static inline void ctx_swap(Ctx *from, Ctx *to) { ts_emu_swap(&from->sp, to->sp); }
+#endif
+
+/* The running thread gives the CPU back to the scheduler (its state says why). */
+static inline void yield(Thread *t) {
+  ctx_swap(&t->ctx, &S.sched);
+  __asm__ volatile("" ::: "memory");
+}
+
+static void worker_main() {
+  for (;;) {   /* one kernel thread per turn; parked here between blocks and launches */
+    Thread *t = S.cur;
+    S.fn(*S.args);
+    t->state = T_DONE;
+    yield(t);
+  }
+}
+
+/* Called by a kernel thread that cannot go on: the launch fails with msg. */
+static void fail(const char *msg) {
+  Thread *t = S.cur;
+  S.fail = msg;
+  t->state = T_FAIL;
+  yield(t);
+  abort();   /* never resumed */
+}
+
+static int add_workers(int n, char *err, unsigned long errlen) {
+  size_t page = page_bytes();
+  size_t bytes = ((size_t)TS_EMU_STACK_BYTES + page - 1) / page * page;
+  while (S.nworkers < n) {
+    void *p = mmap(NULL, bytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK,
+                   -1, 0);
+    if (p == MAP_FAILED) {
+      snprintf(err, errlen, "emulator: cannot map a %zu-byte thread stack", bytes + page);
+      return -1;
+    }
+    mprotect(p, page, PROT_NONE);   /* guard page: an overflow faults instead of corrupting a neighbour */
+    S.stack[S.nworkers] = (char *)p;
+    ctx_init(&S.th[S.nworkers].ctx, (char *)p + page, bytes);
+    S.th[S.nworkers].state = T_DONE;
+    S.nworkers++;
+  }
+  return 0;
+}
+
+__attribute__((destructor)) static void unmap_workers() {
+  size_t page = page_bytes();
+  size_t bytes = ((size_t)TS_EMU_STACK_BYTES + page - 1) / page * page;
+  for (int i = 0; i < S.nworkers; i++) munmap(S.stack[i], bytes + page);
+  S.nworkers = 0;
+}
+
+/* Workers stopped inside a kernel (a failed launch) restart from the top. */
+static void reset_workers(int n) {
+  size_t page = page_bytes();
+  size_t bytes = ((size_t)TS_EMU_STACK_BYTES + page - 1) / page * page;
+  for (int i = 0; i < n; i++)
+    if (S.th[i].state != T_DONE) {
+      ctx_init(&S.th[i].ctx, S.stack[i] + page, bytes);
+      S.th[i].state = T_DONE;
+    }
+}
+
+static inline void push(int i) { S.queue[(S.qhead + S.qlen++) % MAX_THREADS] = i; }
+
+/* Why the threads of block b that have not returned can never go on. */
+static void diagnose(long long b, int n, int nsync, int ndone, char *err, unsigned long errlen) {
+  for (int w = 0; w < n / WARP; w++) {
+    Warp *W = &S.warp[w];
+    if (W->arrived > 0 && W->arrived + W->done == WARP) {
+      snprintf(err, errlen,
+               "emulator: block %lld, warp %d (threads %d..%d): a warp shuffle reached by %d lanes while %d lanes "
+               "had returned (every lane of the warp must take part)",
+               b, w, w * WARP, w * WARP + WARP - 1, W->arrived, W->done);
+      return;
+    }
+  }
+  int first_wait = -1, first_done = -1;
+  for (int i = 0; i < n; i++) {
+    if (S.th[i].state == T_SYNC && first_wait < 0) first_wait = i;
+    if (S.th[i].state == T_DONE && first_done < 0) first_done = i;
+  }
+  if (nsync > 0 && nsync + ndone == n)
+    snprintf(err, errlen,
+             "emulator: block %lld: divergent __syncthreads: %d of %d threads wait at it (e.g. thread %d) but %d "
+             "returned without reaching it (e.g. thread %d)",
+             b, nsync, n, first_wait, ndone, first_done);
+  else
+    snprintf(err, errlen,
+             "emulator: block %lld: deadlock: %d threads wait at __syncthreads, %d at warp shuffles, %d returned",
+             b, nsync, n - nsync - ndone, ndone);
+}
+
+/* Runs block b of the current launch with n threads.  0, or -1 with a message. */
+static int run_block(long long b, int n, char *err, unsigned long errlen) {
+  blockIdx.x = (unsigned)b;
+  S.qhead = 0;
+  S.qlen = 0;
+  for (int i = 0; i < n; i++) {
+    S.th[i].state = T_READY;
+    S.th[i].parity = 0;
+    push(i);
+  }
+  for (int w = 0; w < n / WARP; w++) S.warp[w].arrived = S.warp[w].done = 0;
+  int nsync = 0, ndone = 0;
+  while (S.qlen > 0) {
+    int i = S.queue[S.qhead];
+    S.qhead = (S.qhead + 1) % MAX_THREADS;
+    S.qlen--;
+    Thread *t = &S.th[i];
+    S.cur = t;
+    threadIdx.x = (unsigned)i;
+    ctx_swap(&S.sched, &t->ctx);
+    switch (t->state) {
+    case T_SYNC:
+      if (++nsync == n) {   /* every thread is here: none is queued */
+        nsync = 0;
+        for (int j = 0; j < n; j++) {
+          S.th[j].state = T_READY;
+          push(j);
+        }
+      }
+      break;
+    case T_WARP: {
+      Warp *W = &S.warp[i / WARP];
+      if (++W->arrived == WARP) {
+        W->arrived = 0;
+        for (int j = i / WARP * WARP; j < i / WARP * WARP + WARP; j++) {
+          S.th[j].state = T_READY;
+          push(j);
+        }
+      }
+      break;
+    }
+    case T_DONE:
+      ndone++;
+      S.warp[i / WARP].done++;
+      break;
+    case T_FAIL:
+      snprintf(err, errlen, "emulator: block %lld, thread %d: %s", b, i, S.fail);
+      return -1;
+    default:
+      snprintf(err, errlen, "emulator: block %lld, thread %d: bad scheduler state %d", b, i, t->state);
+      return -1;
+    }
+  }
+  if (ndone == n) return 0;
+  diagnose(b, n, nsync, ndone, err, errlen);
+  return -1;
+}
+
+/* ---- warp shuffles ---- */
+template <class T> struct shfl_type : std::false_type {};
+template <> struct shfl_type<float> : std::true_type {};
+template <> struct shfl_type<double> : std::true_type {};
+template <> struct shfl_type<int> : std::true_type {};
+template <> struct shfl_type<unsigned> : std::true_type {};
+template <> struct shfl_type<long long> : std::true_type {};
+template <> struct shfl_type<unsigned long long> : std::true_type {};
+
+/* Every lane deposits v and waits for its warp; then reads lane src's
+ * value (src < 0: its own). */
+template <class T> static inline T exchange(unsigned mask, T v, int src, int width) {
+  static_assert(shfl_type<T>::value, "warp shuffles take float, double, int, unsigned, long long, unsigned long long");
+  if (mask != 0xffffffffu) fail("a warp shuffle with a partial mask (only 0xffffffff is emulated)");
+  if (width < 1 || width > WARP || (width & (width - 1))) fail("a warp shuffle width that is not a power of two <= 32");
+  Thread *t = S.cur;
+  int id = (int)(t - S.th);
+  Warp *W = &S.warp[id / WARP];
+  int p = t->parity;
+  t->parity ^= 1;
+  unsigned long long bits = 0;
+  memcpy(&bits, &v, sizeof v);
+  W->buf[p][id % WARP] = bits;
+  t->state = T_WARP;
+  yield(t);
+  if (src < 0) return v;
+  T r;
+  memcpy(&r, &W->buf[p][src], sizeof r);
+  return r;
+}
+
+}  // namespace ts_emu_impl
+
+template <class T> static inline T __shfl_sync(unsigned mask, T v, int srcLane, int width = 32) {
+  int lane = (int)(threadIdx.x % 32);
+  int src = (lane & ~(width - 1)) + (srcLane & (width - 1));
+  return ts_emu_impl::exchange(mask, v, src, width);
+}
+template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, int laneMask, int width = 32) {
+  int lane = (int)(threadIdx.x % 32);
+  int src = lane ^ laneMask;
+  if (src < 0 || src >= (lane & ~(width - 1)) + width) src = -1;   /* a later group: own value */
+  return ts_emu_impl::exchange(mask, v, src, width);
+}
+template <class T> static inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  int lane = (int)(threadIdx.x % 32);
+  int src = (lane & (width - 1)) + (long long)delta < width ? lane + (int)delta : -1;
+  return ts_emu_impl::exchange(mask, v, src, width);
+}
+
+static inline void __syncthreads(void) {
+  ts_emu_impl::Thread *t = ts_emu_impl::S.cur;
+  t->state = ts_emu_impl::T_SYNC;
+  ts_emu_impl::yield(t);
+}
+
+/* ---- atomics: threads switch only at barriers, so a plain read-modify-write is atomic ---- */
+static inline float atomicAdd(float *p, float v) { float o = *p; *p = o + v; return o; }
+static inline double atomicAdd(double *p, double v) { double o = *p; *p = o + v; return o; }
+static inline int atomicAdd(int *p, int v) { int o = *p; *p = (int)((unsigned)o + (unsigned)v); return o; }
+static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v) {
+  unsigned long long o = *p;
+  *p = o + v;
+  return o;
+}
+static inline int atomicMax(int *p, int v) { int o = *p; if (v > o) *p = v; return o; }
+
+template <class T> static inline T __ldg(const T *p) { return *p; }
+
+/* ---- bit casts (the prelude spells NaN and infinity with them) ---- */
+static inline double __longlong_as_double(long long x) {
+  double d;
+  memcpy(&d, &x, sizeof d);
+  return d;
+}
+static inline long long __double_as_longlong(double x) {
+  long long r;
+  memcpy(&r, &x, sizeof r);
+  return r;
+}
+
+/* ---- the launcher ---- */
+extern "C" __attribute__((visibility("default"))) int ts_emu_launch(void (*fn)(TsArgs), const TsArgs *a,
+                                                                    long long blocks, int threads, char *err,
+                                                                    unsigned long errlen) {
+  using namespace ts_emu_impl;
+  char scratch[8];
+  if (!err || errlen == 0) {
+    err = scratch;
+    errlen = sizeof scratch;
+  }
+  if (!fn || !a) {
+    snprintf(err, errlen, "emulator: no kernel or no arguments");
+    return -1;
+  }
+  if (threads < WARP || threads > MAX_THREADS || threads % WARP != 0) {
+    snprintf(err, errlen, "emulator: %d threads per block (must be a multiple of 32 in 32 .. 1024)", threads);
+    return -1;
+  }
+  if (blocks < 1 || blocks > 2147483647LL) {
+    snprintf(err, errlen, "emulator: %lld blocks (must be 1 .. 2^31-1)", blocks);
+    return -1;
+  }
+  pthread_mutex_lock(&mu);
+  int rc = add_workers(threads, err, errlen);
+  if (rc == 0) {
+    S.fn = fn;
+    S.args = a;
+    blockDim = dim3((unsigned)threads, 1, 1);
+    gridDim = dim3((unsigned)blocks, 1, 1);
+    threadIdx.y = threadIdx.z = blockIdx.y = blockIdx.z = 0;
+    for (long long b = 0; b < blocks && rc == 0; b++) rc = run_block(b, threads, err, errlen);
+    if (rc != 0) reset_workers(threads);
+    S.cur = NULL;
+  }
+  pthread_mutex_unlock(&mu);
+  return rc;
+}
+
+#endif
