@@ -1,0 +1,68 @@
+#!/bin/bash
+# resources.sh MCC MRUN WORKDIR SRCDIR - every kernel of the samples that
+# have a CUDA form, at several sizes and layouts, compiled by NVRTC for
+# sm_80 and sm_90 (mcc --target fails if NVRTC rejects a kernel or ptxas
+# reports a spill, a stack frame, > 255 registers or > 48 KiB of shared
+# memory), the images round-trip through the plan's text form, --emit=cuda
+# writes the sources, and a plan whose cubin is damaged is refused.
+set -uo pipefail
+mcc=$1 mrun=$2 dir=$3 src=$4
+mkdir -p "$dir"
+cd "$dir"
+fails=0
+tiny_gpt="-D layers=2 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=4 -D micro_batch=1"
+tiny_llama="-D layers=2 -D d_model=32 -D heads=4 -D kv_heads=2 -D seq_len=16 -D vocab=256 -D batch=4 -D micro_batch=1"
+wide_gpt="-D layers=2 -D d_model=256 -D heads=8 -D seq_len=128 -D vocab=1024 -D batch=2 -D micro_batch=1"
+run() {   # NAME MODEL ARGS...
+  local name=$1 model=$2
+  shift 2
+  if "$mcc" "$src/samples/$model.mdl" "$@" --target sm_80,sm_90 --verify-roundtrip -o "$name.plan" 2> "$name.log"; then
+    local n80 n90
+    n80=$(grep -c "sm_80: .* no spills" "$name.log")
+    n90=$(grep -c "sm_90: .* no spills" "$name.log")
+    if [ "$n80" -lt 1 ] || [ "$n80" != "$n90" ]; then
+      echo "FAIL $name: ptxas summary lines sm_80 $n80 sm_90 $n90"; cat "$name.log"; fails=$((fails + 1)); return
+    fi
+    echo "ok   $name: $(grep "sm_80" "$name.log" | head -1 | sed 's/^mcc: //')"
+  else
+    echo "FAIL $name:"; cat "$name.log"; fails=$((fails + 1))
+  fi
+}
+run gpt_tiny gpt $tiny_gpt
+run gpt_tiny_f64 gpt $tiny_gpt --precision f64
+run gpt_wide gpt $wide_gpt
+run gpt_pp2 gpt $tiny_gpt --pp 2
+run llama_tiny llama $tiny_llama
+run llama_pp2 llama $tiny_llama --pp 2
+
+# the images are in the plan, in its text form too
+"$mcc" "$src/samples/gpt.mdl" $tiny_gpt --target sm_90 --emit=plan-text -o gpt.txt 2> /dev/null
+if ! grep -q "^cuda 1$" gpt.txt || ! grep -q "^image program 0 sm_90 hash" gpt.txt; then
+  echo "FAIL: the plan text has no CUDA image section"; fails=$((fails + 1))
+fi
+# --emit=cuda writes the module source (and the PTX per target)
+rm -rf cu && "$mcc" "$src/samples/gpt.mdl" $tiny_gpt --emit=cuda cu --target sm_80 2> cu.log
+if ! ls cu/prog0_*.cu > /dev/null 2>&1 || ! ls cu/prog0_*.sm_80.ptx > /dev/null 2>&1 ||
+   ! grep -q '__global__' cu/prog0_*.cu || ! grep -q '\.entry' cu/prog0_*.sm_80.ptx; then
+  echo "FAIL: --emit=cuda"; cat cu.log; ls cu; fails=$((fails + 1))
+fi
+# a damaged cubin (its ELF magic) in the text form is refused on reading
+python3 - gpt.txt bad.txt << 'PY'
+import sys
+lines = open(sys.argv[1]).read().split('\n')
+# the first base64 line after the kernel reports and the PTX is the cubin's
+for i, l in enumerate(lines):
+    if l.startswith('image program'):
+        parts = l.split()
+        ptx = int(parts[parts.index('ptx') + 1]); nk = int(parts[parts.index('kernels') + 1])
+        ptx_lines = (4 * ((ptx + 2) // 3) + 75) // 76
+        cub = i + 1 + nk + ptx_lines
+        lines[cub] = 'AAAA' + lines[cub][4:]   # "\x7fEL" -> zeros
+        break
+open(sys.argv[2], 'w').write('\n'.join(lines))
+PY
+if "$mrun" bad.txt --steps 1 > bad.log 2>&1 || ! grep -q "not an ELF file" bad.log; then
+  echo "FAIL: a plan with a damaged cubin was not refused:"; cat bad.log; fails=$((fails + 1))
+fi
+echo "resources: $fails failures"
+[ "$fails" = 0 ]
