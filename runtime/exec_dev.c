@@ -115,14 +115,9 @@ static int adamw_run(RtDevExec *x, RtProgram *p, const IrBlock *b, const RtJitKe
     return -1;
   for (int t = 0; t < K->nrun; t++) {
     const IrNode *nd = &b->nodes[K->run[t]];
-    const IrState *w = &m->states.a[nd->ia[0]], *ms = &m->states.a[nd->ia[1]];
-    size_t es = ir_dtype_size(w->type.dtype);
-    int64_t cnt = ir_type_numel(&w->type), off = 0;
-    if (ms->sh.flat) {   /* the rank's chunk of the flattened param (ref_ADAMW's rule) */
-      int64_t c = ir_type_numel(&ms->type), s0 = rt_shard_block(p, ms->sh.flat, NULL) * c;
-      off = s0 < cnt ? s0 : cnt;
-      cnt = s0 >= cnt ? 0 : (cnt - s0 < c ? cnt - s0 : c);
-    }
+    size_t es = ir_dtype_size(m->states.a[nd->ia[0]].type.dtype);
+    int64_t off, cnt;
+    rt_jit_adamw_chunk(p, nd, &off, &cnt);
     if (cnt == 0) continue;
     const CgCudaLaunch *l = K->ccnt[2 * t] == cnt ? &K->cls[2 * t] : K->ccnt[2 * t + 1] == cnt ? &K->cls[2 * t + 1] : NULL;
     if (!l) { snprintf(msg, n, "internal error: no AdamW kernel for %lld elements", (long long)cnt); return -1; }

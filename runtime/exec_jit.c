@@ -516,25 +516,14 @@ RtJit *rt_jit_new(const IrModule *m, const RtExecOpts *o, char *err, size_t errl
   double t0 = now_s();
   RtJit *J = ts_xcalloc(1, sizeof *J);
   char why[512];
-  J->cuda = o->cuda || o->dev;
-  if (J->cuda) {   /* plan and print only: the device compiles */
-    J->nblocks = m->blocks.n;
-    J->blocks = ts_xcalloc((size_t)(m->blocks.n ? m->blocks.n : 1), sizeof *J->blocks);
-    for (int bi = 0; bi < m->blocks.n; bi++)
-      if (plan_block(J, m, &m->blocks.a[bi], &J->blocks[bi], !o->no_groups, err, errlen) != 0) {
-        rt_jit_free(J);
-        return NULL;
-      }
-    J->stats.jit_s = now_s() - t0;
-    return J;
-  }
-  if (!(J->jit = cg_jit_new(why, sizeof why))) {
+  J->cuda = o->cuda || o->dev;   /* cuda: plan and print only, the device compiles */
+  if (!J->cuda && !(J->jit = cg_jit_new(why, sizeof why))) {
     ts_errf(err, errlen, "the LLVM backend cannot start: %s (use --backend ref)", why);
     free(J);
     return NULL;
   }
   char dir[4096];
-  cg_jit_set_cache_dir(J->jit, cache_dir(dir, sizeof dir));
+  if (J->jit) cg_jit_set_cache_dir(J->jit, cache_dir(dir, sizeof dir));
   J->nblocks = m->blocks.n;
   J->blocks = ts_xcalloc((size_t)(m->blocks.n ? m->blocks.n : 1), sizeof *J->blocks);
   for (int bi = 0; bi < m->blocks.n; bi++)
@@ -542,9 +531,11 @@ RtJit *rt_jit_new(const IrModule *m, const RtExecOpts *o, char *err, size_t errl
       rt_jit_free(J);
       return NULL;
     }
-  J->pool = cg_pool_new(o->threads > 0 ? o->threads : default_threads());
-  J->stats.threads = cg_pool_threads(J->pool);
-  J->stats.disk_hits = cg_jit_disk_hits(J->jit);
+  if (J->jit) {
+    J->pool = cg_pool_new(o->threads > 0 ? o->threads : default_threads());
+    J->stats.threads = cg_pool_threads(J->pool);
+    J->stats.disk_hits = cg_jit_disk_hits(J->jit);
+  }
   J->stats.jit_s = now_s() - t0;
   return J;
 }
@@ -599,6 +590,18 @@ void rt_jit_run(RtJit *J, const RtProgram *p, const RtJitKernel *k, void **bufs,
   else cg_pool_run(J->pool, k->fn, bufs, k->grid);
 }
 
+void rt_jit_adamw_chunk(const RtProgram *p, const IrNode *n, int64_t *off, int64_t *cnt) {
+  const IrModule *m = rt_program_module(p);
+  const IrState *w = &m->states.a[n->ia[0]], *ms = &m->states.a[n->ia[1]];
+  *cnt = ir_type_numel(&w->type);
+  *off = 0;
+  if (ms->sh.flat) {   /* the rank's chunk of the flattened param (ref_ADAMW's rule) */
+    int64_t c = ir_type_numel(&ms->type), s0 = rt_shard_block(p, ms->sh.flat, NULL) * c;
+    *off = s0 < *cnt ? s0 : *cnt;
+    *cnt = s0 >= *cnt ? 0 : (*cnt - s0 < c ? *cnt - s0 : c);
+  }
+}
+
 int rt_jit_run_adamw(RtJit *J, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void *const *vals,
                      const RtRunInfo *info, char *msg, size_t n) {
   const IrModule *m = rt_program_module(p);
@@ -610,14 +613,9 @@ int rt_jit_run_adamw(RtJit *J, RtProgram *p, const IrBlock *b, const RtJitKernel
   start[0] = 0;
   for (int t = 0; t < nt; t++) {
     const IrNode *nd = &b->nodes[K->run[t]];
-    const IrState *w = &m->states.a[nd->ia[0]], *ms = &m->states.a[nd->ia[1]];
-    size_t es = ir_dtype_size(w->type.dtype);
-    int64_t cnt = ir_type_numel(&w->type), off = 0;
-    if (ms->sh.flat) {   /* the rank's chunk of the flattened param (ref_ADAMW's rule) */
-      int64_t c = ir_type_numel(&ms->type), s0 = rt_shard_block(p, ms->sh.flat, NULL) * c;
-      off = s0 < cnt ? s0 : cnt;
-      cnt = s0 >= cnt ? 0 : (cnt - s0 < c ? cnt - s0 : c);
-    }
+    size_t es = ir_dtype_size(m->states.a[nd->ia[0]].type.dtype);
+    int64_t off, cnt;
+    rt_jit_adamw_chunk(p, nd, &off, &cnt);
     rt_jit_adamw_scalars(nd, info, sc[t]);
     void *row[6] = {vals[nd->in[0]], vals[nd->in[1]], sc[t], (char *)rt_state_data(p, (int)nd->ia[0]) + off * (int64_t)es,
                     rt_state_data(p, (int)nd->ia[1]), rt_state_data(p, (int)nd->ia[2])};

@@ -183,6 +183,9 @@ void rt_jit_run(RtJit *j, const RtProgram *p, const RtJitKernel *k, void **bufs,
 /* The per-run scalars of an AdamW kernel for node n at info's step and lr:
  * lr, 1 - b1^t, 1 - b2^t, wd. */
 void rt_jit_adamw_scalars(const IrNode *n, const RtRunInfo *info, double s[4]);
+/* The elements of its param adamw node n updates on this rank: all of
+ * them, or (ZeRO: flat moments) the rank's chunk [*off, *off + *cnt). */
+void rt_jit_adamw_chunk(const RtProgram *p, const IrNode *n, int64_t *off, int64_t *cnt);
 /* Runs the multi-tensor AdamW kernel K (K->adamw) of block b: vals[] are
  * the run's value buffers.  0, or -1 with a message. */
 int rt_jit_run_adamw(RtJit *j, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void *const *vals,
