@@ -1,8 +1,9 @@
-/* mrun - trains a compiled plan on CPU ranks:
+/* mrun - trains a compiled plan on GPU ranks, or on CPU ranks:
  *
  *   mrun PLAN [--gpus N] [--steps N] [--data FILE] [--metrics out.jsonl]
  *             [--seed N] [--timeout S] [--save-params FILE] [--quiet]
- *             [--backend llvm|ref]
+ *             [--backend llvm|ref] [--cpu]
+ *   mrun --selftest
  *
  * Loads the plan (binary or text, as written by mcc; a bare IR module
  * with blocks "micro" and "update" is accepted too) and trains it with the
@@ -21,11 +22,27 @@
  * with its pipeline schedule (runtime/train.h).  A rank that fails or dies ends every rank: an
  * error calls MPI_Abort, and a stalled or dead peer is caught by the
  * collectives' deadline (--timeout, default 60 s).
+ * GPUs: when the CUDA driver reports devices (and neither --cpu nor
+ * --backend ref is given), each rank opens device (local rank mod device
+ * count), local rank from OMPI_COMM_WORLD_LOCAL_RANK, else SLURM_LOCALID,
+ * else the world rank, and runs its program there from the plan's image
+ * for the device's arch (mcc --target: the cubin, or the PTX of the
+ * newest older arch, which the driver JIT-compiles).  A plan without one,
+ * or whose image was compiled for another module (e.g. another dp), is
+ * refused naming the mcc option that fixes it.  Without a driver every
+ * rank is a CPU rank (one line says so).
+ * --selftest (runtime/selftest.h): runs every kernel kind and a tiny
+ * training step on GPU 0 against the CPU and prints the table; no plan.
  * Exit status 0 on success, 1 on any error (after a message on stderr), 2
- * on bad usage. */
+ * on bad usage.  With --selftest: 0 when every row passes, 1 when a row
+ * FAILs, the device cannot be opened, or there is no GPU driver or device
+ * (then one line says so: nothing was tested). */
 #include "runtime/plan.h"
 #include "runtime/train.h"
 #include "runtime/comm.h"
+#include "runtime/device.h"
+#include "runtime/dev_prog.h"
+#include "runtime/selftest.h"
 #include "passes/passes.h"
 #include <errno.h>
 #include <limits.h>
@@ -34,10 +51,16 @@
 
 static const char usage[] =
     "usage: mrun PLAN [--gpus N] [--steps N] [--data FILE] [--metrics out.jsonl] [--seed N]\n"
-    "                 [--timeout S] [--save-params FILE] [--quiet] [--backend llvm|ref]\n"
+    "                 [--timeout S] [--save-params FILE] [--quiet] [--backend llvm|ref] [--cpu]\n"
+    "       mrun --selftest\n"
     "  PLAN               a plan from mcc (binary or --emit=plan-text), or an IR module text\n"
     "  --gpus N           number of ranks (CPU ranks without a GPU driver); N / (tp*pp*cp*ep) is dp.\n"
-    "                     N > 1 starts the ranks with mpirun unless already under an MPI launcher\n"
+    "                     N > 1 starts the ranks with mpirun unless already under an MPI launcher.\n"
+    "                     With a GPU driver each rank runs on device (local rank mod device count)\n"
+    "                     from the plan's cubin / PTX for its arch (mcc --target sm_XX)\n"
+    "  --cpu              CPU ranks even when there are GPUs\n"
+    "  --selftest         every kernel kind and a 2-step training run on GPU 0 against the CPU, as a\n"
+    "                     table; exit 0 iff every row passes (1 also when there is no GPU: nothing tested)\n"
     "  --steps N          train N steps instead of the plan's train.steps\n"
     "  --data FILE        training text, byte-level tokens (default samples/data/kjv.txt)\n"
     "  --metrics FILE     write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s)\n"
@@ -46,15 +69,16 @@ static const char usage[] =
     "  --save-params FILE after training, write every parameter in its global shape (format: runtime/train.h)\n"
     "  --quiet            no per-step progress lines\n"
     "  --backend B        llvm (default): fusion groups and elementwise / row ops as JIT-compiled kernels;\n"
-    "                     ref: every op on the reference kernels (the oracle for tests)\n"
+    "                     ref: every op on the reference kernels (the oracle for tests; CPU ranks)\n"
     "environment: TS_RT_PROFILE=1 prints the time spent per op at exit (and the JIT's work);\n"
     "             TS_THREADS=N threads of the generated kernels (default: all cores; 1 per rank when\n"
-    "             mrun starts several ranks itself)\n";
+    "             mrun starts several ranks itself);\n"
+    "             TS_SELFTEST_ONLY=NAME,... runs only these kinds / dtypes of --selftest (e.g. softmax,train,f32)\n";
 
 typedef struct {
   const char *plan, *data, *metrics, *save_params;
   int64_t gpus, steps;        /* -1: not given */
-  int has_seed, quiet;
+  int has_seed, quiet, cpu, selftest;
   uint64_t seed;
   double timeout;             /* seconds */
   RtBackend backend;
@@ -83,6 +107,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     char *arg = argv[i], *val = NULL;
     if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) return 1;
     if (strcmp(arg, "--quiet") == 0) { a->quiet = 1; continue; }
+    if (strcmp(arg, "--cpu") == 0) { a->cpu = 1; continue; }
+    if (strcmp(arg, "--selftest") == 0) { a->selftest = 1; continue; }
     if (strncmp(arg, "--", 2) != 0) {
       if (a->plan) { fprintf(stderr, "mrun: more than one plan given ('%s' and '%s')\n", a->plan, arg); return -1; }
       a->plan = arg;
@@ -126,7 +152,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     else if (strcmp(name, "--metrics") == 0) a->metrics = val;
     else { fprintf(stderr, "mrun: unknown option '%s'\n%s", name, usage); return -1; }
   }
-  if (!a->plan) { fprintf(stderr, "mrun: no plan given\n%s", usage); return -1; }
+  if (a->selftest && a->plan) { fprintf(stderr, "mrun: --selftest takes no plan (got '%s')\n", a->plan); return -1; }
+  if (!a->plan && !a->selftest) { fprintf(stderr, "mrun: no plan given\n%s", usage); return -1; }
   return 0;
 }
 
@@ -248,8 +275,9 @@ static int launch(int64_t n, char **argv) {
 
 /* The program rank `rank` (of `mesh`) runs: the plan's program for the
  * same coordinates, with the dp coordinate folded onto the plan's dp (one
- * plan runs at any dp).  NULL with a message. */
-static IrModule *pick_program(RtPlan *plan, const RtMesh *mesh, int rank, char *err, size_t errlen) {
+ * plan runs at any dp); *index gets its index in the plan.  NULL with a
+ * message. */
+static IrModule *pick_program(RtPlan *plan, const RtMesh *mesh, int rank, int *index, char *err, size_t errlen) {
   int c[RT_AXIS_COUNT];
   if (rt_mesh_coords(mesh, rank, c) != 0) { ts_errf(err, errlen, "rank %d is outside the mesh", rank); return NULL; }
   int pdp = plan->mesh.dp < 1 ? 1 : plan->mesh.dp;
@@ -259,13 +287,16 @@ static IrModule *pick_program(RtPlan *plan, const RtMesh *mesh, int rank, char *
   if (pr < 0 || pr >= plan->nranks) pr = pr < 0 ? 0 : pr % plan->nranks;
   int pi = plan->rank_program[pr];
   if (pi < 0 || pi >= plan->nprograms) { ts_errf(err, errlen, "the plan has no program for rank %d", pr); return NULL; }
+  *index = pi;
   return plan->programs[pi];
 }
 
-/* Prepares rank `rank`'s program: picks it, respecializes it for the
- * run's dp, applies --steps / --seed, verifies it.  NULL with a message. */
-static IrModule *prepare(RtPlan *plan, const RtMesh *mesh, int rank, const Args *a, char *err, size_t errlen) {
-  IrModule *m = pick_program(plan, mesh, rank, err, errlen);
+/* Prepares rank `rank`'s program: picks it (*index: its index in the
+ * plan), respecializes it for the run's dp, applies --steps / --seed,
+ * verifies it.  NULL with a message. */
+static IrModule *prepare(RtPlan *plan, const RtMesh *mesh, int rank, const Args *a, int *index, char *err,
+                         size_t errlen) {
+  IrModule *m = pick_program(plan, mesh, rank, index, err, errlen);
   if (!m) return NULL;
   char why[1536];
   /* a plan from another build or edited by hand: refuse it with the
@@ -284,6 +315,139 @@ static IrModule *prepare(RtPlan *plan, const RtMesh *mesh, int rank, const Args 
   return m;
 }
 
+/* ---- GPU ranks ---- */
+
+/* How many CUDA devices the ranks may use: 0 for CPU ranks (--cpu,
+ * --backend ref, no driver or no device).  With `say`, one line on stderr
+ * when the ranks are CPU ranks, saying why. */
+static int gpus_usable(const Args *a, int nranks, int say) {
+  char msg[256] = "";
+  const char *why = NULL;
+  int n = 0;
+  if (a->cpu) why = "--cpu";
+  else if (a->backend == RT_BACKEND_REF) why = "--backend ref runs on the CPU";
+  else if ((n = rt_dev_cuda_count(msg, sizeof msg)) <= 0) {
+    n = 0;
+    why = msg;
+  }
+  if (say && why) fprintf(stderr, "mrun: %s; using %d CPU rank%s\n", why, nranks, nranks == 1 ? "" : "s");
+  return n;
+}
+
+/* The rank's index among the ranks on its node: the launcher's, else the
+ * world rank (one node). */
+static int local_rank(int world_rank) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
+  for (int i = 0; i < 2; i++) {
+    const char *v = getenv(vars[i]);
+    char *e;
+    long r = v ? strtol(v, &e, 10) : -1;
+    if (v && *v && !*e && r >= 0 && r < INT_MAX) return (int)r;
+  }
+  return world_rank;
+}
+
+/* The plan's image of program pi for arch sm: the exact one (cubin and
+ * PTX; *exact = 1), else the one of the newest older arch that has PTX
+ * (the driver JIT-compiles it; *exact = 0), else NULL. */
+static const RtPlanImage *image_for(const RtPlan *plan, int pi, int sm, int *exact) {
+  const RtPlanImage *im = rt_plan_image(plan, pi, sm);
+  *exact = im != NULL;
+  for (int i = 0; !im && i < plan->nimages; i++) {
+    const RtPlanImage *c = &plan->images[i];
+    if (c->program == pi && c->sm <= sm && c->ptx && c->ptx_len) im = c;
+  }
+  for (int i = 0; !*exact && im && i < plan->nimages; i++) {
+    const RtPlanImage *c = &plan->images[i];
+    if (c->program == pi && c->sm <= sm && c->sm > im->sm && c->ptx && c->ptx_len) im = c;
+  }
+  return im;
+}
+
+/* A rank on a GPU: the device and what its program's module is loaded
+ * from (the plan's binary; the source it was compiled from, rebuilt). */
+typedef struct {
+  RtDev *dev;
+  RtDevImage img;
+  RtCudaModule cm;
+} Gpu;
+
+/* Opens this rank's GPU (device local rank mod count) for program pi of
+ * the plan (m, prepared for the run) and makes it the one rt_train's
+ * programs run on.  `respecialized`: m's update block was rebuilt for
+ * another dp than the plan's.  0, or -1 with a message (g->dev NULL). */
+static int gpu_setup(const Args *a, const RtPlan *plan, int pi, const IrModule *m, int respecialized, int world_rank,
+                     int count, Gpu *g, char *err, size_t errlen) {
+  memset(g, 0, sizeof *g);
+  int ordinal = local_rank(world_rank) % count;
+  char why[512];
+  RtDev *d = rt_dev_cuda_open(ordinal, why, sizeof why);
+  if (!d)
+    return ts_errf(err, errlen, "rank %d: opening GPU %d: %s (--cpu runs on CPU ranks)", world_rank, ordinal, why);
+  int exact = 0;
+  const RtPlanImage *im = d->sm > 0 ? image_for(plan, pi, d->sm, &exact) : NULL;
+  if (!im) {
+    if (d->sm > 0)
+      ts_errf(err, errlen, "%s: the plan has no cubin/PTX for sm_%d, the arch of GPU %d; recompile with mcc --target "
+              "sm_%d", a->plan, d->sm, ordinal, d->sm);
+    else
+      ts_errf(err, errlen, "%s: the architecture of %s is unknown, so no image of the plan can be chosen", a->plan,
+              d->label);
+    d->ops->close(d);
+    return -1;
+  }
+  /* the image must be of the module this run builds from the program */
+  if (rt_cuda_module_build(m, &g->cm, why, sizeof why) != 0) {
+    ts_errf(err, errlen, "%s: program %d has no CUDA form: %s", a->plan, pi, why);
+    d->ops->close(d);
+    return -1;
+  }
+  if (g->cm.hash != im->source_hash) {
+    if (respecialized)
+      ts_errf(err, errlen, "%s: the plan's CUDA image is for dp=%d and this run has dp=%d; recompile with mcc --dp %d "
+              "--target sm_%d", a->plan, plan->mesh.dp < 1 ? 1 : plan->mesh.dp, ir_axis_size(m, IR_AXIS_DP),
+              ir_axis_size(m, IR_AXIS_DP), d->sm);
+    else
+      ts_errf(err, errlen, "%s: the plan's CUDA image (sm_%d) was compiled from another module than its program %d "
+              "(a plan from another build?); recompile with mcc --target sm_%d", a->plan, im->sm, pi, d->sm);
+    rt_cuda_module_free(&g->cm);
+    d->ops->close(d);
+    return -1;
+  }
+  g->dev = d;
+  g->img = (RtDevImage){g->cm.src.p, im->ptx, exact ? im->cubin : NULL, exact ? im->cubin_len : 0, exact ? im->sm : 0};
+  RtExecOpts xo = {.backend = RT_BACKEND_LLVM, .dev = d, .image = &g->img};
+  rt_exec_set_default(&xo);
+  return 0;
+}
+
+static void gpu_close(Gpu *g) {
+  if (!g->dev) return;
+  RtExecOpts xo = {.backend = RT_BACKEND_LLVM};
+  rt_exec_set_default(&xo);
+  g->dev->ops->close(g->dev);
+  g->dev = NULL;
+  rt_cuda_module_free(&g->cm);
+}
+
+/* mrun --selftest: on GPU 0, or one line saying there is none. */
+static int run_selftest(void) {
+  char msg[512];
+  int n = rt_dev_cuda_count(msg, sizeof msg);
+  if (n <= 0) {
+    printf("mrun --selftest: %s: nothing to test; the CUDA path has been checked here only under emulation "
+           "(ctest -L cuda)\n", msg);
+    return 1;
+  }
+  RtDev *d = rt_dev_cuda_open(0, msg, sizeof msg);
+  if (!d) { fprintf(stderr, "mrun --selftest: opening GPU 0: %s\n", msg); return 1; }
+  int failures = 0;
+  int rc = rt_selftest(d, stdout, &failures, msg, sizeof msg);
+  d->ops->close(d);
+  if (rc != 0) { fprintf(stderr, "mrun --selftest: %s\n", msg); return 1; }
+  return failures ? 1 : 0;
+}
+
 static void print_done(const Args *a, const RtTrainResult *res) {
   if (!a->quiet && res->steps > 0)
     printf("mrun: trained %lld steps: loss %.4f -> %.4f\n", (long long)res->steps, res->first_loss, res->last_loss);
@@ -292,15 +456,19 @@ static void print_done(const Args *a, const RtTrainResult *res) {
 /* One process, no MPI. */
 static int run_single(const Args *a) {
   char err[2048] = "";
+  int ngpu = gpus_usable(a, 1, 1);
   RtPlan *plan = load_plan(a->plan, err, sizeof err);
   if (!plan) { fprintf(stderr, "mrun: %s\n", err); return 1; }
-  int rc = 1;
+  int rc = 1, pi = 0;
   RtMesh mesh;
   IrModule *m;
-  if (mesh_for(plan, 1, &mesh, err, sizeof err) != 0 || !(m = prepare(plan, &mesh, 0, a, err, sizeof err))) {
+  Gpu gpu = {0};
+  if (mesh_for(plan, 1, &mesh, err, sizeof err) != 0 || !(m = prepare(plan, &mesh, 0, a, &pi, err, sizeof err)) ||
+      (ngpu > 0 && gpu_setup(a, plan, pi, m, plan->mesh.dp > 1, 0, ngpu, &gpu, err, sizeof err) != 0)) {
     fprintf(stderr, "mrun: %s\n", err);
     goto out;
   }
+  if (gpu.dev) fprintf(stderr, "mrun: 1 GPU rank on %s\n", gpu.dev->label);
   RtRank rank = rt_rank_single();
   rank.mesh = mesh;
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
@@ -310,6 +478,7 @@ static int run_single(const Args *a) {
   print_done(a, &res);
   rc = 0;
 out:
+  gpu_close(&gpu);
   rt_plan_free(plan);
   return rc;
 }
@@ -323,17 +492,21 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   int me = rt_comm_rank(world), n = rt_comm_size(world);
   if (a->gpus >= 1 && a->gpus != n)
     rt_comm_abort(world, "mrun: --gpus %lld but the MPI job has %d ranks", (long long)a->gpus, n);
-  if (me == 0) {
-    char msg[256];
-    if (rt_gpu_probe(msg, sizeof msg) == 0) fprintf(stderr, "mrun: %s; using %d CPU ranks\n", msg, n);
-    else fprintf(stderr, "mrun: %s, but CUDA execution is not implemented yet; using %d CPU ranks\n", msg, n);
-  }
+  int ngpu = gpus_usable(a, n, me == 0);
   RtPlan *plan = load_plan(a->plan, err, sizeof err);
   if (!plan) rt_comm_abort(world, "mrun: %s", err);
   RtMesh mesh;
   if (mesh_for(plan, n, &mesh, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
-  IrModule *m = prepare(plan, &mesh, me, a, err, sizeof err);
+  int pi = 0;
+  IrModule *m = prepare(plan, &mesh, me, a, &pi, err, sizeof err);
   if (!m) rt_comm_abort(world, "mrun: %s", err);
+  Gpu gpu = {0};
+  int pdp = plan->mesh.dp < 1 ? 1 : plan->mesh.dp;
+  if (ngpu > 0 && gpu_setup(a, plan, pi, m, pdp != mesh.dp, me, ngpu, &gpu, err, sizeof err) != 0)
+    rt_comm_abort(world, "mrun: %s", err);
+  if (me == 0 && gpu.dev)
+    fprintf(stderr, "mrun: %d GPU ranks, rank 0 on %s (%d device%s per node)\n", n, gpu.dev->label, ngpu,
+            ngpu == 1 ? "" : "s");
   RtRank rank = rt_rank_single();
   rank.mesh = mesh;
   rt_mesh_coords(&mesh, me, rank.coord);
@@ -348,6 +521,7 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   if (rt_train(m, &o, &res, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   if (me == 0) print_done(a, &res);
   fflush(stdout);
+  gpu_close(&gpu);
   for (int ax = 0; ax < IR_AXIS_COUNT; ax++) rt_comm_free(rank.group[ax]);
   rt_plan_free(plan);
   rt_comm_free(world);   /* MPI_Finalize */
@@ -359,6 +533,7 @@ int main(int argc, char **argv) {
   int pr = parse_args(argc, argv, &a);
   if (pr == 1) { fputs(usage, stdout); return 0; }
   if (pr != 0) return 2;
+  if (a.selftest) return run_selftest();
   RtExecOpts xo = {.backend = a.backend};
   rt_exec_set_default(&xo);   /* what rt_train's program uses */
   if (under_launcher()) return run_rank(&argc, &argv, &a);
@@ -377,8 +552,5 @@ int main(int argc, char **argv) {
     if (!ok) { fprintf(stderr, "mrun: %s\n", err); return 1; }
     return launch(a.gpus, argv);
   }
-  char msg[256];
-  if (rt_gpu_probe(msg, sizeof msg) == 0) fprintf(stderr, "mrun: %s; using 1 CPU rank\n", msg);
-  else fprintf(stderr, "mrun: %s, but CUDA execution is not implemented yet; using 1 CPU rank\n", msg);
   return run_single(&a);
 }
