@@ -152,6 +152,16 @@ void rt_comm_abort(RtComm *c, const char *fmt, ...) __attribute__((noreturn, for
  * to its collectives are device pointers. */
 RtComm *rt_comm_init_nccl(RtComm *mpi, int device, char *err, size_t errlen);
 int rt_comm_is_nccl(const RtComm *c);
+/* A NCCL group on a CUDA device's comm stream (RtDevOps.stream_handle(dev,
+ * RT_STREAM_COMM); dev on the group's GPU): its operations are enqueued
+ * there and return at once; order them against compute with the device's
+ * events and wait with rt_comm_nccl_wait (deadline and diagnostics as
+ * above) or the device's sync.  dev NULL: back to the group's own stream,
+ * waited for after every operation.  -1 with a message for an MPI group,
+ * a device without a CUDA stream, another GPU, or sends not yet posted. */
+typedef struct RtDev RtDev;
+int rt_comm_nccl_bind(RtComm *c, RtDev *dev, char *err, size_t errlen);
+int rt_comm_nccl_wait(RtComm *c, char *err, size_t errlen);
 
 /* ---- internal to comm_mpi.c and comm_nccl.c (define RT_COMM_INTERNAL
  * before including); callers use only the functions above. ---- */
@@ -205,6 +215,10 @@ void rt_nccl_queue_send(RtComm *c, RtCommReq *r);
  * stream; the requests are then done. */
 void rt_nccl_flush(RtComm *c);
 int  rt_nccl_device(const RtNccl *n);   /* the CUDA device the group runs on */
+/* comm_nccl.c: rt_comm_all_to_all_v on a NCCL group (one ncclSend / ncclRecv
+ * per peer with a nonzero count, in one NCCL group). */
+int  rt_nccl_all_to_all_v(RtComm *c, IrDtype dt, const void *send, const int *scount, const int *sdispl, void *recv,
+                          const int *rcount, const int *rdispl, char *err, size_t errlen);
 #endif
 
 #endif

@@ -418,9 +418,7 @@ int rt_comm_all_to_all(RtComm *c, IrDtype dt, const void *send, void *recv, size
 int rt_comm_all_to_all_v(RtComm *c, IrDtype dt, const void *send, const int *scount, const int *sdispl, void *recv,
                          const int *rcount, const int *rdispl, char *err, size_t errlen) {
   if (check_args(c, RT_COLL_ALL_TO_ALL, dt, send, recv, 0, err, errlen)) return -1;
-  if (c->nccl)   /* the token dispatch runs on CPU ranks only so far (issue 7) */
-    return ts_errf(err, errlen, "all_to_all_v on group %s: variable-count all-to-all is not implemented on NCCL yet",
-                   c->name);
+  if (c->nccl) return rt_nccl_all_to_all_v(c, dt, send, scount, sdispl, recv, rcount, rdispl, err, errlen);
   MPI_Request r;
   c->seq++;
   RT_MPI_FATAL(c, RT_COLL_ALL_TO_ALL, MPI_Ialltoallv(send, scount, sdispl, mpi_type(dt), recv, rcount, rdispl,

@@ -10,15 +10,31 @@
  * checked against it.
  *
  * Every NCCL/CUDA call goes through a check that names the call and adds a
- * hint.  Operations are enqueued on one stream per group and then polled
- * (cudaStreamQuery) against the group's deadline, so a stalled peer ends
- * the job with a message instead of a hang (ncclCommAbort first, so the
- * GPU kernels stop).  Not guaranteed: ncclCommInitRank itself blocks until
- * every rank arrives. */
+ * hint.  By default operations are enqueued on one stream per group and
+ * then polled (cudaStreamQuery) against the group's deadline, so a stalled
+ * peer ends the job with a message instead of a hang (ncclCommAbort first,
+ * so the GPU kernels stop).  Not guaranteed: ncclCommInitRank itself blocks
+ * until every rank arrives.
+ *
+ * A group bound to a device (rt_comm_nccl_bind) instead enqueues on the
+ * device's comm stream (RtDevOps.stream_handle(dev, RT_STREAM_COMM)) and
+ * returns at once: the executor orders collectives against compute with
+ * the device's events (record on compute, wait on comm, and back), so
+ * communication overlaps computation, and a CUDA Graph capture can take
+ * collectives in (NCCL supports capture; polling a capturing stream is not
+ * allowed, hence no waiting here).  rt_comm_nccl_wait waits for the comm
+ * stream with the deadline and the diagnostics of the default mode. */
 #define RT_COMM_INTERNAL
 #include "runtime/comm.h"
+#include "runtime/device.h"
 #include <dlfcn.h>
 #include <time.h>
+
+/* Declared here until comm.h has them (see the H5 report): */
+int rt_comm_nccl_bind(RtComm *c, RtDev *dev, char *err, size_t errlen);
+int rt_comm_nccl_wait(RtComm *c, char *err, size_t errlen);
+int rt_nccl_all_to_all_v(RtComm *c, IrDtype dt, const void *send, const int *scount, const int *sdispl, void *recv,
+                         const int *rcount, const int *rdispl, char *err, size_t errlen);
 
 /* ---- the ABI we use ---- */
 typedef int ncResult;                /* ncclResult_t: 0 = ncclSuccess, 7 = ncclInProgress */
@@ -97,10 +113,15 @@ static int load_libs(void) {
 
 struct RtNccl {
   ncComm comm;
-  cuStream stream;
+  cuStream stream;           /* the group's own (default mode) */
+  cuStream bound;            /* a device's comm stream (rt_comm_nccl_bind), not owned; NULL: none */
+  RtCollKind last;           /* the last operation enqueued, for rt_comm_nccl_wait's messages */
   int device;
   VEC(RtCommReq *) queued;   /* sends of rt_comm_isend not posted yet */
 };
+
+/* Where c's operations go. */
+static cuStream nstream(const RtComm *c) { return c->nccl->bound ? c->nccl->bound : c->nccl->stream; }
 int rt_nccl_device(const RtNccl *n) { return n->device; }
 
 static const char *cu_str(cuError e) { return L.GetErrorString ? L.GetErrorString(e) : "?"; }
@@ -211,7 +232,7 @@ static double now_s(void) {
 static void wait_stream(RtComm *c, RtCollKind k, int peer) {
   double end = now_s() + c->timeout;
   for (;;) {
-    cuError e = L.StreamQuery(c->nccl->stream);
+    cuError e = L.StreamQuery(nstream(c));
     if (e == 0) return;
     if (e != CU_NOT_READY) {
       L.CommAbort(c->nccl->comm);
@@ -239,9 +260,10 @@ int rt_nccl_run(RtComm *c, RtCollKind k, IrDtype dt, const void *send, void *rec
   int t = dt == IR_F64 ? NC_FLOAT64 : NC_FLOAT32;
   size_t es = ir_dtype_size(dt);
   ncComm nc = c->nccl->comm;
-  cuStream s = c->nccl->stream;
+  cuStream s = nstream(c);
   const char *hint = "NCCL_DEBUG=INFO shows why; are the buffers device memory of this rank's GPU?";
   if (k != RT_COLL_SEND && k != RT_COLL_RECV) c->seq++;
+  c->nccl->last = k;
   switch (k) {
   case RT_COLL_ALL_REDUCE: NC_FATAL(c, k, L.AllReduce(send, recv, count, t, NC_SUM, nc, s), hint); break;
   case RT_COLL_ALL_GATHER: NC_FATAL(c, k, L.AllGather(send, recv, count, t, nc, s), hint); break;
@@ -258,7 +280,7 @@ int rt_nccl_run(RtComm *c, RtCollKind k, IrDtype dt, const void *send, void *rec
     }
     NC_FATAL(c, k, L.Recv(recv, count, t, peer, nc, s), hint);
     NC_FATAL(c, k, L.GroupEnd(), hint);
-    wait_stream(c, k, peer);
+    if (!q->bound) wait_stream(c, k, peer);   /* bound: done in stream order */
     for (int i = 0; i < q->queued.n; i++) q->queued.a[i]->queued = 0, q->queued.a[i]->done = 1;
     q->queued.n = 0;
     return 0;
@@ -276,7 +298,67 @@ int rt_nccl_run(RtComm *c, RtCollKind k, IrDtype dt, const void *send, void *rec
   default:
     return ts_errf(err, errlen, "%s is not a NCCL operation", rt_coll_name(k));
   }
-  wait_stream(c, k, k == RT_COLL_SEND || k == RT_COLL_RECV ? peer : -1);
+  if (!c->nccl->bound) wait_stream(c, k, k == RT_COLL_SEND || k == RT_COLL_RECV ? peer : -1);
+  return 0;
+}
+
+/* Variable-count all-to-all: one NCCL group of a send and a receive per
+ * peer with a nonzero count (counts agree pairwise, so both sides skip the
+ * same pairs). */
+int rt_nccl_all_to_all_v(RtComm *c, IrDtype dt, const void *send, const int *scount, const int *sdispl, void *recv,
+                         const int *rcount, const int *rdispl, char *err, size_t errlen) {
+  if (!scount || !sdispl || !rcount || !rdispl)
+    return ts_errf(err, errlen, "all_to_all_v on group %s: NULL counts or displacements", c->name);
+  for (int j = 0; j < c->size; j++)
+    if (scount[j] < 0 || sdispl[j] < 0 || rcount[j] < 0 || rdispl[j] < 0 || (scount[j] && !send) ||
+        (rcount[j] && !recv))
+      return ts_errf(err, errlen, "all_to_all_v on group %s: peer %d has count %d at %d to send, %d at %d to receive",
+                     c->name, j, scount[j], sdispl[j], rcount[j], rdispl[j]);
+  int t = dt == IR_F64 ? NC_FLOAT64 : NC_FLOAT32;
+  size_t es = ir_dtype_size(dt);
+  ncComm nc = c->nccl->comm;
+  cuStream s = nstream(c);
+  const RtCollKind k = RT_COLL_ALL_TO_ALL;
+  const char *hint = "NCCL_DEBUG=INFO shows why; do the counts agree pairwise between the ranks?";
+  c->seq++;
+  c->nccl->last = k;
+  NC_FATAL(c, k, L.GroupStart(), hint);
+  for (int j = 0; j < c->size; j++) {
+    if (scount[j])
+      NC_FATAL(c, k, L.Send((const char *)send + (size_t)sdispl[j] * es, (size_t)scount[j], t, j, nc, s), hint);
+    if (rcount[j]) NC_FATAL(c, k, L.Recv((char *)recv + (size_t)rdispl[j] * es, (size_t)rcount[j], t, j, nc, s), hint);
+  }
+  NC_FATAL(c, k, L.GroupEnd(), hint);
+  if (!c->nccl->bound) wait_stream(c, k, -1);
+  return 0;
+}
+
+int rt_comm_nccl_bind(RtComm *c, RtDev *dev, char *err, size_t errlen) {
+  if (!c->nccl) return ts_errf(err, errlen, "group %s is not a NCCL group: only NCCL groups run on a device stream",
+                               c->name);
+  if (c->nccl->queued.n)
+    return ts_errf(err, errlen, "group %s has %d send(s) not posted yet: wait for them before changing its stream",
+                   c->name, c->nccl->queued.n);
+  if (!dev) {   /* back to the group's own stream, after what is on the device's */
+    if (c->nccl->bound) wait_stream(c, c->nccl->last, -1);
+    c->nccl->bound = NULL;
+    return 0;
+  }
+  void *s = dev->ops->stream_handle ? dev->ops->stream_handle(dev, RT_STREAM_COMM) : NULL;
+  if (!s)
+    return ts_errf(err, errlen, "group %s: device %s has no CUDA stream for NCCL (the %s device)", c->name, dev->label,
+                   dev->ops->name);
+  if (dev->ordinal != c->nccl->device)
+    return ts_errf(err, errlen, "group %s runs on GPU %d but the device is GPU %d (%s)", c->name, c->nccl->device,
+                   dev->ordinal, dev->label);
+  if (c->nccl->bound && c->nccl->bound != s) wait_stream(c, c->nccl->last, -1);
+  c->nccl->bound = s;
+  return 0;
+}
+
+int rt_comm_nccl_wait(RtComm *c, char *err, size_t errlen) {
+  if (!c->nccl) return ts_errf(err, errlen, "group %s is not a NCCL group", c->name);
+  wait_stream(c, c->nccl->last, -1);   /* failures end the job, as every NCCL wait */
   return 0;
 }
 
@@ -289,14 +371,15 @@ void rt_nccl_flush(RtComm *c) {
   RtNccl *q = c->nccl;
   if (!q || !q->queued.n) return;
   const char *hint = "NCCL_DEBUG=INFO shows why; are the buffers device memory of this rank's GPU?";
+  q->last = RT_COLL_SEND;
   NC_FATAL(c, RT_COLL_SEND, L.GroupStart(), hint);
   for (int i = 0; i < q->queued.n; i++) {
     RtCommReq *r = q->queued.a[i];
     int t = r->dt == IR_F64 ? NC_FLOAT64 : NC_FLOAT32;
-    NC_FATAL(c, RT_COLL_SEND, L.Send(r->buf, r->count, t, r->peer, q->comm, q->stream), hint);
+    NC_FATAL(c, RT_COLL_SEND, L.Send(r->buf, r->count, t, r->peer, q->comm, nstream(c)), hint);
   }
   NC_FATAL(c, RT_COLL_SEND, L.GroupEnd(), hint);
-  wait_stream(c, RT_COLL_SEND, q->queued.a[0]->peer);
+  if (!q->bound) wait_stream(c, RT_COLL_SEND, q->queued.a[0]->peer);   /* bound: done in stream order */
   for (int i = 0; i < q->queued.n; i++) q->queued.a[i]->queued = 0, q->queued.a[i]->done = 1;
   q->queued.n = 0;
 }
