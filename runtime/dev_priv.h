@@ -18,6 +18,9 @@ enum {
   RT_DS_LIB       /* library kernel(s), RtDevPlan.lib[RtDevBlock.lib[i]] */
 };
 
+/* Whether op runs through the communication layer (RT_DS_COMM). */
+int rt_dev_is_comm(IrOp op);
+
 typedef struct {
   CgCudaLaunch l[CG_CUDA_LIB_MAX_LAUNCH];
   int nl;

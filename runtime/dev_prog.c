@@ -18,7 +18,7 @@
 #include "dev_priv.h"
 
 /* Whether op's node runs in the communication layer. */
-static int is_comm(IrOp op) {
+int rt_dev_is_comm(IrOp op) {
   switch (op) {
   case IR_OP_ALL_REDUCE: case IR_OP_ALL_GATHER: case IR_OP_REDUCE_SCATTER: case IR_OP_ALL_TO_ALL:
   case IR_OP_ALL_TO_ALL_V: case IR_OP_RING_SHIFT: case IR_OP_RING_WAIT: case IR_OP_SEND: case IR_OP_RECV:
@@ -90,7 +90,7 @@ static int classify(const IrModule *m, const IrBlock *b, int i, const MemPlan *p
     return 0;
   default: break;
   }
-  if (is_comm(nd->op)) { *kind = RT_DS_COMM; return 0; }
+  if (rt_dev_is_comm(nd->op)) { *kind = RT_DS_COMM; return 0; }
   *kind = RT_DS_LIB;
   return 0;
 }

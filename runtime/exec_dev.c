@@ -11,11 +11,17 @@
  *     operands, the result, the states it names and the scratch buffer;
  *   - a collective: on a device whose memory is host memory (the
  *     emulator) the reference kernel, which calls the communication
- *     layer; on a CUDA device, not yet (NCCL on the comm stream is
- *     issue 7's remaining work).
+ *     layer; on a CUDA device NCCL on the device's comm stream (the
+ *     rank's dev_group, bound by mrun), ordered against compute by two
+ *     events so that it overlaps the compute issued after it: all_reduce
+ *     (sum), and all_gather / reduce_scatter whose blocks are contiguous
+ *     (the dim has nothing before it, no cp zigzag).  Other collectives
+ *     (the pipeline's send / recv, all-to-all, ring steps, gathers inside
+ *     a tensor) are refused when the program is made, naming the node.
  * Every kernel takes the run block (a.run): seed, step, micro batch, lr
  * and the rank's coordinates, refreshed on the device when they change. */
 #include "dev_priv.h"
+#include "comm.h"
 #include <math.h>
 
 struct RtDevExec {
@@ -34,6 +40,90 @@ struct RtDevExec {
 RtDev *rt_dev_exec_dev(const RtDevExec *x) { return x->dev; }
 const RtDevPlan *rt_dev_exec_plan(const RtDevExec *x) { return x->plan; }
 
+/* ---- collectives on a CUDA device ---- */
+
+/* The collective's operand viewed around its dim as [outer, len, inner]. */
+static int64_t comm_outer(const IrBlock *b, const IrNode *nd) {
+  const IrType *t = &b->nodes[nd->in[0]].type;
+  int d = (int)nd->ia[1];
+  if (d < 0) d += t->rank;
+  int64_t outer = 1;
+  for (int k = 0; k < d && k < t->rank; k++) outer *= t->dim[k];
+  return outer;
+}
+
+/* Why node i cannot run as NCCL on device memory, or NULL. */
+static const char *dev_comm_why(const IrModule *m, const IrBlock *b, const IrNode *nd) {
+  switch (nd->op) {
+  case IR_OP_ALL_REDUCE:
+    return nd->ia[1] == 0 ? NULL : "all_reduce max is not wired to NCCL yet";
+  case IR_OP_ALL_GATHER: case IR_OP_REDUCE_SCATTER:
+    if (comm_outer(b, nd) != 1)
+      return "its blocks are not contiguous (a dim after the first): the device re-layout around NCCL is not "
+             "written yet";
+    if (nd->ia[0] == IR_AXIS_CP && ir_axis_size(m, IR_AXIS_CP) > 1)
+      return "the cp zigzag re-layout around NCCL is not written yet";
+    return NULL;
+  default:
+    return "only all_reduce, all_gather and reduce_scatter are wired to NCCL so far";
+  }
+}
+
+/* Every collective of m in a form the device path runs (else the first
+ * one, named). */
+static int dev_comm_check(const IrModule *m, char *err, size_t errlen) {
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *nd = &b->nodes[i];
+      if (!rt_dev_is_comm(nd->op)) continue;
+      const char *why = dev_comm_why(m, b, nd);
+      if (why)
+        return ts_errf(err, errlen, "block %s, %%%d = %s on a CUDA device: %s (run with --cpu)", b->name, i,
+                       ir_ops[nd->op].name, why);
+    }
+  }
+  return 0;
+}
+
+/* One collective on the rank's NCCL group of its axis: the comm stream
+ * waits for the compute issued so far, NCCL runs there, and compute waits
+ * for it before its next work (events 0 and 1; a wait takes the event's
+ * state when issued, so the two are reused).  Axis of size 1: a copy. */
+static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *nd, const void *in, void *out,
+                    char *msg, size_t n) {
+  RtDev *d = x->dev;
+  IrAxis ax = (IrAxis)nd->ia[0];
+  IrDtype dt = nd->type.dtype;
+  size_t es = ir_dtype_size(dt), cin = (size_t)ir_type_numel(&b->nodes[nd->in[0]].type);
+  size_t cout = (size_t)ir_type_numel(&nd->type);
+  int size = rt_program_axis_size(p, ax);
+  RtComm *g = size > 1 ? rt_program_dev_group(p, ax) : NULL;
+  if (size > 1 && !g) {
+    snprintf(msg, n, "%s on %s: the rank has no NCCL group for the %s axis (mrun makes them on GPU ranks)",
+             ir_ops[nd->op].name, d->label, ir_axis_name(ax));
+    return -1;
+  }
+  if (!g) return out == in ? 0 : d->ops->d2d(d, out, in, cout * es, RT_STREAM_COMPUTE, msg, n);
+  if (d->ops->event_record(d, 0, RT_STREAM_COMPUTE, msg, n) || d->ops->stream_wait(d, RT_STREAM_COMM, 0, msg, n))
+    return -1;
+  int rc;
+  switch (nd->op) {
+  case IR_OP_ALL_REDUCE:
+    rc = out == in ? 0 : d->ops->d2d(d, out, in, cout * es, RT_STREAM_COMM, msg, n);
+    if (rc == 0) rc = rt_comm_all_reduce(g, dt, out, cout, msg, n);
+    break;
+  case IR_OP_ALL_GATHER: rc = rt_comm_all_gather(g, dt, in, out, cin, msg, n); break;
+  case IR_OP_REDUCE_SCATTER: rc = rt_comm_reduce_scatter(g, dt, in, out, cout, msg, n); break;
+  default:
+    snprintf(msg, n, "internal error: %s reached the device collectives", ir_ops[nd->op].name);
+    return -1;
+  }
+  if (rc != 0) return -1;
+  return d->ops->event_record(d, 1, RT_STREAM_COMM, msg, n) || d->ops->stream_wait(d, RT_STREAM_COMPUTE, 1, msg, n)
+             ? -1 : 0;
+}
+
 RtDevExec *rt_dev_exec_new(const IrModule *m, const RtExecOpts *o, RtJit *jit, const MemPlan *const *plans,
                            char *err, size_t errlen) {
   RtDevExec *x = ts_xcalloc(1, sizeof *x);
@@ -49,6 +139,7 @@ RtDevExec *rt_dev_exec_new(const IrModule *m, const RtExecOpts *o, RtJit *jit, c
     ts_errf(err, errlen, "loading the CUDA module on %s: %s", d->label, why);
     goto fail;
   }
+  if (!d->host_memory && dev_comm_check(m, err, errlen) != 0) goto fail;
   int most = 1;
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const RtJitBlock *jb = rt_jit_block(jit, bi);
@@ -203,11 +294,7 @@ int rt_dev_exec_node(RtDevExec *x, RtProgram *p, int bi, int i, const void *cons
   case RT_DS_GEMM:
     return gemm(x, b, nd, in[0], in[1], out, NULL, msg, n);
   case RT_DS_COMM: {
-    if (!x->dev->host_memory) {
-      snprintf(msg, n, "%s on %s: collectives on CUDA devices (NCCL on the comm stream) are not wired into the "
-               "executor yet", ir_ops[nd->op].name, x->dev->label);
-      return -1;
-    }
+    if (!x->dev->host_memory) return dev_comm(x, p, b, nd, in[0], out, msg, n);
     /* host memory: the reference kernel and the communication layer as on CPU ranks */
     const IrType *it[64];
     if (nd->nin > 64) { snprintf(msg, n, "too many operands"); return -1; }

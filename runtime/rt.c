@@ -40,6 +40,7 @@
  * kernel's position, which is what the last uses are computed from. */
 #include "rt_priv.h"
 #include "dev_priv.h"
+#include "comm.h"
 #include "../passes/memplan.h"
 #include <math.h>
 #include <stdarg.h>
@@ -161,6 +162,26 @@ RtRank rt_rank_single(void) {
   return r;
 }
 
+int rt_rank_gpu_groups(RtRank *r, RtDev *dev, char *err, size_t errlen) {
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {
+    if (!r->group[a]) continue;
+    char why[1024];
+    if (!(r->dev_group[a] = rt_comm_init_nccl(r->group[a], dev->ordinal, why, sizeof why)) ||
+        rt_comm_nccl_bind(r->dev_group[a], dev, why, sizeof why) != 0) {
+      rt_rank_gpu_groups_free(r);
+      return ts_errf(err, errlen, "NCCL for the %s axis on %s: %s", ir_axis_name((IrAxis)a), dev->label, why);
+    }
+  }
+  return 0;
+}
+
+void rt_rank_gpu_groups_free(RtRank *r) {
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {
+    rt_comm_free(r->dev_group[a]);
+    r->dev_group[a] = NULL;
+  }
+}
+
 int rt_rank_axis_size(const RtRank *r, IrAxis a) {
   int v = 1;
   switch (a) {
@@ -176,6 +197,7 @@ int rt_rank_axis_size(const RtRank *r, IrAxis a) {
 
 int rt_program_axis_size(const RtProgram *p, IrAxis a) { return rt_rank_axis_size(&p->rank, a); }
 RtComm *rt_program_group(const RtProgram *p, IrAxis a) { return a < IR_AXIS_COUNT ? p->rank.group[a] : NULL; }
+RtComm *rt_program_dev_group(const RtProgram *p, IrAxis a) { return a < IR_AXIS_COUNT ? p->rank.dev_group[a] : NULL; }
 const RtRank *rt_program_rank(const RtProgram *p) { return &p->rank; }
 RtPipe **rt_program_pipe(RtProgram *p) { return &p->pipe; }
 RtRing **rt_program_ring(RtProgram *p) { return &p->ring; }

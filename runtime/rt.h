@@ -11,6 +11,7 @@
 
 typedef struct RtProgram RtProgram;
 typedef struct RtComm RtComm;   /* comm.h */
+typedef struct RtDev RtDev;     /* device.h */
 
 /* Where a rank sits in the device mesh, and its communicators: group[a]
  * is the rank's group along mesh axis a (ordered by the coordinate on a,
@@ -21,11 +22,23 @@ typedef struct RtRank {
   RtMesh mesh;
   int coord[IR_AXIS_COUNT];
   RtComm *group[IR_AXIS_COUNT];
+  /* The same groups for a rank on a CUDA device: NCCL groups bound to the
+   * device's comm stream (rt_comm_nccl_bind), which the device executor's
+   * collectives use on device memory; group[] keeps serving host memory
+   * (losses, parameter files).  NULL on CPU ranks. */
+  RtComm *dev_group[IR_AXIS_COUNT];
 } RtRank;
 /* The single-rank context: 1x1x1x1x1 mesh, coordinates 0, no groups. */
 RtRank rt_rank_single(void);
 /* Size of axis a of r's mesh (sizes < 1 count as 1). */
 int rt_rank_axis_size(const RtRank *r, IrAxis a);
+/* For a rank on a CUDA device (device.h): a NCCL group bound to dev's comm
+ * stream for every group r has (r->dev_group[a]; collective over r's
+ * groups, so every rank of the job calls it).  0, or -1 with a message
+ * (the groups made so far are freed).  rt_rank_gpu_groups_free frees them
+ * (before the device is closed). */
+int rt_rank_gpu_groups(RtRank *r, RtDev *dev, char *err, size_t errlen);
+void rt_rank_gpu_groups_free(RtRank *r);
 
 /* Allocates every state of m and initializes parameters from m->train.seed.
  * Initialization is counter-based: element i of parameter P gets
@@ -60,7 +73,6 @@ typedef enum { RT_BACKEND_REF, RT_BACKEND_LLVM } RtBackend;
  * them; dev: run the program on that device (runtime/device.h; implies
  * cuda), from `image` if given (a plan's cubin / PTX), else from the
  * module's source (devices that compile sources: the tests' emulator). */
-typedef struct RtDev RtDev;
 typedef struct RtDevImage RtDevImage;
 typedef struct {
   RtBackend backend;

@@ -129,6 +129,7 @@ void rt_cp_reorder(void *dst, const void *src, int64_t outer, int S, int64_t L, 
                    int to_global);
 /* The rank's group along axis a, or NULL (axis of size 1, or none made). */
 RtComm *rt_program_group(const RtProgram *p, IrAxis a);
+RtComm *rt_program_dev_group(const RtProgram *p, IrAxis a);   /* RtRank.dev_group */
 /* All-gather along a middle dim (ops_ref.c): x[outer, L, inner] on each
  * rank of g -> y[outer, size*L, inner], block q from group rank q.  g NULL
  * or of size 1: a copy.  dt f32 or f64. */

@@ -515,12 +515,15 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
     rank.group[ax] = rt_comm_mesh_group(world, &mesh, (RtMeshAxis)ax, err, sizeof err);
     if (!rank.group[ax]) rt_comm_abort(world, "mrun: %s", err);
   }
+  /* on GPUs the device's collectives go through NCCL on its comm stream */
+  if (gpu.dev && rt_rank_gpu_groups(&rank, gpu.dev, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
                    .rank = &rank, .world = world, .save_params_path = a->save_params};
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   if (me == 0) print_done(a, &res);
   fflush(stdout);
+  rt_rank_gpu_groups_free(&rank);   /* before the device's context */
   gpu_close(&gpu);
   for (int ax = 0; ax < IR_AXIS_COUNT; ax++) rt_comm_free(rank.group[ax]);
   rt_plan_free(plan);

@@ -106,6 +106,7 @@ struct Stream {
   Graph *cap;              /* capturing into (NULL: not) */
   int origin;              /* began the capture */
   long long cap_last, cap_rejoined;   /* joined streams: last captured op, last op joined back */
+  int eager;               /* fake_cuda_set_eager: runs its work as it is issued */
 };
 
 struct Graph {
@@ -214,6 +215,10 @@ EXPORT void fake_cuda_fail(const char *fn, int code, int skip) {
 }
 
 EXPORT void fake_cuda_set_launcher(FakeCudaLauncher fn) { F.launcher = fn; }
+EXPORT void fake_cuda_set_eager(const void *h, int on) {
+  for (int i = 0; i < F.nstreams; i++)
+    if ((const void *)F.streams[i] == h) F.streams[i]->eager = on;
+}
 EXPORT int fake_cuda_log_count(void) { return F.nlog; }
 EXPORT const FakeCudaOp *fake_cuda_log(int i) { return i >= 0 && i < F.nlog ? &F.log[i] : NULL; }
 EXPORT void fake_cuda_log_clear(void) { F.nlog = 0; }
@@ -516,7 +521,7 @@ static CUresult submit(Stream *s, Op *o) {
   GROW(s->q, s->nq, s->capq);
   s->q[s->nq++] = *o;
   s->enq++;
-  if (F.eager) drain(s, s->enq);
+  if (F.eager || s->eager) drain(s, s->enq);
   return OK;
 }
 

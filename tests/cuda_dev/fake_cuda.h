@@ -53,6 +53,11 @@ typedef void (*FakeCudaFail)(const char *fn, int code, int skip);
  * the launch fail as a kernel fault: the context's later calls return
  * CUDA_ERROR_LAUNCH_FAILED, as a GPU's would. */
 typedef void (*FakeCudaSetLauncher)(FakeCudaLauncher fn);
+/* One stream runs its work as it is issued (its waits first run the other
+ * stream up to the event), while the others stay lazy: with the comm
+ * stream eager, a collective not ordered after the compute that produces
+ * its operand runs too early and reads stale bytes. */
+typedef void (*FakeCudaSetEager)(const void *stream, int on);
 typedef int (*FakeCudaLogCount)(void);
 typedef const FakeCudaOp *(*FakeCudaLog)(int i);
 typedef void (*FakeCudaLogClear)(void);

@@ -6,8 +6,15 @@
  * collected and then posted together (nonblocking, then waited), as NCCL
  * progresses a group's operations together; a call outside a group is a
  * group of one.  Every operation records the stream it was given, so a
- * test can check which stream the communication layer used.  Our reading
- * of NCCL's documentation, not NCCL's behaviour. */
+ * test can check which stream the communication layer used.  With
+ * FAKE_NCCL_STREAM_ORDER=1 the collectives (not sends and receives) run
+ * in stream order instead, through the fake driver's cuLaunchHostFunc
+ * (dlopen of TS_CUDA_DRIVER, the instance the device layer uses): a
+ * collective issued before the kernels that produce its operand are done
+ * then reads what is really there, and one issued inside a graph capture
+ * is replayed with it, as NCCL's are.  Our reading of NCCL's
+ * documentation, not NCCL's behaviour. */
+#include <dlfcn.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,24 +123,91 @@ static int coll_check(Comm *c, int dt, void *stream) {
   return OK;
 }
 
+/* ---- collectives, at once or in stream order ---- */
+enum { C_ALL_REDUCE, C_ALL_GATHER, C_REDUCE_SCATTER };
+typedef struct { int kind; const void *s; void *r; size_t n; int dt; Comm *c; } Coll;
+
+static int coll_run(const Coll *k) {
+  MPI_Datatype t = mpi_dt(k->dt);
+  switch (k->kind) {
+  case C_ALL_REDUCE: return MPI_Allreduce(k->s == k->r ? MPI_IN_PLACE : k->s, k->r, (int)k->n, t, MPI_SUM, k->c->comm);
+  case C_ALL_GATHER: return MPI_Allgather(k->s, (int)k->n, t, k->r, (int)k->n, t, k->c->comm);
+  default: return MPI_Reduce_scatter_block(k->s, k->r, (int)k->n, t, MPI_SUM, k->c->comm);
+  }
+}
+
+static struct {
+  int tried;
+  int (*host_fn)(void *stream, void (*fn)(void *), void *user);
+  int (*is_capturing)(void *stream, int *status);
+} drv;
+
+static void coll_host(void *u) {
+  Coll *k = u;
+  if (coll_run(k) != MPI_SUCCESS) { fprintf(stderr, "fake NCCL: an MPI collective failed\n"); abort(); }
+}
+
+static void coll_host_once(void *u) {
+  coll_host(u);
+  free(u);
+}
+
+/* A captured collective's arguments live until the process ends, as the
+ * graph may replay them until then. */
+static Coll **kept;
+static int nkept;
+
+static int coll(Coll k, void *stream) {
+  const char *e = getenv("FAKE_NCCL_STREAM_ORDER");
+  if (!(e && *e == '1')) return coll_run(&k) ? INTERNAL : OK;
+  if (!drv.tried) {
+    drv.tried = 1;
+    const char *p = getenv("TS_CUDA_DRIVER");
+    void *h = dlopen(p && *p ? p : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (h) {
+      *(void **)&drv.host_fn = dlsym(h, "cuLaunchHostFunc");
+      *(void **)&drv.is_capturing = dlsym(h, "cuStreamIsCapturing");
+    }
+  }
+  if (!drv.host_fn || !drv.is_capturing) return INTERNAL;
+  Coll *u = malloc(sizeof *u);
+  if (!u) return INTERNAL;
+  *u = k;
+  int status = 0;
+  if (drv.is_capturing(stream, &status) != 0) { free(u); return INTERNAL; }
+  if (status) {
+    Coll **q = realloc(kept, (size_t)(nkept + 1) * sizeof *q);
+    if (!q) { free(u); return INTERNAL; }
+    kept = q;
+    kept[nkept++] = u;
+  }
+  /* run once (not captured): the fake driver calls it and we free it there */
+  if (drv.host_fn(stream, status ? coll_host : coll_host_once, u) != 0) return INTERNAL;
+  return OK;
+}
+
 EXPORT int ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, Comm *c, void *stream) {
   int e = coll_check(c, dt, stream);
   if (e || op != 0) return e ? e : INVALID_ARGUMENT;
-  return MPI_Allreduce(s == r ? MPI_IN_PLACE : s, r, (int)n, mpi_dt(dt), MPI_SUM, c->comm) ? INTERNAL : OK;
+  return coll((Coll){C_ALL_REDUCE, s, r, n, dt, c}, stream);
 }
 EXPORT int ncclAllGather(const void *s, void *r, size_t n, int dt, Comm *c, void *stream) {
   int e = coll_check(c, dt, stream);
   if (e) return e;
-  return MPI_Allgather(s, (int)n, mpi_dt(dt), r, (int)n, mpi_dt(dt), c->comm) ? INTERNAL : OK;
+  return coll((Coll){C_ALL_GATHER, s, r, n, dt, c}, stream);
 }
 EXPORT int ncclReduceScatter(const void *s, void *r, size_t n, int dt, int op, Comm *c, void *stream) {
   int e = coll_check(c, dt, stream);
   if (e || op != 0) return e ? e : INVALID_ARGUMENT;
-  return MPI_Reduce_scatter_block(s, r, (int)n, mpi_dt(dt), MPI_SUM, c->comm) ? INTERNAL : OK;
+  return coll((Coll){C_REDUCE_SCATTER, s, r, n, dt, c}, stream);
 }
 
 /* for the test */
 EXPORT void *fake_nccl_last_stream(void) { return last_stream; }
 EXPORT long fake_nccl_ops(void) { return ops; }
 
-__attribute__((destructor)) static void fake_nccl_fini(void) { free(pend); }
+__attribute__((destructor)) static void fake_nccl_fini(void) {
+  free(pend);
+  for (int i = 0; i < nkept; i++) free(kept[i]);
+  free(kept);
+}

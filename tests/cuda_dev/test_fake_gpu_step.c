@@ -1,0 +1,189 @@
+/* test_fake_gpu_step - a data-parallel plan trained on "GPU ranks" made of
+ * the real device layer over fakes, against the same ranks on CPUs.
+ *   mpirun -np N test_fake_gpu_step PLAN STEPS TOL DIR
+ * PLAN is a one-program plan compiled for dp = N.  Every rank trains it
+ * twice: on the CPU (LLVM kernels, MPI collectives), then through what a
+ * GPU rank runs -- runtime/dev_cuda.c over the fake driver (TS_CUDA_DRIVER,
+ * fake_cuda.c: work queued per stream, run only when waited for), the
+ * module compiled by NVRTC for the fake's sm_80 and its kernels run by the
+ * CUDA emulator (tests/cuda/emu_host.c) through the fake's launcher,
+ * GEMMs by runtime/dev_cublaslt.c over the fake cuBLASLt, and the
+ * gradients' collectives by NCCL groups bound to the device's comm stream
+ * (rt_rank_gpu_groups, as mrun makes them; fake_nccl.c with
+ * FAKE_NCCL_STREAM_ORDER=1 runs them in stream order over MPI).  Because
+ * the fake runs a stream's work only when something waits for it, a
+ * collective not ordered after the kernels that produce its operand, or
+ * compute not ordered after the collective, reads stale bytes here: the
+ * latter with every stream lazy, the former with FAKE_GPU_COMM_EAGER=1
+ * (the comm stream runs its work as issued, so a collective runs as early
+ * as its waits allow).
+ * Checks (rank 0's files; the verdict is agreed over all ranks): the
+ * per-step losses and the parameters after STEPS steps equal the CPU run
+ * within TOL (relative), kernels were launched through the emulator, NCCL
+ * was handed the device's comm stream. */
+#include "runtime/comm.h"
+#include "runtime/device.h"
+#include "runtime/dev_prog.h"
+#include "runtime/train.h"
+#include "emu_host.h"
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int (*Launcher)(const char *name, long long blocks, int threads, const void *args);
+
+static TsEmu *emu;
+static long long emu_launches;
+
+/* The fake driver's launches, run by the emulator: the parameter bytes
+ * are the CgCudaArgs (device pointers are host addresses in the fake). */
+static int run_kernel(const char *name, long long blocks, int threads, const void *args) {
+  CgCudaLaunch l;
+  memset(&l, 0, sizeof l);
+  snprintf(l.name, sizeof l.name, "%s", name);
+  l.blocks = blocks;
+  l.threads = threads;
+  char err[1024];
+  if (ts_emu_launch_kernel(emu, &l, (const CgCudaArgs *)args, err, sizeof err) != 0) {
+    fprintf(stderr, "emulator: %s\n", err);
+    return 1;
+  }
+  emu_launches++;
+  return 0;
+}
+
+static int read_losses(const char *path, double *out, int max) {
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  char line[8192];
+  int n = 0;
+  while (n < max && fgets(line, sizeof line, f)) {
+    const char *s = strstr(line, "\"loss\":");
+    if (s) out[n++] = strtod(s + 7, NULL);
+  }
+  fclose(f);
+  return n;
+}
+
+static int fails;
+#define CHECK(c, ...) do { if (!(c)) { fails++; printf("rank %d: FAIL: ", me); printf(__VA_ARGS__); printf("\n"); } } while (0)
+
+int main(int argc, char **argv) {
+  char err[2048] = "";
+  RtComm *world = rt_comm_init_mpi(&argc, &argv, 300, err, sizeof err);
+  if (!world) { fprintf(stderr, "%s\n", err); return 1; }
+  int me = rt_comm_rank(world), n = rt_comm_size(world);
+  if (argc != 5) rt_comm_abort(world, "usage: test_fake_gpu_step PLAN STEPS TOL DIR");
+  RtPlan *plan = rt_plan_read(argv[1], err, sizeof err);
+  if (!plan) rt_comm_abort(world, "%s", err);
+  IrModule *m = plan->programs[0];
+  if (plan->nprograms != 1 || ir_axis_size(m, IR_AXIS_DP) != n)
+    rt_comm_abort(world, "a one-program plan compiled for dp=%d is needed", n);
+  m->train.steps = atoi(argv[2]);
+  double tol = atof(argv[3]);
+  const char *dir = argv[4];
+
+  RtRank rank = rt_rank_single();
+  rank.mesh = plan->mesh;
+  rank.mesh.dp = n;
+  rt_mesh_coords(&rank.mesh, me, rank.coord);
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {
+    if (rt_rank_axis_size(&rank, (IrAxis)a) == 1) continue;
+    if (!(rank.group[a] = rt_comm_mesh_group(world, &rank.mesh, (RtMeshAxis)a, err, sizeof err)))
+      rt_comm_abort(world, "%s", err);
+  }
+  char pc[1024], pd[1024], mc[1024], md[1024];
+  snprintf(pc, sizeof pc, "%s/cpu.params", dir);
+  snprintf(pd, sizeof pd, "%s/gpu.params", dir);
+  snprintf(mc, sizeof mc, "%s/cpu.jsonl", dir);
+  snprintf(md, sizeof md, "%s/gpu.jsonl", dir);
+
+  /* CPU ranks */
+  RtExecOpts xo = {.backend = RT_BACKEND_LLVM, .threads = 1};
+  rt_exec_set_default(&xo);
+  RtTrainOpts to = {.quiet = 1, .metrics_path = mc, .save_params_path = pc, .rank = &rank, .world = world};
+  RtTrainResult res;
+  if (rt_train(m, &to, &res, err, sizeof err) != 0) rt_comm_abort(world, "CPU run: %s", err);
+
+  /* GPU ranks over the fakes */
+  const char *drv = getenv("TS_CUDA_DRIVER");
+  void *fake = drv ? dlopen(drv, RTLD_NOW | RTLD_LOCAL) : NULL;
+  void (*set_launcher)(Launcher) = NULL;
+  long (*calls)(const char *) = NULL;
+  if (fake) {
+    *(void **)&set_launcher = dlsym(fake, "fake_cuda_set_launcher");
+    *(void **)&calls = dlsym(fake, "fake_cuda_calls");
+  }
+  if (!set_launcher || !calls) rt_comm_abort(world, "TS_CUDA_DRIVER must name the fake driver (fake_cuda.c)");
+  RtDev *dev = rt_dev_cuda_open(me, err, sizeof err);
+  if (!dev) rt_comm_abort(world, "opening the fake GPU %d: %s", me, err);
+  RtCudaModule cm;
+  if (rt_cuda_module_build(m, &cm, err, sizeof err) != 0) rt_comm_abort(world, "no CUDA form: %s", err);
+  if (!(emu = ts_emu_load(cm.src.p, err, sizeof err))) rt_comm_abort(world, "emulator: %s", err);
+  set_launcher(run_kernel);
+  if (rt_rank_gpu_groups(&rank, dev, err, sizeof err) != 0) rt_comm_abort(world, "%s", err);
+  /* FAKE_GPU_COMM_EAGER=1: the comm stream runs work as issued (see above) */
+  const char *ce = getenv("FAKE_GPU_COMM_EAGER");
+  void (*set_eager)(const void *, int) = NULL;
+  *(void **)&set_eager = dlsym(fake, "fake_cuda_set_eager");
+  if (ce && *ce == '1') {
+    if (!set_eager) rt_comm_abort(world, "the fake driver has no fake_cuda_set_eager");
+    set_eager(dev->ops->stream_handle(dev, RT_STREAM_COMM), 1);
+  }
+  RtDevImage img = {cm.src.p, NULL, NULL, 0, 0};   /* compiled by NVRTC for the fake's arch, as from source */
+  RtExecOpts gxo = {.backend = RT_BACKEND_LLVM, .threads = 1, .dev = dev, .image = &img};
+  rt_exec_set_default(&gxo);
+  RtTrainOpts tg = to;
+  tg.metrics_path = md;
+  tg.save_params_path = pd;
+  if (rt_train(m, &tg, &res, err, sizeof err) != 0) rt_comm_abort(world, "GPU run: %s", err);
+
+  void *comm_stream = dev->ops->stream_handle(dev, RT_STREAM_COMM);
+  void *nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
+  void *(*last_stream)(void) = nccl ? (void *(*)(void))dlsym(nccl, "fake_nccl_last_stream") : NULL;
+  long (*nccl_ops)(void) = nccl ? (long (*)(void))dlsym(nccl, "fake_nccl_ops") : NULL;
+  CHECK(last_stream && nccl_ops, "the fake NCCL is not the one loaded (LD_LIBRARY_PATH)");
+  long nops = nccl_ops ? nccl_ops() : 0;
+  printf("rank %d: %lld kernels run by the emulator, %ld cuLaunchKernel, %ld NCCL operations\n", me, emu_launches,
+         calls("cuLaunchKernel"), nops);
+  CHECK(emu_launches > 0, "no kernel ran");
+  CHECK(nops > 0, "no NCCL operation");
+  CHECK(!last_stream || last_stream() == comm_stream, "NCCL was not given the device's comm stream");
+
+  if (me == 0) {
+    double lc[1000], ld[1000];
+    int nc = read_losses(mc, lc, 1000), nd = read_losses(md, ld, 1000);
+    CHECK(nc == m->train.steps && nd == nc, "%d and %d losses for %d steps", nc, nd, (int)m->train.steps);
+    for (int i = 0; i < nc && i < nd; i++) {
+      double e = fabs(lc[i] - ld[i]) / fmax(fabs(lc[i]), 1e-30);
+      printf("step %d: loss cpu %.12f gpu %.12f rel %.2e\n", i, lc[i], ld[i], e);
+      CHECK(e <= tol, "step %d: loss differs by %.3e > %.1e", i, e, tol);
+    }
+    RtParams *a = rt_params_read(pc, err, sizeof err), *b = a ? rt_params_read(pd, err, sizeof err) : NULL;
+    CHECK(a && b, "%s", err);
+    if (a && b) {
+      char where[256];
+      double e = rt_params_max_rel_diff(b, a, where, sizeof where);
+      printf("parameters after %d steps: max rel diff %.3e (%s)\n", (int)m->train.steps, e, where);
+      CHECK(e >= 0 && e <= tol, "parameters differ by %.3e > %.1e", e, tol);
+    }
+    rt_params_free(a);
+    rt_params_free(b);
+  }
+  double bad = fails;
+  if (rt_comm_all_reduce(world, IR_F64, &bad, 1, err, sizeof err) != 0) rt_comm_abort(world, "%s", err);
+  rt_rank_gpu_groups_free(&rank);
+  set_launcher(NULL);
+  ts_emu_free(emu);
+  rt_cuda_module_free(&cm);
+  xo.dev = NULL;
+  rt_exec_set_default(&xo);
+  dev->ops->close(dev);
+  for (int a = 0; a < IR_AXIS_COUNT; a++) rt_comm_free(rank.group[a]);
+  rt_plan_free(plan);
+  if (me == 0) printf("%s\n", bad ? "FAILED" : "ok");
+  rt_comm_free(world);
+  return bad ? 1 : 0;
+}
