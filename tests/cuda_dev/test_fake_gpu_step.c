@@ -148,6 +148,11 @@ int main(int argc, char **argv) {
   long nops = nccl_ops ? nccl_ops() : 0;
   printf("rank %d: %lld kernels run by the emulator, %ld cuLaunchKernel, %ld NCCL operations\n", me, emu_launches,
          calls("cuLaunchKernel"), nops);
+  const char *(*last_module)(void) = NULL;
+  *(void **)&last_module = dlsym(fake, "fake_cuda_last_module");
+  const char *lm = last_module ? last_module() : "?";
+  printf("rank %d: the module loaded as %s\n", me, lm);
+  CHECK(strcmp(lm, "cubin sm_80") == 0, "the module was loaded as %s, not NVRTC's cubin for sm_80", lm);
   CHECK(emu_launches > 0, "no kernel ran");
   CHECK(nops > 0, "no NCCL operation");
   CHECK(!last_stream || last_stream() == comm_stream, "NCCL was not given the device's comm stream");
