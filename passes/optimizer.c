@@ -216,16 +216,23 @@ static int reduce_over(Em *e, int x, unsigned mask, unsigned partial) {
  * sums are added per set of splitting axes (a tp-split grad's sum is
  * partial over tp, a replicated one is not: adding them before the
  * all_reduce would count the replicated ones tp times); each set is
- * all-reduced over its axes, then all are added.  Per gradient, its value
- * and square sum are emitted together (the single-rank block's order). */
+ * all-reduced over its axes, then all are added.  On one rank each
+ * gradient's value and square sum are emitted together (the single-rank
+ * block's order); when values come from collectives, every value is
+ * emitted first, so that a GPU rank issues the collectives back to back on
+ * its comm stream and the square sums overlap the ones still in flight
+ * (docs/cuda.md "Collectives on a GPU"; the values live until adamw
+ * either way, so memory does not grow). */
 static int values_and_norm(Em *e, Grad *grads, int ng, const Mesh *ms) {
   enum { NMASK = 1 << IR_AXIS_COUNT };
   int sum[NMASK], order[NMASK], nsets = 0;
   for (int k = 0; k < NMASK; k++) sum[k] = -1;
   /* the axes every square sum stays partial over until the very end */
   unsigned zdp = (ms->zero ? DP_BIT : 0) | ms->ppn;
+  int comm_first = ms->dp > 1 || ms->live;
+  for (int k = 0; comm_first && k < ng; k++) grad_value(e, &grads[k], ms);
   for (int k = 0; k < ng; k++) {
-    grad_value(e, &grads[k], ms);
+    if (!comm_first) grad_value(e, &grads[k], ms);
     if (!grads[k].in_norm) continue;
     int sq = grad_sumsq(e, &grads[k], ms);
     unsigned s = grads[k].split;

@@ -69,6 +69,17 @@ int rt_dev_exec_node(RtDevExec *x, RtProgram *p, int bi, int i, const void *cons
 int rt_dev_exec_kernel(RtDevExec *x, RtProgram *p, int bi, const RtJitKernel *K, void **bufs, void *const *vals,
                        const RtRunInfo *info, char *msg, size_t n);
 
+/* Device work touching these buffers is about to be issued on the compute
+ * stream: compute first waits for the collectives in flight (NCCL on the
+ * comm stream) that read or write any of them.  rt_dev_exec_join: waits
+ * for all of them (the end of a block run).  0, or -1 with a message. */
+typedef struct { const void *p; size_t bytes; } RtDevRange;
+int rt_dev_exec_order(RtDevExec *x, const RtDevRange *r, int n, char *msg, size_t len);
+int rt_dev_exec_join(RtDevExec *x, char *msg, size_t len);
+/* Collectives issued on the comm stream so far, and operations issued on
+ * compute while one was in flight. */
+void rt_dev_exec_comm_stats(const RtDevExec *x, long long *collectives, long long *overlapped);
+
 /* rt.c: the device address of state s (program on a device). */
 void *rt_state_dev(RtProgram *p, int s);
 

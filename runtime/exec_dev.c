@@ -24,6 +24,15 @@
 #include "comm.h"
 #include <math.h>
 
+/* A collective in flight on the comm stream: what it reads and writes,
+ * and the event recorded after it there.  Events 0 and 1 order each
+ * collective after compute; 2 .. RT_DEV_EVENTS-1 mark the pending ones. */
+#define RT_DEV_PENDING (RT_DEV_EVENTS - 2)
+typedef struct {
+  RtDevRange rd, wr;
+  int event;
+} RtDevPending;
+
 struct RtDevExec {
   RtDev *dev;
   RtDevPlan *plan;
@@ -35,10 +44,19 @@ struct RtDevExec {
   void *scal_dev;                  /* AdamW scalars: 4 doubles per tensor of the largest run */
   double *scal_host;
   int scal_cap;
+  /* collectives issued on the comm stream that compute has not waited for
+   * yet, oldest first (see "Collectives on a CUDA device" below) */
+  RtDevPending pend[RT_DEV_PENDING];
+  int npend, next_event;
+  long long ncoll, noverlap;   /* rt_dev_exec_comm_stats */
 };
 
 RtDev *rt_dev_exec_dev(const RtDevExec *x) { return x->dev; }
 const RtDevPlan *rt_dev_exec_plan(const RtDevExec *x) { return x->plan; }
+
+static size_t value_bytes(const IrNode *nd) {
+  return (size_t)ir_type_numel(&nd->type) * ir_dtype_size(nd->type.dtype);
+}
 
 /* ---- collectives on a CUDA device ---- */
 
@@ -86,10 +104,48 @@ static int dev_comm_check(const IrModule *m, char *err, size_t errlen) {
   return 0;
 }
 
-/* One collective on the rank's NCCL group of its axis: the comm stream
- * waits for the compute issued so far, NCCL runs there, and compute waits
- * for it before its next work (events 0 and 1; a wait takes the event's
- * state when issued, so the two are reused).  Axis of size 1: a copy. */
+/* Compute waits for pending collective k and every one before it (the
+ * comm stream runs them in order); they are no longer pending. */
+static int join_upto(RtDevExec *x, int k, char *msg, size_t n) {
+  if (k < 0) return 0;
+  if (x->dev->ops->stream_wait(x->dev, RT_STREAM_COMPUTE, x->pend[k].event, msg, n) != 0) return -1;
+  memmove(x->pend, x->pend + k + 1, (size_t)(x->npend - k - 1) * sizeof *x->pend);
+  x->npend -= k + 1;
+  return 0;
+}
+
+static int overlaps(RtDevRange a, RtDevRange b) {
+  uintptr_t p = (uintptr_t)a.p, q = (uintptr_t)b.p;
+  return a.bytes > 0 && b.bytes > 0 && p < q + b.bytes && q < p + a.bytes;
+}
+
+int rt_dev_exec_order(RtDevExec *x, const RtDevRange *r, int nr, char *msg, size_t n) {
+  int last = -1;
+  for (int k = x->npend - 1; k >= 0 && last < 0; k--)
+    for (int j = 0; j < nr && last < 0; j++)
+      if (overlaps(r[j], x->pend[k].rd) || overlaps(r[j], x->pend[k].wr)) last = k;
+  if (join_upto(x, last, msg, n) != 0) return -1;
+  if (x->npend > 0) x->noverlap++;   /* issued while NCCL still works on an earlier collective */
+  return 0;
+}
+
+void rt_dev_exec_comm_stats(const RtDevExec *x, long long *collectives, long long *overlapped) {
+  *collectives = x->ncoll;
+  *overlapped = x->noverlap;
+}
+
+int rt_dev_exec_join(RtDevExec *x, char *msg, size_t n) { return join_upto(x, x->npend - 1, msg, n); }
+
+/* One collective on the rank's NCCL group of its axis, overlapping the
+ * compute issued after it: the comm stream waits for the compute issued
+ * so far (event 0), NCCL runs there, and an event recorded after it marks
+ * it pending.  Compute waits for it only before work that touches its
+ * buffers (rt_dev_exec_order: the executor names the buffers of every
+ * node and kernel before issuing it), or at the end of the block
+ * (rt_dev_exec_join).  The memory plan may give the collective's operand
+ * to a later value once the collective is issued; that value's writer is
+ * such work, so the operand is safe until NCCL is done.  Axis of size 1:
+ * a copy on compute. */
 static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *nd, const void *in, void *out,
                     char *msg, size_t n) {
   RtDev *d = x->dev;
@@ -104,7 +160,14 @@ static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
              ir_ops[nd->op].name, d->label, ir_axis_name(ax));
     return -1;
   }
-  if (!g) return out == in ? 0 : d->ops->d2d(d, out, in, cout * es, RT_STREAM_COMPUTE, msg, n);
+  RtDevRange rw[2] = {{in, cin * es}, {out, cout * es}};
+  if (!g) {
+    if (out == in) return 0;
+    return rt_dev_exec_order(x, rw, 2, msg, n) || d->ops->d2d(d, out, in, cout * es, RT_STREAM_COMPUTE, msg, n);
+  }
+  /* its operand may be the result of a pending one: the comm stream runs
+   * them in order, nothing to wait for; a full list waits for the oldest */
+  if (x->npend == RT_DEV_PENDING && join_upto(x, 0, msg, n) != 0) return -1;
   if (d->ops->event_record(d, 0, RT_STREAM_COMPUTE, msg, n) || d->ops->stream_wait(d, RT_STREAM_COMM, 0, msg, n))
     return -1;
   int rc;
@@ -120,8 +183,12 @@ static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
     return -1;
   }
   if (rc != 0) return -1;
-  return d->ops->event_record(d, 1, RT_STREAM_COMM, msg, n) || d->ops->stream_wait(d, RT_STREAM_COMPUTE, 1, msg, n)
-             ? -1 : 0;
+  int ev = 2 + x->next_event;
+  x->next_event = (x->next_event + 1) % RT_DEV_PENDING;
+  if (d->ops->event_record(d, ev, RT_STREAM_COMM, msg, n) != 0) return -1;
+  x->pend[x->npend++] = (RtDevPending){rw[0], rw[1], ev};
+  x->ncoll++;
+  return 0;
 }
 
 RtDevExec *rt_dev_exec_new(const IrModule *m, const RtExecOpts *o, RtJit *jit, const MemPlan *const *plans,
@@ -222,6 +289,9 @@ static int adamw_run(RtDevExec *x, RtProgram *p, const IrBlock *b, const RtJitKe
     a.b[5] = rt_state_dev(p, (int)nd->ia[2]);
     a.run = x->run_dev;
     if (!a.b[0] || !a.b[1]) { snprintf(msg, n, "internal error: adamw %%%d's operand has no buffer", K->run[t]); return -1; }
+    RtDevRange r[5] = {{a.b[0], value_bytes(&b->nodes[nd->in[0]])}, {a.b[1], value_bytes(&b->nodes[nd->in[1]])},
+                       {a.b[3], (size_t)cnt * es}, {a.b[4], (size_t)cnt * es}, {a.b[5], (size_t)cnt * es}};
+    if (x->npend && rt_dev_exec_order(x, r, 5, msg, n) != 0) return -1;
     if (launch(x, l, &a, msg, n) != 0) return -1;
   }
   return 0;
@@ -273,6 +343,14 @@ int rt_dev_exec_kernel(RtDevExec *x, RtProgram *p, int bi, const RtJitKernel *K,
                        const RtRunInfo *info, char *msg, size_t n) {
   const IrBlock *b = &rt_program_module(p)->blocks.a[bi];
   if (K->adamw) return adamw_run(x, p, b, K, vals, info, msg, n);
+  if (x->npend) {   /* its buffers against the collectives in flight */
+    RtDevRange r[CG_MAX_BUFS];
+    int nr = 0;
+    for (int k = 0; k < K->io.nin && nr < CG_MAX_BUFS; k++) r[nr++] = (RtDevRange){bufs[k], value_bytes(&b->nodes[K->io.in[k]])};
+    for (int j = 0; j < K->io.nout && nr < CG_MAX_BUFS; j++)
+      r[nr++] = (RtDevRange){bufs[K->io.nin + j], value_bytes(&b->nodes[K->io.out[j]])};
+    if (rt_dev_exec_order(x, r, nr, msg, n) != 0) return -1;
+  }
   if (K->gemm_mm) {   /* A, B, bias -> the add's value */
     const IrNode *mm = &b->nodes[K->gemm_mm - 1];
     return gemm(x, b, mm, bufs[0], bufs[1], bufs[3], bufs[2], msg, n);
@@ -284,12 +362,36 @@ int rt_dev_exec_kernel(RtDevExec *x, RtProgram *p, int bi, const RtJitKernel *K,
   return launch(x, &K->cl, &a, msg, n);
 }
 
+/* Node nd's buffers (operands, result, the states it names) against the
+ * collectives in flight. */
+static int node_order(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *nd, const void *const *in,
+                      const void *out, char *msg, size_t n) {
+  const IrModule *m = rt_program_module(p);
+  RtDevRange r[72];
+  int nr = 0;
+  for (int k = 0; k < nd->nin && nr < 64; k++) r[nr++] = (RtDevRange){in[k], value_bytes(&b->nodes[nd->in[k]])};
+  if (out) r[nr++] = (RtDevRange){out, value_bytes(nd)};
+  const char *s = ir_ops[nd->op].iattrs;
+  for (int slot = 0; *s && slot < IR_MAX_IATTR && nr < 72; slot++) {
+    while (*s == ' ') s++;
+    if (!*s) break;
+    if (*s == '@') {
+      const IrState *st = &m->states.a[nd->ia[slot]];
+      r[nr++] = (RtDevRange){rt_state_dev(p, (int)nd->ia[slot]),
+                             (size_t)ir_type_numel(&st->type) * ir_dtype_size(st->type.dtype)};
+    }
+    s += strcspn(s, " ");
+  }
+  return rt_dev_exec_order(x, r, nr, msg, n);
+}
+
 int rt_dev_exec_node(RtDevExec *x, RtProgram *p, int bi, int i, const void *const *in, void *out, const RtRunInfo *info,
                      char *msg, size_t n) {
   const IrModule *m = rt_program_module(p);
   const IrBlock *b = &m->blocks.a[bi];
   const IrNode *nd = &b->nodes[i];
   const RtDevBlock *db = &x->plan->blk[bi];
+  if (x->npend && db->kind[i] != RT_DS_COMM && node_order(x, p, b, nd, in, out, msg, n) != 0) return -1;
   switch (db->kind[i]) {
   case RT_DS_GEMM:
     return gemm(x, b, nd, in[0], in[1], out, NULL, msg, n);

@@ -309,6 +309,7 @@ RtProgram *rt_program_new_rank(const IrModule *m, const RtRank *r, char *err, si
 void rt_program_exec_stats(const RtProgram *p, RtExecStats *s) {
   memset(s, 0, sizeof *s);
   if (p->jit) *s = *rt_jit_stats(p->jit);
+  if (p->dx) rt_dev_exec_comm_stats(p->dx, &s->dev_collectives, &s->dev_overlapped);
 }
 
 /* A program on a device: the device plan and module (exec_dev.c), and
@@ -712,7 +713,9 @@ static int device_output(RtProgram *p, int bi, int i, const IrNode *nd, const vo
   RtDev *d = p->opts.dev;
   RtDevBlockRun *g = &p->dgr[bi];
   VEC_PUSH(g->outs, i);   /* recorded after the block's final sync (dev_finish) */
-  return d->ops->d2h(d, &g->slot[i], x, ir_dtype_size(t->dtype), RT_STREAM_COMPUTE, msg, n);
+  RtDevRange r = {x, ir_dtype_size(t->dtype)};
+  return rt_dev_exec_order(p->dx, &r, 1, msg, n) ||
+         d->ops->d2h(d, &g->slot[i], x, ir_dtype_size(t->dtype), RT_STREAM_COMPUTE, msg, n);
 }
 
 /* Runs node i of block b; r->buf[] holds the live values.  0 or -1 with a
@@ -733,7 +736,9 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
       if (!g->stage[i]) g->stage[i] = ts_xmalloc(value_bytes(nd));
       memcpy(g->stage[i], f->data, value_bytes(nd));
       RtDev *d = p->opts.dev;
-      return d->ops->h2d(d, q, g->stage[i], value_bytes(nd), RT_STREAM_COMPUTE, msg, n);
+      RtDevRange w = {q, value_bytes(nd)};
+      return rt_dev_exec_order(p->dx, &w, 1, msg, n) ||
+             d->ops->h2d(d, q, g->stage[i], value_bytes(nd), RT_STREAM_COMPUTE, msg, n);
     }
     memcpy(q, f->data, value_bytes(nd));
     return 0;
@@ -927,6 +932,10 @@ static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, 
     return ts_errf(err, errlen, "block %s: starting its graph capture on %s: %s", b->name, d->label, why);
   g->outs.n = 0;
   int rc = walk_block(p, bi, feeds, nfeeds, info, err, errlen);
+  /* compute waits for the collectives still in flight (NCCL), so that the
+   * sync below and a capture's end cover them */
+  if (rc == 0 && rt_dev_exec_join(p->dx, why, sizeof why) != 0)
+    rc = ts_errf(err, errlen, "block %s on %s: %s", b->name, d->label, why);
   g->runs++;
   if (capture) {
     RtDevGraph *gr = NULL;

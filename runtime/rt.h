@@ -102,6 +102,8 @@ typedef struct {
   int epilogues;       /* GEMM bias epilogue groups (one BLAS call, beta = 1), of `groups` */
   long long adamw_launches;   /* counted as the blocks run: multi-tensor AdamW launches made */
   long long epilogue_gemms;   /* ... and GEMM epilogues run */
+  long long dev_collectives;  /* on a device with NCCL: collectives issued on the comm stream */
+  long long dev_overlapped;   /* ... and device operations issued on compute while one was in flight */
 } RtExecStats;
 void rt_program_exec_stats(const RtProgram *p, RtExecStats *s);
 /* mcc --emit=llvm DIR: the optimized LLVM IR of every distinct kernel the

@@ -508,7 +508,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   RtTrainOpts dflt = {0};
   if (!o) o = &dflt;
   FILE *log = o->log ? o->log : stdout;
-  RtTrainResult rs = {0, NAN, NAN, NAN};
+  RtTrainResult rs = {0, NAN, NAN, NAN, 0, 0};
   /* a pipeline stage's program has fwd.<g> / bwd.<g> blocks instead of micro */
   int piped = ir_axis_size(m, IR_AXIS_PP) > 1;
   int mb = ir_block_find(m, "micro"), ub = ir_block_find(m, "update");
@@ -652,6 +652,10 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   if (rc == 0 && o->save_params_path &&
       rt_params_save(r.prog, o->world, o->save_params_path, err, errlen) != 0)
     rc = -1;
+  RtExecStats es;
+  rt_program_exec_stats(r.prog, &es);
+  rs.dev_collectives = es.dev_collectives;
+  rs.dev_overlapped = es.dev_overlapped;
   run_free(&r);
   if (res) *res = rs;
   return rc;

@@ -68,6 +68,10 @@ typedef struct {
 typedef struct {
   int64_t steps;             /* steps completed */
   double first_loss, last_loss, last_grad_norm;
+  /* On a CUDA device: collectives issued on the comm stream, and device
+   * operations issued on compute while one was still in flight (so
+   * overlapping it). */
+  long long dev_collectives, dev_overlapped;
 } RtTrainResult;
 
 /* Trains m for m->train.steps steps: per step, global_batch / micro_batch

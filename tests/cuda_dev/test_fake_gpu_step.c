@@ -153,6 +153,9 @@ int main(int argc, char **argv) {
   const char *lm = last_module ? last_module() : "?";
   printf("rank %d: the module loaded as %s\n", me, lm);
   CHECK(strcmp(lm, "cubin sm_80") == 0, "the module was loaded as %s, not NVRTC's cubin for sm_80", lm);
+  printf("rank %d: %lld collectives on the comm stream, %lld device operations issued while one was in flight\n", me,
+         res.dev_collectives, res.dev_overlapped);
+  CHECK(res.dev_collectives > 0 && res.dev_overlapped > 0, "no collective overlapped compute");
   CHECK(emu_launches > 0, "no kernel ran");
   CHECK(nops > 0, "no NCCL operation");
   CHECK(!last_stream || last_stream() == comm_stream, "NCCL was not given the device's comm stream");
