@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "read_losses.h"
 
 typedef int (*Launcher)(const char *name, long long blocks, int threads, const void *args);
 
@@ -52,19 +53,6 @@ static int run_kernel(const char *name, long long blocks, int threads, const voi
   }
   emu_launches++;
   return 0;
-}
-
-static int read_losses(const char *path, double *out, int max) {
-  FILE *f = fopen(path, "r");
-  if (!f) return -1;
-  char line[8192];
-  int n = 0;
-  while (n < max && fgets(line, sizeof line, f)) {
-    const char *s = strstr(line, "\"loss\":");
-    if (s) out[n++] = strtod(s + 7, NULL);
-  }
-  fclose(f);
-  return n;
 }
 
 static int fails;

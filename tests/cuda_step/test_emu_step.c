@@ -16,20 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* Per-step "loss" values of a metrics file (JSON Lines); count returned. */
-static int read_losses(const char *path, double *out, int max) {
-  FILE *f = fopen(path, "r");
-  if (!f) return -1;
-  char line[8192];
-  int n = 0;
-  while (n < max && fgets(line, sizeof line, f)) {
-    const char *s = strstr(line, "\"loss\":");
-    if (s) out[n++] = strtod(s + 7, NULL);
-  }
-  fclose(f);
-  return n;
-}
+#include "../cuda/read_losses.h"
 
 static int train(const IrModule *m, RtDev *dev, const char *params, const char *metrics, RtTrainResult *res) {
   RtExecOpts o = {.backend = RT_BACKEND_LLVM, .threads = 1, .dev = dev};
