@@ -7,14 +7,15 @@
  * walks the ids serially per column, as the reference does).
  *
  * Ops: embedding, embedding_bwd, clip_coef, accum, zero, assign,
- * shard_slice, rope.
- * Not yet (mcc --target refuses them, naming the node): the fused
- * attention and its backward, the sharding ops with global indices (take,
- * onehot, pad_fill, split causal_mask / dropout), the routing and
- * token-dispatch ops of mixture of experts, the ring steps. */
-#include "cuda.h"
+ * shard_slice, rope; the fused attention, its backward and the ring steps
+ * are in cuda_attn.c.
+ * Not yet (mcc --target refuses them, naming the node): the sharding ops
+ * with global indices (take, onehot, pad_fill, split causal_mask /
+ * dropout), the routing and token-dispatch ops of mixture of experts. */
+#include "cuda_priv.h"
 
 int cg_cuda_lib_op(IrOp op) {
+  if (cg_cuda_attn_op(op)) return 1;
   switch (op) {
   case IR_OP_EMBEDDING: case IR_OP_EMBEDDING_BWD: case IR_OP_CLIP_COEF: case IR_OP_ACCUM: case IR_OP_ZERO:
   case IR_OP_ASSIGN: case IR_OP_SHARD_SLICE: case IR_OP_ROPE:
@@ -26,8 +27,7 @@ int cg_cuda_lib_op(IrOp op) {
 
 static const char *ctype(IrDtype t) { return t == IR_F64 ? "double" : t == IR_F32 ? "float" : "int"; }
 
-/* Sizes of the mesh axes the module was compiled for (>= 1). */
-static int axis_size(const IrModule *m, int a) {
+int cg_cuda_axis_size(const IrModule *m, int a) {
   const IrParallel *q = &m->par;
   int v = a == IR_AXIS_DP ? q->dp : a == IR_AXIS_PP ? q->pp : a == IR_AXIS_CP ? q->cp : a == IR_AXIS_EP ? q->ep : q->tp;
   return v > 1 ? v : 1;
@@ -40,7 +40,7 @@ static void block_expr(const IrModule *m, unsigned mask, char *buf, size_t n, in
   snprintf(buf, n, "0LL");
   for (int a = 0; a < IR_AXIS_COUNT; a++) {
     if (!(mask & (1u << a))) continue;
-    int sz = axis_size(m, a);
+    int sz = cg_cuda_axis_size(m, a);
     char prev[256];
     snprintf(prev, sizeof prev, "%s", buf);
     snprintf(buf, n, "(%s * %dLL + a.run[%d])", prev, sz, CG_RUN_COORD + a);
@@ -49,29 +49,24 @@ static void block_expr(const IrModule *m, unsigned mask, char *buf, size_t n, in
   *nblk = nb;
 }
 
-/* v as a C++ double literal ("10000.0", not the int 10000). */
-static void dlit(char *buf, size_t n, double v) {
+void cg_cuda_dlit(char *buf, size_t n, double v) {
   ts_fmt_double(buf, n, v);
   if (!strpbrk(buf, ".eEn")) snprintf(buf + strlen(buf), n - strlen(buf), ".0");
 }
 
-static void launch(CgCudaLaunch *l, const char *name, int k, int64_t work, int threads) {
+void cg_cuda_launch(CgCudaLaunch *l, const char *name, int k, int64_t work, int threads) {
   snprintf(l->name, sizeof l->name, "%s_%d", name, k);
   l->threads = threads;
   int64_t b = (work + threads - 1) / threads;
   l->blocks = b < 1 ? 1 : b > 65535LL * 32 ? 65535LL * 32 : b;
 }
 
-#define HEAD(src, name, k) sb_printf(src, "\nextern \"C\" __global__ void %s_%d(TsArgs a) {\n", name, k)
-#define GRID_LOOP(src, var, n) \
-  sb_printf(src, "  for (long long %s = blockIdx.x * (long long)blockDim.x + threadIdx.x; %s < %lldLL;" \
-            " %s += (long long)gridDim.x * blockDim.x) {\n", var, var, (long long)(n), var)
-
 int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src,
                        CgCudaLaunch *l, int *nl, int64_t *scratch, char *why, size_t whylen) {
   const IrNode *nd = &b->nodes[i];
   *nl = 0;
   *scratch = 0;
+  if (cg_cuda_attn_op(nd->op)) return cg_cuda_attn_kernel(m, b, i, name, src, l, nl, scratch, why, whylen);
   char blk[512];
   int64_t nb;
   switch (nd->op) {
@@ -81,17 +76,17 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
     int64_t V = tt->dim[0], C = tt->dim[1], n = ir_type_numel(&b->nodes[nd->in[1]].type);
     block_expr(m, b->nodes[nd->in[0]].sh.split[0], blk, sizeof blk, &nb);
     const char *T = ctype(nd->type.dtype);
-    HEAD(src, name, 0);
+    CG_CUDA_HEAD(src, name, 0);
     sb_printf(src, "  const %s *tab = (const %s *)a.b[0];\n  const int *ids = (const int *)a.b[1];\n"
                    "  %s *y = (%s *)a.b[2];\n  const long long off = %s * %lldLL;\n", T, T, T, T, blk, (long long)V);
-    GRID_LOOP(src, "e", n * C);
+    CG_CUDA_GRID_LOOP(src, "e", n * C);
     /* an id outside the whole table (the reference stops with an error)
      * gives NaN; one in another rank's block 0 */
     sb_printf(src, "    const long long i = e / %lldLL, c = e %% %lldLL, id = ids[i];\n"
                    "    y[e] = id < 0 || id >= %lldLL ? (%s)TS_NAN : id >= off && id < off + %lldLL ? tab[(id - off) * %lldLL + c] : (%s)0;\n"
                    "  }\n}\n",
               (long long)C, (long long)C, (long long)(nb * V), T, (long long)V, (long long)C, T);
-    launch(&l[0], name, 0, n * C, 256);
+    cg_cuda_launch(&l[0], name, 0, n * C, 256);
     *nl = 1;
     return 0;
   }
@@ -101,32 +96,32 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
     int64_t V = ot->dim[0], C = ot->dim[1], n = ir_type_numel(&b->nodes[nd->in[0]].type);
     block_expr(m, nd->sh.split[0], blk, sizeof blk, &nb);
     const char *T = ctype(nd->type.dtype);
-    HEAD(src, name, 0);   /* zero the table */
+    CG_CUDA_HEAD(src, name, 0);   /* zero the table */
     sb_printf(src, "  %s *g = (%s *)a.b[2];\n", T, T);
-    GRID_LOOP(src, "e", V * C);
+    CG_CUDA_GRID_LOOP(src, "e", V * C);
     sb_puts(src, "    g[e] = 0;\n  }\n}\n");
-    HEAD(src, name, 1);   /* one thread per column, the ids in order: the reference's sums, bit for bit */
+    CG_CUDA_HEAD(src, name, 1);   /* one thread per column, the ids in order: the reference's sums, bit for bit */
     sb_printf(src, "  const int *ids = (const int *)a.b[0];\n  const %s *dy = (const %s *)a.b[1];\n  %s *g = (%s *)a.b[2];\n"
                    "  const long long off = %s * %lldLL;\n", T, T, T, T, blk, (long long)V);
-    GRID_LOOP(src, "c", C);
+    CG_CUDA_GRID_LOOP(src, "c", C);
     sb_printf(src, "    for (long long i = 0; i < %lldLL; i++) {\n      const long long id = ids[i];\n"
                    "      if (id >= off && id < off + %lldLL) g[(id - off) * %lldLL + c] += dy[i * %lldLL + c];\n"
                    "    }\n  }\n}\n",
               (long long)n, (long long)V, (long long)C, (long long)C);
-    launch(&l[0], name, 0, V * C, 256);
-    launch(&l[1], name, 1, C, 64);
+    cg_cuda_launch(&l[0], name, 0, V * C, 256);
+    cg_cuda_launch(&l[1], name, 1, C, 64);
     *nl = 2;
     return 0;
   }
   case IR_OP_CLIP_COEF: {   /* b0 norm[], b1 out[] */
     const char *T = ctype(nd->type.dtype);
-    HEAD(src, name, 0);
+    CG_CUDA_HEAD(src, name, 0);
     char mx[40];
-    dlit(mx, sizeof mx, nd->fa[0]);
+    cg_cuda_dlit(mx, sizeof mx, nd->fa[0]);
     sb_printf(src, "  if (blockIdx.x != 0 || threadIdx.x != 0) return;\n"
                    "  const double c = %s / ((double)((const %s *)a.b[0])[0] + 1e-6);\n"
                    "  ((%s *)a.b[1])[0] = (%s)(c < 1 ? c : 1.0);\n}\n", mx, T, T, T);
-    launch(&l[0], name, 0, 1, 32);
+    cg_cuda_launch(&l[0], name, 0, 1, 32);
     *nl = 1;
     return 0;
   }
@@ -141,12 +136,12 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
       snprintf(why, whylen, "operand and state @%s differ", st->name);
       return 1;
     }
-    HEAD(src, name, 0);
+    CG_CUDA_HEAD(src, name, 0);
     if (nd->op == IR_OP_ZERO) sb_printf(src, "  %s *s = (%s *)a.b[0];\n", T, T);
     else sb_printf(src, "  const %s *x = (const %s *)a.b[0];\n  %s *s = (%s *)a.b[1];\n", T, T, T, T);
-    GRID_LOOP(src, "e", n);
+    CG_CUDA_GRID_LOOP(src, "e", n);
     sb_printf(src, "    s[e] %s;\n  }\n}\n", nd->op == IR_OP_ZERO ? "= 0" : nd->op == IR_OP_ACCUM ? "+= x[e]" : "= x[e]");
-    launch(&l[0], name, 0, n, 256);
+    cg_cuda_launch(&l[0], name, 0, n, 256);
     *nl = 1;
     return 0;
   }
@@ -154,7 +149,7 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
     const IrType *xt = &b->nodes[nd->in[0]].type;
     int a = (int)nd->ia[0], d = (int)(nd->ia[1] < 0 ? nd->ia[1] + xt->rank : nd->ia[1]);
     if (a < 0 || a >= IR_AXIS_COUNT || d < 0 || d >= xt->rank) { snprintf(why, whylen, "bad axis or dim"); return 1; }
-    int S = axis_size(m, a);
+    int S = cg_cuda_axis_size(m, a);
     int64_t len = xt->dim[d], inner = 1;
     for (int q = d + 1; q < xt->rank; q++) inner *= xt->dim[q];
     if (len % S) { snprintf(why, whylen, "dim %d is not divisible by %d", d, S); return 1; }
@@ -166,10 +161,10 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
       return 1;
     }
     const char *T = ctype(nd->type.dtype);
-    HEAD(src, name, 0);
+    CG_CUDA_HEAD(src, name, 0);
     sb_printf(src, "  const %s *x = (const %s *)a.b[0];\n  %s *y = (%s *)a.b[1];\n  const long long c = a.run[%d];\n", T, T,
               T, T, CG_RUN_COORD + a);
-    GRID_LOOP(src, "e", n);
+    CG_CUDA_GRID_LOOP(src, "e", n);
     sb_printf(src, "    const long long in = e %% %lldLL, l = e / %lldLL %% %lldLL, o = e / (%lldLL * %lldLL);\n",
               (long long)inner, (long long)inner, (long long)L, (long long)inner, (long long)L);
     if (zz)
@@ -178,7 +173,7 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
     else
       sb_printf(src, "    const long long g = c * %lldLL + l;\n", (long long)L);
     sb_printf(src, "    y[e] = x[(o * %lldLL + g) * %lldLL + in];\n  }\n}\n", (long long)len, (long long)inner);
-    launch(&l[0], name, 0, n, 256);
+    cg_cuda_launch(&l[0], name, 0, n, 256);
     *nl = 1;
     return 0;
   }
@@ -191,9 +186,9 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
     unsigned mask = nd->sh.split[ax];
     /* global positions: the rank's block offset, or the cp zigzag */
     char pos[768];
-    if (mask == (1u << IR_AXIS_CP) && axis_size(m, IR_AXIS_CP) > 1) {
+    if (mask == (1u << IR_AXIS_CP) && cg_cuda_axis_size(m, IR_AXIS_CP) > 1) {
       if (len % 2) { snprintf(why, whylen, "odd cp block"); return 1; }
-      int S = axis_size(m, IR_AXIS_CP);
+      int S = cg_cuda_axis_size(m, IR_AXIS_CP);
       snprintf(pos, sizeof pos, "(l < %lldLL ? a.run[%d] * %lldLL + l : (%dLL - a.run[%d]) * %lldLL + l - %lldLL)",
                (long long)(len / 2), CG_RUN_COORD + IR_AXIS_CP, (long long)(len / 2), 2 * S - 1,
                CG_RUN_COORD + IR_AXIS_CP, (long long)(len / 2), (long long)(len / 2));
@@ -206,10 +201,10 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
     }
     const char *T = ctype(t->dtype);
     char base[40];
-    dlit(base, sizeof base, nd->fa[0]);
-    HEAD(src, name, 0);
+    cg_cuda_dlit(base, sizeof base, nd->fa[0]);
+    CG_CUDA_HEAD(src, name, 0);
     sb_printf(src, "  const %s *x = (const %s *)a.b[0];\n  %s *y = (%s *)a.b[1];\n", T, T, T, T);
-    GRID_LOOP(src, "e", rows * h);
+    CG_CUDA_GRID_LOOP(src, "e", rows * h);
     sb_printf(src, "    const long long r = e / %lldLL, i = e %% %lldLL, l = r / %lldLL %% %lldLL;\n"
                    "    const double p = (double)%s;\n"
                    "    const double th = %s * p * pow(%s, -2.0 * (double)i / %lld.0);\n"
@@ -218,7 +213,7 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
                    "    y[r * %lldLL + i + %lldLL] = (%s)(x1 * s + x2 * c);\n  }\n}\n",
               (long long)h, (long long)h, (long long)per, (long long)len, pos, nd->ia[1] ? "-1.0" : "1.0", base,
               (long long)D, (long long)D, (long long)D, (long long)h, (long long)D, T, (long long)D, (long long)h, T);
-    launch(&l[0], name, 0, rows * h, 256);
+    cg_cuda_launch(&l[0], name, 0, rows * h, 256);
     *nl = 1;
     return 0;
   }

@@ -34,6 +34,9 @@ run gpt_wide gpt $wide_gpt
 run gpt_pp2 gpt $tiny_gpt --pp 2
 run llama_tiny llama $tiny_llama
 run llama_pp2 llama $tiny_llama --pp 2
+# context parallelism: the ring steps' flash kernels, and the fused op with k / v all-gathered
+run llama_cp2 llama $tiny_llama --cp 2
+run gpt_wide_cp2_allgather gpt $wide_gpt --cp 2 --cp-attn allgather
 
 # the images are in the plan, in its text form too
 "$mcc" "$src/samples/gpt.mdl" $tiny_gpt --target sm_90 --emit=plan-text -o gpt.txt 2> /dev/null

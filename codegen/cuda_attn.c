@@ -1,0 +1,481 @@
+/* cuda_attn.c - the flash-attention kernels of the CUDA library
+ * (cuda_priv.h; docs/cuda.md "Attention"): the fused attention op, its
+ * backward, and the ring-attention steps of context parallelism.  They
+ * compute what runtime/ops_attn.c and ops_ring.c compute:
+ *
+ *   attention      one block per (batch, query head, tile of BQ queries):
+ *                  the query tile in shared memory, the keys and values
+ *                  streamed through it BK rows at a time, an online softmax
+ *                  (running max m, sum l, unnormalised accumulator in
+ *                  shared doubles); nothing of size [Tq, Tk] is stored.
+ *   attention_bwd  kernel 0 recomputes each query row's log-sum-exp (the
+ *                  forward without values) and drow = rowsum(do * o) into
+ *                  the scratch buffer; kernel 1 is the dq kernel (one block
+ *                  per query tile, streaming keys) for part 0, or the dk /
+ *                  dv kernel (one block per (batch, kv head, key tile),
+ *                  streaming the queries of every query head that reads
+ *                  the kv head: grouped-query without copies) for parts 1
+ *                  and 2.  p = exp(scale q.k - lse), ds = p (do.v - drow):
+ *                  dq += scale ds k, dk += scale ds^T q, dv += p^T do.
+ *   attn_acc       the forward's loop over one key block, from and into the
+ *                  state st [B, Hq, Tq, D + 2] (accumulator, m, l).
+ *   attn_finish, attn_lse   per row of the state.
+ *   attn_bwd_q, attn_bwd_kv the dq and dk / dv kernels on one key block,
+ *                  lse and drow given, adding to an accumulator operand.
+ *
+ * Every block owns its output rows (no atomics: the result does not depend
+ * on scheduling).  All arithmetic is in double, as the reference's (f32
+ * operands are widened in shared memory loads), so f32 results are the
+ * reference's to rounding.  Causal masks compare GLOBAL positions: each
+ * node gets two device functions mapping a local row to its position along
+ * the sequence (rt_global_index_at's rule, the cp zigzag included, with
+ * the key block's owner on the ring: (c - src) mod C).  Tiles wholly
+ * masked are skipped.  Tile sizes are the largest powers of two (at most
+ * 64) whose shared memory fits in 47 KiB, so every kernel has static
+ * shared memory under the 48 KiB every arch gives without opting in. */
+#include "cuda_priv.h"
+
+#define ATTN_THREADS 128
+#define ATTN_SMEM_MAX (47 * 1024)
+
+int cg_cuda_attn_op(IrOp op) {
+  switch (op) {
+  case IR_OP_ATTENTION: case IR_OP_ATTENTION_BWD: case IR_OP_ATTN_ACC: case IR_OP_ATTN_FINISH: case IR_OP_ATTN_LSE:
+  case IR_OP_ATTN_BWD_Q: case IR_OP_ATTN_BWD_KV:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+/* One node's attention: dims, dtype, tiles and the kernels' buffer slots. */
+typedef struct {
+  const char *name, *T;          /* kernel prefix; "float" / "double" */
+  int64_t B, Hq, Hkv, Tq, Tk, D, grp;
+  int causal, es;                /* es: operand element size */
+  char scale[40];
+  int BQ, BK;
+  /* buffer slots: q, k, v, do, o (-1: none), lse / drow (-1: in scratch),
+   * acc (the accumulator operand; -1: start at 0), result, scratch */
+  int bq, bk, bv, bdo, bo, blse, bdrow, bacc, bres, bscr;
+} Att;
+
+/* Static shared memory of the largest kernel for tiles BQ x BK (bytes). */
+static int64_t smem_bytes(const Att *a, int64_t BQ, int64_t BK) {
+  int64_t rows = BQ > BK ? BQ : BK;
+  return a->es * (2 * BQ * a->D + 2 * BK * a->D) + 8 * (BQ * BK + rows * a->D + 3 * BQ) + 8 * (BQ + BK) + 16;
+}
+
+static int64_t pow2_at_least(int64_t n) {
+  int64_t p = 1;
+  while (p < n && p < 64) p *= 2;
+  return p;
+}
+
+/* Tiles: the largest power-of-two size (at most 64 and no larger than the
+ * rows need) whose shared memory fits.  0, or 1 when even 1 x 1 does not. */
+static int choose_tiles(Att *a, char *why, size_t whylen) {
+  for (int64_t t = 64; t >= 1; t /= 2) {
+    int64_t bq = pow2_at_least(a->Tq), bk = pow2_at_least(a->Tk);
+    bq = bq < t ? bq : t;
+    bk = bk < t ? bk : t;
+    if (smem_bytes(a, bq, bk) <= ATTN_SMEM_MAX) {
+      a->BQ = (int)bq;
+      a->BK = (int)bk;
+      return 0;
+    }
+  }
+  snprintf(why, whylen, "head_dim %lld is too large for attention tiles in 48 KiB of shared memory", (long long)a->D);
+  return 1;
+}
+
+/* Prints `static long long FN(const long long *run, long long g)`: the
+ * global position of local row g of a dim of local length L split by the
+ * axes in mask, as rt_global_index_at (runtime/cp_layout.c) computes it,
+ * inner axis first; on the ring (src >= 0) the cp coordinate is the key
+ * block's owner, (c - src) mod C. */
+static void print_pos(const IrModule *m, StrBuf *src, const char *fn, unsigned mask, int64_t L, int64_t ring_src) {
+  sb_printf(src, "static __device__ __forceinline__ long long %s(const long long *run, long long g) {\n", fn);
+  int64_t span = L;
+  for (int ax = IR_AXIS_COUNT - 1; ax >= 0; ax--) {
+    if (!(mask & (1u << ax))) continue;
+    int S = cg_cuda_axis_size(m, ax);
+    char c[160];
+    if (ax == IR_AXIS_CP && ring_src >= 0 && S > 1)
+      snprintf(c, sizeof c, "(((run[%d] - %lldLL) %% %dLL + %dLL) %% %dLL)", CG_RUN_COORD + ax, (long long)ring_src, S,
+               S, S);
+    else
+      snprintf(c, sizeof c, "run[%d]", CG_RUN_COORD + ax);
+    if (ax == IR_AXIS_CP && S > 1) {
+      long long h = (long long)(span / 2);
+      sb_printf(src, "  g = g < %lldLL ? %s * %lldLL + g : (%dLL - %s) * %lldLL + g - %lldLL;\n", h, c, h, 2 * S - 1, c,
+                h, h);
+    } else {
+      sb_printf(src, "  g += %s * %lldLL;\n", c, (long long)span);
+    }
+    span *= S;
+  }
+  sb_puts(src, "  return g;\n}\n");
+}
+
+/* ---- pieces the kernels share ----
+ * Shared arrays (rows of sq, sdo, sk, sv padded to D + 1 elements, so the
+ * threads of a warp reading one column of different rows hit different
+ * banks): sq, sdo [BQ rows] and sk, sv [BK rows] (operand type); ss
+ * [BQ * BK] (scores, then p or ds); sacc [acc_rows * D] (double); sm, sl
+ * [BQ] (running max and sum, or lse and drow), sc [BQ] (the rescale
+ * factor); qp [BQ], kp [BK] (global positions); any (whether the tile
+ * pair has an unmasked score). */
+enum { USE_DO = 1, USE_V = 2, USE_ACC = 4, USE_SC = 8 };
+
+static void print_shared(const Att *a, StrBuf *s, int use, int64_t acc_rows) {
+  int64_t LD = a->D + 1;
+  sb_printf(s, "  __shared__ %s sq[%lld], sk[%lld]", a->T, (long long)(a->BQ * LD), (long long)(a->BK * LD));
+  if (use & USE_DO) sb_printf(s, ", sdo[%lld]", (long long)(a->BQ * LD));
+  if (use & USE_V) sb_printf(s, ", sv[%lld]", (long long)(a->BK * LD));
+  sb_printf(s, ";\n  __shared__ double ss[%d], sm[%d], sl[%d]", a->BQ * a->BK, a->BQ, a->BQ);
+  if (use & USE_ACC) sb_printf(s, ", sacc[%lld]", (long long)(acc_rows * a->D));
+  if (use & USE_SC) sb_printf(s, ", sc[%d]", a->BQ);
+  sb_printf(s, ";\n  __shared__ long long qp[%d], kp[%d];\n", a->BQ, a->BK);
+  if (a->causal) sb_puts(s, "  __shared__ int any;\n");
+  sb_printf(s, "  const int tid = threadIdx.x, nt = blockDim.x;\n");
+  sb_printf(s, "  const %s *q = (const %s *)a.b[%d], *k = (const %s *)a.b[%d];\n", a->T, a->T, a->bq, a->T, a->bk);
+  if (use & USE_V) sb_printf(s, "  const %s *v = (const %s *)a.b[%d];\n", a->T, a->T, a->bv);
+  if (use & USE_DO) sb_printf(s, "  const %s *dout = (const %s *)a.b[%d];\n", a->T, a->T, a->bdo);
+}
+
+/* Loads key tile j0 (nk rows of the kv head at offset kvo) into sk (and sv)
+ * with its positions, then decides `any` for the tile pair (causal), or
+ * just waits for the loads.  Opens with a barrier: the previous pair's
+ * readers are done.  Inside the loop over key tiles (or query tiles, when
+ * the key tile stays: the loads are then the query side's, see dkv). */
+static void print_any(const Att *a, StrBuf *s, const char *ind) {
+  if (!a->causal) { sb_printf(s, "%s__syncthreads();\n", ind); return; }
+  sb_printf(s, "%sif (tid == 0) any = 0;\n%s__syncthreads();\n", ind, ind);
+  sb_printf(s, "%sfor (int x = tid; x < nq * nk; x += nt)\n%s  if (kp[x %% nk] <= qp[x / nk]) any = 1;\n", ind, ind);
+  sb_printf(s, "%s__syncthreads();\n%sif (!any) continue;\n", ind, ind);
+}
+
+static void print_key_loads(const Att *a, StrBuf *s, int use_v, const char *ind) {
+  int64_t LD = a->D + 1;
+  sb_printf(s, "%s__syncthreads();\n", ind);
+  sb_printf(s, "%sfor (int x = tid; x < nk * %lld; x += nt) {\n", ind, (long long)a->D);
+  sb_printf(s, "%s  const int c = x / %lld, e = x %% %lld;\n", ind, (long long)a->D, (long long)a->D);
+  sb_printf(s, "%s  sk[c * %lld + e] = k[kvo + j0 * %lldLL + x];\n", ind, (long long)LD, (long long)a->D);
+  if (use_v) sb_printf(s, "%s  sv[c * %lld + e] = v[kvo + j0 * %lldLL + x];\n", ind, (long long)LD, (long long)a->D);
+  sb_printf(s, "%s}\n%sfor (int c = tid; c < nk; c += nt) kp[c] = %s_kpos(a.run, j0 + c);\n", ind, ind, a->name);
+}
+
+/* q . k of row r, column c (and do . v into dp when dp) as doubles, the
+ * score scaled and masked into s. */
+static void print_dots(const Att *a, StrBuf *s, int dp, const char *ind) {
+  int64_t LD = a->D + 1;
+  sb_printf(s, "%sdouble s = 0%s;\n", ind, dp ? ", dp = 0" : "");
+  sb_printf(s, "%sfor (int e = 0; e < %lld; e++) {\n", ind, (long long)a->D);
+  sb_printf(s, "%s  s += (double)sq[r * %lld + e] * (double)sk[c * %lld + e];\n", ind, (long long)LD, (long long)LD);
+  if (dp) sb_printf(s, "%s  dp += (double)sdo[r * %lld + e] * (double)sv[c * %lld + e];\n", ind, (long long)LD,
+                    (long long)LD);
+  sb_printf(s, "%s}\n%ss *= %s;\n", ind, ind, a->scale);
+}
+
+/* The mask test of (r, c): "0" when not causal. */
+static const char *masked(const Att *a) { return a->causal ? "kp[c] > qp[r]" : "0"; }
+
+/* ---- the forward (attention, attn_acc) and the backward's statistics ----
+ * mode 0: attention -> o; 1: attn_acc, the state in and out; 2: the lse and
+ * drow rows of attention_bwd into the scratch. */
+static void print_fwd(const Att *a, StrBuf *s, int k, int mode) {
+  int64_t D = a->D, LD = D + 1, W = D + 2, nqt = (a->Tq + a->BQ - 1) / a->BQ;
+  int use = USE_SC | (mode != 2 ? USE_V | USE_ACC : 0);
+  CG_CUDA_HEAD(s, a->name, k);
+  print_shared(a, s, use, a->BQ);
+  if (mode == 0) sb_printf(s, "  %s *out = (%s *)a.b[%d];\n", a->T, a->T, a->bres);
+  if (mode == 1) sb_printf(s, "  const %s *st = (const %s *)a.b[3];\n  %s *out = (%s *)a.b[%d];\n", a->T, a->T, a->T,
+                           a->T, a->bres);
+  if (mode == 2) sb_printf(s, "  const %s *o = (const %s *)a.b[%d], *dout = (const %s *)a.b[%d];\n"
+                              "  double *scr = (double *)a.b[%d];\n", a->T, a->T, a->bo, a->T, a->bdo, a->bscr);
+  sb_printf(s, "  for (long long t = blockIdx.x; t < %lldLL; t += gridDim.x) {\n",
+            (long long)(a->B * a->Hq * nqt));
+  sb_printf(s, "    const long long bh = t / %lldLL, i0 = t %% %lldLL * %d;\n", (long long)nqt, (long long)nqt, a->BQ);
+  sb_printf(s, "    const int nq = %lldLL - i0 < %d ? (int)(%lldLL - i0) : %d;\n", (long long)a->Tq, a->BQ,
+            (long long)a->Tq, a->BQ);
+  sb_printf(s, "    const long long kvo = (bh / %lldLL * %lldLL + bh %% %lldLL / %lldLL) * %lldLL;\n", (long long)a->Hq,
+            (long long)a->Hkv, (long long)a->Hq, (long long)a->grp, (long long)(a->Tk * D));
+  sb_printf(s, "    const long long row0 = bh * %lldLL + i0;\n    __syncthreads();\n", (long long)a->Tq);
+  sb_printf(s, "    for (int x = tid; x < nq * %lld; x += nt) sq[x / %lld * %lld + x %% %lld] = q[row0 * %lldLL + x];\n",
+            (long long)D, (long long)D, (long long)LD, (long long)D, (long long)D);
+  sb_printf(s, "    for (int r = tid; r < nq; r += nt) {\n      qp[r] = %s_qpos(a.run, i0 + r);\n", a->name);
+  if (mode == 1) {   /* a row with l = 0 has seen no key: start it afresh */
+    sb_printf(s, "      const %s *w = st + (row0 + r) * %lldLL;\n", a->T, (long long)W);
+    sb_printf(s, "      sm[r] = w[%lld] > 0 ? (double)w[%lld] : -TS_INF;\n      sl[r] = w[%lld] > 0 ? (double)w[%lld] : 0.0;\n",
+              (long long)(D + 1), (long long)D, (long long)(D + 1), (long long)(D + 1));
+  } else {
+    sb_puts(s, "      sm[r] = -TS_INF;\n      sl[r] = 0;\n");
+  }
+  sb_puts(s, "    }\n");
+  if (mode == 1)
+    sb_printf(s, "    for (int x = tid; x < nq * %lld; x += nt) {\n"
+                 "      const %s *w = st + (row0 + x / %lld) * %lldLL;\n"
+                 "      sacc[x] = w[%lld] > 0 ? (double)w[x %% %lld] : 0.0;\n    }\n",
+              (long long)D, a->T, (long long)D, (long long)W, (long long)(D + 1), (long long)D);
+  if (mode == 0) sb_printf(s, "    for (int x = tid; x < nq * %lld; x += nt) sacc[x] = 0;\n", (long long)D);
+  sb_printf(s, "    for (long long j0 = 0; j0 < %lldLL; j0 += %d) {\n", (long long)a->Tk, a->BK);
+  sb_printf(s, "      const int nk = %lldLL - j0 < %d ? (int)(%lldLL - j0) : %d;\n", (long long)a->Tk, a->BK,
+            (long long)a->Tk, a->BK);
+  print_key_loads(a, s, mode != 2, "      ");
+  print_any(a, s, "      ");
+  sb_puts(s, "      for (int x = tid; x < nq * nk; x += nt) {\n        const int r = x / nk, c = x % nk;\n");
+  print_dots(a, s, 0, "        ");
+  sb_printf(s, "        ss[r * %d + c] = %s ? -TS_INF : s;\n      }\n      __syncthreads();\n", a->BK, masked(a));
+  /* per row: the tile's max, the rescale of what came before, p = exp(s - m) */
+  sb_printf(s, "      for (int r = tid; r < nq; r += nt) {\n        double *p = ss + r * %d, mt = -TS_INF;\n"
+               "        for (int c = 0; c < nk; c++) mt = p[c] > mt ? p[c] : mt;\n"
+               "        if (mt == -TS_INF) {   /* the row sees no key of this tile */\n"
+               "          for (int c = 0; c < nk; c++) p[c] = 0;\n          sc[r] = 1;\n          continue;\n        }\n"
+               "        const double mn = sm[r] > mt ? sm[r] : mt, corr = sm[r] == -TS_INF ? 0.0 : exp(sm[r] - mn);\n"
+               "        double sum = 0;\n"
+               "        for (int c = 0; c < nk; c++) {\n          p[c] = exp(p[c] - mn);\n          sum += p[c];\n        }\n"
+               "        sl[r] = sl[r] * corr + sum;\n        sm[r] = mn;\n        sc[r] = corr;\n      }\n",
+            a->BK);
+  if (mode != 2) {   /* acc = acc * corr + P V */
+    sb_printf(s, "      __syncthreads();\n      for (int x = tid; x < nq * %lld; x += nt) {\n"
+                 "        const int r = x / %lld, e = x %% %lld;\n        double acc = sacc[x] * sc[r];\n"
+                 "        for (int c = 0; c < nk; c++) acc += ss[r * %d + c] * (double)sv[c * %lld + e];\n"
+                 "        sacc[x] = acc;\n      }\n",
+              (long long)D, (long long)D, (long long)D, a->BK, (long long)LD);
+  }
+  sb_puts(s, "    }\n    __syncthreads();\n");
+  if (mode == 0)
+    sb_printf(s, "    for (int x = tid; x < nq * %lld; x += nt) {\n      const int r = x / %lld;\n"
+                 "      out[row0 * %lldLL + x] = (%s)(sacc[x] * (sl[r] > 0 ? 1.0 / sl[r] : 0.0));\n    }\n",
+              (long long)D, (long long)D, (long long)D, a->T);
+  if (mode == 1)   /* rows that saw no key keep their input */
+    sb_printf(s, "    for (int x = tid; x < nq * %lld; x += nt) {\n      const int r = x / %lld, e = x %% %lld;\n"
+                 "      const long long at = row0 * %lldLL + x;\n"
+                 "      out[at] = sl[r] > 0 ? (%s)(e < %lld ? sacc[r * %lld + e] : e == %lld ? sm[r] : sl[r]) : st[at];\n"
+                 "    }\n",
+              (long long)W, (long long)W, (long long)W, (long long)W, a->T, (long long)D, (long long)D, (long long)D);
+  if (mode == 2)
+    sb_printf(s, "    for (int r = tid; r < nq; r += nt) {\n      const long long row = row0 + r;\n"
+                 "      scr[row] = sl[r] > 0 ? sm[r] + log(sl[r]) : -TS_INF;\n      double d = 0;\n"
+                 "      for (int e = 0; e < %lld; e++) d += (double)dout[row * %lldLL + e] * (double)o[row * %lldLL + e];\n"
+                 "      scr[%lldLL + row] = d;\n    }\n",
+              (long long)D, (long long)D, (long long)D, (long long)(a->B * a->Hq * a->Tq));
+  sb_puts(s, "  }\n}\n");
+}
+
+/* Where lse and drow of a row come from: the scratch (attention_bwd,
+ * double) or the operands (the ring steps). */
+static void print_stats_in(const Att *a, StrBuf *s, const char *ind) {
+  if (a->blse < 0)
+    sb_printf(s, "%ssm[r] = ((const double *)a.b[%d])[row];\n%ssl[r] = ((const double *)a.b[%d])[%lldLL + row];\n", ind,
+              a->bscr, ind, a->bscr, (long long)(a->B * a->Hq * a->Tq));
+  else
+    sb_printf(s, "%ssm[r] = (double)((const %s *)a.b[%d])[row];\n%ssl[r] = (double)((const %s *)a.b[%d])[row];\n",
+              ind, a->T, a->blse, ind, a->T, a->bdrow);
+}
+
+/* p (and ds) of the tile pair into ss: ds = p (dp - drow) when want_ds,
+ * else p.  p is 0 where masked or where the row's lse is -inf. */
+static void print_p(const Att *a, StrBuf *s, int want_ds) {
+  sb_puts(s, "        const int r = x / nk, c = x % nk;\n");
+  print_dots(a, s, want_ds, "        ");
+  sb_printf(s, "        const double p = sm[r] == -TS_INF || %s ? 0.0 : exp(s - sm[r]);\n", masked(a));
+  sb_printf(s, "        ss[r * %d + c] = %s;\n", a->BK, want_ds ? "p * (dp - sl[r])" : "p");
+}
+
+/* dq: one block per (batch, query head, query tile), the keys streamed. */
+static void print_dq(const Att *a, StrBuf *s, int k) {
+  int64_t D = a->D, LD = D + 1, nqt = (a->Tq + a->BQ - 1) / a->BQ;
+  CG_CUDA_HEAD(s, a->name, k);
+  print_shared(a, s, USE_DO | USE_V | USE_ACC, a->BQ);
+  sb_printf(s, "  %s *out = (%s *)a.b[%d];\n", a->T, a->T, a->bres);
+  if (a->bacc >= 0) sb_printf(s, "  const %s *acc0 = (const %s *)a.b[%d];\n", a->T, a->T, a->bacc);
+  sb_printf(s, "  for (long long t = blockIdx.x; t < %lldLL; t += gridDim.x) {\n", (long long)(a->B * a->Hq * nqt));
+  sb_printf(s, "    const long long bh = t / %lldLL, i0 = t %% %lldLL * %d;\n", (long long)nqt, (long long)nqt, a->BQ);
+  sb_printf(s, "    const int nq = %lldLL - i0 < %d ? (int)(%lldLL - i0) : %d;\n", (long long)a->Tq, a->BQ,
+            (long long)a->Tq, a->BQ);
+  sb_printf(s, "    const long long kvo = (bh / %lldLL * %lldLL + bh %% %lldLL / %lldLL) * %lldLL;\n", (long long)a->Hq,
+            (long long)a->Hkv, (long long)a->Hq, (long long)a->grp, (long long)(a->Tk * D));
+  sb_printf(s, "    const long long row0 = bh * %lldLL + i0;\n    __syncthreads();\n", (long long)a->Tq);
+  char acc0[96];
+  if (a->bacc >= 0) snprintf(acc0, sizeof acc0, "(double)acc0[row0 * %lldLL + x]", (long long)D);
+  else snprintf(acc0, sizeof acc0, "0");
+  sb_printf(s, "    for (int x = tid; x < nq * %lld; x += nt) {\n      const int at = x / %lld * %lld + x %% %lld;\n"
+               "      sq[at] = q[row0 * %lldLL + x];\n      sdo[at] = dout[row0 * %lldLL + x];\n"
+               "      sacc[x] = %s;\n    }\n",
+            (long long)D, (long long)D, (long long)LD, (long long)D, (long long)D, (long long)D, acc0);
+  sb_printf(s, "    for (int r = tid; r < nq; r += nt) {\n      const long long row = row0 + r;\n"
+               "      qp[r] = %s_qpos(a.run, i0 + r);\n", a->name);
+  print_stats_in(a, s, "      ");
+  sb_puts(s, "    }\n");
+  sb_printf(s, "    for (long long j0 = 0; j0 < %lldLL; j0 += %d) {\n", (long long)a->Tk, a->BK);
+  sb_printf(s, "      const int nk = %lldLL - j0 < %d ? (int)(%lldLL - j0) : %d;\n", (long long)a->Tk, a->BK,
+            (long long)a->Tk, a->BK);
+  print_key_loads(a, s, 1, "      ");
+  print_any(a, s, "      ");
+  sb_puts(s, "      for (int x = tid; x < nq * nk; x += nt) {\n");
+  print_p(a, s, 1);
+  sb_puts(s, "      }\n      __syncthreads();\n");
+  sb_printf(s, "      for (int x = tid; x < nq * %lld; x += nt) {\n        const int r = x / %lld, e = x %% %lld;\n"
+               "        double g = 0;\n        for (int c = 0; c < nk; c++) g += ss[r * %d + c] * (double)sk[c * %lld + e];\n"
+               "        sacc[x] += %s * g;\n      }\n    }\n",
+            (long long)D, (long long)D, (long long)D, a->BK, (long long)LD, a->scale);
+  sb_printf(s, "    __syncthreads();\n    for (int x = tid; x < nq * %lld; x += nt) out[row0 * %lldLL + x] = (%s)sacc[x];\n"
+               "  }\n}\n",
+            (long long)D, (long long)D, a->T);
+}
+
+/* dk (part 1) or dv (part 2): one block per (batch, kv head, key tile), the
+ * queries of every query head reading the kv head streamed through it. */
+static void print_dkv(const Att *a, StrBuf *s, int k, int part) {
+  int64_t D = a->D, LD = D + 1, nkt = (a->Tk + a->BK - 1) / a->BK;
+  int dk = part == 1;
+  CG_CUDA_HEAD(s, a->name, k);
+  print_shared(a, s, USE_DO | (dk ? USE_V : 0) | USE_ACC, a->BK);
+  sb_printf(s, "  %s *out = (%s *)a.b[%d];\n", a->T, a->T, a->bres);
+  if (a->bacc >= 0) sb_printf(s, "  const %s *acc0 = (const %s *)a.b[%d];\n", a->T, a->T, a->bacc);
+  sb_printf(s, "  for (long long t = blockIdx.x; t < %lldLL; t += gridDim.x) {\n", (long long)(a->B * a->Hkv * nkt));
+  sb_printf(s, "    const long long bk = t / %lldLL, j0 = t %% %lldLL * %d, b = bk / %lldLL, hk = bk %% %lldLL;\n",
+            (long long)nkt, (long long)nkt, a->BK, (long long)a->Hkv, (long long)a->Hkv);
+  sb_printf(s, "    const int nk = %lldLL - j0 < %d ? (int)(%lldLL - j0) : %d;\n", (long long)a->Tk, a->BK,
+            (long long)a->Tk, a->BK);
+  sb_printf(s, "    const long long kvo = bk * %lldLL;\n", (long long)(a->Tk * D));
+  print_key_loads(a, s, dk, "    ");
+  if (a->bacc >= 0)
+    sb_printf(s, "    for (int x = tid; x < nk * %lld; x += nt) sacc[x] = (double)acc0[kvo + j0 * %lldLL + x];\n",
+              (long long)D, (long long)D);
+  else
+    sb_printf(s, "    for (int x = tid; x < nk * %lld; x += nt) sacc[x] = 0;\n", (long long)D);
+  sb_printf(s, "    for (long long h = hk * %lldLL; h < (hk + 1) * %lldLL; h++) {\n", (long long)a->grp,
+            (long long)a->grp);
+  sb_printf(s, "      const long long bh = b * %lldLL + h;\n", (long long)a->Hq);
+  sb_printf(s, "      for (long long i0 = 0; i0 < %lldLL; i0 += %d) {\n", (long long)a->Tq, a->BQ);
+  sb_printf(s, "        const int nq = %lldLL - i0 < %d ? (int)(%lldLL - i0) : %d;\n", (long long)a->Tq, a->BQ,
+            (long long)a->Tq, a->BQ);
+  sb_printf(s, "        const long long row0 = bh * %lldLL + i0;\n        __syncthreads();\n", (long long)a->Tq);
+  sb_printf(s, "        for (int x = tid; x < nq * %lld; x += nt) {\n          const int at = x / %lld * %lld + x %% %lld;\n"
+               "          sq[at] = q[row0 * %lldLL + x];\n          sdo[at] = dout[row0 * %lldLL + x];\n        }\n",
+            (long long)D, (long long)D, (long long)LD, (long long)D, (long long)D, (long long)D);
+  sb_printf(s, "        for (int r = tid; r < nq; r += nt) {\n          const long long row = row0 + r;\n"
+               "          qp[r] = %s_qpos(a.run, i0 + r);\n", a->name);
+  print_stats_in(a, s, "          ");
+  sb_puts(s, "        }\n");
+  print_any(a, s, "        ");
+  sb_puts(s, "        for (int x = tid; x < nq * nk; x += nt) {\n");
+  print_p(a, s, dk);
+  sb_puts(s, "        }\n        __syncthreads();\n");
+  sb_printf(s, "        for (int x = tid; x < nk * %lld; x += nt) {\n          const int c = x / %lld, e = x %% %lld;\n"
+               "          double g = 0;\n"
+               "          for (int r = 0; r < nq; r++) g += ss[r * %d + c] * (double)%s[r * %lld + e];\n"
+               "          sacc[x] += %s%sg;\n        }\n      }\n    }\n",
+            (long long)D, (long long)D, (long long)D, a->BK, dk ? "sq" : "sdo", (long long)LD, dk ? a->scale : "",
+            dk ? " * " : "");
+  sb_printf(s, "    __syncthreads();\n    for (int x = tid; x < nk * %lld; x += nt) out[kvo + j0 * %lldLL + x] = (%s)sacc[x];\n"
+               "  }\n}\n",
+            (long long)D, (long long)D, a->T);
+}
+
+/* attn_finish (o = acc / l) and attn_lse (m + log l) over the state's rows. */
+static void print_state_rows(const Att *a, StrBuf *s, const IrNode *nd, int64_t rows) {
+  int64_t D = a->D, W = D + 2;
+  CG_CUDA_HEAD(s, a->name, 0);
+  sb_printf(s, "  const %s *st = (const %s *)a.b[0];\n  %s *y = (%s *)a.b[1];\n", a->T, a->T, a->T, a->T);
+  if (nd->op == IR_OP_ATTN_FINISH) {
+    CG_CUDA_GRID_LOOP(s, "e", rows * D);
+    sb_printf(s, "    const %s *w = st + e / %lldLL * %lldLL;\n    const double l = w[%lld];\n"
+                 "    y[e] = (%s)(l > 0 ? (double)w[e %% %lldLL] * (1.0 / l) : 0.0);\n  }\n}\n",
+              a->T, (long long)D, (long long)W, (long long)(D + 1), a->T, (long long)D);
+  } else {
+    CG_CUDA_GRID_LOOP(s, "r", rows);
+    sb_printf(s, "    const %s *w = st + r * %lldLL;\n"
+                 "    y[r] = (%s)(w[%lld] > 0 ? (double)w[%lld] + log((double)w[%lld]) : 0.0);\n  }\n}\n",
+              a->T, (long long)W, a->T, (long long)(D + 1), (long long)D, (long long)(D + 1));
+  }
+}
+
+int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src,
+                        CgCudaLaunch *l, int *nl, int64_t *scratch, char *why, size_t whylen) {
+  const IrNode *nd = &b->nodes[i];
+  *nl = 0;
+  *scratch = 0;
+  IrDtype dt = nd->type.dtype;
+  if (dt != IR_F32 && dt != IR_F64) { snprintf(why, whylen, "attention needs f32 or f64"); return 1; }
+  for (int o = 0; o < nd->nin; o++)
+    if (b->nodes[nd->in[o]].type.dtype != dt) { snprintf(why, whylen, "operand %d is not %s", o + 1, ir_dtype_name(dt)); return 1; }
+  Att a = {.name = name, .T = dt == IR_F64 ? "double" : "float", .es = dt == IR_F64 ? 8 : 4,
+           .bo = -1, .blse = -1, .bdrow = -1, .bacc = -1, .bscr = -1};
+  if (nd->op == IR_OP_ATTN_FINISH || nd->op == IR_OP_ATTN_LSE) {
+    const IrType *st = &b->nodes[nd->in[0]].type;
+    if (st->rank != 4 || st->dim[3] < 3) { snprintf(why, whylen, "the state must be [B, H, T, head_dim + 2]"); return 1; }
+    a.D = st->dim[3] - 2;
+    int64_t rows = st->dim[0] * st->dim[1] * st->dim[2];
+    print_state_rows(&a, src, nd, rows);
+    cg_cuda_launch(&l[0], name, 0, nd->op == IR_OP_ATTN_FINISH ? rows * a.D : rows, 256);
+    *nl = 1;
+    return 0;
+  }
+  const IrType *qt = &b->nodes[nd->in[0]].type, *kt = &b->nodes[nd->in[1]].type;
+  if (qt->rank != 4 || kt->rank != 4 || kt->dim[0] != qt->dim[0] || kt->dim[3] != qt->dim[3]) {
+    snprintf(why, whylen, "q [B, Hq, Tq, D] and k [B, Hkv, Tk, D] do not match");
+    return 1;
+  }
+  a.B = qt->dim[0], a.Hq = qt->dim[1], a.Tq = qt->dim[2], a.D = qt->dim[3], a.Hkv = kt->dim[1], a.Tk = kt->dim[2];
+  if (a.Hkv < 1 || a.Hq % a.Hkv) { snprintf(why, whylen, "query heads are not a multiple of kv heads"); return 1; }
+  a.grp = a.Hq / a.Hkv;
+  a.causal = nd->ia[0] != 0;
+  cg_cuda_dlit(a.scale, sizeof a.scale, nd->fa[0]);
+  if (choose_tiles(&a, why, whylen)) return 1;
+  int ring = nd->op != IR_OP_ATTENTION && nd->op != IR_OP_ATTENTION_BWD;
+  char fn[128];
+  snprintf(fn, sizeof fn, "%s_qpos", name);
+  print_pos(m, src, fn, b->nodes[nd->in[0]].sh.split[2], a.Tq, -1);
+  snprintf(fn, sizeof fn, "%s_kpos", name);
+  print_pos(m, src, fn, b->nodes[nd->in[1]].sh.split[2], a.Tk, ring ? nd->ia[1] : -1);
+  a.bq = 0, a.bk = 1, a.bv = 2;
+  int64_t nqt = (a.Tq + a.BQ - 1) / a.BQ, nkt = (a.Tk + a.BK - 1) / a.BK;
+  int64_t qblocks = a.B * a.Hq * nqt * ATTN_THREADS, kblocks = a.B * a.Hkv * nkt * ATTN_THREADS;
+  int part;
+  switch (nd->op) {
+  case IR_OP_ATTENTION:   /* q, k, v -> o */
+    a.bres = 3;
+    print_fwd(&a, src, 0, 0);
+    cg_cuda_launch(&l[0], name, 0, qblocks, ATTN_THREADS);
+    *nl = 1;
+    return 0;
+  case IR_OP_ATTENTION_BWD:   /* q, k, v, o, do -> dq / dk / dv; scratch: lse, drow */
+    part = (int)nd->ia[1];
+    if (part < 0 || part > 2) { snprintf(why, whylen, "part must be 0, 1 or 2"); return 1; }
+    a.bo = 3, a.bdo = 4, a.bres = 5, a.bscr = 6;
+    *scratch = 2 * a.B * a.Hq * a.Tq * (int64_t)sizeof(double);
+    print_fwd(&a, src, 0, 2);
+    if (part == 0) print_dq(&a, src, 1);
+    else print_dkv(&a, src, 1, part);
+    cg_cuda_launch(&l[0], name, 0, qblocks, ATTN_THREADS);
+    cg_cuda_launch(&l[1], name, 1, part == 0 ? qblocks : kblocks, ATTN_THREADS);
+    *nl = 2;
+    return 0;
+  case IR_OP_ATTN_ACC:   /* q, k, v, st -> st */
+    a.bres = 4;
+    print_fwd(&a, src, 0, 1);
+    cg_cuda_launch(&l[0], name, 0, qblocks, ATTN_THREADS);
+    *nl = 1;
+    return 0;
+  case IR_OP_ATTN_BWD_Q:    /* q, k, v, do, lse, drow, dq -> dq */
+  case IR_OP_ATTN_BWD_KV:   /* q, k, v, do, lse, drow, acc -> acc */
+    part = nd->op == IR_OP_ATTN_BWD_Q ? 0 : (int)nd->ia[2];
+    if (nd->op == IR_OP_ATTN_BWD_KV && part != 1 && part != 2) {
+      snprintf(why, whylen, "part must be 1 (dk) or 2 (dv)");
+      return 1;
+    }
+    a.bdo = 3, a.blse = 4, a.bdrow = 5, a.bacc = 6, a.bres = 7;
+    if (part == 0) print_dq(&a, src, 0);
+    else print_dkv(&a, src, 0, part);
+    cg_cuda_launch(&l[0], name, 0, part == 0 ? qblocks : kblocks, ATTN_THREADS);
+    *nl = 1;
+    return 0;
+  default:
+    snprintf(why, whylen, "not an attention op");
+    return -1;
+  }
+}

@@ -1,0 +1,28 @@
+/* cuda_priv.h - what the library kernel writers (cuda_lib.c, cuda_attn.c)
+ * share: the mesh's axis sizes, double literals, 1-D launches, and the
+ * kernel head and grid-stride loop they all print. */
+#ifndef TS_CG_CUDA_PRIV_H
+#define TS_CG_CUDA_PRIV_H
+#include "cuda.h"
+
+/* Size of mesh axis a (IrAxis) the module was compiled for (>= 1). */
+int cg_cuda_axis_size(const IrModule *m, int a);
+/* v as a C++ double literal ("10000.0", not the int 10000). */
+void cg_cuda_dlit(char *buf, size_t n, double v);
+/* Launch k of the node (kernel NAME_k): `threads` per block, blocks to
+ * cover `work` items (at least 1, at most 65535 * 32: kernels loop). */
+void cg_cuda_launch(CgCudaLaunch *l, const char *name, int k, int64_t work, int threads);
+
+#define CG_CUDA_HEAD(src, name, k) sb_printf(src, "\nextern \"C\" __global__ void %s_%d(TsArgs a) {\n", name, k)
+#define CG_CUDA_GRID_LOOP(src, var, n) \
+  sb_printf(src, "  for (long long %s = blockIdx.x * (long long)blockDim.x + threadIdx.x; %s < %lldLL;" \
+            " %s += (long long)gridDim.x * blockDim.x) {\n", var, var, (long long)(n), var)
+
+/* The flash-attention kernels (cuda_attn.c): attention, attention_bwd and
+ * the ring steps attn_acc, attn_finish, attn_lse, attn_bwd_q, attn_bwd_kv.
+ * Same contract as cg_cuda_lib_kernel. */
+int cg_cuda_attn_op(IrOp op);
+int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src,
+                        CgCudaLaunch *l, int *nl, int64_t *scratch, char *why, size_t whylen);
+
+#endif

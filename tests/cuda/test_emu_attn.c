@@ -1,0 +1,321 @@
+/* test_emu_attn - the flash-attention CUDA kernels (codegen/cuda_attn.c)
+ * against the reference kernels (runtime/ops_attn.c, ops_ring.c).
+ *
+ * Each case is a small module in IR text: q, k, v, do and the ring steps'
+ * other operands are parameter states (initialized identically on both
+ * sides); every result is accumulated into a state "out...".  One run on
+ * the CPU backend, one on the emulated device (tests/cuda/emu_dev.c: the
+ * library CUDA C compiled by the host C++ compiler), every out state
+ * compared: max |dev - cpu| / max(|cpu|, 1e-3) <= 1e-5 (f32), 1e-10 (f64).
+ *
+ *   test_emu_attn fused   attention and the three parts of attention_bwd,
+ *                         causal and not, grouped-query (groups 1, 2, 4),
+ *                         sequence lengths that leave partial tiles, head
+ *                         sizes 8 .. 128 (tiles 64 down to 8), f32 and f64
+ *   test_emu_attn ring    the ring steps under cp = 2 (attn_acc from a
+ *                         zero state and from the previous step, attn_finish,
+ *                         attn_lse, attn_bwd_q, attn_bwd_kv dk and dv, keys
+ *                         from this rank's and the other rank's block) on
+ *                         both cp coordinates: the causal mask by global
+ *                         positions of the zigzag layout
+ *   test_emu_attn nvrtc   every module above compiled by NVRTC for sm_80
+ *                         and sm_90; ptxas' report of every attention
+ *                         kernel within limits (no spills, no stack,
+ *                         shared memory <= 48 KiB)
+ */
+#include "runtime/rt.h"
+#include "runtime/dev_prog.h"
+#include "emu_dev.h"
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+#define CHECK(c, ...)                                  \
+  do {                                                 \
+    if (!(c)) {                                        \
+      failures++;                                      \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__);      \
+      printf(__VA_ARGS__);                             \
+      printf("\n");                                    \
+    }                                                  \
+  } while (0)
+
+typedef struct { int B, Hq, Hkv, T, D, causal; } Case;
+
+/* the fused op's cases: partial tiles (37, 20, 10 rows), groups 1, 2, 4,
+ * head sizes whose shared tiles shrink (f64: 64 at D 8 down to 8 at D 128) */
+static const Case fused_cases[] = {
+  {2, 4, 2, 37, 16, 1}, {1, 2, 2, 20, 64, 0}, {1, 8, 2, 24, 8, 1}, {1, 2, 1, 10, 128, 1}, {1, 3, 3, 70, 8, 1},
+};
+
+/* ---- module text ---- */
+
+typedef struct {
+  StrBuf st, body;
+  const char *dt, *sh;   /* dtype; the sharding suffix of every 4-D / 3-D value (" {2:cp}" or "") */
+  int n, nout;
+} Mod;
+
+static int m_state(Mod *m, const char *name, const char *shape, const char *init) {
+  sb_printf(&m->st, "state @%s : %s%s%s param init=%s\n", name, m->dt, shape, m->sh, init);
+  sb_printf(&m->body, "  %%%d = state @%s : %s%s%s\n", m->n, name, m->dt, shape, m->sh);
+  return m->n++;
+}
+
+__attribute__((format(printf, 3, 4)))
+static int m_op(Mod *m, const char *shape, const char *fmt, ...) {
+  char text[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(text, sizeof text, fmt, ap);
+  va_end(ap);
+  sb_printf(&m->body, "  %%%d = %s : %s%s%s\n", m->n, text, m->dt, shape, m->sh);
+  return m->n++;
+}
+
+/* result v accumulated into a fresh state starting away from 0 */
+static void m_out(Mod *m, int v, const char *shape) {
+  sb_printf(&m->st, "state @out%d : %s%s%s param init=uniform(0.5, 1.5)\n", m->nout, m->dt, shape, m->sh);
+  sb_printf(&m->body, "  accum %%%d @out%d\n", v, m->nout++);
+  m->n++;
+}
+
+static char *m_text(Mod *m, int cp) {
+  StrBuf t = {0};
+  sb_printf(&t, "module attn\ntrain lr=0.01 seed=99 precision=%s\n", m->dt);
+  sb_printf(&t, "parallel tp=1 pp=1 cp=%d ep=1 dp=0 sp=0\n%sblock main {\n%s}\nend\n", cp, m->st.p, m->body.p);
+  sb_free(&m->st);
+  sb_free(&m->body);
+  return t.p;
+}
+
+static void shp(char *b, size_t n, int B, int H, int T, int D) {
+  if (D > 0) snprintf(b, n, "[%d, %d, %d, %d]", B, H, T, D);
+  else snprintf(b, n, "[%d, %d, %d]", B, H, T);
+}
+
+/* attention and the three parts of its backward */
+static char *fused_text(const Case *c, const char *dt) {
+  Mod m = {.dt = dt, .sh = ""};
+  char qs[64], ks[64], sc[64];
+  shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
+  shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
+  snprintf(sc, sizeof sc, "causal=%d scale=%.17g", c->causal, 1.0 / sqrt((double)c->D));
+  int q = m_state(&m, "q", qs, "normal(0.0, 1.0)"), k = m_state(&m, "k", ks, "normal(0.0, 1.0)");
+  int v = m_state(&m, "v", ks, "normal(0.0, 1.0)"), d = m_state(&m, "do", qs, "normal(0.0, 1.0)");
+  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d %s", q, k, v, sc);
+  m_out(&m, o, qs);
+  for (int part = 0; part < 3; part++)
+    m_out(&m, m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d causal=%d part=%d scale=%.17g", q, k,
+                   v, o, d, c->causal, part, 1.0 / sqrt((double)c->D)),
+          part ? ks : qs);
+  return m_text(&m, 1);
+}
+
+/* the ring steps of one rank under cp = 2: local sequence T (a zigzag of
+ * two chunks of T / 2); keys of block src 0 (this rank's) and 1 (the
+ * other rank's) */
+static char *ring_text(const Case *c, const char *dt) {
+  Mod m = {.dt = dt, .sh = " {2:cp}"};
+  char qs[64], ks[64], ss[64], rs[64], sc[64];
+  shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
+  shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
+  shp(ss, sizeof ss, c->B, c->Hq, c->T, c->D + 2);
+  shp(rs, sizeof rs, c->B, c->Hq, c->T, 0);
+  snprintf(sc, sizeof sc, "scale=%.17g", 1.0 / sqrt((double)c->D));
+  int q = m_state(&m, "q", qs, "normal(0.0, 1.0)");
+  int k0 = m_state(&m, "k0", ks, "normal(0.0, 1.0)"), v0 = m_state(&m, "v0", ks, "normal(0.0, 1.0)");
+  int k1 = m_state(&m, "k1", ks, "normal(0.0, 1.0)"), v1 = m_state(&m, "v1", ks, "normal(0.0, 1.0)");
+  int z = m_state(&m, "st0", ss, "zeros");
+  int d = m_state(&m, "do", qs, "normal(0.0, 1.0)"), dr = m_state(&m, "drow", rs, "normal(0.0, 0.5)");
+  int aq = m_state(&m, "dq0", qs, "normal(0.0, 1.0)"), ak = m_state(&m, "dk0", ks, "normal(0.0, 1.0)");
+  int s1 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d causal=%d src=0 %s", q, k0, v0, z, c->causal, sc);
+  int s2 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d causal=%d src=1 %s", q, k1, v1, s1, c->causal, sc);
+  m_out(&m, s1, ss);
+  m_out(&m, s2, ss);
+  m_out(&m, m_op(&m, qs, "attn_finish %%%d", s2), qs);
+  int lse = m_op(&m, rs, "attn_lse %%%d", s2);
+  m_out(&m, lse, rs);
+  for (int src = 0; src < 2; src++) {
+    int kk = src ? k1 : k0, vv = src ? v1 : v0;
+    m_out(&m, m_op(&m, qs, "attn_bwd_q %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d causal=%d src=%d %s", q, kk, vv, d, lse,
+                   dr, aq, c->causal, src, sc), qs);
+    for (int part = 1; part <= 2; part++)
+      m_out(&m, m_op(&m, ks, "attn_bwd_kv %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d causal=%d src=%d part=%d %s", q, kk,
+                     vv, d, lse, dr, ak, c->causal, src, part, sc), ks);
+  }
+  return m_text(&m, 2);
+}
+
+/* ---- running ---- */
+
+static double at(const void *p, IrDtype t, int64_t i) {
+  return t == IR_F64 ? ((const double *)p)[i] : ((const float *)p)[i];
+}
+
+/* Runs block main of text on the CPU and on d as the rank at cp
+ * coordinate cpc (cp = size of the module's cp axis); compares the out
+ * states.  Returns the worst relative error (INFINITY when it did not run). */
+static double run_case(RtDev *d, const char *text, int cp, int cpc, const char *label) {
+  char err[2048];
+  IrModule *m = ir_parse_module(text, "<attn>", err, sizeof err);
+  CHECK(m, "%s: the module does not parse: %s", label, err);
+  if (!m) return INFINITY;
+  RtRank rank = rt_rank_single();
+  rank.mesh.cp = cp;
+  rank.coord[IR_AXIS_CP] = cpc;
+  RtExecOpts oc = {.backend = RT_BACKEND_LLVM}, od = {.backend = RT_BACKEND_LLVM, .dev = d};
+  RtProgram *cpu = rt_program_new_opts(m, &rank, &oc, err, sizeof err);
+  CHECK(cpu, "%s: CPU program: %s", label, err);
+  RtProgram *dev = cpu ? rt_program_new_opts(m, &rank, &od, err, sizeof err) : NULL;
+  CHECK(!cpu || dev, "%s: device program: %s", label, err);
+  double worst = INFINITY;
+  RtRunInfo info = {1, 0, 0.01};
+  int bi = ir_block_find(m, "main");
+  if (dev && rt_run_block(cpu, bi, NULL, 0, &info, err, sizeof err) != 0) { CHECK(0, "%s: CPU run: %s", label, err); goto out; }
+  if (dev && rt_run_block(dev, bi, NULL, 0, &info, err, sizeof err) != 0) { CHECK(0, "%s: device run: %s", label, err); goto out; }
+  if (dev && rt_program_sync_states(dev, err, sizeof err) != 0) { CHECK(0, "%s: sync: %s", label, err); goto out; }
+  if (!dev) goto out;
+  worst = 0;
+  char where[256] = "";
+  int nout = 0;
+  for (int s = 0; s < m->states.n; s++) {
+    const IrState *st = &m->states.a[s];
+    if (strncmp(st->name, "out", 3) != 0) continue;
+    nout++;
+    const void *a = rt_state_data(dev, s), *b = rt_state_data(cpu, s);
+    for (int64_t i = 0; i < ir_type_numel(&st->type); i++) {
+      double x = at(a, st->type.dtype, i), y = at(b, st->type.dtype, i);
+      double e = isnan(x) || isnan(y) ? INFINITY : fabs(x - y) / fmax(fabs(y), 1e-3);
+      if (!(e <= worst)) {
+        worst = e;
+        snprintf(where, sizeof where, "@%s[%lld]: device %.12g, cpu %.12g", st->name, (long long)i, x, y);
+      }
+    }
+  }
+  double tol = m->train.precision == IR_F64 ? 1e-10 : 1e-5;
+  printf("%-44s %2d results  max rel err %.2e  (limit %.0e)%s%s\n", label, nout, worst, tol, worst > 0 ? "  at " : "",
+         worst > 0 ? where : "");
+  CHECK(nout > 0, "%s: no results", label);
+  CHECK(worst <= tol, "%s: error %.3g over %.0e at %s", label, worst, tol, where);
+out:
+  rt_program_free(dev);
+  rt_program_free(cpu);
+  ir_module_free(m);
+  return worst;
+}
+
+static const char *const dts[] = {"f32", "f64"};
+
+static void test_fused(RtDev *d) {
+  for (size_t i = 0; i < sizeof fused_cases / sizeof fused_cases[0]; i++)
+    for (int t = 0; t < 2; t++) {
+      const Case *c = &fused_cases[i];
+      char label[128];
+      snprintf(label, sizeof label, "fused B%d Hq%d Hkv%d T%d D%d %s %s", c->B, c->Hq, c->Hkv, c->T, c->D,
+               c->causal ? "causal" : "full", dts[t]);
+      char *text = fused_text(c, dts[t]);
+      run_case(d, text, 1, 0, label);
+      free(text);
+    }
+}
+
+static const Case ring_cases[] = {{1, 4, 2, 12, 8, 1}, {2, 2, 2, 8, 16, 1}, {1, 4, 1, 10, 8, 0}};
+
+static void test_ring(RtDev *d) {
+  for (size_t i = 0; i < sizeof ring_cases / sizeof ring_cases[0]; i++)
+    for (int t = 0; t < 2; t++)
+      for (int cpc = 0; cpc < 2; cpc++) {
+        const Case *c = &ring_cases[i];
+        char label[128];
+        snprintf(label, sizeof label, "ring cp %d/2 B%d Hq%d Hkv%d T%d D%d %s %s", cpc, c->B, c->Hq, c->Hkv, c->T, c->D,
+                 c->causal ? "causal" : "full", dts[t]);
+        char *text = ring_text(c, dts[t]);
+        run_case(d, text, 2, cpc, label);
+        free(text);
+      }
+}
+
+/* Every attention kernel of text through NVRTC for sm_80 and sm_90,
+ * ptxas' report checked. */
+static void nvrtc_module(const char *text, const char *label) {
+  char err[2048];
+  IrModule *m = ir_parse_module(text, "<attn>", err, sizeof err);
+  CHECK(m, "%s: %s", label, err);
+  if (!m) return;
+  RtCudaModule cm;
+  if (rt_cuda_module_build(m, &cm, err, sizeof err) != 0) {
+    CHECK(0, "%s: module: %s", label, err);
+    ir_module_free(m);
+    return;
+  }
+  static const char *const archs[] = {"sm_80", "sm_90"};
+  for (int a = 0; a < 2; a++) {
+    CgNvrtcOut o;
+    if (cg_nvrtc_compile(cm.src.p, archs[a], &o, err, sizeof err) != 0) {
+      CHECK(0, "%s %s: NVRTC: %s", label, archs[a], err);
+      continue;
+    }
+    int nattn = 0;
+    for (int k = 0; k < o.nkern; k++) {
+      const CgPtxasInfo *pi = &o.kern[k];
+      CHECK(cg_ptxas_check(pi, archs[a], err, sizeof err) == 0, "%s %s: %s", label, archs[a], err);
+      if (pi->smem > 1024) {   /* the tiled kernels (the others use 256 bytes at most) */
+        nattn++;
+        printf("  %s %-28s regs %3d smem %6lld spills %lld/%lld\n", archs[a], pi->name, pi->registers,
+               (long long)pi->smem, (long long)pi->spill_stores, (long long)pi->spill_loads);
+      }
+    }
+    CHECK(nattn > 0, "%s %s: no tiled attention kernel in the report", label, archs[a]);
+    cg_nvrtc_out_free(&o);
+  }
+  rt_cuda_module_free(&cm);
+  ir_module_free(m);
+}
+
+static void test_nvrtc(void) {
+  char why[256];
+  if (!cg_nvrtc_available(why, sizeof why)) {
+    printf("FAIL: NVRTC is not available here: %s\n", why);
+    failures++;
+    return;
+  }
+  for (size_t i = 0; i < sizeof fused_cases / sizeof fused_cases[0]; i++)
+    for (int t = 0; t < 2; t++) {
+      char *text = fused_text(&fused_cases[i], dts[t]), label[64];
+      snprintf(label, sizeof label, "fused case %zu %s", i, dts[t]);
+      printf("%s\n", label);
+      nvrtc_module(text, label);
+      free(text);
+    }
+  for (int t = 0; t < 2; t++) {
+    char *text = ring_text(&ring_cases[0], dts[t]), label[64];
+    snprintf(label, sizeof label, "ring %s", dts[t]);
+    printf("%s\n", label);
+    nvrtc_module(text, label);
+    free(text);
+  }
+}
+
+int main(int argc, char **argv) {
+  const char *what = argc > 1 ? argv[1] : "fused";
+  if (strcmp(what, "nvrtc") == 0) {
+    test_nvrtc();
+  } else {
+    RtDev *d = ts_emu_dev_open();
+    if (strcmp(what, "fused") == 0) test_fused(d);
+    else if (strcmp(what, "ring") == 0) test_ring(d);
+    else { fprintf(stderr, "usage: test_emu_attn fused|ring|nvrtc\n"); return 2; }
+    long long launches = 0;
+    ts_emu_dev_counts(d, &launches, NULL, NULL);
+    printf("emulated device: %lld launches\n", launches);
+    CHECK(launches > 0, "the device ran nothing");
+    d->ops->close(d);
+  }
+  if (failures) { printf("%d FAILURES\n", failures); return 1; }
+  printf("ok\n");
+  return 0;
+}
