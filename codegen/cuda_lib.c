@@ -7,18 +7,15 @@
  * walks the ids serially per column, as the reference does).
  *
  * Ops: embedding, embedding_bwd, clip_coef, accum, zero, assign,
- * shard_slice, rope; the fused attention, its backward and the ring steps
- * are in cuda_attn.c.
- * Not yet (mcc --target refuses them, naming the node): the sharding ops
- * with global indices (take, onehot, pad_fill, split causal_mask /
- * dropout), the routing and token-dispatch ops of mixture of experts. */
+ * shard_slice, rope, take, onehot, pad_fill; the fused attention, its backward and the ring steps
+ * are in cuda_attn.c, the mixture-of-experts ops in cuda_moe.c. */
 #include "cuda_priv.h"
 
 int cg_cuda_lib_op(IrOp op) {
-  if (cg_cuda_attn_op(op)) return 1;
+  if (cg_cuda_attn_op(op) || cg_cuda_moe_op(op)) return 1;
   switch (op) {
   case IR_OP_EMBEDDING: case IR_OP_EMBEDDING_BWD: case IR_OP_CLIP_COEF: case IR_OP_ACCUM: case IR_OP_ZERO:
-  case IR_OP_ASSIGN: case IR_OP_SHARD_SLICE: case IR_OP_ROPE:
+  case IR_OP_ASSIGN: case IR_OP_SHARD_SLICE: case IR_OP_ROPE: case IR_OP_TAKE: case IR_OP_ONEHOT: case IR_OP_PAD_FILL:
     return 1;
   default:
     return 0;
@@ -67,6 +64,7 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
   *nl = 0;
   *scratch = 0;
   if (cg_cuda_attn_op(nd->op)) return cg_cuda_attn_kernel(m, b, i, name, src, l, nl, scratch, why, whylen);
+  if (cg_cuda_moe_op(nd->op)) return cg_cuda_moe_kernel(m, b, i, name, src, l, nl, scratch, why, whylen);
   char blk[512];
   int64_t nb;
   switch (nd->op) {
@@ -214,6 +212,63 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
               (long long)h, (long long)h, (long long)per, (long long)len, pos, nd->ia[1] ? "-1.0" : "1.0", base,
               (long long)D, (long long)D, (long long)D, (long long)h, (long long)D, T, (long long)D, (long long)h, T);
     cg_cuda_launch(&l[0], name, 0, rows * h, 256);
+    *nl = 1;
+    return 0;
+  }
+  case IR_OP_TAKE: {   /* b0 x[rows, V] (a block of the global V), b1 idx[rows] i32, b2 y[rows] */
+    const IrType *xt = &b->nodes[nd->in[0]].type;
+    if (xt->rank < 1 || !ir_dtype_is_float(xt->dtype)) { snprintf(why, whylen, "x must be a float [..., V]"); return 1; }
+    int64_t V = xt->dim[xt->rank - 1], rows = V ? ir_type_numel(xt) / V : 0;
+    block_expr(m, b->nodes[nd->in[0]].sh.split[xt->rank - 1], blk, sizeof blk, &nb);
+    const char *T = ctype(xt->dtype);
+    CG_CUDA_HEAD(src, name, 0);
+    sb_printf(src, "  const %s *x = (const %s *)a.b[0];\n  const int *idx = (const int *)a.b[1];\n  %s *y = (%s *)a.b[2];\n"
+                   "  const long long off = %s * %lldLL;\n", T, T, T, T, blk, (long long)V);
+    CG_CUDA_GRID_LOOP(src, "r", rows);
+    /* an index outside the whole dim (the reference stops with an error) gives NaN */
+    sb_printf(src, "    const long long id = idx[r], j = id - off;\n"
+                   "    y[r] = id == %lldLL ? (%s)0 : id < 0 || id >= %lldLL ? (%s)TS_NAN : j >= 0 && j < %lldLL ? x[r * %lldLL + j] : (%s)0;\n"
+                   "  }\n}\n",
+              (long long)nd->ia[0], T, (long long)(nb * V), T, (long long)V, (long long)V, T);
+    cg_cuda_launch(&l[0], name, 0, rows, 256);
+    *nl = 1;
+    return 0;
+  }
+  case IR_OP_ONEHOT: {   /* b0 idx[rows] i32, b1 y[rows, V] (a block of the global V) */
+    const IrType *yt = &nd->type;
+    if (yt->rank < 1 || !ir_dtype_is_float(yt->dtype)) { snprintf(why, whylen, "the result must be a float [..., V]"); return 1; }
+    int64_t V = yt->dim[yt->rank - 1], n = ir_type_numel(yt);
+    block_expr(m, nd->sh.split[yt->rank - 1], blk, sizeof blk, &nb);
+    const char *T = ctype(yt->dtype);
+    CG_CUDA_HEAD(src, name, 0);
+    sb_printf(src, "  const int *idx = (const int *)a.b[0];\n  %s *y = (%s *)a.b[1];\n  const long long off = %s * %lldLL;\n",
+              T, T, blk, (long long)V);
+    CG_CUDA_GRID_LOOP(src, "e", n);
+    sb_printf(src, "    const long long id = idx[e / %lldLL];\n"
+                   "    y[e] = id == %lldLL ? (%s)0 : id < 0 || id >= %lldLL ? (%s)TS_NAN : (%s)(id - off == e %% %lldLL);\n"
+                   "  }\n}\n",
+              (long long)V, (long long)nd->ia[0], T, (long long)(nb * V), T, T, (long long)V);
+    cg_cuda_launch(&l[0], name, 0, n, 256);
+    *nl = 1;
+    return 0;
+  }
+  case IR_OP_PAD_FILL: {   /* b0 x, b1 y: fill where the global index along dim is >= limit */
+    const IrType *t = &nd->type;
+    int d = (int)(nd->ia[0] < 0 ? nd->ia[0] + t->rank : nd->ia[0]);
+    if (d < 0 || d >= t->rank || !ir_dtype_is_float(t->dtype)) { snprintf(why, whylen, "bad dim or dtype"); return 1; }
+    int64_t len = t->dim[d], inner = 1, n = ir_type_numel(t);
+    for (int q = d + 1; q < t->rank; q++) inner *= t->dim[q];
+    block_expr(m, nd->sh.split[d], blk, sizeof blk, &nb);
+    const char *T = ctype(t->dtype);
+    char fill[40];
+    cg_cuda_dlit(fill, sizeof fill, nd->fa[0]);
+    CG_CUDA_HEAD(src, name, 0);
+    sb_printf(src, "  const %s *x = (const %s *)a.b[0];\n  %s *y = (%s *)a.b[1];\n  const long long off = %s * %lldLL;\n",
+              T, T, T, T, blk, (long long)len);
+    CG_CUDA_GRID_LOOP(src, "e", n);
+    sb_printf(src, "    y[e] = off + e / %lldLL %% %lldLL >= %lldLL ? (%s)%s : x[e];\n  }\n}\n", (long long)inner,
+              (long long)len, (long long)nd->ia[1], T, fill);
+    cg_cuda_launch(&l[0], name, 0, n, 256);
     *nl = 1;
     return 0;
   }

@@ -25,4 +25,10 @@ int cg_cuda_attn_op(IrOp op);
 int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src,
                         CgCudaLaunch *l, int *nl, int64_t *scratch, char *why, size_t whylen);
 
+/* The mixture-of-experts kernels (cuda_moe.c): topk_mask, capacity_mask,
+ * moe_counts, moe_perm, moe_unperm, moe_gate_grad, gmm, gmm_dw. */
+int cg_cuda_moe_op(IrOp op);
+int cg_cuda_moe_kernel(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src,
+                       CgCudaLaunch *l, int *nl, int64_t *scratch, char *why, size_t whylen);
+
 #endif

@@ -37,6 +37,11 @@ run llama_pp2 llama $tiny_llama --pp 2
 # context parallelism: the ring steps' flash kernels, and the fused op with k / v all-gathered
 run llama_cp2 llama $tiny_llama --cp 2
 run gpt_wide_cp2_allgather gpt $wide_gpt --cp 2 --cp-attn allgather
+# tensor and sequence parallelism (vocab-parallel take / onehot, padding masks), experts
+run gpt_tp2_sp gpt $tiny_gpt --tp 2 --sp
+tiny_moe="-D experts=4 -D topk=2 -D layers=2 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=4 -D micro_batch=2"
+run moe_tiny moe $tiny_moe -D capacity_factor=1.0
+run moe_ep2 moe $tiny_moe --ep 2
 
 # the images are in the plan, in its text form too
 "$mcc" "$src/samples/gpt.mdl" $tiny_gpt --target sm_90 --emit=plan-text -o gpt.txt 2> /dev/null

@@ -1,5 +1,7 @@
-/* test_emu_attn - the flash-attention CUDA kernels (codegen/cuda_attn.c)
- * against the reference kernels (runtime/ops_attn.c, ops_ring.c).
+/* test_emu_lib - CUDA library kernels (codegen/cuda_attn.c, cuda_lib.c)
+ * against the reference kernels (runtime/ops_attn.c, ops_ring.c,
+ * ops_ref.c); the mixture-of-experts kernels are checked by whole training
+ * steps instead (tests/cuda_step, cuda.step_moe_*).
  *
  * Each case is a small module in IR text: q, k, v, do and the ring steps'
  * other operands are parameter states (initialized identically on both
@@ -8,17 +10,20 @@
  * library CUDA C compiled by the host C++ compiler), every out state
  * compared: max |dev - cpu| / max(|cpu|, 1e-3) <= 1e-5 (f32), 1e-10 (f64).
  *
- *   test_emu_attn fused   attention and the three parts of attention_bwd,
+ *   test_emu_lib fused    attention and the three parts of attention_bwd,
  *                         causal and not, grouped-query (groups 1, 2, 4),
  *                         sequence lengths that leave partial tiles, head
  *                         sizes 8 .. 128 (tiles 64 down to 8), f32 and f64
- *   test_emu_attn ring    the ring steps under cp = 2 (attn_acc from a
+ *   test_emu_lib ring     the ring steps under cp = 2 (attn_acc from a
  *                         zero state and from the previous step, attn_finish,
  *                         attn_lse, attn_bwd_q, attn_bwd_kv dk and dv, keys
  *                         from this rank's and the other rank's block) on
  *                         both cp coordinates: the causal mask by global
  *                         positions of the zigzag layout
- *   test_emu_attn nvrtc   every module above compiled by NVRTC for sm_80
+ *   test_emu_lib vocab  take, onehot and pad_fill on a dim split over
+ *                         tp = 2, both coordinates: global indices, ids in
+ *                         the other rank's block and the ignored id
+ *   test_emu_lib nvrtc    every module above compiled by NVRTC for sm_80
  *                         and sm_90; ptxas' report of every attention
  *                         kernel within limits (no spills, no stack,
  *                         shared memory <= 48 KiB)
@@ -83,10 +88,10 @@ static void m_out(Mod *m, int v, const char *shape) {
   m->n++;
 }
 
-static char *m_text(Mod *m, int cp) {
+static char *m_text(Mod *m, int cp, int tp) {
   StrBuf t = {0};
   sb_printf(&t, "module attn\ntrain lr=0.01 seed=99 precision=%s\n", m->dt);
-  sb_printf(&t, "parallel tp=1 pp=1 cp=%d ep=1 dp=0 sp=0\n%sblock main {\n%s}\nend\n", cp, m->st.p, m->body.p);
+  sb_printf(&t, "parallel tp=%d pp=1 cp=%d ep=1 dp=0 sp=0\n%sblock main {\n%s}\nend\n", tp, cp, m->st.p, m->body.p);
   sb_free(&m->st);
   sb_free(&m->body);
   return t.p;
@@ -112,7 +117,7 @@ static char *fused_text(const Case *c, const char *dt) {
     m_out(&m, m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d causal=%d part=%d scale=%.17g", q, k,
                    v, o, d, c->causal, part, 1.0 / sqrt((double)c->D)),
           part ? ks : qs);
-  return m_text(&m, 1);
+  return m_text(&m, 1, 1);
 }
 
 /* the ring steps of one rank under cp = 2: local sequence T (a zigzag of
@@ -147,7 +152,7 @@ static char *ring_text(const Case *c, const char *dt) {
       m_out(&m, m_op(&m, ks, "attn_bwd_kv %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d causal=%d src=%d part=%d %s", q, kk,
                      vv, d, lse, dr, ak, c->causal, src, part, sc), ks);
   }
-  return m_text(&m, 2);
+  return m_text(&m, 2, 1);
 }
 
 /* ---- running ---- */
@@ -159,14 +164,19 @@ static double at(const void *p, IrDtype t, int64_t i) {
 /* Runs block main of text on the CPU and on d as the rank at cp
  * coordinate cpc (cp = size of the module's cp axis); compares the out
  * states.  Returns the worst relative error (INFINITY when it did not run). */
+static const RtFeed *case_feeds;   /* the i32 inputs of the case run next */
+static int case_nfeeds;
+
 static double run_case(RtDev *d, const char *text, int cp, int cpc, const char *label) {
   char err[2048];
   IrModule *m = ir_parse_module(text, "<attn>", err, sizeof err);
   CHECK(m, "%s: the module does not parse: %s", label, err);
   if (!m) return INFINITY;
   RtRank rank = rt_rank_single();
-  rank.mesh.cp = cp;
-  rank.coord[IR_AXIS_CP] = cpc;
+  IrAxis ax = m->par.tp > 1 ? IR_AXIS_TP : IR_AXIS_CP;   /* the split axis: tp (vocab cases) or cp */
+  if (ax == IR_AXIS_TP) rank.mesh.tp = cp;
+  else rank.mesh.cp = cp;
+  rank.coord[ax] = cpc;
   RtExecOpts oc = {.backend = RT_BACKEND_LLVM}, od = {.backend = RT_BACKEND_LLVM, .dev = d};
   RtProgram *cpu = rt_program_new_opts(m, &rank, &oc, err, sizeof err);
   CHECK(cpu, "%s: CPU program: %s", label, err);
@@ -175,8 +185,8 @@ static double run_case(RtDev *d, const char *text, int cp, int cpc, const char *
   double worst = INFINITY;
   RtRunInfo info = {1, 0, 0.01};
   int bi = ir_block_find(m, "main");
-  if (dev && rt_run_block(cpu, bi, NULL, 0, &info, err, sizeof err) != 0) { CHECK(0, "%s: CPU run: %s", label, err); goto out; }
-  if (dev && rt_run_block(dev, bi, NULL, 0, &info, err, sizeof err) != 0) { CHECK(0, "%s: device run: %s", label, err); goto out; }
+  if (dev && rt_run_block(cpu, bi, case_feeds, case_nfeeds, &info, err, sizeof err) != 0) { CHECK(0, "%s: CPU run: %s", label, err); goto out; }
+  if (dev && rt_run_block(dev, bi, case_feeds, case_nfeeds, &info, err, sizeof err) != 0) { CHECK(0, "%s: device run: %s", label, err); goto out; }
   if (dev && rt_program_sync_states(dev, err, sizeof err) != 0) { CHECK(0, "%s: sync: %s", label, err); goto out; }
   if (!dev) goto out;
   worst = 0;
@@ -237,6 +247,38 @@ static void test_ring(RtDev *d) {
         run_case(d, text, 2, cpc, label);
         free(text);
       }
+}
+
+/* take, onehot, pad_fill with the vocab dim (8 local of 16) split over tp:
+ * ids 0 .. 15 cover both blocks, -1 is ignored */
+static char *vocab_text(const char *dt) {
+  Mod m = {.dt = dt, .sh = " {1:tp}"};
+  int x = m_state(&m, "x", "[6, 8]", "normal(0.0, 1.0)");
+  sb_printf(&m.body, "  %%%d = input \"ids\" : i32[6]\n", m.n);
+  int ids = m.n++;
+  m.sh = "";
+  m_out(&m, m_op(&m, "[6]", "take %%%d, %%%d ignore=-1", x, ids), "[6]");
+  m.sh = " {1:tp}";
+  m_out(&m, m_op(&m, "[6, 8]", "onehot %%%d ignore=-1", ids), "[6, 8]");
+  m_out(&m, m_op(&m, "[6, 8]", "pad_fill %%%d dim=1 limit=13 fill=-7.5", x), "[6, 8]");
+  m_out(&m, m_op(&m, "[6, 8]", "pad_fill %%%d dim=0 limit=4 fill=0.0", x), "[6, 8]");
+  return m_text(&m, 1, 2);
+}
+
+static void test_vocab(RtDev *d) {
+  static int32_t ids[6] = {3, 12, -1, 8, 15, 0};
+  RtFeed f = {"ids", ids};
+  case_feeds = &f;
+  case_nfeeds = 1;
+  for (int t = 0; t < 2; t++)
+    for (int c = 0; c < 2; c++) {
+      char label[64], *text = vocab_text(dts[t]);
+      snprintf(label, sizeof label, "vocab tp %d/2 take onehot pad_fill %s", c, dts[t]);
+      run_case(d, text, 2, c, label);
+      free(text);
+    }
+  case_feeds = NULL;
+  case_nfeeds = 0;
 }
 
 /* Every attention kernel of text through NVRTC for sm_80 and sm_90,
@@ -308,7 +350,8 @@ int main(int argc, char **argv) {
     RtDev *d = ts_emu_dev_open();
     if (strcmp(what, "fused") == 0) test_fused(d);
     else if (strcmp(what, "ring") == 0) test_ring(d);
-    else { fprintf(stderr, "usage: test_emu_attn fused|ring|nvrtc\n"); return 2; }
+    else if (strcmp(what, "vocab") == 0) test_vocab(d);
+    else { fprintf(stderr, "usage: test_emu_lib fused|ring|vocab|nvrtc\n"); return 2; }
     long long launches = 0;
     ts_emu_dev_counts(d, &launches, NULL, NULL);
     printf("emulated device: %lld launches\n", launches);
