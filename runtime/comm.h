@@ -215,6 +215,8 @@ void rt_nccl_queue_send(RtComm *c, RtCommReq *r);
  * stream; the requests are then done. */
 void rt_nccl_flush(RtComm *c);
 int  rt_nccl_device(const RtNccl *n);   /* the CUDA device the group runs on */
+/* comm_nccl.c: rt_comm_all_reduce_max on a NCCL group (ncclMax). */
+int  rt_nccl_all_reduce_max(RtComm *c, IrDtype dt, void *buf, size_t count, char *err, size_t errlen);
 /* comm_nccl.c: rt_comm_all_to_all_v on a NCCL group (one ncclSend / ncclRecv
  * per peer with a nonzero count, in one NCCL group). */
 int  rt_nccl_all_to_all_v(RtComm *c, IrDtype dt, const void *send, const int *scount, const int *sdispl, void *recv,

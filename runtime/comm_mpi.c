@@ -373,7 +373,7 @@ int rt_comm_all_reduce(RtComm *c, IrDtype dt, void *buf, size_t count, char *err
 
 int rt_comm_all_reduce_max(RtComm *c, IrDtype dt, void *buf, size_t count, char *err, size_t errlen) {
   if (check_args(c, RT_COLL_ALL_REDUCE, dt, buf, buf, count, err, errlen)) return -1;
-  if (c->nccl) return ts_errf(err, errlen, "all_reduce max on group %s: not supported on NCCL groups", c->name);
+  if (c->nccl) return rt_nccl_all_reduce_max(c, dt, buf, count, err, errlen);
   MPI_Request r;
   c->seq++;
   RT_MPI_FATAL(c, RT_COLL_ALL_REDUCE, MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dt), MPI_MAX, c->comm, &r),

@@ -42,12 +42,12 @@ typedef int cuError;                 /* cudaError_t: 0 = cudaSuccess, 600 = cuda
 typedef struct ncOpaque *ncComm;     /* ncclComm_t */
 typedef struct cuStreamOpaque *cuStream;
 typedef struct { char internal[128]; } ncUniqueId;
-enum { NC_SUCCESS = 0, NC_IN_PROGRESS = 7, NC_SUM = 0, NC_FLOAT32 = 7, NC_FLOAT64 = 8, CU_NOT_READY = 600 };
+enum { NC_SUCCESS = 0, NC_IN_PROGRESS = 7, NC_SUM = 0, NC_MAX = 2, NC_FLOAT32 = 7, NC_FLOAT64 = 8, CU_NOT_READY = 600 };
 
 #ifdef TS_HAVE_NCCL_H
 #include <nccl.h>
 _Static_assert(sizeof(ncUniqueId) == sizeof(ncclUniqueId), "ncclUniqueId size");
-_Static_assert(NC_SUM == (int)ncclSum && NC_FLOAT32 == (int)ncclFloat32 && NC_FLOAT64 == (int)ncclFloat64 &&
+_Static_assert(NC_SUM == (int)ncclSum && NC_MAX == (int)ncclMax && NC_FLOAT32 == (int)ncclFloat32 && NC_FLOAT64 == (int)ncclFloat64 &&
                NC_SUCCESS == (int)ncclSuccess && NC_IN_PROGRESS == (int)ncclInProgress, "NCCL enums");
 _Static_assert(CU_NOT_READY == (int)cudaErrorNotReady, "cudaErrorNotReady");
 #endif
@@ -299,6 +299,19 @@ int rt_nccl_run(RtComm *c, RtCollKind k, IrDtype dt, const void *send, void *rec
     return ts_errf(err, errlen, "%s is not a NCCL operation", rt_coll_name(k));
   }
   if (!c->nccl->bound) wait_stream(c, k, k == RT_COLL_SEND || k == RT_COLL_RECV ? peer : -1);
+  return 0;
+}
+
+/* all_reduce max (in place); NaN-propagation is NCCL's (its max is not
+ * specified for NaN). */
+int rt_nccl_all_reduce_max(RtComm *c, IrDtype dt, void *buf, size_t count, char *err, size_t errlen) {
+  const RtCollKind k = RT_COLL_ALL_REDUCE;
+  const char *hint = "NCCL_DEBUG=INFO shows why; are the buffers device memory of this rank's GPU?";
+  c->seq++;
+  c->nccl->last = k;
+  NC_FATAL(c, k, L.AllReduce(buf, buf, count, dt == IR_F64 ? NC_FLOAT64 : NC_FLOAT32, NC_MAX, c->nccl->comm, nstream(c)),
+           hint);
+  if (!c->nccl->bound) wait_stream(c, k, -1);
   return 0;
 }
 

@@ -74,7 +74,7 @@ static int64_t comm_outer(const IrBlock *b, const IrNode *nd) {
 static const char *dev_comm_why(const IrModule *m, const IrBlock *b, const IrNode *nd) {
   switch (nd->op) {
   case IR_OP_ALL_REDUCE:
-    return nd->ia[1] == 0 ? NULL : "all_reduce max is not wired to NCCL yet";
+    return NULL;
   case IR_OP_ALL_GATHER: case IR_OP_REDUCE_SCATTER:
     if (comm_outer(b, nd) != 1)
       return "its blocks are not contiguous (a dim after the first): the device re-layout around NCCL is not "
@@ -174,7 +174,8 @@ static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
   switch (nd->op) {
   case IR_OP_ALL_REDUCE:
     rc = out == in ? 0 : d->ops->d2d(d, out, in, cout * es, RT_STREAM_COMM, msg, n);
-    if (rc == 0) rc = rt_comm_all_reduce(g, dt, out, cout, msg, n);
+    if (rc == 0)
+      rc = nd->ia[1] == 0 ? rt_comm_all_reduce(g, dt, out, cout, msg, n) : rt_comm_all_reduce_max(g, dt, out, cout, msg, n);
     break;
   case IR_OP_ALL_GATHER: rc = rt_comm_all_gather(g, dt, in, out, cin, msg, n); break;
   case IR_OP_REDUCE_SCATTER: rc = rt_comm_reduce_scatter(g, dt, in, out, cout, msg, n); break;

@@ -124,13 +124,15 @@ static int coll_check(Comm *c, int dt, void *stream) {
 }
 
 /* ---- collectives, at once or in stream order ---- */
-enum { C_ALL_REDUCE, C_ALL_GATHER, C_REDUCE_SCATTER };
+enum { C_ALL_REDUCE, C_ALL_REDUCE_MAX, C_ALL_GATHER, C_REDUCE_SCATTER };
 typedef struct { int kind; const void *s; void *r; size_t n; int dt; Comm *c; } Coll;
 
 static int coll_run(const Coll *k) {
   MPI_Datatype t = mpi_dt(k->dt);
   switch (k->kind) {
-  case C_ALL_REDUCE: return MPI_Allreduce(k->s == k->r ? MPI_IN_PLACE : k->s, k->r, (int)k->n, t, MPI_SUM, k->c->comm);
+  case C_ALL_REDUCE: case C_ALL_REDUCE_MAX:
+    return MPI_Allreduce(k->s == k->r ? MPI_IN_PLACE : k->s, k->r, (int)k->n, t,
+                         k->kind == C_ALL_REDUCE ? MPI_SUM : MPI_MAX, k->c->comm);
   case C_ALL_GATHER: return MPI_Allgather(k->s, (int)k->n, t, k->r, (int)k->n, t, k->c->comm);
   default: return MPI_Reduce_scatter_block(k->s, k->r, (int)k->n, t, MPI_SUM, k->c->comm);
   }
@@ -188,8 +190,8 @@ static int coll(Coll k, void *stream) {
 
 EXPORT int ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, Comm *c, void *stream) {
   int e = coll_check(c, dt, stream);
-  if (e || op != 0) return e ? e : INVALID_ARGUMENT;
-  return coll((Coll){C_ALL_REDUCE, s, r, n, dt, c}, stream);
+  if (e || (op != 0 && op != 2)) return e ? e : INVALID_ARGUMENT;   /* ncclSum, ncclMax */
+  return coll((Coll){op == 0 ? C_ALL_REDUCE : C_ALL_REDUCE_MAX, s, r, n, dt, c}, stream);
 }
 EXPORT int ncclAllGather(const void *s, void *r, size_t n, int dt, Comm *c, void *stream) {
   int e = coll_check(c, dt, stream);

@@ -1,7 +1,7 @@
-/* test_fake_gpu_step - a data-parallel plan trained on "GPU ranks" made of
+/* test_fake_gpu_step - a sharded plan trained on "GPU ranks" made of
  * the real device layer over fakes, against the same ranks on CPUs.
  *   mpirun -np N test_fake_gpu_step PLAN STEPS TOL DIR
- * PLAN is a one-program plan compiled for dp = N.  Every rank trains it
+ * PLAN is a one-program plan for a mesh of N ranks (dp or tp).  Every rank trains it
  * twice: on the CPU (LLVM kernels, MPI collectives), then through what a
  * GPU rank runs -- runtime/dev_cuda.c over the fake driver (TS_CUDA_DRIVER,
  * fake_cuda.c: work queued per stream, run only when waited for), the
@@ -67,15 +67,17 @@ int main(int argc, char **argv) {
   RtPlan *plan = rt_plan_read(argv[1], err, sizeof err);
   if (!plan) rt_comm_abort(world, "%s", err);
   IrModule *m = plan->programs[0];
-  if (plan->nprograms != 1 || ir_axis_size(m, IR_AXIS_DP) != n)
-    rt_comm_abort(world, "a one-program plan compiled for dp=%d is needed", n);
+  RtRank rank = rt_rank_single();
+  rank.mesh = plan->mesh;
+  int rest = (rank.mesh.tp > 1 ? rank.mesh.tp : 1) * (rank.mesh.pp > 1 ? rank.mesh.pp : 1) *
+             (rank.mesh.cp > 1 ? rank.mesh.cp : 1) * (rank.mesh.ep > 1 ? rank.mesh.ep : 1);
+  if (rank.mesh.dp < 1) rank.mesh.dp = n / rest;   /* dp unset: the ranks left */
+  if (plan->nprograms != 1 || rank.mesh.dp * rest != n)
+    rt_comm_abort(world, "a one-program plan for a mesh of %d ranks is needed", n);
   m->train.steps = atoi(argv[2]);
   double tol = atof(argv[3]);
   const char *dir = argv[4];
 
-  RtRank rank = rt_rank_single();
-  rank.mesh = plan->mesh;
-  rank.mesh.dp = n;
   rt_mesh_coords(&rank.mesh, me, rank.coord);
   for (int a = 0; a < IR_AXIS_COUNT; a++) {
     if (rt_rank_axis_size(&rank, (IrAxis)a) == 1) continue;
