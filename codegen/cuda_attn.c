@@ -181,11 +181,26 @@ static void print_dots(const Att *a, StrBuf *s, int dp, const char *ind) {
 /* The mask test of (r, c): "0" when not causal. */
 static const char *masked(const Att *a) { return a->causal ? "kp[c] > qp[r]" : "0"; }
 
+/* Opens the loop over (batch, query head, query tile) blocks: bh, i0 (the
+ * tile's first row), nq (its rows), kvo (the kv head's offset in k / v),
+ * row0 (its first row of q); ends with a barrier (the previous tile's
+ * readers are done). */
+static void print_qtile_loop(const Att *a, StrBuf *s) {
+  int64_t nqt = (a->Tq + a->BQ - 1) / a->BQ;
+  sb_printf(s, "  for (long long t = blockIdx.x; t < %lldLL; t += gridDim.x) {\n", (long long)(a->B * a->Hq * nqt));
+  sb_printf(s, "    const long long bh = t / %lldLL, i0 = t %% %lldLL * %d;\n", (long long)nqt, (long long)nqt, a->BQ);
+  sb_printf(s, "    const int nq = %lldLL - i0 < %d ? (int)(%lldLL - i0) : %d;\n", (long long)a->Tq, a->BQ,
+            (long long)a->Tq, a->BQ);
+  sb_printf(s, "    const long long kvo = (bh / %lldLL * %lldLL + bh %% %lldLL / %lldLL) * %lldLL;\n", (long long)a->Hq,
+            (long long)a->Hkv, (long long)a->Hq, (long long)a->grp, (long long)(a->Tk * a->D));
+  sb_printf(s, "    const long long row0 = bh * %lldLL + i0;\n    __syncthreads();\n", (long long)a->Tq);
+}
+
 /* ---- the forward (attention, attn_acc) and the backward's statistics ----
  * mode 0: attention -> o; 1: attn_acc, the state in and out; 2: the lse and
  * drow rows of attention_bwd into the scratch. */
 static void print_fwd(const Att *a, StrBuf *s, int k, int mode) {
-  int64_t D = a->D, LD = D + 1, W = D + 2, nqt = (a->Tq + a->BQ - 1) / a->BQ;
+  int64_t D = a->D, LD = D + 1, W = D + 2;
   int use = USE_SC | (mode != 2 ? USE_V | USE_ACC : 0);
   CG_CUDA_HEAD(s, a->name, k);
   print_shared(a, s, use, a->BQ);
@@ -194,14 +209,7 @@ static void print_fwd(const Att *a, StrBuf *s, int k, int mode) {
                            a->T, a->bres);
   if (mode == 2) sb_printf(s, "  const %s *o = (const %s *)a.b[%d], *dout = (const %s *)a.b[%d];\n"
                               "  double *scr = (double *)a.b[%d];\n", a->T, a->T, a->bo, a->T, a->bdo, a->bscr);
-  sb_printf(s, "  for (long long t = blockIdx.x; t < %lldLL; t += gridDim.x) {\n",
-            (long long)(a->B * a->Hq * nqt));
-  sb_printf(s, "    const long long bh = t / %lldLL, i0 = t %% %lldLL * %d;\n", (long long)nqt, (long long)nqt, a->BQ);
-  sb_printf(s, "    const int nq = %lldLL - i0 < %d ? (int)(%lldLL - i0) : %d;\n", (long long)a->Tq, a->BQ,
-            (long long)a->Tq, a->BQ);
-  sb_printf(s, "    const long long kvo = (bh / %lldLL * %lldLL + bh %% %lldLL / %lldLL) * %lldLL;\n", (long long)a->Hq,
-            (long long)a->Hkv, (long long)a->Hq, (long long)a->grp, (long long)(a->Tk * D));
-  sb_printf(s, "    const long long row0 = bh * %lldLL + i0;\n    __syncthreads();\n", (long long)a->Tq);
+  print_qtile_loop(a, s);
   sb_printf(s, "    for (int x = tid; x < nq * %lld; x += nt) sq[x / %lld * %lld + x %% %lld] = q[row0 * %lldLL + x];\n",
             (long long)D, (long long)D, (long long)LD, (long long)D, (long long)D);
   sb_printf(s, "    for (int r = tid; r < nq; r += nt) {\n      qp[r] = %s_qpos(a.run, i0 + r);\n", a->name);
@@ -286,18 +294,12 @@ static void print_p(const Att *a, StrBuf *s, int want_ds) {
 
 /* dq: one block per (batch, query head, query tile), the keys streamed. */
 static void print_dq(const Att *a, StrBuf *s, int k) {
-  int64_t D = a->D, LD = D + 1, nqt = (a->Tq + a->BQ - 1) / a->BQ;
+  int64_t D = a->D, LD = D + 1;
   CG_CUDA_HEAD(s, a->name, k);
   print_shared(a, s, USE_DO | USE_V | USE_ACC, a->BQ);
   sb_printf(s, "  %s *out = (%s *)a.b[%d];\n", a->T, a->T, a->bres);
   if (a->bacc >= 0) sb_printf(s, "  const %s *acc0 = (const %s *)a.b[%d];\n", a->T, a->T, a->bacc);
-  sb_printf(s, "  for (long long t = blockIdx.x; t < %lldLL; t += gridDim.x) {\n", (long long)(a->B * a->Hq * nqt));
-  sb_printf(s, "    const long long bh = t / %lldLL, i0 = t %% %lldLL * %d;\n", (long long)nqt, (long long)nqt, a->BQ);
-  sb_printf(s, "    const int nq = %lldLL - i0 < %d ? (int)(%lldLL - i0) : %d;\n", (long long)a->Tq, a->BQ,
-            (long long)a->Tq, a->BQ);
-  sb_printf(s, "    const long long kvo = (bh / %lldLL * %lldLL + bh %% %lldLL / %lldLL) * %lldLL;\n", (long long)a->Hq,
-            (long long)a->Hkv, (long long)a->Hq, (long long)a->grp, (long long)(a->Tk * D));
-  sb_printf(s, "    const long long row0 = bh * %lldLL + i0;\n    __syncthreads();\n", (long long)a->Tq);
+  print_qtile_loop(a, s);
   char acc0[96];
   if (a->bacc >= 0) snprintf(acc0, sizeof acc0, "(double)acc0[row0 * %lldLL + x]", (long long)D);
   else snprintf(acc0, sizeof acc0, "0");
