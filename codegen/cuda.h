@@ -79,6 +79,16 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
                        CgCudaLaunch *launch, int *nlaunch, int64_t *scratch, char *why, size_t whylen);
 /* Whether op has a library kernel at all (for reports). */
 int cg_cuda_lib_op(IrOp op);
+/* The re-layout kernel of collective node i (all_gather, reduce_scatter)
+ * when NCCL's whole rank blocks are not the value's layout (a dim after
+ * the first, or the cp zigzag): same contract, buffers a.b[0] operand,
+ * a.b[1] result, a.b[2] the blocks [S][outer, L, inner] (*scratch bytes,
+ * on the comm stream's own scratch).  An all_gather's kernel runs after
+ * NCCL gathers into the blocks, a reduce_scatter's before NCCL scatters
+ * them.  *nlaunch = 0 when NCCL alone does it; 1 with a reason when the
+ * form cannot run (as the reference refuses it). */
+int cg_cuda_comm_relayout(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src,
+                          CgCudaLaunch *launch, int *nlaunch, int64_t *scratch, char *why, size_t whylen);
 
 /* ---- NVRTC (nvrtc.c) ----
  * libnvrtc is loaded with dlopen on first use (binaries start without

@@ -277,3 +277,52 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
     return 1;
   }
 }
+
+/* all_gather / reduce_scatter around NCCL: NCCL gathers and scatters
+ * whole rank blocks, [S][outer, L, inner] in coordinate order; the value
+ * is [outer, S * L, inner] in global order (the cp zigzag: chunks q and
+ * 2S-1-q of L / 2).  Element e of the block array is (q, o, l, i). */
+int cg_cuda_comm_relayout(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src, CgCudaLaunch *l,
+                          int *nl, int64_t *scratch, char *why, size_t whylen) {
+  const IrNode *nd = &b->nodes[i];
+  *nl = 0;
+  *scratch = 0;
+  if (nd->op != IR_OP_ALL_GATHER && nd->op != IR_OP_REDUCE_SCATTER) return 0;
+  int a = (int)nd->ia[0], S = a >= 0 && a < IR_AXIS_COUNT ? cg_cuda_axis_size(m, a) : 1;
+  const IrType *t = &b->nodes[nd->in[0]].type;
+  int d = (int)(nd->ia[1] < 0 ? nd->ia[1] + t->rank : nd->ia[1]);
+  if (S <= 1 || d < 0 || d >= t->rank) return 0;
+  int gather = nd->op == IR_OP_ALL_GATHER;
+  int64_t outer = 1, inner = 1, len = t->dim[d];
+  for (int q = 0; q < d; q++) outer *= t->dim[q];
+  for (int q = d + 1; q < t->rank; q++) inner *= t->dim[q];
+  if (!gather && len % S) { snprintf(why, whylen, "dim %d is not divisible by %d", d, S); return 1; }
+  int64_t L = gather ? len : len / S, h = L / 2;
+  int zz = a == IR_AXIS_CP;
+  unsigned split = gather ? b->nodes[nd->in[0]].sh.split[d] : nd->sh.split[d];
+  if (zz && (L % 2 || (split & ((1u << IR_AXIS_EP) | (1u << IR_AXIS_TP))))) {
+    snprintf(why, whylen, "a cp zigzag block of odd length or inside another split");
+    return 1;
+  }
+  if (!zz && outer == 1) return 0;   /* the blocks are the value: NCCL alone */
+  int64_t n = S * outer * L * inner;
+  *scratch = n * (int64_t)ir_dtype_size(nd->type.dtype);
+  const char *T = ctype(nd->type.dtype);
+  CG_CUDA_HEAD(src, name, 0);
+  sb_printf(src, "  const %s *x = (const %s *)a.b[%d];\n  %s *y = (%s *)a.b[%d];\n", T, T, gather ? 2 : 0, T, T,
+            gather ? 1 : 2);
+  CG_CUDA_GRID_LOOP(src, "e", n);
+  sb_printf(src, "    const long long in = e %% %lldLL, l = e / %lldLL %% %lldLL, o = e / %lldLL %% %lldLL, q = e / %lldLL;\n",
+            (long long)inner, (long long)inner, (long long)L, (long long)(inner * L), (long long)outer,
+            (long long)(inner * L * outer));
+  if (zz)
+    sb_printf(src, "    const long long g = l < %lldLL ? q * %lldLL + l : (%dLL - q) * %lldLL + l - %lldLL;\n", (long long)h,
+              (long long)h, 2 * S - 1, (long long)h, (long long)h);
+  else
+    sb_printf(src, "    const long long g = q * %lldLL + l;\n", (long long)L);
+  sb_printf(src, "    const long long v = (o * %lldLL + g) * %lldLL + in;\n", (long long)(S * L), (long long)inner);
+  sb_puts(src, gather ? "    y[v] = x[e];\n  }\n}\n" : "    y[e] = x[v];\n  }\n}\n");
+  cg_cuda_launch(&l[0], name, 0, n, 256);
+  *nl = 1;
+  return 0;
+}

@@ -29,7 +29,7 @@ typedef struct {
 
 typedef struct {
   unsigned char *kind;  /* per node: RT_DS_* */
-  int *lib;             /* per node: index into RtDevPlan.lib, or -1 */
+  int *lib;             /* per node: index into RtDevPlan.lib, or -1 (a collective: its re-layout, if any) */
 } RtDevBlock;
 
 typedef struct RtDevPlan {
@@ -37,6 +37,7 @@ typedef struct RtDevPlan {
   RtDevBlock *blk;
   VEC(RtDevLib) lib;
   int64_t scratch;      /* the largest scratch a library kernel asks for */
+  int64_t comm_scratch; /* the largest a collective's re-layout asks for (the comm stream's own) */
   RtCudaModule mod;
 } RtDevPlan;
 

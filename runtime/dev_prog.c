@@ -37,16 +37,21 @@ typedef struct {
 typedef VEC(LibSeen) LibSeenVec;
 typedef VEC(RtCudaKernelInfo) KernelInfoVec;
 
-/* Library kernels of node i: printed into src unless an identical one is
- * there (seen), its launches into *out.  0; -1 with a message. */
-static int lib_kernel(const IrModule *m, const IrBlock *b, int i, StrBuf *src, LibSeenVec *seen, KernelInfoVec *info,
-                      RtDevLib *out, char *err, size_t errlen) {
+/* A writer of library kernels (cuda.h: cg_cuda_lib_kernel's contract). */
+typedef int (*LibGen)(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src, CgCudaLaunch *l,
+                      int *nl, int64_t *scratch, char *why, size_t whylen);
+
+/* Library kernels of node i by gen: printed into src unless an identical
+ * one is there (seen), its launches into *out (none: out->nl = 0).  0; -1
+ * with a message. */
+static int lib_kernel(const IrModule *m, const IrBlock *b, int i, LibGen gen, StrBuf *src, LibSeenVec *seen,
+                      KernelInfoVec *info, RtDevLib *out, char *err, size_t errlen) {
   const IrNode *nd = &b->nodes[i];
   StrBuf probe = {0};
   RtDevLib l;
   memset(&l, 0, sizeof l);
   char why[512] = "";
-  int r = cg_cuda_lib_kernel(m, b, i, "TSLIB", &probe, l.l, &l.nl, &l.scratch, why, sizeof why);
+  int r = gen(m, b, i, "TSLIB", &probe, l.l, &l.nl, &l.scratch, why, sizeof why);
   if (r != 0) {
     sb_free(&probe);
     if (r > 0)
@@ -54,6 +59,7 @@ static int lib_kernel(const IrModule *m, const IrBlock *b, int i, StrBuf *src, L
                      ir_ops[nd->op].name, why[0] ? ": " : "", why);
     return ts_errf(err, errlen, "block %s, %%%d = %s: %s", b->name, i, ir_ops[nd->op].name, why);
   }
+  if (l.nl == 0) { sb_free(&probe); *out = l; return 0; }
   uint64_t h = ts_hash64(probe.p, probe.n, 0);
   sb_free(&probe);
   for (int s = 0; s < seen->n; s++)
@@ -61,7 +67,7 @@ static int lib_kernel(const IrModule *m, const IrBlock *b, int i, StrBuf *src, L
   char name[64];
   snprintf(name, sizeof name, "%.40s_%08llx", ir_ops[nd->op].name, (unsigned long long)(h & 0xffffffffu));
   memset(&l, 0, sizeof l);
-  if (cg_cuda_lib_kernel(m, b, i, name, src, l.l, &l.nl, &l.scratch, why, sizeof why) != 0)
+  if (gen(m, b, i, name, src, l.l, &l.nl, &l.scratch, why, sizeof why) != 0)
     return ts_errf(err, errlen, "block %s, %%%d = %s: %s", b->name, i, ir_ops[nd->op].name, why);
   LibSeen ls = {h, l};
   VEC_PUSH(*seen, ls);
@@ -154,10 +160,14 @@ RtDevPlan *rt_dev_plan_new(const IrModule *m, RtJit *jit, const MemPlan *const *
         break;
       }
       db->kind[i] = (unsigned char)kind;
-      if (kind != RT_DS_LIB) continue;
+      if (kind != RT_DS_LIB && kind != RT_DS_COMM) continue;
+      /* a collective may need a re-layout around NCCL, on the comm stream's scratch */
       RtDevLib l;
-      if (lib_kernel(m, b, i, &lib, &seen, &info, &l, err, errlen) != 0) { rc = -1; break; }
-      if (l.scratch > P->scratch) P->scratch = l.scratch;
+      LibGen gen = kind == RT_DS_LIB ? cg_cuda_lib_kernel : cg_cuda_comm_relayout;
+      if (lib_kernel(m, b, i, gen, &lib, &seen, &info, &l, err, errlen) != 0) { rc = -1; break; }
+      if (l.nl == 0) continue;
+      int64_t *most = kind == RT_DS_LIB ? &P->scratch : &P->comm_scratch;
+      if (l.scratch > *most) *most = l.scratch;
       VEC_PUSH(P->lib, l);
       db->lib[i] = P->lib.n - 1;
     }

@@ -41,6 +41,7 @@ struct RtDevExec {
   long long run_host[CG_RUN_WORDS];
   int run_valid;
   void *scratch;
+  void *comm_scratch;              /* the collectives' re-layouts (comm stream only) */
   void *scal_dev;                  /* AdamW scalars: 4 doubles per tensor of the largest run */
   double *scal_host;
   int scal_cap;
@@ -60,30 +61,32 @@ static size_t value_bytes(const IrNode *nd) {
 
 /* ---- collectives on a CUDA device ---- */
 
-/* The collective's operand viewed around its dim as [outer, len, inner]. */
-static int64_t comm_outer(const IrBlock *b, const IrNode *nd) {
-  const IrType *t = &b->nodes[nd->in[0]].type;
-  int d = (int)nd->ia[1];
-  if (d < 0) d += t->rank;
-  int64_t outer = 1;
-  for (int k = 0; k < d && k < t->rank; k++) outer *= t->dim[k];
-  return outer;
+/* A collective's re-layout kernel (cg_cuda_comm_relayout) on the comm
+ * stream: buffers operand, result, the comm scratch (NCCL's blocks). */
+static int comm_relayout(RtDevExec *x, const RtDevLib *rl, const void *in, void *out, char *msg, size_t n) {
+  CgCudaArgs a;
+  memset(&a, 0, sizeof a);
+  a.b[0] = (void *)in;
+  a.b[1] = out;
+  a.b[2] = x->comm_scratch;
+  a.run = x->run_dev;
+  for (int k = 0; k < rl->nl; k++)
+    if (x->dev->ops->launch(x->dev, x->mod, &rl->l[k], &a, RT_STREAM_COMM, msg, n) != 0) return -1;
+  return 0;
 }
 
-/* Why node i cannot run as NCCL on device memory, or NULL. */
-static const char *dev_comm_why(const IrModule *m, const IrBlock *b, const IrNode *nd) {
+#define RT_DEV_RING_TAG 7101   /* the tag of the ring's exchanges (NCCL ignores tags; MPI would not) */
+
+/* Why a collective cannot run as NCCL on device memory, or NULL.
+ * all_gather / reduce_scatter are re-laid out around NCCL where their
+ * blocks are not the value's layout (dev_prog.c, cg_cuda_comm_relayout). */
+static const char *dev_comm_why(const IrNode *nd) {
   switch (nd->op) {
-  case IR_OP_ALL_REDUCE:
-    return NULL;
-  case IR_OP_ALL_GATHER: case IR_OP_REDUCE_SCATTER:
-    if (comm_outer(b, nd) != 1)
-      return "its blocks are not contiguous (a dim after the first): the device re-layout around NCCL is not "
-             "written yet";
-    if (nd->ia[0] == IR_AXIS_CP && ir_axis_size(m, IR_AXIS_CP) > 1)
-      return "the cp zigzag re-layout around NCCL is not written yet";
+  case IR_OP_ALL_REDUCE: case IR_OP_ALL_GATHER: case IR_OP_REDUCE_SCATTER: case IR_OP_RING_SHIFT:
+  case IR_OP_RING_WAIT:
     return NULL;
   default:
-    return "only all_reduce, all_gather and reduce_scatter are wired to NCCL so far";
+    return "only all_reduce, all_gather, reduce_scatter and the ring's shifts are wired to NCCL so far";
   }
 }
 
@@ -95,7 +98,7 @@ static int dev_comm_check(const IrModule *m, char *err, size_t errlen) {
     for (int i = 0; i < b->n; i++) {
       const IrNode *nd = &b->nodes[i];
       if (!rt_dev_is_comm(nd->op)) continue;
-      const char *why = dev_comm_why(m, b, nd);
+      const char *why = dev_comm_why(nd);
       if (why)
         return ts_errf(err, errlen, "block %s, %%%d = %s on a CUDA device: %s (run with --cpu)", b->name, i,
                        ir_ops[nd->op].name, why);
@@ -147,8 +150,14 @@ int rt_dev_exec_join(RtDevExec *x, char *msg, size_t n) { return join_upto(x, x-
  * such work, so the operand is safe until NCCL is done.  Axis of size 1:
  * a copy on compute. */
 static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *nd, const void *in, void *out,
-                    char *msg, size_t n) {
+                    const RtDevLib *rl, char *msg, size_t n) {
   RtDev *d = x->dev;
+  if (nd->op == IR_OP_RING_WAIT) {   /* the block its ring_shift received, once that is done */
+    size_t bytes = value_bytes(nd);
+    RtDevRange rw[2] = {{in, bytes}, {out, bytes}};
+    if (out == in) return rt_dev_exec_order(x, rw, 2, msg, n);
+    return rt_dev_exec_order(x, rw, 2, msg, n) || d->ops->d2d(d, out, in, bytes, RT_STREAM_COMPUTE, msg, n);
+  }
   IrAxis ax = (IrAxis)nd->ia[0];
   IrDtype dt = nd->type.dtype;
   size_t es = ir_dtype_size(dt), cin = (size_t)ir_type_numel(&b->nodes[nd->in[0]].type);
@@ -177,8 +186,25 @@ static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
     if (rc == 0)
       rc = nd->ia[1] == 0 ? rt_comm_all_reduce(g, dt, out, cout, msg, n) : rt_comm_all_reduce_max(g, dt, out, cout, msg, n);
     break;
-  case IR_OP_ALL_GATHER: rc = rt_comm_all_gather(g, dt, in, out, cin, msg, n); break;
-  case IR_OP_REDUCE_SCATTER: rc = rt_comm_reduce_scatter(g, dt, in, out, cout, msg, n); break;
+  case IR_OP_ALL_GATHER:   /* with a re-layout: NCCL into the blocks, then the kernel into the value */
+    rc = rt_comm_all_gather(g, dt, in, rl ? x->comm_scratch : out, cin, msg, n);
+    if (rc == 0 && rl) rc = comm_relayout(x, rl, in, out, msg, n);
+    break;
+  case IR_OP_REDUCE_SCATTER:   /* with a re-layout: the kernel into the blocks, then NCCL */
+    rc = rl ? comm_relayout(x, rl, in, out, msg, n) : 0;
+    if (rc == 0) rc = rt_comm_reduce_scatter(g, dt, rl ? x->comm_scratch : in, out, cout, msg, n);
+    break;
+  case IR_OP_RING_SHIFT: {
+    /* x to the next rank, the previous rank's x into this node's result,
+     * as one NCCL group posted now: the exchange runs while compute goes
+     * on, and the ring_wait copies the block out once it is done */
+    int me = rt_comm_rank(g);
+    RtCommReq *req = NULL;
+    rc = rt_comm_isend(g, dt, in, cin, (me + 1) % size, RT_DEV_RING_TAG, &req, msg, n);
+    if (rc == 0) rc = rt_comm_recv(g, dt, out, cout, (me - 1 + size) % size, RT_DEV_RING_TAG, msg, n);
+    if (rc == 0) rc = rt_comm_wait_all(&req, 1, msg, n);   /* posted with the receive: done in stream order */
+    break;
+  }
   default:
     snprintf(msg, n, "internal error: %s reached the device collectives", ir_ops[nd->op].name);
     return -1;
@@ -218,7 +244,9 @@ RtDevExec *rt_dev_exec_new(const IrModule *m, const RtExecOpts *o, RtJit *jit, c
   x->scal_host = ts_xcalloc((size_t)most * 4, sizeof *x->scal_host);
   if (d->ops->alloc(d, CG_RUN_WORDS * sizeof(long long), &x->run_dev, why, sizeof why) != 0 ||
       d->ops->alloc(d, (size_t)most * 4 * sizeof(double), &x->scal_dev, why, sizeof why) != 0 ||
-      (x->plan->scratch > 0 && d->ops->alloc(d, (size_t)x->plan->scratch, &x->scratch, why, sizeof why) != 0)) {
+      (x->plan->scratch > 0 && d->ops->alloc(d, (size_t)x->plan->scratch, &x->scratch, why, sizeof why) != 0) ||
+      (x->plan->comm_scratch > 0 &&
+       d->ops->alloc(d, (size_t)x->plan->comm_scratch, &x->comm_scratch, why, sizeof why) != 0)) {
     ts_errf(err, errlen, "device memory on %s: %s", d->label, why);
     goto fail;
   }
@@ -234,6 +262,7 @@ void rt_dev_exec_free(RtDevExec *x) {
   if (x->run_dev) d->ops->free(d, x->run_dev);
   if (x->scal_dev) d->ops->free(d, x->scal_dev);
   if (x->scratch) d->ops->free(d, x->scratch);
+  if (x->comm_scratch) d->ops->free(d, x->comm_scratch);
   if (x->mod) d->ops->module_free(d, x->mod);
   rt_dev_plan_free(x->plan);
   free(x->scal_host);
@@ -397,7 +426,8 @@ int rt_dev_exec_node(RtDevExec *x, RtProgram *p, int bi, int i, const void *cons
   case RT_DS_GEMM:
     return gemm(x, b, nd, in[0], in[1], out, NULL, msg, n);
   case RT_DS_COMM: {
-    if (!x->dev->host_memory) return dev_comm(x, p, b, nd, in[0], out, msg, n);
+    if (!x->dev->host_memory)
+      return dev_comm(x, p, b, nd, in[0], out, db->lib[i] >= 0 ? &x->plan->lib.a[db->lib[i]] : NULL, msg, n);
     /* host memory: the reference kernel and the communication layer as on CPU ranks */
     const IrType *it[64];
     if (nd->nin > 64) { snprintf(msg, n, "too many operands"); return -1; }

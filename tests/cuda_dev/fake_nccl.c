@@ -7,8 +7,9 @@
  * progresses a group's operations together; a call outside a group is a
  * group of one.  Every operation records the stream it was given, so a
  * test can check which stream the communication layer used.  With
- * FAKE_NCCL_STREAM_ORDER=1 the collectives (not sends and receives) run
- * in stream order instead, through the fake driver's cuLaunchHostFunc
+ * FAKE_NCCL_STREAM_ORDER=1 the collectives and the groups of sends and
+ * receives run in stream order instead, through the fake driver's
+ * cuLaunchHostFunc
  * (dlopen of TS_CUDA_DRIVER, the instance the device layer uses): a
  * collective issued before the kernels that produce its operand are done
  * then reads what is really there, and one issued inside a graph capture
@@ -71,25 +72,34 @@ EXPORT int ncclCommGetAsyncError(Comm *c, int *r) {
 }
 
 static Comm *the_comm;   /* of the pending sends / receives */
+static void *p2p_stream;  /* the stream of the last of them */
+
+/* Posts the sends and receives p[0 .. n) on c together and waits. */
+static int p2p_run(const P2p *p, int n, Comm *c) {
+  MPI_Request *r = calloc((size_t)n, sizeof *r);
+  for (int i = 0; i < n; i++) {
+    if (p[i].send) MPI_Isend(p[i].buf, (int)p[i].count, mpi_dt(p[i].dt), p[i].peer, 77, c->comm, &r[i]);
+    else MPI_Irecv(p[i].buf, (int)p[i].count, mpi_dt(p[i].dt), p[i].peer, 77, c->comm, &r[i]);
+  }
+  int rc = MPI_Waitall(n, r, MPI_STATUSES_IGNORE);
+  free(r);
+  return rc == MPI_SUCCESS ? 0 : -1;
+}
+
+static int p2p_in_order(const P2p *p, int n, Comm *c, void *stream);   /* below: with the collectives */
 
 static int flush(void) {
   if (!npend) return OK;
-  MPI_Request *r = calloc((size_t)npend, sizeof *r);
-  for (int i = 0; i < npend; i++) {
-    P2p *p = &pend[i];
-    if (p->send) MPI_Isend(p->buf, (int)p->count, mpi_dt(p->dt), p->peer, 77, the_comm->comm, &r[i]);
-    else MPI_Irecv(p->buf, (int)p->count, mpi_dt(p->dt), p->peer, 77, the_comm->comm, &r[i]);
-  }
-  int rc = MPI_Waitall(npend, r, MPI_STATUSES_IGNORE);
-  free(r);
+  const char *e = getenv("FAKE_NCCL_STREAM_ORDER");
+  int rc = e && *e == '1' ? p2p_in_order(pend, npend, the_comm, p2p_stream) : p2p_run(pend, npend, the_comm) ? INTERNAL : OK;
   npend = 0;
-  return rc == MPI_SUCCESS ? OK : INTERNAL;
+  return rc;
 }
 
 static int p2p(int send, const void *buf, size_t count, int dt, int peer, Comm *c, void *stream) {
   if (!c || !dt_ok(dt) || peer < 0 || peer >= c->size || (count && !buf)) return INVALID_ARGUMENT;
   if (the_comm && the_comm != c && npend) return INVALID_USAGE;
-  last_stream = stream;
+  last_stream = p2p_stream = stream;
   ops++;
   the_comm = c;
   if (npend == cappend) {
@@ -124,12 +134,14 @@ static int coll_check(Comm *c, int dt, void *stream) {
 }
 
 /* ---- collectives, at once or in stream order ---- */
-enum { C_ALL_REDUCE, C_ALL_REDUCE_MAX, C_ALL_GATHER, C_REDUCE_SCATTER };
-typedef struct { int kind; const void *s; void *r; size_t n; int dt; Comm *c; } Coll;
+enum { C_ALL_REDUCE, C_ALL_REDUCE_MAX, C_ALL_GATHER, C_REDUCE_SCATTER, C_P2P };
+/* C_P2P: the group's sends and receives, p2p[0 .. n) (owned) */
+typedef struct { int kind; const void *s; void *r; size_t n; int dt; Comm *c; P2p *p2p; } Coll;
 
 static int coll_run(const Coll *k) {
   MPI_Datatype t = mpi_dt(k->dt);
   switch (k->kind) {
+  case C_P2P: return p2p_run(k->p2p, (int)k->n, k->c) ? MPI_ERR_OTHER : MPI_SUCCESS;
   case C_ALL_REDUCE: case C_ALL_REDUCE_MAX:
     return MPI_Allreduce(k->s == k->r ? MPI_IN_PLACE : k->s, k->r, (int)k->n, t,
                          k->kind == C_ALL_REDUCE ? MPI_SUM : MPI_MAX, k->c->comm);
@@ -151,6 +163,7 @@ static void coll_host(void *u) {
 
 static void coll_host_once(void *u) {
   coll_host(u);
+  free(((Coll *)u)->p2p);
   free(u);
 }
 
@@ -188,20 +201,27 @@ static int coll(Coll k, void *stream) {
   return OK;
 }
 
+static int p2p_in_order(const P2p *p, int n, Comm *c, void *stream) {
+  P2p *copy = malloc((size_t)n * sizeof *copy);
+  if (!copy) return INTERNAL;
+  memcpy(copy, p, (size_t)n * sizeof *copy);
+  return coll((Coll){C_P2P, NULL, NULL, (size_t)n, 7, c, copy}, stream);
+}
+
 EXPORT int ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, Comm *c, void *stream) {
   int e = coll_check(c, dt, stream);
   if (e || (op != 0 && op != 2)) return e ? e : INVALID_ARGUMENT;   /* ncclSum, ncclMax */
-  return coll((Coll){op == 0 ? C_ALL_REDUCE : C_ALL_REDUCE_MAX, s, r, n, dt, c}, stream);
+  return coll((Coll){op == 0 ? C_ALL_REDUCE : C_ALL_REDUCE_MAX, s, r, n, dt, c, NULL}, stream);
 }
 EXPORT int ncclAllGather(const void *s, void *r, size_t n, int dt, Comm *c, void *stream) {
   int e = coll_check(c, dt, stream);
   if (e) return e;
-  return coll((Coll){C_ALL_GATHER, s, r, n, dt, c}, stream);
+  return coll((Coll){C_ALL_GATHER, s, r, n, dt, c, NULL}, stream);
 }
 EXPORT int ncclReduceScatter(const void *s, void *r, size_t n, int dt, int op, Comm *c, void *stream) {
   int e = coll_check(c, dt, stream);
   if (e || op != 0) return e ? e : INVALID_ARGUMENT;
-  return coll((Coll){C_REDUCE_SCATTER, s, r, n, dt, c}, stream);
+  return coll((Coll){C_REDUCE_SCATTER, s, r, n, dt, c, NULL}, stream);
 }
 
 /* for the test */
@@ -210,6 +230,9 @@ EXPORT long fake_nccl_ops(void) { return ops; }
 
 __attribute__((destructor)) static void fake_nccl_fini(void) {
   free(pend);
-  for (int i = 0; i < nkept; i++) free(kept[i]);
+  for (int i = 0; i < nkept; i++) {
+    free(kept[i]->p2p);
+    free(kept[i]);
+  }
   free(kept);
 }
