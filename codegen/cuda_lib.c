@@ -287,6 +287,19 @@ int cg_cuda_comm_relayout(const IrModule *m, const IrBlock *b, int i, const char
   const IrNode *nd = &b->nodes[i];
   *nl = 0;
   *scratch = 0;
+  if (nd->op == IR_OP_GROUP_SUM) {   /* two members: x + the other's value (in the blocks buffer) */
+    int64_t n = ir_type_numel(&nd->type);
+    const char *T = ctype(nd->type.dtype);
+    *scratch = n * (int64_t)ir_dtype_size(nd->type.dtype);
+    CG_CUDA_HEAD(src, name, 0);
+    sb_printf(src, "  const %s *x = (const %s *)a.b[0], *o = (const %s *)a.b[2];\n  %s *y = (%s *)a.b[1];\n", T, T, T,
+              T, T);
+    CG_CUDA_GRID_LOOP(src, "e", n);
+    sb_puts(src, "    y[e] = x[e] + o[e];\n  }\n}\n");
+    cg_cuda_launch(&l[0], name, 0, n, 256);
+    *nl = 1;
+    return 0;
+  }
   if (nd->op != IR_OP_ALL_GATHER && nd->op != IR_OP_REDUCE_SCATTER) return 0;
   int a = (int)nd->ia[0], S = a >= 0 && a < IR_AXIS_COUNT ? cg_cuda_axis_size(m, a) : 1;
   const IrType *t = &b->nodes[nd->in[0]].type;

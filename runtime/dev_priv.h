@@ -77,10 +77,17 @@ int rt_dev_exec_kernel(RtDevExec *x, RtProgram *p, int bi, const RtJitKernel *K,
 typedef struct { const void *p; size_t bytes; } RtDevRange;
 int rt_dev_exec_order(RtDevExec *x, const RtDevRange *r, int n, char *msg, size_t len);
 int rt_dev_exec_join(RtDevExec *x, char *msg, size_t len);
+/* The end of a training step on a pipeline (rt_pipe_end_step): flushes
+ * the queued sends, waits for the comm stream, returns the send buffers
+ * to the pool; a value stashed or handed off and never taken is an
+ * error (named).  0, or -1 with a message. */
+int rt_dev_exec_pipe_end(RtDevExec *x, char *msg, size_t len);
 /* Collectives issued on the comm stream so far, and operations issued on
  * compute while one was in flight. */
 void rt_dev_exec_comm_stats(const RtDevExec *x, long long *collectives, long long *overlapped);
 
+/* rt.c: the program's device executor, or NULL (a CPU program). */
+RtDevExec *rt_program_dev_exec(RtProgram *p);
 /* rt.c: the device address of state s (program on a device). */
 void *rt_state_dev(RtProgram *p, int s);
 

@@ -33,6 +33,13 @@ typedef struct {
   int event;
 } RtDevPending;
 
+/* The pipeline's device buffers: a stash entry ('s', key chunk / micro /
+ * slot) or a local hand-off ('m', key tag); a send's copy until the step
+ * ends; the pool they come from, reused by exact size. */
+typedef struct { char kind; int chunk, micro; int64_t key; size_t bytes; void *buf; } DevKept;
+typedef struct { RtCommReq *req; void *buf; size_t bytes; } DevSend;
+typedef struct { size_t bytes; void *p; } DevBuf;
+
 struct RtDevExec {
   RtDev *dev;
   RtDevPlan *plan;
@@ -50,6 +57,10 @@ struct RtDevExec {
   RtDevPending pend[RT_DEV_PENDING];
   int npend, next_event;
   long long ncoll, noverlap;   /* rt_dev_exec_comm_stats */
+  /* the pipeline on a device (see "The pipeline on a CUDA device") */
+  VEC(DevKept) kept;
+  VEC(DevSend) sends;
+  VEC(DevBuf) pool;
 };
 
 RtDev *rt_dev_exec_dev(const RtDevExec *x) { return x->dev; }
@@ -83,10 +94,10 @@ static int comm_relayout(RtDevExec *x, const RtDevLib *rl, const void *in, void 
 static const char *dev_comm_why(const IrNode *nd) {
   switch (nd->op) {
   case IR_OP_ALL_REDUCE: case IR_OP_ALL_GATHER: case IR_OP_REDUCE_SCATTER: case IR_OP_RING_SHIFT:
-  case IR_OP_RING_WAIT:
+  case IR_OP_RING_WAIT: case IR_OP_SEND: case IR_OP_RECV: case IR_OP_STASH: case IR_OP_UNSTASH: case IR_OP_GROUP_SUM:
     return NULL;
   default:
-    return "only all_reduce, all_gather, reduce_scatter and the ring's shifts are wired to NCCL so far";
+    return "the experts' all-to-all is not wired to NCCL yet";
   }
 }
 
@@ -149,6 +160,26 @@ int rt_dev_exec_join(RtDevExec *x, char *msg, size_t n) { return join_upto(x, x-
  * to a later value once the collective is issued; that value's writer is
  * such work, so the operand is safe until NCCL is done.  Axis of size 1:
  * a copy on compute. */
+/* Before work on the comm stream: it waits for the compute issued so far
+ * (its operands may be the result of a pending collective: the comm stream
+ * runs them in order, nothing to wait for); a full pending list first
+ * waits for the oldest. */
+static int comm_begin(RtDevExec *x, char *msg, size_t n) {
+  RtDev *d = x->dev;
+  if (x->npend == RT_DEV_PENDING && join_upto(x, 0, msg, n) != 0) return -1;
+  return d->ops->event_record(d, 0, RT_STREAM_COMPUTE, msg, n) || d->ops->stream_wait(d, RT_STREAM_COMM, 0, msg, n);
+}
+
+/* After it: an event marks it pending, reading rd and writing wr. */
+static int comm_end(RtDevExec *x, RtDevRange rd, RtDevRange wr, char *msg, size_t n) {
+  int ev = 2 + x->next_event;
+  x->next_event = (x->next_event + 1) % RT_DEV_PENDING;
+  if (x->dev->ops->event_record(x->dev, ev, RT_STREAM_COMM, msg, n) != 0) return -1;
+  x->pend[x->npend++] = (RtDevPending){rd, wr, ev};
+  x->ncoll++;
+  return 0;
+}
+
 static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *nd, const void *in, void *out,
                     const RtDevLib *rl, char *msg, size_t n) {
   RtDev *d = x->dev;
@@ -174,11 +205,7 @@ static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
     if (out == in) return 0;
     return rt_dev_exec_order(x, rw, 2, msg, n) || d->ops->d2d(d, out, in, cout * es, RT_STREAM_COMPUTE, msg, n);
   }
-  /* its operand may be the result of a pending one: the comm stream runs
-   * them in order, nothing to wait for; a full list waits for the oldest */
-  if (x->npend == RT_DEV_PENDING && join_upto(x, 0, msg, n) != 0) return -1;
-  if (d->ops->event_record(d, 0, RT_STREAM_COMPUTE, msg, n) || d->ops->stream_wait(d, RT_STREAM_COMM, 0, msg, n))
-    return -1;
+  if (comm_begin(x, msg, n) != 0) return -1;
   int rc;
   switch (nd->op) {
   case IR_OP_ALL_REDUCE:
@@ -210,12 +237,181 @@ static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
     return -1;
   }
   if (rc != 0) return -1;
-  int ev = 2 + x->next_event;
-  x->next_event = (x->next_event + 1) % RT_DEV_PENDING;
-  if (d->ops->event_record(d, ev, RT_STREAM_COMM, msg, n) != 0) return -1;
-  x->pend[x->npend++] = (RtDevPending){rw[0], rw[1], ev};
-  x->ncoll++;
+  return comm_end(x, rw[0], rw[1], msg, n);
+}
+
+/* ---- the pipeline on a CUDA device ----
+ * What ops_pipe.c does on host memory, with device buffers:
+ *   send       x copied into a pool buffer on compute (the executor reuses
+ *              x's buffer after the node), then queued on the axis' NCCL
+ *              group (rt_comm_isend): NCCL gets it with the group's next
+ *              receive, in one NCCL group, so two stages sending to each
+ *              other never wait on each other's send.  To this rank's own
+ *              coordinate (interleaved chunks): a local hand-off.
+ *   recv       the queued sends and this receive as one NCCL group on the
+ *              comm stream, pending like a collective.
+ *   stash / unstash   a copy into / out of a pool buffer on compute, keyed
+ *              by (chunk, micro batch, slot).
+ *   group_sum  of at most two members (the tied weights of the first and
+ *              last stage): x to the other member and its value into the
+ *              comm scratch as one NCCL group, then x + theirs on the comm
+ *              stream (cg_cuda_comm_relayout's kernel; two terms add the
+ *              same bits in either order).
+ * Send buffers return to the pool when the step ends
+ * (rt_dev_exec_pipe_end: the last queued sends flushed, the comm stream
+ * synced); the others as soon as their copy is issued (the compute
+ * stream orders every later use). */
+#define RT_DEV_GROUP_SUM_TAG 32767
+
+static int pool_get(RtDevExec *x, size_t bytes, void **buf, char *msg, size_t n) {
+  for (int i = 0; i < x->pool.n; i++)
+    if (x->pool.a[i].bytes == bytes) {
+      *buf = x->pool.a[i].p;
+      x->pool.a[i] = x->pool.a[--x->pool.n];
+      return 0;
+    }
+  char why[256];
+  if (x->dev->ops->alloc(x->dev, bytes ? bytes : 1, buf, why, sizeof why) != 0) {
+    snprintf(msg, n, "device memory for a pipeline buffer of %zu bytes on %s: %s", bytes, x->dev->label, why);
+    return -1;
+  }
   return 0;
+}
+
+static void pool_put(RtDevExec *x, void *buf, size_t bytes) {
+  DevBuf e = {bytes, buf};
+  VEC_PUSH(x->pool, e);
+}
+
+static DevKept *kept_find(RtDevExec *x, char kind, int chunk, int micro, int64_t key) {
+  for (int i = 0; i < x->kept.n; i++) {   /* hand-offs: the oldest with the tag */
+    DevKept *e = &x->kept.a[i];
+    if (e->kind == kind && e->key == key && (kind == 'm' || (e->chunk == chunk && e->micro == micro))) return e;
+  }
+  return NULL;
+}
+
+static void kept_drop(RtDevExec *x, DevKept *e) {
+  memmove(e, e + 1, (size_t)(x->kept.a + x->kept.n - e - 1) * sizeof *e);
+  x->kept.n--;
+}
+
+/* A copy on compute after the collectives touching either buffer. */
+static int copy_ordered(RtDevExec *x, void *dst, const void *src, size_t bytes, char *msg, size_t n) {
+  RtDevRange rw[2] = {{src, bytes}, {dst, bytes}};
+  return rt_dev_exec_order(x, rw, 2, msg, n) || x->dev->ops->d2d(x->dev, dst, src, bytes, RT_STREAM_COMPUTE, msg, n);
+}
+
+static int dev_pipe(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *nd, const void *in, void *out,
+                    const RtDevLib *rl, const RtRunInfo *info, char *msg, size_t n) {
+  int bwd, chunk = ir_block_chunk(b, &bwd), micro = info ? info->micro : 0;
+  const IrType *vt = nd->op == IR_OP_SEND || nd->op == IR_OP_STASH || nd->op == IR_OP_GROUP_SUM
+                         ? &b->nodes[nd->in[0]].type : &nd->type;
+  size_t bytes = (size_t)ir_type_numel(vt) * ir_dtype_size(vt->dtype);
+  if (nd->op == IR_OP_STASH || nd->op == IR_OP_UNSTASH) {
+    int64_t slot = nd->ia[0];
+    DevKept *e = kept_find(x, 's', chunk, micro, slot);
+    if (nd->op == IR_OP_UNSTASH) {
+      if (!e || e->bytes != bytes) {
+        snprintf(msg, n, "nothing of %zu bytes stashed for chunk %d, micro batch %d, slot %lld", bytes, chunk, micro,
+                 (long long)slot);
+        return -1;
+      }
+      if (copy_ordered(x, out, e->buf, bytes, msg, n) != 0) return -1;
+      pool_put(x, e->buf, e->bytes);
+      kept_drop(x, e);
+      return 0;
+    }
+    if (e) {
+      snprintf(msg, n, "chunk %d, micro batch %d, slot %lld is already stashed", chunk, micro, (long long)slot);
+      return -1;
+    }
+    DevKept k = {'s', chunk, micro, slot, bytes, NULL};
+    if (pool_get(x, bytes, &k.buf, msg, n) || copy_ordered(x, k.buf, in, bytes, msg, n)) return -1;
+    VEC_PUSH(x->kept, k);
+    return 0;
+  }
+  IrAxis ax = (IrAxis)nd->ia[0];
+  int size = rt_program_axis_size(p, ax), coord = rt_program_rank(p)->coord[ax];
+  RtComm *g = size > 1 ? rt_program_dev_group(p, ax) : NULL;
+  IrDtype dt = vt->dtype;
+  size_t count = (size_t)ir_type_numel(vt);
+  if (nd->op == IR_OP_GROUP_SUM) {
+    int64_t mask = nd->ia[1];
+    int other = -1, members = 0;
+    for (int q = 0; q < size && q < 62; q++)
+      if (mask >> q & 1) members++, other = q != coord ? q : other;
+    if (members == 1) return out == in ? 0 : copy_ordered(x, out, (void *)in, bytes, msg, n);
+    if (members != 2 || other < 0 || !g || !rl) {
+      snprintf(msg, n, "group_sum ranks=%lld on a CUDA device: only two members, this rank one of them, are wired",
+               (long long)mask);
+      return -1;
+    }
+    RtCommReq *req = NULL;
+    if (comm_begin(x, msg, n) || rt_comm_isend(g, dt, in, count, other, RT_DEV_GROUP_SUM_TAG, &req, msg, n) ||
+        rt_comm_recv(g, dt, x->comm_scratch, count, other, RT_DEV_GROUP_SUM_TAG, msg, n) ||
+        rt_comm_wait_all(&req, 1, msg, n) || comm_relayout(x, rl, in, out, msg, n))
+      return -1;
+    return comm_end(x, (RtDevRange){in, bytes}, (RtDevRange){out, bytes}, msg, n);
+  }
+  int64_t q = ((int64_t)coord + nd->ia[1]) % size;
+  int peer = (int)(q < 0 ? q + size : q), tag = (int)nd->ia[2];
+  if (peer != coord && !g) {
+    snprintf(msg, n, "%s on %s: the rank has no NCCL group for the %s axis", ir_ops[nd->op].name, x->dev->label,
+             ir_axis_name(ax));
+    return -1;
+  }
+  if (nd->op == IR_OP_SEND) {
+    void *buf;
+    if (pool_get(x, bytes, &buf, msg, n) || copy_ordered(x, buf, in, bytes, msg, n)) return -1;
+    if (peer == coord) {
+      DevKept k = {'m', chunk, micro, tag, bytes, buf};
+      VEC_PUSH(x->kept, k);
+      return 0;
+    }
+    DevSend s = {NULL, buf, bytes};
+    if (comm_begin(x, msg, n) || rt_comm_isend(g, dt, buf, count, peer, tag, &s.req, msg, n)) {
+      pool_put(x, buf, bytes);
+      return -1;
+    }
+    VEC_PUSH(x->sends, s);
+    return 0;
+  }
+  /* recv */
+  if (peer == coord) {
+    DevKept *e = kept_find(x, 'm', 0, 0, tag);
+    if (!e || e->bytes != bytes) {
+      snprintf(msg, n, "recv with tag %d from this rank's own coordinate: nothing of %zu bytes was sent with it", tag,
+               bytes);
+      return -1;
+    }
+    if (copy_ordered(x, out, e->buf, bytes, msg, n) != 0) return -1;
+    pool_put(x, e->buf, e->bytes);
+    kept_drop(x, e);
+    return 0;
+  }
+  if (comm_begin(x, msg, n) || rt_comm_recv(g, dt, out, count, peer, tag, msg, n)) return -1;
+  for (int i = 0; i < x->sends.n; i++) rt_comm_test(&x->sends.a[i].req);   /* posted with it: free the requests */
+  return comm_end(x, (RtDevRange){NULL, 0}, (RtDevRange){out, bytes}, msg, n);
+}
+
+int rt_dev_exec_pipe_end(RtDevExec *x, char *msg, size_t n) {
+  RtDev *d = x->dev;
+  int rc = 0;
+  for (int i = 0; i < x->sends.n && rc == 0; i++) rc = rt_comm_wait_all(&x->sends.a[i].req, 1, msg, n);
+  if (rc == 0 && x->sends.n) rc = d->ops->sync(d, RT_STREAM_COMM, msg, n);
+  for (int i = 0; i < x->sends.n; i++) pool_put(x, x->sends.a[i].buf, x->sends.a[i].bytes);
+  x->sends.n = 0;
+  if (rc == 0 && x->kept.n) {
+    const DevKept *e = &x->kept.a[0];
+    snprintf(msg, n, "the step ended with %d pipeline value%s kept on the device and never %s; the first: chunk %d, "
+             "micro batch %d, %s %lld", x->kept.n, x->kept.n == 1 ? "" : "s", e->kind == 's' ? "unstashed" : "received",
+             e->chunk, e->micro, e->kind == 's' ? "slot" : "tag", (long long)e->key);
+    rc = -1;
+  }
+  for (int i = 0; i < x->kept.n; i++) pool_put(x, x->kept.a[i].buf, x->kept.a[i].bytes);
+  x->kept.n = 0;
+  return rc;
 }
 
 RtDevExec *rt_dev_exec_new(const IrModule *m, const RtExecOpts *o, RtJit *jit, const MemPlan *const *plans,
@@ -263,6 +459,13 @@ void rt_dev_exec_free(RtDevExec *x) {
   if (x->scal_dev) d->ops->free(d, x->scal_dev);
   if (x->scratch) d->ops->free(d, x->scratch);
   if (x->comm_scratch) d->ops->free(d, x->comm_scratch);
+  /* an abandoned step's sends: their requests stay with the group's queue */
+  for (int i = 0; i < x->sends.n; i++) d->ops->free(d, x->sends.a[i].buf);
+  for (int i = 0; i < x->kept.n; i++) d->ops->free(d, x->kept.a[i].buf);
+  for (int i = 0; i < x->pool.n; i++) d->ops->free(d, x->pool.a[i].p);
+  free(x->sends.a);
+  free(x->kept.a);
+  free(x->pool.a);
   if (x->mod) d->ops->module_free(d, x->mod);
   rt_dev_plan_free(x->plan);
   free(x->scal_host);
@@ -426,8 +629,15 @@ int rt_dev_exec_node(RtDevExec *x, RtProgram *p, int bi, int i, const void *cons
   case RT_DS_GEMM:
     return gemm(x, b, nd, in[0], in[1], out, NULL, msg, n);
   case RT_DS_COMM: {
-    if (!x->dev->host_memory)
-      return dev_comm(x, p, b, nd, in[0], out, db->lib[i] >= 0 ? &x->plan->lib.a[db->lib[i]] : NULL, msg, n);
+    if (!x->dev->host_memory) {
+      const RtDevLib *rl = db->lib[i] >= 0 ? &x->plan->lib.a[db->lib[i]] : NULL;
+      switch (nd->op) {
+      case IR_OP_SEND: case IR_OP_RECV: case IR_OP_STASH: case IR_OP_UNSTASH: case IR_OP_GROUP_SUM:
+        return dev_pipe(x, p, b, nd, nd->nin ? in[0] : NULL, out, rl, info, msg, n);
+      default:
+        return dev_comm(x, p, b, nd, in[0], out, rl, msg, n);
+      }
+    }
     /* host memory: the reference kernel and the communication layer as on CPU ranks */
     const IrType *it[64];
     if (nd->nin > 64) { snprintf(msg, n, "too many operands"); return -1; }

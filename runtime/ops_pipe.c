@@ -27,6 +27,7 @@
  * once.  Under AddressSanitizer buffers are really freed. */
 #include "rt_priv.h"
 #include "comm.h"
+#include "dev_priv.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define PIPE_POOL 0
@@ -122,6 +123,8 @@ int rt_pipe_wait_sends(RtProgram *p, char *err, size_t errlen) {
 }
 
 int rt_pipe_end_step(RtProgram *p, char *err, size_t errlen) {
+  RtDevExec *dx = rt_program_dev_exec(p);
+  if (dx && !rt_dev_exec_dev(dx)->host_memory) return rt_dev_exec_pipe_end(dx, err, errlen);   /* on a GPU */
   if (rt_pipe_wait_sends(p, err, errlen) != 0) return -1;
   RtPipe *s = *rt_program_pipe(p);
   if (!s || !s->kept.n) return 0;

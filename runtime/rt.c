@@ -200,6 +200,7 @@ RtComm *rt_program_group(const RtProgram *p, IrAxis a) { return a < IR_AXIS_COUN
 RtComm *rt_program_dev_group(const RtProgram *p, IrAxis a) { return a < IR_AXIS_COUNT ? p->rank.dev_group[a] : NULL; }
 const RtRank *rt_program_rank(const RtProgram *p) { return &p->rank; }
 RtPipe **rt_program_pipe(RtProgram *p) { return &p->pipe; }
+RtDevExec *rt_program_dev_exec(RtProgram *p) { return p->dx; }
 RtRing **rt_program_ring(RtProgram *p) { return &p->ring; }
 
 int64_t rt_shard_block(const RtProgram *p, unsigned mask, int64_t *nblk) {

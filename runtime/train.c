@@ -486,8 +486,12 @@ static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
     if (!bwd) add_metrics(r);
     if (i == 0) maybe_fail(r, s);
   }
-  if (pipe_metrics(r, err, errlen) != 0) return -1;
+  /* the sends first: on GPU ranks the last ones are still queued for
+   * NCCL (posted with a receive, and there is none left), and a peer may
+   * be waiting for them in its last block while we would wait in the
+   * metrics' collective */
   if (rt_pipe_end_step(r->prog, err, errlen) != 0) return -1;
+  if (pipe_metrics(r, err, errlen) != 0) return -1;
   if (s == 0 && trace_steps(r, c, err, errlen) != 0) return -1;
   if (r->pp && rt_comm_all_reduce(r->pp, IR_F64, acc, 2, err, errlen) != 0) return -1;
   if (r->dp && rt_comm_all_reduce(r->dp, IR_F64, acc, 2, err, errlen) != 0) return -1;

@@ -1,7 +1,8 @@
 /* test_fake_gpu_step - a sharded plan trained on "GPU ranks" made of
  * the real device layer over fakes, against the same ranks on CPUs.
  *   mpirun -np N test_fake_gpu_step PLAN STEPS TOL DIR
- * PLAN is a one-program plan for a mesh of N ranks (dp or tp).  Every rank trains it
+ * PLAN is a plan for a mesh of N ranks (dp, tp, cp or pp: each rank runs
+ * its program).  Every rank trains it
  * twice: on the CPU (LLVM kernels, MPI collectives), then through what a
  * GPU rank runs -- runtime/dev_cuda.c over the fake driver (TS_CUDA_DRIVER,
  * fake_cuda.c: work queued per stream, run only when waited for), the
@@ -66,14 +67,19 @@ int main(int argc, char **argv) {
   if (argc != 5) rt_comm_abort(world, "usage: test_fake_gpu_step PLAN STEPS TOL DIR");
   RtPlan *plan = rt_plan_read(argv[1], err, sizeof err);
   if (!plan) rt_comm_abort(world, "%s", err);
-  IrModule *m = plan->programs[0];
   RtRank rank = rt_rank_single();
   rank.mesh = plan->mesh;
   int rest = (rank.mesh.tp > 1 ? rank.mesh.tp : 1) * (rank.mesh.pp > 1 ? rank.mesh.pp : 1) *
              (rank.mesh.cp > 1 ? rank.mesh.cp : 1) * (rank.mesh.ep > 1 ? rank.mesh.ep : 1);
   if (rank.mesh.dp < 1) rank.mesh.dp = n / rest;   /* dp unset: the ranks left */
-  if (plan->nprograms != 1 || rank.mesh.dp * rest != n)
-    rt_comm_abort(world, "a one-program plan for a mesh of %d ranks is needed", n);
+  if (rank.mesh.dp * rest != n) rt_comm_abort(world, "the plan is not for a mesh of %d ranks", n);
+  /* this rank's program (a pipeline has one per stage), as mrun picks it */
+  int c[RT_AXIS_COUNT];
+  rt_mesh_coords(&rank.mesh, me, c);
+  c[RT_AXIS_DP] %= plan->mesh.dp < 1 ? 1 : plan->mesh.dp;
+  int pr = rt_mesh_rank(&plan->mesh, c);
+  if (plan->nranks < 1 || pr < 0) rt_comm_abort(world, "the plan has no program for rank %d", me);
+  IrModule *m = plan->programs[plan->rank_program[pr % plan->nranks]];
   m->train.steps = atoi(argv[2]);
   double tol = atof(argv[3]);
   const char *dir = argv[4];
