@@ -81,8 +81,11 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
 int cg_cuda_lib_op(IrOp op);
 /* The re-layout kernel of collective node i (all_gather, reduce_scatter)
  * when NCCL's whole rank blocks are not the value's layout (a dim after
- * the first, or the cp zigzag), or group_sum's sum of x and the other
- * member's value (in the blocks buffer): same contract, buffers a.b[0] operand,
+ * the first, or the cp zigzag), all_to_all's packing of the blocks
+ * (kernel 0, before NCCL) and their placing (kernel 1, after), or
+ * group_sum's sum of x and the other member's value (in the blocks
+ * buffer); all_to_all_v has no kernel but asks for scratch (the rows in
+ * flight, moved by copies at the host's counts): same contract, buffers a.b[0] operand,
  * a.b[1] result, a.b[2] the blocks [S][outer, L, inner] (*scratch bytes,
  * on the comm stream's own scratch).  An all_gather's kernel runs after
  * NCCL gathers into the blocks, a reduce_scatter's before NCCL scatters

@@ -278,6 +278,50 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
   }
 }
 
+/* all_to_all around NCCL: kernel 0 packs x's blocks along dim `split`
+ * into the first half of the scratch ([S][n / S], block j for rank j),
+ * NCCL exchanges them into the second half, kernel 1 places received
+ * block j at j along dim `concat` of the result. */
+static int relayout_a2a(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src, CgCudaLaunch *l,
+                        int *nl, int64_t *scratch, char *why, size_t whylen) {
+  const IrNode *nd = &b->nodes[i];
+  const IrType *xt = &b->nodes[nd->in[0]].type, *yt = &nd->type;
+  int S = cg_cuda_axis_size(m, (int)nd->ia[0]), r = xt->rank, sd = (int)nd->ia[1], cd = (int)nd->ia[2];
+  if (S <= 1) return 0;
+  if (sd < 0 || sd >= r || cd < 0 || cd >= r || xt->dim[sd] % S) {
+    snprintf(why, whylen, "split / concat dims do not fit %d ranks", S);
+    return 1;
+  }
+  int64_t n = ir_type_numel(xt), blk = n / S;
+  /* x as [so, S, sl, si] around dim sd; y as [co, S, cl, ci] around dim cd,
+   * where block j is the [..., sl / S ...] sub-tensor of x's shape */
+  int64_t so = 1, si = 1, sl = xt->dim[sd] / S, co = 1, ci = 1, cl = yt->dim[cd] / S;
+  for (int q = 0; q < sd; q++) so *= xt->dim[q];
+  for (int q = sd + 1; q < r; q++) si *= xt->dim[q];
+  for (int q = 0; q < cd; q++) co *= yt->dim[q];
+  for (int q = cd + 1; q < r; q++) ci *= yt->dim[q];
+  const char *T = ctype(nd->type.dtype);
+  *scratch = 2 * n * (int64_t)ir_dtype_size(nd->type.dtype);
+  CG_CUDA_HEAD(src, name, 0);   /* pack: element e of block j, row-major over [so, sl, si] */
+  sb_printf(src, "  const %s *x = (const %s *)a.b[0];\n  %s *s = (%s *)a.b[2];\n", T, T, T, T);
+  CG_CUDA_GRID_LOOP(src, "e", n);
+  sb_printf(src, "    const long long j = e / %lldLL, w = e %% %lldLL, in = w %% %lldLL, l = w / %lldLL %% %lldLL, o = w / %lldLL;\n"
+                 "    s[e] = x[(o * %lldLL + j * %lldLL + l) * %lldLL + in];\n  }\n}\n",
+            (long long)blk, (long long)blk, (long long)si, (long long)si, (long long)sl, (long long)(si * sl),
+            (long long)xt->dim[sd], (long long)sl, (long long)si);
+  CG_CUDA_HEAD(src, name, 1);   /* unpack: received block j, row-major over [co, cl, ci] */
+  sb_printf(src, "  const %s *s = (const %s *)a.b[2] + %lldLL;\n  %s *y = (%s *)a.b[1];\n", T, T, (long long)n, T, T);
+  CG_CUDA_GRID_LOOP(src, "e", n);
+  sb_printf(src, "    const long long j = e / %lldLL, w = e %% %lldLL, in = w %% %lldLL, l = w / %lldLL %% %lldLL, o = w / %lldLL;\n"
+                 "    y[(o * %lldLL + j * %lldLL + l) * %lldLL + in] = s[e];\n  }\n}\n",
+            (long long)blk, (long long)blk, (long long)ci, (long long)ci, (long long)cl, (long long)(ci * cl),
+            (long long)yt->dim[cd], (long long)cl, (long long)ci);
+  cg_cuda_launch(&l[0], name, 0, n, 256);
+  cg_cuda_launch(&l[1], name, 1, n, 256);
+  *nl = 2;
+  return 0;
+}
+
 /* all_gather / reduce_scatter around NCCL: NCCL gathers and scatters
  * whole rank blocks, [S][outer, L, inner] in coordinate order; the value
  * is [outer, S * L, inner] in global order (the cp zigzag: chunks q and
@@ -300,6 +344,13 @@ int cg_cuda_comm_relayout(const IrModule *m, const IrBlock *b, int i, const char
     *nl = 1;
     return 0;
   }
+  if (nd->op == IR_OP_ALL_TO_ALL_V) {   /* no kernel: copies by the host's counts; scratch for the rows in flight */
+    const IrType *xt = &b->nodes[nd->in[0]].type;
+    int64_t rows = xt->dim[0] > nd->type.dim[0] ? xt->dim[0] : nd->type.dim[0];
+    if (xt->rank == 2 && nd->type.rank == 2) *scratch = rows * xt->dim[1] * (int64_t)ir_dtype_size(xt->dtype);
+    return 0;
+  }
+  if (nd->op == IR_OP_ALL_TO_ALL) return relayout_a2a(m, b, i, name, src, l, nl, scratch, why, whylen);
   if (nd->op != IR_OP_ALL_GATHER && nd->op != IR_OP_REDUCE_SCATTER) return 0;
   int a = (int)nd->ia[0], S = a >= 0 && a < IR_AXIS_COUNT ? cg_cuda_axis_size(m, a) : 1;
   const IrType *t = &b->nodes[nd->in[0]].type;

@@ -165,9 +165,9 @@ RtDevPlan *rt_dev_plan_new(const IrModule *m, RtJit *jit, const MemPlan *const *
       RtDevLib l;
       LibGen gen = kind == RT_DS_LIB ? cg_cuda_lib_kernel : cg_cuda_comm_relayout;
       if (lib_kernel(m, b, i, gen, &lib, &seen, &info, &l, err, errlen) != 0) { rc = -1; break; }
-      if (l.nl == 0) continue;
       int64_t *most = kind == RT_DS_LIB ? &P->scratch : &P->comm_scratch;
       if (l.scratch > *most) *most = l.scratch;
+      if (l.nl == 0) continue;
       VEC_PUSH(P->lib, l);
       db->lib[i] = P->lib.n - 1;
     }

@@ -72,18 +72,24 @@ static size_t value_bytes(const IrNode *nd) {
 
 /* ---- collectives on a CUDA device ---- */
 
-/* A collective's re-layout kernel (cg_cuda_comm_relayout) on the comm
- * stream: buffers operand, result, the comm scratch (NCCL's blocks). */
-static int comm_relayout(RtDevExec *x, const RtDevLib *rl, const void *in, void *out, char *msg, size_t n) {
+/* Launches k0 .. k1-1 of a collective's re-layout kernels
+ * (cg_cuda_comm_relayout) on the comm stream: buffers operand, result,
+ * the comm scratch (NCCL's blocks). */
+static int relayout_k(RtDevExec *x, const RtDevLib *rl, int k0, int k1, const void *in, void *out, char *msg,
+                      size_t n) {
   CgCudaArgs a;
   memset(&a, 0, sizeof a);
   a.b[0] = (void *)in;
   a.b[1] = out;
   a.b[2] = x->comm_scratch;
   a.run = x->run_dev;
-  for (int k = 0; k < rl->nl; k++)
+  for (int k = k0; k < k1 && k < rl->nl; k++)
     if (x->dev->ops->launch(x->dev, x->mod, &rl->l[k], &a, RT_STREAM_COMM, msg, n) != 0) return -1;
   return 0;
+}
+
+static int comm_relayout(RtDevExec *x, const RtDevLib *rl, const void *in, void *out, char *msg, size_t n) {
+  return relayout_k(x, rl, 0, rl->nl, in, out, msg, n);
 }
 
 #define RT_DEV_RING_TAG 7101   /* the tag of the ring's exchanges (NCCL ignores tags; MPI would not) */
@@ -95,9 +101,10 @@ static const char *dev_comm_why(const IrNode *nd) {
   switch (nd->op) {
   case IR_OP_ALL_REDUCE: case IR_OP_ALL_GATHER: case IR_OP_REDUCE_SCATTER: case IR_OP_RING_SHIFT:
   case IR_OP_RING_WAIT: case IR_OP_SEND: case IR_OP_RECV: case IR_OP_STASH: case IR_OP_UNSTASH: case IR_OP_GROUP_SUM:
+  case IR_OP_ALL_TO_ALL: case IR_OP_ALL_TO_ALL_V:
     return NULL;
   default:
-    return "the experts' all-to-all is not wired to NCCL yet";
+    return "this collective is not wired to NCCL";
   }
 }
 
@@ -221,6 +228,17 @@ static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
     rc = rl ? comm_relayout(x, rl, in, out, msg, n) : 0;
     if (rc == 0) rc = rt_comm_reduce_scatter(g, dt, rl ? x->comm_scratch : in, out, cout, msg, n);
     break;
+  case IR_OP_ALL_TO_ALL:   /* pack the blocks, exchange (i32 travels as 4-byte words: NCCL copies bytes), place */
+    if (!rl) {
+      snprintf(msg, n, "internal error: all_to_all without its packing kernels");
+      return -1;
+    }
+    rc = relayout_k(x, rl, 0, 1, in, out, msg, n);
+    if (rc == 0)
+      rc = rt_comm_all_to_all(g, dt == IR_I32 ? IR_F32 : dt, x->comm_scratch, (char *)x->comm_scratch + cin * es,
+                              cin / (size_t)size, msg, n);
+    if (rc == 0) rc = relayout_k(x, rl, 1, 2, in, out, msg, n);
+    break;
   case IR_OP_RING_SHIFT: {
     /* x to the next rank, the previous rank's x into this node's result,
      * as one NCCL group posted now: the exchange runs while compute goes
@@ -238,6 +256,97 @@ static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
   }
   if (rc != 0) return -1;
   return comm_end(x, rw[0], rw[1], msg, n);
+}
+
+/* all_to_all_v (docs/ir.md "Token dispatch", ops_a2a.c): the row counts
+ * decide the sizes, so the counts come to the host first (compute waits
+ * for what produces them: a copy and a sync, as Megatron's dispatcher
+ * syncs its token counts); then on the comm stream: the expert layout
+ * regrouped source-major by copies (rev=1, into the comm scratch), NCCL's
+ * variable all-to-all, the received rows regrouped into the expert
+ * layout (rev=0, from the scratch), the rows past the received total
+ * zeroed. */
+static int regroup_dev(RtDevExec *x, char *em, char *sm, const int32_t *rcnt, const int64_t *exp, int S, int G,
+                       size_t rowb, int to_em, char *msg, size_t n) {
+  int64_t at = 0;
+  for (int q = 0; q < G; q++)
+    for (int s = 0; s < S; s++) {
+      int64_t off = 0;
+      for (int s2 = 0; s2 < s; s2++) off += exp[s2];
+      for (int q2 = 0; q2 < q; q2++) off += rcnt[s * G + q2];
+      size_t bytes = (size_t)rcnt[s * G + q] * rowb;
+      char *e = em + (size_t)at * rowb, *m = sm + (size_t)off * rowb;
+      if (bytes && x->dev->ops->d2d(x->dev, to_em ? e : m, to_em ? m : e, bytes, RT_STREAM_COMM, msg, n) != 0) return -1;
+      at += rcnt[s * G + q];
+    }
+  return 0;
+}
+
+static int dev_a2av(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *nd, const void *const *in, void *out,
+                    char *msg, size_t n) {
+  RtDev *d = x->dev;
+  IrAxis ax = (IrAxis)nd->ia[0];
+  int S = rt_program_axis_size(p, ax), rev = nd->ia[1] != 0;
+  const IrType *xt = &b->nodes[nd->in[0]].type, *rt = &b->nodes[nd->in[2]].type;
+  int G = (int)rt->dim[1], ncnt = (int)(S * G);
+  int64_t D = xt->dim[1], xrows = xt->dim[0], orows = nd->type.dim[0];
+  size_t rowb = (size_t)D * ir_dtype_size(xt->dtype);
+  RtComm *g = S > 1 ? rt_program_dev_group(p, ax) : NULL;
+  if (S > 1 && !g) {
+    snprintf(msg, n, "all_to_all_v on %s: the rank has no NCCL group for the %s axis", d->label, ir_axis_name(ax));
+    return -1;
+  }
+  int32_t *cnt = ts_xcalloc((size_t)ncnt * 2, sizeof *cnt), *rcnt = cnt + ncnt;
+  int64_t *tok = ts_xcalloc((size_t)S * 2, sizeof *tok), *exp = tok + S, ttot = 0, etot = 0;
+  int *cd = ts_xcalloc((size_t)S * 4, sizeof *cd);
+  int rc = -1;
+  RtDevRange cr[2] = {{in[1], (size_t)ncnt * 4}, {in[2], (size_t)ncnt * 4}};
+  if (rt_dev_exec_order(x, cr, 2, msg, n) || d->ops->d2h(d, cnt, in[1], (size_t)ncnt * 4, RT_STREAM_COMPUTE, msg, n) ||
+      d->ops->d2h(d, rcnt, in[2], (size_t)ncnt * 4, RT_STREAM_COMPUTE, msg, n) ||
+      d->ops->sync(d, RT_STREAM_COMPUTE, msg, n))
+    goto out;
+  for (int j = 0; j < S; j++)
+    for (int q = 0; q < G; q++) {
+      if (cnt[j * G + q] < 0 || rcnt[j * G + q] < 0) { snprintf(msg, n, "a negative count"); goto out; }
+      tok[j] += cnt[j * G + q];
+      exp[j] += rcnt[j * G + q];
+    }
+  for (int j = 0; j < S; j++) ttot += tok[j], etot += exp[j];
+  int64_t in_need = rev ? etot : ttot, out_need = rev ? ttot : etot;
+  if (in_need > xrows || out_need > orows || in_need * D > INT32_MAX || out_need * D > INT32_MAX) {
+    snprintf(msg, n, "%lld rows to send and %lld to receive do not fit the %lld / %lld rows of the "
+             "buffers (the routing counts and the layout disagree)", (long long)in_need, (long long)out_need,
+             (long long)xrows, (long long)orows);
+    goto out;
+  }
+  if (comm_begin(x, msg, n) != 0) goto out;
+  char *sm = x->comm_scratch;   /* the rows in flight, source-major */
+  if (out_need < orows &&
+      d->ops->memset0(d, (char *)out + (size_t)out_need * rowb, (size_t)(orows - out_need) * rowb, RT_STREAM_COMM, msg, n))
+    goto out;
+  if (!g) {   /* one rank: the two layouts are the same */
+    if (out_need && d->ops->d2d(d, out, in[0], (size_t)out_need * rowb, RT_STREAM_COMM, msg, n)) goto out;
+  } else {
+    int *tc = cd, *td = cd + S, *ec = cd + 2 * S, *ed = cd + 3 * S;
+    for (int j = 0, t = 0, e = 0; j < S; j++) {
+      tc[j] = (int)(tok[j] * D), td[j] = t, t += tc[j];
+      ec[j] = (int)(exp[j] * D), ed[j] = e, e += ec[j];
+    }
+    if (rev) {
+      if (regroup_dev(x, (char *)(uintptr_t)in[0], sm, rcnt, exp, S, G, rowb, 0, msg, n) ||
+          rt_comm_all_to_all_v(g, xt->dtype, sm, ec, ed, out, tc, td, msg, n))
+        goto out;
+    } else if (rt_comm_all_to_all_v(g, xt->dtype, in[0], tc, td, sm, ec, ed, msg, n) ||
+               regroup_dev(x, out, sm, rcnt, exp, S, G, rowb, 1, msg, n)) {
+      goto out;
+    }
+  }
+  rc = comm_end(x, (RtDevRange){in[0], (size_t)xrows * rowb}, (RtDevRange){out, (size_t)orows * rowb}, msg, n);
+out:
+  free(cnt);
+  free(tok);
+  free(cd);
+  return rc;
 }
 
 /* ---- the pipeline on a CUDA device ----
@@ -634,6 +743,8 @@ int rt_dev_exec_node(RtDevExec *x, RtProgram *p, int bi, int i, const void *cons
       switch (nd->op) {
       case IR_OP_SEND: case IR_OP_RECV: case IR_OP_STASH: case IR_OP_UNSTASH: case IR_OP_GROUP_SUM:
         return dev_pipe(x, p, b, nd, nd->nin ? in[0] : NULL, out, rl, info, msg, n);
+      case IR_OP_ALL_TO_ALL_V:
+        return dev_a2av(x, p, b, nd, in, out, msg, n);
       default:
         return dev_comm(x, p, b, nd, in[0], out, rl, msg, n);
       }
