@@ -890,16 +890,29 @@ static int dev_finish(RtProgram *p, int bi, const int *outs, int n, char *err, s
 }
 
 /* Whether block bi is captured as a graph: the per-micro-batch block,
- * with nothing that runs on the host (collectives on a host-memory
- * device), unless TS_CUDA_GRAPHS=0. */
+ * with nothing that runs on the host, unless TS_CUDA_GRAPHS=0.  Its
+ * collectives are captured with it (NCCL on the comm stream joins the
+ * capture through the events that order it, and rejoins at the block's
+ * end) except those with host work: any on a host-memory device (the
+ * reference kernels), all_to_all_v (its counts come to the host) and the
+ * pipeline's (their buffers are kept by the host). */
 static int graph_ok(const RtProgram *p, int bi) {
   const char *e = getenv("TS_CUDA_GRAPHS");
   if (e && strcmp(e, "0") == 0) return 0;
   const IrBlock *b = &p->m->blocks.a[bi];
   if (strcmp(b->name, "micro") != 0) return 0;
   const RtDevBlock *db = &rt_dev_exec_plan(p->dx)->blk[bi];
-  for (int i = 0; i < b->n; i++)
-    if (db->kind[i] == RT_DS_COMM) return 0;
+  for (int i = 0; i < b->n; i++) {
+    if (db->kind[i] != RT_DS_COMM) continue;
+    if (p->opts.dev->host_memory) return 0;
+    switch (b->nodes[i].op) {
+    case IR_OP_ALL_REDUCE: case IR_OP_ALL_GATHER: case IR_OP_REDUCE_SCATTER: case IR_OP_ALL_TO_ALL:
+    case IR_OP_RING_SHIFT: case IR_OP_RING_WAIT:
+      break;
+    default:
+      return 0;
+    }
+  }
   return 1;
 }
 

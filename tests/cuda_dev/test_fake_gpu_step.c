@@ -21,7 +21,8 @@
  * Checks (rank 0's files; the verdict is agreed over all ranks): the
  * per-step losses and the parameters after STEPS steps equal the CPU run
  * within TOL (relative), kernels were launched through the emulator, NCCL
- * was handed the device's comm stream. */
+ * was handed the device's comm stream, block micro was replayed as a CUDA
+ * graph with its collectives (layouts without pp and ep). */
 #include "runtime/comm.h"
 #include "runtime/device.h"
 #include "runtime/dev_prog.h"
@@ -147,8 +148,13 @@ int main(int argc, char **argv) {
   const char *(*last_module)(void) = NULL;
   *(void **)&last_module = dlsym(fake, "fake_cuda_last_module");
   const char *lm = last_module ? last_module() : "?";
-  printf("rank %d: the module loaded as %s\n", me, lm);
+  printf("rank %d: the module loaded as %s; %ld graph launches\n", me, lm, calls("cuGraphLaunch"));
   CHECK(strcmp(lm, "cubin sm_80") == 0, "the module was loaded as %s, not NVRTC's cubin for sm_80", lm);
+  /* block micro is captured with its collectives and replayed, unless it
+   * has host work: the pipeline's blocks are not "micro", and expert
+   * parallelism's all_to_all_v brings counts to the host */
+  if (plan->mesh.pp <= 1 && plan->mesh.ep <= 1)
+    CHECK(calls("cuGraphLaunch") > 0, "block micro was never replayed as a graph");
   printf("rank %d: %lld collectives on the comm stream, %lld device operations issued while one was in flight\n", me,
          res.dev_collectives, res.dev_overlapped);
   CHECK(res.dev_collectives > 0 && res.dev_overlapped > 0, "no collective overlapped compute");
