@@ -266,20 +266,20 @@ static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
  * variable all-to-all, the received rows regrouped into the expert
  * layout (rev=0, from the scratch), the rows past the received total
  * zeroed. */
+typedef struct { RtDevExec *x; char *em, *sm; size_t rowb; int to_em; char *msg; size_t n; } RegroupDev;
+
+static int regroup_copy(void *cp, int64_t em_row, int64_t sm_row, int64_t rows) {
+  RegroupDev *c = cp;
+  char *e = c->em + (size_t)em_row * c->rowb, *m = c->sm + (size_t)sm_row * c->rowb;
+  return c->x->dev->ops->d2d(c->x->dev, c->to_em ? e : m, c->to_em ? m : e, (size_t)rows * c->rowb, RT_STREAM_COMM,
+                             c->msg, c->n);
+}
+
+/* em <-> sm (rt_a2a_regroup) by copies on the comm stream; to_em: sm -> em. */
 static int regroup_dev(RtDevExec *x, char *em, char *sm, const int32_t *rcnt, const int64_t *exp, int S, int G,
                        size_t rowb, int to_em, char *msg, size_t n) {
-  int64_t at = 0;
-  for (int q = 0; q < G; q++)
-    for (int s = 0; s < S; s++) {
-      int64_t off = 0;
-      for (int s2 = 0; s2 < s; s2++) off += exp[s2];
-      for (int q2 = 0; q2 < q; q2++) off += rcnt[s * G + q2];
-      size_t bytes = (size_t)rcnt[s * G + q] * rowb;
-      char *e = em + (size_t)at * rowb, *m = sm + (size_t)off * rowb;
-      if (bytes && x->dev->ops->d2d(x->dev, to_em ? e : m, to_em ? m : e, bytes, RT_STREAM_COMM, msg, n) != 0) return -1;
-      at += rcnt[s * G + q];
-    }
-  return 0;
+  RegroupDev c = {x, em, sm, rowb, to_em, msg, n};
+  return rt_a2a_regroup(rcnt, exp, S, G, regroup_copy, &c);
 }
 
 static int dev_a2av(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *nd, const void *const *in, void *out,

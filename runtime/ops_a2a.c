@@ -89,24 +89,34 @@ int ref_ALL_TO_ALL(RtKctx *k) {
 
 /* ---- all_to_all_v ---- */
 
-/* The rows of this rank's experts in the two orders: `em` expert-major
- * (the expert layout: for local expert q, source 0's rows, then source
- * 1's...) and `sm` source-major (what travels: source s's rows, its
- * experts in order, at the sum of the earlier sources' totals exp[]).
- * to_em: sm -> em, else em -> sm. */
-static void regroup(char *em, char *sm, const int32_t *rcnt, const int64_t *exp, int S, int G, size_t rowb,
-                    int to_em) {
+int rt_a2a_regroup(const int32_t *rcnt, const int64_t *exp, int S, int G,
+                   int (*run)(void *ctx, int64_t em_row, int64_t sm_row, int64_t rows), void *ctx) {
   int64_t at = 0;
   for (int q = 0; q < G; q++)
     for (int s = 0; s < S; s++) {
       int64_t off = 0;
       for (int s2 = 0; s2 < s; s2++) off += exp[s2];
       for (int q2 = 0; q2 < q; q2++) off += rcnt[s * G + q2];
-      size_t n = (size_t)rcnt[s * G + q] * rowb;
-      if (to_em) memcpy(em + (size_t)at * rowb, sm + (size_t)off * rowb, n);
-      else memcpy(sm + (size_t)off * rowb, em + (size_t)at * rowb, n);
+      if (rcnt[s * G + q] && run(ctx, at, off, rcnt[s * G + q]) != 0) return -1;
       at += rcnt[s * G + q];
     }
+  return 0;
+}
+
+typedef struct { char *em, *sm; size_t rowb; int to_em; } Regroup;
+
+static int regroup_rows(void *cp, int64_t em_row, int64_t sm_row, int64_t rows) {
+  const Regroup *c = cp;
+  char *e = c->em + (size_t)em_row * c->rowb, *m = c->sm + (size_t)sm_row * c->rowb;
+  memcpy(c->to_em ? e : m, c->to_em ? m : e, (size_t)rows * c->rowb);
+  return 0;
+}
+
+/* em <-> sm (rt_a2a_regroup) on host memory; to_em: sm -> em. */
+static void regroup(char *em, char *sm, const int32_t *rcnt, const int64_t *exp, int S, int G, size_t rowb,
+                    int to_em) {
+  Regroup c = {em, sm, rowb, to_em};
+  rt_a2a_regroup(rcnt, exp, S, G, regroup_rows, &c);
 }
 
 int ref_ALL_TO_ALL_V(RtKctx *k) {

@@ -130,6 +130,15 @@ void rt_cp_reorder(void *dst, const void *src, int64_t outer, int S, int64_t L, 
 /* The rank's group along axis a, or NULL (axis of size 1, or none made). */
 RtComm *rt_program_group(const RtProgram *p, IrAxis a);
 RtComm *rt_program_dev_group(const RtProgram *p, IrAxis a);   /* RtRank.dev_group */
+/* all_to_all_v's two orders of the rows of this rank's experts
+ * (ops_a2a.c): `em` expert-major (the expert layout: for local expert q,
+ * source 0's rows, then source 1's...) and `sm` source-major (what
+ * travels: source s's rows, its experts in order, at the sum of the
+ * earlier sources' totals exp[]).  Calls run(ctx, em_row, sm_row, rows)
+ * for every nonempty run of rows (rcnt i32[S, G]); stops at the first
+ * nonzero return (-1). */
+int rt_a2a_regroup(const int32_t *rcnt, const int64_t *exp, int S, int G,
+                   int (*run)(void *ctx, int64_t em_row, int64_t sm_row, int64_t rows), void *ctx);
 /* All-gather along a middle dim (ops_ref.c): x[outer, L, inner] on each
  * rank of g -> y[outer, size*L, inner], block q from group rank q.  g NULL
  * or of size 1: a copy.  dt f32 or f64. */
