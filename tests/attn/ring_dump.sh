@@ -10,10 +10,11 @@
 # stay and k / v are all-gathered.  A bad --cp-attn value is refused.
 set -u
 mcc=$1 root=$2
+tmp=$(mktemp -d) && trap 'rm -rf "$tmp"' EXIT   # the plans mcc writes besides the dumps (not into the source tree)
 defs=(-D layers=2 -D d_model=32 -D heads=8 -D kv_heads=4 -D ffn=64 -D seq_len=16 -D vocab=256 -D batch=4
       -D micro_batch=1)
 fail() { echo "FAIL: $*"; exit 1; }
-ring=$("$mcc" "$root/samples/llama.mdl" "${defs[@]}" --cp 2 --print-ir-after=shard) || fail "mcc --cp 2"
+ring=$("$mcc" "$root/samples/llama.mdl" "${defs[@]}" --cp 2 --print-ir-after=shard -o "$tmp/ring.plan") || fail "mcc --cp 2"
 count() { grep -cE "$1" <<<"$ring"; }
 [ "$(count ' = attention(_bwd)? ')" = 0 ] || fail "ring: fused attention nodes left"
 [ "$(count ' = attn_acc .*src=0 ')" = 2 ] && [ "$(count ' = attn_acc .*src=1 ')" = 2 ] ||
@@ -27,13 +28,13 @@ count() { grep -cE "$1" <<<"$ring"; }
 grep -E ' = attn_finish %' <<<"$ring" | grep -q '{2:cp}' || fail "ring: the attention output is not a cp block"
 n=$(grep -cE ' = all_gather .*axis=cp' <<<"$ring")
 [ "$n" = 0 ] || fail "ring: $n all_gathers over cp, expected none"
-ag=$("$mcc" "$root/samples/llama.mdl" "${defs[@]}" --cp 2 --cp-attn allgather --print-ir-after=shard) ||
+ag=$("$mcc" "$root/samples/llama.mdl" "${defs[@]}" --cp 2 --cp-attn allgather --print-ir-after=shard -o "$tmp/ag.plan") ||
   fail "mcc --cp-attn allgather"
 n=$(grep -cE ' = attention(_bwd)? ' <<<"$ag")
 [ "$n" = 8 ] || fail "allgather: $n fused attention nodes, expected 2 layers x (1 forward + 3 backward)"
 [ "$(grep -cE ' = (attn_|ring_)' <<<"$ag")" = 0 ] || fail "allgather: ring steps emitted"
 n=$(grep -cE ' = all_gather .*axis=cp dim=2' <<<"$ag")
 [ "$n" -ge 4 ] || fail "allgather: $n all_gathers of k / v over cp, expected at least 4"
-err=$("$mcc" "$root/samples/llama.mdl" "${defs[@]}" --cp 2 --cp-attn sideways 2>&1) && fail "--cp-attn sideways accepted"
+err=$("$mcc" "$root/samples/llama.mdl" "${defs[@]}" --cp 2 --cp-attn sideways -o "$tmp/bad.plan" 2>&1) && fail "--cp-attn sideways accepted"
 grep -q "ring or allgather" <<<"$err" || fail "--cp-attn sideways: message '$err'"
 echo "ok: the ring in IR steps under cp 2 (no fused node, no cp all_gather); allgather variant and refusal as expected"
