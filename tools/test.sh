@@ -4,7 +4,8 @@
 # each.  Prints ctest's summary per build and exits non-zero if either failed.
 #
 # The ASan run skips tests labelled `slow` (the 200-step end-to-end training
-# runs, tests/e2e; the 64-rank run) and `mpi_matrix` (the many-layout
+# runs, tests/e2e; the 64-rank run; NVRTC's resource reports; all fake-GPU
+# layouts but dp2_f64_zero, tests/cuda_dev) and `mpi_matrix` (the many-layout
 # equivalence matrices of tests/parallel, tests/shard, tests/rank, tests/fuse:
 # the sanitizer run keeps one layout of each family -- tp x dp x sp, cp, ep,
 # the LLVM backend -- and every fault and refusal test): under the
