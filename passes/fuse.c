@@ -16,7 +16,7 @@
  *   - matmuls, collectives, effects, rope, embeddings and AdamW
  *     are never in a group (cg_op_lowerable refuses them), nor are nodes
  *     whose result depends on the rank's mesh coordinates in a way the
- *     kernels do not model (pass_fuse_node_ok);
+ *     kernels do not model (plan_kernel_node_ok);
  *   - group numbers are 1, 2, ... per block in order of their first member.
  * Values used only inside their group are then not materialized
  * (ir_value_materialized): the executor gives them no buffer.
@@ -28,87 +28,20 @@
  * (the add last, its only output).  The executor runs it as one BLAS call
  * with beta = 1 into the add's buffer pre-filled with the broadcast bias
  * (C = A.B + C; runtime/exec_gemm.c).  The code generator cannot lower such
- * a group (no matmul in the kernel IR); pass_fuse_epilogue_match
+ * a group (no matmul in the kernel IR); plan_epilogue_match
  * recognizes it, for the executor too.  The group is closed at once: what consumes the
  * add (gelu, a residual) starts its own group.
  *
  * `--no-fuse` (PassCtx.no_fuse) leaves every group 0. */
 #include "passes.h"
-#include "../codegen/cg.h"
+#include "plan/groups.h"
+#include "codegen/cg.h"
 
 /* Limits that keep kernels cheap: a lowered group recomputes producer
  * chains inside every loop over a row (statistics loops of each row op),
  * so long chains with many row ops would multiply work. */
 enum { FUSE_MAX_NODES = 48, FUSE_MAX_ROWOPS = 3 };
 
-int pass_fuse_node_ok(const IrModule *m, const IrBlock *b, int i) {
-  (void)m;
-  const IrNode *n = &b->nodes[i];
-  if (!cg_op_lowerable(n->op) || n->type.dtype == IR_VOID) return 0;
-  /* the kernels use local indices: a causal mask over a split row or
-   * column dim needs the rank's global offsets (the reference has them) */
-  if (n->op == IR_OP_CAUSAL_MASK && n->type.rank >= 2 &&
-      (n->sh.split[n->type.rank - 1] || n->sh.split[n->type.rank - 2]))
-    return 0;
-  /* likewise dropout: its mask hashes global indices, the kernel has the
-   * local ones, equal only when no dim is split */
-  if (n->op == IR_OP_DROPOUT)
-    for (int d = 0; d < n->type.rank; d++)
-      if (n->sh.split[d]) return 0;
-  /* a row op over a last dim split across ranks is an error the reference
-   * kernel reports; leave it to it */
-  if (cg_op_is_row(n->op) && n->nin > 0) {
-    const IrNode *x = &b->nodes[n->in[0]];
-    if (x->type.rank >= 1 && x->sh.split[x->type.rank - 1]) return 0;
-  }
-  return 1;
-}
-
-/* ---- GEMM bias epilogues ---- */
-
-int pass_fuse_epilogue_match(const IrBlock *b, int a, PassEpilogue *e) {
-  memset(e, 0, sizeof *e);
-  if (a < 0 || a >= b->n) return 0;
-  const IrNode *add = &b->nodes[a];
-  IrDtype dt = add->type.dtype;
-  if (add->op != IR_OP_ADD || add->nin != 2 || (dt != IR_F32 && dt != IR_F64)) return 0;
-  for (int side = 0; side < 2; side++) {
-    int bc = add->in[side], x = add->in[1 - side];
-    const IrNode *bn = &b->nodes[bc];
-    if (bn->op != IR_OP_BROADCAST || bn->type.dtype != dt || !ir_type_same_shape(&bn->type, &add->type)) continue;
-    /* the matmul, seen through reshapes (same bytes, row-major) */
-    int nr = 0, ok = 1;
-    while (b->nodes[x].op == IR_OP_RESHAPE && b->nodes[x].nin == 1) {
-      if (nr == PASS_EPILOGUE_MAX_RESHAPES || b->nodes[x].type.dtype != dt) { ok = 0; break; }
-      e->reshape[nr++] = x;
-      x = b->nodes[x].in[0];
-    }
-    const IrNode *mm = &b->nodes[x];
-    if (!ok || mm->op != IR_OP_MATMUL || mm->type.dtype != dt || ir_type_numel(&mm->type) != ir_type_numel(&add->type))
-      continue;
-    /* reshapes were collected add-side first: store them ascending */
-    for (int i = 0; i < nr / 2; i++) { int t = e->reshape[i]; e->reshape[i] = e->reshape[nr - 1 - i]; e->reshape[nr - 1 - i] = t; }
-    e->matmul = x;
-    e->bias = bc;
-    e->add = a;
-    e->nreshape = nr;
-    return 1;
-  }
-  memset(e, 0, sizeof *e);
-  return 0;
-}
-
-int pass_fuse_epilogue_members(const PassEpilogue *e, int *mem) {
-  int n = 0;
-  mem[n++] = e->matmul;
-  for (int i = 0; i < e->nreshape; i++) mem[n++] = e->reshape[i];
-  mem[n++] = e->bias;
-  mem[n++] = e->add;
-  /* ascending (the broadcast may stand anywhere before the add) */
-  for (int a = 1; a < n; a++)
-    for (int c = a; c > 0 && mem[c - 1] > mem[c]; c--) { int t = mem[c]; mem[c] = mem[c - 1]; mem[c - 1] = t; }
-  return n;
-}
 
 /* Marks the epilogues of b: epi[i] = the add's id + 1 for every member of
  * one, else 0.  An epilogue counts only if its matmul, reshapes and
@@ -124,9 +57,9 @@ static void mark_epilogues(const IrBlock *b, int *epi) {
       if (b->nodes[i].in[k] >= 0 && b->nodes[i].in[k] < n) uses[b->nodes[i].in[k]]++;
   }
   for (int a = 0; a < n; a++) {
-    PassEpilogue e;
-    if (!pass_fuse_epilogue_match(b, a, &e)) continue;
-    int mem[PASS_EPILOGUE_MAX_RESHAPES + 3], cnt = pass_fuse_epilogue_members(&e, mem), ok = 1;
+    PlanEpilogue e;
+    if (!plan_epilogue_match(b, a, &e)) continue;
+    int mem[PLAN_EPILOGUE_MAX_RESHAPES + 3], cnt = plan_epilogue_members(&e, mem), ok = 1;
     for (int j = 0; j < cnt - 1; j++) ok &= uses[mem[j]] == 1 && !epi[mem[j]];
     for (int u = mem[0] + 1; u < a && ok; u++) ok = !(ir_ops[b->nodes[u].op].flags & OPF_EFFECT);
     if (ok)
@@ -135,72 +68,6 @@ static void mark_epilogues(const IrBlock *b, int *epi) {
   free(uses);
 }
 
-/* ---- AdamW runs ---- */
-
-/* Can the generated multi-tensor AdamW take node i (node-level facts; the
- * executor also checks the states)? */
-static int adamw_ok(const IrBlock *b, const IrNode *n) {
-  if (n->op != IR_OP_ADAMW || n->nin != 2) return 0;
-  const IrNode *coef = &b->nodes[n->in[0]], *gr = &b->nodes[n->in[1]];
-  return (gr->type.dtype == IR_F32 || gr->type.dtype == IR_F64) && ir_dtype_is_float(coef->type.dtype) &&
-         ir_type_numel(&coef->type) == 1;
-}
-
-/* Same dtypes and the same b1, b2, eps (baked into the kernel as
- * constants; lr, the bias corrections and wd come per tensor). */
-static int adamw_same_key(const IrBlock *b, const IrNode *x, const IrNode *y) {
-  return b->nodes[x->in[1]].type.dtype == b->nodes[y->in[1]].type.dtype &&
-         b->nodes[x->in[0]].type.dtype == b->nodes[y->in[0]].type.dtype && memcmp(x->fa, y->fa, 3 * sizeof x->fa[0]) == 0;
-}
-
-/* Does node n refer to a state in `written` (a STATE node of it, an
- * operand that is one, or a state attribute)? */
-static int touches_written(const IrBlock *b, const IrNode *n, const unsigned char *written, int nst) {
-#define W(s) ((s) >= 0 && (s) < nst && written[(s)])
-  if (n->op == IR_OP_STATE && W(n->ia[0])) return 1;
-  for (int k = 0; k < n->nin; k++) {
-    const IrNode *o = &b->nodes[n->in[k]];
-    if (o->op == IR_OP_STATE && W(o->ia[0])) return 1;
-  }
-  for (int s = 0; s < IR_MAX_IATTR; s++)
-    if (ir_op_iattr_is_state(n->op, s) && W(n->ia[s])) return 1;
-#undef W
-  return 0;
-}
-
-int pass_fuse_adamw_runs(const IrBlock *b, int *run_at) {
-  int n = b->n, nst = 0, runs = 0;
-  for (int i = 0; i < n; i++) {
-    run_at[i] = -1;
-    const IrNode *nd = &b->nodes[i];
-    for (int s = 0; s < IR_MAX_IATTR; s++)
-      if ((ir_op_iattr_is_state(nd->op, s) || (s == 0 && nd->op == IR_OP_STATE)) && nd->ia[s] >= nst)
-        nst = (int)nd->ia[s] + 1;
-  }
-  unsigned char *written = ts_xcalloc((size_t)(nst ? nst : 1), 1);
-  int first = -1, last = -1;   /* the open run: its first and last adamw */
-#define CLOSE()                                                              do {                                                                         if (first >= 0) {                                                            for (int j = first; j <= last; j++)                                          if (run_at[j] == -2) run_at[j] = last;                                   memset(written, 0, (size_t)(nst ? nst : 1));                               runs++;                                                                  }                                                                          first = last = -1;                                                       } while (0)
-  for (int i = 0; i < n; i++) {
-    const IrNode *nd = &b->nodes[i];
-    if (adamw_ok(b, nd)) {
-      if (first >= 0 && (!adamw_same_key(b, nd, &b->nodes[first]) || touches_written(b, nd, written, nst))) CLOSE();
-      if (first < 0) first = i;
-      last = i;
-      run_at[i] = -2;   /* in the open run */
-      for (int s = 0; s < 3; s++)
-        if (nd->ia[s] >= 0 && nd->ia[s] < nst) written[nd->ia[s]] = 1;
-      continue;
-    }
-    /* Between two adamws of a run, the launch happens later than the
-     * original order says: nothing may write state there (an operand
-     * could be a state read in place), nor read what the run wrote. */
-    if (first >= 0 && ((ir_ops[nd->op].flags & OPF_EFFECT) || touches_written(b, nd, written, nst))) CLOSE();
-  }
-  CLOSE();
-#undef CLOSE
-  free(written);
-  return runs;
-}
 
 typedef struct {
   VEC(int) mem;     /* member node ids, ascending */
@@ -245,10 +112,10 @@ static int fuse_block(const IrModule *m, IrBlock *b) {
       /* an epilogue member joins nothing else; at its add the group is
        * made, closed (its operands' groups close below, as for any node) */
       if (epi[i] == i + 1) {
-        PassEpilogue e;
-        int mem[PASS_EPILOGUE_MAX_RESHAPES + 3];
-        pass_fuse_epilogue_match(b, i, &e);
-        int cnt = pass_fuse_epilogue_members(&e, mem);
+        PlanEpilogue e;
+        int mem[PLAN_EPILOGUE_MAX_RESHAPES + 3];
+        plan_epilogue_match(b, i, &e);
+        int cnt = plan_epilogue_members(&e, mem);
         FGroup g = {0};
         for (int j = 0; j < cnt; j++) VEC_PUSH(g.mem, mem[j]);
         g.closed = 1;
@@ -278,7 +145,7 @@ static int fuse_block(const IrModule *m, IrBlock *b) {
       for (int g = 0; g < G.n; g++)
         if (G.a[g].reads_state) G.a[g].closed = 1;
     int joined = -1;
-    if (pass_fuse_node_ok(m, b, i)) {
+    if (plan_kernel_node_ok(m, b, i)) {
       /* first all of them merged through i, then each alone */
       for (int tryk = 0; tryk <= ng && joined < 0 && ng > 0; tryk++) {
         const int *sel = tryk == 0 ? gs : &gs[tryk - 1];

@@ -4,7 +4,7 @@
  * pipeline verifies the module after every pass and dumps it on request. */
 #ifndef TS_PASSES_H
 #define TS_PASSES_H
-#include "../ir/ir.h"
+#include "ir/ir.h"
 
 typedef struct PassCtx {
   Arena scratch;             /* reset after each pass */
@@ -42,30 +42,11 @@ int pass_shard(IrModule *m, PassCtx *cx);
 int pass_optimizer(IrModule *m, PassCtx *cx);
 /* removes nodes whose value is never used (effects are roots) */
 int pass_dce(IrModule *m, PassCtx *cx);
-/* marks fusion groups (IrNode.group) that codegen lowers as one kernel */
+/* marks fusion groups (IrNode.group) that codegen lowers as one kernel,
+ * by the rules of plan/groups.h (the executor reads them back with the
+ * same code) */
 int pass_fuse(IrModule *m, PassCtx *cx);
-/* Whether node i of b may be run as a generated kernel (in a group or
- * alone): cg_op_lowerable, and not a node whose kernel would need the
- * rank's mesh offsets (causal mask on split dims, row op on a split last
- * dim).  The executor uses the same test. */
-int pass_fuse_node_ok(const IrModule *m, const IrBlock *b, int i);
-/* A GEMM bias epilogue (passes/fuse.c): add = matmul (seen through up to
- * PASS_EPILOGUE_MAX_RESHAPES reshapes, ascending) + broadcast bias, either
- * operand order, all one float dtype.  pass_fuse_epilogue_match: whether
- * node a is the add of one (structure only; 1 and *e filled, or 0);
- * pass_fuse_epilogue_members: its nodes, ascending, into mem (returns the
- * count, at most PASS_EPILOGUE_MAX_RESHAPES + 3). */
-#define PASS_EPILOGUE_MAX_RESHAPES 4
-typedef struct { int matmul, bias, add, nreshape, reshape[PASS_EPILOGUE_MAX_RESHAPES]; } PassEpilogue;
-int pass_fuse_epilogue_match(const IrBlock *b, int a, PassEpilogue *e);
-int pass_fuse_epilogue_members(const PassEpilogue *e, int *mem);
-/* AdamW as one pass: the runs of adamw nodes of b that the LLVM backend
- * updates in ONE multi-tensor launch (same dtypes, b1, b2, eps; no node
- * between two of them writes state or reads a state an earlier one
- * wrote).  run_at[i] (b->n entries) = the position of the launch (the
- * run's last adamw) for every adamw in a run, -1 for other nodes.
- * Returns the number of runs.  passes/memplan.c models the same launch. */
-int pass_fuse_adamw_runs(const IrBlock *b, int *run_at);
+
 /* For a compiled module (micro + update) and another data-parallel size:
  * drops block "update" and the adam_m/adam_v states (refused unless they
  * are the last states and only "update" uses them), sets m->par.dp = dp,

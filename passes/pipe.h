@@ -1,10 +1,10 @@
-/* pipe.h - pipeline parallelism, compile-time half (issue 5): stage
- * partitioning of the model's `repeat` stack, the per-rank schedules
- * (GPipe, 1F1B, interleaved 1F1B), their send/recv pairing, a checker that
- * proves the ranks' schedules cannot deadlock, and a timeline simulation
- * (bubble fraction, micro batches in flight).  ANALYSES: nothing here
- * changes the IR; the runtime half (stage programs, send/recv ops,
- * activation stashes) is designed in docs/pipeline.md.
+/* pipe.h - pipeline parallelism, compile-time half: stage partitioning of
+ * the model's `repeat` stack, the per-rank programs, and mcc's views of
+ * the schedule (the schedules themselves, their send/recv pairing, the
+ * deadlock checker and the timeline are plan/schedule.h, shared with
+ * mrun).  ANALYSES: nothing here changes the IR; the runtime half (stage
+ * programs, send/recv ops, activation stashes) is designed in
+ * docs/pipeline.md.
  *
  * Units.  The forward block is cut into L + 2 contiguous "units": unit 0 =
  * E (everything before the stack: embeddings), units 1..L = the stack's
@@ -16,6 +16,7 @@
 #ifndef TS_PIPE_H
 #define TS_PIPE_H
 #include "passes.h"
+#include "plan/schedule.h"
 
 /* ---- partition ---- */
 typedef struct {
@@ -59,95 +60,6 @@ int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *
 void pass_pipe_partition_free(PipePartition *p);
 /* "E + layers 0-2", "layers 3-5 + L", "(empty)": the units of chunk g. */
 void pass_pipe_chunk_str(const PipePartition *p, int g, char *buf, size_t n);
-
-/* ---- schedules ---- */
-typedef enum { PIPE_GPIPE, PIPE_1F1B, PIPE_INTERLEAVED, PIPE_SCHED_COUNT } PipeSchedKind;
-const char *pass_pipe_sched_name(PipeSchedKind k);     /* "gpipe", "1f1b", "interleaved" */
-int pass_pipe_sched_lookup(const char *name);          /* -1 if unknown */
-
-typedef struct {
-  char kind;               /* 'F' forward or 'B' backward */
-  int micro;               /* micro batch, 0 .. nmicro - 1 */
-  int chunk;               /* GLOBAL chunk id (runs on rank chunk % pp) */
-} PipeStep;
-
-typedef struct {
-  PipeSchedKind kind;
-  int pp, vpp, nmicro;
-  int *nsteps;             /* [pp] */
-  PipeStep **steps;        /* [pp][nsteps[r]] in execution order */
-} PipeSchedule;
-
-/* Micro batches per step of one dp rank: global_batch / (micro_batch * dp).
- * 0 with *nmicro set; -1 with a message naming the numbers when it does
- * not divide. */
-int pass_pipe_nmicro(const IrTrain *t, int dp, int *nmicro, char *err, size_t errlen);
-
-/* Generates every rank's schedule.  gpipe and 1f1b need vpp == 1,
- * interleaved vpp >= 2 and pp >= 2; 1f1b needs nmicro >= pp, interleaved
- * nmicro % pp == 0 (Megatron's constraint).  -1 with a message naming the
- * numbers otherwise.  *out owns heap arrays: pass_pipe_schedule_free. */
-int pass_pipe_schedule(PipeSchedKind kind, int pp, int vpp, int nmicro, PipeSchedule *out, char *err,
-                       size_t errlen);
-void pass_pipe_schedule_free(PipeSchedule *s);
-
-/* ---- send/recv and the cross-rank checker ----
- * Each step of rank r becomes: the receive of its input (F of chunk g > 0:
- * the activation of micro m from chunk g - 1; B of chunk g < last: the
- * gradient of that activation from chunk g + 1), the computation, then the
- * send of its output (F: activation to chunk g + 1; B: gradient to chunk
- * g - 1).  Peers are the ranks of those chunks; a neighbour on the same
- * rank (pp = 1) is a local hand-off, not a message.  Semantics: a send is
- * posted without waiting (isend), a receive blocks until its message was
- * posted.  Messages between two ranks are matched in order (as NCCL does,
- * and MPI with one tag), so the checker requires the same order on both
- * sides. */
-typedef enum { PIPE_OP_RECV, PIPE_OP_COMPUTE, PIPE_OP_SEND } PipeOpKind;
-typedef struct {
-  PipeOpKind op;
-  int peer;                /* RECV: source rank, SEND: destination; COMPUTE: -1 */
-  char what;               /* 'a' activation (forward) or 'g' gradient (backward); COMPUTE: the step's kind */
-  int micro;
-  int edge;                /* the chunk boundary crossed: between chunk edge and edge + 1; COMPUTE: the chunk */
-  int step;                /* index of the step in the rank's schedule */
-} PipeOp;
-
-/* Rank r's ops for schedule s (nchunks = pp * vpp).  Returns the count;
- * *ops is a heap array the caller frees. */
-int pass_pipe_rank_ops(const PipeSchedule *s, int r, PipeOp **ops);
-
-/* Checks a schedule (generated or written by hand) across all ranks:
- * every step names a chunk of its rank and a valid micro batch; every
- * (micro, chunk) has exactly one F and one B, B after F on its rank; on
- * every link the sends and receives name the same messages in the same
- * order; and running all ranks together under the semantics above
- * finishes (no cycle of blocked receives).  0, or -1 with the first
- * problem (which ranks, which message) in err: a mismatch is a compile
- * error, never a hang. */
-int pass_pipe_check(const PipeSchedule *s, char *err, size_t errlen);
-
-/* ---- timeline ---- */
-typedef struct {
-  int pp;
-  int *nsteps;             /* [pp] */
-  double **start, **end;   /* [pp][nsteps[r]] */
-  double makespan;         /* the step's duration: the last rank's last end */
-  double *busy, *idle;     /* [pp]; idle = makespan - busy */
-  int *peak_micro;         /* [pp] most micro batches with activations held at once (F started, B
-                              of the same chunk not finished), counted per distinct micro batch */
-  int *peak_chunks;        /* [pp] the same counted per (micro, chunk) */
-} PipeTimeline;
-
-/* Simulates s with communication free: a step starts when its rank is
- * free and its input arrived.  fwd[g]: forward time of chunk g (NULL: 1
- * each); a backward takes bwd_ratio x its forward.  A schedule that
- * pass_pipe_check would reject fails here too (bad steps, deadlock), with
- * its message.  0, or -1.  Free with pass_pipe_timeline_free. */
-int pass_pipe_simulate(const PipeSchedule *s, const double *fwd, double bwd_ratio, PipeTimeline *out, char *err,
-                       size_t errlen);
-void pass_pipe_timeline_free(PipeTimeline *t);
-/* idle / busy of rank r (0 when busy is 0). */
-double pass_pipe_bubble(const PipeTimeline *t, int r);
 
 /* ---- per-rank programs (passes/pipeline_rank.c) ---- */
 /* The program of pipeline rank r, cut out of the whole-model module

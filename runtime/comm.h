@@ -42,7 +42,7 @@
 #define RT_COMM_H
 #include <stddef.h>
 #include "ir/ir.h"
-#include "runtime/plan.h"
+#include "plan/plan.h"
 
 typedef struct RtComm RtComm;
 
@@ -56,14 +56,14 @@ const char *rt_mesh_axis_name(RtMeshAxis a);            /* "dp" ... "tp" */
 /* ---- pure mesh arithmetic (no MPI; testable anywhere) ----
  * rank = ((((dp*PP + pp)*CP + cp)*EP + ep)*TP + tp).  Axis sizes < 1 count
  * as 1.  rt_mesh_size: product of the axes. */
-int  rt_mesh_size(const RtMesh *m);
+int  rt_mesh_size(const PlanMesh *m);
 /* coord[RT_AXIS_COUNT] of rank; -1 if rank is outside the mesh. */
-int  rt_mesh_coords(const RtMesh *m, int rank, int coord[RT_AXIS_COUNT]);
-int  rt_mesh_rank(const RtMesh *m, const int coord[RT_AXIS_COUNT]);
+int  rt_mesh_coords(const PlanMesh *m, int rank, int coord[RT_AXIS_COUNT]);
+int  rt_mesh_rank(const PlanMesh *m, const int coord[RT_AXIS_COUNT]);
 /* The ranks of rank's group along axis a, ordered by their coordinate on
  * that axis; ranks_out needs room for the axis size.  Returns the group
  * size, or -1 if rank is outside the mesh. */
-int  rt_mesh_group_ranks(const RtMesh *m, int rank, RtMeshAxis a, int *ranks_out);
+int  rt_mesh_group_ranks(const PlanMesh *m, int rank, RtMeshAxis a, int *ranks_out);
 
 /* ---- groups ----
  * rt_comm_init_mpi: MPI_Init (unless already initialized; argc/argv may be
@@ -84,7 +84,7 @@ void rt_comm_set_timeout(RtComm *c, double seconds);
 RtComm *rt_comm_split(RtComm *c, int color, int key, const char *name, char *err, size_t errlen);
 /* Collective over c (whose size must equal the mesh size, rank i of c being
  * mesh rank i): the group of this rank along axis a, named after the axis. */
-RtComm *rt_comm_mesh_group(RtComm *c, const RtMesh *m, RtMeshAxis a, char *err, size_t errlen);
+RtComm *rt_comm_mesh_group(RtComm *c, const PlanMesh *m, RtMeshAxis a, char *err, size_t errlen);
 
 /* ---- collectives (dtype IR_F32 or IR_F64; 0 on success, -1 + err on an
  * argument error; communication failures abort the job, see above) ---- */

@@ -25,20 +25,20 @@ const char *rt_mesh_axis_name(RtMeshAxis a) { return a < RT_AXIS_COUNT ? axis_na
 
 /* ---------------- mesh arithmetic ---------------- */
 
-static void mesh_dims(const RtMesh *m, int d[RT_AXIS_COUNT]) {
+static void mesh_dims(const PlanMesh *m, int d[RT_AXIS_COUNT]) {
   d[RT_AXIS_DP] = m->dp; d[RT_AXIS_PP] = m->pp; d[RT_AXIS_CP] = m->cp;
   d[RT_AXIS_EP] = m->ep; d[RT_AXIS_TP] = m->tp;
   for (int i = 0; i < RT_AXIS_COUNT; i++) if (d[i] < 1) d[i] = 1;
 }
 
-int rt_mesh_size(const RtMesh *m) {
+int rt_mesh_size(const PlanMesh *m) {
   int d[RT_AXIS_COUNT], n = 1;
   mesh_dims(m, d);
   for (int i = 0; i < RT_AXIS_COUNT; i++) n *= d[i];
   return n;
 }
 
-int rt_mesh_coords(const RtMesh *m, int rank, int coord[RT_AXIS_COUNT]) {
+int rt_mesh_coords(const PlanMesh *m, int rank, int coord[RT_AXIS_COUNT]) {
   int d[RT_AXIS_COUNT];
   mesh_dims(m, d);
   if (rank < 0 || rank >= rt_mesh_size(m)) return -1;
@@ -49,7 +49,7 @@ int rt_mesh_coords(const RtMesh *m, int rank, int coord[RT_AXIS_COUNT]) {
   return 0;
 }
 
-int rt_mesh_rank(const RtMesh *m, const int coord[RT_AXIS_COUNT]) {
+int rt_mesh_rank(const PlanMesh *m, const int coord[RT_AXIS_COUNT]) {
   int d[RT_AXIS_COUNT], r = 0;
   mesh_dims(m, d);
   for (int i = 0; i < RT_AXIS_COUNT; i++) {
@@ -59,7 +59,7 @@ int rt_mesh_rank(const RtMesh *m, const int coord[RT_AXIS_COUNT]) {
   return r;
 }
 
-int rt_mesh_group_ranks(const RtMesh *m, int rank, RtMeshAxis a, int *ranks_out) {
+int rt_mesh_group_ranks(const PlanMesh *m, int rank, RtMeshAxis a, int *ranks_out) {
   int d[RT_AXIS_COUNT], c[RT_AXIS_COUNT];
   mesh_dims(m, d);
   if (a >= RT_AXIS_COUNT || rt_mesh_coords(m, rank, c) < 0) return -1;
@@ -231,7 +231,7 @@ fail:
   return NULL;
 }
 
-RtComm *rt_comm_mesh_group(RtComm *c, const RtMesh *m, RtMeshAxis a, char *err, size_t errlen) {
+RtComm *rt_comm_mesh_group(RtComm *c, const PlanMesh *m, RtMeshAxis a, char *err, size_t errlen) {
   int coord[RT_AXIS_COUNT];
   if (a >= RT_AXIS_COUNT) { ts_errf(err, errlen, "rt_comm_mesh_group: no mesh axis %d", (int)a); return NULL; }
   if (rt_mesh_size(m) != c->size) {

@@ -135,22 +135,22 @@ typedef struct {
   int elem, ta, tb, epilogue;
   int64_t m, n, k, lda, ldb, ldc, batch, sa, sb, sc;
   unsigned align_a, align_b, align_c, align_bias;
-} PlanKey;
+} LtPlanKey;
 
 typedef struct {
-  PlanKey key;
+  LtPlanKey key;
   LtDesc desc;
   LtLayout la, lb, lc;  /* cuBLASLt's A (our B), B (our A), C = D */
   LtAlgo algo;
   int split;            /* no algorithm with the BIAS epilogue: product, then bias as a rank-1 GEMM */
-} Plan;
+} LtPlan;
 
 struct RtLtState {
   const RtLtLib *L;
   LtHandle h;
   void *ws;
   void *ones[4];        /* ONES ones per RtLtElem, for split bias epilogues */
-  VEC(Plan *) plans;
+  VEC(LtPlan *) plans;
 };
 
 static unsigned align_of(const void *p) {
@@ -160,7 +160,7 @@ static unsigned align_of(const void *p) {
   return al;
 }
 
-static void plan_free(const RtLtLib *L, Plan *P) {
+static void lt_plan_free(const RtLtLib *L, LtPlan *P) {
   if (!P) return;
   if (P->desc) L->DescDestroy(P->desc);
   if (P->la) L->LayoutDestroy(P->la);
@@ -204,11 +204,11 @@ static int layout(const RtLtLib *L, LtLayout *l, int type, int64_t rows, int64_t
 /* Descriptors, layouts and the heuristic's first algorithm for key k
  * (with the epilogue unless split).  *none: cuBLASLt has no algorithm (as
  * opposed to an error). */
-static Plan *plan_try(RtLtState *S, const PlanKey *k, int split, const void *bias, const char *what, int *none,
+static LtPlan *lt_plan_try(RtLtState *S, const LtPlanKey *k, int split, const void *bias, const char *what, int *none,
                       char *err, size_t n) {
   const RtLtLib *L = S->L;
   ElemInfo E = elem_info((RtLtElem)k->elem);
-  Plan *P = ts_xcalloc(1, sizeof *P);
+  LtPlan *P = ts_xcalloc(1, sizeof *P);
   P->key = *k;
   P->split = split;
   *none = 0;
@@ -271,16 +271,16 @@ static Plan *plan_try(RtLtState *S, const PlanKey *k, int split, const void *bia
   P->algo = h[pick].algo;
   return P;
 fail:
-  plan_free(L, P);
+  lt_plan_free(L, P);
   return NULL;
 }
 
-static Plan *plan_get(RtLtState *S, const PlanKey *k, const void *bias, const char *what, char *err, size_t n) {
+static LtPlan *lt_plan_get(RtLtState *S, const LtPlanKey *k, const void *bias, const char *what, char *err, size_t n) {
   for (int i = 0; i < S->plans.n; i++)
     if (!memcmp(&S->plans.a[i]->key, k, sizeof *k)) return S->plans.a[i];
   int none;
-  Plan *P = plan_try(S, k, 0, bias, what, &none, err, n);
-  if (!P && none && k->epilogue == RT_GEMM_BIAS) P = plan_try(S, k, 1, bias, what, &none, err, n);
+  LtPlan *P = lt_plan_try(S, k, 0, bias, what, &none, err, n);
+  if (!P && none && k->epilogue == RT_GEMM_BIAS) P = lt_plan_try(S, k, 1, bias, what, &none, err, n);
   if (P) VEC_PUSH(S->plans, P);
   return P;
 }
@@ -346,7 +346,7 @@ void rt_cublaslt_close(RtDev *d) {
   RtCudaDev *c = d->impl;
   RtLtState *S = c->lt;
   if (!S) return;
-  for (int i = 0; i < S->plans.n; i++) plan_free(S->L, S->plans.a[i]);
+  for (int i = 0; i < S->plans.n; i++) lt_plan_free(S->L, S->plans.a[i]);
   free(S->plans.a);
   char err[256];
   (void)RT_CU_CHECK(c->cu, MemFree, NULL, err, sizeof err, (CuPtr)(uintptr_t)S->ws);
@@ -384,7 +384,7 @@ int rt_cublaslt_gemm(RtDev *d, const RtGemm *g, RtLtElem elem, int stream, char 
   if (stream < 0 || stream >= RT_DEV_STREAMS) return ts_errf(err, n, "internal error: stream %d", stream);
   if (gemm_check(g, err, n) || rt_cuda_current(d, err, n)) return -1;
   RtLtState *S = c->lt;
-  PlanKey k;
+  LtPlanKey k;
   memset(&k, 0, sizeof k);   /* compared with memcmp: no stray padding */
   k.elem = elem;
   k.ta = !!g->ta;
@@ -403,7 +403,7 @@ int rt_cublaslt_gemm(RtDev *d, const RtGemm *g, RtLtElem elem, int stream, char 
   snprintf(what, sizeof what, "GEMM %s m=%lld n=%lld k=%lld%s%s batch %lld%s", E.name, (long long)g->m,
            (long long)g->n, (long long)g->k, g->ta ? " A^T" : "", g->tb ? " B^T" : "", (long long)k.batch,
            g->epilogue == RT_GEMM_BIAS ? " +bias" : g->epilogue == RT_GEMM_BIAS_GELU ? " +bias gelu" : "");
-  Plan *P = plan_get(S, &k, g->bias, what, err, n);
+  LtPlan *P = lt_plan_get(S, &k, g->bias, what, err, n);
   if (!P) return -1;
   const RtLtLib *L = S->L;
   if (g->epilogue != RT_GEMM_PLAIN &&

@@ -4,7 +4,7 @@
 #define TS_RT_DEV_PRIV_H
 #include "rt_priv.h"
 #include "device.h"
-#include "../passes/memplan.h"
+#include "plan/memplan.h"
 
 /* What runs node i of a block on a device. */
 enum {

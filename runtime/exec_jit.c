@@ -6,13 +6,13 @@
  *     kernel (cg_lower_group), run when execution reaches the group's last
  *     member; its other members are skipped, and values used only inside
  *     the group get no buffer (ir_value_materialized);
- *   - every other node the code generator can lower (pass_fuse_node_ok)
+ *   - every other node the code generator can lower (plan_kernel_node_ok)
  *     becomes a kernel of its own, except lone layout ops (reshape,
  *     permute, ...), which are copies the reference does as well;
  *   - a fusion group that is a GEMM bias epilogue (x @ W + b, formed by
  *     passes/fuse.c) runs as one BLAS call with beta = 1 into the add's
  *     buffer pre-filled with the bias (exec_gemm.c);
- *   - every run of adamw nodes (pass_fuse_adamw_runs: in the update block,
+ *   - every run of adamw nodes (plan_adamw_runs: in the update block,
  *     all of them, ZeRO chunks included) becomes ONE multi-tensor launch
  *     of a generated kernel at the run's last adamw (below);
  *   - everything else (matmul, collectives, other effects, split
@@ -35,7 +35,7 @@
  * $XDG_CACHE_HOME/tessera, else ~/.cache/tessera; TS_CACHE_DIR=off (or
  * empty) compiles every time. */
 #include "rt_priv.h"
-#include "../passes/passes.h"
+#include "plan/groups.h"
 #include "dev_prog.h"
 #include <errno.h>
 #include <math.h>
@@ -82,7 +82,7 @@ static int placement_ok(const IrModule *m, const IrBlock *b, const int *mem, int
                         int generated) {
   int at = mem[n - 1], first_state = -1;
   for (int j = 0; j < n; j++) {
-    if (generated && !pass_fuse_node_ok(m, b, mem[j])) return 0;
+    if (generated && !plan_kernel_node_ok(m, b, mem[j])) return 0;
     const IrNode *nd = &b->nodes[mem[j]];
     for (int k = 0; k < nd->nin; k++)
       if (b->nodes[nd->in[k]].op == IR_OP_STATE && first_state < 0) first_state = mem[j];
@@ -162,7 +162,7 @@ static int compile_kernel(RtJit *J, const IrModule *m, const IrBlock *b, const i
 }
 
 /* ---- AdamW as one pass over all parameters ----
- * pass_fuse_adamw_runs (passes/fuse.c) cuts the adamw nodes of a block
+ * plan_adamw_runs (passes/fuse.c) cuts the adamw nodes of a block
  * into runs (in the update block: all of them); each run is ONE launch on
  * the pool over the concatenation of its tensors' element ranges (a
  * multi-tensor apply): the threads split the total count into contiguous
@@ -357,12 +357,12 @@ static void adamw_apply(void **bufs, int64_t lo, int64_t hi) {
 }
 
 /* If the group mem[0..cnt) of block b is a GEMM bias epilogue
- * (pass_fuse_epilogue_match on its last member, exactly its nodes, the
+ * (plan_epilogue_match on its last member, exactly its nodes, the
  * add its only output, a product BLAS takes): its matmul's id, else -1. */
 static int epilogue_of(const IrBlock *b, const int *mem, int cnt) {
-  PassEpilogue e;
-  int want[PASS_EPILOGUE_MAX_RESHAPES + 3];
-  if (!pass_fuse_epilogue_match(b, mem[cnt - 1], &e) || pass_fuse_epilogue_members(&e, want) != cnt) return -1;
+  PlanEpilogue e;
+  int want[PLAN_EPILOGUE_MAX_RESHAPES + 3];
+  if (!plan_epilogue_match(b, mem[cnt - 1], &e) || plan_epilogue_members(&e, want) != cnt) return -1;
   for (int j = 0; j < cnt; j++)
     if (want[j] != mem[j] || (j < cnt - 1 && ir_value_materialized(b, mem[j]))) return -1;
   /* A, B and the bias come from outside (a hand-written group might
@@ -416,7 +416,7 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
   int *run_at = ts_xmalloc((size_t)(n ? n : 1) * sizeof *run_at);
   unsigned char *in_k = ts_xcalloc((size_t)(n ? n : 1), 1);
   unsigned char *done = ts_xcalloc((size_t)(n ? n : 1), 1);
-  pass_fuse_adamw_runs(b, run_at);
+  plan_adamw_runs(b, run_at);
   int rc = 0;
   for (int i = 0; i < n && rc == 0; i++) {
     if (done[i]) continue;
@@ -447,7 +447,7 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
     } else {
       /* lone layout ops are copies the reference does on the CPU; a
        * device needs them as kernels */
-      if (!pass_fuse_node_ok(m, b, i) || (is_layout_alone(nd->op) && !J->cuda)) continue;
+      if (!plan_kernel_node_ok(m, b, i) || (is_layout_alone(nd->op) && !J->cuda)) continue;
       mem[cnt++] = i;
     }
     for (int j = 0; j < cnt; j++) in_k[mem[j]] = 1;
@@ -466,7 +466,7 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
       if (cnt > 1) J->stats.fallbacks++;
       /* a device has no reference kernels: members that lower alone do */
       for (int j = 0; J->cuda && cnt > 1 && j < cnt && rc == 0; j++) {
-        if (!pass_fuse_node_ok(m, b, mem[j])) continue;
+        if (!plan_kernel_node_ok(m, b, mem[j])) continue;
         RtJitKernel k1;
         memset(&k1, 0, sizeof k1);
         int r1 = compile_kernel(J, m, b, &mem[j], 1, &k1, err, errlen);
@@ -665,7 +665,7 @@ int rt_emit_llvm(const IrModule *m, const char *dir, int *count, char *err, size
         for (int j = i; j < b->n; j++)
           if (b->nodes[j].group == nd->group) { mem[cnt++] = j; done[j] = 1; }
       } else {
-        if (!pass_fuse_node_ok(m, b, i) || is_layout_alone(nd->op)) continue;
+        if (!plan_kernel_node_ok(m, b, i) || is_layout_alone(nd->op)) continue;
         mem[cnt++] = i;
       }
       CgGroupIO io;

@@ -8,7 +8,7 @@
  * size).  When that is c itself (S = 1) the value is a local hand-off: it
  * waits in the program's mailbox for the recv with the same tag.
  *
- * Why sends copy: the schedule checker (pass_pipe_check) assumes a send
+ * Why sends copy: the schedule checker (plan_pipe_check) assumes a send
  * never waits (isend), and the executor frees or reuses the operand's
  * buffer right after the node.  So the value is copied into a buffer of
  * the program's and posted with rt_comm_isend; the buffer is released when

@@ -17,7 +17,7 @@
  * lives in ONE activation arena, allocated once per program (the size of
  * the largest block's plan; blocks run one after another) and reused by
  * every run: value v of block b sits at the offset the static memory plan
- * (passes/memplan.h, pass_memplan_block_at) gives it, computed once per
+ * (plan/memplan.h, plan_mem_block_at) gives it, computed once per
  * block when the program is created, as the backend runs the block.  So
  * `mcc --report memory` is what a run allocates, and the executor measures
  * its own use to prove it (rt_program_block_memory; tests/memplan):
@@ -41,7 +41,7 @@
 #include "rt_priv.h"
 #include "dev_priv.h"
 #include "comm.h"
-#include "../passes/memplan.h"
+#include "plan/memplan.h"
 #include <math.h>
 #include <stdarg.h>
 #include <time.h>
@@ -158,7 +158,7 @@ int rt_kfail(RtKctx *k, const char *fmt, ...) {
 RtRank rt_rank_single(void) {
   RtRank r;
   memset(&r, 0, sizeof r);
-  r.mesh = (RtMesh){1, 1, 1, 1, 1};
+  r.mesh = (PlanMesh){1, 1, 1, 1, 1};
   return r;
 }
 
@@ -430,7 +430,7 @@ void rt_program_free(RtProgram *p) {
   if (p->profile) print_profile(p);
   if (getenv("TS_RT_MEMORY")) print_memory(p);
   for (int b = 0; p->mem && b < p->m->blocks.n; b++) {
-    pass_memplan_free(&p->mem[b].plan);
+    plan_mem_free(&p->mem[b].plan);
     free(p->mem[b].rel_off);
     free(p->mem[b].rel_val);
   }
@@ -542,8 +542,7 @@ static int plan_memory(RtProgram *p, char *err, size_t errlen) {
       kernel_positions(b, jb, at);
     }
     char why[512];
-    int rc = pass_memplan_block_at(m, bi, at, &bm->plan, why, sizeof why);
-    if (rc == 0) rc = pass_memplan_check(m, &bm->plan, why, sizeof why);
+    int rc = plan_mem_block_checked(m, bi, at, &bm->plan, why, sizeof why);
     free(at);
     if (rc != 0) return ts_errf(err, errlen, "the memory plan of block %s: %s", b->name, why);
     compute_free_plan(b, jb, &bm->rel_off, &bm->rel_val);

@@ -7,7 +7,7 @@
 #ifndef TS_RT_H
 #define TS_RT_H
 #include "../ir/ir.h"
-#include "plan.h"
+#include "plan/plan.h"
 
 typedef struct RtProgram RtProgram;
 typedef struct RtComm RtComm;   /* comm.h */
@@ -19,7 +19,7 @@ typedef struct RtDev RtDev;     /* device.h */
  * kernels use coord[] to find a local element's global index (see
  * docs/sharding.md) and group[] for the collectives. */
 typedef struct RtRank {
-  RtMesh mesh;
+  PlanMesh mesh;
   int coord[IR_AXIS_COUNT];
   RtComm *group[IR_AXIS_COUNT];
   /* The same groups for a rank on a CUDA device: NCCL groups bound to the
@@ -116,15 +116,15 @@ const IrModule *rt_program_module(const RtProgram *p);
 /* Memory, in bytes.  All states live in one slab (each at a 64-byte
  * aligned offset); every value of every block lives in one activation
  * arena, allocated with the program at the offsets of the static memory
- * plan (passes/memplan.h) as the program's backend runs each block: its
- * size is the largest block's planned peak (pass_memplan_arena_bytes).
+ * plan (plan/memplan.h) as the program's backend runs each block: its
+ * size is the largest block's planned peak (plan_mem_arena_bytes).
  * rt_program_block_memory: what the runs of block b measured so far --
  * *used, the end of the highest arena range a value occupied; *live, the
  * most bytes of values live at one position (both 0 before the first
  * run).  `mcc --report memory` prints the same numbers; tests/memplan
  * checks they are equal.  -1 for a bad block. */
 /* The position at which a program of m with options o computes each node
- * of block `block` (at[], b->n entries, as pass_memplan_block_at takes
+ * of block `block` (at[], b->n entries, as plan_mem_block_at takes
  * it): a node's own on the reference backend; on the LLVM backend, a
  * kernel's (a fused group at its last member, unless it falls back to the
  * reference).  The LLVM case plans, lowers and compiles (or loads from the

@@ -13,7 +13,7 @@
  * bwd.<g> of its chunks and "update"; docs/pipeline.md) runs, per step, the
  * steps of its pipeline rank's schedule instead of "micro":
  *
- *     schedule = pass_pipe_schedule(par.sched, pp, vpp, n_local), checked
+ *     schedule = plan_pipe_schedule(par.sched, pp, vpp, n_local), checked
  *     for each step (F|B, micro j, chunk g): run fwd.<g> / bwd.<g>, fed
  *       micro batch g_j = r*n_local + j when the block has data inputs
  *     complete the posted sends; no stash may be left
@@ -26,7 +26,7 @@
 #include "train.h"
 #include "rt_priv.h"
 #include "comm.h"
-#include "passes/pipe.h"
+#include "plan/schedule.h"
 #include <math.h>
 #include <errno.h>
 #include <signal.h>
@@ -223,7 +223,7 @@ static void run_free(TrainRun *r) {
   free(r->gtok);
   free(r->gtgt);
   free(r->mask);
-  if (r->have_sched) pass_pipe_schedule_free(&r->sched);
+  if (r->have_sched) plan_pipe_schedule_free(&r->sched);
   free(r->chunk_block);
   free(r->has_data);
 }
@@ -355,11 +355,11 @@ static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_
   else return ts_errf(err, errlen, "the program's pipeline schedule %d is not one this runtime knows", par->sched);
   if (n_local > (1 << 20)) return ts_errf(err, errlen, "%lld micro batches per step is too many to schedule", (long long)n_local);
   char why[1024];
-  if (pass_pipe_schedule(kind, pp, vpp, (int)n_local, &r->sched, why, sizeof why) != 0)
+  if (plan_pipe_schedule(kind, pp, vpp, (int)n_local, &r->sched, why, sizeof why) != 0)
     return ts_errf(err, errlen, "pipeline schedule for pp=%d, vpp=%d, %lld micro batches per step: %s", pp, vpp,
                    (long long)n_local, why);
   r->have_sched = 1;
-  if (pass_pipe_check(&r->sched, why, sizeof why) != 0)
+  if (plan_pipe_check(&r->sched, why, sizeof why) != 0)
     return ts_errf(err, errlen, "the regenerated pipeline schedule is wrong (a bug): %s", why);
   int nchunks = pp * vpp;
   r->chunk_block = ts_xmalloc((size_t)nchunks * 2 * sizeof *r->chunk_block);

@@ -43,7 +43,7 @@ int rt_corpus_batch(const RtCorpus *c, uint64_t seed, int64_t step, int64_t row0
  * Pipeline programs (m->par.pp > 1, m->par.stage = pp coordinate + 1; see
  * docs/pipeline.md): instead of "micro", the rank runs the steps of its
  * schedule (regenerated from m->par with n_local micro batches and checked
- * with pass_pipe_check): F of micro j on chunk g runs block fwd.<g>, B runs
+ * with plan_pipe_check): F of micro j on chunk g runs block fwd.<g>, B runs
  * bwd.<g>, each fed micro batch r * n_local + j when it has data inputs
  * (RtRunInfo.micro is that global index, as without pp).  Then every posted
  * send completes, no stashed value may be left, and "update" runs.  The

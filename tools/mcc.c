@@ -21,10 +21,10 @@
  * Exit codes: 0 ok, 1 compile, I/O or check failure, 2 usage error. */
 #include "frontend/mdl.h"
 #include "passes/passes.h"
-#include "passes/memplan.h"
+#include "passes/memreport.h"
 #include "passes/pipe.h"
 #include "runtime/comm.h"
-#include "runtime/plan.h"
+#include "plan/plan.h"
 #include "runtime/train.h"
 #include "runtime/dev_prog.h"
 #include <errno.h>
@@ -144,7 +144,7 @@ static int parse_args(int argc, char **argv, Args *a) {
 #define NEED_ARG(opt) do { if (!next) return usage_error("option '%s' needs an argument", opt); i++; } while (0)
     if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) { usage(stdout); return 0; }
     if (strcmp(s, "--version") == 0) {
-      printf("mcc (Tessera) %s, plan format %d\n", MCC_VERSION, RT_PLAN_VERSION);
+      printf("mcc (Tessera) %s, plan format %d\n", MCC_VERSION, PLAN_VERSION);
       return 0;
     }
     if (strcmp(s, "-o") == 0) { NEED_ARG(s); a->output = next; continue; }
@@ -201,7 +201,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--emit=trace") == 0) { NEED_ARG(s); a->trace = next; continue; }
     if (strcmp(s, "--schedule") == 0) {
       NEED_ARG(s);
-      if (pass_pipe_sched_lookup(next) < 0) return usage_error("--schedule must be gpipe, 1f1b or interleaved, got '%s'", next);
+      if (plan_pipe_sched_lookup(next) < 0) return usage_error("--schedule must be gpipe, 1f1b or interleaved, got '%s'", next);
       a->schedule = next;
       continue;
     }
@@ -335,7 +335,7 @@ static PipeOptions pipe_options(const Args *a, const IrModule *m) {
 /* The schedule mcc builds for vpp chunks per rank: --schedule, else 1f1b,
  * interleaved when vpp >= 2. */
 static PipeSchedKind pipe_kind(const Args *a, int vpp) {
-  if (a->schedule) return (PipeSchedKind)pass_pipe_sched_lookup(a->schedule);
+  if (a->schedule) return (PipeSchedKind)plan_pipe_sched_lookup(a->schedule);
   return vpp > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;
 }
 
@@ -376,13 +376,13 @@ static int pipe_prepare(const Args *a, IrModule *m, int reference) {
   PipeSchedule sched;
   memset(&sched, 0, sizeof sched);
   int nmicro = 0, rc = 0;
-  if (pass_pipe_nmicro(&m->train, ir_axis_size(m, IR_AXIS_DP), &nmicro, err, sizeof err) != 0 ||
-      pass_pipe_schedule(kind, pp, vpp, nmicro, &sched, err, sizeof err) != 0 ||
-      pass_pipe_check(&sched, err, sizeof err) != 0) {
+  if (plan_pipe_nmicro(&m->train, ir_axis_size(m, IR_AXIS_DP), &nmicro, err, sizeof err) != 0 ||
+      plan_pipe_schedule(kind, pp, vpp, nmicro, &sched, err, sizeof err) != 0 ||
+      plan_pipe_check(&sched, err, sizeof err) != 0) {
     fprintf(stderr, "mcc: error: %s\n", err);
     rc = 1;
   }
-  pass_pipe_schedule_free(&sched);
+  plan_pipe_schedule_free(&sched);
   return rc;
 }
 
@@ -412,10 +412,10 @@ static IrModule *compile(const Args *a, const MdlOptions *o, int dp, PassCtx *cx
  * rank on program 0 (SPMD), or with pp > 1 one program per pipeline rank
  * (passes/pipeline_rank.c), each rank on the program of its pp coordinate.
  * The plan takes m (freed here when it is split).  NULL after printing why. */
-static RtPlan *make_plan(const char *source, IrModule *m) {
-  RtPlan *p = rt_plan_new();
+static Plan *make_plan(const char *source, IrModule *m) {
+  Plan *p = plan_new();
   p->source = ts_intern(source);
-  p->mesh = (RtMesh){ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_PP), ir_axis_size(m, IR_AXIS_CP),
+  p->mesh = (PlanMesh){ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_PP), ir_axis_size(m, IR_AXIS_CP),
                      ir_axis_size(m, IR_AXIS_EP), ir_axis_size(m, IR_AXIS_TP)};
   p->nranks = (int)mesh_ranks(m);
   p->rank_program = ts_xcalloc((size_t)p->nranks, sizeof *p->rank_program);
@@ -433,7 +433,7 @@ static RtPlan *make_plan(const char *source, IrModule *m) {
     if (!p->programs[r]) {
       fprintf(stderr, "mcc: %s\n", err);
       ir_module_free(m);
-      rt_plan_free(p);              /* frees the programs made so far */
+      plan_free(p);              /* frees the programs made so far */
       return NULL;
     }
     p->nprograms = r + 1;
@@ -483,19 +483,19 @@ static int emit_text(const char *out, const StrBuf *b) {
 }
 
 /* The plan must print, parse and encode back to the same bytes. */
-static int check_plan_roundtrip(const RtPlan *p) {
+static int check_plan_roundtrip(const Plan *p) {
   StrBuf bin = {0}, text = {0}, bin2 = {0}, bin3 = {0};
   char err[1024];
   int rc = 1;
-  rt_plan_encode(p, &bin);
-  rt_plan_print_text(p, &text);
-  RtPlan *q = rt_plan_parse_text(text.p, "<plan text>", err, sizeof err);
-  RtPlan *r = q ? rt_plan_decode(bin.p, bin.n, err, sizeof err) : NULL;
+  plan_encode(p, &bin);
+  plan_print_text(p, &text);
+  Plan *q = plan_parse_text(text.p, "<plan text>", err, sizeof err);
+  Plan *r = q ? plan_decode(bin.p, bin.n, err, sizeof err) : NULL;
   if (!q || !r) {
     fprintf(stderr, "mcc: internal error: the plan does not read back: %s\n", err);
   } else {
-    rt_plan_encode(q, &bin2);
-    rt_plan_encode(r, &bin3);
+    plan_encode(q, &bin2);
+    plan_encode(r, &bin3);
     if (bin2.n != bin.n || memcmp(bin2.p, bin.p, bin.n) != 0)
       fprintf(stderr, "mcc: internal error: the plan text does not parse back to the same plan\n");
     else if (bin3.n != bin.n || memcmp(bin3.p, bin.p, bin.n) != 0)
@@ -503,8 +503,8 @@ static int check_plan_roundtrip(const RtPlan *p) {
     else
       rc = 0;
   }
-  rt_plan_free(q);
-  rt_plan_free(r);
+  plan_free(q);
+  plan_free(r);
   sb_free(&bin); sb_free(&text); sb_free(&bin2); sb_free(&bin3);
   return rc;
 }
@@ -528,7 +528,7 @@ static void nvrtc_failure(const RtCudaModule *cm, const char *log, int sm) {
 /* --target / --emit=cuda: every program's CUDA module, compiled with NVRTC
  * for each arch of a->sm into images of p (ptxas' report checked for
  * every kernel) and, with dir, written there.  0 or 1. */
-static int compile_cuda(const Args *a, RtPlan *p, const char *dir) {
+static int compile_cuda(const Args *a, Plan *p, const char *dir) {
   char err[2048];
   if (a->nsm && !cg_nvrtc_available(err, sizeof err)) { fprintf(stderr, "mcc: --target: %s\n", err); return 1; }
   if (dir && mkdir(dir, 0777) != 0 && errno != EEXIST) {
@@ -581,8 +581,8 @@ static int compile_cuda(const Args *a, RtPlan *p, const char *dir) {
         }
       }
       if (rc == 0) {
-        RtPlanImage im = {pi, a->sm[t], cm.hash, o.ptx, o.ptx_len, o.cubin, o.cubin_len, o.nkern, o.kern};
-        rt_plan_add_image(p, &im);
+        PlanImage im = {pi, a->sm[t], cm.hash, o.ptx, o.ptx_len, o.cubin, o.cubin_len, o.nkern, o.kern};
+        plan_add_image(p, &im);
         int regs = 0;
         for (int j = 0; j < o.nkern; j++) regs = o.kern[j].registers > regs ? o.kern[j].registers : regs;
         fprintf(stderr, "mcc: program %d, %s: %d kernels, PTX %zu bytes, cubin %zu bytes, at most %d registers, "
@@ -598,36 +598,36 @@ static int compile_cuda(const Args *a, RtPlan *p, const char *dir) {
 }
 
 static int write_plan(const Args *a, IrModule *m, int *owned) {
-  RtPlan *p = make_plan(a->input, m);
+  Plan *p = make_plan(a->input, m);
   *owned = 0;                         /* the plan owns the module now */
   if (!p) return 1;
   int rc = 0;
   if (a->nsm || a->cuda_dir) rc = compile_cuda(a, p, a->cuda_dir);
   if (a->cuda_dir) {   /* the sources instead of a plan */
-    rt_plan_free(p);
+    plan_free(p);
     return rc;
   }
   if (rc == 0 && a->cx->verify_roundtrip) rc = check_plan_roundtrip(p);
   if (rc == 0 && strcmp(a->emit, "plan-text") == 0) {
     StrBuf b = {0};
-    rt_plan_print_text(p, &b);
+    plan_print_text(p, &b);
     rc = emit_text(a->output, &b);
     sb_free(&b);
   } else if (rc == 0 && a->output && strcmp(a->output, "-") == 0) {   /* binary to stdout (a pipe) */
     StrBuf b = {0};
-    rt_plan_encode(p, &b);
+    plan_encode(p, &b);
     rc = emit_text(NULL, &b);
     sb_free(&b);
   } else if (rc == 0) {
     char err[1024];
     char *def = a->output ? NULL : default_output(a->input);
-    if (rt_plan_write(p, a->output ? a->output : def, err, sizeof err) != 0) {
+    if (plan_write(p, a->output ? a->output : def, err, sizeof err) != 0) {
       fprintf(stderr, "mcc: %s\n", err);
       rc = 1;
     }
     free(def);
   }
-  rt_plan_free(p);
+  plan_free(p);
   return rc;
 }
 
@@ -673,13 +673,13 @@ static int report_memory(const Args *a, IrModule *m, StrBuf *out) {
     if (!(u = compile_quiet(&ua, &uo, 1))) return 1;
   }
   /* the plan's programs: SPMD (all on program 0), or one per pipeline rank */
-  RtPlan *p = make_plan(a->input, ir_module_clone(m));
+  Plan *p = make_plan(a->input, ir_module_clone(m));
   if (!p) { ir_module_free(u); return 1; }
   char err[1024];
   int rc = pass_memplan_report_ranks_at(p->programs, p->nprograms, p->rank_program, p->nranks, u, llvm_positions, NULL,
                                         out, err, sizeof err);
   if (rc != 0) fprintf(stderr, "mcc: %s\n", err);
-  rt_plan_free(p);
+  plan_free(p);
   ir_module_free(u);
   return rc != 0;
 }
@@ -781,7 +781,7 @@ static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
               (long long)total.count, total.payload, total.ring);
     return 0;
   }
-  RtPlan *p = make_plan(a->input, ir_module_clone(m));
+  Plan *p = make_plan(a->input, ir_module_clone(m));
   if (!p) return 1;
   for (int r = 0; r < p->nprograms; r++) {
     CommSum total = {0};
@@ -790,13 +790,13 @@ static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
     sb_printf(out, "total per step on pipeline rank %d: %lld operations, payload %.0f bytes, %.0f bytes sent per rank\n",
               r, (long long)total.count, total.payload, total.ring);
   }
-  rt_plan_free(p);
+  plan_free(p);
   return 0;
 }
 
 /* ---- --report schedule, --emit=trace FILE ----
  * Partitions the frontend's forward block (passes/partition.c), builds
- * and checks every pipeline rank's schedule (passes/schedule.c), then
+ * and checks every pipeline rank's schedule (plan/schedule.c), then
  * runs the pass pipeline too, so the layout's other errors (a dim tp does
  * not divide, ...) are reported as for a plan.  No plan is written. */
 static int run_pipe_views(const Args *a, PassCtx *cx) {
@@ -820,9 +820,9 @@ static int run_pipe_views(const Args *a, PassCtx *cx) {
     m->par.vpp = part.vpp;
     m->par.sched = ir_sched_of((PipeSchedKind)kind);
   }
-  if (pass_pipe_nmicro(&m->train, ir_axis_size(m, IR_AXIS_DP), &nmicro, err, sizeof err) != 0 ||
-      pass_pipe_schedule((PipeSchedKind)kind, part.pp, part.vpp, nmicro, &sched, err, sizeof err) != 0 ||
-      pass_pipe_check(&sched, err, sizeof err) != 0) {
+  if (plan_pipe_nmicro(&m->train, ir_axis_size(m, IR_AXIS_DP), &nmicro, err, sizeof err) != 0 ||
+      plan_pipe_schedule((PipeSchedKind)kind, part.pp, part.vpp, nmicro, &sched, err, sizeof err) != 0 ||
+      plan_pipe_check(&sched, err, sizeof err) != 0) {
     fprintf(stderr, "mcc: error: %s\n", err);
     goto done;
   }
@@ -846,7 +846,7 @@ static int run_pipe_views(const Args *a, PassCtx *cx) {
   sb_free(&rep);
   sb_free(&tr);
 done:
-  pass_pipe_schedule_free(&sched);
+  plan_pipe_schedule_free(&sched);
   pass_pipe_partition_free(&part);
   ir_module_free(m);
   return rc;
@@ -970,11 +970,11 @@ static int run_check(const Args *a, IrModule *m) {
   double *la = NULL, *lb = NULL;          /* per-step losses of the two runs */
   IrModule *mods[2] = {m, u};
   for (int i = 0; i < 2; i++) {        /* a plan owns its module: m's plan gets a clone (the caller owns m) */
-    RtPlan *p = make_plan(a->input, i == 0 ? ir_module_clone(mods[i]) : mods[i]);
+    Plan *p = make_plan(a->input, i == 0 ? ir_module_clone(mods[i]) : mods[i]);
     if (i == 1) u = NULL;
     if (!p) goto cleanup;
-    int w = rt_plan_write(p, path[3 * i], err, sizeof err);
-    rt_plan_free(p);
+    int w = plan_write(p, path[3 * i], err, sizeof err);
+    plan_free(p);
     if (w != 0) { fprintf(stderr, "mcc: error: --check: %s\n", err); goto cleanup; }
   }
   char at_dp[32] = "";                   /* --gpus beyond the mesh: more dp ranks */

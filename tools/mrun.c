@@ -37,7 +37,7 @@
  * on bad usage.  With --selftest: 0 when every row passes, 1 when a row
  * FAILs, the device cannot be opened, or there is no GPU driver or device
  * (then one line says so: nothing was tested). */
-#include "runtime/plan.h"
+#include "plan/plan.h"
 #include "runtime/train.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
@@ -168,7 +168,7 @@ static int is_module_text(const char *s) {
 }
 
 /* Loads PATH as a plan, or as a one-rank plan around a bare IR module. */
-static RtPlan *load_plan(const char *path, char *err, size_t errlen) {
+static Plan *load_plan(const char *path, char *err, size_t errlen) {
   struct stat st;
   if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
     snprintf(err, errlen, "cannot read plan '%s': it is a directory", path);
@@ -178,14 +178,14 @@ static RtPlan *load_plan(const char *path, char *err, size_t errlen) {
   char *text = ts_read_file(path, &len);
   if (!text) { snprintf(err, errlen, "cannot read plan '%s': %s", path, strerror(errno)); return NULL; }
   int bare = strlen(text) == len && is_module_text(text);
-  RtPlan *p = NULL;
+  Plan *p = NULL;
   if (bare) {
     IrModule *m = ir_parse_module(text, path, err, errlen);
     if (m) {
-      p = rt_plan_new();
-      p->version = RT_PLAN_VERSION;
+      p = plan_new();
+      p->version = PLAN_VERSION;
       /* the module says what mesh it was sharded for */
-      p->mesh = (RtMesh){ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_PP), ir_axis_size(m, IR_AXIS_CP),
+      p->mesh = (PlanMesh){ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_PP), ir_axis_size(m, IR_AXIS_CP),
                          ir_axis_size(m, IR_AXIS_EP), ir_axis_size(m, IR_AXIS_TP)};
       p->nprograms = 1;
       p->programs = ts_xcalloc(1, sizeof *p->programs);
@@ -195,7 +195,7 @@ static RtPlan *load_plan(const char *path, char *err, size_t errlen) {
     }
   }
   free(text);
-  return bare ? p : rt_plan_read(path, err, errlen);
+  return bare ? p : plan_read(path, err, errlen);
 }
 
 static int under_launcher(void) {
@@ -204,8 +204,8 @@ static int under_launcher(void) {
 
 /* dp for n ranks of the plan's mesh; -1 with a message if n does not
  * divide.  *mesh gets the run's mesh. */
-static int mesh_for(const RtPlan *plan, int64_t n, RtMesh *mesh, char *err, size_t errlen) {
-  RtMesh m = plan->mesh;
+static int mesh_for(const Plan *plan, int64_t n, PlanMesh *mesh, char *err, size_t errlen) {
+  PlanMesh m = plan->mesh;
   int64_t per = 1;
   int s[4] = {m.tp, m.pp, m.cp, m.ep};
   for (int i = 0; i < 4; i++) per *= s[i] < 1 ? 1 : s[i];
@@ -222,7 +222,7 @@ static int mesh_for(const RtPlan *plan, int64_t n, RtMesh *mesh, char *err, size
 /* A pipeline plan runs only at the dp it was compiled for: its stage
  * programs' update blocks cannot be rebuilt for another dp (pass_respecialize_dp
  * handles one whole program).  -1 with a message naming the numbers. */
-static int check_pipeline_dp(const RtPlan *plan, const RtMesh *mesh, const char *path, char *err, size_t errlen) {
+static int check_pipeline_dp(const Plan *plan, const PlanMesh *mesh, const char *path, char *err, size_t errlen) {
   for (int i = 0; i < plan->nprograms; i++) {
     const IrModule *m = plan->programs[i];
     int pp = ir_axis_size(m, IR_AXIS_PP), dp = ir_axis_size(m, IR_AXIS_DP);
@@ -277,7 +277,7 @@ static int launch(int64_t n, char **argv) {
  * same coordinates, with the dp coordinate folded onto the plan's dp (one
  * plan runs at any dp); *index gets its index in the plan.  NULL with a
  * message. */
-static IrModule *pick_program(RtPlan *plan, const RtMesh *mesh, int rank, int *index, char *err, size_t errlen) {
+static IrModule *pick_program(Plan *plan, const PlanMesh *mesh, int rank, int *index, char *err, size_t errlen) {
   int c[RT_AXIS_COUNT];
   if (rt_mesh_coords(mesh, rank, c) != 0) { ts_errf(err, errlen, "rank %d is outside the mesh", rank); return NULL; }
   int pdp = plan->mesh.dp < 1 ? 1 : plan->mesh.dp;
@@ -294,7 +294,7 @@ static IrModule *pick_program(RtPlan *plan, const RtMesh *mesh, int rank, int *i
 /* Prepares rank `rank`'s program: picks it (*index: its index in the
  * plan), respecializes it for the run's dp, applies --steps / --seed,
  * verifies it.  NULL with a message. */
-static IrModule *prepare(RtPlan *plan, const RtMesh *mesh, int rank, const Args *a, int *index, char *err,
+static IrModule *prepare(Plan *plan, const PlanMesh *mesh, int rank, const Args *a, int *index, char *err,
                          size_t errlen) {
   IrModule *m = pick_program(plan, mesh, rank, index, err, errlen);
   if (!m) return NULL;
@@ -350,15 +350,15 @@ static int local_rank(int world_rank) {
 /* The plan's image of program pi for arch sm: the exact one (cubin and
  * PTX; *exact = 1), else the one of the newest older arch that has PTX
  * (the driver JIT-compiles it; *exact = 0), else NULL. */
-static const RtPlanImage *image_for(const RtPlan *plan, int pi, int sm, int *exact) {
-  const RtPlanImage *im = rt_plan_image(plan, pi, sm);
+static const PlanImage *image_for(const Plan *plan, int pi, int sm, int *exact) {
+  const PlanImage *im = plan_image(plan, pi, sm);
   *exact = im != NULL;
   for (int i = 0; !im && i < plan->nimages; i++) {
-    const RtPlanImage *c = &plan->images[i];
+    const PlanImage *c = &plan->images[i];
     if (c->program == pi && c->sm <= sm && c->ptx && c->ptx_len) im = c;
   }
   for (int i = 0; !*exact && im && i < plan->nimages; i++) {
-    const RtPlanImage *c = &plan->images[i];
+    const PlanImage *c = &plan->images[i];
     if (c->program == pi && c->sm <= sm && c->sm > im->sm && c->ptx && c->ptx_len) im = c;
   }
   return im;
@@ -376,7 +376,7 @@ typedef struct {
  * the plan (m, prepared for the run) and makes it the one rt_train's
  * programs run on.  `respecialized`: m's update block was rebuilt for
  * another dp than the plan's.  0, or -1 with a message (g->dev NULL). */
-static int gpu_setup(const Args *a, const RtPlan *plan, int pi, const IrModule *m, int respecialized, int world_rank,
+static int gpu_setup(const Args *a, const Plan *plan, int pi, const IrModule *m, int respecialized, int world_rank,
                      int count, Gpu *g, char *err, size_t errlen) {
   memset(g, 0, sizeof *g);
   int ordinal = local_rank(world_rank) % count;
@@ -385,7 +385,7 @@ static int gpu_setup(const Args *a, const RtPlan *plan, int pi, const IrModule *
   if (!d)
     return ts_errf(err, errlen, "rank %d: opening GPU %d: %s (--cpu runs on CPU ranks)", world_rank, ordinal, why);
   int exact = 0;
-  const RtPlanImage *im = d->sm > 0 ? image_for(plan, pi, d->sm, &exact) : NULL;
+  const PlanImage *im = d->sm > 0 ? image_for(plan, pi, d->sm, &exact) : NULL;
   if (!im) {
     if (d->sm > 0)
       ts_errf(err, errlen, "%s: the plan has no cubin/PTX for sm_%d, the arch of GPU %d; recompile with mcc --target "
@@ -457,10 +457,10 @@ static void print_done(const Args *a, const RtTrainResult *res) {
 static int run_single(const Args *a) {
   char err[2048] = "";
   int ngpu = gpus_usable(a, 1, 1);
-  RtPlan *plan = load_plan(a->plan, err, sizeof err);
+  Plan *plan = load_plan(a->plan, err, sizeof err);
   if (!plan) { fprintf(stderr, "mrun: %s\n", err); return 1; }
   int rc = 1, pi = 0;
-  RtMesh mesh;
+  PlanMesh mesh;
   IrModule *m;
   Gpu gpu = {0};
   if (mesh_for(plan, 1, &mesh, err, sizeof err) != 0 || !(m = prepare(plan, &mesh, 0, a, &pi, err, sizeof err)) ||
@@ -479,7 +479,7 @@ static int run_single(const Args *a) {
   rc = 0;
 out:
   gpu_close(&gpu);
-  rt_plan_free(plan);
+  plan_free(plan);
   return rc;
 }
 
@@ -493,9 +493,9 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   if (a->gpus >= 1 && a->gpus != n)
     rt_comm_abort(world, "mrun: --gpus %lld but the MPI job has %d ranks", (long long)a->gpus, n);
   int ngpu = gpus_usable(a, n, me == 0);
-  RtPlan *plan = load_plan(a->plan, err, sizeof err);
+  Plan *plan = load_plan(a->plan, err, sizeof err);
   if (!plan) rt_comm_abort(world, "mrun: %s", err);
-  RtMesh mesh;
+  PlanMesh mesh;
   if (mesh_for(plan, n, &mesh, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   int pi = 0;
   IrModule *m = prepare(plan, &mesh, me, a, &pi, err, sizeof err);
@@ -526,7 +526,7 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   rt_rank_gpu_groups_free(&rank);   /* before the device's context */
   gpu_close(&gpu);
   for (int ax = 0; ax < IR_AXIS_COUNT; ax++) rt_comm_free(rank.group[ax]);
-  rt_plan_free(plan);
+  plan_free(plan);
   rt_comm_free(world);   /* MPI_Finalize */
   return 0;
 }
@@ -547,11 +547,11 @@ int main(int argc, char **argv) {
     }
     /* check what can be checked before starting N processes */
     char err[2048] = "";
-    RtPlan *plan = load_plan(a.plan, err, sizeof err);
-    RtMesh mesh;
+    Plan *plan = load_plan(a.plan, err, sizeof err);
+    PlanMesh mesh;
     int ok = plan && mesh_for(plan, a.gpus, &mesh, err, sizeof err) == 0 &&
              check_pipeline_dp(plan, &mesh, a.plan, err, sizeof err) == 0;
-    rt_plan_free(plan);
+    plan_free(plan);
     if (!ok) { fprintf(stderr, "mrun: %s\n", err); return 1; }
     return launch(a.gpus, argv);
   }

@@ -10,7 +10,7 @@
  *                               plan: identical binary encodings
  * Exit 0 if all hold; 1 with a message naming the file otherwise. */
 #include "ir/ir.h"
-#include "runtime/plan.h"
+#include "plan/plan.h"
 
 static int check_ir(const char *path) {
   size_t n = 0;
@@ -45,39 +45,39 @@ static int check_plan(const char *path) {
   char *bytes = ts_read_file(path, &n);
   if (!bytes) { fprintf(stderr, "cli_check: cannot read '%s'\n", path); return 1; }
   char err[1024];
-  RtPlan *p = rt_plan_read(path, err, sizeof err);
+  Plan *p = plan_read(path, err, sizeof err);
   int rc = 1;
   if (!p) {
     fprintf(stderr, "cli_check: %s\n", err);
   } else {
     StrBuf b = {0};
-    if (n >= 12 && memcmp(bytes, "tessera-plan", 12) == 0) rt_plan_print_text(p, &b);
-    else rt_plan_encode(p, &b);
+    if (n >= 12 && memcmp(bytes, "tessera-plan", 12) == 0) plan_print_text(p, &b);
+    else plan_encode(p, &b);
     if (b.n != n || memcmp(b.p, bytes, n) != 0) fprintf(stderr, "cli_check: %s does not re-encode identically\n", path);
     else if (p->nprograms < 1 || p->nranks < 1) fprintf(stderr, "cli_check: %s has no programs or ranks\n", path);
     else rc = 0;
     sb_free(&b);
   }
-  rt_plan_free(p);
+  plan_free(p);
   free(bytes);
   return rc;
 }
 
 static int same_plan(const char *a, const char *b) {
   char err[1024];
-  RtPlan *pa = rt_plan_read(a, err, sizeof err);
+  Plan *pa = plan_read(a, err, sizeof err);
   if (!pa) { fprintf(stderr, "cli_check: %s\n", err); return 1; }
-  RtPlan *pb = rt_plan_read(b, err, sizeof err);
-  if (!pb) { fprintf(stderr, "cli_check: %s\n", err); rt_plan_free(pa); return 1; }
+  Plan *pb = plan_read(b, err, sizeof err);
+  if (!pb) { fprintf(stderr, "cli_check: %s\n", err); plan_free(pa); return 1; }
   StrBuf ea = {0}, eb = {0};
-  rt_plan_encode(pa, &ea);
-  rt_plan_encode(pb, &eb);
+  plan_encode(pa, &ea);
+  plan_encode(pb, &eb);
   int rc = ea.n == eb.n && memcmp(ea.p, eb.p, ea.n) == 0 ? 0 : 1;
   if (rc) fprintf(stderr, "cli_check: %s and %s hold different plans\n", a, b);
   sb_free(&ea);
   sb_free(&eb);
-  rt_plan_free(pa);
-  rt_plan_free(pb);
+  plan_free(pa);
+  plan_free(pb);
   return rc;
 }
 

@@ -127,7 +127,7 @@ static void test_ring(RtComm *c, IrDtype dt, size_t count) {
 /* The group of every axis of mesh m: its size, our position, and (through
  * an all_gather of world ranks) exactly the members rt_mesh_group_ranks
  * predicts, in order. */
-static void test_mesh_groups(RtComm *w, const RtMesh *m) {
+static void test_mesh_groups(RtComm *w, const PlanMesh *m) {
   int coord[RT_AXIS_COUNT], want[64];
   rt_mesh_coords(m, rt_comm_rank(w), coord);
   for (int a = 0; a < RT_AXIS_COUNT; a++) {
@@ -155,13 +155,13 @@ static void test_all_meshes(RtComm *w) {
   for (int dp = 1; dp <= p; dp++) for (int pp = 1; pp <= p; pp++) for (int cp = 1; cp <= p; cp++)
     for (int ep = 1; ep <= p; ep++) for (int tp = 1; tp <= p; tp++) {
       if (dp * pp * cp * ep * tp != p) continue;
-      RtMesh m = {dp, pp, cp, ep, tp};
+      PlanMesh m = {dp, pp, cp, ep, tp};
       test_mesh_groups(w, &m);
       meshes++;
     }
   CHECK(meshes > 0, "no mesh tried");
   if (p == 4) {   /* the 2x2 dp x tp mesh by hand: tp pairs {0,1},{2,3}; dp pairs {0,2},{1,3} */
-    RtMesh m = {2, 1, 1, 1, 2};
+    PlanMesh m = {2, 1, 1, 1, 2};
     int r = rt_comm_rank(w);
     RtComm *tp = rt_comm_mesh_group(w, &m, RT_AXIS_TP, err, sizeof err);
     RtComm *dp = rt_comm_mesh_group(w, &m, RT_AXIS_DP, err, sizeof err);
@@ -206,13 +206,13 @@ static void test_arg_errors(RtComm *w) {
   CHECK(rt_comm_all_gather(w, IR_F32, NULL, NULL, 4, err, sizeof err) == -1 && strstr(err, "NULL"), "NULL: %s", err);
   CHECK(rt_comm_all_to_all(w, IR_F64, &x, &x, (size_t)1 << 40, err, sizeof err) == -1 && strstr(err, "elements"),
         "huge count: %s", err);
-  RtMesh m = {p + 1, 1, 1, 1, 1};
+  PlanMesh m = {p + 1, 1, 1, 1, 1};
   CHECK(rt_comm_mesh_group(w, &m, RT_AXIS_DP, err, sizeof err) == NULL && strstr(err, "mpirun -np"),
         "mesh/size mismatch: %s", err);
 }
 
 static void test_mesh_math(void) {
-  RtMesh m = {2, 3, 1, 1, 4};   /* 24 ranks */
+  PlanMesh m = {2, 3, 1, 1, 4};   /* 24 ranks */
   int c[RT_AXIS_COUNT], g[8];
   CHECK(rt_mesh_size(&m) == 24, "mesh size");
   for (int r = 0; r < 24; r++) {
@@ -224,7 +224,7 @@ static void test_mesh_math(void) {
   CHECK(rt_mesh_group_ranks(&m, 17, RT_AXIS_PP, g) == 3 && g[0] == 13 && g[1] == 17 && g[2] == 21, "pp group of 17");
   CHECK(rt_mesh_group_ranks(&m, 17, RT_AXIS_DP, g) == 2 && g[0] == 5 && g[1] == 17, "dp group of 17");
   CHECK(rt_mesh_group_ranks(&m, 17, RT_AXIS_CP, g) == 1 && g[0] == 17, "cp group of 17");
-  RtMesh z = {0, 0, 0, 0, 0};
+  PlanMesh z = {0, 0, 0, 0, 0};
   CHECK(rt_mesh_size(&z) == 1, "axes < 1 count as 1");
 }
 
@@ -266,7 +266,7 @@ int main(int argc, char **argv) {
   } else if (!strcmp(mode, "stall_tp")) {
     /* 2x2 dp x tp mesh; rank 3 stalls, so its tp partner (rank 2) must
      * name it, in world ranks, and name the group. */
-    RtMesh m = {2, 1, 1, 1, 2};
+    PlanMesh m = {2, 1, 1, 1, 2};
     RtComm *tp = rt_comm_mesh_group(w, &m, RT_AXIS_TP, err, sizeof err);
     CHECK(tp != NULL, "tp group: %s", err);
     /* Only rank 2 may time out: ranks 0 and 1 finish their tp all_reduce

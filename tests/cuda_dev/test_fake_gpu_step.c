@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
   if (!world) { fprintf(stderr, "%s\n", err); return 1; }
   int me = rt_comm_rank(world), n = rt_comm_size(world);
   if (argc != 5) rt_comm_abort(world, "usage: test_fake_gpu_step PLAN STEPS TOL DIR");
-  RtPlan *plan = rt_plan_read(argv[1], err, sizeof err);
+  Plan *plan = plan_read(argv[1], err, sizeof err);
   if (!plan) rt_comm_abort(world, "%s", err);
   RtRank rank = rt_rank_single();
   rank.mesh = plan->mesh;
@@ -192,7 +192,7 @@ int main(int argc, char **argv) {
   rt_exec_set_default(&xo);
   dev->ops->close(dev);
   for (int a = 0; a < IR_AXIS_COUNT; a++) rt_comm_free(rank.group[a]);
-  rt_plan_free(plan);
+  plan_free(plan);
   if (me == 0) printf("%s\n", bad ? "FAILED" : "ok");
   rt_comm_free(world);
   return bad ? 1 : 0;

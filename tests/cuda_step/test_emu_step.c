@@ -33,7 +33,7 @@ static int train(const IrModule *m, RtDev *dev, const char *params, const char *
 int main(int argc, char **argv) {
   if (argc != 4) { fprintf(stderr, "usage: test_emu_step PLAN STEPS TOL\n"); return 2; }
   char err[1024];
-  RtPlan *plan = rt_plan_read(argv[1], err, sizeof err);
+  Plan *plan = plan_read(argv[1], err, sizeof err);
   if (!plan) { printf("FAIL: %s\n", err); return 1; }
   if (plan->nprograms != 1 || plan->nranks != 1) { printf("FAIL: a single-rank plan is needed\n"); return 1; }
   IrModule *m = plan->programs[0];
@@ -86,7 +86,7 @@ int main(int argc, char **argv) {
   unlink(pc); unlink(pd); unlink(mc); unlink(md);
   rmdir(dir);
   dev->ops->close(dev);
-  rt_plan_free(plan);
+  plan_free(plan);
   printf("%s\n", fails ? "FAILED" : "ok");
   return fails ? 1 : 0;
 }

@@ -14,8 +14,9 @@
  *      1e-6 (f32) / 1e-12 (f64).
  * The whole-run equivalences (fused / --no-fuse / reference) are equiv.sh. */
 #include "frontend/mdl.h"
-#include "passes/memplan.h"
+#include "passes/memreport.h"
 #include "passes/passes.h"
+#include "plan/groups.h"
 #include "runtime/rt.h"
 #include <math.h>
 
@@ -106,11 +107,11 @@ static void test_runs(void) {
   const IrBlock *b = &m->blocks.a[0];
   int run[16], want[] = {-1, -1, 2, -1, -1, -1, -1, 9, -1, 9, -1, 11};
   CHECK(b->n == 12, "runs snippet has %d nodes", b->n);
-  CHECK(pass_fuse_adamw_runs(b, run) == 3, "want 3 runs");
+  CHECK(plan_adamw_runs(b, run) == 3, "want 3 runs");
   for (int i = 0; i < b->n && i < 12; i++) CHECK(run[i] == want[i], "%%%d: run at %d, want %d", i, run[i], want[i]);
   /* the memory plan runs them where the executor does */
   int at[16];
-  pass_memplan_group_at(b, at);
+  plan_mem_group_at(b, at);
   CHECK(at[2] == 2 && at[7] == 9 && at[9] == 9 && at[11] == 11 && at[0] == 0, "memplan at[] %d %d %d %d", at[2], at[7],
         at[9], at[11]);
 
@@ -171,10 +172,10 @@ static int count_epilogue_groups(const IrBlock *b) {
     if (g <= 0) continue;
     for (int j = i + 1; j < b->n; j++) last &= b->nodes[j].group != g;
     if (!last) continue;
-    PassEpilogue e;
-    int mem[PASS_EPILOGUE_MAX_RESHAPES + 3], n = 0, ok = 1;
-    if (!pass_fuse_epilogue_match(b, i, &e)) continue;
-    int k = pass_fuse_epilogue_members(&e, mem);
+    PlanEpilogue e;
+    int mem[PLAN_EPILOGUE_MAX_RESHAPES + 3], n = 0, ok = 1;
+    if (!plan_epilogue_match(b, i, &e)) continue;
+    int k = plan_epilogue_members(&e, mem);
     for (int j = 0; j <= i; j++)
       if (b->nodes[j].group == g) ok &= n < k && mem[n++] == j;
     cnt += ok && n == k;

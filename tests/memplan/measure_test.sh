@@ -13,7 +13,7 @@
 #                              activation arena, --backend ref     [ref]
 #   block B: used            = block B: arena peak                 (per backend)
 #   block B: live            = block B: lower bound
-# The report is computed from the IR alone (passes/memplan.c); the runtime
+# The report is computed from the IR alone (plan/memplan.c); the runtime
 # measures what its executor did, with liveness worked out on its own.
 #
 # usage: measure_test.sh MCC MRUN SRCDIR TMPDIR [MODELS]   (default "gpt llama")

@@ -1,4 +1,4 @@
-/* test_memplan.c - passes/memplan.c: liveness and arena packing on
+/* test_memplan.c - plan/memplan.c: liveness and arena packing on
  * hand-built blocks whose peak is worked out by hand below; the checker
  * rejects broken plans; the LLVM backend's plan of a fused kernel; both samples, tiny and full size, pack without
  * overlap with lower bound <= peak <= sum of buffers; state byte totals
@@ -7,7 +7,7 @@
  * usage: test_memplan */
 #include "frontend/mdl.h"
 #include "ir/ir.h"
-#include "passes/memplan.h"
+#include "passes/memreport.h"
 
 static int failures;
 #define CHECK(c, ...) do { if (!(c)) { failures++; \
@@ -26,8 +26,8 @@ static int emit_or_die(int id) {
 static MemPlan plan_ok(const IrModule *m, int b) {
   MemPlan p;
   TS_ASSERT(ir_verify(m, err, sizeof err) == 0);
-  if (pass_memplan_block(m, b, &p, err, sizeof err) != 0) TS_DIE("memplan: %s", err);
-  CHECK(pass_memplan_check(m, &p, err, sizeof err) == 0, "check: %s", err);
+  if (plan_mem_block(m, b, &p, err, sizeof err) != 0) TS_DIE("memplan: %s", err);
+  CHECK(plan_mem_check(m, &p, err, sizeof err) == 0, "check: %s", err);
   return p;
 }
 
@@ -51,7 +51,7 @@ static void test_chain(void) {
   CHECK(p.first[a] == a && p.last[a] == c, "exp live over [%d, %d]", p.first[a], p.last[a]);
   CHECK(p.last[s] == o, "sumsq live until %d", p.last[s]);
   CHECK(p.offset[a] != p.offset[x] && p.offset[c] != p.offset[a], "neighbours share bytes");
-  pass_memplan_free(&p);
+  plan_mem_free(&p);
   ir_module_free(m);
 }
 
@@ -86,22 +86,22 @@ static void test_best_fit(void) {
   /* the checker must catch broken plans: c moved onto x (both live at 3) */
   int64_t keep = p.offset[c];
   p.offset[c] = 0;
-  CHECK(pass_memplan_check(m, &p, err, sizeof err) != 0 && strstr(err, "overlaps"), "overlap not caught: %s", err);
+  CHECK(plan_mem_check(m, &p, err, sizeof err) != 0 && strstr(err, "overlaps"), "overlap not caught: %s", err);
   p.offset[c] = keep;
   /* a buffer claimed dead before its last reader */
   p.last[x] = 2;
-  CHECK(pass_memplan_check(m, &p, err, sizeof err) != 0 && strstr(err, "live over"), "short interval not caught: %s", err);
+  CHECK(plan_mem_check(m, &p, err, sizeof err) != 0 && strstr(err, "live over"), "short interval not caught: %s", err);
   p.last[x] = 3;
   /* a misaligned offset */
   p.offset[s] = 8;
-  CHECK(pass_memplan_check(m, &p, err, sizeof err) != 0, "misaligned offset not caught");
+  CHECK(plan_mem_check(m, &p, err, sizeof err) != 0, "misaligned offset not caught");
   p.offset[s] = 0;
   /* a peak that is not what the buffers give */
   p.peak_bytes = 512;
-  CHECK(pass_memplan_check(m, &p, err, sizeof err) != 0, "wrong peak not caught");
+  CHECK(plan_mem_check(m, &p, err, sizeof err) != 0, "wrong peak not caught");
   p.peak_bytes = 768;
-  CHECK(pass_memplan_check(m, &p, err, sizeof err) == 0, "restored plan rejected: %s", err);
-  pass_memplan_free(&p);
+  CHECK(plan_mem_check(m, &p, err, sizeof err) == 0, "restored plan rejected: %s", err);
+  plan_mem_free(&p);
   ir_module_free(m);
 }
 
@@ -148,7 +148,7 @@ static void test_best_fit_hole(void) {
   CHECK(p.offset[u] == 1792 && p.offset[v] == 768, "u at %lld, v at %lld", (long long)p.offset[u], (long long)p.offset[v]);
   CHECK(p.lower_bound_bytes == 1856 && p.peak_bytes == 1856, "lower %zu peak %zu", p.lower_bound_bytes, p.peak_bytes);
   CHECK(p.total_bytes == 2 * 512 + 5 * 256 + 7 * 64, "total %zu", p.total_bytes);
-  pass_memplan_free(&p);
+  plan_mem_free(&p);
   ir_module_free(m);
 }
 
@@ -184,8 +184,8 @@ static void test_reshape_alias(void) {
   CHECK(p.total_bytes == 2 * 256 + 64, "total %zu", p.total_bytes);
   /* the checker refuses sharing that is not a reshape: e onto x's buffer */
   p.buf[e] = x;
-  CHECK(pass_memplan_check(m, &p, err, sizeof err) != 0, "illegal sharing not caught");
-  pass_memplan_free(&p);
+  CHECK(plan_mem_check(m, &p, err, sizeof err) != 0, "illegal sharing not caught");
+  plan_mem_free(&p);
   ir_module_free(m);
 }
 
@@ -212,11 +212,11 @@ static void test_kernel_at(void) {
   IrBlock *blk = &m->blocks.a[bl];
   blk->nodes[a].group = blk->nodes[b].group = blk->nodes[c].group = 1;
   int at[7];
-  pass_memplan_group_at(blk, at);
+  plan_mem_group_at(blk, at);
   CHECK(at[x] == x && at[a] == c && at[b] == c && at[c] == c && at[d] == d, "group_at %d %d %d %d", at[x], at[a], at[b], at[c]);
   MemPlan p;
-  if (pass_memplan_block_at(m, bl, at, &p, err, sizeof err) != 0) TS_DIE("memplan: %s", err);
-  CHECK(pass_memplan_check(m, &p, err, sizeof err) == 0, "check: %s", err);
+  if (plan_mem_block_at(m, bl, at, &p, err, sizeof err) != 0) TS_DIE("memplan: %s", err);
+  CHECK(plan_mem_check(m, &p, err, sizeof err) == 0, "check: %s", err);
   CHECK(p.buf[a] == -1 && p.offset[a] == -1, "a value inside the kernel owns bytes");
   CHECK(p.first[x] == 0 && p.last[x] == c, "x live over [%d, %d]", p.first[x], p.last[x]);
   CHECK(p.first[b] == c && p.last[b] == d && p.first[c] == c && p.last[c] == d, "b [%d, %d] c [%d, %d]",
@@ -228,15 +228,15 @@ static void test_kernel_at(void) {
         "%d buffers, lower %zu peak %zu total %zu", p.nbuffers, p.lower_bound_bytes, p.peak_bytes, p.total_bytes);
   /* the checker recomputes liveness with the plan's at[]: b must reach d */
   p.last[b] = p.last[p.buf[b]] = c;
-  CHECK(pass_memplan_check(m, &p, err, sizeof err) != 0 && strstr(err, "live over"), "short interval not caught: %s", err);
-  pass_memplan_free(&p);
+  CHECK(plan_mem_check(m, &p, err, sizeof err) != 0 && strstr(err, "live over"), "short interval not caught: %s", err);
+  plan_mem_free(&p);
   /* an at[] that runs a node before itself is refused */
   at[d] = c;
-  CHECK(pass_memplan_block_at(m, bl, at, &p, err, sizeof err) != 0 && strstr(err, "run at"), "bad at[] accepted");
+  CHECK(plan_mem_block_at(m, bl, at, &p, err, sizeof err) != 0 && strstr(err, "run at"), "bad at[] accepted");
   /* the reference plan: a has bytes of its own */
   p = plan_ok(m, bl);
   CHECK(p.buf[a] == a && p.first[b] == b, "reference plan: a buf %d, b from %d", p.buf[a], p.first[b]);
-  pass_memplan_free(&p);
+  plan_mem_free(&p);
   ir_module_free(m);
 }
 
@@ -257,10 +257,10 @@ static void test_states_effects(void) {
   MemPlan p = plan_ok(m, b);
   CHECK(p.buf[ws] == -1 && p.buf[ac] == -1, "state/effect own bytes");
   CHECK(p.nbuffers == 2 && p.peak_bytes == 256 && p.lower_bound_bytes == 256, "%d buffers, peak %zu", p.nbuffers, p.peak_bytes);
-  CHECK(pass_memplan_state_bytes(m, IR_STATE_PARAM) == 128 && pass_memplan_state_bytes(m, IR_STATE_GRAD) == 128,
+  CHECK(plan_mem_state_bytes(m, IR_STATE_PARAM) == 128 && plan_mem_state_bytes(m, IR_STATE_GRAD) == 128,
         "state bytes");
-  pass_memplan_free(&p);
-  CHECK(pass_memplan_block(m, 7, &p, err, sizeof err) != 0 && strstr(err, "no block"), "bad block index accepted");
+  plan_mem_free(&p);
+  CHECK(plan_mem_block(m, 7, &p, err, sizeof err) != 0 && strstr(err, "no block"), "bad block index accepted");
   ir_module_free(m);
 }
 
@@ -293,20 +293,20 @@ static void test_sample(const Sample *s) {
   }
   if (s->params >= 0) CHECK(nparam == s->params, "%s: %lld params", s->file, (long long)nparam);
   CHECK(ngrad == nparam && nmom == 2 * nparam, "%s: grads %lld moments %lld", s->file, (long long)ngrad, (long long)nmom);
-  CHECK(pass_memplan_state_bytes(m, IR_STATE_PARAM) == 4 * (size_t)nparam, "%s: param bytes", s->file);
-  CHECK(pass_memplan_state_bytes(m, IR_STATE_GRAD) == 4 * (size_t)nparam, "%s: grad bytes", s->file);
-  CHECK(pass_memplan_state_bytes(m, IR_STATE_ADAM_M) + pass_memplan_state_bytes(m, IR_STATE_ADAM_V) == 8 * (size_t)nparam,
+  CHECK(plan_mem_state_bytes(m, IR_STATE_PARAM) == 4 * (size_t)nparam, "%s: param bytes", s->file);
+  CHECK(plan_mem_state_bytes(m, IR_STATE_GRAD) == 4 * (size_t)nparam, "%s: grad bytes", s->file);
+  CHECK(plan_mem_state_bytes(m, IR_STATE_ADAM_M) + plan_mem_state_bytes(m, IR_STATE_ADAM_V) == 8 * (size_t)nparam,
         "%s: adam bytes", s->file);
 
   for (int b = 0; b < m->blocks.n; b++) {
     /* the LLVM backend's plan (fused groups as kernels) must be valid too */
     const IrBlock *blk = &m->blocks.a[b];
     int *at = ts_xmalloc((size_t)(blk->n ? blk->n : 1) * sizeof *at);
-    pass_memplan_group_at(blk, at);
+    plan_mem_group_at(blk, at);
     MemPlan pf;
-    CHECK(pass_memplan_block_at(m, b, at, &pf, err, sizeof err) == 0, "%s: fused plan: %s", s->file, err);
-    CHECK(pass_memplan_check(m, &pf, err, sizeof err) == 0, "%s: fused plan check: %s", s->file, err);
-    pass_memplan_free(&pf);
+    CHECK(plan_mem_block_at(m, b, at, &pf, err, sizeof err) == 0, "%s: fused plan: %s", s->file, err);
+    CHECK(plan_mem_check(m, &pf, err, sizeof err) == 0, "%s: fused plan check: %s", s->file, err);
+    plan_mem_free(&pf);
     free(at);
     MemPlan p = plan_ok(m, b);
     const char *bn = m->blocks.a[b].name;
@@ -321,7 +321,7 @@ static void test_sample(const Sample *s) {
      * not a property: it has held with room to spare for both samples */
     CHECK((double)p.peak_bytes <= 1.25 * (double)p.lower_bound_bytes,
           "%s %s: packed %zu vs bound %zu", s->file, bn, p.peak_bytes, p.lower_bound_bytes);
-    pass_memplan_free(&p);
+    plan_mem_free(&p);
   }
   StrBuf rep = {0};
   CHECK(pass_memplan_report(m, &rep, err, sizeof err) == 0, "%s: report: %s", s->file, err);

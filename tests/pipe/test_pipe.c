@@ -1,5 +1,5 @@
 /* test_pipe.c - pipeline partitioning and schedules (passes/partition.c,
- * passes/schedule.c): bubbles and in-flight counts measured on the
+ * plan/schedule.c): bubbles and in-flight counts measured on the
  * simulated timelines of the generated schedules, the cross-rank checker
  * on broken schedules, refusals, and the partition of the samples
  * (balance against brute force, --pp-layers, Megatron layouts). */
@@ -18,14 +18,14 @@ static int fails;
 static void bubble_case(PipeSchedKind k, int p, int v, int m, double b, double want) {
   PipeSchedule s;
   char err[1024];
-  if (pass_pipe_schedule(k, p, v, m, &s, err, sizeof err) != 0) { CHECK(0, "schedule %s p=%d v=%d m=%d: %s",
-      pass_pipe_sched_name(k), p, v, m, err); return; }
-  CHECK(pass_pipe_check(&s, err, sizeof err) == 0, "check %s p=%d v=%d m=%d: %s", pass_pipe_sched_name(k), p, v, m, err);
+  if (plan_pipe_schedule(k, p, v, m, &s, err, sizeof err) != 0) { CHECK(0, "schedule %s p=%d v=%d m=%d: %s",
+      plan_pipe_sched_name(k), p, v, m, err); return; }
+  CHECK(plan_pipe_check(&s, err, sizeof err) == 0, "check %s p=%d v=%d m=%d: %s", plan_pipe_sched_name(k), p, v, m, err);
   PipeTimeline t;
-  if (pass_pipe_simulate(&s, NULL, b, &t, err, sizeof err) != 0) { CHECK(0, "simulate: %s", err); pass_pipe_schedule_free(&s); return; }
+  if (plan_pipe_simulate(&s, NULL, b, &t, err, sizeof err) != 0) { CHECK(0, "simulate: %s", err); plan_pipe_schedule_free(&s); return; }
   for (int r = 0; r < p; r++) {
-    double got = pass_pipe_bubble(&t, r);
-    CHECK(fabs(got - want) < 1e-12, "%s p=%d v=%d m=%d b=%g rank %d: bubble %.6f, want %.6f", pass_pipe_sched_name(k),
+    double got = plan_pipe_bubble(&t, r);
+    CHECK(fabs(got - want) < 1e-12, "%s p=%d v=%d m=%d b=%g rank %d: bubble %.6f, want %.6f", plan_pipe_sched_name(k),
           p, v, m, b, r, got, want);
     CHECK(fabs(t.busy[r] - (double)m * v * (1 + b)) < 1e-9, "busy %g", t.busy[r]);
   }
@@ -33,11 +33,11 @@ static void bubble_case(PipeSchedKind k, int p, int v, int m, double b, double w
   for (int r = 0; r < p && k != PIPE_INTERLEAVED; r++) {
     int want_f = k == PIPE_GPIPE ? m : (p - r < m ? p - r : m);
     CHECK(t.peak_micro[r] == want_f, "%s p=%d m=%d rank %d: %d micro batches in flight, want %d",
-          pass_pipe_sched_name(k), p, m, r, t.peak_micro[r], want_f);
+          plan_pipe_sched_name(k), p, m, r, t.peak_micro[r], want_f);
   }
   if (k == PIPE_1F1B) CHECK(t.peak_micro[0] <= p, "1f1b: first stage holds %d > pp=%d", t.peak_micro[0], p);
-  pass_pipe_timeline_free(&t);
-  pass_pipe_schedule_free(&s);
+  plan_pipe_timeline_free(&t);
+  plan_pipe_schedule_free(&s);
 }
 
 static void test_bubbles(void) {
@@ -64,9 +64,9 @@ static void test_bubbles(void) {
 static void expect_refusal(PipeSchedKind k, int p, int v, int m, const char *needle) {
   PipeSchedule s;
   char err[1024] = "";
-  int rc = pass_pipe_schedule(k, p, v, m, &s, err, sizeof err);
-  CHECK(rc != 0, "%s p=%d v=%d m=%d accepted", pass_pipe_sched_name(k), p, v, m);
-  if (rc == 0) pass_pipe_schedule_free(&s);
+  int rc = plan_pipe_schedule(k, p, v, m, &s, err, sizeof err);
+  CHECK(rc != 0, "%s p=%d v=%d m=%d accepted", plan_pipe_sched_name(k), p, v, m);
+  if (rc == 0) plan_pipe_schedule_free(&s);
   else CHECK(strstr(err, needle), "message '%s' lacks '%s'", err, needle);
 }
 
@@ -80,9 +80,9 @@ static void test_refusals(void) {
   t.global_batch = 12, t.micro_batch = 2;
   int nm = 0;
   char err[512] = "";
-  CHECK(pass_pipe_nmicro(&t, 4, &nm, err, sizeof err) != 0 && strstr(err, "global_batch 12 / (micro_batch 2 x dp 4)"),
+  CHECK(plan_pipe_nmicro(&t, 4, &nm, err, sizeof err) != 0 && strstr(err, "global_batch 12 / (micro_batch 2 x dp 4)"),
         "nmicro 12/(2*4): %s", err);
-  CHECK(pass_pipe_nmicro(&t, 3, &nm, err, sizeof err) == 0 && nm == 2, "nmicro 12/(2*3) = %d", nm);
+  CHECK(plan_pipe_nmicro(&t, 3, &nm, err, sizeof err) == 0 && nm == 2, "nmicro 12/(2*3) = %d", nm);
 }
 
 /* A hand-written schedule from strings like "F0 F1 B0 B1" per rank (v = 1). */
@@ -106,10 +106,10 @@ static void expect_broken(int p, int m, const char *const *ranks, const char *ne
   PipeSchedule s;
   make_sched(&s, p, m, ranks);
   char err[1024] = "";
-  int rc = pass_pipe_check(&s, err, sizeof err);
+  int rc = plan_pipe_check(&s, err, sizeof err);
   CHECK(rc != 0, "broken schedule accepted (%s / %s)", ranks[0], ranks[1]);
   CHECK(rc == 0 || strstr(err, needle), "message '%s' lacks '%s'", err, needle);
-  pass_pipe_schedule_free(&s);
+  plan_pipe_schedule_free(&s);
 }
 
 static void test_checker(void) {
@@ -118,8 +118,8 @@ static void test_checker(void) {
   PipeSchedule s;
   make_sched(&s, 2, 3, ok);
   char err[1024] = "";
-  CHECK(pass_pipe_check(&s, err, sizeof err) == 0, "hand-written 1f1b: %s", err);
-  pass_pipe_schedule_free(&s);
+  CHECK(plan_pipe_check(&s, err, sizeof err) == 0, "hand-written 1f1b: %s", err);
+  plan_pipe_schedule_free(&s);
   /* the second stage takes the micro batches in another order than sent */
   const char *order[] = {"F0 F1 B0 B1", "F1 B1 F0 B0"};
   expect_broken(2, 2, order, "message 1 from rank 0 to rank 1 does not match");
@@ -131,8 +131,8 @@ static void test_checker(void) {
     PipeSchedule c;
     PipeTimeline t;
     make_sched(&c, 2, 2, cycle);
-    CHECK(pass_pipe_simulate(&c, NULL, 1, &t, err, sizeof err) != 0 && strstr(err, "deadlocks"), "simulate: %s", err);
-    pass_pipe_schedule_free(&c);
+    CHECK(plan_pipe_simulate(&c, NULL, 1, &t, err, sizeof err) != 0 && strstr(err, "deadlocks"), "simulate: %s", err);
+    plan_pipe_schedule_free(&c);
   }
   const char *missing[] = {"F0 F1 B0 B1", "F0 F1 B0"};
   expect_broken(2, 2, missing, "rank 1 never runs B of micro batch 1");
@@ -142,25 +142,25 @@ static void test_checker(void) {
   expect_broken(2, 2, early, "before its F");
   /* a generated schedule with one rank's steps swapped is rejected too */
   PipeSchedule g;
-  CHECK(pass_pipe_schedule(PIPE_INTERLEAVED, 4, 2, 8, &g, err, sizeof err) == 0, "%s", err);
+  CHECK(plan_pipe_schedule(PIPE_INTERLEAVED, 4, 2, 8, &g, err, sizeof err) == 0, "%s", err);
   PipeStep tmp = g.steps[2][3];
   g.steps[2][3] = g.steps[2][4];
   g.steps[2][4] = tmp;
-  CHECK(pass_pipe_check(&g, err, sizeof err) != 0, "interleaved with two steps of rank 2 swapped accepted");
-  pass_pipe_schedule_free(&g);
+  CHECK(plan_pipe_check(&g, err, sizeof err) != 0, "interleaved with two steps of rank 2 swapped accepted");
+  plan_pipe_schedule_free(&g);
   /* the send/recv ops: 1F1B rank 0 of 2: F0 -> send act to rank 1; B0 <- recv grad */
   PipeSchedule h;
-  pass_pipe_schedule(PIPE_1F1B, 2, 1, 2, &h, err, sizeof err);
+  plan_pipe_schedule(PIPE_1F1B, 2, 1, 2, &h, err, sizeof err);
   PipeOp *ops;
-  int n = pass_pipe_rank_ops(&h, 0, &ops);
+  int n = plan_pipe_rank_ops(&h, 0, &ops);
   CHECK(n == 8 && ops[0].op == PIPE_OP_COMPUTE && ops[1].op == PIPE_OP_SEND && ops[1].peer == 1 && ops[1].what == 'a' &&
         ops[1].micro == 0 && ops[1].edge == 0, "rank 0 ops");
   free(ops);
-  n = pass_pipe_rank_ops(&h, 1, &ops);
+  n = plan_pipe_rank_ops(&h, 1, &ops);
   CHECK(n == 8 && ops[0].op == PIPE_OP_RECV && ops[0].peer == 0 && ops[2].op == PIPE_OP_COMPUTE && ops[2].what == 'B' &&
         ops[3].op == PIPE_OP_SEND && ops[3].what == 'g', "rank 1 ops: F0 then B0 then its gradient sent");
   free(ops);
-  pass_pipe_schedule_free(&h);
+  plan_pipe_schedule_free(&h);
 }
 
 /* ---- partition ---- */

@@ -21,7 +21,7 @@
  *   - a plan of the rank programs keeps the pipeline fields (vpp, schedule,
  *     stage) and the nodes' stage tags through the binary form. */
 #include "passes/pipe.h"
-#include "runtime/plan.h"
+#include "plan/plan.h"
 
 static int failures;
 #define CHECK(c, ...) do { if (!(c)) { failures++; fprintf(stderr, "%s:%d: FAIL %s: ", __FILE__, __LINE__, #c); \
@@ -269,16 +269,16 @@ static void test_update_blocks(int dp, int zero) {
     /* the binary plan keeps the parallel line's pipeline fields and the
      * nodes' stage tags (tag one node: the hand-written blocks have none) */
     p->blocks.a[0].nodes[0].stage = ir_stage_tag(r, 0);
-    RtPlan *plan = rt_plan_new();
-    plan->mesh = (RtMesh){dp, 2, 1, 1, 1};
+    Plan *plan = plan_new();
+    plan->mesh = (PlanMesh){dp, 2, 1, 1, 1};
     plan->nprograms = 1;
     plan->programs = ts_xmalloc(sizeof *plan->programs);
     plan->programs[0] = p;
     plan->nranks = 2 * dp;
     plan->rank_program = ts_xcalloc((size_t)plan->nranks, sizeof *plan->rank_program);
     StrBuf bin = {0}, pt1 = {0}, pt2 = {0};
-    rt_plan_encode(plan, &bin);
-    RtPlan *back = rt_plan_decode(bin.p, bin.n, err, sizeof err);
+    plan_encode(plan, &bin);
+    Plan *back = plan_decode(bin.p, bin.n, err, sizeof err);
     CHECK(back != NULL, "rank %d: plan decode: %s", r, err);
     if (back) {
       const IrModule *bp = back->programs[0];
@@ -288,14 +288,14 @@ static void test_update_blocks(int dp, int zero) {
       ir_print_module(p, &pt1);
       ir_print_module(bp, &pt2);
       CHECK(pt1.p && pt2.p && strcmp(pt1.p, pt2.p) == 0, "rank %d: decoded program prints differently", r);
-      rt_plan_free(back);
+      plan_free(back);
     }
     sb_free(&bin);
     sb_free(&pt1);
     sb_free(&pt2);
     plan->programs[0] = NULL;
     plan->nprograms = 0;
-    rt_plan_free(plan);
+    plan_free(plan);
     /* a rank program is not re-optimized nor re-specialized */
     PassCtx c2;
     pass_ctx_init(&c2);

@@ -3,7 +3,7 @@
  * reads PREFIX.<r> for every pipeline rank r: the steps rank r ran in the
  * first step of training, in order, one "F|B micro chunk" per line (the
  * trainer writes them under TS_PIPE_TRACE).  Rebuilds the schedule from
- * them, checks it across ranks (pass_pipe_check: every F and B once, sends
+ * them, checks it across ranks (plan_pipe_check: every F and B once, sends
  * matched, no deadlock), simulates it with forward 1 and backward 2, and
  * requires every rank's bubble to be (p-1)/(v*m) within 1e-12 and, for
  * 1F1B, the first stage to hold at most pp micro batches at once.  So the
@@ -13,7 +13,7 @@
 
 int main(int argc, char **argv) {
   if (argc != 6) { fprintf(stderr, "usage: bubble_exec PREFIX KIND PP VPP NMICRO\n"); return 2; }
-  int kind = pass_pipe_sched_lookup(argv[2]), pp = atoi(argv[3]), vpp = atoi(argv[4]), m = atoi(argv[5]);
+  int kind = plan_pipe_sched_lookup(argv[2]), pp = atoi(argv[3]), vpp = atoi(argv[4]), m = atoi(argv[5]);
   if (kind < 0 || pp < 1 || vpp < 1 || m < 1) { fprintf(stderr, "bubble_exec: bad arguments\n"); return 2; }
   PipeSchedule s = {(PipeSchedKind)kind, pp, vpp, m, ts_xcalloc((size_t)pp, sizeof(int)),
                     ts_xcalloc((size_t)pp, sizeof(PipeStep *))};
@@ -37,13 +37,13 @@ int main(int argc, char **argv) {
   }
   char err[1024];
   PipeTimeline t;
-  if (pass_pipe_check(&s, err, sizeof err) != 0 || pass_pipe_simulate(&s, NULL, 2.0, &t, err, sizeof err) != 0) {
+  if (plan_pipe_check(&s, err, sizeof err) != 0 || plan_pipe_simulate(&s, NULL, 2.0, &t, err, sizeof err) != 0) {
     fprintf(stderr, "FAIL the executed schedule: %s\n", err);
     return 1;
   }
   double want = (double)(pp - 1) / (double)(vpp * m);
   for (int r = 0; r < pp; r++) {
-    double b = pass_pipe_bubble(&t, r);
+    double b = plan_pipe_bubble(&t, r);
     printf("rank %d: %d steps, bubble %.6f (want (p-1)/(v*m) = %.6f), %d micro batches in flight\n", r, s.nsteps[r], b,
            want, t.peak_micro[r]);
     if (fabs(b - want) > 1e-12) { fprintf(stderr, "FAIL rank %d bubble %.12f\n", r, b); fails++; }
@@ -52,7 +52,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "FAIL 1f1b: the first stage held %d micro batches, more than pp = %d\n", t.peak_micro[0], pp);
     fails++;
   }
-  pass_pipe_timeline_free(&t);
-  pass_pipe_schedule_free(&s);
+  plan_pipe_timeline_free(&t);
+  plan_pipe_schedule_free(&s);
   return fails != 0;
 }

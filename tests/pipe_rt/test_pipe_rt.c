@@ -177,7 +177,7 @@ static void test_local(void) {
 
 /* ---------------- MPI ---------------- */
 
-static RtRank make_rank(RtComm *w, RtMesh mesh) {
+static RtRank make_rank(RtComm *w, PlanMesh mesh) {
   RtRank r = rt_rank_single();
   r.mesh = mesh;
   rt_mesh_coords(&mesh, rt_comm_rank(w), r.coord);
@@ -258,7 +258,7 @@ static void check_ring_out(RtProgram *p, int G, int micro, const char *what) {
 
 static void test_ring(RtComm *w, int reversed) {
   int P = rt_comm_size(w);
-  RtRank r = make_rank(w, (RtMesh){1, P, 1, 1, 1});
+  RtRank r = make_rank(w, (PlanMesh){1, P, 1, 1, 1});
   int c = r.coord[IR_AXIS_PP], G = 2 * P, M = 3;
   IrModule *m = ring_module(P, c, reversed);
   if (!reversed) CHECK(ir_verify(m, err, sizeof err) == 0, "rank %d: the ring module verifies: %s", g_rank, err);
@@ -299,7 +299,7 @@ static double gval(int c, int i) { return 0.1 * (c + 1) + 1e-3 * i + 1.0 / (3 + 
 
 static void test_group(RtComm *w) {
   int P = rt_comm_size(w);
-  RtRank r = make_rank(w, (RtMesh){1, P, 1, 1, 1});
+  RtRank r = make_rank(w, (PlanMesh){1, P, 1, 1, 1});
   int c = r.coord[IR_AXIS_PP];
   int masks[4] = {3, 5, 7, 1 << c}, nm = 4;
   enum { N = 37 };
@@ -366,7 +366,7 @@ static void test_group(RtComm *w) {
 /* A recv that never gets its message, or sends never received: the job
  * must end within the timeout, naming the peer (run_mpi.sh checks). */
 static void test_stall(RtComm *w, int sender_waits) {
-  RtRank r = make_rank(w, (RtMesh){1, 2, 1, 1, 1});
+  RtRank r = make_rank(w, (PlanMesh){1, 2, 1, 1, 1});
   int c = r.coord[IR_AXIS_PP];
   IrModule *m = module("module st\n%sparallel tp=1 pp=2 cp=1 ep=1 dp=1 sp=0 zero=1 vpp=1 schedule=1f1b stage=%d\n"
                        "block fwd.0 {\n  %%0 = input \"x\" : f64[200000]\n  send %%0 axis=pp peer=1 tag=0\n}\n"
@@ -423,7 +423,7 @@ static IrModule *train_module(int c, int variant) {
 }
 
 static void test_train(RtComm *w) {
-  RtRank r = make_rank(w, (RtMesh){1, 2, 1, 1, 1});
+  RtRank r = make_rank(w, (PlanMesh){1, 2, 1, 1, 1});
   int c = r.coord[IR_AXIS_PP];
   RtTrainOpts o = {.quiet = 1, .rank = &r, .world = w};
   /* the expected loss of step 1 from the corpus */

@@ -1,12 +1,12 @@
-/* test_plan.c - the plan file (runtime/plan.c): binary and text round
- * trips of a hand-made module, the refusals of rt_plan_read (bad magic,
+/* test_plan.c - the plan file (plan/plan.c): binary and text round
+ * trips of a hand-made module, the refusals of plan_read (bad magic,
  * truncation at many cut points, checksum, newer version), a bogus huge
  * count, and a fuzz loop over corrupted payloads with valid checksums
  * (must fail cleanly or decode to something that re-encodes; ASan-clean).
  *
  * usage: test_plan TMPDIR */
 #include "ir/ir.h"
-#include "runtime/plan.h"
+#include "plan/plan.h"
 #include <math.h>
 #include <sys/stat.h>
 
@@ -81,8 +81,8 @@ static IrModule *make_module(void) {
   return m;
 }
 
-static RtPlan *make_plan(void) {
-  RtPlan *p = rt_plan_new();
+static Plan *make_plan(void) {
+  Plan *p = plan_new();
   p->source = ts_intern("tests/plan/\"tiny\".mdl");
   p->nprograms = 1;
   p->programs = ts_xmalloc(sizeof *p->programs);
@@ -106,9 +106,9 @@ static void write_bytes(const char *path, const void *p, size_t n) {
 static void expect_refusal(const char *path, const void *bytes, size_t n, const char *want) {
   write_bytes(path, bytes, n);
   char err[1024] = "";
-  RtPlan *p = rt_plan_read(path, err, sizeof err);
+  Plan *p = plan_read(path, err, sizeof err);
   CHECK(!p, "plan %s (%zu bytes) was accepted", path, n);
-  rt_plan_free(p);
+  plan_free(p);
   if (want[0] == '~') CHECK(strstr(err, want + 1), "message '%s' lacks '%s'", err, want + 1);
   else CHECK(strcmp(err, want) == 0, "message '%s', expected '%s'", err, want);
 }
@@ -123,15 +123,15 @@ static void reseal(StrBuf *b) {
 }
 
 static void test_roundtrips(void) {
-  RtPlan *p = make_plan();
+  Plan *p = make_plan();
   StrBuf bin = {0}, bin2 = {0}, text = {0}, text2 = {0}, text3 = {0}, bin3 = {0};
   char err[1024] = "";
 
-  rt_plan_encode(p, &bin);
-  RtPlan *q = rt_plan_decode(bin.p, bin.n, err, sizeof err);
+  plan_encode(p, &bin);
+  Plan *q = plan_decode(bin.p, bin.n, err, sizeof err);
   CHECK(q, "decode failed: %s", err);
   if (q) {
-    rt_plan_encode(q, &bin2);
+    plan_encode(q, &bin2);
     CHECK(same(&bin, &bin2), "encode(decode(b)) differs (%zu vs %zu bytes)", bin.n, bin2.n);
     const IrModule *m = q->programs[0];
     CHECK(m->blocks.n == 2 && m->blocks.a[0].n == 7 && m->states.n == 5, "decoded shape of the module");
@@ -140,62 +140,62 @@ static void test_roundtrips(void) {
     CHECK(strcmp(q->source, p->source) == 0, "source '%s'", q->source);
   }
 
-  rt_plan_print_text(p, &text);
+  plan_print_text(p, &text);
   CHECK(strncmp(text.p, "tessera-plan 2\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"tests/plan/\\\"tiny\\\".mdl\"\n"
                         "ranks 1\nrank 0 program 0\nprogram 0\nmodule tiny\n", 125) == 0,
         "text header:\n%.200s", text.p);
-  RtPlan *t = rt_plan_parse_text(text.p, "tiny.plan.txt", err, sizeof err);
+  Plan *t = plan_parse_text(text.p, "tiny.plan.txt", err, sizeof err);
   CHECK(t, "text parse failed: %s", err);
   if (t) {
-    rt_plan_print_text(t, &text2);
+    plan_print_text(t, &text2);
     CHECK(same(&text, &text2), "print(parse(print(p))) differs:\n%s\n---\n%s", text.p, text2.p);
-    rt_plan_encode(t, &bin3);
+    plan_encode(t, &bin3);
     CHECK(same(&bin, &bin3), "encode(parse_text(print_text(p))) differs from encode(p)");
   }
   if (q) {
-    rt_plan_print_text(q, &text3);
+    plan_print_text(q, &text3);
     CHECK(same(&text, &text3), "text of the decoded plan differs");
   }
 
-  /* files: binary and text both load through rt_plan_read */
+  /* files: binary and text both load through plan_read */
   char path[1024];
   snprintf(path, sizeof path, "%s/tiny.plan", tmpdir);
-  CHECK(rt_plan_write(p, path, err, sizeof err) == 0, "write: %s", err);
-  RtPlan *f = rt_plan_read(path, err, sizeof err);
+  CHECK(plan_write(p, path, err, sizeof err) == 0, "write: %s", err);
+  Plan *f = plan_read(path, err, sizeof err);
   CHECK(f, "read: %s", err);
   if (f) {
     StrBuf b = {0};
-    rt_plan_encode(f, &b);
+    plan_encode(f, &b);
     CHECK(same(&bin, &b), "file round trip differs");
     sb_free(&b);
   }
   snprintf(path, sizeof path, "%s/tiny.plan.txt", tmpdir);
   write_bytes(path, text.p, text.n);
-  RtPlan *ft = rt_plan_read(path, err, sizeof err);
+  Plan *ft = plan_read(path, err, sizeof err);
   CHECK(ft, "read text: %s", err);
   if (ft) {
     StrBuf b = {0};
-    rt_plan_encode(ft, &b);
+    plan_encode(ft, &b);
     CHECK(same(&bin, &b), "text file round trip differs");
     sb_free(&b);
   }
   snprintf(path, sizeof path, "%s/nonexistent/x.plan", tmpdir);
-  CHECK(rt_plan_write(p, path, err, sizeof err) != 0 && strstr(err, "cannot write plan"), "write into a missing dir: %s", err);
+  CHECK(plan_write(p, path, err, sizeof err) != 0 && strstr(err, "cannot write plan"), "write into a missing dir: %s", err);
 
-  rt_plan_free(f);
-  rt_plan_free(ft);
-  rt_plan_free(t);
-  rt_plan_free(q);
-  rt_plan_free(p);
+  plan_free(f);
+  plan_free(ft);
+  plan_free(t);
+  plan_free(q);
+  plan_free(p);
   sb_free(&bin); sb_free(&bin2); sb_free(&bin3);
   sb_free(&text); sb_free(&text2); sb_free(&text3);
 }
 
 static void test_refusals(void) {
-  RtPlan *p = make_plan();
+  Plan *p = make_plan();
   StrBuf bin = {0};
-  rt_plan_encode(p, &bin);
-  rt_plan_free(p);
+  plan_encode(p, &bin);
+  plan_free(p);
   char path[1024], want[2048];
   snprintf(path, sizeof path, "%s/bad.plan", tmpdir);
   size_t pay = bin.n - 32;
@@ -222,22 +222,22 @@ static void test_refusals(void) {
   }
 
   /* newer versions (the checksum covers only the payload: still valid) */
-  unsigned vers[] = {RT_PLAN_VERSION + 1, 7};
+  unsigned vers[] = {PLAN_VERSION + 1, 7};
   for (int i = 0; i < 2; i++) {
     put_le((unsigned char *)b.p + 8, vers[i], 4);
     snprintf(want, sizeof want,
              "plan '%s' has format version %u; this mrun reads up to version %d: rebuild mrun or recompile the plan",
-             path, vers[i], RT_PLAN_VERSION);
+             path, vers[i], PLAN_VERSION);
     expect_refusal(path, b.p, b.n, want);
   }
   /* an older version predates sharding */
   put_le((unsigned char *)b.p + 8, 1, 4);
   snprintf(want, sizeof want,
            "plan '%s' has format version 1, older than this mrun's %d (it predates sharding): recompile the plan",
-           path, RT_PLAN_VERSION);
+           path, PLAN_VERSION);
   expect_refusal(path, b.p, b.n, want);
   expect_refusal(path, "tessera-plan 1\n", 15, want);
-  put_le((unsigned char *)b.p + 8, RT_PLAN_VERSION, 4);
+  put_le((unsigned char *)b.p + 8, PLAN_VERSION, 4);
 
   /* bad magic: text that is not a plan, and a damaged magic */
   snprintf(want, sizeof want, "'%s' is not a Tessera plan (bad magic)", path);
@@ -254,7 +254,7 @@ static void test_refusals(void) {
   expect_refusal(path, "tessera-plan 2\nmesh dp=1 pp=1\n", 30, "~bad.plan:2: error: expected 'mesh");
   snprintf(want, sizeof want,
            "plan '%s' has format version 9; this mrun reads up to version %d: rebuild mrun or recompile the plan", path,
-           RT_PLAN_VERSION);
+           PLAN_VERSION);
   expect_refusal(path, "tessera-plan 9\n", 15, want);
   /* errors inside a program carry the line number within the whole file */
   static const char bad_module[] = "tessera-plan 2\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"\"\nranks 1\n"
@@ -263,15 +263,15 @@ static void test_refusals(void) {
   static const char bad_rank[] = "tessera-plan 2\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"\"\nranks 1\nrank 0 program 3\n";
   expect_refusal(path, bad_rank, sizeof bad_rank - 1, "~no programs");
   /* a rank table that does not match the mesh */
-  RtPlan *p2 = make_plan();
+  Plan *p2 = make_plan();
   p2->mesh.tp = 2;
   StrBuf b2 = {0};
-  rt_plan_encode(p2, &b2);
+  plan_encode(p2, &b2);
   expect_refusal(path, b2.p, b2.n, "~has 2 ranks, the rank table 1");
   b2.n = 0;
-  rt_plan_print_text(p2, &b2);
+  plan_print_text(p2, &b2);
   expect_refusal(path, b2.p, b2.n, "~has 2 ranks, the rank table 1");
-  rt_plan_free(p2);
+  plan_free(p2);
   sb_free(&b2);
   sb_free(&b);
   sb_free(&bin);
@@ -282,7 +282,7 @@ static void test_refusals(void) {
 static void test_huge_count(void) {
   StrBuf b = {0};
   sb_write(&b, "TSPLAN\0\0", 8);
-  unsigned char h[24] = {RT_PLAN_VERSION};
+  unsigned char h[24] = {PLAN_VERSION};
   sb_write(&b, h, 24);
   unsigned char rec[64];
   /* MESH */
@@ -296,10 +296,10 @@ static void test_huge_count(void) {
   sb_write(&b, "CNST", 4); put_le(rec, 4, 4); put_le(rec + 4, 0xFFFFFFFFu, 4); sb_write(&b, rec, 8);
   reseal(&b);
   char err[1024] = "";
-  RtPlan *p = rt_plan_decode(b.p, b.n, err, sizeof err);
+  Plan *p = plan_decode(b.p, b.n, err, sizeof err);
   CHECK(!p && strstr(err, "is corrupted") && strstr(err, "const count 4294967295 does not fit"),
         "huge count: '%s'", err);
-  rt_plan_free(p);
+  plan_free(p);
   sb_free(&b);
 }
 
@@ -314,11 +314,11 @@ static uint64_t rnd(void) {
 /* Corrupted payloads with valid checksums: decode must fail with a message
  * or succeed with a plan that encodes and decodes again. */
 static void test_fuzz(void) {
-  RtPlan *p = make_plan();
+  Plan *p = make_plan();
   StrBuf bin = {0}, text = {0};
-  rt_plan_encode(p, &bin);
-  rt_plan_print_text(p, &text);
-  rt_plan_free(p);
+  plan_encode(p, &bin);
+  plan_print_text(p, &text);
+  plan_free(p);
   int rejected = 0, accepted = 0;
   for (int it = 0; it < 1000; it++) {
     StrBuf b = {0};
@@ -340,19 +340,19 @@ static void test_fuzz(void) {
     }
     reseal(&b);
     char err[1024] = "";
-    RtPlan *q = rt_plan_decode(b.p, b.n, err, sizeof err);
+    Plan *q = plan_decode(b.p, b.n, err, sizeof err);
     if (!q) {
       rejected++;
       CHECK(err[0], "iteration %d: refused without a message", it);
     } else {
       accepted++;
       StrBuf again = {0};
-      rt_plan_encode(q, &again);
-      RtPlan *r = rt_plan_decode(again.p, again.n, err, sizeof err);
+      plan_encode(q, &again);
+      Plan *r = plan_decode(again.p, again.n, err, sizeof err);
       CHECK(r, "iteration %d: accepted plan does not re-decode: %s", it, err);
-      rt_plan_free(r);
+      plan_free(r);
       sb_free(&again);
-      rt_plan_free(q);
+      plan_free(q);
     }
     sb_free(&b);
   }
@@ -367,9 +367,9 @@ static void test_fuzz(void) {
     static const char pool[] = "%@#\"\\=:,[]() 0123456789-.eaz\n";
     for (int j = 0; j < k; j++) t.p[rnd() % t.n] = pool[rnd() % (sizeof pool - 1)];
     char err[1024] = "";
-    RtPlan *q = rt_plan_parse_text(t.p, "fuzz.plan", err, sizeof err);
+    Plan *q = plan_parse_text(t.p, "fuzz.plan", err, sizeof err);
     if (!q) { trejected++; CHECK(err[0], "text iteration %d: refused without a message", it); }
-    rt_plan_free(q);
+    plan_free(q);
     sb_free(&t);
   }
   fprintf(stderr, "fuzz: %d refused, %d accepted; text: %d of 300 refused\n", rejected, accepted, trejected);

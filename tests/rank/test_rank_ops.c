@@ -97,7 +97,7 @@ static void test_axis(const RtRank *r, IrAxis ax, IrDtype dt) {
   }
 }
 
-static void test_mesh(RtComm *w, RtMesh mesh) {
+static void test_mesh(RtComm *w, PlanMesh mesh) {
   RtRank r = rt_rank_single();
   r.mesh = mesh;
   rt_mesh_coords(&mesh, g_rank, r.coord);
@@ -119,8 +119,8 @@ int main(int argc, char **argv) {
   if (!w) { fprintf(stderr, "test_rank_ops: %s\n", err); return 1; }
   g_rank = rt_comm_rank(w);
   int P = rt_comm_size(w);
-  test_mesh(w, (RtMesh){1, 1, 1, 1, P});
-  if (P == 4) test_mesh(w, (RtMesh){2, 1, 1, 1, 2});
+  test_mesh(w, (PlanMesh){1, 1, 1, 1, P});
+  if (P == 4) test_mesh(w, (PlanMesh){2, 1, 1, 1, 2});
   double bad = g_fails;
   rt_comm_all_reduce(w, IR_F64, &bad, 1, err, sizeof err);
   if (g_rank == 0) printf("test_rank_ops: %d ranks, %s\n", P, bad ? "FAILED" : "all checks passed");

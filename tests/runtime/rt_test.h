@@ -80,7 +80,7 @@ static inline double *run_op_sh(IrOp op, int nin, const Arg *args, const int64_t
                                 const IrType *typed, const OpShard *sh, IrType *rt, char *err, size_t errlen) {
   IrModule *m = ir_module_new("t");
   if (sh) {
-    const RtMesh *ms = &sh->rank->mesh;
+    const PlanMesh *ms = &sh->rank->mesh;
     m->par = (IrParallel){.tp = ms->tp, .pp = ms->pp, .cp = ms->cp, .ep = ms->ep, .dp = ms->dp};
   }
   int b = ir_block_add(m, "forward");

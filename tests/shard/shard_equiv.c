@@ -117,7 +117,7 @@ int main(int argc, char **argv) {
   if (rt_comm_size(w) != T * C * E) { fprintf(stderr, "shard_equiv: run with -np %d\n", T * C * E); return 2; }
   IrModule *ref = compile(argv[1], 1, 0, 1, 1, defs, nd), *shd = compile(argv[1], T, sp, C, E, defs, nd);
   if (!ref || !shd) return 1;
-  RtMesh mesh = {1, 1, C, E, T};
+  PlanMesh mesh = {1, 1, C, E, T};
   RtRank rk = rt_rank_single();
   rk.mesh = mesh;
   rt_mesh_coords(&mesh, me, rk.coord);

@@ -38,7 +38,7 @@
  * other plans are byte for byte what they were): three i32 at the end of
  * PARL (vpp, schedule, stage), and a STGE record after the blocks holding
  * the nodes' stage tags (u32 count, then u32 block, u32 node, i32 tag). */
-#include "plan.h"
+#include "plan/plan.h"
 #include <errno.h>
 #include <stdarg.h>
 
@@ -63,23 +63,23 @@
 #define TAG_STGE TAG('S', 'T', 'G', 'E')
 #define TAG_CUDA TAG('C', 'U', 'D', 'A')
 
-RtPlan *rt_plan_new(void) {
-  RtPlan *p = ts_xcalloc(1, sizeof *p);
-  p->version = RT_PLAN_VERSION;
-  p->mesh = (RtMesh){1, 1, 1, 1, 1};
+Plan *plan_new(void) {
+  Plan *p = ts_xcalloc(1, sizeof *p);
+  p->version = PLAN_VERSION;
+  p->mesh = (PlanMesh){1, 1, 1, 1, 1};
   return p;
 }
 
-static void image_free(RtPlanImage *im) {
+static void image_free(PlanImage *im) {
   free(im->ptx);
   free(im->cubin);
   free(im->kern);
 }
 
-void rt_plan_add_image(RtPlan *p, const RtPlanImage *im) {
+void plan_add_image(Plan *p, const PlanImage *im) {
   p->images = realloc(p->images, (size_t)(p->nimages + 1) * sizeof *p->images);
   TS_ASSERT(p->images);
-  RtPlanImage *c = &p->images[p->nimages++];
+  PlanImage *c = &p->images[p->nimages++];
   *c = *im;
   c->ptx = ts_xmalloc(im->ptx_len + 1);
   memcpy(c->ptx, im->ptx ? im->ptx : "", im->ptx_len);
@@ -90,13 +90,13 @@ void rt_plan_add_image(RtPlan *p, const RtPlanImage *im) {
   if (im->nkern) memcpy(c->kern, im->kern, (size_t)im->nkern * sizeof *c->kern);
 }
 
-const RtPlanImage *rt_plan_image(const RtPlan *p, int program, int sm) {
+const PlanImage *plan_image(const Plan *p, int program, int sm) {
   for (int i = 0; i < p->nimages; i++)
     if (p->images[i].program == program && p->images[i].sm == sm) return &p->images[i];
   return NULL;
 }
 
-void rt_plan_free(RtPlan *p) {
+void plan_free(Plan *p) {
   if (!p) return;
   for (int i = 0; i < p->nimages; i++) image_free(&p->images[i]);
   free(p->images);
@@ -280,7 +280,7 @@ static void enc_module(StrBuf *b, const IrModule *m) {
   }
 }
 
-static void enc_payload(const RtPlan *p, StrBuf *b) {
+static void enc_payload(const Plan *p, StrBuf *b) {
   size_t r = rec_begin(b, TAG_MESH);
   put_u32(b, (uint32_t)p->mesh.dp); put_u32(b, (uint32_t)p->mesh.pp);
   put_u32(b, (uint32_t)p->mesh.cp); put_u32(b, (uint32_t)p->mesh.ep);
@@ -306,7 +306,7 @@ static void enc_payload(const RtPlan *p, StrBuf *b) {
   r = rec_begin(b, TAG_CUDA);
   put_u32(b, (uint32_t)p->nimages);
   for (int i = 0; i < p->nimages; i++) {
-    const RtPlanImage *im = &p->images[i];
+    const PlanImage *im = &p->images[i];
     put_u32(b, (uint32_t)im->program);
     put_u32(b, (uint32_t)im->sm);
     put_u64(b, im->source_hash);
@@ -329,11 +329,11 @@ static void enc_payload(const RtPlan *p, StrBuf *b) {
   rec_end(b, r);
 }
 
-void rt_plan_encode(const RtPlan *p, StrBuf *out) {
+void plan_encode(const Plan *p, StrBuf *out) {
   StrBuf pay = {0};
   enc_payload(p, &pay);
   sb_write(out, PLAN_MAGIC, 8);
-  put_u32(out, RT_PLAN_VERSION);
+  put_u32(out, PLAN_VERSION);
   put_u32(out, 0);                          /* flags: none defined yet */
   put_u64(out, (uint64_t)pay.n);
   put_u64(out, ts_hash64(pay.p, pay.n, PLAN_CHECKSUM_SEED));
@@ -656,7 +656,7 @@ bad:
 /* What both readers check once the pieces are read: one rank per mesh
  * position, and every program passes the IR verifier (so mrun never sees
  * a node whose operands or types are inconsistent). */
-static int check_plan(const RtPlan *p, const char *what, char *err, size_t errlen) {
+static int check_plan(const Plan *p, const char *what, char *err, size_t errlen) {
   uint64_t size = 1;
   const int ax[5] = {p->mesh.dp, p->mesh.pp, p->mesh.cp, p->mesh.ep, p->mesh.tp};
   for (int i = 0; i < 5; i++) size = size > (1u << 20) ? size : size * (uint64_t)ax[i];
@@ -669,7 +669,7 @@ static int check_plan(const RtPlan *p, const char *what, char *err, size_t errle
       return ts_errf(err, errlen, "%s: program %d is invalid: %s", what, i, verr);
   }
   for (int i = 0; i < p->nimages; i++) {
-    const RtPlanImage *im = &p->images[i];
+    const PlanImage *im = &p->images[i];
     if (im->program < 0 || im->program >= p->nprograms)
       return ts_errf(err, errlen, "%s: CUDA image %d is for program %d, but there are %d", what, i, im->program,
                      p->nprograms);
@@ -694,10 +694,10 @@ static void *rd_blob(Rd *r, size_t *len, const char *what) {
 }
 
 /* The CUDA record: images of the plan's programs.  0 or -1. */
-static int rd_images(Rd *r, RtPlan *p) {
+static int rd_images(Rd *r, Plan *p) {
   int n = rd_count(r, 32, "image");
   for (int i = 0; i < n && !r->bad; i++) {
-    RtPlanImage im;
+    PlanImage im;
     memset(&im, 0, sizeof im);
     im.program = (int)rd_u32(r);
     im.sm = (int)rd_u32(r);
@@ -720,18 +720,18 @@ static int rd_images(Rd *r, RtPlan *p) {
       q->spill_loads = rd_i64(r);
       q->cmem = rd_i64(r);
     }
-    if (!r->bad) rt_plan_add_image(p, &im);
+    if (!r->bad) plan_add_image(p, &im);
     image_free(&im);
   }
   return r->bad ? -1 : 0;
 }
 
-static RtPlan *decode_payload(const unsigned char *data, size_t len, const char *what,
+static Plan *decode_payload(const unsigned char *data, size_t len, const char *what,
                               char *err, size_t errlen) {
   char msg[1024] = "";
   Rd r = {data, data + len, 0, msg, sizeof msg, "plan"};
   Rd s;
-  RtPlan *p = rt_plan_new();
+  Plan *p = plan_new();
   VEC(IrModule *) progs = {0};
 
   if (rd_record(&r, TAG_MESH, "mesh", &s) != 0) goto bad;
@@ -783,12 +783,12 @@ static RtPlan *decode_payload(const unsigned char *data, size_t len, const char 
   }
   if (rd_left(&r)) { rd_fail(&r, "%zu unexpected bytes after the rank table", rd_left(&r)); goto bad; }
 
-  if (check_plan(p, what, err, errlen) != 0) { rt_plan_free(p); return NULL; }
+  if (check_plan(p, what, err, errlen) != 0) { plan_free(p); return NULL; }
   return p;
 bad:
   for (int i = 0; i < progs.n; i++) ir_module_free(progs.a[i]);
   free(progs.a);
-  rt_plan_free(p);
+  plan_free(p);
   ts_errf(err, errlen, "%s is corrupted: %s", what, msg);
   return NULL;
 }
@@ -800,7 +800,7 @@ static uint64_t le64(const unsigned char *q) { return (uint64_t)le32(q) | (uint6
 
 /* Checks the header and checksum, then decodes.  `name` is the file name
  * for messages. */
-static RtPlan *decode_named(const void *data, size_t len, const char *name, char *err, size_t errlen) {
+static Plan *decode_named(const void *data, size_t len, const char *name, char *err, size_t errlen) {
   const unsigned char *q = data;
   char what[512];
   snprintf(what, sizeof what, "plan '%s'", name);
@@ -814,15 +814,15 @@ static RtPlan *decode_named(const void *data, size_t len, const char *name, char
   }
   uint32_t version = le32(q + 8), flags = le32(q + 12);
   uint64_t plen = le64(q + 16), sum = le64(q + 24);
-  if (version > RT_PLAN_VERSION) {
+  if (version > PLAN_VERSION) {
     ts_errf(err, errlen, "%s has format version %u; this mrun reads up to version %d: rebuild mrun or recompile the plan",
-         what, version, RT_PLAN_VERSION);
+         what, version, PLAN_VERSION);
     return NULL;
   }
   if (version == 0) { ts_errf(err, errlen, "%s is corrupted: format version 0", what); return NULL; }
-  if (version < RT_PLAN_VERSION) {
+  if (version < PLAN_VERSION) {
     ts_errf(err, errlen, "%s has format version %u, older than this mrun's %d (it predates sharding): recompile the plan",
-            what, version, RT_PLAN_VERSION);
+            what, version, PLAN_VERSION);
     return NULL;
   }
   if (flags != 0) {
@@ -844,12 +844,12 @@ static RtPlan *decode_named(const void *data, size_t len, const char *name, char
     ts_errf(err, errlen, "%s is corrupted: checksum mismatch", what);
     return NULL;
   }
-  RtPlan *p = decode_payload(q + PLAN_HEADER, have, what, err, errlen);
+  Plan *p = decode_payload(q + PLAN_HEADER, have, what, err, errlen);
   if (p) p->version = version;
   return p;
 }
 
-RtPlan *rt_plan_decode(const void *data, size_t len, char *err, size_t errlen) {
+Plan *plan_decode(const void *data, size_t len, char *err, size_t errlen) {
   return decode_named(data, len, "<memory>", err, errlen);
 }
 
@@ -890,11 +890,11 @@ static int b64_val(int c) {
 
 /* `cuda N`, then per image a header line, one line per kernel report, the
  * PTX and the cubin in base64 (their line counts follow from the sizes). */
-static void print_images(const RtPlan *p, StrBuf *out) {
+static void print_images(const Plan *p, StrBuf *out) {
   if (p->nimages == 0) return;
   sb_printf(out, "cuda %d\n", p->nimages);
   for (int i = 0; i < p->nimages; i++) {
-    const RtPlanImage *im = &p->images[i];
+    const PlanImage *im = &p->images[i];
     sb_printf(out, "image program %d sm_%d hash %016llx ptx %zu cubin %zu kernels %d\n", im->program, im->sm,
               (unsigned long long)im->source_hash, im->ptx_len, im->cubin_len, im->nkern);
     for (int k = 0; k < im->nkern; k++) {
@@ -908,8 +908,8 @@ static void print_images(const RtPlan *p, StrBuf *out) {
   }
 }
 
-void rt_plan_print_text(const RtPlan *p, StrBuf *out) {
-  sb_printf(out, "tessera-plan %d\n", RT_PLAN_VERSION);
+void plan_print_text(const Plan *p, StrBuf *out) {
+  sb_printf(out, "tessera-plan %d\n", PLAN_VERSION);
   sb_printf(out, "mesh dp=%d pp=%d cp=%d ep=%d tp=%d\n", p->mesh.dp, p->mesh.pp, p->mesh.cp,
             p->mesh.ep, p->mesh.tp);
   sb_puts(out, "source ");
@@ -1010,7 +1010,7 @@ static int parse_kv_line(const char *line, const char *word) {
   return v >= 0 && *e == 0 ? v : -1;
 }
 
-static int parse_mesh(Tx *t, const char *line, RtMesh *mesh) {
+static int parse_mesh(Tx *t, const char *line, PlanMesh *mesh) {
   static const char *names[5] = {"dp", "pp", "cp", "ep", "tp"};
   int *ax[5] = {&mesh->dp, &mesh->pp, &mesh->cp, &mesh->ep, &mesh->tp};
   if (strncmp(line, "mesh", 4) != 0) return tx_fail(t, "expected 'mesh dp=N pp=N cp=N ep=N tp=N'");
@@ -1075,12 +1075,12 @@ static void *parse_b64(Tx *t, size_t n) {
 }
 
 /* The `cuda N` section (print_images). */
-static int parse_images(Tx *t, const char *first, RtPlan *p) {
+static int parse_images(Tx *t, const char *first, Plan *p) {
   int n = parse_kv_line(first, "cuda");
   if (n < 1 || n > 4096) return tx_fail(t, "expected 'cuda N'");
   char line[4096];
   for (int i = 0; i < n; i++) {
-    RtPlanImage im;
+    PlanImage im;
     memset(&im, 0, sizeof im);
     unsigned long long h = 0;
     if (tx_line(t, line, sizeof line) <= 0 ||
@@ -1105,7 +1105,7 @@ static int parse_images(Tx *t, const char *first, RtPlan *p) {
     }
     if (rc == 0 && !(im.ptx = parse_b64(t, im.ptx_len))) rc = -1;
     if (rc == 0 && !(im.cubin = parse_b64(t, im.cubin_len))) rc = -1;
-    if (rc == 0 && im.program >= 0) rt_plan_add_image(p, &im);
+    if (rc == 0 && im.program >= 0) plan_add_image(p, &im);
     image_free(&im);
     if (rc != 0) return -1;
   }
@@ -1113,24 +1113,24 @@ static int parse_images(Tx *t, const char *first, RtPlan *p) {
 }
 
 /* The header lines: version, mesh, source, rank table. */
-static int parse_text_header(Tx *t, RtPlan *p) {
+static int parse_text_header(Tx *t, Plan *p) {
   char line[4096];
   const char *e;
   int r = tx_line(t, line, sizeof line);
   if (r < 0) return -1;
   if (r == 0) return tx_fail(t, "empty plan text");
   if (strncmp(line, "tessera-plan ", 13) != 0)
-    return tx_fail(t, "not a Tessera plan text (expected 'tessera-plan %d')", RT_PLAN_VERSION);
+    return tx_fail(t, "not a Tessera plan text (expected 'tessera-plan %d')", PLAN_VERSION);
   int version = parse_int(line + 13, &e);
   if (version < 1 || *e) return tx_fail(t, "bad plan version '%s'", line + 13);
-  if (version > RT_PLAN_VERSION)   /* the same words as for a binary plan */
+  if (version > PLAN_VERSION)   /* the same words as for a binary plan */
     return ts_errf(t->err, t->errlen,
                 "plan '%s' has format version %d; this mrun reads up to version %d: rebuild mrun or recompile the plan",
-                t->fname, version, RT_PLAN_VERSION);
-  if (version < RT_PLAN_VERSION)
+                t->fname, version, PLAN_VERSION);
+  if (version < PLAN_VERSION)
     return ts_errf(t->err, t->errlen,
                    "plan '%s' has format version %d, older than this mrun's %d (it predates sharding): recompile the plan",
-                   t->fname, version, RT_PLAN_VERSION);
+                   t->fname, version, PLAN_VERSION);
   p->version = (uint32_t)version;
 
   if ((r = tx_line(t, line, sizeof line)) <= 0) return r < 0 ? -1 : tx_fail(t, "expected the mesh line");
@@ -1164,7 +1164,7 @@ static int parse_text_header(Tx *t, RtPlan *p) {
 }
 
 /* `program K` + module text, for K = 0, 1, ... up to the end of the text. */
-static int parse_text_programs(Tx *t, RtPlan *p) {
+static int parse_text_programs(Tx *t, Plan *p) {
   VEC(IrModule *) progs = {0};
   char line[4096];
   int rc = 0, r;
@@ -1191,14 +1191,14 @@ static int parse_text_programs(Tx *t, RtPlan *p) {
   return 0;
 }
 
-RtPlan *rt_plan_parse_text(const char *text, const char *fname, char *err, size_t errlen) {
+Plan *plan_parse_text(const char *text, const char *fname, char *err, size_t errlen) {
   Tx t = {text, fname ? fname : "<plan>", 0, 0, err, errlen};
   if (err && errlen) err[0] = 0;
-  RtPlan *p = rt_plan_new();
+  Plan *p = plan_new();
   char what[512];
   snprintf(what, sizeof what, "plan '%s'", t.fname);
   if (parse_text_header(&t, p) != 0 || parse_text_programs(&t, p) != 0 || check_plan(p, what, err, errlen) != 0) {
-    rt_plan_free(p);
+    plan_free(p);
     return NULL;
   }
   return p;
@@ -1208,9 +1208,9 @@ RtPlan *rt_plan_parse_text(const char *text, const char *fname, char *err, size_
  * Files
  * ====================================================================== */
 
-int rt_plan_write(const RtPlan *p, const char *path, char *err, size_t errlen) {
+int plan_write(const Plan *p, const char *path, char *err, size_t errlen) {
   StrBuf b = {0};
-  rt_plan_encode(p, &b);
+  plan_encode(p, &b);
   int rc = ts_write_file_atomic(path, b.p, b.n);
   int e = errno;
   sb_free(&b);
@@ -1218,20 +1218,20 @@ int rt_plan_write(const RtPlan *p, const char *path, char *err, size_t errlen) {
   return 0;
 }
 
-RtPlan *rt_plan_read(const char *path, char *err, size_t errlen) {
+Plan *plan_read(const char *path, char *err, size_t errlen) {
   size_t len = 0;
   char *data = ts_read_file(path, &len);
   if (!data) {
     ts_errf(err, errlen, "cannot read plan '%s': %s", path, strerror(errno));
     return NULL;
   }
-  RtPlan *p;
+  Plan *p;
   if (len >= 12 && memcmp(data, "tessera-plan", 12) == 0) {
     if (strlen(data) != len) {
       ts_errf(err, errlen, "plan '%s' is corrupted: NUL byte in the plan text", path);
       p = NULL;
     } else {
-      p = rt_plan_parse_text(data, path, err, errlen);
+      p = plan_parse_text(data, path, err, errlen);
     }
   } else {
     p = decode_named(data, len, path, err, errlen);

@@ -3,7 +3,7 @@
  *
  * Expects: a verified module (operands are earlier nodes of the block).
  * Guarantees: the module is not changed; the plan packs every value buffer
- * of one block into one arena, checked by pass_memplan_check.
+ * of one block into one arena, checked by plan_mem_check.
  *
  * Packing is ggml-allocator style but offline: buffers sorted by size,
  * largest first (ties: earlier start, then lower id, so the result is
@@ -11,8 +11,8 @@
  * already placed that it conflicts with (intervals intersect), or after
  * the last of them.  Big buffers first keeps the small ones filling holes
  * instead of fragmenting the bottom of the arena. */
-#include "memplan.h"
-#include "pipe.h"
+#include "plan/memplan.h"
+#include "plan/groups.h"
 
 static size_t align64(size_t x) { return (x + MEMPLAN_ALIGN - 1) & ~(size_t)(MEMPLAN_ALIGN - 1); }
 
@@ -65,7 +65,7 @@ static int check_at(const IrBlock *b, const int *at, char *err, size_t errlen) {
   return 0;
 }
 
-void pass_memplan_group_at(const IrBlock *b, int *at) {
+void plan_mem_group_at(const IrBlock *b, int *at) {
   int maxg = 0;
   for (int i = 0; i < b->n; i++) if (b->nodes[i].group > maxg) maxg = b->nodes[i].group;
   int *lastm = ts_xmalloc((size_t)(maxg + 1) * sizeof *lastm);
@@ -76,13 +76,13 @@ void pass_memplan_group_at(const IrBlock *b, int *at) {
   /* AdamW runs: one multi-tensor launch at the run's last adamw, which
    * reads every member's operands there (effects are in no group) */
   int *run = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *run);
-  pass_fuse_adamw_runs(b, run);
+  plan_adamw_runs(b, run);
   for (int i = 0; i < b->n; i++)
     if (run[i] >= 0) at[i] = run[i];
   free(run);
 }
 
-void pass_memplan_free(MemPlan *p) {
+void plan_mem_free(MemPlan *p) {
   if (!p) return;
   free(p->at);
   free(p->offset);
@@ -142,11 +142,11 @@ static void pack(MemPlan *p, const int *order, int nown) {
   free(sp);
 }
 
-int pass_memplan_block(const IrModule *m, int block, MemPlan *out, char *err, size_t errlen) {
-  return pass_memplan_block_at(m, block, NULL, out, err, errlen);
+int plan_mem_block(const IrModule *m, int block, MemPlan *out, char *err, size_t errlen) {
+  return plan_mem_block_at(m, block, NULL, out, err, errlen);
 }
 
-int pass_memplan_block_at(const IrModule *m, int block, const int *at, MemPlan *out, char *err, size_t errlen) {
+int plan_mem_block_at(const IrModule *m, int block, const int *at, MemPlan *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   if (!m || block < 0 || block >= m->blocks.n)
     return ts_errf(err, errlen, "memplan: no block %d (the module has %d)", block, m ? m->blocks.n : 0);
@@ -178,7 +178,7 @@ int pass_memplan_block_at(const IrModule *m, int block, const int *at, MemPlan *
     size_t bytes = value_bytes(nd);
     if (bytes == 0) {
       char t[128];
-      pass_memplan_free(out);
+      plan_mem_free(out);
       free(last);
       return ts_errf(err, errlen, "memplan: block %s, %%%d = %s: type %s has no byte size", b->name, i,
                      ir_ops[nd->op].name, ir_type_str(&nd->type, t, sizeof t));
@@ -292,7 +292,7 @@ static int cmp_start(const void *a, const void *b) {
   return (x->id > y->id) - (x->id < y->id);
 }
 
-int pass_memplan_check(const IrModule *m, const MemPlan *p, char *err, size_t errlen) {
+int plan_mem_check(const IrModule *m, const MemPlan *p, char *err, size_t errlen) {
   if (!m || !p || p->block < 0 || p->block >= m->blocks.n || m->blocks.a[p->block].n != p->n)
     return ts_errf(err, errlen, "memplan: the plan does not belong to this module");
   if (check_at(&m->blocks.a[p->block], p->at, err, errlen) != 0) return -1;
@@ -334,7 +334,7 @@ int pass_memplan_check(const IrModule *m, const MemPlan *p, char *err, size_t er
   return rc;
 }
 
-size_t pass_memplan_state_bytes(const IrModule *m, IrStateKind kind) {
+size_t plan_mem_state_bytes(const IrModule *m, IrStateKind kind) {
   size_t total = 0;
   for (int i = 0; i < m->states.n; i++)
     if (m->states.a[i].kind == kind)
@@ -342,225 +342,32 @@ size_t pass_memplan_state_bytes(const IrModule *m, IrStateKind kind) {
   return total;
 }
 
-static void report_row(StrBuf *out, const char *label, size_t bytes) {
-  sb_printf(out, "  %-52s %16zu %12.2f\n", label, bytes, (double)bytes / (1024.0 * 1024.0));
-}
-
-size_t pass_memplan_slab_bytes(const IrModule *m) {
+size_t plan_mem_slab_bytes(const IrModule *m) {
   size_t total = 0;
   for (int i = 0; i < m->states.n; i++)
     total += align64((size_t)ir_type_numel(&m->states.a[i].type) * ir_dtype_size(m->states.a[i].type.dtype));
   return total;
 }
 
-/* The plan of block bi as one backend runs it (fused: the LLVM backend,
- * whose positions llvm_at gives, or without it pass_memplan_group_at). */
-static int plan_backend(const IrModule *m, int bi, int fused, MemPlanAtFn llvm_at, void *ctx, MemPlan *p,
-                        char *err, size_t errlen) {
-  int *at = NULL;
-  memset(p, 0, sizeof *p);
-  if (fused) {
-    const IrBlock *b = &m->blocks.a[bi];
-    at = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *at);
-    if (!llvm_at) pass_memplan_group_at(b, at);
-    else if (llvm_at(ctx, m, bi, at, err, errlen) != 0) { free(at); return -1; }
-  }
-  int rc = pass_memplan_block_at(m, bi, at, p, err, errlen);
-  free(at);
-  if (rc == 0 && (rc = pass_memplan_check(m, p, err, errlen)) != 0) pass_memplan_free(p);
+
+int plan_mem_block_checked(const IrModule *m, int block, const int *at, MemPlan *out, char *err, size_t errlen) {
+  int rc = plan_mem_block_at(m, block, at, out, err, errlen);
+  if (rc == 0 && (rc = plan_mem_check(m, out, err, errlen)) != 0) plan_mem_free(out);
   return rc;
 }
 
-int pass_memplan_arena_bytes(const IrModule *m, int fused, size_t *out, char *err, size_t errlen) {
+int plan_mem_arena_bytes(const IrModule *m, int fused, size_t *out, char *err, size_t errlen) {
   *out = 0;
   for (int bi = 0; bi < m->blocks.n; bi++) {
-    MemPlan p;
-    if (plan_backend(m, bi, fused, NULL, NULL, &p, err, errlen) != 0) return -1;
-    if (p.peak_bytes > *out) *out = p.peak_bytes;
-    pass_memplan_free(&p);
-  }
-  return 0;
-}
-
-/* Pipeline stashes of the program of pipeline rank r = stage - 1: per
- * chunk of r, the bytes one micro batch stashes (the exact bytes of the
- * operands of its forward block's `stash` nodes; they stay in the
- * runtime's stash, outside the arena, until the chunk's backward block
- * unstashes them), and the most bytes stashed at once over the step, from
- * the schedule the trainer runs (regenerated like runtime/train.c does):
- * walking r's steps in order, F of (micro, chunk) adds the chunk's stash,
- * B removes it.  With one chunk per rank that is the stash of a micro
- * batch times the simulated peak in flight (PipeTimeline.peak_chunks).
- * *peak = 0 and no rows when m is not a pipeline rank's program. */
-static int report_stash(const IrModule *m, StrBuf *out, size_t *peak, char *err, size_t errlen) {
-  *peak = 0;
-  int pp = ir_axis_size(m, IR_AXIS_PP), r = m->par.stage - 1;
-  if (pp < 2 || r < 0) return 0;
-  int vpp = m->par.vpp > 1 ? m->par.vpp : 1, nchunks = pp * vpp;
-  PipeSchedKind kind = m->par.sched > IR_PIPE_NONE && m->par.sched < IR_PIPE_COUNT ? (PipeSchedKind)(m->par.sched - 1)
-                       : vpp > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;
-  size_t *stash = ts_xcalloc((size_t)nchunks, sizeof *stash);
-  for (int bi = 0; bi < m->blocks.n; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
-    int bwd, g = ir_block_chunk(b, &bwd);
-    if (g < 0 || g >= nchunks || bwd) continue;
-    for (int i = 0; i < b->n; i++)
-      if (b->nodes[i].op == IR_OP_STASH && b->nodes[i].nin == 1) {
-        const IrType *t = &b->nodes[b->nodes[i].in[0]].type;
-        stash[g] += (size_t)ir_type_numel(t) * ir_dtype_size(t->dtype);
-      }
-  }
-  int nmicro;
-  PipeSchedule sc;
-  PipeTimeline tl;
-  char why[512];
-  if (pass_pipe_nmicro(&m->train, ir_axis_size(m, IR_AXIS_DP), &nmicro, why, sizeof why) != 0 ||
-      pass_pipe_schedule(kind, pp, vpp, nmicro, &sc, why, sizeof why) != 0) {
-    free(stash);
-    return ts_errf(err, errlen, "memplan: the pipeline schedule of stage %d: %s", r, why);
-  }
-  if (pass_pipe_simulate(&sc, NULL, 2.0, &tl, why, sizeof why) != 0) {
-    pass_pipe_schedule_free(&sc);
-    free(stash);
-    return ts_errf(err, errlen, "memplan: simulating the pipeline schedule of stage %d: %s", r, why);
-  }
-  size_t held = 0;
-  for (int k = 0; k < sc.nsteps[r]; k++) {
-    const PipeStep *st = &sc.steps[r][k];
-    if (st->chunk < 0 || st->chunk >= nchunks) continue;
-    if (st->kind == 'F') held += stash[st->chunk];
-    else held -= stash[st->chunk] <= held ? stash[st->chunk] : held;
-    if (held > *peak) *peak = held;
-  }
-  char label[160];
-  for (int g = r; g < nchunks; g += pp) {
-    snprintf(label, sizeof label, "stash, chunk %d: per micro batch", g);
-    report_row(out, label, stash[g]);
-  }
-  snprintf(label, sizeof label, "stash peak (%s, %d micro batches: %d in flight)", pass_pipe_sched_name(kind), nmicro,
-           tl.peak_chunks[r]);
-  report_row(out, label, *peak);
-  pass_pipe_timeline_free(&tl);
-  pass_pipe_schedule_free(&sc);
-  free(stash);
-  return 0;
-}
-
-/* The rows of one rank's program m: its states by kind (LOCAL types: a
- * tp-split parameter counts 1/tp of its elements, a ZeRO moment its flat
- * chunk), each block's arena under the LLVM backend (the default) and the
- * reference one, the arenas (blocks run one after another, so one arena
- * the size of the largest block serves them all) and the totals. */
-static int report_rows(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, StrBuf *out, char *err, size_t errlen) {
-  int ntensors = 0;
-  for (int i = 0; i < m->states.n; i++) ntensors += m->states.a[i].kind == IR_STATE_PARAM;
-  size_t par = pass_memplan_state_bytes(m, IR_STATE_PARAM);
-  size_t grad = pass_memplan_state_bytes(m, IR_STATE_GRAD);
-  size_t opt = pass_memplan_state_bytes(m, IR_STATE_ADAM_M) + pass_memplan_state_bytes(m, IR_STATE_ADAM_V);
-  char label[160];
-  snprintf(label, sizeof label, "parameters (%d tensors)", ntensors);
-  report_row(out, label, par);
-  report_row(out, "gradients", grad);
-  report_row(out, "optimizer state (adam m+v)", opt);
-  report_row(out, "states total", par + grad + opt);
-  size_t arena[2] = {0, 0};   /* [0] reference, [1] llvm */
-  for (int fused = 1; fused >= 0; fused--) {
-    for (int bi = 0; bi < m->blocks.n; bi++) {
-      MemPlan p;
-      if (plan_backend(m, bi, fused, llvm_at, ctx, &p, err, errlen) != 0) return -1;
-      const char *bn = m->blocks.a[bi].name, *be = fused ? "" : ", --backend ref";
-      snprintf(label, sizeof label, "block %s%s: arena peak (packed)", bn, be);
-      report_row(out, label, p.peak_bytes);
-      snprintf(label, sizeof label, "block %s%s: lower bound (max live)", bn, be);
-      report_row(out, label, p.lower_bound_bytes);
-      if (fused) {
-        snprintf(label, sizeof label, "block %s: no reuse (%d buffers)", bn, p.nbuffers);
-        report_row(out, label, p.total_bytes);
-      }
-      if (p.peak_bytes > arena[fused]) arena[fused] = p.peak_bytes;
-      pass_memplan_free(&p);
-    }
-    if (fused) {
-      report_row(out, "activation arena (largest block)", arena[1]);
-      report_row(out, "total (states + arena)", par + grad + opt + arena[1]);
-    }
-  }
-  report_row(out, "activation arena, --backend ref", arena[0]);
-  report_row(out, "total, --backend ref", par + grad + opt + arena[0]);
-  report_row(out, "state slab as allocated (64-byte aligned)", pass_memplan_slab_bytes(m));
-  size_t stash;
-  if (report_stash(m, out, &stash, err, errlen) != 0) return -1;
-  if (stash) report_row(out, "total with the stash peak (states + arena + stash)", par + grad + opt + arena[1] + stash);
-  return 0;
-}
-
-static const char *report_note =
-    "# exact bytes from the IR types.  mrun allocates the states in one slab (each\n"
-    "# 64-byte aligned) and runs every block in ONE activation arena, the size of\n"
-    "# the largest block's plan (liveness + best-fit packing, 64-byte aligned); its\n"
-    "# measured use equals these rows (tests/memplan).  Blocks are planned as the\n"
-    "# default LLVM backend runs them (a fused group is one kernel and values used\n"
-    "# only inside it own no bytes); the --backend ref rows run every node alone.\n";
-
-int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen) {
-  sb_printf(out, "memory report: %s, rank 0 of 1 (single-rank plan), %s training\n",
-            m->name ? m->name : "?", ir_dtype_name(m->train.precision));
-  sb_puts(out, report_note);
-  sb_printf(out, "  %-52s %16s %12s\n", "", "bytes", "MiB");
-  return report_rows(m, NULL, NULL, out, err, errlen);
-}
-
-/* "0-3", "0, 2, 4-5": the ranks r with rank_program[r] == prog. */
-static void rank_set(const int *rank_program, int nranks, int prog, StrBuf *out) {
-  int first = 1;
-  for (int r = 0; r < nranks; r++) {
-    if (rank_program[r] != prog) continue;
-    int e = r;
-    while (e + 1 < nranks && rank_program[e + 1] == prog) e++;
-    sb_printf(out, "%s%d", first ? "" : ", ", r);
-    if (e > r) sb_printf(out, "-%d", e);
-    first = 0;
-    r = e;
-  }
-}
-
-int pass_memplan_report_ranks(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
-                              const IrModule *unsharded, StrBuf *out, char *err, size_t errlen) {
-  return pass_memplan_report_ranks_at(programs, nprograms, rank_program, nranks, unsharded, NULL, NULL, out, err,
-                                      errlen);
-}
-
-int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
-                                 const IrModule *unsharded, MemPlanAtFn llvm_at, void *ctx, StrBuf *out, char *err,
-                                 size_t errlen) {
-  if (nprograms < 1 || nranks < 1) return ts_errf(err, errlen, "memplan: a report needs a program and a rank");
-  const IrModule *m0 = programs[0];
-  const IrParallel *pr = &m0->par;
-  sb_printf(out, "memory report: %s, %d rank%s (dp=%d pp=%d cp=%d ep=%d tp=%d%s%s), %s training\n",
-            m0->name ? m0->name : "?", nranks, nranks == 1 ? "" : "s", ir_axis_size(m0, IR_AXIS_DP),
-            ir_axis_size(m0, IR_AXIS_PP), ir_axis_size(m0, IR_AXIS_CP), ir_axis_size(m0, IR_AXIS_EP),
-            ir_axis_size(m0, IR_AXIS_TP), pr->sp ? ", sp" : "",
-            ir_axis_size(m0, IR_AXIS_DP) > 1 ? (pr->zero ? ", ZeRO-1" : ", no ZeRO") : "",
-            ir_dtype_name(m0->train.precision));
-  sb_puts(out, report_note);
-  sb_puts(out, "# per rank, from the LOCAL types of the rank's program: a tp-split parameter (and\n"
-               "# its gradient) holds 1/tp of the elements, a ZeRO (flat:dp) Adam moment 1/dp of\n"
-               "# its tp-local tensor, zero-padded to a multiple of dp.\n");
-  for (int p = 0; p < nprograms; p++) {
-    int used = 0;
-    for (int r = 0; r < nranks; r++) used |= rank_program[r] == p;
-    if (!used) continue;
-    StrBuf set = {0};
-    rank_set(rank_program, nranks, p, &set);
-    sb_printf(out, "%s %s (each):\n", strchr(set.p, '-') || strchr(set.p, ',') ? "ranks" : "rank", set.p);
-    sb_free(&set);
-    sb_printf(out, "  %-52s %16s %12s\n", "", "bytes", "MiB");
-    if (report_rows(programs[p], llvm_at, ctx, out, err, errlen) != 0) return -1;
-  }
-  if (unsharded) {
-    sb_puts(out, "unsharded (the same model on 1 rank), for comparison:\n");
-    sb_printf(out, "  %-52s %16s %12s\n", "", "bytes", "MiB");
-    if (report_rows(unsharded, llvm_at, ctx, out, err, errlen) != 0) return -1;
+    int *at = fused ? ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *at) : NULL;
+    if (at) plan_mem_group_at(b, at);
+    MemPlan p;
+    int rc = plan_mem_block_checked(m, bi, at, &p, err, errlen);
+    free(at);
+    if (rc != 0) return -1;
+    if (p.peak_bytes > *out) *out = p.peak_bytes;
+    plan_mem_free(&p);
   }
   return 0;
 }

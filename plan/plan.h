@@ -7,7 +7,7 @@
  * On disk (binary, little-endian):
  *   magic "TSPLAN\0\0" | u32 version | u32 flags | u64 payload bytes |
  *   u64 checksum (ts_hash64 of the payload) | payload
- * rt_plan_read refuses, with a message saying which: a file that is not a
+ * plan_read refuses, with a message saying which: a file that is not a
  * plan, a truncated one, a corrupted one (checksum), and a newer version.
  * The text form (mcc --emit=plan-text) holds the same content and parses
  * back into an identical plan.
@@ -17,12 +17,12 @@
  * cubin in base64. */
 #ifndef TS_PLAN_H
 #define TS_PLAN_H
-#include "../ir/ir.h"
-#include "../codegen/cuda.h"
+#include "ir/ir.h"
+#include "codegen/cuda.h"
 
-#define RT_PLAN_VERSION 2
+#define PLAN_VERSION 2
 
-typedef struct { int dp, pp, cp, ep, tp; } RtMesh;   /* axes outer to inner; tp innermost */
+typedef struct { int dp, pp, cp, ep, tp; } PlanMesh;   /* axes outer to inner; tp innermost */
 
 /* A program's CUDA module compiled for one arch (mcc --target): the PTX
  * (a newer GPU's driver JITs it), the cubin, ptxas' report per kernel, and
@@ -38,32 +38,32 @@ typedef struct {
   size_t cubin_len;
   int nkern;
   CgPtxasInfo *kern;
-} RtPlanImage;
+} PlanImage;
 
-typedef struct RtPlan {
+typedef struct Plan {
   uint32_t version;
-  RtMesh mesh;
+  PlanMesh mesh;
   const char *source;        /* the .mdl it was compiled from (informational) */
   int nprograms;
   IrModule **programs;
   int nranks;
   int *rank_program;         /* rank -> index into programs */
   int nimages;               /* CUDA modules (mcc --target), any number per program */
-  RtPlanImage *images;
-} RtPlan;
+  PlanImage *images;
+} Plan;
 
-RtPlan *rt_plan_new(void);
+Plan *plan_new(void);
 /* Adds an image (copied). */
-void rt_plan_add_image(RtPlan *p, const RtPlanImage *im);
+void plan_add_image(Plan *p, const PlanImage *im);
 /* Program `program`'s image for arch sm, or NULL. */
-const RtPlanImage *rt_plan_image(const RtPlan *p, int program, int sm);
-void rt_plan_free(RtPlan *p);                 /* frees the programs too */
-int rt_plan_write(const RtPlan *p, const char *path, char *err, size_t errlen);  /* atomic */
-RtPlan *rt_plan_read(const char *path, char *err, size_t errlen);
+const PlanImage *plan_image(const Plan *p, int program, int sm);
+void plan_free(Plan *p);                 /* frees the programs too */
+int plan_write(const Plan *p, const char *path, char *err, size_t errlen);  /* atomic */
+Plan *plan_read(const char *path, char *err, size_t errlen);
 /* In-memory forms of the same (used by the file functions and by tests). */
-void rt_plan_encode(const RtPlan *p, StrBuf *out);
-RtPlan *rt_plan_decode(const void *data, size_t len, char *err, size_t errlen);
-void rt_plan_print_text(const RtPlan *p, StrBuf *out);
-RtPlan *rt_plan_parse_text(const char *text, const char *fname, char *err, size_t errlen);
+void plan_encode(const Plan *p, StrBuf *out);
+Plan *plan_decode(const void *data, size_t len, char *err, size_t errlen);
+void plan_print_text(const Plan *p, StrBuf *out);
+Plan *plan_parse_text(const char *text, const char *fname, char *err, size_t errlen);
 
 #endif

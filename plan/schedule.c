@@ -1,28 +1,27 @@
 /* schedule.c - pipeline schedules (GPipe, 1F1B, interleaved 1F1B), their
- * send/recv ops, the cross-rank checker, the timeline simulation and the
- * text / trace views of `mcc --report schedule` and `--emit=trace`.
- * See pipe.h for the types and the messaging semantics, docs/pipeline.md
- * for the design.
+ * send/recv ops, the cross-rank checker and the timeline simulation
+ * (schedule.h; docs/pipeline.md).  mcc reports them; mrun's trainer
+ * generates the schedule it runs from the same code, for the dp it runs at.
  *
  * The schedules follow the published algorithms (GPipe: all forwards,
  * then all backwards; 1F1B: PipeDream-flush as in Megatron-LM, warm-up of
  * pp - r - 1 forwards; interleaved: Megatron-LM's virtual pipeline, warm-up
  * of 2 (pp - r - 1) + (vpp - 1) pp chunk forwards, chunk order cycling
- * every pp micro batches).  Nothing here trusts them: pass_pipe_check
+ * every pp micro batches).  Nothing here trusts them: plan_pipe_check
  * proves each generated schedule matched and deadlock-free, and the tests
  * measure their bubbles from the simulated timeline. */
-#include "pipe.h"
+#include "plan/schedule.h"
 #include <math.h>
 
 static const char *const sched_names[PIPE_SCHED_COUNT] = {"gpipe", "1f1b", "interleaved"};
-const char *pass_pipe_sched_name(PipeSchedKind k) { return k < PIPE_SCHED_COUNT ? sched_names[k] : "?"; }
-int pass_pipe_sched_lookup(const char *name) {
+const char *plan_pipe_sched_name(PipeSchedKind k) { return k < PIPE_SCHED_COUNT ? sched_names[k] : "?"; }
+int plan_pipe_sched_lookup(const char *name) {
   for (int i = 0; name && i < PIPE_SCHED_COUNT; i++)
     if (strcmp(name, sched_names[i]) == 0) return i;
   return -1;
 }
 
-int pass_pipe_nmicro(const IrTrain *t, int dp, int *nmicro, char *err, size_t errlen) {
+int plan_pipe_nmicro(const IrTrain *t, int dp, int *nmicro, char *err, size_t errlen) {
   if (dp < 1) dp = 1;
   int64_t per = t->micro_batch * (int64_t)dp;
   if (t->micro_batch < 1 || t->global_batch < 1 || t->global_batch % per != 0)
@@ -35,7 +34,7 @@ int pass_pipe_nmicro(const IrTrain *t, int dp, int *nmicro, char *err, size_t er
   return 0;
 }
 
-void pass_pipe_schedule_free(PipeSchedule *s) {
+void plan_pipe_schedule_free(PipeSchedule *s) {
   for (int r = 0; s->steps && r < s->pp; r++) free(s->steps[r]);
   free(s->steps);
   free(s->nsteps);
@@ -57,7 +56,7 @@ static void interleaved_step(const PipeSchedule *s, int r, int k, int fwd, int *
   *chunk = local * p + r;
 }
 
-int pass_pipe_schedule(PipeSchedKind kind, int pp, int vpp, int nmicro, PipeSchedule *out, char *err,
+int plan_pipe_schedule(PipeSchedKind kind, int pp, int vpp, int nmicro, PipeSchedule *out, char *err,
                        size_t errlen) {
   memset(out, 0, sizeof *out);
   if (pp < 1 || vpp < 1 || nmicro < 1)
@@ -67,7 +66,7 @@ int pass_pipe_schedule(PipeSchedKind kind, int pp, int vpp, int nmicro, PipeSche
     return ts_errf(err, errlen, "--schedule interleaved needs pp >= 2 and --vpp V >= 2 (pp=%d, vpp=%d)", pp, vpp);
   if (kind != PIPE_INTERLEAVED && vpp != 1)
     return ts_errf(err, errlen, "--schedule %s runs one chunk per rank, and vpp=%d: use --schedule interleaved",
-                   pass_pipe_sched_name(kind), vpp);
+                   plan_pipe_sched_name(kind), vpp);
   if (kind == PIPE_1F1B && nmicro < pp)
     return ts_errf(err, errlen, "--schedule 1f1b with pp=%d needs at least %d micro batches per step, and there are "
                                 "%d: raise global_batch or lower micro_batch (or use gpipe)", pp, pp, nmicro);
@@ -116,7 +115,7 @@ int pass_pipe_schedule(PipeSchedKind kind, int pp, int vpp, int nmicro, PipeSche
 
 /* ---- send/recv ---- */
 
-int pass_pipe_rank_ops(const PipeSchedule *s, int r, PipeOp **ops) {
+int plan_pipe_rank_ops(const PipeSchedule *s, int r, PipeOp **ops) {
   int last = s->pp * s->vpp - 1, n = 0;
   *ops = ts_xmalloc((size_t)(3 * s->nsteps[r] + 1) * sizeof **ops);
   for (int i = 0; i < s->nsteps[r]; i++) {
@@ -165,7 +164,7 @@ static void rank_ops_build(const PipeSchedule *s, RankOps *ro) {
   ro->pp = s->pp;
   ro->nops = ts_xcalloc((size_t)s->pp, sizeof *ro->nops);
   ro->ops = ts_xcalloc((size_t)s->pp, sizeof *ro->ops);
-  for (int r = 0; r < s->pp; r++) ro->nops[r] = pass_pipe_rank_ops(s, r, &ro->ops[r]);
+  for (int r = 0; r < s->pp; r++) ro->nops[r] = plan_pipe_rank_ops(s, r, &ro->ops[r]);
 }
 
 /* Per step validity: chunks of the rank, micro batches in range, one F and
@@ -323,7 +322,7 @@ static int run_ranks(const PipeSchedule *s, const RankOps *ro, const double *fwd
   return rc;
 }
 
-int pass_pipe_check(const PipeSchedule *s, char *err, size_t errlen) {
+int plan_pipe_check(const PipeSchedule *s, char *err, size_t errlen) {
   if (s->pp < 1 || s->vpp < 1 || s->nmicro < 1 || !s->nsteps || !s->steps)
     return ts_errf(err, errlen, "pipeline schedule: empty");
   int rc = check_steps(s, err, errlen);
@@ -338,7 +337,7 @@ int pass_pipe_check(const PipeSchedule *s, char *err, size_t errlen) {
 
 /* ---- timeline ---- */
 
-void pass_pipe_timeline_free(PipeTimeline *t) {
+void plan_pipe_timeline_free(PipeTimeline *t) {
   for (int r = 0; t->start && r < t->pp; r++) { free(t->start[r]); free(t->end[r]); }
   free(t->start);
   free(t->end);
@@ -350,9 +349,9 @@ void pass_pipe_timeline_free(PipeTimeline *t) {
   memset(t, 0, sizeof *t);
 }
 
-double pass_pipe_bubble(const PipeTimeline *t, int r) { return t->busy[r] > 0 ? t->idle[r] / t->busy[r] : 0; }
+double plan_pipe_bubble(const PipeTimeline *t, int r) { return t->busy[r] > 0 ? t->idle[r] / t->busy[r] : 0; }
 
-int pass_pipe_simulate(const PipeSchedule *s, const double *fwd, double bwd_ratio, PipeTimeline *t, char *err,
+int plan_pipe_simulate(const PipeSchedule *s, const double *fwd, double bwd_ratio, PipeTimeline *t, char *err,
                        size_t errlen) {
   memset(t, 0, sizeof *t);
   if (s->pp < 1 || s->vpp < 1 || s->nmicro < 1 || !s->nsteps || !s->steps)
@@ -397,136 +396,6 @@ int pass_pipe_simulate(const PipeSchedule *s, const double *fwd, double bwd_rati
     }
   }
   free(held);
-  if (rc != 0) pass_pipe_timeline_free(t);
+  if (rc != 0) plan_pipe_timeline_free(t);
   return rc;
-}
-
-/* ---- views ---- */
-
-static void si(double x, char *buf, size_t n) {
-  const char *u[] = {"", "k", "M", "G", "T", "P", "E"};
-  int k = 0;
-  while (fabs(x) >= 1000 && k < 6) { x /= 1000; k++; }
-  snprintf(buf, n, "%.3g%s", x, u[k]);
-}
-
-/* Forward time of each chunk from the partition's costs: a chunk's cost is
- * forward + backward (3 x forward), so f = cost / 3 and b = 2 f. */
-static double *chunk_fwd(const PipePartition *p) {
-  double *f = ts_xcalloc((size_t)p->nchunks, sizeof *f);
-  for (int g = 0; g < p->nchunks; g++)
-    for (int u = p->chunk_begin[g]; u < p->chunk_begin[g + 1]; u++) f[g] += p->cost[u] / 3;
-  return f;
-}
-
-static void step_label(const PipeSchedule *s, const PipeStep *st, char *buf, size_t n) {
-  if (s->vpp > 1) snprintf(buf, n, "%c%d%c", st->kind, st->micro, 'a' + (st->chunk / s->pp) % 26);
-  else snprintf(buf, n, "%c%d", st->kind, st->micro);
-}
-
-int pass_pipe_report(const IrModule *m, const PipePartition *p, const PipeSchedule *s, StrBuf *out, char *err,
-                     size_t errlen) {
-  char a[32], b[32], c[32];
-  sb_printf(out, "schedule report: %s, pp=%d vpp=%d, %s, %d micro batches per step\n", m->name ? m->name : "?", s->pp,
-            s->vpp, pass_pipe_sched_name(s->kind), s->nmicro);
-  sb_printf(out, "# partition of the repeat stack '%s' (%d layers; E = before it, L = after it).  Per micro batch:\n"
-                 "# flops = forward + backward (3 x forward; matmul 2MNK), act bytes = forward values kept for the\n"
-                 "# backward, cost = flops + %g x bytes; sent = bytes of activations crossing to the next chunk\n",
-            p->stack, p->nlayers, PIPE_FLOPS_PER_BYTE);
-  sb_printf(out, "  %-5s %-4s %-28s %10s %10s %10s %10s\n", "chunk", "rank", "units", "flops", "act bytes", "cost",
-            "sent");
-  double *rank_cost = ts_xcalloc((size_t)p->pp, sizeof *rank_cost);
-  for (int g = 0; g < p->nchunks; g++) {
-    double fl = 0, by = 0, co = 0;
-    for (int u = p->chunk_begin[g]; u < p->chunk_begin[g + 1]; u++) { fl += p->flops[u]; by += p->bytes[u]; co += p->cost[u]; }
-    rank_cost[g % p->pp] += co;
-    char units[96], sent[32] = "-";
-    pass_pipe_chunk_str(p, g, units, sizeof units);
-    if (g + 1 < p->nchunks) si(p->cut_bytes[p->chunk_begin[g + 1] - 1 < 0 ? 0 : p->chunk_begin[g + 1] - 1], sent, sizeof sent);
-    si(fl, a, sizeof a), si(by, b, sizeof b), si(co, c, sizeof c);
-    sb_printf(out, "  %-5d %-4d %-28s %10s %10s %10s %10s\n", g, g % p->pp, units, a, b, c, sent);
-  }
-  for (int r = 0; r < p->pp; r++) {
-    si(rank_cost[r], c, sizeof c);
-    sb_printf(out, "  rank %d: cost %s\n", r, c);
-  }
-  free(rank_cost);
-  if (p->nshared) {
-    sb_printf(out, "  shared across pipeline ranks (gradients all-reduced in an embedding group):");
-    for (int i = 0; i < p->nshared; i++) sb_printf(out, " %s", p->shared[i]);
-    sb_printf(out, "\n");
-  }
-  /* the time grid: f = 1, b = 2 per chunk */
-  PipeTimeline t, tc;
-  if (pass_pipe_simulate(s, NULL, 2, &t, err, errlen) != 0) return -1;
-  double *fw = chunk_fwd(p);
-  int rc = pass_pipe_simulate(s, fw, 2, &tc, err, errlen);
-  free(fw);
-  if (rc != 0) { pass_pipe_timeline_free(&t); return -1; }
-  int w = 0;
-  for (int r = 0; r < s->pp; r++)
-    for (int i = 0; i < s->nsteps[r]; i++) {
-      char l[32];
-      step_label(s, &s->steps[r][i], l, sizeof l);
-      if ((int)strlen(l) > w) w = (int)strlen(l);
-    }
-  w++;
-  sb_printf(out, "timeline (each cell one time unit: forward 1, backward 2 per chunk; '.' idle%s):\n",
-            s->vpp > 1 ? "; letter = the rank's chunk" : "");
-  for (int r = 0; r < s->pp; r++) {
-    sb_printf(out, "  rank %-3d|", r);
-    double now = 0;
-    for (int i = 0; i < s->nsteps[r]; i++) {
-      for (; now + 0.5 < t.start[r][i]; now += 1) sb_printf(out, "%-*s", w, ".");
-      char l[32];
-      step_label(s, &s->steps[r][i], l, sizeof l);
-      int cells = (int)lround(t.end[r][i] - t.start[r][i]);
-      sb_printf(out, "%-*s", w * cells, l);
-      now = t.end[r][i];
-    }
-    for (; now + 0.5 < t.makespan; now += 1) sb_printf(out, "%-*s", w, ".");
-    sb_printf(out, "|\n");
-  }
-  sb_printf(out, "bubble (idle / busy, from the simulated timeline; communication free):\n");
-  for (int r = 0; r < s->pp; r++)
-    sb_printf(out, "  rank %-3d f=1,b=2 %.4f   estimated costs %.4f\n", r, pass_pipe_bubble(&t, r),
-              pass_pipe_bubble(&tc, r));
-  double formula = (double)(s->pp - 1) / ((double)s->vpp * s->nmicro);
-  sb_printf(out, "  (p-1)/(v*m) = %.4f\n", formula);
-  sb_printf(out, "in flight (micro batches whose activations a rank holds at once; chunk activations):\n");
-  for (int r = 0; r < s->pp; r++)
-    sb_printf(out, "  rank %-3d peak %d micro batches, %d chunk activations\n", r, t.peak_micro[r], t.peak_chunks[r]);
-  pass_pipe_timeline_free(&t);
-  pass_pipe_timeline_free(&tc);
-  return 0;
-}
-
-int pass_pipe_trace(const PipePartition *p, const PipeSchedule *s, StrBuf *out, char *err, size_t errlen) {
-  double *fw = chunk_fwd(p);
-  PipeTimeline t;
-  int rc = pass_pipe_simulate(s, fw, 2, &t, err, errlen);
-  free(fw);
-  if (rc != 0) return -1;
-  /* time: the cost model's flop-equivalents at an assumed 1 TFLOP/s, in us */
-  const double us = 1e-6;
-  sb_printf(out, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
-  sb_printf(out, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": \"pipeline %s pp=%d "
-                 "vpp=%d m=%d\"}}", pass_pipe_sched_name(s->kind), s->pp, s->vpp, s->nmicro);
-  for (int r = 0; r < s->pp; r++)
-    sb_printf(out, ",\n  {\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, \"args\": {\"name\": "
-                   "\"pp rank %d\"}}", r, r);
-  for (int r = 0; r < s->pp; r++)
-    for (int i = 0; i < s->nsteps[r]; i++) {
-      const PipeStep *st = &s->steps[r][i];
-      char l[32], units[96];
-      step_label(s, st, l, sizeof l);
-      pass_pipe_chunk_str(p, st->chunk, units, sizeof units);
-      sb_printf(out, ",\n  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.6f, "
-                     "\"dur\": %.6f, \"args\": {\"micro\": %d, \"chunk\": %d, \"units\": \"%s\"}}",
-                l, st->kind == 'F' ? "forward" : "backward", r, t.start[r][i] * us,
-                (t.end[r][i] - t.start[r][i]) * us, st->micro, st->chunk, units);
-    }
-  sb_printf(out, "\n]}\n");
-  pass_pipe_timeline_free(&t);
-  return 0;
 }

@@ -7,14 +7,17 @@
  * of them at 64-byte aligned offsets, packed greedily (best fit, biggest
  * buffer first, over the interval graph - ggml's allocator, llm.c's single
  * allocation), a checker that no two simultaneously live buffers overlap,
- * and the peak next to its lower bound.  Also the per-rank memory report of
- * `mcc --report memory` (states + activation arenas, per group of ranks).
+ * and the peak next to its lower bound.  The executor plans every block
+ * with this code when it makes a program, for the positions its backend
+ * runs the nodes at (which mrun decides: --backend, the device, kernels
+ * that fall back), and mcc's memory report (passes/memreport.h) calls the
+ * runtime's own positions, so the two are the same plan.
  *
  * The plan models how the executor runs the block, given as at[]: node i
  * is computed at position at[i] >= i.  The reference backend runs every
  * node at its own position (at = NULL).  The LLVM backend runs a fusion
  * group as one kernel at its LAST member: its members have at[] = that
- * member (pass_memplan_group_at), a value read by the kernel counts as
+ * member (plan_mem_group_at), a value read by the kernel counts as
  * read there, and reads between members of one kernel are not reads of a
  * buffer.
  *
@@ -37,9 +40,9 @@
  *     least, as the runtime allocates), live from the position that makes
  *     it to its last use, both ends included: a node's result never shares
  *     bytes with its operands, because kernels are not in-place. */
-#ifndef TS_MEMPLAN_H
-#define TS_MEMPLAN_H
-#include "passes.h"
+#ifndef TS_PLAN_MEMPLAN_H
+#define TS_PLAN_MEMPLAN_H
+#include "ir/ir.h"
 
 #define MEMPLAN_ALIGN 64
 
@@ -64,21 +67,21 @@ typedef struct {
 /* Liveness + offset assignment for block `block` of m, every node run at
  * its own position (the reference backend).  0 on success; -1 with a
  * message (bad block index, a type with no byte size).  On success *out
- * owns heap arrays: release them with pass_memplan_free. */
-int pass_memplan_block(const IrModule *m, int block, MemPlan *out, char *err, size_t errlen);
+ * owns heap arrays: release them with plan_mem_free. */
+int plan_mem_block(const IrModule *m, int block, MemPlan *out, char *err, size_t errlen);
 /* The same for an executor that computes node i at position at[i] (n
  * entries; at[i] >= i, and at[at[i]] == at[i]: a kernel runs at one of its
- * members, the last).  at NULL: pass_memplan_block.  -1 with a message
+ * members, the last).  at NULL: plan_mem_block.  -1 with a message
  * for an at[] that breaks those rules. */
-int pass_memplan_block_at(const IrModule *m, int block, const int *at, MemPlan *out, char *err, size_t errlen);
+int plan_mem_block_at(const IrModule *m, int block, const int *at, MemPlan *out, char *err, size_t errlen);
 /* at[] (b->n entries) of the LLVM backend on block b: every fusion group
  * (IrNode.group > 0) one kernel at its last member, every run of adamw
- * nodes one multi-tensor launch at its last adamw (pass_fuse_adamw_runs),
+ * nodes one multi-tensor launch at its last adamw (plan_adamw_runs),
  * other nodes alone.
  * This is what the executor does when every group lowers, which the fuse
  * pass guarantees (it asks the lowering). */
-void pass_memplan_group_at(const IrBlock *b, int *at);
-void pass_memplan_free(MemPlan *p);
+void plan_mem_group_at(const IrBlock *b, int *at);
+void plan_mem_free(MemPlan *p);
 
 /* Validity of p as a plan for its block of m.  Liveness is recomputed
  * from the IR and p->at, not trusted: every value that needs bytes has a buffer big
@@ -86,43 +89,23 @@ void pass_memplan_free(MemPlan *p);
  * is 64-byte aligned and inside [0, peak_bytes); no two buffers whose
  * intervals intersect share a byte; peak and bounds add up.
  * 0 = valid; -1 with the first violation in err. */
-int pass_memplan_check(const IrModule *m, const MemPlan *p, char *err, size_t errlen);
+int plan_mem_check(const IrModule *m, const MemPlan *p, char *err, size_t errlen);
+
+/* plan_mem_block_at, then plan_mem_check of the result (freed when it
+ * fails): what the executor allocates.  0, or -1 with a message. */
+int plan_mem_block_checked(const IrModule *m, int block, const int *at, MemPlan *out, char *err, size_t errlen);
 
 /* Byte totals of the states of one kind (parameters, gradients, ...):
  * the exact numel * dtype size, summed (no slab alignment). */
-size_t pass_memplan_state_bytes(const IrModule *m, IrStateKind kind);
+size_t plan_mem_state_bytes(const IrModule *m, IrStateKind kind);
 
 /* The bytes of the runtime's state slab for m: every state at a 64-byte
  * aligned offset (what rt_program_slab_bytes measures). */
-size_t pass_memplan_slab_bytes(const IrModule *m);
+size_t plan_mem_slab_bytes(const IrModule *m);
 
 /* The activation arena the runtime allocates for m: the largest block
  * peak, blocks planned as the LLVM backend runs them (fused = 1: groups as
  * kernels) or as the reference does (fused = 0).  -1 with a message. */
-int pass_memplan_arena_bytes(const IrModule *m, int fused, size_t *out, char *err, size_t errlen);
-
-/* The text of `mcc --report memory` for m (one rank): states by kind,
- * each block's packed arena peak and lower bound (LLVM backend), the
- * arena and the total, the same for the reference backend, and the state
- * slab as allocated, in bytes and MiB.  0, or -1 with a message (then out
- * holds a partial report). */
-int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen);
-
-/* The report of a plan's ranks: rank r runs programs[rank_program[r]]
- * (each a sharded module, all types LOCAL).  One section per program,
- * headed by the set of ranks running it ("ranks 0-3 (each):"), with the
- * rows of pass_memplan_report; then, when `unsharded` is not NULL (the
- * same model compiled for one rank), its rows for comparison.  0, or -1
- * with a message. */
-int pass_memplan_report_ranks(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
-                              const IrModule *unsharded, StrBuf *out, char *err, size_t errlen);
-/* The same with the LLVM backend's positions from llvm_at(ctx, m, block,
- * at, ...) (0 or -1 with a message) instead of pass_memplan_group_at: mcc
- * passes the runtime's own (rt_exec_positions), so that a group the
- * executor runs on the reference kernels is planned that way too. */
-typedef int (*MemPlanAtFn)(void *ctx, const IrModule *m, int block, int *at, char *err, size_t errlen);
-int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
-                                 const IrModule *unsharded, MemPlanAtFn llvm_at, void *ctx, StrBuf *out, char *err,
-                                 size_t errlen);
+int plan_mem_arena_bytes(const IrModule *m, int fused, size_t *out, char *err, size_t errlen);
 
 #endif

@@ -1,0 +1,211 @@
+/* memreport.c - the text of `mcc --report memory` (memreport.h): states by
+ * kind, each block's planned activation arena (plan/memplan.h) as the
+ * executor runs it, pipeline stashes, per group of ranks. */
+#include "memreport.h"
+#include "pipe.h"
+#include "plan/schedule.h"
+
+static void report_row(StrBuf *out, const char *label, size_t bytes) {
+  sb_printf(out, "  %-52s %16zu %12.2f\n", label, bytes, (double)bytes / (1024.0 * 1024.0));
+}
+
+/* The plan of block bi as one backend runs it (fused: the LLVM backend,
+ * whose positions llvm_at gives, or without it plan_mem_group_at). */
+static int plan_backend(const IrModule *m, int bi, int fused, MemPlanAtFn llvm_at, void *ctx, MemPlan *p,
+                        char *err, size_t errlen) {
+  int *at = NULL;
+  memset(p, 0, sizeof *p);
+  if (fused) {
+    const IrBlock *b = &m->blocks.a[bi];
+    at = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *at);
+    if (!llvm_at) plan_mem_group_at(b, at);
+    else if (llvm_at(ctx, m, bi, at, err, errlen) != 0) { free(at); return -1; }
+  }
+  int rc = plan_mem_block_checked(m, bi, at, p, err, errlen);
+  free(at);
+  return rc;
+}
+
+
+/* Pipeline stashes of the program of pipeline rank r = stage - 1: per
+ * chunk of r, the bytes one micro batch stashes (the exact bytes of the
+ * operands of its forward block's `stash` nodes; they stay in the
+ * runtime's stash, outside the arena, until the chunk's backward block
+ * unstashes them), and the most bytes stashed at once over the step, from
+ * the schedule the trainer runs (regenerated like runtime/train.c does):
+ * walking r's steps in order, F of (micro, chunk) adds the chunk's stash,
+ * B removes it.  With one chunk per rank that is the stash of a micro
+ * batch times the simulated peak in flight (PipeTimeline.peak_chunks).
+ * *peak = 0 and no rows when m is not a pipeline rank's program. */
+static int report_stash(const IrModule *m, StrBuf *out, size_t *peak, char *err, size_t errlen) {
+  *peak = 0;
+  int pp = ir_axis_size(m, IR_AXIS_PP), r = m->par.stage - 1;
+  if (pp < 2 || r < 0) return 0;
+  int vpp = m->par.vpp > 1 ? m->par.vpp : 1, nchunks = pp * vpp;
+  PipeSchedKind kind = m->par.sched > IR_PIPE_NONE && m->par.sched < IR_PIPE_COUNT ? (PipeSchedKind)(m->par.sched - 1)
+                       : vpp > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;
+  size_t *stash = ts_xcalloc((size_t)nchunks, sizeof *stash);
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    int bwd, g = ir_block_chunk(b, &bwd);
+    if (g < 0 || g >= nchunks || bwd) continue;
+    for (int i = 0; i < b->n; i++)
+      if (b->nodes[i].op == IR_OP_STASH && b->nodes[i].nin == 1) {
+        const IrType *t = &b->nodes[b->nodes[i].in[0]].type;
+        stash[g] += (size_t)ir_type_numel(t) * ir_dtype_size(t->dtype);
+      }
+  }
+  int nmicro;
+  PipeSchedule sc;
+  PipeTimeline tl;
+  char why[512];
+  if (plan_pipe_nmicro(&m->train, ir_axis_size(m, IR_AXIS_DP), &nmicro, why, sizeof why) != 0 ||
+      plan_pipe_schedule(kind, pp, vpp, nmicro, &sc, why, sizeof why) != 0) {
+    free(stash);
+    return ts_errf(err, errlen, "memplan: the pipeline schedule of stage %d: %s", r, why);
+  }
+  if (plan_pipe_simulate(&sc, NULL, 2.0, &tl, why, sizeof why) != 0) {
+    plan_pipe_schedule_free(&sc);
+    free(stash);
+    return ts_errf(err, errlen, "memplan: simulating the pipeline schedule of stage %d: %s", r, why);
+  }
+  size_t held = 0;
+  for (int k = 0; k < sc.nsteps[r]; k++) {
+    const PipeStep *st = &sc.steps[r][k];
+    if (st->chunk < 0 || st->chunk >= nchunks) continue;
+    if (st->kind == 'F') held += stash[st->chunk];
+    else held -= stash[st->chunk] <= held ? stash[st->chunk] : held;
+    if (held > *peak) *peak = held;
+  }
+  char label[160];
+  for (int g = r; g < nchunks; g += pp) {
+    snprintf(label, sizeof label, "stash, chunk %d: per micro batch", g);
+    report_row(out, label, stash[g]);
+  }
+  snprintf(label, sizeof label, "stash peak (%s, %d micro batches: %d in flight)", plan_pipe_sched_name(kind), nmicro,
+           tl.peak_chunks[r]);
+  report_row(out, label, *peak);
+  plan_pipe_timeline_free(&tl);
+  plan_pipe_schedule_free(&sc);
+  free(stash);
+  return 0;
+}
+
+/* The rows of one rank's program m: its states by kind (LOCAL types: a
+ * tp-split parameter counts 1/tp of its elements, a ZeRO moment its flat
+ * chunk), each block's arena under the LLVM backend (the default) and the
+ * reference one, the arenas (blocks run one after another, so one arena
+ * the size of the largest block serves them all) and the totals. */
+static int report_rows(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, StrBuf *out, char *err, size_t errlen) {
+  int ntensors = 0;
+  for (int i = 0; i < m->states.n; i++) ntensors += m->states.a[i].kind == IR_STATE_PARAM;
+  size_t par = plan_mem_state_bytes(m, IR_STATE_PARAM);
+  size_t grad = plan_mem_state_bytes(m, IR_STATE_GRAD);
+  size_t opt = plan_mem_state_bytes(m, IR_STATE_ADAM_M) + plan_mem_state_bytes(m, IR_STATE_ADAM_V);
+  char label[160];
+  snprintf(label, sizeof label, "parameters (%d tensors)", ntensors);
+  report_row(out, label, par);
+  report_row(out, "gradients", grad);
+  report_row(out, "optimizer state (adam m+v)", opt);
+  report_row(out, "states total", par + grad + opt);
+  size_t arena[2] = {0, 0};   /* [0] reference, [1] llvm */
+  for (int fused = 1; fused >= 0; fused--) {
+    for (int bi = 0; bi < m->blocks.n; bi++) {
+      MemPlan p;
+      if (plan_backend(m, bi, fused, llvm_at, ctx, &p, err, errlen) != 0) return -1;
+      const char *bn = m->blocks.a[bi].name, *be = fused ? "" : ", --backend ref";
+      snprintf(label, sizeof label, "block %s%s: arena peak (packed)", bn, be);
+      report_row(out, label, p.peak_bytes);
+      snprintf(label, sizeof label, "block %s%s: lower bound (max live)", bn, be);
+      report_row(out, label, p.lower_bound_bytes);
+      if (fused) {
+        snprintf(label, sizeof label, "block %s: no reuse (%d buffers)", bn, p.nbuffers);
+        report_row(out, label, p.total_bytes);
+      }
+      if (p.peak_bytes > arena[fused]) arena[fused] = p.peak_bytes;
+      plan_mem_free(&p);
+    }
+    if (fused) {
+      report_row(out, "activation arena (largest block)", arena[1]);
+      report_row(out, "total (states + arena)", par + grad + opt + arena[1]);
+    }
+  }
+  report_row(out, "activation arena, --backend ref", arena[0]);
+  report_row(out, "total, --backend ref", par + grad + opt + arena[0]);
+  report_row(out, "state slab as allocated (64-byte aligned)", plan_mem_slab_bytes(m));
+  size_t stash;
+  if (report_stash(m, out, &stash, err, errlen) != 0) return -1;
+  if (stash) report_row(out, "total with the stash peak (states + arena + stash)", par + grad + opt + arena[1] + stash);
+  return 0;
+}
+
+static const char *report_note =
+    "# exact bytes from the IR types.  mrun allocates the states in one slab (each\n"
+    "# 64-byte aligned) and runs every block in ONE activation arena, the size of\n"
+    "# the largest block's plan (liveness + best-fit packing, 64-byte aligned); its\n"
+    "# measured use equals these rows (tests/memplan).  Blocks are planned as the\n"
+    "# default LLVM backend runs them (a fused group is one kernel and values used\n"
+    "# only inside it own no bytes); the --backend ref rows run every node alone.\n";
+
+int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen) {
+  sb_printf(out, "memory report: %s, rank 0 of 1 (single-rank plan), %s training\n",
+            m->name ? m->name : "?", ir_dtype_name(m->train.precision));
+  sb_puts(out, report_note);
+  sb_printf(out, "  %-52s %16s %12s\n", "", "bytes", "MiB");
+  return report_rows(m, NULL, NULL, out, err, errlen);
+}
+
+/* "0-3", "0, 2, 4-5": the ranks r with rank_program[r] == prog. */
+static void rank_set(const int *rank_program, int nranks, int prog, StrBuf *out) {
+  int first = 1;
+  for (int r = 0; r < nranks; r++) {
+    if (rank_program[r] != prog) continue;
+    int e = r;
+    while (e + 1 < nranks && rank_program[e + 1] == prog) e++;
+    sb_printf(out, "%s%d", first ? "" : ", ", r);
+    if (e > r) sb_printf(out, "-%d", e);
+    first = 0;
+    r = e;
+  }
+}
+
+int pass_memplan_report_ranks(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
+                              const IrModule *unsharded, StrBuf *out, char *err, size_t errlen) {
+  return pass_memplan_report_ranks_at(programs, nprograms, rank_program, nranks, unsharded, NULL, NULL, out, err,
+                                      errlen);
+}
+
+int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
+                                 const IrModule *unsharded, MemPlanAtFn llvm_at, void *ctx, StrBuf *out, char *err,
+                                 size_t errlen) {
+  if (nprograms < 1 || nranks < 1) return ts_errf(err, errlen, "memplan: a report needs a program and a rank");
+  const IrModule *m0 = programs[0];
+  const IrParallel *pr = &m0->par;
+  sb_printf(out, "memory report: %s, %d rank%s (dp=%d pp=%d cp=%d ep=%d tp=%d%s%s), %s training\n",
+            m0->name ? m0->name : "?", nranks, nranks == 1 ? "" : "s", ir_axis_size(m0, IR_AXIS_DP),
+            ir_axis_size(m0, IR_AXIS_PP), ir_axis_size(m0, IR_AXIS_CP), ir_axis_size(m0, IR_AXIS_EP),
+            ir_axis_size(m0, IR_AXIS_TP), pr->sp ? ", sp" : "",
+            ir_axis_size(m0, IR_AXIS_DP) > 1 ? (pr->zero ? ", ZeRO-1" : ", no ZeRO") : "",
+            ir_dtype_name(m0->train.precision));
+  sb_puts(out, report_note);
+  sb_puts(out, "# per rank, from the LOCAL types of the rank's program: a tp-split parameter (and\n"
+               "# its gradient) holds 1/tp of the elements, a ZeRO (flat:dp) Adam moment 1/dp of\n"
+               "# its tp-local tensor, zero-padded to a multiple of dp.\n");
+  for (int p = 0; p < nprograms; p++) {
+    int used = 0;
+    for (int r = 0; r < nranks; r++) used |= rank_program[r] == p;
+    if (!used) continue;
+    StrBuf set = {0};
+    rank_set(rank_program, nranks, p, &set);
+    sb_printf(out, "%s %s (each):\n", strchr(set.p, '-') || strchr(set.p, ',') ? "ranks" : "rank", set.p);
+    sb_free(&set);
+    sb_printf(out, "  %-52s %16s %12s\n", "", "bytes", "MiB");
+    if (report_rows(programs[p], llvm_at, ctx, out, err, errlen) != 0) return -1;
+  }
+  if (unsharded) {
+    sb_puts(out, "unsharded (the same model on 1 rank), for comparison:\n");
+    sb_printf(out, "  %-52s %16s %12s\n", "", "bytes", "MiB");
+    if (report_rows(unsharded, llvm_at, ctx, out, err, errlen) != 0) return -1;
+  }
+  return 0;
+}

@@ -1,0 +1,34 @@
+/* memreport.h - the per-rank memory report of `mcc --report memory`:
+ * states by kind, the activation arenas the executor will allocate
+ * (plan/memplan.h, planned as it runs each block), pipeline stashes, per
+ * group of ranks, next to the unsharded model. */
+#ifndef TS_MEMREPORT_H
+#define TS_MEMREPORT_H
+#include "passes.h"
+#include "plan/memplan.h"
+
+/* The text of `mcc --report memory` for m (one rank): states by kind,
+ * each block's packed arena peak and lower bound (LLVM backend), the
+ * arena and the total, the same for the reference backend, and the state
+ * slab as allocated, in bytes and MiB.  0, or -1 with a message (then out
+ * holds a partial report). */
+int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen);
+
+/* The report of a plan's ranks: rank r runs programs[rank_program[r]]
+ * (each a sharded module, all types LOCAL).  One section per program,
+ * headed by the set of ranks running it ("ranks 0-3 (each):"), with the
+ * rows of pass_memplan_report; then, when `unsharded` is not NULL (the
+ * same model compiled for one rank), its rows for comparison.  0, or -1
+ * with a message. */
+int pass_memplan_report_ranks(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
+                              const IrModule *unsharded, StrBuf *out, char *err, size_t errlen);
+/* The same with the LLVM backend's positions from llvm_at(ctx, m, block,
+ * at, ...) (0 or -1 with a message) instead of plan_mem_group_at: mcc
+ * passes the runtime's own (rt_exec_positions), so that a group the
+ * executor runs on the reference kernels is planned that way too. */
+typedef int (*MemPlanAtFn)(void *ctx, const IrModule *m, int block, int *at, char *err, size_t errlen);
+int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
+                                 const IrModule *unsharded, MemPlanAtFn llvm_at, void *ctx, StrBuf *out, char *err,
+                                 size_t errlen);
+
+#endif

@@ -1,0 +1,143 @@
+/* groups.c - which nodes of a block run as one launch (groups.h).  The
+ * fusion pass forms its groups by these rules and the executors read them
+ * back with the same code, so what mcc plans and what mrun runs cannot
+ * disagree. */
+#include "plan/groups.h"
+#include "codegen/cg.h"
+#include <string.h>
+
+int plan_kernel_node_ok(const IrModule *m, const IrBlock *b, int i) {
+  (void)m;
+  const IrNode *n = &b->nodes[i];
+  if (!cg_op_lowerable(n->op) || n->type.dtype == IR_VOID) return 0;
+  /* the kernels use local indices: a causal mask over a split row or
+   * column dim needs the rank's global offsets (the reference has them) */
+  if (n->op == IR_OP_CAUSAL_MASK && n->type.rank >= 2 &&
+      (n->sh.split[n->type.rank - 1] || n->sh.split[n->type.rank - 2]))
+    return 0;
+  /* likewise dropout: its mask hashes global indices, the kernel has the
+   * local ones, equal only when no dim is split */
+  if (n->op == IR_OP_DROPOUT)
+    for (int d = 0; d < n->type.rank; d++)
+      if (n->sh.split[d]) return 0;
+  /* a row op over a last dim split across ranks is an error the reference
+   * kernel reports; leave it to it */
+  if (cg_op_is_row(n->op) && n->nin > 0) {
+    const IrNode *x = &b->nodes[n->in[0]];
+    if (x->type.rank >= 1 && x->sh.split[x->type.rank - 1]) return 0;
+  }
+  return 1;
+}
+
+/* ---- GEMM bias epilogues ---- */
+
+int plan_epilogue_match(const IrBlock *b, int a, PlanEpilogue *e) {
+  memset(e, 0, sizeof *e);
+  if (a < 0 || a >= b->n) return 0;
+  const IrNode *add = &b->nodes[a];
+  IrDtype dt = add->type.dtype;
+  if (add->op != IR_OP_ADD || add->nin != 2 || (dt != IR_F32 && dt != IR_F64)) return 0;
+  for (int side = 0; side < 2; side++) {
+    int bc = add->in[side], x = add->in[1 - side];
+    const IrNode *bn = &b->nodes[bc];
+    if (bn->op != IR_OP_BROADCAST || bn->type.dtype != dt || !ir_type_same_shape(&bn->type, &add->type)) continue;
+    /* the matmul, seen through reshapes (same bytes, row-major) */
+    int nr = 0, ok = 1;
+    while (b->nodes[x].op == IR_OP_RESHAPE && b->nodes[x].nin == 1) {
+      if (nr == PLAN_EPILOGUE_MAX_RESHAPES || b->nodes[x].type.dtype != dt) { ok = 0; break; }
+      e->reshape[nr++] = x;
+      x = b->nodes[x].in[0];
+    }
+    const IrNode *mm = &b->nodes[x];
+    if (!ok || mm->op != IR_OP_MATMUL || mm->type.dtype != dt || ir_type_numel(&mm->type) != ir_type_numel(&add->type))
+      continue;
+    /* reshapes were collected add-side first: store them ascending */
+    for (int i = 0; i < nr / 2; i++) { int t = e->reshape[i]; e->reshape[i] = e->reshape[nr - 1 - i]; e->reshape[nr - 1 - i] = t; }
+    e->matmul = x;
+    e->bias = bc;
+    e->add = a;
+    e->nreshape = nr;
+    return 1;
+  }
+  memset(e, 0, sizeof *e);
+  return 0;
+}
+
+int plan_epilogue_members(const PlanEpilogue *e, int *mem) {
+  int n = 0;
+  mem[n++] = e->matmul;
+  for (int i = 0; i < e->nreshape; i++) mem[n++] = e->reshape[i];
+  mem[n++] = e->bias;
+  mem[n++] = e->add;
+  /* ascending (the broadcast may stand anywhere before the add) */
+  for (int a = 1; a < n; a++)
+    for (int c = a; c > 0 && mem[c - 1] > mem[c]; c--) { int t = mem[c]; mem[c] = mem[c - 1]; mem[c - 1] = t; }
+  return n;
+}
+
+/* ---- AdamW runs ---- */
+
+/* Can the generated multi-tensor AdamW take node i (node-level facts; the
+ * executor also checks the states)? */
+static int adamw_ok(const IrBlock *b, const IrNode *n) {
+  if (n->op != IR_OP_ADAMW || n->nin != 2) return 0;
+  const IrNode *coef = &b->nodes[n->in[0]], *gr = &b->nodes[n->in[1]];
+  return (gr->type.dtype == IR_F32 || gr->type.dtype == IR_F64) && ir_dtype_is_float(coef->type.dtype) &&
+         ir_type_numel(&coef->type) == 1;
+}
+
+/* Same dtypes and the same b1, b2, eps (baked into the kernel as
+ * constants; lr, the bias corrections and wd come per tensor). */
+static int adamw_same_key(const IrBlock *b, const IrNode *x, const IrNode *y) {
+  return b->nodes[x->in[1]].type.dtype == b->nodes[y->in[1]].type.dtype &&
+         b->nodes[x->in[0]].type.dtype == b->nodes[y->in[0]].type.dtype && memcmp(x->fa, y->fa, 3 * sizeof x->fa[0]) == 0;
+}
+
+/* Does node n refer to a state in `written` (a STATE node of it, an
+ * operand that is one, or a state attribute)? */
+static int touches_written(const IrBlock *b, const IrNode *n, const unsigned char *written, int nst) {
+#define W(s) ((s) >= 0 && (s) < nst && written[(s)])
+  if (n->op == IR_OP_STATE && W(n->ia[0])) return 1;
+  for (int k = 0; k < n->nin; k++) {
+    const IrNode *o = &b->nodes[n->in[k]];
+    if (o->op == IR_OP_STATE && W(o->ia[0])) return 1;
+  }
+  for (int s = 0; s < IR_MAX_IATTR; s++)
+    if (ir_op_iattr_is_state(n->op, s) && W(n->ia[s])) return 1;
+#undef W
+  return 0;
+}
+
+int plan_adamw_runs(const IrBlock *b, int *run_at) {
+  int n = b->n, nst = 0, runs = 0;
+  for (int i = 0; i < n; i++) {
+    run_at[i] = -1;
+    const IrNode *nd = &b->nodes[i];
+    for (int s = 0; s < IR_MAX_IATTR; s++)
+      if ((ir_op_iattr_is_state(nd->op, s) || (s == 0 && nd->op == IR_OP_STATE)) && nd->ia[s] >= nst)
+        nst = (int)nd->ia[s] + 1;
+  }
+  unsigned char *written = ts_xcalloc((size_t)(nst ? nst : 1), 1);
+  int first = -1, last = -1;   /* the open run: its first and last adamw */
+#define CLOSE()                                                              do {                                                                         if (first >= 0) {                                                            for (int j = first; j <= last; j++)                                          if (run_at[j] == -2) run_at[j] = last;                                   memset(written, 0, (size_t)(nst ? nst : 1));                               runs++;                                                                  }                                                                          first = last = -1;                                                       } while (0)
+  for (int i = 0; i < n; i++) {
+    const IrNode *nd = &b->nodes[i];
+    if (adamw_ok(b, nd)) {
+      if (first >= 0 && (!adamw_same_key(b, nd, &b->nodes[first]) || touches_written(b, nd, written, nst))) CLOSE();
+      if (first < 0) first = i;
+      last = i;
+      run_at[i] = -2;   /* in the open run */
+      for (int s = 0; s < 3; s++)
+        if (nd->ia[s] >= 0 && nd->ia[s] < nst) written[nd->ia[s]] = 1;
+      continue;
+    }
+    /* Between two adamws of a run, the launch happens later than the
+     * original order says: nothing may write state there (an operand
+     * could be a state read in place), nor read what the run wrote. */
+    if (first >= 0 && ((ir_ops[nd->op].flags & OPF_EFFECT) || touches_written(b, nd, written, nst))) CLOSE();
+  }
+  CLOSE();
+#undef CLOSE
+  free(written);
+  return runs;
+}

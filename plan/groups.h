@@ -1,0 +1,40 @@
+/* groups.h - which nodes of a block run as one launch: the rules that both
+ * the compiler (passes/fuse.c forms fusion groups by them; plan/memplan.c
+ * plans buffers by them) and the executor (runtime/exec: which kernel runs
+ * each node) use.  Pure functions of the IR: nothing here changes it.
+ *
+ *   - a node the code generator may run as a generated kernel, alone or in
+ *     a fusion group (IrNode.group);
+ *   - a GEMM bias epilogue: one BLAS call with beta = 1 into the add's
+ *     buffer pre-filled with the broadcast bias;
+ *   - a run of adamw nodes updated by ONE multi-tensor launch. */
+#ifndef TS_PLAN_GROUPS_H
+#define TS_PLAN_GROUPS_H
+#include "ir/ir.h"
+
+/* Whether node i of b may be run as a generated kernel (in a group or
+ * alone): cg_op_lowerable, and not a node whose kernel would need the
+ * rank's mesh offsets (causal mask on split dims, dropout on a split dim,
+ * row op on a split last dim). */
+int plan_kernel_node_ok(const IrModule *m, const IrBlock *b, int i);
+
+/* A GEMM bias epilogue: add = matmul (seen through up to
+ * PLAN_EPILOGUE_MAX_RESHAPES reshapes, ascending) + broadcast bias, either
+ * operand order, all one float dtype.  plan_epilogue_match: whether node a
+ * is the add of one (structure only; 1 and *e filled, or 0);
+ * plan_epilogue_members: its nodes, ascending, into mem (returns the
+ * count, at most PLAN_EPILOGUE_MAX_RESHAPES + 3). */
+#define PLAN_EPILOGUE_MAX_RESHAPES 4
+typedef struct { int matmul, bias, add, nreshape, reshape[PLAN_EPILOGUE_MAX_RESHAPES]; } PlanEpilogue;
+int plan_epilogue_match(const IrBlock *b, int a, PlanEpilogue *e);
+int plan_epilogue_members(const PlanEpilogue *e, int *mem);
+
+/* AdamW as one launch: the runs of adamw nodes of b that the executor
+ * updates in ONE multi-tensor launch (same dtypes, b1, b2, eps; no node
+ * between two of them writes state or reads a state an earlier one
+ * wrote).  run_at[i] (b->n entries) = the position of the launch (the
+ * run's last adamw) for every adamw in a run, -1 for other nodes.
+ * Returns the number of runs. */
+int plan_adamw_runs(const IrBlock *b, int *run_at);
+
+#endif
