@@ -48,7 +48,7 @@
  */
 #ifndef TS_CG_KIR_H
 #define TS_CG_KIR_H
-#include "../ir/ir.h"
+#include "ir/ir.h"
 
 typedef enum { CG_VOID, CG_I1, CG_I32, CG_I64, CG_F32, CG_F64, CG_TYPE_COUNT } CgType;
 const char *cg_type_name(CgType t);             /* "f32" ... */

@@ -1,4 +1,4 @@
-/* nvrtc.c - NVRTC, loaded with dlopen on first use (cuda.h): a CUDA module
+/* nvrtc.c - NVRTC, loaded on first use by ir/dl.h (cuda.h): a CUDA module
  * compiled to PTX and to a cubin for sm_80 or sm_90, with ptxas' verbose
  * report parsed per kernel.  Works without a GPU or a driver (FACTS.md):
  * this is how every kernel is checked on our machines.
@@ -10,15 +10,12 @@
  * -Xptxas -v for the resource report.  PTX comes from a compile for the
  * virtual arch (compute_80), the cubin from one for the real arch. */
 #include "cuda.h"
-#include <dlfcn.h>
+#include "ir/dl.h"
 #include <stdlib.h>
 
 typedef int NvResult;   /* nvrtcResult: 0 = NVRTC_SUCCESS */
 typedef struct NvProg *NvProgram;
-static struct {
-  int tried;
-  void *h;
-  char why[256];
+typedef struct {
   NvResult (*create)(NvProgram *, const char *, const char *, int, const char *const *, const char *const *);
   NvResult (*compile)(NvProgram, int, const char *const *);
   NvResult (*log_size)(NvProgram, size_t *);
@@ -29,37 +26,36 @@ static struct {
   NvResult (*cubin)(NvProgram, char *);
   NvResult (*destroy)(NvProgram *);
   const char *(*errstr)(NvResult);
-} nv;
+} NvLib;
+static NvLib nv;
+static struct { int tried; void *h; char why[300]; } nv_lib;
+
+static const TsDlSym nv_syms[] = {
+  TS_DL_SYM(NvLib, create, "nvrtcCreateProgram"),     TS_DL_SYM(NvLib, compile, "nvrtcCompileProgram"),
+  TS_DL_SYM(NvLib, log_size, "nvrtcGetProgramLogSize"), TS_DL_SYM(NvLib, log, "nvrtcGetProgramLog"),
+  TS_DL_SYM(NvLib, ptx_size, "nvrtcGetPTXSize"),      TS_DL_SYM(NvLib, ptx, "nvrtcGetPTX"),
+  TS_DL_SYM(NvLib, cubin_size, "nvrtcGetCUBINSize"),  TS_DL_SYM(NvLib, cubin, "nvrtcGetCUBIN"),
+  TS_DL_SYM(NvLib, destroy, "nvrtcDestroyProgram"),   TS_DL_SYM(NvLib, errstr, "nvrtcGetErrorString"),
+};
 
 static int load(void) {
-  if (nv.tried) return nv.h ? 0 : -1;
-  nv.tried = 1;
-  static const char *const names[] = {"libnvrtc.so.13", "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so.13",
-                                      "/usr/local/cuda/lib64/libnvrtc.so"};
-  for (size_t i = 0; i < sizeof names / sizeof *names && !nv.h; i++) nv.h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-  if (!nv.h) {
-    snprintf(nv.why, sizeof nv.why, "NVRTC was not found (libnvrtc.so.13; is the CUDA toolkit installed?)");
-    return -1;
-  }
-#define SYM(f, s) if (!(*(void **)&nv.f = dlsym(nv.h, s))) { \
-    snprintf(nv.why, sizeof nv.why, "NVRTC has no %s (too old?)", s); dlclose(nv.h); nv.h = NULL; return -1; }
-  SYM(create, "nvrtcCreateProgram");
-  SYM(compile, "nvrtcCompileProgram");
-  SYM(log_size, "nvrtcGetProgramLogSize");
-  SYM(log, "nvrtcGetProgramLog");
-  SYM(ptx_size, "nvrtcGetPTXSize");
-  SYM(ptx, "nvrtcGetPTX");
-  SYM(cubin_size, "nvrtcGetCUBINSize");
-  SYM(cubin, "nvrtcGetCUBIN");
-  SYM(destroy, "nvrtcDestroyProgram");
-  SYM(errstr, "nvrtcGetErrorString");
-#undef SYM
-  return 0;
+  if (nv_lib.tried) return nv_lib.h ? 0 : -1;
+  nv_lib.tried = 1;
+  static const char *const files[] = {"libnvrtc.so.13", "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so.13",
+                                      "/usr/local/cuda/lib64/libnvrtc.so", NULL};
+  char detail[256];
+  TsDlStatus st;
+  nv_lib.h = ts_dl_load(files, nv_syms, (int)(sizeof nv_syms / sizeof nv_syms[0]), &nv, NULL, &st, detail,
+                        sizeof detail);
+  if (nv_lib.h) return 0;
+  if (st == TS_DL_NO_SYMBOL) snprintf(nv_lib.why, sizeof nv_lib.why, "NVRTC has no %s (too old?)", detail);
+  else snprintf(nv_lib.why, sizeof nv_lib.why, "NVRTC was not found (libnvrtc.so.13; is the CUDA toolkit installed?)");
+  return -1;
 }
 
 int cg_nvrtc_available(char *why, size_t whylen) {
   if (load() == 0) return 1;
-  snprintf(why, whylen, "%s", nv.why);
+  snprintf(why, whylen, "%s", nv_lib.why);
   return 0;
 }
 
@@ -167,7 +163,7 @@ int cg_nvrtc_compile(const char *src, const char *arch, CgNvrtcOut *out, char *e
   memset(out, 0, sizeof *out);
   if (strcmp(arch, "sm_80") != 0 && strcmp(arch, "sm_90") != 0)
     return ts_errf(err, errlen, "unsupported CUDA target '%s' (supported: sm_80, sm_90)", arch);
-  if (load() != 0) return ts_errf(err, errlen, "%s", nv.why);
+  if (load() != 0) return ts_errf(err, errlen, "%s", nv_lib.why);
   char virt[16];
   snprintf(virt, sizeof virt, "compute_%s", arch + 3);
   char *log1 = NULL;

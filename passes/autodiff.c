@@ -436,7 +436,7 @@ static void ad_GMM_DW(Ad *a, int i, int dy) {
 
 static const AdFn ad_fns[IR_OP_COUNT] = {
 #define X(name, text, nin, ia, fa, flags, doc) [IR_OP_##name] = ad_##name,
-#include "../ir/ops.def"
+#include "ir/ops.def"
 #undef X
 };
 

@@ -23,10 +23,10 @@
 #include "passes/passes.h"
 #include "passes/memreport.h"
 #include "passes/pipe.h"
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 #include "plan/plan.h"
-#include "runtime/train.h"
-#include "runtime/dev_prog.h"
+#include "runtime/exec/train.h"
+#include "runtime/exec/dev_prog.h"
 #include <errno.h>
 #include <limits.h>
 #include <math.h>

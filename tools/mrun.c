@@ -38,11 +38,11 @@
  * FAILs, the device cannot be opened, or there is no GPU driver or device
  * (then one line says so: nothing was tested). */
 #include "plan/plan.h"
-#include "runtime/train.h"
-#include "runtime/comm.h"
-#include "runtime/device.h"
-#include "runtime/dev_prog.h"
-#include "runtime/selftest.h"
+#include "runtime/exec/train.h"
+#include "runtime/comm/comm.h"
+#include "runtime/device/device.h"
+#include "runtime/exec/dev_prog.h"
+#include "runtime/exec/selftest.h"
 #include "passes/passes.h"
 #include <errno.h>
 #include <limits.h>

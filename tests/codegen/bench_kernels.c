@@ -5,7 +5,7 @@
  * once and every output written once (what a fused kernel should move);
  * the reference moves more (its intermediates), which is the point. */
 #include "codegen/cg.h"
-#include "runtime/rt.h"
+#include "runtime/exec/rt.h"
 #include <math.h>
 #include <time.h>
 

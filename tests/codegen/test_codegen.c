@@ -10,7 +10,7 @@
  * (golden text), the verifier's and the lowering's errors, and that the
  * JIT emits vector code for the host (AVX when the CPU has it). */
 #include "codegen/cg.h"
-#include "runtime/rt.h"
+#include "runtime/exec/rt.h"
 #include <dlfcn.h>
 #include <math.h>
 #include <unistd.h>

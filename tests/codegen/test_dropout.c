@@ -14,7 +14,7 @@
  * Plus: p = 0, the kernel text names its params, and the
  * lowering refuses a split dropout and p outside [0, 1]. */
 #include "codegen/cg.h"
-#include "runtime/rt.h"
+#include "runtime/exec/rt.h"
 #include <dlfcn.h>
 #include <math.h>
 #include <unistd.h>

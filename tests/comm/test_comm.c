@@ -16,7 +16,7 @@
  *   mesh         pure mesh arithmetic (no MPI call beyond init).
  * The inputs are small multiples of 1/4, exact in f32, so sums are exact
  * whatever order MPI adds them in and the checks can ask for equality. */
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 #include <signal.h>
 #include <unistd.h>
 

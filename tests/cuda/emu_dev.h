@@ -3,7 +3,7 @@
  * emu_host.c (see emu_host.h for the definitions it needs). */
 #ifndef TS_EMU_DEV_H
 #define TS_EMU_DEV_H
-#include "runtime/device.h"
+#include "runtime/device/device.h"
 
 /* A new emulated device (close with d->ops->close(d)). */
 RtDev *ts_emu_dev_open(void);

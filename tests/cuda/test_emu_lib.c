@@ -28,8 +28,8 @@
  *                         kernel within limits (no spills, no stack,
  *                         shared memory <= 48 KiB)
  */
-#include "runtime/rt.h"
-#include "runtime/dev_prog.h"
+#include "runtime/exec/rt.h"
+#include "runtime/exec/dev_prog.h"
 #include "emu_dev.h"
 #include <math.h>
 #include <stdarg.h>

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
-#include "runtime/dev_cuda_priv.h"
+#include "runtime/device/dev_cuda_priv.h"
 
 #define SAME(ours, theirs) _Static_assert((long long)(ours) == (long long)(theirs), #ours " != " #theirs)
 

@@ -1,6 +1,6 @@
 /* test_cuda_dev_nccl - NCCL groups on a device's comm stream
- * (runtime/comm_nccl.c: rt_comm_nccl_bind, rt_comm_nccl_wait,
- * rt_nccl_all_to_all_v), under mpirun (tests/comm/run_mpi.sh) with fakes
+ * (runtime/comm/comm_nccl.c: rt_comm_nccl_bind, rt_comm_nccl_wait,
+ * all_to_all_v on a NCCL group), under mpirun (tests/comm/run_mpi.sh) with fakes
  * for everything below: the CUDA driver (TS_CUDA_DRIVER: fake_cuda.c), the
  * CUDA runtime and NCCL (LD_LIBRARY_PATH: fake_cudart.c as libcudart.so,
  * fake_nccl.c as libnccl.so.2, which carries NCCL's operations out over
@@ -12,14 +12,10 @@
  * does); all_reduce and the variable-count all-to-all (counts with zeros,
  * displacements with gaps) give the values computed locally; refusals.
  * Exit 0 iff every check on every rank passed. */
-#include "runtime/comm.h"
-#include "runtime/device.h"
+#include "runtime/comm/comm.h"
+#include "runtime/device/device.h"
 #include <dlfcn.h>
 
-int rt_comm_nccl_bind(RtComm *c, RtDev *dev, char *err, size_t errlen);
-int rt_comm_nccl_wait(RtComm *c, char *err, size_t errlen);
-int rt_nccl_all_to_all_v(RtComm *c, IrDtype dt, const void *send, const int *scount, const int *sdispl, void *recv,
-                         const int *rcount, const int *rdispl, char *err, size_t errlen);
 
 static int fails, checks, rank;
 #define CHECK(c, ...)                                                  \
@@ -87,7 +83,7 @@ static void all_to_all_v(RtComm *n, RtDev *d, IrDtype dt) {
   OK(d->ops->h2d(d, ds, hs, (size_t)ns * es, RT_STREAM_COMM, err, sizeof err));
   OK(d->ops->h2d(d, dr, hr, (size_t)nr * es, RT_STREAM_COMM, err, sizeof err));
   OK(d->ops->sync(d, RT_STREAM_COMM, err, sizeof err));
-  OK(rt_nccl_all_to_all_v(n, dt, ds, sc, sd, dr, rc, rd, err, sizeof err));
+  OK(rt_comm_all_to_all_v(n, dt, ds, sc, sd, dr, rc, rd, err, sizeof err));
   /* the executor's pattern: compute waits for the comm stream through an event */
   OK(d->ops->event_record(d, 0, RT_STREAM_COMM, err, sizeof err));
   OK(d->ops->stream_wait(d, RT_STREAM_COMPUTE, 0, err, sizeof err));
@@ -135,7 +131,7 @@ int main(int argc, char **argv) {
     CHECK(own && own != comm && queries() > q0 && last_queried() == own,
           "an unbound group: stream %p (device's %p), %ld waits", own, comm, queries() - q0);
     /* bound: the device's comm stream, not waited for */
-    OK(rt_comm_nccl_bind(n, d, err, sizeof err));
+    OK(rt_comm_nccl_bind(n, comm, d->ordinal, err, sizeof err));
     q0 = queries();
     OK(rt_comm_all_reduce(n, IR_F64, buf, 4, err, sizeof err));
     CHECK(last_stream() == comm && queries() == q0, "a bound group: stream %p (device's %p), %ld waits",
@@ -153,16 +149,17 @@ int main(int argc, char **argv) {
       CHECK(x[i] == want, "all_reduce twice [%d]: %g, want %g", i, x[i], want);
     }
     /* refusals */
-    CHECK(rt_comm_nccl_bind(n, d1, err, sizeof err) == -1 && strstr(err, "runs on GPU 0 but the device is GPU 1"),
+    CHECK(rt_comm_nccl_bind(n, d1->ops->stream_handle(d1, RT_STREAM_COMM), d1->ordinal, err, sizeof err) == -1 &&
+              strstr(err, "runs on GPU 0 but the stream is on GPU 1"),
           "bound to another GPU: %s", err);
-    CHECK(rt_comm_nccl_bind(w, d, err, sizeof err) == -1 && strstr(err, "not a NCCL group"), "an MPI group bound: %s",
-          err);
+    CHECK(rt_comm_nccl_bind(w, comm, d->ordinal, err, sizeof err) == -1 && strstr(err, "not a NCCL group"),
+          "an MPI group bound: %s", err);
     int bad[16], zero[16] = {0};
     for (int j = 0; j < 16; j++) bad[j] = j == 0 ? -1 : 0;
-    CHECK(rt_nccl_all_to_all_v(n, IR_F32, buf, bad, zero, buf, zero, zero, err, sizeof err) == -1 &&
+    CHECK(rt_comm_all_to_all_v(n, IR_F32, buf, bad, zero, buf, zero, zero, err, sizeof err) == -1 &&
           strstr(err, "peer 0 has count -1"), "a negative count: %s", err);
     /* unbound again: its own stream */
-    OK(rt_comm_nccl_bind(n, NULL, err, sizeof err));
+    OK(rt_comm_nccl_bind(n, NULL, 0, err, sizeof err));
     OK(rt_comm_all_reduce(n, IR_F64, buf, 4, err, sizeof err));
     CHECK(last_stream() == own, "unbound again: stream %p, own %p", last_stream(), own);
     d->ops->free(d, buf);

@@ -23,10 +23,10 @@
  * within TOL (relative), kernels were launched through the emulator, NCCL
  * was handed the device's comm stream, block micro was replayed as a CUDA
  * graph with its collectives (layouts without pp and ep). */
-#include "runtime/comm.h"
-#include "runtime/device.h"
-#include "runtime/dev_prog.h"
-#include "runtime/train.h"
+#include "runtime/comm/comm.h"
+#include "runtime/device/device.h"
+#include "runtime/exec/dev_prog.h"
+#include "runtime/exec/train.h"
 #include "emu_host.h"
 #include <dlfcn.h>
 #include <math.h>

@@ -25,7 +25,7 @@
  * warp and longer than the block. */
 #include "codegen/cg.h"
 #include "codegen/cuda.h"
-#include "runtime/rt.h"
+#include "runtime/exec/rt.h"
 #include <math.h>
 #ifdef TS_EMU_HEADER
 #include "emu_host.h"

@@ -8,8 +8,8 @@
  * the device path did not run (no kernel launches, no GEMMs), or if the
  * block "micro" was not replayed as a captured graph (unless
  * TS_CUDA_GRAPHS=0, which must give no replays). */
-#include "runtime/train.h"
-#include "runtime/rt.h"
+#include "runtime/exec/train.h"
+#include "runtime/exec/rt.h"
 #include "../cuda/emu_dev.h"
 #include <math.h>
 #include <stdio.h>

@@ -18,8 +18,8 @@
 #include "frontend/mdl.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
-#include "runtime/comm.h"
-#include "runtime/rt.h"
+#include "runtime/comm/comm.h"
+#include "runtime/exec/rt.h"
 #include <math.h>
 
 #define STEPS 3

@@ -5,7 +5,7 @@
  * The whole-model equivalences (fused/unfused, ref/llvm on the samples)
  * are equiv.sh. */
 #include "passes/passes.h"
-#include "runtime/rt.h"
+#include "runtime/exec/rt.h"
 #include <math.h>
 
 static int failures;

@@ -17,7 +17,7 @@
 #include "passes/memreport.h"
 #include "passes/passes.h"
 #include "plan/groups.h"
-#include "runtime/rt.h"
+#include "runtime/exec/rt.h"
 #include <math.h>
 
 static int failures;

@@ -15,7 +15,7 @@
 #include "gradcheck.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
-#include "runtime/rt.h"
+#include "runtime/exec/rt.h"
 #include <stdarg.h>
 
 enum { D_NORMAL, D_POS };   /* parameter data: N(0, 1) or U[0.5, 2) */

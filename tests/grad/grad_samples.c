@@ -13,7 +13,7 @@
 #include "gradcheck.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
-#include "runtime/rt.h"
+#include "runtime/exec/rt.h"
 #include <float.h>
 
 #define NCHECK 8

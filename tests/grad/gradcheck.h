@@ -6,7 +6,7 @@
 #ifndef TS_TESTS_GRADCHECK_H
 #define TS_TESTS_GRADCHECK_H
 #include "ir/ir.h"
-#include "runtime/rt.h"
+#include "runtime/exec/rt.h"
 #include <math.h>
 
 #define GC_H 1e-6

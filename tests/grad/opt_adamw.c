@@ -12,7 +12,7 @@
  * structure (states, attrs, verify, text round trip). */
 #include "ir/ir.h"
 #include "passes/passes.h"
-#include "runtime/rt.h"
+#include "runtime/exec/rt.h"
 #include <math.h>
 
 #define NX 6            /* W : f64[2, 3] */

@@ -27,7 +27,7 @@
 #include "frontend/mdl.h"
 #include "ir/ir.h"
 #include "passes/passes.h"
-#include "runtime/rt.h"
+#include "runtime/exec/rt.h"
 
 #define MAX_DEFINES 64
 

@@ -30,9 +30,9 @@
  *       its posted sends, rank 1 never receives them.
  * Exit 0 iff every check passed on every rank. */
 #include "../runtime/rt_test.h"
-#include "runtime/rt_priv.h"
-#include "runtime/comm.h"
-#include "runtime/train.h"
+#include "runtime/exec/rt_priv.h"
+#include "runtime/comm/comm.h"
+#include "runtime/exec/train.h"
 #include <stdarg.h>
 #include <unistd.h>
 

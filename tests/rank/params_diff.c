@@ -4,7 +4,7 @@
  * parameter max |a - b| / max |b|) and the parameter it is in; exit 0 iff
  * both files hold the same parameters and shapes and the difference is
  * <= TOL, 1 otherwise, 2 on bad usage. */
-#include "runtime/train.h"
+#include "runtime/exec/train.h"
 #include <math.h>
 
 int main(int argc, char **argv) {

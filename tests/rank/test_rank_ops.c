@@ -7,7 +7,7 @@
  * is checked against the value computed here from the group's world ranks
  * (rt_mesh_group_ranks), in f32 and f64.  Exit 0 iff every rank passed. */
 #include "../runtime/rt_test.h"
-#include "runtime/comm.h"
+#include "runtime/comm/comm.h"
 
 static char err[1024];
 static int g_rank;

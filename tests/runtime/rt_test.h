@@ -5,7 +5,7 @@
 #ifndef RT_TEST_H
 #define RT_TEST_H
 #include "ir/ir.h"
-#include "runtime/rt.h"
+#include "runtime/exec/rt.h"
 #include <math.h>
 
 static int g_fails, g_checks;

@@ -7,7 +7,7 @@
  * and (given its path as argv[1]) the mrun binary. */
 #include "rt_test.h"
 #include "passes/passes.h"
-#include "runtime/train.h"
+#include "runtime/exec/train.h"
 #include <sys/stat.h>
 
 static char err[2048];

@@ -10,7 +10,7 @@
  * bit on 3 threads, with layout ops (merged dims, tiles) against direct
  * index arithmetic at those sizes. */
 #include "rt_test.h"
-#include "runtime/par.h"
+#include "runtime/cpu/par.h"
 
 #define NT 2
 static const IrDtype DTS[NT] = {IR_F32, IR_F64};

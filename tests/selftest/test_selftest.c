@@ -13,8 +13,8 @@
  *                         counted, layernorm still passes (run with
  *                         TS_SELFTEST_ONLY=softmax,matmul,layernorm)
  * The table goes to stdout as well. */
-#include "runtime/selftest.h"
-#include "runtime/device.h"
+#include "runtime/exec/selftest.h"
+#include "runtime/device/device.h"
 #include "../cuda/emu_dev.h"
 #include <stdio.h>
 #include <stdlib.h>

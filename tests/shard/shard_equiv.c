@@ -18,9 +18,9 @@
  * This tests passes/shard.c alone: no optimizer, no trainer, no mrun. */
 #include "frontend/mdl.h"
 #include "passes/passes.h"
-#include "runtime/comm.h"
-#include "runtime/rt.h"
-#include "runtime/rt_priv.h"
+#include "runtime/comm/comm.h"
+#include "runtime/exec/rt.h"
+#include "runtime/exec/rt_priv.h"
 #include <math.h>
 
 static IrModule *compile(const char *file, int tp, int sp, int cp, int ep, const MdlDefine *defs, int nd) {
@@ -169,7 +169,7 @@ int main(int argc, char **argv) {
       int64_t rem = e, g = 0, stride = 1, idx[IR_MAX_RANK];
       for (int d = lt->rank - 1; d >= 0; d--) { idx[d] = rem % lt->dim[d]; rem /= lt->dim[d]; }
       for (int d = lt->rank - 1; d >= 0; d--) {
-        g += rt_global_index(ps, in_node->sh.split[d], lt->dim[d], idx[d]) * stride;
+        g += rt_global_index(rt_program_rank(ps), in_node->sh.split[d], lt->dim[d], idx[d]) * stride;
         stride *= gt->dim[d];
       }
       ltok[e] = tok[g];

@@ -1,0 +1,170 @@
+/* kernels.h - the CPU kernels: what the executor (runtime/exec) calls to
+ * compute a node on host memory.  One reference kernel per op (ops_ref.c
+ * and the ops_*.c it names), in plain C over f32 / f64 with GEMMs through
+ * BLAS: the oracle every other backend is tested against.  Also the
+ * counter-based random numbers, the global indices of sharded tensors,
+ * and the per-program state of the pipeline and ring kernels.
+ *
+ * May use: ir/, plan/ (the mesh), runtime/comm (the collectives of the
+ * reference kernels).  Never the executor: what a kernel knows of its
+ * program is RtKenv, which the executor fills. */
+#ifndef TS_RT_KERNELS_H
+#define TS_RT_KERNELS_H
+#include "ir/ir.h"
+#include "runtime/comm/comm.h"
+
+/* Per-run facts that ops read: step and micro-batch (dropout masks), lr. */
+typedef struct { int64_t step; int micro; double lr; } RtRunInfo;
+
+typedef struct RtPipe RtPipe;
+typedef struct RtRing RtRing;
+/* What a kernel may know of the program it runs in: its module (the
+ * training seed is m->train.seed), where the rank sits in the mesh
+ * (coordinates, groups), the host state slab (state s at slab + off[s]),
+ * and the state the pipeline and ring kernels keep between nodes (made on
+ * first use; the executor frees them with rt_pipe_free / rt_ring_free). */
+typedef struct RtKenv {
+  const IrModule *m;
+  const RtRank *rank;
+  unsigned char *slab;
+  const size_t *off;
+  RtPipe *pipe;
+  RtRing *ring;
+} RtKenv;
+/* The host bytes of state s (NULL out of range). */
+static inline void *rt_kenv_state(const RtKenv *e, int s) {
+  return s >= 0 && s < e->m->states.n ? e->slab + e->off[s] : NULL;
+}
+
+/* ---- counter-based random numbers (rng.c; formulas in its header) ---- */
+enum { RT_RNG_INIT = 1, RT_RNG_DROPOUT = 2, RT_RNG_DATA = 3 };  /* domain tags */
+uint64_t rt_mix64(uint64_t z);                            /* splitmix64 finalizer */
+uint64_t rt_hash_words(const uint64_t *w, int n);         /* chained mix over words */
+static inline double rt_u01(uint64_t h) { return (double)(h >> 11) * 0x1.0p-53; }  /* [0, 1) */
+uint64_t rt_name_hash(const char *name);                  /* FNV-1a of the name */
+/* The initial value of element i of a parameter (name hash nh) under seed. */
+double rt_init_value(const IrState *s, uint64_t seed, uint64_t nh, int64_t i);
+/* Dropout's uniform draw for element i. */
+double rt_dropout_u(uint64_t seed, int64_t stream, int64_t step, int micro, int64_t i);
+
+/* ---- kernels ----
+ * One call computes one node.  in[k] / it[k] are operand k's data and type
+ * (contiguous, row-major), out / ot the result's (NULL / void for effects).
+ * A kernel returns 0, or -1 after writing a message into err (the executor
+ * prefixes the block and node). */
+typedef struct RtKctx {
+  RtKenv *env;              /* the program the node runs in (kernels.h, RtKenv) */
+  const IrBlock *b;         /* the node's block: operand k is b->nodes[n->in[k]] */
+  const IrNode *n;
+  const RtRunInfo *info;
+  void *out;
+  const IrType *ot;
+  const void *const *in;
+  const IrType *const *it;
+  char *err;
+  size_t errlen;
+} RtKctx;
+typedef int (*RtKernel)(RtKctx *k);
+extern const RtKernel rt_ref_kernels[IR_OP_COUNT];
+/* Routing kernels (ops_route.c), entries of the same table. */
+int ref_TOPK_MASK(RtKctx *k);
+int ref_CAPACITY_MASK(RtKctx *k);
+/* Pipeline kernels (ops_pipe.c), entries of the same table. */
+int ref_SEND(RtKctx *k);
+int ref_RECV(RtKctx *k);
+int ref_STASH(RtKctx *k);
+int ref_UNSTASH(RtKctx *k);
+int ref_GROUP_SUM(RtKctx *k);
+/* A type as text for kernel messages; two slots so one message can show two. */
+const char *rt_tstr(const IrType *t, int slot);
+/* The mesh axis in the node's ia[0]: its size and this rank's group over
+ * it (NULL when the size is 1).  0, or -1 after rt_kfail. */
+int rt_kaxis(RtKctx *k, IrAxis *ax, int *size, RtComm **g);
+/* Sparse mixture-of-experts kernels (ops_moe.c), entries of the same table. */
+int ref_MOE_COUNTS(RtKctx *k);
+int ref_MOE_PERM(RtKctx *k);
+int ref_MOE_UNPERM(RtKctx *k);
+int ref_MOE_GATE_GRAD(RtKctx *k);
+int ref_GMM(RtKctx *k);
+int ref_GMM_DW(RtKctx *k);
+/* Expert-parallel collectives (ops_a2a.c), entries of the same table. */
+int ref_ALL_TO_ALL(RtKctx *k);
+int ref_ALL_TO_ALL_V(RtKctx *k);
+/* Ring attention steps (ops_ring.c) and the ring transfer (ops_a2a.c). */
+int ref_ATTN_ACC(RtKctx *k);
+int ref_ATTN_FINISH(RtKctx *k);
+int ref_ATTN_LSE(RtKctx *k);
+int ref_ATTN_BWD_Q(RtKctx *k);
+int ref_ATTN_BWD_KV(RtKctx *k);
+int ref_RING_SHIFT(RtKctx *k);
+int ref_RING_WAIT(RtKctx *k);
+/* Fused attention kernels (ops_attn.c), entries of the same table. */
+int ref_ATTENTION(RtKctx *k);
+int ref_ATTENTION_BWD(RtKctx *k);
+
+/* Per-program pipeline state (ops_pipe.c): the stash (values kept by
+ * `stash` for the backward block, keyed by chunk, micro batch and slot),
+ * local hand-offs (send to this rank's own coordinate) and the posted
+ * sends with their buffers.  Made on first use in RtKenv.pipe; freed with
+ * rt_pipe_free. */
+void rt_pipe_free(RtPipe *s);
+/* Waits until every send env's program has posted is complete (the peers
+ * received them), against the pp group's deadline, and releases their
+ * buffers.  0, or -1 with a message. */
+int rt_kenv_pipe_wait_sends(RtKenv *env, char *err, size_t errlen);
+/* The end of a training step, before "update" (host memory):
+ * rt_kenv_pipe_wait_sends, then checks that nothing is left over -- a
+ * stashed value no backward block read, or a local hand-off nobody
+ * received -- naming chunk, micro batch and slot (or tag).  Leftovers are
+ * released either way. 0 or -1. */
+int rt_kenv_pipe_end_step(RtKenv *env, char *err, size_t errlen);
+/* ring_shift's posted sends awaiting their ring_wait (ops_a2a.c); made on
+ * first use in RtKenv.ring, freed with rt_ring_free. */
+void rt_ring_free(RtRing *r);
+
+int rt_kfail(RtKctx *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The sharding of operand i's value (all zero in an unsharded module). */
+static inline const IrSharding *rt_kin_sh(const RtKctx *k, int i) { return &k->b->nodes[k->n->in[i]].sh; }
+
+/* ---- global indices of local elements (docs/sharding.md) ----
+ * rt_shard_block: the rank's block index along a dim split by the axes in
+ * `mask` (outer axis major: b = (c_a1 * S_a2 + c_a2) * S_a3 + ...); the
+ * number of blocks (product of the axis sizes) into *nblk if not NULL.
+ * 0 (and 1 block) for mask 0. */
+int64_t rt_shard_block(const RtRank *r, unsigned mask, int64_t *nblk);
+/* Per dim of the local type t under sharding sh: the global offset of the
+ * rank's block (off[d]) and the global (padded) size (gdim[d]). */
+void rt_shard_offsets(const RtRank *r, const IrSharding *sh, const IrType *t,
+                      int64_t off[IR_MAX_RANK], int64_t gdim[IR_MAX_RANK]);
+/* The cp level of a split is a zigzag (causal load balancing, cp_layout.c):
+ * rt_cp_zigzag: whether a dim split by `mask` is laid out so;
+ * rt_global_index: the GLOBAL index of local index j of a dim of local
+ * length L split by the axes in mask (contiguous blocks, outer axis major,
+ * except the zigzag at the cp level);
+ * rt_cp_reorder: x[outer, S*L, inner] between the cp coordinates' blocks
+ * in coordinate order (what an all_gather concatenates) and global order
+ * (to_global 1), or back (0).  L must be even. */
+int rt_cp_zigzag(const RtRank *r, unsigned mask);
+int64_t rt_global_index(const RtRank *r, unsigned mask, int64_t L, int64_t j);
+/* The same as seen by cp coordinate cp_coord (< 0: this rank's): where a
+ * block that rank holds sits (ring attention computes with other ranks'
+ * key blocks). */
+int64_t rt_global_index_at(const RtRank *r, unsigned mask, int64_t L, int64_t j, int cp_coord);
+void rt_cp_reorder(void *dst, const void *src, int64_t outer, int S, int64_t L, int64_t inner, size_t es,
+                   int to_global);
+/* all_to_all_v's two orders of the rows of this rank's experts
+ * (ops_a2a.c): `em` expert-major (the expert layout: for local expert q,
+ * source 0's rows, then source 1's...) and `sm` source-major (what
+ * travels: source s's rows, its experts in order, at the sum of the
+ * earlier sources' totals exp[]).  Calls run(ctx, em_row, sm_row, rows)
+ * for every nonempty run of rows (rcnt i32[S, G]); stops at the first
+ * nonzero return (-1). */
+int rt_a2a_regroup(const int32_t *rcnt, const int64_t *exp, int S, int G,
+                   int (*run)(void *ctx, int64_t em_row, int64_t sm_row, int64_t rows), void *ctx);
+/* All-gather along a middle dim (ops_ref.c): x[outer, L, inner] on each
+ * rank of g -> y[outer, size*L, inner], block q from group rank q.  g NULL
+ * or of size 1: a copy.  dt f32 or f64. */
+int rt_all_gather_dim(RtComm *g, IrDtype dt, const void *x, void *y, int64_t outer, int64_t L,
+                      int64_t inner, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,777 @@
+/* ops_ref.c - the reference kernel of every op in ops.def, for f32 and f64
+ * (i32 where an op moves ids or targets).  The table rt_ref_kernels[] is
+ * built from ops.def with the X-macro, so an op without a kernel
+ * `ref_<NAME>` is a compile error.
+ *
+ * Float kernels are written once in ops_ref_t.h and instantiated for float
+ * and double; each ref_<NAME> checks operand dtypes and sizes against a
+ * small signature, then dispatches on the dtype.  Layout ops (reshape,
+ * permute, slice, pad, concat, broadcast) move elements by size, so they
+ * work for every dtype.  The executor (rt.c) handles INPUT, STATE and
+ * OUTPUT itself; their entries here only exist to keep the table whole.
+ * Sharded modules: kernels whose result depends on where an element sits
+ * in the global tensor (init, dropout, rope, causal_mask, embedding,
+ * take, onehot, pad_fill, ZeRO adamw) read the shardings of their node and
+ * operands and the rank's coordinates (rt_shard_block); the collectives
+ * run on the rank's groups (comm.h).  Unsharded, every offset is 0 and the
+ * results are bit-identical to a single-rank build.
+ * Speed (bench/README.md): the big loops run on the worker pool of par.h,
+ * split so that no result depends on the thread count: elementwise and row
+ * ops by ranges of elements or rows, column sums by columns, sumsq in
+ * fixed blocks; batched small GEMMs one per thread.  Layout ops merge dims
+ * and move whole rows (memcpy) or 32x32 tiles, not single elements.
+ * Assumes: operands are contiguous row-major buffers of their IrType. */
+#include "kernels.h"
+#include "par.h"
+#include <cblas.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+
+#define RT_CAT_(a, b) a##_##b
+#define RT_CAT(a, b) RT_CAT_(a, b)
+
+/* ---- helpers shared by the kernels ---- */
+static inline double rt_ld(const void *p, IrDtype t, int64_t i) {
+  switch (t) {
+  case IR_F32: return ((const float *)p)[i];
+  case IR_F64: return ((const double *)p)[i];
+  case IR_I32: return ((const int32_t *)p)[i];
+  default: return NAN;
+  }
+}
+/* double -> i32 truncating toward zero like a C cast, but defined for
+ * every input: NaN gives 0, out-of-range values saturate. */
+static inline int32_t rt_to_i32(double v) {
+  if (!(v == v)) return 0;
+  if (v >= 2147483647.0) return INT32_MAX;
+  if (v <= -2147483648.0) return INT32_MIN;
+  return (int32_t)v;
+}
+static inline void rt_st(void *p, IrDtype t, int64_t i, double v) {
+  switch (t) {
+  case IR_F32: ((float *)p)[i] = (float)v; break;
+  case IR_F64: ((double *)p)[i] = v; break;
+  case IR_I32: ((int32_t *)p)[i] = rt_to_i32(v); break;
+  default: break;
+  }
+}
+
+/* A type as text for messages; two slots so one message can show two. */
+const char *rt_tstr(const IrType *t, int slot) {
+  static _Thread_local char buf[2][192];
+  return ir_type_str(t, buf[slot & 1], sizeof buf[0]);
+}
+
+/* axis attr (negative counts from the end) -> 0..rank-1, or -1 */
+static int rt_axis(int64_t a, int rank) {
+  if (a < 0) a += rank;
+  return a >= 0 && a < rank ? (int)a : -1;
+}
+
+/* t viewed as [outer, len, inner] around axis ax */
+static void rt_split(const IrType *t, int ax, int64_t *outer, int64_t *len, int64_t *inner) {
+  *outer = 1;
+  *inner = 1;
+  for (int d = 0; d < ax; d++) *outer *= t->dim[d];
+  for (int d = ax + 1; d < t->rank; d++) *inner *= t->dim[d];
+  *len = t->dim[ax];
+}
+
+/* t viewed as [rows, D] with D the last dim (a scalar is one row of 1) */
+static int64_t rt_rows(const IrType *t, int64_t *D) {
+  *D = t->rank ? t->dim[t->rank - 1] : 1;
+  return *D ? ir_type_numel(t) / *D : 0;
+}
+
+/* Numpy broadcasting, right-aligned, from small (dims equal or 1, or
+ * missing on the left) to big: per dim of big, the stride in small (0
+ * where small is broadcast).  -1 if small does not broadcast to big. */
+static int rt_bcast_strides(const IrType *small, const IrType *big, int64_t *str) {
+  if (small->rank > big->rank) return -1;
+  int off = big->rank - small->rank;
+  int64_t s = 1;
+  for (int d = big->rank - 1; d >= 0; d--) {
+    int sd = d - off;
+    if (sd < 0) { str[d] = 0; continue; }
+    if (small->dim[sd] == big->dim[d]) str[d] = small->dim[sd] == 1 ? 0 : s;
+    else if (small->dim[sd] == 1) str[d] = 0;
+    else return -1;
+    s *= small->dim[sd];
+  }
+  return 0;
+}
+
+/* Copies one element of es bytes; the fixed sizes compile to one move
+ * (a variable-size memcpy per element would be a call). */
+static inline void copy_elem(char *dst, const char *src, size_t es) {
+  if (es == 4) memcpy(dst, src, 4);
+  else if (es == 8) memcpy(dst, src, 8);
+  else memcpy(dst, src, es);
+}
+
+static double sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+#define GELU_K 0.7978845608028654   /* sqrt(2 / pi) */
+#define GELU_A 0.044715
+static double gelu_tanh(double x) { return 0.5 * x * (1.0 + tanh(GELU_K * (x + GELU_A * x * x * x))); }
+static double gelu_tanh_grad(double x) {
+  double th = tanh(GELU_K * (x + GELU_A * x * x * x));
+  return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * GELU_K * (1.0 + 3.0 * GELU_A * x * x);
+}
+static double gelu_erf(double x) { return 0.5 * x * (1.0 + erf(x / M_SQRT2)); }
+static double gelu_erf_grad(double x) {
+  return 0.5 * (1.0 + erf(x / M_SQRT2)) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+}
+
+/* Work per pool range: ~32k elements keeps the dispatch (a few us) small
+ * next to the loop. */
+#define RT_EW_GRAIN 32768
+/* sumsq's fixed block (elements per double partial sum) */
+#define RT_SUM_BLOCK 32768
+/* A batched GEMM with M * N * K at most this runs one GEMM per pool thread
+ * (attention's [s, s, d] products), larger ones use BLAS's threads. */
+#define RT_SMALL_GEMM (64.0 * 1024 * 1024)
+/* Per range for kernels bound by memory (copies, column sums, accum): one
+ * core nearly saturates it, so only large tensors split (par.h). */
+#define RT_MEM_GRAIN (1 << 20)
+/* rows of D elements per pool range */
+static inline int64_t rt_row_grain(int64_t D) { return D >= RT_EW_GRAIN ? 1 : RT_EW_GRAIN / (D > 0 ? D : 1); }
+
+/* ---- the float kernels, instantiated twice ---- */
+#define T float
+#define SUF f32
+#define GEMM cblas_sgemm
+#define TEXP expf
+#include "ops_ref_t.h"
+#undef T
+#undef SUF
+#undef GEMM
+#undef TEXP
+#define T double
+#define SUF f64
+#define GEMM cblas_dgemm
+#define TEXP exp
+#include "ops_ref_t.h"
+#undef T
+#undef SUF
+#undef GEMM
+#undef TEXP
+
+int rt_kfail(RtKctx *k, const char *fmt, ...) {
+  if (k->err && k->errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(k->err, k->errlen, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+/* Checks operands against sig (one char per operand) for float type ft:
+ *   'T' dtype ft and as many elements as the result, 't' dtype ft,
+ *   'i' i32, '*' any dtype and as many elements as the result, '?' anything. */
+static int check_sig(RtKctx *k, const char *sig, IrDtype ft) {
+  int64_t n = k->ot && k->ot->dtype != IR_VOID ? ir_type_numel(k->ot) : -1;
+  for (int i = 0; i < k->n->nin && sig[i]; i++) {
+    const IrType *t = k->it[i];
+    char c = sig[i];
+    if ((c == 'T' || c == 't') && t->dtype != ft)
+      return rt_kfail(k, "operand %d is %s, expected %s", i, rt_tstr(t, 0), ir_dtype_name(ft));
+    if (c == 'i' && t->dtype != IR_I32)
+      return rt_kfail(k, "operand %d is %s, expected i32", i, rt_tstr(t, 0));
+    if ((c == 'T' || c == '*') && n >= 0 && ir_type_numel(t) != n)
+      return rt_kfail(k, "operand %d %s does not have the result's %lld elements", i, rt_tstr(t, 0), (long long)n);
+  }
+  return 0;
+}
+
+/* ref_NAME for a float op: check, then run the f32 or f64 instance on the
+ * result dtype. */
+#define FLOAT_OP_PRE(NAME, SIG, PRE)                                                \
+  static int ref_##NAME(RtKctx *k) {                                                \
+    IrDtype ft = k->ot->dtype;                                                      \
+    if (!ir_dtype_is_float(ft)) return rt_kfail(k, "result must be f32 or f64, not %s", ir_dtype_name(ft)); \
+    if (check_sig(k, SIG, ft) != 0 || (PRE)) return -1;                             \
+    return ft == IR_F32 ? k_##NAME##_f32(k) : k_##NAME##_f64(k);                    \
+  }
+#define FLOAT_OP(NAME, SIG) FLOAT_OP_PRE(NAME, SIG, 0)
+/* The row ops normalize over the last dim, which must be whole on every
+ * rank: a split one means the sharding pass left it to us, and each rank
+ * would silently normalize its own block. */
+static int whole_last_dim(RtKctx *k) {
+  const IrType *t = k->it[0];
+  if (t->rank < 1 || !rt_kin_sh(k, 0)->split[t->rank - 1]) return 0;
+  return rt_kfail(k, "the last dim of %s is split across ranks; %s needs it whole (the sharding pass "
+                  "gathers it or lowers the op first)", rt_tstr(t, 0), ir_ops[k->n->op].name);
+}
+#define FLOAT_ROW_OP(NAME, SIG) FLOAT_OP_PRE(NAME, SIG, whole_last_dim(k))
+FLOAT_OP(ADD, "TT")
+FLOAT_OP(SUB, "TT")
+FLOAT_OP(MUL, "TT")
+FLOAT_OP(DIV, "TT")
+FLOAT_OP(ADDS, "T")
+FLOAT_OP(MULS, "T")
+FLOAT_OP(NEG, "T")
+FLOAT_OP(EXP, "T")
+FLOAT_OP(LOG, "T")
+FLOAT_OP(SQRT, "T")
+FLOAT_OP(RSQRT, "T")
+FLOAT_OP(TANH, "T")
+FLOAT_OP(GELU_TANH, "T")
+FLOAT_OP(GELU_ERF, "T")
+FLOAT_OP(SILU, "T")
+FLOAT_OP(RELU, "T")
+FLOAT_OP(GELU_TANH_BWD, "TT")
+FLOAT_OP(GELU_ERF_BWD, "TT")
+FLOAT_OP(SILU_BWD, "TT")
+FLOAT_OP(RELU_BWD, "TT")
+FLOAT_OP(SUM_TO, "t")
+FLOAT_OP(SUM, "t")
+FLOAT_OP(MEAN, "t")
+FLOAT_OP(MAX, "t")
+FLOAT_OP(SUMSQ, "t")
+FLOAT_OP(MATMUL, "tt")
+FLOAT_ROW_OP(SOFTMAX, "T")
+FLOAT_ROW_OP(SOFTMAX_BWD, "TT")
+FLOAT_ROW_OP(LOG_SOFTMAX, "T")
+FLOAT_ROW_OP(LOG_SOFTMAX_BWD, "TT")
+FLOAT_ROW_OP(LAYERNORM, "T")
+FLOAT_ROW_OP(LAYERNORM_BWD, "TT")
+FLOAT_ROW_OP(RMSNORM, "T")
+FLOAT_ROW_OP(RMSNORM_BWD, "TT")
+FLOAT_OP(EMBEDDING, "ti")
+FLOAT_OP(EMBEDDING_BWD, "it")
+FLOAT_OP(CAUSAL_MASK, "T")
+FLOAT_OP(MASKED_FILL, "T*")
+FLOAT_OP(DROPOUT, "T")
+FLOAT_OP(ROPE, "T")
+FLOAT_ROW_OP(CROSS_ENTROPY, "ti")
+FLOAT_ROW_OP(CROSS_ENTROPY_BWD, "Tit")
+FLOAT_OP(CLIP_COEF, "T")
+#undef FLOAT_OP
+#undef FLOAT_ROW_OP
+#undef FLOAT_OP_PRE
+
+/* ---- leaves: INPUT and STATE are the executor's (they alias memory) ---- */
+static int ref_INPUT(RtKctx *k) { return rt_kfail(k, "internal error: input is run by the executor"); }
+static int ref_STATE(RtKctx *k) { return rt_kfail(k, "internal error: state is run by the executor"); }
+static int ref_OUTPUT(RtKctx *k) { return rt_kfail(k, "internal error: output is run by the executor"); }
+
+static int ref_FULL(RtKctx *k) {
+  int64_t n = ir_type_numel(k->ot);
+  for (int64_t i = 0; i < n; i++) rt_st(k->out, k->ot->dtype, i, k->n->fa[0]);
+  return 0;
+}
+
+/* ---- dtype-generic elementwise: any input dtype, result dtype given ---- */
+static int ref_EQ(RtKctx *k) {
+  if (check_sig(k, "**", IR_VOID) != 0) return -1;
+  int64_t n = ir_type_numel(k->ot);
+  for (int64_t i = 0; i < n; i++)
+    rt_st(k->out, k->ot->dtype, i, rt_ld(k->in[0], k->it[0]->dtype, i) == rt_ld(k->in[1], k->it[1]->dtype, i));
+  return 0;
+}
+static int ref_NE_SCALAR(RtKctx *k) {
+  if (check_sig(k, "*", IR_VOID) != 0) return -1;
+  int64_t n = ir_type_numel(k->ot);
+  for (int64_t i = 0; i < n; i++)
+    rt_st(k->out, k->ot->dtype, i, rt_ld(k->in[0], k->it[0]->dtype, i) != k->n->fa[0]);
+  return 0;
+}
+static int ref_CAST(RtKctx *k) {
+  if (check_sig(k, "*", IR_VOID) != 0) return -1;
+  int64_t n = ir_type_numel(k->ot);
+  for (int64_t i = 0; i < n; i++) rt_st(k->out, k->ot->dtype, i, rt_ld(k->in[0], k->it[0]->dtype, i));
+  return 0;
+}
+
+/* ---- layout: moves elements by size, any dtype ---- */
+static int same_dtype(RtKctx *k) {
+  for (int i = 0; i < k->n->nin; i++)
+    if (k->it[i]->dtype != k->ot->dtype)
+      return rt_kfail(k, "operand %d is %s but the result is %s", i, rt_tstr(k->it[i], 0), rt_tstr(k->ot, 1));
+  return 0;
+}
+
+static int ref_RESHAPE(RtKctx *k) {
+  if (same_dtype(k) != 0 || check_sig(k, "*", IR_VOID) != 0) return -1;
+  /* a copy still: the executor gives every value its own buffer (an alias
+   * would need rt.c to share the operand's buffer and its lifetime) */
+  rt_par_memcpy(k->out, k->in[0], (size_t)ir_type_numel(k->ot) * ir_dtype_size(k->ot->dtype));
+  return 0;
+}
+
+/* y[i] = x[sum_d idx_d(i) * str[d]] for every element i of y (row-major):
+ * the gather that permute (strides of x's dims in y's order) and broadcast
+ * (stride 0 on broadcast dims) both are.  Dims are merged first: y dims d
+ * and d+1 merge when str[d] == str[d+1] * dim[d+1] (contiguous in x, or
+ * both broadcast), and size-1 dims drop, so [b, s, h, d] -> [b, h, s, d]
+ * becomes rows of d contiguous elements and a bias broadcast [C] ->
+ * [B, T, C] rows of C. */
+typedef struct {
+  int r;                             /* merged rank, >= 1 */
+  int64_t dim[IR_MAX_RANK], str[IR_MAX_RANK];
+  size_t es;
+  char *y;
+  const char *x;
+  int64_t ntile;                     /* tiles of 32 along dim r-2 (tiled case) */
+} Gather;
+
+enum { RT_TILE = 32 };
+
+static void gather_init(Gather *g, char *y, const char *x, const IrType *yt, const int64_t *str) {
+  g->r = 0;
+  for (int d = 0; d < yt->rank; d++) {
+    if (yt->dim[d] == 1) continue;
+    if (g->r > 0 && g->str[g->r - 1] == str[d] * yt->dim[d]) {
+      g->dim[g->r - 1] *= yt->dim[d];
+      g->str[g->r - 1] = str[d];
+      continue;
+    }
+    g->dim[g->r] = yt->dim[d];
+    g->str[g->r] = str[d];
+    g->r++;
+  }
+  if (g->r == 0) { g->dim[0] = 1; g->str[0] = 0; g->r = 1; }
+  g->es = ir_dtype_size(yt->dtype);
+  g->y = y;
+  g->x = x;
+  g->ntile = 0;
+}
+
+/* x offset of the first element of outer index q over dims [0, nd) */
+static int64_t gather_off(const Gather *g, int nd, int64_t q, int64_t *idx) {
+  int64_t off = 0;
+  for (int d = nd - 1; d >= 0; d--) {
+    idx[d] = q % g->dim[d];
+    q /= g->dim[d];
+    off += idx[d] * g->str[d];
+  }
+  return off;
+}
+
+/* Rows [lo, hi) of y (a row = the last merged dim): a memcpy when it is
+ * contiguous in x, a fill when broadcast, else element by element. */
+static void gather_rows(void *jp, int64_t lo, int64_t hi) {
+  const Gather *g = jp;
+  int r = g->r;
+  int64_t L = g->dim[r - 1], sL = g->str[r - 1], idx[IR_MAX_RANK];
+  int64_t off = gather_off(g, r - 1, lo, idx);
+  size_t es = g->es;
+  for (int64_t row = lo; row < hi; row++) {
+    char *y = g->y + (size_t)(row * L) * es;
+    const char *x = g->x + (size_t)off * es;
+    if (sL == 1) memcpy(y, x, (size_t)L * es);
+    else
+      for (int64_t i = 0; i < L; i++) copy_elem(y + (size_t)i * es, x + (size_t)(i * sL) * es, es);
+    for (int d = r - 2; d >= 0; d--) {   /* odometer over the row index */
+      off += g->str[d];
+      if (++idx[d] < g->dim[d]) break;
+      off -= g->str[d] * g->dim[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+/* A transpose: y[o, a, b] = x[off(o) + a + b * sB] (x contiguous along a).
+ * Items [lo, hi) are (o, tile of 32 a's); each copies 32x32 tiles so that
+ * both the rows written and the x lines read stay in cache. */
+static void gather_tiles(void *jp, int64_t lo, int64_t hi) {
+  const Gather *g = jp;
+  int r = g->r;
+  int64_t A = g->dim[r - 2], B = g->dim[r - 1], sB = g->str[r - 1], idx[IR_MAX_RANK];
+  size_t es = g->es;
+  for (int64_t it = lo; it < hi; it++) {
+    int64_t o = it / g->ntile, a0 = (it % g->ntile) * RT_TILE, a1 = a0 + RT_TILE < A ? a0 + RT_TILE : A;
+    int64_t off = gather_off(g, r - 2, o, idx);
+    for (int64_t b0 = 0; b0 < B; b0 += RT_TILE) {
+      int64_t b1 = b0 + RT_TILE < B ? b0 + RT_TILE : B;
+      for (int64_t a = a0; a < a1; a++) {
+        char *y = g->y + (size_t)((o * A + a) * B) * es;
+        const char *x = g->x + (size_t)(off + a) * es;
+        for (int64_t b = b0; b < b1; b++) copy_elem(y + (size_t)b * es, x + (size_t)(b * sB) * es, es);
+      }
+    }
+  }
+}
+
+static void gather_strided(char *y, const char *x, const IrType *yt, const int64_t *str) {
+  Gather g;
+  gather_init(&g, y, x, yt, str);
+  int64_t n = ir_type_numel(yt);
+  if (n == 0) return;
+  int r = g.r;
+  int64_t L = g.dim[r - 1];
+  if (r >= 2 && g.str[r - 2] == 1 && g.str[r - 1] != 1 && g.str[r - 1] != 0) {
+    int64_t A = g.dim[r - 2];
+    g.ntile = (A + RT_TILE - 1) / RT_TILE;
+    int64_t items = n / (A * L) * g.ntile;
+    rt_par_for(items, (RT_MEM_GRAIN + RT_TILE * L - 1) / (RT_TILE * L), gather_tiles, &g);
+    return;
+  }
+  rt_par_for(n / L, (RT_MEM_GRAIN + L - 1) / L, gather_rows, &g);
+}
+
+/* y[i0..] = x[index with y dim d taken from x dim perm[d]] */
+static int ref_PERMUTE(RtKctx *k) {
+  if (same_dtype(k) != 0) return -1;
+  const IrType *xt = k->it[0], *yt = k->ot;
+  int r = xt->rank;
+  if (yt->rank != r) return rt_kfail(k, "rank changes");
+  int64_t xs[IR_MAX_RANK], ps[IR_MAX_RANK];
+  unsigned seen = 0;
+  int64_t s = 1;
+  for (int d = r - 1; d >= 0; d--) { xs[d] = s; s *= xt->dim[d]; }
+  for (int d = 0; d < r; d++) {
+    int64_t q = k->n->ia[d];
+    if (q < 0 || q >= r || (seen & (1u << q)) || yt->dim[d] != xt->dim[q]) return rt_kfail(k, "bad perm");
+    seen |= 1u << q;
+    ps[d] = xs[q];
+  }
+  gather_strided(k->out, k->in[0], yt, ps);
+  return 0;
+}
+
+/* Copies rows of `len` slices: [outer, xl, inner] -> [outer, yl, inner]
+ * taking x's slice starting at xs to y's at ys, cnt along the axis. */
+static void copy_axis(char *y, int64_t yl, int64_t ys, const char *x, int64_t xl, int64_t xs,
+                      int64_t cnt, int64_t outer, int64_t inner, size_t es) {
+  size_t chunk = (size_t)(cnt * inner) * es;
+  for (int64_t o = 0; o < outer; o++)
+    memcpy(y + (size_t)((o * yl + ys) * inner) * es, x + (size_t)((o * xl + xs) * inner) * es, chunk);
+}
+
+static int ref_SLICE(RtKctx *k) {
+  if (same_dtype(k) != 0) return -1;
+  const IrType *xt = k->it[0];
+  int ax = rt_axis(k->n->ia[0], xt->rank);
+  int64_t st = k->n->ia[1], en = k->n->ia[2];
+  if (ax < 0 || st < 0 || en < st || en > xt->dim[ax]) return rt_kfail(k, "bad slice of %s", rt_tstr(xt, 0));
+  int64_t outer, len, inner;
+  rt_split(xt, ax, &outer, &len, &inner);
+  if (ir_type_numel(k->ot) != outer * (en - st) * inner) return rt_kfail(k, "result size does not match the slice");
+  copy_axis(k->out, en - st, 0, k->in[0], len, st, en - st, outer, inner, ir_dtype_size(xt->dtype));
+  return 0;
+}
+
+static int ref_PAD(RtKctx *k) {
+  if (same_dtype(k) != 0) return -1;
+  const IrType *xt = k->it[0];
+  int ax = rt_axis(k->n->ia[0], xt->rank);
+  int64_t bef = k->n->ia[1], aft = k->n->ia[2];
+  if (ax < 0 || bef < 0 || aft < 0) return rt_kfail(k, "bad pad of %s", rt_tstr(xt, 0));
+  int64_t outer, len, inner;
+  rt_split(xt, ax, &outer, &len, &inner);
+  int64_t yl = bef + len + aft;
+  if (ir_type_numel(k->ot) != outer * yl * inner) return rt_kfail(k, "result size does not match the pad");
+  size_t es = ir_dtype_size(xt->dtype);
+  memset(k->out, 0, (size_t)ir_type_numel(k->ot) * es);
+  copy_axis(k->out, yl, bef, k->in[0], len, 0, len, outer, inner, es);
+  return 0;
+}
+
+static int ref_CONCAT(RtKctx *k) {
+  if (same_dtype(k) != 0) return -1;
+  const IrType *yt = k->ot;
+  int ax = rt_axis(k->n->ia[0], yt->rank);
+  if (ax < 0) return rt_kfail(k, "axis out of range");
+  int64_t outer, yl, inner, at = 0;
+  rt_split(yt, ax, &outer, &yl, &inner);
+  size_t es = ir_dtype_size(yt->dtype);
+  for (int i = 0; i < k->n->nin; i++) {
+    const IrType *xt = k->it[i];
+    int64_t xl = xt->rank == yt->rank ? xt->dim[ax] : -1;
+    if (xl < 0 || ir_type_numel(xt) != outer * xl * inner || at + xl > yl)
+      return rt_kfail(k, "operand %d %s does not fit %s", i, rt_tstr(xt, 0), rt_tstr(yt, 1));
+    copy_axis(k->out, yl, at, k->in[i], xl, 0, xl, outer, inner, es);
+    at += xl;
+  }
+  if (at != yl) return rt_kfail(k, "operands do not fill %s", rt_tstr(yt, 0));
+  return 0;
+}
+
+static int ref_BROADCAST(RtKctx *k) {
+  if (same_dtype(k) != 0) return -1;
+  const IrType *xt = k->it[0], *yt = k->ot;
+  int64_t str[IR_MAX_RANK];
+  if (rt_bcast_strides(xt, yt, str) != 0)
+    return rt_kfail(k, "cannot broadcast %s to %s", rt_tstr(xt, 0), rt_tstr(yt, 1));
+  gather_strided(k->out, k->in[0], yt, str);
+  return 0;
+}
+
+/* ---- effects on state ---- */
+static const IrState *kstate(RtKctx *k, int slot) {
+  return &k->env->m->states.a[k->n->ia[slot]];
+}
+
+static int ref_ZERO(RtKctx *k) {
+  const IrState *s = kstate(k, 0);
+  rt_par_memset(rt_kenv_state(k->env, (int)k->n->ia[0]), 0, (size_t)ir_type_numel(&s->type) * ir_dtype_size(s->type.dtype));
+  return 0;
+}
+
+static int ref_ACCUM(RtKctx *k) {
+  const IrState *s = kstate(k, 0);
+  if (!ir_type_same_shape(&s->type, k->it[0]) || !ir_dtype_is_float(s->type.dtype))
+    return rt_kfail(k, "cannot add %s into @%s %s", rt_tstr(k->it[0], 0), s->name, rt_tstr(&s->type, 1));
+  return s->type.dtype == IR_F32 ? k_ACCUM_f32(k) : k_ACCUM_f64(k);
+}
+
+/* m, v (and grad) have the param's type, or (ZeRO) are all one flat chunk
+ * [c] with c * (number of chunks) covering the param. */
+static int ref_ADAMW(RtKctx *k) {
+  const IrState *w = kstate(k, 0), *m = kstate(k, 1);
+  if (!ir_dtype_is_float(w->type.dtype)) return rt_kfail(k, "@%s is not a float tensor", w->name);
+  IrType want = w->type;
+  if (m->sh.flat) {
+    int64_t nb;
+    rt_shard_block(k->env->rank, m->sh.flat, &nb);
+    if (m->type.rank != 1 || m->type.dtype != w->type.dtype || m->type.dim[0] * nb < ir_type_numel(&w->type))
+      return rt_kfail(k, "flat moment @%s %s cannot hold a chunk of @%s %s", m->name, rt_tstr(&m->type, 0),
+                      w->name, rt_tstr(&w->type, 1));
+    want = m->type;
+  }
+  for (int s = 1; s < 3; s++)
+    if (!ir_type_same_shape(&kstate(k, s)->type, &want) || kstate(k, s)->sh.flat != m->sh.flat)
+      return rt_kfail(k, "@%s does not match @%s", kstate(k, s)->name, s == 1 ? w->name : m->name);
+  if (!ir_type_same_shape(k->it[1], &want) || k->it[1]->dtype != w->type.dtype)
+    return rt_kfail(k, "grad %s does not match %s", rt_tstr(k->it[1], 0), rt_tstr(&want, 1));
+  if (ir_type_numel(k->it[0]) != 1) return rt_kfail(k, "the coefficient must be a scalar");
+  return w->type.dtype == IR_F32 ? k_ADAMW_f32(k) : k_ADAMW_f64(k);
+}
+
+static int ref_ASSIGN(RtKctx *k) {
+  const IrState *s = kstate(k, 0);
+  if (!ir_type_same_shape(&s->type, k->it[0]) || s->type.dtype != k->it[0]->dtype)
+    return rt_kfail(k, "cannot assign %s to @%s %s", rt_tstr(k->it[0], 0), s->name, rt_tstr(&s->type, 1));
+  rt_par_memcpy(rt_kenv_state(k->env, (int)k->n->ia[0]), k->in[0],
+                (size_t)ir_type_numel(&s->type) * ir_dtype_size(s->type.dtype));
+  return 0;
+}
+
+/* ---- sharding ops (docs/sharding.md).  Collectives run over the rank's
+ * group along the node's mesh axis (ia[0]); a group's rank i is coordinate
+ * i on that axis, so "block i" of a dim is coordinate i's.  An axis of
+ * size 1 needs no group: the collective is a copy. ---- */
+
+/* The mesh axis of a sharding op (ia[0]), its size and the group (NULL for
+ * size 1).  -1 with a message when the axis is bad or a group is missing. */
+int rt_kaxis(RtKctx *k, IrAxis *ax, int *size, RtComm **g) {
+  int64_t a = k->n->ia[0];
+  if (a < 0 || a >= IR_AXIS_COUNT) return rt_kfail(k, "mesh axis %lld out of range", (long long)a);
+  *ax = (IrAxis)a;
+  *size = rt_rank_axis_size(k->env->rank, *ax);
+  *g = *size > 1 ? k->env->rank->group[*ax] : NULL;
+  if (*size > 1 && !*g)
+    return rt_kfail(k, "the %s axis has %d ranks but this rank has no %s group (run the plan with mrun --gpus)",
+                    ir_axis_name(*ax), *size, ir_axis_name(*ax));
+  if (*g && rt_comm_size(*g) != *size)
+    return rt_kfail(k, "the %s group has %d ranks, the mesh says %d", ir_axis_name(*ax), rt_comm_size(*g), *size);
+  return 0;
+}
+
+/* Operand 0 viewed as [outer, len, inner] around dim ia[1]. */
+static int kdim(RtKctx *k, int64_t *outer, int64_t *len, int64_t *inner) {
+  int d = rt_axis(k->n->ia[1], k->it[0]->rank);
+  if (d < 0) return rt_kfail(k, "dim %lld out of range for %s", (long long)k->n->ia[1], rt_tstr(k->it[0], 0));
+  rt_split(k->it[0], d, outer, len, inner);
+  return 0;
+}
+
+static int kfloat(RtKctx *k) {
+  if (!ir_dtype_is_float(k->ot->dtype) || same_dtype(k) != 0)
+    return rt_kfail(k, "%s needs f32 or f64 operands, got %s", ir_ops[k->n->op].name, rt_tstr(k->it[0], 0));
+  return 0;
+}
+
+/* x -> sum (red=0) or max (red=1) over the axis' ranks */
+static int ref_ALL_REDUCE(RtKctx *k) {
+  IrAxis ax;
+  int size;
+  RtComm *g;
+  if (kfloat(k) || check_sig(k, "*", IR_VOID) || rt_kaxis(k, &ax, &size, &g)) return -1;
+  if (k->n->ia[1] != 0 && k->n->ia[1] != 1) return rt_kfail(k, "red must be 0 (sum) or 1 (max)");
+  size_t n = (size_t)ir_type_numel(k->ot);
+  memcpy(k->out, k->in[0], n * ir_dtype_size(k->ot->dtype));
+  if (!g) return 0;
+  return k->n->ia[1] ? rt_comm_all_reduce_max(g, k->ot->dtype, k->out, n, k->err, k->errlen)
+                     : rt_comm_all_reduce(g, k->ot->dtype, k->out, n, k->err, k->errlen);
+}
+
+/* x[outer, L, inner] -> y[outer, size*L, inner]: block q of the dim is
+ * group rank q's x.  The comm layer concatenates along the leading dim, so
+ * for outer > 1 the blocks go through a buffer [size][outer, L, inner]. */
+int rt_all_gather_dim(RtComm *g, IrDtype dt, const void *x, void *y, int64_t outer, int64_t L,
+                      int64_t inner, char *err, size_t errlen) {
+  int size = g ? rt_comm_size(g) : 1;
+  size_t es = ir_dtype_size(dt), blk = (size_t)(outer * L * inner);
+  if (!g || size == 1) { memcpy(y, x, blk * es); return 0; }
+  if (outer == 1) return rt_comm_all_gather(g, dt, x, y, blk, err, errlen);
+  char *tmp = ts_xmalloc(blk * (size_t)size * es);
+  int rc = rt_comm_all_gather(g, dt, x, tmp, blk, err, errlen);
+  for (int q = 0; rc == 0 && q < size; q++)
+    copy_axis(y, L * size, q * L, tmp + (size_t)q * blk * es, L, 0, L, outer, inner, es);
+  free(tmp);
+  return rc;
+}
+
+/* A collective along cp on a dim whose cp level is a zigzag (cp_layout.c):
+ * 1 if so, 0 if not, -1 (with a message) when the layout cannot be handled:
+ * an odd block, or the dim also split by an axis inside cp (the local block
+ * would be a piece of a zigzag chunk). */
+static int cp_zigzag_dim(RtKctx *k, IrAxis ax, int size, const IrSharding *sh, int64_t L) {
+  if (ax != IR_AXIS_CP || size <= 1) return 0;
+  int d = rt_axis(k->n->ia[1], k->it[0]->rank);
+  if (sh->split[d] & ((1u << IR_AXIS_EP) | (1u << IR_AXIS_TP)))
+    return rt_kfail(k, "dim %d is also split inside cp: the cp zigzag needs cp innermost here", d);
+  if (L % 2) return rt_kfail(k, "the cp block of dim %d has odd length %lld: causal load balancing needs 2 chunks per rank", d, (long long)L);
+  return 1;
+}
+
+static int ref_ALL_GATHER(RtKctx *k) {
+  IrAxis ax;
+  int size;
+  RtComm *g;
+  int64_t outer, L, inner;
+  if (kfloat(k) || rt_kaxis(k, &ax, &size, &g) || kdim(k, &outer, &L, &inner)) return -1;
+  if (ir_type_numel(k->ot) != outer * L * inner * size) return rt_kfail(k, "result size is not %d times the operand's", size);
+  int zz = cp_zigzag_dim(k, ax, size, rt_kin_sh(k, 0), L);
+  if (zz < 0) return -1;
+  if (!zz || !g) return rt_all_gather_dim(g, k->ot->dtype, k->in[0], k->out, outer, L, inner, k->err, k->errlen);
+  size_t es = ir_dtype_size(k->ot->dtype);
+  char *tmp = ts_xmalloc((size_t)(outer * L * inner * size) * es);   /* coordinate order */
+  int rc = rt_all_gather_dim(g, k->ot->dtype, k->in[0], tmp, outer, L, inner, k->err, k->errlen);
+  if (rc == 0) rt_cp_reorder(k->out, tmp, outer, size, L, inner, es, 1);
+  free(tmp);
+  return rc;
+}
+
+/* x[outer, size*L, inner] -> y[outer, L, inner] = block c (this rank's
+ * coordinate) of the sum over the axis' ranks. */
+static int ref_REDUCE_SCATTER(RtKctx *k) {
+  IrAxis ax;
+  int size;
+  RtComm *g;
+  int64_t outer, len, inner;
+  if (kfloat(k) || rt_kaxis(k, &ax, &size, &g) || kdim(k, &outer, &len, &inner)) return -1;
+  if (len % size) return rt_kfail(k, "dim of %s is not divisible by the %s size %d", rt_tstr(k->it[0], 0), ir_axis_name(ax), size);
+  int64_t L = len / size;
+  size_t es = ir_dtype_size(k->ot->dtype), blk = (size_t)(outer * L * inner);
+  if (ir_type_numel(k->ot) != (int64_t)blk) return rt_kfail(k, "result size is not 1/%d of the operand's", size);
+  if (!g) { memcpy(k->out, k->in[0], blk * es); return 0; }
+  int zz = cp_zigzag_dim(k, ax, size, &k->n->sh, L);
+  if (zz < 0) return -1;
+  const char *x = k->in[0];
+  char *coord = NULL;              /* cp zigzag: the operand in coordinate order */
+  if (zz) {
+    coord = ts_xmalloc(blk * (size_t)size * es);
+    rt_cp_reorder(coord, x, outer, size, L, inner, es, 0);
+    x = coord;
+  }
+  int rc;
+  if (outer == 1) {
+    rc = rt_comm_reduce_scatter(g, k->ot->dtype, x, k->out, blk, k->err, k->errlen);
+  } else {
+    char *tmp = ts_xmalloc(blk * (size_t)size * es);   /* [size][outer, L, inner] */
+    for (int q = 0; q < size; q++) copy_axis(tmp + (size_t)q * blk * es, L, 0, x, len, q * L, L, outer, inner, es);
+    rc = rt_comm_reduce_scatter(g, k->ot->dtype, tmp, k->out, blk, k->err, k->errlen);
+    free(tmp);
+  }
+  free(coord);
+  return rc;
+}
+
+/* x[outer, size*L, inner] -> block c (this rank's coordinate) of dim; any
+ * dtype, no communication. */
+static int ref_SHARD_SLICE(RtKctx *k) {
+  int64_t a = k->n->ia[0], outer, len, inner;
+  if (same_dtype(k) != 0 || kdim(k, &outer, &len, &inner)) return -1;
+  if (a < 0 || a >= IR_AXIS_COUNT) return rt_kfail(k, "mesh axis %lld out of range", (long long)a);
+  int size = rt_rank_axis_size(k->env->rank, (IrAxis)a), c = k->env->rank->coord[a];
+  if (len % size) return rt_kfail(k, "dim of %s is not divisible by the %s size %d", rt_tstr(k->it[0], 0), ir_axis_name((IrAxis)a), size);
+  int64_t L = len / size;
+  if (ir_type_numel(k->ot) != outer * L * inner) return rt_kfail(k, "result size is not 1/%d of the operand's", size);
+  size_t es = ir_dtype_size(k->ot->dtype);
+  int zz = cp_zigzag_dim(k, (IrAxis)a, size, &k->n->sh, L);
+  if (zz < 0) return -1;
+  if (!zz) {
+    copy_axis(k->out, L, 0, k->in[0], len, c * L, L, outer, inner, es);
+  } else {                         /* chunks c and 2*size-1-c (cp_layout.c) */
+    int64_t h = L / 2;
+    copy_axis(k->out, L, 0, k->in[0], len, c * h, h, outer, inner, es);
+    copy_axis(k->out, L, h, k->in[0], len, (2 * size - 1 - c) * h, h, outer, inner, es);
+  }
+  return 0;
+}
+
+/* Checks global index id against [0, Vg) unless it is `ignore`. */
+static int index_ok(RtKctx *k, int32_t id, int64_t pos, int64_t Vg) {
+  if (id == k->n->ia[0] || (id >= 0 && id < Vg)) return 0;
+  return rt_kfail(k, "index %d at position %lld is outside [0, %lld)", id, (long long)pos, (long long)Vg);
+}
+
+/* (x[rows, V], idx[rows] i32) -> y[rows] = x[r, idx[r] - off] where x's last
+ * dim holds global [off, off + V) (its split); 0 outside the block or where
+ * idx == ignore. */
+static int ref_TAKE(RtKctx *k) {
+  const IrType *xt = k->it[0];
+  if (!ir_dtype_is_float(xt->dtype) || xt->rank < 1 || k->it[1]->dtype != IR_I32 || k->ot->dtype != xt->dtype)
+    return rt_kfail(k, "take needs float x[..., V] and i32 indices, got %s and %s", rt_tstr(xt, 0), rt_tstr(k->it[1], 1));
+  int64_t V, rows = rt_rows(xt, &V), nb;
+  if (ir_type_numel(k->it[1]) != rows || ir_type_numel(k->ot) != rows)
+    return rt_kfail(k, "indices %s do not match %s", rt_tstr(k->it[1], 0), rt_tstr(xt, 1));
+  int64_t off = rt_shard_block(k->env->rank, rt_kin_sh(k, 0)->split[xt->rank - 1], &nb) * V;
+  const int32_t *idx = k->in[1];
+  for (int64_t r = 0; r < rows; r++) {
+    if (index_ok(k, idx[r], r, nb * V)) return -1;
+    int64_t j = (int64_t)idx[r] - off;
+    double v = idx[r] != k->n->ia[0] && j >= 0 && j < V ? rt_ld(k->in[0], xt->dtype, r * V + j) : 0.0;
+    rt_st(k->out, xt->dtype, r, v);
+  }
+  return 0;
+}
+
+/* idx[rows] i32 -> y[rows, V]: 1 at global column idx[r] (the result's last
+ * dim holds global [off, off + V)), else 0; a row of 0 where idx == ignore. */
+static int ref_ONEHOT(RtKctx *k) {
+  const IrType *yt = k->ot;
+  if (!ir_dtype_is_float(yt->dtype) || yt->rank < 1 || k->it[0]->dtype != IR_I32)
+    return rt_kfail(k, "onehot needs i32 indices and a float result, got %s -> %s", rt_tstr(k->it[0], 0), rt_tstr(yt, 1));
+  int64_t V, rows = rt_rows(yt, &V), nb;
+  if (ir_type_numel(k->it[0]) != rows) return rt_kfail(k, "indices %s do not match %s", rt_tstr(k->it[0], 0), rt_tstr(yt, 1));
+  int64_t off = rt_shard_block(k->env->rank, k->n->sh.split[yt->rank - 1], &nb) * V;
+  const int32_t *idx = k->in[0];
+  memset(k->out, 0, (size_t)ir_type_numel(yt) * ir_dtype_size(yt->dtype));
+  for (int64_t r = 0; r < rows; r++) {
+    if (index_ok(k, idx[r], r, nb * V)) return -1;
+    int64_t j = (int64_t)idx[r] - off;
+    if (idx[r] != k->n->ia[0] && j >= 0 && j < V) rt_st(k->out, yt->dtype, r * V + j, 1.0);
+  }
+  return 0;
+}
+
+/* x -> x with `fill` where the GLOBAL index along dim (ia[0]) is >= limit
+ * (ia[1]); a split dim starts at the rank's block offset. */
+static int ref_PAD_FILL(RtKctx *k) {
+  if (kfloat(k) || check_sig(k, "*", IR_VOID)) return -1;
+  const IrType *t = k->ot;
+  int d = rt_axis(k->n->ia[0], t->rank);
+  if (d < 0) return rt_kfail(k, "dim %lld out of range for %s", (long long)k->n->ia[0], rt_tstr(t, 0));
+  int64_t outer, len, inner, lim = k->n->ia[1];
+  rt_split(t, d, &outer, &len, &inner);
+  int64_t off = rt_shard_block(k->env->rank, k->n->sh.split[d], NULL) * len;
+  size_t es = ir_dtype_size(t->dtype);
+  memcpy(k->out, k->in[0], (size_t)ir_type_numel(t) * es);
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t l = lim - off > 0 ? lim - off : 0; l < len; l++)
+      for (int64_t i = 0; i < inner; i++) rt_st(k->out, t->dtype, (o * len + l) * inner + i, k->n->fa[0]);
+  return 0;
+}
+
+/* ---- the table: one entry per ops.def row ---- */
+const RtKernel rt_ref_kernels[IR_OP_COUNT] = {
+#define X(name, text, nin, ia, fa, flags, doc) [IR_OP_##name] = ref_##name,
+#include "ir/ops.def"
+#undef X
+};

@@ -1,0 +1,970 @@
+/* rt.c - the reference runtime's program: one rank's IrModule brought to
+ * life.  Every state (parameters, gradients, moments) lives in ONE slab,
+ * each at a 64-byte aligned offset (llm.c's single allocation), initialized
+ * counter-based, so element i of a parameter has the same value whatever
+ * else the module holds and however a later pass shards it:
+ *   u_d(P, i) = U(H(1, seed, fnv1a64(P's name), i, d))     d = draw 0 or 1
+ *   H(w...)   = h = 0x6a09e667f3bcc909; h = splitmix64_mix(h ^ w) per word
+ *   U(h)      = (h >> 11) * 2^-53                          in [0, 1)
+ *   normal(mu, sd)  = mu + sd * sqrt(-2 ln(1 - u_0)) cos(2 pi u_1)
+ *   uniform(a, b)   = a + (b - a) u_0;   zeros / ones: 0 / 1
+ * (rng.c spells out every constant; other states start at zero.)
+ * In a sharded module i is the element's index in the parameter's GLOBAL
+ * logical shape, found from the rank's mesh coordinates (RtRank), so each
+ * rank holds exactly its block of the single-rank initialization.
+ *
+ * Execution (rt_run_block) walks a block's nodes in order.  Every value
+ * lives in ONE activation arena, allocated once per program (the size of
+ * the largest block's plan; blocks run one after another) and reused by
+ * every run: value v of block b sits at the offset the static memory plan
+ * (plan/memplan.h, plan_mem_block_at) gives it, computed once per
+ * block when the program is created, as the backend runs the block.  So
+ * `mcc --report memory` is what a run allocates, and the executor measures
+ * its own use to prove it (rt_program_block_memory; tests/memplan):
+ * independently of the plan it works out where each value dies, and
+ * refuses to run on if a buffer dies anywhere but where the plan said.
+ * INPUT values are copied from the caller's feed into the arena; STATE
+ * values alias the slab; effects write the slab; a RESHAPE run alone
+ * shares its operand's bytes (no copy) as the plan says.  Kernels never
+ * keep a pointer into the arena after they return (a send copies, a stash
+ * copies).  Under AddressSanitizer every byte of the arena that holds no
+ * live value is poisoned, so a reference kernel reading a dead value (or
+ * past the end of a live one) is caught; generated (JIT) code and BLAS are
+ * not instrumented, so their reads are not checked.
+ * Backends (RtExecOpts): with the reference one every node runs its
+ * kernel of ops_ref.c.  With the LLVM one (exec_jit.c) a fusion group runs
+ * as one generated kernel when the walk reaches its last member (the other
+ * members are skipped, and values used only inside the group never get a
+ * buffer); lone lowerable nodes run generated kernels too; everything else
+ * the reference kernels.  A value read by a kernel counts as read at the
+ * kernel's position, which is what the last uses are computed from. */
+#include "rt_priv.h"
+#include "dev_priv.h"
+#include "runtime/comm/comm.h"
+#include "plan/memplan.h"
+#include <math.h>
+#include <stdarg.h>
+#include <time.h>
+
+typedef struct { const char *name; double v; } RtOut;   /* name interned */
+
+/* AddressSanitizer: dead arena bytes are poisoned (see the header). */
+#if defined(__SANITIZE_ADDRESS__)
+#define RT_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RT_ASAN 1
+#endif
+#endif
+#ifdef RT_ASAN
+#include <sanitizer/asan_interface.h>
+#define RT_POISON(q, n) ASAN_POISON_MEMORY_REGION((q), (n))
+#define RT_UNPOISON(q, n) ASAN_UNPOISON_MEMORY_REGION((q), (n))
+#else
+#define RT_POISON(q, n) ((void)(q), (void)(n))
+#define RT_UNPOISON(q, n) ((void)(q), (void)(n))
+#endif
+
+/* One block's memory: where its values live in the arena, where the
+ * executor releases them, and what the runs measured. */
+typedef struct {
+  MemPlan plan;            /* offsets in the arena, as this program's backend runs the block */
+  int *rel_off, *rel_val;  /* after position i the executor releases values
+                              rel_val[rel_off[i] .. rel_off[i+1]) (compute_free_plan) */
+  size_t used;             /* measured: the highest end (offset + size) of a buffer written */
+  size_t live;             /* measured: the most bytes of buffers live at one position */
+  int64_t runs;
+} RtBlockMem;
+
+typedef struct RtDevBlockRun RtDevBlockRun;
+struct RtProgram {
+  const IrModule *m;
+  RtRank rank;              /* mesh coordinates and groups (single rank: all 0) */
+  unsigned char *slab;      /* all states, 64-byte aligned offsets */
+  size_t slab_bytes;
+  size_t *off;              /* per state: byte offset into slab */
+  RtExecOpts opts;
+  RtJit *jit;               /* LLVM backend: compiled kernels and their pool */
+  RtBlockMem *mem;          /* per block */
+  unsigned char *arena;     /* every block's values (the largest plan's peak) */
+  size_t arena_bytes;
+  VEC(RtOut) outs;
+  int profile;              /* TS_RT_PROFILE set: time every op */
+  double op_s[IR_OP_COUNT]; /* seconds spent per op (when profiling) */
+  int64_t op_n[IR_OP_COUNT];
+  RtKenv env;               /* what the kernels see of the program (runtime/cpu/kernels.h): module, rank,
+                               host slab, pipeline state (stashes, posted sends), ring_shift posts */
+  RtDevExec *dx;            /* on a device (RtExecOpts.dev): its plan and module; the arena is device
+                               memory, the slab has a device copy (dslab) the blocks work on */
+  unsigned char *dslab;
+  RtDevBlockRun *dgr;       /* per block: staging buffers, pending outputs, its captured graph */
+};
+
+/* A device program's per-block run state.  Feeds go through host staging
+ * buffers that stay put (a captured graph copies from them when it
+ * replays); outputs come back into host slots read after the block's
+ * final sync.  The block "micro" is captured as a CUDA Graph on its second
+ * run and replayed from then on (docs/cuda.md). */
+struct RtDevBlockRun {
+  void **stage;             /* per node: the INPUT's host staging buffer */
+  double *slot;             /* per node: the OUTPUT's host slot */
+  VEC(int) outs;            /* OUTPUT nodes copied this run, in order */
+  RtDevGraph *graph;
+  int runs;                 /* eager runs so far */
+  int no_graph;             /* never captured: why in the profile line */
+};
+
+static int plan_memory(RtProgram *p, char *err, size_t errlen);
+static void print_memory(const RtProgram *p);
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* With TS_RT_PROFILE in the environment, the time per op, most first, on
+ * stderr when the program is freed: where a step's time goes. */
+static void print_profile(const RtProgram *p) {
+  double total = 0;
+  for (int i = 0; i < IR_OP_COUNT; i++) total += p->op_s[i];
+  unsigned char done[IR_OP_COUNT] = {0};
+  fprintf(stderr, "rt profile: %.3f s in kernels\n", total);
+  for (;;) {
+    int best = -1;
+    for (int i = 0; i < IR_OP_COUNT; i++)
+      if (!done[i] && p->op_n[i] && (best < 0 || p->op_s[i] > p->op_s[best])) best = i;
+    if (best < 0) break;
+    done[best] = 1;
+    fprintf(stderr, "  %-18s %9.3f s %5.1f%% %9lld calls\n", ir_ops[best].name, p->op_s[best],
+            total > 0 ? 100 * p->op_s[best] / total : 0.0, (long long)p->op_n[best]);
+  }
+}
+
+#define RT_ALIGN 64
+static size_t align_up(size_t x) { return (x + RT_ALIGN - 1) & ~(size_t)(RT_ALIGN - 1); }
+
+
+/* ---- the rank in the mesh ---- */
+int rt_rank_gpu_groups(RtRank *r, RtDev *dev, char *err, size_t errlen) {
+  void *stream = dev->ops->stream_handle ? dev->ops->stream_handle(dev, RT_STREAM_COMM) : NULL;
+  if (!stream)
+    return ts_errf(err, errlen, "device %s has no CUDA stream for NCCL (the %s device)", dev->label, dev->ops->name);
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {
+    if (!r->group[a]) continue;
+    char why[1024];
+    if (!(r->dev_group[a] = rt_comm_init_nccl(r->group[a], dev->ordinal, why, sizeof why)) ||
+        rt_comm_nccl_bind(r->dev_group[a], stream, dev->ordinal, why, sizeof why) != 0) {
+      rt_rank_gpu_groups_free(r);
+      return ts_errf(err, errlen, "NCCL for the %s axis on %s: %s", ir_axis_name((IrAxis)a), dev->label, why);
+    }
+  }
+  return 0;
+}
+
+void rt_rank_gpu_groups_free(RtRank *r) {
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {
+    rt_comm_free(r->dev_group[a]);
+    r->dev_group[a] = NULL;
+  }
+}
+
+int rt_program_axis_size(const RtProgram *p, IrAxis a) { return rt_rank_axis_size(&p->rank, a); }
+RtComm *rt_program_group(const RtProgram *p, IrAxis a) { return a < IR_AXIS_COUNT ? p->rank.group[a] : NULL; }
+RtComm *rt_program_dev_group(const RtProgram *p, IrAxis a) { return a < IR_AXIS_COUNT ? p->rank.dev_group[a] : NULL; }
+const RtRank *rt_program_rank(const RtProgram *p) { return &p->rank; }
+RtDevExec *rt_program_dev_exec(RtProgram *p) { return p->dx; }
+RtKenv *rt_program_kenv(RtProgram *p) { return &p->env; }
+
+int rt_pipe_wait_sends(RtProgram *p, char *err, size_t errlen) {
+  return rt_kenv_pipe_wait_sends(&p->env, err, errlen);
+}
+
+int rt_pipe_end_step(RtProgram *p, char *err, size_t errlen) {
+  if (p->dx && !rt_dev_exec_dev(p->dx)->host_memory) return rt_dev_exec_pipe_end(p->dx, err, errlen);   /* on a GPU */
+  return rt_kenv_pipe_end_step(&p->env, err, errlen);
+}
+
+static void store(void *data, IrDtype dt, int64_t i, double v) {
+  switch (dt) {
+  case IR_F32: ((float *)data)[i] = (float)v; break;
+  case IR_F64: ((double *)data)[i] = v; break;
+  case IR_I32: ((int32_t *)data)[i] = (int32_t)v; break;
+  default: break;
+  }
+}
+
+/* Fills parameter s (local type, row-major) from its initializer.  Element
+ * i's value is drawn from its flat index in the LOGICAL global shape (the
+ * model's sizes, before padding for sharding); padding elements are 0.  In
+ * an unsharded, unpadded module that index is i itself. */
+static int init_param(const RtProgram *p, const IrState *s, uint64_t seed, void *data,
+                      char *err, size_t errlen) {
+  const IrType *t = &s->type;
+  int64_t n = ir_type_numel(t);
+  uint64_t nh = rt_name_hash(s->name);
+  if (s->sh.flat || s->sh.partial)
+    return ts_errf(err, errlen, "parameter @%s is %s; a parameter can only be split or replicated",
+                   s->name, s->sh.flat ? "flat (ZeRO)" : "partial");
+  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK], lg[IR_MAX_RANK], idx[IR_MAX_RANK] = {0};
+  rt_shard_offsets(&p->rank, &s->sh, t, off, gdim);
+  int plain = 1;
+  for (int d = 0; d < t->rank; d++) {
+    lg[d] = s->logical[d] > 0 ? s->logical[d] : gdim[d];
+    if (lg[d] > gdim[d])
+      return ts_errf(err, errlen, "parameter @%s: logical size %lld of dim %d exceeds its global size %lld",
+                     s->name, (long long)lg[d], d, (long long)gdim[d]);
+    if (off[d] != 0 || lg[d] != t->dim[d]) plain = 0;
+  }
+  if (plain) {   /* the whole tensor: the global index is the local one */
+    for (int64_t i = 0; i < n; i++) store(data, t->dtype, i, rt_init_value(s, seed, nh, i));
+    return 0;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    int64_t g = 0, pad = 0;
+    for (int d = 0; d < t->rank; d++) {
+      int64_t gd = off[d] + idx[d];
+      pad |= gd >= lg[d];
+      g = g * lg[d] + gd;
+    }
+    store(data, t->dtype, i, pad ? 0.0 : rt_init_value(s, seed, nh, g));
+    for (int d = t->rank - 1; d >= 0; d--) {   /* odometer over the local index */
+      if (++idx[d] < t->dim[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return 0;
+}
+
+/* The default backend: what rt_exec_set_default set, else TS_BACKEND from
+ * the environment ("llvm" or "ref", so that tests written against
+ * rt_program_new can be run on either), else the reference. */
+static RtExecOpts g_exec_default;
+static int g_exec_set;
+void rt_exec_set_default(const RtExecOpts *o) {
+  if (!o) return;
+  g_exec_default = *o;
+  g_exec_set = 1;
+}
+RtExecOpts rt_exec_default(void) {
+  if (!g_exec_set) {
+    const char *e = getenv("TS_BACKEND");
+    RtExecOpts o = {0};
+    if (e && strcmp(e, "llvm") == 0) o.backend = RT_BACKEND_LLVM;
+    return o;
+  }
+  return g_exec_default;
+}
+
+RtProgram *rt_program_new(const IrModule *m, char *err, size_t errlen) {
+  RtRank r = rt_rank_single();
+  RtExecOpts o = rt_exec_default();
+  return rt_program_new_opts(m, &r, &o, err, errlen);
+}
+
+RtProgram *rt_program_new_rank(const IrModule *m, const RtRank *r, char *err, size_t errlen) {
+  RtExecOpts o = rt_exec_default();
+  return rt_program_new_opts(m, r, &o, err, errlen);
+}
+
+void rt_program_exec_stats(const RtProgram *p, RtExecStats *s) {
+  memset(s, 0, sizeof *s);
+  if (p->jit) *s = *rt_jit_stats(p->jit);
+  if (p->dx) rt_dev_exec_comm_stats(p->dx, &s->dev_collectives, &s->dev_overlapped);
+}
+
+/* A program on a device: the device plan and module (exec_dev.c), and
+ * the device copy of the initialized slab.  0 or -1. */
+static int device_setup(RtProgram *p, char *err, size_t errlen) {
+  RtDev *d = p->opts.dev;
+  const MemPlan **plans = ts_xmalloc((size_t)(p->m->blocks.n ? p->m->blocks.n : 1) * sizeof *plans);
+  for (int b = 0; b < p->m->blocks.n; b++) plans[b] = &p->mem[b].plan;
+  p->dx = rt_dev_exec_new(p->m, &p->opts, p->jit, plans, err, errlen);
+  free(plans);
+  if (!p->dx) return -1;
+  void *q = NULL;
+  char why[512];
+  if (d->ops->alloc(d, p->slab_bytes ? p->slab_bytes : RT_ALIGN, &q, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "the %zu-byte state slab on %s: %s", p->slab_bytes, d->label, why);
+  p->dslab = q;
+  p->dgr = ts_xcalloc((size_t)(p->m->blocks.n ? p->m->blocks.n : 1), sizeof *p->dgr);
+  for (int b = 0; b < p->m->blocks.n; b++) {
+    int n = p->m->blocks.a[b].n;
+    p->dgr[b].stage = ts_xcalloc((size_t)(n ? n : 1), sizeof *p->dgr[b].stage);
+    p->dgr[b].slot = ts_xcalloc((size_t)(n ? n : 1), sizeof *p->dgr[b].slot);
+  }
+  if (d->ops->h2d(d, p->dslab, p->slab, p->slab_bytes, RT_STREAM_COMPUTE, why, sizeof why) != 0 ||
+      d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "copying the initial states to %s: %s", d->label, why);
+  return 0;
+}
+
+void *rt_state_dev(RtProgram *p, int s) { return p->dslab ? p->dslab + p->off[s] : rt_state_data(p, s); }
+
+int rt_program_sync_states(RtProgram *p, char *err, size_t errlen) {
+  if (!p->dx) return 0;
+  RtDev *d = p->opts.dev;
+  char why[512];
+  if (d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why) != 0 ||
+      d->ops->d2h(d, p->slab, p->dslab, p->slab_bytes, RT_STREAM_COMPUTE, why, sizeof why) != 0 ||
+      d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "copying the states back from %s: %s", d->label, why);
+  return 0;
+}
+
+RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecOpts *o, char *err, size_t errlen) {
+  RtExecOpts dflt = {0};
+  if (!o) o = &dflt;
+  if (!m) { ts_errf(err, errlen, "rt_program_new: no module"); return NULL; }
+  if (!r) { ts_errf(err, errlen, "rt_program_new_rank: no rank"); return NULL; }
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {
+    int want = ir_axis_size(m, (IrAxis)a), have = rt_rank_axis_size(r, (IrAxis)a);
+    if (want != have) {
+      ts_errf(err, errlen, "the program was compiled for %s=%d but this rank's mesh has %s=%d",
+              ir_axis_name((IrAxis)a), want, ir_axis_name((IrAxis)a), have);
+      return NULL;
+    }
+    if (r->coord[a] < 0 || r->coord[a] >= have) {
+      ts_errf(err, errlen, "rank coordinate %s=%d is outside the mesh (size %d)", ir_axis_name((IrAxis)a),
+              r->coord[a], have);
+      return NULL;
+    }
+  }
+  RtProgram *p = ts_xcalloc(1, sizeof *p);
+  p->m = m;
+  p->rank = *r;
+  p->profile = getenv("TS_RT_PROFILE") != NULL;
+  p->off = ts_xcalloc((size_t)m->states.n + 1, sizeof *p->off);
+  p->opts = *o;
+  p->mem = ts_xcalloc((size_t)m->blocks.n + 1, sizeof *p->mem);
+  size_t total = 0;
+  for (int i = 0; i < m->states.n; i++) {
+    const IrState *s = &m->states.a[i];
+    size_t es = ir_dtype_size(s->type.dtype);
+    int64_t n = ir_type_numel(&s->type);
+    if (es == 0 || n < 0) {
+      ts_errf(err, errlen, "state @%s: unsupported type", s->name);
+      rt_program_free(p);
+      return NULL;
+    }
+    p->off[i] = total;
+    total += align_up((size_t)n * es);
+  }
+  p->slab_bytes = total;
+  void *slab = NULL;
+  if (posix_memalign(&slab, RT_ALIGN, total ? total : RT_ALIGN) != 0) {
+    ts_errf(err, errlen, "out of memory allocating %zu bytes of state", total);
+    rt_program_free(p);
+    return NULL;
+  }
+  p->slab = slab;
+  memset(p->slab, 0, total);
+  p->env = (RtKenv){.m = m, .rank = &p->rank, .slab = p->slab, .off = p->off};
+  for (int i = 0; i < m->states.n; i++) {
+    const IrState *s = &m->states.a[i];
+    if (s->kind == IR_STATE_PARAM && init_param(p, s, m->train.seed, p->slab + p->off[i], err, errlen) != 0) {
+      rt_program_free(p);
+      return NULL;
+    }
+  }
+  if (o->dev) p->opts.backend = RT_BACKEND_LLVM;   /* a device runs the planned kernels */
+  if ((o->backend == RT_BACKEND_LLVM || o->dev) && !(p->jit = rt_jit_new(m, &p->opts, err, errlen))) {
+    rt_program_free(p);
+    return NULL;
+  }
+  if (plan_memory(p, err, errlen) != 0 || (o->dev && device_setup(p, err, errlen) != 0)) {
+    rt_program_free(p);
+    return NULL;
+  }
+  if (p->jit && p->profile) {
+    const RtExecStats *s = rt_jit_stats(p->jit);
+    fprintf(stderr, "rt: llvm backend: %d kernels (%d fused groups, %d distinct compiled, %d groups on the reference) "
+            "in %.3f s, %d from the disk cache, %d threads; %d GEMM bias epilogues, %d AdamW launches for %d "
+            "tensors\n", s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->disk_hits, s->threads,
+            s->epilogues, s->adamw_runs, s->adamw_tensors);
+  }
+  return p;
+}
+
+void rt_program_free(RtProgram *p) {
+  if (!p) return;
+  if (p->profile) print_profile(p);
+  if (getenv("TS_RT_MEMORY")) print_memory(p);
+  for (int b = 0; p->mem && b < p->m->blocks.n; b++) {
+    plan_mem_free(&p->mem[b].plan);
+    free(p->mem[b].rel_off);
+    free(p->mem[b].rel_val);
+  }
+  if (p->opts.dev) {
+    RtDev *d = p->opts.dev;
+    for (int b = 0; p->dgr && b < p->m->blocks.n; b++) {
+      RtDevBlockRun *g = &p->dgr[b];
+      for (int i = 0; g->stage && i < p->m->blocks.a[b].n; i++) free(g->stage[i]);
+      free(g->stage);
+      free(g->slot);
+      free(g->outs.a);
+      if (g->graph) d->ops->graph_free(d, g->graph);
+    }
+    free(p->dgr);
+    if (p->arena) d->ops->free(d, p->arena);
+    if (p->dslab) d->ops->free(d, p->dslab);
+    p->arena = NULL;
+    rt_dev_exec_free(p->dx);
+  }
+  free(p->mem);
+  if (p->arena) RT_UNPOISON(p->arena, p->arena_bytes);
+  free(p->arena);
+  rt_jit_free(p->jit);
+  rt_pipe_free(p->env.pipe);
+  rt_ring_free(p->env.ring);
+  free(p->off);
+  free(p->slab);
+  free(p->outs.a);
+  free(p);
+}
+
+const IrModule *rt_program_module(const RtProgram *p) { return p->m; }
+uint64_t rt_program_seed(const RtProgram *p) { return p->m->train.seed; }
+
+void *rt_state_data(RtProgram *p, int s) {
+  if (s < 0 || s >= p->m->states.n) return NULL;
+  return p->slab + p->off[s];
+}
+
+/* The bytes a value's kernel writes (its buffer is this, rounded up). */
+static size_t value_bytes(const IrNode *n) {
+  return (size_t)ir_type_numel(&n->type) * ir_dtype_size(n->type.dtype);
+}
+
+/* Where each value is released: last[v] = the last position reading v
+ * (v's own position if none), as CSR lists per position (*off: b->n + 1
+ * offsets into *val).  A node computed by a kernel (jb, LLVM backend)
+ * "runs" at the kernel's position, and reads inside one kernel are not
+ * reads of a buffer. */
+static void compute_free_plan(const IrBlock *b, const RtJitBlock *jb, int **off_out, int **val_out) {
+  int n = b->n;
+  int *last = ts_xmalloc((size_t)(n ? n : 1) * sizeof *last);
+#define EP(u) (jb && jb->kern[u] >= 0 ? jb->k.a[jb->kern[u]].at : (u))
+  for (int i = 0; i < n; i++) last[i] = EP(i);
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < b->nodes[i].nin; k++) {
+      int v = b->nodes[i].in[k];
+      if (v < 0 || v >= i) continue;
+      if (jb && jb->kern[i] >= 0 && jb->kern[i] == jb->kern[v]) continue;
+      if (last[v] < EP(i)) last[v] = EP(i);
+    }
+#undef EP
+  int *off = ts_xcalloc((size_t)n + 1, sizeof *off), *val = ts_xmalloc((size_t)(n ? n : 1) * sizeof *val);
+  for (int v = 0; v < n; v++) off[last[v] + 1]++;
+  for (int i = 0; i < n; i++) off[i + 1] += off[i];
+  int *fill = ts_xcalloc((size_t)(n ? n : 1), sizeof *fill);
+  for (int v = 0; v < n; v++) val[off[last[v]] + fill[last[v]]++] = v;
+  free(fill);
+  free(last);
+  *off_out = off;
+  *val_out = val;
+}
+
+/* at[i] = the position at which the executor computes node i of b: its
+ * kernel's (RtJitKernel.at) on the LLVM backend, else its own. */
+static void kernel_positions(const IrBlock *b, const RtJitBlock *jb, int *at) {
+  for (int i = 0; i < b->n; i++) at[i] = jb && jb->kern[i] >= 0 ? jb->k.a[jb->kern[i]].at : i;
+}
+
+int rt_exec_positions(const IrModule *m, const RtExecOpts *o, int block, int *at, char *err, size_t errlen) {
+  if (!m || block < 0 || block >= m->blocks.n) return ts_errf(err, errlen, "no block %d", block);
+  const IrBlock *b = &m->blocks.a[block];
+  if (!o || o->backend != RT_BACKEND_LLVM) {
+    kernel_positions(b, NULL, at);
+    return 0;
+  }
+  RtExecOpts one = *o;
+  one.threads = 1;                  /* no pool to speak of: nothing runs */
+  RtJit *j = rt_jit_new(m, &one, err, errlen);
+  if (!j) return -1;
+  kernel_positions(b, rt_jit_block(j, block), at);
+  rt_jit_free(j);
+  return 0;
+}
+
+/* Every block's memory plan as this program's backend runs it (a kernel
+ * at its position, RtJitKernel.at), checked; the executor's own release
+ * lists; and the arena, the size of the largest plan.  0 or -1. */
+static int plan_memory(RtProgram *p, char *err, size_t errlen) {
+  const IrModule *m = p->m;
+  size_t peak = 0;
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    const RtJitBlock *jb = p->jit ? rt_jit_block(p->jit, bi) : NULL;
+    RtBlockMem *bm = &p->mem[bi];
+    int *at = NULL;
+    if (jb) {
+      at = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *at);
+      kernel_positions(b, jb, at);
+    }
+    char why[512];
+    int rc = plan_mem_block_checked(m, bi, at, &bm->plan, why, sizeof why);
+    free(at);
+    if (rc != 0) return ts_errf(err, errlen, "the memory plan of block %s: %s", b->name, why);
+    compute_free_plan(b, jb, &bm->rel_off, &bm->rel_val);
+    if (bm->plan.peak_bytes > peak) peak = bm->plan.peak_bytes;
+  }
+  void *q = NULL;
+  p->arena_bytes = peak;
+  if (p->opts.dev) {   /* device memory (aligned to at least 256 bytes by the device) */
+    char why[512];
+    if (p->opts.dev->ops->alloc(p->opts.dev, peak ? peak : RT_ALIGN, &q, why, sizeof why) != 0)
+      return ts_errf(err, errlen, "the %zu-byte activation arena on %s: %s", peak, p->opts.dev->label, why);
+    p->arena = q;
+    return 0;
+  }
+  /* page-aligned: the plan's offsets are 64-byte aligned from here */
+  if (posix_memalign(&q, 4096, peak ? peak : RT_ALIGN) != 0)
+    return ts_errf(err, errlen, "out of memory allocating the %zu-byte activation arena", peak);
+  p->arena = q;
+  RT_POISON(p->arena, p->arena_bytes);
+  return 0;
+}
+
+size_t rt_program_arena_bytes(const RtProgram *p) { return p->arena_bytes; }
+size_t rt_program_slab_bytes(const RtProgram *p) { return p->slab_bytes; }
+
+int rt_program_block_memory(const RtProgram *p, int b, size_t *used, size_t *live) {
+  if (b < 0 || b >= p->m->blocks.n) return -1;
+  if (used) *used = p->mem[b].used;
+  if (live) *live = p->mem[b].live;
+  return 0;
+}
+
+/* TS_RT_MEMORY set: what the program allocated and what its runs used,
+ * on stderr when it is freed (tests/memplan compares it with `mcc --report
+ * memory`). */
+static void print_memory(const RtProgram *p) {
+  size_t kind[IR_STATE_KIND_COUNT] = {0};   /* exact bytes of the slab's states, by kind */
+  for (int i = 0; i < p->m->states.n; i++) {
+    const IrState *st = &p->m->states.a[i];
+    if (st->kind >= 0 && st->kind < IR_STATE_KIND_COUNT)
+      kind[st->kind] += (size_t)ir_type_numel(&st->type) * ir_dtype_size(st->type.dtype);
+  }
+  fprintf(stderr, "rt memory: rank dp %d pp %d cp %d ep %d tp %d: params %zu grads %zu adam %zu slab %zu arena %zu\n",
+          p->rank.coord[IR_AXIS_DP], p->rank.coord[IR_AXIS_PP], p->rank.coord[IR_AXIS_CP], p->rank.coord[IR_AXIS_EP],
+          p->rank.coord[IR_AXIS_TP], kind[IR_STATE_PARAM], kind[IR_STATE_GRAD],
+          kind[IR_STATE_ADAM_M] + kind[IR_STATE_ADAM_V], p->slab_bytes, p->arena_bytes);
+  for (int b = 0; p->mem && b < p->m->blocks.n; b++)
+    fprintf(stderr, "rt memory: rank dp %d pp %d cp %d ep %d tp %d: block %s: runs %lld used %zu live %zu\n",
+            p->rank.coord[IR_AXIS_DP], p->rank.coord[IR_AXIS_PP], p->rank.coord[IR_AXIS_CP],
+            p->rank.coord[IR_AXIS_EP], p->rank.coord[IR_AXIS_TP], p->m->blocks.a[b].name,
+            (long long)p->mem[b].runs, p->mem[b].used, p->mem[b].live);
+}
+
+/* One run of a block: where its values are, and the arena buffers held. */
+typedef struct {
+  RtBlockMem *bm;
+  void **buf;            /* per value: its data (arena or slab), NULL once dead */
+  int *refs;             /* per buffer owner: values holding the buffer, not yet released */
+  unsigned char *held;   /* per value: holds an arena buffer */
+  size_t live;           /* bytes of the buffers held now */
+} RtRun;
+
+/* Value v's buffer, where the plan puts it; held until its release.
+ * NULL with a message if the plan gives v no buffer of its own (the
+ * executor and the plan disagree: a bug). */
+static void *claim(RtProgram *p, RtRun *r, const IrBlock *b, int v, char *msg, size_t n) {
+  const MemPlan *pl = &r->bm->plan;
+  if (pl->buf[v] != v) {
+    snprintf(msg, n, "internal error: the memory plan gives %%%d no buffer of its own", v);
+    return NULL;
+  }
+  unsigned char *q = p->arena + pl->offset[v];
+  if (!p->dx) RT_UNPOISON(q, value_bytes(&b->nodes[v]));
+  r->buf[v] = q;
+  r->held[v] = 1;
+  r->refs[v] = 1;
+  r->live += pl->size[v];
+  if (r->live > r->bm->live) r->bm->live = r->live;
+  if ((size_t)pl->offset[v] + pl->size[v] > r->bm->used) r->bm->used = (size_t)pl->offset[v] + pl->size[v];
+  return q;
+}
+
+/* Value v is dead after position i.  Its buffer is free when no value
+ * shares it any more, which must be where the plan said, or the plan may
+ * have put a live value there: -1 with a message. */
+static int release(RtProgram *p, RtRun *r, int v, int i, char *msg, size_t n) {
+  r->buf[v] = NULL;
+  if (!r->held[v]) return 0;
+  r->held[v] = 0;
+  const MemPlan *pl = &r->bm->plan;
+  int o = pl->buf[v];
+  if (--r->refs[o] > 0) return 0;
+  if (pl->last[o] != i) {
+    snprintf(msg, n, "internal error: the buffer of %%%d dies at %%%d but the memory plan says at %%%d", o, i, pl->last[o]);
+    return -1;
+  }
+  if (!p->dx) RT_POISON(p->arena + pl->offset[o], pl->size[o]);
+  r->live -= pl->size[o];
+  return 0;
+}
+
+static void record_output(RtProgram *p, const char *name, double v) {
+  for (int i = 0; i < p->outs.n; i++)
+    if (p->outs.a[i].name == name) { p->outs.a[i].v = v; return; }
+  RtOut o = {name, v};
+  VEC_PUSH(p->outs, o);
+}
+
+int rt_output(const RtProgram *p, const char *name, double *value) {
+  const char *s = ts_intern(name);
+  for (int i = 0; i < p->outs.n; i++)
+    if (p->outs.a[i].name == s) { if (value) *value = p->outs.a[i].v; return 0; }
+  return -1;
+}
+
+static double load_scalar(const void *d, IrDtype t) {
+  switch (t) {
+  case IR_F32: return ((const float *)d)[0];
+  case IR_F64: return ((const double *)d)[0];
+  case IR_I32: return ((const int32_t *)d)[0];
+  default: return NAN;
+  }
+}
+
+/* Structural checks the executor relies on (a module that passed ir_verify
+ * satisfies them; we still refuse rather than read out of bounds). */
+static int check_node(const RtProgram *p, const IrBlock *b, int i, char *msg, size_t n) {
+  const IrNode *nd = &b->nodes[i];
+  if ((int)nd->op < 0 || nd->op >= IR_OP_COUNT) { snprintf(msg, n, "bad op %d", (int)nd->op); return -1; }
+  const IrOpInfo *oi = &ir_ops[nd->op];
+  if (oi->nin >= 0 ? nd->nin != oi->nin : nd->nin < 1) {
+    snprintf(msg, n, "%d operands", nd->nin);
+    return -1;
+  }
+  for (int k = 0; k < nd->nin; k++) {
+    int v = nd->in[k];
+    if (v < 0 || v >= i) { snprintf(msg, n, "operand %d refers to %%%d, not an earlier value", k, v); return -1; }
+    if (b->nodes[v].type.dtype == IR_VOID) { snprintf(msg, n, "operand %d (%%%d) has no value", k, v); return -1; }
+  }
+  /* int attrs spelled "@name" in ops.def are state indices */
+  const char *s = oi->iattrs;
+  for (int slot = 0; *s && slot < IR_MAX_IATTR; slot++) {
+    while (*s == ' ') s++;
+    if (!*s) break;
+    if (*s == '@') {
+      int64_t st = nd->ia[slot];
+      if (st < 0 || st >= p->m->states.n) { snprintf(msg, n, "state index %lld out of range", (long long)st); return -1; }
+    }
+    s += strcspn(s, " ");
+  }
+  if (!(oi->flags & OPF_EFFECT) && (nd->type.dtype == IR_VOID || ir_dtype_size(nd->type.dtype) == 0)) {
+    snprintf(msg, n, "result has no dtype");
+    return -1;
+  }
+  return 0;
+}
+
+static const RtFeed *find_feed(const RtFeed *feeds, int nfeeds, const char *name) {
+  for (int i = 0; i < nfeeds; i++)
+    if (feeds[i].name && name && strcmp(feeds[i].name, name) == 0) return &feeds[i];
+  return NULL;
+}
+
+/* `output` on a device: the scalar copied back and recorded. */
+static int device_output(RtProgram *p, int bi, int i, const IrNode *nd, const void *x, const IrType *t, char *msg,
+                         size_t n) {
+  if (ir_type_numel(t) != 1) { snprintf(msg, n, "output \"%s\" is not a scalar", nd->sa ? nd->sa : ""); return -1; }
+  RtDev *d = p->opts.dev;
+  RtDevBlockRun *g = &p->dgr[bi];
+  VEC_PUSH(g->outs, i);   /* recorded after the block's final sync (dev_finish) */
+  RtDevRange r = {x, ir_dtype_size(t->dtype)};
+  return rt_dev_exec_order(p->dx, &r, 1, msg, n) ||
+         d->ops->d2h(d, &g->slot[i], x, ir_dtype_size(t->dtype), RT_STREAM_COMPUTE, msg, n);
+}
+
+/* Runs node i of block b; r->buf[] holds the live values.  0 or -1 with a
+ * message in msg. */
+static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
+                    const RtFeed *feeds, int nfeeds, const RtRunInfo *info, char *msg, size_t n) {
+  const IrNode *nd = &b->nodes[i];
+  void **buf = r->buf;
+  if (check_node(p, b, i, msg, n) != 0) return -1;
+  switch (nd->op) {
+  case IR_OP_INPUT: {
+    const RtFeed *f = find_feed(feeds, nfeeds, nd->sa);
+    if (!f || !f->data) { snprintf(msg, n, "missing input \"%s\" (no feed of that name)", nd->sa ? nd->sa : ""); return -1; }
+    void *q = claim(p, r, b, i, msg, n);   /* the arena holds every value of the block */
+    if (!q) return -1;
+    if (p->dx) {   /* through the node's staging buffer: the feed may change after we return */
+      RtDevBlockRun *g = &p->dgr[b - p->m->blocks.a];
+      if (!g->stage[i]) g->stage[i] = ts_xmalloc(value_bytes(nd));
+      memcpy(g->stage[i], f->data, value_bytes(nd));
+      RtDev *d = p->opts.dev;
+      RtDevRange w = {q, value_bytes(nd)};
+      return rt_dev_exec_order(p->dx, &w, 1, msg, n) ||
+             d->ops->h2d(d, q, g->stage[i], value_bytes(nd), RT_STREAM_COMPUTE, msg, n);
+    }
+    memcpy(q, f->data, value_bytes(nd));
+    return 0;
+  }
+  case IR_OP_STATE: {
+    const IrState *st = &p->m->states.a[nd->ia[0]];
+    if (!ir_type_same_shape(&st->type, &nd->type)) {
+      char a[128], c[128];
+      snprintf(msg, n, "state @%s is %s but the node says %s", st->name,
+               ir_type_str(&st->type, a, sizeof a), ir_type_str(&nd->type, c, sizeof c));
+      return -1;
+    }
+    buf[i] = p->dx ? rt_state_dev(p, (int)nd->ia[0]) : rt_state_data(p, (int)nd->ia[0]);
+    return 0;
+  }
+  default: break;
+  }
+
+  const void *in_data[64];
+  const IrType *in_type[64];
+  const void **ind = in_data;
+  const IrType **inty = in_type;
+  if (nd->nin > 64) {  /* only concat can be that wide */
+    ind = ts_xmalloc((size_t)nd->nin * sizeof *ind);
+    inty = ts_xmalloc((size_t)nd->nin * sizeof *inty);
+  }
+  for (int k = 0; k < nd->nin; k++) {
+    ind[k] = buf[nd->in[k]];
+    inty[k] = &b->nodes[nd->in[k]].type;
+  }
+  void *out = NULL;
+  if (!(ir_ops[nd->op].flags & OPF_EFFECT) && !(out = claim(p, r, b, i, msg, n))) {
+    if (ind != in_data) { free(ind); free(inty); }
+    return -1;
+  }
+  RtKctx k = {&p->env, b, nd, info, out, &nd->type, ind, inty, msg, n};
+  int rc;
+  if (p->dx && nd->op == IR_OP_OUTPUT) {
+    rc = device_output(p, (int)(b - p->m->blocks.a), i, nd, ind[0], inty[0], msg, n);
+  } else if (p->dx) {
+    rc = rt_dev_exec_node(p->dx, p, (int)(b - p->m->blocks.a), i, ind, out, info, msg, n);
+  } else if (nd->op == IR_OP_OUTPUT) {
+    if (ir_type_numel(inty[0]) != 1) rc = rt_kfail(&k, "output \"%s\" is not a scalar", nd->sa ? nd->sa : "");
+    else { record_output(p, ts_intern(nd->sa ? nd->sa : ""), load_scalar(ind[0], inty[0]->dtype)); rc = 0; }
+  } else {
+    rc = rt_ref_kernels[nd->op](&k);
+  }
+  if (ind != in_data) { free(ind); free(inty); }
+  return rc;
+}
+
+/* Runs kernel K (at its position): reads its inputs' buffers, claims
+ * its outputs'.  0 or -1 with a message. */
+static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, RtRun *r,
+                      const RtRunInfo *info, char *msg, size_t n) {
+  void *bufs[CG_MAX_BUFS];
+  void **buf = r->buf;
+  int bi = (int)(b - p->m->blocks.a);
+  if (K->adamw && p->dx) return rt_dev_exec_kernel(p->dx, p, bi, K, NULL, buf, info, msg, n);
+  if (K->adamw)   /* one launch for a run of adamw nodes: states updated in place */
+    return rt_jit_run_adamw(p->jit, p, b, K, buf, info, msg, n);
+  for (int k = 0; k < K->io.nin; k++) {
+    if (!(bufs[k] = buf[K->io.in[k]])) {
+      snprintf(msg, n, "internal error: kernel input %%%d has no buffer", K->io.in[k]);
+      return -1;
+    }
+  }
+  for (int j = 0; j < K->io.nout; j++) {
+    void *q = claim(p, r, b, K->io.out[j], msg, n);
+    if (!q) return -1;
+    bufs[K->io.nin + j] = q;
+  }
+  if (p->dx) return rt_dev_exec_kernel(p->dx, p, bi, K, bufs, buf, info, msg, n);
+  if (K->gemm_mm) return rt_jit_run_gemm(p->jit, p, b, K, bufs, info, msg, n);   /* BLAS, beta = 1 */
+  rt_jit_run(p->jit, p, K, bufs, info);
+  return 0;
+}
+
+/* Runs block bi node by node (kernels at their positions), claiming and
+ * releasing buffers as the memory plan says.  On a device the work is
+ * only issued (or captured); run_block_dev waits for it. */
+static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, const RtRunInfo *info, char *err,
+                      size_t errlen) {
+  const IrModule *m = p->m;
+  const IrBlock *b = &m->blocks.a[bi];
+  const RtJitBlock *jb = p->jit ? rt_jit_block(p->jit, bi) : NULL;
+  RtBlockMem *bm = &p->mem[bi];
+  const int *foff = bm->rel_off, *fval = bm->rel_val;
+  const MemPlan *pl = &bm->plan;
+  RtRun r = {bm, ts_xcalloc((size_t)b->n + 1, sizeof *r.buf), ts_xcalloc((size_t)b->n + 1, sizeof *r.refs),
+             ts_xcalloc((size_t)b->n + 1, 1), 0};
+  bm->runs++;
+  char msg[512];
+  int rc = 0;
+  for (int i = 0; i < b->n; i++) {
+    msg[0] = 0;
+    int kid = jb ? jb->kern[i] : -1, bad = 0;
+    if (pl->buf[i] >= 0 && pl->buf[i] != i) {
+      /* a reshape sharing its operand's bytes (memplan.h): nothing to run */
+      int v = b->nodes[i].in[0];
+      if (b->nodes[i].op != IR_OP_RESHAPE || !r.held[v] || pl->buf[v] != pl->buf[i]) {
+        snprintf(msg, sizeof msg, "internal error: the memory plan shares %%%d's buffer but it is not held", v);
+        bad = 1;
+      } else {
+        r.buf[i] = r.buf[v];
+        r.held[i] = 1;
+        r.refs[pl->buf[i]]++;
+      }
+    } else {
+      if (kid >= 0 && jb->k.a[kid].at != i) continue;   /* computed by a kernel later */
+      double t0 = p->profile ? now_s() : 0;
+      bad = kid >= 0 ? run_kernel(p, b, &jb->k.a[kid], &r, info, msg, sizeof msg)
+                     : run_node(p, b, i, &r, feeds, nfeeds, info, msg, sizeof msg);
+      if (p->profile) {
+        p->op_s[b->nodes[i].op] += now_s() - t0;
+        p->op_n[b->nodes[i].op]++;
+      }
+    }
+    /* release what position i was the last reader of (and unread results) */
+    for (int f = foff[i]; f < foff[i + 1] && !bad; f++) bad = release(p, &r, fval[f], i, msg, sizeof msg);
+    if (bad) {
+      ts_errf(err, errlen, "block %s, %%%d = %s: %s", b->name, i, ir_ops[b->nodes[i].op].name, msg);
+      rc = -1;
+      break;
+    }
+  }
+  if (rc != 0 && !p->dx) RT_POISON(p->arena, p->arena_bytes);   /* nothing is live after a run */
+  free(r.buf);
+  free(r.refs);
+  free(r.held);
+  return rc;
+}
+
+/* After a device run's work is issued: wait for it, then record the
+ * outputs listed in outs[0..n) from their host slots. */
+static int dev_finish(RtProgram *p, int bi, const int *outs, int n, char *err, size_t errlen) {
+  RtDev *d = p->opts.dev;
+  char why[512];
+  if (d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "block %s on %s: %s", p->m->blocks.a[bi].name, d->label, why);
+  const IrBlock *b = &p->m->blocks.a[bi];
+  for (int k = 0; k < n; k++) {
+    const IrNode *nd = &b->nodes[outs[k]];
+    record_output(p, ts_intern(nd->sa ? nd->sa : ""),
+                  load_scalar(&p->dgr[bi].slot[outs[k]], b->nodes[nd->in[0]].type.dtype));
+  }
+  return 0;
+}
+
+/* Whether block bi is captured as a graph: the per-micro-batch block,
+ * with nothing that runs on the host, unless TS_CUDA_GRAPHS=0.  Its
+ * collectives are captured with it (NCCL on the comm stream joins the
+ * capture through the events that order it, and rejoins at the block's
+ * end) except those with host work: any on a host-memory device (the
+ * reference kernels), all_to_all_v (its counts come to the host) and the
+ * pipeline's (their buffers are kept by the host). */
+static int graph_ok(const RtProgram *p, int bi) {
+  const char *e = getenv("TS_CUDA_GRAPHS");
+  if (e && strcmp(e, "0") == 0) return 0;
+  const IrBlock *b = &p->m->blocks.a[bi];
+  if (strcmp(b->name, "micro") != 0) return 0;
+  const RtDevBlock *db = &rt_dev_exec_plan(p->dx)->blk[bi];
+  for (int i = 0; i < b->n; i++) {
+    if (db->kind[i] != RT_DS_COMM) continue;
+    if (p->opts.dev->host_memory) return 0;
+    switch (b->nodes[i].op) {
+    case IR_OP_ALL_REDUCE: case IR_OP_ALL_GATHER: case IR_OP_REDUCE_SCATTER: case IR_OP_ALL_TO_ALL:
+    case IR_OP_RING_SHIFT: case IR_OP_RING_WAIT:
+      break;
+    default:
+      return 0;
+    }
+  }
+  return 1;
+}
+
+/* A block on a device: the first run issues the work node by node, the
+ * second (of a block graph_ok allows) captures it as a graph and launches
+ * it, later runs copy the feeds into the staging buffers and replay the
+ * graph.  Every run ends with a sync and the outputs. */
+static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, const RtRunInfo *info, char *err,
+                         size_t errlen) {
+  RtDevBlockRun *g = &p->dgr[bi];
+  RtDev *d = p->opts.dev;
+  const IrBlock *b = &p->m->blocks.a[bi];
+  char why[512];
+  if (rt_dev_exec_begin(p->dx, p, info, err, errlen) != 0) return -1;
+  if (g->graph) {
+    for (int i = 0; i < b->n; i++) {
+      if (b->nodes[i].op != IR_OP_INPUT) continue;
+      const RtFeed *f = find_feed(feeds, nfeeds, b->nodes[i].sa);
+      if (!f || !f->data)
+        return ts_errf(err, errlen, "block %s, %%%d = input: missing input \"%s\" (no feed of that name)", b->name,
+                       i, b->nodes[i].sa ? b->nodes[i].sa : "");
+      memcpy(g->stage[i], f->data, value_bytes(&b->nodes[i]));
+    }
+    if (d->ops->graph_launch(d, g->graph, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+      return ts_errf(err, errlen, "block %s: replaying its graph on %s: %s", b->name, d->label, why);
+    p->mem[bi].runs++;
+    return dev_finish(p, bi, g->outs.a, g->outs.n, err, errlen);
+  }
+  int capture = g->runs == 1 && graph_ok(p, bi);
+  if (capture && d->ops->graph_begin(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "block %s: starting its graph capture on %s: %s", b->name, d->label, why);
+  g->outs.n = 0;
+  int rc = walk_block(p, bi, feeds, nfeeds, info, err, errlen);
+  /* compute waits for the collectives still in flight (NCCL), so that the
+   * sync below and a capture's end cover them */
+  if (rc == 0 && rt_dev_exec_join(p->dx, why, sizeof why) != 0)
+    rc = ts_errf(err, errlen, "block %s on %s: %s", b->name, d->label, why);
+  g->runs++;
+  if (capture) {
+    RtDevGraph *gr = NULL;
+    int e = d->ops->graph_end(d, RT_STREAM_COMPUTE, &gr, why, sizeof why);
+    if (rc == 0 && e != 0) rc = ts_errf(err, errlen, "block %s: ending its graph capture on %s: %s", b->name, d->label, why);
+    if (rc == 0) {
+      g->graph = gr;   /* the outputs list stays: every replay reports the same */
+      if (d->ops->graph_launch(d, gr, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+        rc = ts_errf(err, errlen, "block %s: launching its graph on %s: %s", b->name, d->label, why);
+    } else if (gr) {
+      d->ops->graph_free(d, gr);
+    }
+  }
+  if (rc != 0) {
+    d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why);   /* nothing in flight after an error */
+    return -1;
+  }
+  return dev_finish(p, bi, g->outs.a, g->outs.n, err, errlen);
+}
+
+int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, const RtRunInfo *info, char *err,
+                 size_t errlen) {
+  if (bi < 0 || bi >= p->m->blocks.n) return ts_errf(err, errlen, "no block %d", bi);
+  RtRunInfo dflt = {0, 0, p->m->train.lr};
+  if (!info) info = &dflt;
+  return p->dx ? run_block_dev(p, bi, feeds, nfeeds, info, err, errlen)
+               : walk_block(p, bi, feeds, nfeeds, info, err, errlen);
+}
+
+/* rt_program_exec_stats' device part: whether block "micro" replays a graph. */
+int rt_program_graphs(const RtProgram *p) {
+  int n = 0;
+  for (int b = 0; p->dgr && b < p->m->blocks.n; b++) n += p->dgr[b].graph != NULL;
+  return n;
+}
+
+/* Warmup, then cosine / linear decay to min_lr over the steps after warmup
+ * (up to decay_steps, 0 meaning train.steps), then min_lr. */
+double rt_lr_at(const IrTrain *t, int64_t step) {
+  if (t->warmup > 0 && step < t->warmup) return t->lr * (double)(step + 1) / (double)t->warmup;
+  if (t->schedule == IR_SCHED_CONSTANT) return t->lr;
+  int64_t d = t->decay_steps > 0 ? t->decay_steps : t->steps;
+  int64_t span = d - t->warmup;
+  if (span < 1) span = 1;
+  double prog = (double)(step - t->warmup) / (double)span;
+  if (prog < 0) prog = 0;
+  if (prog > 1) prog = 1;
+  if (t->schedule == IR_SCHED_COSINE) return t->min_lr + 0.5 * (t->lr - t->min_lr) * (1.0 + cos(M_PI * prog));
+  return t->lr - (t->lr - t->min_lr) * prog;   /* linear */
+}
+
+void rt_outputs_clear(RtProgram *p) { p->outs.n = 0; }
+int rt_output_count(const RtProgram *p) { return p->outs.n; }
+const char *rt_output_at(const RtProgram *p, int i, double *value) {
+  if (i < 0 || i >= p->outs.n) return NULL;
+  if (value) *value = p->outs.a[i].v;
+  return p->outs.a[i].name;
+}

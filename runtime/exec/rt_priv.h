@@ -1,0 +1,97 @@
+/* rt_priv.h - what the executor's files share and nobody else needs: the
+ * program's parts the kernels' environment and the device backend reach
+ * (rt.c), the LLVM backend's kernels (exec_jit.c) and the GEMM epilogues
+ * (exec_gemm.c). */
+#ifndef TS_RT_PRIV_H
+#define TS_RT_PRIV_H
+#include "rt.h"
+#include "runtime/cpu/kernels.h"
+#include "codegen/cg.h"
+#include "codegen/cuda.h"
+#include "dev_prog.h"
+
+/* ---- the program (rt.c) ---- */
+/* The kernels' view of p (RtKctx.env): its module, rank, seed, host slab,
+ * pipeline and ring state. */
+RtKenv *rt_program_kenv(RtProgram *p);
+/* The module's training seed, for dropout. */
+uint64_t rt_program_seed(const RtProgram *p);
+int rt_program_axis_size(const RtProgram *p, IrAxis a);
+/* The pipeline kernels' state at the end of a step: rt_kenv_pipe_wait_sends /
+ * rt_kenv_pipe_end_step on host memory, the device executor's on a GPU
+ * (rt_dev_exec_pipe_end).  0, or -1 with a message. */
+int rt_pipe_wait_sends(RtProgram *p, char *err, size_t errlen);
+int rt_pipe_end_step(RtProgram *p, char *err, size_t errlen);
+/* The rank's group along axis a, or NULL (axis of size 1, or none made). */
+RtComm *rt_program_group(const RtProgram *p, IrAxis a);
+RtComm *rt_program_dev_group(const RtProgram *p, IrAxis a);   /* RtRank.dev_group */
+
+/* ---- the LLVM backend (exec_jit.c) ----
+ * A kernel run at node `at` of its block (a group's last member, or a
+ * lone lowerable node): buffer k of fn is value io.in[k] (k < io.nin),
+ * then io.out[j] (written). */
+typedef struct {
+  int at;
+  IrOp op;            /* the op at `at` (profiles) */
+  CgFn fn;
+  int64_t grid, work; /* iterations; elements of the largest buffer */
+  CgGroupIO io;
+  int nparam;         /* > 0: the kernel reads run-time scalars (dropout: seed, step, micro; kir.h
+                         PARAM), passed after its buffers by rt_jit_run */
+  int adamw;          /* a multi-tensor AdamW launch over the adamw nodes run[0..nrun): per
+                         tensor, buffers coef, grad, {lr, 1-b1^t, 1-b2^t, wd}, then param, m, v
+                         (states, updated in place; see exec_jit.c) */
+  int *run, nrun;
+  int gemm_mm;        /* > 0 (the matmul's id + 1): a GEMM bias epilogue (exec_gemm.c), buffers
+                         A, B, bias, then the add's value */
+  CgCudaLaunch cl;    /* cuda mode (RtExecOpts.cuda): the printed kernel's launch */
+  CgCudaLaunch *cls;  /* cuda mode, adamw: per member j of run[], the launches cls[2j], cls[2j + 1] */
+  int64_t *ccnt;      /* ... for element counts ccnt[2j] (full ZeRO chunk or whole tensor), ccnt[2j + 1]
+                         (partial chunk; 0: none) (exec_jit.c cuda_adamw_run) */
+} RtJitKernel;
+typedef struct {
+  int *kern;          /* per node: the kernel computing it, or -1 (reference kernel) */
+  VEC(RtJitKernel) k;
+} RtJitBlock;
+typedef struct RtJit RtJit;
+/* Lowers and compiles every kernel of m's blocks (o->no_groups: every node
+ * alone, groups ignored).  NULL with a message on a JIT failure. */
+RtJit *rt_jit_new(const IrModule *m, const RtExecOpts *o, char *err, size_t errlen);
+void rt_jit_free(RtJit *j);
+const RtJitBlock *rt_jit_block(const RtJit *j, int b);
+const RtExecStats *rt_jit_stats(const RtJit *j);
+/* cuda mode: the printed kernels (no prelude), and where each came from. */
+const StrBuf *rt_jit_cuda_source(const RtJit *j);
+const RtCudaKernelInfo *rt_jit_cuda_info(const RtJit *j, int *n);
+
+/* Runs kernel k over its parallel space (the pool, or inline if small);
+ * bufs[0 .. nin + nout) are its buffers.  A kernel with run-time scalars
+ * gets p's seed and info's step and micro batch (info NULL: 0, 0). */
+void rt_jit_run(RtJit *j, const RtProgram *p, const RtJitKernel *k, void **bufs, const RtRunInfo *info);
+/* The per-run scalars of an AdamW kernel for node n at info's step and lr:
+ * lr, 1 - b1^t, 1 - b2^t, wd. */
+void rt_jit_adamw_scalars(const IrNode *n, const RtRunInfo *info, double s[4]);
+/* The elements of its param adamw node n updates on this rank: all of
+ * them, or (ZeRO: flat moments) the rank's chunk [*off, *off + *cnt). */
+void rt_jit_adamw_chunk(const RtProgram *p, const IrNode *n, int64_t *off, int64_t *cnt);
+/* Runs the multi-tensor AdamW kernel K (K->adamw) of block b: vals[] are
+ * the run's value buffers.  0, or -1 with a message. */
+int rt_jit_run_adamw(RtJit *j, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void *const *vals,
+                     const RtRunInfo *info, char *msg, size_t n);
+/* GEMM bias epilogues (exec_gemm.c).  rt_gemm_epilogue_ok: whether the
+ * matmul node mm of b is a product the epilogue runs (float, shapes BLAS
+ * takes).  rt_gemm_epilogue_run: kernel K (K->gemm_mm) with bufs = A, B,
+ * bias, out: out = broadcast(bias) (the reference kernel), then
+ * out = A.B + out (one GEMM, or one per batch item, beta = 1).  0 or -1. */
+int rt_gemm_epilogue_ok(const IrBlock *b, int mm);
+/* The product of matmul node mm as GEMMs: M, N, K, batch (product of a's
+ * leading dims) and whether b is one matrix shared by every batch item.
+ * 0, or -1 if BLAS cannot take it. */
+int rt_gemm_shape(const IrBlock *b, const IrNode *mm, int64_t *M, int64_t *N, int64_t *K, int64_t *batch, int *shared);
+int rt_gemm_epilogue_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **bufs, const RtRunInfo *info,
+                         char *msg, size_t n);
+/* rt_gemm_epilogue_run, counted in j's stats. */
+int rt_jit_run_gemm(RtJit *j, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **bufs,
+                    const RtRunInfo *info, char *msg, size_t n);
+
+#endif

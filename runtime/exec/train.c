@@ -1,0 +1,666 @@
+/* train.c - the training loop: one rank's module (after autodiff and the
+ * optimizer pass: blocks "micro" and "update") trained on the byte corpus,
+ * alone or as one of N ranks (train.h has the multi-rank contract).
+ *
+ *   for step s in [0, steps):
+ *     lr = rt_lr_at(train, s)
+ *     for local micro-batch j in [0, n_local), global index g = r*n_local + j:
+ *       feed tokens / targets (/ loss_mask) of global rows g*mb ..; run "micro"
+ *     run "update"
+ *     loss = (sum over dp ranks of the micro losses) / (global_batch / mb)
+ *
+ * A pipeline program (par.pp > 1, par.stage = r + 1: the blocks fwd.<g> /
+ * bwd.<g> of its chunks and "update"; docs/pipeline.md) runs, per step, the
+ * steps of its pipeline rank's schedule instead of "micro":
+ *
+ *     schedule = plan_pipe_schedule(par.sched, pp, vpp, n_local), checked
+ *     for each step (F|B, micro j, chunk g): run fwd.<g> / bwd.<g>, fed
+ *       micro batch g_j = r*n_local + j when the block has data inputs
+ *     complete the posted sends; no stash may be left
+ *     loss = (sum over pp and dp ranks of the forward blocks' losses) / (global_batch / mb)
+ *     run "update"
+ *
+ * Progress goes to stdout one line per step; --metrics writes the same as
+ * JSON Lines (step numbered from 1, like the progress line), flushed per
+ * line so a crashed or interrupted run leaves every finished step. */
+#include "train.h"
+#include "rt_priv.h"
+#include "runtime/comm/comm.h"
+#include "plan/schedule.h"
+#include <math.h>
+#include <errno.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* What the micro block wants fed, found from its INPUT nodes.  An input
+ * split over mesh axes (sequence parallelism) is fed the rank's block of
+ * the global micro batch. */
+typedef struct {
+  int none;                  /* no block has data inputs (a middle pipeline stage) */
+  int has_tokens, has_targets, has_mask;
+  IrType tok_t, mask_t;      /* tokens/targets type (local); loss_mask type */
+  IrSharding tok_sh;         /* the tokens/targets inputs' sharding */
+  int64_t T, rows;           /* GLOBAL window length (last dim), rows per micro-batch */
+  int split;                 /* the inputs are split: slice the global batch */
+} FeedSpec;
+
+static int same_input_type(const IrType *a, const IrType *b) { return ir_type_same_shape(a, b); }
+
+/* Collects and checks the inputs of blocks blocks[0..nb) against the data
+ * convention (all blocks must agree).  need: at least one of them must
+ * read tokens or targets; otherwise no inputs at all sets fs->none. */
+static int feed_spec(const RtProgram *p, const IrModule *m, const int *blocks, int nb, int need, FeedSpec *fs,
+                     char *err, size_t errlen) {
+  memset(fs, 0, sizeof *fs);
+  char tb[160], tb2[160];
+  for (int bi = 0; bi < nb; bi++)   /* every INPUT node of every block */
+  for (int i = 0; i < m->blocks.a[blocks[bi]].n; i++) {
+    const IrNode *n = &m->blocks.a[blocks[bi]].nodes[i];
+    if (n->op != IR_OP_INPUT) continue;
+    const char *name = n->sa ? n->sa : "";
+    int is_tok = strcmp(name, "tokens") == 0, is_tgt = strcmp(name, "targets") == 0;
+    if (is_tok || is_tgt) {
+      if (n->type.dtype != IR_I32 || n->type.rank < 1) {
+        snprintf(err, errlen, "model input \"%s\" is %s; the byte data needs i32[..., seq]",
+                 name, ir_type_str(&n->type, tb, sizeof tb));
+        return -1;
+      }
+      if ((fs->has_tokens || fs->has_targets) && !same_input_type(&fs->tok_t, &n->type)) {
+        snprintf(err, errlen, "model inputs \"tokens\" and \"targets\" differ: %s vs %s",
+                 ir_type_str(&fs->tok_t, tb, sizeof tb), ir_type_str(&n->type, tb2, sizeof tb2));
+        return -1;
+      }
+      if ((fs->has_tokens || fs->has_targets) && !ir_sharding_equal(&fs->tok_sh, &n->sh)) {
+        snprintf(err, errlen, "model inputs \"tokens\" and \"targets\" are sharded differently");
+        return -1;
+      }
+      fs->tok_t = n->type;
+      fs->tok_sh = n->sh;
+      if (is_tok) fs->has_tokens = 1; else fs->has_targets = 1;
+    } else if (strcmp(name, "loss_mask") == 0) {
+      if (fs->has_mask && !same_input_type(&fs->mask_t, &n->type)) {
+        snprintf(err, errlen, "model input \"loss_mask\" has two types: %s vs %s",
+                 ir_type_str(&fs->mask_t, tb, sizeof tb), ir_type_str(&n->type, tb2, sizeof tb2));
+        return -1;
+      }
+      fs->has_mask = 1;
+      fs->mask_t = n->type;
+    } else {
+      snprintf(err, errlen, "model input \"%s\" is not provided by the byte data pipeline "
+               "(it feeds \"tokens\", \"targets\" and \"loss_mask\")", name);
+      return -1;
+    }
+  }
+  if (!fs->has_tokens && !fs->has_targets) {
+    if (!need && !fs->has_mask) { fs->none = 1; return 0; }
+    snprintf(err, errlen, "block \"%s\"%s has no input \"tokens\" or \"targets\"", m->blocks.a[blocks[0]].name,
+             nb > 1 ? " (nor any other block of the program)" : "");
+    return -1;
+  }
+  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
+  rt_shard_offsets(rt_program_rank(p), &fs->tok_sh, &fs->tok_t, off, gdim);
+  IrType gt = fs->tok_t;
+  for (int d = 0; d < gt.rank; d++) {
+    fs->split |= gdim[d] != gt.dim[d];
+    gt.dim[d] = gdim[d];
+  }
+  if (fs->tok_sh.partial) {
+    snprintf(err, errlen, "model input \"tokens\" is a partial sum; inputs can only be split or replicated");
+    return -1;
+  }
+  fs->T = gt.dim[gt.rank - 1];
+  fs->rows = fs->T ? ir_type_numel(&gt) / fs->T : 0;
+  if (fs->T < 1 || fs->rows < 1) {
+    snprintf(err, errlen, "the tokens input %s is empty", ir_type_str(&fs->tok_t, tb, sizeof tb));
+    return -1;
+  }
+  if (fs->has_mask && (ir_type_numel(&fs->mask_t) != ir_type_numel(&fs->tok_t) || fs->mask_t.dtype == IR_VOID)) {
+    snprintf(err, errlen, "model input \"loss_mask\" %s does not match the tokens %s",
+             ir_type_str(&fs->mask_t, tb, sizeof tb), ir_type_str(&fs->tok_t, tb2, sizeof tb2));
+    return -1;
+  }
+  return 0;
+}
+
+/* Byte tokens are 0..255: warn when a cross-entropy has fewer classes,
+ * since such targets will be refused at run time. */
+static void warn_vocab(const IrModule *m) {
+  for (int b = 0; b < m->blocks.n; b++) {
+    const IrBlock *blk = &m->blocks.a[b];
+    for (int i = 0; i < blk->n; i++) {
+      const IrNode *n = &blk->nodes[i];
+      if (n->op != IR_OP_CROSS_ENTROPY || n->nin < 1) continue;
+      const IrType *lt = &blk->nodes[n->in[0]].type;
+      int64_t V = lt->rank ? lt->dim[lt->rank - 1] : 0;
+      if (V < RT_BYTE_VOCAB) {
+        fprintf(stderr, "mrun: warning: the cross-entropy has %lld classes but byte tokens go up to 255; "
+                "larger targets will stop training\n", (long long)V);
+        return;
+      }
+    }
+  }
+}
+
+static void json_num(FILE *f, const char *key, double v, int comma) {
+  char b[64];
+  if (isfinite(v)) ts_fmt_double(b, sizeof b, v);
+  else snprintf(b, sizeof b, "null");     /* JSON has no nan/inf */
+  fprintf(f, "\"%s\": %s%s", key, b, comma ? ", " : "");
+}
+
+#define RT_MAX_METRICS 1024   /* extra outputs recorded per step */
+
+typedef struct {
+  RtProgram *prog;
+  RtCorpus corpus;
+  FILE *metrics;
+  int32_t *tokens, *targets;     /* the rank's local block, fed to the program */
+  int32_t *gtok, *gtgt;          /* the global micro batch (split inputs only) */
+  void *mask;
+  RtComm *dp;                    /* the dp group (NULL: dp = 1) */
+  RtComm *pp;                    /* the pp group (NULL: pp = 1) */
+  PipeSchedule sched;            /* pipeline programs: every pipeline rank's schedule */
+  int have_sched;
+  int *chunk_block;              /* pipeline: per global chunk, fwd.<g> and bwd.<g> ([2g], [2g+1]) or -1 */
+  unsigned char *has_data;       /* per block: it has data inputs (fed the micro batch) */
+  int64_t loaded_step, loaded_micro; /* what the feed buffers hold (-1: nothing) */
+  int world_rank;
+  int64_t kill_step, stall_step; /* fault injection (0: off) */
+  /* the model's extra outputs (MDL metric(), e.g. nn.moe's tokens per
+   * expert): summed over the step's micro batches and dp ranks, not divided */
+  const char *xname[RT_MAX_METRICS];
+  double xval[RT_MAX_METRICS];
+  int nx;
+} TrainRun;
+
+/* Adds the outputs of the block just run, other than the loss, to r's
+ * step metrics (names are interned: pointer comparison). */
+static void add_metrics(TrainRun *r) {
+  const char *loss = ts_intern("loss");
+  double v;
+  const char *name;
+  for (int i = 0; (name = rt_output_at(r->prog, i, &v)); i++) {
+    if (name == loss) continue;
+    int j = 0;
+    while (j < r->nx && r->xname[j] != name) j++;
+    if (j == r->nx) {
+      if (r->nx == RT_MAX_METRICS) continue;      /* more are not recorded */
+      r->xname[r->nx] = name, r->xval[r->nx++] = 0;
+    }
+    r->xval[j] += v;
+  }
+}
+
+/* The progress line's compact form of the metrics: a vector metric
+ * "p.0" .. "p.n" prints as " | p a/b/.../n", a scalar as " | name v". */
+static void print_metrics(FILE *log, const TrainRun *r) {
+  for (int i = 0; i < r->nx; i++) {
+    const char *n = r->xname[i], *dot = strrchr(n, '.');
+    int vec = dot && dot[1] && strspn(dot + 1, "0123456789") == strlen(dot + 1);
+    size_t plen = vec ? (size_t)(dot - n) : strlen(n);
+    if (vec && i > 0) {   /* continues the previous entry's vector? */
+      const char *pn = r->xname[i - 1], *pd = strrchr(pn, '.');
+      if (pd && (size_t)(pd - pn) == plen && !strncmp(pn, n, plen)) { fprintf(log, "/%.6g", r->xval[i]); continue; }
+    }
+    if (vec) fprintf(log, " | %.*s %.6g", (int)plen, n, r->xval[i]);
+    else fprintf(log, " | %s %.4g", n, r->xval[i]);
+  }
+}
+
+static void run_free(TrainRun *r) {
+  rt_program_free(r->prog);
+  rt_corpus_free(&r->corpus);
+  if (r->metrics) fclose(r->metrics);
+  free(r->tokens);
+  free(r->targets);
+  free(r->gtok);
+  free(r->gtgt);
+  free(r->mask);
+  if (r->have_sched) plan_pipe_schedule_free(&r->sched);
+  free(r->chunk_block);
+  free(r->has_data);
+}
+
+/* The local block of a global [rows, T]-shaped i32 batch: x holds the
+ * global tensor (dims gdim), y gets the rank's block of local type lt
+ * under sharding sh (global indices by rt_global_index: a dim split over
+ * cp holds its two zigzag chunks). */
+static void slice_block(const RtProgram *p, int32_t *y, const int32_t *x, const IrType *lt, const int64_t *gdim,
+                        const IrSharding *sh) {
+  int64_t n = ir_type_numel(lt), idx[IR_MAX_RANK] = {0};
+  for (int64_t i = 0; i < n; i++) {
+    int64_t g = 0;
+    for (int d = 0; d < lt->rank; d++) g = g * gdim[d] + rt_global_index(rt_program_rank(p), sh->split[d], lt->dim[d], idx[d]);
+    y[i] = x[g];
+    for (int d = lt->rank - 1; d >= 0; d--) {
+      if (++idx[d] < lt->dim[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+/* Fills the feeds with global micro batch g of step s. */
+static int load_micro_data(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_t s, int64_t g,
+                           char *err, size_t errlen) {
+  if (!fs->split)
+    return rt_corpus_batch(&r->corpus, m->train.seed, s, g * fs->rows, fs->rows, fs->T,
+                           r->tokens, r->targets, err, errlen);
+  if (rt_corpus_batch(&r->corpus, m->train.seed, s, g * fs->rows, fs->rows, fs->T, r->gtok, r->gtgt,
+                      err, errlen) != 0)
+    return -1;
+  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
+  rt_shard_offsets(rt_program_rank(r->prog), &fs->tok_sh, &fs->tok_t, off, gdim);
+  slice_block(r->prog, r->tokens, r->gtok, &fs->tok_t, gdim, &fs->tok_sh);
+  slice_block(r->prog, r->targets, r->gtgt, &fs->tok_t, gdim, &fs->tok_sh);
+  return 0;
+}
+
+/* The same, skipped when the buffers already hold it (a pipeline rank
+ * runs the F and the B of a micro batch, and several chunks). */
+static int load_micro(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_t s, int64_t g,
+                      char *err, size_t errlen) {
+  if (r->loaded_step == s && r->loaded_micro == g) return 0;
+  r->loaded_step = r->loaded_micro = -1;
+  if (load_micro_data(r, m, fs, s, g, err, errlen) != 0) return -1;
+  r->loaded_step = s;
+  r->loaded_micro = g;
+  return 0;
+}
+
+/* TS_FAULT_<what>_RANK / _STEP: the step (from 1) at which this world rank
+ * fails, or 0. */
+static int64_t fault_step(const char *what, int world_rank) {
+  char k1[64], k2[64];
+  snprintf(k1, sizeof k1, "TS_FAULT_%s_RANK", what);
+  snprintf(k2, sizeof k2, "TS_FAULT_%s_STEP", what);
+  const char *r = getenv(k1), *s = getenv(k2);
+  if (!r || !s || atoi(r) != world_rank) return 0;
+  return atoll(s) > 0 ? atoll(s) : 0;
+}
+
+/* The injected faults, in step s (0-based) after a micro batch. */
+static void maybe_fail(const TrainRun *r, int64_t s) {
+  if (r->kill_step == s + 1) {
+    fprintf(stderr, "rank %d: TS_FAULT_KILL: killing myself in step %lld\n", r->world_rank, (long long)s + 1);
+    fflush(stderr);
+    raise(SIGKILL);
+  }
+  if (r->stall_step == s + 1) {
+    fprintf(stderr, "rank %d: TS_FAULT_STALL: stalling in step %lld\n", r->world_rank, (long long)s + 1);
+    fflush(stderr);
+    for (;;) sleep(1000);   /* the peers' deadline ends the job */
+  }
+}
+
+/* One step: the rank's micro-batches, then the update.  Writes the step's
+ * loss (over all dp ranks) and grad norm. */
+static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb, int ub,
+                      int64_t s, int64_t n_local, int64_t n_global, int dp_coord, double lr,
+                      double *loss, double *gnorm, char *err, size_t errlen) {
+  RtFeed feeds[3];
+  int nf = 0;
+  if (fs->has_tokens) feeds[nf++] = (RtFeed){"tokens", r->tokens};
+  if (fs->has_targets) feeds[nf++] = (RtFeed){"targets", r->targets};
+  if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
+  double sum = 0;
+  r->nx = 0;
+  for (int64_t j = 0; j < n_local; j++) {
+    int64_t g = (int64_t)dp_coord * n_local + j;   /* the global micro batch */
+    if (load_micro(r, m, fs, s, g, err, errlen) != 0) return -1;
+    RtRunInfo info = {s, (int)g, lr};
+    rt_outputs_clear(r->prog);
+    if (rt_run_block(r->prog, mb, feeds, nf, &info, err, errlen) != 0) return -1;
+    double l;
+    if (rt_output(r->prog, "loss", &l) != 0) {
+      snprintf(err, errlen, "block \"micro\" did not report `output \"loss\"`");
+      return -1;
+    }
+    sum += l;
+    add_metrics(r);
+    if (j == 0) maybe_fail(r, s);
+  }
+  if (r->dp && rt_comm_all_reduce(r->dp, IR_F64, &sum, 1, err, errlen) != 0) return -1;
+  /* every dp rank runs the same program, so the metric lists agree; tp and
+   * ep ranks compute replicated values and are not summed over */
+  if (r->dp && r->nx && rt_comm_all_reduce(r->dp, IR_F64, r->xval, r->nx, err, errlen) != 0) return -1;
+  RtRunInfo info = {s, 0, lr};
+  rt_outputs_clear(r->prog);
+  if (rt_run_block(r->prog, ub, NULL, 0, &info, err, errlen) != 0) return -1;
+  *loss = sum / (double)n_global;
+  if (rt_output(r->prog, "grad_norm", gnorm) != 0) *gnorm = NAN;
+  return 0;
+}
+
+/* ---- pipeline programs ---- */
+
+/* The schedule of a pipeline program, regenerated from its parallel line
+ * (docs/pipeline.md) for n_local micro batches and checked, and the blocks
+ * of its chunks.  0, or -1 with a message. */
+static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_t n_local, char *err, size_t errlen) {
+  const IrParallel *par = &m->par;
+  int pp = ir_axis_size(m, IR_AXIS_PP), vpp = par->vpp > 1 ? par->vpp : 1, c = rank->coord[IR_AXIS_PP];
+  if (par->stage != c + 1)
+    return ts_errf(err, errlen, "this is the program of pipeline stage %d (parallel stage=%d) but it runs on pp "
+                   "coordinate %d (does the plan's rank_program match its mesh?)", par->stage - 1, par->stage, c);
+  PipeSchedKind kind;
+  if (par->sched > IR_PIPE_NONE && par->sched < IR_PIPE_COUNT) kind = (PipeSchedKind)(par->sched - 1);
+  else if (par->sched == IR_PIPE_NONE) kind = vpp > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;   /* mcc's defaults */
+  else return ts_errf(err, errlen, "the program's pipeline schedule %d is not one this runtime knows", par->sched);
+  if (n_local > (1 << 20)) return ts_errf(err, errlen, "%lld micro batches per step is too many to schedule", (long long)n_local);
+  char why[1024];
+  if (plan_pipe_schedule(kind, pp, vpp, (int)n_local, &r->sched, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "pipeline schedule for pp=%d, vpp=%d, %lld micro batches per step: %s", pp, vpp,
+                   (long long)n_local, why);
+  r->have_sched = 1;
+  if (plan_pipe_check(&r->sched, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "the regenerated pipeline schedule is wrong (a bug): %s", why);
+  int nchunks = pp * vpp;
+  r->chunk_block = ts_xmalloc((size_t)nchunks * 2 * sizeof *r->chunk_block);
+  for (int g = 0; g < 2 * nchunks; g++) r->chunk_block[g] = -1;
+  for (int g = c; g < nchunks; g += pp)
+    for (int bwd = 0; bwd < 2; bwd++) {
+      char name[32];
+      snprintf(name, sizeof name, "%s.%d", bwd ? "bwd" : "fwd", g);
+      if ((r->chunk_block[2 * g + bwd] = ir_block_find(m, name)) < 0)
+        return ts_errf(err, errlen, "pipeline rank %d runs chunk %d (pp=%d x vpp=%d chunks) but its program has no "
+                       "block %s", c, g, pp, vpp, name);
+    }
+  /* blocks of chunks that are not ours would never run: a mismatched plan */
+  for (int b = 0; b < m->blocks.n; b++) {
+    int g = ir_block_chunk(&m->blocks.a[b], NULL);
+    if (g >= 0 && (g >= nchunks || g % pp != c))
+      return ts_errf(err, errlen, "the program of pipeline rank %d has block %s, but chunk %d %s", c,
+                     m->blocks.a[b].name, g, g >= nchunks ? "does not exist" : "runs on another rank");
+  }
+  return 0;
+}
+
+/* TS_PIPE_TRACE=PATH (tests): after the first step, the pipeline rank c
+ * of the mesh's first dp/cp/ep/tp coordinates writes the steps it ran, in
+ * order, one "F|B micro chunk" line each, to PATH.<c> (atomically).  The
+ * tests rebuild the schedule from what ran and measure its bubble. */
+static int trace_steps(const TrainRun *r, int c, char *err, size_t errlen) {
+  const char *path = getenv("TS_PIPE_TRACE");
+  const RtRank *rk = rt_program_rank(r->prog);
+  if (!path || !*path) return 0;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (a != IR_AXIS_PP && rk->coord[a] != 0) return 0;
+  StrBuf b = {0};
+  for (int i = 0; i < r->sched.nsteps[c]; i++) {
+    const PipeStep *st = &r->sched.steps[c][i];
+    sb_printf(&b, "%c %d %d\n", st->kind, st->micro, st->chunk);
+  }
+  char file[4096];
+  snprintf(file, sizeof file, "%s.%d", path, c);
+  int rc = ts_write_file_atomic(file, b.p ? b.p : "", b.n);
+  sb_free(&b);
+  return rc != 0 ? ts_errf(err, errlen, "TS_PIPE_TRACE: cannot write '%s': %s", file, strerror(errno)) : 0;
+}
+
+/* The step's metrics of a pipeline program: each stage reports its own
+ * layers' metric() outputs, so after the dp sum every pipeline rank's
+ * list is gathered (names as f64 characters, '\n', then the value) and
+ * merged in pp coordinate order, the same on every rank. */
+static int pipe_metrics(TrainRun *r, char *err, size_t errlen) {
+  if (r->dp && r->nx && rt_comm_all_reduce(r->dp, IR_F64, r->xval, r->nx, err, errlen) != 0) return -1;
+  if (!r->pp) return 0;
+  int P = rt_comm_size(r->pp);
+  int64_t len = 0;
+  for (int i = 0; i < r->nx; i++) len += (int64_t)strlen(r->xname[i]) + 2;
+  double *mine = ts_xcalloc((size_t)len + 1, sizeof *mine), *lens = ts_xcalloc((size_t)P, sizeof *lens);
+  int64_t at = 0;
+  for (int i = 0; i < r->nx; i++) {
+    for (const char *c = r->xname[i]; *c; c++) mine[at++] = (unsigned char)*c;
+    mine[at++] = '\n';
+    mine[at++] = r->xval[i];
+  }
+  double len1 = (double)len;
+  int rc = rt_comm_all_gather(r->pp, IR_F64, &len1, lens, 1, err, errlen);
+  int64_t maxlen = 1;
+  for (int q = 0; q < P; q++) if ((int64_t)lens[q] > maxlen) maxlen = (int64_t)lens[q];
+  double *pad = ts_xcalloc((size_t)maxlen, sizeof *pad), *all = ts_xcalloc((size_t)(maxlen * P), sizeof *all);
+  memcpy(pad, mine, (size_t)len * sizeof *pad);
+  if (rc == 0) rc = rt_comm_all_gather(r->pp, IR_F64, pad, all, (size_t)maxlen, err, errlen);
+  if (rc == 0) {
+    r->nx = 0;
+    char name[256];
+    for (int q = 0; q < P; q++) {
+      const double *l = all + (int64_t)q * maxlen;
+      for (int64_t i = 0, n = (int64_t)lens[q]; i < n;) {
+        int k = 0;
+        while (i < n && l[i] != '\n') { if (k < (int)sizeof name - 1) name[k++] = (char)l[i]; i++; }
+        name[k] = 0;
+        double v = i + 1 < n ? l[i + 1] : 0;
+        i += 2;
+        const char *nm = ts_intern(name);
+        int j = 0;
+        while (j < r->nx && r->xname[j] != nm) j++;
+        if (j == r->nx) {
+          if (r->nx == RT_MAX_METRICS) continue;
+          r->xname[r->nx] = nm, r->xval[r->nx++] = 0;
+        }
+        r->xval[j] += v;
+      }
+    }
+  }
+  free(mine);
+  free(lens);
+  free(pad);
+  free(all);
+  return rc;
+}
+
+/* One step of a pipeline program: its rank's schedule, then the update.
+ * Writes the step's loss (over all pp and dp ranks) and grad norm. */
+static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, int ub, int64_t s, int64_t n_local,
+                           int64_t n_global, int dp_coord, double lr, double *loss, double *gnorm, char *err,
+                           size_t errlen) {
+  RtFeed feeds[3];
+  int nf = 0;
+  if (fs->has_tokens) feeds[nf++] = (RtFeed){"tokens", r->tokens};
+  if (fs->has_targets) feeds[nf++] = (RtFeed){"targets", r->targets};
+  if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
+  int c = rt_program_rank(r->prog)->coord[IR_AXIS_PP];
+  double acc[2] = {0, 0};   /* sum of the reported losses, how many reports */
+  r->nx = 0;
+  for (int i = 0; i < r->sched.nsteps[c]; i++) {
+    const PipeStep *st = &r->sched.steps[c][i];
+    int bwd = st->kind == 'B', b = r->chunk_block[2 * st->chunk + bwd];
+    int64_t g = (int64_t)dp_coord * n_local + st->micro;   /* the global micro batch */
+    char msg[1536];
+    if (r->has_data[b] && load_micro(r, m, fs, s, g, err, errlen) != 0) return -1;
+    RtRunInfo info = {s, (int)g, lr};
+    rt_outputs_clear(r->prog);
+    if (rt_run_block(r->prog, b, feeds, nf, &info, msg, sizeof msg) != 0)
+      return ts_errf(err, errlen, "pipeline step %d (%c of micro batch %d, chunk %d): %s", i + 1, st->kind,
+                     st->micro, st->chunk, msg);
+    double l;
+    if (!bwd && rt_output(r->prog, "loss", &l) == 0) acc[0] += l, acc[1] += 1;
+    if (!bwd) add_metrics(r);
+    if (i == 0) maybe_fail(r, s);
+  }
+  /* the sends first: on GPU ranks the last ones are still queued for
+   * NCCL (posted with a receive, and there is none left), and a peer may
+   * be waiting for them in its last block while we would wait in the
+   * metrics' collective */
+  if (rt_pipe_end_step(r->prog, err, errlen) != 0) return -1;
+  if (pipe_metrics(r, err, errlen) != 0) return -1;
+  if (s == 0 && trace_steps(r, c, err, errlen) != 0) return -1;
+  if (r->pp && rt_comm_all_reduce(r->pp, IR_F64, acc, 2, err, errlen) != 0) return -1;
+  if (r->dp && rt_comm_all_reduce(r->dp, IR_F64, acc, 2, err, errlen) != 0) return -1;
+  /* each micro batch's loss comes from exactly one forward block: fewer
+   * or more reports would silently scale the loss */
+  if (acc[1] != (double)n_global)
+    return ts_errf(err, errlen, "the forward blocks reported `output \"loss\"` %.0f times for %lld micro batches "
+                   "(the last chunk's forward should report it once per micro batch)", acc[1], (long long)n_global);
+  RtRunInfo info = {s, 0, lr};
+  rt_outputs_clear(r->prog);
+  if (rt_run_block(r->prog, ub, NULL, 0, &info, err, errlen) != 0) return -1;
+  *loss = acc[0] / (double)n_global;
+  if (rt_output(r->prog, "grad_norm", gnorm) != 0) *gnorm = NAN;
+  return 0;
+}
+
+int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *err, size_t errlen) {
+  RtTrainOpts dflt = {0};
+  if (!o) o = &dflt;
+  FILE *log = o->log ? o->log : stdout;
+  RtTrainResult rs = {0, NAN, NAN, NAN, 0, 0};
+  /* a pipeline stage's program has fwd.<g> / bwd.<g> blocks instead of micro */
+  int piped = ir_axis_size(m, IR_AXIS_PP) > 1;
+  int mb = ir_block_find(m, "micro"), ub = ir_block_find(m, "update");
+  if ((!piped && mb < 0) || ub < 0) {
+    snprintf(err, errlen, "the program has no block \"%s\" (was it compiled with autodiff and the optimizer?)",
+             !piped && mb < 0 ? "micro" : "update");
+    return -1;
+  }
+  if (piped && m->par.stage < 1) {
+    snprintf(err, errlen, "the module is the whole pipelined model (parallel pp=%d stage=0); mrun runs the "
+             "per-rank programs of a plan (mcc --pp writes them)", ir_axis_size(m, IR_AXIS_PP));
+    return -1;
+  }
+  const IrTrain *tr = &m->train;
+  if (tr->micro_batch <= 0 || tr->global_batch <= 0 || tr->global_batch % tr->micro_batch != 0) {
+    snprintf(err, errlen, "global_batch %lld is not a positive multiple of micro_batch %lld",
+             (long long)tr->global_batch, (long long)tr->micro_batch);
+    return -1;
+  }
+  int64_t nmicro = tr->global_batch / tr->micro_batch;
+  RtRank single = rt_rank_single();
+  const RtRank *rank = o->rank ? o->rank : &single;
+  int dp = rt_rank_axis_size(rank, IR_AXIS_DP);
+  if (nmicro % dp != 0) {
+    snprintf(err, errlen, "global_batch %lld is not a multiple of micro_batch %lld x dp %d "
+             "(each dp rank runs whole micro batches)",
+             (long long)tr->global_batch, (long long)tr->micro_batch, dp);
+    return -1;
+  }
+  int64_t n_local = nmicro / dp;
+  TrainRun r = {0};
+  r.world_rank = o->world ? rt_comm_world_rank(o->world) : 0;
+  r.dp = dp > 1 ? rank->group[IR_AXIS_DP] : NULL;
+  if (dp > 1 && !r.dp) {
+    snprintf(err, errlen, "dp=%d but this rank has no dp group", dp);
+    return -1;
+  }
+  int pp = rt_rank_axis_size(rank, IR_AXIS_PP);
+  r.pp = pp > 1 ? rank->group[IR_AXIS_PP] : NULL;
+  if (pp > 1 && !r.pp) {
+    snprintf(err, errlen, "pp=%d but this rank has no pp group", pp);
+    return -1;
+  }
+  r.loaded_step = r.loaded_micro = -1;
+  r.kill_step = fault_step("KILL", r.world_rank);
+  r.stall_step = fault_step("STALL", r.world_rank);
+  int lead = r.world_rank == 0;   /* prints and writes metrics */
+  if (!(r.prog = rt_program_new_rank(m, rank, err, errlen))) return -1;
+  if (piped && pipe_setup(&r, m, rank, n_local, err, errlen) != 0) { run_free(&r); return -1; }
+  /* the blocks fed with micro batches: micro, or every pipeline block */
+  int *fb = ts_xmalloc((size_t)m->blocks.n * sizeof *fb), nfb = 0;
+  r.has_data = ts_xcalloc((size_t)m->blocks.n, 1);
+  for (int b = 0; b < m->blocks.n; b++) {
+    if (piped ? ir_block_chunk(&m->blocks.a[b], NULL) < 0 : b != mb) continue;
+    fb[nfb++] = b;
+    for (int i = 0; i < m->blocks.a[b].n; i++) r.has_data[b] |= m->blocks.a[b].nodes[i].op == IR_OP_INPUT;
+  }
+  FeedSpec fs;
+  int frc = feed_spec(r.prog, m, fb, nfb, !piped, &fs, err, errlen);
+  free(fb);
+  if (frc != 0) { run_free(&r); return -1; }
+  if (fs.has_targets && lead) warn_vocab(m);
+
+  const char *path = o->data_path ? o->data_path : rt_corpus_default_path();
+  if (!fs.none && rt_corpus_open(&r.corpus, path, err, errlen) != 0) { run_free(&r); return -1; }
+  if (!fs.none && r.corpus.len < (size_t)fs.T + 2) {
+    snprintf(err, errlen, "corpus %s has %zu bytes; seq_len %lld needs at least %lld",
+             path, r.corpus.len, (long long)fs.T, (long long)fs.T + 2);
+    run_free(&r);
+    return -1;
+  }
+  if (lead && o->metrics_path && !(r.metrics = fopen(o->metrics_path, "w"))) {
+    snprintf(err, errlen, "cannot write metrics %s: %s", o->metrics_path, strerror(errno));
+    run_free(&r);
+    return -1;
+  }
+  int64_t ntok = fs.rows * fs.T, nloc = ir_type_numel(&fs.tok_t);   /* global / local per micro */
+  if (fs.none) ntok = tr->micro_batch * tr->seq_len, nloc = 0;        /* tokens/s of a middle stage */
+  r.tokens = ts_xcalloc((size_t)(nloc ? nloc : 1), sizeof *r.tokens);
+  r.targets = ts_xcalloc((size_t)(nloc ? nloc : 1), sizeof *r.targets);
+  if (fs.split) {
+    r.gtok = ts_xcalloc((size_t)ntok, sizeof *r.gtok);
+    r.gtgt = ts_xcalloc((size_t)ntok, sizeof *r.gtgt);
+  }
+  if (fs.has_mask) {
+    size_t es = ir_dtype_size(fs.mask_t.dtype);
+    int64_t nm = ir_type_numel(&fs.mask_t);
+    r.mask = ts_xcalloc((size_t)nm, es);
+    for (int64_t i = 0; i < nm; i++) {
+      if (fs.mask_t.dtype == IR_F32) ((float *)r.mask)[i] = 1.0f;
+      else if (fs.mask_t.dtype == IR_F64) ((double *)r.mask)[i] = 1.0;
+      else ((int32_t *)r.mask)[i] = 1;
+    }
+  }
+
+  double t0 = now_s();
+  int rc = 0;
+  for (int64_t s = 0; s < tr->steps; s++) {
+    double ts = now_s(), lr = rt_lr_at(tr, s), loss = NAN, gn = NAN;
+    int bad = piped ? train_step_pipe(&r, m, &fs, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
+                                      err, errlen)
+                    : train_step(&r, m, &fs, mb, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
+                                 err, errlen);
+    if (bad) {
+      char msg[1024];
+      snprintf(msg, sizeof msg, "step %lld: %s", (long long)s + 1, err);
+      snprintf(err, errlen, "%s", msg);
+      rc = -1;
+      break;
+    }
+    if (!isfinite(loss)) {
+      snprintf(err, errlen, "step %lld: the loss is %s; stopping (try a lower lr or clip_grad)",
+               (long long)s + 1, isnan(loss) ? "nan" : "inf");
+      rc = -1;
+      break;
+    }
+    double t1 = now_s(), tps = (double)(ntok * nmicro) / (t1 - ts > 1e-9 ? t1 - ts : 1e-9);
+    if (!o->quiet && lead) {
+      fprintf(log, "step %4lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f s",
+              (long long)s + 1, (long long)tr->steps, loss, lr, gn, tps, t1 - t0);
+      print_metrics(log, &r);
+      fprintf(log, "\n");
+      fflush(log);
+    }
+    if (r.metrics) {
+      fprintf(r.metrics, "{\"step\": %lld, ", (long long)s + 1);
+      json_num(r.metrics, "loss", loss, 1);
+      json_num(r.metrics, "lr", lr, 1);
+      json_num(r.metrics, "grad_norm", gn, 1);
+      json_num(r.metrics, "tokens_per_s", tps, 1);
+      for (int i = 0; i < r.nx; i++) json_num(r.metrics, r.xname[i], r.xval[i], 1);
+      json_num(r.metrics, "elapsed_s", t1 - t0, 0);
+      fprintf(r.metrics, "}\n");
+      fflush(r.metrics);
+    }
+    if (s == 0) rs.first_loss = loss;
+    rs.last_loss = loss;
+    rs.last_grad_norm = gn;
+    rs.steps = s + 1;
+  }
+  if (rc == 0 && o->save_params_path &&
+      rt_params_save(r.prog, o->world, o->save_params_path, err, errlen) != 0)
+    rc = -1;
+  RtExecStats es;
+  rt_program_exec_stats(r.prog, &es);
+  rs.dev_collectives = es.dev_collectives;
+  rs.dev_overlapped = es.dev_overlapped;
+  run_free(&r);
+  if (res) *res = rs;
+  return rc;
+}

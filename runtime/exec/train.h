@@ -1,0 +1,129 @@
+/* train.h - the trainer behind `mrun`: the byte-level data pipeline
+ * (data.c), the training loop over a module's "micro" and "update" blocks
+ * (train.c) and the GPU driver probe (gpu_probe.c).
+ *
+ * Data convention: a model's inputs are fed by name -- "tokens" and
+ * "targets" (i32, same shape [..., T]: row r holds a window of T bytes of
+ * the corpus and the same window shifted by one) and optionally
+ * "loss_mask" (all ones).  Any other input is refused at start-up. */
+#ifndef TS_TRAIN_H
+#define TS_TRAIN_H
+#include "rt.h"
+
+/* ---- data: token = byte, vocabulary 256 ---- */
+#define RT_BYTE_VOCAB 256
+typedef struct { unsigned char *bytes; size_t len; } RtCorpus;
+
+/* Reads the whole file.  0, or -1 with a message. */
+int rt_corpus_open(RtCorpus *c, const char *path, char *err, size_t errlen);
+void rt_corpus_free(RtCorpus *c);
+/* The corpus mrun uses without --data: samples/data/kjv.txt relative to
+ * the working directory if it exists there, else in the source tree. */
+const char *rt_corpus_default_path(void);
+/* Fills rows x T tokens and targets: row r (global row index row0 + r)
+ * at step `step` reads the window at offset
+ *   H(3, seed, step, row0 + r) mod (len - T - 1)          (H: rng.c)
+ * tokens = bytes[off, off + T), targets = bytes[off + 1, off + T + 1).
+ * -1 with a message if the corpus is shorter than T + 2 bytes. */
+int rt_corpus_batch(const RtCorpus *c, uint64_t seed, int64_t step, int64_t row0,
+                    int64_t rows, int64_t T, int32_t *tokens, int32_t *targets,
+                    char *err, size_t errlen);
+
+/* ---- training ----
+ * Over N ranks (opts.rank and opts.world set), each rank trains its own
+ * program (SPMD).  With dp = the rank's mesh dp and r its dp coordinate,
+ * a step runs n_local = global_batch / (micro_batch * dp) micro batches
+ * per rank: micro j is the GLOBAL micro batch g = r * n_local + j, holding
+ * global rows [g * micro_batch, (g+1) * micro_batch) (RtRunInfo.micro = g,
+ * for dropout), so the ranks together see exactly the single-rank step's
+ * batch.  The step's loss is the sum of the micro losses, all-reduced over
+ * dp, divided by global_batch / micro_batch.  Only world rank 0 prints
+ * progress and writes metrics.
+ *
+ * Pipeline programs (m->par.pp > 1, m->par.stage = pp coordinate + 1; see
+ * docs/pipeline.md): instead of "micro", the rank runs the steps of its
+ * schedule (regenerated from m->par with n_local micro batches and checked
+ * with plan_pipe_check): F of micro j on chunk g runs block fwd.<g>, B runs
+ * bwd.<g>, each fed micro batch r * n_local + j when it has data inputs
+ * (RtRunInfo.micro is that global index, as without pp).  Then every posted
+ * send completes, no stashed value may be left, and "update" runs.  The
+ * loss: the forward blocks' `output "loss"` (once per micro batch over the
+ * pipeline), summed, all-reduced over pp and dp, divided as above; the grad
+ * norm is the update's (every stage reports the same global value).
+ *
+ * Fault injection for the tests (world ranks, steps from 1):
+ *   TS_FAULT_KILL_RANK=R TS_FAULT_KILL_STEP=S   rank R SIGKILLs itself in
+ *       step S, after its first micro batch;
+ *   TS_FAULT_STALL_RANK=R TS_FAULT_STALL_STEP=S rank R stops (sleeps) there. */
+typedef struct {
+  const char *data_path;     /* NULL: rt_corpus_default_path() */
+  const char *metrics_path;  /* JSON Lines, one object per step; NULL: none */
+  int quiet;                 /* no progress lines */
+  FILE *log;                 /* progress lines (NULL: stdout) */
+  const RtRank *rank;        /* NULL: a single rank (no communication) */
+  RtComm *world;             /* all ranks (for --save-params); NULL: single rank */
+  const char *save_params_path;  /* after training: rt_params_save; NULL: none */
+} RtTrainOpts;
+
+typedef struct {
+  int64_t steps;             /* steps completed */
+  double first_loss, last_loss, last_grad_norm;
+  /* On a CUDA device: collectives issued on the comm stream, and device
+   * operations issued on compute while one was still in flight (so
+   * overlapping it). */
+  long long dev_collectives, dev_overlapped;
+} RtTrainResult;
+
+/* Trains m for m->train.steps steps: per step, global_batch / micro_batch
+ * runs of block "micro" (each fed a fresh micro-batch; a pipeline program:
+ * its schedule, see above), then block
+ * "update"; the step's loss is the mean of the micro runs' `output "loss"`,
+ * its grad norm the update's `output "grad_norm"` (NaN if not reported).
+ * A non-finite loss stops training with an error naming the step.
+ * 0 on success, -1 with a message. */
+int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res,
+             char *err, size_t errlen);
+
+/* ---- parameter files (mrun --save-params) ----
+ * Every parameter in its GLOBAL logical shape: tp (and other) splits
+ * undone, padding for sharding stripped (IrState.logical), so a sharded
+ * run's file compares element by element with the single-rank run's.
+ * Format (little-endian, written atomically):
+ *   "TSPARAMS" | u32 version (1) | u32 count
+ *   count times, sorted by name (strcmp):
+ *     u32 name length | name bytes (no NUL) | u32 dtype (IrDtype: 1 f32,
+ *     2 f64) | u32 rank | i64 dim[rank] | numel * dtype-size bytes of data,
+ *     row-major. */
+typedef struct {
+  char *name;
+  IrDtype dtype;
+  int rank;
+  int64_t dim[IR_MAX_RANK];
+  int64_t numel;
+  double *data;              /* converted to double */
+} RtParam;
+typedef struct { int n; RtParam *a; } RtParams;
+
+/* Collective over `world` (every rank calls it; world NULL: single rank):
+ * gathers each parameter of p's module over the axes it is split on and
+ * world rank 0 writes `path`.  With pp > 1 every pipeline rank holds a
+ * different subset of the parameters: the ranks of world rank 0's pp group
+ * send it the ones it lacks (a parameter held by several pipeline ranks,
+ * like a tied embedding, from the lowest), so the file holds every
+ * parameter, as the single-rank run's does.  0, or -1 with a message
+ * (rank 0's write error is only known to rank 0). */
+int rt_params_save(RtProgram *p, RtComm *world, const char *path, char *err, size_t errlen);
+RtParams *rt_params_read(const char *path, char *err, size_t errlen);
+void rt_params_free(RtParams *ps);
+/* The largest tensor-wise relative difference between a and b:
+ *   max over parameters of  max_i |a_i - b_i| / max(max_i |b_i|, 0.1 * M)
+ * with M the largest |b_i| of the whole model.  The floor matters only for
+ * a parameter whose entries all stay below 10% of M: one whose true gradient
+ * is 0, like an attention key bias, moves by AdamW steps driven by rounding
+ * noise that differs with every summation order, so its own size is no
+ * scale to compare against.
+ * -1 with a message in where when the files hold different parameters or
+ * shapes; else where names the parameter with the largest difference. */
+double rt_params_max_rel_diff(const RtParams *a, const RtParams *b, char *where, size_t n);
+
+#endif
