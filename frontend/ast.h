@@ -29,7 +29,7 @@
  *   args    := (expr | NAME ':' expr) (',' ...)*   (keyword args after positional) */
 #ifndef TS_MDL_AST_H
 #define TS_MDL_AST_H
-#include "../ir/util.h"
+#include "ir/util.h"
 
 typedef struct { const char *file; int line, col; } MdlLoc;   /* file interned; 1-based */
 

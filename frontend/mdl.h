@@ -12,7 +12,7 @@
  * and compilation stops at the end of the stage that found them. */
 #ifndef TS_MDL_H
 #define TS_MDL_H
-#include "../ir/ir.h"
+#include "ir/ir.h"
 
 typedef struct { const char *name, *value; } MdlDefine;   /* -D name=value */
 
