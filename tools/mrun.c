@@ -442,7 +442,7 @@ static int run_selftest(void) {
   RtDev *d = rt_dev_cuda_open(0, msg, sizeof msg);
   if (!d) { fprintf(stderr, "mrun --selftest: opening GPU 0: %s\n", msg); return 1; }
   int failures = 0;
-  int rc = rt_selftest(d, stdout, &failures, msg, sizeof msg);
+  int rc = rt_selftest(d, &rt_selftest_gpt, stdout, &failures, msg, sizeof msg);
   d->ops->close(d);
   if (rc != 0) { fprintf(stderr, "mrun --selftest: %s\n", msg); return 1; }
   return failures ? 1 : 0;

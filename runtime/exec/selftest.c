@@ -10,15 +10,15 @@
  * the device refuses the module, the kind it names is
  * marked "no kernel" if the refusal is a missing CUDA kernel, and the
  * module is rebuilt without it; any other refusal is isolated by trying
- * each kind alone.  The training step needs the source tree's
- * samples/gpt.mdl and stdlib (TS_SOURCE_DIR) and writes its corpus and
- * parameter files into a fresh directory under $TMPDIR. */
+ * each kind alone.  The training step runs a model the caller gives as IR
+ * text after every pass (mrun: samples/gpt.mdl at toy size, compiled by
+ * mcc when mrun is built and embedded in it, so the runtime links no
+ * compiler) and writes its corpus and parameter files into a fresh
+ * directory under $TMPDIR. */
 #include "selftest.h"
 #include "runtime/device/device.h"
 #include "dev_prog.h"
 #include "train.h"
-#include "../frontend/mdl.h"
-#include "../passes/passes.h"
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -620,35 +620,23 @@ static int write_corpus(const char *path) {
   return rc;
 }
 
-/* samples/gpt.mdl at toy size through the passes, in dtype dt.  NULL with
- * a message. */
-static IrModule *compile_gpt(IrDtype dt, char *err, size_t errlen) {
-  static const MdlDefine defs[] = {{"layers", "2"},   {"d_model", "32"}, {"heads", "4"},      {"seq_len", "16"},
-                                   {"vocab", "256"},  {"batch", "4"},    {"micro_batch", "2"}};
-  char path[1024];
-  snprintf(path, sizeof path, "%s/samples/gpt.mdl", TS_SOURCE_DIR);
-  if (access(path, R_OK) != 0) {
-    ts_errf(err, errlen, "cannot read %s (the self-test's training step compiles it from the source tree)", path);
-    return NULL;
+/* The training row's model in dtype dt: its IR text parsed and verified.
+ * NULL with a message. */
+static IrModule *train_module(const RtSelftestTrain *tm, IrDtype dt, char *err, size_t errlen) {
+  const char *text = dt == IR_F64 ? tm->f64 : tm->f32;
+  char why[1024];
+  IrModule *m = text ? ir_parse_module(text, tm->name, why, sizeof why) : NULL;
+  if (!text) snprintf(why, sizeof why, "no %s module", ir_dtype_name(dt));
+  else if (m && ir_verify(m, why, sizeof why) != 0) {
+    ir_module_free(m);
+    m = NULL;
   }
-  MdlOptions o;
-  mdl_options_init(&o);
-  o.defines = defs;
-  o.ndefines = (int)(sizeof defs / sizeof defs[0]);
-  o.precision = dt;
-  IrModule *m = mdl_compile_file(path, &o);
-  if (!m) { ts_errf(err, errlen, "%s does not compile (diagnostics above)", path); return NULL; }
-  PassCtx cx;
-  pass_ctx_init(&cx);
-  int rc = pass_run_pipeline(m, &cx);
-  if (rc != 0) ts_errf(err, errlen, "%s: %s", path, cx.err);
-  pass_ctx_free(&cx);
-  if (rc != 0) { ir_module_free(m); return NULL; }
+  if (!m) ts_errf(err, errlen, "the training model %s: %s", tm->name, why);
   return m;
 }
 
 /* Trains gpt 2 steps on the CPU and on d; compares losses and parameters. */
-static void train_row(RtDev *d, const char *dir, IrDtype dt, StRow *r) {
+static void train_row(RtDev *d, const RtSelftestTrain *tm, const char *dir, IrDtype dt, StRow *r) {
   char err[2048], corpus[1100], pc[1100], pd[1100];   /* dir is at most 1024 bytes */
   snprintf(corpus, sizeof corpus, "%s/corpus.txt", dir);
   snprintf(pc, sizeof pc, "%s/cpu_%s.params", dir, r->dt);
@@ -657,7 +645,7 @@ static void train_row(RtDev *d, const char *dir, IrDtype dt, StRow *r) {
     row_fail(r, "cannot write %s: %s", corpus, strerror(errno));
     return;
   }
-  IrModule *m = compile_gpt(dt, err, sizeof err);
+  IrModule *m = train_module(tm, dt, err, sizeof err);
   if (!m) { row_fail(r, "%s", err); return; }
   m->train.steps = 2;
   StImage si;
@@ -735,7 +723,7 @@ static void print_row(FILE *out, const StRow *r) {
   if (r->status != ST_PASS) fprintf(out, "    %s\n", r->note);
 }
 
-int rt_selftest(RtDev *dev, FILE *out, int *failures, char *err, size_t errlen) {
+int rt_selftest(RtDev *dev, const RtSelftestTrain *train, FILE *out, int *failures, char *err, size_t errlen) {
   *failures = 0;
   const char *tmp = getenv("TMPDIR");
   char dir[1024];
@@ -772,10 +760,10 @@ int rt_selftest(RtDev *dev, FILE *out, int *failures, char *err, size_t errlen) 
     }
     fflush(out);
   }
-  for (int di = 0; di < 2 && selected("train", 0); di++) {
+  for (int di = 0; di < 2 && train && selected("train", 0); di++) {
     if (!selected(dts[di].name, 1)) continue;
     StRow r = {.kind = "train gpt 2 steps", .dt = dts[di].name, .limit = dts[di].limit, .status = ST_PASS};
-    train_row(dev, dir, dts[di].t, &r);
+    train_row(dev, train, dir, dts[di].t, &r);
     print_row(out, &r);
     *failures += r.status == ST_FAIL;
     nrows++;

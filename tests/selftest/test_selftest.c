@@ -95,7 +95,7 @@ static int run(RtDev *d, char **text, int *fails) {
   size_t len = 0;
   FILE *f = open_memstream(text, &len);
   char err[1024];
-  int rc = rt_selftest(d, f, fails, err, sizeof err);
+  int rc = rt_selftest(d, &rt_selftest_gpt, f, fails, err, sizeof err);
   fclose(f);
   fputs(*text, stdout);
   if (rc != 0) printf("rt_selftest: %s\n", err);
