@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/kernels_ref.sh - where a GPT-2 training step spends its time in the
-# reference kernels (runtime/ops_ref.c), for one or two builds side by side:
+# reference kernels (runtime/cpu/ops_ref.c), for one or two builds side by side:
 # `mrun` with TS_RT_PROFILE=1, per-op seconds per step (median over runs),
 # the step time and tokens/s.  Prints one markdown table.
 #

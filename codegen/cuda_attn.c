@@ -1,7 +1,7 @@
 /* cuda_attn.c - the flash-attention kernels of the CUDA library
  * (cuda_priv.h; docs/cuda.md "Attention"): the fused attention op, its
  * backward, and the ring-attention steps of context parallelism.  They
- * compute what runtime/ops_attn.c and ops_ring.c compute:
+ * compute what runtime/cpu/ops_attn.c and ops_ring.c compute:
  *
  *   attention      one block per (batch, query head, tile of BQ queries):
  *                  the query tile in shared memory, the keys and values
@@ -91,7 +91,7 @@ static int choose_tiles(Att *a, char *why, size_t whylen) {
 
 /* Prints `static long long FN(const long long *run, long long g)`: the
  * global position of local row g of a dim of local length L split by the
- * axes in mask, as rt_global_index_at (runtime/cp_layout.c) computes it,
+ * axes in mask, as rt_global_index_at (runtime/cpu/cp_layout.c) computes it,
  * inner axis first; on the ring (src >= 0) the cp coordinate is the key
  * block's owner, (c - src) mod C. */
 static void print_pos(const IrModule *m, StrBuf *src, const char *fn, unsigned mask, int64_t L, int64_t ring_src) {

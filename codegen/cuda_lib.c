@@ -2,7 +2,7 @@
  * (cg_cuda_lib_kernel, cuda.h), written per node: shapes, attributes and
  * the mesh's axis sizes are constants in the text; the rank's coordinates
  * come from the run block (a.run[CG_RUN_COORD + axis]).  Each computes
- * what its reference kernel (runtime/ops_ref_t.h) computes, in the same
+ * what its reference kernel (runtime/cpu/ops_ref_t.h) computes, in the same
  * order where the order decides the bits (the embedding's scatter-add
  * walks the ids serially per column, as the reference does).
  *

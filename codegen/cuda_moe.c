@@ -2,7 +2,7 @@
  * (cuda_priv.h; docs/cuda.md "Mixture of experts"): routing (topk_mask,
  * capacity_mask, moe_counts), token dispatch (moe_perm, moe_unperm,
  * moe_gate_grad) and the grouped matmuls (gmm, gmm_dw).  They compute what
- * runtime/ops_route.c and ops_moe.c compute, in the same order where the
+ * runtime/cpu/ops_route.c and ops_moe.c compute, in the same order where the
  * order decides the bits (capacity in token order, unperm's sum over
  * experts in expert order); dot products accumulate in double.
  *

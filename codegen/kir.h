@@ -20,7 +20,7 @@
  *
  * Scalar types: i1 (compare results), i32, i64 (indices), f32, f64.
  * Integer ADD, SUB and MUL wrap around (two's complement), so the
- * counter-based RNG (runtime/rng.c's splitmix64 chain) is plain kernel IR:
+ * counter-based RNG (runtime/cpu/rng.c's splitmix64 chain) is plain kernel IR:
  * XOR, SHR (logical) and MUL on i64.
  * Run-time scalars (the training step, the micro batch, the seed: what a
  * dropout mask depends on besides the element) are PARAM instructions:

@@ -17,7 +17,7 @@
  * round trip through memory for the memory-bound ops fused here); within
  * one loop each value is computed once (memo, reset when a loop ends).
  *
- * Numerics follow runtime/ops_ref_t.h: arithmetic and accumulation in f64,
+ * Numerics follow runtime/cpu/ops_ref_t.h: arithmetic and accumulation in f64,
  * each node's value rounded to its dtype (so fusing does not change
  * results), the same formulas in the same order where it matters. */
 #include "cg.h"
@@ -116,7 +116,7 @@ static int round_to(Lw *L, IrDtype dt, int v) {
 }
 static int load_f64(Lw *L, int buf, int idx) { return cg_cast(L->k, CG_F64, cg_load(L->k, buf, idx)); }
 
-/* ---- dropout's random numbers (runtime/rng.c, bit for bit) ----
+/* ---- dropout's random numbers (runtime/cpu/rng.c, bit for bit) ----
  * mix(z): splitmix64's finalizer; H(w1..wn) = fold of mix(h ^ w) from
  * 0x6a09e667f3bcc909; U(h) = (h >> 11) * 2^-53.  All i64, wrapping. */
 static int xr(Lw *L, int a, int b) { return cg_bin(L->k, CG_XOR, a, b); }

@@ -27,7 +27,7 @@
  * next -- becomes a group of its own: matmul, reshapes, broadcast, add
  * (the add last, its only output).  The executor runs it as one BLAS call
  * with beta = 1 into the add's buffer pre-filled with the broadcast bias
- * (C = A.B + C; runtime/exec_gemm.c).  The code generator cannot lower such
+ * (C = A.B + C; runtime/exec/exec_gemm.c).  The code generator cannot lower such
  * a group (no matmul in the kernel IR); plan_epilogue_match
  * recognizes it, for the executor too.  The group is closed at once: what consumes the
  * add (gelu, a residual) starts its own group.

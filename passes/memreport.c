@@ -32,7 +32,7 @@ static int plan_backend(const IrModule *m, int bi, int fused, MemPlanAtFn llvm_a
  * operands of its forward block's `stash` nodes; they stay in the
  * runtime's stash, outside the arena, until the chunk's backward block
  * unstashes them), and the most bytes stashed at once over the step, from
- * the schedule the trainer runs (regenerated like runtime/train.c does):
+ * the schedule the trainer runs (regenerated like runtime/exec/train.c does):
  * walking r's steps in order, F of (micro, chunk) adds the chunk's stash,
  * B removes it.  With one chunk per rank that is the stash of a micro
  * batch times the simulated peak in flight (PipeTimeline.peak_chunks).

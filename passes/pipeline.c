@@ -26,15 +26,6 @@ const PassInfo pass_pipeline[] = {
 };
 const int pass_pipeline_count = (int)(sizeof pass_pipeline / sizeof pass_pipeline[0]);
 
-void pass_ctx_init(PassCtx *cx) {
-  memset(cx, 0, sizeof *cx);
-  arena_init(&cx->scratch);
-  cx->verify_each = 1;
-  cx->print_to = stdout;
-}
-
-void pass_ctx_free(PassCtx *cx) { arena_free(&cx->scratch); }
-
 static int cx_fail(PassCtx *cx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int cx_fail(PassCtx *cx, const char *fmt, ...) {
   va_list ap;

@@ -1034,7 +1034,7 @@ static void shard_node(Sh *S, int i) {
      * dims (the sequence), each rank its contiguous block */
     for (int d = 0; d < gt.rank; d++) {
       if (!(rule_axes(m, gt.dname[d]) & BIT(IR_AXIS_CP))) continue;
-      if (gt.dim[d] % (2 * S->C)) {   /* causal load balancing: 2 chunks per rank (runtime/cp_layout.c) */
+      if (gt.dim[d] % (2 * S->C)) {   /* causal load balancing: 2 chunks per rank (runtime/cpu/cp_layout.c) */
         sh_fail(S, "input \"%s\": dim '%s' = %lld is not divisible by 2 x cp = %d (causal load balancing gives "
                 "each cp rank two chunks)", n->sa, gt.dname[d], (long long)gt.dim[d], 2 * S->C);
         return;

@@ -1,5 +1,5 @@
 /* memplan.h - static memory planning: an ANALYSIS over a pipeline-final
- * IrModule (it never changes the IR).  The runtime (runtime/rt.c) runs
+ * IrModule (it never changes the IR).  The runtime (runtime/exec/rt.c) runs
  * every block in ONE arena at the offsets planned here, so the numbers of
  * `mcc --report memory` are what mrun allocates, byte for byte.
  *

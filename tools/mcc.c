@@ -124,8 +124,8 @@ typedef struct {
   int check, steps, gpus;    /* --check, --steps K (-1: 3), --gpus N (0: the mesh size) */
   /* pipeline (passes/pipe.h): views of the partition and schedules */
   const char *trace;         /* --emit=trace FILE */
-  const char *llvm_dir;      /* --emit=llvm DIR: each kernel's LLVM IR (runtime/exec_jit.c) */
-  const char *cuda_dir;      /* --emit=cuda DIR: each program's CUDA module (runtime/dev_prog.c) */
+  const char *llvm_dir;      /* --emit=llvm DIR: each kernel's LLVM IR (runtime/exec/exec_jit.c) */
+  const char *cuda_dir;      /* --emit=cuda DIR: each program's CUDA module (runtime/exec/dev_prog.c) */
   int sm[2], nsm;            /* --target sm_80,sm_90: NVRTC images in the plan (docs/cuda.md) */
   const char *schedule;      /* --schedule NAME; NULL: 1f1b, interleaved with vpp >= 2 */
   const char *pp_layout;     /* --pp-layout STR */

@@ -7,7 +7,7 @@
  *
  * Loads the plan (binary or text, as written by mcc; a bare IR module
  * with blocks "micro" and "update" is accepted too) and trains it with the
- * CPU runtime (runtime/train.c) on N ranks, one process each:
+ * CPU runtime (runtime/exec/train.c) on N ranks, one process each:
  *   - N = 1 without an MPI launcher: this process, no MPI at all;
  *   - N > 1 without a launcher: mrun re-executes itself under
  *     `mpirun -np N --oversubscribe --bind-to none` (marker TS_MRUN_LAUNCHED
@@ -19,7 +19,7 @@
  * (pass_respecialize_dp), except a pipeline plan (pp > 1), which is
  * refused ("recompile with mcc --dp N").  With pp > 1 each rank runs the
  * program of its pp coordinate (the plan's rank_program) and trains it
- * with its pipeline schedule (runtime/train.h).  A rank that fails or dies ends every rank: an
+ * with its pipeline schedule (runtime/exec/train.h).  A rank that fails or dies ends every rank: an
  * error calls MPI_Abort, and a stalled or dead peer is caught by the
  * collectives' deadline (--timeout, default 60 s).
  * GPUs: when the CUDA driver reports devices (and neither --cpu nor
@@ -31,7 +31,7 @@
  * or whose image was compiled for another module (e.g. another dp), is
  * refused naming the mcc option that fixes it.  Without a driver every
  * rank is a CPU rank (one line says so).
- * --selftest (runtime/selftest.h): runs every kernel kind and a tiny
+ * --selftest (runtime/exec/selftest.h): runs every kernel kind and a tiny
  * training step on GPU 0 against the CPU and prints the table; no plan.
  * Exit status 0 on success, 1 on any error (after a message on stderr), 2
  * on bad usage.  With --selftest: 0 when every row passes, 1 when a row
@@ -66,7 +66,7 @@ static const char usage[] =
     "  --metrics FILE     write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s)\n"
     "  --seed N           override the plan's train.seed (initialization, data order, dropout)\n"
     "  --timeout S        seconds a rank waits in a collective before the job is stopped (default 60)\n"
-    "  --save-params FILE after training, write every parameter in its global shape (format: runtime/train.h)\n"
+    "  --save-params FILE after training, write every parameter in its global shape (format: runtime/exec/train.h)\n"
     "  --quiet            no per-step progress lines\n"
     "  --backend B        llvm (default): fusion groups and elementwise / row ops as JIT-compiled kernels;\n"
     "                     ref: every op on the reference kernels (the oracle for tests; CPU ranks)\n"

@@ -8,6 +8,10 @@
  * for device memory.  The core (comm_mpi.c) dispatches through the table
  * and never names a backend; comm_nccl.c fills the NCCL table.
  *
+ * runtime/comm may use: ir/ (dtypes, utilities) and plan/ (the mesh).
+ * Nothing else of the runtime: a device reaches NCCL as a raw stream
+ * (rt_comm_nccl_bind), and the executor and kernels call only this header.
+ *
  * Buffers are contiguous arrays of IR_F32 or IR_F64 (host memory for MPI
  * groups, device memory for NCCL groups).  "count" is always a number of
  * elements, never bytes.  Every collective must be called by every rank of

@@ -13,7 +13,7 @@
  * Positions: a causal mask hides key j from query i when the GLOBAL
  * position of j is after that of i.  Global positions come from the
  * operands' shardings (the seq dim, 2, may be split over cp -- a zigzag,
- * runtime/cp_layout.c -- or over tp under sequence parallelism), so the
+ * runtime/cpu/cp_layout.c -- or over tp under sequence parallelism), so the
  * kernel works on any block of the sequence.
  *
  * Ring attention (context parallelism) is not here: the sharding pass

@@ -1,4 +1,4 @@
-/* test_comm.c - the communication layer (runtime/comm.h), run under mpirun
+/* test_comm.c - the communication layer (runtime/comm/comm.h), run under mpirun
  * with 1..4 ranks by run_mpi.sh.  One program, one mode per argv[1]:
  *   collectives  every collective in f32 and f64 against values computed
  *                locally from the rank numbers; send/recv around a ring;

@@ -1,4 +1,4 @@
-/* emu_dev.c - a device for the tests: the device layer (runtime/device.h)
+/* emu_dev.c - a device for the tests: the device layer (runtime/device/device.h)
  * over the CUDA emulator (emu_host.h).  Device memory is host memory;
  * kernels are the module's CUDA C compiled by the host C++ compiler
  * against the emulation header; GEMMs run on the host BLAS, as the CPU

@@ -1,4 +1,4 @@
-/* emu_dev.h - the emulated device for tests (emu_dev.c): runtime/device.h
+/* emu_dev.h - the emulated device for tests (emu_dev.c): runtime/device/device.h
  * over the CUDA emulator.  A test executable adds emu_dev.c and
  * emu_host.c (see emu_host.h for the definitions it needs). */
 #ifndef TS_EMU_DEV_H

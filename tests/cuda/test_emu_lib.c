@@ -1,5 +1,5 @@
 /* test_emu_lib - CUDA library kernels (codegen/cuda_attn.c, cuda_lib.c)
- * against the reference kernels (runtime/ops_attn.c, ops_ring.c,
+ * against the reference kernels (runtime/cpu/ops_attn.c, ops_ring.c,
  * ops_ref.c); the mixture-of-experts kernels are checked by whole training
  * steps instead (tests/cuda_step, cuda.step_moe_*).
  *

@@ -1,4 +1,4 @@
-/* abi_check.c - our declarations of NVIDIA's ABI (runtime/dev_cuda_priv.h,
+/* abi_check.c - our declarations of NVIDIA's ABI (runtime/device/dev_cuda_priv.h,
  * made so the library builds without the toolkit) against the toolkit's
  * own headers, at compile time: every constant and struct layout.  At run
  * time, every symbol the device layer dlsyms must be exported by the

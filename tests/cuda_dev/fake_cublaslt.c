@@ -1,5 +1,5 @@
 /* fake_cublaslt.c - a fake cuBLASLt (libcublasLt.so.13) for the tests of
- * runtime/dev_cublaslt.c: the descriptor, layout, preference, heuristic
+ * runtime/device/dev_cublaslt.c: the descriptor, layout, preference, heuristic
  * and matmul entry points the device layer calls, computing D with plain
  * loops in cuBLASLt's documented COLUMN-MAJOR semantics:
  *

@@ -1,5 +1,5 @@
 /* fake_cuda.c - a fake CUDA driver (libcuda.so.1) for the tests of
- * runtime/dev_cuda.c on machines without a GPU: only the entry points the
+ * runtime/device/dev_cuda.c on machines without a GPU: only the entry points the
  * device layer (and the fake cuBLASLt) call, under their exported names.
  *
  * It encodes our reading of NVIDIA's documentation, not NVIDIA's

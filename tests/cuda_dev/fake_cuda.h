@@ -1,5 +1,5 @@
 /* fake_cuda.h - the control interface of the fake CUDA driver
- * (fake_cuda.c, built as libcuda.so.1 for the tests of runtime/dev_cuda.c).
+ * (fake_cuda.c, built as libcuda.so.1 for the tests of runtime/device/dev_cuda.c).
  * A test dlopens the fake by the same path it puts in TS_CUDA_DRIVER, so
  * it gets the same instance the device layer uses, and looks these
  * functions up with dlsym.

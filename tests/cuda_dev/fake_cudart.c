@@ -1,4 +1,4 @@
-/* fake_cudart.c - the few CUDA runtime calls of runtime/comm_nccl.c
+/* fake_cudart.c - the few CUDA runtime calls of runtime/comm/comm_nccl.c
  * (libcudart.so), for test_cuda_dev_nccl: one visible GPU (FAKE_CUDART_DEVICES
  * more), streams that are plain tokens and always finished.  It counts
  * cudaStreamQuery calls per stream, so a test can tell whether the

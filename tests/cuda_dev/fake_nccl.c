@@ -1,5 +1,5 @@
 /* fake_nccl.c - a fake NCCL (libnccl.so.2) for test_cuda_dev_nccl: the
- * calls of runtime/comm_nccl.c, carried out at once over MPI (buffers are
+ * calls of runtime/comm/comm_nccl.c, carried out at once over MPI (buffers are
  * host memory: the fake CUDA driver's device memory is).  Only the world
  * group: ncclCommInitRank must be called by every MPI rank with its world
  * rank.  Between ncclGroupStart and ncclGroupEnd, sends and receives are

@@ -1,4 +1,4 @@
-/* test_cuda_dev - the CUDA device layer (runtime/dev_cuda.c and
+/* test_cuda_dev - the CUDA device layer (runtime/device/dev_cuda.c and
  * dev_cublaslt.c) without a GPU, through fake drivers (fake_cuda.c as
  * libcuda.so.1, fake_cublaslt.c as libcublasLt.so.13; TS_CUDA_DRIVER and
  * TS_CUBLASLT_LIB point the layer at them).

@@ -4,11 +4,11 @@
  * PLAN is a plan for a mesh of N ranks (dp, tp, cp or pp: each rank runs
  * its program).  Every rank trains it
  * twice: on the CPU (LLVM kernels, MPI collectives), then through what a
- * GPU rank runs -- runtime/dev_cuda.c over the fake driver (TS_CUDA_DRIVER,
+ * GPU rank runs -- runtime/device/dev_cuda.c over the fake driver (TS_CUDA_DRIVER,
  * fake_cuda.c: work queued per stream, run only when waited for), the
  * module compiled by NVRTC for the fake's sm_80 and its kernels run by the
  * CUDA emulator (tests/cuda/emu_host.c) through the fake's launcher,
- * GEMMs by runtime/dev_cublaslt.c over the fake cuBLASLt, and the
+ * GEMMs by runtime/device/dev_cublaslt.c over the fake cuBLASLt, and the
  * gradients' collectives by NCCL groups bound to the device's comm stream
  * (rt_rank_gpu_groups, as mrun makes them; fake_nccl.c with
  * FAKE_NCCL_STREAM_ORDER=1 runs them in stream order over MPI).  Because

@@ -2,7 +2,7 @@
  * kernel the executor generates.
  *
  * Every case builds a small tensor-IR module, lowers a group of its nodes
- * (cg_lower_group; AdamW's kernel as runtime/exec_jit.c builds it), runs
+ * (cg_lower_group; AdamW's kernel as runtime/exec/exec_jit.c builds it), runs
  * the reference runtime node by node and the LLVM JIT on the same inputs,
  * and prints the kernel as CUDA C into ONE module (prelude + all kernels).
  * Then, by mode (argv[1]):
@@ -631,7 +631,7 @@ static void dropout(IrDtype dt, int64_t C) {
     }
 }
 
-/* AdamW's kernel as runtime/exec_jit.c's lower_adamw builds it (buffers
+/* AdamW's kernel as runtime/exec/exec_jit.c's lower_adamw builds it (buffers
  * coef, grad, scalars {lr, c1, c2, wd}, param, m, v), against the formula
  * computed here (the reference's order, ops_ref_t.h). */
 static CgKernel *adamw_kernel(CgType t, CgType tc, double b1, double b2, double eps, int64_t cnt) {

@@ -5,7 +5,7 @@
  * masks, dropout, rope, cross-entropy, the ring-attention steps (against
  * the fused attention kernels and a direct computation from global
  * positions), and the step ops.
- * The worker pool (runtime/par.h): every range covered once, and every
+ * The worker pool (runtime/cpu/par.h): every range covered once, and every
  * threaded kernel at sizes that split gives the 1-thread result bit for
  * bit on 3 threads, with layout ops (merged dims, tiles) against direct
  * index arithmetic at those sizes. */
@@ -1020,7 +1020,7 @@ static void ring_vs_fused(IrDtype dt, int causal) {
 
 #define CPB (1u << IR_AXIS_CP)
 /* Zigzag position of local index i on cp coordinate c of S (chunks of h:
- * the rank holds chunks c and 2S-1-c of 2S; runtime/cp_layout.c). */
+ * the rank holds chunks c and 2S-1-c of 2S; runtime/cpu/cp_layout.c). */
 static int64_t zz(int S, int c, int64_t h, int64_t i) { return i < h ? c * h + i : (2 * S - 1 - c) * h + (i - h); }
 
 /* A cp mesh of S set by hand: this rank (coordinate c) holds its zigzag

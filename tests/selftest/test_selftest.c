@@ -1,4 +1,4 @@
-/* test_selftest - rt_selftest (runtime/selftest.h, mrun --selftest) on the
+/* test_selftest - rt_selftest (runtime/exec/selftest.h, mrun --selftest) on the
  * emulated device (tests/cuda/emu_dev.c):
  *   test_selftest all     every kind in f32 and f64 and the training step
  *                         pass, the table lists every kind (names fixed

@@ -1,0 +1,14 @@
+/* passctx.c - a pass context (passes.h, PassCtx): its own file, so that a
+ * program running one pass (mrun re-specializes a plan's update block for
+ * the dp it runs at: pass_respecialize_dp) links that pass, not the whole
+ * pipeline. */
+#include "passes.h"
+
+void pass_ctx_init(PassCtx *cx) {
+  memset(cx, 0, sizeof *cx);
+  arena_init(&cx->scratch);
+  cx->verify_each = 1;
+  cx->print_to = stdout;
+}
+
+void pass_ctx_free(PassCtx *cx) { arena_free(&cx->scratch); }
