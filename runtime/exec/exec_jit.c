@@ -162,7 +162,7 @@ static int compile_kernel(RtJit *J, const IrModule *m, const IrBlock *b, const i
 }
 
 /* ---- AdamW as one pass over all parameters ----
- * plan_adamw_runs (passes/fuse.c) cuts the adamw nodes of a block
+ * plan_adamw_runs (plan/groups.c) cuts the adamw nodes of a block
  * into runs (in the update block: all of them); each run is ONE launch on
  * the pool over the concatenation of its tensors' element ranges (a
  * multi-tensor apply): the threads split the total count into contiguous
