@@ -15,15 +15,11 @@
 #include <math.h>
 #include <unistd.h>
 #include "compile_c.h"
+#include "../check.h"
 #ifdef TS_EMU_HEADER
 #include "codegen/cuda.h"
 #include "emu_host.h"
 #endif
-
-static int g_fails, g_checks;
-#define CHECK(c, ...) do { g_checks++; if (!(c)) { g_fails++;                 \
-    fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                       \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
 static char err[2048];
 
@@ -890,7 +886,5 @@ int main(int argc, char **argv) {
   }
   cg_jit_free(g_jit);
   if (g_cuda) cuda_run_all();
-  if (g_fails) fprintf(stderr, "test_codegen: %d of %d checks FAILED\n", g_fails, g_checks);
-  else printf("test_codegen: all %d checks passed\n", g_checks);
-  return g_fails ? 1 : 0;
+  return check_exit("test_codegen");
 }

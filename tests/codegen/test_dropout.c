@@ -19,11 +19,7 @@
 #include <math.h>
 #include <unistd.h>
 #include "compile_c.h"
-
-static int g_fails, g_checks;
-#define CHECK(c, ...) do { g_checks++; if (!(c)) { g_fails++;                 \
-    fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                       \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#include "../check.h"
 
 static char err[2048];
 
@@ -266,6 +262,5 @@ int main(void) {
   }
   test_refusals();
   cg_jit_free(g_jit);
-  printf("test_dropout: %d checks, %d failures\n", g_checks, g_fails);
-  return g_fails ? 1 : 0;
+  return check_exit("test_dropout");
 }

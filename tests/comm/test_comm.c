@@ -19,11 +19,9 @@
 #include "runtime/comm/comm.h"
 #include <signal.h>
 #include <unistd.h>
+#include "../check.h"
 
-static int g_fails, g_checks, g_rank;
-#define CHECK(c, ...) do { g_checks++; if (!(c)) { g_fails++;                          \
-    fprintf(stderr, "rank %d: %s:%d: FAIL: ", g_rank, __FILE__, __LINE__);              \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+static int g_rank;
 
 /* The value rank r contributes at element i (exact in f32). */
 static double val(int r, size_t i) { return (double)((r + 1) * (int)(i % 13)) * 0.25 - (double)r + 0.5; }
@@ -234,7 +232,7 @@ int main(int argc, char **argv) {
   double timeout = !strncmp(mode, "stall", 5) || !strncmp(mode, "die", 3) || !strcmp(mode, "kill") ? 3.0 : 30.0;
   RtComm *w = rt_comm_init_mpi(&argc, &argv, timeout, err, sizeof err);
   if (!w) { fprintf(stderr, "test_comm: %s\n", err); return 1; }
-  g_rank = rt_comm_rank(w);
+  check_rank = g_rank = rt_comm_rank(w);
   int p = rt_comm_size(w);
 
   if (!strcmp(mode, "collectives")) {
@@ -296,14 +294,14 @@ int main(int argc, char **argv) {
     test_mesh_math();
   } else {
     fprintf(stderr, "test_comm: unknown mode %s\n", mode);
-    g_fails++;
+    check_fails++;
   }
 
   /* Every rank must agree the test passed. */
-  double bad = g_fails;
+  double bad = check_bad();
   if (rt_comm_all_reduce(w, IR_F64, &bad, 1, err, sizeof err) != 0) bad = 1;
-  if (g_rank == 0) printf("test_comm %s on %d rank(s): %d checks on rank 0, %s\n", mode, p, g_checks,
-                          bad ? "FAILED" : "all passed");
+  char name[64];
+  snprintf(name, sizeof name, "test_comm %s on %d rank(s)", mode, p);
   rt_comm_free(w);
-  return bad ? 1 : 0;
+  return check_exit_all(name, bad);
 }

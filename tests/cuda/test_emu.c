@@ -14,17 +14,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static int fails;
-#define CHECK(c, ...)                          \
-  do {                                         \
-    if (!(c)) {                                \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      printf(__VA_ARGS__);                     \
-      printf("\n");                            \
-      fails++;                                 \
-    }                                          \
-  } while (0)
+#include "../check.h"
 
 static TsEmu *E;
 
@@ -37,13 +27,10 @@ static CgCudaLaunch launch_of(const char *name, long long blocks, int threads) {
 /* Runs a kernel that must succeed. */
 static int run(const char *name, long long blocks, int threads, const CgCudaArgs *a) {
   CgCudaLaunch l = launch_of(name, blocks, threads);
-  char err[2048];
-  if (ts_emu_launch_kernel(E, &l, a, err, sizeof err) != 0) {
-    printf("FAIL: %s\n", err);
-    fails++;
-    return -1;
-  }
-  return 0;
+  char err[2048] = "";
+  int rc = ts_emu_launch_kernel(E, &l, a, err, sizeof err);
+  CHECK(rc == 0, "%s (%lld x %d): %s", name, blocks, threads, err);
+  return rc == 0 ? 0 : -1;
 }
 
 /* Runs a kernel that must fail with a message containing want. */
@@ -521,15 +508,14 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof tests / sizeof *tests; i++)
     if ((all && tests[i].in_all) || strcmp(t, tests[i].name) == 0) {
       known = 1;
-      int before = fails;
+      int before = check_fails;
       tests[i].fn();
-      printf("%s %s\n", fails == before ? "ok  " : "FAIL", tests[i].name);
+      printf("%s %s\n", check_fails == before ? "ok  " : "FAIL", tests[i].name);
     }
   ts_emu_free(E);
   if (!known) {
     printf("FAIL: unknown test %s\n", t);
     return 2;
   }
-  printf("%s\n", fails ? "FAILED" : "PASSED");
-  return fails ? 1 : 0;
+  return check_exit("test_emu");
 }

@@ -36,17 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures;
-#define CHECK(c, ...)                                  \
-  do {                                                 \
-    if (!(c)) {                                        \
-      failures++;                                      \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__);      \
-      printf(__VA_ARGS__);                             \
-      printf("\n");                                    \
-    }                                                  \
-  } while (0)
+#include "../check.h"
 
 typedef struct { int B, Hq, Hkv, T, D, causal; } Case;
 
@@ -319,12 +309,10 @@ static void nvrtc_module(const char *text, const char *label) {
 }
 
 static void test_nvrtc(void) {
-  char why[256];
-  if (!cg_nvrtc_available(why, sizeof why)) {
-    printf("FAIL: NVRTC is not available here: %s\n", why);
-    failures++;
-    return;
-  }
+  char why[256] = "";
+  int have = cg_nvrtc_available(why, sizeof why);
+  CHECK(have, "NVRTC is not available here: %s", why);
+  if (!have) return;
   for (size_t i = 0; i < sizeof fused_cases / sizeof fused_cases[0]; i++)
     for (int t = 0; t < 2; t++) {
       char *text = fused_text(&fused_cases[i], dts[t]), label[64];
@@ -358,7 +346,5 @@ int main(int argc, char **argv) {
     CHECK(launches > 0, "the device ran nothing");
     d->ops->close(d);
   }
-  if (failures) { printf("%d FAILURES\n", failures); return 1; }
-  printf("ok\n");
-  return 0;
+  return check_exit("test_emu_lib");
 }

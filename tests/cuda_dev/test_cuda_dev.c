@@ -32,32 +32,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int fails;
-#define CHECK(c, ...)                                  \
-  do {                                                 \
-    if (!(c)) {                                        \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__);      \
-      printf(__VA_ARGS__);                             \
-      printf("\n");                                    \
-      fails++;                                         \
-    }                                                  \
-  } while (0)
+#include "../check.h"
 
 /* err must contain every one of the NULL-terminated list, on one line */
 static void check_msg(int line, const char *err, ...) {
   va_list ap;
   va_start(ap, err);
   for (const char *w; (w = va_arg(ap, const char *));)
-    if (!strstr(err, w)) {
-      printf("FAIL line %d: the message lacks '%s': %s\n", line, w, err);
-      fails++;
-    }
+    CHECK_AT(__FILE__, line, strstr(err, w), "the message lacks '%s': %s", w, err);
   va_end(ap);
-  if (strchr(err, '\n')) {
-    printf("FAIL line %d: the message is not one line: %s\n", line, err);
-    fails++;
-  }
+  CHECK_AT(__FILE__, line, !strchr(err, '\n'), "the message is not one line: %s", err);
 }
 #define MSG(err, ...) check_msg(__LINE__, err, __VA_ARGS__, (const char *)NULL)
 
@@ -140,7 +124,7 @@ static void *dalloc(RtDev *d, size_t bytes) {
 #define OK(call)                                                      \
   do {                                                                \
     char e_[1024] = "";                                               \
-    if ((call) != 0) { printf("FAIL line %d: %s\n", __LINE__, e_); fails++; } \
+    CHECK((call) == 0, "%s", e_);                                     \
   } while (0)
 /* OK(d->ops->h2d(d, ..., E)) : E is the error buffer of the OK block */
 #define E e_, sizeof e_
@@ -320,9 +304,9 @@ static void test_nvrtc_images(RtDev *d80, RtDev *d90) {
             cg_cuda_prelude());
   CgNvrtcOut o;
   char err[2048];
-  if (cg_nvrtc_compile(src.p, "sm_80", &o, err, sizeof err) != 0) {
-    printf("FAIL: NVRTC: %s\n", err);
-    fails++;
+  int rc = cg_nvrtc_compile(src.p, "sm_80", &o, err, sizeof err);
+  CHECK(rc == 0, "NVRTC: %s", err);
+  if (rc != 0) {
     sb_free(&src);
     return;
   }
@@ -895,7 +879,7 @@ static void test_gemm(const char *cuda, const char *lt) {
   use_fakes(cuda, lt, 1, sm, 0);
   RtDev *d = open_dev(0);
   static const int64_t shapes[][3] = {{7, 5, 3}, {1, 9, 4}, {13, 11, 17}, {6, 1, 1}};
-  int ncases = 0, bad = 0, refused = 0;
+  int ncases = 0, refused = 0;
   double worst32 = 0, worst64 = 0;
   char buf[256];
   const char *ne = getenv("FAKE_CUBLASLT_NO_EPILOGUE_64F");
@@ -921,12 +905,8 @@ static void test_gemm(const char *cuda, const char *lt) {
           if (elem == RT_LT_ELEM_F64) worst64 = fmax(worst64, e);
           else worst32 = fmax(worst32, e);
           ncases++;
-          if (!(e <= tol)) {
-            bad++;
-            printf("FAIL: %s: relative error %.3g > %g\n", case_str(&c, buf, sizeof buf), e, tol);
-          }
+          CHECK(e <= tol, "%s: relative error %.3g > %g", case_str(&c, buf, sizeof buf), e, tol);
         }
-  fails += bad;
   printf("%d GEMM cases against the row-major loop: worst relative error f32 %.2e, f64 %.2e%s\n", ncases, worst32,
          worst64, no64 ? " (f64 bias as a split plan; the f64 gelu cases refused)" : "");
   CHECK(!no64 || refused == 32, "%d f64 gelu cases refused", refused);
@@ -992,6 +972,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "test_cuda_dev: unknown mode %s\n", mode);
     return 2;
   }
-  printf("%s: %d failures\n", mode, fails);
-  return fails ? 1 : 0;
+  char name[64];
+  snprintf(name, sizeof name, "test_cuda_dev %s", mode);
+  return check_exit(name);
 }

@@ -15,19 +15,10 @@
 #include "runtime/comm/comm.h"
 #include "runtime/device/device.h"
 #include <dlfcn.h>
+#include "../check.h"
 
 
-static int fails, checks, rank;
-#define CHECK(c, ...)                                                  \
-  do {                                                                 \
-    checks++;                                                          \
-    if (!(c)) {                                                        \
-      fails++;                                                         \
-      fprintf(stderr, "rank %d: %s:%d: FAIL: ", rank, __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                                    \
-      fputc('\n', stderr);                                             \
-    }                                                                  \
-  } while (0)
+static int rank;
 static char err[1024];
 #define OK(call)                                 \
   do {                                           \
@@ -107,7 +98,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "FAIL: %s\n", err);
     return 1;
   }
-  rank = rt_comm_rank(w);
+  check_rank = rank = rt_comm_rank(w);
   int p = rt_comm_size(w);
   void *hc = dlopen("libcudart.so", RTLD_NOW | RTLD_LOCAL), *hn = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
   *(void **)&queries = must(hc, "libcudart.so", "fake_cudart_queries");
@@ -167,10 +158,10 @@ int main(int argc, char **argv) {
   rt_comm_free(n);
   if (d) d->ops->close(d);
   if (d1) d1->ops->close(d1);
-  double all = fails;
+  double all = check_bad();
   if (rt_comm_all_reduce(w, IR_F64, &all, 1, err, sizeof err) != 0) all = 1;
-  if (rank == 0)
-    printf("test_cuda_dev_nccl on %d rank(s): %d checks on rank 0, %s\n", p, checks, all ? "FAILED" : "all passed");
+  char name[64];
+  snprintf(name, sizeof name, "test_cuda_dev_nccl on %d rank(s)", p);
   rt_comm_free(w);
-  return all ? 1 : 0;
+  return check_exit_all(name, all);
 }

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "read_losses.h"
+#include "../check.h"
 
 typedef int (*Launcher)(const char *name, long long blocks, int threads, const void *args);
 
@@ -57,14 +58,12 @@ static int run_kernel(const char *name, long long blocks, int threads, const voi
   return 0;
 }
 
-static int fails;
-#define CHECK(c, ...) do { if (!(c)) { fails++; printf("rank %d: FAIL: ", me); printf(__VA_ARGS__); printf("\n"); } } while (0)
-
 int main(int argc, char **argv) {
   char err[2048] = "";
   RtComm *world = rt_comm_init_mpi(&argc, &argv, 300, err, sizeof err);
   if (!world) { fprintf(stderr, "%s\n", err); return 1; }
   int me = rt_comm_rank(world), n = rt_comm_size(world);
+  check_rank = me;
   if (argc != 5) rt_comm_abort(world, "usage: test_fake_gpu_step PLAN STEPS TOL DIR");
   Plan *plan = plan_read(argv[1], err, sizeof err);
   if (!plan) rt_comm_abort(world, "%s", err);
@@ -182,7 +181,7 @@ int main(int argc, char **argv) {
     rt_params_free(a);
     rt_params_free(b);
   }
-  double bad = fails;
+  double bad = check_bad();
   if (rt_comm_all_reduce(world, IR_F64, &bad, 1, err, sizeof err) != 0) rt_comm_abort(world, "%s", err);
   rt_rank_gpu_groups_free(&rank);
   set_launcher(NULL);
@@ -193,7 +192,6 @@ int main(int argc, char **argv) {
   dev->ops->close(dev);
   for (int a = 0; a < IR_AXIS_COUNT; a++) rt_comm_free(rank.group[a]);
   plan_free(plan);
-  if (me == 0) printf("%s\n", bad ? "FAILED" : "ok");
   rt_comm_free(world);
-  return bad ? 1 : 0;
+  return check_exit_all("test_fake_gpu_step", bad);
 }

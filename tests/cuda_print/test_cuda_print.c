@@ -27,14 +27,10 @@
 #include "codegen/cuda.h"
 #include "runtime/exec/rt.h"
 #include <math.h>
+#include "../check.h"
 #ifdef TS_EMU_HEADER
 #include "emu_host.h"
 #endif
-
-static int g_fails, g_checks;
-#define CHECK(c, ...) do { g_checks++; if (!(c)) { g_fails++;                 \
-    fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                       \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
 static char err[4096];
 static CgJit *g_jit;
@@ -1140,7 +1136,5 @@ int main(int argc, char **argv) {
 #endif
   kept_free();
   cg_jit_free(g_jit);
-  if (g_fails) fprintf(stderr, "test_cuda_print: %d of %d checks FAILED\n", g_fails, g_checks);
-  else printf("test_cuda_print: all %d checks passed\n", g_checks);
-  return g_fails ? 1 : 0;
+  return check_exit("test_cuda_print");
 }

@@ -26,11 +26,7 @@
 #include "ir/ir.h"
 #include "passes/passes.h"
 #include <time.h>
-
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; \
-    fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #c); \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#include "../check.h"
 
 #define TP_BIT (1u << IR_AXIS_TP)
 #define DP_BIT (1u << IR_AXIS_DP)
@@ -464,7 +460,5 @@ int main(void) {
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 3; j++)
       for (int zero = 0; zero <= 1; zero++) test_tp(tps[i], dps[j], zero);
-  if (failures) { fprintf(stderr, "test_dp: %d check(s) failed\n", failures); return 1; }
-  printf("test_dp: ok\n");
-  return 0;
+  return check_exit("test_dp");
 }

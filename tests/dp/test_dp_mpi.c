@@ -21,15 +21,13 @@
 #include "runtime/comm/comm.h"
 #include "runtime/exec/rt.h"
 #include <math.h>
+#include "../check.h"
 
 #define STEPS 3
 #define TOL 1e-10
 
-static int g_fails, g_rank;
+static int g_rank;
 static char err[2048];
-#define CHECK(c, ...) do { if (!(c)) { g_fails++;                                  \
-    fprintf(stderr, "rank %d: %s:%d: FAIL: ", g_rank, __FILE__, __LINE__);         \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
 /* Relative difference, absolute below 1e-3: a parameter that only ever
  * gets rounding noise as its gradient (an attention key bias: softmax does
@@ -212,7 +210,7 @@ int main(int argc, char **argv) {
     rt_comm_free(world);
     return 2;
   }
-  g_rank = rt_comm_rank(world);
+  check_rank = g_rank = rt_comm_rank(world);
   int W = rt_comm_size(world);
   RtRank rank = rt_rank_single();
   rank.mesh.dp = W;
@@ -229,10 +227,11 @@ int main(int argc, char **argv) {
   ir_module_free(hand);
   ir_module_free(gpt);
   /* one verdict for all ranks */
-  double f = g_fails;
+  double f = check_bad();
   if (rt_comm_all_reduce(world, IR_F64, &f, 1, err, sizeof err) != 0) f = 1;
-  if (g_rank == 0) printf("test_dp_mpi on %d rank(s): %s\n", W, f == 0 ? "ok" : "FAILED");
+  char name[64];
+  snprintf(name, sizeof name, "test_dp_mpi on %d rank(s)", W);
   rt_comm_free(rank.group[IR_AXIS_DP]);
   rt_comm_free(world);
-  return f == 0 ? 0 : 1;
+  return check_exit_all(name, f);
 }

@@ -13,10 +13,7 @@
 #include "frontend/mdl.h"
 #include <math.h>
 #include <time.h>
-
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; fprintf(stderr, "%s:%d: FAIL %s: ", __FILE__, __LINE__, #c); \
-                           fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#include "../check.h"
 
 static const char *root;
 
@@ -247,7 +244,5 @@ int main(int argc, char **argv) {
   test_options();
   test_notes();
   test_error_limit();
-  if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
-  else printf("test_elab: all checks passed\n");
-  return failures ? 1 : 0;
+  return check_exit("test_elab");
 }

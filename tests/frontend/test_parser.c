@@ -7,9 +7,7 @@
 #include <unistd.h>
 #include "frontend/ast.h"
 #include "frontend/mdl.h"
-
-static int failures;
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c); failures++; } } while (0)
+#include "../check.h"
 
 /* Parses src; diagnostics into *out (caller frees). */
 static MdlProgram *parse(Arena *a, const char *src, char **out) {
@@ -324,7 +322,5 @@ int main(void) {
   test_diag_format();
   test_error_cap();
   test_driver();
-  if (failures) fprintf(stderr, "%d check(s) failed\n", failures);
-  else printf("all frontend parser/driver checks passed\n");
-  return failures ? 1 : 0;
+  return check_exit("test_parser");
 }

@@ -7,9 +7,7 @@
 #include "passes/passes.h"
 #include "runtime/exec/rt.h"
 #include <math.h>
-
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+#include "../check.h"
 
 /* x -> matmul + bias (group 1: a GEMM bias epilogue, BLAS with beta = 1),
  * gelu + layernorm (group 2), a matmul, then a residual add + exp + row
@@ -65,10 +63,12 @@ static double run(const IrModule *m, RtBackend be, int no_groups, RtExecStats *s
   RtExecOpts o = {.backend = be, .threads = 2, .no_groups = no_groups};
   char err[512];
   RtProgram *p = rt_program_new_opts(m, &r, &o, err, sizeof err);
-  if (!p) { printf("program: %s\n", err); failures++; return NAN; }
+  CHECK(p != NULL, "program: %s", err);
+  if (!p) return NAN;
   double loss = NAN;
-  if (rt_run_block(p, 0, &f, 1, NULL, err, sizeof err) != 0) { printf("run: %s\n", err); failures++; }
-  else rt_output(p, "loss", &loss);
+  int rc = rt_run_block(p, 0, &f, 1, NULL, err, sizeof err);
+  CHECK(rc == 0, "run: %s", err);
+  if (rc == 0) rt_output(p, "loss", &loss);
   if (st) rt_program_exec_stats(p, st);
   rt_program_free(p);
   return loss;
@@ -159,7 +159,5 @@ int main(void) {
   ir_module_free(plain);
   ir_module_free(m);
   pass_ctx_free(&cx);
-  if (failures) { printf("%d failures\n", failures); return 1; }
-  printf("test_fuse: ok\n");
-  return 0;
+  return check_exit("test_fuse");
 }

@@ -19,9 +19,7 @@
 #include "plan/groups.h"
 #include "runtime/exec/rt.h"
 #include <math.h>
-
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
+#include "../check.h"
 
 /* ---- 1. runs on a hand-written update block ---- */
 static const char *runs_ir =
@@ -77,11 +75,9 @@ static int states_equal(const IrModule *m, RtProgram *a, RtProgram *b, int kind,
     const IrState *st = &m->states.a[s];
     if (kind >= 0 && (int)st->kind != kind) continue;
     size_t bytes = (size_t)ir_type_numel(&st->type) * ir_dtype_size(st->type.dtype);
-    if (memcmp(rt_state_data(a, s), rt_state_data(b, s), bytes) != 0) {
-      printf("FAIL %s: state @%s differs between the LLVM backend and the reference\n", what, st->name);
-      failures++;
-      return 0;
-    }
+    int same = memcmp(rt_state_data(a, s), rt_state_data(b, s), bytes) == 0;
+    CHECK(same, "%s: state @%s differs between the LLVM backend and the reference", what, st->name);
+    if (!same) return 0;
   }
   return 1;
 }
@@ -275,7 +271,5 @@ int main(void) {
   test_sample("gpt", IR_F64, 2, 12);
   test_sample("llama", IR_F32, 2, 0);
   test_sample("llama", IR_F64, 2, 0);
-  if (failures) { printf("%d failures\n", failures); return 1; }
-  printf("test_fuse_opt: ok\n");
-  return 0;
+  return check_exit("test_fuse_opt");
 }

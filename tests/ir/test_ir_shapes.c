@@ -6,10 +6,7 @@
  * the shape rule).  A case table entry per op is required: the test fails
  * if an op of ops.def has no case, so new ops must come with one. */
 #include "ir/ir.h"
-
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; fprintf(stderr, "%s:%d: FAIL %s: ", __FILE__, __LINE__, #c); \
-                           fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#include "../check.h"
 
 static const char *prelude =
     "module t\n"
@@ -363,7 +360,6 @@ int main(void) {
   test_emit_message();
   test_attention();
   test_moe();
-  if (failures) fprintf(stderr, "%d failure(s)\n", failures);
-  else printf("ok: %d shape-rule cases\n", ncases);
-  return failures != 0;
+  printf("%d shape-rule cases\n", ncases);
+  return check_exit("test_ir_shapes");
 }

@@ -10,10 +10,7 @@
  *   - docs/ir.md contains the op table exactly as ir_ops_markdown prints it;
  *   - the graphviz output has a cluster per block and state boxes. */
 #include "ir/ir.h"
-
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; fprintf(stderr, "%s:%d: FAIL %s: ", __FILE__, __LINE__, #c); \
-                           fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#include "../check.h"
 
 /* Canonical text (exactly what ir_print_module writes) using every op. */
 static const char *all_ops =
@@ -480,7 +477,5 @@ int main(int argc, char **argv) {
   test_parse_mangled();
   test_verifier();
   test_docs_table();
-  if (failures) fprintf(stderr, "%d failure(s)\n", failures);
-  else printf("ok\n");
-  return failures != 0;
+  return check_exit("test_ir_text");
 }

@@ -8,11 +8,7 @@
 #include "frontend/mdl.h"
 #include "ir/ir.h"
 #include "passes/memreport.h"
-
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; \
-    fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #c); \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#include "../check.h"
 
 static char err[1024];
 #define EMIT(...) emit_or_die(ir_emit(__VA_ARGS__, err, sizeof err))
@@ -343,7 +339,5 @@ int main(void) {
     {"llama.mdl", 0, -1},
   };
   for (size_t i = 0; i < sizeof samples / sizeof *samples; i++) test_sample(&samples[i]);
-  if (failures) { fprintf(stderr, "%d check(s) failed\n", failures); return 1; }
-  printf("memplan: all checks passed\n");
-  return 0;
+  return check_exit("test_memplan");
 }

@@ -6,10 +6,7 @@
 #include "frontend/mdl.h"
 #include "passes/pipe.h"
 #include <math.h>
-
-static int fails;
-#define CHECK(c, ...) do { if (!(c)) { fails++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-    fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); } } while (0)
+#include "../check.h"
 
 /* ---- schedules ---- */
 
@@ -341,7 +338,5 @@ int main(void) {
   test_checker();
   test_partition();
   test_overrides();
-  if (fails) { fprintf(stderr, "%d failures\n", fails); return 1; }
-  printf("pipe: all checks passed\n");
-  return 0;
+  return check_exit("test_pipe");
 }

@@ -22,10 +22,7 @@
  *     stage) and the nodes' stage tags through the binary form. */
 #include "passes/pipe.h"
 #include "plan/plan.h"
-
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; fprintf(stderr, "%s:%d: FAIL %s: ", __FILE__, __LINE__, #c); \
-                           fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#include "../check.h"
 
 static const char *head =
     "module two_chunks\n"
@@ -422,7 +419,5 @@ int main(void) {
   test_update_blocks(2, 0);
   test_interleaved();
   test_refusals();
-  if (failures) fprintf(stderr, "%d failure(s)\n", failures);
-  else printf("test_pipe_update: ok\n");
-  return failures != 0;
+  return check_exit("test_pipe_update");
 }

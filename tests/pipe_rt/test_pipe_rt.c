@@ -462,7 +462,7 @@ int main(int argc, char **argv) {
   const char *mode = argv[1];
   if (strcmp(mode, "local") == 0) {
     test_local();
-    return test_summary("test_pipe_rt local");
+    return check_exit("test_pipe_rt local");
   }
   int stall = strncmp(mode, "stall", 5) == 0;
   RtComm *w = rt_comm_init_mpi(&argc, &argv, stall ? 3 : 30, err, sizeof err);
@@ -484,10 +484,11 @@ int main(int argc, char **argv) {
     rt_comm_free(w);
     return 2;
   }
-  double bad = g_fails;
-  rt_comm_all_reduce(w, IR_F64, &bad, 1, err, sizeof err);
-  if (g_rank == 0) printf("test_pipe_rt %s: %d ranks, %s\n", mode, rt_comm_size(w), bad ? "FAILED" : "all checks passed");
-  int rc = test_summary("test_pipe_rt") || bad;
+  double bad = check_bad();
+  if (rt_comm_all_reduce(w, IR_F64, &bad, 1, err, sizeof err) != 0) bad = 1;
+  char name[64];
+  snprintf(name, sizeof name, "test_pipe_rt %s on %d ranks", mode, rt_comm_size(w));
+  int rc = check_exit_all(name, bad);
   rt_comm_free(w);
   return rc;
 }

@@ -14,10 +14,7 @@
  *     messages received out of order, an unstash without its stash). */
 #include "frontend/mdl.h"
 #include "passes/pipe.h"
-
-static int fails;
-#define CHECK(c, ...) do { if (!(c)) { fails++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-    fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); } } while (0)
+#include "../check.h"
 
 static IrModule *sample(const char *name, int layers, int pp, int vpp, int tp, int sp) {
   char path[1024], L[16];
@@ -210,7 +207,5 @@ int main(void) {
   split_case("llama", 4, 2, 1, 1, 0);
   split_case("llama", 4, 4, 1, 2, 1);
   split_case("llama", 4, 2, 2, 1, 0);
-  if (fails) fprintf(stderr, "test_pipe_split: %d failure(s)\n", fails);
-  else printf("test_pipe_split: ok\n");
-  return fails != 0;
+  return check_exit("test_pipe_split");
 }

@@ -8,11 +8,7 @@
 #include "ir/ir.h"
 #include "passes/passes.h"
 #include <sys/stat.h>
-
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; \
-    fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #c); \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#include "../check.h"
 
 static char err[1024];
 #define EMIT(...) emit_or_die(ir_emit(__VA_ARGS__, err, sizeof err))
@@ -171,7 +167,5 @@ int main(int argc, char **argv) {
   mkdir(argv[1], 0777);
   test_dce();
   test_pipeline(argv[1]);
-  if (failures) { fprintf(stderr, "test_passes: %d checks failed\n", failures); return 1; }
-  fprintf(stderr, "test_passes: ok\n");
-  return 0;
+  return check_exit("test_passes");
 }

@@ -9,11 +9,7 @@
 #include "plan/plan.h"
 #include <math.h>
 #include <sys/stat.h>
-
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; \
-    fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #c); \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+#include "../check.h"
 
 static const char *tmpdir;
 
@@ -385,7 +381,5 @@ int main(int argc, char **argv) {
   test_refusals();
   test_huge_count();
   test_fuzz();
-  if (failures) { fprintf(stderr, "test_plan: %d checks failed\n", failures); return 1; }
-  fprintf(stderr, "test_plan: ok\n");
-  return 0;
+  return check_exit("test_plan");
 }

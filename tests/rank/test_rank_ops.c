@@ -121,10 +121,11 @@ int main(int argc, char **argv) {
   int P = rt_comm_size(w);
   test_mesh(w, (PlanMesh){1, 1, 1, 1, P});
   if (P == 4) test_mesh(w, (PlanMesh){2, 1, 1, 1, 2});
-  double bad = g_fails;
-  rt_comm_all_reduce(w, IR_F64, &bad, 1, err, sizeof err);
-  if (g_rank == 0) printf("test_rank_ops: %d ranks, %s\n", P, bad ? "FAILED" : "all checks passed");
-  int rc = test_summary("test_rank_ops") || bad;
+  double bad = check_bad();
+  if (rt_comm_all_reduce(w, IR_F64, &bad, 1, err, sizeof err) != 0) bad = 1;
+  char name[64];
+  snprintf(name, sizeof name, "test_rank_ops on %d ranks", P);
+  int rc = check_exit_all(name, bad);
   rt_comm_free(w);
   return rc;
 }

@@ -1,28 +1,13 @@
-/* rt_test.h - helpers for the runtime tests: checks that count failures,
- * a deterministic test-data generator, and run_op(), which builds a
+/* rt_test.h - helpers for the runtime tests (their checks: ../check.h): a
+ * deterministic test-data generator, and run_op(), which builds a
  * one-op module with ir_emit (inputs -> op -> accum into a state) and runs
  * it on the reference runtime so a test can read the op's full result. */
 #ifndef RT_TEST_H
 #define RT_TEST_H
 #include "ir/ir.h"
 #include "runtime/exec/rt.h"
+#include "../check.h"
 #include <math.h>
-
-static int g_fails, g_checks;
-#define CHECK(c, ...) do { g_checks++; if (!(c)) { g_fails++;                 \
-    fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__);                       \
-    fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
-/* |a - b| <= tol * max(1, |b|); the message is printf-style */
-#define CHECK_NEAR(a, b, tol, ...) do { double a_ = (a), b_ = (b);              \
-    int ok_ = fabs(a_ - b_) <= (tol) * (fabs(b_) > 1 ? fabs(b_) : 1) || a_ == b_; \
-    CHECK(ok_, __VA_ARGS__);                                                     \
-    if (!ok_) fprintf(stderr, "    got %.12g, expected %.12g\n", a_, b_); } while (0)
-
-static inline int test_summary(const char *name) {
-  if (g_fails) fprintf(stderr, "%s: %d of %d checks FAILED\n", name, g_fails, g_checks);
-  else printf("%s: all %d checks passed\n", name, g_checks);
-  return g_fails ? 1 : 0;
-}
 
 /* splitmix-style generator for test inputs (independent of rng.c) */
 static uint64_t g_rs = 12345;

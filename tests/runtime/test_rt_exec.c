@@ -598,5 +598,5 @@ int main(int argc, char **argv) {
   test_train_split_input();
   test_data();
   test_train(argc > 1 ? argv[1] : NULL);
-  return test_summary("test_rt_exec");
+  return check_exit("test_rt_exec");
 }

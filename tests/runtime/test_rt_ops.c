@@ -1429,5 +1429,5 @@ int main(void) {
     for (size_t i = 0; i < sizeof elsewhere / sizeof *elsewhere; i++) skip |= elsewhere[i] == (IrOp)op;
     CHECK(skip || g_covered[op], "op %s has no kernel test", ir_ops[op].name);
   }
-  return test_summary("test_rt_ops");
+  return check_exit("test_rt_ops");
 }

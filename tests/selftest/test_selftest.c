@@ -19,17 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures;
-#define CHECK(c, ...)                                  \
-  do {                                                 \
-    if (!(c)) {                                        \
-      failures++;                                      \
-      printf("FAIL %s:%d: ", __FILE__, __LINE__);      \
-      printf(__VA_ARGS__);                             \
-      printf("\n");                                    \
-    }                                                  \
-  } while (0)
+#include "../check.h"
 
 /* the kinds the self-test must cover (docs/cuda.md, "The self-test") */
 static const char *const want_kinds[] = {
@@ -190,6 +180,5 @@ int main(int argc, char **argv) {
   }
   else if (strcmp(what, "broken") == 0) test_broken();
   else { fprintf(stderr, "usage: test_selftest all|nvrtc|broken\n"); return 2; }
-  printf("%s\n", failures ? "FAILED" : "ok");
-  return failures ? 1 : 0;
+  return check_exit("test_selftest");
 }
