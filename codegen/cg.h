@@ -42,6 +42,16 @@ typedef struct {
  * not convex (an operand computed from the group's values elsewhere). */
 CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, int n, CgGroupIO *io,
                          char *err, size_t errlen);
+/* The multi-tensor AdamW kernel of a run of adamw nodes (the executor's,
+ * runtime/exec/exec_jit.c): param dtype T, clip coefficient dtype TC,
+ * fa = {b1, b2, eps} baked in as constants, buffers declared with `cnt`
+ * elements: coef [1], grad, scalars f64 {lr, 1 - b1^t, 1 - b2^t, wd}, then
+ * param, m, v (written, in place).  The reference's arithmetic in f64 in
+ * the same order (runtime/cpu/ops_ref_t.h, adamw_range):
+ *   g = grad * coef;  m' = b1 m + (1 - b1) g;  v' = b2 v + ((1 - b2) g) g
+ *   w' = w - lr (m'/c1 / (sqrt(v'/c2) + eps) + wd w)
+ * NULL if the kernel does not verify. */
+CgKernel *cg_lower_adamw(IrDtype T, IrDtype TC, const double *fa, int64_t cnt);
 /* Whether op can be part of a group (or be a group of one node). */
 int cg_op_lowerable(IrOp op);
 /* Whether op is a row op over the last axis (softmax, the norms,

@@ -792,3 +792,38 @@ done:
   free(accs);
   return k;
 }
+
+/* ---- AdamW (cg.h, cg_lower_adamw) ---- */
+
+CgKernel *cg_lower_adamw(IrDtype T, IrDtype TC, const double *fa, int64_t cnt) {
+  CgType t = cg_type_of_dtype(T);
+  char name[64];
+  snprintf(name, sizeof name, "adamw_multi_%s", ir_dtype_name(T));
+  CgKernel *k = cg_kernel_new(name, cnt);
+  int bc = cg_buf(k, cg_type_of_dtype(TC), 1, 0), bg = cg_buf(k, t, cnt, 0), bs = cg_buf(k, CG_F64, 4, 0);
+  int bw = cg_buf(k, t, cnt, 1), bm = cg_buf(k, t, cnt, 1), bv = cg_buf(k, t, cnt, 1);
+  double b1 = fa[0], b2 = fa[1], eps = fa[2];
+#define C(x) cg_const_f(k, CG_F64, (x))
+#define LD(buf, i) cg_cast(k, CG_F64, cg_load(k, (buf), (i)))
+  int gid = cg_gid(k), z = cg_const_i(k, CG_I64, 0);
+  int lr = cg_load(k, bs, z), c1 = cg_load(k, bs, cg_const_i(k, CG_I64, 1)), c2 = cg_load(k, bs, cg_const_i(k, CG_I64, 2));
+  int wd = cg_load(k, bs, cg_const_i(k, CG_I64, 3));
+  int g = cg_bin(k, CG_MUL, LD(bg, gid), LD(bc, z));
+  int mi = cg_bin(k, CG_ADD, cg_bin(k, CG_MUL, C(b1), LD(bm, gid)), cg_bin(k, CG_MUL, C(1.0 - b1), g));
+  int vi = cg_bin(k, CG_ADD, cg_bin(k, CG_MUL, C(b2), LD(bv, gid)),
+                  cg_bin(k, CG_MUL, cg_bin(k, CG_MUL, C(1.0 - b2), g), g));
+  int wv = LD(bw, gid);
+  int mh = cg_bin(k, CG_DIV, mi, c1), vh = cg_bin(k, CG_DIV, vi, c2);
+  int upd = cg_bin(k, CG_ADD, cg_bin(k, CG_DIV, mh, cg_bin(k, CG_ADD, cg_un(k, CG_SQRT, vh), C(eps))),
+                   cg_bin(k, CG_MUL, wd, wv));
+  int wn = cg_bin(k, CG_SUB, wv, cg_bin(k, CG_MUL, lr, upd));
+  /* every value is computed before the stores (in place, element by element) */
+  cg_store(k, bm, gid, cg_cast(k, t, mi));
+  cg_store(k, bv, gid, cg_cast(k, t, vi));
+  cg_store(k, bw, gid, cg_cast(k, t, wn));
+#undef C
+#undef LD
+  char err[256];
+  if (cg_kernel_verify(k, err, sizeof err) != 0) { cg_kernel_free(k); return NULL; }
+  return k;
+}

@@ -172,50 +172,16 @@ static int compile_kernel(RtJit *J, const IrModule *m, const IrBlock *b, const i
  * operands stay live until there), after the clip coefficient and every
  * gradient exist.
  *
- * The kernel is generated once per run (lower_adamw): the reference's
- * arithmetic (ops_ref_t.h, adamw_range), in f64, in the same order, so
- * every element gets the bits the per-tensor reference gives:
- *   g = grad * coef;  m' = b1 m + (1 - b1) g;  v' = b2 v + ((1 - b2) g) g
- *   w' = w - lr (m'/c1 / (sqrt(v'/c2) + eps) + wd w)
- * b1, b2, eps are constants of the kernel (the run's key); lr, c1 = 1 -
+ * The kernel is generated once per run (cg_lower_adamw, codegen/lower.c):
+ * the reference's arithmetic (ops_ref_t.h, adamw_range), in f64, in the
+ * same order, so every element gets the bits the per-tensor reference
+ * gives.  b1, b2, eps are constants of the kernel (the run's key); lr, c1 = 1 -
  * b1^t, c2 = 1 - b2^t and wd come per tensor in a small f64 buffer (the
  * kernel IR has no run-time arguments; wd differs between decayed and
  * undecayed parameters).  Its buffers are declared with the run's largest
  * tensor's count: a piece [lo, hi) never passes its own tensor's end.
  * A ZeRO member (flat moments) updates the rank's chunk: the param
  * pointer moves to the chunk, the count is the chunk's part of it. */
-static CgKernel *lower_adamw(IrDtype T, IrDtype TC, const double *fa, int64_t cnt) {
-  CgType t = cg_type_of_dtype(T);
-  char name[64];
-  snprintf(name, sizeof name, "adamw_multi_%s", ir_dtype_name(T));
-  CgKernel *k = cg_kernel_new(name, cnt);
-  int bc = cg_buf(k, cg_type_of_dtype(TC), 1, 0), bg = cg_buf(k, t, cnt, 0), bs = cg_buf(k, CG_F64, 4, 0);
-  int bw = cg_buf(k, t, cnt, 1), bm = cg_buf(k, t, cnt, 1), bv = cg_buf(k, t, cnt, 1);
-  double b1 = fa[0], b2 = fa[1], eps = fa[2];
-#define C(x) cg_const_f(k, CG_F64, (x))
-#define LD(buf, i) cg_cast(k, CG_F64, cg_load(k, (buf), (i)))
-  int gid = cg_gid(k), z = cg_const_i(k, CG_I64, 0);
-  int lr = cg_load(k, bs, z), c1 = cg_load(k, bs, cg_const_i(k, CG_I64, 1)), c2 = cg_load(k, bs, cg_const_i(k, CG_I64, 2));
-  int wd = cg_load(k, bs, cg_const_i(k, CG_I64, 3));
-  int g = cg_bin(k, CG_MUL, LD(bg, gid), LD(bc, z));
-  int mi = cg_bin(k, CG_ADD, cg_bin(k, CG_MUL, C(b1), LD(bm, gid)), cg_bin(k, CG_MUL, C(1.0 - b1), g));
-  int vi = cg_bin(k, CG_ADD, cg_bin(k, CG_MUL, C(b2), LD(bv, gid)),
-                  cg_bin(k, CG_MUL, cg_bin(k, CG_MUL, C(1.0 - b2), g), g));
-  int wv = LD(bw, gid);
-  int mh = cg_bin(k, CG_DIV, mi, c1), vh = cg_bin(k, CG_DIV, vi, c2);
-  int upd = cg_bin(k, CG_ADD, cg_bin(k, CG_DIV, mh, cg_bin(k, CG_ADD, cg_un(k, CG_SQRT, vh), C(eps))),
-                   cg_bin(k, CG_MUL, wd, wv));
-  int wn = cg_bin(k, CG_SUB, wv, cg_bin(k, CG_MUL, lr, upd));
-  /* every value is computed before the stores (in place, element by element) */
-  cg_store(k, bm, gid, cg_cast(k, t, mi));
-  cg_store(k, bv, gid, cg_cast(k, t, vi));
-  cg_store(k, bw, gid, cg_cast(k, t, wn));
-#undef C
-#undef LD
-  char err[256];
-  if (cg_kernel_verify(k, err, sizeof err) != 0) { cg_kernel_free(k); return NULL; }
-  return k;
-}
 
 void rt_jit_adamw_scalars(const IrNode *n, const RtRunInfo *info, double s[4]) {
   double t = (double)(info->step + 1);
@@ -273,7 +239,7 @@ static int cuda_adamw_run(RtJit *J, const IrModule *m, const IrBlock *b, int *ru
     if (ms->sh.flat && total % c != 0 && total < nblk * c) ccnt[2 * j + 1] = total % c;
     for (int h = 0; h < 2 && rc == 0; h++) {
       if (ccnt[2 * j + h] <= 0) continue;
-      CgKernel *k = lower_adamw(b->nodes[nd->in[1]].type.dtype, b->nodes[nd->in[0]].type.dtype, nd->fa,
+      CgKernel *k = cg_lower_adamw(b->nodes[nd->in[1]].type.dtype, b->nodes[nd->in[0]].type.dtype, nd->fa,
                                 ccnt[2 * j + h]);
       if (!k) { rc = 1; break; }
       rc = cuda_add(J, k, b, run[j], &cls[2 * j + h], err, errlen);
@@ -309,7 +275,7 @@ static int compile_adamw_run(RtJit *J, const IrModule *m, const IrBlock *b, int 
   }
   const IrNode *n0 = &b->nodes[run[0]];
   if (J->cuda) return cuda_adamw_run(J, m, b, run, nrun, out, err, errlen);
-  CgKernel *k = lower_adamw(b->nodes[n0->in[1]].type.dtype, b->nodes[n0->in[0]].type.dtype, n0->fa, most);
+  CgKernel *k = cg_lower_adamw(b->nodes[n0->in[1]].type.dtype, b->nodes[n0->in[0]].type.dtype, n0->fa, most);
   if (!k) return 1;
   char why[512];
   int hits = cg_jit_cache_hits(J->jit);

@@ -627,36 +627,6 @@ static void dropout(IrDtype dt, int64_t C) {
     }
 }
 
-/* AdamW's kernel as runtime/exec/exec_jit.c's lower_adamw builds it (buffers
- * coef, grad, scalars {lr, c1, c2, wd}, param, m, v), against the formula
- * computed here (the reference's order, ops_ref_t.h). */
-static CgKernel *adamw_kernel(CgType t, CgType tc, double b1, double b2, double eps, int64_t cnt) {
-  CgKernel *k = cg_kernel_new(t == CG_F32 ? "adamw_multi_f32" : "adamw_multi_f64", cnt);
-  int bc = cg_buf(k, tc, 1, 0), bg = cg_buf(k, t, cnt, 0), bs = cg_buf(k, CG_F64, 4, 0);
-  int bw = cg_buf(k, t, cnt, 1), bm = cg_buf(k, t, cnt, 1), bv = cg_buf(k, t, cnt, 1);
-#define C(x) cg_const_f(k, CG_F64, (x))
-#define LD(buf, i) cg_cast(k, CG_F64, cg_load(k, (buf), (i)))
-  int gid = cg_gid(k), z = cg_const_i(k, CG_I64, 0);
-  int lr = cg_load(k, bs, z), c1 = cg_load(k, bs, cg_const_i(k, CG_I64, 1));
-  int c2 = cg_load(k, bs, cg_const_i(k, CG_I64, 2));
-  int wd = cg_load(k, bs, cg_const_i(k, CG_I64, 3));
-  int g = cg_bin(k, CG_MUL, LD(bg, gid), LD(bc, z));
-  int mi = cg_bin(k, CG_ADD, cg_bin(k, CG_MUL, C(b1), LD(bm, gid)), cg_bin(k, CG_MUL, C(1.0 - b1), g));
-  int vi = cg_bin(k, CG_ADD, cg_bin(k, CG_MUL, C(b2), LD(bv, gid)),
-                  cg_bin(k, CG_MUL, cg_bin(k, CG_MUL, C(1.0 - b2), g), g));
-  int wv = LD(bw, gid);
-  int mh = cg_bin(k, CG_DIV, mi, c1), vh = cg_bin(k, CG_DIV, vi, c2);
-  int upd = cg_bin(k, CG_ADD, cg_bin(k, CG_DIV, mh, cg_bin(k, CG_ADD, cg_un(k, CG_SQRT, vh), C(eps))),
-                   cg_bin(k, CG_MUL, wd, wv));
-  int wn = cg_bin(k, CG_SUB, wv, cg_bin(k, CG_MUL, lr, upd));
-  cg_store(k, bm, gid, cg_cast(k, t, mi));
-  cg_store(k, bv, gid, cg_cast(k, t, vi));
-  cg_store(k, bw, gid, cg_cast(k, t, wn));
-#undef C
-#undef LD
-  return k;
-}
-
 static void st(void *p, CgType t, int64_t i, double v) {
   if (t == CG_F32) ((float *)p)[i] = (float)v;
   else ((double *)p)[i] = v;
@@ -664,7 +634,10 @@ static void st(void *p, CgType t, int64_t i, double v) {
 
 static void adamw(CgType t, int64_t cnt, int misalign) {
   const double b1 = 0.9, b2 = 0.95, eps = 1e-8;
-  CgKernel *k = adamw_kernel(t, CG_F32, b1, b2, eps, cnt);
+  /* the executor's AdamW kernel (cg_lower_adamw), against the formula
+   * computed here in the reference's order (ops_ref_t.h) */
+  const double fa[3] = {b1, b2, eps};
+  CgKernel *k = cg_lower_adamw(t == CG_F32 ? IR_F32 : IR_F64, IR_F32, fa, cnt);
   char what[96];
   snprintf(what, sizeof what, "adamw %s n=%lld%s", cg_type_name(t), (long long)cnt, misalign ? " misaligned" : "");
   Kept *kp = keep(k, 3, what);
