@@ -10,7 +10,7 @@ const char *const cg_op_names[CG_OP_COUNT] = {
     CG_OPS(X)
 #undef X
 };
-static const int cg_op_nargs[CG_OP_COUNT] = {
+const int cg_op_nargs[CG_OP_COUNT] = {
 #define X(name, text, nargs) nargs,
     CG_OPS(X)
 #undef X

@@ -99,6 +99,7 @@ typedef enum {
   CG_OP_COUNT
 } CgOp;
 extern const char *const cg_op_names[CG_OP_COUNT];
+extern const int cg_op_nargs[CG_OP_COUNT];   /* operands a[0 .. n) */
 
 typedef enum { CG_RED_SUM, CG_RED_MAX } CgRed;
 

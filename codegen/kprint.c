@@ -1,0 +1,246 @@
+/* kprint.c - the kernel IR printed as C or CUDA C: the body of one
+ * iteration, written once for both dialects (kprint.h).  docs/codegen.md
+ * and docs/cuda.md, "The printer".
+ *
+ * One statement per instruction: values are `const` locals named after
+ * their instruction (v12), accumulators plain locals, RANGE a for loop.
+ * Integer add / sub / mul wrap in the kernel IR (the RNG's hash relies on
+ * it) and signed overflow is undefined in C and C++, so they go through
+ * unsigned types; float -> int casts through the prelude's saturating
+ * helpers (NaN -> 0); binary max / min as fmax / fmin (a NaN operand
+ * loses), max accumulators through the prelude's maximum (NaN wins);
+ * rsqrt as 1 / sqrt, as the LLVM backend (no approximation); every
+ * operation in its instruction's type (expf for f32).
+ *
+ * CUDA's row mode and vector lanes (cuda.c decides them, the header of
+ * cuda.c explains them) change a few statements; in C both are off. */
+#include "kprint.h"
+#include <math.h>
+
+void cg_kp_init(CgKp *p, const CgKernel *k, const CgDialect *d) {
+  memset(p, 0, sizeof *p);
+  p->k = k;
+  p->d = d;
+  p->n = k->code.n;
+  size_t n = (size_t)(p->n ? p->n : 1);
+  p->top = ts_xcalloc(n, sizeof *p->top);
+  p->match = ts_xcalloc(n, sizeof *p->match);
+  p->mark = ts_xcalloc(n, sizeof *p->mark);
+  p->gid = -1;
+  int *stack = ts_xcalloc(n, sizeof *stack), sp = 0, cur = -1;   /* open RANGEs (the verifier checked balance) */
+  for (int i = 0; i < p->n; i++) {
+    const CgInst *in = cg_kp_ins(p, i);
+    p->match[i] = -1;
+    if (in->op == CG_GID && p->gid < 0) p->gid = i;
+    if (in->op == CG_END) {
+      int r = sp > 0 ? stack[--sp] : 0;
+      p->match[i] = r;
+      p->match[r] = i;
+      if (sp == 0) cur = -1;
+    }
+    p->top[i] = cur;
+    if (in->op == CG_RANGE) {
+      if (sp == 0) cur = i;
+      stack[sp++] = i;
+    }
+  }
+  free(stack);
+}
+
+void cg_kp_free(CgKp *p) {
+  free(p->top);
+  free(p->match);
+  free(p->mark);
+}
+
+static void indent(StrBuf *out, int d) {
+  for (int i = 0; i < d; i++) sb_puts(out, "  ");
+}
+
+static void kp_float(const CgKp *p, StrBuf *out, CgType t, double v) {
+  int f32 = t == CG_F32;
+  if (isnan(v)) sb_puts(out, f32 ? p->d->nan_f32 : p->d->nan_f64);
+  else if (isinf(v)) sb_printf(out, "%s%s", v > 0 ? "" : "-", f32 ? p->d->inf_f32 : p->d->inf_f64);
+  else {
+    char b[40];
+    ts_fmt_double(b, sizeof b, v);   /* "2.0", never "2": C++ would read an int */
+    sb_printf(out, "%s%s", b, f32 ? "f" : "");
+  }
+}
+
+/* Integer x OP y of type t (i64, else i32) through the unsigned type, so
+ * that it wraps; a shift (logical) casts only its left operand. */
+static void kp_wrap(const CgKp *p, StrBuf *out, CgType t, int x, const char *op, int y) {
+  int w = t == CG_I64;
+  const char *s = p->d->type[w ? CG_I64 : CG_I32], *u = w ? p->d->u64 : p->d->u32;
+  if (op[0] == '>') sb_printf(out, "(%s)((%s)v%d >> v%d)", s, u, x, y);
+  else sb_printf(out, "(%s)((%s)v%d %s (%s)v%d)", s, u, x, op, u, y);
+}
+
+/* The expression of value instruction i. */
+static void kp_expr(const CgKp *p, int i, StrBuf *out) {
+  const CgDialect *d = p->d;
+  const CgInst *in = cg_kp_ins(p, i);
+  const CgInst *a0 = cg_op_nargs[in->op] > 0 && in->a[0] >= 0 ? cg_kp_ins(p, in->a[0]) : NULL;
+  int fl = a0 && cg_type_is_float(a0->type), f32 = a0 && a0->type == CG_F32;
+  const char *fs = f32 ? "f" : "";
+  int x = in->a[0], y = in->a[1];
+  switch (in->op) {
+  case CG_CONST:
+    if (cg_type_is_float(in->type)) kp_float(p, out, in->type, in->f);
+    else if (in->i == INT64_MIN) sb_puts(out, d->i64_min);
+    else sb_printf(out, "%lldLL", (long long)in->i);
+    return;
+  case CG_LOAD:
+    if (p->vec && x == p->gid) sb_printf(out, "q%d.%c", in->buf, "xyzw"[p->lane]);   /* the lane of a vector load */
+    else sb_printf(out, "b%d[v%d]", in->buf, x);
+    return;
+  case CG_NEG: sb_printf(out, "-v%d", x); return;
+  case CG_EXP: sb_printf(out, "exp%s(v%d)", fs, x); return;
+  case CG_LOG: sb_printf(out, "log%s(v%d)", fs, x); return;
+  case CG_SQRT: sb_printf(out, "sqrt%s(v%d)", fs, x); return;
+  case CG_RSQRT: sb_printf(out, "1 / sqrt%s(v%d)", fs, x); return;
+  case CG_TANH: sb_printf(out, "tanh%s(v%d)", fs, x); return;
+  case CG_ERF: sb_printf(out, "erf%s(v%d)", fs, x); return;
+  case CG_ADD:
+  case CG_SUB:
+  case CG_MUL: {
+    const char *o = in->op == CG_ADD ? "+" : in->op == CG_SUB ? "-" : "*";
+    if (fl) sb_printf(out, "v%d %s v%d", x, o, y);
+    else kp_wrap(p, out, a0->type, x, o, y);
+    return;
+  }
+  case CG_DIV: sb_printf(out, "v%d / v%d", x, y); return;
+  case CG_MOD: sb_printf(out, "v%d %% v%d", x, y); return;
+  case CG_XOR: sb_printf(out, "v%d ^ v%d", x, y); return;
+  case CG_SHR: kp_wrap(p, out, a0->type, x, ">>", y); return;
+  case CG_PARAM: sb_printf(out, "%s[%lld]", d->param, (long long)in->i); return;
+  case CG_MAX:
+  case CG_MIN:
+    if (fl) sb_printf(out, "f%s%s(v%d, v%d)", in->op == CG_MAX ? "max" : "min", fs, x, y);
+    else sb_printf(out, "v%d %s v%d ? v%d : v%d", x, in->op == CG_MAX ? ">" : "<", y, x, y);
+    return;
+  case CG_LT: sb_printf(out, "v%d < v%d", x, y); return;
+  case CG_LE: sb_printf(out, "v%d <= v%d", x, y); return;
+  case CG_EQ: sb_printf(out, "v%d == v%d", x, y); return;
+  case CG_NE: sb_printf(out, "v%d != v%d", x, y); return;   /* true for NaN, as the IR's ne */
+  case CG_AND: sb_printf(out, "v%d && v%d", x, y); return;
+  case CG_OR: sb_printf(out, "v%d || v%d", x, y); return;
+  case CG_SELECT: sb_printf(out, "v%d ? v%d : v%d", x, y, in->a[2]); return;
+  case CG_CAST:
+    if (fl && (in->type == CG_I32 || in->type == CG_I64))
+      sb_printf(out, "%sto_%s(v%d)", d->helper, in->type == CG_I32 ? "i32" : "i64", x);
+    else if (fl && in->type == CG_I1) sb_printf(out, "v%d != 0", x);
+    else sb_printf(out, "(%s)v%d", d->type[in->type], x);
+    return;
+  default: TS_DIE("kprint: %s has no expression", cg_op_names[in->op]);
+  }
+}
+
+/* ---- CUDA row mode (cuda.c decides it): iteration gid is one block ---- */
+
+/* Whether the top-level loop opened at r loads / stores memory. */
+static int loop_has(const CgKp *p, int r, CgOp op) {
+  for (int u = r + 1; u < p->match[r]; u++)
+    if (cg_kp_ins(p, u)->op == op) return 1;
+  return 0;
+}
+
+/* Before the top-level loop at r: sums it updates start from 0 in every
+ * thread but thread 0 (the block sum then adds each partial and the value
+ * before the loop once); maxima keep their value (idempotent). */
+static void row_loop_open(CgKp *p, StrBuf *out, int r, int d) {
+  for (int u = r + 1; u < p->match[r]; u++) {
+    const CgInst *up = cg_kp_ins(p, u);
+    if (up->op != CG_UPDATE || p->top[up->a[0]] >= 0 || cg_kp_ins(p, up->a[0])->red != CG_RED_SUM) continue;
+    if (p->mark[up->a[0]] == -r - 1) continue;   /* printed already */
+    p->mark[up->a[0]] = -r - 1;
+    int before = 0;   /* still at its start value 0 in every thread: nothing to do */
+    for (int q = up->a[0]; q < r && !before; q++)
+      before = cg_kp_ins(p, q)->op == CG_UPDATE && cg_kp_ins(p, q)->a[0] == up->a[0];
+    if (!before && cg_kp_ins(p, up->a[0])->f == 0) continue;
+    indent(out, d);
+    sb_printf(out, "if (threadIdx.x != 0) v%d = 0;\n", up->a[0]);
+  }
+}
+
+/* After the END of the top-level loop at r: every top-level accumulator
+ * it updated is combined over the block.  Returns whether any was (the
+ * block reductions have barriers). */
+static int row_loop_close(CgKp *p, StrBuf *out, int r, int d) {
+  int any = 0;
+  for (int u = r + 1; u < p->match[r]; u++) {
+    const CgInst *up = cg_kp_ins(p, u);
+    if (up->op != CG_UPDATE || p->top[up->a[0]] >= 0) continue;
+    if (p->mark[up->a[0]] == -r - 2 - p->n) continue;
+    p->mark[up->a[0]] = -r - 2 - p->n;
+    const CgInst *acc = cg_kp_ins(p, up->a[0]);
+    indent(out, d);
+    sb_printf(out, "v%d = ts_block_%s%s(v%d);\n", up->a[0], acc->red == CG_RED_SUM ? "sum" : "max",
+              acc->type == CG_F32 ? "f" : "", up->a[0]);
+    any = 1;
+  }
+  return any;
+}
+
+/* ---- the body ---- */
+
+/* Row mode: top-level loops spread over the block, accumulators combined
+ * after them, top-level stores by thread 0, barriers between a thread's
+ * accesses and another's to memory that may be the same (pl / ps: loads /
+ * stores by any thread since the last barrier).  Vector lanes: loads and
+ * stores at gid through lane p->lane of the vectors. */
+void cg_kp_body(CgKp *p, StrBuf *out, int base) {
+  const CgDialect *dl = p->d;
+  int depth = 0, pl = 0, ps = 0;
+  for (int i = 0; i < p->n; i++) {
+    const CgInst *in = cg_kp_ins(p, i);
+    int d = base + depth - (in->op == CG_END), top = p->row && depth == 0;
+    if (top && (in->op == CG_LOAD || in->op == CG_STORE || in->op == CG_RANGE)) {
+      int ld = in->op == CG_LOAD || (in->op == CG_RANGE && loop_has(p, i, CG_LOAD));
+      int st = in->op == CG_STORE || (in->op == CG_RANGE && loop_has(p, i, CG_STORE));
+      if ((ld && ps) || (st && (pl || ps))) {
+        indent(out, d);
+        sb_puts(out, "__syncthreads();\n");
+        pl = ps = 0;
+      }
+      pl |= ld;
+      ps |= st;
+    }
+    if (top && in->op == CG_RANGE) row_loop_open(p, out, i, d);
+    indent(out, d);
+    switch (in->op) {
+    case CG_GID: sb_printf(out, "const %s v%d = gid;\n", dl->type[CG_I64], i); break;
+    case CG_RANGE:
+      if (top)
+        sb_printf(out, "for (%s v%d = threadIdx.x; v%d < v%d; v%d += blockDim.x) {\n", dl->type[CG_I64], i, i,
+                  in->a[0], i);
+      else sb_printf(out, "for (%s v%d = 0; v%d < v%d; v%d++) {\n", dl->type[CG_I64], i, i, in->a[0], i);
+      depth++;
+      break;
+    case CG_END:
+      depth--;
+      sb_puts(out, "}\n");
+      if (p->row && depth == 0 && row_loop_close(p, out, p->match[i], d)) pl = ps = 0;
+      break;
+    case CG_ACC:   /* a float: cg_acc makes no other */
+      sb_printf(out, "%s v%d = ", dl->type[in->type], i);
+      kp_float(p, out, in->type, in->f);
+      sb_puts(out, ";\n");
+      break;
+    case CG_UPDATE:
+      if (cg_kp_ins(p, in->a[0])->red == CG_RED_SUM) sb_printf(out, "v%d += v%d;\n", in->a[0], in->a[1]);
+      else sb_printf(out, "v%d = %smaximum(v%d, v%d);\n", in->a[0], dl->helper, in->a[0], in->a[1]);
+      break;
+    case CG_STORE:
+      if (p->vec) sb_printf(out, "s%d.%c = v%d;\n", in->buf, "xyzw"[p->lane], in->a[1]);
+      else sb_printf(out, "%sb%d[v%d] = v%d;\n", top ? "if (threadIdx.x == 0) " : "", in->buf, in->a[0], in->a[1]);
+      break;
+    default:
+      sb_printf(out, "const %s v%d = ", dl->type[in->type], i);
+      kp_expr(p, i, out);
+      sb_puts(out, ";\n");
+      break;
+    }
+  }
+}
