@@ -189,6 +189,42 @@ static int remake_local(Sh *S, int v, const IrSharding *want) {
   return emit(S, IR_OP_BROADCAST, &xi, 1, NULL, NULL, NULL, &lt, want);
 }
 
+static int reshape_map(const IrType *in, const IrType *out, int d, int k);
+
+/* Old value v = reshape(x) wanted in a layout that only gathers some of
+ * its splits, when x has a gathered copy for those axes already: that
+ * copy's id (its reshape is v in `want`, no bytes moved: a layer input
+ * gathered for the forward matmul serves the weight gradient's reshaped
+ * read of it), else -1. */
+static int reshape_gathered_src(const Sh *S, int v, const IrSharding *want) {
+  const IrNode *n = onode(S, v);
+  if (n->op != IR_OP_RESHAPE || want->partial) return -1;
+  int x = n->in[0];
+  IrType xt = gtype(S, x), vt = gtype(S, v);
+  IrSharding wx = S->sh[x];
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {
+    int sv = ax_get(&S->sh[v], a), sw = ax_get(want, a), sx = ax_get(&S->sh[x], a);
+    if (sw == sv) {   /* kept: x's layout must reshape to it */
+      if ((sx < 0 ? sx : reshape_map(&xt, &vt, sx, ir_axis_size(S->m, (IrAxis)a))) != sw) return -1;
+    } else if (sw == AX_R && sv >= 0) {
+      ax_set(&wx, a, AX_R);
+    } else {
+      return -1;
+    }
+  }
+  for (int i = 0; i < S->conv[x].n; i++)
+    if (ir_sharding_equal(&S->conv[x].a[i].sh, &wx)) return S->conv[x].a[i].id;
+  return -1;
+}
+
+/* reshape_gathered_src's reshape, emitted; -2 when it does not apply. */
+static int reshape_gathered(Sh *S, int v, const IrSharding *want) {
+  int src = reshape_gathered_src(S, v, want);
+  if (src < 0) return -2;
+  IrType lt = local_type(S, gtype(S, v), want);
+  return emit(S, IR_OP_RESHAPE, &src, 1, NULL, NULL, NULL, &lt, want);
+}
+
 /* Old value v in layout `want`: the canonical value, or a cached or new
  * conversion of it. */
 static int conv(Sh *S, int v, const IrSharding *want) {
@@ -197,6 +233,7 @@ static int conv(Sh *S, int v, const IrSharding *want) {
   for (int i = 0; i < S->conv[v].n; i++)
     if (ir_sharding_equal(&S->conv[v].a[i].sh, want)) return S->conv[v].a[i].id;
   int id = remake_local(S, v, want);
+  if (id == -2) id = reshape_gathered(S, v, want);
   if (id == -2) {
     /* Several axes may split one dim (outer axis major), so the order
      * matters: splits are removed inner axis first and added outer axis
@@ -301,6 +338,42 @@ static int ew_partial_ok(IrOp op, const int *st, int nin) {
   }
 }
 
+/* Bytes a rank sends per run of the block to have old value v replicated
+ * along axis a: (n-1)/n of the gathered tensor (a ring all-gather), 0 when
+ * it is already replicated or a replicated copy exists (conv caches it:
+ * the forward's gather serves the backward). */
+static double gather_bytes(const Sh *S, int v, int a) {
+  IrSharding want = S->sh[v];
+  ax_set(&want, a, AX_R);
+  if (ir_sharding_equal(&S->sh[v], &want)) return 0;
+  for (int i = 0; i < S->conv[v].n; i++)
+    if (ir_sharding_equal(&S->conv[v].a[i].sh, &want)) return 0;
+  if (reshape_gathered_src(S, v, &want) >= 0) return 0;
+  IrType t = local_type(S, gtype(S, v), &want);
+  double n = (double)ir_axis_size(S->m, (IrAxis)a);
+  return (n - 1) / n * (double)ir_type_numel(&t) * (double)ir_dtype_size(t.dtype);
+}
+
+/* Matmul node i, operands split on axis a along dims sa and sb that
+ * conflict: whether gathering a is cheaper than gathering b, in bytes
+ * sent.  A side whose gather leaves the contraction dim split in the
+ * other operand makes the result a partial sum, which costs at least a
+ * reduce-scatter of the result later ((n-1)/n of it, per run: a weight
+ * gradient is reduced into its state's layout every micro batch).  Ties
+ * gather b. */
+static int matmul_gather_a(const Sh *S, int i, int a, int sa, int sb) {
+  const IrNode *n = onode(S, i);
+  const IrType *at = &onode(S, n->in[0])->type, *bt = &onode(S, n->in[1])->type;
+  int aK = n->ia[0] ? at->rank - 2 : at->rank - 1, bK = n->ia[1] ? bt->rank - 1 : bt->rank - 2;
+  IrSharding osh = {0};
+  IrType ot = local_type(S, gtype(S, i), &osh);
+  double nn = (double)ir_axis_size(S->m, (IrAxis)a);
+  double partial = (nn - 1) / nn * (double)ir_type_numel(&ot) * (double)ir_dtype_size(ot.dtype);
+  double cost_a = gather_bytes(S, n->in[0], a) + (sb == bK ? partial : 0);
+  double cost_b = gather_bytes(S, n->in[1], a) + (sa == aK ? partial : 0);
+  return cost_a < cost_b;
+}
+
 /* The rule of node i along axis a: st[] operand states -> want[] and *out.
  * Returns 0, or -1 after sh_fail. */
 static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
@@ -391,9 +464,11 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
       if (ok) { want[0] = sa; want[1] = sb; return 0; }
       /* conflict: gather one side.  Parameters stay in place (gather the
        * activation: sequence-parallel input of a column-parallel weight);
-       * between two activations gather b (attention under context
-       * parallelism: each rank keeps its queries, gathers keys / values). */
-      int ga = is_weight(S, n->in[1]) && !is_weight(S, n->in[0]);
+       * between two activations the cheaper in bytes sent (matmul_gather_a),
+       * else b (attention under context parallelism: each rank keeps its
+       * queries, gathers keys / values). */
+      int wa = is_weight(S, n->in[0]), wb = is_weight(S, n->in[1]);
+      int ga = wb && !wa ? 1 : wa && !wb ? 0 : matmul_gather_a(S, i, a, sa, sb);
       if (ga) sa = AX_R; else sb = AX_R;
     }
     return sh_fail(S, "internal error: no layout for matmul %%%d", i);

@@ -40,6 +40,17 @@ n=$(fwd "$tmp/sp.ir" | count reduce_scatter); [ "$n" = 5 ] || fail "gpt sp forwa
 fwd "$tmp/sp.ir" | grep " all_reduce " | grep -qv "f64\[batch:2, seq:8\]\|f32\[batch:2, seq:8\]" &&
   fail "gpt sp forward: an all_reduce of an activation (expected only per-token ones)"
 fwd "$tmp/sp.ir" | grep -q "layernorm .*seq:4" || fail "gpt sp: layernorm does not run on sequence shards"
+#    ... and the weight gradients are complete per shard, as Megatron's:
+#    column-parallel from the re-gathered input, row-parallel from the
+#    local shard: every reduce-scatter moves a sequence-split activation,
+#    none a full-size weight gradient that is partial over tp (micro batch
+#    1, where [batch, seq] flattens with the sequence split kept)
+"$dump" "$src/samples/gpt.mdl" 2 1 layers=2 d_model=32 heads=4 seq_len=8 vocab=40 batch=2 micro_batch=1 \
+  >"$tmp/sp_mb1.ir" || fail "gpt tp=2 sp micro_batch=1 does not compile"
+n=$(micro "$tmp/sp_mb1.ir" | count reduce_scatter)
+[ "$n" -gt 0 ] || fail "gpt sp micro_batch=1: no reduce_scatter at all?"
+micro "$tmp/sp_mb1.ir" | grep " reduce_scatter " | grep -v "seq:" | grep -q . &&
+  fail "gpt sp micro_batch=1: a weight gradient is reduce-scattered: $(micro "$tmp/sp_mb1.ir" | grep " reduce_scatter " | grep -v "seq:" | head -1)"
 # 4. uneven sizes: a vocab tp does not divide is padded and masked ...
 "$dump" "$src/samples/gpt.mdl" 4 0 layers=1 d_model=32 heads=4 seq_len=8 vocab=41 batch=2 micro_batch=2 \
   >"$tmp/pad.ir" || fail "gpt vocab=41 tp=4 does not compile"

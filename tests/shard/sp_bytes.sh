@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# sp_bytes.sh MCC SOURCE_DIR - sequence parallelism moves no more bytes
+# than tensor parallelism (docs/sharding.md, "Costs"): mcc --report comm's
+# ring bytes sent per rank per step with --sp at most 1.3x those without,
+# for a 2-layer gpt at tp 4 and for GPT-3 175B at tp 8, pp 16, dp 8
+# (compile only: the figures are exact).  Megatron's sequence parallelism
+# moves the same bytes as plain tensor parallelism.
+set -uo pipefail
+mcc=$1 src=$2
+fails=0
+# ring bytes sent per rank per step of `mcc ARGS --report comm`: its
+# "total per step" line (one per pipeline rank with pp: the largest)
+ring() {
+  "$mcc" "$src/samples/gpt.mdl" "$@" --report comm | grep "^total per step" |
+    sed -n 's/.* \([0-9][0-9]*\) bytes sent per rank.*/\1/p' | sort -n | tail -1
+}
+check() {
+  local name=$1; shift
+  local tp sp
+  tp=$(ring "$@") || { echo "FAIL: $name does not compile"; fails=$((fails + 1)); return; }
+  sp=$(ring "$@" --sp) || { echo "FAIL: $name --sp does not compile"; fails=$((fails + 1)); return; }
+  if [ -z "$tp" ] || [ -z "$sp" ]; then echo "FAIL: $name: no byte count in the report"; fails=$((fails + 1)); return; fi
+  local ratio; ratio=$(awk -v a="$sp" -v b="$tp" 'BEGIN { printf "%.3f", a / b }')
+  echo "$name: tp $tp bytes, tp + sp $sp bytes, ratio $ratio"
+  awk -v r="$ratio" 'BEGIN { exit !(r <= 1.3) }' || { echo "FAIL: $name: sp sends $ratio x tp's bytes (at most 1.3)"; fails=$((fails + 1)); }
+}
+check "gpt 2 layers d_model 2048 tp 4" -D layers=2 -D d_model=2048 -D heads=16 -D seq_len=64 -D batch=4 \
+  -D micro_batch=1 -D vocab=256 --tp 4
+check "GPT-3 175B tp 8 pp 16 dp 8" -D layers=96 -D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200 \
+  -D batch=1536 -D micro_batch=1 --tp 8 --pp 16 --dp 8
+[ $fails = 0 ] && echo "PASS"
+exit $((fails > 0))
