@@ -5,8 +5,10 @@
  *          multiple of train.micro_batch.
  * Guarantees: a block "micro" and no block "forward".  "micro" holds the
  *          forward nodes unchanged (same value ids), then the backward graph,
- *          then one `accum` per parameter that receives a gradient, into a new
- *          state "grad.<param>" (kind grad, same type, zero at start).
+ *          with an `accum` of each parameter read's gradient into a new state
+ *          "grad.<param>" (kind grad, same type, zero at start) right after
+ *          the backward computes it (with pipeline chunks: one accum per
+ *          parameter and chunk, at the end).
  *
  * The backward graph is seeded with FULL(1 / n_micro), n_micro =
  * global_batch / micro_batch, so the gradients accumulated over one step are
@@ -480,7 +482,22 @@ static void mark_need(const IrModule *m, const IrBlock *b, unsigned char *need) 
   }
 }
 
-/* The backward walk from the loss down to node 0, then the accums. */
+/* accum g into parameter s's gradient state (made on first use). */
+static void accumulate(Ad *a, int s, int g) {
+  if (a->failed || g < 0) return;
+  int gs = ir_state_derived(a->m, s, IR_STATE_GRAD, "grad", a->cx->err, sizeof a->cx->err);
+  if (gs < 0) { a->failed = 1; return; }
+  int64_t ia[1] = {gs};
+  em(a, IR_OP_ACCUM, &g, 1, ia, NULL, NULL);
+}
+
+/* The backward walk from the loss down to node 0.  Without pipeline
+ * chunks, the gradient a parameter read receives is accumulated into the
+ * parameter's gradient state as soon as the walk reaches the read, so its
+ * buffer dies there: weight gradients never pile up across layers, and a
+ * parameter read twice (a tied embedding) holds no running sum across the
+ * backward.  With chunks the reads' gradients are summed per chunk and
+ * accumulated at the end, one accum per chunk. */
 static void differentiate(Ad *a, int loss, int n_micro) {
   IrModule *m = a->m;
   IrType lt = ty(a, loss);
@@ -489,6 +506,7 @@ static void differentiate(Ad *a, int loss, int n_micro) {
   if (K > 1) a->tag = ir_stage_tag(ir_stage_chunk(nd(a, loss)->stage), 1);
   if (a->need[loss])   /* else no parameter influences the loss: nothing to do */
     a->grad[loss] = em(a, IR_OP_FULL, NULL, 0, NULL, &seed, &lt);
+  int nstates = m->states.n;  /* grad states are appended past this */
   for (int i = loss; i >= 0 && !a->failed; i--) {
     if (K > 1 && a->nodep[i]) {       /* per chunk (see Ad) */
       if (!a->need[i]) continue;
@@ -514,29 +532,20 @@ static void differentiate(Ad *a, int loss, int n_micro) {
     const IrNode *n = nd(a, i);
     if (n->op == IR_OP_STATE) {        /* a parameter read: collect per state */
       int s = (int)n->ia[0];
-      a->pgrad[s] = a->pgrad[s] < 0 ? g : em2(a, IR_OP_ADD, a->pgrad[s], g);
+      if (K <= 1) accumulate(a, s, g);   /* this read's share, into the state at once */
+      else a->pgrad[s] = a->pgrad[s] < 0 ? g : em2(a, IR_OP_ADD, a->pgrad[s], g);
       continue;
     }
     a->cur = i;
     ad_fns[n->op](a, i, g);
     a->cur = -1;
   }
-  int nstates = m->states.n;  /* grad states are appended past this */
   for (int s = 0; s < nstates && !a->failed; s++) {
-    int has = a->pgrad[s] >= 0;
-    for (int c = 0; K > 1 && c < K; c++) has |= a->pgradc[(size_t)s * K + c] >= 0;
-    if (!has) continue;
-    int gs = ir_state_derived(m, s, IR_STATE_GRAD, "grad", a->cx->err, sizeof a->cx->err);
-    if (gs < 0) { a->failed = 1; break; }
-    int64_t ia[1] = {gs};
-    if (K <= 1) {
-      em(a, IR_OP_ACCUM, &a->pgrad[s], 1, ia, NULL, NULL);
-      continue;
-    }
+    if (K <= 1) continue;             /* accumulated in the walk */
     for (int c = 0; c < K; c++) {     /* one accum per chunk that reads the parameter */
       if (a->pgradc[(size_t)s * K + c] < 0) continue;
       a->tag = ir_stage_tag(c, 1);
-      em(a, IR_OP_ACCUM, &a->pgradc[(size_t)s * K + c], 1, ia, NULL, NULL);
+      accumulate(a, s, a->pgradc[(size_t)s * K + c]);
     }
   }
 }

@@ -91,6 +91,22 @@ static int report_stash(const IrModule *m, StrBuf *out, size_t *peak, char *err,
   return 0;
 }
 
+/* The bytes of the buffers live where block b reports `output "loss"`:
+ * what the forward keeps for the backward (plus the loss itself), the
+ * activation memory Korthikanti et al. count.  0 if b reports no loss. */
+static int held_at_loss(const IrBlock *b, const MemPlan *p, size_t *held) {
+  const char *loss = ts_intern("loss");
+  *held = 0;
+  for (int i = 0; i < b->n; i++) {
+    if (b->nodes[i].op != IR_OP_OUTPUT || b->nodes[i].sa != loss) continue;
+    int pos = p->at ? p->at[i] : i;
+    for (int v = 0; v < p->n; v++)
+      if (p->buf[v] == v && p->first[v] <= pos && pos <= p->last[v]) *held += p->size[v];
+    return 1;
+  }
+  return 0;
+}
+
 /* The rows of one rank's program m: its states by kind (LOCAL types: a
  * tp-split parameter counts 1/tp of its elements, a ZeRO moment its flat
  * chunk), each block's arena under the LLVM backend (the default) and the
@@ -121,6 +137,11 @@ static int report_rows(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, StrBuf
       if (fused) {
         snprintf(label, sizeof label, "block %s: no reuse (%d buffers)", bn, p.nbuffers);
         report_row(out, label, p.total_bytes);
+        size_t held;
+        if (held_at_loss(&m->blocks.a[bi], &p, &held)) {
+          snprintf(label, sizeof label, "block %s: held for the backward (live at the loss)", bn);
+          report_row(out, label, held);
+        }
       }
       if (p.peak_bytes > arena[fused]) arena[fused] = p.peak_bytes;
       plan_mem_free(&p);
