@@ -497,7 +497,7 @@ static void disk_store(CgJit *j, const char *path, const StrBuf *key, LLVMMemory
     *c = save;
     if (!save) break;
   }
-  if (ts_write_file_atomic(path, b.p, b.n) == 0) j->disk_writes++;
+  if (ts_write_file(path, b.p, b.n) == 0) j->disk_writes++;
   sb_free(&b);
 }
 

@@ -125,7 +125,7 @@ static int load_module(Driver *dr, const char *name, MdlLoc at, const char *from
   for (int i = 0; i < 2 && !src; i++) {
     if (!tries[i]) continue;
     errno = 0;
-    src = ts_read_file(tries[i], &len);
+    src = ts_read_input(tries[i], &len);
     if (src) path = tries[i];
     else if (errno != ENOENT && !err) { err = errno; path = tries[i]; }
   }
@@ -208,7 +208,7 @@ static IrModule *compile(const char *src, size_t len, const char *fname, const M
 
 IrModule *mdl_compile_file(const char *path, const MdlOptions *opt) {
   size_t len = 0;
-  char *src = ts_read_file(path, &len);
+  char *src = ts_read_input(path, &len);
   if (!src) {
     int e = errno;
     FILE *out = opt && opt->diag ? opt->diag : stderr;

@@ -1,4 +1,4 @@
-/* util.c - arenas, interning, string buffers, atomic file writes. */
+/* util.c - arenas, interning, string buffers. Files: io.c. */
 #include "util.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -171,47 +171,6 @@ void sb_printf(StrBuf *b, const char *fmt, ...) {
   b->n += (size_t)n;
 }
 void sb_free(StrBuf *b) { free(b->p); b->p = NULL; b->n = b->cap = 0; }
-
-/* ---- files ---- */
-char *ts_read_file(const char *path, size_t *len_out) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  StrBuf b = {0};
-  char tmp[65536];
-  size_t k;
-  while ((k = fread(tmp, 1, sizeof tmp, f)) > 0) sb_write(&b, tmp, k);
-  int bad = ferror(f);
-  fclose(f);
-  if (bad) { sb_free(&b); errno = EIO; return NULL; }
-  if (!b.p) sb_reserve(&b, 0), b.p[0] = 0;
-  if (len_out) *len_out = b.n;
-  return b.p;
-}
-
-int ts_write_file_atomic(const char *path, const void *data, size_t len) {
-  size_t n = strlen(path);
-  char *tmp = ts_xmalloc(n + 32);
-  snprintf(tmp, n + 32, "%s.tmp.%ld", path, (long)getpid());
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) { free(tmp); return -1; }
-  const char *p = data;
-  size_t left = len;
-  while (left > 0) {
-    ssize_t w = write(fd, p, left);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      int e = errno; close(fd); unlink(tmp); free(tmp); errno = e; return -1;
-    }
-    p += w;
-    left -= (size_t)w;
-  }
-  if (fsync(fd) != 0 || close(fd) != 0) {
-    int e = errno; unlink(tmp); free(tmp); errno = e; return -1;
-  }
-  if (rename(tmp, path) != 0) { int e = errno; unlink(tmp); free(tmp); errno = e; return -1; }
-  free(tmp);
-  return 0;
-}
 
 void ts_fmt_double(char *buf, size_t n, double x) {
   if (isnan(x)) { snprintf(buf, n, "nan"); return; }

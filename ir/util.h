@@ -58,11 +58,33 @@ void sb_write(StrBuf *b, const void *p, size_t n);
 void sb_printf(StrBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void sb_free(StrBuf *b);
 
+/* ---- Files (io.c): the one way the tools read inputs and write outputs ---- */
 /* Reads a whole file into a NUL-terminated heap buffer; NULL + errno on failure. */
 char *ts_read_file(const char *path, size_t *len_out);
-/* Writes atomically: temp file in the same directory, fsync, rename.
- * Returns 0 on success, -1 with errno set (and no partial file left). */
-int ts_write_file_atomic(const char *path, const void *data, size_t len);
+/* ts_read_file of a file this run consumes (model, plan, data, weights):
+ * it is remembered, and no output of this process may overwrite it. */
+char *ts_read_input(const char *path, size_t *len_out);
+void ts_note_input(const char *path);
+/* Writes an output file: "-" is stdout; a regular or new file is replaced
+ * atomically (temp file, fsync, rename; stale temp files of dead writers
+ * cleaned); a device, FIFO or socket is written in place; a directory or an
+ * input of this run is refused.  0, or -1 with ts_io_error() naming the path
+ * (no partial file left). */
+int ts_write_file(const char *path, const void *data, size_t len);
+/* The checks of ts_write_file without writing, for an output written late
+ * (after a training run): 0, or -1 with ts_io_error(). */
+int ts_check_output(const char *path);
+/* A log written as it goes (metrics): the same checks, then opened in place
+ * and truncated ("-" is stdout).  NULL with ts_io_error() on refusal. Each
+ * ts_log_flush / ts_close_log checks the writes: -1 with ts_io_error(). */
+FILE *ts_open_log(const char *path);
+int ts_log_flush(FILE *f, const char *path);
+int ts_close_log(FILE *f, const char *path);
+/* The last failure of the calls above, as "cannot write 'PATH': why". */
+const char *ts_io_error(void);
+/* At exit: flush and close stdout; if any write to it failed, print
+ * "PROG: error: cannot write standard output: why" and exit 1. */
+void ts_check_stdout_at_exit(const char *prog);
 
 /* Formats a double so that strtod() gives back the same bits ("%.17g",
  * shortest form that round-trips, "inf"/"-inf"/"nan" spelled out). */

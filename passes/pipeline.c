@@ -104,10 +104,9 @@ static int dump(const IrModule *m, PassCtx *cx, int idx, const char *name) {
   snprintf(path, sizeof path, "%s/%02d-%s.ir", cx->dump_dir, idx, name);
   StrBuf b = {0};
   ir_print_module(m, &b);
-  int rc = ts_write_file_atomic(path, b.p ? b.p : "", b.n);
-  int e = errno;
+  int rc = ts_write_file(path, b.p ? b.p : "", b.n);
   sb_free(&b);
-  if (rc != 0) return cx_fail(cx, "cannot write IR dump '%s': %s", path, strerror(e));
+  if (rc != 0) return cx_fail(cx, "IR dump: %s", ts_io_error());
   return 0;
 }
 

@@ -1211,16 +1211,15 @@ Plan *plan_parse_text(const char *text, const char *fname, char *err, size_t err
 int plan_write(const Plan *p, const char *path, char *err, size_t errlen) {
   StrBuf b = {0};
   plan_encode(p, &b);
-  int rc = ts_write_file_atomic(path, b.p, b.n);
-  int e = errno;
+  int rc = ts_write_file(path, b.p, b.n);
   sb_free(&b);
-  if (rc != 0) return ts_errf(err, errlen, "cannot write plan '%s': %s", path, strerror(e));
+  if (rc != 0) return ts_errf(err, errlen, "%s", ts_io_error());
   return 0;
 }
 
 Plan *plan_read(const char *path, char *err, size_t errlen) {
   size_t len = 0;
-  char *data = ts_read_file(path, &len);
+  char *data = ts_read_input(path, &len);
   if (!data) {
     ts_errf(err, errlen, "cannot read plan '%s': %s", path, strerror(errno));
     return NULL;

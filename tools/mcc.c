@@ -471,12 +471,8 @@ static void print_stats(const IrModule *m) {
 
 /* Writes text (or bytes) to -o, or to stdout when there is none or it is "-". */
 static int emit_text(const char *out, const StrBuf *b) {
-  if (!out || strcmp(out, "-") == 0) {
-    fwrite(b->p ? b->p : "", 1, b->n, stdout);
-    return fflush(stdout) == 0 ? 0 : 1;
-  }
-  if (ts_write_file_atomic(out, b->p ? b->p : "", b->n) != 0) {
-    fprintf(stderr, "mcc: cannot write '%s': %s\n", out, strerror(errno));
+  if (ts_write_file(out ? out : "-", b->p ? b->p : "", b->n) != 0) {
+    fprintf(stderr, "mcc: error: %s\n", ts_io_error());
     return 1;
   }
   return 0;
@@ -545,8 +541,8 @@ static int compile_cuda(const Args *a, Plan *p, const char *dir) {
     int rc = 0;
     if (dir) {
       snprintf(path, sizeof path, "%s/prog%d_%08llx.cu", dir, pi, (unsigned long long)(cm.hash & 0xffffffffu));
-      if (ts_write_file_atomic(path, cm.src.p, cm.src.n) != 0) {
-        fprintf(stderr, "mcc: cannot write '%s': %s\n", path, strerror(errno));
+      if (ts_write_file(path, cm.src.p, cm.src.n) != 0) {
+        fprintf(stderr, "mcc: error: %s\n", ts_io_error());
         rc = 1;
       }
     }
@@ -575,8 +571,8 @@ static int compile_cuda(const Args *a, Plan *p, const char *dir) {
       }
       if (rc == 0 && dir) {
         snprintf(path, sizeof path, "%s/prog%d_%08llx.%s.ptx", dir, pi, (unsigned long long)(cm.hash & 0xffffffffu), arch);
-        if (ts_write_file_atomic(path, o.ptx, o.ptx_len) != 0) {
-          fprintf(stderr, "mcc: cannot write '%s': %s\n", path, strerror(errno));
+        if (ts_write_file(path, o.ptx, o.ptx_len) != 0) {
+          fprintf(stderr, "mcc: error: %s\n", ts_io_error());
           rc = 1;
         }
       }
@@ -622,7 +618,7 @@ static int write_plan(const Args *a, IrModule *m, int *owned) {
     char err[1024];
     char *def = a->output ? NULL : default_output(a->input);
     if (plan_write(p, a->output ? a->output : def, err, sizeof err) != 0) {
-      fprintf(stderr, "mcc: %s\n", err);
+      fprintf(stderr, "mcc: error: %s\n", err);
       rc = 1;
     }
     free(def);
@@ -837,11 +833,7 @@ static int run_pipe_views(const Args *a, PassCtx *cx) {
   } else {
     rc = 0;
     if (a->report) rc = emit_text(a->output, &rep);
-    if (rc == 0 && a->trace && strcmp(a->trace, "-") == 0) rc = emit_text(NULL, &tr);
-    else if (rc == 0 && a->trace && ts_write_file_atomic(a->trace, tr.p ? tr.p : "", tr.n) != 0) {
-      fprintf(stderr, "mcc: cannot write '%s': %s\n", a->trace, strerror(errno));
-      rc = 1;
-    }
+    if (rc == 0 && a->trace) rc = emit_text(a->trace, &tr);
   }
   sb_free(&rep);
   sb_free(&tr);
@@ -1038,6 +1030,7 @@ cleanup:
 int main(int argc, char **argv) {
   PassCtx cx;
   pass_ctx_init(&cx);
+  ts_check_stdout_at_exit("mcc");
   Args a;
   memset(&a, 0, sizeof a);
   a.emit = "plan";

@@ -175,7 +175,7 @@ static Plan *load_plan(const char *path, char *err, size_t errlen) {
     return NULL;
   }
   size_t len = 0;
-  char *text = ts_read_file(path, &len);
+  char *text = ts_read_input(path, &len);
   if (!text) { snprintf(err, errlen, "cannot read plan '%s': %s", path, strerror(errno)); return NULL; }
   int bare = strlen(text) == len && is_module_text(text);
   Plan *p = NULL;
@@ -532,6 +532,7 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
 }
 
 int main(int argc, char **argv) {
+  ts_check_stdout_at_exit("mrun");
   Args a;
   int pr = parse_args(argc, argv, &a);
   if (pr == 1) { fputs(usage, stdout); return 0; }

@@ -10,7 +10,7 @@
 int rt_corpus_open(RtCorpus *c, const char *path, char *err, size_t errlen) {
   memset(c, 0, sizeof *c);
   size_t len = 0;
-  char *data = ts_read_file(path, &len);
+  char *data = ts_read_input(path, &len);
   if (!data) {
     snprintf(err, errlen, "cannot read corpus %s: %s", path, strerror(errno));
     return -1;

@@ -654,15 +654,15 @@ int rt_emit_llvm(const IrModule *m, const char *dir, int *count, char *err, size
            * share one file, different ones never collide */
           char path[4096];
           snprintf(path, sizeof path, "%s/%s_%08llx.ll", dir, k->name, (unsigned long long)(h & 0xffffffffu));
-          if (ts_write_file_atomic(path, ll.p ? ll.p : "", ll.n) != 0)
-            rc = ts_errf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
+          if (ts_write_file(path, ll.p ? ll.p : "", ll.n) != 0)
+            rc = ts_errf(err, errlen, "%s", ts_io_error());
           else written++;
           /* and the kernel IR it came from (codegen/kir.h's text form) */
           StrBuf kt = {0};
           cg_kernel_print(k, &kt);
           snprintf(path, sizeof path, "%s/%s_%08llx.kir", dir, k->name, (unsigned long long)(h & 0xffffffffu));
-          if (rc == 0 && ts_write_file_atomic(path, kt.p ? kt.p : "", kt.n) != 0)
-            rc = ts_errf(err, errlen, "cannot write '%s': %s", path, strerror(errno));
+          if (rc == 0 && ts_write_file(path, kt.p ? kt.p : "", kt.n) != 0)
+            rc = ts_errf(err, errlen, "%s", ts_io_error());
           sb_free(&kt);
         }
         sb_free(&ll);

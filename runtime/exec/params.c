@@ -274,8 +274,8 @@ int rt_params_save(RtProgram *p, RtComm *world, const char *path, char *err, siz
         else sb_write(&out, &q->v[k], 8);
       }
     }
-    if (ts_write_file_atomic(path, out.p, out.n) != 0)
-      rc = ts_errf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    if (ts_write_file(path, out.p, out.n) != 0)
+      rc = ts_errf(err, errlen, "--save-params: %s", ts_io_error());
     sb_free(&out);
   }
   for (int i = 0; i < n; i++) {
@@ -307,7 +307,7 @@ static int take(const char *buf, size_t len, size_t *pos, void *dst, size_t n) {
 
 RtParams *rt_params_read(const char *path, char *err, size_t errlen) {
   size_t len = 0, pos = 0;
-  char *buf = ts_read_file(path, &len);
+  char *buf = ts_read_input(path, &len);
   if (!buf) { ts_errf(err, errlen, "cannot read %s: %s", path, strerror(errno)); return NULL; }
   RtParams *ps = ts_xcalloc(1, sizeof *ps);
   char magic[8];

@@ -615,7 +615,7 @@ static int write_corpus(const char *path) {
     sb_puts(&b, words[h % 16]);
     sb_putc(&b, h % 11 == 0 ? '\n' : ' ');
   }
-  int rc = ts_write_file_atomic(path, b.p, b.n);
+  int rc = ts_write_file(path, b.p, b.n);
   sb_free(&b);
   return rc;
 }

@@ -160,7 +160,9 @@ static void json_num(FILE *f, const char *key, double v, int comma) {
 typedef struct {
   RtProgram *prog;
   RtCorpus corpus;
-  FILE *metrics;
+  FILE *metrics;                 /* --metrics (a log written as it goes) */
+  const char *metrics_path;
+  char metrics_err[1200];        /* its first write error: the run ends with it */
   int32_t *tokens, *targets;     /* the rank's local block, fed to the program */
   int32_t *gtok, *gtgt;          /* the global micro batch (split inputs only) */
   void *mask;
@@ -217,7 +219,8 @@ static void print_metrics(FILE *log, const TrainRun *r) {
 static void run_free(TrainRun *r) {
   rt_program_free(r->prog);
   rt_corpus_free(&r->corpus);
-  if (r->metrics) fclose(r->metrics);
+  if (r->metrics && ts_close_log(r->metrics, r->metrics_path) != 0 && !r->metrics_err[0])
+    snprintf(r->metrics_err, sizeof r->metrics_err, "--metrics: %s", ts_io_error());
   free(r->tokens);
   free(r->targets);
   free(r->gtok);
@@ -399,9 +402,9 @@ static int trace_steps(const TrainRun *r, int c, char *err, size_t errlen) {
   }
   char file[4096];
   snprintf(file, sizeof file, "%s.%d", path, c);
-  int rc = ts_write_file_atomic(file, b.p ? b.p : "", b.n);
+  int rc = ts_write_file(file, b.p ? b.p : "", b.n);
   sb_free(&b);
-  return rc != 0 ? ts_errf(err, errlen, "TS_PIPE_TRACE: cannot write '%s': %s", file, strerror(errno)) : 0;
+  return rc != 0 ? ts_errf(err, errlen, "TS_PIPE_TRACE: %s", ts_io_error()) : 0;
 }
 
 /* The step's metrics of a pipeline program: each stage reports its own
@@ -584,8 +587,14 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     run_free(&r);
     return -1;
   }
-  if (lead && o->metrics_path && !(r.metrics = fopen(o->metrics_path, "w"))) {
-    snprintf(err, errlen, "cannot write metrics %s: %s", o->metrics_path, strerror(errno));
+  if (lead && o->metrics_path && !(r.metrics = ts_open_log(o->metrics_path))) {
+    snprintf(err, errlen, "--metrics: %s", ts_io_error());
+    run_free(&r);
+    return -1;
+  }
+  r.metrics_path = o->metrics_path;
+  if (lead && o->save_params_path && ts_check_output(o->save_params_path) != 0) {   /* before the run, not after */
+    snprintf(err, errlen, "--save-params: %s", ts_io_error());
     run_free(&r);
     return -1;
   }
@@ -646,7 +655,12 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       for (int i = 0; i < r.nx; i++) json_num(r.metrics, r.xname[i], r.xval[i], 1);
       json_num(r.metrics, "elapsed_s", t1 - t0, 0);
       fprintf(r.metrics, "}\n");
-      fflush(r.metrics);
+      if (ts_log_flush(r.metrics, r.metrics_path) != 0) {   /* training goes on; the run fails at its end */
+        snprintf(r.metrics_err, sizeof r.metrics_err, "--metrics: %s (from step %lld on)", ts_io_error(), (long long)s + 1);
+        fprintf(stderr, "mrun: error: %s; training goes on, and mrun will exit with status 1\n", r.metrics_err);
+        if (r.metrics != stdout) fclose(r.metrics);
+        r.metrics = NULL;
+      }
     }
     if (s == 0) rs.first_loss = loss;
     rs.last_loss = loss;
@@ -661,6 +675,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   rs.dev_collectives = es.dev_collectives;
   rs.dev_overlapped = es.dev_overlapped;
   run_free(&r);
+  if (rc == 0 && r.metrics_err[0]) rc = ts_errf(err, errlen, "%s", r.metrics_err);
   if (res) *res = rs;
   return rc;
 }

@@ -56,7 +56,7 @@ errors)
   [ -e "$TMP/x.plan" ] && fail "a plan was written despite the error"
   printf 'import nn\nconfig {\n  d = 4 +\n}\n' >"$TMP/syntax.mdl"
   run 1 "$MCC" "$TMP/syntax.mdl" -o "$TMP/y.plan" && has "$TMP/err" "syntax.mdl:3:" && has "$TMP/err" "error:"
-  run 1 "$MCC" samples/gpt.mdl $TINY_GPT -o "$TMP/no/such/dir/g.plan" && has "$TMP/err" "cannot write plan"
+  run 1 "$MCC" samples/gpt.mdl $TINY_GPT -o "$TMP/no/such/dir/g.plan" && has "$TMP/err" "mcc: error: cannot write '$TMP/no/such/dir/g.plan': No such file or directory"
   ;;
 parallel)
   # the plan's mesh is (dp, pp, cp, ep, tp) of the layout; every rank runs program 0

@@ -155,8 +155,8 @@ TsEmu *ts_emu_load(const char *source, char *err, size_t errlen) {
   }
   char p[PATH_MAX + 32];
   snprintf(p, sizeof p, "%s/module.cu", e->dir);
-  if (ts_write_file_atomic(p, source, strlen(source)) != 0) {
-    ts_errf(err, errlen, "emulator: cannot write %s", p);
+  if (ts_write_file(p, source, strlen(source)) != 0) {
+    ts_errf(err, errlen, "emulator: %s", ts_io_error());
     goto fail;
   }
   if (compile(e, err, errlen) != 0) goto fail;

@@ -1094,7 +1094,7 @@ int main(int argc, char **argv) {
   build_all();
   if (strcmp(mode, "--emit") == 0) {
     char *src = module_text();
-    CHECK(argc > 2 && ts_write_file_atomic(argv[2], src, strlen(src)) == 0, "cannot write %s",
+    CHECK(argc > 2 && ts_write_file(argv[2], src, strlen(src)) == 0, "cannot write %s",
           argc > 2 ? argv[2] : "?");
     free(src);
   }

@@ -149,9 +149,9 @@ static int rewrite(const char *path, Golden *g, const char *block) {
   sb_write(&o, g->text, b);
   sb_puts(&o, block);
   sb_write(&o, g->text + e, g->len - e);
-  int rc = ts_write_file_atomic(path, o.p, o.n);
+  int rc = ts_write_file(path, o.p, o.n);
   sb_free(&o);
-  if (rc) fprintf(stderr, "%s: cannot write: %s\n", path, strerror(errno));
+  if (rc) fprintf(stderr, "%s\n", ts_io_error());
   else printf("updated %s\n", path);
   return rc;
 }

@@ -23,7 +23,7 @@ check_model() {   # name, then -D options
   [ -e "$TMP/$name.plan" ] && die "$name: --report memory wrote a plan"
   grep -q "ONE activation arena" "$out" || die "$name: no note that mrun runs in the planned arena"
   local n
-  n=$("$MCC" "$TMP/$name.mdl" "$@" --stats --emit=ir -o /dev/null 2>&1 | sed -n 's/^stats: \([0-9]*\) parameters.*/\1/p')
+  n=$("$MCC" "$TMP/$name.mdl" "$@" --stats --emit=ir -o "$TMP/$name.ir" 2>&1 | sed -n 's/^stats: \([0-9]*\) parameters.*/\1/p')
   [ -n "$n" ] || { die "$name: no parameter count from --stats"; return; }
   local p g o s
   p=$(row "parameters" "$out"); g=$(row "gradients" "$out"); o=$(row "optimizer state" "$out"); s=$(row "states total" "$out")

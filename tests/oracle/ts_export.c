@@ -34,8 +34,8 @@
 static int write_or_complain(const char *dir, const char *file, const void *data, size_t len) {
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", dir, file);
-  if (ts_write_file_atomic(path, data, len) != 0) {
-    fprintf(stderr, "ts_export: cannot write %s: %s\n", path, strerror(errno));
+  if (ts_write_file(path, data, len) != 0) {
+    fprintf(stderr, "ts_export: %s\n", ts_io_error());
     return -1;
   }
   return 0;
