@@ -32,6 +32,26 @@ static size_t value_bytes(const IrNode *n) {
   return align64(b ? b : 1);
 }
 
+/* written[s] = 1 for every state some effect of block b writes (accum,
+ * zero, assign, adamw: the op table's @state attributes of an effect). */
+static unsigned char *states_written(const IrModule *m, const IrBlock *b) {
+  unsigned char *w = ts_xcalloc((size_t)(m->states.n ? m->states.n : 1), 1);
+  for (int i = 0; i < b->n; i++) {
+    const IrNode *nd = &b->nodes[i];
+    if (!(ir_ops[nd->op].flags & OPF_EFFECT)) continue;
+    for (int k = 0; k < IR_MAX_IATTR; k++)
+      if (ir_op_iattr_is_state(nd->op, k) && nd->ia[k] >= 0 && nd->ia[k] < m->states.n) w[nd->ia[k]] = 1;
+  }
+  return w;
+}
+
+/* The state whose slab bytes value v is (a STATE node, or a view of one),
+ * or -1. */
+static int slab_state(const IrBlock *b, const unsigned char *view, int v) {
+  while (v >= 0 && view && view[v]) v = b->nodes[v].in[0];
+  return v >= 0 && b->nodes[v].op == IR_OP_STATE ? (int)b->nodes[v].ia[0] : -1;
+}
+
 /* The position node i is computed at (its own without an at[]). */
 static int pos(const int *at, int i) { return at ? at[i] : i; }
 
@@ -90,6 +110,7 @@ void plan_mem_free(MemPlan *p) {
   free(p->buf);
   free(p->first);
   free(p->last);
+  free(p->view);
   memset(p, 0, sizeof *p);
 }
 
@@ -165,8 +186,10 @@ int plan_mem_block_at(const IrModule *m, int block, const int *at, MemPlan *out,
   out->buf = ts_xmalloc((size_t)cap * sizeof *out->buf);
   out->first = ts_xmalloc((size_t)cap * sizeof *out->first);
   out->last = ts_xmalloc((size_t)cap * sizeof *out->last);
+  out->view = ts_xcalloc((size_t)cap, 1);
   int *last = ts_xmalloc((size_t)cap * sizeof *last);
   outside_reads(b, at, last);
+  unsigned char *written = states_written(m, b);
 
   /* 1. buffers and their live intervals (indexed by owner id) */
   for (int i = 0; i < n; i++) {
@@ -175,16 +198,22 @@ int plan_mem_block_at(const IrModule *m, int block, const int *at, MemPlan *out,
     out->buf[i] = out->first[i] = out->last[i] = -1;
     if (!wants_buffer(nd)) continue;
     if (pos(at, i) != i && last[i] < 0) continue;   /* lives only inside its kernel */
+    int v = nd->op == IR_OP_RESHAPE && nd->nin == 1 ? nd->in[0] : -1;
+    int st = v >= 0 && v < i && alone(at, i) ? slab_state(b, out->view, v) : -1;
+    if (st >= 0 && !written[st]) {   /* a view of a state no effect of this block writes */
+      out->view[i] = 1;
+      continue;
+    }
     size_t bytes = value_bytes(nd);
     if (bytes == 0) {
       char t[128];
       plan_mem_free(out);
       free(last);
+      free(written);
       return ts_errf(err, errlen, "memplan: block %s, %%%d = %s: type %s has no byte size", b->name, i,
                      ir_ops[nd->op].name, ir_type_str(&nd->type, t, sizeof t));
     }
     int end = last[i] > pos(at, i) ? last[i] : pos(at, i);
-    int v = nd->op == IR_OP_RESHAPE && nd->nin == 1 ? nd->in[0] : -1;
     if (v >= 0 && v < i && out->buf[v] >= 0 && alone(at, i) && out->size[out->buf[v]] == bytes) {
       int o = out->buf[v];           /* same bytes: read them where they are */
       out->buf[i] = o;
@@ -198,6 +227,7 @@ int plan_mem_block_at(const IrModule *m, int block, const int *at, MemPlan *out,
     }
   }
   free(last);
+  free(written);
 
   /* 2. lower bound: the most bytes live at any one node (difference array) */
   int64_t *delta = ts_xcalloc((size_t)n + 1, sizeof *delta);
@@ -251,10 +281,19 @@ static int check_values(const IrModule *m, const MemPlan *p, char *err, size_t e
   const int *at = p->at;
   int *last = ts_xmalloc((size_t)(p->n ? p->n : 1) * sizeof *last);
   outside_reads(b, at, last);
+  unsigned char *written = states_written(m, b);
   int rc = 0;
   for (int i = 0; i < p->n && rc == 0; i++) {
     const IrNode *nd = &b->nodes[i];
     int o = p->buf[i];
+    if (p->view && p->view[i]) {   /* reads the slab: a reshape alone of an unwritten state */
+      int st = nd->op == IR_OP_RESHAPE && nd->nin == 1 && nd->in[0] < i && alone(at, i)
+                   ? slab_state(b, p->view, nd->in[0]) : -1;
+      if (st < 0 || written[st] || o != -1)
+        rc = ts_errf(err, errlen, "memplan: %%%d (%s) is a view of the state slab but not a reshape, run alone, "
+                     "of a state this block never writes", i, ir_ops[nd->op].name);
+      continue;
+    }
     int needs = wants_buffer(nd) && (pos(at, i) == i || last[i] >= 0);
     int end = last[i] > pos(at, i) ? last[i] : pos(at, i);
     if (!needs) {
@@ -279,6 +318,7 @@ static int check_values(const IrModule *m, const MemPlan *p, char *err, size_t e
     }
   }
   free(last);
+  free(written);
   return rc;
 }
 

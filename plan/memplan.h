@@ -34,8 +34,13 @@
  *     buffer when the operand owns one (same bytes, row-major, and kernels
  *     never write their operands, so no copy is needed): the shared buffer
  *     is live from the first value's position to the last use of any of
- *     them.  A reshape of a state (which effects may overwrite) or inside
- *     a kernel gets a buffer of its own.
+ *     them.  A reshape inside a kernel gets a buffer of its own.
+ *   - RESHAPE run on its own of a state (or of such a reshape) is a VIEW of
+ *     the state slab when no effect of the block writes that state (a
+ *     parameter in the micro block): no buffer, the executor points it at
+ *     the state's bytes.  Of a state the block writes (a gradient being
+ *     accumulated) it gets a buffer of its own: the copy keeps the value
+ *     read, whatever the effects do later.
  *   - every other value owns ceil64(numel * dtype size) bytes (64 at
  *     least, as the runtime allocates), live from the position that makes
  *     it to its last use, both ends included: a node's result never shares
@@ -56,6 +61,7 @@ typedef struct {
   size_t *size;              /* bytes of that buffer (64-aligned); 0 = no buffer */
   int *buf;                  /* buffer id (the value that owns it; a reshape that aliases
                                 names its operand's owner); -1 = no buffer */
+  unsigned char *view;       /* per node: 1 = a view of the state slab (no buffer; see above) */
   int *first, *last;         /* live interval [first, last] (positions, inclusive) of the
                                 value's buffer - the same for every value sharing it; -1 = none */
   int nbuffers;              /* distinct buffers (owners) */

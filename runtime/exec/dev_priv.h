@@ -9,7 +9,7 @@
 /* What runs node i of a block on a device. */
 enum {
   RT_DS_KERNEL,   /* a kernel of the planning (RtJitBlock.kern[i] >= 0): generated, AdamW run, GEMM epilogue */
-  RT_DS_ALIAS,    /* shares its operand's buffer (memplan): nothing runs */
+  RT_DS_ALIAS,    /* shares its operand's buffer or state bytes (memplan): nothing runs */
   RT_DS_INPUT,    /* host feed -> device */
   RT_DS_STATE,    /* a pointer into the device slab */
   RT_DS_OUTPUT,   /* device scalar -> host */

@@ -85,7 +85,7 @@ static int lib_kernel(const IrModule *m, const IrBlock *b, int i, LibGen gen, St
 /* The step of node i of block b that no kernel of jb covers. */
 static int classify(const IrModule *m, const IrBlock *b, int i, const MemPlan *pl, int *kind) {
   const IrNode *nd = &b->nodes[i];
-  if (pl && pl->buf[i] >= 0 && pl->buf[i] != i) { *kind = RT_DS_ALIAS; return 0; }
+  if (pl && ((pl->buf[i] >= 0 && pl->buf[i] != i) || pl->view[i])) { *kind = RT_DS_ALIAS; return 0; }
   switch (nd->op) {
   case IR_OP_INPUT: *kind = RT_DS_INPUT; return 0;
   case IR_OP_STATE: *kind = RT_DS_STATE; return 0;

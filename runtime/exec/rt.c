@@ -797,7 +797,14 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
   for (int i = 0; i < b->n; i++) {
     msg[0] = 0;
     int kid = jb ? jb->kern[i] : -1, bad = 0;
-    if (pl->buf[i] >= 0 && pl->buf[i] != i) {
+    if (pl->view[i]) {
+      /* a reshape of a state this block never writes (memplan.h): its bytes in the slab */
+      int v = b->nodes[i].in[0];
+      if (!r.buf[v]) {
+        snprintf(msg, sizeof msg, "internal error: the memory plan makes %%%d a view of %%%d, which is not there", i, v);
+        bad = 1;
+      } else r.buf[i] = r.buf[v];
+    } else if (pl->buf[i] >= 0 && pl->buf[i] != i) {
       /* a reshape sharing its operand's bytes (memplan.h): nothing to run */
       int v = b->nodes[i].in[0];
       if (b->nodes[i].op != IR_OP_RESHAPE || !r.held[v] || pl->buf[v] != pl->buf[i]) {

@@ -260,6 +260,60 @@ static void test_states_effects(void) {
   ir_module_free(m);
 }
 
+/* A reshape of a state is a VIEW of the slab when the block writes that
+ * state nowhere (a parameter in the micro block), through reshape chains;
+ * of a state an effect writes (the gradient accumulated here) it is a copy
+ * with a buffer of its own, since the accum changes the bytes it read.
+ *   %0 ws = state @w [32]          %1 wv = reshape ws [4,8]: view
+ *   %2 wv2 = reshape wv [32]: view %3 gs = state @grad.w
+ *   %4 gv = reshape gs [4,8]: copy %5 x = input [4,8]
+ *   %6 y = mul wv, x               %7 z = mul gv, y
+ *   %8 accum z @grad.w             %9 s = sumsq wv2, %10 output
+ * Buffers: gv, x, y, z, s. */
+static void test_state_views(void) {
+  IrModule *m = ir_module_new("views");
+  IrType t = {IR_F32, 1, {32}, {NULL}}, t48 = {IR_F32, 2, {4, 8}, {NULL}};
+  IrState w = {"w", t, IR_STATE_PARAM, IR_INIT_ZEROS, 0, 0, -1, 0, {{0}, 0, 0}, {0}};
+  int sw = ir_state_add(m, &w);
+  IrState g = {"grad.w", t48, IR_STATE_GRAD, IR_INIT_ZEROS, 0, 0, sw, 0, {{0}, 0, 0}, {0}};
+  int sg = ir_state_add(m, &g);
+  int b = ir_block_add(m, "micro");
+  int64_t iw[1] = {sw}, ig[1] = {sg};
+  IrType t48g = t48;
+  int ws = EMIT(m, b, IR_OP_STATE, NULL, 0, iw, NULL, NULL, &t);
+  int wv = EMIT(m, b, IR_OP_RESHAPE, &ws, 1, NULL, NULL, NULL, &t48);
+  int wv2 = EMIT(m, b, IR_OP_RESHAPE, &wv, 1, NULL, NULL, NULL, &t);
+  int gs = EMIT(m, b, IR_OP_STATE, NULL, 0, ig, NULL, NULL, &t48g);
+  IrType t32 = t;
+  int gv = EMIT(m, b, IR_OP_RESHAPE, &gs, 1, NULL, NULL, NULL, &t32);
+  int gv48 = EMIT(m, b, IR_OP_RESHAPE, &gv, 1, NULL, NULL, NULL, &t48);
+  int x = EMIT(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "x", &t48);
+  int y = BIN(m, b, IR_OP_MUL, wv, x);
+  int z = BIN(m, b, IR_OP_MUL, gv48, y);
+  EMIT(m, b, IR_OP_ACCUM, &z, 1, ig, NULL, NULL, NULL);
+  int s = UN(m, b, IR_OP_SUMSQ, wv2);
+  EMIT(m, b, IR_OP_OUTPUT, &s, 1, NULL, NULL, "loss", NULL);
+  MemPlan p = plan_ok(m, b);
+  CHECK(p.view[wv] && p.view[wv2] && p.buf[wv] == -1 && p.buf[wv2] == -1, "a reshape of an unwritten state is not a view");
+  CHECK(!p.view[gv] && p.buf[gv] == gv && p.buf[gv48] == gv, "a reshape of a written state has no copy (view %d buf %d)",
+        p.view[gv], p.buf[gv]);
+  CHECK(p.nbuffers == 5, "%d buffers", p.nbuffers);
+  /* the checker refuses a view of the written state */
+  p.view[gv] = 1;
+  p.buf[gv] = -1;
+  CHECK(plan_mem_check(m, &p, err, sizeof err) != 0 && strstr(err, "view of the state slab"), "bad view accepted: %s", err);
+  plan_mem_free(&p);
+  /* inside a kernel {wv, wv2} run at wv2, neither reshape is a view */
+  int at[12];
+  for (int i = 0; i < m->blocks.a[b].n; i++) at[i] = i;
+  at[wv] = wv2;
+  if (plan_mem_block_at(m, b, at, &p, err, sizeof err) != 0) TS_DIE("memplan: %s", err);
+  CHECK(!p.view[wv] && !p.view[wv2] && p.buf[wv2] >= 0, "a reshape inside a kernel is a view");
+  CHECK(plan_mem_check(m, &p, err, sizeof err) == 0, "check: %s", err);
+  plan_mem_free(&p);
+  ir_module_free(m);
+}
+
 typedef struct { const char *file; int tiny; int64_t params; } Sample;   /* params < 0: not known */
 
 static void test_sample(const Sample *s) {
@@ -333,6 +387,7 @@ int main(void) {
   test_reshape_alias();
   test_kernel_at();
   test_states_effects();
+  test_state_views();
   const Sample samples[] = {
     {"gpt.mdl", 1, -1}, {"llama.mdl", 1, -1},
     {"gpt.mdl", 0, 124475904},   /* GPT-2 124M with the vocab padded to 50304 */
