@@ -9,11 +9,16 @@
 #
 # Closed forms (E = bytes per element, s = sequence, b = micro batch,
 # h = d_model, a = heads, t = tp):
-#   comm, tp or tp + sp: 8 (t-1)/t s b h E per layer per micro batch: two
-#     all-reduces forward and two backward (ring: 2 (t-1)/t each); with
-#     sequence parallelism four all-gathers and four reduce-scatters of
-#     the same tensors, the same bytes (Korthikanti et al. 2022, sec. 4.2.2;
-#     Narayanan et al. 2021).
+#   comm, tp: 8 (t-1)/t s b h E per layer per micro batch: two all-reduces
+#     forward and two backward (ring: 2 (t-1)/t each) (Narayanan et al.
+#     2021).  tp + sp: four all-gathers and four reduce-scatters of the same
+#     tensors, the same bytes (Korthikanti et al. 2022, sec. 4.2.2), plus
+#     what Megatron-LM's implementation adds: the backward of each
+#     column-parallel linear (QKV, MLP in) all-gathers its input again for
+#     the weight gradient instead of keeping the gathered copy, 2 (t-1)/t
+#     s b h E more: 10 (t-1)/t s b h E.  Tessera does the same by default
+#     (pass remat); the row "sp keep" is `--keep-gathered`, which keeps the
+#     gathered copies (tp's bytes, more memory).
 #   activations without recompute (Korthikanti et al. 2022, sec. 4, Table 2,
 #     2-byte activations scaled to E/2): t = 1: s b h (34 + 5 a s / h);
 #     tp: s b h (10 + 24/t + 5 a s / (h t)); tp + sp: s b h / t (34 + 5 a s / h).
@@ -25,7 +30,7 @@ build=build
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "plan_quality: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -58,7 +63,8 @@ models=(
   "GPT-3 175B|gpt|-D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|2048 1 12288 96|1"
   "Llama-2-70B|llama|-D d_model=8192 -D heads=64 -D kv_heads=8 -D ffn=28672 -D seq_len=4096 -D vocab=32000|4096 1 8192 64|0"
 )
-layouts=("tp=1|1|" "tp=4|4|--tp 4" "tp=4 sp|4|--tp 4 --sp" "tp=8|8|--tp 8" "tp=8 sp|8|--tp 8 --sp")
+layouts=("tp=1|1|" "tp=4|4|--tp 4" "tp=4 sp|4|--tp 4 --sp" "tp=4 sp keep|4|--tp 4 --sp --keep-gathered"
+         "tp=8|8|--tp 8" "tp=8 sp|8|--tp 8 --sp")
 
 echo "plan_quality: $(git rev-parse --short HEAD 2>/dev/null), $mcc, f32 (E = 4), one sequence per micro batch"
 echo
@@ -73,7 +79,8 @@ for m in "${models[@]}"; do
     comm=$(per_layer "$model" comm x $defs -D batch=1 -D micro_batch=1 $largs)
     # shellcheck disable=SC2086
     mem=$(per_layer "$model" memory x $defs -D batch=1 -D micro_batch=1 $largs)
-    mcomm=$(awk -v t="$t" -v s="$s" -v b="$b" -v h="$h" 'BEGIN { printf "%.0f", 8 * (t - 1) / t * s * b * h * 4 }')
+    mcomm=$(awk -v t="$t" -v s="$s" -v b="$b" -v h="$h" -v k="$([[ $lname == *"sp"* ]] && echo 10 || echo 8)" \
+      'BEGIN { printf "%.0f", k * (t - 1) / t * s * b * h * 4 }')
     if [ "$gptblock" = 1 ]; then
       mact=$(awk -v t="$t" -v s="$s" -v b="$b" -v h="$h" -v a="$a" -v sp="$([[ $lname == *sp* ]] && echo 1 || echo 0)" 'BEGIN {
         if (t == 1) e = 34 + 5 * a * s / h; else if (sp) e = (34 + 5 * a * s / h) / t; else e = 10 + 24 / t + 5 * a * s / (h * t);

@@ -17,6 +17,8 @@ typedef struct PassCtx {
   const char *dump_pass;     /* --dump-ir=PASS DIR: dump only that pass; NULL = all */
   FILE *time_to;             /* --time: per-pass wall times go here; NULL = off */
   int no_fuse;               /* --no-fuse: pass_fuse forms no groups */
+  int no_remat;              /* --no-remat: pass_remat recomputes nothing */
+  int keep_gathered;         /* --keep-gathered: pass_remat gathers nothing again (bytes over memory) */
   /* pipeline partition overrides (pass "partition"; vpp and the schedule
    * are in m->par): --pp-layers (layers per chunk) and --pp-layout */
   const int *pp_layers;
@@ -31,6 +33,9 @@ typedef struct { const char *name; PassFn fn; const char *doc; } PassInfo;
 
 /* pp > 1: tags each forward node with its pipeline chunk (IrNode.stage) */
 int pass_partition(IrModule *m, PassCtx *cx);
+/* recomputes in the backward the values the forward would keep for it that
+ * an elementwise / row / layout op makes from values kept anyway */
+int pass_remat(IrModule *m, PassCtx *cx);
 /* pp > 1: micro -> per-chunk blocks fwd.<g> / bwd.<g> with send, recv,
  * stash and unstash (docs/pipeline.md, "Execution") */
 int pass_pipe_split(IrModule *m, PassCtx *cx);

@@ -63,6 +63,8 @@ static void usage(FILE *f) {
           "  --emit=cuda DIR        instead of a plan, each program's CUDA module as DIR/prog<K>_<hash>.cu\n"
           "                         (and .ptx per --target)\n"
           "  --no-fuse              no fusion groups (every node its own kernel; for comparisons)\n"
+          "  --no-remat             keep every value the backward reads instead of recomputing the cheap ones\n"
+          "  --keep-gathered        keep all-gathered GEMM inputs (sp) for the backward instead of gathering again\n"
           "  --dump-ir=all DIR      write the IR after every pass to DIR/NN-<pass>.ir\n"
           "  --dump-ir=PASS DIR     ... after one pass only\n"
           "  --print-ir-after=PASS  print the IR after PASS to stdout\n"
@@ -176,6 +178,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--sp") == 0) { a->mdl.sp = 1; continue; }
     if (strcmp(s, "--no-zero") == 0) { a->mdl.zero = 0; continue; }
     if (strcmp(s, "--no-fuse") == 0) { a->cx->no_fuse = 1; continue; }
+    if (strcmp(s, "--no-remat") == 0) { a->cx->no_remat = 1; continue; }
+    if (strcmp(s, "--keep-gathered") == 0) { a->cx->keep_gathered = 1; continue; }
     if (strcmp(s, "--cp-attn") == 0) {
       NEED_ARG(s);
       if (strcmp(next, "ring") && strcmp(next, "allgather"))
@@ -634,6 +638,8 @@ static IrModule *compile_quiet(const Args *a, const MdlOptions *o, int dp) {
   pass_ctx_init(&cx);
   cx.verify_each = a->cx->verify_each;
   cx.no_fuse = a->cx->no_fuse;
+  cx.no_remat = a->cx->no_remat;
+  cx.keep_gathered = a->cx->keep_gathered;
   cx.cp_attn_allgather = a->cx->cp_attn_allgather;
   IrModule *m = compile(a, o, dp, &cx, NULL);
   pass_ctx_free(&cx);
