@@ -106,9 +106,18 @@ static int em_swap_last2(Ad *a, int x) {
   return em(a, IR_OP_PERMUTE, &x, 1, perm, NULL, NULL);
 }
 
-/* Adds g to the gradient of forward value x (if x can have one). */
+static void accumulate(Ad *a, int s, int g);
+
+/* Adds g to the gradient of forward value x (if x can have one).  Without
+ * pipeline chunks a parameter read's share goes into the gradient state at
+ * once: a parameter read twice (a tied embedding) holds no running sum of
+ * its shares across the backward. */
 static void add_grad(Ad *a, int x, int g) {
   if (a->failed || g < 0 || !needs(a, x)) return;
+  if (a->K <= 1 && nd(a, x)->op == IR_OP_STATE) {
+    accumulate(a, (int)nd(a, x)->ia[0], g);
+    return;
+  }
   int *slot = a->K > 1 && a->nodep[x] ? &a->gradc[(size_t)x * a->K + ir_stage_chunk(a->tag)] : &a->grad[x];
   *slot = *slot < 0 ? g : em2(a, IR_OP_ADD, *slot, g);
 }
@@ -492,11 +501,11 @@ static void accumulate(Ad *a, int s, int g) {
 }
 
 /* The backward walk from the loss down to node 0.  Without pipeline
- * chunks, the gradient a parameter read receives is accumulated into the
- * parameter's gradient state as soon as the walk reaches the read, so its
- * buffer dies there: weight gradients never pile up across layers, and a
- * parameter read twice (a tied embedding) holds no running sum across the
- * backward.  With chunks the reads' gradients are summed per chunk and
+ * chunks, each share of gradient a parameter read receives is accumulated
+ * into the parameter's gradient state as soon as it is computed
+ * (add_grad), so its buffer dies there: weight gradients never pile up
+ * across layers, and a parameter read twice (a tied embedding) holds no
+ * running sum across the backward.  With chunks the reads' gradients are summed per chunk and
  * accumulated at the end, one accum per chunk. */
 static void differentiate(Ad *a, int loss, int n_micro) {
   IrModule *m = a->m;
@@ -530,10 +539,9 @@ static void differentiate(Ad *a, int loss, int n_micro) {
     int g = a->grad[i];
     if (g < 0 || !a->need[i]) continue;
     const IrNode *n = nd(a, i);
-    if (n->op == IR_OP_STATE) {        /* a parameter read: collect per state */
+    if (n->op == IR_OP_STATE) {        /* a parameter read (K <= 1: accumulated in add_grad) */
       int s = (int)n->ia[0];
-      if (K <= 1) accumulate(a, s, g);   /* this read's share, into the state at once */
-      else a->pgrad[s] = a->pgrad[s] < 0 ? g : em2(a, IR_OP_ADD, a->pgrad[s], g);
+      a->pgrad[s] = a->pgrad[s] < 0 ? g : em2(a, IR_OP_ADD, a->pgrad[s], g);
       continue;
     }
     a->cur = i;
