@@ -71,6 +71,7 @@ typedef struct {
   /* ring attention: per old attention node its final state; per old
    * attention_bwd node the lse and rowsum(do * o) its parts share */
   int *ring_st, *ring_lse, *ring_drow;
+  int *ring_out;             /* attention_bwd parts lowered with a sibling: their value (-1: not yet) */
 } Sh;
 
 static int sh_fail(Sh *S, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -979,10 +980,14 @@ static int shard_moe_ep(Sh *S, int i, int *in, const IrSharding *osh, IrType *lt
  * ring_shift before computing on it and takes the next one with ring_wait
  * after, so the transfer overlaps the step.  The forward folds the blocks
  * into an online-softmax state; the backward reuses that state's
- * log-sum-exp (the forward value stays alive, or is stashed under pp), rings
- * (k, v) again for dq, and for dk / dv rings them once more with the
- * block's gradient accumulator travelling along, one shift behind, so it
- * arrives home after the last step. */
+ * log-sum-exp (the forward value stays alive, or is stashed under pp) and
+ * rings (k, v) once more for all three gradients: dq accumulates at home;
+ * the block's dk and dv contributions of its home rank (step 0) stay
+ * there, and those of the other ranks accumulate into a partial sum that
+ * starts at the next rank (step 1), travels with the block and goes home
+ * after the last step.  Per layer and micro batch the ring sends (k, v)
+ * cp - 1 times forward and backward and (dk, dv) cp - 1 times: the
+ * 6 (cp-1) blocks of the closed form. */
 
 /* A zero tensor shaped like new value `like` with the last dim `last`. */
 static int zeros_like(Sh *S, int like, int64_t last, const IrSharding *sh) {
@@ -1031,6 +1036,37 @@ static int step_bwd(Sh *S, void *cp, int s, int kc, int vc, int acc) {
               (int[]){c->q, kc, vc, c->dout, c->lse, c->drow, acc}, 7, ia, &c->scale, NULL, NULL, c->osh);
 }
 
+/* The backward ring: out[p] = the gradient part p (0 dq, 1 dk, 2 dv) for
+ * each p with c[p].osh != NULL (see the comment above ring_post). */
+static void ring_bwd(Sh *S, int k, int v, const IrSharding *ksh, RingCtx *c, const int *like, int *out) {
+  int C = S->C, kc = k, vc = v, home[3] = {-1, -1, -1}, trav[3] = {-1, -1, -1};
+  for (int s = 0; s < C && !S->failed; s++) {
+    int pk = -1, pv = -1;
+    if (s < C - 1) { pk = ring_post(S, kc, ksh); pv = ring_post(S, vc, ksh); }
+    for (int p = 0; p < 3; p++) {
+      if (!c[p].osh) continue;
+      int64_t last = nnode(S, like[p])->type.dim[3];
+      if (p == 0 || s == 0) {   /* dq at home; a block's own rank's dk / dv */
+        if (home[p] < 0) home[p] = zeros_like(S, like[p], last, c[p].osh);
+        home[p] = step_bwd(S, &c[p], s, kc, vc, home[p]);
+      } else {
+        if (s == 1) trav[p] = zeros_like(S, like[p], last, c[p].osh);
+        trav[p] = step_bwd(S, &c[p], s, kc, vc, trav[p]);
+      }
+    }
+    if (s < C - 1) { kc = ring_take(S, pk, ksh); vc = ring_take(S, pv, ksh); }
+    /* the partial sums move on with their blocks (after the last step:
+     * home); every rank posts and waits in one order (ring_shift pairs
+     * its messages by order) */
+    for (int p = 1; p < 3 && s > 0; p++)
+      if (trav[p] >= 0) trav[p] = ring_take(S, ring_post(S, trav[p], c[p].osh), c[p].osh);
+  }
+  for (int p = 0; p < 3 && !S->failed; p++) {
+    if (!c[p].osh) continue;
+    out[p] = trav[p] < 0 ? home[p] : emit(S, IR_OP_ADD, (int[]){home[p], trav[p]}, 2, NULL, NULL, NULL, NULL, c[p].osh);
+  }
+}
+
 /* The forward's final online-softmax state for (q, k, v). */
 static int ring_state(Sh *S, const IrNode *n, const int *in, const IrSharding *ish) {
   RingCtx c = {in[0], -1, -1, -1, (int)n->ia[0], 0, n->fa[0], &ish[0]};
@@ -1064,10 +1100,27 @@ static int lower_ring(Sh *S, int i, const int *in, const IrSharding *ish, const 
       }
     }
   }
+  if (S->ring_out[i] >= 0) return S->ring_out[i];   /* lowered with a sibling part */
+  /* this node and its siblings: the parts of the same attention's gradient */
+  int sib[3] = {-1, -1, -1};
+  for (int j = 0; j < S->ob.n; j++) {
+    const IrNode *o = onode(S, j);
+    if (o->op != IR_OP_ATTENTION_BWD || o->ia[1] < 0 || o->ia[1] > 2 || sib[o->ia[1]] >= 0) continue;
+    int same = o->ia[0] == n->ia[0] && o->fa[0] == n->fa[0];
+    for (int k = 0; k < 5 && same; k++) same = o->in[k] == n->in[k];
+    if (same) sib[o->ia[1]] = j;
+  }
   int part = (int)n->ia[1];
-  RingCtx c = {in[0], in[4], S->ring_lse[i], S->ring_drow[i], (int)n->ia[0], part, n->fa[0], osh};
-  int acc = zeros_like(S, in[part], nnode(S, in[part])->type.dim[3], osh);
-  return ring_loop(S, in[1], in[2], &ish[1], acc, osh, part > 0, step_bwd, &c);
+  sib[part] = i;
+  RingCtx c[3];
+  int out[3] = {-1, -1, -1};
+  for (int p = 0; p < 3; p++)
+    c[p] = (RingCtx){in[0], in[4], S->ring_lse[i], S->ring_drow[i], (int)n->ia[0], p, n->fa[0],
+                     sib[p] < 0 ? NULL : p == part ? osh : &ish[p]};
+  ring_bwd(S, in[1], in[2], &ish[1], c, in, out);
+  for (int p = 0; p < 3; p++)
+    if (sib[p] >= 0) S->ring_out[sib[p]] = out[p];
+  return out[part];
 }
 
 /* The node made for old value i has the local type lt. */
@@ -1264,7 +1317,9 @@ int pass_shard(IrModule *m, PassCtx *cx) {
   S.ring_st = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.ring_st);
   S.ring_lse = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.ring_lse);
   S.ring_drow = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.ring_drow);
-  for (int i = 0; i <= n; i++) S.xc[i] = S.cntl[i] = S.cnt_of[i] = S.ring_st[i] = S.ring_lse[i] = S.ring_drow[i] = -1;
+  S.ring_out = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.ring_out);
+  for (int i = 0; i <= n; i++)
+    S.xc[i] = S.cntl[i] = S.cnt_of[i] = S.ring_st[i] = S.ring_lse[i] = S.ring_drow[i] = S.ring_out[i] = -1;
   for (int i = 0; i < n; i++)
     if (S.ob.nodes[i].op == IR_OP_MOE_COUNTS) S.cnt_of[S.ob.nodes[i].in[0]] = i;
   memset(S.accumed, 0, (size_t)m->states.n + 1);

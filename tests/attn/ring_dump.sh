@@ -3,10 +3,12 @@
 # rope) under cp 2: by default every attention (forward and the three
 # backward parts) is lowered into ring steps (docs/sharding.md "Ring
 # attention"): per layer and cp = 2, the forward folds 2 blocks (attn_acc
-# src=0, 1), dq takes 2 steps, dk and dv 2 each, and the blocks move by
-# ring_shift / ring_wait pairs (k and v before each step but the last, the
-# dk / dv accumulators after every step), with no fused attention node and
-# no all_gather along the sequence; with --cp-attn allgather the fused nodes
+# src=0, 1), dq takes 2 steps, dk and dv 2 each, all on ONE backward ring
+# of (k, v), and the blocks move by ring_shift / ring_wait pairs (k and v
+# before each step but the last, forward and backward; the dk / dv partial
+# sums of the other ranks after every step but the first): 6 (cp - 1) per
+# layer, the closed form's count, with no fused attention node and no
+# all_gather along the sequence; with --cp-attn allgather the fused nodes
 # stay and k / v are all-gathered.  A bad --cp-attn value is refused.
 set -u
 mcc=$1 root=$2
@@ -23,8 +25,8 @@ count() { grep -cE "$1" <<<"$ring"; }
 [ "$(count ' = attn_bwd_q ')" = 4 ] || fail "ring: $(count ' = attn_bwd_q ') attn_bwd_q, expected 4"
 [ "$(count ' = attn_bwd_kv .*part=1 ')" = 4 ] && [ "$(count ' = attn_bwd_kv .*part=2 ')" = 4 ] ||
   fail "ring: $(count ' = attn_bwd_kv ') attn_bwd_kv, expected 2 layers x 2 steps x dk, dv"
-[ "$(count ' = ring_shift .*axis=cp')" = 24 ] || fail "ring: $(count ' = ring_shift ') ring_shift, expected 24"
-[ "$(count ' = ring_wait ')" = 24 ] || fail "ring: $(count ' = ring_wait ') ring_wait, expected 24"
+[ "$(count ' = ring_shift .*axis=cp')" = 12 ] || fail "ring: $(count ' = ring_shift ') ring_shift, expected 2 layers x 6 (cp - 1)"
+[ "$(count ' = ring_wait ')" = 12 ] || fail "ring: $(count ' = ring_wait ') ring_wait, expected 12"
 grep -E ' = attn_finish %' <<<"$ring" | grep -q '{2:cp}' || fail "ring: the attention output is not a cp block"
 n=$(grep -cE ' = all_gather .*axis=cp' <<<"$ring")
 [ "$n" = 0 ] || fail "ring: $n all_gathers over cp, expected none"
