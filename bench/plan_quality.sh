@@ -19,9 +19,20 @@
 #     s b h E more: 10 (t-1)/t s b h E.  Tessera does the same by default
 #     (pass remat); the row "sp keep" is `--keep-gathered`, which keeps the
 #     gathered copies (tp's bytes, more memory).
+#   comm, cp (ring or all-gather form): 6 (c-1)/c s b h_kv E per layer per
+#     micro batch (k and v forward, k and v again and dk, dv backward; the
+#     all-gather form gathers k, v forward and backward and reduce-scatters
+#     dk, dv: the same count), plus the once-per-step all-reduce over cp of
+#     the layer's weight gradients, 2 (c-1)/c P (P = the layer's parameter
+#     bytes, from --report memory).
+#   comm, dp with ZeRO-1 (Megatron's distributed optimizer): reduce-scatter
+#     of the gradients and all-gather of the parameters once per step,
+#     2 (d-1)/d P per layer (one micro batch per rank here).
 #   activations without recompute (Korthikanti et al. 2022, sec. 4, Table 2,
 #     2-byte activations scaled to E/2): t = 1: s b h (34 + 5 a s / h);
-#     tp: s b h (10 + 24/t + 5 a s / (h t)); tp + sp: s b h / t (34 + 5 a s / h).
+#     tp: s b h (10 + 24/t + 5 a s / (h t)); tp + sp: s b h / t (34 + 5 a s / h);
+#     cp c (flash attention, as Megatron's context parallelism runs it, no
+#     s x s term): 34 s b h / c; dp: as t = 1.
 #     The formulas are for GPT's block (4h MLP, multi-head attention with
 #     dropout); rows of other models print "-".
 set -uo pipefail
@@ -30,7 +41,7 @@ build=build
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
     *) echo "plan_quality: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -56,15 +67,26 @@ per_layer() { local a b; a=$(report "$1" 2 "$2" "${@:4}"); b=$(report "$1" 3 "$2
 mb() { awk -v x="$1" 'BEGIN { printf "%.2f", x / 1e6 }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else printf "-" }'; }
 
-# name|model|defines|s b h a|gpt-block (1 if the activation formula applies)
+# name|model|defines|s b h a h_kv|gpt-block (1 if the activation formula applies)
 models=(
-  "gpt d2048 s64|gpt|-D d_model=2048 -D heads=16 -D seq_len=64 -D vocab=256|64 1 2048 16|1"
-  "gpt d1024 s256|gpt|-D d_model=1024 -D heads=16 -D seq_len=256 -D dropout=0|256 1 1024 16|1"
-  "GPT-3 175B|gpt|-D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|2048 1 12288 96|1"
-  "Llama-2-70B|llama|-D d_model=8192 -D heads=64 -D kv_heads=8 -D ffn=28672 -D seq_len=4096 -D vocab=32000|4096 1 8192 64|0"
+  "gpt d2048 s64|gpt|-D d_model=2048 -D heads=16 -D seq_len=64 -D vocab=256|64 1 2048 16 2048|1"
+  "gpt d1024 s256|gpt|-D d_model=1024 -D heads=16 -D seq_len=256 -D dropout=0|256 1 1024 16 1024|1"
+  "GPT-3 175B|gpt|-D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|2048 1 12288 96 12288|1"
+  "Llama-2-70B|llama|-D d_model=8192 -D heads=64 -D kv_heads=8 -D ffn=28672 -D seq_len=4096 -D vocab=32000|4096 1 8192 64 1024|0"
 )
-layouts=("tp=1|1|" "tp=4|4|--tp 4" "tp=4 sp|4|--tp 4 --sp" "tp=4 sp keep|4|--tp 4 --sp --keep-gathered"
-         "tp=8|8|--tp 8" "tp=8 sp|8|--tp 8 --sp")
+# name|kind|size|flags (kind: tp, cp, dp; dp runs one micro batch per rank)
+layouts=("tp=1|tp|1|" "tp=4|tp|4|--tp 4" "tp=4 sp|tp|4|--tp 4 --sp" "tp=4 sp keep|tp|4|--tp 4 --sp --keep-gathered"
+         "tp=8|tp|8|--tp 8" "tp=8 sp|tp|8|--tp 8 --sp"
+         "cp=2 ring|cp|2|--cp 2" "cp=2 allgather|cp|2|--cp 2 --cp-attn allgather" "cp=4 ring|cp|4|--cp 4"
+         "dp=2 ZeRO-1|dp|2|--dp 2")
+
+# parameter bytes of one layer: the memory report's "parameters" row, 3 layers minus 2
+param_bytes() {
+  local a b
+  a=$("$mcc" "samples/$1.mdl" -D layers=2 "${@:2}" --report memory 2>&1 | awk 'index($0, "  parameters") == 1 { print $(NF-1); exit }')
+  b=$("$mcc" "samples/$1.mdl" -D layers=3 "${@:2}" --report memory 2>&1 | awk 'index($0, "  parameters") == 1 { print $(NF-1); exit }')
+  echo $((b - a))
+}
 
 echo "plan_quality: $(git rev-parse --short HEAD 2>/dev/null), $mcc, f32 (E = 4), one sequence per micro batch"
 echo
@@ -72,22 +94,57 @@ echo "| model | layout | sent / layer / micro batch (MB) | Megatron (MB) | ratio
 echo "|---|---|---:|---:|---:|---:|---:|---:|"
 for m in "${models[@]}"; do
   IFS='|' read -r name model defs dims gptblock <<<"$m"
-  read -r s b h a <<<"$dims"
+  read -r s b h a hkv <<<"$dims"
+  # shellcheck disable=SC2086
+  P=$(param_bytes "$model" $defs)
   for l in "${layouts[@]}"; do
-    IFS='|' read -r lname t largs <<<"$l"
+    IFS='|' read -r lname kind t largs <<<"$l"
+    batch=1; [ "$kind" = dp ] && batch=$t
     # shellcheck disable=SC2086  # word splitting of the flags is intended
-    comm=$(per_layer "$model" comm x $defs -D batch=1 -D micro_batch=1 $largs)
+    comm=$(per_layer "$model" comm x $defs -D batch=$batch -D micro_batch=1 $largs)
     # shellcheck disable=SC2086
-    mem=$(per_layer "$model" memory x $defs -D batch=1 -D micro_batch=1 $largs)
-    mcomm=$(awk -v t="$t" -v s="$s" -v b="$b" -v h="$h" -v k="$([[ $lname == *"sp"* ]] && echo 10 || echo 8)" \
-      'BEGIN { printf "%.0f", k * (t - 1) / t * s * b * h * 4 }')
+    mem=$(per_layer "$model" memory x $defs -D batch=$batch -D micro_batch=1 $largs)
+    sp=0; [[ $lname == *sp* ]] && sp=1
+    mcomm=$(awk -v k="$kind" -v t="$t" -v s="$s" -v b="$b" -v h="$h" -v hkv="$hkv" -v sp="$sp" -v P="$P" 'BEGIN {
+      if (k == "tp") x = (sp ? 10 : 8) * (t - 1) / t * s * b * h * 4;
+      else if (k == "cp") x = 6 * (t - 1) / t * s * b * hkv * 4 + 2 * (t - 1) / t * P;
+      else x = 2 * (t - 1) / t * P;
+      printf "%.0f", x }')
     if [ "$gptblock" = 1 ]; then
-      mact=$(awk -v t="$t" -v s="$s" -v b="$b" -v h="$h" -v a="$a" -v sp="$([[ $lname == *sp* ]] && echo 1 || echo 0)" 'BEGIN {
-        if (t == 1) e = 34 + 5 * a * s / h; else if (sp) e = (34 + 5 * a * s / h) / t; else e = 10 + 24 / t + 5 * a * s / (h * t);
+      mact=$(awk -v k="$kind" -v t="$t" -v s="$s" -v b="$b" -v h="$h" -v a="$a" -v sp="$sp" 'BEGIN {
+        if (k == "cp") e = 34 / t;            # flash attention: no s x s term, the sequence split t ways
+        else if (t == 1 || k == "dp") e = 34 + 5 * a * s / h;
+        else if (sp) e = (34 + 5 * a * s / h) / t; else e = 10 + 24 / t + 5 * a * s / (h * t);
         printf "%.0f", s * b * h * e * 2 }')
     else mact=0; fi
     if [ "$t" = 1 ]; then c1="$(mb "$comm")"; c2="0"; c3="-"; else c1=$(mb "$comm"); c2=$(mb "$mcomm"); c3=$(ratio "$comm" "$mcomm"); fi
     if [ "$mact" = 0 ]; then a2="-"; a3="-"; else a2=$(mb "$mact"); a3=$(ratio "$mem" "$mact"); fi
     echo "| $name | $lname | $c1 | $c2 | $c3 | $(mb "$mem") | $a2 | $a3 |"
+  done
+done
+
+# Pipeline parallelism, whole step: the busiest pipeline rank's bytes next to
+# Megatron's: a middle stage sends each micro batch's activation forward and
+# its gradient backward, 2 m s b h E (m micro batches); the first and last
+# send one of the two, m s b h E, plus the all-reduce of the tied embedding's
+# gradient between them once per step, V h E (2 ranks: 2 (2-1)/2).
+echo
+echo "| model | layout | micro batches | sent per step, busiest pipeline rank (MB) | Megatron (MB) | ratio |"
+echo "|---|---|---:|---:|---:|---:|"
+pipes=(
+  "gpt d1024 s256|gpt|-D layers=8 -D d_model=1024 -D heads=16 -D seq_len=256 -D dropout=0 -D vocab=50304|256 1 1024 50304|8"
+  "GPT-3 175B|gpt|-D layers=96 -D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|2048 1 12288 51200|16"
+)
+for pl in "${pipes[@]}"; do
+  IFS='|' read -r name model defs dims m <<<"$pl"
+  read -r s b h V <<<"$dims"
+  for p in 2 4 8; do
+    # shellcheck disable=SC2086
+    got=$("$mcc" "samples/$model.mdl" $defs -D batch="$m" -D micro_batch=1 --pp "$p" --report comm 2>&1 |
+          sed -n 's/^total per step.* \([0-9][0-9]*\) bytes sent per rank.*/\1/p' | sort -n | tail -1)
+    meg=$(awk -v p="$p" -v m="$m" -v s="$s" -v b="$b" -v h="$h" -v V="$V" 'BEGIN {
+      end = m * s * b * h * 4 + V * h * 4; mid = (p > 2) ? 2 * m * s * b * h * 4 : 0
+      printf "%.0f", (end > mid ? end : mid) }')
+    echo "| $name | pp=$p | $m | $(mb "${got:-0}") | $(mb "$meg") | $(ratio "${got:-0}" "$meg") |"
   done
 done
