@@ -67,6 +67,16 @@ const IrOpAttrs *ir_op_attrs(IrOp op) {
   return &op_attrs[op];
 }
 
+int ir_op_communicates(IrOp op) {
+  switch (op) {
+  case IR_OP_ALL_REDUCE: case IR_OP_ALL_GATHER: case IR_OP_REDUCE_SCATTER: case IR_OP_ALL_TO_ALL:
+  case IR_OP_ALL_TO_ALL_V: case IR_OP_RING_SHIFT: case IR_OP_SEND: case IR_OP_RECV: case IR_OP_GROUP_SUM:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
 int ir_op_iattr_is_state(IrOp op, int slot) {
   if ((int)op < 0 || op >= IR_OP_COUNT) return 0;
   const IrOpAttrs *a = ir_op_attrs(op);

@@ -43,6 +43,9 @@ extern const IrOpInfo ir_ops[IR_OP_COUNT];
 int ir_op_lookup(const char *name);          /* -1 if unknown */
 /* Whether int attr `slot` of op names a state ("@name" in ops.def). */
 int ir_op_iattr_is_state(IrOp op, int slot);
+/* Whether op moves data between ranks: the collectives, ring_shift, send /
+ * recv and group_sum (what mcc --report comm counts). */
+int ir_op_communicates(IrOp op);
 /* Markdown table of ops.def (name, operands, attrs, flags, doc) for docs/ir.md. */
 void ir_ops_markdown(StrBuf *out);
 
@@ -120,6 +123,9 @@ typedef struct {
   int stage;                /* pipeline placement (docs/pipeline.md), set only when
                                pp > 1: 1 + 2 * chunk + (1 for the backward), 0 =
                                unplaced.  Text: stage=N */
+  const char *why;          /* interned; the pass that made a communication node says
+                               why (the rule, the layouts, the bytes weighed):
+                               mcc --report sharding.  Not part of the text form */
 } IrNode;
 /* Pipeline stage tags (IrNode.stage). */
 static inline int ir_stage_tag(int chunk, int backward) { return 1 + 2 * chunk + (backward ? 1 : 0); }

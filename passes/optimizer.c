@@ -152,6 +152,15 @@ static int flat_padded(Em *e, int x, const Grad *gr, const Mesh *ms, const IrSha
   return x;
 }
 
+/* Says why communication node id is there (IrNode.why; mcc --report
+ * sharding): fmt with the parameter's name. */
+static void say(Em *e, int id, const char *fmt, const char *param) {
+  if (e->failed || id < 0) return;
+  char buf[512];
+  snprintf(buf, sizeof buf, fmt, param);
+  e->m->blocks.a[e->b].nodes[id].why = ts_intern(buf);
+}
+
 /* Step 1: the gradient value G of gr (sets gr->val). */
 static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
   const IrState *gs = &e->m->states.a[gr->g];
@@ -164,6 +173,8 @@ static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
     sh.partial &= (uint8_t)~PP_BIT;
     int64_t ia[2] = {IR_AXIS_PP, (int64_t)gr->ranks};
     v = em(e, IR_OP_GROUP_SUM, &v, 1, ia, NULL, NULL, NULL, &sh);
+    say(e, v, "%s is read on several pipeline stages (a tied parameter): its gradient is summed across them "
+        "once per step", e->m->states.a[gr->p].name);
   }
   /* partial over a size-1 axis is the same as replicated: no collective;
    * over pp a gradient is summed by group_sum only */
@@ -173,16 +184,24 @@ static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
     sh.partial &= (uint8_t)~(1u << a);
     int64_t ia[2] = {a, 0};
     v = em(e, IR_OP_ALL_REDUCE, &v, 1, ia, NULL, NULL, NULL, &sh);
+    char f[256];
+    snprintf(f, sizeof f, "the gradient of %%s is a partial sum over %s (each rank holds its share of the "
+             "micro batches' contributions): summed once per step, not per micro batch", ir_axis_name((IrAxis)a));
+    say(e, v, f, e->m->states.a[gr->p].name);
   }
   if (ms->dp > 1 && !ms->zero) {
     sh.partial &= (uint8_t)~DP_BIT;
     int64_t ia[2] = {IR_AXIS_DP, 0};
     v = em(e, IR_OP_ALL_REDUCE, &v, 1, ia, NULL, NULL, NULL, &sh);
+    say(e, v, "data parallelism (--no-zero): the gradient of %s is summed over the dp ranks once per step",
+        e->m->states.a[gr->p].name);
   } else if (ms->zero) {
     IrSharding pd = sh_partial(DP_BIT), ch = sh_chunk_dp();
     v = flat_padded(e, v, gr, ms, &pd);
     int64_t ia[2] = {IR_AXIS_DP, 0};
     v = em(e, IR_OP_REDUCE_SCATTER, &v, 1, ia, NULL, NULL, NULL, &ch);
+    say(e, v, "ZeRO-1: the gradient of %s is summed over the dp ranks once per step, each rank getting the chunk "
+        "whose optimizer state it holds", e->m->states.a[gr->p].name);
   }
   gr->val = v;
 }
@@ -208,6 +227,8 @@ static int reduce_over(Em *e, int x, unsigned mask, unsigned partial) {
     IrSharding sh = sh_partial(partial);
     int64_t ia[2] = {a, 0};
     x = em(e, IR_OP_ALL_REDUCE, &x, 1, ia, NULL, NULL, NULL, &sh);
+    say(e, x, "the global gradient norm (for clipping): square sums added over the ranks that hold parts of %s",
+        "the gradients");
   }
   return x;
 }
@@ -322,6 +343,7 @@ static void rebuild_param(Em *e, const Grad *gr, const Mesh *ms) {
   int64_t ia[2] = {IR_AXIS_DP, 0};
   x = em(e, IR_OP_SHARD_SLICE, &x, 1, ia, NULL, NULL, NULL, &ch);
   x = em(e, IR_OP_ALL_GATHER, &x, 1, ia, NULL, NULL, NULL, &none);
+  say(e, x, "ZeRO-1: %s is re-assembled from the chunks the dp ranks updated", ps->name);
   if (gr->c * ms->dp > gr->n) {
     int64_t sa[3] = {0, 0, gr->n};
     x = em(e, IR_OP_SLICE, &x, 1, sa, NULL, NULL, NULL, &none);

@@ -115,6 +115,7 @@ static int emit_as(Ps *S, const IrNode *src, const int *in, int nin, int tag) {
   n->sh = src->sh;
   if (!(ir_ops[src->op].flags & OPF_EFFECT)) n->type = src->type;   /* keep dim names */
   n->stage = tag;
+  n->why = src->why;
   return id;
 }
 
@@ -127,6 +128,13 @@ static int emit_op(Ps *S, IrOp op, const int *in, int nin, const int64_t *ia, co
   IrNode *n = &S->m->blocks.a[S->nb].nodes[id];
   if (!(ir_ops[op].flags & OPF_EFFECT)) n->sh = like->sh;
   n->stage = tag;
+  if (op == IR_OP_SEND) {   /* the why of a pipeline message (mcc --report sharding) */
+    char t[256], buf[512];
+    snprintf(buf, sizeof buf, "pipeline: the %s value %s (%s) crosses from chunk %d to chunk %d, once per micro batch",
+             ir_stage_is_bwd(tag) ? "backward" : "forward", ir_ops[like->op].name, ir_type_str(&like->type, t, sizeof t),
+             ir_stage_chunk(tag), ir_stage_chunk(tag) + (ia[1] > 0 ? 1 : -1));
+    n->why = ts_intern(buf);
+  }
   return id;
 }
 

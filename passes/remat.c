@@ -70,6 +70,12 @@ static int backward_value(Remat *r, int u, int stage) {
   c.in = in;
   c.group = 0;
   c.stage = stage;
+  if (nd->op == IR_OP_ALL_GATHER) {   /* mcc --report sharding */
+    char buf[1200];
+    snprintf(buf, sizeof buf, "gathered again for the backward instead of held across it (pass remat; "
+             "--keep-gathered keeps the copy): %s", nd->why ? nd->why : "");
+    c.why = ts_intern(buf);
+  }
   r->out[r->nout] = c;
   return r->clone[u] = r->nout++;
 }

@@ -72,6 +72,13 @@ typedef struct {
    * attention_bwd node the lse and rowsum(do * o) its parts share */
   int *ring_st, *ring_lse, *ring_drow;
   int *ring_out;             /* attention_bwd parts lowered with a sibling: their value (-1: not yet) */
+  /* why each communication node is there (IrNode.why, mcc --report
+   * sharding): the old node being sharded and which operand it converts,
+   * the matmul rule's weighing of its sides, or a lowering's own note */
+  int cur, cur_k;
+  const char *note;          /* about node note_at (the matmul's gather choice) */
+  int note_at;
+  const char *why;           /* set by a lowering for what it emits; NULL: conversions say */
 } Sh;
 
 static int sh_fail(Sh *S, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -132,6 +139,7 @@ static int emit(Sh *S, IrOp op, const int *in, int nin, const int64_t *ia, const
   if (id < 0) return sh_fail(S, "internal error: cannot emit %s: %s", ir_ops[op].name, err);
   if (sh) S->m->blocks.a[S->nb].nodes[id].sh = *sh;
   S->m->blocks.a[S->nb].nodes[id].stage = S->tag;
+  if (S->why && ir_op_communicates(op)) S->m->blocks.a[S->nb].nodes[id].why = S->why;
   return id;
 }
 static const IrNode *nnode(const Sh *S, int id) { return &S->m->blocks.a[S->nb].nodes[id]; }
@@ -140,9 +148,35 @@ static const IrNode *nnode(const Sh *S, int id) { return &S->m->blocks.a[S->nb].
 
 /* Emits value `id` (old value v's layout `from`) re-laid out along axis a
  * to state `to`.  Returns the new id; *from is updated. */
+static const char *ax_desc(const IrType *t, int st, char *buf, size_t n) {
+  if (st == AX_R) snprintf(buf, n, "whole");
+  else if (st == AX_P) snprintf(buf, n, "a partial sum");
+  else if (st < t->rank && t->dname[st]) snprintf(buf, n, "split along dim %d (%s)", st, t->dname[st]);
+  else snprintf(buf, n, "split along dim %d", st);
+  return buf;
+}
+
+/* The note of a conversion of old value v along axis a from st to `to`,
+ * made for old node S->cur (interned). */
+static const char *conv_why(Sh *S, int v, int a, int st, int to) {
+  const IrNode *c = onode(S, S->cur), *x = onode(S, v);
+  IrType xt = gtype(S, v);
+  char tb[256], f[96], w[96], k[32] = "";
+  if (S->cur_k >= 0) snprintf(k, sizeof k, " (operand %d)", S->cur_k);
+  char buf[1024];
+  int len = snprintf(buf, sizeof buf, "%s%s reads the %s %s %s over %s; it is %s", ir_ops[c->op].name, k,
+                     ir_ops[x->op].name, tstr(&xt, tb, sizeof tb), ax_desc(&xt, to, w, sizeof w), ir_axis_name((IrAxis)a),
+                     ax_desc(&xt, st, f, sizeof f));
+  if (S->note && S->note_at == S->cur && len > 0 && (size_t)len < sizeof buf)
+    snprintf(buf + len, sizeof buf - (size_t)len, "; %s", S->note);
+  return ts_intern(buf);
+}
+
 static int conv_axis(Sh *S, int v, int id, IrSharding *from, int a, int to) {
   int st = ax_get(from, a);
   if (st == to || id < 0) return id;
+  const char *saved = S->why;
+  if (!saved) S->why = conv_why(S, v, a, st, to);
   IrSharding sh = *from;
   IrType t = nnode(S, id)->type;
   int64_t ia[2] = {a, 0};
@@ -165,6 +199,7 @@ static int conv_axis(Sh *S, int v, int id, IrSharding *from, int a, int to) {
       id = emit(S, IR_OP_SHARD_SLICE, &id, 1, ia, NULL, NULL, NULL, &sh);
     }
   }
+  S->why = saved;
   *from = sh;
   return id;
 }
@@ -362,7 +397,7 @@ static double gather_bytes(const Sh *S, int v, int a) {
  * reduce-scatter of the result later ((n-1)/n of it, per run: a weight
  * gradient is reduced into its state's layout every micro batch).  Ties
  * gather b. */
-static int matmul_gather_a(const Sh *S, int i, int a, int sa, int sb) {
+static int matmul_gather_a(const Sh *S, int i, int a, int sa, int sb, double *ca, double *cb) {
   const IrNode *n = onode(S, i);
   const IrType *at = &onode(S, n->in[0])->type, *bt = &onode(S, n->in[1])->type;
   int aK = n->ia[0] ? at->rank - 2 : at->rank - 1, bK = n->ia[1] ? bt->rank - 1 : bt->rank - 2;
@@ -372,6 +407,8 @@ static int matmul_gather_a(const Sh *S, int i, int a, int sa, int sb) {
   double partial = (nn - 1) / nn * (double)ir_type_numel(&ot) * (double)ir_dtype_size(ot.dtype);
   double cost_a = gather_bytes(S, n->in[0], a) + (sb == bK ? partial : 0);
   double cost_b = gather_bytes(S, n->in[1], a) + (sa == aK ? partial : 0);
+  *ca = cost_a;
+  *cb = cost_b;
   return cost_a < cost_b;
 }
 
@@ -469,7 +506,19 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
        * else b (attention under context parallelism: each rank keeps its
        * queries, gathers keys / values). */
       int wa = is_weight(S, n->in[0]), wb = is_weight(S, n->in[1]);
-      int ga = wb && !wa ? 1 : wa && !wb ? 0 : matmul_gather_a(S, i, a, sa, sb);
+      double ca = 0, cb = 0;
+      int ga = wb && !wa ? 1 : wa && !wb ? 0 : matmul_gather_a(S, i, a, sa, sb, &ca, &cb);
+      char note[256];
+      if (wa != wb)
+        snprintf(note, sizeof note, "the operands' splits conflict over %s and a parameter stays in place: "
+                 "the matmul gathers its %s operand", ir_axis_name((IrAxis)a), ga ? "first" : "second");
+      else
+        snprintf(note, sizeof note, "the operands' splits conflict over %s: gathering the first sends %.0f bytes, "
+                 "the second %.0f (a side that leaves the result partial counts its reduce-scatter; a gathered "
+                 "copy already made costs 0): the matmul gathers its %s operand", ir_axis_name((IrAxis)a), ca, cb,
+                 ga ? "first" : "second");
+      S->note = ts_intern(note);
+      S->note_at = i;
       if (ga) sa = AX_R; else sb = AX_R;
     }
     return sh_fail(S, "internal error: no layout for matmul %%%d", i);
@@ -897,7 +946,9 @@ static int xconv(Sh *S, int v, int id, int to) {
   }
   int64_t ia[2] = {IR_AXIS_EP, to == XL_TOK};
   int in[3] = {id, S->cntl[c], S->nv[c]};
+  S->why = "expert parallelism: each token row goes to the rank that holds its expert (and its result comes back)";
   int r = emit(S, IR_OP_ALL_TO_ALL_V, in, 3, ia, NULL, NULL, &t, &nnode(S, id)->sh);
+  S->why = NULL;
   VEC_PUSH(S->xconv[v], ((XEntry){id, to, r}));
   return r;
 }
@@ -920,7 +971,9 @@ static int shard_moe_ep(Sh *S, int i, int *in, const IrSharding *osh, IrType *lt
       return sh_fail(S, "moe_counts %%%d: %lld experts are not divisible by ep = %lld", i, (long long)E, (long long)ep);
     S->cntl[i] = emit(S, IR_OP_MOE_COUNTS, in, 1, NULL, NULL, NULL, NULL, NULL);
     int64_t ia[3] = {IR_AXIS_EP, 1, 0};
+    S->why = "expert parallelism: the token counts per expert, so that every rank sizes its exchange";
     S->nv[i] = emit(S, IR_OP_ALL_TO_ALL, &S->cntl[i], 1, ia, NULL, NULL, NULL, NULL);
+    S->why = NULL;
     S->sh[i] = (IrSharding){0};
     return 1;
   }
@@ -1144,6 +1197,8 @@ static void shard_node(Sh *S, int i) {
   IrSharding ish[64], osh = {0};
   if (nin > 64) { sh_fail(S, "node %%%d has more than 64 operands", i); return; }
   S->tag = n->stage;   /* pipeline stage: everything emitted for node i is i's */
+  S->cur = i;
+  S->cur_k = -1;
   int t = taint_of(S, i);
   if (t < 0) return;
   if (n->op != IR_OP_EMBEDDING_BWD) S->taint[i] = (uint8_t)t;
@@ -1216,7 +1271,11 @@ static void shard_node(Sh *S, int i) {
     return;
   }
   int in[64];
-  for (int k = 0; k < nin; k++) in[k] = conv(S, n->in[k], &ish[k]);
+  for (int k = 0; k < nin; k++) {
+    S->cur_k = k;
+    in[k] = conv(S, n->in[k], &ish[k]);
+  }
+  S->cur_k = -1;
   if (S->failed) return;
   S->sh[i] = osh;
   IrType lt = local_type(S, gt, &osh);
@@ -1235,14 +1294,26 @@ static void shard_node(Sh *S, int i) {
   memcpy(ia, n->ia, sizeof ia);
   if ((n->op == IR_OP_ATTENTION || n->op == IR_OP_ATTENTION_BWD) && ax_get(&ish[1], IR_AXIS_CP) == 2 &&
       ir_axis_size(m, IR_AXIS_CP) > 1) {   /* k / v as cp blocks: the ring, step by step */
+    S->why = n->op == IR_OP_ATTENTION
+        ? "ring attention under cp: each rank's key / value block is passed to the next rank while the rank "
+          "computes on it (6 (cp-1) blocks per layer and micro batch with the backward)"
+        : "ring attention's backward under cp: the key / value blocks go round once more for dq, dk and dv, "
+          "and the other ranks' dk / dv partial sums travel with their blocks back to the owner";
     S->nv[i] = lower_ring(S, i, in, ish, &osh);
+    S->why = NULL;
     check_local(S, i, &lt);
     return;
   }
   switch (n->op) {
   case IR_OP_CROSS_ENTROPY: case IR_OP_CROSS_ENTROPY_BWD: {
     int last = onode(S, n->in[0])->type.rank - 1;
-    if (in0_split == last) { S->nv[i] = lower_ce(S, i, in, ish, &osh); return; }
+    if (in0_split == last) {
+      S->why = "cross entropy over vocabulary-split logits (no rank holds the whole logits): the row max, the "
+               "sum of exponentials and the target's logit are reduced over the ranks that split the vocabulary";
+      S->nv[i] = lower_ce(S, i, in, ish, &osh);
+      S->why = NULL;
+      return;
+    }
     if (S->taint[n->in[0]]) {
       int64_t pa[2] = {last, onode(S, n->in[0])->type.dim[last]};
       double fill = -INFINITY;
@@ -1256,7 +1327,9 @@ static void shard_node(Sh *S, int i) {
       for (int a = 0; a < IR_AXIS_COUNT; a++) {
         if (!(red_axes & BIT(a))) continue;
         int64_t ar[2] = {a, 1};
+        S->why = "max over a dim split across ranks: the local max, then the max over the axis";
         lm = emit(S, IR_OP_ALL_REDUCE, &lm, 1, ar, NULL, NULL, NULL, &osh);
+        S->why = NULL;
       }
       S->nv[i] = lm;
       return;

@@ -76,6 +76,8 @@ static void usage(FILE *f) {
           "  --report memory        per-rank memory (parameters, gradients, optimizer state, planned\n"
           "                         activation arenas) and the unsharded totals, to stdout (or -o)\n"
           "  --report comm          per-rank collectives per step (count, payload, ring bytes sent)\n"
+          "  --report sharding      every collective with what it moves, its bytes, and the rule that put it\n"
+          "                         there (also --explain-sharding)\n"
           "  --report schedule      pipeline: stage partition, each rank's timeline, bubble, in flight\n"
           "  --emit=trace FILE      pipeline: Chrome/Perfetto trace (JSON) of the simulated schedule\n"
           "  --vpp V                pipeline: chunks per rank (virtual pipeline size; default 1)\n"
@@ -246,11 +248,13 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--stats") == 0) { a->stats = 1; continue; }
     if (strcmp(s, "--report") == 0) {
       NEED_ARG(s);
-      if (strcmp(next, "memory") != 0 && strcmp(next, "comm") != 0 && strcmp(next, "schedule") != 0)
-        return usage_error("--report must be memory or comm (or schedule), got '%s'", next);
+      if (strcmp(next, "memory") != 0 && strcmp(next, "comm") != 0 && strcmp(next, "schedule") != 0 &&
+          strcmp(next, "sharding") != 0)
+        return usage_error("--report must be memory, comm, sharding or schedule, got '%s'", next);
       a->report = next;
       continue;
     }
+    if (strcmp(s, "--explain-sharding") == 0) { a->report = "sharding"; continue; }
     if (s[0] == '-' && s[1]) return usage_error("unknown option '%s'", s);
     if (a->input) return usage_error("more than one input file ('%s')", s);
     a->input = s;
@@ -716,30 +720,48 @@ static int comm_kind(IrOp op) {
   }
 }
 
+/* Runs of block b per step per rank. */
+static int64_t block_runs(const IrBlock *b, int64_t nmicro) {
+  return strcmp(b->name, "micro") == 0 || ir_block_chunk(b, NULL) >= 0 ? nmicro : 1;
+}
+
+/* Node i of b as communication: its kind, axis, payload and ring bytes per
+ * run; 0 if it moves nothing (not communication, or an axis of size 1). */
+static int comm_node(const IrModule *m, const IrBlock *b, int i, int *kind, int *axis, double *payload, double *ring) {
+  const IrNode *nd = &b->nodes[i];
+  int k = comm_kind(nd->op);
+  if (k < 0) return 0;
+  int ax = (int)nd->ia[0];
+  int n = ax >= 0 && ax < IR_AXIS_COUNT ? ir_axis_size(m, (IrAxis)ax) : 1;
+  if (n < 2) return 0;
+  /* all_to_all_v: the larger of its two buffers, the worst routing (its
+   * traffic follows the routing; the static plan bounds it) */
+  const IrType *t = nd->op == IR_OP_ALL_GATHER ? &nd->type : &b->nodes[nd->in[0]].type;
+  if (nd->op == IR_OP_ALL_TO_ALL_V && ir_type_numel(&nd->type) > ir_type_numel(t)) t = &nd->type;
+  double bytes = (double)ir_type_numel(t) * (double)ir_dtype_size(t->dtype);
+  *ring = k == COMM_AR ? 2.0 * (n - 1) / n * bytes
+        : k == COMM_GS ? (double)(__builtin_popcountll((unsigned long long)nd->ia[1]) - 1) * bytes
+        : k == COMM_SEND ? bytes : (double)(n - 1) / n * bytes;
+  *payload = bytes;
+  *kind = k;
+  *axis = ax;
+  return 1;
+}
+
+static const char *comm_names[COMM_KINDS] = {"all_reduce", "all_gather", "reduce_scatter", "group_sum", "send",
+                                             "all_to_all", "all_to_all_v"};
+
 /* The rows of one program into out, added to *total. */
 static void comm_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSum *total) {
-  static const char *names[COMM_KINDS] = {"all_reduce", "all_gather", "reduce_scatter", "group_sum", "send",
-                                          "all_to_all", "all_to_all_v"};
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
-    int64_t runs = strcmp(b->name, "micro") == 0 || ir_block_chunk(b, NULL) >= 0 ? nmicro : 1;
+    int64_t runs = block_runs(b, nmicro);
     CommSum row[COMM_KINDS][IR_AXIS_COUNT];
     memset(row, 0, sizeof row);
     for (int i = 0; i < b->n; i++) {
-      const IrNode *nd = &b->nodes[i];
-      int k = comm_kind(nd->op);
-      if (k < 0) continue;
-      int ax = (int)nd->ia[0];
-      int n = ax >= 0 && ax < IR_AXIS_COUNT ? ir_axis_size(m, (IrAxis)ax) : 1;
-      if (n < 2) continue;
-      /* all_to_all_v: the larger of its two buffers, the worst routing (its
-       * traffic follows the routing; the static plan bounds it) */
-      const IrType *t = nd->op == IR_OP_ALL_GATHER ? &nd->type : &b->nodes[nd->in[0]].type;
-      if (nd->op == IR_OP_ALL_TO_ALL_V && ir_type_numel(&nd->type) > ir_type_numel(t)) t = &nd->type;
-      double bytes = (double)ir_type_numel(t) * (double)ir_dtype_size(t->dtype);
-      double ring = k == COMM_AR ? 2.0 * (n - 1) / n * bytes
-                  : k == COMM_GS ? (double)(__builtin_popcountll((unsigned long long)nd->ia[1]) - 1) * bytes
-                  : k == COMM_SEND ? bytes : (double)(n - 1) / n * bytes;
+      int k, ax;
+      double bytes, ring;
+      if (!comm_node(m, b, i, &k, &ax, &bytes, &ring)) continue;
       row[k][ax].count += runs;
       row[k][ax].payload += bytes * (double)runs;
       row[k][ax].ring += ring * (double)runs;
@@ -748,7 +770,7 @@ static void comm_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSum *t
       for (int ax = 0; ax < IR_AXIS_COUNT; ax++) {
         const CommSum *c = &row[k][ax];
         if (!c->count) continue;
-        sb_printf(out, "  %-8s %-15s %-4s %10lld %16.0f %16.0f\n", b->name, names[k], ir_axis_name((IrAxis)ax),
+        sb_printf(out, "  %-8s %-15s %-4s %10lld %16.0f %16.0f\n", b->name, comm_names[k], ir_axis_name((IrAxis)ax),
                   (long long)c->count, c->payload, c->ring);
         total->count += c->count;
         total->payload += c->payload;
@@ -757,12 +779,48 @@ static void comm_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSum *t
   }
 }
 
+/* ---- --report sharding (--explain-sharding) ----
+ * Every communication node of the compiled program, one entry each: what
+ * it moves, how often, its bytes (comm_node: --report comm's figures, and
+ * the same total) and why it is there (IrNode.why, written by the pass that
+ * made it: a shard conversion names the reader, the value and both
+ * layouts, with the matmul rule's weighing of its operands; the ring,
+ * cross-entropy and expert lowerings, remat, the optimizer's gradient
+ * reductions and the pipeline's messages say what they are). */
+static void sharding_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSum *total) {
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    int64_t runs = block_runs(b, nmicro);
+    for (int i = 0; i < b->n; i++) {
+      int k, ax;
+      double bytes, ring;
+      if (!comm_node(m, b, i, &k, &ax, &bytes, &ring)) continue;
+      const IrNode *nd = &b->nodes[i];
+      const IrType *t = nd->op == IR_OP_ALL_GATHER ? &nd->type : &b->nodes[nd->in[0]].type;
+      char ts[256];
+      sb_printf(out, "  %s %%%d: %s over %s of %s, %lld per step, %.0f bytes sent per step\n      %s\n", b->name, i,
+                comm_names[k], ir_axis_name((IrAxis)ax), ir_type_str(t, ts, sizeof ts), (long long)runs,
+                ring * (double)runs, nd->why ? nd->why : "(no note recorded: a compiler bug, please report it)");
+      total->count += runs;
+      total->payload += bytes * (double)runs;
+      total->ring += ring * (double)runs;
+    }
+  }
+}
+
 static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
   int dp = ir_axis_size(m, IR_AXIS_DP), pp = ir_axis_size(m, IR_AXIS_PP);
   int64_t nmicro = m->train.global_batch / (m->train.micro_batch * dp);
   char lay[128];
-  sb_printf(out, "comm report: %s, %s (%lld ranks), %s training, per rank per step\n", m->name ? m->name : "?",
-            layout_str(m, lay, sizeof lay), (long long)mesh_ranks(m), ir_dtype_name(m->train.precision));
+  int explain = strcmp(a->report, "sharding") == 0;
+  void (*rows)(const IrModule *, int64_t, StrBuf *, CommSum *) = explain ? sharding_rows : comm_rows;
+  sb_printf(out, "%s report: %s, %s (%lld ranks), %s training, per rank per step\n", explain ? "sharding" : "comm",
+            m->name ? m->name : "?", layout_str(m, lay, sizeof lay), (long long)mesh_ranks(m),
+            ir_dtype_name(m->train.precision));
+  if (explain)
+    sb_printf(out, "# every communication node of each rank's program: its block and node id (as --emit=ir prints\n"
+                   "# them), what it moves, its runs and bytes sent per step (the figures of --report comm), and\n"
+                   "# the note of the pass that put it there.\n");
   sb_printf(out, "# from the compiled program: each collective over an axis of size n > 1, times the runs\n"
                  "# of its block per step (micro%s: %lld per rank, update: 1).  payload = the whole tensor\n"
                  "# (all_reduce, reduce_scatter: the operand; all_gather: the result); ring = the bytes a\n"
@@ -774,11 +832,12 @@ static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
   if (pp > 1)
     sb_printf(out, "# pipeline: a send sends its payload once; a group_sum over k ranks sends its operand\n"
                    "# to the k-1 others; one section per pipeline rank (its program).\n");
-  sb_printf(out, "  %-8s %-15s %-4s %10s %16s %16s\n", "block", "collective", "axis", "per step", "payload bytes",
-            "ring bytes sent");
+  if (!explain)
+    sb_printf(out, "  %-8s %-15s %-4s %10s %16s %16s\n", "block", "collective", "axis", "per step", "payload bytes",
+              "ring bytes sent");
   if (pp < 2) {
     CommSum total = {0};
-    comm_rows(m, nmicro, out, &total);
+    rows(m, nmicro, out, &total);
     sb_printf(out, "total per step: %lld collectives, payload %.0f bytes, ring %.0f bytes sent per rank\n",
               (long long)total.count, total.payload, total.ring);
     return 0;
@@ -788,7 +847,7 @@ static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
   for (int r = 0; r < p->nprograms; r++) {
     CommSum total = {0};
     sb_printf(out, "pipeline rank %d:\n", r);
-    comm_rows(p->programs[r], nmicro, out, &total);
+    rows(p->programs[r], nmicro, out, &total);
     sb_printf(out, "total per step on pipeline rank %d: %lld operations, payload %.0f bytes, %.0f bytes sent per rank\n",
               r, (long long)total.count, total.payload, total.ring);
   }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# explain.sh MCC SOURCE_DIR - mcc --report sharding (--explain-sharding):
+# for layouts of every kind (tp + sp + dp, cp ring and all-gather, the
+# composed attention under cp, pp, ep with tp, tp + cp + sp), every
+# communication node of the plan is listed with a note from the pass that
+# made it (none says "no note recorded"), the total equals --report comm's,
+# and the notes say what they should: the matmul rule's byte weighing, the
+# ring, remat's gathering again (and not with --keep-gathered), ZeRO-1, the
+# pipeline's messages, the tied embedding's group_sum, expert dispatch.
+set -uo pipefail
+mcc=$1 src=$2
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+tiny=(-D layers=2 -D d_model=64 -D heads=4 -D seq_len=32 -D vocab=256 -D batch=4 -D micro_batch=1)
+check() {   # name model want-patterns(|-separated, each must appear) -- flags
+  local name=$1 model=$2 want=$3; shift 3
+  local ex co
+  ex=$("$mcc" "$src/samples/$model.mdl" "$@" --explain-sharding 2>&1) || { fail "$name: mcc --explain-sharding: $ex"; return; }
+  co=$("$mcc" "$src/samples/$model.mdl" "$@" --report comm 2>&1) || { fail "$name: --report comm: $co"; return; }
+  local n; n=$(grep -c "^  [a-z.0-9]* %[0-9]*: " <<<"$ex")
+  [ "$n" -gt 0 ] || fail "$name: no communication node listed"
+  grep -q "no note recorded" <<<"$ex" && fail "$name: a node without a note: $(grep -B1 'no note recorded' <<<"$ex" | head -2)"
+  [ "$(grep '^total per step' <<<"$ex" | sed 's/[0-9]* operations\|[0-9]* collectives//')" = \
+    "$(grep '^total per step' <<<"$co" | sed 's/[0-9]* operations\|[0-9]* collectives//')" ] ||
+    fail "$name: totals differ from --report comm: $(grep '^total' <<<"$ex") / $(grep '^total' <<<"$co")"
+  local IFS='|'
+  for w in $want; do grep -q -- "$w" <<<"$ex" || fail "$name: no note saying '$w'"; done
+  echo "$name: $n communication nodes, each with its note"
+}
+check "gpt tp2 sp dp2" gpt "gathered again for the backward|ZeRO-1: the gradient of|ZeRO-1: token_embedding.wte is re-assembled|cross entropy over vocabulary-split logits|it is a partial sum" \
+  "${tiny[@]}" --tp 2 --sp --dp 2
+check "gpt tp2 sp --keep-gathered" gpt "reads the add" "${tiny[@]}" --tp 2 --sp --keep-gathered
+"$mcc" "$src/samples/gpt.mdl" "${tiny[@]}" --tp 2 --sp --keep-gathered --explain-sharding 2>&1 | grep -q "gathered again" &&
+  fail "--keep-gathered: something is still gathered again"
+check "llama cp2 ring" llama "ring attention under cp|ring attention's backward under cp" \
+  "${tiny[@]}" -D kv_heads=2 -D ffn=128 --cp 2
+check "llama cp2 allgather" llama "reads the" "${tiny[@]}" -D kv_heads=2 -D ffn=128 --cp 2 --cp-attn allgather
+check "gpt cp2 composed attention" gpt "gathering the first sends [0-9]* bytes, the second [0-9]*" \
+  "${tiny[@]}" -D dropout=0.1 --cp 2
+check "gpt pp2" gpt "pipeline: the forward value|pipeline: the backward value|token_embedding.wte is read on several pipeline stages" \
+  "${tiny[@]}" --pp 2
+check "moe ep2 tp2" moe "expert parallelism: each token row" -D layers=1 --tp 2 --ep 2
+check "moe tp2 cp2 sp" moe "reads the" -D layers=1 --tp 2 --cp 2 --sp
+[ $fails = 0 ] && echo PASS
+exit $((fails > 0))
