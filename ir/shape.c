@@ -735,7 +735,7 @@ static int axis_resize(Sx *x, int grow) {
   }
   return 0;
 }
-static int shape_ALL_GATHER(Sx *x) { return need_float(x, 0) ? -1 : axis_resize(x, 1); }
+static int shape_ALL_GATHER(Sx *x) { return axis_resize(x, 1); }   /* any dtype: bytes are copied */
 static int shape_REDUCE_SCATTER(Sx *x) { return need_float(x, 0) ? -1 : axis_resize(x, 0); }
 static int shape_SHARD_SLICE(Sx *x) { return axis_resize(x, 0); }
 /* x[..., V] and idx[...] i32 agreeing on the leading dims. */

@@ -181,8 +181,9 @@ static int conv_axis(Sh *S, int v, int id, IrSharding *from, int a, int to) {
   IrType t = nnode(S, id)->type;
   int64_t ia[2] = {a, 0};
   char tb[256];
-  if (t.dtype == IR_I32 && !(st == AX_R && to >= 0))
-    return sh_fail(S, "internal error: value %%%d (%s) would need communication", v, tstr(&t, tb, sizeof tb));
+  /* integers (token ids, targets) are sliced or gathered, never summed */
+  if (t.dtype == IR_I32 && (st == AX_P || to == AX_P))
+    return sh_fail(S, "internal error: value %%%d (%s) would need a sum over ranks", v, tstr(&t, tb, sizeof tb));
   if (to == AX_P) return sh_fail(S, "internal error: cannot make value %%%d a partial sum", v);
   if (st == AX_P) {
     if (to == AX_R) { ia[1] = 0; ax_set(&sh, a, AX_R); id = emit(S, IR_OP_ALL_REDUCE, &id, 1, ia, NULL, NULL, NULL, &sh); }

@@ -35,15 +35,19 @@ typedef int cuError;                 /* cudaError_t: 0 = cudaSuccess, 600 = cuda
 typedef struct ncOpaque *ncComm;     /* ncclComm_t */
 typedef struct cuStreamOpaque *cuStream;
 typedef struct { char internal[128]; } ncUniqueId;
-enum { NC_SUCCESS = 0, NC_IN_PROGRESS = 7, NC_SUM = 0, NC_MAX = 2, NC_FLOAT32 = 7, NC_FLOAT64 = 8, CU_NOT_READY = 600 };
+enum { NC_SUCCESS = 0, NC_IN_PROGRESS = 7, NC_SUM = 0, NC_MAX = 2, NC_INT32 = 2, NC_FLOAT32 = 7, NC_FLOAT64 = 8,
+       CU_NOT_READY = 600 };
 
 #ifdef TS_HAVE_NCCL_H
 #include <nccl.h>
 _Static_assert(sizeof(ncUniqueId) == sizeof(ncclUniqueId), "ncclUniqueId size");
 _Static_assert(NC_SUM == (int)ncclSum && NC_MAX == (int)ncclMax && NC_FLOAT32 == (int)ncclFloat32 && NC_FLOAT64 == (int)ncclFloat64 &&
+               NC_INT32 == (int)ncclInt32 &&
                NC_SUCCESS == (int)ncclSuccess && NC_IN_PROGRESS == (int)ncclInProgress, "NCCL enums");
 _Static_assert(CU_NOT_READY == (int)cudaErrorNotReady, "cudaErrorNotReady");
 #endif
+
+static int nc_type(IrDtype dt) { return dt == IR_F64 ? NC_FLOAT64 : dt == IR_I32 ? NC_INT32 : NC_FLOAT32; }
 
 /* The two libraries' entry points (one table each, loaded by ir/dl.h). */
 typedef struct {
@@ -269,7 +273,7 @@ static void wait_stream(RtComm *c, RtCollKind k, int peer) {
 static int nccl_coll(RtComm *c, RtCollKind k, int max, IrDtype dt, const void *send, void *recv, size_t count,
                      int peer, int tag, char *err, size_t errlen) {
   (void)tag;   /* NCCL matches in order on each pair */
-  int t = dt == IR_F64 ? NC_FLOAT64 : NC_FLOAT32;
+  int t = nc_type(dt);
   size_t es = ir_dtype_size(dt);
   ncComm nc = NC(c)->comm;
   cuStream s = nstream(c);
@@ -286,7 +290,7 @@ static int nccl_coll(RtComm *c, RtCollKind k, int max, IrDtype dt, const void *s
     NC_FATAL(c, k, LN.GroupStart(), hint);
     for (int i = 0; i < q->queued.n; i++) {
       RtCommReq *r = q->queued.a[i];
-      int rt = r->dt == IR_F64 ? NC_FLOAT64 : NC_FLOAT32;
+      int rt = nc_type(r->dt);
       NC_FATAL(c, RT_COLL_SEND, LN.Send(r->buf, r->count, rt, r->peer, nc, s), hint);
     }
     NC_FATAL(c, k, LN.Recv(recv, count, t, peer, nc, s), hint);
@@ -325,7 +329,7 @@ static int nccl_all_to_all_v(RtComm *c, IrDtype dt, const void *send, const int 
         (rcount[j] && !recv))
       return ts_errf(err, errlen, "all_to_all_v on group %s: peer %d has count %d at %d to send, %d at %d to receive",
                      c->name, j, scount[j], sdispl[j], rcount[j], rdispl[j]);
-  int t = dt == IR_F64 ? NC_FLOAT64 : NC_FLOAT32;
+  int t = nc_type(dt);
   size_t es = ir_dtype_size(dt);
   ncComm nc = NC(c)->comm;
   cuStream s = nstream(c);
@@ -383,7 +387,7 @@ static void nccl_flush(RtComm *c) {
   NC_FATAL(c, RT_COLL_SEND, LN.GroupStart(), hint);
   for (int i = 0; i < q->queued.n; i++) {
     RtCommReq *r = q->queued.a[i];
-    int t = r->dt == IR_F64 ? NC_FLOAT64 : NC_FLOAT32;
+    int t = nc_type(r->dt);
     NC_FATAL(c, RT_COLL_SEND, LN.Send(r->buf, r->count, t, r->peer, q->comm, nstream(c)), hint);
   }
   NC_FATAL(c, RT_COLL_SEND, LN.GroupEnd(), hint);
