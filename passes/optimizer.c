@@ -176,6 +176,18 @@ static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
     say(e, v, "%s is read on several pipeline stages (a tied parameter): its gradient is summed across them "
         "once per step", e->m->states.a[gr->p].name);
   }
+  /* rows the ranks accumulated apart (split where the parameter is whole:
+   * a position embedding under sp or cp): gathered once per step */
+  const IrState *ps = &e->m->states.a[gr->p];
+  for (int d = 0; d < gt.rank && d < IR_MAX_RANK; d++)
+    for (int a = 0; a < IR_AXIS_COUNT; a++) {
+      if (!(sh.split[d] & ~ps->sh.split[d] & (1u << a))) continue;
+      sh.split[d] &= (uint8_t)~(1u << a);
+      int64_t ia[2] = {a, d};
+      v = em(e, IR_OP_ALL_GATHER, &v, 1, ia, NULL, NULL, NULL, &sh);
+      say(e, v, "each rank accumulated its own rows of the gradient of %s over the step (the parameter is whole, "
+          "its gradient split like the activations): gathered once per step, not per micro batch", ps->name);
+    }
   /* partial over a size-1 axis is the same as replicated: no collective;
    * over pp a gradient is summed by group_sum only */
   sh.partial &= (uint8_t)((ms->live | DP_BIT) & ~PP_BIT);
@@ -365,7 +377,18 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
     if (p < 0 || p >= m->states.n || m->states.a[p].kind != IR_STATE_PARAM)
       return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s is not attached to a parameter", gs->name);
     const IrState *ps = &m->states.a[p];
-    if (!ir_type_same_shape(&gs->type, &ps->type)) {
+    /* split like its parameter, and maybe along dims the parameter keeps
+     * whole (rows accumulated apart; grad_value gathers them): the grad's
+     * type is the parameter's with those dims divided */
+    IrType want = ps->type;
+    int layout_ok = !ps->sh.partial && !ps->sh.flat;
+    for (int d = 0; d < IR_MAX_RANK && layout_ok; d++) {
+      unsigned extra = gs->sh.split[d] & ~ps->sh.split[d];
+      if ((gs->sh.split[d] & ps->sh.split[d]) != ps->sh.split[d] || (extra && ps->sh.split[d])) layout_ok = 0;
+      for (int a = 0; a < IR_AXIS_COUNT && d < want.rank; a++)
+        if (extra & (1u << a)) want.dim[d] /= ir_axis_size(m, (IrAxis)a);
+    }
+    if (!ir_type_same_shape(&gs->type, &want)) {
       char a[256], b[256];
       return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s : %s does not have the type of its parameter @%s : %s",
                      gs->name, ir_type_str(&gs->type, a, sizeof a), ps->name, ir_type_str(&ps->type, b, sizeof b));
@@ -378,14 +401,15 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
                      "split or flat over dp (it is partial over dp)", gs->name,
                      ir_sharding_str(&gs->sh, gs->type.rank, shs, sizeof shs));
     }
-    /* adamw pairs the grad's elements with the param's: same blocks */
-    if (memcmp(gs->sh.split, ps->sh.split, sizeof gs->sh.split) != 0 || ps->sh.partial || ps->sh.flat) {
+    if (!layout_ok) {
       char a[128], b[128];
       return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s is laid out %s but its parameter @%s %s; "
-                     "a gradient is split like its parameter", gs->name,
-                     ir_sharding_str(&gs->sh, gs->type.rank, a, sizeof a), ps->name,
+                     "a gradient is split like its parameter (and maybe along dims the parameter keeps whole)",
+                     gs->name, ir_sharding_str(&gs->sh, gs->type.rank, a, sizeof a), ps->name,
                      ir_sharding_str(&ps->sh, ps->type.rank, b, sizeof b));
     }
+    split = 0;
+    for (int d = 0; d < IR_MAX_RANK; d++) split |= ps->sh.split[d];
     Grad *g = &grads[ng++];
     g->g = s;
     g->p = p;

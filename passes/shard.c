@@ -1256,17 +1256,29 @@ static void shard_node(Sh *S, int i) {
     const IrState *p = g->of >= 0 ? &m->states.a[g->of] : g;
     IrSharding want_sh = p->sh;
     const IrSharding *xs = &S->sh[n->in[0]];
-    /* a partial sum may stay partial along axes the parameter does not split;
-     * a second accum into the same state (one per pipeline chunk reading a
-     * shared parameter) takes the layout the first one gave it */
-    if (S->accumed[n->ia[0]]) want_sh = g->sh;
+    /* a partial sum may stay partial along axes the parameter does not split,
+     * and a split one split (a position embedding's gradient under sp or
+     * cp: each rank accumulates its own rows): the update block reduces or
+     * gathers once per step instead of every micro batch.  A second accum
+     * into the same state (one per pipeline chunk reading a shared
+     * parameter) takes the layout the first one gave it. */
+    IrType gt = p->type;
+    if (S->accumed[n->ia[0]]) want_sh = g->sh, gt = g->type;
     else
-      for (int a = 0; a < IR_AXIS_COUNT; a++)
-        if ((xs->partial & BIT(a)) && ax_get(&p->sh, a) == AX_R) want_sh.partial |= BIT(a);
+      for (int a = 0; a < IR_AXIS_COUNT; a++) {
+        if (ax_get(&p->sh, a) != AX_R || a == IR_AXIS_DP || a == IR_AXIS_PP) continue;
+        int d = ax_get(xs, a);
+        if (d == AX_P) want_sh.partial |= BIT(a);
+        else if (d >= 0 && d < gt.rank && !p->sh.split[d] && xs->split[d] == BIT(a) && !p->logical[d] &&
+                 gt.dim[d] % ir_axis_size(m, (IrAxis)a) == 0) {
+          want_sh.split[d] |= BIT(a);
+          gt.dim[d] /= ir_axis_size(m, (IrAxis)a);
+        }
+      }
     S->accumed[n->ia[0]] = 1;
     int x = conv(S, n->in[0], &want_sh);
     g->sh = want_sh;
-    g->type = p->type;
+    g->type = gt;
     memcpy(g->logical, p->logical, sizeof g->logical);
     S->nv[i] = emit(S, IR_OP_ACCUM, &x, 1, n->ia, NULL, NULL, NULL, NULL);
     return;

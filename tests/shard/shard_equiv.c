@@ -83,10 +83,9 @@ static double compare_block(const IrState *s, const double *d, const IrType *rt,
     int pad = 0;
     int64_t flat = 0;
     for (int k = 0; k < lt->rank; k++) {
-      int64_t blk = 0;                 /* block index: outer axes major */
-      for (int a = 0; a < IR_AXIS_COUNT; a++)
-        if (s->sh.split[k] & (1u << a)) blk = blk * rt_rank_axis_size(rk, (IrAxis)a) + rk->coord[a];
-      g[k] += blk * lt->dim[k];
+      /* the global index as the runtime lays the dim out (blocks, outer
+       * axes major; the zigzag at the cp level) */
+      g[k] = rt_global_index(rk, s->sh.split[k], lt->dim[k], g[k]);
       if (g[k] >= rt->dim[k]) pad = 1;
       flat = flat * rt->dim[k] + (pad ? 0 : g[k]);
     }

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # sp_bytes.sh MCC SOURCE_DIR - sequence parallelism moves no more bytes
 # than tensor parallelism (docs/sharding.md, "Costs"): mcc --report comm's
-# ring bytes sent per rank per step with --sp at most 1.31x those without
+# ring bytes sent per rank per step with --sp at most 1.3x those without
 # (compared exactly), for a 2-layer gpt at tp 4 and for GPT-3 175B at tp 8,
 # pp 16, dp 8 (compile only: the figures are exact).  Sequence parallelism
 # replaces each all-reduce by an all-gather and a reduce-scatter (the same
 # bytes) and, by default, gathers the input of each column-parallel GEMM
 # again in the backward instead of holding the gathered copy (pass remat),
-# as Megatron-LM does: 1.25x per layer.  The 2-layer model's head adds one
-# more such gather per micro batch: 1.3003x; with --keep-gathered the
-# bytes are tp's (at most 1.06x here, also checked).
+# as Megatron-LM does: 1.25x per layer (2-layer gpt: 1.263x, GPT-3
+# 1.232x); with --keep-gathered the bytes are tp's (at most 1.03x here,
+# also checked).
 set -uo pipefail
 mcc=$1 src=$2
 fails=0
@@ -28,8 +28,8 @@ check() {
   local keep; keep=$(ring "$@" --sp --keep-gathered)
   echo "$name: tp $tp bytes, tp + sp $sp bytes ($(awk -v a="$sp" -v b="$tp" 'BEGIN { printf "%.4f", a / b }')x)," \
        "--keep-gathered $keep bytes ($(awk -v a="$keep" -v b="$tp" 'BEGIN { printf "%.4f", a / b }')x)"
-  awk -v a="$sp" -v b="$tp" 'BEGIN { exit !(a * 100 <= b * 131) }' || { echo "FAIL: $name: sp sends more than 1.31x tp's bytes"; fails=$((fails + 1)); }
-  awk -v a="$keep" -v b="$tp" 'BEGIN { exit !(a * 100 <= b * 106) }' || { echo "FAIL: $name: --keep-gathered sends more than 1.06x tp's bytes"; fails=$((fails + 1)); }
+  awk -v a="$sp" -v b="$tp" 'BEGIN { exit !(a * 10 <= b * 13) }' || { echo "FAIL: $name: sp sends more than 1.3x tp's bytes"; fails=$((fails + 1)); }
+  awk -v a="$keep" -v b="$tp" 'BEGIN { exit !(a * 100 <= b * 103) }' || { echo "FAIL: $name: --keep-gathered sends more than 1.03x tp's bytes"; fails=$((fails + 1)); }
 }
 check "gpt 2 layers d_model 2048 tp 4" -D layers=2 -D d_model=2048 -D heads=16 -D seq_len=64 -D batch=4 \
   -D micro_batch=1 -D vocab=256 --tp 4
