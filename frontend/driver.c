@@ -27,6 +27,11 @@ void mdl_options_init(MdlOptions *o) {
   o->precision = IR_VOID;
   o->tp = o->pp = o->cp = o->ep = o->sp = o->zero = -1;
   o->diag = NULL;
+  o->max_source_bytes = MDL_MAX_SOURCE_BYTES;
+}
+
+static size_t source_limit(const MdlOptions *o) {
+  return o && o->max_source_bytes ? o->max_source_bytes : MDL_MAX_SOURCE_BYTES;
 }
 
 typedef struct {
@@ -125,12 +130,15 @@ static int load_module(Driver *dr, const char *name, MdlLoc at, const char *from
   for (int i = 0; i < 2 && !src; i++) {
     if (!tries[i]) continue;
     errno = 0;
-    src = ts_read_input(tries[i], &len);
+    src = ts_read_input_max(tries[i], source_limit(dr->opt), &len);
     if (src) path = tries[i];
     else if (errno != ENOENT && !err) { err = errno; path = tries[i]; }
   }
   if (!src) {
-    if (err)
+    if (err == EFBIG)
+      mdl_error(&dr->diag, at, "module '%s' at '%s' is larger than %zu bytes, the limit on an MDL source "
+                "(mcc --max-source-bytes N raises it)", name, path, source_limit(dr->opt));
+    else if (err)
       mdl_error(&dr->diag, at, "cannot read module '%s' at '%s': %s", name, path, strerror(err));
     else if (tries[0])
       mdl_error(&dr->diag, at, "cannot find module '%s' (looked for '%s' and '%s')", name, tries[0], lib);
@@ -208,11 +216,15 @@ static IrModule *compile(const char *src, size_t len, const char *fname, const M
 
 IrModule *mdl_compile_file(const char *path, const MdlOptions *opt) {
   size_t len = 0;
-  char *src = ts_read_input(path, &len);
+  char *src = ts_read_input_max(path, source_limit(opt), &len);
   if (!src) {
     int e = errno;
     FILE *out = opt && opt->diag ? opt->diag : stderr;
-    fprintf(out, "mcc: error: cannot read '%s': %s\n", path, strerror(e));
+    if (e == EFBIG)
+      fprintf(out, "mcc: error: '%s' is larger than %zu bytes, the limit on an MDL source (--max-source-bytes N "
+              "raises it)\n", path, source_limit(opt));
+    else
+      fprintf(out, "mcc: error: cannot read '%s': %s\n", path, strerror(e));
     return NULL;
   }
   IrModule *m = compile(src, len, path, opt);

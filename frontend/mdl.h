@@ -23,7 +23,10 @@ typedef struct {
   int tp, pp, cp, ep, sp;                  /* -1: the parallel block's (default 1, sp 0) */
   int zero;                                /* -1: the parallel block's (default 1) */
   FILE *diag;                              /* NULL: stderr */
+  size_t max_source_bytes;                 /* per source file (model and imports); 0: MDL_MAX_SOURCE_BYTES */
 } MdlOptions;
+
+#define MDL_MAX_SOURCE_BYTES ((size_t)16 << 20)   /* mcc --max-source-bytes N overrides */
 
 void mdl_options_init(MdlOptions *o);
 /* NULL after printing diagnostics.  The caller owns the module. */

@@ -56,7 +56,7 @@ static const char *io_input_of(const struct stat *st) {
   return NULL;
 }
 
-char *ts_read_file(const char *path, size_t *len_out) {
+char *ts_read_file_max(const char *path, size_t max, size_t *len_out) {
   FILE *f = fopen(path, "rb");
   if (!f) return NULL;
   struct stat st;
@@ -64,7 +64,10 @@ char *ts_read_file(const char *path, size_t *len_out) {
   StrBuf b = {0};
   char tmp[65536];
   size_t k;
-  while ((k = fread(tmp, 1, sizeof tmp, f)) > 0) sb_write(&b, tmp, k);
+  while ((k = fread(tmp, 1, sizeof tmp, f)) > 0) {
+    if (k > max - b.n || b.n > max) { sb_free(&b); fclose(f); errno = EFBIG; return NULL; }   /* /dev/zero stops here */
+    sb_write(&b, tmp, k);
+  }
   int bad = ferror(f);
   fclose(f);
   if (bad) { sb_free(&b); errno = EIO; return NULL; }
@@ -73,11 +76,15 @@ char *ts_read_file(const char *path, size_t *len_out) {
   return b.p;
 }
 
-char *ts_read_input(const char *path, size_t *len_out) {
-  char *p = ts_read_file(path, len_out);
+char *ts_read_file(const char *path, size_t *len_out) { return ts_read_file_max(path, SIZE_MAX, len_out); }
+
+char *ts_read_input_max(const char *path, size_t max, size_t *len_out) {
+  char *p = ts_read_file_max(path, max, len_out);
   if (p) ts_note_input(path);
   return p;
 }
+
+char *ts_read_input(const char *path, size_t *len_out) { return ts_read_input_max(path, SIZE_MAX, len_out); }
 
 /* ---- outputs ---- */
 static int write_all(int fd, const void *data, size_t len) {

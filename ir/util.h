@@ -59,11 +59,15 @@ void sb_printf(StrBuf *b, const char *fmt, ...) __attribute__((format(printf, 2,
 void sb_free(StrBuf *b);
 
 /* ---- Files (io.c): the one way the tools read inputs and write outputs ---- */
-/* Reads a whole file into a NUL-terminated heap buffer; NULL + errno on failure. */
+/* Reads a whole file into a NUL-terminated heap buffer; NULL + errno on failure.
+ * _max: at most max bytes; a longer file (or an endless device) stops the
+ * read there with errno EFBIG. */
 char *ts_read_file(const char *path, size_t *len_out);
+char *ts_read_file_max(const char *path, size_t max, size_t *len_out);
 /* ts_read_file of a file this run consumes (model, plan, data, weights):
  * it is remembered, and no output of this process may overwrite it. */
 char *ts_read_input(const char *path, size_t *len_out);
+char *ts_read_input_max(const char *path, size_t max, size_t *len_out);
 void ts_note_input(const char *path);
 /* Writes an output file: "-" is stdout; a regular or new file is replaced
  * atomically (temp file, fsync, rename; stale temp files of dead writers

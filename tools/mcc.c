@@ -64,6 +64,7 @@ static void usage(FILE *f) {
           "                         (and .ptx per --target)\n"
           "  --no-fuse              no fusion groups (every node its own kernel; for comparisons)\n"
           "  --no-remat             keep every value the backward reads instead of recomputing the cheap ones\n"
+          "  --max-source-bytes N   refuse an MDL source (or import) larger than N bytes (default 16 MiB)\n"
           "  --keep-gathered        keep all-gathered GEMM inputs (sp) for the backward instead of gathering again\n"
           "  --dump-ir=all DIR      write the IR after every pass to DIR/NN-<pass>.ir\n"
           "  --dump-ir=PASS DIR     ... after one pass only\n"
@@ -181,6 +182,16 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--no-zero") == 0) { a->mdl.zero = 0; continue; }
     if (strcmp(s, "--no-fuse") == 0) { a->cx->no_fuse = 1; continue; }
     if (strcmp(s, "--no-remat") == 0) { a->cx->no_remat = 1; continue; }
+    if (strcmp(s, "--max-source-bytes") == 0) {
+      NEED_ARG(s);
+      char *e;
+      errno = 0;
+      unsigned long long v = strtoull(next, &e, 10);
+      if (!*next || *e || errno || v < 1 || next[0] == '-')
+        return usage_error("--max-source-bytes expects a positive byte count, got '%s'", next);
+      a->mdl.max_source_bytes = (size_t)v;
+      continue;
+    }
     if (strcmp(s, "--keep-gathered") == 0) { a->cx->keep_gathered = 1; continue; }
     if (strcmp(s, "--cp-attn") == 0) {
       NEED_ARG(s);
