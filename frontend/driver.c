@@ -71,12 +71,47 @@ static int check_nul(Driver *dr, const char *file, const char *src, size_t len) 
   return -1;
 }
 
+/* Names defined twice in one file: two fn items (or a fn and the model)
+ * of one name, two parameters of one fn or model with one name.  Each is
+ * an error at the second, with a note at the first.  0 if none. */
+static int check_definitions(Driver *dr, const MdlProgram *p) {
+  int bad = 0;
+  int n = p->nfuncs + (p->model ? 1 : 0);
+  for (int i = 0; i < n; i++) {
+    const MdlFunc *f = i < p->nfuncs ? p->funcs[i] : p->model;
+    for (int j = 0; j < i; j++) {
+      const MdlFunc *g = j < p->nfuncs ? p->funcs[j] : p->model;
+      if (strcmp(f->name, g->name) != 0) continue;
+      const MdlFunc *first = g->loc.line < f->loc.line || (g->loc.line == f->loc.line && g->loc.col < f->loc.col) ? g : f;
+      const MdlFunc *second = first == g ? f : g;
+      if (f->is_model || g->is_model)
+        mdl_error(&dr->diag, second->loc, "'%s' names both the model and a fn; rename one", f->name);
+      else
+        mdl_error(&dr->diag, second->loc, "fn '%s' is defined twice; rename one", f->name);
+      mdl_note(&dr->diag, first->loc, "the first definition of '%s' is here", f->name);
+      bad = 1;
+      break;
+    }
+    for (int a = 0; a < f->ndecls; a++)
+      for (int b = 0; b < a; b++)
+        if (strcmp(f->decls[a].name, f->decls[b].name) == 0) {
+          mdl_error(&dr->diag, f->decls[a].loc, "%s '%s' has two parameters named '%s'", f->is_model ? "model" : "fn",
+                    f->name, f->decls[a].name);
+          mdl_note(&dr->diag, f->decls[b].loc, "the first '%s' is here", f->decls[a].name);
+          bad = 1;
+          break;
+        }
+  }
+  return bad ? -1 : 0;
+}
+
 static MdlProgram *parse_text(Driver *dr, const char *src, size_t len, const char *file) {
   file = ts_intern(file);
   char *copy = arena_strndup(&dr->arena, src, len);   /* kept for the diag's source lines */
   mdl_diag_add_source(&dr->diag, file, copy);
   if (check_nul(dr, file, src, len)) return NULL;
-  return mdl_parse(copy, file, &dr->arena, &dr->diag);
+  MdlProgram *p = mdl_parse(copy, file, &dr->arena, &dr->diag);
+  return p && check_definitions(dr, p) == 0 ? p : NULL;
 }
 
 static int load_imports(Driver *dr, const MdlProgram *p);
