@@ -77,6 +77,16 @@ int ir_op_communicates(IrOp op) {
   }
 }
 
+void ir_block_states_written(const IrModule *m, const IrBlock *b, unsigned char *written) {
+  memset(written, 0, (size_t)m->states.n);
+  for (int i = 0; i < b->n; i++) {
+    const IrNode *nd = &b->nodes[i];
+    if (!(ir_ops[nd->op].flags & OPF_EFFECT)) continue;
+    for (int k = 0; k < IR_MAX_IATTR; k++)
+      if (ir_op_iattr_is_state(nd->op, k) && nd->ia[k] >= 0 && nd->ia[k] < m->states.n) written[nd->ia[k]] = 1;
+  }
+}
+
 int ir_op_iattr_is_state(IrOp op, int slot) {
   if ((int)op < 0 || op >= IR_OP_COUNT) return 0;
   const IrOpAttrs *a = ir_op_attrs(op);

@@ -238,6 +238,10 @@ int ir_infer_type(const IrModule *m, const IrBlock *b, const IrNode *n,
 /* Whether value i of block b gets a buffer of its own: not a member of a
  * fusion group, or used by a node outside its group (values that live
  * only inside a fused kernel are never materialized). */
+/* written[s] = 1 for every state s that an effect of block b writes
+ * (the op table's @state attributes of accum, zero, assign, adamw);
+ * written has m->states.n entries, all set here. */
+void ir_block_states_written(const IrModule *m, const IrBlock *b, unsigned char *written);
 int ir_value_materialized(const IrBlock *b, int i);
 
 /* ---- checking, text, graphviz ---- */

@@ -91,12 +91,7 @@ int pass_remat(IrModule *m, PassCtx *cx) {
   if (L < 0) return 0;
 
   unsigned char *written = arena_alloc(&cx->scratch, (size_t)(m->states.n ? m->states.n : 1));
-  for (int i = 0; i < n; i++) {
-    const IrNode *nd = &b->nodes[i];
-    if (!(ir_ops[nd->op].flags & OPF_EFFECT)) continue;
-    for (int k = 0; k < IR_MAX_IATTR; k++)
-      if (ir_op_iattr_is_state(nd->op, k) && nd->ia[k] >= 0 && nd->ia[k] < m->states.n) written[nd->ia[k]] = 1;
-  }
+  ir_block_states_written(m, b, written);
   unsigned char *held = arena_alloc(&cx->scratch, (size_t)n), *avail = arena_alloc(&cx->scratch, (size_t)n),
                 *remat = arena_alloc(&cx->scratch, (size_t)n);
   for (int i = L + 1; i < n; i++)

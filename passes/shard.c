@@ -1059,32 +1059,14 @@ static int ring_post(Sh *S, int id, const IrSharding *sh) {
 }
 static int ring_take(Sh *S, int post, const IrSharding *sh) { return emit(S, IR_OP_RING_WAIT, &post, 1, NULL, NULL, NULL, NULL, sh); }
 
-/* The ring over (k, v): for each step s, step(ctx, s, k_s, v_s) emits the
- * step's node and returns the value it produces (threaded through *acc);
- * `travel`: the accumulator moves one rank on after each step and once
- * more at the end (dk / dv). */
-typedef int (*RingEmit)(Sh *S, void *ctx, int s, int kc, int vc, int acc);
-static int ring_loop(Sh *S, int k, int v, const IrSharding *ksh, int acc, const IrSharding *ash, int travel,
-                     RingEmit step, void *ctx) {
-  int C = S->C, kc = k, vc = v;
-  for (int s = 0; s < C && !S->failed; s++) {
-    int pk = -1, pv = -1;
-    if (s < C - 1) { pk = ring_post(S, kc, ksh); pv = ring_post(S, vc, ksh); }
-    acc = step(S, ctx, s, kc, vc, acc);
-    if (s < C - 1) { kc = ring_take(S, pk, ksh); vc = ring_take(S, pv, ksh); }
-    if (travel) acc = ring_take(S, ring_post(S, acc, ash), ash);
-  }
-  return acc;
-}
 
 typedef struct { int q, dout, lse, drow, causal, part; double scale; const IrSharding *osh; } RingCtx;
-static int step_fwd(Sh *S, void *cp, int s, int kc, int vc, int acc) {
-  RingCtx *c = cp;
+/* The step-s node of a ring over (k, v): the block kc / vc folded into acc. */
+static int step_fwd(Sh *S, const RingCtx *c, int s, int kc, int vc, int acc) {
   int64_t ia[2] = {c->causal, s};
   return emit(S, IR_OP_ATTN_ACC, (int[]){c->q, kc, vc, acc}, 4, ia, &c->scale, NULL, NULL, c->osh);
 }
-static int step_bwd(Sh *S, void *cp, int s, int kc, int vc, int acc) {
-  RingCtx *c = cp;
+static int step_bwd(Sh *S, const RingCtx *c, int s, int kc, int vc, int acc) {
   int64_t ia[3] = {c->causal, s, c->part};
   return emit(S, c->part ? IR_OP_ATTN_BWD_KV : IR_OP_ATTN_BWD_Q,
               (int[]){c->q, kc, vc, c->dout, c->lse, c->drow, acc}, 7, ia, &c->scale, NULL, NULL, c->osh);
@@ -1125,7 +1107,14 @@ static void ring_bwd(Sh *S, int k, int v, const IrSharding *ksh, RingCtx *c, con
 static int ring_state(Sh *S, const IrNode *n, const int *in, const IrSharding *ish) {
   RingCtx c = {in[0], -1, -1, -1, (int)n->ia[0], 0, n->fa[0], &ish[0]};
   int st = zeros_like(S, in[0], nnode(S, in[0])->type.dim[3] + 2, &ish[0]);
-  return ring_loop(S, in[1], in[2], &ish[1], st, NULL, 0, step_fwd, &c);
+  int C = S->C, kc = in[1], vc = in[2];   /* step s folds in the block of rank c - s */
+  for (int s = 0; s < C && !S->failed; s++) {
+    int pk = -1, pv = -1;
+    if (s < C - 1) { pk = ring_post(S, kc, &ish[1]); pv = ring_post(S, vc, &ish[1]); }
+    st = step_fwd(S, &c, s, kc, vc, st);
+    if (s < C - 1) { kc = ring_take(S, pk, &ish[1]); vc = ring_take(S, pv, &ish[1]); }
+  }
+  return st;
 }
 
 static int lower_ring(Sh *S, int i, const int *in, const IrSharding *ish, const IrSharding *osh) {

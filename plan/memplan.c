@@ -32,16 +32,10 @@ static size_t value_bytes(const IrNode *n) {
   return align64(b ? b : 1);
 }
 
-/* written[s] = 1 for every state some effect of block b writes (accum,
- * zero, assign, adamw: the op table's @state attributes of an effect). */
+/* ir_block_states_written into a new heap array. */
 static unsigned char *states_written(const IrModule *m, const IrBlock *b) {
   unsigned char *w = ts_xcalloc((size_t)(m->states.n ? m->states.n : 1), 1);
-  for (int i = 0; i < b->n; i++) {
-    const IrNode *nd = &b->nodes[i];
-    if (!(ir_ops[nd->op].flags & OPF_EFFECT)) continue;
-    for (int k = 0; k < IR_MAX_IATTR; k++)
-      if (ir_op_iattr_is_state(nd->op, k) && nd->ia[k] >= 0 && nd->ia[k] < m->states.n) w[nd->ia[k]] = 1;
-  }
+  ir_block_states_written(m, b, w);
   return w;
 }
 
