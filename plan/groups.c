@@ -141,3 +141,44 @@ int plan_adamw_runs(const IrBlock *b, int *run_at) {
   free(written);
   return runs;
 }
+
+/* ---- the parts of one attention's backward ---- */
+
+static int same_attention(const IrNode *a, const IrNode *c) {
+  if (a->nin != 5 || c->nin != 5 || a->ia[0] != c->ia[0] || a->fa[0] != c->fa[0]) return 0;
+  for (int k = 0; k < 5; k++)
+    if (a->in[k] != c->in[k]) return 0;
+  return 1;
+}
+
+int plan_attn_grad_runs(const IrBlock *b, int *run_at) {
+  int n = b->n, runs = 0;
+  for (int i = 0; i < n; i++) run_at[i] = -1;
+  for (int i = 0; i < n; i++) {
+    const IrNode *a = &b->nodes[i];
+    if (a->op != IR_OP_ATTENTION_BWD || run_at[i] != -1 || a->ia[1] < 0 || a->ia[1] > 2) continue;
+    int mem[3] = {i, -1, -1}, cnt = 1, seen = 1 << a->ia[1];
+    for (int j = i + 1; j < n && cnt < 3; j++) {
+      const IrNode *c = &b->nodes[j];
+      if (c->op == IR_OP_ATTENTION_BWD && run_at[j] == -1 && c->ia[1] >= 0 && c->ia[1] <= 2 &&
+          !(seen & (1 << c->ia[1])) && same_attention(a, c)) {
+        mem[cnt++] = j;
+        seen |= 1 << c->ia[1];
+      }
+    }
+    if (cnt < 2) continue;
+    int last = mem[cnt - 1], ok = 1;
+    for (int k = 0; k < 5 && ok; k++) ok = b->nodes[a->in[k]].op != IR_OP_STATE;
+    /* the earlier parts are computed at the last: nothing may read them before */
+    for (int u = i + 1; u < last && ok; u++) {
+      const IrNode *x = &b->nodes[u];
+      for (int k = 0; k < x->nin && ok; k++)
+        for (int q = 0; q < cnt - 1; q++)
+          if (x->in[k] == mem[q]) ok = 0;
+    }
+    if (!ok) continue;
+    for (int q = 0; q < cnt; q++) run_at[mem[q]] = last;
+    runs++;
+  }
+  return runs;
+}

@@ -7,7 +7,9 @@
  *     a fusion group (IrNode.group);
  *   - a GEMM bias epilogue: one BLAS call with beta = 1 into the add's
  *     buffer pre-filled with the broadcast bias;
- *   - a run of adamw nodes updated by ONE multi-tensor launch. */
+ *   - a run of adamw nodes updated by ONE multi-tensor launch;
+ *   - the attention_bwd parts (dq, dk, dv) of one attention computed by ONE
+ *     pass over its tiles. */
 #ifndef TS_PLAN_GROUPS_H
 #define TS_PLAN_GROUPS_H
 #include "ir/ir.h"
@@ -36,5 +38,14 @@ int plan_epilogue_members(const PlanEpilogue *e, int *mem);
  * run's last adamw) for every adamw in a run, -1 for other nodes.
  * Returns the number of runs. */
 int plan_adamw_runs(const IrBlock *b, int *run_at);
+
+/* The backward of one attention as one launch: attention_bwd nodes of b
+ * with the same operands (q, k, v, o, do) and attributes (causal, scale)
+ * and different parts, when no other node reads one of them before the
+ * last (the launch runs there) and every operand is a value (not a state
+ * an effect in between could write).  run_at[i] (b->n entries) = the
+ * position of the launch (the last part) for each member of such a group
+ * of two or three, -1 for other nodes.  Returns the number of groups. */
+int plan_attn_grad_runs(const IrBlock *b, int *run_at);
 
 #endif

@@ -93,6 +93,10 @@ void plan_mem_group_at(const IrBlock *b, int *at) {
   plan_adamw_runs(b, run);
   for (int i = 0; i < b->n; i++)
     if (run[i] >= 0) at[i] = run[i];
+  /* the parts of one attention's backward: one pass at the last part */
+  plan_attn_grad_runs(b, run);
+  for (int i = 0; i < b->n; i++)
+    if (run[i] >= 0) at[i] = run[i];
   free(run);
 }
 

@@ -1,6 +1,7 @@
 /* attn_priv.h - the tile loops of attention, shared by the fused kernels
  * (ops_attn.c, which defines everything here) and the ring-attention step
- * kernels (ops_ring.c).  All arithmetic is in double; q [B, Hq, Tq, D],
+ * kernels (ops_ring.c).  Tensors are f32 or f64 and the loops run in
+ * their dtype (attn_t.h), row statistics in double; q [B, Hq, Tq, D],
  * k / v [B, Hkv, Tk, D] (grouped-query: query head h reads kv head
  * h / (Hq / Hkv)).  Positions are GLOBAL indices along the seq dim (the
  * causal mask hides key j from query i when kpos[j] > qpos[i]).  Every
@@ -30,32 +31,42 @@ void rt_attn_positions(const RtRank *r, unsigned mask, int64_t L, int cp, int64_
  * the online softmax.  Per query row ([B, Hq, Tq]) the running max m (-inf:
  * no key seen yet) and sum l, and acc [B, Hq, Tq, D] the unnormalised
  * output (NULL: m and l only).  Rows that see no key of the block are left
- * as they are.  Threads over (b, query head). */
+ * as they are.  q, k, v, acc are of dtype dt (f32 or f64: the loops run in
+ * it, attn_t.h); m and l are doubles.  Threads over (b, query head). */
 typedef struct {
   AttnDims d;
-  const double *q, *k, *v;
+  IrDtype dt;
+  const void *q, *k, *v;
   const int64_t *qpos, *kpos;
-  double *m, *l, *acc;
+  double *m, *l;
+  void *acc;
 } AttnFwdJob;
 void rt_attn_fwd_block(const AttnFwdJob *j);
 
-/* The backward over one (query block, key block) pair, accumulating into
- * dq [B, Hq, Tq, D] (rt_attn_bwd_q; threads over (b, query head)) or into
- * dk and / or dv [B, Hkv, Tk, D] (rt_attn_bwd_kv, either may be NULL;
- * threads over (b, kv head), a kv head summing over its query heads):
+/* The backward over one (query block, key block) pair:
  *   p = exp(scale q.k - lse) (0 when masked or lse = -inf), dp = do.v,
- *   ds = p (dp - drow):  dq += scale ds k,  dk += scale ds q,  dv += p do.
- * lse and drow are [B, Hq, Tq]. */
+ *   ds = p (dp - drow):  dq += scale ds k,  dk += scale ds q,  dv += p do,
+ * accumulating into dq [B, Hq, Tq, D] and dk, dv [B, Hkv, Tk, D] (any may be
+ * NULL; tensors of dtype dt, lse and drow [B, Hq, Tq] doubles).
+ *   rt_attn_bwd_q: dq; threads over (b, query head).
+ *   rt_attn_bwd_kv: dk and / or dv; threads over (b, kv head), a kv head
+ *     summing over its query heads.
+ *   rt_attn_bwd_grads: the whole backward of attention over whole keys,
+ *     lse and drow NULL and o set: each (b, kv head) recomputes its query
+ *     heads' log-sum-exp rows and drow = rowsum(do * o), then computes dq,
+ *     dk and dv (those not NULL) from one pass over the tiles, sharing the
+ *     probabilities and ds.  Any subset gives each result bit for bit as
+ *     it gives it alone. */
 typedef struct {
   AttnDims d;
-  const double *q, *k, *v, *dout, *lse, *drow;
+  IrDtype dt;
+  const void *q, *k, *v, *o, *dout;
+  const double *lse, *drow;
   const int64_t *qpos, *kpos;
-  double *dq, *dk, *dv;
+  void *dq, *dk, *dv;
 } AttnBwdJob;
 void rt_attn_bwd_q(const AttnBwdJob *j);
 void rt_attn_bwd_kv(const AttnBwdJob *j);
-/* One part into res: dq (part 0), dk (1) or dv (2); j's dq / dk / dv are set
- * here. */
-void rt_attn_bwd_part(AttnBwdJob *j, int part, double *res);
+void rt_attn_bwd_grads(const AttnBwdJob *j);
 
 #endif

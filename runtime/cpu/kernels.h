@@ -101,6 +101,12 @@ int ref_RING_WAIT(RtKctx *k);
 /* Fused attention kernels (ops_attn.c), entries of the same table. */
 int ref_ATTENTION(RtKctx *k);
 int ref_ATTENTION_BWD(RtKctx *k);
+/* The whole backward of the attention whose attention_bwd node k runs
+ * (operands q, k, v, o, do): out[0], out[1], out[2] receive dq, dk, dv,
+ * each NULL where not wanted, else a buffer shaped like q, k or v.  One
+ * pass over the tiles for all of them; each result equals the reference's
+ * for that part alone, bit for bit.  0, or -1 after rt_kfail. */
+int rt_attn_grads_run(RtKctx *k, void *out[3]);
 
 /* Per-program pipeline state (ops_pipe.c): the stash (values kept by
  * `stash` for the backward block, keyed by chunk, micro batch and slot),

@@ -28,9 +28,6 @@
 #include <math.h>
 #include <stdarg.h>
 
-#define RT_CAT_(a, b) a##_##b
-#define RT_CAT(a, b) RT_CAT_(a, b)
-
 /* ---- helpers shared by the kernels ---- */
 static inline double rt_ld(const void *p, IrDtype t, int64_t i) {
   switch (t) {

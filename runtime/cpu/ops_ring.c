@@ -21,25 +21,22 @@
  * folding all keys in one attn_acc from the zero state, then attn_finish,
  * runs exactly the fused forward's arithmetic, and likewise for the
  * backward, so the fused and the stepped paths agree to rounding (exactly
- * in f64).  Arithmetic in double; f32 operands are widened, results
- * rounded once.  Threads: those of the tile loops (rt_par_for over
+ * in f64).  Arithmetic in the operands' dtype, row statistics in double
+ * (attn_t.h).  Threads: those of the tile loops (rt_par_for over
  * (batch, query head), or (batch, kv head) for attn_bwd_kv), so no result
  * depends on the thread count. */
 #include "attn_priv.h"
 #include <math.h>
 
-/* One call's operands as doubles, dims and global positions. */
+/* One call's operands (in their dtype), dims and global positions. */
 typedef struct {
   AttnDims d;
-  int n;              /* operands */
-  double *x[7];
-  int own[7];
+  IrDtype dt;
+  const void *x[7];
   int64_t *qpos, *kpos;
 } Ring;
 
 static void ring_close(Ring *r) {
-  for (int i = 0; i < r->n; i++)
-    if (r->own[i]) free(r->x[i]);
   free(r->qpos);
   free(r->kpos);
 }
@@ -69,13 +66,22 @@ static int ring_open(RtKctx *k, Ring *r, int nin) {
   if (r->d.Hkv < 1 || r->d.Hq % r->d.Hkv)
     return rt_kfail(k, "query heads %lld are not a multiple of kv heads %lld", (long long)r->d.Hq,
                     (long long)r->d.Hkv);
-  r->n = nin;
-  for (int i = 0; i < nin; i++) r->x[i] = rt_attn_f64(k->in[i], dt, ir_type_numel(k->it[i]), &r->own[i]);
+  r->dt = dt;
+  for (int i = 0; i < nin; i++) r->x[i] = k->in[i];
   r->qpos = ts_xmalloc((size_t)(r->d.Tq + 1) * sizeof *r->qpos);
   r->kpos = ts_xmalloc((size_t)(r->d.Tk + 1) * sizeof *r->kpos);
   rt_attn_positions(k->env->rank, rt_kin_sh(k, 0)->split[2], r->d.Tq, -1, r->qpos);
   rt_attn_positions(k->env->rank, rt_kin_sh(k, 1)->split[2], r->d.Tk, block_owner(k->env->rank, k->n->ia[1]), r->kpos);
   return 0;
+}
+
+/* Element i of a dtype-dt buffer, read and written as double. */
+static double ld(const void *p, IrDtype dt, int64_t i) {
+  return dt == IR_F64 ? ((const double *)p)[i] : (double)((const float *)p)[i];
+}
+static void st(void *p, IrDtype dt, int64_t i, double v) {
+  if (dt == IR_F64) ((double *)p)[i] = v;
+  else ((float *)p)[i] = (float)v;
 }
 
 /* (q, k, v, st [B, Hq, Tq, D + 2]) -> st with the block folded in.  The
@@ -85,29 +91,29 @@ static int ring_open(RtKctx *k, Ring *r, int nin) {
 int ref_ATTN_ACC(RtKctx *k) {
   Ring r;
   if (ring_open(k, &r, 4)) { ring_close(&r); return -1; }
+  IrDtype dt = r.dt;
   int64_t D = r.d.D, W = D + 2, rows = r.d.B * r.d.Hq * r.d.Tq;
-  const double *st = r.x[3];
+  const void *sin = r.x[3];
   double *m = ts_xmalloc((size_t)(rows + 1) * sizeof *m), *l = ts_xmalloc((size_t)(rows + 1) * sizeof *l);
-  double *acc = ts_xmalloc((size_t)(rows * D + 1) * sizeof *acc);
+  void *acc = ts_xmalloc((size_t)(rows * D + 1) * ir_dtype_size(dt));
   for (int64_t i = 0; i < rows; i++) {
-    const double *s = st + i * W;
-    int seen = s[D + 1] > 0;
-    for (int64_t e = 0; e < D; e++) acc[i * D + e] = seen ? s[e] : 0.0;
-    m[i] = seen ? s[D] : -INFINITY;
-    l[i] = seen ? s[D + 1] : 0.0;
+    int seen = ld(sin, dt, i * W + D + 1) > 0;
+    for (int64_t e = 0; e < D; e++) st(acc, dt, i * D + e, seen ? ld(sin, dt, i * W + e) : 0.0);
+    m[i] = seen ? ld(sin, dt, i * W + D) : -INFINITY;
+    l[i] = seen ? ld(sin, dt, i * W + D + 1) : 0.0;
   }
-  AttnFwdJob j = {r.d, r.x[0], r.x[1], r.x[2], r.qpos, r.kpos, m, l, acc};
+  AttnFwdJob j = {r.d, dt, r.x[0], r.x[1], r.x[2], r.qpos, r.kpos, m, l, acc};
   rt_attn_fwd_block(&j);
-  double *res = ts_xmalloc((size_t)(rows * W + 1) * sizeof *res);
   for (int64_t i = 0; i < rows; i++) {
-    double *o = res + i * W;
-    if (!(l[i] > 0)) { memcpy(o, st + i * W, (size_t)W * sizeof *o); continue; }
-    memcpy(o, acc + i * D, (size_t)D * sizeof *o);
-    o[D] = m[i];
-    o[D + 1] = l[i];
+    int64_t o = i * W;
+    if (!(l[i] > 0)) {
+      for (int64_t e = 0; e < W; e++) st(k->out, dt, o + e, ld(sin, dt, o + e));
+      continue;
+    }
+    for (int64_t e = 0; e < D; e++) st(k->out, dt, o + e, ld(acc, dt, i * D + e));
+    st(k->out, dt, o + D, m[i]);
+    st(k->out, dt, o + D + 1, l[i]);
   }
-  rt_attn_store(k->out, k->ot->dtype, res, rows * W);
-  free(res);
   free(acc);
   free(l);
   free(m);
@@ -168,13 +174,16 @@ int ref_ATTN_LSE(RtKctx *k) {
 static int ring_bwd(RtKctx *k, int part) {
   Ring r;
   if (ring_open(k, &r, 7)) { ring_close(&r); return -1; }
-  int64_t n = ir_type_numel(k->ot);
-  double *res = ts_xmalloc((size_t)(n + 1) * sizeof *res);
-  memcpy(res, r.x[6], (size_t)n * sizeof *res);
-  AttnBwdJob j = {r.d, r.x[0], r.x[1], r.x[2], r.x[3], r.x[4], r.x[5], r.qpos, r.kpos, NULL, NULL, NULL};
-  rt_attn_bwd_part(&j, part, res);
-  rt_attn_store(k->out, k->ot->dtype, res, n);
-  free(res);
+  int64_t n = ir_type_numel(k->ot), rows = r.d.B * r.d.Hq * r.d.Tq;
+  int own_l, own_d;
+  double *lse = rt_attn_f64(r.x[4], r.dt, rows, &own_l), *drow = rt_attn_f64(r.x[5], r.dt, rows, &own_d);
+  memcpy(k->out, r.x[6], (size_t)n * ir_dtype_size(r.dt));   /* accumulates onto acc */
+  AttnBwdJob j = {r.d, r.dt, r.x[0], r.x[1], r.x[2], NULL, r.x[3], lse, drow, r.qpos, r.kpos,
+                  part == 0 ? k->out : NULL, part == 1 ? k->out : NULL, part == 2 ? k->out : NULL};
+  if (part == 0) rt_attn_bwd_q(&j);
+  else rt_attn_bwd_kv(&j);
+  if (own_l) free(lse);
+  if (own_d) free(drow);
   ring_close(&r);
   return 0;
 }

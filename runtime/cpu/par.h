@@ -48,4 +48,9 @@ void rt_par_memset(void *dst, int c, size_t bytes);
  * run many small GEMMs in parallel, one per pool thread. */
 void rt_par_blas_serial(RtParFn fn, void *ctx, int64_t n, int64_t grain);
 
+/* NAME_SUF: the float and double instances of a kernel written once and
+ * included twice (ops_ref_t.h, attn_t.h). */
+#define RT_CAT_(a, b) a##_##b
+#define RT_CAT(a, b) RT_CAT_(a, b)
+
 #endif

@@ -12,6 +12,9 @@
  *   - a fusion group that is a GEMM bias epilogue (x @ W + b, formed by
  *     passes/fuse.c) runs as one BLAS call with beta = 1 into the add's
  *     buffer pre-filled with the bias (exec_gemm.c);
+ *   - the two or three attention_bwd parts of one attention (plan_attn_
+ *     grad_runs) run as one pass over the tiles at the last part
+ *     (rt_attn_grads_run: native code, not generated);
  *   - every run of adamw nodes (plan_adamw_runs: in the update block,
  *     all of them, ZeRO chunks included) becomes ONE multi-tensor launch
  *     of a generated kernel at the run's last adamw (below);
@@ -383,6 +386,9 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
   unsigned char *in_k = ts_xcalloc((size_t)(n ? n : 1), 1);
   unsigned char *done = ts_xcalloc((size_t)(n ? n : 1), 1);
   plan_adamw_runs(b, run_at);
+  int *attn_at = ts_xmalloc((size_t)(n ? n : 1) * sizeof *attn_at);
+  if (J->cuda) for (int i = 0; i < n; i++) attn_at[i] = -1;   /* the device has a kernel per part */
+  else plan_attn_grad_runs(b, attn_at);
   int rc = 0;
   for (int i = 0; i < n && rc == 0; i++) {
     if (done[i]) continue;
@@ -405,6 +411,23 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
       J->stats.kernels++;
       J->stats.adamw_runs++;
       J->stats.adamw_tensors += nrun;
+      continue;
+    }
+    if (attn_at[i] >= 0) {   /* the first part of an attention's backward: one pass for all */
+      RtJitKernel kk;
+      memset(&kk, 0, sizeof kk);
+      kk.at = attn_at[i];
+      kk.op = IR_OP_ATTENTION_BWD;
+      kk.attn_grads = 1;
+      kk.run = ts_xmalloc(3 * sizeof *kk.run);
+      kk.io.nin = 5;
+      for (int k = 0; k < 5; k++) kk.io.in[k] = nd->in[k];
+      for (int j = i; j <= attn_at[i]; j++)
+        if (attn_at[j] == attn_at[i]) { kk.run[kk.nrun++] = j; kk.io.out[kk.io.nout++] = j; done[j] = 1; }
+      VEC_PUSH(jb->k, kk);
+      for (int j = 0; j < kk.nrun; j++) jb->kern[kk.run[j]] = jb->k.n - 1;
+      J->stats.kernels++;
+      J->stats.attn_grads++;
       continue;
     }
     if (use_groups && nd->group > 0) {
@@ -452,6 +475,7 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
   }
   free(mem);
   free(run_at);
+  free(attn_at);
   free(in_k);
   free(done);
   return rc;

@@ -380,8 +380,8 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
     const RtExecStats *s = rt_jit_stats(p->jit);
     fprintf(stderr, "rt: llvm backend: %d kernels (%d fused groups, %d distinct compiled, %d groups on the reference) "
             "in %.3f s, %d from the disk cache, %d threads; %d GEMM bias epilogues, %d AdamW launches for %d "
-            "tensors\n", s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->disk_hits, s->threads,
-            s->epilogues, s->adamw_runs, s->adamw_tensors);
+            "tensors, %d attention backwards in one pass\n", s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->disk_hits, s->threads,
+            s->epilogues, s->adamw_runs, s->adamw_tensors, s->attn_grads);
   }
   return p;
 }
@@ -751,6 +751,19 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
   return rc;
 }
 
+/* The parts of one attention's backward in one pass: bufs as
+ * RtJitKernel.attn_grads says. */
+static int attn_grads_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **bufs, const RtRunInfo *info,
+                          char *msg, size_t n) {
+  const IrNode *nd = &b->nodes[K->run[0]];
+  const IrType *it[5];
+  for (int k = 0; k < 5; k++) it[k] = &b->nodes[nd->in[k]].type;
+  void *out[3] = {NULL, NULL, NULL};
+  for (int j = 0; j < K->nrun; j++) out[b->nodes[K->run[j]].ia[1]] = bufs[5 + j];
+  RtKctx k = {&p->env, b, nd, info, NULL, &nd->type, (const void *const *)bufs, it, msg, n};
+  return rt_attn_grads_run(&k, out);
+}
+
 /* Runs kernel K (at its position): reads its inputs' buffers, claims
  * its outputs'.  0 or -1 with a message. */
 static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, RtRun *r,
@@ -774,6 +787,7 @@ static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, RtRu
   }
   if (p->dx) return rt_dev_exec_kernel(p->dx, p, bi, K, bufs, buf, info, msg, n);
   if (K->gemm_mm) return rt_jit_run_gemm(p->jit, p, b, K, bufs, info, msg, n);   /* BLAS, beta = 1 */
+  if (K->attn_grads) return attn_grads_run(p, b, K, bufs, info, msg, n);
   rt_jit_run(p->jit, p, K, bufs, info);
   return 0;
 }

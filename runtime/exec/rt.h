@@ -87,6 +87,7 @@ typedef struct {
   int adamw_runs;      /* multi-tensor AdamW launches per run of the blocks (one per run of adamw nodes) */
   int adamw_tensors;   /* adamw nodes updated by them */
   int epilogues;       /* GEMM bias epilogue groups (one BLAS call, beta = 1), of `groups` */
+  int attn_grads;      /* attention backwards run as one pass for their two or three parts */
   long long adamw_launches;   /* counted as the blocks run: multi-tensor AdamW launches made */
   long long epilogue_gemms;   /* ... and GEMM epilogues run */
   long long dev_collectives;  /* on a device with NCCL: collectives issued on the comm stream */

@@ -44,6 +44,8 @@ typedef struct {
   int *run, nrun;
   int gemm_mm;        /* > 0 (the matmul's id + 1): a GEMM bias epilogue (exec_gemm.c), buffers
                          A, B, bias, then the add's value */
+  int attn_grads;     /* the attention_bwd parts run[0..nrun) of one attention in one pass
+                         (rt_attn_grads_run): buffers q, k, v, o, do, then each part's value */
   CgCudaLaunch cl;    /* cuda mode (RtExecOpts.cuda): the printed kernel's launch */
   CgCudaLaunch *cls;  /* cuda mode, adamw: per member j of run[], the launches cls[2j], cls[2j + 1] */
   int64_t *ccnt;      /* ... for element counts ccnt[2j] (full ZeRO chunk or whole tensor), ccnt[2j + 1]

@@ -9,7 +9,8 @@
  * counter-based) and i32 feeds; its results are `accum`ulated into states.
  * One run of the block on the LLVM backend and one on the device, then
  * every state of the kind is compared: max over elements of
- * |dev - cpu| / max(|cpu|, 1e-3), against 1e-5 (f32) or 1e-10 (f64).  The
+ * |dev - cpu| / max(|cpu|, 1e-3) (f32: the state's largest |cpu| in place
+ * of 1e-3), against 1e-5 (f32) or 1e-10 (f64).  The
  * training step trains a model given as IR text (RtSelftestTrain) 2 steps
  * with rt_train on both; losses and parameters are compared
  * (rt_params_max_rel_diff) against the same limits. */

@@ -1,0 +1,220 @@
+/* attn_t.h - the tile loops of attention (attn_priv.h), written once and
+ * included twice by ops_attn.c: with T = float, SUF = f32, GEMM =
+ * cblas_sgemm, TEXP = expf, and with T = double, SUF = f64, GEMM =
+ * cblas_dgemm, TEXP = exp.  Tensors (q, k, v, o, do, the accumulator and
+ * the gradients) and the score tiles are in T; the per-row statistics (the
+ * running max m and sum l, the log-sum-exp, the softmax backward's row sum)
+ * are doubles, and so are the sums that make them.  An f32 model thus runs
+ * its attention on sgemm, as its other matmuls do.
+ *
+ * Tiles: queries in tiles of ATTN_TQ rows, keys of ATTN_TK; the scores of one
+ * tile pair, s[nq, nk] = scale Q_t K_t^T, are one small GEMM into a
+ * per-thread buffer, so the only score storage is [ATTN_TQ, ATTN_TK].
+ * Masked scores are -inf and their probabilities exactly 0. */
+#ifndef T
+#error "include attn_t.h from ops_attn.c with T, SUF, GEMM and TEXP defined"
+#endif
+
+#define FN(name) RT_CAT(name, SUF)
+
+/* s = scale * Q_t K_t^T with the causal mask applied; returns whether any
+ * score of the tile is unmasked.  q: rows of this (b, h), [Tq, D]; k: the
+ * kv head's rows [Tk, D]. */
+static int FN(tile_scores)(const AttnDims *d, const Tile *t, const T *q, const T *k, const int64_t *qpos,
+                           const int64_t *kpos, T *s) {
+  int mask = 0;
+  if (d->causal) {   /* positions need not be sorted (cp's zigzag): bound them */
+    int64_t qmin = INT64_MAX, qmax = INT64_MIN, kmin = INT64_MAX, kmax = INT64_MIN;
+    for (int64_t r = 0; r < t->nq; r++) {
+      qmin = qpos[t->i0 + r] < qmin ? qpos[t->i0 + r] : qmin;
+      qmax = qpos[t->i0 + r] > qmax ? qpos[t->i0 + r] : qmax;
+    }
+    for (int64_t c = 0; c < t->nk; c++) {
+      kmin = kpos[t->j0 + c] < kmin ? kpos[t->j0 + c] : kmin;
+      kmax = kpos[t->j0 + c] > kmax ? kpos[t->j0 + c] : kmax;
+    }
+    if (kmin > qmax) return 0;   /* every key after every query */
+    mask = kmax > qmin;          /* else every key is visible to every query */
+  }
+  GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->nq, (int)t->nk, (int)d->D, (T)d->scale, q + t->i0 * d->D,
+       (int)d->D, k + t->j0 * d->D, (int)d->D, 0, s, (int)t->nk);
+  if (mask)
+    for (int64_t r = 0; r < t->nq; r++)
+      for (int64_t c = 0; c < t->nk; c++)
+        if (kpos[t->j0 + c] > qpos[t->i0 + r]) s[r * t->nk + c] = -INFINITY;
+  return 1;
+}
+
+/* ---- the forward: online softmax over one block of keys ----
+ * For head bh (b * Hq + h): its rows M, L ([Tq]) and, when A is not NULL,
+ * its unnormalised output [Tq, D].  A row that has seen no key
+ * yet has m = -inf, l = 0 and acc = 0; rows that see no key of this block
+ * are left as they are.  s is a per-thread [ATTN_TQ, ATTN_TK] tile. */
+static void FN(fwd_head)(const AttnFwdJob *j, int64_t bh, double *M, double *L, T *A, T *s) {
+  const AttnDims *d = &j->d;
+  int64_t D = d->D, grp = d->Hq / d->Hkv;
+  int64_t b = bh / d->Hq, h = bh % d->Hq, hk = h / grp;
+  const T *K = (const T *)j->k + (b * d->Hkv + hk) * d->Tk * D, *V = (const T *)j->v + (b * d->Hkv + hk) * d->Tk * D;
+  const T *Q = (const T *)j->q + bh * d->Tq * D;
+  for (Tile t = {0}; t.i0 < d->Tq; t.i0 += ATTN_TQ) {
+    t.nq = d->Tq - t.i0 < ATTN_TQ ? d->Tq - t.i0 : ATTN_TQ;
+    for (t.j0 = 0; t.j0 < d->Tk; t.j0 += ATTN_TK) {
+      t.nk = d->Tk - t.j0 < ATTN_TK ? d->Tk - t.j0 : ATTN_TK;
+      if (!FN(tile_scores)(d, &t, Q, K, j->qpos, j->kpos, s)) continue;
+      /* per row: new max, rescale what was summed so far, p = exp(s - m) */
+      for (int64_t r = 0; r < t.nq; r++) {
+        T *sr = s + r * t.nk, mt = -INFINITY;
+        for (int64_t c = 0; c < t.nk; c++) mt = sr[c] > mt ? sr[c] : mt;
+        int64_t i = t.i0 + r;
+        if (mt == -INFINITY) {                     /* the row sees no key of this tile */
+          for (int64_t c = 0; c < t.nk; c++) sr[c] = 0;
+          continue;
+        }
+        double m_new = M[i] > mt ? M[i] : mt, corr = M[i] == -INFINITY ? 0.0 : exp(M[i] - m_new), sum = 0;
+        T mn = (T)m_new;
+        for (int64_t c = 0; c < t.nk; c++) { sr[c] = TEXP(sr[c] - mn); sum += sr[c]; }
+        L[i] = L[i] * corr + sum;
+        M[i] = m_new;
+        if (A && corr != 1.0)
+          for (int64_t e = 0; e < D; e++) A[i * D + e] *= (T)corr;
+      }
+      if (A)   /* acc_t += P V_t */
+        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)t.nq, (int)D, (int)t.nk, 1, s, (int)t.nk,
+             V + t.j0 * D, (int)D, 1, A + t.i0 * D, (int)D);
+    }
+  }
+}
+
+/* the heads bh in [lo, hi) of job j (rt_attn_fwd_block) */
+static void FN(fwd_range)(void *jp, int64_t lo, int64_t hi) {
+  const AttnFwdJob *j = jp;
+  int64_t Tq = j->d.Tq, D = j->d.D;
+  T *s = ts_xmalloc(ATTN_TQ * ATTN_TK * sizeof *s);
+  for (int64_t bh = lo; bh < hi; bh++)
+    FN(fwd_head)(j, bh, j->m + bh * Tq, j->l + bh * Tq, j->acc ? (T *)j->acc + bh * Tq * D : NULL, s);
+  free(s);
+}
+
+/* ---- the backward over one (query head, kv head) pair ----
+ * p = exp(scale q.k - lse), dp = do.v, ds = p (dp - drow):
+ *   dq += scale ds k,   dk += scale ds q,   dv += p do,
+ * for the outputs that are not NULL: DQ this head's [Tq, D] rows, DK / DV
+ * the kv head's [Tk, D].  Q, G (do) are the head's rows, K, V the kv
+ * head's, lse / drow the head's [Tq].  s, dp: [ATTN_TQ, ATTN_TK]
+ * tiles.  Each output accumulates tile by tile in (query tile, key tile)
+ * order, whichever others are computed alongside, so one part alone and
+ * all three together give the same bits. */
+typedef struct {
+  const AttnDims *d;
+  const T *Q, *G, *K, *V;
+  const double *lse, *drow;
+  const int64_t *qpos, *kpos;
+  T *DQ, *DK, *DV;
+} FN(HeadGrad);
+
+static void FN(head_grads)(const FN(HeadGrad) *g, T *s, T *dp) {
+  const AttnDims *d = g->d;
+  int64_t D = d->D;
+  int need_ds = g->DQ || g->DK;
+  for (Tile t = {0}; t.i0 < d->Tq; t.i0 += ATTN_TQ) {
+    t.nq = d->Tq - t.i0 < ATTN_TQ ? d->Tq - t.i0 : ATTN_TQ;
+    for (t.j0 = 0; t.j0 < d->Tk; t.j0 += ATTN_TK) {
+      t.nk = d->Tk - t.j0 < ATTN_TK ? d->Tk - t.j0 : ATTN_TK;
+      if (!FN(tile_scores)(d, &t, g->Q, g->K, g->qpos, g->kpos, s)) continue;
+      if (need_ds)
+        GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t.nq, (int)t.nk, (int)D, 1, g->G + t.i0 * D, (int)D,
+             g->V + t.j0 * D, (int)D, 0, dp, (int)t.nk);
+      for (int64_t r = 0; r < t.nq; r++) {
+        double ls = g->lse[t.i0 + r], dr = g->drow[t.i0 + r];
+        T lt = (T)ls;
+        for (int64_t c = 0; c < t.nk; c++) {
+          int64_t x = r * t.nk + c;
+          s[x] = (ls == -INFINITY || s[x] == -INFINITY) ? 0 : TEXP(s[x] - lt);
+          if (need_ds) dp[x] = (T)(s[x] * ((double)dp[x] - dr));
+        }
+      }
+      if (g->DV)   /* dV_t += P^T dO_t */
+        GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)t.nk, (int)D, (int)t.nq, 1, s, (int)t.nk, g->G + t.i0 * D,
+             (int)D, 1, g->DV + t.j0 * D, (int)D);
+      if (g->DK)   /* dK_t += scale dS^T Q_t */
+        GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)t.nk, (int)D, (int)t.nq, (T)d->scale, dp, (int)t.nk,
+             g->Q + t.i0 * D, (int)D, 1, g->DK + t.j0 * D, (int)D);
+      if (g->DQ)   /* dQ_t += scale dS K_t */
+        GEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)t.nq, (int)D, (int)t.nk, (T)d->scale, dp, (int)t.nk,
+             g->K + t.j0 * D, (int)D, 1, g->DQ + t.i0 * D, (int)D);
+    }
+  }
+}
+
+/* The pair (b, h) of job j: operands and outputs at their rows (dq and the
+ * kv outputs only where asked). */
+static FN(HeadGrad) FN(head_of)(const AttnBwdJob *j, int64_t b, int64_t h, const double *lse, const double *drow,
+                               int want_q, int want_kv) {
+  const AttnDims *d = &j->d;
+  int64_t D = d->D, hk = h / (d->Hq / d->Hkv), bh = b * d->Hq + h, bk = b * d->Hkv + hk;
+  FN(HeadGrad) g = {d, (const T *)j->q + bh * d->Tq * D, (const T *)j->dout + bh * d->Tq * D,
+                    (const T *)j->k + bk * d->Tk * D, (const T *)j->v + bk * d->Tk * D, lse, drow, j->qpos,
+                    j->kpos, NULL, NULL, NULL};
+  if (want_q && j->dq) g.DQ = (T *)j->dq + bh * d->Tq * D;
+  if (want_kv && j->dk) g.DK = (T *)j->dk + bk * d->Tk * D;
+  if (want_kv && j->dv) g.DV = (T *)j->dv + bk * d->Tk * D;
+  return g;
+}
+
+/* dq over the heads bh in [lo, hi), lse / drow given (attn_bwd_q) */
+static void FN(bwd_q_range)(void *jp, int64_t lo, int64_t hi) {
+  const AttnBwdJob *j = jp;
+  T *s = ts_xmalloc(2 * ATTN_TQ * ATTN_TK * sizeof *s);
+  for (int64_t bh = lo; bh < hi; bh++) {
+    int64_t off = bh * j->d.Tq;
+    FN(HeadGrad) g = FN(head_of)(j, bh / j->d.Hq, bh % j->d.Hq, j->lse + off, j->drow + off, 1, 0);
+    FN(head_grads)(&g, s, s + ATTN_TQ * ATTN_TK);
+  }
+  free(s);
+}
+
+/* Over the kv heads bk in [lo, hi) (b * Hkv + hk): everything the query
+ * heads reading them give.  With j->lse NULL this is the whole backward
+ * (attn_bwd_grads): per query head, the log-sum-exp rows (a forward pass
+ * without the accumulator) and drow = rowsum(do * o) first, then dq of the
+ * head (a query head reads one kv head, so this range owns it) and its
+ * share of dk, dv.  Else (attn_bwd_kv) the given lse / drow, dk / dv only. */
+static void FN(bwd_kv_range)(void *jp, int64_t lo, int64_t hi) {
+  const AttnBwdJob *j = jp;
+  const AttnDims *d = &j->d;
+  int64_t grp = d->Hq / d->Hkv, Tq = d->Tq, D = d->D;
+  int whole = j->lse == NULL;
+  T *s = ts_xmalloc(2 * ATTN_TQ * ATTN_TK * sizeof *s);
+  double *row = whole ? ts_xmalloc((size_t)(3 * Tq + 1) * sizeof *row) : NULL;
+  for (int64_t bk = lo; bk < hi; bk++) {
+    int64_t b = bk / d->Hkv, hk = bk % d->Hkv;
+    for (int64_t h = hk * grp; h < (hk + 1) * grp; h++) {   /* the query heads reading this kv head */
+      int64_t bh = b * d->Hq + h;
+      const double *lse, *drow;
+      if (whole) {
+        double *m = row, *l = row + Tq, *dr = row + 2 * Tq;
+        for (int64_t i = 0; i < Tq; i++) { m[i] = -INFINITY; l[i] = 0; }
+        AttnFwdJob f = {*d, j->dt, j->q, j->k, j->v, j->qpos, j->kpos, NULL, NULL, NULL};
+        FN(fwd_head)(&f, bh, m, l, NULL, s);
+        for (int64_t i = 0; i < Tq; i++) m[i] = l[i] > 0 ? m[i] + log(l[i]) : -INFINITY;
+        const T *O = (const T *)j->o + bh * Tq * D, *G = (const T *)j->dout + bh * Tq * D;
+        for (int64_t i = 0; i < Tq; i++) {
+          double acc = 0;
+          for (int64_t e = 0; e < D; e++) acc += (double)G[i * D + e] * (double)O[i * D + e];
+          dr[i] = acc;
+        }
+        lse = m;
+        drow = dr;
+      } else {
+        lse = j->lse + bh * Tq;
+        drow = j->drow + bh * Tq;
+      }
+      FN(HeadGrad) g = FN(head_of)(j, b, h, lse, drow, whole, 1);
+      FN(head_grads)(&g, s, s + ATTN_TQ * ATTN_TK);
+    }
+  }
+  free(row);
+  free(s);
+}
+
+#undef FN
