@@ -77,6 +77,101 @@ static void test_executor(void) {
   ir_module_free(m);
 }
 
+/* ---- the backward of one attention in one pass ----
+ * Block b takes q, k, v, o, do as inputs and accumulates attention_bwd
+ * parts 0, 1, 2 (or a subset) into states.  The LLVM backend runs the
+ * parts as ONE launch (plan_attn_grad_runs, rt_attn_grads_run); the
+ * reference runs each part on its own: the gradients must be the same
+ * bits, and the run must exist (counted in the stats) when two or more
+ * parts are there, and not when a reader of an early part sits between
+ * them. */
+static void attn_grads_case(IrDtype dt, int causal, int nparts, int reader_between) {
+  enum { B = 2, HQ = 4, HKV = 2, T = 70, D = 8 };
+  IrModule *m = ir_module_new("attn_grads");
+  IrType tq = TY(dt, B, HQ, T, D), tk = TY(dt, B, HKV, T, D);
+  const IrType *pt[3] = {&tq, &tk, &tk};
+  int st[3];
+  for (int p = 0; p < nparts; p++) {
+    char name[8];
+    snprintf(name, sizeof name, "g%d", p);
+    st[p] = ir_state_add(m, &(IrState){.name = name, .type = *pt[p], .kind = IR_STATE_PARAM,
+                                       .init = IR_INIT_ZEROS, .of = -1});
+  }
+  int b = ir_block_add(m, "b");
+  const char *names[5] = {"q", "k", "v", "o", "do"};
+  const IrType *it[5] = {&tq, &tk, &tk, &tq, &tq};
+  int in[5];
+  for (int i = 0; i < 5; i++) in[i] = emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, names[i], it[i]);
+  int g[3];
+  double scale = 0.3;
+  for (int p = 0; p < nparts; p++) {
+    g[p] = emit(m, b, IR_OP_ATTENTION_BWD, in, 5, (int64_t[]){causal, p}, &scale, NULL, NULL);
+    if (reader_between && p == 0) {   /* a reader of dq before the other parts: no run */
+      int ss = emit(m, b, IR_OP_SUMSQ, &g[0], 1, NULL, NULL, NULL, NULL);
+      emit(m, b, IR_OP_OUTPUT, &ss, 1, NULL, NULL, "dq_ss", NULL);
+    }
+  }
+  for (int p = 0; p < nparts; p++) emit(m, b, IR_OP_ACCUM, &g[p], 1, (int64_t[]){st[p]}, NULL, NULL, NULL);
+  if (ir_verify(m, err, sizeof err) != 0) TS_DIE("verify: %s", err);
+  size_t es = ir_dtype_size(dt);
+  void *data[5];
+  RtFeed f[5];
+  uint64_t r = 12345;
+  for (int i = 0; i < 5; i++) {
+    int64_t n = ir_type_numel(it[i]);
+    data[i] = ts_xmalloc((size_t)n * es);
+    for (int64_t j = 0; j < n; j++) {
+      r = r * 6364136223846793005ull + 1442695040888963407ull;
+      double u = (double)(r >> 11) / 9007199254740992.0 * 2 - 1;
+      if (dt == IR_F64) ((double *)data[i])[j] = u;
+      else ((float *)data[i])[j] = (float)u;
+    }
+    f[i] = (RtFeed){names[i], data[i]};
+  }
+  RtRank rank = rt_rank_single();
+  RtExecOpts ol = {.backend = RT_BACKEND_LLVM}, orf = {.backend = RT_BACKEND_REF};
+  RtProgram *pl = rt_program_new_opts(m, &rank, &ol, err, sizeof err);
+  CHECK(pl != NULL, "llvm program: %s", err);
+  RtProgram *pr = rt_program_new_opts(m, &rank, &orf, err, sizeof err);
+  CHECK(pr != NULL, "ref program: %s", err);
+  if (pl && pr) {
+    RtExecStats s;
+    rt_program_exec_stats(pl, &s);
+    int want = nparts >= 2 && !reader_between;   /* with 3 parts, 1 and 2 could still pair */
+    CHECK(s.attn_grads == want, "%s causal=%d parts=%d reader=%d: %d attention backwards in one pass, expected %d",
+          ir_dtype_name(dt), causal, nparts, reader_between, s.attn_grads, want);
+    CHECK(rt_run_block(pl, b, f, 5, NULL, err, sizeof err) == 0, "llvm run: %s", err);
+    CHECK(rt_run_block(pr, b, f, 5, NULL, err, sizeof err) == 0, "ref run: %s", err);
+    for (int p = 0; p < nparts; p++) {
+      int64_t n = ir_type_numel(pt[p]), bad = -1;
+      const unsigned char *x = rt_state_data(pl, st[p]), *y = rt_state_data(pr, st[p]);
+      double mx = 0;
+      for (int64_t j = 0; j < n; j++) {
+        double a = dt == IR_F64 ? ((const double *)x)[j] : ((const float *)x)[j];
+        if (memcmp(x + j * es, y + j * es, es) != 0 && bad < 0) bad = j;
+        mx = fmax(mx, fabs(a));
+      }
+      CHECK(bad < 0, "%s causal=%d parts=%d: part %d differs from the reference at element %lld",
+            ir_dtype_name(dt), causal, nparts, p, (long long)bad);
+      CHECK(mx > 1e-3, "part %d is all (near) zero: %g", p, mx);
+    }
+  }
+  rt_program_free(pl);
+  rt_program_free(pr);
+  for (int i = 0; i < 5; i++) free(data[i]);
+  ir_module_free(m);
+}
+
+static void test_attn_grads(void) {
+  for (int dt = 0; dt < 2; dt++)
+    for (int causal = 0; causal < 2; causal++) {
+      attn_grads_case(dt ? IR_F64 : IR_F32, causal, 3, 0);
+      attn_grads_case(dt ? IR_F64 : IR_F32, causal, 2, 0);
+    }
+  attn_grads_case(IR_F32, 1, 1, 0);
+  attn_grads_case(IR_F32, 1, 2, 1);
+}
+
 /* ---- initialization: an independent implementation of rng.c's formula ---- */
 static uint64_t mix(uint64_t z) {
   z += 0x9e3779b97f4a7c15ull;
@@ -586,6 +681,7 @@ static void test_train(const char *mrun) {
 
 int main(int argc, char **argv) {
   test_executor();
+  test_attn_grads();
   test_init();
   test_lr();
   test_adamw(IR_F32);
