@@ -74,7 +74,8 @@ models=(
   "GPT-3 175B|gpt|-D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|2048 1 12288 96 12288|1"
   "Llama-2-70B|llama|-D d_model=8192 -D heads=64 -D kv_heads=8 -D ffn=28672 -D seq_len=4096 -D vocab=32000|4096 1 8192 64 1024|0"
 )
-# name|kind|size|flags (kind: tp, cp, dp; dp runs one micro batch per rank)
+# name|kind|size|flags (kind: tp, cp, dp; dp runs one micro batch per rank;
+# expert parallelism and pipelines have tables of their own below)
 layouts=("tp=1|tp|1|" "tp=4|tp|4|--tp 4" "tp=4 sp|tp|4|--tp 4 --sp" "tp=4 sp keep|tp|4|--tp 4 --sp --keep-gathered"
          "tp=8|tp|8|--tp 8" "tp=8 sp|tp|8|--tp 8 --sp"
          "cp=2 ring|cp|2|--cp 2" "cp=2 allgather|cp|2|--cp 2 --cp-attn allgather" "cp=4 ring|cp|4|--cp 4"
@@ -120,6 +121,45 @@ for m in "${models[@]}"; do
     if [ "$t" = 1 ]; then c1="$(mb "$comm")"; c2="0"; c3="-"; else c1=$(mb "$comm"); c2=$(mb "$mcomm"); c3=$(ratio "$comm" "$mcomm"); fi
     if [ "$mact" = 0 ]; then a2="-"; a3="-"; else a2=$(mb "$mact"); a3=$(ratio "$mem" "$mact"); fi
     echo "| $name | $lname | $c1 | $c2 | $c3 | $(mb "$mem") | $a2 | $a3 |"
+  done
+done
+
+# Expert parallelism (samples/moe.mdl: Llama blocks with a top-k mixture of
+# SwiGLU experts, dropless), one sequence per rank (micro batch = ep), per
+# layer and micro batch.  Tessera's bytes are at uniform routing (`mcc
+# --report comm`'s "at uniform routing" line: each all_to_all_v sends
+# (ep-1)/ep of the rank's routed rows; the rows above it count the static
+# buffers' worst routing).  Megatron with the all-to-all token dispatcher:
+# dispatch and combine forward, their transposes backward, 4 (ep-1)/ep
+# s k h E (k = top-k), plus the all-reduce over the ep ranks (data parallel
+# for everything but the experts) of the layer's non-expert gradients,
+# 2 (ep-1)/ep P_dense.
+echo
+echo "| model | layout | sent / layer / micro batch, uniform routing (MB) | Megatron (MB) | ratio | held for the backward / layer (MB) |"
+echo "|---|---|---:|---:|---:|---:|"
+moes=(
+  "moe d1024 s256 e8 k2|-D d_model=1024 -D heads=16 -D kv_heads=4 -D ffn=2048 -D experts=8 -D topk=2 -D seq_len=256 -D vocab=256|256 1024 2048 8 2"
+  "Mixtral-8x7B|-D d_model=4096 -D heads=32 -D kv_heads=8 -D ffn=14336 -D experts=8 -D topk=2 -D seq_len=4096 -D vocab=32000|4096 4096 14336 8 2"
+)
+uniform() {
+  "$mcc" samples/moe.mdl -D layers="$1" "${@:2}" --report comm 2>&1 |
+    sed -n 's/^total per step at uniform routing: \([0-9][0-9]*\) bytes sent per rank.*/\1/p'
+}
+for me in "${moes[@]}"; do
+  IFS='|' read -r name defs dims <<<"$me"
+  read -r s h ffn E k <<<"$dims"
+  # shellcheck disable=SC2086
+  P=$(param_bytes moe $defs)
+  Pd=$((P - 3 * E * h * ffn * 4))
+  for ep in 2 4 8; do
+    # shellcheck disable=SC2086
+    a=$(uniform 2 $defs -D batch=$ep -D micro_batch=$ep --ep $ep); b=$(uniform 3 $defs -D batch=$ep -D micro_batch=$ep --ep $ep)
+    # shellcheck disable=SC2086
+    mem=$(per_layer moe memory x $defs -D batch=$ep -D micro_batch=$ep --ep $ep)
+    comm=$((b - a))
+    meg=$(awk -v e="$ep" -v s="$s" -v h="$h" -v k="$k" -v Pd="$Pd" 'BEGIN {
+      printf "%.0f", 4 * (e - 1) / e * s * k * h * 4 + 2 * (e - 1) / e * Pd }')
+    echo "| $name | ep=$ep | $(mb "$comm") | $(mb "$meg") | $(ratio "$comm" "$meg") | $(mb "$mem") |"
   done
 done
 

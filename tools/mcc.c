@@ -714,7 +714,11 @@ static int report_memory(const Args *a, IrModule *m, StrBuf *out) {
  * sends its payload once; a group_sum over k pipeline ranks sends its
  * operand to the k-1 others.  With pp > 1 there is one section per
  * pipeline rank (its program). */
-typedef struct { int64_t count; double payload, ring; } CommSum;
+typedef struct {
+  int64_t count;
+  double payload, ring;
+  double a2av_ring, a2av_uniform;   /* all_to_all_v: in `ring` at the worst routing; at uniform routing */
+} CommSum;
 
 enum { COMM_AR, COMM_AG, COMM_RS, COMM_GS, COMM_SEND, COMM_A2A, COMM_A2AV, COMM_KINDS };
 static int comm_kind(IrOp op) {
@@ -776,6 +780,17 @@ static void comm_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSum *t
       row[k][ax].count += runs;
       row[k][ax].payload += bytes * (double)runs;
       row[k][ax].ring += ring * (double)runs;
+      if (k == COMM_A2AV) {
+        /* uniform routing: each of this rank's own routed rows (the smaller
+         * buffer) goes to each rank alike, (n-1)/n of them elsewhere */
+        const IrNode *nd = &b->nodes[i];
+        const IrType *s = &b->nodes[nd->in[0]].type;
+        if (ir_type_numel(&nd->type) < ir_type_numel(s)) s = &nd->type;
+        int n = ir_axis_size(m, (IrAxis)ax);
+        total->a2av_ring += ring * (double)runs;
+        total->a2av_uniform += (double)(n - 1) / n * (double)ir_type_numel(s) * (double)ir_dtype_size(s->dtype) *
+                               (double)runs;
+      }
     }
     for (int k = 0; k < COMM_KINDS; k++)
       for (int ax = 0; ax < IR_AXIS_COUNT; ax++) {
@@ -851,6 +866,10 @@ static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
     rows(m, nmicro, out, &total);
     sb_printf(out, "total per step: %lld collectives, payload %.0f bytes, ring %.0f bytes sent per rank\n",
               (long long)total.count, total.payload, total.ring);
+    if (total.a2av_ring > 0)
+      sb_printf(out, "total per step at uniform routing: %.0f bytes sent per rank (all_to_all_v: %.0f of the %.0f above, "
+                     "(n-1)/n of the rank's own routed rows)\n",
+                total.ring - total.a2av_ring + total.a2av_uniform, total.a2av_uniform, total.a2av_ring);
     return 0;
   }
   Plan *p = make_plan(a->input, ir_module_clone(m));
@@ -861,6 +880,9 @@ static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
     rows(p->programs[r], nmicro, out, &total);
     sb_printf(out, "total per step on pipeline rank %d: %lld operations, payload %.0f bytes, %.0f bytes sent per rank\n",
               r, (long long)total.count, total.payload, total.ring);
+    if (total.a2av_ring > 0)
+      sb_printf(out, "total per step on pipeline rank %d at uniform routing: %.0f bytes sent per rank\n", r,
+                total.ring - total.a2av_ring + total.a2av_uniform);
   }
   plan_free(p);
   return 0;
