@@ -4,6 +4,7 @@
  * disagree. */
 #include "plan/groups.h"
 #include "codegen/cg.h"
+#include <limits.h>
 #include <string.h>
 
 int plan_kernel_node_ok(const IrModule *m, const IrBlock *b, int i) {
@@ -180,5 +181,50 @@ int plan_attn_grad_runs(const IrBlock *b, int *run_at) {
     for (int q = 0; q < cnt; q++) run_at[mem[q]] = last;
     runs++;
   }
+  return runs;
+}
+
+/* ---- gradients made straight into their state ---- */
+
+int plan_accum_direct_runs(const IrBlock *b, int *run_at) {
+  int n = b->n, runs = 0;
+  int *uses = ts_xcalloc((size_t)(n ? n : 1), sizeof *uses);
+  for (int i = 0; i < n; i++) {
+    run_at[i] = -1;
+    for (int k = 0; k < b->nodes[i].nin; k++)
+      if (b->nodes[i].in[k] >= 0 && b->nodes[i].in[k] < n) uses[b->nodes[i].in[k]]++;
+  }
+  for (int a = 0; a < n; a++) {
+    const IrNode *acc = &b->nodes[a];
+    if (acc->op != IR_OP_ACCUM || acc->nin != 1 || acc->group > 0) continue;
+    IrDtype dt = b->nodes[acc->in[0]].type.dtype;
+    if (dt != IR_F32 && dt != IR_F64) continue;
+    int mem[PLAN_EPILOGUE_MAX_RESHAPES + 2], cnt = 0, x = acc->in[0], ok = 1;
+    while (ok && b->nodes[x].op == IR_OP_RESHAPE && b->nodes[x].nin == 1) {
+      ok = cnt < PLAN_EPILOGUE_MAX_RESHAPES && uses[x] == 1 && b->nodes[x].group == 0 && b->nodes[x].type.dtype == dt;
+      mem[cnt++] = x;
+      x = b->nodes[x].in[0];
+    }
+    const IrNode *mm = &b->nodes[x];
+    if (!ok || (mm->op != IR_OP_MATMUL && mm->op != IR_OP_EMBEDDING_BWD) || mm->nin != 2 || uses[x] != 1 ||
+        mm->group > 0 || mm->type.dtype != dt || ir_type_numel(&mm->type) != ir_type_numel(&b->nodes[acc->in[0]].type))
+      continue;
+    const IrNode *A = &b->nodes[mm->in[0]], *B = &b->nodes[mm->in[1]];
+    if (mm->op == IR_OP_MATMUL) {
+      if (A->type.rank != 2 || B->type.rank != 2 || A->type.dtype != dt || B->type.dtype != dt) continue;
+      int64_t M = mm->ia[0] ? A->type.dim[1] : A->type.dim[0], K = mm->ia[0] ? A->type.dim[0] : A->type.dim[1];
+      int64_t N = mm->ia[1] ? B->type.dim[0] : B->type.dim[1];
+      if (M > INT_MAX || N > INT_MAX || K > INT_MAX) continue;
+    }
+    int state_operand = A->op == IR_OP_STATE || B->op == IR_OP_STATE;
+    for (int u = x + 1; u < a && state_operand && ok; u++)
+      if (ir_ops[b->nodes[u].op].flags & OPF_EFFECT) ok = 0;
+    if (!ok) continue;
+    run_at[x] = a;
+    for (int r = 0; r < cnt; r++) run_at[mem[r]] = a;
+    run_at[a] = a;
+    runs++;
+  }
+  free(uses);
   return runs;
 }

@@ -9,7 +9,9 @@
  *     buffer pre-filled with the broadcast bias;
  *   - a run of adamw nodes updated by ONE multi-tensor launch;
  *   - the attention_bwd parts (dq, dk, dv) of one attention computed by ONE
- *     pass over its tiles. */
+ *     pass over its tiles;
+ *   - a gradient made straight into its state: a GEMM with beta = 1, or
+ *     the embedding's scatter-add, into the accum's state. */
 #ifndef TS_PLAN_GROUPS_H
 #define TS_PLAN_GROUPS_H
 #include "ir/ir.h"
@@ -47,5 +49,18 @@ int plan_adamw_runs(const IrBlock *b, int *run_at);
  * position of the launch (the last part) for each member of such a group
  * of two or three, -1 for other nodes.  Returns the number of groups. */
 int plan_attn_grad_runs(const IrBlock *b, int *run_at);
+
+/* Gradients made straight into their state: accum @s of a producer, seen
+ * through up to PLAN_EPILOGUE_MAX_RESHAPES reshapes, where nothing else
+ * reads the producer's value or the reshapes, no member is in a fusion
+ * group, and no effect between the producer and the accum could write an
+ * operand that is a state.  Producers: a matmul of two 2-D operands of its
+ * float dtype (the executor runs C = A.B + C, beta = 1, C the state's
+ * bytes) and embedding_bwd (its scatter-add adds into the state's rows).
+ * Both run at the accum's position; the producer's value never gets a
+ * buffer.  run_at[i] (b->n entries) = the accum's position for the
+ * producer, its reshapes and the accum, -1 for other nodes.  Returns the
+ * number of such accums. */
+int plan_accum_direct_runs(const IrBlock *b, int *run_at);
 
 #endif

@@ -97,6 +97,10 @@ void plan_mem_group_at(const IrBlock *b, int *at) {
   plan_attn_grad_runs(b, run);
   for (int i = 0; i < b->n; i++)
     if (run[i] >= 0) at[i] = run[i];
+  /* gradients made straight into their state, at the accum */
+  plan_accum_direct_runs(b, run);
+  for (int i = 0; i < b->n; i++)
+    if (run[i] >= 0) at[i] = run[i];
   free(run);
 }
 

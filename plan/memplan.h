@@ -82,8 +82,11 @@ int plan_mem_block(const IrModule *m, int block, MemPlan *out, char *err, size_t
 int plan_mem_block_at(const IrModule *m, int block, const int *at, MemPlan *out, char *err, size_t errlen);
 /* at[] (b->n entries) of the LLVM backend on block b: every fusion group
  * (IrNode.group > 0) one kernel at its last member, every run of adamw
- * nodes one multi-tensor launch at its last adamw (plan_adamw_runs),
- * other nodes alone.
+ * nodes one multi-tensor launch at its last adamw (plan_adamw_runs), the
+ * parts of one attention's backward at the last part
+ * (plan_attn_grad_runs), a gradient's producer and reshapes at the accum
+ * that adds it straight into its state (plan_accum_direct_runs), other
+ * nodes alone.
  * This is what the executor does when every group lowers, which the fuse
  * pass guarantees (it asks the lowering). */
 void plan_mem_group_at(const IrBlock *b, int *at);

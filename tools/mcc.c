@@ -763,6 +763,20 @@ static int comm_node(const IrModule *m, const IrBlock *b, int i, int *kind, int 
   return 1;
 }
 
+/* all_to_all_v at uniform routing: each of this rank's own routed rows
+ * (the smaller buffer) goes to each rank alike, (n-1)/n of them elsewhere;
+ * added to *total next to its worst-routing `ring` bytes. */
+static void comm_uniform(const IrModule *m, const IrBlock *b, int i, int kind, double ring, int64_t runs,
+                         CommSum *total) {
+  if (kind != COMM_A2AV) return;
+  const IrNode *nd = &b->nodes[i];
+  const IrType *s = &b->nodes[nd->in[0]].type;
+  if (ir_type_numel(&nd->type) < ir_type_numel(s)) s = &nd->type;
+  int n = ir_axis_size(m, (IrAxis)nd->ia[0]);
+  total->a2av_ring += ring * (double)runs;
+  total->a2av_uniform += (double)(n - 1) / n * (double)ir_type_numel(s) * (double)ir_dtype_size(s->dtype) * (double)runs;
+}
+
 static const char *comm_names[COMM_KINDS] = {"all_reduce", "all_gather", "reduce_scatter", "group_sum", "send",
                                              "all_to_all", "all_to_all_v"};
 
@@ -780,17 +794,7 @@ static void comm_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSum *t
       row[k][ax].count += runs;
       row[k][ax].payload += bytes * (double)runs;
       row[k][ax].ring += ring * (double)runs;
-      if (k == COMM_A2AV) {
-        /* uniform routing: each of this rank's own routed rows (the smaller
-         * buffer) goes to each rank alike, (n-1)/n of them elsewhere */
-        const IrNode *nd = &b->nodes[i];
-        const IrType *s = &b->nodes[nd->in[0]].type;
-        if (ir_type_numel(&nd->type) < ir_type_numel(s)) s = &nd->type;
-        int n = ir_axis_size(m, (IrAxis)ax);
-        total->a2av_ring += ring * (double)runs;
-        total->a2av_uniform += (double)(n - 1) / n * (double)ir_type_numel(s) * (double)ir_dtype_size(s->dtype) *
-                               (double)runs;
-      }
+      comm_uniform(m, b, i, k, ring, runs, total);
     }
     for (int k = 0; k < COMM_KINDS; k++)
       for (int ax = 0; ax < IR_AXIS_COUNT; ax++) {
@@ -830,6 +834,7 @@ static void sharding_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSu
       total->count += runs;
       total->payload += bytes * (double)runs;
       total->ring += ring * (double)runs;
+      comm_uniform(m, b, i, k, ring, runs, total);
     }
   }
 }

@@ -100,6 +100,10 @@ int ref_RING_SHIFT(RtKctx *k);
 int ref_RING_WAIT(RtKctx *k);
 /* Fused attention kernels (ops_attn.c), entries of the same table. */
 int ref_ATTENTION(RtKctx *k);
+/* embedding_bwd's scatter-add into k->out as it is (a gradient state),
+ * without zeroing it first: the LLVM backend's accum of an embedding
+ * gradient (plan_accum_direct_runs). */
+int rt_embedding_bwd_add(RtKctx *k);
 int ref_ATTENTION_BWD(RtKctx *k);
 /* The whole backward of the attention whose attention_bwd node k runs
  * (operands q, k, v, o, do): out[0], out[1], out[2] receive dq, dk, dv,

@@ -238,6 +238,13 @@ FLOAT_ROW_OP(RMSNORM, "T")
 FLOAT_ROW_OP(RMSNORM_BWD, "TT")
 FLOAT_OP(EMBEDDING, "ti")
 FLOAT_OP(EMBEDDING_BWD, "it")
+
+int rt_embedding_bwd_add(RtKctx *k) {
+  IrDtype ft = k->ot->dtype;
+  if (!ir_dtype_is_float(ft)) return rt_kfail(k, "result must be f32 or f64, not %s", ir_dtype_name(ft));
+  if (check_sig(k, "it", ft) != 0) return -1;
+  return ft == IR_F32 ? emb_bwd_f32(k, 0) : emb_bwd_f64(k, 0);
+}
 FLOAT_OP(CAUSAL_MASK, "T")
 FLOAT_OP(MASKED_FILL, "T*")
 FLOAT_OP(DROPOUT, "T")

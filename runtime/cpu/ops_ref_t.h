@@ -476,7 +476,7 @@ static void FN(emb_bwd_cols)(void *jp, int64_t lo, int64_t hi) {
 /* (ids[...] i32, dy[..., C]) -> d table [V, C]: scatter-add into zeros.
  * A result split on dim 0 holds global rows [off, off + V): only ids in
  * that block are scattered. */
-static int FN(k_EMBEDDING_BWD)(RtKctx *k) {
+static int FN(emb_bwd)(RtKctx *k, int zero) {
   const IrType *ot = k->ot;
   if (ot->rank != 2) return rt_kfail(k, "the result must be [V, C], got %s", rt_tstr(ot, 0));
   int64_t V = ot->dim[0], C = ot->dim[1], n = ir_type_numel(k->it[0]), nb;
@@ -486,11 +486,12 @@ static int FN(k_EMBEDDING_BWD)(RtKctx *k) {
   for (int64_t i = 0; i < n; i++)
     if (ids[i] < 0 || ids[i] >= Vg)
       return rt_kfail(k, "token id %d at position %lld is outside the table [0, %lld)", ids[i], (long long)i, (long long)Vg);
-  rt_par_memset(k->out, 0, (size_t)(V * C) * sizeof(T));
+  if (zero) rt_par_memset(k->out, 0, (size_t)(V * C) * sizeof(T));
   FN(EmbBwdJob) j = {ids, k->in[1], k->out, n, C, off, V};
   rt_par_for(C, 64, FN(emb_bwd_cols), &j);
   return 0;
 }
+static int FN(k_EMBEDDING_BWD)(RtKctx *k) { return FN(emb_bwd)(k, 1); }
 
 /* Rows [lo, hi) of all the [R, C] matrices: row i keeps its columns
  * j <= i (global), the rest is fill. */

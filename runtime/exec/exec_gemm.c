@@ -1,4 +1,18 @@
-/* exec_gemm.c - GEMM bias epilogues for the LLVM backend: the group
+/* exec_gemm.c - GEMMs with an epilogue for the LLVM backend.
+ *
+ * Straight into the state (plan_accum_direct_runs, plan/groups.h): a
+ * weight gradient `accum (reshape* (matmul A, B)) @grad.W` runs as ONE
+ * BLAS call, C = A.B + C with beta = 1, C the gradient state's bytes, at
+ * the accum's position, and an embedding's `accum (embedding_bwd ids, dy)`
+ * scatter-adds into the state's rows; the product never has a buffer of
+ * its own (for a tied embedding of a 50k vocabulary, two [vocab, d_model]
+ * transients less).
+ * Numerics as for the bias below: the reference rounds A.B, then adds it
+ * to the state; BLAS adds its partial products into the state, so when it
+ * splits K (the tokens of the micro batch) the sums round differently, a
+ * few ulp.
+ *
+ * Bias: the group
  * {matmul, reshapes, broadcast bias, add} that passes/fuse.c forms for
  * every `x @ W + b` runs as ONE BLAS call, C = A.B + C with beta = 1, into
  * the add's buffer pre-filled with the broadcast bias.  The product is
@@ -79,6 +93,38 @@ static void gemm_items(void *jp, int64_t lo, int64_t hi) {
       cblas_sgemm(CblasRowMajor, j->ta, j->tb, j->M, j->N, j->K, 1.0f, (const float *)j->A + i * j->sa, j->lda,
                   (const float *)j->B + i * j->sb, j->ldb, 1.0f, (float *)j->C + i * j->sc, j->N);
   }
+}
+
+int rt_accum_direct_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **bufs, const RtRunInfo *info,
+                        char *msg, size_t n) {
+  const IrNode *mm = &b->nodes[K->accum_from - 1], *acc = &b->nodes[K->at];
+  const IrModule *m = rt_program_module(p);
+  int st = (int)acc->ia[0];
+  if (acc->op != IR_OP_ACCUM || st < 0 || st >= m->states.n || m->states.a[st].type.dtype != mm->type.dtype ||
+      ir_type_numel(&m->states.a[st].type) != ir_type_numel(&mm->type)) {
+    snprintf(msg, n, "internal error: %%%d is not an accum of %%%d's elements into a state of its dtype", K->at,
+             K->accum_from - 1);
+    return -1;
+  }
+  void *C = rt_state_data(p, st);
+  if (mm->op == IR_OP_EMBEDDING_BWD) {   /* the scatter-add, into the state's rows */
+    const IrType *it[2] = {&b->nodes[mm->in[0]].type, &b->nodes[mm->in[1]].type};
+    RtKctx kc = {rt_program_kenv(p), b, mm, info, C, &mm->type, (const void *const *)bufs, it, msg, n};
+    return rt_embedding_bwd_add(&kc);
+  }
+  int64_t M, N, Kd, batch;
+  int shared;
+  if (mm->op != IR_OP_MATMUL || rt_gemm_shape(b, mm, &M, &N, &Kd, &batch, &shared) != 0 || batch != 1) {
+    snprintf(msg, n, "internal error: %%%d is not a matmul BLAS takes", K->accum_from - 1);
+    return -1;
+  }
+  (void)rt_par_threads();   /* first call: shares the cores among local ranks (par.h) */
+  if (M * N == 0 || Kd == 0) return 0;   /* A.B is 0: the state stays */
+  int ta = mm->ia[0] != 0, tb = mm->ia[1] != 0;
+  GemmJob j = {mm->type.dtype == IR_F64, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+               (int)M, (int)N, (int)Kd, (int)(ta ? M : Kd), (int)(tb ? Kd : N), bufs[0], bufs[1], C, 0, 0, 0};
+  gemm_items(&j, 0, 1);
+  return 0;
 }
 
 /* At most this many multiply-adds per item, batched GEMMs run whole on

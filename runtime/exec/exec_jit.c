@@ -15,6 +15,10 @@
  *   - the two or three attention_bwd parts of one attention (plan_attn_
  *     grad_runs) run as one pass over the tiles at the last part
  *     (rt_attn_grads_run: native code, not generated);
+ *   - a gradient's producer and its accum (plan_accum_direct_runs: a
+ *     weight gradient's matmul, one BLAS call with beta = 1, or the
+ *     embedding's scatter-add) add straight into the gradient state at
+ *     the accum (exec_gemm.c): the product is never stored;
  *   - every run of adamw nodes (plan_adamw_runs: in the update block,
  *     all of them, ZeRO chunks included) becomes ONE multi-tensor launch
  *     of a generated kernel at the run's last adamw (below);
@@ -387,8 +391,12 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
   unsigned char *done = ts_xcalloc((size_t)(n ? n : 1), 1);
   plan_adamw_runs(b, run_at);
   int *attn_at = ts_xmalloc((size_t)(n ? n : 1) * sizeof *attn_at);
-  if (J->cuda) for (int i = 0; i < n; i++) attn_at[i] = -1;   /* the device has a kernel per part */
-  else plan_attn_grad_runs(b, attn_at);
+  int *acc_at = ts_xmalloc((size_t)(n ? n : 1) * sizeof *acc_at);
+  if (J->cuda) for (int i = 0; i < n; i++) attn_at[i] = acc_at[i] = -1;   /* the device: a kernel per node */
+  else {
+    plan_attn_grad_runs(b, attn_at);
+    plan_accum_direct_runs(b, acc_at);
+  }
   int rc = 0;
   for (int i = 0; i < n && rc == 0; i++) {
     if (done[i]) continue;
@@ -428,6 +436,22 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
       for (int j = 0; j < kk.nrun; j++) jb->kern[kk.run[j]] = jb->k.n - 1;
       J->stats.kernels++;
       J->stats.attn_grads++;
+      continue;
+    }
+    if (acc_at[i] >= 0) {   /* a gradient's producer: it adds into the accum's state */
+      RtJitKernel kk;
+      memset(&kk, 0, sizeof kk);
+      kk.at = acc_at[i];
+      kk.op = nd->op;
+      kk.accum_from = i + 1;
+      kk.io.nin = 2;
+      kk.io.in[0] = nd->in[0];
+      kk.io.in[1] = nd->in[1];
+      VEC_PUSH(jb->k, kk);
+      for (int j = i; j <= acc_at[i]; j++)
+        if (acc_at[j] == acc_at[i]) { jb->kern[j] = jb->k.n - 1; done[j] = 1; }
+      J->stats.kernels++;
+      J->stats.accum_direct++;
       continue;
     }
     if (use_groups && nd->group > 0) {
@@ -476,6 +500,7 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
   free(mem);
   free(run_at);
   free(attn_at);
+  free(acc_at);
   free(in_k);
   free(done);
   return rc;

@@ -380,8 +380,8 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
     const RtExecStats *s = rt_jit_stats(p->jit);
     fprintf(stderr, "rt: llvm backend: %d kernels (%d fused groups, %d distinct compiled, %d groups on the reference) "
             "in %.3f s, %d from the disk cache, %d threads; %d GEMM bias epilogues, %d AdamW launches for %d "
-            "tensors, %d attention backwards in one pass\n", s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->disk_hits, s->threads,
-            s->epilogues, s->adamw_runs, s->adamw_tensors, s->attn_grads);
+            "tensors, %d attention backwards in one pass, %d gradients made straight into their state\n", s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->disk_hits, s->threads,
+            s->epilogues, s->adamw_runs, s->adamw_tensors, s->attn_grads, s->accum_direct);
   }
   return p;
 }
@@ -788,6 +788,7 @@ static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, RtRu
   if (p->dx) return rt_dev_exec_kernel(p->dx, p, bi, K, bufs, buf, info, msg, n);
   if (K->gemm_mm) return rt_jit_run_gemm(p->jit, p, b, K, bufs, info, msg, n);   /* BLAS, beta = 1 */
   if (K->attn_grads) return attn_grads_run(p, b, K, bufs, info, msg, n);
+  if (K->accum_from) return rt_accum_direct_run(p, b, K, bufs, info, msg, n);   /* into the state */
   rt_jit_run(p->jit, p, K, bufs, info);
   return 0;
 }

@@ -88,6 +88,7 @@ typedef struct {
   int adamw_tensors;   /* adamw nodes updated by them */
   int epilogues;       /* GEMM bias epilogue groups (one BLAS call, beta = 1), of `groups` */
   int attn_grads;      /* attention backwards run as one pass for their two or three parts */
+  int accum_direct;    /* gradients made straight into their state (GEMM beta = 1, scatter-add) */
   long long adamw_launches;   /* counted as the blocks run: multi-tensor AdamW launches made */
   long long epilogue_gemms;   /* ... and GEMM epilogues run */
   long long dev_collectives;  /* on a device with NCCL: collectives issued on the comm stream */

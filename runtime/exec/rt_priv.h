@@ -46,6 +46,9 @@ typedef struct {
                          A, B, bias, then the add's value */
   int attn_grads;     /* the attention_bwd parts run[0..nrun) of one attention in one pass
                          (rt_attn_grads_run): buffers q, k, v, o, do, then each part's value */
+  int accum_from;     /* > 0 (the producer's id + 1): a gradient made straight into the state of the
+                         accum at `at` (exec_gemm.c): a matmul (C = A.B + C) or embedding_bwd
+                         (scatter-add); buffers: the producer's two operands */
   CgCudaLaunch cl;    /* cuda mode (RtExecOpts.cuda): the printed kernel's launch */
   CgCudaLaunch *cls;  /* cuda mode, adamw: per member j of run[], the launches cls[2j], cls[2j + 1] */
   int64_t *ccnt;      /* ... for element counts ccnt[2j] (full ZeRO chunk or whole tensor), ccnt[2j + 1]
@@ -90,6 +93,8 @@ int rt_gemm_epilogue_ok(const IrBlock *b, int mm);
  * leading dims) and whether b is one matrix shared by every batch item.
  * 0, or -1 if BLAS cannot take it. */
 int rt_gemm_shape(const IrBlock *b, const IrNode *mm, int64_t *M, int64_t *N, int64_t *K, int64_t *batch, int *shared);
+int rt_accum_direct_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **bufs, const RtRunInfo *info,
+                        char *msg, size_t n);
 int rt_gemm_epilogue_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **bufs, const RtRunInfo *info,
                          char *msg, size_t n);
 /* rt_gemm_epilogue_run, counted in j's stats. */

@@ -8,6 +8,9 @@
 #                               backend ignores groups)
 #   llvm on the fused plan    - fused JIT kernels
 #   llvm on the unfused plan  - one JIT kernel per lowerable node
+# (both llvm runs also run the native launches of exec_jit.c: the
+# attention backward in one pass, gradients made straight into their
+# states; they must be there)
 # The losses of every step and every final parameter of the llvm runs must
 # be within TOL of the oracle (relative; params_diff's measure).  The llvm
 # runs must really have run generated kernels, fused groups only in the
@@ -37,6 +40,15 @@ run llvm_cached fused.plan llvm
 groups() { sed -n 's/^rt: llvm backend: \([0-9]*\) kernels (\([0-9]*\) fused groups.*/\1 \2/p' "$1.err"; }
 read -r k g <<<"$(groups llvm_fused)"
 [ -n "${k:-}" ] && [ "$k" -gt 0 ] && [ "$g" -gt 0 ] || fail "llvm on the fused plan ran no fused kernels: $(cat llvm_fused.err)"
+# the native launches must have run too, so the comparison below covers
+# them: the attention backward in one pass and the gradients made straight
+# into their states (GEMM with beta = 1, the embedding's scatter-add)
+for r in llvm_fused llvm_unfused; do
+  na=$(sed -n 's/.*, \([0-9]*\) attention backwards in one pass.*/\1/p' $r.err)
+  nd=$(sed -n 's/.*, \([0-9]*\) gradients made straight into their state.*/\1/p' $r.err)
+  [ "${na:-0}" -gt 0 ] && [ "${nd:-0}" -gt 0 ] ||
+    fail "$r: attention backwards in one pass '$na', gradients straight into their state '$nd' (want > 0)"
+done
 read -r k g <<<"$(groups llvm_unfused)"
 [ -n "${k:-}" ] && [ "$k" -gt 0 ] && [ "$g" = 0 ] || fail "llvm on the unfused plan: kernels '$k', groups '$g' (want > 0, 0)"
 grep -q "compiled, 0 groups on the reference) in [0-9.]* s, 0 from the disk cache" llvm_fused.err ||

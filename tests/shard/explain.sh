@@ -6,7 +6,8 @@
 # made it (none says "no note recorded"), the total equals --report comm's,
 # and the notes say what they should: the matmul rule's byte weighing, the
 # ring, remat's gathering again (and not with --keep-gathered), ZeRO-1, the
-# pipeline's messages, the tied embedding's group_sum, expert dispatch.
+# pipeline's messages, the tied embedding's group_sum, expert dispatch;
+# and --report comm's uniform-routing figure for expert dispatch.
 set -uo pipefail
 mcc=$1 src=$2
 fails=0
@@ -41,5 +42,12 @@ check "gpt pp2" gpt "pipeline: the forward value|pipeline: the backward value|to
   "${tiny[@]}" --pp 2
 check "moe ep2 tp2" moe "expert parallelism: each token row" -D layers=1 --tp 2 --ep 2
 check "moe tp2 cp2 sp" moe "reads the" -D layers=1 --tp 2 --cp 2 --sp
+# at uniform routing an all_to_all_v over ep = 2 sends half of this rank's
+# own routed rows; the worst routing (the static buffers) sends all of them
+u=$("$mcc" "$src/samples/moe.mdl" -D layers=1 --ep 2 --report comm 2>&1 |
+    sed -n 's/^total per step at uniform routing: .*(all_to_all_v: \([0-9]*\) of the \([0-9]*\) above.*/\1 \2/p')
+read -r uni worst <<<"$u"
+[ -n "${uni:-}" ] && [ "$uni" -gt 0 ] && [ $((2 * uni)) = "$worst" ] ||
+  fail "moe ep2: all_to_all_v at uniform routing '$uni' bytes is not half the worst routing's '$worst'"
 [ $fails = 0 ] && echo PASS
 exit $((fails > 0))
