@@ -1,7 +1,8 @@
 /* attn_t.h - the tile loops of attention (attn_priv.h), written once and
  * included twice by ops_attn.c: with T = float, SUF = f32, GEMM =
- * cblas_sgemm, TEXP = expf, and with T = double, SUF = f64, GEMM =
- * cblas_dgemm, TEXP = exp.  Tensors (q, k, v, o, do, the accumulator and
+ * cblas_sgemm, EXPROW = attn_exp_row_f32 (ops_attn.c: a polynomial the
+ * compiler vectorizes), and with T = double, SUF = f64, GEMM =
+ * cblas_dgemm, EXPROW = attn_exp_row_f64 (libm's exp).  Tensors (q, k, v, o, do, the accumulator and
  * the gradients) and the score tiles are in T; the per-row statistics (the
  * running max m and sum l, the log-sum-exp, the softmax backward's row sum)
  * are doubles, and so are the sums that make them.  An f32 model thus runs
@@ -12,15 +13,17 @@
  * per-thread buffer, so the only score storage is [ATTN_TQ, ATTN_TK].
  * Masked scores are -inf and their probabilities exactly 0. */
 #ifndef T
-#error "include attn_t.h from ops_attn.c with T, SUF, GEMM and TEXP defined"
+#error "include attn_t.h from ops_attn.c with T, SUF, GEMM and EXPROW defined"
 #endif
 
 #define FN(name) RT_CAT(name, SUF)
 
 /* s = scale * Q_t K_t^T with the causal mask applied; returns whether any
- * score of the tile is unmasked.  q: rows of this (b, h), [Tq, D]; k: the
- * kv head's rows [Tk, D]. */
-static int FN(tile_scores)(const AttnDims *d, const Tile *t, const T *q, const T *k, const int64_t *qpos,
+ * score of the tile is unmasked.  Trailing keys every query of the tile
+ * masks are dropped from it (t->nk shrinks: their probabilities would be
+ * 0), so a wide key tile on the diagonal computes little that is masked.
+ * q: rows of this (b, h), [Tq, D]; k: the kv head's rows [Tk, D]. */
+static int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T *k, const int64_t *qpos,
                            const int64_t *kpos, T *s) {
   int mask = 0;
   if (d->causal) {   /* positions need not be sorted (cp's zigzag): bound them */
@@ -35,6 +38,7 @@ static int FN(tile_scores)(const AttnDims *d, const Tile *t, const T *q, const T
     }
     if (kmin > qmax) return 0;   /* every key after every query */
     mask = kmax > qmin;          /* else every key is visible to every query */
+    while (t->nk > 1 && kpos[t->j0 + t->nk - 1] > qmax) t->nk--;
   }
   GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->nq, (int)t->nk, (int)d->D, (T)d->scale, q + t->i0 * d->D,
        (int)d->D, k + t->j0 * d->D, (int)d->D, 0, s, (int)t->nk);
@@ -64,16 +68,20 @@ static void FN(fwd_head)(const AttnFwdJob *j, int64_t bh, double *M, double *L, 
       /* per row: new max, rescale what was summed so far, p = exp(s - m) */
       for (int64_t r = 0; r < t.nq; r++) {
         T *sr = s + r * t.nk, mt = -INFINITY;
-        for (int64_t c = 0; c < t.nk; c++) mt = sr[c] > mt ? sr[c] : mt;
+        for (int64_t c = 0; c < t.nk; c++) mt = sr[c] > mt ? sr[c] : mt;   /* -inf: masked */
         int64_t i = t.i0 + r;
         if (mt == -INFINITY) {                     /* the row sees no key of this tile */
           for (int64_t c = 0; c < t.nk; c++) sr[c] = 0;
           continue;
         }
-        double m_new = M[i] > mt ? M[i] : mt, corr = M[i] == -INFINITY ? 0.0 : exp(M[i] - m_new), sum = 0;
-        T mn = (T)m_new;
-        for (int64_t c = 0; c < t.nk; c++) { sr[c] = TEXP(sr[c] - mn); sum += sr[c]; }
-        L[i] = L[i] * corr + sum;
+        double m_new = M[i] > mt ? M[i] : mt, corr = M[i] == -INFINITY ? 0.0 : exp(M[i] - m_new);
+        EXPROW(sr, t.nk, (T)m_new);
+        double part[4] = {0, 0, 0, 0};   /* four sums: no chain of dependent adds */
+        int64_t c = 0;
+        for (; c + 4 <= t.nk; c += 4)
+          for (int u = 0; u < 4; u++) part[u] += sr[c + u];
+        for (; c < t.nk; c++) part[0] += sr[c];
+        L[i] = L[i] * corr + ((part[0] + part[1]) + (part[2] + part[3]));
         M[i] = m_new;
         if (A && corr != 1.0)
           for (int64_t e = 0; e < D; e++) A[i * D + e] *= (T)corr;
@@ -126,12 +134,11 @@ static void FN(head_grads)(const FN(HeadGrad) *g, T *s, T *dp) {
              g->V + t.j0 * D, (int)D, 0, dp, (int)t.nk);
       for (int64_t r = 0; r < t.nq; r++) {
         double ls = g->lse[t.i0 + r], dr = g->drow[t.i0 + r];
-        T lt = (T)ls;
-        for (int64_t c = 0; c < t.nk; c++) {
-          int64_t x = r * t.nk + c;
-          s[x] = (ls == -INFINITY || s[x] == -INFINITY) ? 0 : TEXP(s[x] - lt);
-          if (need_ds) dp[x] = (T)(s[x] * ((double)dp[x] - dr));
-        }
+        T *sr = s + r * t.nk, *dr_ = dp + r * t.nk;
+        if (ls == -INFINITY) memset(sr, 0, (size_t)t.nk * sizeof *sr);   /* the row sees no key */
+        else EXPROW(sr, t.nk, (T)ls);                                    /* masked: exp(-inf) = 0 */
+        if (need_ds)
+          for (int64_t c = 0; c < t.nk; c++) dr_[c] = (T)(sr[c] * ((double)dr_[c] - dr));
       }
       if (g->DV)   /* dV_t += P^T dO_t */
         GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)t.nk, (int)D, (int)t.nq, 1, s, (int)t.nk, g->G + t.i0 * D,

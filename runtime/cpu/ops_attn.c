@@ -66,35 +66,77 @@ void rt_attn_positions(const RtRank *r, unsigned mask, int64_t L, int cp, int64_
   for (int64_t j = 0; j < L; j++) pos[j] = rt_global_index_at(r, mask, L, j, cp);
 }
 
+/* ---- exponentials of a score row ----
+ * x[i] = exp(x[i] - m) for i < n; a masked score (-inf) gives exactly 0.
+ * f64: libm.  f32: the softmax of every attention row is most of the
+ * non-GEMM work, and libm's expf is a call per element the compiler
+ * cannot vectorize (without -ffast-math); this is Cephes' expf (range
+ * reduction by ln 2 in two parts, a degree-6 polynomial, the exponent put
+ * into the bits), plain arithmetic that vectorizes (with
+ * -fno-trapping-math, CMakeLists.txt), within 1.4 x 2^-24 relative of
+ * exp over [-87, 10] (libm's expf: 1.0); below -87 it gives 0. */
+static void attn_exp_row_f64(double *x, int64_t n, double m) {
+  for (int64_t i = 0; i < n; i++) x[i] = exp(x[i] - m);
+}
+static void attn_exp_row_f32(float *x, int64_t n, float m) {
+  for (int64_t i = 0; i < n; i++) {
+    float v = x[i] - m;
+    float c = v < -87.0f ? -87.0f : v;                    /* exp(-87) is still normal */
+    c = c > 88.0f ? 88.0f : c;
+    float kf = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;   /* round(c / ln 2) */
+    float r = (c - kf * 0.693359375f) + kf * 2.12194440e-4f;             /* c - kf ln 2 */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t bits = ((int32_t)kf + 127) << 23;                            /* 2^kf */
+    float sc;
+    memcpy(&sc, &bits, sizeof sc);
+    x[i] = v < -87.0f ? 0.0f : p * sc;                    /* masked (-inf) or underflow: 0 */
+  }
+}
+
 /* ---- the tile loops, instantiated twice (attn_t.h) ---- */
 typedef struct { int64_t i0, nq, j0, nk; } Tile;
 
 #define T float
 #define SUF f32
 #define GEMM cblas_sgemm
-#define TEXP expf
+#define EXPROW attn_exp_row_f32
 #include "attn_t.h"
 #undef T
 #undef SUF
 #undef GEMM
-#undef TEXP
+#undef EXPROW
 #define T double
 #define SUF f64
 #define GEMM cblas_dgemm
-#define TEXP exp
+#define EXPROW attn_exp_row_f64
 #include "attn_t.h"
 #undef T
 #undef SUF
 #undef GEMM
-#undef TEXP
+#undef EXPROW
 
-/* many small GEMMs, one thread's each: BLAS itself runs single-threaded */
-#define ATTN_PAR(n, name, j) rt_par_blas_serial((j)->dt == IR_F32 ? name##_f32 : name##_f64, (void *)(j), (n), 1)
+/* Many small GEMMs, one thread's each: BLAS itself runs single-threaded.
+ * A range gets at least ATTN_GRAIN multiply-adds of the scores (Tq Tk D
+ * per head): below that, waking the pool costs more than the work (a
+ * 64-token, 16-wide head is 65k). */
+#define ATTN_GRAIN (1 << 16)
+static int64_t attn_grain(const AttnDims *d, int64_t heads_per_item) {
+  double w = (double)d->Tq * (double)d->Tk * (double)d->D * (double)heads_per_item;
+  return w >= ATTN_GRAIN ? 1 : (int64_t)(ATTN_GRAIN / (w > 1 ? w : 1));
+}
+#define ATTN_PAR(n, per, name, j)                                                                       \
+  rt_par_blas_serial((j)->dt == IR_F32 ? name##_f32 : name##_f64, (void *)(j), (n), attn_grain(&(j)->d, (per)))
 
-void rt_attn_fwd_block(const AttnFwdJob *j) { ATTN_PAR(j->d.B * j->d.Hq, fwd_range, j); }
-void rt_attn_bwd_q(const AttnBwdJob *j) { ATTN_PAR(j->d.B * j->d.Hq, bwd_q_range, j); }
-void rt_attn_bwd_kv(const AttnBwdJob *j) { ATTN_PAR(j->d.B * j->d.Hkv, bwd_kv_range, j); }
-void rt_attn_bwd_grads(const AttnBwdJob *j) { ATTN_PAR(j->d.B * j->d.Hkv, bwd_kv_range, j); }
+void rt_attn_fwd_block(const AttnFwdJob *j) { ATTN_PAR(j->d.B * j->d.Hq, 1, fwd_range, j); }
+void rt_attn_bwd_q(const AttnBwdJob *j) { ATTN_PAR(j->d.B * j->d.Hq, 1, bwd_q_range, j); }
+void rt_attn_bwd_kv(const AttnBwdJob *j) { ATTN_PAR(j->d.B * j->d.Hkv, j->d.Hq / j->d.Hkv, bwd_kv_range, j); }
+void rt_attn_bwd_grads(const AttnBwdJob *j) { ATTN_PAR(j->d.B * j->d.Hkv, j->d.Hq / j->d.Hkv, bwd_kv_range, j); }
 
 /* m, l -> lse in place of m (-inf for a row that sees no key); acc -> o =
  * acc / l (0 for such a row: no NaN when a rank's queries are all masked). */
