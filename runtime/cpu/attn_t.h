@@ -42,10 +42,26 @@ static int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T *k, c
   }
   GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->nq, (int)t->nk, (int)d->D, (T)d->scale, q + t->i0 * d->D,
        (int)d->D, k + t->j0 * d->D, (int)d->D, 0, s, (int)t->nk);
-  if (mask)
-    for (int64_t r = 0; r < t->nq; r++)
+  if (!mask) return 1;
+  const int64_t *kp = kpos + t->j0;
+  int sorted = 1;
+  for (int64_t c = 1; c < t->nk && sorted; c++) sorted = kp[c - 1] <= kp[c];
+  for (int64_t r = 0; r < t->nq; r++) {
+    T *sr = s + r * t->nk;
+    int64_t qp = qpos[t->i0 + r];
+    if (sorted) {   /* keys in order (no cp zigzag inside the tile): mask the row's tail */
+      int64_t lo = 0, hi = t->nk;   /* the first key after the query */
+      while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        if (kp[mid] > qp) hi = mid;
+        else lo = mid + 1;
+      }
+      for (int64_t c = lo; c < t->nk; c++) sr[c] = -INFINITY;
+    } else {
       for (int64_t c = 0; c < t->nk; c++)
-        if (kpos[t->j0 + c] > qpos[t->i0 + r]) s[r * t->nk + c] = -INFINITY;
+        if (kp[c] > qp) sr[c] = -INFINITY;
+    }
+  }
   return 1;
 }
 
@@ -74,7 +90,8 @@ static void FN(fwd_head)(const AttnFwdJob *j, int64_t bh, double *M, double *L, 
           for (int64_t c = 0; c < t.nk; c++) sr[c] = 0;
           continue;
         }
-        double m_new = M[i] > mt ? M[i] : mt, corr = M[i] == -INFINITY ? 0.0 : exp(M[i] - m_new);
+        int fresh = M[i] == -INFINITY;   /* no key seen yet: the accumulator row is 0 */
+        double m_new = M[i] > mt ? M[i] : mt, corr = fresh ? 0.0 : exp(M[i] - m_new);
         EXPROW(sr, t.nk, (T)m_new);
         double part[4] = {0, 0, 0, 0};   /* four sums: no chain of dependent adds */
         int64_t c = 0;
@@ -83,7 +100,7 @@ static void FN(fwd_head)(const AttnFwdJob *j, int64_t bh, double *M, double *L, 
         for (; c < t.nk; c++) part[0] += sr[c];
         L[i] = L[i] * corr + ((part[0] + part[1]) + (part[2] + part[3]));
         M[i] = m_new;
-        if (A && corr != 1.0)
+        if (A && corr != 1.0 && !fresh)
           for (int64_t e = 0; e < D; e++) A[i * D + e] *= (T)corr;
       }
       if (A)   /* acc_t += P V_t */

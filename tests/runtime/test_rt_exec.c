@@ -92,7 +92,7 @@ static void attn_grads_case(IrDtype dt, int causal, int nparts, int reader_betwe
   const IrType *pt[3] = {&tq, &tk, &tk};
   int st[3];
   for (int p = 0; p < nparts; p++) {
-    char name[8];
+    char name[16];
     snprintf(name, sizeof name, "g%d", p);
     st[p] = ir_state_add(m, &(IrState){.name = name, .type = *pt[p], .kind = IR_STATE_PARAM,
                                        .init = IR_INIT_ZEROS, .of = -1});
