@@ -65,6 +65,17 @@ static int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T *k, c
   return 1;
 }
 
+/* x[0] + ... + x[n-1] in double, in four partial sums (no chain of
+ * dependent adds) */
+static double FN(row_sum)(const T *x, int64_t n) {
+  double part[4] = {0, 0, 0, 0};
+  int64_t c = 0;
+  for (; c + 4 <= n; c += 4)
+    for (int u = 0; u < 4; u++) part[u] += x[c + u];
+  for (; c < n; c++) part[0] += x[c];
+  return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
 /* ---- the forward: online softmax over one block of keys ----
  * For head bh (b * Hq + h): its rows M, L ([Tq]) and, when A is not NULL,
  * its unnormalised output [Tq, D].  A row that has seen no key
@@ -93,12 +104,7 @@ static void FN(fwd_head)(const AttnFwdJob *j, int64_t bh, double *M, double *L, 
         int fresh = M[i] == -INFINITY;   /* no key seen yet: the accumulator row is 0 */
         double m_new = M[i] > mt ? M[i] : mt, corr = fresh ? 0.0 : exp(M[i] - m_new);
         EXPROW(sr, t.nk, (T)m_new);
-        double part[4] = {0, 0, 0, 0};   /* four sums: no chain of dependent adds */
-        int64_t c = 0;
-        for (; c + 4 <= t.nk; c += 4)
-          for (int u = 0; u < 4; u++) part[u] += sr[c + u];
-        for (; c < t.nk; c++) part[0] += sr[c];
-        L[i] = L[i] * corr + ((part[0] + part[1]) + (part[2] + part[3]));
+        L[i] = L[i] * corr + FN(row_sum)(sr, t.nk);
         M[i] = m_new;
         if (A && corr != 1.0 && !fresh)
           for (int64_t e = 0; e < D; e++) A[i * D + e] *= (T)corr;
@@ -138,6 +144,8 @@ typedef struct {
 } FN(HeadGrad);
 
 static void FN(head_grads)(const FN(HeadGrad) *g, T *s, T *dp) {
+  /* lse NULL: every row's keys fit one tile (Tk <= ATTN_TK, the caller's
+   * promise), so its probabilities come from the tile itself */
   const AttnDims *d = g->d;
   int64_t D = d->D;
   int need_ds = g->DQ || g->DK;
@@ -150,10 +158,22 @@ static void FN(head_grads)(const FN(HeadGrad) *g, T *s, T *dp) {
         GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t.nq, (int)t.nk, (int)D, 1, g->G + t.i0 * D, (int)D,
              g->V + t.j0 * D, (int)D, 0, dp, (int)t.nk);
       for (int64_t r = 0; r < t.nq; r++) {
-        double ls = g->lse[t.i0 + r], dr = g->drow[t.i0 + r];
+        double dr = g->drow[t.i0 + r];
         T *sr = s + r * t.nk, *dr_ = dp + r * t.nk;
-        if (ls == -INFINITY) memset(sr, 0, (size_t)t.nk * sizeof *sr);   /* the row sees no key */
-        else EXPROW(sr, t.nk, (T)ls);                                    /* masked: exp(-inf) = 0 */
+        if (g->lse) {
+          double ls = g->lse[t.i0 + r];
+          if (ls == -INFINITY) memset(sr, 0, (size_t)t.nk * sizeof *sr);   /* the row sees no key */
+          else EXPROW(sr, t.nk, (T)ls);                                    /* masked: exp(-inf) = 0 */
+        } else {   /* the tile is the row's only one: its softmax from the row itself */
+          T mt = -INFINITY;
+          for (int64_t c = 0; c < t.nk; c++) mt = sr[c] > mt ? sr[c] : mt;
+          if (mt == -INFINITY) memset(sr, 0, (size_t)t.nk * sizeof *sr);
+          else {
+            EXPROW(sr, t.nk, mt);
+            double inv = 1.0 / FN(row_sum)(sr, t.nk);
+            for (int64_t c = 0; c < t.nk; c++) sr[c] = (T)(sr[c] * inv);
+          }
+        }
         if (need_ds)
           for (int64_t c = 0; c < t.nk; c++) dr_[c] = (T)(sr[c] * ((double)dr_[c] - dr));
       }
@@ -200,7 +220,8 @@ static void FN(bwd_q_range)(void *jp, int64_t lo, int64_t hi) {
 /* Over the kv heads bk in [lo, hi) (b * Hkv + hk): everything the query
  * heads reading them give.  With j->lse NULL this is the whole backward
  * (attn_bwd_grads): per query head, the log-sum-exp rows (a forward pass
- * without the accumulator) and drow = rowsum(do * o) first, then dq of the
+ * without the accumulator; when the keys fit one tile, each tile's rows
+ * give their own instead) and drow = rowsum(do * o) first, then dq of the
  * head (a query head reads one kv head, so this range owns it) and its
  * share of dk, dv.  Else (attn_bwd_kv) the given lse / drow, dk / dv only. */
 static void FN(bwd_kv_range)(void *jp, int64_t lo, int64_t hi) {
@@ -217,17 +238,19 @@ static void FN(bwd_kv_range)(void *jp, int64_t lo, int64_t hi) {
       const double *lse, *drow;
       if (whole) {
         double *m = row, *l = row + Tq, *dr = row + 2 * Tq;
-        for (int64_t i = 0; i < Tq; i++) { m[i] = -INFINITY; l[i] = 0; }
-        AttnFwdJob f = {*d, j->dt, j->q, j->k, j->v, j->qpos, j->kpos, NULL, NULL, NULL};
-        FN(fwd_head)(&f, bh, m, l, NULL, s);
-        for (int64_t i = 0; i < Tq; i++) m[i] = l[i] > 0 ? m[i] + log(l[i]) : -INFINITY;
+        if (d->Tk > ATTN_TK) {   /* several key tiles per row: their log-sum-exp first */
+          for (int64_t i = 0; i < Tq; i++) { m[i] = -INFINITY; l[i] = 0; }
+          AttnFwdJob f = {*d, j->dt, j->q, j->k, j->v, j->qpos, j->kpos, NULL, NULL, NULL};
+          FN(fwd_head)(&f, bh, m, l, NULL, s);
+          for (int64_t i = 0; i < Tq; i++) m[i] = l[i] > 0 ? m[i] + log(l[i]) : -INFINITY;
+        }
         const T *O = (const T *)j->o + bh * Tq * D, *G = (const T *)j->dout + bh * Tq * D;
         for (int64_t i = 0; i < Tq; i++) {
           double acc = 0;
           for (int64_t e = 0; e < D; e++) acc += (double)G[i * D + e] * (double)O[i * D + e];
           dr[i] = acc;
         }
-        lse = m;
+        lse = d->Tk > ATTN_TK ? m : NULL;   /* NULL: head_grads takes each row's from its tile */
         drow = dr;
       } else {
         lse = j->lse + bh * Tq;
