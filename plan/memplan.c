@@ -87,20 +87,17 @@ void plan_mem_group_at(const IrBlock *b, int *at) {
   for (int i = 0; i < b->n; i++) if (b->nodes[i].group > 0) lastm[b->nodes[i].group] = i;
   for (int i = 0; i < b->n; i++) at[i] = b->nodes[i].group > 0 ? lastm[b->nodes[i].group] : i;
   free(lastm);
-  /* AdamW runs: one multi-tensor launch at the run's last adamw, which
-   * reads every member's operands there (effects are in no group) */
+  /* the launches of plan/groups.h over nodes in no fusion group: AdamW
+   * runs at their last adamw (which reads every member's operands there),
+   * the parts of one attention's backward at the last part, gradients made
+   * straight into their state at the accum */
+  int (*const launches[])(const IrBlock *, int *) = {plan_adamw_runs, plan_attn_grad_runs, plan_accum_direct_runs};
   int *run = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *run);
-  plan_adamw_runs(b, run);
-  for (int i = 0; i < b->n; i++)
-    if (run[i] >= 0) at[i] = run[i];
-  /* the parts of one attention's backward: one pass at the last part */
-  plan_attn_grad_runs(b, run);
-  for (int i = 0; i < b->n; i++)
-    if (run[i] >= 0) at[i] = run[i];
-  /* gradients made straight into their state, at the accum */
-  plan_accum_direct_runs(b, run);
-  for (int i = 0; i < b->n; i++)
-    if (run[i] >= 0) at[i] = run[i];
+  for (size_t l = 0; l < sizeof launches / sizeof launches[0]; l++) {
+    launches[l](b, run);
+    for (int i = 0; i < b->n; i++)
+      if (run[i] >= 0) at[i] = run[i];
+  }
   free(run);
 }
 

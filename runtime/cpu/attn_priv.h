@@ -50,13 +50,12 @@ void rt_attn_fwd_block(const AttnFwdJob *j);
  * NULL; tensors of dtype dt, lse and drow [B, Hq, Tq] doubles).
  *   rt_attn_bwd_q: dq; threads over (b, query head).
  *   rt_attn_bwd_kv: dk and / or dv; threads over (b, kv head), a kv head
- *     summing over its query heads.
- *   rt_attn_bwd_grads: the whole backward of attention over whole keys,
- *     lse and drow NULL and o set: each (b, kv head) recomputes its query
- *     heads' log-sum-exp rows and drow = rowsum(do * o), then computes dq,
- *     dk and dv (those not NULL) from one pass over the tiles, sharing the
- *     probabilities and ds.  Any subset gives each result bit for bit as
- *     it gives it alone. */
+ *     summing over its query heads.  With lse and drow NULL and o set it is
+ *     the whole backward of attention over whole keys: each (b, kv head)
+ *     recomputes its query heads' log-sum-exp rows and drow =
+ *     rowsum(do * o), then computes dq, dk and dv (those not NULL) from one
+ *     pass over the tiles, sharing the probabilities and ds.  Any subset
+ *     gives each result bit for bit as it gives it alone. */
 typedef struct {
   AttnDims d;
   IrDtype dt;
@@ -67,6 +66,5 @@ typedef struct {
 } AttnBwdJob;
 void rt_attn_bwd_q(const AttnBwdJob *j);
 void rt_attn_bwd_kv(const AttnBwdJob *j);
-void rt_attn_bwd_grads(const AttnBwdJob *j);
 
 #endif

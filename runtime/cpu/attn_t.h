@@ -219,7 +219,7 @@ static void FN(bwd_q_range)(void *jp, int64_t lo, int64_t hi) {
 
 /* Over the kv heads bk in [lo, hi) (b * Hkv + hk): everything the query
  * heads reading them give.  With j->lse NULL this is the whole backward
- * (attn_bwd_grads): per query head, the log-sum-exp rows (a forward pass
+ * (rt_attn_grads_run): per query head, the log-sum-exp rows (a forward pass
  * without the accumulator; when the keys fit one tile, each tile's rows
  * give their own instead) and drow = rowsum(do * o) first, then dq of the
  * head (a query head reads one kv head, so this range owns it) and its

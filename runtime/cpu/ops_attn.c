@@ -136,7 +136,6 @@ static int64_t attn_grain(const AttnDims *d, int64_t heads_per_item) {
 void rt_attn_fwd_block(const AttnFwdJob *j) { ATTN_PAR(j->d.B * j->d.Hq, 1, fwd_range, j); }
 void rt_attn_bwd_q(const AttnBwdJob *j) { ATTN_PAR(j->d.B * j->d.Hq, 1, bwd_q_range, j); }
 void rt_attn_bwd_kv(const AttnBwdJob *j) { ATTN_PAR(j->d.B * j->d.Hkv, j->d.Hq / j->d.Hkv, bwd_kv_range, j); }
-void rt_attn_bwd_grads(const AttnBwdJob *j) { ATTN_PAR(j->d.B * j->d.Hkv, j->d.Hq / j->d.Hkv, bwd_kv_range, j); }
 
 /* m, l -> lse in place of m (-inf for a row that sees no key); acc -> o =
  * acc / l (0 for such a row: no NaN when a rank's queries are all masked). */
@@ -214,7 +213,7 @@ int rt_attn_grads_run(RtKctx *k, void *out[3]) {
   for (int p = 0; p < 3; p++)   /* the results accumulate */
     if (out[p]) memset(out[p], 0, (size_t)(p ? nk : nq) * es);
   AttnBwdJob j = {a.d, a.dt, a.x[0], a.x[1], a.x[2], a.x[3], a.x[4], NULL, NULL, a.qpos, a.kpos, out[0], out[1], out[2]};
-  rt_attn_bwd_grads(&j);
+  rt_attn_bwd_kv(&j);   /* lse NULL: the whole backward */
   attn_close(&a);
   return 0;
 }

@@ -380,8 +380,9 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
     const RtExecStats *s = rt_jit_stats(p->jit);
     fprintf(stderr, "rt: llvm backend: %d kernels (%d fused groups, %d distinct compiled, %d groups on the reference) "
             "in %.3f s, %d from the disk cache, %d threads; %d GEMM bias epilogues, %d AdamW launches for %d "
-            "tensors, %d attention backwards in one pass, %d gradients made straight into their state\n", s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->disk_hits, s->threads,
-            s->epilogues, s->adamw_runs, s->adamw_tensors, s->attn_grads, s->accum_direct);
+            "tensors, %d attention backwards in one pass, %d gradients made straight into their state\n",
+            s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->disk_hits, s->threads, s->epilogues,
+            s->adamw_runs, s->adamw_tensors, s->attn_grads, s->accum_direct);
   }
   return p;
 }
