@@ -79,6 +79,26 @@ static int check_at(const IrBlock *b, const int *at, char *err, size_t errlen) {
   return 0;
 }
 
+/* Which buffers the pipeline hands over (memplan.h): ext[o] = 1 for the
+ * owner o of a buffer exactly one `stash` reads (through any value in it)
+ * and for an `unstash` result owning its buffer; then every value in such
+ * a buffer.  buf[] is the plan's sharing (owner per value, -1 = none). */
+static void handed_over(const IrBlock *b, const int *buf, unsigned char *ext) {
+  int n = b->n;
+  int *stashes = ts_xcalloc((size_t)(n ? n : 1), sizeof *stashes);
+  for (int i = 0; i < n; i++) {
+    const IrNode *nd = &b->nodes[i];
+    ext[i] = 0;
+    if (nd->op == IR_OP_STASH && nd->nin == 1 && nd->in[0] >= 0 && nd->in[0] < i && buf[nd->in[0]] >= 0)
+      stashes[buf[nd->in[0]]]++;
+  }
+  for (int i = 0; i < n; i++)
+    if (buf[i] == i) ext[i] = stashes[i] == 1 || b->nodes[i].op == IR_OP_UNSTASH;
+  for (int i = 0; i < n; i++)
+    if (buf[i] >= 0 && buf[i] != i) ext[i] = ext[buf[i]];
+  free(stashes);
+}
+
 void plan_mem_group_at(const IrBlock *b, int *at) {
   int maxg = 0;
   for (int i = 0; i < b->n; i++) if (b->nodes[i].group > maxg) maxg = b->nodes[i].group;
@@ -110,6 +130,7 @@ void plan_mem_free(MemPlan *p) {
   free(p->first);
   free(p->last);
   free(p->view);
+  free(p->ext);
   memset(p, 0, sizeof *p);
 }
 
@@ -186,6 +207,7 @@ int plan_mem_block_at(const IrModule *m, int block, const int *at, MemPlan *out,
   out->first = ts_xmalloc((size_t)cap * sizeof *out->first);
   out->last = ts_xmalloc((size_t)cap * sizeof *out->last);
   out->view = ts_xcalloc((size_t)cap, 1);
+  out->ext = ts_xcalloc((size_t)cap, 1);
   int *last = ts_xmalloc((size_t)cap * sizeof *last);
   outside_reads(b, at, last);
   unsigned char *written = states_written(m, b);
@@ -222,23 +244,29 @@ int plan_mem_block_at(const IrModule *m, int block, const int *at, MemPlan *out,
       out->size[i] = bytes;
       out->first[i] = pos(at, i);
       out->last[i] = end;
-      out->nbuffers++;
     }
   }
   free(last);
   free(written);
+  handed_over(b, out->buf, out->ext);
 
   /* 2. lower bound: the most bytes live at any one node (difference array) */
   int64_t *delta = ts_xcalloc((size_t)n + 1, sizeof *delta);
   int *order = ts_xmalloc((size_t)cap * sizeof *order);
   int nown = 0;
-  for (int i = 0; i < n; i++)
-    if (out->buf[i] == i) {
-      order[nown++] = i;
-      delta[out->first[i]] += (int64_t)out->size[i];
-      delta[out->last[i] + 1] -= (int64_t)out->size[i];
-      out->total_bytes += out->size[i];
+  for (int i = 0; i < n; i++) {
+    if (out->buf[i] != i) continue;
+    if (out->ext[i]) {               /* outside the arena */
+      out->next++;
+      out->ext_bytes += out->size[i];
+      continue;
     }
+    out->nbuffers++;
+    order[nown++] = i;
+    delta[out->first[i]] += (int64_t)out->size[i];
+    delta[out->last[i] + 1] -= (int64_t)out->size[i];
+    out->total_bytes += out->size[i];
+  }
   int64_t live = 0;
   for (int i = 0; i < n; i++) {
     live += delta[i];
@@ -258,6 +286,7 @@ int plan_mem_block_at(const IrModule *m, int block, const int *at, MemPlan *out,
     int o = out->buf[i];
     if (o < 0) continue;
     if (o == i) {
+      if (out->ext[i]) continue;
       size_t end = (size_t)out->offset[i] + out->size[i];
       if (end > out->peak_bytes) out->peak_bytes = end;
     } else {                         /* aliases share the owner's placement */
@@ -281,6 +310,8 @@ static int check_values(const IrModule *m, const MemPlan *p, char *err, size_t e
   int *last = ts_xmalloc((size_t)(p->n ? p->n : 1) * sizeof *last);
   outside_reads(b, at, last);
   unsigned char *written = states_written(m, b);
+  unsigned char *ext = ts_xcalloc((size_t)(p->n ? p->n : 1), 1);
+  handed_over(b, p->buf, ext);
   int rc = 0;
   for (int i = 0; i < p->n && rc == 0; i++) {
     const IrNode *nd = &b->nodes[i];
@@ -301,8 +332,13 @@ static int check_values(const IrModule *m, const MemPlan *p, char *err, size_t e
     }
     if (o < 0 || o > i || p->buf[o] != o)
       rc = ts_errf(err, errlen, "memplan: %%%d has no valid buffer (buf %d)", i, o);
-    else if (p->size[o] < value_bytes(nd) || p->size[o] % MEMPLAN_ALIGN || p->offset[o] < 0 ||
-             p->offset[o] % MEMPLAN_ALIGN || p->offset[i] != p->offset[o] || p->size[i] != p->size[o])
+    else if (p->ext[i] != ext[i])
+      rc = ts_errf(err, errlen, "memplan: %%%d (%s) is %s the arena but the pipeline %s its buffer", i,
+                   ir_ops[nd->op].name, p->ext[i] ? "outside" : "in", ext[i] ? "hands over" : "does not hand over");
+    else if (p->ext[i] ? p->offset[o] != -1 || p->offset[i] != -1 || p->size[o] < value_bytes(nd) ||
+                             p->size[i] != p->size[o]
+                       : p->size[o] < value_bytes(nd) || p->size[o] % MEMPLAN_ALIGN || p->offset[o] < 0 ||
+                             p->offset[o] % MEMPLAN_ALIGN || p->offset[i] != p->offset[o] || p->size[i] != p->size[o])
       rc = ts_errf(err, errlen, "memplan: %%%d: buffer at %lld of %zu bytes is misaligned or too small",
                    i, (long long)p->offset[o], p->size[o]);
     else if (p->first[o] > pos(at, i) || p->first[o] != pos(at, o) || p->last[o] < end ||
@@ -318,6 +354,7 @@ static int check_values(const IrModule *m, const MemPlan *p, char *err, size_t e
   }
   free(last);
   free(written);
+  free(ext);
   return rc;
 }
 
@@ -338,18 +375,23 @@ int plan_mem_check(const IrModule *m, const MemPlan *p, char *err, size_t errlen
   if (check_values(m, p, err, errlen) != 0) return -1;
   int *own = ts_xmalloc((size_t)(p->n ? p->n : 1) * sizeof *own);
   int nown = 0;
-  size_t peak = 0, total = 0;
+  size_t peak = 0, total = 0, ext_total = 0;
+  int next = 0;
   for (int i = 0; i < p->n; i++)
-    if (p->buf[i] == i) {
+    if (p->buf[i] == i && p->ext[i]) {
+      next++;
+      ext_total += p->size[i];
+    } else if (p->buf[i] == i) {
       own[nown++] = i;
       size_t end = (size_t)p->offset[i] + p->size[i];
       if (end > peak) peak = end;
       total += p->size[i];
     }
   int rc = 0;
-  if (peak != p->peak_bytes || total != p->total_bytes || nown != p->nbuffers)
-    rc = ts_errf(err, errlen, "memplan: peak %zu / total %zu / %d buffers recorded, but the buffers give %zu / %zu / %d",
-                 p->peak_bytes, p->total_bytes, p->nbuffers, peak, total, nown);
+  if (peak != p->peak_bytes || total != p->total_bytes || nown != p->nbuffers || next != p->next ||
+      ext_total != p->ext_bytes)
+    rc = ts_errf(err, errlen, "memplan: peak %zu / total %zu / %d + %d buffers recorded, but the buffers give %zu / "
+                 "%zu / %d + %d", p->peak_bytes, p->total_bytes, p->nbuffers, p->next, peak, total, nown, next);
   else if (p->lower_bound_bytes > p->peak_bytes || p->peak_bytes > p->total_bytes)
     rc = ts_errf(err, errlen, "memplan: expected lower bound %zu <= peak %zu <= total %zu",
                  p->lower_bound_bytes, p->peak_bytes, p->total_bytes);

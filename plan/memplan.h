@@ -44,7 +44,16 @@
  *   - every other value owns ceil64(numel * dtype size) bytes (64 at
  *     least, as the runtime allocates), live from the position that makes
  *     it to its last use, both ends included: a node's result never shares
- *     bytes with its operands, because kernels are not in-place. */
+ *     bytes with its operands, because kernels are not in-place.
+ *   - a buffer handed over by the pipeline lives OUTSIDE the arena (ext):
+ *     the buffer of a value that exactly one `stash` reads (the stash
+ *     keeps the buffer itself until the backward block unstashes it), and
+ *     the result of an `unstash` (that same buffer, handed back; released
+ *     after its last reader).  The runtime takes these from its pipeline
+ *     pool, so nothing is copied into or out of the stash; the plan keeps
+ *     their size and live interval but gives them no offset, and they
+ *     count in no arena figure (peak, lower bound, total).
+ *     `mcc --report memory` counts them in the stash rows. */
 #ifndef TS_PLAN_MEMPLAN_H
 #define TS_PLAN_MEMPLAN_H
 #include "ir/ir.h"
@@ -62,9 +71,13 @@ typedef struct {
   int *buf;                  /* buffer id (the value that owns it; a reshape that aliases
                                 names its operand's owner); -1 = no buffer */
   unsigned char *view;       /* per node: 1 = a view of the state slab (no buffer; see above) */
+  unsigned char *ext;        /* per node: 1 = its buffer is handed over by the pipeline, outside
+                                the arena (offset -1; see above) */
   int *first, *last;         /* live interval [first, last] (positions, inclusive) of the
                                 value's buffer - the same for every value sharing it; -1 = none */
-  int nbuffers;              /* distinct buffers (owners) */
+  int nbuffers;              /* distinct buffers (owners) in the arena */
+  int next;                  /* buffers outside it (ext owners) */
+  size_t ext_bytes;          /* their bytes (64-aligned), summed */
   size_t peak_bytes;         /* arena size: max over buffers of offset + size */
   size_t lower_bound_bytes;  /* max over nodes of the sum of live buffer sizes */
   size_t total_bytes;        /* sum of all buffer sizes (no reuse at all) */

@@ -118,6 +118,19 @@ int rt_attn_grads_run(RtKctx *k, void *out[3]);
  * sends with their buffers.  Made on first use in RtKenv.pipe; freed with
  * rt_pipe_free. */
 void rt_pipe_free(RtPipe *s);
+/* A buffer of the pipeline's pool for a value of `bytes` bytes (64-byte
+ * multiple, as the memory plan sizes buffers), and its return: the
+ * buffers the memory plan hands over (memplan.h, ext) come from here. */
+void *rt_kenv_pipe_buf(RtKenv *env, size_t bytes);
+void rt_kenv_pipe_unbuf(RtKenv *env, void *buf, size_t bytes);
+/* The stash node k keeps buf, the buffer of its operand (from
+ * rt_kenv_pipe_buf), instead of a copy: from now on the buffer is the
+ * stash's.  0, or -1 after rt_kfail. */
+int rt_stash_keep(RtKctx *k, void *buf);
+/* The unstash node k takes the stashed buffer itself as its result
+ * (*buf; the caller returns it with rt_kenv_pipe_unbuf).  0, or -1 after
+ * rt_kfail. */
+int rt_unstash_take(RtKctx *k, void **buf);
 /* Waits until every send env's program has posted is complete (the peers
  * received them), against the pp group's deadline, and releases their
  * buffers.  0, or -1 with a message. */

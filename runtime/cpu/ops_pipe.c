@@ -16,9 +16,14 @@
  * latest by rt_kenv_pipe_wait_sends, which the trainer calls before "update").
  *
  * Stashes are keyed by (chunk, micro batch, slot): chunk from the block's
- * name (fwd.<g> / bwd.<g>), micro batch from RtRunInfo.micro.  The stash
- * keeps a copy (the operand buffer belongs to the executor); unstash copies
- * it into the node's result and releases it.
+ * name (fwd.<g> / bwd.<g>), micro batch from RtRunInfo.micro.  Where the
+ * memory plan hands the buffer over (memplan.h, ext) there is no copy: the
+ * executor made the stashed value in a buffer of this pool
+ * (rt_kenv_pipe_buf), the stash keeps that buffer (rt_stash_keep) and the
+ * backward block's unstash gets it back as its result (rt_unstash_take),
+ * returned to the pool after its last reader.  Otherwise (a view of a
+ * state, a value stashed twice) the stash keeps a copy and unstash copies
+ * it into the node's result (ref_STASH, ref_UNSTASH).
  *
  * Buffers of both kinds come from a small pool reused by exact size: a
  * step asks for the same sizes in the same order every time, and big
@@ -44,8 +49,9 @@ typedef struct {
   char kind;
   int chunk, micro;
   int64_t key;              /* slot or tag */
-  size_t bytes;
+  size_t bytes;             /* of the value */
   void *data;
+  size_t cap;               /* of the buffer (its pool size) */
 } PipeKept;
 
 typedef struct {
@@ -66,6 +72,11 @@ static RtPipe *pipe_of(RtKenv *e) {
   if (!e->pipe) e->pipe = ts_xcalloc(1, sizeof *e->pipe);
   return e->pipe;
 }
+
+/* A pool buffer's size for a value of `bytes` bytes: as the memory
+ * plan sizes buffers (64-byte multiples, 64 at least), so that a buffer
+ * the plan hands over and one the stash copies into are interchangeable. */
+static size_t pipe_cap(size_t bytes) { return ((bytes ? bytes : 1) + 63) & ~(size_t)63; }
 
 static void *pbuf_get(RtPipe *s, size_t bytes) {
   for (int i = s->pool.n - 1; i >= 0; i--)
@@ -132,7 +143,7 @@ int rt_kenv_pipe_end_step(RtKenv *env, char *err, size_t errlen) {
     ts_errf(err, errlen, "the step ended with %d value%s sent to this rank's own coordinate and never received; "
             "the first: tag %lld from chunk %d, micro batch %d", s->kept.n, s->kept.n == 1 ? "" : "s",
             (long long)e->key, e->chunk, e->micro);
-  for (int i = 0; i < s->kept.n; i++) pbuf_put(s, s->kept.a[i].data, s->kept.a[i].bytes);
+  for (int i = 0; i < s->kept.n; i++) pbuf_put(s, s->kept.a[i].data, s->kept.a[i].cap);
   s->kept.n = 0;
   return -1;
 }
@@ -195,7 +206,7 @@ int ref_SEND(RtKctx *k) {
   memcpy(buf, k->in[0], bytes);
   int to = kpeer(k, size, coord);
   if (to == coord) {   /* the next chunk is on this rank: a local hand-off */
-    PipeKept e = {'m', chunk, micro, k->n->ia[2], bytes, buf};
+    PipeKept e = {'m', chunk, micro, k->n->ia[2], bytes, buf, bytes};
     VEC_PUSH(s->kept, e);
     return 0;
   }
@@ -247,37 +258,74 @@ static PipeKept *find_stash(RtPipe *s, int chunk, int micro, int64_t slot) {
   return NULL;
 }
 
-/* stash x slot=k: kept for (chunk, micro, k) until bwd.<chunk> unstashes it. */
-int ref_STASH(RtKctx *k) {
+void *rt_kenv_pipe_buf(RtKenv *env, size_t bytes) { return pbuf_get(pipe_of(env), pipe_cap(bytes)); }
+
+void rt_kenv_pipe_unbuf(RtKenv *env, void *buf, size_t bytes) {
+  if (buf) pbuf_put(pipe_of(env), buf, pipe_cap(bytes));
+}
+
+/* Keeps buf (a pool buffer of pipe_cap(bytes)) as the stash of node k's
+ * (chunk, micro batch, slot). */
+static int stash_keep(RtKctx *k, void *buf, size_t bytes) {
   int chunk, micro;
   if (kchunk(k, &chunk, &micro)) return -1;
   RtPipe *s = pipe_of(k->env);
   if (find_stash(s, chunk, micro, k->n->ia[0]))
     return rt_kfail(k, "chunk %d, micro batch %d, slot %lld is already stashed (did fwd.%d run twice for this "
                     "micro batch?)", chunk, micro, (long long)k->n->ia[0], chunk);
-  size_t bytes = kbytes(k->it[0]);
-  PipeKept e = {'s', chunk, micro, k->n->ia[0], bytes, pbuf_get(s, bytes)};
-  memcpy(e.data, k->in[0], bytes);
+  PipeKept e = {'s', chunk, micro, k->n->ia[0], bytes, buf, pipe_cap(bytes)};
   VEC_PUSH(s->kept, e);
   return 0;
 }
 
-/* -> the value stashed for (chunk, micro, slot); releases it. */
-int ref_UNSTASH(RtKctx *k) {
+/* The stash of node k's (chunk, micro batch, slot), which must hold
+ * `bytes` bytes, taken out of the stash (its buffer is the caller's now). */
+static PipeKept *stash_take(RtKctx *k, size_t bytes, PipeKept *out) {
   int chunk, micro;
-  if (kchunk(k, &chunk, &micro)) return -1;
+  if (kchunk(k, &chunk, &micro)) return NULL;
   RtPipe *s = pipe_of(k->env);
   PipeKept *e = find_stash(s, chunk, micro, k->n->ia[0]);
-  if (!e)
-    return rt_kfail(k, "nothing stashed for chunk %d, micro batch %d, slot %lld (has fwd.%d run for this micro "
-                    "batch?)", chunk, micro, (long long)k->n->ia[0], chunk);
-  size_t bytes = kbytes(k->ot);
-  if (e->bytes != bytes)
-    return rt_kfail(k, "chunk %d, micro batch %d, slot %lld holds %zu bytes but unstash expects %zu", chunk, micro,
-                    (long long)e->key, e->bytes, bytes);
-  memcpy(k->out, e->data, bytes);
-  pbuf_put(s, e->data, e->bytes);
+  if (!e) {
+    rt_kfail(k, "nothing stashed for chunk %d, micro batch %d, slot %lld (has fwd.%d run for this micro batch?)",
+             chunk, micro, (long long)k->n->ia[0], chunk);
+    return NULL;
+  }
+  if (e->bytes != bytes) {
+    rt_kfail(k, "chunk %d, micro batch %d, slot %lld holds %zu bytes but unstash expects %zu", chunk, micro,
+             (long long)e->key, e->bytes, bytes);
+    return NULL;
+  }
+  *out = *e;
   *e = s->kept.a[--s->kept.n];   /* order of stash entries does not matter */
+  return out;
+}
+
+/* stash x slot=k: a copy kept for (chunk, micro, k) until bwd.<chunk>
+ * unstashes it. */
+int ref_STASH(RtKctx *k) {
+  size_t bytes = kbytes(k->it[0]);
+  void *buf = rt_kenv_pipe_buf(k->env, bytes);
+  memcpy(buf, k->in[0], bytes);
+  if (stash_keep(k, buf, bytes) == 0) return 0;
+  rt_kenv_pipe_unbuf(k->env, buf, bytes);
+  return -1;
+}
+
+int rt_stash_keep(RtKctx *k, void *buf) { return stash_keep(k, buf, kbytes(k->it[0])); }
+
+/* -> a copy of the value stashed for (chunk, micro, slot); releases it. */
+int ref_UNSTASH(RtKctx *k) {
+  PipeKept e;
+  if (!stash_take(k, kbytes(k->ot), &e)) return -1;
+  memcpy(k->out, e.data, e.bytes);
+  pbuf_put(pipe_of(k->env), e.data, e.cap);
+  return 0;
+}
+
+int rt_unstash_take(RtKctx *k, void **buf) {
+  PipeKept e;
+  if (!stash_take(k, kbytes(k->ot), &e)) return -1;
+  *buf = e.data;
   return 0;
 }
 

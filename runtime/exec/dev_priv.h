@@ -82,6 +82,15 @@ int rt_dev_exec_join(RtDevExec *x, char *msg, size_t len);
  * to the pool; a value stashed or handed off and never taken is an
  * error (named).  0, or -1 with a message. */
 int rt_dev_exec_pipe_end(RtDevExec *x, char *msg, size_t len);
+/* The buffers the memory plan hands over (memplan.h, ext) on a CUDA
+ * device: a pool buffer for a value of `bytes` bytes, and its return. */
+int rt_dev_exec_pipe_buf(RtDevExec *x, size_t bytes, void **buf, char *msg, size_t len);
+void rt_dev_exec_pipe_unbuf(RtDevExec *x, void *buf, size_t bytes);
+/* A stash keeping *buf (its operand's buffer, from rt_dev_exec_pipe_buf),
+ * or an unstash taking the stashed buffer into *buf; nothing runs on the
+ * device.  0, or -1 with a message. */
+int rt_dev_exec_handover(RtDevExec *x, const IrBlock *b, const IrNode *nd, const RtRunInfo *info, void **buf,
+                         char *msg, size_t len);
 /* Collectives issued on the comm stream so far, and operations issued on
  * compute while one was in flight. */
 void rt_dev_exec_comm_stats(const RtDevExec *x, long long *collectives, long long *overlapped);

@@ -36,7 +36,7 @@ typedef struct {
 /* The pipeline's device buffers: a stash entry ('s', key chunk / micro /
  * slot) or a local hand-off ('m', key tag); a send's copy until the step
  * ends; the pool they come from, reused by exact size. */
-typedef struct { char kind; int chunk, micro; int64_t key; size_t bytes; void *buf; } DevKept;
+typedef struct { char kind; int chunk, micro; int64_t key; size_t bytes; void *buf; size_t cap; } DevKept;
 typedef struct { RtCommReq *req; void *buf; size_t bytes; } DevSend;
 typedef struct { size_t bytes; void *p; } DevBuf;
 
@@ -359,8 +359,12 @@ out:
  *              coordinate (interleaved chunks): a local hand-off.
  *   recv       the queued sends and this receive as one NCCL group on the
  *              comm stream, pending like a collective.
- *   stash / unstash   a copy into / out of a pool buffer on compute, keyed
- *              by (chunk, micro batch, slot).
+ *   stash / unstash   keyed by (chunk, micro batch, slot): where the
+ *              memory plan hands the buffer over (memplan.h, ext), the
+ *              value was made in a pool buffer (rt_dev_exec_pipe_buf) and
+ *              the stash keeps it, the unstash gives it back as its result
+ *              (rt_dev_exec_handover; nothing runs on the device);
+ *              otherwise a copy into / out of a pool buffer on compute.
  *   group_sum  of at most two members (the tied weights of the first and
  *              last stage): x to the other member and its value into the
  *              comm scratch as one NCCL group, then x + theirs on the comm
@@ -392,6 +396,19 @@ static void pool_put(RtDevExec *x, void *buf, size_t bytes) {
   VEC_PUSH(x->pool, e);
 }
 
+/* A pool buffer's size for a value of `bytes` bytes: the memory plan's
+ * (64-byte multiples, 64 at least), so that buffers it hands over and the
+ * stash's copies are interchangeable. */
+static size_t pipe_cap(size_t bytes) { return ((bytes ? bytes : 1) + 63) & ~(size_t)63; }
+
+int rt_dev_exec_pipe_buf(RtDevExec *x, size_t bytes, void **buf, char *msg, size_t n) {
+  return pool_get(x, pipe_cap(bytes), buf, msg, n);
+}
+
+void rt_dev_exec_pipe_unbuf(RtDevExec *x, void *buf, size_t bytes) {
+  if (buf) pool_put(x, buf, pipe_cap(bytes));
+}
+
 static DevKept *kept_find(RtDevExec *x, char kind, int chunk, int micro, int64_t key) {
   for (int i = 0; i < x->kept.n; i++) {   /* hand-offs: the oldest with the tag */
     DevKept *e = &x->kept.a[i];
@@ -411,6 +428,44 @@ static int copy_ordered(RtDevExec *x, void *dst, const void *src, size_t bytes, 
   return rt_dev_exec_order(x, rw, 2, msg, n) || x->dev->ops->d2d(x->dev, dst, src, bytes, RT_STREAM_COMPUTE, msg, n);
 }
 
+/* stash: keeps *buf (a pool buffer holding the operand's value) for the
+ * node's (chunk, micro batch, slot).  unstash: takes that buffer out,
+ * into *buf (handed over), or copied into *buf (copy) and returned to
+ * the pool.  0, or -1 with a message (the stash's buffer is returned). */
+static int stash_op(RtDevExec *x, const IrBlock *b, const IrNode *nd, const RtRunInfo *info, void **buf, int copy,
+                    char *msg, size_t n) {
+  int bwd, chunk = ir_block_chunk(b, &bwd), micro = info ? info->micro : 0;
+  int64_t slot = nd->ia[0];
+  const IrType *vt = nd->op == IR_OP_STASH ? &b->nodes[nd->in[0]].type : &nd->type;
+  size_t bytes = (size_t)ir_type_numel(vt) * ir_dtype_size(vt->dtype);
+  DevKept *e = kept_find(x, 's', chunk, micro, slot);
+  if (nd->op == IR_OP_UNSTASH) {
+    if (!e || e->bytes != bytes) {
+      snprintf(msg, n, "nothing of %zu bytes stashed for chunk %d, micro batch %d, slot %lld", bytes, chunk, micro,
+               (long long)slot);
+      return -1;
+    }
+    if (!copy) *buf = e->buf;
+    else if (copy_ordered(x, *buf, e->buf, bytes, msg, n) != 0) return -1;
+    else pool_put(x, e->buf, e->cap);
+    kept_drop(x, e);
+    return 0;
+  }
+  if (e) {
+    snprintf(msg, n, "chunk %d, micro batch %d, slot %lld is already stashed", chunk, micro, (long long)slot);
+    pool_put(x, *buf, pipe_cap(bytes));
+    return -1;
+  }
+  DevKept k = {'s', chunk, micro, slot, bytes, *buf, pipe_cap(bytes)};
+  VEC_PUSH(x->kept, k);
+  return 0;
+}
+
+int rt_dev_exec_handover(RtDevExec *x, const IrBlock *b, const IrNode *nd, const RtRunInfo *info, void **buf,
+                         char *msg, size_t n) {
+  return stash_op(x, b, nd, info, buf, 0, msg, n);
+}
+
 static int dev_pipe(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *nd, const void *in, void *out,
                     const RtDevLib *rl, const RtRunInfo *info, char *msg, size_t n) {
   int bwd, chunk = ir_block_chunk(b, &bwd), micro = info ? info->micro : 0;
@@ -418,27 +473,10 @@ static int dev_pipe(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
                          ? &b->nodes[nd->in[0]].type : &nd->type;
   size_t bytes = (size_t)ir_type_numel(vt) * ir_dtype_size(vt->dtype);
   if (nd->op == IR_OP_STASH || nd->op == IR_OP_UNSTASH) {
-    int64_t slot = nd->ia[0];
-    DevKept *e = kept_find(x, 's', chunk, micro, slot);
-    if (nd->op == IR_OP_UNSTASH) {
-      if (!e || e->bytes != bytes) {
-        snprintf(msg, n, "nothing of %zu bytes stashed for chunk %d, micro batch %d, slot %lld", bytes, chunk, micro,
-                 (long long)slot);
-        return -1;
-      }
-      if (copy_ordered(x, out, e->buf, bytes, msg, n) != 0) return -1;
-      pool_put(x, e->buf, e->bytes);
-      kept_drop(x, e);
-      return 0;
-    }
-    if (e) {
-      snprintf(msg, n, "chunk %d, micro batch %d, slot %lld is already stashed", chunk, micro, (long long)slot);
+    void *buf = nd->op == IR_OP_STASH ? NULL : out;
+    if (nd->op == IR_OP_STASH && (pool_get(x, pipe_cap(bytes), &buf, msg, n) || copy_ordered(x, buf, in, bytes, msg, n)))
       return -1;
-    }
-    DevKept k = {'s', chunk, micro, slot, bytes, NULL};
-    if (pool_get(x, bytes, &k.buf, msg, n) || copy_ordered(x, k.buf, in, bytes, msg, n)) return -1;
-    VEC_PUSH(x->kept, k);
-    return 0;
+    return stash_op(x, b, nd, info, &buf, 1, msg, n);
   }
   IrAxis ax = (IrAxis)nd->ia[0];
   int size = rt_program_axis_size(p, ax), coord = rt_program_rank(p)->coord[ax];
@@ -474,7 +512,7 @@ static int dev_pipe(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
     void *buf;
     if (pool_get(x, bytes, &buf, msg, n) || copy_ordered(x, buf, in, bytes, msg, n)) return -1;
     if (peer == coord) {
-      DevKept k = {'m', chunk, micro, tag, bytes, buf};
+      DevKept k = {'m', chunk, micro, tag, bytes, buf, bytes};
       VEC_PUSH(x->kept, k);
       return 0;
     }
@@ -518,7 +556,7 @@ int rt_dev_exec_pipe_end(RtDevExec *x, char *msg, size_t n) {
              e->chunk, e->micro, e->kind == 's' ? "slot" : "tag", (long long)e->key);
     rc = -1;
   }
-  for (int i = 0; i < x->kept.n; i++) pool_put(x, x->kept.a[i].buf, x->kept.a[i].bytes);
+  for (int i = 0; i < x->kept.n; i++) pool_put(x, x->kept.a[i].buf, x->kept.a[i].cap);
   x->kept.n = 0;
   return rc;
 }

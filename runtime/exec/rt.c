@@ -26,8 +26,11 @@
  * INPUT values are copied from the caller's feed into the arena; STATE
  * values alias the slab; effects write the slab; a RESHAPE run alone
  * shares its operand's bytes (no copy) as the plan says.  Kernels never
- * keep a pointer into the arena after they return (a send copies, a stash
- * copies).  Under AddressSanitizer every byte of the arena that holds no
+ * keep a pointer into the arena after they return (a send copies).  The
+ * buffers the pipeline hands over (the plan's ext: a stashed value, an
+ * unstash result) are not in the arena: the executor takes them from the
+ * pipeline's pool, a stash keeps its operand's buffer and the unstash
+ * gives that buffer back (no copy either way; handover()).  Under AddressSanitizer every byte of the arena that holds no
  * live value is poisoned, so a reference kernel reading a dead value (or
  * past the end of a live one) is caught; generated (JIT) code and BLAS are
  * not instrumented, so their reads are not checked.
@@ -92,6 +95,7 @@ struct RtProgram {
   int profile;              /* TS_RT_PROFILE set: time every op */
   double op_s[IR_OP_COUNT]; /* seconds spent per op (when profiling) */
   int64_t op_n[IR_OP_COUNT];
+  long long stash_handed, stash_copied;   /* rt_program_exec_stats */
   RtKenv env;               /* what the kernels see of the program (runtime/cpu/kernels.h): module, rank,
                                host slab, pipeline state (stashes, posted sends), ring_shift posts */
   RtDevExec *dx;            /* on a device (RtExecOpts.dev): its plan and module; the arena is device
@@ -130,6 +134,8 @@ static void print_profile(const RtProgram *p) {
   for (int i = 0; i < IR_OP_COUNT; i++) total += p->op_s[i];
   unsigned char done[IR_OP_COUNT] = {0};
   fprintf(stderr, "rt profile: %.3f s in kernels\n", total);
+  if (p->stash_handed || p->stash_copied)
+    fprintf(stderr, "rt profile: pipeline stashes: %lld handed over, %lld copied\n", p->stash_handed, p->stash_copied);
   for (;;) {
     int best = -1;
     for (int i = 0; i < IR_OP_COUNT; i++)
@@ -271,6 +277,8 @@ void rt_program_exec_stats(const RtProgram *p, RtExecStats *s) {
   memset(s, 0, sizeof *s);
   if (p->jit) *s = *rt_jit_stats(p->jit);
   if (p->dx) rt_dev_exec_comm_stats(p->dx, &s->dev_collectives, &s->dev_overlapped);
+  s->stash_handed = p->stash_handed;
+  s->stash_copied = p->stash_copied;
 }
 
 /* A program on a device: the device plan and module (exec_dev.c), and
@@ -565,7 +573,25 @@ typedef struct {
   int *refs;             /* per buffer owner: values holding the buffer, not yet released */
   unsigned char *held;   /* per value: holds an arena buffer */
   size_t live;           /* bytes of the buffers held now */
+  void **xbuf;           /* per owner of an ext buffer (memplan.h): the pool buffer it holds */
+  unsigned char *kept;   /* per such owner: a stash keeps its buffer (not ours to return) */
 } RtRun;
+
+/* The pipeline pool's buffers for the plan's ext values: the device's on
+ * a CUDA device, the host's (ops_pipe.c, whose kernels then run the
+ * pipeline) on CPU ranks and the emulator. */
+static int dev_pipeline(const RtProgram *p) { return p->dx && !rt_dev_exec_dev(p->dx)->host_memory; }
+
+static int ext_get(RtProgram *p, size_t bytes, void **q, char *msg, size_t n) {
+  if (dev_pipeline(p)) return rt_dev_exec_pipe_buf(p->dx, bytes, q, msg, n);
+  *q = rt_kenv_pipe_buf(&p->env, bytes);
+  return 0;
+}
+
+static void ext_put(RtProgram *p, void *q, size_t bytes) {
+  if (dev_pipeline(p)) rt_dev_exec_pipe_unbuf(p->dx, q, bytes);
+  else rt_kenv_pipe_unbuf(&p->env, q, bytes);
+}
 
 /* Value v's buffer, where the plan puts it; held until its release.
  * NULL with a message if the plan gives v no buffer of its own (the
@@ -575,6 +601,14 @@ static void *claim(RtProgram *p, RtRun *r, const IrBlock *b, int v, char *msg, s
   if (pl->buf[v] != v) {
     snprintf(msg, n, "internal error: the memory plan gives %%%d no buffer of its own", v);
     return NULL;
+  }
+  if (pl->ext[v]) {   /* a pool buffer the pipeline will hand over */
+    void *x;
+    if (ext_get(p, pl->size[v], &x, msg, n) != 0) return NULL;
+    r->buf[v] = r->xbuf[v] = x;
+    r->held[v] = 1;
+    r->refs[v] = 1;
+    return x;
   }
   unsigned char *q = p->arena + pl->offset[v];
   if (!p->dx) RT_UNPOISON(q, value_bytes(&b->nodes[v]));
@@ -600,6 +634,11 @@ static int release(RtProgram *p, RtRun *r, int v, int i, char *msg, size_t n) {
   if (pl->last[o] != i) {
     snprintf(msg, n, "internal error: the buffer of %%%d dies at %%%d but the memory plan says at %%%d", o, i, pl->last[o]);
     return -1;
+  }
+  if (pl->ext[o]) {   /* back to the pool, unless a stash keeps it */
+    if (!r->kept[o]) ext_put(p, r->xbuf[o], pl->size[o]);
+    r->xbuf[o] = NULL;
+    return 0;
   }
   if (!p->dx) RT_POISON(p->arena + pl->offset[o], pl->size[o]);
   r->live -= pl->size[o];
@@ -680,6 +719,38 @@ static int device_output(RtProgram *p, int bi, int i, const IrNode *nd, const vo
          d->ops->d2h(d, &g->slot[i], x, ir_dtype_size(t->dtype), RT_STREAM_COMPUTE, msg, n);
 }
 
+/* A stash whose operand's buffer the plan hands over (keeps it, no copy),
+ * or an unstash whose result is handed over (takes the stashed buffer as
+ * its own).  0 or -1 with a message. */
+static int handover(RtProgram *p, const IrBlock *b, int i, RtRun *r, const RtRunInfo *info, char *msg, size_t n) {
+  const IrNode *nd = &b->nodes[i];
+  const MemPlan *pl = &r->bm->plan;
+  const IrType *it = nd->op == IR_OP_STASH ? &b->nodes[nd->in[0]].type : NULL;
+  const void *in = nd->op == IR_OP_STASH ? r->buf[nd->in[0]] : NULL;
+  RtKctx k = {&p->env, b, nd, info, NULL, &nd->type, &in, &it, msg, n};
+  if (nd->op == IR_OP_STASH) {
+    int o = pl->buf[nd->in[0]];
+    if (!r->xbuf[o]) {
+      snprintf(msg, n, "internal error: the memory plan hands %%%d over but it holds no pool buffer", nd->in[0]);
+      return -1;
+    }
+    if ((dev_pipeline(p) ? rt_dev_exec_handover(p->dx, b, nd, info, &r->xbuf[o], msg, n)
+                         : rt_stash_keep(&k, r->xbuf[o])) != 0)
+      return -1;
+    r->kept[o] = 1;
+    p->stash_handed++;
+    return 0;
+  }
+  void *q = NULL;
+  if ((dev_pipeline(p) ? rt_dev_exec_handover(p->dx, b, nd, info, &q, msg, n) : rt_unstash_take(&k, &q)) != 0)
+    return -1;
+  r->buf[i] = r->xbuf[i] = q;
+  r->held[i] = 1;
+  r->refs[i] = 1;
+  r->kept[i] = 0;
+  return 0;
+}
+
 /* Runs node i of block b; r->buf[] holds the live values.  0 or -1 with a
  * message in msg. */
 static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
@@ -732,6 +803,7 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
     inty[k] = &b->nodes[nd->in[k]].type;
   }
   void *out = NULL;
+  if (nd->op == IR_OP_STASH) p->stash_copied++;   /* (a stash handed over runs handover()) */
   if (!(ir_ops[nd->op].flags & OPF_EFFECT) && !(out = claim(p, r, b, i, msg, n))) {
     if (ind != in_data) { free(ind); free(inty); }
     return -1;
@@ -806,7 +878,8 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
   const int *foff = bm->rel_off, *fval = bm->rel_val;
   const MemPlan *pl = &bm->plan;
   RtRun r = {bm, ts_xcalloc((size_t)b->n + 1, sizeof *r.buf), ts_xcalloc((size_t)b->n + 1, sizeof *r.refs),
-             ts_xcalloc((size_t)b->n + 1, 1), 0};
+             ts_xcalloc((size_t)b->n + 1, 1), 0, ts_xcalloc((size_t)b->n + 1, sizeof *r.xbuf),
+             ts_xcalloc((size_t)b->n + 1, 1)};
   bm->runs++;
   char msg[512];
   int rc = 0;
@@ -834,8 +907,12 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
     } else {
       if (kid >= 0 && jb->k.a[kid].at != i) continue;   /* computed by a kernel later */
       double t0 = p->profile ? now_s() : 0;
-      bad = kid >= 0 ? run_kernel(p, b, &jb->k.a[kid], &r, info, msg, sizeof msg)
-                     : run_node(p, b, i, &r, feeds, nfeeds, info, msg, sizeof msg);
+      const IrNode *nd = &b->nodes[i];
+      int hand = (nd->op == IR_OP_UNSTASH && pl->ext[i]) ||
+                 (nd->op == IR_OP_STASH && nd->nin == 1 && nd->in[0] < i && pl->ext[nd->in[0]]);
+      bad = hand       ? handover(p, b, i, &r, info, msg, sizeof msg)
+            : kid >= 0 ? run_kernel(p, b, &jb->k.a[kid], &r, info, msg, sizeof msg)
+                       : run_node(p, b, i, &r, feeds, nfeeds, info, msg, sizeof msg);
       if (p->profile) {
         p->op_s[b->nodes[i].op] += now_s() - t0;
         p->op_n[b->nodes[i].op]++;
@@ -850,9 +927,13 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
     }
   }
   if (rc != 0 && !p->dx) RT_POISON(p->arena, p->arena_bytes);   /* nothing is live after a run */
+  for (int v = 0; v < b->n; v++)   /* after an error: the pool buffers no stash keeps */
+    if (r.xbuf[v] && !r.kept[v]) ext_put(p, r.xbuf[v], pl->size[v]);
   free(r.buf);
   free(r.refs);
   free(r.held);
+  free(r.xbuf);
+  free(r.kept);
   return rc;
 }
 

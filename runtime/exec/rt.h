@@ -93,6 +93,9 @@ typedef struct {
   long long epilogue_gemms;   /* ... and GEMM epilogues run */
   long long dev_collectives;  /* on a device with NCCL: collectives issued on the comm stream */
   long long dev_overlapped;   /* ... and device operations issued on compute while one was in flight */
+  long long stash_handed;     /* counted as the blocks run, every backend: stashes that kept their
+                                 operand's buffer (the memory plan hands it over, no copy) */
+  long long stash_copied;     /* ... and stashes that copied their operand */
 } RtExecStats;
 void rt_program_exec_stats(const RtProgram *p, RtExecStats *s);
 /* mcc --emit=llvm DIR: the optimized LLVM IR of every distinct kernel the

@@ -314,6 +314,65 @@ static void test_state_views(void) {
   ir_module_free(m);
 }
 
+/* The pipeline's hand-over (memplan.h, ext): a value exactly one stash
+ * reads (directly or through a reshape sharing its bytes) and every
+ * unstash result live outside the arena; a value stashed twice is copied
+ * by each stash and stays in the arena.  All f32[64] = 256 bytes.
+ *   fwd.0: %0 x (stashed through the reshape %6: ext), %1 (stashed once:
+ *          ext), %3 (stashed twice: arena), %8 sumsq (64, arena)
+ *   bwd.0: %0, %1 unstashed (ext), %2 add (arena) */
+static void test_stash_handover(void) {
+  const char *text =
+      "module stash\n"
+      "train lr=0.001 beta1=0.9 beta2=0.95 eps=1e-08 weight_decay=0.1 schedule=constant warmup=0 decay_steps=0 "
+      "min_lr=0.0 clip_grad=0.0 global_batch=1 micro_batch=1 seq_len=4 steps=1 seed=1 precision=f32\n"
+      "parallel tp=1 pp=1 cp=1 ep=1 dp=1 sp=0 zero=1\n"
+      "state @w : f32[64] param init=zeros\n"
+      "state @g : f32[64] grad of=@w\n"
+      "block fwd.0 {\n"
+      "  %0 = input \"x\" : f32[64]\n"
+      "  %1 = exp %0 : f32[64]\n"
+      "  stash %1 slot=0\n"
+      "  %3 = exp %1 : f32[64]\n"
+      "  stash %3 slot=1\n"
+      "  stash %3 slot=2\n"
+      "  %6 = reshape %0 : f32[8, 8]\n"
+      "  stash %6 slot=3\n"
+      "  %8 = sumsq %3 : f32[]\n"
+      "  output \"loss\" %8\n"
+      "}\n"
+      "block bwd.0 {\n"
+      "  %0 = unstash slot=0 : f32[64]\n"
+      "  %1 = unstash slot=1 : f32[64]\n"
+      "  %2 = add %0, %1 : f32[64]\n"
+      "  accum %2 @g\n"
+      "}\n"
+      "end\n";
+  IrModule *m = ir_parse_module(text, "stash.ir", err, sizeof err);
+  if (!m) TS_DIE("parse: %s", err);
+  MemPlan p = plan_ok(m, ir_block_find(m, "fwd.0"));
+  CHECK(p.ext[0] && p.ext[6] && p.buf[6] == 0 && p.ext[1], "stashed once: outside the arena (ext %d %d %d)", p.ext[0],
+        p.ext[6], p.ext[1]);
+  CHECK(!p.ext[3] && !p.ext[8] && p.offset[3] >= 0, "a value stashed twice stays in the arena");
+  CHECK(p.offset[0] == -1 && p.offset[6] == -1 && p.offset[1] == -1, "ext values have no offset");
+  CHECK(p.next == 2 && p.ext_bytes == 512 && p.nbuffers == 2, "%d ext buffers of %zu bytes, %d in the arena", p.next,
+        p.ext_bytes, p.nbuffers);
+  CHECK(p.peak_bytes == 256 + 64 && p.total_bytes == 256 + 64, "peak %zu total %zu: the arena holds %%3 and %%8",
+        p.peak_bytes, p.total_bytes);
+  p.ext[3] = 1;   /* the checker refuses handing over a value two stashes copy */
+  CHECK(plan_mem_check(m, &p, err, sizeof err) != 0 && strstr(err, "does not hand over"), "bad ext accepted: %s", err);
+  p.ext[3] = 0;
+  p.ext[1] = 0;   /* ... and keeping in the arena one the pipeline hands over */
+  CHECK(plan_mem_check(m, &p, err, sizeof err) != 0 && strstr(err, "hands over"), "missing ext accepted: %s", err);
+  plan_mem_free(&p);
+  p = plan_ok(m, ir_block_find(m, "bwd.0"));
+  CHECK(p.ext[0] && p.ext[1] && !p.ext[2], "unstash results are handed over, the add is not");
+  CHECK(p.peak_bytes == 256 && p.next == 2 && p.last[0] == 2 && p.last[1] == 2, "peak %zu, %d ext, live to %d/%d",
+        p.peak_bytes, p.next, p.last[0], p.last[1]);
+  plan_mem_free(&p);
+  ir_module_free(m);
+}
+
 typedef struct { const char *file; int tiny; int64_t params; } Sample;   /* params < 0: not known */
 
 static void test_sample(const Sample *s) {
@@ -388,6 +447,7 @@ int main(void) {
   test_kernel_at();
   test_states_effects();
   test_state_views();
+  test_stash_handover();
   const Sample samples[] = {
     {"gpt.mdl", 1, -1}, {"llama.mdl", 1, -1},
     {"gpt.mdl", 0, 124475904},   /* GPT-2 124M with the vocab padded to 50304 */

@@ -8,6 +8,7 @@
 #    the single-rank run of the same model (its metrics, written by world
 #    rank 0, which holds the first stage: the loss comes from the last
 #    stage over pp and dp), to f32 rounding;
+#  - both ranks hand their stashes over without a copy (TS_RT_PROFILE);
 #  - a pipeline rank killed in step 2 (TS_FAULT_KILL) ends the job, named
 #    by mpirun; a stalled one (TS_FAULT_STALL) makes its pipeline peer time
 #    out in 3 s naming it; both within the bound and leaving no process.
@@ -39,6 +40,12 @@ paste <(loss pp.jsonl) <(loss flat.jsonl) <(gn pp.jsonl) <(gn flat.jsonl) | awk 
   { if (rel($1, $2) > 1e-5 || rel($3, $4) > 1e-4) bad = 1; n++ }
   END { exit !(n == 3 && !bad) }' ||
   { echo "mrun_pipe: pp2 x dp2 losses / grad norms differ from the single rank's:"; paste pp.jsonl flat.jsonl; status=1; }
+
+# 2b. stashes hand their buffers over (the memory plan's ext): every rank
+# counts them, none copied (TS_RT_PROFILE prints the counts per program)
+TS_RT_PROFILE=1 timeout -k 5 60 "$mrun" "$work/pp2.plan" --gpus 2 --steps 1 --quiet --data "$data" >out.txt 2>&1 || status=1
+n=$(grep -cE "pipeline stashes: [1-9][0-9]* handed over, 0 copied" out.txt)
+[ "$n" = 2 ] || { echo "mrun_pipe: want both ranks' stashes handed over, none copied:"; grep "stashes" out.txt; status=1; }
 
 # 3. faults: world rank 1 (pipeline rank 1) fails in step 2
 fault() {   # fault KILL|STALL REGEX

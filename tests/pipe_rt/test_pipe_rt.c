@@ -135,6 +135,12 @@ static void test_local(void) {
     }
   }
   CHECK(rt_pipe_end_step(p, err, sizeof err) == 0, "clean step end: %s", err);
+  /* every stash kept its operand's buffer (the memory plan hands them
+   * over): 3 per micro batch, nothing copied */
+  RtExecStats st;
+  rt_program_exec_stats(p, &st);
+  CHECK(st.stash_handed == 12 && st.stash_copied == 0, "%lld stashes handed over, %lld copied; want 12 and 0",
+        st.stash_handed, st.stash_copied);
 
   /* unstash with nothing stashed: names chunk, micro batch and slot */
   CHECK(run(p, "bwd.1", NULL, 0, 5) != 0, "unstash of nothing must fail");
@@ -159,6 +165,35 @@ static void test_local(void) {
   /* a local recv with nothing sent fails at once instead of waiting forever */
   CHECK(run(p, "fwd.1", NULL, 0, 9) != 0, "recv with nothing sent must fail");
   CHECK(strstr(err, "nothing was sent with that tag") != NULL, "message: %s", err);
+  rt_program_free(p);
+  ir_module_free(m);
+
+  /* a value stashed twice: each stash keeps a copy (the buffer cannot be
+   * handed over twice); the unstashes still take the stashed buffers */
+  m = module("module twice\n%sparallel tp=1 pp=1 cp=1 ep=1 dp=1 sp=0 zero=1\n"
+             "state @out0 : f64[3] param init=zeros\n"
+             "block fwd.0 {\n  %%0 = input \"x\" : f64[3]\n  %%1 = muls %%0 c=2.0 : f64[3]\n"
+             "  stash %%1 slot=0\n  stash %%1 slot=1\n}\n"
+             "block bwd.0 {\n  %%0 = unstash slot=1 : f64[3]\n  %%1 = unstash slot=0 : f64[3]\n"
+             "  %%2 = mul %%0, %%1 : f64[3]\n  assign %%2 @out0\n}\nend\n", hdr);
+  p = rt_program_new(m, err, sizeof err);
+  CHECK(p != NULL, "program: %s", err);
+  for (int mi = 0; p && mi < 2; mi++) {
+    for (int i = 0; i < 3; i++) x[i] = xv(mi, i);
+    CHECK(run(p, "fwd.0", &f, 1, mi) == 0, "fwd.0 micro %d: %s", mi, err);
+    for (int i = 0; i < 3; i++) x[i] = -1;   /* the stash must not read the feed again */
+  }
+  for (int mi = 1; p && mi >= 0; mi--) {
+    CHECK(run(p, "bwd.0", NULL, 0, mi) == 0, "bwd.0 micro %d: %s", mi, err);
+    for (int i = 0; i < 3; i++)
+      CHECK(state(p, "out0")[i] == 4 * xv(mi, i) * xv(mi, i), "micro %d: got %g, want %g", mi, state(p, "out0")[i],
+            4 * xv(mi, i) * xv(mi, i));
+  }
+  if (p) {
+    rt_program_exec_stats(p, &st);
+    CHECK(st.stash_handed == 0 && st.stash_copied == 4, "stashed twice: %lld handed over, %lld copied; want 0 and 4",
+          st.stash_handed, st.stash_copied);
+  }
   rt_program_free(p);
   ir_module_free(m);
 
