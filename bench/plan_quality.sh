@@ -16,9 +16,10 @@
 #     what Megatron-LM's implementation adds: the backward of each
 #     column-parallel linear (QKV, MLP in) all-gathers its input again for
 #     the weight gradient instead of keeping the gathered copy, 2 (t-1)/t
-#     s b h E more: 10 (t-1)/t s b h E.  Tessera does the same by default
-#     (pass remat); the row "sp keep" is `--keep-gathered`, which keeps the
-#     gathered copies (tp's bytes, more memory).
+#     s b h E more: 10 (t-1)/t s b h E.  Tessera's cost model (pass remat:
+#     bytes sent first, then bytes held) keeps the gathered copies by
+#     default (tp's bytes, more memory); the rows "sp regather" are
+#     `--regather`, Megatron's choice (its bytes, the least memory).
 #   comm, cp (ring or all-gather form): 6 (c-1)/c s b h_kv E per layer per
 #     micro batch (k and v forward, k and v again and dk, dv backward; the
 #     all-gather form gathers k, v forward and backward and reduce-scatters
@@ -76,8 +77,8 @@ models=(
 )
 # name|kind|size|flags (kind: tp, cp, dp; dp runs one micro batch per rank;
 # expert parallelism and pipelines have tables of their own below)
-layouts=("tp=1|tp|1|" "tp=4|tp|4|--tp 4" "tp=4 sp|tp|4|--tp 4 --sp" "tp=4 sp keep|tp|4|--tp 4 --sp --keep-gathered"
-         "tp=8|tp|8|--tp 8" "tp=8 sp|tp|8|--tp 8 --sp"
+layouts=("tp=1|tp|1|" "tp=4|tp|4|--tp 4" "tp=4 sp|tp|4|--tp 4 --sp" "tp=4 sp regather|tp|4|--tp 4 --sp --regather"
+         "tp=8|tp|8|--tp 8" "tp=8 sp|tp|8|--tp 8 --sp" "tp=8 sp regather|tp|8|--tp 8 --sp --regather"
          "cp=2 ring|cp|2|--cp 2" "cp=2 allgather|cp|2|--cp 2 --cp-attn allgather" "cp=4 ring|cp|4|--cp 4"
          "dp=2 ZeRO-1|dp|2|--dp 2")
 

@@ -9,6 +9,7 @@ void pass_ctx_init(PassCtx *cx) {
   arena_init(&cx->scratch);
   cx->verify_each = 1;
   cx->print_to = stdout;
+  cx->activation_budget = -1;
 }
 
 void pass_ctx_free(PassCtx *cx) { arena_free(&cx->scratch); }

@@ -18,7 +18,12 @@ typedef struct PassCtx {
   FILE *time_to;             /* --time: per-pass wall times go here; NULL = off */
   int no_fuse;               /* --no-fuse: pass_fuse forms no groups */
   int no_remat;              /* --no-remat: pass_remat recomputes nothing */
-  int keep_gathered;         /* --keep-gathered: pass_remat gathers nothing again (bytes over memory) */
+  /* pass_remat's choice for each gathered value the backward reads (keep
+   * the gathered copy, or gather the shard again): by bytes sent, then
+   * bytes held (passes/remat.c) */
+  int regather;              /* --regather: gather every one again (Megatron's; the least memory) */
+  int64_t activation_budget; /* --activation-budget: the most bytes a micro batch may hold across its
+                                backward per pipeline stage, or -1 (no limit: every copy is kept) */
   /* pipeline partition overrides (pass "partition"; vpp and the schedule
    * are in m->par): --pp-layers (layers per chunk) and --pp-layout */
   const int *pp_layers;

@@ -65,7 +65,13 @@ static void usage(FILE *f) {
           "  --no-fuse              no fusion groups (every node its own kernel; for comparisons)\n"
           "  --no-remat             keep every value the backward reads instead of recomputing the cheap ones\n"
           "  --max-source-bytes N   refuse an MDL source (or import) larger than N bytes (default 16 MiB)\n"
-          "  --keep-gathered        keep all-gathered GEMM inputs (sp) for the backward instead of gathering again\n"
+          "  --activation-budget B  the most bytes a micro batch may hold across its backward, per pipeline\n"
+          "                         stage (suffix K, M, G: KiB, MiB, GiB): gathered values (sp) are kept for\n"
+          "                         the backward only while they fit, the rest gathered again (default: no\n"
+          "                         limit, every gathered copy is kept: it sends fewer bytes)\n"
+          "  --regather             gather every gathered value again for the backward (Megatron's sp: the\n"
+          "                         least memory, more bytes sent)\n"
+          "  --keep-gathered        keep every gathered value for the backward (the default without a budget)\n"
           "  --dump-ir=all DIR      write the IR after every pass to DIR/NN-<pass>.ir\n"
           "  --dump-ir=PASS DIR     ... after one pass only\n"
           "  --print-ir-after=PASS  print the IR after PASS to stdout\n"
@@ -136,6 +142,7 @@ typedef struct {
   const char *pp_layout;     /* --pp-layout STR */
   VEC(int) pp_layers;        /* --pp-layers A,B,... */
   int vpp;                   /* --vpp V; 0: 1 or the layout's */
+  int keep_gathered;         /* --keep-gathered (the default; refused with --regather / --activation-budget) */
 } Args;
 
 /* --report schedule or --emit=trace: the pipeline views (pp > 1 allowed). */
@@ -192,7 +199,21 @@ static int parse_args(int argc, char **argv, Args *a) {
       a->mdl.max_source_bytes = (size_t)v;
       continue;
     }
-    if (strcmp(s, "--keep-gathered") == 0) { a->cx->keep_gathered = 1; continue; }
+    if (strcmp(s, "--keep-gathered") == 0) { a->keep_gathered = 1; continue; }
+    if (strcmp(s, "--regather") == 0) { a->cx->regather = 1; continue; }
+    if (strcmp(s, "--activation-budget") == 0) {
+      NEED_ARG(s);
+      char *e;
+      errno = 0;
+      unsigned long long v = strtoull(next, &e, 10);
+      unsigned long long mul = *e == 'K' ? 1ull << 10 : *e == 'M' ? 1ull << 20 : *e == 'G' ? 1ull << 30 : 1;
+      if (mul > 1) e++;
+      if (!*next || next[0] == '-' || *e || errno || v > (unsigned long long)INT64_MAX / mul)
+        return usage_error("--activation-budget expects a byte count (suffix K, M or G for KiB, MiB, GiB), got '%s'",
+                           next);
+      a->cx->activation_budget = (int64_t)(v * mul);
+      continue;
+    }
     if (strcmp(s, "--cp-attn") == 0) {
       NEED_ARG(s);
       if (strcmp(next, "ring") && strcmp(next, "allgather"))
@@ -273,6 +294,9 @@ static int parse_args(int argc, char **argv, Args *a) {
   }
   if (!a->input) return usage_error("%s", "no input file");
   if (a->check && a->report) return usage_error("%s", "--check and --report do not go together");
+  if (a->keep_gathered + a->cx->regather + (a->cx->activation_budget >= 0) > 1)
+    return usage_error("%s", "--keep-gathered, --regather and --activation-budget each decide what is kept for the "
+                             "backward: give one of them");
   /* the partition pass reads the overrides from the pass context */
   a->cx->pp_layers = a->pp_layers.n ? a->pp_layers.a : NULL;
   a->cx->pp_nlayers = a->pp_layers.n;
@@ -654,7 +678,8 @@ static IrModule *compile_quiet(const Args *a, const MdlOptions *o, int dp) {
   cx.verify_each = a->cx->verify_each;
   cx.no_fuse = a->cx->no_fuse;
   cx.no_remat = a->cx->no_remat;
-  cx.keep_gathered = a->cx->keep_gathered;
+  cx.regather = a->cx->regather;
+  cx.activation_budget = a->cx->activation_budget;
   cx.cp_attn_allgather = a->cx->cp_attn_allgather;
   IrModule *m = compile(a, o, dp, &cx, NULL);
   pass_ctx_free(&cx);

@@ -45,6 +45,11 @@ usage)
   run 2 "$MCC" samples/gpt.mdl --tp zero && has "$TMP/err" "expected a positive size"
   run 2 "$MCC" samples/gpt.mdl --precision bf16 && has "$TMP/err" "f32 or f64"
   run 2 "$MCC" samples/gpt.mdl samples/llama.mdl && has "$TMP/err" "more than one input file"
+  for b in -1 12Q 1T "" 99999999999G; do
+    run 2 "$MCC" samples/gpt.mdl --activation-budget "$b" && has "$TMP/err" "--activation-budget expects a byte count"
+  done
+  run 2 "$MCC" samples/gpt.mdl --regather --activation-budget 8M && has "$TMP/err" "give one of them"
+  run 2 "$MCC" samples/gpt.mdl --keep-gathered --regather && has "$TMP/err" "give one of them"
   run 2 "$MCC" samples/gpt.mdl --print-ir-after=autodif &&
     has "$TMP/err" "unknown pass 'autodif'" && has "$TMP/err" "frontend, partition, autodiff, shard, remat, pipeline, optimizer, dce"
   run 0 "$MCC" --help && has "$TMP/out" "usage: mcc FILE.mdl" && has "$TMP/out" "--dump-ir=all DIR"

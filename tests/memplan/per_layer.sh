@@ -6,14 +6,16 @@
 # at tp 1 and at tp 4 + sp: the micro block's arena peak (mcc --report
 # memory: what mrun allocates) grows by at most that per added layer (9
 # layers minus 8, where the layers and not the head set the peak), and so
-# do the bytes held for the backward (live at the loss).  Compile only:
+# do the bytes held for the backward (live at the loss); with sp both with
+# the gathered copies kept (the default) and gathered again (--regather,
+# the least memory).  Compile only:
 # exact.  Before the weight-gradient, view and remat work of issue 18 the
 # growth was 50.4 MB (tp 1) and 34.6 MB (tp 4 + sp) against 18.9 / 4.7.
 set -u
 MCC=$1 SRC=$2
 fail=0
 row() { awk -v l="$1" 'index($0, "  " l) == 1 { print $(NF-1); exit }'; }
-for layout in "1|" "4|--tp 4 --sp"; do
+for layout in "1|" "4|--tp 4 --sp" "4|--tp 4 --sp --regather"; do
   IFS='|' read -r t flags <<<"$layout"
   s=256 h=1024
   limit=$((72 * s * h / t))

@@ -54,11 +54,11 @@ train() {   # name plan gpus backend
     > "$1.out" 2> "$1.err" || { die "mrun $1: $(tail -3 "$1.err")"; return 1; }
 }
 D="-D layers=2 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=4 -D micro_batch=2 --precision f64"
-for layout in "gpt 1" "gpt 2 --tp 2 --sp" "gpt 2 --pp 2" "llama 1" "llama 2 --tp 2 --sp"; do
+for layout in "gpt 1" "gpt 2 --tp 2 --sp" "gpt 2 --tp 2 --sp --regather" "gpt 2 --tp 2 --sp --activation-budget 140000" "gpt 2 --pp 2" "llama 1" "llama 2 --tp 2 --sp --regather"; do
   set -- $layout
   model=$1 g=$2; shift 2
   DD="$D"; [ $model = llama ] && DD="$D -D kv_heads=2 -D ffn=64"
-  name="${model}_$g${1:-}${2:-}${3:-}"; name=${name//-/}
+  name="${model}_$g$(printf %s "$*" | tr -d " -")"
   "$MCC" "$SRC/samples/$model.mdl" $DD "$@" -o $name.plan 2> err.txt &&
     "$MCC" "$SRC/samples/$model.mdl" $DD "$@" --no-remat -o $name.keep.plan 2>> err.txt || { die "$name: mcc: $(cat err.txt)"; continue; }
   train $name.remat $name.plan $g ref && train $name.keep $name.keep.plan $g ref || continue

@@ -5,7 +5,8 @@
 # communication node of the plan is listed with a note from the pass that
 # made it (none says "no note recorded"), the total equals --report comm's,
 # and the notes say what they should: the matmul rule's byte weighing, the
-# ring, remat's gathering again (and not with --keep-gathered), ZeRO-1, the
+# ring, remat's cost model (copies kept by default, gathered again with
+# --regather or past --activation-budget), ZeRO-1, the
 # pipeline's messages, the tied embedding's group_sum, expert dispatch;
 # and --report comm's uniform-routing figure for expert dispatch.
 set -uo pipefail
@@ -28,11 +29,27 @@ check() {   # name model want-patterns(|-separated, each must appear) -- flags
   for w in $want; do grep -q -- "$w" <<<"$ex" || fail "$name: no note saying '$w'"; done
   echo "$name: $n communication nodes, each with its note"
 }
-check "gpt tp2 sp dp2" gpt "gathered again for the backward|ZeRO-1: the gradient of|ZeRO-1: token_embedding.wte is re-assembled|cross entropy over vocabulary-split logits|it is a partial sum" \
+check "gpt tp2 sp dp2" gpt "kept for the backward (pass remat: gathering again would send|ZeRO-1: the gradient of|ZeRO-1: token_embedding.wte is re-assembled|cross entropy over vocabulary-split logits|it is a partial sum" \
   "${tiny[@]}" --tp 2 --sp --dp 2
 check "gpt tp2 sp --keep-gathered" gpt "reads the add" "${tiny[@]}" --tp 2 --sp --keep-gathered
-"$mcc" "$src/samples/gpt.mdl" "${tiny[@]}" --tp 2 --sp --keep-gathered --explain-sharding 2>&1 | grep -q "gathered again" &&
-  fail "--keep-gathered: something is still gathered again"
+for k in "" --keep-gathered; do
+  "$mcc" "$src/samples/gpt.mdl" "${tiny[@]}" --tp 2 --sp $k --explain-sharding 2>&1 | grep -q "gathered again" &&
+    fail "gpt tp2 sp ${k:-(no budget)}: something is gathered again"
+done
+check "gpt tp2 sp --regather" gpt "gathered again for the backward instead of held across it (pass remat: --regather)" \
+  "${tiny[@]}" --tp 2 --sp --regather
+"$mcc" "$src/samples/gpt.mdl" "${tiny[@]}" --tp 2 --sp --regather --explain-sharding 2>&1 | grep -q "kept for the backward" &&
+  fail "--regather: a gathered copy is kept"
+# a budget between the two: some copies kept, the rest gathered again, and
+# the held bytes between --regather's and the default's
+held() { "$mcc" "$src/samples/gpt.mdl" "${tiny[@]}" --tp 2 --sp "$@" --report memory | awk '/block micro: held for the backward/ { print $(NF-1); exit }'; }
+lo=$(held --regather) hi=$(held)
+mid=$(( (lo + hi) / 2 ))
+check "gpt tp2 sp --activation-budget $mid" gpt "within --activation-budget|over --activation-budget $mid" \
+  "${tiny[@]}" --tp 2 --sp --activation-budget $mid
+got=$(held --activation-budget $mid)
+[ -n "$lo" ] && [ "$lo" -lt "$got" ] && [ "$got" -lt "$hi" ] && [ "$got" -le "$mid" ] ||
+  fail "--activation-budget $mid: held $got bytes, want within the budget and between --regather's $lo and the default's $hi"
 check "llama cp2 ring" llama "ring attention under cp|ring attention's backward under cp" \
   "${tiny[@]}" -D kv_heads=2 -D ffn=128 --cp 2
 check "llama cp2 allgather" llama "reads the" "${tiny[@]}" -D kv_heads=2 -D ffn=128 --cp 2 --cp-attn allgather
