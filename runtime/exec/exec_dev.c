@@ -680,7 +680,7 @@ static int adamw_run(RtDevExec *x, RtProgram *p, const IrBlock *b, const RtJitKe
 /* The GEMM(s) of matmul node mm into c: C = op(A) op(B) (+ bias per
  * column when bias is not NULL). */
 static int gemm(RtDevExec *x, const IrBlock *b, const IrNode *mm, const void *A, const void *B, void *C,
-                const void *bias, char *msg, size_t n) {
+                const void *bias, double beta, char *msg, size_t n) {
   int64_t M, N, K, batch;
   int shared;
   if (rt_gemm_shape(b, mm, &M, &N, &K, &batch, &shared) != 0) {
@@ -709,7 +709,7 @@ static int gemm(RtDevExec *x, const IrBlock *b, const IrNode *mm, const void *A,
     g.stride_a = g.stride_c = 0;
   }
   g.alpha = 1;
-  g.beta = 0;
+  g.beta = beta;
   g.a = A;
   g.b = B;
   g.c = C;
@@ -733,7 +733,13 @@ int rt_dev_exec_kernel(RtDevExec *x, RtProgram *p, int bi, const RtJitKernel *K,
   }
   if (K->gemm_mm) {   /* A, B, bias -> the add's value */
     const IrNode *mm = &b->nodes[K->gemm_mm - 1];
-    return gemm(x, b, mm, bufs[0], bufs[1], bufs[3], bufs[2], msg, n);
+    return gemm(x, b, mm, bufs[0], bufs[1], bufs[3], bufs[2], 0, msg, n);
+  }
+  if (K->accum_from) {   /* a weight gradient's GEMM adding into its state: C = A B + C */
+    const IrNode *mm = &b->nodes[K->accum_from - 1], *acc = &b->nodes[K->at];
+    void *C = rt_state_dev(p, (int)acc->ia[0]);
+    RtDevRange r = {C, value_bytes(mm)};
+    return rt_dev_exec_order(x, &r, 1, msg, n) || gemm(x, b, mm, bufs[0], bufs[1], C, NULL, 1, msg, n);
   }
   CgCudaArgs a;
   memset(&a, 0, sizeof a);
@@ -774,7 +780,7 @@ int rt_dev_exec_node(RtDevExec *x, RtProgram *p, int bi, int i, const void *cons
   if (x->npend && db->kind[i] != RT_DS_COMM && node_order(x, p, b, nd, in, out, msg, n) != 0) return -1;
   switch (db->kind[i]) {
   case RT_DS_GEMM:
-    return gemm(x, b, nd, in[0], in[1], out, NULL, msg, n);
+    return gemm(x, b, nd, in[0], in[1], out, NULL, 0, msg, n);
   case RT_DS_COMM: {
     if (!x->dev->host_memory) {
       const RtDevLib *rl = db->lib[i] >= 0 ? &x->plan->lib.a[db->lib[i]] : NULL;

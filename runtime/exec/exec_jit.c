@@ -392,10 +392,15 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
   plan_adamw_runs(b, run_at);
   int *attn_at = ts_xmalloc((size_t)(n ? n : 1) * sizeof *attn_at);
   int *acc_at = ts_xmalloc((size_t)(n ? n : 1) * sizeof *acc_at);
-  if (J->cuda) for (int i = 0; i < n; i++) attn_at[i] = acc_at[i] = -1;   /* the device: a kernel per node */
-  else {
+  plan_accum_direct_runs(b, acc_at);
+  if (J->cuda) {   /* the device: a kernel per node, but a weight gradient's GEMM adds into its state (beta = 1) */
+    for (int i = 0; i < n; i++) attn_at[i] = -1;
+    for (int i = 0; i < n; i++)
+      if (acc_at[i] >= 0 && b->nodes[i].op == IR_OP_EMBEDDING_BWD)   /* its kernel zeroes what it writes */
+        for (int j = i, a = acc_at[i]; j <= a; j++)
+          if (acc_at[j] == a) acc_at[j] = -1;
+  } else {
     plan_attn_grad_runs(b, attn_at);
-    plan_accum_direct_runs(b, acc_at);
   }
   int rc = 0;
   for (int i = 0; i < n && rc == 0; i++) {

@@ -515,7 +515,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   RtTrainOpts dflt = {0};
   if (!o) o = &dflt;
   FILE *log = o->log ? o->log : stdout;
-  RtTrainResult rs = {0, NAN, NAN, NAN, 0, 0};
+  RtTrainResult rs = {0, NAN, NAN, NAN, 0, 0, 0};
   /* a pipeline stage's program has fwd.<g> / bwd.<g> blocks instead of micro */
   int piped = ir_axis_size(m, IR_AXIS_PP) > 1;
   int mb = ir_block_find(m, "micro"), ub = ir_block_find(m, "update");
@@ -674,6 +674,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   rt_program_exec_stats(r.prog, &es);
   rs.dev_collectives = es.dev_collectives;
   rs.dev_overlapped = es.dev_overlapped;
+  rs.accum_direct = es.accum_direct;
   run_free(&r);
   if (rc == 0 && r.metrics_err[0]) rc = ts_errf(err, errlen, "%s", r.metrics_err);
   if (res) *res = rs;

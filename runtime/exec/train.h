@@ -72,6 +72,7 @@ typedef struct {
    * operations issued on compute while one was still in flight (so
    * overlapping it). */
   long long dev_collectives, dev_overlapped;
+  int accum_direct;          /* gradients the program makes straight into their state (RtExecStats) */
 } RtTrainResult;
 
 /* Trains m for m->train.steps steps: per step, global_batch / micro_batch

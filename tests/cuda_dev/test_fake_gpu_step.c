@@ -161,6 +161,9 @@ int main(int argc, char **argv) {
    * work: nothing is there to overlap (until the schedule posts receives
    * early).  Every other layout's collectives overlap compute. */
   CHECK(res.dev_collectives > 0, "no collective on the comm stream");
+  /* weight gradients whose GEMM adds into the state (beta = 1) */
+  printf("rank %d: %d gradients made straight into their state on the device\n", me, res.accum_direct);
+  CHECK(res.accum_direct > 0, "no weight gradient's GEMM adds into its state on the device");
   if (plan->mesh.pp <= 1) CHECK(res.dev_overlapped > 0, "no collective overlapped compute");
   CHECK(emu_launches > 0, "no kernel ran");
   CHECK(nops > 0, "no NCCL operation");
