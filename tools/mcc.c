@@ -149,6 +149,19 @@ typedef struct {
 static int pipe_views(const Args *a) { return a->trace || (a->report && strcmp(a->report, "schedule") == 0); }
 
 /* Returns -1 to continue, or the exit code (0 for --help/--version). */
+/* A byte count: decimal digits, with suffixes K / M / G (KiB, MiB, GiB)
+ * when allowed; at most INT64_MAX.  0, or -1 for anything else. */
+static int parse_bytes(const char *s, int suffixes, unsigned long long *out) {
+  char *e;
+  errno = 0;
+  if (!*s || *s < '0' || *s > '9') return -1;
+  unsigned long long v = strtoull(s, &e, 10), mul = 1;
+  if (suffixes && (*e == 'K' || *e == 'M' || *e == 'G')) mul = 1ull << (*e == 'K' ? 10 : *e == 'M' ? 20 : 30), e++;
+  if (*e || errno || v > (unsigned long long)INT64_MAX / mul) return -1;
+  *out = v * mul;
+  return 0;
+}
+
 static int parse_args(int argc, char **argv, Args *a) {
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
@@ -191,10 +204,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--no-remat") == 0) { a->cx->no_remat = 1; continue; }
     if (strcmp(s, "--max-source-bytes") == 0) {
       NEED_ARG(s);
-      char *e;
-      errno = 0;
-      unsigned long long v = strtoull(next, &e, 10);
-      if (!*next || *e || errno || v < 1 || next[0] == '-')
+      unsigned long long v;
+      if (parse_bytes(next, 0, &v) != 0 || v < 1)
         return usage_error("--max-source-bytes expects a positive byte count, got '%s'", next);
       a->mdl.max_source_bytes = (size_t)v;
       continue;
@@ -203,15 +214,11 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--regather") == 0) { a->cx->regather = 1; continue; }
     if (strcmp(s, "--activation-budget") == 0) {
       NEED_ARG(s);
-      char *e;
-      errno = 0;
-      unsigned long long v = strtoull(next, &e, 10);
-      unsigned long long mul = *e == 'K' ? 1ull << 10 : *e == 'M' ? 1ull << 20 : *e == 'G' ? 1ull << 30 : 1;
-      if (mul > 1) e++;
-      if (!*next || next[0] == '-' || *e || errno || v > (unsigned long long)INT64_MAX / mul)
+      unsigned long long v;
+      if (parse_bytes(next, 1, &v) != 0)
         return usage_error("--activation-budget expects a byte count (suffix K, M or G for KiB, MiB, GiB), got '%s'",
                            next);
-      a->cx->activation_budget = (int64_t)(v * mul);
+      a->cx->activation_budget = (int64_t)v;
       continue;
     }
     if (strcmp(s, "--cp-attn") == 0) {

@@ -8,7 +8,8 @@
  * are doubles, and so are the sums that make them.  An f32 model thus runs
  * its attention on sgemm, as its other matmuls do.
  *
- * Tiles: queries in tiles of ATTN_TQ rows, keys of ATTN_TK; the scores of one
+ * Tiles: queries in tiles of ATTN_TQ rows, keys of ATTN_TK (the whole
+ * backward takes up to ATTN_TK_ROW keys as one tile); the scores of one
  * tile pair, s[nq, nk] = scale Q_t K_t^T, are one small GEMM into a
  * per-thread buffer, so the only score storage is [ATTN_TQ, ATTN_TK].
  * Masked scores are -inf and their probabilities exactly 0. */
@@ -131,8 +132,8 @@ static void FN(fwd_range)(void *jp, int64_t lo, int64_t hi) {
  *   dq += scale ds k,   dk += scale ds q,   dv += p do,
  * for the outputs that are not NULL: DQ this head's [Tq, D] rows, DK / DV
  * the kv head's [Tk, D].  Q, G (do) are the head's rows, K, V the kv
- * head's, lse / drow the head's [Tq].  s, dp: [ATTN_TQ, ATTN_TK]
- * tiles.  Each output accumulates tile by tile in (query tile, key tile)
+ * head's, lse / drow the head's [Tq].  Key tiles of tk rows (ATTN_TK, or
+ * every key at once when lse is NULL); s, dp: [ATTN_TQ, tk] tiles.  Each output accumulates tile by tile in (query tile, key tile)
  * order, whichever others are computed alongside, so one part alone and
  * all three together give the same bits. */
 typedef struct {
@@ -141,18 +142,19 @@ typedef struct {
   const double *lse, *drow;
   const int64_t *qpos, *kpos;
   T *DQ, *DK, *DV;
+  int64_t tk;   /* key rows per tile */
 } FN(HeadGrad);
 
 static void FN(head_grads)(const FN(HeadGrad) *g, T *s, T *dp) {
-  /* lse NULL: every row's keys fit one tile (Tk <= ATTN_TK, the caller's
+  /* lse NULL: every row's keys fit one tile (Tk <= tk, the caller's
    * promise), so its probabilities come from the tile itself */
   const AttnDims *d = g->d;
   int64_t D = d->D;
   int need_ds = g->DQ || g->DK;
   for (Tile t = {0}; t.i0 < d->Tq; t.i0 += ATTN_TQ) {
     t.nq = d->Tq - t.i0 < ATTN_TQ ? d->Tq - t.i0 : ATTN_TQ;
-    for (t.j0 = 0; t.j0 < d->Tk; t.j0 += ATTN_TK) {
-      t.nk = d->Tk - t.j0 < ATTN_TK ? d->Tk - t.j0 : ATTN_TK;
+    for (t.j0 = 0; t.j0 < d->Tk; t.j0 += g->tk) {
+      t.nk = d->Tk - t.j0 < g->tk ? d->Tk - t.j0 : g->tk;
       if (!FN(tile_scores)(d, &t, g->Q, g->K, g->qpos, g->kpos, s)) continue;
       if (need_ds)
         GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t.nq, (int)t.nk, (int)D, 1, g->G + t.i0 * D, (int)D,
@@ -198,7 +200,7 @@ static FN(HeadGrad) FN(head_of)(const AttnBwdJob *j, int64_t b, int64_t h, const
   int64_t D = d->D, hk = h / (d->Hq / d->Hkv), bh = b * d->Hq + h, bk = b * d->Hkv + hk;
   FN(HeadGrad) g = {d, (const T *)j->q + bh * d->Tq * D, (const T *)j->dout + bh * d->Tq * D,
                     (const T *)j->k + bk * d->Tk * D, (const T *)j->v + bk * d->Tk * D, lse, drow, j->qpos,
-                    j->kpos, NULL, NULL, NULL};
+                    j->kpos, NULL, NULL, NULL, ATTN_TK};
   if (want_q && j->dq) g.DQ = (T *)j->dq + bh * d->Tq * D;
   if (want_kv && j->dk) g.DK = (T *)j->dk + bk * d->Tk * D;
   if (want_kv && j->dv) g.DV = (T *)j->dv + bk * d->Tk * D;
@@ -229,7 +231,9 @@ static void FN(bwd_kv_range)(void *jp, int64_t lo, int64_t hi) {
   const AttnDims *d = &j->d;
   int64_t grp = d->Hq / d->Hkv, Tq = d->Tq, D = d->D;
   int whole = j->lse == NULL;
-  T *s = ts_xmalloc(2 * ATTN_TQ * ATTN_TK * sizeof *s);
+  /* the whole backward with few keys: one tile per row, no log-sum-exp pass */
+  int64_t tk = whole && d->Tk <= ATTN_TK_ROW && d->Tk > ATTN_TK ? d->Tk : ATTN_TK;
+  T *s = ts_xmalloc(2 * ATTN_TQ * tk * sizeof *s);
   double *row = whole ? ts_xmalloc((size_t)(3 * Tq + 1) * sizeof *row) : NULL;
   for (int64_t bk = lo; bk < hi; bk++) {
     int64_t b = bk / d->Hkv, hk = bk % d->Hkv;
@@ -238,7 +242,7 @@ static void FN(bwd_kv_range)(void *jp, int64_t lo, int64_t hi) {
       const double *lse, *drow;
       if (whole) {
         double *m = row, *l = row + Tq, *dr = row + 2 * Tq;
-        if (d->Tk > ATTN_TK) {   /* several key tiles per row: their log-sum-exp first */
+        if (d->Tk > tk) {   /* several key tiles per row: their log-sum-exp first */
           for (int64_t i = 0; i < Tq; i++) { m[i] = -INFINITY; l[i] = 0; }
           AttnFwdJob f = {*d, j->dt, j->q, j->k, j->v, j->qpos, j->kpos, NULL, NULL, NULL};
           FN(fwd_head)(&f, bh, m, l, NULL, s);
@@ -250,14 +254,15 @@ static void FN(bwd_kv_range)(void *jp, int64_t lo, int64_t hi) {
           for (int64_t e = 0; e < D; e++) acc += (double)G[i * D + e] * (double)O[i * D + e];
           dr[i] = acc;
         }
-        lse = d->Tk > ATTN_TK ? m : NULL;   /* NULL: head_grads takes each row's from its tile */
+        lse = d->Tk > tk ? m : NULL;   /* NULL: head_grads takes each row's from its tile */
         drow = dr;
       } else {
         lse = j->lse + bh * Tq;
         drow = j->drow + bh * Tq;
       }
       FN(HeadGrad) g = FN(head_of)(j, b, h, lse, drow, whole, 1);
-      FN(head_grads)(&g, s, s + ATTN_TQ * ATTN_TK);
+      g.tk = tk;
+      FN(head_grads)(&g, s, s + ATTN_TQ * tk);
     }
   }
   free(row);

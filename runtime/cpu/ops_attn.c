@@ -46,6 +46,10 @@
 #ifndef ATTN_TK
 #define ATTN_TK 64            /* key rows per tile */
 #endif
+#ifndef ATTN_TK_ROW
+#define ATTN_TK_ROW 512       /* the whole backward takes up to this many keys as ONE tile per row: its
+                                 softmax then comes from the tile, with no log-sum-exp pass first */
+#endif
 
 /* ---- operands ---- */
 

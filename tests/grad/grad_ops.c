@@ -238,14 +238,17 @@ static int b_rope(Cx *c, const Case *k) {
  * causal, 2 heads, 5 positions; v = 1: grouped-query (4 query heads over 2
  * kv heads), not causal, 3 queries against 4 keys; v = 2: causal GQA;
  * v = 3: causal, 70 positions (two key tiles of the online softmax, so the
- * rescaling between tiles is differentiated too). */
+ * rescaling between tiles is differentiated too; the backward takes the 70
+ * keys as one tile); v = 4: not causal, 3 queries against 530 keys, head
+ * size 1 (more keys than the backward takes as one tile, ATTN_TK_ROW: its
+ * log-sum-exp pass first). */
 static int b_attention(Cx *c, const Case *k) {
-  int Hq = k->v == 0 || k->v == 3 ? 2 : 4, Hkv = 2, Tq = k->v == 1 ? 3 : k->v == 3 ? 70 : 5;
-  int Tk = k->v == 1 ? 4 : Tq, Dh = k->v == 3 ? 2 : 3;
+  int Hq = k->v == 0 || k->v >= 3 ? 2 : 4, Hkv = 2, Tq = k->v == 1 || k->v == 4 ? 3 : k->v == 3 ? 70 : 5;
+  int Tk = k->v == 1 ? 4 : k->v == 4 ? 530 : Tq, Dh = k->v == 3 ? 2 : k->v == 4 ? 1 : 3;
   int q = param(c, T(4, 2, Hq, Tq, Dh), D_NORMAL);
   int kk = param(c, T(4, 2, Hkv, Tk, Dh), D_NORMAL);
   int v = param(c, T(4, 2, Hkv, Tk, Dh), D_NORMAL);
-  int64_t ia[2] = {k->v != 1, 0};
+  int64_t ia[2] = {k->v != 1 && k->v != 4, 0};
   double scale = 0.7;
   return E(c, IR_OP_ATTENTION, 3, (int[]){q, kk, v}, ia, &scale, NULL, NULL);
 }
@@ -410,6 +413,7 @@ static const Case cases[] = {
   {"attention gqa", IR_OP_ATTENTION, b_attention, 1, NULL, 0, NULL},
   {"attention gqa causal", IR_OP_ATTENTION, b_attention, 2, NULL, 0, NULL},
   {"attention 2 tiles", IR_OP_ATTENTION, b_attention, 3, NULL, 0, NULL},
+  {"attention 9 key tiles", IR_OP_ATTENTION, b_attention, 4, NULL, 0, NULL},
   {"rope inverse", IR_OP_ROPE, b_rope, 1, NULL, 0, NULL},
   {"rope 2-D", IR_OP_ROPE, b_rope, 2, NULL, 0, NULL},
   {"cross_entropy", IR_OP_CROSS_ENTROPY, b_cross_entropy, 0, NULL, 0, NULL},
