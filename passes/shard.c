@@ -909,6 +909,19 @@ static int shard_params(Sh *S) {
       }
     }
   }
+  int ep = ir_axis_size(m, IR_AXIS_EP), split = 0;
+  for (int s = 0; s < m->states.n && ep > 1 && !split; s++)
+    split = m->states.a[s].kind == IR_STATE_PARAM && ax_get(&m->states.a[s].sh, IR_AXIS_EP) != AX_R;
+  if (ep > 1 && !split) {   /* a layout flag that splits nothing is refused, not ignored */
+    char dims[256] = "";
+    for (int r = 0; r < m->rules.n; r++)
+      if (m->rules.a[r].axes & BIT(IR_AXIS_EP) && strlen(dims) + strlen(m->rules.a[r].dim) + 4 < sizeof dims)
+        snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s'%s'", dims[0] ? ", " : "", m->rules.a[r].dim);
+    return sh_fail(S, "ep = %d splits nothing: no parameter has a dim ruled to ep (%s%s); expert parallelism "
+                   "splits the experts of a mixture-of-experts layer (rules { experts: ep }). For data "
+                   "parallelism use --dp %d", ep, dims[0] ? "the rules give ep " : "the rules give ep no dim",
+                   dims, ep);
+  }
   return 0;
 }
 

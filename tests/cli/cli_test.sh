@@ -78,7 +78,10 @@ parallel)
   run 0 "$MCC" samples/llama.mdl $TINY_LLAMA --cp 2 --emit=ir && has "$TMP/out" "all_gather" &&
     has "$TMP/out" "parallel tp=1 pp=1 cp=2"
   run 1 "$MCC" samples/llama.mdl $TINY_LLAMA -D seq_len=6 --cp 2 && has "$TMP/err" "dim 'seq' = 6 is not divisible by 2 x cp = 4"
-  run 0 "$MCC" samples/llama.mdl $TINY_LLAMA --ep 2 --emit=ir && has "$TMP/out" "parallel tp=1 pp=1 cp=1 ep=2"
+  # --ep on a model without experts splits nothing: refused, with what would work
+  run 1 "$MCC" samples/llama.mdl $TINY_LLAMA --ep 2 --emit=ir && has "$TMP/err" "ep = 2 splits nothing" &&
+    has "$TMP/err" "For data parallelism use --dp 2"
+  run 0 "$MCC" samples/moe.mdl -D layers=1 --ep 2 --emit=ir && has "$TMP/out" "parallel tp=1 pp=1 cp=1 ep=2"
   run 1 "$MCC" samples/gpt.mdl $TINY_GPT --sp -o "$TMP/sp.plan" && has "$TMP/err" "mcc: error: sequence parallelism" &&
     has "$TMP/err" "tp=1"
   [ -e "$TMP/sp.plan" ] && fail "an sp plan without tp was written"
