@@ -262,6 +262,10 @@ IrModule *ir_parse_module(const char *text, const char *fname, char *err, size_t
  * a module ends with the line `end` (see docs/ir.md). */
 IrModule *ir_parse_module_at(const char *text, size_t *pos, int *line, const char *fname,
                              char *err, size_t errlen);
+/* ir_parse_module_at for a plan's program: its `train` and `parallel`
+ * lines are required (a module without them would train with defaults). */
+IrModule *ir_parse_program_at(const char *text, size_t *pos, int *line, const char *fname,
+                              char *err, size_t errlen);
 void ir_print_dot(const IrModule *m, StrBuf *out);
 
 const char *ir_state_kind_name(IrStateKind k);    /* "param", "grad", "adam_m", "adam_v" */

@@ -627,14 +627,14 @@ static int parse_block(P *p) {
 }
 
 /* module NAME, header lines, states, blocks, `end` (or end of text). */
-static IrModule *parse_module(P *p, int need_end_or_eof) {
+static IrModule *parse_module(P *p, int need_end_or_eof, int need_sections) {
   if (!next_item(p)) return PERR("expected 'module'"), NULL;
   int mline = p->line;
   if (expect_word(p, "module")) return NULL;
   const char *name = word(p, "a module name");
   if (!name || expect_eol(p)) return NULL;
   p->m = ir_module_new(name);
-  int seen_block = 0, ok = 0;
+  int seen_block = 0, ok = 0, seen_train = 0, seen_par = 0;
   for (;;) {
     if (!next_item(p)) {
       if (need_end_or_eof) { ok = 1; break; }
@@ -658,14 +658,19 @@ static IrModule *parse_module(P *p, int need_end_or_eof) {
       perr_at(p, kline, kcol, "'%s' must come before the blocks", kw);
       break;
     } else if (!strcmp(kw, "const")) r = parse_const(p);
-    else if (!strcmp(kw, "train")) r = parse_train(p);
-    else if (!strcmp(kw, "parallel")) r = parse_parallel(p);
+    else if (!strcmp(kw, "train")) r = parse_train(p), seen_train = 1;
+    else if (!strcmp(kw, "parallel")) r = parse_parallel(p), seen_par = 1;
     else if (!strcmp(kw, "state")) r = parse_state(p);
     else if (!strcmp(kw, "rule")) r = parse_rule(p);
     else { perr_at(p, kline, kcol, "unknown line '%s'", kw); break; }
     if (r) break;
   }
   if (ok && !seen_block && resolve_ofs(p)) ok = 0;
+  if (ok && need_sections && (!seen_train || !seen_par)) {
+    perr_at(p, mline, 1, "module %s has no '%s' line (a plan's program states its training settings and its layout; "
+            "recompile the plan with mcc)", name, !seen_train ? "train" : "parallel");
+    ok = 0;
+  }
   if (ok) {
     char msg[512];
     if (ir_verify(p->m, msg, sizeof msg)) { perr_at(p, mline, 1, "module %s: %s", name, msg); ok = 0; }
@@ -677,22 +682,32 @@ static IrModule *parse_module(P *p, int need_end_or_eof) {
   return p->m;
 }
 
-IrModule *ir_parse_module_at(const char *text, size_t *pos, int *line, const char *fname,
-                             char *err, size_t errlen) {
+static IrModule *parse_at(const char *text, size_t *pos, int *line, const char *fname, char *err, size_t errlen,
+                          int need_sections) {
   /* *line counts the lines before *pos (which starts a line), as the plan
    * text reader keeps it; our own counter is the 1-based line at pos. */
   P p = {.s = text, .pos = *pos, .line_start = *pos, .line = *line + 1, .fname = fname, .err = err,
          .errlen = errlen};
   if (err && errlen) err[0] = 0;
-  IrModule *m = parse_module(&p, 0);
+  IrModule *m = parse_module(&p, 0, need_sections);
   if (m) { *pos = p.pos; *line = p.line - 1; }
   return m;
+}
+
+IrModule *ir_parse_module_at(const char *text, size_t *pos, int *line, const char *fname,
+                             char *err, size_t errlen) {
+  return parse_at(text, pos, line, fname, err, errlen, 0);
+}
+
+IrModule *ir_parse_program_at(const char *text, size_t *pos, int *line, const char *fname,
+                              char *err, size_t errlen) {
+  return parse_at(text, pos, line, fname, err, errlen, 1);
 }
 
 IrModule *ir_parse_module(const char *text, const char *fname, char *err, size_t errlen) {
   P p = {.s = text, .line = 1, .fname = fname, .err = err, .errlen = errlen};
   if (err && errlen) err[0] = 0;
-  IrModule *m = parse_module(&p, 1);
+  IrModule *m = parse_module(&p, 1, 0);
   if (m && next_item(&p)) {
     perr_at(&p, p.line, col_of(&p, p.pos), "unexpected text after the end of module %s", m->name);
     ir_module_free(m);

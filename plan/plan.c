@@ -1172,7 +1172,7 @@ static int parse_text_programs(Tx *t, Plan *p) {
     if (r < 0) { rc = -1; break; }
     if (parse_kv_line(line, "program") != progs.n) { rc = tx_fail(t, "expected 'program %d'", progs.n); break; }
     tx_skip_blank(t);
-    IrModule *m = ir_parse_module_at(t->text, &t->pos, &t->line, t->fname, t->err, t->errlen);
+    IrModule *m = ir_parse_program_at(t->text, &t->pos, &t->line, t->fname, t->err, t->errlen);
     if (!m) rc = -1;
     else VEC_PUSH(progs, m);
   }

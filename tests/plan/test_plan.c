@@ -152,6 +152,22 @@ static void test_roundtrips(void) {
     plan_print_text(q, &text3);
     CHECK(same(&text, &text3), "text of the decoded plan differs");
   }
+  /* a program without its train or parallel line is refused (it would
+   * train with the defaults), naming the line that is missing */
+  for (int k = 0; k < 2; k++) {
+    const char *key = k ? "\nparallel " : "\ntrain ";
+    const char *at = strstr(text.p, key);
+    CHECK(at != NULL, "the text has no%s line", key);
+    if (!at) continue;
+    const char *eol = strchr(at + 1, '\n');
+    StrBuf cut = {0};
+    sb_printf(&cut, "%.*s%s", (int)(at - text.p), text.p, eol);
+    Plan *bad = plan_parse_text(cut.p, "cut.plan.txt", err, sizeof err);
+    CHECK(!bad && strstr(err, k ? "has no 'parallel' line" : "has no 'train' line"), "a program without%s: %s", key,
+          bad ? "accepted" : err);
+    plan_free(bad);
+    sb_free(&cut);
+  }
 
   /* files: binary and text both load through plan_read */
   char path[1024];
