@@ -249,6 +249,13 @@ int ir_value_materialized(const IrBlock *b, int i);
  * arity, attrs, every result type equal to its shape rule, state references
  * valid.  0 = ok; -1 with "block %s, %%N = op: message". */
 int ir_verify(const IrModule *m, char *err, size_t errlen);
+/* The rules of a complete training module (one with block "update", as
+ * mcc emits it and mrun runs it): every gradient state is added to by at
+ * least one effect of the per-micro-batch blocks ("micro", or the
+ * pipeline's "bwd.<g>") and zeroed exactly once in "update"; every
+ * parameter with a gradient is updated by exactly one adamw there.  A
+ * module without "update" passes.  0, or -1 naming the state. */
+int ir_verify_training(const IrModule *m, char *err, size_t errlen);
 
 /* Text form; ir_parse_module(ir_print_module(m)) prints identically. */
 void ir_print_module(const IrModule *m, StrBuf *out);

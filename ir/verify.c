@@ -330,3 +330,44 @@ int ir_verify(const IrModule *m, char *err, size_t errlen) {
   }
   return verify_pipeline(m, err, errlen);
 }
+
+int ir_verify_training(const IrModule *m, char *err, size_t errlen) {
+  if (err && errlen) err[0] = 0;
+  int ub = ir_block_find(m, "update");
+  if (ub < 0) return 0;
+  int ns = m->states.n;
+  int *added = ts_xcalloc((size_t)(ns ? ns : 1), sizeof *added), *zeroed = ts_xcalloc((size_t)(ns ? ns : 1), sizeof *zeroed),
+      *updated = ts_xcalloc((size_t)(ns ? ns : 1), sizeof *updated);
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    int bwd = 0, per_micro = strcmp(b->name, "micro") == 0 || (ir_block_chunk(b, &bwd) >= 0 && bwd);
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *n = &b->nodes[i];
+      int64_t s = n->ia[0];
+      if (s < 0 || s >= ns) continue;
+      if (per_micro && n->op == IR_OP_ACCUM) added[s]++;
+      if (bi == ub && n->op == IR_OP_ZERO) zeroed[s]++;
+      if (bi == ub && n->op == IR_OP_ADAMW) updated[s]++;
+    }
+  }
+  int rc = 0;
+  for (int s = 0; s < ns && rc == 0; s++) {
+    const IrState *g = &m->states.a[s];
+    if (g->kind != IR_STATE_GRAD) continue;
+    const char *p = g->of >= 0 && g->of < ns ? m->states.a[g->of].name : "?";
+    if (!added[s])
+      rc = ts_errf(err, errlen, "gradient @%s is never accumulated (no accum in the micro-batch blocks): parameter "
+                   "@%s would be trained on a gradient of zero", g->name, p);
+    else if (zeroed[s] != 1)
+      rc = ts_errf(err, errlen, "gradient @%s is zeroed %d times in block update (once per step is the rule: %s)",
+                   g->name, zeroed[s], zeroed[s] ? "a second zero loses the step's gradient" :
+                   "without it the gradients of every step add up");
+    else if (g->of >= 0 && g->of < ns && updated[g->of] != 1)
+      rc = ts_errf(err, errlen, "parameter @%s is updated by %d adamw nodes in block update (exactly one is the rule)",
+                   p, updated[g->of]);
+  }
+  free(added);
+  free(zeroed);
+  free(updated);
+  return rc;
+}

@@ -158,5 +158,8 @@ int pass_run_pipeline(IrModule *m, PassCtx *cx) {
     checks += now_ms() - t2;
   }
   if (cx->time_to) fprintf(cx->time_to, "time: %-12s %9.1f ms\n", "checks", checks);
+  char why[1024];
+  if (ir_verify_training(m, why, sizeof why) != 0)   /* a pass lost or doubled a gradient's bookkeeping */
+    return cx_fail(cx, "internal error after the passes: %s", why);
   return 0;
 }

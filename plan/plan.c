@@ -665,7 +665,7 @@ static int check_plan(const Plan *p, const char *what, char *err, size_t errlen)
                 what, ax[0], ax[1], ax[2], ax[3], ax[4], (unsigned long long)size, p->nranks);
   for (int i = 0; i < p->nprograms; i++) {
     char verr[1024];
-    if (ir_verify(p->programs[i], verr, sizeof verr) != 0)
+    if (ir_verify(p->programs[i], verr, sizeof verr) != 0 || ir_verify_training(p->programs[i], verr, sizeof verr) != 0)
       return ts_errf(err, errlen, "%s: program %d is invalid: %s", what, i, verr);
   }
   for (int i = 0; i < p->nimages; i++) {

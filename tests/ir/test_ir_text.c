@@ -401,6 +401,56 @@ static void test_verifier(void) {
   ir_module_free(m);
 }
 
+/* ir_verify_training: every gradient accumulated per micro batch and
+ * zeroed once per step, every parameter updated once. */
+static void test_verify_training(void) {
+  const char *text =
+      "module t\n"
+      "train lr=0.001 beta1=0.9 beta2=0.95 eps=1e-08 weight_decay=0.1 schedule=constant warmup=0 decay_steps=0 "
+      "min_lr=0.0 clip_grad=0.0 global_batch=1 micro_batch=1 seq_len=4 steps=1 seed=1 precision=f32\n"
+      "parallel tp=1 pp=1 cp=1 ep=1 dp=0 sp=0 zero=1\n"
+      "state @w : f32[4] param init=zeros\n"
+      "state @v : f32[4] param init=zeros\n"
+      "state @grad.w : f32[4] grad of=@w\n"
+      "state @grad.v : f32[4] grad of=@v\n"
+      "state @adam_m.w : f32[4] adam_m of=@w\n"
+      "state @adam_v.w : f32[4] adam_v of=@w\n"
+      "state @adam_m.v : f32[4] adam_m of=@v\n"
+      "state @adam_v.v : f32[4] adam_v of=@v\n"
+      "block micro {\n"
+      "  %0 = input \"x\" : f32[4]\n"
+      "  accum %0 @grad.w\n"
+      "  accum %0 @grad.v\n"
+      "}\n"
+      "block update {\n"
+      "  %0 = state @grad.w : f32[4]\n"
+      "  %1 = state @grad.v : f32[4]\n"
+      "  %2 = sumsq %0 : f32[]\n"
+      "  adamw %2, %0 @w @adam_m.w @adam_v.w b1=0.9 b2=0.95 eps=1e-08 wd=0.1\n"
+      "  adamw %2, %1 @v @adam_m.v @adam_v.v b1=0.9 b2=0.95 eps=1e-08 wd=0.1\n"
+      "  zero @grad.w\n"
+      "  zero @grad.v\n"
+      "}\n"
+      "end\n";
+  char err[512] = "";
+  IrModule *m = ir_parse_module(text, "t", err, sizeof err);
+  CHECK(m != NULL, "parse: %s", err);
+  if (!m) return;
+  CHECK(ir_verify_training(m, err, sizeof err) == 0, "a complete module: %s", err);
+  IrNode *acc = &m->blocks.a[0].nodes[2], *zero = &m->blocks.a[1].nodes[6], *up = &m->blocks.a[1].nodes[4];
+  acc->ia[0] = 2;   /* both accums into @grad.w: @grad.v never accumulated */
+  CHECK(ir_verify_training(m, err, sizeof err) != 0 && strstr(err, "gradient @grad.v is never accumulated"), "%s", err);
+  acc->ia[0] = 3;
+  zero->ia[0] = 2;  /* @grad.w zeroed twice, @grad.v never */
+  CHECK(ir_verify_training(m, err, sizeof err) != 0 && strstr(err, "gradient @grad.w is zeroed 2 times"), "%s", err);
+  zero->ia[0] = 3;
+  up->ia[0] = 0;    /* @w updated twice, @v never */
+  CHECK(ir_verify_training(m, err, sizeof err) != 0 && strstr(err, "parameter @w is updated by 2 adamw"), "%s", err);
+  up->ia[0] = 1;
+  CHECK(ir_verify_training(m, err, sizeof err) == 0, "restored: %s", err);
+  ir_module_free(m);
+}
+
 static void test_docs_table(void) {
   StrBuf md = {0};
   ir_ops_markdown(&md);
@@ -476,6 +526,7 @@ int main(int argc, char **argv) {
   test_parse_errors();
   test_parse_mangled();
   test_verifier();
+  test_verify_training();
   test_docs_table();
   return check_exit("test_ir_text");
 }

@@ -17,7 +17,8 @@ static const char *tmpdir;
  * non-default train/parallel, states of every kind with dim names, string
  * attrs needing escapes, a list attr (perm), a -0.0 float attr, effects
  * with state refs, two blocks.
- *   forward: x[batch:2, in:4] @ w[in:4, out:3] -> permute -> muls -> sumsq -> output
+ *   micro: x[batch:2, in:4] @ w[in:4, out:3] -> permute -> muls -> sumsq -> output,
+ *          and x^T (x w) accumulated into the gradient of w
  *   update:  adamw on w, zero grad. */
 static IrModule *make_module(void) {
   IrModule *m = ir_module_new("tiny");
@@ -45,7 +46,7 @@ static IrModule *make_module(void) {
   int sv = ir_state_add(m, &av);
 
   char err[512];
-  int fb = ir_block_add(m, "forward");
+  int fb = ir_block_add(m, "micro");
   IrType tx = {IR_F32, 2, {2, 4}, {ts_intern("batch"), ts_intern("in")}};
   int x = ir_emit(m, fb, IR_OP_INPUT, NULL, 0, NULL, NULL, "x \"quoted\" \\ #not a comment", &tx, err, sizeof err);
   int64_t ia_w[1] = {sw};
@@ -58,7 +59,14 @@ static IrModule *make_module(void) {
   int ms = ir_emit(m, fb, IR_OP_MULS, &pm, 1, NULL, negzero, NULL, NULL, err, sizeof err);
   int sq = ir_emit(m, fb, IR_OP_SUMSQ, &ms, 1, NULL, NULL, NULL, NULL, err, sizeof err);
   int o = ir_emit(m, fb, IR_OP_OUTPUT, &sq, 1, NULL, NULL, "loss", NULL, err, sizeof err);
-  TS_ASSERT(x >= 0 && ws >= 0 && mm >= 0 && pm >= 0 && ms >= 0 && sq >= 0 && o >= 0);
+  /* a gradient for @w.in_proj, x^T (x w): the module is a complete training
+   * module (ir_verify_training) */
+  int in_g[2] = {x, mm};
+  int64_t ta[2] = {1, 0};
+  int gw = ir_emit(m, fb, IR_OP_MATMUL, in_g, 2, ta, NULL, NULL, NULL, err, sizeof err);
+  int64_t ia_acc[1] = {sg};
+  int acc = ir_emit(m, fb, IR_OP_ACCUM, &gw, 1, ia_acc, NULL, NULL, NULL, err, sizeof err);
+  TS_ASSERT(x >= 0 && ws >= 0 && mm >= 0 && pm >= 0 && ms >= 0 && sq >= 0 && o >= 0 && gw >= 0 && acc >= 0);
 
   int ub = ir_block_add(m, "update");
   IrType scalar = {IR_F32, 0, {0}, {NULL}};
@@ -130,7 +138,7 @@ static void test_roundtrips(void) {
     plan_encode(q, &bin2);
     CHECK(same(&bin, &bin2), "encode(decode(b)) differs (%zu vs %zu bytes)", bin.n, bin2.n);
     const IrModule *m = q->programs[0];
-    CHECK(m->blocks.n == 2 && m->blocks.a[0].n == 7 && m->states.n == 5, "decoded shape of the module");
+    CHECK(m->blocks.n == 2 && m->blocks.a[0].n == 9 && m->states.n == 5, "decoded shape of the module");
     CHECK(signbit(m->blocks.a[0].nodes[4].fa[0]), "-0.0 attr lost its sign");
     CHECK(m->train.seed == 0xfedcba9876543210ull, "seed %llx", (unsigned long long)m->train.seed);
     CHECK(strcmp(q->source, p->source) == 0, "source '%s'", q->source);
