@@ -431,7 +431,7 @@ static int copy_ordered(RtDevExec *x, void *dst, const void *src, size_t bytes, 
 /* stash: keeps *buf (a pool buffer holding the operand's value) for the
  * node's (chunk, micro batch, slot).  unstash: takes that buffer out,
  * into *buf (handed over), or copied into *buf (copy) and returned to
- * the pool.  0, or -1 with a message (the stash's buffer is returned). */
+ * the pool.  0, or -1 with a message (a stash's buffer stays the caller's). */
 static int stash_op(RtDevExec *x, const IrBlock *b, const IrNode *nd, const RtRunInfo *info, void **buf, int copy,
                     char *msg, size_t n) {
   int bwd, chunk = ir_block_chunk(b, &bwd), micro = info ? info->micro : 0;
@@ -453,7 +453,6 @@ static int stash_op(RtDevExec *x, const IrBlock *b, const IrNode *nd, const RtRu
   }
   if (e) {
     snprintf(msg, n, "chunk %d, micro batch %d, slot %lld is already stashed", chunk, micro, (long long)slot);
-    pool_put(x, *buf, pipe_cap(bytes));
     return -1;
   }
   DevKept k = {'s', chunk, micro, slot, bytes, *buf, pipe_cap(bytes)};
@@ -472,11 +471,16 @@ static int dev_pipe(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
   const IrType *vt = nd->op == IR_OP_SEND || nd->op == IR_OP_STASH || nd->op == IR_OP_GROUP_SUM
                          ? &b->nodes[nd->in[0]].type : &nd->type;
   size_t bytes = (size_t)ir_type_numel(vt) * ir_dtype_size(vt->dtype);
-  if (nd->op == IR_OP_STASH || nd->op == IR_OP_UNSTASH) {
-    void *buf = nd->op == IR_OP_STASH ? NULL : out;
-    if (nd->op == IR_OP_STASH && (pool_get(x, pipe_cap(bytes), &buf, msg, n) || copy_ordered(x, buf, in, bytes, msg, n)))
-      return -1;
+  if (nd->op == IR_OP_UNSTASH) {   /* copied out of the stash into the result */
+    void *buf = out;
     return stash_op(x, b, nd, info, &buf, 1, msg, n);
+  }
+  if (nd->op == IR_OP_STASH) {     /* a copy kept: returned to the pool if it cannot be */
+    void *buf;
+    if (pool_get(x, pipe_cap(bytes), &buf, msg, n) != 0) return -1;
+    if (copy_ordered(x, buf, in, bytes, msg, n) == 0 && stash_op(x, b, nd, info, &buf, 1, msg, n) == 0) return 0;
+    pool_put(x, buf, pipe_cap(bytes));
+    return -1;
   }
   IrAxis ax = (IrAxis)nd->ia[0];
   int size = rt_program_axis_size(p, ax), coord = rt_program_rank(p)->coord[ax];

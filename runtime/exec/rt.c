@@ -30,8 +30,9 @@
  * buffers the pipeline hands over (the plan's ext: a stashed value, an
  * unstash result) are not in the arena: the executor takes them from the
  * pipeline's pool, a stash keeps its operand's buffer and the unstash
- * gives that buffer back (no copy either way; handover()).  Under AddressSanitizer every byte of the arena that holds no
- * live value is poisoned, so a reference kernel reading a dead value (or
+ * gives that buffer back (no copy either way; handover()).  Under
+ * AddressSanitizer every byte of the arena that holds no live value is
+ * poisoned, so a reference kernel reading a dead value (or
  * past the end of a live one) is caught; generated (JIT) code and BLAS are
  * not instrumented, so their reads are not checked.
  * Backends (RtExecOpts): with the reference one every node runs its
