@@ -8,7 +8,10 @@
 #include "rt_test.h"
 #include "passes/passes.h"
 #include "runtime/exec/train.h"
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static char err[2048];
 
@@ -679,7 +682,29 @@ static void test_train(const char *mrun) {
   ir_module_free(m);
 }
 
+/* The data and mrun tests write files: they run in a scratch directory of
+ * their own (never the caller's directory), kept when a check fails so
+ * rt_mrun.out can be read, removed when every check passes. */
+static char scratch[] = "/tmp/ts_rt_exec.XXXXXX";
+
+static void scratch_enter(void) {
+  TS_ASSERT(mkdtemp(scratch) && chdir(scratch) == 0);
+}
+
+static void scratch_leave(int failed) {
+  if (failed) {
+    fprintf(stderr, "test_rt_exec: files kept in %s\n", scratch);
+    return;
+  }
+  char cmd[256];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", scratch);
+  if (chdir("/") != 0 || system(cmd) != 0) fprintf(stderr, "test_rt_exec: could not remove %s\n", scratch);
+}
+
 int main(int argc, char **argv) {
+  char mrun[4096] = "";
+  if (argc > 1 && !realpath(argv[1], mrun)) snprintf(mrun, sizeof mrun, "%s", argv[1]);
+  scratch_enter();
   test_executor();
   test_attn_grads();
   test_init();
@@ -693,6 +718,8 @@ int main(int argc, char **argv) {
   write_corpus("rt_split.txt", 5000);
   test_train_split_input();
   test_data();
-  test_train(argc > 1 ? argv[1] : NULL);
-  return check_exit("test_rt_exec");
+  test_train(mrun[0] ? mrun : NULL);
+  int rc = check_exit("test_rt_exec");
+  scratch_leave(rc != 0);
+  return rc;
 }
