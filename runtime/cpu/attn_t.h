@@ -1,31 +1,37 @@
 /* attn_t.h - the tile loops of attention (attn_priv.h), written once and
- * included twice by ops_attn.c: with T = float, SUF = f32, GEMM =
- * cblas_sgemm, EXPROW = attn_exp_row_f32 (ops_attn.c: a polynomial the
- * compiler vectorizes), and with T = double, SUF = f64, GEMM =
- * cblas_dgemm, EXPROW = attn_exp_row_f64 (libm's exp).  Tensors (q, k, v, o, do, the accumulator and
- * the gradients) and the score tiles are in T; the per-row statistics (the
- * running max m and sum l, the log-sum-exp, the softmax backward's row sum)
- * are doubles, and so are the sums that make them.  An f32 model thus runs
- * its attention on sgemm, as its other matmuls do.
+ * included per dtype and instruction set (attn_isa.h, from ops_attn.c):
+ * with T = float, SUF = f32, GEMM = cblas_sgemm, EXPROW =
+ * attn_exp_row_f32 (ops_attn.c: a polynomial the compiler vectorizes), and
+ * with T = double, SUF = f64, GEMM = cblas_dgemm, EXPROW =
+ * attn_exp_row_f64 (libm's exp); ISA names the build (base, v3).  Tensors
+ * (q, k, v, o, do, the accumulator and the gradients) and the score tiles
+ * are in T; the per-row statistics (the running max m and sum l, the
+ * log-sum-exp, the softmax backward's row sum) are doubles, and so are the
+ * sums that make them.  An f32 model thus runs its attention on sgemm, as
+ * its other matmuls do.
  *
  * Tiles: queries in tiles of ATTN_TQ rows, keys of ATTN_TK (the whole
  * backward takes up to ATTN_TK_ROW keys as one tile); the scores of one
  * tile pair, s[nq, nk] = scale Q_t K_t^T, are one small GEMM into a
  * per-thread buffer, so the only score storage is [ATTN_TQ, ATTN_TK].
  * Masked scores are -inf and their probabilities exactly 0. */
-#ifndef T
-#error "include attn_t.h from ops_attn.c with T, SUF, GEMM and EXPROW defined"
+#if !defined(T) || !defined(ISA)
+#error "include attn_t.h from ops_attn.c with T, SUF, ISA, GEMM and EXPROW defined"
 #endif
 
-#define FN(name) RT_CAT(name, SUF)
+#define FN(name) RT_CAT(RT_CAT(name, SUF), ISA)
 
 /* s = scale * Q_t K_t^T with the causal mask applied; returns whether any
  * score of the tile is unmasked.  Trailing keys every query of the tile
  * masks are dropped from it (t->nk shrinks: their probabilities would be
  * 0), so a wide key tile on the diagonal computes little that is masked.
+ * vis[r] (r < t->nq): row r's scores past its first vis[r] are all masked
+ * (-inf), so the row loops stop there (a causal row on the diagonal sees
+ * half the tile); keys out of order leave masked scores inside that
+ * prefix too, which the loops handle as -inf.
  * q: rows of this (b, h), [Tq, D]; k: the kv head's rows [Tk, D]. */
-static int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T *k, const int64_t *qpos,
-                           const int64_t *kpos, T *s) {
+ATTN_INLINE int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T *k, const int64_t *qpos,
+                                const int64_t *kpos, T *s, int64_t *vis) {
   int mask = 0;
   if (d->causal) {   /* positions need not be sorted (cp's zigzag): bound them */
     int64_t qmin = INT64_MAX, qmax = INT64_MIN, kmin = INT64_MAX, kmax = INT64_MIN;
@@ -43,6 +49,7 @@ static int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T *k, c
   }
   GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->nq, (int)t->nk, (int)d->D, (T)d->scale, q + t->i0 * d->D,
        (int)d->D, k + t->j0 * d->D, (int)d->D, 0, s, (int)t->nk);
+  for (int64_t r = 0; r < t->nq; r++) vis[r] = t->nk;
   if (!mask) return 1;
   const int64_t *kp = kpos + t->j0;
   int sorted = 1;
@@ -58,6 +65,7 @@ static int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T *k, c
         else lo = mid + 1;
       }
       for (int64_t c = lo; c < t->nk; c++) sr[c] = -INFINITY;
+      vis[r] = lo;
     } else {
       for (int64_t c = 0; c < t->nk; c++)
         if (kp[c] > qp) sr[c] = -INFINITY;
@@ -68,7 +76,7 @@ static int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T *k, c
 
 /* x[0] + ... + x[n-1] in double, in four partial sums (no chain of
  * dependent adds) */
-static double FN(row_sum)(const T *x, int64_t n) {
+ATTN_INLINE double FN(row_sum)(const T *x, int64_t n) {
   double part[4] = {0, 0, 0, 0};
   int64_t c = 0;
   for (; c + 4 <= n; c += 4)
@@ -77,26 +85,49 @@ static double FN(row_sum)(const T *x, int64_t n) {
   return (part[0] + part[1]) + (part[2] + part[3]);
 }
 
+/* The softmax numerators of a score row s[0, n) whose scores past vis are
+ * masked: s = exp(s - m) over the prefix, exactly 0 past it.  With m the
+ * row's max this is the tile's own softmax, unnormalised; with the
+ * log-sum-exp it is the probability itself. */
+ATTN_INLINE void FN(row_exp)(T *sr, int64_t vis, int64_t n, T m) {
+  EXPROW(sr, vis, m);   /* a masked score inside the prefix (keys out of order): exp(-inf) = 0 */
+  for (int64_t c = vis; c < n; c++) sr[c] = 0;
+}
+
+/* max(s[0, n)), -inf when every score is masked; in eight running maxima
+ * (independent lanes: one chain of dependent compares is what it costs
+ * otherwise) */
+ATTN_INLINE T FN(row_max)(const T *sr, int64_t n) {
+  T part[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8)
+    for (int u = 0; u < 8; u++) part[u] = sr[c + u] > part[u] ? sr[c + u] : part[u];
+  for (; c < n; c++) part[0] = sr[c] > part[0] ? sr[c] : part[0];
+  T mt = part[0];
+  for (int u = 1; u < 8; u++) mt = part[u] > mt ? part[u] : mt;
+  return mt;
+}
+
 /* ---- the forward: online softmax over one block of keys ----
  * For head bh (b * Hq + h): its rows M, L ([Tq]) and, when A is not NULL,
  * its unnormalised output [Tq, D].  A row that has seen no key
  * yet has m = -inf, l = 0 and acc = 0; rows that see no key of this block
  * are left as they are.  s is a per-thread [ATTN_TQ, ATTN_TK] tile. */
-static void FN(fwd_head)(const AttnFwdJob *j, int64_t bh, double *M, double *L, T *A, T *s) {
+ATTN_INLINE void FN(fwd_head)(const AttnFwdJob *j, int64_t bh, double *M, double *L, T *A, T *s) {
   const AttnDims *d = &j->d;
   int64_t D = d->D, grp = d->Hq / d->Hkv;
   int64_t b = bh / d->Hq, h = bh % d->Hq, hk = h / grp;
   const T *K = (const T *)j->k + (b * d->Hkv + hk) * d->Tk * D, *V = (const T *)j->v + (b * d->Hkv + hk) * d->Tk * D;
   const T *Q = (const T *)j->q + bh * d->Tq * D;
+  int64_t vis[ATTN_TQ];
   for (Tile t = {0}; t.i0 < d->Tq; t.i0 += ATTN_TQ) {
     t.nq = d->Tq - t.i0 < ATTN_TQ ? d->Tq - t.i0 : ATTN_TQ;
     for (t.j0 = 0; t.j0 < d->Tk; t.j0 += ATTN_TK) {
       t.nk = d->Tk - t.j0 < ATTN_TK ? d->Tk - t.j0 : ATTN_TK;
-      if (!FN(tile_scores)(d, &t, Q, K, j->qpos, j->kpos, s)) continue;
+      if (!FN(tile_scores)(d, &t, Q, K, j->qpos, j->kpos, s, vis)) continue;
       /* per row: new max, rescale what was summed so far, p = exp(s - m) */
       for (int64_t r = 0; r < t.nq; r++) {
-        T *sr = s + r * t.nk, mt = -INFINITY;
-        for (int64_t c = 0; c < t.nk; c++) mt = sr[c] > mt ? sr[c] : mt;   /* -inf: masked */
+        T *sr = s + r * t.nk, mt = FN(row_max)(sr, vis[r]);   /* -inf: masked */
         int64_t i = t.i0 + r;
         if (mt == -INFINITY) {                     /* the row sees no key of this tile */
           for (int64_t c = 0; c < t.nk; c++) sr[c] = 0;
@@ -104,8 +135,8 @@ static void FN(fwd_head)(const AttnFwdJob *j, int64_t bh, double *M, double *L, 
         }
         int fresh = M[i] == -INFINITY;   /* no key seen yet: the accumulator row is 0 */
         double m_new = M[i] > mt ? M[i] : mt, corr = fresh ? 0.0 : exp(M[i] - m_new);
-        EXPROW(sr, t.nk, (T)m_new);
-        L[i] = L[i] * corr + FN(row_sum)(sr, t.nk);
+        FN(row_exp)(sr, vis[r], t.nk, (T)m_new);
+        L[i] = L[i] * corr + FN(row_sum)(sr, vis[r]);
         M[i] = m_new;
         if (A && corr != 1.0 && !fresh)
           for (int64_t e = 0; e < D; e++) A[i * D + e] *= (T)corr;
@@ -145,39 +176,42 @@ typedef struct {
   int64_t tk;   /* key rows per tile */
 } FN(HeadGrad);
 
-static void FN(head_grads)(const FN(HeadGrad) *g, T *s, T *dp) {
+ATTN_INLINE void FN(head_grads)(const FN(HeadGrad) *g, T *s, T *dp) {
   /* lse NULL: every row's keys fit one tile (Tk <= tk, the caller's
    * promise), so its probabilities come from the tile itself */
   const AttnDims *d = g->d;
   int64_t D = d->D;
   int need_ds = g->DQ || g->DK;
+  int64_t vis[ATTN_TQ];
   for (Tile t = {0}; t.i0 < d->Tq; t.i0 += ATTN_TQ) {
     t.nq = d->Tq - t.i0 < ATTN_TQ ? d->Tq - t.i0 : ATTN_TQ;
     for (t.j0 = 0; t.j0 < d->Tk; t.j0 += g->tk) {
       t.nk = d->Tk - t.j0 < g->tk ? d->Tk - t.j0 : g->tk;
-      if (!FN(tile_scores)(d, &t, g->Q, g->K, g->qpos, g->kpos, s)) continue;
+      if (!FN(tile_scores)(d, &t, g->Q, g->K, g->qpos, g->kpos, s, vis)) continue;
       if (need_ds)
         GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t.nq, (int)t.nk, (int)D, 1, g->G + t.i0 * D, (int)D,
              g->V + t.j0 * D, (int)D, 0, dp, (int)t.nk);
       for (int64_t r = 0; r < t.nq; r++) {
         double dr = g->drow[t.i0 + r];
         T *sr = s + r * t.nk, *dr_ = dp + r * t.nk;
+        int64_t v = vis[r];   /* past it p = 0, and so ds */
         if (g->lse) {
           double ls = g->lse[t.i0 + r];
-          if (ls == -INFINITY) memset(sr, 0, (size_t)t.nk * sizeof *sr);   /* the row sees no key */
-          else EXPROW(sr, t.nk, (T)ls);                                    /* masked: exp(-inf) = 0 */
+          if (ls == -INFINITY) v = 0;   /* the row sees no key */
+          FN(row_exp)(sr, v, t.nk, (T)ls);
         } else {   /* the tile is the row's only one: its softmax from the row itself */
-          T mt = -INFINITY;
-          for (int64_t c = 0; c < t.nk; c++) mt = sr[c] > mt ? sr[c] : mt;
-          if (mt == -INFINITY) memset(sr, 0, (size_t)t.nk * sizeof *sr);
-          else {
-            EXPROW(sr, t.nk, mt);
-            double inv = 1.0 / FN(row_sum)(sr, t.nk);
-            for (int64_t c = 0; c < t.nk; c++) sr[c] = (T)(sr[c] * inv);
+          T mt = FN(row_max)(sr, v);
+          if (mt == -INFINITY) v = 0;
+          FN(row_exp)(sr, v, t.nk, mt);
+          if (v) {
+            double inv = 1.0 / FN(row_sum)(sr, v);
+            for (int64_t c = 0; c < v; c++) sr[c] = (T)(sr[c] * inv);
           }
         }
-        if (need_ds)
-          for (int64_t c = 0; c < t.nk; c++) dr_[c] = (T)(sr[c] * ((double)dr_[c] - dr));
+        if (need_ds) {
+          for (int64_t c = 0; c < v; c++) dr_[c] = (T)(sr[c] * ((double)dr_[c] - dr));
+          for (int64_t c = v; c < t.nk; c++) dr_[c] = 0;
+        }
       }
       if (g->DV)   /* dV_t += P^T dO_t */
         GEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)t.nk, (int)D, (int)t.nq, 1, s, (int)t.nk, g->G + t.i0 * D,

@@ -111,6 +111,12 @@ int ref_ATTENTION_BWD(RtKctx *k);
  * pass over the tiles for all of them; each result equals the reference's
  * for that part alone, bit for bit.  0, or -1 after rt_kfail. */
 int rt_attn_grads_run(RtKctx *k, void *out[3]);
+/* The attention tile loops are built for the baseline x86-64 ISA and for
+ * x86-64-v3 (AVX2; ops_attn.c), the same operations in the same order, so
+ * the same bits.  By default the CPU picks (isa 0); 1 forces the baseline,
+ * 2 the AVX2 build where the CPU has it (tests run both).  Returns the one
+ * in use now: 1 or 2.  Not to be called while a kernel runs. */
+int rt_attn_set_isa(int isa);
 
 /* Per-program pipeline state (ops_pipe.c): the stash (values kept by
  * `stash` for the backward block, keyed by chunk, micro batch and slot),

@@ -11,6 +11,7 @@
  * index arithmetic at those sizes. */
 #include "rt_test.h"
 #include "runtime/cpu/par.h"
+#include "runtime/cpu/kernels.h"
 
 #define NT 2
 static const IrDtype DTS[NT] = {IR_F32, IR_F64};
@@ -1289,6 +1290,65 @@ static void test_threads_same(IrDtype dt) {
   free(ids);
 }
 
+/* op on the baseline build of the attention tile loops and on the AVX2 one
+ * (rt_attn_set_isa): the same bits, or the machine would change results.
+ * Where the CPU has no AVX2 both runs take the baseline and agree
+ * trivially; every x86-64 machine this project runs on has it. */
+static void same_on_isas(IrOp op, int nin, const Arg *a, const int64_t *ia, const double *fa, const char *msg,
+                         IrDtype dt) {
+  IrType r1, r2;
+  rt_attn_set_isa(1);
+  double *y1 = run_op(op, nin, a, ia, fa, NULL, &r1, err, sizeof err);
+  CHECK(y1 != NULL, "%s (%s), baseline ISA: %s", msg, ir_dtype_name(dt), err);
+  int isa = rt_attn_set_isa(2);
+  double *y2 = run_op(op, nin, a, ia, fa, NULL, &r2, err, sizeof err);
+  CHECK(y2 != NULL, "%s (%s), ISA %d: %s", msg, ir_dtype_name(dt), isa, err);
+  rt_attn_set_isa(0);
+  if (y1 && y2) {
+    int64_t n = ir_type_numel(&r1), bad = -1;
+    for (int64_t i = 0; i < n && bad < 0; i++)
+      if (memcmp(&y1[i], &y2[i], sizeof y1[i]) != 0) bad = i;
+    CHECK(bad < 0, "%s (%s): element %lld is %.17g on the baseline ISA, %.17g with AVX2", msg, ir_dtype_name(dt),
+          (long long)bad, bad >= 0 ? y1[bad] : 0.0, bad >= 0 ? y2[bad] : 0.0);
+  }
+  free(y1);
+  free(y2);
+}
+
+/* Every attention kernel, causal and not, at sizes with several query and
+ * key tiles, a tail, grouped kv heads and a one-tile-per-row backward. */
+static void test_isas_same(IrDtype dt) {
+  for (int big = 0; big < 2; big++) {
+    int64_t T = big ? 150 : 70, D = big ? 16 : 6, B = 2, HQ = 4, HKV = 2;
+    IrType aq = TY(dt, B, HQ, T, D), ak = TY(dt, B, HKV, T, D), ast = TY(dt, B, HQ, T, D + 2), arow = TY(dt, B, HQ, T);
+    int64_t nq = B * HQ * T * D, nk = B * HKV * T * D;
+    double *q = rand_vec(nq, -2, 2, dt), *k = rand_vec(nk, -2, 2, dt), *v = rand_vec(nk, -1, 1, dt);
+    double *o = rand_vec(nq, -1, 1, dt), *g = rand_vec(nq, -1, 1, dt), *st = rand_vec(B * HQ * T * (D + 2), 0.5, 1, dt);
+    double *lse = rand_vec(B * HQ * T, 1, 3, dt), *drow = rand_vec(B * HQ * T, -1, 1, dt), *acc = rand_vec(nq, -1, 1, dt);
+    double sc[1] = {0.4};
+    char msg[64];
+    for (int causal = 0; causal < 2; causal++) {
+      snprintf(msg, sizeof msg, "attention T%lld causal=%d", (long long)T, causal);
+      same_on_isas(IR_OP_ATTENTION, 3, (Arg[]){{aq, q}, {ak, k}, {ak, v}}, (int64_t[]){causal, 0}, sc, msg, dt);
+      for (int part = 0; part < 3; part++) {
+        snprintf(msg, sizeof msg, "attention_bwd part %d T%lld causal=%d", part, (long long)T, causal);
+        same_on_isas(IR_OP_ATTENTION_BWD, 5, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {aq, o}, {aq, g}},
+                     (int64_t[]){causal, part}, sc, msg, dt);
+      }
+      snprintf(msg, sizeof msg, "attn_acc T%lld causal=%d", (long long)T, causal);
+      same_on_isas(IR_OP_ATTN_ACC, 4, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {ast, st}}, (int64_t[]){causal, 0}, sc, msg,
+                   dt);
+      snprintf(msg, sizeof msg, "attn_bwd_q T%lld causal=%d", (long long)T, causal);
+      same_on_isas(IR_OP_ATTN_BWD_Q, 7, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {aq, g}, {arow, lse}, {arow, drow}, {aq, acc}},
+                   (int64_t[]){causal, 0}, sc, msg, dt);
+      snprintf(msg, sizeof msg, "attn_bwd_kv T%lld causal=%d", (long long)T, causal);
+      same_on_isas(IR_OP_ATTN_BWD_KV, 7, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {aq, g}, {arow, lse}, {arow, drow}, {ak, acc}},
+                   (int64_t[]){causal, 0, 1}, sc, msg, dt);
+    }
+    free(q), free(k), free(v), free(o), free(g), free(st), free(lse), free(drow), free(acc);
+  }
+}
+
 /* Layout ops at sizes that take the merged-row, tiled and threaded paths
  * (memory-bound kernels split only above 2^20 elements per range), against
  * direct index arithmetic; also summing columns and batched GEMMs. */
@@ -1413,6 +1473,7 @@ int main(void) {
     test_embedding_split(dt);
     test_ring_attn(dt);
     test_threads_same(dt);
+    test_isas_same(dt);
     test_layout_big(dt);
   }
   test_par_pool();
