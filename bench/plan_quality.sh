@@ -152,15 +152,23 @@ for me in "${moes[@]}"; do
   # shellcheck disable=SC2086
   P=$(param_bytes moe $defs)
   Pd=$((P - 3 * E * h * ffn * 4))
-  for ep in 2 4 8; do
-    # shellcheck disable=SC2086
-    a=$(uniform 2 $defs -D batch=$ep -D micro_batch=$ep --ep $ep); b=$(uniform 3 $defs -D batch=$ep -D micro_batch=$ep --ep $ep)
-    # shellcheck disable=SC2086
-    mem=$(per_layer moe memory x $defs -D batch=$ep -D micro_batch=$ep --ep $ep)
-    comm=$((b - a))
-    meg=$(awk -v e="$ep" -v s="$s" -v h="$h" -v k="$k" -v Pd="$Pd" 'BEGIN {
-      printf "%.0f", 4 * (e - 1) / e * s * k * h * 4 + 2 * (e - 1) / e * Pd }')
-    echo "| $name | ep=$ep | $(mb "$comm") | $(mb "$meg") | $(ratio "$comm" "$meg") | $(mb "$mem") |"
+  # dropless, then capacity factor 1.25 (each expert takes at most 1.25 x its
+  # uniform share of the micro batch's slots: the dispatch buffers are sized
+  # by it, and uniform routing drops nothing)
+  for cf in 0 1.25; do
+    for ep in 2 4 8; do
+      opts="-D batch=$ep -D micro_batch=$ep --ep $ep -D capacity_factor=$cf"
+      # shellcheck disable=SC2086
+      a=$(uniform 2 $defs $opts); b=$(uniform 3 $defs $opts)
+      # shellcheck disable=SC2086
+      mem=$(per_layer moe memory x $defs $opts)
+      comm=$((b - a))
+      meg=$(awk -v e="$ep" -v s="$s" -v h="$h" -v k="$k" -v Pd="$Pd" 'BEGIN {
+        printf "%.0f", 4 * (e - 1) / e * s * k * h * 4 + 2 * (e - 1) / e * Pd }')
+      lay="ep=$ep"
+      [ "$cf" = 0 ] || lay="ep=$ep, capacity $cf"
+      echo "| $name | $lay | $(mb "$comm") | $(mb "$meg") | $(ratio "$comm" "$meg") | $(mb "$mem") |"
+    done
   done
 done
 

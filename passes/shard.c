@@ -937,7 +937,20 @@ static int shard_params(Sh *S) {
  * and gmm_dw read expert layout, moe_unperm and moe_gate_grad token
  * layout, elementwise ops keep theirs.  Expert-layout rows are a static
  * bound, ep * min(token rows, tokens x local experts): every row a rank
- * can receive in the worst routing. */
+ * can receive in the worst routing.  When the counted routing mask is a
+ * capacity_mask (seen through reshapes), each expert takes at most `cap`
+ * rows of the micro batch from all ranks together (the mask's tokens are
+ * gathered for the count, so cap is the micro batch's), and the bound is
+ * also local experts x cap: at capacity factor f, f x the rank's own
+ * routed rows instead of ep x them. */
+
+/* The capacity of old moe_counts node c's routing mask: cap when it is a
+ * capacity_mask seen through reshapes, else -1 (dropless). */
+static int64_t counts_capacity(const Sh *S, int c) {
+  int v = onode(S, c)->in[0];
+  while (v >= 0 && onode(S, v)->op == IR_OP_RESHAPE) v = onode(S, v)->in[0];
+  return v >= 0 && onode(S, v)->op == IR_OP_CAPACITY_MASK ? onode(S, v)->ia[0] : -1;
+}
 
 /* New value `id` (old value v, layout from) in layout `to`. */
 static int xconv(Sh *S, int v, int id, int to) {
@@ -953,8 +966,8 @@ static int xconv(Sh *S, int v, int id, int to) {
   if (to == XL_EXP) {
     const IrNode *cn = nnode(S, S->cntl[c]);
     int64_t ntok = nnode(S, cn->in[0])->type.dim[0], G = nnode(S, S->nv[c])->type.dim[1];
-    int64_t per = t.dim[0] < ntok * G ? t.dim[0] : ntok * G;
-    t.dim[0] = ep * per;
+    int64_t per = t.dim[0] < ntok * G ? t.dim[0] : ntok * G, cap = counts_capacity(S, c);
+    t.dim[0] = cap > 0 && G * cap < ep * per ? G * cap : ep * per;
   } else {
     t.dim[0] = gtype(S, v).dim[0] / ep;
   }

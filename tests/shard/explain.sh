@@ -66,5 +66,14 @@ u=$("$mcc" "$src/samples/moe.mdl" -D layers=1 --ep 2 --report comm 2>&1 |
 read -r uni worst <<<"$u"
 [ -n "${uni:-}" ] && [ "$uni" -gt 0 ] && [ $((2 * uni)) = "$worst" ] ||
   fail "moe ep2: all_to_all_v at uniform routing '$uni' bytes is not half the worst routing's '$worst'"
+# with a capacity factor each expert takes at most cap = ceil(f x tokens x
+# topk / experts) rows of the micro batch, so a rank receives at most its
+# experts x cap: at f = 1 exactly its own routed rows, the uniform share,
+# and the static buffers' worst routing is half the dropless one at ep = 2
+u=$("$mcc" "$src/samples/moe.mdl" -D layers=1 --ep 2 -D capacity_factor=1 --report comm 2>&1 |
+    sed -n 's/^total per step at uniform routing: .*(all_to_all_v: \([0-9]*\) of the \([0-9]*\) above.*/\1 \2/p')
+read -r cuni cworst <<<"$u"
+[ -n "${cworst:-}" ] && [ "$cworst" = "$cuni" ] && [ $((2 * cworst)) = "$worst" ] ||
+  fail "moe ep2 capacity 1: all_to_all_v worst routing '$cworst' bytes, want the uniform '$cuni' and half the dropless '$worst'"
 [ $fails = 0 ] && echo PASS
 exit $((fails > 0))
