@@ -12,9 +12,11 @@
 
 /* ---- data: token = byte, vocabulary 256 ---- */
 #define RT_BYTE_VOCAB 256
-typedef struct { unsigned char *bytes; size_t len; } RtCorpus;
+typedef struct { const unsigned char *bytes; size_t len; } RtCorpus;
 
-/* Reads the whole file.  0, or -1 with a message. */
+/* Maps the file read-only (a regular, non-empty file: windows are drawn
+ * at random offsets, so a pipe or device is refused); its pages load as
+ * windows touch them.  0, or -1 with a message. */
 int rt_corpus_open(RtCorpus *c, const char *path, char *err, size_t errlen);
 void rt_corpus_free(RtCorpus *c);
 /* The corpus mrun uses without --data: samples/data/kjv.txt relative to

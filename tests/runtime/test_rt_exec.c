@@ -10,6 +10,9 @@
 #include "runtime/exec/train.h"
 #include <limits.h>
 #include <stdlib.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -527,6 +530,38 @@ static void test_data(void) {
   TS_ASSERT(rt_corpus_open(&c, "rt_short.txt", err, sizeof err) == 0);
   CHECK(rt_corpus_batch(&c, 5, 0, 0, R, T, tok, tgt, err, sizeof err) == -1, "a corpus of T + 1 bytes must be refused");
   rt_corpus_free(&c);
+  /* what has no size to draw windows from is refused by name, at once (a
+   * FIFO is not waited on) */
+  static const struct { const char *path, *why; } bad[] = {
+    {".", "a directory"}, {"/dev/null", "a device"}, {"rt_fifo", "a pipe"}, {"rt_empty.txt", "is empty"}};
+  TS_ASSERT(mkfifo("rt_fifo", 0600) == 0);
+  FILE *f = fopen("rt_empty.txt", "w");
+  TS_ASSERT(f && fclose(f) == 0);
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    CHECK(rt_corpus_open(&c, bad[i].path, err, sizeof err) == -1 && strstr(err, bad[i].path) && strstr(err, bad[i].why),
+          "corpus %s: want an error saying '%s', got '%s'", bad[i].path, bad[i].why, err);
+  /* a corpus far larger than memory is mapped, never read whole: a 100 GiB
+   * sparse file opens and gives batches with the resident set a few MB
+   * larger (the pages the windows touch) */
+  int fd = open("rt_huge.txt", O_CREAT | O_WRONLY | O_TRUNC, 0600);
+  TS_ASSERT(fd >= 0);
+  if (ftruncate(fd, (off_t)100 << 30) != 0) {
+    printf("test_rt_exec: this filesystem has no 100 GiB sparse files (%s): the large-corpus check is skipped\n",
+           strerror(errno));
+  } else {
+    struct rusage ru0, ru1;
+    getrusage(RUSAGE_SELF, &ru0);
+    int ok = rt_corpus_open(&c, "rt_huge.txt", err, sizeof err) == 0;
+    CHECK(ok, "a 100 GiB corpus: %s", err);
+    for (int s = 0; ok && s < 50; s++) ok = rt_corpus_batch(&c, 5, s, 0, R, T, tok, tgt, err, sizeof err) == 0;
+    CHECK(ok && c.len == (size_t)100 << 30 && tok[0] == 0, "batches of a 100 GiB corpus: %s", err);
+    getrusage(RUSAGE_SELF, &ru1);
+    CHECK(ru1.ru_maxrss - ru0.ru_maxrss < 64 * 1024, "a 100 GiB corpus grew the resident set by %ld KiB",
+          ru1.ru_maxrss - ru0.ru_maxrss);
+    rt_corpus_free(&c);
+  }
+  close(fd);
+  remove("rt_huge.txt");
 }
 
 /* ---- end to end: a bigram model, tokens i32[4, 16] ->
