@@ -42,6 +42,17 @@ typedef struct {
  * not convex (an operand computed from the group's values elsewhere). */
 CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, int n, CgGroupIO *io,
                          char *err, size_t errlen);
+/* The readers of every value of a block, built once (time linear in nodes
+ * and operands) for callers that lower many candidate groups of one block
+ * (the fusion pass): cg_lower_group_users then finds a group's outputs from
+ * its members' readers instead of scanning the rest of the block. */
+typedef struct CgUsers CgUsers;
+CgUsers *cg_users_build(const IrBlock *b);
+void cg_users_free(CgUsers *u);
+/* cg_lower_group with the readers of b (u built from b, unchanged since;
+ * NULL: scan). */
+CgKernel *cg_lower_group_users(const IrModule *m, const IrBlock *b, const CgUsers *u, const int *nodes, int n,
+                               CgGroupIO *io, char *err, size_t errlen);
 /* The multi-tensor AdamW kernel of a run of adamw nodes (the executor's,
  * runtime/exec/exec_jit.c): param dtype T, clip coefficient dtype TC,
  * fa = {b1, b2, eps} baked in as constants, buffers declared with `cnt`

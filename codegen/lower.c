@@ -47,9 +47,39 @@ typedef struct {
   int inmemo[CG_MAX_BUFS], inmemogen[CG_MAX_BUFS];
   RowStats *st;          /* per group position (row ops, cross-entropy) */
   int *outbuf;           /* per group position: output buffer or -1 */
+  const CgUsers *users;  /* the block's readers, or NULL (scan for them) */
   char *err;
   size_t errlen;
 } Lw;
+
+/* CSR of readers: value v is read by rd[off[v] .. off[v + 1]) (ascending;
+ * a node reading v twice appears twice) */
+struct CgUsers {
+  int n;
+  int *off, *rd;
+};
+
+CgUsers *cg_users_build(const IrBlock *b) {
+  CgUsers *u = ts_xcalloc(1, sizeof *u);
+  u->n = b->n;
+  u->off = ts_xcalloc((size_t)b->n + 2, sizeof *u->off);
+  for (int i = 0; i < b->n; i++)
+    for (int j = 0; j < b->nodes[i].nin; j++)
+      if (b->nodes[i].in[j] >= 0 && b->nodes[i].in[j] < b->n) u->off[b->nodes[i].in[j] + 2]++;
+  for (int v = 0; v < b->n; v++) u->off[v + 2] += u->off[v + 1];
+  u->rd = ts_xmalloc((size_t)(u->off[b->n + 1] + 1) * sizeof *u->rd);
+  for (int i = 0; i < b->n; i++)   /* off[v + 1] is v's fill cursor, ending at v + 1's start */
+    for (int j = 0; j < b->nodes[i].nin; j++)
+      if (b->nodes[i].in[j] >= 0 && b->nodes[i].in[j] < b->n) u->rd[u->off[b->nodes[i].in[j] + 1]++] = i;
+  return u;
+}
+
+void cg_users_free(CgUsers *u) {
+  if (!u) return;
+  free(u->off);
+  free(u->rd);
+  free(u);
+}
 
 static int gpos(const Lw *L, int id) {
   for (int i = 0; i < L->n; i++)
@@ -607,9 +637,12 @@ static int check_group(Lw *L) {
       return ts_errf(L->err, L->errlen, "group: operand %%%d is computed from the group's own values (the group is not convex)",
                      io->in[i]);
   /* outputs: group values used after the group by other nodes, and the last */
+  const CgUsers *us = L->users && L->users->n == b->n ? L->users : NULL;
   for (int i = 0; i < L->n; i++) {
     int id = L->nodes[i], used = i == L->n - 1;
-    for (int u = id + 1; u < b->n && !used; u++) {
+    if (us)
+      for (int r = us->off[id]; r < us->off[id + 1] && !used; r++) used = gpos(L, us->rd[r]) < 0;
+    for (int u = id + 1; !us && u < b->n && !used; u++) {
       if (gpos(L, u) >= 0) continue;
       for (int j = 0; j < b->nodes[u].nin; j++)
         if (b->nodes[u].in[j] == id) used = 1;
@@ -701,10 +734,15 @@ static void lower_sum_to(Lw *L, const IrNode *nd, int xb, int yb) {
 
 CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, int n, CgGroupIO *io,
                          char *err, size_t errlen) {
+  return cg_lower_group_users(m, b, NULL, nodes, n, io, err, errlen);
+}
+
+CgKernel *cg_lower_group_users(const IrModule *m, const IrBlock *b, const CgUsers *users, const int *nodes, int n,
+                               CgGroupIO *io, char *err, size_t errlen) {
   memset(io, 0, sizeof *io);
   if (n < 1 || !nodes) { ts_errf(err, errlen, "group: no nodes"); return NULL; }
   if (nodes[0] < 0 || nodes[0] >= b->n) { ts_errf(err, errlen, "group: node %d out of range", nodes[0]); return NULL; }
-  Lw L = {.m = m, .b = b, .nodes = nodes, .n = n, .io = io, .err = err, .errlen = errlen};
+  Lw L = {.m = m, .b = b, .nodes = nodes, .n = n, .io = io, .users = users, .err = err, .errlen = errlen};
   L.shape = *elem_type(&L, &b->nodes[nodes[0]]);
   L.memo = ts_xmalloc((size_t)n * sizeof *L.memo);
   L.memogen = ts_xmalloc((size_t)n * sizeof *L.memogen);

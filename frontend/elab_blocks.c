@@ -56,11 +56,13 @@ void elab_config(Elab *e) {
   }
   for (int j = 0; j < p->nconfig; j++) {
     const MdlKV *kv = &p->config[j];
-    for (int k = 0; k < j; k++)
-      if (!strcmp(p->config[k].name, kv->name)) {
-        elab_error(e, kv->loc, "config key '%s' is defined twice", kv->name);
-        mdl_note(e->d, p->config[k].loc, "first defined here");
-      }
+    if (elab_frame_has(&e->config, kv->name))   /* (the scan below only for the message) */
+      for (int k = 0; k < j; k++)
+        if (!strcmp(p->config[k].name, kv->name)) {
+          elab_error(e, kv->loc, "config key '%s' is defined twice", kv->name);
+          mdl_note(e->d, p->config[k].loc, "first defined here");
+          break;
+        }
     Value v = elab_eval(e, &e->config, kv->value);
     const MdlDefine *df = NULL;
     for (int i = 0; i < o->ndefines; i++)

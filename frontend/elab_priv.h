@@ -67,6 +67,7 @@ typedef struct ElabNaming {
 typedef struct ElabFrame ElabFrame;
 struct ElabFrame {
   VEC(ElabVar) vars;
+  int *ix, ixcap;               /* a big frame's name index (elaborate.c frame_var); 0: none yet */
   ElabFrame *parent;            /* the model sees the config; fns see nothing */
   const MdlProgram *prog;       /* whose fns and imports are visible */
   const MdlFunc *fn;            /* the fn being run, NULL for model/config */
@@ -154,6 +155,8 @@ const char *elab_op_text(int op);
 /* ---- scopes and evaluation (elaborate.c) ---- */
 Value elab_eval(Elab *e, ElabFrame *f, const MdlExpr *x);
 void elab_frame_set(ElabFrame *f, const char *name, Value v);   /* assigns in f itself */
+void elab_frame_free(ElabFrame *f);                              /* its vars and index */
+int elab_frame_has(ElabFrame *f, const char *name);              /* in f itself */
 
 /* ---- the config, train, parallel and rules blocks (elab_blocks.c) ---- */
 void elab_config(Elab *e);     /* fills e->config and m->consts */

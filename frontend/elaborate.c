@@ -78,8 +78,30 @@ void elab_error(Elab *e, MdlLoc loc, const char *fmt, ...) {
   if (e->d->nerrors >= ELAB_MAX_ERRORS) e->abort = 1;
 }
 
-/* ---- scopes ---- */
+/* ---- scopes ----
+ * A frame holds each name once (elab_frame_set assigns an existing one).
+ * Small frames are searched from the end; once a frame has FRAME_IX_MIN
+ * vars (a config block of thousands of keys) it gets an index of name
+ * hashes (open addressing, slot = var index + 1), so elaborating stays
+ * linear in the number of names. */
+#define FRAME_IX_MIN 32
+
+static size_t frame_hash(const char *name, int cap) {
+  return (size_t)ts_hash64(name, strlen(name), 0) & (size_t)(cap - 1);
+}
+
+static void frame_ix_put(ElabFrame *f, int i) {
+  size_t j = frame_hash(f->vars.a[i].name, f->ixcap);
+  while (f->ix[j]) j = (j + 1) & (size_t)(f->ixcap - 1);
+  f->ix[j] = i + 1;
+}
+
 static ElabVar *frame_var(ElabFrame *f, const char *name) {
+  if (f->ixcap) {
+    for (size_t j = frame_hash(name, f->ixcap); f->ix[j]; j = (j + 1) & (size_t)(f->ixcap - 1))
+      if (strcmp(f->vars.a[f->ix[j] - 1].name, name) == 0) return &f->vars.a[f->ix[j] - 1];
+    return NULL;
+  }
   for (int i = f->vars.n - 1; i >= 0; i--)
     if (strcmp(f->vars.a[i].name, name) == 0) return &f->vars.a[i];
   return NULL;
@@ -104,6 +126,27 @@ void elab_frame_set(ElabFrame *f, const char *name, Value v) {
   if (old) { old->v = v; return; }
   ElabVar var = {name, v, NULL};
   VEC_PUSH(f->vars, var);
+  if (f->vars.n < FRAME_IX_MIN) return;
+  if (2 * f->vars.n > f->ixcap) {   /* (re)build at twice the size */
+    free(f->ix);
+    f->ixcap = 4 * FRAME_IX_MIN;
+    while (2 * f->vars.n > f->ixcap) f->ixcap *= 2;
+    f->ix = ts_xcalloc((size_t)f->ixcap, sizeof *f->ix);
+    for (int i = 0; i < f->vars.n; i++) frame_ix_put(f, i);
+  } else {
+    frame_ix_put(f, f->vars.n - 1);
+  }
+}
+
+int elab_frame_has(ElabFrame *f, const char *name) { return frame_var(f, name) != NULL; }
+
+void elab_frame_free(ElabFrame *f) {
+  free(f->vars.a);
+  free(f->ix);
+  f->vars.a = NULL;
+  f->vars.n = f->vars.cap = 0;
+  f->ix = NULL;
+  f->ixcap = 0;
 }
 
 /* The next free component `base`, `base_1`, ... of a naming scope. */
@@ -719,7 +762,7 @@ static Value call_fn(Elab *e, ElabFrame *caller, const MdlFunc *fn, const MdlPro
       r = fl == FLOW_RETURN ? fr.ret : elab_none(c->loc);
     }
   }
-  free(fr.vars.a);
+  elab_frame_free(&fr);
   free(nm.counters.a);
   free(top.counters.a);
   return r;
@@ -1139,7 +1182,7 @@ static void elab_model(Elab *e) {
       }
     }
   }
-  free(fr.vars.a);
+  elab_frame_free(&fr);
   free(nm.counters.a);
 }
 
@@ -1177,7 +1220,7 @@ IrModule *mdl_elaborate(const MdlProgram *main, const MdlModuleRef *mods, int nm
     ir_module_free(m);
     m = NULL;
   }
-  free(e.config.vars.a);
+  elab_frame_free(&e.config);
   free(e.snames);
   arena_free(&e.a);
   return m;

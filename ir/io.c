@@ -49,6 +49,17 @@ void ts_note_input(const char *path) {
   VEC_PUSH(io_inputs, in);
 }
 
+void ts_forget_input(const char *path) {
+  struct stat st;
+  if (!path || stat(path, &st) != 0) return;
+  for (int i = 0; i < io_inputs.n; i++)
+    if (io_inputs.a[i].dev == st.st_dev && io_inputs.a[i].ino == st.st_ino) {
+      free(io_inputs.a[i].path);
+      io_inputs.a[i] = io_inputs.a[--io_inputs.n];
+      return;
+    }
+}
+
 /* The input that is the same file as st, or NULL. */
 static const char *io_input_of(const struct stat *st) {
   for (int i = 0; i < io_inputs.n; i++)

@@ -232,10 +232,17 @@ void ir_train_defaults(IrTrain *t) {
   t->precision = IR_F32;
 }
 
+/* ir_state_find's index (below) */
+struct IrStateIx {
+  int n, cap, used;
+  int *slot;
+};
+
 IrModule *ir_module_new(const char *name) {
   IrModule *m = ts_xcalloc(1, sizeof *m);
   arena_init(&m->arena);
   m->name = ts_intern(name ? name : "module");
+  m->state_ix = ts_xcalloc(1, sizeof *m->state_ix);
   ir_train_defaults(&m->train);
   return m;   /* parallel: all zero (= 1 / unset), filled by the frontend */
 }
@@ -246,6 +253,8 @@ void ir_module_free(IrModule *m) {
   free(m->states.a);
   free(m->blocks.a);     /* block node arrays are in the arena */
   free(m->rules.a);
+  if (m->state_ix) free(m->state_ix->slot);
+  free(m->state_ix);
   arena_free(&m->arena);
   free(m);
 }
@@ -356,11 +365,63 @@ int ir_state_add(IrModule *m, const IrState *s) {
   return m->states.n - 1;
 }
 
+/* ir_state_find's index: interned name -> the first state of that name,
+ * open addressing over the name pointers (slot = state index + 1, 0
+ * empty), covering states [0, n).  States appended since are added at the
+ * next lookup; ir_states_truncate empties it.  A hit is checked against
+ * the state's current name, so a stale index never gives a wrong state. */
+
+static size_t ix_hash(const char *p, int cap) {
+  return (size_t)(((uintptr_t)p >> 3) * 0x9e3779b97f4a7c15ull >> 17) & (size_t)(cap - 1);
+}
+
+static void ix_clear(struct IrStateIx *x) {
+  if (x->slot) memset(x->slot, 0, (size_t)x->cap * sizeof *x->slot);
+  x->n = x->used = 0;
+}
+
+static int ix_get(const struct IrStateIx *x, const IrModule *m, const char *s) {
+  if (!x->cap) return -1;
+  for (size_t j = ix_hash(s, x->cap);; j = (j + 1) & (size_t)(x->cap - 1)) {
+    int v = x->slot[j] - 1;
+    if (v < 0) return -1;
+    if (v < m->states.n && m->states.a[v].name == s) return v;
+  }
+}
+
+static void ix_put(struct IrStateIx *x, const IrModule *m, int i) {
+  if (2 * (x->used + 1) > x->cap) {   /* grow: re-insert states [0, i) */
+    free(x->slot);
+    x->cap = x->cap ? 2 * x->cap : 64;
+    while (2 * (i + 1) > x->cap) x->cap *= 2;
+    x->slot = ts_xcalloc((size_t)x->cap, sizeof *x->slot);
+    x->used = 0;
+    for (int k = 0; k < i; k++) ix_put(x, m, k);
+  }
+  const char *s = m->states.a[i].name;
+  size_t j = ix_hash(s, x->cap);
+  for (; x->slot[j]; j = (j + 1) & (size_t)(x->cap - 1))
+    if (m->states.a[x->slot[j] - 1].name == s) return;   /* a duplicate: the first one stays */
+  x->slot[j] = i + 1;
+  x->used++;
+}
+
 int ir_state_find(const IrModule *m, const char *name) {
   const char *s = ts_intern(name);
-  for (int i = 0; i < m->states.n; i++)
-    if (m->states.a[i].name == s) return i;
-  return -1;
+  struct IrStateIx *x = m->state_ix;
+  if (!x) {
+    for (int i = 0; i < m->states.n; i++)
+      if (m->states.a[i].name == s) return i;
+    return -1;
+  }
+  if (x->n > m->states.n) ix_clear(x);   /* states were removed without ir_states_truncate */
+  for (; x->n < m->states.n; x->n++) ix_put(x, m, x->n);
+  return ix_get(x, m, s);
+}
+
+void ir_states_truncate(IrModule *m, int n) {
+  if (n >= 0 && n < m->states.n) m->states.n = n;
+  if (m->state_ix) ix_clear(m->state_ix);
 }
 
 int ir_state_derived(IrModule *m, int p, IrStateKind kind, const char *prefix,

@@ -201,6 +201,7 @@ typedef struct IrModule {
   IrTrain train;
   IrParallel par;
   VEC(IrRule) rules;
+  struct IrStateIx *state_ix;   /* ir_state_find's index of state names (ir.c); NULL: it scans */
 } IrModule;
 
 /* Size of mesh axis a in m (m->par; sizes < 1 count as 1). */
@@ -213,6 +214,10 @@ IrModule *ir_module_clone(const IrModule *m);
 int ir_block_add(IrModule *m, const char *name);            /* returns block index */
 int ir_block_find(const IrModule *m, const char *name);     /* -1 if none */
 int ir_state_add(IrModule *m, const IrState *s);            /* copies; returns index */
+/* Keeps states [0, n) only.  Code that removes, reorders or rewrites states
+ * in place (rather than appending) ends with this, so ir_state_find's index
+ * starts again; appending directly to m->states needs nothing. */
+void ir_states_truncate(IrModule *m, int n);
 int ir_state_find(const IrModule *m, const char *name);     /* -1 if none */
 /* The state "<prefix>.<name of param p>" of `kind` (a gradient or an
  * optimizer moment: p's type, zero-initialized, of = p): the existing one if

@@ -69,6 +69,9 @@ char *ts_read_file_max(const char *path, size_t max, size_t *len_out);
 char *ts_read_input(const char *path, size_t *len_out);
 char *ts_read_input_max(const char *path, size_t max, size_t *len_out);
 void ts_note_input(const char *path);
+/* path is no longer an input: for a tool whose job is to rewrite the file
+ * it read (the golden tests' --update), never for an output option. */
+void ts_forget_input(const char *path);
 /* Writes an output file: "-" is stdout; a regular or new file is replaced
  * atomically (temp file, fsync, rename; stale temp files of dead writers
  * cleaned); a device, FIFO or socket is written in place; a directory or an

@@ -26,12 +26,32 @@ static int sh_well_formed(const IrSharding *sh, int rank) {
   return ((seen | sh->partial | sh->flat) >> IR_AXIS_COUNT) == 0;
 }
 
+/* Whether interned name s is already in the set (slot: the name pointer),
+ * adding it if not: the duplicate check of verify_states, linear in the
+ * states (not ir_state_find's index, which trusts that names are not
+ * edited in place: the verifier trusts nothing). */
+static int name_seen(const char **set, size_t cap, const char *s) {
+  size_t j = (size_t)(((uintptr_t)s >> 3) * 0x9e3779b97f4a7c15ull >> 17) & (cap - 1);
+  for (; set[j]; j = (j + 1) & (cap - 1))
+    if (set[j] == s) return 1;
+  set[j] = s;
+  return 0;
+}
+
 static int verify_states(const IrModule *m, char *err, size_t errlen) {
+  size_t cap = 16;
+  while (cap < 2 * (size_t)m->states.n) cap *= 2;
+  const char **seen = ts_xcalloc(cap, sizeof *seen);
+  int rc = 0;
+  for (int i = 0; i < m->states.n && rc == 0; i++) {
+    const IrState *s = &m->states.a[i];
+    if (!s->name || !*s->name) rc = ts_errf(err, errlen, "state %d has no name", i);
+    else if (name_seen(seen, cap, s->name)) rc = ts_errf(err, errlen, "state @%s defined twice", s->name);
+  }
+  free(seen);
+  if (rc) return rc;
   for (int i = 0; i < m->states.n; i++) {
     const IrState *s = &m->states.a[i];
-    if (!s->name || !*s->name) return ts_errf(err, errlen, "state %d has no name", i);
-    for (int j = 0; j < i; j++)
-      if (m->states.a[j].name == s->name) return ts_errf(err, errlen, "state @%s defined twice", s->name);
     const IrType *t = &s->type;
     int ok = t->dtype != IR_VOID && (int)t->dtype >= 0 && t->dtype < IR_DTYPE_COUNT &&
              t->rank >= 0 && t->rank <= IR_MAX_RANK;

@@ -624,7 +624,7 @@ int pass_autodiff(IrModule *m, PassCtx *cx) {
   differentiate(&a, loss, (int)(t->global_batch / t->micro_batch));
   if (a.failed) {            /* leave the module as it was */
     m->blocks.n = nblocks0;
-    m->states.n = nstates0;
+    ir_states_truncate(m, nstates0);
     return -1;
   }
   /* Drop "forward" (its nodes stay in the arena until the module is freed). */

@@ -76,11 +76,11 @@ typedef struct {
   int reads_state;  /* a member reads a state node directly */
 } FGroup;
 
-/* Does cg_lower_group accept nodes[0..n)? */
-static int lowers(const IrModule *m, const IrBlock *b, const int *nodes, int n) {
+/* Does cg_lower_group accept nodes[0..n)?  (u: b's readers) */
+static int lowers(const IrModule *m, const IrBlock *b, const CgUsers *u, const int *nodes, int n) {
   CgGroupIO io;
   char err[256];
-  CgKernel *k = cg_lower_group(m, b, nodes, n, &io, err, sizeof err);
+  CgKernel *k = cg_lower_group_users(m, b, u, nodes, n, &io, err, sizeof err);
   if (!k) return 0;
   cg_kernel_free(k);
   return 1;
@@ -104,6 +104,8 @@ static int fuse_block(const IrModule *m, IrBlock *b) {
   int *epi = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *epi);   /* epilogue member: its add + 1 */
   mark_epilogues(b, epi);
   VEC(FGroup) G = {0};
+  VEC(int) rs = {0};   /* groups that read state, not yet closed by an effect */
+  CgUsers *users = cg_users_build(b);
   int cand[FUSE_MAX_NODES * 4 + 1];
   for (int i = 0; i < b->n; i++) {
     IrNode *n = &b->nodes[i];
@@ -141,9 +143,10 @@ static int fuse_block(const IrModule *m, IrBlock *b) {
       for (int c = a; c > 0 && gs[c - 1] < gs[c]; c--) { int t = gs[c]; gs[c] = gs[c - 1]; gs[c - 1] = t; }
     /* An effect writes state; a group reading state runs its kernel at
      * its last member, so it must not straddle a write to what it read. */
-    if (ir_ops[n->op].flags & OPF_EFFECT)
-      for (int g = 0; g < G.n; g++)
-        if (G.a[g].reads_state) G.a[g].closed = 1;
+    if (ir_ops[n->op].flags & OPF_EFFECT) {
+      for (int k = 0; k < rs.n; k++) G.a[rs.a[k]].closed = 1;
+      rs.n = 0;
+    }
     int joined = -1;
     if (plan_kernel_node_ok(m, b, i)) {
       /* first all of them merged through i, then each alone */
@@ -155,14 +158,15 @@ static int fuse_block(const IrModule *m, IrBlock *b) {
         for (int j = 0; j < nsel; j++) { total += G.a[sel[j]].mem.n; rows += G.a[sel[j]].rowops; }
         if (total > FUSE_MAX_NODES || rows > FUSE_MAX_ROWOPS) continue;
         int cnt = union_with(G.a, sel, nsel, i, cand);
-        if (!lowers(m, b, cand, cnt)) continue;
+        if (!lowers(m, b, users, cand, cnt)) continue;
         /* accepted: the first selected group absorbs the others and i */
         int into = sel[0];
         FGroup *d = &G.a[into];
         d->mem.n = 0;
         for (int j = 0; j < cnt; j++) { VEC_PUSH(d->mem, cand[j]); gof[cand[j]] = into; }
         d->rowops = rows;
-        for (int j = 1; j < nsel; j++) d->reads_state |= G.a[sel[j]].reads_state;
+        for (int j = 1; j < nsel && !d->reads_state; j++)
+          if (G.a[sel[j]].reads_state) { d->reads_state = 1; VEC_PUSH(rs, into); }
         for (int j = 1; j < nsel; j++) { G.a[sel[j]].mem.n = 0; G.a[sel[j]].closed = 1; }
         joined = into;
       }
@@ -175,8 +179,8 @@ static int fuse_block(const IrModule *m, IrBlock *b) {
       }
     }
     if (gof[i] >= 0)
-      for (int k = 0; k < n->nin; k++)
-        if (b->nodes[n->in[k]].op == IR_OP_STATE) G.a[gof[i]].reads_state = 1;
+      for (int k = 0; k < n->nin && !G.a[gof[i]].reads_state; k++)
+        if (b->nodes[n->in[k]].op == IR_OP_STATE) { G.a[gof[i]].reads_state = 1; VEC_PUSH(rs, gof[i]); }
     /* i uses the values of the groups it did not join: they are closed,
      * since a later member would run after i, which needs them now */
     for (int k = 0; k < n->nin; k++) {
@@ -196,6 +200,8 @@ static int fuse_block(const IrModule *m, IrBlock *b) {
   }
   for (int g = 0; g < G.n; g++) free(G.a[g].mem.a);
   free(G.a);
+  free(rs.a);
+  cg_users_free(users);
   free(num);
   free(gof);
   free(epi);

@@ -603,8 +603,8 @@ int pass_optimizer(IrModule *m, PassCtx *cx) {
 
   if (rc != 0) {             /* leave the module as it was */
     m->blocks.n = nblocks0;
-    m->states.n = nstates0;
     if (nstates0) memcpy(m->states.a, saved, (size_t)nstates0 * sizeof *saved);
+    ir_states_truncate(m, nstates0);
     for (int k = 0; k < nacc; k++) m->blocks.a[acc[k].b].nodes[acc[k].id].sh = acc[k].sh;
     return -1;
   }
@@ -672,7 +672,7 @@ int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
   if (nmom) memcpy(mom, &m->states.a[first], (size_t)nmom * sizeof *mom);
   IrParallel par0 = m->par;
   block_remove(m, ub);
-  m->states.n = first;
+  ir_states_truncate(m, first);
   m->par.dp = dp;
 
   /* a plan compiled with fusion gets its new update block fused too (the
@@ -692,7 +692,7 @@ int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
     ts_errf(err, errlen, "respecialize to dp=%d: %s", dp, cx.err);
     int nb = ir_block_find(m, "update");
     if (nb >= 0) block_remove(m, nb);
-    m->states.n = first;
+    ir_states_truncate(m, first);
     for (int k = 0; k < nmom; k++) VEC_PUSH(m->states, mom[k]);
     block_insert(m, ub, &old);
     m->par = par0;

@@ -68,7 +68,7 @@ IrModule *pass_pipeline_rank_module(const IrModule *whole, int r, char *err, siz
     newidx[s] = kept;
     m->states.a[kept++] = m->states.a[s];
   }
-  m->states.n = kept;
+  ir_states_truncate(m, kept);   /* moved in place: the name index starts again */
   for (int s = 0; s < kept; s++) {
     IrState *st = &m->states.a[s];
     if (st->of >= 0) st->of = st->of < ns ? newidx[st->of] : -1;

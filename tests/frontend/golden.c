@@ -149,6 +149,7 @@ static int rewrite(const char *path, Golden *g, const char *block) {
   sb_write(&o, g->text, b);
   sb_puts(&o, block);
   sb_write(&o, g->text + e, g->len - e);
+  ts_forget_input(path);   /* rewriting the test file it read is --update's job */
   int rc = ts_write_file(path, o.p, o.n);
   sb_free(&o);
   if (rc) fprintf(stderr, "%s\n", ts_io_error());

@@ -467,6 +467,56 @@ static void test_docs_table(void) {
 }
 
 /* Small helpers: defaults, dtypes, type text and comparisons, op lookup. */
+/* ir_state_find's name index against a scan, through what passes do to
+ * the state list: add, append directly, truncate, reorder in place (then
+ * ir_states_truncate), duplicates (the first wins) */
+static int scan_state(const IrModule *m, const char *name) {
+  const char *s = ts_intern(name);
+  for (int i = 0; i < m->states.n; i++)
+    if (m->states.a[i].name == s) return i;
+  return -1;
+}
+
+static void test_state_index(void) {
+  IrModule *m = ir_module_new("ix");
+  IrState st = {.type = {IR_F32, 1, {3}, {0}}, .kind = IR_STATE_PARAM, .of = -1};
+  char name[32];
+  for (int i = 0; i < 300; i++) {
+    snprintf(name, sizeof name, "s%d", i);
+    st.name = name;
+    ir_state_add(m, &st);
+  }
+  int bad = -1;
+  for (int i = 0; i < 320 && bad < 0; i++) {
+    snprintf(name, sizeof name, "s%d", i);
+    if (ir_state_find(m, name) != (i < 300 ? i : -1)) bad = i;
+  }
+  CHECK(bad < 0, "state index after 300 adds: s%d", bad);
+  IrState extra = m->states.a[0];   /* appended directly, as the optimizer's rollback does */
+  extra.name = ts_intern("direct");
+  VEC_PUSH(m->states, extra);
+  extra.name = ts_intern("s7");     /* a duplicate: the first stays the one found */
+  VEC_PUSH(m->states, extra);
+  CHECK(ir_state_find(m, "direct") == 300 && ir_state_find(m, "s7") == 7, "appended: %d %d",
+        ir_state_find(m, "direct"), ir_state_find(m, "s7"));
+  ir_states_truncate(m, 100);
+  CHECK(m->states.n == 100 && ir_state_find(m, "s150") == -1 && ir_state_find(m, "direct") == -1 &&
+        ir_state_find(m, "s99") == 99, "after truncating to 100");
+  m->states.n = 50;                 /* removed without the call: the index notices the count */
+  CHECK(ir_state_find(m, "s60") == -1 && ir_state_find(m, "s49") == 49, "after shrinking the count directly");
+  IrState t = m->states.a[3];       /* reordered in place, then told */
+  m->states.a[3] = m->states.a[40];
+  m->states.a[40] = t;
+  ir_states_truncate(m, m->states.n);
+  bad = -1;
+  for (int i = 0; i < 60 && bad < 0; i++) {
+    snprintf(name, sizeof name, "s%d", i);
+    if (ir_state_find(m, name) != scan_state(m, name)) bad = i;
+  }
+  CHECK(bad < 0 && ir_state_find(m, "s3") == 40 && ir_state_find(m, "s40") == 3, "after a reorder: s%d", bad);
+  ir_module_free(m);
+}
+
 static void test_basics(void) {
   IrTrain t;
   ir_train_defaults(&t);
@@ -510,6 +560,7 @@ static void test_basics(void) {
   CHECK(strcmp(line.p, "%0 = state @a.b : f32[3]|accum %0 @a.b") == 0, "print_node '%s'", line.p);
   sb_free(&line);
   ir_module_free(m);
+  test_state_index();
 }
 
 int main(int argc, char **argv) {
