@@ -13,6 +13,7 @@
  * along dim d takes a value split along d over tp and returns one that is
  * not, ...).  Stops at the first problem. */
 #include "ir.h"
+#include <math.h>
 #include <stdarg.h>
 
 static int sh_well_formed(const IrSharding *sh, int rank) {
@@ -351,6 +352,47 @@ int ir_verify(const IrModule *m, char *err, size_t errlen) {
   return verify_pipeline(m, err, errlen);
 }
 
+/* The loss gradient's seed, 1 / (micro batches per step), is baked into the
+ * program by autodiff: a `full` right after `output "loss"` in block micro,
+ * or the first `full` of the backward block of the chunk whose forward
+ * block has the loss under pp.  The train line's global_batch /
+ * micro_batch must be that count, or the step would average over other
+ * micro batches than it runs (a plan edited after compiling).  0 when they
+ * agree or no seed is there (a program not made by autodiff). */
+static int loss_seed_check(const IrModule *m, char *err, size_t errlen) {
+  const IrTrain *t = &m->train;
+  if (t->micro_batch <= 0 || t->global_batch <= 0 || t->global_batch % t->micro_batch) return 0;   /* the trainer says */
+  const IrNode *seed = NULL;
+  for (int bi = 0; bi < m->blocks.n && !seed; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    int bwd = 0, chunk = ir_block_chunk(b, &bwd);
+    if (strcmp(b->name, "micro") != 0 && (chunk < 0 || bwd)) continue;
+    int at = -1;
+    for (int i = 0; i < b->n && at < 0; i++)
+      if (b->nodes[i].op == IR_OP_OUTPUT && b->nodes[i].sa && strcmp(b->nodes[i].sa, "loss") == 0) at = i;
+    if (at < 0) continue;
+    const IrBlock *sb = b;
+    if (chunk >= 0) {   /* pp: the seed opens the chunk's backward block */
+      char name[32];
+      snprintf(name, sizeof name, "bwd.%d", chunk);
+      int k = ir_block_find(m, name);
+      if (k < 0) return 0;
+      sb = &m->blocks.a[k];
+      at = -1;
+    }
+    for (int i = at + 1; i < sb->n && !seed; i++)
+      if (sb->nodes[i].op == IR_OP_FULL) seed = &sb->nodes[i];
+  }
+  if (!seed || !(seed->fa[0] > 0)) return 0;
+  double n = (double)(t->global_batch / t->micro_batch), got = 1.0 / seed->fa[0];
+  if (fabs(got - n) <= 1e-9 * n) return 0;
+  return ts_errf(err, errlen, "the train line says global_batch %lld / micro_batch %lld = %lld micro batches per "
+                 "step, but the program's loss gradient is scaled for %.6g (it was compiled for global_batch %.6g at "
+                 "micro_batch %lld): the plan was edited after compiling; compile it again with the batch sizes "
+                 "wanted", (long long)t->global_batch, (long long)t->micro_batch, (long long)(t->global_batch /
+                 t->micro_batch), got, got * (double)t->micro_batch, (long long)t->micro_batch);
+}
+
 int ir_verify_training(const IrModule *m, char *err, size_t errlen) {
   if (err && errlen) err[0] = 0;
   int ub = ir_block_find(m, "update");
@@ -370,7 +412,7 @@ int ir_verify_training(const IrModule *m, char *err, size_t errlen) {
       if (bi == ub && n->op == IR_OP_ADAMW) updated[s]++;
     }
   }
-  int rc = 0;
+  int rc = loss_seed_check(m, err, errlen);
   for (int s = 0; s < ns && rc == 0; s++) {
     const IrState *g = &m->states.a[s];
     if (g->kind != IR_STATE_GRAD) continue;

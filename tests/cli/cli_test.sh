@@ -159,6 +159,11 @@ tiny-gpt|tiny-llama)
     awk -F'"loss": ' 'NR == 1 {split($2, a, ","); exit !(a[1] > 4.5 && a[1] < 6.5)}' "$TMP/metrics.jsonl" ||
       fail "first loss is not near ln(256): $(head -1 "$TMP/metrics.jsonl")"
   fi
+  # a text plan whose train line was edited after compiling (the loss
+  # gradient is scaled for the compiled micro-batch count) is refused
+  sed 's/global_batch=[0-9]*/global_batch=4194312/' "$TMP/$m.plan.txt" >"$TMP/edited.plan.txt"
+  run 1 "$MRUN" "$TMP/edited.plan.txt" --steps 1 --quiet &&
+    { grep -q "the plan was edited after compiling" "$TMP/err" || fail "edited global_batch: $(cat "$TMP/err")"; }
   # the default output name: FILE.mdl -> FILE.plan
   cp samples/$m.mdl "$TMP/copy.mdl"
   run 0 "$MCC" "$TMP/copy.mdl" $DEFS && [ -s "$TMP/copy.plan" ] || fail "default output $TMP/copy.plan missing"
