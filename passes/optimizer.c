@@ -421,6 +421,22 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
     g->in_norm = 1;
   }
   if (!ng) return ts_errf(cx->err, sizeof cx->err, "optimizer: no parameter receives a gradient; nothing to train");
+  /* a parameter without a gradient would never change: refused, not frozen */
+  unsigned char *has = ts_xcalloc((size_t)m->states.n + 1, 1);
+  for (int k = 0; k < ng; k++) has[grads[k].p] = 1;
+  int unused = -1, count = 0;
+  for (int s = 0; s < m->states.n; s++)
+    if (m->states.a[s].kind == IR_STATE_PARAM && !has[s]) {
+      if (unused < 0) unused = s;
+      count++;
+    }
+  free(has);
+  char more[48] = "";
+  if (count > 1) snprintf(more, sizeof more, " (and %d more)", count - 1);
+  if (unused >= 0)
+    return ts_errf(cx->err, sizeof cx->err, "optimizer: parameter @%s%s does not influence the loss (no gradient "
+                   "reaches it, or only through ops without one), so training would never change it; use it in "
+                   "the model or remove it", m->states.a[unused].name, more);
   return ng;
 }
 

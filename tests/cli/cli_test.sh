@@ -62,6 +62,9 @@ errors)
   printf 'import nn\nconfig {\n  d = 4 +\n}\n' >"$TMP/syntax.mdl"
   run 1 "$MCC" "$TMP/syntax.mdl" -o "$TMP/y.plan" && has "$TMP/err" "syntax.mdl:3:" && has "$TMP/err" "error:"
   run 1 "$MCC" samples/gpt.mdl $TINY_GPT -o "$TMP/no/such/dir/g.plan" && has "$TMP/err" "mcc: error: cannot write '$TMP/no/such/dir/g.plan': No such file or directory"
+  # parameters the loss does not depend on would never train: refused by name
+  printf 'model m(x: [b=2, n=4]) {\n  g = param [n] init ones\n  h = param [n] init ones\n  k = param [n] init ones\n  return sum(x * g)\n}\n' >"$TMP/unused.mdl"
+  run 1 "$MCC" "$TMP/unused.mdl" -o "$TMP/u.plan" && has "$TMP/err" "parameter @h (and 1 more) does not influence the loss"
   ;;
 parallel)
   # the plan's mesh is (dp, pp, cp, ep, tp) of the layout; every rank runs program 0
