@@ -9,9 +9,11 @@
  * with blocks "micro" and "update" is accepted too) and trains it with the
  * CPU runtime (runtime/exec/train.c) on N ranks, one process each:
  *   - N = 1 without an MPI launcher: this process, no MPI at all;
- *   - N > 1 without a launcher: mrun re-executes itself under
- *     `mpirun -np N --oversubscribe --bind-to none` (marker TS_MRUN_LAUNCHED
- *     in the environment, so a broken launcher cannot loop);
+ *   - N > 1 without a launcher: mrun runs itself under
+ *     `mpirun -np N --oversubscribe --bind-to none` as a child (marker
+ *     TS_MRUN_LAUNCHED in the environment, so a broken launcher cannot
+ *     loop) and stays: it passes SIGINT / SIGTERM to the ranks, names a
+ *     rank that died, and removes MPI's files (launch());
  *   - under a launcher (OMPI_COMM_WORLD_SIZE or PMI_SIZE set): joins it;
  *     the world size must equal N (N defaults to the world size).
  * The mesh is the plan's tp, pp, cp, ep and dp = N / (tp*pp*cp*ep); a plan
@@ -46,7 +48,9 @@
 #include "passes/passes.h"
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const char usage[] =
@@ -234,8 +238,79 @@ static int check_pipeline_dp(const Plan *plan, const PlanMesh *mesh, const char 
   return 0;
 }
 
-/* Re-executes this binary under mpirun with n ranks; returns only on
- * failure (with a message). */
+static const char *sig_name(int sig) {
+  static char buf[32];
+  switch (sig) {
+  case SIGINT: return "SIGINT";
+  case SIGTERM: return "SIGTERM";
+  case SIGHUP: return "SIGHUP";
+  case SIGKILL: return "SIGKILL";
+  case SIGSEGV: return "SIGSEGV";
+  case SIGABRT: return "SIGABRT";
+  case SIGBUS: return "SIGBUS";
+  default: snprintf(buf, sizeof buf, "signal %d", sig); return buf;
+  }
+}
+
+/* The launcher (mrun --gpus N > 1 outside MPI): runs this binary under
+ * mpirun as a child and stays to
+ *   - pass SIGINT / SIGTERM / SIGHUP on to mpirun (which passes them to
+ *     every rank: they stop after the same step, train.h);
+ *   - say which rank died, in which step and by which signal (each rank
+ *     writes its step to a status file; Open MPI's "exited on signal"
+ *     line gives the signal);
+ *   - remove what the job left: Open MPI's shared-memory segments and
+ *     session files are put in a job directory of their own (under
+ *     /dev/shm), removed when mpirun ends, however it ends.
+ * Returns the exit status (mpirun's; 128 + signal when stopped by one).
+ * The signal goes to the ranks themselves (their pids are in their status
+ * files), so they stop after the step under way: mpirun would end them
+ * with SIGTERM and then SIGKILL.  Before any rank has started, or for a
+ * second signal, it goes to mpirun, which ends the job. */
+static volatile sig_atomic_t got_sig, ngot;
+
+static void note_sig(int sig) {
+  got_sig = sig;
+  ngot++;
+}
+
+/* Passes signal sig to every rank with a status file in job (to mpirun
+ * when none has one, or when `to_mpirun`). */
+static void pass_signal(const char *job, int64_t n, pid_t mpirun, int sig, int to_mpirun) {
+  int sent = 0;
+  for (int64_t r = 0; r < n && !to_mpirun; r++) {
+    char path[PATH_MAX + 32], what[16];
+    long long step;
+    long pid = 0;
+    snprintf(path, sizeof path, "%s/rank.%lld", job, (long long)r);
+    FILE *f = fopen(path, "r");
+    if (f && fscanf(f, "%15s %lld %ld", what, &step, &pid) == 3 && pid > 1 && kill((pid_t)pid, sig) == 0) sent++;
+    if (f) fclose(f);
+  }
+  if (!sent) kill(mpirun, sig);
+}
+
+/* rm -rf of the job directory (only what the job made: plain files and
+ * directories, no symlinks followed) */
+static void remove_tree(const char *dir) {
+  pid_t p = fork();
+  if (p == 0) {
+    execlp("rm", "rm", "-rf", "--one-file-system", "--", dir, (char *)NULL);
+    _exit(127);
+  }
+  int st;
+  if (p > 0) while (waitpid(p, &st, 0) < 0 && errno == EINTR) {}
+}
+
+/* "rank R ... exited on signal S" in mpirun's output: S for rank r, else 0 */
+static int mpirun_signal_of(const char *log, int r) {
+  char key[64];
+  snprintf(key, sizeof key, "process rank %d ", r);
+  const char *p = log ? strstr(log, key) : NULL;
+  const char *e = p ? strstr(p, "exited on signal ") : NULL;
+  return e && e - p < 200 ? atoi(e + strlen("exited on signal ")) : 0;
+}
+
 static int launch(int64_t n, char **argv) {
   char self[PATH_MAX];
   ssize_t l = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -257,20 +332,104 @@ static int launch(int64_t n, char **argv) {
   av[k++] = self;
   for (int i = 1; i < argc; i++) av[k++] = argv[i];
   av[k] = NULL;
+  /* the job directory: /dev/shm where it exists (Open MPI's default place
+   * for its segments), else the temporary directory */
+  const char *base = getenv("TS_MRUN_JOB_BASE");
+  if (!base || !*base) base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  char job[PATH_MAX];
+  snprintf(job, sizeof job, "%s/tessera-mrun.XXXXXX", base);
+  if (!mkdtemp(job)) {
+    fprintf(stderr, "mrun: cannot make a job directory in %s: %s\n", base, strerror(errno));
+    free(av);
+    return 1;
+  }
+  char logpath[PATH_MAX + 16];
+  snprintf(logpath, sizeof logpath, "%s/mpirun.err", job);
   setenv("TS_MRUN_LAUNCHED", "1", 1);
+  setenv("TS_MRUN_STATUS_DIR", job, 1);
+  setenv("OMPI_MCA_btl_vader_backing_directory", job, 0);
+  setenv("OMPI_MCA_orte_tmpdir_base", job, 0);
   /* Ranks share the cores: waiting ranks must yield (Open MPI) and BLAS
    * must not start a thread per core in every rank. */
   setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
   setenv("OPENBLAS_NUM_THREADS", "1", 0);
   setenv("TS_THREADS", "1", 0);   /* the same for the generated kernels' pool */
   fflush(NULL);
-  execvp("mpirun", av);
-  av[0] = "mpiexec";   /* the same launcher under its MPI-standard name */
-  execvp("mpiexec", av);
-  fprintf(stderr, "mrun: cannot start %lld ranks with mpirun: %s (is Open MPI installed and on PATH?)\n",
-          (long long)n, strerror(errno));
+  /* mpirun's stderr goes through a pipe: copied to ours as it comes, and
+   * kept (its "exited on signal" lines) */
+  int pfd[2];
+  if (pipe(pfd) != 0) {
+    fprintf(stderr, "mrun: cannot start %lld ranks: pipe: %s\n", (long long)n, strerror(errno));
+    remove_tree(job);
+    free(av);
+    return 1;
+  }
+  struct sigaction sa, old[3];
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = note_sig;   /* no SA_RESTART: the read below wakes up to pass it on */
+  sigemptyset(&sa.sa_mask);
+  const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+  for (int i = 0; i < 3; i++) sigaction(sigs[i], &sa, &old[i]);
+  pid_t pid = fork();
+  if (pid == 0) {
+    for (int i = 0; i < 3; i++) sigaction(sigs[i], &old[i], NULL);
+    setpgid(0, 0);   /* a terminal's Ctrl-C reaches mrun, which passes it on once */
+    dup2(pfd[1], 2);
+    close(pfd[0]);
+    close(pfd[1]);
+    execvp("mpirun", av);
+    av[0] = "mpiexec";   /* the same launcher under its MPI-standard name */
+    execvp("mpiexec", av);
+    fprintf(stderr, "mrun: cannot start %lld ranks with mpirun: %s (is Open MPI installed and on PATH?)\n",
+            (long long)n, strerror(errno));
+    _exit(127);
+  }
   free(av);
-  return 1;
+  close(pfd[1]);
+  if (pid < 0) {
+    fprintf(stderr, "mrun: cannot start %lld ranks: fork: %s\n", (long long)n, strerror(errno));
+    close(pfd[0]);
+    remove_tree(job);
+    return 1;
+  }
+  StrBuf log = {0};
+  char buf[4096];
+  int passed = 0, stop_sig = 0;
+  for (;;) {
+    if (ngot > passed) {   /* SIGINT / SIGTERM / SIGHUP: on to the ranks (a second one: to mpirun) */
+      stop_sig = got_sig;
+      pass_signal(job, n, pid, got_sig, passed > 0);
+      passed = ngot;
+    }
+    ssize_t r = read(pfd[0], buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    if (write(2, buf, (size_t)r) < 0) { /* our stderr is gone: keep reading */ }
+    if (log.n < (1u << 20)) sb_write(&log, buf, (size_t)r);
+  }
+  close(pfd[0]);
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  for (int i = 0; i < 3; i++) sigaction(sigs[i], &old[i], NULL);
+  int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  /* which step each rank reached; a rank still "in step S" died there */
+  int dead = 0;
+  for (int64_t r = 0; r < n && rc != 0; r++) {
+    char path[PATH_MAX + 32], what[16] = "";
+    long long step = 0;
+    snprintf(path, sizeof path, "%s/rank.%lld", job, (long long)r);
+    FILE *f = fopen(path, "r");
+    int got = f ? fscanf(f, "%15s %lld", what, &step) : 0;
+    if (f) fclose(f);
+    if (got != 2 || strcmp(what, "step") != 0) continue;   /* done, stopped or failed on its own terms */
+    int sig = mpirun_signal_of(log.p, (int)r);
+    if (!sig) continue;   /* stopped by the job's end, not dead on its own */
+    fprintf(stderr, "mrun: rank %lld was killed by %s in step %lld\n", (long long)r, sig_name(sig), step);
+    dead++;
+  }
+  sb_free(&log);
+  remove_tree(job);
+  return stop_sig && (rc == 0 || rc < 128) ? 128 + stop_sig : rc;
 }
 
 /* The program rank `rank` (of `mesh`) runs: the plan's program for the
@@ -448,6 +607,18 @@ static int run_selftest(void) {
   return failures ? 1 : 0;
 }
 
+/* A run a signal stopped: one line saying after which step, and the exit
+ * status 128 + signal (0 for a run that ended).  Ranks under mrun's
+ * launcher exit 0 (the launcher gives the status, without mpirun's
+ * report of a failed process). */
+static int stopped(const RtTrainResult *res, const IrModule *m, int print) {
+  if (!res->stopped_by) return 0;
+  if (print)
+    fprintf(stderr, "mrun: stopped by %s after step %lld of %lld (the metrics of every step done are written)\n",
+            sig_name(res->stopped_by), (long long)res->steps, (long long)m->train.steps);
+  return getenv("TS_MRUN_STATUS_DIR") ? 0 : 128 + res->stopped_by;
+}
+
 static void print_done(const Args *a, const RtTrainResult *res) {
   if (!a->quiet && res->steps > 0)
     printf("mrun: trained %lld steps: loss %.4f -> %.4f\n", (long long)res->steps, res->first_loss, res->last_loss);
@@ -476,7 +647,7 @@ static int run_single(const Args *a) {
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) { fprintf(stderr, "mrun: %s\n", err); goto out; }
   print_done(a, &res);
-  rc = 0;
+  rc = stopped(&res, m, 1);
 out:
   gpu_close(&gpu);
   plan_free(plan);
@@ -522,13 +693,14 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   if (me == 0) print_done(a, &res);
+  int rc = stopped(&res, m, me == 0);
   fflush(stdout);
   rt_rank_gpu_groups_free(&rank);   /* before the device's context */
   gpu_close(&gpu);
   for (int ax = 0; ax < IR_AXIS_COUNT; ax++) rt_comm_free(rank.group[ax]);
   plan_free(plan);
   rt_comm_free(world);   /* MPI_Finalize */
-  return 0;
+  return rc;
 }
 
 int main(int argc, char **argv) {

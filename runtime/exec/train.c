@@ -33,6 +33,30 @@
 #include <time.h>
 #include <unistd.h>
 
+/* ---- stopping on a signal, and the rank's status file (train.h) ---- */
+static volatile sig_atomic_t stop_sig;
+
+static void on_stop(int sig) {
+  if (stop_sig) {   /* a second one: the default action, at once */
+    signal(sig, SIG_DFL);
+    raise(sig);
+  }
+  stop_sig = sig;
+}
+
+/* DIR/rank.<r> <- "what S" (rewritten in place: a few bytes, no rename) */
+static void status_write(int world_rank, const char *what, int64_t step) {
+  const char *dir = getenv("TS_MRUN_STATUS_DIR");
+  if (!dir || !*dir) return;
+  char path[4096], line[64];
+  snprintf(path, sizeof path, "%s/rank.%d", dir, world_rank);
+  int n = snprintf(line, sizeof line, "%s %lld %ld\n", what, (long long)step, (long)getpid());
+  FILE *f = fopen(path, "w");
+  if (!f) return;
+  if (fwrite(line, 1, (size_t)n, f) != (size_t)n) { /* the report is best effort */ }
+  fclose(f);
+}
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -515,7 +539,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   RtTrainOpts dflt = {0};
   if (!o) o = &dflt;
   FILE *log = o->log ? o->log : stdout;
-  RtTrainResult rs = {0, NAN, NAN, NAN, 0, 0, 0};
+  RtTrainResult rs = {0, NAN, NAN, NAN, 0, 0, 0, 0};
   /* a pipeline stage's program has fwd.<g> / bwd.<g> blocks instead of micro */
   int piped = ir_axis_size(m, IR_AXIS_PP) > 1;
   int mb = ir_block_find(m, "micro"), ub = ir_block_find(m, "update");
@@ -619,8 +643,17 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
 
   double t0 = now_s();
   int rc = 0;
+  struct sigaction sa, old_int, old_term;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop;
+  sa.sa_flags = SA_RESTART;   /* a collective under way finishes its step */
+  sigemptyset(&sa.sa_mask);
+  stop_sig = 0;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
   for (int64_t s = 0; s < tr->steps; s++) {
     double ts = now_s(), lr = rt_lr_at(tr, s), loss = NAN, gn = NAN;
+    status_write(r.world_rank, "step", s + 1);
     int bad = piped ? train_step_pipe(&r, m, &fs, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
                                       err, errlen)
                     : train_step(&r, m, &fs, mb, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
@@ -666,8 +699,18 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     rs.last_loss = loss;
     rs.last_grad_norm = gn;
     rs.steps = s + 1;
+    /* a stop request on any rank stops every rank after this same step */
+    double stop = stop_sig;
+    if (o->world && rt_comm_all_reduce_max(o->world, IR_F64, &stop, 1, err, errlen) != 0) { rc = -1; break; }
+    if (stop > 0) {
+      rs.stopped_by = (int)stop;
+      break;
+    }
   }
-  if (rc == 0 && o->save_params_path &&
+  sigaction(SIGINT, &old_int, NULL);
+  sigaction(SIGTERM, &old_term, NULL);
+  status_write(r.world_rank, rc ? "error" : rs.stopped_by ? "stopped" : "done", rs.steps);
+  if (rc == 0 && o->save_params_path &&   /* also when stopped: the steps done are kept */
       rt_params_save(r.prog, o->world, o->save_params_path, err, errlen) != 0)
     rc = -1;
   RtExecStats es;

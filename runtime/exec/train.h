@@ -75,7 +75,19 @@ typedef struct {
    * overlapping it). */
   long long dev_collectives, dev_overlapped;
   int accum_direct;          /* gradients the program makes straight into their state (RtExecStats) */
+  int stopped_by;            /* SIGINT / SIGTERM stopped training after `steps` (0: ran to the end) */
 } RtTrainResult;
+
+/* Stopping: SIGINT or SIGTERM during rt_train ends training after the step
+ * under way (all ranks agree on the step: the stop request is all-reduced
+ * over `world` after every step); rt_train then returns 0 with
+ * RtTrainResult.stopped_by set, the metrics of every finished step
+ * written and --save-params saved.  A second signal of the same kind kills the process as usual.
+ * With TS_MRUN_STATUS_DIR set (mrun's launcher), each rank writes its
+ * state to DIR/rank.<world rank>: "step S PID" when step S starts, then
+ * "done S PID", "stopped S PID" or "error S PID" (so the launcher can pass
+ * a signal to the ranks themselves and say which step a rank that died was
+ * in). */
 
 /* Trains m for m->train.steps steps: per step, global_batch / micro_batch
  * runs of block "micro" (each fed a fresh micro-batch; a pipeline program:
