@@ -14,6 +14,16 @@ static const MdlLoc no_loc = {NULL, 0, 0};   /* command-line options: "mcc: erro
 static int parse_define(Elab *e, const MdlDefine *df, Value *out) {
   const char *s = df->value ? df->value : "";
   char *end;
+  const char *h = s + (*s == '-' || *s == '+');
+  if (h[0] == '0' && (h[1] == 'x' || h[1] == 'X')) {   /* strtod would read it as a float */
+    errno = 0;
+    long long v = strtoll(s, &end, 16);
+    if (*end || errno)
+      elab_error(e, no_loc, "-D %s=%s: hexadecimal values are not accepted; write it in decimal", df->name, s);
+    else
+      elab_error(e, no_loc, "-D %s=%s: hexadecimal values are not accepted; write %lld", df->name, s, v);
+    return -1;
+  }
   errno = 0;
   long long i = strtoll(s, &end, 10);
   if (*s && !*end) {

@@ -1212,6 +1212,21 @@ static void test_par_pool(void) {
 
 /* Runs op on 1 and on 3 threads: the results must be identical (kernels
  * split work only where the order of every sum stays the same). */
+/* y1 and y2 (results of type r, either NULL after a failed run) are the
+ * same bits; frees both.  how1 / how2 say how each was computed. */
+static void same_bits(double *y1, double *y2, const IrType *r, const char *msg, IrDtype dt, const char *how1,
+                      const char *how2) {
+  if (y1 && y2) {
+    int64_t n = ir_type_numel(r), bad = -1;
+    for (int64_t i = 0; i < n && bad < 0; i++)
+      if (memcmp(&y1[i], &y2[i], sizeof y1[i]) != 0) bad = i;
+    CHECK(bad < 0, "%s (%s): element %lld is %.17g %s, %.17g %s", msg, ir_dtype_name(dt), (long long)bad,
+          bad >= 0 ? y1[bad] : 0.0, how1, bad >= 0 ? y2[bad] : 0.0, how2);
+  }
+  free(y1);
+  free(y2);
+}
+
 static void same_on_threads(IrOp op, int nin, const Arg *a, const int64_t *ia, const double *fa,
                             const IrType *typed, const char *msg, IrDtype dt) {
   IrType r1, r3;
@@ -1222,15 +1237,7 @@ static void same_on_threads(IrOp op, int nin, const Arg *a, const int64_t *ia, c
   double *y3 = run_op(op, nin, a, ia, fa, typed, &r3, err, sizeof err);
   CHECK(y3 != NULL, "%s (%s) on 3 threads: %s", msg, ir_dtype_name(dt), err);
   rt_par_set_threads(0);
-  if (y1 && y3) {
-    int64_t n = ir_type_numel(&r1), bad = -1;
-    for (int64_t i = 0; i < n && bad < 0; i++)
-      if (memcmp(&y1[i], &y3[i], sizeof y1[i]) != 0) bad = i;
-    CHECK(bad < 0, "%s (%s): element %lld is %.17g on 1 thread, %.17g on 3", msg, ir_dtype_name(dt),
-          (long long)bad, bad >= 0 ? y1[bad] : 0.0, bad >= 0 ? y3[bad] : 0.0);
-  }
-  free(y1);
-  free(y3);
+  same_bits(y1, y3, &r1, msg, dt, "on 1 thread", "on 3");
 }
 
 /* Every threaded kernel at a size its ranges split (> 2 x 32k elements). */
@@ -1304,15 +1311,7 @@ static void same_on_isas(IrOp op, int nin, const Arg *a, const int64_t *ia, cons
   double *y2 = run_op(op, nin, a, ia, fa, NULL, &r2, err, sizeof err);
   CHECK(y2 != NULL, "%s (%s), ISA %d: %s", msg, ir_dtype_name(dt), isa, err);
   rt_attn_set_isa(0);
-  if (y1 && y2) {
-    int64_t n = ir_type_numel(&r1), bad = -1;
-    for (int64_t i = 0; i < n && bad < 0; i++)
-      if (memcmp(&y1[i], &y2[i], sizeof y1[i]) != 0) bad = i;
-    CHECK(bad < 0, "%s (%s): element %lld is %.17g on the baseline ISA, %.17g with AVX2", msg, ir_dtype_name(dt),
-          (long long)bad, bad >= 0 ? y1[bad] : 0.0, bad >= 0 ? y2[bad] : 0.0);
-  }
-  free(y1);
-  free(y2);
+  same_bits(y1, y2, &r1, msg, dt, "on the baseline ISA", "with AVX2");
 }
 
 /* Every attention kernel, causal and not, at sizes with several query and
