@@ -148,13 +148,15 @@ int pass_run_pipeline(IrModule *m, PassCtx *cx) {
     const PassInfo *p = &pass_pipeline[i];
     double t1 = now_ms();
     cx->err[0] = 0;
-    if (p->fn(m, cx) != 0) {
+    int bad = p->fn(m, cx) != 0;
+    double t2 = now_ms();
+    if (!bad && cx->time_to) fprintf(cx->time_to, "time: %-12s %9.1f ms\n", p->name, t2 - t1);
+    if (bad || after_pass(m, cx, i + 1) != 0) {
       if (!cx->err[0]) cx_fail(cx, "pass '%s' failed", p->name);
+      arena_free(&cx->scratch);   /* what the failed pass took (a caller may go on: tests, fuzzers) */
+      arena_init(&cx->scratch);
       return -1;
     }
-    double t2 = now_ms();
-    if (cx->time_to) fprintf(cx->time_to, "time: %-12s %9.1f ms\n", p->name, t2 - t1);
-    if (after_pass(m, cx, i + 1) != 0) return -1;
     checks += now_ms() - t2;
   }
   if (cx->time_to) fprintf(cx->time_to, "time: %-12s %9.1f ms\n", "checks", checks);
