@@ -45,6 +45,7 @@ int rt_corpus_open(RtCorpus *c, const char *path, char *err, size_t errlen) {
     return -1;
   }
   (void)madvise(p, (size_t)st.st_size, MADV_RANDOM);   /* windows: no read-ahead of the whole file */
+  ts_note_input(path);   /* no output of this run may overwrite it (--save-params, --metrics) */
   c->bytes = p;
   c->len = (size_t)st.st_size;
   return 0;
