@@ -407,9 +407,21 @@ static const char *rd_str(Rd *r) {
   if (memchr(q, 0, n)) { rd_fail(r, "string contains a NUL byte"); return NULL; }
   return ts_intern_n((const char *)q, n);
 }
+/* A name the text form can hold (ir/parse.c's words: a letter or '_',
+ * then letters, digits, '_' and '.'), so every plan the binary reader
+ * accepts also prints to a text plan that parses back (plan.fuzz found
+ * one whose dim name held other bytes). */
+static int is_word(const char *s) {
+  if (!s || !((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || *s == '_')) return 0;
+  for (s++; *s; s++)
+    if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' || *s == '.'))
+      return 0;
+  return 1;
+}
 static const char *rd_name(Rd *r, const char *what) {
   const char *s = rd_str(r);
   if (!r->bad && (!s || !*s)) rd_fail(r, "%s has no name", what);
+  else if (!r->bad && !is_word(s)) rd_fail(r, "%s name '%.40s' is not a name (letters, digits, '_' and '.')", what, s);
   return s;
 }
 
@@ -457,6 +469,7 @@ static void rd_type(Rd *r, IrType *t) {
   for (unsigned i = 0; i < rank && !r->bad; i++) {
     t->dim[i] = rd_i64(r);
     t->dname[i] = rd_str(r);
+    if (!r->bad && t->dname[i] && !is_word(t->dname[i])) rd_fail(r, "dim name '%.40s' is not a name", t->dname[i]);
     if (!r->bad && t->dim[i] < 0) rd_fail(r, "negative dim size %lld", (long long)t->dim[i]);
   }
 }
