@@ -6,34 +6,23 @@
  * one rank, tp 2, tp 2 + sp, or pp 2.  A pass may refuse the model (a
  * message); an "internal error" from a pass or the verifier is a compiler
  * bug and aborts, as do crashes, hangs (-timeout), leaks and sanitizer
- * reports.  Built with clang's -fsanitize=fuzzer,address,undefined by
- * tests/frontend/CMakeLists.txt. */
-#include "frontend/mdl.h"
+ * reports.  Built with clang's -fsanitize=fuzzer,address,undefined
+ * (ts_fuzz_target, tests/fuzz.cmake). */
+#include "fuzz_mdl.h"
 #include "passes/passes.h"
 
 #define FUZZ_MAX_NODES 3000   /* keeps an execution in milliseconds */
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  static FILE *devnull;
-  if (!devnull) devnull = fopen("/dev/null", "w");
-  char *src = malloc(size + 1);
-  if (!src) return 0;
-  memcpy(src, data, size);
-  src[size] = 0;
   MdlOptions opt;
-  mdl_options_init(&opt);
-  opt.diag = devnull;
-  opt.stdlib_dir = TS_SOURCE_DIR "/stdlib";
+  fuzz_mdl_options(&opt);
   switch (size % 4) {   /* the layout: any mutation may change it */
   case 1: opt.tp = 2; break;
   case 2: opt.tp = 2; opt.sp = 1; break;
   case 3: opt.pp = 2; break;
   default: break;
   }
-  IrModule *m = mdl_compile_string(src, "<fuzz>", &opt);
-  free(src);
+  IrModule *m = fuzz_mdl_compile(data, size, &opt);
   if (!m) return 0;
   int fwd = ir_block_find(m, "forward");
   if (fwd >= 0 && m->blocks.a[fwd].n <= FUZZ_MAX_NODES) {
