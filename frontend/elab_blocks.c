@@ -165,7 +165,7 @@ void elab_train(Elab *e) {
   const MdlProgram *p = e->main;
   IrTrain t;
   ir_train_defaults(&t);
-  int have_decay = 0, gb_at = -1;
+  int have_decay = 0, gb_at = -1, batch_bad = 0;   /* batch_bad: an error about either batch size given */
   for (int j = 0; j < p->ntrain; j++) {
     const MdlKV *kv = &p->train[j];
     for (int k = 0; k < j; k++)
@@ -207,8 +207,10 @@ void elab_train(Elab *e) {
     } else {
       Value v = elab_eval(e, &e->config, kv->value);
       if (!strcmp(key, "clip_grad")) train_range(e, &v, key, 0, INFINITY, 0, &t.clip_grad);
-      else if (!strcmp(key, "global_batch")) { if (!train_int(e, &v, key, 1, &t.global_batch)) gb_at = j; }
-      else if (!strcmp(key, "micro_batch")) train_int(e, &v, key, 1, &t.micro_batch);
+      else if (!strcmp(key, "global_batch")) {
+        if (!train_int(e, &v, key, 1, &t.global_batch)) gb_at = j;
+        else batch_bad = 1;
+      } else if (!strcmp(key, "micro_batch")) { if (train_int(e, &v, key, 1, &t.micro_batch)) batch_bad = 1; }
       else if (!strcmp(key, "seq_len")) train_int(e, &v, key, 1, &t.seq_len);
       else if (!strcmp(key, "steps")) train_int(e, &v, key, 1, &t.steps);
       else if (!strcmp(key, "seed")) { int64_t s; if (!train_int(e, &v, key, 0, &s)) t.seed = (uint64_t)s; }
@@ -217,7 +219,7 @@ void elab_train(Elab *e) {
                                "micro_batch, seq_len, steps, seed, precision)", key);
     }
   }
-  if (t.global_batch % t.micro_batch != 0) {
+  if (!batch_bad && t.global_batch % t.micro_batch != 0) {
     MdlLoc at = gb_at >= 0 ? p->train[gb_at].loc : p->ntrain ? p->train[0].loc : no_loc;
     elab_error(e, at, "train: global_batch %lld is not a multiple of micro_batch %lld", (long long)t.global_batch,
                (long long)t.micro_batch);
@@ -229,6 +231,41 @@ void elab_train(Elab *e) {
   }
   e->prec = t.precision;
   e->m->train = t;
+}
+
+/* The train block's seq_len and micro_batch, where given, against the
+ * model's inputs: an input dim of the sequence (the dim ruled to cp, else
+ * 'seq') must be seq_len long, one of the batch (ruled to dp, else
+ * 'batch') micro_batch long; a mismatch is the train key's error. */
+void elab_train_sizes(Elab *e) {
+  const MdlProgram *p = e->main;
+  const IrTrain *t = &e->m->train;
+  const char *seq = ts_intern("seq"), *batch = ts_intern("batch");
+  for (int r = 0; r < e->m->rules.n; r++) {
+    if (e->m->rules.a[r].axes & (1u << IR_AXIS_CP)) seq = e->m->rules.a[r].dim;
+    if (e->m->rules.a[r].axes & (1u << IR_AXIS_DP)) batch = e->m->rules.a[r].dim;
+  }
+  int fb = ir_block_find(e->m, "forward");
+  if (fb < 0) return;
+  for (int j = 0; j < p->ntrain; j++) {
+    const MdlKV *kv = &p->train[j];
+    int is_seq = !strcmp(kv->name, "seq_len"), is_mb = !strcmp(kv->name, "micro_batch");
+    if (!is_seq && !is_mb) continue;
+    const char *dim = is_seq ? seq : batch;
+    int64_t want = is_seq ? t->seq_len : t->micro_batch;
+    const IrBlock *b = &e->m->blocks.a[fb];
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *n = &b->nodes[i];
+      if (n->op != IR_OP_INPUT) continue;
+      int d = 0;
+      while (d < n->type.rank && n->type.dname[d] != dim) d++;
+      if (d == n->type.rank || n->type.dim[d] == want) continue;
+      elab_error(e, kv->loc, "train: %s = %lld, but the model's input \"%s\" has dim '%s' = %lld; make them "
+                 "equal (the data pipeline feeds the input's size)", kv->name, (long long)want,
+                 n->sa ? n->sa : "?", dim, (long long)n->type.dim[d]);
+      break;
+    }
+  }
 }
 
 /* ---- parallel and rules blocks ---- */

@@ -163,6 +163,7 @@ void elab_config(Elab *e);     /* fills e->config and m->consts */
 void elab_train(Elab *e);      /* m->train and e->prec */
 void elab_parallel(Elab *e);   /* m->par */
 void elab_rules(Elab *e);      /* validates only */
+void elab_train_sizes(Elab *e); /* after the model: train sizes against its inputs */
 
 /* ---- builtins (elab_builtins.c) ---- */
 int elab_builtin_lookup(const char *name);       /* -1 if none */

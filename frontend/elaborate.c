@@ -1215,6 +1215,7 @@ IrModule *mdl_elaborate(const MdlProgram *main, const MdlModuleRef *mods, int nm
   if (!e.abort) elab_parallel(&e);
   if (!e.abort) elab_rules(&e);
   if (!e.abort && d->nerrors == err0) elab_model(&e);
+  if (!e.abort && d->nerrors == err0) elab_train_sizes(&e);
   IrModule *m = e.m;
   if (d->nerrors > err0) {
     ir_module_free(m);

@@ -15,6 +15,7 @@
 #include "ir.h"
 #include <math.h>
 #include <stdarg.h>
+#include <string.h>
 
 static int sh_well_formed(const IrSharding *sh, int rank) {
   unsigned seen = 0;
@@ -359,6 +360,78 @@ int ir_verify(const IrModule *m, char *err, size_t errlen) {
  * micro_batch must be that count, or the step would average over other
  * micro batches than it runs (a plan edited after compiling).  0 when they
  * agree or no seed is there (a program not made by autodiff). */
+/* The train line: the ranges the train block of MDL enforces (an edited
+ * plan or IR text gets the same refusals), and a precision that is the
+ * parameters' dtype. */
+static int train_check(const IrModule *m, char *err, size_t errlen) {
+  const IrTrain *t = &m->train;
+  struct { const char *name; double v, lo, hi; int lo_open, hi_open; } r[] = {
+      {"lr", t->lr, 0, INFINITY, 1, 0},           {"beta1", t->beta1, 0, 1, 0, 1},
+      {"beta2", t->beta2, 0, 1, 0, 1},            {"eps", t->eps, 0, INFINITY, 0, 0},
+      {"weight_decay", t->weight_decay, 0, INFINITY, 0, 0}, {"min_lr", t->min_lr, 0, INFINITY, 0, 0},
+      {"clip_grad", t->clip_grad, 0, INFINITY, 0, 0},
+  };
+  for (size_t k = 0; k < sizeof r / sizeof r[0]; k++) {
+    double x = r[k].v;
+    if (!isfinite(x) || (r[k].lo_open ? !(x > r[k].lo) : !(x >= r[k].lo)) || (r[k].hi_open && !(x < r[k].hi)))
+      return ts_errf(err, errlen, "the train line's %s = %g is out of range (%s %g%s); the plan was edited after "
+                     "compiling, or compile the model again", r[k].name, x, r[k].lo_open ? ">" : ">=", r[k].lo,
+                     r[k].hi_open ? " and < 1" : ", finite");
+  }
+  struct { const char *name; int64_t v, lo; } n[] = {
+      {"warmup", t->warmup, 0}, {"decay_steps", t->decay_steps, 0}, {"global_batch", t->global_batch, 1},
+      {"micro_batch", t->micro_batch, 1}, {"seq_len", t->seq_len, 0}, {"steps", t->steps, 1},
+  };
+  for (size_t k = 0; k < sizeof n / sizeof n[0]; k++)
+    if (n[k].v < n[k].lo)
+      return ts_errf(err, errlen, "the train line's %s = %lld is out of range (>= %lld); the plan was edited after "
+                     "compiling, or compile the model again", n[k].name, (long long)n[k].v, (long long)n[k].lo);
+  for (int s = 0; s < m->states.n; s++) {
+    const IrState *st = &m->states.a[s];
+    if (st->kind != IR_STATE_PARAM) continue;
+    if (ir_dtype_is_float(st->type.dtype) && st->type.dtype != t->precision)
+      return ts_errf(err, errlen, "the train line says precision=%s, but parameter @%s is %s: the plan was edited "
+                     "after compiling; compile the model again with --precision %s", ir_dtype_name(t->precision),
+                     st->name, ir_dtype_name(st->type.dtype), ir_dtype_name(t->precision));
+    int bad = !isfinite(st->init_a) || !isfinite(st->init_b) ||
+              (st->init == IR_INIT_NORMAL && st->init_b < 0) || (st->init == IR_INIT_UNIFORM && st->init_b < st->init_a);
+    if (bad)
+      return ts_errf(err, errlen, "parameter @%s has init %s(%g, %g): %s", st->name,
+                     st->init == IR_INIT_NORMAL ? "normal" : st->init == IR_INIT_UNIFORM ? "uniform" : "const",
+                     st->init_a, st->init_b, st->init == IR_INIT_NORMAL ? "a normal's std must be finite and >= 0"
+                     : st->init == IR_INIT_UNIFORM ? "a uniform's bounds must be finite, low <= high" : "not finite");
+  }
+  /* the sizes the data pipeline feeds: the inputs' global batch (the dim
+   * ruled to dp, else 'batch') is the micro batch, their sequence (ruled to
+   * cp, else 'seq') seq_len where the train line gives one */
+  const char *seq = "seq", *batch = "batch";
+  for (int r = 0; r < m->rules.n; r++) {
+    if (m->rules.a[r].axes & (1u << IR_AXIS_CP)) seq = m->rules.a[r].dim;
+    if (m->rules.a[r].axes & (1u << IR_AXIS_DP)) batch = m->rules.a[r].dim;
+  }
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *n = &b->nodes[i];
+      if (n->op != IR_OP_INPUT) continue;
+      for (int d = 0; d < n->type.rank; d++) {
+        const char *dn = n->type.dname[d];
+        int is_b = dn && !strcmp(dn, batch), is_s = dn && !strcmp(dn, seq) && t->seq_len > 0;
+        if (!is_b && !is_s) continue;
+        int64_t g = n->type.dim[d];
+        for (int a = 0; a < IR_AXIS_COUNT; a++)
+          if (n->sh.split[d] & (1u << a)) g *= ir_axis_size(m, (IrAxis)a);
+        int64_t want = is_b ? t->micro_batch : t->seq_len;
+        if (g != want)
+          return ts_errf(err, errlen, "the train line says %s=%lld, but input \"%s\" has dim '%s' = %lld: the plan "
+                         "was edited after compiling; compile the model again", is_b ? "micro_batch" : "seq_len",
+                         (long long)want, n->sa ? n->sa : "?", dn, (long long)g);
+      }
+    }
+  }
+  return 0;
+}
+
 static int loss_seed_check(const IrModule *m, char *err, size_t errlen) {
   const IrTrain *t = &m->train;
   if (t->micro_batch <= 0 || t->global_batch <= 0 || t->global_batch % t->micro_batch) return 0;   /* the trainer says */
@@ -412,7 +485,8 @@ int ir_verify_training(const IrModule *m, char *err, size_t errlen) {
       if (bi == ub && n->op == IR_OP_ADAMW) updated[s]++;
     }
   }
-  int rc = loss_seed_check(m, err, errlen);
+  int rc = train_check(m, err, errlen);
+  if (rc == 0) rc = loss_seed_check(m, err, errlen);
   for (int s = 0; s < ns && rc == 0; s++) {
     const IrState *g = &m->states.a[s];
     if (g->kind != IR_STATE_GRAD) continue;

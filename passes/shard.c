@@ -878,6 +878,32 @@ static uint8_t rule_axes(const IrModule *m, const char *dname) {
 /* Splits every parameter dim with a rule over tp or ep (experts); pads the
  * dims tp does not divide (taint decides later whether that is allowed);
  * an expert count ep does not divide is refused. */
+/* Sequence parallelism splits the sequence dim of the model's inputs over
+ * tp (after cp's split): refused, never dropped, when no input has that
+ * dim or its length does not divide. */
+static int sp_check_inputs(Sh *S) {
+  int found = 0;
+  for (int i = 0; i < S->ob.n; i++) {
+    const IrNode *n = &S->ob.nodes[i];
+    if (n->op != IR_OP_INPUT) continue;
+    for (int d = 0; d < n->type.rank; d++) {
+      if (n->type.dname[d] != S->seq_name) continue;
+      found = 1;
+      int64_t len = n->type.dim[d], local = S->C > 1 ? len / S->C : len;
+      if (local % S->T)
+        return sh_fail(S, "sequence parallelism (--sp) splits the sequence over tp = %d, and input \"%s\" has "
+                       "dim '%s' = %lld%s, which is not divisible by %d: make the sequence a multiple of %lld, "
+                       "or leave out --sp", S->T, n->sa ? n->sa : "?", S->seq_name, (long long)len,
+                       S->C > 1 ? " split over cp" : "", S->T, (long long)(S->C > 1 ? 2 * S->C * S->T : S->T));
+    }
+  }
+  if (!found)
+    return sh_fail(S, "sequence parallelism (--sp) splits the sequence dim '%s' over tp, and no input of the model "
+                   "has a dim of that name: it would split nothing (rules { %s: cp } names the sequence dim)",
+                   S->seq_name, S->seq_name);
+  return 0;
+}
+
 static int shard_params(Sh *S) {
   IrModule *m = S->m;
   static const IrAxis axes[2] = {IR_AXIS_TP, IR_AXIS_EP};
@@ -1431,7 +1457,7 @@ int pass_shard(IrModule *m, PassCtx *cx) {
   for (int i = 0; i < n; i++) S.nv[i] = -1;
 
   /* the model's sizes, before padding: checked in messages */
-  if (shard_params(&S) == 0) {
+  if ((!S.sp || sp_check_inputs(&S) == 0) && shard_params(&S) == 0) {
     compute_hints(&S);
     m->blocks.a[bi] = (IrBlock){S.ob.name, NULL, 0, 0};
     for (int i = 0; i < n && !S.failed; i++) shard_node(&S, i);

@@ -40,6 +40,7 @@
  * the nodes' stage tags (u32 count, then u32 block, u32 node, i32 tag). */
 #include "plan/plan.h"
 #include <errno.h>
+#include <sys/stat.h>
 #include <stdarg.h>
 
 #define PLAN_MAGIC "TSPLAN\0\0"
@@ -1230,13 +1231,32 @@ int plan_write(const Plan *p, const char *path, char *err, size_t errlen) {
   return 0;
 }
 
-Plan *plan_read(const char *path, char *err, size_t errlen) {
-  size_t len = 0;
-  char *data = ts_read_input(path, &len);
-  if (!data) {
-    ts_errf(err, errlen, "cannot read plan '%s': %s", path, strerror(errno));
+char *plan_read_bytes(const char *path, size_t *len, char *err, size_t errlen) {
+  struct stat st;
+  if (stat(path, &st) == 0 && (S_ISDIR(st.st_mode) || S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))) {
+    ts_errf(err, errlen, "cannot read plan '%s': it is a %s, not a plan file", path,
+            S_ISDIR(st.st_mode) ? "directory" : "device");
     return NULL;
   }
+  char *data = ts_read_input_max(path, PLAN_MAX_BYTES, len);
+  if (!data && errno == EFBIG)
+    ts_errf(err, errlen, "cannot read plan '%s': it is larger than %zu MiB, and a plan is at most that (the rank "
+            "programs and their kernels, never the weights)", path, PLAN_MAX_BYTES >> 20);
+  else if (!data)
+    ts_errf(err, errlen, "cannot read plan '%s': %s", path, strerror(errno));
+  return data;
+}
+
+Plan *plan_read(const char *path, char *err, size_t errlen) {
+  size_t len = 0;
+  char *data = plan_read_bytes(path, &len, err, errlen);
+  if (!data) return NULL;
+  Plan *p = plan_from_bytes(data, len, path, err, errlen);
+  free(data);
+  return p;
+}
+
+Plan *plan_from_bytes(const char *data, size_t len, const char *path, char *err, size_t errlen) {
   Plan *p;
   if (len >= 12 && memcmp(data, "tessera-plan", 12) == 0) {
     if (strlen(data) != len) {
@@ -1248,6 +1268,5 @@ Plan *plan_read(const char *path, char *err, size_t errlen) {
   } else {
     p = decode_named(data, len, path, err, errlen);
   }
-  free(data);
   return p;
 }

@@ -59,7 +59,17 @@ void plan_add_image(Plan *p, const PlanImage *im);
 const PlanImage *plan_image(const Plan *p, int program, int sm);
 void plan_free(Plan *p);                 /* frees the programs too */
 int plan_write(const Plan *p, const char *path, char *err, size_t errlen);  /* atomic */
+/* plan_read (and mrun's reader) also refuse a device (a plan is a file or a
+ * pipe) and a file larger than PLAN_MAX_BYTES: a plan is the rank programs
+ * and their kernels, megabytes (GPT-3 175B at tp 8 pp 16: 2.7 MB without
+ * GPU images), never the weights. */
+#define PLAN_MAX_BYTES ((size_t)256 << 20)
 Plan *plan_read(const char *path, char *err, size_t errlen);
+/* plan_read's bounded read of the file: NULL with the message in err. */
+char *plan_read_bytes(const char *path, size_t *len, char *err, size_t errlen);
+/* The plan in data[0..len) (binary or text; NUL-terminated at len), read
+ * from path (for messages). */
+Plan *plan_from_bytes(const char *data, size_t len, const char *path, char *err, size_t errlen);
 /* In-memory forms of the same (used by the file functions and by tests). */
 void plan_encode(const Plan *p, StrBuf *out);
 Plan *plan_decode(const void *data, size_t len, char *err, size_t errlen);

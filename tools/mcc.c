@@ -179,7 +179,16 @@ static int parse_args(int argc, char **argv, Args *a) {
       const char *eq = strchr(kv, '=');
       if (!eq || eq == kv) return usage_error("-D needs key=value, got '%s'", kv);
       MdlDefine d = {ts_intern_n(kv, (size_t)(eq - kv)), eq + 1};
-      VEC_PUSH(a->defines, d);
+      /* the last value of a key wins (as with cc -D); a warning says so */
+      int dup = 0;
+      for (int k = 0; k < a->defines.n && !dup; k++)   /* interned: one pointer per name */
+        if (a->defines.a[k].name == d.name) {
+          fprintf(stderr, "mcc: warning: -D %s is given twice; the last value (%s) replaces %s\n", d.name, d.value,
+                  a->defines.a[k].value);
+          a->defines.a[k].value = d.value;
+          dup = 1;
+        }
+      if (!dup) VEC_PUSH(a->defines, d);
       continue;
     }
     if (strcmp(s, "--precision") == 0) {

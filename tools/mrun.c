@@ -88,17 +88,44 @@ typedef struct {
   RtBackend backend;
 } Args;
 
-/* Parses a non-negative integer option value; 0 or -1 with a message. */
-static int parse_count(const char *opt, const char *s, int64_t max, int64_t *out) {
+/* Parses an integer option value in [min, max]; 0 or -1 with a message. */
+static int parse_count(const char *opt, const char *s, int64_t min, int64_t max, int64_t *out) {
   char *e;
   errno = 0;
   long long v = s ? strtoll(s, &e, 10) : 0;
-  if (!s || !*s || *e || errno || v < 0 || v > max) {
-    fprintf(stderr, "mrun: %s needs a whole number in [0, %lld], got '%s'\n", opt, (long long)max, s ? s : "");
+  if (!s || !*s || *e || errno || v < min || v > max) {
+    fprintf(stderr, "mrun: %s needs a whole number in [%lld, %lld], got '%s'\n", opt, (long long)min, (long long)max,
+            s ? s : "");
     return -1;
   }
   *out = v;
   return 0;
+}
+
+/* Whether two output paths name the same regular file (their directories
+ * resolved: "out.bin" and "./out.bin" do; the files need not exist yet). */
+static int same_path(const char *a, const char *b) {
+  struct stat st;
+  if (stat(a, &st) == 0 && !S_ISREG(st.st_mode)) return 0;   /* a device takes any number of writers */
+  if (strcmp(a, b) == 0) return 1;
+  char *p[2] = {NULL, NULL};
+  const char *in[2] = {a, b};
+  for (int k = 0; k < 2; k++) {
+    const char *slash = strrchr(in[k], '/');
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - in[k]) + (slash == in[k]) : 1, slash ? in[k] : ".");
+    char *real = realpath(dir, NULL);
+    if (real) {
+      size_t n = strlen(real) + strlen(in[k]) + 2;
+      p[k] = malloc(n);
+      if (p[k]) snprintf(p[k], n, "%s/%s", real, slash ? slash + 1 : in[k]);
+      free(real);
+    }
+  }
+  int same = p[0] && p[1] && strcmp(p[0], p[1]) == 0;
+  free(p[0]);
+  free(p[1]);
+  return same;
 }
 
 /* Accepts "--opt VALUE" and "--opt=VALUE".  0, -1 (error), 1 (--help). */
@@ -122,17 +149,23 @@ static int parse_args(int argc, char **argv, Args *a) {
     char *eq = strchr(arg, '=');
     size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
     snprintf(name, sizeof name, "%.*s", (int)(nl < 31 ? nl : 31), arg);
+    static const char *const valued[] = {"--gpus", "--steps", "--seed", "--timeout", "--backend",
+                                         "--save-params", "--data", "--metrics", NULL};
+    int known = 0;
+    for (int k = 0; valued[k]; k++) known |= strlen(valued[k]) == nl && strncmp(arg, valued[k], nl) == 0;
+    if (!known) { fprintf(stderr, "mrun: unknown option '%.*s'\n%s", (int)nl, arg, usage); return -1; }
     if (eq) val = eq + 1;
     else if (i + 1 < argc) val = argv[++i];
     else { fprintf(stderr, "mrun: %s needs a value\n", name); return -1; }
     int64_t v;
     if (strcmp(name, "--gpus") == 0) {
-      if (parse_count(name, val, 1 << 20, &a->gpus)) return -1;
-      if (a->gpus < 1) { fprintf(stderr, "mrun: --gpus needs at least 1 rank\n"); return -1; }
+      if (parse_count(name, val, 1, 1 << 20, &a->gpus)) return -1;
     }
-    else if (strcmp(name, "--steps") == 0) { if (parse_count(name, val, INT64_MAX / 2, &a->steps)) return -1; }
+    else if (strcmp(name, "--steps") == 0) {
+      if (parse_count(name, val, 1, INT64_MAX / 2, &a->steps)) return -1;
+    }
     else if (strcmp(name, "--seed") == 0) {
-      if (parse_count(name, val, INT64_MAX, &v)) return -1;
+      if (parse_count(name, val, 0, INT64_MAX, &v)) return -1;
       a->seed = (uint64_t)v;
       a->has_seed = 1;
     }
@@ -157,6 +190,10 @@ static int parse_args(int argc, char **argv, Args *a) {
     else { fprintf(stderr, "mrun: unknown option '%s'\n%s", name, usage); return -1; }
   }
   if (a->selftest && a->plan) { fprintf(stderr, "mrun: --selftest takes no plan (got '%s')\n", a->plan); return -1; }
+  if (a->metrics && a->save_params && same_path(a->metrics, a->save_params)) {
+    fprintf(stderr, "mrun: --metrics and --save-params both name '%s': each needs a file of its own\n", a->metrics);
+    return -1;
+  }
   if (!a->plan && !a->selftest) { fprintf(stderr, "mrun: no plan given\n%s", usage); return -1; }
   return 0;
 }
@@ -173,14 +210,9 @@ static int is_module_text(const char *s) {
 
 /* Loads PATH as a plan, or as a one-rank plan around a bare IR module. */
 static Plan *load_plan(const char *path, char *err, size_t errlen) {
-  struct stat st;
-  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
-    snprintf(err, errlen, "cannot read plan '%s': it is a directory", path);
-    return NULL;
-  }
   size_t len = 0;
-  char *text = ts_read_input(path, &len);
-  if (!text) { snprintf(err, errlen, "cannot read plan '%s': %s", path, strerror(errno)); return NULL; }
+  char *text = plan_read_bytes(path, &len, err, errlen);
+  if (!text) return NULL;
   int bare = strlen(text) == len && is_module_text(text);
   Plan *p = NULL;
   if (bare) {
@@ -198,8 +230,9 @@ static Plan *load_plan(const char *path, char *err, size_t errlen) {
       p->rank_program = ts_xcalloc(1, sizeof *p->rank_program);
     }
   }
+  if (!bare) p = plan_from_bytes(text, len, path, err, errlen);
   free(text);
-  return bare ? p : plan_read(path, err, errlen);
+  return p;
 }
 
 static int under_launcher(void) {
@@ -219,6 +252,16 @@ static int mesh_for(const Plan *plan, int64_t n, PlanMesh *mesh, char *err, size
                    (long long)n, m.tp < 1 ? 1 : m.tp, m.pp < 1 ? 1 : m.pp, m.cp < 1 ? 1 : m.cp,
                    m.ep < 1 ? 1 : m.ep, (long long)per, (long long)per);
   m.dp = (int)(n / per);
+  /* each dp rank runs whole micro batches (the trainer checks it too, but
+   * only after N processes have started) */
+  const IrTrain *tr = plan->nprograms > 0 ? &plan->programs[0]->train : NULL;
+  if (tr && tr->micro_batch > 0 && tr->global_batch > 0 && tr->global_batch % tr->micro_batch == 0 &&
+      (tr->global_batch / tr->micro_batch) % m.dp != 0)
+    return ts_errf(err, errlen, "--gpus %lld gives dp = %lld / %lld = %d, which does not divide the %lld micro "
+                   "batches of a step (global_batch %lld / micro_batch %lld): each dp rank runs whole micro "
+                   "batches", (long long)n, (long long)n, (long long)per, m.dp,
+                   (long long)(tr->global_batch / tr->micro_batch), (long long)tr->global_batch,
+                   (long long)tr->micro_batch);
   *mesh = m;
   return 0;
 }

@@ -29,6 +29,7 @@ static IrModule *make_module(void) {
   m->train.schedule = IR_SCHED_COSINE;
   m->train.warmup = 3;
   m->train.clip_grad = 1.0;
+  m->train.global_batch = m->train.micro_batch = 2;   /* the input's batch dim (ir_verify_training checks it) */
   m->train.seed = 0xfedcba9876543210ull;
   m->par = (IrParallel){.tp = 1, .pp = 1, .cp = 1, .ep = 1, .zero = 1};
 

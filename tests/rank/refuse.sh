@@ -25,8 +25,8 @@ expect() {   # expect REGEX CMD...: CMD must exit 1 and print REGEX
 }
 expect "--gpus 3 does not divide into the plan's mesh: tp=2 .*use a multiple of 2" \
   "$mrun" tp2.ir --gpus 3 --steps 1
-# global_batch 4 / micro_batch 2 = 2 micro batches: not enough for dp 4
-expect "global_batch 4 is not a multiple of micro_batch 2 x dp 4" \
+# global_batch 4 / micro_batch 2 = 2 micro batches: not enough for dp 4 (refused before the ranks start)
+expect "--gpus 4 gives dp = 4 / 1 = 4, which does not divide the 2 micro batches of a step" \
   timeout -k 5 60 "$mrun" dp.plan --gpus 4 --steps 1 --timeout 10
 root=; [ "$(id -u)" = 0 ] && root=--allow-run-as-root
 expect "--gpus 3 but the MPI job has 2 ranks" \
