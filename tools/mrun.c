@@ -71,6 +71,10 @@ static const char usage[] =
     "  --seed N           override the plan's train.seed (initialization, data order, dropout)\n"
     "  --timeout S        seconds a rank waits in a collective before the job is stopped (default 60)\n"
     "  --save-params FILE after training, write every parameter in its global shape (format: runtime/exec/train.h)\n"
+    "  --save DIR         checkpoints into DIR (docs/checkpoints.md): at the end (or when stopped by a signal)\n"
+    "  --save-interval N  ... and after every N-th step;  --keep K: only the newest K are kept\n"
+    "  --load DIR         resume from the checkpoint DIR/latest names (or DIR itself, one checkpoint): same\n"
+    "                     model and layout; training goes on to --steps (steps count from the run's start)\n"
     "  --quiet            no per-step progress lines\n"
     "  --backend B        llvm (default): fusion groups and elementwise / row ops as JIT-compiled kernels;\n"
     "                     ref: every op on the reference kernels (the oracle for tests; CPU ranks)\n"
@@ -81,6 +85,7 @@ static const char usage[] =
 
 typedef struct {
   const char *plan, *data, *metrics, *save_params;
+  RtCkptOpts ckpt;
   int64_t gpus, steps;        /* -1: not given */
   int has_seed, quiet, cpu, selftest;
   uint64_t seed;
@@ -150,7 +155,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
     snprintf(name, sizeof name, "%.*s", (int)(nl < 31 ? nl : 31), arg);
     static const char *const valued[] = {"--gpus", "--steps", "--seed", "--timeout", "--backend",
-                                         "--save-params", "--data", "--metrics", NULL};
+                                         "--save-params", "--data", "--metrics", "--save", "--save-interval",
+                                         "--keep", "--load", NULL};
     int known = 0;
     for (int k = 0; valued[k]; k++) known |= strlen(valued[k]) == nl && strncmp(arg, valued[k], nl) == 0;
     if (!known) { fprintf(stderr, "mrun: unknown option '%.*s'\n%s", (int)nl, arg, usage); return -1; }
@@ -185,9 +191,21 @@ static int parse_args(int argc, char **argv, Args *a) {
       else { fprintf(stderr, "mrun: --backend must be llvm or ref, got '%s'\n", val); return -1; }
     }
     else if (strcmp(name, "--save-params") == 0) a->save_params = val;
+    else if (strcmp(name, "--save") == 0) a->ckpt.save_dir = val;
+    else if (strcmp(name, "--load") == 0) a->ckpt.load_dir = val;
+    else if (strcmp(name, "--save-interval") == 0) {
+      if (parse_count(name, val, 1, INT64_MAX / 2, &a->ckpt.save_interval)) return -1;
+    } else if (strcmp(name, "--keep") == 0) {
+      if (parse_count(name, val, 1, 1 << 20, &v)) return -1;
+      a->ckpt.keep = (int)v;
+    }
     else if (strcmp(name, "--data") == 0) a->data = val;
     else if (strcmp(name, "--metrics") == 0) a->metrics = val;
     else { fprintf(stderr, "mrun: unknown option '%s'\n%s", name, usage); return -1; }
+  }
+  if ((a->ckpt.save_interval || a->ckpt.keep) && !a->ckpt.save_dir) {
+    fprintf(stderr, "mrun: --save-interval and --keep go with --save DIR\n");
+    return -1;
   }
   if (a->selftest && a->plan) { fprintf(stderr, "mrun: --selftest takes no plan (got '%s')\n", a->plan); return -1; }
   if (a->metrics && a->save_params && same_path(a->metrics, a->save_params)) {
@@ -654,17 +672,20 @@ static int run_selftest(void) {
  * status 128 + signal (0 for a run that ended).  Ranks under mrun's
  * launcher exit 0 (the launcher gives the status, without mpirun's
  * report of a failed process). */
-static int stopped(const RtTrainResult *res, const IrModule *m, int print) {
+static int stopped(const RtTrainResult *res, const IrModule *m, const char *save_dir, int print) {
   if (!res->stopped_by) return 0;
   if (print)
-    fprintf(stderr, "mrun: stopped by %s after step %lld of %lld (the metrics of every step done are written)\n",
-            sig_name(res->stopped_by), (long long)res->steps, (long long)m->train.steps);
+    fprintf(stderr, "mrun: stopped by %s after step %lld of %lld (the metrics of every step done are written%s%s)\n",
+            sig_name(res->stopped_by), (long long)res->steps, (long long)m->train.steps,
+            res->saved && save_dir ? "; its checkpoint is in " : "", res->saved && save_dir ? save_dir : "");
   return getenv("TS_MRUN_STATUS_DIR") ? 0 : 128 + res->stopped_by;
 }
 
 static void print_done(const Args *a, const RtTrainResult *res) {
-  if (!a->quiet && res->steps > 0)
-    printf("mrun: trained %lld steps: loss %.4f -> %.4f\n", (long long)res->steps, res->first_loss, res->last_loss);
+  if (!a->quiet && res->steps > res->resumed_from)
+    printf("mrun: trained %lld steps%s: loss %.4f -> %.4f%s\n", (long long)(res->steps - res->resumed_from),
+           res->resumed_from ? " after the checkpoint" : "", res->first_loss, res->last_loss,
+           res->saved ? (res->saved > 1 ? "; checkpoints saved" : "; checkpoint saved") : "");
 }
 
 /* One process, no MPI. */
@@ -686,11 +707,11 @@ static int run_single(const Args *a) {
   RtRank rank = rt_rank_single();
   rank.mesh = mesh;
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
-                   .rank = &rank, .save_params_path = a->save_params};
+                   .rank = &rank, .save_params_path = a->save_params, .ckpt = a->ckpt};
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) { fprintf(stderr, "mrun: %s\n", err); goto out; }
   print_done(a, &res);
-  rc = stopped(&res, m, 1);
+  rc = stopped(&res, m, a->ckpt.save_dir, 1);
 out:
   gpu_close(&gpu);
   plan_free(plan);
@@ -732,11 +753,12 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   /* on GPUs the device's collectives go through NCCL on its comm stream */
   if (gpu.dev && rt_rank_gpu_groups(&rank, gpu.dev, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
-                   .rank = &rank, .world = world, .save_params_path = a->save_params};
+                   .rank = &rank, .world = world, .save_params_path = a->save_params,
+                   .ckpt = a->ckpt};
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   if (me == 0) print_done(a, &res);
-  int rc = stopped(&res, m, me == 0);
+  int rc = stopped(&res, m, a->ckpt.save_dir, me == 0);
   fflush(stdout);
   rt_rank_gpu_groups_free(&rank);   /* before the device's context */
   gpu_close(&gpu);

@@ -321,6 +321,16 @@ int rt_program_sync_states(RtProgram *p, char *err, size_t errlen) {
   return 0;
 }
 
+int rt_program_push_states(RtProgram *p, char *err, size_t errlen) {
+  if (!p->dx) return 0;
+  RtDev *d = p->opts.dev;
+  char why[512];
+  if (d->ops->h2d(d, p->dslab, p->slab, p->slab_bytes, RT_STREAM_COMPUTE, why, sizeof why) != 0 ||
+      d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "copying the loaded states to %s: %s", d->label, why);
+  return 0;
+}
+
 RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecOpts *o, char *err, size_t errlen) {
   RtExecOpts dflt = {0};
   if (!o) o = &dflt;

@@ -133,6 +133,9 @@ void *rt_state_data(RtProgram *p, int s);
  * them back into the host memory rt_state_data points at (no-op for CPU
  * programs).  0, or -1 with a message. */
 int rt_program_sync_states(RtProgram *p, char *err, size_t errlen);
+/* The other way: the host states (changed by a checkpoint load) copied to
+ * the device.  0, or -1 with a message (no-op for CPU programs). */
+int rt_program_push_states(RtProgram *p, char *err, size_t errlen);
 /* How many blocks of a device program replay a captured CUDA Graph (the
  * block "micro" from its third run on; 0 on the CPU). */
 int rt_program_graphs(const RtProgram *p);

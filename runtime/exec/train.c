@@ -24,6 +24,7 @@
  * JSON Lines (step numbered from 1, like the progress line), flushed per
  * line so a crashed or interrupted run leaves every finished step. */
 #include "train.h"
+#include <sys/stat.h>
 #include "rt_priv.h"
 #include "runtime/comm/comm.h"
 #include "plan/schedule.h"
@@ -44,17 +45,21 @@ static void on_stop(int sig) {
   stop_sig = sig;
 }
 
-/* DIR/rank.<r> <- "what S" (rewritten in place: a few bytes, no rename) */
+/* DIR/rank.<r> <- "what S PID", replaced by a rename: the launcher reads it
+ * at any moment (to pass a signal to the rank), and a file rewritten in
+ * place is empty between its truncation and the write. */
 static void status_write(int world_rank, const char *what, int64_t step) {
   const char *dir = getenv("TS_MRUN_STATUS_DIR");
   if (!dir || !*dir) return;
-  char path[4096], line[64];
+  char path[4096], tmp[4200], line[64];
   snprintf(path, sizeof path, "%s/rank.%d", dir, world_rank);
+  snprintf(tmp, sizeof tmp, "%s.new", path);
   int n = snprintf(line, sizeof line, "%s %lld %ld\n", what, (long long)step, (long)getpid());
-  FILE *f = fopen(path, "w");
+  FILE *f = fopen(tmp, "w");
   if (!f) return;
-  if (fwrite(line, 1, (size_t)n, f) != (size_t)n) { /* the report is best effort */ }
-  fclose(f);
+  int ok = fwrite(line, 1, (size_t)n, f) == (size_t)n;
+  if (fclose(f) != 0) ok = 0;
+  if (!ok || rename(tmp, path) != 0) unlink(tmp);   /* the report is best effort */
 }
 
 static double now_s(void) {
@@ -539,7 +544,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   RtTrainOpts dflt = {0};
   if (!o) o = &dflt;
   FILE *log = o->log ? o->log : stdout;
-  RtTrainResult rs = {0, NAN, NAN, NAN, 0, 0, 0, 0};
+  RtTrainResult rs = {0, NAN, NAN, NAN, 0, 0, 0, 0, 0, 0};
   /* a pipeline stage's program has fwd.<g> / bwd.<g> blocks instead of micro */
   int piped = ir_axis_size(m, IR_AXIS_PP) > 1;
   int mb = ir_block_find(m, "micro"), ub = ir_block_find(m, "update");
@@ -588,6 +593,27 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   r.stall_step = fault_step("STALL", r.world_rank);
   int lead = r.world_rank == 0;   /* prints and writes metrics */
   if (!(r.prog = rt_program_new_rank(m, rank, err, errlen))) return -1;
+  int64_t start = 0;
+  if (o->ckpt.load_dir) {
+    if (rt_ckpt_load(r.prog, o->world, o->ckpt.load_dir, &start, err, errlen) != 0) { run_free(&r); return -1; }
+    if (start >= tr->steps) {
+      snprintf(err, errlen, "the checkpoint in %s is of step %lld, and training ends at step %lld: nothing to do "
+               "(give --steps above %lld)", o->ckpt.load_dir, (long long)start, (long long)tr->steps, (long long)start);
+      run_free(&r);
+      return -1;
+    }
+    rs.resumed_from = rs.steps = start;
+    if (lead && !o->quiet)
+      fprintf(log, "resumed from the checkpoint of step %lld in %s\n", (long long)start, o->ckpt.load_dir);
+  }
+  if (o->ckpt.save_dir) {   /* before the run, not after its first interval */
+    struct stat sst;
+    if (stat(o->ckpt.save_dir, &sst) == 0 && !S_ISDIR(sst.st_mode)) {
+      snprintf(err, errlen, "--save: '%s' exists and is not a directory", o->ckpt.save_dir);
+      run_free(&r);
+      return -1;
+    }
+  }
   if (piped && pipe_setup(&r, m, rank, n_local, err, errlen) != 0) { run_free(&r); return -1; }
   /* the blocks fed with micro batches: micro, or every pipeline block */
   int *fb = ts_xmalloc((size_t)m->blocks.n * sizeof *fb), nfb = 0;
@@ -651,7 +677,8 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   stop_sig = 0;
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
-  for (int64_t s = 0; s < tr->steps; s++) {
+  int64_t saved_at = start;   /* the step whose checkpoint exists (nothing new to save there) */
+  for (int64_t s = start; s < tr->steps; s++) {
     double ts = now_s(), lr = rt_lr_at(tr, s), loss = NAN, gn = NAN;
     status_write(r.world_rank, "step", s + 1);
     int bad = piped ? train_step_pipe(&r, m, &fs, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
@@ -695,7 +722,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
         r.metrics = NULL;
       }
     }
-    if (s == 0) rs.first_loss = loss;
+    if (s == start) rs.first_loss = loss;
     rs.last_loss = loss;
     rs.last_grad_norm = gn;
     rs.steps = s + 1;
@@ -706,6 +733,16 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       rs.stopped_by = (int)stop;
       break;
     }
+    if (o->ckpt.save_dir && o->ckpt.save_interval > 0 && (s + 1) % o->ckpt.save_interval == 0) {
+      if (rt_ckpt_save(r.prog, o->world, &o->ckpt, s + 1, err, errlen) != 0) { rc = -1; break; }
+      saved_at = s + 1;
+      rs.saved++;
+    }
+  }
+  /* the last step done (also when a signal stopped the run) */
+  if (rc == 0 && o->ckpt.save_dir && rs.steps > saved_at) {
+    if (rt_ckpt_save(r.prog, o->world, &o->ckpt, rs.steps, err, errlen) != 0) rc = -1;
+    else rs.saved++;
   }
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);

@@ -56,7 +56,17 @@ int rt_corpus_batch(const RtCorpus *c, uint64_t seed, int64_t step, int64_t row0
  * Fault injection for the tests (world ranks, steps from 1):
  *   TS_FAULT_KILL_RANK=R TS_FAULT_KILL_STEP=S   rank R SIGKILLs itself in
  *       step S, after its first micro batch;
- *   TS_FAULT_STALL_RANK=R TS_FAULT_STALL_STEP=S rank R stops (sleeps) there. */
+ *   TS_FAULT_STALL_RANK=R TS_FAULT_STALL_STEP=S rank R stops (sleeps) there;
+ *   TS_FAULT_CKPT_RANK=R TS_FAULT_CKPT_KILL=K   rank R SIGKILLs itself at
+ *       the K-th point of its checkpoint saves (ckpt.c lists them). */
+/* Checkpoints (ckpt.c; the format: docs/checkpoints.md). */
+typedef struct {
+  const char *save_dir;      /* --save DIR: NULL, none */
+  int64_t save_interval;     /* a checkpoint after every N-th step (0: only at the end) */
+  int keep;                  /* the newest K checkpoints kept (0: all) */
+  const char *load_dir;      /* --load DIR: resume from DIR/latest (or DIR itself, an iter_N) */
+} RtCkptOpts;
+
 typedef struct {
   const char *data_path;     /* NULL: rt_corpus_default_path() */
   const char *metrics_path;  /* JSON Lines, one object per step; NULL: none */
@@ -65,6 +75,7 @@ typedef struct {
   const RtRank *rank;        /* NULL: a single rank (no communication) */
   RtComm *world;             /* all ranks (for --save-params); NULL: single rank */
   const char *save_params_path;  /* after training: rt_params_save; NULL: none */
+  RtCkptOpts ckpt;           /* --save / --load */
 } RtTrainOpts;
 
 typedef struct {
@@ -76,6 +87,8 @@ typedef struct {
   long long dev_collectives, dev_overlapped;
   int accum_direct;          /* gradients the program makes straight into their state (RtExecStats) */
   int stopped_by;            /* SIGINT / SIGTERM stopped training after `steps` (0: ran to the end) */
+  int64_t resumed_from;      /* --load: the checkpoint's step (training ran steps resumed_from+1 ..); 0: none */
+  int64_t saved;             /* checkpoints written */
 } RtTrainResult;
 
 /* Stopping: SIGINT or SIGTERM during rt_train ends training after the step
@@ -98,6 +111,17 @@ typedef struct {
  * 0 on success, -1 with a message. */
 int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res,
              char *err, size_t errlen);
+
+/* Collective over `world` (NULL: a single rank): writes the checkpoint of
+ * `step` (every state of every rank) into o->save_dir/iter_<step> and points
+ * o->save_dir/latest at it; keeps the newest o->keep.  0, or -1 with a
+ * message on every rank. */
+int rt_ckpt_save(RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t step, char *err, size_t errlen);
+/* Collective: loads this rank's states from the checkpoint `dir` names (its
+ * `latest`, or dir itself) and returns its step.  The checkpoint must come
+ * from the same model and layout (rank count and mesh); a tensor that differs
+ * in name, kind, dtype or shape is named.  0, or -1 with a message. */
+int rt_ckpt_load(RtProgram *p, RtComm *world, const char *dir, int64_t *step, char *err, size_t errlen);
 
 /* ---- parameter files (mrun --save-params) ----
  * Every parameter in its GLOBAL logical shape: tp (and other) splits

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# resume.sh - checkpoints (runtime/exec/ckpt.c): a run stopped after step 3
+# and resumed from its checkpoint gives, for steps 4-6, the losses and the
+# final parameters of the run that never stopped, bit for bit, in every
+# layout family; and the refusals of a checkpoint that does not fit.
+#
+#   resume.sh CASE MCC MRUN SRCDIR TMPDIR    (CASE: layouts, refusals, kills)
+set -u
+CASE=$1 MCC=$2 MRUN=$3 SRC=$4 TMP=$5
+rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
+fail=0
+die() { echo "FAIL: $*" >&2; fail=1; }
+printf 'In the beginning God created the heaven and the earth. %.0s' {1..100} > corpus.txt
+GPT="-D layers=2 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=4 -D micro_batch=1 -D dropout=0.1"
+MOE="-D layers=2 -D d_model=32 -D heads=4 -D kv_heads=2 -D seq_len=16 -D vocab=256 -D batch=4 -D micro_batch=2 -D ffn=32 -D experts=4 -D topk=2"
+
+# the loss and grad norm of steps FROM.. in a metrics file, one per line
+losses() { sed -n 's/.*"step": \([0-9]*\), "loss": \([^,]*\), "lr": [^,]*, "grad_norm": \([^,]*\),.*/\1 \2 \3/p' "$1" | awk -v f="$2" '$1 >= f'; }
+
+# resume NAME MODEL GPUS MCC-FLAGS...: full run of 6 steps vs 3 + resume to 6
+resume() {
+  local name=$1 model=$2 gpus=$3; shift 3
+  mkdir -p "$name" && cd "$name" || return
+  if ! "$MCC" "$SRC/samples/$model.mdl" "$@" -o p.plan 2> err.txt; then die "$name: mcc: $(cat err.txt)"; cd ..; return; fi
+  local run=("$MRUN" p.plan --gpus "$gpus" --data ../corpus.txt --quiet --timeout 60)
+  "${run[@]}" --steps 6 --metrics full.jsonl --save-params full.bin > out.txt 2>&1 || die "$name: full run: $(tail -3 out.txt)"
+  "${run[@]}" --steps 3 --save ck > out.txt 2>&1 || die "$name: first 3 steps: $(tail -3 out.txt)"
+  [ "$(cat ck/latest 2>/dev/null)" = iter_0000003 ] || die "$name: ck/latest is '$(cat ck/latest 2>/dev/null)', not iter_0000003"
+  [ -f ck/iter_0000003/metadata.json ] || die "$name: no ck/iter_0000003/metadata.json"
+  "${run[@]}" --steps 6 --load ck --metrics res.jsonl --save-params res.bin > out.txt 2>&1 ||
+    die "$name: resumed run: $(tail -3 out.txt)"
+  cmp -s full.bin res.bin || die "$name: the parameters after step 6 differ between the full and the resumed run"
+  local a b
+  a=$(losses full.jsonl 4) b=$(losses res.jsonl 1)
+  [ -n "$a" ] && [ "$a" = "$b" ] || die "$name: steps 4-6 differ: full '$a', resumed '$b'"
+  echo "$name: steps 4-6 and the parameters after step 6 equal the uninterrupted run's ($(echo "$a" | tr '\n' ' '))"
+  cd ..
+}
+
+case $CASE in
+layouts)
+  resume f64 gpt 1 $GPT --precision f64
+  resume f32 gpt 1 $GPT
+  resume tp2_sp gpt 2 $GPT --tp 2 --sp
+  resume dp2_zero gpt 2 $GPT --dp 2
+  resume dp2_nozero gpt 2 $GPT --dp 2 --no-zero
+  resume pp2_1f1b gpt 2 $GPT --pp 2
+  resume pp2_interleaved gpt 2 ${GPT/layers=2/layers=4} --pp 2 --vpp 2
+  resume cp2 gpt 2 ${GPT/dropout=0.1/dropout=0} --cp 2
+  resume ep2 moe 2 $MOE --ep 2
+  resume tp2_f64 gpt 2 $GPT --tp 2 --precision f64
+  resume tp2_sp_f64 gpt 2 $GPT --tp 2 --sp --precision f64
+  resume dp2_zero_f64 gpt 2 $GPT --dp 2 --precision f64
+  resume pp2_interleaved_f64 gpt 2 ${GPT/layers=2/layers=4} --pp 2 --vpp 2 --precision f64
+  resume cp2_f64 gpt 2 ${GPT/dropout=0.1/dropout=0} --cp 2 --precision f64
+  resume ep2_f64 moe 2 $MOE --ep 2 --precision f64
+  ;;
+refusals)
+  "$MCC" "$SRC/samples/gpt.mdl" $GPT -o p.plan && "$MCC" "$SRC/samples/gpt.mdl" $GPT --tp 2 -o tp.plan &&
+    "$MCC" "$SRC/samples/gpt.mdl" ${GPT/d_model=32/d_model=64} -o wide.plan || { echo "FAIL: mcc" >&2; exit 1; }
+  run() { "$MRUN" "$@" --data corpus.txt --quiet > out.txt 2>&1; }
+  # expect WHAT TEXT CMD...: CMD fails and says TEXT
+  expect() { local what=$1 text=$2; shift 2; if run "$@"; then die "$what: accepted"; elif ! grep -qF -- "$text" out.txt; then die "$what: no '$text' in: $(tail -2 out.txt)"; fi; }
+  run p.plan --steps 5 --save ck --save-interval 1 --keep 2 || die "save every step: $(tail -2 out.txt)"
+  [ "$(ls ck | tr '\n' ' ')" = "iter_0000004 iter_0000005 latest " ] || die "--keep 2 left: $(ls ck | tr '\n' ' ')"
+  expect "nothing left" "is of step 5, and training ends at step 5" p.plan --steps 5 --load ck
+  expect "no checkpoint" "has no checkpoint" p.plan --steps 6 --load .
+  expect "not a directory" "is not a directory" p.plan --steps 6 --load corpus.txt
+  expect "other layout" "loading into another layout is not implemented yet" tp.plan --gpus 2 --steps 6 --load ck
+  expect "other model" "tensor 'token_embedding.wte' (param f32[256, 32]" wide.plan --steps 6 --load ck
+  expect "save onto a file" "exists and is not a directory" p.plan --steps 1 --save corpus.txt
+  expect "interval without save" "go with --save DIR" p.plan --steps 1 --save-interval 2
+  # a save killed before its rename leaves iter_N.tmp: never chosen
+  mkdir ck/iter_0000009.tmp && : > ck/iter_0000009.tmp/rank_00000.bin
+  run p.plan --steps 6 --load ck || die "a leftover .tmp: $(tail -2 out.txt)"
+  grep -q "resumed" out.txt && die "--quiet printed the resume line"
+  cp -r ck bad
+  printf 'X' | dd of=bad/iter_0000005/rank_00000.bin bs=1 seek=200 conv=notrunc 2>/dev/null
+  expect "a flipped byte" "is corrupted: tensor" p.plan --steps 6 --load bad
+  head -c 300 ck/iter_0000005/rank_00000.bin > bad/iter_0000005/rank_00000.bin
+  expect "a truncated shard" "is truncated" p.plan --steps 6 --load bad
+  echo iter_0000007 > bad/latest
+  expect "latest names a missing checkpoint" "which is missing" p.plan --steps 6 --load bad
+  echo garbage > bad/latest
+  expect "latest damaged" "does not name a checkpoint" p.plan --steps 6 --load bad
+  run p.plan --steps 6 --load ck/iter_0000004 || die "--load of an iter directory: $(tail -2 out.txt)"
+  # SIGTERM: the run stops after a step, saves it, and resumes from there
+  "$MRUN" p.plan --steps 1000000 --save sig --data corpus.txt --quiet > sig.txt 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do [ -d sig ] || [ -s sig.txt ] && break; sleep 0.1; done
+  sleep 1
+  kill -TERM $pid
+  wait $pid
+  rc=$?
+  k=$(sed -n 's/^iter_0*\([0-9][0-9]*\)$/\1/p' sig/latest 2>/dev/null)
+  if [ "$rc" != 143 ] || [ -z "$k" ]; then die "SIGTERM with --save: exit $rc, latest '$(cat sig/latest 2>/dev/null)': $(tail -2 sig.txt)"
+  else
+    grep -q "stopped by SIGTERM after step $k " sig.txt || die "SIGTERM: the checkpoint is not of the step reached: $(tail -2 sig.txt)"
+    run p.plan --steps $((k + 2)) --load sig || die "resume after SIGTERM: $(tail -2 out.txt)"
+  fi
+  echo '{}' > bad/iter_0000004/metadata.json
+  expect "damaged metadata" "not a Tessera checkpoint's metadata" p.plan --steps 6 --load bad/iter_0000004
+  ;;
+kills)
+  # SIGKILL at every point of the saves of steps 1-4 (every step saved,
+  # --keep 2): the last complete checkpoint loads, and the run resumed from
+  # it ends with the parameters of the run that never stopped
+  "$MCC" "$SRC/samples/gpt.mdl" $GPT -o p.plan || { echo "FAIL: mcc" >&2; exit 1; }
+  run() { "$MRUN" p.plan --data corpus.txt --quiet "$@"; }
+  run --steps 6 --save-params full.bin > /dev/null 2>&1 || { echo "FAIL: full run" >&2; exit 1; }
+  n=0 seen=""
+  for k in $(seq 1 36); do
+    rm -rf ck res.bin
+    TS_FAULT_CKPT_KILL=$k run --steps 6 --save ck --save-interval 1 --keep 2 > kill.txt 2>&1
+    rc=$?
+    where=$(sed -n 's/.*TS_FAULT_CKPT_KILL: killing myself //p' kill.txt)
+    if [ $rc = 0 ]; then break; fi   # past the last point
+    [ $rc = 137 ] || { die "kill point $k: exit $rc: $(tail -2 kill.txt)"; continue; }
+    n=$((n + 1))
+    case " $seen " in *" $where "*) ;; *) seen="$seen|$where" ;; esac
+    if [ ! -f ck/latest ]; then
+      run --steps 6 --save-params res.bin > res.txt 2>&1 || die "kill point $k ($where): a fresh run failed"
+    else
+      run --steps 6 --load ck --save-params res.bin > res.txt 2>&1 ||
+        { die "kill point $k ($where): the last checkpoint ($(cat ck/latest)) does not load: $(tail -2 res.txt)"; continue; }
+    fi
+    cmp -s full.bin res.bin || die "kill point $k ($where): the resumed run's parameters differ"
+  done
+  [ $n -ge 20 ] || die "only $n kill points were reached (expected at least 20)"
+  echo "kills: $n kill points, each resumed bit-identically; points:$(echo "$seen" | tr '|' '\n' | sed '/^$/d' | sort -u | sed 's/^/ [/; s/$/]/' | tr -d '\n')"
+  ;;
+*) echo "resume.sh: unknown case $CASE" >&2; exit 2 ;;
+esac
+exit $fail
