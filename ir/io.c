@@ -181,10 +181,16 @@ static int io_target(const char *path, int *inplace, char **target) {
   return 0;
 }
 
-static int io_write_inplace(const char *path, const void *data, size_t len) {
+static int write_pieces(int fd, const TsPiece *pc, int n) {
+  for (int i = 0; i < n; i++)
+    if (write_all(fd, pc[i].p, pc[i].n) != 0) return -1;
+  return 0;
+}
+
+static int io_write_inplace(const char *path, const TsPiece *pc, int npc) {
   int fd = open(path, O_WRONLY | O_NOCTTY);
   if (fd < 0) return io_fail("cannot write '%s': %s", path, strerror(errno));
-  if (write_all(fd, data, len) != 0) {
+  if (write_pieces(fd, pc, npc) != 0) {
     int e = errno;
     close(fd);
     return io_fail("cannot write '%s': %s", path, strerror(e));
@@ -195,15 +201,17 @@ static int io_write_inplace(const char *path, const void *data, size_t len) {
 
 static int io_stdout_reported;   /* a failure on stdout went back to a caller, who says so */
 
-static int io_write_stdout(const void *data, size_t len) {
-  if ((len && fwrite(data, 1, len, stdout) != len) || fflush(stdout) != 0 || ferror(stdout)) {
+static int io_write_stdout(const TsPiece *pc, int npc) {
+  int bad = 0;
+  for (int i = 0; i < npc && !bad; i++) bad = pc[i].n && fwrite(pc[i].p, 1, pc[i].n, stdout) != pc[i].n;
+  if (bad || fflush(stdout) != 0 || ferror(stdout)) {
     io_stdout_reported = 1;
     return io_fail("cannot write standard output: %s", strerror(errno));
   }
   return 0;
 }
 
-static int io_write_atomic(const char *user, const char *path, const void *data, size_t len) {
+static int io_write_atomic(const char *user, const char *path, const TsPiece *pc, int npc) {
   char host[64];
   io_host(host, sizeof host);
   const char *slash = strrchr(path, '/');
@@ -219,7 +227,7 @@ static int io_write_atomic(const char *user, const char *path, const void *data,
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
   int rc = -1;
   if (fd < 0) io_fail("cannot write '%s': %s", user, strerror(errno));
-  else if (write_all(fd, data, len) != 0 || fsync(fd) != 0) {
+  else if (write_pieces(fd, pc, npc) != 0 || fsync(fd) != 0) {
     io_fail("cannot write '%s': %s", user, strerror(errno));
     close(fd);
     unlink(tmp);
@@ -243,14 +251,19 @@ int ts_check_output(const char *path) {
   return rc;
 }
 
-int ts_write_file(const char *path, const void *data, size_t len) {
-  if (path && strcmp(path, "-") == 0) return io_write_stdout(data, len);
+int ts_write_pieces(const char *path, const TsPiece *pieces, int n) {
+  if (path && strcmp(path, "-") == 0) return io_write_stdout(pieces, n);
   int inplace;
   char *target;
   if (io_target(path, &inplace, &target) != 0) return -1;
-  int rc = inplace ? io_write_inplace(path, data, len) : io_write_atomic(path, target, data, len);
+  int rc = inplace ? io_write_inplace(path, pieces, n) : io_write_atomic(path, target, pieces, n);
   free(target);
   return rc;
+}
+
+int ts_write_file(const char *path, const void *data, size_t len) {
+  TsPiece one = {data, len};
+  return ts_write_pieces(path, &one, 1);
 }
 
 FILE *ts_open_log(const char *path) {

@@ -78,6 +78,10 @@ void ts_forget_input(const char *path);
  * input of this run is refused.  0, or -1 with ts_io_error() naming the path
  * (no partial file left). */
 int ts_write_file(const char *path, const void *data, size_t len);
+/* The same for a file written from n pieces in order (a checkpoint shard:
+ * tensor headers between the tensors' own memory), never copied into one. */
+typedef struct { const void *p; size_t n; } TsPiece;
+int ts_write_pieces(const char *path, const TsPiece *pieces, int n);
 /* The checks of ts_write_file without writing, for an output written late
  * (after a training run): 0, or -1 with ts_io_error(). */
 int ts_check_output(const char *path);

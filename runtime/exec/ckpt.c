@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -45,7 +46,7 @@ static const char *kind_name(IrStateKind k) {
  * SIGKILLs itself at the K-th point of its saves (points counted from 1
  * over the whole run): before a save, after each step of it (the .tmp
  * directory made, each file written, the metadata, the rename, `latest`,
- * the --keep cleanup), and once in the middle of its shard file (half of
+ * the --keep cleanup), and once in the middle of its shard file (a part of
  * it written straight to its final name). */
 static int fault_at(int wr) {
   static long long count;
@@ -143,7 +144,10 @@ static void dims_text(StrBuf *b, const int64_t *d, int n) {
 /* This rank's shard file and its text index, into dir. */
 static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, int64_t step, char *err, size_t errlen) {
   const IrModule *m = rt_program_module(p);
+  /* bin: the headers only; the file is written from them and the states'
+   * own memory, piece by piece (nothing copied) */
   StrBuf bin = {0}, idx = {0};
+  size_t *hdr_end = ts_xmalloc((size_t)(m->states.n + 1) * sizeof *hdr_end), data_total = 0;
   sb_write(&bin, CK_MAGIC, 8);
   put_u32(&bin, CK_VERSION);
   put_u32(&bin, (uint32_t)m->states.n);
@@ -162,8 +166,9 @@ static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, in
     for (int d = 0; d < st->type.rank; d++) put_u64(&bin, (uint64_t)st->type.dim[d]);
     put_u64(&bin, (uint64_t)nbytes);
     put_u64(&bin, h);
-    size_t at = bin.n;
-    sb_write(&bin, data, nbytes);
+    size_t at = bin.n + data_total;
+    hdr_end[s] = bin.n;
+    data_total += nbytes;
     int64_t gdim[IR_MAX_RANK], off[IR_MAX_RANK];
     int fi, fc;
     shard_of(m, r, st, gdim, off, &fi, &fc);
@@ -186,11 +191,23 @@ static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, in
   snprintf(path, sizeof path, "%s/rank_%05d.bin", dir, wr);
   if (fault_at(wr)) {   /* a torn shard file: half of it, then the kill */
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0 && write(fd, bin.p, bin.n / 2) >= 0) fsync(fd);
+    if (fd >= 0 && write(fd, bin.p, bin.n / 2) >= 0) fsync(fd);   /* some headers: the file ends early */
     fprintf(stderr, "rank %d: TS_FAULT_CKPT_KILL: killing myself inside %s\n", wr, path);
     raise(SIGKILL);
   }
-  if (ts_write_file(path, bin.p, bin.n) != 0) rc = ts_errf(err, errlen, "%s", ts_io_error());
+  TsPiece *pc = ts_xmalloc((size_t)(2 * m->states.n + 1) * sizeof *pc);
+  int npc = 0;
+  size_t from = 0;
+  for (int s = 0; s < m->states.n; s++) {
+    pc[npc++] = (TsPiece){bin.p + from, hdr_end[s] - from};
+    pc[npc++] = (TsPiece){rt_state_data(p, s),
+                          (size_t)ir_type_numel(&m->states.a[s].type) * ir_dtype_size(m->states.a[s].type.dtype)};
+    from = hdr_end[s];
+  }
+  pc[npc++] = (TsPiece){bin.p + from, bin.n - from};
+  if (ts_write_pieces(path, pc, npc) != 0) rc = ts_errf(err, errlen, "%s", ts_io_error());
+  free(pc);
+  free(hdr_end);
   fault_point(wr, "after writing its shard file");
   snprintf(path, sizeof path, "%s/rank_%05d.idx", dir, wr);
   if (rc == 0 && ts_write_file(path, idx.p ? idx.p : "", idx.n) != 0) rc = ts_errf(err, errlen, "%s", ts_io_error());
@@ -403,9 +420,19 @@ static uint64_t get_u64(const char *b, size_t *pos) { uint64_t v; memcpy(&v, b +
 /* Reads this rank's shard file into the program's states. */
 static int read_rank(RtProgram *p, const char *path, int64_t step, char *err, size_t errlen) {
   const IrModule *m = rt_program_module(p);
-  size_t len = 0;
-  char *b = ts_read_input(path, &len);
-  if (!b) return ts_errf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+  /* mapped, not read: the file is as large as the rank's states */
+  int fd = open(path, O_RDONLY);
+  struct stat fst;
+  if (fd < 0 || fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode)) {
+    int e = fd < 0 ? errno : EINVAL;
+    if (fd >= 0) close(fd);
+    return ts_errf(err, errlen, "cannot read '%s': %s", path, strerror(e));
+  }
+  size_t len = (size_t)fst.st_size;
+  char *b = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+  close(fd);
+  if (len && b == MAP_FAILED) return ts_errf(err, errlen, "cannot map '%s': %s", path, strerror(errno));
+  ts_note_input(path);
   int rc = 0;
   size_t pos = 0;
   unsigned char *got = ts_xcalloc((size_t)(m->states.n ? m->states.n : 1), 1);
@@ -464,7 +491,7 @@ static int read_rank(RtProgram *p, const char *path, int64_t step, char *err, si
 #undef NEED
 out:
   free(got);
-  free(b);
+  if (len) munmap(b, len);
   return rc;
 }
 
