@@ -401,31 +401,28 @@ static int train_check(const IrModule *m, char *err, size_t errlen) {
                      st->init_a, st->init_b, st->init == IR_INIT_NORMAL ? "a normal's std must be finite and >= 0"
                      : st->init == IR_INIT_UNIFORM ? "a uniform's bounds must be finite, low <= high" : "not finite");
   }
-  /* the sizes the data pipeline feeds: the inputs' global batch (the dim
-   * ruled to dp, else 'batch') is the micro batch, their sequence (ruled to
-   * cp, else 'seq') seq_len where the train line gives one */
-  const char *seq = "seq", *batch = "batch";
-  for (int r = 0; r < m->rules.n; r++) {
+  /* the sequence the data pipeline feeds: the inputs' sequence dim (ruled
+   * to cp, else 'seq'), global, is seq_len where the train line gives one.
+   * (Not the batch: a program's micro_batch may be the default 1 over an
+   * input of any batch size, as MDL without a train block compiles.) */
+  const char *seq = "seq";
+  for (int r = 0; r < m->rules.n; r++)
     if (m->rules.a[r].axes & (1u << IR_AXIS_CP)) seq = m->rules.a[r].dim;
-    if (m->rules.a[r].axes & (1u << IR_AXIS_DP)) batch = m->rules.a[r].dim;
-  }
-  for (int bi = 0; bi < m->blocks.n; bi++) {
+  for (int bi = 0; bi < m->blocks.n && t->seq_len > 0; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
     for (int i = 0; i < b->n; i++) {
       const IrNode *n = &b->nodes[i];
       if (n->op != IR_OP_INPUT) continue;
       for (int d = 0; d < n->type.rank; d++) {
         const char *dn = n->type.dname[d];
-        int is_b = dn && !strcmp(dn, batch), is_s = dn && !strcmp(dn, seq) && t->seq_len > 0;
-        if (!is_b && !is_s) continue;
+        if (!dn || strcmp(dn, seq)) continue;
         int64_t g = n->type.dim[d];
         for (int a = 0; a < IR_AXIS_COUNT; a++)
           if (n->sh.split[d] & (1u << a)) g *= ir_axis_size(m, (IrAxis)a);
-        int64_t want = is_b ? t->micro_batch : t->seq_len;
-        if (g != want)
-          return ts_errf(err, errlen, "the train line says %s=%lld, but input \"%s\" has dim '%s' = %lld: the plan "
-                         "was edited after compiling; compile the model again", is_b ? "micro_batch" : "seq_len",
-                         (long long)want, n->sa ? n->sa : "?", dn, (long long)g);
+        if (g != t->seq_len)
+          return ts_errf(err, errlen, "the train line says seq_len=%lld, but input \"%s\" has dim '%s' = %lld: the "
+                         "plan was edited after compiling; compile the model again", (long long)t->seq_len,
+                         n->sa ? n->sa : "?", dn, (long long)g);
       }
     }
   }
