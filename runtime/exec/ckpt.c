@@ -37,8 +37,7 @@
 #define CK_VERSION 1u
 
 static const char *kind_name(IrStateKind k) {
-  static const char *const n[] = {"param", "grad", "adam_m", "adam_v"};
-  return (unsigned)k < sizeof n / sizeof n[0] ? n[k] : "state";
+  return (unsigned)k < IR_STATE_KIND_COUNT ? ir_state_kind_name(k) : "state";
 }
 
 /* Fault injection for the kill tests (tests/ckpt): with
@@ -179,6 +178,8 @@ static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, in
     dims_text(&idx, off, b->type.rank);
     sb_puts(&idx, " shape=");
     dims_text(&idx, st->type.dim, st->type.rank);
+    sb_puts(&idx, " block=");
+    dims_text(&idx, b->type.dim, b->type.rank);
     sb_printf(&idx, " flat=%d/%d partial=", fi, fc);
     int np = 0;
     for (int a = 0; a < IR_AXIS_COUNT; a++)
@@ -217,94 +218,262 @@ static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, in
   return rc;
 }
 
+/* ---- the index: one line per state of a rank ----
+ * "tensor NAME kind=K dtype=D global=[..] offsets=[..] shape=[..]
+ *  block=[..] flat=I/N partial=AXES|- at=A bytes=B hash=H" (write_rank). */
+typedef struct CkShard {
+  char *name;
+  int kind, dtype;
+  int rank;                      /* of the global tensor (and of block, offsets) */
+  int lrank;                     /* of the local value (1 for a flat chunk) */
+  int fi, fc;                    /* flat chunk fi of fc (0 of 1: not flat) */
+  unsigned partial;              /* mask of axes the local value is a partial sum over */
+  int owner;                     /* the world rank that wrote it */
+  int64_t global[IR_MAX_RANK], off[IR_MAX_RANK], block[IR_MAX_RANK], shape[IR_MAX_RANK];
+  size_t at, bytes;
+  uint64_t hash;
+} CkShard;
+
+typedef struct CkIndex {
+  CkShard *a;
+  int n, cap;
+  int *first;                    /* per saved rank: its first shard (first[nranks] = n) */
+  int nranks;
+  int *ord;                      /* shards sorted by (name, position) */
+} CkIndex;
+
+static void index_free(CkIndex *x) {
+  for (int i = 0; i < x->n; i++) free(x->a[i].name);
+  free(x->a);
+  free(x->first);
+  free(x->ord);
+  memset(x, 0, sizeof *x);
+}
+
+/* "[a, b, ...]" at *s */
+static int dims_parse(const char **s, int64_t *d, int *n) {
+  const char *p = *s;
+  *n = 0;
+  if (*p++ != '[') return -1;
+  if (*p == ']') { *s = p + 1; return 0; }
+  for (;;) {
+    char *e;
+    errno = 0;
+    long long v = strtoll(p, &e, 10);
+    if (e == p || errno || v < 0 || v > (1LL << 48) || *n >= IR_MAX_RANK) return -1;
+    d[(*n)++] = v;
+    p = e;
+    if (*p == ']') { *s = p + 1; return 0; }
+    if (*p++ != ',' || *p++ != ' ') return -1;
+  }
+}
+/* " KEY=" at *s, skipped */
+static int key_at(const char **s, const char *key) {
+  size_t n = strlen(key);
+  if ((*s)[0] != ' ' || strncmp(*s + 1, key, n) || (*s)[n + 1] != '=') return -1;
+  *s += n + 2;
+  return 0;
+}
+static int word_at(const char **s, char *out, size_t cap) {
+  size_t n = strcspn(*s, " ");
+  if (!n || n >= cap) return -1;
+  memcpy(out, *s, n);
+  out[n] = 0;
+  *s += n;
+  return 0;
+}
+static int u64_at(const char **s, int hex, unsigned long long *v) {
+  char *e;
+  errno = 0;
+  *v = strtoull(*s, &e, hex ? 16 : 10);
+  if (e == *s || errno || **s == '-') return -1;
+  *s = e;
+  return 0;
+}
+static int64_t dims_numel(const int64_t *d, int n) {
+  int64_t v = 1;
+  for (int i = 0; i < n; i++) v *= d[i];
+  return v;
+}
+
+/* One index line (NUL-terminated, no newline) into *e; -1 if malformed. */
+static int shard_parse(const char *line, int owner, CkShard *e) {
+  const char *s = line;
+  char w[64];
+  int n, k;
+  unsigned long long v;
+  memset(e, 0, sizeof *e);
+  e->owner = owner;
+  if (strncmp(s, "tensor ", 7)) return -1;
+  s += 7;
+  size_t nl = strcspn(s, " ");
+  if (!nl || nl > 1000) return -1;
+  e->name = ts_xmalloc(nl + 1);
+  memcpy(e->name, s, nl);
+  e->name[nl] = 0;
+  s += nl;
+  if (key_at(&s, "kind") || word_at(&s, w, sizeof w)) return -1;
+  for (k = 0; k < IR_STATE_KIND_COUNT && strcmp(w, ir_state_kind_name((IrStateKind)k)); k++) {}
+  e->kind = k;
+  if (k == IR_STATE_KIND_COUNT || key_at(&s, "dtype") || word_at(&s, w, sizeof w) || (e->dtype = ir_dtype_lookup(w)) <= 0)
+    return -1;
+  if (key_at(&s, "global") || dims_parse(&s, e->global, &e->rank) || key_at(&s, "offsets") ||
+      dims_parse(&s, e->off, &n) || n != e->rank || key_at(&s, "shape") || dims_parse(&s, e->shape, &e->lrank))
+    return -1;
+  int has_block = key_at(&s, "block") == 0;   /* absent in the first checkpoints: then the shape */
+  if (has_block && (dims_parse(&s, e->block, &n) || n != e->rank)) return -1;
+  if (key_at(&s, "flat") || sscanf(s, "%d/%d%n", &e->fi, &e->fc, &n) != 2 || e->fc < 1 || e->fi < 0 || e->fi >= e->fc)
+    return -1;
+  s += n;
+  if (!has_block) {
+    if (e->fc != 1 || e->lrank != e->rank) return -1;
+    memcpy(e->block, e->shape, sizeof e->block);
+  }
+  if (key_at(&s, "partial") || word_at(&s, w, sizeof w)) return -1;
+  if (strcmp(w, "-"))
+    for (char *save = NULL, *t = strtok_r(w, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+      int a = ir_axis_lookup(t);
+      if (a < 0) return -1;
+      e->partial |= 1u << a;
+    }
+  if (key_at(&s, "at") || u64_at(&s, 0, &v)) return -1;
+  e->at = (size_t)v;
+  if (key_at(&s, "bytes") || u64_at(&s, 0, &v)) return -1;
+  e->bytes = (size_t)v;
+  if (key_at(&s, "hash") || u64_at(&s, 1, &v) || *s) return -1;
+  e->hash = v;
+  /* the sizes agree with each other */
+  int64_t local = dims_numel(e->shape, e->lrank), blk = dims_numel(e->block, e->rank);
+  if (e->dtype >= IR_DTYPE_COUNT || (size_t)local * ir_dtype_size((IrDtype)e->dtype) != e->bytes) return -1;
+  if (e->fc == 1 ? local != blk : (e->lrank != 1 || local != (blk + e->fc - 1) / e->fc)) return -1;
+  for (int d = 0; d < e->rank; d++)
+    if (e->global[d] < 1) return -1;
+  return 0;
+}
+
+static const CkIndex *sort_index;
+static int by_name(const void *a, const void *b) {
+  int i = *(const int *)a, k = *(const int *)b, c = strcmp(sort_index->a[i].name, sort_index->a[k].name);
+  return c ? c : (i > k) - (i < k);
+}
+
+/* Every rank's index of checkpoint directory ck, in rank order. */
+static int index_read(const char *ck, int nranks, CkIndex *x, char *err, size_t errlen) {
+  memset(x, 0, sizeof *x);
+  x->nranks = nranks;
+  x->first = ts_xmalloc((size_t)(nranks + 1) * sizeof *x->first);
+  char path[8192];
+  for (int k = 0; k < nranks; k++) {
+    x->first[k] = x->n;
+    snprintf(path, sizeof path, "%s/rank_%05d.idx", ck, k);
+    size_t len = 0;
+    char *text = ts_read_input_max(path, (size_t)1 << 30, &len);
+    if (!text) return ts_errf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
+    int line = 0, rc = 0;
+    for (char *s = text, *e; *s && rc == 0; s = e + (*e != 0)) {
+      e = s + strcspn(s, "\n");
+      line++;
+      if (e == s) continue;
+      char c = *e;
+      *e = 0;
+      if (x->n == x->cap) {
+        x->cap = x->cap ? 2 * x->cap : 256;
+        x->a = ts_xrealloc(x->a, (size_t)x->cap * sizeof *x->a);
+      }
+      if (shard_parse(s, k, &x->a[x->n]) != 0) {
+        free(x->a[x->n].name);
+        rc = ts_errf(err, errlen, "'%s' is corrupted: line %d is not a tensor's entry: %.80s", path, line, s);
+      } else x->n++;
+      *e = c;
+    }
+    free(text);
+    if (rc) return rc;
+  }
+  x->first[nranks] = x->n;
+  x->ord = ts_xmalloc((size_t)(x->n ? x->n : 1) * sizeof *x->ord);
+  for (int i = 0; i < x->n; i++) x->ord[i] = i;
+  sort_index = x;
+  qsort(x->ord, (size_t)x->n, sizeof *x->ord, by_name);
+  sort_index = NULL;
+  return 0;
+}
+
+/* The run of x->ord holding the shards of `name`: [*lo, return). */
+static int index_find(const CkIndex *x, const char *name, int *lo) {
+  int a = 0, b = x->n;
+  while (a < b) {
+    int c = (a + b) / 2;
+    if (strcmp(x->a[x->ord[c]].name, name) < 0) a = c + 1; else b = c;
+  }
+  *lo = a;
+  while (b < x->n && !strcmp(x->a[x->ord[b]].name, name)) b++;
+  return b;
+}
+
+static void shard_head(StrBuf *b, const CkShard *e) {
+  sb_printf(b, "tensor %s kind=%s dtype=%s global=", e->name, kind_name((IrStateKind)e->kind), ir_dtype_name((IrDtype)e->dtype));
+  dims_text(b, e->global, e->rank);
+}
+
 /* metadata.json from the ranks' .idx files (world rank 0). */
 static int write_metadata(const char *dir, const IrModule *m, const RtRank *r, int nranks, int64_t step,
                           char *err, size_t errlen) {
-  /* every rank's index lines, in rank order */
-  char **lines = NULL;
-  int *owner = NULL, nl = 0, cap = 0;
-  char path[8192];
-  int rc = 0;
-  for (int k = 0; k < nranks && rc == 0; k++) {
-    snprintf(path, sizeof path, "%s/rank_%05d.idx", dir, k);
-    size_t len = 0;
-    char *text = ts_read_file(path, &len);
-    if (!text) { rc = ts_errf(err, errlen, "checkpoint: cannot read '%s': %s", path, strerror(errno)); break; }
-    for (char *s = text, *e; *s; s = e + (*e != 0)) {
-      e = s + strcspn(s, "\n");
-      if (e == s) continue;
-      if (nl == cap) {
-        cap = cap ? 2 * cap : 64;
-        lines = ts_xrealloc(lines, (size_t)cap * sizeof *lines);
-        owner = ts_xrealloc(owner, (size_t)cap * sizeof *owner);
-      }
-      lines[nl] = ts_xmalloc((size_t)(e - s) + 1);
-      memcpy(lines[nl], s, (size_t)(e - s));
-      lines[nl][e - s] = 0;
-      owner[nl++] = k;
+  CkIndex x;
+  int rc = index_read(dir, nranks, &x, err, errlen);
+  if (rc) { index_free(&x); return rc; }
+  /* the tensors in order of first appearance (rank 0's first), each with its shards in rank order */
+  int *grp = ts_xmalloc((size_t)(x.n + 1) * sizeof *grp), ng = 0;
+  for (int i = 0; i < x.n; i++)
+    if (i == 0 || strcmp(x.a[x.ord[i]].name, x.a[x.ord[i - 1]].name)) grp[ng++] = i;
+  for (int i = 1; i < ng; i++)   /* by the position of the first shard */
+    for (int k = i; k > 0 && x.ord[grp[k - 1]] > x.ord[grp[k]]; k--) {
+      int t = grp[k];
+      grp[k] = grp[k - 1];
+      grp[k - 1] = t;
     }
-    free(text);
-  }
   uint64_t hash = 0x6d6f64656cULL;   /* the model: every tensor's name, kind, dtype, global shape */
-  StrBuf j = {0};
-  if (rc == 0) {
-    sb_printf(&j, "{\n  \"format\": \"tessera-checkpoint\",\n  \"version\": %u,\n  \"step\": %lld,\n", CK_VERSION,
-              (long long)step);
-    sb_printf(&j, "  \"model\": \"%s\",\n", m->name ? m->name : "");
-    sb_printf(&j, "  \"mesh\": {\"dp\": %d, \"pp\": %d, \"cp\": %d, \"ep\": %d, \"tp\": %d},\n", rt_rank_axis_size(r, IR_AXIS_DP),
-              rt_rank_axis_size(r, IR_AXIS_PP), rt_rank_axis_size(r, IR_AXIS_CP), rt_rank_axis_size(r, IR_AXIS_EP), rt_rank_axis_size(r, IR_AXIS_TP));
-    sb_printf(&j, "  \"layout\": {\"sp\": %d, \"zero\": %d, \"vpp\": %d},\n", m->par.sp, m->par.zero,
-              m->par.vpp > 0 ? m->par.vpp : 1);
-    sb_printf(&j, "  \"ranks\": %d,\n  \"tensors\": [", nranks);
-    unsigned char *done = ts_xcalloc((size_t)(nl ? nl : 1), 1);
-    int nt = 0;
-    for (int i = 0; i < nl; i++) {
-      if (done[i]) continue;
-      char name[1024], kind[32], dtype[16], global[512];
-      if (sscanf(lines[i], "tensor %1023s kind=%31s dtype=%15s global=%511[^]]", name, kind, dtype, global) != 4) {
-        rc = ts_errf(err, errlen, "checkpoint: rank %d's index has a bad line: %.80s", owner[i], lines[i]);
-        break;
-      }
-      strcat(global, "]");
-      hash = ts_hash64(lines[i], strcspn(lines[i], "]") + 1, hash);   /* "tensor NAME kind dtype global=[..]" */
-      sb_printf(&j, "%s\n    {\"name\": \"%s\", \"kind\": \"%s\", \"dtype\": \"%s\", \"global_shape\": %s, \"shards\": [",
-                nt++ ? "," : "", name, kind, dtype, global);
-      int ns = 0;
-      for (int k = i; k < nl; k++) {
-        char n2[1024], off[512], shape[512], partial[64], hash_s[32];
-        int fi, fc;
-        size_t at, bytes;
-        if (sscanf(lines[k], "tensor %1023s", n2) != 1 || strcmp(n2, name)) continue;
-        const char *o = strstr(lines[k], " offsets=");
-        if (!o || sscanf(o, " offsets=%511[^]]] shape=%511[^]]] flat=%d/%d partial=%63s at=%zu bytes=%zu hash=%31s", off,
-                         shape, &fi, &fc, partial, &at, &bytes, hash_s) != 8) {
-          rc = ts_errf(err, errlen, "checkpoint: rank %d's index has a bad line: %.80s", owner[k], lines[k]);
-          break;
-        }
-        done[k] = 1;
-        sb_printf(&j, "%s\n      {\"rank\": %d, \"file\": \"rank_%05d.bin\", \"at\": %zu, \"bytes\": %zu, \"hash\": \"%s\", "
-                  "\"offsets\": %s], \"shape\": %s], \"flat\": [%d, %d], \"partial\": [",
-                  ns++ ? "," : "", owner[k], owner[k], at, bytes, hash_s, off, shape, fi, fc);
-        if (strcmp(partial, "-")) {
-          int first = 1;
-          for (char *t = strtok(partial, ","); t; t = strtok(NULL, ",")) sb_printf(&j, "%s\"%s\"", first ? "" : ", ", t), first = 0;
-        }
-        sb_puts(&j, "]}");
-      }
-      if (rc) break;
-      sb_puts(&j, "\n    ]}");
+  StrBuf j = {0}, h = {0};
+  sb_printf(&j, "{\n  \"format\": \"tessera-checkpoint\",\n  \"version\": %u,\n  \"step\": %lld,\n", CK_VERSION,
+            (long long)step);
+  sb_printf(&j, "  \"model\": \"%s\",\n", m->name ? m->name : "");
+  sb_printf(&j, "  \"mesh\": {\"dp\": %d, \"pp\": %d, \"cp\": %d, \"ep\": %d, \"tp\": %d},\n", rt_rank_axis_size(r, IR_AXIS_DP),
+            rt_rank_axis_size(r, IR_AXIS_PP), rt_rank_axis_size(r, IR_AXIS_CP), rt_rank_axis_size(r, IR_AXIS_EP), rt_rank_axis_size(r, IR_AXIS_TP));
+  sb_printf(&j, "  \"layout\": {\"sp\": %d, \"zero\": %d, \"vpp\": %d},\n", m->par.sp, m->par.zero,
+            m->par.vpp > 0 ? m->par.vpp : 1);
+  sb_printf(&j, "  \"ranks\": %d,\n  \"tensors\": [", nranks);
+  for (int g = 0; g < ng; g++) {
+    const CkShard *t = &x.a[x.ord[grp[g]]];
+    h.n = 0;
+    shard_head(&h, t);
+    hash = ts_hash64(h.p, h.n, hash);
+    sb_printf(&j, "%s\n    {\"name\": \"%s\", \"kind\": \"%s\", \"dtype\": \"%s\", \"global_shape\": ", g ? "," : "", t->name,
+              kind_name((IrStateKind)t->kind), ir_dtype_name((IrDtype)t->dtype));
+    dims_text(&j, t->global, t->rank);
+    sb_puts(&j, ", \"shards\": [");
+    for (int i = grp[g]; i < x.n && !strcmp(x.a[x.ord[i]].name, t->name); i++) {
+      const CkShard *e = &x.a[x.ord[i]];
+      sb_printf(&j, "%s\n      {\"rank\": %d, \"file\": \"rank_%05d.bin\", \"at\": %zu, \"bytes\": %zu, \"hash\": \"%016llx\", "
+                "\"offsets\": ", i > grp[g] ? "," : "", e->owner, e->owner, e->at, e->bytes, (unsigned long long)e->hash);
+      dims_text(&j, e->off, e->rank);
+      sb_puts(&j, ", \"shape\": ");
+      dims_text(&j, e->shape, e->lrank);
+      sb_puts(&j, ", \"block\": ");
+      dims_text(&j, e->block, e->rank);
+      sb_printf(&j, ", \"flat\": [%d, %d], \"partial\": [", e->fi, e->fc);
+      for (int a = 0, np = 0; a < IR_AXIS_COUNT; a++)
+        if (e->partial & (1u << a)) sb_printf(&j, "%s\"%s\"", np++ ? ", " : "", ir_axis_name((IrAxis)a));
+      sb_puts(&j, "]}");
     }
-    free(done);
-    sb_printf(&j, "\n  ],\n  \"model_hash\": \"%016llx\"\n}\n", (unsigned long long)hash);
+    sb_puts(&j, "\n    ]}");
   }
-  if (rc == 0) {
-    snprintf(path, sizeof path, "%s/metadata.json", dir);
-    if (ts_write_file(path, j.p, j.n) != 0) rc = ts_errf(err, errlen, "%s", ts_io_error());
-  }
+  sb_printf(&j, "\n  ],\n  \"model_hash\": \"%016llx\"\n}\n", (unsigned long long)hash);
+  char path[8192];
+  snprintf(path, sizeof path, "%s/metadata.json", dir);
+  if (ts_write_file(path, j.p, j.n) != 0) rc = ts_errf(err, errlen, "%s", ts_io_error());
   sb_free(&j);
-  for (int i = 0; i < nl; i++) free(lines[i]);
-  free(lines);
-  free(owner);
+  sb_free(&h);
+  free(grp);
+  index_free(&x);
   return rc;
 }
 
@@ -417,33 +586,49 @@ static int meta_int(const char *text, const char *key, long long *v) {
 static uint32_t get_u32(const char *b, size_t *pos) { uint32_t v; memcpy(&v, b + *pos, 4); *pos += 4; return v; }
 static uint64_t get_u64(const char *b, size_t *pos) { uint64_t v; memcpy(&v, b + *pos, 8); *pos += 8; return v; }
 
-/* Reads this rank's shard file into the program's states. */
-static int read_rank(RtProgram *p, const char *path, int64_t step, char *err, size_t errlen) {
-  const IrModule *m = rt_program_module(p);
-  /* mapped, not read: the file is as large as the rank's states */
+/* A shard file, mapped (not read: it is as large as the rank's states),
+ * its header checked: magic, version, the step.  NULL with a message. */
+static char *map_shard_file(const char *path, int64_t step, size_t *len_out, char *err, size_t errlen) {
   int fd = open(path, O_RDONLY);
   struct stat fst;
   if (fd < 0 || fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode)) {
     int e = fd < 0 ? errno : EINVAL;
     if (fd >= 0) close(fd);
-    return ts_errf(err, errlen, "cannot read '%s': %s", path, strerror(e));
+    ts_errf(err, errlen, "cannot read '%s': %s", path, strerror(e));
+    return NULL;
   }
-  size_t len = (size_t)fst.st_size;
-  char *b = len ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+  size_t len = (size_t)fst.st_size, pos = 8;
+  char *b = len >= 24 ? mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
   close(fd);
-  if (len && b == MAP_FAILED) return ts_errf(err, errlen, "cannot map '%s': %s", path, strerror(errno));
+  if (len < 24) { ts_errf(err, errlen, "'%s' is truncated (%zu bytes)", path, len); return NULL; }
+  if (b == MAP_FAILED) { ts_errf(err, errlen, "cannot map '%s': %s", path, strerror(errno)); return NULL; }
   ts_note_input(path);
+  uint32_t ver = get_u32(b, &pos);
+  pos += 4;
+  uint64_t fstep = get_u64(b, &pos);
+  const char *why = NULL;
+  if (memcmp(b, CK_MAGIC, 8) != 0) why = "is not a Tessera checkpoint shard";
+  else if (ver != CK_VERSION) ts_errf(err, errlen, "'%s' has format version %u; this mrun reads %u", path, ver, CK_VERSION);
+  else if ((int64_t)fstep != step)
+    ts_errf(err, errlen, "'%s' is of step %llu, its metadata says %lld", path, (unsigned long long)fstep, (long long)step);
+  else { *len_out = len; return b; }
+  if (why) ts_errf(err, errlen, "'%s' %s", path, why);
+  munmap(b, len);
+  return NULL;
+}
+
+/* Reads this rank's shard file into the program's states (the checkpoint
+ * was saved in this layout: the file holds exactly the program's states). */
+static int read_rank(RtProgram *p, const char *path, int64_t step, char *err, size_t errlen) {
+  const IrModule *m = rt_program_module(p);
+  size_t len = 0, pos = 12;   /* the tensor count, after magic and version */
+  char *b = map_shard_file(path, step, &len, err, errlen);
+  if (!b) return -1;
   int rc = 0;
-  size_t pos = 0;
   unsigned char *got = ts_xcalloc((size_t)(m->states.n ? m->states.n : 1), 1);
 #define NEED(k) do { if (len - pos < (size_t)(k)) { rc = ts_errf(err, errlen, "'%s' is truncated (at byte %zu of %zu)", path, pos, len); goto out; } } while (0)
-  NEED(24);
-  if (memcmp(b, CK_MAGIC, 8) != 0) { rc = ts_errf(err, errlen, "'%s' is not a Tessera checkpoint shard", path); goto out; }
-  pos = 8;
-  uint32_t ver = get_u32(b, &pos), n = get_u32(b, &pos);
-  uint64_t fstep = get_u64(b, &pos);
-  if (ver != CK_VERSION) { rc = ts_errf(err, errlen, "'%s' has format version %u; this mrun reads %u", path, ver, CK_VERSION); goto out; }
-  if ((int64_t)fstep != step) { rc = ts_errf(err, errlen, "'%s' is of step %llu, its metadata says %lld", path, (unsigned long long)fstep, (long long)step); goto out; }
+  uint32_t n = get_u32(b, &pos);
+  pos = 24;
   for (uint32_t i = 0; i < n; i++) {
     NEED(4);
     uint32_t nl = get_u32(b, &pos);
@@ -473,8 +658,7 @@ static int read_rank(RtProgram *p, const char *path, int64_t step, char *err, si
       rc = ts_errf(err, errlen, "the checkpoint does not fit this program: tensor '%s' (%s %s in '%s') %s%s%s", name,
                    kind_name((IrStateKind)kind), have, path, st ? "is " : "is not in the program",
                    st ? kind_name(st->kind) : "", st ? " " : "");
-      if (st) snprintf(err + strlen(err), errlen - strlen(err), "%s here (a checkpoint loads into the model and "
-                       "layout it was saved from)", want);
+      if (st) snprintf(err + strlen(err), errlen - strlen(err), "%s here", want);
       goto out;
     }
     if (ts_hash64(b + pos, nbytes, 0) != h) {
@@ -491,47 +675,322 @@ static int read_rank(RtProgram *p, const char *path, int64_t step, char *err, si
 #undef NEED
 out:
   free(got);
-  if (len) munmap(b, len);
+  munmap(b, len);
   return rc;
 }
 
-int rt_ckpt_load(RtProgram *p, RtComm *world, const char *dir, int64_t *step, char *err, size_t errlen) {
-  const RtRank *r = rt_program_rank(p);
-  int wr = world_rank(world), nranks = world ? rt_comm_size(world) : 1;
+/* ---- loading into another layout (resharding) ----
+ * Every state of this rank is assembled from the saved shards of the same
+ * name, whatever layout wrote them: the block of the global tensor the
+ * state holds here (shard_of) is filled from every saved block that
+ * overlaps it, the ZeRO chunks of a saved block read as one; the padding
+ * past the model's size is zero; a flat (ZeRO) state takes its chunk of
+ * the assembled block.  Values that are partial sums (gradients between
+ * micro batches) are zero at every step boundary; they load as zero, and a
+ * checkpoint whose partial sums are not zero is refused. */
+
+/* The saved shard files, each mapped when first needed; each shard's hash
+ * checked the first time it is read. */
+typedef struct CkFiles {
+  const char *ck;
+  int64_t step;
+  char **map;
+  size_t *len;
+  unsigned char *checked;   /* per shard of the index */
+} CkFiles;
+
+static const char *shard_bytes(CkFiles *f, const CkIndex *x, int i, char *err, size_t errlen) {
+  const CkShard *e = &x->a[i];
+  char path[8192];
+  snprintf(path, sizeof path, "%s/rank_%05d.bin", f->ck, e->owner);
+  if (!f->map[e->owner] && !(f->map[e->owner] = map_shard_file(path, f->step, &f->len[e->owner], err, errlen)))
+    return NULL;
+  size_t len = f->len[e->owner];
+  if (e->at > len || e->bytes > len - e->at) {
+    ts_errf(err, errlen, "'%s' is truncated: tensor '%s' would end at byte %zu of %zu", path, e->name, e->at + e->bytes, len);
+    return NULL;
+  }
+  const char *d = f->map[e->owner] + e->at;
+  if (!f->checked[i] && ts_hash64(d, e->bytes, 0) != e->hash) {
+    ts_errf(err, errlen, "'%s' is corrupted: tensor '%s' does not match its hash", path, e->name);
+    return NULL;
+  }
+  f->checked[i] = 1;
+  return d;
+}
+
+/* A saved block of a global tensor: its offsets and shape, its values as
+ * nchunk chunks of csize values each (one chunk unless it is ZeRO-flat). */
+typedef struct CkBlock {
+  int rank;
+  const int64_t *off, *shape;
+  int64_t csize;
+  const char *const *chunk;
+  int nchunk;
+} CkBlock;
+
+/* Copies the values of src inside the block (doff, dshape) and inside the
+ * model's size lim into dst, laid out as that block; returns how many.
+ * *missing is set when a chunk of src that is needed is absent. */
+static int64_t copy_block(char *dst, const int64_t *doff, const int64_t *dshape, const CkBlock *s, const int64_t *lim,
+                          size_t es, int *missing) {
+  int R = s->rank;
+  int64_t lo[IR_MAX_RANK], hi[IR_MAX_RANK], i[IR_MAX_RANK];
+  for (int d = 0; d < R; d++) {
+    lo[d] = doff[d] > s->off[d] ? doff[d] : s->off[d];
+    hi[d] = doff[d] + dshape[d];
+    if (s->off[d] + s->shape[d] < hi[d]) hi[d] = s->off[d] + s->shape[d];
+    if (lim[d] < hi[d]) hi[d] = lim[d];
+    if (hi[d] <= lo[d]) return 0;
+    i[d] = lo[d];
+  }
+  int64_t run = R ? hi[R - 1] - lo[R - 1] : 1, total = 0;
+  for (;;) {
+    int64_t ls = 0, ld = 0;
+    for (int d = 0; d < R; d++) {
+      ls = ls * s->shape[d] + (i[d] - s->off[d]);
+      ld = ld * dshape[d] + (i[d] - doff[d]);
+    }
+    char *out = dst + (size_t)ld * es;
+    for (int64_t n = run; n > 0;) {   /* a row of src may cross chunks */
+      int64_t c = ls / s->csize, o = ls % s->csize, k = s->csize - o < n ? s->csize - o : n;
+      if (c >= s->nchunk || !s->chunk[c]) { *missing = 1; return total; }
+      memcpy(out, s->chunk[c] + (size_t)o * es, (size_t)k * es);
+      out += (size_t)k * es;
+      ls += k;
+      n -= k;
+    }
+    total += run;
+    int d = R - 2;
+    while (d >= 0 && ++i[d] == hi[d]) i[d] = lo[d], d--;
+    if (d < 0) break;
+  }
+  return total;
+}
+
+static int same_dims(const int64_t *a, const int64_t *b, int n) {
+  for (int i = 0; i < n; i++)
+    if (a[i] != b[i]) return 0;
+  return 1;
+}
+
+static void type_text(StrBuf *b, int kind, int dtype, const int64_t *d, int n) {
+  sb_printf(b, "%s %s", kind_name((IrStateKind)kind), ir_dtype_name((IrDtype)dtype));
+  dims_text(b, d, n);
+}
+
+/* State s of this rank from the shards in x->ord[lo, hi) (its name). */
+static int load_state(RtProgram *p, int s, const CkIndex *x, int lo, int hi, CkFiles *f, char *err, size_t errlen) {
+  const IrModule *m = rt_program_module(p);
+  const IrState *st = &m->states.a[s];
+  const IrState *b = st->sh.flat && st->of >= 0 && st->of < m->states.n ? &m->states.a[st->of] : st;
+  int64_t gdim[IR_MAX_RANK], off[IR_MAX_RANK];
+  int fi, fc, R = b->type.rank;
+  shard_of(m, rt_program_rank(p), st, gdim, off, &fi, &fc);
+  StrBuf t = {0};
+  int rc = 0;
+  if (lo == hi) {
+    type_text(&t, st->kind, st->type.dtype, gdim, R);
+    rc = ts_errf(err, errlen, "the checkpoint does not fit this model: it has no tensor '%s' (%s here)", st->name, t.p);
+  }
+  unsigned partial = st->sh.partial;
+  for (int i = lo; i < hi && rc == 0; i++) {
+    const CkShard *e = &x->a[x->ord[i]];
+    partial |= e->partial;
+    if (e->kind == (int)st->kind && e->dtype == (int)st->type.dtype && e->rank == R && same_dims(e->global, gdim, R)) continue;
+    type_text(&t, e->kind, e->dtype, e->global, e->rank);
+    sb_puts(&t, " in the checkpoint, ");
+    type_text(&t, st->kind, st->type.dtype, gdim, R);
+    rc = ts_errf(err, errlen, "the checkpoint does not fit this model: tensor '%s' is %s here", st->name, t.p);
+  }
+  sb_free(&t);
+  if (rc) return rc;
+  size_t es = ir_dtype_size(st->type.dtype), nbytes = (size_t)ir_type_numel(&st->type) * es;
+  char *dst = rt_state_data(p, s);
+  memset(dst, 0, nbytes);
+  if (partial) {   /* zero at a step boundary: checked, loaded as zero */
+    for (int i = lo; i < hi; i++) {
+      const CkShard *e = &x->a[x->ord[i]];
+      const char *d = shard_bytes(f, x, x->ord[i], err, errlen);
+      if (!d) return -1;
+      for (size_t k = 0; k < e->bytes; k++)
+        if (d[k])
+          return ts_errf(err, errlen, "tensor '%s' holds partial sums in the checkpoint (values that add up across "
+                         "ranks) that are not zero: it loads only into the layout it was saved from", st->name);
+    }
+    return 0;
+  }
+  int64_t bn = ir_type_numel(&b->type), need = 1, got = 0;
+  for (int d = 0; d < R; d++) {   /* the values of the block inside the model's size */
+    int64_t h = (off[d] + b->type.dim[d] < gdim[d] ? off[d] + b->type.dim[d] : gdim[d]) - off[d];
+    need *= h > 0 ? h : 0;
+  }
+  char *blk = st->sh.flat ? ts_xcalloc((size_t)(bn ? bn : 1), es) : dst;
+  int *heads = ts_xmalloc((size_t)(hi - lo) * sizeof *heads), nh = 0;
+  const char **chunk = NULL;
+  for (int i = lo; i < hi && rc == 0; i++) {
+    const CkShard *e = &x->a[x->ord[i]];
+    int meets = 1;
+    for (int d = 0; d < R && meets; d++)
+      meets = e->off[d] < off[d] + b->type.dim[d] && off[d] < e->off[d] + e->block[d] && e->off[d] < gdim[d];
+    if (!meets) continue;
+    int dup = 0;   /* a replica of a block, or another chunk of one, read already */
+    for (int h = 0; h < nh && !dup; h++) {
+      const CkShard *q = &x->a[x->ord[heads[h]]];
+      dup = q->fc == e->fc && same_dims(q->off, e->off, R) && same_dims(q->block, e->block, R);
+    }
+    if (dup) continue;
+    heads[nh++] = i;
+    chunk = ts_xrealloc(chunk, (size_t)e->fc * sizeof *chunk);
+    memset(chunk, 0, (size_t)e->fc * sizeof *chunk);
+    for (int k = i; k < hi && rc == 0; k++) {
+      const CkShard *q = &x->a[x->ord[k]];
+      if (q->fc != e->fc || chunk[q->fi] || !same_dims(q->off, e->off, R) || !same_dims(q->block, e->block, R)) continue;
+      if (!(chunk[q->fi] = shard_bytes(f, x, x->ord[k], err, errlen))) rc = -1;
+    }
+    if (rc) break;
+    CkBlock src = {R, e->off, e->block, e->fc == 1 ? dims_numel(e->block, R) : dims_numel(e->shape, e->lrank), chunk, e->fc};
+    int missing = 0;
+    got += copy_block(blk, off, b->type.dim, &src, gdim, es, &missing);
+    if (missing)
+      rc = ts_errf(err, errlen, "the checkpoint lacks chunks of tensor '%s' (saved in %d chunks, ZeRO): a rank's shard "
+                   "file is missing from its index", st->name, e->fc);
+  }
+  if (rc == 0 && got != need) {
+    StrBuf o = {0};
+    dims_text(&o, off, R);
+    rc = ts_errf(err, errlen, "the checkpoint holds %lld of the %lld values of tensor '%s' at offsets %s that this rank "
+                 "needs", (long long)got, (long long)need, st->name, o.p);
+    sb_free(&o);
+  }
+  if (rc == 0 && st->sh.flat) {   /* chunk fi of the block, zero-padded */
+    int64_t cs = ir_type_numel(&st->type), from = (int64_t)fi * cs, n = bn - from < cs ? bn - from : cs;
+    if (n > 0) memcpy(dst, blk + (size_t)from * es, (size_t)n * es);
+  }
+  if (st->sh.flat) free(blk);
+  free(heads);
+  free(chunk);
+  return rc;
+}
+
+/* 1 if rank wr's saved index is exactly this program's states (the layout
+ * it was saved in): the shard file then loads as it is. */
+static int index_is_mine(const CkIndex *x, int wr, RtProgram *p) {
+  const IrModule *m = rt_program_module(p);
+  if (wr >= x->nranks || x->first[wr + 1] - x->first[wr] != m->states.n) return 0;
+  for (int s = 0; s < m->states.n; s++) {
+    const CkShard *e = &x->a[x->first[wr] + s];
+    const IrState *st = &m->states.a[s];
+    const IrState *b = st->sh.flat && st->of >= 0 && st->of < m->states.n ? &m->states.a[st->of] : st;
+    int64_t gdim[IR_MAX_RANK], off[IR_MAX_RANK];
+    int fi, fc;
+    shard_of(m, rt_program_rank(p), st, gdim, off, &fi, &fc);
+    if (strcmp(e->name, st->name) || e->kind != (int)st->kind || e->dtype != (int)st->type.dtype || e->rank != b->type.rank ||
+        e->lrank != st->type.rank || !same_dims(e->shape, st->type.dim, e->lrank) || !same_dims(e->global, gdim, e->rank) ||
+        !same_dims(e->off, off, e->rank) || !same_dims(e->block, b->type.dim, e->rank) || e->fi != fi || e->fc != fc ||
+        e->partial != st->sh.partial)
+      return 0;
+  }
+  return 1;
+}
+
+/* This rank's states from the checkpoint ck (saved by nsaved ranks in any
+ * layout).  loaded[group[i]] (the tensor of x->ord[i]) is set to 1 for
+ * each tensor this rank holds; *resharded to 1 unless the rank's own file
+ * was read as it is. */
+static int load_states(RtProgram *p, const CkIndex *x, const char *ck, int64_t step, int wr, int *resharded,
+                       double *loaded, const int *group, char *err, size_t errlen) {
+  const IrModule *m = rt_program_module(p);
+  char path[8192];
+  int rc = 0;
+  for (int s = 0; s < m->states.n; s++) {
+    int lo, hi = index_find(x, m->states.a[s].name, &lo);
+    if (lo < hi) loaded[group[lo]] = 1;
+  }
+  *resharded = getenv("TS_CKPT_RESHARD") || !index_is_mine(x, wr, p);   /* the env: tests of the general path */
+  if (!*resharded) {
+    snprintf(path, sizeof path, "%s/rank_%05d.bin", ck, wr);
+    return read_rank(p, path, step, err, errlen);
+  }
+  CkFiles f = {ck, step, ts_xcalloc((size_t)x->nranks, sizeof(char *)), ts_xcalloc((size_t)x->nranks, sizeof(size_t)),
+               ts_xcalloc((size_t)(x->n ? x->n : 1), 1)};
+  for (int s = 0; s < m->states.n && rc == 0; s++) {
+    int lo, hi = index_find(x, m->states.a[s].name, &lo);
+    rc = load_state(p, s, x, lo, hi, &f, err, errlen);
+  }
+  for (int k = 0; k < x->nranks; k++)
+    if (f.map[k]) munmap(f.map[k], f.len[k]);
+  free(f.map);
+  free(f.len);
+  free(f.checked);
+  return rc;
+}
+
+int rt_ckpt_load(RtProgram *p, RtComm *world, const char *dir, int64_t *step, char *how, size_t howlen, char *err,
+                 size_t errlen) {
+  int wr = world_rank(world);
   char ck[4096], path[8192], why[2048] = "";
   int bad = resolve_load(dir, ck, sizeof ck, why, sizeof why) != 0;
-  long long k = -1, ranks = -1, mesh[5] = {-1, -1, -1, -1, -1};
+  long long k = -1, ranks = -1, mesh[5] = {1, 1, 1, 1, 1};
+  static const char *const ax[5] = {"dp", "pp", "cp", "ep", "tp"};
+  CkIndex x = {0};
   if (!bad) {
     snprintf(path, sizeof path, "%s/metadata.json", ck);
     size_t len = 0;
     char *text = ts_read_input(path, &len);
-    static const char *const ax[5] = {"dp", "pp", "cp", "ep", "tp"};
     if (!text) bad = ts_errf(why, sizeof why, "--load: cannot read '%s': %s", path, strerror(errno)) != 0;
     else if (!strstr(text, "\"format\": \"tessera-checkpoint\"") || meta_int(text, "step", &k) || k < 0 ||
-             meta_int(text, "ranks", &ranks))
+             meta_int(text, "ranks", &ranks) || ranks < 1 || ranks > 99999)
       bad = ts_errf(why, sizeof why, "--load: '%s' is not a Tessera checkpoint's metadata", path) != 0;
-    for (int a = 0; !bad && a < 5; a++)
-      if (meta_int(text, ax[a], &mesh[a]) != 0)
-        bad = ts_errf(why, sizeof why, "--load: '%s' has no mesh", path) != 0;
+    for (int a = 0; !bad && a < 5; a++) meta_int(text, ax[a], &mesh[a]);   /* for the message only */
     free(text);
-    const IrAxis axes[5] = {IR_AXIS_DP, IR_AXIS_PP, IR_AXIS_CP, IR_AXIS_EP, IR_AXIS_TP};
-    int same = !bad && ranks == nranks;
-    for (int a = 0; same && a < 5; a++) same = mesh[a] == rt_rank_axis_size(r, axes[a]);
-    if (!bad && !same)
-      bad = ts_errf(why, sizeof why, "--load: '%s' was saved by %lld ranks with dp=%lld pp=%lld cp=%lld ep=%lld tp=%lld; this "
-                    "run has %d ranks with dp=%d pp=%d cp=%d ep=%d tp=%d, and loading into another layout is not "
-                    "implemented yet: resume with the layout it was saved from", ck, ranks, mesh[0], mesh[1], mesh[2],
-                    mesh[3], mesh[4], nranks, rt_rank_axis_size(r, IR_AXIS_DP), rt_rank_axis_size(r, IR_AXIS_PP),
-                    rt_rank_axis_size(r, IR_AXIS_CP), rt_rank_axis_size(r, IR_AXIS_EP), rt_rank_axis_size(r, IR_AXIS_TP)) != 0;
   }
-  if (!bad) {
-    snprintf(path, sizeof path, "%s/rank_%05d.bin", ck, wr);
-    bad = read_rank(p, path, k, why, sizeof why) != 0 || rt_program_push_states(p, why, sizeof why) != 0;
+  if (!bad && index_read(ck, (int)ranks, &x, why, sizeof why) != 0) bad = 1;
+  int *group = NULL, ng = 0, resharded = 0;
+  double *loaded = NULL;
+  if (any_failed(world, bad, why, sizeof why)) goto fail;
+  /* the checkpoint's tensors: group[i] for x.ord[i] */
+  group = ts_xmalloc((size_t)(x.n ? x.n : 1) * sizeof *group);
+  for (int i = 0; i < x.n; i++) {
+    if (i && strcmp(x.a[x.ord[i]].name, x.a[x.ord[i - 1]].name)) ng++;
+    group[i] = ng;
   }
-  if (any_failed(world, bad, why, sizeof why)) {
-    if (!why[0]) snprintf(why, sizeof why, "another rank could not load its part of the checkpoint");
-    return ts_errf(err, errlen, "%s", why);
+  ng = x.n ? ng + 1 : 0;
+  loaded = ts_xcalloc((size_t)ng + 1, sizeof *loaded);   /* and loaded[ng]: some rank resharded */
+  bad = load_states(p, &x, ck, k, wr, &resharded, loaded, group, why, sizeof why) != 0;
+  loaded[ng] = resharded;
+  if (any_failed(world, bad, why, sizeof why)) goto fail;
+  /* every tensor of the checkpoint is one of the model's: one that no rank
+   * loaded is named (the first in the files' order) */
+  if (world && rt_comm_all_reduce_max(world, IR_F64, loaded, (size_t)ng + 1, why, sizeof why) != 0) bad = 1;
+  int first = -1;
+  for (int i = 0; !bad && i < x.n; i++)
+    if (!loaded[group[i]] && (first < 0 || x.ord[i] < first)) first = x.ord[i];
+  if (first >= 0) {
+    StrBuf t = {0};
+    const CkShard *e = &x.a[first];
+    type_text(&t, e->kind, e->dtype, e->global, e->rank);
+    bad = ts_errf(why, sizeof why, "the checkpoint does not fit this model: it holds tensor '%s' (%s), which this model "
+                  "does not have", e->name, t.p) != 0;
+    sb_free(&t);
   }
+  if (!bad) bad = rt_program_push_states(p, why, sizeof why) != 0;
+  if (any_failed(world, bad, why, sizeof why)) goto fail;
+  if (how && howlen) {
+    how[0] = 0;
+    if (loaded[ng] > 0)
+      snprintf(how, howlen, "resharded from %lld rank%s (dp=%lld pp=%lld cp=%lld ep=%lld tp=%lld)", ranks, ranks > 1 ? "s" : "",
+               mesh[0], mesh[1], mesh[2], mesh[3], mesh[4]);
+  }
+  free(group);
+  free(loaded);
+  index_free(&x);
   *step = k;
   return 0;
+fail:
+  free(group);
+  free(loaded);
+  index_free(&x);
+  if (!why[0]) snprintf(why, sizeof why, "another rank could not load its part of the checkpoint");
+  return ts_errf(err, errlen, "%s", why);
 }

@@ -595,7 +595,8 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   if (!(r.prog = rt_program_new_rank(m, rank, err, errlen))) return -1;
   int64_t start = 0;
   if (o->ckpt.load_dir) {
-    if (rt_ckpt_load(r.prog, o->world, o->ckpt.load_dir, &start, err, errlen) != 0) { run_free(&r); return -1; }
+    char how[256];
+    if (rt_ckpt_load(r.prog, o->world, o->ckpt.load_dir, &start, how, sizeof how, err, errlen) != 0) { run_free(&r); return -1; }
     if (start >= tr->steps) {
       snprintf(err, errlen, "the checkpoint in %s is of step %lld, and training ends at step %lld: nothing to do "
                "(give --steps above %lld)", o->ckpt.load_dir, (long long)start, (long long)tr->steps, (long long)start);
@@ -604,7 +605,8 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     }
     rs.resumed_from = rs.steps = start;
     if (lead && !o->quiet)
-      fprintf(log, "resumed from the checkpoint of step %lld in %s\n", (long long)start, o->ckpt.load_dir);
+      fprintf(log, "resumed from the checkpoint of step %lld in %s%s%s\n", (long long)start, o->ckpt.load_dir,
+              how[0] ? ", " : "", how);
   }
   if (o->ckpt.save_dir) {   /* before the run, not after its first interval */
     struct stat sst;

@@ -118,10 +118,14 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res,
  * message on every rank. */
 int rt_ckpt_save(RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t step, char *err, size_t errlen);
 /* Collective: loads this rank's states from the checkpoint `dir` names (its
- * `latest`, or dir itself) and returns its step.  The checkpoint must come
- * from the same model and layout (rank count and mesh); a tensor that differs
- * in name, kind, dtype or shape is named.  0, or -1 with a message. */
-int rt_ckpt_load(RtProgram *p, RtComm *world, const char *dir, int64_t *step, char *err, size_t errlen);
+ * `latest`, or dir itself) and returns its step.  The checkpoint may come
+ * from any layout of the same model: each state is assembled from the saved
+ * shards that overlap it (resharding; `how` then says from what layout,
+ * else it is ""); a checkpoint of another model is refused, naming the
+ * first tensor that differs in name, kind, dtype or global shape.  0, or -1
+ * with a message. */
+int rt_ckpt_load(RtProgram *p, RtComm *world, const char *dir, int64_t *step, char *how, size_t howlen, char *err,
+                 size_t errlen);
 
 /* ---- parameter files (mrun --save-params) ----
  * Every parameter in its GLOBAL logical shape: tp (and other) splits

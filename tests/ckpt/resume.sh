@@ -4,9 +4,10 @@
 # final parameters of the run that never stopped, bit for bit, in every
 # layout family; and the refusals of a checkpoint that does not fit.
 #
-#   resume.sh CASE MCC MRUN SRCDIR TMPDIR    (CASE: layouts, refusals, kills)
+#   resume.sh CASE MCC MRUN SRCDIR TMPDIR PARAMS_DIFF
+#   (CASE: layouts, reshard, refusals, kills)
 set -u
-CASE=$1 MCC=$2 MRUN=$3 SRC=$4 TMP=$5
+CASE=$1 MCC=$2 MRUN=$3 SRC=$4 TMP=$5 PARAMS_DIFF=$6
 rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP" || exit 1
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
 fail=0
@@ -56,6 +57,67 @@ layouts)
   resume cp2_f64 gpt 2 ${GPT/dropout=0.1/dropout=0} --cp 2 --precision f64
   resume ep2_f64 moe 2 $MOE --ep 2 --precision f64
   ;;
+reshard)
+  # a checkpoint of step 3 saved in layout A, loaded in layout B and run to
+  # step 6, equals A's uninterrupted run within 1e-12 (f64): parameters
+  # after step 6 and the losses of steps 4-6
+  G8="${GPT/layers=2/layers=8} --precision f64"
+  G8=${G8/dropout=0.1/dropout=0}
+  M64="$MOE --precision f64"
+  # plan NAME MODEL GPUS FLAGS...: compiled once
+  declare -A gpus
+  plan() {
+    local name=$1 model=$2; gpus[$name]=$3; shift 3
+    "$MCC" "$SRC/samples/$model.mdl" "$@" -o "$name.plan" 2> err.txt || die "mcc $name: $(cat err.txt)"
+  }
+  plan one gpt 1 $G8; plan tp2 gpt 2 $G8 --tp 2; plan tp4 gpt 4 $G8 --tp 4 -D vocab=250
+  plan one_v250 gpt 1 $G8 -D vocab=250; plan pp2 gpt 2 $G8 --pp 2; plan pp4_vpp2 gpt 4 $G8 --pp 4 --vpp 2
+  plan pp2_split gpt 2 $G8 --pp 2 --pp-layers 5,3; plan dp2 gpt 2 $G8 --dp 2; plan dp4 gpt 4 $G8 --dp 4
+  plan dp2_nozero gpt 2 $G8 --dp 2 --no-zero; plan cp2 gpt 2 $G8 --cp 2; plan tp2_sp gpt 2 $G8 --tp 2 --sp
+  plan tp2_dp2 gpt 4 $G8 --tp 2 --dp 2; plan moe moe 1 $M64; plan ep2 moe 2 $M64 --ep 2
+  plan ep2_tp2 moe 4 $M64 --ep 2 --tp 2; plan ep2_dp2 moe 4 $M64 --ep 2 --dp 2
+  run() { local name=$1; shift; "$MRUN" "$name.plan" --gpus "${gpus[$name]}" --data corpus.txt --quiet --timeout 60 "$@"; }
+  # the losses of steps FROM.. of two metrics files agree within 1e-12 (relative)
+  same_losses() {
+    paste <(losses "$1" "$2") <(losses "$3" 1) | awk '
+      { n++; d = $2 - $5; if (d < 0) d = -d; s = $5 < 0 ? -$5 : $5; if ($1 != $4 || d > 1e-12 * s) bad = 1 }
+      END { exit !(n == 3 && !bad) }'
+  }
+  declare -A saved
+  # reshard A B: A's checkpoint of step 3 resumed in B
+  reshard() {
+    local a=$1 b=$2
+    if [ -z "${saved[$a]:-}" ]; then
+      run "$a" --steps 6 --metrics "full_$a.jsonl" --save-params "full_$a.bin" > out.txt 2>&1 || die "$a: full run: $(tail -2 out.txt)"
+      run "$a" --steps 3 --save "ck_$a" > out.txt 2>&1 || die "$a: first 3 steps: $(tail -2 out.txt)"
+      saved[$a]=1
+    fi
+    if ! run "$b" --steps 6 --load "ck_$a" --metrics "r_${a}_$b.jsonl" --save-params "r_${a}_$b.bin" > out.txt 2>&1; then
+      die "$a -> $b: $(tail -2 out.txt)"; return
+    fi
+    local d
+    d=$("$PARAMS_DIFF" "full_$a.bin" "r_${a}_$b.bin" 1e-12) || { die "$a -> $b: $d"; return; }
+    same_losses "full_$a.jsonl" 4 "r_${a}_$b.jsonl" || die "$a -> $b: steps 4-6 differ: '$(losses "full_$a.jsonl" 4 | tr '\n' ' ')' vs '$(losses "r_${a}_$b.jsonl" 1 | tr '\n' ' ')'"
+    echo "$a -> $b: ${d#params_diff: }"
+  }
+  reshard tp2 one; reshard pp2 pp4_vpp2; reshard dp2 dp4; reshard ep2 moe; reshard cp2 tp2
+  reshard one tp2_dp2; reshard tp2_dp2 pp2_split; reshard pp4_vpp2 dp2_nozero; reshard dp4 tp2_sp
+  reshard dp2_nozero cp2; reshard one_v250 tp4; reshard tp4 one_v250; reshard moe ep2_tp2; reshard ep2_dp2 ep2
+  # the general path in the saved layout equals reading the files as they are
+  TS_CKPT_RESHARD=1 run tp2_dp2 --steps 6 --load ck_tp2_dp2 --save-params forced.bin > out.txt 2>&1 ||
+    die "forced reshard: $(tail -2 out.txt)"
+  run tp2_dp2 --steps 6 --load ck_tp2_dp2 --save-params same.bin > out.txt 2>&1 || die "same layout: $(tail -2 out.txt)"
+  grep -q resharded out.txt && die "the same layout was resharded"
+  cmp -s forced.bin same.bin || die "TS_CKPT_RESHARD=1 in the saved layout differs from reading the files as they are"
+  # another model is refused, naming the first tensor that differs
+  expect() { local what=$1 text=$2; shift 2; if "$@" > out.txt 2>&1; then die "$what: accepted"; elif ! grep -qF -- "$text" out.txt; then die "$what: no '$text' in: $(tail -2 out.txt)"; fi; }
+  plan wide gpt 1 ${G8/d_model=32/d_model=64}; plan short gpt 1 ${G8/layers=8/layers=6}; plan f32 gpt 1 ${G8/--precision f64/}
+  expect "wider" "tensor 'token_embedding.wte' is param f64[256, 32] in the checkpoint, param f64[256, 64] here" run wide --steps 6 --load ck_tp2
+  expect "fewer layers" "it holds tensor 'layers.6.layernorm.g' (param f64[32]), which this model does not have" run short --steps 6 --load ck_tp2
+  expect "f32" "is param f64[256, 32] in the checkpoint, param f32[256, 32] here" run f32 --steps 6 --load ck_tp2
+  cp -r ck_tp2 miss && rm miss/iter_0000003/rank_00001.bin
+  expect "a shard file missing" "rank_00001.bin': No such file" run one --steps 6 --load miss
+  ;;
 refusals)
   "$MCC" "$SRC/samples/gpt.mdl" $GPT -o p.plan && "$MCC" "$SRC/samples/gpt.mdl" $GPT --tp 2 -o tp.plan &&
     "$MCC" "$SRC/samples/gpt.mdl" ${GPT/d_model=32/d_model=64} -o wide.plan || { echo "FAIL: mcc" >&2; exit 1; }
@@ -67,8 +129,8 @@ refusals)
   expect "nothing left" "is of step 5, and training ends at step 5" p.plan --steps 5 --load ck
   expect "no checkpoint" "has no checkpoint" p.plan --steps 6 --load .
   expect "not a directory" "is not a directory" p.plan --steps 6 --load corpus.txt
-  expect "other layout" "loading into another layout is not implemented yet" tp.plan --gpus 2 --steps 6 --load ck
-  expect "other model" "tensor 'token_embedding.wte' (param f32[256, 32]" wide.plan --steps 6 --load ck
+  run tp.plan --gpus 2 --steps 6 --load ck || die "another layout: $(tail -2 out.txt)"
+  expect "other model" "tensor 'token_embedding.wte' is param f32[256, 32] in the checkpoint, param f32[256, 64] here" wide.plan --steps 6 --load ck
   expect "save onto a file" "exists and is not a directory" p.plan --steps 1 --save corpus.txt
   expect "interval without save" "go with --save DIR" p.plan --steps 1 --save-interval 2
   # a save killed before its rename leaves iter_N.tmp: never chosen
