@@ -5,6 +5,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <time.h>
 #include <unistd.h>
 
 void ts_die_at(const char *file, int line, const char *fmt, ...) {
@@ -105,6 +106,12 @@ uint64_t ts_hash64(const void *p, size_t n, uint64_t seed) {
   uint64_t h = 14695981039346656037ull ^ seed;
   for (size_t i = 0; i < n; i++) { h ^= s[i]; h *= 1099511628211ull; }
   return h;
+}
+
+double ts_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static void intern_grow(void) {

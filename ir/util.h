@@ -103,5 +103,7 @@ void ts_fmt_double(char *buf, size_t n, double x);
 
 /* 64-bit FNV-1a, for checksums and content hashes. */
 uint64_t ts_hash64(const void *p, size_t n, uint64_t seed);
+/* Seconds on the monotonic clock (for durations). */
+double ts_now_s(void);
 
 #endif

@@ -54,12 +54,6 @@ int pass_check_name(const char *name, const char *what, char *err, size_t errlen
   return -1;
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* The first line where a and b differ, for the round-trip message. */
 static void first_diff(const char *a, const char *b, char *out, size_t n) {
   int line = 1;
@@ -141,15 +135,15 @@ int pass_run_pipeline(IrModule *m, PassCtx *cx) {
     return -1;
   if (cx->dump_pass && pass_check_name(cx->dump_pass, "--dump-ir", cx->err, sizeof cx->err) != 0) return -1;
 
-  double t0 = now_ms();
+  double t0 = (ts_now_s() * 1e3);
   if (after_pass(m, cx, 0) != 0) return -1;
-  double checks = now_ms() - t0;
+  double checks = (ts_now_s() * 1e3) - t0;
   for (int i = 0; i < pass_pipeline_count; i++) {
     const PassInfo *p = &pass_pipeline[i];
-    double t1 = now_ms();
+    double t1 = (ts_now_s() * 1e3);
     cx->err[0] = 0;
     int bad = p->fn(m, cx) != 0;
-    double t2 = now_ms();
+    double t2 = (ts_now_s() * 1e3);
     if (!bad && cx->time_to) fprintf(cx->time_to, "time: %-12s %9.1f ms\n", p->name, t2 - t1);
     if (bad || after_pass(m, cx, i + 1) != 0) {
       if (!cx->err[0]) cx_fail(cx, "pass '%s' failed", p->name);
@@ -157,7 +151,7 @@ int pass_run_pipeline(IrModule *m, PassCtx *cx) {
       arena_init(&cx->scratch);
       return -1;
     }
-    checks += now_ms() - t2;
+    checks += (ts_now_s() * 1e3) - t2;
   }
   if (cx->time_to) fprintf(cx->time_to, "time: %-12s %9.1f ms\n", "checks", checks);
   char why[1024];

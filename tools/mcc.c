@@ -109,12 +109,6 @@ static int usage_error(const char *fmt, const char *arg) {
   return 2;
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* A parallel size: a positive int, at most 1 << 20. */
 static int parse_size(const char *s, int *out) {
   char *e;
@@ -450,9 +444,9 @@ static int pipe_prepare(const Args *a, IrModule *m, int reference) {
  * of the unsharded reference (another MdlOptions).  Returns the compiled module, or
  * NULL after printing why.  *t_front gets the frontend's wall time. */
 static IrModule *compile(const Args *a, const MdlOptions *o, int dp, PassCtx *cx, double *t_front) {
-  double t0 = now_ms();
+  double t0 = (ts_now_s() * 1e3);
   IrModule *m = mdl_compile_file(a->input, o);
-  if (t_front) *t_front = now_ms() - t0;
+  if (t_front) *t_front = (ts_now_s() * 1e3) - t0;
   if (!m) return NULL;                   /* the frontend printed the diagnostics */
   if (dp > 0) m->par.dp = dp;
   if (check_layout(m) != 0 || pipe_prepare(a, m, o != &a->mdl) != 0) { ir_module_free(m); return NULL; }
@@ -1197,13 +1191,13 @@ int main(int argc, char **argv) {
     rc = run_pipe_views(&a, &cx);
     goto out;
   }
-  double t0 = now_ms(), tf = 0;
+  double t0 = (ts_now_s() * 1e3), tf = 0;
   IrModule *m = compile(&a, &a.mdl, a.dp, &cx, &tf);
   if (a.time) fprintf(stderr, "time: %-12s %9.1f ms\n", "frontend", tf);
   if (!m) goto out;
   int owned = 1;
   if (a.stats) print_stats(m);
-  double t2 = now_ms();
+  double t2 = (ts_now_s() * 1e3);
   if (a.check) {
     rc = run_check(&a, m);
   } else if (a.report) {                 /* an analysis, no plan */
@@ -1226,7 +1220,7 @@ int main(int argc, char **argv) {
   } else {
     rc = write_plan(&a, m, &owned);
   }
-  double t3 = now_ms();
+  double t3 = (ts_now_s() * 1e3);
   if (a.time) {
     fprintf(stderr, "time: %-12s %9.1f ms\n", strcmp(a.emit, "plan") == 0 ? "plan write" : "emit", t3 - t2);
     fprintf(stderr, "time: %-12s %9.1f ms\n", "total", t3 - t0);

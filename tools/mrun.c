@@ -73,8 +73,9 @@ static const char usage[] =
     "  --save-params FILE after training, write every parameter in its global shape (format: runtime/exec/train.h)\n"
     "  --save DIR         checkpoints into DIR (docs/checkpoints.md): at the end (or when stopped by a signal)\n"
     "  --save-interval N  ... and after every N-th step;  --keep K: only the newest K are kept\n"
-    "  --load DIR         resume from the checkpoint DIR/latest names (or DIR itself, one checkpoint): same\n"
-    "                     model and layout; training goes on to --steps (steps count from the run's start)\n"
+    "  --async-save       the states are copied to host memory and written by a thread while training goes on\n"
+    "  --load DIR         resume from the checkpoint DIR/latest names (or DIR itself, one checkpoint) of the\n"
+    "                     same model in any layout; training goes on to --steps (steps count from the run's start)\n"
     "  --quiet            no per-step progress lines\n"
     "  --backend B        llvm (default): fusion groups and elementwise / row ops as JIT-compiled kernels;\n"
     "                     ref: every op on the reference kernels (the oracle for tests; CPU ranks)\n"
@@ -143,6 +144,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     char *arg = argv[i], *val = NULL;
     if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) return 1;
     if (strcmp(arg, "--quiet") == 0) { a->quiet = 1; continue; }
+    if (strcmp(arg, "--async-save") == 0) { a->ckpt.async = 1; continue; }
     if (strcmp(arg, "--cpu") == 0) { a->cpu = 1; continue; }
     if (strcmp(arg, "--selftest") == 0) { a->selftest = 1; continue; }
     if (strncmp(arg, "--", 2) != 0) {
@@ -203,8 +205,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     else if (strcmp(name, "--metrics") == 0) a->metrics = val;
     else { fprintf(stderr, "mrun: unknown option '%s'\n%s", name, usage); return -1; }
   }
-  if ((a->ckpt.save_interval || a->ckpt.keep) && !a->ckpt.save_dir) {
-    fprintf(stderr, "mrun: --save-interval and --keep go with --save DIR\n");
+  if ((a->ckpt.save_interval || a->ckpt.keep || a->ckpt.async) && !a->ckpt.save_dir) {
+    fprintf(stderr, "mrun: --save-interval, --keep and --async-save go with --save DIR\n");
     return -1;
   }
   if (a->selftest && a->plan) { fprintf(stderr, "mrun: --selftest takes no plan (got '%s')\n", a->plan); return -1; }
@@ -686,6 +688,12 @@ static void print_done(const Args *a, const RtTrainResult *res) {
     printf("mrun: trained %lld steps%s: loss %.4f -> %.4f%s\n", (long long)(res->steps - res->resumed_from),
            res->resumed_from ? " after the checkpoint" : "", res->first_loss, res->last_loss,
            res->saved ? (res->saved > 1 ? "; checkpoints saved" : "; checkpoint saved") : "");
+  if (!a->quiet && res->timed_saves > 0)
+    printf("mrun: %lld checkpoint%s during training (%s): training waited %.3f s per save%s", (long long)res->timed_saves,
+           res->timed_saves > 1 ? "s" : "", a->ckpt.async ? "asynchronous" : "synchronous",
+           res->save_stall_s / (double)res->timed_saves, a->ckpt.async ? "" : "\n");
+  if (!a->quiet && res->timed_saves > 0 && a->ckpt.async)
+    printf(", of which %.3f s copying the states\n", res->save_copy_s / (double)res->timed_saves);
 }
 
 /* One process, no MPI. */

@@ -76,12 +76,6 @@ int rt_mesh_group_ranks(const PlanMesh *m, int rank, RtMeshAxis a, int *ranks_ou
 
 /* ---------------- errors ---------------- */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void mpi_errstr(int rc, char *buf, size_t n) {
   char s[MPI_MAX_ERROR_STRING];
   int len = 0;
@@ -307,8 +301,8 @@ void rt_comm_diagnose(RtComm *c, RtCollKind k, char *out, size_t n) {
   double grace = c->timeout / 10;
   if (grace < 0.3) grace = 0.3;
   if (grace > 2.0) grace = 2.0;
-  double end = now_s() + grace;
-  for (int iter = 0, left = p - 1; left > 0 && now_s() < end; iter++) {
+  double end = ts_now_s() + grace;
+  for (int iter = 0, left = p - 1; left > 0 && ts_now_s() < end; iter++) {
     for (int i = 0; i < p; i++) {
       int f = 0;
       if (done[i] || MPI_Test(&rq[2 * i], &f, MPI_STATUS_IGNORE) != MPI_SUCCESS || !f) continue;
@@ -338,7 +332,7 @@ void rt_comm_diagnose(RtComm *c, RtCollKind k, char *out, size_t n) {
 }
 
 void rt_comm_wait_mpi(RtComm *c, MPI_Request *req, RtCollKind k, int peer) {
-  double start = now_s(), end = start + c->timeout;
+  double start = ts_now_s(), end = start + c->timeout;
   for (int iter = 0;; iter++) {
     int flag = 0;
     MPI_Status st;
@@ -353,7 +347,7 @@ void rt_comm_wait_mpi(RtComm *c, MPI_Request *req, RtCollKind k, int peer) {
                     "disagree on count or dtype)", rt_coll_name(k), c->name, s);
     }
     if (flag) return;
-    if (now_s() > end) {
+    if (ts_now_s() > end) {
       char who[512];
       if (peer >= 0) {
         snprintf(who, sizeof who, "waiting for rank %d?", c->world_ranks[peer]);
@@ -551,12 +545,12 @@ int rt_comm_wait_all(RtCommReq **reqs, int n, char *err, size_t errlen) {
     if (reqs[i]->c->timeout > timeout) timeout = reqs[i]->c->timeout;
     if (reqs[i]->queued) reqs[i]->c->ops->flush(reqs[i]->c);   /* posts (and finishes) its whole group */
   }
-  double end = now_s() + timeout;
+  double end = ts_now_s() + timeout;
   for (int iter = 0;; iter++) {
     int left = 0;
     for (int i = 0; i < n; i++) left += !rt_comm_test(&reqs[i]);
     if (!left) return 0;
-    if (now_s() > end) {
+    if (ts_now_s() > end) {
       for (int i = 0; i < n; i++) {
         if (!reqs[i]) continue;
         RtComm *c = reqs[i]->c;

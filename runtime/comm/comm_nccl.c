@@ -235,17 +235,11 @@ static void nccl_free(RtComm *c) {
   free(n);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Waits for the group's stream, checking NCCL's async error, until the
  * deadline; then aborts the NCCL communicator and the job.  peer: the group
  * rank of a send/recv partner, or -1 for a collective. */
 static void wait_stream(RtComm *c, RtCollKind k, int peer) {
-  double end = now_s() + c->timeout;
+  double end = ts_now_s() + c->timeout;
   for (;;) {
     cuError e = LC.StreamQuery(nstream(c));
     if (e == 0) return;
@@ -258,7 +252,7 @@ static void wait_stream(RtComm *c, RtCollKind k, int peer) {
       LN.CommAbort(NC(c)->comm);
       rt_comm_abort(c, "%s on group %s failed: %s (hint: NCCL_DEBUG=INFO; a rank died?)", rt_coll_name(k), c->name, nc_str(ae));
     }
-    if (now_s() > end) {
+    if (ts_now_s() > end) {
       char who[512];
       LN.CommAbort(NC(c)->comm);
       if (peer >= 0) snprintf(who, sizeof who, "waiting for rank %d?", c->world_ranks[peer]);

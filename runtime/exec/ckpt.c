@@ -28,6 +28,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -140,8 +141,12 @@ static void dims_text(StrBuf *b, const int64_t *d, int n) {
   sb_putc(b, ']');
 }
 
-/* This rank's shard file and its text index, into dir. */
-static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, int64_t step, char *err, size_t errlen) {
+/* This rank's shard file and its text index, into dir; the states' values
+ * from data[s] (an asynchronous save's copies), or the program's own memory
+ * when data is NULL.  Touches nothing but the files, the module (read) and
+ * data: it runs on the writer thread of an asynchronous save. */
+static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, int64_t step, void *const *data_of,
+                      char *err, size_t errlen) {
   const IrModule *m = rt_program_module(p);
   /* bin: the headers only; the file is written from them and the states'
    * own memory, piece by piece (nothing copied) */
@@ -154,7 +159,7 @@ static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, in
   for (int s = 0; s < m->states.n; s++) {
     const IrState *st = &m->states.a[s];
     size_t nbytes = (size_t)ir_type_numel(&st->type) * ir_dtype_size(st->type.dtype);
-    const void *data = rt_state_data(p, s);
+    const void *data = data_of ? data_of[s] : rt_state_data(p, s);
     uint64_t h = ts_hash64(data, nbytes, 0);
     size_t nl = strlen(st->name);
     put_u32(&bin, (uint32_t)nl);
@@ -201,7 +206,7 @@ static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, in
   size_t from = 0;
   for (int s = 0; s < m->states.n; s++) {
     pc[npc++] = (TsPiece){bin.p + from, hdr_end[s] - from};
-    pc[npc++] = (TsPiece){rt_state_data(p, s),
+    pc[npc++] = (TsPiece){data_of ? data_of[s] : rt_state_data(p, s),
                           (size_t)ir_type_numel(&m->states.a[s].type) * ir_dtype_size(m->states.a[s].type.dtype)};
     from = hdr_end[s];
   }
@@ -501,40 +506,47 @@ static int list_iters(const char *dir, int64_t **out) {
   return n;
 }
 
-int rt_ckpt_save(RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t step, char *err, size_t errlen) {
-  const IrModule *m = rt_program_module(p);
-  const RtRank *r = rt_program_rank(p);
-  int wr = world_rank(world), nranks = world ? rt_comm_size(world) : 1;
-  char tmp[4096], fin[4096], why[2048] = "";
+/* A save's first phase (collective): world rank 0 makes DIR/iter_K.tmp (a
+ * .tmp left by a killed save is removed).  1 if it failed anywhere. */
+static int save_begin(RtComm *world, const RtCkptOpts *o, int64_t step, char *why, size_t n) {
+  int wr = world_rank(world), bad = 0;
+  char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s/iter_%07lld.tmp", o->save_dir, (long long)step);
-  snprintf(fin, sizeof fin, "%s/iter_%07lld", o->save_dir, (long long)step);
-  int bad = 0;
   fault_point(wr, "before a save");
-  if (wr == 0) {   /* the directories; a .tmp left by a killed save is removed */
-    if (mkdir(o->save_dir, 0777) != 0 && errno != EEXIST)
-      bad = ts_errf(why, sizeof why, "--save: cannot create '%s': %s", o->save_dir, strerror(errno)) != 0;
-    else if (remove_dir(tmp) != 0 || mkdir(tmp, 0777) != 0)
-      bad = ts_errf(why, sizeof why, "--save: cannot create '%s': %s", tmp, strerror(errno)) != 0;
-  }
-  if (any_failed(world, bad, why, sizeof why)) goto fail;
-  fault_point(wr, "after making the .tmp directory");
-  bad = rt_program_sync_states(p, why, sizeof why) != 0 || write_rank(p, r, tmp, wr, step, why, sizeof why) != 0;
-  if (any_failed(world, bad, why, sizeof why)) goto fail;
   if (wr == 0) {
-    char latest[4096], text[64];
+    if (mkdir(o->save_dir, 0777) != 0 && errno != EEXIST)
+      bad = ts_errf(why, n, "--save: cannot create '%s': %s", o->save_dir, strerror(errno)) != 0;
+    else if (remove_dir(tmp) != 0 || mkdir(tmp, 0777) != 0)
+      bad = ts_errf(why, n, "--save: cannot create '%s': %s", tmp, strerror(errno)) != 0;
+  }
+  if (any_failed(world, bad, why, n)) return 1;
+  fault_point(wr, "after making the .tmp directory");
+  return 0;
+}
+
+/* The last phase (collective), once every rank has written its files (bad:
+ * this rank could not): world rank 0 writes metadata.json, renames the
+ * .tmp, points `latest` at it and applies --keep.  1 if it failed anywhere. */
+static int save_end(RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t step, int bad, char *why, size_t n) {
+  int wr = world_rank(world), nranks = world ? rt_comm_size(world) : 1;
+  if (any_failed(world, bad, why, n)) return 1;
+  if (wr == 0) {
+    char tmp[4096], fin[4096], latest[4096], text[64];
+    snprintf(tmp, sizeof tmp, "%s/iter_%07lld.tmp", o->save_dir, (long long)step);
+    snprintf(fin, sizeof fin, "%s/iter_%07lld", o->save_dir, (long long)step);
     snprintf(latest, sizeof latest, "%s/latest", o->save_dir);
     snprintf(text, sizeof text, "iter_%07lld\n", (long long)step);
-    if (write_metadata(tmp, m, r, nranks, step, why, sizeof why) != 0) bad = 1;
+    if (write_metadata(tmp, rt_program_module(p), rt_program_rank(p), nranks, step, why, n) != 0) bad = 1;
     else if (fault_point(wr, "after writing metadata.json"), sync_dir(tmp) != 0 || remove_dir(fin) != 0 ||
              rename(tmp, fin) != 0 || sync_dir(o->save_dir) != 0)
-      bad = ts_errf(why, sizeof why, "--save: cannot rename '%s' to '%s': %s", tmp, fin, strerror(errno)) != 0;
+      bad = ts_errf(why, n, "--save: cannot rename '%s' to '%s': %s", tmp, fin, strerror(errno)) != 0;
     else if (fault_point(wr, "between the rename and latest"), ts_write_file(latest, text, strlen(text)) != 0)
-      bad = ts_errf(why, sizeof why, "--save: %s", ts_io_error()) != 0;
+      bad = ts_errf(why, n, "--save: %s", ts_io_error()) != 0;
     if (!bad) fault_point(wr, "after writing latest");
     if (!bad && o->keep > 0) {   /* the newest K; never the one just written */
       int64_t *its;
-      int n = list_iters(o->save_dir, &its);
-      for (int i = 0; i + o->keep < n; i++) {
+      int k = list_iters(o->save_dir, &its);
+      for (int i = 0; i + o->keep < k; i++) {
         if (its[i] == step) continue;
         char old[4096];
         snprintf(old, sizeof old, "%s/iter_%07lld", o->save_dir, (long long)its[i]);
@@ -544,10 +556,100 @@ int rt_ckpt_save(RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t step,
       fault_point(wr, "after the --keep cleanup");
     }
   }
-  if (!any_failed(world, bad, why, sizeof why)) return 0;
-fail:
-  if (!why[0]) snprintf(why, sizeof why, "another rank could not write its part of the checkpoint");
+  return any_failed(world, bad, why, n);
+}
+
+static int save_failed(int64_t step, char *why, char *err, size_t errlen) {
+  if (!why[0]) strcpy(why, "another rank could not write its part of the checkpoint");
   return ts_errf(err, errlen, "checkpoint of step %lld: %s", (long long)step, why);
+}
+
+int rt_ckpt_save(RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t step, char *err, size_t errlen) {
+  char tmp[4096], why[2048] = "";
+  snprintf(tmp, sizeof tmp, "%s/iter_%07lld.tmp", o->save_dir, (long long)step);
+  if (save_begin(world, o, step, why, sizeof why)) return save_failed(step, why, err, errlen);
+  int bad = rt_program_sync_states(p, why, sizeof why) != 0 ||
+            write_rank(p, rt_program_rank(p), tmp, world_rank(world), step, NULL, why, sizeof why) != 0;
+  if (save_end(p, world, o, step, bad, why, sizeof why)) return save_failed(step, why, err, errlen);
+  return 0;
+}
+
+/* ---- asynchronous saves (--async-save) ----
+ * The states are copied to host buffers (allocated at the first save, kept)
+ * and a thread writes this rank's files from them while training goes on;
+ * the save's last phase, which is collective, runs on the training thread
+ * at the next save or at the end (rt_ckpt_finish).  Only the copy stalls
+ * training, unless the previous save is still being written. */
+struct RtCkptWriter {
+  pthread_t thread;
+  int running;
+  void **copy;          /* per state */
+  int ncopy;
+  RtProgram *p;
+  int wr;
+  int64_t step;
+  char dir[4096];
+  int rc;
+  char err[2048];
+};
+
+RtCkptWriter *rt_ckpt_writer_new(void) { return ts_xcalloc(1, sizeof(RtCkptWriter)); }
+
+static void *writer_main(void *arg) {
+  RtCkptWriter *w = arg;
+  w->rc = write_rank(w->p, rt_program_rank(w->p), w->dir, w->wr, w->step, w->copy, w->err, sizeof w->err);
+  return NULL;
+}
+
+int rt_ckpt_save_async(RtCkptWriter *w, RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t step, double *copy_s,
+                       char *err, size_t errlen) {
+  *copy_s = 0;
+  if (rt_ckpt_finish(w, world, o, err, errlen) != 0) return -1;
+  char why[2048] = "";
+  if (save_begin(world, o, step, why, sizeof why)) return save_failed(step, why, err, errlen);
+  const IrModule *m = rt_program_module(p);
+  double t0 = ts_now_s();
+  if (rt_program_sync_states(p, why, sizeof why) != 0) {
+    save_end(p, world, o, step, 1, why, sizeof why);
+    return save_failed(step, why, err, errlen);
+  }
+  if (!w->copy) {
+    w->ncopy = m->states.n;
+    w->copy = ts_xcalloc((size_t)(w->ncopy ? w->ncopy : 1), sizeof *w->copy);
+    for (int s = 0; s < w->ncopy; s++)
+      w->copy[s] = ts_xmalloc((size_t)ir_type_numel(&m->states.a[s].type) * ir_dtype_size(m->states.a[s].type.dtype) + 1);
+  }
+  for (int s = 0; s < w->ncopy; s++)
+    memcpy(w->copy[s], rt_state_data(p, s), (size_t)ir_type_numel(&m->states.a[s].type) * ir_dtype_size(m->states.a[s].type.dtype));
+  *copy_s = ts_now_s() - t0;
+  w->p = p;
+  w->wr = world_rank(world);
+  w->step = step;
+  w->rc = 0;
+  w->err[0] = 0;
+  snprintf(w->dir, sizeof w->dir, "%s/iter_%07lld.tmp", o->save_dir, (long long)step);
+  if (pthread_create(&w->thread, NULL, writer_main, w) != 0) writer_main(w);   /* no thread: written here */
+  else w->running = 1;
+  if (!w->running) w->running = -1;   /* written already; its last phase is still to run */
+  return 0;
+}
+
+int rt_ckpt_finish(RtCkptWriter *w, RtComm *world, const RtCkptOpts *o, char *err, size_t errlen) {
+  if (!w || !w->running) return 0;
+  if (w->running > 0) pthread_join(w->thread, NULL);
+  w->running = 0;
+  char why[2048];
+  snprintf(why, sizeof why, "%s", w->rc ? w->err : "");
+  if (save_end(w->p, world, o, w->step, w->rc != 0, why, sizeof why)) return save_failed(w->step, why, err, errlen);
+  return 0;
+}
+
+void rt_ckpt_writer_free(RtCkptWriter *w) {
+  if (!w) return;
+  if (w->running > 0) pthread_join(w->thread, NULL);   /* a failed run: the .tmp stays, never chosen */
+  for (int s = 0; s < w->ncopy; s++) free(w->copy[s]);
+  free(w->copy);
+  free(w);
 }
 
 /* ---- loading ---- */

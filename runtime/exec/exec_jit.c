@@ -69,12 +69,6 @@ struct RtJit {
   RtExecStats stats;
 };
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int is_layout_alone(IrOp op) {
   return op == IR_OP_RESHAPE || op == IR_OP_PERMUTE || op == IR_OP_SLICE || op == IR_OP_PAD ||
          op == IR_OP_CONCAT || op == IR_OP_BROADCAST;
@@ -533,7 +527,7 @@ static int default_threads(void) {
 }
 
 RtJit *rt_jit_new(const IrModule *m, const RtExecOpts *o, char *err, size_t errlen) {
-  double t0 = now_s();
+  double t0 = ts_now_s();
   RtJit *J = ts_xcalloc(1, sizeof *J);
   char why[512];
   J->cuda = o->cuda || o->dev;   /* cuda: plan and print only, the device compiles */
@@ -556,7 +550,7 @@ RtJit *rt_jit_new(const IrModule *m, const RtExecOpts *o, char *err, size_t errl
     J->stats.threads = cg_pool_threads(J->pool);
     J->stats.disk_hits = cg_jit_disk_hits(J->jit);
   }
-  J->stats.jit_s = now_s() - t0;
+  J->stats.jit_s = ts_now_s() - t0;
   return J;
 }
 

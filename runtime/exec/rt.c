@@ -122,12 +122,6 @@ struct RtDevBlockRun {
 static int plan_memory(RtProgram *p, char *err, size_t errlen);
 static void print_memory(const RtProgram *p);
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* With TS_RT_PROFILE in the environment, the time per op, most first, on
  * stderr when the program is freed: where a step's time goes. */
 static void print_profile(const RtProgram *p) {
@@ -917,7 +911,7 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
       }
     } else {
       if (kid >= 0 && jb->k.a[kid].at != i) continue;   /* computed by a kernel later */
-      double t0 = p->profile ? now_s() : 0;
+      double t0 = p->profile ? ts_now_s() : 0;
       const IrNode *nd = &b->nodes[i];
       int hand = (nd->op == IR_OP_UNSTASH && pl->ext[i]) ||
                  (nd->op == IR_OP_STASH && nd->nin == 1 && nd->in[0] < i && pl->ext[nd->in[0]]);
@@ -925,7 +919,7 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
             : kid >= 0 ? run_kernel(p, b, &jb->k.a[kid], &r, info, msg, sizeof msg)
                        : run_node(p, b, i, &r, feeds, nfeeds, info, msg, sizeof msg);
       if (p->profile) {
-        p->op_s[b->nodes[i].op] += now_s() - t0;
+        p->op_s[b->nodes[i].op] += ts_now_s() - t0;
         p->op_n[b->nodes[i].op]++;
       }
     }

@@ -392,12 +392,6 @@ typedef struct {
   char note[400];    /* FAIL: where or why; no kernel: the refusal */
 } StRow;
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static void row_fail(StRow *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void row_fail(StRow *r, const char *fmt, ...) {
   r->status = ST_FAIL;
@@ -495,22 +489,22 @@ static void run_kind(const IrModule *m, RtProgram *cpu, RtProgram *dev, RtDev *d
   rt_outputs_clear(dev);
   if (bi < 0) { row_fail(r, "internal error: no block %s", r->kind); return; }
   if (rt_run_block(cpu, bi, feeds, nf, &info, err, sizeof err) != 0) { row_fail(r, "on the CPU: %s", err); return; }
-  double t0 = now_ms();
+  double t0 = (ts_now_s() * 1e3);
   if (rt_run_block(dev, bi, feeds, nf, &info, err, sizeof err) != 0) { row_fail(r, "on the device: %s", err); return; }
-  r->ms = now_ms() - t0;
+  r->ms = (ts_now_s() * 1e3) - t0;
   if (rt_program_sync_states(dev, err, sizeof err) != 0) { row_fail(r, "copying the states back: %s", err); return; }
   compare(m, cpu, dev, r->kind, r);
   /* timing: the first run may include one-time work, so time the next */
   int reps = r->ms > 0 ? (int)(ST_BUDGET_MS / r->ms) : ST_MAX_REPS;
   reps = reps < 1 ? 1 : reps > ST_MAX_REPS ? ST_MAX_REPS : reps;
-  t0 = now_ms();
+  t0 = (ts_now_s() * 1e3);
   for (int i = 0; i < reps; i++)
     if (rt_run_block(dev, bi, feeds, nf, &info, err, sizeof err) != 0) {
       row_fail(r, "on the device (timing run %d): %s", i + 2, err);
       return;
     }
   if (d->ops->sync(d, RT_STREAM_COMPUTE, err, sizeof err) != 0) { row_fail(r, "device sync: %s", err); return; }
-  r->ms = (now_ms() - t0) / reps;
+  r->ms = ((ts_now_s() * 1e3) - t0) / reps;
 }
 
 /* What a device program is loaded from.  A device of a known arch (a GPU)
@@ -665,9 +659,9 @@ static void train_row(RtDev *d, const RtSelftestTrain *tm, const char *dir, IrDt
   if (rt_train(m, &to, &rc_, err, sizeof err) != 0) { row_fail(r, "training on the CPU: %s", err); goto out; }
   rt_exec_set_default(&od);
   to.save_params_path = pd;
-  double t0 = now_ms();
+  double t0 = (ts_now_s() * 1e3);
   if (rt_train(m, &to, &rd_, err, sizeof err) != 0) { row_fail(r, "training on the device: %s", err); goto out; }
-  r->ms = now_ms() - t0;
+  r->ms = (ts_now_s() * 1e3) - t0;
   /* the worst of the two losses and the parameters */
   char where[256];
   double e0 = rel_err(rd_.first_loss, rc_.first_loss, ST_FLOOR), e1 = rel_err(rd_.last_loss, rc_.last_loss, ST_FLOOR);

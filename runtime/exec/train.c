@@ -62,12 +62,6 @@ static void status_write(int world_rank, const char *what, int64_t step) {
   if (!ok || rename(tmp, path) != 0) unlink(tmp);   /* the report is best effort */
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* What the micro block wants fed, found from its INPUT nodes.  An input
  * split over mesh axes (sequence parallelism) is fed the rank's block of
  * the global micro batch. */
@@ -544,7 +538,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   RtTrainOpts dflt = {0};
   if (!o) o = &dflt;
   FILE *log = o->log ? o->log : stdout;
-  RtTrainResult rs = {0, NAN, NAN, NAN, 0, 0, 0, 0, 0, 0};
+  RtTrainResult rs = {.first_loss = NAN, .last_loss = NAN, .last_grad_norm = NAN};
   /* a pipeline stage's program has fwd.<g> / bwd.<g> blocks instead of micro */
   int piped = ir_axis_size(m, IR_AXIS_PP) > 1;
   int mb = ir_block_find(m, "micro"), ub = ir_block_find(m, "update");
@@ -669,7 +663,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     }
   }
 
-  double t0 = now_s();
+  double t0 = ts_now_s();
   int rc = 0;
   struct sigaction sa, old_int, old_term;
   memset(&sa, 0, sizeof sa);
@@ -680,8 +674,9 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
   int64_t saved_at = start;   /* the step whose checkpoint exists (nothing new to save there) */
+  RtCkptWriter *writer = o->ckpt.save_dir && o->ckpt.async ? rt_ckpt_writer_new() : NULL;
   for (int64_t s = start; s < tr->steps; s++) {
-    double ts = now_s(), lr = rt_lr_at(tr, s), loss = NAN, gn = NAN;
+    double ts = ts_now_s(), lr = rt_lr_at(tr, s), loss = NAN, gn = NAN;
     status_write(r.world_rank, "step", s + 1);
     int bad = piped ? train_step_pipe(&r, m, &fs, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
                                       err, errlen)
@@ -700,7 +695,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       rc = -1;
       break;
     }
-    double t1 = now_s(), tps = (double)(ntok * nmicro) / (t1 - ts > 1e-9 ? t1 - ts : 1e-9);
+    double t1 = ts_now_s(), tps = (double)(ntok * nmicro) / (t1 - ts > 1e-9 ? t1 - ts : 1e-9);
     if (!o->quiet && lead) {
       fprintf(log, "step %4lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f s",
               (long long)s + 1, (long long)tr->steps, loss, lr, gn, tps, t1 - t0);
@@ -736,12 +731,20 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       break;
     }
     if (o->ckpt.save_dir && o->ckpt.save_interval > 0 && (s + 1) % o->ckpt.save_interval == 0) {
-      if (rt_ckpt_save(r.prog, o->world, &o->ckpt, s + 1, err, errlen) != 0) { rc = -1; break; }
+      double w0 = ts_now_s(), copy_s = 0;
+      if (writer ? rt_ckpt_save_async(writer, r.prog, o->world, &o->ckpt, s + 1, &copy_s, err, errlen) != 0
+                 : rt_ckpt_save(r.prog, o->world, &o->ckpt, s + 1, err, errlen) != 0) { rc = -1; break; }
+      rs.save_stall_s += ts_now_s() - w0;
+      rs.save_copy_s += copy_s;
+      rs.timed_saves++;
       saved_at = s + 1;
       rs.saved++;
     }
   }
-  /* the last step done (also when a signal stopped the run) */
+  /* the save under way completes; then the last step done is saved (also
+   * when a signal stopped the run) */
+  if (rc == 0 && writer && rt_ckpt_finish(writer, o->world, &o->ckpt, err, errlen) != 0) rc = -1;
+  rt_ckpt_writer_free(writer);
   if (rc == 0 && o->ckpt.save_dir && rs.steps > saved_at) {
     if (rt_ckpt_save(r.prog, o->world, &o->ckpt, rs.steps, err, errlen) != 0) rc = -1;
     else rs.saved++;

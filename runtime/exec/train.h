@@ -65,6 +65,7 @@ typedef struct {
   int64_t save_interval;     /* a checkpoint after every N-th step (0: only at the end) */
   int keep;                  /* the newest K checkpoints kept (0: all) */
   const char *load_dir;      /* --load DIR: resume from DIR/latest (or DIR itself, an iter_N) */
+  int async;                 /* --async-save: files written by a thread while training goes on */
 } RtCkptOpts;
 
 typedef struct {
@@ -89,6 +90,9 @@ typedef struct {
   int stopped_by;            /* SIGINT / SIGTERM stopped training after `steps` (0: ran to the end) */
   int64_t resumed_from;      /* --load: the checkpoint's step (training ran steps resumed_from+1 ..); 0: none */
   int64_t saved;             /* checkpoints written */
+  int64_t timed_saves;       /* the saves of --save-interval (not the one after the last step) */
+  double save_stall_s;       /* the time training waited for them, in all */
+  double save_copy_s;        /* of which copying the states to host buffers (--async-save) */
 } RtTrainResult;
 
 /* Stopping: SIGINT or SIGTERM during rt_train ends training after the step
@@ -117,6 +121,19 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res,
  * o->save_dir/latest at it; keeps the newest o->keep.  0, or -1 with a
  * message on every rank. */
 int rt_ckpt_save(RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t step, char *err, size_t errlen);
+/* Asynchronous saves (--async-save): rt_ckpt_save_async finishes the
+ * previous save (rt_ckpt_finish), copies the states to host buffers (the
+ * time it took: *copy_s) and returns while a thread writes this rank's files; rt_ckpt_finish (a
+ * collective, on every rank) waits for the thread and completes the
+ * checkpoint (metadata, rename, `latest`).  rt_ckpt_writer_free waits for a
+ * thread still writing and drops an unfinished save (its .tmp is never
+ * loaded).  0, or -1 with a message on every rank. */
+typedef struct RtCkptWriter RtCkptWriter;
+RtCkptWriter *rt_ckpt_writer_new(void);
+int rt_ckpt_save_async(RtCkptWriter *w, RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t step, double *copy_s,
+                       char *err, size_t errlen);
+int rt_ckpt_finish(RtCkptWriter *w, RtComm *world, const RtCkptOpts *o, char *err, size_t errlen);
+void rt_ckpt_writer_free(RtCkptWriter *w);
 /* Collective: loads this rank's states from the checkpoint `dir` names (its
  * `latest`, or dir itself) and returns its step.  The checkpoint may come
  * from any layout of the same model: each state is assembled from the saved

@@ -26,7 +26,8 @@ resume() {
   if ! "$MCC" "$SRC/samples/$model.mdl" "$@" -o p.plan 2> err.txt; then die "$name: mcc: $(cat err.txt)"; cd ..; return; fi
   local run=("$MRUN" p.plan --gpus "$gpus" --data ../corpus.txt --quiet --timeout 60)
   "${run[@]}" --steps 6 --metrics full.jsonl --save-params full.bin > out.txt 2>&1 || die "$name: full run: $(tail -3 out.txt)"
-  "${run[@]}" --steps 3 --save ck > out.txt 2>&1 || die "$name: first 3 steps: $(tail -3 out.txt)"
+  # SAVE_FLAGS: e.g. --save-interval 1 --async-save (every save written by a thread)
+  "${run[@]}" --steps 3 --save ck ${SAVE_FLAGS:-} > out.txt 2>&1 || die "$name: first 3 steps: $(tail -3 out.txt)"
   [ "$(cat ck/latest 2>/dev/null)" = iter_0000003 ] || die "$name: ck/latest is '$(cat ck/latest 2>/dev/null)', not iter_0000003"
   [ -f ck/iter_0000003/metadata.json ] || die "$name: no ck/iter_0000003/metadata.json"
   "${run[@]}" --steps 6 --load ck --metrics res.jsonl --save-params res.bin > out.txt 2>&1 ||
@@ -56,6 +57,8 @@ layouts)
   resume pp2_interleaved_f64 gpt 2 ${GPT/layers=2/layers=4} --pp 2 --vpp 2 --precision f64
   resume cp2_f64 gpt 2 ${GPT/dropout=0.1/dropout=0} --cp 2 --precision f64
   resume ep2_f64 moe 2 $MOE --ep 2 --precision f64
+  SAVE_FLAGS="--save-interval 1 --async-save" resume dp2_zero_async gpt 2 $GPT --dp 2
+  SAVE_FLAGS="--save-interval 2 --async-save" resume tp2_async_f64 gpt 2 $GPT --tp 2 --precision f64
   ;;
 reshard)
   # a checkpoint of step 3 saved in layout A, loaded in layout B and run to
@@ -171,10 +174,11 @@ kills)
   "$MCC" "$SRC/samples/gpt.mdl" $GPT -o p.plan || { echo "FAIL: mcc" >&2; exit 1; }
   run() { "$MRUN" p.plan --data corpus.txt --quiet "$@"; }
   run --steps 6 --save-params full.bin > /dev/null 2>&1 || { echo "FAIL: full run" >&2; exit 1; }
+  for async in "" --async-save; do   # the second time, the shard files are written by a thread
   n=0 seen=""
   for k in $(seq 1 36); do
     rm -rf ck res.bin
-    TS_FAULT_CKPT_KILL=$k run --steps 6 --save ck --save-interval 1 --keep 2 > kill.txt 2>&1
+    TS_FAULT_CKPT_KILL=$k run --steps 6 --save ck --save-interval 1 --keep 2 $async > kill.txt 2>&1
     rc=$?
     where=$(sed -n 's/.*TS_FAULT_CKPT_KILL: killing myself //p' kill.txt)
     if [ $rc = 0 ]; then break; fi   # past the last point
@@ -189,8 +193,9 @@ kills)
     fi
     cmp -s full.bin res.bin || die "kill point $k ($where): the resumed run's parameters differ"
   done
-  [ $n -ge 20 ] || die "only $n kill points were reached (expected at least 20)"
-  echo "kills: $n kill points, each resumed bit-identically; points:$(echo "$seen" | tr '|' '\n' | sed '/^$/d' | sort -u | sed 's/^/ [/; s/$/]/' | tr -d '\n')"
+  [ $n -ge 20 ] || die "${async:-sync}: only $n kill points were reached (expected at least 20)"
+  echo "kills${async:+ ($async)}: $n kill points, each resumed bit-identically; points:$(echo "$seen" | tr '|' '\n' | sed '/^$/d' | sort -u | sed 's/^/ [/; s/$/]/' | tr -d '\n')"
+  done
   ;;
 *) echo "resume.sh: unknown case $CASE" >&2; exit 2 ;;
 esac
