@@ -11,24 +11,34 @@
 /* ---- config block ---- */
 static const MdlLoc no_loc = {NULL, 0, 0};   /* command-line options: "mcc: error: ..." */
 
-static int parse_define(Elab *e, const MdlDefine *df, Value *out) {
-  const char *s = df->value ? df->value : "";
+/* How the user wrote an override: "-D name=value" or "--flag value". */
+static const char *define_text(Elab *e, const MdlSetting *df) {
+  StrBuf b = {0};
+  if (df->flag) sb_printf(&b, "%s %s", df->flag, df->value ? df->value : "");
+  else sb_printf(&b, "-D %s=%s", df->name, df->value ? df->value : "");
+  const char *s = arena_strdup(&e->a, b.p);
+  sb_free(&b);
+  return s;
+}
+
+static int parse_define(Elab *e, const MdlSetting *df, Value *out) {
+  const char *s = df->value ? df->value : "", *what = define_text(e, df);
   char *end;
   const char *h = s + (*s == '-' || *s == '+');
   if (h[0] == '0' && (h[1] == 'x' || h[1] == 'X')) {   /* strtod would read it as a float */
     errno = 0;
     long long v = strtoll(s, &end, 16);
     if (*end || errno)
-      elab_error(e, no_loc, "-D %s=%s: hexadecimal values are not accepted; write it in decimal", df->name, s);
+      elab_error(e, no_loc, "%s: hexadecimal values are not accepted; write it in decimal", what);
     else
-      elab_error(e, no_loc, "-D %s=%s: hexadecimal values are not accepted; write %lld", df->name, s, v);
+      elab_error(e, no_loc, "%s: hexadecimal values are not accepted; write %lld", what, v);
     return -1;
   }
   errno = 0;
   long long i = strtoll(s, &end, 10);
   if (*s && !*end) {
     if (errno == ERANGE) {
-      elab_error(e, no_loc, "-D %s=%s: the value does not fit in 64 bits", df->name, s);
+      elab_error(e, no_loc, "%s: the value does not fit in 64 bits", what);
       return -1;
     }
     *out = elab_int(i, no_loc);
@@ -43,7 +53,7 @@ static int parse_define(Elab *e, const MdlDefine *df, Value *out) {
     *out = elab_bool(s[0] == 't', no_loc);
     return 0;
   }
-  elab_error(e, no_loc, "-D %s=%s: the value must be an int or float literal", df->name, s);
+  elab_error(e, no_loc, "%s: the value must be an int or float literal", what);
   return -1;
 }
 
@@ -58,11 +68,20 @@ static const char *config_keys(Elab *e) {
 void elab_config(Elab *e) {
   const MdlProgram *p = e->main;
   const MdlOptions *o = e->opt;
-  for (int i = 0; i < o->ndefines; i++) {
+  /* the overrides: -D's, then the flags' (mcc refuses a key set by both) */
+  int nset = o->ndefines + o->nconfig_sets;
+  MdlSetting *set = arena_alloc(&e->a, (size_t)(nset + 1) * sizeof *set);
+  for (int i = 0; i < o->ndefines; i++) set[i] = (MdlSetting){o->defines[i].name, o->defines[i].value, NULL};
+  for (int i = 0; i < o->nconfig_sets; i++) set[o->ndefines + i] = o->config_sets[i];
+  for (int i = 0; i < nset; i++) {
     int found = 0;
-    for (int j = 0; j < p->nconfig; j++) found |= !strcmp(p->config[j].name, o->defines[i].name);
-    if (!found)
-      elab_error(e, no_loc, "-D %s: no config key of that name (known: %s)", o->defines[i].name, config_keys(e));
+    for (int j = 0; j < p->nconfig; j++) found |= !strcmp(p->config[j].name, set[i].name);
+    if (found) continue;
+    if (set[i].flag)
+      elab_error(e, no_loc, "%s sets the config key '%s', which this model does not have (its keys: %s); set the "
+                 "model's own key with -D KEY=VALUE", set[i].flag, set[i].name, config_keys(e));
+    else
+      elab_error(e, no_loc, "-D %s: no config key of that name (known: %s)", set[i].name, config_keys(e));
   }
   for (int j = 0; j < p->nconfig; j++) {
     const MdlKV *kv = &p->config[j];
@@ -74,9 +93,9 @@ void elab_config(Elab *e) {
           break;
         }
     Value v = elab_eval(e, &e->config, kv->value);
-    const MdlDefine *df = NULL;
-    for (int i = 0; i < o->ndefines; i++)
-      if (!strcmp(o->defines[i].name, kv->name)) df = &o->defines[i];   /* the last -D wins */
+    const MdlSetting *df = NULL;
+    for (int i = 0; i < nset; i++)
+      if (!strcmp(set[i].name, kv->name)) df = &set[i];   /* the last -D wins */
     if (df && v.k != V_ERR) {
       Value d;
       if (parse_define(e, df, &d)) {
@@ -84,7 +103,7 @@ void elab_config(Elab *e) {
       } else if (v.k == V_FLOAT && d.k == V_INT) {
         v = elab_float((double)d.i, kv->loc);
       } else if (v.k != d.k) {
-        elab_error(e, no_loc, "-D %s=%s: '%s' is %s in the config, not %s", df->name, df->value, kv->name,
+        elab_error(e, no_loc, "%s: '%s' is %s in the config, not %s", define_text(e, df), kv->name,
                    v.k == V_INT ? "an int" : elab_kind_name(v.k), elab_kind_name(d.k));
         v = elab_err();
       } else {
@@ -161,6 +180,45 @@ static int train_int(Elab *e, const Value *v, const char *what, int64_t lo, int6
   return 0;
 }
 
+/* The command line's train overrides (mcc's Megatron flags: --lr ...),
+ * over what the train block said.  1 if one about the batch failed. */
+static int train_overrides(Elab *e, IrTrain *t, int *have_decay, int *gb_at) {
+  int batch_bad = 0;
+  for (int i = 0; i < e->opt->ntrain_sets; i++) {
+    const MdlSetting *df = &e->opt->train_sets[i];
+    const char *k = df->name, *what = define_text(e, df);
+    if (!strcmp(k, "schedule")) {
+      static const char *const names[] = {"constant", "cosine", "linear"};
+      static const IrSchedule sch[] = {IR_SCHED_CONSTANT, IR_SCHED_COSINE, IR_SCHED_LINEAR};
+      int w = -1;
+      for (int j = 0; j < 3; j++)
+        if (df->value && !strcmp(df->value, names[j])) w = j;
+      if (w < 0) elab_error(e, no_loc, "%s: the schedules are constant, cosine and linear", what);
+      else t->schedule = sch[w];
+      continue;
+    }
+    Value v;
+    if (parse_define(e, df, &v)) { batch_bad |= !strcmp(k, "global_batch"); continue; }
+    int64_t n;
+    if (!strcmp(k, "lr")) train_range(e, &v, what, 0, INFINITY, 1, &t->lr);
+    else if (!strcmp(k, "min_lr")) train_range(e, &v, what, 0, INFINITY, 0, &t->min_lr);
+    else if (!strcmp(k, "clip_grad")) train_range(e, &v, what, 0, INFINITY, 0, &t->clip_grad);
+    else if (!strcmp(k, "weight_decay")) train_range(e, &v, what, 0, INFINITY, 0, &t->weight_decay);
+    else if (!strcmp(k, "beta1")) train_range(e, &v, what, 0, 1, 0, &t->beta1);
+    else if (!strcmp(k, "beta2")) train_range(e, &v, what, 0, 1, 0, &t->beta2);
+    else if (!strcmp(k, "eps")) train_range(e, &v, what, 0, INFINITY, 0, &t->eps);
+    else if (!strcmp(k, "warmup")) train_int(e, &v, what, 0, &t->warmup);
+    else if (!strcmp(k, "decay_steps")) { if (!train_int(e, &v, what, 1, &t->decay_steps)) *have_decay = 1; }
+    else if (!strcmp(k, "steps")) train_int(e, &v, what, 1, &t->steps);
+    else if (!strcmp(k, "seed")) { if (!train_int(e, &v, what, 0, &n)) t->seed = (uint64_t)n; }
+    else if (!strcmp(k, "global_batch")) {
+      if (train_int(e, &v, what, 1, &t->global_batch)) batch_bad = 1;
+      else *gb_at = -2;
+    } else elab_error(e, no_loc, "%s: '%s' is not a train field", what, k);
+  }
+  return batch_bad;
+}
+
 void elab_train(Elab *e) {
   const MdlProgram *p = e->main;
   IrTrain t;
@@ -219,10 +277,11 @@ void elab_train(Elab *e) {
                                "micro_batch, seq_len, steps, seed, precision)", key);
     }
   }
+  if (train_overrides(e, &t, &have_decay, &gb_at)) batch_bad = 1;
   if (!batch_bad && t.global_batch % t.micro_batch != 0) {
-    MdlLoc at = gb_at >= 0 ? p->train[gb_at].loc : p->ntrain ? p->train[0].loc : no_loc;
-    elab_error(e, at, "train: global_batch %lld is not a multiple of micro_batch %lld", (long long)t.global_batch,
-               (long long)t.micro_batch);
+    MdlLoc at = gb_at >= 0 ? p->train[gb_at].loc : gb_at == -1 && p->ntrain ? p->train[0].loc : no_loc;
+    elab_error(e, at, "train: global_batch %lld%s is not a multiple of micro_batch %lld", (long long)t.global_batch,
+               gb_at == -2 ? " (from the command line)" : "", (long long)t.micro_batch);
   }
   if (!have_decay) t.decay_steps = t.steps;
   if (e->opt->precision != IR_VOID) {

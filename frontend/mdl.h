@@ -15,9 +15,17 @@
 #include "ir/ir.h"
 
 typedef struct { const char *name, *value; } MdlDefine;   /* -D name=value */
+/* A value set by a named command-line flag (mcc's Megatron flags, e.g.
+ * "--num-layers" sets config key "layers"): the flag is for the messages. */
+typedef struct { const char *name, *value, *flag; } MdlSetting;
 
 typedef struct {
   const MdlDefine *defines; int ndefines;  /* config overrides */
+  const MdlSetting *config_sets; int nconfig_sets;  /* config overrides by flags (none also in defines) */
+  /* train-block overrides, applied after the block: name is a train field
+   * (lr, min_lr, warmup, decay_steps, schedule, clip_grad, weight_decay,
+   * beta1, beta2, eps, steps, seed, global_batch) */
+  const MdlSetting *train_sets; int ntrain_sets;
   const char *stdlib_dir;                  /* where `import nn` looks; NULL: TS_SOURCE_DIR/stdlib */
   IrDtype precision;                       /* IR_VOID: the train block's (default f32) */
   int tp, pp, cp, ep, sp;                  /* -1: the parallel block's (default 1, sp 0) */

@@ -96,6 +96,13 @@ static void usage(FILE *f) {
           "                         above 1e-10; with --precision f32: f32 and 1e-5)\n"
           "  --steps K              --check: steps to run (default 3)\n"
           "  --gpus N               --check: ranks for the layout's run (default: its mesh size)\n"
+          "  Megatron-LM's flags that mean the same (docs/cli.md): --tensor-model-parallel-size,\n"
+          "    --pipeline-model-parallel-size, --num-layers-per-virtual-pipeline-stage, --context-parallel-size,\n"
+          "    --expert-model-parallel-size, --sequence-parallel, --use-distributed-optimizer; config keys\n"
+          "    --num-layers, --hidden-size, --ffn-hidden-size, --num-attention-heads, --num-query-groups,\n"
+          "    --seq-length, --micro-batch-size, --num-experts, --moe-router-topk; train fields\n"
+          "    --global-batch-size, --train-iters, --lr, --min-lr, --lr-warmup-iters, --lr-decay-iters,\n"
+          "    --lr-decay-style, --clip-grad, --weight-decay, --adam-beta1, --adam-beta2, --adam-eps, --seed\n"
           "  --help, --version\n"
           "Passes, in order: frontend");
   for (int i = 0; i < pass_pipeline_count; i++) fprintf(f, ", %s", pass_pipeline[i].name);
@@ -136,6 +143,8 @@ typedef struct {
   const char *pp_layout;     /* --pp-layout STR */
   VEC(int) pp_layers;        /* --pp-layers A,B,... */
   int vpp;                   /* --vpp V; 0: 1 or the layout's */
+  int vstage_layers;         /* --num-layers-per-virtual-pipeline-stage N (Megatron): vpp = layers / (pp N) */
+  VEC(MdlSetting) config_sets, train_sets;   /* Megatron's flags that set config keys / train fields */
   int keep_gathered;         /* --keep-gathered (the default; refused with --regather / --activation-budget) */
 } Args;
 
@@ -156,9 +165,91 @@ static int parse_bytes(const char *s, int suffixes, unsigned long long *out) {
   return 0;
 }
 
+/* Megatron-LM's flags that mean what one of ours means (docs/cli.md has
+ * the table).  A config flag sets the config key of that name, which the
+ * samples use (a model without it is refused, naming the flag); a train
+ * flag sets the train field over the train block's value. */
+typedef enum { MG_SIZE, MG_SWITCH, MG_CONFIG, MG_TRAIN } MgKind;
+static const struct { const char *flag; MgKind kind; const char *to; } megatron_flags[] = {
+    {"--tensor-model-parallel-size", MG_SIZE, "--tp"},
+    {"--pipeline-model-parallel-size", MG_SIZE, "--pp"},
+    {"--context-parallel-size", MG_SIZE, "--cp"},
+    {"--expert-model-parallel-size", MG_SIZE, "--ep"},
+    {"--num-layers-per-virtual-pipeline-stage", MG_SIZE, "--vpp"},
+    {"--sequence-parallel", MG_SWITCH, "--sp"},
+    {"--use-distributed-optimizer", MG_SWITCH, "zero"},
+    {"--num-layers", MG_CONFIG, "layers"},
+    {"--hidden-size", MG_CONFIG, "d_model"},
+    {"--ffn-hidden-size", MG_CONFIG, "ffn"},
+    {"--num-attention-heads", MG_CONFIG, "heads"},
+    {"--num-query-groups", MG_CONFIG, "kv_heads"},
+    {"--seq-length", MG_CONFIG, "seq_len"},
+    {"--micro-batch-size", MG_CONFIG, "micro_batch"},
+    {"--num-experts", MG_CONFIG, "experts"},
+    {"--moe-router-topk", MG_CONFIG, "topk"},
+    {"--global-batch-size", MG_TRAIN, "global_batch"},
+    {"--train-iters", MG_TRAIN, "steps"},
+    {"--lr", MG_TRAIN, "lr"},
+    {"--min-lr", MG_TRAIN, "min_lr"},
+    {"--lr-warmup-iters", MG_TRAIN, "warmup"},
+    {"--lr-decay-iters", MG_TRAIN, "decay_steps"},
+    {"--lr-decay-style", MG_TRAIN, "schedule"},
+    {"--clip-grad", MG_TRAIN, "clip_grad"},
+    {"--weight-decay", MG_TRAIN, "weight_decay"},
+    {"--adam-beta1", MG_TRAIN, "beta1"},
+    {"--adam-beta2", MG_TRAIN, "beta2"},
+    {"--adam-eps", MG_TRAIN, "eps"},
+    {"--seed", MG_TRAIN, "seed"},
+};
+
+/* argv[*i] as one of Megatron's flags ("--flag V" or "--flag=V"): -1 if it
+ * is none, 0 when taken, else mcc's exit code. */
+static int megatron_flag(Args *a, int argc, char **argv, int *i) {
+  const char *s = argv[*i];
+  size_t n = strcspn(s, "=");
+  int k = 0, nf = (int)(sizeof megatron_flags / sizeof megatron_flags[0]);
+  while (k < nf && (strlen(megatron_flags[k].flag) != n || strncmp(s, megatron_flags[k].flag, n))) k++;
+  if (k == nf) return -1;
+  const char *flag = megatron_flags[k].flag, *to = megatron_flags[k].to, *val = NULL;
+  MgKind kind = megatron_flags[k].kind;
+  if (kind == MG_SWITCH) {
+    if (s[n]) return usage_error("option '%s' takes no value", flag);
+    if (!strcmp(to, "--sp")) a->mdl.sp = 1;
+    else a->mdl.zero = 1;   /* the distributed optimizer: ZeRO-1, also the default */
+    return 0;
+  }
+  if (s[n] == '=') val = s + n + 1;
+  else if (*i + 1 < argc) val = argv[++*i];
+  else return usage_error("option '%s' needs an argument", flag);
+  if (kind == MG_SIZE) {
+    int *num = !strcmp(to, "--tp") ? &a->mdl.tp : !strcmp(to, "--pp") ? &a->mdl.pp : !strcmp(to, "--cp") ? &a->mdl.cp
+             : !strcmp(to, "--ep") ? &a->mdl.ep : &a->vstage_layers;
+    if (parse_size(val, num) != 0) {
+      fprintf(stderr, "mcc: %s expects a positive size, got '%s'\n(run 'mcc --help' for the options)\n", flag, val);
+      return 2;
+    }
+    return 0;
+  }
+  MdlSetting set = {ts_intern(to), val, flag};
+  __typeof__(a->config_sets) *list = kind == MG_CONFIG ? &a->config_sets : &a->train_sets;
+  for (int j = 0; j < list->n; j++)
+    if (list->a[j].name == set.name) {   /* the last value wins, as with -D */
+      fprintf(stderr, "mcc: warning: %s is given twice; the last value (%s) replaces %s\n", flag, val, list->a[j].value);
+      list->a[j] = set;
+      return 0;
+    }
+  VEC_PUSH(*list, set);
+  return 0;
+}
+
 static int parse_args(int argc, char **argv, Args *a) {
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
+    int mg = megatron_flag(a, argc, argv, &i);
+    if (mg >= 0) {
+      if (mg > 0) return mg;
+      continue;
+    }
     const char *next = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEED_ARG(opt) do { if (!next) return usage_error("option '%s' needs an argument", opt); i++; } while (0)
     if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) { usage(stdout); return 0; }
@@ -378,11 +469,39 @@ static int check_layout(const IrModule *m) {
   return 0;
 }
 
-/* The pipeline options as the partition takes them. */
-static PipeOptions pipe_options(const Args *a, const IrModule *m) {
-  PipeOptions po = {ir_axis_size(m, IR_AXIS_PP), a->vpp, a->pp_layers.n ? a->pp_layers.a : NULL, a->pp_layers.n,
-                    a->pp_layout};
-  return po;
+/* The pipeline options as the partition takes them; Megatron's
+ * --num-layers-per-virtual-pipeline-stage N is vpp = layers / (pp * N).
+ * 0, or -1 after printing why. */
+static int pipe_options(const Args *a, const IrModule *m, PipeOptions *po) {
+  *po = (PipeOptions){ir_axis_size(m, IR_AXIS_PP), a->vpp, a->pp_layers.n ? a->pp_layers.a : NULL, a->pp_layers.n,
+                      a->pp_layout};
+  if (a->vstage_layers <= 0) return 0;
+  PipeOptions one = {po->pp, 1, NULL, 0, NULL};
+  PipePartition part;
+  char err[2048];
+  if (pass_pipe_partition(m, &one, &part, err, sizeof err) != 0) {
+    fprintf(stderr, "mcc: error: %s\n", err);
+    return -1;
+  }
+  int L = part.nlayers, n = a->vstage_layers, pp = po->pp;
+  pass_pipe_partition_free(&part);
+  if (L % ((long long)pp * n) != 0) {
+    fprintf(stderr, "mcc: error: --num-layers-per-virtual-pipeline-stage %d: the model's %d layers over pp=%d stages "
+                    "do not make whole chunks of %d layers (%d must be a multiple of %d x %d); values that work:",
+            n, L, pp, n, L, pp, n);
+    for (int k = 1; k <= L / pp; k++)
+      if (L % (pp * k) == 0) fprintf(stderr, " %d", k);
+    fprintf(stderr, "\n");
+    return -1;
+  }
+  int vpp = L / (pp * n);
+  if (a->vpp > 0 && a->vpp != vpp) {
+    fprintf(stderr, "mcc: error: --num-layers-per-virtual-pipeline-stage %d makes vpp %d (%d layers / (pp %d x %d)), "
+                    "and --vpp says %d; give one of them\n", n, vpp, L, pp, n, a->vpp);
+    return -1;
+  }
+  po->vpp = vpp;
+  return 0;
 }
 
 /* The schedule mcc builds for vpp chunks per rank: --schedule, else 1f1b,
@@ -407,15 +526,16 @@ static IrPipeSched ir_sched_of(PipeSchedKind k) {
 static int pipe_prepare(const Args *a, IrModule *m, int reference) {
   int pp = ir_axis_size(m, IR_AXIS_PP);
   if (pp < 2) {
-    if (!reference && (a->vpp > 0 || a->schedule || a->pp_layout || a->pp_layers.n)) {
-      fprintf(stderr, "mcc: error: --vpp, --schedule, --pp-layers and --pp-layout shape a pipeline, and pp=1; "
-                      "add --pp N with N > 1\n");
+    if (!reference && (a->vpp > 0 || a->vstage_layers > 0 || a->schedule || a->pp_layout || a->pp_layers.n)) {
+      fprintf(stderr, "mcc: error: --vpp, --schedule, --pp-layers, --pp-layout and "
+                      "--num-layers-per-virtual-pipeline-stage shape a pipeline, and pp=1; add --pp N with N > 1\n");
       return 1;
     }
     return 0;
   }
   char err[2048];
-  PipeOptions po = pipe_options(a, m);
+  PipeOptions po;
+  if (pipe_options(a, m, &po) != 0) return 1;
   PipePartition part;
   if (pass_pipe_partition(m, &po, &part, err, sizeof err) != 0) {
     fprintf(stderr, "mcc: error: %s\n", err);
@@ -939,7 +1059,8 @@ static int run_pipe_views(const Args *a, PassCtx *cx) {
   if (a->dp > 0) m->par.dp = a->dp;
   if (check_layout(m) != 0) { ir_module_free(m); return 1; }
   char err[2048];
-  PipeOptions po = pipe_options(a, m);
+  PipeOptions po;
+  if (pipe_options(a, m, &po) != 0) { ir_module_free(m); return 1; }
   PipePartition part;
   PipeSchedule sched;
   memset(&sched, 0, sizeof sched);
@@ -1184,6 +1305,18 @@ int main(int argc, char **argv) {
   }
   a.mdl.defines = a.defines.a;
   a.mdl.ndefines = a.defines.n;
+  a.mdl.config_sets = a.config_sets.a;
+  a.mdl.nconfig_sets = a.config_sets.n;
+  a.mdl.train_sets = a.train_sets.a;
+  a.mdl.ntrain_sets = a.train_sets.n;
+  for (int i = 0; i < a.config_sets.n; i++)
+    for (int k = 0; k < a.defines.n; k++)
+      if (a.defines.a[k].name == a.config_sets.a[i].name) {
+        fprintf(stderr, "mcc: error: %s %s and -D %s=%s both set the config key '%s'; give one of them\n",
+                a.config_sets.a[i].flag, a.config_sets.a[i].value, a.defines.a[k].name, a.defines.a[k].value,
+                a.defines.a[k].name);
+        goto out;
+      }
   if (a.check && a.mdl.precision == IR_VOID) a.mdl.precision = IR_F64;   /* --check compares in f64 */
   if (a.time) cx.time_to = stderr;
 
@@ -1228,6 +1361,8 @@ int main(int argc, char **argv) {
   if (owned) ir_module_free(m);
 out:
   free(a.defines.a);
+  free(a.config_sets.a);
+  free(a.train_sets.a);
   free(a.pp_layers.a);
   pass_ctx_free(&cx);
   return rc;

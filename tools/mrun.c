@@ -65,7 +65,7 @@ static const char usage[] =
     "  --cpu              CPU ranks even when there are GPUs\n"
     "  --selftest         every kernel kind and a 2-step training run on GPU 0 against the CPU, as a\n"
     "                     table; exit 0 iff every row passes (1 also when there is no GPU: nothing tested)\n"
-    "  --steps N          train N steps instead of the plan's train.steps\n"
+    "  --steps N          train N steps instead of the plan's train.steps (also --train-iters N)\n"
     "  --data FILE        training text, byte-level tokens (default samples/data/kjv.txt)\n"
     "  --metrics FILE     write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s)\n"
     "  --seed N           override the plan's train.seed (initialization, data order, dropout)\n"
@@ -156,7 +156,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     char *eq = strchr(arg, '=');
     size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
     snprintf(name, sizeof name, "%.*s", (int)(nl < 31 ? nl : 31), arg);
-    static const char *const valued[] = {"--gpus", "--steps", "--seed", "--timeout", "--backend",
+    static const char *const valued[] = {"--gpus", "--steps", "--train-iters", "--seed", "--timeout", "--backend",
                                          "--save-params", "--data", "--metrics", "--save", "--save-interval",
                                          "--keep", "--load", NULL};
     int known = 0;
@@ -169,7 +169,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(name, "--gpus") == 0) {
       if (parse_count(name, val, 1, 1 << 20, &a->gpus)) return -1;
     }
-    else if (strcmp(name, "--steps") == 0) {
+    else if (strcmp(name, "--steps") == 0 || strcmp(name, "--train-iters") == 0) {   /* Megatron's name */
       if (parse_count(name, val, 1, INT64_MAX / 2, &a->steps)) return -1;
     }
     else if (strcmp(name, "--seed") == 0) {

@@ -36,6 +36,56 @@ TINY_GPT="-D layers=2 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D bat
 TINY_LLAMA="$TINY_GPT -D kv_heads=2 -D ffn=64"
 
 case $CASE in
+megatron)
+  # Megatron-LM's flags (docs/cli.md): the same plan, byte for byte, as
+  # Tessera's own flags; the train flags as the train block's values
+  mkdir -p "$TMP/a" "$TMP/b"
+  cp samples/gpt.mdl "$TMP/b/gpt.mdl"
+  sed -e 's/lr: 1e-3, betas: (0.9, 0.95), eps: 1e-8, weight_decay: 0.1/lr: 3e-4, betas: (0.8, 0.9), eps: 1e-6, weight_decay: 0.01/' \
+      -e 's/schedule = cosine(warmup: 20, min_lr: 1e-4)/schedule = linear(warmup: 5, min_lr: 3e-5, decay_steps: 90)/' \
+      -e 's/clip_grad = 1.0/clip_grad = 0.5/; s/global_batch = batch/global_batch = 16/; s/steps = 200/steps = 100/' \
+      -e 's/seed = 1234/seed = 7/' samples/gpt.mdl > "$TMP/a/gpt.mdl"
+  cmp -s samples/gpt.mdl "$TMP/a/gpt.mdl" && fail "the sed did not change the train block of samples/gpt.mdl"
+  SIZES="-D layers=4 -D d_model=64 -D heads=4 -D seq_len=32 -D micro_batch=2"
+  ( cd "$TMP/a" && run 0 "$MCC" gpt.mdl --stdlib "$SRC/stdlib" $SIZES --tp 2 --sp --pp 2 --vpp 2 -o ours.plan ) &&
+  ( cd "$TMP/b" && run 0 "$MCC" gpt.mdl --stdlib "$SRC/stdlib" --num-layers 4 --hidden-size=64 --num-attention-heads 4 \
+      --seq-length 32 --micro-batch-size 2 --tensor-model-parallel-size 2 --sequence-parallel \
+      --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 1 --use-distributed-optimizer \
+      --lr 3e-4 --adam-beta1 0.8 --adam-beta2=0.9 --adam-eps 1e-6 --weight-decay 0.01 --lr-decay-style linear \
+      --lr-warmup-iters 5 --min-lr 3e-5 --lr-decay-iters 90 --clip-grad 0.5 --global-batch-size 16 --train-iters 100 \
+      --seed 7 -o megatron.plan ) &&
+    { cmp -s "$TMP/a/ours.plan" "$TMP/b/megatron.plan" || fail "Megatron's flags give another plan than Tessera's"; }
+  run 0 "$MCC" samples/gpt.mdl $TINY_GPT --tensor-model-parallel-size 2 -o "$TMP/mg.plan" &&
+    run 0 "$MCC" samples/gpt.mdl $TINY_GPT --tp 2 -o "$TMP/tp.plan" &&
+    { cmp -s "$TMP/mg.plan" "$TMP/tp.plan" || fail "--tensor-model-parallel-size 2 is not --tp 2"; }
+  # refusals name the flag and what would work
+  run 1 "$MCC" samples/moe.mdl --hidden-size 64 --num-layers 3 --ffn-hidden-size 32 --num-attention-heads 4 --lr 1 \
+    --num-query-groups 2 --num-experts 4 --moe-router-topk 1 --seq-length 16 -D vocab=64 -D batch=2 -D micro_batch=2 \
+    --pp 3 --num-layers-per-virtual-pipeline-stage 2 -o "$TMP/x.plan" &&
+    has "$TMP/err" "--num-layers-per-virtual-pipeline-stage 2: the model's 3 layers over pp=3 stages do not make whole chunks of 2 layers"
+  has "$TMP/err" "values that work: 1"
+  run 1 "$MCC" tests/cli/../../samples/gpt.mdl $TINY_GPT --num-query-groups 2 -o "$TMP/x.plan" &&
+    has "$TMP/err" "--num-query-groups sets the config key 'kv_heads', which this model does not have"
+  run 1 "$MCC" samples/gpt.mdl $TINY_GPT --num-layers 3 -o "$TMP/x.plan" &&
+    has "$TMP/err" "--num-layers 3 and -D layers=2 both set the config key 'layers'"
+  run 1 "$MCC" samples/gpt.mdl $TINY_GPT --lr-decay-style WSD -o "$TMP/x.plan" &&
+    has "$TMP/err" "--lr-decay-style WSD: the schedules are constant, cosine and linear"
+  run 1 "$MCC" samples/gpt.mdl $TINY_GPT --lr -1 -o "$TMP/x.plan" && has "$TMP/err" "--lr -1 must be > 0"
+  run 1 "$MCC" samples/gpt.mdl $TINY_GPT --global-batch-size 3 -o "$TMP/x.plan" &&
+    has "$TMP/err" "global_batch 3 (from the command line) is not a multiple of micro_batch 2"
+  run 1 "$MCC" samples/gpt.mdl $TINY_GPT --train-iters 2.5 -o "$TMP/x.plan" && has "$TMP/err" "--train-iters 2.5 must be an int >= 1"
+  run 1 "$MCC" samples/gpt.mdl --seq-length abc -o "$TMP/x.plan" &&
+    has "$TMP/err" "--seq-length abc: the value must be an int or float literal"
+  run 2 "$MCC" samples/gpt.mdl --tensor-model-parallel-size 0 && has "$TMP/err" "--tensor-model-parallel-size expects a positive size, got '0'"
+  run 2 "$MCC" samples/gpt.mdl --sequence-parallel=1 && has "$TMP/err" "option '--sequence-parallel' takes no value"
+  run 2 "$MCC" samples/gpt.mdl --lr && has "$TMP/err" "option '--lr' needs an argument"
+  run 1 "$MCC" samples/gpt.mdl $TINY_GPT --num-layers-per-virtual-pipeline-stage 1 -o "$TMP/x.plan" &&
+    has "$TMP/err" "shape a pipeline, and pp=1"
+  # mrun: --train-iters is --steps
+  run 0 "$MCC" samples/gpt.mdl $TINY_GPT -o "$TMP/t.plan" &&
+    run 0 "$MRUN" "$TMP/t.plan" --train-iters 2 --quiet --metrics "$TMP/m.jsonl" &&
+    { [ "$(grep -c step "$TMP/m.jsonl")" = 2 ] || fail "mrun --train-iters 2 ran $(grep -c step "$TMP/m.jsonl") steps"; }
+  ;;
 usage)
   run 2 "$MCC" && has "$TMP/err" "no input file"
   run 2 "$MCC" samples/gpt.mdl --frobnicate && has "$TMP/err" "unknown option '--frobnicate'"

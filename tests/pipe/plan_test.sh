@@ -80,7 +80,7 @@ has "$TMP/out" "group_sum"
 
 # refusals
 run 1 "$M" $TINY --vpp 2
-has "$TMP/err" "mcc: error: --vpp, --schedule, --pp-layers and --pp-layout shape a pipeline, and pp=1"
+has "$TMP/err" "shape a pipeline, and pp=1; add --pp N"
 run 1 "$M" $TINY --schedule 1f1b
 has "$TMP/err" "add --pp N with N > 1"
 run 1 "$M" $TINY --pp 4 --dp 4 -o "$TMP/x.plan"
