@@ -36,6 +36,22 @@ TINY_GPT="-D layers=2 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D bat
 TINY_LLAMA="$TINY_GPT -D kv_heads=2 -D ffn=64"
 
 case $CASE in
+decay)
+  # weight decay by role: the stdlib's biases and norm gains (every
+  # parameter initialised to zeros or ones) are never decayed, whatever
+  # their rank (attention's q/k/v biases are 2-D); every other parameter is
+  for m in "gpt $TINY_GPT" "llama $TINY_LLAMA" "moe $TINY_LLAMA -D experts=4 -D topk=2 -D shared=2"; do
+    set -- $m
+    name=$1; shift
+    run 0 "$MCC" "samples/$name.mdl" "$@" --emit=ir -o "$TMP/$name.ir" || continue
+    n=$(grep -c '^state @.* param init=' "$TMP/$name.ir")
+    [ "$n" -ge 5 ] || fail "$name: only $n parameters in the IR"
+    bad=$(grep '^state @.* param init=' "$TMP/$name.ir" | awk '{
+      role = ($0 ~ / init=(zeros|ones)/); nd = ($0 ~ / nodecay/)
+      if (role != nd) print $2 (nd ? " is not decayed" : " is decayed") }')
+    [ -z "$bad" ] || fail "$name: $bad"
+  done
+  ;;
 megatron)
   # Megatron-LM's flags (docs/cli.md): the same plan, byte for byte, as
   # Tessera's own flags; the train flags as the train block's values
