@@ -25,6 +25,7 @@
 #include "train.h"
 #include "rt_priv.h"
 #include "runtime/comm/comm.h"
+#include "ckpt_index.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -135,12 +136,6 @@ static void shard_of(const IrModule *m, const RtRank *r, const IrState *s, int64
   }
 }
 
-static void dims_text(StrBuf *b, const int64_t *d, int n) {
-  sb_putc(b, '[');
-  for (int i = 0; i < n; i++) sb_printf(b, "%s%lld", i ? ", " : "", (long long)d[i]);
-  sb_putc(b, ']');
-}
-
 /* This rank's shard file and its text index, into dir; the states' values
  * from data[s] (an asynchronous save's copies), or the program's own memory
  * when data is NULL.  Touches nothing but the files, the module (read) and
@@ -177,20 +172,13 @@ static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, in
     int fi, fc;
     shard_of(m, r, st, gdim, off, &fi, &fc);
     const IrState *b = st->sh.flat && st->of >= 0 ? &m->states.a[st->of] : st;
-    sb_printf(&idx, "tensor %s kind=%s dtype=%s global=", st->name, kind_name(st->kind), ir_dtype_name(st->type.dtype));
-    dims_text(&idx, gdim, b->type.rank);
-    sb_puts(&idx, " offsets=");
-    dims_text(&idx, off, b->type.rank);
-    sb_puts(&idx, " shape=");
-    dims_text(&idx, st->type.dim, st->type.rank);
-    sb_puts(&idx, " block=");
-    dims_text(&idx, b->type.dim, b->type.rank);
-    sb_printf(&idx, " flat=%d/%d partial=", fi, fc);
-    int np = 0;
-    for (int a = 0; a < IR_AXIS_COUNT; a++)
-      if (st->sh.partial & (1u << a)) sb_printf(&idx, "%s%s", np++ ? "," : "", ir_axis_name((IrAxis)a));
-    if (!np) sb_puts(&idx, "-");
-    sb_printf(&idx, " at=%zu bytes=%zu hash=%016llx\n", at, nbytes, (unsigned long long)h);
+    CkShard e = {(char *)st->name, (int)st->kind, (int)st->type.dtype, b->type.rank, st->type.rank, fi, fc,
+                 st->sh.partial, wr, {0}, {0}, {0}, {0}, at, nbytes, h};
+    memcpy(e.global, gdim, sizeof e.global);
+    memcpy(e.off, off, sizeof e.off);
+    memcpy(e.block, b->type.dim, sizeof e.block);
+    memcpy(e.shape, st->type.dim, sizeof e.shape);
+    ck_shard_print(&idx, &e);
   }
   char path[8192];
   int rc = 0;
@@ -223,201 +211,22 @@ static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, in
   return rc;
 }
 
-/* ---- the index: one line per state of a rank ----
- * "tensor NAME kind=K dtype=D global=[..] offsets=[..] shape=[..]
- *  block=[..] flat=I/N partial=AXES|- at=A bytes=B hash=H" (write_rank). */
-typedef struct CkShard {
-  char *name;
-  int kind, dtype;
-  int rank;                      /* of the global tensor (and of block, offsets) */
-  int lrank;                     /* of the local value (1 for a flat chunk) */
-  int fi, fc;                    /* flat chunk fi of fc (0 of 1: not flat) */
-  unsigned partial;              /* mask of axes the local value is a partial sum over */
-  int owner;                     /* the world rank that wrote it */
-  int64_t global[IR_MAX_RANK], off[IR_MAX_RANK], block[IR_MAX_RANK], shape[IR_MAX_RANK];
-  size_t at, bytes;
-  uint64_t hash;
-} CkShard;
-
-typedef struct CkIndex {
-  CkShard *a;
-  int n, cap;
-  int *first;                    /* per saved rank: its first shard (first[nranks] = n) */
-  int nranks;
-  int *ord;                      /* shards sorted by (name, position) */
-} CkIndex;
-
-static void index_free(CkIndex *x) {
-  for (int i = 0; i < x->n; i++) free(x->a[i].name);
-  free(x->a);
-  free(x->first);
-  free(x->ord);
-  memset(x, 0, sizeof *x);
-}
-
-/* "[a, b, ...]" at *s */
-static int dims_parse(const char **s, int64_t *d, int *n) {
-  const char *p = *s;
-  *n = 0;
-  if (*p++ != '[') return -1;
-  if (*p == ']') { *s = p + 1; return 0; }
-  for (;;) {
-    char *e;
-    errno = 0;
-    long long v = strtoll(p, &e, 10);
-    if (e == p || errno || v < 0 || v > (1LL << 48) || *n >= IR_MAX_RANK) return -1;
-    d[(*n)++] = v;
-    p = e;
-    if (*p == ']') { *s = p + 1; return 0; }
-    if (*p++ != ',' || *p++ != ' ') return -1;
-  }
-}
-/* " KEY=" at *s, skipped */
-static int key_at(const char **s, const char *key) {
-  size_t n = strlen(key);
-  if ((*s)[0] != ' ' || strncmp(*s + 1, key, n) || (*s)[n + 1] != '=') return -1;
-  *s += n + 2;
-  return 0;
-}
-static int word_at(const char **s, char *out, size_t cap) {
-  size_t n = strcspn(*s, " ");
-  if (!n || n >= cap) return -1;
-  memcpy(out, *s, n);
-  out[n] = 0;
-  *s += n;
-  return 0;
-}
-static int u64_at(const char **s, int hex, unsigned long long *v) {
-  char *e;
-  errno = 0;
-  *v = strtoull(*s, &e, hex ? 16 : 10);
-  if (e == *s || errno || **s == '-') return -1;
-  *s = e;
-  return 0;
-}
-static int64_t dims_numel(const int64_t *d, int n) {
-  int64_t v = 1;
-  for (int i = 0; i < n; i++) v *= d[i];
-  return v;
-}
-
-/* One index line (NUL-terminated, no newline) into *e; -1 if malformed. */
-static int shard_parse(const char *line, int owner, CkShard *e) {
-  const char *s = line;
-  char w[64];
-  int n, k;
-  unsigned long long v;
-  memset(e, 0, sizeof *e);
-  e->owner = owner;
-  if (strncmp(s, "tensor ", 7)) return -1;
-  s += 7;
-  size_t nl = strcspn(s, " ");
-  if (!nl || nl > 1000) return -1;
-  e->name = ts_xmalloc(nl + 1);
-  memcpy(e->name, s, nl);
-  e->name[nl] = 0;
-  s += nl;
-  if (key_at(&s, "kind") || word_at(&s, w, sizeof w)) return -1;
-  for (k = 0; k < IR_STATE_KIND_COUNT && strcmp(w, ir_state_kind_name((IrStateKind)k)); k++) {}
-  e->kind = k;
-  if (k == IR_STATE_KIND_COUNT || key_at(&s, "dtype") || word_at(&s, w, sizeof w) || (e->dtype = ir_dtype_lookup(w)) <= 0)
-    return -1;
-  if (key_at(&s, "global") || dims_parse(&s, e->global, &e->rank) || key_at(&s, "offsets") ||
-      dims_parse(&s, e->off, &n) || n != e->rank || key_at(&s, "shape") || dims_parse(&s, e->shape, &e->lrank))
-    return -1;
-  int has_block = key_at(&s, "block") == 0;   /* absent in the first checkpoints: then the shape */
-  if (has_block && (dims_parse(&s, e->block, &n) || n != e->rank)) return -1;
-  if (key_at(&s, "flat") || sscanf(s, "%d/%d%n", &e->fi, &e->fc, &n) != 2 || e->fc < 1 || e->fi < 0 || e->fi >= e->fc)
-    return -1;
-  s += n;
-  if (!has_block) {
-    if (e->fc != 1 || e->lrank != e->rank) return -1;
-    memcpy(e->block, e->shape, sizeof e->block);
-  }
-  if (key_at(&s, "partial") || word_at(&s, w, sizeof w)) return -1;
-  if (strcmp(w, "-"))
-    for (char *save = NULL, *t = strtok_r(w, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-      int a = ir_axis_lookup(t);
-      if (a < 0) return -1;
-      e->partial |= 1u << a;
-    }
-  if (key_at(&s, "at") || u64_at(&s, 0, &v)) return -1;
-  e->at = (size_t)v;
-  if (key_at(&s, "bytes") || u64_at(&s, 0, &v)) return -1;
-  e->bytes = (size_t)v;
-  if (key_at(&s, "hash") || u64_at(&s, 1, &v) || *s) return -1;
-  e->hash = v;
-  /* the sizes agree with each other */
-  int64_t local = dims_numel(e->shape, e->lrank), blk = dims_numel(e->block, e->rank);
-  if (e->dtype >= IR_DTYPE_COUNT || (size_t)local * ir_dtype_size((IrDtype)e->dtype) != e->bytes) return -1;
-  if (e->fc == 1 ? local != blk : (e->lrank != 1 || local != (blk + e->fc - 1) / e->fc)) return -1;
-  for (int d = 0; d < e->rank; d++)
-    if (e->global[d] < 1) return -1;
-  return 0;
-}
-
-static const CkIndex *sort_index;
-static int by_name(const void *a, const void *b) {
-  int i = *(const int *)a, k = *(const int *)b, c = strcmp(sort_index->a[i].name, sort_index->a[k].name);
-  return c ? c : (i > k) - (i < k);
-}
-
-/* Every rank's index of checkpoint directory ck, in rank order. */
+/* Every rank's index of checkpoint directory ck, in rank order, sorted. */
 static int index_read(const char *ck, int nranks, CkIndex *x, char *err, size_t errlen) {
   memset(x, 0, sizeof *x);
-  x->nranks = nranks;
-  x->first = ts_xmalloc((size_t)(nranks + 1) * sizeof *x->first);
   char path[8192];
   for (int k = 0; k < nranks; k++) {
-    x->first[k] = x->n;
     snprintf(path, sizeof path, "%s/rank_%05d.idx", ck, k);
     size_t len = 0;
     char *text = ts_read_input_max(path, (size_t)1 << 30, &len);
     if (!text) return ts_errf(err, errlen, "cannot read '%s': %s", path, strerror(errno));
-    int line = 0, rc = 0;
-    for (char *s = text, *e; *s && rc == 0; s = e + (*e != 0)) {
-      e = s + strcspn(s, "\n");
-      line++;
-      if (e == s) continue;
-      char c = *e;
-      *e = 0;
-      if (x->n == x->cap) {
-        x->cap = x->cap ? 2 * x->cap : 256;
-        x->a = ts_xrealloc(x->a, (size_t)x->cap * sizeof *x->a);
-      }
-      if (shard_parse(s, k, &x->a[x->n]) != 0) {
-        free(x->a[x->n].name);
-        rc = ts_errf(err, errlen, "'%s' is corrupted: line %d is not a tensor's entry: %.80s", path, line, s);
-      } else x->n++;
-      *e = c;
-    }
+    int rc = strlen(text) != len ? ts_errf(err, errlen, "'%s' is corrupted: it holds a NUL byte", path)
+                                 : ck_index_add_text(x, text, k, path, err, errlen);
     free(text);
     if (rc) return rc;
   }
-  x->first[nranks] = x->n;
-  x->ord = ts_xmalloc((size_t)(x->n ? x->n : 1) * sizeof *x->ord);
-  for (int i = 0; i < x->n; i++) x->ord[i] = i;
-  sort_index = x;
-  qsort(x->ord, (size_t)x->n, sizeof *x->ord, by_name);
-  sort_index = NULL;
+  ck_index_sort(x);
   return 0;
-}
-
-/* The run of x->ord holding the shards of `name`: [*lo, return). */
-static int index_find(const CkIndex *x, const char *name, int *lo) {
-  int a = 0, b = x->n;
-  while (a < b) {
-    int c = (a + b) / 2;
-    if (strcmp(x->a[x->ord[c]].name, name) < 0) a = c + 1; else b = c;
-  }
-  *lo = a;
-  while (b < x->n && !strcmp(x->a[x->ord[b]].name, name)) b++;
-  return b;
-}
-
-static void shard_head(StrBuf *b, const CkShard *e) {
-  sb_printf(b, "tensor %s kind=%s dtype=%s global=", e->name, kind_name((IrStateKind)e->kind), ir_dtype_name((IrDtype)e->dtype));
-  dims_text(b, e->global, e->rank);
 }
 
 /* metadata.json from the ranks' .idx files (world rank 0). */
@@ -425,7 +234,7 @@ static int write_metadata(const char *dir, const IrModule *m, const RtRank *r, i
                           char *err, size_t errlen) {
   CkIndex x;
   int rc = index_read(dir, nranks, &x, err, errlen);
-  if (rc) { index_free(&x); return rc; }
+  if (rc) { ck_index_free(&x); return rc; }
   /* the tensors in order of first appearance (rank 0's first), each with its shards in rank order */
   int *grp = ts_xmalloc((size_t)(x.n + 1) * sizeof *grp), ng = 0;
   for (int i = 0; i < x.n; i++)
@@ -449,21 +258,21 @@ static int write_metadata(const char *dir, const IrModule *m, const RtRank *r, i
   for (int g = 0; g < ng; g++) {
     const CkShard *t = &x.a[x.ord[grp[g]]];
     h.n = 0;
-    shard_head(&h, t);
+    ck_shard_head(&h, t);
     hash = ts_hash64(h.p, h.n, hash);
     sb_printf(&j, "%s\n    {\"name\": \"%s\", \"kind\": \"%s\", \"dtype\": \"%s\", \"global_shape\": ", g ? "," : "", t->name,
               kind_name((IrStateKind)t->kind), ir_dtype_name((IrDtype)t->dtype));
-    dims_text(&j, t->global, t->rank);
+    ck_dims_text(&j, t->global, t->rank);
     sb_puts(&j, ", \"shards\": [");
     for (int i = grp[g]; i < x.n && !strcmp(x.a[x.ord[i]].name, t->name); i++) {
       const CkShard *e = &x.a[x.ord[i]];
       sb_printf(&j, "%s\n      {\"rank\": %d, \"file\": \"rank_%05d.bin\", \"at\": %zu, \"bytes\": %zu, \"hash\": \"%016llx\", "
                 "\"offsets\": ", i > grp[g] ? "," : "", e->owner, e->owner, e->at, e->bytes, (unsigned long long)e->hash);
-      dims_text(&j, e->off, e->rank);
+      ck_dims_text(&j, e->off, e->rank);
       sb_puts(&j, ", \"shape\": ");
-      dims_text(&j, e->shape, e->lrank);
+      ck_dims_text(&j, e->shape, e->lrank);
       sb_puts(&j, ", \"block\": ");
-      dims_text(&j, e->block, e->rank);
+      ck_dims_text(&j, e->block, e->rank);
       sb_printf(&j, ", \"flat\": [%d, %d], \"partial\": [", e->fi, e->fc);
       for (int a = 0, np = 0; a < IR_AXIS_COUNT; a++)
         if (e->partial & (1u << a)) sb_printf(&j, "%s\"%s\"", np++ ? ", " : "", ir_axis_name((IrAxis)a));
@@ -478,7 +287,7 @@ static int write_metadata(const char *dir, const IrModule *m, const RtRank *r, i
   sb_free(&j);
   sb_free(&h);
   free(grp);
-  index_free(&x);
+  ck_index_free(&x);
   return rc;
 }
 
@@ -878,7 +687,7 @@ static int same_dims(const int64_t *a, const int64_t *b, int n) {
 
 static void type_text(StrBuf *b, int kind, int dtype, const int64_t *d, int n) {
   sb_printf(b, "%s %s", kind_name((IrStateKind)kind), ir_dtype_name((IrDtype)dtype));
-  dims_text(b, d, n);
+  ck_dims_text(b, d, n);
 }
 
 /* State s of this rank from the shards in x->ord[lo, hi) (its name). */
@@ -951,7 +760,7 @@ static int load_state(RtProgram *p, int s, const CkIndex *x, int lo, int hi, CkF
       if (!(chunk[q->fi] = shard_bytes(f, x, x->ord[k], err, errlen))) rc = -1;
     }
     if (rc) break;
-    CkBlock src = {R, e->off, e->block, e->fc == 1 ? dims_numel(e->block, R) : dims_numel(e->shape, e->lrank), chunk, e->fc};
+    CkBlock src = {R, e->off, e->block, e->fc == 1 ? ck_dims_numel(e->block, R) : ck_dims_numel(e->shape, e->lrank), chunk, e->fc};
     int missing = 0;
     got += copy_block(blk, off, b->type.dim, &src, gdim, es, &missing);
     if (missing)
@@ -960,7 +769,7 @@ static int load_state(RtProgram *p, int s, const CkIndex *x, int lo, int hi, CkF
   }
   if (rc == 0 && got != need) {
     StrBuf o = {0};
-    dims_text(&o, off, R);
+    ck_dims_text(&o, off, R);
     rc = ts_errf(err, errlen, "the checkpoint holds %lld of the %lld values of tensor '%s' at offsets %s that this rank "
                  "needs", (long long)got, (long long)need, st->name, o.p);
     sb_free(&o);
@@ -1006,7 +815,7 @@ static int load_states(RtProgram *p, const CkIndex *x, const char *ck, int64_t s
   char path[8192];
   int rc = 0;
   for (int s = 0; s < m->states.n; s++) {
-    int lo, hi = index_find(x, m->states.a[s].name, &lo);
+    int lo, hi = ck_index_find(x, m->states.a[s].name, &lo);
     if (lo < hi) loaded[group[lo]] = 1;
   }
   *resharded = getenv("TS_CKPT_RESHARD") || !index_is_mine(x, wr, p);   /* the env: tests of the general path */
@@ -1017,7 +826,7 @@ static int load_states(RtProgram *p, const CkIndex *x, const char *ck, int64_t s
   CkFiles f = {ck, step, ts_xcalloc((size_t)x->nranks, sizeof(char *)), ts_xcalloc((size_t)x->nranks, sizeof(size_t)),
                ts_xcalloc((size_t)(x->n ? x->n : 1), 1)};
   for (int s = 0; s < m->states.n && rc == 0; s++) {
-    int lo, hi = index_find(x, m->states.a[s].name, &lo);
+    int lo, hi = ck_index_find(x, m->states.a[s].name, &lo);
     rc = load_state(p, s, x, lo, hi, &f, err, errlen);
   }
   for (int k = 0; k < x->nranks; k++)
@@ -1086,13 +895,13 @@ int rt_ckpt_load(RtProgram *p, RtComm *world, const char *dir, int64_t *step, ch
   }
   free(group);
   free(loaded);
-  index_free(&x);
+  ck_index_free(&x);
   *step = k;
   return 0;
 fail:
   free(group);
   free(loaded);
-  index_free(&x);
+  ck_index_free(&x);
   if (!why[0]) snprintf(why, sizeof why, "another rank could not load its part of the checkpoint");
   return ts_errf(err, errlen, "%s", why);
 }
