@@ -10,7 +10,7 @@
 #   bench/ckpt_save.sh [--build DIR] [--gpus N] [--steps N] [--interval N]
 #                      [-D name=value ...]   (model sizes, samples/gpt.mdl)
 #   defaults: --build build, --gpus 1, --steps 12, --interval 3,
-#             layers=4 d_model=512 heads=8 seq_len=64 vocab=256 batch=4
+#             layers=4 d_model=512 heads=8 seq_len=64 vocab=256 batch=4 micro_batch=2
 #
 # Not a test: no assertions beyond the files being identical, not in ctest.
 set -euo pipefail
@@ -33,7 +33,7 @@ for t in "$MCC" "$MRUN"; do [ -x "$t" ] || { echo "ckpt_save.sh: '$t' not found 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-flags=(-D layers=4 -D d_model=512 -D heads=8 -D seq_len=64 -D vocab=256 -D batch=4 -D micro_batch=4 -D dropout=0)
+flags=(-D layers=4 -D d_model=512 -D heads=8 -D seq_len=64 -D vocab=256 -D batch=4 -D micro_batch=2 -D dropout=0)
 dp=()
 [ "$gpus" -gt 1 ] && dp=(--dp "$gpus")
 "$MCC" samples/gpt.mdl "${flags[@]}" "${defs[@]}" "${dp[@]}" -o "$tmp/p.plan" 2> "$tmp/mcc.txt" ||
