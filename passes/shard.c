@@ -81,6 +81,38 @@ typedef struct {
   const char *why;           /* set by a lowering for what it emits; NULL: conversions say */
 } Sh;
 
+/* "1, 2, 3, 6": the sizes k of a mesh axis (up to 4096) for which times x k
+ * divides n, into buf: what a refusal offers instead. */
+static const char *sizes_dividing(int64_t n, int times, char *buf, size_t cap) {
+  size_t k = 0;
+  int listed = 0;
+  buf[0] = 0;
+  for (int64_t d = 1; d <= 4096 && d * times <= n && k + 32 < cap; d++)
+    if (n % (d * times) == 0) k += (size_t)snprintf(buf + k, cap - k, "%s%lld", listed++ ? ", " : "", (long long)d);
+  if (!listed) snprintf(buf, cap, "none");
+  return buf;
+}
+
+/* "parameter layers.0.attention.wq and 3 more": the parameters with a dim
+ * named dn (the user's names for where a dim comes from), into buf. */
+static const char *params_with_dim(const IrModule *m, const char *dn, char *buf, size_t cap) {
+  int n = 0;
+  const char *first = NULL;
+  for (int s = 0; s < m->states.n; s++) {
+    const IrState *st = &m->states.a[s];
+    if (st->kind != IR_STATE_PARAM) continue;
+    for (int d = 0; d < st->type.rank; d++)
+      if (st->type.dname[d] && !strcmp(st->type.dname[d], dn)) {
+        if (!n++) first = st->name;
+        break;
+      }
+  }
+  if (!n) snprintf(buf, cap, "no parameter");
+  else if (n == 1) snprintf(buf, cap, "parameter %s", first);
+  else snprintf(buf, cap, "parameter %s and %d more", first, n - 1);
+  return buf;
+}
+
 static int sh_fail(Sh *S, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int sh_fail(Sh *S, const char *fmt, ...) {
   if (S->failed) return -1;
@@ -592,9 +624,13 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     if (t == 1) {
       int64_t hk = onode(S, n->in[1])->type.dim[1], sz = ir_axis_size(S->m, (IrAxis)a);
       if (hk % sz)
-        return sh_fail(S, "attention %%%d: kv heads = %lld are not divisible by %s = %lld (query heads split "
-                       "over %s need their kv heads split with them)", i, (long long)hk, ir_axis_name((IrAxis)a),
-                       (long long)sz, ir_axis_name((IrAxis)a));
+      {
+        char ok[256];
+        return sh_fail(S, "attention: kv heads = %lld are not divisible by %s = %lld (query heads split over %s "
+                       "need their kv heads split with them); the %s sizes that divide them: %s", (long long)hk,
+                       ir_axis_name((IrAxis)a), (long long)sz, ir_axis_name((IrAxis)a), ir_axis_name((IrAxis)a),
+                       sizes_dividing(hk, 1, ok, sizeof ok));
+      }
     }
     for (int k = 0; k < nin; k++) want[k] = (t == 2 && (k == 1 || k == 2) && !ring) ? AX_R : t;
     *out = (t == 2 && part > 0 && !ring) ? AX_P : t;
@@ -744,9 +780,13 @@ refuse: {
     for (int d = 0; d < t->rank; d++)
       if ((tn[n->in[k]] & BIT(d)) && t->dname[d]) { dn = t->dname[d]; size = t->dim[d]; }
   }
-  return sh_fail(S, "dim '%s' = %lld is not divisible by tp = %d, and it cannot be padded: the padding "
-                 "would reach '%s' (%%%d of block micro); only embedding tables, matmuls and the class "
-                 "dim of cross_entropy can carry padding", dn, (long long)size, S->T, ir_ops[n->op].name, i);
+  char ok[256], who[512];
+  (void)i;
+  return sh_fail(S, "dim '%s' = %lld is not divisible by tp = %d; the tp sizes that divide it: %s. It cannot be "
+                 "padded instead: it is a dim of %s, and the padding would reach a %s (only embedding tables, "
+                 "matmuls and the class dim of cross_entropy carry padding)", dn, (long long)size, S->T,
+                 sizes_dividing(size, 1, ok, sizeof ok), params_with_dim(S->m, dn, who, sizeof who),
+                 ir_ops[n->op].name);
 }
 }
 
@@ -925,8 +965,12 @@ static int shard_params(Sh *S) {
         int64_t size = st->type.dim[d];
         if (size % k) {
           if (a != IR_AXIS_TP)
-            return sh_fail(S, "dim '%s' = %lld of parameter @%s is not divisible by %s = %d", st->type.dname[d],
-                           (long long)size, st->name, ir_axis_name(a), k);
+          {
+            char ok[256];
+            return sh_fail(S, "dim '%s' = %lld of parameter @%s is not divisible by %s = %d; the %s sizes that "
+                           "divide it: %s", st->type.dname[d], (long long)size, st->name, ir_axis_name(a), k,
+                           ir_axis_name(a), sizes_dividing(size, 1, ok, sizeof ok));
+          }
           st->logical[d] = size;
           size = (size + k - 1) / k * k;
         }
@@ -1021,7 +1065,11 @@ static int shard_moe_ep(Sh *S, int i, int *in, const IrSharding *osh, IrType *lt
   if (n->op == IR_OP_MOE_COUNTS) {   /* local counts, then each rank's share: [ep, experts / ep] */
     int64_t E = n->type.dim[1], ep = ir_axis_size(m, IR_AXIS_EP);
     if (E % ep)
-      return sh_fail(S, "moe_counts %%%d: %lld experts are not divisible by ep = %lld", i, (long long)E, (long long)ep);
+    {
+      char ok[256];
+      return sh_fail(S, "moe: %lld experts are not divisible by ep = %lld; the ep sizes that divide them: %s",
+                     (long long)E, (long long)ep, sizes_dividing(E, 1, ok, sizeof ok));
+    }
     S->cntl[i] = emit(S, IR_OP_MOE_COUNTS, in, 1, NULL, NULL, NULL, NULL, NULL);
     int64_t ia[3] = {IR_AXIS_EP, 1, 0};
     S->why = "expert parallelism: the token counts per expert, so that every rank sizes its exchange";
@@ -1260,8 +1308,10 @@ static void shard_node(Sh *S, int i) {
     for (int d = 0; d < gt.rank; d++) {
       if (!(rule_axes(m, gt.dname[d]) & BIT(IR_AXIS_CP))) continue;
       if (gt.dim[d] % (2 * S->C)) {   /* causal load balancing: 2 chunks per rank (runtime/cpu/cp_layout.c) */
+        char ok[256];
         sh_fail(S, "input \"%s\": dim '%s' = %lld is not divisible by 2 x cp = %d (causal load balancing gives "
-                "each cp rank two chunks)", n->sa, gt.dname[d], (long long)gt.dim[d], 2 * S->C);
+                "each cp rank two chunks); the cp sizes that work: %s", n->sa, gt.dname[d], (long long)gt.dim[d],
+                2 * S->C, sizes_dividing(gt.dim[d], 2, ok, sizeof ok));
         return;
       }
       osh.split[d] |= BIT(IR_AXIS_CP);
@@ -1275,9 +1325,11 @@ static void shard_node(Sh *S, int i) {
     for (int d = 0; d < gt.rank; d++) {
       if (!(rule_axes(m, gt.dname[d]) & BIT(IR_AXIS_DP)) || osh.split[d]) continue;
       if (gt.dim[d] % ep) {
+        char ok[256];
         sh_fail(S, "input \"%s\": dim '%s' = %lld is not divisible by ep = %d (expert parallelism splits each "
-                "micro batch's '%s' over the ep ranks; make micro_batch a multiple of ep)", n->sa, gt.dname[d],
-                (long long)gt.dim[d], ep, gt.dname[d]);
+                "micro batch's '%s' over the ep ranks; make micro_batch a multiple of ep); the ep sizes that "
+                "divide it: %s", n->sa, gt.dname[d], (long long)gt.dim[d], ep, gt.dname[d],
+                sizes_dividing(gt.dim[d], 1, ok, sizeof ok));
         return;
       }
       osh.split[d] |= BIT(IR_AXIS_EP);
