@@ -72,7 +72,8 @@ static int find_stack(const IrModule *m, const char **stack, int *L, int *layer_
   if (bestmax > 1000000) return ts_errf(err, errlen, "pipeline: the repeat stack '%s' has %ld layers", best, bestmax + 1);
   if (!best)
     return ts_errf(err, errlen, "pipeline: the model has no repeat stack (no parameter named <stack>.<i>.<name>): "
-                                "there are no layers to split into stages");
+                                "there are no layers to split into stages: write the model's layers as `repeat N { ... }` "
+                                "(docs/mdl.md) to pipeline them, or drop --pp");
   int n = (int)bestmax + 1;
   char *seen = ts_xcalloc((size_t)n, 1);
   for (int i = 0; i < m->states.n; i++) {
