@@ -206,7 +206,7 @@ static int train_overrides(Elab *e, IrTrain *t, int *have_decay, int *gb_at) {
     else if (!strcmp(k, "weight_decay")) train_range(e, &v, what, 0, INFINITY, 0, &t->weight_decay);
     else if (!strcmp(k, "beta1")) train_range(e, &v, what, 0, 1, 0, &t->beta1);
     else if (!strcmp(k, "beta2")) train_range(e, &v, what, 0, 1, 0, &t->beta2);
-    else if (!strcmp(k, "eps")) train_range(e, &v, what, 0, INFINITY, 0, &t->eps);
+    else if (!strcmp(k, "eps")) train_range(e, &v, what, 0, INFINITY, 1, &t->eps);
     else if (!strcmp(k, "warmup")) train_int(e, &v, what, 0, &t->warmup);
     else if (!strcmp(k, "decay_steps")) { if (!train_int(e, &v, what, 1, &t->decay_steps)) *have_decay = 1; }
     else if (!strcmp(k, "steps")) train_int(e, &v, what, 1, &t->steps);
@@ -243,7 +243,8 @@ void elab_train(Elab *e) {
           train_range(e, &a[1].items[1], "beta2", 0, 1, 0, &t.beta2);
         }
       }
-      if (a[2].k != V_UNSET) train_range(e, &a[2], "eps", 0, INFINITY, 0, &t.eps);
+      /* eps > 0: a parameter with no gradient (padding for sharding) would get 0 / 0 */
+      if (a[2].k != V_UNSET) train_range(e, &a[2], "eps", 0, INFINITY, 1, &t.eps);
       if (a[3].k != V_UNSET) train_range(e, &a[3], "weight_decay", 0, INFINITY, 0, &t.weight_decay);
     } else if (!strcmp(key, "schedule")) {
       static const char *const fns[] = {"constant", "cosine", "linear", NULL},

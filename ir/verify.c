@@ -367,7 +367,7 @@ static int train_check(const IrModule *m, char *err, size_t errlen) {
   const IrTrain *t = &m->train;
   struct { const char *name; double v, lo, hi; int lo_open, hi_open; } r[] = {
       {"lr", t->lr, 0, INFINITY, 1, 0},           {"beta1", t->beta1, 0, 1, 0, 1},
-      {"beta2", t->beta2, 0, 1, 0, 1},            {"eps", t->eps, 0, INFINITY, 0, 0},
+      {"beta2", t->beta2, 0, 1, 0, 1},            {"eps", t->eps, 0, INFINITY, 1, 0},
       {"weight_decay", t->weight_decay, 0, INFINITY, 0, 0}, {"min_lr", t->min_lr, 0, INFINITY, 0, 0},
       {"clip_grad", t->clip_grad, 0, INFINITY, 0, 0},
   };
