@@ -79,6 +79,7 @@ reshard)
   plan dp2_nozero gpt 2 $G8 --dp 2 --no-zero; plan cp2 gpt 2 $G8 --cp 2; plan tp2_sp gpt 2 $G8 --tp 2 --sp
   plan tp2_dp2 gpt 4 $G8 --tp 2 --dp 2; plan moe moe 1 $M64; plan ep2 moe 2 $M64 --ep 2
   plan ep2_tp2 moe 4 $M64 --ep 2 --tp 2; plan ep2_dp2 moe 4 $M64 --ep 2 --dp 2
+  plan one_v251 gpt 1 $G8 -D vocab=251; plan tp2_dp2_v251 gpt 4 $G8 --tp 2 --dp 2 -D vocab=251   # padding in ZeRO chunks
   run() { local name=$1; shift; "$MRUN" "$name.plan" --gpus "${gpus[$name]}" --data corpus.txt --quiet --timeout 60 "$@"; }
   # the losses of steps FROM.. of two metrics files agree within 1e-12 (relative)
   same_losses() {
@@ -106,6 +107,7 @@ reshard)
   reshard tp2 one; reshard pp2 pp4_vpp2; reshard dp2 dp4; reshard ep2 moe; reshard cp2 tp2
   reshard one tp2_dp2; reshard tp2_dp2 pp2_split; reshard pp4_vpp2 dp2_nozero; reshard dp4 tp2_sp
   reshard dp2_nozero cp2; reshard one_v250 tp4; reshard tp4 one_v250; reshard moe ep2_tp2; reshard ep2_dp2 ep2
+  reshard tp2_dp2_v251 one_v251
   # the general path in the saved layout equals reading the files as they are
   TS_CKPT_RESHARD=1 run tp2_dp2 --steps 6 --load ck_tp2_dp2 --save-params forced.bin > out.txt 2>&1 ||
     die "forced reshard: $(tail -2 out.txt)"
