@@ -387,11 +387,13 @@ int rt_ckpt_save(RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t step,
  * The states are copied to host buffers (allocated at the first save, kept)
  * and a thread writes this rank's files from them while training goes on;
  * the save's last phase, which is collective, runs on the training thread
- * at the next save or at the end (rt_ckpt_finish).  Only the copy stalls
+ * at the first step boundary where every rank's thread is done, else at
+ * the next save or at the end (rt_ckpt_finish).  Only the copy stalls
  * training, unless the previous save is still being written. */
 struct RtCkptWriter {
   pthread_t thread;
-  int running;
+  int running;          /* 1: a thread was started (not joined yet); -1: written here; 0: nothing pending */
+  int done;             /* the thread has written its files (atomic) */
   void **copy;          /* per state */
   int ncopy;
   RtProgram *p;
@@ -407,7 +409,13 @@ RtCkptWriter *rt_ckpt_writer_new(void) { return ts_xcalloc(1, sizeof(RtCkptWrite
 static void *writer_main(void *arg) {
   RtCkptWriter *w = arg;
   w->rc = write_rank(w->p, rt_program_rank(w->p), w->dir, w->wr, w->step, w->copy, w->err, sizeof w->err);
+  __atomic_store_n(&w->done, 1, __ATOMIC_RELEASE);
   return NULL;
+}
+
+int rt_ckpt_writer_pending(const RtCkptWriter *w) { return w && w->running != 0; }
+int rt_ckpt_writer_busy(const RtCkptWriter *w) {
+  return w && w->running > 0 && !__atomic_load_n(&w->done, __ATOMIC_ACQUIRE);
 }
 
 int rt_ckpt_save_async(RtCkptWriter *w, RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t step, double *copy_s,
@@ -436,6 +444,7 @@ int rt_ckpt_save_async(RtCkptWriter *w, RtProgram *p, RtComm *world, const RtCkp
   w->step = step;
   w->rc = 0;
   w->err[0] = 0;
+  __atomic_store_n(&w->done, 0, __ATOMIC_RELEASE);
   snprintf(w->dir, sizeof w->dir, "%s/iter_%07lld.tmp", o->save_dir, (long long)step);
   if (pthread_create(&w->thread, NULL, writer_main, w) != 0) writer_main(w);   /* no thread: written here */
   else w->running = 1;

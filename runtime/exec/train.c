@@ -723,9 +723,17 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     rs.last_loss = loss;
     rs.last_grad_norm = gn;
     rs.steps = s + 1;
-    /* a stop request on any rank stops every rank after this same step */
-    double stop = stop_sig;
-    if (o->world && rt_comm_all_reduce_max(o->world, IR_F64, &stop, 1, err, errlen) != 0) { rc = -1; break; }
+    /* a stop request on any rank stops every rank after this same step;
+     * an asynchronous save whose files every rank has written is completed
+     * here, at the first step boundary after (not at the next save) */
+    double flags[2] = {stop_sig, writer && rt_ckpt_writer_busy(writer)};
+    if (o->world && rt_comm_all_reduce_max(o->world, IR_F64, flags, writer ? 2 : 1, err, errlen) != 0) { rc = -1; break; }
+    if (writer && rt_ckpt_writer_pending(writer) && flags[1] == 0) {
+      double w0 = ts_now_s();
+      if (rt_ckpt_finish(writer, o->world, &o->ckpt, err, errlen) != 0) { rc = -1; break; }
+      rs.save_stall_s += ts_now_s() - w0;
+    }
+    double stop = flags[0];
     if (stop > 0) {
       rs.stopped_by = (int)stop;
       break;

@@ -134,6 +134,10 @@ int rt_ckpt_save_async(RtCkptWriter *w, RtProgram *p, RtComm *world, const RtCkp
                        char *err, size_t errlen);
 int rt_ckpt_finish(RtCkptWriter *w, RtComm *world, const RtCkptOpts *o, char *err, size_t errlen);
 void rt_ckpt_writer_free(RtCkptWriter *w);
+/* A save is under way (rt_ckpt_finish has work to do); its thread is
+ * still writing.  Local: the caller agrees with the other ranks first. */
+int rt_ckpt_writer_pending(const RtCkptWriter *w);
+int rt_ckpt_writer_busy(const RtCkptWriter *w);
 /* Collective: loads this rank's states from the checkpoint `dir` names (its
  * `latest`, or dir itself) and returns its step.  The checkpoint may come
  * from any layout of the same model: each state is assembled from the saved

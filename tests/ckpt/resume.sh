@@ -166,6 +166,15 @@ refusals)
     grep -q "stopped by SIGTERM after step $k " sig.txt || die "SIGTERM: the checkpoint is not of the step reached: $(tail -2 sig.txt)"
     run p.plan --steps $((k + 2)) --load sig || die "resume after SIGTERM: $(tail -2 out.txt)"
   fi
+  # an asynchronous save is completed at the first step boundary after its
+  # files are written, not at the next save: a run saving every 30 steps and
+  # killed in step 59 has the checkpoint of step 30 (its thread had 28 steps
+  # to write a few hundred KB)
+  rm -rf ak
+  TS_FAULT_KILL_RANK=0 TS_FAULT_KILL_STEP=59 run p.plan --steps 60 --save ak --save-interval 30 --async-save
+  [ "$(cat ak/latest 2>/dev/null)" = iter_0000030 ] ||
+    die "--async-save: killed in step 59, latest is '$(cat ak/latest 2>/dev/null)' ($(ls ak 2>/dev/null | tr '\n' ' '))"
+  run p.plan --steps 31 --load ak || die "--async-save: the checkpoint of step 30 does not resume: $(tail -2 out.txt)"
   echo '{}' > bad/iter_0000004/metadata.json
   expect "damaged metadata" "not a Tessera checkpoint's metadata" p.plan --steps 6 --load bad/iter_0000004
   ;;
