@@ -46,6 +46,7 @@
 #include "runtime/exec/dev_prog.h"
 #include "runtime/exec/selftest.h"
 #include "passes/passes.h"
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -365,6 +366,58 @@ static void remove_tree(const char *dir) {
   if (p > 0) while (waitpid(p, &st, 0) < 0 && errno == EINTR) {}
 }
 
+/* A job directory names its owners in job/owner: "HOST LAUNCHER-PID
+ * MPIRUN-PID".  A launcher killed with SIGKILL cannot remove its directory
+ * (MPI's shared-memory segments: megabytes in /dev/shm); the next launcher
+ * removes every job directory of this host whose launcher and mpirun are
+ * both gone. */
+static void write_job_owner(const char *job, pid_t mpirun_pid) {
+  char path[PATH_MAX + 16], host[256] = "?", tmp[PATH_MAX + 32];
+  gethostname(host, sizeof host - 1);
+  snprintf(path, sizeof path, "%s/owner", job);
+  snprintf(tmp, sizeof tmp, "%s/owner.tmp", job);
+  FILE *f = fopen(tmp, "w");
+  if (!f) return;
+  fprintf(f, "%s %ld %ld\n", host, (long)getpid(), (long)mpirun_pid);
+  if (fclose(f) == 0) rename(tmp, path);
+}
+
+/* No such process, or only its zombie (its parent died with it unreaped). */
+static int pid_gone(long pid) {
+  if (pid <= 0) return 0;
+  if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
+  char path[64], stat[512];
+  snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(stat, 1, sizeof stat - 1, f);
+  fclose(f);
+  stat[n] = 0;
+  const char *c = strrchr(stat, ')');   /* "PID (COMM) STATE ..." */
+  return c && c[1] == ' ' && c[2] == 'Z';
+}
+
+static void clean_stale_jobs(const char *base) {
+  DIR *d = opendir(base);
+  if (!d) return;
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, "tessera-mrun.", 13) != 0) continue;
+    char dir[PATH_MAX], path[PATH_MAX + 16], h[256];
+    snprintf(dir, sizeof dir, "%s/%s", base, e->d_name);
+    snprintf(path, sizeof path, "%s/owner", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;   /* being made, or not ours to judge */
+    long lp = 0, mp = 0;
+    int ok = fscanf(f, "%255s %ld %ld", h, &lp, &mp) == 3;
+    fclose(f);
+    if (ok && !strcmp(h, host) && pid_gone(lp) && pid_gone(mp)) remove_tree(dir);
+  }
+  closedir(d);
+}
+
 /* "rank R ... exited on signal S" in mpirun's output: S for rank r, else 0 */
 static int mpirun_signal_of(const char *log, int r) {
   char key[64];
@@ -399,6 +452,7 @@ static int launch(int64_t n, char **argv) {
    * for its segments), else the temporary directory */
   const char *base = getenv("TS_MRUN_JOB_BASE");
   if (!base || !*base) base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  clean_stale_jobs(base);
   char job[PATH_MAX];
   snprintf(job, sizeof job, "%s/tessera-mrun.XXXXXX", base);
   if (!mkdtemp(job)) {
@@ -455,6 +509,7 @@ static int launch(int64_t n, char **argv) {
     remove_tree(job);
     return 1;
   }
+  write_job_owner(job, pid);
   StrBuf log = {0};
   char buf[4096];
   int passed = 0, stop_sig = 0;
