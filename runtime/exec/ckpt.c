@@ -108,13 +108,18 @@ static int remove_dir(const char *dir) {
  * (the optimizer moments) is a chunk of the flattened local tensor of its
  * parameter: its offsets are the parameter's, and *flat_index / *flat_count
  * say which chunk. */
+/* The state whose local shape is s's block: its parameter for a ZeRO-flat
+ * state, else s itself. */
+static const IrState *block_state(const IrModule *m, const IrState *s) {
+  return s->sh.flat && s->of >= 0 && s->of < m->states.n ? &m->states.a[s->of] : s;
+}
+
 static void shard_of(const IrModule *m, const RtRank *r, const IrState *s, int64_t *gdim, int64_t *off,
                      int *flat_index, int *flat_count) {
-  const IrState *b = s;
+  const IrState *b = block_state(m, s);
   *flat_index = 0;
   *flat_count = 1;
-  if (s->sh.flat && s->of >= 0 && s->of < m->states.n) {
-    b = &m->states.a[s->of];
+  if (b != s) {
     for (int a = 0; a < IR_AXIS_COUNT; a++)
       if (s->sh.flat & (1u << a)) {
         int n = r ? rt_rank_axis_size(r, (IrAxis)a) : 1;
@@ -171,7 +176,7 @@ static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, in
     int64_t gdim[IR_MAX_RANK], off[IR_MAX_RANK];
     int fi, fc;
     shard_of(m, r, st, gdim, off, &fi, &fc);
-    const IrState *b = st->sh.flat && st->of >= 0 ? &m->states.a[st->of] : st;
+    const IrState *b = block_state(m, st);
     CkShard e = {(char *)st->name, (int)st->kind, (int)st->type.dtype, b->type.rank, st->type.rank, fi, fc,
                  st->sh.partial, wr, {0}, {0}, {0}, {0}, at, nbytes, h};
     memcpy(e.global, gdim, sizeof e.global);
@@ -703,7 +708,7 @@ static void type_text(StrBuf *b, int kind, int dtype, const int64_t *d, int n) {
 static int load_state(RtProgram *p, int s, const CkIndex *x, int lo, int hi, CkFiles *f, char *err, size_t errlen) {
   const IrModule *m = rt_program_module(p);
   const IrState *st = &m->states.a[s];
-  const IrState *b = st->sh.flat && st->of >= 0 && st->of < m->states.n ? &m->states.a[st->of] : st;
+  const IrState *b = block_state(m, st);
   int64_t gdim[IR_MAX_RANK], off[IR_MAX_RANK];
   int fi, fc, R = b->type.rank;
   shard_of(m, rt_program_rank(p), st, gdim, off, &fi, &fc);
@@ -801,7 +806,7 @@ static int index_is_mine(const CkIndex *x, int wr, RtProgram *p) {
   for (int s = 0; s < m->states.n; s++) {
     const CkShard *e = &x->a[x->first[wr] + s];
     const IrState *st = &m->states.a[s];
-    const IrState *b = st->sh.flat && st->of >= 0 && st->of < m->states.n ? &m->states.a[st->of] : st;
+    const IrState *b = block_state(m, st);
     int64_t gdim[IR_MAX_RANK], off[IR_MAX_RANK];
     int fi, fc;
     shard_of(m, rt_program_rank(p), st, gdim, off, &fi, &fc);
