@@ -77,6 +77,13 @@ static const char usage[] =
     "  --async-save       the states are copied to host memory and written by a thread while training goes on\n"
     "  --load DIR         resume from the checkpoint DIR/latest names (or DIR itself, one checkpoint) of the\n"
     "                     same model in any layout; training goes on to --steps (steps count from the run's start)\n"
+    "  --init-from PATH   start from Hugging Face weights (a .safetensors file, or a directory with config.json\n"
+    "                     and model.safetensors or its index) instead of the initializers; the map of names\n"
+    "                     is stdlib/hf/<config.json's model_type>.map (docs/checkpoints.md)\n"
+    "  --export DIR       after training, write DIR/model.safetensors and DIR/config.json for transformers\n"
+    "  --format hf        --export's format (the only one)\n"
+    "  --hf-map NAME|FILE the map for --init-from / --export (default: config.json's model_type; for --export\n"
+    "                     the map in stdlib/hf that fits the model)\n"
     "  --quiet            no per-step progress lines\n"
     "  --backend B        llvm (default): fusion groups and elementwise / row ops as JIT-compiled kernels;\n"
     "                     ref: every op on the reference kernels (the oracle for tests; CPU ranks)\n"
@@ -87,6 +94,7 @@ static const char usage[] =
 
 typedef struct {
   const char *plan, *data, *metrics, *save_params;
+  const char *init_from, *export_dir, *format, *hf_map;
   RtCkptOpts ckpt;
   int64_t gpus, steps;        /* -1: not given */
   int has_seed, quiet, cpu, selftest;
@@ -159,7 +167,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     snprintf(name, sizeof name, "%.*s", (int)(nl < 31 ? nl : 31), arg);
     static const char *const valued[] = {"--gpus", "--steps", "--train-iters", "--seed", "--timeout", "--backend",
                                          "--save-params", "--data", "--metrics", "--save", "--save-interval",
-                                         "--keep", "--load", NULL};
+                                         "--keep", "--load", "--init-from", "--export", "--format", "--hf-map",
+                                         NULL};
     int known = 0;
     for (int k = 0; valued[k]; k++) known |= strlen(valued[k]) == nl && strncmp(arg, valued[k], nl) == 0;
     if (!known) { fprintf(stderr, "mrun: unknown option '%.*s'\n%s", (int)nl, arg, usage); return -1; }
@@ -196,6 +205,10 @@ static int parse_args(int argc, char **argv, Args *a) {
     else if (strcmp(name, "--save-params") == 0) a->save_params = val;
     else if (strcmp(name, "--save") == 0) a->ckpt.save_dir = val;
     else if (strcmp(name, "--load") == 0) a->ckpt.load_dir = val;
+    else if (strcmp(name, "--init-from") == 0) a->init_from = val;
+    else if (strcmp(name, "--export") == 0) a->export_dir = val;
+    else if (strcmp(name, "--format") == 0) a->format = val;
+    else if (strcmp(name, "--hf-map") == 0) a->hf_map = val;
     else if (strcmp(name, "--save-interval") == 0) {
       if (parse_count(name, val, 1, INT64_MAX / 2, &a->ckpt.save_interval)) return -1;
     } else if (strcmp(name, "--keep") == 0) {
@@ -208,6 +221,20 @@ static int parse_args(int argc, char **argv, Args *a) {
   }
   if ((a->ckpt.save_interval || a->ckpt.keep || a->ckpt.async) && !a->ckpt.save_dir) {
     fprintf(stderr, "mrun: --save-interval, --keep and --async-save go with --save DIR\n");
+    return -1;
+  }
+  if (a->format && strcmp(a->format, "hf") != 0) {
+    fprintf(stderr, "mrun: --format %s: the one export format is hf (Hugging Face safetensors and config.json)\n", a->format);
+    return -1;
+  }
+  if (a->format && !a->export_dir) { fprintf(stderr, "mrun: --format goes with --export DIR\n"); return -1; }
+  if (a->hf_map && !a->init_from && !a->export_dir) {
+    fprintf(stderr, "mrun: --hf-map goes with --init-from PATH or --export DIR\n");
+    return -1;
+  }
+  if (a->init_from && a->ckpt.load_dir) {
+    fprintf(stderr, "mrun: --load resumes a checkpoint with its own weights; --init-from starts from Hugging Face "
+            "weights: give one\n");
     return -1;
   }
   if (a->selftest && a->plan) { fprintf(stderr, "mrun: --selftest takes no plan (got '%s')\n", a->plan); return -1; }
@@ -751,6 +778,12 @@ static void print_done(const Args *a, const RtTrainResult *res) {
     printf(", of which %.3f s copying the states\n", res->save_copy_s / (double)res->timed_saves);
 }
 
+/* What --init-from and --export need: the map asked for, and every
+ * program of the plan (each pipeline stage's parameters). */
+static RtHfOpts hf_opts(const Args *a, const Plan *plan) {
+  return (RtHfOpts){a->hf_map, (const IrModule *const *)plan->programs, plan->nprograms};
+}
+
 /* One process, no MPI. */
 static int run_single(const Args *a) {
   char err[2048] = "";
@@ -770,7 +803,8 @@ static int run_single(const Args *a) {
   RtRank rank = rt_rank_single();
   rank.mesh = mesh;
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
-                   .rank = &rank, .save_params_path = a->save_params, .ckpt = a->ckpt};
+                   .rank = &rank, .save_params_path = a->save_params, .ckpt = a->ckpt, .init_from = a->init_from,
+                   .export_dir = a->export_dir, .hf = hf_opts(a, plan)};
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) { fprintf(stderr, "mrun: %s\n", err); goto out; }
   print_done(a, &res);
@@ -817,7 +851,7 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   if (gpu.dev && rt_rank_gpu_groups(&rank, gpu.dev, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
                    .rank = &rank, .world = world, .save_params_path = a->save_params,
-                   .ckpt = a->ckpt};
+                   .ckpt = a->ckpt, .init_from = a->init_from, .export_dir = a->export_dir, .hf = hf_opts(a, plan)};
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   if (me == 0) print_done(a, &res);

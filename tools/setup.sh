@@ -4,6 +4,10 @@
 #   tools/setup.sh            -> release build in build/
 #   tools/setup.sh --asan     -> also the ASan+UBSan (Debug) build in build-asan/
 #
+# Also the Python environment of the Hugging Face interop test: .venv (or
+# $TESSERA_VENV), a virtual environment that sees Debian's python3-torch,
+# with the PyPI packages pinned in tools/requirements-hf.txt.
+#
 # Idempotent (re-running does only the work that is left) and quiet on
 # success: it prints nothing unless it has to install packages, and the
 # output of apt, cmake and the compiler is shown only when a step fails.
@@ -26,7 +30,7 @@ done
 # /usr/bin/python3), graphviz for `mcc --emit=dot`, the sanitizer runtime for
 # clang, and bible-kjv (the text of the bundled training corpus).
 PKGS="ca-certificates flex bison cmake make gcc g++ llvm-19-dev libopenblas-dev
-      openmpi-bin libopenmpi-dev python3 python3-torch python3-numpy graphviz
+      openmpi-bin libopenmpi-dev python3 python3-venv python3-torch python3-numpy graphviz
       libclang-rt-14-dev clang-14 bible-kjv"
 
 log=$(mktemp "${TMPDIR:-/tmp}/tessera-setup.XXXXXX")
@@ -60,6 +64,17 @@ if [ -n "$missing" ]; then
   # shellcheck disable=SC2086  # word splitting of the package list is intended
   run "apt-get install" $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
       --no-install-recommends $missing
+fi
+
+# The interop test's environment: made once, reinstalled when the pins change.
+venv=${TESSERA_VENV:-.venv}
+if ! cmp -s tools/requirements-hf.txt "$venv/requirements-hf.txt" 2>/dev/null; then
+  rm -rf "$venv"
+  run "python3 -m venv ($venv)" /usr/bin/python3 -m venv --system-site-packages "$venv"
+  run "pip install -r tools/requirements-hf.txt (PyPI)" "$venv/bin/pip" install -q --disable-pip-version-check \
+      -r tools/requirements-hf.txt
+  run "the interop environment imports transformers and torch" "$venv/bin/python" -c "import transformers, torch"
+  cp tools/requirements-hf.txt "$venv/requirements-hf.txt"
 fi
 
 jobs=$(nproc 2>/dev/null || echo 2)

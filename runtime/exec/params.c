@@ -216,9 +216,9 @@ static int pipe_collect(RtComm *g, SavedParam **ps, int *n, char *err, size_t er
   return rc;
 }
 
-int rt_params_save(RtProgram *p, RtComm *world, const char *path, char *err, size_t errlen) {
+RtParams *rt_params_collect(RtProgram *p, RtComm *world, char *err, size_t errlen) {
   const IrModule *m = rt_program_module(p);
-  if (rt_program_sync_states(p, err, errlen) != 0) return -1;   /* a device program's states */
+  if (rt_program_sync_states(p, err, errlen) != 0) return NULL;   /* a device program's states */
   int me = world ? rt_comm_rank(world) : 0;
   const IrState **st = ts_xmalloc((size_t)(m->states.n ? m->states.n : 1) * sizeof *st);
   int np = 0;
@@ -255,28 +255,21 @@ int rt_params_save(RtProgram *p, RtComm *world, const char *path, char *err, siz
     if (!g) rc = ts_errf(err, errlen, "pp=%d but this rank has no pp group", pp);
     else rc = pipe_collect(g, &ps, &n, err, errlen);
   }
-  if (rc == 0 && me == 0) {
+  RtParams *out = rc == 0 ? ts_xcalloc(1, sizeof *out) : NULL;
+  if (out && me == 0) {   /* every parameter, by name */
     qsort(ps, (size_t)n, sizeof *ps, by_saved_name);
-    StrBuf out = {0};
-    sb_write(&out, "TSPARAMS", 8);
-    put_u32(&out, 1);
-    put_u32(&out, (uint32_t)n);
+    out->a = ts_xcalloc((size_t)(n ? n : 1), sizeof *out->a);
     for (int i = 0; i < n; i++) {
-      const SavedParam *q = &ps[i];
-      int64_t ne = ir_type_numel(&q->lt);
-      put_u32(&out, (uint32_t)strlen(q->name));
-      sb_write(&out, q->name, strlen(q->name));
-      put_u32(&out, (uint32_t)q->dtype);
-      put_u32(&out, (uint32_t)q->lt.rank);
-      for (int d = 0; d < q->lt.rank; d++) sb_write(&out, &q->lt.dim[d], 8);
-      for (int64_t k = 0; k < ne; k++) {
-        if (q->dtype == IR_F32) { float f = (float)q->v[k]; sb_write(&out, &f, 4); }
-        else sb_write(&out, &q->v[k], 8);
-      }
+      RtParam *q = &out->a[out->n++];
+      q->name = ps[i].owned ? (char *)ps[i].name : ts_xstrdup(ps[i].name);
+      ps[i].owned = 0;
+      q->dtype = ps[i].dtype;
+      q->rank = ps[i].lt.rank;
+      memcpy(q->dim, ps[i].lt.dim, sizeof q->dim);
+      q->numel = ir_type_numel(&ps[i].lt);
+      q->data = ps[i].v;
+      ps[i].v = NULL;
     }
-    if (ts_write_file(path, out.p, out.n) != 0)
-      rc = ts_errf(err, errlen, "--save-params: %s", ts_io_error());
-    sb_free(&out);
   }
   for (int i = 0; i < n; i++) {
     if (ps[i].owned) free((char *)ps[i].name);
@@ -284,6 +277,35 @@ int rt_params_save(RtProgram *p, RtComm *world, const char *path, char *err, siz
   }
   free(ps);
   free(st);
+  return out;
+}
+
+int rt_params_save(RtProgram *p, RtComm *world, const char *path, char *err, size_t errlen) {
+  RtParams *ps = rt_params_collect(p, world, err, errlen);
+  if (!ps) return -1;
+  int rc = 0;
+  if (!world || rt_comm_rank(world) == 0) {
+    StrBuf out = {0};
+    sb_write(&out, "TSPARAMS", 8);
+    put_u32(&out, 1);
+    put_u32(&out, (uint32_t)ps->n);
+    for (int i = 0; i < ps->n; i++) {
+      const RtParam *q = &ps->a[i];
+      put_u32(&out, (uint32_t)strlen(q->name));
+      sb_write(&out, q->name, strlen(q->name));
+      put_u32(&out, (uint32_t)q->dtype);
+      put_u32(&out, (uint32_t)q->rank);
+      for (int d = 0; d < q->rank; d++) sb_write(&out, &q->dim[d], 8);
+      for (int64_t k = 0; k < q->numel; k++) {
+        if (q->dtype == IR_F32) { float f = (float)q->data[k]; sb_write(&out, &f, 4); }
+        else sb_write(&out, &q->data[k], 8);
+      }
+    }
+    if (ts_write_file(path, out.p, out.n) != 0)
+      rc = ts_errf(err, errlen, "--save-params: %s", ts_io_error());
+    sb_free(&out);
+  }
+  rt_params_free(ps);
   return rc;
 }
 

@@ -195,15 +195,14 @@ static void store(void *data, IrDtype dt, int64_t i, double v) {
   }
 }
 
-/* Fills parameter s (local type, row-major) from its initializer.  Element
- * i's value is drawn from its flat index in the LOGICAL global shape (the
- * model's sizes, before padding for sharding); padding elements are 0.  In
- * an unsharded, unpadded module that index is i itself. */
-static int init_param(const RtProgram *p, const IrState *s, uint64_t seed, void *data,
-                      char *err, size_t errlen) {
+/* Fills parameter s (local type, row-major): element i takes val(ctx, g),
+ * g its flat index in the LOGICAL global shape (the model's sizes, before
+ * padding for sharding); padding elements are 0.  In an unsharded,
+ * unpadded module g is i itself. */
+static int fill_param(const RtProgram *p, const IrState *s, void *data, double (*val)(const void *ctx, int64_t g),
+                      const void *ctx, char *err, size_t errlen) {
   const IrType *t = &s->type;
   int64_t n = ir_type_numel(t);
-  uint64_t nh = rt_name_hash(s->name);
   if (s->sh.flat || s->sh.partial)
     return ts_errf(err, errlen, "parameter @%s is %s; a parameter can only be split or replicated",
                    s->name, s->sh.flat ? "flat (ZeRO)" : "partial");
@@ -218,7 +217,7 @@ static int init_param(const RtProgram *p, const IrState *s, uint64_t seed, void 
     if (off[d] != 0 || lg[d] != t->dim[d]) plain = 0;
   }
   if (plain) {   /* the whole tensor: the global index is the local one */
-    for (int64_t i = 0; i < n; i++) store(data, t->dtype, i, rt_init_value(s, seed, nh, i));
+    for (int64_t i = 0; i < n; i++) store(data, t->dtype, i, val(ctx, i));
     return 0;
   }
   for (int64_t i = 0; i < n; i++) {
@@ -228,13 +227,32 @@ static int init_param(const RtProgram *p, const IrState *s, uint64_t seed, void 
       pad |= gd >= lg[d];
       g = g * lg[d] + gd;
     }
-    store(data, t->dtype, i, pad ? 0.0 : rt_init_value(s, seed, nh, g));
+    store(data, t->dtype, i, pad ? 0.0 : val(ctx, g));
     for (int d = t->rank - 1; d >= 0; d--) {   /* odometer over the local index */
       if (++idx[d] < t->dim[d]) break;
       idx[d] = 0;
     }
   }
   return 0;
+}
+
+typedef struct { const IrState *s; uint64_t seed, nh; } InitCtx;
+static double init_value(const void *ctx, int64_t g) {
+  const InitCtx *c = ctx;
+  return rt_init_value(c->s, c->seed, c->nh, g);
+}
+static double global_value(const void *ctx, int64_t g) { return ((const double *)ctx)[g]; }
+
+/* Parameter s from its initializer. */
+static int init_param(const RtProgram *p, const IrState *s, uint64_t seed, void *data, char *err, size_t errlen) {
+  InitCtx c = {s, seed, rt_name_hash(s->name)};
+  return fill_param(p, s, data, init_value, &c, err, errlen);
+}
+
+int rt_program_set_param(RtProgram *p, int s, const double *global, char *err, size_t errlen) {
+  const IrModule *m = p->m;
+  TS_ASSERT(s >= 0 && s < m->states.n && m->states.a[s].kind == IR_STATE_PARAM);
+  return fill_param(p, &m->states.a[s], p->slab + p->off[s], global_value, global, err, errlen);
 }
 
 /* The default backend: what rt_exec_set_default set, else TS_BACKEND from

@@ -136,6 +136,11 @@ int rt_program_sync_states(RtProgram *p, char *err, size_t errlen);
 /* The other way: the host states (changed by a checkpoint load) copied to
  * the device.  0, or -1 with a message (no-op for CPU programs). */
 int rt_program_push_states(RtProgram *p, char *err, size_t errlen);
+/* Parameter state s set from the whole tensor: global holds its values in
+ * the LOGICAL global shape (row-major, as double); this rank keeps its
+ * block (padding zero).  Host memory only: rt_program_push_states after.
+ * 0, or -1 with a message. */
+int rt_program_set_param(RtProgram *p, int s, const double *global, char *err, size_t errlen);
 /* How many blocks of a device program replay a captured CUDA Graph (the
  * block "micro" from its third run on; 0 on the CPU). */
 int rt_program_graphs(const RtProgram *p);

@@ -602,6 +602,11 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       fprintf(log, "resumed from the checkpoint of step %lld in %s%s%s\n", (long long)start, o->ckpt.load_dir,
               how[0] ? ", " : "", how);
   }
+  if (o->init_from && !o->ckpt.load_dir) {   /* (mrun refuses both: a resume has its own weights) */
+    char how[1024];
+    if (rt_hf_init_from(r.prog, o->world, &o->hf, o->init_from, how, sizeof how, err, errlen) != 0) { run_free(&r); return -1; }
+    if (lead && !o->quiet) fprintf(log, "initialized from %s: %s\n", o->init_from, how);
+  }
   if (o->ckpt.save_dir) {   /* before the run, not after its first interval */
     struct stat sst;
     if (stat(o->ckpt.save_dir, &sst) == 0 && !S_ISDIR(sst.st_mode)) {
@@ -763,6 +768,11 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   if (rc == 0 && o->save_params_path &&   /* also when stopped: the steps done are kept */
       rt_params_save(r.prog, o->world, o->save_params_path, err, errlen) != 0)
     rc = -1;
+  if (rc == 0 && o->export_dir) {
+    char how[1024];
+    if (rt_hf_export(r.prog, o->world, &o->hf, o->export_dir, how, sizeof how, err, errlen) != 0) rc = -1;
+    else if (lead && !o->quiet) fprintf(log, "exported to %s: %s\n", o->export_dir, how);
+  }
   RtExecStats es;
   rt_program_exec_stats(r.prog, &es);
   rs.dev_collectives = es.dev_collectives;

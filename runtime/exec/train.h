@@ -9,6 +9,7 @@
 #ifndef TS_TRAIN_H
 #define TS_TRAIN_H
 #include "rt.h"
+#include "hf.h"
 
 /* ---- data: token = byte, vocabulary 256 ---- */
 #define RT_BYTE_VOCAB 256
@@ -77,6 +78,9 @@ typedef struct {
   RtComm *world;             /* all ranks (for --save-params); NULL: single rank */
   const char *save_params_path;  /* after training: rt_params_save; NULL: none */
   RtCkptOpts ckpt;           /* --save / --load */
+  const char *init_from;     /* --init-from PATH: Hugging Face weights (hf.h) instead of the initializers */
+  const char *export_dir;    /* --export DIR: after training, the weights as a Hugging Face model */
+  RtHfOpts hf;               /* the map and the plan's programs, for both */
 } RtTrainOpts;
 
 typedef struct {
@@ -177,6 +181,10 @@ typedef struct { int n; RtParam *a; } RtParams;
  * parameter, as the single-rank run's does.  0, or -1 with a message
  * (rank 0's write error is only known to rank 0). */
 int rt_params_save(RtProgram *p, RtComm *world, const char *path, char *err, size_t errlen);
+/* The same collective, the parameters kept in memory: on world rank 0 every
+ * parameter (sorted by name, global logical shape, as double); on the
+ * other ranks an empty set.  NULL with a message on failure. */
+RtParams *rt_params_collect(RtProgram *p, RtComm *world, char *err, size_t errlen);
 RtParams *rt_params_read(const char *path, char *err, size_t errlen);
 void rt_params_free(RtParams *ps);
 /* The largest tensor-wise relative difference between a and b:

@@ -14,7 +14,8 @@ set -u
 mode=$1 SRC=$2 BUILD=$3 STATE=$4
 
 listing() {
-  local prune=(-path "$SRC/.git" -o -path "$BUILD")
+  # .git, the build trees, and .venv (tools/setup.sh's Python environment)
+  local prune=(-path "$SRC/.git" -o -path "$BUILD" -o -path "$SRC/.venv")
   for d in "$SRC"/*/; do
     [ -f "$d/CMakeCache.txt" ] && prune+=(-o -path "${d%/}")
   done
