@@ -20,7 +20,7 @@ static int jp_fail(JP *j, const char *msg) {
     if (*q == '\n') { line++; col = 1; }
     else col++;
   }
-  ts_errf(j->err, j->errlen, "%s:%d:%d: %s", j->what, line, col, msg);
+  ts_errf(j->err, j->errlen, "%s:%d:%d: error: %s", j->what, line, col, msg);
   j->failed = 1;
   return -1;
 }

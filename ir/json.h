@@ -27,7 +27,7 @@ struct TsJson {
 };
 
 /* Parses text[0, len) (one value, whitespace around it).  NULL with
- * "what:LINE:COL: message" in err on anything malformed. */
+ * "what:LINE:COL: error: message" in err on anything malformed. */
 TsJson *ts_json_parse(Arena *a, const char *text, size_t len, const char *what, char *err, size_t errlen);
 /* The value of key in object o; NULL if o is not an object or lacks it. */
 const TsJson *ts_json_get(const TsJson *o, const char *key);

@@ -738,32 +738,44 @@ static const RtStTensor *files_find(Files *fs, const HfMap *m, const char *name,
   return NULL;
 }
 
-/* The files path names (a .safetensors file or a directory) into fs, and
- * config.json (parsed into a, or NULL if there is none). */
-static int open_weights(const char *path, Files *fs, Arena *a, const TsJson **config, char *err, size_t errlen) {
+/* The directory of path (a .safetensors file or a directory) into dir;
+ * *isdir says which it is. */
+static int weights_dir(const char *path, char *dir, size_t n, int *isdir, char *err, size_t errlen) {
   struct stat st;
-  char p[8192];
-  *config = NULL;
   if (stat(path, &st) != 0) return ts_errf(err, errlen, "--init-from: cannot read %s: %s", path, strerror(errno));
-  char dir[4096];
-  if (S_ISDIR(st.st_mode)) snprintf(dir, sizeof dir, "%s", path);
-  else {
-    snprintf(dir, sizeof dir, "%s", path);
+  *isdir = S_ISDIR(st.st_mode);
+  snprintf(dir, n, "%s", path);
+  if (!*isdir) {
     char *s = strrchr(dir, '/');
     if (s) *s = 0;
-    else snprintf(dir, sizeof dir, ".");
+    else snprintf(dir, n, ".");
   }
-  snprintf(p, sizeof p, "%s/config.json", dir);
+  return 0;
+}
+
+/* dir/config.json parsed into a (required when path is a directory; NULL
+ * if a lone file has none beside it). */
+static int read_config(const char *dir, int isdir, Arena *a, const TsJson **config, char *err, size_t errlen) {
+  char p[8192];
   size_t len;
-  if (access(p, F_OK) == 0 || S_ISDIR(st.st_mode)) {
-    char *text = ts_read_file_max(p, 16u << 20, &len);
-    if (!text) return ts_errf(err, errlen, "--init-from: cannot read %s: %s (a Hugging Face model directory has one)", p, strerror(errno));
-    *config = ts_json_parse(a, text, len, p, err, errlen);
-    free(text);
-    if (!*config) return -1;
-    if ((*config)->kind != TS_JSON_OBJECT) return ts_errf(err, errlen, "%s is not a JSON object", p);
-  }
-  if (!S_ISDIR(st.st_mode)) return files_add(fs, path, err, errlen);
+  *config = NULL;
+  snprintf(p, sizeof p, "%s/config.json", dir);
+  if (!isdir && access(p, F_OK) != 0) return 0;
+  char *text = ts_read_file_max(p, 16u << 20, &len);
+  if (!text) return ts_errf(err, errlen, "--init-from: cannot read %s: %s (a Hugging Face model directory has one)", p, strerror(errno));
+  *config = ts_json_parse(a, text, len, p, err, errlen);
+  free(text);
+  if (!*config) return -1;
+  if ((*config)->kind != TS_JSON_OBJECT) return ts_errf(err, errlen, "%s is not a JSON object", p);
+  return 0;
+}
+
+/* The safetensors files of path (the file itself, or the directory's
+ * model.safetensors or the shards its index names) into fs. */
+static int open_weights(const char *path, const char *dir, int isdir, Files *fs, Arena *a, char *err, size_t errlen) {
+  char p[8192];
+  size_t len;
+  if (!isdir) return files_add(fs, path, err, errlen);
   snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
   if (access(p, F_OK) != 0) {
     snprintf(p, sizeof p, "%s/model.safetensors", dir);
@@ -886,9 +898,11 @@ static int import_all(RtProgram *p, const RtHfOpts *o, const char *path, char *h
   arena_init(&a);
   HfMap m = {0};
   Catalog cat = {0};
-  const TsJson *config;
-  int rc = open_weights(path, &fs, &a, &config, err, errlen), ntensors = 0;
-  char mp[4096];
+  const TsJson *config = NULL;
+  char dir[4096], mp[4096];
+  int isdir = 0, ntensors = 0;
+  int rc = weights_dir(path, dir, sizeof dir, &isdir, err, errlen);
+  if (rc == 0) rc = read_config(dir, isdir, &a, &config, err, errlen);
   if (rc == 0) {
     const TsJson *mt = ts_json_get(config, "model_type");
     if (o->map) map_path(o->map, mp, sizeof mp);
@@ -905,6 +919,7 @@ static int import_all(RtProgram *p, const RtHfOpts *o, const char *path, char *h
       rc = ts_errf(err, errlen, "--init-from %s: no config.json with a model_type says which map to use: give --hf-map NAME", path);
   }
   if (rc == 0) rc = map_parse(&m, mp, err, errlen);
+  if (rc == 0) rc = open_weights(path, dir, isdir, &fs, &a, err, errlen);
   catalog_of_programs(&cat, o->programs, o->nprograms);
   Ctx c = {&m, &cat, o->programs, o->nprograms};
   if (rc == 0) {

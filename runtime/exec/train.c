@@ -607,6 +607,14 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     if (rt_hf_init_from(r.prog, o->world, &o->hf, o->init_from, how, sizeof how, err, errlen) != 0) { run_free(&r); return -1; }
     if (lead && !o->quiet) fprintf(log, "initialized from %s: %s\n", o->init_from, how);
   }
+  if (o->export_dir) {   /* before the run, not after it */
+    struct stat sst;
+    if (stat(o->export_dir, &sst) == 0 && !S_ISDIR(sst.st_mode)) {
+      snprintf(err, errlen, "--export: '%s' exists and is not a directory", o->export_dir);
+      run_free(&r);
+      return -1;
+    }
+  }
   if (o->ckpt.save_dir) {   /* before the run, not after its first interval */
     struct stat sst;
     if (stat(o->ckpt.save_dir, &sst) == 0 && !S_ISDIR(sst.st_mode)) {
