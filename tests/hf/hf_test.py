@@ -10,7 +10,7 @@ downloaded) and saved with save_pretrained.  Then:
 
 1. import: Tessera's step-1 loss (the forward at the imported weights) on
    the same tokens equals the HF model's: f32 within 1e-5, f64 within
-   1e-10; also under tp 2 (Llama, grouped-query heads split) and pp 2
+   1e-10; bf16 weights into an f32 model; also under tp 2 (Llama, grouped-query heads split) and pp 2
    (GPT-2, the tied embedding on both ends), and into a model whose
    vocabulary is padded (the extra rows load as zero: HF's loss with zero
    logits appended is the reference);
@@ -177,6 +177,13 @@ for arch in ("gpt2", "llama"):
         got = ts_loss(plan(arch, prec, d + ".plan"), d)
         check(abs(got - ref) <= tol, "%s %s import: Tessera loss %.12f, transformers %.12f, |diff| %.2e <= %g"
               % (arch, prec, got, ref, abs(got - ref), tol))
+
+# bf16 weights (as most published models are) into an f32 model: transformers
+# upcasts them exactly on loading, Tessera on reading
+make("llama", torch.bfloat16, "llama_bf16")
+ref = hf_loss(transformers.LlamaForCausalLM.from_pretrained("llama_bf16", torch_dtype=torch.float32).eval())
+got = ts_loss("llama_f32.plan", "llama_bf16")
+check(abs(got - ref) <= 1e-5, "llama bf16 weights into f32: |diff| %.2e <= 1e-05" % abs(got - ref))
 
 ref = hf_loss(transformers.LlamaForCausalLM.from_pretrained("llama_f64", torch_dtype=torch.float64).eval())
 got = ts_loss(plan("llama", "f64", "llama_tp2.plan", "--tp", "2"), "llama_f64", gpus=2)
