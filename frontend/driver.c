@@ -5,7 +5,8 @@
  * Import resolution for `import NAME` in file F:
  *   1. NAME.mdl in F's directory;
  *   2. NAME.mdl in the standard library: opt->stdlib_dir if set, else
- *      $TESSERA_STDLIB if set and non-empty, else TS_SOURCE_DIR/stdlib.
+ *      $TESSERA_STDLIB if set and non-empty, else ts_data_root()/stdlib
+ *      (an installed tree's share/tessera, else the source tree).
  * A module is parsed once however often it is imported.  Cycles and
  * missing modules are errors at the `import` that causes them.  Imported
  * (library) modules may contain only `fn` items, imports and a `rules`
@@ -48,7 +49,9 @@ static const char *stdlib_dir(const MdlOptions *opt) {
   if (opt->stdlib_dir) return opt->stdlib_dir;
   const char *env = getenv("TESSERA_STDLIB");
   if (env && *env) return env;
-  return TS_SOURCE_DIR "/stdlib";
+  static char dir[4200];
+  if (!dir[0]) snprintf(dir, sizeof dir, "%s/stdlib", ts_data_root());
+  return dir;
 }
 
 /* Directory part of a path, "" when it has none. */

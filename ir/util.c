@@ -192,3 +192,31 @@ void ts_fmt_double(char *buf, size_t n, double x) {
     if (k + 2 < n) { buf[k] = '.'; buf[k + 1] = '0'; buf[k + 2] = 0; }
   }
 }
+
+const char *ts_data_root(void) {
+  static char root[4096];
+  static int done;
+  if (done) return root;
+  done = 1;
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = 0;
+    char *s = strrchr(exe, '/');
+    if (s) {
+      *s = 0;   /* PREFIX/bin */
+      char probe[4096 + 64];
+      snprintf(probe, sizeof probe, "%s/../share/tessera/stdlib/nn.mdl", exe);
+      if (access(probe, R_OK) == 0) {
+        snprintf(probe, sizeof probe, "%s/../share/tessera", exe);
+        if (realpath(probe, root)) return root;   /* PREFIX/share/tessera, without the "bin/.." */
+      }
+    }
+  }
+#ifdef TS_SOURCE_DIR
+  snprintf(root, sizeof root, "%s", TS_SOURCE_DIR);
+#else
+  snprintf(root, sizeof root, ".");
+#endif
+  return root;
+}

@@ -105,5 +105,10 @@ void ts_fmt_double(char *buf, size_t n, double x);
 uint64_t ts_hash64(const void *p, size_t n, uint64_t seed);
 /* Seconds on the monotonic clock (for durations). */
 double ts_now_s(void);
+/* Where Tessera's data lives (stdlib/, samples/): an installed tree
+ * (cmake --install) puts it in PREFIX/share/tessera next to PREFIX/bin, and
+ * a program found there uses it; a build in the source tree uses the
+ * source tree (TS_SOURCE_DIR).  Decided once from /proc/self/exe. */
+const char *ts_data_root(void);
 
 #endif

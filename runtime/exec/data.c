@@ -59,12 +59,10 @@ void rt_corpus_free(RtCorpus *c) {
 
 const char *rt_corpus_default_path(void) {
   static const char rel[] = "samples/data/kjv.txt";
+  static char inst[4200];
   if (access(rel, R_OK) == 0) return rel;
-#ifdef TS_SOURCE_DIR
-  return TS_SOURCE_DIR "/samples/data/kjv.txt";
-#else
-  return rel;
-#endif
+  snprintf(inst, sizeof inst, "%s/%s", ts_data_root(), rel);
+  return inst;
 }
 
 int rt_corpus_batch(const RtCorpus *c, uint64_t seed, int64_t step, int64_t row0,

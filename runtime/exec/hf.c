@@ -657,7 +657,8 @@ static int check_cover(const Ctx *c, char *err, size_t errlen) {
 /* ---- where the files are ---- */
 const char *rt_hf_map_dir(char *buf, size_t n) {
   const char *e = getenv("TESSERA_STDLIB");
-  snprintf(buf, n, "%s/hf", e && *e ? e : TS_SOURCE_DIR "/stdlib");
+  if (e && *e) snprintf(buf, n, "%s/hf", e);
+  else snprintf(buf, n, "%s/stdlib/hf", ts_data_root());
   return buf;
 }
 

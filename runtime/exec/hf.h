@@ -38,7 +38,8 @@ int rt_hf_export(RtProgram *p, RtComm *world, const RtHfOpts *o, const char *dir
                  size_t errlen);
 
 /* The directory of the map files: $TESSERA_STDLIB/hf if set and
- * non-empty, else the source tree's stdlib/hf. */
+ * non-empty, else stdlib/hf of ts_data_root() (an installed tree's, or the
+ * source tree's). */
 const char *rt_hf_map_dir(char *buf, size_t n);
 
 #endif

@@ -21,7 +21,8 @@ typedef struct { const unsigned char *bytes; size_t len; } RtCorpus;
 int rt_corpus_open(RtCorpus *c, const char *path, char *err, size_t errlen);
 void rt_corpus_free(RtCorpus *c);
 /* The corpus mrun uses without --data: samples/data/kjv.txt relative to
- * the working directory if it exists there, else in the source tree. */
+ * the working directory if it exists there, else under ts_data_root() (an
+ * installed tree's share/tessera, or the source tree). */
 const char *rt_corpus_default_path(void);
 /* Fills rows x T tokens and targets: row r (global row index row0 + r)
  * at step `step` reads the window at offset
