@@ -10,11 +10,12 @@ downloaded) and saved with save_pretrained.  Then:
 
 1. import: Tessera's step-1 loss (the forward at the imported weights) on
    the same tokens equals the HF model's: f32 within 1e-5, f64 within
-   1e-10; bf16 weights into an f32 model; also under tp 2 (Llama, grouped-query heads split) and pp 2
+   1e-10; GPT2Model's files (no "transformer." prefix, no head); bf16 weights into an f32 model; also under tp 2 (Llama, grouped-query heads split) and pp 2
    (GPT-2, the tied embedding on both ends), and into a model whose
    vocabulary is padded (the extra rows load as zero: HF's loss with zero
    logits appended is the reference);
-2. export: a run that trains 2 steps (under tp 2 for Llama) and exports;
+2. export: a run that trains 2 steps (GPT-2 on 1 rank and under pp 2,
+   Llama under tp 2) and exports;
    transformers loads the export and its loss equals Tessera's loss on the
    exported weights (a run that imports them) within 1e-10 (f64); the
    export's tensors equal --save-params of the same run, read here;
@@ -195,8 +196,17 @@ ref = hf_loss(transformers.GPT2LMHeadModel.from_pretrained("gpt2_f64", torch_dty
 got = ts_loss(plan("gpt2", "f64", "gpt2_pad.plan", "--tp", "2", vocab=320), "gpt2_f64", gpus=2)
 check(abs(got - ref) <= 1e-10, "gpt2 f64 import into a vocabulary padded to 320, tp 2: |diff| %.2e" % abs(got - ref))
 
+# GPT2Model's own files (the hub's gpt2 is one): names without "transformer.",
+# no head (the map's strip_prefix and tied lines)
+base = transformers.GPT2LMHeadModel.from_pretrained("gpt2_f64", torch_dtype=torch.float64).eval()
+base.transformer.save_pretrained("gpt2_base", safe_serialization=True)
+got = ts_loss("gpt2_f64.plan", "gpt2_base")
+check(abs(got - hf_loss(base)) <= 1e-10, "gpt2 f64 import of GPT2Model's files (h.0..., no head): |diff| %.2e"
+      % abs(got - hf_loss(base)))
+
 # ---- 2. export: transformers loads it and gives Tessera's loss ----
 for arch, cls, extra, gpus in (("gpt2", transformers.GPT2LMHeadModel, [], 1),
+                               ("gpt2", transformers.GPT2LMHeadModel, ["--pp", "2"], 2),
                                ("llama", transformers.LlamaForCausalLM, ["--tp", "2"], 2)):
     p = plan(arch, "f64", arch + "_x.plan", *extra)
     ts_loss(p, arch + "_f64", "--export", arch + "_out", "--format", "hf", "--save-params", arch + "_out.bin",
@@ -206,8 +216,8 @@ for arch, cls, extra, gpus in (("gpt2", transformers.GPT2LMHeadModel, [], 1),
     got = ts_loss(plan(arch, "f64", arch + "_1.plan"), arch + "_out")
     before = hf_loss(cls.from_pretrained(arch + "_f64", torch_dtype=torch.float64).eval())
     check(abs(got - ref) <= 1e-10 and abs(before - ref) > 1e-6,
-          "%s export after 2 steps: transformers' loss %.12f, Tessera's %.12f (|diff| %.2e); before training %.6f"
-          % (arch, ref, got, abs(got - ref), before))
+          "%s export after 2 steps %s: transformers' loss %.12f, Tessera's %.12f (|diff| %.2e); before training %.6f"
+          % (arch, " ".join(extra) or "on 1 rank", ref, got, abs(got - ref), before))
     ps = read_params(arch + "_out.bin")
     sd = model.state_dict()
     if arch == "gpt2":
