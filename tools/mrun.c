@@ -87,6 +87,7 @@ static const char usage[] =
     "  --quiet            no per-step progress lines\n"
     "  --backend B        llvm (default): fusion groups and elementwise / row ops as JIT-compiled kernels;\n"
     "                     ref: every op on the reference kernels (the oracle for tests; CPU ranks)\n"
+    "  --help             this text\n"
     "environment: TS_RT_PROFILE=1 prints the time spent per op at exit (and the JIT's work);\n"
     "             TS_THREADS=N threads of the generated kernels (default: all cores; 1 per rank when\n"
     "             mrun starts several ranks itself);\n"
