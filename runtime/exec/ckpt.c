@@ -66,18 +66,6 @@ static void put_u64(StrBuf *b, uint64_t v) { sb_write(b, &v, 8); }
 
 static int world_rank(RtComm *w) { return w ? rt_comm_world_rank(w) : 0; }
 
-/* All ranks agree: 1 if any rank's `bad` is set. */
-static int any_failed(RtComm *w, int bad, char *err, size_t errlen) {
-  if (!w) return bad;
-  double v = bad;
-  char why[512];
-  if (rt_comm_all_reduce_max(w, IR_F64, &v, 1, why, sizeof why) != 0) {
-    if (!bad) ts_errf(err, errlen, "%s", why);
-    return 1;
-  }
-  return v > 0;
-}
-
 /* fsync of a directory (the renames and new names in it) */
 static int sync_dir(const char *dir) {
   int fd = open(dir, O_RDONLY | O_DIRECTORY);
@@ -333,7 +321,7 @@ static int save_begin(RtComm *world, const RtCkptOpts *o, int64_t step, char *wh
     else if (remove_dir(tmp) != 0 || mkdir(tmp, 0777) != 0)
       bad = ts_errf(why, n, "--save: cannot create '%s': %s", tmp, strerror(errno)) != 0;
   }
-  if (any_failed(world, bad, why, n)) return 1;
+  if (rt_any_failed(world, bad, NULL, why, n)) return 1;
   fault_point(wr, "after making the .tmp directory");
   return 0;
 }
@@ -343,7 +331,7 @@ static int save_begin(RtComm *world, const RtCkptOpts *o, int64_t step, char *wh
  * .tmp, points `latest` at it and applies --keep.  1 if it failed anywhere. */
 static int save_end(RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t step, int bad, char *why, size_t n) {
   int wr = world_rank(world), nranks = world ? rt_comm_size(world) : 1;
-  if (any_failed(world, bad, why, n)) return 1;
+  if (rt_any_failed(world, bad, NULL, why, n)) return 1;
   if (wr == 0) {
     char tmp[4096], fin[4096], latest[4096], text[64];
     snprintf(tmp, sizeof tmp, "%s/iter_%07lld.tmp", o->save_dir, (long long)step);
@@ -370,7 +358,7 @@ static int save_end(RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t st
       fault_point(wr, "after the --keep cleanup");
     }
   }
-  return any_failed(world, bad, why, n);
+  return rt_any_failed(world, bad, NULL, why, n);
 }
 
 static int save_failed(int64_t step, char *why, char *err, size_t errlen) {
@@ -873,7 +861,7 @@ int rt_ckpt_load(RtProgram *p, RtComm *world, const char *dir, int64_t *step, ch
   if (!bad && index_read(ck, (int)ranks, &x, why, sizeof why) != 0) bad = 1;
   int *group = NULL, ng = 0, resharded = 0;
   double *loaded = NULL;
-  if (any_failed(world, bad, why, sizeof why)) goto fail;
+  if (rt_any_failed(world, bad, NULL, why, sizeof why)) goto fail;
   /* the checkpoint's tensors: group[i] for x.ord[i] */
   group = ts_xmalloc((size_t)(x.n ? x.n : 1) * sizeof *group);
   for (int i = 0; i < x.n; i++) {
@@ -884,7 +872,7 @@ int rt_ckpt_load(RtProgram *p, RtComm *world, const char *dir, int64_t *step, ch
   loaded = ts_xcalloc((size_t)ng + 1, sizeof *loaded);   /* and loaded[ng]: some rank resharded */
   bad = load_states(p, &x, ck, k, wr, &resharded, loaded, group, why, sizeof why) != 0;
   loaded[ng] = resharded;
-  if (any_failed(world, bad, why, sizeof why)) goto fail;
+  if (rt_any_failed(world, bad, NULL, why, sizeof why)) goto fail;
   /* every tensor of the checkpoint is one of the model's: one that no rank
    * loaded is named (the first in the files' order) */
   if (world && rt_comm_all_reduce_max(world, IR_F64, loaded, (size_t)ng + 1, why, sizeof why) != 0) bad = 1;
@@ -900,7 +888,7 @@ int rt_ckpt_load(RtProgram *p, RtComm *world, const char *dir, int64_t *step, ch
     sb_free(&t);
   }
   if (!bad) bad = rt_program_push_states(p, why, sizeof why) != 0;
-  if (any_failed(world, bad, why, sizeof why)) goto fail;
+  if (rt_any_failed(world, bad, NULL, why, sizeof why)) goto fail;
   if (how && howlen) {
     how[0] = 0;
     if (loaded[ng] > 0)

@@ -963,24 +963,11 @@ static int import_all(RtProgram *p, const RtHfOpts *o, const char *path, char *h
   return rc;
 }
 
-/* All ranks agree: 1 if any rank's `bad` is set. */
-static int any_failed(RtComm *w, int bad, const char *what, char *err, size_t errlen) {
-  if (!w) return bad;
-  double v = bad;
-  char why[512];
-  if (rt_comm_all_reduce_max(w, IR_F64, &v, 1, why, sizeof why) != 0) {
-    if (!bad) ts_errf(err, errlen, "%s", why);
-    return 1;
-  }
-  if (v > 0 && !bad) ts_errf(err, errlen, "another rank could not %s (its message says why)", what);
-  return v > 0;
-}
-
 int rt_hf_init_from(RtProgram *p, RtComm *world, const RtHfOpts *o, const char *path, char *how, size_t howlen,
                     char *err, size_t errlen) {
   int bad = import_all(p, o, path, how, howlen, err, errlen) != 0;
   if (!bad) bad = rt_program_push_states(p, err, errlen) != 0;
-  return any_failed(world, bad, "read the Hugging Face weights", err, errlen) ? -1 : 0;
+  return rt_any_failed(world, bad, "read the Hugging Face weights", err, errlen) ? -1 : 0;
 }
 
 /* ---- export ---- */
@@ -1115,5 +1102,5 @@ int rt_hf_export(RtProgram *p, RtComm *world, const RtHfOpts *o, const char *dir
   int bad = !ps;
   if (ps && (!world || rt_comm_rank(world) == 0)) bad = export_rank0(o, ps, dir, how, howlen, err, errlen) != 0;
   rt_params_free(ps);
-  return any_failed(world, bad, "export the Hugging Face weights", err, errlen) ? -1 : 0;
+  return rt_any_failed(world, bad, "export the Hugging Face weights", err, errlen) ? -1 : 0;
 }

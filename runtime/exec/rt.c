@@ -249,6 +249,18 @@ static int init_param(const RtProgram *p, const IrState *s, uint64_t seed, void 
   return fill_param(p, s, data, init_value, &c, err, errlen);
 }
 
+int rt_any_failed(RtComm *w, int bad, const char *what, char *err, size_t errlen) {
+  if (!w) return bad;
+  double v = bad;
+  char why[512];
+  if (rt_comm_all_reduce_max(w, IR_F64, &v, 1, why, sizeof why) != 0) {
+    if (!bad) ts_errf(err, errlen, "%s", why);
+    return 1;
+  }
+  if (v > 0 && !bad && what) ts_errf(err, errlen, "another rank could not %s (its message says why)", what);
+  return v > 0;
+}
+
 int rt_program_set_param(RtProgram *p, int s, const double *global, char *err, size_t errlen) {
   const IrModule *m = p->m;
   TS_ASSERT(s >= 0 && s < m->states.n && m->states.a[s].kind == IR_STATE_PARAM);

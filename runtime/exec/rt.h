@@ -141,6 +141,11 @@ int rt_program_push_states(RtProgram *p, char *err, size_t errlen);
  * block (padding zero).  Host memory only: rt_program_push_states after.
  * 0, or -1 with a message. */
 int rt_program_set_param(RtProgram *p, int s, const double *global, char *err, size_t errlen);
+/* Collective over w (NULL: a single rank, returns bad): 1 if any rank's
+ * `bad` is set, so that all ranks fail together.  A rank that did not fail
+ * gets "another rank could not WHAT (its message says why)" in err when
+ * what is not NULL; a failed all-reduce is reported as such. */
+int rt_any_failed(RtComm *w, int bad, const char *what, char *err, size_t errlen);
 /* How many blocks of a device program replay a captured CUDA Graph (the
  * block "micro" from its third run on; 0 on the CPU). */
 int rt_program_graphs(const RtProgram *p);
