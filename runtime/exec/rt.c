@@ -46,6 +46,7 @@
 #include "dev_priv.h"
 #include "runtime/comm/comm.h"
 #include "plan/memplan.h"
+#include "runtime/cpu/par.h"
 #include <math.h>
 #include <stdarg.h>
 #include <time.h>
@@ -198,41 +199,61 @@ static void store(void *data, IrDtype dt, int64_t i, double v) {
 /* Fills parameter s (local type, row-major): element i takes val(ctx, g),
  * g its flat index in the LOGICAL global shape (the model's sizes, before
  * padding for sharding); padding elements are 0.  In an unsharded,
- * unpadded module g is i itself. */
-static int fill_param(const RtProgram *p, const IrState *s, void *data, double (*val)(const void *ctx, int64_t g),
-                      const void *ctx, char *err, size_t errlen) {
-  const IrType *t = &s->type;
-  int64_t n = ir_type_numel(t);
-  if (s->sh.flat || s->sh.partial)
-    return ts_errf(err, errlen, "parameter @%s is %s; a parameter can only be split or replicated",
-                   s->name, s->sh.flat ? "flat (ZeRO)" : "partial");
-  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK], lg[IR_MAX_RANK], idx[IR_MAX_RANK] = {0};
-  rt_shard_offsets(&p->rank, &s->sh, t, off, gdim);
-  int plain = 1;
-  for (int d = 0; d < t->rank; d++) {
-    lg[d] = s->logical[d] > 0 ? s->logical[d] : gdim[d];
-    if (lg[d] > gdim[d])
-      return ts_errf(err, errlen, "parameter @%s: logical size %lld of dim %d exceeds its global size %lld",
-                     s->name, (long long)lg[d], d, (long long)gdim[d]);
-    if (off[d] != 0 || lg[d] != t->dim[d]) plain = 0;
+ * unpadded module g is i itself.  Elements are independent (val is a
+ * pure function of g): the work is split over the thread pool. */
+typedef struct {
+  const IrType *t;
+  void *data;
+  double (*val)(const void *ctx, int64_t g);
+  const void *ctx;
+  int64_t off[IR_MAX_RANK], lg[IR_MAX_RANK];
+  int plain;
+} FillJob;
+
+static void fill_range(void *jp, int64_t lo, int64_t hi) {
+  const FillJob *j = jp;
+  const IrType *t = j->t;
+  if (j->plain) {   /* the whole tensor: the global index is the local one */
+    for (int64_t i = lo; i < hi; i++) store(j->data, t->dtype, i, j->val(j->ctx, i));
+    return;
   }
-  if (plain) {   /* the whole tensor: the global index is the local one */
-    for (int64_t i = 0; i < n; i++) store(data, t->dtype, i, val(ctx, i));
-    return 0;
+  int64_t idx[IR_MAX_RANK] = {0}, rem = lo;
+  for (int d = t->rank - 1; d >= 0; d--) {   /* lo's local multi-index */
+    idx[d] = t->dim[d] ? rem % t->dim[d] : 0;
+    rem = t->dim[d] ? rem / t->dim[d] : 0;
   }
-  for (int64_t i = 0; i < n; i++) {
+  for (int64_t i = lo; i < hi; i++) {
     int64_t g = 0, pad = 0;
     for (int d = 0; d < t->rank; d++) {
-      int64_t gd = off[d] + idx[d];
-      pad |= gd >= lg[d];
-      g = g * lg[d] + gd;
+      int64_t gd = j->off[d] + idx[d];
+      pad |= gd >= j->lg[d];
+      g = g * j->lg[d] + gd;
     }
-    store(data, t->dtype, i, pad ? 0.0 : val(ctx, g));
+    store(j->data, t->dtype, i, pad ? 0.0 : j->val(j->ctx, g));
     for (int d = t->rank - 1; d >= 0; d--) {   /* odometer over the local index */
       if (++idx[d] < t->dim[d]) break;
       idx[d] = 0;
     }
   }
+}
+
+static int fill_param(const RtProgram *p, const IrState *s, void *data, double (*val)(const void *ctx, int64_t g),
+                      const void *ctx, char *err, size_t errlen) {
+  const IrType *t = &s->type;
+  if (s->sh.flat || s->sh.partial)
+    return ts_errf(err, errlen, "parameter @%s is %s; a parameter can only be split or replicated",
+                   s->name, s->sh.flat ? "flat (ZeRO)" : "partial");
+  FillJob j = {t, data, val, ctx, {0}, {0}, 1};
+  int64_t gdim[IR_MAX_RANK];
+  rt_shard_offsets(&p->rank, &s->sh, t, j.off, gdim);
+  for (int d = 0; d < t->rank; d++) {
+    j.lg[d] = s->logical[d] > 0 ? s->logical[d] : gdim[d];
+    if (j.lg[d] > gdim[d])
+      return ts_errf(err, errlen, "parameter @%s: logical size %lld of dim %d exceeds its global size %lld",
+                     s->name, (long long)j.lg[d], d, (long long)gdim[d]);
+    if (j.off[d] != 0 || j.lg[d] != t->dim[d]) j.plain = 0;
+  }
+  rt_par_for(ir_type_numel(t), 1 << 14, fill_range, &j);
   return 0;
 }
 
