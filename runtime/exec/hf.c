@@ -47,7 +47,7 @@ typedef enum { HV_NUM, HV_STR, HV_BOOL, HV_NULL, HV_DIM, HV_COUNT, HV_ATTR, HV_S
 typedef struct {
   HvKind kind;
   double num;
-  int is_int, boolean, k;
+  int is_int, boolean, k;   /* k: DIM the dim index, ATTR the slot of fa[] */
   const char *str;          /* STR: the text; DIM / COUNT: the pattern; ATTR: the op */
   const char *attr;         /* ATTR: the attribute */
 } HfVal;
@@ -192,11 +192,11 @@ static int parse_val(Lx *x, HfVal *v) {
       int op = ir_op_lookup(v->str);
       if (op < 0) return lx_fail(x, "'%s' is not an IR op", v->str);
       if (lx_expect(x, ",") || !(v->attr = lx_word(x, "an attribute name"))) return -1;
-      char names[128];
-      snprintf(names, sizeof names, " %s ", ir_ops[op].fattrs);
-      char want[80];
-      snprintf(want, sizeof want, " %s ", v->attr);
-      if (!strstr(names, want)) return lx_fail(x, "the op has no float attribute '%s' (ops.def)", v->attr);
+      char names[128];   /* v->k: the attribute's slot in fa[] */
+      snprintf(names, sizeof names, "%s", ir_ops[op].fattrs);
+      char *t = strtok(names, " ");
+      for (v->k = 0; t && strcmp(t, v->attr); t = strtok(NULL, " ")) v->k++;
+      if (!t) return lx_fail(x, "the op has no float attribute '%s' (ops.def)", v->attr);
     }
     return lx_expect(x, ")");
   }
@@ -401,6 +401,11 @@ static const char *pat_fill(StrBuf *b, const char *pat, int64_t i) {
 
 static const HfNode *first_leaf(const HfNode *n) { return n->kind == HN_LEAF ? n : first_leaf(n->kid[0]); }
 
+static int by_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
 /* The layer indices a rule takes: those for which its first parameter
  * exists (one instance, -1, for a rule without {i}; none if it is absent). */
 static int rule_instances(const HfRule *r, const Catalog *c, int64_t **out) {
@@ -411,12 +416,7 @@ static int rule_instances(const HfRule *r, const Catalog *c, int64_t **out) {
     int64_t i;
     if (pat_match(pat, c->a[k].name, &i)) (*out)[n++] = i;
   }
-  for (int a = 1; a < n; a++)   /* ascending (the catalog is sorted by name: 10 before 2) */
-    for (int b = a; b > 0 && (*out)[b - 1] > (*out)[b]; b--) {
-      int64_t t = (*out)[b];
-      (*out)[b] = (*out)[b - 1];
-      (*out)[b - 1] = t;
-    }
+  if (n) qsort(*out, (size_t)n, sizeof **out, by_i64);   /* ascending (the catalog is by name: 10 before 2) */
   return n;
 }
 
@@ -530,10 +530,7 @@ static int eval_val(const Ctx *c, const HfConf *cf, const HfVal *v, HfVal *out, 
   } else if (v->kind == HV_SEQ) {
     *out = (HfVal){.kind = HV_NUM, .num = (double)c->mods[0]->train.seq_len, .is_int = 1};
   } else if (v->kind == HV_ATTR) {
-    int op = ir_op_lookup(v->str), slot = 0, found = 0;
-    char names[128];
-    snprintf(names, sizeof names, "%s", ir_ops[op].fattrs);
-    for (char *t = strtok(names, " "); t && strcmp(t, v->attr); t = strtok(NULL, " ")) slot++;
+    int op = ir_op_lookup(v->str), slot = v->k, found = 0;
     double x = 0;
     for (int k = 0; k < c->nmods; k++)
       for (int b = 0; b < c->mods[k]->blocks.n; b++)
@@ -672,17 +669,37 @@ static void map_path(const char *name, char *buf, size_t n) {
   }
 }
 
-/* "gpt2, llama" : the maps there are. */
+static int by_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The *.map files of the map directory (dir gets its path), sorted by
+ * name so that no choice depends on readdir's order; NULL-terminated,
+ * malloc'd (map_names_free).  NULL if the directory cannot be read. */
+static char **map_names(char *dir, size_t n) {
+  DIR *d = opendir(rt_hf_map_dir(dir, n));
+  if (!d) return NULL;
+  VEC(char *) names = {0};
+  for (struct dirent *e; (e = readdir(d));) {
+    size_t l = strlen(e->d_name);
+    if (l > 4 && !strcmp(e->d_name + l - 4, ".map")) { char *s = ts_xstrdup(e->d_name); VEC_PUSH(names, s); }
+  }
+  closedir(d);
+  if (names.n) qsort(names.a, (size_t)names.n, sizeof *names.a, by_str);
+  char *end = NULL;
+  VEC_PUSH(names, end);
+  return names.a;
+}
+static void map_names_free(char **names) {
+  for (int i = 0; names && names[i]; i++) free(names[i]);
+  free(names);
+}
+
+/* "gpt2, llama": the maps there are. */
 static void list_maps(StrBuf *b) {
   char dir[4096];
-  DIR *d = opendir(rt_hf_map_dir(dir, sizeof dir));
-  int n = 0;
-  for (struct dirent *e; d && (e = readdir(d));) {
-    size_t l = strlen(e->d_name);
-    if (l > 4 && !strcmp(e->d_name + l - 4, ".map")) sb_printf(b, "%s%.*s", n++ ? ", " : "", (int)(l - 4), e->d_name);
-  }
-  if (d) closedir(d);
-  if (!n) sb_puts(b, "none");
+  char **names = map_names(dir, sizeof dir);
+  for (int i = 0; names && names[i]; i++) sb_printf(b, "%s%.*s", i ? ", " : "", (int)(strlen(names[i]) - 4), names[i]);
+  if (!names || !names[0]) sb_puts(b, "none");
+  map_names_free(names);
 }
 
 /* ---- import ---- */
@@ -993,34 +1010,21 @@ static int export_map(const RtHfOpts *o, HfMap *m, Ctx *c, char *err, size_t err
     return 0;
   }
   char dir[4096];
-  DIR *d = opendir(rt_hf_map_dir(dir, sizeof dir));
-  if (!d) return ts_errf(err, errlen, "--export: cannot read the map directory %s: %s", dir, strerror(errno));
-  VEC(char *) names = {0};
-  for (struct dirent *e; (e = readdir(d));) {
-    size_t l = strlen(e->d_name);
-    if (l > 4 && !strcmp(e->d_name + l - 4, ".map")) { char *s = ts_xstrdup(e->d_name); VEC_PUSH(names, s); }
-  }
-  closedir(d);
-  for (int i = 0; i < names.n; i++)   /* by name: the choice does not depend on readdir's order */
-    for (int k = i; k > 0 && strcmp(names.a[k - 1], names.a[k]) > 0; k--) {
-      char *t = names.a[k];
-      names.a[k] = names.a[k - 1];
-      names.a[k - 1] = t;
-    }
+  char **names = map_names(dir, sizeof dir);
+  if (!names) return ts_errf(err, errlen, "--export: cannot read the map directory %s: %s", dir, strerror(errno));
   StrBuf tried = {0};
   int rc = -1;
-  for (int i = 0; i < names.n && rc; i++) {
-    snprintf(mp, sizeof mp, "%s/%s", dir, names.a[i]);
+  for (int i = 0; names[i] && rc; i++) {
+    snprintf(mp, sizeof mp, "%s/%s", dir, names[i]);
     char why[1024];
     if (map_parse(m, mp, why, sizeof why) == 0) {
       c->m = m;
       if (map_fits(c, why, sizeof why)) { rc = 0; break; }
     }
-    sb_printf(&tried, "\n  %s: %s", names.a[i], why);
+    sb_printf(&tried, "\n  %s: %s", names[i], why);
     map_free(m);
   }
-  for (int i = 0; i < names.n; i++) free(names.a[i]);
-  free(names.a);
+  map_names_free(names);
   if (rc) ts_errf(err, errlen, "--export --format hf: no map in %s fits this model (--hf-map FILE names one):%s", dir,
                   tried.p ? tried.p : " (there are none)");
   sb_free(&tried);
