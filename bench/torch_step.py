@@ -68,6 +68,9 @@ def main():
     ap.add_argument("--steps", type=int, default=3, help="timed steps")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (tools/gpu_check.sh)")
+    ap.add_argument("--compile", action="store_true", help="the forward and backward through torch.compile")
+    ap.add_argument("--bf16", action="store_true", help="autocast to bf16 (f32 parameters and optimizer)")
     a = ap.parse_args()
     if a.d_model % a.heads:
         sys.exit("torch_step.py: d_model %d is not a multiple of heads %d" % (a.d_model, a.heads))
@@ -76,18 +79,36 @@ def main():
     torch.set_num_threads(a.threads)
     gen = torch.Generator().manual_seed(1234)
     params = gpt_params(a.vocab, a.seq, a.d_model, a.heads, a.layers, a.ffn or 4 * a.d_model, gen)
+    dev = torch.device(a.device)
+    if dev.type == "cuda":
+        # f32 means f32 on the GPU too: no TF32 in GEMMs or convolutions
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        params = {k: v.detach().to(dev).requires_grad_(True) for k, v in params.items()}
     # samples/gpt.mdl's train block: AdamW(1e-3, (0.9, 0.95), 1e-8, wd 0.1), clip 1.0.
     opt = torch.optim.AdamW(params.values(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
     feeds = {"tokens": torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen, dtype=torch.int32),
              "targets": torch.randint(0, a.vocab, (a.batch, a.seq), generator=gen, dtype=torch.int32)}
+    feeds = {k: v.to(dev) for k, v in feeds.items()}
+
+    def forward(params, feeds):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=a.bf16):
+            return models.gpt(params, feeds)[0]
+    fwd = torch.compile(forward) if a.compile else forward
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
     times, losses = [], []
     for s in range(a.warmup + a.steps):
+        sync()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss, _ = models.gpt(params, feeds)
+        loss = fwd(params, feeds)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
         opt.step()
+        sync()
         dt = time.perf_counter() - t0
         losses.append(loss.item())
         if s >= a.warmup:
@@ -97,7 +118,9 @@ def main():
     json.dump({"step_s": times, "losses": losses,
                "params": sum(p.numel() for p in params.values()),
                "peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-               "threads": torch.get_num_threads(), "torch": torch.__version__}, sys.stdout)
+               "threads": torch.get_num_threads(), "torch": torch.__version__, "device": a.device,
+               "compile": a.compile, "bf16": a.bf16,
+               "peak_gpu_bytes": torch.cuda.max_memory_allocated() if dev.type == "cuda" else 0}, sys.stdout)
     print()
 
 

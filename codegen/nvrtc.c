@@ -28,7 +28,7 @@ typedef struct {
   const char *(*errstr)(NvResult);
 } NvLib;
 static NvLib nv;
-static struct { int tried; void *h; char why[300]; } nv_lib;
+static struct { int tried; void *h; char why[1024]; } nv_lib;
 
 static const TsDlSym nv_syms[] = {
   TS_DL_SYM(NvLib, create, "nvrtcCreateProgram"),     TS_DL_SYM(NvLib, compile, "nvrtcCompileProgram"),
@@ -43,13 +43,13 @@ static int load(void) {
   nv_lib.tried = 1;
   static const char *const files[] = {"libnvrtc.so.13", "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so.13",
                                       "/usr/local/cuda/lib64/libnvrtc.so", NULL};
-  char detail[256];
+  char detail[900];
   TsDlStatus st;
   nv_lib.h = ts_dl_load(files, nv_syms, (int)(sizeof nv_syms / sizeof nv_syms[0]), &nv, NULL, &st, detail,
                         sizeof detail);
   if (nv_lib.h) return 0;
   if (st == TS_DL_NO_SYMBOL) snprintf(nv_lib.why, sizeof nv_lib.why, "NVRTC has no %s (too old?)", detail);
-  else snprintf(nv_lib.why, sizeof nv_lib.why, "NVRTC was not found (libnvrtc.so.13; is the CUDA toolkit installed?)");
+  else snprintf(nv_lib.why, sizeof nv_lib.why, "NVRTC was not found (libnvrtc.so.13: %s)", detail);
   return -1;
 }
 

@@ -17,7 +17,13 @@ typedef struct { size_t off; const char *sym; } TsDlSym;   /* symbol `sym` -> fi
 typedef enum { TS_DL_OK, TS_DL_NOT_FOUND, TS_DL_NO_SYMBOL } TsDlStatus;
 
 /* Tries files[] in order (NULL-terminated; names the dynamic loader
- * searches, or paths) and resolves syms[0..nsyms) into table.  On success
+ * searches, or paths) and resolves syms[0..nsyms) into table.  A name
+ * without '/' is also looked for in the folders of TS_CUDA_LIB_PATH (a
+ * ':'-separated list, tried before the dynamic loader) and, when neither
+ * finds it, in $CUDA_HOME, $CUDA_PATH and /usr/local/cuda (lib64,
+ * targets/x86_64-linux/lib), the driver's /usr/local/nvidia/lib64, and the
+ * nvidia/<package>/lib folders of python3's site-packages (the CUDA wheels),
+ * so the libraries are found where a stock CUDA machine has them.  On success
  * returns the handle, kept open (the table's functions are used until
  * exit), with *file (if not NULL) the file loaded.  On failure NULL, with
  * *status NOT_FOUND and dlerror()'s text for the last file tried in
@@ -39,6 +45,9 @@ typedef struct {
   struct { char key[512]; void *table; int ok; char why[384]; } e[TS_DL_CACHE_KEYS];
 } TsDlCache;
 #define TS_DL_CACHE_INIT {.lock = PTHREAD_MUTEX_INITIALIZER}
+/* "looked in LD_LIBRARY_PATH, ..." : where ts_dl_load looks, for messages */
+const char *ts_dl_where(void);
+
 const void *ts_dl_cached(TsDlCache *c, const char *key, size_t table_size,
                          int (*load)(const char *key, void *table, char *why, size_t n), char *why, size_t n);
 

@@ -775,6 +775,9 @@ static void print_done(const Args *a, const RtTrainResult *res) {
     printf("mrun: %lld checkpoint%s during training (%s): training waited %.3f s per save%s", (long long)res->timed_saves,
            res->timed_saves > 1 ? "s" : "", a->ckpt.async ? "asynchronous" : "synchronous",
            res->save_stall_s / (double)res->timed_saves, a->ckpt.async ? "" : "\n");
+  if (!a->quiet && res->graphs > 0)
+    printf("mrun: CUDA graphs: %d block%s captured, %lld graph launches\n", res->graphs, res->graphs > 1 ? "s" : "",
+           res->graph_launches);
   if (!a->quiet && res->timed_saves > 0 && a->ckpt.async)
     printf(", of which %.3f s copying the states\n", res->save_copy_s / (double)res->timed_saves);
 }

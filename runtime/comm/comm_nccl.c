@@ -75,7 +75,7 @@ typedef struct {
 } NcclLib;
 static CudartLib LC;
 static NcclLib LN;
-static struct { int tried; char why[320]; } libs;   /* why loading failed ("" = loaded) */
+static struct { int tried; char why[1024]; } libs;   /* why loading failed ("" = loaded) */
 
 static const TsDlSym cudart_syms[] = {
   TS_DL_SYM(CudartLib, GetDeviceCount, "cudaGetDeviceCount"), TS_DL_SYM(CudartLib, SetDevice, "cudaSetDevice"),
@@ -100,7 +100,7 @@ static int load_libs(void) {
   libs.tried = 1;
   static const char *const cudart[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", NULL};
   static const char *const nccl[] = {"libnccl.so.2", "libnccl.so", NULL};
-  char detail[200];
+  char detail[900];
   TsDlStatus st;
   if (!ts_dl_load(cudart, cudart_syms, (int)(sizeof cudart_syms / sizeof cudart_syms[0]), &LC, NULL, &st, detail,
                   sizeof detail)) {
@@ -111,7 +111,7 @@ static int load_libs(void) {
   if (!ts_dl_load(nccl, nccl_syms, (int)(sizeof nccl_syms / sizeof nccl_syms[0]), &LN, NULL, &st, detail,
                   sizeof detail)) {
     if (st == TS_DL_NOT_FOUND)
-      snprintf(libs.why, sizeof libs.why, "cannot load NCCL (libnccl.so.2): %s (hint: LD_LIBRARY_PATH)", detail);
+      snprintf(libs.why, sizeof libs.why, "cannot load NCCL (libnccl.so.2): %s", detail);
     else snprintf(libs.why, sizeof libs.why, "%s not found (CUDA runtime or NCCL too old?)", detail);
     return -1;
   }
@@ -163,7 +163,7 @@ static int local_rank(RtComm *m) {
 }
 
 RtComm *rt_comm_init_nccl(RtComm *mpi, int device, char *err, size_t errlen) {
-  char why[400] = "";
+  char why[1100] = "";
   int ndev = 0;
   if (mpi->ops != &rt_comm_mpi_ops) {
     ts_errf(err, errlen, "rt_comm_init_nccl: group %s is already a %s group", mpi->name, mpi->ops->name);

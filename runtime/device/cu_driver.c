@@ -35,7 +35,7 @@ static int driver_open(const char *path, void *table, char *why, size_t n) {
   int is_default;
   rt_cu_driver_path(&is_default);
   const char *files[] = {path, NULL};
-  char detail[256];
+  char detail[900];
   TsDlStatus st;
   if (!ts_dl_load(files, cu_syms, (int)(sizeof cu_syms / sizeof cu_syms[0]), cu, NULL, &st, detail, sizeof detail)) {
     /* the default case is the one line mrun and its tests print */

@@ -56,14 +56,13 @@ static const TsDlSym lt_syms[] = {
 static int lib_open(const char *path, void *table, char *why, size_t n) {
   int given = getenv("TS_CUBLASLT_LIB") && *getenv("TS_CUBLASLT_LIB");
   const char *files[] = {path, given ? NULL : "/usr/local/cuda/lib64/libcublasLt.so.13", NULL};
-  char detail[256];
+  char detail[900];
   TsDlStatus st;
   if (ts_dl_load(files, lt_syms, (int)(sizeof lt_syms / sizeof lt_syms[0]), table, NULL, &st, detail, sizeof detail))
     return 0;
   if (st == TS_DL_NO_SYMBOL)
     return ts_errf(why, n, "cuBLASLt (%s) has no %s (hint: a cuBLASLt older than CUDA 12?)", path, detail);
-  return ts_errf(why, n, "cannot load cuBLASLt (%s): %s (hint: LD_LIBRARY_PATH=/usr/local/cuda/lib64, or "
-                 "TS_CUBLASLT_LIB)", path, detail);
+  return ts_errf(why, n, "cannot load cuBLASLt (%s): %s%s", path, detail, given ? "" : "; or TS_CUBLASLT_LIB=FILE");
 }
 
 static const RtLtLib *lib_load(char *why, size_t n) {

@@ -117,6 +117,7 @@ struct RtDevBlockRun {
   VEC(int) outs;            /* OUTPUT nodes copied this run, in order */
   RtDevGraph *graph;
   int runs;                 /* eager runs so far */
+  long long launches;       /* launches of graph (the first, after the capture, included) */
   int no_graph;             /* never captured: why in the profile line */
 };
 
@@ -325,6 +326,10 @@ void rt_program_exec_stats(const RtProgram *p, RtExecStats *s) {
   if (p->dx) rt_dev_exec_comm_stats(p->dx, &s->dev_collectives, &s->dev_overlapped);
   s->stash_handed = p->stash_handed;
   s->stash_copied = p->stash_copied;
+  for (int b = 0; p->dgr && b < p->m->blocks.n; b++) {
+    s->graphs += p->dgr[b].graph != NULL;
+    s->graph_launches += p->dgr[b].launches;
+  }
 }
 
 /* A program on a device: the device plan and module (exec_dev.c), and
@@ -1058,6 +1063,7 @@ static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, 
     }
     if (d->ops->graph_launch(d, g->graph, RT_STREAM_COMPUTE, why, sizeof why) != 0)
       return ts_errf(err, errlen, "block %s: replaying its graph on %s: %s", b->name, d->label, why);
+    g->launches++;
     p->mem[bi].runs++;
     return dev_finish(p, bi, g->outs.a, g->outs.n, err, errlen);
   }
@@ -1079,6 +1085,7 @@ static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, 
       g->graph = gr;   /* the outputs list stays: every replay reports the same */
       if (d->ops->graph_launch(d, gr, RT_STREAM_COMPUTE, why, sizeof why) != 0)
         rc = ts_errf(err, errlen, "block %s: launching its graph on %s: %s", b->name, d->label, why);
+      else g->launches++;
     } else if (gr) {
       d->ops->graph_free(d, gr);
     }

@@ -96,6 +96,8 @@ typedef struct {
   long long stash_handed;     /* counted as the blocks run, every backend: stashes that kept their
                                  operand's buffer (the memory plan hands it over, no copy) */
   long long stash_copied;     /* ... and stashes that copied their operand */
+  int graphs;                 /* on a device: blocks captured as CUDA graphs */
+  long long graph_launches;    /* ... and launches of those graphs (the capturing run's included) */
 } RtExecStats;
 void rt_program_exec_stats(const RtProgram *p, RtExecStats *s);
 /* mcc --emit=llvm DIR: the optimized LLVM IR of every distinct kernel the

@@ -786,6 +786,8 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   rs.dev_collectives = es.dev_collectives;
   rs.dev_overlapped = es.dev_overlapped;
   rs.accum_direct = es.accum_direct;
+  rs.graphs = es.graphs;
+  rs.graph_launches = es.graph_launches;
   run_free(&r);
   if (rc == 0 && r.metrics_err[0]) rc = ts_errf(err, errlen, "%s", r.metrics_err);
   if (res) *res = rs;

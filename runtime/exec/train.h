@@ -92,6 +92,8 @@ typedef struct {
    * overlapping it). */
   long long dev_collectives, dev_overlapped;
   int accum_direct;          /* gradients the program makes straight into their state (RtExecStats) */
+  int graphs;                /* on a device: blocks captured as CUDA graphs, and their launches */
+  long long graph_launches;
   int stopped_by;            /* SIGINT / SIGTERM stopped training after `steps` (0: ran to the end) */
   int64_t resumed_from;      /* --load: the checkpoint's step (training ran steps resumed_from+1 ..); 0: none */
   int64_t saved;             /* checkpoints written */

@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# gpu_check.sh OUTDIR [--kit DIR|FILE.tar.xz] [--budget SECONDS]
+#
+# The prepared check of the CUDA path on a GPU machine on loan (issue 25):
+# every result into OUTDIR, the summary as a table on stdout (and in
+# OUTDIR/table.md).  A failing part is recorded and the rest goes on; each
+# part has its own time limit and all of them together stay within
+# --budget (default 450 s), the most important first:
+#   env         nvidia-smi: the GPU, driver and CUDA versions; the kit's commit
+#   selftest    mrun --selftest: every kernel kind against the CPU
+#   train-*     tiny gpt, llama and moe: 20 steps on the GPU and on a CPU rank,
+#               losses side by side (max relative difference), CUDA graph launches
+#   gpt2-124m   GPT-2 124M, 8 x 1024 tokens per step, f32: step time, tokens/s, MFU
+#   torch-*     the same model in PyTorch eager and torch.compile (bench/torch_step.py)
+#   memcheck    compute-sanitizer memcheck over a tiny training step
+#   racecheck   compute-sanitizer racecheck over the same
+# Without a GPU (or without nvidia-smi) each GPU row says "no GPU" and the
+# CPU side still runs, so the script is tested on machines without one.
+#
+# The binaries: the kit's when this script is inside one (tools/gpu_kit.sh)
+# or --kit names one (a folder, or the .tar.xz that travels: unpacked into
+# OUTDIR/kit), else the repository's build/.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out="" kit="" budget=450
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --kit) kit=${2:?--kit needs a folder or a .tar.xz}; shift 2 ;;
+    --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -*) echo "gpu_check: unknown option '$1'" >&2; exit 2 ;;
+    *) out=$1; shift ;;
+  esac
+done
+[ -n "$out" ] || { echo "usage: tools/gpu_check.sh OUTDIR [--kit DIR|FILE.tar.xz] [--budget SECONDS]" >&2; exit 2; }
+mkdir -p "$out" || exit 2
+out=$(cd "$out" && pwd)
+t_start=$(date +%s)
+
+# ---- the binaries ----
+if [ -n "$kit" ] && [ -f "$kit" ]; then
+  mkdir -p "$out/kit" && tar -C "$out/kit" -xJf "$kit" || { echo "gpu_check: cannot unpack $kit" >&2; exit 2; }
+  kit=$(find "$out/kit" -maxdepth 3 -path '*/bin/mrun' | head -1)
+  kit=${kit%/bin/mrun}
+elif [ -z "$kit" ] && [ -x "$here/../bin/mrun" ]; then
+  kit=$here/..
+fi
+if [ -n "$kit" ]; then
+  bin=$(cd "$kit/bin" && pwd); share=$(cd "$kit/share/tessera" && pwd); src=$(cd "$kit" && pwd)
+  commit=$(sed -n 's/^commit: //p' "$kit/MANIFEST" 2>/dev/null)
+else
+  root=$(cd "$here/.." && pwd)
+  bin=$root/build; share=$root; src=$root
+  commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null)$(git -C "$root" diff --quiet HEAD 2>/dev/null || echo ' (+ uncommitted changes)')"
+fi
+MCC=$bin/mcc MRUN=$bin/mrun
+[ -x "$MCC" ] && [ -x "$MRUN" ] || { echo "gpu_check: no mcc / mrun in $bin (build first, or --kit)" >&2; exit 2; }
+samples=$share/samples
+data=$samples/data/kjv.txt
+
+# ---- the table ----
+: > "$out/summary.tsv"
+row() {   # row PART RESULT DETAIL
+  printf '%s\t%s\t%s\n' "$1" "$2" "$3" >> "$out/summary.tsv"
+  printf 'gpu_check: %-12s %-8s %s\n' "$1" "$2" "$3" >&2
+}
+left() { echo $(( budget - ($(date +%s) - t_start) )); }
+# limit WANT: WANT seconds, or what is left of the budget (0: none)
+limit() { local l; l=$(left); [ "$l" -lt "$1" ] && echo $(( l > 0 ? l : 0 )) || echo "$1"; }
+# run_part NAME SECONDS CMD...: CMD with its output in OUTDIR/NAME.log;
+# sets rc (124: timed out, 125: no time left) and secs
+run_part() {
+  local name=$1 want=$2; shift 2
+  local t; t=$(limit "$want")
+  if [ "$t" -lt 5 ]; then rc=125; secs=0; echo "not run: the budget was spent" > "$out/$name.log"; return; fi
+  local t0; t0=$(date +%s.%N)
+  timeout -k 5 "$t" "$@" > "$out/$name.log" 2>&1
+  rc=$?
+  secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b - a}')
+}
+why_failed() {   # the last error-looking line of a log
+  grep -E -i "error|fail|mrun:|mcc:|abort|fault" "$1" 2>/dev/null | grep -v -E "^ *[0-9]+ .* pass" | tail -1 | cut -c1-200
+}
+status_of() { case "$rc" in 0) echo ok ;; 124|137) echo "TIMEOUT" ;; 125) echo "skipped" ;; *) echo FAIL ;; esac; }
+
+# ---- env ----
+gpu=0 arch="" gpuname="" peak32=""
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi > "$out/nvidia-smi.txt" 2>&1; then
+  gpu=1
+  q=$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -1)
+  gpuname=$(echo "$q" | cut -d, -f1 | sed 's/^ *//')
+  cap=$(echo "$q" | cut -d, -f4 | tr -d ' .')
+  arch=sm_$cap
+  cuda=$(grep -o "CUDA Version: [0-9.]*" "$out/nvidia-smi.txt" | head -1)
+  row env ok "$q; $cuda; kit $commit; $(uname -r)"
+  case "$gpuname" in   # dense fp32 (no tensor cores) from NVIDIA's datasheets, TFLOP/s
+    *H100*PCIe*) peak32=51 ;;
+    *H100*|*H200*|*GH200*) peak32=67 ;;
+    *A100*) peak32=19.5 ;;
+    *B200*) peak32=80 ;;
+  esac
+  # where the CUDA libraries are, for the logs (the runtime finds them itself: ir/dl.h)
+  { ldconfig -p 2>/dev/null | grep -E "libcuda\.so|libnvrtc|libcublasLt|libnccl|libcudart"
+    ls -l /usr/local/cuda/lib64 /usr/local/nvidia/lib64 2>&1 | grep -E "libcuda\.so|libnvrtc|libcublasLt|libnccl|libcudart|cannot"
+    python3 -c 'import sys; print("\n".join(sys.path))' 2>/dev/null | while read -r p; do ls -d "$p"/nvidia/*/lib 2>/dev/null; done
+    ldd "$MRUN"; echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"; } > "$out/libs.txt" 2>&1
+else
+  row env "no GPU" "nvidia-smi: $(command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi 2>&1 | head -1 || echo 'not installed'); kit $commit"
+fi
+
+# ---- selftest ----
+run_part selftest 150 "$MRUN" --selftest
+if [ "$gpu" = 0 ] && grep -q "no GPU driver" "$out/selftest.log"; then
+  row selftest "no GPU" "$(head -1 "$out/selftest.log" | cut -c1-160)"
+else
+  npass=$(grep -c -E "\bpass\b" "$out/selftest.log"); nfail=$(grep -c -E "\bFAIL\b" "$out/selftest.log")
+  if [ "$rc" = 0 ]; then row selftest ok "$npass rows pass (${secs}s)"
+  else row selftest "$(status_of)" "$npass pass, $nfail FAIL: $(grep -E "\bFAIL\b" "$out/selftest.log" | head -3 | tr -s ' ' | tr '\n' ';' | cut -c1-200) $(why_failed "$out/selftest.log")"; fi
+fi
+
+# ---- tiny models: GPU against a CPU rank ----
+target=""
+[ -n "$arch" ] && target="--target $arch"
+# losses LOG.jsonl -> one per line
+losses() { sed -n 's/.*"loss": *\([-0-9.eE+naif]*\).*/\1/p' "$1"; }
+tiny() {   # tiny NAME MDL DEFINES...
+  local name=$1 mdl=$2; shift 2
+  local p="$out/$name.plan"
+  # shellcheck disable=SC2086  # $target is two words or none
+  run_part "$name-mcc" 90 "$MCC" "$samples/$mdl" "$@" $target -o "$p"
+  if [ "$rc" != 0 ]; then row "train-$name" "$(status_of)" "mcc: $(why_failed "$out/$name-mcc.log")"; return; fi
+  run_part "$name-cpu" 90 "$MRUN" "$p" --cpu --steps 20 --data "$data" --metrics "$out/$name-cpu.jsonl"
+  if [ "$rc" != 0 ]; then row "train-$name" "$(status_of)" "CPU rank: $(why_failed "$out/$name-cpu.log")"; return; fi
+  local cpus=$secs
+  if [ "$gpu" = 0 ]; then
+    row "train-$name" "no GPU" "CPU rank: 20 steps, loss $(losses "$out/$name-cpu.jsonl" | head -1) -> $(losses "$out/$name-cpu.jsonl" | tail -1) (${cpus}s)"
+    return
+  fi
+  run_part "$name-gpu" 90 "$MRUN" "$p" --steps 20 --data "$data" --metrics "$out/$name-gpu.jsonl"
+  if [ "$rc" != 0 ]; then row "train-$name" "$(status_of)" "GPU: $(why_failed "$out/$name-gpu.log")"; return; fi
+  paste <(losses "$out/$name-gpu.jsonl") <(losses "$out/$name-cpu.jsonl") > "$out/$name-losses.tsv"
+  local d graphs
+  d=$(awk 'BEGIN{m=0} {a=$1; b=$2; e=(a>b?a-b:b-a)/((b<0?-b:b)>1?(b<0?-b:b):1); if (e>m) m=e; if (a!=a) m=1e9} END{printf "%.2e", m}' "$out/$name-losses.tsv")
+  graphs=$(grep -o "CUDA graphs: .*" "$out/$name-gpu.log" | head -1)
+  local res=ok
+  awk -v d="$d" 'BEGIN{exit !(d <= 2e-3)}' || res=FAIL
+  [ "$(wc -l < "$out/$name-losses.tsv")" = 20 ] || res=FAIL
+  row "train-$name" "$res" "20 steps, GPU $(head -1 "$out/$name-losses.tsv" | cut -f1) -> $(tail -1 "$out/$name-losses.tsv" | cut -f1), CPU -> $(tail -1 "$out/$name-losses.tsv" | cut -f2); max rel diff $d (limit 2e-3); ${graphs:-no CUDA graph}; GPU ${secs}s, CPU ${cpus}s"
+}
+tiny gpt gpt.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=4
+tiny llama llama.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=4
+tiny moe moe.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D batch=8 -D micro_batch=4
+
+# ---- GPT-2 124M, 8 x 1024 tokens per step ----
+L=12 D=768 V=50304 S=1024 B=8
+# parameters less the position table (nanoGPT's count), and the model FLOPs
+# per token 6N + 12*L*D*S (PaLM, appendix B: 12 L H Q T with H*Q = D, T = S)
+N=$(( V * D + L * (12 * D * D + 13 * D) + 2 * D ))
+fpt=$(( 6 * N + 12 * L * D * S ))
+mfu_note="MFU = tokens/s x (6N + 12*L*d*s) / peak, N=$N, peak f32 ${peak32:-?} TFLOP/s (dense, no tensor cores)"
+if [ "$gpu" = 1 ]; then
+  run_part gpt2-mcc 120 "$MCC" "$samples/gpt.mdl" -D batch=$B -D micro_batch=$B $target -o "$out/gpt2.plan"
+  if [ "$rc" != 0 ]; then row gpt2-124m "$(status_of)" "mcc: $(why_failed "$out/gpt2-mcc.log")"
+  else
+    run_part gpt2-gpu 150 "$MRUN" "$out/gpt2.plan" --steps 8 --data "$data" --metrics "$out/gpt2.jsonl"
+    if [ "$rc" != 0 ]; then row gpt2-124m "$(status_of)" "$(why_failed "$out/gpt2-gpu.log")"
+    else
+      # the median of the steps after the third (the first runs eagerly, the second captures)
+      st=$(sed -n 's/.*"elapsed_s": *\([0-9.eE+-]*\).*/\1/p' "$out/gpt2.jsonl" |
+           awk '{t[NR]=$1} END{for(i=4;i<=NR;i++) print t[i]-t[i-1]}' | sort -g |
+           awk '{d[NR]=$1} END{print (NR ? d[int((NR+1)/2)] : 0)}')
+      if awk -v s="$st" 'BEGIN{exit !(s > 0)}'; then
+        tps=$(awk -v s="$st" -v t=$((B * S)) 'BEGIN{printf "%.0f", t/s}')
+        mfu=$(awk -v s="$st" -v t=$((B * S)) -v f=$fpt -v p="${peak32:-0}" 'BEGIN{if (p>0) printf "%.1f%%", 100*t*f/s/(p*1e12); else print "?"}')
+        row gpt2-124m ok "tessera f32: $(awk -v s="$st" 'BEGIN{printf "%.1f", s*1000}') ms/step, $tps tokens/s, MFU $mfu; loss $(losses "$out/gpt2.jsonl" | head -1) -> $(losses "$out/gpt2.jsonl" | tail -1)"
+      else row gpt2-124m FAIL "no step times in $out/gpt2.jsonl"; fi
+    fi
+  fi
+else
+  row gpt2-124m "no GPU" "$mfu_note"
+fi
+
+# ---- PyTorch on the same GPU ----
+torch_row() {   # torch_row NAME SECONDS ARGS...
+  local name=$1 want=$2; shift 2
+  if [ "$gpu" = 0 ]; then row "$name" "no GPU" "bench/torch_step.py --device cuda $*"; return; fi
+  run_part "$name" "$want" env PYTHONUNBUFFERED=1 python3 "$src/bench/torch_step.py" --device cuda --vocab $V \
+    --d-model $D --heads 12 --layers $L --batch $B --seq $S --steps 5 --warmup 2 "$@"
+  if [ "$rc" != 0 ]; then row "$name" "$(status_of)" "$(tail -1 "$out/$name.log" | cut -c1-200)"; return; fi
+  local st
+  st=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); s=sorted(d["step_s"]); print(s[len(s)//2])' "$out/$name.log")
+  row "$name" ok "$(awk -v s="$st" -v t=$((B * S)) -v f=$fpt -v p="${peak32:-0}" 'BEGIN{printf "%.1f ms/step, %.0f tokens/s, MFU %s", s*1000, t/s, (p>0? sprintf("%.1f%%", 100*t*f/s/(p*1e12)) : "?")}') ($*)"
+}
+torch_row torch-eager 120
+
+# ---- compute-sanitizer over one tiny step ----
+san() {   # san NAME TOOL
+  local name=$1 tool=$2
+  if [ "$gpu" = 0 ]; then row "$name" "no GPU" "compute-sanitizer --tool $tool"; return; fi
+  local cs; cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+  if [ -z "$cs" ] || [ ! -f "$out/gpt.plan" ]; then row "$name" skipped "no compute-sanitizer or no tiny plan"; return; fi
+  run_part "$name" 100 "$cs" --tool "$tool" --error-exitcode 9 "$MRUN" "$out/gpt.plan" --steps 2 --data "$data" --quiet
+  local summary; summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$name.log" | tail -1)
+  row "$name" "$(status_of)" "${summary:-$(why_failed "$out/$name.log")} (${secs}s)"
+}
+san memcheck memcheck
+san racecheck racecheck
+
+torch_row torch-compile 180 --compile
+
+# ---- the table ----
+{
+  echo "| part | result | detail |"
+  echo "|------|--------|--------|"
+  awk -F'\t' '{gsub(/\|/, "/", $3); printf "| %s | %s | %s |\n", $1, $2, $3}' "$out/summary.tsv"
+  echo
+  echo "$mfu_note. $(left)s of the ${budget}s budget left; logs in $out."
+} > "$out/table.md"
+cat "$out/table.md"
+# exit 0 when nothing failed (a row "no GPU" or "skipped" is not a failure)
+! cut -f2 "$out/summary.tsv" | grep -q -E "FAIL|TIMEOUT"
