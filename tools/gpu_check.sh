@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_check.sh OUTDIR [--kit DIR|FILE.tar.xz] [--budget SECONDS]
+# gpu_check.sh OUTDIR [--kit DIR|FILE.tar.xz] [--budget SECONDS] [--only PART,...]
 #
 # The prepared check of the CUDA path on a GPU machine on loan (issue 25):
 # every result into OUTDIR, the summary as a table on stdout (and in
@@ -11,9 +11,13 @@
 #   train-*     tiny gpt, llama and moe: 20 steps on the GPU and on a CPU rank,
 #               losses side by side (max relative difference), CUDA graph launches
 #   gpt2-124m   GPT-2 124M, 8 x 1024 tokens per step, f32: step time, tokens/s, MFU
-#   torch-*     the same model in PyTorch eager and torch.compile (bench/torch_step.py)
+#   kernels     its ten most expensive kernels and GEMMs (TS_RT_PROFILE: CUDA events)
+#   torch-*     the same model in PyTorch: eager, torch.compile (f32), and eager
+#               under bf16 autocast (bench/torch_step.py)
 #   memcheck    compute-sanitizer memcheck over a tiny training step
 #   racecheck   compute-sanitizer racecheck over the same
+# --only runs the parts named (env always; train-gpt, memcheck and racecheck
+# need train; kernels needs gpt2-124m), e.g. --only gpt2-124m,kernels,torch
 # Without a GPU (or without nvidia-smi) each GPU row says "no GPU" and the
 # CPU side still runs, so the script is tested on machines without one.
 #
@@ -22,11 +26,12 @@
 # OUTDIR/kit), else the repository's build/.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out="" kit="" budget=450
+out="" kit="" budget=450 only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --kit) kit=${2:?--kit needs a folder or a .tar.xz}; shift 2 ;;
     --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
+    --only) only=",${2:?--only needs parts},"; shift 2 ;;
     -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     -*) echo "gpu_check: unknown option '$1'" >&2; exit 2 ;;
     *) out=$1; shift ;;
@@ -81,6 +86,9 @@ run_part() {
 why_failed() {   # the last error-looking line of a log
   grep -E -i "error|fail|mrun:|mcc:|abort|fault" "$1" 2>/dev/null | grep -v -E "^ *[0-9]+ .* pass" | tail -1 | cut -c1-200
 }
+want() {   # want PART: whether --only (if given) names it
+  [ -z "$only" ] || case "$only" in *",$1,"*) return 0 ;; *) return 1 ;; esac
+}
 status_of() { case "$rc" in 0) echo ok ;; 124|137) echo "TIMEOUT" ;; 125) echo "skipped" ;; *) echo FAIL ;; esac; }
 
 # ---- env ----
@@ -109,11 +117,11 @@ else
 fi
 
 # ---- selftest ----
-run_part selftest 150 "$MRUN" --selftest
-if [ "$gpu" = 0 ] && grep -q "no GPU driver" "$out/selftest.log"; then
+if ! want selftest; then :
+elif run_part selftest 150 "$MRUN" --selftest; [ "$gpu" = 0 ] && grep -q "no GPU driver" "$out/selftest.log"; then
   row selftest "no GPU" "$(head -1 "$out/selftest.log" | cut -c1-160)"
 else
-  npass=$(grep -c -E "\bpass\b" "$out/selftest.log"); nfail=$(grep -c -E "\bFAIL\b" "$out/selftest.log")
+  npass=$(grep -c -E " pass$" "$out/selftest.log"); nfail=$(grep -c -E " FAIL$" "$out/selftest.log")
   if [ "$rc" = 0 ]; then row selftest ok "$npass rows pass (${secs}s)"
   else row selftest "$(status_of)" "$npass pass, $nfail FAIL: $(grep -E "\bFAIL\b" "$out/selftest.log" | head -3 | tr -s ' ' | tr '\n' ';' | cut -c1-200) $(why_failed "$out/selftest.log")"; fi
 fi
@@ -147,9 +155,11 @@ tiny() {   # tiny NAME MDL DEFINES...
   [ "$(wc -l < "$out/$name-losses.tsv")" = 20 ] || res=FAIL
   row "train-$name" "$res" "20 steps, GPU $(head -1 "$out/$name-losses.tsv" | cut -f1) -> $(tail -1 "$out/$name-losses.tsv" | cut -f1), CPU -> $(tail -1 "$out/$name-losses.tsv" | cut -f2); max rel diff $d (limit 2e-3); ${graphs:-no CUDA graph}; GPU ${secs}s, CPU ${cpus}s"
 }
+if want train; then
 tiny gpt gpt.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=4
 tiny llama llama.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=4
 tiny moe moe.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D batch=8 -D micro_batch=4
+fi
 
 # ---- GPT-2 124M, 8 x 1024 tokens per step ----
 L=12 D=768 V=50304 S=1024 B=8
@@ -158,7 +168,8 @@ L=12 D=768 V=50304 S=1024 B=8
 N=$(( V * D + L * (12 * D * D + 13 * D) + 2 * D ))
 fpt=$(( 6 * N + 12 * L * D * S ))
 mfu_note="MFU = tokens/s x (6N + 12*L*d*s) / peak, N=$N, peak f32 ${peak32:-?} TFLOP/s (dense, no tensor cores)"
-if [ "$gpu" = 1 ]; then
+if ! want gpt2-124m; then :
+elif [ "$gpu" = 1 ]; then
   run_part gpt2-mcc 120 "$MCC" "$samples/gpt.mdl" -D batch=$B -D micro_batch=$B $target -o "$out/gpt2.plan"
   if [ "$rc" != 0 ]; then row gpt2-124m "$(status_of)" "mcc: $(why_failed "$out/gpt2-mcc.log")"
   else
@@ -191,7 +202,20 @@ torch_row() {   # torch_row NAME SECONDS ARGS...
   st=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); s=sorted(d["step_s"]); print(s[len(s)//2])' "$out/$name.log")
   row "$name" ok "$(awk -v s="$st" -v t=$((B * S)) -v f=$fpt -v p="${peak32:-0}" 'BEGIN{printf "%.1f ms/step, %.0f tokens/s, MFU %s", s*1000, t/s, (p>0? sprintf("%.1f%%", 100*t*f/s/(p*1e12)) : "?")}') ($*)"
 }
-torch_row torch-eager 120
+# ---- where GPT-2's step goes: CUDA events around every launch ----
+if ! want kernels; then :
+elif [ "$gpu" = 0 ] || [ ! -f "$out/gpt2.plan" ]; then row kernels "no GPU" "TS_RT_PROFILE=1 mrun gpt2.plan"
+else
+  run_part kernels 90 env TS_RT_PROFILE=1 "$MRUN" "$out/gpt2.plan" --steps 3 --data "$data" --quiet
+  if [ "$rc" != 0 ]; then row kernels "$(status_of)" "$(why_failed "$out/kernels.log")"
+  else
+    grep -A11 "GPU time per kernel" "$out/kernels.log" > "$out/kernels.txt"
+    head -1 "$out/kernels.txt" | grep -q . && row kernels ok "$(head -1 "$out/kernels.txt" | sed 's/^rt profile: //'); the ten most: below" ||
+      row kernels FAIL "no GPU profile in the output"
+  fi
+fi
+
+want torch && torch_row torch-eager 120
 
 # ---- compute-sanitizer over one tiny step ----
 san() {   # san NAME TOOL
@@ -203,10 +227,13 @@ san() {   # san NAME TOOL
   local summary; summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$out/$name.log" | tail -1)
   row "$name" "$(status_of)" "${summary:-$(why_failed "$out/$name.log")} (${secs}s)"
 }
-san memcheck memcheck
-san racecheck racecheck
+if want train; then
+  san memcheck memcheck
+  san racecheck racecheck
+fi
 
-torch_row torch-compile 180 --compile
+want torch && torch_row torch-compile 180 --compile
+want torch && torch_row torch-bf16 90 --bf16
 
 # ---- the table ----
 {
@@ -215,6 +242,13 @@ torch_row torch-compile 180 --compile
   awk -F'\t' '{gsub(/\|/, "/", $3); printf "| %s | %s | %s |\n", $1, $2, $3}' "$out/summary.tsv"
   echo
   echo "$mfu_note. $(left)s of the ${budget}s budget left; logs in $out."
+  if [ -s "$out/kernels.txt" ]; then
+    echo
+    echo "GPT-2 124M f32, 3 steps with a CUDA event around every launch (graphs off):"
+    echo '```'
+    cat "$out/kernels.txt"
+    echo '```'
+  fi
 } > "$out/table.md"
 cat "$out/table.md"
 # exit 0 when nothing failed (a row "no GPU" or "skipped" is not a failure)

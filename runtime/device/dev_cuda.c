@@ -235,6 +235,38 @@ static int c_stream_wait(RtDev *d, int stream, int event, char *err, size_t n) {
   return RT_CU_CHECK(c->cu, StreamWaitEvent, NULL, err, n, c->stream[stream], c->event[event], 0);
 }
 
+/* ---- timing events (TS_RT_PROFILE on a GPU) ---- */
+
+static int c_timer(RtDev *d, int stream, int *id, char *err, size_t n) {
+  RtCudaDev *c = cd(d);
+  if (bad_stream(stream, err, n) || rt_cuda_current(d, err, n)) return -1;
+  if (c->ntimer == c->captimer) {
+    int cap = c->captimer ? 2 * c->captimer : 256;
+    c->timer = ts_xrealloc(c->timer, (size_t)cap * sizeof *c->timer);
+    memset(c->timer + c->captimer, 0, (size_t)(cap - c->captimer) * sizeof *c->timer);
+    c->captimer = cap;
+  }
+  CuEvent *e = &c->timer[c->ntimer];
+  if (!*e && RT_CU_CHECK(c->cu, EventCreate, "creating a timing event", err, n, e, 0)) return -1;
+  if (RT_CU_CHECK(c->cu, EventRecord, NULL, err, n, *e, c->stream[stream])) return -1;
+  *id = c->ntimer++;
+  return 0;
+}
+
+static int c_timer_ms(RtDev *d, int from, int to, double *ms, char *err, size_t n) {
+  RtCudaDev *c = cd(d);
+  if (from < 0 || to < 0 || from >= c->ntimer || to >= c->ntimer)
+    return ts_errf(err, n, "internal error: timing events %d, %d of %d", from, to, c->ntimer);
+  float f = 0;
+  if (rt_cuda_current(d, err, n) ||
+      RT_CU_CHECK(c->cu, EventElapsedTime, "reading a timing event", err, n, &f, c->timer[from], c->timer[to]))
+    return -1;
+  *ms = f;
+  return 0;
+}
+
+static void c_timer_reset(RtDev *d) { cd(d)->ntimer = 0; }
+
 /* ---- CUDA Graphs by stream capture ---- */
 
 struct RtDevGraph {
@@ -314,6 +346,8 @@ static void c_close(RtDev *d) {
       rt_cublaslt_close(d);
       for (int e = 0; e < RT_DEV_EVENTS; e++)
         if (c->event[e]) (void)RT_CU_CHECK(c->cu, EventDestroy, NULL, err, sizeof err, c->event[e]);
+      for (int e = 0; e < c->captimer; e++)
+        if (c->timer[e]) (void)RT_CU_CHECK(c->cu, EventDestroy, NULL, err, sizeof err, c->timer[e]);
       for (int s = 0; s < RT_DEV_STREAMS; s++)
         if (c->stream[s]) (void)RT_CU_CHECK(c->cu, StreamDestroy, NULL, err, sizeof err, c->stream[s]);
     }
@@ -321,6 +355,7 @@ static void c_close(RtDev *d) {
       (void)RT_CU_CHECK(c->cu, CtxSetCurrent, NULL, err, sizeof err, NULL);
       (void)RT_CU_CHECK(c->cu, DevicePrimaryCtxRelease, NULL, err, sizeof err, c->dev);
     }
+    free(c->timer);
     free(c);
   }
   free(d);
@@ -332,6 +367,7 @@ static const RtDevOps cuda_ops = {
   .gemm = rt_cuda_gemm, .sync = c_sync, .event_record = c_event_record, .stream_wait = c_stream_wait,
   .graph_begin = c_graph_begin, .graph_end = c_graph_end, .graph_launch = c_graph_launch,
   .graph_free = c_graph_free, .stream_handle = c_stream_handle,
+  .timer = c_timer, .timer_ms = c_timer_ms, .timer_reset = c_timer_reset,
 };
 
 int rt_dev_cuda_count(char *msg, size_t msglen) {

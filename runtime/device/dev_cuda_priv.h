@@ -107,6 +107,7 @@ enum {
   X(EventCreate, "cuEventCreate", (CuEvent *e, unsigned flags))                                                \
   X(EventDestroy, "cuEventDestroy_v2", (CuEvent e))                                                            \
   X(EventRecord, "cuEventRecord", (CuEvent e, CuStream s))                                                     \
+  X(EventElapsedTime, "cuEventElapsedTime_v2", (float *ms, CuEvent start, CuEvent end))                          \
   X(ModuleLoadDataEx, "cuModuleLoadDataEx", (CuModule *m, const void *image, unsigned nopt, int *opt, void **val)) \
   X(ModuleUnload, "cuModuleUnload", (CuModule m))                                                              \
   X(ModuleGetFunction, "cuModuleGetFunction", (CuFunction *f, CuModule m, const char *name))                   \
@@ -192,6 +193,8 @@ typedef struct {
   CuContext ctx;                            /* the device's primary context */
   CuStream stream[RT_DEV_STREAMS];
   CuEvent event[RT_DEV_EVENTS];             /* created on first use */
+  CuEvent *timer;                           /* timing events (c_timer), created as needed and reused */
+  int ntimer, captimer;
   int capturing;                            /* a graph capture is under way (its stream) + 1 */
   RtLtState *lt;                            /* cuBLASLt: handle, workspace, plans (NULL: not loaded) */
   char lt_why[384];                         /* why cuBLASLt is not there ("" if it is) */

@@ -93,6 +93,13 @@ typedef struct {
   void (*graph_free)(RtDev *d, RtDevGraph *g);
   /* the stream's native handle (CUstream) for NCCL; NULL if none */
   void *(*stream_handle)(RtDev *d, int stream);
+  /* Timing (optional: NULL where the device cannot time its work).  timer
+   * records a timing event on `stream` and gives its id (0, 1, ... since
+   * the last timer_reset); timer_ms, after a sync, the milliseconds from
+   * event `from` to event `to` (CUDA events: cuEventElapsedTime). */
+  int (*timer)(RtDev *d, int stream, int *id, char *err, size_t n);
+  int (*timer_ms)(RtDev *d, int from, int to, double *ms, char *err, size_t n);
+  void (*timer_reset)(RtDev *d);
 } RtDevOps;
 
 struct RtDev {

@@ -82,6 +82,11 @@ typedef struct {
 } RtBlockMem;
 
 typedef struct RtDevBlockRun RtDevBlockRun;
+/* TS_RT_PROFILE on a device: a launch between two timing events, and the
+ * time of one label (a kernel, a GEMM shape) over all runs */
+typedef struct { const char *label; int from, to; } RtDevMark;
+typedef struct { const char *label; double ms; long long n; } RtDevTime;
+
 struct RtProgram {
   const IrModule *m;
   RtRank rank;              /* mesh coordinates and groups (single rank: all 0) */
@@ -95,6 +100,10 @@ struct RtProgram {
   size_t arena_bytes;
   VEC(RtOut) outs;
   int profile;              /* TS_RT_PROFILE set: time every op */
+  int dprof;                /* ... and on a device that can time its work: CUDA events around every
+                               kernel, GEMM and copy, graphs off (dmark, dtime) */
+  VEC(RtDevMark) dmark;     /* this block run's marks */
+  VEC(RtDevTime) dtime;     /* per label, all runs */
   double op_s[IR_OP_COUNT]; /* seconds spent per op (when profiling) */
   int64_t op_n[IR_OP_COUNT];
   long long stash_handed, stash_copied;   /* rt_program_exec_stats */
@@ -123,6 +132,76 @@ struct RtDevBlockRun {
 
 static int plan_memory(RtProgram *p, char *err, size_t errlen);
 static void print_memory(const RtProgram *p);
+
+/* ---- TS_RT_PROFILE on a device: CUDA events around every launch ---- */
+
+/* Records a timing event on the compute stream: its id, or -1 (profiling
+ * is then switched off, once, with a warning). */
+static int dev_mark(RtProgram *p) {
+  RtDev *d = p->opts.dev;
+  char why[512];
+  int id;
+  if (d->ops->timer(d, RT_STREAM_COMPUTE, &id, why, sizeof why) == 0) return id;
+  fprintf(stderr, "warning: TS_RT_PROFILE: no timing on %s (%s); the device profile stops here\n", d->label, why);
+  p->dprof = 0;
+  return -1;
+}
+
+/* What a timed launch is called in the profile: the kernel's symbol, or
+ * the op with its result's type (a GEMM's shape). */
+static const char *dev_label(const RtJitKernel *K, const IrNode *nd) {
+  if (K && K->cl.name[0]) return ts_intern(K->cl.name);
+  char t[160], s[256];
+  snprintf(s, sizeof s, "%s %s", ir_ops[nd->op].name, ir_type_str(&nd->type, t, sizeof t));
+  return ts_intern(s);
+}
+
+static void dev_mark_end(RtProgram *p, int from, const RtJitKernel *K, const IrNode *nd) {
+  int to = dev_mark(p);
+  if (to < 0) return;
+  VEC_PUSH(p->dmark, ((RtDevMark){dev_label(K, nd), from, to}));
+}
+
+/* After the block's sync: each mark pair's milliseconds into dtime. */
+static void dev_marks_read(RtProgram *p) {
+  RtDev *d = p->opts.dev;
+  char why[512];
+  for (int k = 0; k < p->dmark.n && p->dprof; k++) {
+    double ms;
+    if (d->ops->timer_ms(d, p->dmark.a[k].from, p->dmark.a[k].to, &ms, why, sizeof why) != 0) {
+      fprintf(stderr, "warning: TS_RT_PROFILE: %s; the device profile stops here\n", why);
+      p->dprof = 0;
+      break;
+    }
+    int j = 0;
+    while (j < p->dtime.n && p->dtime.a[j].label != p->dmark.a[k].label) j++;
+    if (j == p->dtime.n) VEC_PUSH(p->dtime, ((RtDevTime){p->dmark.a[k].label, 0, 0}));
+    p->dtime.a[j].ms += ms;
+    p->dtime.a[j].n++;
+  }
+  p->dmark.n = 0;
+  d->ops->timer_reset(d);
+}
+
+static int dtime_cmp(const void *a, const void *b) {
+  double x = ((const RtDevTime *)a)->ms, y = ((const RtDevTime *)b)->ms;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The device part of the profile: GPU time per kernel / GEMM, most first. */
+static void print_dev_profile(RtProgram *p) {
+  if (!p->dtime.n) return;
+  qsort(p->dtime.a, (size_t)p->dtime.n, sizeof *p->dtime.a, dtime_cmp);
+  double total = 0;
+  for (int j = 0; j < p->dtime.n; j++) total += p->dtime.a[j].ms;
+  fprintf(stderr, "rt profile: GPU time per kernel (CUDA events around each launch, CUDA graphs off): %.3f ms in %d "
+          "kinds\n", total, p->dtime.n);
+  int shown = p->dtime.n < 15 ? p->dtime.n : 15;
+  for (int j = 0; j < shown; j++)
+    fprintf(stderr, "  %-48s %10.3f ms %5.1f%% %7lld calls %9.1f us/call\n", p->dtime.a[j].label, p->dtime.a[j].ms,
+            total > 0 ? 100 * p->dtime.a[j].ms / total : 0.0, p->dtime.a[j].n,
+            1e3 * p->dtime.a[j].ms / (double)p->dtime.a[j].n);
+}
 
 /* With TS_RT_PROFILE in the environment, the time per op, most first, on
  * stderr when the program is freed: where a step's time goes. */
@@ -403,6 +482,7 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
   p->m = m;
   p->rank = *r;
   p->profile = getenv("TS_RT_PROFILE") != NULL;
+  p->dprof = p->profile && o->dev && o->dev->ops->timer && o->dev->ops->timer_ms && o->dev->ops->timer_reset;
   p->off = ts_xcalloc((size_t)m->states.n + 1, sizeof *p->off);
   p->opts = *o;
   p->mem = ts_xcalloc((size_t)m->blocks.n + 1, sizeof *p->mem);
@@ -459,6 +539,9 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
 void rt_program_free(RtProgram *p) {
   if (!p) return;
   if (p->profile) print_profile(p);
+  print_dev_profile(p);
+  free(p->dmark.a);
+  free(p->dtime.a);
   if (getenv("TS_RT_MEMORY")) print_memory(p);
   for (int b = 0; p->mem && b < p->m->blocks.n; b++) {
     plan_mem_free(&p->mem[b].plan);
@@ -968,6 +1051,7 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
     } else {
       if (kid >= 0 && jb->k.a[kid].at != i) continue;   /* computed by a kernel later */
       double t0 = p->profile ? ts_now_s() : 0;
+      int mark0 = p->dprof ? dev_mark(p) : -1;
       const IrNode *nd = &b->nodes[i];
       int hand = (nd->op == IR_OP_UNSTASH && pl->ext[i]) ||
                  (nd->op == IR_OP_STASH && nd->nin == 1 && nd->in[0] < i && pl->ext[nd->in[0]]);
@@ -978,6 +1062,7 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
         p->op_s[b->nodes[i].op] += ts_now_s() - t0;
         p->op_n[b->nodes[i].op]++;
       }
+      if (mark0 >= 0 && !bad) dev_mark_end(p, mark0, kid >= 0 ? &jb->k.a[kid] : NULL, nd);
     }
     /* release what position i was the last reader of (and unread results) */
     for (int f = foff[i]; f < foff[i + 1] && !bad; f++) bad = release(p, &r, fval[f], i, msg, sizeof msg);
@@ -1024,6 +1109,7 @@ static int dev_finish(RtProgram *p, int bi, const int *outs, int n, char *err, s
 static int graph_ok(const RtProgram *p, int bi) {
   const char *e = getenv("TS_CUDA_GRAPHS");
   if (e && strcmp(e, "0") == 0) return 0;
+  if (p->dprof) return 0;   /* every launch timed on its own */
   const IrBlock *b = &p->m->blocks.a[bi];
   if (strcmp(b->name, "micro") != 0) return 0;
   const RtDevBlock *db = &rt_dev_exec_plan(p->dx)->blk[bi];
@@ -1092,9 +1178,13 @@ static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, 
   }
   if (rc != 0) {
     d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why);   /* nothing in flight after an error */
+    p->dmark.n = 0;
+    if (p->dprof) d->ops->timer_reset(d);
     return -1;
   }
-  return dev_finish(p, bi, g->outs.a, g->outs.n, err, errlen);
+  rc = dev_finish(p, bi, g->outs.a, g->outs.n, err, errlen);
+  if (rc == 0 && p->dprof) dev_marks_read(p);
+  return rc;
 }
 
 int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, const RtRunInfo *info, char *err,

@@ -39,7 +39,7 @@ typedef void (*HostFn)(void *);
 enum {
   OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_NOT_INITIALIZED = 3, E_INVALID_DEVICE = 101,
   E_INVALID_IMAGE = 200, E_INVALID_CONTEXT = 201, E_NO_BINARY_FOR_GPU = 209, E_INVALID_PTX = 218,
-  E_INVALID_HANDLE = 400, E_ILLEGAL_STATE = 401, E_NOT_FOUND = 500, E_LAUNCH_FAILED = 719,
+  E_INVALID_HANDLE = 400, E_ILLEGAL_STATE = 401, E_NOT_FOUND = 500, E_NOT_READY = 600, E_LAUNCH_FAILED = 719,
   E_CAPTURE_UNSUPPORTED = 900, E_CAPTURE_INVALIDATED = 901, E_CAPTURE_UNMATCHED = 903, E_CAPTURE_UNJOINED = 904,
   E_CAPTURE_ISOLATION = 905
 };
@@ -123,6 +123,7 @@ struct Exec {
 
 typedef struct {
   int alive, recorded;
+  unsigned flags;          /* cuEventCreate's: 0x2 = CU_EVENT_DISABLE_TIMING */
   Ctx *ctx;
   Stream *s;               /* recorded outside a capture: s reached position pos */
   long long pos;
@@ -679,6 +680,7 @@ EXPORT CUresult cuEventCreate(void **out, unsigned flags) {
   if (flags & ~0x7u) return E_INVALID_VALUE;
   Event *e = xcalloc(1, sizeof *e);
   e->alive = 1;
+  e->flags = flags;
   e->ctx = cur;
   PUSH(F.events, F.nevents, e);
   *out = e;
@@ -709,6 +711,20 @@ EXPORT CUresult cuEventRecord(void *he, void *hs) {
   e->pos = s->enq;         /* outside a capture: s's work up to and with this record */
   e->gidx = s->cap_last;   /* in a capture: the same, as an index into the graph */
   return rc;
+}
+
+/* As the driver: both events recorded outside a capture, with timing, on
+ * work that has run (else CUDA_ERROR_NOT_READY).  The "time" is the
+ * number of operations between the two, in microseconds: deterministic. */
+EXPORT CUresult cuEventElapsedTime_v2(float *ms, void *ha, void *hb) {
+  ENTER_CTX("cuEventElapsedTime_v2");
+  Event *a = event_of(ha), *b = event_of(hb);
+  if (!a || !b || !ms) return E_INVALID_HANDLE;
+  if ((a->flags | b->flags) & 0x2) return E_INVALID_HANDLE;
+  if (!a->recorded || !b->recorded || !a->s || !b->s) return E_INVALID_HANDLE;
+  if (a->s->done < a->pos || b->s->done < b->pos) return E_NOT_READY;
+  *ms = (float)(b->pos - a->pos) * 1e-3f;
+  return OK;
 }
 
 EXPORT CUresult cuStreamWaitEvent(void *hs, void *he, unsigned flags) {

@@ -56,8 +56,9 @@ def rope(x, base=10000.0):
     """x: [B, T, H, D] -> same; rotary embedding, rotate-half pairing
     (dim i with dim i + D/2), position = index along T."""
     T, D = x.shape[1], x.shape[-1]
-    inv_freq = base ** (-torch.arange(0, D // 2, dtype=torch.float64) * 2.0 / D)   # [D/2]
-    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv_freq[None, :]        # [T, D/2]
+    dev = x.device
+    inv_freq = base ** (-torch.arange(0, D // 2, dtype=torch.float64, device=dev) * 2.0 / D)   # [D/2]
+    ang = torch.arange(T, dtype=torch.float64, device=dev)[:, None] * inv_freq[None, :]        # [T, D/2]
     cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :]                  # [1, T, 1, D]
     sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :]
     x1, x2 = x[..., : D // 2], x[..., D // 2:]
@@ -83,7 +84,7 @@ def attention(P, pre, x, bias, use_rope):
         v = v.repeat_interleave(H // KV, dim=2)
     q, k, v = (t.permute(0, 2, 1, 3) for t in (q, k, v))     # [B, H, T, D]
     s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
-    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=s.device).triu(1)
     p = torch.softmax(s.masked_fill(causal, float("-inf")), -1)
     y = (p @ v).permute(0, 2, 1, 3).reshape(B, T, H * D)
     out = y @ wo.reshape(H * D, E)
