@@ -38,6 +38,8 @@
 #include "kprint.h"
 
 /* ---- the prelude (cuda.h) ---- */
+#define TS_STR_(x) #x
+#define TS_STR(x) TS_STR_(x)
 static const char *const prelude =
     "/* Tessera CUDA module (codegen/cuda.c) */\n"
     "#ifndef TS_ARGS_DEFINED\n"
@@ -115,7 +117,11 @@ static const char *const prelude =
     "  if (lane == 0) ts_part[w] = v;\n"
     "  __syncthreads();\n"
     "  return ts_warp_maxf(lane < nw ? ts_part[lane] : -(float)TS_INF);\n"
-    "}\n";
+    "}\n"
+    "/* split rows (codegen/cuda.c): the partials of a row's blocks and the\n"
+    " * ticket that tells the last one; the last block resets its row's ticket */\n"
+    "static __device__ double ts_split_part[" TS_STR(CG_CUDA_SPLIT_PARTS) "];\n"
+    "static __device__ unsigned long long ts_split_ticket[" TS_STR(CG_CUDA_SPLIT_ROWS) "];\n";
 
 const char *cg_cuda_prelude(void) { return prelude; }
 
@@ -198,6 +204,44 @@ static int row_mode(CgKp *c, int *threads) {
   int64_t t = most >= 256 ? 256 : (most + 31) / 32 * 32;
   *threads = t < 32 ? 32 : (int)t;
   return 1;
+}
+
+/* Split rows: a row-mode kernel of few rows (at most CG_CUDA_SPLIT_ROWS),
+ * each a long reduction, runs each row on S blocks instead of one (one
+ * block of 256 threads reads a whole tensor at a few GB/s: the gradient
+ * norm's sums of squares).  Valid when the iteration has exactly one
+ * top-level loop, with a constant trip count, that stores nothing (its
+ * accumulators are all it leaves), and no store comes before it: then each
+ * block sums a strided part of the loop, and what follows the loop needs
+ * only the combined accumulators, which the last block computes
+ * (kprint.c, split_combine).  Returns S (>= 2), or 0: plain row mode. */
+static int64_t split_blocks(CgKp *c, int threads) {
+  const CgKernel *k = c->k;
+  if (k->grid > CG_CUDA_SPLIT_ROWS) return 0;
+  int range = -1, nacc = 0, stamp = -1000000;
+  for (int i = 0; i < c->n; i++) {
+    const CgInst *in = cg_kp_ins(c, i);
+    if (in->op == CG_RANGE && c->top[i] < 0) {
+      if (range >= 0) return 0;
+      range = i;
+    }
+    if (in->op == CG_STORE && (c->top[i] >= 0 || range < 0)) return 0;
+  }
+  if (range < 0) return 0;
+  for (int u = range + 1; u < c->match[range]; u++) {   /* the accumulators the loop updates */
+    const CgInst *up = cg_kp_ins(c, u);
+    if (up->op != CG_UPDATE || c->top[up->a[0]] >= 0 || c->mark[up->a[0]] == stamp) continue;
+    c->mark[up->a[0]] = stamp;
+    nacc++;
+  }
+  for (int i = 0; i < c->n; i++) c->mark[i] = 0;
+  const CgInst *t = cg_kp_ins(c, cg_kp_ins(c, range)->a[0]);
+  if (t->op != CG_CONST || nacc == 0 || nacc > 64) return 0;
+  int64_t s = t->i / ((int64_t)threads * 8);   /* at least 8 elements per thread */
+  if (s > 1024) s = 1024;
+  if (s > 4096 / k->grid) s = 4096 / k->grid;
+  if (s > CG_CUDA_SPLIT_PARTS / (k->grid * nacc)) s = CG_CUDA_SPLIT_PARTS / (k->grid * nacc);
+  return s >= 2 ? s : 0;
 }
 
 /* The vector width of a thread-mode kernel (see the header), or 0. */
@@ -305,16 +349,18 @@ int cg_kernel_cuda_text(const CgKernel *k, StrBuf *out, CgCudaLaunch *l, char *e
   cg_kp_init(&c, k, &cuda_dialect);
   c.row = row_mode(&c, &threads);
   for (int i = 0; i < c.n; i++) c.mark[i] = 0;
+  c.split = c.row ? split_blocks(&c, threads) : 0;
   c.vec = c.row ? 0 : vector_width(&c);
   int64_t space = c.vec ? k->grid / c.vec : k->grid;
   memset(l, 0, sizeof *l);
   snprintf(l->name, sizeof l->name, "%s", k->name);
   l->threads = threads;
-  l->blocks = c.row ? space : (space + 255) / 256;
+  l->blocks = c.split ? space * c.split : c.row ? space : (space + 255) / 256;
   if (l->blocks > 65535LL * 32) l->blocks = 65535LL * 32;   /* the grid-stride loops cover the rest */
   if (l->blocks < 1) l->blocks = 1;
 
   sb_printf(out, "\n/* %s: %s mode, grid = %lld iterations", k->name, c.row ? "row" : "thread", (long long)k->grid);
+  if (c.split) sb_printf(out, ", split rows of %lld blocks", (long long)c.split);
   if (c.vec) sb_printf(out, ", 16-byte vectors of %d", c.vec);
   sb_printf(out, "; launch %lld x %d */\n", (long long)l->blocks, l->threads);
   sb_printf(out, "extern \"C\" __global__ void __launch_bounds__(%d) %s(TsArgs a) {\n", l->threads, k->name);
@@ -322,7 +368,19 @@ int cg_kernel_cuda_text(const CgKernel *k, StrBuf *out, CgCudaLaunch *l, char *e
     const char *cq = k->buf[b].written ? "" : "const ", *t = cuda_dialect.type[k->buf[b].type];
     sb_printf(out, "  %s%s *%sb%d = (%s%s *)a.b[%d];\n", cq, t, may_share(k, b) ? "" : "__restrict__ ", b, cq, t, b);
   }
-  if (c.row) {
+  if (c.split) {
+    /* ts_s blocks per row: the planned split when the launch has the
+     * blocks for it, fewer when not (one block per row, rows strided, when
+     * there are fewer blocks than rows); blocks past rows * ts_s idle */
+    long long R = (long long)k->grid;
+    sb_printf(out, "  const long long ts_s = gridDim.x >= %lldLL ? %lldLL : gridDim.x >= %lldLL ? gridDim.x / %lldLL : 1;\n",
+              R * c.split, (long long)c.split, R, R);
+    sb_printf(out, "  for (long long gid = blockIdx.x / ts_s; gid < %lldLL && blockIdx.x < %lldLL * ts_s; "
+                   "gid += gridDim.x / ts_s) {\n", R, R);
+    sb_puts(out, "    const long long ts_chunk = blockIdx.x % ts_s;\n");
+    cg_kp_body(&c, out, 2);
+    sb_puts(out, "  }\n}\n");
+  } else if (c.row) {
     sb_printf(out, "  for (long long gid = blockIdx.x; gid < %lldLL; gid += gridDim.x) {\n", (long long)k->grid);
     cg_kp_body(&c, out, 2);
     sb_puts(out, "  }\n}\n");

@@ -17,6 +17,11 @@
 #include "cg.h"
 
 #define CG_CUDA_MAX_BUFS CG_MAX_BUFS
+/* split rows (cuda.c): the module's room for the partials of one kernel's
+ * rows (doubles) and the most rows a split kernel has (plain numbers: the
+ * prelude spells them) */
+#define CG_CUDA_SPLIT_PARTS 8192
+#define CG_CUDA_SPLIT_ROWS 64
 typedef struct {
   void *b[CG_CUDA_MAX_BUFS];
   const long long *run;

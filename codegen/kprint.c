@@ -160,15 +160,59 @@ static void row_loop_open(CgKp *p, StrBuf *out, int r, int d) {
       before = cg_kp_ins(p, q)->op == CG_UPDATE && cg_kp_ins(p, q)->a[0] == up->a[0];
     if (!before && cg_kp_ins(p, up->a[0])->f == 0) continue;
     indent(out, d);
-    sb_printf(out, "if (threadIdx.x != 0) v%d = 0;\n", up->a[0]);
+    sb_printf(out, "if (threadIdx.x != 0%s) v%d = 0;\n", p->split > 1 ? " || ts_chunk != 0" : "", up->a[0]);
   }
 }
 
+/* Split rows: after the block reductions, thread 0 of every block of the
+ * row writes its partials (as doubles: exact for both float types) to the
+ * module's ts_split_part, and the block that arrives last (ts_split_ticket)
+ * combines them in part order, so the result does not depend on which
+ * block finishes when.  The other blocks are done. */
+static void split_combine(CgKp *p, StrBuf *out, const int *acc, int na, int d) {
+  indent(out, d);
+  sb_puts(out, "{\n");
+  indent(out, d + 1);
+  sb_puts(out, "__shared__ int ts_last;\n");
+  indent(out, d + 1);
+  sb_puts(out, "if (threadIdx.x == 0) {\n");
+  for (int j = 0; j < na; j++) {
+    indent(out, d + 2);
+    sb_printf(out, "ts_split_part[(gid * ts_s + ts_chunk) * %d + %d] = (double)v%d;\n", na, j, acc[j]);
+  }
+  indent(out, d + 2);
+  sb_puts(out, "__threadfence();\n");
+  indent(out, d + 2);
+  sb_puts(out, "ts_last = atomicAdd(&ts_split_ticket[gid], 1ULL) == (unsigned long long)(ts_s - 1);\n");
+  indent(out, d + 1);
+  sb_puts(out, "}\n");
+  indent(out, d + 1);
+  sb_puts(out, "__syncthreads();\n");
+  indent(out, d + 1);
+  sb_puts(out, "if (!ts_last) return;\n");
+  indent(out, d + 1);
+  sb_puts(out, "__threadfence();\n");
+  for (int j = 0; j < na; j++) {
+    const CgInst *a = cg_kp_ins(p, acc[j]);
+    int sum = a->red == CG_RED_SUM;
+    indent(out, d + 1);
+    sb_printf(out, "{ double t = %s; for (long long q = threadIdx.x; q < ts_s; q += blockDim.x) ", sum ? "0.0" : "-TS_INF");
+    sb_printf(out, sum ? "t += ((volatile double *)ts_split_part)[(gid * ts_s + q) * %d + %d];"
+                       : "t = ts_maximum(t, ((volatile double *)ts_split_part)[(gid * ts_s + q) * %d + %d]);",
+              na, j);
+    sb_printf(out, " v%d = (%s)ts_block_%s(t); }\n", acc[j], p->d->type[a->type], sum ? "sum" : "max");
+  }
+  indent(out, d + 1);
+  sb_puts(out, "if (threadIdx.x == 0) ts_split_ticket[gid] = 0ULL;\n");
+  indent(out, d);
+  sb_puts(out, "}\n");
+}
+
 /* After the END of the top-level loop at r: every top-level accumulator
- * it updated is combined over the block.  Returns whether any was (the
- * block reductions have barriers). */
+ * it updated is combined over the block (and, split, over the row's
+ * blocks).  Returns whether any was (the block reductions have barriers). */
 static int row_loop_close(CgKp *p, StrBuf *out, int r, int d) {
-  int any = 0;
+  int any = 0, acc_ids[64], na = 0;
   for (int u = r + 1; u < p->match[r]; u++) {
     const CgInst *up = cg_kp_ins(p, u);
     if (up->op != CG_UPDATE || p->top[up->a[0]] >= 0) continue;
@@ -178,8 +222,10 @@ static int row_loop_close(CgKp *p, StrBuf *out, int r, int d) {
     indent(out, d);
     sb_printf(out, "v%d = ts_block_%s%s(v%d);\n", up->a[0], acc->red == CG_RED_SUM ? "sum" : "max",
               acc->type == CG_F32 ? "f" : "", up->a[0]);
+    if (na < 64) acc_ids[na++] = up->a[0];
     any = 1;
   }
+  if (p->split > 1 && na) split_combine(p, out, acc_ids, na, d);
   return any;
 }
 
@@ -212,7 +258,10 @@ void cg_kp_body(CgKp *p, StrBuf *out, int base) {
     switch (in->op) {
     case CG_GID: sb_printf(out, "const %s v%d = gid;\n", dl->type[CG_I64], i); break;
     case CG_RANGE:
-      if (top)
+      if (top && p->split > 1)
+        sb_printf(out, "for (%s v%d = ts_chunk * blockDim.x + threadIdx.x; v%d < v%d; v%d += ts_s * blockDim.x) {\n",
+                  dl->type[CG_I64], i, i, in->a[0], i);
+      else if (top)
         sb_printf(out, "for (%s v%d = threadIdx.x; v%d < v%d; v%d += blockDim.x) {\n", dl->type[CG_I64], i, i,
                   in->a[0], i);
       else sb_printf(out, "for (%s v%d = 0; v%d < v%d; v%d++) {\n", dl->type[CG_I64], i, i, in->a[0], i);

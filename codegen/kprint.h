@@ -33,6 +33,8 @@ typedef struct {
   int *mark;        /* scratch, one per instruction, 0 after cg_kp_init */
   int gid;          /* the GID instruction, -1 if none */
   int row;          /* CUDA row mode: iteration = block (cuda.c) */
+  int64_t split;    /* CUDA split rows (> 1): iteration = `split` blocks, the block's part of it
+                       `ts_chunk`; the top-level loop's partials combined by the last block (cuda.c) */
   int vec;          /* CUDA thread mode: vector width (4 or 2), or 0 */
   int lane;         /* while printing a vector lane: its number */
 } CgKp;

@@ -62,7 +62,8 @@ static int lib_open(const char *path, void *table, char *why, size_t n) {
     return 0;
   if (st == TS_DL_NO_SYMBOL)
     return ts_errf(why, n, "cuBLASLt (%s) has no %s (hint: a cuBLASLt older than CUDA 12?)", path, detail);
-  return ts_errf(why, n, "cannot load cuBLASLt (%s): %s%s", path, detail, given ? "" : "; or TS_CUBLASLT_LIB=FILE");
+  if (given) return ts_errf(why, n, "cannot load cuBLASLt (%s): %s (the file TS_CUBLASLT_LIB names)", path, detail);
+  return ts_errf(why, n, "cannot load cuBLASLt (%s): %s; or TS_CUBLASLT_LIB=FILE", path, detail);
 }
 
 static const RtLtLib *lib_load(char *why, size_t n) {

@@ -147,19 +147,29 @@ static int dev_mark(RtProgram *p) {
   return -1;
 }
 
-/* What a timed launch is called in the profile: the kernel's symbol, or
- * the op with its result's type (a GEMM's shape). */
-static const char *dev_label(const RtJitKernel *K, const IrNode *nd) {
+/* What a timed launch is called in the profile: the kernel's symbol; for
+ * the planned runs without one, what they are (a GEMM with its bias
+ * epilogue, a weight gradient's GEMM into its state, AdamW, an attention's
+ * backward in one pass) with the node's type; else the op and its type. */
+static const char *dev_label(const IrBlock *b, const RtJitKernel *K, const IrNode *nd) {
   if (K && K->cl.name[0]) return ts_intern(K->cl.name);
   char t[160], s[256];
-  snprintf(s, sizeof s, "%s %s", ir_ops[nd->op].name, ir_type_str(&nd->type, t, sizeof t));
+  const IrNode *shape = nd;
+  const char *what = ir_ops[nd->op].name;
+  if (K && K->gemm_mm) what = "gemm+bias";
+  else if (K && K->accum_from) {
+    what = "gemm into grad";
+    shape = &b->nodes[K->accum_from - 1];   /* the weight gradient's matmul */
+  } else if (K && K->adamw) what = "adamw (all tensors)";
+  else if (K && K->attn_grads) what = "attention_bwd (one pass)";
+  snprintf(s, sizeof s, "%s %s", what, ir_type_str(&shape->type, t, sizeof t));
   return ts_intern(s);
 }
 
-static void dev_mark_end(RtProgram *p, int from, const RtJitKernel *K, const IrNode *nd) {
+static void dev_mark_end(RtProgram *p, int from, const IrBlock *b, const RtJitKernel *K, const IrNode *nd) {
   int to = dev_mark(p);
   if (to < 0) return;
-  VEC_PUSH(p->dmark, ((RtDevMark){dev_label(K, nd), from, to}));
+  VEC_PUSH(p->dmark, ((RtDevMark){dev_label(b, K, nd), from, to}));
 }
 
 /* After the block's sync: each mark pair's milliseconds into dtime. */
@@ -1062,7 +1072,7 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
         p->op_s[b->nodes[i].op] += ts_now_s() - t0;
         p->op_n[b->nodes[i].op]++;
       }
-      if (mark0 >= 0 && !bad) dev_mark_end(p, mark0, kid >= 0 ? &jb->k.a[kid] : NULL, nd);
+      if (mark0 >= 0 && !bad) dev_mark_end(p, mark0, b, kid >= 0 ? &jb->k.a[kid] : NULL, nd);
     }
     /* release what position i was the last reader of (and unread results) */
     for (int f = foff[i]; f < foff[i + 1] && !bad; f++) bad = release(p, &r, fval[f], i, msg, sizeof msg);

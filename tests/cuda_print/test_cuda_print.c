@@ -735,6 +735,47 @@ static void hand_two_loops(CgType t, int64_t R, int64_t D) {
   cg_kernel_free(k);
 }
 
+/* Split rows (cuda.c): R long rows, each a pure reduction, on several
+ * blocks per row combined by the last:  s = 1.5 + sum x^2;  mx = max(0,
+ * x...);  out = 2 s;  mx.  The text must be split, the values right (the
+ * emulator runs the blocks in order; the ticket picks the last). */
+static void hand_split(CgType t, int64_t R, int64_t D) {
+  CgKernel *k = cg_kernel_new(t == CG_F32 ? "split_f32" : "split_f64", R);
+  int bx = cg_buf(k, t, R * D, 0), bo = cg_buf(k, t, R, 1), bm = cg_buf(k, t, R, 1);
+  int gid = cg_gid(k), base = cg_bin(k, CG_MUL, gid, cg_const_i(k, CG_I64, D));
+  int s = cg_acc(k, t, CG_RED_SUM, 1.5), mx = cg_acc(k, t, CG_RED_MAX, 0.0);
+  int r1 = cg_range(k, cg_const_i(k, CG_I64, D));
+  int l1 = cg_load(k, bx, cg_bin(k, CG_ADD, base, r1));
+  cg_update(k, s, cg_bin(k, CG_MUL, l1, l1));
+  cg_update(k, mx, l1);
+  cg_end(k);
+  cg_store(k, bo, gid, cg_bin(k, CG_MUL, s, cg_const_f(k, t, 2)));
+  cg_store(k, bm, gid, mx);
+  char what[96];
+  snprintf(what, sizeof what, "hand: split rows, %s R=%lld D=%lld", cg_type_name(t), (long long)R, (long long)D);
+  Kept *kp = keep(k, 1, what);
+  fill(kp->init[0], t, R * D, -2, 1);
+  for (int64_t j = 0; j < D; j++) st(kp->init[0], t, j, -1 - urand());   /* row 0 below 0: the init wins */
+  for (int b = 1; b < 3; b++) {
+    memset(kp->init[b], 0xff, bytes_of(&kp->buf[b]));
+    kp->ref[b] = ts_xmalloc((size_t)kp->buf[b].n * sizeof(double) + 8);
+  }
+  for (int64_t r = 0; r < R; r++) {
+    double sq = 1.5, m = 0;
+    for (int64_t j = 0; j < D; j++) {
+      double x = ldc(kp->init[0], t, r * D + j);
+      sq += x * x;
+      m = x > m ? x : m;
+    }
+    kp->ref[1][r] = 2 * sq;
+    kp->ref[2][r] = m;
+  }
+  CHECK(has(g_kept.n - 1, "split rows of") && has(g_kept.n - 1, "ts_split_ticket[gid]") &&
+            has(g_kept.n - 1, "|| ts_chunk != 0) v"), "%s: not split, or its sum not started once", what);
+  run_jit(k, kp);
+  cg_kernel_free(k);
+}
+
 /* In place with a load at top level before the loop that overwrites its
  * element: y[r, j] = x[r, j] - x[r, 0], y on x's memory.  One thread per
  * iteration reads x[r, 0] before it stores y[r, 0]; in row mode the
@@ -861,6 +902,8 @@ static void build_all(void) {
   hand_two_loops(CG_F64, 5, 300);
   hand_two_loops(CG_F32, 5, 100);
   hand_two_loops(CG_F64, 3, 20);
+  hand_split(CG_F64, 1, 100003);
+  hand_split(CG_F32, 3, 70001);
   hand_top_load(64);
   hand_top_load(700);
   hand_param_trip();

@@ -415,6 +415,9 @@ static inline void __syncthreads(void) {
   ts_emu_impl::yield(t);
 }
 
+/* blocks run one after another: every write of an earlier block is seen */
+static inline void __threadfence(void) {}
+
 /* ---- atomics: threads switch only at barriers, so a plain read-modify-write is atomic ---- */
 static inline float atomicAdd(float *p, float v) { float o = *p; *p = o + v; return o; }
 static inline double atomicAdd(double *p, double v) { double o = *p; *p = o + v; return o; }
