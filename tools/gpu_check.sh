@@ -92,7 +92,7 @@ want() {   # want PART: whether --only (if given) names it
 status_of() { case "$rc" in 0) echo ok ;; 124|137) echo "TIMEOUT" ;; 125) echo "skipped" ;; *) echo FAIL ;; esac; }
 
 # ---- env ----
-gpu=0 arch="" gpuname="" peak32=""
+gpu=0 arch="" gpuname="" peak32="" peak16=""
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi > "$out/nvidia-smi.txt" 2>&1; then
   gpu=1
   q=$(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null | head -1)
@@ -101,11 +101,11 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi > "$out/nvidia-smi.txt" 2
   arch=sm_$cap
   cuda=$(grep -o "CUDA Version: [0-9.]*" "$out/nvidia-smi.txt" | head -1)
   row env ok "$q; $cuda; kit $commit; $(uname -r)"
-  case "$gpuname" in   # dense fp32 (no tensor cores) from NVIDIA's datasheets, TFLOP/s
-    *H100*PCIe*) peak32=51 ;;
-    *H100*|*H200*|*GH200*) peak32=67 ;;
-    *A100*) peak32=19.5 ;;
-    *B200*) peak32=80 ;;
+  case "$gpuname" in   # dense fp32 (no tensor cores) and dense bf16 tensor, NVIDIA's datasheets, TFLOP/s
+    *H100*PCIe*) peak32=51 peak16=756 ;;
+    *H100*|*H200*|*GH200*) peak32=67 peak16=989 ;;
+    *A100*) peak32=19.5 peak16=312 ;;
+    *B200*) peak32=80 peak16=2250 ;;
   esac
   # where the CUDA libraries are, for the logs (the runtime finds them itself: ir/dl.h)
   { ldconfig -p 2>/dev/null | grep -E "libcuda\.so|libnvrtc|libcublasLt|libnccl|libcudart"
@@ -167,7 +167,7 @@ L=12 D=768 V=50304 S=1024 B=8
 # per token 6N + 12*L*D*S (PaLM, appendix B: 12 L H Q T with H*Q = D, T = S)
 N=$(( V * D + L * (12 * D * D + 13 * D) + 2 * D ))
 fpt=$(( 6 * N + 12 * L * D * S ))
-mfu_note="MFU = tokens/s x (6N + 12*L*d*s) / peak, N=$N, peak f32 ${peak32:-?} TFLOP/s (dense, no tensor cores)"
+mfu_note="MFU = tokens/s x (6N + 12*L*d*s) / peak, N=$N; peak f32 ${peak32:-?} TFLOP/s (dense, no tensor cores), bf16 ${peak16:-?} (dense, tensor cores)"
 if ! want gpt2-124m; then :
 elif [ "$gpu" = 1 ]; then
   run_part gpt2-mcc 120 "$MCC" "$samples/gpt.mdl" -D batch=$B -D micro_batch=$B $target -o "$out/gpt2.plan"
@@ -198,15 +198,16 @@ torch_row() {   # torch_row NAME SECONDS ARGS...
   run_part "$name" "$want" env PYTHONUNBUFFERED=1 python3 "$src/bench/torch_step.py" --device cuda --vocab $V \
     --d-model $D --heads 12 --layers $L --batch $B --seq $S --steps 5 --warmup 2 "$@"
   if [ "$rc" != 0 ]; then row "$name" "$(status_of)" "$(tail -1 "$out/$name.log" | cut -c1-200)"; return; fi
-  local st
+  local st peak=${peak32:-0}
+  case " $* " in *" --bf16 "*) peak=${peak16:-0} ;; esac
   st=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); s=sorted(d["step_s"]); print(s[len(s)//2])' "$out/$name.log")
-  row "$name" ok "$(awk -v s="$st" -v t=$((B * S)) -v f=$fpt -v p="${peak32:-0}" 'BEGIN{printf "%.1f ms/step, %.0f tokens/s, MFU %s", s*1000, t/s, (p>0? sprintf("%.1f%%", 100*t*f/s/(p*1e12)) : "?")}') ($*)"
+  row "$name" ok "$(awk -v s="$st" -v t=$((B * S)) -v f=$fpt -v p="$peak" 'BEGIN{printf "%.1f ms/step, %.0f tokens/s, MFU %s of %s TFLOP/s", s*1000, t/s, (p>0? sprintf("%.1f%%", 100*t*f/s/(p*1e12)) : "?"), p}') (bench/torch_step.py --device cuda $*)"
 }
 # ---- where GPT-2's step goes: CUDA events around every launch ----
 if ! want kernels; then :
 elif [ "$gpu" = 0 ] || [ ! -f "$out/gpt2.plan" ]; then row kernels "no GPU" "TS_RT_PROFILE=1 mrun gpt2.plan"
 else
-  run_part kernels 90 env TS_RT_PROFILE=1 "$MRUN" "$out/gpt2.plan" --steps 3 --data "$data" --quiet
+  run_part kernels 90 env TS_RT_PROFILE=1 "$MRUN" "$out/gpt2.plan" --steps 4 --data "$data" --quiet
   if [ "$rc" != 0 ]; then row kernels "$(status_of)" "$(why_failed "$out/kernels.log")"
   else
     grep -A11 "GPU time per kernel" "$out/kernels.log" > "$out/kernels.txt"
@@ -244,7 +245,7 @@ want torch && torch_row torch-bf16 90 --bf16
   echo "$mfu_note. $(left)s of the ${budget}s budget left; logs in $out."
   if [ -s "$out/kernels.txt" ]; then
     echo
-    echo "GPT-2 124M f32, 3 steps with a CUDA event around every launch (graphs off):"
+    echo "GPT-2 124M f32, steps 2-4 with a CUDA event around every launch (graphs off):"
     echo '```'
     cat "$out/kernels.txt"
     echo '```'
