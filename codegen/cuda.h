@@ -101,8 +101,9 @@ int cg_cuda_comm_relayout(const IrModule *m, const IrBlock *b, int i, const char
 
 /* ---- NVRTC (nvrtc.c) ----
  * libnvrtc is loaded with dlopen on first use (binaries start without
- * it).  Compiles one module for "sm_80" or "sm_90": PTX and a cubin, and
- * ptxas' verbose report parsed per kernel. */
+ * it).  Compiles one module for a real arch "sm_XX" that the NVRTC found
+ * supports (sm_75 .. sm_121 for CUDA 13.0): PTX for the matching virtual
+ * arch, a cubin, and ptxas' verbose report parsed per kernel. */
 typedef struct {
   char name[80];
   int registers;
@@ -122,6 +123,11 @@ typedef struct {
 } CgNvrtcOut;
 /* Whether NVRTC can be loaded here; if not, *why says so. */
 int cg_nvrtc_available(char *why, size_t whylen);
+/* "sm_86" -> 86; 0 when arch is not "sm_" and two or three digits. */
+int cg_cuda_arch_number(const char *arch);
+/* The real archs NVRTC compiles for (e.g. 75, 80, ..., 121), at most max
+ * into archs: how many, or -1 with why. */
+int cg_nvrtc_archs(int *archs, int max, char *why, size_t whylen);
 /* 0, or -1 with a message (NVRTC missing, or the compile failed: the
  * message then quotes the log's first errors).  Free with cg_nvrtc_out_free. */
 int cg_nvrtc_compile(const char *src, const char *arch, CgNvrtcOut *out, char *err, size_t errlen);

@@ -26,6 +26,8 @@ typedef struct {
   NvResult (*cubin)(NvProgram, char *);
   NvResult (*destroy)(NvProgram *);
   const char *(*errstr)(NvResult);
+  NvResult (*narchs)(int *);
+  NvResult (*archs)(int *);
 } NvLib;
 static NvLib nv;
 static struct { int tried; void *h; char why[1024]; } nv_lib;
@@ -36,6 +38,7 @@ static const TsDlSym nv_syms[] = {
   TS_DL_SYM(NvLib, ptx_size, "nvrtcGetPTXSize"),      TS_DL_SYM(NvLib, ptx, "nvrtcGetPTX"),
   TS_DL_SYM(NvLib, cubin_size, "nvrtcGetCUBINSize"),  TS_DL_SYM(NvLib, cubin, "nvrtcGetCUBIN"),
   TS_DL_SYM(NvLib, destroy, "nvrtcDestroyProgram"),   TS_DL_SYM(NvLib, errstr, "nvrtcGetErrorString"),
+  TS_DL_SYM(NvLib, narchs, "nvrtcGetNumSupportedArchs"), TS_DL_SYM(NvLib, archs, "nvrtcGetSupportedArchs"),
 };
 
 static int load(void) {
@@ -159,11 +162,45 @@ static void parse_report(CgNvrtcOut *o) {
   }
 }
 
+/* "sm_N" -> N (two or three digits), else 0 */
+int cg_cuda_arch_number(const char *arch) {
+  if (strncmp(arch, "sm_", 3) != 0) return 0;
+  size_t n = strspn(arch + 3, "0123456789");
+  if ((n != 2 && n != 3) || arch[3 + n] || arch[3] == '0') return 0;
+  return atoi(arch + 3);
+}
+
+int cg_nvrtc_archs(int *archs, int max, char *why, size_t whylen) {
+  if (load() != 0) return ts_errf(why, whylen, "%s", nv_lib.why);
+  int n = 0;
+  if (nv.narchs(&n) != 0 || n <= 0) return ts_errf(why, whylen, "nvrtcGetNumSupportedArchs failed");
+  int *all = ts_xcalloc((size_t)n, sizeof *all);
+  if (nv.archs(all) != 0) {
+    free(all);
+    return ts_errf(why, whylen, "nvrtcGetSupportedArchs failed");
+  }
+  int k = n < max ? n : max;
+  memcpy(archs, all, (size_t)k * sizeof *archs);
+  free(all);
+  return k;
+}
+
 int cg_nvrtc_compile(const char *src, const char *arch, CgNvrtcOut *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
-  if (strcmp(arch, "sm_80") != 0 && strcmp(arch, "sm_90") != 0)
-    return ts_errf(err, errlen, "unsupported CUDA target '%s' (supported: sm_80, sm_90)", arch);
+  int sm = cg_cuda_arch_number(arch);
+  if (!sm) return ts_errf(err, errlen, "CUDA target '%s' is not of the form sm_XX (sm_80, sm_90, sm_120, ...)", arch);
   if (load() != 0) return ts_errf(err, errlen, "%s", nv_lib.why);
+  /* the archs this NVRTC compiles for (sm_75 .. sm_121 for CUDA 13.0) */
+  int archs[64], na = cg_nvrtc_archs(archs, 64, err, errlen), ok = 0;
+  if (na < 0) return -1;
+  for (int i = 0; i < na; i++) ok |= archs[i] == sm;
+  if (!ok) {
+    char list[400] = "";
+    size_t w = 0;
+    for (int i = 0; i < na && w < sizeof list; i++)
+      w += (size_t)snprintf(list + w, sizeof list - w, "%ssm_%d", i ? ", " : "", archs[i]);
+    return ts_errf(err, errlen, "this NVRTC cannot compile for %s (it supports %s)", arch, list);
+  }
   char virt[16];
   snprintf(virt, sizeof virt, "compute_%s", arch + 3);
   char *log1 = NULL;

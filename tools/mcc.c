@@ -59,7 +59,8 @@ static void usage(FILE *f) {
           "  --emit=KIND            plan (default), plan-text, ir (final IR), dot (Graphviz)\n"
           "  --emit=llvm DIR        instead of a plan, each distinct kernel's optimized LLVM IR as DIR/<kernel>_<hash>.ll\n"
           "                         and its kernel IR (text) as DIR/<kernel>_<hash>.kir\n"
-          "  --target sm_80,sm_90   compile every kernel with NVRTC for these GPUs (PTX + cubin in the plan;\n"
+          "  --target sm_80,sm_90   compile every kernel with NVRTC for these GPUs, any arch NVRTC supports\n"
+          "                         (sm_80 A100, sm_86/sm_89 RTX, sm_90 H100/H200, sm_100 B200; PTX + cubin in the plan;\n"
           "                         ptxas must report no spills, no stack frame)\n"
           "  --emit=cuda DIR        instead of a plan, each program's CUDA module as DIR/prog<K>_<hash>.cu\n"
           "                         (and .ptx per --target)\n"
@@ -139,7 +140,7 @@ typedef struct {
   const char *trace;         /* --emit=trace FILE */
   const char *llvm_dir;      /* --emit=llvm DIR: each kernel's LLVM IR (runtime/exec/exec_jit.c) */
   const char *cuda_dir;      /* --emit=cuda DIR: each program's CUDA module (runtime/exec/dev_prog.c) */
-  int sm[2], nsm;            /* --target sm_80,sm_90: NVRTC images in the plan (docs/cuda.md) */
+  int sm[8], nsm;            /* --target sm_80,sm_90: NVRTC images in the plan (docs/cuda.md) */
   const char *schedule;      /* --schedule NAME; NULL: 1f1b, interleaved with vpp >= 2 */
   const char *pp_layout;     /* --pp-layout STR */
   VEC(int) pp_layers;        /* --pp-layers A,B,... */
@@ -329,9 +330,16 @@ static int parse_args(int argc, char **argv, Args *a) {
       NEED_ARG(s);
       for (const char *q = next; *q;) {
         size_t n = strcspn(q, ",");
-        int sm = n == 5 && strncmp(q, "sm_80", 5) == 0 ? 80 : n == 5 && strncmp(q, "sm_90", 5) == 0 ? 90 : 0;
-        if (!sm) return usage_error("--target takes sm_80 and/or sm_90 (comma separated), got '%s'", next);
-        if (a->nsm < 2 && (a->nsm == 0 || a->sm[0] != sm)) a->sm[a->nsm++] = sm;
+        char one[16];
+        snprintf(one, sizeof one, "%.*s", (int)(n < sizeof one ? n : sizeof one - 1), q);
+        int sm = n < sizeof one ? cg_cuda_arch_number(one) : 0, dup = 0;
+        if (!sm)
+          return usage_error("--target takes GPU archs sm_XX, comma separated (sm_80 for A100, sm_90 for H100 / H200, "
+                             "sm_100 for B200, ...), got '%s'", next);
+        for (int t = 0; t < a->nsm; t++) dup |= a->sm[t] == sm;
+        if (!dup && a->nsm == (int)(sizeof a->sm / sizeof a->sm[0]))
+          return usage_error("--target: at most 8 archs, got '%s'", next);
+        if (!dup) a->sm[a->nsm++] = sm;
         q += n + (q[n] == ',');
       }
       continue;

@@ -39,6 +39,7 @@
  * on bad usage.  With --selftest: 0 when every row passes, 1 when a row
  * FAILs, the device cannot be opened, or there is no GPU driver or device
  * (then one line says so: nothing was tested). */
+#include "codegen/cuda.h"
 #include "plan/plan.h"
 #include "runtime/exec/train.h"
 #include "runtime/comm/comm.h"
@@ -691,13 +692,15 @@ static int gpu_setup(const Args *a, const Plan *plan, int pi, const IrModule *m,
     return ts_errf(err, errlen, "rank %d: opening GPU %d: %s (--cpu runs on CPU ranks)", world_rank, ordinal, why);
   int exact = 0;
   const PlanImage *im = d->sm > 0 ? image_for(plan, pi, d->sm, &exact) : NULL;
-  if (!im) {
-    if (d->sm > 0)
-      ts_errf(err, errlen, "%s: the plan has no cubin/PTX for sm_%d, the arch of GPU %d; recompile with mcc --target "
-              "sm_%d", a->plan, d->sm, ordinal, d->sm);
-    else
-      ts_errf(err, errlen, "%s: the architecture of %s is unknown, so no image of the plan can be chosen", a->plan,
-              d->label);
+  if (!im && d->sm > 0 && !cg_nvrtc_available(why, sizeof why)) {
+    ts_errf(err, errlen, "%s: the plan has no cubin/PTX for sm_%d, the arch of GPU %d, and NVRTC cannot compile it "
+            "here (%s); recompile with mcc --target sm_%d", a->plan, d->sm, ordinal, why, d->sm);
+    d->ops->close(d);
+    return -1;
+  }
+  if (!im && d->sm <= 0) {
+    ts_errf(err, errlen, "%s: the architecture of %s is unknown, so no image of the plan can be chosen", a->plan,
+            d->label);
     d->ops->close(d);
     return -1;
   }
@@ -707,7 +710,11 @@ static int gpu_setup(const Args *a, const Plan *plan, int pi, const IrModule *m,
     d->ops->close(d);
     return -1;
   }
-  if (g->cm.hash != im->source_hash) {
+  if (!im) {   /* no image for this arch or an older one: NVRTC compiles the source when the module loads */
+    if (world_rank == 0)
+      fprintf(stderr, "mrun: %s has no cubin or PTX for sm_%d (mcc --target sm_%d would add one): compiling its CUDA "
+              "source for GPU %d with NVRTC\n", a->plan, d->sm, d->sm, ordinal);
+  } else if (g->cm.hash != im->source_hash) {
     if (respecialized)
       ts_errf(err, errlen, "%s: the plan's CUDA image is for dp=%d and this run has dp=%d; recompile with mcc --dp %d "
               "--target sm_%d", a->plan, plan->mesh.dp < 1 ? 1 : plan->mesh.dp, ir_axis_size(m, IR_AXIS_DP),
@@ -720,7 +727,8 @@ static int gpu_setup(const Args *a, const Plan *plan, int pi, const IrModule *m,
     return -1;
   }
   g->dev = d;
-  g->img = (RtDevImage){g->cm.src.p, im->ptx, exact ? im->cubin : NULL, exact ? im->cubin_len : 0, exact ? im->sm : 0};
+  g->img = im ? (RtDevImage){g->cm.src.p, im->ptx, exact ? im->cubin : NULL, exact ? im->cubin_len : 0, exact ? im->sm : 0}
+              : (RtDevImage){g->cm.src.p, NULL, NULL, 0, 0};
   RtExecOpts xo = {.backend = RT_BACKEND_LLVM, .dev = d, .image = &g->img};
   rt_exec_set_default(&xo);
   return 0;

@@ -51,6 +51,21 @@ static int driver_open(const char *path, void *table, char *why, size_t n) {
     ts_errf(why, n, "GPU driver found (%s) but %s", path, msg);
     return -1;
   }
+  /* The GPU path is built for CUDA 13: cuBLASLt 13 and NVRTC 13's PTX
+   * (PTX ISA 9.0) need a driver of CUDA 13 (the 580 series) or newer; an
+   * older one would fail later, at the first PTX load or GEMM, with an
+   * unclear error. */
+  int v = 0;
+  if (RT_CU_CHECK(cu, DriverGetVersion, NULL, msg, sizeof msg, &v) != 0) {
+    ts_errf(why, n, "GPU driver found (%s) but %s", path, msg);
+    return -1;
+  }
+  if (v < RT_CUDA_MIN_DRIVER) {
+    ts_errf(why, n, "the GPU driver (%s) supports CUDA %d.%d; Tessera's GPU path needs CUDA %d.%d or newer (NVIDIA "
+            "driver 580 or newer; nvidia-smi shows the driver): update the driver, or use --cpu", path, v / 1000,
+            v % 1000 / 10, RT_CUDA_MIN_DRIVER / 1000, RT_CUDA_MIN_DRIVER % 1000 / 10);
+    return -1;
+  }
   return 0;
 }
 

@@ -81,6 +81,9 @@ enum {
  * The symbols are the real ones behind cuda.h's macros (cuMemAlloc is
  * cuMemAlloc_v2, cuGraphInstantiate is cuGraphInstantiateWithFlags, ...):
  * dlsym sees no macros.  All return CUresult. */
+/* the oldest driver the GPU path runs on: CUDA 13.0 (cuDriverGetVersion) */
+#define RT_CUDA_MIN_DRIVER 13000
+
 #define RT_CU_FUNCS(X)                                                                                          \
   X(GetErrorName, "cuGetErrorName", (CuResult e, const char **s))                                              \
   X(GetErrorString, "cuGetErrorString", (CuResult e, const char **s))                                          \

@@ -705,6 +705,21 @@ static void test_init_fail(const char *cuda, const char *lt) {
   printf("cuInit failing: %s\n", err);
 }
 
+/* A driver older than CUDA 13 (the fake claims 12.4): refused when the
+ * driver is loaded, with the versions and what to do, before any PTX or
+ * GEMM could fail obscurely. */
+static void test_old_driver(const char *cuda, const char *lt) {
+  int sm[1] = {90};
+  setenv("FAKE_CUDA_DRIVER_VERSION", "12040", 1);
+  use_fakes(cuda, lt, 1, sm, 0);
+  char msg[512], err[512];
+  CHECK(rt_dev_cuda_count(msg, sizeof msg) == 0, "count with a CUDA 12.4 driver");
+  MSG(msg, "supports CUDA 12.4; Tessera's GPU path needs CUDA 13.0 or newer (NVIDIA driver 580 or newer");
+  CHECK(rt_dev_cuda_open(0, err, sizeof err) == NULL, "open with a CUDA 12.4 driver");
+  MSG(err, "supports CUDA 12.4; Tessera's GPU path needs CUDA 13.0", "--cpu");
+  printf("old driver: %s\n", err);
+}
+
 static void test_nolt(const char *cuda) {
   int sm[1] = {80};
   use_fakes(cuda, "/nonexistent/libcublasLt.so.13", 1, sm, 0);
@@ -966,6 +981,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(mode, "graph")) test_graph(cuda, lt);
   else if (!strcmp(mode, "errors")) test_errors(cuda, lt);
   else if (!strcmp(mode, "init_fail")) test_init_fail(cuda, lt);
+  else if (!strcmp(mode, "old_driver")) test_old_driver(cuda, lt);
   else if (!strcmp(mode, "nolt")) test_nolt(cuda);
   else if (!strcmp(mode, "gemm")) test_gemm(cuda, lt);
   else {
