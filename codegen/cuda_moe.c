@@ -139,17 +139,27 @@ int cg_cuda_moe_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
       CG_CUDA_GRID_LOOP(src, "e", R * D);
       sb_puts(src, "    out[e] = 0;\n  }\n}\n");
       cg_cuda_launch(&l[1], name, 1, R * D, 256);
-      /* out[row(t, e)] = scale[t, e] * x[t]; a pair past the rows poisons row 0 */
+      /* out[row(t, e)] = scale[t, e] * x[t] */
       CG_CUDA_HEAD(src, name, 2);
       sb_printf(src, "  const %s *x = (const %s *)a.b[0], *sc = (const %s *)a.b[2];\n"
                      "  const long long *map = (const long long *)a.b[4];\n  %s *out = (%s *)a.b[3];\n", T, T, T, T, T);
       CG_CUDA_GRID_LOOP(src, "i", N * E * D);
       sb_printf(src, "    const long long q = i %% %lldLL, te = i / %lldLL, t = te / %lldLL, r = map[te];\n"
-                     "    if (r >= 0) out[r * %lldLL + q] = (%s)((double)sc[te] * (double)x[t * %lldLL + q]);\n"
-                     "    else if (r == -2) out[q] = (%s)TS_NAN;\n  }\n}\n",
-                (long long)D, (long long)D, (long long)E, (long long)D, T, (long long)D, T);
+                     "    if (r >= 0) out[r * %lldLL + q] = (%s)((double)sc[te] * (double)x[t * %lldLL + q]);\n  }\n}\n",
+                (long long)D, (long long)D, (long long)E, (long long)D, T, (long long)D);
       cg_cuda_launch(&l[2], name, 2, N * E * D, 256);
-      *nl = 3;
+      /* a pair past the rows (the kernel cannot fail as the CPU's does)
+       * poisons row 0, after every row is written: a launch of its own, so
+       * no thread of the scatter can overwrite the NaN (issue 25) */
+      CG_CUDA_HEAD(src, name, 3);
+      sb_printf(src, "  const long long *map = (const long long *)a.b[4];\n  %s *out = (%s *)a.b[3];\n"
+                     "  if (blockIdx.x != 0) return;\n  double bad = 0;\n"
+                     "  for (long long i = threadIdx.x; i < %lldLL; i += blockDim.x) bad = map[i] == -2 ? 1.0 : bad;\n"
+                     "  if (ts_block_max(bad) > 0)\n"
+                     "    for (long long q = threadIdx.x; q < %lldLL; q += blockDim.x) out[q] = (%s)TS_NAN;\n}\n",
+                T, T, (long long)(N * E), (long long)D, T);
+      cg_cuda_launch(&l[3], name, 3, 256, 256);
+      *nl = 4;
       return 0;
     }
     if (nd->op == IR_OP_MOE_UNPERM) {   /* out[t] = sum over routed e, in order, of scale[t, e] * y[row(t, e)] */

@@ -1067,8 +1067,10 @@ static void check_nvrtc(const char *arch, int part, int parts) {
 /* ---- emu: run every kernel under the emulator ---- */
 #ifdef TS_EMU_HEADER
 /* One launch of kept kernel kp with launch l on fresh copies of its
- * buffers; compares the written ones with the reference and the JIT. */
-static void emu_run(TsEmu *e, const Kept *kp, const CgCudaLaunch *l, const char *how) {
+ * buffers; compares the written ones with the reference and the JIT.
+ * save (if not NULL) gets a copy of each written buffer; same (if not
+ * NULL) holds such copies the written buffers must equal bit for bit. */
+static void emu_run(TsEmu *e, const Kept *kp, const CgCudaLaunch *l, const char *how, void **save, void *const *same) {
   void *mem[CG_MAX_BUFS], *at[CG_MAX_BUFS];
   for (int b = 0; b < kp->nbuf; b++) {
     mem[b] = ts_xcalloc(bytes_of(&kp->buf[b]) + 32, 1);
@@ -1101,6 +1103,16 @@ static void emu_run(TsEmu *e, const Kept *kp, const CgCudaLaunch *l, const char 
     CHECK(badj < 0, "%s (%s, %s): buffer %d element %lld = %.17g, LLVM kernel %.17g", kp->what, how, kp->l.name, b,
           (long long)badj, badj >= 0 ? ldc(at[b], cb->type, badj) : 0.0,
           badj >= 0 ? ldc(kp->jit[b], cb->type, badj) : 0.0);
+    size_t bytes = bytes_of(cb);
+    if (save) save[b] = memcpy(ts_xmalloc(bytes + 1), at[b], bytes);
+    if (same && same[b] && memcmp(same[b], at[b], bytes) != 0) {
+      int64_t x = 0;
+      size_t es = cg_size(cb->type);
+      while (x < cb->n && memcmp((char *)same[b] + x * es, (char *)at[b] + x * es, es) == 0) x++;
+      CHECK(0, "%s (%s, %s): buffer %d element %lld = %.17g, %.17g in the default order: the result depends on the "
+            "order threads and blocks run in", kp->what, how, kp->l.name, b, (long long)x, ldc(at[b], cb->type, x),
+            ldc(same[b], cb->type, x));
+    }
   }
   for (int b = 0; b < kp->nbuf; b++) free(mem[b]);
 }
@@ -1114,15 +1126,29 @@ static void check_emu(void) {
   int strided = 0;
   for (int i = 0; i < g_kept.n; i++) {
     const Kept *kp = &g_kept.a[i];
-    emu_run(e, kp, &kp->l, "own launch");
+    void *fifo[CG_MAX_BUFS] = {0};
+    emu_run(e, kp, &kp->l, "own launch", fifo, NULL);
+    /* the same bits whatever order the threads and blocks run in (the
+     * emulator's TS_EMU_ORDER: a race a GPU may show changes them) */
+    char seed[32];
+    snprintf(seed, sizeof seed, "random:%d", i + 1);
+    const char *orders[] = {"reverse", seed};
+    for (int o = 0; o < 2; o++) {
+      setenv("TS_EMU_ORDER", orders[o], 1);
+      emu_run(e, kp, &kp->l, o ? "threads and blocks in random order" : "threads and blocks in reverse order", NULL,
+              fifo);
+    }
+    unsetenv("TS_EMU_ORDER");
+    for (int b = 0; b < CG_MAX_BUFS; b++) free(fifo[b]);
     if (kp->l.blocks > 3) {   /* fewer blocks than the space: the kernel loops */
       CgCudaLaunch l = kp->l;
       l.blocks = 3;
-      emu_run(e, kp, &l, "3 blocks");
+      emu_run(e, kp, &l, "3 blocks", NULL, NULL);
       strided++;
     }
   }
-  printf("emu: %d kernels run and compared (%d also with 3 blocks)\n", g_kept.n, strided);
+  printf("emu: %d kernels run and compared, each also in reverse and random order (bit for bit); %d also with 3 "
+         "blocks\n", g_kept.n, strided);
   ts_emu_free(e);
 }
 #endif

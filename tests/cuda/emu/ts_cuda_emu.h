@@ -21,7 +21,16 @@
  * threads switch only at barriers.  A barrier some threads can never pass
  * (divergent __syncthreads, a shuffle in a warp with returned lanes,
  * deadlock) ends the launch with a message; the abandoned workers' stacks
- * are reset.  The context switch is a few lines of x86-64 assembly
+ * are reset.
+ * Order (TS_EMU_ORDER, read at each launch): "fifo" (the default: blocks
+ * ascending, threads in index order at the start and after each barrier),
+ * "reverse" (blocks descending, threads in reverse index order), or
+ * "random[:SEED]" (blocks in an order given by a bijection of their
+ * indices, threads shuffled at the start and at every barrier release,
+ * from SEED, default 1).  A kernel whose result depends on the order in
+ * which its threads or blocks run (a race a GPU may show) gives different
+ * bits under another order; the suite runs under all three.  The context
+ * switch is a few lines of x86-64 assembly
  * (callee-saved registers, MXCSR and the x87 control word; no signal-mask
  * system call as swapcontext makes); -DTS_EMU_UCONTEXT, and any other
  * architecture, use makecontext / swapcontext instead.
@@ -154,6 +163,8 @@ struct State {
   Warp warp[MAX_THREADS / WARP];
   int queue[MAX_THREADS];     /* ready threads, FIFO ring */
   int qhead, qlen;
+  int order;                  /* TS_EMU_ORDER: 0 fifo, 1 reverse, 2 random */
+  unsigned long long rng;     /* random: the xorshift state */
 };
 
 static State S;
@@ -273,6 +284,50 @@ static void reset_workers(int n) {
 
 static inline void push(int i) { S.queue[(S.qhead + S.qlen++) % MAX_THREADS] = i; }
 
+static unsigned long long next_rand() {
+  S.rng ^= S.rng << 13;
+  S.rng ^= S.rng >> 7;
+  S.rng ^= S.rng << 17;
+  return S.rng;
+}
+
+/* Makes threads lo .. lo + n - 1 ready, in the launch's order. */
+static void push_range(int lo, int n) {
+  int ids[MAX_THREADS];
+  for (int k = 0; k < n; k++) ids[k] = S.order == 1 ? lo + n - 1 - k : lo + k;
+  if (S.order == 2)
+    for (int k = n - 1; k > 0; k--) {
+      int j = (int)(next_rand() % (unsigned long long)(k + 1)), t = ids[k];
+      ids[k] = ids[j];
+      ids[j] = t;
+    }
+  for (int k = 0; k < n; k++) {
+    S.th[ids[k]].state = T_READY;
+    push(ids[k]);
+  }
+}
+
+/* TS_EMU_ORDER at a launch */
+static void read_order() {
+  const char *e = getenv("TS_EMU_ORDER");
+  S.order = 0;
+  if (!e || !*e || !strcmp(e, "fifo")) return;
+  if (!strcmp(e, "reverse")) S.order = 1;
+  else if (!strncmp(e, "random", 6)) {
+    S.order = 2;
+    S.rng = e[6] == ':' ? strtoull(e + 7, NULL, 10) : 1;
+    S.rng = S.rng * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
+    if (!S.rng) S.rng = 1;
+  }
+}
+
+/* The b-th block to run of `blocks`: a bijection of 0 .. blocks-1 */
+static long long block_at(long long b, long long blocks, unsigned long long mul) {
+  if (S.order == 1) return blocks - 1 - b;
+  if (S.order == 2) return (long long)(((unsigned __int128)b * mul + 12345) % (unsigned long long)blocks);
+  return b;
+}
+
 /* Why the threads of block b that have not returned can never go on. */
 static void diagnose(long long b, int n, int nsync, int ndone, char *err, unsigned long errlen) {
   for (int w = 0; w < n / WARP; w++) {
@@ -306,11 +361,8 @@ static int run_block(long long b, int n, char *err, unsigned long errlen) {
   blockIdx.x = (unsigned)b;
   S.qhead = 0;
   S.qlen = 0;
-  for (int i = 0; i < n; i++) {
-    S.th[i].state = T_READY;
-    S.th[i].parity = 0;
-    push(i);
-  }
+  for (int i = 0; i < n; i++) S.th[i].parity = 0;
+  push_range(0, n);
   for (int w = 0; w < n / WARP; w++) S.warp[w].arrived = S.warp[w].done = 0;
   int nsync = 0, ndone = 0;
   while (S.qlen > 0) {
@@ -325,20 +377,14 @@ static int run_block(long long b, int n, char *err, unsigned long errlen) {
     case T_SYNC:
       if (++nsync == n) {   /* every thread is here: none is queued */
         nsync = 0;
-        for (int j = 0; j < n; j++) {
-          S.th[j].state = T_READY;
-          push(j);
-        }
+        push_range(0, n);
       }
       break;
     case T_WARP: {
       Warp *W = &S.warp[i / WARP];
       if (++W->arrived == WARP) {
         W->arrived = 0;
-        for (int j = i / WARP * WARP; j < i / WARP * WARP + WARP; j++) {
-          S.th[j].state = T_READY;
-          push(j);
-        }
+        push_range(i / WARP * WARP, WARP);
       }
       break;
     }
@@ -473,7 +519,19 @@ extern "C" __attribute__((visibility("default"))) int ts_emu_launch(void (*fn)(T
     blockDim = dim3((unsigned)threads, 1, 1);
     gridDim = dim3((unsigned)blocks, 1, 1);
     threadIdx.y = threadIdx.z = blockIdx.y = blockIdx.z = 0;
-    for (long long b = 0; b < blocks && rc == 0; b++) rc = run_block(b, threads, err, errlen);
+    read_order();
+    /* random block order: a multiplier coprime to the block count */
+    unsigned long long mul = 1;
+    if (S.order == 2 && blocks > 1) {
+      mul = next_rand() % (unsigned long long)blocks;
+      unsigned long long x, y, r;
+      for (;; mul = (mul + 1) % (unsigned long long)blocks) {
+        if (!mul) continue;
+        for (x = mul, y = (unsigned long long)blocks; y; r = x % y, x = y, y = r) {}
+        if (x == 1) break;
+      }
+    }
+    for (long long b = 0; b < blocks && rc == 0; b++) rc = run_block(block_at(b, blocks, mul), threads, err, errlen);
     if (rc != 0) reset_workers(threads);
     S.cur = NULL;
   }
