@@ -51,6 +51,23 @@ static void c_free(RtDev *d, void *p) {
   (void)RT_CU_CHECK(cd(d)->cu, MemFree, NULL, err, sizeof err, dptr(p));   /* nothing to tell the caller */
 }
 
+static int c_host_alloc(RtDev *d, size_t bytes, void **ptr, char *err, size_t n) {
+  RtCudaDev *c = cd(d);
+  *ptr = NULL;
+  if (rt_cuda_current(d, err, n)) return -1;
+  char what[200];
+  snprintf(what, sizeof what, "allocating %zu bytes of page-locked host memory for %s", bytes, d->label);
+  if (RT_CU_CHECK(c->cu, MemAllocHost, what, err, n, ptr, bytes ? bytes : 64)) return -1;
+  memset(*ptr, 0, bytes ? bytes : 64);
+  return 0;
+}
+
+static void c_host_free(RtDev *d, void *p) {
+  char err[256];
+  if (!p || rt_cuda_current(d, err, sizeof err)) return;
+  (void)RT_CU_CHECK(cd(d)->cu, MemFreeHost, NULL, err, sizeof err, p);
+}
+
 static int c_h2d(RtDev *d, void *dst, const void *src, size_t bytes, int stream, char *err, size_t n) {
   RtCudaDev *c = cd(d);
   if (!bytes) return 0;
@@ -368,6 +385,7 @@ static const RtDevOps cuda_ops = {
   .graph_begin = c_graph_begin, .graph_end = c_graph_end, .graph_launch = c_graph_launch,
   .graph_free = c_graph_free, .stream_handle = c_stream_handle,
   .timer = c_timer, .timer_ms = c_timer_ms, .timer_reset = c_timer_reset,
+  .host_alloc = c_host_alloc, .host_free = c_host_free,
 };
 
 int rt_dev_cuda_count(char *msg, size_t msglen) {

@@ -99,6 +99,8 @@ enum {
   X(CtxSetCurrent, "cuCtxSetCurrent", (CuContext c))                                                           \
   X(MemAlloc, "cuMemAlloc_v2", (CuPtr *p, size_t bytes))                                                       \
   X(MemFree, "cuMemFree_v2", (CuPtr p))                                                                        \
+  X(MemAllocHost, "cuMemAllocHost_v2", (void **p, size_t bytes))                                               \
+  X(MemFreeHost, "cuMemFreeHost", (void *p))                                                                   \
   X(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", (CuPtr dst, const void *src, size_t bytes, CuStream s))          \
   X(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", (void *dst, CuPtr src, size_t bytes, CuStream s))                \
   X(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", (CuPtr dst, CuPtr src, size_t bytes, CuStream s))                \

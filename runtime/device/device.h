@@ -71,6 +71,12 @@ typedef struct {
   void (*close)(RtDev *d);
   int (*alloc)(RtDev *d, size_t bytes, void **ptr, char *err, size_t n);
   void (*free)(RtDev *d, void *ptr);
+  /* Page-locked host memory (optional: NULL means plain malloc will do):
+   * what a copy captured in a CUDA graph may read or write on the host
+   * (the staging buffers of the feeds, the output slots), since a capture
+   * refuses copies through pageable memory.  Zeroed. */
+  int (*host_alloc)(RtDev *d, size_t bytes, void **ptr, char *err, size_t n);
+  void (*host_free)(RtDev *d, void *ptr);
   /* copies are ordered on `stream`; d2h into host memory the caller reads
    * after sync */
   int (*h2d)(RtDev *d, void *dst, const void *src, size_t bytes, int stream, char *err, size_t n);

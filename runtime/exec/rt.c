@@ -423,6 +423,24 @@ void rt_program_exec_stats(const RtProgram *p, RtExecStats *s) {
   }
 }
 
+/* Host memory a device copy reads or writes when it may be captured in a
+ * graph (staging buffers, output slots): page-locked when the device has
+ * it (a capture refuses copies through pageable memory), else the heap.
+ * Zeroed.  0, or -1 with why. */
+static int host_buf(RtProgram *p, size_t bytes, void **q, char *why, size_t n) {
+  RtDev *d = p->opts.dev;
+  if (d->ops->host_alloc) return d->ops->host_alloc(d, bytes, q, why, n);
+  *q = ts_xcalloc(1, bytes ? bytes : 1);
+  return 0;
+}
+
+static void host_buf_free(RtProgram *p, void *q) {
+  RtDev *d = p->opts.dev;
+  if (!q) return;
+  if (d->ops->host_alloc) d->ops->host_free(d, q);
+  else free(q);
+}
+
 /* A program on a device: the device plan and module (exec_dev.c), and
  * the device copy of the initialized slab.  0 or -1. */
 static int device_setup(RtProgram *p, char *err, size_t errlen) {
@@ -441,7 +459,10 @@ static int device_setup(RtProgram *p, char *err, size_t errlen) {
   for (int b = 0; b < p->m->blocks.n; b++) {
     int n = p->m->blocks.a[b].n;
     p->dgr[b].stage = ts_xcalloc((size_t)(n ? n : 1), sizeof *p->dgr[b].stage);
-    p->dgr[b].slot = ts_xcalloc((size_t)(n ? n : 1), sizeof *p->dgr[b].slot);
+    void *slot = NULL;
+    if (host_buf(p, (size_t)(n ? n : 1) * sizeof *p->dgr[b].slot, &slot, why, sizeof why) != 0)
+      return ts_errf(err, errlen, "block %s's output slots: %s", p->m->blocks.a[b].name, why);
+    p->dgr[b].slot = slot;
   }
   if (d->ops->h2d(d, p->dslab, p->slab, p->slab_bytes, RT_STREAM_COMPUTE, why, sizeof why) != 0 ||
       d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
@@ -564,9 +585,9 @@ void rt_program_free(RtProgram *p) {
     RtDev *d = p->opts.dev;
     for (int b = 0; p->dgr && b < p->m->blocks.n; b++) {
       RtDevBlockRun *g = &p->dgr[b];
-      for (int i = 0; g->stage && i < p->m->blocks.a[b].n; i++) free(g->stage[i]);
+      for (int i = 0; g->stage && i < p->m->blocks.a[b].n; i++) host_buf_free(p, g->stage[i]);
       free(g->stage);
-      free(g->slot);
+      host_buf_free(p, g->slot);
       free(g->outs.a);
       if (g->graph) d->ops->graph_free(d, g->graph);
     }
@@ -922,7 +943,7 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
     if (!q) return -1;
     if (p->dx) {   /* through the node's staging buffer: the feed may change after we return */
       RtDevBlockRun *g = &p->dgr[b - p->m->blocks.a];
-      if (!g->stage[i]) g->stage[i] = ts_xmalloc(value_bytes(nd));
+      if (!g->stage[i] && host_buf(p, value_bytes(nd), &g->stage[i], msg, n) != 0) return -1;
       memcpy(g->stage[i], f->data, value_bytes(nd));
       RtDev *d = p->opts.dev;
       RtDevRange w = {q, value_bytes(nd)};

@@ -577,6 +577,46 @@ EXPORT CUresult cuMemFree_v2(unsigned long long p) {
   return E_INVALID_VALUE;
 }
 
+/* ---- page-locked host memory (cuMemAllocHost) ---- */
+
+static struct { char *p; size_t n; } *pinned;
+static int npinned, cappinned;
+
+EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytes) {
+  ENTER_CTX("cuMemAllocHost_v2");
+  CUresult g = capture_guard();
+  if (g) return g;
+  if (!bytes || !pp) return E_INVALID_VALUE;
+  void *q = NULL;
+  if (posix_memalign(&q, 4096, bytes)) return E_OUT_OF_MEMORY;
+  memset(q, 0xa5, bytes);   /* garbage until written */
+  GROW(pinned, npinned, cappinned);
+  pinned[npinned].p = q;
+  pinned[npinned++].n = bytes;
+  *pp = q;
+  return OK;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p) {
+  ENTER_CTX("cuMemFreeHost");
+  CUresult g = capture_guard();
+  if (g) return g;
+  for (int i = 0; i < npinned; i++)
+    if (pinned[i].p == p) {
+      drain_all();   /* as cuMemFree: work that may use it is waited for */
+      free(p);
+      pinned[i] = pinned[--npinned];
+      return OK;
+    }
+  return E_INVALID_VALUE;
+}
+
+static int is_pinned(const void *p, size_t bytes) {
+  for (int i = 0; i < npinned; i++)
+    if ((const char *)p >= pinned[i].p && (const char *)p + bytes <= pinned[i].p + pinned[i].n) return 1;
+  return 0;
+}
+
 static CUresult copy(int kind, void *dst, const void *src, size_t bytes, void *stream) {
   Stream *s = stream_of(stream);
   if (!s) return E_INVALID_HANDLE;
@@ -584,6 +624,15 @@ static CUresult copy(int kind, void *dst, const void *src, size_t bytes, void *s
   int dev_dst = kind != FAKE_OP_D2H, dev_src = kind != FAKE_OP_H2D;
   if ((dev_dst && !find_alloc(d, bytes)) || (dev_src && !find_alloc(r, bytes))) return E_INVALID_VALUE;
   if ((!dev_dst && find_alloc(d, 1)) || (!dev_src && find_alloc(r, 1))) return E_INVALID_VALUE;   /* swapped? */
+  /* A captured copy to or from the host must use page-locked memory: the
+   * graph replays it later, asynchronously, which pageable memory cannot
+   * be (our reading of the CUDA Graphs notes; a capture rejects or
+   * serializes such copies): the capture is invalidated. */
+  const void *host = kind == FAKE_OP_H2D ? src : kind == FAKE_OP_D2H ? dst : NULL;
+  if (s->cap && host && !is_pinned(host, bytes)) {
+    s->cap->invalid = 1;
+    return E_CAPTURE_UNSUPPORTED;
+  }
   Op o = {.kind = kind, .dst = dst, .src = src, .bytes = bytes};
   return submit(s, &o);
 }

@@ -522,7 +522,13 @@ static void test_graph(const char *cuda, const char *lt) {
   if (!m) exit(1);
   char err[1024];
   int cid = fk.stream_id(d->ops->stream_handle(d, RT_STREAM_COMM));
-  double host = 1.5, back = 0;
+  /* a captured copy's host side is page-locked (device.h, host_alloc) */
+  double *pin = NULL;
+  OK(d->ops->host_alloc(d, 2 * sizeof(double), (void **)&pin, E));
+  if (!pin) exit(1);
+  CHECK(pin[0] == 0 && pin[1] == 0, "host_alloc's memory is not zeroed");
+  double *host_p = &pin[0], *back_p = &pin[1];
+  *host_p = 1.5;
   double *buf = dalloc(d, 64);
   CgCudaArgs A = args_of(0x100000), B = args_of(0x200000), a;
   CgCudaLaunch l1 = lnch("k1", 4, 256), l2 = lnch("k2", 8, 128), l3 = lnch("k3", 1, 32);
@@ -534,15 +540,15 @@ static void test_graph(const char *cuda, const char *lt) {
   OK(d->ops->launch(d, m, &l1, &a, RT_STREAM_COMPUTE, E));
   a = B;
   OK(d->ops->launch(d, m, &l2, &a, RT_STREAM_COMPUTE, E));
-  OK(d->ops->h2d(d, buf, &host, sizeof host, RT_STREAM_COMPUTE, E));
+  OK(d->ops->h2d(d, buf, host_p, sizeof *host_p, RT_STREAM_COMPUTE, E));
   CHECK(d->ops->graph_begin(d, RT_STREAM_COMM, err, sizeof err) == -1, "two captures at once");
   RtDevGraph *g = NULL;
   OK(d->ops->graph_end(d, RT_STREAM_COMPUTE, &g, E));
   CHECK(fk.log_count() == 0 && fk.pending() == 0, "captured work ran or was queued (%d ran)", fk.log_count());
-  host = 2.5;   /* a memcpy node reads the host memory when it runs */
+  *host_p = 2.5;   /* a memcpy node reads the host memory when it runs */
   a = args_of(0x300000);
   for (int r = 0; r < 2 && g; r++) OK(d->ops->graph_launch(d, g, RT_STREAM_COMPUTE, E));
-  OK(d->ops->d2h(d, &back, buf, sizeof back, RT_STREAM_COMPUTE, E));
+  OK(d->ops->d2h(d, back_p, buf, sizeof *back_p, RT_STREAM_COMPUTE, E));
   OK(d->ops->sync(d, RT_STREAM_COMPUTE, E));
   int n = fk.log_count();
   int order = n == 9;   /* graph, k1, k2, h2d, graph, k1, k2, h2d, d2h */
@@ -556,7 +562,17 @@ static void test_graph(const char *cuda, const char *lt) {
           !strcmp(k2->name, "k2") && !memcmp(k2->args, &B, sizeof B) && k1->replay == 2 && fk.log(1)->replay == 1,
           "the second replay's launches do not carry the captured arguments");
   }
-  CHECK(back == 2.5, "the captured host copy moved %g, want 2.5", back);
+  CHECK(*back_p == 2.5, "the captured host copy moved %g, want 2.5", *back_p);
+
+  /* a captured copy from pageable memory is refused and spoils the capture */
+  double pageable = 3.5;
+  OK(d->ops->graph_begin(d, RT_STREAM_COMPUTE, E));
+  CHECK(d->ops->h2d(d, buf, &pageable, sizeof pageable, RT_STREAM_COMPUTE, err, sizeof err) == -1 &&
+            strstr(err, "CAPTURE_UNSUPPORTED"), "a captured copy from pageable memory: %s", err);
+  RtDevGraph *gbad = NULL;
+  CHECK(d->ops->graph_end(d, RT_STREAM_COMPUTE, &gbad, err, sizeof err) == -1 && !gbad,
+        "the capture with a pageable copy ended without an error");
+  d->ops->host_free(d, pin);
 
   /* a forked stream: compute -> comm -> compute, joined back */
   fk.log_clear();
