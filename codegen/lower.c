@@ -318,8 +318,12 @@ static int row_operand(Lw *L, int id) { return cg_load(L->k, in_buf(L, id), pos_
 
 /* The formula of an elementwise node at the current position. */
 static int elem_ew(Lw *L, const IrNode *nd) {
-  int x = nd->nin > 0 ? elem(L, nd->in[0]) : -1;
-  int z = nd->nin > 1 ? elem(L, nd->in[1]) : -1;
+  /* a broadcast reads its operand at a computed index, not at the
+   * position: no load at the position, which may be past the operand's
+   * end (only optimization would remove it) */
+  int at_pos = nd->op != IR_OP_BROADCAST;
+  int x = nd->nin > 0 && at_pos ? elem(L, nd->in[0]) : -1;
+  int z = nd->nin > 1 && at_pos ? elem(L, nd->in[1]) : -1;
   double c = nd->fa[0];
   switch (nd->op) {
   case IR_OP_ADD: return add(L, x, z);

@@ -1066,17 +1066,34 @@ static void check_nvrtc(const char *arch, int part, int parts) {
 
 /* ---- emu: run every kernel under the emulator ---- */
 #ifdef TS_EMU_HEADER
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* bytes (a multiple of 16) that end where an inaccessible page begins: a
+ * kernel that reads or writes past its buffer faults (with the module
+ * compiled at -O0, cuda_print.emu_O0, also the loads only optimization
+ * would remove).  *base / *len: what munmap takes. */
+static void *guarded(size_t bytes, void **base, size_t *len) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  *len = (bytes + page - 1) / page * page + page;
+  char *m = mmap(NULL, *len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  TS_ASSERT(m != MAP_FAILED);
+  TS_ASSERT(mprotect(m + *len - page, page, PROT_NONE) == 0);
+  *base = m;
+  return m + *len - page - bytes;
+}
 /* One launch of kept kernel kp with launch l on fresh copies of its
  * buffers; compares the written ones with the reference and the JIT.
  * save (if not NULL) gets a copy of each written buffer; same (if not
  * NULL) holds such copies the written buffers must equal bit for bit. */
 static void emu_run(TsEmu *e, const Kept *kp, const CgCudaLaunch *l, const char *how, void **save, void *const *same) {
   void *mem[CG_MAX_BUFS], *at[CG_MAX_BUFS];
+  size_t mlen[CG_MAX_BUFS];
   for (int b = 0; b < kp->nbuf; b++) {
-    mem[b] = ts_xcalloc(bytes_of(&kp->buf[b]) + 32, 1);
-    /* 16-byte aligned, or one element past (a ZeRO chunk of a parameter) */
+    /* 16-byte aligned, or one element past (a ZeRO chunk of a parameter),
+     * ending at most 15 bytes before a guard page */
     size_t off = kp->misalign && b == 3 ? cg_size(kp->buf[b].type) : 0;
-    at[b] = (char *)mem[b] + ((16 - (uintptr_t)mem[b] % 16) % 16) + off;
+    at[b] = (char *)guarded((bytes_of(&kp->buf[b]) + off + 15) / 16 * 16, &mem[b], &mlen[b]) + off;
     memcpy(at[b], kp->init[b], bytes_of(&kp->buf[b]));
   }
   CgCudaArgs a;
@@ -1087,6 +1104,7 @@ static void emu_run(TsEmu *e, const Kept *kp, const CgCudaLaunch *l, const char 
     a.b[kp->alias_in] = at[kp->alias_out];
   }
   a.run = kp->run;
+  if (getenv("TS_EMU_TRACE")) fprintf(stderr, "launch %s (%s): %s\n", kp->l.name, how, kp->what);
   int rc = ts_emu_launch_kernel(e, l, &a, err, sizeof err);
   CHECK(rc == 0, "%s (%s): launch: %s", kp->what, how, err);
   for (int b = kp->nin; b < kp->nbuf && rc == 0; b++) {
@@ -1114,7 +1132,7 @@ static void emu_run(TsEmu *e, const Kept *kp, const CgCudaLaunch *l, const char 
             ldc(same[b], cb->type, x));
     }
   }
-  for (int b = 0; b < kp->nbuf; b++) free(mem[b]);
+  for (int b = 0; b < kp->nbuf; b++) munmap(mem[b], mlen[b]);
 }
 
 static void check_emu(void) {
