@@ -317,6 +317,15 @@ static void t_refusals(void) {
   run_refused(E, "k_partial_warp", 1, 64, &a, "warp shuffle reached by 16 lanes");
   run_refused(E, "k_deadlock", 1, 64, &a, "deadlock");
   run_refused(E, "k_partial_mask", 1, 32, &a, "partial mask");
+  run_refused(E, "k_two_barriers", 1, 64, &a, "threads reach different __syncthreads (thread 0 at line");
+  run_refused(E, "k_two_shuffles", 1, 32, &a, "threads reach different warp shuffles (thread 0 at line");
+  /* each block starts with its shared memory poisoned */
+  for (int i = 0; i < 128; i++) out[i] = 12345;
+  CHECK(run("k_shared_unwritten", 2, 64, &a) == 0, "k_shared_unwritten did not run");
+  int poisoned = 0;
+  for (int i = 0; i < 128; i++) poisoned += out[i] == -1;
+  CHECK(poisoned == 128, "%d of 128 reads of unwritten shared memory saw the poison (-1): block 1 saw %d", poisoned,
+        out[64]);
   static const int bad_threads[] = {0, 16, 48, 1056, 2048, -32};
   for (size_t i = 0; i < sizeof bad_threads / sizeof *bad_threads; i++)
     run_refused(E, "k_builtins", 1, bad_threads[i], &a, "threads per block");

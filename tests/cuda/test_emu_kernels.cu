@@ -229,6 +229,37 @@ extern "C" __global__ void k_deadlock(TsArgs a) {
   out[threadIdx.x] = v;
 }
 
+// Every thread reaches a __syncthreads, but warp 0 and warp 1 different ones.
+extern "C" __global__ void k_two_barriers(TsArgs a) {
+  int *out = (int *)a.b[0];
+  if (threadIdx.x < 32) {
+    out[threadIdx.x] = 1;
+    __syncthreads();
+  } else {
+    __syncthreads();
+    out[threadIdx.x] = 2;
+  }
+}
+
+// Every lane reaches a shuffle, but lanes 0-15 and 16-31 different ones.
+extern "C" __global__ void k_two_shuffles(TsArgs a) {
+  int *out = (int *)a.b[0];
+  int v = (int)threadIdx.x;
+  if (threadIdx.x % 32 < 16) v = __shfl_xor_sync(0xffffffffu, v, 1);
+  else v = __shfl_xor_sync(0xffffffffu, v, 2);
+  out[threadIdx.x] = v;
+}
+
+// Reads shared memory its block has not written (then writes it): every
+// block must see garbage, not zeros nor the previous block's 7s.
+extern "C" __global__ void k_shared_unwritten(TsArgs a) {
+  __shared__ int s[64];
+  int *out = (int *)a.b[0];
+  out[blockIdx.x * 64 + threadIdx.x] = s[threadIdx.x];
+  __syncthreads();
+  s[threadIdx.x] = 7;
+}
+
 // A shuffle with a partial mask (not emulated: reported).
 extern "C" __global__ void k_partial_mask(TsArgs a) {
   int *out = (int *)a.b[0];

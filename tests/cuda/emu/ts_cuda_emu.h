@@ -29,7 +29,12 @@
  * indices, threads shuffled at the start and at every barrier release,
  * from SEED, default 1).  A kernel whose result depends on the order in
  * which its threads or blocks run (a race a GPU may show) gives different
- * bits under another order; the suite runs under all three.  The context
+ * bits under another order; the suite runs under all three.  Each block
+ * starts with its shared memory poisoned (every __shared__ variable lives in
+ * the section ts_shared, filled with 0xff bytes: NaN, -1), and the threads a
+ * barrier or a warp shuffle releases together must all wait at the same
+ * one (the module line it is called from; a kernel that reaches two
+ * different __syncthreads in two threads is refused).  The context
  * switch is a few lines of x86-64 assembly
  * (callee-saved registers, MXCSR and the x87 control word; no signal-mask
  * system call as swapcontext makes); -DTS_EMU_UCONTEXT, and any other
@@ -79,7 +84,10 @@ typedef struct {
 #define __forceinline__ inline __attribute__((always_inline))
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
-#define __shared__ static
+/* every __shared__ variable in one section, so that each block starts
+ * with its shared memory poisoned (0xff bytes: NaN, -1), as a GPU gives
+ * garbage: a kernel must not read what its block has not written */
+#define __shared__ static __attribute__((section("ts_shared")))
 
 /* ---- built-in vector types ---- */
 struct uint3 {
@@ -144,6 +152,7 @@ struct Thread {
   Ctx ctx;
   int state;
   int parity;      /* which of the warp's two shuffle buffers this lane's next shuffle uses */
+  int site;        /* the module line of the barrier or shuffle it waits at */
 };
 
 struct Warp {
@@ -356,9 +365,30 @@ static void diagnose(long long b, int n, int nsync, int ndone, char *err, unsign
              b, nsync, n - nsync - ndone, ndone);
 }
 
+}  // namespace ts_emu_impl
+extern "C" char __start_ts_shared[] __attribute__((weak, visibility("hidden")));
+extern "C" char __stop_ts_shared[] __attribute__((weak, visibility("hidden")));
+namespace ts_emu_impl {
+
+/* Whether threads lo .. lo + n - 1, all waiting, wait at one site; else a
+ * message naming two that do not. */
+static int one_site(long long b, int lo, int n, const char *what, char *err, unsigned long errlen) {
+  for (int j = lo + 1; j < lo + n; j++)
+    if (S.th[j].site != S.th[lo].site) {
+      snprintf(err, errlen,
+               "emulator: block %lld: threads reach different %s (thread %d at line %d of the module, thread %d at "
+               "line %d): every thread must wait at the same one",
+               b, what, lo, S.th[lo].site, j, S.th[j].site);
+      return 0;
+    }
+  return 1;
+}
+
 /* Runs block b of the current launch with n threads.  0, or -1 with a message. */
 static int run_block(long long b, int n, char *err, unsigned long errlen) {
   blockIdx.x = (unsigned)b;
+  if (__start_ts_shared && __stop_ts_shared > __start_ts_shared)   /* the block's shared memory: garbage */
+    memset(__start_ts_shared, 0xff, (size_t)(__stop_ts_shared - __start_ts_shared));
   S.qhead = 0;
   S.qlen = 0;
   for (int i = 0; i < n; i++) S.th[i].parity = 0;
@@ -376,6 +406,7 @@ static int run_block(long long b, int n, char *err, unsigned long errlen) {
     switch (t->state) {
     case T_SYNC:
       if (++nsync == n) {   /* every thread is here: none is queued */
+        if (!one_site(b, 0, n, "__syncthreads", err, errlen)) return -1;
         nsync = 0;
         push_range(0, n);
       }
@@ -383,6 +414,7 @@ static int run_block(long long b, int n, char *err, unsigned long errlen) {
     case T_WARP: {
       Warp *W = &S.warp[i / WARP];
       if (++W->arrived == WARP) {
+        if (!one_site(b, i / WARP * WARP, WARP, "warp shuffles", err, errlen)) return -1;
         W->arrived = 0;
         push_range(i / WARP * WARP, WARP);
       }
@@ -438,28 +470,36 @@ template <class T> static inline T exchange(unsigned mask, T v, int src, int wid
 
 }  // namespace ts_emu_impl
 
-template <class T> static inline T __shfl_sync(unsigned mask, T v, int srcLane, int width = 32) {
+template <class T> static inline T ts_emu_shfl_sync(unsigned mask, T v, int srcLane, int width = 32) {
   int lane = (int)(threadIdx.x % 32);
   int src = (lane & ~(width - 1)) + (srcLane & (width - 1));
   return ts_emu_impl::exchange(mask, v, src, width);
 }
-template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, int laneMask, int width = 32) {
+template <class T> static inline T ts_emu_shfl_xor_sync(unsigned mask, T v, int laneMask, int width = 32) {
   int lane = (int)(threadIdx.x % 32);
   int src = lane ^ laneMask;
   if (src < 0 || src >= (lane & ~(width - 1)) + width) src = -1;   /* a later group: own value */
   return ts_emu_impl::exchange(mask, v, src, width);
 }
-template <class T> static inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+template <class T> static inline T ts_emu_shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
   int lane = (int)(threadIdx.x % 32);
   int src = (lane & (width - 1)) + (long long)delta < width ? lane + (int)delta : -1;
   return ts_emu_impl::exchange(mask, v, src, width);
 }
 
-static inline void __syncthreads(void) {
+static inline void ts_emu_syncthreads(int line) {
   ts_emu_impl::Thread *t = ts_emu_impl::S.cur;
+  t->site = line;
   t->state = ts_emu_impl::T_SYNC;
   ts_emu_impl::yield(t);
 }
+/* barriers and shuffles record where they are called (the module's line):
+ * the threads released together must all wait at the same one */
+#define __syncthreads() ts_emu_syncthreads(__LINE__)
+static inline int ts_emu_site(int line) { ts_emu_impl::S.cur->site = line; return 0; }
+#define __shfl_sync(...) (ts_emu_site(__LINE__), ts_emu_shfl_sync(__VA_ARGS__))
+#define __shfl_xor_sync(...) (ts_emu_site(__LINE__), ts_emu_shfl_xor_sync(__VA_ARGS__))
+#define __shfl_down_sync(...) (ts_emu_site(__LINE__), ts_emu_shfl_down_sync(__VA_ARGS__))
 
 /* blocks run one after another: every write of an earlier block is seen */
 static inline void __threadfence(void) {}
