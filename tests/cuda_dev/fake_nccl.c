@@ -1,8 +1,15 @@
 /* fake_nccl.c - a fake NCCL (libnccl.so.2) for test_cuda_dev_nccl: the
  * calls of runtime/comm/comm_nccl.c, carried out at once over MPI (buffers are
- * host memory: the fake CUDA driver's device memory is).  Only the world
- * group: ncclCommInitRank must be called by every MPI rank with its world
- * rank.  Between ncclGroupStart and ncclGroupEnd, sends and receives are
+ * host memory: the fake CUDA driver's device memory is).  Any group of
+ * ranks: ncclGetUniqueId makes an id no other call has, and the members
+ * calling ncclCommInitRank with it meet in a file named by it (each writes
+ * its world rank at its group rank), then make an MPI communicator of
+ * exactly them (MPI_Comm_create_group: collective over the members only,
+ * as NCCL's init is).  Sends are synchronous (MPI_Issend: a send completes
+ * only when its receive has started, as NCCL's rendezvous protocol for
+ * large messages), so an order of sends and receives that only buffering
+ * would save deadlocks here.  Data types: int32, float32, float64.
+ * Between ncclGroupStart and ncclGroupEnd, sends and receives are
  * collected and then posted together (nonblocking, then waited), as NCCL
  * progresses a group's operations together; a call outside a group is a
  * group of one.  Every operation records the stream it was given, so a
@@ -16,7 +23,10 @@
  * is replayed with it, as NCCL's are.  Our reading of NCCL's
  * documentation, not NCCL's behaviour. */
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <mpi.h>
+#include <time.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,26 +45,68 @@ static int npend, cappend;
 static void *last_stream;
 static long ops;
 
-static MPI_Datatype mpi_dt(int dt) { return dt == 8 ? MPI_DOUBLE : MPI_FLOAT; }
-static int dt_ok(int dt) { return dt == 7 || dt == 8; }
+/* ncclInt32 = 2, ncclFloat32 = 7, ncclFloat64 = 8 */
+static MPI_Datatype mpi_dt(int dt) { return dt == 8 ? MPI_DOUBLE : dt == 2 ? MPI_INT : MPI_FLOAT; }
+static int dt_ok(int dt) { return dt == 2 || dt == 7 || dt == 8; }
 
 EXPORT const char *ncclGetErrorString(int r) { return r == OK ? "no error" : "fake NCCL error"; }
 
+static long ids_made;
+
 EXPORT int ncclGetUniqueId(Id *id) {
   memset(id, 0, sizeof *id);
-  snprintf(id->internal, sizeof id->internal, "fake-nccl");
+  int wr;
+  MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+  snprintf(id->internal, sizeof id->internal, "fake-nccl-%d-%d-%ld", (int)getpid(), wr, ++ids_made);
   return OK;
 }
 
 EXPORT int ncclCommInitRank(Comm **out, int nranks, Id id, int rank) {
+  if (strncmp(id.internal, "fake-nccl-", 10) || memchr(id.internal, 0, sizeof id.internal) == NULL ||
+      strchr(id.internal, '/'))
+    return INVALID_USAGE;
   int wr, ws;
   MPI_Comm_rank(MPI_COMM_WORLD, &wr);
   MPI_Comm_size(MPI_COMM_WORLD, &ws);
-  if (strcmp(id.internal, "fake-nccl") || nranks != ws || rank != wr) return INVALID_USAGE;   /* world only */
+  if (nranks < 1 || nranks > ws || rank < 0 || rank >= nranks) return INVALID_ARGUMENT;
+  /* the members meet in a file: slot r holds group rank r's world rank + 1 */
+  const char *tmp = getenv("TMPDIR");
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", tmp && *tmp ? tmp : "/tmp", id.internal);
+  int fd = open(path, O_RDWR | O_CREAT, 0600);
+  if (fd < 0) return INTERNAL;
+  int me = wr + 1, *slot = calloc((size_t)nranks, sizeof *slot), got = 0;
+  if (!slot || pwrite(fd, &me, sizeof me, (off_t)rank * (off_t)sizeof me) != (ssize_t)sizeof me) {
+    close(fd);
+    free(slot);
+    return INTERNAL;
+  }
+  for (int waited_ms = 0; waited_ms < 60000; waited_ms++) {
+    got = 0;
+    if (pread(fd, slot, (size_t)nranks * sizeof *slot, 0) == (ssize_t)((size_t)nranks * sizeof *slot))
+      for (int r = 0; r < nranks; r++) got += slot[r] > 0;
+    if (got == nranks) break;
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+  }
+  close(fd);
+  if (got != nranks) { free(slot); return INTERNAL; }
+  for (int r = 0; r < nranks; r++) slot[r]--;   /* world ranks, in group-rank order */
+  MPI_Group world, g;
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  MPI_Group_incl(world, nranks, slot, &g);
+  unsigned tag = 0;
+  for (const char *s = id.internal; *s; s++) tag = tag * 31 + (unsigned char)*s;
   Comm *c = calloc(1, sizeof *c);
-  if (!c || MPI_Comm_dup(MPI_COMM_WORLD, &c->comm) != MPI_SUCCESS) { free(c); return INTERNAL; }
-  c->rank = rank;
-  c->size = nranks;
+  int rc = c ? MPI_Comm_create_group(MPI_COMM_WORLD, g, (int)(tag % 30000), &c->comm) : MPI_ERR_OTHER;
+  MPI_Group_free(&g);
+  MPI_Group_free(&world);
+  free(slot);
+  if (rc != MPI_SUCCESS) { free(c); return INTERNAL; }
+  MPI_Comm_rank(c->comm, &c->rank);
+  MPI_Comm_size(c->comm, &c->size);
+  MPI_Barrier(c->comm);   /* every member has read the file */
+  if (c->rank == 0) unlink(path);
+  if (c->rank != rank || c->size != nranks) { MPI_Comm_free(&c->comm); free(c); return INTERNAL; }
   *out = c;
   return OK;
 }
@@ -78,7 +130,7 @@ static void *p2p_stream;  /* the stream of the last of them */
 static int p2p_run(const P2p *p, int n, Comm *c) {
   MPI_Request *r = calloc((size_t)n, sizeof *r);
   for (int i = 0; i < n; i++) {
-    if (p[i].send) MPI_Isend(p[i].buf, (int)p[i].count, mpi_dt(p[i].dt), p[i].peer, 77, c->comm, &r[i]);
+    if (p[i].send) MPI_Issend(p[i].buf, (int)p[i].count, mpi_dt(p[i].dt), p[i].peer, 77, c->comm, &r[i]);
     else MPI_Irecv(p[i].buf, (int)p[i].count, mpi_dt(p[i].dt), p[i].peer, 77, c->comm, &r[i]);
   }
   int rc = MPI_Waitall(n, r, MPI_STATUSES_IGNORE);
