@@ -24,15 +24,19 @@
  *                  lse and drow given, adding to an accumulator operand.
  *
  * Every block owns its output rows (no atomics: the result does not depend
- * on scheduling).  All arithmetic is in double, as the reference's (f32
- * operands are widened in shared memory loads), so f32 results are the
- * reference's to rounding.  Causal masks compare GLOBAL positions: each
+ * on scheduling).  f64 operands, and the ring steps of either type, compute
+ * in double (f32 operands widened in shared memory loads) with scalar
+ * per-thread work.  attention and attention_bwd on f32 operands (head_dim a
+ * multiple of 4) have register-tiled kernels in float instead (see "f32
+ * operands" below): within the f32 tolerance of the reference, not equal
+ * to its rounding.  Causal masks compare GLOBAL positions: each
  * node gets two device functions mapping a local row to its position along
  * the sequence (rt_global_index_at's rule, the cp zigzag included, with
  * the key block's owner on the ring: (c - src) mod C).  Tiles wholly
  * masked are skipped.  Tile sizes are the largest powers of two (at most
  * 64) whose shared memory fits in 47 KiB, so every kernel has static
- * shared memory under the 48 KiB every arch gives without opting in. */
+ * shared memory under the 48 KiB every arch gives without opting in (the
+ * f32 kernels choose theirs per kernel, f_choose). */
 #include "cuda_priv.h"
 
 #define ATTN_THREADS 128
@@ -378,6 +382,415 @@ static void print_dkv(const Att *a, StrBuf *s, int k, int part) {
             (long long)D, (long long)D, a->T);
 }
 
+/* ---- f32 operands: register-tiled kernels ----
+ * attention (the forward), and attention_bwd's statistics, dq and dk / dv
+ * kernels, for f32 operands whose head_dim is a multiple of 4: arithmetic
+ * in float (the softmax statistics too; lse and drow keep their double
+ * scratch).  128 threads as 16 row groups of 8 lanes: thread (rg, cg) owns
+ * rows rg + 16 i (i < RI) and columns cg + 8 j (j < CJ) of the R x C score
+ * tile, and the float4 column groups cg + 8 g (g < GJ) of its rows of the
+ * R x D accumulator, which lives in registers.  A row's 8 lanes are in one
+ * warp: its max and sum are three xor shuffles, so every thread holds its
+ * rows' m and l.  Shared tiles are float4 rows padded by one float4
+ * (D + 4 floats): a quarter warp reading a float4 of 8 different rows hits
+ * each bank once.  Per float4 step of a dot product a thread loads
+ * RI + CJ float4 for 4 RI CJ FMAs; per 4 columns of P V, RI + 4 GJ float4
+ * for 16 RI GJ FMAs.  Rows and columns past the tile's end are zero in
+ * shared memory and masked, so the loops have constant trip counts.  Rows
+ * are queries, except in dk / dv: there they are the block's keys and the
+ * columns the streamed queries. */
+enum { FK_FWD, FK_STATS, FK_DQ, FK_DK, FK_DV };
+
+typedef struct {
+  int R, C;              /* tile rows, columns */
+  int RI, CJ, G, GJ;     /* per thread: rows, columns; float4 groups per row; per thread */
+  long long P4, LP4;     /* row strides in float4: operand tiles, the score tile sp */
+} FTile;
+
+/* Static shared memory of kernel kind for tiles R x C (bytes): the operand
+ * tiles, the score tile, positions, the dk / dv kernels' lse and drow. */
+static int64_t f_smem(const Att *a, int kind, int64_t R, int64_t C) {
+  int64_t ops = kind == FK_STATS ? R + C : kind == FK_DQ || kind == FK_DK ? 2 * R + 2 * C : R + 2 * C;
+  int64_t sp = kind == FK_STATS ? 0 : R * (C + 4) * 4;
+  return ops * (a->D + 4) * 4 + sp + 8 * (R + C) + (kind >= FK_DK ? 8 * C : 0) + 16;
+}
+
+/* The largest R x C that fits: R in 16 .. 64 (RI <= 4), C in 8 .. 64
+ * (CJ <= 4; 8 for the statistics, which keep no accumulator), neither
+ * larger than the rows need.  Equal areas load as many float4 per score;
+ * C >= 16 then halves the per-row shuffles and rescales per key, and a
+ * larger R streams the other side fewer times.  0, or 1 when none fits. */
+static int f_choose(const Att *a, int kind, FTile *t) {
+  int64_t rmax = pow2_at_least(kind >= FK_DK ? a->Tk : a->Tq), cmax = pow2_at_least(kind >= FK_DK ? a->Tq : a->Tk);
+  rmax = rmax < 16 ? 16 : rmax;
+  cmax = cmax < 8 ? 8 : cmax;
+  int best = 0;
+  for (int R = 64; R >= 16; R /= 2)
+    for (int C = 64; C >= 8; C /= 2) {
+      if (R <= rmax && C <= cmax && C / 8 <= (kind == FK_STATS ? 8 : 4) && f_smem(a, kind, R, C) <= ATTN_SMEM_MAX &&
+          (!best || R * C > t->R * t->C || (R * C == t->R * t->C && C >= 16 && t->C < 16))) {
+        best = 1;
+        t->R = R, t->C = C;
+      }
+    }
+  if (!best) return 1;
+  t->RI = t->R / 16, t->CJ = t->C / 8, t->G = (int)(a->D / 4), t->GJ = (t->G + 7) / 8;
+  t->P4 = a->D / 4 + 1, t->LP4 = t->C / 4 + 1;
+  return 0;
+}
+
+/* __shared__ float4 NAME4[rows * p4], seen as floats through NAME. */
+static void f_shared(StrBuf *s, const char *name, int64_t rows, long long p4) {
+  sb_printf(s, "  __shared__ float4 %s4[%lld];\n  float *const %s = (float *)%s4;\n", name, (long long)rows * p4, name,
+            name);
+}
+
+/* rows x D floats of src from element base into tile dst; rows n and up 0. */
+static void f_load(const Att *a, StrBuf *s, const char *dst, const char *src, const char *base, int64_t rows,
+                   const char *n, const char *ind) {
+  long long D = (long long)a->D;
+  sb_printf(s, "%sfor (int x = tid; x < %lld; x += nt)\n%s  %s[x / %lld * %lld + x %% %lld] = x < %s * %lld ? %s[%s + x] : 0.0f;\n",
+            ind, (long long)rows * D, ind, dst, D, D + 4, D, n, D, src, base);
+}
+
+/* `for (VAR = 0; VAR < n; VAR++) {`, unrolled (the arrays it indexes
+ * stay in registers); f_end closes it. */
+static void f_for(StrBuf *s, const char *ind, const char *var, int n) {
+  sb_printf(s, "%s#pragma unroll\n%sfor (int %s = 0; %s < %d; %s++) {\n", ind, ind, var, var, n, var);
+}
+
+static void f_end(StrBuf *s, const char *ind) { sb_printf(s, "%s}\n", ind); }
+
+/* float s[RI][CJ]: s[i][j] = row rg + 16 i of tile A . row cg + 8 j of B;
+ * with A2, u[i][j] the same of A2 and B2 (one loop over the float4s). */
+static void f_dots(const FTile *t, StrBuf *s, const char *A, const char *B, const char *A2, const char *B2,
+                   const char *ind) {
+  char in[32], in2[32], in3[32];
+  snprintf(in, sizeof in, "%s  ", ind);
+  snprintf(in2, sizeof in2, "%s    ", ind);
+  snprintf(in3, sizeof in3, "%s      ", ind);
+  sb_printf(s, "%sfloat s[%d][%d]", ind, t->RI, t->CJ);
+  if (A2) sb_printf(s, ", u[%d][%d]", t->RI, t->CJ);
+  sb_puts(s, ";\n");
+  f_for(s, ind, "i", t->RI);
+  sb_printf(s, "%sfor (int j = 0; j < %d; j++) s[i][j] = %s0.0f;\n", in, t->CJ, A2 ? "u[i][j] = " : "");
+  f_end(s, ind);
+  sb_printf(s, "%sfor (int e = 0; e < %d; e++) {\n", ind, t->G);
+  for (int pass = 0; pass < (A2 ? 2 : 1); pass++) {
+    const char *x = pass ? A2 : A, *y = pass ? B2 : B, *acc = pass ? "u" : "s";
+    sb_printf(s, "%s{\n%sfloat4 x[%d], y[%d];\n", in, in2, t->RI, t->CJ);
+    f_for(s, in2, "i", t->RI);
+    sb_printf(s, "%s  x[i] = %s4[(rg + 16 * i) * %lld + e];\n", in2, x, t->P4);
+    f_end(s, in2);
+    f_for(s, in2, "j", t->CJ);
+    sb_printf(s, "%s  y[j] = %s4[(cg + 8 * j) * %lld + e];\n", in2, y, t->P4);
+    f_end(s, in2);
+    f_for(s, in2, "i", t->RI);
+    f_for(s, in3, "j", t->CJ);
+    for (int c = 0; c < 4; c++) sb_printf(s, "%s  %s[i][j] += x[i].%c * y[j].%c;\n", in3, acc, "xyzw"[c], "xyzw"[c]);
+    f_end(s, in3);
+    f_end(s, in2);
+    sb_printf(s, "%s}\n", in);
+  }
+  sb_printf(s, "%s}\n", ind);
+}
+
+/* float4 o[RI][GJ] = 0: the thread's part of the R x D accumulator. */
+static void f_acc_zero(const FTile *t, StrBuf *s, const char *ind) {
+  sb_printf(s, "%sfloat4 o[%d][%d];\n", ind, t->RI, t->GJ);
+  f_for(s, ind, "i", t->RI);
+  sb_printf(s, "%s  for (int g = 0; g < %d; g++) o[i][g] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n", ind, t->GJ);
+  f_end(s, ind);
+}
+
+/* o[i][g] += sum over the tile's C columns c of sp[row rg + 16 i][c] times
+ * float4 group cg + 8 g of row c of tile X: P V, ds K, ds^T Q, P^T dO. */
+static void f_acc(const FTile *t, StrBuf *s, const char *X, const char *ind) {
+  char in[32], in2[32], own[80] = "";
+  snprintf(in, sizeof in, "%s  ", ind);
+  snprintf(in2, sizeof in2, "%s    ", ind);
+  if (t->G % 8) snprintf(own, sizeof own, "cg + 8 * g >= %d ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : ", t->G);
+  sb_printf(s, "%sfor (int c = 0; c < %d; c++) {\n%sfloat4 p[%d], w[%d];\n", ind, t->C / 4, in, t->RI, t->GJ);
+  f_for(s, in, "i", t->RI);
+  sb_printf(s, "%s  p[i] = sp4[(rg + 16 * i) * %lld + c];\n", in, t->LP4);
+  f_end(s, in);
+  for (int u = 0; u < 4; u++) {
+    f_for(s, in, "g", t->GJ);
+    sb_printf(s, "%s  w[g] = %s%s4[(4 * c + %d) * %lld + cg + 8 * g];\n", in, own, X, u, t->P4);
+    f_end(s, in);
+    f_for(s, in, "i", t->RI);
+    f_for(s, in2, "g", t->GJ);
+    for (int c = 0; c < 4; c++)
+      sb_printf(s, "%s  o[i][g].%c += p[i].%c * w[g].%c;\n", in2, "xyzw"[c], "xyzw"[u], "xyzw"[c]);
+    f_end(s, in2);
+    f_end(s, in);
+  }
+  sb_printf(s, "%s}\n", ind);
+}
+
+/* Row rg + 16 i of the accumulator times f (an expression of i) into
+ * dst[(base + row) * D ...] for rows below n. */
+static void f_store(const Att *a, const FTile *t, StrBuf *s, const char *dst, const char *base, const char *n,
+                    const char *f, const char *ind) {
+  char in[32], own[48] = "";
+  snprintf(in, sizeof in, "%s  ", ind);
+  if (t->G % 8) snprintf(own, sizeof own, " && cg + 8 * g < %d", t->G);
+  f_for(s, ind, "i", t->RI);
+  f_for(s, in, "g", t->GJ);
+  sb_printf(s, "%s  if (rg + 16 * i < %s%s) {\n", in, n, own);
+  sb_printf(s, "%s    float *y = %s + (%s + rg + 16 * i) * %lldLL + 4 * (cg + 8 * g);\n", in, dst, base,
+            (long long)a->D);
+  sb_printf(s, "%s    const float f = %s;\n", in, f);
+  for (int c = 0; c < 4; c++) sb_printf(s, "%s    y[%d] = o[i][g].%c * f;\n", in, c, "xyzw"[c]);
+  sb_printf(s, "%s  }\n", in);
+  f_end(s, in);
+  f_end(s, ind);
+}
+
+/* v = the sum (op '+') or max (op 'm') of v over the row's 8 lanes */
+static void f_row_reduce(StrBuf *s, const char *v, char op, const char *ind) {
+  for (int o = 1; o < 8; o *= 2) {
+    if (op == '+') sb_printf(s, "%s%s += __shfl_xor_sync(0xffffffffu, %s, %d);\n", ind, v, v, o);
+    else sb_printf(s, "%s%s = fmaxf(%s, __shfl_xor_sync(0xffffffffu, %s, %d));\n", ind, v, v, v, o);
+  }
+}
+
+/* The opening of an f32 kernel: thread coordinates, constants, operands. */
+static void f_head(const Att *a, StrBuf *s, int use_v, int use_do) {
+  sb_puts(s, "  const int tid = threadIdx.x, nt = blockDim.x, rg = tid >> 3, cg = tid & 7;\n");
+  sb_printf(s, "  const float scl = (float)%s, ninf = -(float)TS_INF;\n", a->scale);
+  sb_printf(s, "  const float *q = (const float *)a.b[%d], *k = (const float *)a.b[%d];\n", a->bq, a->bk);
+  if (use_v) sb_printf(s, "  const float *v = (const float *)a.b[%d];\n", a->bv);
+  if (use_do) sb_printf(s, "  const float *dout = (const float *)a.b[%d];\n", a->bdo);
+}
+
+/* The causal mask's positions of the thread's rows and columns into
+ * registers (pr, pc), once per tile pair rather than twice per score. */
+static void f_pos(const Att *a, const FTile *t, StrBuf *s, int rows_are_keys, const char *ind) {
+  if (!a->causal) return;
+  sb_printf(s, "%slong long pr[%d], pc[%d];\n", ind, t->RI, t->CJ);
+  f_for(s, ind, "i", t->RI);
+  sb_printf(s, "%s  pr[i] = %s[rg + 16 * i];\n", ind, rows_are_keys ? "kp" : "qp");
+  f_end(s, ind);
+  f_for(s, ind, "j", t->CJ);
+  sb_printf(s, "%s  pc[j] = %s[cg + 8 * j];\n", ind, rows_are_keys ? "qp" : "kp");
+  f_end(s, ind);
+}
+
+/* `ok`: score (i, j) is unmasked: its column is in range and, causal, the
+ * key's position is not after the query's (f_pos). */
+static void f_ok(const Att *a, StrBuf *s, int rows_are_keys, const char *ind) {
+  sb_printf(s, "%sconst bool ok = cg + 8 * j < %s%s;\n", ind, rows_are_keys ? "nq" : "nk",
+            !a->causal ? "" : rows_are_keys ? " && pr[i] <= pc[j]" : " && pc[j] <= pr[i]");
+}
+
+/* Opens the loop over key tiles j0 (C keys): loads k (and v when use_v;
+ * zero past nk) and positions, then `any` (print_any). */
+static void f_key_tile(const Att *a, const FTile *t, StrBuf *s, int use_v) {
+  sb_printf(s, "    for (long long j0 = 0; j0 < %lldLL; j0 += %d) {\n", (long long)a->Tk, t->C);
+  sb_printf(s, "      const int nk = %lldLL - j0 < %d ? (int)(%lldLL - j0) : %d;\n      __syncthreads();\n",
+            (long long)a->Tk, t->C, (long long)a->Tk, t->C);
+  char base[64];
+  snprintf(base, sizeof base, "kvo + j0 * %lldLL", (long long)a->D);
+  f_load(a, s, "sk", "k", base, t->C, "nk", "      ");
+  if (use_v) f_load(a, s, "sv", "v", base, t->C, "nk", "      ");
+  sb_printf(s, "      for (int c = tid; c < nk; c += nt) kp[c] = %s_kpos(a.run, j0 + c);\n", a->name);
+  print_any(a, s, "      ");
+}
+
+/* The forward (stats = 0: attention -> o) or the backward's statistics
+ * (stats = 1: lse = m + log l and drow = rowsum(do * o) of each query row
+ * into the double scratch).  One block per (batch, query head, R
+ * queries), keys streamed C at a time, an online softmax per row. */
+static void print_fwd_f32(Att *a, const FTile *t, StrBuf *s, int k, int stats) {
+  a->BQ = t->R;
+  CG_CUDA_HEAD(s, a->name, k);
+  f_shared(s, "sq", t->R, t->P4);
+  f_shared(s, "sk", t->C, t->P4);
+  if (!stats) {
+    f_shared(s, "sv", t->C, t->P4);
+    f_shared(s, "sp", t->R, t->LP4);
+  }
+  sb_printf(s, "  __shared__ long long qp[%d], kp[%d];\n", t->R, t->C);
+  if (a->causal) sb_puts(s, "  __shared__ int any;\n");
+  f_head(a, s, !stats, 0);
+  if (!stats) sb_printf(s, "  float *out = (float *)a.b[%d];\n", a->bres);
+  else sb_printf(s, "  const float *o = (const float *)a.b[%d], *dout = (const float *)a.b[%d];\n"
+                    "  double *scr = (double *)a.b[%d];\n", a->bo, a->bdo, a->bscr);
+  print_qtile_loop(a, s);
+  char base[64];
+  snprintf(base, sizeof base, "row0 * %lldLL", (long long)a->D);
+  f_load(a, s, "sq", "q", base, t->R, "nq", "    ");
+  sb_printf(s, "    for (int r = tid; r < %d; r += nt) qp[r] = %s_qpos(a.run, i0 + r);\n", t->R, a->name);
+  sb_printf(s, "    float m[%d], l[%d];\n", t->RI, t->RI);
+  f_for(s, "    ", "i", t->RI);
+  sb_puts(s, "      m[i] = ninf, l[i] = 0.0f;\n");
+  f_end(s, "    ");
+  if (!stats) f_acc_zero(t, s, "    ");
+  f_key_tile(a, t, s, !stats);
+  f_dots(t, s, "sq", "sk", NULL, NULL, "      ");
+  f_pos(a, t, s, 0, "      ");
+  /* per row: mask and scale, the tile's max over the row's lanes, the
+   * rescale of what came before, p = exp(s - m) */
+  f_for(s, "      ", "i", t->RI);
+  sb_puts(s, "        float mt = ninf;\n");
+  f_for(s, "        ", "j", t->CJ);
+  f_ok(a, s, 0, "          ");
+  sb_puts(s, "          s[i][j] = ok ? s[i][j] * scl : ninf;\n          mt = fmaxf(mt, s[i][j]);\n");
+  f_end(s, "        ");
+  f_row_reduce(s, "mt", 'm', "        ");
+  sb_puts(s, "        const float mn = fmaxf(m[i], mt), mx = mn == ninf ? 0.0f : mn, corr = expf(m[i] - mx);\n"
+             "        float sum = 0.0f;\n");
+  f_for(s, "        ", "j", t->CJ);
+  sb_puts(s, "          s[i][j] = expf(s[i][j] - mx);\n          sum += s[i][j];\n");
+  f_end(s, "        ");
+  f_row_reduce(s, "sum", '+', "        ");
+  sb_puts(s, "        l[i] = l[i] * corr + sum;\n        m[i] = mn;\n");
+  if (!stats) {
+    f_for(s, "        ", "g", t->GJ);
+    sb_puts(s, "          o[i][g].x *= corr, o[i][g].y *= corr, o[i][g].z *= corr, o[i][g].w *= corr;\n");
+    f_end(s, "        ");
+    f_for(s, "        ", "j", t->CJ);
+    sb_printf(s, "          sp[(rg + 16 * i) * %lld + cg + 8 * j] = s[i][j];\n", 4 * t->LP4);
+    f_end(s, "        ");
+  }
+  f_end(s, "      ");
+  if (!stats) {
+    sb_puts(s, "      __syncthreads();\n");
+    f_acc(t, s, "sv", "      ");
+  }
+  sb_puts(s, "    }\n");
+  if (!stats) {
+    f_store(a, t, s, "out", "row0", "nq", "l[i] > 0.0f ? 1.0f / l[i] : 0.0f", "    ");
+  } else {   /* drow by the row's 8 lanes, strided over the head dim */
+    long long D = (long long)a->D;
+    f_for(s, "    ", "i", t->RI);
+    sb_printf(s, "      const int r = rg + 16 * i;\n      const long long row = row0 + r;\n      float d = 0.0f;\n"
+                 "      if (r < nq)\n        for (int e = cg; e < %lld; e += 8) d += dout[row * %lldLL + e] * o[row * %lldLL + e];\n",
+              D, D, D);
+    f_row_reduce(s, "d", '+', "      ");
+    sb_printf(s, "      if (cg == 0 && r < nq) {\n        scr[row] = l[i] > 0.0f ? (double)m[i] + log((double)l[i]) : -TS_INF;\n"
+                 "        scr[%lldLL + row] = d;\n      }\n",
+              (long long)(a->B * a->Hq * a->Tq));
+    f_end(s, "    ");
+  }
+  sb_puts(s, "  }\n}\n");
+}
+
+/* dl, dd = lse and drow of scratch row `row` when `in`, else 0; lse = -inf
+ * (the row saw no key: its p is 0) becomes +inf, so exp(s - lse) = 0. */
+static void f_stats_in(const Att *a, StrBuf *s, const char *dl, const char *dd, const char *row, const char *in,
+                       const char *ind) {
+  long long N = (long long)(a->B * a->Hq * a->Tq);
+  sb_printf(s, "%sconst double x = %s ? ((const double *)a.b[%d])[%s] : 0.0;\n", ind, in, a->bscr, row);
+  sb_printf(s, "%s%s = x == -TS_INF ? (float)TS_INF : (float)x;\n", ind, dl);
+  sb_printf(s, "%s%s = %s ? (float)((const double *)a.b[%d])[%lldLL + %s] : 0.0f;\n", ind, dd, in, a->bscr, N, row);
+}
+
+/* dq: one block per (batch, query head, R queries), keys streamed C at a
+ * time: p = exp(scale q.k - lse), ds = p (do.v - drow), dq += scale ds k. */
+static void print_dq_f32(Att *a, const FTile *t, StrBuf *s, int k) {
+  a->BQ = t->R;
+  CG_CUDA_HEAD(s, a->name, k);
+  f_shared(s, "sq", t->R, t->P4);
+  f_shared(s, "sdo", t->R, t->P4);
+  f_shared(s, "sk", t->C, t->P4);
+  f_shared(s, "sv", t->C, t->P4);
+  f_shared(s, "sp", t->R, t->LP4);
+  sb_printf(s, "  __shared__ long long qp[%d], kp[%d];\n", t->R, t->C);
+  if (a->causal) sb_puts(s, "  __shared__ int any;\n");
+  f_head(a, s, 1, 1);
+  sb_printf(s, "  float *out = (float *)a.b[%d];\n", a->bres);
+  print_qtile_loop(a, s);
+  char base[64];
+  snprintf(base, sizeof base, "row0 * %lldLL", (long long)a->D);
+  f_load(a, s, "sq", "q", base, t->R, "nq", "    ");
+  f_load(a, s, "sdo", "dout", base, t->R, "nq", "    ");
+  sb_printf(s, "    for (int r = tid; r < %d; r += nt) qp[r] = %s_qpos(a.run, i0 + r);\n", t->R, a->name);
+  sb_printf(s, "    float lse[%d], drw[%d];\n", t->RI, t->RI);
+  f_for(s, "    ", "i", t->RI);
+  f_stats_in(a, s, "lse[i]", "drw[i]", "row0 + rg + 16 * i", "rg + 16 * i < nq", "      ");
+  f_end(s, "    ");
+  f_acc_zero(t, s, "    ");
+  f_key_tile(a, t, s, 1);
+  f_dots(t, s, "sq", "sk", "sdo", "sv", "      ");
+  f_pos(a, t, s, 0, "      ");
+  f_for(s, "      ", "i", t->RI);
+  f_for(s, "        ", "j", t->CJ);
+  f_ok(a, s, 0, "          ");
+  sb_printf(s, "          const float p = ok ? expf(s[i][j] * scl - lse[i]) : 0.0f;\n"
+               "          sp[(rg + 16 * i) * %lld + cg + 8 * j] = p * (u[i][j] - drw[i]);\n", 4 * t->LP4);
+  f_end(s, "        ");
+  f_end(s, "      ");
+  sb_puts(s, "      __syncthreads();\n");
+  f_acc(t, s, "sk", "      ");
+  sb_puts(s, "    }\n");
+  f_store(a, t, s, "out", "row0", "nq", "scl", "    ");
+  sb_puts(s, "  }\n}\n");
+}
+
+/* dk (part 1) or dv (part 2): one block per (batch, kv head, R keys), the
+ * queries of every query head reading the kv head streamed C at a time:
+ * dk += scale ds^T q, dv += p^T do. */
+static void print_dkv_f32(Att *a, const FTile *t, StrBuf *s, int k, int part) {
+  int dk = part == 1;
+  long long D = (long long)a->D, nkt = (long long)((a->Tk + t->R - 1) / t->R);
+  CG_CUDA_HEAD(s, a->name, k);
+  f_shared(s, "sk", t->R, t->P4);
+  if (dk) f_shared(s, "sv", t->R, t->P4);
+  f_shared(s, "sq", t->C, t->P4);
+  f_shared(s, "sdo", t->C, t->P4);
+  f_shared(s, "sp", t->R, t->LP4);
+  sb_printf(s, "  __shared__ float slse[%d], sdrw[%d];\n  __shared__ long long qp[%d], kp[%d];\n", t->C, t->C, t->C,
+            t->R);
+  if (a->causal) sb_puts(s, "  __shared__ int any;\n");
+  f_head(a, s, dk, 1);
+  sb_printf(s, "  float *out = (float *)a.b[%d];\n", a->bres);
+  sb_printf(s, "  for (long long t = blockIdx.x; t < %lldLL; t += gridDim.x) {\n", (long long)(a->B * a->Hkv) * nkt);
+  sb_printf(s, "    const long long bk = t / %lldLL, j0 = t %% %lldLL * %d, b = bk / %lldLL, hk = bk %% %lldLL;\n", nkt,
+            nkt, t->R, (long long)a->Hkv, (long long)a->Hkv);
+  sb_printf(s, "    const int nk = %lldLL - j0 < %d ? (int)(%lldLL - j0) : %d;\n", (long long)a->Tk, t->R,
+            (long long)a->Tk, t->R);
+  sb_printf(s, "    const long long kvo = bk * %lldLL;\n    __syncthreads();\n", (long long)a->Tk * D);
+  char base[64];
+  snprintf(base, sizeof base, "kvo + j0 * %lldLL", D);
+  f_load(a, s, "sk", "k", base, t->R, "nk", "    ");
+  if (dk) f_load(a, s, "sv", "v", base, t->R, "nk", "    ");
+  sb_printf(s, "    for (int c = tid; c < %d; c += nt) kp[c] = %s_kpos(a.run, j0 + c);\n", t->R, a->name);
+  f_acc_zero(t, s, "    ");
+  sb_printf(s, "    for (long long h = hk * %lldLL; h < (hk + 1) * %lldLL; h++) {\n", (long long)a->grp,
+            (long long)a->grp);
+  sb_printf(s, "      const long long bh = b * %lldLL + h;\n", (long long)a->Hq);
+  sb_printf(s, "      for (long long i0 = 0; i0 < %lldLL; i0 += %d) {\n", (long long)a->Tq, t->C);
+  sb_printf(s, "        const int nq = %lldLL - i0 < %d ? (int)(%lldLL - i0) : %d;\n", (long long)a->Tq, t->C,
+            (long long)a->Tq, t->C);
+  sb_printf(s, "        const long long row0 = bh * %lldLL + i0;\n        __syncthreads();\n", (long long)a->Tq);
+  snprintf(base, sizeof base, "row0 * %lldLL", D);
+  f_load(a, s, "sq", "q", base, t->C, "nq", "        ");
+  f_load(a, s, "sdo", "dout", base, t->C, "nq", "        ");
+  sb_printf(s, "        for (int r = tid; r < %d; r += nt) {\n          qp[r] = %s_qpos(a.run, i0 + r);\n", t->C,
+            a->name);
+  f_stats_in(a, s, "slse[r]", "sdrw[r]", "row0 + r", "r < nq", "          ");
+  sb_puts(s, "        }\n");
+  print_any(a, s, "        ");
+  f_dots(t, s, "sk", "sq", dk ? "sv" : NULL, dk ? "sdo" : NULL, "        ");
+  f_pos(a, t, s, 1, "        ");
+  f_for(s, "        ", "i", t->RI);
+  f_for(s, "          ", "j", t->CJ);
+  f_ok(a, s, 1, "            ");
+  sb_printf(s, "            const float p = ok ? expf(s[i][j] * scl - slse[cg + 8 * j]) : 0.0f;\n"
+               "            sp[(rg + 16 * i) * %lld + cg + 8 * j] = %s;\n",
+            4 * t->LP4, dk ? "p * (u[i][j] - sdrw[cg + 8 * j])" : "p");
+  f_end(s, "          ");
+  f_end(s, "        ");
+  sb_puts(s, "        __syncthreads();\n");
+  f_acc(t, s, dk ? "sq" : "sdo", "        ");
+  sb_puts(s, "      }\n    }\n");
+  snprintf(base, sizeof base, "bk * %lldLL + j0", (long long)a->Tk);
+  f_store(a, t, s, "out", base, "nk", dk ? "scl" : "1.0f", "    ");
+  sb_puts(s, "  }\n}\n");
+}
+
 /* attn_finish (o = acc / l) and attn_lse (m + log l) over the state's rows. */
 static void print_state_rows(const Att *a, StrBuf *s, const IrNode *nd, int64_t rows) {
   int64_t D = a->D, W = D + 2;
@@ -427,29 +840,52 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
   a.grp = a.Hq / a.Hkv;
   a.causal = nd->ia[0] != 0;
   cg_cuda_dlit(a.scale, sizeof a.scale, nd->fa[0]);
-  if (choose_tiles(&a, why, whylen)) return 1;
   int ring = nd->op != IR_OP_ATTENTION && nd->op != IR_OP_ATTENTION_BWD;
+  /* f32 operands of the fused op: the register-tiled kernels (ft[0] the
+   * forward's or the statistics', ft[1] dq's or dk / dv's tiles) */
+  FTile ft[2];
+  int part = nd->op == IR_OP_ATTENTION_BWD ? (int)nd->ia[1] : 0;
+  int f32 = dt == IR_F32 && !ring && a.D % 4 == 0 &&
+            !f_choose(&a, nd->op == IR_OP_ATTENTION ? FK_FWD : FK_STATS, &ft[0]) &&
+            (nd->op == IR_OP_ATTENTION || !f_choose(&a, part == 0 ? FK_DQ : part == 1 ? FK_DK : FK_DV, &ft[1]));
+  if (!f32 && choose_tiles(&a, why, whylen)) return 1;
   char fn[128];
   snprintf(fn, sizeof fn, "%s_qpos", name);
   print_pos(m, src, fn, b->nodes[nd->in[0]].sh.split[2], a.Tq, -1);
   snprintf(fn, sizeof fn, "%s_kpos", name);
   print_pos(m, src, fn, b->nodes[nd->in[1]].sh.split[2], a.Tk, ring ? nd->ia[1] : -1);
   a.bq = 0, a.bk = 1, a.bv = 2;
-  int64_t nqt = (a.Tq + a.BQ - 1) / a.BQ, nkt = (a.Tk + a.BK - 1) / a.BK;
-  int64_t qblocks = a.B * a.Hq * nqt * ATTN_THREADS, kblocks = a.B * a.Hkv * nkt * ATTN_THREADS;
-  int part;
+  int64_t qblocks, kblocks;
+  if (!f32) {
+    qblocks = a.B * a.Hq * ((a.Tq + a.BQ - 1) / a.BQ) * ATTN_THREADS;
+    kblocks = a.B * a.Hkv * ((a.Tk + a.BK - 1) / a.BK) * ATTN_THREADS;
+  } else {
+    qblocks = a.B * a.Hq * ((a.Tq + ft[0].R - 1) / ft[0].R) * ATTN_THREADS;
+    kblocks = nd->op == IR_OP_ATTENTION ? 0
+            : part == 0 ? a.B * a.Hq * ((a.Tq + ft[1].R - 1) / ft[1].R) * ATTN_THREADS
+                        : a.B * a.Hkv * ((a.Tk + ft[1].R - 1) / ft[1].R) * ATTN_THREADS;
+  }
   switch (nd->op) {
   case IR_OP_ATTENTION:   /* q, k, v -> o */
     a.bres = 3;
-    print_fwd(&a, src, 0, 0);
+    if (f32) print_fwd_f32(&a, &ft[0], src, 0, 0);
+    else print_fwd(&a, src, 0, 0);
     cg_cuda_launch(&l[0], name, 0, qblocks, ATTN_THREADS);
     *nl = 1;
     return 0;
   case IR_OP_ATTENTION_BWD:   /* q, k, v, o, do -> dq / dk / dv; scratch: lse, drow */
-    part = (int)nd->ia[1];
     if (part < 0 || part > 2) { snprintf(why, whylen, "part must be 0, 1 or 2"); return 1; }
     a.bo = 3, a.bdo = 4, a.bres = 5, a.bscr = 6;
     *scratch = 2 * a.B * a.Hq * a.Tq * (int64_t)sizeof(double);
+    if (f32) {   /* kernel 1: dq by query tiles, dk / dv by key tiles (kblocks) */
+      print_fwd_f32(&a, &ft[0], src, 0, 1);
+      if (part == 0) print_dq_f32(&a, &ft[1], src, 1);
+      else print_dkv_f32(&a, &ft[1], src, 1, part);
+      cg_cuda_launch(&l[0], name, 0, qblocks, ATTN_THREADS);
+      cg_cuda_launch(&l[1], name, 1, kblocks, ATTN_THREADS);
+      *nl = 2;
+      return 0;
+    }
     print_fwd(&a, src, 0, 2);
     if (part == 0) print_dq(&a, src, 1);
     else print_dkv(&a, src, 1, part);
