@@ -109,10 +109,11 @@ fail:
   return -1;
 }
 
-/* ptxas' report: "Function properties for NAME" then "N bytes stack frame,
- * N bytes spill stores, N bytes spill loads", and "Compiling entry
- * function 'NAME'" then "Used N registers, [used N barriers, ][N bytes
- * smem, ]N bytes cmem[0]".  Kernels in order of their first mention. */
+/* ptxas' report: "Function properties for NAME" then "ptxas . N bytes
+ * stack frame, N bytes spill stores, N bytes spill loads", and "Compiling
+ * entry function 'NAME'" then "Used N registers, [used N barriers, ][N
+ * bytes cumulative stack size, ][N bytes smem, ]N bytes cmem[0]".  Kernels
+ * in order of their first mention. */
 static CgPtxasInfo *kernel_of(CgNvrtcOut *o, const char *name, size_t len) {
   for (int i = 0; i < o->nkern; i++)
     if (strlen(o->kern[i].name) == len && strncmp(o->kern[i].name, name, len) == 0) return &o->kern[i];
@@ -138,9 +139,11 @@ static void parse_report(CgNvrtcOut *o) {
     } else if ((p = strstr(line, "Function properties for "))) {
       p += 24;
       cur = kernel_of(o, p, strcspn(p, " \r"));
-    } else if (cur && strstr(line, "bytes stack frame")) {
+    } else if (cur && (p = strstr(line, " bytes stack frame"))) {
+      /* "ptxas         .     256 bytes stack frame, ...": the number before */
+      while (p > line && p[-1] >= '0' && p[-1] <= '9') p--;
       long long a = 0, b = 0, c = 0;
-      if (sscanf(line, " %lld bytes stack frame, %lld bytes spill stores, %lld bytes spill loads", &a, &b, &c) == 3) {
+      if (sscanf(p, "%lld bytes stack frame, %lld bytes spill stores, %lld bytes spill loads", &a, &b, &c) == 3) {
         cur->stack = a;
         cur->spill_stores = b;
         cur->spill_loads = c;
@@ -152,6 +155,10 @@ static void parse_report(CgNvrtcOut *o) {
       if (q) {
         while (q > p && q[-1] >= '0' && q[-1] <= '9') q--;
         cur->smem = atoll(q);
+      }
+      if ((q = strstr(p, " bytes cumulative stack size"))) {
+        while (q > p && q[-1] >= '0' && q[-1] <= '9') q--;
+        cur->cstack = atoll(q);
       }
       if ((q = strstr(p, " bytes cmem[0]"))) {
         while (q > p && q[-1] >= '0' && q[-1] <= '9') q--;
@@ -224,12 +231,15 @@ void cg_nvrtc_out_free(CgNvrtcOut *o) {
 }
 
 int cg_ptxas_check(const CgPtxasInfo *k, const char *arch, char *err, size_t errlen) {
-  if (k->spill_stores || k->spill_loads)
-    return ts_errf(err, errlen, "kernel %s spills registers on %s (%lld bytes stored, %lld loaded)", k->name, arch,
-                   (long long)k->spill_stores, (long long)k->spill_loads);
-  if (k->stack)
-    return ts_errf(err, errlen, "kernel %s needs a %lld-byte stack frame on %s (local memory)", k->name,
-                   (long long)k->stack, arch);
+  if (k->spill_stores > CG_PTXAS_MATH_SLACK || k->spill_loads > CG_PTXAS_MATH_SLACK)
+    return ts_errf(err, errlen, "kernel %s spills registers on %s (%lld bytes stored, %lld loaded; at most %d)", k->name,
+                   arch, (long long)k->spill_stores, (long long)k->spill_loads, CG_PTXAS_MATH_SLACK);
+  if (k->stack > CG_PTXAS_MATH_SLACK)
+    return ts_errf(err, errlen, "kernel %s needs a %lld-byte stack frame on %s (local memory; at most %d)", k->name,
+                   (long long)k->stack, arch, CG_PTXAS_MATH_SLACK);
+  if (k->cstack > CG_PTXAS_MATH_SLACK)   /* the frames of what it calls: a non-inlined device function's locals */
+    return ts_errf(err, errlen, "kernel %s needs %lld bytes of stack with the functions it calls on %s (local memory; "
+                   "at most %d)", k->name, (long long)k->cstack, arch, CG_PTXAS_MATH_SLACK);
   if (k->registers > 255)
     return ts_errf(err, errlen, "kernel %s uses %d registers on %s (at most 255)", k->name, k->registers, arch);
   if (k->smem > 48 * 1024)

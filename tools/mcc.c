@@ -61,7 +61,7 @@ static void usage(FILE *f) {
           "                         and its kernel IR (text) as DIR/<kernel>_<hash>.kir\n"
           "  --target sm_80,sm_90   compile every kernel with NVRTC for these GPUs, any arch NVRTC supports\n"
           "                         (sm_80 A100, sm_86/sm_89 RTX, sm_90 H100/H200, sm_100 B200; PTX + cubin in the plan;\n"
-          "                         ptxas must report no spills, no stack frame)\n"
+          "                         ptxas must report at most 64 bytes of spills or stack per kernel)\n"
           "  --emit=cuda DIR        instead of a plan, each program's CUDA module as DIR/prog<K>_<hash>.cu\n"
           "                         (and .ptx per --target)\n"
           "  --no-fuse              no fusion groups (every node its own kernel; for comparisons)\n"
@@ -762,9 +762,18 @@ static int compile_cuda(const Args *a, Plan *p, const char *dir) {
         PlanImage im = {pi, a->sm[t], cm.hash, o.ptx, o.ptx_len, o.cubin, o.cubin_len, o.nkern, o.kern};
         plan_add_image(p, &im);
         int regs = 0;
-        for (int j = 0; j < o.nkern; j++) regs = o.kern[j].registers > regs ? o.kern[j].registers : regs;
-        fprintf(stderr, "mcc: program %d, %s: %d kernels, PTX %zu bytes, cubin %zu bytes, at most %d registers, "
-                "no spills\n", pi, arch, cm.nkern, o.ptx_len, o.cubin_len, regs);
+        long long local = 0;   /* the most spill / stack bytes of a kernel (the math library's slow paths) */
+        for (int j = 0; j < o.nkern; j++) {
+          const CgPtxasInfo *q = &o.kern[j];
+          regs = q->registers > regs ? q->registers : regs;
+          long long m = q->spill_stores > q->stack ? q->spill_stores : q->stack;
+          m = q->cstack > m ? q->cstack : m;
+          local = m > local ? m : local;
+        }
+        char spills[96] = "no spills";
+        if (local) snprintf(spills, sizeof spills, "at most %lld bytes of spills or stack (CUDA's math slow paths)", local);
+        fprintf(stderr, "mcc: program %d, %s: %d kernels, PTX %zu bytes, cubin %zu bytes, at most %d registers, %s\n",
+                pi, arch, cm.nkern, o.ptx_len, o.cubin_len, regs, spills);
       }
       cg_nvrtc_out_free(&o);
     }

@@ -1038,7 +1038,8 @@ static void check_nvrtc(const char *arch, int part, int parts) {
   int rc = cg_nvrtc_compile(src.p, arch, &o, err, sizeof err);
   sb_free(&src);
   CHECK(rc == 0, "NVRTC %s: %s", arch, err);
-  int found = 0, regs = 0;
+  int found = 0, regs = 0, nlocal = 0;
+  long long local = 0;
   if (rc == 0) {
     CHECK(!o.log || !strstr(o.log, "warning"), "NVRTC %s warns:\n%.2000s", arch, o.log);
     for (int x = lo; x < hi; x++) {
@@ -1050,15 +1051,18 @@ static void check_nvrtc(const char *arch, int part, int parts) {
       if (!pi) continue;
       found++;
       if (pi->registers > regs) regs = pi->registers;
-      CHECK(pi->spill_stores == 0 && pi->spill_loads == 0 && pi->stack == 0,
-            "%s: %s (%s): %lld bytes spill stores, %lld spill loads, %lld stack", arch, pi->name, g_kept.a[i].what,
-            (long long)pi->spill_stores, (long long)pi->spill_loads, (long long)pi->stack);
-      CHECK(cg_ptxas_check(pi, arch, err, sizeof err) == 0, "%s: %s", arch, err);
+      CHECK(cg_ptxas_check(pi, arch, err, sizeof err) == 0, "%s: %s (%s)", arch, err, g_kept.a[i].what);
+      if (pi->spill_stores || pi->stack || pi->cstack) {
+        nlocal++;
+        if (pi->spill_stores > local) local = pi->spill_stores;
+        if (pi->cstack > local) local = pi->cstack;
+      }
     }
   }
   printf("nvrtc %s part %d/%d: %d kernels compiled (%d of the %d kept differ in more than numbers), %zu bytes of "
-         "cubin, at most %d registers, no spill, no stack\n", arch, part, parts, found, g_nv_n, g_kept.n,
-         rc == 0 ? o.cubin_len : 0, regs);
+         "cubin, at most %d registers; %d kernels with spills or stack, at most %lld bytes (limit %d: the math "
+         "library's slow paths)\n", arch, part, parts, found, g_nv_n, g_kept.n, rc == 0 ? o.cubin_len : 0, regs,
+         nlocal, local, CG_PTXAS_MATH_SLACK);
   CHECK(found == hi - lo, "%s: %d of %d kernels in ptxas' report", arch, found, hi - lo);
   if (rc == 0) cg_nvrtc_out_free(&o);
   free(g_nv_pick);
@@ -1171,8 +1175,42 @@ static void check_emu(void) {
 }
 #endif
 
+/* ptxas' stack report, read: a kernel that calls a function with a local
+ * array (not inlined) has a stack frame and a cumulative stack size, and
+ * cg_ptxas_check refuses it; the function alone is fine. */
+static void check_stack(void) {
+  char why[512];
+  if (!cg_nvrtc_available(why, sizeof why)) { printf("stack: skipped: %s\n", why); CHECK(1); return; }
+  const char *src =
+      "extern \"C\" __device__ __noinline__ int f(int i) {\n"
+      "  volatile int a[64];\n  for (int j = 0; j < 64; j++) a[j] = i + j;\n  return a[i & 63];\n}\n"
+      "extern \"C\" __global__ void k(int *o) { o[threadIdx.x] = f(threadIdx.x); }\n";
+  CgNvrtcOut o;
+  CHECK(cg_nvrtc_compile(src, "sm_90", &o, err, sizeof err) == 0, "NVRTC: %s", err);
+  int seen = 0;
+  for (int i = 0; i < o.nkern; i++) {
+    const CgPtxasInfo *k = &o.kern[i];
+    if (strcmp(k->name, "k") != 0) continue;
+    seen = 1;
+    printf("stack: k: %lld bytes stack frame, %lld bytes cumulative\n", (long long)k->stack, (long long)k->cstack);
+    CHECK(k->stack > 0 && k->cstack >= k->stack, "ptxas' stack report not read: frame %lld, cumulative %lld",
+          (long long)k->stack, (long long)k->cstack);
+    CHECK(cg_ptxas_check(k, "sm_90", err, sizeof err) != 0 && strstr(err, "stack"), "a kernel with a stack passed");
+    CgPtxasInfo c = *k;
+    c.stack = 0;   /* the callee's frame alone is caught too */
+    CHECK(cg_ptxas_check(&c, "sm_90", err, sizeof err) != 0 && strstr(err, "with the functions it calls"),
+          "a cumulative stack passed: %s", err);
+  }
+  CHECK(seen, "no report for kernel k");
+  cg_nvrtc_out_free(&o);
+}
+
 int main(int argc, char **argv) {
   const char *mode = argc > 1 ? argv[1] : "all";
+  if (!strcmp(mode, "stack")) {
+    check_stack();
+    return check_exit("test_cuda_print");
+  }
   g_jit = cg_jit_new(err, sizeof err);
   if (!g_jit) {
     fprintf(stderr, "cannot create the JIT: %s\n", err);
