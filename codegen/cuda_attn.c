@@ -185,6 +185,19 @@ static void print_dots(const Att *a, StrBuf *s, int dp, const char *ind) {
 /* The mask test of (r, c): "0" when not causal. */
 static const char *masked(const Att *a) { return a->causal ? "kp[c] > qp[r]" : "0"; }
 
+/* Opens the dk / dv kernels' loops over the query heads that read kv head
+ * hk and over their tiles of `rows` queries: bh, i0, nq, row0 (the
+ * tile's first row of q); ends with a barrier. */
+static void print_head_tiles(const Att *a, StrBuf *s, int rows) {
+  sb_printf(s, "    for (long long h = hk * %lldLL; h < (hk + 1) * %lldLL; h++) {\n", (long long)a->grp,
+            (long long)a->grp);
+  sb_printf(s, "      const long long bh = b * %lldLL + h;\n", (long long)a->Hq);
+  sb_printf(s, "      for (long long i0 = 0; i0 < %lldLL; i0 += %d) {\n", (long long)a->Tq, rows);
+  sb_printf(s, "        const int nq = %lldLL - i0 < %d ? (int)(%lldLL - i0) : %d;\n", (long long)a->Tq, rows,
+            (long long)a->Tq, rows);
+  sb_printf(s, "        const long long row0 = bh * %lldLL + i0;\n        __syncthreads();\n", (long long)a->Tq);
+}
+
 /* Opens the loop over (batch, query head, query tile) blocks: bh, i0 (the
  * tile's first row), nq (its rows), kvo (the kv head's offset in k / v),
  * row0 (its first row of q); ends with a barrier (the previous tile's
@@ -353,13 +366,7 @@ static void print_dkv(const Att *a, StrBuf *s, int k, int part) {
               (long long)D, (long long)D);
   else
     sb_printf(s, "    for (int x = tid; x < nk * %lld; x += nt) sacc[x] = 0;\n", (long long)D);
-  sb_printf(s, "    for (long long h = hk * %lldLL; h < (hk + 1) * %lldLL; h++) {\n", (long long)a->grp,
-            (long long)a->grp);
-  sb_printf(s, "      const long long bh = b * %lldLL + h;\n", (long long)a->Hq);
-  sb_printf(s, "      for (long long i0 = 0; i0 < %lldLL; i0 += %d) {\n", (long long)a->Tq, a->BQ);
-  sb_printf(s, "        const int nq = %lldLL - i0 < %d ? (int)(%lldLL - i0) : %d;\n", (long long)a->Tq, a->BQ,
-            (long long)a->Tq, a->BQ);
-  sb_printf(s, "        const long long row0 = bh * %lldLL + i0;\n        __syncthreads();\n", (long long)a->Tq);
+  print_head_tiles(a, s, a->BQ);
   sb_printf(s, "        for (int x = tid; x < nq * %lld; x += nt) {\n          const int at = x / %lld * %lld + x %% %lld;\n"
                "          sq[at] = q[row0 * %lldLL + x];\n          sdo[at] = dout[row0 * %lldLL + x];\n        }\n",
             (long long)D, (long long)D, (long long)LD, (long long)D, (long long)D, (long long)D);
@@ -758,13 +765,7 @@ static void print_dkv_f32(Att *a, const FTile *t, StrBuf *s, int k, int part) {
   if (dk) f_load(a, s, "sv", "v", base, t->R, "nk", "    ");
   sb_printf(s, "    for (int c = tid; c < %d; c += nt) kp[c] = %s_kpos(a.run, j0 + c);\n", t->R, a->name);
   f_acc_zero(t, s, "    ");
-  sb_printf(s, "    for (long long h = hk * %lldLL; h < (hk + 1) * %lldLL; h++) {\n", (long long)a->grp,
-            (long long)a->grp);
-  sb_printf(s, "      const long long bh = b * %lldLL + h;\n", (long long)a->Hq);
-  sb_printf(s, "      for (long long i0 = 0; i0 < %lldLL; i0 += %d) {\n", (long long)a->Tq, t->C);
-  sb_printf(s, "        const int nq = %lldLL - i0 < %d ? (int)(%lldLL - i0) : %d;\n", (long long)a->Tq, t->C,
-            (long long)a->Tq, t->C);
-  sb_printf(s, "        const long long row0 = bh * %lldLL + i0;\n        __syncthreads();\n", (long long)a->Tq);
+  print_head_tiles(a, s, t->C);
   snprintf(base, sizeof base, "row0 * %lldLL", D);
   f_load(a, s, "sq", "q", base, t->C, "nq", "        ");
   f_load(a, s, "sdo", "dout", base, t->C, "nq", "        ");

@@ -169,29 +169,27 @@ static void row_loop_open(CgKp *p, StrBuf *out, int r, int d) {
  * module's ts_split_part, and the block that arrives last (ts_split_ticket)
  * combines them in part order, so the result does not depend on which
  * block finishes when.  The other blocks are done. */
-static void split_combine(CgKp *p, StrBuf *out, const int *acc, int na, int d) {
+/* one line of text at indent d */
+static void put_line(StrBuf *out, int d, const char *text) {
   indent(out, d);
-  sb_puts(out, "{\n");
-  indent(out, d + 1);
-  sb_puts(out, "__shared__ int ts_last;\n");
-  indent(out, d + 1);
-  sb_puts(out, "if (threadIdx.x == 0) {\n");
+  sb_puts(out, text);
+  sb_puts(out, "\n");
+}
+
+static void split_combine(CgKp *p, StrBuf *out, const int *acc, int na, int d) {
+  put_line(out, d, "{");
+  put_line(out, d + 1, "__shared__ int ts_last;");
+  put_line(out, d + 1, "if (threadIdx.x == 0) {");
   for (int j = 0; j < na; j++) {
     indent(out, d + 2);
     sb_printf(out, "ts_split_part[(gid * ts_s + ts_chunk) * %d + %d] = (double)v%d;\n", na, j, acc[j]);
   }
-  indent(out, d + 2);
-  sb_puts(out, "__threadfence();\n");
-  indent(out, d + 2);
-  sb_puts(out, "ts_last = atomicAdd(&ts_split_ticket[gid], 1ULL) == (unsigned long long)(ts_s - 1);\n");
-  indent(out, d + 1);
-  sb_puts(out, "}\n");
-  indent(out, d + 1);
-  sb_puts(out, "__syncthreads();\n");
-  indent(out, d + 1);
-  sb_puts(out, "if (!ts_last) return;\n");
-  indent(out, d + 1);
-  sb_puts(out, "__threadfence();\n");
+  put_line(out, d + 2, "__threadfence();");
+  put_line(out, d + 2, "ts_last = atomicAdd(&ts_split_ticket[gid], 1ULL) == (unsigned long long)(ts_s - 1);");
+  put_line(out, d + 1, "}");
+  put_line(out, d + 1, "__syncthreads();");
+  put_line(out, d + 1, "if (!ts_last) return;");
+  put_line(out, d + 1, "__threadfence();");
   for (int j = 0; j < na; j++) {
     const CgInst *a = cg_kp_ins(p, acc[j]);
     int sum = a->red == CG_RED_SUM;
@@ -202,10 +200,8 @@ static void split_combine(CgKp *p, StrBuf *out, const int *acc, int na, int d) {
               na, j);
     sb_printf(out, " v%d = (%s)ts_block_%s(t); }\n", acc[j], p->d->type[a->type], sum ? "sum" : "max");
   }
-  indent(out, d + 1);
-  sb_puts(out, "if (threadIdx.x == 0) ts_split_ticket[gid] = 0ULL;\n");
-  indent(out, d);
-  sb_puts(out, "}\n");
+  put_line(out, d + 1, "if (threadIdx.x == 0) ts_split_ticket[gid] = 0ULL;");
+  put_line(out, d, "}");
 }
 
 /* After the END of the top-level loop at r: every top-level accumulator
