@@ -67,7 +67,8 @@ typedef struct {
 /* Static shared memory of the largest kernel for tiles BQ x BK (bytes). */
 static int64_t smem_bytes(const Att *a, int64_t BQ, int64_t BK) {
   int64_t rows = BQ > BK ? BQ : BK;
-  return a->es * (2 * BQ * a->D + 2 * BK * a->D) + 8 * (BQ * BK + rows * a->D + 3 * BQ) + 8 * (BQ + BK) + 16;
+  /* the operand tiles' rows are padded to D + 1 elements (print_shared) */
+  return a->es * (2 * BQ * (a->D + 1) + 2 * BK * (a->D + 1)) + 8 * (BQ * BK + rows * a->D + 3 * BQ) + 8 * (BQ + BK) + 16;
 }
 
 static int64_t pow2_at_least(int64_t n) {
@@ -128,8 +129,8 @@ static void print_pos(const IrModule *m, StrBuf *src, const char *fn, unsigned m
  * banks): sq, sdo [BQ rows] and sk, sv [BK rows] (operand type); ss
  * [BQ * BK] (scores, then p or ds); sacc [acc_rows * D] (double); sm, sl
  * [BQ] (running max and sum, or lse and drow), sc [BQ] (the rescale
- * factor); qp [BQ], kp [BK] (global positions); any (whether the tile
- * pair has an unmasked score). */
+ * factor); qp [BQ], kp [BK] (global positions).  Whether a tile pair has
+ * an unmasked score is each thread's ts_any, OR-ed by __syncthreads_or. */
 enum { USE_DO = 1, USE_V = 2, USE_ACC = 4, USE_SC = 8 };
 
 static void print_shared(const Att *a, StrBuf *s, int use, int64_t acc_rows) {
@@ -141,7 +142,6 @@ static void print_shared(const Att *a, StrBuf *s, int use, int64_t acc_rows) {
   if (use & USE_ACC) sb_printf(s, ", sacc[%lld]", (long long)(acc_rows * a->D));
   if (use & USE_SC) sb_printf(s, ", sc[%d]", a->BQ);
   sb_printf(s, ";\n  __shared__ long long qp[%d], kp[%d];\n", a->BQ, a->BK);
-  if (a->causal) sb_puts(s, "  __shared__ int any;\n");
   sb_printf(s, "  const int tid = threadIdx.x, nt = blockDim.x;\n");
   sb_printf(s, "  const %s *q = (const %s *)a.b[%d], *k = (const %s *)a.b[%d];\n", a->T, a->T, a->bq, a->T, a->bk);
   if (use & USE_V) sb_printf(s, "  const %s *v = (const %s *)a.b[%d];\n", a->T, a->T, a->bv);
@@ -154,10 +154,13 @@ static void print_shared(const Att *a, StrBuf *s, int use, int64_t acc_rows) {
  * readers are done.  Inside the loop over key tiles (or query tiles, when
  * the key tile stays: the loads are then the query side's, see dkv). */
 static void print_any(const Att *a, StrBuf *s, const char *ind) {
-  if (!a->causal) { sb_printf(s, "%s__syncthreads();\n", ind); return; }
-  sb_printf(s, "%sif (tid == 0) any = 0;\n%s__syncthreads();\n", ind, ind);
-  sb_printf(s, "%sfor (int x = tid; x < nq * nk; x += nt)\n%s  if (kp[x %% nk] <= qp[x / nk]) any = 1;\n", ind, ind);
-  sb_printf(s, "%s__syncthreads();\n%sif (!any) continue;\n", ind, ind);
+  sb_printf(s, "%s__syncthreads();\n", ind);
+  if (!a->causal) return;
+  /* each thread's own flag, OR-ed by the barrier (no shared flag that
+   * many threads write: racecheck stays quiet) */
+  sb_printf(s, "%sint ts_any = 0;\n%sfor (int x = tid; x < nq * nk; x += nt) ts_any |= kp[x %% nk] <= qp[x / nk];\n",
+            ind, ind);
+  sb_printf(s, "%sif (!__syncthreads_or(ts_any)) continue;\n", ind);
 }
 
 static void print_key_loads(const Att *a, StrBuf *s, int use_v, const char *ind) {
@@ -619,7 +622,6 @@ static void print_fwd_f32(Att *a, const FTile *t, StrBuf *s, int k, int stats) {
     f_shared(s, "sp", t->R, t->LP4);
   }
   sb_printf(s, "  __shared__ long long qp[%d], kp[%d];\n", t->R, t->C);
-  if (a->causal) sb_puts(s, "  __shared__ int any;\n");
   f_head(a, s, !stats, 0);
   if (!stats) sb_printf(s, "  float *out = (float *)a.b[%d];\n", a->bres);
   else sb_printf(s, "  const float *o = (const float *)a.b[%d], *dout = (const float *)a.b[%d];\n"
@@ -705,7 +707,6 @@ static void print_dq_f32(Att *a, const FTile *t, StrBuf *s, int k) {
   f_shared(s, "sv", t->C, t->P4);
   f_shared(s, "sp", t->R, t->LP4);
   sb_printf(s, "  __shared__ long long qp[%d], kp[%d];\n", t->R, t->C);
-  if (a->causal) sb_puts(s, "  __shared__ int any;\n");
   f_head(a, s, 1, 1);
   sb_printf(s, "  float *out = (float *)a.b[%d];\n", a->bres);
   print_qtile_loop(a, s);
@@ -750,7 +751,6 @@ static void print_dkv_f32(Att *a, const FTile *t, StrBuf *s, int k, int part) {
   f_shared(s, "sp", t->R, t->LP4);
   sb_printf(s, "  __shared__ float slse[%d], sdrw[%d];\n  __shared__ long long qp[%d], kp[%d];\n", t->C, t->C, t->C,
             t->R);
-  if (a->causal) sb_puts(s, "  __shared__ int any;\n");
   f_head(a, s, dk, 1);
   sb_printf(s, "  float *out = (float *)a.b[%d];\n", a->bres);
   sb_printf(s, "  for (long long t = blockIdx.x; t < %lldLL; t += gridDim.x) {\n", (long long)(a->B * a->Hkv) * nkt);

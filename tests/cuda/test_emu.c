@@ -169,6 +169,15 @@ static void t_shuffle(void) {
   shfl_u32();
   shfl_i64();
   shfl_u64();
+  /* __syncthreads_or: every thread gets the OR of the block's predicates */
+  int out[2 * 96], who[2] = {37, -1};
+  CgCudaArgs a = {.b = {out, who}};
+  CHECK(run("k_sync_or", 2, 96, &a) == 0, "k_sync_or did not run");
+  int ones = 0, zeros = 0;
+  for (int i = 0; i < 96; i++) ones += out[i] == 1;
+  for (int i = 96; i < 192; i++) zeros += out[i] == 0;
+  CHECK(ones == 96 && zeros == 96, "__syncthreads_or: block 0 (thread 37 true) %d of 96 got 1, block 1 (none) %d of 96 "
+        "got 0", ones, zeros);
 }
 
 /* ---- atomics from many threads and blocks ---- */

@@ -202,6 +202,14 @@ extern "C" __global__ void k_bits(TsArgs a) {
   ((long long *)a.b[2])[i] = __double_as_longlong(d);
 }
 
+// out[block, t] = __syncthreads_or(t == who[block]): who[0] = 37 gives 1
+// everywhere in block 0, who[1] = -1 gives 0 in block 1.
+extern "C" __global__ void k_sync_or(TsArgs a) {
+  int *out = (int *)a.b[0];
+  const int *who = (const int *)a.b[1];
+  out[blockIdx.x * blockDim.x + threadIdx.x] = __syncthreads_or((int)threadIdx.x == who[blockIdx.x]);
+}
+
 // ---- kernels that must be refused at run time ----
 
 // Threads from 40 on return before a __syncthreads the others wait at.

@@ -153,6 +153,7 @@ struct Thread {
   int state;
   int parity;      /* which of the warp's two shuffle buffers this lane's next shuffle uses */
   int site;        /* the module line of the barrier or shuffle it waits at */
+  int pred;        /* __syncthreads_or: its predicate */
 };
 
 struct Warp {
@@ -173,6 +174,7 @@ struct State {
   int queue[MAX_THREADS];     /* ready threads, FIFO ring */
   int qhead, qlen;
   int order;                  /* TS_EMU_ORDER: 0 fifo, 1 reverse, 2 random */
+  int sync_or;                /* the OR of the predicates at the last barrier's release */
   unsigned long long rng;     /* random: the xorshift state */
 };
 
@@ -407,6 +409,8 @@ static int run_block(long long b, int n, char *err, unsigned long errlen) {
     case T_SYNC:
       if (++nsync == n) {   /* every thread is here: none is queued */
         if (!one_site(b, 0, n, "__syncthreads", err, errlen)) return -1;
+        S.sync_or = 0;
+        for (int j = 0; j < n; j++) S.sync_or |= S.th[j].pred;
         nsync = 0;
         push_range(0, n);
       }
@@ -487,15 +491,18 @@ template <class T> static inline T ts_emu_shfl_down_sync(unsigned mask, T v, uns
   return ts_emu_impl::exchange(mask, v, src, width);
 }
 
-static inline void ts_emu_syncthreads(int line) {
+static inline int ts_emu_syncthreads(int line, int pred) {
   ts_emu_impl::Thread *t = ts_emu_impl::S.cur;
   t->site = line;
+  t->pred = pred != 0;
   t->state = ts_emu_impl::T_SYNC;
   ts_emu_impl::yield(t);
+  return ts_emu_impl::S.sync_or;   /* read before any thread can reach the next barrier */
 }
 /* barriers and shuffles record where they are called (the module's line):
  * the threads released together must all wait at the same one */
-#define __syncthreads() ts_emu_syncthreads(__LINE__)
+#define __syncthreads() ((void)ts_emu_syncthreads(__LINE__, 0))
+#define __syncthreads_or(p) ts_emu_syncthreads(__LINE__, (p))
 static inline int ts_emu_site(int line) { ts_emu_impl::S.cur->site = line; return 0; }
 #define __shfl_sync(...) (ts_emu_site(__LINE__), ts_emu_shfl_sync(__VA_ARGS__))
 #define __shfl_xor_sync(...) (ts_emu_site(__LINE__), ts_emu_shfl_xor_sync(__VA_ARGS__))
