@@ -47,7 +47,18 @@ _Static_assert(NC_SUM == (int)ncclSum && NC_MAX == (int)ncclMax && NC_FLOAT32 ==
 _Static_assert(CU_NOT_READY == (int)cudaErrorNotReady, "cudaErrorNotReady");
 #endif
 
-static int nc_type(IrDtype dt) { return dt == IR_F64 ? NC_FLOAT64 : dt == IR_I32 ? NC_INT32 : NC_FLOAT32; }
+/* Every dtype to its own NCCL type (a sum of i32 bit patterns as floats
+ * would be garbage): no default, so a new dtype is a -Wswitch warning
+ * here until it is mapped. */
+static int nc_type(IrDtype dt) {
+  switch (dt) {
+  case IR_F32: return NC_FLOAT32;
+  case IR_F64: return NC_FLOAT64;
+  case IR_I32: return NC_INT32;
+  case IR_VOID: case IR_DTYPE_COUNT: break;
+  }
+  TS_DIE("comm_nccl: dtype %d has no NCCL data type", (int)dt);
+}
 
 /* The two libraries' entry points (one table each, loaded by ir/dl.h). */
 typedef struct {
