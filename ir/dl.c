@@ -128,6 +128,14 @@ static void *try_dirs(const DirList *l, const char *name, char **path, char *det
   return NULL;
 }
 
+/* the paths of the libraries loaded from a folder searched here: they
+ * stay loaded, and *file may point at one, so they live as long as the
+ * process (held here, not leaked) */
+static struct {
+  pthread_mutex_t mu;
+  VEC(char *) v;
+} kept_paths = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
 void *ts_dl_load(const char *const *files, const TsDlSym *syms, int nsyms, void *table, const char **file,
                  TsDlStatus *status, char *detail, size_t n) {
   void *h = NULL;
@@ -162,10 +170,16 @@ void *ts_dl_load(const char *const *files, const TsDlSym *syms, int nsyms, void 
     if (!f) {
       if (n) snprintf(detail, n, "%s", syms[s].sym);
       dlclose(h);
+      free(found);
       *status = TS_DL_NO_SYMBOL;
       return NULL;
     }
     memcpy((char *)table + syms[s].off, &f, sizeof f);
+  }
+  if (found) {
+    pthread_mutex_lock(&kept_paths.mu);
+    VEC_PUSH(kept_paths.v, found);
+    pthread_mutex_unlock(&kept_paths.mu);
   }
   if (file) *file = found ? found : files[i];
   *status = TS_DL_OK;
