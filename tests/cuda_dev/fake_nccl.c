@@ -53,11 +53,26 @@ EXPORT const char *ncclGetErrorString(int r) { return r == OK ? "no error" : "fa
 
 static long ids_made;
 
+static void rendezvous_path(const Id *id, char *path, size_t n) {
+  const char *tmp = getenv("TMPDIR");
+  snprintf(path, n, "%s/%s", tmp && *tmp ? tmp : "/tmp", id->internal);
+}
+
+/* The id names the rendezvous file; made here, empty, before any member
+ * can know the id (a file a killed run left under a reused pid is gone). */
 EXPORT int ncclGetUniqueId(Id *id) {
   memset(id, 0, sizeof *id);
   int wr;
   MPI_Comm_rank(MPI_COMM_WORLD, &wr);
-  snprintf(id->internal, sizeof id->internal, "fake-nccl-%d-%d-%ld", (int)getpid(), wr, ++ids_made);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  snprintf(id->internal, sizeof id->internal, "fake-nccl-%d-%d-%ld-%lld%09ld", (int)getpid(), wr, ++ids_made,
+           (long long)ts.tv_sec, ts.tv_nsec);
+  char path[512];
+  rendezvous_path(id, path, sizeof path);
+  int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) return INTERNAL;
+  close(fd);
   return OK;
 }
 
@@ -70,9 +85,8 @@ EXPORT int ncclCommInitRank(Comm **out, int nranks, Id id, int rank) {
   MPI_Comm_size(MPI_COMM_WORLD, &ws);
   if (nranks < 1 || nranks > ws || rank < 0 || rank >= nranks) return INVALID_ARGUMENT;
   /* the members meet in a file: slot r holds group rank r's world rank + 1 */
-  const char *tmp = getenv("TMPDIR");
   char path[512];
-  snprintf(path, sizeof path, "%s/%s", tmp && *tmp ? tmp : "/tmp", id.internal);
+  rendezvous_path(&id, path, sizeof path);
   int fd = open(path, O_RDWR | O_CREAT, 0600);
   if (fd < 0) return INTERNAL;
   int me = wr + 1, *slot = calloc((size_t)nranks, sizeof *slot), got = 0;
