@@ -5,10 +5,14 @@
  * calling ncclCommInitRank with it meet in a file named by it (each writes
  * its world rank at its group rank), then make an MPI communicator of
  * exactly them (MPI_Comm_create_group: collective over the members only,
- * as NCCL's init is).  Sends are synchronous (MPI_Issend: a send completes
- * only when its receive has started, as NCCL's rendezvous protocol for
- * large messages), so an order of sends and receives that only buffering
- * would save deadlocks here.  Data types: int32, float32, float64.
+ * as NCCL's init is).  Sends are MPI_Isend: small ones complete before
+ * their receive is posted (MPI buffers them), which NCCL's rendezvous
+ * protocol for large messages does not promise.  Synchronous sends
+ * (MPI_Issend) would model it, but this fake runs a stream's NCCL work on
+ * the host thread that drains the stream, so a send blocked there also
+ * blocks that rank's other stream, which a GPU does not: the interleaved
+ * pipeline (fake_gpu_vpp2_f32) then hangs for the fake's sake.  Data
+ * types: int32, float32, float64.
  * Between ncclGroupStart and ncclGroupEnd, sends and receives are
  * collected and then posted together (nonblocking, then waited), as NCCL
  * progresses a group's operations together; a call outside a group is a
@@ -144,7 +148,7 @@ static void *p2p_stream;  /* the stream of the last of them */
 static int p2p_run(const P2p *p, int n, Comm *c) {
   MPI_Request *r = calloc((size_t)n, sizeof *r);
   for (int i = 0; i < n; i++) {
-    if (p[i].send) MPI_Issend(p[i].buf, (int)p[i].count, mpi_dt(p[i].dt), p[i].peer, 77, c->comm, &r[i]);
+    if (p[i].send) MPI_Isend(p[i].buf, (int)p[i].count, mpi_dt(p[i].dt), p[i].peer, 77, c->comm, &r[i]);
     else MPI_Irecv(p[i].buf, (int)p[i].count, mpi_dt(p[i].dt), p[i].peer, 77, c->comm, &r[i]);
   }
   int rc = MPI_Waitall(n, r, MPI_STATUSES_IGNORE);
