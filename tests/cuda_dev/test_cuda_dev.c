@@ -572,7 +572,6 @@ static void test_graph(const char *cuda, const char *lt) {
   RtDevGraph *gbad = NULL;
   CHECK(d->ops->graph_end(d, RT_STREAM_COMPUTE, &gbad, err, sizeof err) == -1 && !gbad,
         "the capture with a pageable copy ended without an error");
-  d->ops->host_free(d, pin);
 
   /* a forked stream: compute -> comm -> compute, joined back */
   fk.log_clear();
@@ -637,6 +636,7 @@ static void test_graph(const char *cuda, const char *lt) {
   CHECK(count_launches(0, "k1", -1) == 1 && count_launches(0, "k2", -1) == 1, "replay on the comm stream");
   d->ops->graph_free(d, g);
   d->ops->graph_free(d, g2);
+  d->ops->host_free(d, pin);   /* after the last replay of g, whose copy reads it */
   d->ops->free(d, buf);
   d->ops->module_free(d, m);
   d->ops->close(d);
