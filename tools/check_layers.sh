@@ -13,8 +13,9 @@
 #   passes          ir codegen plan
 #   runtime/comm    ir plan
 #   runtime/device  ir codegen
+#   runtime/data    ir   (tokenizers, indexed datasets, sample indices)
 #   runtime/cpu     ir plan runtime/comm
-#   runtime/exec    ir codegen plan runtime/comm runtime/device runtime/cpu
+#   runtime/exec    ir codegen plan runtime/comm runtime/device runtime/cpu runtime/data
 # tools/, tests/ and bench/ sit on top and may include anything.  An
 # include resolves like the compiler's quoted form: next to the including
 # file first, then from ROOT; one that resolves to neither (a generated
@@ -31,8 +32,9 @@ declare -A allowed=(
   [passes]="ir codegen plan"
   [runtime/comm]="ir plan"
   [runtime/device]="ir codegen"
+  [runtime/data]="ir"
   [runtime/cpu]="ir plan runtime/comm"
-  [runtime/exec]="ir codegen plan runtime/comm runtime/device runtime/cpu"
+  [runtime/exec]="ir codegen plan runtime/comm runtime/device runtime/cpu runtime/data"
 )
 
 # layer_of PATH (relative to root): the layer, or "" for tools/tests/...;
@@ -40,7 +42,7 @@ declare -A allowed=(
 # ("runtime"), which no rule allows anything.
 layer_of() {
   case $1 in
-    runtime/comm/*|runtime/device/*|runtime/cpu/*|runtime/exec/*) echo "${1%%/*}/$(echo "$1" | cut -d/ -f2)" ;;
+    runtime/comm/*|runtime/device/*|runtime/cpu/*|runtime/data/*|runtime/exec/*) echo "${1%%/*}/$(echo "$1" | cut -d/ -f2)" ;;
     runtime/*) echo runtime ;;
     ir/*|frontend/*|codegen/*|plan/*|passes/*) echo "${1%%/*}" ;;
     *) echo "" ;;
