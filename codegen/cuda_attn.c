@@ -817,6 +817,11 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
   *scratch = 0;
   IrDtype dt = nd->type.dtype;
   if (dt != IR_F32 && dt != IR_F64) { snprintf(why, whylen, "attention needs f32 or f64"); return 1; }
+  int base = nd->op == IR_OP_ATTENTION ? 3 : nd->op == IR_OP_ATTENTION_BWD ? 5 : nd->op == IR_OP_ATTN_ACC ? 4 : 7;
+  if (nd->nin > base && nd->op != IR_OP_ATTN_FINISH && nd->op != IR_OP_ATTN_LSE) {
+    snprintf(why, whylen, "document ids (packed sequences) are not in the CUDA attention kernels yet: CPU ranks only");
+    return 1;
+  }
   for (int o = 0; o < nd->nin; o++)
     if (b->nodes[nd->in[o]].type.dtype != dt) { snprintf(why, whylen, "operand %d is not %s", o + 1, ir_dtype_name(dt)); return 1; }
   Att a = {.name = name, .T = dt == IR_F64 ? "double" : "float", .es = dt == IR_F64 ? 8 : 4,

@@ -14,7 +14,7 @@
 typedef Value (*BuiltinFn)(Elab *e, const ElabCall *c, Value *a, int op);
 typedef struct {
   const char *name;
-  const char *args[6];   /* NULL-terminated; args[0] == NULL and nreq < 0: variadic */
+  const char *args[8];   /* NULL-terminated; args[0] == NULL and nreq < 0: variadic */
   int nreq;
   BuiltinFn fn;
   int op;                /* IrOp for the generic handlers */
@@ -566,6 +566,20 @@ static Value bi_metric(Elab *e, const ElabCall *c, Value *a, int op) {
   return elab_none(c->loc);
 }
 
+/* error("message"): stops compilation with the message at the call (a
+ * library's refusal of arguments it cannot honour; the notes name the
+ * calls that led there). */
+static Value bi_error(Elab *e, const ElabCall *c, Value *a, int op) {
+  (void)op;
+  if (a[0].k != V_STR) {
+    char buf[256];
+    elab_error(e, a[0].loc, "%s() needs a string message, got %s", c->fname, elab_value_desc(e, &a[0], buf, sizeof buf));
+    return elab_err();
+  }
+  elab_error(e, c->loc, "%s", a[0].s);
+  return elab_err();
+}
+
 /* capacity_mask(keep, cap): per last-axis column of the 0/1 routing mask
  * keep [..., E], the first cap ones in token (row) order (expert capacity). */
 static Value bi_capacity_mask(Elab *e, const ElabCall *c, Value *a, int op) {
@@ -638,8 +652,10 @@ static Value bi_gmm(Elab *e, const ElabCall *c, Value *a, int op) {
 }
 
 /* fused_attention(q[B, Hq, T, D], k[B, Hkv, S, D], v, causal: true,
- * scale: 1 / sqrt(D)): softmax(scale q k^T) v in one op (docs/ir.md
- * "Fused attention"); kv heads may be fewer (grouped-query). */
+ * scale: 1 / sqrt(D), docs: none): softmax(scale q k^T) v in one op
+ * (docs/ir.md "Fused attention"); kv heads may be fewer (grouped-query).
+ * docs i32[B, T] (self-attention, S = T): each position's document id in
+ * a packed sequence; a query sees only keys of its own document. */
 static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
   if (elab_want_tensor(e, c, "q", &a[0], 1) || elab_want_tensor(e, c, "k", &a[1], 1) ||
       elab_want_tensor(e, c, "v", &a[2], 1))
@@ -652,7 +668,27 @@ static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
   if (a[4].k != V_UNSET && elab_want_num(e, c, "scale", &a[4], &scale)) return elab_err();
   int64_t ia[1] = {causal};
   double fa[1] = {scale};
-  return elab_emit(e, c->loc, IR_OP_ATTENTION, a, 3, ia, fa, NULL, NULL);
+  int nin = 3;
+  if (a[5].k != V_UNSET && a[5].k != V_NONE) {
+    if (elab_want_tensor(e, c, "docs", &a[5], 0)) return elab_err();
+    IrType d = elab_type(e, &a[5]), kt = elab_type(e, &a[1]);
+    if (d.dtype != IR_I32 || d.rank != 2 || d.dim[0] != t.dim[0] || d.dim[1] != t.dim[2] || kt.rank != 4 ||
+        kt.dim[2] != t.dim[2])
+    {
+      char buf[256];
+      MdlLoc at = c->loc;   /* the argument in the call (the value's own location may be a signature) */
+      for (int i = 0, pos = 0; i < c->nargs; pos += !c->args[i].name, i++)
+        if (c->args[i].name ? strcmp(c->args[i].name, "docs") == 0 : pos == 5) at = c->args[i].loc;
+      elab_error(e, at, "%s(): docs must be i32 [batch, seq] = [%lld, %lld], the document id of each "
+                 "position for self-attention over q's sequence (keys as many as queries); got %s", c->fname,
+                 (long long)t.dim[0], (long long)t.dim[2], elab_value_desc(e, &a[5], buf, sizeof buf));
+      elab_note_origin(e, &a[5]);
+      return elab_err();
+    }
+    a[3] = a[5];   /* the operands: q, k, v, docs */
+    nin = 4;
+  }
+  return elab_emit(e, c->loc, IR_OP_ATTENTION, a, nin, ia, fa, NULL, NULL);
 }
 
 static Value bi_rope(Elab *e, const ElabCall *c, Value *a, int op) {
@@ -742,6 +778,7 @@ static const Builtin builtins[] = {
   {"float", {"x"}, 1, bi_float, 0},
   {"int", {"x"}, 1, bi_int, 0},
   {"mesh_size", {"axis"}, 1, bi_mesh_size, 0},
+  {"error", {"message"}, 1, bi_error, 0},
   {"min", {NULL}, -1, bi_minmax, 0},
   {"max", {NULL}, -1, bi_minmax, IR_OP_MAX},
   /* reductions */
@@ -769,7 +806,7 @@ static const Builtin builtins[] = {
   {"padding_mask", {"scores", "mask"}, 2, bi_padding_mask, 0},
   {"dropout", {"x", "p"}, 2, bi_dropout, 0},
   {"rope", {"x", "base", "axis"}, 1, bi_rope, 0},
-  {"fused_attention", {"q", "k", "v", "causal", "scale"}, 3, bi_fused_attention, 0},
+  {"fused_attention", {"q", "k", "v", "causal", "scale", "docs"}, 3, bi_fused_attention, 0},
   {"topk_mask", {"x", "k"}, 2, bi_topk_mask, 0},
   {"capacity_mask", {"keep", "cap"}, 2, bi_capacity_mask, 0},
   {"moe_counts", {"routed"}, 1, bi_moe_counts, 0},
@@ -795,7 +832,7 @@ const char *elab_builtin_name(int idx) {
 Value elab_call_builtin(Elab *e, int idx, const ElabCall *c) {
   TS_ASSERT(idx >= 0 && idx < NBUILTINS);
   const Builtin *b = &builtins[idx];
-  Value a[6];
+  Value a[8];   /* one per Builtin.args entry */
   if (b->nreq >= 0 && elab_bind_args(e, c, b->args, b->nreq, a)) return elab_err();
   return b->fn(e, c, a, b->op);
 }

@@ -416,6 +416,8 @@ static Value tensor_tensor(Elab *e, MdlLoc loc, int op, Value a, Value b) {
 Value elab_binary(Elab *e, MdlLoc loc, int op, Value a, Value b) {
   if (a.k == V_ERR || b.k == V_ERR) return elab_err();
   if (op == '@') return elab_matmul(e, loc, a, b);
+  if ((op == MDL_OP_EQ || op == MDL_OP_NE) && (a.k == V_NONE || b.k == V_NONE))   /* `x != none`: was it given? */
+    return elab_bool((a.k == b.k) == (op == MDL_OP_EQ), loc);
   if (a.k == V_TENSOR && b.k == V_TENSOR) return tensor_tensor(e, loc, op, a, b);
   if (a.k == V_TENSOR || b.k == V_TENSOR) {
     int left = b.k == V_TENSOR;                /* the scalar is on the left */

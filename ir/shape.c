@@ -556,8 +556,21 @@ static int scalar_float(Sx *x, int i, const char *what) {
 /* Fused attention: q [B, Hq, Tq, D], k / v [B, Hkv, Tk, D] with Hq a
  * multiple of Hkv (grouped-query) -> [B, Hq, Tq, D]. */
 static int check_qkv(Sx *x);
-static int check_attention(Sx *x) {
-  if (need_bool(x, 0)) return -1;
+/* The node has `base` operands, or base + 1 with the document ids last:
+ * i32 [B, T], T the whole sequence (the kernels index it by global
+ * position, so it is never split along T). */
+static int check_doc(Sx *x, int base) {
+  int nin = x->n->nin;
+  if (nin != base && nin != base + 1)
+    return fail(x, "takes %d operands, or %d with the document ids last; got %d", base, base + 1, nin);
+  if (nin == base) return 0;
+  const IrType *d = opnd(x, base), *q = opnd(x, 0);
+  if (d->dtype != IR_I32 || d->rank != 2 || d->dim[0] != q->dim[0] || d->dim[1] < 1)
+    return fail(x, "document ids %s must be i32 [batch, seq] with q %s's batch", tstr(x, d), tstr(x, q));
+  return 0;
+}
+static int check_attention(Sx *x, int base) {
+  if (need_bool(x, 0) || check_doc(x, base)) return -1;
   return check_qkv(x);
 }
 static int check_qkv(Sx *x) {
@@ -579,7 +592,7 @@ static int check_qkv(Sx *x) {
 }
 
 static int shape_ATTENTION(Sx *x) {
-  if (check_attention(x)) return -1;
+  if (check_attention(x, 3)) return -1;
   *x->out = *opnd(x, 0);
   return 0;
 }
@@ -587,7 +600,7 @@ static int shape_ATTENTION(Sx *x) {
 /* (q, k, v, o, do): o and do shaped like q; the result is shaped like q,
  * k or v by part. */
 static int shape_ATTENTION_BWD(Sx *x) {
-  if (check_attention(x)) return -1;
+  if (check_attention(x, 5)) return -1;
   const IrType *q = opnd(x, 0), *o = opnd(x, 3), *dy = opnd(x, 4);
   if (!ir_type_same_shape(o, q) || !ir_type_same_shape(dy, q) || o->dtype != q->dtype || dy->dtype != q->dtype)
     return fail(x, "o %s and do %s must be shaped like q %s", tstr(x, o), tstr(x, dy), tstr(x, q));
@@ -609,14 +622,14 @@ static int like_q(Sx *x, int i, int64_t last, const char *what) {
   return fail(x, "%s %s must be q %s's dtype and shape%s", what, tstr(x, a), tstr(x, q),
               last < 0 ? " without head_dim" : last == q->dim[3] ? "" : " with head_dim + 2 columns");
 }
-static int ring_attrs(Sx *x) {
-  if (need_bool(x, 0)) return -1;
+static int ring_attrs(Sx *x, int base) {
+  if (need_bool(x, 0) || check_doc(x, base)) return -1;
   if (x->n->ia[1] < 0 || x->n->ia[1] > 4096) return fail(x, "src=%lld must be a ring step >= 0", (long long)x->n->ia[1]);
   if (!isfinite(x->n->fa[0])) return fail(x, "scale must be finite, got %g", x->n->fa[0]);
   return check_qkv(x);
 }
 static int shape_ATTN_ACC(Sx *x) {
-  if (ring_attrs(x) || like_q(x, 3, opnd(x, 0)->dim[3] + 2, "state")) return -1;
+  if (ring_attrs(x, 4) || like_q(x, 3, opnd(x, 0)->dim[3] + 2, "state")) return -1;
   *x->out = *opnd(x, 3);
   return 0;
 }
@@ -639,7 +652,7 @@ static int shape_ATTN_LSE(Sx *x) {
   return 0;
 }
 static int ring_bwd(Sx *x, int acc_like) {
-  if (ring_attrs(x) || like_q(x, 3, opnd(x, 0)->dim[3], "do") || like_q(x, 4, -1, "lse") ||
+  if (ring_attrs(x, 7) || like_q(x, 3, opnd(x, 0)->dim[3], "do") || like_q(x, 4, -1, "lse") ||
       like_q(x, 5, -1, "drow"))
     return -1;
   const IrType *want = opnd(x, acc_like), *a = opnd(x, 6);

@@ -379,16 +379,17 @@ static void ad_CROSS_ENTROPY(Ad *a, int i, int dy) {
   add_grad(a, X0, em(a, IR_OP_CROSS_ENTROPY_BWD, in, 3, nd(a, i)->ia, NULL, NULL));
 }
 /* Fused attention: one attention_bwd per operand that needs a gradient
- * (part 0, 1, 2 = dq, dk, dv), each from (q, k, v, o, do) with the
+ * (part 0, 1, 2 = dq, dk, dv), each from (q, k, v, o, do[, doc]) with the
  * forward's attrs; each recomputes the probabilities from q, k and the
- * log-sum-exp rows (flash style, nothing [Tq, Tk] is kept). */
+ * log-sum-exp rows (flash style, nothing [Tq, Tk] is kept).  The document
+ * ids (i32) get no gradient. */
 static void ad_ATTENTION(Ad *a, int i, int dy) {
   for (int part = 0; part < 3; part++) {
     IrNode n = *nd(a, i);
     if (!needs(a, n.in[part])) continue;
-    int in[5] = {n.in[0], n.in[1], n.in[2], i, dy};
+    int in[6] = {n.in[0], n.in[1], n.in[2], i, dy, n.nin > 3 ? n.in[3] : -1};
     int64_t ia[2] = {n.ia[0], part};
-    add_grad(a, n.in[part], em(a, IR_OP_ATTENTION_BWD, in, 5, ia, n.fa, NULL));
+    add_grad(a, n.in[part], em(a, IR_OP_ATTENTION_BWD, in, n.nin > 3 ? 6 : 5, ia, n.fa, NULL));
   }
 }
 

@@ -617,9 +617,13 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
      * the sequence (dim 2) of the queries is a block of rows: along cp
      * with the ring (S->cp_ring) k / v are blocks too and shard_node
      * lowers the node into ring steps (lower_ring), else k / v are
-     * gathered and dk / dv come out partial.  head_dim stays whole. */
+     * gathered and dk / dv come out partial.  head_dim stays whole.  The
+     * document ids [B, T] (last operand, when there) follow the batch
+     * split and are whole along the sequence: the kernels index them by
+     * global position. */
+    int base = n->op == IR_OP_ATTENTION ? 3 : 5, doc = nin > base;
     int t = AX_R, ring = a == IR_AXIS_CP && S->cp_ring, part = n->op == IR_OP_ATTENTION_BWD ? (int)n->ia[1] : 0;
-    for (int k = 0; k < nin && t == AX_R; k++)
+    for (int k = 0; k < base && t == AX_R; k++)
       if (st[k] >= 0 && st[k] <= 2) t = st[k];
     if (t == 1) {
       int64_t hk = onode(S, n->in[1])->type.dim[1], sz = ir_axis_size(S->m, (IrAxis)a);
@@ -632,7 +636,8 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
                        sizes_dividing(hk, 1, ok, sizeof ok));
       }
     }
-    for (int k = 0; k < nin; k++) want[k] = (t == 2 && (k == 1 || k == 2) && !ring) ? AX_R : t;
+    for (int k = 0; k < base; k++) want[k] = (t == 2 && (k == 1 || k == 2) && !ring) ? AX_R : t;
+    if (doc) want[base] = t == 0 ? 0 : AX_R;
     *out = (t == 2 && part > 0 && !ring) ? AX_P : t;
     return 0;
   }
@@ -1160,16 +1165,19 @@ static int ring_post(Sh *S, int id, const IrSharding *sh) {
 static int ring_take(Sh *S, int post, const IrSharding *sh) { return emit(S, IR_OP_RING_WAIT, &post, 1, NULL, NULL, NULL, NULL, sh); }
 
 
-typedef struct { int q, dout, lse, drow, causal, part; double scale; const IrSharding *osh; } RingCtx;
+/* doc: the document ids (whole along the sequence), -1 without */
+typedef struct { int q, dout, lse, drow, causal, part, doc; double scale; const IrSharding *osh; } RingCtx;
 /* The step-s node of a ring over (k, v): the block kc / vc folded into acc. */
 static int step_fwd(Sh *S, const RingCtx *c, int s, int kc, int vc, int acc) {
   int64_t ia[2] = {c->causal, s};
-  return emit(S, IR_OP_ATTN_ACC, (int[]){c->q, kc, vc, acc}, 4, ia, &c->scale, NULL, NULL, c->osh);
+  return emit(S, IR_OP_ATTN_ACC, (int[]){c->q, kc, vc, acc, c->doc}, c->doc >= 0 ? 5 : 4, ia, &c->scale, NULL, NULL,
+              c->osh);
 }
 static int step_bwd(Sh *S, const RingCtx *c, int s, int kc, int vc, int acc) {
   int64_t ia[3] = {c->causal, s, c->part};
   return emit(S, c->part ? IR_OP_ATTN_BWD_KV : IR_OP_ATTN_BWD_Q,
-              (int[]){c->q, kc, vc, c->dout, c->lse, c->drow, acc}, 7, ia, &c->scale, NULL, NULL, c->osh);
+              (int[]){c->q, kc, vc, c->dout, c->lse, c->drow, acc, c->doc}, c->doc >= 0 ? 8 : 7, ia, &c->scale,
+              NULL, NULL, c->osh);
 }
 
 /* The backward ring: out[p] = the gradient part p (0 dq, 1 dk, 2 dv) for
@@ -1205,7 +1213,8 @@ static void ring_bwd(Sh *S, int k, int v, const IrSharding *ksh, RingCtx *c, con
 
 /* The forward's final online-softmax state for (q, k, v). */
 static int ring_state(Sh *S, const IrNode *n, const int *in, const IrSharding *ish) {
-  RingCtx c = {in[0], -1, -1, -1, (int)n->ia[0], 0, n->fa[0], &ish[0]};
+  int base = n->op == IR_OP_ATTENTION ? 3 : 5;
+  RingCtx c = {in[0], -1, -1, -1, (int)n->ia[0], 0, n->nin > base ? in[base] : -1, n->fa[0], &ish[0]};
   int st = zeros_like(S, in[0], nnode(S, in[0])->type.dim[3] + 2, &ish[0]);
   int C = S->C, kc = in[1], vc = in[2];   /* step s folds in the block of rank c - s */
   for (int s = 0; s < C && !S->failed; s++) {
@@ -1249,8 +1258,8 @@ static int lower_ring(Sh *S, int i, const int *in, const IrSharding *ish, const 
   for (int j = 0; j < S->ob.n; j++) {
     const IrNode *o = onode(S, j);
     if (o->op != IR_OP_ATTENTION_BWD || o->ia[1] < 0 || o->ia[1] > 2 || sib[o->ia[1]] >= 0) continue;
-    int same = o->ia[0] == n->ia[0] && o->fa[0] == n->fa[0];
-    for (int k = 0; k < 5 && same; k++) same = o->in[k] == n->in[k];
+    int same = o->ia[0] == n->ia[0] && o->fa[0] == n->fa[0] && o->nin == n->nin;
+    for (int k = 0; k < n->nin && same; k++) same = o->in[k] == n->in[k];
     if (same) sib[o->ia[1]] = j;
   }
   int part = (int)n->ia[1];
@@ -1258,8 +1267,8 @@ static int lower_ring(Sh *S, int i, const int *in, const IrSharding *ish, const 
   RingCtx c[3];
   int out[3] = {-1, -1, -1};
   for (int p = 0; p < 3; p++)
-    c[p] = (RingCtx){in[0], in[4], S->ring_lse[i], S->ring_drow[i], (int)n->ia[0], p, n->fa[0],
-                     sib[p] < 0 ? NULL : p == part ? osh : &ish[p]};
+    c[p] = (RingCtx){in[0], in[4], S->ring_lse[i], S->ring_drow[i], (int)n->ia[0], p, n->nin > 5 ? in[5] : -1,
+                     n->fa[0], sib[p] < 0 ? NULL : p == part ? osh : &ish[p]};
   ring_bwd(S, in[1], in[2], &ish[1], c, in, out);
   for (int p = 0; p < 3; p++)
     if (sib[p] >= 0) S->ring_out[sib[p]] = out[p];

@@ -146,8 +146,8 @@ int plan_adamw_runs(const IrBlock *b, int *run_at) {
 /* ---- the parts of one attention's backward ---- */
 
 static int same_attention(const IrNode *a, const IrNode *c) {
-  if (a->nin != 5 || c->nin != 5 || a->ia[0] != c->ia[0] || a->fa[0] != c->fa[0]) return 0;
-  for (int k = 0; k < 5; k++)
+  if (a->nin < 5 || a->nin > 6 || c->nin != a->nin || a->ia[0] != c->ia[0] || a->fa[0] != c->fa[0]) return 0;
+  for (int k = 0; k < a->nin; k++)   /* (q, k, v, o, do[, doc]) */
     if (a->in[k] != c->in[k]) return 0;
   return 1;
 }
@@ -169,7 +169,7 @@ int plan_attn_grad_runs(const IrBlock *b, int *run_at) {
     }
     if (cnt < 2) continue;
     int last = mem[cnt - 1], ok = 1;
-    for (int k = 0; k < 5 && ok; k++) ok = b->nodes[a->in[k]].op != IR_OP_STATE;
+    for (int k = 0; k < a->nin && ok; k++) ok = b->nodes[a->in[k]].op != IR_OP_STATE;
     /* the earlier parts are computed at the last: nothing may read them before */
     for (int u = i + 1; u < last && ok; u++) {
       const IrNode *x = &b->nodes[u];

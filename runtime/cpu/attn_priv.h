@@ -11,10 +11,15 @@
 #define TS_ATTN_PRIV_H
 #include "kernels.h"
 
+/* doc (NULL: none): document ids [B, Tdoc] of the whole sequence; key j
+ * is hidden from query i of batch row b when doc[b, kpos[j]] !=
+ * doc[b, qpos[i]] (packed sequences). */
 typedef struct {
   int64_t B, Hq, Hkv, Tq, Tk, D;
   double scale;
   int causal;
+  const int32_t *doc;
+  int64_t Tdoc;
 } AttnDims;
 
 /* A [n] buffer of dtype dt (f32 or f64) as doubles: the operand itself when
@@ -26,6 +31,10 @@ void rt_attn_store(void *out, IrDtype dt, const double *y, int64_t n);
  * as rt_global_index gives them, except that the cp coordinate is cp (the
  * owner of a block passed around the ring) when cp >= 0. */
 void rt_attn_positions(const RtRank *r, unsigned mask, int64_t L, int cp, int64_t *pos);
+/* The document ids of kernel k, its operand `idx` when the node has one
+ * (i32 [B, T]), into d->doc / d->Tdoc; every position must index them.
+ * 0, or -1 after rt_kfail. */
+int rt_attn_doc(RtKctx *k, int idx, AttnDims *d, const int64_t *qpos, const int64_t *kpos);
 
 /* The forward: this rank's queries against one block of keys, folded into
  * the online softmax.  Per query row ([B, Hq, Tq]) the running max m (-inf:

@@ -21,18 +21,35 @@
 
 #define FN(name) RT_CAT(RT_CAT(name, SUF), ISA)
 
-/* s = scale * Q_t K_t^T with the causal mask applied; returns whether any
- * score of the tile is unmasked.  Trailing keys every query of the tile
+/* s = scale * Q_t K_t^T with the causal and document masks applied;
+ * returns whether any score of the tile may be unmasked.  Trailing keys every query of the tile
  * masks are dropped from it (t->nk shrinks: their probabilities would be
  * 0), so a wide key tile on the diagonal computes little that is masked.
  * vis[r] (r < t->nq): row r's scores past its first vis[r] are all masked
  * (-inf), so the row loops stop there (a causal row on the diagonal sees
  * half the tile); keys out of order leave masked scores inside that
  * prefix too, which the loops handle as -inf.
- * q: rows of this (b, h), [Tq, D]; k: the kv head's rows [Tk, D]. */
+ * q: rows of this (b, h), [Tq, D]; k: the kv head's rows [Tk, D]; doc:
+ * batch row b's document ids by global position (NULL: none).  A tile
+ * whose keys' documents all differ from its queries' is skipped. */
 ATTN_INLINE int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T *k, const int64_t *qpos,
-                                const int64_t *kpos, T *s, int64_t *vis) {
-  int mask = 0;
+                                const int64_t *kpos, const int32_t *doc, T *s, int64_t *vis) {
+  int mask = 0, dmask = 0;
+  if (doc) {   /* documents: no query of the tile shares one with a key -> nothing to compute */
+    int32_t qlo = INT32_MAX, qhi = INT32_MIN, klo = INT32_MAX, khi = INT32_MIN;
+    for (int64_t r = 0; r < t->nq; r++) {
+      int32_t v = doc[qpos[t->i0 + r]];
+      qlo = v < qlo ? v : qlo;
+      qhi = v > qhi ? v : qhi;
+    }
+    for (int64_t c = 0; c < t->nk; c++) {
+      int32_t v = doc[kpos[t->j0 + c]];
+      klo = v < klo ? v : klo;
+      khi = v > khi ? v : khi;
+    }
+    if (khi < qlo || klo > qhi) return 0;
+    dmask = !(qlo == qhi && klo == khi && qlo == klo);   /* else one document throughout */
+  }
   if (d->causal) {   /* positions need not be sorted (cp's zigzag): bound them */
     int64_t qmin = INT64_MAX, qmax = INT64_MIN, kmin = INT64_MAX, kmax = INT64_MIN;
     for (int64_t r = 0; r < t->nq; r++) {
@@ -50,6 +67,13 @@ ATTN_INLINE int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T 
   GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->nq, (int)t->nk, (int)d->D, (T)d->scale, q + t->i0 * d->D,
        (int)d->D, k + t->j0 * d->D, (int)d->D, 0, s, (int)t->nk);
   for (int64_t r = 0; r < t->nq; r++) vis[r] = t->nk;
+  if (dmask)   /* keys of other documents: -inf inside the visible prefix, as keys out of order */
+    for (int64_t r = 0; r < t->nq; r++) {
+      T *sr = s + r * t->nk;
+      int32_t qd = doc[qpos[t->i0 + r]];
+      for (int64_t c = 0; c < t->nk; c++)
+        if (doc[kpos[t->j0 + c]] != qd) sr[c] = -INFINITY;
+    }
   if (!mask) return 1;
   const int64_t *kp = kpos + t->j0;
   int sorted = 1;
@@ -119,12 +143,13 @@ ATTN_INLINE void FN(fwd_head)(const AttnFwdJob *j, int64_t bh, double *M, double
   int64_t b = bh / d->Hq, h = bh % d->Hq, hk = h / grp;
   const T *K = (const T *)j->k + (b * d->Hkv + hk) * d->Tk * D, *V = (const T *)j->v + (b * d->Hkv + hk) * d->Tk * D;
   const T *Q = (const T *)j->q + bh * d->Tq * D;
+  const int32_t *doc = d->doc ? d->doc + b * d->Tdoc : NULL;
   int64_t vis[ATTN_TQ];
   for (Tile t = {0}; t.i0 < d->Tq; t.i0 += ATTN_TQ) {
     t.nq = d->Tq - t.i0 < ATTN_TQ ? d->Tq - t.i0 : ATTN_TQ;
     for (t.j0 = 0; t.j0 < d->Tk; t.j0 += ATTN_TK) {
       t.nk = d->Tk - t.j0 < ATTN_TK ? d->Tk - t.j0 : ATTN_TK;
-      if (!FN(tile_scores)(d, &t, Q, K, j->qpos, j->kpos, s, vis)) continue;
+      if (!FN(tile_scores)(d, &t, Q, K, j->qpos, j->kpos, doc, s, vis)) continue;
       /* per row: new max, rescale what was summed so far, p = exp(s - m) */
       for (int64_t r = 0; r < t.nq; r++) {
         T *sr = s + r * t.nk, mt = FN(row_max)(sr, vis[r]);   /* -inf: masked */
@@ -172,6 +197,7 @@ typedef struct {
   const T *Q, *G, *K, *V;
   const double *lse, *drow;
   const int64_t *qpos, *kpos;
+  const int32_t *doc;   /* batch row b's document ids (NULL: none) */
   T *DQ, *DK, *DV;
   int64_t tk;   /* key rows per tile */
 } FN(HeadGrad);
@@ -187,7 +213,7 @@ ATTN_INLINE void FN(head_grads)(const FN(HeadGrad) *g, T *s, T *dp) {
     t.nq = d->Tq - t.i0 < ATTN_TQ ? d->Tq - t.i0 : ATTN_TQ;
     for (t.j0 = 0; t.j0 < d->Tk; t.j0 += g->tk) {
       t.nk = d->Tk - t.j0 < g->tk ? d->Tk - t.j0 : g->tk;
-      if (!FN(tile_scores)(d, &t, g->Q, g->K, g->qpos, g->kpos, s, vis)) continue;
+      if (!FN(tile_scores)(d, &t, g->Q, g->K, g->qpos, g->kpos, g->doc, s, vis)) continue;
       if (need_ds)
         GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t.nq, (int)t.nk, (int)D, 1, g->G + t.i0 * D, (int)D,
              g->V + t.j0 * D, (int)D, 0, dp, (int)t.nk);
@@ -234,7 +260,7 @@ static FN(HeadGrad) FN(head_of)(const AttnBwdJob *j, int64_t b, int64_t h, const
   int64_t D = d->D, hk = h / (d->Hq / d->Hkv), bh = b * d->Hq + h, bk = b * d->Hkv + hk;
   FN(HeadGrad) g = {d, (const T *)j->q + bh * d->Tq * D, (const T *)j->dout + bh * d->Tq * D,
                     (const T *)j->k + bk * d->Tk * D, (const T *)j->v + bk * d->Tk * D, lse, drow, j->qpos,
-                    j->kpos, NULL, NULL, NULL, ATTN_TK};
+                    j->kpos, d->doc ? d->doc + b * d->Tdoc : NULL, NULL, NULL, NULL, ATTN_TK};
   if (want_q && j->dq) g.DQ = (T *)j->dq + bh * d->Tq * D;
   if (want_kv && j->dk) g.DK = (T *)j->dk + bk * d->Tk * D;
   if (want_kv && j->dv) g.DV = (T *)j->dv + bk * d->Tk * D;

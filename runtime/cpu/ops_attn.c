@@ -70,6 +70,24 @@ void rt_attn_positions(const RtRank *r, unsigned mask, int64_t L, int cp, int64_
   for (int64_t j = 0; j < L; j++) pos[j] = rt_global_index_at(r, mask, L, j, cp);
 }
 
+int rt_attn_doc(RtKctx *k, int idx, AttnDims *d, const int64_t *qpos, const int64_t *kpos) {
+  d->doc = NULL;
+  d->Tdoc = 0;
+  if (k->n->nin <= idx) return 0;
+  const IrType *t = k->it[idx];
+  if (t->dtype != IR_I32 || t->rank != 2 || t->dim[0] != d->B)
+    return rt_kfail(k, "document ids %s must be i32 [%lld, seq]", rt_tstr(t, 0), (long long)d->B);
+  for (int64_t i = 0; i < d->Tq + d->Tk; i++) {
+    int64_t p = i < d->Tq ? qpos[i] : kpos[i - d->Tq];
+    if (p < 0 || p >= t->dim[1])
+      return rt_kfail(k, "position %lld is outside the document ids' %lld (they must cover the whole sequence)",
+                      (long long)p, (long long)t->dim[1]);
+  }
+  d->doc = k->in[idx];
+  d->Tdoc = t->dim[1];
+  return 0;
+}
+
 /* ---- exponentials of a score row ----
  * x[i] = exp(x[i] - m) for i < n; a masked score (-inf) gives exactly 0.
  * f64: libm.  f32: the softmax of every attention row is most of the
@@ -207,7 +225,7 @@ static int attn_open(RtKctx *k, Attn *a, int nin) {
     if (k->it[i]->dtype != dt || k->it[i]->rank != 4) return rt_kfail(k, "operand %d must be a 4-D %s tensor", i + 1,
                                                                     ir_dtype_name(dt));
   a->d = (AttnDims){q->dim[0], q->dim[1], kt->dim[1], q->dim[2], kt->dim[2], q->dim[3], k->n->fa[0],
-                    (int)k->n->ia[0]};
+                    (int)k->n->ia[0], NULL, 0};
   if (a->d.Hkv < 1 || a->d.Hq % a->d.Hkv) return rt_kfail(k, "query heads %lld are not a multiple of kv heads %lld",
                                                           (long long)a->d.Hq, (long long)a->d.Hkv);
   a->dt = dt;
@@ -216,7 +234,7 @@ static int attn_open(RtKctx *k, Attn *a, int nin) {
   a->kpos = ts_xmalloc((size_t)(a->d.Tk + 1) * sizeof *a->kpos);
   rt_attn_positions(k->env->rank, rt_kin_sh(k, 0)->split[2], a->d.Tq, -1, a->qpos);
   rt_attn_positions(k->env->rank, rt_kin_sh(k, 1)->split[2], a->d.Tk, -1, a->kpos);
-  return 0;
+  return rt_attn_doc(k, nin, &a->d, a->qpos, a->kpos);
 }
 
 static void attn_close(Attn *a) {

@@ -1,0 +1,206 @@
+/* packed_equiv.c - packed sequences against their documents one by one
+ * (issue 22, deliverable 4), under mpirun with TP * CP ranks:
+ *
+ *   mpirun -np TP*CP packed_equiv MODEL TP SP CP L1 L2 ... [--break]
+ *
+ * MODEL declares tokens, targets, position_ids and document_ids
+ * (tests/attn/packed.mdl).  Documents of lengths L1, L2, ... (summing to
+ * T, the model's seq_len) are run two ways in f64:
+ *   - unsharded, one document per row (batch = the document count), each
+ *     row the document followed by padding whose targets are ignored,
+ *     positions 0, 1, ... and one document id;
+ *   - packed into ONE row, sharded over tp / sp / cp: each position's
+ *     document id and its position within its document fed as inputs.
+ * The loss (mean over the T targets in both) and every gradient (a
+ * partial sum over tp or cp all-reduced first) must agree within 1e-12
+ * relative (to the gradient's largest entry, at least 1e-6 of the model's
+ * largest gradient entry).  --break feeds the packed run document id 0 everywhere (one
+ * document): the comparison must then fail, which shows the test can. */
+#include "frontend/mdl.h"
+#include "passes/passes.h"
+#include "runtime/comm/comm.h"
+#include "runtime/exec/rt.h"
+#include <math.h>
+
+static IrModule *compile(const char *file, int tp, int sp, int cp, const MdlDefine *defs, int nd) {
+  MdlOptions opt;
+  mdl_options_init(&opt);
+  opt.defines = defs;
+  opt.ndefines = nd;
+  opt.tp = tp;
+  opt.sp = sp;
+  opt.cp = cp;
+  opt.precision = IR_F64;
+  IrModule *m = mdl_compile_file(file, &opt);
+  if (!m) return NULL;
+  PassCtx cx;
+  pass_ctx_init(&cx);
+  if (pass_run_pipeline(m, &cx)) {
+    fprintf(stderr, "packed_equiv: tp=%d sp=%d cp=%d: %s\n", tp, sp, cp, cx.err);
+    ir_module_free(m);
+    m = NULL;
+  }
+  pass_ctx_free(&cx);
+  return m;
+}
+
+static const IrNode *input_node(const IrModule *m, const char *name) {
+  const IrBlock *b = &m->blocks.a[ir_block_find(m, "micro")];
+  for (int i = 0; i < b->n; i++)
+    if (b->nodes[i].op == IR_OP_INPUT && strcmp(b->nodes[i].sa, name) == 0) return &b->nodes[i];
+  return NULL;
+}
+
+/* This rank's block of the global [rows, T] input g, as the sharded
+ * module splits that input (the runtime's own local -> global map). */
+static int32_t *local_block(const RtProgram *p, const IrNode *in, int64_t T, const int32_t *g) {
+  const IrType *lt = &in->type;
+  int64_t n = ir_type_numel(lt);
+  int32_t *l = ts_xcalloc((size_t)n + 1, sizeof *l);
+  for (int64_t e = 0; e < n; e++) {
+    int64_t r = e / lt->dim[1], c = e % lt->dim[1];
+    int64_t gr = rt_global_index(rt_program_rank(p), in->sh.split[0], lt->dim[0], r);
+    int64_t gc = rt_global_index(rt_program_rank(p), in->sh.split[1], lt->dim[1], c);
+    l[e] = g[gr * T + gc];
+  }
+  return l;
+}
+
+/* Worst relative error of the sharded gradient s (local data d) against
+ * the unsharded gradient ref of type rt, relative to its largest entry
+ * with a floor (floor_: a gradient zero in exact arithmetic, such as the
+ * key bias's -- softmax ignores a per-row constant -- holds only rounding). */
+static double compare_grad(const IrState *s, const double *d, const IrType *rt, const double *ref, const RtRank *rk,
+                           double floor_) {
+  const IrType *lt = &s->type;
+  double scale = floor_, worst = 0;
+  for (int64_t i = 0; i < ir_type_numel(rt); i++) scale = fmax(scale, fabs(ref[i]));
+  for (int64_t i = 0; i < ir_type_numel(lt); i++) {
+    int64_t rem = i, g[IR_MAX_RANK], flat = 0;
+    for (int k = lt->rank - 1; k >= 0; k--) { g[k] = rem % lt->dim[k]; rem /= lt->dim[k]; }
+    int pad = 0;
+    for (int k = 0; k < lt->rank; k++) {
+      g[k] = rt_global_index(rk, s->sh.split[k], lt->dim[k], g[k]);
+      pad |= g[k] >= rt->dim[k];
+      flat = flat * rt->dim[k] + (pad ? 0 : g[k]);
+    }
+    if (!pad) worst = fmax(worst, fabs(d[i] - ref[flat]) / scale);
+  }
+  return worst;
+}
+
+int main(int argc, char **argv) {
+  char err[1024];
+  RtComm *w = rt_comm_init_mpi(&argc, &argv, 60, err, sizeof err);
+  if (!w) { fprintf(stderr, "packed_equiv: %s\n", err); return 1; }
+  if (argc < 6) { fprintf(stderr, "usage: packed_equiv MODEL TP SP CP L1 L2 ... [--break]\n"); return 2; }
+  int TP = atoi(argv[2]), sp = atoi(argv[3]), CP = atoi(argv[4]), nd = 0, brk = 0, me = rt_comm_rank(w);
+  int64_t len[16], T = 0;
+  for (int i = 5; i < argc; i++) {
+    if (strcmp(argv[i], "--break") == 0) brk = 1;
+    else if (nd < 16) T += len[nd++] = atoll(argv[i]);
+  }
+  if (rt_comm_size(w) != TP * CP) { fprintf(stderr, "packed_equiv: run with -np %d\n", TP * CP); return 2; }
+  char seq[32], docs[32];
+  snprintf(seq, sizeof seq, "%lld", (long long)T);
+  snprintf(docs, sizeof docs, "%d", nd);
+  MdlDefine one[3] = {{"seq_len", seq}, {"batch", "1"}, {"micro_batch", "1"}};
+  MdlDefine per[3] = {{"seq_len", seq}, {"batch", docs}, {"micro_batch", docs}};
+  IrModule *ref = compile(argv[1], 1, 0, 1, per, 3), *pk = compile(argv[1], TP, sp, CP, one, 3);
+  if (!ref || !pk) return 1;
+
+  PlanMesh mesh = {1, 1, CP, 1, TP};
+  RtRank rk = rt_rank_single();
+  rk.mesh = mesh;
+  rt_mesh_coords(&mesh, me, rk.coord);
+  rk.group[IR_AXIS_TP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_TP, err, sizeof err);
+  rk.group[IR_AXIS_CP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_CP, err, sizeof err);
+  rk.group[IR_AXIS_EP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_EP, err, sizeof err);
+  if (!rk.group[IR_AXIS_TP] || !rk.group[IR_AXIS_CP] || !rk.group[IR_AXIS_EP]) {
+    fprintf(stderr, "packed_equiv: %s\n", err);
+    return 1;
+  }
+  RtProgram *pr = rt_program_new(ref, err, sizeof err);
+  RtProgram *ps = pr ? rt_program_new_rank(pk, &rk, err, sizeof err) : NULL;
+  if (!ps) { fprintf(stderr, "packed_equiv: %s\n", err); return 1; }
+
+  /* the documents' tokens and targets; one row each, then packed */
+  static const char *names[4] = {"tokens", "targets", "position_ids", "document_ids"};
+  int32_t *rows[4], *packed[4];
+  for (int k = 0; k < 4; k++) {
+    rows[k] = ts_xcalloc((size_t)(nd * T), sizeof *rows[k]);
+    packed[k] = ts_xcalloc((size_t)T, sizeof *packed[k]);
+  }
+  for (int d = 0, at = 0; d < nd; at += (int)len[d], d++)
+    for (int64_t j = 0; j < T; j++) {
+      int in_doc = j < len[d];
+      int32_t tok = (int32_t)((d * 131 + j * 17 + 3) % 40), tgt = (int32_t)((d * 71 + j * 29 + 11) % 40);
+      int32_t v[4] = {in_doc ? tok : 1, in_doc ? tgt : -1, (int32_t)j, 0};
+      for (int k = 0; k < 4; k++) rows[k][d * T + j] = v[k];
+      if (!in_doc) continue;
+      int32_t pv[4] = {tok, tgt, (int32_t)j, brk ? 0 : d};
+      for (int k = 0; k < 4; k++) packed[k][at + j] = pv[k];
+    }
+  RtFeed rf[4], pf[4];
+  int32_t *local[4];
+  for (int k = 0; k < 4; k++) {
+    const IrNode *in = input_node(pk, names[k]);
+    if (!in || !input_node(ref, names[k])) { fprintf(stderr, "packed_equiv: the model has no input %s\n", names[k]); return 1; }
+    local[k] = local_block(ps, in, T, packed[k]);
+    rf[k] = (RtFeed){names[k], rows[k]};
+    pf[k] = (RtFeed){names[k], local[k]};
+  }
+  RtRunInfo info = {0, 0, 1e-3};
+  int fails = 0;
+  if (rt_run_block(pr, ir_block_find(ref, "micro"), rf, 4, &info, err, sizeof err) ||
+      rt_run_block(ps, ir_block_find(pk, "micro"), pf, 4, &info, err, sizeof err)) {
+    fprintf(stderr, "packed_equiv: %s\n", err);
+    return 1;
+  }
+  double lr_, lp_;
+  rt_output(pr, "loss", &lr_);
+  rt_output(ps, "loss", &lp_);
+  double le = fabs(lr_ - lp_) / fmax(fabs(lr_), 1e-300);
+  if (me == 0) printf("loss: one by one %.17g, packed %.17g, rel err %.3g\n", lr_, lp_, le);
+  if (!(le <= 1e-12)) fails++;
+  double worst = 0, gmax = 0;
+  const char *worst_name = "";
+  for (int s = 0; s < ref->states.n; s++) {
+    if (ref->states.a[s].kind != IR_STATE_GRAD) continue;
+    const double *d = rt_state_data(pr, s);
+    for (int64_t i = 0; i < ir_type_numel(&ref->states.a[s].type); i++) gmax = fmax(gmax, fabs(d[i]));
+  }
+  for (int s = 0; s < pk->states.n; s++) {
+    const IrState *st = &pk->states.a[s];
+    if (st->kind != IR_STATE_GRAD) continue;
+    int r = ir_state_find(ref, st->name);
+    if (r < 0) { fprintf(stderr, "packed_equiv: @%s missing from the unsharded module\n", st->name); fails++; continue; }
+    int64_t n = ir_type_numel(&st->type);
+    double *d = ts_xcalloc((size_t)n + 1, sizeof *d);
+    memcpy(d, rt_state_data(ps, s), (size_t)n * sizeof *d);
+    for (int a = IR_AXIS_CP; a <= IR_AXIS_TP; a++)
+      if (st->sh.partial & (1u << a) && rt_comm_all_reduce(rk.group[a], IR_F64, d, (size_t)n, err, sizeof err)) {
+        fprintf(stderr, "packed_equiv: %s\n", err);
+        return 1;
+      }
+    double e = compare_grad(st, d, &ref->states.a[r].type, rt_state_data(pr, r), &rk, 1e-6 * gmax);
+    if (!(e <= 1e-12)) { if (!brk) fprintf(stderr, "rank %d: @%s rel err %.3g\n", me, st->name, e); fails++; }
+    if (e >= worst) { worst = e; worst_name = st->name; }
+    free(d);
+  }
+  printf("rank %d: worst gradient rel err %.3g (@%s)\n", me, worst, worst_name);
+  for (int k = 0; k < 4; k++) { free(rows[k]); free(packed[k]); free(local[k]); }
+  rt_program_free(ps);
+  rt_program_free(pr);
+  ir_module_free(ref);
+  ir_module_free(pk);
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (a == IR_AXIS_TP || a == IR_AXIS_CP || a == IR_AXIS_EP) rt_comm_free(rk.group[a]);
+  double f = fails;
+  rt_comm_all_reduce(w, IR_F64, &f, 1, err, sizeof err);
+  rt_comm_free(w);
+  int bad = f > 0;
+  if (me == 0) printf("%s\n", brk ? (bad ? "ok: --break was caught" : "FAILED: --break went unnoticed")
+                                  : (bad ? "FAILED" : "ok"));
+  return brk ? !bad : bad;
+}
