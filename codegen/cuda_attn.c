@@ -62,7 +62,30 @@ typedef struct {
   /* buffer slots: q, k, v, do, o (-1: none), lse / drow (-1: in scratch),
    * acc (the accumulator operand; -1: start at 0), result, scratch */
   int bq, bk, bv, bdo, bo, blse, bdrow, bacc, bres, bscr;
+  /* document ids (packed sequences): their slot (-1: none) and length;
+   * positions then carry the document id in their high 32 bits (pos_call) */
+  int bdoc;
+  int64_t Tdoc;
 } Att;
+
+/* The call giving the global position of query (qk 'q') or key ('k') row
+ * idx.  With document ids it is (doc << 32) | position (doc as unsigned,
+ * the position < 2^31): equal high halves mean one document, and within one
+ * the low halves order as the positions do (the mask, masked()). */
+static const char *pos_call(const Att *a, char *buf, size_t n, char qk, const char *idx) {
+  if (a->bdoc < 0) snprintf(buf, n, "%s_%cpos(a.run, %s)", a->name, qk, idx);
+  else snprintf(buf, n, "%s_dpos(b, %s_%cpos(a.run, %s))", a->name, a->name, qk, idx);
+  return buf;
+}
+
+/* The mask test of key position kx against query position qx (as pos_call
+ * gives them): "0" when nothing is masked. */
+static const char *mask_of(const Att *a, char *buf, size_t n, const char *kx, const char *qx) {
+  if (a->bdoc < 0) snprintf(buf, n, a->causal ? "(%s > %s)" : "0", kx, qx);
+  else if (a->causal) snprintf(buf, n, "(%s > %s || ((%s ^ %s) >> 32) != 0)", kx, qx, kx, qx);
+  else snprintf(buf, n, "(((%s ^ %s) >> 32) != 0)", kx, qx);
+  return buf;
+}
 
 /* Static shared memory of the largest kernel for tiles BQ x BK (bytes). */
 static int64_t smem_bytes(const Att *a, int64_t BQ, int64_t BK) {
@@ -155,11 +178,12 @@ static void print_shared(const Att *a, StrBuf *s, int use, int64_t acc_rows) {
  * the key tile stays: the loads are then the query side's, see dkv). */
 static void print_any(const Att *a, StrBuf *s, const char *ind) {
   sb_printf(s, "%s__syncthreads();\n", ind);
-  if (!a->causal) return;
+  if (!a->causal && a->bdoc < 0) return;
   /* each thread's own flag, OR-ed by the barrier (no shared flag that
    * many threads write: racecheck stays quiet) */
-  sb_printf(s, "%sint ts_any = 0;\n%sfor (int x = tid; x < nq * nk; x += nt) ts_any |= kp[x %% nk] <= qp[x / nk];\n",
-            ind, ind);
+  char mk[160];
+  sb_printf(s, "%sint ts_any = 0;\n%sfor (int x = tid; x < nq * nk; x += nt) ts_any |= !%s;\n", ind, ind,
+            mask_of(a, mk, sizeof mk, "kp[x % nk]", "qp[x / nk]"));
   sb_printf(s, "%sif (!__syncthreads_or(ts_any)) continue;\n", ind);
 }
 
@@ -170,7 +194,8 @@ static void print_key_loads(const Att *a, StrBuf *s, int use_v, const char *ind)
   sb_printf(s, "%s  const int c = x / %lld, e = x %% %lld;\n", ind, (long long)a->D, (long long)a->D);
   sb_printf(s, "%s  sk[c * %lld + e] = k[kvo + j0 * %lldLL + x];\n", ind, (long long)LD, (long long)a->D);
   if (use_v) sb_printf(s, "%s  sv[c * %lld + e] = v[kvo + j0 * %lldLL + x];\n", ind, (long long)LD, (long long)a->D);
-  sb_printf(s, "%s}\n%sfor (int c = tid; c < nk; c += nt) kp[c] = %s_kpos(a.run, j0 + c);\n", ind, ind, a->name);
+  char pc[160];
+  sb_printf(s, "%s}\n%sfor (int c = tid; c < nk; c += nt) kp[c] = %s;\n", ind, ind, pos_call(a, pc, sizeof pc, 'k', "j0 + c"));
 }
 
 /* q . k of row r, column c (and do . v into dp when dp) as doubles, the
@@ -185,8 +210,11 @@ static void print_dots(const Att *a, StrBuf *s, int dp, const char *ind) {
   sb_printf(s, "%s}\n%ss *= %s;\n", ind, ind, a->scale);
 }
 
-/* The mask test of (r, c): "0" when not causal. */
-static const char *masked(const Att *a) { return a->causal ? "kp[c] > qp[r]" : "0"; }
+/* The mask test of (r, c): "0" when nothing is masked. */
+static const char *masked(const Att *a) {
+  static char buf[160];   /* used at once by the caller's printf */
+  return mask_of(a, buf, sizeof buf, "kp[c]", "qp[r]");
+}
 
 /* Opens the dk / dv kernels' loops over the query heads that read kv head
  * hk and over their tiles of `rows` queries: bh, i0, nq, row0 (the
@@ -214,6 +242,7 @@ static void print_qtile_loop(const Att *a, StrBuf *s) {
   sb_printf(s, "    const long long kvo = (bh / %lldLL * %lldLL + bh %% %lldLL / %lldLL) * %lldLL;\n", (long long)a->Hq,
             (long long)a->Hkv, (long long)a->Hq, (long long)a->grp, (long long)(a->Tk * a->D));
   sb_printf(s, "    const long long row0 = bh * %lldLL + i0;\n    __syncthreads();\n", (long long)a->Tq);
+  if (a->bdoc >= 0) sb_printf(s, "    const long long b = bh / %lldLL;   /* the batch row of the document ids */\n", (long long)a->Hq);
 }
 
 /* ---- the forward (attention, attn_acc) and the backward's statistics ----
@@ -232,7 +261,8 @@ static void print_fwd(const Att *a, StrBuf *s, int k, int mode) {
   print_qtile_loop(a, s);
   sb_printf(s, "    for (int x = tid; x < nq * %lld; x += nt) sq[x / %lld * %lld + x %% %lld] = q[row0 * %lldLL + x];\n",
             (long long)D, (long long)D, (long long)LD, (long long)D, (long long)D);
-  sb_printf(s, "    for (int r = tid; r < nq; r += nt) {\n      qp[r] = %s_qpos(a.run, i0 + r);\n", a->name);
+  char pc[160];
+  sb_printf(s, "    for (int r = tid; r < nq; r += nt) {\n      qp[r] = %s;\n", pos_call(a, pc, sizeof pc, 'q', "i0 + r"));
   if (mode == 1) {   /* a row with l = 0 has seen no key: start it afresh */
     sb_printf(s, "      const %s *w = st + (row0 + r) * %lldLL;\n", a->T, (long long)W);
     sb_printf(s, "      sm[r] = w[%lld] > 0 ? (double)w[%lld] : -TS_INF;\n      sl[r] = w[%lld] > 0 ? (double)w[%lld] : 0.0;\n",
@@ -327,8 +357,9 @@ static void print_dq(const Att *a, StrBuf *s, int k) {
                "      sq[at] = q[row0 * %lldLL + x];\n      sdo[at] = dout[row0 * %lldLL + x];\n"
                "      sacc[x] = %s;\n    }\n",
             (long long)D, (long long)D, (long long)LD, (long long)D, (long long)D, (long long)D, acc0);
+  char pc[160];
   sb_printf(s, "    for (int r = tid; r < nq; r += nt) {\n      const long long row = row0 + r;\n"
-               "      qp[r] = %s_qpos(a.run, i0 + r);\n", a->name);
+               "      qp[r] = %s;\n", pos_call(a, pc, sizeof pc, 'q', "i0 + r"));
   print_stats_in(a, s, "      ");
   sb_puts(s, "    }\n");
   sb_printf(s, "    for (long long j0 = 0; j0 < %lldLL; j0 += %d) {\n", (long long)a->Tk, a->BK);
@@ -373,8 +404,9 @@ static void print_dkv(const Att *a, StrBuf *s, int k, int part) {
   sb_printf(s, "        for (int x = tid; x < nq * %lld; x += nt) {\n          const int at = x / %lld * %lld + x %% %lld;\n"
                "          sq[at] = q[row0 * %lldLL + x];\n          sdo[at] = dout[row0 * %lldLL + x];\n        }\n",
             (long long)D, (long long)D, (long long)LD, (long long)D, (long long)D, (long long)D);
+  char pc[160];
   sb_printf(s, "        for (int r = tid; r < nq; r += nt) {\n          const long long row = row0 + r;\n"
-               "          qp[r] = %s_qpos(a.run, i0 + r);\n", a->name);
+               "          qp[r] = %s;\n", pos_call(a, pc, sizeof pc, 'q', "i0 + r"));
   print_stats_in(a, s, "          ");
   sb_puts(s, "        }\n");
   print_any(a, s, "        ");
@@ -577,7 +609,7 @@ static void f_head(const Att *a, StrBuf *s, int use_v, int use_do) {
 /* The causal mask's positions of the thread's rows and columns into
  * registers (pr, pc), once per tile pair rather than twice per score. */
 static void f_pos(const Att *a, const FTile *t, StrBuf *s, int rows_are_keys, const char *ind) {
-  if (!a->causal) return;
+  if (!a->causal && a->bdoc < 0) return;
   sb_printf(s, "%slong long pr[%d], pc[%d];\n", ind, t->RI, t->CJ);
   f_for(s, ind, "i", t->RI);
   sb_printf(s, "%s  pr[i] = %s[rg + 16 * i];\n", ind, rows_are_keys ? "kp" : "qp");
@@ -590,8 +622,10 @@ static void f_pos(const Att *a, const FTile *t, StrBuf *s, int rows_are_keys, co
 /* `ok`: score (i, j) is unmasked: its column is in range and, causal, the
  * key's position is not after the query's (f_pos). */
 static void f_ok(const Att *a, StrBuf *s, int rows_are_keys, const char *ind) {
-  sb_printf(s, "%sconst bool ok = cg + 8 * j < %s%s;\n", ind, rows_are_keys ? "nq" : "nk",
-            !a->causal ? "" : rows_are_keys ? " && pr[i] <= pc[j]" : " && pc[j] <= pr[i]");
+  char mk[160];
+  mask_of(a, mk, sizeof mk, rows_are_keys ? "pr[i]" : "pc[j]", rows_are_keys ? "pc[j]" : "pr[i]");
+  sb_printf(s, "%sconst bool ok = cg + 8 * j < %s%s%s;\n", ind, rows_are_keys ? "nq" : "nk",
+            strcmp(mk, "0") ? " && !" : "", strcmp(mk, "0") ? mk : "");
 }
 
 /* Opens the loop over key tiles j0 (C keys): loads k (and v when use_v;
@@ -604,7 +638,8 @@ static void f_key_tile(const Att *a, const FTile *t, StrBuf *s, int use_v) {
   snprintf(base, sizeof base, "kvo + j0 * %lldLL", (long long)a->D);
   f_load(a, s, "sk", "k", base, t->C, "nk", "      ");
   if (use_v) f_load(a, s, "sv", "v", base, t->C, "nk", "      ");
-  sb_printf(s, "      for (int c = tid; c < nk; c += nt) kp[c] = %s_kpos(a.run, j0 + c);\n", a->name);
+  char pc[160];
+  sb_printf(s, "      for (int c = tid; c < nk; c += nt) kp[c] = %s;\n", pos_call(a, pc, sizeof pc, 'k', "j0 + c"));
   print_any(a, s, "      ");
 }
 
@@ -630,7 +665,8 @@ static void print_fwd_f32(Att *a, const FTile *t, StrBuf *s, int k, int stats) {
   char base[64];
   snprintf(base, sizeof base, "row0 * %lldLL", (long long)a->D);
   f_load(a, s, "sq", "q", base, t->R, "nq", "    ");
-  sb_printf(s, "    for (int r = tid; r < %d; r += nt) qp[r] = %s_qpos(a.run, i0 + r);\n", t->R, a->name);
+  char pc[160];
+  sb_printf(s, "    for (int r = tid; r < %d; r += nt) qp[r] = %s;\n", t->R, pos_call(a, pc, sizeof pc, 'q', "i0 + r"));
   sb_printf(s, "    float m[%d], l[%d];\n", t->RI, t->RI);
   f_for(s, "    ", "i", t->RI);
   sb_puts(s, "      m[i] = ninf, l[i] = 0.0f;\n");
@@ -714,7 +750,8 @@ static void print_dq_f32(Att *a, const FTile *t, StrBuf *s, int k) {
   snprintf(base, sizeof base, "row0 * %lldLL", (long long)a->D);
   f_load(a, s, "sq", "q", base, t->R, "nq", "    ");
   f_load(a, s, "sdo", "dout", base, t->R, "nq", "    ");
-  sb_printf(s, "    for (int r = tid; r < %d; r += nt) qp[r] = %s_qpos(a.run, i0 + r);\n", t->R, a->name);
+  char pc[160];
+  sb_printf(s, "    for (int r = tid; r < %d; r += nt) qp[r] = %s;\n", t->R, pos_call(a, pc, sizeof pc, 'q', "i0 + r"));
   sb_printf(s, "    float lse[%d], drw[%d];\n", t->RI, t->RI);
   f_for(s, "    ", "i", t->RI);
   f_stats_in(a, s, "lse[i]", "drw[i]", "row0 + rg + 16 * i", "rg + 16 * i < nq", "      ");
@@ -763,14 +800,15 @@ static void print_dkv_f32(Att *a, const FTile *t, StrBuf *s, int k, int part) {
   snprintf(base, sizeof base, "kvo + j0 * %lldLL", D);
   f_load(a, s, "sk", "k", base, t->R, "nk", "    ");
   if (dk) f_load(a, s, "sv", "v", base, t->R, "nk", "    ");
-  sb_printf(s, "    for (int c = tid; c < %d; c += nt) kp[c] = %s_kpos(a.run, j0 + c);\n", t->R, a->name);
+  char pc[160];
+  sb_printf(s, "    for (int c = tid; c < %d; c += nt) kp[c] = %s;\n", t->R, pos_call(a, pc, sizeof pc, 'k', "j0 + c"));
   f_acc_zero(t, s, "    ");
   print_head_tiles(a, s, t->C);
   snprintf(base, sizeof base, "row0 * %lldLL", D);
   f_load(a, s, "sq", "q", base, t->C, "nq", "        ");
   f_load(a, s, "sdo", "dout", base, t->C, "nq", "        ");
-  sb_printf(s, "        for (int r = tid; r < %d; r += nt) {\n          qp[r] = %s_qpos(a.run, i0 + r);\n", t->C,
-            a->name);
+  sb_printf(s, "        for (int r = tid; r < %d; r += nt) {\n          qp[r] = %s;\n", t->C,
+            pos_call(a, pc, sizeof pc, 'q', "i0 + r"));
   f_stats_in(a, s, "slse[r]", "sdrw[r]", "row0 + r", "r < nq", "          ");
   sb_puts(s, "        }\n");
   print_any(a, s, "        ");
@@ -817,15 +855,19 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
   *scratch = 0;
   IrDtype dt = nd->type.dtype;
   if (dt != IR_F32 && dt != IR_F64) { snprintf(why, whylen, "attention needs f32 or f64"); return 1; }
+  /* the operands before the optional document ids; sh: the slots after them move by one */
   int base = nd->op == IR_OP_ATTENTION ? 3 : nd->op == IR_OP_ATTENTION_BWD ? 5 : nd->op == IR_OP_ATTN_ACC ? 4 : 7;
-  if (nd->nin > base && nd->op != IR_OP_ATTN_FINISH && nd->op != IR_OP_ATTN_LSE) {
-    snprintf(why, whylen, "document ids (packed sequences) are not in the CUDA attention kernels yet: CPU ranks only");
-    return 1;
-  }
-  for (int o = 0; o < nd->nin; o++)
+  int sh = nd->op != IR_OP_ATTN_FINISH && nd->op != IR_OP_ATTN_LSE && nd->nin > base;
+  for (int o = 0; o < nd->nin - sh; o++)
     if (b->nodes[nd->in[o]].type.dtype != dt) { snprintf(why, whylen, "operand %d is not %s", o + 1, ir_dtype_name(dt)); return 1; }
   Att a = {.name = name, .T = dt == IR_F64 ? "double" : "float", .es = dt == IR_F64 ? 8 : 4,
-           .bo = -1, .blse = -1, .bdrow = -1, .bacc = -1, .bscr = -1};
+           .bo = -1, .blse = -1, .bdrow = -1, .bacc = -1, .bscr = -1, .bdoc = -1};
+  if (sh) {
+    const IrType *dt_ = &b->nodes[nd->in[base]].type;
+    if (dt_->dtype != IR_I32 || dt_->rank != 2) { snprintf(why, whylen, "the document ids must be i32 [B, T]"); return 1; }
+    a.bdoc = base;
+    a.Tdoc = dt_->dim[1];
+  }
   if (nd->op == IR_OP_ATTN_FINISH || nd->op == IR_OP_ATTN_LSE) {
     const IrType *st = &b->nodes[nd->in[0]].type;
     if (st->rank != 4 || st->dim[3] < 3) { snprintf(why, whylen, "the state must be [B, H, T, head_dim + 2]"); return 1; }
@@ -860,6 +902,9 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
   print_pos(m, src, fn, b->nodes[nd->in[0]].sh.split[2], a.Tq, -1);
   snprintf(fn, sizeof fn, "%s_kpos", name);
   print_pos(m, src, fn, b->nodes[nd->in[1]].sh.split[2], a.Tk, ring ? nd->ia[1] : -1);
+  if (sh)   /* (doc << 32) | p for batch row bb_ (pos_call) */
+    sb_printf(src, "#define %s_dpos(bb_, p_) ((long long)((unsigned long long)(unsigned)((const int *)a.b[%d])"
+                   "[(bb_) * %lldLL + (p_)] << 32) | (p_))\n", name, a.bdoc, (long long)a.Tdoc);
   a.bq = 0, a.bk = 1, a.bv = 2;
   int64_t qblocks, kblocks;
   if (!f32) {
@@ -872,8 +917,8 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
                         : a.B * a.Hkv * ((a.Tk + ft[1].R - 1) / ft[1].R) * ATTN_THREADS;
   }
   switch (nd->op) {
-  case IR_OP_ATTENTION:   /* q, k, v -> o */
-    a.bres = 3;
+  case IR_OP_ATTENTION:   /* q, k, v[, doc] -> o */
+    a.bres = 3 + sh;
     if (f32) print_fwd_f32(&a, &ft[0], src, 0, 0);
     else print_fwd(&a, src, 0, 0);
     cg_cuda_launch(&l[0], name, 0, qblocks, ATTN_THREADS);
@@ -881,7 +926,7 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
     return 0;
   case IR_OP_ATTENTION_BWD:   /* q, k, v, o, do -> dq / dk / dv; scratch: lse, drow */
     if (part < 0 || part > 2) { snprintf(why, whylen, "part must be 0, 1 or 2"); return 1; }
-    a.bo = 3, a.bdo = 4, a.bres = 5, a.bscr = 6;
+    a.bo = 3, a.bdo = 4, a.bres = 5 + sh, a.bscr = 6 + sh;
     *scratch = 2 * a.B * a.Hq * a.Tq * (int64_t)sizeof(double);
     if (f32) {   /* kernel 1: dq by query tiles, dk / dv by key tiles (kblocks) */
       print_fwd_f32(&a, &ft[0], src, 0, 1);
@@ -899,8 +944,8 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
     cg_cuda_launch(&l[1], name, 1, part == 0 ? qblocks : kblocks, ATTN_THREADS);
     *nl = 2;
     return 0;
-  case IR_OP_ATTN_ACC:   /* q, k, v, st -> st */
-    a.bres = 4;
+  case IR_OP_ATTN_ACC:   /* q, k, v, st[, doc] -> st */
+    a.bres = 4 + sh;
     print_fwd(&a, src, 0, 1);
     cg_cuda_launch(&l[0], name, 0, qblocks, ATTN_THREADS);
     *nl = 1;
@@ -912,7 +957,7 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
       snprintf(why, whylen, "part must be 1 (dk) or 2 (dv)");
       return 1;
     }
-    a.bdo = 3, a.blse = 4, a.bdrow = 5, a.bacc = 6, a.bres = 7;
+    a.bdo = 3, a.blse = 4, a.bdrow = 5, a.bacc = 6, a.bres = 7 + sh;
     if (part == 0) print_dq(&a, src, 0);
     else print_dkv(&a, src, 0, part);
     cg_cuda_launch(&l[0], name, 0, part == 0 ? qblocks : kblocks, ATTN_THREADS);

@@ -21,6 +21,10 @@
  *                         from this rank's and the other rank's block) on
  *                         both cp coordinates: the causal mask by global
  *                         positions of the zigzag layout
+ *   test_emu_lib docs     both of the above with document ids (packed
+ *                         sequences: a fourth / last operand, i32 [B, T] of
+ *                         the whole sequence; contiguous documents in even
+ *                         batch rows, interleaved ones in odd rows)
  *   test_emu_lib vocab  take, onehot and pad_fill on a dim split over
  *                         tp = 2, both coordinates: global indices, ids in
  *                         the other rank's block and the ignored id
@@ -99,20 +103,31 @@ static void shp(char *b, size_t n, int B, int H, int T, int D) {
   else snprintf(b, n, "[%d, %d, %d]", B, H, T);
 }
 
+/* The document ids input of a case (docs: it has them): an i32 [B, Tg]
+ * input named document_ids (doc_ids() feeds it); *suf gets ", %ID" to
+ * append to the attention ops' operands, or "". */
+static void m_docs(Mod *m, int docs, int B, int Tg, char *suf, size_t n) {
+  suf[0] = 0;
+  if (!docs) return;
+  sb_printf(&m->body, "  %%%d = input \"document_ids\" : i32[%d, %d]\n", m->n, B, Tg);
+  snprintf(suf, n, ", %%%d", m->n++);
+}
+
 /* attention and the three parts of its backward */
-static char *fused_text(const Case *c, const char *dt) {
+static char *fused_text(const Case *c, const char *dt, int docs) {
   Mod m = {.dt = dt, .sh = ""};
-  char qs[64], ks[64], sc[64];
+  char qs[64], ks[64], sc[64], ds[16];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
   shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
   snprintf(sc, sizeof sc, "causal=%d scale=%.17g", c->causal, 1.0 / sqrt((double)c->D));
   int q = m_state(&m, "q", qs, "normal(0.0, 1.0)"), k = m_state(&m, "k", ks, "normal(0.0, 1.0)");
   int v = m_state(&m, "v", ks, "normal(0.0, 1.0)"), d = m_state(&m, "do", qs, "normal(0.0, 1.0)");
-  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d %s", q, k, v, sc);
+  m_docs(&m, docs, c->B, c->T, ds, sizeof ds);
+  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s %s", q, k, v, ds, sc);
   m_out(&m, o, qs);
   for (int part = 0; part < 3; part++)
-    m_out(&m, m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d causal=%d part=%d scale=%.17g", q, k,
-                   v, o, d, c->causal, part, 1.0 / sqrt((double)c->D)),
+    m_out(&m, m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d scale=%.17g", q,
+                   k, v, o, d, ds, c->causal, part, 1.0 / sqrt((double)c->D)),
           part ? ks : qs);
   return m_text(&m, 1, 1);
 }
@@ -120,9 +135,9 @@ static char *fused_text(const Case *c, const char *dt) {
 /* the ring steps of one rank under cp = 2: local sequence T (a zigzag of
  * two chunks of T / 2); keys of block src 0 (this rank's) and 1 (the
  * other rank's) */
-static char *ring_text(const Case *c, const char *dt) {
+static char *ring_text(const Case *c, const char *dt, int docs) {
   Mod m = {.dt = dt, .sh = " {2:cp}"};
-  char qs[64], ks[64], ss[64], rs[64], sc[64];
+  char qs[64], ks[64], ss[64], rs[64], sc[64], ds[16];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
   shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
   shp(ss, sizeof ss, c->B, c->Hq, c->T, c->D + 2);
@@ -134,8 +149,9 @@ static char *ring_text(const Case *c, const char *dt) {
   int z = m_state(&m, "st0", ss, "zeros");
   int d = m_state(&m, "do", qs, "normal(0.0, 1.0)"), dr = m_state(&m, "drow", rs, "normal(0.0, 0.5)");
   int aq = m_state(&m, "dq0", qs, "normal(0.0, 1.0)"), ak = m_state(&m, "dk0", ks, "normal(0.0, 1.0)");
-  int s1 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d causal=%d src=0 %s", q, k0, v0, z, c->causal, sc);
-  int s2 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d causal=%d src=1 %s", q, k1, v1, s1, c->causal, sc);
+  m_docs(&m, docs, c->B, 2 * c->T, ds, sizeof ds);
+  int s1 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=0 %s", q, k0, v0, z, ds, c->causal, sc);
+  int s2 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=1 %s", q, k1, v1, s1, ds, c->causal, sc);
   m_out(&m, s1, ss);
   m_out(&m, s2, ss);
   m_out(&m, m_op(&m, qs, "attn_finish %%%d", s2), qs);
@@ -143,11 +159,11 @@ static char *ring_text(const Case *c, const char *dt) {
   m_out(&m, lse, rs);
   for (int src = 0; src < 2; src++) {
     int kk = src ? k1 : k0, vv = src ? v1 : v0;
-    m_out(&m, m_op(&m, qs, "attn_bwd_q %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d causal=%d src=%d %s", q, kk, vv, d, lse,
-                   dr, aq, c->causal, src, sc), qs);
+    m_out(&m, m_op(&m, qs, "attn_bwd_q %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d %s", q, kk, vv, d,
+                   lse, dr, aq, ds, c->causal, src, sc), qs);
     for (int part = 1; part <= 2; part++)
-      m_out(&m, m_op(&m, ks, "attn_bwd_kv %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d causal=%d src=%d part=%d %s", q, kk,
-                     vv, d, lse, dr, ak, c->causal, src, part, sc), ks);
+      m_out(&m, m_op(&m, ks, "attn_bwd_kv %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d part=%d %s", q,
+                     kk, vv, d, lse, dr, ak, ds, c->causal, src, part, sc), ks);
   }
   return m_text(&m, 2, 1);
 }
@@ -225,14 +241,14 @@ out:
 
 static const char *const dts[] = {"f32", "f64"};
 
-static void test_fused(RtDev *d) {
+static void test_fused(RtDev *d, int docs) {
   for (size_t i = 0; i < sizeof fused_cases / sizeof fused_cases[0]; i++)
     for (int t = 0; t < 2; t++) {
       const Case *c = &fused_cases[i];
       char label[128];
-      snprintf(label, sizeof label, "fused B%d Hq%d Hkv%d T%d D%d %s %s", c->B, c->Hq, c->Hkv, c->T, c->D,
-               c->causal ? "causal" : "full", dts[t]);
-      char *text = fused_text(c, dts[t]);
+      snprintf(label, sizeof label, "fused B%d Hq%d Hkv%d T%d D%d %s %s%s", c->B, c->Hq, c->Hkv, c->T, c->D,
+               c->causal ? "causal" : "full", dts[t], docs ? " docs" : "");
+      char *text = fused_text(c, dts[t], docs);
       run_case(d, text, 1, 0, label);
       free(text);
     }
@@ -240,18 +256,38 @@ static void test_fused(RtDev *d) {
 
 static const Case ring_cases[] = {{1, 4, 2, 12, 8, 1}, {2, 2, 2, 8, 16, 1}, {1, 4, 1, 10, 8, 0}};
 
-static void test_ring(RtDev *d) {
+static void test_ring(RtDev *d, int docs) {
   for (size_t i = 0; i < sizeof ring_cases / sizeof ring_cases[0]; i++)
     for (int t = 0; t < 2; t++)
       for (int cpc = 0; cpc < 2; cpc++) {
         const Case *c = &ring_cases[i];
         char label[128];
-        snprintf(label, sizeof label, "ring cp %d/2 B%d Hq%d Hkv%d T%d D%d %s %s", cpc, c->B, c->Hq, c->Hkv, c->T, c->D,
-                 c->causal ? "causal" : "full", dts[t]);
-        char *text = ring_text(c, dts[t]);
+        snprintf(label, sizeof label, "ring cp %d/2 B%d Hq%d Hkv%d T%d D%d %s %s%s", cpc, c->B, c->Hq, c->Hkv, c->T,
+                 c->D, c->causal ? "causal" : "full", dts[t], docs ? " docs" : "");
+        char *text = ring_text(c, dts[t], docs);
         run_case(d, text, 2, cpc, label);
         free(text);
       }
+}
+
+/* Document ids for every case (the largest B x T): even batch rows three
+ * contiguous documents of uneven lengths, odd rows interleaved ones
+ * (position p in document p mod 3), then the fused and ring cases. */
+static void test_docs(RtDev *d) {
+  enum { MAXB = 2, MAXT = 2 * 70 };
+  static int32_t ids[MAXB * MAXT];
+  RtFeed f = {"document_ids", ids};
+  for (int b = 0; b < MAXB; b++)
+    for (int p = 0; p < MAXT; p++) ids[b * MAXT + p] = b % 2 ? p % 3 : p < 5 ? 0 : p < 9 ? 1 : 2;
+  case_feeds = &f;
+  case_nfeeds = 1;
+  /* each case reads the first B x T of the array as its [B, T]: the rows
+   * are then cut at other places, which only changes which positions are
+   * in which document */
+  test_fused(d, 1);
+  test_ring(d, 1);
+  case_feeds = NULL;
+  case_nfeeds = 0;
 }
 
 /* take, onehot, pad_fill with the vocab dim (8 local of 16) split over tp:
@@ -380,14 +416,14 @@ static void test_nvrtc(void) {
   if (!have) return;
   for (size_t i = 0; i < sizeof fused_cases / sizeof fused_cases[0]; i++)
     for (int t = 0; t < 2; t++) {
-      char *text = fused_text(&fused_cases[i], dts[t]), label[64];
+      char *text = fused_text(&fused_cases[i], dts[t], i % 2), label[64];
       snprintf(label, sizeof label, "fused case %zu %s", i, dts[t]);
       printf("%s\n", label);
       nvrtc_module(text, label);
       free(text);
     }
   for (int t = 0; t < 2; t++) {
-    char *text = ring_text(&ring_cases[0], dts[t]), label[64];
+    char *text = ring_text(&ring_cases[0], dts[t], t), label[64];
     snprintf(label, sizeof label, "ring %s", dts[t]);
     printf("%s\n", label);
     nvrtc_module(text, label);
@@ -401,11 +437,12 @@ int main(int argc, char **argv) {
     test_nvrtc();
   } else {
     RtDev *d = ts_emu_dev_open();
-    if (strcmp(what, "fused") == 0) test_fused(d);
-    else if (strcmp(what, "ring") == 0) test_ring(d);
+    if (strcmp(what, "fused") == 0) test_fused(d, 0);
+    else if (strcmp(what, "ring") == 0) test_ring(d, 0);
+    else if (strcmp(what, "docs") == 0) test_docs(d);
     else if (strcmp(what, "vocab") == 0) test_vocab(d);
     else if (strcmp(what, "moe_overflow") == 0) test_moe_overflow(d);
-    else { fprintf(stderr, "usage: test_emu_lib fused|ring|vocab|moe_overflow|nvrtc\n"); return 2; }
+    else { fprintf(stderr, "usage: test_emu_lib fused|ring|docs|vocab|moe_overflow|nvrtc\n"); return 2; }
     long long launches = 0;
     ts_emu_dev_counts(d, &launches, NULL, NULL);
     printf("emulated device: %lld launches\n", launches);
