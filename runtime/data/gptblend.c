@@ -29,6 +29,7 @@
 
 typedef struct {
   RtIndexed ds;
+  int32_t *len;                 /* the sequence lengths, aligned (.idx holds them unaligned) */
   char *prefix;
   int open;
   int64_t beg, end;             /* the part's sequences */
@@ -169,10 +170,10 @@ static const char *flag_of(const RtGptDataOpts *o) { return o->flag ? o->flag : 
  * the samples and the seed. */
 static char *part_desc(const Ctx *c, const Part *p, const double *w) {
   StrBuf b = {0};
-  char path[PATH_MAX + 8], real[PATH_MAX];
+  char path[PATH_MAX + 8], real[PATH_MAX + 8];
   struct stat si = {0}, sb = {0};
   snprintf(path, sizeof path, "%s.idx", p->prefix);
-  if (!realpath(path, real)) snprintf(real, sizeof real, "%s", path);
+  if (!realpath(path, real)) memcpy(real, path, sizeof real);
   stat(path, &si);
   snprintf(path, sizeof path, "%s.bin", p->prefix);
   stat(path, &sb);
@@ -215,7 +216,7 @@ static int part_indices(Ctx *c, RtGptData *d, Part *p, const double *w, char *er
   double t0 = ts_now_s();
   RtGptShape s;
   char msg[512];
-  if (rt_gpt_index_shape(p->ds.seq_len, p->beg, p->end, c->o->seq_len, p->need, &s, msg, sizeof msg) != 0) {
+  if (rt_gpt_index_shape(p->len, p->beg, p->end, c->o->seq_len, p->need, &s, msg, sizeof msg) != 0) {
     free(desc);
     return ts_errf(err, errlen, "%s %s: the %s part of --split (sequences [%lld, %lld) of %lld): %s", flag_of(c->o),
                    p->prefix, rt_split_name[c->o->part], (long long)p->beg, (long long)p->end,
@@ -236,7 +237,7 @@ static int part_indices(Ctx *c, RtGptData *d, Part *p, const double *w, char *er
     }
   }
   if (got != 1) {
-    if (rt_gpt_index_build(p->ds.seq_len, p->beg, p->end, c->o->seq_len, p->need, c->o->seed, &p->ix, msg,
+    if (rt_gpt_index_build(p->len, p->beg, p->end, c->o->seq_len, p->need, c->o->seed, &p->ix, msg,
                            sizeof msg) != 0) {
       free(desc);
       return ts_errf(err, errlen, "%s %s: %s", flag_of(c->o), p->prefix, msg);
@@ -263,7 +264,7 @@ static int blend_weights(const Ctx *c, RtGptData *d, double *w, char *err, size_
     if (c->o->weight) w[i] = c->o->weight[i];
     else {
       int64_t tpe = 0;
-      for (int64_t k = p->beg; k < p->end; k++) tpe += p->ds.seq_len[k];
+      for (int64_t k = p->beg; k < p->end; k++) tpe += p->len[k];
       w[i] = (double)(tpe > 0 ? (tpe - 1) / d->T : 0);
     }
     if (!(w[i] >= 0) || !isfinite(w[i]))
@@ -343,6 +344,8 @@ static int open_part(Ctx *c, RtGptData *d, int i, const double *sw, char *err, s
   if (rt_indexed_open(&p->ds, p->prefix, msg, sizeof msg) != 0)
     return ts_errf(err, errlen, "%s %s: %s", flag_of(o), p->prefix, msg);
   p->open = 1;
+  p->len = ts_xmalloc((size_t)(p->ds.n_seq > 0 ? p->ds.n_seq : 1) * sizeof *p->len);
+  if (p->ds.n_seq > 0) memcpy(p->len, p->ds.seq_len_at, (size_t)p->ds.n_seq * sizeof *p->len);
   int64_t beg[RT_SPLIT_COUNT], end[RT_SPLIT_COUNT];
   rt_gpt_split_ranges(sw, p->ds.n_seq, beg, end);
   p->beg = beg[o->part], p->end = end[o->part];
@@ -406,6 +409,7 @@ void rt_gpt_data_free(RtGptData *d) {
     rt_gpt_index_free(&d->p[i].ix);
     if (d->p[i].open) rt_indexed_close(&d->p[i].ds);
     free(d->p[i].prefix);
+    free(d->p[i].len);
   }
   free(d->p);
   free(d->bown);
@@ -456,7 +460,7 @@ int rt_gpt_data_sample(const RtGptData *d, int64_t i, int64_t vocab, int32_t *ou
   for (int64_t q = p0; q <= p1; q++) {
     int64_t s = ix->doc[q];
     if (s < 0 || s >= p->ds.n_seq) return damaged(p, j, err, errlen);
-    int64_t len = p->ds.seq_len[s], from = q == p0 ? o0 : 0, to = q == p1 ? o1 + 1 : len;
+    int64_t len = p->len[s], from = q == p0 ? o0 : 0, to = q == p1 ? o1 + 1 : len;
     if (from < 0 || to < from || to > len || got + (to - from) > want) return damaged(p, j, err, errlen);
     rt_indexed_read(&p->ds, s, from, to - from, out + got);
     if (check_ids(p, s, from, out + got, to - from, vocab, err, errlen) != 0) return -1;
