@@ -16,8 +16,9 @@ Modes (one ctest each):
   cache    a second start loads the cache (the file's inode and mtime kept,
            same losses); a corrupted or truncated cache file is rebuilt;
            another seed or a rewritten dataset gets a file of its own
-  layouts  mrun on a small indexed dataset at 1 rank, dp 2 and tp 2 (f64)
-           gives the same losses, with one dataset and with a blend
+  layouts  mrun on a small indexed dataset at 1 rank, dp 2, tp 2 and in
+           micro batches of 2 instead of 1 (f64) gives the same losses, with
+           one dataset and with a blend
   mock     --mock-data trains, reproducibly, and dp 2 equals 1 rank
   refuse   a token id at or above the vocabulary, a missing dataset, and
            the flags that do not go together are refused naming them"""
@@ -301,15 +302,17 @@ def mode_layouts():
     tw.write_indexed(os.path.join(d, "a"), make_docs(40, 80, 50))
     tw.write_indexed(os.path.join(d, "b"), make_docs(41, 50, 70, seqs_per_doc=2), dtype=4)
     p1, ptp = compile_plan("p1"), compile_plan("tp2", "--tp", "2")
+    pmb2 = compile_plan("mb2", "-D", "micro_batch=2")   # the same 4 samples per step in 2 micro batches of 2
     for tag, data in (("one", ["--data-path", os.path.join(d, "a")]),
                       ("blend", ["--data-path", "0.7", os.path.join(d, "a"), "0.3", os.path.join(d, "b")])):
         base = data + ["--data-cache-path", os.path.join(d, "c"), "--quiet"]
         ref, _ = train(p1, tag + "_1", *base)
         dp2, _ = train(p1, tag + "_dp2", *base, gpus=2)
         tp2, _ = train(ptp, tag + "_tp2", *base, gpus=2)
-        if not close(dp2, ref) or not close(tp2, ref):
-            fail("%s: losses 1 rank %s, dp 2 %s, tp 2 %s" % (tag, ref, dp2, tp2))
-        print("ok: %s: dp 2 and tp 2 give the 1-rank losses %s" % (tag, ["%.6f" % x for x in ref]))
+        mb2, _ = train(pmb2, tag + "_mb2", *base)
+        if not close(dp2, ref) or not close(tp2, ref) or not close(mb2, ref):
+            fail("%s: losses 1 rank %s, dp 2 %s, tp 2 %s, micro batches of 2 %s" % (tag, ref, dp2, tp2, mb2))
+        print("ok: %s: dp 2, tp 2 and micro batches of 2 give the 1-rank losses %s" % (tag, ["%.6f" % x for x in ref]))
     # and the data matters: another seed's sample order gives other losses
     other, _ = train(p1, "seed", "--seed", "9", "--data-path", os.path.join(d, "a"), "--quiet")
     if close(other, ref):
