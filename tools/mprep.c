@@ -73,11 +73,7 @@ typedef struct {
 typedef struct { int32_t *a; size_t n, cap; } Ids;
 
 static int tok_encode(const Tok *t, const char *s, size_t n, Ids *out) {
-  if (t->bpe) {
-#ifdef TS_HAVE_TOKENIZER
-    return rt_tok_encode(t->bpe, s, n, &out->a, &out->n, &out->cap);
-#endif
-  }
+  if (t->bpe) return rt_tok_encode(t->bpe, s, n, &out->a, &out->n, &out->cap);
   if (out->n + n > out->cap) {
     out->cap = 2 * (out->n + n) + 64;
     out->a = ts_xrealloc(out->a, out->cap * sizeof *out->a);
@@ -101,7 +97,6 @@ static int tok_load(Tok *t, const Args *a) {
     t->eod = a->append_eod ? 256 : -1;
     return 0;
   }
-#ifdef TS_HAVE_TOKENIZER
   char err[1024];
   t->bpe = rt_tok_load(a->tok_path, err, sizeof err);
   if (!t->bpe) { fprintf(stderr, "mprep: error: %s\n", err); return -1; }
@@ -113,10 +108,6 @@ static int tok_load(Tok *t, const Args *a) {
     return -1;
   }
   return 0;
-#else
-  fprintf(stderr, "mprep: error: this build has no BPE tokenizer (runtime/data/tokenizer.c); use --tokenizer bytes\n");
-  return -1;
-#endif
 }
 
 /* ---- a batch of input units (documents in text input, lines in JSONL) ---- */
@@ -530,8 +521,6 @@ int main(int argc, char **argv) {
   if (!f) return 1;
   int rc = run(&a, &t, f);
   if (f != stdin) fclose(f);
-#ifdef TS_HAVE_TOKENIZER
   if (t.bpe) rt_tok_free(t.bpe);
-#endif
   return rc;
 }
