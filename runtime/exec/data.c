@@ -1,4 +1,6 @@
-/* data.c - the byte-level data pipeline: a corpus file mapped into memory
+/* data.c - what training reads (train.h RtDataSrc): Megatron's indexed
+ * datasets through runtime/data's sample indices, mock ids, or the
+ * byte-level pipeline: a corpus file mapped into memory
  * (never read whole: a corpus larger than RAM trains, its pages loaded as
  * windows touch them), token = byte (vocabulary 256), and deterministic
  * sampling of windows, so a run (and any rank of a sharded run) draws the

@@ -1,5 +1,5 @@
 /* train.c - the training loop: one rank's module (after autodiff and the
- * optimizer pass: blocks "micro" and "update") trained on the byte corpus,
+ * optimizer pass: blocks "micro" and "update") trained on what data.c reads,
  * alone or as one of N ranks (train.h has the multi-rank contract).
  *
  *   for step s in [0, steps):

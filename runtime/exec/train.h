@@ -1,10 +1,11 @@
-/* train.h - the trainer behind `mrun`: the byte-level data pipeline
- * (data.c), the training loop over a module's "micro" and "update" blocks
- * (train.c) and the GPU driver probe (gpu_probe.c).
+/* train.h - the trainer behind `mrun`: the data pipeline (data.c: the
+ * byte-level corpus, Megatron's indexed datasets, mock data), the training
+ * loop over a module's "micro" and "update" blocks (train.c) and the GPU
+ * driver probe (gpu_probe.c).
  *
  * Data convention: a model's inputs are fed by name -- "tokens" and
- * "targets" (i32, same shape [..., T]: row r holds a window of T bytes of
- * the corpus and the same window shifted by one) and optionally
+ * "targets" (i32, same shape [..., T]: row r holds a window of T tokens
+ * and the same window shifted by one; RtDataSrc below) and optionally
  * "loss_mask" (all ones).  Any other input is refused at start-up. */
 #ifndef TS_TRAIN_H
 #define TS_TRAIN_H
