@@ -18,7 +18,7 @@ Modes (one ctest each):
            another seed or a rewritten dataset gets a file of its own
   layouts  mrun on a small indexed dataset at 1 rank, dp 2, tp 2 and in
            micro batches of 2 instead of 1 (f64) gives the same losses, with
-           one dataset and with a blend
+           one dataset and with a blend; pp 2 and cp 2 with one dataset
   mock     --mock-data trains, reproducibly, and dp 2 equals 1 rank
   refuse   a token id at or above the vocabulary, a missing dataset, and
            the flags that do not go together are refused naming them"""
@@ -313,6 +313,12 @@ def mode_layouts():
         if not close(dp2, ref) or not close(tp2, ref) or not close(mb2, ref):
             fail("%s: losses 1 rank %s, dp 2 %s, tp 2 %s, micro batches of 2 %s" % (tag, ref, dp2, tp2, mb2))
         print("ok: %s: dp 2, tp 2 and micro batches of 2 give the 1-rank losses %s" % (tag, ["%.6f" % x for x in ref]))
+        if tag == "one":   # a pipeline (only its first and last stage read data) and context parallelism
+            pp2, _ = train(compile_plan("pp2", "--pp", "2"), tag + "_pp2", *base, gpus=2)
+            cp2, _ = train(compile_plan("cp2", "--cp", "2"), tag + "_cp2", *base, gpus=2)
+            if not close(pp2, ref) or not close(cp2, ref):
+                fail("%s: losses 1 rank %s, pp 2 %s, cp 2 %s" % (tag, ref, pp2, cp2))
+            print("ok: %s: pp 2 and cp 2 give the 1-rank losses too" % tag)
     # and the data matters: another seed's sample order gives other losses
     other, _ = train(p1, "seed", "--seed", "9", "--data-path", os.path.join(d, "a"), "--quiet")
     if close(other, ref):
