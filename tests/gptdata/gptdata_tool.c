@@ -45,7 +45,12 @@ int main(int argc, char **argv) {
   o.weight = weighted ? w : NULL;
   char err[2048];
   RtGptData *d = rt_gpt_data_open(&o, stderr, err, sizeof err);
-  if (!d) { fprintf(stderr, "gptdata_tool: %s\n", err); return 1; }
+  if (!d) {
+    fprintf(stderr, "gptdata_tool: %s\n", err);
+    free(pre);
+    free(w);
+    return 1;
+  }
   int loaded, built;
   rt_gpt_data_stats(d, &loaded, &built, NULL);
   printf("size %lld loaded %d built %d\n", (long long)rt_gpt_data_size(d), loaded, built);
