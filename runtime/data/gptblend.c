@@ -196,11 +196,11 @@ static void cache_path(const Ctx *c, const char *name, uint64_t key, char *out, 
 }
 
 /* Writes a cache file; a failure is an error with an explicit folder and
- * a warning (once) without.  0 or -1. */
+ * a warning (once) without.  1 written, 0 not (no folder, or warned), -1. */
 static int cache_store(Ctx *c, const char *path, uint64_t key, const char *desc, int narr, const int64_t *const *arr,
                        const int64_t *cnt, char *err, size_t errlen) {
   if (!c->dir[0]) return 0;
-  if (cache_write(path, key, desc, narr, arr, cnt) == 0) return 0;
+  if (cache_write(path, key, desc, narr, arr, cnt) == 0) return 1;
   if (c->explicit_dir) return ts_errf(err, errlen, "%s %s: %s", c->o->cache_flag, c->dir, ts_io_error());
   if (!c->warned && c->note)
     fprintf(c->note, "data: the sample indices are not cached (%s); %s DIR names a folder for them\n", ts_io_error(),
@@ -223,7 +223,7 @@ static int part_indices(Ctx *c, RtGptData *d, Part *p, const double *w, char *er
                    (long long)p->ds.n_seq, msg);
   }
   int64_t cnt[3] = {s.n_doc, 2 * (s.n_sample + 1), s.n_sample};
-  int got = 0;
+  int got = 0, stored = 0;
   if (c->dir[0]) {
     cache_path(c, p->prefix, key, path, sizeof path);
     const int64_t *arr[3];
@@ -243,7 +243,7 @@ static int part_indices(Ctx *c, RtGptData *d, Part *p, const double *w, char *er
       return ts_errf(err, errlen, "%s %s: %s", flag_of(c->o), p->prefix, msg);
     }
     const int64_t *arr[3] = {p->ix.doc, p->ix.sample, p->ix.shuffle};
-    if (path[0] && cache_store(c, path, key, desc, 3, arr, cnt, err, errlen) != 0) { free(desc); return -1; }
+    if (path[0] && (stored = cache_store(c, path, key, desc, 3, arr, cnt, err, errlen)) < 0) { free(desc); return -1; }
   }
   double dt = ts_now_s() - t0;
   got == 1 ? d->loaded++ : d->built++;
@@ -251,7 +251,7 @@ static int part_indices(Ctx *c, RtGptData *d, Part *p, const double *w, char *er
   if (c->note)
     fprintf(c->note, "data: %s %s: %lld samples (%lld epoch%s of %lld tokens) %s in %.3f s\n", rt_split_name[c->o->part],
             p->prefix, (long long)s.n_sample, (long long)s.epochs, s.epochs == 1 ? "" : "s", (long long)s.tpe,
-            got == 1 ? "loaded from the cache" : path[0] ? "built and cached" : "built", dt);
+            got == 1 ? "loaded from the cache" : stored ? "built and cached" : "built", dt);
   free(desc);
   return 0;
 }
@@ -303,7 +303,7 @@ static int blend_indices(Ctx *c, RtGptData *d, const double *w, const uint64_t *
     d->bsample = d->bds + N;
     rt_gpt_blend(w, d->n, N, d->bds, d->bsample);
     const int64_t *arr[2] = {d->bds, d->bsample};
-    if (path[0]) rc = cache_store(c, path, key, b.p, 2, arr, cnt, err, errlen);
+    if (path[0] && cache_store(c, path, key, b.p, 2, arr, cnt, err, errlen) < 0) rc = -1;
     d->built++;
   } else {
     d->loaded++;
