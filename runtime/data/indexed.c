@@ -152,27 +152,59 @@ static int check_documents(RtIndexed *d, const char *path, char *err, size_t err
   return 0;
 }
 
-int rt_indexed_open(RtIndexed *d, const char *prefix, char *err, size_t errlen) {
-  memset(d, 0, sizeof *d);
+/* "PREFIX.idx" and "PREFIX.bin" (heap). */
+static void pair_paths(const char *prefix, char **ipath, char **bpath) {
   size_t n = strlen(prefix) + 8;
-  char *ipath = ts_xmalloc(n), *bpath = ts_xmalloc(n);
-  snprintf(ipath, n, "%s.idx", prefix);
-  snprintf(bpath, n, "%s.bin", prefix);
-  int rc = map_file(ipath, &d->idx, &d->idx_len, err, errlen);
-  if (rc == 0) rc = check_header(d, ipath, err, errlen);
-  if (rc == 0) rc = map_file(bpath, &d->bin, &d->bin_len, err, errlen);
+  *ipath = ts_xmalloc(n);
+  *bpath = ts_xmalloc(n);
+  snprintf(*ipath, n, "%s.idx", prefix);
+  snprintf(*bpath, n, "%s.bin", prefix);
+}
+
+/* Every check on d->idx / d->bin, set by the caller. */
+static int check_all(RtIndexed *d, const char *ipath, const char *bpath, char *err, size_t errlen) {
+  int rc = check_header(d, ipath, err, errlen);
   if (rc == 0) rc = check_sequences(d, ipath, bpath, err, errlen);
   if (rc == 0) rc = check_documents(d, ipath, err, errlen);
   if (rc == 0) d->n_tok = (int64_t)(d->bin_len / d->elem);
-  else rt_indexed_close(d);
+  return rc;
+}
+
+int rt_indexed_open(RtIndexed *d, const char *prefix, char *err, size_t errlen) {
+  memset(d, 0, sizeof *d);
+  d->mapped = 1;
+  char *ipath, *bpath;
+  pair_paths(prefix, &ipath, &bpath);
+  /* .idx alone first: its header says whether .bin is worth opening */
+  int rc = map_file(ipath, &d->idx, &d->idx_len, err, errlen);
+  if (rc == 0) rc = check_header(d, ipath, err, errlen);
+  if (rc == 0) rc = map_file(bpath, &d->bin, &d->bin_len, err, errlen);
+  if (rc == 0) rc = check_all(d, ipath, bpath, err, errlen);
+  if (rc != 0) rt_indexed_close(d);
+  free(ipath);
+  free(bpath);
+  return rc;
+}
+
+int rt_indexed_from_memory(RtIndexed *d, const void *idx, size_t idx_len, const void *bin, size_t bin_len,
+                           const char *name, char *err, size_t errlen) {
+  memset(d, 0, sizeof *d);
+  d->idx = idx;
+  d->idx_len = idx_len;
+  d->bin = bin_len ? bin : NULL;
+  d->bin_len = bin_len;
+  char *ipath, *bpath;
+  pair_paths(name, &ipath, &bpath);
+  int rc = check_all(d, ipath, bpath, err, errlen);
+  if (rc != 0) memset(d, 0, sizeof *d);
   free(ipath);
   free(bpath);
   return rc;
 }
 
 void rt_indexed_close(RtIndexed *d) {
-  if (d->idx) munmap((void *)d->idx, d->idx_len);
-  if (d->bin) munmap((void *)d->bin, d->bin_len);
+  if (d->mapped && d->idx) munmap((void *)d->idx, d->idx_len);
+  if (d->mapped && d->bin) munmap((void *)d->bin, d->bin_len);
   memset(d, 0, sizeof *d);
 }
 
@@ -234,11 +266,7 @@ RtIndexedWriter *rt_indexed_create(const char *prefix, int dtype, char *err, siz
     return NULL;
   }
   RtIndexedWriter *w = ts_xcalloc(1, sizeof *w);
-  size_t n = strlen(prefix) + 8;
-  w->ipath = ts_xmalloc(n);
-  w->bpath = ts_xmalloc(n);
-  snprintf(w->ipath, n, "%s.idx", prefix);
-  snprintf(w->bpath, n, "%s.bin", prefix);
+  pair_paths(prefix, &w->ipath, &w->bpath);
   /* .idx is checked now, so that a refused index path fails before a
    * multi-GB .bin is written */
   if (ts_check_output(w->ipath) != 0 || !(w->bin = ts_out_open(w->bpath))) {

@@ -44,6 +44,7 @@ typedef struct {
   const unsigned char *seq_len_at;  /* i32[n_seq], into idx */
   const unsigned char *seq_ptr_at;  /* i64[n_seq] byte offsets into bin */
   const unsigned char *doc_idx_at;  /* i64[n_doc + 1] */
+  int mapped;                       /* close unmaps idx and bin */
 } RtIndexed;
 
 /* Opens PREFIX.idx and PREFIX.bin (both noted as inputs: no output of this
@@ -58,6 +59,10 @@ typedef struct {
  * one for a JSON line whose text gives no token). */
 int rt_indexed_open(RtIndexed *d, const char *prefix, char *err, size_t errlen);
 void rt_indexed_close(RtIndexed *d);
+/* The same checks on two buffers the caller keeps (the fuzzer, tests);
+ * messages name NAME.idx and NAME.bin.  close only clears d. */
+int rt_indexed_from_memory(RtIndexed *d, const void *idx, size_t idx_len, const void *bin, size_t bin_len,
+                           const char *name, char *err, size_t errlen);
 
 static inline int32_t rt_indexed_seq_len(const RtIndexed *d, int64_t s) {
   int32_t v;

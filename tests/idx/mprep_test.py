@@ -222,6 +222,16 @@ def run_bytes_only():
               "refusal '%s' left files: %s" % (msg, os.listdir(".")))
     r = mprep("--input", "nothing.txt", "--output-prefix", "bad", "--tokenizer", "bytes", ok=False)
     check(r.returncode == 1 and "nothing.txt: cannot read" in r.stderr, "missing input: '%s'" % r.stderr.strip())
+    # every option mprep parses is in its --help
+    import re
+    with open(os.path.join(SRC, "tools", "mprep.c")) as f:
+        src = f.read()
+    parse = src[src.index("static int parse_args("):]
+    flags = set(re.findall(r'"(--[a-z0-9-]+)', parse[:parse.index("\n}\n")]))
+    helptext = subprocess.run([MPREP, "--help"], capture_output=True, text=True).stdout
+    check(len(flags) >= 8, "only %d flags found in parse_args" % len(flags))
+    for fl in sorted(flags):
+        check(re.search(r"(^|[^a-z0-9-])%s($|[^a-z0-9-])" % re.escape(fl), helptext), "--help lacks " + fl)
     r = mprep("--input", KJV, "--output-prefix", "bad", "--tokenizer", "bytes", "--workers", "0", ok=False)
     check(r.returncode == 2 and "--workers needs 1 to 256" in r.stderr, "--workers 0: '%s'" % r.stderr.strip())
 
