@@ -181,65 +181,133 @@ static int io_target(const char *path, int *inplace, char **target) {
   return 0;
 }
 
-static int write_pieces(int fd, const TsPiece *pc, int n) {
-  for (int i = 0; i < n; i++)
-    if (write_all(fd, pc[i].p, pc[i].n) != 0) return -1;
-  return 0;
-}
-
-static int io_write_inplace(const char *path, const TsPiece *pc, int npc) {
-  int fd = open(path, O_WRONLY | O_NOCTTY);
-  if (fd < 0) return io_fail("cannot write '%s': %s", path, strerror(errno));
-  if (write_pieces(fd, pc, npc) != 0) {
-    int e = errno;
-    close(fd);
-    return io_fail("cannot write '%s': %s", path, strerror(e));
-  }
-  if (close(fd) != 0) return io_fail("cannot write '%s': %s", path, strerror(errno));
-  return 0;
-}
+/* ---- the streaming writer: every output goes through it ---- */
+/* Bytes gathered before a write(2): large enough that a token stream of
+ * 2-byte ids costs few system calls, small enough to keep per output. */
+enum { IO_BUF = 1 << 20 };
+typedef enum { IO_STDOUT, IO_INPLACE, IO_ATOMIC } IoKind;
+struct TsOut {
+  IoKind kind;
+  int fd;          /* IO_INPLACE / IO_ATOMIC; -1 once closed */
+  char *user;      /* the path as given, for messages */
+  char *target;    /* IO_ATOMIC: the regular file renamed over */
+  char *tmp;       /* IO_ATOMIC: the temporary file written */
+  char *buf;
+  size_t nbuf;
+  int failed;      /* a write failed: the rest are refused, commit fails */
+  char why[256];   /* ... and why, repeated by every later call */
+};
 
 static int io_stdout_reported;   /* a failure on stdout went back to a caller, who says so */
 
-static int io_write_stdout(const TsPiece *pc, int npc) {
-  int bad = 0;
-  for (int i = 0; i < npc && !bad; i++) bad = pc[i].n && fwrite(pc[i].p, 1, pc[i].n, stdout) != pc[i].n;
-  if (bad || fflush(stdout) != 0 || ferror(stdout)) {
-    io_stdout_reported = 1;
-    return io_fail("cannot write standard output: %s", strerror(errno));
-  }
-  return 0;
-}
-
-static int io_write_atomic(const char *user, const char *path, const TsPiece *pc, int npc) {
+/* Opens PATH.tmp.HOST.PID beside target (stale ones of dead writers removed). */
+static int io_open_tmp(TsOut *o) {
   char host[64];
   io_host(host, sizeof host);
-  const char *slash = strrchr(path, '/');
+  const char *path = o->target, *slash = strrchr(path, '/');
   char dir[PATH_MAX];
   if (!slash) snprintf(dir, sizeof dir, ".");
   else if (slash == path) snprintf(dir, sizeof dir, "/");
   else snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
   io_clean_stale(dir, slash ? slash + 1 : path, host);
-
   size_t n = strlen(path) + strlen(host) + 40;
-  char *tmp = ts_xmalloc(n);
-  snprintf(tmp, n, "%s.tmp.%s.%ld", path, host, (long)getpid());
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
-  int rc = -1;
-  if (fd < 0) io_fail("cannot write '%s': %s", user, strerror(errno));
-  else if (write_pieces(fd, pc, npc) != 0 || fsync(fd) != 0) {
-    io_fail("cannot write '%s': %s", user, strerror(errno));
-    close(fd);
-    unlink(tmp);
-  } else if (close(fd) != 0) {
-    io_fail("cannot write '%s': %s", user, strerror(errno));
-    unlink(tmp);
-  } else if (rename(tmp, path) != 0) {
-    io_fail("cannot write '%s': %s", user, strerror(errno));
-    unlink(tmp);
-  } else rc = 0;
-  free(tmp);
-  return rc;
+  o->tmp = ts_xmalloc(n);
+  snprintf(o->tmp, n, "%s.tmp.%s.%ld", path, host, (long)getpid());
+  o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW, 0644);
+  if (o->fd < 0) return io_fail("cannot write '%s': %s", o->user, strerror(errno));
+  return 0;
+}
+
+static void io_out_free(TsOut *o) {
+  free(o->user);
+  free(o->target);
+  free(o->tmp);
+  free(o->buf);
+  free(o);
+}
+
+TsOut *ts_out_open(const char *path) {
+  TsOut *o = ts_xcalloc(1, sizeof *o);
+  o->fd = -1;
+  o->user = ts_xstrdup(path ? path : "");
+  int inplace = 0;
+  if (path && strcmp(path, "-") == 0) o->kind = IO_STDOUT;
+  else if (io_target(path, &inplace, &o->target) != 0) { io_out_free(o); return NULL; }
+  else if (inplace) {
+    o->kind = IO_INPLACE;
+    o->fd = open(path, O_WRONLY | O_NOCTTY);
+    if (o->fd < 0) { io_fail("cannot write '%s': %s", path, strerror(errno)); io_out_free(o); return NULL; }
+  } else {
+    o->kind = IO_ATOMIC;
+    if (io_open_tmp(o) != 0) { io_out_free(o); return NULL; }
+  }
+  o->buf = ts_xmalloc(IO_BUF);
+  return o;
+}
+
+/* Records the first failure (errno e) and reports it. */
+static int io_out_fail(TsOut *o, int e) {
+  if (!o->failed) {
+    o->failed = 1;
+    if (o->kind == IO_STDOUT) {
+      io_stdout_reported = 1;
+      snprintf(o->why, sizeof o->why, "cannot write standard output: %s", strerror(e));
+    } else snprintf(o->why, sizeof o->why, "cannot write '%s': %s", o->user, strerror(e));
+  }
+  return io_fail("%s", o->why);
+}
+
+static int io_out_flush(TsOut *o, const void *p, size_t n) {
+  if (o->kind == IO_STDOUT) {
+    if (n && fwrite(p, 1, n, stdout) != n) return io_out_fail(o, errno ? errno : EIO);
+    return 0;
+  }
+  return write_all(o->fd, p, n) != 0 ? io_out_fail(o, errno) : 0;
+}
+
+int ts_out_write(TsOut *o, const void *p, size_t n) {
+  if (o->failed) return io_fail("%s", o->why);
+  if (n <= IO_BUF - o->nbuf) {
+    memcpy(o->buf + o->nbuf, p, n);
+    o->nbuf += n;
+    return 0;
+  }
+  if (io_out_flush(o, o->buf, o->nbuf) != 0) return -1;
+  o->nbuf = 0;
+  if (n >= IO_BUF) return io_out_flush(o, p, n);   /* a big piece goes straight through */
+  memcpy(o->buf, p, n);
+  o->nbuf = n;
+  return 0;
+}
+
+int ts_out_close(TsOut *o) {
+  if (o->failed) return io_fail("%s", o->why);
+  if (io_out_flush(o, o->buf, o->nbuf) != 0) return -1;
+  o->nbuf = 0;
+  if (o->kind == IO_STDOUT) {
+    if (fflush(stdout) != 0 || ferror(stdout)) return io_out_fail(o, errno ? errno : EIO);
+    return 0;
+  }
+  if (o->fd < 0) return 0;
+  if (o->kind == IO_ATOMIC && fsync(o->fd) != 0) return io_out_fail(o, errno);
+  int rc = close(o->fd);
+  o->fd = -1;
+  return rc != 0 ? io_out_fail(o, errno) : 0;
+}
+
+int ts_out_commit(TsOut *o) {
+  int rc = ts_out_close(o);
+  if (rc == 0 && o->kind == IO_ATOMIC && rename(o->tmp, o->target) != 0) rc = io_out_fail(o, errno);
+  if (rc != 0) { ts_out_abort(o); return -1; }
+  io_out_free(o);
+  return 0;
+}
+
+void ts_out_abort(TsOut *o) {
+  if (!o) return;
+  if (o->fd >= 0) close(o->fd);
+  if (o->kind == IO_ATOMIC && o->tmp) unlink(o->tmp);
+  io_out_free(o);
 }
 
 int ts_check_output(const char *path) {
@@ -252,13 +320,11 @@ int ts_check_output(const char *path) {
 }
 
 int ts_write_pieces(const char *path, const TsPiece *pieces, int n) {
-  if (path && strcmp(path, "-") == 0) return io_write_stdout(pieces, n);
-  int inplace;
-  char *target;
-  if (io_target(path, &inplace, &target) != 0) return -1;
-  int rc = inplace ? io_write_inplace(path, pieces, n) : io_write_atomic(path, target, pieces, n);
-  free(target);
-  return rc;
+  TsOut *o = ts_out_open(path);
+  if (!o) return -1;
+  for (int i = 0; i < n; i++)
+    if (ts_out_write(o, pieces[i].p, pieces[i].n) != 0) { ts_out_abort(o); return -1; }
+  return ts_out_commit(o);
 }
 
 int ts_write_file(const char *path, const void *data, size_t len) {

@@ -131,9 +131,38 @@ static int jp_number(JP *j, TsJson *v) {
 
 static TsJson *jp_value(JP *j, int depth);
 
+/* The keys of one object seen so far, as an open-addressing set of indices
+ * into keys[] (a tokenizer's vocabulary is an object of 100,000+ keys:
+ * comparing each key with every earlier one would take minutes). */
+typedef struct { int *slot; int cap; } KeySet;
+
+static uint64_t key_hash(const char *k) { return ts_hash64(k, strlen(k), 0); }
+
+static void keyset_put(KeySet *s, const char *const *keys, int i) {
+  int m = s->cap - 1, h = (int)(key_hash(keys[i]) & (uint64_t)m);
+  while (s->slot[h] >= 0) h = (h + 1) & m;
+  s->slot[h] = i;
+}
+
+/* 1 if k is among keys[0, n); else remembers it (it becomes keys[n]). */
+static int key_seen(KeySet *s, const char *const *keys, int n, const char *k) {
+  if (2 * (n + 1) > s->cap) {   /* grow, keep the load at most one half */
+    free(s->slot);
+    s->cap = s->cap ? 2 * s->cap : 16;
+    s->slot = ts_xmalloc((size_t)s->cap * sizeof *s->slot);
+    for (int i = 0; i < s->cap; i++) s->slot[i] = -1;
+    for (int i = 0; i < n; i++) keyset_put(s, keys, i);
+  }
+  int m = s->cap - 1;
+  for (int h = (int)(key_hash(k) & (uint64_t)m); s->slot[h] >= 0; h = (h + 1) & m)
+    if (!strcmp(keys[s->slot[h]], k)) return 1;
+  return 0;
+}
+
 static int jp_items(JP *j, TsJson *v, int depth, int object) {
   VEC(TsJson *) items = {0};
   VEC(const char *) keys = {0};
+  KeySet seen = {0};
   char close = object ? '}' : ']';
   j->p++;
   jp_ws(j);
@@ -145,10 +174,9 @@ static int jp_items(JP *j, TsJson *v, int depth, int object) {
         if (j->p >= j->end || *j->p != '"') { jp_fail(j, "expected a key (a string) in an object"); break; }
         const char *k = jp_string(j);
         if (!k) break;
-        for (int i = 0; i < keys.n; i++)
-          if (!strcmp(keys.a[i], k)) { jp_fail(j, "a key repeated in an object"); break; }
-        if (j->failed) break;
+        if (key_seen(&seen, keys.a, keys.n, k)) { jp_fail(j, "a key repeated in an object"); break; }
         VEC_PUSH(keys, k);
+        keyset_put(&seen, keys.a, keys.n - 1);
         jp_ws(j);
         if (j->p >= j->end || *j->p != ':') { jp_fail(j, "expected ':' after a key"); break; }
         j->p++;
@@ -173,6 +201,7 @@ static int jp_items(JP *j, TsJson *v, int depth, int object) {
   }
   free(items.a);
   free(keys.a);
+  free(seen.slot);
   return j->failed ? -1 : 0;
 }
 

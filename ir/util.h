@@ -82,6 +82,20 @@ int ts_write_file(const char *path, const void *data, size_t len);
  * tensor headers between the tensors' own memory), never copied into one. */
 typedef struct { const void *p; size_t n; } TsPiece;
 int ts_write_pieces(const char *path, const TsPiece *pieces, int n);
+/* The same output streamed: open, write pieces as they come, commit.
+ * Writes are buffered; the first failure is kept and every later call
+ * (commit included) returns -1 with it in ts_io_error().  close flushes
+ * and fsyncs without making the file visible (so that the last of
+ * several files can be finished before any is renamed); commit closes if
+ * needed, renames over PATH and frees; abort removes the temporary file
+ * and frees (a device or stdout keeps what was written).  ts_write_file
+ * and ts_write_pieces are this. */
+typedef struct TsOut TsOut;
+TsOut *ts_out_open(const char *path);
+int ts_out_write(TsOut *o, const void *p, size_t n);
+int ts_out_close(TsOut *o);
+int ts_out_commit(TsOut *o);
+void ts_out_abort(TsOut *o);
 /* The checks of ts_write_file without writing, for an output written late
  * (after a training run): 0, or -1 with ts_io_error(). */
 int ts_check_output(const char *path);

@@ -1,6 +1,8 @@
 /* mrun - trains a compiled plan on GPU ranks, or on CPU ranks:
  *
  *   mrun PLAN [--gpus N] [--steps N] [--data FILE] [--metrics out.jsonl]
+ *             [--data-path [W1] P1 [W2] P2 ... [--split a,b,c] [--data-cache-path DIR]]
+ *             [--mock-data]
  *             [--seed N] [--timeout S] [--save-params FILE] [--quiet]
  *             [--backend llvm|ref] [--cpu]
  *   mrun --selftest
@@ -50,6 +52,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -70,6 +73,14 @@ static const char usage[] =
     "                     table; exit 0 iff every row passes (1 also when there is no GPU: nothing tested)\n"
     "  --steps N          train N steps instead of the plan's train.steps (also --train-iters N)\n"
     "  --data FILE        training text, byte-level tokens (default samples/data/kjv.txt)\n"
+    "  --data-path [W1] P1 [W2] P2 ...\n"
+    "                     train on Megatron's indexed datasets P.bin + P.idx (tools/mprep), blended by the\n"
+    "                     weights W (default: by size); every word up to the next option belongs to it.\n"
+    "                     Samples of seq_len + 1 tokens across documents, shuffled (docs/data.md)\n"
+    "  --split a,b,c      train / valid / test weights over each dataset's sequences (default 969,30,1)\n"
+    "  --data-cache-path DIR  where the sample indices are cached (default: a cache folder beside the\n"
+    "                     first dataset, when it can be made); a second start loads them in milliseconds\n"
+    "  --mock-data        synthetic token ids below the model's vocabulary, no file (benchmarks)\n"
     "  --metrics FILE     write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s)\n"
     "  --seed N           override the plan's train.seed (initialization, data order, dropout)\n"
     "  --timeout S        seconds a rank waits in a collective before the job is stopped (default 60)\n"
@@ -99,6 +110,10 @@ static const char usage[] =
 
 typedef struct {
   const char *plan, *data, *metrics, *save_params;
+  RtGptOpts gpt;              /* --data-path, --split, --data-cache-path, --mock-data */
+  const char **dpath;         /* --data-path's words, and the weights they gave */
+  double *dweight;
+  int has_split;
   const char *init_from, *export_dir, *format, *hf_map;
   RtCkptOpts ckpt;
   int64_t gpus, steps;        /* -1: not given */
@@ -148,6 +163,67 @@ static int same_path(const char *a, const char *b) {
   return same;
 }
 
+/* The number s, whole: 1 (and *v), else 0. */
+static int is_number(const char *s, double *v) {
+  char *e;
+  errno = 0;
+  *v = strtod(s, &e);
+  return *s && !*e && !errno;
+}
+
+/* --data-path [W1] P1 [W2] P2 ... (Megatron's form): every word after it
+ * (and after "=") up to the next option.  All weights or none: when the
+ * first word is a number, the words are weight-path pairs. */
+static int parse_data_path(int argc, char **argv, int *i, Args *a) {
+  const char **w = ts_xmalloc((size_t)argc * sizeof *w);
+  int n = 0;
+  char *eq = strchr(argv[*i], '=');
+  if (eq) w[n++] = eq + 1;
+  while (*i + 1 < argc && strncmp(argv[*i + 1], "--", 2) != 0) w[n++] = argv[++*i];
+  if (a->gpt.n) { fprintf(stderr, "mrun: --data-path given twice: list every dataset after one --data-path\n"); free(w); return -1; }
+  if (n == 0 || (n == 1 && !*w[0])) { fprintf(stderr, "mrun: --data-path needs a dataset prefix (P for P.bin + P.idx)\n"); free(w); return -1; }
+  double v;
+  int weighted = is_number(w[0], &v);
+  if (weighted && n % 2 != 0) {
+    fprintf(stderr, "mrun: --data-path: %d words starting with the weight %s: give weight-prefix pairs "
+            "(W1 P1 W2 P2 ...) or prefixes alone\n", n, w[0]);
+    free(w);
+    return -1;
+  }
+  int nd = weighted ? n / 2 : n;
+  a->dpath = ts_xmalloc((size_t)nd * sizeof *a->dpath);
+  a->dweight = weighted ? ts_xmalloc((size_t)nd * sizeof *a->dweight) : NULL;
+  for (int k = 0; k < nd; k++) {
+    if (weighted && (!is_number(w[2 * k], &v) || !(v >= 0) || !isfinite(v))) {
+      fprintf(stderr, "mrun: --data-path: '%s' (before %s) is not a weight >= 0\n", w[2 * k], w[2 * k + 1]);
+      free(w);
+      return -1;
+    }
+    if (weighted) a->dweight[k] = v;
+    a->dpath[k] = weighted ? w[2 * k + 1] : w[k];
+  }
+  free(w);
+  a->gpt.n = nd;
+  a->gpt.prefix = a->dpath;
+  a->gpt.weight = a->dweight;
+  return 0;
+}
+
+/* The data options that go together. */
+static int check_data_args(const Args *a) {
+  const char *other = a->data ? "--data" : a->gpt.mock ? "--mock-data" : NULL;
+  if (a->gpt.n && other) {
+    fprintf(stderr, "mrun: --data-path and %s both say what to train on: give one\n", other);
+    return -1;
+  }
+  if (a->data && a->gpt.mock) { fprintf(stderr, "mrun: --data and --mock-data both say what to train on: give one\n"); return -1; }
+  if ((a->has_split || a->gpt.cache_dir) && !a->gpt.n) {
+    fprintf(stderr, "mrun: %s goes with --data-path (indexed datasets)\n", a->has_split ? "--split" : "--data-cache-path");
+    return -1;
+  }
+  return 0;
+}
+
 /* Accepts "--opt VALUE" and "--opt=VALUE".  0, -1 (error), 1 (--help). */
 static int parse_args(int argc, char **argv, Args *a) {
   memset(a, 0, sizeof *a);
@@ -161,6 +237,11 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(arg, "--async-save") == 0) { a->ckpt.async = 1; continue; }
     if (strcmp(arg, "--cpu") == 0) { a->cpu = 1; continue; }
     if (strcmp(arg, "--selftest") == 0) { a->selftest = 1; continue; }
+    if (strcmp(arg, "--mock-data") == 0) { a->gpt.mock = 1; continue; }
+    if (strncmp(arg, "--data-path", 11) == 0 && (arg[11] == 0 || arg[11] == '=')) {
+      if (parse_data_path(argc, argv, &i, a) != 0) return -1;
+      continue;
+    }
     if (strncmp(arg, "--", 2) != 0) {
       if (a->plan) { fprintf(stderr, "mrun: more than one plan given ('%s' and '%s')\n", a->plan, arg); return -1; }
       a->plan = arg;
@@ -173,7 +254,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     static const char *const valued[] = {"--gpus", "--steps", "--train-iters", "--seed", "--timeout", "--backend",
                                          "--save-params", "--data", "--metrics", "--save", "--save-interval",
                                          "--keep", "--load", "--init-from", "--export", "--format", "--hf-map",
-                                         NULL};
+                                         "--split", "--data-cache-path", NULL};
     int known = 0;
     for (int k = 0; valued[k]; k++) known |= strlen(valued[k]) == nl && strncmp(arg, valued[k], nl) == 0;
     if (!known) { fprintf(stderr, "mrun: unknown option '%.*s'\n%s", (int)nl, arg, usage); return -1; }
@@ -221,6 +302,14 @@ static int parse_args(int argc, char **argv, Args *a) {
       a->ckpt.keep = (int)v;
     }
     else if (strcmp(name, "--data") == 0) a->data = val;
+    else if (strcmp(name, "--split") == 0) {
+      double w[RT_SPLIT_COUNT];
+      char why[256];
+      if (rt_gpt_split_parse(val, w, why, sizeof why) != 0) { fprintf(stderr, "mrun: --split %s\n", why); return -1; }
+      a->gpt.split = val;
+      a->has_split = 1;
+    }
+    else if (strcmp(name, "--data-cache-path") == 0) a->gpt.cache_dir = val;
     else if (strcmp(name, "--metrics") == 0) a->metrics = val;
     else { fprintf(stderr, "mrun: unknown option '%s'\n%s", name, usage); return -1; }
   }
@@ -247,7 +336,12 @@ static int parse_args(int argc, char **argv, Args *a) {
     fprintf(stderr, "mrun: --metrics and --save-params both name '%s': each needs a file of its own\n", a->metrics);
     return -1;
   }
-  if (!a->plan && !a->selftest) { fprintf(stderr, "mrun: no plan given\n%s", usage); return -1; }
+  if (check_data_args(a) != 0) return -1;
+  if (!a->plan && !a->selftest) {
+    fprintf(stderr, "mrun: no plan given%s\n%s", a->gpt.n ? " (--data-path takes every word after it up to the next "
+            "option: put PLAN before --data-path)" : "", usage);
+    return -1;
+  }
   return 0;
 }
 
@@ -819,7 +913,7 @@ static int run_single(const Args *a) {
   rank.mesh = mesh;
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
                    .rank = &rank, .save_params_path = a->save_params, .ckpt = a->ckpt, .init_from = a->init_from,
-                   .export_dir = a->export_dir, .hf = hf_opts(a, plan)};
+                   .export_dir = a->export_dir, .hf = hf_opts(a, plan), .gpt = a->gpt};
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) { fprintf(stderr, "mrun: %s\n", err); goto out; }
   print_done(a, &res);
@@ -866,7 +960,7 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   if (gpu.dev && rt_rank_gpu_groups(&rank, gpu.dev, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
                    .rank = &rank, .world = world, .save_params_path = a->save_params,
-                   .ckpt = a->ckpt, .init_from = a->init_from, .export_dir = a->export_dir, .hf = hf_opts(a, plan)};
+                   .ckpt = a->ckpt, .init_from = a->init_from, .export_dir = a->export_dir, .hf = hf_opts(a, plan), .gpt = a->gpt};
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   if (me == 0) print_done(a, &res);

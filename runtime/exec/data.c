@@ -1,4 +1,6 @@
-/* data.c - the byte-level data pipeline: a corpus file mapped into memory
+/* data.c - what training reads (train.h RtDataSrc): Megatron's indexed
+ * datasets through runtime/data's sample indices, mock ids, or the
+ * byte-level pipeline: a corpus file mapped into memory
  * (never read whole: a corpus larger than RAM trains, its pages loaded as
  * windows touch them), token = byte (vocabulary 256), and deterministic
  * sampling of windows, so a run (and any rank of a sharded run) draws the
@@ -83,4 +85,110 @@ int rt_corpus_batch(const RtCorpus *c, uint64_t seed, int64_t step, int64_t row0
     }
   }
   return 0;
+}
+
+/* ---- the data source mrun trains on (train.h RtDataSrc) ---- */
+
+/* The global size of dim d of node n's value (its type is the local shard). */
+static int64_t global_dim(const RtProgram *p, const IrNode *n, int d) {
+  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
+  rt_shard_offsets(rt_program_rank(p), &n->sh, &n->type, off, gdim);
+  return gdim[d];
+}
+
+/* The model's vocabulary: the rows of the embedding table that the
+ * "tokens" input indexes (the unpadded size of a table padded for tp),
+ * else the classes of its cross-entropy (a last pipeline stage).  0 when
+ * the program has neither; from says where the number came from. */
+static int64_t model_vocab(const RtProgram *p, const IrModule *m, char *from, size_t n) {
+  for (int b = 0; b < m->blocks.n; b++) {
+    const IrBlock *blk = &m->blocks.a[b];
+    for (int i = 0; i < blk->n; i++) {
+      const IrNode *e = &blk->nodes[i];
+      if (e->op != IR_OP_EMBEDDING || e->nin < 2) continue;
+      const IrNode *ids = &blk->nodes[e->in[1]], *tab = &blk->nodes[e->in[0]];
+      if (ids->op != IR_OP_INPUT || !ids->sa || strcmp(ids->sa, "tokens") != 0 || tab->type.rank < 1) continue;
+      int64_t V = global_dim(p, tab, 0);
+      const char *name = "the embedding table";
+      if (tab->op == IR_OP_STATE && tab->ia[0] >= 0 && tab->ia[0] < m->states.n) {
+        const IrState *st = &m->states.a[tab->ia[0]];
+        if (st->logical[0] > 0) V = st->logical[0];
+        name = st->name;
+      }
+      snprintf(from, n, "the rows of embedding table %s", name);
+      return V;
+    }
+  }
+  for (int b = 0; b < m->blocks.n; b++) {
+    const IrBlock *blk = &m->blocks.a[b];
+    for (int i = 0; i < blk->n; i++) {
+      const IrNode *x = &blk->nodes[i];
+      if (x->op != IR_OP_CROSS_ENTROPY || x->nin < 1) continue;
+      const IrNode *lg = &blk->nodes[x->in[0]];
+      if (lg->type.rank < 1) continue;
+      snprintf(from, n, "the classes of the cross-entropy");
+      return global_dim(p, lg, lg->type.rank - 1);
+    }
+  }
+  snprintf(from, n, "no embedding or cross-entropy in this rank's program");
+  return 0;
+}
+
+int rt_data_open(RtDataSrc *d, const RtTrainOpts *o, const RtProgram *p, int64_t T, int64_t per_step,
+                 int64_t samples, FILE *note, char *err, size_t errlen) {
+  const IrModule *m = rt_program_module(p);
+  memset(d, 0, sizeof *d);
+  d->T = T;
+  d->per_step = per_step;
+  d->seed = m->train.seed;
+  d->vocab = model_vocab(p, m, d->vocab_from, sizeof d->vocab_from);
+  d->buf = ts_xcalloc((size_t)T + 1, sizeof *d->buf);
+  if (o->gpt.mock) {
+    d->kind = RT_DATA_MOCK;
+    if (d->vocab < 1)
+      return ts_errf(err, errlen, "--mock-data draws token ids below the model's vocabulary, and this program "
+                     "shows none (%s)", d->vocab_from);
+    return 0;
+  }
+  if (o->gpt.n > 0) {
+    d->kind = RT_DATA_GPT;
+    RtGptDataOpts go = {.n = o->gpt.n, .prefix = o->gpt.prefix, .weight = o->gpt.weight, .split = o->gpt.split,
+                        .part = RT_SPLIT_TRAIN, .seq_len = T, .num_samples = samples, .seed = d->seed,
+                        .cache_dir = o->gpt.cache_dir, .cache_flag = "--data-cache-path", .flag = "--data-path"};
+    return (d->gpt = rt_gpt_data_open(&go, note, err, errlen)) ? 0 : -1;
+  }
+  d->kind = RT_DATA_BYTES;
+  const char *path = o->data_path ? o->data_path : rt_corpus_default_path();
+  if (rt_corpus_open(&d->corpus, path, err, errlen) != 0) return -1;
+  if (d->corpus.len < (size_t)T + 2)
+    return ts_errf(err, errlen, "corpus %s has %zu bytes; seq_len %lld needs at least %lld", path, d->corpus.len,
+                   (long long)T, (long long)T + 2);
+  return 0;
+}
+
+int rt_data_rows(RtDataSrc *d, int64_t step, int64_t row0, int64_t rows, int32_t *tokens, int32_t *targets,
+                 char *err, size_t errlen) {
+  if (d->kind == RT_DATA_BYTES)
+    return rt_corpus_batch(&d->corpus, d->seed, step, row0, rows, d->T, tokens, targets, err, errlen);
+  int64_t T = d->T;
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t i = step * d->per_step + row0 + r;   /* the global sample: the same on every rank and layout */
+    if (d->kind == RT_DATA_MOCK) rt_gpt_mock_sample(d->seed, i, T, d->vocab, d->buf);
+    else if (rt_gpt_data_sample(d->gpt, i, d->vocab, d->buf, err, errlen) != 0) {
+      size_t k = strlen(err);
+      if (d->vocab > 0 && strstr(err, "vocabulary"))
+        snprintf(err + k, errlen > k ? errlen - k : 0, " of %lld ids (%s)", (long long)d->vocab, d->vocab_from);
+      return -1;
+    }
+    if (tokens) memcpy(tokens + r * T, d->buf, (size_t)T * sizeof *tokens);
+    if (targets) memcpy(targets + r * T, d->buf + 1, (size_t)T * sizeof *targets);
+  }
+  return 0;
+}
+
+void rt_data_close(RtDataSrc *d) {
+  rt_corpus_free(&d->corpus);
+  rt_gpt_data_free(d->gpt);
+  free(d->buf);
+  memset(d, 0, sizeof *d);
 }

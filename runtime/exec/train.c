@@ -1,5 +1,5 @@
 /* train.c - the training loop: one rank's module (after autodiff and the
- * optimizer pass: blocks "micro" and "update") trained on the byte corpus,
+ * optimizer pass: blocks "micro" and "update") trained on what data.c reads,
  * alone or as one of N ranks (train.h has the multi-rank contract).
  *
  *   for step s in [0, steps):
@@ -182,7 +182,7 @@ static void json_num(FILE *f, const char *key, double v, int comma) {
 
 typedef struct {
   RtProgram *prog;
-  RtCorpus corpus;
+  RtDataSrc data;
   FILE *metrics;                 /* --metrics (a log written as it goes) */
   const char *metrics_path;
   char metrics_err[1200];        /* its first write error: the run ends with it */
@@ -241,7 +241,7 @@ static void print_metrics(FILE *log, const TrainRun *r) {
 
 static void run_free(TrainRun *r) {
   rt_program_free(r->prog);
-  rt_corpus_free(&r->corpus);
+  rt_data_close(&r->data);
   if (r->metrics && ts_close_log(r->metrics, r->metrics_path) != 0 && !r->metrics_err[0])
     snprintf(r->metrics_err, sizeof r->metrics_err, "--metrics: %s", ts_io_error());
   free(r->tokens);
@@ -275,12 +275,9 @@ static void slice_block(const RtProgram *p, int32_t *y, const int32_t *x, const 
 /* Fills the feeds with global micro batch g of step s. */
 static int load_micro_data(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_t s, int64_t g,
                            char *err, size_t errlen) {
-  if (!fs->split)
-    return rt_corpus_batch(&r->corpus, m->train.seed, s, g * fs->rows, fs->rows, fs->T,
-                           r->tokens, r->targets, err, errlen);
-  if (rt_corpus_batch(&r->corpus, m->train.seed, s, g * fs->rows, fs->rows, fs->T, r->gtok, r->gtgt,
-                      err, errlen) != 0)
-    return -1;
+  (void)m;
+  if (!fs->split) return rt_data_rows(&r->data, s, g * fs->rows, fs->rows, r->tokens, r->targets, err, errlen);
+  if (rt_data_rows(&r->data, s, g * fs->rows, fs->rows, r->gtok, r->gtgt, err, errlen) != 0) return -1;
   int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
   rt_shard_offsets(rt_program_rank(r->prog), &fs->tok_sh, &fs->tok_t, off, gdim);
   slice_block(r->prog, r->tokens, r->gtok, &fs->tok_t, gdim, &fs->tok_sh);
@@ -534,6 +531,24 @@ static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
   return 0;
 }
 
+/* Opens what the run reads.  Indexed datasets: world rank 0 first (it
+ * builds and caches the sample indices), then the others (they load its
+ * cache files), so N ranks do not build the same indices N times; every
+ * rank takes part in both barriers, whether it reads data or not (a middle
+ * pipeline stage).  A rank that fails ends the job (mrun aborts it). */
+static int open_data(TrainRun *r, const RtTrainOpts *o, const FeedSpec *fs, int64_t nmicro, int lead, FILE *log,
+                     char *err, size_t errlen) {
+  int staged = o->world && o->gpt.n > 0;
+  int64_t per_step = nmicro * fs->rows, steps = r->prog ? rt_program_module(r->prog)->train.steps : 0;
+  if (staged && !lead && rt_comm_barrier(o->world, err, errlen) != 0) return -1;
+  int rc = 0;
+  if (!fs->none)
+    rc = rt_data_open(&r->data, o, r->prog, fs->T, per_step, steps * per_step, lead && !o->quiet ? log : NULL, err,
+                      errlen);
+  if (rc == 0 && staged && lead && rt_comm_barrier(o->world, err, errlen) != 0) return -1;
+  return rc;
+}
+
 int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *err, size_t errlen) {
   RtTrainOpts dflt = {0};
   if (!o) o = &dflt;
@@ -636,16 +651,9 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   int frc = feed_spec(r.prog, m, fb, nfb, !piped, &fs, err, errlen);
   free(fb);
   if (frc != 0) { run_free(&r); return -1; }
-  if (fs.has_targets && lead) warn_vocab(m);
+  if (fs.has_targets && lead && !o->gpt.n && !o->gpt.mock) warn_vocab(m);
 
-  const char *path = o->data_path ? o->data_path : rt_corpus_default_path();
-  if (!fs.none && rt_corpus_open(&r.corpus, path, err, errlen) != 0) { run_free(&r); return -1; }
-  if (!fs.none && r.corpus.len < (size_t)fs.T + 2) {
-    snprintf(err, errlen, "corpus %s has %zu bytes; seq_len %lld needs at least %lld",
-             path, r.corpus.len, (long long)fs.T, (long long)fs.T + 2);
-    run_free(&r);
-    return -1;
-  }
+  if (open_data(&r, o, &fs, nmicro, lead, log, err, errlen) != 0) { run_free(&r); return -1; }
   if (lead && o->metrics_path && !(r.metrics = ts_open_log(o->metrics_path))) {
     snprintf(err, errlen, "--metrics: %s", ts_io_error());
     run_free(&r);

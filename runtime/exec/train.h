@@ -1,15 +1,17 @@
-/* train.h - the trainer behind `mrun`: the byte-level data pipeline
- * (data.c), the training loop over a module's "micro" and "update" blocks
- * (train.c) and the GPU driver probe (gpu_probe.c).
+/* train.h - the trainer behind `mrun`: the data pipeline (data.c: the
+ * byte-level corpus, Megatron's indexed datasets, mock data), the training
+ * loop over a module's "micro" and "update" blocks (train.c) and the GPU
+ * driver probe (gpu_probe.c).
  *
  * Data convention: a model's inputs are fed by name -- "tokens" and
- * "targets" (i32, same shape [..., T]: row r holds a window of T bytes of
- * the corpus and the same window shifted by one) and optionally
+ * "targets" (i32, same shape [..., T]: row r holds a window of T tokens
+ * and the same window shifted by one; RtDataSrc below) and optionally
  * "loss_mask" (all ones).  Any other input is refused at start-up. */
 #ifndef TS_TRAIN_H
 #define TS_TRAIN_H
 #include "rt.h"
 #include "hf.h"
+#include "runtime/data/gptdata.h"
 
 /* ---- data: token = byte, vocabulary 256 ---- */
 #define RT_BYTE_VOCAB 256
@@ -32,6 +34,46 @@ const char *rt_corpus_default_path(void);
 int rt_corpus_batch(const RtCorpus *c, uint64_t seed, int64_t step, int64_t row0,
                     int64_t rows, int64_t T, int32_t *tokens, int32_t *targets,
                     char *err, size_t errlen);
+
+/* ---- Megatron's data (--data-path, --mock-data; runtime/data/gptdata.h) ---- */
+typedef struct {
+  int n;                        /* --data-path datasets (0: none) */
+  const char *const *prefix;    /* PREFIX of PREFIX.bin / PREFIX.idx */
+  const double *weight;         /* NULL: weighted by their sizes */
+  const char *split;            /* --split; NULL: 969,30,1 */
+  const char *cache_dir;        /* --data-cache-path; NULL: a "cache" folder beside the first dataset */
+  int mock;                     /* --mock-data */
+} RtGptOpts;
+
+/* What rt_train reads: the byte corpus, indexed datasets or mock data.
+ * Row r of global micro batch rows [row0, row0 + rows) of step s is global
+ * sample i = s * per_step + row0 + r (per_step = global_batch), so every
+ * rank and layout reads the single-rank batch: tokens = sample[0, T),
+ * targets = sample[1, T+1) (a sample holds T + 1 tokens).  Indexed data:
+ * sample i is the train part's sample i (gptdata.h); mock data:
+ * rt_gpt_mock_sample(seed, i, T, vocab).  Byte corpus: rt_corpus_batch.
+ * Ids are checked against the model's vocabulary: the rows of the
+ * embedding table the "tokens" input indexes (unpadded), else the classes
+ * of the cross-entropy; an id at or above it stops training with a message
+ * naming the dataset, the sequence and the id. */
+enum { RT_DATA_BYTES, RT_DATA_GPT, RT_DATA_MOCK };
+typedef struct RtTrainOpts RtTrainOpts;
+typedef struct {
+  int kind;                     /* RT_DATA_* */
+  RtCorpus corpus;
+  RtGptData *gpt;
+  int64_t T, per_step, vocab;
+  char vocab_from[160];
+  uint64_t seed;
+  int32_t *buf;                 /* one sample */
+} RtDataSrc;
+/* samples: how many the run reads (steps * per_step).  note: the data's
+ * start-up lines (where the indices came from, how long it took). */
+int rt_data_open(RtDataSrc *d, const RtTrainOpts *o, const RtProgram *p, int64_t T, int64_t per_step,
+                 int64_t samples, FILE *note, char *err, size_t errlen);
+int rt_data_rows(RtDataSrc *d, int64_t step, int64_t row0, int64_t rows, int32_t *tokens, int32_t *targets,
+                 char *err, size_t errlen);
+void rt_data_close(RtDataSrc *d);
 
 /* ---- training ----
  * Over N ranks (opts.rank and opts.world set), each rank trains its own
@@ -70,7 +112,7 @@ typedef struct {
   int async;                 /* --async-save: files written by a thread while training goes on */
 } RtCkptOpts;
 
-typedef struct {
+struct RtTrainOpts {
   const char *data_path;     /* NULL: rt_corpus_default_path() */
   const char *metrics_path;  /* JSON Lines, one object per step; NULL: none */
   int quiet;                 /* no progress lines */
@@ -82,7 +124,8 @@ typedef struct {
   const char *init_from;     /* --init-from PATH: Hugging Face weights (hf.h) instead of the initializers */
   const char *export_dir;    /* --export DIR: after training, the weights as a Hugging Face model */
   RtHfOpts hf;               /* the map and the plan's programs, for both */
-} RtTrainOpts;
+  RtGptOpts gpt;             /* --data-path / --mock-data instead of data_path */
+};
 
 typedef struct {
   int64_t steps;             /* steps completed */
