@@ -60,6 +60,7 @@ enum { MAX_KEYS = 16, BATCH_BYTES = 1 << 20, JOBS_PER_WORKER = 4 };
 typedef struct {
   const char *input, *prefix, *tok_path;
   const char *keys[MAX_KEYS];
+  char *keys_buf;                                 /* what keys point into */
   int nkeys, append_eod, workers, dtype, quiet;   /* dtype 0: auto */
 } Args;
 
@@ -452,12 +453,14 @@ done:
 
 /* ---- options ---- */
 static int parse_keys(Args *a, const char *v) {
-  char *s = ts_xstrdup(v), *save = NULL;
+  free(a->keys_buf);   /* a repeated --json-keys replaces the keys */
+  a->nkeys = 0;
+  char *s = a->keys_buf = ts_xstrdup(v), *save = NULL;
   for (char *k = strtok_r(s, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
     if (a->nkeys == MAX_KEYS) { fprintf(stderr, "mprep: --json-keys: at most %d keys\n", MAX_KEYS); return -1; }
     for (int i = 0; i < a->nkeys; i++)
       if (strcmp(a->keys[i], k) == 0) { fprintf(stderr, "mprep: --json-keys: '%s' twice\n", k); return -1; }
-    a->keys[a->nkeys++] = k;   /* s lives as long as the run */
+    a->keys[a->nkeys++] = k;
   }
   if (!a->nkeys) { fprintf(stderr, "mprep: --json-keys needs at least one key\n"); return -1; }
   return 0;
@@ -513,14 +516,13 @@ int main(int argc, char **argv) {
   ts_check_stdout_at_exit("mprep");
   Args a;
   int p = parse_args(&a, argc, argv);
-  if (p == 1) { fputs(usage, stdout); return 0; }
-  if (p != 0) return 2;
-  Tok t;
-  if (tok_load(&t, &a) != 0) return 1;
-  FILE *f = open_input(a.input);
-  if (!f) return 1;
-  int rc = run(&a, &t, f);
-  if (f != stdin) fclose(f);
+  int rc = p == 1 ? 0 : p != 0 ? 2 : 1;
+  Tok t = {0};
+  FILE *f = NULL;
+  if (p == 1) fputs(usage, stdout);
+  else if (p == 0 && tok_load(&t, &a) == 0 && (f = open_input(a.input))) rc = run(&a, &t, f);
+  if (f && f != stdin) fclose(f);
   if (t.bpe) rt_tok_free(t.bpe);
+  free(a.keys_buf);
   return rc;
 }
