@@ -317,7 +317,7 @@ static const char *next_line(Input *in, size_t *n) {
       in->eof = 1;
       return NULL;
     }
-    memmove(in->buf, in->buf + in->pos, have);   /* the partial line to the front */
+    if (have && in->pos) memmove(in->buf, in->buf + in->pos, have);   /* the partial line to the front */
     in->pos = 0;
     in->end = have;
     if (have == in->cap) {
