@@ -6,6 +6,10 @@ WORK is the test's scratch directory, TOOL the tok_tool binary.
   classes TOOL WORK        the class (\\p{L}, \\p{N}, \\s) of every code
                            point: the C table against the package's regex
                            engine (Oniguruma), which says what Unicode is
+  pieces TOOL WORK         the pieces of GPT-2's and Llama 3's regexes (the
+                           scanners of tok_pretok.c alone, before BPE can
+                           hide a difference) on kjv.txt and the adversarial
+                           text, against the package's Split(regex)
   ids TOOL WORK SET        ids equal to Tokenizer.encode(text).ids for each
                            tokenizer of SET (shipped: the sample files, the
                            vocab.json + merges.txt pair loaded both ways;
@@ -84,6 +88,43 @@ def cmd_classes(tool, work):
     if bad:
         fail(f"{bad} code point classes disagree with the package")
     print(f"classes: {len(cps)} code points agree with the package")
+
+
+# ---- pieces ----
+
+GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def cmd_pieces(tool, work):
+    from tokenizers import Regex, pre_tokenizers
+    for src in (KJV, adversarial(work)):
+        text = open(src, "rb").read().decode("utf-8", "replace")
+        valid = os.path.join(work, "valid.txt")
+        open(valid, "wb").write(text.encode("utf-8"))
+        # byte offset of each character offset
+        byte_at = array.array("q", [0]) * (len(text) + 1)
+        b = 0
+        for i, ch in enumerate(text):
+            byte_at[i] = b
+            o = ord(ch)
+            b += 1 if o < 0x80 else 2 if o < 0x800 else 3 if o < 0x10000 else 4
+        byte_at[len(text)] = b
+        for name, pat in (("gpt2", GPT2_RE), ("llama3", LLAMA3_RE)):
+            out = os.path.join(work, name + ".pieces")
+            run(tool, "pieces", name, valid, out)
+            got = array.array("q")
+            got.frombytes(open(out, "rb").read())
+            pieces = pre_tokenizers.Split(Regex(pat), "isolated").pre_tokenize_str(text)
+            want = [byte_at[e] for _, (s, e) in pieces]
+            if got.tolist() != want:
+                i = next((i for i, (x, y) in enumerate(zip(got, want)) if x != y), min(len(got), len(want)))
+                start = want[i - 1] if i else 0
+                enc = text.encode("utf-8")
+                fail(f"{name} regex on {os.path.basename(src)}: piece {i} (at byte {start}) ends at {got[i] if i < len(got) else 'end'} "
+                     f"in C, at {want[i] if i < len(want) else 'end'} in the package: {enc[start:start + 24]!r}")
+            print(f"{name} regex on {os.path.basename(src)}: {len(want)} pieces equal")
 
 
 # ---- ids ----
@@ -285,6 +326,7 @@ def main():
     cmd, tool, work = sys.argv[1], os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
     os.makedirs(work, exist_ok=True)
     if cmd == "classes": cmd_classes(tool, work)
+    elif cmd == "pieces": cmd_pieces(tool, work)
     elif cmd == "ids": cmd_ids(tool, work, sys.argv[4])
     elif cmd == "roundtrip": cmd_roundtrip(tool, work)
     elif cmd == "errors": cmd_errors(tool, work)

@@ -5,6 +5,9 @@
  *   tok_tool encode TOKENIZER TEXT IDS      ids as int32 little-endian
  *   tok_tool encode2 VOCAB MERGES TEXT IDS  GPT-2's pair given separately
  *   tok_tool decode TOKENIZER IDS OUT       the bytes of the ids
+ *   tok_tool pieces gpt2|llama3 TEXT OUT    the pre-tokenizer regex's pieces
+ *                                           of TEXT (valid UTF-8): the byte
+ *                                           offset where each ends, int64
  *   tok_tool classes OUT                    one byte per code point
  *                                           0..U+10FFFF: its class bits
  *   tok_tool bench TOKENIZER TEXT SECONDS   encodes TEXT (one call) again
@@ -12,6 +15,7 @@
  * TOKENIZER: a tokenizer.json, a vocab.json or a directory (rt_tok_load). */
 #include "runtime/data/tokenizer.h"
 #include "runtime/data/unicode_tab.h"
+#include "runtime/data/tok_pretok.h"
 #include "ir/util.h"
 #include <errno.h>
 
@@ -73,6 +77,23 @@ static int classes(const char *out_path) {
   return rc;
 }
 
+static int pieces(const char *which, const char *text_path, const char *out_path) {
+  RtTokRe re = !strcmp(which, "gpt2") ? RT_TOK_RE_IS_GPT2 : !strcmp(which, "llama3") ? RT_TOK_RE_IS_LLAMA3 : RT_TOK_RE_NONE;
+  size_t len;
+  char *text = re != RT_TOK_RE_NONE ? read_text(text_path, &len) : NULL;
+  if (!text) return 1;
+  if (rt_utf8_valid_prefix(text, len) != len) {
+    fprintf(stderr, "tok_tool: error: '%s' is not valid UTF-8\n", text_path);
+    return 1;
+  }
+  VEC(int64_t) ends = {0};
+  for (size_t i = 0; i < len; i = (size_t)ends.a[ends.n - 1]) VEC_PUSH(ends, (int64_t)rt_tok_re_match(re, text, len, i));
+  int rc = write_out(out_path, ends.a, (size_t)ends.n * sizeof *ends.a);
+  free(ends.a);
+  free(text);
+  return rc;
+}
+
 static int bench(RtTokenizer *t, const char *text_path, double secs) {
   size_t len, n = 0, cap = 0;
   int32_t *ids = NULL;
@@ -98,6 +119,7 @@ int main(int argc, char **argv) {
   if (argc < 2) return usage();
   const char *cmd = argv[1];
   if (!strcmp(cmd, "classes") && argc == 3) return classes(argv[2]);
+  if (!strcmp(cmd, "pieces") && argc == 5) return pieces(argv[2], argv[3], argv[4]);
   if (!strcmp(cmd, "encode2") && argc == 6) {
     char err[4096];
     RtTokenizer *t = rt_tok_load_gpt2(argv[2], argv[3], err, sizeof err);
