@@ -243,6 +243,8 @@ def errors_table():
          "not_json/tokenizer.json:1:1: error: not a JSON value"),
         ("truncated", {"tokenizer.json": raw[:2000]}, "tokenizer.json",
          "truncated/tokenizer.json:118:13: error: expected ',' or '}' in an object"),
+        ("dup_key", {"tokenizer.json": raw[:raw.index('"the": ')] + '"the": 5,\n      ' + raw[raw.index('"the": '):]},
+         "tokenizer.json", "dup_key/tokenizer.json:6609:12: error: a key repeated in an object"),
         ("empty", {"tokenizer.json": ""}, "tokenizer.json",
          "empty/tokenizer.json:1:1: error: the text ends where a value should be"),
         ("array", {"tokenizer.json": "[1, 2]"}, "tokenizer.json",
