@@ -3,7 +3,7 @@
 # prints one table: executions, rate, edges covered, and findings (crash,
 # leak, timeout or out-of-memory inputs written).  The targets and their
 # seeds are the suite's (frontend_fuzz, frontend_fuzz_passes, ir.fuzz,
-# plan.fuzz, ckpt.fuzz_index, hf.fuzz_safetensors, idx.fuzz run each for 30 s): this script runs the same binaries longer, each on its own corpus
+# plan.fuzz, ckpt.fuzz_index, hf.fuzz_safetensors, tok.fuzz, idx.fuzz run each for 30 s): this script runs the same binaries longer, each on its own corpus
 # in a temporary directory (seeded from the suite's corpus when the suite
 # has run).  Not a test.
 #
@@ -30,6 +30,7 @@ for t in "mdl|tests/frontend/fuzz_mdl|tests/frontend/fuzz_corpus samples stdlib 
          "plan|tests/plan/fuzz_plan|tests/plan/fuzz_corpus tests/plan/seeds|262144" \
          "checkpoint index|tests/ckpt/fuzz_ckpt_index|tests/ckpt/fuzz_corpus tests/ckpt/seeds|65536" \
          "safetensors|tests/hf/fuzz_safetensors|tests/hf/fuzz_corpus tests/hf/seeds|65536" \
+         "tokenizer|tests/tok/fuzz_tok|tests/tok/fuzz_corpus tests/tok/seeds|65536" \
          "indexed dataset|tests/idx/fuzz_idx|tests/idx/fuzz_corpus tests/idx/seeds|4096"; do
   IFS='|' read -r name bin seeds maxlen <<<"$t"
   [ -x "$build/$bin" ] || { echo "| $name | - | not built (clang with libFuzzer?) | | | |"; continue; }

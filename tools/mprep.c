@@ -50,6 +50,8 @@ static const char usage[] =
     "  --workers N           threads that tokenize (default 1); the output is the same\n"
     "                        for any N\n"
     "  --dtype auto|u16|i32  the token dtype (auto: u16 below 65500 ids, else i32)\n"
+    "  --max-document-mb M   refuse a document (or a line) longer than M MB (default and\n"
+    "                        most 1024: a sequence holds fewer than 2^31 tokens)\n"
     "  --quiet               no progress lines\n"
     "  --help                this text\n"
     "Blank JSONL lines are skipped; a document that gives no token is skipped and counted.\n"
@@ -60,7 +62,9 @@ enum { MAX_KEYS = 16, BATCH_BYTES = 1 << 20, JOBS_PER_WORKER = 4 };
 typedef struct {
   const char *input, *prefix, *tok_path;
   const char *keys[MAX_KEYS];
+  char *keys_buf;                                 /* what keys point into */
   int nkeys, append_eod, workers, dtype, quiet;   /* dtype 0: auto */
+  long max_mb;                                    /* --max-document-mb */
 } Args;
 
 /* ---- the tokenizer: bytes, or a BPE through runtime/data/tokenizer.h ---- */
@@ -276,27 +280,65 @@ static void encode_round(Round *r) {
 }
 
 /* ---- reading the input into jobs ---- */
+/* A window over the input: lines are found with memchr in a buffer filled
+ * by fread, so the input is streamed and a line is bounded (a file with no
+ * newline, /dev/zero, is refused instead of filling memory). */
 typedef struct {
   FILE *f;
+  const char *path;
+  size_t max;       /* bytes in a line or a document, at most */
   char *buf;
-  size_t cap;
+  size_t cap, pos, end;
   long line;        /* lines read */
   double bytes;     /* bytes read */
-  int eof;
+  int drained;      /* fread saw the end */
+  int eof;          /* no more lines (the end, or err) */
+  char err[512];
 } Input;
 
-/* The next line (with its newline), NULL at the end; -1 in *bad on a read error. */
-static const char *next_line(Input *in, size_t *n, int *bad) {
-  ssize_t k = getline(&in->buf, &in->cap, in->f);
-  if (k < 0) {
-    if (ferror(in->f)) *bad = 1;
-    in->eof = 1;
-    return NULL;
-  }
+static const char *take_line(Input *in, size_t len, size_t *n) {
+  const char *s = in->buf + in->pos;
+  in->pos += len;
   in->line++;
-  in->bytes += (double)k;
-  *n = (size_t)k;
-  return in->buf;
+  in->bytes += (double)len;
+  *n = len;
+  return s;
+}
+
+/* The next line with its newline (the last may lack it), valid until the
+ * next call; NULL at the end or on an error (in->err). */
+static const char *next_line(Input *in, size_t *n) {
+  for (;;) {
+    char *nl = in->pos < in->end ? memchr(in->buf + in->pos, '\n', in->end - in->pos) : NULL;
+    if (nl) return take_line(in, (size_t)(nl + 1 - (in->buf + in->pos)), n);
+    size_t have = in->end - in->pos;
+    if (in->drained) {
+      if (have) return take_line(in, have, n);
+      in->eof = 1;
+      return NULL;
+    }
+    if (have && in->pos) memmove(in->buf, in->buf + in->pos, have);   /* the partial line to the front */
+    in->pos = 0;
+    in->end = have;
+    if (have == in->cap) {
+      if (in->cap >= in->max) {
+        snprintf(in->err, sizeof in->err, "%s:%ld: error: a line longer than %zu MB (--max-document-mb)", in->path,
+                 in->line + 1, in->max >> 20);
+        in->eof = 1;
+        return NULL;
+      }
+      in->cap = in->cap ? 2 * in->cap : 1 << 20;
+      in->buf = ts_xrealloc(in->buf, in->cap);
+    }
+    size_t k = fread(in->buf + in->end, 1, in->cap - in->end, in->f);
+    in->end += k;
+    if (k == 0 && ferror(in->f)) {
+      snprintf(in->err, sizeof in->err, "mprep: error: %s: cannot read: %s", in->path, strerror(errno));
+      in->eof = 1;
+      return NULL;
+    }
+    if (k == 0) in->drained = 1;
+  }
 }
 
 static void unit_open(Job *j, long line) {
@@ -307,13 +349,14 @@ static void unit_open(Job *j, long line) {
 static void unit_close(Job *j) { VEC_PUSH(j->start, j->text.n); }
 
 /* Fills j with units until it holds BATCH_BYTES or the input ends.  A text
- * document open at the batch's end carries on in the batch (never split). */
+ * document open at the batch's end carries on in the batch (never split).
+ * -1 with in->err on a read error or a document over in->max bytes. */
 static int fill_job(Input *in, Job *j, int json) {
-  int bad = 0, open = 0;
-  size_t n;
+  int open = 0;
+  size_t n, at = 0;   /* at: where the open document starts in j->text */
   const char *s;
   while (j->text.n < BATCH_BYTES || open) {
-    if (!(s = next_line(in, &n, &bad))) break;
+    if (!(s = next_line(in, &n))) break;
     int blank = is_blank(s, n);
     if (json) {
       if (blank) continue;
@@ -324,13 +367,19 @@ static int fill_job(Input *in, Job *j, int json) {
       if (open) unit_close(j);
       open = 0;
     } else {
-      if (!open) unit_open(j, in->line);
+      if (!open) unit_open(j, in->line), at = j->text.n;
       open = 1;
       sb_write(&j->text, s, n);
+      if (j->text.n - at > in->max) {
+        snprintf(in->err, sizeof in->err, "%s:%ld: error: the document that starts here is longer than %zu MB "
+                 "(--max-document-mb; documents are separated by blank lines)", in->path, j->line.a[j->line.n - 1],
+                 in->max >> 20);
+        return -1;
+      }
     }
   }
   if (open) unit_close(j);
-  return bad ? -1 : 0;
+  return in->err[0] ? -1 : 0;
 }
 
 /* ---- writing ---- */
@@ -420,15 +469,16 @@ static int run(const Args *a, const Tok *t, FILE *f) {
   if (open_outputs(a, &o, dtype) != 0) { close_outputs(&o, nk, 0, &rc); rc = 1; goto done; }
   int njobs = a->workers * JOBS_PER_WORKER;
   Job *jobs = ts_xcalloc((size_t)njobs, sizeof *jobs);
-  Input in = {.f = f};
+  Input in = {.f = f, .path = a->input, .max = (size_t)a->max_mb << 20};
   double t0 = ts_now_s(), last = t0;
   while (rc == 0 && !in.eof) {
     Round r = {.a = a, .t = t, .jobs = jobs, .njobs = 0};
     while (r.njobs < njobs && !in.eof) {
       job_reset(&jobs[r.njobs], nk);
       if (fill_job(&in, &jobs[r.njobs], a->nkeys > 0) != 0) {
-        fprintf(stderr, "mprep: error: %s: cannot read: %s\n", a->input, strerror(errno));
+        fprintf(stderr, "%s\n", in.err);
         rc = 1;
+        break;
       }
       r.njobs++;
     }
@@ -452,12 +502,14 @@ done:
 
 /* ---- options ---- */
 static int parse_keys(Args *a, const char *v) {
-  char *s = ts_xstrdup(v), *save = NULL;
+  free(a->keys_buf);   /* a repeated --json-keys replaces the keys */
+  a->nkeys = 0;
+  char *s = a->keys_buf = ts_xstrdup(v), *save = NULL;
   for (char *k = strtok_r(s, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
     if (a->nkeys == MAX_KEYS) { fprintf(stderr, "mprep: --json-keys: at most %d keys\n", MAX_KEYS); return -1; }
     for (int i = 0; i < a->nkeys; i++)
       if (strcmp(a->keys[i], k) == 0) { fprintf(stderr, "mprep: --json-keys: '%s' twice\n", k); return -1; }
-    a->keys[a->nkeys++] = k;   /* s lives as long as the run */
+    a->keys[a->nkeys++] = k;
   }
   if (!a->nkeys) { fprintf(stderr, "mprep: --json-keys needs at least one key\n"); return -1; }
   return 0;
@@ -467,6 +519,7 @@ static int parse_keys(Args *a, const char *v) {
 static int parse_args(Args *a, int argc, char **argv) {
   memset(a, 0, sizeof *a);
   a->workers = 1;
+  a->max_mb = 1024;
   for (int i = 1; i < argc; i++) {
     const char *o = argv[i], *eq = strchr(o, '=');
     char name[64];
@@ -476,7 +529,8 @@ static int parse_args(Args *a, int argc, char **argv) {
     if (!strcmp(o, "--quiet")) { a->quiet = 1; continue; }
     const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
     int known = !strcmp(name, "--input") || !strcmp(name, "--output-prefix") || !strcmp(name, "--tokenizer") ||
-                !strcmp(name, "--json-keys") || !strcmp(name, "--workers") || !strcmp(name, "--dtype");
+                !strcmp(name, "--json-keys") || !strcmp(name, "--workers") || !strcmp(name, "--dtype") ||
+                !strcmp(name, "--max-document-mb");
     if (!known) { fprintf(stderr, "mprep: unknown option '%s'\n%s", o, usage); return -1; }
     if (!v) { fprintf(stderr, "mprep: %s needs a value\n", name); return -1; }
     if (!strcmp(name, "--input")) a->input = v;
@@ -488,6 +542,14 @@ static int parse_args(Args *a, int argc, char **argv) {
       long w = strtol(v, &end, 10);
       if (*end || end == v || w < 1 || w > 256) { fprintf(stderr, "mprep: --workers needs 1 to 256, got '%s'\n", v); return -1; }
       a->workers = (int)w;
+    } else if (!strcmp(name, "--max-document-mb")) {
+      char *end;
+      long m = strtol(v, &end, 10);
+      if (*end || end == v || m < 1 || m > 1024) {
+        fprintf(stderr, "mprep: --max-document-mb needs 1 to 1024, got '%s'\n", v);
+        return -1;
+      }
+      a->max_mb = m;
     } else if (!strcmp(v, "auto")) a->dtype = 0;
     else if (!strcmp(v, "u16")) a->dtype = RT_IDX_U16;
     else if (!strcmp(v, "i32")) a->dtype = RT_IDX_I32;
@@ -513,14 +575,13 @@ int main(int argc, char **argv) {
   ts_check_stdout_at_exit("mprep");
   Args a;
   int p = parse_args(&a, argc, argv);
-  if (p == 1) { fputs(usage, stdout); return 0; }
-  if (p != 0) return 2;
-  Tok t;
-  if (tok_load(&t, &a) != 0) return 1;
-  FILE *f = open_input(a.input);
-  if (!f) return 1;
-  int rc = run(&a, &t, f);
-  if (f != stdin) fclose(f);
+  int rc = p == 1 ? 0 : p != 0 ? 2 : 1;
+  Tok t = {0};
+  FILE *f = NULL;
+  if (p == 1) fputs(usage, stdout);
+  else if (p == 0 && tok_load(&t, &a) == 0 && (f = open_input(a.input))) rc = run(&a, &t, f);
+  if (f && f != stdin) fclose(f);
   if (t.bpe) rt_tok_free(t.bpe);
+  free(a.keys_buf);
   return rc;
 }

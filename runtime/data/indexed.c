@@ -357,8 +357,9 @@ static int write_index(RtIndexedWriter *w, TsOut *o) {
 
 int rt_indexed_finish(RtIndexedWriter *w, char *err, size_t errlen) {
   if (w->failed) {
+    ts_errf(err, errlen, "%s: an earlier write failed", w->bpath);
     rt_indexed_abort(w);
-    return ts_errf(err, errlen, "%s: an earlier write failed", w->bpath);
+    return -1;
   }
   /* a trailing sequence outside any document would be lost by readers */
   if (w->doc.a[w->doc.n - 1] != w->nseq) rt_indexed_end_doc(w);

@@ -222,6 +222,18 @@ def run_bytes_only():
               "refusal '%s' left files: %s" % (msg, os.listdir(".")))
     r = mprep("--input", "nothing.txt", "--output-prefix", "bad", "--tokenizer", "bytes", ok=False)
     check(r.returncode == 1 and "nothing.txt: cannot read" in r.stderr, "missing input: '%s'" % r.stderr.strip())
+    # bounded lines and documents: /dev/zero has no newline
+    r = mprep("--input", "/dev/zero", "--output-prefix", "bad", "--tokenizer", "bytes", "--max-document-mb", "2",
+              ok=False)
+    check(r.returncode == 1 and "/dev/zero:1: error: a line longer than 2 MB" in r.stderr,
+          "/dev/zero: exit %d, '%s'" % (r.returncode, r.stderr.strip()))
+    with open("long.txt", "w") as f:
+        f.write("title\n\n" + ("a" * 99 + "\n") * 30000)
+    r = mprep("--input", "long.txt", "--output-prefix", "bad", "--tokenizer", "bytes", "--max-document-mb", "2",
+              ok=False)
+    check(r.returncode == 1 and "long.txt:3: error: the document that starts here is longer than 2 MB" in r.stderr,
+          "long document: exit %d, '%s'" % (r.returncode, r.stderr.strip()))
+    check(not [n for n in os.listdir(".") if n.startswith("bad.") and n != "bad.jsonl"], "a refused input left files")
     # every option mprep parses is in its --help
     import re
     with open(os.path.join(SRC, "tools", "mprep.c")) as f:

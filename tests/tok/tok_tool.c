@@ -5,13 +5,19 @@
  *   tok_tool encode TOKENIZER TEXT IDS      ids as int32 little-endian
  *   tok_tool encode2 VOCAB MERGES TEXT IDS  GPT-2's pair given separately
  *   tok_tool decode TOKENIZER IDS OUT       the bytes of the ids
+ *   tok_tool pieces gpt2|llama3 TEXT OUT    the pre-tokenizer regex's pieces
+ *                                           of TEXT (valid UTF-8): the byte
+ *                                           offset where each ends, int64
  *   tok_tool classes OUT                    one byte per code point
  *                                           0..U+10FFFF: its class bits
  *   tok_tool bench TOKENIZER TEXT SECONDS   encodes TEXT (one call) again
  *                                           and again: MB/s, best run
+ *   tok_tool bench-lines TOKENIZER TEXT SECONDS   the same, one call per
+ *                                           line (as documents are encoded)
  * TOKENIZER: a tokenizer.json, a vocab.json or a directory (rt_tok_load). */
 #include "runtime/data/tokenizer.h"
 #include "runtime/data/unicode_tab.h"
+#include "runtime/data/tok_pretok.h"
 #include "ir/util.h"
 #include <errno.h>
 
@@ -73,7 +79,36 @@ static int classes(const char *out_path) {
   return rc;
 }
 
-static int bench(RtTokenizer *t, const char *text_path, double secs) {
+static int pieces(const char *which, const char *text_path, const char *out_path) {
+  RtTokRe re = !strcmp(which, "gpt2") ? RT_TOK_RE_IS_GPT2 : !strcmp(which, "llama3") ? RT_TOK_RE_IS_LLAMA3 : RT_TOK_RE_NONE;
+  size_t len;
+  char *text = re != RT_TOK_RE_NONE ? read_text(text_path, &len) : NULL;
+  if (!text) return 1;
+  if (rt_utf8_valid_prefix(text, len) != len) {
+    fprintf(stderr, "tok_tool: error: '%s' is not valid UTF-8\n", text_path);
+    return 1;
+  }
+  VEC(int64_t) ends = {0};
+  for (size_t i = 0; i < len; i = (size_t)ends.a[ends.n - 1]) VEC_PUSH(ends, (int64_t)rt_tok_re_match(re, text, len, i));
+  int rc = write_out(out_path, ends.a, (size_t)ends.n * sizeof *ends.a);
+  free(ends.a);
+  free(text);
+  return rc;
+}
+
+/* Encodes text[0, len) whole, or one call per line. */
+static int encode_all(RtTokenizer *t, const char *text, size_t len, int lines, int32_t **ids, size_t *n, size_t *cap) {
+  if (!lines) return rt_tok_encode(t, text, len, ids, n, cap);
+  for (size_t i = 0; i < len;) {
+    const char *nl = memchr(text + i, '\n', len - i);
+    size_t e = nl ? (size_t)(nl - text) + 1 : len;
+    if (rt_tok_encode(t, text + i, e - i, ids, n, cap)) return -1;
+    i = e;
+  }
+  return 0;
+}
+
+static int bench(RtTokenizer *t, const char *text_path, double secs, int lines) {
   size_t len, n = 0, cap = 0;
   int32_t *ids = NULL;
   char *text = read_text(text_path, &len);
@@ -83,7 +118,7 @@ static int bench(RtTokenizer *t, const char *text_path, double secs) {
   do {
     n = 0;
     double s = ts_now_s();
-    if (rt_tok_encode(t, text, len, &ids, &n, &cap)) return 1;
+    if (encode_all(t, text, len, lines, &ids, &n, &cap)) return 1;
     double d = ts_now_s() - s;
     if (d < best) best = d;
     runs++;
@@ -98,6 +133,7 @@ int main(int argc, char **argv) {
   if (argc < 2) return usage();
   const char *cmd = argv[1];
   if (!strcmp(cmd, "classes") && argc == 3) return classes(argv[2]);
+  if (!strcmp(cmd, "pieces") && argc == 5) return pieces(argv[2], argv[3], argv[4]);
   if (!strcmp(cmd, "encode2") && argc == 6) {
     char err[4096];
     RtTokenizer *t = rt_tok_load_gpt2(argv[2], argv[3], err, sizeof err);
@@ -115,7 +151,8 @@ int main(int argc, char **argv) {
     rc = 0;
   } else if (!strcmp(cmd, "encode") && argc == 5) rc = encode(t, argv[3], argv[4]);
   else if (!strcmp(cmd, "decode") && argc == 5) rc = decode(t, argv[3], argv[4]);
-  else if (!strcmp(cmd, "bench") && argc == 5) rc = bench(t, argv[3], atof(argv[4]));
+  else if (!strcmp(cmd, "bench") && argc == 5) rc = bench(t, argv[3], atof(argv[4]), 0);
+  else if (!strcmp(cmd, "bench-lines") && argc == 5) rc = bench(t, argv[3], atof(argv[4]), 1);
   else rc = usage();
   rt_tok_free(t);
   return rc;
