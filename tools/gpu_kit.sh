@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_kit.sh OUTDIR [--tar FILE] - a self-contained Tessera bundle for a
 # machine that has none of our build's dependencies (a GPU machine on loan):
-#   OUTDIR/bin/mcc, OUTDIR/bin/mrun     LLVM, libstdc++ and libgcc inside
+#   OUTDIR/bin/mcc, mrun, mprep         LLVM, libstdc++ and libgcc inside
 #                                       (cmake -DTESSERA_KIT=ON)
 #   OUTDIR/lib/                         every other shared library they load
 #                                       except the C library's own (OpenBLAS,
@@ -57,14 +57,14 @@ step() {
   fi
 }
 step "cmake configure ($build)" cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTESSERA_KIT=ON
-step "build (mcc, mrun)" cmake --build "$build" -j "$jobs" --target mcc mrun
+step "build (mcc, mrun, mprep)" cmake --build "$build" -j "$jobs" --target mcc mrun mprep
 rm -rf "$out"
 step "install into $out" cmake --install "$build" --prefix "$out" --strip
 
 # The shared libraries the binaries load (ldd's closure), but the C
 # library's own, which every Linux has and which must match its loader.
 mkdir -p "$out/lib"
-for b in "$out/bin/mcc" "$out/bin/mrun"; do
+for b in "$out/bin/mcc" "$out/bin/mrun" "$out/bin/mprep"; do
   ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
