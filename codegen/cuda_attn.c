@@ -66,6 +66,7 @@ typedef struct {
    * positions then carry the document id in their high 32 bits (pos_call) */
   int bdoc;
   int64_t Tdoc;
+  int64_t window;   /* > 0: keys that many positions or more from the query are masked */
 } Att;
 
 /* The call giving the global position of query (qk 'q') or key ('k') row
@@ -81,9 +82,19 @@ static const char *pos_call(const Att *a, char *buf, size_t n, char qk, const ch
 /* The mask test of key position kx against query position qx (as pos_call
  * gives them): "0" when nothing is masked. */
 static const char *mask_of(const Att *a, char *buf, size_t n, const char *kx, const char *qx) {
-  if (a->bdoc < 0) snprintf(buf, n, a->causal ? "(%s > %s)" : "0", kx, qx);
-  else if (a->causal) snprintf(buf, n, "(%s > %s || ((%s ^ %s) >> 32) != 0)", kx, qx, kx, qx);
-  else snprintf(buf, n, "(((%s ^ %s) >> 32) != 0)", kx, qx);
+  char win[320] = "";
+  if (a->window > 0) {   /* |query - key| >= window, on the positions' low halves with documents */
+    char dist[128];
+    if (a->bdoc < 0) snprintf(dist, sizeof dist, "(%s - %s)", qx, kx);
+    else snprintf(dist, sizeof dist, "((%s & 0xffffffffLL) - (%s & 0xffffffffLL))", qx, kx);
+    snprintf(win, sizeof win, " || %s >= %lldLL || -%s >= %lldLL", dist, (long long)a->window, dist,
+             (long long)a->window);
+  }
+  if (a->bdoc < 0 && !a->causal && a->window <= 0) snprintf(buf, n, "0");
+  else if (a->bdoc < 0 && !a->causal) snprintf(buf, n, "(0%s)", win);
+  else if (a->bdoc < 0) snprintf(buf, n, "(%s > %s%s)", kx, qx, win);
+  else if (a->causal) snprintf(buf, n, "(%s > %s || ((%s ^ %s) >> 32) != 0%s)", kx, qx, kx, qx, win);
+  else snprintf(buf, n, "(((%s ^ %s) >> 32) != 0%s)", kx, qx, win);
   return buf;
 }
 
@@ -178,10 +189,10 @@ static void print_shared(const Att *a, StrBuf *s, int use, int64_t acc_rows) {
  * the key tile stays: the loads are then the query side's, see dkv). */
 static void print_any(const Att *a, StrBuf *s, const char *ind) {
   sb_printf(s, "%s__syncthreads();\n", ind);
-  if (!a->causal && a->bdoc < 0) return;
+  if (!a->causal && a->bdoc < 0 && a->window <= 0) return;
   /* each thread's own flag, OR-ed by the barrier (no shared flag that
    * many threads write: racecheck stays quiet) */
-  char mk[160];
+  char mk[512];
   sb_printf(s, "%sint ts_any = 0;\n%sfor (int x = tid; x < nq * nk; x += nt) ts_any |= !%s;\n", ind, ind,
             mask_of(a, mk, sizeof mk, "kp[x % nk]", "qp[x / nk]"));
   sb_printf(s, "%sif (!__syncthreads_or(ts_any)) continue;\n", ind);
@@ -212,7 +223,7 @@ static void print_dots(const Att *a, StrBuf *s, int dp, const char *ind) {
 
 /* The mask test of (r, c): "0" when nothing is masked. */
 static const char *masked(const Att *a) {
-  static char buf[160];   /* used at once by the caller's printf */
+  static char buf[512];   /* used at once by the caller's printf */
   return mask_of(a, buf, sizeof buf, "kp[c]", "qp[r]");
 }
 
@@ -609,7 +620,7 @@ static void f_head(const Att *a, StrBuf *s, int use_v, int use_do) {
 /* The causal mask's positions of the thread's rows and columns into
  * registers (pr, pc), once per tile pair rather than twice per score. */
 static void f_pos(const Att *a, const FTile *t, StrBuf *s, int rows_are_keys, const char *ind) {
-  if (!a->causal && a->bdoc < 0) return;
+  if (!a->causal && a->bdoc < 0 && a->window <= 0) return;
   sb_printf(s, "%slong long pr[%d], pc[%d];\n", ind, t->RI, t->CJ);
   f_for(s, ind, "i", t->RI);
   sb_printf(s, "%s  pr[i] = %s[rg + 16 * i];\n", ind, rows_are_keys ? "kp" : "qp");
@@ -622,7 +633,7 @@ static void f_pos(const Att *a, const FTile *t, StrBuf *s, int rows_are_keys, co
 /* `ok`: score (i, j) is unmasked: its column is in range and, causal, the
  * key's position is not after the query's (f_pos). */
 static void f_ok(const Att *a, StrBuf *s, int rows_are_keys, const char *ind) {
-  char mk[160];
+  char mk[512];
   mask_of(a, mk, sizeof mk, rows_are_keys ? "pr[i]" : "pc[j]", rows_are_keys ? "pc[j]" : "pr[i]");
   sb_printf(s, "%sconst bool ok = cg + 8 * j < %s%s%s;\n", ind, rows_are_keys ? "nq" : "nk",
             strcmp(mk, "0") ? " && !" : "", strcmp(mk, "0") ? mk : "");
@@ -887,6 +898,7 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
   if (a.Hkv < 1 || a.Hq % a.Hkv) { snprintf(why, whylen, "query heads are not a multiple of kv heads"); return 1; }
   a.grp = a.Hq / a.Hkv;
   a.causal = nd->ia[0] != 0;
+  a.window = ir_attn_window(nd);
   cg_cuda_dlit(a.scale, sizeof a.scale, nd->fa[0]);
   int ring = nd->op != IR_OP_ATTENTION && nd->op != IR_OP_ATTENTION_BWD;
   /* f32 operands of the fused op: the register-tiled kernels (ft[0] the

@@ -655,7 +655,8 @@ static Value bi_gmm(Elab *e, const ElabCall *c, Value *a, int op) {
  * scale: 1 / sqrt(D), docs: none): softmax(scale q k^T) v in one op
  * (docs/ir.md "Fused attention"); kv heads may be fewer (grouped-query).
  * docs i32[B, T] (self-attention, S = T): each position's document id in
- * a packed sequence; a query sees only keys of its own document. */
+ * a packed sequence; a query sees only keys of its own document.  window:
+ * W > 0 hides keys W or more positions away (sliding-window attention). */
 static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
   if (elab_want_tensor(e, c, "q", &a[0], 1) || elab_want_tensor(e, c, "k", &a[1], 1) ||
       elab_want_tensor(e, c, "v", &a[2], 1))
@@ -663,10 +664,20 @@ static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
   IrType t = elab_type(e, &a[0]);
   if (t.rank != 4) return fail_arg(e, &a[0], "%s() needs q of shape [batch, heads, seq, head_dim], got %s", c->fname);
   int causal = 1;
+  int64_t window = 0;
   double scale = 1.0 / sqrt((double)t.dim[3]);
   if (a[3].k != V_UNSET && elab_want_bool(e, c, "causal", &a[3], &causal)) return elab_err();
   if (a[4].k != V_UNSET && elab_want_num(e, c, "scale", &a[4], &scale)) return elab_err();
-  int64_t ia[1] = {causal};
+  if (a[6].k != V_UNSET && a[6].k != V_NONE) {
+    if (a[6].k != V_INT || a[6].i < 0) {
+      char buf[256];
+      elab_error(e, a[6].loc, "%s(): window must be an int >= 0 (the positions a query sees: 0 for all), got %s",
+                 c->fname, elab_value_desc(e, &a[6], buf, sizeof buf));
+      return elab_err();
+    }
+    window = a[6].i;
+  }
+  int64_t ia[2] = {causal, window};
   double fa[1] = {scale};
   int nin = 3;
   if (a[5].k != V_UNSET && a[5].k != V_NONE) {
@@ -806,7 +817,7 @@ static const Builtin builtins[] = {
   {"padding_mask", {"scores", "mask"}, 2, bi_padding_mask, 0},
   {"dropout", {"x", "p"}, 2, bi_dropout, 0},
   {"rope", {"x", "base", "axis"}, 1, bi_rope, 0},
-  {"fused_attention", {"q", "k", "v", "causal", "scale", "docs"}, 3, bi_fused_attention, 0},
+  {"fused_attention", {"q", "k", "v", "causal", "scale", "docs", "window"}, 3, bi_fused_attention, 0},
   {"topk_mask", {"x", "k"}, 2, bi_topk_mask, 0},
   {"capacity_mask", {"keep", "cap"}, 2, bi_capacity_mask, 0},
   {"moe_counts", {"routed"}, 1, bi_moe_counts, 0},

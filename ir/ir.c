@@ -61,6 +61,26 @@ static void op_attrs_init(void) {
   }
 }
 
+/* operands before the document ids; the window's int attr */
+static int attn_layout(IrOp op, int *base, int *win) {
+  switch (op) {
+  case IR_OP_ATTENTION: *base = 3, *win = 1; return 1;
+  case IR_OP_ATTENTION_BWD: *base = 5, *win = 2; return 1;
+  case IR_OP_ATTN_ACC: *base = 4, *win = 2; return 1;
+  case IR_OP_ATTN_BWD_Q: *base = 7, *win = 2; return 1;
+  case IR_OP_ATTN_BWD_KV: *base = 7, *win = 3; return 1;
+  default: return 0;
+  }
+}
+int64_t ir_attn_window(const IrNode *n) {
+  int base, win;
+  return attn_layout(n->op, &base, &win) ? n->ia[win] : 0;
+}
+int ir_attn_doc(const IrNode *n) {
+  int base, win;
+  return attn_layout(n->op, &base, &win) && n->nin > base ? base : -1;
+}
+
 const IrOpAttrs *ir_op_attrs(IrOp op) {
   TS_ASSERT((int)op >= 0 && op < IR_OP_COUNT);
   pthread_once(&op_attrs_once, op_attrs_init);

@@ -127,6 +127,12 @@ typedef struct {
                                why (the rule, the layouts, the bytes weighed):
                                mcc --report sharding.  Not part of the text form */
 } IrNode;
+
+/* The fused attention family (attention, attention_bwd, attn_acc,
+ * attn_bwd_q, attn_bwd_kv; docs/ir.md "Fused attention"): the window
+ * attribute (0: none), and the operand holding the document ids (-1: none). */
+int64_t ir_attn_window(const IrNode *n);
+int ir_attn_doc(const IrNode *n);
 /* Pipeline stage tags (IrNode.stage). */
 static inline int ir_stage_tag(int chunk, int backward) { return 1 + 2 * chunk + (backward ? 1 : 0); }
 static inline int ir_stage_chunk(int tag) { return tag > 0 ? (tag - 1) / 2 : -1; }

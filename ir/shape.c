@@ -569,8 +569,13 @@ static int check_doc(Sx *x, int base) {
     return fail(x, "document ids %s must be i32 [batch, seq] with q %s's batch", tstr(x, d), tstr(x, q));
   return 0;
 }
+static int check_window(Sx *x) {
+  int64_t w = ir_attn_window(x->n);
+  if (w < 0) return fail(x, "window must be >= 0 (0: none), got %lld", (long long)w);
+  return 0;
+}
 static int check_attention(Sx *x, int base) {
-  if (need_bool(x, 0) || check_doc(x, base)) return -1;
+  if (need_bool(x, 0) || check_doc(x, base) || check_window(x)) return -1;
   return check_qkv(x);
 }
 static int check_qkv(Sx *x) {
@@ -623,7 +628,7 @@ static int like_q(Sx *x, int i, int64_t last, const char *what) {
               last < 0 ? " without head_dim" : last == q->dim[3] ? "" : " with head_dim + 2 columns");
 }
 static int ring_attrs(Sx *x, int base) {
-  if (need_bool(x, 0) || check_doc(x, base)) return -1;
+  if (need_bool(x, 0) || check_doc(x, base) || check_window(x)) return -1;
   if (x->n->ia[1] < 0 || x->n->ia[1] > 4096) return fail(x, "src=%lld must be a ring step >= 0", (long long)x->n->ia[1]);
   if (!isfinite(x->n->fa[0])) return fail(x, "scale must be finite, got %g", x->n->fa[0]);
   return check_qkv(x);

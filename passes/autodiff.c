@@ -388,7 +388,7 @@ static void ad_ATTENTION(Ad *a, int i, int dy) {
     IrNode n = *nd(a, i);
     if (!needs(a, n.in[part])) continue;
     int in[6] = {n.in[0], n.in[1], n.in[2], i, dy, n.nin > 3 ? n.in[3] : -1};
-    int64_t ia[2] = {n.ia[0], part};
+    int64_t ia[3] = {n.ia[0], part, n.ia[1]};   /* causal, part, window */
     add_grad(a, n.in[part], em(a, IR_OP_ATTENTION_BWD, in, n.nin > 3 ? 6 : 5, ia, n.fa, NULL));
   }
 }

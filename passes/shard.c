@@ -1166,17 +1166,17 @@ static int ring_take(Sh *S, int post, const IrSharding *sh) { return emit(S, IR_
 
 
 /* doc: the document ids (whole along the sequence), -1 without */
-typedef struct { int q, dout, lse, drow, causal, part, doc; double scale; const IrSharding *osh; } RingCtx;
+typedef struct { int q, dout, lse, drow, causal, part, doc; int64_t window; double scale; const IrSharding *osh; } RingCtx;
 /* The step-s node of a ring over (k, v): the block kc / vc folded into acc. */
 static int step_fwd(Sh *S, const RingCtx *c, int s, int kc, int vc, int acc) {
-  int64_t ia[2] = {c->causal, s};
+  int64_t ia[3] = {c->causal, s, c->window};
   return emit(S, IR_OP_ATTN_ACC, (int[]){c->q, kc, vc, acc, c->doc}, c->doc >= 0 ? 5 : 4, ia, &c->scale, NULL, NULL,
               c->osh);
 }
 static int step_bwd(Sh *S, const RingCtx *c, int s, int kc, int vc, int acc) {
-  int64_t ia[3] = {c->causal, s, c->part};
+  int64_t ia[4] = {c->causal, s, c->part, c->window}, iq[3] = {c->causal, s, c->window};
   return emit(S, c->part ? IR_OP_ATTN_BWD_KV : IR_OP_ATTN_BWD_Q,
-              (int[]){c->q, kc, vc, c->dout, c->lse, c->drow, acc, c->doc}, c->doc >= 0 ? 8 : 7, ia, &c->scale,
+              (int[]){c->q, kc, vc, c->dout, c->lse, c->drow, acc, c->doc}, c->doc >= 0 ? 8 : 7, c->part ? ia : iq, &c->scale,
               NULL, NULL, c->osh);
 }
 
@@ -1214,7 +1214,7 @@ static void ring_bwd(Sh *S, int k, int v, const IrSharding *ksh, RingCtx *c, con
 /* The forward's final online-softmax state for (q, k, v). */
 static int ring_state(Sh *S, const IrNode *n, const int *in, const IrSharding *ish) {
   int base = n->op == IR_OP_ATTENTION ? 3 : 5;
-  RingCtx c = {in[0], -1, -1, -1, (int)n->ia[0], 0, n->nin > base ? in[base] : -1, n->fa[0], &ish[0]};
+  RingCtx c = {in[0], -1, -1, -1, (int)n->ia[0], 0, n->nin > base ? in[base] : -1, ir_attn_window(n), n->fa[0], &ish[0]};
   int st = zeros_like(S, in[0], nnode(S, in[0])->type.dim[3] + 2, &ish[0]);
   int C = S->C, kc = in[1], vc = in[2];   /* step s folds in the block of rank c - s */
   for (int s = 0; s < C && !S->failed; s++) {
@@ -1258,7 +1258,7 @@ static int lower_ring(Sh *S, int i, const int *in, const IrSharding *ish, const 
   for (int j = 0; j < S->ob.n; j++) {
     const IrNode *o = onode(S, j);
     if (o->op != IR_OP_ATTENTION_BWD || o->ia[1] < 0 || o->ia[1] > 2 || sib[o->ia[1]] >= 0) continue;
-    int same = o->ia[0] == n->ia[0] && o->fa[0] == n->fa[0] && o->nin == n->nin;
+    int same = o->ia[0] == n->ia[0] && o->ia[2] == n->ia[2] && o->fa[0] == n->fa[0] && o->nin == n->nin;
     for (int k = 0; k < n->nin && same; k++) same = o->in[k] == n->in[k];
     if (same) sib[o->ia[1]] = j;
   }
@@ -1268,7 +1268,7 @@ static int lower_ring(Sh *S, int i, const int *in, const IrSharding *ish, const 
   int out[3] = {-1, -1, -1};
   for (int p = 0; p < 3; p++)
     c[p] = (RingCtx){in[0], in[4], S->ring_lse[i], S->ring_drow[i], (int)n->ia[0], p, n->nin > 5 ? in[5] : -1,
-                     n->fa[0], sib[p] < 0 ? NULL : p == part ? osh : &ish[p]};
+                     ir_attn_window(n), n->fa[0], sib[p] < 0 ? NULL : p == part ? osh : &ish[p]};
   ring_bwd(S, in[1], in[2], &ish[1], c, in, out);
   for (int p = 0; p < 3; p++)
     if (sib[p] >= 0) S->ring_out[sib[p]] = out[p];

@@ -20,6 +20,7 @@ typedef struct {
   int causal;
   const int32_t *doc;
   int64_t Tdoc;
+  int64_t window;   /* > 0: keys window or more positions from the query are hidden too */
 } AttnDims;
 
 /* A [n] buffer of dtype dt (f32 or f64) as doubles: the operand itself when

@@ -34,7 +34,7 @@
  * whose keys' documents all differ from its queries' is skipped. */
 ATTN_INLINE int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T *k, const int64_t *qpos,
                                 const int64_t *kpos, const int32_t *doc, T *s, int64_t *vis) {
-  int mask = 0, dmask = 0;
+  int mask = 0, dmask = 0, wmask = 0;
   if (doc) {   /* documents: no query of the tile shares one with a key -> nothing to compute */
     int32_t qlo = INT32_MAX, qhi = INT32_MIN, klo = INT32_MAX, khi = INT32_MIN;
     for (int64_t r = 0; r < t->nq; r++) {
@@ -50,8 +50,8 @@ ATTN_INLINE int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T 
     if (khi < qlo || klo > qhi) return 0;
     dmask = !(qlo == qhi && klo == khi && qlo == klo);   /* else one document throughout */
   }
-  if (d->causal) {   /* positions need not be sorted (cp's zigzag): bound them */
-    int64_t qmin = INT64_MAX, qmax = INT64_MIN, kmin = INT64_MAX, kmax = INT64_MIN;
+  if (d->causal || d->window > 0) {   /* positions need not be sorted (cp's zigzag): bound them */
+    int64_t qmin = INT64_MAX, qmax = INT64_MIN, kmin = INT64_MAX, kmax = INT64_MIN, W = d->window;
     for (int64_t r = 0; r < t->nq; r++) {
       qmin = qpos[t->i0 + r] < qmin ? qpos[t->i0 + r] : qmin;
       qmax = qpos[t->i0 + r] > qmax ? qpos[t->i0 + r] : qmax;
@@ -60,9 +60,15 @@ ATTN_INLINE int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T 
       kmin = kpos[t->j0 + c] < kmin ? kpos[t->j0 + c] : kmin;
       kmax = kpos[t->j0 + c] > kmax ? kpos[t->j0 + c] : kmax;
     }
-    if (kmin > qmax) return 0;   /* every key after every query */
-    mask = kmax > qmin;          /* else every key is visible to every query */
-    while (t->nk > 1 && kpos[t->j0 + t->nk - 1] > qmax) t->nk--;
+    if (W > 0) {   /* the window: every key too far from every query, or some pair too far */
+      if (qmin - kmax >= W || kmin - qmax >= W) return 0;
+      wmask = qmax - kmin >= W || kmax - qmin >= W;
+    }
+    if (d->causal) {
+      if (kmin > qmax) return 0;   /* every key after every query */
+      mask = kmax > qmin;          /* else every key is visible to every query */
+      while (t->nk > 1 && kpos[t->j0 + t->nk - 1] > qmax) t->nk--;
+    }
   }
   GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->nq, (int)t->nk, (int)d->D, (T)d->scale, q + t->i0 * d->D,
        (int)d->D, k + t->j0 * d->D, (int)d->D, 0, s, (int)t->nk);
@@ -73,6 +79,15 @@ ATTN_INLINE int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T 
       int32_t qd = doc[qpos[t->i0 + r]];
       for (int64_t c = 0; c < t->nk; c++)
         if (doc[kpos[t->j0 + c]] != qd) sr[c] = -INFINITY;
+    }
+  if (wmask)   /* keys W or more positions from the query: -inf, as above */
+    for (int64_t r = 0; r < t->nq; r++) {
+      T *sr = s + r * t->nk;
+      int64_t qp = qpos[t->i0 + r];
+      for (int64_t c = 0; c < t->nk; c++) {
+        int64_t dist = qp - kpos[t->j0 + c];
+        if (dist >= d->window || -dist >= d->window) sr[c] = -INFINITY;
+      }
     }
   if (!mask) return 1;
   const int64_t *kp = kpos + t->j0;

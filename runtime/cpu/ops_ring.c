@@ -62,7 +62,7 @@ static int ring_open(RtKctx *k, Ring *r, int nin) {
     if (k->it[i]->dtype != dt) return rt_kfail(k, "operand %d must be %s", i + 1, ir_dtype_name(dt));
   if (q->rank != 4 || kt->rank != 4) return rt_kfail(k, "q and k must be 4-D");
   r->d = (AttnDims){q->dim[0], q->dim[1], kt->dim[1], q->dim[2], kt->dim[2], q->dim[3], k->n->fa[0],
-                    (int)k->n->ia[0], NULL, 0};
+                    (int)k->n->ia[0], NULL, 0, ir_attn_window(k->n)};
   if (r->d.Hkv < 1 || r->d.Hq % r->d.Hkv)
     return rt_kfail(k, "query heads %lld are not a multiple of kv heads %lld", (long long)r->d.Hq,
                     (long long)r->d.Hkv);

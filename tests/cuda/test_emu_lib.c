@@ -24,7 +24,8 @@
  *   test_emu_lib docs     both of the above with document ids (packed
  *                         sequences: a fourth / last operand, i32 [B, T] of
  *                         the whole sequence; contiguous documents in even
- *                         batch rows, interleaved ones in odd rows)
+ *                         batch rows, interleaved ones in odd rows) and a
+ *                         sliding window (window = a third of the sequence)
  *   test_emu_lib vocab  take, onehot and pad_fill on a dim split over
  *                         tp = 2, both coordinates: global indices, ids in
  *                         the other rank's block and the ignored id
@@ -114,20 +115,20 @@ static void m_docs(Mod *m, int docs, int B, int Tg, char *suf, size_t n) {
 }
 
 /* attention and the three parts of its backward */
-static char *fused_text(const Case *c, const char *dt, int docs) {
+static char *fused_text(const Case *c, const char *dt, int docs, int window) {
   Mod m = {.dt = dt, .sh = ""};
   char qs[64], ks[64], sc[64], ds[16];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
   shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
-  snprintf(sc, sizeof sc, "causal=%d scale=%.17g", c->causal, 1.0 / sqrt((double)c->D));
+  snprintf(sc, sizeof sc, "causal=%d window=%d scale=%.17g", c->causal, window, 1.0 / sqrt((double)c->D));
   int q = m_state(&m, "q", qs, "normal(0.0, 1.0)"), k = m_state(&m, "k", ks, "normal(0.0, 1.0)");
   int v = m_state(&m, "v", ks, "normal(0.0, 1.0)"), d = m_state(&m, "do", qs, "normal(0.0, 1.0)");
   m_docs(&m, docs, c->B, c->T, ds, sizeof ds);
   int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s %s", q, k, v, ds, sc);
   m_out(&m, o, qs);
   for (int part = 0; part < 3; part++)
-    m_out(&m, m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d scale=%.17g", q,
-                   k, v, o, d, ds, c->causal, part, 1.0 / sqrt((double)c->D)),
+    m_out(&m, m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d scale=%.17g",
+                   q, k, v, o, d, ds, c->causal, part, window, 1.0 / sqrt((double)c->D)),
           part ? ks : qs);
   return m_text(&m, 1, 1);
 }
@@ -135,7 +136,7 @@ static char *fused_text(const Case *c, const char *dt, int docs) {
 /* the ring steps of one rank under cp = 2: local sequence T (a zigzag of
  * two chunks of T / 2); keys of block src 0 (this rank's) and 1 (the
  * other rank's) */
-static char *ring_text(const Case *c, const char *dt, int docs) {
+static char *ring_text(const Case *c, const char *dt, int docs, int window) {
   Mod m = {.dt = dt, .sh = " {2:cp}"};
   char qs[64], ks[64], ss[64], rs[64], sc[64], ds[16];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
@@ -150,8 +151,10 @@ static char *ring_text(const Case *c, const char *dt, int docs) {
   int d = m_state(&m, "do", qs, "normal(0.0, 1.0)"), dr = m_state(&m, "drow", rs, "normal(0.0, 0.5)");
   int aq = m_state(&m, "dq0", qs, "normal(0.0, 1.0)"), ak = m_state(&m, "dk0", ks, "normal(0.0, 1.0)");
   m_docs(&m, docs, c->B, 2 * c->T, ds, sizeof ds);
-  int s1 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=0 %s", q, k0, v0, z, ds, c->causal, sc);
-  int s2 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=1 %s", q, k1, v1, s1, ds, c->causal, sc);
+  int s1 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=0 window=%d %s", q, k0, v0, z, ds, c->causal,
+                window, sc);
+  int s2 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=1 window=%d %s", q, k1, v1, s1, ds, c->causal,
+                window, sc);
   m_out(&m, s1, ss);
   m_out(&m, s2, ss);
   m_out(&m, m_op(&m, qs, "attn_finish %%%d", s2), qs);
@@ -159,11 +162,11 @@ static char *ring_text(const Case *c, const char *dt, int docs) {
   m_out(&m, lse, rs);
   for (int src = 0; src < 2; src++) {
     int kk = src ? k1 : k0, vv = src ? v1 : v0;
-    m_out(&m, m_op(&m, qs, "attn_bwd_q %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d %s", q, kk, vv, d,
-                   lse, dr, aq, ds, c->causal, src, sc), qs);
+    m_out(&m, m_op(&m, qs, "attn_bwd_q %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d window=%d %s", q, kk,
+                   vv, d, lse, dr, aq, ds, c->causal, src, window, sc), qs);
     for (int part = 1; part <= 2; part++)
-      m_out(&m, m_op(&m, ks, "attn_bwd_kv %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d part=%d %s", q,
-                     kk, vv, d, lse, dr, ak, ds, c->causal, src, part, sc), ks);
+      m_out(&m, m_op(&m, ks, "attn_bwd_kv %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d part=%d window=%d %s",
+                     q, kk, vv, d, lse, dr, ak, ds, c->causal, src, part, window, sc), ks);
   }
   return m_text(&m, 2, 1);
 }
@@ -242,13 +245,16 @@ out:
 static const char *const dts[] = {"f32", "f64"};
 
 static void test_fused(RtDev *d, int docs) {
+  /* with documents, a sliding window too (a third of the sequence, so it
+   * cuts inside documents and across tiles): the variants' masks together */
   for (size_t i = 0; i < sizeof fused_cases / sizeof fused_cases[0]; i++)
     for (int t = 0; t < 2; t++) {
       const Case *c = &fused_cases[i];
       char label[128];
+      int w = docs ? c->T / 3 + 1 : 0;
       snprintf(label, sizeof label, "fused B%d Hq%d Hkv%d T%d D%d %s %s%s", c->B, c->Hq, c->Hkv, c->T, c->D,
-               c->causal ? "causal" : "full", dts[t], docs ? " docs" : "");
-      char *text = fused_text(c, dts[t], docs);
+               c->causal ? "causal" : "full", dts[t], docs ? " docs window" : "");
+      char *text = fused_text(c, dts[t], docs, w);
       run_case(d, text, 1, 0, label);
       free(text);
     }
@@ -263,8 +269,8 @@ static void test_ring(RtDev *d, int docs) {
         const Case *c = &ring_cases[i];
         char label[128];
         snprintf(label, sizeof label, "ring cp %d/2 B%d Hq%d Hkv%d T%d D%d %s %s%s", cpc, c->B, c->Hq, c->Hkv, c->T,
-                 c->D, c->causal ? "causal" : "full", dts[t], docs ? " docs" : "");
-        char *text = ring_text(c, dts[t], docs);
+                 c->D, c->causal ? "causal" : "full", dts[t], docs ? " docs window" : "");
+        char *text = ring_text(c, dts[t], docs, docs ? (2 * c->T) / 3 + 1 : 0);
         run_case(d, text, 2, cpc, label);
         free(text);
       }
@@ -416,14 +422,14 @@ static void test_nvrtc(void) {
   if (!have) return;
   for (size_t i = 0; i < sizeof fused_cases / sizeof fused_cases[0]; i++)
     for (int t = 0; t < 2; t++) {
-      char *text = fused_text(&fused_cases[i], dts[t], i % 2), label[64];
+      char *text = fused_text(&fused_cases[i], dts[t], i % 2, i % 2 ? 5 : 0), label[64];
       snprintf(label, sizeof label, "fused case %zu %s", i, dts[t]);
       printf("%s\n", label);
       nvrtc_module(text, label);
       free(text);
     }
   for (int t = 0; t < 2; t++) {
-    char *text = ring_text(&ring_cases[0], dts[t], t), label[64];
+    char *text = ring_text(&ring_cases[0], dts[t], t, t ? 7 : 0), label[64];
     snprintf(label, sizeof label, "ring %s", dts[t]);
     printf("%s\n", label);
     nvrtc_module(text, label);

@@ -243,17 +243,20 @@ static int b_rope(Cx *c, const Case *k) {
  * size 1 (more keys than the backward takes as one tile, ATTN_TK_ROW: its
  * log-sum-exp pass first).  With document ids (a fourth operand, i32
  * [2, Tk], drawn from {0, 1, 2} at random, so a document's positions need
- * not be contiguous): v = 5 as v = 3, v = 6 as v = 4. */
+ * not be contiguous): v = 5 as v = 3, v = 6 as v = 4.  A sliding window:
+ * v = 7 as v = 3 with window 9 (rows see their last 9 positions, so whole
+ * tiles fall out), v = 8 as v = 4 with documents and window 200 (keys on
+ * both sides, not causal). */
 static int b_attention(Cx *c, const Case *k) {
-  int w = k->v >= 5 ? k->v - 2 : k->v;   /* the shape of case w, with documents from 5 on */
+  int w = k->v >= 7 ? k->v - 4 : k->v >= 5 ? k->v - 2 : k->v;   /* the shape of case w */
   int Hq = w == 0 || w >= 3 ? 2 : 4, Hkv = 2, Tq = w == 1 || w == 4 ? 3 : w == 3 ? 70 : 5;
   int Tk = w == 1 ? 4 : w == 4 ? 530 : Tq, Dh = w == 3 ? 2 : w == 4 ? 1 : 3;
   int q = param(c, T(4, 2, Hq, Tq, Dh), D_NORMAL);
   int kk = param(c, T(4, 2, Hkv, Tk, Dh), D_NORMAL);
   int v = param(c, T(4, 2, Hkv, Tk, Dh), D_NORMAL);
-  int64_t ia[2] = {w != 1 && w != 4, 0};
+  int64_t ia[2] = {w != 1 && w != 4, k->v == 7 ? 9 : k->v == 8 ? 200 : 0};   /* causal, window */
   double scale = 0.7;
-  int doc = k->v >= 5 ? ids(c, "document_ids", TI(2, 2, Tk), 0, 3, 0, 0) : -1;
+  int doc = k->v == 5 || k->v == 6 || k->v == 8 ? ids(c, "document_ids", TI(2, 2, Tk), 0, 3, 0, 0) : -1;
   return E(c, IR_OP_ATTENTION, doc >= 0 ? 4 : 3, (int[]){q, kk, v, doc}, ia, &scale, NULL, NULL);
 }
 /* v = 0: ignore_index -1 on every 4th target; v = 1: ignore_index 2, a
@@ -420,6 +423,8 @@ static const Case cases[] = {
   {"attention 9 key tiles", IR_OP_ATTENTION, b_attention, 4, NULL, 0, NULL},
   {"attention documents causal", IR_OP_ATTENTION, b_attention, 5, NULL, 0, NULL},
   {"attention documents 9 key tiles", IR_OP_ATTENTION, b_attention, 6, NULL, 0, NULL},
+  {"attention window causal", IR_OP_ATTENTION, b_attention, 7, NULL, 0, NULL},
+  {"attention window documents", IR_OP_ATTENTION, b_attention, 8, NULL, 0, NULL},
   {"rope inverse", IR_OP_ROPE, b_rope, 1, NULL, 0, NULL},
   {"rope 2-D", IR_OP_ROPE, b_rope, 2, NULL, 0, NULL},
   {"cross_entropy", IR_OP_CROSS_ENTROPY, b_cross_entropy, 0, NULL, 0, NULL},

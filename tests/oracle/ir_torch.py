@@ -223,17 +223,28 @@ def _matmul(x, y, a):
     return torch.matmul(x, y)
 
 
-def _attention(q, k, v, a):
+def _attention(q, k, v, a, doc=None):
     """Fused attention as explicit softmax(scale q k^T) v (this torch has no
     scaled_dot_product_attention); kv heads repeated for grouped-query
     attention (query head h reads kv head h // (Hq / Hkv)); causal: key j
-    hidden from query i when j > i."""
+    hidden from query i when j > i; window W > 0: also when |i - j| >= W;
+    doc [B, T] (document ids): also when doc[b, j] != doc[b, i].  A row
+    that sees no key gives 0, as the op's definition says."""
     g = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     s = torch.matmul(q, k.transpose(-1, -2)) * a["scale"]
+    i = torch.arange(q.shape[2]).reshape(-1, 1)
+    j = torch.arange(k.shape[2]).reshape(1, -1)
+    hide = torch.zeros(q.shape[0], 1, q.shape[2], k.shape[2], dtype=torch.bool)
     if a["causal"]:
-        s = _causal(s, float("-inf"))
-    return torch.matmul(torch.softmax(s, -1), v)
+        hide = hide | (j > i)
+    if a.get("window", 0) > 0:
+        hide = hide | ((i - j).abs() >= a["window"])
+    if doc is not None:
+        hide = hide | (doc[:, None, :q.shape[2], None] != doc[:, None, None, :k.shape[2]])
+    s = s.masked_fill(hide, float("-inf"))
+    p = torch.softmax(s, -1).nan_to_num(0.0)   # an all-masked row: 0
+    return torch.matmul(p, v)
 
 
 def _topk_mask(x, k):
@@ -330,7 +341,7 @@ OPS = {
     "cross_entropy": lambda v, a, n, dt: _cross_entropy(v[0], v[1], a["ignore"]),
     "topk_mask": lambda v, a, n, dt: _topk_mask(v[0], a["k"]),
     "capacity_mask": lambda v, a, n, dt: _capacity_mask(v[0], a["cap"]),
-    "attention": lambda v, a, n, dt: _attention(v[0], v[1], v[2], a),
+    "attention": lambda v, a, n, dt: _attention(v[0], v[1], v[2], a, v[3] if len(v) > 3 else None),
     "moe_counts": lambda v, a, n, dt: (v[0].detach() != 0).sum(0).reshape(1, -1).to(dt),
     "moe_perm": lambda v, a, n, dt: _moe_perm(v[0], v[1], v[2], a["rows"]),
     "moe_unperm": lambda v, a, n, dt: _moe_unperm(v[0], v[1], v[2]),

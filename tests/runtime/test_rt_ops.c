@@ -963,20 +963,22 @@ static void ring_vs_fused(IrDtype dt, int causal) {
     double *drow = ra_drow(g, o_ref, RQ, D, dt);
     /* the three gradients: from zero, and added to a nonzero accumulator */
     for (int part = 0; part < 3 && lse; part++) {
-      int64_t fia[2] = {causal, part}, sia[3] = {causal, 0, part}, n = part ? RK * D : RQ * D;   /* fused; steps (src 0) */
+      /* fused (causal, part, window); steps at src 0 (causal, src[, part], window) */
+      int64_t fia[3] = {causal, part, 0}, sia[4] = {causal, 0, part, 0}, sq[3] = {causal, 0, 0};
+      int64_t n = part ? RK * D : RQ * D;
       double *want = ra_run(IR_OP_ATTENTION_BWD, 5, (Arg[]){{tq, q}, {tk, k}, {tk, v}, {tq, o_ref}, {tq, g}}, fia,
                             scale, NULL);
       CHECK(want != NULL, "attention_bwd part %d: %s", part, err);
       IrOp op = part ? IR_OP_ATTN_BWD_KV : IR_OP_ATTN_BWD_Q;
       const IrType *ta = part ? &tk : &tq;
       Arg a[7] = {{tq, q}, {tk, k}, {tk, v}, {tq, g}, {tr, lse}, {tr, drow}, {*ta, part ? zk : zq}};
-      double *got = ra_run(op, 7, a, sia, scale, NULL);
+      double *got = ra_run(op, 7, a, part ? sia : sq, scale, NULL);
       snprintf(msg, sizeof msg, "%s part=%d causal=%d vs attention_bwd", ir_ops[op].name, part, causal);
       if (want) ra_cmp(got, want, n, tol, 0, msg, dt);
       double *acc = rand_vec(n, -1, 1, dt), *w2 = ts_xmalloc((size_t)n * sizeof *w2);
       for (int64_t i = 0; want && i < n; i++) w2[i] = want[i] + acc[i];
       a[6].v = acc;
-      double *got2 = ra_run(op, 7, a, sia, scale, NULL);
+      double *got2 = ra_run(op, 7, a, part ? sia : sq, scale, NULL);
       snprintf(msg, sizeof msg, "%s part=%d causal=%d into a nonzero accumulator", ir_ops[op].name, part, causal);
       if (want) ra_cmp(got2, w2, n, tol, 0, msg, dt);
       free(got);
@@ -1070,7 +1072,7 @@ static void ring_cp(IrDtype dt, int S, int c, int src, int hidden) {
   /* the forward: own block (src 0), then the other (src) */
   double *st[2] = {NULL, NULL};
   for (int s = 0; s < 2; s++) {
-    int64_t ia[2] = {1, s ? src : 0};
+    int64_t ia[3] = {1, s ? src : 0, 0};
     Arg a[4] = {{tq, q}, {tk, kb[s]}, {tk, vb[s]}, {ts, s ? st[0] : zst}};
     st[s] = s && !st[0] ? NULL : ra_run(IR_OP_ATTN_ACC, 4, a, ia, scale, &sh);
     CHECK(st[s] != NULL, "attn_acc cp %d coord %d src %d (%s): %s", S, c, (int)ia[1], ir_dtype_name(dt), err);
@@ -1105,7 +1107,7 @@ static void ring_cp(IrDtype dt, int S, int c, int src, int hidden) {
       gst[row * (D + 2) + D + 1] = 0;
       if (!sees) memcpy(want + row * (D + 2), gst + row * (D + 2), (D + 2) * sizeof *want);
     }
-    int64_t ia[2] = {1, src};
+    int64_t ia[3] = {1, src, 0};
     double *got = ra_run(IR_OP_ATTN_ACC, 4, (Arg[]){{tq, q}, {tk, kb[1]}, {tk, vb[1]}, {ts, gst}}, ia, scale, &sh);
     snprintf(msg, sizeof msg, "cp %d coord %d: attn_acc src %d from a state with l = 0 vs direct", S, c, src);
     ra_cmp(got, want, RQ * (D + 2), tol, 1, msg, dt);
@@ -1121,7 +1123,7 @@ static void ring_cp(IrDtype dt, int S, int c, int src, int hidden) {
   ra_grads(&other, lse, drow, NULL, dk_ref, dv_ref);
   double *dq = ts_xcalloc(RQ * D, sizeof *dq);
   for (int s = 0; s < 2 && dq; s++) {
-    int64_t ia[2] = {1, s ? src : 0};
+    int64_t ia[3] = {1, s ? src : 0, 0};
     Arg a[7] = {{tq, q}, {tk, kb[s]}, {tk, vb[s]}, {tq, g}, {tr, lse}, {tr, drow}, {tq, dq}};
     double *nx = ra_run(IR_OP_ATTN_BWD_Q, 7, a, ia, scale, &sh);
     CHECK(nx != NULL, "attn_bwd_q cp %d coord %d src %d: %s", S, c, (int)ia[1], err);
@@ -1132,7 +1134,7 @@ static void ring_cp(IrDtype dt, int S, int c, int src, int hidden) {
   ra_cmp(dq, dq_ref, RQ * D, tol, 1, msg, dt);
   double *zk = ts_xcalloc(RK * D, sizeof *zk);
   for (int part = 1; part <= 2; part++) {
-    int64_t ia[3] = {1, src, part};
+    int64_t ia[4] = {1, src, part, 0};
     Arg a[7] = {{tq, q}, {tk, kb[1]}, {tk, vb[1]}, {tq, g}, {tr, lse}, {tr, drow}, {tk, zk}};
     double *got = ra_run(IR_OP_ATTN_BWD_KV, 7, a, ia, scale, &sh);
     snprintf(msg, sizeof msg, "cp %d coord %d: attn_bwd_kv part %d src %d vs direct", S, c, part, src);
@@ -1286,10 +1288,10 @@ static void test_threads_same(IrDtype dt) {
   double sc[1] = {0.4};
   Arg aacc[4] = {{aq, x}, {ak, y}, {ak, x + 5000}, {ast, y + 5000}};
   Arg abw[7] = {{aq, x}, {ak, y}, {ak, x + 5000}, {aq, y + 5000}, {arow, x + 20000}, {arow, y + 9000}, {ak, x + 9000}};
-  same_on_threads(IR_OP_ATTN_ACC, 4, aacc, (int64_t[]){1, 0}, sc, NULL, "attn_acc", dt);
-  same_on_threads(IR_OP_ATTN_BWD_KV, 7, abw, (int64_t[]){1, 0, 1}, sc, NULL, "attn_bwd_kv", dt);
+  same_on_threads(IR_OP_ATTN_ACC, 4, aacc, (int64_t[]){1, 0, 0}, sc, NULL, "attn_acc", dt);
+  same_on_threads(IR_OP_ATTN_BWD_KV, 7, abw, (int64_t[]){1, 0, 1, 0}, sc, NULL, "attn_bwd_kv", dt);
   abw[6].t = aq;
-  same_on_threads(IR_OP_ATTN_BWD_Q, 7, abw, (int64_t[]){1, 0}, sc, NULL, "attn_bwd_q", dt);
+  same_on_threads(IR_OP_ATTN_BWD_Q, 7, abw, (int64_t[]){1, 0, 0}, sc, NULL, "attn_bwd_q", dt);
   free(x);
   free(y);
   free(dl);
@@ -1332,17 +1334,17 @@ static void test_isas_same(IrDtype dt) {
       for (int part = 0; part < 3; part++) {
         snprintf(msg, sizeof msg, "attention_bwd part %d T%lld causal=%d", part, (long long)T, causal);
         same_on_isas(IR_OP_ATTENTION_BWD, 5, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {aq, o}, {aq, g}},
-                     (int64_t[]){causal, part}, sc, msg, dt);
+                     (int64_t[]){causal, part, 0}, sc, msg, dt);
       }
       snprintf(msg, sizeof msg, "attn_acc T%lld causal=%d", (long long)T, causal);
-      same_on_isas(IR_OP_ATTN_ACC, 4, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {ast, st}}, (int64_t[]){causal, 0}, sc, msg,
+      same_on_isas(IR_OP_ATTN_ACC, 4, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {ast, st}}, (int64_t[]){causal, 0, 0}, sc, msg,
                    dt);
       snprintf(msg, sizeof msg, "attn_bwd_q T%lld causal=%d", (long long)T, causal);
       same_on_isas(IR_OP_ATTN_BWD_Q, 7, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {aq, g}, {arow, lse}, {arow, drow}, {aq, acc}},
-                   (int64_t[]){causal, 0}, sc, msg, dt);
+                   (int64_t[]){causal, 0, 0}, sc, msg, dt);
       snprintf(msg, sizeof msg, "attn_bwd_kv T%lld causal=%d", (long long)T, causal);
       same_on_isas(IR_OP_ATTN_BWD_KV, 7, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {aq, g}, {arow, lse}, {arow, drow}, {ak, acc}},
-                   (int64_t[]){causal, 0, 1}, sc, msg, dt);
+                   (int64_t[]){causal, 0, 1, 0}, sc, msg, dt);
     }
     free(q), free(k), free(v), free(o), free(g), free(st), free(lse), free(drow), free(acc);
   }
