@@ -16,33 +16,7 @@
  * relative (to the gradient's largest entry, at least 1e-6 of the model's
  * largest gradient entry).  --break feeds the packed run document id 0 everywhere (one
  * document): the comparison must then fail, which shows the test can. */
-#include "frontend/mdl.h"
-#include "passes/passes.h"
-#include "runtime/comm/comm.h"
-#include "runtime/exec/rt.h"
-#include <math.h>
-
-static IrModule *compile(const char *file, int tp, int sp, int cp, const MdlDefine *defs, int nd) {
-  MdlOptions opt;
-  mdl_options_init(&opt);
-  opt.defines = defs;
-  opt.ndefines = nd;
-  opt.tp = tp;
-  opt.sp = sp;
-  opt.cp = cp;
-  opt.precision = IR_F64;
-  IrModule *m = mdl_compile_file(file, &opt);
-  if (!m) return NULL;
-  PassCtx cx;
-  pass_ctx_init(&cx);
-  if (pass_run_pipeline(m, &cx)) {
-    fprintf(stderr, "packed_equiv: tp=%d sp=%d cp=%d: %s\n", tp, sp, cp, cx.err);
-    ir_module_free(m);
-    m = NULL;
-  }
-  pass_ctx_free(&cx);
-  return m;
-}
+#include "../equiv.h"
 
 static const IrNode *input_node(const IrModule *m, const char *name) {
   const IrBlock *b = &m->blocks.a[ir_block_find(m, "micro")];
@@ -66,29 +40,6 @@ static int32_t *local_block(const RtProgram *p, const IrNode *in, int64_t T, con
   return l;
 }
 
-/* Worst relative error of the sharded gradient s (local data d) against
- * the unsharded gradient ref of type rt, relative to its largest entry
- * with a floor (floor_: a gradient zero in exact arithmetic, such as the
- * key bias's -- softmax ignores a per-row constant -- holds only rounding). */
-static double compare_grad(const IrState *s, const double *d, const IrType *rt, const double *ref, const RtRank *rk,
-                           double floor_) {
-  const IrType *lt = &s->type;
-  double scale = floor_, worst = 0;
-  for (int64_t i = 0; i < ir_type_numel(rt); i++) scale = fmax(scale, fabs(ref[i]));
-  for (int64_t i = 0; i < ir_type_numel(lt); i++) {
-    int64_t rem = i, g[IR_MAX_RANK], flat = 0;
-    for (int k = lt->rank - 1; k >= 0; k--) { g[k] = rem % lt->dim[k]; rem /= lt->dim[k]; }
-    int pad = 0;
-    for (int k = 0; k < lt->rank; k++) {
-      g[k] = rt_global_index(rk, s->sh.split[k], lt->dim[k], g[k]);
-      pad |= g[k] >= rt->dim[k];
-      flat = flat * rt->dim[k] + (pad ? 0 : g[k]);
-    }
-    if (!pad) worst = fmax(worst, fabs(d[i] - ref[flat]) / scale);
-  }
-  return worst;
-}
-
 int main(int argc, char **argv) {
   char err[1024];
   RtComm *w = rt_comm_init_mpi(&argc, &argv, 60, err, sizeof err);
@@ -106,17 +57,11 @@ int main(int argc, char **argv) {
   snprintf(docs, sizeof docs, "%d", nd);
   MdlDefine one[3] = {{"seq_len", seq}, {"batch", "1"}, {"micro_batch", "1"}};
   MdlDefine per[3] = {{"seq_len", seq}, {"batch", docs}, {"micro_batch", docs}};
-  IrModule *ref = compile(argv[1], 1, 0, 1, per, 3), *pk = compile(argv[1], TP, sp, CP, one, 3);
+  IrModule *ref = equiv_compile("packed_equiv", argv[1], 1, 0, 1, 1, per, 3);
+  IrModule *pk = equiv_compile("packed_equiv", argv[1], TP, sp, CP, 1, one, 3);
   if (!ref || !pk) return 1;
-
-  PlanMesh mesh = {1, 1, CP, 1, TP};
-  RtRank rk = rt_rank_single();
-  rk.mesh = mesh;
-  rt_mesh_coords(&mesh, me, rk.coord);
-  rk.group[IR_AXIS_TP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_TP, err, sizeof err);
-  rk.group[IR_AXIS_CP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_CP, err, sizeof err);
-  rk.group[IR_AXIS_EP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_EP, err, sizeof err);
-  if (!rk.group[IR_AXIS_TP] || !rk.group[IR_AXIS_CP] || !rk.group[IR_AXIS_EP]) {
+  RtRank rk;
+  if (equiv_rank(w, (PlanMesh){1, 1, CP, 1, TP}, me, &rk, err, sizeof err)) {
     fprintf(stderr, "packed_equiv: %s\n", err);
     return 1;
   }
@@ -163,39 +108,21 @@ int main(int argc, char **argv) {
   double le = fabs(lr_ - lp_) / fmax(fabs(lr_), 1e-300);
   if (me == 0) printf("loss: one by one %.17g, packed %.17g, rel err %.3g\n", lr_, lp_, le);
   if (!(le <= 1e-12)) fails++;
-  double worst = 0, gmax = 0;
-  const char *worst_name = "";
-  for (int s = 0; s < ref->states.n; s++) {
-    if (ref->states.a[s].kind != IR_STATE_GRAD) continue;
-    const double *d = rt_state_data(pr, s);
-    for (int64_t i = 0; i < ir_type_numel(&ref->states.a[s].type); i++) gmax = fmax(gmax, fabs(d[i]));
+  double worst;
+  const char *worst_name;
+  int gf = equiv_grads(ref, pr, pk, ps, &rk, me, 1e-12, brk, &worst, &worst_name, err, sizeof err);
+  if (gf < 0) {
+    fprintf(stderr, "packed_equiv: %s\n", err);
+    return 1;
   }
-  for (int s = 0; s < pk->states.n; s++) {
-    const IrState *st = &pk->states.a[s];
-    if (st->kind != IR_STATE_GRAD) continue;
-    int r = ir_state_find(ref, st->name);
-    if (r < 0) { fprintf(stderr, "packed_equiv: @%s missing from the unsharded module\n", st->name); fails++; continue; }
-    int64_t n = ir_type_numel(&st->type);
-    double *d = ts_xcalloc((size_t)n + 1, sizeof *d);
-    memcpy(d, rt_state_data(ps, s), (size_t)n * sizeof *d);
-    for (int a = IR_AXIS_CP; a <= IR_AXIS_TP; a++)
-      if (st->sh.partial & (1u << a) && rt_comm_all_reduce(rk.group[a], IR_F64, d, (size_t)n, err, sizeof err)) {
-        fprintf(stderr, "packed_equiv: %s\n", err);
-        return 1;
-      }
-    double e = compare_grad(st, d, &ref->states.a[r].type, rt_state_data(pr, r), &rk, 1e-6 * gmax);
-    if (!(e <= 1e-12)) { if (!brk) fprintf(stderr, "rank %d: @%s rel err %.3g\n", me, st->name, e); fails++; }
-    if (e >= worst) { worst = e; worst_name = st->name; }
-    free(d);
-  }
+  fails += gf;
   printf("rank %d: worst gradient rel err %.3g (@%s)\n", me, worst, worst_name);
   for (int k = 0; k < 4; k++) { free(rows[k]); free(packed[k]); free(local[k]); }
   rt_program_free(ps);
   rt_program_free(pr);
   ir_module_free(ref);
   ir_module_free(pk);
-  for (int a = 0; a < IR_AXIS_COUNT; a++)
-    if (a == IR_AXIS_TP || a == IR_AXIS_CP || a == IR_AXIS_EP) rt_comm_free(rk.group[a]);
+  equiv_rank_free(&rk);
   double f = fails;
   rt_comm_all_reduce(w, IR_F64, &f, 1, err, sizeof err);
   rt_comm_free(w);

@@ -16,35 +16,8 @@
  * must stay below 1e-10.  Parameters are not compared directly: their blocks come
  * from the counter-based initializer, and any difference shows in the loss.
  * This tests passes/shard.c alone: no optimizer, no trainer, no mrun. */
-#include "frontend/mdl.h"
-#include "passes/passes.h"
-#include "runtime/comm/comm.h"
-#include "runtime/exec/rt.h"
+#include "../equiv.h"
 #include "runtime/exec/rt_priv.h"
-#include <math.h>
-
-static IrModule *compile(const char *file, int tp, int sp, int cp, int ep, const MdlDefine *defs, int nd) {
-  MdlOptions opt;
-  mdl_options_init(&opt);
-  opt.defines = defs;
-  opt.ndefines = nd;
-  opt.tp = tp;
-  opt.sp = sp;
-  opt.cp = cp;
-  opt.ep = ep;
-  opt.precision = IR_F64;
-  IrModule *m = mdl_compile_file(file, &opt);
-  if (!m) return NULL;
-  PassCtx cx;
-  pass_ctx_init(&cx);
-  if (pass_run_pipeline(m, &cx)) {
-    fprintf(stderr, "shard_equiv: tp=%d sp=%d: %s\n", tp, sp, cx.err);
-    ir_module_free(m);
-    m = NULL;
-  }
-  pass_ctx_free(&cx);
-  return m;
-}
 
 /* Deterministic tokens / targets for the micro block's inputs. */
 static int32_t *make_ids(const IrModule *m, const char *name, int64_t vocab, int ignore_every) {
@@ -67,34 +40,6 @@ static int64_t vocab_of(const IrModule *m) {
   return 0;
 }
 
-/* Worst relative error of sharded gradient state s (rank-local data d)
- * against the unsharded state data `ref` of type rt. */
-static double compare_block(const IrState *s, const double *d, const IrType *rt, const double *ref,
-                            const RtRank *rk, double floor_, int *nonzero_pad) {
-  const IrType *lt = &s->type;
-  double scale = floor_;
-  int64_t rn = ir_type_numel(rt);
-  for (int64_t i = 0; i < rn; i++) scale = fmax(scale, fabs(ref[i]));
-  double worst = 0;
-  int64_t n = ir_type_numel(lt);
-  for (int64_t i = 0; i < n; i++) {
-    int64_t rem = i, g[IR_MAX_RANK];
-    for (int k = lt->rank - 1; k >= 0; k--) { g[k] = rem % lt->dim[k]; rem /= lt->dim[k]; }
-    int pad = 0;
-    int64_t flat = 0;
-    for (int k = 0; k < lt->rank; k++) {
-      /* the global index as the runtime lays the dim out (blocks, outer
-       * axes major; the zigzag at the cp level) */
-      g[k] = rt_global_index(rk, s->sh.split[k], lt->dim[k], g[k]);
-      if (g[k] >= rt->dim[k]) pad = 1;
-      flat = flat * rt->dim[k] + (pad ? 0 : g[k]);
-    }
-    if (pad) { if (d[i] != 0) *nonzero_pad = 1; continue; }
-    worst = fmax(worst, fabs(d[i] - ref[flat]) / scale);
-  }
-  return worst;
-}
-
 int main(int argc, char **argv) {
   char err[1024];
   RtComm *w = rt_comm_init_mpi(&argc, &argv, 60, err, sizeof err);
@@ -114,16 +59,11 @@ int main(int argc, char **argv) {
     defs[nd++] = (MdlDefine){argv[i], eq + 1};
   }
   if (rt_comm_size(w) != T * C * E) { fprintf(stderr, "shard_equiv: run with -np %d\n", T * C * E); return 2; }
-  IrModule *ref = compile(argv[1], 1, 0, 1, 1, defs, nd), *shd = compile(argv[1], T, sp, C, E, defs, nd);
+  IrModule *ref = equiv_compile("shard_equiv", argv[1], 1, 0, 1, 1, defs, nd);
+  IrModule *shd = equiv_compile("shard_equiv", argv[1], T, sp, C, E, defs, nd);
   if (!ref || !shd) return 1;
-  PlanMesh mesh = {1, 1, C, E, T};
-  RtRank rk = rt_rank_single();
-  rk.mesh = mesh;
-  rt_mesh_coords(&mesh, me, rk.coord);
-  rk.group[IR_AXIS_TP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_TP, err, sizeof err);
-  rk.group[IR_AXIS_CP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_CP, err, sizeof err);
-  rk.group[IR_AXIS_EP] = rt_comm_mesh_group(w, &mesh, RT_AXIS_EP, err, sizeof err);
-  if (!rk.group[IR_AXIS_TP] || !rk.group[IR_AXIS_CP] || !rk.group[IR_AXIS_EP]) {
+  RtRank rk;
+  if (equiv_rank(w, (PlanMesh){1, 1, C, E, T}, me, &rk, err, sizeof err)) {
     fprintf(stderr, "shard_equiv: %s\n", err);
     return 1;
   }
@@ -192,33 +132,14 @@ int main(int argc, char **argv) {
     if (me == 0) printf("micro %d: loss %.17g vs %.17g, rel err %.3g\n", step, lr_, ls_, e);
     if (!(e <= 1e-10)) fails++;
   }
-  double worst = 0, gmax = 0;
-  const char *worst_name = "";
-  for (int s = 0; s < ref->states.n; s++) {
-    if (ref->states.a[s].kind != IR_STATE_GRAD) continue;
-    const double *d = rt_state_data(pr, s);
-    for (int64_t i = 0; i < ir_type_numel(&ref->states.a[s].type); i++) gmax = fmax(gmax, fabs(d[i]));
+  double worst;
+  const char *worst_name;
+  int gf = equiv_grads(ref, pr, shd, ps, &rk, me, 1e-10, 0, &worst, &worst_name, err, sizeof err);
+  if (gf < 0) {
+    fprintf(stderr, "shard_equiv: %s\n", err);
+    return 1;
   }
-  for (int s = 0; s < shd->states.n; s++) {
-    const IrState *st = &shd->states.a[s];
-    if (st->kind != IR_STATE_GRAD) continue;
-    int r = ir_state_find(ref, st->name);
-    if (r < 0) { fprintf(stderr, "shard_equiv: @%s missing from the unsharded module\n", st->name); fails++; continue; }
-    int64_t n = ir_type_numel(&st->type);
-    double *d = ts_xcalloc((size_t)n + 1, sizeof *d);
-    memcpy(d, rt_state_data(ps, s), (size_t)n * sizeof *d);
-    for (int a = IR_AXIS_CP; a <= IR_AXIS_TP; a++)
-      if (st->sh.partial & (1u << a) && rt_comm_all_reduce(rk.group[a], IR_F64, d, (size_t)n, err, sizeof err)) {
-        fprintf(stderr, "shard_equiv: %s\n", err);
-        return 1;
-      }
-    int nzpad = 0;
-    double e = compare_block(st, d, &ref->states.a[r].type, rt_state_data(pr, r), &rk, 1e-6 * gmax, &nzpad);
-    if (nzpad) { fprintf(stderr, "rank %d: @%s has non-zero padding\n", me, st->name); fails++; }
-    if (!(e <= 1e-10)) { fprintf(stderr, "rank %d: @%s rel err %.3g\n", me, st->name, e); fails++; }
-    if (e >= worst) { worst = e; worst_name = st->name; }
-    free(d);
-  }
+  fails += gf;
   printf("rank %d: worst gradient rel err %.3g (@%s)\n", me, worst, worst_name);
   if (ltok != tok) { free(ltok); free(ltgt); }
   free(tok);
@@ -227,9 +148,7 @@ int main(int argc, char **argv) {
   rt_program_free(pr);
   ir_module_free(ref);
   ir_module_free(shd);
-  rt_comm_free(rk.group[IR_AXIS_TP]);
-  rt_comm_free(rk.group[IR_AXIS_CP]);
-  rt_comm_free(rk.group[IR_AXIS_EP]);
+  equiv_rank_free(&rk);
   int all = fails;
   double f = fails;
   rt_comm_all_reduce(w, IR_F64, &f, 1, err, sizeof err);
