@@ -10,7 +10,7 @@ Modes (one ctest each):
            each flag alone, all three, and none (0..T-1, all 0, all 1);
            the same on the byte corpus (EOD = newline) and --mock-data; the
            EOD id from --tokenizer; the flags change the losses
-  layouts  with all three flags, cp 2, dp 2 and pp 2 give the 1-rank
+  layouts  with all three flags, cp 2, dp 2, pp 2 and tp 2 + sp give the 1-rank
            losses (f64, 1e-10)
   refuse   a flag without an EOD id, a flag whose input the model does not
            declare (naming the flag and the input), a bad --eod-id, an
@@ -168,7 +168,7 @@ def mode_layouts():
     args = ["--data-path", prefix, "--split", "1", "--data-cache-path", os.path.join(WORK, "c"), "--eod-id",
             str(EOD)] + FLAGS
     ref, _ = train(compile_plan("p1"), "one", *args)
-    for tag, extra in (("cp2", ["--cp", "2"]), ("dp2", []), ("pp2", ["--pp", "2"])):
+    for tag, extra in (("cp2", ["--cp", "2"]), ("dp2", []), ("pp2", ["--pp", "2"]), ("tp2sp", ["--tp", "2", "--sp"])):
         got, _ = train(compile_plan(tag, *extra), tag, *args, gpus=2)
         if not close(got, ref):
             fail("%s: losses %s, 1 rank %s" % (tag, got, ref))
