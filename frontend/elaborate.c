@@ -1137,8 +1137,47 @@ static int input_type(Elab *e, ElabFrame *f, const MdlDecl *dc, IrType *t) {
   return elab_check_type(e, dc->loc, t, what);
 }
 
+/* A model with a `train` block is trained by mrun, which feeds its inputs
+ * by name from the data pipeline (ir.h "the model inputs a data pipeline
+ * feeds"): any other name, a wrong dtype, or a shape other than the
+ * tokens' (else the targets') is refused here, at the signature, rather
+ * than when a run starts.  Models without one are compiled for their IR
+ * (tests, analyses) and may take any input. */
+static void check_feeds(Elab *e, const MdlFunc *fn, const IrType *ty, const unsigned char *ok) {
+  if (!e->main->ntrain) return;
+  const IrType *ref = NULL;
+  const char *refname = NULL;
+  for (int i = 0; i < fn->ndecls; i++) {
+    int f = ok[i] ? ir_feed_find(fn->decls[i].name) : -1;
+    if ((f == IR_FEED_TOKENS || (f == IR_FEED_TARGETS && !ref)) && ir_feed_dtype_ok(f, ty[i].dtype))
+      ref = &ty[i], refname = fn->decls[i].name;
+  }
+  for (int i = 0; i < fn->ndecls; i++) {
+    const MdlDecl *dc = &fn->decls[i];
+    if (!ok[i]) continue;
+    char b1[256], b2[256];
+    int f = ir_feed_find(dc->name);
+    if (f < 0) {
+      elab_error(e, dc->loc, "model input '%s': a model with a train block is trained by mrun, whose data pipeline "
+                 "feeds only the inputs %s (docs/data.md)", dc->name, ir_feed_list());
+    } else if (!ir_feed_dtype_ok((IrFeed)f, ty[i].dtype)) {
+      elab_error(e, dc->loc, "model input '%s' is %s; the data pipeline feeds it as %s", dc->name,
+                 ir_type_str(&ty[i], b1, sizeof b1), f == IR_FEED_LOSS_MASK ? "f32, f64 or i32" : "i32");
+    } else if (ref && &ty[i] != ref) {
+      int same = ty[i].rank == ref->rank;
+      for (int d = 0; same && d < ref->rank; d++) same = ty[i].dim[d] == ref->dim[d];
+      if (!same)
+        elab_error(e, dc->loc, "model input '%s' is %s, but '%s' is %s: the data pipeline feeds every input one "
+                   "value per token, in the shape of '%s'", dc->name, ir_type_str(&ty[i], b1, sizeof b1), refname,
+                   ir_type_str(ref, b2, sizeof b2), refname);
+    }
+  }
+}
+
 static void elab_model(Elab *e) {
   const MdlFunc *fn = e->main->model;
+  IrType *ty = ts_xcalloc((size_t)fn->ndecls + 1, sizeof *ty);   /* the tensor inputs' types, for check_feeds */
+  unsigned char *tok = ts_xcalloc((size_t)fn->ndecls + 1, 1);
   ElabNaming nm;
   memset(&nm, 0, sizeof nm);
   nm.prefix = "";
@@ -1154,6 +1193,7 @@ static void elab_model(Elab *e) {
       IrType t;
       v = input_type(e, &fr, dc, &t) ? elab_err()
                                      : elab_emit(e, dc->loc, IR_OP_INPUT, NULL, 0, NULL, NULL, dc->name, &t);
+      if (v.k != V_ERR) ty[i] = elab_type(e, &v), tok[i] = 1;
     } else if (!dc->dflt) {
       elab_error(e, dc->loc, "model argument '%s' is not a tensor, so it needs a default value", dc->name);
       v = elab_err();
@@ -1163,6 +1203,9 @@ static void elab_model(Elab *e) {
     }
     elab_frame_set(&fr, dc->name, v);
   }
+  check_feeds(e, fn, ty, tok);
+  free(ty);
+  free(tok);
   int err0 = e->d->nerrors;
   Flow fl = exec_block(e, &fr, fn->body, fn->nbody);
   if (e->d->nerrors == err0) {

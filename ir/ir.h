@@ -290,4 +290,25 @@ const char *ir_state_kind_name(IrStateKind k);    /* "param", "grad", "adam_m", 
 const char *ir_init_kind_name(IrInitKind k);      /* "zeros", "ones", "normal", "uniform" */
 const char *ir_schedule_name(IrSchedule s);       /* "constant", "cosine", "linear" */
 
+/* ---- the model inputs a data pipeline feeds (mrun; docs/data.md) ----
+ * One list for the compiler, which refuses any other input of a model with
+ * a `train` block at its signature (frontend/elaborate.c), and for the
+ * trainer, which feeds these by name (runtime/exec/train.c).  All are
+ * [..., seq] like "tokens": the i32 ids "tokens", "targets" (tokens shifted
+ * by one), "position_ids" (each token's position: 0..seq-1, or counted from
+ * its document's start with --reset-position-ids) and "document_ids" (the
+ * document of each token in its row, from 0: all 0 without
+ * --reset-attention-mask); "loss_mask" (1, or 0 at end-of-document tokens
+ * with --eod-mask-loss) in f32, f64 or i32 as the model declares it. */
+typedef enum {
+  IR_FEED_TOKENS, IR_FEED_TARGETS, IR_FEED_LOSS_MASK, IR_FEED_POSITION_IDS, IR_FEED_DOCUMENT_IDS, IR_FEED_COUNT
+} IrFeed;
+/* The IrFeed named name, or -1. */
+int ir_feed_find(const char *name);
+const char *ir_feed_name(IrFeed f);
+/* "tokens, targets, loss_mask, position_ids, document_ids" (for messages). */
+const char *ir_feed_list(void);
+/* Whether feed f may have dtype d (the ids: i32; loss_mask: f32, f64, i32). */
+int ir_feed_dtype_ok(IrFeed f, IrDtype d);
+
 #endif

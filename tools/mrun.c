@@ -48,6 +48,7 @@
 #include "runtime/device/device.h"
 #include "runtime/exec/dev_prog.h"
 #include "runtime/exec/selftest.h"
+#include "runtime/data/tokenizer.h"
 #include "passes/passes.h"
 #include <dirent.h>
 #include <errno.h>
@@ -81,6 +82,10 @@ static const char usage[] =
     "  --data-cache-path DIR  where the sample indices are cached (default: a cache folder beside the\n"
     "                     first dataset, when it can be made); a second start loads them in milliseconds\n"
     "  --mock-data        synthetic token ids below the model's vocabulary, no file (benchmarks)\n"
+    "  --reset-position-ids    packed sequences (docs/data.md): position_ids restart after each end-of-document\n"
+    "  --reset-attention-mask  ... document_ids number the documents of a row (attention stays inside one)\n"
+    "  --eod-mask-loss         ... loss_mask is 0 where the token is the end-of-document token\n"
+    "  --eod-id N         the end-of-document token id for these flags;  --tokenizer PATH: its EOD token instead\n"
     "  --metrics FILE     write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s)\n"
     "  --seed N           override the plan's train.seed (initialization, data order, dropout)\n"
     "  --timeout S        seconds a rank waits in a collective before the job is stopped (default 60)\n"
@@ -114,6 +119,8 @@ typedef struct {
   const char **dpath;         /* --data-path's words, and the weights they gave */
   double *dweight;
   int has_split;
+  const char *tokenizer;      /* --tokenizer PATH: where the EOD id comes from (unless --eod-id) */
+  int64_t eod_id;             /* --eod-id N; -1: not given */
   const char *init_from, *export_dir, *format, *hf_map;
   RtCkptOpts ckpt;
   int64_t gpus, steps;        /* -1: not given */
@@ -209,6 +216,40 @@ static int parse_data_path(int argc, char **argv, int *i, Args *a) {
   return 0;
 }
 
+/* The end-of-document id of the packed-sequence flags: --eod-id N, else
+ * --tokenizer PATH's EOD token (rt_tok_eod); a flag without one, or a
+ * tokenizer that has none, is refused here, before any rank starts. */
+static int eod_args(Args *a) {
+  RtGptOpts *g = &a->gpt;
+  const char *flag = g->reset_position_ids ? "--reset-position-ids" : g->reset_attention_mask ? "--reset-attention-mask"
+                   : g->eod_mask_loss ? "--eod-mask-loss" : NULL;
+  if (a->tokenizer) {
+    char err[1024];
+    RtTokenizer *t = rt_tok_load(a->tokenizer, err, sizeof err);
+    if (!t) { fprintf(stderr, "mrun: --tokenizer: %s\n", err); return -1; }
+    int32_t eod = rt_tok_eod(t);
+    rt_tok_free(t);
+    if (eod < 0 && a->eod_id < 0 && flag) {
+      fprintf(stderr, "mrun: %s: tokenizer %s has no end-of-document token (<|endoftext|>, <|end_of_text|>, </s> or "
+              "<eos>): give its id with --eod-id N\n", flag, a->tokenizer);
+      return -1;
+    }
+    if (eod >= 0 && a->eod_id >= 0 && eod != a->eod_id) {
+      fprintf(stderr, "mrun: --eod-id %lld but tokenizer %s's end-of-document token is %d: give one of them\n",
+              (long long)a->eod_id, a->tokenizer, eod);
+      return -1;
+    }
+    if (eod >= 0) g->eod = eod, g->has_eod = 1;
+  }
+  if (a->eod_id >= 0) g->eod = (int32_t)a->eod_id, g->has_eod = 1;
+  if (flag && !g->has_eod) {
+    fprintf(stderr, "mrun: %s needs the end-of-document token id: give --tokenizer PATH (the tokenizer the data "
+            "was made with) or --eod-id N\n", flag);
+    return -1;
+  }
+  return 0;
+}
+
 /* The data options that go together. */
 static int check_data_args(const Args *a) {
   const char *other = a->data ? "--data" : a->gpt.mock ? "--mock-data" : NULL;
@@ -227,7 +268,7 @@ static int check_data_args(const Args *a) {
 /* Accepts "--opt VALUE" and "--opt=VALUE".  0, -1 (error), 1 (--help). */
 static int parse_args(int argc, char **argv, Args *a) {
   memset(a, 0, sizeof *a);
-  a->gpus = a->steps = -1;
+  a->gpus = a->steps = a->eod_id = -1;
   a->timeout = RT_COMM_DEFAULT_TIMEOUT;
   a->backend = RT_BACKEND_LLVM;
   for (int i = 1; i < argc; i++) {
@@ -238,6 +279,9 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(arg, "--cpu") == 0) { a->cpu = 1; continue; }
     if (strcmp(arg, "--selftest") == 0) { a->selftest = 1; continue; }
     if (strcmp(arg, "--mock-data") == 0) { a->gpt.mock = 1; continue; }
+    if (strcmp(arg, "--reset-position-ids") == 0) { a->gpt.reset_position_ids = 1; continue; }
+    if (strcmp(arg, "--reset-attention-mask") == 0) { a->gpt.reset_attention_mask = 1; continue; }
+    if (strcmp(arg, "--eod-mask-loss") == 0) { a->gpt.eod_mask_loss = 1; continue; }
     if (strncmp(arg, "--data-path", 11) == 0 && (arg[11] == 0 || arg[11] == '=')) {
       if (parse_data_path(argc, argv, &i, a) != 0) return -1;
       continue;
@@ -254,7 +298,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     static const char *const valued[] = {"--gpus", "--steps", "--train-iters", "--seed", "--timeout", "--backend",
                                          "--save-params", "--data", "--metrics", "--save", "--save-interval",
                                          "--keep", "--load", "--init-from", "--export", "--format", "--hf-map",
-                                         "--split", "--data-cache-path", NULL};
+                                         "--split", "--data-cache-path", "--eod-id", "--tokenizer", NULL};
     int known = 0;
     for (int k = 0; valued[k]; k++) known |= strlen(valued[k]) == nl && strncmp(arg, valued[k], nl) == 0;
     if (!known) { fprintf(stderr, "mrun: unknown option '%.*s'\n%s", (int)nl, arg, usage); return -1; }
@@ -310,6 +354,10 @@ static int parse_args(int argc, char **argv, Args *a) {
       a->has_split = 1;
     }
     else if (strcmp(name, "--data-cache-path") == 0) a->gpt.cache_dir = val;
+    else if (strcmp(name, "--eod-id") == 0) {
+      if (parse_count(name, val, 0, INT32_MAX, &a->eod_id)) return -1;
+    }
+    else if (strcmp(name, "--tokenizer") == 0) a->tokenizer = val;
     else if (strcmp(name, "--metrics") == 0) a->metrics = val;
     else { fprintf(stderr, "mrun: unknown option '%s'\n%s", name, usage); return -1; }
   }
@@ -337,6 +385,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     return -1;
   }
   if (check_data_args(a) != 0) return -1;
+  if (eod_args(a) != 0) return -1;
   if (!a->plan && !a->selftest) {
     fprintf(stderr, "mrun: no plan given%s\n%s", a->gpt.n ? " (--data-path takes every word after it up to the next "
             "option: put PLAN before --data-path)" : "", usage);
@@ -994,7 +1043,8 @@ int main(int argc, char **argv) {
     Plan *plan = load_plan(a.plan, err, sizeof err);
     PlanMesh mesh;
     int ok = plan && mesh_for(plan, a.gpus, &mesh, err, sizeof err) == 0 &&
-             check_pipeline_dp(plan, &mesh, a.plan, err, sizeof err) == 0;
+             check_pipeline_dp(plan, &mesh, a.plan, err, sizeof err) == 0 &&
+             rt_packed_check(&a.gpt, (const IrModule *const *)plan->programs, plan->nprograms, err, sizeof err) == 0;
     plan_free(plan);
     if (!ok) { fprintf(stderr, "mrun: %s\n", err); return 1; }
     return launch(a.gpus, argv);

@@ -70,6 +70,10 @@ typedef struct {
   int has_tokens, has_targets, has_mask;
   IrType tok_t, mask_t;      /* tokens/targets type (local); loss_mask type */
   IrSharding tok_sh;         /* the tokens/targets inputs' sharding */
+  IrSharding mask_sh;
+  int has_pos, has_doc;      /* position_ids / document_ids (packed.c makes them) */
+  IrType pos_t, doc_t;
+  IrSharding pos_sh, doc_sh;
   int64_t T, rows;           /* GLOBAL window length (last dim), rows per micro-batch */
   int split;                 /* the inputs are split: slice the global batch */
 } FeedSpec;
@@ -115,13 +119,29 @@ static int feed_spec(const RtProgram *p, const IrModule *m, const int *blocks, i
       }
       fs->has_mask = 1;
       fs->mask_t = n->type;
+      fs->mask_sh = n->sh;
+    } else if (ir_feed_find(name) == IR_FEED_POSITION_IDS || ir_feed_find(name) == IR_FEED_DOCUMENT_IDS) {
+      int is_pos = ir_feed_find(name) == IR_FEED_POSITION_IDS;
+      if (n->type.dtype != IR_I32 || n->type.rank < 1) {
+        snprintf(err, errlen, "model input \"%s\" is %s; the data pipeline feeds i32[..., seq] like the tokens",
+                 name, ir_type_str(&n->type, tb, sizeof tb));
+        return -1;
+      }
+      *(is_pos ? &fs->has_pos : &fs->has_doc) = 1;
+      *(is_pos ? &fs->pos_t : &fs->doc_t) = n->type;
+      *(is_pos ? &fs->pos_sh : &fs->doc_sh) = n->sh;
     } else {
-      snprintf(err, errlen, "model input \"%s\" is not provided by the byte data pipeline "
-               "(it feeds \"tokens\", \"targets\" and \"loss_mask\")", name);
+      snprintf(err, errlen, "model input \"%s\" is not provided by the data pipeline (it feeds %s)", name,
+               ir_feed_list());
       return -1;
     }
   }
-  if (!fs->has_tokens && !fs->has_targets) {
+  if (!fs->has_tokens && !fs->has_targets && need == 0 && (fs->has_pos || fs->has_doc)) {
+    /* a middle pipeline stage reading only the document ids (its attention
+     * layers): they set the window's shape */
+    fs->tok_t = fs->has_doc ? fs->doc_t : fs->pos_t;
+    fs->tok_sh = fs->has_doc ? fs->doc_sh : fs->pos_sh;
+  } else if (!fs->has_tokens && !fs->has_targets) {
     if (!need && !fs->has_mask) { fs->none = 1; return 0; }
     snprintf(err, errlen, "block \"%s\"%s has no input \"tokens\" or \"targets\"", m->blocks.a[blocks[0]].name,
              nb > 1 ? " (nor any other block of the program)" : "");
@@ -148,6 +168,27 @@ static int feed_spec(const RtProgram *p, const IrModule *m, const int *blocks, i
     snprintf(err, errlen, "model input \"loss_mask\" %s does not match the tokens %s",
              ir_type_str(&fs->mask_t, tb, sizeof tb), ir_type_str(&fs->tok_t, tb2, sizeof tb2));
     return -1;
+  }
+  /* the other feeds are made per token of the global [rows, T] batch and
+   * sliced by their own sharding: their global shape must be the tokens' */
+  const struct { int has; const char *name; const IrType *t; const IrSharding *sh; } other[] = {
+      {fs->has_pos, "position_ids", &fs->pos_t, &fs->pos_sh},
+      {fs->has_doc, "document_ids", &fs->doc_t, &fs->doc_sh},
+      {fs->has_mask, "loss_mask", &fs->mask_t, &fs->mask_sh}};
+  for (int k = 0; k < 3; k++) {
+    if (!other[k].has) continue;
+    int64_t o2[IR_MAX_RANK], g2[IR_MAX_RANK];
+    rt_shard_offsets(rt_program_rank(p), other[k].sh, other[k].t, o2, g2);
+    int same = other[k].t->rank == gt.rank && !other[k].sh->partial;
+    for (int d = 0; same && d < gt.rank; d++) {
+      same = g2[d] == gt.dim[d];
+      fs->split |= g2[d] != other[k].t->dim[d];
+    }
+    if (!same) {
+      snprintf(err, errlen, "model input \"%s\" %s does not match the tokens %s (one value per token)",
+               other[k].name, ir_type_str(other[k].t, tb, sizeof tb), ir_type_str(&fs->tok_t, tb2, sizeof tb2));
+      return -1;
+    }
   }
   return 0;
 }
@@ -189,6 +230,11 @@ typedef struct {
   int32_t *tokens, *targets;     /* the rank's local block, fed to the program */
   int32_t *gtok, *gtgt;          /* the global micro batch (split inputs only) */
   void *mask;
+  int32_t *pos, *doc;            /* position_ids / document_ids: the rank's block */
+  int32_t *gpos, *gdoc, *gmask;  /* ... and the loss mask as 0/1, over the global micro batch */
+  int32_t *lmask;                /* the rank's block of gmask, before its conversion to the mask's dtype */
+  const RtGptOpts *pack;         /* the packed-sequence flags and the EOD id */
+  int64_t first_step;            /* the run's first step (after a resume: the checkpoint's) */
   RtComm *dp;                    /* the dp group (NULL: dp = 1) */
   RtComm *pp;                    /* the pp group (NULL: pp = 1) */
   PipeSchedule sched;            /* pipeline programs: every pipeline rank's schedule */
@@ -249,6 +295,12 @@ static void run_free(TrainRun *r) {
   free(r->gtok);
   free(r->gtgt);
   free(r->mask);
+  free(r->pos);
+  free(r->doc);
+  free(r->gpos);
+  free(r->gdoc);
+  free(r->gmask);
+  free(r->lmask);
   if (r->have_sched) plan_pipe_schedule_free(&r->sched);
   free(r->chunk_block);
   free(r->has_data);
@@ -272,17 +324,70 @@ static void slice_block(const RtProgram *p, int32_t *y, const int32_t *x, const 
   }
 }
 
-/* Fills the feeds with global micro batch g of step s. */
+/* slice_block of an input of local type lt and sharding sh (its global
+ * dims from them); unsplit, a copy. */
+static void slice_input(const RtProgram *p, int split, int32_t *y, const int32_t *x, const IrType *lt,
+                        const IrSharding *sh) {
+  if (!split) {
+    memcpy(y, x, (size_t)ir_type_numel(lt) * sizeof *y);
+    return;
+  }
+  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
+  rt_shard_offsets(rt_program_rank(p), sh, lt, off, gdim);
+  slice_block(p, y, x, lt, gdim, sh);
+}
+
+/* Fills the feeds with global micro batch g of step s: tokens and targets
+ * from the data, then the packed-sequence inputs made from the global
+ * tokens (packed.c) and each input's block of them. */
 static int load_micro_data(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_t s, int64_t g,
                            char *err, size_t errlen) {
   (void)m;
-  if (!fs->split) return rt_data_rows(&r->data, s, g * fs->rows, fs->rows, r->tokens, r->targets, err, errlen);
-  if (rt_data_rows(&r->data, s, g * fs->rows, fs->rows, r->gtok, r->gtgt, err, errlen) != 0) return -1;
-  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
-  rt_shard_offsets(rt_program_rank(r->prog), &fs->tok_sh, &fs->tok_t, off, gdim);
-  slice_block(r->prog, r->tokens, r->gtok, &fs->tok_t, gdim, &fs->tok_sh);
-  slice_block(r->prog, r->targets, r->gtgt, &fs->tok_t, gdim, &fs->tok_sh);
+  int32_t *tok = fs->split ? r->gtok : r->tokens;
+  if (rt_data_rows(&r->data, s, g * fs->rows, fs->rows, tok, fs->split ? r->gtgt : r->targets, err, errlen) != 0)
+    return -1;
+  if (fs->split) {
+    slice_input(r->prog, 1, r->tokens, r->gtok, &fs->tok_t, &fs->tok_sh);
+    slice_input(r->prog, 1, r->targets, r->gtgt, &fs->tok_t, &fs->tok_sh);
+  }
+  if (!fs->has_pos && !fs->has_doc && !fs->has_mask) return 0;
+  rt_packed_inputs(r->pack, tok, fs->rows, fs->T, r->gpos, r->gdoc, r->gmask);
+  if (fs->has_pos) slice_input(r->prog, fs->split, r->pos, r->gpos, &fs->pos_t, &fs->pos_sh);
+  if (fs->has_doc) slice_input(r->prog, fs->split, r->doc, r->gdoc, &fs->doc_t, &fs->doc_sh);
+  if (fs->has_mask) {
+    slice_input(r->prog, fs->split, r->lmask, r->gmask, &fs->mask_t, &fs->mask_sh);
+    int64_t nm = ir_type_numel(&fs->mask_t);
+    for (int64_t i = 0; i < nm; i++) {
+      if (fs->mask_t.dtype == IR_F32) ((float *)r->mask)[i] = (float)r->lmask[i];
+      else if (fs->mask_t.dtype == IR_F64) ((double *)r->mask)[i] = (double)r->lmask[i];
+      else ((int32_t *)r->mask)[i] = r->lmask[i];
+    }
+  }
   return 0;
+}
+
+/* TS_DUMP_FEEDS=DIR (a debugging aid, and how tests/packed sees what the
+ * model is fed): the first step's micro batches as this rank feeds them,
+ * one file DIR/feeds.<world rank>.<global micro batch>, a line per input:
+ * its name, then its values in the rank's local row-major order. */
+static void dump_feeds(const TrainRun *r, const FeedSpec *fs, int64_t g) {
+  const char *dir = getenv("TS_DUMP_FEEDS");
+  if (!dir || !*dir) return;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/feeds.%d.%lld", dir, r->world_rank, (long long)g);
+  FILE *f = fopen(path, "w");
+  if (!f) { fprintf(stderr, "mrun: TS_DUMP_FEEDS: cannot write %s: %s\n", path, strerror(errno)); return; }
+  const struct { int has; const char *name; const int32_t *v; const IrType *t; } in[] = {
+      {1, "tokens", r->tokens, &fs->tok_t}, {1, "targets", r->targets, &fs->tok_t},
+      {fs->has_pos, "position_ids", r->pos, &fs->pos_t}, {fs->has_doc, "document_ids", r->doc, &fs->doc_t},
+      {fs->has_mask, "loss_mask", r->lmask, &fs->mask_t}};
+  for (int k = 0; k < 5; k++) {
+    if (!in[k].has) continue;
+    fprintf(f, "%s", in[k].name);
+    for (int64_t i = 0; i < ir_type_numel(in[k].t); i++) fprintf(f, " %d", in[k].v[i]);
+    fprintf(f, "\n");
+  }
+  if (fclose(f) != 0) fprintf(stderr, "mrun: TS_DUMP_FEEDS: cannot write %s\n", path);
 }
 
 /* The same, skipped when the buffers already hold it (a pipeline rank
@@ -292,6 +397,7 @@ static int load_micro(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_
   if (r->loaded_step == s && r->loaded_micro == g) return 0;
   r->loaded_step = r->loaded_micro = -1;
   if (load_micro_data(r, m, fs, s, g, err, errlen) != 0) return -1;
+  if (s == r->first_step) dump_feeds(r, fs, g);
   r->loaded_step = s;
   r->loaded_micro = g;
   return 0;
@@ -327,11 +433,13 @@ static void maybe_fail(const TrainRun *r, int64_t s) {
 static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb, int ub,
                       int64_t s, int64_t n_local, int64_t n_global, int dp_coord, double lr,
                       double *loss, double *gnorm, char *err, size_t errlen) {
-  RtFeed feeds[3];
+  RtFeed feeds[IR_FEED_COUNT];
   int nf = 0;
   if (fs->has_tokens) feeds[nf++] = (RtFeed){"tokens", r->tokens};
   if (fs->has_targets) feeds[nf++] = (RtFeed){"targets", r->targets};
   if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
+  if (fs->has_pos) feeds[nf++] = (RtFeed){"position_ids", r->pos};
+  if (fs->has_doc) feeds[nf++] = (RtFeed){"document_ids", r->doc};
   double sum = 0;
   r->nx = 0;
   for (int64_t j = 0; j < n_local; j++) {
@@ -485,11 +593,13 @@ static int pipe_metrics(TrainRun *r, char *err, size_t errlen) {
 static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, int ub, int64_t s, int64_t n_local,
                            int64_t n_global, int dp_coord, double lr, double *loss, double *gnorm, char *err,
                            size_t errlen) {
-  RtFeed feeds[3];
+  RtFeed feeds[IR_FEED_COUNT];
   int nf = 0;
   if (fs->has_tokens) feeds[nf++] = (RtFeed){"tokens", r->tokens};
   if (fs->has_targets) feeds[nf++] = (RtFeed){"targets", r->targets};
   if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
+  if (fs->has_pos) feeds[nf++] = (RtFeed){"position_ids", r->pos};
+  if (fs->has_doc) feeds[nf++] = (RtFeed){"document_ids", r->doc};
   int c = rt_program_rank(r->prog)->coord[IR_AXIS_PP];
   double acc[2] = {0, 0};   /* sum of the reported losses, how many reports */
   r->nx = 0;
@@ -613,6 +723,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       return -1;
     }
     rs.resumed_from = rs.steps = start;
+    r.first_step = start;
     if (lead && !o->quiet)
       fprintf(log, "resumed from the checkpoint of step %lld in %s%s%s\n", (long long)start, o->ckpt.load_dir,
               how[0] ? ", " : "", how);
@@ -651,6 +762,12 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   int frc = feed_spec(r.prog, m, fb, nfb, !piped, &fs, err, errlen);
   free(fb);
   if (frc != 0) { run_free(&r); return -1; }
+  /* every packed-sequence flag needs its input in some program of the plan
+   * (o->hf lists them; a caller without a plan: this module) */
+  const IrModule *self[1] = {m};
+  r.pack = &o->gpt;
+  if (rt_packed_check(&o->gpt, o->hf.nprograms ? o->hf.programs : self, o->hf.nprograms ? o->hf.nprograms : 1, err,
+                      errlen) != 0) { run_free(&r); return -1; }
   if (fs.has_targets && lead && !o->gpt.n && !o->gpt.mock) warn_vocab(m);
 
   if (open_data(&r, o, &fs, nmicro, lead, log, err, errlen) != 0) { run_free(&r); return -1; }
@@ -673,15 +790,17 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     r.gtok = ts_xcalloc((size_t)ntok, sizeof *r.gtok);
     r.gtgt = ts_xcalloc((size_t)ntok, sizeof *r.gtgt);
   }
+  /* the packed-sequence inputs: made per micro batch (load_micro_data) */
+  if (fs.has_pos || fs.has_doc || fs.has_mask) {
+    r.gpos = ts_xcalloc((size_t)ntok, sizeof *r.gpos);
+    r.gdoc = ts_xcalloc((size_t)ntok, sizeof *r.gdoc);
+    r.gmask = ts_xcalloc((size_t)ntok, sizeof *r.gmask);
+  }
+  if (fs.has_pos) r.pos = ts_xcalloc((size_t)ir_type_numel(&fs.pos_t), sizeof *r.pos);
+  if (fs.has_doc) r.doc = ts_xcalloc((size_t)ir_type_numel(&fs.doc_t), sizeof *r.doc);
   if (fs.has_mask) {
-    size_t es = ir_dtype_size(fs.mask_t.dtype);
-    int64_t nm = ir_type_numel(&fs.mask_t);
-    r.mask = ts_xcalloc((size_t)nm, es);
-    for (int64_t i = 0; i < nm; i++) {
-      if (fs.mask_t.dtype == IR_F32) ((float *)r.mask)[i] = 1.0f;
-      else if (fs.mask_t.dtype == IR_F64) ((double *)r.mask)[i] = 1.0;
-      else ((int32_t *)r.mask)[i] = 1;
-    }
+    r.mask = ts_xcalloc((size_t)ir_type_numel(&fs.mask_t), ir_dtype_size(fs.mask_t.dtype));
+    r.lmask = ts_xcalloc((size_t)ir_type_numel(&fs.mask_t), sizeof *r.lmask);
   }
 
   double t0 = ts_now_s();

@@ -3,10 +3,12 @@
  * loop over a module's "micro" and "update" blocks (train.c) and the GPU
  * driver probe (gpu_probe.c).
  *
- * Data convention: a model's inputs are fed by name -- "tokens" and
- * "targets" (i32, same shape [..., T]: row r holds a window of T tokens
- * and the same window shifted by one; RtDataSrc below) and optionally
- * "loss_mask" (all ones).  Any other input is refused at start-up. */
+ * Data convention: a model's inputs are fed by name (ir.h's list of
+ * feeds) -- "tokens" and "targets" (i32, same shape [..., T]: row r holds
+ * a window of T tokens and the same window shifted by one; RtDataSrc
+ * below) and optionally "loss_mask", "position_ids" and "document_ids",
+ * made from the tokens (rt_packed_inputs).  Any other input is refused at
+ * start-up (and by mcc, for a model with a train block). */
 #ifndef TS_TRAIN_H
 #define TS_TRAIN_H
 #include "rt.h"
@@ -43,7 +45,30 @@ typedef struct {
   const char *split;            /* --split; NULL: 969,30,1 */
   const char *cache_dir;        /* --data-cache-path; NULL: a "cache" folder beside the first dataset */
   int mock;                     /* --mock-data */
+  /* Megatron's packed-sequence flags (packed.c), for every data source */
+  int reset_position_ids;       /* --reset-position-ids: positions restart after each EOD */
+  int reset_attention_mask;     /* --reset-attention-mask: document_ids count the EODs before each token */
+  int eod_mask_loss;            /* --eod-mask-loss: loss_mask 0 where the token is the EOD */
+  int has_eod;                  /* eod below is set (--eod-id, or --tokenizer's end-of-document token) */
+  int32_t eod;
 } RtGptOpts;
+
+/* ---- packed sequences (packed.c; docs/data.md "Packed sequences") ----
+ * The inputs Megatron's get_ltor_masks_and_position_ids makes from a
+ * micro batch's tokens [rows, T] (row-major), each [rows, T]:
+ *   pos[r][t]  = t, or with reset_position_ids t minus the index after the
+ *                last EOD before t in row r (a document's positions from 0)
+ *   doc[r][t]  = 0, or with reset_attention_mask the number of EODs in
+ *                row r before t (the EOD belongs to the document it ends)
+ *   mask[r][t] = 1, or with eod_mask_loss 0 where tokens[r][t] is the EOD
+ * Any of pos / doc / mask may be NULL. */
+void rt_packed_inputs(const RtGptOpts *g, const int32_t *tokens, int64_t rows, int64_t T, int32_t *pos,
+                      int32_t *doc, int32_t *mask);
+/* The flags against the model: each needs the EOD id and the input it
+ * fills, declared by some program of the plan (progs[0..n); a pipeline's
+ * first stage takes position_ids, its last loss_mask), so no flag is
+ * silently ignored.  0, or -1 naming the flag and what would work. */
+int rt_packed_check(const RtGptOpts *g, const IrModule *const *progs, int n, char *err, size_t errlen);
 
 /* What rt_train reads: the byte corpus, indexed datasets or mock data.
  * Row r of global micro batch rows [row0, row0 + rows) of step s is global
