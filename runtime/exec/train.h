@@ -71,6 +71,12 @@ typedef struct {
  * start-up lines (where the indices came from, how long it took). */
 int rt_data_open(RtDataSrc *d, const RtTrainOpts *o, const RtProgram *p, int64_t T, int64_t per_step,
                  int64_t samples, FILE *note, char *err, size_t errlen);
+/* The same for split part `part` (RT_SPLIT_*): indexed data reads that
+ * part's indices; mock data draws part p > 0 from seed rand(seed, 6, p)
+ * (gptdata.h), so validation never sees a training sample; the byte
+ * corpus has no split and refuses p > 0. */
+int rt_data_open_part(RtDataSrc *d, const RtTrainOpts *o, const RtProgram *p, int part, int64_t T, int64_t per_step,
+                      int64_t samples, FILE *note, char *err, size_t errlen);
 int rt_data_rows(RtDataSrc *d, int64_t step, int64_t row0, int64_t rows, int32_t *tokens, int32_t *targets,
                  char *err, size_t errlen);
 void rt_data_close(RtDataSrc *d);
@@ -125,6 +131,14 @@ struct RtTrainOpts {
   const char *export_dir;    /* --export DIR: after training, the weights as a Hugging Face model */
   RtHfOpts hf;               /* the map and the plan's programs, for both */
   RtGptOpts gpt;             /* --data-path / --mock-data instead of data_path */
+  /* Validation (docs/data.md "Validation"): after every eval_interval-th
+   * step, the mean loss of block "eval" (pass eval: the forward alone,
+   * dropout off) over global batches 0 .. eval_iters-1 of the valid part,
+   * the same samples every time; with eval_test, over those of the test
+   * part once after the last step.  0: none.  No gradient, parameter or
+   * optimizer state changes; every rank takes part. */
+  int64_t eval_interval, eval_iters;
+  int eval_test;
 };
 
 typedef struct {
@@ -143,6 +157,8 @@ typedef struct {
   int64_t timed_saves;       /* the saves of --save-interval (not the one after the last step) */
   double save_stall_s;       /* the time training waited for them, in all */
   double save_copy_s;        /* of which copying the states to host buffers (--async-save) */
+  int64_t evals;             /* evaluations on the valid part */
+  double val_loss, test_loss;/* the last evaluation's loss, the test loss (NaN: none) */
 } RtTrainResult;
 
 /* Stopping: SIGINT or SIGTERM during rt_train ends training after the step
