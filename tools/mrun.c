@@ -86,6 +86,7 @@ static const char usage[] =
     "                     the progress line and --metrics (docs/data.md \"Validation\")\n"
     "  --eval-iters K     global batches per evaluation (default 100; 0: no evaluation)\n"
     "  --test             after the last step, the loss on --eval-iters global batches of the test split\n"
+    "  --no-prefetch      each step reads its own batches (default: a thread prepares the next step's)\n"
     "  --metrics FILE     write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s)\n"
     "  --seed N           override the plan's train.seed (initialization, data order, dropout)\n"
     "  --timeout S        seconds a rank waits in a collective before the job is stopped (default 60)\n"
@@ -121,6 +122,7 @@ typedef struct {
   int has_split;
   int64_t eval_interval, eval_iters;  /* --eval-interval, --eval-iters (-1: not given) */
   int eval_test;              /* --test */
+  int no_prefetch;            /* --no-prefetch */
   const char *init_from, *export_dir, *format, *hf_map;
   RtCkptOpts ckpt;
   int64_t gpus, steps;        /* -1: not given */
@@ -264,6 +266,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(arg, "--selftest") == 0) { a->selftest = 1; continue; }
     if (strcmp(arg, "--mock-data") == 0) { a->gpt.mock = 1; continue; }
     if (strcmp(arg, "--test") == 0) { a->eval_test = 1; continue; }
+    if (strcmp(arg, "--no-prefetch") == 0) { a->no_prefetch = 1; continue; }
     if (strncmp(arg, "--data-path", 11) == 0 && (arg[11] == 0 || arg[11] == '=')) {
       if (parse_data_path(argc, argv, &i, a) != 0) return -1;
       continue;
@@ -948,6 +951,7 @@ static int run_single(const Args *a) {
   o.eval_interval = a->eval_interval;
   o.eval_iters = a->eval_iters;
   o.eval_test = a->eval_test;
+  o.no_prefetch = a->no_prefetch;
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) { fprintf(stderr, "mrun: %s\n", err); goto out; }
   print_done(a, &res);
@@ -998,6 +1002,7 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   o.eval_interval = a->eval_interval;
   o.eval_iters = a->eval_iters;
   o.eval_test = a->eval_test;
+  o.no_prefetch = a->no_prefetch;
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   if (me == 0) print_done(a, &res);

@@ -185,6 +185,10 @@ typedef struct {
   RtDataSrc data;
   RtDataSrc vdata, tdata;        /* the valid and test parts (--eval-interval, --test; kind 0 unused) */
   RtDataSrc *src;                /* what load_micro reads: &data, or an evaluation's part */
+  RtPrefetch *pf;                /* training batches made one step ahead (NULL: --no-prefetch, no data) */
+  int64_t pf_g0;                 /* the rank's first global micro batch (micro j = g - pf_g0) */
+  const FeedSpec *pf_fs;         /* for the prefetch thread's fills */
+  int32_t *pf_gtok, *pf_gtgt;    /* its global micro batch (split inputs) */
   FILE *metrics;                 /* --metrics (a log written as it goes) */
   const char *metrics_path;
   char metrics_err[1200];        /* its first write error: the run ends with it */
@@ -242,6 +246,10 @@ static void print_metrics(FILE *log, const TrainRun *r) {
 }
 
 static void run_free(TrainRun *r) {
+  rt_prefetch_stop(r->pf);   /* first: its thread reads r->data */
+  r->pf = NULL;
+  free(r->pf_gtok);
+  free(r->pf_gtgt);
   rt_program_free(r->prog);
   rt_data_close(&r->data);
   rt_data_close(&r->vdata);
@@ -276,17 +284,34 @@ static void slice_block(const RtProgram *p, int32_t *y, const int32_t *x, const 
   }
 }
 
-/* Fills the feeds with global micro batch g of step s. */
+/* The rank's block of global micro batch g of step s of src into tok /
+ * tgt (gtok / gtgt: room for the global batch when the inputs are split).
+ * Only reads r (the prefetch thread calls it too). */
+static int fill_micro(const TrainRun *r, const FeedSpec *fs, RtDataSrc *src, int64_t s, int64_t g, int32_t *tok,
+                      int32_t *tgt, int32_t *gtok, int32_t *gtgt, char *err, size_t errlen) {
+  if (!fs->split) return rt_data_rows(src, s, g * fs->rows, fs->rows, tok, tgt, err, errlen);
+  if (rt_data_rows(src, s, g * fs->rows, fs->rows, gtok, gtgt, err, errlen) != 0) return -1;
+  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
+  rt_shard_offsets(rt_program_rank(r->prog), &fs->tok_sh, &fs->tok_t, off, gdim);
+  slice_block(r->prog, tok, gtok, &fs->tok_t, gdim, &fs->tok_sh);
+  slice_block(r->prog, tgt, gtgt, &fs->tok_t, gdim, &fs->tok_sh);
+  return 0;
+}
+
+/* The prefetch thread's fill (RtPrefetchFill): local micro j of step s. */
+static int pf_fill(void *ctx, int64_t s, int64_t j, int32_t *tok, int32_t *tgt, char *err, size_t errlen) {
+  TrainRun *r = ctx;
+  return fill_micro(r, r->pf_fs, &r->data, s, r->pf_g0 + j, tok, tgt, r->pf_gtok, r->pf_gtgt, err, errlen);
+}
+
+/* Fills the feeds with global micro batch g of step s: training batches
+ * from the prefetch thread when it runs. */
 static int load_micro_data(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_t s, int64_t g,
                            char *err, size_t errlen) {
   (void)m;
-  if (!fs->split) return rt_data_rows(r->src, s, g * fs->rows, fs->rows, r->tokens, r->targets, err, errlen);
-  if (rt_data_rows(r->src, s, g * fs->rows, fs->rows, r->gtok, r->gtgt, err, errlen) != 0) return -1;
-  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
-  rt_shard_offsets(rt_program_rank(r->prog), &fs->tok_sh, &fs->tok_t, off, gdim);
-  slice_block(r->prog, r->tokens, r->gtok, &fs->tok_t, gdim, &fs->tok_sh);
-  slice_block(r->prog, r->targets, r->gtgt, &fs->tok_t, gdim, &fs->tok_sh);
-  return 0;
+  if (r->pf && r->src == &r->data)
+    return rt_prefetch_get(r->pf, s, g - r->pf_g0, r->tokens, r->targets, err, errlen);
+  return fill_micro(r, fs, r->src, s, g, r->tokens, r->targets, r->gtok, r->gtgt, err, errlen);
 }
 
 /* The same, skipped when the buffers already hold it (a pipeline rank
@@ -747,6 +772,18 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     }
   }
 
+  if (!fs.none && !o->no_prefetch && start < tr->steps) {
+    r.pf_fs = &fs;
+    r.pf_g0 = (int64_t)rank->coord[IR_AXIS_DP] * n_local;
+    if (fs.split) {
+      r.pf_gtok = ts_xcalloc((size_t)ntok, sizeof *r.pf_gtok);
+      r.pf_gtgt = ts_xcalloc((size_t)ntok, sizeof *r.pf_gtgt);
+    }
+    if (!(r.pf = rt_prefetch_start(pf_fill, &r, start, tr->steps, n_local, (size_t)nloc, err, errlen))) {
+      run_free(&r);
+      return -1;
+    }
+  }
   double t0 = ts_now_s();
   int rc = 0;
   struct sigaction sa, old_int, old_term;
@@ -766,6 +803,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
                                       err, errlen)
                     : train_step(&r, m, &fs, mb, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
                                  err, errlen);
+    rt_prefetch_release(r.pf, s);   /* its slot takes step s + 2 */
     if (bad) {
       char msg[1024];
       snprintf(msg, sizeof msg, "step %lld: %s", (long long)s + 1, err);

@@ -18,6 +18,9 @@ Modes (one ctest each):
            --test reports the test split once at the end
   layouts  dp 2, tp 2 and cp 2 give the 1-rank val_loss and test_loss (f64,
            1e-10); --mock-data evaluates too (never on training samples)
+  prefetch the batches of the prefetch thread train bit-identical losses to
+           --no-prefetch (1 rank, dp 2, cp 2, pp 2, the byte corpus), and a
+           data error made in the thread is reported the same way
   refuse   the byte corpus (no split), --eval-iters without --eval-interval,
            a split with an empty valid / test part, a pipeline program,
            --eval-interval 0: refused naming the flag and the problem;
@@ -153,11 +156,10 @@ def mode_params():
     ck2 = os.path.join(WORK, "ck_noeval")
     m1, _ = train(plan, "r1", *data, *ev, "--save", ck, steps=2)
     train(plan, "r1n", *data, "--save", ck2, steps=2)
-    for f in sorted(os.listdir(os.path.join(ck, "iter_2"))):
-        a, b = os.path.join(ck, "iter_2", f), os.path.join(ck2, "iter_2", f)
-        if f.endswith(".bin") or f.endswith(".safetensors"):
-            if not same_bytes(a, b):
-                fail("checkpoint file %s differs with evaluation in the run" % f)
+    for f in sorted(os.listdir(os.path.join(ck, "iter_0000002"))):
+        a, b = os.path.join(ck, "iter_0000002", f), os.path.join(ck2, "iter_0000002", f)
+        if f != "metadata.json" and not same_bytes(a, b):
+            fail("checkpoint file %s differs with evaluation in the run" % f)
     m2, _ = train(plan, "r2", *data, *ev, "--load", ck, "--save-params", pc)
     if not same_bytes(pc, pa) or col(m1, "loss") + col(m2, "loss") != col(ma, "loss") or \
             col(m1, "val_loss") + col(m2, "val_loss") != col(ma, "val_loss"):
@@ -190,6 +192,34 @@ def mode_layouts():
     print("ok: --mock-data evaluates: val_loss %s near ln 256, dp 2 equal" % v)
 
 
+def mode_prefetch():
+    ds = os.path.join(WORK, "ds")
+    tw.write_indexed(ds, docs(5, 150, 50))
+    base = ["--data-path", ds, "--split", "8,1,1", "--data-cache-path", os.path.join(WORK, "c"), "--quiet"]
+    p1 = compile_plan("p1", "-D", "dropout=0.1")
+    for tag, plan, g, extra in (("1 rank", p1, 1, []), ("dp 2", p1, 2, []),
+                                ("cp 2", compile_plan("cp2", "-D", "dropout=0.1", "--cp", "2"), 2, []),
+                                ("pp 2", compile_plan("pp2", "-D", "dropout=0.1", "--pp", "2"), 2, []),
+                                ("byte corpus", p1, 1, ["BYTES"])):
+        args = base if extra != ["BYTES"] else ["--quiet"]
+        a, _ = train(plan, "pf", *args, gpus=g, steps=5)
+        b, _ = train(plan, "nopf", *args, "--no-prefetch", gpus=g, steps=5)
+        if col(a, "loss") != col(b, "loss") or len(col(a, "loss")) != 5:
+            fail("%s: losses with prefetch %s, without %s" % (tag, col(a, "loss"), col(b, "loss")))
+        print("ok: %s: the prefetched batches train bit-identical losses %s" % (tag, ["%.6f" % x for x in col(a, "loss")]))
+    # an error made in the prefetch thread is reported for its step, as without it
+    small = compile_plan("v64", "-D", "vocab=64")
+    msgs = []
+    for pf in ([], ["--no-prefetch"]):
+        _, p = train(small, "bad", *base, *pf, ok=False)
+        if p.returncode == 0 or "vocabulary" not in p.stderr:
+            fail("ids >= 64 were not refused%s: %s" % (" without prefetch" if pf else "", p.stderr))
+        msgs.append(p.stderr.strip().splitlines()[-1])
+    if msgs[0] != msgs[1]:
+        fail("the refusal differs with prefetch: %r vs %r" % tuple(msgs))
+    print("ok: an id above the vocabulary is refused the same with and without prefetch: " + msgs[0])
+
+
 def mode_refuse():
     ds = os.path.join(WORK, "ds")
     tw.write_indexed(ds, docs(4, 60, 40))
@@ -220,5 +250,5 @@ def mode_refuse():
 if __name__ == "__main__":
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
-    {"oracle": mode_oracle, "params": mode_params, "layouts": mode_layouts, "refuse": mode_refuse}[MODE]()
+    {"oracle": mode_oracle, "params": mode_params, "prefetch": mode_prefetch, "layouts": mode_layouts, "refuse": mode_refuse}[MODE]()
     print("PASS")
