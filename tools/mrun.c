@@ -86,6 +86,12 @@ static const char usage[] =
     "  --reset-attention-mask  ... document_ids number the documents of a row (attention stays inside one)\n"
     "  --eod-mask-loss         ... loss_mask is 0 where the token is the end-of-document token\n"
     "  --eod-id N         the end-of-document token id for these flags;  --tokenizer PATH: its EOD token instead\n"
+    "  --eval-interval N  after every N-th step, the loss on --eval-iters global batches of the valid split\n"
+    "                     (forward only, dropout off; the same samples each time): val_loss and val_ppl in\n"
+    "                     the progress line and --metrics (docs/data.md \"Validation\")\n"
+    "  --eval-iters K     global batches per evaluation (default 100; 0: no evaluation)\n"
+    "  --test             after the last step, the loss on --eval-iters global batches of the test split\n"
+    "  --no-prefetch      each step reads its own batches (default: a thread prepares the next step's)\n"
     "  --metrics FILE     write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s)\n"
     "  --seed N           override the plan's train.seed (initialization, data order, dropout)\n"
     "  --timeout S        seconds a rank waits in a collective before the job is stopped (default 60)\n"
@@ -121,6 +127,9 @@ typedef struct {
   int has_split;
   const char *tokenizer;      /* --tokenizer PATH: where the EOD id comes from (unless --eod-id) */
   int64_t eod_id;             /* --eod-id N; -1: not given */
+  int64_t eval_interval, eval_iters;  /* --eval-interval, --eval-iters (-1: not given) */
+  int eval_test;              /* --test */
+  int no_prefetch;            /* --no-prefetch */
   const char *init_from, *export_dir, *format, *hf_map;
   RtCkptOpts ckpt;
   int64_t gpus, steps;        /* -1: not given */
@@ -265,10 +274,28 @@ static int check_data_args(const Args *a) {
   return 0;
 }
 
+/* Validation's options (docs/data.md "Validation"): what they need.  The
+ * byte corpus has no valid / test split, so evaluation is refused there
+ * rather than drawn from the training text. */
+static int check_eval_args(Args *a) {
+  if (a->eval_iters >= 0 && !a->eval_interval && !a->eval_test) {
+    fprintf(stderr, "mrun: --eval-iters goes with --eval-interval N (or --test)\n");
+    return -1;
+  }
+  if (a->eval_iters < 0) a->eval_iters = 100;   /* Megatron's default */
+  if ((a->eval_interval || a->eval_test) && a->eval_iters > 0 && !a->gpt.n && !a->gpt.mock) {
+    fprintf(stderr, "mrun: %s needs a %s split, and the byte corpus (%s) has none: give --data-path (indexed "
+            "datasets, split by --split) or --mock-data\n", a->eval_interval ? "--eval-interval" : "--test",
+            a->eval_interval ? "validation" : "test", a->data ? a->data : "--data, by default samples/data/kjv.txt");
+    return -1;
+  }
+  return 0;
+}
+
 /* Accepts "--opt VALUE" and "--opt=VALUE".  0, -1 (error), 1 (--help). */
 static int parse_args(int argc, char **argv, Args *a) {
   memset(a, 0, sizeof *a);
-  a->gpus = a->steps = a->eod_id = -1;
+  a->gpus = a->steps = a->eod_id = a->eval_iters = -1;
   a->timeout = RT_COMM_DEFAULT_TIMEOUT;
   a->backend = RT_BACKEND_LLVM;
   for (int i = 1; i < argc; i++) {
@@ -282,6 +309,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(arg, "--reset-position-ids") == 0) { a->gpt.reset_position_ids = 1; continue; }
     if (strcmp(arg, "--reset-attention-mask") == 0) { a->gpt.reset_attention_mask = 1; continue; }
     if (strcmp(arg, "--eod-mask-loss") == 0) { a->gpt.eod_mask_loss = 1; continue; }
+    if (strcmp(arg, "--test") == 0) { a->eval_test = 1; continue; }
+    if (strcmp(arg, "--no-prefetch") == 0) { a->no_prefetch = 1; continue; }
     if (strncmp(arg, "--data-path", 11) == 0 && (arg[11] == 0 || arg[11] == '=')) {
       if (parse_data_path(argc, argv, &i, a) != 0) return -1;
       continue;
@@ -298,7 +327,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     static const char *const valued[] = {"--gpus", "--steps", "--train-iters", "--seed", "--timeout", "--backend",
                                          "--save-params", "--data", "--metrics", "--save", "--save-interval",
                                          "--keep", "--load", "--init-from", "--export", "--format", "--hf-map",
-                                         "--split", "--data-cache-path", "--eod-id", "--tokenizer", NULL};
+                                         "--split", "--data-cache-path", "--eod-id", "--tokenizer", "--eval-interval",
+                                         "--eval-iters", NULL};
     int known = 0;
     for (int k = 0; valued[k]; k++) known |= strlen(valued[k]) == nl && strncmp(arg, valued[k], nl) == 0;
     if (!known) { fprintf(stderr, "mrun: unknown option '%.*s'\n%s", (int)nl, arg, usage); return -1; }
@@ -358,6 +388,11 @@ static int parse_args(int argc, char **argv, Args *a) {
       if (parse_count(name, val, 0, INT32_MAX, &a->eod_id)) return -1;
     }
     else if (strcmp(name, "--tokenizer") == 0) a->tokenizer = val;
+    else if (strcmp(name, "--eval-interval") == 0) {
+      if (parse_count(name, val, 1, INT64_MAX / 2, &a->eval_interval)) return -1;
+    } else if (strcmp(name, "--eval-iters") == 0) {
+      if (parse_count(name, val, 0, 1 << 30, &a->eval_iters)) return -1;
+    }
     else if (strcmp(name, "--metrics") == 0) a->metrics = val;
     else { fprintf(stderr, "mrun: unknown option '%s'\n%s", name, usage); return -1; }
   }
@@ -384,7 +419,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     fprintf(stderr, "mrun: --metrics and --save-params both name '%s': each needs a file of its own\n", a->metrics);
     return -1;
   }
-  if (check_data_args(a) != 0) return -1;
+  if (check_data_args(a) != 0 || check_eval_args(a) != 0) return -1;
   if (eod_args(a) != 0) return -1;
   if (!a->plan && !a->selftest) {
     fprintf(stderr, "mrun: no plan given%s\n%s", a->gpt.n ? " (--data-path takes every word after it up to the next "
@@ -963,6 +998,10 @@ static int run_single(const Args *a) {
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
                    .rank = &rank, .save_params_path = a->save_params, .ckpt = a->ckpt, .init_from = a->init_from,
                    .export_dir = a->export_dir, .hf = hf_opts(a, plan), .gpt = a->gpt};
+  o.eval_interval = a->eval_interval;
+  o.eval_iters = a->eval_iters;
+  o.eval_test = a->eval_test;
+  o.no_prefetch = a->no_prefetch;
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) { fprintf(stderr, "mrun: %s\n", err); goto out; }
   print_done(a, &res);
@@ -1010,6 +1049,10 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
                    .rank = &rank, .world = world, .save_params_path = a->save_params,
                    .ckpt = a->ckpt, .init_from = a->init_from, .export_dir = a->export_dir, .hf = hf_opts(a, plan), .gpt = a->gpt};
+  o.eval_interval = a->eval_interval;
+  o.eval_iters = a->eval_iters;
+  o.eval_test = a->eval_test;
+  o.no_prefetch = a->no_prefetch;
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   if (me == 0) print_done(a, &res);

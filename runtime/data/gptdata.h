@@ -32,7 +32,8 @@ uint64_t rt_gpt_rand(uint64_t seed, uint64_t stream, uint64_t i);
  * (the high word of the 128-bit product), swap a[i], a[j]. */
 void rt_gpt_shuffle(int64_t *a, int64_t n, uint64_t seed, uint64_t stream);
 /* The streams of the four shuffles. */
-enum { RT_GPT_STREAM_DOC = 1, RT_GPT_STREAM_DOC_LAST = 2, RT_GPT_STREAM_SHUF = 3, RT_GPT_STREAM_SHUF_LAST = 4 };
+enum { RT_GPT_STREAM_DOC = 1, RT_GPT_STREAM_DOC_LAST = 2, RT_GPT_STREAM_SHUF = 3, RT_GPT_STREAM_SHUF_LAST = 4,
+       RT_GPT_STREAM_MOCK_PART = 6 };   /* --mock-data's seed of the valid / test part: rand(seed, 6, part) */
 
 /* ---- --split ---- */
 enum { RT_SPLIT_TRAIN, RT_SPLIT_VALID, RT_SPLIT_TEST, RT_SPLIT_COUNT };

@@ -136,11 +136,24 @@ static int64_t model_vocab(const RtProgram *p, const IrModule *m, char *from, si
 
 int rt_data_open(RtDataSrc *d, const RtTrainOpts *o, const RtProgram *p, int64_t T, int64_t per_step,
                  int64_t samples, FILE *note, char *err, size_t errlen) {
+  return rt_data_open_part(d, o, p, RT_SPLIT_TRAIN, T, per_step, samples, note, err, errlen);
+}
+
+int rt_data_open_part(RtDataSrc *d, const RtTrainOpts *o, const RtProgram *p, int part, int64_t T, int64_t per_step,
+                      int64_t samples, FILE *note, char *err, size_t errlen) {
   const IrModule *m = rt_program_module(p);
   memset(d, 0, sizeof *d);
   d->T = T;
   d->per_step = per_step;
   d->seed = m->train.seed;
+  if (part != RT_SPLIT_TRAIN && !o->gpt.mock && o->gpt.n == 0)
+    return ts_errf(err, errlen, "%s needs a %s split, and the byte corpus (%s) has none: give --data-path "
+                   "(an indexed dataset, split by --split) or --mock-data",
+                   part == RT_SPLIT_VALID ? "--eval-interval" : "--test", rt_split_name[part],
+                   o->data_path ? o->data_path : rt_corpus_default_path());
+  /* mock data: the validation and test samples are another stream of the
+   * same generator, so they are never training samples */
+  if (part != RT_SPLIT_TRAIN) d->seed = rt_gpt_rand(m->train.seed, RT_GPT_STREAM_MOCK_PART, (uint64_t)part);
   d->vocab = model_vocab(p, m, d->vocab_from, sizeof d->vocab_from);
   d->buf = ts_xcalloc((size_t)T + 1, sizeof *d->buf);
   if (o->gpt.mock) {
@@ -153,7 +166,7 @@ int rt_data_open(RtDataSrc *d, const RtTrainOpts *o, const RtProgram *p, int64_t
   if (o->gpt.n > 0) {
     d->kind = RT_DATA_GPT;
     RtGptDataOpts go = {.n = o->gpt.n, .prefix = o->gpt.prefix, .weight = o->gpt.weight, .split = o->gpt.split,
-                        .part = RT_SPLIT_TRAIN, .seq_len = T, .num_samples = samples, .seed = d->seed,
+                        .part = part, .seq_len = T, .num_samples = samples, .seed = m->train.seed,
                         .cache_dir = o->gpt.cache_dir, .cache_flag = "--data-cache-path", .flag = "--data-path"};
     return (d->gpt = rt_gpt_data_open(&go, note, err, errlen)) ? 0 : -1;
   }

@@ -224,6 +224,12 @@ static void json_num(FILE *f, const char *key, double v, int comma) {
 typedef struct {
   RtProgram *prog;
   RtDataSrc data;
+  RtDataSrc vdata, tdata;        /* the valid and test parts (--eval-interval, --test; kind 0 unused) */
+  RtDataSrc *src;                /* what load_micro reads: &data, or an evaluation's part */
+  RtPrefetch *pf;                /* training batches made one step ahead (NULL: --no-prefetch, no data) */
+  int64_t pf_g0;                 /* the rank's first global micro batch (micro j = g - pf_g0) */
+  const FeedSpec *pf_fs;         /* for the prefetch thread's fills */
+  int32_t *pf_gtok, *pf_gtgt;    /* its global micro batch (split inputs) */
   FILE *metrics;                 /* --metrics (a log written as it goes) */
   const char *metrics_path;
   char metrics_err[1200];        /* its first write error: the run ends with it */
@@ -286,8 +292,14 @@ static void print_metrics(FILE *log, const TrainRun *r) {
 }
 
 static void run_free(TrainRun *r) {
+  rt_prefetch_stop(r->pf);   /* first: its thread reads r->data */
+  r->pf = NULL;
+  free(r->pf_gtok);
+  free(r->pf_gtgt);
   rt_program_free(r->prog);
   rt_data_close(&r->data);
+  rt_data_close(&r->vdata);
+  rt_data_close(&r->tdata);
   if (r->metrics && ts_close_log(r->metrics, r->metrics_path) != 0 && !r->metrics_err[0])
     snprintf(r->metrics_err, sizeof r->metrics_err, "--metrics: %s", ts_io_error());
   free(r->tokens);
@@ -337,20 +349,41 @@ static void slice_input(const RtProgram *p, int split, int32_t *y, const int32_t
   slice_block(p, y, x, lt, gdim, sh);
 }
 
+/* The rank's block of global micro batch g of step s of src into tok /
+ * tgt (gtok / gtgt: room for the global batch when the inputs are split).
+ * Only reads r (the prefetch thread calls it too). */
+static int fill_micro(const TrainRun *r, const FeedSpec *fs, RtDataSrc *src, int64_t s, int64_t g, int32_t *tok,
+                      int32_t *tgt, int32_t *gtok, int32_t *gtgt, char *err, size_t errlen) {
+  if (!fs->split) return rt_data_rows(src, s, g * fs->rows, fs->rows, tok, tgt, err, errlen);
+  if (rt_data_rows(src, s, g * fs->rows, fs->rows, gtok, gtgt, err, errlen) != 0) return -1;
+  int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
+  rt_shard_offsets(rt_program_rank(r->prog), &fs->tok_sh, &fs->tok_t, off, gdim);
+  slice_block(r->prog, tok, gtok, &fs->tok_t, gdim, &fs->tok_sh);
+  slice_block(r->prog, tgt, gtgt, &fs->tok_t, gdim, &fs->tok_sh);
+  return 0;
+}
+
+/* The prefetch thread's fill (RtPrefetchFill): local micro j of step s. */
+static int pf_fill(void *ctx, int64_t s, int64_t j, int32_t *tok, int32_t *tgt, char *err, size_t errlen) {
+  TrainRun *r = ctx;
+  return fill_micro(r, r->pf_fs, &r->data, s, r->pf_g0 + j, tok, tgt, r->pf_gtok, r->pf_gtgt, err, errlen);
+}
+
 /* Fills the feeds with global micro batch g of step s: tokens and targets
- * from the data, then the packed-sequence inputs made from the global
- * tokens (packed.c) and each input's block of them. */
+ * (from the prefetch thread when it runs), then the packed-sequence inputs
+ * made from the micro batch's global tokens (packed.c) and each input's
+ * block of them.  With split inputs the global tokens are r->gtok, which
+ * fill_micro writes: the prefetch thread does not run then (packed_split
+ * in rt_train). */
 static int load_micro_data(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_t s, int64_t g,
                            char *err, size_t errlen) {
   (void)m;
-  int32_t *tok = fs->split ? r->gtok : r->tokens;
-  if (rt_data_rows(&r->data, s, g * fs->rows, fs->rows, tok, fs->split ? r->gtgt : r->targets, err, errlen) != 0)
-    return -1;
-  if (fs->split) {
-    slice_input(r->prog, 1, r->tokens, r->gtok, &fs->tok_t, &fs->tok_sh);
-    slice_input(r->prog, 1, r->targets, r->gtgt, &fs->tok_t, &fs->tok_sh);
-  }
+  int rc = r->pf && r->src == &r->data
+               ? rt_prefetch_get(r->pf, s, g - r->pf_g0, r->tokens, r->targets, err, errlen)
+               : fill_micro(r, fs, r->src, s, g, r->tokens, r->targets, r->gtok, r->gtgt, err, errlen);
+  if (rc != 0) return -1;
   if (!fs->has_pos && !fs->has_doc && !fs->has_mask) return 0;
+  const int32_t *tok = fs->split ? r->gtok : r->tokens;
   rt_packed_inputs(r->pack, tok, fs->rows, fs->T, r->gpos, r->gdoc, r->gmask);
   if (fs->has_pos) slice_input(r->prog, fs->split, r->pos, r->gpos, &fs->pos_t, &fs->pos_sh);
   if (fs->has_doc) slice_input(r->prog, fs->split, r->doc, r->gdoc, &fs->doc_t, &fs->doc_sh);
@@ -466,6 +499,49 @@ static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb
   if (rt_run_block(r->prog, ub, NULL, 0, &info, err, errlen) != 0) return -1;
   *loss = sum / (double)n_global;
   if (rt_output(r->prog, "grad_norm", gnorm) != 0) *gnorm = NAN;
+  return 0;
+}
+
+/* ---- evaluation (--eval-interval, --test) ---- */
+
+/* The mean loss of block eb ("eval") over global batches 0 .. iters-1 of
+ * src, all dp ranks together (each runs its share of the micro batches,
+ * as in a training step).  The block has no effect but its outputs (pass
+ * eval), so parameters, gradients and optimizer states stay as they are;
+ * RtRunInfo carries the training step only for messages (the block has
+ * no dropout left to read it). */
+static int evaluate(TrainRun *r, const IrModule *m, const FeedSpec *fs, int eb, RtDataSrc *src, int64_t iters,
+                    int64_t s, int64_t n_local, int64_t n_global, int dp_coord, double *loss, char *err,
+                    size_t errlen) {
+  RtFeed feeds[3];
+  int nf = 0;
+  if (fs->has_tokens) feeds[nf++] = (RtFeed){"tokens", r->tokens};
+  if (fs->has_targets) feeds[nf++] = (RtFeed){"targets", r->targets};
+  if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
+  RtDataSrc *train_src = r->src;
+  r->src = src;
+  r->loaded_step = r->loaded_micro = -1;   /* the feed buffers will hold evaluation batches */
+  double sum = 0;
+  int rc = 0;
+  for (int64_t k = 0; k < iters && rc == 0; k++)
+    for (int64_t j = 0; j < n_local && rc == 0; j++) {
+      int64_t g = (int64_t)dp_coord * n_local + j;
+      double l;
+      RtRunInfo info = {s, (int)g, 0};
+      rt_outputs_clear(r->prog);
+      if ((rc = load_micro(r, m, fs, k, g, err, errlen)) != 0) break;
+      if ((rc = rt_run_block(r->prog, eb, feeds, nf, &info, err, errlen)) != 0) break;
+      if ((rc = rt_output(r->prog, "loss", &l)) != 0) {
+        snprintf(err, errlen, "block \"eval\" did not report `output \"loss\"`");
+        break;
+      }
+      sum += l;
+    }
+  r->src = train_src;
+  r->loaded_step = r->loaded_micro = -1;
+  if (rc != 0) return -1;
+  if (r->dp && rt_comm_all_reduce(r->dp, IR_F64, &sum, 1, err, errlen) != 0) return -1;
+  *loss = sum / (double)(n_global * iters);
   return 0;
 }
 
@@ -652,9 +728,14 @@ static int open_data(TrainRun *r, const RtTrainOpts *o, const FeedSpec *fs, int6
   int64_t per_step = nmicro * fs->rows, steps = r->prog ? rt_program_module(r->prog)->train.steps : 0;
   if (staged && !lead && rt_comm_barrier(o->world, err, errlen) != 0) return -1;
   int rc = 0;
+  FILE *note = lead && !o->quiet ? log : NULL;
+  int64_t ev = o->eval_iters * per_step;   /* the samples of one evaluation */
   if (!fs->none)
-    rc = rt_data_open(&r->data, o, r->prog, fs->T, per_step, steps * per_step, lead && !o->quiet ? log : NULL, err,
-                      errlen);
+    rc = rt_data_open(&r->data, o, r->prog, fs->T, per_step, steps * per_step, note, err, errlen);
+  if (rc == 0 && !fs->none && o->eval_interval > 0 && o->eval_iters > 0)
+    rc = rt_data_open_part(&r->vdata, o, r->prog, RT_SPLIT_VALID, fs->T, per_step, ev, note, err, errlen);
+  if (rc == 0 && !fs->none && o->eval_test && o->eval_iters > 0)
+    rc = rt_data_open_part(&r->tdata, o, r->prog, RT_SPLIT_TEST, fs->T, per_step, ev, note, err, errlen);
   if (rc == 0 && staged && lead && rt_comm_barrier(o->world, err, errlen) != 0) return -1;
   return rc;
 }
@@ -663,7 +744,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   RtTrainOpts dflt = {0};
   if (!o) o = &dflt;
   FILE *log = o->log ? o->log : stdout;
-  RtTrainResult rs = {.first_loss = NAN, .last_loss = NAN, .last_grad_norm = NAN};
+  RtTrainResult rs = {.first_loss = NAN, .last_loss = NAN, .last_grad_norm = NAN, .val_loss = NAN, .test_loss = NAN};
   /* a pipeline stage's program has fwd.<g> / bwd.<g> blocks instead of micro */
   int piped = ir_axis_size(m, IR_AXIS_PP) > 1;
   int mb = ir_block_find(m, "micro"), ub = ir_block_find(m, "update");
@@ -677,6 +758,16 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
              "per-rank programs of a plan (mcc --pp writes them)", ir_axis_size(m, IR_AXIS_PP));
     return -1;
   }
+  /* evaluation runs pass eval's forward-only block */
+  int eb = ir_block_find(m, "eval"), evaluating = (o->eval_interval > 0 || o->eval_test) && o->eval_iters > 0;
+  if (evaluating && piped)
+    return ts_errf(err, errlen, "--eval-interval / --test: evaluating a pipeline program (pp=%d) is not supported "
+                   "yet; evaluate its checkpoint with pp=1", ir_axis_size(m, IR_AXIS_PP));
+  if (evaluating && eb < 0)
+    return ts_errf(err, errlen, "--eval-interval / --test: the program has no forward-only block \"eval\" "
+                   "(compiled by an mcc without pass eval? compile it again)");
+  if (o->eval_interval < 0 || o->eval_iters < 0)
+    return ts_errf(err, errlen, "--eval-interval and --eval-iters must be >= 0");
   const IrTrain *tr = &m->train;
   if (tr->micro_batch <= 0 || tr->global_batch <= 0 || tr->global_batch % tr->micro_batch != 0) {
     snprintf(err, errlen, "global_batch %lld is not a positive multiple of micro_batch %lld",
@@ -708,6 +799,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     return -1;
   }
   r.loaded_step = r.loaded_micro = -1;
+  r.src = &r.data;
   r.kill_step = fault_step("KILL", r.world_rank);
   r.stall_step = fault_step("STALL", r.world_rank);
   int lead = r.world_rank == 0;   /* prints and writes metrics */
@@ -803,6 +895,22 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     r.lmask = ts_xcalloc((size_t)ir_type_numel(&fs.mask_t), sizeof *r.lmask);
   }
 
+  /* the prefetch thread makes the rank's tokens and targets; packed
+   * inputs of split tokens need the global ones too (load_micro_data), so
+   * those runs read their batches in the step */
+  int packed_split = fs.split && (fs.has_pos || fs.has_doc || fs.has_mask);
+  if (!fs.none && !o->no_prefetch && !packed_split && start < tr->steps) {
+    r.pf_fs = &fs;
+    r.pf_g0 = (int64_t)rank->coord[IR_AXIS_DP] * n_local;
+    if (fs.split) {
+      r.pf_gtok = ts_xcalloc((size_t)ntok, sizeof *r.pf_gtok);
+      r.pf_gtgt = ts_xcalloc((size_t)ntok, sizeof *r.pf_gtgt);
+    }
+    if (!(r.pf = rt_prefetch_start(pf_fill, &r, start, tr->steps, n_local, (size_t)nloc, err, errlen))) {
+      run_free(&r);
+      return -1;
+    }
+  }
   double t0 = ts_now_s();
   int rc = 0;
   struct sigaction sa, old_int, old_term;
@@ -822,6 +930,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
                                       err, errlen)
                     : train_step(&r, m, &fs, mb, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
                                  err, errlen);
+    rt_prefetch_release(r.pf, s);   /* its slot takes step s + 2 */
     if (bad) {
       char msg[1024];
       snprintf(msg, sizeof msg, "step %lld: %s", (long long)s + 1, err);
@@ -836,10 +945,24 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       break;
     }
     double t1 = ts_now_s(), tps = (double)(ntok * nmicro) / (t1 - ts > 1e-9 ? t1 - ts : 1e-9);
+    double vloss = NAN;   /* this step's validation loss (NaN: none) */
+    if (evaluating && o->eval_interval > 0 && (s + 1) % o->eval_interval == 0) {
+      if (evaluate(&r, m, &fs, eb, &r.vdata, o->eval_iters, s, n_local, nmicro, rank->coord[IR_AXIS_DP], &vloss,
+                   err, errlen) != 0) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "step %lld: validation: %s", (long long)s + 1, err);
+        snprintf(err, errlen, "%s", msg);
+        rc = -1;
+        break;
+      }
+      rs.evals++;
+      rs.val_loss = vloss;
+    }
     if (!o->quiet && lead) {
       fprintf(log, "step %4lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f s",
               (long long)s + 1, (long long)tr->steps, loss, lr, gn, tps, t1 - t0);
       print_metrics(log, &r);
+      if (!isnan(vloss)) fprintf(log, " | val_loss %.4f | val_ppl %.3f", vloss, exp(vloss));
       fprintf(log, "\n");
       fflush(log);
     }
@@ -850,6 +973,10 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       json_num(r.metrics, "grad_norm", gn, 1);
       json_num(r.metrics, "tokens_per_s", tps, 1);
       for (int i = 0; i < r.nx; i++) json_num(r.metrics, r.xname[i], r.xval[i], 1);
+      if (!isnan(vloss)) {
+        json_num(r.metrics, "val_loss", vloss, 1);
+        json_num(r.metrics, "val_ppl", exp(vloss), 1);
+      }
       json_num(r.metrics, "elapsed_s", t1 - t0, 0);
       fprintf(r.metrics, "}\n");
       if (ts_log_flush(r.metrics, r.metrics_path) != 0) {   /* training goes on; the run fails at its end */
@@ -887,6 +1014,31 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       rs.timed_saves++;
       saved_at = s + 1;
       rs.saved++;
+    }
+  }
+  /* --test: once, after the last step (not after a stop) */
+  if (rc == 0 && !rs.stopped_by && evaluating && o->eval_test) {
+    double tl;
+    if (evaluate(&r, m, &fs, eb, &r.tdata, o->eval_iters, rs.steps > 0 ? rs.steps - 1 : 0, n_local, nmicro,
+                 rank->coord[IR_AXIS_DP], &tl, err, errlen) != 0) {
+      char msg[1024];
+      snprintf(msg, sizeof msg, "test: %s", err);
+      snprintf(err, errlen, "%s", msg);
+      rc = -1;
+    } else {
+      rs.test_loss = tl;
+      if (!o->quiet && lead) {
+        fprintf(log, "test at step %lld | test_loss %.4f | test_ppl %.3f\n", (long long)rs.steps, tl, exp(tl));
+        fflush(log);
+      }
+      if (r.metrics) {
+        fprintf(r.metrics, "{\"step\": %lld, ", (long long)rs.steps);
+        json_num(r.metrics, "test_loss", tl, 1);
+        json_num(r.metrics, "test_ppl", exp(tl), 0);
+        fprintf(r.metrics, "}\n");
+        if (ts_log_flush(r.metrics, r.metrics_path) != 0 && !r.metrics_err[0])
+          snprintf(r.metrics_err, sizeof r.metrics_err, "--metrics: %s", ts_io_error());
+      }
     }
   }
   /* the save under way completes; then the last step done is saved (also

@@ -96,9 +96,32 @@ typedef struct {
  * start-up lines (where the indices came from, how long it took). */
 int rt_data_open(RtDataSrc *d, const RtTrainOpts *o, const RtProgram *p, int64_t T, int64_t per_step,
                  int64_t samples, FILE *note, char *err, size_t errlen);
+/* The same for split part `part` (RT_SPLIT_*): indexed data reads that
+ * part's indices; mock data draws part p > 0 from seed rand(seed, 6, p)
+ * (gptdata.h), so validation never sees a training sample; the byte
+ * corpus has no split and refuses p > 0. */
+int rt_data_open_part(RtDataSrc *d, const RtTrainOpts *o, const RtProgram *p, int part, int64_t T, int64_t per_step,
+                      int64_t samples, FILE *note, char *err, size_t errlen);
 int rt_data_rows(RtDataSrc *d, int64_t step, int64_t row0, int64_t rows, int32_t *tokens, int32_t *targets,
                  char *err, size_t errlen);
 void rt_data_close(RtDataSrc *d);
+
+/* ---- prefetch (prefetch.c): the next step's feeds made by a thread ----
+ * fill(ctx, step, j, tokens, targets) writes local micro batch j of step
+ * (n elements each), as the trainer would.  Steps first .. end-1 are filled
+ * in order into two slots; rt_prefetch_get waits for (step, j) and copies
+ * it out (an error of its fill is returned there); rt_prefetch_release
+ * frees the step's slot for step + 2; rt_prefetch_stop joins the thread
+ * (also mid-run: on an error or a signal). */
+typedef struct RtPrefetch RtPrefetch;
+typedef int (*RtPrefetchFill)(void *ctx, int64_t step, int64_t j, int32_t *tokens, int32_t *targets, char *err,
+                              size_t errlen);
+RtPrefetch *rt_prefetch_start(RtPrefetchFill fill, void *ctx, int64_t first, int64_t end, int64_t nmicro, size_t n,
+                              char *err, size_t errlen);
+int rt_prefetch_get(RtPrefetch *p, int64_t step, int64_t j, int32_t *tokens, int32_t *targets, char *err,
+                    size_t errlen);
+void rt_prefetch_release(RtPrefetch *p, int64_t step);
+void rt_prefetch_stop(RtPrefetch *p);
 
 /* ---- training ----
  * Over N ranks (opts.rank and opts.world set), each rank trains its own
@@ -150,6 +173,15 @@ struct RtTrainOpts {
   const char *export_dir;    /* --export DIR: after training, the weights as a Hugging Face model */
   RtHfOpts hf;               /* the map and the plan's programs, for both */
   RtGptOpts gpt;             /* --data-path / --mock-data instead of data_path */
+  /* Validation (docs/data.md "Validation"): after every eval_interval-th
+   * step, the mean loss of block "eval" (pass eval: the forward alone,
+   * dropout off) over global batches 0 .. eval_iters-1 of the valid part,
+   * the same samples every time; with eval_test, over those of the test
+   * part once after the last step.  0: none.  No gradient, parameter or
+   * optimizer state changes; every rank takes part. */
+  int64_t eval_interval, eval_iters;
+  int eval_test;
+  int no_prefetch;           /* --no-prefetch: each step reads its batches itself (prefetch.c otherwise) */
 };
 
 typedef struct {
@@ -168,6 +200,8 @@ typedef struct {
   int64_t timed_saves;       /* the saves of --save-interval (not the one after the last step) */
   double save_stall_s;       /* the time training waited for them, in all */
   double save_copy_s;        /* of which copying the states to host buffers (--async-save) */
+  int64_t evals;             /* evaluations on the valid part */
+  double val_loss, test_loss;/* the last evaluation's loss, the test loss (NaN: none) */
 } RtTrainResult;
 
 /* Stopping: SIGINT or SIGTERM during rt_train ends training after the step
