@@ -4,15 +4,17 @@
 # with the CPU reference runtime, printing one progress line per step.
 #
 #   tools/run_sample.sh [mrun options]
-#       samples/gpt.mdl on byte-level tokens (one token per byte, vocab 256)
-#   tools/run_sample.sh --packed [mrun options]
 #       samples/gpt_packed.mdl on BPE tokens: the corpus is tokenized with
 #       samples/tokenizer/tokenizer.json (8192 ids) into Megatron's indexed
 #       dataset on first use (tools/mprep --append-eod, one document per
 #       chapter, into $TESSERA_BUILD_DIR/sample-data, never the source
 #       tree), then trained as packed sequences: --split 949,50,1,
 #       --reset-position-ids --reset-attention-mask --eod-mask-loss
-#       (docs/data.md "Packed sequences").
+#       (docs/data.md "Packed sequences"), the loss on 4 batches of the
+#       validation split every 20 steps (val_loss in the progress line)
+#   tools/run_sample.sh --bytes [mrun options]
+#       samples/gpt.mdl on byte-level tokens (one token per byte, vocab 256)
+#   (--packed: the default, accepted for older scripts)
 #
 # Extra arguments go to mrun, e.g.  tools/run_sample.sh --steps 50
 # The size (4 layers, d_model 128, 4 heads, 128-token context, 8 sequences
@@ -22,8 +24,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packed=0
-if [ "${1:-}" = "--packed" ]; then packed=1; shift; fi
+packed=1
+case "${1:-}" in
+  --bytes) packed=0; shift ;;
+  --packed) shift ;;
+esac
 
 echo "run_sample: checking packages and building (tools/setup.sh; quiet unless something fails)"
 bash tools/setup.sh
@@ -53,8 +58,6 @@ fi
 echo "run_sample: compiling samples/gpt_packed.mdl (4 layers, d_model 128, 4 heads, seq_len 128, vocab 8192)"
 "$bdir/mcc" samples/gpt_packed.mdl "${size[@]}" -D vocab=8192 -o "$out/gpt_packed.plan"
 echo "run_sample: training on $prefix (BPE tokens, chapters packed into rows of 128; 8 sequences per step)"
-# VALIDATION (issue 22 D5): add "--eval-interval 20 --eval-iters 4" here once
-# mrun has --eval-interval (the valid part of --split 949,50,1 is waiting for it).
 "$bdir/mrun" "$out/gpt_packed.plan" --data-path "$prefix" --split 949,50,1 \
     --data-cache-path "$data/cache" --tokenizer "$tok" \
-    --reset-position-ids --reset-attention-mask --eod-mask-loss "$@"
+    --reset-position-ids --reset-attention-mask --eod-mask-loss --eval-interval 20 --eval-iters 4 "$@"

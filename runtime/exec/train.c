@@ -436,6 +436,18 @@ static int load_micro(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_
   return 0;
 }
 
+/* The feeds of a micro batch: every input the program declares, from the
+ * buffers load_micro fills.  Returns how many (at most IR_FEED_COUNT). */
+static int micro_feeds(const TrainRun *r, const FeedSpec *fs, RtFeed *feeds) {
+  int nf = 0;
+  if (fs->has_tokens) feeds[nf++] = (RtFeed){"tokens", r->tokens};
+  if (fs->has_targets) feeds[nf++] = (RtFeed){"targets", r->targets};
+  if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
+  if (fs->has_pos) feeds[nf++] = (RtFeed){"position_ids", r->pos};
+  if (fs->has_doc) feeds[nf++] = (RtFeed){"document_ids", r->doc};
+  return nf;
+}
+
 /* TS_FAULT_<what>_RANK / _STEP: the step (from 1) at which this world rank
  * fails, or 0. */
 static int64_t fault_step(const char *what, int world_rank) {
@@ -467,12 +479,7 @@ static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb
                       int64_t s, int64_t n_local, int64_t n_global, int dp_coord, double lr,
                       double *loss, double *gnorm, char *err, size_t errlen) {
   RtFeed feeds[IR_FEED_COUNT];
-  int nf = 0;
-  if (fs->has_tokens) feeds[nf++] = (RtFeed){"tokens", r->tokens};
-  if (fs->has_targets) feeds[nf++] = (RtFeed){"targets", r->targets};
-  if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
-  if (fs->has_pos) feeds[nf++] = (RtFeed){"position_ids", r->pos};
-  if (fs->has_doc) feeds[nf++] = (RtFeed){"document_ids", r->doc};
+  int nf = micro_feeds(r, fs, feeds);
   double sum = 0;
   r->nx = 0;
   for (int64_t j = 0; j < n_local; j++) {
@@ -513,11 +520,8 @@ static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb
 static int evaluate(TrainRun *r, const IrModule *m, const FeedSpec *fs, int eb, RtDataSrc *src, int64_t iters,
                     int64_t s, int64_t n_local, int64_t n_global, int dp_coord, double *loss, char *err,
                     size_t errlen) {
-  RtFeed feeds[3];
-  int nf = 0;
-  if (fs->has_tokens) feeds[nf++] = (RtFeed){"tokens", r->tokens};
-  if (fs->has_targets) feeds[nf++] = (RtFeed){"targets", r->targets};
-  if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
+  RtFeed feeds[IR_FEED_COUNT];
+  int nf = micro_feeds(r, fs, feeds);
   RtDataSrc *train_src = r->src;
   r->src = src;
   r->loaded_step = r->loaded_micro = -1;   /* the feed buffers will hold evaluation batches */
@@ -670,12 +674,7 @@ static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
                            int64_t n_global, int dp_coord, double lr, double *loss, double *gnorm, char *err,
                            size_t errlen) {
   RtFeed feeds[IR_FEED_COUNT];
-  int nf = 0;
-  if (fs->has_tokens) feeds[nf++] = (RtFeed){"tokens", r->tokens};
-  if (fs->has_targets) feeds[nf++] = (RtFeed){"targets", r->targets};
-  if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
-  if (fs->has_pos) feeds[nf++] = (RtFeed){"position_ids", r->pos};
-  if (fs->has_doc) feeds[nf++] = (RtFeed){"document_ids", r->doc};
+  int nf = micro_feeds(r, fs, feeds);
   int c = rt_program_rank(r->prog)->coord[IR_AXIS_PP];
   double acc[2] = {0, 0};   /* sum of the reported losses, how many reports */
   r->nx = 0;
