@@ -9,6 +9,7 @@
 #include "ir.h"
 #include "ir_priv.h"
 #include <pthread.h>
+#include <ctype.h>
 #include <stdarg.h>
 
 const IrOpInfo ir_ops[IR_OP_COUNT] = {
@@ -220,15 +221,26 @@ const char *ir_pipe_sched_name(IrPipeSched s) {
   return (int)s >= 0 && s < IR_PIPE_COUNT ? n[s] : "?";
 }
 
-int ir_block_chunk(const IrBlock *b, int *bwd) {
+int ir_block_chunk_kind(const IrBlock *b, IrChunkKind *kind) {
+  static const struct { const char *prefix; size_t len; IrChunkKind kind; } k[] = {
+      {"fwd.", 4, IR_CHUNK_FWD}, {"bwd.", 4, IR_CHUNK_BWD}, {"eval.", 5, IR_CHUNK_EVAL}};
   const char *s = b->name ? b->name : "";
-  int back = strncmp(s, "bwd.", 4) == 0;
-  if (!back && strncmp(s, "fwd.", 4) != 0) return -1;
-  char *end;
-  long g = strtol(s + 4, &end, 10);
-  if (end == s + 4 || *end || g < 0 || g > INT32_MAX) return -1;
-  if (bwd) *bwd = back;
-  return (int)g;
+  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
+    if (strncmp(s, k[i].prefix, k[i].len) != 0) continue;
+    char *end;
+    long g = strtol(s + k[i].len, &end, 10);
+    if (end == s + k[i].len || *end || g < 0 || g > INT32_MAX || !isdigit((unsigned char)s[k[i].len])) return -1;
+    if (kind) *kind = k[i].kind;
+    return (int)g;
+  }
+  return -1;
+}
+
+int ir_block_chunk(const IrBlock *b, int *bwd) {
+  IrChunkKind kind;
+  int g = ir_block_chunk_kind(b, &kind);
+  if (g >= 0 && bwd) *bwd = kind == IR_CHUNK_BWD;
+  return g;
 }
 
 /* ---- modules ---- */

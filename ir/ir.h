@@ -186,9 +186,16 @@ typedef struct {
 typedef enum { IR_PIPE_NONE, IR_PIPE_GPIPE, IR_PIPE_1F1B, IR_PIPE_INTERLEAVED, IR_PIPE_COUNT } IrPipeSched;
 const char *ir_pipe_sched_name(IrPipeSched s);   /* "none", "gpipe", "1f1b", "interleaved" */
 typedef struct { int tp, pp, cp, ep, dp, sp, zero; int vpp, sched, stage; } IrParallel;
-/* The global chunk of a pipeline block "fwd.<g>" / "bwd.<g>" (*bwd set to
- * 0 / 1 if not NULL); -1 for any other block. */
+/* The kinds of a pipeline block: "fwd.<g>" and "bwd.<g>" (pass pipeline),
+ * and "eval.<g>" (pass eval: fwd.<g> without stashes and dropout, run by
+ * validation; its sends and receives go to the neighbouring eval blocks). */
+typedef enum { IR_CHUNK_FWD, IR_CHUNK_BWD, IR_CHUNK_EVAL } IrChunkKind;
+/* The global chunk of a pipeline block "fwd.<g>" / "bwd.<g>" / "eval.<g>"
+ * (*bwd set to 1 for bwd.<g>, else 0, if not NULL: an eval block is a
+ * forward block); -1 for any other block. */
 int ir_block_chunk(const IrBlock *b, int *bwd);
+/* The same with the block's kind in *kind (if not NULL). */
+int ir_block_chunk_kind(const IrBlock *b, IrChunkKind *kind);
 
 /* A sharding rule of the MDL `rules` block: dims named `dim` are split over
  * the mesh axes in `axes` (mask).  Stdlib defaults come first, the model's

@@ -206,11 +206,13 @@ static int verify_block(const IrModule *m, const IrBlock *b, char *err, size_t e
  * opposite peer, with the same type and sharding.  Between two blocks the
  * sends and the receives come in the same order (messages on a link are
  * matched in order, as NCCL does).  A stash slot of fwd.<g> is read by one
- * unstash of bwd.<g> with the same type.  In the compiler's whole-model
+ * unstash of bwd.<g> with the same type.  The evaluation blocks eval.<g>
+ * (pass eval) are forward blocks with messages of their own: a send of
+ * eval.<g> goes to eval.<g + 1>, and they hold no stash or unstash.  In the compiler's whole-model
  * module (parallel stage=0) every message and slot must have both ends; a
  * rank's program holds only its own chunks, so there only the ends it holds
  * are checked against each other. */
-typedef struct { int bi, id, chunk, bwd; } PipeEnd;
+typedef struct { int bi, id, chunk, bwd; IrChunkKind kind; } PipeEnd;
 
 static const char *pipe_end_str(const IrModule *m, const PipeEnd *e, char *buf, size_t n) {
   snprintf(buf, n, "block %s, node %d", m->blocks.a[e->bi].name, e->id);
@@ -226,9 +228,14 @@ static int verify_pipeline(const IrModule *m, char *err, size_t errlen) {
       const IrNode *n = &b->nodes[i];
       int pipe_op = n->op == IR_OP_SEND || n->op == IR_OP_RECV || n->op == IR_OP_STASH || n->op == IR_OP_UNSTASH;
       if (!pipe_op) continue;
+      IrChunkKind kind = IR_CHUNK_FWD;
       int bwd, g = ir_block_chunk(b, &bwd);
       if (g < 0)
-        return ts_errf(err, errlen, "block %s, node %d: %s outside a pipeline block (fwd.<g> / bwd.<g>)", b->name, i,
+        return ts_errf(err, errlen, "block %s, node %d: %s outside a pipeline block (fwd.<g> / bwd.<g> / eval.<g>)",
+                       b->name, i, ir_ops[n->op].name);
+      ir_block_chunk_kind(b, &kind);
+      if (kind == IR_CHUNK_EVAL && (n->op == IR_OP_STASH || n->op == IR_OP_UNSTASH))
+        return ts_errf(err, errlen, "block %s, node %d: %s in an evaluation block (no backward reads it)", b->name, i,
                        ir_ops[n->op].name);
       if (n->op == IR_OP_SEND || n->op == IR_OP_RECV) {
         if (n->ia[0] != IR_AXIS_PP) return ts_errf(err, errlen, "block %s, node %d: %s along an axis other than pp", b->name, i, ir_ops[n->op].name);
@@ -256,7 +263,9 @@ static int verify_pipeline(const IrModule *m, char *err, size_t errlen) {
   char b1[128], b2[128], t1[256], t2[256];
   for (int bi = 0; bi < m->blocks.n && !rc; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
+    IrChunkKind kind = IR_CHUNK_FWD;
     int bwd, g = ir_block_chunk(b, &bwd);
+    ir_block_chunk_kind(b, &kind);
     for (int i = 0; i < b->n && !rc; i++) {
       const IrNode *n = &b->nodes[i];
       if (n->op != IR_OP_SEND && n->op != IR_OP_RECV) continue;
@@ -264,7 +273,7 @@ static int verify_pipeline(const IrModule *m, char *err, size_t errlen) {
       if (e->bi >= 0)
         rc = ts_errf(err, errlen, "block %s, node %d: a second %s with tag %lld (the first: %s)", b->name, i,
                      ir_ops[n->op].name, (long long)n->ia[2], pipe_end_str(m, e, b1, sizeof b1));
-      *e = (PipeEnd){bi, i, g, bwd};
+      *e = (PipeEnd){bi, i, g, bwd, kind};
     }
   }
   for (size_t t = 0; t < nt && !rc; t++) {
@@ -276,9 +285,10 @@ static int verify_pipeline(const IrModule *m, char *err, size_t errlen) {
       continue;
     }
     int want = s->chunk + (s->bwd ? -1 : 1);
-    if (r->chunk != want || r->bwd != s->bwd) {
+    if (r->chunk != want || r->kind != s->kind) {
       rc = ts_errf(err, errlen, "%s: send with tag %zu goes to %s, which is not the neighbouring %s block of chunk %d",
-                   pipe_end_str(m, s, b1, sizeof b1), t, pipe_end_str(m, r, b2, sizeof b2), s->bwd ? "backward" : "forward", want);
+                   pipe_end_str(m, s, b1, sizeof b1), t, pipe_end_str(m, r, b2, sizeof b2),
+                   s->kind == IR_CHUNK_BWD ? "backward" : s->kind == IR_CHUNK_EVAL ? "evaluation" : "forward", want);
       break;
     }
     const IrNode *sv = &m->blocks.a[s->bi].nodes[m->blocks.a[s->bi].nodes[s->id].in[0]];

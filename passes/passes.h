@@ -50,8 +50,9 @@ int pass_autodiff(IrModule *m, PassCtx *cx);
 int pass_shard(IrModule *m, PassCtx *cx);
 /* adds the update block: global grad norm, clip, AdamW, zero grads */
 int pass_optimizer(IrModule *m, PassCtx *cx);
-/* a forward-only block "eval": micro's outputs and what they use, dropout
- * as the identity (validation; passes/evalblock.c) */
+/* forward-only blocks for validation: "eval", micro's outputs and what
+ * they use, dropout as the identity; with pp > 1 eval.<g> from every
+ * fwd.<g>, without stashes, with messages of their own (passes/evalblock.c) */
 int pass_eval(IrModule *m, PassCtx *cx);
 /* removes nodes whose value is never used (effects are roots) */
 int pass_dce(IrModule *m, PassCtx *cx);

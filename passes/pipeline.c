@@ -22,7 +22,7 @@ const PassInfo pass_pipeline[] = {
     {"remat", pass_remat, "recomputes in the backward the cheap values the forward would keep (passes/remat.c)"},
     {"pipeline", pass_pipe_split, "pp > 1: micro -> per-chunk blocks fwd.<g> / bwd.<g> joined by send/recv and stash"},
     {"optimizer", pass_optimizer, "adds the update block: grad norm, clipping, AdamW, zeroing grads"},
-    {"eval", pass_eval, "forward-only block \"eval\" sliced from micro: the outputs' operands, dropout off (validation)"},
+    {"eval", pass_eval, "forward-only blocks for validation: \"eval\" sliced from micro (eval.<g> from fwd.<g> with pp > 1): the outputs' operands, no stash, dropout off"},
     {"dce", pass_dce, "removes values that nothing uses"},
     {"fuse", pass_fuse, "fusion groups: nodes that run as one generated kernel (docs/codegen.md)"},
 };

@@ -908,9 +908,14 @@ static int comm_kind(IrOp op) {
   }
 }
 
-/* Runs of block b per step per rank. */
+/* Runs of block b per step per rank.  The evaluation blocks ("eval",
+ * eval.<g>: pass eval) run only when mrun validates, not in a training
+ * step: 0. */
 static int64_t block_runs(const IrBlock *b, int64_t nmicro) {
-  return strcmp(b->name, "micro") == 0 || ir_block_chunk(b, NULL) >= 0 ? nmicro : 1;
+  IrChunkKind kind;
+  int g = ir_block_chunk_kind(b, &kind);
+  if (strcmp(b->name, "eval") == 0 || (g >= 0 && kind == IR_CHUNK_EVAL)) return 0;
+  return strcmp(b->name, "micro") == 0 || g >= 0 ? nmicro : 1;
 }
 
 /* Node i of b as communication: its kind, axis, payload and ring bytes per
@@ -958,6 +963,7 @@ static void comm_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSum *t
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
     int64_t runs = block_runs(b, nmicro);
+    if (!runs) continue;
     CommSum row[COMM_KINDS][IR_AXIS_COUNT];
     memset(row, 0, sizeof row);
     for (int i = 0; i < b->n; i++) {
@@ -994,6 +1000,7 @@ static void sharding_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSu
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
     int64_t runs = block_runs(b, nmicro);
+    if (!runs) continue;
     for (int i = 0; i < b->n; i++) {
       int k, ax;
       double bytes, ring;

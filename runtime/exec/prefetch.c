@@ -8,7 +8,11 @@
  * The thread calls the same fill function, for the same (step, micro), as
  * the trainer would, so the batches are identical with and without it.
  * A fill error is kept in its slot and reported by rt_prefetch_get for
- * that step, in the trainer's thread.  SIGINT / SIGTERM are blocked in
+ * that step, in the trainer's thread.  A slot also holds the global
+ * tokens of each micro batch when the trainer asks for them (ng > 0): the
+ * packed-sequence inputs of a rank whose tokens are split (cp, sp) are made
+ * from the whole micro batch (packed.c), so the thread delivers those rows
+ * too and every run can prefetch.  SIGINT / SIGTERM are blocked in
  * the thread: the trainer's handler sees them, as without prefetch. */
 #include "train.h"
 #include "rt_priv.h"
@@ -20,13 +24,14 @@ typedef struct {
   int ready, rc;
   char err[1024];
   int32_t *tok, *tgt;     /* [nmicro][n] */
+  int32_t *gtok;          /* [nmicro][ng], or NULL (ng = 0) */
 } PfSlot;
 
 struct RtPrefetch {
   RtPrefetchFill fill;
   void *ctx;
   int64_t next, end, nmicro;
-  size_t n;
+  size_t n, ng;
   PfSlot slot[2];
   int quit;
   pthread_mutex_t mu;
@@ -47,7 +52,8 @@ static void *pf_main(void *arg) {
     int rc = 0;
     char err[1024] = "";
     for (int64_t j = 0; j < p->nmicro && rc == 0; j++)
-      rc = p->fill(p->ctx, s, j, sl->tok + (size_t)j * p->n, sl->tgt + (size_t)j * p->n, err, sizeof err);
+      rc = p->fill(p->ctx, s, j, sl->tok + (size_t)j * p->n, sl->tgt + (size_t)j * p->n,
+                   sl->gtok ? sl->gtok + (size_t)j * p->ng : NULL, err, sizeof err);
     pthread_mutex_lock(&p->mu);
     sl->rc = rc;
     snprintf(sl->err, sizeof sl->err, "%s", err);
@@ -61,13 +67,14 @@ static void *pf_main(void *arg) {
 }
 
 RtPrefetch *rt_prefetch_start(RtPrefetchFill fill, void *ctx, int64_t first, int64_t end, int64_t nmicro, size_t n,
-                              char *err, size_t errlen) {
+                              size_t ng, char *err, size_t errlen) {
   RtPrefetch *p = ts_xcalloc(1, sizeof *p);
-  p->fill = fill, p->ctx = ctx, p->next = first, p->end = end, p->nmicro = nmicro, p->n = n;
+  p->fill = fill, p->ctx = ctx, p->next = first, p->end = end, p->nmicro = nmicro, p->n = n, p->ng = ng;
   for (int k = 0; k < 2; k++) {
     p->slot[k].step = -1;
     p->slot[k].tok = ts_xcalloc((size_t)nmicro * n + 1, sizeof(int32_t));
     p->slot[k].tgt = ts_xcalloc((size_t)nmicro * n + 1, sizeof(int32_t));
+    p->slot[k].gtok = ng ? ts_xcalloc((size_t)nmicro * ng, sizeof(int32_t)) : NULL;
   }
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
@@ -88,7 +95,8 @@ RtPrefetch *rt_prefetch_start(RtPrefetchFill fill, void *ctx, int64_t first, int
   return p;
 }
 
-int rt_prefetch_get(RtPrefetch *p, int64_t step, int64_t j, int32_t *tok, int32_t *tgt, char *err, size_t errlen) {
+int rt_prefetch_get(RtPrefetch *p, int64_t step, int64_t j, int32_t *tok, int32_t *tgt, int32_t *gtok, char *err,
+                    size_t errlen) {
   PfSlot *sl = &p->slot[step % 2];
   pthread_mutex_lock(&p->mu);
   if (step >= p->end || j < 0 || j >= p->nmicro || (sl->step >= 0 && sl->step != step)) {
@@ -103,6 +111,7 @@ int rt_prefetch_get(RtPrefetch *p, int64_t step, int64_t j, int32_t *tok, int32_
   if (rc != 0) return -1;
   if (tok) memcpy(tok, sl->tok + (size_t)j * p->n, p->n * sizeof *tok);
   if (tgt) memcpy(tgt, sl->tgt + (size_t)j * p->n, p->n * sizeof *tgt);
+  if (gtok && sl->gtok) memcpy(gtok, sl->gtok + (size_t)j * p->ng, p->ng * sizeof *gtok);
   return 0;
 }
 
@@ -126,6 +135,6 @@ void rt_prefetch_stop(RtPrefetch *p) {
   }
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->cv);
-  for (int k = 0; k < 2; k++) free(p->slot[k].tok), free(p->slot[k].tgt);
+  for (int k = 0; k < 2; k++) free(p->slot[k].tok), free(p->slot[k].tgt), free(p->slot[k].gtok);
   free(p);
 }

@@ -20,6 +20,11 @@
  *     loss = (sum over pp and dp ranks of the forward blocks' losses) / (global_batch / mb)
  *     run "update"
  *
+ * Validation (--eval-interval, --test) runs pass eval's forward-only
+ * blocks over the valid / test part: "eval" per micro batch, or, in a
+ * pipeline program, eval.<g> at every F step of the schedule (the B steps
+ * left out), the loss summed as in training.  They touch no state.
+ *
  * Progress goes to stdout one line per step; --metrics writes the same as
  * JSON Lines (step numbered from 1, like the progress line), flushed per
  * line so a crashed or interrupted run leaves every finished step. */
@@ -230,6 +235,7 @@ typedef struct {
   int64_t pf_g0;                 /* the rank's first global micro batch (micro j = g - pf_g0) */
   const FeedSpec *pf_fs;         /* for the prefetch thread's fills */
   int32_t *pf_gtok, *pf_gtgt;    /* its global micro batch (split inputs) */
+  int pf_global;                 /* the thread delivers the global tokens too (packed inputs of split tokens) */
   FILE *metrics;                 /* --metrics (a log written as it goes) */
   const char *metrics_path;
   char metrics_err[1200];        /* its first write error: the run ends with it */
@@ -245,7 +251,8 @@ typedef struct {
   RtComm *pp;                    /* the pp group (NULL: pp = 1) */
   PipeSchedule sched;            /* pipeline programs: every pipeline rank's schedule */
   int have_sched;
-  int *chunk_block;              /* pipeline: per global chunk, fwd.<g> and bwd.<g> ([2g], [2g+1]) or -1 */
+  int *chunk_block;              /* pipeline: per global chunk, fwd.<g>, bwd.<g>, eval.<g> ([3g], [3g+1],
+                                    [3g+2]) or -1 */
   unsigned char *has_data;       /* per block: it has data inputs (fed the micro batch) */
   int64_t loaded_step, loaded_micro; /* what the feed buffers hold (-1: nothing) */
   int world_rank;
@@ -363,23 +370,27 @@ static int fill_micro(const TrainRun *r, const FeedSpec *fs, RtDataSrc *src, int
   return 0;
 }
 
-/* The prefetch thread's fill (RtPrefetchFill): local micro j of step s. */
-static int pf_fill(void *ctx, int64_t s, int64_t j, int32_t *tok, int32_t *tgt, char *err, size_t errlen) {
+/* The prefetch thread's fill (RtPrefetchFill): local micro j of step s;
+ * the global tokens go straight into the slot's gtok when the trainer
+ * wants them (packed inputs of split tokens), else into scratch. */
+static int pf_fill(void *ctx, int64_t s, int64_t j, int32_t *tok, int32_t *tgt, int32_t *gtok, char *err,
+                   size_t errlen) {
   TrainRun *r = ctx;
-  return fill_micro(r, r->pf_fs, &r->data, s, r->pf_g0 + j, tok, tgt, r->pf_gtok, r->pf_gtgt, err, errlen);
+  return fill_micro(r, r->pf_fs, &r->data, s, r->pf_g0 + j, tok, tgt, gtok ? gtok : r->pf_gtok, r->pf_gtgt, err,
+                    errlen);
 }
 
 /* Fills the feeds with global micro batch g of step s: tokens and targets
  * (from the prefetch thread when it runs), then the packed-sequence inputs
  * made from the micro batch's global tokens (packed.c) and each input's
  * block of them.  With split inputs the global tokens are r->gtok, which
- * fill_micro writes: the prefetch thread does not run then (packed_split
- * in rt_train). */
+ * fill_micro writes, or the prefetch thread delivers (r->pf_global). */
 static int load_micro_data(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_t s, int64_t g,
                            char *err, size_t errlen) {
   (void)m;
   int rc = r->pf && r->src == &r->data
-               ? rt_prefetch_get(r->pf, s, g - r->pf_g0, r->tokens, r->targets, err, errlen)
+               ? rt_prefetch_get(r->pf, s, g - r->pf_g0, r->tokens, r->targets, r->pf_global ? r->gtok : NULL, err,
+                                 errlen)
                : fill_micro(r, fs, r->src, s, g, r->tokens, r->targets, r->gtok, r->gtgt, err, errlen);
   if (rc != 0) return -1;
   if (!fs->has_pos && !fs->has_doc && !fs->has_mask) return 0;
@@ -511,12 +522,41 @@ static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb
 
 /* ---- evaluation (--eval-interval, --test) ---- */
 
-/* The mean loss of block eb ("eval") over global batches 0 .. iters-1 of
- * src, all dp ranks together (each runs its share of the micro batches,
- * as in a training step).  The block has no effect but its outputs (pass
- * eval), so parameters, gradients and optimizer states stay as they are;
- * RtRunInfo carries the training step only for messages (the block has
- * no dropout left to read it). */
+/* One evaluation batch k of a pipeline program: the forward-only
+ * schedule, which is the training schedule's F steps in their order (a
+ * forward never waits for a backward, so dropping every B step leaves a
+ * schedule that cannot deadlock, and each link carries the evaluation's
+ * messages in the order the training forwards send theirs), each running
+ * eval.<g> of its chunk; then the posted sends complete.  The losses the
+ * last chunk reports are added to acc[0], their count to acc[1]. */
+static int eval_batch_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, const RtFeed *feeds, int nf, int64_t k,
+                           int64_t s, int64_t n_local, int dp_coord, double *acc, char *err, size_t errlen) {
+  int c = rt_program_rank(r->prog)->coord[IR_AXIS_PP];
+  for (int i = 0; i < r->sched.nsteps[c]; i++) {
+    const PipeStep *st = &r->sched.steps[c][i];
+    if (st->kind != 'F') continue;
+    int b = r->chunk_block[3 * st->chunk + 2];
+    int64_t g = (int64_t)dp_coord * n_local + st->micro;
+    char msg[1536];
+    if (r->has_data[b] && load_micro(r, m, fs, k, g, err, errlen) != 0) return -1;
+    RtRunInfo info = {s, (int)g, 0};
+    rt_outputs_clear(r->prog);
+    if (rt_run_block(r->prog, b, feeds, nf, &info, msg, sizeof msg) != 0)
+      return ts_errf(err, errlen, "evaluation batch %lld, micro batch %d, chunk %d: %s", (long long)k + 1, st->micro,
+                     st->chunk, msg);
+    double l;
+    if (rt_output(r->prog, "loss", &l) == 0) acc[0] += l, acc[1] += 1;
+  }
+  return rt_pipe_end_step(r->prog, err, errlen);
+}
+
+/* The mean loss of the forward-only blocks (pass eval: "eval", or a
+ * pipeline program's eval.<g>, eb unused) over global batches 0 .. iters-1
+ * of src, all dp (and pp) ranks together (each runs its share of the
+ * micro batches, as in a training step).  The blocks have no effect but
+ * their outputs and messages, so parameters, gradients and optimizer
+ * states stay as they are; RtRunInfo carries the training step only for
+ * messages (the blocks have no dropout left to read it). */
 static int evaluate(TrainRun *r, const IrModule *m, const FeedSpec *fs, int eb, RtDataSrc *src, int64_t iters,
                     int64_t s, int64_t n_local, int64_t n_global, int dp_coord, double *loss, char *err,
                     size_t errlen) {
@@ -525,9 +565,13 @@ static int evaluate(TrainRun *r, const IrModule *m, const FeedSpec *fs, int eb, 
   RtDataSrc *train_src = r->src;
   r->src = src;
   r->loaded_step = r->loaded_micro = -1;   /* the feed buffers will hold evaluation batches */
-  double sum = 0;
+  double acc[2] = {0, 0};   /* sum of the reported losses, how many reports */
   int rc = 0;
-  for (int64_t k = 0; k < iters && rc == 0; k++)
+  for (int64_t k = 0; k < iters && rc == 0; k++) {
+    if (r->have_sched) {
+      rc = eval_batch_pipe(r, m, fs, feeds, nf, k, s, n_local, dp_coord, acc, err, errlen);
+      continue;
+    }
     for (int64_t j = 0; j < n_local && rc == 0; j++) {
       int64_t g = (int64_t)dp_coord * n_local + j;
       double l;
@@ -539,13 +583,20 @@ static int evaluate(TrainRun *r, const IrModule *m, const FeedSpec *fs, int eb, 
         snprintf(err, errlen, "block \"eval\" did not report `output \"loss\"`");
         break;
       }
-      sum += l;
+      acc[0] += l, acc[1] += 1;
     }
+  }
   r->src = train_src;
   r->loaded_step = r->loaded_micro = -1;
   if (rc != 0) return -1;
-  if (r->dp && rt_comm_all_reduce(r->dp, IR_F64, &sum, 1, err, errlen) != 0) return -1;
-  *loss = sum / (double)(n_global * iters);
+  if (r->have_sched && r->pp && rt_comm_all_reduce(r->pp, IR_F64, acc, 2, err, errlen) != 0) return -1;
+  if (r->dp && rt_comm_all_reduce(r->dp, IR_F64, acc, 2, err, errlen) != 0) return -1;
+  /* each micro batch's loss comes from exactly one block (the last chunk's
+   * eval.<g> under pp): fewer or more reports would silently scale it */
+  if (acc[1] != (double)(n_global * iters))
+    return ts_errf(err, errlen, "the evaluation blocks reported `output \"loss\"` %.0f times for %lld micro batches",
+                   acc[1], (long long)(n_global * iters));
+  *loss = acc[0] / (double)(n_global * iters);
   return 0;
 }
 
@@ -554,7 +605,8 @@ static int evaluate(TrainRun *r, const IrModule *m, const FeedSpec *fs, int eb, 
 /* The schedule of a pipeline program, regenerated from its parallel line
  * (docs/pipeline.md) for n_local micro batches and checked, and the blocks
  * of its chunks.  0, or -1 with a message. */
-static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_t n_local, char *err, size_t errlen) {
+static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_t n_local, int evaluating, char *err,
+                      size_t errlen) {
   const IrParallel *par = &m->par;
   int pp = ir_axis_size(m, IR_AXIS_PP), vpp = par->vpp > 1 ? par->vpp : 1, c = rank->coord[IR_AXIS_PP];
   if (par->stage != c + 1)
@@ -573,15 +625,21 @@ static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_
   if (plan_pipe_check(&r->sched, why, sizeof why) != 0)
     return ts_errf(err, errlen, "the regenerated pipeline schedule is wrong (a bug): %s", why);
   int nchunks = pp * vpp;
-  r->chunk_block = ts_xmalloc((size_t)nchunks * 2 * sizeof *r->chunk_block);
-  for (int g = 0; g < 2 * nchunks; g++) r->chunk_block[g] = -1;
+  r->chunk_block = ts_xmalloc((size_t)nchunks * 3 * sizeof *r->chunk_block);
+  for (int g = 0; g < 3 * nchunks; g++) r->chunk_block[g] = -1;
   for (int g = c; g < nchunks; g += pp)
-    for (int bwd = 0; bwd < 2; bwd++) {
+    for (int k = 0; k < 3; k++) {
+      static const char *kind[3] = {"fwd", "bwd", "eval"};
       char name[32];
-      snprintf(name, sizeof name, "%s.%d", bwd ? "bwd" : "fwd", g);
-      if ((r->chunk_block[2 * g + bwd] = ir_block_find(m, name)) < 0)
+      snprintf(name, sizeof name, "%s.%d", kind[k], g);
+      r->chunk_block[3 * g + k] = ir_block_find(m, name);
+      if (r->chunk_block[3 * g + k] >= 0) continue;
+      if (k < 2)
         return ts_errf(err, errlen, "pipeline rank %d runs chunk %d (pp=%d x vpp=%d chunks) but its program has no "
                        "block %s", c, g, pp, vpp, name);
+      if (evaluating)   /* only evaluation runs it */
+        return ts_errf(err, errlen, "--eval-interval / --test: the program of pipeline rank %d has no forward-only "
+                       "block %s (compiled by an mcc without pass eval? compile it again)", c, name);
     }
   /* blocks of chunks that are not ours would never run: a mismatched plan */
   for (int b = 0; b < m->blocks.n; b++) {
@@ -680,7 +738,7 @@ static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
   r->nx = 0;
   for (int i = 0; i < r->sched.nsteps[c]; i++) {
     const PipeStep *st = &r->sched.steps[c][i];
-    int bwd = st->kind == 'B', b = r->chunk_block[2 * st->chunk + bwd];
+    int bwd = st->kind == 'B', b = r->chunk_block[3 * st->chunk + bwd];
     int64_t g = (int64_t)dp_coord * n_local + st->micro;   /* the global micro batch */
     char msg[1536];
     if (r->has_data[b] && load_micro(r, m, fs, s, g, err, errlen) != 0) return -1;
@@ -759,10 +817,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   }
   /* evaluation runs pass eval's forward-only block */
   int eb = ir_block_find(m, "eval"), evaluating = (o->eval_interval > 0 || o->eval_test) && o->eval_iters > 0;
-  if (evaluating && piped)
-    return ts_errf(err, errlen, "--eval-interval / --test: evaluating a pipeline program (pp=%d) is not supported "
-                   "yet; evaluate its checkpoint with pp=1", ir_axis_size(m, IR_AXIS_PP));
-  if (evaluating && eb < 0)
+  if (evaluating && !piped && eb < 0)   /* a pipeline program's eval.<g>: pipe_setup */
     return ts_errf(err, errlen, "--eval-interval / --test: the program has no forward-only block \"eval\" "
                    "(compiled by an mcc without pass eval? compile it again)");
   if (o->eval_interval < 0 || o->eval_iters < 0)
@@ -840,7 +895,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       return -1;
     }
   }
-  if (piped && pipe_setup(&r, m, rank, n_local, err, errlen) != 0) { run_free(&r); return -1; }
+  if (piped && pipe_setup(&r, m, rank, n_local, evaluating, err, errlen) != 0) { run_free(&r); return -1; }
   /* the blocks fed with micro batches: micro, or every pipeline block */
   int *fb = ts_xmalloc((size_t)m->blocks.n * sizeof *fb), nfb = 0;
   r.has_data = ts_xcalloc((size_t)m->blocks.n, 1);
@@ -895,17 +950,18 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   }
 
   /* the prefetch thread makes the rank's tokens and targets; packed
-   * inputs of split tokens need the global ones too (load_micro_data), so
-   * those runs read their batches in the step */
-  int packed_split = fs.split && (fs.has_pos || fs.has_doc || fs.has_mask);
-  if (!fs.none && !o->no_prefetch && !packed_split && start < tr->steps) {
+   * inputs of split tokens are made from the global ones (load_micro_data),
+   * so the thread delivers those rows too */
+  if (!fs.none && !o->no_prefetch && start < tr->steps) {
     r.pf_fs = &fs;
+    r.pf_global = fs.split && (fs.has_pos || fs.has_doc || fs.has_mask);
     r.pf_g0 = (int64_t)rank->coord[IR_AXIS_DP] * n_local;
     if (fs.split) {
       r.pf_gtok = ts_xcalloc((size_t)ntok, sizeof *r.pf_gtok);
       r.pf_gtgt = ts_xcalloc((size_t)ntok, sizeof *r.pf_gtgt);
     }
-    if (!(r.pf = rt_prefetch_start(pf_fill, &r, start, tr->steps, n_local, (size_t)nloc, err, errlen))) {
+    if (!(r.pf = rt_prefetch_start(pf_fill, &r, start, tr->steps, n_local, (size_t)nloc,
+                                   r.pf_global ? (size_t)ntok : 0, err, errlen))) {
       run_free(&r);
       return -1;
     }

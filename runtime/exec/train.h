@@ -107,19 +107,22 @@ int rt_data_rows(RtDataSrc *d, int64_t step, int64_t row0, int64_t rows, int32_t
 void rt_data_close(RtDataSrc *d);
 
 /* ---- prefetch (prefetch.c): the next step's feeds made by a thread ----
- * fill(ctx, step, j, tokens, targets) writes local micro batch j of step
- * (n elements each), as the trainer would.  Steps first .. end-1 are filled
- * in order into two slots; rt_prefetch_get waits for (step, j) and copies
- * it out (an error of its fill is returned there); rt_prefetch_release
- * frees the step's slot for step + 2; rt_prefetch_stop joins the thread
- * (also mid-run: on an error or a signal). */
+ * fill(ctx, step, j, tokens, targets, gtokens) writes local micro batch j
+ * of step (n elements each), as the trainer would, and, when the trainer
+ * needs them (ng > 0: packed-sequence inputs of split tokens are made from
+ * the micro batch's global tokens), the global tokens into gtokens (ng
+ * elements; NULL when ng = 0).  Steps first .. end-1 are filled in order
+ * into two slots; rt_prefetch_get waits for (step, j) and copies it out
+ * (gtokens too when ng > 0; an error of its fill is returned there);
+ * rt_prefetch_release frees the step's slot for step + 2; rt_prefetch_stop
+ * joins the thread (also mid-run: on an error or a signal). */
 typedef struct RtPrefetch RtPrefetch;
-typedef int (*RtPrefetchFill)(void *ctx, int64_t step, int64_t j, int32_t *tokens, int32_t *targets, char *err,
-                              size_t errlen);
-RtPrefetch *rt_prefetch_start(RtPrefetchFill fill, void *ctx, int64_t first, int64_t end, int64_t nmicro, size_t n,
+typedef int (*RtPrefetchFill)(void *ctx, int64_t step, int64_t j, int32_t *tokens, int32_t *targets, int32_t *gtokens,
                               char *err, size_t errlen);
-int rt_prefetch_get(RtPrefetch *p, int64_t step, int64_t j, int32_t *tokens, int32_t *targets, char *err,
-                    size_t errlen);
+RtPrefetch *rt_prefetch_start(RtPrefetchFill fill, void *ctx, int64_t first, int64_t end, int64_t nmicro, size_t n,
+                              size_t ng, char *err, size_t errlen);
+int rt_prefetch_get(RtPrefetch *p, int64_t step, int64_t j, int32_t *tokens, int32_t *targets, int32_t *gtokens,
+                    char *err, size_t errlen);
 void rt_prefetch_release(RtPrefetch *p, int64_t step);
 void rt_prefetch_stop(RtPrefetch *p);
 

@@ -15,16 +15,24 @@ Modes (one ctest each):
            training losses are bit-identical with and without it (dropout
            on, lr > 0), and a run saved and resumed with evaluation ends
            bit-identical to one that ran straight through (same val_loss);
-           --test reports the test split once at the end
-  layouts  dp 2, tp 2 and cp 2 give the 1-rank val_loss and test_loss (f64,
-           1e-10); --mock-data evaluates too (never on training samples)
+           --test reports the test split once at the end; the same for a
+           pipeline program (pp 2 x vpp 2: its eval.<g> blocks and their
+           messages), where the checkpoint's files (parameters, gradients,
+           AdamW moments of every rank) are bit-identical too
+  layouts  dp 2, tp 2, cp 2, pp 2, pp 2 x vpp 2 (4 layers, against 1 rank
+           of 4 layers) and pp 2 x dp 2 give the 1-rank val_loss and
+           test_loss (f64, 1e-10); --mock-data evaluates too (never on
+           training samples)
   prefetch the batches of the prefetch thread train bit-identical losses to
-           --no-prefetch (1 rank, dp 2, cp 2, pp 2, the byte corpus), and a
-           data error made in the thread is reported the same way
+           --no-prefetch (1 rank, dp 2, cp 2, pp 2, the byte corpus, and
+           samples/gpt_packed.mdl with the packed-sequence flags at cp 2,
+           whose inputs are made from the global tokens the thread
+           delivers), and a data error made in the thread is reported the
+           same way
   refuse   the byte corpus (no split), --eval-iters without --eval-interval,
-           a split with an empty valid / test part, a pipeline program,
-           --eval-interval 0: refused naming the flag and the problem;
-           --eval-iters 0 evaluates nothing"""
+           a split with an empty valid / test part, --eval-interval 0:
+           refused naming the flag and the problem (also on a pipeline
+           program); --eval-iters 0 evaluates nothing"""
 import math
 import os
 import re
@@ -58,8 +66,8 @@ def docs(seed, n, maxlen):
     return [[[r.randrange(256) for _ in range(r.randrange(8, maxlen))]] for _ in range(n)]
 
 
-def compile_plan(name, *extra, lr0=False):
-    src = os.path.join(SRC, "samples", "gpt.mdl")
+def compile_plan(name, *extra, lr0=False, layers=2, model="gpt.mdl"):
+    src = os.path.join(SRC, "samples", model)
     if lr0:   # lr 1e-300 throughout (mcc wants lr > 0): every AdamW step is below half an ulp of every parameter
         text = open(src).read()
         text, n1 = re.subn(r"lr: [0-9.e-]+", "lr: 1e-300", text)
@@ -69,7 +77,7 @@ def compile_plan(name, *extra, lr0=False):
         src = os.path.join(WORK, name + ".mdl")
         open(src, "w").write(text)
     path = os.path.join(WORK, name + ".plan")
-    run([MCC, src, "-D", "layers=2", "-D", "d_model=32", "-D", "heads=4", "-D", "seq_len=16", "-D", "vocab=256",
+    run([MCC, src, "-D", "layers=%d" % layers, "-D", "d_model=32", "-D", "heads=4", "-D", "seq_len=16", "-D", "vocab=256",
          "-D", "batch=4", "-D", "micro_batch=1", "--precision", "f64", "-o", path] + list(extra))
     return path
 
@@ -168,6 +176,27 @@ def mode_params():
             col(ma, "val_loss"), "equal" if same_bytes(pc, pa) else "differ"))
     print("ok: saved at step 2 and resumed with evaluation: bit-identical losses, val_loss and parameters; the "
           "checkpoint's data files equal those of a run without evaluation")
+    # a pipeline program: eval.<g> on every stage, messages between them
+    pp = compile_plan("pp", "-D", "dropout=0.1", "--pp", "2", "--vpp", "2", layers=4)
+    one = compile_plan("one4", "-D", "dropout=0.1", layers=4)
+    qa, qb, ca, cb = [os.path.join(WORK, x) for x in ("pa.params", "pb.params", "ck_pa", "ck_pb")]
+    na, _ = train(pp, "pa", *data, *ev, "--test", "--save-params", qa, "--save", ca, gpus=2)
+    nb, _ = train(pp, "pb", *data, "--save-params", qb, "--save", cb, gpus=2)
+    if col(na, "loss") != col(nb, "loss") or not same_bytes(qa, qb):
+        fail("pp 2 x vpp 2: evaluation changed training: losses %s vs %s, parameters %s" % (
+            col(na, "loss"), col(nb, "loss"), "equal" if same_bytes(qa, qb) else "differ"))
+    files = sorted(os.listdir(os.path.join(ca, "iter_0000004")))
+    for f in files:
+        a, b = os.path.join(ca, "iter_0000004", f), os.path.join(cb, "iter_0000004", f)
+        if f != "metadata.json" and not same_bytes(a, b):
+            fail("pp 2 x vpp 2: checkpoint file %s differs with evaluation in the run" % f)
+    n1, _ = train(one, "pone", *data, *ev, "--test")
+    if len(col(na, "val_loss")) != 4 or not close(col(na, "val_loss"), col(n1, "val_loss"), 1e-10) or \
+            not close(col(na, "test_loss"), col(n1, "test_loss"), 1e-10):
+        fail("pp 2 x vpp 2: val_loss %s test_loss %s; 1 rank %s %s" % (
+            col(na, "val_loss"), col(na, "test_loss"), col(n1, "val_loss"), col(n1, "test_loss")))
+    print("ok: pp 2 x vpp 2: 4 evaluations and a test (the 1-rank values) leave the losses, parameters and the "
+          "checkpoint's %d files (gradients, moments) bit-identical" % len(files))
 
 
 def mode_layouts():
@@ -178,12 +207,20 @@ def mode_layouts():
     p1 = compile_plan("p1", "-D", "dropout=0.1")
     ref, _ = train(p1, "one", *base)
     rv, rt = col(ref, "val_loss"), col(ref, "test_loss")
-    for tag, plan, g in (("dp 2", p1, 2), ("tp 2", compile_plan("tp2", "-D", "dropout=0.1", "--tp", "2"), 2),
-                         ("cp 2", compile_plan("cp2", "-D", "dropout=0.1", "--cp", "2"), 2)):
+    ref4, _ = train(compile_plan("p4", "-D", "dropout=0.1", layers=4), "one4", *base)
+    for tag, plan, g, r in (("dp 2", p1, 2, ref), ("tp 2", compile_plan("tp2", "-D", "dropout=0.1", "--tp", "2"), 2, ref),
+                            ("cp 2", compile_plan("cp2", "-D", "dropout=0.1", "--cp", "2"), 2, ref),
+                            ("pp 2", compile_plan("pp2", "-D", "dropout=0.1", "--pp", "2"), 2, ref),
+                            ("pp 2 x vpp 2", compile_plan("pp2v2", "-D", "dropout=0.1", "--pp", "2", "--vpp", "2",
+                                                          layers=4), 2, ref4),
+                            ("pp 2 x dp 2", compile_plan("pp2dp2", "-D", "dropout=0.1", "--pp", "2", "--dp", "2"), 4,
+                             ref)):
+        rv, rt = col(r, "val_loss"), col(r, "test_loss")
         ms, _ = train(plan, tag.replace(" ", ""), *base, gpus=g)
         if not close(col(ms, "val_loss"), rv, 1e-10) or not close(col(ms, "test_loss"), rt, 1e-10):
             fail("%s: val_loss %s test_loss %s; 1 rank: %s %s" % (tag, col(ms, "val_loss"), col(ms, "test_loss"), rv, rt))
-        print("ok: %s gives the 1-rank val_loss %s and test_loss %s" % (tag, ["%.10f" % x for x in rv], rt))
+        print("ok: %s gives the 1-rank%s val_loss %s and test_loss %s" % (
+            tag, " (4 layers)" if r is ref4 else "", ["%.10f" % x for x in rv], rt))
     ma, _ = train(p1, "mock", "--mock-data", "--quiet", "--eval-interval", "2", "--eval-iters", "2")
     mb, _ = train(p1, "mock2", "--mock-data", "--quiet", "--eval-interval", "2", "--eval-iters", "2", gpus=2)
     v = col(ma, "val_loss")
@@ -200,8 +237,16 @@ def mode_prefetch():
     for tag, plan, g, extra in (("1 rank", p1, 1, []), ("dp 2", p1, 2, []),
                                 ("cp 2", compile_plan("cp2", "-D", "dropout=0.1", "--cp", "2"), 2, []),
                                 ("pp 2", compile_plan("pp2", "-D", "dropout=0.1", "--pp", "2"), 2, []),
-                                ("byte corpus", p1, 1, ["BYTES"])):
-        args = base if extra != ["BYTES"] else ["--quiet"]
+                                ("byte corpus", p1, 1, ["BYTES"]),
+                                ("packed cp 2", compile_plan("pk", "--cp", "2", model="gpt_packed.mdl"), 2, ["PACKED"])):
+        args = ["--quiet"] if extra == ["BYTES"] else base
+        if extra == ["PACKED"]:   # short documents ended by EOD 7: several inside every row
+            r = random.Random(6)
+            tw.write_indexed(os.path.join(WORK, "dsp"), [[[r.randrange(8, 256) for _ in range(r.randrange(1, 8))] + [7]]
+                                                         for _ in range(300)])
+            args = ["--data-path", os.path.join(WORK, "dsp"), "--split", "8,1,1", "--data-cache-path",
+                    os.path.join(WORK, "cp"), "--quiet", "--eod-id", "7", "--reset-position-ids",
+                    "--reset-attention-mask", "--eod-mask-loss"]
         a, _ = train(plan, "pf", *args, gpus=g, steps=5)
         b, _ = train(plan, "nopf", *args, "--no-prefetch", gpus=g, steps=5)
         if col(a, "loss") != col(b, "loss") or len(col(a, "loss")) != 5:
@@ -232,7 +277,7 @@ def mode_refuse():
         (p1, dp + ["--eval-iters", "5"], 1, ["--eval-iters goes with --eval-interval"]),
         (p1, dp + ["--split", "100,0,0", "--eval-interval", "2"], 1, ["leaves the valid part"]),
         (p1, dp + ["--split", "99,1,0", "--test"], 1, ["leaves the test part"]),
-        (pp2, dp + ["--eval-interval", "2"], 2, ["pipeline", "not supported"]),
+        (pp2, dp + ["--split", "100,0,0", "--eval-interval", "2"], 2, ["leaves the valid part"]),
         (p1, dp + ["--eval-interval", "0"], 1, ["--eval-interval"]),
         (p1, dp + ["--eval-interval", "2", "--eval-iters", "-1"], 1, ["--eval-iters"]),
     ]
@@ -240,7 +285,9 @@ def mode_refuse():
         _, p = train(plan, "x", *extra, gpus=g, ok=False)
         if p.returncode == 0 or any(w not in p.stderr for w in want):
             fail("mrun %s: exit %d, stderr %r; expected %s" % (" ".join(extra), p.returncode, p.stderr, want))
-        print("ok: refused %s: %s" % (" ".join(e for e in extra if e not in dp), p.stderr.strip().splitlines()[-1]))
+        said = [l for l in p.stderr.splitlines() if want[0] in l]   # (MPI adds lines after it)
+        print("ok: refused %s%s: %s" % (" ".join(e for e in extra if e not in dp), " (pp 2)" if plan == pp2 else "",
+                                        said[0].strip()))
     ms, _ = train(p1, "none", "--eval-interval", "2", "--eval-iters", "0")
     if col(ms, "val_loss"):
         fail("--eval-iters 0 evaluated")

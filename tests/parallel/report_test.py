@@ -149,7 +149,8 @@ def check_comm(model, defs, extra, sizes):
         operand = int(re.match(r"%(\d+)", m.group(3)).group(1))
         dtype, dims = types[int(m.group(1))] if op == "all_gather" else types[operand]
         nbytes = math.prod(s for _, s in dims) * DSIZE[dtype]
-        runs = nmicro if block == "micro" else 1
+        # evaluation blocks (pass eval) do not run in a training step
+        runs = nmicro if block == "micro" else 0 if block == "eval" else 1
         count += runs
         payload += nbytes * runs
         ring += (2 if op == "all_reduce" else 1) * (n - 1) / n * nbytes * runs

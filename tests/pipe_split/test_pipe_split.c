@@ -11,7 +11,13 @@
  *     micro's, and each chunk's parameters are accumulated where they are
  *     read (the tied embedding of gpt: in the first and the last chunk);
  *   - the verifier refuses broken pairings (a recv without its send,
- *     messages received out of order, an unstash without its stash). */
+ *     messages received out of order, an unstash without its stash, an
+ *     evaluation block's message to a forward block, a stash in one);
+ *   - pass eval makes eval.<g> for every chunk: no stash, accum, dropout
+ *     or gradient state, the forward's matmuls, the loss in the last
+ *     chunk only, one hidden-state message per boundary with tags of its
+ *     own; derived again, the module's text is the same.  gpt runs with
+ *     dropout 0.1 so that there is dropout to take out. */
 #include "frontend/mdl.h"
 #include "passes/pipe.h"
 #include "../check.h"
@@ -24,7 +30,10 @@ static IrModule *sample(const char *name, int layers, int pp, int vpp, int tp, i
                       {ts_intern("heads"), "4"},      {ts_intern("kv_heads"), "2"},  {ts_intern("seq_len"), "16"},
                       {ts_intern("batch"), "8"},      {ts_intern("micro_batch"), "2"}, {ts_intern("ffn"), "64"}};
   int nd = strcmp(name, "llama") == 0 ? 9 : 8;
-  if (strcmp(name, "gpt") == 0) defs[4] = defs[7], nd = 7;   /* gpt has no kv_heads / ffn */
+  if (strcmp(name, "gpt") == 0) {   /* gpt has no kv_heads / ffn; it has dropout */
+    defs[4] = defs[7], defs[7] = (MdlDefine){ts_intern("dropout"), "0.1"};
+    nd = 8;
+  }
   MdlOptions o;
   mdl_options_init(&o);
   o.defines = defs, o.ndefines = nd;
@@ -71,6 +80,69 @@ static void check_roundtrip(const IrModule *m, const char *what) {
   }
   sb_free(&a);
   sb_free(&b);
+}
+
+/* Pass eval on the split module m (K chunks): eval.<g> per chunk, forward
+ * only, with messages of their own (see the file's comment). */
+static void eval_case(IrModule *m, const char *what, int K, int sp, int tp) {
+  int maxtag = -1, drop_fwd = 0, mm_fwd = 0, mm_eval = 0;
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    for (int i = 0; i < b->n; i++)
+      if ((b->nodes[i].op == IR_OP_SEND || b->nodes[i].op == IR_OP_RECV) && b->nodes[i].ia[2] > maxtag)
+        maxtag = (int)b->nodes[i].ia[2];
+    int bwd, g = ir_block_chunk(b, &bwd);
+    if (g >= 0 && !bwd) drop_fwd += count_op(b, IR_OP_DROPOUT), mm_fwd += count_op(b, IR_OP_MATMUL);
+  }
+  PassCtx cx;
+  pass_ctx_init(&cx);
+  int ok = pass_eval(m, &cx) == 0;
+  CHECK(ok, "%s: pass eval: %s", what, cx.err);
+  char err[1024];
+  if (ok) CHECK(ir_verify(m, err, sizeof err) == 0, "%s: after pass eval: %s", what, err);
+  StrBuf once = {0}, twice = {0};
+  ir_print_module(m, &once);
+  ok = ok && pass_eval(m, &cx) == 0;   /* a recompiled module: derived again, the same */
+  ir_print_module(m, &twice);
+  CHECK(ok && once.n == twice.n && memcmp(once.p, twice.p, once.n) == 0, "%s: pass eval run twice differs", what);
+  sb_free(&once);
+  sb_free(&twice);
+  pass_ctx_free(&cx);
+  if (!ok) return;
+  if (strstr(what, "gpt")) CHECK(drop_fwd > 0, "%s: no dropout in the forward blocks to take out", what);
+  for (int g = 0; g < K; g++) {
+    char bn[32];
+    snprintf(bn, sizeof bn, "eval.%d", g);
+    int bi = ir_block_find(m, ts_intern(bn));
+    CHECK(bi >= 0, "%s: no block %s", what, bn);
+    if (bi < 0) continue;
+    const IrBlock *b = &m->blocks.a[bi];
+    IrChunkKind kind;
+    CHECK(ir_block_chunk_kind(b, &kind) == g && kind == IR_CHUNK_EVAL, "%s: %s is not chunk %d's eval block", what, bn, g);
+    static const IrOp never[] = {IR_OP_STASH, IR_OP_UNSTASH, IR_OP_ACCUM, IR_OP_DROPOUT, IR_OP_ZERO, IR_OP_ADAMW};
+    for (size_t k = 0; k < sizeof never / sizeof never[0]; k++)
+      CHECK(count_op(b, never[k]) == 0, "%s: %s has %d %s nodes", what, bn, count_op(b, never[k]), ir_ops[never[k]].name);
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *n = &b->nodes[i];
+      if (n->op == IR_OP_STATE)
+        CHECK(m->states.a[n->ia[0]].kind == IR_STATE_PARAM, "%s: %s reads state @%s", what, bn, m->states.a[n->ia[0]].name);
+      if (n->op == IR_OP_SEND || n->op == IR_OP_RECV) {
+        CHECK(n->ia[2] > maxtag, "%s: %s node %d has tag %lld, one of the training messages' (<= %d)", what, bn, i,
+              (long long)n->ia[2], maxtag);
+        const IrType *t = n->op == IR_OP_RECV ? &n->type : &b->nodes[n->in[0]].type;
+        int64_t want_seq = sp && (n->op == IR_OP_RECV ? n : &b->nodes[n->in[0]])->sh.split[1] ? 16 / tp : 16;
+        CHECK(t->rank == 3 && t->dim[1] == want_seq && t->dim[2] == 32, "%s: %s node %d: a message that is not the "
+              "hidden state", what, bn, i);
+      }
+    }
+    CHECK(count_op(b, IR_OP_RECV) == (g > 0) && count_op(b, IR_OP_SEND) == (g < K - 1),
+          "%s: %s receives %d and sends %d messages", what, bn, count_op(b, IR_OP_RECV), count_op(b, IR_OP_SEND));
+    int nloss = 0;
+    for (int i = 0; i < b->n; i++) nloss += b->nodes[i].op == IR_OP_OUTPUT && strcmp(b->nodes[i].sa, "loss") == 0;
+    CHECK(nloss == (g == K - 1), "%s: %s reports the loss %d times", what, bn, nloss);
+    mm_eval += count_op(b, IR_OP_MATMUL);
+  }
+  CHECK(mm_eval == mm_fwd, "%s: %d matmuls in the eval blocks, %d in the forward blocks", what, mm_eval, mm_fwd);
 }
 
 static void split_case(const char *name, int layers, int pp, int vpp, int tp, int sp) {
@@ -137,6 +209,7 @@ static void split_case(const char *name, int layers, int pp, int vpp, int tp, in
       }
     }
   CHECK(mm == mm_ref, "%s: %d matmuls over the blocks, micro had %d", what, mm, mm_ref);
+  eval_case(m, what, K, sp, tp);
   /* every accum of a parameter's gradient sits in a chunk whose blocks read the parameter */
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
@@ -195,6 +268,14 @@ static void test_verifier(void) {
   verify_case("block fwd.0 {\n  %0 = state @w : f32[4]\n  stash %0 slot=0\n}\n"
               "block bwd.0 {\n  %0 = unstash slot=0 : f32[2]\n}\n", "read as", "stash type");
   verify_case("block micro {\n  %0 = state @w : f32[4]\n  stash %0 slot=0\n}\n", "outside a pipeline block", "stash in micro");
+  verify_case("block eval.0 {\n  %0 = state @w : f32[4]\n  send %0 axis=pp peer=1 tag=0\n}\n"
+              "block eval.1 {\n  %0 = recv axis=pp peer=-1 tag=0 : f32[4]\n}\n", NULL, "eval pair");
+  verify_case("block eval.0 {\n  %0 = state @w : f32[4]\n  send %0 axis=pp peer=1 tag=0\n}\n"
+              "block fwd.1 {\n  %0 = recv axis=pp peer=-1 tag=0 : f32[4]\n}\n",
+              "not the neighbouring evaluation block", "eval to fwd");
+  verify_case("block eval.0 {\n  %0 = state @w : f32[4]\n  stash %0 slot=0\n}\n"
+              "block bwd.0 {\n  %0 = unstash slot=0 : f32[4]\n}\n", "in an evaluation block", "stash in eval");
+  verify_case("block eval.0 {\n  %0 = state @w : f32[4]\n  send %0 axis=pp peer=-1 tag=0\n}\n", "peer=-1", "eval direction");
 }
 
 int main(void) {
