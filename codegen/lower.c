@@ -367,6 +367,21 @@ static int elem_ew(Lw *L, const IrNode *nd) {
   case IR_OP_EQ: return sel(L, cg_bin(L->k, CG_EQ, x, z), F(L, 1), F(L, 0));
   case IR_OP_NE_SCALAR: return sel(L, cg_bin(L->k, CG_NE, x, F(L, c)), F(L, 1), F(L, 0));
   case IR_OP_CAST: return x;   /* the rounding to the result dtype does it */
+  case IR_OP_CMP: {           /* pred 0 ==, 1 !=, 2 <, 3 <=, 4 >, 5 >= (ops_ref.c ref_CMP) */
+    static const CgOp cop[6] = {CG_EQ, CG_NE, CG_LT, CG_LE, CG_LT, CG_LE};
+    int p = (int)nd->ia[0], sw = p >= 4;
+    return sel(L, cg_bin(L->k, cop[p], sw ? z : x, sw ? x : z), F(L, 1), F(L, 0));
+  }
+  case IR_OP_WHERE: return sel(L, cg_bin(L->k, CG_NE, x, F(L, 0)), z, elem(L, nd->in[2]));
+  case IR_OP_FLOORDIV: case IR_OP_MOD: {   /* Python's // and %, 0 where y == 0 (ref int_divmod) */
+    int z0 = cg_bin(L->k, CG_EQ, z, F(L, 0));
+    z = sel(L, z0, F(L, 1), z);   /* no division by 0, even in the arm not taken */
+    int t = cg_cast(L->k, CG_F64, cg_cast(L->k, CG_I64, dvd(L, x, z)));   /* truncated quotient */
+    int r = sub(L, x, mul(L, t, z));
+    int q = sel(L, cg_bin(L->k, CG_LT, mul(L, r, z), F(L, 0)), sub(L, t, F(L, 1)), t);
+    int v = nd->op == IR_OP_MOD ? sub(L, x, mul(L, z, q)) : q;
+    return sel(L, z0, F(L, 0), v);
+  }
   case IR_OP_FULL: return F(L, nd->fa[0]);
   case IR_OP_BROADCAST: {
     const IrType *st = &node(L, nd->in[0])->type;

@@ -76,7 +76,17 @@ static Value bi_abs(Elab *e, const ElabCall *c, Value *a, int op) {
   return fail_arg(e, &a[0], "%s() needs a number, got %s", c->fname);
 }
 
+/* float(t) / int(t) on a tensor: an explicit cast (to the model's float
+ * precision, or to i32 truncating toward zero and saturating) */
+static Value cast_tensor(Elab *e, const ElabCall *c, Value x, IrDtype to) {
+  IrType t = elab_type(e, &x);
+  if (t.dtype == to) return x;
+  t.dtype = to;
+  return elab_emit(e, c->loc, IR_OP_CAST, &x, 1, NULL, NULL, NULL, &t);
+}
+
 static Value bi_float(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (a[0].k == V_TENSOR) return cast_tensor(e, c, a[0], e->prec);
   if (elab_is_num(&a[0])) return elab_float(elab_num(&a[0]), c->loc);
   if (a[0].k == V_BOOL) return elab_float((double)a[0].i, c->loc);
   return fail_arg(e, &a[0], "%s() needs a number, got %s", c->fname);
@@ -99,6 +109,7 @@ static Value bi_mesh_size(Elab *e, const ElabCall *c, Value *a, int op) {
 }
 
 static Value bi_int(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (a[0].k == V_TENSOR) return cast_tensor(e, c, a[0], IR_I32);
   if (a[0].k == V_INT) return elab_int(a[0].i, c->loc);
   if (a[0].k == V_BOOL) return elab_int(a[0].i, c->loc);
   if (a[0].k == V_FLOAT) {   /* truncates toward zero, like Python */
@@ -501,6 +512,142 @@ static Value bi_dropout(Elab *e, const ElabCall *c, Value *a, int op) {
   return elab_emit(e, c->loc, IR_OP_DROPOUT, &a[0], 1, ia, fa, NULL, NULL);
 }
 
+/* ---- integer tensors and indexing ---- */
+/* arange(n, start: 0, step: 1): [n] of start + step * i; i32 when start and
+ * step are ints, else the model's float precision */
+static Value bi_arange(Elab *e, const ElabCall *c, Value *a, int op) {
+  int64_t n;
+  double fa[2] = {0, 1};
+  int isint = 1;
+  if (elab_want_int(e, c, "n", &a[0], &n)) return elab_err();
+  for (int k = 1; k < 3; k++) {
+    if (a[k].k == V_UNSET) continue;
+    if (elab_want_num(e, c, k == 1 ? "start" : "step", &a[k], &fa[k - 1])) return elab_err();
+    isint &= a[k].k == V_INT;
+  }
+  if (n < 1) {
+    elab_error(e, a[0].loc, "%s(): n must be >= 1, got %lld", c->fname, (long long)n);
+    return elab_err();
+  }
+  if (isint && (fabs(fa[0]) > 2147483647.0 || fabs(fa[0] + fa[1] * (double)(n - 1)) > 2147483647.0)) {
+    elab_error(e, c->loc, "%s(): the values %g .. %g do not fit i32", c->fname, fa[0], fa[0] + fa[1] * (double)(n - 1));
+    return elab_err();
+  }
+  IrType t;
+  memset(&t, 0, sizeof t);
+  t.dtype = isint ? IR_I32 : e->prec;
+  t.rank = 1;
+  t.dim[0] = n;
+  t.dname[0] = a[0].s;
+  if (elab_check_type(e, a[0].loc, &t, c->fname)) return elab_err();
+  int64_t ia[1] = {0};
+  return elab_emit(e, c->loc, IR_OP_ARANGE, NULL, 0, ia, fa, NULL, &t);
+}
+
+/* A where() branch: a tensor, or a number made a full tensor of type t */
+static Value where_branch(Elab *e, const ElabCall *c, const char *arg, Value v, const IrType *t) {
+  if (v.k == V_TENSOR) return v;
+  double d;
+  if (elab_want_num(e, c, arg, &v, &d)) return elab_err();
+  if (t->dtype == IR_I32 && v.k != V_INT) {
+    char buf[256];
+    elab_error(e, v.loc, "%s(): %s is the float %g but the other branch is %s: no implicit int <-> float conversion",
+               c->fname, arg, d, ir_type_str(t, buf, sizeof buf));
+    return elab_err();
+  }
+  double fa[1] = {d};
+  return elab_emit(e, v.loc, IR_OP_FULL, NULL, 0, NULL, fa, NULL, t);
+}
+
+/* where(cond, x, y): x where cond != 0, else y; broadcast like '+' */
+static Value bi_where(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "cond", &a[0], 0)) return elab_err();
+  if (a[1].k != V_TENSOR && a[2].k != V_TENSOR) {
+    elab_error(e, c->loc, "%s(): x or y must be a tensor (both are numbers)", c->fname);
+    return elab_err();
+  }
+  IrType tx = a[1].k == V_TENSOR ? elab_type(e, &a[1]) : elab_type(e, &a[2]);
+  IrType one = tx;
+  one.rank = 0;
+  Value x = where_branch(e, c, "x", a[1], &one), y = where_branch(e, c, "y", a[2], &one);
+  if (x.k == V_ERR || y.k == V_ERR) return elab_err();
+  IrType t0 = elab_type(e, &a[0]), t1 = elab_type(e, &x), t2 = elab_type(e, &y), r;
+  char b1[256], b2[256];
+  if (t1.dtype != t2.dtype) {
+    elab_error(e, c->loc, "%s(): x %s and y %s differ in dtype: no implicit int <-> float conversion (float(x), int(x))",
+               c->fname, ir_type_str(&t1, b1, sizeof b1), ir_type_str(&t2, b2, sizeof b2));
+    return elab_err();
+  }
+  /* the result shape: the three broadcast together, right-aligned */
+  r = t1.rank >= t2.rank ? t1 : t2;
+  if (t0.rank > r.rank) { IrType k = t0; k.dtype = t1.dtype; r = k; }
+  for (int i = 0; i < r.rank; i++) {
+    const IrType *ts[3] = {&t0, &t1, &t2};
+    for (int j = 0; j < 3; j++) {
+      int d = ts[j]->rank - r.rank + i;
+      if (d >= 0 && ts[j]->dim[d] != 1 && r.dim[i] == 1) { r.dim[i] = ts[j]->dim[d]; r.dname[i] = ts[j]->dname[d]; }
+    }
+  }
+  IrType rc = r;
+  rc.dtype = t0.dtype;
+  Value in[3] = {elab_broadcast_to(e, c->loc, a[0], &rc), elab_broadcast_to(e, c->loc, x, &r),
+                 elab_broadcast_to(e, c->loc, y, &r)};
+  for (int j = 0; j < 3; j++)
+    if (in[j].k == V_ERR) return elab_err();
+  return elab_emit(e, c->loc, IR_OP_WHERE, in, 3, NULL, NULL, NULL, NULL);
+}
+
+/* gather(x, idx, axis: -1): y[..., j, ...] = x[..., idx[..., j, ...], ...] */
+static Value bi_gather(Elab *e, const ElabCall *c, Value *a, int op) {
+  if (elab_want_tensor(e, c, "x", &a[0], 0) || elab_want_tensor(e, c, "idx", &a[1], 0)) return elab_err();
+  IrType tx = elab_type(e, &a[0]), ti = elab_type(e, &a[1]);
+  Value dflt = elab_int(-1, c->loc);
+  int ax = elab_axis(e, c->loc, a[2].k == V_UNSET ? &dflt : &a[2], tx.rank, &a[0], c->fname);
+  if (ax < 0) return elab_err();
+  if (ti.dtype != IR_I32) return fail_arg(e, &a[1], "%s(): idx must be an i32 tensor (int(x) converts), got %s", c->fname);
+  char b1[256], b2[256];
+  int ok = ti.rank == tx.rank;
+  for (int d = 0; ok && d < tx.rank; d++) ok = d == ax || ti.dim[d] == tx.dim[d];
+  if (!ok) {
+    elab_error(e, c->loc, "%s(): idx %s must have x %s's dims except along axis %d (take_along_axis; broadcast idx first)",
+               c->fname, ir_type_str(&ti, b1, sizeof b1), ir_type_str(&tx, b2, sizeof b2), ax);
+    elab_note_origin(e, &a[1]);
+    return elab_err();
+  }
+  int64_t ia[1] = {ax};
+  return elab_emit(e, c->loc, IR_OP_GATHER, a, 2, ia, NULL, NULL, NULL);
+}
+
+/* randint(shape, lo, hi) -> i32 in [lo, hi); rand(shape, lo: 0, hi: 1) ->
+ * floats: counter-based (seed, stream, step, micro, index), a new stream
+ * per call like dropout */
+static Value bi_rand(Elab *e, const ElabCall *c, Value *a, int op) {
+  IrType t;
+  memset(&t, 0, sizeof t);
+  t.dtype = op ? IR_I32 : e->prec;
+  double fa[2] = {0, 1};
+  if (elab_shape_list(e, &a[0], a[0].loc, &t, 0, NULL, c->fname) || elab_check_type(e, a[0].loc, &t, c->fname))
+    return elab_err();
+  for (int k = 1; k < 3; k++) {
+    if (a[k].k == V_UNSET) continue;
+    if (op) {
+      int64_t v;
+      if (elab_want_int(e, c, k == 1 ? "lo" : "hi", &a[k], &v)) return elab_err();
+      if (v < INT32_MIN || v > (int64_t)INT32_MAX + 1) {
+        elab_error(e, a[k].loc, "%s(): %lld is outside i32", c->fname, (long long)v);
+        return elab_err();
+      }
+      fa[k - 1] = (double)v;
+    } else if (elab_want_num(e, c, k == 1 ? "lo" : "hi", &a[k], &fa[k - 1])) return elab_err();
+  }
+  if (!(fa[0] < fa[1])) {
+    elab_error(e, c->loc, "%s(): needs lo < hi, got lo = %g, hi = %g", c->fname, fa[0], fa[1]);
+    return elab_err();
+  }
+  int64_t ia[1] = {e->stream++};
+  return elab_emit(e, c->loc, IR_OP_RAND, NULL, 0, ia, fa, NULL, &t);
+}
+
 /* topk_mask(x, k): 1 at the k largest entries of each last-axis row (routing). */
 static Value bi_topk_mask(Elab *e, const ElabCall *c, Value *a, int op) {
   int64_t k;
@@ -819,6 +966,11 @@ static const Builtin builtins[] = {
   {"rope", {"x", "base", "axis"}, 1, bi_rope, 0},
   {"fused_attention", {"q", "k", "v", "causal", "scale", "docs", "window"}, 3, bi_fused_attention, 0},
   {"topk_mask", {"x", "k"}, 2, bi_topk_mask, 0},
+  {"arange", {"n", "start", "step"}, 1, bi_arange, 0},
+  {"where", {"cond", "x", "y"}, 3, bi_where, 0},
+  {"gather", {"x", "idx", "axis"}, 2, bi_gather, 0},
+  {"randint", {"shape", "lo", "hi"}, 3, bi_rand, 1},
+  {"rand", {"shape", "lo", "hi"}, 1, bi_rand, 0},
   {"capacity_mask", {"keep", "cap"}, 2, bi_capacity_mask, 0},
   {"moe_counts", {"routed"}, 1, bi_moe_counts, 0},
   {"moe_perm", {"x", "routed", "scale", "rows"}, 4, bi_moe_perm, 0},

@@ -321,8 +321,50 @@ static int need_float_tensor(Elab *e, MdlLoc loc, int op, const Value *t) {
 }
 
 /* tensor op number, or number op tensor (scalar_left). */
-static Value tensor_scalar(Elab *e, MdlLoc loc, int op, Value t, double c, int scalar_left) {
-  if (need_float_tensor(e, loc, op, &t)) return elab_err();
+/* CMP's pred for a comparison operator (ops.def: 0 ==, 1 !=, 2 <, 3 <=, 4 >, 5 >=) */
+static int64_t cmp_pred(int op) {
+  switch (op) {
+  case MDL_OP_EQ: return 0;
+  case MDL_OP_NE: return 1;
+  case '<': return 2;
+  case MDL_OP_LE: return 3;
+  case '>': return 4;
+  default: return 5;
+  }
+}
+
+/* tensor op number on an i32 tensor or a comparison: the number as a
+ * full tensor of t's type, then the tensor-tensor op (s is the scalar) */
+static Value tensor_tensor(Elab *e, MdlLoc loc, int op, Value a, Value b);
+static Value scalar_as_tensor(Elab *e, MdlLoc loc, int op, Value t, const Value *s, int scalar_left) {
+  IrType tt = elab_type(e, &t);
+  char b1[256];
+  if (tt.dtype == IR_I32 && s->k != V_INT) {
+    elab_error(e, loc, "operator '%s' combines the i32 tensor %s with the float %g: no implicit int <-> float "
+               "conversion (write an int, or float(x) to make the tensor float)", elab_op_text(op),
+               ir_type_str(&tt, b1, sizeof b1), elab_num(s));
+    return elab_err();
+  }
+  if (tt.dtype == IR_I32 && !scalar_left && (op == MDL_OP_FLOORDIV || op == '%') && s->i == 0) {
+    elab_error(e, loc, "integer division by zero: %s %s 0", ir_type_str(&tt, b1, sizeof b1), elab_op_text(op));
+    return elab_err();
+  }
+  if (tt.dtype == IR_I32 && (s->k == V_INT && (s->i > INT32_MAX || s->i < INT32_MIN))) {
+    elab_error(e, loc, "%lld does not fit an i32 tensor element", (long long)s->i);
+    return elab_err();
+  }
+  double fa[1] = {elab_num(s)};
+  Value f = elab_emit(e, loc, IR_OP_FULL, NULL, 0, NULL, fa, NULL, &tt);
+  return scalar_left ? tensor_tensor(e, loc, op, f, t) : tensor_tensor(e, loc, op, t, f);
+}
+
+static Value tensor_scalar(Elab *e, MdlLoc loc, int op, Value t, const Value *s, int scalar_left) {
+  IrDtype dt = elab_type(e, &t).dtype;
+  if (is_compare(op) || (dt == IR_I32 && (op != '+' && op != '*' && (op != '-' || scalar_left))))
+    return scalar_as_tensor(e, loc, op, t, s, scalar_left);
+  if (dt == IR_I32 && s->k != V_INT) return scalar_as_tensor(e, loc, op, t, s, scalar_left);   /* refuses */
+  double c = elab_num(s);
+  if (dt != IR_I32 && need_float_tensor(e, loc, op, &t)) return elab_err();
   double fa[1];
   switch (op) {
   case '+':
@@ -356,7 +398,7 @@ static Value tensor_scalar(Elab *e, MdlLoc loc, int op, Value t, double c, int s
       return elab_emit(e, loc, IR_OP_DIV, in, 2, NULL, NULL, NULL, NULL);
     }
   default:
-    elab_error(e, loc, "operator '%s' is not defined between a tensor and a number (only + - * /)",
+    elab_error(e, loc, "operator '%s' is not defined between a float tensor and a number (+ - * / and comparisons; // and %% take i32 tensors)",
                elab_op_text(op));
     return elab_err();
   }
@@ -390,14 +432,29 @@ static Value tensor_tensor(Elab *e, MdlLoc loc, int op, Value a, Value b) {
   case '-': iop = IR_OP_SUB; break;
   case '*': iop = IR_OP_MUL; break;
   case '/': iop = IR_OP_DIV; break;
+  case MDL_OP_FLOORDIV: iop = IR_OP_FLOORDIV; break;
+  case '%': iop = IR_OP_MOD; break;
   default:
-    shape_error2(e, loc, &a, &b, "operator '%s' is not defined on tensors (only + - * / @)", elab_op_text(op));
+    if (is_compare(op)) { iop = IR_OP_CMP; break; }
+    shape_error2(e, loc, &a, &b, "operator '%s' is not defined on tensors (+ - * / // %% @ and comparisons)", elab_op_text(op));
     return elab_err();
   }
   IrType ta = elab_type(e, &a), tb = elab_type(e, &b), r;
   char b1[256], b2[256];
-  if (!ir_dtype_is_float(ta.dtype) || ta.dtype != tb.dtype) {
-    shape_error2(e, loc, &a, &b, "operator '%s' needs float tensors of the same dtype, got %s and %s",
+  int is_int = ta.dtype == IR_I32;
+  if ((!ir_dtype_is_float(ta.dtype) && !is_int) || ta.dtype != tb.dtype) {
+    shape_error2(e, loc, &a, &b, "operator '%s' needs tensors of one dtype (f32, f64 or i32), got %s and %s%s",
+                 elab_op_text(op), ir_type_str(&ta, b1, sizeof b1), ir_type_str(&tb, b2, sizeof b2),
+                 ta.dtype != tb.dtype ? ": no implicit int <-> float conversion, use float(x) or int(x)" : "");
+    return elab_err();
+  }
+  if (is_int && iop == IR_OP_DIV) {
+    shape_error2(e, loc, &a, &b, "'/' on i32 tensors %s and %s: use // (floor division) or float(x) / float(y)",
+                 ir_type_str(&ta, b1, sizeof b1), ir_type_str(&tb, b2, sizeof b2));
+    return elab_err();
+  }
+  if (!is_int && (iop == IR_OP_FLOORDIV || iop == IR_OP_MOD)) {
+    shape_error2(e, loc, &a, &b, "'%s' takes i32 tensors, got %s and %s (int(x) converts, truncating)",
                  elab_op_text(op), ir_type_str(&ta, b1, sizeof b1), ir_type_str(&tb, b2, sizeof b2));
     return elab_err();
   }
@@ -410,7 +467,8 @@ static Value tensor_tensor(Elab *e, MdlLoc loc, int op, Value a, Value b) {
     return elab_err();
   }
   Value in[2] = {elab_broadcast_to(e, loc, a, &r), elab_broadcast_to(e, loc, b, &r)};
-  return elab_emit(e, loc, iop, in, 2, NULL, NULL, NULL, NULL);
+  int64_t pred = cmp_pred(op);
+  return elab_emit(e, loc, iop, in, 2, iop == IR_OP_CMP ? &pred : NULL, NULL, NULL, NULL);
 }
 
 Value elab_binary(Elab *e, MdlLoc loc, int op, Value a, Value b) {
@@ -428,7 +486,7 @@ Value elab_binary(Elab *e, MdlLoc loc, int op, Value a, Value b) {
                  elab_value_desc(e, &a, b1, sizeof b1), elab_value_desc(e, &b, b2, sizeof b2));
       return elab_err();
     }
-    return tensor_scalar(e, loc, op, t, elab_num(&s), left);
+    return tensor_scalar(e, loc, op, t, &s, left);
   }
   return scalar_binary(e, loc, op, a, b);
 }
@@ -444,7 +502,7 @@ Value elab_negate(Elab *e, MdlLoc loc, Value a) {
     return elab_int(-a.i, loc);
   case V_FLOAT: return elab_float(-a.f, loc);
   case V_TENSOR:
-    if (need_float_tensor(e, loc, '-', &a)) return elab_err();
+    if (elab_type(e, &a).dtype != IR_I32 && need_float_tensor(e, loc, '-', &a)) return elab_err();
     return elab_emit(e, loc, IR_OP_NEG, &a, 1, NULL, NULL, NULL, NULL);
   default: {
     char buf[256];

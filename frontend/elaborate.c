@@ -1029,6 +1029,7 @@ static Flow exec_repeat(Elab *e, ElabFrame *f, const MdlStmt *s) {
     it.base = path;
     it.index = i;
     f->naming = outer ? &it : NULL;
+    if (s->as) elab_frame_set(f, s->as, elab_int(i, s->loc));   /* `repeat n as i`: i = 0 .. n-1 in the body */
     int err0 = e->d->nerrors;
     Flow fl = exec_block(e, f, s->body, s->nbody);
     f->naming = outer;

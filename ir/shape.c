@@ -134,8 +134,28 @@ static int ew_rule(Sx *x) {
   }
   return 0;
 }
+/* add sub mul neg adds muls: f32, f64 or i32 (integer arithmetic) */
+static int ew_int_rule(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (a->dtype != IR_I32) return ew_rule(x);
+  if ((x->n->op == IR_OP_ADDS || x->n->op == IR_OP_MULS) &&
+      !(x->n->fa[0] == floor(x->n->fa[0]) && fabs(x->n->fa[0]) <= 2147483647.0))
+    return fail(x, "c = %g on the i32 operand %s must be an integer in i32's range", x->n->fa[0], tstr(x, a));
+  *x->out = *a;
+  for (int i = 1; i < x->n->nin; i++) {
+    const IrType *b = opnd(x, i);
+    if (b->dtype != IR_I32 || !same_sizes(a, b))
+      return fail(x, "operand types %s and %s differ (no implicit int <-> float conversion: cast one)",
+                  tstr(x, a), tstr(x, b));
+    fill_names(x->out, b);
+  }
+  return 0;
+}
+#define EWI(name) static int shape_##name(Sx *x) { return ew_int_rule(x); }
+EWI(ADD) EWI(SUB) EWI(MUL) EWI(ADDS) EWI(MULS) EWI(NEG)
+#undef EWI
 #define EW(name) static int shape_##name(Sx *x) { return ew_rule(x); }
-EW(ADD) EW(SUB) EW(MUL) EW(DIV) EW(ADDS) EW(MULS) EW(NEG) EW(EXP) EW(LOG) EW(SQRT)
+EW(DIV) EW(EXP) EW(LOG) EW(SQRT)
 EW(RSQRT) EW(TANH) EW(GELU_TANH) EW(GELU_ERF) EW(SILU) EW(RELU) EW(GELU_TANH_BWD)
 EW(GELU_ERF_BWD) EW(SILU_BWD) EW(RELU_BWD) EW(EQ)
 #undef EW
@@ -152,6 +172,80 @@ static int shape_CAST(Sx *x) {
   const IrType *a = opnd(x, 0);
   if (!same_sizes(a, x->out))
     return fail(x, "result %s and operand %s differ in shape", tstr(x, x->out), tstr(x, a));
+  return 0;
+}
+
+/* ---- integer tensors and indexing ---- */
+static int num_dtype(IrDtype t) { return ir_dtype_is_float(t) || t == IR_I32; }
+static int shape_CMP(Sx *x) {
+  const IrType *a = opnd(x, 0), *b = opnd(x, 1);
+  if (x->n->ia[0] < 0 || x->n->ia[0] > 5) return fail(x, "pred %lld is not 0..5", (long long)x->n->ia[0]);
+  if (!num_dtype(a->dtype) || b->dtype != a->dtype || !same_sizes(a, b))
+    return fail(x, "operand types %s and %s must be equal (f32, f64 or i32)", tstr(x, a), tstr(x, b));
+  *x->out = *a;
+  fill_names(x->out, b);
+  return 0;
+}
+static int shape_WHERE(Sx *x) {
+  const IrType *c = opnd(x, 0), *a = opnd(x, 1), *b = opnd(x, 2);
+  if (!num_dtype(a->dtype) || b->dtype != a->dtype || !same_sizes(a, b))
+    return fail(x, "branches %s and %s must have one type (f32, f64 or i32)", tstr(x, a), tstr(x, b));
+  if (!num_dtype(c->dtype) || !same_sizes(c, a))
+    return fail(x, "condition %s must have the branches' shape %s", tstr(x, c), tstr(x, a));
+  *x->out = *a;
+  fill_names(x->out, b);
+  return 0;
+}
+static int int_bin(Sx *x) {
+  const IrType *a = opnd(x, 0), *b = opnd(x, 1);
+  if (a->dtype != IR_I32 || b->dtype != IR_I32 || !same_sizes(a, b))
+    return fail(x, "operands %s and %s must be i32 of one shape", tstr(x, a), tstr(x, b));
+  *x->out = *a;
+  fill_names(x->out, b);
+  return 0;
+}
+static int shape_FLOORDIV(Sx *x) { return int_bin(x); }
+static int shape_MOD(Sx *x) { return int_bin(x); }
+static int shape_ARANGE(Sx *x) {
+  int64_t ax = x->n->ia[0];
+  if (!num_dtype(x->out->dtype)) return fail(x, "result %s must be f32, f64 or i32", tstr(x, x->out));
+  if (ax < 0 || ax >= x->out->rank) return fail(x, "axis %lld is not a dim of %s", (long long)ax, tstr(x, x->out));
+  return 0;
+}
+static int shape_RAND(Sx *x) {
+  double lo = x->n->fa[0], hi = x->n->fa[1];
+  if (!num_dtype(x->out->dtype)) return fail(x, "result %s must be f32, f64 or i32", tstr(x, x->out));
+  if (!(lo < hi)) return fail(x, "needs lo < hi, got [%g, %g)", lo, hi);
+  if (x->out->dtype == IR_I32 && (lo != floor(lo) || hi != floor(hi) || lo < -2147483648.0 || hi > 2147483648.0))
+    return fail(x, "i32 bounds [%g, %g) must be integers in i32's range", lo, hi);
+  return 0;
+}
+/* x and idx: equal rank, equal dims except along axis */
+static int gather_dims(Sx *x, const IrType *xt, const IrType *idx, int64_t ax, const char *what) {
+  if (idx->dtype != IR_I32) return fail(x, "idx %s must be i32", tstr(x, idx));
+  if (xt->rank != idx->rank || ax < 0 || ax >= xt->rank)
+    return fail(x, "%s %s and idx %s must have one rank, with axis %lld a dim of both", what, tstr(x, xt), tstr(x, idx),
+                (long long)ax);
+  for (int d = 0; d < xt->rank; d++)
+    if (d != ax && xt->dim[d] != idx->dim[d])
+      return fail(x, "%s %s and idx %s differ in dim %d (only axis %lld may differ)", what, tstr(x, xt), tstr(x, idx), d,
+                  (long long)ax);
+  return 0;
+}
+static int shape_GATHER(Sx *x) {
+  const IrType *a = opnd(x, 0), *idx = opnd(x, 1);
+  if (!num_dtype(a->dtype)) return fail(x, "x %s must be f32, f64 or i32", tstr(x, a));
+  if (gather_dims(x, a, idx, x->n->ia[0], "x")) return -1;
+  *x->out = *idx;
+  x->out->dtype = a->dtype;
+  return 0;
+}
+static int shape_GATHER_BWD(Sx *x) {
+  const IrType *idx = opnd(x, 0), *dy = opnd(x, 1);
+  if (!ir_dtype_is_float(x->out->dtype)) return fail(x, "result %s must be float", tstr(x, x->out));
+  if (gather_dims(x, x->out, idx, x->n->ia[0], "result")) return -1;
+  if (dy->dtype != x->out->dtype || !same_sizes(dy, idx))
+    return fail(x, "dy %s must have idx's shape %s and the result's dtype", tstr(x, dy), tstr(x, idx));
   return 0;
 }
 
@@ -382,7 +476,7 @@ static int shape_CAUSAL_MASK(Sx *x) {
 static int shape_MASKED_FILL(Sx *x) {
   const IrType *a = opnd(x, 0), *k = opnd(x, 1);
   if (need_float(x, 0)) return -1;
-  if (!ir_type_same_shape(a, k)) return fail(x, "x %s and keep %s differ", tstr(x, a), tstr(x, k));
+  if (!same_sizes(a, k)) return fail(x, "x %s and keep %s differ in shape", tstr(x, a), tstr(x, k));
   *x->out = *a;
   fill_names(x->out, k);
   return 0;

@@ -135,7 +135,7 @@ typedef void (*AdFn)(Ad *a, int i, int dy);
  * collected from STATE nodes by the walk itself). */
 #define AD_NONE(NAME) static void ad_##NAME(Ad *a, int i, int dy) { (void)a; (void)i; (void)dy; }
 AD_NONE(INPUT) AD_NONE(STATE) AD_NONE(FULL)
-AD_NONE(EQ) AD_NONE(NE_SCALAR) AD_NONE(TOPK_MASK) AD_NONE(CAPACITY_MASK) AD_NONE(MOE_COUNTS)
+AD_NONE(EQ) AD_NONE(NE_SCALAR) AD_NONE(CMP) AD_NONE(FLOORDIV) AD_NONE(MOD) AD_NONE(ARANGE) AD_NONE(RAND) AD_NONE(TOPK_MASK) AD_NONE(CAPACITY_MASK) AD_NONE(MOE_COUNTS)
 AD_NONE(ACCUM) AD_NONE(ZERO) AD_NONE(ADAMW) AD_NONE(OUTPUT) AD_NONE(ASSIGN)
 
 /* Sharding ops are inserted after autodiff (passes/shard.c). */
@@ -152,7 +152,7 @@ AD_LATE(ATTN_ACC) AD_LATE(ATTN_FINISH) AD_LATE(ATTN_LSE) AD_LATE(ATTN_BWD_Q) AD_
     (void)i; (void)dy; ad_fail(a, "second derivative not supported (the forward graph contains a derivative op)"); }
 AD_SECOND(GELU_TANH_BWD) AD_SECOND(GELU_ERF_BWD) AD_SECOND(SILU_BWD) AD_SECOND(RELU_BWD)
 AD_SECOND(SOFTMAX_BWD) AD_SECOND(LOG_SOFTMAX_BWD) AD_SECOND(LAYERNORM_BWD) AD_SECOND(RMSNORM_BWD)
-AD_SECOND(EMBEDDING_BWD) AD_SECOND(CROSS_ENTROPY_BWD) AD_SECOND(ATTENTION_BWD)
+AD_SECOND(EMBEDDING_BWD) AD_SECOND(GATHER_BWD) AD_SECOND(CROSS_ENTROPY_BWD) AD_SECOND(ATTENTION_BWD)
 
 static void ad_CLIP_COEF(Ad *a, int i, int dy) {
   (void)i; (void)dy;
@@ -207,6 +207,25 @@ static void ad_CAST(Ad *a, int i, int dy) {
   if (!needs(a, X0)) return;
   IrType t = ty(a, X0);
   add_grad(a, X0, emt(a, IR_OP_CAST, dy, &t));
+}
+
+/* z = where(c, x, y): dx = where(c, dy, 0) = masked_fill(dy, c, 0) and
+ * dy_ = where(c, 0, dy) = dy - dx (exact: dy - dy = 0, dy - 0 = dy); c
+ * gets none */
+static void ad_WHERE(Ad *a, int i, int dy) {
+  int c = in_of(a, i, 0), x = in_of(a, i, 1), y = in_of(a, i, 2);
+  if (!needs(a, x) && !needs(a, y)) return;
+  double zero = 0.0;
+  int dx = em(a, IR_OP_MASKED_FILL, (int[]){dy, c}, 2, NULL, &zero, NULL);
+  add_grad(a, x, dx);
+  if (needs(a, y)) add_grad(a, y, em2(a, IR_OP_SUB, dy, dx));
+}
+/* y = gather(x, idx, axis): dx = scatter-add of dy at idx (gather_bwd) */
+static void ad_GATHER(Ad *a, int i, int dy) {
+  if (!needs(a, X0)) return;
+  IrType t = ty(a, X0);
+  int in[2] = {X1, dy};
+  add_grad(a, X0, em(a, IR_OP_GATHER_BWD, in, 2, nd(a, i)->ia, NULL, &t));
 }
 
 /* ---- layout ---- */

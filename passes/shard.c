@@ -454,9 +454,27 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
   *out = AX_R;
   const IrOpInfo *info = &ir_ops[n->op];
   switch (n->op) {
-  case IR_OP_INPUT: case IR_OP_FULL: case IR_OP_STATE:
-    *out = AX_R;          /* states: set by the caller */
+  case IR_OP_INPUT: case IR_OP_FULL: case IR_OP_STATE: case IR_OP_ARANGE: case IR_OP_RAND:
+    *out = AX_R;          /* states: set by the caller; arange / rand compute from global indices */
     return 0;
+  case IR_OP_GATHER: case IR_OP_GATHER_BWD: {
+    /* gather(x, idx): a split of idx (any dim) or of x (not the gather
+     * axis) is the result's; x is read whole along the axis.  gather_bwd
+     * (idx, dy) -> dx: split off the axis stays split; idx split along the
+     * axis scatters into all of dx, a partial sum. */
+    int ax = (int)n->ia[0], bwd = n->op == IR_OP_GATHER_BWD;
+    int ix = bwd ? 0 : 1, t = st[ix] >= 0 ? st[ix] : AX_R;
+    if (t == AX_R && st[1 - ix] >= 0 && st[1 - ix] != ax) t = st[1 - ix];
+    if (bwd) {
+      want[0] = want[1] = t;
+      *out = t == ax ? AX_P : t;
+    } else {
+      want[0] = t == ax ? AX_R : t;
+      want[1] = t;
+      *out = t;
+    }
+    return 0;
+  }
   case IR_OP_RESHAPE: {
     if (st[0] == AX_P || st[0] == AX_R) { *out = st[0]; return 0; }
     IrType in = gtype(S, n->in[0]), o = gtype(S, i);

@@ -192,6 +192,36 @@ static int check_sig(RtKctx *k, const char *sig, IrDtype ft) {
     return ft == IR_F32 ? k_##NAME##_f32(k) : k_##NAME##_f64(k);                    \
   }
 #define FLOAT_OP(NAME, SIG) FLOAT_OP_PRE(NAME, SIG, 0)
+/* add sub mul adds muls neg also run on i32: computed in f64 (exact for
+ * sums of i32; products saturate), stored saturating like a cast. */
+static int int_arith(RtKctx *k) {
+  if (check_sig(k, k->n->nin == 2 ? "ii" : "i", IR_VOID) != 0) return -1;
+  int64_t n = ir_type_numel(k->ot);
+  const int32_t *x = k->in[0], *y = k->n->nin == 2 ? k->in[1] : NULL;
+  int32_t *o = k->out;
+  double c = k->n->fa[0];
+  for (int64_t i = 0; i < n; i++) {
+    double a = x[i], r;
+    switch (k->n->op) {
+    case IR_OP_ADD: r = a + y[i]; break;
+    case IR_OP_SUB: r = a - y[i]; break;
+    case IR_OP_MUL: r = a * y[i]; break;
+    case IR_OP_ADDS: r = a + c; break;
+    case IR_OP_MULS: r = a * c; break;
+    default: r = -a; break;
+    }
+    o[i] = rt_to_i32(r);
+  }
+  return 0;
+}
+#define INT_OR_FLOAT_OP(NAME, SIG)                                                  \
+  static int ref_##NAME(RtKctx *k) {                                                \
+    IrDtype ft = k->ot->dtype;                                                      \
+    if (ft == IR_I32) return int_arith(k);                                          \
+    if (!ir_dtype_is_float(ft)) return rt_kfail(k, "result must be f32, f64 or i32, not %s", ir_dtype_name(ft)); \
+    if (check_sig(k, SIG, ft) != 0) return -1;                                      \
+    return ft == IR_F32 ? k_##NAME##_f32(k) : k_##NAME##_f64(k);                    \
+  }
 /* The row ops normalize over the last dim, which must be whole on every
  * rank: a split one means the sharding pass left it to us, and each rank
  * would silently normalize its own block. */
@@ -202,13 +232,13 @@ static int whole_last_dim(RtKctx *k) {
                   "gathers it or lowers the op first)", rt_tstr(t, 0), ir_ops[k->n->op].name);
 }
 #define FLOAT_ROW_OP(NAME, SIG) FLOAT_OP_PRE(NAME, SIG, whole_last_dim(k))
-FLOAT_OP(ADD, "TT")
-FLOAT_OP(SUB, "TT")
-FLOAT_OP(MUL, "TT")
+INT_OR_FLOAT_OP(ADD, "TT")
+INT_OR_FLOAT_OP(SUB, "TT")
+INT_OR_FLOAT_OP(MUL, "TT")
 FLOAT_OP(DIV, "TT")
-FLOAT_OP(ADDS, "T")
-FLOAT_OP(MULS, "T")
-FLOAT_OP(NEG, "T")
+INT_OR_FLOAT_OP(ADDS, "T")
+INT_OR_FLOAT_OP(MULS, "T")
+INT_OR_FLOAT_OP(NEG, "T")
 FLOAT_OP(EXP, "T")
 FLOAT_OP(LOG, "T")
 FLOAT_OP(SQRT, "T")
@@ -255,6 +285,7 @@ FLOAT_OP(CLIP_COEF, "T")
 #undef FLOAT_OP
 #undef FLOAT_ROW_OP
 #undef FLOAT_OP_PRE
+#undef INT_OR_FLOAT_OP
 
 /* ---- leaves: INPUT and STATE are the executor's (they alias memory) ---- */
 static int ref_INPUT(RtKctx *k) { return rt_kfail(k, "internal error: input is run by the executor"); }
@@ -286,6 +317,129 @@ static int ref_CAST(RtKctx *k) {
   if (check_sig(k, "*", IR_VOID) != 0) return -1;
   int64_t n = ir_type_numel(k->ot);
   for (int64_t i = 0; i < n; i++) rt_st(k->out, k->ot->dtype, i, rt_ld(k->in[0], k->it[0]->dtype, i));
+  return 0;
+}
+
+/* ---- integer tensors and indexing (ops.def: cmp ... gather_bwd) ---- */
+static int ref_CMP(RtKctx *k) {
+  if (check_sig(k, "**", IR_VOID) != 0) return -1;
+  int64_t n = ir_type_numel(k->ot);
+  IrDtype ta = k->it[0]->dtype, tb = k->it[1]->dtype;
+  int pred = (int)k->n->ia[0];
+  for (int64_t i = 0; i < n; i++) {
+    double a = rt_ld(k->in[0], ta, i), b = rt_ld(k->in[1], tb, i);
+    int r = pred == 0 ? a == b : pred == 1 ? a != b : pred == 2 ? a < b : pred == 3 ? a <= b : pred == 4 ? a > b : a >= b;
+    rt_st(k->out, k->ot->dtype, i, r);
+  }
+  return 0;
+}
+static int ref_WHERE(RtKctx *k) {
+  if (check_sig(k, "***", IR_VOID) != 0) return -1;
+  int64_t n = ir_type_numel(k->ot);
+  size_t es = ir_dtype_size(k->ot->dtype);
+  for (int64_t i = 0; i < n; i++) {
+    const char *src = rt_ld(k->in[0], k->it[0]->dtype, i) != 0 ? k->in[1] : k->in[2];
+    copy_elem((char *)k->out + (size_t)i * es, src + (size_t)i * es, es);
+  }
+  return 0;
+}
+/* Python's floor division and modulo; y == 0 gives 0 (the frontend refuses
+ * a constant 0 divisor) */
+static inline int64_t floordiv64(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static int int_divmod(RtKctx *k, int mod) {
+  if (check_sig(k, "ii", IR_VOID) != 0) return -1;
+  int64_t n = ir_type_numel(k->ot);
+  const int32_t *x = k->in[0], *y = k->in[1];
+  int32_t *o = k->out;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t a = x[i], b = y[i];
+    if (b == 0) { o[i] = 0; continue; }
+    int64_t q = floordiv64(a, b);
+    o[i] = rt_to_i32((double)(mod ? a - b * q : q));
+  }
+  return 0;
+}
+static int ref_FLOORDIV(RtKctx *k) { return int_divmod(k, 0); }
+static int ref_MOD(RtKctx *k) { return int_divmod(k, 1); }
+/* The GLOBAL index of each dim of local flat element i, from the node's
+ * sharding (unsharded: the local one). */
+static void global_idx(RtKctx *k, int64_t i, int64_t g[IR_MAX_RANK]) {
+  const IrType *t = k->ot;
+  for (int d = t->rank - 1; d >= 0; d--) {
+    int64_t j = t->dim[d] ? i % t->dim[d] : 0;
+    i = t->dim[d] ? i / t->dim[d] : 0;
+    g[d] = k->n->sh.split[d] ? rt_global_index(k->env->rank, k->n->sh.split[d], t->dim[d], j) : j;
+  }
+}
+static int ref_ARANGE(RtKctx *k) {
+  const IrType *t = k->ot;
+  int ax = (int)k->n->ia[0];
+  int64_t n = ir_type_numel(t), g[IR_MAX_RANK];
+  for (int64_t i = 0; i < n; i++) {
+    global_idx(k, i, g);
+    rt_st(k->out, t->dtype, i, k->n->fa[0] + k->n->fa[1] * (double)g[ax]);
+  }
+  return 0;
+}
+static int ref_RAND(RtKctx *k) {
+  const IrType *t = k->ot;
+  int64_t n = ir_type_numel(t), g[IR_MAX_RANK], off[IR_MAX_RANK], gdim[IR_MAX_RANK];
+  double lo = k->n->fa[0], hi = k->n->fa[1];
+  rt_shard_offsets(k->env->rank, &k->n->sh, t, off, gdim);
+  for (int64_t i = 0; i < n; i++) {
+    global_idx(k, i, g);
+    int64_t f = 0;
+    for (int d = 0; d < t->rank; d++) f = f * gdim[d] + g[d];
+    double u = rt_dropout_u(k->env->m->train.seed, k->n->ia[0], k->info->step, k->info->micro, f);
+    double v = t->dtype == IR_I32 ? floor(lo + u * (hi - lo)) : lo + u * (hi - lo);
+    if (v >= hi) v = t->dtype == IR_I32 ? hi - 1 : lo;   /* rounding at u -> 1 */
+    rt_st(k->out, t->dtype, i, v);
+  }
+  return 0;
+}
+/* x, idx viewed as [outer, len, inner] around axis; y / dx likewise */
+static int ref_GATHER(RtKctx *k) {
+  const IrType *xt = k->it[0], *it = k->it[1];
+  int ax = (int)k->n->ia[0];
+  if (it->dtype != IR_I32) return rt_kfail(k, "idx %s must be i32", rt_tstr(it, 0));
+  if (xt->rank && rt_kin_sh(k, 0)->split[ax])
+    return rt_kfail(k, "x %s is split along the gather axis %d", rt_tstr(xt, 0), ax);
+  int64_t outer, len, inner, o2, ilen, in2;
+  rt_split(xt, ax, &outer, &len, &inner);
+  rt_split(it, ax, &o2, &ilen, &in2);
+  size_t es = ir_dtype_size(xt->dtype);
+  const int32_t *idx = k->in[1];
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t j = 0; j < ilen; j++)
+      for (int64_t c = 0; c < inner; c++) {
+        int64_t e = (o * ilen + j) * inner + c, v = idx[e];
+        if (v < 0 || v >= len) return rt_kfail(k, "index %lld is outside [0, %lld) along axis %d", (long long)v, (long long)len, ax);
+        copy_elem((char *)k->out + (size_t)e * es, (const char *)k->in[0] + (size_t)((o * len + v) * inner + c) * es, es);
+      }
+  return 0;
+}
+static int ref_GATHER_BWD(RtKctx *k) {
+  const IrType *xt = k->ot, *it = k->it[0];
+  int ax = (int)k->n->ia[0];
+  if (!ir_dtype_is_float(xt->dtype) || check_sig(k, "it", xt->dtype) != 0) return -1;
+  if (xt->rank && k->n->sh.split[ax]) return rt_kfail(k, "dx %s is split along the gather axis %d", rt_tstr(xt, 0), ax);
+  int64_t outer, len, inner, o2, ilen, in2, n = ir_type_numel(xt);
+  rt_split(xt, ax, &outer, &len, &inner);
+  rt_split(it, ax, &o2, &ilen, &in2);
+  const int32_t *idx = k->in[0];
+  for (int64_t i = 0; i < n; i++) rt_st(k->out, xt->dtype, i, 0);
+  for (int64_t o = 0; o < outer; o++)   /* in index order: the sums do not depend on threads */
+    for (int64_t j = 0; j < ilen; j++)
+      for (int64_t c = 0; c < inner; c++) {
+        int64_t e = (o * ilen + j) * inner + c, v = idx[e];
+        if (v < 0 || v >= len) return rt_kfail(k, "index %lld is outside [0, %lld) along axis %d", (long long)v, (long long)len, ax);
+        int64_t d = (o * len + v) * inner + c;
+        if (xt->dtype == IR_F32) ((float *)k->out)[d] += ((const float *)k->in[1])[e];
+        else ((double *)k->out)[d] += ((const double *)k->in[1])[e];
+      }
   return 0;
 }
 

@@ -346,6 +346,33 @@ static void ew(IrDtype dt, int64_t R, int64_t C) {
     g_covered[IR_OP_CAST] = g_covered[IR_OP_EQ] = g_covered[IR_OP_NE_SCALAR] = 1;
     case_free(&c);
   }
+  { /* integer tensors: cmp (every pred, i32 and float), floordiv / mod with
+     * negative and zero divisors, where, i32 add / muls, each alone and fused */
+    Case c;
+    case_init(&c);
+    IrType it = TY(IR_I32, R, C);
+    int a = input(&c, it, -7, 7), b = input(&c, it, -3, 3), x = input(&c, t, -1, 1), y = input(&c, t, -1, 1);
+    for (int64_t p = 0; p < 6; p++) {
+      snprintf(what, sizeof what, "cmp pred=%lld i32 [%lld, %lld]", (long long)p, (long long)R, (long long)C);
+      one(&c, emit(&c, IR_OP_CMP, (int[]){a, b}, 2, &p, NULL, NULL), what);
+      snprintf(what, sizeof what, "cmp pred=%lld %s", (long long)p, dn);
+      one(&c, emit(&c, IR_OP_CMP, (int[]){x, y}, 2, &p, NULL, NULL), what);
+    }
+    snprintf(what, sizeof what, "floordiv [%lld, %lld]", (long long)R, (long long)C);
+    one(&c, E2(&c, IR_OP_FLOORDIV, a, b), what);
+    snprintf(what, sizeof what, "mod [%lld, %lld]", (long long)R, (long long)C);
+    one(&c, E2(&c, IR_OP_MOD, a, b), what);
+    snprintf(what, sizeof what, "where %s", dn);
+    one(&c, emit(&c, IR_OP_WHERE, (int[]){b, x, y}, 3, NULL, NULL, NULL), what);
+    int64_t lt = 2;
+    int m = emit(&c, IR_OP_CMP, (int[]){a, b}, 2, &lt, NULL, NULL), q = E2(&c, IR_OP_FLOORDIV, a, b);
+    int s2 = E2(&c, IR_OP_ADD, q, a), w = emit(&c, IR_OP_MULS, &s2, 1, NULL, (double[]){-3}, NULL);
+    int r = emit(&c, IR_OP_WHERE, (int[]){m, w, q}, 3, NULL, NULL, NULL);
+    snprintf(what, sizeof what, "cmp+floordiv+add+muls+where i32 [%lld, %lld]", (long long)R, (long long)C);
+    group(&c, (int[]){m, q, s2, w, r}, 5, what, PLAIN);
+    g_covered[IR_OP_CMP] = g_covered[IR_OP_FLOORDIV] = g_covered[IR_OP_MOD] = g_covered[IR_OP_WHERE] = 1;
+    case_free(&c);
+  }
 }
 
 /* masked_fill, causal_mask, full, broadcast. */

@@ -222,6 +222,31 @@ static int b_masked(Cx *c, const Case *k) {
   int in[2] = {x, keep};
   return E(c, IR_OP_MASKED_FILL, 2, in, NULL, &fill, NULL, NULL);
 }
+/* where(c, x, y): v = 0 both branches parameters (each gets dy where its
+ * side is picked), v = 1 the same parameter on both sides (the two shares
+ * sum to dy), v = 2 the condition from a cmp of two parameters (no
+ * gradient through it) */
+static int b_where(Cx *c, const Case *k) {
+  IrType ft = T(2, 3, 4);
+  int x = param(c, ft, D_NORMAL), y = k->v == 1 ? x : param(c, ft, D_NORMAL), cond;
+  if (k->v == 2) {
+    int64_t lt = 2;
+    cond = E(c, IR_OP_CMP, 2, (int[]){x, param(c, ft, D_NORMAL)}, &lt, NULL, NULL, NULL);
+  } else {
+    cond = ids(c, "cond", TI(2, 3, 4), 0, 2, 0, 0);
+  }
+  return E(c, IR_OP_WHERE, 3, (int[]){cond, x, y}, NULL, NULL, NULL, NULL);
+}
+/* gather along axis v of x [3, 4, 5] with idx of that rank (repeats: the
+ * scatter-add sums them) */
+static int b_gather(Cx *c, const Case *k) {
+  int x = param(c, T(3, 3, 4, 5), D_NORMAL);
+  IrType it = TI(3, 3, 4, 5);
+  it.dim[k->v] = 6;
+  int64_t ax = k->v;
+  int idx = ids(c, "idx", it, 0, (int)T(3, 3, 4, 5).dim[k->v], 0, 0);
+  return E(c, IR_OP_GATHER, 2, (int[]){x, idx}, &ax, NULL, NULL, NULL);
+}
 static int b_dropout(Cx *c, const Case *k) {
   int x = param(c, T(2, 4, 8), D_NORMAL);
   int64_t stream = 3;
@@ -413,6 +438,12 @@ static const Case cases[] = {
   {"causal_mask", IR_OP_CAUSAL_MASK, b_causal, 0, NULL, 0, NULL},
   {"causal_mask+softmax", IR_OP_CAUSAL_MASK, b_causal, 1, NULL, 0, NULL},
   {"masked_fill", IR_OP_MASKED_FILL, b_masked, 0, NULL, 0, NULL},
+  {"where", IR_OP_WHERE, b_where, 0, NULL, 0, NULL},
+  {"where same x and y", IR_OP_WHERE, b_where, 1, NULL, 0, NULL},
+  {"where of cmp", IR_OP_WHERE, b_where, 2, NULL, 0, NULL},
+  {"gather axis 0", IR_OP_GATHER, b_gather, 0, NULL, 0, NULL},
+  {"gather axis 1", IR_OP_GATHER, b_gather, 1, NULL, 0, NULL},
+  {"gather axis 2", IR_OP_GATHER, b_gather, 2, NULL, 0, NULL},
   {"dropout", IR_OP_DROPOUT, b_dropout, 0, NULL, 0, NULL},
   {"dropout step 5 micro 1", IR_OP_DROPOUT, b_dropout, 1, NULL, 0, NULL},
   {"rope", IR_OP_ROPE, b_rope, 0, NULL, 0, NULL},

@@ -146,6 +146,17 @@ static const char *all_ops =
     "block bwd.0 {\n"
     "  %0 = unstash slot=0 : f32[8, 8]\n"
     "}\n"
+    "block ints {\n"
+    "  %0 = arange axis=1 start=0.0 step=2.0 : i32[2, seq:4]\n"
+    "  %1 = rand stream=3 lo=-1.0 hi=7.0 : i32[2, seq:4]\n"
+    "  %2 = cmp %0, %1 pred=3 : i32[2, seq:4]\n"
+    "  %3 = floordiv %0, %1 : i32[2, seq:4]\n"
+    "  %4 = mod %3, %1 : i32[2, seq:4]\n"
+    "  %5 = where %2, %3, %4 : i32[2, seq:4]\n"
+    "  %6 = rand stream=4 lo=0.0 hi=1.0 : f32[2, 6]\n"
+    "  %7 = gather %6, %5 axis=1 : f32[2, seq:4]\n"
+    "  %8 = gather_bwd %5, %7 axis=1 : f32[2, 6]\n"
+    "}\n"
     "end\n";
 
 static char *print_module(const IrModule *m) {

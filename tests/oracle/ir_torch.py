@@ -7,6 +7,7 @@ Only what a forward block contains is implemented; derivative ops
 (*_bwd), optimizer effects and dropout with p > 0 (its mask comes from
 Tessera's counter-based hash) are rejected with a clear message.
 """
+import math
 import re
 
 import torch
@@ -35,7 +36,7 @@ class Node:
 
 class Module:
     def __init__(self):
-        self.name, self.states, self.blocks = None, {}, {}
+        self.name, self.states, self.blocks, self.seed = None, {}, {}, 0
 
     def param_names(self):
         return [n for n, (kind, _) in self.states.items() if kind == "param"]
@@ -155,7 +156,10 @@ def parse_module(text):
         elif word == "block":
             name = line.split()[1]
             block = mod.blocks[name] = []
-        elif word in ("const", "train", "parallel", "rule"):   # rules: sharding only
+        elif word == "train":
+            m = re.search(r"\bseed=(\d+)", line)
+            mod.seed = int(m.group(1)) if m else 0
+        elif word in ("const", "parallel", "rule"):   # rules: sharding only
             pass
         elif word == "end":   # a module's last line (lets the plan text embed modules)
             break
@@ -294,14 +298,79 @@ def _gmm(x, w, cnt, tb):
     return torch.cat(outs)
 
 
+_M64 = (1 << 64) - 1
+
+
+def _mix64(z):
+    z = (z + 0x9e3779b97f4a7c15) & _M64
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & _M64
+    return z ^ (z >> 31)
+
+
+def _rand(n, a, dt, seed, step=0, micro=0):
+    """Tessera's counter-based uniform (runtime/cpu/rng.c, written out
+    again here): u = H(2, seed, stream, step, micro, flat index) in [0, 1)."""
+    shape, lo, hi = n.type.shape, a["lo"], a["hi"]
+    count = 1
+    for d in shape:
+        count *= d
+    out = []
+    for i in range(count):
+        h = 0x6a09e667f3bcc909
+        for w in (2, seed, a["stream"], step, micro, i):
+            h = _mix64(h ^ (w & _M64))
+        u = (h >> 11) * 2.0 ** -53
+        v = lo + u * (hi - lo)
+        if dt == torch.int32:
+            v = math.floor(v)
+            v = hi - 1 if v >= hi else v
+        out.append(v)
+    return torch.tensor(out, dtype=torch.float64).reshape(shape).to(dt)
+
+
+def _arange(n, a, dt):
+    shape, ax = n.type.shape, a["axis"]
+    idx = torch.arange(shape[ax], dtype=torch.float64) * a["step"] + a["start"]
+    view = [1] * len(shape)
+    view[ax] = shape[ax]
+    return torch.broadcast_to(idx.reshape(view), shape).to(dt).contiguous()
+
+
+def _cmp(x, y, pred):
+    return [x == y, x != y, x < y, x <= y, x > y, x >= y][pred]
+
+
+def _divmod(x, y, mod):
+    safe = torch.where(y == 0, torch.ones_like(y), y)
+    r = torch.remainder(x, safe) if mod else torch.div(x, safe, rounding_mode="floor")
+    return torch.where(y == 0, torch.zeros_like(r), r)
+
+
+def _scalar_op(x, c, op, dt):
+    if dt == torch.int32:   # i32 arithmetic, exact for the small values tests use
+        return op(x.to(torch.int64), int(c)).to(dt)
+    return op(x, c)
+
+
+def _gather_bwd(idx, dy, n, a, dt):
+    return torch.zeros(n.type.shape, dtype=dt).scatter_add(a["axis"], idx.long(), dy)
+
+
 # op -> f(operands, attrs, node, dtype) -> tensor
 OPS = {
+    "cmp": lambda v, a, n, dt: _cmp(v[0], v[1], a["pred"]).to(dt),
+    "where": lambda v, a, n, dt: torch.where(v[0] != 0, v[1], v[2]),
+    "floordiv": lambda v, a, n, dt: _divmod(v[0], v[1], False),
+    "mod": lambda v, a, n, dt: _divmod(v[0], v[1], True),
+    "gather": lambda v, a, n, dt: torch.gather(v[0], a["axis"], v[1].long()),
+    "gather_bwd": lambda v, a, n, dt: _gather_bwd(v[0], v[1], n, a, dt),
     "add": lambda v, a, n, dt: v[0] + v[1],
     "sub": lambda v, a, n, dt: v[0] - v[1],
     "mul": lambda v, a, n, dt: v[0] * v[1],
     "div": lambda v, a, n, dt: v[0] / v[1],
-    "adds": lambda v, a, n, dt: v[0] + a["c"],
-    "muls": lambda v, a, n, dt: v[0] * a["c"],
+    "adds": lambda v, a, n, dt: _scalar_op(v[0], a["c"], lambda x, c: x + c, dt),
+    "muls": lambda v, a, n, dt: _scalar_op(v[0], a["c"], lambda x, c: x * c, dt),
     "neg": lambda v, a, n, dt: -v[0],
     "exp": lambda v, a, n, dt: torch.exp(v[0]),
     "log": lambda v, a, n, dt: torch.log(v[0]),
@@ -371,6 +440,10 @@ def run_forward(mod, params, feeds, block="forward"):
                 v = params[n.states[0]]
             elif n.op == "full":
                 v = torch.full(n.type.shape, n.attrs["value"], dtype=dt)
+            elif n.op == "arange":
+                v = _arange(n, n.attrs, dt)
+            elif n.op == "rand":
+                v = _rand(n, n.attrs, dt, mod.seed)
             elif n.op in OPS:
                 v = OPS[n.op]([vals[j] for j in n.operands], n.attrs, n, dt)
             else:

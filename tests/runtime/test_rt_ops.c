@@ -121,6 +121,85 @@ static void test_typed_ew(IrDtype dt) {
   expect(IR_OP_FULL, 0, NULL, NULL, fv, &tr, w, 6, 0, "full", dt);
 }
 
+/* integer tensors and indexing: cmp, where, floordiv, mod, integer
+ * add / muls, arange, rand, gather, gather_bwd against formulas written
+ * here (Python's // and % by floor()) */
+static void test_ints(IrDtype dt) {
+  enum { N = 8 };
+  double xi[N] = {7, -7, 7, -7, 0, 5, -3, 2}, yi[N] = {2, 2, -2, -2, 3, 0, 3, 2}, w[N];
+  IrType ti = TY(IR_I32, 2, 4), tf = TY(dt, 2, 4);
+  Arg ai[2] = {{ti, xi}, {ti, yi}};
+  for (int p = 0; p < 6; p++) {
+    int64_t pred[1] = {p};
+    for (int i = 0; i < N; i++) {
+      double a = xi[i], b = yi[i];
+      w[i] = p == 0 ? a == b : p == 1 ? a != b : p == 2 ? a < b : p == 3 ? a <= b : p == 4 ? a > b : a >= b;
+    }
+    expect(IR_OP_CMP, 2, ai, pred, NULL, NULL, w, N, 0, "cmp i32", IR_I32);
+    double xf[N], yf[N];
+    for (int i = 0; i < N; i++) { xf[i] = xi[i] / 4; yf[i] = yi[i] / 4; }
+    Arg af[2] = {{tf, xf}, {tf, yf}};
+    expect(IR_OP_CMP, 2, af, pred, NULL, NULL, w, N, 0, "cmp float", dt);
+  }
+  for (int i = 0; i < N; i++) w[i] = yi[i] == 0 ? 0 : floor(xi[i] / yi[i]);
+  expect(IR_OP_FLOORDIV, 2, ai, NULL, NULL, NULL, w, N, 0, "floordiv", IR_I32);
+  for (int i = 0; i < N; i++) w[i] = yi[i] == 0 ? 0 : xi[i] - yi[i] * floor(xi[i] / yi[i]);
+  expect(IR_OP_MOD, 2, ai, NULL, NULL, NULL, w, N, 0, "mod", IR_I32);
+  for (int i = 0; i < N; i++) w[i] = xi[i] * yi[i];
+  expect(IR_OP_MUL, 2, ai, NULL, NULL, NULL, w, N, 0, "mul i32", IR_I32);
+  double c3[1] = {-3};
+  for (int i = 0; i < N; i++) w[i] = xi[i] - 3;
+  expect(IR_OP_ADDS, 1, ai, NULL, c3, NULL, w, N, 0, "adds i32", IR_I32);
+  /* where: the i32 condition picks x or y (float branches) */
+  double bx[N], by[N];
+  for (int i = 0; i < N; i++) { bx[i] = i + 0.5; by[i] = -i; w[i] = xi[i] > 0 ? bx[i] : by[i]; }
+  double cnd[N];
+  for (int i = 0; i < N; i++) cnd[i] = xi[i] > 0;
+  Arg aw[3] = {{ti, cnd}, {tf, bx}, {tf, by}};
+  expect(IR_OP_WHERE, 3, aw, NULL, NULL, NULL, w, N, 0, "where", dt);
+  /* arange along axis 1 of [2, 4]: start + step * j */
+  int64_t ax1[1] = {1};
+  double ss[2] = {3, -2};
+  for (int i = 0; i < N; i++) w[i] = 3 - 2 * (i % 4);
+  expect(IR_OP_ARANGE, 0, NULL, ax1, ss, &ti, w, N, 0, "arange i32", IR_I32);
+  expect(IR_OP_ARANGE, 0, NULL, ax1, ss, &tf, w, N, 0, "arange float", dt);
+  /* gather along axis 1: x [2, 4], idx [2, 3]; gather_bwd scatter-adds */
+  double gx[N] = {10, 11, 12, 13, 20, 21, 22, 23}, gi[6] = {3, 0, 3, 1, 1, 2}, gw[6] = {13, 10, 13, 21, 21, 22};
+  IrType tgi = TY(IR_I32, 2, 3), tgy = TY(dt, 2, 3);
+  Arg ag[2] = {{tf, gx}, {tgi, gi}};
+  int64_t gax[1] = {1};
+  expect(IR_OP_GATHER, 2, ag, gax, NULL, NULL, gw, 6, 0, "gather", dt);
+  double dy[6] = {1, 2, 4, 8, 16, 32}, dw[N] = {2, 0, 0, 5, 0, 24, 32, 0};
+  Arg ab[2] = {{tgi, gi}, {tgy, dy}};
+  expect(IR_OP_GATHER_BWD, 2, ab, gax, NULL, &tf, dw, N, 0, "gather_bwd", dt);
+  /* rand: i32 in [lo, hi) covering every value, deterministic per stream;
+   * floats in [lo, hi) with a mean near the middle */
+  enum { M = 4000 };
+  IrType tr = TY(IR_I32, 40, 100), tu = TY(dt, 40, 100), rt;
+  int64_t st[1] = {5};
+  double lh[2] = {-2, 3}, seen[5] = {0}, sum = 0;
+  double *r1 = run_op(IR_OP_RAND, 0, NULL, st, lh, &tr, &rt, err, sizeof err);
+  double *r2 = run_op(IR_OP_RAND, 0, NULL, st, lh, &tr, &rt, err, sizeof err);
+  double *u = run_op(IR_OP_RAND, 0, NULL, st, lh, &tu, &rt, err, sizeof err);
+  CHECK(r1 && r2 && u, "rand: %s", err);
+  if (r1 && r2 && u) {
+    int ok = 1, same = 1;
+    for (int i = 0; i < M; i++) {
+      ok &= r1[i] >= -2 && r1[i] < 3 && r1[i] == floor(r1[i]) && u[i] >= -2 && u[i] < 3;
+      same &= r1[i] == r2[i];
+      if (r1[i] >= -2 && r1[i] < 3) seen[(int)r1[i] + 2]++;
+      sum += u[i];
+    }
+    CHECK(ok, "rand: a value outside [-2, 3) or not an integer");
+    CHECK(same, "rand: two runs differ");
+    for (int v = 0; v < 5; v++) CHECK(fabs(seen[v] / M - 0.2) < 0.03, "randint value %d: frequency %g", v - 2, seen[v] / M);
+    CHECK(fabs(sum / M - 0.5) < 0.05, "rand mean %g, expected about 0.5", sum / M);
+  }
+  free(r1);
+  free(r2);
+  free(u);
+}
+
 /* index helpers for the layout references */
 static void test_layout(IrDtype dt) {
   enum { A = 2, B = 3, C = 4, N = A * B * C };
@@ -1455,6 +1534,7 @@ int main(void) {
     IrDtype dt = DTS[d];
     test_elementwise(dt);
     test_typed_ew(dt);
+    test_ints(dt);
     test_layout(dt);
     test_reductions(dt);
     test_matmul(dt);
