@@ -1066,31 +1066,46 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   return rc;
 }
 
-int main(int argc, char **argv) {
-  ts_check_stdout_at_exit("mrun");
-  Args a;
-  int pr = parse_args(argc, argv, &a);
-  if (pr == 1) { fputs(usage, stdout); return 0; }
-  if (pr != 0) return 2;
-  if (a.selftest) return run_selftest();
-  RtExecOpts xo = {.backend = a.backend};
+/* What parse_args allocated (--data-path's lists). */
+static void args_free(Args *a) {
+  free(a->dpath);
+  free(a->dweight);
+  a->dpath = NULL;
+  a->dweight = NULL;
+}
+
+/* The run parse_args asked for: its exit status. */
+static int run(int argc, char **argv, Args *a) {
+  if (a->selftest) return run_selftest();
+  RtExecOpts xo = {.backend = a->backend};
   rt_exec_set_default(&xo);   /* what rt_train's program uses */
-  if (under_launcher()) return run_rank(&argc, &argv, &a);
-  if (a.gpus > 1) {
+  if (under_launcher()) return run_rank(&argc, &argv, a);
+  if (a->gpus > 1) {
     if (getenv("TS_MRUN_LAUNCHED")) {
       fprintf(stderr, "mrun: started by mpirun, but the MPI environment is missing (OMPI_COMM_WORLD_SIZE / PMI_SIZE)\n");
       return 1;
     }
     /* check what can be checked before starting N processes */
     char err[2048] = "";
-    Plan *plan = load_plan(a.plan, err, sizeof err);
+    Plan *plan = load_plan(a->plan, err, sizeof err);
     PlanMesh mesh;
-    int ok = plan && mesh_for(plan, a.gpus, &mesh, err, sizeof err) == 0 &&
-             check_pipeline_dp(plan, &mesh, a.plan, err, sizeof err) == 0 &&
-             rt_packed_check(&a.gpt, (const IrModule *const *)plan->programs, plan->nprograms, err, sizeof err) == 0;
+    int ok = plan && mesh_for(plan, a->gpus, &mesh, err, sizeof err) == 0 &&
+             check_pipeline_dp(plan, &mesh, a->plan, err, sizeof err) == 0 &&
+             rt_packed_check(&a->gpt, (const IrModule *const *)plan->programs, plan->nprograms, err, sizeof err) == 0;
     plan_free(plan);
     if (!ok) { fprintf(stderr, "mrun: %s\n", err); return 1; }
-    return launch(a.gpus, argv);
+    return launch(a->gpus, argv);
   }
-  return run_single(&a);
+  return run_single(a);
+}
+
+int main(int argc, char **argv) {
+  ts_check_stdout_at_exit("mrun");
+  Args a;
+  int pr = parse_args(argc, argv, &a), rc;
+  if (pr == 1) { fputs(usage, stdout); rc = 0; }
+  else if (pr != 0) rc = 2;
+  else rc = run(argc, argv, &a);
+  args_free(&a);
+  return rc;
 }
