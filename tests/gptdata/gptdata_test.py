@@ -26,27 +26,14 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gptdata_twin as tw  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from mrun_util import ENV, fail, run  # noqa: E402
 MODE, TOOL, MCC, MRUN, SRC, WORK = sys.argv[1:7]
-ENV = dict(os.environ, OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_mpi_yield_when_idle="1",
-           OPENBLAS_NUM_THREADS="1", TS_THREADS="1")
-
-
-def fail(msg):
-    print("FAIL: " + msg)
-    sys.exit(1)
-
-
-def run(cmd, ok=True):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    if ok and p.returncode != 0:
-        fail("%s exited %d:\n%s%s" % (" ".join(cmd), p.returncode, p.stdout, p.stderr))
-    return p
 
 
 def make_docs(seed, n, maxlen, seqs_per_doc=1, vocab=256, empty_every=0):
