@@ -700,6 +700,12 @@ int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
   PassCtx cx;
   pass_ctx_init(&cx);
   int rc = pass_optimizer(m, &cx);
+  int nb = rc == 0 ? ir_block_find(m, "update") : -1;
+  if (nb >= 0 && nb != ub) {   /* back in its place, before the blocks later passes add (eval) */
+    IrBlock b = m->blocks.a[nb];
+    block_remove(m, nb);
+    block_insert(m, ub, &b);
+  }
   if (rc == 0) rc = pass_dce(m, &cx);
   if (rc == 0 && fused) rc = pass_fuse(m, &cx);
   if (rc == 0 && ir_verify(m, why, sizeof why) != 0)

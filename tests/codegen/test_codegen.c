@@ -407,6 +407,33 @@ static void test_elementwise(IrDtype dt) {
     g_covered[IR_OP_NE_SCALAR] = 1;
     case_free(&c);
   }
+  { /* cmp, every predicate, on floats from a small integer range (ties) and
+     * on i32; where picking between floats by a float and an i32 mask */
+    Case c;
+    case_init(&c);
+    int x = input(&c, t, -2, 2), y = input(&c, t, -2, 2);
+    IrType it = TY(IR_I32, 5, 37);
+    int xi = input(&c, it, -3, 3), yi = input(&c, it, -3, 3);
+    int xr = emit(&c, IR_OP_CAST, &xi, 1, NULL, NULL, &t), yr = emit(&c, IR_OP_CAST, &yi, 1, NULL, NULL, &t);
+    for (int64_t pred = 0; pred < 6; pred++) {
+      snprintf(what, sizeof what, "cmp pred=%lld %s", (long long)pred, ir_dtype_name(dt));
+      check1(&c, emit(&c, IR_OP_CMP, (int[]){x, y}, 2, &pred, NULL, NULL), what);
+      check_group(&c, (int[]){xr, yr, emit(&c, IR_OP_CMP, (int[]){xr, yr}, 2, &pred, NULL, NULL)}, 3, what, RUN_PIECES);
+      snprintf(what, sizeof what, "cmp pred=%lld i32", (long long)pred);
+      check1(&c, emit(&c, IR_OP_CMP, (int[]){xi, yi}, 2, &pred, NULL, NULL), what);
+    }
+    int lt = emit(&c, IR_OP_CMP, (int[]){x, y}, 2, (int64_t[]){2}, NULL, NULL);
+    snprintf(what, sizeof what, "where %s", ir_dtype_name(dt));
+    check_group(&c, (int[]){lt, emit(&c, IR_OP_WHERE, (int[]){lt, x, y}, 3, NULL, NULL, NULL)}, 2, what, RUN_PIECES);
+    check1(&c, emit(&c, IR_OP_WHERE, (int[]){xi, x, y}, 3, NULL, NULL, NULL), what);
+    /* floordiv and mod of i32, negative operands and zero divisors (0) */
+    snprintf(what, sizeof what, "floordiv i32");
+    check1(&c, E2(&c, IR_OP_FLOORDIV, xi, yi), what);
+    snprintf(what, sizeof what, "mod i32");
+    check1(&c, E2(&c, IR_OP_MOD, xi, yi), what);
+    g_covered[IR_OP_CMP] = g_covered[IR_OP_WHERE] = g_covered[IR_OP_FLOORDIV] = g_covered[IR_OP_MOD] = 1;
+    case_free(&c);
+  }
   { /* masked_fill with an i32 and a float mask; causal_mask; full; broadcast */
     Case c;
     case_init(&c);
