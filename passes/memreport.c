@@ -93,10 +93,16 @@ static int report_stash(const IrModule *m, StrBuf *out, size_t *peak, char *err,
 
 /* The bytes of the buffers live where block b reports `output "loss"`:
  * what the forward keeps for the backward (plus the loss itself), the
- * activation memory Korthikanti et al. count.  0 if b reports no loss. */
+ * activation memory Korthikanti et al. count.  0 if b reports no loss or
+ * no backward follows it. */
 static int held_at_loss(const IrBlock *b, const MemPlan *p, size_t *held) {
   const char *loss = ts_intern("loss");
   *held = 0;
+  /* only where a backward follows: the block accumulates gradients or
+   * stashes for a backward block (not pass eval's forward-only blocks) */
+  int backward = 0;
+  for (int i = 0; i < b->n && !backward; i++) backward = b->nodes[i].op == IR_OP_ACCUM || b->nodes[i].op == IR_OP_STASH;
+  if (!backward) return 0;
   for (int i = 0; i < b->n; i++) {
     if (b->nodes[i].op != IR_OP_OUTPUT || b->nodes[i].sa != loss) continue;
     int pos = p->at ? p->at[i] : i;

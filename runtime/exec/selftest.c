@@ -277,12 +277,12 @@ static void k_attention(Kb *k) {
   int kk = kb_param(k, "k", "[1, 2, 8, 8]", "normal(0.0, 1.0)");
   int v = kb_param(k, "v", "[1, 2, 8, 8]", "normal(0.0, 1.0)");
   const char *sc = "scale=0.35355339059327373";
-  int o = kb_op(k, 0, "[1, 4, 8, 8]", "attention %%%d, %%%d, %%%d causal=1 %s", q, kk, v, sc);
+  int o = kb_op(k, 0, "[1, 4, 8, 8]", "attention %%%d, %%%d, %%%d causal=1 window=0 %s", q, kk, v, sc);
   kb_out(k, o, "[1, 4, 8, 8]");
   int d = kb_param(k, "do", "[1, 4, 8, 8]", "normal(0.0, 1.0)");
   static const char *const shp[] = {"[1, 4, 8, 8]", "[1, 2, 8, 8]", "[1, 2, 8, 8]"};
   for (int part = 0; part < 3; part++)
-    kb_out(k, kb_op(k, 0, shp[part], "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d causal=1 part=%d %s", q, kk, v, o,
+    kb_out(k, kb_op(k, 0, shp[part], "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d causal=1 part=%d window=0 %s", q, kk, v, o,
                     d, part, sc), shp[part]);
 }
 

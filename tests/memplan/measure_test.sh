@@ -47,8 +47,9 @@ check() {   # model tp pp fuse(yes|no) backend
     "$MCC" "$SRC/samples/$model.mdl" $D $opts -o "$plan" 2> "$TMP/$tag.mccerr" || { die "$tag: mcc: $(cat "$TMP/$tag.mccerr")"; return; }
   fi
   local out="$TMP/$tag.err" nr=$((tp * pp))
+  # one evaluation too, so the forward-only eval blocks run and are measured
   TS_RT_MEMORY=1 "$MRUN" "$plan" --gpus "$nr" --backend "$be" --steps 1 --quiet \
-    --data "$SRC/samples/data/kjv.txt" > /dev/null 2> "$out" || { die "$tag: mrun: $(tail -5 "$out")"; return; }
+    --mock-data --eval-interval 1 --eval-iters 1 > /dev/null 2> "$out" || { die "$tag: mrun: $(tail -5 "$out")"; return; }
   local n
   n=$(grep -c '^rt memory: .* arena ' "$out")
   [ "$n" = "$nr" ] || { die "$tag: $n ranks reported memory, expected $nr: $(tail -5 "$out")"; return; }
