@@ -451,11 +451,11 @@ static int load_micro(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_
  * buffers load_micro fills.  Returns how many (at most IR_FEED_COUNT). */
 static int micro_feeds(const TrainRun *r, const FeedSpec *fs, RtFeed *feeds) {
   int nf = 0;
-  if (fs->has_tokens) feeds[nf++] = (RtFeed){"tokens", r->tokens};
-  if (fs->has_targets) feeds[nf++] = (RtFeed){"targets", r->targets};
-  if (fs->has_mask) feeds[nf++] = (RtFeed){"loss_mask", r->mask};
-  if (fs->has_pos) feeds[nf++] = (RtFeed){"position_ids", r->pos};
-  if (fs->has_doc) feeds[nf++] = (RtFeed){"document_ids", r->doc};
+  if (fs->has_tokens) feeds[nf++] = (RtFeed){ir_feed_name(IR_FEED_TOKENS), r->tokens};
+  if (fs->has_targets) feeds[nf++] = (RtFeed){ir_feed_name(IR_FEED_TARGETS), r->targets};
+  if (fs->has_mask) feeds[nf++] = (RtFeed){ir_feed_name(IR_FEED_LOSS_MASK), r->mask};
+  if (fs->has_pos) feeds[nf++] = (RtFeed){ir_feed_name(IR_FEED_POSITION_IDS), r->pos};
+  if (fs->has_doc) feeds[nf++] = (RtFeed){ir_feed_name(IR_FEED_DOCUMENT_IDS), r->doc};
   return nf;
 }
 
