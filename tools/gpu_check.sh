@@ -131,34 +131,55 @@ target=""
 [ -n "$arch" ] && target="--target $arch"
 # losses LOG.jsonl -> one per line
 losses() { sed -n 's/.*"loss": *\([-0-9.eE+naif]*\).*/\1/p' "$1"; }
+vlosses() { sed -n 's/.*"val_loss": *\([-0-9.eE+naif]*\).*/\1/p' "$1"; }
+# maxrel FILE.tsv: the largest |a - b| / max(|b|, 1) over its two columns (1e9 for a NaN)
+maxrel() { awk 'BEGIN{m=0} {a=$1; b=$2; e=(a>b?a-b:b-a)/((b<0?-b:b)>1?(b<0?-b:b):1); if (e>m) m=e; if (a!=a) m=1e9} END{printf "%.2e", m}' "$1"; }
+run_args="--data $data"
 tiny() {   # tiny NAME MDL DEFINES...
   local name=$1 mdl=$2; shift 2
   local p="$out/$name.plan"
   # shellcheck disable=SC2086  # $target is two words or none
   run_part "$name-mcc" 90 "$MCC" "$samples/$mdl" "$@" $target -o "$p"
   if [ "$rc" != 0 ]; then row "train-$name" "$(status_of)" "mcc: $(why_failed "$out/$name-mcc.log")"; return; fi
-  run_part "$name-cpu" 90 "$MRUN" "$p" --cpu --steps 20 --data "$data" --metrics "$out/$name-cpu.jsonl"
+  # shellcheck disable=SC2086  # $run_args: mrun's words for this model (the data by default)
+  run_part "$name-cpu" 90 "$MRUN" "$p" --cpu --steps 20 $run_args --metrics "$out/$name-cpu.jsonl"
   if [ "$rc" != 0 ]; then row "train-$name" "$(status_of)" "CPU rank: $(why_failed "$out/$name-cpu.log")"; return; fi
   local cpus=$secs
   if [ "$gpu" = 0 ]; then
     row "train-$name" "no GPU" "CPU rank: 20 steps, loss $(losses "$out/$name-cpu.jsonl" | head -1) -> $(losses "$out/$name-cpu.jsonl" | tail -1) (${cpus}s)"
     return
   fi
-  run_part "$name-gpu" 90 "$MRUN" "$p" --steps 20 --data "$data" --metrics "$out/$name-gpu.jsonl"
+  # shellcheck disable=SC2086
+  run_part "$name-gpu" 90 "$MRUN" "$p" --steps 20 $run_args --metrics "$out/$name-gpu.jsonl"
   if [ "$rc" != 0 ]; then row "train-$name" "$(status_of)" "GPU: $(why_failed "$out/$name-gpu.log")"; return; fi
   paste <(losses "$out/$name-gpu.jsonl") <(losses "$out/$name-cpu.jsonl") > "$out/$name-losses.tsv"
   local d graphs
-  d=$(awk 'BEGIN{m=0} {a=$1; b=$2; e=(a>b?a-b:b-a)/((b<0?-b:b)>1?(b<0?-b:b):1); if (e>m) m=e; if (a!=a) m=1e9} END{printf "%.2e", m}' "$out/$name-losses.tsv")
+  d=$(maxrel "$out/$name-losses.tsv")
   graphs=$(grep -o "CUDA graphs: .*" "$out/$name-gpu.log" | head -1)
   local res=ok
   awk -v d="$d" 'BEGIN{exit !(d <= 2e-3)}' || res=FAIL
   [ "$(wc -l < "$out/$name-losses.tsv")" = 20 ] || res=FAIL
-  row "train-$name" "$res" "20 steps, GPU $(head -1 "$out/$name-losses.tsv" | cut -f1) -> $(tail -1 "$out/$name-losses.tsv" | cut -f1), CPU -> $(tail -1 "$out/$name-losses.tsv" | cut -f2); max rel diff $d (limit 2e-3); ${graphs:-no CUDA graph}; GPU ${secs}s, CPU ${cpus}s"
+  # validation losses (--eval-interval), side by side as well
+  local vnote=""
+  if grep -q '"val_loss"' "$out/$name-cpu.jsonl"; then
+    paste <(vlosses "$out/$name-gpu.jsonl") <(vlosses "$out/$name-cpu.jsonl") > "$out/$name-vlosses.tsv"
+    local vd
+    vd=$(maxrel "$out/$name-vlosses.tsv")
+    awk -v d="$vd" 'BEGIN{exit !(d <= 2e-3)}' || res=FAIL
+    [ "$(wc -l < "$out/$name-vlosses.tsv")" = "$(vlosses "$out/$name-cpu.jsonl" | wc -l)" ] || res=FAIL
+    vnote="; $(wc -l < "$out/$name-vlosses.tsv") validations, GPU $(tail -1 "$out/$name-vlosses.tsv" | cut -f1), max rel diff $vd"
+  fi
+  row "train-$name" "$res" "20 steps, GPU $(head -1 "$out/$name-losses.tsv" | cut -f1) -> $(tail -1 "$out/$name-losses.tsv" | cut -f1), CPU -> $(tail -1 "$out/$name-losses.tsv" | cut -f2); max rel diff $d (limit 2e-3)$vnote; ${graphs:-no CUDA graph}; GPU ${secs}s, CPU ${cpus}s"
 }
 if want train; then
 tiny gpt gpt.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=4
 tiny llama llama.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=4
 tiny moe moe.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D batch=8 -D micro_batch=4
+# packed sequences (document masks from the end-of-document id 0, about one
+# per 32 mock tokens), a sliding window of 16, a validation every 5 steps
+run_args="--mock-data --reset-position-ids --reset-attention-mask --eod-mask-loss --eod-id 0 --eval-interval 5 --eval-iters 2"
+tiny packed gpt_packed.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=32 -D window=16 -D batch=8 -D micro_batch=4
+run_args="--data $data"
 fi
 
 # ---- GPT-2 124M, 8 x 1024 tokens per step ----

@@ -87,6 +87,13 @@ static int kb_ids(Kb *k, const char *name, const char *shape, int64_t n, int voc
   return k->n++;
 }
 
+/* An i32 input "kind.name" holding the n values v. */
+static int kb_ints(Kb *k, const char *name, const char *shape, int64_t n, const int32_t *v) {
+  int id = kb_ids(k, name, shape, n, 1, -1);
+  memcpy(k->feeds->a[k->feeds->n - 1].v, v, (size_t)n * sizeof(int32_t));
+  return id;
+}
+
 /* A value node: %N = <fmt ...> : TYPE [group=g]. */
 __attribute__((format(printf, 4, 5)))
 static int kb_op(Kb *k, int group, const char *shape, const char *fmt, ...) {
@@ -286,6 +293,27 @@ static void k_attention(Kb *k) {
                     d, part, sc), shp[part]);
 }
 
+/* packed sequences and a sliding window: the same op and backward with a
+ * document-ids operand (three documents in a row of 12, one of them split
+ * around another) and window=3, not causal for the first output */
+static void k_attention_packed(Kb *k) {
+  static const int32_t doc[12] = {0, 0, 0, 0, 1, 1, 1, 2, 2, 0, 0, 2};
+  int q = kb_param(k, "q", "[1, 4, 12, 8]", "normal(0.0, 1.0)");
+  int kk = kb_param(k, "k", "[1, 2, 12, 8]", "normal(0.0, 1.0)");
+  int v = kb_param(k, "v", "[1, 2, 12, 8]", "normal(0.0, 1.0)");
+  int d = kb_ints(k, "docs", "[1, 12]", 12, doc);
+  const char *sc = "scale=0.35355339059327373";
+  kb_out(k, kb_op(k, 0, "[1, 4, 12, 8]", "attention %%%d, %%%d, %%%d, %%%d causal=0 window=3 %s", q, kk, v, d, sc),
+         "[1, 4, 12, 8]");
+  int o = kb_op(k, 0, "[1, 4, 12, 8]", "attention %%%d, %%%d, %%%d, %%%d causal=1 window=3 %s", q, kk, v, d, sc);
+  kb_out(k, o, "[1, 4, 12, 8]");
+  int dy = kb_param(k, "do", "[1, 4, 12, 8]", "normal(0.0, 1.0)");
+  static const char *const shp[] = {"[1, 4, 12, 8]", "[1, 2, 12, 8]", "[1, 2, 12, 8]"};
+  for (int part = 0; part < 3; part++)
+    kb_out(k, kb_op(k, 0, shp[part], "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d, %%%d causal=1 part=%d window=3 %s", q,
+                    kk, v, o, dy, d, part, sc), shp[part]);
+}
+
 /* lookup and its scatter-add backward (ids repeat) */
 static void k_embedding(Kb *k) {
   int t = kb_param(k, "table", "[20, 12]", "normal(0.0, 1.0)");
@@ -376,6 +404,7 @@ static const StKind kinds[] = {
   {"layernorm", k_layernorm}, {"rmsnorm", k_rmsnorm}, {"cross_entropy", k_cross_entropy},
   {"reduce", k_reduce}, {"sum_to", k_sum_to}, {"sumsq", k_sumsq}, {"activations", k_activations},
   {"dropout", k_dropout}, {"matmul", k_matmul}, {"gemm_bias", k_gemm_bias}, {"attention", k_attention},
+  {"attention_packed", k_attention_packed},
   {"embedding", k_embedding}, {"rope", k_rope}, {"adamw", k_adamw}, {"accum_zero", k_accum_zero},
   {"layout", k_layout},
 };
