@@ -41,6 +41,8 @@
  * chains inside every loop over a row (statistics loops of each row op),
  * so long chains with many row ops would multiply work. */
 enum { FUSE_MAX_NODES = 48, FUSE_MAX_ROWOPS = 3 };
+/* how far back an elementwise node looks for an open sibling group */
+enum { FUSE_SIBLING_WINDOW = 8 };
 
 
 /* Marks the epilogues of b: epi[i] = the add's id + 1 for every member of
@@ -107,6 +109,10 @@ static int fuse_block(const IrModule *m, IrBlock *b) {
   VEC(int) rs = {0};   /* groups that read state, not yet closed by an effect */
   CgUsers *users = cg_users_build(b);
   int cand[FUSE_MAX_NODES * 4 + 1];
+  int loss = -1;   /* `output "loss"`: the forward ends there (autodiff's rule) */
+  const char *lossname = ts_intern("loss");
+  for (int i = 0; i < b->n; i++)
+    if (b->nodes[i].op == IR_OP_OUTPUT && b->nodes[i].sa == lossname) loss = i;
   for (int i = 0; i < b->n; i++) {
     IrNode *n = &b->nodes[i];
     gof[i] = -1;
@@ -139,6 +145,24 @@ static int fuse_block(const IrModule *m, IrBlock *b) {
       for (int j = 0; j < ng; j++) dup |= gs[j] == g;
       if (!dup && ng < 8) gs[ng++] = g;
     }
+    /* siblings: in the backward, an open elementwise group whose member
+     * reads a value the forward kept that an elementwise i reads too (a
+     * recomputation, pass remat, next to the backward of the same op): one
+     * kernel reads it once and computes what both share once.  Only kept
+     * values: two readers of a gradient fused this way would close the
+     * group before the row op that would rather join one of them. */
+    if (loss >= 0 && i > loss && !cg_op_is_row(n->op))
+      for (int j = i - 1; j >= 0 && j >= i - FUSE_SIBLING_WINDOW && ng < 8; j--) {
+        int g = gof[j];
+        if (g < 0 || G.a[g].closed || G.a[g].rowops || epi[j]) continue;
+        int shares = 0, dup = 0;
+        for (int k = 0; k < n->nin; k++)
+          for (int q = 0; q < b->nodes[j].nin; q++)
+            shares |= b->nodes[j].in[q] == n->in[k] && n->in[k] < loss && gof[n->in[k]] != g &&
+                      b->nodes[n->in[k]].op != IR_OP_STATE;
+        for (int q = 0; q < ng; q++) dup |= gs[q] == g;
+        if (shares && !dup) gs[ng++] = g;
+      }
     for (int a = 1; a < ng; a++)
       for (int c = a; c > 0 && gs[c - 1] < gs[c]; c--) { int t = gs[c]; gs[c] = gs[c - 1]; gs[c - 1] = t; }
     /* An effect writes state; a group reading state runs its kernel at

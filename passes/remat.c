@@ -94,6 +94,47 @@ static int backward_value(Remat *r, int u, int stage) {
   return r->clone[u] = r->nout++;
 }
 
+/* Emits old node i (its operands: clones in the backward). */
+static void emit(Remat *r, int i, int L) {
+  IrNode nd = r->b->nodes[i];
+  if (nd.nin) {
+    int *in = arena_alloc(&r->m->arena, (size_t)nd.nin * sizeof *in);
+    for (int k = 0; k < nd.nin; k++) in[k] = i > L ? backward_value(r, nd.in[k], nd.stage) : r->map[nd.in[k]];
+    nd.in = in;
+  }
+  r->map[i] = r->nout;
+  r->out[r->nout++] = nd;
+}
+
+/* A backward node to emit just before the clone of u that node i (the
+ * clone's first reader) is about to make, so that pass fuse can run both
+ * as one kernel that reads their shared input once and computes what they
+ * share once (GELU's output for the weight gradient and GELU's backward
+ * both need sigmoid(2u) of the same kept input).  Node j qualifies when it
+ * is a generated-kernel op of i's stage, reads an operand of u, and can
+ * move up to here: every operand it reads is older than i.  Moving it up
+ * lengthens its result's life, so it must end the life of an operand at
+ * least as large (j is that operand's last reader: the bytes live during
+ * the move stay the same).  -1: none.  Looked for among the next 16 nodes. */
+static int sibling(const IrBlock *b, int u, int i, const int *last, const unsigned char *done) {
+  const IrNode *nu = &b->nodes[u];
+  for (int j = i + 1; j < b->n && j <= i + 16; j++) {
+    const IrNode *nj = &b->nodes[j];
+    if (done[j] || nj->stage != b->nodes[i].stage || !cheap(nj, 0) || nj->op == IR_OP_ALL_GATHER) continue;
+    int shares = 0, movable = 1, frees = 0;
+    int64_t bytes = ir_type_numel(&nj->type) * (int64_t)ir_dtype_size(nj->type.dtype);
+    for (int k = 0; k < nj->nin; k++) {
+      int w = nj->in[k];
+      movable &= w < i;
+      for (int q = 0; q < nu->nin; q++) shares |= nu->in[q] == w && b->nodes[w].op != IR_OP_STATE;
+      if (last[w] == j && ir_type_numel(&b->nodes[w].type) * (int64_t)ir_dtype_size(b->nodes[w].type.dtype) >= bytes)
+        frees = 1;
+    }
+    if (shares && movable && frees) return j;
+  }
+  return -1;
+}
+
 /* What the backward recomputes when the all_gathers with keep[v] set are
  * kept (the others gathered again): remat[v] for the held values it
  * recomputes; *held_bytes per stage (nstage entries) what stays held. */
@@ -227,22 +268,29 @@ int pass_remat(IrModule *m, PassCtx *cx) {
   for (int v = 0; v < L; v++) nremat += remat[v];
   if (!nremat) return 0;
 
-  /* rebuild: forward unchanged, clones inserted before their first reader */
+  /* rebuild: forward unchanged, clones inserted before their first reader
+   * (with the sibling each may fuse with, hoisted: see sibling()) */
   int cap = 2 * n;
   Remat r = {m, b, arena_alloc(&m->arena, (size_t)cap * sizeof(IrNode)), 0,
              arena_alloc(&cx->scratch, (size_t)n * sizeof(int)), arena_alloc(&cx->scratch, (size_t)n * sizeof(int)),
              held, remat, L, why};
-  for (int i = 0; i < n; i++) r.clone[i] = -1;
+  int *last = arena_alloc(&cx->scratch, (size_t)n * sizeof(int));   /* old id -> its last reader, -1 none */
+  unsigned char *done = arena_alloc(&cx->scratch, (size_t)n);        /* hoisted: emitted already */
+  memset(done, 0, (size_t)n);
+  for (int i = 0; i < n; i++) r.clone[i] = last[i] = -1;
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < b->nodes[i].nin; k++) last[b->nodes[i].in[k]] = i;
   for (int i = 0; i < n; i++) {
-    IrNode nd = b->nodes[i];
-    if (nd.nin) {
-      int *in = arena_alloc(&m->arena, (size_t)nd.nin * sizeof *in);
-      for (int k = 0; k < nd.nin; k++) in[k] = i > L ? backward_value(&r, nd.in[k], nd.stage) : r.map[nd.in[k]];
-      nd.in = in;
-    }
-    TS_ASSERT(r.nout < cap);
-    r.map[i] = r.nout;
-    r.out[r.nout++] = nd;
+    if (done[i]) continue;
+    if (i > L)
+      for (int k = 0; k < b->nodes[i].nin; k++) {
+        int u = b->nodes[i].in[k], j;
+        if (u < L && remat[u] && r.clone[u] < 0 && (j = sibling(b, u, i, last, done)) >= 0) {
+          emit(&r, j, L);
+          done[j] = 1;
+        }
+      }
+    emit(&r, i, L);
   }
   b->nodes = r.out;
   b->n = r.nout;
