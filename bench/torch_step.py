@@ -71,6 +71,7 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (tools/gpu_check.sh)")
     ap.add_argument("--compile", action="store_true", help="the forward and backward through torch.compile")
     ap.add_argument("--bf16", action="store_true", help="autocast to bf16 (f32 parameters and optimizer)")
+    ap.add_argument("--tf32", action="store_true", help="cuda: TF32 in the GEMMs (allow_tf32; f32 otherwise)")
     a = ap.parse_args()
     if a.d_model % a.heads:
         sys.exit("torch_step.py: d_model %d is not a multiple of heads %d" % (a.d_model, a.heads))
@@ -81,9 +82,9 @@ def main():
     params = gpt_params(a.vocab, a.seq, a.d_model, a.heads, a.layers, a.ffn or 4 * a.d_model, gen)
     dev = torch.device(a.device)
     if dev.type == "cuda":
-        # f32 means f32 on the GPU too: no TF32 in GEMMs or convolutions
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        # f32 means f32 on the GPU too: no TF32 in GEMMs or convolutions unless --tf32
+        torch.backends.cuda.matmul.allow_tf32 = a.tf32
+        torch.backends.cudnn.allow_tf32 = a.tf32
         params = {k: v.detach().to(dev).requires_grad_(True) for k, v in params.items()}
     # samples/gpt.mdl's train block: AdamW(1e-3, (0.9, 0.95), 1e-8, wd 0.1), clip 1.0.
     opt = torch.optim.AdamW(params.values(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)

@@ -11,6 +11,7 @@
 #   train-*     tiny gpt, llama and moe: 20 steps on the GPU and on a CPU rank,
 #               losses side by side (max relative difference), CUDA graph launches
 #   gpt2-124m   GPT-2 124M, 8 x 1024 tokens per step, f32: step time, tokens/s, MFU
+#   tf32        the same with the GEMMs in TF32 (TS_CUDA_TF32=1), and PyTorch's allow_tf32
 #   kernels     its ten most expensive kernels and GEMMs (TS_RT_PROFILE: CUDA events)
 #   torch-*     the same model in PyTorch: eager, torch.compile (f32), and eager
 #               under bf16 autocast (bench/torch_step.py)
@@ -189,24 +190,30 @@ L=12 D=768 V=50304 S=1024 B=8
 N=$(( V * D + L * (12 * D * D + 13 * D) + 2 * D ))
 fpt=$(( 6 * N + 12 * L * D * S ))
 mfu_note="MFU = tokens/s x (6N + 12*L*d*s) / peak, N=$N; peak f32 ${peak32:-?} TFLOP/s (dense, no tensor cores), bf16 ${peak16:-?} (dense, tensor cores)"
+# gpt2_row NAME LABEL [ENV=VALUE...]: the plan 8 steps on the GPU (under env), the median
+# of the steps after the third (the first runs eagerly, the second captures)
+gpt2_row() {
+  local name=$1 label=$2; shift 2
+  run_part "$name-gpu" 150 env "$@" "$MRUN" "$out/gpt2.plan" --steps 8 --data "$data" --metrics "$out/$name.jsonl"
+  if [ "$rc" != 0 ]; then row "$name" "$(status_of)" "$(why_failed "$out/$name-gpu.log")"; return; fi
+  local st tps mfu
+  st=$(sed -n 's/.*"elapsed_s": *\([0-9.eE+-]*\).*/\1/p' "$out/$name.jsonl" |
+       awk '{t[NR]=$1} END{for(i=4;i<=NR;i++) print t[i]-t[i-1]}' | sort -g |
+       awk '{d[NR]=$1} END{print (NR ? d[int((NR+1)/2)] : 0)}')
+  if ! awk -v s="$st" 'BEGIN{exit !(s > 0)}'; then row "$name" FAIL "no step times in $out/$name.jsonl"; return; fi
+  tps=$(awk -v s="$st" -v t=$((B * S)) 'BEGIN{printf "%.0f", t/s}')
+  mfu=$(awk -v s="$st" -v t=$((B * S)) -v f=$fpt -v p="${peak32:-0}" 'BEGIN{if (p>0) printf "%.1f%%", 100*t*f/s/(p*1e12); else print "?"}')
+  row "$name" ok "tessera $label: $(awk -v s="$st" 'BEGIN{printf "%.1f", s*1000}') ms/step, $tps tokens/s, MFU $mfu of ${peak32:-?} TFLOP/s; loss $(losses "$out/$name.jsonl" | head -1) -> $(losses "$out/$name.jsonl" | tail -1)"
+}
 if ! want gpt2-124m; then :
 elif [ "$gpu" = 1 ]; then
   run_part gpt2-mcc 120 "$MCC" "$samples/gpt.mdl" -D batch=$B -D micro_batch=$B $target -o "$out/gpt2.plan"
   if [ "$rc" != 0 ]; then row gpt2-124m "$(status_of)" "mcc: $(why_failed "$out/gpt2-mcc.log")"
   else
-    run_part gpt2-gpu 150 "$MRUN" "$out/gpt2.plan" --steps 8 --data "$data" --metrics "$out/gpt2.jsonl"
-    if [ "$rc" != 0 ]; then row gpt2-124m "$(status_of)" "$(why_failed "$out/gpt2-gpu.log")"
-    else
-      # the median of the steps after the third (the first runs eagerly, the second captures)
-      st=$(sed -n 's/.*"elapsed_s": *\([0-9.eE+-]*\).*/\1/p' "$out/gpt2.jsonl" |
-           awk '{t[NR]=$1} END{for(i=4;i<=NR;i++) print t[i]-t[i-1]}' | sort -g |
-           awk '{d[NR]=$1} END{print (NR ? d[int((NR+1)/2)] : 0)}')
-      if awk -v s="$st" 'BEGIN{exit !(s > 0)}'; then
-        tps=$(awk -v s="$st" -v t=$((B * S)) 'BEGIN{printf "%.0f", t/s}')
-        mfu=$(awk -v s="$st" -v t=$((B * S)) -v f=$fpt -v p="${peak32:-0}" 'BEGIN{if (p>0) printf "%.1f%%", 100*t*f/s/(p*1e12); else print "?"}')
-        row gpt2-124m ok "tessera f32: $(awk -v s="$st" 'BEGIN{printf "%.1f", s*1000}') ms/step, $tps tokens/s, MFU $mfu; loss $(losses "$out/gpt2.jsonl" | head -1) -> $(losses "$out/gpt2.jsonl" | tail -1)"
-      else row gpt2-124m FAIL "no step times in $out/gpt2.jsonl"; fi
-    fi
+    gpt2_row gpt2-124m f32 TS_CUDA_TF32=0
+    # the GEMMs on tensor cores in TF32 (cuBLASLt's CUBLAS_COMPUTE_32F_FAST_TF32; the
+    # generated kernels, attention included, stay f32): against PyTorch's allow_tf32
+    want tf32 && gpt2_row gpt2-124m-tf32 "f32, TF32 GEMMs" TS_CUDA_TF32=1
   fi
 else
   row gpt2-124m "no GPU" "$mfu_note"
@@ -254,6 +261,7 @@ if want train; then
   san racecheck racecheck
 fi
 
+want torch && want tf32 && torch_row torch-tf32 120 --tf32
 want torch && torch_row torch-compile 180 --compile
 want torch && torch_row torch-bf16 90 --bf16
 
