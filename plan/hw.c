@@ -149,6 +149,8 @@ int hw_parse(const char *text, const char *path, HwDesc *out, char *err, size_t 
   return 0;
 }
 
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
 int hw_load(const char *name, HwDesc *out, char *err, size_t errlen) {
   char path[4096 + 64];
   struct stat st;
@@ -169,12 +171,21 @@ int hw_load(const char *name, HwDesc *out, char *err, size_t errlen) {
   if (!text) {
     if (is_file) return ts_errf(err, errlen, "--hw: cannot read '%s': %s", path, strerror(errno));
     StrBuf names = {0};
+    VEC(char *) found = {0};
     DIR *d = opendir(dir);
     for (struct dirent *e; d && (e = readdir(d));) {
       size_t n = strlen(e->d_name);
-      if (n > 3 && !strcmp(e->d_name + n - 3, ".hw")) sb_printf(&names, " %.*s", (int)(n - 3), e->d_name);
+      if (n > 3 && !strcmp(e->d_name + n - 3, ".hw")) {
+        char *s = ts_xmalloc(n - 2);
+        memcpy(s, e->d_name, n - 3);
+        s[n - 3] = 0;
+        VEC_PUSH(found, s);
+      }
     }
     if (d) closedir(d);
+    qsort(found.a, (size_t)found.n, sizeof *found.a, cmp_str);
+    for (int i = 0; i < found.n; i++) { sb_printf(&names, " %s", found.a[i]); free(found.a[i]); }
+    free(found.a);
     int rc = ts_errf(err, errlen, "--hw: no description named '%s' in %s (known:%s; or give a file's path)", name, dir,
                      names.p ? names.p : " none");
     sb_free(&names);
