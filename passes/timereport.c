@@ -8,9 +8,12 @@
  * model): GEMMs and attention by their FLOPs on the description's peak for
  * the plan's number format, everything else as memory traffic (a fusion
  * group moves what enters and what leaves it, once), collectives by the
- * alpha-beta model over the link their mesh axis uses.  Nothing overlaps:
- * the executor runs a block's nodes in order and waits for each
- * collective, so all communication is exposed. */
+ * alpha-beta model over the link their mesh axis uses.  Overlap as the GPU
+ * executor has it (runtime/exec/exec_dev.c): all_reduce, all_gather and
+ * reduce_scatter run on a comm stream behind the compute issued before
+ * them and are waited for by the first node that reads their result;
+ * every other message (pipeline send/recv, all-to-all, ring steps) blocks.
+ * What compute waits for is the exposed communication. */
 #include "timereport.h"
 #include "plan/schedule.h"
 #include <math.h>
@@ -140,83 +143,138 @@ static double effect_bytes(const IrModule *m, const IrBlock *b, const IrNode *n)
   return r;
 }
 
+/* The collectives the GPU executor runs on its comm stream, overlapping the
+ * compute issued after them until a node reads their result
+ * (runtime/exec/exec_dev.c); the others block. */
+static int overlappable(IrOp op) {
+  return op == IR_OP_ALL_REDUCE || op == IR_OP_ALL_GATHER || op == IR_OP_REDUCE_SCATTER;
+}
+
+/* Per block: what a fusion group moves (what enters it, each distinct
+ * operand from outside once, and what leaves it: members read outside). */
+typedef struct {
+  char *leaves;      /* [n] read by a node outside its group (or any node, for group 0) */
+  int *seen_in;      /* [n] the group that already counted this operand */
+  char *launched;    /* [ngroups + 1] the group's launch counted */
+} GroupTraffic;
+
+/* Compute time of node i (not communication): its kind in *kind; its
+ * FLOPs added to c->hw_flops. */
+static double node_compute(const IrModule *m, const IrBlock *b, int i, const HwDesc *hw, HwFormat fmt,
+                           GroupTraffic *g, TimeCost *c, int *kind) {
+  const IrNode *n = &b->nodes[i];
+  double esize = (double)ir_dtype_size(n->type.dtype ? n->type.dtype : m->train.precision);
+  double rate = hw->hbm_bw * hw->mem_eff;
+  *kind = TIME_MEM;
+  if (n->op == IR_OP_MATMUL) {
+    double bt, M, N, K;
+    matmul_shape(b, n, &bt, &M, &N, &K);
+    c->hw_flops += 2 * bt * M * N * K;
+    *kind = TIME_GEMM;
+    return hw_gemm_time(hw, fmt, bt, M, N, K, esize);
+  }
+  if (n->op == IR_OP_GMM || n->op == IR_OP_GMM_DW) {
+    /* gmm: a[R, K] x w[G, K, N] -> [R, N]; gmm_dw: a[R, K]^T x dy[R, N] -> [G, K, N] */
+    const IrType *a = &b->nodes[n->in[0]].type, *o = &n->type;
+    double R = (double)a->dim[0], K = (double)a->dim[1], N = (double)o->dim[o->rank - 1];
+    c->hw_flops += 2 * R * K * N;
+    *kind = TIME_GEMM;
+    return n->op == IR_OP_GMM ? hw_gemm_time(hw, fmt, 1, R, N, K, esize) : hw_gemm_time(hw, fmt, 1, K, N, R, esize);
+  }
+  if (is_attn(n->op)) {
+    double f = attn_flops(b, n, 0), by = tbytes(&n->type);
+    for (int j = 0; j < n->nin; j++) by += tbytes(&b->nodes[n->in[j]].type);
+    c->hw_flops += f;
+    *kind = TIME_ATTN;
+    return hw_attention_time(hw, fmt, f, by);
+  }
+  if (ir_ops[n->op].flags & OPF_EFFECT) return hw_mem_time(hw, effect_bytes(m, b, n));
+  double out = n->type.dtype != IR_VOID ? tbytes(&n->type) : 0, t = 0;
+  if (n->group > 0) {   /* one launch per group (at its first member): its inputs and outputs */
+    int gr = n->group;
+    if (!g->launched[gr]) t += hw->kernel_overhead, g->launched[gr] = 1;
+    for (int j = 0; j < n->nin; j++) {
+      int o = n->in[j];
+      if (b->nodes[o].group == gr || g->seen_in[o] == gr) continue;
+      g->seen_in[o] = gr;
+      t += tbytes(&b->nodes[o].type) / rate;
+    }
+    if (g->leaves[i]) t += out / rate;
+    return t;
+  }
+  double by = out;
+  for (int j = 0; j < n->nin; j++) by += tbytes(&b->nodes[n->in[j]].type);
+  return hw_mem_time(hw, by);
+}
+
+/* Two streams, as the GPU executor runs a block: compute in program order;
+ * an overlappable collective starts when the compute issued before it is
+ * done and the comm stream is free, and compute waits for it only at the
+ * first node that reads its result (or at the block's end).  The waits
+ * are the exposed communication, charged to the axis waited for. */
 void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFormat fmt, TimeCost *c) {
-  int nn = b->n;
-  /* a fusion group's traffic: what enters it (each distinct operand from
-   * outside once) and what leaves it (members read outside it) */
-  char *leaves = ts_xcalloc((size_t)nn + 1, 1);
-  int *seen_in = ts_xmalloc(((size_t)nn + 1) * sizeof *seen_in);
-  for (int i = 0; i < nn; i++) seen_in[i] = 0;
+  int nn = b->n, ngroups = 0;
+  for (int i = 0; i < nn; i++) if (b->nodes[i].group > ngroups) ngroups = b->nodes[i].group;
+  GroupTraffic g = {ts_xcalloc((size_t)nn + 1, 1), ts_xcalloc((size_t)nn + 1, sizeof(int)),
+                    ts_xcalloc((size_t)ngroups + 1, 1)};
   for (int i = 0; i < nn; i++) {
     const IrNode *n = &b->nodes[i];
     for (int j = 0; j < n->nin; j++) {
       int o = n->in[j];
-      if (o >= 0 && o < nn && (!b->nodes[o].group || b->nodes[o].group != n->group)) leaves[o] = 1;
+      if (o >= 0 && o < nn && (!b->nodes[o].group || b->nodes[o].group != n->group)) g.leaves[o] = 1;
     }
   }
-  int ngroups = 0;
-  for (int i = 0; i < nn; i++) if (b->nodes[i].group > ngroups) ngroups = b->nodes[i].group;
-  double *gbytes = ts_xcalloc((size_t)ngroups + 1, sizeof *gbytes);
+  double *ready = ts_xcalloc((size_t)nn + 1, sizeof *ready);   /* when a value is there (collectives' results) */
+  int *rax = ts_xmalloc(((size_t)nn + 1) * sizeof *rax);       /* the axis it waits for, -1 none */
+  double clock = 0, comm_free = 0;
+  int comm_ax = -1;
   for (int i = 0; i < nn; i++) {
     const IrNode *n = &b->nodes[i];
+    rax[i] = -1;
+    /* what node i waits for: its operands' collectives */
+    double w = 0;
+    int wax = -1;
+    for (int j = 0; j < n->nin; j++) {
+      int o = n->in[j];
+      if (o >= 0 && o < nn && ready[o] > w) { w = ready[o]; wax = rax[o]; }
+    }
     int ax;
     double t = comm_time(m, b, n, hw, &ax);
-    if (ax >= 0) { c->comm[ax] += t; continue; }
-    if (is_free(n->op) || n->op == IR_OP_SEND || n->op == IR_OP_RING_SHIFT) continue;
-    double esize = (double)ir_dtype_size(n->type.dtype ? n->type.dtype : m->train.precision);
-    if (n->op == IR_OP_MATMUL) {
-      double bt, M, N, K;
-      matmul_shape(b, n, &bt, &M, &N, &K);
-      c->comp[TIME_GEMM] += hw_gemm_time(hw, fmt, bt, M, N, K, esize);
-      c->hw_flops += 2 * bt * M * N * K;
-      continue;
-    }
-    if (n->op == IR_OP_GMM || n->op == IR_OP_GMM_DW) {
-      const IrType *a = &b->nodes[n->in[0]].type, *o = &n->type;
-      double R = (double)a->dim[0], K = (double)a->dim[1], N;
-      if (n->op == IR_OP_GMM) N = (double)o->dim[1];
-      else N = (double)o->dim[2];
-      double M = n->op == IR_OP_GMM ? R : K, KK = n->op == IR_OP_GMM ? K : R;
-      c->comp[TIME_GEMM] += hw_gemm_time(hw, fmt, 1, M, N, KK, esize);
-      c->hw_flops += 2 * R * K * N;
-      continue;
-    }
-    if (is_attn(n->op)) {
-      double f = attn_flops(b, n, 0), by = tbytes(&n->type);
-      for (int j = 0; j < n->nin; j++) by += tbytes(&b->nodes[n->in[j]].type);
-      c->comp[TIME_ATTN] += hw_attention_time(hw, fmt, f, by);
-      c->hw_flops += f;
-      continue;
-    }
-    if (ir_ops[n->op].flags & OPF_EFFECT) {
-      c->comp[TIME_MEM] += hw_mem_time(hw, effect_bytes(m, b, n));
-      continue;
-    }
-    double out = n->type.dtype != IR_VOID ? tbytes(&n->type) : 0;
-    if (n->group > 0) {   /* one launch per group (at its first member): its inputs and outputs */
-      int g = n->group;
-      if (gbytes[g] == 0) c->comp[TIME_MEM] += hw->kernel_overhead, gbytes[g] = 1e-300;
-      for (int j = 0; j < n->nin; j++) {
-        int o = n->in[j];
-        if (b->nodes[o].group == g || seen_in[o] == g) continue;
-        seen_in[o] = g;
-        double x = tbytes(&b->nodes[o].type);
-        gbytes[g] += x;
-        c->comp[TIME_MEM] += x / (hw->hbm_bw * hw->mem_eff);
-      }
-      if (leaves[i]) {
-        gbytes[g] += out;
-        c->comp[TIME_MEM] += out / (hw->hbm_bw * hw->mem_eff);
+    if (ax >= 0) {
+      c->comm_all[ax] += t;
+      if (overlappable(n->op)) {
+        double st = clock > comm_free ? clock : comm_free;
+        st = w > st ? w : st;
+        comm_free = st + t;
+        comm_ax = ax;
+        ready[i] = comm_free;
+        rax[i] = ax;
+      } else {   /* blocking: after the comm stream drains, on the compute clock */
+        double st = clock;
+        if (comm_free > st) { c->comm[comm_ax] += comm_free - st; st = comm_free; }
+        if (w > st) { c->comm[wax] += w - st; st = w; }
+        c->comm[ax] += t;
+        clock = st + t;
       }
       continue;
     }
-    double by = out;
-    for (int j = 0; j < n->nin; j++) by += tbytes(&b->nodes[n->in[j]].type);
-    c->comp[TIME_MEM] += hw_mem_time(hw, by);
+    if (is_free(n->op) || n->op == IR_OP_SEND || n->op == IR_OP_RING_SHIFT) {
+      ready[i] = w;   /* a view of a value arrives with it */
+      rax[i] = wax;
+      continue;
+    }
+    int kind;
+    double tc = node_compute(m, b, i, hw, fmt, &g, c, &kind);
+    if (w > clock) { c->comm[wax] += w - clock; clock = w; }
+    c->comp[kind] += tc;
+    clock += tc;
   }
-  free(gbytes);
-  free(seen_in);
-  free(leaves);
+  if (comm_free > clock) c->comm[comm_ax] += comm_free - clock;   /* the block ends when its collectives do */
+  free(ready);
+  free(rax);
+  free(g.leaves);
+  free(g.seen_in);
+  free(g.launched);
 }
 
 double pass_time_model_flops(const IrModule *f) {
@@ -318,7 +376,7 @@ int pass_time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, doubl
       w->name = b->name;
       w->runs = runs;
       pass_time_block(progs[r], b, hw, fmt, &w->per_run);
-      for (int a = 0; a < IR_AXIS_COUNT; a++) if (w->per_run.comm[a] > 0) axes_used[a] = 1;
+      for (int a = 0; a < IR_AXIS_COUNT; a++) if (w->per_run.comm_all[a] > 0) axes_used[a] = 1;
       hw_flops_step += w->per_run.hw_flops * (double)runs * (double)(gpus / nprogs);
       row_prog[nrows++] = r;
     }
@@ -382,8 +440,9 @@ int pass_time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, doubl
   sb_printf(out, "# predicted by the cost model of docs/performance-model.md: GEMMs at %.3g TFLOP/s peak (%s) x %.2g x\n"
                  "# wave quantization (or HBM-bound), attention at %.2g of that peak, memory-bound kernels at %.2g x %.3g\n"
                  "# TB/s, collectives by NCCL's ring / tree alpha-beta model over NVLink inside a node of %d GPUs and\n"
-                 "# the NICs across nodes.  Nothing overlaps: the executor waits for every collective, so all\n"
-                 "# communication is exposed.  Per rank; with pp the critical pipeline rank's blocks.\n",
+                 "# the NICs across nodes.  all_reduce / all_gather / reduce_scatter overlap the compute after\n"
+                 "# them until their result is read (the GPU executor's comm stream); the comm columns are the\n"
+                 "# exposed part.  Per rank; with pp the critical pipeline rank's blocks.\n",
             peak / 1e12, hw_format_name(fmt), hw->gemm_eff[fmt], hw->attention_eff[fmt], hw->mem_eff, hw->hbm_bw / 1e12,
             hw->gpus_per_node);
   sb_printf(out, "  %-10s %6s %11s %11s %11s", "block", "runs", "GEMM", "attention", "memory");
@@ -400,7 +459,10 @@ int pass_time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, doubl
     row_print(out, rows[k].name, rows[k].runs, &rows[k].per_run, axes_used);
     TimeCost *into = !strcmp(rows[k].name, "update") ? &opt : &tot;
     for (int j = 0; j < TIME_KINDS; j++) into->comp[j] += rows[k].per_run.comp[j] * (double)rows[k].runs;
-    for (int a = 0; a < IR_AXIS_COUNT; a++) into->comm[a] += rows[k].per_run.comm[a] * (double)rows[k].runs;
+    for (int a = 0; a < IR_AXIS_COUNT; a++) {
+      into->comm[a] += rows[k].per_run.comm[a] * (double)rows[k].runs;
+      into->comm_all[a] += rows[k].per_run.comm_all[a] * (double)rows[k].runs;
+    }
   }
   double opt_comp = opt.comp[TIME_GEMM] + opt.comp[TIME_ATTN] + opt.comp[TIME_MEM];
   sb_printf(out, "compute per step: GEMM %s, attention %s, memory-bound %s; optimizer (update block) %s\n",
@@ -410,7 +472,8 @@ int pass_time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, doubl
   int any = 0;
   for (int a = 0; a < IR_AXIS_COUNT; a++)
     if (axes_used[a]) {
-      sb_printf(out, " %s %s", ir_axis_name((IrAxis)a), secs(tot.comm[a] + opt.comm[a], b1, sizeof b1));
+      sb_printf(out, " %s %s (of %s)", ir_axis_name((IrAxis)a), secs(tot.comm[a] + opt.comm[a], b1, sizeof b1),
+                secs(tot.comm_all[a] + opt.comm_all[a], b2, sizeof b2));
       any = 1;
     }
   sb_printf(out, "%s\n", any ? "" : " none (one rank per replica and dp = 1)");

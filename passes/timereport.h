@@ -12,14 +12,17 @@
 enum { TIME_GEMM, TIME_ATTN, TIME_MEM, TIME_KINDS };
 typedef struct {
   double comp[TIME_KINDS];        /* GEMMs (matmul, gmm), fused attention, memory-bound kernels */
-  double comm[IR_AXIS_COUNT];     /* collectives and pipeline messages per mesh axis (all exposed) */
+  double comm[IR_AXIS_COUNT];     /* exposed communication per mesh axis: the time compute waits for it */
+  double comm_all[IR_AXIS_COUNT]; /* all communication per axis, overlapped or not */
   double hw_flops;                /* FLOPs the kernels run (GEMMs 2MNK, attention as its kernels compute it) */
 } TimeCost;
 double time_cost_total(const TimeCost *c);
 
-/* One node of block b of m (its fusion group's traffic counted at the
- * group's first member) added to *c.  `fmt`: the number format of m's
- * GEMMs (hw_format_of). */
+/* One run of block b of m added to *c: its nodes in program order on a
+ * compute stream, all_reduce / all_gather / reduce_scatter on a comm
+ * stream overlapping the compute after them until their result is read
+ * (as the GPU executor runs them), other communication blocking.  `fmt`:
+ * the number format of m's GEMMs (hw_format_of). */
 void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFormat fmt, TimeCost *c);
 
 /* Model FLOPs of one micro batch: 3 x the forward's GEMM FLOPs (2MNK) and

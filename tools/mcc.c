@@ -424,7 +424,7 @@ static int parse_args(int argc, char **argv, Args *a) {
   if (a->check && pipe_views(a)) return usage_error("%s", "--check and the pipeline views do not go together");
   int time_report = a->report && strcmp(a->report, "time") == 0;
   if (!a->check && (a->steps > 0 || (a->gpus > 0 && !time_report)))
-    return usage_error("%s", "--steps and --gpus go with --check or --report time (mrun takes them for training)");
+    return usage_error("%s", "--steps and --gpus go with --check (mrun takes them for training); --gpus also with --report time");
   if (time_report && !a->hw)
     return usage_error("%s", "--report time needs --hw NAME|FILE (a100-80gb, h100-sxm, h200, b200, or a file: hw/README.md)");
   if (a->hw && !time_report && !a->trace) return usage_error("%s", "--hw goes with --report time or --emit=trace");
