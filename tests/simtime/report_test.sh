@@ -72,7 +72,10 @@ if report tp1 $WIDE --hw h100-sxm && report tp2 $WIDE --tp 2 --hw h100-sxm; then
   c=$(col tp2 micro "comm tp")
   awk -v c="${c:-0}" 'BEGIN { exit !(c > 0) }' || die "tp2: no tp communication time in the micro block"
   grep -q "comm tp" "$TMP/tp1.txt" && die "tp1: a tp communication column without tp"
-  grep -q "^exposed communication per step: tp " "$TMP/tp2.txt" || die "tp2: no exposed tp communication line"
+  line=$(grep "^exposed communication per step: tp " "$TMP/tp2.txt") || die "tp2: no exposed tp communication line"
+  # exposed (waited for) <= all of it (overlapped or not), both in ms
+  echo "$line" | awk '{ u = $7; v = $10; e = $6 * (u == "ms" ? 1e-3 : u == "us" ? 1e-6 : 1)
+                       a = $9 * (v == "ms)" ? 1e-3 : v == "us)" ? 1e-6 : 1); exit !(e > 0 && a >= e) }' || die "tp2: exposed vs total: $line"
 fi
 
 # ---- --gpus: dp over nodes adds dp communication ----
