@@ -226,8 +226,22 @@ void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFo
   }
   double *ready = ts_xcalloc((size_t)nn + 1, sizeof *ready);   /* when a value is there (collectives' results) */
   int *rax = ts_xmalloc(((size_t)nn + 1) * sizeof *rax);       /* the axis it waits for, -1 none */
+  /* the comm stream's collectives, in order: [iv_s, iv_e) on axis iv_a */
+  double *iv_s = ts_xmalloc(((size_t)nn + 1) * sizeof *iv_s), *iv_e = ts_xmalloc(((size_t)nn + 1) * sizeof *iv_e);
+  int *iv_a = ts_xmalloc(((size_t)nn + 1) * sizeof *iv_a), niv = 0, iv_lo = 0;
   double clock = 0, comm_free = 0;
-  int comm_ax = -1;
+/* compute waits from `clock` to `until`: each collective running meanwhile
+ * is charged its share, the rest (none when the stream is busy) to `ax` */
+#define WAIT(until, ax) do {                                                                   \
+    double u_ = (until), left_ = u_ - clock;                                                   \
+    while (iv_lo < niv && iv_e[iv_lo] <= clock) iv_lo++;                                       \
+    for (int k_ = iv_lo; k_ < niv && iv_s[k_] < u_; k_++) {                                    \
+      double a_ = iv_s[k_] > clock ? iv_s[k_] : clock, b_ = iv_e[k_] < u_ ? iv_e[k_] : u_;     \
+      if (b_ > a_) { c->comm[iv_a[k_]] += b_ - a_; left_ -= b_ - a_; }                         \
+    }                                                                                          \
+    if (left_ > 0 && (ax) >= 0) c->comm[(ax)] += left_;                                        \
+    clock = u_;                                                                                \
+  } while (0)
   for (int i = 0; i < nn; i++) {
     const IrNode *n = &b->nodes[i];
     rax[i] = -1;
@@ -246,15 +260,14 @@ void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFo
         double st = clock > comm_free ? clock : comm_free;
         st = w > st ? w : st;
         comm_free = st + t;
-        comm_ax = ax;
+        iv_s[niv] = st, iv_e[niv] = comm_free, iv_a[niv++] = ax;
         ready[i] = comm_free;
         rax[i] = ax;
       } else {   /* blocking: after the comm stream drains, on the compute clock */
-        double st = clock;
-        if (comm_free > st) { c->comm[comm_ax] += comm_free - st; st = comm_free; }
-        if (w > st) { c->comm[wax] += w - st; st = w; }
+        if (comm_free > clock) WAIT(comm_free, ax);
+        if (w > clock) WAIT(w, wax);
         c->comm[ax] += t;
-        clock = st + t;
+        clock += t;
       }
       continue;
     }
@@ -265,11 +278,15 @@ void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFo
     }
     int kind;
     double tc = node_compute(m, b, i, hw, fmt, &g, c, &kind);
-    if (w > clock) { c->comm[wax] += w - clock; clock = w; }
+    if (w > clock) WAIT(w, wax);
     c->comp[kind] += tc;
     clock += tc;
   }
-  if (comm_free > clock) c->comm[comm_ax] += comm_free - clock;   /* the block ends when its collectives do */
+  if (comm_free > clock) WAIT(comm_free, -1);   /* the block ends when its collectives do */
+#undef WAIT
+  free(iv_s);
+  free(iv_e);
+  free(iv_a);
   free(ready);
   free(rax);
   free(g.leaves);
