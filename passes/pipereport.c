@@ -102,14 +102,17 @@ int pass_pipe_report(const IrModule *m, const PipePartition *p, const PipeSchedu
   return 0;
 }
 
-int pass_pipe_trace(const PipePartition *p, const PipeSchedule *s, StrBuf *out, char *err, size_t errlen) {
-  double *fw = chunk_fwd(p);
+int pass_pipe_trace(const PipePartition *p, const PipeSchedule *s, const double *fwd_s, const double *bwd_s,
+                    StrBuf *out, char *err, size_t errlen) {
+  double *fw = fwd_s ? NULL : chunk_fwd(p);
   PipeTimeline t;
-  int rc = plan_pipe_simulate(s, fw, 2, &t, err, errlen);
+  int rc = fwd_s ? plan_pipe_simulate_fb(s, fwd_s, bwd_s, 2, &t, err, errlen) : plan_pipe_simulate(s, fw, 2, &t, err, errlen);
   free(fw);
   if (rc != 0) return -1;
-  /* time: the cost model's flop-equivalents at an assumed 1 TFLOP/s, in us */
-  const double us = 1e-6;
+  /* time in us: predicted seconds (passes/timereport.c on a hardware
+   * description), else the partition's flop-equivalents at an assumed
+   * 1 TFLOP/s */
+  const double us = fwd_s ? 1e6 : 1e-6;
   sb_printf(out, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
   sb_printf(out, "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 0, \"args\": {\"name\": \"pipeline %s pp=%d "
                  "vpp=%d m=%d\"}}", plan_pipe_sched_name(s->kind), s->pp, s->vpp, s->nmicro);

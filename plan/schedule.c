@@ -244,8 +244,8 @@ static int check_links(const RankOps *ro, char *err, size_t errlen) {
 
 /* Runs all ranks together (sends never wait, receives wait for the sent
  * message); with fwd != NULL also times every step.  -1 on deadlock. */
-static int run_ranks(const PipeSchedule *s, const RankOps *ro, const double *fwd, double bwd_ratio, PipeTimeline *t,
-                     char *err, size_t errlen) {
+static int run_ranks(const PipeSchedule *s, const RankOps *ro, const double *fwd, const double *bwd, double bwd_ratio,
+                     PipeTimeline *t, char *err, size_t errlen) {
   int pp = s->pp;
   int *pc = ts_xcalloc((size_t)pp, sizeof *pc);            /* next op per rank */
   double *clock = ts_xcalloc((size_t)pp, sizeof *clock);
@@ -280,7 +280,7 @@ static int run_ranks(const PipeSchedule *s, const RankOps *ro, const double *fwd
           int l = link_of(pp, r, o->peer);
           when[link_at[l][sent[l]++]] = clock[r];
         } else {
-          double f = fwd ? fwd[o->edge] : 1, d = o->what == 'F' ? f : f * bwd_ratio;
+          double f = fwd ? fwd[o->edge] : 1, d = o->what == 'F' ? f : bwd ? bwd[o->edge] : f * bwd_ratio;
           double st = clock[r] > ready[r] ? clock[r] : ready[r];
           if (t) { t->start[r][o->step] = st; t->end[r][o->step] = st + d; t->busy[r] += d; }
           clock[r] = st + d;
@@ -330,7 +330,7 @@ int plan_pipe_check(const PipeSchedule *s, char *err, size_t errlen) {
   RankOps ro;
   rank_ops_build(s, &ro);
   rc = check_links(&ro, err, errlen);
-  if (rc == 0) rc = run_ranks(s, &ro, NULL, 1, NULL, err, errlen);
+  if (rc == 0) rc = run_ranks(s, &ro, NULL, NULL, 1, NULL, err, errlen);
   rank_ops_free(&ro);
   return rc;
 }
@@ -353,6 +353,11 @@ double plan_pipe_bubble(const PipeTimeline *t, int r) { return t->busy[r] > 0 ? 
 
 int plan_pipe_simulate(const PipeSchedule *s, const double *fwd, double bwd_ratio, PipeTimeline *t, char *err,
                        size_t errlen) {
+  return plan_pipe_simulate_fb(s, fwd, NULL, bwd_ratio, t, err, errlen);
+}
+
+int plan_pipe_simulate_fb(const PipeSchedule *s, const double *fwd, const double *bwd, double bwd_ratio,
+                          PipeTimeline *t, char *err, size_t errlen) {
   memset(t, 0, sizeof *t);
   if (s->pp < 1 || s->vpp < 1 || s->nmicro < 1 || !s->nsteps || !s->steps)
     return ts_errf(err, errlen, "pipeline schedule: empty");
@@ -373,7 +378,7 @@ int plan_pipe_simulate(const PipeSchedule *s, const double *fwd, double bwd_rati
   }
   RankOps ro;
   rank_ops_build(s, &ro);
-  int rc = run_ranks(s, &ro, fwd, bwd_ratio, t, err, errlen);
+  int rc = run_ranks(s, &ro, fwd, bwd, bwd_ratio, t, err, errlen);
   rank_ops_free(&ro);
   /* in flight: a chunk's activations of micro m are held from the start of
    * its F to the end of its B; steps of one rank never overlap, so walking

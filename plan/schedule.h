@@ -95,6 +95,11 @@ typedef struct {
  * its message.  0, or -1.  Free with plan_pipe_timeline_free. */
 int plan_pipe_simulate(const PipeSchedule *s, const double *fwd, double bwd_ratio, PipeTimeline *out, char *err,
                        size_t errlen);
+/* The same with the backward times given per chunk: bwd[g] (NULL: bwd_ratio
+ * x fwd[g]).  What `mcc --report time` and `--emit=trace --hw` simulate
+ * with the predicted seconds of passes/timereport.c. */
+int plan_pipe_simulate_fb(const PipeSchedule *s, const double *fwd, const double *bwd, double bwd_ratio,
+                          PipeTimeline *out, char *err, size_t errlen);
 void plan_pipe_timeline_free(PipeTimeline *t);
 /* idle / busy of rank r (0 when busy is 0). */
 double plan_pipe_bubble(const PipeTimeline *t, int r);

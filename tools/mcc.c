@@ -23,6 +23,7 @@
 #include "passes/passes.h"
 #include "passes/memreport.h"
 #include "passes/pipe.h"
+#include "passes/timereport.h"
 #include "runtime/comm/comm.h"
 #include "plan/plan.h"
 #include "runtime/exec/train.h"
@@ -88,7 +89,13 @@ static void usage(FILE *f) {
           "  --report sharding      every collective with what it moves, its bytes, and the rule that put it\n"
           "                         there (also --explain-sharding)\n"
           "  --report schedule      pipeline: stage partition, each rank's timeline, bubble, in flight\n"
+          "  --report time          predicted step time, TFLOP/s per GPU and MFU on --hw, per block: compute,\n"
+          "                         exposed communication per mesh axis, pipeline bubble, optimizer\n"
+          "                         (docs/performance-model.md); last line step_time_s=... tflops_per_gpu=... mfu=...\n"
+          "  --hw NAME|FILE         hardware description for --report time and --emit=trace: a100-80gb, h100-sxm,\n"
+          "                         h200, b200 (hw/*.hw), or a file in that format (hw/README.md)\n"
           "  --emit=trace FILE      pipeline: Chrome/Perfetto trace (JSON) of the simulated schedule\n"
+          "                         (with --hw: in predicted seconds; else in the partition's cost units)\n"
           "  --vpp V                pipeline: chunks per rank (virtual pipeline size; default 1)\n"
           "  --schedule S           pipeline: gpipe, 1f1b (default) or interleaved (default with --vpp >= 2)\n"
           "  --pp-layers A,B,...    pipeline: layers per stage (pp x vpp entries) instead of balancing\n"
@@ -97,7 +104,8 @@ static void usage(FILE *f) {
           "                         mrun, compare the per-step losses and final parameters (fails\n"
           "                         above 1e-10; with --precision f32: f32 and 1e-5)\n"
           "  --steps K              --check: steps to run (default 3)\n"
-          "  --gpus N               --check: ranks for the layout's run (default: its mesh size)\n"
+          "  --gpus N               --check: ranks for the layout's run (default: its mesh size);\n"
+          "                         --report time: GPUs of the step (dp = N / (tp pp cp ep))\n"
           "  Megatron-LM's flags that mean the same (docs/cli.md): --tensor-model-parallel-size,\n"
           "    --pipeline-model-parallel-size, --num-layers-per-virtual-pipeline-stage, --context-parallel-size,\n"
           "    --expert-model-parallel-size, --sequence-parallel, --use-distributed-optimizer; config keys\n"
@@ -138,6 +146,7 @@ typedef struct {
   int check, steps, gpus;    /* --check, --steps K (-1: 3), --gpus N (0: the mesh size) */
   /* pipeline (passes/pipe.h): views of the partition and schedules */
   const char *trace;         /* --emit=trace FILE */
+  const char *hw;            /* --hw NAME|FILE (plan/hw.h) */
   const char *llvm_dir;      /* --emit=llvm DIR: each kernel's LLVM IR (runtime/exec/exec_jit.c) */
   const char *cuda_dir;      /* --emit=cuda DIR: each program's CUDA module (runtime/exec/dev_prog.c) */
   int sm[8], nsm;            /* --target sm_80,sm_90: NVRTC images in the plan (docs/cuda.md) */
@@ -347,6 +356,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--check") == 0) { a->check = 1; continue; }
     if (strcmp(s, "--stdlib") == 0) { NEED_ARG(s); a->mdl.stdlib_dir = next; continue; }
     if (strcmp(s, "--emit=trace") == 0) { NEED_ARG(s); a->trace = next; continue; }
+    if (strcmp(s, "--hw") == 0) { NEED_ARG(s); a->hw = next; continue; }
     if (strcmp(s, "--schedule") == 0) {
       NEED_ARG(s);
       if (plan_pipe_sched_lookup(next) < 0) return usage_error("--schedule must be gpipe, 1f1b or interleaved, got '%s'", next);
@@ -391,8 +401,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--report") == 0) {
       NEED_ARG(s);
       if (strcmp(next, "memory") != 0 && strcmp(next, "comm") != 0 && strcmp(next, "schedule") != 0 &&
-          strcmp(next, "sharding") != 0)
-        return usage_error("--report must be memory, comm, sharding or schedule, got '%s'", next);
+          strcmp(next, "sharding") != 0 && strcmp(next, "time") != 0)
+        return usage_error("--report must be memory, comm, sharding, schedule or time, got '%s'", next);
       a->report = next;
       continue;
     }
@@ -412,8 +422,13 @@ static int parse_args(int argc, char **argv, Args *a) {
   a->cx->pp_nlayers = a->pp_layers.n;
   a->cx->pp_layout = a->pp_layout;
   if (a->check && pipe_views(a)) return usage_error("%s", "--check and the pipeline views do not go together");
-  if (!a->check && (a->steps > 0 || a->gpus > 0))
-    return usage_error("%s", "--steps and --gpus go with --check (mrun takes them for training)");
+  int time_report = a->report && strcmp(a->report, "time") == 0;
+  if (!a->check && (a->steps > 0 || (a->gpus > 0 && !time_report)))
+    return usage_error("%s", "--steps and --gpus go with --check (mrun takes them for training); --gpus also with --report time");
+  if (time_report && !a->hw)
+    return usage_error("%s", "--report time needs --hw NAME|FILE (a100-80gb, h100-sxm, h200, b200, or a file: hw/README.md)");
+  if (a->hw && !time_report && !a->trace) return usage_error("%s", "--hw goes with --report time or --emit=trace");
+  if (time_report && a->trace) return usage_error("%s", "--report time and --emit=trace: give one of them per run");
   /* Pass names are checked before the (possibly long) frontend runs. */
   char err[512];
   if (a->cx->print_after && pass_check_name(a->cx->print_after, "--print-ir-after", err, sizeof err) != 0)
@@ -1073,6 +1088,27 @@ static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
   return 0;
 }
 
+/* ---- --report time ----
+ * The predicted step time of the compiled layout on a hardware description
+ * (passes/timereport.c): every rank's program costed node by node; the
+ * model FLOPs of MFU from the frontend's unsharded forward block. */
+static int report_time(const Args *a, const IrModule *m, StrBuf *out) {
+  HwDesc hw;
+  char err[2048];
+  if (hw_load(a->hw, &hw, err, sizeof err) != 0) { fprintf(stderr, "mcc: error: %s\n", err); return 1; }
+  IrModule *f = mdl_compile_file(a->input, &a->mdl);
+  if (!f) return 1;
+  double model = pass_time_model_flops(f);
+  ir_module_free(f);
+  Plan *p = make_plan(a->input, ir_module_clone(m));
+  if (!p) return 1;
+  char lay[128];
+  int rc = pass_time_report(p->programs, p->nprograms, &hw, model, layout_str(m, lay, sizeof lay), out, err, sizeof err);
+  if (rc != 0) fprintf(stderr, "mcc: error: %s\n", err);
+  plan_free(p);
+  return rc != 0;
+}
+
 /* ---- --report schedule, --emit=trace FILE ----
  * Partitions the frontend's forward block (passes/partition.c), builds
  * and checks every pipeline rank's schedule (plan/schedule.c), then
@@ -1109,12 +1145,42 @@ static int run_pipe_views(const Args *a, PassCtx *cx) {
   StrBuf rep = {0}, tr = {0};
   int ok = 1;
   if (a->report && pass_pipe_report(m, &part, &sched, &rep, err, sizeof err) != 0) ok = 0;
-  if (ok && a->trace && pass_pipe_trace(&part, &sched, &tr, err, sizeof err) != 0) ok = 0;
   if (!ok) fprintf(stderr, "mcc: error: %s\n", err);
   else if (pass_run_pipeline(m, cx) != 0) {
     int internal = strncmp(cx->err, "internal error", 14) == 0;
     fprintf(stderr, "mcc: %s%s\n", internal ? "" : "error: ", cx->err);
-  } else {
+    ok = 0;
+  }
+  /* the trace: with --hw each chunk's predicted seconds, from the compiled
+   * fwd.<g> / bwd.<g> blocks (the one place per-op seconds come from:
+   * passes/timereport.c); one rank without chunk blocks: its micro block
+   * split 1 : 2 */
+  double *fs = NULL, *bs = NULL;
+  if (ok && a->trace && a->hw) {
+    HwDesc hw;
+    int nch = part.pp * part.vpp;
+    fs = ts_xcalloc((size_t)nch, sizeof *fs);
+    bs = ts_xcalloc((size_t)nch, sizeof *bs);
+    if (hw_load(a->hw, &hw, err, sizeof err) != 0) {
+      fprintf(stderr, "mcc: error: %s\n", err);
+      ok = 0;
+    } else if (pass_time_chunks(m, &hw, nch, fs, bs) != 0) {
+      for (int i = 0; i < m->blocks.n; i++)
+        if (!strcmp(m->blocks.a[i].name, "micro")) {
+          TimeCost c = {0};
+          pass_time_block(m, &m->blocks.a[i], &hw, hw_format_of(m->train.precision, 0), &c);
+          fs[0] = time_cost_total(&c) / 3;
+          bs[0] = 2 * fs[0];
+        }
+    }
+  }
+  if (ok && a->trace && pass_pipe_trace(&part, &sched, fs, bs, &tr, err, sizeof err) != 0) {
+    fprintf(stderr, "mcc: error: %s\n", err);
+    ok = 0;
+  }
+  free(fs);
+  free(bs);
+  if (ok) {
     rc = 0;
     if (a->report) rc = emit_text(a->output, &rep);
     if (rc == 0 && a->trace) rc = emit_text(a->trace, &tr);
@@ -1353,6 +1419,18 @@ int main(int argc, char **argv) {
   IrModule *m = compile(&a, &a.mdl, a.dp, &cx, &tf);
   if (a.time) fprintf(stderr, "time: %-12s %9.1f ms\n", "frontend", tf);
   if (!m) goto out;
+  if (a.report && !strcmp(a.report, "time") && a.gpus > 0 && a.gpus != mesh_ranks(m)) {
+    /* --gpus N: the same layout with dp = N / (tp pp cp ep) */
+    int64_t replica = mesh_ranks(m) / ir_axis_size(m, IR_AXIS_DP);
+    if (a.gpus % replica != 0) {
+      fprintf(stderr, "mcc: error: --gpus %d is not a multiple of the %lld ranks of one data-parallel replica "
+                      "(tp*pp*cp*ep)\n", a.gpus, (long long)replica);
+      ir_module_free(m);
+      goto out;
+    }
+    ir_module_free(m);
+    if (!(m = compile(&a, &a.mdl, (int)(a.gpus / replica), &cx, NULL))) goto out;
+  }
   int owned = 1;
   if (a.stats) print_stats(m);
   double t2 = (ts_now_s() * 1e3);
@@ -1360,7 +1438,8 @@ int main(int argc, char **argv) {
     rc = run_check(&a, m);
   } else if (a.report) {                 /* an analysis, no plan */
     StrBuf b = {0};
-    int r = strcmp(a.report, "memory") == 0 ? report_memory(&a, m, &b) : report_comm(&a, m, &b);
+    int r = strcmp(a.report, "memory") == 0 ? report_memory(&a, m, &b)
+          : strcmp(a.report, "time") == 0  ? report_time(&a, m, &b) : report_comm(&a, m, &b);
     rc = r != 0 ? 1 : emit_text(a.output, &b);
     sb_free(&b);
   } else if (a.llvm_dir) {

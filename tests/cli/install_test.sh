@@ -24,6 +24,12 @@ fail() { echo "install_test: FAIL: $*" >&2; exit 1; }
 "$P/bin/mcc" "$P/share/tessera/samples/gpt.mdl" $tiny -o g.plan || fail "the installed mcc cannot compile the installed sample"
 echo "ok: the installed mcc compiles the installed gpt sample"
 
+# shellcheck disable=SC2086
+out=$("$P/bin/mcc" "$P/share/tessera/samples/gpt.mdl" $tiny --report time --hw h200 2>&1) ||
+  fail "the installed mcc has no hardware description h200: $out"
+grep -qF "($P/share/tessera/hw/h200.hw)" <<<"$out" || fail "mcc --hw h200 did not read the installed description: $out"
+echo "ok: the installed mcc reads the installed hardware descriptions"
+
 printf '\n# install_test: only in the installed copy\nfn install_probe(x: [..., embed]) {\n  return x\n}\n' >> "$P/share/tessera/stdlib/nn.mdl"
 sed 's/x = nn.position_embedding(x)/x = nn.install_probe(nn.position_embedding(x))/' "$P/share/tessera/samples/gpt.mdl" > probe.mdl
 grep -q install_probe probe.mdl || fail "the probe model was not made"

@@ -1,0 +1,44 @@
+/* timereport.h - the step-time prediction of `mcc --report time` and the
+ * predicted seconds of `--emit=trace`: every node of a compiled program
+ * costed on a hardware description (plan/hw.h), blocks summed, pipeline
+ * schedules simulated (plan/schedule.h).  ANALYSES: nothing here changes
+ * the IR.  The model and its limits: docs/performance-model.md. */
+#ifndef TS_TIMEREPORT_H
+#define TS_TIMEREPORT_H
+#include "passes.h"
+#include "plan/hw.h"
+
+/* What one run of a block costs, in seconds, by kind. */
+enum { TIME_GEMM, TIME_ATTN, TIME_MEM, TIME_KINDS };
+typedef struct {
+  double comp[TIME_KINDS];        /* GEMMs (matmul, gmm), fused attention, memory-bound kernels */
+  double comm[IR_AXIS_COUNT];     /* exposed communication per mesh axis: the time compute waits for it */
+  double comm_all[IR_AXIS_COUNT]; /* all communication per axis, overlapped or not */
+  double hw_flops;                /* FLOPs the kernels run (GEMMs 2MNK, attention as its kernels compute it) */
+} TimeCost;
+double time_cost_total(const TimeCost *c);
+
+/* One run of block b of m added to *c: its nodes in program order on a
+ * compute stream, all_reduce / all_gather / reduce_scatter on a comm
+ * stream overlapping the compute after them until their result is read
+ * (as the GPU executor runs them), other communication blocking.  `fmt`:
+ * the number format of m's GEMMs (hw_format_of). */
+void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFormat fmt, TimeCost *c);
+
+/* Model FLOPs of one micro batch: 3 x the forward's GEMM FLOPs (2MNK) and
+ * attention FLOPs (4 B H Tq Tk D, the full score matrix as Megatron's
+ * formula counts it) in block "forward" of the frontend's module. */
+double pass_time_model_flops(const IrModule *frontend);
+
+/* Per-chunk predicted seconds of a compiled pipeline module (blocks
+ * fwd.<g> / bwd.<g>): fwd[g], bwd[g] for g < nchunks.  0, or -1 when m has
+ * no chunk blocks (pp = 1). */
+int pass_time_chunks(const IrModule *m, const HwDesc *hw, int nchunks, double *fwd, double *bwd);
+
+/* The text of `mcc --report time`.  progs[r]: the program of pipeline rank
+ * r (one program without pp), each compiled for the same mesh;
+ * model_flops: pass_time_model_flops of the unsharded forward. */
+int pass_time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, double model_flops, const char *layout,
+                     StrBuf *out, char *err, size_t errlen);
+
+#endif
