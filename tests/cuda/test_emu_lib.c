@@ -302,7 +302,8 @@ static void test_fused(RtDev *d, int docs) {
 }
 
 /* The backward's parts of one attention as one launch group: every fused
- * case in f32 and f64, without and with documents and a window, all three
+ * case (and head_dim 6, the double path for f32 operands) in f32 and f64,
+ * without and with documents and a window, all three
  * parts and (cases 1 and 2) two of them, against the CPU; f64 within
  * 1e-12.  Launches: the group's kernels (attention_grads_*) are 3 with dq
  * (statistics, dq, dk + dv) and 2 without, and no attention_bwd_* kernel
@@ -316,10 +317,13 @@ static void test_grads(RtDev *d) {
   for (int b = 0; b < MAXB; b++)
     for (int p = 0; p < MAXT; p++) ids[b * MAXT + p] = b % 2 ? p % 3 : p < 5 ? 0 : p < 9 ? 1 : 2;
   long long grouped = 0, separate = 0;
-  for (size_t i = 0; i < sizeof fused_cases / sizeof fused_cases[0]; i++)
+  /* and head_dim 6: f32 operands on the double path (not a multiple of 4) */
+  static const Case odd = {1, 4, 2, 13, 6, 1};
+  size_t nf = sizeof fused_cases / sizeof fused_cases[0];
+  for (size_t i = 0; i <= nf; i++)
     for (int t = 0; t < 2; t++)
       for (int docs = 0; docs < 2; docs++) {
-        const Case *c = &fused_cases[i];
+        const Case *c = i < nf ? &fused_cases[i] : &odd;
         int parts_list[2] = {7, i == 1 ? 6 : i == 2 ? 5 : 0};
         for (int pi = 0; pi < 2 && parts_list[pi]; pi++) {
           int parts = parts_list[pi], w = docs ? c->T / 3 + 1 : 0;
@@ -532,6 +536,13 @@ static void test_nvrtc(void) {
       nvrtc_module(text, label);
       free(text);
     }
+  {   /* head_dim 6 in f32: the double path's dk + dv kernel on float operands */
+    static const Case odd = {1, 4, 2, 13, 6, 1};
+    char *text = grads_text(&odd, "f32", 1, 5, 7);
+    printf("grads head_dim 6 f32\n");
+    nvrtc_module(text, "grads head_dim 6 f32");
+    free(text);
+  }
   static const Case gpt2[] = {{8, 12, 12, 1024, 64, 1}, {8, 6, 6, 1024, 128, 1}};
   for (int g = 0; g < 2; g++) {
     char *text = grads_text(&gpt2[g], "f32", 0, 0, 7), label[128];
