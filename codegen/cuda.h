@@ -84,6 +84,19 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
                        CgCudaLaunch *launch, int *nlaunch, int64_t *scratch, char *why, size_t whylen);
 /* Whether op has a library kernel at all (for reports). */
 int cg_cuda_lib_op(IrOp op);
+/* The backward of one attention as ONE launch group (cuda_attn.c): the
+ * attention_bwd nodes run[0 .. nrun) of b (1 to 3, different parts, the
+ * same operands and attributes: plan_attn_grad_runs' groups).  Kernel 0
+ * computes the statistics (each query row's log-sum-exp and rowsum(do * o))
+ * once for all of them, then dq's kernel, then one kernel for dk and dv
+ * together (one pass over the scores for both).  Same contract as
+ * cg_cuda_lib_kernel with the buffers
+ *   a.b[0 .. nin)       the operands (q, k, v, o, do[, doc]) of run[0]
+ *   a.b[nin + j]        node run[j]'s result
+ *   a.b[nin + nrun]     the scratch (*scratch bytes). */
+int cg_cuda_attn_grads_kernel(const IrModule *m, const IrBlock *b, const int *run, int nrun, const char *name,
+                              StrBuf *src, CgCudaLaunch *launch, int *nlaunch, int64_t *scratch, char *why,
+                              size_t whylen);
 /* The re-layout kernel of collective node i (all_gather, reduce_scatter)
  * when NCCL's whole rank blocks are not the value's layout (a dim after
  * the first, or the cp zigzag), all_to_all's packing of the blocks

@@ -17,6 +17,11 @@
  *                  the kv head: grouped-query without copies) for parts 1
  *                  and 2.  p = exp(scale q.k - lse), ds = p (do.v - drow):
  *                  dq += scale ds k, dk += scale ds^T q, dv += p^T do.
+ *                  The parts of one attention as one launch group
+ *                  (cg_cuda_attn_grads_kernel): kernel 0 once, the dq
+ *                  kernel, and ONE kernel for dk and dv (p and ds of a
+ *                  tile pair computed once for both, two accumulators):
+ *                  the scores three times instead of six.
  *   attn_acc       the forward's loop over one key block, from and into the
  *                  state st [B, Hq, Tq, D + 2] (accumulator, m, l).
  *   attn_finish, attn_lse   per row of the state.
@@ -62,6 +67,8 @@ typedef struct {
   /* buffer slots: q, k, v, do, o (-1: none), lse / drow (-1: in scratch),
    * acc (the accumulator operand; -1: start at 0), result, scratch */
   int bq, bk, bv, bdo, bo, blse, bdrow, bacc, bres, bscr;
+  int bres2;        /* the dk + dv kernel (part 3): dv's slot (bres: dk's) */
+  int dkv2;         /* tiles for the dk + dv kernel: a second score tile and accumulator */
   /* document ids (packed sequences): their slot (-1: none) and length;
    * positions then carry the document id in their high 32 bits (pos_call) */
   int bdoc;
@@ -102,7 +109,8 @@ static const char *mask_of(const Att *a, char *buf, size_t n, const char *kx, co
 static int64_t smem_bytes(const Att *a, int64_t BQ, int64_t BK) {
   int64_t rows = BQ > BK ? BQ : BK;
   /* the operand tiles' rows are padded to D + 1 elements (print_shared) */
-  return a->es * (2 * BQ * (a->D + 1) + 2 * BK * (a->D + 1)) + 8 * (BQ * BK + rows * a->D + 3 * BQ) + 8 * (BQ + BK) + 16;
+  return a->es * (2 * BQ * (a->D + 1) + 2 * BK * (a->D + 1)) + 8 * (BQ * BK + rows * a->D + 3 * BQ) + 8 * (BQ + BK) +
+         (a->dkv2 ? 8 * (BQ * BK + rows * a->D) : 0) + 16;
 }
 
 static int64_t pow2_at_least(int64_t n) {
@@ -390,13 +398,18 @@ static void print_dq(const Att *a, StrBuf *s, int k) {
             (long long)D, (long long)D, a->T);
 }
 
-/* dk (part 1) or dv (part 2): one block per (batch, kv head, key tile), the
- * queries of every query head reading the kv head streamed through it. */
+/* dk (part 1), dv (part 2) or both (part 3: one pass over the scores for
+ * the two, ss holding ds and ss2 p, sacc dk and sacc2 dv): one block per
+ * (batch, kv head, key tile), the queries of every query head reading the
+ * kv head streamed through it. */
 static void print_dkv(const Att *a, StrBuf *s, int k, int part) {
   int64_t D = a->D, LD = D + 1, nkt = (a->Tk + a->BK - 1) / a->BK;
-  int dk = part == 1;
+  int dk = part == 1 || part == 3, both = part == 3;
   CG_CUDA_HEAD(s, a->name, k);
   print_shared(a, s, USE_DO | (dk ? USE_V : 0) | USE_ACC, a->BK);
+  if (both)
+    sb_printf(s, "  __shared__ double ss2[%d], sacc2[%lld];\n  %s *out2 = (%s *)a.b[%d];\n", a->BQ * a->BK,
+              (long long)(a->BK * D), a->T, a->T, a->bres2);
   sb_printf(s, "  %s *out = (%s *)a.b[%d];\n", a->T, a->T, a->bres);
   if (a->bacc >= 0) sb_printf(s, "  const %s *acc0 = (const %s *)a.b[%d];\n", a->T, a->T, a->bacc);
   sb_printf(s, "  for (long long t = blockIdx.x; t < %lldLL; t += gridDim.x) {\n", (long long)(a->B * a->Hkv * nkt));
@@ -411,6 +424,7 @@ static void print_dkv(const Att *a, StrBuf *s, int k, int part) {
               (long long)D, (long long)D);
   else
     sb_printf(s, "    for (int x = tid; x < nk * %lld; x += nt) sacc[x] = 0;\n", (long long)D);
+  if (both) sb_printf(s, "    for (int x = tid; x < nk * %lld; x += nt) sacc2[x] = 0;\n", (long long)D);
   print_head_tiles(a, s, a->BQ);
   sb_printf(s, "        for (int x = tid; x < nq * %lld; x += nt) {\n          const int at = x / %lld * %lld + x %% %lld;\n"
                "          sq[at] = q[row0 * %lldLL + x];\n          sdo[at] = dout[row0 * %lldLL + x];\n        }\n",
@@ -423,16 +437,21 @@ static void print_dkv(const Att *a, StrBuf *s, int k, int part) {
   print_any(a, s, "        ");
   sb_puts(s, "        for (int x = tid; x < nq * nk; x += nt) {\n");
   print_p(a, s, dk);
+  if (both) sb_printf(s, "          ss2[r * %d + c] = p;\n", a->BK);
   sb_puts(s, "        }\n        __syncthreads();\n");
   sb_printf(s, "        for (int x = tid; x < nk * %lld; x += nt) {\n          const int c = x / %lld, e = x %% %lld;\n"
-               "          double g = 0;\n"
-               "          for (int r = 0; r < nq; r++) g += ss[r * %d + c] * (double)%s[r * %lld + e];\n"
-               "          sacc[x] += %s%sg;\n        }\n      }\n    }\n",
-            (long long)D, (long long)D, (long long)D, a->BK, dk ? "sq" : "sdo", (long long)LD, dk ? a->scale : "",
-            dk ? " * " : "");
-  sb_printf(s, "    __syncthreads();\n    for (int x = tid; x < nk * %lld; x += nt) out[kvo + j0 * %lldLL + x] = (%s)sacc[x];\n"
-               "  }\n}\n",
+               "          double g = 0%s;\n"
+               "          for (int r = 0; r < nq; r++) {\n            g += ss[r * %d + c] * (double)%s[r * %lld + e];\n",
+            (long long)D, (long long)D, (long long)D, both ? ", g2 = 0" : "", a->BK, dk ? "sq" : "sdo", (long long)LD);
+  if (both) sb_printf(s, "            g2 += ss2[r * %d + c] * (double)sdo[r * %lld + e];\n", a->BK, (long long)LD);
+  sb_printf(s, "          }\n          sacc[x] += %s%sg;\n", dk ? a->scale : "", dk ? " * " : "");
+  if (both) sb_puts(s, "          sacc2[x] += g2;\n");
+  sb_puts(s, "        }\n      }\n    }\n");
+  sb_printf(s, "    __syncthreads();\n    for (int x = tid; x < nk * %lld; x += nt) {\n"
+               "      out[kvo + j0 * %lldLL + x] = (%s)sacc[x];\n",
             (long long)D, (long long)D, a->T);
+  if (both) sb_printf(s, "      out2[kvo + j0 * %lldLL + x] = (%s)sacc2[x];\n", (long long)D, a->T);
+  sb_puts(s, "    }\n  }\n}\n");
 }
 
 /* ---- f32 operands: register-tiled kernels ----
@@ -452,7 +471,7 @@ static void print_dkv(const Att *a, StrBuf *s, int k, int part) {
  * shared memory and masked, so the loops have constant trip counts.  Rows
  * are queries, except in dk / dv: there they are the block's keys and the
  * columns the streamed queries. */
-enum { FK_FWD, FK_STATS, FK_DQ, FK_DK, FK_DV };
+enum { FK_FWD, FK_STATS, FK_DQ, FK_DK, FK_DV, FK_DKV };   /* FK_DKV: dk and dv in one kernel */
 
 typedef struct {
   int R, C;              /* tile rows, columns */
@@ -461,10 +480,11 @@ typedef struct {
 } FTile;
 
 /* Static shared memory of kernel kind for tiles R x C (bytes): the operand
- * tiles, the score tile, positions, the dk / dv kernels' lse and drow. */
+ * tiles, the score tile (two for dk + dv: p and ds), positions, the dk / dv
+ * kernels' lse and drow. */
 static int64_t f_smem(const Att *a, int kind, int64_t R, int64_t C) {
-  int64_t ops = kind == FK_STATS ? R + C : kind == FK_DQ || kind == FK_DK ? 2 * R + 2 * C : R + 2 * C;
-  int64_t sp = kind == FK_STATS ? 0 : R * (C + 4) * 4;
+  int64_t ops = kind == FK_STATS ? R + C : kind == FK_DQ || kind == FK_DK || kind == FK_DKV ? 2 * R + 2 * C : R + 2 * C;
+  int64_t sp = kind == FK_STATS ? 0 : (kind == FK_DKV ? 2 : 1) * R * (C + 4) * 4;
   return ops * (a->D + 4) * 4 + sp + 8 * (R + C) + (kind >= FK_DK ? 8 * C : 0) + 16;
 }
 
@@ -548,24 +568,26 @@ static void f_dots(const FTile *t, StrBuf *s, const char *A, const char *B, cons
   sb_printf(s, "%s}\n", ind);
 }
 
-/* float4 o[RI][GJ] = 0: the thread's part of the R x D accumulator. */
-static void f_acc_zero(const FTile *t, StrBuf *s, const char *ind) {
-  sb_printf(s, "%sfloat4 o[%d][%d];\n", ind, t->RI, t->GJ);
+/* float4 O[RI][GJ] = 0: the thread's part of an R x D accumulator (o, and
+ * the dk + dv kernel's second, o2). */
+static void f_acc_zero(const FTile *t, StrBuf *s, const char *O, const char *ind) {
+  sb_printf(s, "%sfloat4 %s[%d][%d];\n", ind, O, t->RI, t->GJ);
   f_for(s, ind, "i", t->RI);
-  sb_printf(s, "%s  for (int g = 0; g < %d; g++) o[i][g] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n", ind, t->GJ);
+  sb_printf(s, "%s  for (int g = 0; g < %d; g++) %s[i][g] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);\n", ind, t->GJ, O);
   f_end(s, ind);
 }
 
-/* o[i][g] += sum over the tile's C columns c of sp[row rg + 16 i][c] times
- * float4 group cg + 8 g of row c of tile X: P V, ds K, ds^T Q, P^T dO. */
-static void f_acc(const FTile *t, StrBuf *s, const char *X, const char *ind) {
+/* O[i][g] += sum over the tile's C columns c of P[row rg + 16 i][c] (a
+ * score tile: sp, or the dk + dv kernel's sds) times float4 group cg + 8 g
+ * of row c of tile X: P V, ds K, ds^T Q, P^T dO. */
+static void f_acc(const FTile *t, StrBuf *s, const char *P, const char *X, const char *O, const char *ind) {
   char in[32], in2[32], own[80] = "";
   snprintf(in, sizeof in, "%s  ", ind);
   snprintf(in2, sizeof in2, "%s    ", ind);
   if (t->G % 8) snprintf(own, sizeof own, "cg + 8 * g >= %d ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : ", t->G);
   sb_printf(s, "%sfor (int c = 0; c < %d; c++) {\n%sfloat4 p[%d], w[%d];\n", ind, t->C / 4, in, t->RI, t->GJ);
   f_for(s, in, "i", t->RI);
-  sb_printf(s, "%s  p[i] = sp4[(rg + 16 * i) * %lld + c];\n", in, t->LP4);
+  sb_printf(s, "%s  p[i] = %s4[(rg + 16 * i) * %lld + c];\n", in, P, t->LP4);
   f_end(s, in);
   for (int u = 0; u < 4; u++) {
     f_for(s, in, "g", t->GJ);
@@ -574,17 +596,17 @@ static void f_acc(const FTile *t, StrBuf *s, const char *X, const char *ind) {
     f_for(s, in, "i", t->RI);
     f_for(s, in2, "g", t->GJ);
     for (int c = 0; c < 4; c++)
-      sb_printf(s, "%s  o[i][g].%c += p[i].%c * w[g].%c;\n", in2, "xyzw"[c], "xyzw"[u], "xyzw"[c]);
+      sb_printf(s, "%s  %s[i][g].%c += p[i].%c * w[g].%c;\n", in2, O, "xyzw"[c], "xyzw"[u], "xyzw"[c]);
     f_end(s, in2);
     f_end(s, in);
   }
   sb_printf(s, "%s}\n", ind);
 }
 
-/* Row rg + 16 i of the accumulator times f (an expression of i) into
+/* Row rg + 16 i of accumulator O times f (an expression of i) into
  * dst[(base + row) * D ...] for rows below n. */
-static void f_store(const Att *a, const FTile *t, StrBuf *s, const char *dst, const char *base, const char *n,
-                    const char *f, const char *ind) {
+static void f_store(const Att *a, const FTile *t, StrBuf *s, const char *O, const char *dst, const char *base,
+                    const char *n, const char *f, const char *ind) {
   char in[32], own[48] = "";
   snprintf(in, sizeof in, "%s  ", ind);
   if (t->G % 8) snprintf(own, sizeof own, " && cg + 8 * g < %d", t->G);
@@ -594,7 +616,7 @@ static void f_store(const Att *a, const FTile *t, StrBuf *s, const char *dst, co
   sb_printf(s, "%s    float *y = %s + (%s + rg + 16 * i) * %lldLL + 4 * (cg + 8 * g);\n", in, dst, base,
             (long long)a->D);
   sb_printf(s, "%s    const float f = %s;\n", in, f);
-  for (int c = 0; c < 4; c++) sb_printf(s, "%s    y[%d] = o[i][g].%c * f;\n", in, c, "xyzw"[c]);
+  for (int c = 0; c < 4; c++) sb_printf(s, "%s    y[%d] = %s[i][g].%c * f;\n", in, c, O, "xyzw"[c]);
   sb_printf(s, "%s  }\n", in);
   f_end(s, in);
   f_end(s, ind);
@@ -682,7 +704,7 @@ static void print_fwd_f32(Att *a, const FTile *t, StrBuf *s, int k, int stats) {
   f_for(s, "    ", "i", t->RI);
   sb_puts(s, "      m[i] = ninf, l[i] = 0.0f;\n");
   f_end(s, "    ");
-  if (!stats) f_acc_zero(t, s, "    ");
+  if (!stats) f_acc_zero(t, s, "o", "    ");
   f_key_tile(a, t, s, !stats);
   f_dots(t, s, "sq", "sk", NULL, NULL, "      ");
   f_pos(a, t, s, 0, "      ");
@@ -713,11 +735,11 @@ static void print_fwd_f32(Att *a, const FTile *t, StrBuf *s, int k, int stats) {
   f_end(s, "      ");
   if (!stats) {
     sb_puts(s, "      __syncthreads();\n");
-    f_acc(t, s, "sv", "      ");
+    f_acc(t, s, "sp", "sv", "o", "      ");
   }
   sb_puts(s, "    }\n");
   if (!stats) {
-    f_store(a, t, s, "out", "row0", "nq", "l[i] > 0.0f ? 1.0f / l[i] : 0.0f", "    ");
+    f_store(a, t, s, "o", "out", "row0", "nq", "l[i] > 0.0f ? 1.0f / l[i] : 0.0f", "    ");
   } else {   /* drow by the row's 8 lanes, strided over the head dim */
     long long D = (long long)a->D;
     f_for(s, "    ", "i", t->RI);
@@ -767,7 +789,7 @@ static void print_dq_f32(Att *a, const FTile *t, StrBuf *s, int k) {
   f_for(s, "    ", "i", t->RI);
   f_stats_in(a, s, "lse[i]", "drw[i]", "row0 + rg + 16 * i", "rg + 16 * i < nq", "      ");
   f_end(s, "    ");
-  f_acc_zero(t, s, "    ");
+  f_acc_zero(t, s, "o", "    ");
   f_key_tile(a, t, s, 1);
   f_dots(t, s, "sq", "sk", "sdo", "sv", "      ");
   f_pos(a, t, s, 0, "      ");
@@ -779,28 +801,31 @@ static void print_dq_f32(Att *a, const FTile *t, StrBuf *s, int k) {
   f_end(s, "        ");
   f_end(s, "      ");
   sb_puts(s, "      __syncthreads();\n");
-  f_acc(t, s, "sk", "      ");
+  f_acc(t, s, "sp", "sk", "o", "      ");
   sb_puts(s, "    }\n");
-  f_store(a, t, s, "out", "row0", "nq", "scl", "    ");
+  f_store(a, t, s, "o", "out", "row0", "nq", "scl", "    ");
   sb_puts(s, "  }\n}\n");
 }
 
-/* dk (part 1) or dv (part 2): one block per (batch, kv head, R keys), the
- * queries of every query head reading the kv head streamed C at a time:
- * dk += scale ds^T q, dv += p^T do. */
+/* dk (part 1), dv (part 2) or both (part 3: one pass over the scores for
+ * the two, p into sp and ds into sds, dk in o and dv in o2): one block per
+ * (batch, kv head, R keys), the queries of every query head reading the kv
+ * head streamed C at a time: dk += scale ds^T q, dv += p^T do. */
 static void print_dkv_f32(Att *a, const FTile *t, StrBuf *s, int k, int part) {
-  int dk = part == 1;
+  int dk = part == 1 || part == 3, dv = part == 2 || part == 3;
   long long D = (long long)a->D, nkt = (long long)((a->Tk + t->R - 1) / t->R);
   CG_CUDA_HEAD(s, a->name, k);
   f_shared(s, "sk", t->R, t->P4);
   if (dk) f_shared(s, "sv", t->R, t->P4);
   f_shared(s, "sq", t->C, t->P4);
   f_shared(s, "sdo", t->C, t->P4);
-  f_shared(s, "sp", t->R, t->LP4);
+  if (dv) f_shared(s, "sp", t->R, t->LP4);
+  if (dk) f_shared(s, "sds", t->R, t->LP4);
   sb_printf(s, "  __shared__ float slse[%d], sdrw[%d];\n  __shared__ long long qp[%d], kp[%d];\n", t->C, t->C, t->C,
             t->R);
   f_head(a, s, dk, 1);
   sb_printf(s, "  float *out = (float *)a.b[%d];\n", a->bres);
+  if (part == 3) sb_printf(s, "  float *out2 = (float *)a.b[%d];\n", a->bres2);
   sb_printf(s, "  for (long long t = blockIdx.x; t < %lldLL; t += gridDim.x) {\n", (long long)(a->B * a->Hkv) * nkt);
   sb_printf(s, "    const long long bk = t / %lldLL, j0 = t %% %lldLL * %d, b = bk / %lldLL, hk = bk %% %lldLL;\n", nkt,
             nkt, t->R, (long long)a->Hkv, (long long)a->Hkv);
@@ -813,7 +838,8 @@ static void print_dkv_f32(Att *a, const FTile *t, StrBuf *s, int k, int part) {
   if (dk) f_load(a, s, "sv", "v", base, t->R, "nk", "    ");
   char pc[160];
   sb_printf(s, "    for (int c = tid; c < %d; c += nt) kp[c] = %s;\n", t->R, pos_call(a, pc, sizeof pc, 'k', "j0 + c"));
-  f_acc_zero(t, s, "    ");
+  if (dk) f_acc_zero(t, s, "o", "    ");
+  if (dv) f_acc_zero(t, s, dk ? "o2" : "o", "    ");
   print_head_tiles(a, s, t->C);
   snprintf(base, sizeof base, "row0 * %lldLL", D);
   f_load(a, s, "sq", "q", base, t->C, "nq", "        ");
@@ -828,16 +854,19 @@ static void print_dkv_f32(Att *a, const FTile *t, StrBuf *s, int k, int part) {
   f_for(s, "        ", "i", t->RI);
   f_for(s, "          ", "j", t->CJ);
   f_ok(a, s, 1, "            ");
-  sb_printf(s, "            const float p = ok ? expf(s[i][j] * scl - slse[cg + 8 * j]) : 0.0f;\n"
-               "            sp[(rg + 16 * i) * %lld + cg + 8 * j] = %s;\n",
-            4 * t->LP4, dk ? "p * (u[i][j] - sdrw[cg + 8 * j])" : "p");
+  sb_puts(s, "            const float p = ok ? expf(s[i][j] * scl - slse[cg + 8 * j]) : 0.0f;\n");
+  if (dv) sb_printf(s, "            sp[(rg + 16 * i) * %lld + cg + 8 * j] = p;\n", 4 * t->LP4);
+  if (dk) sb_printf(s, "            sds[(rg + 16 * i) * %lld + cg + 8 * j] = p * (u[i][j] - sdrw[cg + 8 * j]);\n",
+                    4 * t->LP4);
   f_end(s, "          ");
   f_end(s, "        ");
   sb_puts(s, "        __syncthreads();\n");
-  f_acc(t, s, dk ? "sq" : "sdo", "        ");
+  if (dk) f_acc(t, s, "sds", "sq", "o", "        ");
+  if (dv) f_acc(t, s, "sp", "sdo", dk ? "o2" : "o", "        ");
   sb_puts(s, "      }\n    }\n");
   snprintf(base, sizeof base, "bk * %lldLL + j0", (long long)a->Tk);
-  f_store(a, t, s, "out", base, "nk", dk ? "scl" : "1.0f", "    ");
+  if (dk) f_store(a, t, s, "o", "out", base, "nk", "scl", "    ");
+  if (dv) f_store(a, t, s, dk ? "o2" : "o", dk ? "out2" : "out", base, "nk", "1.0f", "    ");
   sb_puts(s, "  }\n}\n");
 }
 
@@ -859,27 +888,106 @@ static void print_state_rows(const Att *a, StrBuf *s, const IrNode *nd, int64_t 
   }
 }
 
+/* attention_bwd: the parts of one attention whose result slots res[p] are
+ * >= 0 (p = 0 dq, 1 dk, 2 dv), the scratch in slot scr.  Kernel 0 the
+ * statistics (lse and drow into the scratch), once for all the parts; then
+ * dq's kernel (by query tiles); then ONE kernel for dk and dv together
+ * (by key tiles, one pass over the scores for both), or the one of them
+ * wanted.  a->bres / bres2 are set here. */
+static int attn_bwd(Att *a, StrBuf *src, const int res[3], int scr, CgCudaLaunch *l, int *nl, int64_t *scratch,
+                    char *why, size_t whylen) {
+  int kv = (res[1] >= 0) | (res[2] >= 0) << 1;   /* 1 dk, 2 dv, 3 both: print_dkv's part */
+  if (res[0] < 0 && !kv) { snprintf(why, whylen, "no part of the backward wanted"); return -1; }
+  a->bo = 3, a->bdo = 4, a->bscr = scr;
+  *scratch = 2 * a->B * a->Hq * a->Tq * (int64_t)sizeof(double);
+  *nl = 0;
+  FTile ft[3];   /* statistics, dq, dk / dv */
+  int kind = kv == 3 ? FK_DKV : kv == 1 ? FK_DK : FK_DV;
+  int f32 = a->es == 4 && a->D % 4 == 0 && !f_choose(a, FK_STATS, &ft[0]) && (res[0] < 0 || !f_choose(a, FK_DQ, &ft[1])) &&
+            (!kv || !f_choose(a, kind, &ft[2]));
+  Att akv = *a;   /* the dk / dv kernel's tiles (the double path: its own, two accumulators for both) */
+  akv.dkv2 = kv == 3;
+  if (!f32 && (choose_tiles(a, why, whylen) || (kv && choose_tiles(&akv, why, whylen)))) return 1;
+  int64_t qblocks = a->B * a->Hq * ((a->Tq + (f32 ? ft[0].R : a->BQ) - 1) / (f32 ? ft[0].R : a->BQ)) * ATTN_THREADS;
+  if (f32) print_fwd_f32(a, &ft[0], src, 0, 1);
+  else print_fwd(a, src, 0, 2);
+  cg_cuda_launch(&l[(*nl)++], a->name, 0, qblocks, ATTN_THREADS);
+  int k = 1;
+  if (res[0] >= 0) {
+    a->bres = res[0];
+    int64_t rows = f32 ? ft[1].R : a->BQ;
+    if (f32) print_dq_f32(a, &ft[1], src, k);
+    else print_dq(a, src, k);
+    cg_cuda_launch(&l[(*nl)++], a->name, k++, a->B * a->Hq * ((a->Tq + rows - 1) / rows) * ATTN_THREADS, ATTN_THREADS);
+  }
+  if (kv) {
+    akv.bo = a->bo, akv.bdo = a->bdo, akv.bscr = a->bscr;
+    akv.bres = kv == 2 ? res[2] : res[1];
+    akv.bres2 = kv == 3 ? res[2] : -1;
+    int64_t rows = f32 ? ft[2].R : akv.BK;
+    if (f32) print_dkv_f32(&akv, &ft[2], src, k, kv);
+    else print_dkv(&akv, src, k, kv);
+    cg_cuda_launch(&l[(*nl)++], a->name, k++, a->B * a->Hkv * ((a->Tk + rows - 1) / rows) * ATTN_THREADS, ATTN_THREADS);
+  }
+  return 0;
+}
+
+/* What every attention node's kernels share (not attn_finish / attn_lse):
+ * operand checks, dims and attributes into *a, document ids, and the
+ * position functions printed.  *sh: 1 when the node has document ids (the
+ * slots after them move by one).  0; 1 with *why; -1 on an internal error. */
+static int attn_open(const IrModule *m, const IrBlock *b, const IrNode *nd, const char *name, StrBuf *src, Att *a,
+                     int *sh, char *why, size_t whylen) {
+  IrDtype dt = nd->type.dtype;
+  if (dt != IR_F32 && dt != IR_F64) { snprintf(why, whylen, "attention needs f32 or f64"); return 1; }
+  /* the operands before the optional document ids */
+  int base = nd->op == IR_OP_ATTENTION ? 3 : nd->op == IR_OP_ATTENTION_BWD ? 5 : nd->op == IR_OP_ATTN_ACC ? 4 : 7;
+  *sh = nd->nin > base;
+  for (int o = 0; o < nd->nin - *sh; o++)
+    if (b->nodes[nd->in[o]].type.dtype != dt) { snprintf(why, whylen, "operand %d is not %s", o + 1, ir_dtype_name(dt)); return 1; }
+  *a = (Att){.name = name, .T = dt == IR_F64 ? "double" : "float", .es = dt == IR_F64 ? 8 : 4,
+             .bo = -1, .blse = -1, .bdrow = -1, .bacc = -1, .bscr = -1, .bres2 = -1, .bdoc = -1};
+  if (*sh) {
+    const IrType *dt_ = &b->nodes[nd->in[base]].type;
+    if (dt_->dtype != IR_I32 || dt_->rank != 2) { snprintf(why, whylen, "the document ids must be i32 [B, T]"); return 1; }
+    a->bdoc = base;
+    a->Tdoc = dt_->dim[1];
+  }
+  const IrType *qt = &b->nodes[nd->in[0]].type, *kt = &b->nodes[nd->in[1]].type;
+  if (qt->rank != 4 || kt->rank != 4 || kt->dim[0] != qt->dim[0] || kt->dim[3] != qt->dim[3]) {
+    snprintf(why, whylen, "q [B, Hq, Tq, D] and k [B, Hkv, Tk, D] do not match");
+    return 1;
+  }
+  a->B = qt->dim[0], a->Hq = qt->dim[1], a->Tq = qt->dim[2], a->D = qt->dim[3], a->Hkv = kt->dim[1], a->Tk = kt->dim[2];
+  if (a->Hkv < 1 || a->Hq % a->Hkv) { snprintf(why, whylen, "query heads are not a multiple of kv heads"); return 1; }
+  a->grp = a->Hq / a->Hkv;
+  a->causal = nd->ia[0] != 0;
+  a->window = ir_attn_window(nd);
+  cg_cuda_dlit(a->scale, sizeof a->scale, nd->fa[0]);
+  int ring = nd->op != IR_OP_ATTENTION && nd->op != IR_OP_ATTENTION_BWD;
+  char fn[128];
+  snprintf(fn, sizeof fn, "%s_qpos", name);
+  print_pos(m, src, fn, b->nodes[nd->in[0]].sh.split[2], a->Tq, -1);
+  snprintf(fn, sizeof fn, "%s_kpos", name);
+  print_pos(m, src, fn, b->nodes[nd->in[1]].sh.split[2], a->Tk, ring ? nd->ia[1] : -1);
+  if (*sh)   /* (doc << 32) | p for batch row bb_ (pos_call) */
+    sb_printf(src, "#define %s_dpos(bb_, p_) ((long long)((unsigned long long)(unsigned)((const int *)a.b[%d])"
+                   "[(bb_) * %lldLL + (p_)] << 32) | (p_))\n", name, a->bdoc, (long long)a->Tdoc);
+  a->bq = 0, a->bk = 1, a->bv = 2;
+  return 0;
+}
+
 int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src,
                         CgCudaLaunch *l, int *nl, int64_t *scratch, char *why, size_t whylen) {
   const IrNode *nd = &b->nodes[i];
   *nl = 0;
   *scratch = 0;
   IrDtype dt = nd->type.dtype;
-  if (dt != IR_F32 && dt != IR_F64) { snprintf(why, whylen, "attention needs f32 or f64"); return 1; }
-  /* the operands before the optional document ids; sh: the slots after them move by one */
-  int base = nd->op == IR_OP_ATTENTION ? 3 : nd->op == IR_OP_ATTENTION_BWD ? 5 : nd->op == IR_OP_ATTN_ACC ? 4 : 7;
-  int sh = nd->op != IR_OP_ATTN_FINISH && nd->op != IR_OP_ATTN_LSE && nd->nin > base;
-  for (int o = 0; o < nd->nin - sh; o++)
-    if (b->nodes[nd->in[o]].type.dtype != dt) { snprintf(why, whylen, "operand %d is not %s", o + 1, ir_dtype_name(dt)); return 1; }
-  Att a = {.name = name, .T = dt == IR_F64 ? "double" : "float", .es = dt == IR_F64 ? 8 : 4,
-           .bo = -1, .blse = -1, .bdrow = -1, .bacc = -1, .bscr = -1, .bdoc = -1};
-  if (sh) {
-    const IrType *dt_ = &b->nodes[nd->in[base]].type;
-    if (dt_->dtype != IR_I32 || dt_->rank != 2) { snprintf(why, whylen, "the document ids must be i32 [B, T]"); return 1; }
-    a.bdoc = base;
-    a.Tdoc = dt_->dim[1];
-  }
+  Att a;
   if (nd->op == IR_OP_ATTN_FINISH || nd->op == IR_OP_ATTN_LSE) {
+    if (dt != IR_F32 && dt != IR_F64) { snprintf(why, whylen, "attention needs f32 or f64"); return 1; }
+    if (b->nodes[nd->in[0]].type.dtype != dt) { snprintf(why, whylen, "operand 1 is not %s", ir_dtype_name(dt)); return 1; }
+    a = (Att){.name = name, .T = dt == IR_F64 ? "double" : "float", .es = dt == IR_F64 ? 8 : 4};
     const IrType *st = &b->nodes[nd->in[0]].type;
     if (st->rank != 4 || st->dim[3] < 3) { snprintf(why, whylen, "the state must be [B, H, T, head_dim + 2]"); return 1; }
     a.D = st->dim[3] - 2;
@@ -889,77 +997,34 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
     *nl = 1;
     return 0;
   }
-  const IrType *qt = &b->nodes[nd->in[0]].type, *kt = &b->nodes[nd->in[1]].type;
-  if (qt->rank != 4 || kt->rank != 4 || kt->dim[0] != qt->dim[0] || kt->dim[3] != qt->dim[3]) {
-    snprintf(why, whylen, "q [B, Hq, Tq, D] and k [B, Hkv, Tk, D] do not match");
-    return 1;
-  }
-  a.B = qt->dim[0], a.Hq = qt->dim[1], a.Tq = qt->dim[2], a.D = qt->dim[3], a.Hkv = kt->dim[1], a.Tk = kt->dim[2];
-  if (a.Hkv < 1 || a.Hq % a.Hkv) { snprintf(why, whylen, "query heads are not a multiple of kv heads"); return 1; }
-  a.grp = a.Hq / a.Hkv;
-  a.causal = nd->ia[0] != 0;
-  a.window = ir_attn_window(nd);
-  cg_cuda_dlit(a.scale, sizeof a.scale, nd->fa[0]);
-  int ring = nd->op != IR_OP_ATTENTION && nd->op != IR_OP_ATTENTION_BWD;
-  /* f32 operands of the fused op: the register-tiled kernels (ft[0] the
-   * forward's or the statistics', ft[1] dq's or dk / dv's tiles) */
-  FTile ft[2];
-  int part = nd->op == IR_OP_ATTENTION_BWD ? (int)nd->ia[1] : 0;
-  int f32 = dt == IR_F32 && !ring && a.D % 4 == 0 &&
-            !f_choose(&a, nd->op == IR_OP_ATTENTION ? FK_FWD : FK_STATS, &ft[0]) &&
-            (nd->op == IR_OP_ATTENTION || !f_choose(&a, part == 0 ? FK_DQ : part == 1 ? FK_DK : FK_DV, &ft[1]));
-  if (!f32 && choose_tiles(&a, why, whylen)) return 1;
-  char fn[128];
-  snprintf(fn, sizeof fn, "%s_qpos", name);
-  print_pos(m, src, fn, b->nodes[nd->in[0]].sh.split[2], a.Tq, -1);
-  snprintf(fn, sizeof fn, "%s_kpos", name);
-  print_pos(m, src, fn, b->nodes[nd->in[1]].sh.split[2], a.Tk, ring ? nd->ia[1] : -1);
-  if (sh)   /* (doc << 32) | p for batch row bb_ (pos_call) */
-    sb_printf(src, "#define %s_dpos(bb_, p_) ((long long)((unsigned long long)(unsigned)((const int *)a.b[%d])"
-                   "[(bb_) * %lldLL + (p_)] << 32) | (p_))\n", name, a.bdoc, (long long)a.Tdoc);
-  a.bq = 0, a.bk = 1, a.bv = 2;
-  int64_t qblocks, kblocks;
-  if (!f32) {
-    qblocks = a.B * a.Hq * ((a.Tq + a.BQ - 1) / a.BQ) * ATTN_THREADS;
-    kblocks = a.B * a.Hkv * ((a.Tk + a.BK - 1) / a.BK) * ATTN_THREADS;
-  } else {
-    qblocks = a.B * a.Hq * ((a.Tq + ft[0].R - 1) / ft[0].R) * ATTN_THREADS;
-    kblocks = nd->op == IR_OP_ATTENTION ? 0
-            : part == 0 ? a.B * a.Hq * ((a.Tq + ft[1].R - 1) / ft[1].R) * ATTN_THREADS
-                        : a.B * a.Hkv * ((a.Tk + ft[1].R - 1) / ft[1].R) * ATTN_THREADS;
-  }
+  int sh, r = attn_open(m, b, nd, name, src, &a, &sh, why, whylen);
+  if (r != 0) return r;
+  int part = 0;
   switch (nd->op) {
-  case IR_OP_ATTENTION:   /* q, k, v[, doc] -> o */
+  case IR_OP_ATTENTION: {   /* q, k, v[, doc] -> o */
+    FTile ft;
+    int f32 = dt == IR_F32 && a.D % 4 == 0 && !f_choose(&a, FK_FWD, &ft);
+    if (!f32 && choose_tiles(&a, why, whylen)) return 1;
+    int64_t rows = f32 ? ft.R : a.BQ;
     a.bres = 3 + sh;
-    if (f32) print_fwd_f32(&a, &ft[0], src, 0, 0);
+    if (f32) print_fwd_f32(&a, &ft, src, 0, 0);
     else print_fwd(&a, src, 0, 0);
-    cg_cuda_launch(&l[0], name, 0, qblocks, ATTN_THREADS);
+    cg_cuda_launch(&l[0], name, 0, a.B * a.Hq * ((a.Tq + rows - 1) / rows) * ATTN_THREADS, ATTN_THREADS);
     *nl = 1;
     return 0;
-  case IR_OP_ATTENTION_BWD:   /* q, k, v, o, do -> dq / dk / dv; scratch: lse, drow */
+  }
+  case IR_OP_ATTENTION_BWD: {   /* q, k, v, o, do[, doc] -> dq / dk / dv; scratch: lse, drow */
+    part = (int)nd->ia[1];
     if (part < 0 || part > 2) { snprintf(why, whylen, "part must be 0, 1 or 2"); return 1; }
-    a.bo = 3, a.bdo = 4, a.bres = 5 + sh, a.bscr = 6 + sh;
-    *scratch = 2 * a.B * a.Hq * a.Tq * (int64_t)sizeof(double);
-    if (f32) {   /* kernel 1: dq by query tiles, dk / dv by key tiles (kblocks) */
-      print_fwd_f32(&a, &ft[0], src, 0, 1);
-      if (part == 0) print_dq_f32(&a, &ft[1], src, 1);
-      else print_dkv_f32(&a, &ft[1], src, 1, part);
-      cg_cuda_launch(&l[0], name, 0, qblocks, ATTN_THREADS);
-      cg_cuda_launch(&l[1], name, 1, kblocks, ATTN_THREADS);
-      *nl = 2;
-      return 0;
-    }
-    print_fwd(&a, src, 0, 2);
-    if (part == 0) print_dq(&a, src, 1);
-    else print_dkv(&a, src, 1, part);
-    cg_cuda_launch(&l[0], name, 0, qblocks, ATTN_THREADS);
-    cg_cuda_launch(&l[1], name, 1, part == 0 ? qblocks : kblocks, ATTN_THREADS);
-    *nl = 2;
-    return 0;
-  case IR_OP_ATTN_ACC:   /* q, k, v, st[, doc] -> st */
+    int res[3] = {-1, -1, -1};
+    res[part] = 5 + sh;
+    return attn_bwd(&a, src, res, 6 + sh, l, nl, scratch, why, whylen);
+  }
+  case IR_OP_ATTN_ACC:   /* q, k, v, st[, doc] -> st (the double path) */
+    if (choose_tiles(&a, why, whylen)) return 1;
     a.bres = 4 + sh;
     print_fwd(&a, src, 0, 1);
-    cg_cuda_launch(&l[0], name, 0, qblocks, ATTN_THREADS);
+    cg_cuda_launch(&l[0], name, 0, a.B * a.Hq * ((a.Tq + a.BQ - 1) / a.BQ) * ATTN_THREADS, ATTN_THREADS);
     *nl = 1;
     return 0;
   case IR_OP_ATTN_BWD_Q:    /* q, k, v, do, lse, drow, dq -> dq */
@@ -969,14 +1034,46 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
       snprintf(why, whylen, "part must be 1 (dk) or 2 (dv)");
       return 1;
     }
+    if (choose_tiles(&a, why, whylen)) return 1;
     a.bdo = 3, a.blse = 4, a.bdrow = 5, a.bacc = 6, a.bres = 7 + sh;
     if (part == 0) print_dq(&a, src, 0);
     else print_dkv(&a, src, 0, part);
-    cg_cuda_launch(&l[0], name, 0, part == 0 ? qblocks : kblocks, ATTN_THREADS);
+    cg_cuda_launch(&l[0], name, 0,
+                   part == 0 ? a.B * a.Hq * ((a.Tq + a.BQ - 1) / a.BQ) * ATTN_THREADS
+                             : a.B * a.Hkv * ((a.Tk + a.BK - 1) / a.BK) * ATTN_THREADS,
+                   ATTN_THREADS);
     *nl = 1;
     return 0;
   default:
     snprintf(why, whylen, "not an attention op");
     return -1;
   }
+}
+
+int cg_cuda_attn_grads_kernel(const IrModule *m, const IrBlock *b, const int *run, int nrun, const char *name,
+                              StrBuf *src, CgCudaLaunch *l, int *nl, int64_t *scratch, char *why, size_t whylen) {
+  *nl = 0;
+  *scratch = 0;
+  if (nrun < 1 || nrun > 3) { snprintf(why, whylen, "%d parts of one attention's backward", nrun); return -1; }
+  const IrNode *nd = &b->nodes[run[0]];
+  int res[3] = {-1, -1, -1};
+  for (int j = 0; j < nrun; j++) {
+    const IrNode *x = &b->nodes[run[j]];
+    int p = (int)x->ia[1];
+    if (x->op != IR_OP_ATTENTION_BWD || x->nin != nd->nin || p < 0 || p > 2 || res[p] >= 0 || x->ia[0] != nd->ia[0] ||
+        x->ia[2] != nd->ia[2] || x->fa[0] != nd->fa[0] || x->type.dtype != nd->type.dtype) {
+      snprintf(why, whylen, "%%%d is not another part of %%%d's attention backward", run[j], run[0]);
+      return -1;
+    }
+    for (int k = 0; k < nd->nin; k++)
+      if (x->in[k] != nd->in[k]) {
+        snprintf(why, whylen, "%%%d reads other operands than %%%d", run[j], run[0]);
+        return -1;
+      }
+    res[p] = nd->nin + j;
+  }
+  Att a;
+  int sh, r = attn_open(m, b, nd, name, src, &a, &sh, why, whylen);
+  if (r != 0) return r;
+  return attn_bwd(&a, src, res, nd->nin + nrun, l, nl, scratch, why, whylen);
 }

@@ -29,7 +29,9 @@ typedef struct {
 
 typedef struct {
   unsigned char *kind;  /* per node: RT_DS_* */
-  int *lib;             /* per node: index into RtDevPlan.lib, or -1 (a collective: its re-layout, if any) */
+  int *lib;             /* per node: index into RtDevPlan.lib, or -1 (a collective: its re-layout, if any;
+                           a kernel of the planning: the library kernels of an attention backward's
+                           launch group, RtJitKernel.attn_grads, at its position) */
 } RtDevBlock;
 
 typedef struct RtDevPlan {

@@ -5,7 +5,9 @@
  * The kernel choice is the CPU executor's planning (exec_jit.c) in cuda
  * mode: fusion groups, lone lowerable nodes (lone layout ops included, a
  * copy on the device), AdamW runs and GEMM bias epilogues, each generated
- * kernel printed as CUDA C.  The nodes no kernel covers get, by op:
+ * kernel printed as CUDA C; the parts of one attention's backward
+ * (plan_attn_grad_runs) one group of library kernels at the last part
+ * (cg_cuda_attn_grads_kernel: the statistics once, dk and dv together).  The nodes no kernel covers get, by op:
  *   input, state, output      copies / pointers (the executor, rt.c)
  *   matmul                    a GEMM (cuBLASLt; the host BLAS emulated)
  *   collectives, send / recv, stash, group_sum
@@ -41,17 +43,32 @@ typedef VEC(RtCudaKernelInfo) KernelInfoVec;
 typedef int (*LibGen)(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src, CgCudaLaunch *l,
                       int *nl, int64_t *scratch, char *why, size_t whylen);
 
-/* Library kernels of node i by gen: printed into src unless an identical
+/* What to write: node i's kernels by gen, or (run != NULL) the launch
+ * group of one attention's backward, nodes run[0 .. nrun) (i their last). */
+typedef struct {
+  LibGen gen;
+  const int *run;
+  int nrun;
+} LibJob;
+
+static int lib_write(const IrModule *m, const IrBlock *b, int i, const LibJob *job, const char *name, StrBuf *src,
+                     RtDevLib *l, char *why, size_t whylen) {
+  if (job->run)
+    return cg_cuda_attn_grads_kernel(m, b, job->run, job->nrun, name, src, l->l, &l->nl, &l->scratch, why, whylen);
+  return job->gen(m, b, i, name, src, l->l, &l->nl, &l->scratch, why, whylen);
+}
+
+/* Library kernels of node i by job: printed into src unless an identical
  * one is there (seen), its launches into *out (none: out->nl = 0).  0; -1
  * with a message. */
-static int lib_kernel(const IrModule *m, const IrBlock *b, int i, LibGen gen, StrBuf *src, LibSeenVec *seen,
+static int lib_kernel(const IrModule *m, const IrBlock *b, int i, const LibJob *job, StrBuf *src, LibSeenVec *seen,
                       KernelInfoVec *info, RtDevLib *out, char *err, size_t errlen) {
   const IrNode *nd = &b->nodes[i];
   StrBuf probe = {0};
   RtDevLib l;
   memset(&l, 0, sizeof l);
   char why[512] = "";
-  int r = gen(m, b, i, "TSLIB", &probe, l.l, &l.nl, &l.scratch, why, sizeof why);
+  int r = lib_write(m, b, i, job, "TSLIB", &probe, &l, why, sizeof why);
   if (r != 0) {
     sb_free(&probe);
     if (r > 0)
@@ -65,9 +82,10 @@ static int lib_kernel(const IrModule *m, const IrBlock *b, int i, LibGen gen, St
   for (int s = 0; s < seen->n; s++)
     if (seen->a[s].hash == h) { *out = seen->a[s].lib; return 0; }
   char name[64];
-  snprintf(name, sizeof name, "%.40s_%08llx", ir_ops[nd->op].name, (unsigned long long)(h & 0xffffffffu));
+  snprintf(name, sizeof name, "%.40s_%08llx", job->run ? "attention_grads" : ir_ops[nd->op].name,
+           (unsigned long long)(h & 0xffffffffu));
   memset(&l, 0, sizeof l);
-  if (gen(m, b, i, name, src, l.l, &l.nl, &l.scratch, why, sizeof why) != 0)
+  if (lib_write(m, b, i, job, name, src, &l, why, sizeof why) != 0)
     return ts_errf(err, errlen, "block %s, %%%d = %s: %s", b->name, i, ir_ops[nd->op].name, why);
   LibSeen ls = {h, l};
   VEC_PUSH(*seen, ls);
@@ -75,7 +93,11 @@ static int lib_kernel(const IrModule *m, const IrBlock *b, int i, LibGen gen, St
     RtCudaKernelInfo ki;
     memset(&ki, 0, sizeof ki);
     snprintf(ki.name, sizeof ki.name, "%s", l.l[k].name);
-    snprintf(ki.where, sizeof ki.where, "block %s, %%%d = %s (library kernel)", b->name, i, ir_ops[nd->op].name);
+    if (job->run)
+      snprintf(ki.where, sizeof ki.where, "block %s, %%%d = %s and %d other part(s) (library kernels, one group)",
+               b->name, i, ir_ops[nd->op].name, job->nrun - 1);
+    else
+      snprintf(ki.where, sizeof ki.where, "block %s, %%%d = %s (library kernel)", b->name, i, ir_ops[nd->op].name);
     VEC_PUSH(*info, ki);
   }
   *out = l;
@@ -152,7 +174,19 @@ RtDevPlan *rt_dev_plan_new(const IrModule *m, RtJit *jit, const MemPlan *const *
     db->lib = ts_xcalloc((size_t)(b->n ? b->n : 1), sizeof *db->lib);
     for (int i = 0; i < b->n && rc == 0; i++) {
       db->lib[i] = -1;
-      if (jb && jb->kern[i] >= 0) { db->kind[i] = RT_DS_KERNEL; continue; }
+      if (jb && jb->kern[i] >= 0) {
+        db->kind[i] = RT_DS_KERNEL;
+        const RtJitKernel *K = &jb->k.a[jb->kern[i]];
+        if (!K->attn_grads || K->at != i) continue;
+        /* the backward of one attention: its library kernels, one group (at the last part) */
+        RtDevLib l;
+        LibJob job = {NULL, K->run, K->nrun};
+        if (lib_kernel(m, b, i, &job, &lib, &seen, &info, &l, err, errlen) != 0) { rc = -1; break; }
+        if (l.scratch > P->scratch) P->scratch = l.scratch;
+        VEC_PUSH(P->lib, l);
+        db->lib[i] = P->lib.n - 1;
+        continue;
+      }
       int kind;
       if (classify(m, b, i, plans ? plans[bi] : NULL, &kind) != 0) {
         rc = ts_errf(err, errlen, "block %s, %%%d = %s: the device cannot run this product (shapes)", b->name, i,
@@ -163,8 +197,8 @@ RtDevPlan *rt_dev_plan_new(const IrModule *m, RtJit *jit, const MemPlan *const *
       if (kind != RT_DS_LIB && kind != RT_DS_COMM) continue;
       /* a collective may need a re-layout around NCCL, on the comm stream's scratch */
       RtDevLib l;
-      LibGen gen = kind == RT_DS_LIB ? cg_cuda_lib_kernel : cg_cuda_comm_relayout;
-      if (lib_kernel(m, b, i, gen, &lib, &seen, &info, &l, err, errlen) != 0) { rc = -1; break; }
+      LibJob job = {kind == RT_DS_LIB ? cg_cuda_lib_kernel : cg_cuda_comm_relayout, NULL, 0};
+      if (lib_kernel(m, b, i, &job, &lib, &seen, &info, &l, err, errlen) != 0) { rc = -1; break; }
       int64_t *most = kind == RT_DS_LIB ? &P->scratch : &P->comm_scratch;
       if (l.scratch > *most) *most = l.scratch;
       if (l.nl == 0) continue;

@@ -749,6 +749,15 @@ int rt_dev_exec_kernel(RtDevExec *x, RtProgram *p, int bi, const RtJitKernel *K,
   memset(&a, 0, sizeof a);
   for (int k = 0; k < K->io.nin + K->io.nout; k++) a.b[k] = bufs[k];
   a.run = x->run_dev;
+  if (K->attn_grads) {   /* one attention's backward: its library kernels (cg_cuda_attn_grads_kernel) */
+    int li = x->plan->blk[bi].lib[K->at];
+    if (li < 0) { snprintf(msg, n, "internal error: attention backward %%%d has no kernels", K->at); return -1; }
+    const RtDevLib *l = &x->plan->lib.a[li];
+    if (l->scratch > 0) a.b[K->io.nin + K->io.nout] = x->scratch;
+    for (int k = 0; k < l->nl; k++)
+      if (launch(x, &l->l[k], &a, msg, n) != 0) return -1;
+    return 0;
+  }
   return launch(x, &K->cl, &a, msg, n);
 }
 

@@ -14,7 +14,8 @@
  *     buffer pre-filled with the bias (exec_gemm.c);
  *   - the two or three attention_bwd parts of one attention (plan_attn_
  *     grad_runs) run as one pass over the tiles at the last part
- *     (rt_attn_grads_run: native code, not generated);
+ *     (rt_attn_grads_run: native code, not generated; on a device the
+ *     group's library kernels, dev_prog.c);
  *   - a gradient's producer and its accum (plan_accum_direct_runs: a
  *     weight gradient's matmul, one BLAS call with beta = 1, or the
  *     embedding's scatter-add) add straight into the gradient state at
@@ -387,14 +388,15 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
   int *attn_at = ts_xmalloc((size_t)(n ? n : 1) * sizeof *attn_at);
   int *acc_at = ts_xmalloc((size_t)(n ? n : 1) * sizeof *acc_at);
   plan_accum_direct_runs(b, acc_at);
-  if (J->cuda) {   /* the device: a kernel per node, but a weight gradient's GEMM adds into its state (beta = 1) */
-    for (int i = 0; i < n; i++) attn_at[i] = -1;
+  /* the parts of one attention's backward: one launch group on a device
+   * too (dev_prog.c prints its library kernels: the statistics once, dk
+   * and dv in one kernel) */
+  plan_attn_grad_runs(b, attn_at);
+  if (J->cuda) {   /* the device: a weight gradient's GEMM adds into its state (beta = 1) */
     for (int i = 0; i < n; i++)
       if (acc_at[i] >= 0 && b->nodes[i].op == IR_OP_EMBEDDING_BWD)   /* its kernel zeroes what it writes */
         for (int j = i, a = acc_at[i]; j <= a; j++)
           if (acc_at[j] == a) acc_at[j] = -1;
-  } else {
-    plan_attn_grad_runs(b, attn_at);
   }
   int rc = 0;
   for (int i = 0; i < n && rc == 0; i++) {
@@ -420,7 +422,7 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
       J->stats.adamw_tensors += nrun;
       continue;
     }
-    if (attn_at[i] >= 0) {   /* the first part of an attention's backward: one pass for all */
+    if (attn_at[i] >= 0) {   /* the first part of an attention's backward: one pass (CPU) or launch group (device) for all */
       RtJitKernel kk;
       memset(&kk, 0, sizeof kk);
       kk.at = attn_at[i];

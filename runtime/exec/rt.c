@@ -150,7 +150,8 @@ static int dev_mark(RtProgram *p) {
 /* What a timed launch is called in the profile: the kernel's symbol; for
  * the planned runs without one, what they are (a GEMM with its bias
  * epilogue, a weight gradient's GEMM into its state, AdamW, an attention's
- * backward in one pass) with the node's type; else the op and its type. */
+ * backward as one launch group: its statistics, dq and dk + dv kernels
+ * timed together) with the node's type; else the op and its type. */
 static const char *dev_label(const IrBlock *b, const RtJitKernel *K, const IrNode *nd) {
   if (K && K->cl.name[0]) return ts_intern(K->cl.name);
   char t[160], s[256];
@@ -161,7 +162,7 @@ static const char *dev_label(const IrBlock *b, const RtJitKernel *K, const IrNod
     what = "gemm into grad";
     shape = &b->nodes[K->accum_from - 1];   /* the weight gradient's matmul */
   } else if (K && K->adamw) what = "adamw (all tensors)";
-  else if (K && K->attn_grads) what = "attention_bwd (one pass)";
+  else if (K && K->attn_grads) what = "attention_bwd (all parts)";
   snprintf(s, sizeof s, "%s %s", what, ir_type_str(&shape->type, t, sizeof t));
   return ts_intern(s);
 }

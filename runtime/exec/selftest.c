@@ -314,6 +314,29 @@ static void k_attention_packed(Kb *k) {
                     kk, v, o, dy, d, part, sc), shp[part]);
 }
 
+/* the three parts of one attention's backward as the executor groups them
+ * (plan_attn_grad_runs: one after another, on values): one launch group
+ * on a device, the statistics once and dk with dv in one kernel; causal,
+ * 4 query heads on 2 kv heads, a sliding window */
+static void k_attention_grads(Kb *k) {
+  static const char *const shp[] = {"[1, 4, 8, 8]", "[1, 2, 8, 8]", "[1, 2, 8, 8]"};
+  int q = kb_param(k, "q", shp[0], "normal(0.0, 1.0)");
+  int kk = kb_param(k, "k", shp[1], "normal(0.0, 1.0)");
+  int v = kb_param(k, "v", shp[1], "normal(0.0, 1.0)");
+  int d = kb_param(k, "do", shp[0], "normal(0.0, 1.0)");
+  q = kb_op(k, 0, shp[0], "muls %%%d c=1.0", q);   /* values, not states (the group's condition) */
+  kk = kb_op(k, 0, shp[1], "muls %%%d c=1.0", kk);
+  v = kb_op(k, 0, shp[1], "muls %%%d c=1.0", v);
+  d = kb_op(k, 0, shp[0], "muls %%%d c=1.0", d);
+  const char *sc = "scale=0.35355339059327373";
+  int o = kb_op(k, 0, shp[0], "attention %%%d, %%%d, %%%d causal=1 window=6 %s", q, kk, v, sc);
+  int g[3];
+  for (int part = 0; part < 3; part++)
+    g[part] = kb_op(k, 0, shp[part], "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d causal=1 part=%d window=6 %s", q, kk,
+                    v, o, d, part, sc);
+  for (int part = 0; part < 3; part++) kb_out(k, g[part], shp[part]);
+}
+
 /* lookup and its scatter-add backward (ids repeat) */
 static void k_embedding(Kb *k) {
   int t = kb_param(k, "table", "[20, 12]", "normal(0.0, 1.0)");
@@ -404,7 +427,7 @@ static const StKind kinds[] = {
   {"layernorm", k_layernorm}, {"rmsnorm", k_rmsnorm}, {"cross_entropy", k_cross_entropy},
   {"reduce", k_reduce}, {"sum_to", k_sum_to}, {"sumsq", k_sumsq}, {"activations", k_activations},
   {"dropout", k_dropout}, {"matmul", k_matmul}, {"gemm_bias", k_gemm_bias}, {"attention", k_attention},
-  {"attention_packed", k_attention_packed},
+  {"attention_packed", k_attention_packed}, {"attention_grads", k_attention_grads},
   {"embedding", k_embedding}, {"rope", k_rope}, {"adamw", k_adamw}, {"accum_zero", k_accum_zero},
   {"layout", k_layout},
 };

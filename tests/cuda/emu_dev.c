@@ -31,9 +31,15 @@ struct RtDevGraph {
 };
 
 typedef struct {
+  char name[sizeof(((CgCudaLaunch *)0)->name)];
+  long long n;
+} EmuNamed;
+
+typedef struct {
   RtDevGraph *capture;     /* recording instead of running (one stream captures at a time) */
   int capture_stream;
   long long launches, gemms, replays;
+  VEC(EmuNamed) named;     /* launches per kernel name since ts_emu_dev_launches_reset */
 } Emu;
 
 struct RtDevModule {
@@ -139,13 +145,24 @@ static void host_gemm(const RtGemm *g) {
   }
 }
 
+static void count_named(Emu *E, const char *name) {
+  for (int k = 0; k < E->named.n; k++)
+    if (strcmp(E->named.a[k].name, name) == 0) { E->named.a[k].n++; return; }
+  EmuNamed x = {.n = 1};
+  snprintf(x.name, sizeof x.name, "%s", name);
+  VEC_PUSH(E->named, x);
+}
+
 static int run_op(RtDev *d, const Op *op, char *err, size_t n) {
   Emu *E = emu(d);
   switch (op->kind) {
   case OP_COPY: memmove(op->dst, op->src, op->bytes); return 0;
   case OP_ZERO: memset(op->dst, 0, op->bytes); return 0;
   case OP_GEMM: host_gemm(&op->g); E->gemms++; return 0;
-  case OP_LAUNCH: E->launches++; return ts_emu_launch_kernel(op->mod->e, &op->l, &op->a, err, n);
+  case OP_LAUNCH:
+    E->launches++;
+    count_named(E, op->l.name);
+    return ts_emu_launch_kernel(op->mod->e, &op->l, &op->a, err, n);
   }
   return ts_errf(err, n, "bad op");
 }
@@ -185,6 +202,7 @@ static void e_close(RtDev *d) {
   if (!d) return;
   Emu *E = d->impl;
   if (E) e_graph_free(d, E->capture);
+  if (E) free(E->named.a);
   free(E);
   free(d);
 }
@@ -212,4 +230,14 @@ void ts_emu_dev_counts(RtDev *d, long long *launches, long long *gemms, long lon
   if (launches) *launches = E->launches;
   if (gemms) *gemms = E->gemms;
   if (replays) *replays = E->replays;
+}
+
+void ts_emu_dev_launches_reset(RtDev *d) { emu(d)->named.n = 0; }
+
+long long ts_emu_dev_launches_of(RtDev *d, const char *prefix) {
+  Emu *E = emu(d);
+  long long n = 0;
+  for (int k = 0; k < E->named.n; k++)
+    if (strncmp(E->named.a[k].name, prefix, strlen(prefix)) == 0) n += E->named.a[k].n;
+  return n;
 }

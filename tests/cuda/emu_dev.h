@@ -9,5 +9,9 @@
 RtDev *ts_emu_dev_open(void);
 /* What it ran so far: kernel launches, GEMMs, graph replays. */
 void ts_emu_dev_counts(RtDev *d, long long *launches, long long *gemms, long long *replays);
+/* Launches since the last ts_emu_dev_launches_reset (or the start) of the
+ * kernels whose name starts with prefix. */
+void ts_emu_dev_launches_reset(RtDev *d);
+long long ts_emu_dev_launches_of(RtDev *d, const char *prefix);
 
 #endif

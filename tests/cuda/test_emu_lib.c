@@ -26,6 +26,13 @@
  *                         the whole sequence; contiguous documents in even
  *                         batch rows, interleaved ones in odd rows) and a
  *                         sliding window (window = a third of the sequence)
+ *   test_emu_lib grads    the parts of one attention's backward as the
+ *                         executor groups them: one launch group on the
+ *                         device (statistics once, dq, dk + dv in one
+ *                         kernel), every fused case with and without
+ *                         documents and a window, f32 and f64 (f64 within
+ *                         1e-12); its launches counted against the parts
+ *                         run apart (3 against 6)
  *   test_emu_lib vocab  take, onehot and pad_fill on a dim split over
  *                         tp = 2, both coordinates: global indices, ids in
  *                         the other rank's block and the ignored id
@@ -36,9 +43,11 @@
  *                         whatever order its threads and blocks run in
  *                         (TS_EMU_ORDER fifo, reverse, random)
  *   test_emu_lib nvrtc    every module above compiled by NVRTC for sm_80
- *                         and sm_90; ptxas' report of every attention
- *                         kernel within limits (no spills, no stack,
- *                         shared memory <= 48 KiB)
+ *                         and sm_90, and the backward's launch group at
+ *                         GPT-2's shapes (seq 1024, head_dim 64 and 128);
+ *                         ptxas' report of every attention kernel within
+ *                         limits (no spills, no stack, shared memory
+ *                         <= 48 KiB)
  */
 #include "runtime/exec/rt.h"
 #include "runtime/exec/dev_prog.h"
@@ -130,6 +139,38 @@ static char *fused_text(const Case *c, const char *dt, int docs, int window) {
     m_out(&m, m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d scale=%.17g",
                    q, k, v, o, d, ds, c->causal, part, window, 1.0 / sqrt((double)c->D)),
           part ? ks : qs);
+  return m_text(&m, 1, 1);
+}
+
+/* attention and the parts of its backward in `parts` (bit p: part p) as
+ * the executor groups them (plan_attn_grad_runs: the parts one after
+ * another, on values, nothing reading one before the last): one launch
+ * group on a device (cg_cuda_attn_grads_kernel), one pass on the CPU.
+ * q, k, v, do are values (times 1), not states. */
+static char *grads_text(const Case *c, const char *dt, int docs, int window, int parts) {
+  Mod m = {.dt = dt, .sh = ""};
+  char qs[64], ks[64], ds[16];
+  shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
+  shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
+  int q = m_state(&m, "q", qs, "normal(0.0, 1.0)"), k = m_state(&m, "k", ks, "normal(0.0, 1.0)");
+  int v = m_state(&m, "v", ks, "normal(0.0, 1.0)"), d = m_state(&m, "do", qs, "normal(0.0, 1.0)");
+  q = m_op(&m, qs, "muls %%%d c=1.0", q);
+  k = m_op(&m, ks, "muls %%%d c=1.0", k);
+  v = m_op(&m, ks, "muls %%%d c=1.0", v);
+  d = m_op(&m, qs, "muls %%%d c=1.0", d);
+  m_docs(&m, docs, c->B, c->T, ds, sizeof ds);
+  double scale = 1.0 / sqrt((double)c->D);
+  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s causal=%d window=%d scale=%.17g", q, k, v, ds, c->causal, window,
+               scale);
+  m_out(&m, o, qs);
+  int g[3], ng = 0;
+  for (int part = 0; part < 3; part++)
+    if (parts & (1 << part))
+      g[ng++] = m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d scale=%.17g",
+                     q, k, v, o, d, ds, c->causal, part, window, scale);
+  for (int j = 0, part = 0; part < 3; part++)
+    if (parts & (1 << part)) m_out(&m, g[j++], part ? ks : qs);
+  (void)ng;
   return m_text(&m, 1, 1);
 }
 
@@ -258,6 +299,62 @@ static void test_fused(RtDev *d, int docs) {
       run_case(d, text, 1, 0, label);
       free(text);
     }
+}
+
+/* The backward's parts of one attention as one launch group: every fused
+ * case (and head_dim 6, the double path for f32 operands) in f32 and f64,
+ * without and with documents and a window, all three
+ * parts and (cases 1 and 2) two of them, against the CPU; f64 within
+ * 1e-12.  Launches: the group's kernels (attention_grads_*) are 3 with dq
+ * (statistics, dq, dk + dv) and 2 without, and no attention_bwd_* kernel
+ * runs; the same parts with an accum between them (fused_text: not a
+ * group) launch 6 attention_bwd_* kernels, a statistics pass and its own
+ * pass per part.  Every one of these kernels computes the scores once. */
+static void test_grads(RtDev *d) {
+  enum { MAXB = 2, MAXT = 70 };
+  static int32_t ids[MAXB * MAXT];
+  RtFeed f = {"document_ids", ids};
+  for (int b = 0; b < MAXB; b++)
+    for (int p = 0; p < MAXT; p++) ids[b * MAXT + p] = b % 2 ? p % 3 : p < 5 ? 0 : p < 9 ? 1 : 2;
+  long long grouped = 0, separate = 0;
+  /* and head_dim 6: f32 operands on the double path (not a multiple of 4) */
+  static const Case odd = {1, 4, 2, 13, 6, 1};
+  size_t nf = sizeof fused_cases / sizeof fused_cases[0];
+  for (size_t i = 0; i <= nf; i++)
+    for (int t = 0; t < 2; t++)
+      for (int docs = 0; docs < 2; docs++) {
+        const Case *c = i < nf ? &fused_cases[i] : &odd;
+        int parts_list[2] = {7, i == 1 ? 6 : i == 2 ? 5 : 0};
+        for (int pi = 0; pi < 2 && parts_list[pi]; pi++) {
+          int parts = parts_list[pi], w = docs ? c->T / 3 + 1 : 0;
+          char label[128];
+          snprintf(label, sizeof label, "grads B%d Hq%d Hkv%d T%d D%d %s %s parts %s%s", c->B, c->Hq, c->Hkv, c->T,
+                   c->D, c->causal ? "causal" : "full", dts[t], parts == 7 ? "012" : parts == 6 ? "12" : "02",
+                   docs ? " docs window" : "");
+          case_feeds = docs ? &f : NULL;
+          case_nfeeds = docs;
+          char *text = grads_text(c, dts[t], docs, w, parts);
+          ts_emu_dev_launches_reset(d);
+          double worst = run_case(d, text, 1, 0, label);
+          long long n = ts_emu_dev_launches_of(d, "attention_grads_"), want = parts & 1 ? 3 : 2;
+          long long apart = ts_emu_dev_launches_of(d, "attention_bwd_");
+          CHECK(n == want && apart == 0, "%s: %lld launches of the group's kernels (want %lld), %lld attention_bwd", label,
+                n, want, apart);
+          if (t == 1) CHECK(worst <= 1e-12, "%s: f64 error %.3g over 1e-12", label, worst);
+          if (parts == 7) grouped = n;
+          free(text);
+          if (parts != 7 || i > 1) continue;
+          text = fused_text(c, dts[t], docs, w);   /* the parts apart (an accum between them) */
+          ts_emu_dev_launches_reset(d);
+          run_case(d, text, 1, 0, label);
+          separate = ts_emu_dev_launches_of(d, "attention_bwd_");
+          CHECK(separate == 6, "%s: %lld attention_bwd launches for the three parts apart, want 6", label, separate);
+          free(text);
+        }
+      }
+  case_feeds = NULL;
+  case_nfeeds = 0;
+  printf("one attention's backward: %lld launches (score passes) grouped, %lld apart\n", grouped, separate);
 }
 
 static const Case ring_cases[] = {{1, 4, 2, 12, 8, 1}, {2, 2, 2, 8, 16, 1}, {1, 4, 1, 10, 8, 0}};
@@ -428,6 +525,39 @@ static void test_nvrtc(void) {
       nvrtc_module(text, label);
       free(text);
     }
+  /* the backward's launch group (statistics, dq, dk + dv): the fused
+   * cases, then GPT-2's shapes (seq 1024, head_dim 64 and 128; the docs'
+   * ptxas table) */
+  for (size_t i = 0; i < sizeof fused_cases / sizeof fused_cases[0]; i++)
+    for (int t = 0; t < 2; t++) {
+      char *text = grads_text(&fused_cases[i], dts[t], i % 2, i % 2 ? 5 : 0, 7), label[64];
+      snprintf(label, sizeof label, "grads case %zu %s", i, dts[t]);
+      printf("%s\n", label);
+      nvrtc_module(text, label);
+      free(text);
+    }
+  {   /* head_dim 6 in f32: the double path's dk + dv kernel on float operands */
+    static const Case odd = {1, 4, 2, 13, 6, 1};
+    char *text = grads_text(&odd, "f32", 1, 5, 7);
+    printf("grads head_dim 6 f32\n");
+    nvrtc_module(text, "grads head_dim 6 f32");
+    free(text);
+  }
+  static const Case gpt2[] = {{8, 12, 12, 1024, 64, 1}, {8, 6, 6, 1024, 128, 1}};
+  for (int g = 0; g < 2; g++) {
+    char *text = grads_text(&gpt2[g], "f32", 0, 0, 7), label[128];
+    snprintf(label, sizeof label, "GPT-2 f32 seq 1024 head_dim %d (attention_grads_*: 0 statistics, 1 dq, 2 dk + dv)",
+             gpt2[g].D);
+    printf("%s\n", label);
+    nvrtc_module(text, label);
+    free(text);
+    text = fused_text(&gpt2[g], "f32", 0, 0);   /* the parts apart: each its statistics and its own kernel */
+    snprintf(label, sizeof label, "GPT-2 f32 seq 1024 head_dim %d, the parts apart (attention_bwd_*: 0 statistics, 1 the part)",
+             gpt2[g].D);
+    printf("%s\n", label);
+    nvrtc_module(text, label);
+    free(text);
+  }
   for (int t = 0; t < 2; t++) {
     char *text = ring_text(&ring_cases[0], dts[t], t, t ? 7 : 0), label[64];
     snprintf(label, sizeof label, "ring %s", dts[t]);
@@ -446,9 +576,10 @@ int main(int argc, char **argv) {
     if (strcmp(what, "fused") == 0) test_fused(d, 0);
     else if (strcmp(what, "ring") == 0) test_ring(d, 0);
     else if (strcmp(what, "docs") == 0) test_docs(d);
+    else if (strcmp(what, "grads") == 0) test_grads(d);
     else if (strcmp(what, "vocab") == 0) test_vocab(d);
     else if (strcmp(what, "moe_overflow") == 0) test_moe_overflow(d);
-    else { fprintf(stderr, "usage: test_emu_lib fused|ring|docs|vocab|moe_overflow|nvrtc\n"); return 2; }
+    else { fprintf(stderr, "usage: test_emu_lib fused|ring|docs|grads|vocab|moe_overflow|nvrtc\n"); return 2; }
     long long launches = 0;
     ts_emu_dev_counts(d, &launches, NULL, NULL);
     printf("emulated device: %lld launches\n", launches);

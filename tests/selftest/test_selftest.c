@@ -24,7 +24,7 @@
 /* the kinds the self-test must cover (docs/cuda.md, "The self-test") */
 static const char *const want_kinds[] = {
   "elementwise", "softmax", "log_softmax", "layernorm", "rmsnorm", "cross_entropy", "reduce", "sum_to", "sumsq",
-  "activations", "dropout", "matmul", "gemm_bias", "attention", "embedding", "rope", "adamw", "accum_zero",
+  "activations", "dropout", "matmul", "gemm_bias", "attention", "attention_grads", "embedding", "rope", "adamw", "accum_zero",
   "layout",
 };
 enum { NWANT = sizeof want_kinds / sizeof want_kinds[0] };
