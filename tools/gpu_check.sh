@@ -102,11 +102,11 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi > "$out/nvidia-smi.txt" 2
   arch=sm_$cap
   cuda=$(grep -o "CUDA Version: [0-9.]*" "$out/nvidia-smi.txt" | head -1)
   row env ok "$q; $cuda; kit $commit; $(uname -r)"
-  case "$gpuname" in   # dense fp32 (no tensor cores) and dense bf16 tensor, NVIDIA's datasheets, TFLOP/s
-    *H100*PCIe*) peak32=51 peak16=756 ;;
-    *H100*|*H200*|*GH200*) peak32=67 peak16=989 ;;
-    *A100*) peak32=19.5 peak16=312 ;;
-    *B200*) peak32=80 peak16=2250 ;;
+  case "$gpuname" in   # dense fp32 (no tensor cores), dense bf16 and tf32 tensor, NVIDIA's datasheets, TFLOP/s
+    *H100*PCIe*) peak32=51 peak16=756 peaktf32=378 ;;
+    *H100*|*H200*|*GH200*) peak32=67 peak16=989 peaktf32=494 ;;
+    *A100*) peak32=19.5 peak16=312 peaktf32=156 ;;
+    *B200*) peak32=80 peak16=2250 peaktf32=1100 ;;
   esac
   # where the CUDA libraries are, for the logs (the runtime finds them itself: ir/dl.h)
   { ldconfig -p 2>/dev/null | grep -E "libcuda\.so|libnvrtc|libcublasLt|libnccl|libcudart"
@@ -189,11 +189,12 @@ L=12 D=768 V=50304 S=1024 B=8
 # per token 6N + 12*L*D*S (PaLM, appendix B: 12 L H Q T with H*Q = D, T = S)
 N=$(( V * D + L * (12 * D * D + 13 * D) + 2 * D ))
 fpt=$(( 6 * N + 12 * L * D * S ))
-mfu_note="MFU = tokens/s x (6N + 12*L*d*s) / peak, N=$N; peak f32 ${peak32:-?} TFLOP/s (dense, no tensor cores), bf16 ${peak16:-?} (dense, tensor cores)"
-# gpt2_row NAME LABEL [ENV=VALUE...]: the plan 8 steps on the GPU (under env), the median
-# of the steps after the third (the first runs eagerly, the second captures)
+mfu_note="MFU = tokens/s x (6N + 12*L*d*s) / peak, N=$N; peak f32 ${peak32:-?} TFLOP/s (dense, no tensor cores), tf32 ${peaktf32:-?} and bf16 ${peak16:-?} (dense, tensor cores)"
+# gpt2_row NAME LABEL PEAK [ENV=VALUE...]: the plan 8 steps on the GPU (under env), the
+# median of the steps after the third (the first runs eagerly, the second captures); MFU
+# against PEAK TFLOP/s
 gpt2_row() {
-  local name=$1 label=$2; shift 2
+  local name=$1 label=$2 peak=$3; shift 3
   run_part "$name-gpu" 150 env "$@" "$MRUN" "$out/gpt2.plan" --steps 8 --data "$data" --metrics "$out/$name.jsonl"
   if [ "$rc" != 0 ]; then row "$name" "$(status_of)" "$(why_failed "$out/$name-gpu.log")"; return; fi
   local st tps mfu
@@ -202,18 +203,18 @@ gpt2_row() {
        awk '{d[NR]=$1} END{print (NR ? d[int((NR+1)/2)] : 0)}')
   if ! awk -v s="$st" 'BEGIN{exit !(s > 0)}'; then row "$name" FAIL "no step times in $out/$name.jsonl"; return; fi
   tps=$(awk -v s="$st" -v t=$((B * S)) 'BEGIN{printf "%.0f", t/s}')
-  mfu=$(awk -v s="$st" -v t=$((B * S)) -v f=$fpt -v p="${peak32:-0}" 'BEGIN{if (p>0) printf "%.1f%%", 100*t*f/s/(p*1e12); else print "?"}')
-  row "$name" ok "tessera $label: $(awk -v s="$st" 'BEGIN{printf "%.1f", s*1000}') ms/step, $tps tokens/s, MFU $mfu of ${peak32:-?} TFLOP/s; loss $(losses "$out/$name.jsonl" | head -1) -> $(losses "$out/$name.jsonl" | tail -1)"
+  mfu=$(awk -v s="$st" -v t=$((B * S)) -v f=$fpt -v p="${peak:-0}" 'BEGIN{if (p>0) printf "%.1f%%", 100*t*f/s/(p*1e12); else print "?"}')
+  row "$name" ok "tessera $label: $(awk -v s="$st" 'BEGIN{printf "%.1f", s*1000}') ms/step, $tps tokens/s, MFU $mfu of ${peak:-?} TFLOP/s; loss $(losses "$out/$name.jsonl" | head -1) -> $(losses "$out/$name.jsonl" | tail -1)"
 }
 if ! want gpt2-124m; then :
 elif [ "$gpu" = 1 ]; then
   run_part gpt2-mcc 120 "$MCC" "$samples/gpt.mdl" -D batch=$B -D micro_batch=$B $target -o "$out/gpt2.plan"
   if [ "$rc" != 0 ]; then row gpt2-124m "$(status_of)" "mcc: $(why_failed "$out/gpt2-mcc.log")"
   else
-    gpt2_row gpt2-124m f32 TS_CUDA_TF32=0
+    gpt2_row gpt2-124m f32 "${peak32:-}" TS_CUDA_TF32=0
     # the GEMMs on tensor cores in TF32 (cuBLASLt's CUBLAS_COMPUTE_32F_FAST_TF32; the
     # generated kernels, attention included, stay f32): against PyTorch's allow_tf32
-    want tf32 && gpt2_row gpt2-124m-tf32 "f32, TF32 GEMMs" TS_CUDA_TF32=1
+    want tf32 && gpt2_row gpt2-124m-tf32 "f32, TF32 GEMMs" "${peaktf32:-}" TS_CUDA_TF32=1
   fi
 else
   row gpt2-124m "no GPU" "$mfu_note"
@@ -227,7 +228,7 @@ torch_row() {   # torch_row NAME SECONDS ARGS...
     --d-model $D --heads 12 --layers $L --batch $B --seq $S --steps 5 --warmup 2 "$@"
   if [ "$rc" != 0 ]; then row "$name" "$(status_of)" "$(tail -1 "$out/$name.log" | cut -c1-200)"; return; fi
   local st peak=${peak32:-0}
-  case " $* " in *" --bf16 "*) peak=${peak16:-0} ;; esac
+  case " $* " in *" --bf16 "*) peak=${peak16:-0} ;; *" --tf32 "*) peak=${peaktf32:-0} ;; esac
   st=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); s=sorted(d["step_s"]); print(s[len(s)//2])' "$out/$name.log")
   row "$name" ok "$(awk -v s="$st" -v t=$((B * S)) -v f=$fpt -v p="$peak" 'BEGIN{printf "%.1f ms/step, %.0f tokens/s, MFU %s of %s TFLOP/s", s*1000, t/s, (p>0? sprintf("%.1f%%", 100*t*f/s/(p*1e12)) : "?"), p}') (bench/torch_step.py --device cuda $*)"
 }
