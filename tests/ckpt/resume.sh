@@ -153,10 +153,12 @@ refusals)
   expect "latest damaged" "does not name a checkpoint" p.plan --steps 6 --load bad
   run p.plan --steps 6 --load ck/iter_0000004 || die "--load of an iter directory: $(tail -2 out.txt)"
   # SIGTERM: the run stops after a step, saves it, and resumes from there
-  "$MRUN" p.plan --steps 1000000 --save sig --data corpus.txt --quiet > sig.txt 2>&1 &
+  # (signalled once its first step is done: --metrics has a line; a fixed
+  # wait could signal it before its handler is in place on a loaded machine)
+  rm -f sig.jsonl
+  "$MRUN" p.plan --steps 1000000 --save sig --data corpus.txt --quiet --metrics sig.jsonl > sig.txt 2>&1 &
   pid=$!
-  for _ in $(seq 100); do [ -d sig ] || [ -s sig.txt ] && break; sleep 0.1; done
-  sleep 1
+  for _ in $(seq 600); do [ -s sig.jsonl ] && break; sleep 0.1; done
   kill -TERM $pid
   wait $pid
   rc=$?
