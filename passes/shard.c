@@ -1421,7 +1421,7 @@ static void shard_node(Sh *S, int i) {
     }
   }
   const IrType *typed = (ir_ops[n->op].flags & OPF_TYPED) ? &lt : NULL;
-  int in0_split = ax_get(&ish[0], IR_AXIS_TP);
+  int in0_split = nin > 0 ? ax_get(&ish[0], IR_AXIS_TP) : AX_R;   /* leaves have no ish[0] */
   uint8_t red_axes = (n->op == IR_OP_MAX || n->op == IR_OP_MEAN) ? ish[0].split[n->ia[0]] : 0;
   int64_t ia[IR_MAX_IATTR];
   memcpy(ia, n->ia, sizeof ia);
