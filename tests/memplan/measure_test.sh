@@ -93,6 +93,22 @@ check() {   # model tp pp fuse(yes|no) backend [recompute options]
   done
 }
 
+# activation recompute (mcc --recompute, --memory-budget): what mrun
+# allocates and holds at the loss is still the report's, byte for byte
+# (gpt: full on both backends and tp 1 / 2, selective, and auto at a
+# budget between the two: 300 KiB at tp 1, 100 KiB at tp 2 + sp)
+case " $MODELS " in *" gpt "*)
+  check gpt 1 1 yes llvm "--recompute full"
+  check gpt 2 1 no ref "--recompute full"
+  if [ -z "${MEASURE_QUICK:-}" ]; then
+    check gpt 1 1 yes ref "--recompute full"
+    check gpt 2 1 yes llvm "--recompute selective"
+    check gpt 1 1 yes llvm "--memory-budget 300K"
+    check gpt 2 1 yes llvm "--sp --memory-budget 100K"
+    check gpt 1 2 yes llvm "--recompute full"
+  fi ;;
+esac
+
 for model in $MODELS; do
   if [ -n "${MEASURE_QUICK:-}" ]; then
     # the sanitizer build (JIT and mrun are several times slower there):
