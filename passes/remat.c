@@ -482,6 +482,8 @@ static int choose_recompute(Held *h, PassCtx *cx, const unsigned char *keep, uns
   held_plan(h, keep, avail, remat, base);   /* the cheap values only */
   for (int v = 0; v < L; v++) deny[v] = bound[v] && !remat[v];   /* unless the cheap values recompute it */
   double f0 = plan_flops(h, remat, need, &nv0), fwd = 0;
+  unsigned char *need0 = arena_alloc(&cx->scratch, nn);   /* what the cheap values recompute */
+  memcpy(need0, need, nn);
   for (int v = 0; v < L; v++) fwd += node_flops(h->b, &h->b->nodes[v]);
   /* candidates: what no layer boundary is (recomputing a layer's input
    * would recompute the layers before it, all at once) */
@@ -528,7 +530,7 @@ chosen:;
   double f = plan_flops(h, remat, need, &nv);
   int ngemm = 0, nattn = 0, ncoll = 0;
   for (int v = 0; v < L; v++) {
-    if (!need[v]) continue;
+    if (!need[v] || need0[v]) continue;
     IrOp op = h->b->nodes[v].op;
     ngemm += op == IR_OP_MATMUL || op == IR_OP_GMM;
     nattn += op == IR_OP_ATTENTION || op == IR_OP_ATTN_ACC;
@@ -547,8 +549,8 @@ chosen:;
   }
   snprintf(cx->recompute_summary, sizeof cx->recompute_summary,
            "recompute %s%s: holds at the loss per micro batch %s%s, was %s with the cheap values only; "
-           "recomputes %d values in the backward (%d more than the cheap ones: %d GEMMs, %d attention, %d "
-           "collectives), %.4g FLOPs more per micro batch (+%.1f%% of the forward's %.4g)",
+           "recomputes %d values in the backward (%d more than the cheap ones, among them %d GEMMs, %d attention, "
+           "%d collectives), %.4g FLOPs more per micro batch (+%.1f%% of the forward's %.4g)",
            pass_recompute_name(cx->recompute), bb, b1, ns > 1 ? " (largest stage)" : "", b0, nv, nv - nv0, ngemm,
            nattn, ncoll, f - f0, fwd > 0 ? 100.0 * (f - f0) / fwd : 0.0, fwd);
   return 0;
