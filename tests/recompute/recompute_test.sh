@@ -21,10 +21,10 @@ same() {   # a b: losses and parameters bit-identical
   cmp -s "$1.bin" "$2.bin" && cmp -s <(sed 's/"tokens_per_s.*//' "$1.jsonl") <(sed 's/"tokens_per_s.*//' "$2.jsonl")
 }
 
-for layout in "1" "2 --tp 2" "2 --tp 2 --sp" "2 --dp 2" "2 --pp 2" "2 --cp 2"; do
+for layout in "1" "1 -D dropout=0.1" "2 --tp 2" "2 --tp 2 --sp" "2 --dp 2" "2 --pp 2" "2 --cp 2"; do
   set -- $layout
   g=$1; shift
-  name="g$g$(printf %s "$*" | tr -d " -")"
+  name="g$g$(printf %s "$*" | tr -d " -=.")"
   "$MCC" "$SRC/samples/gpt.mdl" $D "$@" --recompute full --report memory > $name.full.rep 2> err.txt ||
     { die "$name: mcc --recompute full --report memory: $(cat err.txt)"; continue; }
   now=$(held_now $name.full.rep) was=$(held_was $name.full.rep)
