@@ -236,3 +236,85 @@ int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const
   }
   return 0;
 }
+
+/* The global elements of value n: its local ones times the ranks of every
+ * axis that splits a dim of it. */
+static double global_numel(const IrModule *m, const IrNode *n) {
+  double e = (double)ir_type_numel(&n->type);
+  for (int d = 0; d < n->type.rank; d++)
+    for (int a = 0; a < IR_AXIS_COUNT; a++)
+      if (n->sh.split[d] & (1u << a)) e *= ir_axis_size(m, (IrAxis)a);
+  return e;
+}
+
+int pass_memplan_report_recompute(const IrModule *m, int mode, const char *summary, MemPlanAtFn llvm_at, void *ctx,
+                                  StrBuf *out, char *err, size_t errlen) {
+  sb_printf(out, "recompute: %s (mcc --recompute; docs/cli.md)\n", pass_recompute_name(mode));
+  if (summary && summary[0]) sb_printf(out, "# %s\n", summary);
+  int bi = ir_block_find(m, "micro");
+  const char *lossname = ts_intern("loss");
+  int L = -1;
+  const IrBlock *b = bi >= 0 ? &m->blocks.a[bi] : NULL;
+  for (int i = 0; b && i < b->n; i++)
+    if (b->nodes[i].op == IR_OP_OUTPUT && b->nodes[i].sa == lossname) L = i;
+  if (L < 0) {
+    sb_puts(out, "# (per layer: only for a plan with a micro block; a pipeline's stages: the stash rows)\n");
+    return 0;
+  }
+  int *unit = ts_xmalloc((size_t)(L + 1) * sizeof *unit), nl = 0;
+  unsigned char *anch = ts_xmalloc((size_t)L + 1);
+  char why[512];
+  if (pass_layer_units(m, b, L, unit, anch, &nl, why, sizeof why) != 0 || nl < 1) {
+    sb_printf(out, "# (per layer: no layers: %s)\n", why);
+    free(unit);
+    free(anch);
+    return 0;
+  }
+  MemPlan p;
+  if (plan_backend(m, bi, 1, llvm_at, ctx, &p, err, errlen) != 0) {
+    free(unit);
+    free(anch);
+    return -1;
+  }
+  /* what is live at the loss, by the unit that made it; the layers' inputs
+   * (anchored values an earlier unit makes and the layer reads) */
+  int pos = p.at ? p.at[L] : L;
+  double held = 0, input = 0, h = 0;
+  unsigned char *counted = ts_xcalloc((size_t)L + 1, 1);
+  for (int v = 0; v < L; v++)
+    if (p.buf[v] == v && p.first[v] <= pos && pos <= p.last[v] && unit[v] >= 1 && unit[v] <= nl) held += (double)p.size[v];
+  for (int r = 0; r < L; r++)
+    for (int k = 0; k < b->nodes[r].nin; k++) {
+      int v = b->nodes[r].in[k];
+      if (!anch[v] || unit[r] <= unit[v] || unit[r] < 1 || unit[r] > nl || counted[v]) continue;
+      counted[v] = 1;
+      input += (double)ir_type_numel(&b->nodes[v].type) * ir_dtype_size(b->nodes[v].type.dtype);
+      if (unit[r] == 1) h += global_numel(m, &b->nodes[v]);
+    }
+  plan_mem_free(&p);
+  free(counted);
+  free(unit);
+  free(anch);
+  double s = (double)m->train.seq_len, bsz = (double)m->train.micro_batch, e = ir_dtype_size(m->train.precision);
+  int t = ir_axis_size(m, IR_AXIS_TP), cp = ir_axis_size(m, IR_AXIS_CP), sp = m->par.sp;
+  h = s * bsz > 0 ? h / (s * bsz) : 0;
+  sb_printf(out, "# per layer of the %d in the repeat stack, on rank 0 (the first stage): the bytes its values hold\n"
+                 "# at the loss, and Korthikanti et al. 2022's figures (16-bit activations) scaled to %g-byte\n"
+                 "# elements, with s=%g b=%g h=%g (the first layer's input / (s b)) t=%d%s%s:\n",
+            nl, e, s, bsz, h, t, sp ? " sp" : "", cp > 1 ? " (and / cp)" : "");
+  char label[160];
+  report_row(out, "per layer: held at the loss (mean)", (size_t)(held / nl + 0.5));
+  report_row(out, "per layer: the layer's input", (size_t)(input / nl + 0.5));
+  double sbh = s * bsz * h * e / 2 / cp;   /* s b h at 2 bytes, in this precision */
+  double keep = sp || t == 1 ? 34.0 / t : 10.0 + 24.0 / t, in = sp ? 2.0 / t : 2.0;
+  if (mode != PASS_RECOMPUTE_FULL) {
+    snprintf(label, sizeof label, "Korthikanti, %s: %s", mode == PASS_RECOMPUTE_NONE ? "none (fused attn)" : "selective",
+             sp || t == 1 ? "34 s b h / t" : "s b h (10 + 24 / t)");
+    report_row(out, label, (size_t)(keep * sbh + 0.5));
+  }
+  if (mode == PASS_RECOMPUTE_FULL || mode == PASS_RECOMPUTE_AUTO) {
+    snprintf(label, sizeof label, "Korthikanti, full: %s", sp ? "2 s b h / t" : "2 s b h");
+    report_row(out, label, (size_t)(in * sbh + 0.5));
+  }
+  return 0;
+}

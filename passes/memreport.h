@@ -31,4 +31,13 @@ int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const
                                  const IrModule *unsharded, MemPlanAtFn llvm_at, void *ctx, StrBuf *out, char *err,
                                  size_t errlen);
 
+/* The recompute section of --report memory for the compiled module m (the
+ * program of rank 0; pipeline plans: the mode only): the mode, pass
+ * remat's summary, and per layer of the repeat stack (pass_layer_units)
+ * the bytes its values hold at the loss in the micro block's plan and the
+ * bytes of its input, next to Korthikanti et al.'s per-layer figures for
+ * the mode.  0, or -1 with a message. */
+int pass_memplan_report_recompute(const IrModule *m, int mode, const char *summary, MemPlanAtFn llvm_at, void *ctx,
+                                  StrBuf *out, char *err, size_t errlen);
+
 #endif

@@ -445,6 +445,53 @@ static int chunks_from_layers(const PipeOptions *o, int L, int nchunks, int *beg
   return 0;
 }
 
+/* units: anchored nodes by position (cut[]); free nodes follow their first
+ * anchored reader (in reverse, so chains of free nodes follow too); a free
+ * value nothing anchored reads is in unit 0. */
+static void assign_units(const IrBlock *b, const Flow *f, const int *cut, int nu, int *unit) {
+  for (int i = 0, u = 0; i < b->n; i++) {
+    while (u + 1 < nu && cut[u] <= i) u++;
+    unit[i] = anchored(f, i) ? u : -1;
+  }
+  for (int i = b->n - 1; i >= 0; i--)
+    if (unit[i] >= 0 || !anchored(f, i))
+      for (int k = 0; k < b->nodes[i].nin; k++) {
+        int v = b->nodes[i].in[k];
+        if (!anchored(f, v) && unit[i] >= 0 && (unit[v] < 0 || unit[v] > unit[i])) unit[v] = unit[i];
+      }
+  for (int i = 0; i < b->n; i++)
+    if (unit[i] < 0) unit[i] = 0;
+}
+
+int pass_layer_units(const IrModule *m, const IrBlock *blk, int n, int *unit, unsigned char *anch, int *nlayers,
+                     char *err, size_t errlen) {
+  IrBlock b = *blk;   /* a view of the first n nodes */
+  b.n = n < blk->n ? n : blk->n;
+  int *layer_of = ts_xmalloc((size_t)(m->states.n + 1) * sizeof *layer_of);
+  const char *stack;
+  int L = 0, *cut = NULL;
+  Flow f;
+  memset(&f, 0, sizeof f);
+  int rc = find_stack(m, &stack, &L, layer_of, err, errlen);
+  if (rc == 0) rc = flow_build(m, &b, layer_of, L, &f, err, errlen);
+  if (rc == 0) {
+    double *cut_bytes = ts_xcalloc((size_t)L + 2, sizeof *cut_bytes);
+    cut = ts_xmalloc((size_t)(L + 2) * sizeof *cut);
+    rc = place_cuts(&b, &f, cut, cut_bytes, err, errlen);
+    free(cut_bytes);
+  }
+  if (rc == 0) {
+    assign_units(&b, &f, cut, L + 2, unit);
+    if (anch)
+      for (int i = 0; i < b.n; i++) anch[i] = (unsigned char)anchored(&f, i);
+    *nlayers = L;
+  }
+  free(cut);
+  free(layer_of);
+  flow_free(&f);
+  return rc;
+}
+
 void pass_pipe_partition_free(PipePartition *p) {
   free(p->flops);
   free(p->bytes);
@@ -483,24 +530,10 @@ int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *
     rc = place_cuts(b, &f, cut, out->cut_bytes, err, errlen);
   }
   if (rc == 0) {
-    /* units: anchored nodes by position; free nodes follow their first
-     * anchored reader (in reverse, so chains of free nodes follow too) */
     out->nnodes = b->n;
     out->node_unit = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *out->node_unit);
-    for (int i = 0, u = 0; i < b->n; i++) {
-      while (u + 1 < nu && cut[u] <= i) u++;
-      out->node_unit[i] = anchored(&f, i) ? u : -1;
-    }
-    for (int i = b->n - 1; i >= 0; i--)
-      if (out->node_unit[i] >= 0 || !anchored(&f, i))
-        for (int k = 0; k < b->nodes[i].nin; k++) {
-          int v = b->nodes[i].in[k];
-          if (!anchored(&f, v) && out->node_unit[i] >= 0 &&
-              (out->node_unit[v] < 0 || out->node_unit[v] > out->node_unit[i]))
-            out->node_unit[v] = out->node_unit[i];
-        }
+    assign_units(b, &f, cut, nu, out->node_unit);
     for (int i = 0; i < b->n; i++) {
-      if (out->node_unit[i] < 0) out->node_unit[i] = 0;    /* unused free value */
       int u = out->node_unit[i];
       out->flops[u] += 3 * node_flops(b, &b->nodes[i]);
       out->bytes[u] += node_bytes(&b->nodes[i]);

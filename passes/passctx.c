@@ -10,6 +10,19 @@ void pass_ctx_init(PassCtx *cx) {
   cx->verify_each = 1;
   cx->print_to = stdout;
   cx->activation_budget = -1;
+  cx->memory_budget = -1;
+}
+
+static const char *const recompute_names[PASS_RECOMPUTE_COUNT] = {"none", "full", "selective", "auto"};
+
+const char *pass_recompute_name(int mode) {
+  return mode >= 0 && mode < PASS_RECOMPUTE_COUNT ? recompute_names[mode] : "?";
+}
+
+int pass_recompute_lookup(const char *name) {
+  for (int i = 0; name && i < PASS_RECOMPUTE_COUNT; i++)
+    if (strcmp(name, recompute_names[i]) == 0) return i;
+  return -1;
 }
 
 void pass_ctx_free(PassCtx *cx) { arena_free(&cx->scratch); }

@@ -6,6 +6,17 @@
 #define TS_PASSES_H
 #include "ir/ir.h"
 
+typedef enum {
+  PASS_RECOMPUTE_NONE,       /* the cheap values only (the default) */
+  PASS_RECOMPUTE_FULL,       /* keep each layer's input, recompute the layer */
+  PASS_RECOMPUTE_SELECTIVE,  /* the values whose recomputation costs few FLOPs per byte saved */
+  PASS_RECOMPUTE_AUTO,       /* the least added FLOPs within memory_budget */
+  PASS_RECOMPUTE_COUNT
+} PassRecompute;
+/* "none", "full", "selective", "auto"; pass_recompute_lookup: -1 if unknown */
+const char *pass_recompute_name(int mode);
+int pass_recompute_lookup(const char *name);
+
 typedef struct PassCtx {
   Arena scratch;             /* reset after each pass */
   char err[2048];            /* a failing pass writes its message here */
@@ -24,6 +35,14 @@ typedef struct PassCtx {
   int regather;              /* --regather: gather every one again (Megatron's; the least memory) */
   int64_t activation_budget; /* --activation-budget: the most bytes a micro batch may hold across its
                                 backward per pipeline stage, or -1 (no limit: every copy is kept) */
+  /* --recompute (pass remat, passes/remat.c): what else the backward
+   * recomputes beyond the cheap values: whole layers from their inputs
+   * (full), what the cost model finds cheap to compute and expensive to
+   * keep (selective), or the least FLOPs that fit memory_budget (auto) */
+  int recompute;             /* PassRecompute */
+  int64_t memory_budget;     /* --memory-budget (auto): the most bytes held for the backward per micro
+                                batch and pipeline stage (counted as activation_budget), or -1 */
+  char recompute_summary[1536]; /* what pass remat chose under --recompute: its values, bytes, FLOPs */
   /* pipeline partition overrides (pass "partition"; vpp and the schedule
    * are in m->par): --pp-layers (layers per chunk) and --pp-layout */
   const int *pp_layers;

@@ -58,6 +58,16 @@ typedef struct {
  * On success *out owns heap arrays: pass_pipe_partition_free. */
 int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *out, char *err, size_t errlen);
 void pass_pipe_partition_free(PipePartition *p);
+/* The units of the first n nodes of block b (any block whose first n
+ * nodes are a forward in program order: "forward", or "micro" up to its
+ * `output "loss"` after shard), by the rules above: unit[i] = 0 (E),
+ * 1 + layer, or nlayers + 1 (L); anch[i] (when not NULL) = 1 for an
+ * anchored node (an activation: depends on a model input and a
+ * parameter), 0 for a free one (its unit is its first anchored reader's).
+ * What pass remat's --recompute calls a layer.  0, or -1 with a message
+ * (no repeat stack, layers out of order). */
+int pass_layer_units(const IrModule *m, const IrBlock *b, int n, int *unit, unsigned char *anch, int *nlayers,
+                     char *err, size_t errlen);
 /* "E + layers 0-2", "layers 3-5 + L", "(empty)": the units of chunk g. */
 void pass_pipe_chunk_str(const PipePartition *p, int g, char *buf, size_t n);
 

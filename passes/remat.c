@@ -47,6 +47,23 @@
  *
  * `--no-remat` (PassCtx.no_remat) turns the pass off, for comparisons.
  *
+ * --recompute (PassCtx.recompute; docs/memory.md) recomputes more, with
+ * the same clones: allow[v] lets a value that is not cheap be recomputed
+ * (GEMMs, attention, collectives: any op that is neither a leaf nor an
+ * effect), pin[v] marks a value the backward reads for a recomputation,
+ * deny[v] keeps a layer's input.  Layers are the units of the repeat
+ * stack (pass_layer_units, the pipeline partition's rules: no model
+ * names); a layer's input is what an earlier unit makes and it reads.
+ *   - full: every value of a layer is allowed, its inputs pinned;
+ *   - selective: greedy, most held bytes saved per FLOP added first, while
+ *     a step adds at most RECOMPUTE_SELECTIVE_FLOPS_PER_ELEMENT per element
+ *     it saves;
+ *   - auto: the same greedy without that bound until every stage holds at
+ *     most PassCtx.memory_budget bytes (counted as the memory plan counts
+ *     the bytes live at the loss), or a refusal with the least figure.
+ * What was chosen (values, bytes, FLOPs) goes to cx->recompute_summary,
+ * which mcc --report memory prints.
+ *
  * Expects: after shard (collectives are in place), before pipeline (a
  *   clone takes the stage tag of the backward node that first reads it).
  * Guarantees: the same numbers (a clone is the same op on the same
@@ -54,6 +71,7 @@
  *   cleared on the clones (fuse runs later). */
 #include "passes.h"
 #include "codegen/cg.h"
+#include "pipe.h"
 
 static int cheap(const IrNode *n, int regather) {
   if (n->op == IR_OP_ALL_GATHER) return regather;   /* the cost model's choice */
@@ -145,11 +163,23 @@ typedef struct {
   const unsigned char *written;     /* per state: an effect of the block writes it */
   const unsigned char *read_late;   /* per value before L: read after it */
   int nstage;
+  /* --recompute: allow[v] = v may be recomputed though not cheap();
+   * pin[v] = the backward needs v (a recomputation reads it) though no
+   * original backward node does: v counts as read after the loss;
+   * deny[v] = v is never recomputed, cheap or not (a layer's input under
+   * --recompute: recomputing it would recompute the layers before it) */
+  const unsigned char *allow, *pin, *deny;
+  /* --recompute counts as the memory plan does (plan/memplan.h), so that
+   * a --memory-budget is the report's "held for the backward" row: each
+   * buffer 64-byte aligned, and extra[stage] bytes more (the loss value,
+   * live where the loss is reported); 0 / NULL: exact bytes */
+  int align;
+  const int64_t *extra;
 } Held;
 
 static void held_plan(const Held *h, const unsigned char *keep, unsigned char *avail, unsigned char *remat,
                       int64_t *held_bytes) {
-  for (int s = 0; s < h->nstage; s++) held_bytes[s] = 0;
+  for (int s = 0; s < h->nstage; s++) held_bytes[s] = h->extra ? h->extra[s] : 0;
   for (int v = 0; v < h->L; v++) {
     const IrNode *nd = &h->b->nodes[v];
     remat[v] = 0;
@@ -157,13 +187,16 @@ static void held_plan(const Held *h, const unsigned char *keep, unsigned char *a
       avail[v] = !h->written[nd->ia[0]];
       continue;
     }
-    int ok = cheap(nd, !keep[v]);
+    int late = h->read_late[v] || h->pin[v];
+    int ok = (cheap(nd, !keep[v]) || h->allow[v]) && !h->deny[v];
     for (int k = 0; k < nd->nin && ok; k++) ok = avail[nd->in[k]];
-    remat[v] = ok && h->read_late[v];
-    avail[v] = h->read_late[v] || ok;
-    if (h->read_late[v] && !remat[v])
-      held_bytes[nd->stage >= 0 && nd->stage < h->nstage ? nd->stage : 0] +=
-          ir_type_numel(&nd->type) * (int64_t)ir_dtype_size(nd->type.dtype);
+    remat[v] = ok && late;
+    avail[v] = late || ok;
+    if (late && !remat[v]) {
+      int64_t by = ir_type_numel(&nd->type) * (int64_t)ir_dtype_size(nd->type.dtype);
+      if (h->align) by = by < 64 ? 64 : (by + 63) / 64 * 64;
+      held_bytes[nd->stage >= 0 && nd->stage < h->nstage ? nd->stage : 0] += by;
+    }
   }
 }
 
@@ -234,7 +267,297 @@ static void choose_kept(const Held *h, PassCtx *cx, unsigned char *keep, unsigne
   held_plan(h, keep, avail, remat, next);   /* avail / remat of the choice */
 }
 
+/* ---- --recompute: beyond the cheap values ---- */
+
+/* A value --recompute may recompute: any op that makes a value from its
+ * operands alone (GEMMs, attention, collectives: every rank of the group
+ * runs the same clone, in the same order), not a leaf (inputs, states,
+ * received or unstashed values), not an effect. */
+static int recomputable(const IrNode *n) {
+  return n->type.dtype != IR_VOID && !(ir_ops[n->op].flags & (OPF_EFFECT | OPF_LEAF));
+}
+
+static int64_t value_bytes(const IrNode *n) {
+  return ir_type_numel(&n->type) * (int64_t)ir_dtype_size(n->type.dtype);
+}
+
+/* FLOPs of computing node n once: a GEMM 2 M N K, fused attention (and a
+ * ring step of it) 4 Tq Tk D per head and batch (q k^T, then p v), a
+ * grouped GEMM 2 R N K, a pure layout op nothing, anything else one per
+ * result element. */
+static double node_flops(const IrBlock *b, const IrNode *n) {
+  double out = (double)ir_type_numel(&n->type);
+  if (n->op == IR_OP_MATMUL) {
+    const IrType *a = &b->nodes[n->in[0]].type;
+    return 2.0 * out * (double)(n->ia[0] ? a->dim[a->rank - 2] : a->dim[a->rank - 1]);
+  }
+  if (n->op == IR_OP_GMM) {
+    const IrType *a = &b->nodes[n->in[0]].type;
+    return 2.0 * out * (double)a->dim[a->rank - 1];
+  }
+  if ((n->op == IR_OP_ATTENTION || n->op == IR_OP_ATTN_ACC) && n->nin >= 2) {
+    const IrType *k = &b->nodes[n->in[1]].type;
+    return 4.0 * out * (double)(k->rank >= 2 ? k->dim[k->rank - 2] : 1);
+  }
+  if (n->op == IR_OP_RESHAPE || (ir_ops[n->op].flags & OPF_LEAF)) return 0;
+  return out;
+}
+
+/* The FLOPs the backward spends recomputing under plan (avail, remat):
+ * every value with remat set, and the values its clone is made from that
+ * are neither states nor held (backward_value() clones them on the way).
+ * *nvals: how many values that is. */
+static double plan_flops(const Held *h, const unsigned char *remat, unsigned char *need, int *nvals) {
+  int L = h->L;
+  double f = 0;
+  *nvals = 0;
+  memcpy(need, remat, (size_t)L);
+  for (int v = L - 1; v >= 0; v--) {
+    if (!need[v]) continue;
+    const IrNode *nd = &h->b->nodes[v];
+    f += node_flops(h->b, nd);
+    (*nvals)++;
+    for (int k = 0; k < nd->nin; k++) {
+      int w = nd->in[k];
+      int late = h->read_late[w] || h->pin[w];
+      if (h->b->nodes[w].op != IR_OP_STATE && !(late && !remat[w])) need[w] = 1;
+    }
+  }
+  return f;
+}
+
+static int64_t max_stage(const int64_t *bytes, int nstage, int *at) {
+  int64_t mx = 0;
+  *at = 0;
+  for (int s = 0; s < nstage; s++)
+    if (bytes[s] > mx) { mx = bytes[s]; *at = s; }
+  return mx;
+}
+
+/* The cost model of --recompute selective: a value is worth recomputing
+ * when the FLOPs its recomputation adds are at most this many per element
+ * of held bytes it saves: an elementwise or row op (a few), a GEMM whose
+ * reduction is at most 128 long (attention's q k^T over the head dim, the
+ * s x s scores of the composed form), attention itself over at most 64
+ * keys; not a GEMM over the model width, nor attention over a long
+ * sequence.  Counted per element, so the choice does not depend on the
+ * precision. */
+#define RECOMPUTE_SELECTIVE_FLOPS_PER_ELEMENT 256.0
+
+/* Allows v and, for its recomputation, what it reads that the backward
+ * would not have: each such operand recomputed in turn when it is a
+ * candidate, else pinned (held).  added[] lists what changed (w: allowed,
+ * -w-1: pinned), for undoing; returns its length. */
+static int close_over(const Held *h, int v, const unsigned char *cand, const unsigned char *avail,
+                      unsigned char *allow, unsigned char *pin, int *added, int *stack) {
+  int na = 0, sp = 0;
+  allow[v] = 1;
+  added[na++] = v;
+  stack[sp++] = v;
+  while (sp > 0) {
+    const IrNode *nd = &h->b->nodes[stack[--sp]];
+    for (int k = 0; k < nd->nin; k++) {
+      int w = nd->in[k];
+      if (avail[w] || allow[w] || pin[w]) continue;
+      if (cand[w] && !h->deny[w]) {
+        allow[w] = 1;
+        added[na++] = w;
+        stack[sp++] = w;
+      } else {
+        pin[w] = 1;
+        added[na++] = -w - 1;
+      }
+    }
+  }
+  return na;
+}
+
+/* Greedy: while a candidate helps, take the one that saves the most held
+ * bytes per FLOP added (over stages: all of them for selective, only
+ * those over the budget for auto), with what its recomputation needs
+ * (close_over: the values it is made from that the backward would not
+ * have, recomputed too or, when they cannot be, held: their bytes count
+ * against it); for auto, when a candidate that alone brings every stage
+ * within the budget adds no more FLOPs than that best one, the cheapest
+ * such candidate instead (the last step, not overshooting).
+ * selective stops at the cost model's bound, auto when every stage fits.  allow / pin grow; avail / remat / bytes hold the final plan. */
+static void greedy(const Held *h, PassCtx *cx, const unsigned char *keep, const unsigned char *cand,
+                   unsigned char *allow, unsigned char *pin, unsigned char *avail, unsigned char *remat,
+                   unsigned char *need, int64_t *bytes) {
+  int L = h->L, ns = h->nstage, nv;
+  int64_t *nb = arena_alloc(&cx->scratch, (size_t)ns * sizeof *nb);
+  unsigned char *av2 = arena_alloc(&cx->scratch, (size_t)(L ? L : 1)), *rm2 = arena_alloc(&cx->scratch, (size_t)(L ? L : 1));
+  int *added = arena_alloc(&cx->scratch, (size_t)(L ? L : 1) * sizeof *added);
+  int *stack = arena_alloc(&cx->scratch, (size_t)(L ? L : 1) * sizeof *stack);
+  held_plan(h, keep, avail, remat, bytes);
+  double flops = plan_flops(h, remat, need, &nv);
+  int auto_ = cx->recompute == PASS_RECOMPUTE_AUTO;
+  for (;;) {
+    int at;
+    if (auto_ && max_stage(bytes, ns, &at) <= cx->memory_budget) return;
+    int best = -1, fit = -1;   /* fit: the candidate of the least FLOPs that alone brings auto within budget */
+    double best_ratio = 0, best_f = 0, fit_f = 0;
+    for (int v = 0; v < L; v++) {
+      if (!cand[v] || allow[v] || !(h->read_late[v] || pin[v]) || remat[v]) continue;
+      const IrNode *nd = &h->b->nodes[v];
+      int na = close_over(h, v, cand, avail, allow, pin, added, stack);
+      held_plan(h, keep, av2, rm2, nb);
+      double f = plan_flops(h, rm2, need, &nv) - flops;
+      for (int k = 0; k < na; k++) {
+        int w = added[k] < 0 ? -added[k] - 1 : added[k];
+        if (added[k] < 0) pin[w] = 0;
+        else allow[w] = 0;
+      }
+      int64_t saved = 0;
+      for (int s = 0; s < ns; s++)
+        if (!auto_ || bytes[s] > cx->memory_budget) saved += bytes[s] - nb[s];
+      if (saved <= 0) continue;
+      int at2;
+      if (auto_ && max_stage(nb, ns, &at2) <= cx->memory_budget && (fit < 0 || f < fit_f)) { fit = v; fit_f = f; }
+      double elems = (double)saved / (double)ir_dtype_size(nd->type.dtype);
+      if (!auto_ && f > RECOMPUTE_SELECTIVE_FLOPS_PER_ELEMENT * elems) continue;
+      double ratio = (double)saved / (f > 1 ? f : 1);
+      if (best < 0 || ratio > best_ratio) { best = v; best_ratio = ratio; best_f = f; }
+    }
+    if (fit >= 0 && (best < 0 || fit_f <= best_f)) best = fit;   /* no dearer than the next step */
+    if (best < 0) return;
+    close_over(h, best, cand, avail, allow, pin, added, stack);
+    held_plan(h, keep, avail, remat, bytes);
+    flops = plan_flops(h, remat, need, &nv);
+  }
+}
+
+/* The plan of --recompute full: every layer (pass_layer_units: a unit of
+ * the model's repeat stack) keeps its input, the anchored values an
+ * earlier unit makes and it reads, and recomputes every other value the
+ * backward reads. */
+static void full_plan(const Held *h, const int *unit, const unsigned char *bound, int nl, unsigned char *allow,
+                      unsigned char *pin) {
+  for (int v = 0; v < h->L; v++) {
+    const IrNode *nd = &h->b->nodes[v];
+    allow[v] = unit[v] >= 1 && unit[v] <= nl && !bound[v] && recomputable(nd);
+    pin[v] = bound[v] && unit[v] <= nl;
+  }
+}
+
+static void fmt_bytes(char *buf, size_t n, int64_t b) {
+  snprintf(buf, n, "%lld bytes (%.2f MiB)", (long long)b, (double)b / (1024.0 * 1024.0));
+}
+
+/* --recompute: sets allow / pin (and avail / remat for them) by the mode,
+ * writes cx->recompute_summary.  -1 with cx->err: --recompute full on a
+ * model without a repeat stack, a --memory-budget that cannot be met. */
+static int choose_recompute(Held *h, PassCtx *cx, const unsigned char *keep, unsigned char *avail,
+                            unsigned char *remat, unsigned char *allow, unsigned char *pin, unsigned char *deny) {
+  int L = h->L, ns = h->nstage, nl = 0, nv0, nv;
+  size_t nn = (size_t)(L ? L : 1);
+  int *unit = arena_alloc(&cx->scratch, nn * sizeof *unit);
+  unsigned char *anch = arena_alloc(&cx->scratch, nn), *bound = arena_alloc(&cx->scratch, nn),
+                *cand = arena_alloc(&cx->scratch, nn), *need = arena_alloc(&cx->scratch, nn);
+  char uerr[512];
+  int units = pass_layer_units(h->m, h->b, L, unit, anch, &nl, uerr, sizeof uerr) == 0;
+  memset(bound, 0, nn);
+  if (units) {
+    for (int r = 0; r < L; r++)
+      for (int k = 0; k < h->b->nodes[r].nin; k++) {
+        int v = h->b->nodes[r].in[k];
+        if (anch[v] && unit[r] > unit[v]) bound[v] = 1;
+      }
+  } else if (cx->recompute == PASS_RECOMPUTE_FULL) {
+    snprintf(cx->err, sizeof cx->err, "--recompute full recomputes each layer of the model's repeat stack from "
+             "its input, and this model has none: %s", uerr);
+    return -1;
+  }
+  int64_t *base = arena_alloc(&cx->scratch, (size_t)ns * sizeof *base), *bytes = arena_alloc(&cx->scratch, (size_t)ns * sizeof *bytes);
+  int64_t *extra = arena_alloc(&cx->scratch, (size_t)ns * sizeof *extra);
+  memset(extra, 0, (size_t)ns * sizeof *extra);
+  const IrNode *lo = h->b->nodes[L].nin ? &h->b->nodes[h->b->nodes[L].in[0]] : NULL;
+  if (lo && !h->read_late[h->b->nodes[L].in[0]]) {
+    int64_t by = value_bytes(lo);
+    extra[lo->stage >= 0 && lo->stage < ns ? lo->stage : 0] += by < 64 ? 64 : (by + 63) / 64 * 64;
+  }
+  h->align = 1;
+  h->extra = extra;
+  memset(deny, 0, nn);
+  held_plan(h, keep, avail, remat, base);   /* the cheap values only */
+  for (int v = 0; v < L; v++) deny[v] = bound[v] && !remat[v];   /* unless the cheap values recompute it */
+  double f0 = plan_flops(h, remat, need, &nv0), fwd = 0;
+  unsigned char *need0 = arena_alloc(&cx->scratch, nn);   /* what the cheap values recompute */
+  memcpy(need0, need, nn);
+  for (int v = 0; v < L; v++) fwd += node_flops(h->b, &h->b->nodes[v]);
+  /* candidates: what no layer boundary is (recomputing a layer's input
+   * would recompute the layers before it, all at once) */
+  for (int v = 0; v < L; v++) cand[v] = recomputable(&h->b->nodes[v]) && !bound[v];
+  if (cx->recompute == PASS_RECOMPUTE_FULL) {
+    full_plan(h, unit, bound, nl, allow, pin);
+    held_plan(h, keep, avail, remat, bytes);
+  } else {
+    greedy(h, cx, keep, cand, allow, pin, avail, remat, need, bytes);
+    int at;
+    if (cx->recompute == PASS_RECOMPUTE_AUTO && max_stage(bytes, ns, &at) > cx->memory_budget) {
+      /* the greedy's end against full recompute: the smaller is the least */
+      int64_t least = max_stage(bytes, ns, &at);
+      const char *how = "recomputing every value the cost model may";
+      if (units) {
+        unsigned char *a2 = arena_alloc(&cx->scratch, nn), *p2 = arena_alloc(&cx->scratch, nn);
+        int64_t *fb = arena_alloc(&cx->scratch, (size_t)ns * sizeof *fb);
+        full_plan(h, unit, bound, nl, a2, p2);
+        Held hf = *h;
+        hf.allow = a2;
+        hf.pin = p2;
+        held_plan(&hf, keep, avail, remat, fb);
+        int at2;
+        int64_t fl = max_stage(fb, ns, &at2);
+        if (fl <= cx->memory_budget) {   /* full recompute fits where the greedy did not */
+          memcpy(allow, a2, nn);
+          memcpy(pin, p2, nn);
+          memcpy(bytes, fb, (size_t)ns * sizeof *fb);
+          goto chosen;
+        }
+        if (fl < least) { least = fl; at = at2; how = "recomputing every layer from its input (--recompute full)"; }
+      }
+      char b1[96], b2[96];
+      fmt_bytes(b1, sizeof b1, cx->memory_budget);
+      fmt_bytes(b2, sizeof b2, least);
+      snprintf(cx->err, sizeof cx->err, "--memory-budget %s cannot be met: the least a micro batch of this layout "
+               "can hold for its backward is %s%s, %s; give at least that, or split the activations over more "
+               "ranks (--tp with --sp, --cp, --pp) or a smaller micro batch", b1, b2,
+               ns > 1 ? " on a pipeline stage" : "", how);
+      return -1;
+    }
+  }
+chosen:;
+  double f = plan_flops(h, remat, need, &nv);
+  int ngemm = 0, nattn = 0, ncoll = 0;
+  for (int v = 0; v < L; v++) {
+    if (!need[v] || need0[v]) continue;
+    IrOp op = h->b->nodes[v].op;
+    ngemm += op == IR_OP_MATMUL || op == IR_OP_GMM;
+    nattn += op == IR_OP_ATTENTION || op == IR_OP_ATTN_ACC;
+    ncoll += op == IR_OP_ALL_REDUCE || op == IR_OP_ALL_GATHER || op == IR_OP_REDUCE_SCATTER ||
+             op == IR_OP_ALL_TO_ALL || op == IR_OP_ALL_TO_ALL_V || op == IR_OP_RING_SHIFT;
+  }
+  int at, at0;
+  int64_t held = max_stage(bytes, ns, &at), held0 = max_stage(base, ns, &at0);
+  char b1[96], b0[96], bb[160] = "";
+  fmt_bytes(b1, sizeof b1, held);
+  fmt_bytes(b0, sizeof b0, held0);
+  if (cx->recompute == PASS_RECOMPUTE_AUTO) {
+    char t[96];
+    fmt_bytes(t, sizeof t, cx->memory_budget);
+    snprintf(bb, sizeof bb, " (--memory-budget %s)", t);
+  }
+  snprintf(cx->recompute_summary, sizeof cx->recompute_summary,
+           "recompute %s%s: holds at the loss per micro batch %s%s, was %s with the cheap values only; "
+           "recomputes %d values in the backward (%d more than the cheap ones, among them %d GEMMs, %d attention, "
+           "%d collectives), %.4g FLOPs more per micro batch (+%.1f%% of the forward's %.4g)",
+           pass_recompute_name(cx->recompute), bb, b1, ns > 1 ? " (largest stage)" : "", b0, nv, nv - nv0, ngemm,
+           nattn, ncoll, f - f0, fwd > 0 ? 100.0 * (f - f0) / fwd : 0.0, fwd);
+  return 0;
+}
+
 int pass_remat(IrModule *m, PassCtx *cx) {
+  cx->recompute_summary[0] = 0;
   int bi = ir_block_find(m, "micro");
   if (bi < 0 || cx->no_remat) return 0;
   IrBlock *b = &m->blocks.a[bi];
@@ -248,16 +571,27 @@ int pass_remat(IrModule *m, PassCtx *cx) {
   ir_block_states_written(m, b, written);
   unsigned char *held = arena_alloc(&cx->scratch, (size_t)n), *avail = arena_alloc(&cx->scratch, (size_t)n),
                 *remat = arena_alloc(&cx->scratch, (size_t)n), *keep = arena_alloc(&cx->scratch, (size_t)n);
+  unsigned char *allow = arena_alloc(&cx->scratch, (size_t)n), *pin = arena_alloc(&cx->scratch, (size_t)n);
   memset(held, 0, (size_t)n);
+  memset(allow, 0, (size_t)n);
+  memset(pin, 0, (size_t)n);
   for (int i = L + 1; i < n; i++)
     for (int k = 0; k < b->nodes[i].nin; k++)
       if (b->nodes[i].in[k] < L) held[b->nodes[i].in[k]] = 1;
   int nstage = 1;
   for (int v = 0; v < L; v++) if (b->nodes[v].stage + 1 > nstage) nstage = b->nodes[v].stage + 1;
-  Held h = {m, b, L, written, held, nstage};
+  unsigned char *deny = arena_alloc(&cx->scratch, (size_t)n);
+  memset(deny, 0, (size_t)n);
+  Held h = {m, b, L, written, held, nstage, allow, pin, deny, 0, NULL};
   const char **why = arena_alloc(&cx->scratch, (size_t)(n ? n : 1) * sizeof *why);
   memset(why, 0, (size_t)(n ? n : 1) * sizeof *why);
+  int64_t saved_budget = cx->activation_budget;
+  if (cx->recompute == PASS_RECOMPUTE_AUTO && cx->activation_budget < 0) cx->activation_budget = cx->memory_budget;
   choose_kept(&h, cx, keep, avail, remat, why);
+  cx->activation_budget = saved_budget;
+  if (cx->recompute != PASS_RECOMPUTE_NONE && choose_recompute(&h, cx, keep, avail, remat, allow, pin, deny) != 0)
+    return -1;
+  for (int v = 0; v < L; v++) held[v] |= pin[v];   /* the backward reads them: backward_value() */
   for (int v = 0; v < L; v++)   /* kept copies: their notes say so (the re-gathered ones' clones do) */
     if (keep[v] && why[v]) {
       char buf[1400];

@@ -75,6 +75,13 @@ static void usage(FILE *f) {
           "  --regather             gather every gathered value again for the backward (Megatron's sp: the\n"
           "                         least memory, more bytes sent)\n"
           "  --keep-gathered        keep every gathered value for the backward (the default without a budget)\n"
+          "  --recompute MODE       activation recompute: none (the default: only values an elementwise, row\n"
+          "                         or layout op makes), full (keep each layer's input, recompute the layer),\n"
+          "                         selective (what costs at most 256 FLOPs per element saved), auto (the\n"
+          "                         least FLOPs that fit --memory-budget); docs/cli.md\n"
+          "  --memory-budget B      --recompute auto: the most bytes a micro batch may hold for its backward,\n"
+          "                         per rank and pipeline stage (suffix K, M, G); refused with the least\n"
+          "                         achievable figure when it cannot be met\n"
           "  --dump-ir=all DIR      write the IR after every pass to DIR/NN-<pass>.ir\n"
           "  --dump-ir=PASS DIR     ... after one pass only\n"
           "  --print-ir-after=PASS  print the IR after PASS to stdout\n"
@@ -156,6 +163,7 @@ typedef struct {
   int vpp;                   /* --vpp V; 0: 1 or the layout's */
   int vstage_layers;         /* --num-layers-per-virtual-pipeline-stage N (Megatron): vpp = layers / (pp N) */
   VEC(MdlSetting) config_sets, train_sets;   /* Megatron's flags that set config keys / train fields */
+  int recompute_given;       /* --recompute was given (else --memory-budget implies auto) */
   int keep_gathered;         /* --keep-gathered (the default; refused with --regather / --activation-budget) */
 } Args;
 
@@ -326,6 +334,23 @@ static int parse_args(int argc, char **argv, Args *a) {
       a->cx->activation_budget = (int64_t)v;
       continue;
     }
+    if (strcmp(s, "--recompute") == 0) {
+      NEED_ARG(s);
+      int mode = pass_recompute_lookup(next);
+      if (mode < 0) return usage_error("--recompute must be none, full, selective or auto, got '%s'", next);
+      a->cx->recompute = mode;
+      a->recompute_given = 1;
+      continue;
+    }
+    if (strcmp(s, "--memory-budget") == 0) {
+      NEED_ARG(s);
+      unsigned long long v;
+      if (parse_bytes(next, 1, &v) != 0 || v < 1)
+        return usage_error("--memory-budget expects a positive byte count (suffix K, M or G for KiB, MiB, GiB), "
+                           "got '%s'", next);
+      a->cx->memory_budget = (int64_t)v;
+      continue;
+    }
     if (strcmp(s, "--cp-attn") == 0) {
       NEED_ARG(s);
       if (strcmp(next, "ring") && strcmp(next, "allgather"))
@@ -417,6 +442,19 @@ static int parse_args(int argc, char **argv, Args *a) {
   if (a->keep_gathered + a->cx->regather + (a->cx->activation_budget >= 0) > 1)
     return usage_error("%s", "--keep-gathered, --regather and --activation-budget each decide what is kept for the "
                              "backward: give one of them");
+  if (a->cx->memory_budget >= 0 && !a->recompute_given) a->cx->recompute = PASS_RECOMPUTE_AUTO;
+  if (a->cx->memory_budget >= 0 && a->cx->recompute != PASS_RECOMPUTE_AUTO)
+    return usage_error("--memory-budget goes with --recompute auto (the compiler chooses what to recompute to fit "
+                       "it), not with --recompute %s", pass_recompute_name(a->cx->recompute));
+  if (a->cx->recompute == PASS_RECOMPUTE_AUTO && a->cx->memory_budget < 0)
+    return usage_error("%s", "--recompute auto needs --memory-budget BYTES: the most bytes a micro batch may hold "
+                             "for its backward, per rank");
+  if (a->cx->memory_budget >= 0 && a->cx->activation_budget >= 0)
+    return usage_error("%s", "--memory-budget and --activation-budget both bound the bytes held for the backward "
+                             "(--memory-budget also decides the gathered copies): give one of them");
+  if (a->cx->recompute != PASS_RECOMPUTE_NONE && a->cx->no_remat)
+    return usage_error("--no-remat turns pass remat off, and --recompute %s is pass remat's: give one of them",
+                       pass_recompute_name(a->cx->recompute));
   /* the partition pass reads the overrides from the pass context */
   a->cx->pp_layers = a->pp_layers.n ? a->pp_layers.a : NULL;
   a->cx->pp_nlayers = a->pp_layers.n;
@@ -843,6 +881,9 @@ static IrModule *compile_quiet(const Args *a, const MdlOptions *o, int dp) {
   cx.no_remat = a->cx->no_remat;
   cx.regather = a->cx->regather;
   cx.activation_budget = a->cx->activation_budget;
+  /* auto's budget is per rank of the layout: the one-rank comparison
+   * recomputes the cheap values only (the numbers are the same either way) */
+  if (a->cx->recompute != PASS_RECOMPUTE_AUTO) cx.recompute = a->cx->recompute;
   cx.cp_attn_allgather = a->cx->cp_attn_allgather;
   IrModule *m = compile(a, o, dp, &cx, NULL);
   pass_ctx_free(&cx);
@@ -883,6 +924,9 @@ static int report_memory(const Args *a, IrModule *m, StrBuf *out) {
   char err[1024];
   int rc = pass_memplan_report_ranks_at(p->programs, p->nprograms, p->rank_program, p->nranks, u, llvm_positions, NULL,
                                         out, err, sizeof err);
+  if (rc == 0)
+    rc = pass_memplan_report_recompute(p->programs[p->rank_program[0]], a->cx->recompute, a->cx->recompute_summary,
+                                       llvm_positions, NULL, out, err, sizeof err);
   if (rc != 0) fprintf(stderr, "mcc: %s\n", err);
   plan_free(p);
   ir_module_free(u);

@@ -78,6 +78,8 @@ typedef struct {
                               rel_val[rel_off[i] .. rel_off[i+1]) (compute_free_plan) */
   size_t used;             /* measured: the highest end (offset + size) of a buffer written */
   size_t live;             /* measured: the most bytes of buffers live at one position */
+  size_t held;             /* measured: the bytes of buffers live where `output "loss"` runs (what the
+                              forward holds for the backward: mcc --report memory's "held" row) */
   int64_t runs;
 } RtBlockMem;
 
@@ -738,10 +740,10 @@ static void print_memory(const RtProgram *p) {
           p->rank.coord[IR_AXIS_TP], kind[IR_STATE_PARAM], kind[IR_STATE_GRAD],
           kind[IR_STATE_ADAM_M] + kind[IR_STATE_ADAM_V], p->slab_bytes, p->arena_bytes);
   for (int b = 0; p->mem && b < p->m->blocks.n; b++)
-    fprintf(stderr, "rt memory: rank dp %d pp %d cp %d ep %d tp %d: block %s: runs %lld used %zu live %zu\n",
+    fprintf(stderr, "rt memory: rank dp %d pp %d cp %d ep %d tp %d: block %s: runs %lld used %zu live %zu held %zu\n",
             p->rank.coord[IR_AXIS_DP], p->rank.coord[IR_AXIS_PP], p->rank.coord[IR_AXIS_CP],
             p->rank.coord[IR_AXIS_EP], p->rank.coord[IR_AXIS_TP], p->m->blocks.a[b].name,
-            (long long)p->mem[b].runs, p->mem[b].used, p->mem[b].live);
+            (long long)p->mem[b].runs, p->mem[b].used, p->mem[b].live, p->mem[b].held);
 }
 
 /* One run of a block: where its values are, and the arena buffers held. */
@@ -751,6 +753,8 @@ typedef struct {
   int *refs;             /* per buffer owner: values holding the buffer, not yet released */
   unsigned char *held;   /* per value: holds an arena buffer */
   size_t live;           /* bytes of the buffers held now */
+  size_t ext_live;       /* bytes of the pipeline's (ext) buffers held now: with live, what is held at
+                            the loss (the plan counts both there) */
   void **xbuf;           /* per owner of an ext buffer (memplan.h): the pool buffer it holds */
   unsigned char *kept;   /* per such owner: a stash keeps its buffer (not ours to return) */
 } RtRun;
@@ -786,6 +790,7 @@ static void *claim(RtProgram *p, RtRun *r, const IrBlock *b, int v, char *msg, s
     r->buf[v] = r->xbuf[v] = x;
     r->held[v] = 1;
     r->refs[v] = 1;
+    r->ext_live += pl->size[v];
     return x;
   }
   unsigned char *q = p->arena + pl->offset[v];
@@ -814,6 +819,7 @@ static int release(RtProgram *p, RtRun *r, int v, int i, char *msg, size_t n) {
     return -1;
   }
   if (pl->ext[o]) {   /* back to the pool, unless a stash keeps it */
+    r->ext_live -= pl->size[o];
     if (!r->kept[o]) ext_put(p, r->xbuf[o], pl->size[o]);
     r->xbuf[o] = NULL;
     return 0;
@@ -926,6 +932,7 @@ static int handover(RtProgram *p, const IrBlock *b, int i, RtRun *r, const RtRun
   r->held[i] = 1;
   r->refs[i] = 1;
   r->kept[i] = 0;
+  r->ext_live += pl->size[i];
   return 0;
 }
 
@@ -988,6 +995,8 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
   }
   RtKctx k = {&p->env, b, nd, info, out, &nd->type, ind, inty, msg, n};
   int rc;
+  if (nd->op == IR_OP_OUTPUT && nd->sa && strcmp(nd->sa, "loss") == 0 && r->live + r->ext_live > r->bm->held)
+    r->bm->held = r->live + r->ext_live;
   if (p->dx && nd->op == IR_OP_OUTPUT) {
     rc = device_output(p, (int)(b - p->m->blocks.a), i, nd, ind[0], inty[0], msg, n);
   } else if (p->dx) {
@@ -1057,7 +1066,7 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
   const int *foff = bm->rel_off, *fval = bm->rel_val;
   const MemPlan *pl = &bm->plan;
   RtRun r = {bm, ts_xcalloc((size_t)b->n + 1, sizeof *r.buf), ts_xcalloc((size_t)b->n + 1, sizeof *r.refs),
-             ts_xcalloc((size_t)b->n + 1, 1), 0, ts_xcalloc((size_t)b->n + 1, sizeof *r.xbuf),
+             ts_xcalloc((size_t)b->n + 1, 1), 0, 0, ts_xcalloc((size_t)b->n + 1, sizeof *r.xbuf),
              ts_xcalloc((size_t)b->n + 1, 1)};
   bm->runs++;
   char msg[512];

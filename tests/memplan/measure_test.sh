@@ -13,6 +13,7 @@
 #                              activation arena, --backend ref     [ref]
 #   block B: used            = block B: arena peak                 (per backend)
 #   block B: live            = block B: lower bound
+#   block B: held            = block B: held for the backward   [llvm]
 # The report is computed from the IR alone (plan/memplan.c); the runtime
 # measures what its executor did, with liveness worked out on its own.
 #
@@ -35,13 +36,15 @@ blocks() { awk -v k="$2" '/^ranks? [0-9]/ { sec++ } /^unsharded/ { sec = -1 } se
 meas() { awk -v k="$2" -v c="pp $3 " -v b="$4" '/^rt memory: / && index($0, c) > 0 && (b == "" ? $0 !~ / block / : index($0, b) > 0) {
            for (i = 1; i < NF; i++) if ($i == k) print $(i + 1) }' "$1"; }
 
-check() {   # model tp pp fuse(yes|no) backend
-  local model=$1 tp=$2 pp=$3 fuse=$4 be=$5
+check() {   # model tp pp fuse(yes|no) backend [recompute options]
+  local model=$1 tp=$2 pp=$3 fuse=$4 be=$5 rc_opts=${6:-}
   local D="-D layers=4 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=4 -D micro_batch=2"
   [ "$model" = llama ] && D="$D -D kv_heads=2 -D ffn=64"
-  local opts="--tp $tp --pp $pp"
+  local opts="--tp $tp --pp $pp $rc_opts"
   [ "$fuse" = no ] && opts="$opts --no-fuse"
-  local tag="$model-tp$tp-pp$pp-fuse_$fuse-$be" rep="$TMP/$model-tp$tp-pp$pp-$fuse.report" plan="$TMP/$model-tp$tp-pp$pp-$fuse.plan"
+  local rc_tag
+  rc_tag=$(printf %s "$rc_opts" | tr -d ' -')
+  local tag="$model-tp$tp-pp$pp-fuse_$fuse-$be$rc_tag" rep="$TMP/$model-tp$tp-pp$pp-$fuse$rc_tag.report" plan="$TMP/$model-tp$tp-pp$pp-$fuse$rc_tag.plan"
   if [ ! -s "$rep" ]; then
     "$MCC" "$SRC/samples/$model.mdl" $D $opts --report memory > "$rep" 2> "$TMP/$tag.mccerr" || { die "$tag: mcc --report: $(cat "$TMP/$tag.mccerr")"; return; }
     "$MCC" "$SRC/samples/$model.mdl" $D $opts -o "$plan" 2> "$TMP/$tag.mccerr" || { die "$tag: mcc: $(cat "$TMP/$tag.mccerr")"; return; }
@@ -76,11 +79,35 @@ check() {   # model tp pp fuse(yes|no) backend
       for got in $runs; do [ "$got" -gt 0 ] || die "$tag: pp $c: block $b never ran"; done
       for got in $used; do [ "$got" = "$pk" ] || die "$tag: pp $c: block $b used $got arena bytes, the report's peak is $pk"; done
       for got in $live; do [ "$got" = "$lb" ] || die "$tag: pp $c: block $b had $got bytes live, the report's bound is $lb"; done
+      # the bytes live where the loss is reported (the LLVM backend's plan: the report's row)
+      local hr
+      hr=$(srow "block $b: held for the backward" "$rep" $c)
+      if [ "$be" = llvm ] && [ -n "$hr" ]; then
+        for got in $(meas "$out" held $c "block $b:"); do
+          [ "$got" = "$hr" ] || die "$tag: pp $c: block $b held $got bytes at the loss, the report says $hr"
+        done
+      fi
       [ "$(echo $used | wc -w)" = "$tp" ] || die "$tag: pp $c: block $b: $(echo $used | wc -w) measurements for $tp ranks"
     done
     [ $nb -ge 2 ] || die "$tag: pp $c: $nb blocks in the report"
   done
 }
+
+# activation recompute (mcc --recompute, --memory-budget): what mrun
+# allocates and holds at the loss is still the report's, byte for byte
+# (gpt: full on both backends and tp 1 / 2, selective, and auto at a
+# budget between the two: 300 KiB at tp 1, 100 KiB at tp 2 + sp)
+case " $MODELS " in *" gpt "*)
+  check gpt 1 1 yes llvm "--recompute full"
+  check gpt 2 1 no ref "--recompute full"
+  if [ -z "${MEASURE_QUICK:-}" ]; then
+    check gpt 1 1 yes ref "--recompute full"
+    check gpt 2 1 yes llvm "--recompute selective"
+    check gpt 1 1 yes llvm "--memory-budget 300K"
+    check gpt 2 1 yes llvm "--sp --memory-budget 100K"
+    check gpt 1 2 yes llvm "--recompute full"
+  fi ;;
+esac
 
 for model in $MODELS; do
   if [ -n "${MEASURE_QUICK:-}" ]; then
