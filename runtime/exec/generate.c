@@ -106,7 +106,7 @@ int rt_generate(RtProgram *p, RtComm *world, const RtGenOpts *o, FILE *out, char
   }
   int rc = -1;
   int32_t *win = ts_xmalloc((size_t)(T ? T : 1) * sizeof *win), *gen = NULL;
-  double *lg = ts_xmalloc((size_t)V * sizeof *lg);
+  double *lg = ts_xmalloc((size_t)V * sizeof *lg), *seen = NULL;   /* seen: each token's logits (check_full) */
   Cand *cand = ts_xmalloc((size_t)V * sizeof *cand);
   char *text = NULL;
   size_t tl = 0, tc = 0;
@@ -129,6 +129,7 @@ int rt_generate(RtProgram *p, RtComm *world, const RtGenOpts *o, FILE *out, char
       goto out;
     }
   gen = ts_xmalloc((size_t)(n + (size_t)o->max_tokens + 1) * sizeof *gen);
+  if (o->check_full) seen = ts_xmalloc((size_t)(o->max_tokens ? o->max_tokens : 1) * (size_t)V * sizeof *seen);
   memcpy(gen, ids, n * sizeof *gen);
   int64_t len = (int64_t)n;
   double t0 = now_s(), t_first = 0;
@@ -144,6 +145,7 @@ int rt_generate(RtProgram *p, RtComm *world, const RtGenOpts *o, FILE *out, char
       if (rt_run_block(p, sb, f, 2, &info, err, errlen) != 0) goto out;
       if (read_logits(p, ls, lg, V, err, errlen) != 0) goto out;
     }
+    if (seen) memcpy(seen + t * V, lg, (size_t)V * sizeof *lg);
     gen[len++] = sample(o, lg, V, t, cand);
   }
   double el = now_s() - t0;
@@ -170,21 +172,28 @@ int rt_generate(RtProgram *p, RtComm *world, const RtGenOpts *o, FILE *out, char
             k > 1 && el > t_first ? (double)(k - 1) / (el - t_first) : 0.0);
   }
   /* the full-sequence check: the prefill (the training forward) of every
-   * prefix predicts, by argmax, the token generated after it */
+   * prefix predicts, by argmax, the token generated after it, and its
+   * logits are the ones the token was drawn from, within tol */
   if (o->check_full) {
     int64_t bad = -1;
+    double worst = 0, tol = m->states.a[ls].type.dtype == IR_F32 ? 1e-4 : 1e-9;
     for (int64_t t = (int64_t)n; t < len && bad < 0; t++) {
       if (prefill(p, pb, ls, gen, t, T, win, lg, V, err, errlen) != 0) goto out;
       int32_t best = 0;
-      for (int64_t i = 1; i < V; i++)
+      const double *s = seen + (t - (int64_t)n) * V;
+      for (int64_t i = 0; i < V; i++) {
         if (lg[i] > lg[best]) best = (int32_t)i;
-      if (best != gen[t]) bad = t;
+        double d = fabs(s[i] - lg[i]) / (fabs(lg[i]) > 1 ? fabs(lg[i]) : 1);
+        if (d > worst) worst = d;
+      }
+      if (best != gen[t] || worst > tol) bad = t;
       if (bad >= 0 && lead)
-        fprintf(out, "full-forward check: FAIL at new token %lld: generated %d, the full forward's argmax %d\n",
-                (long long)(t - (int64_t)n), gen[t], best);
+        fprintf(out, "full-forward check: FAIL at new token %lld: generated %d, the full forward's argmax %d; "
+                "logits differ by %.3g (relative; tolerance %g)\n", (long long)(t - (int64_t)n), gen[t], best, worst, tol);
     }
     if (bad < 0 && lead)
-      fprintf(out, "full-forward check: all %lld tokens equal the full forward's argmax\n", (long long)(len - (int64_t)n));
+      fprintf(out, "full-forward check: all %lld tokens equal the full forward's argmax; logits within %.3g "
+              "(relative; tolerance %g)\n", (long long)(len - (int64_t)n), worst, tol);
     if (bad >= 0) { ts_errf(err, errlen, "--generate-check: the decode differs from the full forward"); goto out; }
   }
   rc = 0;
@@ -193,6 +202,7 @@ out:
   free(win);
   free(gen);
   free(lg);
+  free(seen);
   free(cand);
   free(text);
   return rc;
