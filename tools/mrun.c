@@ -326,6 +326,7 @@ static int check_generate_args(Args *a) {
     return -1;
   }
   if (a->max_tokens < 0) { fprintf(stderr, "mrun: --generate needs --max-tokens N (new tokens)\n"); return -1; }
+  a->cpu = 1;   /* the decode ops (kv_write, attn_cached, ...) have no GPU kernels yet: CPU ranks */
   if (a->temperature < 0) a->temperature = 0;
   if (a->top_k < 0) a->top_k = 0;
   if (a->top_p < 0) a->top_p = 1;

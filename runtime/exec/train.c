@@ -871,8 +871,8 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     rs.resumed_from = rs.steps = start;
     r.first_step = start;
     if (lead && !o->quiet)
-      fprintf(log, "resumed from the checkpoint of step %lld in %s%s%s\n", (long long)start, o->ckpt.load_dir,
-              how[0] ? ", " : "", how);
+      fprintf(log, "%s the checkpoint of step %lld in %s%s%s\n", o->generate ? "weights from" : "resumed from",
+              (long long)start, o->ckpt.load_dir, how[0] ? ", " : "", how);
   }
   if (o->init_from && !o->ckpt.load_dir) {   /* (mrun refuses both: a resume has its own weights) */
     char how[1024];
