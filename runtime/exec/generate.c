@@ -93,7 +93,10 @@ int rt_generate(RtProgram *p, RtComm *world, const RtGenOpts *o, FILE *out, char
   for (int i = 0; i < b->n; i++)
     if (b->nodes[i].op == IR_OP_INPUT && b->nodes[i].sa && strcmp(b->nodes[i].sa, "tokens") == 0)
       T = b->nodes[i].type.dim[1];
-  int64_t V = o->vocab > 0 && o->vocab < Vs ? o->vocab : Vs;   /* padding rows are never sampled */
+  /* ids the text can hold: the tokenizer's (a model's vocabulary padded past
+   * it has rows no text spells), else the model's */
+  int64_t vt = o->tok ? rt_tok_vocab_size(o->tok) : o->vocab;
+  int64_t V = vt > 0 && vt < Vs ? vt : Vs;
   /* the prompt's ids */
   int32_t *ids = NULL;
   size_t n = 0, cap = 0;
@@ -153,10 +156,13 @@ int rt_generate(RtProgram *p, RtComm *world, const RtGenOpts *o, FILE *out, char
   if (o->tok) {
     if (rt_tok_decode(o->tok, gen, (size_t)len, &text, &tl, &tc, err, errlen) != 0) goto out;
   } else {
-    text = ts_xmalloc((size_t)len + 1);
-    for (int64_t i = 0; i < len; i++) text[i] = (char)gen[i];
-    text[len] = 0;
-    tl = (size_t)len;
+    StrBuf b = {0};   /* one byte per id; an id past the bytes (a model of a larger vocabulary) as <|id|> */
+    for (int64_t i = 0; i < len; i++) {
+      if (gen[i] < 256) sb_putc(&b, (char)gen[i]);
+      else sb_printf(&b, "<|%d|>", gen[i]);
+    }
+    text = b.p ? b.p : ts_xstrdup("");
+    tl = b.n;
   }
   if (lead) {
     fwrite(text, 1, tl, out);

@@ -174,7 +174,7 @@ typedef struct {
   int64_t top_k;             /* 0: every id */
   double top_p;              /* 1: every id */
   uint64_t seed;             /* the draws: rt_u01(H(seed, 7, t)) for new token t */
-  int64_t vocab;             /* ids sampled from: [0, vocab) (0: every logit) */
+  int64_t vocab;             /* ids sampled from: [0, vocab) (0: every logit; with tok: its vocabulary) */
   int check_full;            /* --generate-check: each token equals the full forward's argmax */
   int print_ids;             /* the new tokens' ids on a line of their own */
   int quiet;                 /* the tokens/s line on stderr */
