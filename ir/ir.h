@@ -144,7 +144,9 @@ typedef struct {
   int n, cap;
 } IrBlock;
 
-typedef enum { IR_STATE_PARAM, IR_STATE_GRAD, IR_STATE_ADAM_M, IR_STATE_ADAM_V, IR_STATE_KIND_COUNT } IrStateKind;
+/* IR_STATE_CACHE: a generation block's KV cache (pass decode): zero at
+ * start, written by kv_write, never a checkpoint's or a parameter file's. */
+typedef enum { IR_STATE_PARAM, IR_STATE_GRAD, IR_STATE_ADAM_M, IR_STATE_ADAM_V, IR_STATE_CACHE, IR_STATE_KIND_COUNT } IrStateKind;
 typedef enum { IR_INIT_ZEROS, IR_INIT_ONES, IR_INIT_NORMAL, IR_INIT_UNIFORM, IR_INIT_KIND_COUNT } IrInitKind;
 enum { IR_STATE_NODECAY = 1 << 0 };  /* no weight decay (biases, norm gains) */
 
@@ -293,7 +295,7 @@ IrModule *ir_parse_program_at(const char *text, size_t *pos, int *line, const ch
                               char *err, size_t errlen);
 void ir_print_dot(const IrModule *m, StrBuf *out);
 
-const char *ir_state_kind_name(IrStateKind k);    /* "param", "grad", "adam_m", "adam_v" */
+const char *ir_state_kind_name(IrStateKind k);    /* "param", "grad", "adam_m", "adam_v", "cache" */
 const char *ir_init_kind_name(IrInitKind k);      /* "zeros", "ones", "normal", "uniform" */
 const char *ir_schedule_name(IrSchedule s);       /* "constant", "cosine", "linear" */
 

@@ -445,7 +445,7 @@ static int parse_state(P *p) {
           expect(p, ')'))
         return -1;
     }
-  } else {
+  } else if (s.kind != IR_STATE_CACHE) {
     if (parse_key(p, "of")) return -1;
     skip_ws(p);
     int oline = p->line, ocol = col_of(p, p->pos);

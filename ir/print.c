@@ -101,7 +101,7 @@ static void print_state(const IrModule *m, const IrState *s, StrBuf *out) {
       put_double(out, s->init_b);
       sb_putc(out, ')');
     }
-  } else {
+  } else if (s->kind != IR_STATE_CACHE) {
     sb_puts(out, " of=");
     put_state_ref(m, out, s->of);
   }

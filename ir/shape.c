@@ -766,6 +766,46 @@ static int shape_ATTN_BWD_KV(Sx *x) {
   return ring_bwd(x, 1);
 }
 
+/* ---- generation (pass decode): a position operand, i32 [] ---- */
+static int pos_operand(Sx *x, int i) {
+  const IrType *p = opnd(x, i);
+  if (p->dtype == IR_I32 && p->rank == 0) return 0;
+  return fail(x, "position %s must be an i32 scalar", tstr(x, p));
+}
+static int shape_ATTN_CACHED(Sx *x) {
+  if (check_qkv(x) || pos_operand(x, 3)) return -1;
+  if (x->n->ia[0] < 0) return fail(x, "window must be >= 0 (0: none), got %lld", (long long)x->n->ia[0]);
+  if (!isfinite(x->n->fa[0])) return fail(x, "scale must be finite, got %g", x->n->fa[0]);
+  *x->out = *opnd(x, 0);
+  return 0;
+}
+static int shape_ROPE_AT(Sx *x) { return pos_operand(x, 1) ? -1 : shape_ROPE(x); }
+static int shape_SLICE_AT(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (need_axis(x, 0, a->rank) || pos_operand(x, 1)) return -1;
+  int ax = (int)x->n->ia[0];
+  int64_t n = x->n->ia[1];
+  if (n < 1 || n > a->dim[ax]) return fail(x, "size=%lld invalid for axis %d of %s", (long long)n, ax, tstr(x, a));
+  *x->out = *a;
+  x->out->dim[ax] = n;
+  return 0;
+}
+/* kv_write(x, pos) @cache axis: x has the state's dims but along axis (at
+ * most the state's there) and its dtype. */
+static int shape_KV_WRITE(Sx *x) {
+  const IrState *s = state_ref(x, 0);
+  if (!s) return -1;
+  const IrType *a = opnd(x, 0);
+  if (pos_operand(x, 1)) return -1;
+  if (s->kind != IR_STATE_CACHE) return fail(x, "@%s is a %s, expected kind cache", s->name, ir_state_kind_name(s->kind));
+  int64_t ax = x->n->ia[1];
+  if (ax < 0 || ax >= s->type.rank) return fail(x, "axis=%lld out of range for @%s", (long long)ax, s->name);
+  int ok = a->rank == s->type.rank && a->dtype == s->type.dtype;
+  for (int d = 0; ok && d < a->rank; d++) ok = d == ax ? a->dim[d] >= 1 && a->dim[d] <= s->type.dim[d] : a->dim[d] == s->type.dim[d];
+  if (!ok) return fail(x, "%s does not fit cache @%s : %s along axis %lld", tstr(x, a), s->name, tstr(x, &s->type), (long long)ax);
+  return 0;
+}
+
 static int shape_CLIP_COEF(Sx *x) {
   if (scalar_float(x, 0, "norm")) return -1;
   if (!(x->n->fa[0] > 0)) return fail(x, "max must be > 0, got %g", x->n->fa[0]);

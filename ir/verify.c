@@ -67,6 +67,8 @@ static int verify_states(const IrModule *m, char *err, size_t errlen) {
       if ((int)s->init < 0 || s->init >= IR_INIT_KIND_COUNT)
         return ts_errf(err, errlen, "param @%s has a bad init kind %d", s->name, (int)s->init);
       if (s->of != -1) return ts_errf(err, errlen, "param @%s has of=%d (must be -1)", s->name, s->of);
+    } else if (s->kind == IR_STATE_CACHE) {
+      if (s->of != -1) return ts_errf(err, errlen, "cache @%s has of=%d (must be -1)", s->name, s->of);
     } else {
       if (s->of < 0 || s->of >= m->states.n || m->states.a[s->of].kind != IR_STATE_PARAM)
         return ts_errf(err, errlen, "%s @%s: of=%d is not a param", ir_state_kind_name(s->kind), s->name, s->of);
@@ -420,6 +422,9 @@ static int train_check(const IrModule *m, char *err, size_t errlen) {
     if (m->rules.a[r].axes & (1u << IR_AXIS_CP)) seq = m->rules.a[r].dim;
   for (int bi = 0; bi < m->blocks.n && t->seq_len > 0; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
+    /* generation's step block (pass decode) runs one token; mrun --generate
+     * feeds it, not the data pipeline */
+    if (strcmp(b->name, "step") == 0) continue;
     for (int i = 0; i < b->n; i++) {
       const IrNode *n = &b->nodes[i];
       if (n->op != IR_OP_INPUT) continue;

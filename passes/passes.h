@@ -50,6 +50,7 @@ typedef struct PassCtx {
   const char *pp_layout;
   int cp_attn_allgather;     /* --cp-attn allgather: fused attention under cp gathers
                               * k / v instead of passing them in a ring (pass "shard") */
+  int decode;                /* --decode: pass decode adds the generation blocks prefill and step */
 } PassCtx;
 
 typedef int (*PassFn)(IrModule *m, PassCtx *cx);
@@ -73,6 +74,9 @@ int pass_optimizer(IrModule *m, PassCtx *cx);
  * they use, dropout as the identity; with pp > 1 eval.<g> from every
  * fwd.<g>, without stashes, with messages of their own (passes/evalblock.c) */
 int pass_eval(IrModule *m, PassCtx *cx);
+/* with cx->decode: blocks "prefill" and "step" (generation with a KV cache)
+ * derived from block "eval" (passes/decode.c, docs/generation.md) */
+int pass_decode(IrModule *m, PassCtx *cx);
 /* removes nodes whose value is never used (effects are roots) */
 int pass_dce(IrModule *m, PassCtx *cx);
 /* marks fusion groups (IrNode.group) that codegen lowers as one kernel,

@@ -23,6 +23,7 @@ const PassInfo pass_pipeline[] = {
     {"pipeline", pass_pipe_split, "pp > 1: micro -> per-chunk blocks fwd.<g> / bwd.<g> joined by send/recv and stash"},
     {"optimizer", pass_optimizer, "adds the update block: grad norm, clipping, AdamW, zeroing grads"},
     {"eval", pass_eval, "forward-only blocks for validation: \"eval\" sliced from micro (eval.<g> from fwd.<g> with pp > 1): the outputs' operands, no stash, dropout off"},
+    {"decode", pass_decode, "with --decode: generation blocks \"prefill\" and \"step\" derived from eval, with KV-cache states (docs/generation.md)"},
     {"dce", pass_dce, "removes values that nothing uses"},
     {"fuse", pass_fuse, "fusion groups: nodes that run as one generated kernel (docs/codegen.md)"},
 };

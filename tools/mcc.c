@@ -53,6 +53,8 @@ static void usage(FILE *f) {
           "  --no-zero              no distributed optimizer: every dp rank keeps whole Adam moments\n"
           "  --cp N                 context parallel size (sequence split over cp ranks, causal load balancing)\n"
           "  --cp-attn ring|allgather  fused attention under cp: k/v passed in a ring (default) or all-gathered\n"
+          "  --decode               also the generation blocks prefill and step with a KV cache (pass decode,\n"
+          "                         docs/generation.md; mrun --generate derives them itself when missing)\n"
           "  --ep N                 expert parallel size (dims ruled to ep, e.g. experts, split over ep ranks)\n"
           "  --pp N                 pipeline parallel size (stages of the model's layer stack)\n"
           "  --stdlib DIR           where `import nn` looks (default: $TESSERA_STDLIB, else the installed\n"
@@ -315,6 +317,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--no-zero") == 0) { a->mdl.zero = 0; continue; }
     if (strcmp(s, "--no-fuse") == 0) { a->cx->no_fuse = 1; continue; }
     if (strcmp(s, "--no-remat") == 0) { a->cx->no_remat = 1; continue; }
+    if (strcmp(s, "--decode") == 0) { a->cx->decode = 1; continue; }
     if (strcmp(s, "--max-source-bytes") == 0) {
       NEED_ARG(s);
       unsigned long long v;

@@ -108,7 +108,13 @@ static const char usage[] =
     "  --format hf        --export's format (the only one)\n"
     "  --hf-map NAME|FILE the map for --init-from / --export (default: config.json's model_type; for --export\n"
     "                     the map in stdlib/hf that fits the model)\n"
-    "  --quiet            no per-step progress lines\n"
+    "  --generate         text from the model instead of training (docs/generation.md): needs --load DIR or\n"
+    "                     --init-from PATH, --prompt TEXT or --prompt-file FILE, and --max-tokens N; byte tokens,\n"
+    "                     or --tokenizer PATH's.  Prints the text and tokens/s\n"
+    "  --temperature T    0 (default): greedy;  --top-k K (0: all);  --top-p P (1: all);  --seed S: the draws\n"
+    "  --generate-check   --generate (greedy), then each new token checked against the argmax of a full forward\n"
+    "  --print-ids        --generate: the new tokens' ids on a line of their own\n"
+  "  --quiet            no per-step progress lines\n"
     "  --backend B        llvm (default): fusion groups and elementwise / row ops as JIT-compiled kernels;\n"
     "                     ref: every op on the reference kernels (the oracle for tests; CPU ranks)\n"
     "  --help             this text\n"
@@ -137,6 +143,11 @@ typedef struct {
   uint64_t seed;
   double timeout;             /* seconds */
   RtBackend backend;
+  /* --generate (runtime/exec/generate.c) */
+  int generate, generate_check, print_ids;
+  const char *prompt, *prompt_file;
+  int64_t max_tokens, top_k;    /* -1: not given */
+  double temperature, top_p;
 } Args;
 
 /* Parses an integer option value in [min, max]; 0 or -1 with a message. */
@@ -292,10 +303,47 @@ static int check_eval_args(Args *a) {
   return 0;
 }
 
+/* --generate's options: together, and not with training's outputs. */
+static int check_generate_args(Args *a) {
+  int sampling = a->prompt || a->prompt_file || a->max_tokens >= 0 || a->temperature >= 0 || a->top_k >= 0 ||
+                 a->top_p >= 0 || a->print_ids;
+  if (!a->generate) {
+    if (sampling) fprintf(stderr, "mrun: --prompt, --prompt-file, --max-tokens, --temperature, --top-k, --top-p and "
+                          "--print-ids go with --generate\n");
+    return sampling ? -1 : 0;
+  }
+  const char *bad = a->ckpt.save_dir ? "--save" : a->export_dir ? "--export" : a->save_params ? "--save-params"
+                    : a->metrics ? "--metrics" : a->eval_interval > 0 || a->eval_test ? "--eval-interval / --test"
+                    : a->steps >= 0 ? "--steps" : NULL;
+  if (bad) { fprintf(stderr, "mrun: --generate writes text, it does not train: %s does not go with it\n", bad); return -1; }
+  if (!a->ckpt.load_dir && !a->init_from) {
+    fprintf(stderr, "mrun: --generate needs trained weights: --load DIR (a checkpoint) or --init-from PATH (Hugging "
+            "Face weights); the initializers' random weights would only make noise\n");
+    return -1;
+  }
+  if (!!a->prompt == !!a->prompt_file) {
+    fprintf(stderr, "mrun: --generate needs the prompt: --prompt TEXT or --prompt-file FILE (one of them)\n");
+    return -1;
+  }
+  if (a->max_tokens < 0) { fprintf(stderr, "mrun: --generate needs --max-tokens N (new tokens)\n"); return -1; }
+  a->cpu = 1;   /* the decode ops (kv_write, attn_cached, ...) have no GPU kernels yet: CPU ranks */
+  if (a->temperature < 0) a->temperature = 0;
+  if (a->top_k < 0) a->top_k = 0;
+  if (a->top_p < 0) a->top_p = 1;
+  if (a->generate_check && a->temperature > 0) {
+    fprintf(stderr, "mrun: --generate-check compares greedy decoding with the full forward: not with --temperature > 0\n");
+    return -1;
+  }
+  return 0;
+}
+
 /* Accepts "--opt VALUE" and "--opt=VALUE".  0, -1 (error), 1 (--help). */
 static int parse_args(int argc, char **argv, Args *a) {
   memset(a, 0, sizeof *a);
   a->gpus = a->steps = a->eod_id = a->eval_iters = -1;
+  a->max_tokens = a->top_k = -1;
+  a->temperature = -1;
+  a->top_p = -1;
   a->timeout = RT_COMM_DEFAULT_TIMEOUT;
   a->backend = RT_BACKEND_LLVM;
   for (int i = 1; i < argc; i++) {
@@ -311,6 +359,9 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(arg, "--eod-mask-loss") == 0) { a->gpt.eod_mask_loss = 1; continue; }
     if (strcmp(arg, "--test") == 0) { a->eval_test = 1; continue; }
     if (strcmp(arg, "--no-prefetch") == 0) { a->no_prefetch = 1; continue; }
+    if (strcmp(arg, "--generate") == 0) { a->generate = 1; continue; }
+    if (strcmp(arg, "--generate-check") == 0) { a->generate = a->generate_check = 1; continue; }
+    if (strcmp(arg, "--print-ids") == 0) { a->print_ids = 1; continue; }
     if (strncmp(arg, "--data-path", 11) == 0 && (arg[11] == 0 || arg[11] == '=')) {
       if (parse_data_path(argc, argv, &i, a) != 0) return -1;
       continue;
@@ -328,7 +379,8 @@ static int parse_args(int argc, char **argv, Args *a) {
                                          "--save-params", "--data", "--metrics", "--save", "--save-interval",
                                          "--keep", "--load", "--init-from", "--export", "--format", "--hf-map",
                                          "--split", "--data-cache-path", "--eod-id", "--tokenizer", "--eval-interval",
-                                         "--eval-iters", NULL};
+                                         "--eval-iters", "--prompt", "--prompt-file", "--max-tokens",
+                                         "--temperature", "--top-k", "--top-p", NULL};
     int known = 0;
     for (int k = 0; valued[k]; k++) known |= strlen(valued[k]) == nl && strncmp(arg, valued[k], nl) == 0;
     if (!known) { fprintf(stderr, "mrun: unknown option '%.*s'\n%s", (int)nl, arg, usage); return -1; }
@@ -394,6 +446,24 @@ static int parse_args(int argc, char **argv, Args *a) {
       if (parse_count(name, val, 0, 1 << 30, &a->eval_iters)) return -1;
     }
     else if (strcmp(name, "--metrics") == 0) a->metrics = val;
+    else if (strcmp(name, "--prompt") == 0) a->prompt = val;
+    else if (strcmp(name, "--prompt-file") == 0) a->prompt_file = val;
+    else if (strcmp(name, "--max-tokens") == 0) {
+      if (parse_count(name, val, 0, 1 << 30, &a->max_tokens)) return -1;
+    } else if (strcmp(name, "--top-k") == 0) {
+      if (parse_count(name, val, 0, 1 << 30, &a->top_k)) return -1;
+    } else if (strcmp(name, "--temperature") == 0 || strcmp(name, "--top-p") == 0) {
+      char *e;
+      errno = 0;
+      double t = strtod(val, &e);
+      int top = name[2] == 't' && name[3] == 'o';
+      if (!*val || *e || errno || !isfinite(t) || t < 0 || (top && (t <= 0 || t > 1)) || t > 1e6) {
+        fprintf(stderr, "mrun: %s needs %s, got '%s'\n", name, top ? "a probability in (0, 1]" : "a number >= 0 (0: greedy)", val);
+        return -1;
+      }
+      if (top) a->top_p = t;
+      else a->temperature = t;
+    }
     else { fprintf(stderr, "mrun: unknown option '%s'\n%s", name, usage); return -1; }
   }
   if ((a->ckpt.save_interval || a->ckpt.keep || a->ckpt.async) && !a->ckpt.save_dir) {
@@ -414,6 +484,7 @@ static int parse_args(int argc, char **argv, Args *a) {
             "weights: give one\n");
     return -1;
   }
+  if (check_generate_args(a) != 0) return -1;
   if (a->selftest && a->plan) { fprintf(stderr, "mrun: --selftest takes no plan (got '%s')\n", a->plan); return -1; }
   if (a->metrics && a->save_params && same_path(a->metrics, a->save_params)) {
     fprintf(stderr, "mrun: --metrics and --save-params both name '%s': each needs a file of its own\n", a->metrics);
@@ -797,6 +868,17 @@ static IrModule *prepare(Plan *plan, const PlanMesh *mesh, int rank, const Args 
       return NULL;
     }
   }
+  if (a->generate && (ir_block_find(m, "prefill") < 0 || ir_block_find(m, "step") < 0)) {
+    /* a plan compiled without mcc --decode: the same pass, here */
+    PassCtx cx;
+    pass_ctx_init(&cx);
+    cx.decode = 1;
+    int bad = pass_decode(m, &cx) != 0;
+    if (bad) snprintf(why, sizeof why, "%.1500s", cx.err);
+    pass_ctx_free(&cx);
+    if (!bad && ir_verify(m, why, sizeof why) != 0) bad = 1;
+    if (bad) { ts_errf(err, errlen, "%s: --generate: %s", a->plan, why); return NULL; }
+  }
   if (a->steps >= 0) m->train.steps = a->steps;   /* decay_steps 0 follows it */
   if (a->has_seed) m->train.seed = a->seed;
   return m;
@@ -977,6 +1059,40 @@ static RtHfOpts hf_opts(const Args *a, const Plan *plan) {
   return (RtHfOpts){a->hf_map, (const IrModule *const *)plan->programs, plan->nprograms};
 }
 
+/* --generate's options for rt_generate: the prompt read, the tokenizer
+ * loaded (gen_opts_free frees both).  0, or -1 with a message. */
+static int gen_opts(const Args *a, const IrModule *m, RtGenOpts *g, char *err, size_t errlen) {
+  memset(g, 0, sizeof *g);
+  g->max_tokens = a->max_tokens;
+  g->temperature = a->temperature;
+  g->top_k = a->top_k;
+  g->top_p = a->top_p;
+  g->seed = m->train.seed;
+  g->check_full = a->generate_check;
+  g->print_ids = a->print_ids;
+  g->quiet = a->quiet;
+  if (a->prompt_file) {
+    size_t len = 0;
+    char *t = ts_read_input(a->prompt_file, &len);
+    if (!t) return ts_errf(err, errlen, "--prompt-file: cannot read '%s': %s", a->prompt_file, strerror(errno));
+    g->prompt = t;
+    g->prompt_len = len;
+  } else {
+    g->prompt = ts_xstrdup(a->prompt);
+    g->prompt_len = strlen(a->prompt);
+  }
+  if (a->tokenizer && !(g->tok = rt_tok_load(a->tokenizer, err, errlen))) {
+    free((char *)g->prompt);
+    g->prompt = NULL;
+    return -1;
+  }
+  return 0;
+}
+static void gen_opts_free(RtGenOpts *g) {
+  free((char *)g->prompt);
+  rt_tok_free((RtTokenizer *)g->tok);
+}
+
 /* One process, no MPI. */
 static int run_single(const Args *a) {
   char err[2048] = "";
@@ -1002,8 +1118,14 @@ static int run_single(const Args *a) {
   o.eval_iters = a->eval_iters;
   o.eval_test = a->eval_test;
   o.no_prefetch = a->no_prefetch;
+  RtGenOpts go;
+  if (a->generate && gen_opts(a, m, &go, err, sizeof err) != 0) { fprintf(stderr, "mrun: %s\n", err); goto out; }
+  o.generate = a->generate ? &go : NULL;
   RtTrainResult res;
-  if (rt_train(m, &o, &res, err, sizeof err) != 0) { fprintf(stderr, "mrun: %s\n", err); goto out; }
+  int trc = rt_train(m, &o, &res, err, sizeof err);
+  if (a->generate) gen_opts_free(&go);
+  if (trc != 0) { fprintf(stderr, "mrun: %s\n", err); goto out; }
+  if (a->generate) { rc = 0; goto out; }
   print_done(a, &res);
   rc = stopped(&res, m, a->ckpt.save_dir, 1);
 out:
@@ -1053,10 +1175,14 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   o.eval_iters = a->eval_iters;
   o.eval_test = a->eval_test;
   o.no_prefetch = a->no_prefetch;
+  RtGenOpts go;
+  if (a->generate && gen_opts(a, m, &go, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
+  o.generate = a->generate ? &go : NULL;
   RtTrainResult res;
   if (rt_train(m, &o, &res, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
-  if (me == 0) print_done(a, &res);
-  int rc = stopped(&res, m, a->ckpt.save_dir, me == 0);
+  if (a->generate) gen_opts_free(&go);
+  if (me == 0 && !a->generate) print_done(a, &res);
+  int rc = a->generate ? 0 : stopped(&res, m, a->ckpt.save_dir, me == 0);
   fflush(stdout);
   rt_rank_gpu_groups_free(&rank);   /* before the device's context */
   gpu_close(&gpu);

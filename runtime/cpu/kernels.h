@@ -98,6 +98,10 @@ int ref_ATTN_BWD_Q(RtKctx *k);
 int ref_ATTN_BWD_KV(RtKctx *k);
 int ref_RING_SHIFT(RtKctx *k);
 int ref_RING_WAIT(RtKctx *k);
+/* Generation kernels (ops_decode.c; pass decode), entries of the same table. */
+int ref_KV_WRITE(RtKctx *k);
+int ref_ATTN_CACHED(RtKctx *k);
+int ref_SLICE_AT(RtKctx *k);
 /* Fused attention kernels (ops_attn.c), entries of the same table. */
 int ref_ATTENTION(RtKctx *k);
 /* embedding_bwd's scatter-add into k->out as it is (a gradient state),

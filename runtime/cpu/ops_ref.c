@@ -279,6 +279,12 @@ FLOAT_OP(CAUSAL_MASK, "T")
 FLOAT_OP(MASKED_FILL, "T*")
 FLOAT_OP(DROPOUT, "T")
 FLOAT_OP(ROPE, "T")
+static int ref_ROPE_AT(RtKctx *k) {
+  IrDtype ft = k->ot->dtype;
+  if (!ir_dtype_is_float(ft) || k->it[0]->dtype != ft || k->it[1]->dtype != IR_I32) return rt_kfail(k, "rope_at takes (x float, pos i32)");
+  if (*(const int32_t *)k->in[1] < 0) return rt_kfail(k, "position %d is negative", *(const int32_t *)k->in[1]);
+  return ft == IR_F32 ? k_ROPE_f32(k) : k_ROPE_f64(k);
+}
 FLOAT_ROW_OP(CROSS_ENTROPY, "ti")
 FLOAT_ROW_OP(CROSS_ENTROPY_BWD, "Tit")
 FLOAT_OP(CLIP_COEF, "T")

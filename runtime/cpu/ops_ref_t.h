@@ -645,7 +645,9 @@ static int FN(k_ROPE)(RtKctx *k) {
     gpos = ts_xmalloc((size_t)t->dim[ax] * sizeof *gpos);
     for (int64_t l = 0; l < t->dim[ax]; l++) gpos[l] = rt_global_index(k->env->rank, k->n->sh.split[ax], t->dim[ax], l);
   }
-  FN(RopeJob) j = {k->in[0], k->out, freq, sign, rt_shard_block(k->env->rank, k->n->sh.split[ax], NULL) * t->dim[ax],
+  /* rope_at (pass decode): positions start at its operand pos, not 0 */
+  int64_t p0 = k->n->op == IR_OP_ROPE_AT ? *(const int32_t *)k->in[1] : 0;
+  FN(RopeJob) j = {k->in[0], k->out, freq, sign, p0 + rt_shard_block(k->env->rank, k->n->sh.split[ax], NULL) * t->dim[ax],
                    per, t->dim[ax], D, gpos};
   rt_par_for(rows, rt_row_grain(D * 8), FN(rope_rows), &j);
   free(freq);

@@ -867,7 +867,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   if (o->ckpt.load_dir) {
     char how[256];
     if (rt_ckpt_load(r.prog, o->world, o->ckpt.load_dir, &start, how, sizeof how, err, errlen) != 0) { run_free(&r); return -1; }
-    if (start >= tr->steps) {
+    if (start >= tr->steps && !o->generate) {
       snprintf(err, errlen, "the checkpoint in %s is of step %lld, and training ends at step %lld: nothing to do "
                "(give --steps above %lld)", o->ckpt.load_dir, (long long)start, (long long)tr->steps, (long long)start);
       run_free(&r);
@@ -876,13 +876,19 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     rs.resumed_from = rs.steps = start;
     r.first_step = start;
     if (lead && !o->quiet)
-      fprintf(log, "resumed from the checkpoint of step %lld in %s%s%s\n", (long long)start, o->ckpt.load_dir,
-              how[0] ? ", " : "", how);
+      fprintf(log, "%s the checkpoint of step %lld in %s%s%s\n", o->generate ? "weights from" : "resumed from",
+              (long long)start, o->ckpt.load_dir, how[0] ? ", " : "", how);
   }
   if (o->init_from && !o->ckpt.load_dir) {   /* (mrun refuses both: a resume has its own weights) */
     char how[1024];
     if (rt_hf_init_from(r.prog, o->world, &o->hf, o->init_from, how, sizeof how, err, errlen) != 0) { run_free(&r); return -1; }
     if (lead && !o->quiet) fprintf(log, "initialized from %s: %s\n", o->init_from, how);
+  }
+  if (o->generate) {   /* the weights are in place: text instead of training */
+    int rc = rt_generate(r.prog, o->world, o->generate, log, err, errlen);
+    run_free(&r);
+    if (res) *res = rs;
+    return rc;
   }
   if (o->export_dir) {   /* before the run, not after it */
     struct stat sst;

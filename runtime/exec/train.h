@@ -163,6 +163,28 @@ typedef struct {
   int async;                 /* --async-save: files written by a thread while training goes on */
 } RtCkptOpts;
 
+/* ---- generation (generate.c; mrun --generate, docs/generation.md) ---- */
+typedef struct RtTokenizer RtTokenizer;
+typedef struct {
+  const char *prompt;        /* the prompt's bytes */
+  size_t prompt_len;
+  const RtTokenizer *tok;    /* --tokenizer: its ids; NULL: one token per byte */
+  int64_t max_tokens;        /* new tokens */
+  double temperature;        /* 0: greedy */
+  int64_t top_k;             /* 0: every id */
+  double top_p;              /* 1: every id */
+  uint64_t seed;             /* the draws: rt_u01(H(seed, 7, t)) for new token t */
+  int64_t vocab;             /* ids sampled from: [0, vocab) (0: every logit; with tok: its vocabulary) */
+  int check_full;            /* --generate-check: each token equals the full forward's argmax */
+  int print_ids;             /* the new tokens' ids on a line of their own */
+  int quiet;                 /* the tokens/s line on stderr */
+} RtGenOpts;
+/* Collective over world (every rank runs the same blocks): the prompt,
+ * prefill, then max_tokens - 1 steps; world rank 0 prints the text (the
+ * prompt and the new tokens) and the tokens/s to out.  Refuses a prompt
+ * or a length past the model's window (the KV cache).  0, or -1. */
+int rt_generate(RtProgram *p, RtComm *world, const RtGenOpts *o, FILE *out, char *err, size_t errlen);
+
 struct RtTrainOpts {
   const char *data_path;     /* NULL: rt_corpus_default_path() */
   const char *metrics_path;  /* JSON Lines, one object per step; NULL: none */
@@ -185,6 +207,7 @@ struct RtTrainOpts {
   int64_t eval_interval, eval_iters;
   int eval_test;
   int no_prefetch;           /* --no-prefetch: each step reads its batches itself (prefetch.c otherwise) */
+  const RtGenOpts *generate; /* --generate: after loading the weights, rt_generate instead of training */
 };
 
 typedef struct {

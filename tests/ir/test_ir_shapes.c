@@ -100,6 +100,11 @@ static const Case cases[] = {
   {"dropout", "%10 = dropout %1 stream=3 p=0.1 : f32[2, 4, 8]", "%10 = dropout %1 stream=3 p=1.0 : f32[2, 4, 8]"},
   /* rank-4 operands: no prelude value has them; cases in test_attention() */
   {"attention", NULL, NULL},
+  /* a position operand (i32 []) and a cache state: cases in test_decode() */
+  {"kv_write", NULL, NULL},
+  {"attn_cached", NULL, NULL},
+  {"rope_at", NULL, NULL},
+  {"slice_at", NULL, NULL},
   {"attention_bwd", NULL, NULL},
   {"rope", "%10 = rope %1 axis=1 inverse=0 base=10000.0 : f32[2, 4, 8]",
    "%10 = rope %1 axis=2 inverse=0 base=10000.0 : f32[2, 4, 8]"},
@@ -262,6 +267,57 @@ static void test_attention(void) {
 
 /* gmm and gmm_dw through ir_emit: rows a [10, 3], counts i32 [2, 4] (2
  * sources, 4 experts), w [4, 3, 5]. */
+/* pass decode's ops: kv_write, attn_cached, rope_at, slice_at (the
+ * position an i32 scalar; kv_write's state a cache of x's dims but along
+ * its axis). */
+static void test_decode(void) {
+  IrModule *m = ir_module_new("d");
+  IrState c = {0}, pa = {0};
+  c.name = ts_intern("cache.0.k");
+  c.kind = IR_STATE_CACHE;
+  c.of = -1;
+  c.type = (IrType){IR_F64, 4, {1, 2, 16, 8}, {0}};
+  pa = c;
+  pa.name = ts_intern("w");
+  pa.kind = IR_STATE_PARAM;
+  int cs = ir_state_add(m, &c), ps = ir_state_add(m, &pa);
+  int b = ir_block_add(m, "step");
+  char err[256] = "";
+  IrType tq = {IR_F64, 4, {1, 4, 1, 8}, {0}}, tk = {IR_F64, 4, {1, 2, 1, 8}, {0}}, tp = {IR_I32, 0, {0}, {0}};
+  IrType tpf = {IR_F64, 0, {0}, {0}}, tk3 = {IR_F64, 4, {1, 3, 16, 8}, {0}};
+  int q = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "q", &tq, err, sizeof err);
+  int k = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "k", &tk, err, sizeof err);
+  int pos = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "pos", &tp, err, sizeof err);
+  int posf = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "posf", &tpf, err, sizeof err);
+  int kc = ir_emit(m, b, IR_OP_STATE, NULL, 0, (int64_t[]){cs}, NULL, NULL, &c.type, err, sizeof err);
+  int k3 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "k3", &tk3, err, sizeof err);
+  int r = ir_emit(m, b, IR_OP_KV_WRITE, (int[]){k, pos}, 2, (int64_t[]){cs, 2}, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0, "kv_write: %s", err);
+  r = ir_emit(m, b, IR_OP_KV_WRITE, (int[]){q, pos}, 2, (int64_t[]){cs, 2}, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "kv_write: ") && strstr(err, "does not fit"), "kv_write of 4 heads: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_KV_WRITE, (int[]){k, posf}, 2, (int64_t[]){cs, 2}, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "i32 scalar"), "kv_write at an f64 position: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_KV_WRITE, (int[]){k, pos}, 2, (int64_t[]){ps, 2}, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "expected kind cache"), "kv_write into a param: %d '%s'", r, err);
+  double sc = 0.125;
+  r = ir_emit(m, b, IR_OP_ATTN_CACHED, (int[]){q, kc, kc, pos}, 4, (int64_t[]){0}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &tq), "attn_cached: %s", err);
+  r = ir_emit(m, b, IR_OP_ATTN_CACHED, (int[]){q, k3, k3, pos}, 4, (int64_t[]){0}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "attn_cached: ") && strstr(err, "multiple"), "attn_cached 4 / 3 heads: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTN_CACHED, (int[]){q, kc, kc, posf}, 4, (int64_t[]){0}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "i32 scalar"), "attn_cached at an f64 position: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ROPE_AT, (int[]){q, pos}, 2, (int64_t[]){2, 0}, (double[]){10000.0}, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0, "rope_at: %s", err);
+  r = ir_emit(m, b, IR_OP_ROPE_AT, (int[]){q, pos}, 2, (int64_t[]){3, 0}, (double[]){10000.0}, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "rope_at: ") && strstr(err, "before the last"), "rope_at on the last axis: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_SLICE_AT, (int[]){kc, pos}, 2, (int64_t[]){2, 1}, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0 && m->blocks.a[b].nodes[r].type.dim[2] == 1, "slice_at: %s", err);
+  r = ir_emit(m, b, IR_OP_SLICE_AT, (int[]){kc, pos}, 2, (int64_t[]){2, 17}, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "slice_at: ") && strstr(err, "size=17"), "slice_at of 17 of 16: %d '%s'", r, err);
+  CHECK(ir_verify(m, err, sizeof err) == 0, "verify: %s", err);
+  ir_module_free(m);
+}
+
 static void test_moe(void) {
   IrModule *m = ir_module_new("moe");
   int b = ir_block_add(m, "forward");
@@ -384,6 +440,7 @@ int main(void) {
   test_zero_bad_ref();
   test_emit_message();
   test_attention();
+  test_decode();
   test_moe();
   printf("%d shape-rule cases\n", ncases);
   return check_exit("test_ir_shapes");

@@ -512,6 +512,64 @@ static void test_dropout(IrDtype dt) {
   free(x);
 }
 
+/* pass decode's value ops at a position: rope_at (rope from pos), slice_at,
+ * and attn_cached (queries at pos + i over the cached keys 0 .. pos + i, a
+ * window, grouped-query heads) against direct loops. */
+static void test_decode_ops(IrDtype dt) {
+  enum { B = 1, T = 3, H = 2, D = 4, N = B * T * H * D, P = 5 };
+  IrType t = TY(dt, B, T, H, D), pt = scalar_ty(IR_I32);
+  double *x = rand_vec(N, -1, 1, dt), w[N], base[1] = {100.0}, pos[1] = {P};
+  for (int s = 0; s < T; s++)
+    for (int h = 0; h < H; h++)
+      for (int i = 0; i < D / 2; i++) {
+        int r = (s * H + h) * D;
+        double th = (s + P) * pow(100.0, -2.0 * i / D);
+        w[r + i] = x[r + i] * cos(th) - x[r + i + D / 2] * sin(th);
+        w[r + i + D / 2] = x[r + i] * sin(th) + x[r + i + D / 2] * cos(th);
+      }
+  Arg a[2] = {{t, x}, {pt, pos}};
+  expect(IR_OP_ROPE_AT, 2, a, (int64_t[]){1, 0}, base, NULL, w, N, tol_of(dt) * 2, "rope_at", dt);
+  double one[1] = {1};
+  Arg as[2] = {{t, x}, {pt, one}};
+  for (int s = 0; s < 2; s++)
+    for (int k = 0; k < H * D; k++) w[s * H * D + k] = x[(s + 1) * H * D + k];
+  expect(IR_OP_SLICE_AT, 2, as, (int64_t[]){1, 2}, NULL, NULL, w, 2 * H * D, 0, "slice_at", dt);
+  /* attn_cached: 4 query heads over 2 kv heads, 2 queries at positions 3, 4 of 6 cached */
+  enum { Hq = 4, Hk = 2, Tq = 2, Tk = 6, Q0 = 3 };
+  IrType qt = TY(dt, 1, Hq, Tq, D), kt = TY(dt, 1, Hk, Tk, D);
+  double *q = rand_vec(Hq * Tq * D, -1, 1, dt), *kk = rand_vec(Hk * Tk * D, -1, 1, dt);
+  double *v = rand_vec(Hk * Tk * D, -1, 1, dt), q0[1] = {Q0}, want[Hq * Tq * D];
+  for (int win = 0; win < 3; win += 2) {
+    for (int h = 0; h < Hq; h++)
+      for (int i = 0; i < Tq; i++) {
+        const double *qr = q + (h * Tq + i) * D;
+        double sc[Tk], mx = -INFINITY, l = 0;
+        int g = h / (Hq / Hk), qp = Q0 + i, lo = win && qp - win + 1 > 0 ? qp - win + 1 : 0;
+        for (int j = lo; j <= qp; j++) {
+          sc[j] = 0;
+          for (int d = 0; d < D; d++) sc[j] += qr[d] * kk[(g * Tk + j) * D + d];
+          sc[j] *= 0.5;
+          if (sc[j] > mx) mx = sc[j];
+        }
+        double *o = want + (h * Tq + i) * D;
+        for (int d = 0; d < D; d++) o[d] = 0;
+        for (int j = lo; j <= qp; j++) {
+          double e = exp(sc[j] - mx);
+          l += e;
+          for (int d = 0; d < D; d++) o[d] += e * v[(g * Tk + j) * D + d];
+        }
+        for (int d = 0; d < D; d++) o[d] /= l;
+      }
+    Arg aa[4] = {{qt, q}, {kt, kk}, {kt, v}, {pt, q0}};
+    expect(IR_OP_ATTN_CACHED, 4, aa, (int64_t[]){win}, (double[]){0.5}, NULL, want, Hq * Tq * D, tol_of(dt) * 4,
+           win ? "attn_cached window=2" : "attn_cached", dt);
+  }
+  free(x);
+  free(q);
+  free(kk);
+  free(v);
+}
+
 static void test_rope(IrDtype dt) {
   enum { B = 2, T = 5, H = 3, D = 8, N = B * T * H * D };
   IrType t = TY(dt, B, T, H, D);
@@ -1543,6 +1601,7 @@ int main(void) {
     test_masks(dt);
     test_dropout(dt);
     test_rope(dt);
+    test_decode_ops(dt);
     test_cross_entropy(dt);
     test_clip(dt);
     test_topk(dt);
@@ -1565,7 +1624,8 @@ int main(void) {
   static const IrOp elsewhere[] = {IR_OP_STATE, IR_OP_ZERO, IR_OP_ADAMW, IR_OP_OUTPUT, IR_OP_ASSIGN,
                                    IR_OP_SEND, IR_OP_RECV, IR_OP_STASH, IR_OP_UNSTASH, IR_OP_GROUP_SUM,
                                    IR_OP_ATTENTION, IR_OP_ATTENTION_BWD,    /* tests/grad, tests/oracle, tests/attn */
-                                   IR_OP_RING_SHIFT, IR_OP_RING_WAIT};      /* a pair on cp ranks: tests/parallel */
+                                   IR_OP_RING_SHIFT, IR_OP_RING_WAIT,       /* a pair on cp ranks: tests/parallel */
+                                   IR_OP_KV_WRITE};   /* writes a cache state: tests/generate */
   for (int op = 0; op < IR_OP_COUNT; op++) {
     int skip = 0;
     for (size_t i = 0; i < sizeof elsewhere / sizeof *elsewhere; i++) skip |= elsewhere[i] == (IrOp)op;
