@@ -8,7 +8,8 @@
 # --budget (default 450 s), the most important first:
 #   env         nvidia-smi: the GPU, driver and CUDA versions; the kit's commit
 #   selftest    mrun --selftest: every kernel kind against the CPU
-#   train-*     tiny gpt, llama and moe: 20 steps on the GPU and on a CPU rank,
+#   train-*     tiny gpt, llama, moe, packed (document masks, a window, validation) and
+#               gpt with --recompute full: 20 steps on the GPU and on a CPU rank,
 #               losses side by side (max relative difference), CUDA graph launches
 #   gpt2-124m   GPT-2 124M, 8 x 1024 tokens per step, f32: step time, tokens/s, MFU
 #   tf32        the same with the GEMMs in TF32 (TS_CUDA_TF32=1), and PyTorch's allow_tf32
@@ -181,6 +182,9 @@ tiny moe moe.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D batch=8 -
 run_args="--mock-data --reset-position-ids --reset-attention-mask --eod-mask-loss --eod-id 0 --eval-interval 5 --eval-iters 2"
 tiny packed gpt_packed.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=32 -D window=16 -D batch=8 -D micro_batch=4
 run_args="--data $data"
+# activation recompute: every layer's forward again in the backward (GEMMs, attention), only
+# each layer's input held (mcc --recompute full)
+tiny recompute gpt.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=4 --recompute full
 fi
 
 # ---- GPT-2 124M, 8 x 1024 tokens per step ----
