@@ -26,8 +26,11 @@ static void write_file(const char *name, const uint8_t *p, size_t n) {
   fclose(f);
 }
 
-/* Encodes and decodes text with t; the round trip must hold. */
-static void roundtrip(const RtTokenizer *t, const char *text, size_t len) {
+/* Encodes and decodes text with t: ids in range, decoding succeeds, and
+ * (exact) the round trip holds.  Not for a fuzzed tokenizer.json: a vocab
+ * without some byte's symbol drops that byte, as the tokenizers package
+ * does (CI found one without "\r": both give "...\n\xef\xbf\xbd"). */
+static void roundtrip(const RtTokenizer *t, const char *text, size_t len, int exact) {
   int32_t *ids = NULL;
   size_t n = 0, cap = 0, olen = 0, ocap = 0, flen;
   char *out = NULL, err[256];
@@ -36,7 +39,7 @@ static void roundtrip(const RtTokenizer *t, const char *text, size_t len) {
     if (ids[i] < 0 || ids[i] >= rt_tok_vocab_size(t)) abort();
   if (rt_tok_decode(t, ids, n, &out, &olen, &ocap, err, sizeof err)) abort();
   char *fixed = rt_utf8_sanitize(text, len, &flen);
-  if (!fixed || flen != olen || memcmp(fixed, out, olen)) abort();
+  if (!fixed || (exact && (flen != olen || memcmp(fixed, out, olen)))) abort();
   free(fixed);
   free(out);
   free(ids);
@@ -55,7 +58,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
     write_file("tokenizer.json", d + 1, n - 1);
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     RtTokenizer *t = rt_tok_load(path, err, sizeof err);
-    if (t) roundtrip(t, "Hello, world!  It's 2024 <|endoftext|>\r\n\xff", 42);
+    if (t) roundtrip(t, "Hello, world!  It's 2024 <|endoftext|>\r\n\xff", 42, 0);
     rt_tok_free(t);
     return 0;
   }
@@ -76,7 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) {
     rt_tok_free(t);
     return 0;
   }
-  roundtrip(sample[0], (const char *)d, n);
-  roundtrip(sample[1], (const char *)d, n);
+  roundtrip(sample[0], (const char *)d, n, 1);
+  roundtrip(sample[1], (const char *)d, n, 1);
   return 0;
 }
