@@ -48,6 +48,8 @@
 #include "runtime/device/device.h"
 #include "runtime/exec/dev_prog.h"
 #include "runtime/exec/selftest.h"
+#include "runtime/exec/calibrate.h"
+#include "plan/hw.h"
 #include "runtime/data/tokenizer.h"
 #include "passes/passes.h"
 #include <dirent.h>
@@ -63,6 +65,7 @@ static const char usage[] =
     "usage: mrun PLAN [--gpus N] [--steps N] [--data FILE] [--metrics out.jsonl] [--seed N]\n"
     "                 [--timeout S] [--save-params FILE] [--quiet] [--backend llvm|ref] [--cpu]\n"
     "       mrun --selftest\n"
+    "       mrun --calibrate FILE [--gpus N]\n"
     "  PLAN               a plan from mcc (binary or --emit=plan-text), or an IR module text\n"
     "  --gpus N           number of ranks (CPU ranks without a GPU driver); N / (tp*pp*cp*ep) is dp.\n"
     "                     N > 1 starts the ranks with mpirun unless already under an MPI launcher.\n"
@@ -70,6 +73,9 @@ static const char usage[] =
     "                     from the plan's cubin / PTX for its arch (mcc --target sm_XX), else\n"
     "                     its CUDA source compiled by NVRTC\n"
     "  --cpu              CPU ranks even when there are GPUs\n"
+    "  --calibrate FILE   measure this host's CPU ranks (BLAS GEMMs, memory bandwidth, with --gpus N >= 2\n"
+    "                     the MPI link between two ranks) and write a hardware description for\n"
+    "                     mcc --report time / --auto-layout --hw FILE; no plan\n"
     "  --selftest         every kernel kind and a 2-step training run on GPU 0 against the CPU, as a\n"
     "                     table; exit 0 iff every row passes (1 also when there is no GPU: nothing tested)\n"
     "  --steps N          train N steps instead of the plan's train.steps (also --train-iters N)\n"
@@ -140,6 +146,7 @@ typedef struct {
   RtCkptOpts ckpt;
   int64_t gpus, steps;        /* -1: not given */
   int has_seed, quiet, cpu, selftest;
+  const char *calibrate;      /* --calibrate FILE (runtime/exec/calibrate.h) */
   uint64_t seed;
   double timeout;             /* seconds */
   RtBackend backend;
@@ -380,7 +387,7 @@ static int parse_args(int argc, char **argv, Args *a) {
                                          "--keep", "--load", "--init-from", "--export", "--format", "--hf-map",
                                          "--split", "--data-cache-path", "--eod-id", "--tokenizer", "--eval-interval",
                                          "--eval-iters", "--prompt", "--prompt-file", "--max-tokens",
-                                         "--temperature", "--top-k", "--top-p", NULL};
+                                         "--temperature", "--top-k", "--top-p", "--calibrate", NULL};
     int known = 0;
     for (int k = 0; valued[k]; k++) known |= strlen(valued[k]) == nl && strncmp(arg, valued[k], nl) == 0;
     if (!known) { fprintf(stderr, "mrun: unknown option '%.*s'\n%s", (int)nl, arg, usage); return -1; }
@@ -391,6 +398,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(name, "--gpus") == 0) {
       if (parse_count(name, val, 1, 1 << 20, &a->gpus)) return -1;
     }
+    else if (strcmp(name, "--calibrate") == 0) a->calibrate = val;
     else if (strcmp(name, "--steps") == 0 || strcmp(name, "--train-iters") == 0) {   /* Megatron's name */
       if (parse_count(name, val, 1, INT64_MAX / 2, &a->steps)) return -1;
     }
@@ -486,6 +494,14 @@ static int parse_args(int argc, char **argv, Args *a) {
   }
   if (check_generate_args(a) != 0) return -1;
   if (a->selftest && a->plan) { fprintf(stderr, "mrun: --selftest takes no plan (got '%s')\n", a->plan); return -1; }
+  if (a->calibrate) {
+    if (a->plan || a->selftest) {
+      fprintf(stderr, "mrun: --calibrate FILE measures this host and writes a hardware description; it takes no plan "
+              "and no --selftest\n");
+      return -1;
+    }
+    return 0;
+  }
   if (a->metrics && a->save_params && same_path(a->metrics, a->save_params)) {
     fprintf(stderr, "mrun: --metrics and --save-params both name '%s': each needs a file of its own\n", a->metrics);
     return -1;
@@ -1200,9 +1216,46 @@ static void args_free(Args *a) {
   a->dweight = NULL;
 }
 
+/* mrun --calibrate FILE on this rank of `world` (NULL: one rank): rank 0
+ * writes the description (checked by the parser mcc uses).  Exit status. */
+static int calibrate_rank(RtComm *world, const Args *a) {
+  StrBuf b = {0};
+  char err[1024];
+  int me = world ? rt_comm_rank(world) : 0, rc = 0;
+  if (rt_calibrate(world, &b, me == 0 && !a->quiet ? stderr : NULL, err, sizeof err) != 0) {
+    fprintf(stderr, "mrun: --calibrate: %s\n", err);
+    rc = 1;
+  } else if (me == 0) {
+    HwDesc hw;
+    if (hw_parse(b.p ? b.p : "", a->calibrate, &hw, err, sizeof err) != 0) {
+      fprintf(stderr, "mrun: --calibrate: internal error: the description does not parse: %s\n", err);
+      rc = 1;
+    } else if (ts_write_file(a->calibrate, b.p, b.n) != 0) {
+      fprintf(stderr, "mrun: --calibrate: %s\n", ts_io_error());
+      rc = 1;
+    } else if (!a->quiet) {
+      fprintf(stderr, "mrun: wrote %s (mcc --report time --hw %s)\n", a->calibrate, a->calibrate);
+    }
+  }
+  sb_free(&b);
+  return rc;
+}
+
 /* The run parse_args asked for: its exit status. */
 static int run(int argc, char **argv, Args *a) {
   if (a->selftest) return run_selftest();
+  if (a->calibrate) {
+    if (under_launcher()) {
+      char err[1024];
+      RtComm *world = rt_comm_init_mpi(&argc, &argv, a->timeout, err, sizeof err);
+      if (!world) { fprintf(stderr, "mrun: %s\n", err); return 1; }
+      int rc = calibrate_rank(world, a);
+      rt_comm_free(world);
+      return rc;
+    }
+    if (a->gpus > 1) return launch(a->gpus, argv);
+    return calibrate_rank(NULL, a);
+  }
   RtExecOpts xo = {.backend = a->backend};
   rt_exec_set_default(&xo);   /* what rt_train's program uses */
   if (under_launcher()) return run_rank(&argc, &argv, a);

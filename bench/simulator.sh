@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# simulator.sh [--build DIR] [--hw FILE] [--steps N] - the step-time model
+# (mcc --report time, docs/performance-model.md) against what mrun's CPU
+# ranks measure, side by side in one run (issue 23, deliverable 5).
+#
+# The description is this host's, measured first by `mrun --calibrate`
+# (2 ranks; or --hw FILE).  Each layout of a medium gpt (and the moe
+# sample for ep) is compiled, predicted with `--report time --hw` for its
+# ranks, and trained for N steps (default 12) on --mock-data; the measured
+# step time is the median of the per-step times after the first two.
+# Every run uses one thread per rank (as mrun runs several ranks), so the
+# 1-rank row is one thread too.  Last: the predicted and measured rankings.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=build hw="" steps=12
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) build=$2; shift ;;
+    --hw) hw=$2; shift ;;
+    --steps) steps=$2; shift ;;
+    *) echo "simulator.sh: unknown option '$1'" >&2; exit 2 ;;
+  esac
+  shift
+done
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export OPENBLAS_NUM_THREADS=1 TS_THREADS=1
+if [ -z "$hw" ]; then
+  hw=$TMP/cpu.hw
+  "$build/mrun" --calibrate "$hw" --gpus 2 2>"$TMP/cal.log" || { cat "$TMP/cal.log"; exit 1; }
+  grep '^calibrate:' "$TMP/cal.log" | sed 's/^/# /'
+fi
+
+GPT="samples/gpt.mdl -D layers=4 -D d_model=256 -D heads=8 -D seq_len=256 -D vocab=4096 -D batch=8 -D micro_batch=2"
+MOE="samples/moe.mdl -D layers=2 -D d_model=128 -D heads=4 -D kv_heads=2 -D ffn=256 -D seq_len=128 -D batch=8 -D micro_batch=2 -D experts=4 -D topk=2"
+printf '%-26s %5s %12s %12s %8s\n' layout ranks "predicted s" "measured s" error
+: > "$TMP/rows"
+# row NAME RANKS MODEL FLAGS...
+row() {
+  local name=$1 n=$2; shift 2
+  # shellcheck disable=SC2086
+  "$build/mcc" $1 "${@:2}" --precision f32 -o "$TMP/p.plan" 2>"$TMP/err" || { echo "$name: $(cat "$TMP/err")"; return; }
+  local pred meas
+  # shellcheck disable=SC2086
+  pred=$("$build/mcc" $1 "${@:2}" --precision f32 --report time --hw "$hw" --gpus "$n" -o - | sed -n 's/^step_time_s=\([^ ]*\).*/\1/p')
+  "$build/mrun" "$TMP/p.plan" --gpus "$n" --steps "$steps" --mock-data --quiet --metrics "$TMP/m.jsonl" >/dev/null 2>&1
+  meas=$(python3 - "$TMP/m.jsonl" <<'PY'
+import json, sys
+e = [json.loads(l)["elapsed_s"] for l in open(sys.argv[1]) if l.strip()]
+d = sorted(b - a for a, b in zip(e[1:], e[2:]))
+print("%.5g" % d[len(d) // 2])
+PY
+)
+  local err
+  err=$(python3 -c "print('%+.1f%%' % (100 * ($pred - $meas) / $meas))")
+  printf '%-26s %5s %12s %12s %8s\n' "$name" "$n" "$pred" "$meas" "$err"
+  echo "$name $pred $meas" >> "$TMP/rows"
+}
+row "one rank" 1 "$GPT"
+row "tp=2" 2 "$GPT" --tp 2
+row "tp=2 sp" 2 "$GPT" --tp 2 --sp
+row "dp=2" 2 "$GPT"
+row "pp=2 1f1b" 2 "$GPT" --pp 2
+row "pp=2 vpp=2 interleaved" 2 "$GPT" --pp 2 --vpp 2
+row "cp=2" 2 "$GPT" --cp 2
+row "moe one rank" 1 "$MOE"
+row "moe ep=2" 2 "$MOE" --ep 2
+row "moe dp=2" 2 "$MOE"
+python3 - "$TMP/rows" <<'PY'
+import sys
+rows = [l.split() for l in open(sys.argv[1])]
+rows = [(" ".join(r[:-2]), float(r[-2]), float(r[-1])) for r in rows]
+worst = max(abs(p - m) / m for _, p, m in rows)
+print("largest error: %.1f%% over %d layouts" % (100 * worst, len(rows)))
+gpt = [r for r in rows if not r[0].startswith("moe")]
+bp = [r[0] for r in sorted(gpt, key=lambda r: r[1])]
+bm = [r[0] for r in sorted(gpt, key=lambda r: r[2])]
+print("gpt ranking, predicted: " + ", ".join(bp))
+print("gpt ranking, measured:  " + ", ".join(bm))
+PY

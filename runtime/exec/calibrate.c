@@ -1,0 +1,175 @@
+/* calibrate.c - the measured description of this host's CPU ranks
+ * (calibrate.h).  Everything is timed as the median of a few repetitions,
+ * each long enough (>= 20 ms) for the clock. */
+#include "calibrate.h"
+#include "ir/util.h"
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Median over 5 runs of the seconds one call of fn takes, each run
+ * repeating it until 20 ms have passed. */
+typedef void (*TimedFn)(void *ctx);
+static double timed(TimedFn fn, void *ctx) {
+  double runs[5];
+  fn(ctx);   /* warm: pages, caches, BLAS buffers */
+  for (int r = 0; r < 5; r++) {
+    int n = 0;
+    double t0 = ts_now_s(), t;
+    do { fn(ctx); n++; } while ((t = ts_now_s() - t0) < 0.02);
+    runs[r] = t / n;
+  }
+  qsort(runs, 5, sizeof *runs, cmp_d);
+  return runs[2];
+}
+
+typedef struct { int n, f64; void *a, *b, *c; } Gemm;
+static void gemm_run(void *p) {
+  Gemm *g = p;
+  if (g->f64) cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->n, g->n, g->n, 1.0, g->a, g->n, g->b, g->n, 0.0,
+                          g->c, g->n);
+  else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g->n, g->n, g->n, 1.0f, g->a, g->n, g->b, g->n, 0.0f,
+                   g->c, g->n);
+}
+
+/* Fits t = o + F / R over square GEMMs: *rate = R (FLOP/s), *over = o (s). */
+static void gemm_fit(int f64, double *rate, double *over, FILE *log) {
+  static const int sizes[] = {96, 192, 384, 768};
+  enum { NS = sizeof sizes / sizeof sizes[0] };
+  double F[NS], T[NS];
+  size_t es = f64 ? 8 : 4;
+  for (int i = 0; i < NS; i++) {
+    int n = sizes[i];
+    Gemm g = {n, f64, ts_xmalloc((size_t)n * n * es), ts_xmalloc((size_t)n * n * es), ts_xmalloc((size_t)n * n * es)};
+    for (size_t k = 0; k < (size_t)n * n; k++) {
+      if (f64) { ((double *)g.a)[k] = 1.0 / (double)(k % 7 + 1); ((double *)g.b)[k] = (double)(k % 5) - 2; }
+      else { ((float *)g.a)[k] = 1.0f / (float)(k % 7 + 1); ((float *)g.b)[k] = (float)(k % 5) - 2; }
+    }
+    F[i] = 2.0 * n * n * n;
+    T[i] = timed(gemm_run, &g);
+    if (log) fprintf(log, "calibrate: %s GEMM %d^3: %.1f us, %.2f GFLOP/s\n", f64 ? "f64" : "f32", n, T[i] * 1e6,
+                     F[i] / T[i] / 1e9);
+    free(g.a);
+    free(g.b);
+    free(g.c);
+  }
+  /* least squares of T = o + F * (1/R) */
+  double sf = 0, st = 0, sff = 0, sft = 0;
+  for (int i = 0; i < NS; i++) { sf += F[i]; st += T[i]; sff += F[i] * F[i]; sft += F[i] * T[i]; }
+  double slope = (NS * sft - sf * st) / (NS * sff - sf * sf), o = (st - slope * sf) / NS;
+  if (!(slope > 0)) slope = T[NS - 1] / F[NS - 1];
+  *rate = 1.0 / slope;
+  *over = o > 1e-7 ? o : 1e-7;
+}
+
+typedef struct { size_t n; double *a, *b, *c; } Triad;
+static void triad_run(void *p) {
+  Triad *t = p;
+  for (size_t i = 0; i < t->n; i++) t->a[i] = t->b[i] + 0.5 * t->c[i];
+}
+
+/* Ping-pong between group ranks 0 and 1 of `count` doubles: the seconds of
+ * one way (half the round trip), median of 5 runs. */
+static int pingpong(RtComm *w, size_t count, double *oneway, char *err, size_t errlen) {
+  int me = rt_comm_rank(w);
+  double *buf = ts_xcalloc(count ? count : 1, sizeof *buf), runs[5];
+  int reps = count > 1024 ? 20 : 2000, rc = 0;
+  for (int r = -1; r < 5 && rc == 0; r++) {   /* r = -1: warm-up */
+    if (rt_comm_barrier(w, err, errlen) != 0) { rc = -1; break; }
+    double t0 = ts_now_s();
+    for (int k = 0; k < reps && rc == 0; k++) {
+      if (me == 0) {
+        rc = rt_comm_send(w, IR_F64, buf, count, 1, 7, err, errlen);
+        if (rc == 0) rc = rt_comm_recv(w, IR_F64, buf, count, 1, 8, err, errlen);
+      } else if (me == 1) {
+        rc = rt_comm_recv(w, IR_F64, buf, count, 0, 7, err, errlen);
+        if (rc == 0) rc = rt_comm_send(w, IR_F64, buf, count, 0, 8, err, errlen);
+      }
+    }
+    if (r >= 0) runs[r] = (ts_now_s() - t0) / reps / 2;
+  }
+  free(buf);
+  if (rc != 0) return -1;
+  qsort(runs, 5, sizeof *runs, cmp_d);
+  *oneway = runs[2];
+  return 0;
+}
+
+static double host_memory(void) {
+  long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+  return pages > 0 && psize > 0 ? (double)pages * (double)psize : 8e9;
+}
+
+int rt_calibrate(RtComm *w, StrBuf *out, FILE *log, char *err, size_t errlen) {
+  int me = w ? rt_comm_rank(w) : 0, n = w ? rt_comm_size(w) : 1;
+  double r64 = 0, o64 = 0, r32 = 0, o32 = 0, bw = 0, lat = 0, lbw = 0;
+  openblas_set_num_threads(1);   /* one rank of several: one thread (mrun sets the same for its ranks) */
+  if (me == 0) {
+    gemm_fit(1, &r64, &o64, log);
+    gemm_fit(0, &r32, &o32, log);
+    Triad t = {(size_t)4 << 20, NULL, NULL, NULL};   /* 3 x 32 MiB */
+    t.a = ts_xmalloc(t.n * sizeof(double));
+    t.b = ts_xmalloc(t.n * sizeof(double));
+    t.c = ts_xmalloc(t.n * sizeof(double));
+    for (size_t i = 0; i < t.n; i++) { t.a[i] = 0; t.b[i] = (double)(i % 11); t.c[i] = (double)(i % 3); }
+    double tt = timed(triad_run, &t);
+    bw = 3.0 * (double)t.n * sizeof(double) / tt;
+    if (log) fprintf(log, "calibrate: triad over 3 x %zu MiB: %.2f GB/s\n", t.n * sizeof(double) >> 20, bw / 1e9);
+    free(t.a);
+    free(t.b);
+    free(t.c);
+  }
+  if (n > 1) {
+    double small, big;
+    const size_t bigc = (size_t)1 << 19;   /* 4 MiB of doubles */
+    if (pingpong(w, 1, &small, err, errlen) != 0 || pingpong(w, bigc, &big, err, errlen) != 0) return -1;
+    lat = small;
+    lbw = (double)bigc * sizeof(double) / (big - small > 0 ? big - small : big);
+    if (me == 0 && log)
+      fprintf(log, "calibrate: ping-pong ranks 0-1: 8 bytes %.2f us one way, 4 MiB %.2f GB/s\n", lat * 1e6, lbw / 1e9);
+  }
+  if (me != 0) return 0;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cores < 1) cores = 1;
+  char host[64] = "host";
+  gethostname(host, sizeof host - 1);
+  sb_printf(out, "# This host's CPU ranks, measured by `mrun --calibrate` (runtime/exec/calibrate.c):\n"
+                 "# one \"GPU\" is one rank as mrun runs it with more than one rank (one thread:\n"
+                 "# OPENBLAS_NUM_THREADS=1, TS_THREADS=1).  Measured on %s, %ld cores, %d rank%s.\n",
+            host, cores, n, n == 1 ? "" : "s");
+  sb_printf(out, "name cpu-measured\n");
+  sb_printf(out, "peak fp64 %.4g        # MEASURED: least squares of t = o + F/R over dgemm 96..768^3 (R)\n", r64);
+  sb_printf(out, "peak fp32 %.4g        # MEASURED: the same over sgemm\n", r32);
+  sb_printf(out, "gemm_efficiency fp64 1        # the peak above is what a large GEMM reaches here\n");
+  sb_printf(out, "gemm_efficiency fp32 1\n");
+  sb_printf(out, "attention_efficiency fp64 0.5  # ASSUMED: the fused attention's tile loops, not measured\n");
+  sb_printf(out, "attention_efficiency fp32 0.5  # ASSUMED\n");
+  sb_printf(out, "hbm_bytes %.4g        # the host's memory / its cores\n", host_memory() / (double)cores);
+  sb_printf(out, "hbm_bandwidth %.4g    # MEASURED: one thread's triad a = b + s c over 3 x 32 MiB\n", bw);
+  sb_printf(out, "memory_efficiency 1\n");
+  sb_printf(out, "sms 1                 # one thread: no wave quantization\n");
+  sb_printf(out, "gemm_tile_m 1\ngemm_tile_n 1\ngemm_tile_k 1000000\n");
+  double over = o64 > o32 ? o32 : o64;
+  sb_printf(out, "kernel_overhead %.4g  # MEASURED: the fit's intercept (the smaller of f64 and f32)\n", over);
+  sb_printf(out, "gpus_per_node %ld      # the ranks one host runs with a core each\n", cores);
+  if (n > 1) {
+    sb_printf(out, "nvlink_bandwidth %.4g # MEASURED: MPI ping-pong of 4 MiB between ranks 0 and 1\n", lbw);
+    sb_printf(out, "nvlink_latency %.4g   # MEASURED: MPI ping-pong of 8 bytes, one way\n", lat);
+  } else {
+    sb_printf(out, "nvlink_bandwidth %.4g # ASSUMED: the memory bandwidth (one rank: no link measured)\n", bw / 2);
+    sb_printf(out, "nvlink_latency 2e-6   # ASSUMED (one rank: no link measured)\n");
+  }
+  sb_printf(out, "nvlink_efficiency 1\n");
+  sb_printf(out, "nics_per_node 1       # one host: the NICs are never used; as the link\n");
+  /* a rank's share of the "node's NICs" is nic_bandwidth x nics / gpus_per_node: more ranks than cores */
+  sb_printf(out, "nic_bandwidth %.4g\nnic_latency %.4g\nnic_efficiency 1\n", (n > 1 ? lbw : bw / 2) * (double)cores,
+            n > 1 ? lat : 2e-6);
+  return 0;
+}
