@@ -497,14 +497,16 @@ int al_search(const IrModule *f, const AlCompiler *c, const AlOptions *o, StrBuf
           PipeSchedKind sched = vpp > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;
           if (pp > 1 && vpp == 1 && nmicro < pp) continue;
           if (vpp > 1 && nmicro % pp) continue;
-          Cand cd = {{k->key.tp, k->key.sp, k->key.cp, k->key.ep, pp, vpp, dp, 1, (int)mb, k->key.recompute, sched},
-                     k, 0, 0, 0, 0};
-          int e = estimate(f, hw, L, 1.25 * best_fit, &cd);
-          if (e > 0) pruned++;
-          if (e != 0) continue;
-          cd.fits = cd.memory <= limit;
-          if (cd.fits && cd.step < best_fit) best_fit = cd.step;
-          VEC_PUSH(cands, cd);
+          for (int zero = 1; zero >= (dp > 1 ? 0 : 1); zero--) {   /* ZeRO-1, and without it */
+            Cand cd = {{k->key.tp, k->key.sp, k->key.cp, k->key.ep, pp, vpp, dp, zero, (int)mb, k->key.recompute,
+                        sched}, k, 0, 0, 0, 0};
+            int e = estimate(f, hw, L, 1.25 * best_fit, &cd);
+            if (e > 0) pruned++;
+            if (e != 0) continue;
+            cd.fits = cd.memory <= limit;
+            if (cd.fits && cd.step < best_fit) best_fit = cd.step;
+            VEC_PUSH(cands, cd);
+          }
         }
         if (mb > 64) break;   /* micro batches beyond 128 sequences do not pay */
       }
@@ -578,7 +580,7 @@ int al_search(const IrModule *f, const AlCompiler *c, const AlOptions *o, StrBuf
     if (res[0].l.cp > 1) sb_printf(out, " --cp %d", res[0].l.cp);
     if (res[0].l.ep > 1) sb_printf(out, " --ep %d", res[0].l.ep);
     if (res[0].l.vpp > 1) sb_printf(out, " --vpp %d", res[0].l.vpp);
-    sb_printf(out, " --dp %d", res[0].l.dp);
+    sb_printf(out, " --dp %d%s", res[0].l.dp, res[0].l.dp > 1 && !res[0].l.zero ? " --no-zero" : "");
     if (!o->fixed_mb) sb_printf(out, " --micro-batch-size %d", res[0].l.mb);
     sb_printf(out, " --recompute %s)\n", pass_recompute_name(res[0].l.recompute));
     if (nres > 1)

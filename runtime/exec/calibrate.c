@@ -2,6 +2,7 @@
  * (calibrate.h).  Everything is timed as the median of a few repetitions,
  * each long enough (>= 20 ms) for the clock. */
 #include "calibrate.h"
+#include "rt.h"
 #include "ir/util.h"
 #include <cblas.h>
 #include <math.h>
@@ -102,6 +103,91 @@ static int pingpong(RtComm *w, size_t count, double *oneway, char *err, size_t e
   return 0;
 }
 
+/* ---- the executor's own kernels, on an IR module of calibration blocks ----
+ * attn: a causal fused attention and its backward (B 2, H 8, T 256, D 64):
+ *       its FLOPs as the cost model counts them (forward 4, backward
+ *       6 + 6 + 4 units of B H T^2 D, half of it under the causal mask);
+ * ew:   the row and elementwise kernels of a transformer layer, each alone
+ *       over [2048, 512]: layernorm and its backward, gelu_tanh and its
+ *       backward, softmax, an add; bytes as the model counts them (operands
+ *       in, the result out). */
+#define CAL_ATT_B 2
+#define CAL_ATT_H 8
+#define CAL_ATT_T 256
+#define CAL_ATT_D 64
+#define CAL_EW_R 2048
+#define CAL_EW_C 512
+
+static char *cal_module(const char *dt) {
+  StrBuf t = {0};
+  char a[64], g[64], r[64];
+  snprintf(a, sizeof a, "%s[%d, %d, %d, %d]", dt, CAL_ATT_B, CAL_ATT_H, CAL_ATT_T, CAL_ATT_D);
+  snprintf(r, sizeof r, "%s[%d, %d]", dt, CAL_EW_R, CAL_EW_C);
+  snprintf(g, sizeof g, "scale=%.17g", 1.0 / sqrt((double)CAL_ATT_D));
+  sb_printf(&t, "module calibrate_%s\ntrain lr=0.01 seed=1 precision=%s\nparallel tp=1 pp=1 cp=1 ep=1 dp=0 sp=0\n", dt, dt);
+  static const char *const an[] = {"q", "k", "v", "do", "o0", "o1", "o2", "o3"};
+  for (int i = 0; i < 8; i++) sb_printf(&t, "state @a.%s : %s param init=normal(0.0, 1.0)\n", an[i], a);
+  static const char *const en[] = {"x", "y", "dy", "e0", "e1", "e2", "e3", "e4"};
+  for (int i = 0; i < 8; i++) sb_printf(&t, "state @e.%s : %s param init=normal(0.0, 1.0)\n", en[i], r);
+  sb_printf(&t, "state @e.gain : %s param init=zeros\n", r);
+  sb_printf(&t, "block attn {\n"
+                "  %%0 = state @a.q : %s\n  %%1 = state @a.k : %s\n  %%2 = state @a.v : %s\n  %%3 = state @a.do : %s\n"
+                "  %%4 = attention %%0, %%1, %%2 causal=1 window=0 %s : %s\n  accum %%4 @a.o0\n",
+            a, a, a, a, g, a);
+  for (int part = 0; part < 3; part++)
+    sb_printf(&t, "  %%%d = attention_bwd %%0, %%1, %%2, %%4, %%3 causal=1 part=%d window=0 %s : %s\n  accum %%%d @a.o%d\n",
+              6 + 2 * part, part, g, a, 6 + 2 * part, part + 1);
+  sb_printf(&t, "}\nblock ew {\n"
+                "  %%0 = state @e.x : %s\n  %%1 = state @e.y : %s\n  %%2 = state @e.dy : %s\n"
+                "  %%3 = layernorm_bwd %%0, %%2 eps=1e-05 : %s\n  accum %%3 @e.gain\n"
+                "  %%5 = layernorm %%0 eps=1e-05 : %s\n  accum %%5 @e.e0\n"
+                "  %%7 = gelu_tanh %%0 : %s\n  accum %%7 @e.e1\n"
+                "  %%9 = gelu_tanh_bwd %%0, %%2 : %s\n  accum %%9 @e.e2\n"
+                "  %%11 = softmax %%1 : %s\n  accum %%11 @e.e3\n"
+                "  %%13 = add %%0, %%1 : %s\n  accum %%13 @e.e4\n}\nend\n",
+            r, r, r, r, r, r, r, r, r);
+  return t.p;
+}
+
+typedef struct { RtProgram *p; int b; } BlockRun;
+static void block_run(void *ctx) {
+  BlockRun *r = ctx;
+  RtRunInfo info = {1, 0, 0.01};
+  char err[256];
+  if (rt_run_block(r->p, r->b, NULL, 0, &info, err, sizeof err) != 0) TS_DIE("calibrate: %s", err);
+}
+
+/* The seconds of block attn and block ew in dtype dt (their accums
+ * included: a few percent of either). */
+static int cal_kernels(const char *dt, double *t_attn, double *t_ew, char *err, size_t errlen) {
+  char *text = cal_module(dt);
+  IrModule *m = ir_parse_module(text, "<calibrate>", err, errlen);
+  free(text);
+  if (!m) return -1;
+  RtRank rank = rt_rank_single();
+  RtExecOpts o = {.backend = RT_BACKEND_LLVM, .threads = 1};
+  RtProgram *p = rt_program_new_opts(m, &rank, &o, err, errlen);
+  if (!p) { ir_module_free(m); return -1; }
+  BlockRun ra = {p, ir_block_find(m, "attn")}, re = {p, ir_block_find(m, "ew")};
+  *t_attn = timed(block_run, &ra);
+  *t_ew = timed(block_run, &re);
+  rt_program_free(p);
+  ir_module_free(m);
+  return 0;
+}
+
+/* FLOPs of block attn as the cost model counts them (passes/timereport.c). */
+static double cal_attn_flops(void) {
+  double s = (double)CAL_ATT_B * CAL_ATT_H * CAL_ATT_T * CAL_ATT_T * CAL_ATT_D;
+  return (4 + 6 + 6 + 4) * s * 0.5;
+}
+/* Bytes of block ew as the model counts them: each kernel's operands and
+ * result (layernorm's gain and bias too), es bytes per element. */
+static double cal_ew_bytes(size_t es) {
+  double x = (double)CAL_EW_R * CAL_EW_C * (double)es;
+  return (2 * x + x) + (x + x) + (x + x) + (2 * x + x) + (x + x) + (2 * x + x);
+}
+
 static double host_memory(void) {
   long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
   return pages > 0 && psize > 0 ? (double)pages * (double)psize : 8e9;
@@ -126,6 +212,17 @@ int rt_calibrate(RtComm *w, StrBuf *out, FILE *log, char *err, size_t errlen) {
     free(t.b);
     free(t.c);
   }
+  /* the executor's kernels, every rank at once (as they run in training:
+   * sharing the memory bandwidth and the caches); rank 0's figures */
+  double ta32 = 0, te32 = 0, ta64 = 0, te64 = 0;
+  if (w && rt_comm_barrier(w, err, errlen) != 0) return -1;
+  if (cal_kernels("f32", &ta32, &te32, err, errlen) != 0 || cal_kernels("f64", &ta64, &te64, err, errlen) != 0) return -1;
+  if (w && rt_comm_barrier(w, err, errlen) != 0) return -1;
+  if (me == 0 && log)
+    fprintf(log, "calibrate: fused attention fwd+bwd f32 %.2f ms (%.2f GFLOP/s), f64 %.2f ms (%.2f GFLOP/s); "
+            "row/elementwise kernels f32 %.2f ms (%.2f GB/s), f64 %.2f ms (%.2f GB/s)%s\n",
+            ta32 * 1e3, cal_attn_flops() / ta32 / 1e9, ta64 * 1e3, cal_attn_flops() / ta64 / 1e9, te32 * 1e3,
+            cal_ew_bytes(4) / te32 / 1e9, te64 * 1e3, cal_ew_bytes(8) / te64 / 1e9, n > 1 ? ", all ranks at once" : "");
   if (n > 1) {
     double small, big;
     const size_t bigc = (size_t)1 << 19;   /* 4 MiB of doubles */
@@ -149,11 +246,16 @@ int rt_calibrate(RtComm *w, StrBuf *out, FILE *log, char *err, size_t errlen) {
   sb_printf(out, "peak fp32 %.4g        # MEASURED: the same over sgemm\n", r32);
   sb_printf(out, "gemm_efficiency fp64 1        # the peak above is what a large GEMM reaches here\n");
   sb_printf(out, "gemm_efficiency fp32 1\n");
-  sb_printf(out, "attention_efficiency fp64 0.5  # ASSUMED: the fused attention's tile loops, not measured\n");
-  sb_printf(out, "attention_efficiency fp32 0.5  # ASSUMED\n");
+  sb_printf(out, "attention_efficiency fp64 %.4g  # MEASURED: a causal fused attention + backward, B 2 H 8 T 256 D 64, "
+                 "its FLOPs / time / peak fp64\n", cal_attn_flops() / ta64 / r64);
+  sb_printf(out, "attention_efficiency fp32 %.4g  # MEASURED: the same in f32\n", cal_attn_flops() / ta32 / r32);
   sb_printf(out, "hbm_bytes %.4g        # the host's memory / its cores\n", host_memory() / (double)cores);
   sb_printf(out, "hbm_bandwidth %.4g    # MEASURED: one thread's triad a = b + s c over 3 x 32 MiB\n", bw);
-  sb_printf(out, "memory_efficiency 1\n");
+  /* what the generated row / elementwise kernels reach of it: the model
+   * costs every kernel that is not a GEMM or attention by its bytes */
+  double eff = cal_ew_bytes(4) / te32 / bw;
+  sb_printf(out, "memory_efficiency %.4g    # MEASURED: layernorm, gelu_tanh (+ backward), softmax and add, f32 [2048, 512] "
+                 "each, bytes in + out / time, over the triad's bandwidth (they compute in f64: more than memory)\n", eff);
   sb_printf(out, "sms 1                 # one thread: no wave quantization\n");
   sb_printf(out, "gemm_tile_m 1\ngemm_tile_n 1\ngemm_tile_k 1000000\n");
   double over = o64 > o32 ? o32 : o64;
