@@ -99,6 +99,8 @@ static const char usage[] =
     "  --test             after the last step, the loss on --eval-iters global batches of the test split\n"
     "  --no-prefetch      each step reads its own batches (default: a thread prepares the next step's)\n"
     "  --metrics FILE     write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s)\n"
+    "  --trace FILE       a Chrome / Perfetto trace of the run: one process per rank, its ops, kernels, GEMMs,\n"
+    "                     collectives and pipeline messages with their wall times, and its steps (CPU ranks)\n"
     "  --seed N           override the plan's train.seed (initialization, data order, dropout)\n"
     "  --timeout S        seconds a rank waits in a collective before the job is stopped (default 60)\n"
     "  --save-params FILE after training, write every parameter in its global shape (format: runtime/exec/train.h)\n"
@@ -147,6 +149,7 @@ typedef struct {
   int64_t gpus, steps;        /* -1: not given */
   int has_seed, quiet, cpu, selftest;
   const char *calibrate;      /* --calibrate FILE (runtime/exec/calibrate.h) */
+  const char *trace;          /* --trace FILE (runtime/exec/trace.c) */
   uint64_t seed;
   double timeout;             /* seconds */
   RtBackend backend;
@@ -387,7 +390,7 @@ static int parse_args(int argc, char **argv, Args *a) {
                                          "--keep", "--load", "--init-from", "--export", "--format", "--hf-map",
                                          "--split", "--data-cache-path", "--eod-id", "--tokenizer", "--eval-interval",
                                          "--eval-iters", "--prompt", "--prompt-file", "--max-tokens",
-                                         "--temperature", "--top-k", "--top-p", "--calibrate", NULL};
+                                         "--temperature", "--top-k", "--top-p", "--calibrate", "--trace", NULL};
     int known = 0;
     for (int k = 0; valued[k]; k++) known |= strlen(valued[k]) == nl && strncmp(arg, valued[k], nl) == 0;
     if (!known) { fprintf(stderr, "mrun: unknown option '%.*s'\n%s", (int)nl, arg, usage); return -1; }
@@ -454,6 +457,7 @@ static int parse_args(int argc, char **argv, Args *a) {
       if (parse_count(name, val, 0, 1 << 30, &a->eval_iters)) return -1;
     }
     else if (strcmp(name, "--metrics") == 0) a->metrics = val;
+    else if (strcmp(name, "--trace") == 0) a->trace = val;
     else if (strcmp(name, "--prompt") == 0) a->prompt = val;
     else if (strcmp(name, "--prompt-file") == 0) a->prompt_file = val;
     else if (strcmp(name, "--max-tokens") == 0) {
@@ -501,6 +505,11 @@ static int parse_args(int argc, char **argv, Args *a) {
       return -1;
     }
     return 0;
+  }
+  if (a->trace && ((a->metrics && same_path(a->trace, a->metrics)) || (a->save_params && same_path(a->trace, a->save_params)))) {
+    fprintf(stderr, "mrun: --trace names '%s', which --metrics or --save-params writes too: each needs a file of its own\n",
+            a->trace);
+    return -1;
   }
   if (a->metrics && a->save_params && same_path(a->metrics, a->save_params)) {
     fprintf(stderr, "mrun: --metrics and --save-params both name '%s': each needs a file of its own\n", a->metrics);
@@ -1127,7 +1136,7 @@ static int run_single(const Args *a) {
   if (gpu.dev) fprintf(stderr, "mrun: 1 GPU rank on %s\n", gpu.dev->label);
   RtRank rank = rt_rank_single();
   rank.mesh = mesh;
-  RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
+  RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .trace_path = a->trace, .quiet = a->quiet, .log = stdout,
                    .rank = &rank, .save_params_path = a->save_params, .ckpt = a->ckpt, .init_from = a->init_from,
                    .export_dir = a->export_dir, .hf = hf_opts(a, plan), .gpt = a->gpt};
   o.eval_interval = a->eval_interval;
@@ -1184,7 +1193,7 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   }
   /* on GPUs the device's collectives go through NCCL on its comm stream */
   if (gpu.dev && rt_rank_gpu_groups(&rank, gpu.dev, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
-  RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .quiet = a->quiet, .log = stdout,
+  RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .trace_path = a->trace, .quiet = a->quiet, .log = stdout,
                    .rank = &rank, .world = world, .save_params_path = a->save_params,
                    .ckpt = a->ckpt, .init_from = a->init_from, .export_dir = a->export_dir, .hf = hf_opts(a, plan), .gpt = a->gpt};
   o.eval_interval = a->eval_interval;

@@ -106,6 +106,11 @@ struct RtProgram {
                                kernel, GEMM and copy, graphs off (dmark, dtime) */
   VEC(RtDevMark) dmark;     /* this block run's marks */
   VEC(RtDevTime) dtime;     /* per label, all runs */
+  /* mrun --trace: every op or kernel run on the CPU, with its wall times
+   * (rt_program_trace_start); at most RT_TRACE_MAX events */
+  int trace;
+  double trace_base;
+  VEC(RtTraceEvent) tev;
   double op_s[IR_OP_COUNT]; /* seconds spent per op (when profiling) */
   int64_t op_n[IR_OP_COUNT];
   long long stash_handed, stash_copied;   /* rt_program_exec_stats */
@@ -572,12 +577,23 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
   return p;
 }
 
+void rt_program_trace_start(RtProgram *p, double base) {
+  p->trace = 1;
+  p->trace_base = base;
+}
+
+const RtTraceEvent *rt_program_trace_events(const RtProgram *p, int *n) {
+  *n = p->tev.n;
+  return p->tev.a;
+}
+
 void rt_program_free(RtProgram *p) {
   if (!p) return;
   if (p->profile) print_profile(p);
   print_dev_profile(p);
   free(p->dmark.a);
   free(p->dtime.a);
+  free(p->tev.a);
   if (getenv("TS_RT_MEMORY")) print_memory(p);
   for (int b = 0; p->mem && b < p->m->blocks.n; b++) {
     plan_mem_free(&p->mem[b].plan);
@@ -1094,7 +1110,7 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
       }
     } else {
       if (kid >= 0 && jb->k.a[kid].at != i) continue;   /* computed by a kernel later */
-      double t0 = p->profile ? ts_now_s() : 0;
+      double t0 = p->profile || p->trace ? ts_now_s() : 0;
       int mark0 = p->dprof ? dev_mark(p) : -1;
       const IrNode *nd = &b->nodes[i];
       int hand = (nd->op == IR_OP_UNSTASH && pl->ext[i]) ||
@@ -1105,6 +1121,14 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
       if (p->profile) {
         p->op_s[b->nodes[i].op] += ts_now_s() - t0;
         p->op_n[b->nodes[i].op]++;
+      }
+      IrOp top = b->nodes[i].op;
+      if (p->trace && p->tev.n < RT_TRACE_MAX && top != IR_OP_STATE && top != IR_OP_INPUT && top != IR_OP_OUTPUT) {
+        const RtJitKernel *jk = kid >= 0 ? &jb->k.a[kid] : NULL;
+        int kind = !jk ? RT_TRACE_REF : jk->gemm_mm ? RT_TRACE_GEMM_BIAS : jk->attn_grads ? RT_TRACE_ATTN_GRADS
+                   : jk->accum_from ? RT_TRACE_INTO_GRAD : jk->adamw ? RT_TRACE_ADAMW : RT_TRACE_KERNEL;
+        RtTraceEvent ev = {b->name, b->nodes[i].op, i, kind, t0 - p->trace_base, ts_now_s() - t0};
+        VEC_PUSH(p->tev, ev);
       }
       if (mark0 >= 0 && !bad) dev_mark_end(p, mark0, b, kid >= 0 ? &jb->k.a[kid] : NULL, nd);
     }

@@ -105,6 +105,27 @@ void rt_program_exec_stats(const RtProgram *p, RtExecStats *s);
  * (DIR is created).  *count gets the number of files.  0 or -1. */
 int rt_emit_llvm(const IrModule *m, const char *dir, int *count, char *err, size_t errlen);
 void rt_program_free(RtProgram *p);
+
+/* mrun --trace (train.c writes the Chrome trace): from now on every op or
+ * generated kernel the program runs on the CPU is recorded with its start
+ * (seconds after `base`, a ts_now_s() value the ranks agree on) and
+ * duration, at most RT_TRACE_MAX of them.  A device program records
+ * nothing (its work is asynchronous: TS_RT_PROFILE's CUDA events). */
+#define RT_TRACE_MAX 2000000
+/* a reference kernel (ops_ref.c), a generated kernel (a fusion group or a
+ * lone op), a GEMM with its bias epilogue, an attention's backward parts
+ * in one pass, a gradient made straight into its state, AdamW over many
+ * tensors (exec_jit.c) */
+enum { RT_TRACE_REF, RT_TRACE_KERNEL, RT_TRACE_GEMM_BIAS, RT_TRACE_ATTN_GRADS, RT_TRACE_INTO_GRAD, RT_TRACE_ADAMW };
+typedef struct {
+  const char *block;   /* interned */
+  int op;              /* IrOp of the node (a kernel: its last member) */
+  int node;            /* its index in the block */
+  int kind;            /* RT_TRACE_*: how it ran */
+  double t0, dur;      /* seconds */
+} RtTraceEvent;
+void rt_program_trace_start(RtProgram *p, double base);
+const RtTraceEvent *rt_program_trace_events(const RtProgram *p, int *n);
 const IrModule *rt_program_module(const RtProgram *p);
 
 /* Memory, in bytes.  All states live in one slab (each at a 64-byte

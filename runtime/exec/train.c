@@ -977,6 +977,14 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       return -1;
     }
   }
+  /* --trace: the ranks agree on the instant the trace counts from */
+  VEC(double) step_t = {0};
+  double trace_base = 0;
+  if (o->trace_path) {
+    if (o->world && rt_comm_barrier(o->world, err, errlen) != 0) { run_free(&r); return -1; }
+    trace_base = ts_now_s();
+    rt_program_trace_start(r.prog, trace_base);
+  }
   double t0 = ts_now_s();
   int rc = 0;
   struct sigaction sa, old_int, old_term;
@@ -997,6 +1005,10 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
                     : train_step(&r, m, &fs, mb, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
                                  err, errlen);
     rt_prefetch_release(r.pf, s);   /* its slot takes step s + 2 */
+    if (o->trace_path) {
+      VEC_PUSH(step_t, ts - trace_base);
+      VEC_PUSH(step_t, ts_now_s() - trace_base);
+    }
     if (bad) {
       char msg[1024];
       snprintf(msg, sizeof msg, "step %lld: %s", (long long)s + 1, err);
@@ -1060,7 +1072,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
      * an asynchronous save whose files every rank has written is completed
      * here, at the first step boundary after (not at the next save) */
     double flags[2] = {stop_sig, writer && rt_ckpt_writer_busy(writer)};
-    if (getenv("XNOFLAG") == NULL && o->world && rt_comm_all_reduce_max(o->world, IR_F64, flags, writer ? 2 : 1, err, errlen) != 0) { rc = -1; break; }
+    if (o->world && rt_comm_all_reduce_max(o->world, IR_F64, flags, writer ? 2 : 1, err, errlen) != 0) { rc = -1; break; }
     if (writer && rt_ckpt_writer_pending(writer) && flags[1] == 0) {
       double w0 = ts_now_s();
       if (rt_ckpt_finish(writer, o->world, &o->ckpt, err, errlen) != 0) { rc = -1; break; }
@@ -1126,6 +1138,10 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     if (rt_hf_export(r.prog, o->world, &o->hf, o->export_dir, how, sizeof how, err, errlen) != 0) rc = -1;
     else if (lead && !o->quiet) fprintf(log, "exported to %s: %s\n", o->export_dir, how);
   }
+  if (rc == 0 && o->trace_path &&
+      rt_trace_write(r.prog, o->world, o->trace_path, step_t.a, step_t.n / 2, start, err, errlen) != 0)
+    rc = -1;
+  free(step_t.a);
   RtExecStats es;
   rt_program_exec_stats(r.prog, &es);
   rs.dev_collectives = es.dev_collectives;

@@ -208,7 +208,16 @@ struct RtTrainOpts {
   int eval_test;
   int no_prefetch;           /* --no-prefetch: each step reads its batches itself (prefetch.c otherwise) */
   const RtGenOpts *generate; /* --generate: after loading the weights, rt_generate instead of training */
+  const char *trace_path;    /* --trace FILE: the Chrome trace of every rank's ops and steps (trace.c) */
 };
+
+/* mrun --trace (trace.c): collective over world (NULL: one rank): the
+ * events p recorded (rt_program_trace_start) and the steps' start and end
+ * (step_t[2 s], step_t[2 s + 1], seconds from the same base; steps
+ * first_step + 1 ..) of every rank, merged by rank 0 into the Chrome /
+ * Perfetto trace at path.  0, or -1 with a message. */
+int rt_trace_write(const RtProgram *p, RtComm *world, const char *path, const double *step_t, int64_t nsteps,
+                   int64_t first_step, char *err, size_t errlen);
 
 typedef struct {
   int64_t steps;             /* steps completed */
