@@ -16,6 +16,7 @@
  * What compute waits for is the exposed communication. */
 #include "timereport.h"
 #include "plan/schedule.h"
+#include "plan/flops.h"
 #include <math.h>
 
 double time_cost_total(const TimeCost *c) {
@@ -26,55 +27,6 @@ double time_cost_total(const TimeCost *c) {
 }
 
 static double tbytes(const IrType *t) { return (double)ir_type_numel(t) * (double)ir_dtype_size(t->dtype); }
-
-/* GEMM shape of a matmul node: batch, M, N, K (the result is [..., M, N]). */
-static void matmul_shape(const IrBlock *b, const IrNode *n, double *batch, double *M, double *N, double *K) {
-  const IrType *a = &b->nodes[n->in[0]].type;
-  int r = n->type.rank;
-  *M = r >= 2 ? (double)n->type.dim[r - 2] : 1;
-  *N = r >= 1 ? (double)n->type.dim[r - 1] : 1;
-  *K = n->ia[0] ? (double)a->dim[a->rank - 2] : (double)a->dim[a->rank - 1];
-  double mn = *M * *N;
-  *batch = mn > 0 ? (double)ir_type_numel(&n->type) / mn : 0;
-}
-
-/* The fraction of the score matrix an attention kernel visits: causal
- * skips the tiles above the diagonal (half), a window W keeps W of Tk
- * keys per query. */
-static double attn_frac(int causal, int64_t window, double Tk) {
-  double f = causal ? 0.5 : 1;
-  if (window > 0 && (double)window / Tk < f) f = (double)window / Tk;
-  return f;
-}
-
-/* B * Hq * Tq * Tk * D of an attention-like node whose operands 0 and 1
- * are q[B, Hq, Tq, D] and k[B, Hkv, Tk, D]. */
-static double attn_size(const IrBlock *b, const IrNode *n, double *Tk) {
-  const IrType *q = &b->nodes[n->in[0]].type, *k = &b->nodes[n->in[1]].type;
-  *Tk = (double)k->dim[2];
-  return (double)q->dim[0] * (double)q->dim[1] * (double)q->dim[2] * (double)k->dim[2] * (double)q->dim[3];
-}
-
-/* FLOPs a fused attention node computes, in units of B Hq Tq Tk D times
- * the visited fraction: forward 4 (q k^T and p v); each backward part
- * recomputes the scores (2) and the probabilities' gradient (2, not for
- * dv) and makes its output (2): dq 6, dk 6, dv 4 (the GPU runs one
- * kernel per part, docs/gpu-runs.md). */
-static double attn_flops(const IrBlock *b, const IrNode *n, int full) {
-  double Tk, s = attn_size(b, n, &Tk);
-  int causal = (int)n->ia[0], part = -1;
-  int64_t window = ir_attn_window(n);
-  double units = 4;
-  switch (n->op) {
-  case IR_OP_ATTENTION: case IR_OP_ATTN_ACC: units = 4; break;
-  case IR_OP_ATTENTION_BWD: part = (int)n->ia[1]; break;
-  case IR_OP_ATTN_BWD_Q: part = 0; break;
-  case IR_OP_ATTN_BWD_KV: part = (int)n->ia[2]; break;
-  default: return 0;
-  }
-  if (part >= 0) units = part == 2 ? 4 : 6;
-  return units * s * (full ? 1 : attn_frac(causal, window, Tk));
-}
 
 static int is_attn(IrOp op) {
   return op == IR_OP_ATTENTION || op == IR_OP_ATTENTION_BWD || op == IR_OP_ATTN_ACC || op == IR_OP_ATTN_BWD_Q ||
@@ -168,7 +120,7 @@ static double node_compute(const IrModule *m, const IrBlock *b, int i, const HwD
   *kind = TIME_MEM;
   if (n->op == IR_OP_MATMUL) {
     double bt, M, N, K;
-    matmul_shape(b, n, &bt, &M, &N, &K);
+    plan_matmul_shape(b, n, &bt, &M, &N, &K);
     c->hw_flops += 2 * bt * M * N * K;
     *kind = TIME_GEMM;
     return hw_gemm_time(hw, fmt, bt, M, N, K, esize);
@@ -182,7 +134,7 @@ static double node_compute(const IrModule *m, const IrBlock *b, int i, const HwD
     return n->op == IR_OP_GMM ? hw_gemm_time(hw, fmt, 1, R, N, K, esize) : hw_gemm_time(hw, fmt, 1, K, N, R, esize);
   }
   if (is_attn(n->op)) {
-    double f = attn_flops(b, n, 0), by = tbytes(&n->type);
+    double f = plan_attn_flops(b, n, 0), by = tbytes(&n->type);
     for (int j = 0; j < n->nin; j++) by += tbytes(&b->nodes[n->in[j]].type);
     c->hw_flops += f;
     *kind = TIME_ATTN;
@@ -295,25 +247,7 @@ void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFo
 }
 
 double pass_time_model_flops(const IrModule *f) {
-  const IrBlock *b = NULL;
-  for (int i = 0; i < f->blocks.n; i++)
-    if (!strcmp(f->blocks.a[i].name, "forward")) b = &f->blocks.a[i];
-  if (!b) return 0;
-  double fl = 0;
-  for (int i = 0; i < b->n; i++) {
-    const IrNode *n = &b->nodes[i];
-    if (n->op == IR_OP_MATMUL) {
-      double bt, M, N, K;
-      matmul_shape(b, n, &bt, &M, &N, &K);
-      fl += 2 * bt * M * N * K;
-    } else if (n->op == IR_OP_GMM) {
-      const IrType *a = &b->nodes[n->in[0]].type;
-      fl += 2.0 * (double)a->dim[0] * (double)a->dim[1] * (double)n->type.dim[1];
-    } else if (n->op == IR_OP_ATTENTION) {
-      fl += attn_flops(b, n, 1);
-    }
-  }
-  return 3 * fl;
+  return 3 * plan_forward_model_flops(f);
 }
 
 /* Runs of block b per step (as --report comm counts them): the micro and

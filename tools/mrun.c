@@ -98,7 +98,11 @@ static const char usage[] =
     "  --eval-iters K     global batches per evaluation (default 100; 0: no evaluation)\n"
     "  --test             after the last step, the loss on --eval-iters global batches of the test split\n"
     "  --no-prefetch      each step reads its own batches (default: a thread prepares the next step's)\n"
-    "  --metrics FILE     write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, elapsed_s)\n"
+    "  --metrics FILE     write one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, tflops_per_rank,\n"
+    "                     mfu with --hw, elapsed_s)\n"
+    "  --hw NAME|FILE     a hardware description (mcc --hw's: a100-80gb, h100-sxm, h200, b200, or mrun\n"
+    "                     --calibrate's file): the progress line and --metrics give MFU against its peak\n"
+    "                     (TFLOP/s per rank, Megatron's model FLOPs, always)\n"
     "  --trace FILE       a Chrome / Perfetto trace of the run: one process per rank, its ops, kernels, GEMMs,\n"
     "                     collectives and pipeline messages with their wall times, and its steps (CPU ranks)\n"
     "  --seed N           override the plan's train.seed (initialization, data order, dropout)\n"
@@ -150,6 +154,8 @@ typedef struct {
   int has_seed, quiet, cpu, selftest;
   const char *calibrate;      /* --calibrate FILE (runtime/exec/calibrate.h) */
   const char *trace;          /* --trace FILE (runtime/exec/trace.c) */
+  const char *hw;             /* --hw NAME|FILE: MFU against its peak (plan/hw.h) */
+  HwDesc hwd;
   uint64_t seed;
   double timeout;             /* seconds */
   RtBackend backend;
@@ -390,7 +396,7 @@ static int parse_args(int argc, char **argv, Args *a) {
                                          "--keep", "--load", "--init-from", "--export", "--format", "--hf-map",
                                          "--split", "--data-cache-path", "--eod-id", "--tokenizer", "--eval-interval",
                                          "--eval-iters", "--prompt", "--prompt-file", "--max-tokens",
-                                         "--temperature", "--top-k", "--top-p", "--calibrate", "--trace", NULL};
+                                         "--temperature", "--top-k", "--top-p", "--calibrate", "--trace", "--hw", NULL};
     int known = 0;
     for (int k = 0; valued[k]; k++) known |= strlen(valued[k]) == nl && strncmp(arg, valued[k], nl) == 0;
     if (!known) { fprintf(stderr, "mrun: unknown option '%.*s'\n%s", (int)nl, arg, usage); return -1; }
@@ -458,6 +464,11 @@ static int parse_args(int argc, char **argv, Args *a) {
     }
     else if (strcmp(name, "--metrics") == 0) a->metrics = val;
     else if (strcmp(name, "--trace") == 0) a->trace = val;
+    else if (strcmp(name, "--hw") == 0) {
+      char herr[1024];
+      a->hw = val;
+      if (hw_load(val, &a->hwd, herr, sizeof herr) != 0) { fprintf(stderr, "mrun: --hw: %s\n", herr); return -1; }
+    }
     else if (strcmp(name, "--prompt") == 0) a->prompt = val;
     else if (strcmp(name, "--prompt-file") == 0) a->prompt_file = val;
     else if (strcmp(name, "--max-tokens") == 0) {
@@ -1118,6 +1129,15 @@ static void gen_opts_free(RtGenOpts *g) {
   rt_tok_free((RtTokenizer *)g->tok);
 }
 
+/* A rank's peak FLOP/s for the plan's number format on --hw's description
+ * (0 without --hw): what MFU divides by, as mcc --report time does. */
+static double peak_flops(const Args *a, const Plan *plan, int gpu) {
+  if (!a->hw || !plan || plan->nprograms < 1) return 0;
+  const char *tf = getenv("TS_CUDA_TF32");
+  HwFormat f = hw_format_of(plan->programs[0]->train.precision, gpu && tf && *tf && strcmp(tf, "0"));
+  return a->hwd.peak[f] > 0 ? a->hwd.peak[f] : a->hwd.peak[HW_FP32];
+}
+
 /* One process, no MPI. */
 static int run_single(const Args *a) {
   char err[2048] = "";
@@ -1139,6 +1159,7 @@ static int run_single(const Args *a) {
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .trace_path = a->trace, .quiet = a->quiet, .log = stdout,
                    .rank = &rank, .save_params_path = a->save_params, .ckpt = a->ckpt, .init_from = a->init_from,
                    .export_dir = a->export_dir, .hf = hf_opts(a, plan), .gpt = a->gpt};
+  o.peak_flops = peak_flops(a, plan, gpu.dev != NULL);
   o.eval_interval = a->eval_interval;
   o.eval_iters = a->eval_iters;
   o.eval_test = a->eval_test;
@@ -1196,6 +1217,7 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .trace_path = a->trace, .quiet = a->quiet, .log = stdout,
                    .rank = &rank, .world = world, .save_params_path = a->save_params,
                    .ckpt = a->ckpt, .init_from = a->init_from, .export_dir = a->export_dir, .hf = hf_opts(a, plan), .gpt = a->gpt};
+  o.peak_flops = peak_flops(a, plan, gpu.dev != NULL);
   o.eval_interval = a->eval_interval;
   o.eval_iters = a->eval_iters;
   o.eval_test = a->eval_test;

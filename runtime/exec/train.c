@@ -33,6 +33,7 @@
 #include "rt_priv.h"
 #include "runtime/comm/comm.h"
 #include "plan/schedule.h"
+#include "plan/flops.h"
 #include <math.h>
 #include <errno.h>
 #include <signal.h>
@@ -977,6 +978,12 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       return -1;
     }
   }
+  /* Megatron's model FLOPs of a step (3 x the forward's GEMMs and attention
+   * over the full score matrix): every rank's share of its micro batches,
+   * summed over the world (plan/flops.h: what mcc --report time counts) */
+  double step_flops = 3 * plan_forward_model_flops(m) * (double)n_local;
+  int nranks = o->world ? rt_comm_size(o->world) : 1;
+  if (o->world && rt_comm_all_reduce(o->world, IR_F64, &step_flops, 1, err, errlen) != 0) { run_free(&r); return -1; }
   /* --trace: the ranks agree on the instant the trace counts from */
   VEC(double) step_t = {0};
   double trace_base = 0;
@@ -1036,9 +1043,13 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       rs.evals++;
       rs.val_loss = vloss;
     }
+    double tflops = step_flops / (t1 - ts > 1e-9 ? t1 - ts : 1e-9) / nranks / 1e12;   /* per rank */
+    double mfu = o->peak_flops > 0 ? tflops * 1e12 / o->peak_flops : NAN;
     if (!o->quiet && lead) {
-      fprintf(log, "step %4lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.1f s",
-              (long long)s + 1, (long long)tr->steps, loss, lr, gn, tps, t1 - t0);
+      fprintf(log, "step %4lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.3g TFLOP/s/rank",
+              (long long)s + 1, (long long)tr->steps, loss, lr, gn, tps, tflops);
+      if (!isnan(mfu)) fprintf(log, " | MFU %.1f%%", 100 * mfu);
+      fprintf(log, " | %.1f s", t1 - t0);
       print_metrics(log, &r);
       if (!isnan(vloss)) fprintf(log, " | val_loss %.4f | val_ppl %.3f", vloss, exp(vloss));
       fprintf(log, "\n");
@@ -1050,6 +1061,8 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       json_num(r.metrics, "lr", lr, 1);
       json_num(r.metrics, "grad_norm", gn, 1);
       json_num(r.metrics, "tokens_per_s", tps, 1);
+      json_num(r.metrics, "tflops_per_rank", tflops, 1);
+      if (!isnan(mfu)) json_num(r.metrics, "mfu", mfu, 1);
       for (int i = 0; i < r.nx; i++) json_num(r.metrics, r.xname[i], r.xval[i], 1);
       if (!isnan(vloss)) {
         json_num(r.metrics, "val_loss", vloss, 1);

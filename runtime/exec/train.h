@@ -209,6 +209,7 @@ struct RtTrainOpts {
   int no_prefetch;           /* --no-prefetch: each step reads its batches itself (prefetch.c otherwise) */
   const RtGenOpts *generate; /* --generate: after loading the weights, rt_generate instead of training */
   const char *trace_path;    /* --trace FILE: the Chrome trace of every rank's ops and steps (trace.c) */
+  double peak_flops;         /* mrun --hw: a rank's peak FLOP/s for the plan's format; MFU against it (0: none) */
 };
 
 /* mrun --trace (trace.c): collective over world (NULL: one rank): the
