@@ -58,7 +58,8 @@ typedef struct {
   int failed;
   int tag;                /* pipeline stage tag of the node being sharded (copied to what it emits) */
   unsigned char *accumed; /* per state: an accum into it was sharded already */
-  int cp_ring;            /* attention under cp: ring (k / v stay blocks) or all-gather (PassCtx) */
+  int cp_ring;            /* attention under cp: k / v stay blocks (the ring or all-to-all) or are all-gathered */
+  int cp_a2a;             /* attention under cp by all-to-all to head-split layouts (--cp-attn a2a) */
   /* token dispatch under ep (shard_moe_ep): per old value, its row layout
    * (XL_TOK / XL_EXP, or 0: an ordinary value), the moe_counts node that
    * governs its rows, and its converted variants; per moe_counts node the
@@ -633,8 +634,9 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     /* q [B, Hq, Tq, D], k / v [B, Hkv, Tk, D] (bwd: o, do like q).  Batch
      * and heads split like batch dims (kv heads with the query heads);
      * the sequence (dim 2) of the queries is a block of rows: along cp
-     * with the ring (S->cp_ring) k / v are blocks too and shard_node
-     * lowers the node into ring steps (lower_ring), else k / v are
+     * with the ring or all-to-all (S->cp_ring) k / v are blocks too and
+     * shard_node lowers the node into ring steps (lower_ring) or
+     * all-to-all exchanges around it (lower_a2a), else k / v are
      * gathered and dk / dv come out partial.  head_dim stays whole.  The
      * document ids [B, T] (last operand, when there) follow the batch
      * split and are whole along the sequence: the kernels index them by
@@ -1293,6 +1295,87 @@ static int lower_ring(Sh *S, int i, const int *in, const IrSharding *ish, const 
   return out[part];
 }
 
+/* ---------------- all-to-all attention ----------------
+ * Under cp with --cp-attn a2a (DeepSpeed-Ulysses), attention and
+ * attention_bwd read q, k, v (and o, do) split along the sequence (dim 2,
+ * the zigzag of causal load balancing).  Each is exchanged by one
+ * all_to_all over cp for a head-split layout over the whole sequence: this
+ * tp rank's heads cut in cp contiguous blocks (IR_SPLIT_CP_MINOR, text
+ * "1:tp+cp*"), the sequence whole and in global order (the all_to_all
+ * joins the zigzag's chunks where they belong).  The fused op then runs on
+ * its heads exactly as on one rank (causal mask, window and document ids by
+ * global position), and its result goes back by the inverse all_to_all.
+ * The head-split layouts are conversions of their values, cached in
+ * S->conv: the backward reuses the forward's q, k, v and head-split output
+ * and exchanges do once for its three parts.  Per layer and micro batch: 4
+ * all_to_all forward (q, k, v, o) and 4 backward (do, dq, dk, dv), each
+ * rank sending (cp-1)/cp of each. */
+
+/* The head-split layout of a value laid out sh (sequence split over cp). */
+static IrSharding a2a_heads_sh(const IrSharding *sh) {
+  IrSharding h = *sh;
+  h.split[2] &= (uint8_t)~BIT(IR_AXIS_CP);
+  h.split[1] |= (uint8_t)(BIT(IR_AXIS_CP) | IR_SPLIT_CP_MINOR);
+  return h;
+}
+
+/* Old value v, new value id laid out sh, in the head-split layout: a
+ * cached conversion or one all_to_all (split the heads, join the sequence). */
+static int a2a_to_heads(Sh *S, int v, int id, const IrSharding *sh) {
+  IrSharding h = a2a_heads_sh(sh);
+  for (int i = 0; i < S->conv[v].n; i++)
+    if (ir_sharding_equal(&S->conv[v].a[i].sh, &h)) return S->conv[v].a[i].id;
+  int64_t ia[3] = {IR_AXIS_CP, 1, 2};
+  S->why = "all-to-all attention under cp (--cp-attn a2a): the sequence-split operand exchanged for this rank's "
+           "heads over the whole sequence (4 all_to_all forward and 4 backward per layer and micro batch)";
+  int r = emit(S, IR_OP_ALL_TO_ALL, &id, 1, ia, NULL, NULL, NULL, &h);
+  S->why = NULL;
+  if (r >= 0) VEC_PUSH(S->conv[v], ((ConvEntry){h, r}));
+  return r;
+}
+
+/* "8 / tp 2 = 4 per tp rank" or "8": a head count and its tp split, into buf. */
+static const char *heads_desc(const Sh *S, int64_t global, unsigned mask, char *buf, size_t cap) {
+  int64_t k = axes_size(S, mask & ~BIT(IR_AXIS_CP));
+  if (k > 1) snprintf(buf, cap, "%lld / tp %lld = %lld per tp rank", (long long)global, (long long)k, (long long)(global / k));
+  else snprintf(buf, cap, "%lld", (long long)global);
+  return buf;
+}
+
+static int lower_a2a(Sh *S, int i, const int *in, const IrSharding *ish, const IrSharding *osh) {
+  const IrNode *n = onode(S, i);
+  int fwd = n->op == IR_OP_ATTENTION, base = fwd ? 3 : 5, C = S->C;
+  for (int k = 0; k < base; k++)
+    if (ish[k].split[2] != BIT(IR_AXIS_CP) || (ish[k].split[1] & BIT(IR_AXIS_CP)))
+      return sh_fail(S, "%s %%%d: --cp-attn a2a needs q, k and v split along the sequence over cp alone (operand %d "
+                     "is not); use --cp-attn ring or allgather", ir_ops[n->op].name, i, k + 1);
+  for (int k = 0; k < 2; k++) {   /* query heads, then kv heads: each cp rank takes whole heads of its tp block */
+    int64_t g = onode(S, n->in[k])->type.dim[1], loc = nnode(S, in[k])->type.dim[1];
+    if (loc % C == 0) continue;
+    char hd[96], ok[256];
+    return sh_fail(S, "attention: --cp-attn a2a splits the heads over cp, but %s heads = %s are not divisible by "
+                   "cp = %d%s; the cp sizes that divide them: %s (or --cp-attn ring or allgather, which split the "
+                   "sequence only)", k ? "kv" : "query", heads_desc(S, g, ish[k].split[1], hd, sizeof hd), C,
+                   k ? " (grouped-query attention: each cp rank needs whole kv heads for its query heads)" : "",
+                   sizes_dividing(loc, 1, ok, sizeof ok));
+  }
+  int hin[8];
+  for (int k = 0; k < base; k++) hin[k] = a2a_to_heads(S, n->in[k], in[k], &ish[k]);
+  for (int k = base; k < n->nin; k++) hin[k] = in[k];   /* document ids: whole along the sequence */
+  IrSharding rsh = a2a_heads_sh(osh);
+  int r = emit(S, n->op, hin, n->nin, n->ia, n->fa, NULL, NULL, &rsh);
+  if (r < 0) return -1;
+  if (fwd) VEC_PUSH(S->conv[i], ((ConvEntry){rsh, r}));   /* the backward reads o head-split */
+  int64_t ia[3] = {IR_AXIS_CP, 2, 1};
+  S->why = fwd ? "all-to-all attention under cp (--cp-attn a2a): the result, head-split over the whole sequence, "
+                 "exchanged back to the sequence split"
+               : "all-to-all attention's backward under cp (--cp-attn a2a): the gradient, head-split over the whole "
+                 "sequence, exchanged back to the sequence split";
+  int o = emit(S, IR_OP_ALL_TO_ALL, &r, 1, ia, NULL, NULL, NULL, osh);
+  S->why = NULL;
+  return o;
+}
+
 /* The node made for old value i has the local type lt. */
 static void check_local(Sh *S, int i, const IrType *lt) {
   const IrNode *n = onode(S, i);
@@ -1425,6 +1508,12 @@ static void shard_node(Sh *S, int i) {
   uint8_t red_axes = (n->op == IR_OP_MAX || n->op == IR_OP_MEAN) ? ish[0].split[n->ia[0]] : 0;
   int64_t ia[IR_MAX_IATTR];
   memcpy(ia, n->ia, sizeof ia);
+  if ((n->op == IR_OP_ATTENTION || n->op == IR_OP_ATTENTION_BWD) && S->cp_a2a && ax_get(&ish[0], IR_AXIS_CP) == 2 &&
+      S->C > 1) {   /* all-to-all to head-split layouts and back */
+    S->nv[i] = lower_a2a(S, i, in, ish, &osh);
+    check_local(S, i, &lt);
+    return;
+  }
   if ((n->op == IR_OP_ATTENTION || n->op == IR_OP_ATTENTION_BWD) && ax_get(&ish[1], IR_AXIS_CP) == 2 &&
       ir_axis_size(m, IR_AXIS_CP) > 1) {   /* k / v as cp blocks: the ring, step by step */
     S->why = n->op == IR_OP_ATTENTION
@@ -1500,7 +1589,8 @@ int pass_shard(IrModule *m, PassCtx *cx) {
   S.T = T;
   S.C = C;
   S.sp = m->par.sp;
-  S.cp_ring = !cx->cp_attn_allgather;
+  S.cp_ring = cx->cp_attn != PASS_CP_ATTN_ALLGATHER;
+  S.cp_a2a = cx->cp_attn == PASS_CP_ATTN_A2A;
   S.seq_name = ts_intern("seq");
   for (int r = 0; r < m->rules.n; r++)
     if (m->rules.a[r].axes & BIT(IR_AXIS_CP)) S.seq_name = m->rules.a[r].dim;

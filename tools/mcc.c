@@ -356,9 +356,11 @@ static int parse_args(int argc, char **argv, Args *a) {
     }
     if (strcmp(s, "--cp-attn") == 0) {
       NEED_ARG(s);
-      if (strcmp(next, "ring") && strcmp(next, "allgather"))
-        return usage_error("--cp-attn must be ring or allgather, got '%s'", next);
-      a->cx->cp_attn_allgather = strcmp(next, "allgather") == 0;
+      if (strcmp(next, "ring") && strcmp(next, "allgather") && strcmp(next, "a2a"))
+        return usage_error("--cp-attn must be ring, allgather or a2a, got '%s'", next);
+      a->cx->cp_attn = !strcmp(next, "allgather") ? PASS_CP_ATTN_ALLGATHER
+                     : !strcmp(next, "a2a")       ? PASS_CP_ATTN_A2A
+                                                  : PASS_CP_ATTN_RING;
       continue;
     }
     if (strcmp(s, "--emit=llvm") == 0) { NEED_ARG(s); a->llvm_dir = next; continue; }
@@ -887,7 +889,7 @@ static IrModule *compile_quiet(const Args *a, const MdlOptions *o, int dp) {
   /* auto's budget is per rank of the layout: the one-rank comparison
    * recomputes the cheap values only (the numbers are the same either way) */
   if (a->cx->recompute != PASS_RECOMPUTE_AUTO) cx.recompute = a->cx->recompute;
-  cx.cp_attn_allgather = a->cx->cp_attn_allgather;
+  cx.cp_attn = a->cx->cp_attn;
   IrModule *m = compile(a, o, dp, &cx, NULL);
   pass_ctx_free(&cx);
   return m;
