@@ -17,6 +17,10 @@
  *   - cross_entropy over a tp-split class dim is lowered to max / sum /
  *     take with all-reduces, and its backward to exp(l - max) / sum - onehot
  *     from the same statistics: no rank holds the full logits;
+ *   - the fused attention under cp becomes ring steps (--cp-attn ring),
+ *     keeps its node on all-gathered k / v (allgather), or keeps it on
+ *     head-split operands between all_to_all exchanges (a2a; heads per tp
+ *     rank that cp does not divide are refused, naming them);
  *   - grad states take the layout of their accumulated value: their
  *     parameter's split, plus partial:tp when the value is a partial sum
  *     (the update block reduces it once per step).
@@ -139,7 +143,8 @@ static int ax_get(const IrSharding *s, int a) {
 }
 static void ax_set(IrSharding *s, int a, int st) {
   s->partial &= (uint8_t)~BIT(a);
-  for (int d = 0; d < IR_MAX_RANK; d++) s->split[d] &= (uint8_t)~BIT(a);
+  for (int d = 0; d < IR_MAX_RANK; d++)   /* the cp-minor mark goes with the cp split */
+    s->split[d] &= (uint8_t)~(BIT(a) | (a == IR_AXIS_CP ? IR_SPLIT_CP_MINOR : 0));
   if (st == AX_P) s->partial |= BIT(a);
   else if (st >= 0) s->split[st] |= BIT(a);
 }
