@@ -1324,12 +1324,57 @@ static IrSharding a2a_heads_sh(const IrSharding *sh) {
   return h;
 }
 
+/* [B, H, S, D] as [B, H, rep, S, D] (dim 2 new and whole): its type (names
+ * of `like`) and layout. */
+static void kv_split5(const IrType *like, const IrSharding *sh, int64_t rep, IrType *t5, IrSharding *s5) {
+  *t5 = *like;
+  *s5 = (IrSharding){0};
+  t5->rank = 5;
+  for (int d = 4; d >= 3; d--) { t5->dim[d] = like->dim[d - 1]; t5->dname[d] = like->dname[d - 1]; s5->split[d] = sh->split[d - 1]; }
+  t5->dim[2] = rep;
+  t5->dname[2] = NULL;
+  s5->split[0] = sh->split[0];
+  s5->split[1] = sh->split[1];
+}
+
+/* Grouped-query kv heads that cp does not divide, replicated: new value id
+ * [B, H, S, D] (layout sh, the sequence split) with each head repeated rep
+ * times in place (head j -> rep heads j*rep ..): [B, H*rep, S, D], the
+ * global tensor repeat_interleave(k, rep) in the same layout.  A query
+ * group of g heads then reads g / rep copies of its kv head. */
+static int kv_repeat(Sh *S, int id, const IrSharding *sh, int64_t rep) {
+  IrType t = nnode(S, id)->type, t5, tb;
+  IrSharding s5;
+  kv_split5(&t, sh, 1, &t5, &s5);
+  int x = emit(S, IR_OP_RESHAPE, &id, 1, NULL, NULL, NULL, &t5, &s5);
+  tb = t5;
+  tb.dim[2] = rep;
+  x = emit(S, IR_OP_BROADCAST, &x, 1, NULL, NULL, NULL, &tb, &s5);
+  t.dim[1] *= rep;
+  t.dname[1] = NULL;   /* no longer the model's kv heads */
+  return emit(S, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &t, sh);
+}
+
+/* The gradient of kv_repeat: [B, H*rep, S, D] summed over each head's rep
+ * copies into like's [B, H, S, D] (layout sh). */
+static int kv_unrepeat(Sh *S, int id, const IrType *like, const IrSharding *sh, int64_t rep) {
+  IrType t5;
+  IrSharding s5;
+  kv_split5(like, sh, rep, &t5, &s5);
+  int x = emit(S, IR_OP_RESHAPE, &id, 1, NULL, NULL, NULL, &t5, &s5);
+  int64_t ia[2] = {2, 0};
+  return emit(S, IR_OP_SUM, &x, 1, ia, NULL, NULL, NULL, sh);
+}
+
 /* Old value v, new value id laid out sh, in the head-split layout: a
- * cached conversion or one all_to_all (split the heads, join the sequence). */
-static int a2a_to_heads(Sh *S, int v, int id, const IrSharding *sh) {
+ * cached conversion or one all_to_all (split the heads, join the
+ * sequence), its heads repeated rep times first (kv_repeat; rep is a
+ * function of the layout, so a value has one head-split form). */
+static int a2a_to_heads(Sh *S, int v, int id, const IrSharding *sh, int64_t rep) {
   IrSharding h = a2a_heads_sh(sh);
   for (int i = 0; i < S->conv[v].n; i++)
     if (ir_sharding_equal(&S->conv[v].a[i].sh, &h)) return S->conv[v].a[i].id;
+  if (rep > 1) id = kv_repeat(S, id, sh, rep);
   int64_t ia[3] = {IR_AXIS_CP, 1, 2};
   S->why = "all-to-all attention under cp (--cp-attn a2a): the sequence-split operand exchanged for this rank's "
            "heads over the whole sequence (4 all_to_all forward and 4 backward per layer and micro batch)";
@@ -1354,18 +1399,28 @@ static int lower_a2a(Sh *S, int i, const int *in, const IrSharding *ish, const I
     if (ish[k].split[2] != BIT(IR_AXIS_CP) || (ish[k].split[1] & BIT(IR_AXIS_CP)))
       return sh_fail(S, "%s %%%d: --cp-attn a2a needs q, k and v split along the sequence over cp alone (operand %d "
                      "is not); use --cp-attn ring or allgather", ir_ops[n->op].name, i, k + 1);
-  for (int k = 0; k < 2; k++) {   /* query heads, then kv heads: each cp rank takes whole heads of its tp block */
-    int64_t g = onode(S, n->in[k])->type.dim[1], loc = nnode(S, in[k])->type.dim[1];
-    if (loc % C == 0) continue;
+  /* each cp rank takes whole query heads of its tp block; grouped-query kv
+   * heads that cp does not divide are replicated, rep = cp / gcd(kv heads,
+   * cp) copies each (enough for cp to divide them; the query group size
+   * is then a multiple of rep, since cp divides the query heads) */
+  int64_t hq = nnode(S, in[0])->type.dim[1], hkv = nnode(S, in[1])->type.dim[1], rep = 1;
+  if (hq % C) {
     char hd[96], ok[256];
-    return sh_fail(S, "attention: --cp-attn a2a splits the heads over cp, but %s heads = %s are not divisible by "
-                   "cp = %d%s; the cp sizes that divide them: %s (or --cp-attn ring or allgather, which split the "
-                   "sequence only)", k ? "kv" : "query", heads_desc(S, g, ish[k].split[1], hd, sizeof hd), C,
-                   k ? " (grouped-query attention: each cp rank needs whole kv heads for its query heads)" : "",
-                   sizes_dividing(loc, 1, ok, sizeof ok));
+    return sh_fail(S, "attention: --cp-attn a2a splits the heads over cp, but query heads = %s are not divisible by "
+                   "cp = %d; the cp sizes that divide them: %s (or --cp-attn ring or allgather, which split the "
+                   "sequence only)", heads_desc(S, onode(S, n->in[0])->type.dim[1], ish[0].split[1], hd, sizeof hd), C,
+                   sizes_dividing(hq, 1, ok, sizeof ok));
+  }
+  if (hkv % C) {
+    int64_t a = hkv, b = C;
+    while (b) { int64_t t = a % b; a = b; b = t; }
+    rep = C / a;
+    if (hkv <= 0 || hq % hkv || (hq / hkv) % rep)
+      return sh_fail(S, "internal error: attention %%%d: %lld query heads over %lld kv heads cannot repeat the kv "
+                     "heads %lld times", i, (long long)hq, (long long)hkv, (long long)rep);
   }
   int hin[8];
-  for (int k = 0; k < base; k++) hin[k] = a2a_to_heads(S, n->in[k], in[k], &ish[k]);
+  for (int k = 0; k < base; k++) hin[k] = a2a_to_heads(S, n->in[k], in[k], &ish[k], k == 1 || k == 2 ? rep : 1);
   for (int k = base; k < n->nin; k++) hin[k] = in[k];   /* document ids: whole along the sequence */
   IrSharding rsh = a2a_heads_sh(osh);
   int r = emit(S, n->op, hin, n->nin, n->ia, n->fa, NULL, NULL, &rsh);
@@ -1378,6 +1433,7 @@ static int lower_a2a(Sh *S, int i, const int *in, const IrSharding *ish, const I
                  "sequence, exchanged back to the sequence split";
   int o = emit(S, IR_OP_ALL_TO_ALL, &r, 1, ia, NULL, NULL, NULL, osh);
   S->why = NULL;
+  if (!fwd && n->ia[1] > 0 && rep > 1) o = kv_unrepeat(S, o, &nnode(S, in[n->ia[1]])->type, osh, rep);   /* dk, dv */
   return o;
 }
 
