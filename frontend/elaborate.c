@@ -1017,6 +1017,8 @@ static Flow exec_repeat(Elab *e, ElabFrame *f, const MdlStmt *s) {
   ElabNaming *outer = f->naming;
   const char *base = s->as ? s->as : s->value->kind == MDL_E_NAME ? s->value->str : "repeat";
   const char *path = outer ? join_path(e, naming_prefix(e, outer), naming_component(e, outer, base)) : "";
+  if (e->opt && e->opt->repeat_path && outer && !strcmp(path, e->opt->repeat_path) && e->opt->repeat_count >= 0)
+    cv.i = e->opt->repeat_count;   /* MdlOptions.repeat_path: a shortened copy of the stack */
   for (int64_t i = 0; i < cv.i; i++) {
     if (++e->steps > ELAB_MAX_STEPS) {   /* nested repeats of empty bodies count too */
       elab_error(e, s->loc, "elaboration does too much work (more than %d steps); is a repeat count too large?",

@@ -32,6 +32,10 @@ typedef struct {
   int zero;                                /* -1: the parallel block's (default 1) */
   FILE *diag;                              /* NULL: stderr */
   size_t max_source_bytes;                 /* per source file (model and imports); 0: MDL_MAX_SOURCE_BYTES */
+  /* the repeat whose iterations are named repeat_path.<i> (a layer stack,
+   * "layers") runs repeat_count times instead of its count: mcc
+   * --auto-layout costs a model from copies with 1 and 2 layers.  NULL: off */
+  const char *repeat_path; int repeat_count;
 } MdlOptions;
 
 #define MDL_MAX_SOURCE_BYTES ((size_t)16 << 20)   /* mcc --max-source-bytes N overrides */

@@ -6,6 +6,7 @@
 #include "plan/schedule.h"
 
 static void report_row(StrBuf *out, const char *label, size_t bytes) {
+  if (!out) return;   /* pass_memplan_totals: the figures only */
   sb_printf(out, "  %-52s %16zu %12.2f\n", label, bytes, (double)bytes / (1024.0 * 1024.0));
 }
 
@@ -163,6 +164,24 @@ static int report_rows(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, StrBuf
   size_t stash;
   if (report_stash(m, out, &stash, err, errlen) != 0) return -1;
   if (stash) report_row(out, "total with the stash peak (states + arena + stash)", par + grad + opt + arena[1] + stash);
+  return 0;
+}
+
+int pass_memplan_totals(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, MemTotals *t, char *err, size_t errlen) {
+  memset(t, 0, sizeof *t);
+  t->params = plan_mem_state_bytes(m, IR_STATE_PARAM);
+  t->grads = plan_mem_state_bytes(m, IR_STATE_GRAD);
+  t->opt = plan_mem_state_bytes(m, IR_STATE_ADAM_M) + plan_mem_state_bytes(m, IR_STATE_ADAM_V);
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    MemPlan p;
+    if (plan_backend(m, bi, 1, llvm_at, ctx, &p, err, errlen) != 0) return -1;
+    size_t held;
+    if (held_at_loss(&m->blocks.a[bi], &p, &held) && held > t->held) t->held = held;
+    if (p.peak_bytes > t->arena) t->arena = p.peak_bytes;
+    plan_mem_free(&p);
+  }
+  if (report_stash(m, NULL, &t->stash, err, errlen) != 0) return -1;
+  t->total = t->params + t->grads + t->opt + t->arena + t->stash;
   return 0;
 }
 

@@ -31,6 +31,16 @@ int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const
                                  const IrModule *unsharded, MemPlanAtFn llvm_at, void *ctx, StrBuf *out, char *err,
                                  size_t errlen);
 
+/* One rank's bytes as that report counts them (LLVM backend). */
+typedef struct {
+  size_t params, grads, opt;   /* states by kind */
+  size_t arena;                /* the largest block's packed arena */
+  size_t held;                 /* the largest "held for the backward (live at the loss)" */
+  size_t stash;                /* pipeline: the stash peak under the schedule (0 without pp) */
+  size_t total;                /* params + grads + opt + arena + stash */
+} MemTotals;
+int pass_memplan_totals(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, MemTotals *t, char *err, size_t errlen);
+
 /* The recompute section of --report memory for the compiled module m (the
  * program of rank 0; pipeline plans: the mode only): the mode, pass
  * remat's summary, and per layer of the repeat stack (pass_layer_units)

@@ -1532,6 +1532,15 @@ static void shard_node(Sh *S, int i) {
       for (int a = 0; a < IR_AXIS_COUNT; a++) {
         if (ax_get(&p->sh, a) != AX_R || a == IR_AXIS_DP || a == IR_AXIS_PP) continue;
         int d = ax_get(xs, a);
+        /* the later accums into this state take this layout: keep it
+         * partial or split only if those whose values are already laid out
+         * (with pp, the head's gradient of a tied embedding comes before
+         * the embedding's accum) have it too -- a replicated value cannot
+         * be made a partial sum */
+        for (int j = i + 1; j < S->ob.n && d != AX_R; j++)
+          if (onode(S, j)->op == IR_OP_ACCUM && onode(S, j)->ia[0] == n->ia[0] && onode(S, j)->in[0] < i &&
+              ax_get(&S->sh[onode(S, j)->in[0]], a) != d)
+            d = AX_R;
         if (d == AX_P) want_sh.partial |= BIT(a);
         else if (d >= 0 && d < gt.rank && !p->sh.split[d] && xs->split[d] == BIT(a) && !p->logical[d] &&
                  gt.dim[d] % ir_axis_size(m, (IrAxis)a) == 0) {

@@ -366,8 +366,24 @@ static void row_print(StrBuf *out, const char *label, int64_t runs, const TimeCo
   sb_printf(out, " %11s\n", secs(time_cost_total(c) * (double)runs, buf, sizeof buf));
 }
 
+/* Both entry points: the text goes to out when it is not NULL, the
+ * figures to pred when it is not NULL. */
+static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, double model_flops_micro,
+                       const char *layout, StrBuf *out, TimePrediction *pred, char *err, size_t errlen);
+
 int pass_time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, double model_flops_micro,
                      const char *layout, StrBuf *out, char *err, size_t errlen) {
+  return time_report(progs, nprogs, hw, model_flops_micro, layout, out, NULL, err, errlen);
+}
+
+int pass_time_predict(IrModule *const *progs, int nprogs, const HwDesc *hw, double model_flops, TimePrediction *p,
+                      char *err, size_t errlen) {
+  memset(p, 0, sizeof *p);
+  return time_report(progs, nprogs, hw, model_flops, "", NULL, p, err, errlen);
+}
+
+static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, double model_flops_micro,
+                       const char *layout, StrBuf *out, TimePrediction *pred, char *err, size_t errlen) {
   const IrModule *m0 = progs[0];
   int pp = ir_axis_size(m0, IR_AXIS_PP), dp = ir_axis_size(m0, IR_AXIS_DP);
   int64_t gpus = 1;
@@ -450,6 +466,28 @@ int pass_time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, doubl
   double tflops = step > 0 ? model_step / step / (double)gpus : 0, mfu = tflops / peak;
   double hfu = step > 0 ? hw_flops_step / step / (double)gpus / peak : 0;
 
+  if (pred) {
+    pred->step = step;
+    pred->bubble = bubble;
+    pred->tflops = tflops;
+    pred->mfu = mfu;
+    pred->hfu = hfu;
+    for (int k = 0; k < nrows; k++) {
+      if (row_prog[k] != crit) continue;
+      const TimeCost *c = &rows[k].per_run;
+      double comp = (c->comp[TIME_GEMM] + c->comp[TIME_ATTN] + c->comp[TIME_MEM]) * (double)rows[k].runs;
+      if (!strcmp(rows[k].name, "update")) pred->optimizer += comp;
+      else pred->compute += comp;
+      for (int a = 0; a < IR_AXIS_COUNT; a++) pred->comm[a] += c->comm[a] * (double)rows[k].runs;
+    }
+  }
+  if (!out) {
+    free(rows);
+    free(row_prog);
+    free(busy);
+    free(upd);
+    return 0;
+  }
   char b1[32], b2[32];
   sb_printf(out, "time report: %s, %s, %lld GPU%s of %s (%s), %s training, %d micro batch%s per step per dp rank\n",
             m0->name ? m0->name : "?", layout, (long long)gpus, gpus == 1 ? "" : "s", hw->name, hw->path,

@@ -41,4 +41,16 @@ int pass_time_chunks(const IrModule *m, const HwDesc *hw, int nchunks, double *f
 int pass_time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, double model_flops, const char *layout,
                      StrBuf *out, char *err, size_t errlen);
 
+/* The figures of that report, without the text (mcc --auto-layout). */
+typedef struct {
+  double step;                    /* predicted seconds per step */
+  double bubble;                  /* pipeline bubble of the critical rank (s; 0 without pp) */
+  double optimizer;               /* the update block on the critical rank (s) */
+  double compute;                 /* GEMM + attention + memory-bound kernels outside the update (s) */
+  double comm[IR_AXIS_COUNT];     /* exposed communication per axis, update block included (s) */
+  double tflops, mfu, hfu;        /* model TFLOP/s per GPU (FLOP/s), MFU, HFU */
+} TimePrediction;
+int pass_time_predict(IrModule *const *progs, int nprogs, const HwDesc *hw, double model_flops, TimePrediction *p,
+                      char *err, size_t errlen);
+
 #endif

@@ -24,6 +24,7 @@
 #include "passes/memreport.h"
 #include "passes/pipe.h"
 #include "passes/timereport.h"
+#include "autolayout.h"
 #include "runtime/comm/comm.h"
 #include "plan/plan.h"
 #include "runtime/exec/train.h"
@@ -102,8 +103,12 @@ static void usage(FILE *f) {
           "  --report time          predicted step time, TFLOP/s per GPU and MFU on --hw, per block: compute,\n"
           "                         exposed communication per mesh axis, pipeline bubble, optimizer\n"
           "                         (docs/performance-model.md); last line step_time_s=... tflops_per_gpu=... mfu=...\n"
-          "  --hw NAME|FILE         hardware description for --report time and --emit=trace: a100-80gb, h100-sxm,\n"
-          "                         h200, b200 (hw/*.hw), or a file in that format (hw/README.md)\n"
+          "  --hw NAME|FILE         hardware description for --report time, --auto-layout and --emit=trace:\n"
+          "                         a100-80gb, h100-sxm, h200, b200 (hw/*.hw), or a file in that format (hw/README.md)\n"
+          "  --auto-layout          with --gpus N --hw NAME: search tp, sp, cp, ep, pp, vpp, dp, micro batch and\n"
+          "                         recompute for the fastest predicted step that fits; print the best five and\n"
+          "                         write the chosen plan with -o (docs/performance-model.md, \"Layout search\")\n"
+          "  --memory B             --auto-layout: bytes per GPU (suffix K, M, G; default: the description's HBM)\n"
           "  --emit=trace FILE      pipeline: Chrome/Perfetto trace (JSON) of the simulated schedule\n"
           "                         (with --hw: in predicted seconds; else in the partition's cost units)\n"
           "  --vpp V                pipeline: chunks per rank (virtual pipeline size; default 1)\n"
@@ -115,7 +120,7 @@ static void usage(FILE *f) {
           "                         above 1e-10; with --precision f32: f32 and 1e-5)\n"
           "  --steps K              --check: steps to run (default 3)\n"
           "  --gpus N               --check: ranks for the layout's run (default: its mesh size);\n"
-          "                         --report time: GPUs of the step (dp = N / (tp pp cp ep))\n"
+          "                         --report time: GPUs of the step (dp = N / (tp pp cp ep)); --auto-layout: GPUs\n"
           "  Megatron-LM's flags that mean the same (docs/cli.md): --tensor-model-parallel-size,\n"
           "    --pipeline-model-parallel-size, --num-layers-per-virtual-pipeline-stage, --context-parallel-size,\n"
           "    --expert-model-parallel-size, --sequence-parallel, --use-distributed-optimizer; config keys\n"
@@ -168,6 +173,8 @@ typedef struct {
   VEC(MdlSetting) config_sets, train_sets;   /* Megatron's flags that set config keys / train fields */
   int recompute_given;       /* --recompute was given (else --memory-budget implies auto) */
   int keep_gathered;         /* --keep-gathered (the default; refused with --regather / --activation-budget) */
+  int auto_layout;           /* --auto-layout (tools/autolayout.h) */
+  unsigned long long memory; /* --memory BYTES: per GPU, for --auto-layout (0: the description's HBM) */
 } Args;
 
 /* --report schedule or --emit=trace: the pipeline views (pp > 1 allowed). */
@@ -438,6 +445,13 @@ static int parse_args(int argc, char **argv, Args *a) {
       continue;
     }
     if (strcmp(s, "--explain-sharding") == 0) { a->report = "sharding"; continue; }
+    if (strcmp(s, "--auto-layout") == 0) { a->auto_layout = 1; continue; }
+    if (strcmp(s, "--memory") == 0) {
+      NEED_ARG(s);
+      if (parse_bytes(next, 1, &a->memory) != 0 || a->memory == 0)
+        return usage_error("--memory needs a byte count per GPU (suffix K, M or G), got '%s'", next);
+      continue;
+    }
     if (s[0] == '-' && s[1]) return usage_error("unknown option '%s'", s);
     if (a->input) return usage_error("more than one input file ('%s')", s);
     a->input = s;
@@ -467,6 +481,23 @@ static int parse_args(int argc, char **argv, Args *a) {
   a->cx->pp_layout = a->pp_layout;
   if (a->check && pipe_views(a)) return usage_error("%s", "--check and the pipeline views do not go together");
   int time_report = a->report && strcmp(a->report, "time") == 0;
+  if (a->memory && !a->auto_layout) return usage_error("%s", "--memory goes with --auto-layout (the memory of one GPU)");
+  if (a->auto_layout) {
+    if (a->gpus <= 0 || !a->hw)
+      return usage_error("%s", "--auto-layout needs --gpus N and --hw NAME|FILE (a100-80gb, h100-sxm, h200, b200)");
+    if (a->check || a->report || pipe_views(a) || strcmp(a->emit, "plan"))
+      return usage_error("%s", "--auto-layout prints its table and writes the chosen plan with -o: it does not go "
+                               "with --check, --report or another --emit");
+    const char *given = a->mdl.tp >= 0 ? "--tp" : a->mdl.pp >= 0 ? "--pp" : a->mdl.cp >= 0 ? "--cp"
+                        : a->mdl.ep >= 0 ? "--ep" : a->mdl.sp >= 0 ? "--sp" : a->dp >= 0 ? "--dp"
+                        : a->vpp > 0 || a->vstage_layers > 0 ? "--vpp" : a->schedule ? "--schedule"
+                        : a->pp_layers.n || a->pp_layout ? "--pp-layers / --pp-layout"
+                        : a->recompute_given || a->cx->memory_budget >= 0 ? "--recompute / --memory-budget" : NULL;
+    if (given)
+      return usage_error("--auto-layout chooses the layout itself (tp, sp, cp, ep, pp, vpp, schedule, dp, micro "
+                         "batch, recompute), and %s fixes part of it: leave it out", given);
+    return -1;
+  }
   if (!a->check && (a->steps > 0 || (a->gpus > 0 && !time_report)))
     return usage_error("%s", "--steps and --gpus go with --check (mrun takes them for training); --gpus also with --report time");
   if (time_report && !a->hw)
@@ -1427,6 +1458,127 @@ cleanup:
   return rc;
 }
 
+/* ---- --auto-layout (tools/autolayout.h) ---- */
+typedef struct {
+  const Args *a;
+  int fixed_mb;              /* the micro batch is the model's (no config key micro_batch, or the user set it) */
+} AutoCtx;
+
+/* The first line of a captured diagnostic. */
+static void first_line(const char *text, char *err, size_t errlen) {
+  size_t n = text ? strcspn(text, "\n") : 0;
+  snprintf(err, errlen, "%.*s", (int)(n < errlen ? n : errlen - 1), text ? text : "");
+  if (!err[0]) snprintf(err, errlen, "the frontend refused it");
+}
+
+/* Compiles the model in layout l, as `mcc --tp .. --pp .. --dp ..` would,
+ * with its diagnostics captured into err (autolayout.h). */
+static IrModule *auto_compile(void *ctx, const AlLayout *l, const char *stack, int stack_layers, const int *pp_layers,
+                              int npp_layers, char *err, size_t errlen) {
+  const AutoCtx *ac = ctx;
+  const Args *a = ac->a;
+  MdlOptions o = a->mdl;
+  o.tp = l->tp;
+  o.sp = l->sp;
+  o.cp = l->cp;
+  o.ep = l->ep;
+  o.pp = l->pp;
+  o.zero = l->zero;
+  o.repeat_path = stack_layers >= 0 ? stack : NULL;
+  o.repeat_count = stack_layers;
+  MdlSetting *sets = ts_xmalloc((size_t)(a->config_sets.n + 1) * sizeof *sets);
+  int ns = 0;
+  char mbv[32];
+  for (int i = 0; i < a->config_sets.n; i++) sets[ns++] = a->config_sets.a[i];
+  if (!ac->fixed_mb) {
+    snprintf(mbv, sizeof mbv, "%d", l->mb);
+    sets[ns++] = (MdlSetting){ts_intern("micro_batch"), mbv, "--auto-layout"};
+  }
+  o.config_sets = sets;
+  o.nconfig_sets = ns;
+  char *dbuf = NULL;
+  size_t dlen = 0;
+  FILE *diag = open_memstream(&dbuf, &dlen);
+  o.diag = diag;
+  IrModule *m = diag ? mdl_compile_file(a->input, &o) : NULL;
+  if (diag) fclose(diag);
+  free(sets);
+  if (!m) {
+    first_line(dbuf, err, errlen);
+    free(dbuf);
+    return NULL;
+  }
+  free(dbuf);
+  m->par.dp = l->dp;
+  if (l->pp > 1) {   /* what pipe_prepare does for the flags */
+    PipeOptions po = {l->pp, l->vpp, pp_layers, npp_layers, NULL};
+    PipePartition part;
+    PipeSchedule sc;
+    int nmicro = 0;
+    if (pass_pipe_partition(m, &po, &part, err, errlen) != 0) { ir_module_free(m); return NULL; }
+    pass_pipe_partition_free(&part);
+    m->par.vpp = l->vpp;
+    m->par.sched = ir_sched_of(l->sched);
+    if (plan_pipe_nmicro(&m->train, l->dp, &nmicro, err, errlen) != 0 ||
+        plan_pipe_schedule(l->sched, l->pp, l->vpp, nmicro, &sc, err, errlen) != 0) {
+      ir_module_free(m);
+      return NULL;
+    }
+    plan_pipe_schedule_free(&sc);
+  }
+  PassCtx cx;
+  pass_ctx_init(&cx);
+  cx.verify_each = 0;            /* the plan is verified when mrun loads it */
+  cx.no_fuse = a->cx->no_fuse;
+  cx.regather = a->cx->regather;
+  cx.activation_budget = a->cx->activation_budget;
+  cx.cp_attn_allgather = a->cx->cp_attn_allgather;
+  cx.recompute = l->recompute;
+  cx.pp_layers = pp_layers;
+  cx.pp_nlayers = npp_layers;
+  if (pass_run_pipeline(m, &cx) != 0) {
+    snprintf(err, errlen, "%s", cx.err);
+    ir_module_free(m);
+    m = NULL;
+  }
+  pass_ctx_free(&cx);
+  return m;
+}
+
+/* --auto-layout: the search's table on stdout, the chosen plan to -o. */
+static int run_auto_layout(const Args *a) {
+  HwDesc hw;
+  char err[2048];
+  if (hw_load(a->hw, &hw, err, sizeof err) != 0) { fprintf(stderr, "mcc: error: %s\n", err); return 1; }
+  IrModule *f = mdl_compile_file(a->input, &a->mdl);
+  if (!f) return 1;
+  const char *mbk = ts_intern("micro_batch");
+  int has_mb = 0, user_mb = 0;
+  for (int i = 0; i < f->consts.n; i++) has_mb |= f->consts.a[i].name == mbk;
+  for (int i = 0; i < a->defines.n; i++) user_mb |= a->defines.a[i].name == mbk;
+  for (int i = 0; i < a->config_sets.n; i++) user_mb |= a->config_sets.a[i].name == mbk;
+  AutoCtx ac = {a, !has_mb || user_mb};
+  AlCompiler c = {&ac, auto_compile, llvm_positions, NULL};
+  AlOptions o = {a->gpus, &hw, (double)a->memory, ac.fixed_mb, 0, 0};
+  StrBuf b = {0};
+  AlResult best;
+  IrModule *w = NULL;
+  int rc = al_search(f, &c, &o, &b, &best, &w, err, sizeof err) != 0;
+  ir_module_free(f);
+  if (emit_text(NULL, &b) != 0) rc = 1;
+  sb_free(&b);
+  if (rc) {
+    fprintf(stderr, "mcc: error: %s\n", err);
+    ir_module_free(w);
+    return 1;
+  }
+  if (!a->output) { ir_module_free(w); return 0; }
+  int owned = 1;
+  rc = write_plan(a, w, &owned);
+  if (owned) ir_module_free(w);
+  return rc;
+}
+
 int main(int argc, char **argv) {
   PassCtx cx;
   pass_ctx_init(&cx);
@@ -1463,6 +1615,10 @@ int main(int argc, char **argv) {
 
   if (pipe_views(&a)) {
     rc = run_pipe_views(&a, &cx);
+    goto out;
+  }
+  if (a.auto_layout) {
+    rc = run_auto_layout(&a);
     goto out;
   }
   double t0 = (ts_now_s() * 1e3), tf = 0;
