@@ -19,8 +19,9 @@
  *     from the same statistics: no rank holds the full logits;
  *   - the fused attention under cp becomes ring steps (--cp-attn ring),
  *     keeps its node on all-gathered k / v (allgather), or keeps it on
- *     head-split operands between all_to_all exchanges (a2a; heads per tp
- *     rank that cp does not divide are refused, naming them);
+ *     head-split operands between all_to_all exchanges (a2a; query heads
+ *     per tp rank that cp does not divide are refused, naming them, kv
+ *     heads are replicated until cp divides them);
  *   - grad states take the layout of their accumulated value: their
  *     parameter's split, plus partial:tp when the value is a partial sum
  *     (the update block reduces it once per step).

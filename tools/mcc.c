@@ -1532,7 +1532,7 @@ static IrModule *auto_compile(void *ctx, const AlLayout *l, const char *stack, i
   cx.no_fuse = a->cx->no_fuse;
   cx.regather = a->cx->regather;
   cx.activation_budget = a->cx->activation_budget;
-  cx.cp_attn_allgather = a->cx->cp_attn_allgather;
+  cx.cp_attn = a->cx->cp_attn;
   cx.recompute = l->recompute;
   cx.pp_layers = pp_layers;
   cx.pp_nlayers = npp_layers;
