@@ -26,6 +26,12 @@
 #     dk, dv: the same count), plus the once-per-step all-reduce over cp of
 #     the layer's weight gradients, 2 (c-1)/c P (P = the layer's parameter
 #     bytes, from --report memory).
+#   comm, cp all-to-all (--cp-attn a2a, DeepSpeed-Ulysses): per attention
+#     forward 4 all-to-alls (q, k, v, o) and backward 4 (do, dq, dk, dv),
+#     each of a rank's s/c b h (or h_kv for k, v) elements, of which it
+#     sends (c-1)/c: (c-1)/c (s/c) b (4 h + 4 h_kv) E per layer per micro
+#     batch (8 (c-1)/c^2 s b h E for multi-head attention; Jacobs et al.
+#     2023), plus the same all-reduce of the weight gradients, 2 (c-1)/c P.
 #   comm, dp with ZeRO-1 (Megatron's distributed optimizer): reduce-scatter
 #     of the gradients and all-gather of the parameters once per step,
 #     2 (d-1)/d P per layer (one micro batch per rank here).
@@ -42,7 +48,7 @@ build=build
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
-    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
     *) echo "plan_quality: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -75,11 +81,12 @@ models=(
   "GPT-3 175B|gpt|-D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|2048 1 12288 96 12288|1"
   "Llama-2-70B|llama|-D d_model=8192 -D heads=64 -D kv_heads=8 -D ffn=28672 -D seq_len=4096 -D vocab=32000|4096 1 8192 64 1024|0"
 )
-# name|kind|size|flags (kind: tp, cp, dp; dp runs one micro batch per rank;
+# name|kind|size|flags (kind: tp, cp, cpa2a, dp; dp runs one micro batch per rank;
 # expert parallelism and pipelines have tables of their own below)
 layouts=("tp=1|tp|1|" "tp=4|tp|4|--tp 4" "tp=4 sp|tp|4|--tp 4 --sp" "tp=4 sp regather|tp|4|--tp 4 --sp --regather"
          "tp=8|tp|8|--tp 8" "tp=8 sp|tp|8|--tp 8 --sp" "tp=8 sp regather|tp|8|--tp 8 --sp --regather"
-         "cp=2 ring|cp|2|--cp 2" "cp=2 allgather|cp|2|--cp 2 --cp-attn allgather" "cp=4 ring|cp|4|--cp 4"
+         "cp=2 ring|cp|2|--cp 2" "cp=2 allgather|cp|2|--cp 2 --cp-attn allgather" "cp=2 a2a|cpa2a|2|--cp 2 --cp-attn a2a"
+         "cp=4 ring|cp|4|--cp 4" "cp=4 a2a|cpa2a|4|--cp 4 --cp-attn a2a"
          "dp=2 ZeRO-1|dp|2|--dp 2")
 
 # parameter bytes of one layer: the memory report's "parameters" row, 3 layers minus 2
@@ -110,11 +117,12 @@ for m in "${models[@]}"; do
     mcomm=$(awk -v k="$kind" -v t="$t" -v s="$s" -v b="$b" -v h="$h" -v hkv="$hkv" -v sp="$sp" -v P="$P" 'BEGIN {
       if (k == "tp") x = (sp ? 10 : 8) * (t - 1) / t * s * b * h * 4;
       else if (k == "cp") x = 6 * (t - 1) / t * s * b * hkv * 4 + 2 * (t - 1) / t * P;
+      else if (k == "cpa2a") x = (t - 1) / t * (s / t) * b * (4 * h + 4 * hkv) * 4 + 2 * (t - 1) / t * P;
       else x = 2 * (t - 1) / t * P;
       printf "%.0f", x }')
     if [ "$gptblock" = 1 ]; then
       mact=$(awk -v k="$kind" -v t="$t" -v s="$s" -v b="$b" -v h="$h" -v a="$a" -v sp="$sp" 'BEGIN {
-        if (k == "cp") e = 34 / t;            # flash attention: no s x s term, the sequence split t ways
+        if (k == "cp" || k == "cpa2a") e = 34 / t;   # flash attention: no s x s term, the sequence split t ways
         else if (t == 1 || k == "dp") e = 34 + 5 * a * s / h;
         else if (sp) e = (34 + 5 * a * s / h) / t; else e = 10 + 24 / t + 5 * a * s / (h * t);
         printf "%.0f", s * b * h * e * 2 }')
@@ -168,6 +176,47 @@ for me in "${moes[@]}"; do
       lay="ep=$ep"
       [ "$cf" = 0 ] || lay="ep=$ep, capacity $cf"
       echo "| $name | $lay | $(mb "$comm") | $(mb "$meg") | $(ratio "$comm" "$meg") | $(mb "$mem") |"
+    done
+  done
+done
+
+# Context parallelism, attention alone: the bytes the micro block sends per
+# layer and micro batch (the weight gradients' all-reduce over cp, once per
+# step in the update block, left out), for the three forms of --cp-attn, next
+# to their closed forms: ring and all-gather 6 (c-1)/c s b h_kv E (Megatron's
+# ring of k, v: forward, backward, and dk, dv home; its all-gather form the
+# same count), all-to-all (c-1)/c (s/c) b (4 h + 4 h_kv) E (DeepSpeed-Ulysses:
+# q, k, v, o forward, do, dq, dk, dv backward).  The all-to-all form sends
+# less from cp = 2 on for multi-head attention (8/c x 1/6 of the ring's: 0.67x
+# at c = 2, 0.33x at c = 4) and needs heads (per tp rank) divisible by c; with
+# grouped-query attention (h_kv < h) the ring's k, v are small and a2a wins
+# only at larger c.
+micro_bytes() {
+  "$mcc" "samples/$1.mdl" -D layers="$2" "${@:3}" --report comm 2>&1 |
+    awk '$1 == "micro" { s += $NF } END { printf "%.0f", s }'
+}
+echo
+echo "| model | layout | attention bytes sent / layer / micro batch (MB) | closed form (MB) | ratio | vs ring |"
+echo "|---|---|---:|---:|---:|---:|"
+cps=(
+  "GPT-3 175B|gpt|-D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|2048 1 12288 12288"
+  "Llama-2-70B|llama|-D d_model=8192 -D heads=64 -D kv_heads=8 -D ffn=28672 -D seq_len=4096 -D vocab=32000|4096 1 8192 1024"
+)
+for cl in "${cps[@]}"; do
+  IFS='|' read -r name model defs dims <<<"$cl"
+  read -r s b h hkv <<<"$dims"
+  for c in 2 4 8; do
+    ring=0
+    for form in ring allgather a2a; do
+      opts="-D batch=1 -D micro_batch=1 --cp $c --cp-attn $form"
+      # shellcheck disable=SC2086
+      a=$(micro_bytes "$model" 2 $defs $opts); bb=$(micro_bytes "$model" 3 $defs $opts)
+      got=$((bb - a))
+      [ "$form" = ring ] && ring=$got
+      cf=$(awk -v f="$form" -v c="$c" -v s="$s" -v b="$b" -v h="$h" -v hkv="$hkv" 'BEGIN {
+        if (f == "a2a") x = (c - 1) / c * (s / c) * b * (4 * h + 4 * hkv) * 4; else x = 6 * (c - 1) / c * s * b * hkv * 4
+        printf "%.0f", x }')
+      echo "| $name | cp=$c $form | $(mb "$got") | $(mb "$cf") | $(ratio "$got" "$cf") | $(ratio "$got" "$ring") |"
     done
   done
 done

@@ -144,8 +144,10 @@ static int choose_tiles(Att *a, char *why, size_t whylen) {
 static void print_pos(const IrModule *m, StrBuf *src, const char *fn, unsigned mask, int64_t L, int64_t ring_src) {
   sb_printf(src, "static __device__ __forceinline__ long long %s(const long long *run, long long g) {\n", fn);
   int64_t span = L;
-  for (int ax = IR_AXIS_COUNT - 1; ax >= 0; ax--) {
-    if (!(mask & (1u << ax))) continue;
+  int minor = ir_split_cp_minor(mask);   /* cp innermost and contiguous (ir.h): taken first, a plain block */
+  for (int k = IR_AXIS_COUNT; k >= 0; k--) {
+    int ax = k == IR_AXIS_COUNT ? IR_AXIS_CP : k;
+    if (k == IR_AXIS_COUNT ? !minor : (!(mask & (1u << ax)) || (minor && ax == IR_AXIS_CP))) continue;
     int S = cg_cuda_axis_size(m, ax);
     char c[160];
     if (ax == IR_AXIS_CP && ring_src >= 0 && S > 1)
@@ -153,7 +155,7 @@ static void print_pos(const IrModule *m, StrBuf *src, const char *fn, unsigned m
                S, S);
     else
       snprintf(c, sizeof c, "run[%d]", CG_RUN_COORD + ax);
-    if (ax == IR_AXIS_CP && S > 1) {
+    if (ax == IR_AXIS_CP && S > 1 && !minor) {
       long long h = (long long)(span / 2);
       sb_printf(src, "  g = g < %lldLL ? %s * %lldLL + g : (%dLL - %s) * %lldLL + g - %lldLL;\n", h, c, h, 2 * S - 1, c,
                 h, h);

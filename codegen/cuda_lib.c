@@ -153,7 +153,7 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
     if (len % S) { snprintf(why, whylen, "dim %d is not divisible by %d", d, S); return 1; }
     int64_t L = len / S, n = ir_type_numel(&nd->type);
     /* the cp level is a zigzag (cp_layout.c): chunks c and 2S-1-c of L/2 */
-    int zz = a == IR_AXIS_CP && S > 1;
+    int zz = a == IR_AXIS_CP && S > 1 && !ir_split_cp_minor(nd->sh.split[d]);
     if (zz && (L % 2 || (nd->sh.split[d] & ((1u << IR_AXIS_EP) | (1u << IR_AXIS_TP))))) {
       snprintf(why, whylen, "a cp zigzag slice of odd length or inside another split");
       return 1;
@@ -281,7 +281,31 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
 /* all_to_all around NCCL: kernel 0 packs x's blocks along dim `split`
  * into the first half of the scratch ([S][n / S], block j for rank j),
  * NCCL exchanges them into the second half, kernel 1 places received
- * block j at j along dim `concat` of the result. */
+ * block j at j along dim `concat` of the result.  Along cp a dim whose
+ * cp level is the zigzag (the result's split dim, the operand's concat
+ * dim) is cut and joined by chunks j and 2S-1-j, as the reference kernel
+ * does (runtime/cpu/ops_a2a.c). */
+
+/* Whether dim d split by mask is a cp zigzag here (the mask's cp level,
+ * not the contiguous innermost one); -1 with why when it cannot be. */
+static int a2a_zigzag(int ax, unsigned mask, int64_t L, char *why, size_t whylen) {
+  if (ax != IR_AXIS_CP || !(mask & (1u << IR_AXIS_CP)) || ir_split_cp_minor(mask)) return 0;
+  if (L % 2 || (mask & ((1u << IR_AXIS_EP) | (1u << IR_AXIS_TP)))) {
+    snprintf(why, whylen, "a cp zigzag block of odd length or inside another split");
+    return -1;
+  }
+  return 1;
+}
+
+/* The global position along the cut dim of local index `l` of block `j`
+ * (length L): C source of an expression. */
+static void a2a_pos(StrBuf *src, int zz, int S, int64_t L) {
+  if (zz)
+    sb_printf(src, "    const long long g = l < %lldLL ? j * %lldLL + l : (%dLL - j) * %lldLL + l - %lldLL;\n",
+              (long long)(L / 2), (long long)(L / 2), 2 * S - 1, (long long)(L / 2), (long long)(L / 2));
+  else
+    sb_printf(src, "    const long long g = j * %lldLL + l;\n", (long long)L);
+}
 static int relayout_a2a(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src, CgCudaLaunch *l,
                         int *nl, int64_t *scratch, char *why, size_t whylen) {
   const IrNode *nd = &b->nodes[i];
@@ -300,22 +324,25 @@ static int relayout_a2a(const IrModule *m, const IrBlock *b, int i, const char *
   for (int q = sd + 1; q < r; q++) si *= xt->dim[q];
   for (int q = 0; q < cd; q++) co *= yt->dim[q];
   for (int q = cd + 1; q < r; q++) ci *= yt->dim[q];
+  int zs = a2a_zigzag((int)nd->ia[0], nd->sh.split[sd], sl, why, whylen);
+  int zc = a2a_zigzag((int)nd->ia[0], b->nodes[nd->in[0]].sh.split[cd], cl, why, whylen);
+  if (zs < 0 || zc < 0) return 1;
   const char *T = ctype(nd->type.dtype);
   *scratch = 2 * n * (int64_t)ir_dtype_size(nd->type.dtype);
   CG_CUDA_HEAD(src, name, 0);   /* pack: element e of block j, row-major over [so, sl, si] */
   sb_printf(src, "  const %s *x = (const %s *)a.b[0];\n  %s *s = (%s *)a.b[2];\n", T, T, T, T);
   CG_CUDA_GRID_LOOP(src, "e", n);
-  sb_printf(src, "    const long long j = e / %lldLL, w = e %% %lldLL, in = w %% %lldLL, l = w / %lldLL %% %lldLL, o = w / %lldLL;\n"
-                 "    s[e] = x[(o * %lldLL + j * %lldLL + l) * %lldLL + in];\n  }\n}\n",
-            (long long)blk, (long long)blk, (long long)si, (long long)si, (long long)sl, (long long)(si * sl),
-            (long long)xt->dim[sd], (long long)sl, (long long)si);
+  sb_printf(src, "    const long long j = e / %lldLL, w = e %% %lldLL, in = w %% %lldLL, l = w / %lldLL %% %lldLL, o = w / %lldLL;\n",
+            (long long)blk, (long long)blk, (long long)si, (long long)si, (long long)sl, (long long)(si * sl));
+  a2a_pos(src, zs, S, sl);
+  sb_printf(src, "    s[e] = x[(o * %lldLL + g) * %lldLL + in];\n  }\n}\n", (long long)xt->dim[sd], (long long)si);
   CG_CUDA_HEAD(src, name, 1);   /* unpack: received block j, row-major over [co, cl, ci] */
   sb_printf(src, "  const %s *s = (const %s *)a.b[2] + %lldLL;\n  %s *y = (%s *)a.b[1];\n", T, T, (long long)n, T, T);
   CG_CUDA_GRID_LOOP(src, "e", n);
-  sb_printf(src, "    const long long j = e / %lldLL, w = e %% %lldLL, in = w %% %lldLL, l = w / %lldLL %% %lldLL, o = w / %lldLL;\n"
-                 "    y[(o * %lldLL + j * %lldLL + l) * %lldLL + in] = s[e];\n  }\n}\n",
-            (long long)blk, (long long)blk, (long long)ci, (long long)ci, (long long)cl, (long long)(ci * cl),
-            (long long)yt->dim[cd], (long long)cl, (long long)ci);
+  sb_printf(src, "    const long long j = e / %lldLL, w = e %% %lldLL, in = w %% %lldLL, l = w / %lldLL %% %lldLL, o = w / %lldLL;\n",
+            (long long)blk, (long long)blk, (long long)ci, (long long)ci, (long long)cl, (long long)(ci * cl));
+  a2a_pos(src, zc, S, cl);
+  sb_printf(src, "    y[(o * %lldLL + g) * %lldLL + in] = s[e];\n  }\n}\n", (long long)yt->dim[cd], (long long)ci);
   cg_cuda_launch(&l[0], name, 0, n, 256);
   cg_cuda_launch(&l[1], name, 1, n, 256);
   *nl = 2;
@@ -362,8 +389,8 @@ int cg_cuda_comm_relayout(const IrModule *m, const IrBlock *b, int i, const char
   for (int q = d + 1; q < t->rank; q++) inner *= t->dim[q];
   if (!gather && len % S) { snprintf(why, whylen, "dim %d is not divisible by %d", d, S); return 1; }
   int64_t L = gather ? len : len / S, h = L / 2;
-  int zz = a == IR_AXIS_CP;
   unsigned split = gather ? b->nodes[nd->in[0]].sh.split[d] : nd->sh.split[d];
+  int zz = a == IR_AXIS_CP && !ir_split_cp_minor(split);   /* cp* (innermost, contiguous): plain blocks */
   if (zz && (L % 2 || (split & ((1u << IR_AXIS_EP) | (1u << IR_AXIS_TP))))) {
     snprintf(why, whylen, "a cp zigzag block of odd length or inside another split");
     return 1;

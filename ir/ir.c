@@ -324,7 +324,13 @@ char *ir_sharding_str(const IrSharding *s, int rank, char *buf, size_t n) {
   for (int d = 0; d < rank && d < IR_MAX_RANK; d++) {
     if (!s->split[d]) continue;
     sb_printf(&b, "%s%d:", any++ ? ", " : "{", d);
-    put_axes(&b, s->split[d]);
+    if (ir_split_cp_minor(s->split[d])) {   /* cp innermost and contiguous: written last, starred */
+      unsigned rest = s->split[d] & ~(IR_SPLIT_CP_MINOR | (1u << IR_AXIS_CP)) & ((1u << IR_AXIS_COUNT) - 1);
+      put_axes(&b, rest);
+      sb_printf(&b, "%scp*", rest ? "+" : "");
+    } else {
+      put_axes(&b, s->split[d]);
+    }
   }
   if (s->partial) { sb_printf(&b, "%spartial:", any++ ? ", " : "{"); put_axes(&b, s->partial); }
   if (s->flat) { sb_printf(&b, "%sflat:", any++ ? ", " : "{"); put_axes(&b, s->flat); }

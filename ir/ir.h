@@ -103,6 +103,16 @@ static inline int ir_sharding_is_none(const IrSharding *s) {
   for (int i = 0; i < IR_MAX_RANK; i++) if (s->split[i]) return 0;
   return 1;
 }
+/* A bit of a split mask (above the axes): the cp level of this dim is
+ * contiguous and the innermost level (minor to every other axis that splits
+ * the dim), not the causal zigzag (runtime/cpu/cp_layout.c).  Only with the
+ * cp bit.  All-to-all context parallelism splits the heads so: each tp
+ * rank's heads cut in cp contiguous blocks (docs/sharding.md "All-to-all
+ * attention").  Text: cp written last with a star, "1:tp+cp*". */
+#define IR_SPLIT_CP_MINOR 0x80u
+static inline int ir_split_cp_minor(unsigned mask) {
+  return (mask & IR_SPLIT_CP_MINOR) && (mask & (1u << IR_AXIS_CP));
+}
 int ir_sharding_equal(const IrSharding *a, const IrSharding *b);
 /* "{2:tp, partial:tp}" (the text form); "" when unsharded.  Writes buf. */
 char *ir_sharding_str(const IrSharding *s, int rank, char *buf, size_t n);

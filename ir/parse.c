@@ -242,8 +242,9 @@ static int parse_axis(P *p, int *a) {
   return 0;
 }
 
-/* axes joined by '+': "cp+tp" -> mask */
-static int parse_axes(P *p, uint8_t *mask) {
+/* axes joined by '+': "cp+tp" -> mask; in a split (star_ok) a last
+ * "cp*" is the contiguous innermost cp level (IR_SPLIT_CP_MINOR) */
+static int parse_axes(P *p, uint8_t *mask, int star_ok) {
   *mask = 0;
   for (;;) {
     skip_ws(p);
@@ -252,6 +253,14 @@ static int parse_axes(P *p, uint8_t *mask) {
     if (parse_axis(p, &a)) return -1;
     if (*mask & (1u << a)) return perr_at(p, p->line, col_of(p, at), "mesh axis %s given twice", ir_axis_name((IrAxis)a));
     *mask |= (uint8_t)(1u << a);
+    if (cur(p) == '*') {
+      if (!star_ok || a != IR_AXIS_CP)
+        return perr_at(p, p->line, col_of(p, at), "only cp takes a star (the contiguous innermost cp level of a split)");
+      p->pos++;
+      *mask |= (uint8_t)IR_SPLIT_CP_MINOR;
+      if (cur(p) == '+') return perr_at(p, p->line, col_of(p, at), "cp* must be the last axis of its split");
+      return 0;
+    }
     if (!accept(p, '+')) return 0;
   }
 }
@@ -279,7 +288,7 @@ static int parse_sharding(P *p, IrSharding *sh, int rank) {
       else return perr_at(p, p->line, col_of(p, at), "unknown sharding key '%s'", k);
     }
     if (*slot) return perr_at(p, p->line, col_of(p, at), "sharding entry given twice");
-    if (expect(p, ':') || parse_axes(p, slot)) return -1;
+    if (expect(p, ':') || parse_axes(p, slot, slot != &sh->partial && slot != &sh->flat)) return -1;
     if (accept(p, '}')) return 0;
     if (expect(p, ',')) return -1;
   }

@@ -21,8 +21,10 @@ static int sh_well_formed(const IrSharding *sh, int rank) {
   unsigned seen = 0;
   for (int d = 0; d < IR_MAX_RANK; d++) {
     if (!sh->split[d]) continue;
-    if (d >= rank || (seen & sh->split[d])) return 0;
-    seen |= sh->split[d];
+    unsigned axes = sh->split[d] & ~IR_SPLIT_CP_MINOR;   /* the cp-minor mark goes with cp only */
+    if ((sh->split[d] & IR_SPLIT_CP_MINOR) && !(axes & (1u << IR_AXIS_CP))) return 0;
+    if (d >= rank || (seen & axes)) return 0;
+    seen |= axes;
   }
   if ((seen & sh->partial) || (seen & sh->flat) || (sh->partial & sh->flat)) return 0;
   return ((seen | sh->partial | sh->flat) >> IR_AXIS_COUNT) == 0;

@@ -48,12 +48,14 @@ typedef struct PassCtx {
   const int *pp_layers;
   int pp_nlayers;
   const char *pp_layout;
-  int cp_attn_allgather;     /* --cp-attn allgather: fused attention under cp gathers
-                              * k / v instead of passing them in a ring (pass "shard") */
+  int cp_attn;               /* PassCpAttn, --cp-attn: how the fused attention runs under cp
+                              * (pass "shard"): a ring of k / v blocks, k / v all-gathered,
+                              * or all-to-all to head-split layouts (Ulysses) */
   int decode;                /* --decode: pass decode adds the generation blocks prefill and step */
 } PassCtx;
 
 typedef int (*PassFn)(IrModule *m, PassCtx *cx);
+enum PassCpAttn { PASS_CP_ATTN_RING, PASS_CP_ATTN_ALLGATHER, PASS_CP_ATTN_A2A };
 typedef struct { const char *name; PassFn fn; const char *doc; } PassInfo;
 
 /* pp > 1: tags each forward node with its pipeline chunk (IrNode.stage) */

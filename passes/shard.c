@@ -17,6 +17,11 @@
  *   - cross_entropy over a tp-split class dim is lowered to max / sum /
  *     take with all-reduces, and its backward to exp(l - max) / sum - onehot
  *     from the same statistics: no rank holds the full logits;
+ *   - the fused attention under cp becomes ring steps (--cp-attn ring),
+ *     keeps its node on all-gathered k / v (allgather), or keeps it on
+ *     head-split operands between all_to_all exchanges (a2a; query heads
+ *     per tp rank that cp does not divide are refused, naming them, kv
+ *     heads are replicated until cp divides them);
  *   - grad states take the layout of their accumulated value: their
  *     parameter's split, plus partial:tp when the value is a partial sum
  *     (the update block reduces it once per step).
@@ -58,7 +63,8 @@ typedef struct {
   int failed;
   int tag;                /* pipeline stage tag of the node being sharded (copied to what it emits) */
   unsigned char *accumed; /* per state: an accum into it was sharded already */
-  int cp_ring;            /* attention under cp: ring (k / v stay blocks) or all-gather (PassCtx) */
+  int cp_ring;            /* attention under cp: k / v stay blocks (the ring or all-to-all) or are all-gathered */
+  int cp_a2a;             /* attention under cp by all-to-all to head-split layouts (--cp-attn a2a) */
   /* token dispatch under ep (shard_moe_ep): per old value, its row layout
    * (XL_TOK / XL_EXP, or 0: an ordinary value), the moe_counts node that
    * governs its rows, and its converted variants; per moe_counts node the
@@ -138,7 +144,8 @@ static int ax_get(const IrSharding *s, int a) {
 }
 static void ax_set(IrSharding *s, int a, int st) {
   s->partial &= (uint8_t)~BIT(a);
-  for (int d = 0; d < IR_MAX_RANK; d++) s->split[d] &= (uint8_t)~BIT(a);
+  for (int d = 0; d < IR_MAX_RANK; d++)   /* the cp-minor mark goes with the cp split */
+    s->split[d] &= (uint8_t)~(BIT(a) | (a == IR_AXIS_CP ? IR_SPLIT_CP_MINOR : 0));
   if (st == AX_P) s->partial |= BIT(a);
   else if (st >= 0) s->split[st] |= BIT(a);
 }
@@ -633,8 +640,9 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     /* q [B, Hq, Tq, D], k / v [B, Hkv, Tk, D] (bwd: o, do like q).  Batch
      * and heads split like batch dims (kv heads with the query heads);
      * the sequence (dim 2) of the queries is a block of rows: along cp
-     * with the ring (S->cp_ring) k / v are blocks too and shard_node
-     * lowers the node into ring steps (lower_ring), else k / v are
+     * with the ring or all-to-all (S->cp_ring) k / v are blocks too and
+     * shard_node lowers the node into ring steps (lower_ring) or
+     * all-to-all exchanges around it (lower_a2a), else k / v are
      * gathered and dk / dv come out partial.  head_dim stays whole.  The
      * document ids [B, T] (last operand, when there) follow the batch
      * split and are whole along the sequence: the kernels index them by
@@ -1293,6 +1301,143 @@ static int lower_ring(Sh *S, int i, const int *in, const IrSharding *ish, const 
   return out[part];
 }
 
+/* ---------------- all-to-all attention ----------------
+ * Under cp with --cp-attn a2a (DeepSpeed-Ulysses), attention and
+ * attention_bwd read q, k, v (and o, do) split along the sequence (dim 2,
+ * the zigzag of causal load balancing).  Each is exchanged by one
+ * all_to_all over cp for a head-split layout over the whole sequence: this
+ * tp rank's heads cut in cp contiguous blocks (IR_SPLIT_CP_MINOR, text
+ * "1:tp+cp*"), the sequence whole and in global order (the all_to_all
+ * joins the zigzag's chunks where they belong).  The fused op then runs on
+ * its heads exactly as on one rank (causal mask, window and document ids by
+ * global position), and its result goes back by the inverse all_to_all.
+ * The head-split layouts are conversions of their values, cached in
+ * S->conv: the backward reuses the forward's q, k, v and head-split output
+ * and exchanges do once for its three parts.  Per layer and micro batch: 4
+ * all_to_all forward (q, k, v, o) and 4 backward (do, dq, dk, dv), each
+ * rank sending (cp-1)/cp of each. */
+
+/* The head-split layout of a value laid out sh (sequence split over cp). */
+static IrSharding a2a_heads_sh(const IrSharding *sh) {
+  IrSharding h = *sh;
+  h.split[2] &= (uint8_t)~BIT(IR_AXIS_CP);
+  h.split[1] |= (uint8_t)(BIT(IR_AXIS_CP) | IR_SPLIT_CP_MINOR);
+  return h;
+}
+
+/* [B, H, S, D] as [B, H, rep, S, D] (dim 2 new and whole): its type (names
+ * of `like`) and layout. */
+static void kv_split5(const IrType *like, const IrSharding *sh, int64_t rep, IrType *t5, IrSharding *s5) {
+  *t5 = *like;
+  *s5 = (IrSharding){0};
+  t5->rank = 5;
+  for (int d = 4; d >= 3; d--) { t5->dim[d] = like->dim[d - 1]; t5->dname[d] = like->dname[d - 1]; s5->split[d] = sh->split[d - 1]; }
+  t5->dim[2] = rep;
+  t5->dname[2] = NULL;
+  s5->split[0] = sh->split[0];
+  s5->split[1] = sh->split[1];
+}
+
+/* Grouped-query kv heads that cp does not divide, replicated: new value id
+ * [B, H, S, D] (layout sh, the sequence split) with each head repeated rep
+ * times in place (head j -> rep heads j*rep ..): [B, H*rep, S, D], the
+ * global tensor repeat_interleave(k, rep) in the same layout.  A query
+ * group of g heads then reads g / rep copies of its kv head. */
+static int kv_repeat(Sh *S, int id, const IrSharding *sh, int64_t rep) {
+  IrType t = nnode(S, id)->type, t5, tb;
+  IrSharding s5;
+  kv_split5(&t, sh, 1, &t5, &s5);
+  int x = emit(S, IR_OP_RESHAPE, &id, 1, NULL, NULL, NULL, &t5, &s5);
+  tb = t5;
+  tb.dim[2] = rep;
+  x = emit(S, IR_OP_BROADCAST, &x, 1, NULL, NULL, NULL, &tb, &s5);
+  t.dim[1] *= rep;
+  t.dname[1] = NULL;   /* no longer the model's kv heads */
+  return emit(S, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &t, sh);
+}
+
+/* The gradient of kv_repeat: [B, H*rep, S, D] summed over each head's rep
+ * copies into like's [B, H, S, D] (layout sh). */
+static int kv_unrepeat(Sh *S, int id, const IrType *like, const IrSharding *sh, int64_t rep) {
+  IrType t5;
+  IrSharding s5;
+  kv_split5(like, sh, rep, &t5, &s5);
+  int x = emit(S, IR_OP_RESHAPE, &id, 1, NULL, NULL, NULL, &t5, &s5);
+  int64_t ia[2] = {2, 0};
+  return emit(S, IR_OP_SUM, &x, 1, ia, NULL, NULL, NULL, sh);
+}
+
+/* Old value v, new value id laid out sh, in the head-split layout: a
+ * cached conversion or one all_to_all (split the heads, join the
+ * sequence), its heads repeated rep times first (kv_repeat; rep is a
+ * function of the layout, so a value has one head-split form). */
+static int a2a_to_heads(Sh *S, int v, int id, const IrSharding *sh, int64_t rep) {
+  IrSharding h = a2a_heads_sh(sh);
+  for (int i = 0; i < S->conv[v].n; i++)
+    if (ir_sharding_equal(&S->conv[v].a[i].sh, &h)) return S->conv[v].a[i].id;
+  if (rep > 1) id = kv_repeat(S, id, sh, rep);
+  int64_t ia[3] = {IR_AXIS_CP, 1, 2};
+  S->why = "all-to-all attention under cp (--cp-attn a2a): the sequence-split operand exchanged for this rank's "
+           "heads over the whole sequence (4 all_to_all forward and 4 backward per layer and micro batch)";
+  int r = emit(S, IR_OP_ALL_TO_ALL, &id, 1, ia, NULL, NULL, NULL, &h);
+  S->why = NULL;
+  if (r >= 0) VEC_PUSH(S->conv[v], ((ConvEntry){h, r}));
+  return r;
+}
+
+/* "8 / tp 2 = 4 per tp rank" or "8": a head count and its tp split, into buf. */
+static const char *heads_desc(const Sh *S, int64_t global, unsigned mask, char *buf, size_t cap) {
+  int64_t k = axes_size(S, mask & ~BIT(IR_AXIS_CP));
+  if (k > 1) snprintf(buf, cap, "%lld / tp %lld = %lld per tp rank", (long long)global, (long long)k, (long long)(global / k));
+  else snprintf(buf, cap, "%lld", (long long)global);
+  return buf;
+}
+
+static int lower_a2a(Sh *S, int i, const int *in, const IrSharding *ish, const IrSharding *osh) {
+  const IrNode *n = onode(S, i);
+  int fwd = n->op == IR_OP_ATTENTION, base = fwd ? 3 : 5, C = S->C;
+  for (int k = 0; k < base; k++)
+    if (ish[k].split[2] != BIT(IR_AXIS_CP) || (ish[k].split[1] & BIT(IR_AXIS_CP)))
+      return sh_fail(S, "%s %%%d: --cp-attn a2a needs q, k and v split along the sequence over cp alone (operand %d "
+                     "is not); use --cp-attn ring or allgather", ir_ops[n->op].name, i, k + 1);
+  /* each cp rank takes whole query heads of its tp block; grouped-query kv
+   * heads that cp does not divide are replicated, rep = cp / gcd(kv heads,
+   * cp) copies each (enough for cp to divide them; the query group size
+   * is then a multiple of rep, since cp divides the query heads) */
+  int64_t hq = nnode(S, in[0])->type.dim[1], hkv = nnode(S, in[1])->type.dim[1], rep = 1;
+  if (hq % C) {
+    char hd[96], ok[256];
+    return sh_fail(S, "attention: --cp-attn a2a splits the heads over cp, but query heads = %s are not divisible by "
+                   "cp = %d; the cp sizes that divide them: %s (or --cp-attn ring or allgather, which split the "
+                   "sequence only)", heads_desc(S, onode(S, n->in[0])->type.dim[1], ish[0].split[1], hd, sizeof hd), C,
+                   sizes_dividing(hq, 1, ok, sizeof ok));
+  }
+  if (hkv % C) {
+    int64_t a = hkv, b = C;
+    while (b) { int64_t t = a % b; a = b; b = t; }
+    rep = C / a;
+    if (hkv <= 0 || hq % hkv || (hq / hkv) % rep)
+      return sh_fail(S, "internal error: attention %%%d: %lld query heads over %lld kv heads cannot repeat the kv "
+                     "heads %lld times", i, (long long)hq, (long long)hkv, (long long)rep);
+  }
+  int hin[8];
+  for (int k = 0; k < base; k++) hin[k] = a2a_to_heads(S, n->in[k], in[k], &ish[k], k == 1 || k == 2 ? rep : 1);
+  for (int k = base; k < n->nin; k++) hin[k] = in[k];   /* document ids: whole along the sequence */
+  IrSharding rsh = a2a_heads_sh(osh);
+  int r = emit(S, n->op, hin, n->nin, n->ia, n->fa, NULL, NULL, &rsh);
+  if (r < 0) return -1;
+  if (fwd) VEC_PUSH(S->conv[i], ((ConvEntry){rsh, r}));   /* the backward reads o head-split */
+  int64_t ia[3] = {IR_AXIS_CP, 2, 1};
+  S->why = fwd ? "all-to-all attention under cp (--cp-attn a2a): the result, head-split over the whole sequence, "
+                 "exchanged back to the sequence split"
+               : "all-to-all attention's backward under cp (--cp-attn a2a): the gradient, head-split over the whole "
+                 "sequence, exchanged back to the sequence split";
+  int o = emit(S, IR_OP_ALL_TO_ALL, &r, 1, ia, NULL, NULL, NULL, osh);
+  S->why = NULL;
+  if (!fwd && n->ia[1] > 0 && rep > 1) o = kv_unrepeat(S, o, &nnode(S, in[n->ia[1]])->type, osh, rep);   /* dk, dv */
+  return o;
+}
+
 /* The node made for old value i has the local type lt. */
 static void check_local(Sh *S, int i, const IrType *lt) {
   const IrNode *n = onode(S, i);
@@ -1434,6 +1579,12 @@ static void shard_node(Sh *S, int i) {
   uint8_t red_axes = (n->op == IR_OP_MAX || n->op == IR_OP_MEAN) ? ish[0].split[n->ia[0]] : 0;
   int64_t ia[IR_MAX_IATTR];
   memcpy(ia, n->ia, sizeof ia);
+  if ((n->op == IR_OP_ATTENTION || n->op == IR_OP_ATTENTION_BWD) && S->cp_a2a && ax_get(&ish[0], IR_AXIS_CP) == 2 &&
+      S->C > 1) {   /* all-to-all to head-split layouts and back */
+    S->nv[i] = lower_a2a(S, i, in, ish, &osh);
+    check_local(S, i, &lt);
+    return;
+  }
   if ((n->op == IR_OP_ATTENTION || n->op == IR_OP_ATTENTION_BWD) && ax_get(&ish[1], IR_AXIS_CP) == 2 &&
       ir_axis_size(m, IR_AXIS_CP) > 1) {   /* k / v as cp blocks: the ring, step by step */
     S->why = n->op == IR_OP_ATTENTION
@@ -1509,7 +1660,8 @@ int pass_shard(IrModule *m, PassCtx *cx) {
   S.T = T;
   S.C = C;
   S.sp = m->par.sp;
-  S.cp_ring = !cx->cp_attn_allgather;
+  S.cp_ring = cx->cp_attn != PASS_CP_ATTN_ALLGATHER;
+  S.cp_a2a = cx->cp_attn == PASS_CP_ATTN_A2A;
   S.seq_name = ts_intern("seq");
   for (int r = 0; r < m->rules.n; r++)
     if (m->rules.a[r].axes & BIT(IR_AXIS_CP)) S.seq_name = m->rules.a[r].dim;

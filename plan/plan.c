@@ -481,8 +481,13 @@ static void rd_sharding(Rd *r, IrSharding *sh, int rank) {
   sh->partial = (uint8_t)rd_u8(r);
   sh->flat = (uint8_t)rd_u8(r);
   unsigned all = (1u << IR_AXIS_COUNT) - 1;
-  for (int i = 0; i < rank; i++)
-    if (sh->split[i] & ~all) { rd_fail(r, "bad sharding mask 0x%x", sh->split[i]); return; }
+  for (int i = 0; i < rank; i++) {
+    unsigned minor = sh->split[i] & IR_SPLIT_CP_MINOR;   /* with cp only (ir.h) */
+    if ((sh->split[i] & ~all & ~IR_SPLIT_CP_MINOR) || (minor && !(sh->split[i] & (1u << IR_AXIS_CP)))) {
+      rd_fail(r, "bad sharding mask 0x%x", sh->split[i]);
+      return;
+    }
+  }
   if ((sh->partial | sh->flat) & ~all) rd_fail(r, "bad sharding mask");
 }
 

@@ -13,6 +13,9 @@
 
 /* The model in FILE through the whole pass pipeline at tp / sp / cp / ep,
  * f64; NULL after printing why (prog names the program). */
+/* How the fused attention runs under cp (PassCpAttn); a test may set it. */
+static int equiv_cp_attn = PASS_CP_ATTN_RING;
+
 static IrModule *equiv_compile(const char *prog, const char *file, int tp, int sp, int cp, int ep,
                                const MdlDefine *defs, int nd) {
   MdlOptions opt;
@@ -28,6 +31,7 @@ static IrModule *equiv_compile(const char *prog, const char *file, int tp, int s
   if (!m) return NULL;
   PassCtx cx;
   pass_ctx_init(&cx);
+  cx.cp_attn = equiv_cp_attn;
   if (pass_run_pipeline(m, &cx)) {
     fprintf(stderr, "%s: tp=%d sp=%d cp=%d ep=%d: %s\n", prog, tp, sp, cp, ep, cx.err);
     ir_module_free(m);

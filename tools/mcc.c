@@ -53,7 +53,8 @@ static void usage(FILE *f) {
           "                         (default: the parallel block's, else 1; mrun adapts a plan to any dp)\n"
           "  --no-zero              no distributed optimizer: every dp rank keeps whole Adam moments\n"
           "  --cp N                 context parallel size (sequence split over cp ranks, causal load balancing)\n"
-          "  --cp-attn ring|allgather  fused attention under cp: k/v passed in a ring (default) or all-gathered\n"
+          "  --cp-attn ring|allgather|a2a  fused attention under cp: k/v passed in a ring (default),\n"
+          "                         all-gathered, or all-to-all to head-split layouts (Ulysses)\n"
           "  --decode               also the generation blocks prefill and step with a KV cache (pass decode,\n"
           "                         docs/generation.md; mrun --generate derives them itself when missing)\n"
           "  --ep N                 expert parallel size (dims ruled to ep, e.g. experts, split over ep ranks)\n"
@@ -363,9 +364,11 @@ static int parse_args(int argc, char **argv, Args *a) {
     }
     if (strcmp(s, "--cp-attn") == 0) {
       NEED_ARG(s);
-      if (strcmp(next, "ring") && strcmp(next, "allgather"))
-        return usage_error("--cp-attn must be ring or allgather, got '%s'", next);
-      a->cx->cp_attn_allgather = strcmp(next, "allgather") == 0;
+      if (strcmp(next, "ring") && strcmp(next, "allgather") && strcmp(next, "a2a"))
+        return usage_error("--cp-attn must be ring, allgather or a2a, got '%s'", next);
+      a->cx->cp_attn = !strcmp(next, "allgather") ? PASS_CP_ATTN_ALLGATHER
+                     : !strcmp(next, "a2a")       ? PASS_CP_ATTN_A2A
+                                                  : PASS_CP_ATTN_RING;
       continue;
     }
     if (strcmp(s, "--emit=llvm") == 0) { NEED_ARG(s); a->llvm_dir = next; continue; }
@@ -918,7 +921,7 @@ static IrModule *compile_quiet(const Args *a, const MdlOptions *o, int dp) {
   /* auto's budget is per rank of the layout: the one-rank comparison
    * recomputes the cheap values only (the numbers are the same either way) */
   if (a->cx->recompute != PASS_RECOMPUTE_AUTO) cx.recompute = a->cx->recompute;
-  cx.cp_attn_allgather = a->cx->cp_attn_allgather;
+  cx.cp_attn = a->cx->cp_attn;
   IrModule *m = compile(a, o, dp, &cx, NULL);
   pass_ctx_free(&cx);
   return m;
@@ -1529,7 +1532,7 @@ static IrModule *auto_compile(void *ctx, const AlLayout *l, const char *stack, i
   cx.no_fuse = a->cx->no_fuse;
   cx.regather = a->cx->regather;
   cx.activation_budget = a->cx->activation_budget;
-  cx.cp_attn_allgather = a->cx->cp_attn_allgather;
+  cx.cp_attn = a->cx->cp_attn;
   cx.recompute = l->recompute;
   cx.pp_layers = pp_layers;
   cx.pp_nlayers = npp_layers;

@@ -14,11 +14,16 @@
  * a value replicated over cp (after an all_gather) is in plain global
  * order, and only kernels that map local to global indices (causal_mask,
  * rope, dropout, the data feed) and the cp collectives (all_gather,
- * reduce_scatter, shard_slice) know about it. */
+ * reduce_scatter, shard_slice) know about it.
+ *
+ * All-to-all context parallelism (docs/sharding.md "All-to-all attention")
+ * splits the heads over cp the other way: contiguous, and innermost
+ * (IR_SPLIT_CP_MINOR: each tp rank's heads cut in cp blocks), so there the
+ * cp level is an ordinary block, taken last. */
 #include "kernels.h"
 
 int rt_cp_zigzag(const RtRank *r, unsigned mask) {
-  return (mask & (1u << IR_AXIS_CP)) && rt_rank_axis_size(r, IR_AXIS_CP) > 1;
+  return (mask & (1u << IR_AXIS_CP)) && !ir_split_cp_minor(mask) && rt_rank_axis_size(r, IR_AXIS_CP) > 1;
 }
 
 int64_t rt_global_index(const RtRank *r, unsigned mask, int64_t L, int64_t j) {
@@ -27,8 +32,14 @@ int64_t rt_global_index(const RtRank *r, unsigned mask, int64_t L, int64_t j) {
 
 int64_t rt_global_index_at(const RtRank *r, unsigned mask, int64_t L, int64_t j, int cp_coord) {
   int64_t g = j, span = L;
+  int minor = ir_split_cp_minor(mask);
+  if (minor) {   /* cp innermost, contiguous */
+    int c = cp_coord >= 0 ? cp_coord : r->coord[IR_AXIS_CP];
+    g += (int64_t)c * span;
+    span *= rt_rank_axis_size(r, IR_AXIS_CP);
+  }
   for (int a = IR_AXIS_COUNT - 1; a >= 0; a--) {   /* inner to outer */
-    if (!(mask & (1u << a))) continue;
+    if (!(mask & (1u << a)) || (minor && a == IR_AXIS_CP)) continue;
     int S = rt_rank_axis_size(r, (IrAxis)a);
     int c = a == IR_AXIS_CP && cp_coord >= 0 ? cp_coord : r->coord[a];
     if (a == IR_AXIS_CP && S > 1) {
@@ -60,12 +71,18 @@ void rt_cp_reorder(void *dst, const void *src, int64_t outer, int S, int64_t L, 
 
 int64_t rt_shard_block(const RtRank *r, unsigned mask, int64_t *nblk) {
   int64_t b = 0, n = 1;
-  for (int a = 0; a < IR_AXIS_COUNT; a++)   /* IrAxis order is outer to inner */
-    if (mask & (1u << a)) {
+  int minor = ir_split_cp_minor(mask);
+  for (int a = 0; a < IR_AXIS_COUNT; a++)   /* IrAxis order is outer to inner (cp* last) */
+    if ((mask & (1u << a)) && !(minor && a == IR_AXIS_CP)) {
       int sz = rt_rank_axis_size(r, (IrAxis)a);
       b = b * sz + r->coord[a];
       n *= sz;
     }
+  if (minor) {
+    int sz = rt_rank_axis_size(r, IR_AXIS_CP);
+    b = b * sz + r->coord[IR_AXIS_CP];
+    n *= sz;
+  }
   if (nblk) *nblk = n;
   return b;
 }

@@ -173,7 +173,8 @@ void rt_shard_offsets(const RtRank *r, const IrSharding *sh, const IrType *t,
  * rt_cp_zigzag: whether a dim split by `mask` is laid out so;
  * rt_global_index: the GLOBAL index of local index j of a dim of local
  * length L split by the axes in mask (contiguous blocks, outer axis major,
- * except the zigzag at the cp level);
+ * except the zigzag at the cp level; with IR_SPLIT_CP_MINOR the cp level is
+ * contiguous and innermost);
  * rt_cp_reorder: x[outer, S*L, inner] between the cp coordinates' blocks
  * in coordinate order (what an all_gather concatenates) and global order
  * (to_global 1), or back (0).  L must be even. */

@@ -22,7 +22,30 @@
 static void *xalloc0(size_t n) { return ts_xcalloc(n ? n : 1, 1); }
 
 /* ---- all_to_all: x cut along dim `split` into S blocks; block j goes to
- * rank j; the received blocks are concatenated along dim `concat`. ---- */
+ * rank j; the received blocks are concatenated along dim `concat`.  Along
+ * cp a dim whose cp level is the zigzag (cp_layout.c) is cut and joined as
+ * all_gather / shard_slice do: when the result's split dim is a zigzag,
+ * block j is chunks j and 2S-1-j of the split dim; when the operand's
+ * concat dim is one, the block from rank j lands at those chunks
+ * (all-to-all attention: a sequence split by the zigzag becomes whole, in
+ * global order, and back). ---- */
+
+/* Whether dim d split by mask is a cp zigzag for this collective along ax;
+ * -1 (with a message) where it cannot be handled. */
+static int a2a_zigzag(RtKctx *k, IrAxis ax, unsigned mask, int d, int64_t L) {
+  if (ax != IR_AXIS_CP || !rt_cp_zigzag(k->env->rank, mask)) return 0;
+  if (mask & ((1u << IR_AXIS_EP) | (1u << IR_AXIS_TP)))
+    return rt_kfail(k, "dim %d is also split inside cp: the cp zigzag needs cp innermost here", d);
+  if (L % 2) return rt_kfail(k, "the cp block of dim %d has odd length %lld: causal load balancing needs 2 chunks per rank", d, (long long)L);
+  return 1;
+}
+
+/* x's dims as [outer, len, inner] around dim d */
+static void dims3(const int64_t *dims, int r, int d, int64_t *outer, int64_t *inner) {
+  *outer = *inner = 1;
+  for (int i = 0; i < d; i++) *outer *= dims[i];
+  for (int i = d + 1; i < r; i++) *inner *= dims[i];
+}
 
 /* Copies the sub-tensor of t (dims[], rank r, elements of es bytes) with
  * index range [lo, lo+n) along dim d between the whole tensor `full` and
@@ -54,11 +77,21 @@ int ref_ALL_TO_ALL(RtKctx *k) {
   if (xt->dim[sd] % S) return rt_kfail(k, "dim %d of %s is not divisible by %d ranks", sd, rt_tstr(xt, 0), S);
   size_t es = ir_dtype_size(dt), n = (size_t)ir_type_numel(xt), blk = n / (size_t)S;
   if (!g) { memcpy(k->out, k->in[0], n * es); return 0; }
-  /* pack the send blocks contiguously; i32 travels as f64 (exact) */
-  char *snd = xalloc0(n * es), *rcv = xalloc0(n * es);
-  int64_t L = xt->dim[sd] / S;
+  int64_t L = xt->dim[sd] / S, Lc = xt->dim[cd], o3, i3;
+  int zs = a2a_zigzag(k, ax, k->n->sh.split[sd], sd, L), zc = a2a_zigzag(k, ax, rt_kin_sh(k, 0)->split[cd], cd, Lc);
+  if (zs < 0 || zc < 0) return -1;
+  /* pack the send blocks contiguously (the zigzag's chunks put in
+   * coordinate order first); i32 travels as f64 (exact) */
+  char *snd = xalloc0(n * es), *rcv = xalloc0(n * es), *ord = NULL;
+  const char *x = k->in[0];
+  if (zs) {
+    ord = xalloc0(n * es);
+    dims3(xt->dim, r, sd, &o3, &i3);
+    rt_cp_reorder(ord, x, o3, S, L, i3, es, 0);
+    x = ord;
+  }
   for (int j = 0; j < S; j++)
-    block_copy(xt->dim, r, sd, j * L, L, es, (char *)(uintptr_t)k->in[0], snd + (size_t)j * blk * es, 1);
+    block_copy(xt->dim, r, sd, j * L, L, es, (char *)(uintptr_t)x, snd + (size_t)j * blk * es, 1);
   IrDtype wire = dt == IR_I32 ? IR_F64 : dt;
   double *ws = NULL, *wr = NULL;
   if (dt == IR_I32) {
@@ -76,9 +109,16 @@ int ref_ALL_TO_ALL(RtKctx *k) {
     bd[sd] /= S;
     od[sd] /= S;
     od[cd] *= S;
+    char *y = zc ? xalloc0(n * es) : k->out;   /* zigzag: coordinate order, then global */
     for (int j = 0; j < S; j++)
-      block_copy(od, r, cd, j * bd[cd], bd[cd], es, k->out, rcv + (size_t)j * blk * es, 0);
+      block_copy(od, r, cd, j * bd[cd], bd[cd], es, y, rcv + (size_t)j * blk * es, 0);
+    if (zc) {
+      dims3(od, r, cd, &o3, &i3);
+      rt_cp_reorder(k->out, y, o3, S, bd[cd], i3, es, 1);
+      free(y);
+    }
   }
+  free(ord);
   free(ws);
   free(wr);
   free(snd);

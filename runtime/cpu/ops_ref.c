@@ -787,6 +787,7 @@ int rt_all_gather_dim(RtComm *g, IrDtype dt, const void *x, void *y, int64_t out
 static int cp_zigzag_dim(RtKctx *k, IrAxis ax, int size, const IrSharding *sh, int64_t L) {
   if (ax != IR_AXIS_CP || size <= 1) return 0;
   int d = rt_axis(k->n->ia[1], k->it[0]->rank);
+  if (ir_split_cp_minor(sh->split[d])) return 0;   /* cp contiguous and innermost: an ordinary block */
   if (sh->split[d] & ((1u << IR_AXIS_EP) | (1u << IR_AXIS_TP)))
     return rt_kfail(k, "dim %d is also split inside cp: the cp zigzag needs cp innermost here", d);
   if (L % 2) return rt_kfail(k, "the cp block of dim %d has odd length %lld: causal load balancing needs 2 chunks per rank", d, (long long)L);

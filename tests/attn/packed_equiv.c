@@ -1,7 +1,7 @@
 /* packed_equiv.c - packed sequences against their documents one by one
  * (issue 22, deliverable 4), under mpirun with TP * CP ranks:
  *
- *   mpirun -np TP*CP packed_equiv MODEL TP SP CP L1 L2 ... [--break]
+ *   mpirun -np TP*CP packed_equiv MODEL TP SP CP L1 L2 ... [--break] [--a2a]
  *
  * MODEL declares tokens, targets, position_ids and document_ids
  * (tests/attn/packed.mdl).  Documents of lengths L1, L2, ... (summing to
@@ -15,7 +15,9 @@
  * partial sum over tp or cp all-reduced first) must agree within 1e-12
  * relative (to the gradient's largest entry, at least 1e-6 of the model's
  * largest gradient entry).  --break feeds the packed run document id 0 everywhere (one
- * document): the comparison must then fail, which shows the test can. */
+ * document): the comparison must then fail, which shows the test can.
+ * --a2a runs the packed model's attention under cp by all-to-all (mcc
+ * --cp-attn a2a) instead of the ring. */
 #include "../equiv.h"
 
 static const IrNode *input_node(const IrModule *m, const char *name) {
@@ -44,11 +46,12 @@ int main(int argc, char **argv) {
   char err[1024];
   RtComm *w = rt_comm_init_mpi(&argc, &argv, 60, err, sizeof err);
   if (!w) { fprintf(stderr, "packed_equiv: %s\n", err); return 1; }
-  if (argc < 6) { fprintf(stderr, "usage: packed_equiv MODEL TP SP CP L1 L2 ... [--break]\n"); return 2; }
+  if (argc < 6) { fprintf(stderr, "usage: packed_equiv MODEL TP SP CP L1 L2 ... [--break] [--a2a]\n"); return 2; }
   int TP = atoi(argv[2]), sp = atoi(argv[3]), CP = atoi(argv[4]), nd = 0, brk = 0, me = rt_comm_rank(w);
   int64_t len[16], T = 0;
   for (int i = 5; i < argc; i++) {
     if (strcmp(argv[i], "--break") == 0) brk = 1;
+    else if (strcmp(argv[i], "--a2a") == 0) equiv_cp_attn = PASS_CP_ATTN_A2A;
     else if (nd < 16) T += len[nd++] = atoll(argv[i]);
   }
   if (rt_comm_size(w) != TP * CP) { fprintf(stderr, "packed_equiv: run with -np %d\n", TP * CP); return 2; }

@@ -38,5 +38,5 @@ n=$(grep -cE ' = attention(_bwd)? ' <<<"$ag")
 n=$(grep -cE ' = all_gather .*axis=cp dim=2' <<<"$ag")
 [ "$n" -ge 4 ] || fail "allgather: $n all_gathers of k / v over cp, expected at least 4"
 err=$("$mcc" "$root/samples/llama.mdl" "${defs[@]}" --cp 2 --cp-attn sideways -o "$tmp/bad.plan" 2>&1) && fail "--cp-attn sideways accepted"
-grep -q "ring or allgather" <<<"$err" || fail "--cp-attn sideways: message '$err'"
+grep -q "ring, allgather or a2a" <<<"$err" || fail "--cp-attn sideways: message '$err'"
 echo "ok: the ring in IR steps under cp 2 (no fused node, no cp all_gather); allgather variant and refusal as expected"

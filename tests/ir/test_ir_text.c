@@ -309,6 +309,10 @@ static void test_parse_errors(void) {
     {"module m\nblock b {\n  %0 = input \"x\" : f32[2] junk\n}\nend\n", "e:3:27:", "expected end of line"},
     {"module m\nblock b {\n  %0 = input \"x\" : f32[99999999999999999999]\n}\nend\n", "e:3:24:", "out of range"},
     {"module m\nblock b {\n  %0 = input \"x\" : f32[2]\n  %1 = input \"x\" : f32[2]\n}\nend\n", "e:1:1:", "appears twice"},
+    /* the contiguous innermost cp level of a split (ir.h IR_SPLIT_CP_MINOR) */
+    {"module m\nblock b {\n  %0 = input \"x\" : f32[4, 2] {0:cp*+tp}\n}\nend\n", "e:3:33:", "cp* must be the last axis"},
+    {"module m\nblock b {\n  %0 = input \"x\" : f32[4, 2] {0:tp*}\n}\nend\n", "e:3:33:", "only cp takes a star"},
+    {"module m\nblock b {\n  %0 = input \"x\" : f32[4, 2] {partial:cp*}\n}\nend\n", "e:3:39:", "only cp takes a star"},
   };
   char err[512];
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -332,6 +336,48 @@ static void test_parse_errors(void) {
     CHECK(m != NULL, "no-end module: %s", err);
     ir_module_free(m);
   }
+}
+
+/* A split whose cp level is contiguous and innermost (all-to-all
+ * attention's head split, "1:tp+cp*") prints and parses back, and is not
+ * the zigzag split "1:cp+tp". */
+static void test_cp_minor_text(void) {
+  const char *text =
+      "module m\n"
+      "parallel tp=2 pp=1 cp=2 ep=1 dp=0 sp=0 zero=1\n"
+      "block micro {\n"
+      "  %0 = input \"q\" : f32[1, 4, 16, 8] {1:tp+cp*}\n"
+      "  %1 = input \"k\" : f32[1, 2, 16, 8] {1:cp*}\n"
+      "  %2 = input \"v\" : f32[1, 2, 16, 8] {1:cp+tp}\n"
+      "}\n"
+      "end\n";
+  char err[512];
+  IrModule *m = ir_parse_module(text, "cp_minor", err, sizeof err);
+  CHECK(m != NULL, "cp* text: %s", err);
+  if (!m) return;
+  const IrBlock *b = &m->blocks.a[0];
+  unsigned cp = 1u << IR_AXIS_CP, tp = 1u << IR_AXIS_TP;
+  CHECK(b->nodes[0].sh.split[1] == (cp | tp | IR_SPLIT_CP_MINOR), "1:tp+cp* parsed as 0x%x", b->nodes[0].sh.split[1]);
+  CHECK(b->nodes[1].sh.split[1] == (cp | IR_SPLIT_CP_MINOR), "1:cp* parsed as 0x%x", b->nodes[1].sh.split[1]);
+  CHECK(b->nodes[2].sh.split[1] == (cp | tp), "1:cp+tp parsed as 0x%x", b->nodes[2].sh.split[1]);
+  CHECK(!ir_sharding_equal(&b->nodes[0].sh, &b->nodes[2].sh), "tp+cp* equals cp+tp");
+  CHECK(ir_verify(m, err, sizeof err) == 0, "cp* text does not verify: %s", err);
+  StrBuf out = {0};
+  ir_print_module(m, &out);
+  for (int i = 0; i < 3; i++) {   /* the three nodes' lines, as written */
+    const char *line = strstr(text, i == 0 ? "  %0" : i == 1 ? "  %1" : "  %2");
+    char want[64];
+    snprintf(want, sizeof want, "%.*s", (int)(strchr(line, '\n') - line + 1), line);
+    CHECK(out.p && strstr(out.p, want), "cp* text does not print back '%s':\n%s", want, out.p ? out.p : "(null)");
+  }
+  IrModule *m2 = out.p ? ir_parse_module(out.p, "cp_minor2", err, sizeof err) : NULL;
+  StrBuf out2 = {0};
+  if (m2) ir_print_module(m2, &out2);
+  CHECK(m2 && out2.p && strcmp(out.p, out2.p) == 0, "print(parse(print)) differs: %s", err);
+  sb_free(&out2);
+  ir_module_free(m2);
+  sb_free(&out);
+  ir_module_free(m);
 }
 
 /* Every truncation of a valid module and many byte flips: the parser must
@@ -596,6 +642,7 @@ int main(int argc, char **argv) {
   test_all_ops_roundtrip();
   test_emit_roundtrip();
   test_parse_errors();
+  test_cp_minor_text();
   test_parse_mangled();
   test_verifier();
   test_verify_training();

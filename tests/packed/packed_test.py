@@ -10,7 +10,7 @@ Modes (one ctest each):
            each flag alone, all three, and none (0..T-1, all 0, all 1);
            the same on the byte corpus (EOD = newline) and --mock-data; the
            EOD id from --tokenizer; the flags change the losses
-  layouts  with all three flags, cp 2, dp 2, pp 2 and tp 2 + sp give the 1-rank
+  layouts  with all three flags, cp 2 (ring and all-to-all), dp 2, pp 2 and tp 2 + sp give the 1-rank
            losses and the 1-rank validation loss of the packed inputs (f64,
            1e-10; pp 2 through its eval.<g> blocks)
   refuse   a flag without an EOD id, a flag whose input the model does not
@@ -168,7 +168,8 @@ def mode_layouts():
     vref = val_losses("one")
     if len(vref) != 1 or not all(x == x and 0 < x < 100 for x in vref):
         fail("1 rank: validation losses %s, expected one finite value (step 2 of 3)" % vref)
-    for tag, extra in (("cp2", ["--cp", "2"]), ("dp2", []), ("pp2", ["--pp", "2"]), ("tp2sp", ["--tp", "2", "--sp"])):
+    for tag, extra in (("cp2", ["--cp", "2"]), ("cp2a2a", ["--cp", "2", "--cp-attn", "a2a"]), ("dp2", []),
+                       ("pp2", ["--pp", "2"]), ("tp2sp", ["--tp", "2", "--sp"])):
         got, _ = train(compile_plan(tag, *extra), tag, *(args + ev), gpus=2)
         if not close(got, ref):
             fail("%s: losses %s, 1 rank %s" % (tag, got, ref))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # explain.sh MCC SOURCE_DIR - mcc --report sharding (--explain-sharding):
-# for layouts of every kind (tp + sp + dp, cp ring and all-gather, the
+# for layouts of every kind (tp + sp + dp, cp ring, all-gather and all-to-all, the
 # composed attention under cp, pp, ep with tp, tp + cp + sp), every
 # communication node of the plan is listed with a note from the pass that
 # made it (none says "no note recorded"), the total equals --report comm's,
@@ -53,6 +53,8 @@ got=$(held --activation-budget $mid)
 check "llama cp2 ring" llama "ring attention under cp|ring attention's backward under cp" \
   "${tiny[@]}" -D kv_heads=2 -D ffn=128 --cp 2
 check "llama cp2 allgather" llama "reads the" "${tiny[@]}" -D kv_heads=2 -D ffn=128 --cp 2 --cp-attn allgather
+check "llama cp2 a2a" llama "the sequence-split operand exchanged for this rank's heads|the result, head-split over the whole sequence, exchanged back|the gradient, head-split over the whole sequence, exchanged back" \
+  "${tiny[@]}" -D kv_heads=2 -D ffn=128 --cp 2 --cp-attn a2a
 check "gpt cp2 composed attention" gpt "gathering the first sends [0-9]* bytes, the second [0-9]*" \
   "${tiny[@]}" -D dropout=0.1 --cp 2
 check "gpt pp2" gpt "pipeline: the forward value|pipeline: the backward value|token_embedding.wte is read on several pipeline stages" \
