@@ -46,7 +46,9 @@ typedef struct {
 
 const char *al_layout_str(const AlLayout *l, char *buf, size_t n) {
   size_t k = (size_t)snprintf(buf, n, "tp=%d%s", l->tp, l->sp ? " sp" : "");
-  if (l->cp > 1 && k < n) k += (size_t)snprintf(buf + k, n - k, " cp=%d", l->cp);
+  if (l->cp > 1 && k < n)
+    k += (size_t)snprintf(buf + k, n - k, " cp=%d%s", l->cp, l->cp_attn == PASS_CP_ATTN_A2A ? " a2a"
+                                                          : l->cp_attn == PASS_CP_ATTN_ALLGATHER ? " allgather" : "");
   if (l->ep > 1 && k < n) k += (size_t)snprintf(buf + k, n - k, " ep=%d", l->ep);
   if (k < n) k += (size_t)snprintf(buf + k, n - k, " pp=%d", l->pp);
   if (l->pp > 1 && l->vpp > 1 && k < n) k += (size_t)snprintf(buf + k, n - k, " vpp=%d", l->vpp);
@@ -462,19 +464,24 @@ int al_search(const IrModule *f, const AlCompiler *c, const AlOptions *o, StrBuf
       for (int cp = 1; (int64_t)tp * cp <= N && cp <= 16 && (cp == 1 || (use_cp && seq % (2 * cp) == 0)); cp *= 2)
         for (int ep = 1; (int64_t)tp * cp * ep <= N && (ep == 1 || use_ep); ep *= 2) {
           if (N % (tp * cp * ep)) continue;
-          for (int rc = 0; rc < 2; rc++) {
-            KeyCost kc;
-            memset(&kc, 0, sizeof kc);
-            kc.key = (AlLayout){tp, sp, cp, ep, 1, 1, 1, 1, (int)mb0, rc ? PASS_RECOMPUTE_FULL : PASS_RECOMPUTE_NONE,
-                                PIPE_1F1B};
-            char why[1024];
-            ncopies++;
-            if (key_cost(f, stack, c, hw, o->fixed_mb, &kc, why, sizeof why) != 0) {
-              refusal(&ref, &kc.key, why);
-              break;   /* the same refusal with recompute */
+          /* under cp, the attention's form: ring and all-to-all (the
+           * all-gather form sends no less than the ring), or the user's */
+          int forms[2] = {PASS_CP_ATTN_RING, PASS_CP_ATTN_A2A}, nforms = cp > 1 ? 2 : 1;
+          if (o->cp_attn >= 0) forms[0] = o->cp_attn, nforms = 1;
+          for (int fi = 0; fi < nforms; fi++)
+            for (int rc = 0; rc < 2; rc++) {
+              KeyCost kc;
+              memset(&kc, 0, sizeof kc);
+              kc.key = (AlLayout){tp, sp, cp, ep, 1, 1, 1, 1, (int)mb0, rc ? PASS_RECOMPUTE_FULL : PASS_RECOMPUTE_NONE,
+                                  cp > 1 ? forms[fi] : PASS_CP_ATTN_RING, PIPE_1F1B};
+              char why[1024];
+              ncopies++;
+              if (key_cost(f, stack, c, hw, o->fixed_mb, &kc, why, sizeof why) != 0) {
+                refusal(&ref, &kc.key, why);
+                break;   /* the same refusal with recompute */
+              }
+              VEC_PUSH(keys, kc);
             }
-            VEC_PUSH(keys, kc);
-          }
         }
   double t_a = ts_now_s() - t0;
 
@@ -498,9 +505,9 @@ int al_search(const IrModule *f, const AlCompiler *c, const AlOptions *o, StrBuf
           if (pp > 1 && vpp == 1 && nmicro < pp) continue;
           if (vpp > 1 && nmicro % pp) continue;
           for (int zero = 1; zero >= (dp > 1 ? 0 : 1); zero--) {   /* ZeRO-1, and without it */
-            Cand cd = {{k->key.tp, k->key.sp, k->key.cp, k->key.ep, pp, vpp, dp, zero, (int)mb, k->key.recompute,
-                        sched}, k, 0, 0, 0, 0};
-            int e = estimate(f, hw, L, 1.25 * best_fit, &cd);
+              Cand cd = {{k->key.tp, k->key.sp, k->key.cp, k->key.ep, pp, vpp, dp, zero, (int)mb, k->key.recompute,
+                        k->key.cp_attn, sched}, k, 0, 0, 0, 0};
+            int e = estimate(f, hw, L, 1.15 * best_fit, &cd);
             if (e > 0) pruned++;
             if (e != 0) continue;
             cd.fits = cd.memory <= limit;
@@ -550,7 +557,7 @@ int al_search(const IrModule *f, const AlCompiler *c, const AlOptions *o, StrBuf
             (long long)gb, L, stack);
   sb_printf(out, "# stage A: %d intra-layer layouts (tp, sp, cp, ep, recompute) costed from 5-layer copies (two each) in %.2f s, "
                  "%d whole layouts costed from them in %.2f s (%d fit by that estimate; %d more not simulated: their compute "
-                 "alone is over 1.25 x the best)\n",
+                 "alone is over 1.15 x the best)\n",
             ncopies, t_a, cands.n, t_cost, nfit, pruned);
   sb_printf(out, "# stage B: %d compiled whole in %.2f s (%d over the memory); ranked by mcc --report time's "
                  "prediction, memory as --report memory counts it (the fullest rank)\n", tried, t_b, over);
@@ -577,7 +584,9 @@ int al_search(const IrModule *f, const AlCompiler *c, const AlOptions *o, StrBuf
     *best = res[0];
     sb_printf(out, "chosen: %s (mcc flags: --tp %d%s --pp %d", al_layout_str(&res[0].l, lay, sizeof lay), res[0].l.tp,
               res[0].l.sp ? " --sp" : "", res[0].l.pp);
-    if (res[0].l.cp > 1) sb_printf(out, " --cp %d", res[0].l.cp);
+    if (res[0].l.cp > 1)
+      sb_printf(out, " --cp %d%s", res[0].l.cp, res[0].l.cp_attn == PASS_CP_ATTN_A2A ? " --cp-attn a2a"
+                                               : res[0].l.cp_attn == PASS_CP_ATTN_ALLGATHER ? " --cp-attn allgather" : "");
     if (res[0].l.ep > 1) sb_printf(out, " --ep %d", res[0].l.ep);
     if (res[0].l.vpp > 1) sb_printf(out, " --vpp %d", res[0].l.vpp);
     sb_printf(out, " --dp %d%s", res[0].l.dp, res[0].l.dp > 1 && !res[0].l.zero ? " --no-zero" : "");

@@ -28,6 +28,7 @@
 typedef struct {
   int tp, sp, cp, ep, pp, vpp, dp, zero, mb;
   int recompute;             /* PassRecompute */
+  int cp_attn;               /* PassCpAttn, with cp > 1 */
   PipeSchedKind sched;       /* with pp > 1 */
 } AlLayout;
 
@@ -50,6 +51,7 @@ typedef struct {
   int fixed_mb;              /* the micro batch cannot be changed (no config key micro_batch): 1 */
   double budget_s;           /* stage B stops compiling after this many seconds in all (0: 8) */
   int top;                   /* layouts printed (0: 5) */
+  int cp_attn;               /* the user's --cp-attn (PassCpAttn), or -1: ring and a2a are searched */
 } AlOptions;
 
 typedef struct {

@@ -174,6 +174,7 @@ typedef struct {
   int recompute_given;       /* --recompute was given (else --memory-budget implies auto) */
   int keep_gathered;         /* --keep-gathered (the default; refused with --regather / --activation-budget) */
   int auto_layout;           /* --auto-layout (tools/autolayout.h) */
+  int cp_attn_given;         /* --cp-attn was given (--auto-layout then keeps it) */
   unsigned long long memory; /* --memory BYTES: per GPU, for --auto-layout (0: the description's HBM) */
 } Args;
 
@@ -369,6 +370,7 @@ static int parse_args(int argc, char **argv, Args *a) {
       a->cx->cp_attn = !strcmp(next, "allgather") ? PASS_CP_ATTN_ALLGATHER
                      : !strcmp(next, "a2a")       ? PASS_CP_ATTN_A2A
                                                   : PASS_CP_ATTN_RING;
+      a->cp_attn_given = 1;
       continue;
     }
     if (strcmp(s, "--emit=llvm") == 0) { NEED_ARG(s); a->llvm_dir = next; continue; }
@@ -1532,7 +1534,7 @@ static IrModule *auto_compile(void *ctx, const AlLayout *l, const char *stack, i
   cx.no_fuse = a->cx->no_fuse;
   cx.regather = a->cx->regather;
   cx.activation_budget = a->cx->activation_budget;
-  cx.cp_attn = a->cx->cp_attn;
+  cx.cp_attn = l->cp_attn;
   cx.recompute = l->recompute;
   cx.pp_layers = pp_layers;
   cx.pp_nlayers = npp_layers;
@@ -1559,7 +1561,7 @@ static int run_auto_layout(const Args *a) {
   for (int i = 0; i < a->config_sets.n; i++) user_mb |= a->config_sets.a[i].name == mbk;
   AutoCtx ac = {a, !has_mb || user_mb};
   AlCompiler c = {&ac, auto_compile, llvm_positions, NULL};
-  AlOptions o = {a->gpus, &hw, (double)a->memory, ac.fixed_mb, 0, 0};
+  AlOptions o = {a->gpus, &hw, (double)a->memory, ac.fixed_mb, 0, 0, a->cp_attn_given ? a->cx->cp_attn : -1};
   StrBuf b = {0};
   AlResult best;
   IrModule *w = NULL;

@@ -69,6 +69,8 @@ def flags_of(layout):
             f += ["--schedule", tok]
         elif tok == "no-zero":
             f.append("--no-zero")
+        elif tok in ("a2a", "allgather"):
+            f += ["--cp-attn", tok]
     return f
 
 
