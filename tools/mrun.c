@@ -133,6 +133,9 @@ typedef struct {
   int has_split;
   const char *tokenizer;      /* --tokenizer PATH: where the EOD id comes from (unless --eod-id) */
   int64_t eod_id;             /* --eod-id N; -1: not given */
+  int64_t dp_bucket_bytes;    /* --dp-bucket-size BYTES (0: the default); --ddp-bucket-size N: N elements */
+  int64_t dp_bucket_elems;
+  int no_overlap;             /* --no-overlap-grad-reduce */
   int64_t eval_interval, eval_iters;  /* --eval-interval, --eval-iters (-1: not given) */
   int eval_test;              /* --test */
   int no_prefetch;            /* --no-prefetch */
@@ -362,6 +365,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(arg, "--generate") == 0) { a->generate = 1; continue; }
     if (strcmp(arg, "--generate-check") == 0) { a->generate = a->generate_check = 1; continue; }
     if (strcmp(arg, "--print-ids") == 0) { a->print_ids = 1; continue; }
+    if (strcmp(arg, "--no-overlap-grad-reduce") == 0) { a->no_overlap = 1; continue; }
+    if (strcmp(arg, "--overlap-grad-reduce") == 0) { a->no_overlap = 0; continue; }   /* Megatron's; the default */
     if (strncmp(arg, "--data-path", 11) == 0 && (arg[11] == 0 || arg[11] == '=')) {
       if (parse_data_path(argc, argv, &i, a) != 0) return -1;
       continue;
@@ -380,7 +385,8 @@ static int parse_args(int argc, char **argv, Args *a) {
                                          "--keep", "--load", "--init-from", "--export", "--format", "--hf-map",
                                          "--split", "--data-cache-path", "--eod-id", "--tokenizer", "--eval-interval",
                                          "--eval-iters", "--prompt", "--prompt-file", "--max-tokens",
-                                         "--temperature", "--top-k", "--top-p", NULL};
+                                         "--temperature", "--top-k", "--top-p", "--dp-bucket-size",
+                                         "--ddp-bucket-size", NULL};
     int known = 0;
     for (int k = 0; valued[k]; k++) known |= strlen(valued[k]) == nl && strncmp(arg, valued[k], nl) == 0;
     if (!known) { fprintf(stderr, "mrun: unknown option '%.*s'\n%s", (int)nl, arg, usage); return -1; }
@@ -446,6 +452,11 @@ static int parse_args(int argc, char **argv, Args *a) {
       if (parse_count(name, val, 0, 1 << 30, &a->eval_iters)) return -1;
     }
     else if (strcmp(name, "--metrics") == 0) a->metrics = val;
+    else if (strcmp(name, "--dp-bucket-size") == 0) {
+      if (parse_count(name, val, 1, (int64_t)1 << 50, &a->dp_bucket_bytes)) return -1;
+    } else if (strcmp(name, "--ddp-bucket-size") == 0) {   /* Megatron's, in elements */
+      if (parse_count(name, val, 1, (int64_t)1 << 47, &a->dp_bucket_elems)) return -1;
+    }
     else if (strcmp(name, "--prompt") == 0) a->prompt = val;
     else if (strcmp(name, "--prompt-file") == 0) a->prompt_file = val;
     else if (strcmp(name, "--max-tokens") == 0) {
@@ -1046,6 +1057,16 @@ static void print_done(const Args *a, const RtTrainResult *res) {
     printf("mrun: %lld checkpoint%s during training (%s): training waited %.3f s per save%s", (long long)res->timed_saves,
            res->timed_saves > 1 ? "s" : "", a->ckpt.async ? "asynchronous" : "synchronous",
            res->save_stall_s / (double)res->timed_saves, a->ckpt.async ? "" : "\n");
+  if (!a->quiet && res->dp_buckets > 0)
+    printf("mrun: dp reduction: %lld buckets (%lld gradients) issued during the last micro batch's backward; "
+           "posting them took %.3f ms and the update waited %.3f ms for them (per step: %.3f ms); %lld dp "
+           "collectives waited for in the update block, %.3f ms\n", res->dp_buckets, res->dp_grads,
+           res->dp_post_s * 1e3, res->dp_wait_s * 1e3, res->steps ? res->dp_wait_s * 1e3 / (double)res->steps : 0,
+           res->dp_blocking, res->dp_blocking_s * 1e3);
+  else if (!a->quiet && res->dp_blocking > 0)
+    printf("mrun: dp reduction: %lld dp collectives waited for in the update block, %.3f ms (per step: %.3f ms)\n",
+           res->dp_blocking, res->dp_blocking_s * 1e3,
+           res->steps ? res->dp_blocking_s * 1e3 / (double)res->steps : 0);
   if (!a->quiet && res->graphs > 0)
     printf("mrun: CUDA graphs: %d block%s captured, %lld graph launches\n", res->graphs, res->graphs > 1 ? "s" : "",
            res->graph_launches);
@@ -1203,7 +1224,7 @@ static void args_free(Args *a) {
 /* The run parse_args asked for: its exit status. */
 static int run(int argc, char **argv, Args *a) {
   if (a->selftest) return run_selftest();
-  RtExecOpts xo = {.backend = a->backend};
+  RtExecOpts xo = {.backend = a->backend, .dp_bucket_bytes = a->dp_bucket_elems ? -a->dp_bucket_elems : a->dp_bucket_bytes, .no_overlap = a->no_overlap};
   rt_exec_set_default(&xo);   /* what rt_train's program uses */
   if (under_launcher()) return run_rank(&argc, &argv, a);
   if (a->gpus > 1) {

@@ -46,6 +46,7 @@
 #include "dev_priv.h"
 #include "runtime/comm/comm.h"
 #include "plan/memplan.h"
+#include "plan/dpreduce.h"
 #include "runtime/cpu/par.h"
 #include <math.h>
 #include <stdarg.h>
@@ -115,7 +116,26 @@ struct RtProgram {
                                memory, the slab has a device copy (dslab) the blocks work on */
   unsigned char *dslab;
   RtDevBlockRun *dgr;       /* per block: staging buffers, pending outputs, its captured graph */
+  /* the overlapped dp gradient reduction (plan/dpreduce.h; "Overlapped dp
+   * reduction" below): the buckets, and per bucket its run state */
+  PlanDpPlan dpr;
+  struct RtDpRun *dpb;
+  int dpr_inflight;         /* buckets posted and not yet complete */
+  long long dp_buckets, dp_grads, dp_blocking;
+  double dp_wait_s, dp_post_s, dp_blocking_s;
 };
+
+/* A bucket's buffers and request.  buf: the packed gradients (all-reduce:
+ * reduced in place; reduce-scatter: the send side [dp][count]); recv: a
+ * reduce-scatter's result [count].  at: the position of walk_block after
+ * which it is posted (the kernel running its last write), -1 until known.
+ * posted: in flight or complete and not yet read by the update block;
+ * left: its gradients the update block has not read yet. */
+typedef struct RtDpRun {
+  void *buf, *recv;
+  RtCommReq *req;
+  int at, posted, left;
+} RtDpRun;
 
 /* A device program's per-block run state.  Feeds go through host staging
  * buffers that stay put (a captured graph copies from them when it
@@ -133,6 +153,7 @@ struct RtDevBlockRun {
 };
 
 static int plan_memory(RtProgram *p, char *err, size_t errlen);
+static int dp_overlap_setup(RtProgram *p, char *err, size_t errlen);
 static void print_memory(const RtProgram *p);
 
 /* ---- TS_RT_PROFILE on a device: CUDA events around every launch ---- */
@@ -420,6 +441,12 @@ void rt_program_exec_stats(const RtProgram *p, RtExecStats *s) {
   if (p->dx) rt_dev_exec_comm_stats(p->dx, &s->dev_collectives, &s->dev_overlapped);
   s->stash_handed = p->stash_handed;
   s->stash_copied = p->stash_copied;
+  s->dp_buckets = p->dp_buckets;
+  s->dp_grads = p->dp_grads;
+  s->dp_wait_s = p->dp_wait_s;
+  s->dp_post_s = p->dp_post_s;
+  s->dp_blocking = p->dp_blocking;
+  s->dp_blocking_s = p->dp_blocking_s;
   for (int b = 0; p->dgr && b < p->m->blocks.n; b++) {
     s->graphs += p->dgr[b].graph != NULL;
     s->graph_launches += p->dgr[b].launches;
@@ -557,7 +584,8 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
     rt_program_free(p);
     return NULL;
   }
-  if (plan_memory(p, err, errlen) != 0 || (o->dev && device_setup(p, err, errlen) != 0)) {
+  if (plan_memory(p, err, errlen) != 0 || (o->dev && device_setup(p, err, errlen) != 0) ||
+      dp_overlap_setup(p, err, errlen) != 0) {
     rt_program_free(p);
     return NULL;
   }
@@ -603,6 +631,14 @@ void rt_program_free(RtProgram *p) {
   free(p->mem);
   if (p->arena) RT_UNPOISON(p->arena, p->arena_bytes);
   free(p->arena);
+  for (int k = 0; p->dpb && k < p->dpr.nb; k++) {
+    char why[256];
+    rt_comm_coll_wait(&p->dpb[k].req, why, sizeof why);   /* nothing posted may outlive its buffers */
+    free(p->dpb[k].buf);
+    free(p->dpb[k].recv);
+  }
+  free(p->dpb);
+  plan_dp_free(&p->dpr);
   rt_jit_free(p->jit);
   rt_pipe_free(p->env.pipe);
   rt_ring_free(p->env.ring);
@@ -744,6 +780,126 @@ static void print_memory(const RtProgram *p) {
             p->rank.coord[IR_AXIS_DP], p->rank.coord[IR_AXIS_PP], p->rank.coord[IR_AXIS_CP],
             p->rank.coord[IR_AXIS_EP], p->rank.coord[IR_AXIS_TP], p->m->blocks.a[b].name,
             (long long)p->mem[b].runs, p->mem[b].used, p->mem[b].live, p->mem[b].held);
+}
+
+/* ---- Overlapped dp reduction ----
+ * On CPU ranks with dp > 1 (unless RtExecOpts.no_overlap), the gradients
+ * plan/dpreduce.h puts in buckets are reduced over dp while the last micro
+ * batch's backward still runs: once the position completing a bucket's
+ * last gradient has run (walk_block), its gradients are packed from the
+ * slab into the bucket's buffer and its collective is posted without
+ * waiting (MPI_Iallreduce / MPI_Ireduce_scatter_block); every later
+ * position polls the requests in flight (MPI moves data only inside its
+ * calls).  The update block's dp collective of such a gradient then waits
+ * for its bucket and copies its part out, instead of communicating; the
+ * summands are the same, each element summed over the same ranks.  A
+ * bucket not posted (a caller that never says RtRunInfo.last) leaves the
+ * update block's collectives to run as written. */
+static int dp_overlap_setup(RtProgram *p, char *err, size_t errlen) {
+  if (p->opts.no_overlap || p->dx || p->opts.dev || rt_rank_axis_size(&p->rank, IR_AXIS_DP) <= 1 ||
+      !p->rank.group[IR_AXIS_DP] || rt_comm_is_nccl(p->rank.group[IR_AXIS_DP]))
+    return 0;
+  int64_t bytes = p->opts.dp_bucket_bytes;
+  if (bytes < 0) bytes = -bytes * (int64_t)ir_dtype_size(p->m->train.precision);   /* given in elements */
+  if (plan_dp_buckets(p->m, bytes, &p->dpr, err, errlen) != 0) return -1;
+  p->dpb = ts_xcalloc((size_t)p->dpr.nb + 1, sizeof *p->dpb);
+  int dp = p->dpr.dp;
+  for (int k = 0; k < p->dpr.nb; k++) {
+    const PlanDpBucket *b = &p->dpr.b[k];
+    size_t es = ir_dtype_size(b->dt);
+    int rs = b->op == IR_OP_REDUCE_SCATTER;
+    p->dpb[k].buf = ts_xcalloc((size_t)b->count * (rs ? (size_t)dp : 1) + 1, es);
+    p->dpb[k].recv = rs ? ts_xcalloc((size_t)b->count + 1, es) : NULL;
+    p->dpb[k].at = -1;
+  }
+  return 0;
+}
+
+/* Bucket k's gradients from the slab into its buffer, then its collective
+ * posted.  0 or -1 with a message. */
+static int dp_post(RtProgram *p, int k, char *msg, size_t n) {
+  const PlanDpBucket *b = &p->dpr.b[k];
+  RtDpRun *r = &p->dpb[k];
+  size_t es = ir_dtype_size(b->dt);
+  int dp = p->dpr.dp;
+  double t0 = ts_now_s();
+  char *buf = r->buf;
+  for (int j = b->first; j < b->first + b->n; j++) {
+    const PlanDpGrad *g = &p->dpr.g[j];
+    const char *src = (const char *)rt_state_data(p, g->state);
+    if (b->op == IR_OP_ALL_REDUCE) {
+      memcpy(buf + (size_t)g->off * es, src, (size_t)g->n * es);
+      continue;
+    }
+    for (int q = 0; q < dp; q++) {   /* chunk q of the gradient, zero past its end */
+      int64_t lo = (int64_t)q * g->c, hi = lo + g->c < g->n ? lo + g->c : g->n;
+      char *dst = buf + ((size_t)q * (size_t)b->count + (size_t)g->off) * es;
+      size_t have = hi > lo ? (size_t)(hi - lo) : 0;
+      if (have) memcpy(dst, src + (size_t)lo * es, have * es);
+      if (have < (size_t)g->c) memset(dst + have * es, 0, ((size_t)g->c - have) * es);
+    }
+  }
+  RtComm *c = p->rank.group[IR_AXIS_DP];
+  int rc = b->op == IR_OP_ALL_REDUCE ? rt_comm_iall_reduce(c, b->dt, buf, (size_t)b->count, &r->req, msg, n)
+                                     : rt_comm_ireduce_scatter(c, b->dt, buf, r->recv, (size_t)b->count, &r->req, msg, n);
+  if (rc != 0) return -1;
+  r->posted = 1;
+  r->left = b->n;
+  p->dpr_inflight++;
+  p->dp_buckets++;
+  p->dp_grads += b->n;
+  p->dp_post_s += ts_now_s() - t0;
+  return 0;
+}
+
+/* After position i of block bi ran on a last micro batch: posts the
+ * buckets it completes; polls those in flight. */
+static int dp_after(RtProgram *p, int bi, int i, const RtJitBlock *jb, const RtRunInfo *info, char *msg, size_t n) {
+  if (p->dpr_inflight)
+    for (int k = 0; k < p->dpr.nb; k++)
+      if (p->dpb[k].req && rt_comm_test(&p->dpb[k].req)) p->dpr_inflight--;
+  if (!info->last) return 0;
+  for (int k = 0; k < p->dpr.nb; k++) {
+    const PlanDpBucket *b = &p->dpr.b[k];
+    RtDpRun *r = &p->dpb[k];
+    if (b->wblock != bi || r->posted) continue;
+    if (r->at < 0) {   /* where the writes of its gradients run: their nodes, or the kernels holding them */
+      for (int j = b->first; j < b->first + b->n; j++) {
+        int w = p->dpr.g[j].wpos, kid = jb ? jb->kern[w] : -1;
+        int at = kid >= 0 ? jb->k.a[kid].at : w;
+        if (at > r->at) r->at = at;
+      }
+    }
+    if (r->at == i && dp_post(p, k, msg, n) != 0) return -1;
+  }
+  return 0;
+}
+
+/* Node i of update block bi, if it is the dp collective of a gradient
+ * whose bucket was posted: waits for the bucket, copies the gradient's
+ * part into out.  1 when done so, 0 when the node runs as written. */
+static int dp_take(RtProgram *p, int bi, int i, void *out) {
+  if (!p->dpb) return 0;
+  for (int j = 0; j < p->dpr.ng; j++) {
+    const PlanDpGrad *g = &p->dpr.g[j];
+    if (g->ublock != bi || g->unode != i) continue;
+    RtDpRun *r = &p->dpb[g->bucket];
+    if (!r->posted) return 0;
+    const PlanDpBucket *b = &p->dpr.b[g->bucket];
+    if (r->req) {
+      double t0 = ts_now_s();
+      char why[256];
+      rt_comm_coll_wait(&r->req, why, sizeof why);   /* a failure ends the job */
+      p->dpr_inflight--;
+      p->dp_wait_s += ts_now_s() - t0;
+    }
+    size_t es = ir_dtype_size(b->dt);
+    const char *src = b->op == IR_OP_ALL_REDUCE ? r->buf : r->recv;
+    memcpy(out, src + (size_t)g->off * es, (size_t)g->c * es);
+    if (--r->left == 0) r->posted = 0;   /* read: free for the next step */
+    return 1;
+  }
+  return 0;
 }
 
 /* One run of a block: where its values are, and the arena buffers held. */
@@ -1001,9 +1157,18 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
     rc = device_output(p, (int)(b - p->m->blocks.a), i, nd, ind[0], inty[0], msg, n);
   } else if (p->dx) {
     rc = rt_dev_exec_node(p->dx, p, (int)(b - p->m->blocks.a), i, ind, out, info, msg, n);
+  } else if ((nd->op == IR_OP_ALL_REDUCE || nd->op == IR_OP_REDUCE_SCATTER) && nd->ia[0] == IR_AXIS_DP &&
+             p->dpb && dp_take(p, (int)(b - p->m->blocks.a), i, out)) {
+    rc = 0;
   } else if (nd->op == IR_OP_OUTPUT) {
     if (ir_type_numel(inty[0]) != 1) rc = rt_kfail(&k, "output \"%s\" is not a scalar", nd->sa ? nd->sa : "");
     else { record_output(p, ts_intern(nd->sa ? nd->sa : ""), load_scalar(ind[0], inty[0]->dtype)); rc = 0; }
+  } else if ((nd->op == IR_OP_ALL_REDUCE || nd->op == IR_OP_REDUCE_SCATTER) && nd->ia[0] == IR_AXIS_DP &&
+             nd->type.rank > 0 && rt_rank_axis_size(&p->rank, IR_AXIS_DP) > 1) {
+    double t0 = ts_now_s();   /* a dp reduction the update block waits for in full */
+    rc = rt_ref_kernels[nd->op](&k);
+    p->dp_blocking++;
+    p->dp_blocking_s += ts_now_s() - t0;
   } else {
     rc = rt_ref_kernels[nd->op](&k);
   }
@@ -1110,6 +1275,7 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
     }
     /* release what position i was the last reader of (and unread results) */
     for (int f = foff[i]; f < foff[i + 1] && !bad; f++) bad = release(p, &r, fval[f], i, msg, sizeof msg);
+    if (p->dpb && !bad) bad = dp_after(p, bi, i, jb, info, msg, sizeof msg);
     if (bad) {
       ts_errf(err, errlen, "block %s, %%%d = %s: %s", b->name, i, ir_ops[b->nodes[i].op].name, msg);
       rc = -1;
@@ -1234,7 +1400,7 @@ static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, 
 int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, const RtRunInfo *info, char *err,
                  size_t errlen) {
   if (bi < 0 || bi >= p->m->blocks.n) return ts_errf(err, errlen, "no block %d", bi);
-  RtRunInfo dflt = {0, 0, p->m->train.lr};
+  RtRunInfo dflt = {0, 0, p->m->train.lr, 0};
   if (!info) info = &dflt;
   return p->dx ? run_block_dev(p, bi, feeds, nfeeds, info, err, errlen)
                : walk_block(p, bi, feeds, nfeeds, info, err, errlen);
