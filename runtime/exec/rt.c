@@ -154,6 +154,7 @@ struct RtDevBlockRun {
 
 static int plan_memory(RtProgram *p, char *err, size_t errlen);
 static int dp_overlap_setup(RtProgram *p, char *err, size_t errlen);
+static void dp_overlap_free(RtProgram *p);
 static void print_memory(const RtProgram *p);
 
 /* ---- TS_RT_PROFILE on a device: CUDA events around every launch ---- */
@@ -447,6 +448,10 @@ void rt_program_exec_stats(const RtProgram *p, RtExecStats *s) {
   s->dp_post_s = p->dp_post_s;
   s->dp_blocking = p->dp_blocking;
   s->dp_blocking_s = p->dp_blocking_s;
+  if (p->dx) {
+    long long posted;
+    rt_dev_exec_dp_stats(p->dx, &posted, &s->dp_dev_overlapped);
+  }
   for (int b = 0; p->dgr && b < p->m->blocks.n; b++) {
     s->graphs += p->dgr[b].graph != NULL;
     s->graph_launches += p->dgr[b].launches;
@@ -612,6 +617,7 @@ void rt_program_free(RtProgram *p) {
     free(p->mem[b].rel_off);
     free(p->mem[b].rel_val);
   }
+  dp_overlap_free(p);   /* before the device's buffers go */
   if (p->opts.dev) {
     RtDev *d = p->opts.dev;
     for (int b = 0; p->dgr && b < p->m->blocks.n; b++) {
@@ -631,14 +637,7 @@ void rt_program_free(RtProgram *p) {
   free(p->mem);
   if (p->arena) RT_UNPOISON(p->arena, p->arena_bytes);
   free(p->arena);
-  for (int k = 0; p->dpb && k < p->dpr.nb; k++) {
-    char why[256];
-    rt_comm_coll_wait(&p->dpb[k].req, why, sizeof why);   /* nothing posted may outlive its buffers */
-    free(p->dpb[k].buf);
-    free(p->dpb[k].recv);
-  }
-  free(p->dpb);
-  plan_dp_free(&p->dpr);
+  dp_overlap_free(p);
   rt_jit_free(p->jit);
   rt_pipe_free(p->env.pipe);
   rt_ring_free(p->env.ring);
@@ -795,9 +794,18 @@ static void print_memory(const RtProgram *p) {
  * summands are the same, each element summed over the same ranks.  A
  * bucket not posted (a caller that never says RtRunInfo.last) leaves the
  * update block's collectives to run as written. */
+/* On a CUDA device (not the host-memory emulator, whose collectives are
+ * the reference kernels') the buckets are device buffers, packed and
+ * reduced on the comm stream by NCCL (rt_dev_exec_dp_post), pending like
+ * the device's other collectives: the backward issued after a bucket
+ * overlaps it, and the block's end joins it; a last micro batch runs its
+ * block eagerly (not its CUDA graph, which posts nothing). */
+static int dp_dev(const RtProgram *p) { return p->dx && !rt_dev_exec_dev(p->dx)->host_memory; }
+
 static int dp_overlap_setup(RtProgram *p, char *err, size_t errlen) {
-  if (p->opts.no_overlap || p->dx || p->opts.dev || rt_rank_axis_size(&p->rank, IR_AXIS_DP) <= 1 ||
-      !p->rank.group[IR_AXIS_DP] || rt_comm_is_nccl(p->rank.group[IR_AXIS_DP]))
+  if (p->opts.no_overlap || rt_rank_axis_size(&p->rank, IR_AXIS_DP) <= 1) return 0;
+  if (p->dx ? !dp_dev(p) || !p->rank.dev_group[IR_AXIS_DP]
+            : !p->rank.group[IR_AXIS_DP] || rt_comm_is_nccl(p->rank.group[IR_AXIS_DP]))
     return 0;
   int64_t bytes = p->opts.dp_bucket_bytes;
   if (bytes < 0) bytes = -bytes * (int64_t)ir_dtype_size(p->m->train.precision);   /* given in elements */
@@ -808,11 +816,69 @@ static int dp_overlap_setup(RtProgram *p, char *err, size_t errlen) {
     const PlanDpBucket *b = &p->dpr.b[k];
     size_t es = ir_dtype_size(b->dt);
     int rs = b->op == IR_OP_REDUCE_SCATTER;
-    p->dpb[k].buf = ts_xcalloc((size_t)b->count * (rs ? (size_t)dp : 1) + 1, es);
-    p->dpb[k].recv = rs ? ts_xcalloc((size_t)b->count + 1, es) : NULL;
+    size_t nb = ((size_t)b->count * (rs ? (size_t)dp : 1) + 1) * es, nr = ((size_t)b->count + 1) * es;
     p->dpb[k].at = -1;
+    if (p->dx) {
+      RtDev *d = rt_dev_exec_dev(p->dx);
+      char why[256];
+      if (d->ops->alloc(d, nb, &p->dpb[k].buf, why, sizeof why) != 0 ||
+          (rs && d->ops->alloc(d, nr, &p->dpb[k].recv, why, sizeof why) != 0))
+        return ts_errf(err, errlen, "the dp reduction's bucket %d (%zu bytes) on %s: %s", k, nb, d->label, why);
+      continue;
+    }
+    p->dpb[k].buf = ts_xcalloc(nb, 1);
+    p->dpb[k].recv = rs ? ts_xcalloc(nr, 1) : NULL;
   }
   return 0;
+}
+
+/* dp_post on a device: the packing as copies on the comm stream. */
+static int dp_post_dev(RtProgram *p, int k, char *msg, size_t n) {
+  const PlanDpBucket *b = &p->dpr.b[k];
+  RtDpRun *r = &p->dpb[k];
+  size_t es = ir_dtype_size(b->dt);
+  int dp = p->dpr.dp, np = 0;
+  RtDevPack *pk = ts_xmalloc(((size_t)b->n * (size_t)dp * 2 + 1) * sizeof *pk);
+  for (int j = b->first; j < b->first + b->n; j++) {
+    const PlanDpGrad *g = &p->dpr.g[j];
+    const char *src = rt_state_dev(p, g->state);
+    if (b->op == IR_OP_ALL_REDUCE) {
+      pk[np++] = (RtDevPack){(size_t)g->off * es, src, (size_t)g->n * es};
+      continue;
+    }
+    for (int q = 0; q < dp; q++) {
+      int64_t lo = (int64_t)q * g->c, hi = lo + g->c < g->n ? lo + g->c : g->n;
+      size_t at = ((size_t)q * (size_t)b->count + (size_t)g->off) * es, have = hi > lo ? (size_t)(hi - lo) : 0;
+      if (have) pk[np++] = (RtDevPack){at, src + (size_t)lo * es, have * es};
+      if (have < (size_t)g->c) pk[np++] = (RtDevPack){at + have * es, NULL, ((size_t)g->c - have) * es};
+    }
+  }
+  int rc = rt_dev_exec_dp_post(p->dx, p, b->op, b->dt, pk, np, r->buf, r->recv, (size_t)b->count, msg, n);
+  free(pk);
+  if (rc != 0) return -1;
+  r->posted = 1;
+  r->left = b->n;
+  p->dp_buckets++;
+  p->dp_grads += b->n;
+  return 0;
+}
+
+static void dp_overlap_free(RtProgram *p) {
+  for (int k = 0; p->dpb && k < p->dpr.nb; k++) {
+    char why[256];
+    rt_comm_coll_wait(&p->dpb[k].req, why, sizeof why);   /* nothing posted may outlive its buffers */
+    if (p->dx) {
+      RtDev *d = rt_dev_exec_dev(p->dx);
+      if (p->dpb[k].buf) d->ops->free(d, p->dpb[k].buf);
+      if (p->dpb[k].recv) d->ops->free(d, p->dpb[k].recv);
+    } else {
+      free(p->dpb[k].buf);
+      free(p->dpb[k].recv);
+    }
+  }
+  free(p->dpb);
+  p->dpb = NULL;
+  plan_dp_free(&p->dpr);
 }
 
 /* Bucket k's gradients from the slab into its buffer, then its collective
@@ -824,6 +890,7 @@ static int dp_post(RtProgram *p, int k, char *msg, size_t n) {
   int dp = p->dpr.dp;
   double t0 = ts_now_s();
   char *buf = r->buf;
+  if (p->dx) return dp_post_dev(p, k, msg, n);
   for (int j = b->first; j < b->first + b->n; j++) {
     const PlanDpGrad *g = &p->dpr.g[j];
     const char *src = (const char *)rt_state_data(p, g->state);
@@ -877,8 +944,9 @@ static int dp_after(RtProgram *p, int bi, int i, const RtJitBlock *jb, const RtR
 
 /* Node i of update block bi, if it is the dp collective of a gradient
  * whose bucket was posted: waits for the bucket, copies the gradient's
- * part into out.  1 when done so, 0 when the node runs as written. */
-static int dp_take(RtProgram *p, int bi, int i, void *out) {
+ * part into out.  1 when done so, 0 when the node runs as written, -1
+ * with a message (a device copy failed). */
+static int dp_take(RtProgram *p, int bi, int i, void *out, char *msg, size_t n) {
   if (!p->dpb) return 0;
   for (int j = 0; j < p->dpr.ng; j++) {
     const PlanDpGrad *g = &p->dpr.g[j];
@@ -895,7 +963,15 @@ static int dp_take(RtProgram *p, int bi, int i, void *out) {
     }
     size_t es = ir_dtype_size(b->dt);
     const char *src = b->op == IR_OP_ALL_REDUCE ? r->buf : r->recv;
-    memcpy(out, src + (size_t)g->off * es, (size_t)g->c * es);
+    if (p->dx) {   /* after the bucket's collective (the micro block's end joined it), on compute */
+      RtDev *d = rt_dev_exec_dev(p->dx);
+      RtDevRange rr[2] = {{src + (size_t)g->off * es, (size_t)g->c * es}, {out, (size_t)g->c * es}};
+      if (rt_dev_exec_order(p->dx, rr, 2, msg, n) != 0 ||
+          d->ops->d2d(d, out, src + (size_t)g->off * es, (size_t)g->c * es, RT_STREAM_COMPUTE, msg, n) != 0)
+        return -1;
+    } else {
+      memcpy(out, src + (size_t)g->off * es, (size_t)g->c * es);
+    }
     if (--r->left == 0) r->posted = 0;   /* read: free for the next step */
     return 1;
   }
@@ -1153,13 +1229,14 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
   int rc;
   if (nd->op == IR_OP_OUTPUT && nd->sa && strcmp(nd->sa, "loss") == 0 && r->live + r->ext_live > r->bm->held)
     r->bm->held = r->live + r->ext_live;
-  if (p->dx && nd->op == IR_OP_OUTPUT) {
+  int taken = (nd->op == IR_OP_ALL_REDUCE || nd->op == IR_OP_REDUCE_SCATTER) && nd->ia[0] == IR_AXIS_DP && p->dpb
+              ? dp_take(p, (int)(b - p->m->blocks.a), i, out, msg, n) : 0;
+  if (taken) {
+    rc = taken < 0 ? -1 : 0;
+  } else if (p->dx && nd->op == IR_OP_OUTPUT) {
     rc = device_output(p, (int)(b - p->m->blocks.a), i, nd, ind[0], inty[0], msg, n);
   } else if (p->dx) {
     rc = rt_dev_exec_node(p->dx, p, (int)(b - p->m->blocks.a), i, ind, out, info, msg, n);
-  } else if ((nd->op == IR_OP_ALL_REDUCE || nd->op == IR_OP_REDUCE_SCATTER) && nd->ia[0] == IR_AXIS_DP &&
-             p->dpb && dp_take(p, (int)(b - p->m->blocks.a), i, out)) {
-    rc = 0;
   } else if (nd->op == IR_OP_OUTPUT) {
     if (ir_type_numel(inty[0]) != 1) rc = rt_kfail(&k, "output \"%s\" is not a scalar", nd->sa ? nd->sa : "");
     else { record_output(p, ts_intern(nd->sa ? nd->sa : ""), load_scalar(ind[0], inty[0]->dtype)); rc = 0; }
@@ -1348,7 +1425,9 @@ static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, 
   const IrBlock *b = &p->m->blocks.a[bi];
   char why[512];
   if (rt_dev_exec_begin(p->dx, p, info, err, errlen) != 0) return -1;
-  if (g->graph) {
+  int posts = 0;   /* a last micro batch posting dp buckets: run eagerly (the graph posts none) */
+  for (int k = 0; info->last && p->dpb && k < p->dpr.nb; k++) posts |= p->dpr.b[k].wblock == bi;
+  if (g->graph && !posts) {
     for (int i = 0; i < b->n; i++) {
       if (b->nodes[i].op != IR_OP_INPUT) continue;
       const RtFeed *f = find_feed(feeds, nfeeds, b->nodes[i].sa);
@@ -1363,7 +1442,7 @@ static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, 
     p->mem[bi].runs++;
     return dev_finish(p, bi, g->outs.a, g->outs.n, err, errlen);
   }
-  int capture = g->runs == 1 && graph_ok(p, bi);
+  int capture = !posts && g->runs == 1 && graph_ok(p, bi);
   if (capture && d->ops->graph_begin(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
     return ts_errf(err, errlen, "block %s: starting its graph capture on %s: %s", b->name, d->label, why);
   g->outs.n = 0;
@@ -1372,7 +1451,7 @@ static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, 
    * sync below and a capture's end cover them */
   if (rc == 0 && rt_dev_exec_join(p->dx, why, sizeof why) != 0)
     rc = ts_errf(err, errlen, "block %s on %s: %s", b->name, d->label, why);
-  g->runs++;
+  if (!posts) g->runs++;   /* (a graph is captured on the second run that posts nothing) */
   if (capture) {
     RtDevGraph *gr = NULL;
     int e = d->ops->graph_end(d, RT_STREAM_COMPUTE, &gr, why, sizeof why);

@@ -112,6 +112,7 @@ typedef struct {
   double dp_post_s;            /* ... seconds spent packing and posting them during the backward */
   long long dp_blocking;       /* dp collectives the update block ran itself (waiting for each) */
   double dp_blocking_s;        /* ... and their seconds */
+  long long dp_dev_overlapped; /* on a CUDA device: buckets after which the backward issued compute work */
   int graphs;                 /* on a device: blocks captured as CUDA graphs */
   long long graph_launches;    /* ... and launches of those graphs (the capturing run's included) */
 } RtExecStats;

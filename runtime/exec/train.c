@@ -1137,6 +1137,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   rs.dp_wait_s = es.dp_wait_s;
   rs.dp_post_s = es.dp_post_s;
   rs.dp_blocking_s = es.dp_blocking_s;
+  rs.dp_dev_overlapped = es.dp_dev_overlapped;
   rs.graphs = es.graphs;
   rs.graph_launches = es.graph_launches;
   run_free(&r);
