@@ -459,7 +459,7 @@ static int parse_args(int argc, char **argv, Args *a) {
     }
     else if (strcmp(name, "--metrics") == 0) a->metrics = val;
     else if (strcmp(name, "--dp-bucket-size") == 0) {
-      if (parse_count(name, val, 1, (int64_t)1 << 50, &a->dp_bucket_bytes)) return -1;
+      if (parse_count(name, val, 1, (int64_t)1 << 47, &a->dp_bucket_bytes)) return -1;
     } else if (strcmp(name, "--ddp-bucket-size") == 0) {   /* Megatron's, in elements */
       if (parse_count(name, val, 1, (int64_t)1 << 47, &a->dp_bucket_elems)) return -1;
     }
