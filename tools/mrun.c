@@ -1065,10 +1065,10 @@ static void print_done(const Args *a, const RtTrainResult *res) {
            res->save_stall_s / (double)res->timed_saves, a->ckpt.async ? "" : "\n");
   if (!a->quiet && res->dp_buckets > 0)
     printf("mrun: dp reduction: %lld buckets (%lld gradients) issued during the last micro batch's backward; "
-           "posting them took %.3f ms and the update waited %.3f ms for them (per step: %.3f ms); %lld dp "
-           "collectives waited for in the update block, %.3f ms\n", res->dp_buckets, res->dp_grads,
-           res->dp_post_s * 1e3, res->dp_wait_s * 1e3, res->steps ? res->dp_wait_s * 1e3 / (double)res->steps : 0,
-           res->dp_blocking, res->dp_blocking_s * 1e3);
+           "posting them took %.3f ms, polling them %.3f ms, and the update waited %.3f ms for them (per step: "
+           "%.3f ms); %lld dp collectives waited for in the update block, %.3f ms\n", res->dp_buckets, res->dp_grads,
+           res->dp_post_s * 1e3, res->dp_poll_s * 1e3, res->dp_wait_s * 1e3,
+           res->steps ? res->dp_wait_s * 1e3 / (double)res->steps : 0, res->dp_blocking, res->dp_blocking_s * 1e3);
   else if (!a->quiet && res->dp_blocking > 0)
     printf("mrun: dp reduction: %lld dp collectives waited for in the update block, %.3f ms (per step: %.3f ms)\n",
            res->dp_blocking, res->dp_blocking_s * 1e3,

@@ -110,6 +110,7 @@ typedef struct {
   long long dp_grads;          /* ... gradients they carried */
   double dp_wait_s;            /* ... seconds the update block waited for them (the exposed part) */
   double dp_post_s;            /* ... seconds spent packing and posting them during the backward */
+  double dp_poll_s;            /* ... seconds polling them during the backward (CPU ranks: MPI moves the data then) */
   long long dp_blocking;       /* dp collectives the update block ran itself (waiting for each) */
   double dp_blocking_s;        /* ... and their seconds */
   long long dp_dev_overlapped; /* on a CUDA device: buckets after which the backward issued compute work */

@@ -1136,6 +1136,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   rs.dp_blocking = es.dp_blocking;
   rs.dp_wait_s = es.dp_wait_s;
   rs.dp_post_s = es.dp_post_s;
+  rs.dp_poll_s = es.dp_poll_s;
   rs.dp_blocking_s = es.dp_blocking_s;
   rs.dp_dev_overlapped = es.dp_dev_overlapped;
   rs.graphs = es.graphs;

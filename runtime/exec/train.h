@@ -223,7 +223,7 @@ typedef struct {
    * waited for them, seconds packing and posting them; the dp collectives
    * run in the update block itself and their seconds. */
   long long dp_buckets, dp_grads, dp_blocking;
-  double dp_wait_s, dp_post_s, dp_blocking_s;
+  double dp_wait_s, dp_post_s, dp_blocking_s, dp_poll_s;
   long long dp_dev_overlapped;   /* on a CUDA device: buckets after which the backward issued compute work */
   int graphs;                /* on a device: blocks captured as CUDA graphs, and their launches */
   long long graph_launches;
