@@ -123,7 +123,9 @@ struct RtProgram {
   int dpr_inflight;         /* buckets posted and not yet complete */
   long long dp_buckets, dp_grads, dp_blocking;
   double dp_wait_s, dp_post_s, dp_blocking_s, dp_poll_s;
+  double dp_last_poll;      /* when the buckets in flight were last polled */
 };
+#define RT_DP_POLL_S 1e-3   /* the least time between two polls of the buckets in flight (dp_after) */
 
 /* A bucket's buffers and request.  buf: the packed gradients (all-reduce:
  * reduced in place; reduce-scatter: the send side [dp][count]); recv: a
@@ -923,11 +925,15 @@ static int dp_post(RtProgram *p, int k, char *msg, size_t n) {
 /* After position i of block bi ran on a last micro batch: posts the
  * buckets it completes; polls those in flight. */
 static int dp_after(RtProgram *p, int bi, int i, const RtJitBlock *jb, const RtRunInfo *info, char *msg, size_t n) {
-  if (p->dpr_inflight) {   /* MPI moves a bucket's data inside these calls, on this rank's core */
-    double t0 = ts_now_s();
+  /* MPI moves a bucket's data inside these calls, on this rank's core;
+   * an idle poll may yield the core (mpi_yield_when_idle, oversubscribed
+   * ranks), so at most one per RT_DP_POLL_S of backward */
+  double now = p->dpr_inflight ? ts_now_s() : 0;
+  if (p->dpr_inflight && now - p->dp_last_poll >= RT_DP_POLL_S) {
     for (int k = 0; k < p->dpr.nb; k++)
       if (p->dpb[k].req && rt_comm_test(&p->dpb[k].req)) p->dpr_inflight--;
-    p->dp_poll_s += ts_now_s() - t0;
+    p->dp_last_poll = ts_now_s();
+    p->dp_poll_s += p->dp_last_poll - now;
   }
   if (!info->last) return 0;
   for (int k = 0; k < p->dpr.nb; k++) {
