@@ -28,8 +28,7 @@ int pass_dp_overlap_report(const IrModule *m, int64_t bucket_bytes, int overlap,
   if (plan_dp_buckets(m, bucket_bytes, &pl, err, errlen) != 0) return -1;
   int dp = pl.dp;
   if (dp <= 1) { plan_dp_free(&pl); return 0; }
-  int zero = 0;
-  for (int k = 0; k < pl.nb; k++) zero |= pl.b[k].op == IR_OP_REDUCE_SCATTER;
+  int zero = m->par.zero != 0;   /* ZeRO-1 when dp > 1 (passes/optimizer.c) */
   int64_t stride = 1;   /* dp is the outermost axis: its neighbours are every other axis' ranks apart */
   for (int a = IR_AXIS_DP + 1; a < IR_AXIS_COUNT; a++) stride *= ir_axis_size(m, (IrAxis)a);
   HwLink link = hw ? hw_link(hw, dp, stride) : (HwLink){0, 0, 0};
@@ -41,7 +40,7 @@ int pass_dp_overlap_report(const IrModule *m, int64_t bucket_bytes, int overlap,
             "payload bytes", "ring bytes", "bwd FLOPs after");
   if (hw) sb_printf(out, " %11s %11s %11s", "comm s", "compute s", "exposed s");
   sb_printf(out, "\n");
-  double free_at = 0, P = 0, es = 0;
+  double free_at = 0, P = 0, es = (double)ir_dtype_size(m->train.precision);
   int last_wblock = -1;
   double end = 0;
   for (int k = 0; k < pl.nb; k++) {
@@ -78,13 +77,13 @@ int pass_dp_overlap_report(const IrModule *m, int64_t bucket_bytes, int overlap,
     sum->grads += bk->n;
     sum->ring += ring;
     sum->exposed += exposed;
-    es = (double)ir_dtype_size(bk->dt);
   }
   for (int j = 0; j < pl.ng; j++) P += (double)pl.g[j].n;
+  P += es > 0 ? (double)pl.left_bytes / es : 0;   /* Megatron reduces those in its buckets too */
   if (pl.nleft) {
-    sb_printf(out, "  not bucketed: %d dp reductions of gradients reduced over another axis first (sequence-parallel "
-              "norms, tied or gathered parameters), %lld payload bytes: in the update block as written\n", pl.nleft,
-              (long long)pl.left_bytes);
+    sb_printf(out, "  not bucketed: %d dp reductions of gradients reduced over another axis first (partial over tp "
+              "under sp or over cp, tied across pipeline stages, rows gathered), %lld payload bytes: in the update "
+              "block as written\n", pl.nleft, (long long)pl.left_bytes);
     double r = (zero ? 1.0 : 2.0) * (double)(dp - 1) / dp * (double)pl.left_bytes;
     sum->ring += r;
     sum->exposed += r;
