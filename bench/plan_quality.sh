@@ -246,3 +246,35 @@ for pl in "${pipes[@]}"; do
     echo "| $name | pp=$p | $m | $(mb "${got:-0}") | $(mb "$meg") | $(ratio "${got:-0}" "$meg") |"
   done
 done
+
+# The dp gradient reduction bucketed and overlapped with the last micro
+# batch's backward (docs/sharding.md, "Overlapped gradient reduction"):
+# `mcc --report comm --hw h100-sxm` at dp=8 with ZeRO-1 (tp 8 for the big
+# models), whole step, 8 layers, Megatron's default bucket (40M elements,
+# 160 MB in f32) and 1/4 of it.  Exposed = the ring bytes still in flight
+# when the backward ends, buckets queued on the comm stream in issue order
+# (predicted seconds of the backward after each bucket's issue point and of
+# each bucket's reduce-scatter on the H100 description).  Megatron's
+# closed form: (d-1)/d P E ring bytes (P = gradient elements of the rank),
+# exposed = its last bucket, the remainder of P cut into buckets of exactly
+# the size (P - B floor((P-1)/B) elements).  Before this change every byte
+# was exposed (the reduction ran after the backward).
+echo
+echo "| model | layout | bucket (MB) | buckets | dp ring bytes / step (MB) | exposed after overlap (MB) | Megatron ring (MB) | Megatron exposed (MB) |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|"
+dps=(
+  "gpt d1024 s256|gpt|-D layers=8 -D d_model=1024 -D heads=16 -D seq_len=256 -D dropout=0 -D vocab=50304|--dp 8"
+  "GPT-3 175B|gpt|-D layers=8 -D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|--tp 8 --dp 8"
+  "Llama-2-70B|llama|-D layers=8 -D d_model=8192 -D heads=64 -D kv_heads=8 -D ffn=28672 -D seq_len=4096 -D vocab=32000|--tp 8 --dp 8"
+)
+for d in "${dps[@]}"; do
+  IFS='|' read -r name model defs lay <<<"$d"
+  for bucket in 160000000 40000000; do
+    # shellcheck disable=SC2086
+    out=$("$mcc" "samples/$model.mdl" $defs $lay -D batch=8 -D micro_batch=1 --report comm --hw h100-sxm \
+          --dp-bucket-size $bucket 2>&1)
+    nb=$(echo "$out" | awk '/^dp gradient reduction:/ { n++ } n == 1 && $1 ~ /^[0-9]+$/ && $2 == "micro" { c++ } END { print c + 0 }')
+    read -r ex ring mr me <<<"$(echo "$out" | sed -n 's/^  exposed after overlap: \([0-9]*\) of \([0-9]*\) ring bytes.* closed form): \([0-9]*\) ring bytes.*exposed \([0-9]*\) (its last.*/\1 \2 \3 \4/p')"
+    echo "| $name | $(echo "$lay" | sed 's/--//g') | $(mb "$bucket") | $nb | $(mb "${ring:-0}") | $(mb "${ex:-0}") | $(mb "${mr:-0}") | $(mb "${me:-0}") |"
+  done
+done

@@ -93,6 +93,11 @@ int pass_fuse(IrModule *m, PassCtx *cx);
  * dp it was not compiled for.  0 on success; -1 with a message, m unchanged. */
 int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen);
 
+/* FLOPs of computing node n of b once (passes/remat.c): a GEMM 2 M N K,
+ * fused attention 4 Tq Tk D per head and batch, a grouped GEMM 2 R N K,
+ * leaves and reshapes nothing, anything else one per result element. */
+double pass_node_flops(const IrBlock *b, const IrNode *n);
+
 /* The pipeline, in order ("frontend" is the pseudo-pass that made the input). */
 extern const PassInfo pass_pipeline[];
 extern const int pass_pipeline_count;

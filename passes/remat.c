@@ -285,7 +285,7 @@ static int64_t value_bytes(const IrNode *n) {
  * ring step of it) 4 Tq Tk D per head and batch (q k^T, then p v), a
  * grouped GEMM 2 R N K, a pure layout op nothing, anything else one per
  * result element. */
-static double node_flops(const IrBlock *b, const IrNode *n) {
+double pass_node_flops(const IrBlock *b, const IrNode *n) {
   double out = (double)ir_type_numel(&n->type);
   if (n->op == IR_OP_MATMUL) {
     const IrType *a = &b->nodes[n->in[0]].type;
@@ -315,7 +315,7 @@ static double plan_flops(const Held *h, const unsigned char *remat, unsigned cha
   for (int v = L - 1; v >= 0; v--) {
     if (!need[v]) continue;
     const IrNode *nd = &h->b->nodes[v];
-    f += node_flops(h->b, nd);
+    f += pass_node_flops(h->b, nd);
     (*nvals)++;
     for (int k = 0; k < nd->nin; k++) {
       int w = nd->in[k];
@@ -484,7 +484,7 @@ static int choose_recompute(Held *h, PassCtx *cx, const unsigned char *keep, uns
   double f0 = plan_flops(h, remat, need, &nv0), fwd = 0;
   unsigned char *need0 = arena_alloc(&cx->scratch, nn);   /* what the cheap values recompute */
   memcpy(need0, need, nn);
-  for (int v = 0; v < L; v++) fwd += node_flops(h->b, &h->b->nodes[v]);
+  for (int v = 0; v < L; v++) fwd += pass_node_flops(h->b, &h->b->nodes[v]);
   /* candidates: what no layer boundary is (recomputing a layer's input
    * would recompute the layers before it, all at once) */
   for (int v = 0; v < L; v++) cand[v] = recomputable(&h->b->nodes[v]) && !bound[v];

@@ -25,6 +25,7 @@
 #include "passes/pipe.h"
 #include "passes/timereport.h"
 #include "autolayout.h"
+#include "passes/dpreport.h"
 #include "runtime/comm/comm.h"
 #include "plan/plan.h"
 #include "runtime/exec/train.h"
@@ -52,6 +53,11 @@ static void usage(FILE *f) {
           "  --dp N                 data parallel size the update block and reports are built for\n"
           "                         (default: the parallel block's, else 1; mrun adapts a plan to any dp)\n"
           "  --no-zero              no distributed optimizer: every dp rank keeps whole Adam moments\n"
+          "  --dp-bucket-size BYTES the dp gradient reduction in buckets of at least BYTES (K, M, G suffixes; default\n"
+          "                         Megatron's 40M elements), each issued during the last micro batch's backward:\n"
+          "                         --report comm shows them; --check passes it to mrun (--ddp-bucket-size N: elements)\n"
+          "  --no-overlap-grad-reduce  --report comm / --check: the dp reduction after the backward, in the update\n"
+          "                         block (--overlap-grad-reduce: the default)\n"
           "  --cp N                 context parallel size (sequence split over cp ranks, causal load balancing)\n"
           "  --cp-attn ring|allgather|a2a  fused attention under cp: k/v passed in a ring (default),\n"
           "                         all-gathered, or all-to-all to head-split layouts (Ulysses)\n"
@@ -103,8 +109,9 @@ static void usage(FILE *f) {
           "  --report time          predicted step time, TFLOP/s per GPU and MFU on --hw, per block: compute,\n"
           "                         exposed communication per mesh axis, pipeline bubble, optimizer\n"
           "                         (docs/performance-model.md); last line step_time_s=... tflops_per_gpu=... mfu=...\n"
-          "  --hw NAME|FILE         hardware description for --report time, --auto-layout and --emit=trace:\n"
-          "                         a100-80gb, h100-sxm, h200, b200 (hw/*.hw), or a file in that format (hw/README.md)\n"
+          "  --hw NAME|FILE         hardware description for --report time, --report comm (the dp reduction's\n"
+          "                         predicted overlap), --auto-layout and --emit=trace: a100-80gb, h100-sxm,\n"
+          "                         h200, b200 (hw/*.hw), or a file in that format (hw/README.md)\n"
           "  --auto-layout          with --gpus N --hw NAME: search tp, sp, cp, ep, pp, vpp, dp, micro batch and\n"
           "                         recompute for the fastest predicted step that fits; print the best five and\n"
           "                         write the chosen plan with -o (docs/performance-model.md, \"Layout search\")\n"
@@ -176,6 +183,11 @@ typedef struct {
   int auto_layout;           /* --auto-layout (tools/autolayout.h) */
   int cp_attn_given;         /* --cp-attn was given (--auto-layout then keeps it) */
   unsigned long long memory; /* --memory BYTES: per GPU, for --auto-layout (0: the description's HBM) */
+  /* the overlapped dp gradient reduction (plan/dpreduce.h), for --report comm and passed on to mrun by
+   * --check: --dp-bucket-size BYTES (0: the default), Megatron's --ddp-bucket-size N in elements,
+   * --no-overlap-grad-reduce */
+  int64_t dp_bucket_bytes, dp_bucket_elems;
+  int no_overlap;
 } Args;
 
 /* --report schedule or --emit=trace: the pipeline views (pp > 1 allowed). */
@@ -323,6 +335,20 @@ static int parse_args(int argc, char **argv, Args *a) {
       continue;
     }
     if (strcmp(s, "--sp") == 0) { a->mdl.sp = 1; continue; }
+    if (strcmp(s, "--no-overlap-grad-reduce") == 0) { a->no_overlap = 1; continue; }
+    if (strcmp(s, "--overlap-grad-reduce") == 0) { a->no_overlap = 0; continue; }   /* Megatron's; the default */
+    if (strcmp(s, "--dp-bucket-size") == 0 || strcmp(s, "--ddp-bucket-size") == 0) {
+      NEED_ARG(s);
+      unsigned long long v;
+      int elems = s[2] == 'd' && s[3] == 'd';
+      if (parse_bytes(next, !elems, &v) != 0 || v < 1 || v > (1ull << 47))
+        return usage_error(elems ? "--ddp-bucket-size expects a positive element count up to 2^47, got '%s'"
+                                 : "--dp-bucket-size expects a positive byte count (K, M, G suffixes) up to 2^47, got '%s'",
+                           next);
+      if (elems) a->dp_bucket_elems = (int64_t)v, a->dp_bucket_bytes = 0;
+      else a->dp_bucket_bytes = (int64_t)v, a->dp_bucket_elems = 0;
+      continue;
+    }
     if (strcmp(s, "--no-zero") == 0) { a->mdl.zero = 0; continue; }
     if (strcmp(s, "--no-fuse") == 0) { a->cx->no_fuse = 1; continue; }
     if (strcmp(s, "--no-remat") == 0) { a->cx->no_remat = 1; continue; }
@@ -504,7 +530,9 @@ static int parse_args(int argc, char **argv, Args *a) {
     return usage_error("%s", "--steps and --gpus go with --check (mrun takes them for training); --gpus also with --report time");
   if (time_report && !a->hw)
     return usage_error("%s", "--report time needs --hw NAME|FILE (a100-80gb, h100-sxm, h200, b200, or a file: hw/README.md)");
-  if (a->hw && !time_report && !a->trace) return usage_error("%s", "--hw goes with --report time or --emit=trace");
+  int comm_report = a->report && strcmp(a->report, "comm") == 0;
+  if (a->hw && !time_report && !a->trace && !comm_report)
+    return usage_error("%s", "--hw goes with --report time, --report comm or --emit=trace");
   if (time_report && a->trace) return usage_error("%s", "--report time and --emit=trace: give one of them per run");
   /* Pass names are checked before the (possibly long) frontend runs. */
   char err[512];
@@ -1117,6 +1145,19 @@ static void sharding_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSu
   }
 }
 
+/* The dp reduction's section of --report comm for program m (passes/dpreport.c). */
+static int report_dp_overlap(const Args *a, const IrModule *m, const HwDesc *hw, StrBuf *out) {
+  int64_t bytes = a->dp_bucket_elems ? a->dp_bucket_elems * (int64_t)ir_dtype_size(m->train.precision)
+                                     : a->dp_bucket_bytes;
+  DpOverlapSum sum;
+  char err[512];
+  if (pass_dp_overlap_report(m, bytes, !a->no_overlap, hw, out, &sum, err, sizeof err) != 0) {
+    fprintf(stderr, "mcc: error: --dp-bucket-size: %s\n", err);
+    return 1;
+  }
+  return 0;
+}
+
 static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
   int dp = ir_axis_size(m, IR_AXIS_DP), pp = ir_axis_size(m, IR_AXIS_PP);
   int64_t nmicro = m->train.global_batch / (m->train.micro_batch * dp);
@@ -1144,11 +1185,18 @@ static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
   if (!explain)
     sb_printf(out, "  %-8s %-15s %-4s %10s %16s %16s\n", "block", "collective", "axis", "per step", "payload bytes",
               "ring bytes sent");
+  HwDesc hwd, *hw = NULL;
+  if (a->hw && !explain) {
+    char err[2048];
+    if (hw_load(a->hw, &hwd, err, sizeof err) != 0) { fprintf(stderr, "mcc: error: %s\n", err); return 1; }
+    hw = &hwd;
+  }
   if (pp < 2) {
     CommSum total = {0};
     rows(m, nmicro, out, &total);
     sb_printf(out, "total per step: %lld collectives, payload %.0f bytes, ring %.0f bytes sent per rank\n",
               (long long)total.count, total.payload, total.ring);
+    if (!explain && report_dp_overlap(a, m, hw, out) != 0) return 1;
     if (total.a2av_ring > 0)
       sb_printf(out, "total per step at uniform routing: %.0f bytes sent per rank (all_to_all_v: %.0f of the %.0f above, "
                      "(n-1)/n of the rank's own routed rows)\n",
@@ -1163,6 +1211,7 @@ static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
     rows(p->programs[r], nmicro, out, &total);
     sb_printf(out, "total per step on pipeline rank %d: %lld operations, payload %.0f bytes, %.0f bytes sent per rank\n",
               r, (long long)total.count, total.payload, total.ring);
+    if (!explain && report_dp_overlap(a, p->programs[r], hw, out) != 0) { plan_free(p); return 1; }
     if (total.a2av_ring > 0)
       sb_printf(out, "total per step on pipeline rank %d at uniform routing: %.0f bytes sent per rank\n", r,
                 total.ring - total.a2av_ring + total.a2av_uniform);
@@ -1310,14 +1359,23 @@ static int find_mrun(char *path, size_t n) {
 /* Runs mrun PLAN --gpus N --steps K --metrics M --save-params P --quiet
  * [--seed S when seed >= 0], its stdout discarded and its stderr passed
  * on.  0 if it exited 0. */
-static int run_mrun(const char *mrun, const char *plan, int gpus, int steps, const char *metrics, const char *params,
-                    long long seed) {
-  char g[32], k[32], sd[32];
+static int run_mrun(const Args *a, const char *mrun, const char *plan, int gpus, int steps, const char *metrics,
+                    const char *params, long long seed) {
+  char g[32], k[32], sd[32], bk[32];
   snprintf(g, sizeof g, "%d", gpus);
   snprintf(k, sizeof k, "%d", steps);
   snprintf(sd, sizeof sd, "%lld", seed);
-  const char *argv[] = {mrun, plan, "--gpus", g, "--steps", k, "--metrics", metrics, "--save-params", params,
-                        "--quiet", seed >= 0 ? "--seed" : NULL, sd, NULL};
+  snprintf(bk, sizeof bk, "%lld", (long long)(a->dp_bucket_elems ? a->dp_bucket_elems : a->dp_bucket_bytes));
+  const char *argv[16] = {mrun, plan, "--gpus", g, "--steps", k, "--metrics", metrics, "--save-params", params,
+                          "--quiet"};
+  int na = 11;
+  if (a->no_overlap) argv[na++] = "--no-overlap-grad-reduce";
+  if (a->dp_bucket_elems || a->dp_bucket_bytes) {   /* the overlapped dp reduction as asked */
+    argv[na++] = a->dp_bucket_elems ? "--ddp-bucket-size" : "--dp-bucket-size";
+    argv[na++] = bk;
+  }
+  if (seed >= 0) argv[na++] = "--seed", argv[na++] = sd;
+  argv[na] = NULL;
   fflush(NULL);
   pid_t pid = fork();
   if (pid < 0) { fprintf(stderr, "mcc: error: --check: fork: %s\n", strerror(errno)); return -1; }
@@ -1411,8 +1469,8 @@ static int run_check(const Args *a, IrModule *m) {
    * with another seed, so the comparison must report FAIL. */
   const char *perturb = getenv("TS_CHECK_PERTURB_SEED");
   long long seed = perturb && *perturb && strcmp(perturb, "0") ? (long long)(m->train.seed % (1ull << 62)) + 1 : -1;
-  if (run_mrun(mrun, path[0], gpus, steps, path[1], path[2], seed) != 0) goto cleanup;
-  if (run_mrun(mrun, path[3], 1, steps, path[4], path[5], -1) != 0) goto cleanup;
+  if (run_mrun(a, mrun, path[0], gpus, steps, path[1], path[2], seed) != 0) goto cleanup;
+  if (run_mrun(a, mrun, path[3], 1, steps, path[4], path[5], -1) != 0) goto cleanup;
 
   la = ts_xmalloc((size_t)steps * sizeof *la);
   lb = ts_xmalloc((size_t)steps * sizeof *lb);

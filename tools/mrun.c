@@ -127,6 +127,12 @@ static const char usage[] =
     "  --generate-check   --generate (greedy), then each new token checked against the argmax of a full forward\n"
     "  --print-ids        --generate: the new tokens' ids on a line of their own\n"
   "  --quiet            no per-step progress lines\n"
+    "  --dp-bucket-size BYTES  dp > 1 on CPU ranks: the gradient reduction in buckets of at least BYTES (default\n"
+    "                     Megatron's 40M elements), each posted without waiting during the last micro batch's\n"
+    "                     backward once its gradients are final; the update block waits for it (docs/sharding.md).\n"
+    "                     --ddp-bucket-size N: Megatron's, in elements.  At the end: buckets, posting and waiting time\n"
+    "  --no-overlap-grad-reduce  the dp reduction in the update block after the backward, as the plan writes it\n"
+    "                     (--overlap-grad-reduce: the default)\n"
     "  --backend B        llvm (default): fusion groups and elementwise / row ops as JIT-compiled kernels;\n"
     "                     ref: every op on the reference kernels (the oracle for tests; CPU ranks)\n"
     "  --help             this text\n"
@@ -145,6 +151,9 @@ typedef struct {
   int has_split;
   const char *tokenizer;      /* --tokenizer PATH: where the EOD id comes from (unless --eod-id) */
   int64_t eod_id;             /* --eod-id N; -1: not given */
+  int64_t dp_bucket_bytes;    /* --dp-bucket-size BYTES (0: the default); --ddp-bucket-size N: N elements */
+  int64_t dp_bucket_elems;
+  int no_overlap;             /* --no-overlap-grad-reduce */
   int64_t eval_interval, eval_iters;  /* --eval-interval, --eval-iters (-1: not given) */
   int eval_test;              /* --test */
   int no_prefetch;            /* --no-prefetch */
@@ -378,6 +387,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(arg, "--generate") == 0) { a->generate = 1; continue; }
     if (strcmp(arg, "--generate-check") == 0) { a->generate = a->generate_check = 1; continue; }
     if (strcmp(arg, "--print-ids") == 0) { a->print_ids = 1; continue; }
+    if (strcmp(arg, "--no-overlap-grad-reduce") == 0) { a->no_overlap = 1; continue; }
+    if (strcmp(arg, "--overlap-grad-reduce") == 0) { a->no_overlap = 0; continue; }   /* Megatron's; the default */
     if (strncmp(arg, "--data-path", 11) == 0 && (arg[11] == 0 || arg[11] == '=')) {
       if (parse_data_path(argc, argv, &i, a) != 0) return -1;
       continue;
@@ -396,7 +407,8 @@ static int parse_args(int argc, char **argv, Args *a) {
                                          "--keep", "--load", "--init-from", "--export", "--format", "--hf-map",
                                          "--split", "--data-cache-path", "--eod-id", "--tokenizer", "--eval-interval",
                                          "--eval-iters", "--prompt", "--prompt-file", "--max-tokens",
-                                         "--temperature", "--top-k", "--top-p", "--calibrate", "--trace", "--hw", NULL};
+                                         "--temperature", "--top-k", "--top-p", "--calibrate", "--trace", "--hw",
+                                         "--dp-bucket-size", "--ddp-bucket-size", NULL};
     int known = 0;
     for (int k = 0; valued[k]; k++) known |= strlen(valued[k]) == nl && strncmp(arg, valued[k], nl) == 0;
     if (!known) { fprintf(stderr, "mrun: unknown option '%.*s'\n%s", (int)nl, arg, usage); return -1; }
@@ -468,6 +480,11 @@ static int parse_args(int argc, char **argv, Args *a) {
       char herr[1024];
       a->hw = val;
       if (hw_load(val, &a->hwd, herr, sizeof herr) != 0) { fprintf(stderr, "mrun: --hw: %s\n", herr); return -1; }
+    }
+    else if (strcmp(name, "--dp-bucket-size") == 0) {
+      if (parse_count(name, val, 1, (int64_t)1 << 47, &a->dp_bucket_bytes)) return -1;
+    } else if (strcmp(name, "--ddp-bucket-size") == 0) {   /* Megatron's, in elements */
+      if (parse_count(name, val, 1, (int64_t)1 << 47, &a->dp_bucket_elems)) return -1;
     }
     else if (strcmp(name, "--prompt") == 0) a->prompt = val;
     else if (strcmp(name, "--prompt-file") == 0) a->prompt_file = val;
@@ -1082,6 +1099,16 @@ static void print_done(const Args *a, const RtTrainResult *res) {
     printf("mrun: %lld checkpoint%s during training (%s): training waited %.3f s per save%s", (long long)res->timed_saves,
            res->timed_saves > 1 ? "s" : "", a->ckpt.async ? "asynchronous" : "synchronous",
            res->save_stall_s / (double)res->timed_saves, a->ckpt.async ? "" : "\n");
+  if (!a->quiet && res->dp_buckets > 0)
+    printf("mrun: dp reduction: %lld buckets (%lld gradients) issued during the last micro batch's backward; "
+           "posting them took %.3f ms, polling them %.3f ms, and the update waited %.3f ms for them (per step: "
+           "%.3f ms); %lld dp collectives waited for in the update block, %.3f ms\n", res->dp_buckets, res->dp_grads,
+           res->dp_post_s * 1e3, res->dp_poll_s * 1e3, res->dp_wait_s * 1e3,
+           res->steps ? res->dp_wait_s * 1e3 / (double)res->steps : 0, res->dp_blocking, res->dp_blocking_s * 1e3);
+  else if (!a->quiet && res->dp_blocking > 0)
+    printf("mrun: dp reduction: %lld dp collectives waited for in the update block, %.3f ms (per step: %.3f ms)\n",
+           res->dp_blocking, res->dp_blocking_s * 1e3,
+           res->steps ? res->dp_blocking_s * 1e3 / (double)res->steps : 0);
   if (!a->quiet && res->graphs > 0)
     printf("mrun: CUDA graphs: %d block%s captured, %lld graph launches\n", res->graphs, res->graphs > 1 ? "s" : "",
            res->graph_launches);
@@ -1287,7 +1314,7 @@ static int run(int argc, char **argv, Args *a) {
     if (a->gpus > 1) return launch(a->gpus, argv);
     return calibrate_rank(NULL, a);
   }
-  RtExecOpts xo = {.backend = a->backend};
+  RtExecOpts xo = {.backend = a->backend, .dp_bucket_bytes = a->dp_bucket_elems ? -a->dp_bucket_elems : a->dp_bucket_bytes, .no_overlap = a->no_overlap};
   rt_exec_set_default(&xo);   /* what rt_train's program uses */
   if (under_launcher()) return run_rank(&argc, &argv, a);
   if (a->gpus > 1) {

@@ -146,6 +146,24 @@ int rt_comm_isend(RtComm *c, IrDtype dt, const void *buf, size_t count, int peer
                   char *err, size_t errlen);
 int rt_comm_test(RtCommReq **req);
 int rt_comm_wait_all(RtCommReq **reqs, int n, char *err, size_t errlen);
+/* ---- nonblocking collectives (the data-parallel gradient reduction
+ * issued during the last micro batch's backward: docs/sharding.md,
+ * "Overlapped gradient reduction") ----
+ * rt_comm_iall_reduce posts the sum of buf[count] over the group, in
+ * place; rt_comm_ireduce_scatter posts send[size*count] -> recv[count]
+ * (as rt_comm_reduce_scatter).  Both return at once with a request in
+ * *req; the buffers must stay untouched until it has completed.
+ * rt_comm_test polls it (and so drives the MPI library's progress, which
+ * moves only inside MPI calls); rt_comm_coll_wait waits for it against
+ * the group's deadline (a stalled peer ends the job as a blocking
+ * collective does) and frees it.  Every rank of the group posts the same
+ * collectives in the same order, interleaved with its blocking ones in
+ * the same order.  MPI groups only: a NCCL group returns -1 with a
+ * message. */
+int rt_comm_iall_reduce(RtComm *c, IrDtype dt, void *buf, size_t count, RtCommReq **req, char *err, size_t errlen);
+int rt_comm_ireduce_scatter(RtComm *c, IrDtype dt, const void *send, void *recv, size_t count, RtCommReq **req,
+                            char *err, size_t errlen);
+int rt_comm_coll_wait(RtCommReq **req, char *err, size_t errlen);
 /* Prints "rank R: <message>" on stderr and ends every rank of the job. */
 void rt_comm_abort(RtComm *c, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 
@@ -244,6 +262,7 @@ struct RtCommReq {
   IrDtype dt;
   const void *buf;
   size_t count;
+  int coll;             /* a nonblocking collective (RtCollKind + 1), 0 for a send */
   int queued;           /* NCCL: not posted yet */
   int done;             /* NCCL: posted and its stream finished */
 };

@@ -432,6 +432,12 @@ static void mpi_isend(RtComm *c, RtCommReq *r) {
 static int mpi_req_done(RtCommReq *r) {
   int flag = 0;
   int rc = MPI_Test(&r->r, &flag, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS && r->coll) {
+    char s[MPI_MAX_ERROR_STRING];
+    mpi_errstr(rc, s, sizeof s);
+    rt_comm_abort(r->c, "nonblocking %s on group %s failed: %s (hint: did a rank of the group die?)",
+                  rt_coll_name((RtCollKind)(r->coll - 1)), r->c->name, s);
+  }
   if (rc != MPI_SUCCESS) {
     char s[MPI_MAX_ERROR_STRING];
     mpi_errstr(rc, s, sizeof s);
@@ -561,4 +567,46 @@ int rt_comm_wait_all(RtCommReq **reqs, int n, char *err, size_t errlen) {
     }
     backoff(iter);
   }
+}
+
+/* ---------------- nonblocking collectives ---------------- */
+
+static int icoll(RtComm *c, RtCollKind k, IrDtype dt, const void *send, void *recv, size_t count, RtCommReq **req,
+                 char *err, size_t errlen) {
+  *req = NULL;
+  if (check_args(c, k, dt, send, recv, count, err, errlen)) return -1;
+  if (c->ops != &rt_comm_mpi_ops)
+    return ts_errf(err, errlen, "nonblocking %s on group %s: only MPI groups (host memory) post collectives "
+                   "without waiting; this group runs on %s", rt_coll_name(k), c->name, c->ops->name);
+  RtCommReq *r = ts_xcalloc(1, sizeof *r);
+  *r = (RtCommReq){.c = c, .r = MPI_REQUEST_NULL, .peer = -1, .tag = -1, .dt = dt, .buf = send, .count = count,
+                   .coll = (int)k + 1};
+  c->seq++;
+  const char *hint = "a rank of the group died, or MPI is out of memory";
+  if (k == RT_COLL_ALL_REDUCE)
+    RT_MPI_FATAL(c, k, MPI_Iallreduce(MPI_IN_PLACE, recv, (int)count, mpi_type(dt), MPI_SUM, c->comm, &r->r), hint);
+  else
+    RT_MPI_FATAL(c, k, MPI_Ireduce_scatter_block(send, recv, (int)count, mpi_type(dt), MPI_SUM, c->comm, &r->r),
+                 hint);
+  *req = r;
+  return 0;
+}
+
+int rt_comm_iall_reduce(RtComm *c, IrDtype dt, void *buf, size_t count, RtCommReq **req, char *err, size_t errlen) {
+  return icoll(c, RT_COLL_ALL_REDUCE, dt, buf, buf, count, req, err, errlen);
+}
+
+int rt_comm_ireduce_scatter(RtComm *c, IrDtype dt, const void *send, void *recv, size_t count, RtCommReq **req,
+                            char *err, size_t errlen) {
+  return icoll(c, RT_COLL_REDUCE_SCATTER, dt, send, recv, count, req, err, errlen);
+}
+
+int rt_comm_coll_wait(RtCommReq **req, char *err, size_t errlen) {
+  (void)err; (void)errlen;   /* every failure here ends the job */
+  RtCommReq *r = *req;
+  if (!r) return 0;
+  rt_comm_wait_mpi(r->c, &r->r, (RtCollKind)(r->coll ? r->coll - 1 : RT_COLL_SEND), r->coll ? -1 : r->peer);
+  free(r);
+  *req = NULL;
+  return 0;
 }

@@ -14,7 +14,9 @@
 #include "runtime/comm/comm.h"
 
 /* Per-run facts that ops read: step and micro-batch (dropout masks), lr. */
-typedef struct { int64_t step; int micro; double lr; } RtRunInfo;
+/* last: this run is the step's last micro batch (its backward issues the
+ * overlapped dp gradient reductions, runtime/exec; docs/sharding.md). */
+typedef struct { int64_t step; int micro; double lr; int last; } RtRunInfo;
 
 typedef struct RtPipe RtPipe;
 typedef struct RtRing RtRing;

@@ -152,7 +152,7 @@ static char *cal_module(const char *dt) {
 typedef struct { RtProgram *p; int b; } BlockRun;
 static void block_run(void *ctx) {
   BlockRun *r = ctx;
-  RtRunInfo info = {1, 0, 0.01};
+  RtRunInfo info = {.step = 1, .micro = 0, .lr = 0.01, .last = 0};
   char err[256];
   if (rt_run_block(r->p, r->b, NULL, 0, &info, err, sizeof err) != 0) TS_DIE("calibrate: %s", err);
 }

@@ -97,6 +97,21 @@ int rt_dev_exec_handover(RtDevExec *x, const IrBlock *b, const IrNode *nd, const
  * compute while one was in flight. */
 void rt_dev_exec_comm_stats(const RtDevExec *x, long long *collectives, long long *overlapped);
 
+/* A bucket of the overlapped dp reduction (rt.c, "Overlapped dp
+ * reduction") posted on the comm stream: after the compute issued so far,
+ * pack[0..npack) copied into buf (src NULL: zeros), then NCCL's sum over
+ * the rank's dp group, in place (all-reduce, buf[count]) or into recv
+ * (reduce-scatter, buf[dp*count] -> recv[count]); pending like any
+ * collective, so compute issued after it overlaps it.  0, or -1 with a
+ * message. */
+typedef struct { size_t off; const void *src; size_t bytes; } RtDevPack;
+int rt_dev_exec_dp_post(RtDevExec *x, RtProgram *p, IrOp op, IrDtype dt, const RtDevPack *pack, int npack, void *buf,
+                        void *recv, size_t count, char *msg, size_t len);
+/* Buckets posted so far, and of them those after which the block issued
+ * compute work before its end (the recorded issue order: a bucket posted
+ * only when the backward is over has none). */
+void rt_dev_exec_dp_stats(const RtDevExec *x, long long *posted, long long *overlapped);
+
 /* rt.c: the program's device executor, or NULL (a CPU program). */
 RtDevExec *rt_program_dev_exec(RtProgram *p);
 /* rt.c: the device address of state s (program on a device). */

@@ -57,6 +57,7 @@ struct RtDevExec {
   RtDevPending pend[RT_DEV_PENDING];
   int npend, next_event;
   long long ncoll, noverlap;   /* rt_dev_exec_comm_stats */
+  long long dp_posted, dp_overlapped, dp_fresh;   /* rt_dev_exec_dp_stats; fresh: posted, no compute after yet */
   /* the pipeline on a device (see "The pipeline on a CUDA device") */
   VEC(DevKept) kept;
   VEC(DevSend) sends;
@@ -147,7 +148,14 @@ int rt_dev_exec_order(RtDevExec *x, const RtDevRange *r, int nr, char *msg, size
       if (overlaps(r[j], x->pend[k].rd) || overlaps(r[j], x->pend[k].wr)) last = k;
   if (join_upto(x, last, msg, n) != 0) return -1;
   if (x->npend > 0) x->noverlap++;   /* issued while NCCL still works on an earlier collective */
+  x->dp_overlapped += x->dp_fresh;   /* compute issued after the dp buckets posted before it */
+  x->dp_fresh = 0;
   return 0;
+}
+
+void rt_dev_exec_dp_stats(const RtDevExec *x, long long *posted, long long *overlapped) {
+  *posted = x->dp_posted;
+  *overlapped = x->dp_overlapped;
 }
 
 void rt_dev_exec_comm_stats(const RtDevExec *x, long long *collectives, long long *overlapped) {
@@ -155,7 +163,10 @@ void rt_dev_exec_comm_stats(const RtDevExec *x, long long *collectives, long lon
   *overlapped = x->noverlap;
 }
 
-int rt_dev_exec_join(RtDevExec *x, char *msg, size_t n) { return join_upto(x, x->npend - 1, msg, n); }
+int rt_dev_exec_join(RtDevExec *x, char *msg, size_t n) {
+  x->dp_fresh = 0;   /* posted at the block's end: overlapped nothing */
+  return join_upto(x, x->npend - 1, msg, n);
+}
 
 /* One collective on the rank's NCCL group of its axis, overlapping the
  * compute issued after it: the comm stream waits for the compute issued
@@ -256,6 +267,32 @@ static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
   }
   if (rc != 0) return -1;
   return comm_end(x, rw[0], rw[1], msg, n);
+}
+
+int rt_dev_exec_dp_post(RtDevExec *x, RtProgram *p, IrOp op, IrDtype dt, const RtDevPack *pack, int npack, void *buf,
+                        void *recv, size_t count, char *msg, size_t n) {
+  RtDev *d = x->dev;
+  RtComm *g = rt_program_dev_group(p, IR_AXIS_DP);
+  int size = rt_program_axis_size(p, IR_AXIS_DP);
+  if (!g) {
+    snprintf(msg, n, "dp bucket on %s: the rank has no NCCL group for the dp axis", d->label);
+    return -1;
+  }
+  if (comm_begin(x, msg, n) != 0) return -1;
+  for (int k = 0; k < npack; k++) {
+    char *dst = (char *)buf + pack[k].off;
+    if (pack[k].src ? d->ops->d2d(d, dst, pack[k].src, pack[k].bytes, RT_STREAM_COMM, msg, n)
+                    : d->ops->memset0(d, dst, pack[k].bytes, RT_STREAM_COMM, msg, n))
+      return -1;
+  }
+  size_t es = ir_dtype_size(dt);
+  int rs = op == IR_OP_REDUCE_SCATTER;
+  int rc = rs ? rt_comm_reduce_scatter(g, dt, buf, recv, count, msg, n) : rt_comm_all_reduce(g, dt, buf, count, msg, n);
+  if (rc != 0) return -1;
+  RtDevRange rd = {buf, count * es * (rs ? (size_t)size : 1)}, wr = rs ? (RtDevRange){recv, count * es} : rd;
+  x->dp_posted++;
+  x->dp_fresh++;
+  return comm_end(x, rd, wr, msg, n);
 }
 
 /* all_to_all_v (docs/ir.md "Token dispatch", ops_a2a.c): the row counts

@@ -77,7 +77,7 @@ static int prefill(RtProgram *p, int pb, int ls, const int32_t *ids, int64_t n, 
   memcpy(win, ids, (size_t)n * sizeof *win);
   int32_t last = (int32_t)(n - 1);
   RtFeed f[2] = {{"tokens", win}, {"last", &last}};
-  RtRunInfo info = {0, 0, 0};
+  RtRunInfo info = {0, 0, 0, 0};
   if (rt_run_block(p, pb, f, 2, &info, err, errlen) != 0) return -1;
   return read_logits(p, ls, lg, V, err, errlen);
 }
@@ -144,7 +144,7 @@ int rt_generate(RtProgram *p, RtComm *world, const RtGenOpts *o, FILE *out, char
     if (t > 0) {   /* the token just sampled, at position len - 1 */
       int32_t tok = gen[len - 1], pos = (int32_t)(len - 1);
       RtFeed f[2] = {{"tokens", &tok}, {"pos", &pos}};
-      RtRunInfo info = {0, 0, 0};
+      RtRunInfo info = {0, 0, 0, 0};
       if (rt_run_block(p, sb, f, 2, &info, err, errlen) != 0) goto out;
       if (read_logits(p, ls, lg, V, err, errlen) != 0) goto out;
     }

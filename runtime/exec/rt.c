@@ -46,6 +46,7 @@
 #include "dev_priv.h"
 #include "runtime/comm/comm.h"
 #include "plan/memplan.h"
+#include "plan/dpreduce.h"
 #include "runtime/cpu/par.h"
 #include <math.h>
 #include <stdarg.h>
@@ -120,7 +121,28 @@ struct RtProgram {
                                memory, the slab has a device copy (dslab) the blocks work on */
   unsigned char *dslab;
   RtDevBlockRun *dgr;       /* per block: staging buffers, pending outputs, its captured graph */
+  /* the overlapped dp gradient reduction (plan/dpreduce.h; "Overlapped dp
+   * reduction" below): the buckets, and per bucket its run state */
+  PlanDpPlan dpr;
+  struct RtDpRun *dpb;
+  int dpr_inflight;         /* buckets posted and not yet complete */
+  long long dp_buckets, dp_grads, dp_blocking;
+  double dp_wait_s, dp_post_s, dp_blocking_s, dp_poll_s;
+  double dp_last_poll;      /* when the buckets in flight were last polled */
 };
+#define RT_DP_POLL_S 1e-3   /* the least time between two polls of the buckets in flight (dp_after) */
+
+/* A bucket's buffers and request.  buf: the packed gradients (all-reduce:
+ * reduced in place; reduce-scatter: the send side [dp][count]); recv: a
+ * reduce-scatter's result [count].  at: the position of walk_block after
+ * which it is posted (the kernel running its last write), -1 until known.
+ * posted: in flight or complete and not yet read by the update block;
+ * left: its gradients the update block has not read yet. */
+typedef struct RtDpRun {
+  void *buf, *recv;
+  RtCommReq *req;
+  int at, posted, left;
+} RtDpRun;
 
 /* A device program's per-block run state.  Feeds go through host staging
  * buffers that stay put (a captured graph copies from them when it
@@ -138,6 +160,8 @@ struct RtDevBlockRun {
 };
 
 static int plan_memory(RtProgram *p, char *err, size_t errlen);
+static int dp_overlap_setup(RtProgram *p, char *err, size_t errlen);
+static void dp_overlap_free(RtProgram *p);
 static void print_memory(const RtProgram *p);
 
 /* ---- TS_RT_PROFILE on a device: CUDA events around every launch ---- */
@@ -425,6 +449,17 @@ void rt_program_exec_stats(const RtProgram *p, RtExecStats *s) {
   if (p->dx) rt_dev_exec_comm_stats(p->dx, &s->dev_collectives, &s->dev_overlapped);
   s->stash_handed = p->stash_handed;
   s->stash_copied = p->stash_copied;
+  s->dp_buckets = p->dp_buckets;
+  s->dp_grads = p->dp_grads;
+  s->dp_wait_s = p->dp_wait_s;
+  s->dp_post_s = p->dp_post_s;
+  s->dp_poll_s = p->dp_poll_s;
+  s->dp_blocking = p->dp_blocking;
+  s->dp_blocking_s = p->dp_blocking_s;
+  if (p->dx) {
+    long long posted;
+    rt_dev_exec_dp_stats(p->dx, &posted, &s->dp_dev_overlapped);
+  }
   for (int b = 0; p->dgr && b < p->m->blocks.n; b++) {
     s->graphs += p->dgr[b].graph != NULL;
     s->graph_launches += p->dgr[b].launches;
@@ -562,7 +597,8 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
     rt_program_free(p);
     return NULL;
   }
-  if (plan_memory(p, err, errlen) != 0 || (o->dev && device_setup(p, err, errlen) != 0)) {
+  if (plan_memory(p, err, errlen) != 0 || (o->dev && device_setup(p, err, errlen) != 0) ||
+      dp_overlap_setup(p, err, errlen) != 0) {
     rt_program_free(p);
     return NULL;
   }
@@ -600,6 +636,7 @@ void rt_program_free(RtProgram *p) {
     free(p->mem[b].rel_off);
     free(p->mem[b].rel_val);
   }
+  dp_overlap_free(p);   /* before the device's buffers go */
   if (p->opts.dev) {
     RtDev *d = p->opts.dev;
     for (int b = 0; p->dgr && b < p->m->blocks.n; b++) {
@@ -619,6 +656,7 @@ void rt_program_free(RtProgram *p) {
   free(p->mem);
   if (p->arena) RT_UNPOISON(p->arena, p->arena_bytes);
   free(p->arena);
+  dp_overlap_free(p);
   rt_jit_free(p->jit);
   rt_pipe_free(p->env.pipe);
   rt_ring_free(p->env.ring);
@@ -760,6 +798,210 @@ static void print_memory(const RtProgram *p) {
             p->rank.coord[IR_AXIS_DP], p->rank.coord[IR_AXIS_PP], p->rank.coord[IR_AXIS_CP],
             p->rank.coord[IR_AXIS_EP], p->rank.coord[IR_AXIS_TP], p->m->blocks.a[b].name,
             (long long)p->mem[b].runs, p->mem[b].used, p->mem[b].live, p->mem[b].held);
+}
+
+/* ---- Overlapped dp reduction ----
+ * On CPU ranks with dp > 1 (unless RtExecOpts.no_overlap), the gradients
+ * plan/dpreduce.h puts in buckets are reduced over dp while the last micro
+ * batch's backward still runs: once the position completing a bucket's
+ * last gradient has run (walk_block), its gradients are packed from the
+ * slab into the bucket's buffer and its collective is posted without
+ * waiting (MPI_Iallreduce / MPI_Ireduce_scatter_block); every later
+ * position polls the requests in flight (MPI moves data only inside its
+ * calls).  The update block's dp collective of such a gradient then waits
+ * for its bucket and copies its part out, instead of communicating; the
+ * summands are the same, each element summed over the same ranks.  A
+ * bucket not posted (a caller that never says RtRunInfo.last) leaves the
+ * update block's collectives to run as written. */
+/* On a CUDA device (not the host-memory emulator, whose collectives are
+ * the reference kernels') the buckets are device buffers, packed and
+ * reduced on the comm stream by NCCL (rt_dev_exec_dp_post), pending like
+ * the device's other collectives: the backward issued after a bucket
+ * overlaps it, and the block's end joins it; a last micro batch runs its
+ * block eagerly (not its CUDA graph, which posts nothing). */
+static int dp_dev(const RtProgram *p) { return p->dx && !rt_dev_exec_dev(p->dx)->host_memory; }
+
+static int dp_overlap_setup(RtProgram *p, char *err, size_t errlen) {
+  if (p->opts.no_overlap || rt_rank_axis_size(&p->rank, IR_AXIS_DP) <= 1) return 0;
+  if (p->dx ? !dp_dev(p) || !p->rank.dev_group[IR_AXIS_DP]
+            : !p->rank.group[IR_AXIS_DP] || rt_comm_is_nccl(p->rank.group[IR_AXIS_DP]))
+    return 0;
+  int64_t bytes = p->opts.dp_bucket_bytes;
+  if (bytes < 0) bytes = -bytes * (int64_t)ir_dtype_size(p->m->train.precision);   /* given in elements */
+  if (plan_dp_buckets(p->m, bytes, &p->dpr, err, errlen) != 0) return -1;
+  p->dpb = ts_xcalloc((size_t)p->dpr.nb + 1, sizeof *p->dpb);
+  int dp = p->dpr.dp;
+  for (int k = 0; k < p->dpr.nb; k++) {
+    const PlanDpBucket *b = &p->dpr.b[k];
+    size_t es = ir_dtype_size(b->dt);
+    int rs = b->op == IR_OP_REDUCE_SCATTER;
+    size_t nb = ((size_t)b->count * (rs ? (size_t)dp : 1) + 1) * es, nr = ((size_t)b->count + 1) * es;
+    p->dpb[k].at = -1;
+    if (p->dx) {
+      RtDev *d = rt_dev_exec_dev(p->dx);
+      char why[256];
+      if (d->ops->alloc(d, nb, &p->dpb[k].buf, why, sizeof why) != 0 ||
+          (rs && d->ops->alloc(d, nr, &p->dpb[k].recv, why, sizeof why) != 0))
+        return ts_errf(err, errlen, "the dp reduction's bucket %d (%zu bytes) on %s: %s", k, nb, d->label, why);
+      continue;
+    }
+    p->dpb[k].buf = ts_xcalloc(nb, 1);
+    p->dpb[k].recv = rs ? ts_xcalloc(nr, 1) : NULL;
+  }
+  return 0;
+}
+
+/* dp_post on a device: the packing as copies on the comm stream. */
+static int dp_post_dev(RtProgram *p, int k, char *msg, size_t n) {
+  const PlanDpBucket *b = &p->dpr.b[k];
+  RtDpRun *r = &p->dpb[k];
+  size_t es = ir_dtype_size(b->dt);
+  int dp = p->dpr.dp, np = 0;
+  RtDevPack *pk = ts_xmalloc(((size_t)b->n * (size_t)dp * 2 + 1) * sizeof *pk);
+  for (int j = b->first; j < b->first + b->n; j++) {
+    const PlanDpGrad *g = &p->dpr.g[j];
+    const char *src = rt_state_dev(p, g->state);
+    if (b->op == IR_OP_ALL_REDUCE) {
+      pk[np++] = (RtDevPack){(size_t)g->off * es, src, (size_t)g->n * es};
+      continue;
+    }
+    for (int q = 0; q < dp; q++) {
+      int64_t lo = (int64_t)q * g->c, hi = lo + g->c < g->n ? lo + g->c : g->n;
+      size_t at = ((size_t)q * (size_t)b->count + (size_t)g->off) * es, have = hi > lo ? (size_t)(hi - lo) : 0;
+      if (have) pk[np++] = (RtDevPack){at, src + (size_t)lo * es, have * es};
+      if (have < (size_t)g->c) pk[np++] = (RtDevPack){at + have * es, NULL, ((size_t)g->c - have) * es};
+    }
+  }
+  int rc = rt_dev_exec_dp_post(p->dx, p, b->op, b->dt, pk, np, r->buf, r->recv, (size_t)b->count, msg, n);
+  free(pk);
+  if (rc != 0) return -1;
+  r->posted = 1;
+  r->left = b->n;
+  p->dp_buckets++;
+  p->dp_grads += b->n;
+  return 0;
+}
+
+static void dp_overlap_free(RtProgram *p) {
+  for (int k = 0; p->dpb && k < p->dpr.nb; k++) {
+    char why[256];
+    rt_comm_coll_wait(&p->dpb[k].req, why, sizeof why);   /* nothing posted may outlive its buffers */
+    if (p->dx) {
+      RtDev *d = rt_dev_exec_dev(p->dx);
+      if (p->dpb[k].buf) d->ops->free(d, p->dpb[k].buf);
+      if (p->dpb[k].recv) d->ops->free(d, p->dpb[k].recv);
+    } else {
+      free(p->dpb[k].buf);
+      free(p->dpb[k].recv);
+    }
+  }
+  free(p->dpb);
+  p->dpb = NULL;
+  plan_dp_free(&p->dpr);
+}
+
+/* Bucket k's gradients from the slab into its buffer, then its collective
+ * posted.  0 or -1 with a message. */
+static int dp_post(RtProgram *p, int k, char *msg, size_t n) {
+  const PlanDpBucket *b = &p->dpr.b[k];
+  RtDpRun *r = &p->dpb[k];
+  size_t es = ir_dtype_size(b->dt);
+  int dp = p->dpr.dp;
+  double t0 = ts_now_s();
+  char *buf = r->buf;
+  if (p->dx) return dp_post_dev(p, k, msg, n);
+  for (int j = b->first; j < b->first + b->n; j++) {
+    const PlanDpGrad *g = &p->dpr.g[j];
+    const char *src = (const char *)rt_state_data(p, g->state);
+    if (b->op == IR_OP_ALL_REDUCE) {
+      memcpy(buf + (size_t)g->off * es, src, (size_t)g->n * es);
+      continue;
+    }
+    for (int q = 0; q < dp; q++) {   /* chunk q of the gradient, zero past its end */
+      int64_t lo = (int64_t)q * g->c, hi = lo + g->c < g->n ? lo + g->c : g->n;
+      char *dst = buf + ((size_t)q * (size_t)b->count + (size_t)g->off) * es;
+      size_t have = hi > lo ? (size_t)(hi - lo) : 0;
+      if (have) memcpy(dst, src + (size_t)lo * es, have * es);
+      if (have < (size_t)g->c) memset(dst + have * es, 0, ((size_t)g->c - have) * es);
+    }
+  }
+  RtComm *c = p->rank.group[IR_AXIS_DP];
+  int rc = b->op == IR_OP_ALL_REDUCE ? rt_comm_iall_reduce(c, b->dt, buf, (size_t)b->count, &r->req, msg, n)
+                                     : rt_comm_ireduce_scatter(c, b->dt, buf, r->recv, (size_t)b->count, &r->req, msg, n);
+  if (rc != 0) return -1;
+  r->posted = 1;
+  r->left = b->n;
+  p->dpr_inflight++;
+  p->dp_buckets++;
+  p->dp_grads += b->n;
+  p->dp_post_s += ts_now_s() - t0;
+  return 0;
+}
+
+/* After position i of block bi ran on a last micro batch: posts the
+ * buckets it completes; polls those in flight. */
+static int dp_after(RtProgram *p, int bi, int i, const RtJitBlock *jb, const RtRunInfo *info, char *msg, size_t n) {
+  /* MPI moves a bucket's data inside these calls, on this rank's core;
+   * an idle poll may yield the core (mpi_yield_when_idle, oversubscribed
+   * ranks), so at most one per RT_DP_POLL_S of backward */
+  double now = p->dpr_inflight ? ts_now_s() : 0;
+  if (p->dpr_inflight && now - p->dp_last_poll >= RT_DP_POLL_S) {
+    for (int k = 0; k < p->dpr.nb; k++)
+      if (p->dpb[k].req && rt_comm_test(&p->dpb[k].req)) p->dpr_inflight--;
+    p->dp_last_poll = ts_now_s();
+    p->dp_poll_s += p->dp_last_poll - now;
+  }
+  if (!info->last) return 0;
+  for (int k = 0; k < p->dpr.nb; k++) {
+    const PlanDpBucket *b = &p->dpr.b[k];
+    RtDpRun *r = &p->dpb[k];
+    if (b->wblock != bi || r->posted) continue;
+    if (r->at < 0) {   /* where the writes of its gradients run: their nodes, or the kernels holding them */
+      for (int j = b->first; j < b->first + b->n; j++) {
+        int w = p->dpr.g[j].wpos, kid = jb ? jb->kern[w] : -1;
+        int at = kid >= 0 ? jb->k.a[kid].at : w;
+        if (at > r->at) r->at = at;
+      }
+    }
+    if (r->at == i && dp_post(p, k, msg, n) != 0) return -1;
+  }
+  return 0;
+}
+
+/* Node i of update block bi, if it is the dp collective of a gradient
+ * whose bucket was posted: waits for the bucket, copies the gradient's
+ * part into out.  1 when done so, 0 when the node runs as written, -1
+ * with a message (a device copy failed). */
+static int dp_take(RtProgram *p, int bi, int i, void *out, char *msg, size_t n) {
+  if (!p->dpb) return 0;
+  for (int j = 0; j < p->dpr.ng; j++) {
+    const PlanDpGrad *g = &p->dpr.g[j];
+    if (g->ublock != bi || g->unode != i) continue;
+    RtDpRun *r = &p->dpb[g->bucket];
+    if (!r->posted) return 0;
+    const PlanDpBucket *b = &p->dpr.b[g->bucket];
+    if (r->req) {
+      double t0 = ts_now_s();
+      char why[256];
+      rt_comm_coll_wait(&r->req, why, sizeof why);   /* a failure ends the job */
+      p->dpr_inflight--;
+      p->dp_wait_s += ts_now_s() - t0;
+    }
+    size_t es = ir_dtype_size(b->dt);
+    const char *src = b->op == IR_OP_ALL_REDUCE ? r->buf : r->recv;
+    if (p->dx) {   /* after the bucket's collective (the micro block's end joined it), on compute */
+      RtDev *d = rt_dev_exec_dev(p->dx);
+      RtDevRange rr[2] = {{src + (size_t)g->off * es, (size_t)g->c * es}, {out, (size_t)g->c * es}};
+      if (rt_dev_exec_order(p->dx, rr, 2, msg, n) != 0 ||
+          d->ops->d2d(d, out, src + (size_t)g->off * es, (size_t)g->c * es, RT_STREAM_COMPUTE, msg, n) != 0)
+        return -1;
+    } else {
+      memcpy(out, src + (size_t)g->off * es, (size_t)g->c * es);
+    }
+    if (--r->left == 0) r->posted = 0;   /* read: free for the next step */
+    return 1;
+  }
+  return 0;
 }
 
 /* One run of a block: where its values are, and the arena buffers held. */
@@ -1013,13 +1255,23 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
   int rc;
   if (nd->op == IR_OP_OUTPUT && nd->sa && strcmp(nd->sa, "loss") == 0 && r->live + r->ext_live > r->bm->held)
     r->bm->held = r->live + r->ext_live;
-  if (p->dx && nd->op == IR_OP_OUTPUT) {
+  int taken = (nd->op == IR_OP_ALL_REDUCE || nd->op == IR_OP_REDUCE_SCATTER) && nd->ia[0] == IR_AXIS_DP && p->dpb
+              ? dp_take(p, (int)(b - p->m->blocks.a), i, out, msg, n) : 0;
+  if (taken) {
+    rc = taken < 0 ? -1 : 0;
+  } else if (p->dx && nd->op == IR_OP_OUTPUT) {
     rc = device_output(p, (int)(b - p->m->blocks.a), i, nd, ind[0], inty[0], msg, n);
   } else if (p->dx) {
     rc = rt_dev_exec_node(p->dx, p, (int)(b - p->m->blocks.a), i, ind, out, info, msg, n);
   } else if (nd->op == IR_OP_OUTPUT) {
     if (ir_type_numel(inty[0]) != 1) rc = rt_kfail(&k, "output \"%s\" is not a scalar", nd->sa ? nd->sa : "");
     else { record_output(p, ts_intern(nd->sa ? nd->sa : ""), load_scalar(ind[0], inty[0]->dtype)); rc = 0; }
+  } else if ((nd->op == IR_OP_ALL_REDUCE || nd->op == IR_OP_REDUCE_SCATTER) && nd->ia[0] == IR_AXIS_DP &&
+             nd->type.rank > 0 && rt_rank_axis_size(&p->rank, IR_AXIS_DP) > 1) {
+    double t0 = ts_now_s();   /* a dp reduction the update block waits for in full */
+    rc = rt_ref_kernels[nd->op](&k);
+    p->dp_blocking++;
+    p->dp_blocking_s += ts_now_s() - t0;
   } else {
     rc = rt_ref_kernels[nd->op](&k);
   }
@@ -1134,6 +1386,7 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
     }
     /* release what position i was the last reader of (and unread results) */
     for (int f = foff[i]; f < foff[i + 1] && !bad; f++) bad = release(p, &r, fval[f], i, msg, sizeof msg);
+    if (p->dpb && !bad) bad = dp_after(p, bi, i, jb, info, msg, sizeof msg);
     if (bad) {
       ts_errf(err, errlen, "block %s, %%%d = %s: %s", b->name, i, ir_ops[b->nodes[i].op].name, msg);
       rc = -1;
@@ -1206,7 +1459,9 @@ static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, 
   const IrBlock *b = &p->m->blocks.a[bi];
   char why[512];
   if (rt_dev_exec_begin(p->dx, p, info, err, errlen) != 0) return -1;
-  if (g->graph) {
+  int posts = 0;   /* a last micro batch posting dp buckets: run eagerly (the graph posts none) */
+  for (int k = 0; info->last && p->dpb && k < p->dpr.nb; k++) posts |= p->dpr.b[k].wblock == bi;
+  if (g->graph && !posts) {
     for (int i = 0; i < b->n; i++) {
       if (b->nodes[i].op != IR_OP_INPUT) continue;
       const RtFeed *f = find_feed(feeds, nfeeds, b->nodes[i].sa);
@@ -1221,7 +1476,7 @@ static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, 
     p->mem[bi].runs++;
     return dev_finish(p, bi, g->outs.a, g->outs.n, err, errlen);
   }
-  int capture = g->runs == 1 && graph_ok(p, bi);
+  int capture = !posts && g->runs == 1 && graph_ok(p, bi);
   if (capture && d->ops->graph_begin(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
     return ts_errf(err, errlen, "block %s: starting its graph capture on %s: %s", b->name, d->label, why);
   g->outs.n = 0;
@@ -1230,7 +1485,7 @@ static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, 
    * sync below and a capture's end cover them */
   if (rc == 0 && rt_dev_exec_join(p->dx, why, sizeof why) != 0)
     rc = ts_errf(err, errlen, "block %s on %s: %s", b->name, d->label, why);
-  g->runs++;
+  if (!posts) g->runs++;   /* (a graph is captured on the second run that posts nothing) */
   if (capture) {
     RtDevGraph *gr = NULL;
     int e = d->ops->graph_end(d, RT_STREAM_COMPUTE, &gr, why, sizeof why);
@@ -1258,7 +1513,7 @@ static int run_block_dev(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, 
 int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, const RtRunInfo *info, char *err,
                  size_t errlen) {
   if (bi < 0 || bi >= p->m->blocks.n) return ts_errf(err, errlen, "no block %d", bi);
-  RtRunInfo dflt = {0, 0, p->m->train.lr};
+  RtRunInfo dflt = {0, 0, p->m->train.lr, 0};
   if (!info) info = &dflt;
   return p->dx ? run_block_dev(p, bi, feeds, nfeeds, info, err, errlen)
                : walk_block(p, bi, feeds, nfeeds, info, err, errlen);

@@ -61,6 +61,14 @@ typedef enum { RT_BACKEND_REF, RT_BACKEND_LLVM } RtBackend;
  * cuda), from `image` if given (a plan's cubin / PTX), else from the
  * module's source (devices that compile sources: the tests' emulator). */
 typedef struct RtDevImage RtDevImage;
+/* dp_bucket_bytes / no_overlap: the data-parallel gradient reduction in
+ * buckets (plan/dpreduce.h) posted without waiting during the last micro
+ * batch's backward (RtRunInfo.last) on CPU ranks, which the update block
+ * then waits for; 0 bytes: the default bucket, < 0: -dp_bucket_bytes
+ * elements of the gradients' dtype (Megatron's unit); no_overlap: every
+ * reduction in the update block, as it is written (mrun
+ * --no-overlap-grad-reduce).  Not on a device (its collectives already
+ * run on the comm stream; see docs/sharding.md). */
 typedef struct {
   RtBackend backend;
   int threads;
@@ -68,6 +76,8 @@ typedef struct {
   int cuda;
   RtDev *dev;
   const RtDevImage *image;
+  int64_t dp_bucket_bytes;
+  int no_overlap;
 } RtExecOpts;
 RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecOpts *o, char *err, size_t errlen);
 /* The options rt_program_new and rt_program_new_rank use (what mrun sets
@@ -96,6 +106,14 @@ typedef struct {
   long long stash_handed;     /* counted as the blocks run, every backend: stashes that kept their
                                  operand's buffer (the memory plan hands it over, no copy) */
   long long stash_copied;     /* ... and stashes that copied their operand */
+  long long dp_buckets;        /* overlapped dp reduction: buckets posted during a last micro batch */
+  long long dp_grads;          /* ... gradients they carried */
+  double dp_wait_s;            /* ... seconds the update block waited for them (the exposed part) */
+  double dp_post_s;            /* ... seconds spent packing and posting them during the backward */
+  double dp_poll_s;            /* ... seconds polling them during the backward (CPU ranks: MPI moves the data then) */
+  long long dp_blocking;       /* dp collectives the update block ran itself (waiting for each) */
+  double dp_blocking_s;        /* ... and their seconds */
+  long long dp_dev_overlapped; /* on a CUDA device: buckets after which the backward issued compute work */
   int graphs;                 /* on a device: blocks captured as CUDA graphs */
   long long graph_launches;    /* ... and launches of those graphs (the capturing run's included) */
 } RtExecStats;

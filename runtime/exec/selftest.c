@@ -536,7 +536,7 @@ static void run_kind(const IrModule *m, RtProgram *cpu, RtProgram *dev, RtDev *d
                      StRow *r) {
   char err[1024];
   int bi = ir_block_find(m, r->kind);
-  RtRunInfo info = {3, 1, 0.01};   /* step 3, micro 1: dropout's and AdamW's run words are not all zero */
+  RtRunInfo info = {3, 1, 0.01, 0};   /* step 3, micro 1: dropout's and AdamW's run words are not all zero */
   rt_outputs_clear(cpu);
   rt_outputs_clear(dev);
   if (bi < 0) { row_fail(r, "internal error: no block %s", r->kind); return; }

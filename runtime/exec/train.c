@@ -500,7 +500,7 @@ static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb
   for (int64_t j = 0; j < n_local; j++) {
     int64_t g = (int64_t)dp_coord * n_local + j;   /* the global micro batch */
     if (load_micro(r, m, fs, s, g, err, errlen) != 0) return -1;
-    RtRunInfo info = {s, (int)g, lr};
+    RtRunInfo info = {s, (int)g, lr, j == n_local - 1};   /* the last one's backward issues the dp reductions */
     rt_outputs_clear(r->prog);
     if (rt_run_block(r->prog, mb, feeds, nf, &info, err, errlen) != 0) return -1;
     double l;
@@ -516,7 +516,7 @@ static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb
   /* every dp rank runs the same program, so the metric lists agree; tp and
    * ep ranks compute replicated values and are not summed over */
   if (r->dp && r->nx && rt_comm_all_reduce(r->dp, IR_F64, r->xval, r->nx, err, errlen) != 0) return -1;
-  RtRunInfo info = {s, 0, lr};
+  RtRunInfo info = {s, 0, lr, 0};
   rt_outputs_clear(r->prog);
   if (rt_run_block(r->prog, ub, NULL, 0, &info, err, errlen) != 0) return -1;
   *loss = sum / (double)n_global;
@@ -543,7 +543,7 @@ static int eval_batch_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, c
     int64_t g = (int64_t)dp_coord * n_local + st->micro;
     char msg[1536];
     if (r->has_data[b] && load_micro(r, m, fs, k, g, err, errlen) != 0) return -1;
-    RtRunInfo info = {s, (int)g, 0};
+    RtRunInfo info = {s, (int)g, 0, 0};
     rt_outputs_clear(r->prog);
     if (rt_run_block(r->prog, b, feeds, nf, &info, msg, sizeof msg) != 0)
       return ts_errf(err, errlen, "evaluation batch %lld, micro batch %d, chunk %d: %s", (long long)k + 1, st->micro,
@@ -579,7 +579,7 @@ static int evaluate(TrainRun *r, const IrModule *m, const FeedSpec *fs, int eb, 
     for (int64_t j = 0; j < n_local && rc == 0; j++) {
       int64_t g = (int64_t)dp_coord * n_local + j;
       double l;
-      RtRunInfo info = {s, (int)g, 0};
+      RtRunInfo info = {s, (int)g, 0, 0};
       rt_outputs_clear(r->prog);
       if ((rc = load_micro(r, m, fs, k, g, err, errlen)) != 0) break;
       if ((rc = rt_run_block(r->prog, eb, feeds, nf, &info, err, errlen)) != 0) break;
@@ -746,7 +746,7 @@ static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
     int64_t g = (int64_t)dp_coord * n_local + st->micro;   /* the global micro batch */
     char msg[1536];
     if (r->has_data[b] && load_micro(r, m, fs, s, g, err, errlen) != 0) return -1;
-    RtRunInfo info = {s, (int)g, lr};
+    RtRunInfo info = {s, (int)g, lr, bwd && st->micro == n_local - 1};   /* last: issues its chunk's dp reductions */
     rt_outputs_clear(r->prog);
     if (rt_run_block(r->prog, b, feeds, nf, &info, msg, sizeof msg) != 0)
       return ts_errf(err, errlen, "pipeline step %d (%c of micro batch %d, chunk %d): %s", i + 1, st->kind,
@@ -770,7 +770,7 @@ static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
   if (acc[1] != (double)n_global)
     return ts_errf(err, errlen, "the forward blocks reported `output \"loss\"` %.0f times for %lld micro batches "
                    "(the last chunk's forward should report it once per micro batch)", acc[1], (long long)n_global);
-  RtRunInfo info = {s, 0, lr};
+  RtRunInfo info = {s, 0, lr, 0};
   rt_outputs_clear(r->prog);
   if (rt_run_block(r->prog, ub, NULL, 0, &info, err, errlen) != 0) return -1;
   *loss = acc[0] / (double)n_global;
@@ -1160,6 +1160,14 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   rs.dev_collectives = es.dev_collectives;
   rs.dev_overlapped = es.dev_overlapped;
   rs.accum_direct = es.accum_direct;
+  rs.dp_buckets = es.dp_buckets;
+  rs.dp_grads = es.dp_grads;
+  rs.dp_blocking = es.dp_blocking;
+  rs.dp_wait_s = es.dp_wait_s;
+  rs.dp_post_s = es.dp_post_s;
+  rs.dp_poll_s = es.dp_poll_s;
+  rs.dp_blocking_s = es.dp_blocking_s;
+  rs.dp_dev_overlapped = es.dp_dev_overlapped;
   rs.graphs = es.graphs;
   rs.graph_launches = es.graph_launches;
   run_free(&r);

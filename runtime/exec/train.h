@@ -228,6 +228,13 @@ typedef struct {
    * overlapping it). */
   long long dev_collectives, dev_overlapped;
   int accum_direct;          /* gradients the program makes straight into their state (RtExecStats) */
+  /* The dp gradient reduction (RtExecStats' dp_*): buckets posted during the
+   * last micro batches and the gradients in them, seconds the update block
+   * waited for them, seconds packing and posting them; the dp collectives
+   * run in the update block itself and their seconds. */
+  long long dp_buckets, dp_grads, dp_blocking;
+  double dp_wait_s, dp_post_s, dp_blocking_s, dp_poll_s;
+  long long dp_dev_overlapped;   /* on a CUDA device: buckets after which the backward issued compute work */
   int graphs;                /* on a device: blocks captured as CUDA graphs, and their launches */
   long long graph_launches;
   int stopped_by;            /* SIGINT / SIGTERM stopped training after `steps` (0: ran to the end) */

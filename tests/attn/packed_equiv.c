@@ -98,7 +98,7 @@ int main(int argc, char **argv) {
     rf[k] = (RtFeed){names[k], rows[k]};
     pf[k] = (RtFeed){names[k], local[k]};
   }
-  RtRunInfo info = {0, 0, 1e-3};
+  RtRunInfo info = {0, 0, 1e-3, 0};
   int fails = 0;
   if (rt_run_block(pr, ir_block_find(ref, "micro"), rf, 4, &info, err, sizeof err) ||
       rt_run_block(ps, ir_block_find(pk, "micro"), pf, 4, &info, err, sizeof err)) {

@@ -108,6 +108,11 @@ usage)
   run 2 "$MCC" samples/gpt.mdl --emit=exe && has "$TMP/err" "--emit must be plan, plan-text, ir or dot"
   run 2 "$MCC" samples/gpt.mdl -D layers && has "$TMP/err" "-D needs key=value"
   run 2 "$MCC" samples/gpt.mdl --tp && has "$TMP/err" "needs an argument"
+  run 2 "$MCC" samples/gpt.mdl --dp-bucket-size 0 &&
+    has "$TMP/err" "--dp-bucket-size expects a positive byte count (K, M, G suffixes) up to 2^47, got '0'"
+  run 2 "$MCC" samples/gpt.mdl --ddp-bucket-size 1K &&
+    has "$TMP/err" "--ddp-bucket-size expects a positive element count up to 2^47, got '1K'"
+  run 2 "$MRUN" x.plan --dp-bucket-size 0 && has "$TMP/err" "--dp-bucket-size needs a whole number in [1, 140737488355328], got '0'"
   run 2 "$MCC" samples/gpt.mdl --tp zero && has "$TMP/err" "expected a positive size"
   run 2 "$MCC" samples/gpt.mdl --precision bf16 && has "$TMP/err" "f32 or f64"
   run 2 "$MCC" samples/gpt.mdl samples/llama.mdl && has "$TMP/err" "more than one input file"

@@ -69,7 +69,7 @@ static void run(CgJit *jit, Bench *B, const char *name, int reps) {
   double bytes = 0;
   for (int i = 0; i < k->nbuf; i++) bytes += (double)k->buf[i].n * (k->buf[i].type == CG_F64 ? 8 : 4);
   RtProgram *p = rt_program_new(B->m, err, sizeof err);
-  RtRunInfo info = {0, 0, 1e-3};
+  RtRunInfo info = {0, 0, 1e-3, 0};
   TS_ASSERT(p && rt_run_block(p, B->b, B->feeds, B->nfeed, &info, err, sizeof err) == 0);
   double t0 = now();
   for (int r = 0; r < reps; r++) rt_run_block(p, B->b, B->feeds, B->nfeed, &info, err, sizeof err);

@@ -283,7 +283,7 @@ static void check_group(Case *c, const int *nodes, int n, const char *what, int 
   }
   RtProgram *p = rt_program_new(m, err, sizeof err);
   TS_ASSERT(p);
-  RtRunInfo info = {0, 0, 1e-3};
+  RtRunInfo info = {0, 0, 1e-3, 0};
   int rc = rt_run_block(p, c->b, c->feeds, c->nfeed, &info, err, sizeof err);
   CHECK(rc == 0, "%s: reference run failed: %s", what, err);
   CgFn fn = rc == 0 ? cg_jit_compile(g_jit, k, err, sizeof err) : NULL;

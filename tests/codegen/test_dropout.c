@@ -106,7 +106,7 @@ static int reference(Drop *d, int64_t step, int micro, void *want) {
   RtProgram *p = rt_program_new(d->m, err, sizeof err);
   if (!p) { CHECK(0, "rt_program_new: %s", err); return -1; }
   RtFeed feeds[3] = {{"x", d->xd}, {"bias", d->bd}, {"r", d->rd}};
-  RtRunInfo info = {step, micro, 1e-3};
+  RtRunInfo info = {step, micro, 1e-3, 0};
   int rc = rt_run_block(p, 0, feeds, 3, &info, err, sizeof err);
   CHECK(rc == 0, "reference run: %s", err);
   if (rc == 0) memcpy(want, rt_state_data(p, d->st), N * ir_dtype_size(d->m->states.a[d->st].type.dtype));

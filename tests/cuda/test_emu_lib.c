@@ -240,7 +240,7 @@ static double run_case(RtDev *d, const char *text, int cp, int cpc, const char *
   RtProgram *dev = cpu ? rt_program_new_opts(m, &rank, &od, err, sizeof err) : NULL;
   CHECK(!cpu || dev, "%s: device program: %s", label, err);
   double worst = INFINITY;
-  RtRunInfo info = {1, 0, 0.01};
+  RtRunInfo info = {1, 0, 0.01, 0};
   int bi = ir_block_find(m, "main");
   if (dev && rt_run_block(cpu, bi, case_feeds, case_nfeeds, &info, err, sizeof err) != 0) { CHECK(0, "%s: CPU run: %s", label, err); goto out; }
   if (dev && rt_run_block(dev, bi, case_feeds, case_nfeeds, &info, err, sizeof err) != 0) { CHECK(0, "%s: device run: %s", label, err); goto out; }
@@ -450,7 +450,7 @@ static void test_moe_overflow(RtDev *d) {
       RtProgram *p = rt_program_new_opts(m, &rank, &od, err, sizeof err);
       CHECK(p, "moe overflow %s: device program: %s", dts[t], err);
       if (!p) continue;
-      RtRunInfo info = {1, 0, 0.01};
+      RtRunInfo info = {1, 0, 0.01, 0};
       int ok = rt_run_block(p, ir_block_find(m, "main"), NULL, 0, &info, err, sizeof err) == 0 &&
                rt_program_sync_states(p, err, sizeof err) == 0;
       CHECK(ok, "moe overflow %s (%s): %s", dts[t], orders[o], err);

@@ -96,12 +96,18 @@ int main(int argc, char **argv) {
   snprintf(mc, sizeof mc, "%s/cpu.jsonl", dir);
   snprintf(md, sizeof md, "%s/gpu.jsonl", dir);
 
+  /* FAKE_GPU_DP_BUCKET=BYTES: the overlapped dp reduction in buckets of
+   * that size on both runs; unset: the reduction in the update block
+   * (--no-overlap-grad-reduce), whose collectives overlap the square sums */
+  const char *bk = getenv("FAKE_GPU_DP_BUCKET");
+  int64_t bucket = bk ? atoll(bk) : 0;
   /* CPU ranks */
-  RtExecOpts xo = {.backend = RT_BACKEND_LLVM, .threads = 1};
+  RtExecOpts xo = {.backend = RT_BACKEND_LLVM, .threads = 1, .dp_bucket_bytes = bucket, .no_overlap = !bk};
   rt_exec_set_default(&xo);
   RtTrainOpts to = {.quiet = 1, .metrics_path = mc, .save_params_path = pc, .rank = &rank, .world = world};
   RtTrainResult res;
   if (rt_train(m, &to, &res, err, sizeof err) != 0) rt_comm_abort(world, "CPU run: %s", err);
+  long long cpu_buckets = res.dp_buckets;
 
   /* GPU ranks over the fakes */
   const char *drv = getenv("TS_CUDA_DRIVER");
@@ -129,7 +135,8 @@ int main(int argc, char **argv) {
     set_eager(dev->ops->stream_handle(dev, RT_STREAM_COMM), 1);
   }
   RtDevImage img = {cm.src.p, NULL, NULL, 0, 0};   /* compiled by NVRTC for the fake's arch, as from source */
-  RtExecOpts gxo = {.backend = RT_BACKEND_LLVM, .threads = 1, .dev = dev, .image = &img};
+  RtExecOpts gxo = {.backend = RT_BACKEND_LLVM, .threads = 1, .dev = dev, .image = &img, .dp_bucket_bytes = bucket,
+                     .no_overlap = !bk};
   rt_exec_set_default(&gxo);
   RtTrainOpts tg = to;
   tg.metrics_path = md;
@@ -169,6 +176,22 @@ int main(int argc, char **argv) {
   CHECK(res.accum_direct > 0, "no weight gradient's GEMM adds into its state on the device");
   if (plan->mesh.pp <= 1) CHECK(res.dev_overlapped > 0, "no collective overlapped compute");
   CHECK(emu_launches > 0, "no kernel ran");
+  /* the overlapped dp reduction: the GPU ranks post the same buckets as
+   * the CPU ranks, and every bucket but each step's last is followed by
+   * compute of the backward before the block ends (the executor's record
+   * of the order it issued work in); a reduction that waited for the
+   * whole backward would have none */
+  if (bk) {
+    printf("rank %d: dp buckets: %lld on CPU ranks, %lld on the GPU, %lld of them followed by backward compute\n", me,
+           cpu_buckets, res.dp_buckets, res.dp_dev_overlapped);
+    CHECK(res.dp_buckets > 0 && res.dp_buckets == cpu_buckets, "%lld dp buckets posted on the GPU, %lld on CPU ranks",
+          res.dp_buckets, cpu_buckets);
+    CHECK(res.dp_buckets >= 2 * m->train.steps, "%lld dp buckets in %lld steps: not bucketed", res.dp_buckets,
+          (long long)m->train.steps);
+    CHECK(res.dp_dev_overlapped >= res.dp_buckets - m->train.steps,
+          "only %lld of %lld dp buckets were issued before backward compute: the reduction waited for the backward",
+          res.dp_dev_overlapped, res.dp_buckets);
+  }
   CHECK(nops > 0, "no NCCL operation");
   CHECK(!last_stream || last_stream() == comm_stream, "NCCL was not given the device's comm stream");
 

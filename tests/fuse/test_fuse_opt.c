@@ -117,7 +117,7 @@ static void test_runs(void) {
   for (int step = 0; step < 3; step++) {
     fill_grads(m, ref, step);
     fill_grads(m, jit, step);
-    RtRunInfo info = {step, 0, 0.01 * (step + 1)};
+    RtRunInfo info = {step, 0, 0.01 * (step + 1), 0};
     CHECK(rt_run_block(ref, 0, &f, 1, &info, err, sizeof err) == 0, "ref: %s", err);
     CHECK(rt_run_block(jit, 0, &f, 1, &info, err, sizeof err) == 0, "llvm: %s", err);
     double s1 = NAN, s2 = NAN;
@@ -229,7 +229,7 @@ static void test_sample(const char *model, IrDtype prec, int layers, int want_ep
       tgt[i] = (int32_t)((i * 5 + step * 11 + 1) % 64);
     }
     RtFeed f[2] = {{"tokens", tok}, {"targets", tgt}};
-    RtRunInfo info = {step, 0, rt_lr_at(&m->train, step)};
+    RtRunInfo info = {step, 0, rt_lr_at(&m->train, step), 0};
     double l1 = NAN, l2 = NAN;
     CHECK(rt_run_block(ref, mi, f, 2, &info, err, sizeof err) == 0, "%s ref micro: %s", what, err);
     CHECK(rt_run_block(jit, mi, f, 2, &info, err, sizeof err) == 0, "%s llvm micro: %s", what, err);

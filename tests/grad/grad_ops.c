@@ -590,7 +590,7 @@ static int run_case(const Case *k) {
   fill_params(&c, pm, pf);
   /* variant 1 of dropout runs as a later step and micro-batch: its mask
    * differs from step 0's, and autodiff's dropout must still match it */
-  RtRunInfo info = {0, 0, 0.0};
+  RtRunInfo info = {0, 0, 0.0, 0};
   if (k->op == IR_OP_DROPOUT && k->v) info.step = 5, info.micro = 1;
   double lm = gc_loss(pm, ir_block_find(c.m, "micro"), &info, c.feeds, c.nfeed);
   double lf = gc_loss(pf, 0, &info, c.feeds, c.nfeed);

@@ -104,7 +104,7 @@ static int run_sample(const Sample *s) {
     for (int64_t i = 0; i < n; i++) a[i] += 0.3 * gc_normal(&rng);
     memcpy(b, a, (size_t)n * sizeof *a);
   }
-  RtRunInfo info = {0, 0, 0.0};
+  RtRunInfo info = {0, 0, 0.0, 0};
   double lm = gc_loss(pm, ir_block_find(m, "micro"), &info, feeds, 2), lf = gc_loss(pf, 0, &info, feeds, 2);
   if (!(fabs(lm - lf) <= 1e-12 * (1 + fabs(lf)))) { printf("FAIL %s: micro loss %.17g vs forward %.17g\n", s->name, lm, lf); fails++; goto out; }
 

@@ -141,7 +141,7 @@ static void run_config(const Config *c) {
   const IrTrain *t = &m->train;
   double lr = 0.05;
   for (int s = 0; s < STEPS; s++) {
-    RtRunInfo info = {s, 0, lr};
+    RtRunInfo info = {s, 0, lr, 0};
     for (int k = 0; k < NMICRO; k++) {
       RtFeed feed = {"x", xs[s][k]};
       info.micro = k;

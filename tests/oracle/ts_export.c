@@ -240,7 +240,7 @@ int main(int argc, char **argv) {
   }
   sb_puts(&js, "\n  ],\n");
 
-  RtRunInfo info = {0, 0, m->train.lr};
+  RtRunInfo info = {0, 0, m->train.lr, 0};
   if ((rc = rt_run_block(prog, mb, feeds, nfeeds, &info, err, sizeof err)) != 0) {
     fprintf(stderr, "ts_export: running block micro: %s\n", err);
     goto out;

@@ -62,7 +62,7 @@ static IrModule *module(const char *fmt, ...) {
 }
 
 static int run(RtProgram *p, const char *block, const RtFeed *f, int nf, int micro) {
-  RtRunInfo info = {0, micro, 0.001};
+  RtRunInfo info = {0, micro, 0.001, 0};
   int b = ir_block_find(rt_program_module(p), block);
   TS_ASSERT(b >= 0);
   err[0] = 0;

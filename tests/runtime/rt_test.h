@@ -107,7 +107,7 @@ static inline double *run_op_sh(IrOp op, int nin, const Arg *args, const int64_t
     TS_ASSERT(ir_emit(m, b, IR_OP_ACCUM, &r, 1, sa, NULL, NULL, NULL, err, errlen) >= 0);
     p = sh ? rt_program_new_rank(m, sh->rank, err, errlen) : rt_program_new(m, err, errlen);
     TS_ASSERT(p);
-    RtRunInfo info = {0, 0, 1e-3};
+    RtRunInfo info = {0, 0, 1e-3, 0};
     if (rt_run_block(p, b, feeds, nin, &info, err, errlen) == 0) {
       *rt = t;
       res = from_dtype(rt_state_data(p, s), ir_type_numel(&st.type), st.type.dtype);

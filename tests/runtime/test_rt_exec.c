@@ -311,7 +311,7 @@ static void test_adamw(IrDtype dt) {
     void *gd = to_dtype(gr, 5, dt);
     memcpy(rt_state_data(pr, g), gd, 5 * ir_dtype_size(dt));
     free(gd);
-    RtRunInfo info = {step, 0, lr};
+    RtRunInfo info = {step, 0, lr, 0};
     CHECK(rt_run_block(pr, b, NULL, 0, &info, err, sizeof err) == 0, "adamw: %s", err);
     for (int i = 0; i < 5; i++) {
       double gg = gr[i] * 0.5;
@@ -361,7 +361,7 @@ static void test_adamw_flat(IrDtype dt) {
     double *w0 = from_dtype(rt_state_data(pr, p), 5, dt), gr[3] = {0.5, -0.25, 2.0};
     void *gd = to_dtype(gr, 3, dt);
     RtFeed f = {"g", gd};
-    RtRunInfo info = {0, 0, 0.01};
+    RtRunInfo info = {0, 0, 0.01, 0};
     CHECK(rt_run_block(pr, b, &f, 1, &info, err, sizeof err) == 0, "flat adamw: %s", err);
     double *w1 = from_dtype(rt_state_data(pr, p), 5, dt);
     for (int i = 0; i < 5; i++) {

@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
     }
   }
   RtFeed lfeeds[2] = {{"tokens", ltok}, {"targets", ltgt}};
-  RtRunInfo info = {0, 0, 1e-3};
+  RtRunInfo info = {0, 0, 1e-3, 0};
   int fails = 0;
   for (int step = 0; step < 2; step++) {      /* twice: accumulation adds up */
     info.micro = step;
