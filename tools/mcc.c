@@ -577,7 +577,7 @@ static PipeSchedKind pipe_kind(const Args *a, int vpp) {
 }
 
 static IrPipeSched ir_sched_of(PipeSchedKind k) {
-  return k == PIPE_GPIPE ? IR_PIPE_GPIPE : k == PIPE_INTERLEAVED ? IR_PIPE_INTERLEAVED : IR_PIPE_1F1B;
+  return (IrPipeSched)(k + 1);   /* IrPipeSched lists the kinds in the same order, after "none" */
 }
 
 /* pp > 1, before the passes: partitions the model once to learn vpp (a
