@@ -336,7 +336,7 @@ int pass_time_chunks(const IrModule *m, const HwDesc *hw, int nchunks, double *f
     if (g < 0 || g >= nchunks || kind == IR_CHUNK_EVAL) continue;
     TimeCost c = {0};
     pass_time_block(m, b, hw, fmt, &c);
-    (kind == IR_CHUNK_FWD ? fwd : bwd)[g] = time_cost_total(&c);
+    (kind == IR_CHUNK_FWD ? fwd : bwd)[g] += time_cost_total(&c);   /* zb-h1: bwd.<g> + wgt.<g> */
     found = 1;
   }
   return found ? 0 : -1;

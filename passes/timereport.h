@@ -31,7 +31,9 @@ void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFo
 double pass_time_model_flops(const IrModule *frontend);
 
 /* Per-chunk predicted seconds of a compiled pipeline module (blocks
- * fwd.<g> / bwd.<g>): fwd[g], bwd[g] for g < nchunks.  0, or -1 when m has
+ * fwd.<g> / bwd.<g>): fwd[g], bwd[g] for g < nchunks.  With a split
+ * backward (zb-h1) bwd[g] is bwd.<g> + wgt.<g>, the whole backward, which
+ * the schedule simulation then halves into B and W.  0, or -1 when m has
  * no chunk blocks (pp = 1). */
 int pass_time_chunks(const IrModule *m, const HwDesc *hw, int nchunks, double *fwd, double *bwd);
 

@@ -106,7 +106,8 @@ static void usage(FILE *f) {
           "  --emit=trace FILE      pipeline: Chrome/Perfetto trace (JSON) of the simulated schedule\n"
           "                         (with --hw: in predicted seconds; else in the partition's cost units)\n"
           "  --vpp V                pipeline: chunks per rank (virtual pipeline size; default 1)\n"
-          "  --schedule S           pipeline: gpipe, 1f1b (default) or interleaved (default with --vpp >= 2)\n"
+          "  --schedule S           pipeline: gpipe, 1f1b (default), interleaved (default with --vpp >= 2) or\n"
+          "                         zb-h1 (zero bubble: backward split into B and deferred W steps)\n"
           "  --pp-layers A,B,...    pipeline: layers per stage (pp x vpp entries) instead of balancing\n"
           "  --pp-layout STR        pipeline: Megatron layout string, e.g. \"Et*3|t*3|t*3|t*3L\"\n"
           "  --check                compile the layout and the unsharded model in f64, run both with\n"
@@ -387,7 +388,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--hw") == 0) { NEED_ARG(s); a->hw = next; continue; }
     if (strcmp(s, "--schedule") == 0) {
       NEED_ARG(s);
-      if (plan_pipe_sched_lookup(next) < 0) return usage_error("--schedule must be gpipe, 1f1b or interleaved, got '%s'", next);
+      if (plan_pipe_sched_lookup(next) < 0)
+        return usage_error("--schedule must be gpipe, 1f1b, interleaved or zb-h1, got '%s'", next);
       a->schedule = next;
       continue;
     }

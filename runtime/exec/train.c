@@ -662,7 +662,7 @@ static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_
 
 /* TS_PIPE_TRACE=PATH (tests): after the first step, the pipeline rank c
  * of the mesh's first dp/cp/ep/tp coordinates writes the steps it ran, in
- * order, one "F|B micro chunk" line each, to PATH.<c> (atomically).  The
+ * order, one "F|B|W micro chunk" line each, to PATH.<c> (atomically).  The
  * tests rebuild the schedule from what ran and measure its bubble. */
 static int trace_steps(const TrainRun *r, int c, char *err, size_t errlen) {
   const char *path = getenv("TS_PIPE_TRACE");
