@@ -101,15 +101,16 @@ int pass_pipe_report(const IrModule *m, const PipePartition *p, const PipeSchedu
     sb_printf(out, "  (p-1)/(v*m) = %.4f\n", formula);
   sb_printf(out, "in flight (micro batches whose activations a rank holds at once%s; chunk activations):\n",
             split ? ", from F until W: B keeps what W reads" : "");
-  double worst = 0;
+  double worst = 0, worst_c = 0;
   int peak = 0;
   for (int r = 0; r < s->pp; r++) {
     sb_printf(out, "  rank %-3d peak %d micro batches, %d chunk activations\n", r, t.peak_micro[r], t.peak_chunks[r]);
     if (plan_pipe_bubble(&t, r) > worst) worst = plan_pipe_bubble(&t, r);
+    if (plan_pipe_bubble(&tc, r) > worst_c) worst_c = plan_pipe_bubble(&tc, r);
     if (t.peak_micro[r] > peak) peak = t.peak_micro[r];
   }
-  sb_printf(out, "summary: %s bubble %.4f (worst rank, f=1,b=2), peak in flight %d micro batches (worst rank)\n",
-            plan_pipe_sched_name(s->kind), worst, peak);
+  sb_printf(out, "summary: %s bubble %.4f (worst rank, f=1,b=2), peak in flight %d micro batches (worst rank); "
+                 "estimated costs: bubble %.4f (worst rank)\n", plan_pipe_sched_name(s->kind), worst, peak, worst_c);
   plan_pipe_timeline_free(&t);
   plan_pipe_timeline_free(&tc);
   return 0;

@@ -18,7 +18,10 @@
  * it (the "kept for W" rows).  A FREE value (one that reads no recv and no
  * unstash: a state read, an input, a constant, the broadcast of a weight)
  * is recomputed in W instead, as pass pipeline recomputes free values in
- * every block that reads them.
+ * every block that reads them; so is a reshape, permute or broadcast of a
+ * value of B (from its operand, handed over instead): a view of a value
+ * and the value itself would otherwise both be kept, the second a copy
+ * (tests/pipe_split counts the bytes).
  *
  * Expects: pass pipeline's blocks (pp > 1); m->par.sched says the
  * schedule.  Guarantees: with zb-h1, for every chunk g, bwd.<g> holds no
@@ -33,6 +36,7 @@ typedef struct {
   PassCtx *cx;
   IrBlock ob;             /* the old bwd.<g> (its nodes stay in m's arena) */
   unsigned char *anch;    /* per old node: reads a recv or an unstash (transitively) */
+  unsigned char *rw;      /* per old node: a layout op of B's that W recomputes (from its operand) */
   int *lmap;              /* per old node: its id in the block being built, -1 none */
   int nb;                 /* the block being built */
   int failed;
@@ -85,7 +89,7 @@ static int ws_slot(Ws *S, IrOp op, int x, int64_t slot, const IrNode *like) {
 static int ws_use(Ws *S, int v) {
   if (S->lmap[v] >= 0) return S->lmap[v];
   const IrNode *n = &S->ob.nodes[v];
-  if (S->anch[v]) return ws_fail(S, "a value of B was not handed to W:", n, "");
+  if (S->anch[v] && !S->rw[v]) return ws_fail(S, "a value of B was not handed to W:", n, "");
   int in[64];
   if (n->nin > 64) return ws_fail(S, "more than 64 operands:", n, "");
   for (int k = 0; k < n->nin; k++)
@@ -100,6 +104,21 @@ static int ws_emit(Ws *S, int i) {
   for (int k = 0; k < nd->nin; k++)
     if ((in[k] = ws_use(S, nd->in[k])) < 0) return -1;
   return S->lmap[i] = ws_copy(S, nd, in);
+}
+
+static int is_layout(IrOp op) { return op == IR_OP_RESHAPE || op == IR_OP_PERMUTE || op == IR_OP_BROADCAST; }
+
+/* W reads value v of B: hand it over (tow), or, for a layout op, recompute
+ * it in W from what its operand needs. */
+static void need_in_w(Ws *S, const unsigned char *inb, unsigned char *tow, int v) {
+  const IrNode *n = &S->ob.nodes[v];
+  if (!inb[v] || !S->anch[v]) return;          /* W's own, or free (recomputed) */
+  if (is_layout(n->op) && n->nin == 1) {
+    S->rw[v] = 1;
+    need_in_w(S, inb, tow, n->in[0]);
+  } else {
+    tow[v] = 1;
+  }
 }
 
 /* The largest stash slot of chunk g's forward block, + 1. */
@@ -126,6 +145,8 @@ static int split_block(IrModule *m, PassCtx *cx, int bi, int g, int *nb_b, int *
   Arena *A = &cx->scratch;
   S.anch = arena_alloc(A, (size_t)n + 1);
   S.lmap = arena_alloc(A, ((size_t)n + 1) * sizeof *S.lmap);
+  S.rw = arena_alloc(A, (size_t)n + 1);
+  memset(S.rw, 0, (size_t)n + 1);
   unsigned char *inb = arena_alloc(A, (size_t)n + 1);   /* B's slice */
   unsigned char *tow = arena_alloc(A, (size_t)n + 1);   /* anchored B value that W reads */
   for (int i = 0; i < n; i++) {
@@ -144,8 +165,7 @@ static int split_block(IrModule *m, PassCtx *cx, int bi, int g, int *nb_b, int *
     const IrNode *nd = &S.ob.nodes[i];
     int w = !inb[i] && (S.anch[i] || (ir_ops[nd->op].flags & OPF_EFFECT));
     if (!w) continue;
-    for (int k = 0; k < nd->nin; k++)
-      if (inb[nd->in[k]] && S.anch[nd->in[k]]) tow[nd->in[k]] = 1;
+    for (int k = 0; k < nd->nin; k++) need_in_w(&S, inb, tow, nd->in[k]);
   }
   int64_t slot0 = first_free_slot(m, g);
   char name[32];
