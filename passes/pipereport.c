@@ -116,11 +116,13 @@ int pass_pipe_report(const IrModule *m, const PipePartition *p, const PipeSchedu
   return 0;
 }
 
-int pass_pipe_trace(const PipePartition *p, const PipeSchedule *s, const double *fwd_s, const double *bwd_s,
+int pass_pipe_trace(const PipePartition *p, const PipeSchedule *s, const double *fwd_s, const double *bwd_s, const double *wgt_s,
                     StrBuf *out, char *err, size_t errlen) {
   double *fw = fwd_s ? NULL : chunk_fwd(p);
   PipeTimeline t;
-  int rc = fwd_s ? plan_pipe_simulate_fb(s, fwd_s, bwd_s, 2, &t, err, errlen) : plan_pipe_simulate(s, fw, 2, &t, err, errlen);
+  int rc = fwd_s ? plan_pipe_simulate_fbw(s, fwd_s, bwd_s, plan_pipe_sched_splits_bwd(s->kind) ? wgt_s : NULL, 2, &t, err,
+                                          errlen)
+                 : plan_pipe_simulate(s, fw, 2, &t, err, errlen);
   free(fw);
   if (rc != 0) return -1;
   /* time in us: predicted seconds (passes/timereport.c on a hardware

@@ -32,10 +32,10 @@ double pass_time_model_flops(const IrModule *frontend);
 
 /* Per-chunk predicted seconds of a compiled pipeline module (blocks
  * fwd.<g> / bwd.<g>): fwd[g], bwd[g] for g < nchunks.  With a split
- * backward (zb-h1) bwd[g] is bwd.<g> + wgt.<g>, the whole backward, which
- * the schedule simulation then halves into B and W.  0, or -1 when m has
+ * backward (zb-h1): wgt[g] = wgt.<g>'s (W) and bwd[g] = bwd.<g>'s (B);
+ * wgt NULL: bwd[g] is both, the whole backward.  0, or -1 when m has
  * no chunk blocks (pp = 1). */
-int pass_time_chunks(const IrModule *m, const HwDesc *hw, int nchunks, double *fwd, double *bwd);
+int pass_time_chunks(const IrModule *m, const HwDesc *hw, int nchunks, double *fwd, double *bwd, double *wgt);
 
 /* The text of `mcc --report time`.  progs[r]: the program of pipeline rank
  * r (one program without pp), each compiled for the same mesh;

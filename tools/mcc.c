@@ -1204,16 +1204,17 @@ static int run_pipe_views(const Args *a, PassCtx *cx) {
    * fwd.<g> / bwd.<g> blocks (the one place per-op seconds come from:
    * passes/timereport.c); one rank without chunk blocks: its micro block
    * split 1 : 2 */
-  double *fs = NULL, *bs = NULL;
+  double *fs = NULL, *bs = NULL, *ws = NULL;
   if (ok && a->trace && a->hw) {
     HwDesc hw;
     int nch = part.pp * part.vpp;
     fs = ts_xcalloc((size_t)nch, sizeof *fs);
     bs = ts_xcalloc((size_t)nch, sizeof *bs);
+    ws = ts_xcalloc((size_t)nch, sizeof *ws);
     if (hw_load(a->hw, &hw, err, sizeof err) != 0) {
       fprintf(stderr, "mcc: error: %s\n", err);
       ok = 0;
-    } else if (pass_time_chunks(m, &hw, nch, fs, bs) != 0) {
+    } else if (pass_time_chunks(m, &hw, nch, fs, bs, ws) != 0) {
       for (int i = 0; i < m->blocks.n; i++)
         if (!strcmp(m->blocks.a[i].name, "micro")) {
           TimeCost c = {0};
@@ -1223,12 +1224,13 @@ static int run_pipe_views(const Args *a, PassCtx *cx) {
         }
     }
   }
-  if (ok && a->trace && pass_pipe_trace(&part, &sched, fs, bs, &tr, err, sizeof err) != 0) {
+  if (ok && a->trace && pass_pipe_trace(&part, &sched, fs, bs, ws, &tr, err, sizeof err) != 0) {
     fprintf(stderr, "mcc: error: %s\n", err);
     ok = 0;
   }
   free(fs);
   free(bs);
+  free(ws);
   if (ok) {
     rc = 0;
     if (a->report) rc = emit_text(a->output, &rep);
