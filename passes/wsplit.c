@@ -37,6 +37,8 @@ typedef struct {
   IrBlock ob;             /* the old bwd.<g> (its nodes stay in m's arena) */
   unsigned char *anch;    /* per old node: reads a recv or an unstash (transitively) */
   unsigned char *rw;      /* per old node: a layout op of B's that W recomputes (from its operand) */
+  unsigned char *pulled;  /* per old node: moved into B by pull_reductions: 2 a reduction (handed to W),
+                             1 what it reads (W recomputes it if it needs it) */
   int *lmap;              /* per old node: its id in the block being built, -1 none */
   int nb;                 /* the block being built */
   int failed;
@@ -112,13 +114,84 @@ static int is_layout(IrOp op) { return op == IR_OP_RESHAPE || op == IR_OP_PERMUT
  * it in W from what its operand needs. */
 static void need_in_w(Ws *S, const unsigned char *inb, unsigned char *tow, int v) {
   const IrNode *n = &S->ob.nodes[v];
-  if (!inb[v] || !S->anch[v]) return;          /* W's own, or free (recomputed) */
-  if (is_layout(n->op) && n->nin == 1) {
+  if (!inb[v] || !S->anch[v] || S->rw[v]) return;   /* W's own, free (recomputed), or done */
+  if ((is_layout(n->op) && n->nin == 1) || S->pulled[v] == 1) {
     S->rw[v] = 1;
-    need_in_w(S, inb, tow, n->in[0]);
+    for (int k = 0; k < n->nin; k++) need_in_w(S, inb, tow, n->in[k]);
   } else {
     tow[v] = 1;
   }
+}
+
+static size_t node_bytes(const IrNode *n) { return (size_t)ir_type_numel(&n->type) * ir_dtype_size(n->type.dtype); }
+
+/* What W reads of B under the split inb: tow (handed over) and S->rw
+ * (layout ops W recomputes), recomputed from scratch; returns the bytes
+ * handed over per micro batch. */
+static size_t handed_bytes(Ws *S, const unsigned char *inb, unsigned char *tow) {
+  int n = S->ob.n;
+  memset(tow, 0, (size_t)n + 1);
+  memset(S->rw, 0, (size_t)n + 1);
+  for (int i = 0; i < n; i++) {
+    const IrNode *nd = &S->ob.nodes[i];
+    if (inb[i] || !(S->anch[i] || (ir_ops[nd->op].flags & OPF_EFFECT))) continue;
+    for (int k = 0; k < nd->nin; k++) need_in_w(S, inb, tow, nd->in[k]);
+  }
+  size_t by = 0;
+  for (int v = 0; v < n; v++)
+    if (tow[v]) by += node_bytes(&S->ob.nodes[v]);
+  return by;
+}
+
+/* Moves cheap reductions into B where that hands W fewer bytes: a layer
+ * norm's gain gradient sum_to(mul(d, xhat)) and its bias gradient
+ * sum_to(d) read in W keep the [s, b, h] gradient d for them; computed in
+ * B, only the [h] results cross.  A root is a value outside B, no matmul
+ * (W keeps the GEMMs), smaller than half its largest operand, all of whose
+ * anchored inputs B has or can compute the same way (candidates); the
+ * roots move with their candidate ancestors, all together (a gradient is
+ * released only when all its reductions moved), and only when the bytes
+ * handed over drop.  W recomputes a moved ancestor it reads itself (as it
+ * recomputes free values) rather than have it handed over. */
+static void pull_reductions(Ws *S, unsigned char *inb, unsigned char *tow) {
+  int n = S->ob.n;
+  unsigned char *cand = ts_xcalloc((size_t)n + 1, 1), *save = ts_xmalloc((size_t)n + 1);
+  int *stack = ts_xmalloc(((size_t)n + 1) * sizeof *stack);
+  size_t before = handed_bytes(S, inb, tow);
+  memcpy(save, inb, (size_t)n + 1);
+  for (int i = 0; i < n; i++) {
+    const IrNode *nd = &S->ob.nodes[i];
+    if (inb[i] || !S->anch[i] || (ir_ops[nd->op].flags & OPF_EFFECT) || nd->op == IR_OP_MATMUL) continue;
+    int ok = 1;
+    size_t big = 0;
+    for (int k = 0; k < nd->nin && ok; k++) {
+      int v = nd->in[k];
+      if (!S->anch[v]) continue;
+      ok = save[v] || cand[v];
+      if (node_bytes(&S->ob.nodes[v]) > big) big = node_bytes(&S->ob.nodes[v]);
+    }
+    if (!ok) continue;
+    cand[i] = 1;
+    if (2 * node_bytes(nd) > big) continue;       /* not a reduction: a candidate, no root */
+    int sp = 0;
+    stack[sp++] = i;
+    S->pulled[i] = 2;
+    while (sp) {                                  /* the root and its candidate ancestors into B */
+      int v = stack[--sp];
+      if (inb[v]) continue;
+      inb[v] = 1;
+      if (!S->pulled[v]) S->pulled[v] = 1;
+      for (int k = 0; k < S->ob.nodes[v].nin; k++)
+        if (cand[S->ob.nodes[v].in[k]] && !inb[S->ob.nodes[v].in[k]]) stack[sp++] = S->ob.nodes[v].in[k];
+    }
+  }
+  if (handed_bytes(S, inb, tow) >= before) {      /* no better: as it was */
+    memcpy(inb, save, (size_t)n + 1);
+    memset(S->pulled, 0, (size_t)n + 1);
+  }
+  free(cand);
+  free(save);
+  free(stack);
 }
 
 /* The largest stash slot of chunk g's forward block, + 1. */
@@ -147,6 +220,8 @@ static int split_block(IrModule *m, PassCtx *cx, int bi, int g, int *nb_b, int *
   S.lmap = arena_alloc(A, ((size_t)n + 1) * sizeof *S.lmap);
   S.rw = arena_alloc(A, (size_t)n + 1);
   memset(S.rw, 0, (size_t)n + 1);
+  S.pulled = arena_alloc(A, (size_t)n + 1);
+  memset(S.pulled, 0, (size_t)n + 1);
   unsigned char *inb = arena_alloc(A, (size_t)n + 1);   /* B's slice */
   unsigned char *tow = arena_alloc(A, (size_t)n + 1);   /* anchored B value that W reads */
   for (int i = 0; i < n; i++) {
@@ -160,13 +235,8 @@ static int split_block(IrModule *m, PassCtx *cx, int bi, int g, int *nb_b, int *
   for (int i = n - 1; i >= 0; i--)
     if (inb[i])
       for (int k = 0; k < S.ob.nodes[i].nin; k++) inb[S.ob.nodes[i].in[k]] = 1;
-  /* W: effects and anchored values outside B; what they read of B */
-  for (int i = 0; i < n; i++) {
-    const IrNode *nd = &S.ob.nodes[i];
-    int w = !inb[i] && (S.anch[i] || (ir_ops[nd->op].flags & OPF_EFFECT));
-    if (!w) continue;
-    for (int k = 0; k < nd->nin; k++) need_in_w(&S, inb, tow, nd->in[k]);
-  }
+  pull_reductions(&S, inb, tow);
+  handed_bytes(&S, inb, tow);
   int64_t slot0 = first_free_slot(m, g);
   char name[32];
 
