@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # plan_quality.sh [--build DIR] - what a compiled plan costs, per
 # transformer layer, next to Megatron's hand-written equivalent: bytes each
-# rank sends and activation bytes it holds.  Compile only (mcc --report
+# rank sends and activation bytes it holds; last, each pipeline schedule's
+# bubble and stash (1f1b, interleaved, zb-h1; formulas above that table).  Compile only (mcc --report
 # comm / --report memory), so every figure is exact and the script takes
 # seconds.  Per-layer figures are differences: the model compiled with 3
 # layers minus the same with 2 (one micro batch of one sequence per step,
@@ -42,7 +43,7 @@ build=build
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
-    -h|--help) sed -n '2,41p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "plan_quality: unknown option $1" >&2; exit 2 ;;
   esac
 done
