@@ -43,7 +43,7 @@ build=build
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
-    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
     *) echo "plan_quality: unknown option $1" >&2; exit 2 ;;
   esac
 done
