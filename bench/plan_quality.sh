@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # plan_quality.sh [--build DIR] - what a compiled plan costs, per
 # transformer layer, next to Megatron's hand-written equivalent: bytes each
-# rank sends and activation bytes it holds.  Compile only (mcc --report
+# rank sends and activation bytes it holds; last, each pipeline schedule's
+# bubble and stash (1f1b, interleaved, zb-h1; formulas above that table).  Compile only (mcc --report
 # comm / --report memory), so every figure is exact and the script takes
 # seconds.  Per-layer figures are differences: the model compiled with 3
 # layers minus the same with 2 (one micro batch of one sequence per step,
@@ -48,7 +49,7 @@ build=build
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
-    -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
     *) echo "plan_quality: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -276,5 +277,44 @@ for d in "${dps[@]}"; do
     nb=$(echo "$out" | awk '/^dp gradient reduction:/ { n++ } n == 1 && $1 ~ /^[0-9]+$/ && $2 == "micro" { c++ } END { print c + 0 }')
     read -r ex ring mr me <<<"$(echo "$out" | sed -n 's/^  exposed after overlap: \([0-9]*\) of \([0-9]*\) ring bytes.* closed form): \([0-9]*\) ring bytes.*exposed \([0-9]*\) (its last.*/\1 \2 \3 \4/p')"
     echo "| $name | $(echo "$lay" | sed 's/--//g') | $(mb "$bucket") | $nb | $(mb "${ring:-0}") | $(mb "${ex:-0}") | $(mb "${mr:-0}") | $(mb "${me:-0}") |"
+  done
+done
+
+# Pipeline schedules (issue 19): the bubble and the stash each schedule
+# costs.  Bubble = idle / busy of the worst pipeline rank on the simulated
+# timeline (communication free), on the unit grid (F = 1, backward = 2;
+# zb-h1's backward = B 1 + W 1) and with the partition's estimated costs
+# (mcc --report schedule's summary line); next to the closed forms:
+# 1F1B (p-1)/m, interleaved (p-1)/(v m) (Narayanan et al. 2021), zb-h1
+# (p-1)/(3m) (Qi et al. 2023: (p-1)(F+B-W) idle against m(F+B+W) busy at
+# F = B = W).  Peak in flight = micro batches whose activations a rank
+# holds at once (zb-h1: from F until W), first and worst rank; stash peak
+# = --report memory's "stash peak" row (zb-h1: the forward's stash until
+# B, then what B keeps for W until W), first and worst rank.
+echo
+echo "| model | pp | m | schedule | bubble, unit grid (worst rank) | closed form | bubble, estimated costs (worst rank) | peak in flight (first / worst rank) | stash peak, first rank (MB) | stash peak, worst rank (MB) |"
+echo "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"
+scheds=(
+  "gpt d1024 s256|gpt|-D layers=8 -D d_model=1024 -D heads=16 -D seq_len=256 -D dropout=0 -D vocab=50304|4 8"
+  "GPT-3 175B|gpt|-D layers=96 -D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|4 8"
+  "GPT-3 175B|gpt|-D layers=96 -D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|8 16"
+)
+for sl in "${scheds[@]}"; do
+  IFS='|' read -r name model defs pm <<<"$sl"
+  read -r p m <<<"$pm"
+  for sch in "1f1b|1" "interleaved|2" "zb-h1|1"; do
+    IFS='|' read -r k v <<<"$sch"
+    opts="--pp $p --schedule $k"
+    [ "$v" = 1 ] || opts="$opts --vpp $v"
+    # shellcheck disable=SC2086
+    sr=$("$mcc" "samples/$model.mdl" $defs -D batch="$m" -D micro_batch=1 $opts --report schedule 2>&1)
+    # shellcheck disable=SC2086
+    mr=$("$mcc" "samples/$model.mdl" $defs -D batch="$m" -D micro_batch=1 $opts --report memory 2>&1)
+    read -r bu pk bc <<<"$(echo "$sr" | sed -n 's/^summary: [^ ]* bubble \([0-9.]*\) .*peak in flight \([0-9]*\) .*estimated costs: bubble \([0-9.]*\) .*/\1 \2 \3/p')"
+    p0=$(echo "$sr" | sed -n 's/^  rank 0 *peak \([0-9]*\) micro.*/\1/p')
+    st=$(echo "$mr" | grep "^  stash peak" | awk '{print $(NF-1)}')
+    s0=$(echo "$st" | head -1); sw=$(echo "$st" | sort -n | tail -1)
+    cf=$(awk -v p="$p" -v m="$m" -v v="$v" -v k="$k" 'BEGIN { printf "%.4f", (p - 1) / (m * v * (k == "zb-h1" ? 3 : 1)) }')
+    echo "| $name | $p | $m | $k${v:+$( [ "$v" = 1 ] || echo " vpp=$v")} | ${bu:-ERR} | $cf | ${bc:-ERR} | ${p0:-?} / ${pk:-?} | $(mb "${s0:-0}") | $(mb "${sw:-0}") |"
   done
 done

@@ -217,13 +217,13 @@ const char *ir_schedule_name(IrSchedule s) {
 }
 
 const char *ir_pipe_sched_name(IrPipeSched s) {
-  static const char *n[] = {"none", "gpipe", "1f1b", "interleaved"};
+  static const char *n[] = {"none", "gpipe", "1f1b", "interleaved", "zb-h1"};
   return (int)s >= 0 && s < IR_PIPE_COUNT ? n[s] : "?";
 }
 
 int ir_block_chunk_kind(const IrBlock *b, IrChunkKind *kind) {
   static const struct { const char *prefix; size_t len; IrChunkKind kind; } k[] = {
-      {"fwd.", 4, IR_CHUNK_FWD}, {"bwd.", 4, IR_CHUNK_BWD}, {"eval.", 5, IR_CHUNK_EVAL}};
+      {"fwd.", 4, IR_CHUNK_FWD}, {"bwd.", 4, IR_CHUNK_BWD}, {"eval.", 5, IR_CHUNK_EVAL}, {"wgt.", 4, IR_CHUNK_WGT}};
   const char *s = b->name ? b->name : "";
   for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
     if (strncmp(s, k[i].prefix, k[i].len) != 0) continue;
@@ -239,7 +239,7 @@ int ir_block_chunk_kind(const IrBlock *b, IrChunkKind *kind) {
 int ir_block_chunk(const IrBlock *b, int *bwd) {
   IrChunkKind kind;
   int g = ir_block_chunk_kind(b, &kind);
-  if (g >= 0 && bwd) *bwd = kind == IR_CHUNK_BWD;
+  if (g >= 0 && bwd) *bwd = kind == IR_CHUNK_BWD || kind == IR_CHUNK_WGT;
   return g;
 }
 

@@ -195,16 +195,21 @@ typedef struct {
  * (blocks fwd.<g> / bwd.<g> of every chunk g, update.<r> per pipeline
  * rank), r + 1 in the program of pipeline rank r (its chunks' blocks and
  * "update" only).  The text form prints them only when pp > 1. */
-typedef enum { IR_PIPE_NONE, IR_PIPE_GPIPE, IR_PIPE_1F1B, IR_PIPE_INTERLEAVED, IR_PIPE_COUNT } IrPipeSched;
-const char *ir_pipe_sched_name(IrPipeSched s);   /* "none", "gpipe", "1f1b", "interleaved" */
+/* In the order of plan/schedule.h's PipeSchedKind, one after it (sched - 1 is the kind). */
+typedef enum { IR_PIPE_NONE, IR_PIPE_GPIPE, IR_PIPE_1F1B, IR_PIPE_INTERLEAVED, IR_PIPE_ZBH1, IR_PIPE_COUNT } IrPipeSched;
+const char *ir_pipe_sched_name(IrPipeSched s);   /* "none", "gpipe", "1f1b", "interleaved", "zb-h1" */
 typedef struct { int tp, pp, cp, ep, dp, sp, zero; int vpp, sched, stage; } IrParallel;
 /* The kinds of a pipeline block: "fwd.<g>" and "bwd.<g>" (pass pipeline),
- * and "eval.<g>" (pass eval: fwd.<g> without stashes and dropout, run by
- * validation; its sends and receives go to the neighbouring eval blocks). */
-typedef enum { IR_CHUNK_FWD, IR_CHUNK_BWD, IR_CHUNK_EVAL } IrChunkKind;
+ * "eval.<g>" (pass eval: fwd.<g> without stashes and dropout, run by
+ * validation; its sends and receives go to the neighbouring eval blocks),
+ * and "wgt.<g>" (pass wsplit, --schedule zb-h1: the weight-gradient part
+ * W of bwd.<g>, which keeps the input-gradient part B; no messages, it
+ * reads what bwd.<g> stashed for it). */
+typedef enum { IR_CHUNK_FWD, IR_CHUNK_BWD, IR_CHUNK_EVAL, IR_CHUNK_WGT } IrChunkKind;
 /* The global chunk of a pipeline block "fwd.<g>" / "bwd.<g>" / "eval.<g>"
- * (*bwd set to 1 for bwd.<g>, else 0, if not NULL: an eval block is a
- * forward block); -1 for any other block. */
+ * / "wgt.<g>" (*bwd set to 1 for bwd.<g> and wgt.<g>, the backward, else
+ * 0, if not NULL: an eval block is a forward block); -1 for any other
+ * block. */
 int ir_block_chunk(const IrBlock *b, int *bwd);
 /* The same with the block's kind in *kind (if not NULL). */
 int ir_block_chunk_kind(const IrBlock *b, IrChunkKind *kind);

@@ -382,8 +382,8 @@ static int parse_parallel(P *p) {
     if (!strcmp(k, "schedule")) {      /* pipeline schedule by name */
       skip_ws(p);
       size_t vat = p->pos;
-      /* "1f1b" starts with a digit, which word() does not take */
-      while (is_word_char(cur(p))) p->pos++;
+      /* "1f1b" starts with a digit, which word() does not take; "zb-h1" has a '-' */
+      while (is_word_char(cur(p)) || cur(p) == '-') p->pos++;
       if (p->pos == vat) return PERR("expected a pipeline schedule"), -1;
       const char *v = ts_intern_n(p->s + vat, p->pos - vat);
       int s = -1;

@@ -212,7 +212,10 @@ static int verify_block(const IrModule *m, const IrBlock *b, char *err, size_t e
  * matched in order, as NCCL does).  A stash slot of fwd.<g> is read by one
  * unstash of bwd.<g> with the same type.  The evaluation blocks eval.<g>
  * (pass eval) are forward blocks with messages of their own: a send of
- * eval.<g> goes to eval.<g + 1>, and they hold no stash or unstash.  In the compiler's whole-model
+ * eval.<g> goes to eval.<g + 1>, and they hold no stash or unstash.  With a
+ * split backward (--schedule zb-h1) wgt.<g> holds no send or recv, and a
+ * slot stashed in bwd.<g> is read by one unstash of wgt.<g>: forward slots
+ * go forward to backward, backward ones B to W.  In the compiler's whole-model
  * module (parallel stage=0) every message and slot must have both ends; a
  * rank's program holds only its own chunks, so there only the ends it holds
  * are checked against each other. */
@@ -238,6 +241,9 @@ static int verify_pipeline(const IrModule *m, char *err, size_t errlen) {
         return ts_errf(err, errlen, "block %s, node %d: %s outside a pipeline block (fwd.<g> / bwd.<g> / eval.<g>)",
                        b->name, i, ir_ops[n->op].name);
       ir_block_chunk_kind(b, &kind);
+      if (kind == IR_CHUNK_WGT && (n->op == IR_OP_SEND || n->op == IR_OP_RECV))
+        return ts_errf(err, errlen, "block %s, node %d: %s in a weight-gradient block (nothing waits for W)", b->name,
+                       i, ir_ops[n->op].name);
       if (kind == IR_CHUNK_EVAL && (n->op == IR_OP_STASH || n->op == IR_OP_UNSTASH))
         return ts_errf(err, errlen, "block %s, node %d: %s in an evaluation block (no backward reads it)", b->name, i,
                        ir_ops[n->op].name);
@@ -250,9 +256,9 @@ static int verify_pipeline(const IrModule *m, char *err, size_t errlen) {
         if (n->ia[2] < 0 || n->ia[2] > (1 << 24)) return ts_errf(err, errlen, "block %s, node %d: tag out of range", b->name, i);
         if (n->ia[2] > maxtag) maxtag = (int)n->ia[2];
       } else {
-        if ((n->op == IR_OP_STASH) == bwd)
+        if (n->op == IR_OP_STASH ? kind == IR_CHUNK_WGT : kind == IR_CHUNK_FWD)
           return ts_errf(err, errlen, "block %s, node %d: %s belongs in a %s block", b->name, i, ir_ops[n->op].name,
-                         n->op == IR_OP_STASH ? "forward" : "backward");
+                         n->op == IR_OP_STASH ? "forward (or a split backward's B)" : "backward");
         if (n->ia[0] > (1 << 24)) return ts_errf(err, errlen, "block %s, node %d: slot out of range", b->name, i);
         if (n->ia[0] > maxslot) maxslot = (int)n->ia[0];
       }
@@ -317,7 +323,8 @@ static int verify_pipeline(const IrModule *m, char *err, size_t errlen) {
   /* stash slots: per chunk, each slot stashed once and unstashed once, same type */
   for (int bi = 0; bi < m->blocks.n && !rc; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
-    int bwd, g = ir_block_chunk(b, &bwd);
+    IrChunkKind kind = IR_CHUNK_FWD;
+    int g = ir_block_chunk_kind(b, &kind);
     if (g < 0) continue;
     for (int i = 0; i < b->n && !rc; i++) {
       const IrNode *n = &b->nodes[i];
@@ -326,7 +333,8 @@ static int verify_pipeline(const IrModule *m, char *err, size_t errlen) {
       int found = 0;
       for (int cj = 0; cj < m->blocks.n && !rc; cj++) {
         const IrBlock *c = &m->blocks.a[cj];
-        int cb, cg = ir_block_chunk(c, &cb);
+        IrChunkKind ckind = IR_CHUNK_FWD;
+        int cg = ir_block_chunk_kind(c, &ckind);
         if (cg != g) continue;
         for (int j = 0; j < c->n && !rc; j++) {
           const IrNode *o = &c->nodes[j];
@@ -337,6 +345,15 @@ static int verify_pipeline(const IrModule *m, char *err, size_t errlen) {
             break;
           }
           found = 1;
+          /* the stash's block and the unstash's: fwd -> bwd, or bwd -> wgt */
+          IrChunkKind sk = n->op == IR_OP_STASH ? kind : ckind, uk = n->op == IR_OP_STASH ? ckind : kind;
+          if (!(sk == IR_CHUNK_FWD && uk == IR_CHUNK_BWD) && !(sk == IR_CHUNK_BWD && uk == IR_CHUNK_WGT)) {
+            rc = ts_errf(err, errlen, "block %s, node %d: slot %lld is stashed in %s and unstashed in %s (a forward "
+                         "stash is read by its backward, a backward one by its weight-gradient block)", b->name, i,
+                         (long long)n->ia[0], n->op == IR_OP_STASH ? b->name : c->name,
+                         n->op == IR_OP_STASH ? c->name : b->name);
+            break;
+          }
           const IrType *oty = o->op == IR_OP_STASH ? &c->nodes[o->in[0]].type : &o->type;
           if (!ir_type_same_shape(ty, oty))
             rc = ts_errf(err, errlen, "block %s, node %d: slot %lld stashed as %s but read as %s", b->name, i,

@@ -37,6 +37,11 @@ static int plan_backend(const IrModule *m, int bi, int fused, MemPlanAtFn llvm_a
  * walking r's steps in order, F of (micro, chunk) adds the chunk's stash,
  * B removes it.  With one chunk per rank that is the stash of a micro
  * batch times the simulated peak in flight (PipeTimeline.peak_chunks).
+ * With a split backward (zb-h1, pass wsplit) B also stashes what W reads
+ * (the `stash` nodes of bwd.<g>, read by wgt.<g>): B adds the values it
+ * made for W (a value it unstashed and stashes again is the same buffer,
+ * handed over, and was counted with the forward's stash), then removes
+ * the forward's stash and holds W's; W removes it.
  * *peak = 0 and no rows when m is not a pipeline rank's program. */
 static int report_stash(const IrModule *m, StrBuf *out, size_t *peak, char *err, size_t errlen) {
   *peak = 0;
@@ -45,15 +50,19 @@ static int report_stash(const IrModule *m, StrBuf *out, size_t *peak, char *err,
   int vpp = m->par.vpp > 1 ? m->par.vpp : 1, nchunks = pp * vpp;
   PipeSchedKind kind = m->par.sched > IR_PIPE_NONE && m->par.sched < IR_PIPE_COUNT ? (PipeSchedKind)(m->par.sched - 1)
                        : vpp > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;
-  size_t *stash = ts_xcalloc((size_t)nchunks, sizeof *stash);
+  size_t *stash = ts_xcalloc((size_t)nchunks, sizeof *stash), *wstash = ts_xcalloc((size_t)nchunks, sizeof *wstash);
+  size_t *wnew = ts_xcalloc((size_t)nchunks, sizeof *wnew);   /* of wstash: made by B, not unstashed */
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
-    int bwd, g = ir_block_chunk(b, &bwd);
-    if (g < 0 || g >= nchunks || bwd) continue;
+    IrChunkKind ck;
+    int g = ir_block_chunk_kind(b, &ck);
+    if (g < 0 || g >= nchunks || (ck != IR_CHUNK_FWD && ck != IR_CHUNK_BWD)) continue;
     for (int i = 0; i < b->n; i++)
       if (b->nodes[i].op == IR_OP_STASH && b->nodes[i].nin == 1) {
         const IrType *t = &b->nodes[b->nodes[i].in[0]].type;
-        stash[g] += (size_t)ir_type_numel(t) * ir_dtype_size(t->dtype);
+        size_t by = (size_t)ir_type_numel(t) * ir_dtype_size(t->dtype);
+        (ck == IR_CHUNK_FWD ? stash : wstash)[g] += by;
+        if (ck == IR_CHUNK_BWD && b->nodes[b->nodes[i].in[0]].op != IR_OP_UNSTASH) wnew[g] += by;
       }
   }
   int nmicro;
@@ -63,25 +72,36 @@ static int report_stash(const IrModule *m, StrBuf *out, size_t *peak, char *err,
   if (plan_pipe_nmicro(&m->train, ir_axis_size(m, IR_AXIS_DP), &nmicro, why, sizeof why) != 0 ||
       plan_pipe_schedule(kind, pp, vpp, nmicro, &sc, why, sizeof why) != 0) {
     free(stash);
+    free(wstash);
+    free(wnew);
     return ts_errf(err, errlen, "memplan: the pipeline schedule of stage %d: %s", r, why);
   }
   if (plan_pipe_simulate(&sc, NULL, 2.0, &tl, why, sizeof why) != 0) {
     plan_pipe_schedule_free(&sc);
     free(stash);
+    free(wstash);
+    free(wnew);
     return ts_errf(err, errlen, "memplan: simulating the pipeline schedule of stage %d: %s", r, why);
   }
   size_t held = 0;
   for (int k = 0; k < sc.nsteps[r]; k++) {
     const PipeStep *st = &sc.steps[r][k];
     if (st->chunk < 0 || st->chunk >= nchunks) continue;
-    if (st->kind == 'F') held += stash[st->chunk];
-    else held -= stash[st->chunk] <= held ? stash[st->chunk] : held;
+    size_t add = st->kind == 'F' ? stash[st->chunk] : st->kind == 'B' ? wnew[st->chunk] : 0;
+    size_t sub = st->kind == 'B' ? stash[st->chunk] - (wstash[st->chunk] - wnew[st->chunk])
+                 : st->kind == 'W' ? wstash[st->chunk] : 0;
+    held += add;   /* (B: what it makes for W while the forward's stash is still held) */
     if (held > *peak) *peak = held;
+    held -= sub <= held ? sub : held;
   }
   char label[160];
   for (int g = r; g < nchunks; g += pp) {
     snprintf(label, sizeof label, "stash, chunk %d: per micro batch", g);
     report_row(out, label, stash[g]);
+    if (plan_pipe_sched_splits_bwd(kind)) {
+      snprintf(label, sizeof label, "stash, chunk %d: kept by B for W, per micro batch", g);
+      report_row(out, label, wstash[g]);
+    }
   }
   snprintf(label, sizeof label, "stash peak (%s, %d micro batches: %d in flight)", plan_pipe_sched_name(kind), nmicro,
            tl.peak_chunks[r]);
@@ -89,6 +109,8 @@ static int report_stash(const IrModule *m, StrBuf *out, size_t *peak, char *err,
   plan_pipe_timeline_free(&tl);
   plan_pipe_schedule_free(&sc);
   free(stash);
+  free(wstash);
+  free(wnew);
   return 0;
 }
 

@@ -66,6 +66,9 @@ int pass_remat(IrModule *m, PassCtx *cx);
 /* pp > 1: micro -> per-chunk blocks fwd.<g> / bwd.<g> with send, recv,
  * stash and unstash (docs/pipeline.md, "Execution") */
 int pass_pipe_split(IrModule *m, PassCtx *cx);
+/* --schedule zb-h1: splits every bwd.<g> into its input-gradient part
+ * (bwd.<g>, B) and weight-gradient part (wgt.<g>, W); passes/wsplit.c. */
+int pass_wsplit(IrModule *m, PassCtx *cx);
 /* forward -> micro (forward + backward + accumulate into grad state) */
 int pass_autodiff(IrModule *m, PassCtx *cx);
 /* micro block -> one rank's local micro block for tp / sp (docs/sharding.md) */

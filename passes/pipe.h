@@ -91,9 +91,9 @@ int pass_pipe_report(const IrModule *m, const PipePartition *p, const PipeSchedu
                      size_t errlen);
 /* A Chrome / Perfetto trace (JSON, traceEvents with ph "X") of the
  * simulated timeline: one thread per pipeline rank, one event per step.
- * fwd_s / bwd_s: each chunk's predicted seconds (pass_time_chunks, `mcc
+ * fwd_s / bwd_s / wgt_s: each chunk's predicted seconds (pass_time_chunks, `mcc
  * --hw`); NULL: the partition's cost units at an assumed 1 TFLOP/s. */
-int pass_pipe_trace(const PipePartition *p, const PipeSchedule *s, const double *fwd_s, const double *bwd_s,
+int pass_pipe_trace(const PipePartition *p, const PipeSchedule *s, const double *fwd_s, const double *bwd_s, const double *wgt_s,
                     StrBuf *out, char *err, size_t errlen);
 
 #endif

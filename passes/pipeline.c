@@ -21,6 +21,7 @@ const PassInfo pass_pipeline[] = {
     {"shard", pass_shard, "tensor / sequence parallelism: local shapes, layouts, collectives (docs/sharding.md)"},
     {"remat", pass_remat, "recomputes in the backward the cheap values the forward would keep (passes/remat.c)"},
     {"pipeline", pass_pipe_split, "pp > 1: micro -> per-chunk blocks fwd.<g> / bwd.<g> joined by send/recv and stash"},
+    {"wsplit", pass_wsplit, "--schedule zb-h1: each bwd.<g> -> input-gradient part bwd.<g> (B) and weight-gradient part wgt.<g> (W)"},
     {"optimizer", pass_optimizer, "adds the update block: grad norm, clipping, AdamW, zeroing grads"},
     {"eval", pass_eval, "forward-only blocks for validation: \"eval\" sliced from micro (eval.<g> from fwd.<g> with pp > 1): the outputs' operands, no stash, dropout off"},
     {"decode", pass_decode, "with --decode: generation blocks \"prefill\" and \"step\" derived from eval, with KV-cache states (docs/generation.md)"},

@@ -72,7 +72,9 @@ int pass_pipe_report(const IrModule *m, const PipePartition *p, const PipeSchedu
       if ((int)strlen(l) > w) w = (int)strlen(l);
     }
   w++;
-  sb_printf(out, "timeline (each cell one time unit: forward 1, backward 2 per chunk; '.' idle%s):\n",
+  int split = plan_pipe_sched_splits_bwd(s->kind);
+  sb_printf(out, "timeline (each cell one time unit: forward 1, backward 2 per chunk%s; '.' idle%s):\n",
+            split ? " = B (input gradient) 1 + W (weight gradients) 1" : "",
             s->vpp > 1 ? "; letter = the rank's chunk" : "");
   for (int r = 0; r < s->pp; r++) {
     sb_printf(out, "  rank %-3d|", r);
@@ -93,20 +95,34 @@ int pass_pipe_report(const IrModule *m, const PipePartition *p, const PipeSchedu
     sb_printf(out, "  rank %-3d f=1,b=2 %.4f   estimated costs %.4f\n", r, plan_pipe_bubble(&t, r),
               plan_pipe_bubble(&tc, r));
   double formula = (double)(s->pp - 1) / ((double)s->vpp * s->nmicro);
-  sb_printf(out, "  (p-1)/(v*m) = %.4f\n", formula);
-  sb_printf(out, "in flight (micro batches whose activations a rank holds at once; chunk activations):\n");
-  for (int r = 0; r < s->pp; r++)
+  if (split)   /* Qi et al.: (p-1)(F+B-W) idle against m(F+B+W) busy */
+    sb_printf(out, "  (p-1)/(3*m) = %.4f (F = B = W: a third of 1f1b's (p-1)/m = %.4f)\n", formula / 3, formula);
+  else
+    sb_printf(out, "  (p-1)/(v*m) = %.4f\n", formula);
+  sb_printf(out, "in flight (micro batches whose activations a rank holds at once%s; chunk activations):\n",
+            split ? ", from F until W: B keeps what W reads" : "");
+  double worst = 0, worst_c = 0;
+  int peak = 0;
+  for (int r = 0; r < s->pp; r++) {
     sb_printf(out, "  rank %-3d peak %d micro batches, %d chunk activations\n", r, t.peak_micro[r], t.peak_chunks[r]);
+    if (plan_pipe_bubble(&t, r) > worst) worst = plan_pipe_bubble(&t, r);
+    if (plan_pipe_bubble(&tc, r) > worst_c) worst_c = plan_pipe_bubble(&tc, r);
+    if (t.peak_micro[r] > peak) peak = t.peak_micro[r];
+  }
+  sb_printf(out, "summary: %s bubble %.4f (worst rank, f=1,b=2), peak in flight %d micro batches (worst rank); "
+                 "estimated costs: bubble %.4f (worst rank)\n", plan_pipe_sched_name(s->kind), worst, peak, worst_c);
   plan_pipe_timeline_free(&t);
   plan_pipe_timeline_free(&tc);
   return 0;
 }
 
-int pass_pipe_trace(const PipePartition *p, const PipeSchedule *s, const double *fwd_s, const double *bwd_s,
+int pass_pipe_trace(const PipePartition *p, const PipeSchedule *s, const double *fwd_s, const double *bwd_s, const double *wgt_s,
                     StrBuf *out, char *err, size_t errlen) {
   double *fw = fwd_s ? NULL : chunk_fwd(p);
   PipeTimeline t;
-  int rc = fwd_s ? plan_pipe_simulate_fb(s, fwd_s, bwd_s, 2, &t, err, errlen) : plan_pipe_simulate(s, fw, 2, &t, err, errlen);
+  int rc = fwd_s ? plan_pipe_simulate_fbw(s, fwd_s, bwd_s, plan_pipe_sched_splits_bwd(s->kind) ? wgt_s : NULL, 2, &t, err,
+                                          errlen)
+                 : plan_pipe_simulate(s, fw, 2, &t, err, errlen);
   free(fw);
   if (rc != 0) return -1;
   /* time in us: predicted seconds (passes/timereport.c on a hardware
@@ -127,7 +143,7 @@ int pass_pipe_trace(const PipePartition *p, const PipeSchedule *s, const double 
       pass_pipe_chunk_str(p, st->chunk, units, sizeof units);
       sb_printf(out, ",\n  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.6f, "
                      "\"dur\": %.6f, \"args\": {\"micro\": %d, \"chunk\": %d, \"units\": \"%s\"}}",
-                l, st->kind == 'F' ? "forward" : "backward", r, t.start[r][i] * us,
+                l, st->kind == 'F' ? "forward" : st->kind == 'B' ? "backward" : "weight gradient", r, t.start[r][i] * us,
                 (t.end[r][i] - t.start[r][i]) * us, st->micro, st->chunk, units);
     }
   sb_printf(out, "\n]}\n");

@@ -259,10 +259,11 @@ static int64_t runs_of(const IrBlock *b, int64_t nmicro) {
   return !strcmp(b->name, "micro") || g >= 0 ? nmicro : 1;
 }
 
-int pass_time_chunks(const IrModule *m, const HwDesc *hw, int nchunks, double *fwd, double *bwd) {
+int pass_time_chunks(const IrModule *m, const HwDesc *hw, int nchunks, double *fwd, double *bwd, double *wgt) {
   HwFormat fmt = hw_format_of(m->train.precision, 0);
   int found = 0;
   for (int g = 0; g < nchunks; g++) fwd[g] = bwd[g] = 0;
+  for (int g = 0; wgt && g < nchunks; g++) wgt[g] = 0;
   for (int i = 0; i < m->blocks.n; i++) {
     const IrBlock *b = &m->blocks.a[i];
     IrChunkKind kind;
@@ -270,7 +271,7 @@ int pass_time_chunks(const IrModule *m, const HwDesc *hw, int nchunks, double *f
     if (g < 0 || g >= nchunks || kind == IR_CHUNK_EVAL) continue;
     TimeCost c = {0};
     pass_time_block(m, b, hw, fmt, &c);
-    (kind == IR_CHUNK_FWD ? fwd : bwd)[g] = time_cost_total(&c);
+    (kind == IR_CHUNK_FWD ? fwd : kind == IR_CHUNK_WGT && wgt ? wgt : bwd)[g] += time_cost_total(&c);
     found = 1;
   }
   return found ? 0 : -1;
@@ -362,23 +363,28 @@ static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, dou
     step = busy[0] + upd[0];
   } else {
     int vpp = m0->par.vpp > 0 ? m0->par.vpp : 1, nch = pp * vpp;
-    PipeSchedKind kind = m0->par.sched == IR_PIPE_GPIPE ? PIPE_GPIPE
-                         : m0->par.sched == IR_PIPE_INTERLEAVED ? PIPE_INTERLEAVED : PIPE_1F1B;
+    PipeSchedKind kind = m0->par.sched > IR_PIPE_NONE && m0->par.sched < IR_PIPE_COUNT
+                             ? (PipeSchedKind)(m0->par.sched - 1) : PIPE_1F1B;
     PipeSchedule s;
     memset(&s, 0, sizeof s);
     double *f = ts_xcalloc((size_t)nch, sizeof *f), *bw = ts_xcalloc((size_t)nch, sizeof *bw);
+    double *w = ts_xcalloc((size_t)nch, sizeof *w);
     for (int r = 0; r < nprogs; r++) {
       double *ff = ts_xcalloc((size_t)nch, sizeof *ff), *bb = ts_xcalloc((size_t)nch, sizeof *bb);
-      pass_time_chunks(progs[r], hw, nch, ff, bb);
-      for (int g = 0; g < nch; g++) if (g % pp == r) { f[g] = ff[g]; bw[g] = bb[g]; }
+      double *ww = ts_xcalloc((size_t)nch, sizeof *ww);
+      pass_time_chunks(progs[r], hw, nch, ff, bb, ww);
+      for (int g = 0; g < nch; g++) if (g % pp == r) { f[g] = ff[g]; bw[g] = bb[g]; w[g] = ww[g]; }
       free(ff);
       free(bb);
+      free(ww);
     }
     PipeTimeline t;
     int rc = plan_pipe_schedule(kind, pp, vpp, nmicro, &s, err, errlen);
-    if (rc == 0) rc = plan_pipe_simulate_fb(&s, f, bw, 2, &t, err, errlen);
+    /* B and W on their own blocks' times (zb-h1); otherwise w is 0 and ignored */
+    if (rc == 0) rc = plan_pipe_simulate_fbw(&s, f, bw, plan_pipe_sched_splits_bwd(kind) ? w : NULL, 2, &t, err, errlen);
     free(f);
     free(bw);
+    free(w);
     if (rc != 0) {
       plan_pipe_schedule_free(&s);
       free(rows); free(row_prog); free(busy); free(upd);
@@ -467,10 +473,12 @@ static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, dou
     }
   sb_printf(out, "%s\n", any ? "" : " none (one rank per replica and dp = 1)");
   if (pp > 1) {
+    int zb = m0->par.sched == IR_PIPE_ZBH1;   /* zb-h1: (p-1) idle units against 3m busy (F = B = W) */
     sb_printf(out, "pipeline bubble (pipeline rank %d, from the schedule simulated on these times): %s, %.4f of the "
-                   "pipeline's time ((p-1)/(m+p-1) = %.4f for 1F1B with equal stages)\n",
+                   "pipeline's time ((p-1)/(%sm+p-1) = %.4f for %s with equal stages%s)\n",
               crit, secs(bubble, b1, sizeof b1), step - upd[crit] > 0 ? bubble / (step - upd[crit]) : 0,
-              (double)(pp - 1) / (nmicro + pp - 1));
+              zb ? "3" : "", (double)(pp - 1) / ((zb ? 3 : 1) * nmicro + pp - 1), zb ? "zb-h1" : "1F1B",
+              zb ? " and F = B = W" : "");
   }
   sb_printf(out, "step time: %s\n", secs(step, b1, sizeof b1));
   sb_printf(out, "model FLOPs per step (Megatron's: 3 x the forward's GEMM and attention FLOPs, full score matrix, no "

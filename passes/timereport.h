@@ -31,9 +31,11 @@ void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFo
 double pass_time_model_flops(const IrModule *frontend);
 
 /* Per-chunk predicted seconds of a compiled pipeline module (blocks
- * fwd.<g> / bwd.<g>): fwd[g], bwd[g] for g < nchunks.  0, or -1 when m has
+ * fwd.<g> / bwd.<g>): fwd[g], bwd[g] for g < nchunks.  With a split
+ * backward (zb-h1): wgt[g] = wgt.<g>'s (W) and bwd[g] = bwd.<g>'s (B);
+ * wgt NULL: bwd[g] is both, the whole backward.  0, or -1 when m has
  * no chunk blocks (pp = 1). */
-int pass_time_chunks(const IrModule *m, const HwDesc *hw, int nchunks, double *fwd, double *bwd);
+int pass_time_chunks(const IrModule *m, const HwDesc *hw, int nchunks, double *fwd, double *bwd, double *wgt);
 
 /* The text of `mcc --report time`.  progs[r]: the program of pipeline rank
  * r (one program without pp), each compiled for the same mesh;

@@ -7,13 +7,15 @@
  * then all backwards; 1F1B: PipeDream-flush as in Megatron-LM, warm-up of
  * pp - r - 1 forwards; interleaved: Megatron-LM's virtual pipeline, warm-up
  * of 2 (pp - r - 1) + (vpp - 1) pp chunk forwards, chunk order cycling
- * every pp micro batches).  Nothing here trusts them: plan_pipe_check
+ * every pp micro batches; zb-h1: Qi et al. 2023's handcrafted schedule,
+ * below).  Nothing here trusts them: plan_pipe_check
  * proves each generated schedule matched and deadlock-free, and the tests
  * measure their bubbles from the simulated timeline. */
 #include "plan/schedule.h"
 #include <math.h>
 
-static const char *const sched_names[PIPE_SCHED_COUNT] = {"gpipe", "1f1b", "interleaved"};
+static const char *const sched_names[PIPE_SCHED_COUNT] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
+int plan_pipe_sched_splits_bwd(PipeSchedKind k) { return k == PIPE_ZBH1; }
 const char *plan_pipe_sched_name(PipeSchedKind k) { return k < PIPE_SCHED_COUNT ? sched_names[k] : "?"; }
 int plan_pipe_sched_lookup(const char *name) {
   for (int i = 0; name && i < PIPE_SCHED_COUNT; i++)
@@ -56,6 +58,27 @@ static void interleaved_step(const PipeSchedule *s, int r, int k, int fwd, int *
   *chunk = local * p + r;
 }
 
+/* ZB-H1 (Qi et al. 2023, section 3.1) on rank r: 1F1B's order of F and B
+ * (warm-up of pp - r - 1 forwards, then one F and one B, then the
+ * remaining B), with rank r's W steps starting r micro batches late: W of
+ * micro j follows B of micro j + r.  Every rank then holds at most pp
+ * micro batches between F and W -- 1F1B's peak, which is its first rank's
+ * -- and the deferred W steps fill the cool-down, where 1F1B's ranks wait
+ * for gradients: with F = B = W the bubble is (pp - 1) units, a third of
+ * 1F1B's (pp - 1)(F + B + W).  The B steps run as early as 1F1B's, so
+ * the gradients reach the first rank sooner. */
+static void zbh1_rank(PipeSchedule *s, int r) {
+  int pp = s->pp, m = s->nmicro, lag = r, nw = 0;
+  int warm = pp - r - 1 < m ? pp - r - 1 : m;
+  for (int j = 0; j < warm; j++) push(s, r, 'F', j, r);
+  for (int i = 0; i < m; i++) {
+    if (i + warm < m) push(s, r, 'F', i + warm, r);
+    push(s, r, 'B', i, r);
+    if (nw <= i - lag) push(s, r, 'W', nw++, r);
+  }
+  while (nw < m) push(s, r, 'W', nw++, r);
+}
+
 int plan_pipe_schedule(PipeSchedKind kind, int pp, int vpp, int nmicro, PipeSchedule *out, char *err,
                        size_t errlen) {
   memset(out, 0, sizeof *out);
@@ -67,9 +90,10 @@ int plan_pipe_schedule(PipeSchedKind kind, int pp, int vpp, int nmicro, PipeSche
   if (kind != PIPE_INTERLEAVED && vpp != 1)
     return ts_errf(err, errlen, "--schedule %s runs one chunk per rank, and vpp=%d: use --schedule interleaved",
                    plan_pipe_sched_name(kind), vpp);
-  if (kind == PIPE_1F1B && nmicro < pp)
-    return ts_errf(err, errlen, "--schedule 1f1b with pp=%d needs at least %d micro batches per step, and there are "
-                                "%d: raise global_batch or lower micro_batch (or use gpipe)", pp, pp, nmicro);
+  if ((kind == PIPE_1F1B || kind == PIPE_ZBH1) && nmicro < pp)
+    return ts_errf(err, errlen, "--schedule %s with pp=%d needs at least %d micro batches per step, and there are "
+                                "%d: raise global_batch or lower micro_batch (or use gpipe)", plan_pipe_sched_name(kind),
+                   pp, pp, nmicro);
   if (kind == PIPE_INTERLEAVED && nmicro % pp != 0)
     return ts_errf(err, errlen, "--schedule interleaved needs the micro batches per step (%d) to be a multiple of "
                                 "pp=%d", nmicro, pp);
@@ -84,7 +108,7 @@ int plan_pipe_schedule(PipeSchedKind kind, int pp, int vpp, int nmicro, PipeSche
   out->steps = ts_xcalloc((size_t)pp, sizeof *out->steps);
   int total = nmicro * vpp;                  /* forwards (and backwards) per rank */
   for (int r = 0; r < pp; r++) {
-    out->steps[r] = ts_xmalloc((size_t)2 * total * sizeof **out->steps);
+    out->steps[r] = ts_xmalloc((size_t)3 * total * sizeof **out->steps);
     if (kind == PIPE_GPIPE) {
       for (int m = 0; m < nmicro; m++) push(out, r, 'F', m, r);
       for (int m = 0; m < nmicro; m++) push(out, r, 'B', m, r);
@@ -96,6 +120,8 @@ int plan_pipe_schedule(PipeSchedKind kind, int pp, int vpp, int nmicro, PipeSche
         push(out, r, 'B', i, r);
       }
       for (int i = nmicro - warm; i < nmicro; i++) push(out, r, 'B', i, r);
+    } else if (kind == PIPE_ZBH1) {
+      zbh1_rank(out, r);
     } else {
       int warm = nmicro == pp ? total : 2 * (pp - r - 1) + (vpp - 1) * pp;
       if (warm > total) warm = total;
@@ -121,6 +147,10 @@ int plan_pipe_rank_ops(const PipeSchedule *s, int r, PipeOp **ops) {
   for (int i = 0; i < s->nsteps[r]; i++) {
     const PipeStep *st = &s->steps[r][i];
     int g = st->chunk, fwd = st->kind == 'F';
+    if (st->kind == 'W') {   /* weight gradients: nothing received, nothing sent */
+      (*ops)[n++] = (PipeOp){PIPE_OP_COMPUTE, -1, 'W', st->micro, g, i};
+      continue;
+    }
     int from = fwd ? g - 1 : g + 1, to = fwd ? g + 1 : g - 1;   /* neighbour chunks */
     char what = fwd ? 'a' : 'g';
     if (from >= 0 && from <= last && from % s->pp != r)
@@ -173,13 +203,15 @@ static int check_steps(const PipeSchedule *s, char *err, size_t errlen) {
   int nch = s->pp * s->vpp;
   size_t cells = (size_t)nch * (size_t)s->nmicro;
   int *fpos = ts_xmalloc(cells * sizeof *fpos), *bpos = ts_xmalloc(cells * sizeof *bpos);
-  for (size_t i = 0; i < cells; i++) fpos[i] = bpos[i] = -1;
+  int *wpos = ts_xmalloc(cells * sizeof *wpos), split = plan_pipe_sched_splits_bwd(s->kind);
+  for (size_t i = 0; i < cells; i++) fpos[i] = bpos[i] = wpos[i] = -1;
   int rc = 0;
   for (int r = 0; r < s->pp && rc == 0; r++)
     for (int i = 0; i < s->nsteps[r] && rc == 0; i++) {
       const PipeStep *st = &s->steps[r][i];
-      if (st->kind != 'F' && st->kind != 'B') {
-        rc = ts_errf(err, errlen, "pipeline schedule: rank %d step %d has kind '%c' (F or B expected)", r, i, st->kind);
+      if (st->kind != 'F' && st->kind != 'B' && !(split && st->kind == 'W')) {
+        rc = ts_errf(err, errlen, "pipeline schedule: rank %d step %d has kind '%c' (%s expected)", r, i, st->kind,
+                     split ? "F, B or W" : "F or B; W only where the backward is split, --schedule zb-h1");
         break;
       }
       if (st->micro < 0 || st->micro >= s->nmicro || st->chunk < 0 || st->chunk >= nch || st->chunk % s->pp != r) {
@@ -188,7 +220,7 @@ static int check_steps(const PipeSchedule *s, char *err, size_t errlen) {
                      st->micro < 0 || st->micro >= s->nmicro ? "a micro batch out of range" : "a chunk of another rank");
         break;
       }
-      int *pos = st->kind == 'F' ? fpos : bpos;
+      int *pos = st->kind == 'F' ? fpos : st->kind == 'B' ? bpos : wpos;
       size_t c = (size_t)st->chunk * s->nmicro + st->micro;
       if (pos[c] >= 0) {
         rc = ts_errf(err, errlen, "pipeline schedule: rank %d runs %c of micro batch %d, chunk %d twice (steps %d "
@@ -199,13 +231,18 @@ static int check_steps(const PipeSchedule *s, char *err, size_t errlen) {
       if (st->kind == 'B' && fpos[c] < 0)
         rc = ts_errf(err, errlen, "pipeline schedule: rank %d step %d runs B of micro batch %d, chunk %d before its F",
                      r, i, st->micro, st->chunk);
+      if (st->kind == 'W' && bpos[c] < 0)   /* W reads what B kept for it */
+        rc = ts_errf(err, errlen, "pipeline schedule: rank %d step %d runs W of micro batch %d, chunk %d before its B",
+                     r, i, st->micro, st->chunk);
     }
   for (size_t c = 0; c < cells && rc == 0; c++)
-    if (fpos[c] < 0 || bpos[c] < 0)
+    if (fpos[c] < 0 || bpos[c] < 0 || (split && wpos[c] < 0))
       rc = ts_errf(err, errlen, "pipeline schedule: rank %d never runs %s of micro batch %d, chunk %d",
-                   (int)(c / s->nmicro) % s->pp, fpos[c] < 0 ? "F" : "B", (int)(c % s->nmicro), (int)(c / s->nmicro));
+                   (int)(c / s->nmicro) % s->pp, fpos[c] < 0 ? "F" : bpos[c] < 0 ? "B" : "W", (int)(c % s->nmicro),
+                   (int)(c / s->nmicro));
   free(fpos);
   free(bpos);
+  free(wpos);
   return rc;
 }
 
@@ -244,8 +281,10 @@ static int check_links(const RankOps *ro, char *err, size_t errlen) {
 
 /* Runs all ranks together (sends never wait, receives wait for the sent
  * message); with fwd != NULL also times every step.  -1 on deadlock. */
-static int run_ranks(const PipeSchedule *s, const RankOps *ro, const double *fwd, const double *bwd, double bwd_ratio,
-                     PipeTimeline *t, char *err, size_t errlen) {
+static int run_ranks(const PipeSchedule *s, const RankOps *ro, const double *fwd, const double *bwd, const double *wgt,
+                     double bwd_ratio, PipeTimeline *t, char *err, size_t errlen) {
+  /* a split backward without W times: B and W take half of it each */
+  double part = plan_pipe_sched_splits_bwd(s->kind) && !wgt ? 0.5 : 1.0;
   int pp = s->pp;
   int *pc = ts_xcalloc((size_t)pp, sizeof *pc);            /* next op per rank */
   double *clock = ts_xcalloc((size_t)pp, sizeof *clock);
@@ -280,7 +319,8 @@ static int run_ranks(const PipeSchedule *s, const RankOps *ro, const double *fwd
           int l = link_of(pp, r, o->peer);
           when[link_at[l][sent[l]++]] = clock[r];
         } else {
-          double f = fwd ? fwd[o->edge] : 1, d = o->what == 'F' ? f : bwd ? bwd[o->edge] : f * bwd_ratio;
+          double f = fwd ? fwd[o->edge] : 1, b = (bwd ? bwd[o->edge] : f * bwd_ratio) * part;
+          double d = o->what == 'F' ? f : o->what == 'B' ? b : wgt ? wgt[o->edge] : b;
           double st = clock[r] > ready[r] ? clock[r] : ready[r];
           if (t) { t->start[r][o->step] = st; t->end[r][o->step] = st + d; t->busy[r] += d; }
           clock[r] = st + d;
@@ -330,7 +370,7 @@ int plan_pipe_check(const PipeSchedule *s, char *err, size_t errlen) {
   RankOps ro;
   rank_ops_build(s, &ro);
   rc = check_links(&ro, err, errlen);
-  if (rc == 0) rc = run_ranks(s, &ro, NULL, NULL, 1, NULL, err, errlen);
+  if (rc == 0) rc = run_ranks(s, &ro, NULL, NULL, NULL, 1, NULL, err, errlen);
   rank_ops_free(&ro);
   return rc;
 }
@@ -358,6 +398,11 @@ int plan_pipe_simulate(const PipeSchedule *s, const double *fwd, double bwd_rati
 
 int plan_pipe_simulate_fb(const PipeSchedule *s, const double *fwd, const double *bwd, double bwd_ratio,
                           PipeTimeline *t, char *err, size_t errlen) {
+  return plan_pipe_simulate_fbw(s, fwd, bwd, NULL, bwd_ratio, t, err, errlen);
+}
+
+int plan_pipe_simulate_fbw(const PipeSchedule *s, const double *fwd, const double *bwd, const double *wgt,
+                           double bwd_ratio, PipeTimeline *t, char *err, size_t errlen) {
   memset(t, 0, sizeof *t);
   if (s->pp < 1 || s->vpp < 1 || s->nmicro < 1 || !s->nsteps || !s->steps)
     return ts_errf(err, errlen, "pipeline schedule: empty");
@@ -378,11 +423,13 @@ int plan_pipe_simulate_fb(const PipeSchedule *s, const double *fwd, const double
   }
   RankOps ro;
   rank_ops_build(s, &ro);
-  int rc = run_ranks(s, &ro, fwd, bwd, bwd_ratio, t, err, errlen);
+  int rc = run_ranks(s, &ro, fwd, bwd, wgt, bwd_ratio, t, err, errlen);
   rank_ops_free(&ro);
   /* in flight: a chunk's activations of micro m are held from the start of
-   * its F to the end of its B; steps of one rank never overlap, so walking
-   * the rank's steps in order is walking its time */
+   * its F to the end of its B (of its W when the backward is split: B
+   * keeps what W reads); steps of one rank never overlap, so walking the
+   * rank's steps in order is walking its time */
+  char last = plan_pipe_sched_splits_bwd(s->kind) ? 'W' : 'B';
   int *held = ts_xcalloc((size_t)s->nmicro, sizeof *held);
   for (int r = 0; rc == 0 && r < pp; r++) {
     int chunks = 0, micros = 0;
@@ -394,7 +441,7 @@ int plan_pipe_simulate_fb(const PipeSchedule *s, const double *fwd, const double
         if (held[st->micro]++ == 0) micros++;
         if (chunks > t->peak_chunks[r]) t->peak_chunks[r] = chunks;
         if (micros > t->peak_micro[r]) t->peak_micro[r] = micros;
-      } else {
+      } else if (st->kind == last) {
         chunks--;
         if (--held[st->micro] == 0) micros--;
       }

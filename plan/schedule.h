@@ -10,13 +10,21 @@
 #define TS_PLAN_SCHEDULE_H
 #include "ir/ir.h"
 
-/* ---- schedules ---- */
-typedef enum { PIPE_GPIPE, PIPE_1F1B, PIPE_INTERLEAVED, PIPE_SCHED_COUNT } PipeSchedKind;
-const char *plan_pipe_sched_name(PipeSchedKind k);     /* "gpipe", "1f1b", "interleaved" */
+/* ---- schedules ----
+ * zb-h1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism") splits each
+ * backward into B (the input gradient, what the previous chunk waits for)
+ * and W (the weight gradients, which nobody waits for): its steps are F, B
+ * and W, and W steps are deferred into what would be the bubble.  The
+ * other schedules have F and B steps only (B = the whole backward). */
+typedef enum { PIPE_GPIPE, PIPE_1F1B, PIPE_INTERLEAVED, PIPE_ZBH1, PIPE_SCHED_COUNT } PipeSchedKind;
+const char *plan_pipe_sched_name(PipeSchedKind k);     /* "gpipe", "1f1b", "interleaved", "zb-h1" */
+/* 1 when schedules of kind k split the backward into B and W steps. */
+int plan_pipe_sched_splits_bwd(PipeSchedKind k);
 int plan_pipe_sched_lookup(const char *name);          /* -1 if unknown */
 
 typedef struct {
-  char kind;               /* 'F' forward or 'B' backward */
+  char kind;               /* 'F' forward, 'B' backward (zb-h1: input gradient only), 'W' weight
+                              gradient (zb-h1 only) */
   int micro;               /* micro batch, 0 .. nmicro - 1 */
   int chunk;               /* GLOBAL chunk id (runs on rank chunk % pp) */
 } PipeStep;
@@ -33,9 +41,9 @@ typedef struct {
  * not divide. */
 int plan_pipe_nmicro(const IrTrain *t, int dp, int *nmicro, char *err, size_t errlen);
 
-/* Generates every rank's schedule.  gpipe and 1f1b need vpp == 1,
- * interleaved vpp >= 2 and pp >= 2; 1f1b needs nmicro >= pp, interleaved
- * nmicro % pp == 0 (Megatron's constraint).  -1 with a message naming the
+/* Generates every rank's schedule.  gpipe, 1f1b and zb-h1 need vpp == 1,
+ * interleaved vpp >= 2 and pp >= 2; 1f1b and zb-h1 need nmicro >= pp,
+ * interleaved nmicro % pp == 0 (Megatron's constraint).  -1 with a message naming the
  * numbers otherwise.  *out owns heap arrays: plan_pipe_schedule_free. */
 int plan_pipe_schedule(PipeSchedKind kind, int pp, int vpp, int nmicro, PipeSchedule *out, char *err,
                        size_t errlen);
@@ -56,7 +64,8 @@ typedef enum { PIPE_OP_RECV, PIPE_OP_COMPUTE, PIPE_OP_SEND } PipeOpKind;
 typedef struct {
   PipeOpKind op;
   int peer;                /* RECV: source rank, SEND: destination; COMPUTE: -1 */
-  char what;               /* 'a' activation (forward) or 'g' gradient (backward); COMPUTE: the step's kind */
+  char what;               /* 'a' activation (forward) or 'g' gradient (backward); COMPUTE: the step's kind
+                              (a W step has no messages, only its COMPUTE) */
   int micro;
   int edge;                /* the chunk boundary crossed: between chunk edge and edge + 1; COMPUTE: the chunk */
   int step;                /* index of the step in the rank's schedule */
@@ -84,13 +93,16 @@ typedef struct {
   double makespan;         /* the step's duration: the last rank's last end */
   double *busy, *idle;     /* [pp]; idle = makespan - busy */
   int *peak_micro;         /* [pp] most micro batches with activations held at once (F started, B
-                              of the same chunk not finished), counted per distinct micro batch */
+                              of the same chunk not finished -- W with a split backward, which
+                              keeps what W reads), counted per distinct micro batch */
   int *peak_chunks;        /* [pp] the same counted per (micro, chunk) */
 } PipeTimeline;
 
 /* Simulates s with communication free: a step starts when its rank is
  * free and its input arrived.  fwd[g]: forward time of chunk g (NULL: 1
- * each); a backward takes bwd_ratio x its forward.  A schedule that
+ * each); a backward takes bwd_ratio x its forward.  With a split backward
+ * (zb-h1) B and W take half of the backward each (the paper's unit model:
+ * F = B = W); plan_pipe_simulate_fbw gives them separately.  A schedule that
  * plan_pipe_check would reject fails here too (bad steps, deadlock), with
  * its message.  0, or -1.  Free with plan_pipe_timeline_free. */
 int plan_pipe_simulate(const PipeSchedule *s, const double *fwd, double bwd_ratio, PipeTimeline *out, char *err,
@@ -100,6 +112,11 @@ int plan_pipe_simulate(const PipeSchedule *s, const double *fwd, double bwd_rati
  * with the predicted seconds of passes/timereport.c. */
 int plan_pipe_simulate_fb(const PipeSchedule *s, const double *fwd, const double *bwd, double bwd_ratio,
                           PipeTimeline *out, char *err, size_t errlen);
+/* The same with a split backward's W times given per chunk: wgt[g] is W's
+ * time and bwd[g] is then B's alone (wgt NULL: B and W each half of the
+ * backward).  Schedules without W steps ignore wgt. */
+int plan_pipe_simulate_fbw(const PipeSchedule *s, const double *fwd, const double *bwd, const double *wgt,
+                           double bwd_ratio, PipeTimeline *out, char *err, size_t errlen);
 void plan_pipe_timeline_free(PipeTimeline *t);
 /* idle / busy of rank r (0 when busy is 0). */
 double plan_pipe_bubble(const PipeTimeline *t, int r);

@@ -119,7 +119,8 @@ static void usage(FILE *f) {
           "  --emit=trace FILE      pipeline: Chrome/Perfetto trace (JSON) of the simulated schedule\n"
           "                         (with --hw: in predicted seconds; else in the partition's cost units)\n"
           "  --vpp V                pipeline: chunks per rank (virtual pipeline size; default 1)\n"
-          "  --schedule S           pipeline: gpipe, 1f1b (default) or interleaved (default with --vpp >= 2)\n"
+          "  --schedule S           pipeline: gpipe, 1f1b (default), interleaved (default with --vpp >= 2) or\n"
+          "                         zb-h1 (zero bubble: backward split into B and deferred W steps)\n"
           "  --pp-layers A,B,...    pipeline: layers per stage (pp x vpp entries) instead of balancing\n"
           "  --pp-layout STR        pipeline: Megatron layout string, e.g. \"Et*3|t*3|t*3|t*3L\"\n"
           "  --check                compile the layout and the unsharded model in f64, run both with\n"
@@ -425,7 +426,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--hw") == 0) { NEED_ARG(s); a->hw = next; continue; }
     if (strcmp(s, "--schedule") == 0) {
       NEED_ARG(s);
-      if (plan_pipe_sched_lookup(next) < 0) return usage_error("--schedule must be gpipe, 1f1b or interleaved, got '%s'", next);
+      if (plan_pipe_sched_lookup(next) < 0)
+        return usage_error("--schedule must be gpipe, 1f1b, interleaved or zb-h1, got '%s'", next);
       a->schedule = next;
       continue;
     }
@@ -641,7 +643,7 @@ static PipeSchedKind pipe_kind(const Args *a, int vpp) {
 }
 
 static IrPipeSched ir_sched_of(PipeSchedKind k) {
-  return k == PIPE_GPIPE ? IR_PIPE_GPIPE : k == PIPE_INTERLEAVED ? IR_PIPE_INTERLEAVED : IR_PIPE_1F1B;
+  return (IrPipeSched)(k + 1);   /* IrPipeSched lists the kinds in the same order, after "none" */
 }
 
 /* pp > 1, before the passes: partitions the model once to learn vpp (a
@@ -1287,16 +1289,17 @@ static int run_pipe_views(const Args *a, PassCtx *cx) {
    * fwd.<g> / bwd.<g> blocks (the one place per-op seconds come from:
    * passes/timereport.c); one rank without chunk blocks: its micro block
    * split 1 : 2 */
-  double *fs = NULL, *bs = NULL;
+  double *fs = NULL, *bs = NULL, *ws = NULL;
   if (ok && a->trace && a->hw) {
     HwDesc hw;
     int nch = part.pp * part.vpp;
     fs = ts_xcalloc((size_t)nch, sizeof *fs);
     bs = ts_xcalloc((size_t)nch, sizeof *bs);
+    ws = ts_xcalloc((size_t)nch, sizeof *ws);
     if (hw_load(a->hw, &hw, err, sizeof err) != 0) {
       fprintf(stderr, "mcc: error: %s\n", err);
       ok = 0;
-    } else if (pass_time_chunks(m, &hw, nch, fs, bs) != 0) {
+    } else if (pass_time_chunks(m, &hw, nch, fs, bs, ws) != 0) {
       for (int i = 0; i < m->blocks.n; i++)
         if (!strcmp(m->blocks.a[i].name, "micro")) {
           TimeCost c = {0};
@@ -1306,12 +1309,13 @@ static int run_pipe_views(const Args *a, PassCtx *cx) {
         }
     }
   }
-  if (ok && a->trace && pass_pipe_trace(&part, &sched, fs, bs, &tr, err, sizeof err) != 0) {
+  if (ok && a->trace && pass_pipe_trace(&part, &sched, fs, bs, ws, &tr, err, sizeof err) != 0) {
     fprintf(stderr, "mcc: error: %s\n", err);
     ok = 0;
   }
   free(fs);
   free(bs);
+  free(ws);
   if (ok) {
     rc = 0;
     if (a->report) rc = emit_text(a->output, &rep);

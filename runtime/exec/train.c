@@ -14,7 +14,8 @@
  * steps of its pipeline rank's schedule instead of "micro":
  *
  *     schedule = plan_pipe_schedule(par.sched, pp, vpp, n_local), checked
- *     for each step (F|B, micro j, chunk g): run fwd.<g> / bwd.<g>, fed
+ *     for each step (F|B|W, micro j, chunk g): run fwd.<g> / bwd.<g> /
+ *       wgt.<g> (W: a split backward's weight gradients, --schedule zb-h1), fed
  *       micro batch g_j = r*n_local + j when the block has data inputs
  *     complete the posted sends; no stash may be left
  *     loss = (sum over pp and dp ranks of the forward blocks' losses) / (global_batch / mb)
@@ -252,8 +253,8 @@ typedef struct {
   RtComm *pp;                    /* the pp group (NULL: pp = 1) */
   PipeSchedule sched;            /* pipeline programs: every pipeline rank's schedule */
   int have_sched;
-  int *chunk_block;              /* pipeline: per global chunk, fwd.<g>, bwd.<g>, eval.<g> ([3g], [3g+1],
-                                    [3g+2]) or -1 */
+  int *chunk_block;              /* pipeline: per global chunk, fwd.<g>, bwd.<g>, eval.<g>, wgt.<g>
+                                    ([4g] .. [4g+3]) or -1 */
   unsigned char *has_data;       /* per block: it has data inputs (fed the micro batch) */
   int64_t loaded_step, loaded_micro; /* what the feed buffers hold (-1: nothing) */
   int world_rank;
@@ -539,7 +540,7 @@ static int eval_batch_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, c
   for (int i = 0; i < r->sched.nsteps[c]; i++) {
     const PipeStep *st = &r->sched.steps[c][i];
     if (st->kind != 'F') continue;
-    int b = r->chunk_block[3 * st->chunk + 2];
+    int b = r->chunk_block[4 * st->chunk + 2];
     int64_t g = (int64_t)dp_coord * n_local + st->micro;
     char msg[1536];
     if (r->has_data[b] && load_micro(r, m, fs, k, g, err, errlen) != 0) return -1;
@@ -629,15 +630,20 @@ static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_
   if (plan_pipe_check(&r->sched, why, sizeof why) != 0)
     return ts_errf(err, errlen, "the regenerated pipeline schedule is wrong (a bug): %s", why);
   int nchunks = pp * vpp;
-  r->chunk_block = ts_xmalloc((size_t)nchunks * 3 * sizeof *r->chunk_block);
-  for (int g = 0; g < 3 * nchunks; g++) r->chunk_block[g] = -1;
+  int split = plan_pipe_sched_splits_bwd(kind);
+  r->chunk_block = ts_xmalloc((size_t)nchunks * 4 * sizeof *r->chunk_block);
+  for (int g = 0; g < 4 * nchunks; g++) r->chunk_block[g] = -1;
   for (int g = c; g < nchunks; g += pp)
-    for (int k = 0; k < 3; k++) {
-      static const char *kind[3] = {"fwd", "bwd", "eval"};
+    for (int k = 0; k < 4; k++) {
+      static const char *kname[4] = {"fwd", "bwd", "eval", "wgt"};
       char name[32];
-      snprintf(name, sizeof name, "%s.%d", kind[k], g);
-      r->chunk_block[3 * g + k] = ir_block_find(m, name);
-      if (r->chunk_block[3 * g + k] >= 0) continue;
+      snprintf(name, sizeof name, "%s.%d", kname[k], g);
+      r->chunk_block[4 * g + k] = ir_block_find(m, name);
+      if (k == 3 && (r->chunk_block[4 * g + k] >= 0) != split)   /* a plan edited after compiling */
+        return ts_errf(err, errlen, "the program of pipeline rank %d says --schedule %s, which %s, but it %s block %s",
+                       c, plan_pipe_sched_name(kind), split ? "runs the weight gradients as W steps" :
+                       "runs each backward whole", split ? "has no" : "has a", name);
+      if (r->chunk_block[4 * g + k] >= 0 || k == 3) continue;
       if (k < 2)
         return ts_errf(err, errlen, "pipeline rank %d runs chunk %d (pp=%d x vpp=%d chunks) but its program has no "
                        "block %s", c, g, pp, vpp, name);
@@ -657,7 +663,7 @@ static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_
 
 /* TS_PIPE_TRACE=PATH (tests): after the first step, the pipeline rank c
  * of the mesh's first dp/cp/ep/tp coordinates writes the steps it ran, in
- * order, one "F|B micro chunk" line each, to PATH.<c> (atomically).  The
+ * order, one "F|B|W micro chunk" line each, to PATH.<c> (atomically).  The
  * tests rebuild the schedule from what ran and measure its bubble. */
 static int trace_steps(const TrainRun *r, int c, char *err, size_t errlen) {
   const char *path = getenv("TS_PIPE_TRACE");
@@ -742,7 +748,7 @@ static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
   r->nx = 0;
   for (int i = 0; i < r->sched.nsteps[c]; i++) {
     const PipeStep *st = &r->sched.steps[c][i];
-    int bwd = st->kind == 'B', b = r->chunk_block[3 * st->chunk + bwd];
+    int bwd = st->kind != 'F', b = r->chunk_block[4 * st->chunk + (st->kind == 'W' ? 3 : bwd)];
     int64_t g = (int64_t)dp_coord * n_local + st->micro;   /* the global micro batch */
     char msg[1536];
     if (r->has_data[b] && load_micro(r, m, fs, s, g, err, errlen) != 0) return -1;

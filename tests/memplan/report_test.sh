@@ -119,6 +119,36 @@ pipe_check 2 1f1b
 pipe_check 4 1f1b
 pipe_check 2 gpipe
 
+# zb-h1 (pass wsplit): per rank the forward's stash (fwd.<r>'s stash nodes)
+# and what B keeps for W (bwd.<r>'s stash nodes), each counted from the IR;
+# pp micro batches in flight on every rank (F until W); the peak at least
+# the forward's stash of pp micro batches (1F1B's first stage) and at most
+# pp micro batches of both
+zb_check() {   # pp
+  local pp=$1
+  local D="-D layers=4 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=8 -D micro_batch=1"
+  local rep="$TMP/pp$pp-zb.report" ir="$TMP/pp$pp-zb.ir" r
+  "$MCC" "$TMP/gpt.mdl" $D --pp "$pp" --schedule zb-h1 --report memory > "$rep" 2> "$TMP/pp.err" &&
+    "$MCC" "$TMP/gpt.mdl" $D --pp "$pp" --schedule zb-h1 --emit=ir -o "$ir" 2> "$TMP/pp.err" ||
+    { die "pp $pp zb-h1: $(cat "$TMP/pp.err")"; return; }
+  for ((r = 0; r < pp; r++)); do
+    local f w gf gw peak fl
+    f=$(stash_bytes "$ir" "fwd.$r"); w=$(stash_bytes "$ir" "bwd.$r")
+    gf=$(srow "stash, chunk $r: per micro batch" "$rep" $r)
+    gw=$(srow "stash, chunk $r: kept by B for W, per micro batch" "$rep" $r)
+    peak=$(srow "stash peak" "$rep" $r)
+    fl=$(awk -v k=$r '/^ranks? [0-9]/ { sec++ } sec == k + 1 && /^  stash peak/ { sub(/ in flight.*/, ""); print $NF; exit }' "$rep")
+    [ -n "$f" ] && [ "$f" -gt 0 ] && [ -n "$w" ] && [ "$w" -gt 0 ] || { die "pp $pp zb-h1 rank $r: no stash nodes"; continue; }
+    [ "$gf" = "$f" ] || die "pp $pp zb-h1 rank $r: forward stash $gf in the report, $f in the IR"
+    [ "$gw" = "$w" ] || die "pp $pp zb-h1 rank $r: kept for W $gw in the report, $w in the IR"
+    [ "$fl" = "$pp" ] || die "pp $pp zb-h1 rank $r: $fl micro batches in flight, expected $pp"
+    [ "$peak" -ge $((pp * f)) ] && [ "$peak" -le $((pp * (f + w))) ] ||
+      die "pp $pp zb-h1 rank $r: stash peak $peak outside [$((pp * f)), $((pp * (f + w)))]"
+  done
+}
+zb_check 2
+zb_check 4
+
 # -o takes the report
 "$MCC" "$TMP/gpt.mdl" -D layers=1 --report memory -o "$TMP/r.txt" > "$TMP/stdout.txt" || die "-o: mcc failed"
 grep -q "^memory report: gpt" "$TMP/r.txt" || die "-o: no report in the file"

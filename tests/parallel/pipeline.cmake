@@ -5,7 +5,7 @@
 # (vpp 2), alone and combined with tp 2 and dp 2 (up to 16 ranks), trained
 # 10 steps in f64 with `mcc --check` against the single-rank run: per-step
 # losses and final parameters within 1e-10.  Then 64 ranks (tp 2 x pp 4 x
-# dp 8), a gpipe schedule, a Megatron layout with uneven stages, a check
+# dp 8), a gpipe schedule, zb-h1 (pp 2 and 4, with tp and dp), a Megatron layout with uneven stages, a check
 # that must fail, and the compile-time refusals of bad schedule / micro
 # batch combinations.
 #
@@ -33,7 +33,7 @@ function(ts_pipe_test name)
   list(APPEND labels pipe)
   # kept in the sanitizer run: one 2-rank cell per model, the refusals and
   # the failing check; the rest is mpi_matrix
-  if(name MATCHES "^(gpt[.]pp2[.]f64|llama[.]pp2_vpp2[.]f64|refuse[.].*|pipe_check_detects_difference)$")
+  if(name MATCHES "^(gpt[.]pp2[.]f64|llama[.]pp2_vpp2[.]f64|gpt[.]pp2_zbh1[.]f64|refuse[.].*|pipe_check_detects_difference)$")
     list(REMOVE_ITEM labels mpi_matrix)
   elseif(NOT "mpi_matrix" IN_LIST labels)
     list(APPEND labels mpi_matrix)
@@ -75,6 +75,21 @@ ts_pipe_test(gpt.pp2_gpipe.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/samples/gpt
 ts_pipe_test(llama.pp4_layout.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/samples/llama.mdl 1e-10
              ${TS_PIPE_LLAMA} --pp 4 --pp-layout "Et*3|t*2|t*2|tL" --steps 10)
 
+# zb-h1 (issue 19, zero-bubble: backward split into B and W, W deferred):
+# pp 2 and 4 (vpp 1), alone and with tp 2 x dp 2, both models
+foreach(cell "gpt.pp2_zbh1:--pp 2" "gpt.pp4_zbh1:--pp 4" "gpt.pp2_zbh1_tp2_dp2_sp:--pp 2 --tp 2 --dp 2 --sp"
+             "gpt.pp4_zbh1_dp2:--pp 4 --dp 2" "llama.pp2_zbh1:--pp 2" "llama.pp4_zbh1:--pp 4"
+             "llama.pp2_zbh1_tp2_dp2:--pp 2 --tp 2 --dp 2")
+  string(REPLACE ":" ";" parts "${cell}")
+  list(GET parts 0 name)
+  list(GET parts 1 popts)
+  string(REGEX MATCH "^[a-z]+" model "${name}")
+  string(TOUPPER ${model} M)
+  separate_arguments(opts UNIX_COMMAND "${popts}")
+  ts_pipe_test(${name}.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/samples/${model}.mdl 1e-10 ${TS_PIPE_${M}} ${opts}
+               --schedule zb-h1 --steps 10)
+endforeach()
+
 # 64 ranks: tp 2 x pp 4 x dp 8 (32 sequences, 4 micro batches per dp rank), 3 steps
 ts_pipe_test(gpt.gpus64_tp2_pp4_dp8.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/samples/gpt.mdl 1e-10
              -D layers=4 -D d_model=16 -D heads=4 -D seq_len=8 -D vocab=256 -D batch=32 -D micro_batch=1
@@ -94,3 +109,9 @@ ts_pipe_test(refuse.pipe_interleaved ${TS_PAR_REFUSE} ${CMAKE_CURRENT_BINARY_DIR
 ts_pipe_test(refuse.pipe_stages ${TS_PAR_REFUSE} ${CMAKE_CURRENT_BINARY_DIR}/tmp_pipe_stages
              "16 stages but the stack 'layers' has only 8 layers" ${PROJECT_SOURCE_DIR}/samples/gpt.mdl ${TS_PIPE_GPT}
              --pp 4 --vpp 4)
+ts_pipe_test(refuse.pipe_zbh1_nmicro ${TS_PAR_REFUSE} ${CMAKE_CURRENT_BINARY_DIR}/tmp_pipe_zb
+             "--schedule zb-h1 with pp=4 needs at least 4 micro batches per step, and there are 2"
+             ${PROJECT_SOURCE_DIR}/samples/gpt.mdl ${TS_PIPE_GPT} --pp 4 --dp 4 --schedule zb-h1)
+ts_pipe_test(refuse.pipe_zbh1_vpp ${TS_PAR_REFUSE} ${CMAKE_CURRENT_BINARY_DIR}/tmp_pipe_zbv
+             "--schedule zb-h1 runs one chunk per rank, and vpp=2" ${PROJECT_SOURCE_DIR}/samples/gpt.mdl
+             ${TS_PIPE_GPT} --pp 2 --vpp 2 --schedule zb-h1)

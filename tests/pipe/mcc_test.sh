@@ -59,6 +59,35 @@ for tid in range(4):                                 # a rank's steps never over
     xs = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e["tid"] == tid)
     assert all(a[1] <= b[0] + 1e-9 for a, b in zip(xs, xs[1:]))
 PY
+# zb-h1 against 1f1b at pp 4, m 8, from the reports' own numbers (issue
+# 19): the worst rank's bubble at most a third of 1f1b's, the same peak
+# in flight (worst rank and first rank); W steps on the grid; the memory
+# report counts what B keeps for W
+run 0 "$TMP/gpt.mdl" $TINY -D batch=8 --pp 4 --report schedule -o "$TMP/s1.txt"
+run 0 "$TMP/gpt.mdl" $TINY -D batch=8 --pp 4 --schedule zb-h1 --report schedule -o "$TMP/sz.txt"
+has "$TMP/sz.txt" "pp=4 vpp=1, zb-h1, 8 micro batches per step"
+has "$TMP/sz.txt" "B (input gradient) 1 + W (weight gradients) 1"
+[ "$(grep -c '^  rank 0  |.* W7 |$' "$TMP/sz.txt")" = 1 ] || die "zb-h1: rank 0 does not end with W7: $(grep '|' "$TMP/sz.txt")"
+summ() { sed -n "s/^summary: $2 bubble \([0-9.]*\) (worst rank, f=1,b=2), peak in flight \([0-9]*\) .*/\1 \2/p" "$1"; }
+read -r b1 k1 <<< "$(summ "$TMP/s1.txt" 1f1b)"
+read -r bz kz <<< "$(summ "$TMP/sz.txt" zb-h1)"
+[ -n "$b1" ] && [ -n "$bz" ] || die "no summary lines: $(grep summary "$TMP/s1.txt" "$TMP/sz.txt")"
+awk -v z="$bz" -v o="$b1" 'BEGIN { exit !(z > 0 && o > 0 && z <= o / 3 + 1e-4) }' ||
+  die "zb-h1 bubble $bz is not at most a third of 1f1b's $b1"
+[ "$kz" = "$k1" ] || die "zb-h1 peak in flight $kz, 1f1b $k1"
+p1=$(sed -n 's/^  rank 0   peak \([0-9]*\) micro.*/\1/p' "$TMP/s1.txt")
+pz=$(sed -n 's/^  rank 0   peak \([0-9]*\) micro.*/\1/p' "$TMP/sz.txt")
+[ -n "$p1" ] && [ "$p1" = "$pz" ] || die "first rank holds $pz under zb-h1, $p1 under 1f1b"
+echo "zb-h1 bubble $bz (1f1b $b1), peak in flight $kz (1f1b $k1)"
+run 0 "$TMP/gpt.mdl" $TINY -D batch=8 --pp 4 --schedule zb-h1 --report memory -o "$TMP/mz.txt"
+[ "$(grep -c 'stash, chunk [0-9]*: kept by B for W, per micro batch' "$TMP/mz.txt")" = 4 ] ||
+  die "zb-h1 memory report: no 'kept by B for W' row per rank: $(grep stash "$TMP/mz.txt")"
+has "$TMP/mz.txt" "stash peak (zb-h1, 8 micro batches: 4 in flight)"
+run 1 "$TMP/gpt.mdl" $TINY -D batch=2 --pp 4 --schedule zb-h1 --report schedule
+has "$TMP/err" "--schedule zb-h1 with pp=4 needs at least 4 micro batches per step, and there are 2"
+run 1 "$TMP/gpt.mdl" $TINY --pp 2 --vpp 2 --schedule zb-h1 -o "$TMP/gpt.plan"
+has "$TMP/err" "--schedule zb-h1 runs one chunk per rank, and vpp=2"
+
 # --pp-layers with uneven first and last stages
 run 0 "$TMP/gpt.mdl" $TINY --pp 4 --pp-layers 1,3,3,1 --report schedule
 has "$TMP/out" "E + layer 0"
@@ -84,5 +113,5 @@ has "$TMP/out" "8 micro batches per step"
 run 1 "$TMP/gpt.mdl" $TINY --vpp 2 -o "$TMP/gpt.plan"
 has "$TMP/err" "add --pp N with N > 1"
 run 2 "$TMP/gpt.mdl" $TINY --report schedule --schedule zigzag
-has "$TMP/err" "--schedule must be gpipe, 1f1b or interleaved"
+has "$TMP/err" "--schedule must be gpipe, 1f1b, interleaved or zb-h1"
 exit $fail

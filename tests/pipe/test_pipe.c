@@ -58,6 +58,77 @@ static void test_bubbles(void) {
       }
 }
 
+/* Worst rank's bubble and peak in flight of kind k, simulated with F = 1
+ * and backward b (zb-h1: B = W = b/2); -1 when it does not build. */
+static double worst_bubble(PipeSchedKind k, int p, int m, double b, int *peak, int *peak0) {
+  PipeSchedule s;
+  PipeTimeline t;
+  char err[1024];
+  if (plan_pipe_schedule(k, p, 1, m, &s, err, sizeof err) != 0) return -1;
+  if (plan_pipe_simulate(&s, NULL, b, &t, err, sizeof err) != 0) { plan_pipe_schedule_free(&s); return -1; }
+  double w = 0;
+  *peak = 0;
+  for (int r = 0; r < p; r++) {
+    if (plan_pipe_bubble(&t, r) > w) w = plan_pipe_bubble(&t, r);
+    if (t.peak_micro[r] > *peak) *peak = t.peak_micro[r];
+  }
+  *peak0 = t.peak_micro[0];
+  plan_pipe_timeline_free(&t);
+  plan_pipe_schedule_free(&s);
+  return w;
+}
+
+/* zb-h1 (Qi et al. 2023): checked; with F = B = W every rank's bubble is
+ * (p-1)/(3m), a third of 1F1B's (p-1)/m, measured on both timelines; no
+ * rank holds more micro batches between F and W than 1F1B's first rank
+ * (p), and the first rank holds as many as under 1F1B.  With B > W the
+ * bubble is the paper's (p-1)(F+B-W) / (m(F+B+W)). */
+static void test_zbh1(void) {
+  int ps[] = {1, 2, 3, 4, 8}, ms[] = {1, 2, 3, 4, 5, 8, 12, 16, 32};
+  char err[1024];
+  for (int i = 0; i < 5; i++)
+    for (int j = 0; j < 9; j++) {
+      int p = ps[i], m = ms[j];
+      if (m < p) continue;
+      PipeSchedule s;
+      if (plan_pipe_schedule(PIPE_ZBH1, p, 1, m, &s, err, sizeof err) != 0) { CHECK(0, "zb-h1 p=%d m=%d: %s", p, m, err); continue; }
+      CHECK(plan_pipe_check(&s, err, sizeof err) == 0, "check zb-h1 p=%d m=%d: %s", p, m, err);
+      CHECK(s.nsteps[0] == 3 * m, "zb-h1 p=%d m=%d: %d steps on rank 0, want F, B and W of each micro batch", p, m,
+            s.nsteps[0]);
+      PipeTimeline t;
+      if (plan_pipe_simulate(&s, NULL, 2, &t, err, sizeof err) == 0) {
+        for (int r = 0; r < p; r++) {
+          double want = (double)(p - 1) / (3.0 * m);
+          CHECK(fabs(plan_pipe_bubble(&t, r) - want) < 1e-12, "zb-h1 p=%d m=%d rank %d: bubble %.6f, want %.6f", p,
+                m, r, plan_pipe_bubble(&t, r), want);
+          CHECK(fabs(t.busy[r] - 3.0 * m) < 1e-9, "zb-h1 busy %g", t.busy[r]);
+        }
+        plan_pipe_timeline_free(&t);
+      } else CHECK(0, "simulate zb-h1 p=%d m=%d: %s", p, m, err);
+      plan_pipe_schedule_free(&s);
+      int zp, zp0, fp, fp0;
+      double zb = worst_bubble(PIPE_ZBH1, p, m, 2, &zp, &zp0), fb = worst_bubble(PIPE_1F1B, p, m, 2, &fp, &fp0);
+      CHECK(zb >= 0 && fb >= 0 && zb <= fb / 3 + 1e-12, "p=%d m=%d: zb-h1 bubble %.6f > a third of 1f1b's %.6f", p, m,
+            zb, fb);
+      CHECK(zp == fp && zp0 == fp0 && zp <= p, "p=%d m=%d: zb-h1 holds %d micro batches (rank 0: %d), 1f1b %d (%d)",
+            p, m, zp, zp0, fp, fp0);
+      /* B > W: fwd 1, B 1.2, W 0.8 */
+      double *f = ts_xcalloc((size_t)p, sizeof *f), *bb = ts_xcalloc((size_t)p, sizeof *bb),
+             *ww = ts_xcalloc((size_t)p, sizeof *ww);
+      for (int g = 0; g < p; g++) f[g] = 1, bb[g] = 1.2, ww[g] = 0.8;
+      if (plan_pipe_schedule(PIPE_ZBH1, p, 1, m, &s, err, sizeof err) == 0 &&
+          plan_pipe_simulate_fbw(&s, f, bb, ww, 2, &t, err, sizeof err) == 0) {
+        double want = (p - 1) * (1 + 1.2 - 0.8) / (3.0 * m);
+        for (int r = 0; r < p; r++)
+          CHECK(fabs(plan_pipe_bubble(&t, r) - want) < 1e-9, "zb-h1 B 1.2 W 0.8 p=%d m=%d rank %d: bubble %.6f, want "
+                "%.6f", p, m, r, plan_pipe_bubble(&t, r), want);
+        plan_pipe_timeline_free(&t);
+      } else CHECK(0, "zb-h1 fbw p=%d m=%d: %s", p, m, err);
+      plan_pipe_schedule_free(&s);
+      free(f), free(bb), free(ww);
+    }
+}
+
 static void expect_refusal(PipeSchedKind k, int p, int v, int m, const char *needle) {
   PipeSchedule s;
   char err[1024] = "";
@@ -72,6 +143,9 @@ static void test_refusals(void) {
   expect_refusal(PIPE_INTERLEAVED, 4, 2, 6, "micro batches per step (6) to be a multiple of pp=4");
   expect_refusal(PIPE_INTERLEAVED, 4, 1, 8, "--vpp V >= 2");
   expect_refusal(PIPE_1F1B, 4, 2, 8, "use --schedule interleaved");
+  expect_refusal(PIPE_ZBH1, 4, 1, 3, "--schedule zb-h1 with pp=4 needs at least 4 micro batches per step, and there "
+                 "are 3");
+  expect_refusal(PIPE_ZBH1, 2, 2, 4, "--schedule zb-h1 runs one chunk per rank, and vpp=2");
   IrTrain t;
   ir_train_defaults(&t);
   t.global_batch = 12, t.micro_batch = 2;
@@ -99,14 +173,19 @@ static void make_sched(PipeSchedule *s, int p, int m, const char *const *ranks) 
   }
 }
 
-static void expect_broken(int p, int m, const char *const *ranks, const char *needle) {
+static void expect_broken_kind(PipeSchedKind k, int p, int m, const char *const *ranks, const char *needle) {
   PipeSchedule s;
   make_sched(&s, p, m, ranks);
+  s.kind = k;
   char err[1024] = "";
   int rc = plan_pipe_check(&s, err, sizeof err);
   CHECK(rc != 0, "broken schedule accepted (%s / %s)", ranks[0], ranks[1]);
   CHECK(rc == 0 || strstr(err, needle), "message '%s' lacks '%s'", err, needle);
   plan_pipe_schedule_free(&s);
+}
+
+static void expect_broken(int p, int m, const char *const *ranks, const char *needle) {
+  expect_broken_kind(PIPE_1F1B, p, m, ranks, needle);
 }
 
 static void test_checker(void) {
@@ -137,6 +216,33 @@ static void test_checker(void) {
   expect_broken(2, 2, twice, "twice");
   const char *early[] = {"B0 F0 F1 B1", "F0 F1 B0 B1"};
   expect_broken(2, 2, early, "before its F");
+  /* split backward (zb-h1): W after its B, one per (micro, chunk), only there */
+  const char *zok[] = {"F0 F1 B0 W0 B1 W1", "F0 B0 F1 B1 W0 W1"};
+  make_sched(&s, 2, 2, zok);
+  s.kind = PIPE_ZBH1;
+  CHECK(plan_pipe_check(&s, err, sizeof err) == 0, "hand-written zb-h1: %s", err);
+  plan_pipe_schedule_free(&s);
+  const char *wearly[] = {"F0 F1 W0 B0 B1 W1", "F0 B0 F1 B1 W0 W1"};
+  expect_broken_kind(PIPE_ZBH1, 2, 2, wearly, "rank 0 step 2 runs W of micro batch 0, chunk 0 before its B");
+  const char *wmiss[] = {"F0 F1 B0 W0 B1 W1", "F0 B0 F1 B1 W0"};
+  expect_broken_kind(PIPE_ZBH1, 2, 2, wmiss, "rank 1 never runs W of micro batch 1");
+  const char *wtwice[] = {"F0 F1 B0 W0 B1 W0", "F0 B0 F1 B1 W0 W1"};
+  expect_broken_kind(PIPE_ZBH1, 2, 2, wtwice, "twice");
+  expect_broken(2, 2, zok, "W only where the backward is split");
+  {   /* a W step sends and receives nothing */
+    PipeSchedule z;
+    CHECK(plan_pipe_schedule(PIPE_ZBH1, 2, 1, 2, &z, err, sizeof err) == 0, "%s", err);
+    PipeOp *zo;
+    int nz = plan_pipe_rank_ops(&z, 0, &zo), nw = 0;
+    for (int i = 0; i < nz; i++)
+      if (z.steps[0][zo[i].step].kind == 'W') {
+        nw++;
+        CHECK(zo[i].op == PIPE_OP_COMPUTE, "a W step has a message");
+      }
+    CHECK(nw == 2, "%d W ops on rank 0", nw);
+    free(zo);
+    plan_pipe_schedule_free(&z);
+  }
   /* a generated schedule with one rank's steps swapped is rejected too */
   PipeSchedule g;
   CHECK(plan_pipe_schedule(PIPE_INTERLEAVED, 4, 2, 8, &g, err, sizeof err) == 0, "%s", err);
@@ -334,6 +440,7 @@ static void test_overrides(void) {
 
 int main(void) {
   test_bubbles();
+  test_zbh1();
   test_refusals();
   test_checker();
   test_partition();

@@ -46,6 +46,12 @@ paste <(loss pp.jsonl) <(loss flat.jsonl) <(gn pp.jsonl) <(gn flat.jsonl) | awk 
 TS_RT_PROFILE=1 timeout -k 5 60 "$mrun" "$work/pp2.plan" --gpus 2 --steps 1 --quiet --data "$data" >out.txt 2>&1 || status=1
 n=$(grep -cE "pipeline stashes: [1-9][0-9]* handed over, 0 copied" out.txt)
 [ "$n" = 2 ] || { echo "mrun_pipe: want both ranks' stashes handed over, none copied:"; grep "stashes" out.txt; status=1; }
+# 2c. the same with zb-h1: what B keeps for W is handed over too (a value B
+# unstashed and stashes again keeps its buffer)
+"$mcc" "$src/samples/gpt.mdl" $D --pp 2 --schedule zb-h1 -o "$work/zb.plan" || exit 1
+TS_RT_PROFILE=1 timeout -k 5 60 "$mrun" "$work/zb.plan" --gpus 2 --steps 1 --quiet --data "$data" >out.txt 2>&1 || status=1
+n=$(grep -cE "pipeline stashes: [1-9][0-9]* handed over, 0 copied" out.txt)
+[ "$n" = 2 ] || { echo "mrun_pipe: zb-h1: want both ranks' stashes handed over, none copied:"; grep "stashes" out.txt; status=1; }
 
 # 3. faults: world rank 1 (pipeline rank 1) fails in step 2
 fault() {   # fault KILL|STALL REGEX

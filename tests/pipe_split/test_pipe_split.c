@@ -231,6 +231,101 @@ static void split_case(const char *name, int layers, int pp, int vpp, int tp, in
   ir_module_free(m);
 }
 
+/* ---- pass wsplit (--schedule zb-h1): bwd.<g> -> B (bwd.<g>) + W (wgt.<g>) ---- */
+
+/* 1 for every node of b that a send or a stash of b needs, transitively. */
+static unsigned char *send_slice(const IrBlock *b) {
+  unsigned char *in = ts_xcalloc((size_t)b->n + 1, 1);
+  for (int i = b->n - 1; i >= 0; i--) {
+    if (b->nodes[i].op == IR_OP_SEND || b->nodes[i].op == IR_OP_STASH) in[i] = 1;
+    if (in[i])
+      for (int k = 0; k < b->nodes[i].nin; k++) in[b->nodes[i].in[k]] = 1;
+  }
+  return in;
+}
+
+static void wsplit_case(const char *name, int layers, int pp, int tp, int sp) {
+  char what[128];
+  snprintf(what, sizeof what, "wsplit %s layers=%d pp=%d tp=%d sp=%d", name, layers, pp, tp, sp);
+  IrModule *ref = sample(name, layers, pp, 1, tp, sp), *m = sample(name, layers, pp, 1, tp, sp);
+  if (!ref || !m) { ir_module_free(ref); ir_module_free(m); return; }
+  PassCtx cx;
+  pass_ctx_init(&cx);
+  int ok = split(ref, &cx) == 0;
+  CHECK(ok, "%s: reference: %s", what, cx.err);
+  pass_ctx_free(&cx);
+  pass_ctx_init(&cx);
+  m->par.sched = IR_PIPE_ZBH1;
+  char err[1024];
+  ok = ok && split(m, &cx) == 0 && pass_wsplit(m, &cx) == 0;
+  CHECK(ok, "%s: %s", what, cx.err);
+  if (ok) {
+    ok = ir_verify(m, err, sizeof err) == 0;
+    CHECK(ok, "%s: verify after wsplit: %s", what, err);
+  }
+  pass_ctx_free(&cx);
+  if (!ok) { ir_module_free(ref); ir_module_free(m); return; }
+  for (int g = 0; g < pp; g++) {
+    char bn[32], wn[32], fn[32];
+    snprintf(bn, sizeof bn, "bwd.%d", g), snprintf(wn, sizeof wn, "wgt.%d", g), snprintf(fn, sizeof fn, "fwd.%d", g);
+    int bi = ir_block_find(m, ts_intern(bn)), wi = ir_block_find(m, ts_intern(wn)), fi = ir_block_find(m, ts_intern(fn));
+    int ri = ir_block_find(ref, ts_intern(bn));
+    CHECK(bi >= 0 && wi >= 0 && fi >= 0 && ri >= 0, "%s: blocks of chunk %d missing", what, g);
+    if (bi < 0 || wi < 0 || fi < 0 || ri < 0) continue;
+    const IrBlock *B = &m->blocks.a[bi], *W = &m->blocks.a[wi], *F = &m->blocks.a[fi], *R = &ref->blocks.a[ri];
+    /* W talks to nobody; B keeps the messages and the forward's stash */
+    CHECK(count_op(W, IR_OP_SEND) == 0 && count_op(W, IR_OP_RECV) == 0, "%s: %s has messages", what, wn);
+    CHECK(count_op(B, IR_OP_SEND) == count_op(R, IR_OP_SEND) && count_op(B, IR_OP_RECV) == count_op(R, IR_OP_RECV) &&
+          count_op(B, IR_OP_UNSTASH) == count_op(R, IR_OP_UNSTASH),
+          "%s: %s's messages or unstashes differ from the unsplit block's", what, bn);
+    /* every gradient accumulated once, all of them in W */
+    CHECK(count_op(B, IR_OP_ACCUM) == 0, "%s: %s accumulates %d gradients (W's job)", what, bn, count_op(B, IR_OP_ACCUM));
+    CHECK(count_op(W, IR_OP_ACCUM) == count_op(R, IR_OP_ACCUM), "%s: %s accumulates %d gradients, the unsplit block %d",
+          what, wn, count_op(W, IR_OP_ACCUM), count_op(R, IR_OP_ACCUM));
+    /* B -> W hand-overs: as many stashes in B as unstashes in W */
+    CHECK(count_op(B, IR_OP_STASH) == count_op(W, IR_OP_UNSTASH), "%s: %s stashes %d values, %s unstashes %d", what, bn,
+          count_op(B, IR_OP_STASH), wn, count_op(W, IR_OP_UNSTASH));
+    /* no matmul lost or duplicated.  With a send (g > 0): a forward matmul of an activation by a weight (one
+     * operand free: made of states only) has its input gradient in B and its weight gradient in W; one of two
+     * activations (composed attention) has both its gradients in B */
+    int mb = count_op(B, IR_OP_MATMUL), mw = count_op(W, IR_OP_MATMUL), mf = count_op(F, IR_OP_MATMUL), lin = 0;
+    unsigned char *fr = ts_xcalloc((size_t)F->n + 1, 1);
+    for (int i = 0; i < F->n; i++) {
+      const IrNode *n = &F->nodes[i];
+      fr[i] = n->op != IR_OP_RECV && n->op != IR_OP_INPUT && n->op != IR_OP_UNSTASH;
+      for (int k = 0; k < n->nin; k++) fr[i] &= fr[n->in[k]];
+      if (n->op == IR_OP_MATMUL) lin += fr[n->in[0]] != fr[n->in[1]];
+    }
+    free(fr);
+    CHECK(mb + mw == count_op(R, IR_OP_MATMUL), "%s: chunk %d: %d + %d matmuls in B and W, %d unsplit", what, g, mb, mw,
+          count_op(R, IR_OP_MATMUL));
+    if (g > 0)
+      CHECK(lin > 0 && mw == lin && mb == lin + 2 * (mf - lin), "%s: chunk %d: B %d, W %d matmuls; the forward has %d, "
+            "%d of them by a weight", what, g, mb, mw, mf, lin);
+    else CHECK(mb == 0, "%s: chunk 0 sends nothing back, yet B holds %d matmuls", what, mb);
+    /* B is what its sends and its hand-overs to W need: nothing else but recvs and unstashes */
+    unsigned char *sl = send_slice(B);
+    for (int i = 0; i < B->n; i++) {
+      IrOp op = B->nodes[i].op;
+      CHECK(sl[i] || op == IR_OP_RECV || op == IR_OP_UNSTASH, "%s: %s node %d (%s) is needed neither by a send nor "
+            "by W", what, bn, i, ir_ops[op].name);
+    }
+    free(sl);
+    /* what B hands W per micro batch: less than without pulling reductions into B is measured in the report;
+     * here: every value handed over is read in W */
+    for (int i = 0; i < W->n; i++)
+      if (W->nodes[i].op == IR_OP_UNSTASH) {
+        int read = 0;
+        for (int j = i + 1; j < W->n && !read; j++)
+          for (int k = 0; k < W->nodes[j].nin; k++) read |= W->nodes[j].in[k] == i;
+        CHECK(read, "%s: %s unstashes slot %lld and never reads it", what, wn, (long long)W->nodes[i].ia[0]);
+      }
+  }
+  check_roundtrip(m, what);
+  ir_module_free(ref);
+  ir_module_free(m);
+}
+
 /* ---- the verifier on broken pipelines ---- */
 static const char *head =
     "module v\n"
@@ -276,6 +371,18 @@ static void test_verifier(void) {
   verify_case("block eval.0 {\n  %0 = state @w : f32[4]\n  stash %0 slot=0\n}\n"
               "block bwd.0 {\n  %0 = unstash slot=0 : f32[4]\n}\n", "in an evaluation block", "stash in eval");
   verify_case("block eval.0 {\n  %0 = state @w : f32[4]\n  send %0 axis=pp peer=-1 tag=0\n}\n", "peer=-1", "eval direction");
+  /* a split backward: B -> W slots; W has no messages; forward slots go to B */
+  verify_case("block fwd.0 {\n  %0 = state @w : f32[4]\n  stash %0 slot=0\n}\n"
+              "block bwd.0 {\n  %0 = unstash slot=0 : f32[4]\n  stash %0 slot=1\n}\n"
+              "block wgt.0 {\n  %0 = unstash slot=1 : f32[4]\n}\n", NULL, "B to W");
+  verify_case("block fwd.0 {\n  %0 = state @w : f32[4]\n  stash %0 slot=0\n}\n"
+              "block wgt.0 {\n  %0 = unstash slot=0 : f32[4]\n}\n", "stashed in fwd.0 and unstashed in wgt.0",
+              "forward slot read by W");
+  verify_case("block wgt.0 {\n  %0 = state @w : f32[4]\n  stash %0 slot=0\n}\n"
+              "block bwd.0 {\n  %0 = unstash slot=0 : f32[4]\n}\n", "belongs in a forward", "stash in W");
+  verify_case("block wgt.1 {\n  %0 = state @w : f32[4]\n  send %0 axis=pp peer=-1 tag=0\n}\n"
+              "block bwd.0 {\n  %0 = recv axis=pp peer=1 tag=0 : f32[4]\n}\n", "in a weight-gradient block",
+              "send in W");
 }
 
 int main(void) {
@@ -288,5 +395,9 @@ int main(void) {
   split_case("llama", 4, 2, 1, 1, 0);
   split_case("llama", 4, 4, 1, 2, 1);
   split_case("llama", 4, 2, 2, 1, 0);
+  wsplit_case("gpt", 4, 2, 1, 0);
+  wsplit_case("gpt", 4, 4, 2, 1);
+  wsplit_case("llama", 4, 2, 1, 0);
+  wsplit_case("llama", 8, 4, 2, 1);
   return check_exit("test_pipe_split");
 }
