@@ -45,7 +45,11 @@ static void usage(FILE *f) {
           "\n"
           "  -o OUT                 output file (default: FILE with .plan; stdout for ir/dot/plan-text)\n"
           "  -D key=value           override a config value (repeatable)\n"
-          "  --precision f32|f64    training precision (default: the train block's)\n"
+          "  --precision f32|f64|bf16|fp16  training precision (default: the train block's); bf16: f32\n"
+          "                         masters, grads and optimizer, 16-bit activations and parameter\n"
+          "                         copies as pass precision assigns them (docs/precision.md)\n"
+          "  --precision-policy CLASS=f32|16[,...]  overrides the 16-bit policy per op class\n"
+          "                         (classes: mcc --precision-policy help; docs/precision.md)\n"
           "  --tp N                 tensor parallel size (default: the parallel block's, else 1)\n"
           "  --sp                   sequence parallelism (needs tp > 1)\n"
           "  --dp N                 data parallel size the update block and reports are built for\n"
@@ -301,7 +305,9 @@ static int parse_args(int argc, char **argv, Args *a) {
       NEED_ARG(s);
       if (strcmp(next, "f32") == 0) a->mdl.precision = IR_F32;
       else if (strcmp(next, "f64") == 0) a->mdl.precision = IR_F64;
-      else return usage_error("--precision must be f32 or f64, got '%s'", next);
+      else if (strcmp(next, "bf16") == 0) a->mdl.precision = IR_BF16;
+      else if (strcmp(next, "fp16") == 0 || strcmp(next, "f16") == 0) a->mdl.precision = IR_F16;
+      else return usage_error("--precision must be f32, f64, bf16 or fp16, got '%s'", next);
       continue;
     }
     int *num = strcmp(s, "--tp") == 0 ? &a->mdl.tp : strcmp(s, "--pp") == 0 ? &a->mdl.pp
@@ -318,6 +324,18 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--no-fuse") == 0) { a->cx->no_fuse = 1; continue; }
     if (strcmp(s, "--no-remat") == 0) { a->cx->no_remat = 1; continue; }
     if (strcmp(s, "--decode") == 0) { a->cx->decode = 1; continue; }
+    if (strcmp(s, "--precision-policy") == 0) {
+      NEED_ARG(s);
+      if (strcmp(next, "help") == 0) {
+        StrBuf b = {0};
+        pass_precision_classes(&b);
+        printf("op classes of pass precision (storage under --precision bf16; arithmetic is always f32):\n%s", b.p);
+        free(b.p);
+        exit(0);
+      }
+      a->cx->precision_policy = next;
+      continue;
+    }
     if (strcmp(s, "--max-source-bytes") == 0) {
       NEED_ARG(s);
       unsigned long long v;
@@ -882,6 +900,7 @@ static IrModule *compile_quiet(const Args *a, const MdlOptions *o, int dp) {
   cx.verify_each = a->cx->verify_each;
   cx.no_fuse = a->cx->no_fuse;
   cx.no_remat = a->cx->no_remat;
+  cx.precision_policy = a->cx->precision_policy;
   cx.regather = a->cx->regather;
   cx.activation_budget = a->cx->activation_budget;
   /* auto's budget is per rank of the layout: the one-rank comparison
