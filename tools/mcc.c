@@ -1348,7 +1348,14 @@ static double rel_diff(double a, double b) {
  * layout), runs both with mrun and compares.  0 = within tolerance. */
 static int run_check(const Args *a, IrModule *m) {
   int steps = a->steps > 0 ? a->steps : 3;
-  double tol = m->train.precision == IR_F64 ? 1e-10 : 1e-5;
+  /* bf16: the layout rounds to 16 bits at the same ops, but sums in another
+   * order (tp partial sums, dp gradients), and a bf16 rounding flips on a
+   * different last bit: agreement to 1e-2, not to f32's 1e-5 */
+  double tol = m->train.precision == IR_F64 ? 1e-10 : m->train.lowp != IR_VOID ? 1e-2 : 1e-5;
+  /* ... and the parameters to 5e-2: a gradient that is rounding noise
+   * (attention's key bias: softmax is shift-invariant, its true gradient
+   * is 0) is scaled by Adam to whole lr-sized steps of either sign */
+  double tol_par = m->train.lowp != IR_VOID ? 5e-2 : tol;
   int64_t nranks = mesh_ranks(m);
   int gpus = a->gpus > 0 ? a->gpus : (int)nranks;
   int replica = (int)(nranks / ir_axis_size(m, IR_AXIS_DP));   /* tp*pp*cp*ep: ranks per dp replica */
@@ -1388,7 +1395,7 @@ static int run_check(const Args *a, IrModule *m) {
   char at_dp[32] = "";                   /* --gpus beyond the mesh: more dp ranks */
   if (gpus != nranks) snprintf(at_dp, sizeof at_dp, " (dp=%d)", gpus / replica);
   printf("check: %s, %s on %d rank%s%s against 1 rank, %d steps, %s\n", m->name, lay, gpus, gpus == 1 ? "" : "s",
-         at_dp, steps, ir_dtype_name(m->train.precision));
+         at_dp, steps, ir_dtype_name(m->train.lowp != IR_VOID ? m->train.lowp : m->train.precision));
   fflush(stdout);
   /* Test hook (tests/parallel): TS_CHECK_PERTURB_SEED=1 runs the layout
    * with another seed, so the comparison must report FAIL. */
@@ -1428,9 +1435,13 @@ static int run_check(const Args *a, IrModule *m) {
   }
   printf("  loss:   max relative difference %.3g over %d steps (worst at step %d)\n", dloss, na, worst_step);
   printf("  params: max relative difference %.3g (worst: %s; max|a-b| / max|b| per tensor, scale floored at 10%% of the largest parameter)\n", dpar, where);
-  int ok = dloss <= tol && dpar <= tol;      /* NaN fails */
-  printf("check: %s: %s %s the single-rank run within %g\n", ok ? "PASS" : "FAIL", lay, ok ? "matches" : "does NOT match",
-         tol);
+  int ok = dloss <= tol && dpar <= tol_par;      /* NaN fails */
+  if (tol_par != tol)
+    printf("check: %s: %s %s the single-rank run within %g (loss) and %g (params)\n", ok ? "PASS" : "FAIL", lay,
+           ok ? "matches" : "does NOT match", tol, tol_par);
+  else
+    printf("check: %s: %s %s the single-rank run within %g\n", ok ? "PASS" : "FAIL", lay, ok ? "matches" : "does NOT match",
+           tol);
   rc = ok ? 0 : 1;
 cleanup:
   free(la);
