@@ -109,7 +109,7 @@ usage)
   run 2 "$MCC" samples/gpt.mdl -D layers && has "$TMP/err" "-D needs key=value"
   run 2 "$MCC" samples/gpt.mdl --tp && has "$TMP/err" "needs an argument"
   run 2 "$MCC" samples/gpt.mdl --tp zero && has "$TMP/err" "expected a positive size"
-  run 2 "$MCC" samples/gpt.mdl --precision bf16 && has "$TMP/err" "f32 or f64"
+  run 2 "$MCC" samples/gpt.mdl --precision bf8 && has "$TMP/err" "f32, f64, bf16 or fp16"
   run 2 "$MCC" samples/gpt.mdl samples/llama.mdl && has "$TMP/err" "more than one input file"
   for b in -1 12Q 1T "" 99999999999G; do
     run 2 "$MCC" samples/gpt.mdl --activation-budget "$b" && has "$TMP/err" "--activation-budget expects a byte count"
@@ -117,7 +117,7 @@ usage)
   run 2 "$MCC" samples/gpt.mdl --regather --activation-budget 8M && has "$TMP/err" "give one of them"
   run 2 "$MCC" samples/gpt.mdl --keep-gathered --regather && has "$TMP/err" "give one of them"
   run 2 "$MCC" samples/gpt.mdl --print-ir-after=autodif &&
-    has "$TMP/err" "unknown pass 'autodif'" && has "$TMP/err" "frontend, partition, autodiff, shard, remat, pipeline, optimizer, eval, decode, dce"
+    has "$TMP/err" "unknown pass 'autodif'" && has "$TMP/err" "frontend, partition, autodiff, shard, precision, remat, pipeline, optimizer, eval, decode, dce"
   run 0 "$MCC" --help && has "$TMP/out" "usage: mcc FILE.mdl" && has "$TMP/out" "--dump-ir=all DIR"
   run 0 "$MCC" --version && has "$TMP/out" "plan format 2"
   run 1 "$MCC" "$TMP/missing.mdl" && has "$TMP/err" "cannot open '$TMP/missing.mdl'"
@@ -181,7 +181,7 @@ full-gpt|full-llama)
     has "$TMP/err" "parameters in" && has "$TMP/err" "time: total"
   run 0 "$CHECK" plan "$TMP/$m.plan"
   run 0 "$CHECK" ir "$TMP"/dump/*.ir
-  [ "$(ls "$TMP/dump" | wc -l)" = 11 ] || fail "expected 11 dumps: $(ls "$TMP/dump")"
+  [ "$(ls "$TMP/dump" | wc -l)" = 12 ] || fail "expected 12 dumps: $(ls "$TMP/dump")"
   # -o - writes the same binary plan to stdout
   run 0 "$MCC" samples/$m.mdl -o - && cmp -s "$TMP/out" "$TMP/$m.plan" || fail "-o - differs from the plan file"
   head -c 6 "$TMP/$m.plan" | grep -q TSPLAN || fail "$m.plan does not start with the magic"
@@ -192,15 +192,15 @@ tiny-gpt|tiny-llama)
   # every pass: --verify-roundtrip inside mcc, then the dumps checked here
   run 0 "$MCC" samples/$m.mdl $DEFS -o "$TMP/$m.plan" --verify-roundtrip --verify-each --dump-ir=all "$TMP/dump"
   dumps=$(ls "$TMP/dump" | tr '\n' ' ')
-  [ "$dumps" = "00-frontend.ir 01-partition.ir 02-autodiff.ir 03-shard.ir 04-remat.ir 05-pipeline.ir 06-optimizer.ir 07-eval.ir 08-decode.ir 09-dce.ir 10-fuse.ir " ] || fail "dump files: $dumps"
+  [ "$dumps" = "00-frontend.ir 01-partition.ir 02-autodiff.ir 03-shard.ir 04-precision.ir 05-remat.ir 06-pipeline.ir 07-optimizer.ir 08-eval.ir 09-decode.ir 10-dce.ir 11-fuse.ir " ] || fail "dump files: $dumps"
   run 0 "$CHECK" ir "$TMP"/dump/*.ir
   has "$TMP/dump/00-frontend.ir" "block forward {"
-  has "$TMP/dump/09-dce.ir" "block micro {"
-  has "$TMP/dump/09-dce.ir" "block update {"
+  has "$TMP/dump/10-dce.ir" "block micro {"
+  has "$TMP/dump/10-dce.ir" "block update {"
   # the final IR: --emit=ir equals the last dump
   run 0 "$MCC" samples/$m.mdl $DEFS --emit=ir -o "$TMP/final.ir"
-  cmp -s "$TMP/final.ir" "$TMP/dump/10-fuse.ir" || fail "--emit=ir differs from the last dump"
-  has "$TMP/dump/10-fuse.ir" " group=1"
+  cmp -s "$TMP/final.ir" "$TMP/dump/11-fuse.ir" || fail "--emit=ir differs from the last dump"
+  has "$TMP/dump/11-fuse.ir" " group=1"
   # --print-ir-after prints parseable IR of that pass to stdout
   run 0 "$MCC" samples/$m.mdl $DEFS --print-ir-after=autodiff -o "$TMP/p.plan" &&
     has "$TMP/out" "# IR after pass 'autodiff'" && has "$TMP/out" "block micro {"
