@@ -157,7 +157,7 @@ typedef struct {
  * start, written by kv_write, never a checkpoint's or a parameter file's. */
 /* IR_STATE_COPY: the 16-bit compute copy of parameter `of` (pass
  * precision, --precision bf16): the parameter's shape and sharding in its
- * own 16-bit dtype, never checkpointed; the runtime refreshes it from the
+ * own 16-bit dtype (a checkpoint load never needs it); the runtime refreshes it from the
  * f32 master before a block reads it whenever the master changed (after
  * the update block, an initialization or a load). */
 typedef enum { IR_STATE_PARAM, IR_STATE_GRAD, IR_STATE_ADAM_M, IR_STATE_ADAM_V, IR_STATE_CACHE, IR_STATE_COPY, IR_STATE_KIND_COUNT } IrStateKind;
