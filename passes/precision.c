@@ -53,8 +53,8 @@ static const struct { const char *name; int store16; const char *doc; } pc_info[
     [PC_LOSS] = {"loss", 0, "log_softmax, cross_entropy and their backwards"},
     [PC_REDUCE] = {"reduce", 0, "sum, mean, max, sumsq, sum_to"},
     [PC_STATS] = {"stats", 0, "attn_acc, attn_lse, attn_bwd_q, attn_bwd_kv (ring attention)"},
-    [PC_COMM] = {"comm", 0, "all_reduce, all_gather, reduce_scatter, all_to_all, ring_shift, group_sum"},
-    [PC_LAYOUT] = {"layout", -1, "reshape, permute, slice, pad, concat, broadcast, shard_slice"},
+    [PC_COMM] = {"comm", 0, "all_reduce, reduce_scatter, all_to_all, ring_shift, group_sum (sums and f32 moves)"},
+    [PC_LAYOUT] = {"layout", -1, "reshape, permute, slice, pad, concat, broadcast, shard_slice, all_gather"},
 };
 
 static PrecClass op_class(IrOp op) {
@@ -69,7 +69,7 @@ static PrecClass op_class(IrOp op) {
     return PC_REDUCE;
   case IR_OP_ATTN_ACC: case IR_OP_ATTN_LSE: case IR_OP_ATTN_BWD_Q: case IR_OP_ATTN_BWD_KV: return PC_STATS;
   case IR_OP_RESHAPE: case IR_OP_PERMUTE: case IR_OP_SLICE: case IR_OP_PAD: case IR_OP_CONCAT:
-  case IR_OP_BROADCAST: case IR_OP_SHARD_SLICE:
+  case IR_OP_BROADCAST: case IR_OP_SHARD_SLICE: case IR_OP_ALL_GATHER:
     return PC_LAYOUT;
   case IR_OP_INPUT: case IR_OP_STATE: case IR_OP_FULL: case IR_OP_ARANGE: case IR_OP_RAND: case IR_OP_RECV:
   case IR_OP_UNSTASH:

@@ -812,8 +812,10 @@ static int ref_ALL_GATHER(RtKctx *k) {
   int size;
   RtComm *g;
   int64_t outer, L, inner;
-  if (k->ot->dtype == IR_I32 ? same_dtype(k) != 0 : kfloat(k)) /* ids are gathered too (bytes copied) */
-    return rt_kfail(k, "all_gather needs f32, f64 or i32 operands of the result's dtype, got %s", rt_tstr(k->it[0], 0));
+  /* ids and 16-bit values are gathered too (bytes copied) */
+  if (k->ot->dtype == IR_I32 || ir_dtype_is_16(k->ot->dtype) ? same_dtype(k) != 0 : kfloat(k))
+    return rt_kfail(k, "all_gather needs f32, f64, bf16, f16 or i32 operands of the result's dtype, got %s",
+                    rt_tstr(k->it[0], 0));
   if (rt_kaxis(k, &ax, &size, &g) || kdim(k, &outer, &L, &inner)) return -1;
   if (ir_type_numel(k->ot) != outer * L * inner * size) return rt_kfail(k, "result size is not %d times the operand's", size);
   int zz = cp_zigzag_dim(k, ax, size, rt_kin_sh(k, 0), L);
