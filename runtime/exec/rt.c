@@ -557,8 +557,8 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
   p->copies_stale = 1;
   if (m->train.lowp != IR_VOID && (o->dev || o->cuda)) {
     ts_errf(err, errlen, "this plan trains in %s (parameters' %s copies, %s activations), and there are no 16-bit "
-            "CUDA kernels yet (issue 20, deliverable 4): run it on CPU ranks (mrun --backend llvm or ref), or compile "
-            "it with --precision f32 for the GPU", ir_dtype_name(m->train.lowp), ir_dtype_name(m->train.lowp),
+            "CUDA kernels yet (issue 20, deliverable 4): run it on CPU ranks (mrun --cpu), or compile it with "
+            "--precision f32 for the GPU", ir_dtype_name(m->train.lowp), ir_dtype_name(m->train.lowp),
             ir_dtype_name(m->train.lowp));
     rt_program_free(p);
     return NULL;
