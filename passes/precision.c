@@ -27,7 +27,10 @@
 
 /* ---- the policy table ----
  * class, its name for --precision-policy and the docs, and whether its
- * results are stored in 16 bits under --precision bf16 by default. */
+ * results are stored in 16 bits under --precision bf16 by default: 1 yes,
+ * 0 no (f32), -1 as its operands were stored (a tp all-reduce of a bf16
+ * GEMM output gives bf16, as in Megatron; vocab-parallel cross entropy's
+ * statistics, f32 reductions, stay f32). */
 typedef enum {
   PC_NONE,      /* effects, leaves, i32: untouched */
   PC_GEMM,      /* matmul gmm gmm_dw: operands rounded to 16 bits, f32 accumulation */
@@ -38,7 +41,7 @@ typedef enum {
   PC_LOSS,      /* log_softmax cross_entropy and their backwards */
   PC_REDUCE,    /* sum mean max sumsq sum_to */
   PC_STATS,     /* the ring attention's running softmax state and log-sum-exp */
-  PC_COMM,      /* collectives: move f32 (CPU ranks: MPI sums f32) */
+  PC_COMM,      /* collectives that sum: in f32 (MPI sums f32); the result stored as the operand was */
   PC_LAYOUT,    /* reshape permute slice pad concat broadcast shard_slice: the operand's dtype */
   PC_COUNT
 } PrecClass;
@@ -53,7 +56,7 @@ static const struct { const char *name; int store16; const char *doc; } pc_info[
     [PC_LOSS] = {"loss", 0, "log_softmax, cross_entropy and their backwards"},
     [PC_REDUCE] = {"reduce", 0, "sum, mean, max, sumsq, sum_to"},
     [PC_STATS] = {"stats", 0, "attn_acc, attn_lse, attn_bwd_q, attn_bwd_kv (ring attention)"},
-    [PC_COMM] = {"comm", 0, "all_reduce, reduce_scatter, all_to_all, ring_shift, group_sum (sums and f32 moves)"},
+    [PC_COMM] = {"comm", -1, "all_reduce, reduce_scatter, all_to_all, group_sum (summed in f32)"},
     [PC_LAYOUT] = {"layout", -1, "reshape, permute, slice, pad, concat, broadcast, shard_slice, all_gather"},
 };
 
@@ -73,6 +76,7 @@ static PrecClass op_class(IrOp op) {
     return PC_LAYOUT;
   case IR_OP_INPUT: case IR_OP_STATE: case IR_OP_FULL: case IR_OP_ARANGE: case IR_OP_RAND: case IR_OP_RECV:
   case IR_OP_UNSTASH:
+  case IR_OP_RING_SHIFT: case IR_OP_RING_WAIT:   /* the ring's blocks: f32, a ring_wait reads its ring_shift */
     return PC_NONE;
   default:
     break;
@@ -86,6 +90,7 @@ void pass_precision_classes(StrBuf *out) {
   for (int c = 1; c < PC_COUNT; c++)
     sb_printf(out, "%-8s %-6s %s\n", pc_info[c].name,
               pc_info[c].store16 < 0 ? "follow" : pc_info[c].store16 ? "16" : "f32", pc_info[c].doc);
+  sb_puts(out, "(follow: stored as the operands were: 16 if one was)\n");
 }
 
 /* "norm=f32,softmax=16" -> store16[] overrides.  0 or -1 with a message. */
@@ -209,10 +214,11 @@ int pass_precision(IrModule *m, PassCtx *cx) {
     int *in = nd.nin <= 64 ? ops : arena_alloc(&cx->scratch, (size_t)nd.nin * sizeof *in);
     /* operands: as stored, then what the op reads */
     IrDtype follow = IR_VOID;   /* a layout op's result dtype: its float operands' one dtype */
-    int mixed = 0;
+    int mixed = 0, any16 = 0;
     for (int k = 0; k < nd.nin; k++) {
       in[k] = nv[nd.in[k]];
       IrDtype d = m->blocks.a[mb].nodes[in[k]].type.dtype;
+      any16 |= ir_dtype_is_16(d);
       if (pc == PC_LAYOUT && (ir_dtype_is_16(d) || ir_dtype_is_float(d))) {
         if (follow == IR_VOID) follow = d;
         else if (follow != d) mixed = 1;
@@ -259,8 +265,8 @@ int pass_precision(IrModule *m, PassCtx *cx) {
     out->why = nd.why;
     nv[i] = id;
     /* the result's storage */
-    if (lowp != IR_VOID && out->type.dtype == x.prec && pc != PC_LAYOUT && pc != PC_NONE && store16[pc] > 0 &&
-        !keep32[i])
+    if (lowp != IR_VOID && out->type.dtype == x.prec && pc != PC_LAYOUT && pc != PC_NONE && !keep32[i] &&
+        (store16[pc] > 0 || (store16[pc] < 0 && any16)))
       nv[i] = emit_cast(&x, id, lowp);
   }
   if (x.failed) {
