@@ -43,13 +43,22 @@
 #     s x s term): 34 s b h / c; dp: as t = 1.
 #     The formulas are for GPT's block (4h MLP, multi-head attention with
 #     dropout); rows of other models print "-".
+#   precision (the last table, issue 20): state bytes per parameter (the
+#     memory report's line: master + 16-bit copy + grad + Adam, the whole
+#     model) next to Megatron's: f32 4 + 4 + 8 = 16; bf16 with f32 masters
+#     2 + 4 + 4 + 8 = 18; with the distributed optimizer (dp = d) the 12
+#     bytes of master and moments are sharded: 6 + 12/d (f32: 8 + 8/d).
+#     Held for the backward per layer with --recompute none, selective and
+#     full next to Korthikanti's s b h (34 + 5 a s / h) (t = 1, dp),
+#     s b h / t (34 + 5 a s / h) (tp + sp), 34 s b h / t (selective) and
+#     2 s b h / t (full), at E = 2 for bf16 and E = 4 for f32.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=build
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
-    -h|--help) sed -n '2,45p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,54p' "$0"; exit 0 ;;
     *) echo "plan_quality: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -316,5 +325,49 @@ for sl in "${scheds[@]}"; do
     s0=$(echo "$st" | head -1); sw=$(echo "$st" | sort -n | tail -1)
     cf=$(awk -v p="$p" -v m="$m" -v v="$v" -v k="$k" 'BEGIN { printf "%.4f", (p - 1) / (m * v * (k == "zb-h1" ? 3 : 1)) }')
     echo "| $name | $p | $m | $k${v:+$( [ "$v" = 1 ] || echo " vpp=$v")} | ${bu:-ERR} | $cf | ${bc:-ERR} | ${p0:-?} / ${pk:-?} | $(mb "${s0:-0}") | $(mb "${sw:-0}") |"
+  done
+done
+
+# Precision (issue 20): f32 against --precision bf16 (f32 masters, 16-bit
+# copies and activations), state bytes per parameter and bytes held per
+# layer, next to Megatron's figures (closed forms in the header).
+echo
+echo "| model | layout | precision | recompute | state bytes / parameter | Megatron | held for the backward / layer (MB) | Korthikanti (MB) | ratio |"
+echo "|---|---|---|---|---:|---:|---:|---:|---:|"
+bigs=(
+  "GPT-3 175B|gpt|-D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|2048 1 12288 96|1"
+  "Llama-2-70B|llama|-D d_model=8192 -D heads=64 -D kv_heads=8 -D ffn=28672 -D seq_len=4096 -D vocab=32000|4096 1 8192 64|0"
+)
+# layout|kind|size|flags|precision|recompute
+prows=("tp=1|tp|1||f32|none" "tp=1|tp|1||bf16|none" "tp=8 sp|tp|8|--tp 8 --sp|f32|none" "tp=8 sp|tp|8|--tp 8 --sp|bf16|none"
+       "tp=8 sp|tp|8|--tp 8 --sp|bf16|selective" "tp=8 sp|tp|8|--tp 8 --sp|bf16|full"
+       "dp=8 ZeRO-1|dp|8|--dp 8|f32|none" "dp=8 ZeRO-1|dp|8|--dp 8|bf16|none")
+for m in "${bigs[@]}"; do
+  IFS='|' read -r name model defs dims gptblock <<<"$m"
+  read -r s b h a <<<"$dims"
+  for r in "${prows[@]}"; do
+    IFS='|' read -r lname kind t largs prec rec <<<"$r"
+    batch=1; [ "$kind" = dp ] && batch=$t
+    fl="$defs -D batch=$batch -D micro_batch=1 $largs --precision $prec --recompute $rec"
+    # shellcheck disable=SC2086
+    mem=$(per_layer "$model" memory x $fl)
+    # shellcheck disable=SC2086
+    bpp=$("$mcc" "samples/$model.mdl" -D layers=3 $fl --report memory 2>&1 |
+          sed -n 's/^  state bytes per parameter: \([0-9.]*\) = .*/\1/p' | head -1)
+    meg=$(awk -v p="$prec" -v k="$kind" -v d="$t" 'BEGIN {
+      if (k == "dp") x = (p == "bf16") ? 6 + 12 / d : 8 + 8 / d; else x = (p == "bf16") ? 18 : 16
+      printf "%.4g", x }')
+    E=4; [ "$prec" = bf16 ] && E=2
+    sp=0; [[ $lname == *sp* ]] && sp=1
+    if [ "$gptblock" = 1 ]; then
+      kact=$(awk -v k="$kind" -v t="$t" -v s="$s" -v b="$b" -v h="$h" -v a="$a" -v sp="$sp" -v r="$rec" -v E="$E" 'BEGIN {
+        if (r == "full") e = (sp ? 2 / t : 2)
+        else if (r == "selective") e = 34 / t
+        else if (t == 1 || k == "dp") e = 34 + 5 * a * s / h
+        else e = (34 + 5 * a * s / h) / t
+        printf "%.0f", s * b * h * e * E / 2 }')
+      k2=$(mb "$kact"); k3=$(ratio "$mem" "$kact")
+    else k2="-"; k3="-"; fi
+    echo "| $name | $lname | $prec | $rec | ${bpp:-?} | $meg | $(mb "$mem") | $k2 | $k3 |"
   done
 done

@@ -23,6 +23,9 @@ static const char *const c_prelude =
 
 int cg_kernel_c_text(const CgKernel *k, StrBuf *out, char *err, size_t errlen) {
   if (cg_kernel_verify(k, err, errlen) != 0) return -1;
+  for (int b = 0; b < k->nbuf; b++)
+    if (k->buf[b].type == CG_BF16)   /* not printed yet: the LLVM backend is the one that runs bf16 */
+      return ts_errf(err, errlen, "kernel %s: bf16 buffers are not printed as C yet (the LLVM backend runs them)", k->name);
   sb_puts(out, c_prelude);
   sb_printf(out, "\n/* grid = %lld iterations */\nvoid %s(void **bufs, int64_t begin, int64_t end) {\n", (long long)k->grid,
             k->name);

@@ -338,6 +338,10 @@ int cg_kernel_cuda_text(const CgKernel *k, StrBuf *out, CgCudaLaunch *l, char *e
   if (cg_kernel_verify(k, err, errlen) != 0) return -1;
   if (k->nbuf > CG_CUDA_MAX_BUFS)
     return ts_errf(err, errlen, "kernel %s has %d buffers (at most %d)", k->name, k->nbuf, CG_CUDA_MAX_BUFS);
+  for (int b = 0; b < k->nbuf; b++)
+    if (k->buf[b].type == CG_BF16)   /* issue 20 deliverable 4: bf16 CUDA kernels are not built */
+      return ts_errf(err, errlen, "kernel %s reads or writes bf16: no bf16 CUDA kernels yet (issue 20, deliverable 4): "
+                     "run bf16 plans on CPU ranks (mrun --cpu), or compile with --precision f32 for the GPU", k->name);
   if (!is_ident(k->name) || strlen(k->name) >= sizeof l->name)
     return ts_errf(err, errlen, "kernel name '%s' is not a C identifier of at most %d characters", k->name,
                    (int)sizeof l->name - 1);

@@ -132,8 +132,32 @@ static LLVMValueRef libm(Em *e, const char *name, CgType t, LLVMValueRef x) {
   return LLVMBuildCall2(e->b, ft, f, &x, 1, "");
 }
 
+/* bf16 (held as i16) <-> f32, bit for bit as runtime/cpu/half.h:
+ * up: the bits shifted into the top half; down: round to nearest even on
+ * the 16 dropped bits, a NaN kept quiet with its sign. */
+static LLVMValueRef bf16_to_f32(Em *e, LLVMValueRef x) {
+  LLVMTypeRef i32 = e->t[CG_I32];
+  LLVMValueRef w = LLVMBuildShl(e->b, LLVMBuildZExt(e->b, x, i32, ""), LLVMConstInt(i32, 16, 0), "");
+  return LLVMBuildBitCast(e->b, w, e->t[CG_F32], "");
+}
+static LLVMValueRef f32_to_bf16(Em *e, LLVMValueRef f) {
+  LLVMTypeRef i32 = e->t[CG_I32];
+  LLVMValueRef u = LLVMBuildBitCast(e->b, f, i32, "");
+  LLVMValueRef lsb = LLVMBuildAnd(e->b, LLVMBuildLShr(e->b, u, LLVMConstInt(i32, 16, 0), ""), LLVMConstInt(i32, 1, 0), "");
+  LLVMValueRef r = LLVMBuildAdd(e->b, u, LLVMBuildAdd(e->b, lsb, LLVMConstInt(i32, 0x7fff, 0), ""), "");
+  LLVMValueRef q = LLVMBuildOr(e->b, u, LLVMConstInt(i32, 0x400000, 0), "");   /* quiet NaN */
+  LLVMValueRef nan = LLVMBuildFCmp(e->b, LLVMRealUNO, f, f, "");
+  LLVMValueRef v = LLVMBuildSelect(e->b, nan, q, r, "");
+  return LLVMBuildTrunc(e->b, LLVMBuildLShr(e->b, v, LLVMConstInt(i32, 16, 0), ""), e->t[CG_BF16], "");
+}
+
 static LLVMValueRef emit_cast(Em *e, CgType to, CgType from, LLVMValueRef x) {
   LLVMTypeRef tt = e->t[to];
+  if (from == CG_BF16) return to == CG_F32 ? bf16_to_f32(e, x) : emit_cast(e, to, CG_F32, bf16_to_f32(e, x));
+  if (to == CG_BF16) {   /* through f32: f64 -> f32 -> bf16 as the reference stores it */
+    if (from != CG_F32) x = emit_cast(e, CG_F32, from, x);
+    return f32_to_bf16(e, x);
+  }
   int fi = cg_type_is_float(from), ti = cg_type_is_float(to);
   if (fi && ti) return to == CG_F64 ? LLVMBuildFPExt(e->b, x, tt, "") : LLVMBuildFPTrunc(e->b, x, tt, "");
   if (!fi && ti) return from == CG_I1 ? LLVMBuildUIToFP(e->b, x, tt, "") : LLVMBuildSIToFP(e->b, x, tt, "");
@@ -281,6 +305,7 @@ static LLVMModuleRef emit_module(const CgKernel *k, const char *sym, LLVMContext
   e.t[CG_I64] = LLVMInt64TypeInContext(cx);
   e.t[CG_F32] = LLVMFloatTypeInContext(cx);
   e.t[CG_F64] = LLVMDoubleTypeInContext(cx);
+  e.t[CG_BF16] = LLVMInt16TypeInContext(cx);
   LLVMTypeRef ptr = LLVMPointerTypeInContext(cx, 0);
   LLVMTypeRef params[3] = {ptr, e.t[CG_I64], e.t[CG_I64]};
   e.fn = LLVMAddFunction(e.mod, sym, LLVMFunctionType(LLVMVoidTypeInContext(cx), params, 3, 0));

@@ -260,9 +260,11 @@ void elab_train(Elab *e) {
     } else if (!strcmp(key, "precision")) {
       const MdlExpr *x = kv->value;
       const char *s = x->kind == MDL_E_NAME || x->kind == MDL_E_STRING ? x->str : "";
-      if (!strcmp(s, "f32")) t.precision = IR_F32;
-      else if (!strcmp(s, "f64")) t.precision = IR_F64;
-      else elab_error(e, x->loc, "train: precision must be f32 or f64");
+      if (!strcmp(s, "f32")) t.precision = IR_F32, t.lowp = IR_VOID;
+      else if (!strcmp(s, "f64")) t.precision = IR_F64, t.lowp = IR_VOID;
+      else if (!strcmp(s, "bf16")) t.precision = IR_F32, t.lowp = IR_BF16;
+      else if (!strcmp(s, "fp16") || !strcmp(s, "f16")) t.precision = IR_F32, t.lowp = IR_F16;
+      else elab_error(e, x->loc, "train: precision must be f32, f64, bf16 or fp16");
     } else {
       Value v = elab_eval(e, &e->config, kv->value);
       if (!strcmp(key, "clip_grad")) train_range(e, &v, key, 0, INFINITY, 0, &t.clip_grad);
@@ -286,9 +288,13 @@ void elab_train(Elab *e) {
   }
   if (!have_decay) t.decay_steps = t.steps;
   if (e->opt->precision != IR_VOID) {
-    if (!ir_dtype_is_float(e->opt->precision)) elab_error(e, no_loc, "--precision must be f32 or f64");
-    else t.precision = e->opt->precision;
+    if (ir_dtype_is_16(e->opt->precision)) t.precision = IR_F32, t.lowp = e->opt->precision;
+    else if (!ir_dtype_is_float(e->opt->precision)) elab_error(e, no_loc, "--precision must be f32, f64, bf16 or fp16");
+    else t.precision = e->opt->precision, t.lowp = IR_VOID;
   }
+  if (t.lowp == IR_F16)   /* fp16 without loss scaling underflows the gradients (Megatron refuses it too) */
+    elab_error(e, no_loc, "precision fp16 needs dynamic loss scaling (issue 20, deliverable 2), which is not built "
+               "yet; use --precision bf16 (same storage bytes, f32's exponent range: no loss scale needed)");
   e->prec = t.precision;
   e->m->train = t;
 }

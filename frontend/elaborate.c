@@ -605,11 +605,13 @@ static int param_init(Elab *e, ElabFrame *f, const MdlExpr *ix, IrState *st) {
   return 0;
 }
 
-/* A float dtype spelled in the source is the model precision. */
+/* A float dtype spelled in the source: f32 / f64 are the model precision
+ * (the arithmetic type); bf16 / f16 are themselves (16-bit storage: a
+ * cast to one rounds, and pass precision gives its readers f32). */
 static int resolve_dtype(Elab *e, const char *name, MdlLoc loc, IrDtype *out) {
   if (!name) { *out = e->prec; return 0; }
-  if (!strcmp(name, "bf16") || !strcmp(name, "f16")) { *out = e->prec; return 0; }   /* no low precision yet */
   int d = ir_dtype_lookup(name);
+  if (d > 0 && ir_dtype_is_16((IrDtype)d)) { *out = (IrDtype)d; return 0; }
   if (d < 0 || d == IR_VOID) {
     elab_error(e, loc, "unknown dtype '%s' (expected f32, f64, bf16, f16 or i32)", name);
     return -1;
@@ -628,6 +630,12 @@ static Value eval_param(Elab *e, ElabFrame *f, const MdlExpr *x, const char *var
   IrState st;
   memset(&st, 0, sizeof st);
   if (resolve_dtype(e, x->str, x->loc, &st.type.dtype)) return elab_err();
+  if (ir_dtype_is_16(st.type.dtype)) {
+    elab_error(e, x->loc, "param %s[...]: parameters are trained as f32 (or f64) masters; their 16-bit compute copy "
+               "comes from --precision bf16 (or `precision = bf16` in the train block): write f32 or leave the "
+               "dtype out", x->str);
+    return elab_err();
+  }
   if (!ir_dtype_is_float(st.type.dtype)) {
     elab_error(e, x->loc, "parameters must have a float dtype, not %s", x->str);
     return elab_err();

@@ -88,6 +88,17 @@ const IrOpAttrs *ir_op_attrs(IrOp op) {
   return &op_attrs[op];
 }
 
+int ir_op_reads_16(IrOp op) {
+  switch (op) {
+  case IR_OP_CAST: case IR_OP_RESHAPE: case IR_OP_PERMUTE: case IR_OP_SLICE: case IR_OP_PAD:
+  case IR_OP_CONCAT: case IR_OP_BROADCAST: case IR_OP_SHARD_SLICE: case IR_OP_ASSIGN:
+  case IR_OP_STASH: case IR_OP_SLICE_AT: case IR_OP_KV_WRITE: case IR_OP_ALL_GATHER:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
 int ir_op_communicates(IrOp op) {
   switch (op) {
   case IR_OP_ALL_REDUCE: case IR_OP_ALL_GATHER: case IR_OP_REDUCE_SCATTER: case IR_OP_ALL_TO_ALL:
@@ -147,7 +158,7 @@ void ir_ops_markdown(StrBuf *out) {
 }
 
 /* ---- dtypes and types ---- */
-static const char *dtype_names[IR_DTYPE_COUNT] = {"void", "f32", "f64", "i32"};
+static const char *dtype_names[IR_DTYPE_COUNT] = {"void", "f32", "f64", "i32", "bf16", "f16"};
 
 const char *ir_dtype_name(IrDtype t) {
   return (int)t >= 0 && t < IR_DTYPE_COUNT ? dtype_names[t] : "?";
@@ -161,6 +172,7 @@ size_t ir_dtype_size(IrDtype t) {
   switch (t) {
   case IR_F32: case IR_I32: return 4;
   case IR_F64: return 8;
+  case IR_BF16: case IR_F16: return 2;
   default: return 0;
   }
 }
@@ -204,7 +216,7 @@ char *ir_type_str(const IrType *t, char *buf, size_t n) {
 
 /* ---- names of the small enums ---- */
 const char *ir_state_kind_name(IrStateKind k) {
-  static const char *s[] = {"param", "grad", "adam_m", "adam_v", "cache"};
+  static const char *s[] = {"param", "grad", "adam_m", "adam_v", "cache", "copy"};
   return (int)k >= 0 && k < IR_STATE_KIND_COUNT ? s[k] : "?";
 }
 const char *ir_init_kind_name(IrInitKind k) {
@@ -262,6 +274,7 @@ void ir_train_defaults(IrTrain *t) {
   t->steps = 100;
   t->seed = 1234;
   t->precision = IR_F32;
+  t->lowp = IR_VOID;
 }
 
 /* ir_state_find's index (below) */

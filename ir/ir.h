@@ -49,11 +49,20 @@ int ir_op_communicates(IrOp op);
 /* Markdown table of ops.def (name, operands, attrs, flags, doc) for docs/ir.md. */
 void ir_ops_markdown(StrBuf *out);
 
-typedef enum { IR_VOID, IR_F32, IR_F64, IR_I32, IR_DTYPE_COUNT } IrDtype;
+/* bf16 and f16 are STORAGE types (docs/ir.md "16-bit values"): a value of
+ * one is read only by the ops that move or convert elements (cast, the
+ * layout ops, state reads and writes, stash, send and recv); arithmetic
+ * reads it through a cast to f32, which pass `precision` inserts and the
+ * verifier requires.  ir_dtype_is_float is the ARITHMETIC float types. */
+typedef enum { IR_VOID, IR_F32, IR_F64, IR_I32, IR_BF16, IR_F16, IR_DTYPE_COUNT } IrDtype;
 const char *ir_dtype_name(IrDtype t);         /* "f32" ... */
 int ir_dtype_lookup(const char *name);        /* -1 if unknown */
 size_t ir_dtype_size(IrDtype t);
 static inline int ir_dtype_is_float(IrDtype t) { return t == IR_F32 || t == IR_F64; }
+static inline int ir_dtype_is_16(IrDtype t) { return t == IR_BF16 || t == IR_F16; }
+/* Whether an op reads 16-bit operands as they are (moves or converts
+ * elements without arithmetic); every other op needs f32/f64/i32 operands. */
+int ir_op_reads_16(IrOp op);
 
 #define IR_MAX_RANK 8
 /* A tensor type.  Each dim has a size and optionally a name (interned, e.g.
@@ -156,7 +165,12 @@ typedef struct {
 
 /* IR_STATE_CACHE: a generation block's KV cache (pass decode): zero at
  * start, written by kv_write, never a checkpoint's or a parameter file's. */
-typedef enum { IR_STATE_PARAM, IR_STATE_GRAD, IR_STATE_ADAM_M, IR_STATE_ADAM_V, IR_STATE_CACHE, IR_STATE_KIND_COUNT } IrStateKind;
+/* IR_STATE_COPY: the 16-bit compute copy of parameter `of` (pass
+ * precision, --precision bf16): the parameter's shape and sharding in its
+ * own 16-bit dtype (a checkpoint load never needs it); the runtime refreshes it from the
+ * f32 master before a block reads it whenever the master changed (after
+ * the update block, an initialization or a load). */
+typedef enum { IR_STATE_PARAM, IR_STATE_GRAD, IR_STATE_ADAM_M, IR_STATE_ADAM_V, IR_STATE_CACHE, IR_STATE_COPY, IR_STATE_KIND_COUNT } IrStateKind;
 typedef enum { IR_INIT_ZEROS, IR_INIT_ONES, IR_INIT_NORMAL, IR_INIT_UNIFORM, IR_INIT_KIND_COUNT } IrInitKind;
 enum { IR_STATE_NODECAY = 1 << 0 };  /* no weight decay (biases, norm gains) */
 
@@ -185,7 +199,11 @@ typedef struct {
   double clip_grad;         /* global-norm clip; 0 = off */
   int64_t global_batch, micro_batch, seq_len, steps;
   uint64_t seed;
-  IrDtype precision;        /* IR_F32 or IR_F64 */
+  IrDtype precision;        /* IR_F32 or IR_F64: parameters (the masters), gradients, optimizer, and the
+                               arithmetic of every op */
+  IrDtype lowp;             /* IR_VOID, or IR_BF16 / IR_F16 (precision then f32): --precision bf16, the
+                               storage of activations and parameter copies that pass precision assigns.
+                               The text form prints precision=bf16 for precision=f32 + lowp=bf16 */
 } IrTrain;
 
 /* dp = 0: whatever remains.  sp: sequence parallelism (tp > 1).
@@ -310,7 +328,7 @@ IrModule *ir_parse_program_at(const char *text, size_t *pos, int *line, const ch
                               char *err, size_t errlen);
 void ir_print_dot(const IrModule *m, StrBuf *out);
 
-const char *ir_state_kind_name(IrStateKind k);    /* "param", "grad", "adam_m", "adam_v", "cache" */
+const char *ir_state_kind_name(IrStateKind k);    /* "param", "grad", "adam_m", "adam_v", "cache", "copy" */
 const char *ir_init_kind_name(IrInitKind k);      /* "zeros", "ones", "normal", "uniform" */
 const char *ir_schedule_name(IrSchedule s);       /* "constant", "cosine", "linear" */
 

@@ -360,8 +360,11 @@ static int parse_train(P *p) {
         t->schedule = (IrSchedule)s;
       } else {
         int d = ir_dtype_lookup(v);
-        if (d != IR_F32 && d != IR_F64) return perr_at(p, p->line, col_of(p, vat), "precision must be f32 or f64");
-        t->precision = (IrDtype)d;
+        if (d != IR_F32 && d != IR_F64 && d != IR_BF16 && d != IR_F16)
+          return perr_at(p, p->line, col_of(p, vat), "precision must be f32, f64, bf16 or f16");
+        /* bf16 / f16: f32 masters and arithmetic, 16-bit storage (ir.h IrTrain) */
+        t->precision = ir_dtype_is_16((IrDtype)d) ? IR_F32 : (IrDtype)d;
+        t->lowp = ir_dtype_is_16((IrDtype)d) ? (IrDtype)d : IR_VOID;
       }
     } else {
       return perr_at(p, p->line, col_of(p, at), "unknown train key '%s'", k);

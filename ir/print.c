@@ -137,7 +137,7 @@ void ir_print_module(const IrModule *m, StrBuf *out) {
   sb_puts(out, " clip_grad=");      put_double(out, t->clip_grad);
   sb_printf(out, " global_batch=%lld micro_batch=%lld seq_len=%lld steps=%lld seed=%llu precision=%s\n",
             (long long)t->global_batch, (long long)t->micro_batch, (long long)t->seq_len,
-            (long long)t->steps, (unsigned long long)t->seed, ir_dtype_name(t->precision));
+            (long long)t->steps, (unsigned long long)t->seed, ir_dtype_name(t->lowp != IR_VOID ? t->lowp : t->precision));
   const IrParallel *p = &m->par;
   sb_printf(out, "parallel tp=%d pp=%d cp=%d ep=%d dp=%d sp=%d zero=%d", p->tp, p->pp, p->cp, p->ep, p->dp,
             p->sp, p->zero);

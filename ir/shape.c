@@ -1004,6 +1004,11 @@ int ir_infer_type(const IrModule *m, const IrBlock *b, const IrNode *n,
     if (v < 0 || v >= b->n) return fail(&x, "operand %d (%%%d) is not a value of block %s", i + 1, v, b->name);
     if (b->nodes[v].type.dtype == IR_VOID)
       return fail(&x, "operand %d (%%%d) is an effect, not a value", i + 1, v);
+    /* 16-bit values are storage (ir.h): arithmetic reads them through a cast */
+    if (ir_dtype_is_16(b->nodes[v].type.dtype) && !ir_op_reads_16(n->op))
+      return fail(&x, "operand %d (%%%d) is %s, a storage type: %s computes in f32 and reads it through a "
+                  "cast to f32 (pass precision inserts them)", i + 1, v, ir_dtype_name(b->nodes[v].type.dtype),
+                  info->name);
   }
   if (info->flags & OPF_TYPED) {
     const char *why = type_problem(&n->type, 0);

@@ -71,6 +71,14 @@ static int verify_states(const IrModule *m, char *err, size_t errlen) {
       if (s->of != -1) return ts_errf(err, errlen, "param @%s has of=%d (must be -1)", s->name, s->of);
     } else if (s->kind == IR_STATE_CACHE) {
       if (s->of != -1) return ts_errf(err, errlen, "cache @%s has of=%d (must be -1)", s->name, s->of);
+    } else if (s->kind == IR_STATE_COPY) {
+      const IrState *p = s->of >= 0 && s->of < m->states.n ? &m->states.a[s->of] : NULL;
+      if (!p || p->kind != IR_STATE_PARAM)
+        return ts_errf(err, errlen, "copy @%s: of=%d is not a param", s->name, s->of);
+      IrType a = s->type, b = p->type;
+      a.dtype = b.dtype = IR_VOID;
+      if (!ir_dtype_is_16(s->type.dtype) || !ir_type_same_shape(&a, &b) || !ir_sharding_equal(&s->sh, &p->sh))
+        return ts_errf(err, errlen, "copy @%s must be param @%s's shape and sharding in bf16 or f16", s->name, p->name);
     } else {
       if (s->of < 0 || s->of >= m->states.n || m->states.a[s->of].kind != IR_STATE_PARAM)
         return ts_errf(err, errlen, "%s @%s: of=%d is not a param", ir_state_kind_name(s->kind), s->name, s->of);

@@ -62,6 +62,25 @@ static int em(Dx *d, int at, IrOp op, const int *in, int nin, const int64_t *ia,
               const IrType *type, const IrSharding *sh) {
   if (d->failed) return -1;
   char err[600];
+  /* a 16-bit operand (--precision bf16: docs/precision.md) reaches an op
+   * that computes through a cast to the arithmetic dtype, as pass
+   * precision gives the eval block's ops theirs */
+  int cin[8];
+  if (nin <= 8 && in) {
+    for (int k = 0; k < nin; k++) {
+      const IrNode *x = &d->m->blocks.a[d->dst].nodes[in[k]];
+      cin[k] = in[k];
+      if (!ir_dtype_is_16(x->type.dtype) || ir_op_reads_16(op)) continue;
+      IrType t = x->type;
+      t.dtype = d->m->train.precision;
+      IrSharding xsh = x->sh;
+      int c = ir_emit(d->m, d->dst, IR_OP_CAST, &in[k], 1, NULL, NULL, NULL, &t, err, sizeof err);
+      if (c < 0) break;
+      d->m->blocks.a[d->dst].nodes[c].sh = xsh;
+      cin[k] = c;
+    }
+    in = cin;
+  }
   int id = ir_emit(d->m, d->dst, op, in, nin, ia, fa, sa, type, err, sizeof err);
   if (id < 0) {
     snprintf(d->cx->err, sizeof d->cx->err, "decode: %%%d of block eval at %lld token(s) per run: %s (is every "

@@ -136,6 +136,33 @@ static int held_at_loss(const IrBlock *b, const MemPlan *p, size_t *held) {
   return 0;
 }
 
+/* States per parameter element of this rank (its local parameter elements):
+ * the bytes of each kind, next to Megatron's mixed-precision arithmetic
+ * (Korthikanti et al. / the ZeRO paper: 2 bf16 param + 4 f32 main grad +
+ * 4 f32 master + 8 Adam = 18 bytes; the distributed optimizer shards the
+ * 12 bytes of master and moments over dp: 6 + 12 / dp). */
+static void report_per_param(const IrModule *m, StrBuf *out, size_t par, size_t cpy, size_t grad, size_t opt) {
+  double n = 0;
+  for (int i = 0; i < m->states.n; i++)
+    if (m->states.a[i].kind == IR_STATE_PARAM) n += (double)ir_type_numel(&m->states.a[i].type);
+  if (n <= 0) return;
+  int dp = ir_axis_size(m, IR_AXIS_DP);
+  int zero = dp > 1 && m->par.zero;
+  sb_printf(out, "  state bytes per parameter: %.4g = %.4g (%s master) + %.4g (%s copy) + %.4g (%s grad) + %.4g (adam m+v%s)\n",
+            (double)(par + cpy + grad + opt) / n, (double)par / n, ir_dtype_name(m->train.precision),
+            (double)cpy / n, cpy ? ir_dtype_name(m->train.lowp) : "no", (double)grad / n,
+            ir_dtype_name(m->train.precision), (double)opt / n, zero ? ", ZeRO-1 over dp" : "");
+  if (m->train.lowp != IR_VOID) {
+    if (zero)
+      sb_printf(out, "  Megatron, 16-bit with f32 masters: 18 bytes per parameter; distributed optimizer 6 + 12 / dp = "
+                "%.4g at dp=%d (it also shards the f32 master: Tessera's ZeRO-1 shards the moments only, %.4g = 10 + 8 / dp)\n",
+                6.0 + 12.0 / dp, dp, 10.0 + 8.0 / dp);
+    else
+      sb_puts(out, "  Megatron, 16-bit with f32 masters: 18 bytes per parameter = 2 (param) + 4 (main grad) + 4 (master) "
+                   "+ 8 (adam)\n");
+  }
+}
+
 /* The rows of one rank's program m: its states by kind (LOCAL types: a
  * tp-split parameter counts 1/tp of its elements, a ZeRO moment its flat
  * chunk), each block's arena under the LLVM backend (the default) and the
@@ -147,12 +174,19 @@ static int report_rows(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, StrBuf
   size_t par = plan_mem_state_bytes(m, IR_STATE_PARAM);
   size_t grad = plan_mem_state_bytes(m, IR_STATE_GRAD);
   size_t opt = plan_mem_state_bytes(m, IR_STATE_ADAM_M) + plan_mem_state_bytes(m, IR_STATE_ADAM_V);
+  size_t cpy = plan_mem_state_bytes(m, IR_STATE_COPY);
   char label[160];
-  snprintf(label, sizeof label, "parameters (%d tensors)", ntensors);
+  snprintf(label, sizeof label, "parameters (%d tensors)%s", ntensors, cpy ? ", f32 masters" : "");
   report_row(out, label, par);
+  if (cpy) {
+    snprintf(label, sizeof label, "parameter copies (%s, pass precision)", ir_dtype_name(m->train.lowp));
+    report_row(out, label, cpy);
+  }
   report_row(out, "gradients", grad);
   report_row(out, "optimizer state (adam m+v)", opt);
-  report_row(out, "states total", par + grad + opt);
+  report_row(out, "states total", par + cpy + grad + opt);
+  report_per_param(m, out, par, cpy, grad, opt);
+  par += cpy;   /* the totals below count the copies with the parameters */
   size_t arena[2] = {0, 0};   /* [0] reference, [1] llvm */
   for (int fused = 1; fused >= 0; fused--) {
     for (int bi = 0; bi < m->blocks.n; bi++) {
@@ -217,7 +251,7 @@ static const char *report_note =
 
 int pass_memplan_report(const IrModule *m, StrBuf *out, char *err, size_t errlen) {
   sb_printf(out, "memory report: %s, rank 0 of 1 (single-rank plan), %s training\n",
-            m->name ? m->name : "?", ir_dtype_name(m->train.precision));
+            m->name ? m->name : "?", ir_dtype_name(m->train.lowp != IR_VOID ? m->train.lowp : m->train.precision));
   sb_puts(out, report_note);
   sb_printf(out, "  %-52s %16s %12s\n", "", "bytes", "MiB");
   return report_rows(m, NULL, NULL, out, err, errlen);
@@ -254,7 +288,7 @@ int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const
             ir_axis_size(m0, IR_AXIS_PP), ir_axis_size(m0, IR_AXIS_CP), ir_axis_size(m0, IR_AXIS_EP),
             ir_axis_size(m0, IR_AXIS_TP), pr->sp ? ", sp" : "",
             ir_axis_size(m0, IR_AXIS_DP) > 1 ? (pr->zero ? ", ZeRO-1" : ", no ZeRO") : "",
-            ir_dtype_name(m0->train.precision));
+            ir_dtype_name(m0->train.lowp != IR_VOID ? m0->train.lowp : m0->train.precision));
   sb_puts(out, report_note);
   sb_puts(out, "# per rank, from the LOCAL types of the rank's program: a tp-split parameter (and\n"
                "# its gradient) holds 1/tp of the elements, a ZeRO (flat:dp) Adam moment 1/dp of\n"
@@ -336,7 +370,8 @@ int pass_memplan_report_recompute(const IrModule *m, int mode, const char *summa
   free(counted);
   free(unit);
   free(anch);
-  double s = (double)m->train.seq_len, bsz = (double)m->train.micro_batch, e = ir_dtype_size(m->train.precision);
+  double s = (double)m->train.seq_len, bsz = (double)m->train.micro_batch,
+         e = ir_dtype_size(m->train.lowp != IR_VOID ? m->train.lowp : m->train.precision);
   int t = ir_axis_size(m, IR_AXIS_TP), cp = ir_axis_size(m, IR_AXIS_CP), sp = m->par.sp;
   h = s * bsz > 0 ? h / (s * bsz) : 0;
   sb_printf(out, "# per layer of the %d in the repeat stack, on rank 0 (the first stage): the bytes its values hold\n"

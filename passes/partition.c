@@ -149,6 +149,7 @@ static int flow_build(const IrModule *m, const IrBlock *b, const int *layer_of, 
     if (nd->op == IR_OP_INPUT) f->dep[i] = DEP_INPUT;
     if (nd->op == IR_OP_STATE) {
       int s = (int)nd->ia[0];
+      if (s >= 0 && s < m->states.n && m->states.a[s].kind == IR_STATE_COPY) s = m->states.a[s].of;   /* its master's */
       if (s >= 0 && s < m->states.n && m->states.a[s].kind == IR_STATE_PARAM) {
         f->dep[i] = DEP_PARAM;
         if (layer_of[s] >= 0) f->maxlayer[i] = layer_of[s] + 1;

@@ -52,6 +52,7 @@ typedef struct PassCtx {
                               * (pass "shard"): a ring of k / v blocks, k / v all-gathered,
                               * or all-to-all to head-split layouts (Ulysses) */
   int decode;                /* --decode: pass decode adds the generation blocks prefill and step */
+  const char *precision_policy; /* --precision-policy CLASS=f32|16,... (pass precision; NULL: the table's) */
 } PassCtx;
 
 typedef int (*PassFn)(IrModule *m, PassCtx *cx);
@@ -73,6 +74,13 @@ int pass_wsplit(IrModule *m, PassCtx *cx);
 int pass_autodiff(IrModule *m, PassCtx *cx);
 /* micro block -> one rank's local micro block for tp / sp (docs/sharding.md) */
 int pass_shard(IrModule *m, PassCtx *cx);
+/* the storage dtype of every value by the op-class table of
+ * docs/precision.md: 16-bit storage under train.lowp (--precision bf16),
+ * f32 arithmetic through explicit casts, parameter reads from 16-bit copy
+ * states (passes/precision.c) */
+int pass_precision(IrModule *m, PassCtx *cx);
+/* The table as text: class, default storage, ops (mcc --precision-policy help). */
+void pass_precision_classes(StrBuf *out);
 /* adds the update block: global grad norm, clip, AdamW, zero grads */
 int pass_optimizer(IrModule *m, PassCtx *cx);
 /* forward-only blocks for validation: "eval", micro's outputs and what

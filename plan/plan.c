@@ -198,7 +198,7 @@ static void enc_train(StrBuf *b, const IrTrain *t) {
   put_i64(b, t->global_batch); put_i64(b, t->micro_batch);
   put_i64(b, t->seq_len); put_i64(b, t->steps);
   put_u64(b, t->seed);
-  put_u32(b, (uint32_t)t->precision);
+  put_u32(b, (uint32_t)(t->lowp != IR_VOID ? t->lowp : t->precision));   /* as the text form: bf16 = f32 + lowp */
 }
 
 static void enc_module(StrBuf *b, const IrModule *m) {
@@ -588,8 +588,10 @@ static void rd_train(Rd *r, IrTrain *t) {
   if (r->bad) return;
   if (sched >= IR_SCHED_COUNT) { rd_fail(r, "bad schedule %u", sched); return; }
   if (prec >= IR_DTYPE_COUNT) { rd_fail(r, "bad precision %u", prec); return; }
+  if (prec != IR_F32 && prec != IR_F64 && !ir_dtype_is_16((IrDtype)prec)) { rd_fail(r, "bad precision %u", prec); return; }
   t->schedule = (IrSchedule)sched;
-  t->precision = (IrDtype)prec;
+  t->precision = ir_dtype_is_16((IrDtype)prec) ? IR_F32 : (IrDtype)prec;
+  t->lowp = ir_dtype_is_16((IrDtype)prec) ? (IrDtype)prec : IR_VOID;
 }
 
 /* One PROG record -> a module, or NULL (r->bad set). */

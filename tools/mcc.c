@@ -47,7 +47,11 @@ static void usage(FILE *f) {
           "\n"
           "  -o OUT                 output file (default: FILE with .plan; stdout for ir/dot/plan-text)\n"
           "  -D key=value           override a config value (repeatable)\n"
-          "  --precision f32|f64    training precision (default: the train block's)\n"
+          "  --precision f32|f64|bf16|fp16  training precision (default: the train block's); bf16: f32\n"
+          "                         masters, grads and optimizer, 16-bit activations and parameter\n"
+          "                         copies as pass precision assigns them (docs/precision.md)\n"
+          "  --precision-policy CLASS=f32|16[,...]  overrides the 16-bit policy per op class\n"
+          "                         (classes: mcc --precision-policy help; docs/precision.md)\n"
           "  --tp N                 tensor parallel size (default: the parallel block's, else 1)\n"
           "  --sp                   sequence parallelism (needs tp > 1)\n"
           "  --dp N                 data parallel size the update block and reports are built for\n"
@@ -323,7 +327,9 @@ static int parse_args(int argc, char **argv, Args *a) {
       NEED_ARG(s);
       if (strcmp(next, "f32") == 0) a->mdl.precision = IR_F32;
       else if (strcmp(next, "f64") == 0) a->mdl.precision = IR_F64;
-      else return usage_error("--precision must be f32 or f64, got '%s'", next);
+      else if (strcmp(next, "bf16") == 0) a->mdl.precision = IR_BF16;
+      else if (strcmp(next, "fp16") == 0 || strcmp(next, "f16") == 0) a->mdl.precision = IR_F16;
+      else return usage_error("--precision must be f32, f64, bf16 or fp16, got '%s'", next);
       continue;
     }
     int *num = strcmp(s, "--tp") == 0 ? &a->mdl.tp : strcmp(s, "--pp") == 0 ? &a->mdl.pp
@@ -354,6 +360,18 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--no-fuse") == 0) { a->cx->no_fuse = 1; continue; }
     if (strcmp(s, "--no-remat") == 0) { a->cx->no_remat = 1; continue; }
     if (strcmp(s, "--decode") == 0) { a->cx->decode = 1; continue; }
+    if (strcmp(s, "--precision-policy") == 0) {
+      NEED_ARG(s);
+      if (strcmp(next, "help") == 0) {
+        StrBuf b = {0};
+        pass_precision_classes(&b);
+        printf("op classes of pass precision (storage under --precision bf16; arithmetic is always f32):\n%s", b.p);
+        free(b.p);
+        exit(0);
+      }
+      a->cx->precision_policy = next;
+      continue;
+    }
     if (strcmp(s, "--max-source-bytes") == 0) {
       NEED_ARG(s);
       unsigned long long v;
@@ -948,6 +966,7 @@ static IrModule *compile_quiet(const Args *a, const MdlOptions *o, int dp) {
   cx.verify_each = a->cx->verify_each;
   cx.no_fuse = a->cx->no_fuse;
   cx.no_remat = a->cx->no_remat;
+  cx.precision_policy = a->cx->precision_policy;
   cx.regather = a->cx->regather;
   cx.activation_budget = a->cx->activation_budget;
   /* auto's budget is per rank of the layout: the one-rank comparison
@@ -1427,7 +1446,14 @@ static double rel_diff(double a, double b) {
  * layout), runs both with mrun and compares.  0 = within tolerance. */
 static int run_check(const Args *a, IrModule *m) {
   int steps = a->steps > 0 ? a->steps : 3;
-  double tol = m->train.precision == IR_F64 ? 1e-10 : 1e-5;
+  /* bf16: the layout rounds to 16 bits at the same ops, but sums in another
+   * order (tp partial sums, dp gradients), and a bf16 rounding flips on a
+   * different last bit: agreement to 1e-2, not to f32's 1e-5 */
+  double tol = m->train.precision == IR_F64 ? 1e-10 : m->train.lowp != IR_VOID ? 1e-2 : 1e-5;
+  /* ... and the parameters to 5e-2: a gradient that is rounding noise
+   * (attention's key bias: softmax is shift-invariant, its true gradient
+   * is 0) is scaled by Adam to whole lr-sized steps of either sign */
+  double tol_par = m->train.lowp != IR_VOID ? 5e-2 : tol;
   int64_t nranks = mesh_ranks(m);
   int gpus = a->gpus > 0 ? a->gpus : (int)nranks;
   int replica = (int)(nranks / ir_axis_size(m, IR_AXIS_DP));   /* tp*pp*cp*ep: ranks per dp replica */
@@ -1467,7 +1493,7 @@ static int run_check(const Args *a, IrModule *m) {
   char at_dp[32] = "";                   /* --gpus beyond the mesh: more dp ranks */
   if (gpus != nranks) snprintf(at_dp, sizeof at_dp, " (dp=%d)", gpus / replica);
   printf("check: %s, %s on %d rank%s%s against 1 rank, %d steps, %s\n", m->name, lay, gpus, gpus == 1 ? "" : "s",
-         at_dp, steps, ir_dtype_name(m->train.precision));
+         at_dp, steps, ir_dtype_name(m->train.lowp != IR_VOID ? m->train.lowp : m->train.precision));
   fflush(stdout);
   /* Test hook (tests/parallel): TS_CHECK_PERTURB_SEED=1 runs the layout
    * with another seed, so the comparison must report FAIL. */
@@ -1507,9 +1533,13 @@ static int run_check(const Args *a, IrModule *m) {
   }
   printf("  loss:   max relative difference %.3g over %d steps (worst at step %d)\n", dloss, na, worst_step);
   printf("  params: max relative difference %.3g (worst: %s; max|a-b| / max|b| per tensor, scale floored at 10%% of the largest parameter)\n", dpar, where);
-  int ok = dloss <= tol && dpar <= tol;      /* NaN fails */
-  printf("check: %s: %s %s the single-rank run within %g\n", ok ? "PASS" : "FAIL", lay, ok ? "matches" : "does NOT match",
-         tol);
+  int ok = dloss <= tol && dpar <= tol_par;      /* NaN fails */
+  if (tol_par != tol)
+    printf("check: %s: %s %s the single-rank run within %g (loss) and %g (params)\n", ok ? "PASS" : "FAIL", lay,
+           ok ? "matches" : "does NOT match", tol, tol_par);
+  else
+    printf("check: %s: %s %s the single-rank run within %g\n", ok ? "PASS" : "FAIL", lay, ok ? "matches" : "does NOT match",
+           tol);
   rc = ok ? 0 : 1;
 cleanup:
   free(la);

@@ -366,10 +366,10 @@ void rt_comm_wait_mpi(RtComm *c, MPI_Request *req, RtCollKind k, int peer) {
 
 static int check_args(RtComm *c, RtCollKind k, IrDtype dt, const void *a, const void *b, size_t count,
                       char *err, size_t errlen) {
-  /* i32 (token ids) only moves: gathered, never summed */
-  if (dt != IR_F32 && dt != IR_F64 && !(dt == IR_I32 && k == RT_COLL_ALL_GATHER))
+  /* i32 (token ids) and 16-bit values only move: gathered, never summed */
+  if (dt != IR_F32 && dt != IR_F64 && !((dt == IR_I32 || ir_dtype_is_16(dt)) && k == RT_COLL_ALL_GATHER))
     return ts_errf(err, errlen, "%s on group %s: dtype %s is not supported (f32 or f64%s)", rt_coll_name(k),
-                   c->name, ir_dtype_name(dt), k == RT_COLL_ALL_GATHER ? " or i32" : "");
+                   c->name, ir_dtype_name(dt), k == RT_COLL_ALL_GATHER ? ", i32, bf16 or f16" : "");
   /* MPI counts are int; the gathered side of a collective is size*count. */
   size_t mult = (k == RT_COLL_ALL_REDUCE || k == RT_COLL_SEND || k == RT_COLL_RECV) ? 1 : (size_t)c->size;
   if (count > (size_t)INT_MAX / mult)
@@ -380,7 +380,9 @@ static int check_args(RtComm *c, RtCollKind k, IrDtype dt, const void *a, const 
   return 0;
 }
 
-static MPI_Datatype mpi_type(IrDtype dt) { return dt == IR_F64 ? MPI_DOUBLE : dt == IR_I32 ? MPI_INT : MPI_FLOAT; }
+static MPI_Datatype mpi_type(IrDtype dt) {
+  return dt == IR_F64 ? MPI_DOUBLE : dt == IR_I32 ? MPI_INT : ir_dtype_is_16(dt) ? MPI_UINT16_T : MPI_FLOAT;
+}
 
 /* The MPI backend's collectives (RtCommOps.coll): posted nonblocking and
  * waited for against the group's deadline. */

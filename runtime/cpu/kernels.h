@@ -79,6 +79,9 @@ int ref_UNSTASH(RtKctx *k);
 int ref_GROUP_SUM(RtKctx *k);
 /* A type as text for kernel messages; two slots so one message can show two. */
 const char *rt_tstr(const IrType *t, int slot);
+/* n elements of dtype from at src -> dtype to at dst, as ref_CAST converts
+ * them (16-bit: runtime/cpu/half.h, rounding to nearest even). */
+void rt_convert(void *dst, IrDtype to, const void *src, IrDtype from, int64_t n);
 /* The mesh axis in the node's ia[0]: its size and this rank's group over
  * it (NULL when the size is 1).  0, or -1 after rt_kfail. */
 int rt_kaxis(RtKctx *k, IrAxis *ax, int *size, RtComm **g);

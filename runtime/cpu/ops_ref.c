@@ -21,6 +21,7 @@
  * fixed blocks; batched small GEMMs one per thread.  Layout ops merge dims
  * and move whole rows (memcpy) or 32x32 tiles, not single elements.
  * Assumes: operands are contiguous row-major buffers of their IrType. */
+#include "half.h"
 #include "kernels.h"
 #include "par.h"
 #include <cblas.h>
@@ -34,6 +35,8 @@ static inline double rt_ld(const void *p, IrDtype t, int64_t i) {
   case IR_F32: return ((const float *)p)[i];
   case IR_F64: return ((const double *)p)[i];
   case IR_I32: return ((const int32_t *)p)[i];
+  case IR_BF16: return ts_bf16_to_f32(((const uint16_t *)p)[i]);
+  case IR_F16: return ts_f16_to_f32(((const uint16_t *)p)[i]);
   default: return NAN;
   }
 }
@@ -50,6 +53,8 @@ static inline void rt_st(void *p, IrDtype t, int64_t i, double v) {
   case IR_F32: ((float *)p)[i] = (float)v; break;
   case IR_F64: ((double *)p)[i] = v; break;
   case IR_I32: ((int32_t *)p)[i] = rt_to_i32(v); break;
+  case IR_BF16: ((uint16_t *)p)[i] = ts_f32_to_bf16((float)v); break;   /* half.h: through f32 */
+  case IR_F16: ((uint16_t *)p)[i] = ts_f32_to_f16((float)v); break;
   default: break;
   }
 }
@@ -318,6 +323,15 @@ static int ref_NE_SCALAR(RtKctx *k) {
   for (int64_t i = 0; i < n; i++)
     rt_st(k->out, k->ot->dtype, i, rt_ld(k->in[0], k->it[0]->dtype, i) != k->n->fa[0]);
   return 0;
+}
+void rt_convert(void *dst, IrDtype to, const void *src, IrDtype from, int64_t n) {
+  if (from == IR_F32 && to == IR_BF16) {   /* the copies of every step: the common case, no double */
+    const float *x = src;
+    uint16_t *y = dst;
+    for (int64_t i = 0; i < n; i++) y[i] = ts_f32_to_bf16(x[i]);
+    return;
+  }
+  for (int64_t i = 0; i < n; i++) rt_st(dst, to, i, rt_ld(src, from, i));
 }
 static int ref_CAST(RtKctx *k) {
   if (check_sig(k, "*", IR_VOID) != 0) return -1;
@@ -799,8 +813,10 @@ static int ref_ALL_GATHER(RtKctx *k) {
   int size;
   RtComm *g;
   int64_t outer, L, inner;
-  if (k->ot->dtype == IR_I32 ? same_dtype(k) != 0 : kfloat(k)) /* ids are gathered too (bytes copied) */
-    return rt_kfail(k, "all_gather needs f32, f64 or i32 operands of the result's dtype, got %s", rt_tstr(k->it[0], 0));
+  /* ids and 16-bit values are gathered too (bytes copied) */
+  if (k->ot->dtype == IR_I32 || ir_dtype_is_16(k->ot->dtype) ? same_dtype(k) != 0 : kfloat(k))
+    return rt_kfail(k, "all_gather needs f32, f64, bf16, f16 or i32 operands of the result's dtype, got %s",
+                    rt_tstr(k->it[0], 0));
   if (rt_kaxis(k, &ax, &size, &g) || kdim(k, &outer, &L, &inner)) return -1;
   if (ir_type_numel(k->ot) != outer * L * inner * size) return rt_kfail(k, "result size is not %d times the operand's", size);
   int zz = cp_zigzag_dim(k, ax, size, rt_kin_sh(k, 0), L);

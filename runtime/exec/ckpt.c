@@ -830,6 +830,7 @@ static int load_states(RtProgram *p, const CkIndex *x, const char *ck, int64_t s
   for (int s = 0; s < m->states.n && rc == 0; s++) {
     int lo, hi = ck_index_find(x, m->states.a[s].name, &lo);
     if (lo == hi && m->states.a[s].kind == IR_STATE_CACHE) continue;   /* generation's KV cache: scratch, left at 0 */
+    if (lo == hi && m->states.a[s].kind == IR_STATE_COPY) continue;    /* a 16-bit copy: remade from its master */
     rc = load_state(p, s, x, lo, hi, &f, err, errlen);
   }
   for (int k = 0; k < x->nranks; k++)
@@ -879,7 +880,9 @@ int rt_ckpt_load(RtProgram *p, RtComm *world, const char *dir, int64_t *step, ch
   if (world && rt_comm_all_reduce_max(world, IR_F64, loaded, (size_t)ng + 1, why, sizeof why) != 0) bad = 1;
   int first = -1;
   for (int i = 0; !bad && i < x.n; i++)
-    if (!loaded[group[i]] && x.a[x.ord[i]].kind != IR_STATE_CACHE && (first < 0 || x.ord[i] < first)) first = x.ord[i];
+    if (!loaded[group[i]] && x.a[x.ord[i]].kind != IR_STATE_CACHE && x.a[x.ord[i]].kind != IR_STATE_COPY &&
+        (first < 0 || x.ord[i] < first))
+      first = x.ord[i];
   if (first >= 0) {
     StrBuf t = {0};
     const CkShard *e = &x.a[first];

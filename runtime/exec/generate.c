@@ -182,7 +182,10 @@ int rt_generate(RtProgram *p, RtComm *world, const RtGenOpts *o, FILE *out, char
    * logits are the ones the token was drawn from, within tol */
   if (o->check_full) {
     int64_t bad = -1;
-    double worst = 0, tol = m->states.a[ls].type.dtype == IR_F32 ? 1e-4 : 1e-9;
+    /* bf16 storage (docs/precision.md): the step and the full forward sum
+     * in f32 in other orders, so a value rounds to a neighbouring bf16
+     * (2^-8 relative) now and then, and it compounds through the layers */
+    double worst = 0, tol = m->train.lowp != IR_VOID ? 3e-2 : m->states.a[ls].type.dtype == IR_F32 ? 1e-4 : 1e-9;
     for (int64_t t = (int64_t)n; t < len && bad < 0; t++) {
       if (prefill(p, pb, ls, gen, t, T, win, lg, V, err, errlen) != 0) goto out;
       int32_t best = 0;

@@ -91,6 +91,8 @@ typedef struct { const char *label; int from, to; } RtDevMark;
 typedef struct { const char *label; double ms; long long n; } RtDevTime;
 
 struct RtProgram {
+  int copies_stale;         /* a parameter may differ from its 16-bit copy (IR_STATE_COPY): refresh before a
+                               block reads a copy (refresh_copies) */
   const IrModule *m;
   RtRank rank;              /* mesh coordinates and groups (single rank: all 0) */
   unsigned char *slab;      /* all states, 64-byte aligned offsets */
@@ -592,6 +594,15 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
       return NULL;
     }
   }
+  p->copies_stale = 1;
+  if (m->train.lowp != IR_VOID && (o->dev || o->cuda)) {
+    ts_errf(err, errlen, "this plan trains in %s (parameters' %s copies, %s activations), and there are no 16-bit "
+            "CUDA kernels yet (issue 20, deliverable 4): run it on CPU ranks (mrun --cpu), or compile it with "
+            "--precision f32 for the GPU", ir_dtype_name(m->train.lowp), ir_dtype_name(m->train.lowp),
+            ir_dtype_name(m->train.lowp));
+    rt_program_free(p);
+    return NULL;
+  }
   if (o->dev) p->opts.backend = RT_BACKEND_LLVM;   /* a device runs the planned kernels */
   if ((o->backend == RT_BACKEND_LLVM || o->dev) && !(p->jit = rt_jit_new(m, &p->opts, err, errlen))) {
     rt_program_free(p);
@@ -671,7 +682,38 @@ uint64_t rt_program_seed(const RtProgram *p) { return p->m->train.seed; }
 
 void *rt_state_data(RtProgram *p, int s) {
   if (s < 0 || s >= p->m->states.n) return NULL;
+  p->copies_stale = 1;   /* whoever holds the pointer may write a parameter */
   return p->slab + p->off[s];
+}
+
+/* The 16-bit copies (IR_STATE_COPY, pass precision) from their f32
+ * masters, when a block that reads them is about to run and a master may
+ * have changed: after the program's creation, a load, or a block writing
+ * a parameter (the update block).  Once per step when training. */
+static void refresh_copies(RtProgram *p, int bi) {
+  if (!p->copies_stale) return;
+  const IrBlock *b = &p->m->blocks.a[bi];
+  int reads = 0;
+  for (int i = 0; i < b->n && !reads; i++)
+    reads = b->nodes[i].op == IR_OP_STATE && p->m->states.a[b->nodes[i].ia[0]].kind == IR_STATE_COPY;
+  if (!reads) return;
+  for (int s = 0; s < p->m->states.n; s++) {
+    const IrState *c = &p->m->states.a[s];
+    if (c->kind != IR_STATE_COPY) continue;
+    const IrState *ms = &p->m->states.a[c->of];
+    rt_convert(p->slab + p->off[s], c->type.dtype, p->slab + p->off[c->of], ms->type.dtype, ir_type_numel(&c->type));
+  }
+  p->copies_stale = 0;
+}
+/* Whether block bi writes a parameter that has a copy. */
+static int writes_masters(const RtProgram *p, int bi) {
+  const IrBlock *b = &p->m->blocks.a[bi];
+  for (int i = 0; i < b->n; i++)
+    for (int k = 0; k < IR_MAX_IATTR; k++)
+      if (ir_op_iattr_is_state(b->nodes[i].op, k) && (ir_ops[b->nodes[i].op].flags & OPF_EFFECT) &&
+          p->m->states.a[b->nodes[i].ia[k]].kind == IR_STATE_PARAM)
+        return 1;
+  return 0;
 }
 
 /* The bytes a value's kernel writes (its buffer is this, rounded up). */
@@ -1515,8 +1557,11 @@ int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, const Rt
   if (bi < 0 || bi >= p->m->blocks.n) return ts_errf(err, errlen, "no block %d", bi);
   RtRunInfo dflt = {0, 0, p->m->train.lr, 0};
   if (!info) info = &dflt;
-  return p->dx ? run_block_dev(p, bi, feeds, nfeeds, info, err, errlen)
-               : walk_block(p, bi, feeds, nfeeds, info, err, errlen);
+  refresh_copies(p, bi);
+  int rc = p->dx ? run_block_dev(p, bi, feeds, nfeeds, info, err, errlen)
+                 : walk_block(p, bi, feeds, nfeeds, info, err, errlen);
+  if (p->m->train.lowp != IR_VOID && writes_masters(p, bi)) p->copies_stale = 1;
+  return rc;
 }
 
 /* rt_program_exec_stats' device part: whether block "micro" replays a graph. */

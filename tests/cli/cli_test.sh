@@ -114,7 +114,7 @@ usage)
     has "$TMP/err" "--ddp-bucket-size expects a positive element count up to 2^47, got '1K'"
   run 2 "$MRUN" x.plan --dp-bucket-size 0 && has "$TMP/err" "--dp-bucket-size needs a whole number in [1, 140737488355328], got '0'"
   run 2 "$MCC" samples/gpt.mdl --tp zero && has "$TMP/err" "expected a positive size"
-  run 2 "$MCC" samples/gpt.mdl --precision bf16 && has "$TMP/err" "f32 or f64"
+  run 2 "$MCC" samples/gpt.mdl --precision bf8 && has "$TMP/err" "f32, f64, bf16 or fp16"
   run 2 "$MCC" samples/gpt.mdl samples/llama.mdl && has "$TMP/err" "more than one input file"
   for b in -1 12Q 1T "" 99999999999G; do
     run 2 "$MCC" samples/gpt.mdl --activation-budget "$b" && has "$TMP/err" "--activation-budget expects a byte count"
@@ -122,7 +122,7 @@ usage)
   run 2 "$MCC" samples/gpt.mdl --regather --activation-budget 8M && has "$TMP/err" "give one of them"
   run 2 "$MCC" samples/gpt.mdl --keep-gathered --regather && has "$TMP/err" "give one of them"
   run 2 "$MCC" samples/gpt.mdl --print-ir-after=autodif &&
-    has "$TMP/err" "unknown pass 'autodif'" && has "$TMP/err" "frontend, partition, autodiff, shard, remat, pipeline, wsplit, optimizer, eval, decode, dce"
+    has "$TMP/err" "unknown pass 'autodif'" && has "$TMP/err" "frontend, partition, autodiff, shard, precision, remat, pipeline, wsplit, optimizer, eval, decode, dce"
   run 0 "$MCC" --help && has "$TMP/out" "usage: mcc FILE.mdl" && has "$TMP/out" "--dump-ir=all DIR"
   run 0 "$MCC" --version && has "$TMP/out" "plan format 2"
   run 1 "$MCC" "$TMP/missing.mdl" && has "$TMP/err" "cannot open '$TMP/missing.mdl'"
@@ -197,7 +197,7 @@ tiny-gpt|tiny-llama)
   # every pass: --verify-roundtrip inside mcc, then the dumps checked here
   run 0 "$MCC" samples/$m.mdl $DEFS -o "$TMP/$m.plan" --verify-roundtrip --verify-each --dump-ir=all "$TMP/dump"
   dumps=$(ls "$TMP/dump" | tr '\n' ' ')
-  [ "$dumps" = "00-frontend.ir 01-partition.ir 02-autodiff.ir 03-shard.ir 04-remat.ir 05-pipeline.ir 06-wsplit.ir 07-optimizer.ir 08-eval.ir 09-decode.ir 10-dce.ir 11-fuse.ir " ] || fail "dump files: $dumps"
+  [ "$dumps" = "00-frontend.ir 01-partition.ir 02-autodiff.ir 03-shard.ir 04-precision.ir 05-remat.ir 06-pipeline.ir 07-wsplit.ir 08-optimizer.ir 09-eval.ir 10-decode.ir 11-dce.ir 12-fuse.ir " ] || fail "dump files: $dumps"
   run 0 "$CHECK" ir "$TMP"/dump/*.ir
   has "$TMP/dump/00-frontend.ir" "block forward {"
   has "$TMP/dump/10-dce.ir" "block micro {"

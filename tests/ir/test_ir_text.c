@@ -591,7 +591,7 @@ static void test_basics(void) {
         t.schedule == IR_SCHED_CONSTANT && t.warmup == 0 && t.decay_steps == 0 && t.min_lr == 0.0 &&
         t.clip_grad == 0.0 && t.global_batch == 1 && t.micro_batch == 1 && t.seq_len == 0 && t.steps == 100 &&
         t.seed == 1234 && t.precision == IR_F32, "train defaults");
-  CHECK(ir_dtype_lookup("f64") == IR_F64 && ir_dtype_lookup("void") == IR_VOID && ir_dtype_lookup("f16") == -1,
+  CHECK(ir_dtype_lookup("f64") == IR_F64 && ir_dtype_lookup("void") == IR_VOID && ir_dtype_lookup("f16") == IR_F16 && ir_dtype_lookup("bf16") == IR_BF16 && ir_dtype_lookup("f8") == -1,
         "dtype lookup");
   CHECK(strcmp(ir_dtype_name(IR_I32), "i32") == 0 && ir_dtype_size(IR_F64) == 8 && ir_dtype_size(IR_I32) == 4,
         "dtype names/sizes");

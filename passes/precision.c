@@ -1,0 +1,277 @@
+/* precision.c - pass "precision": the dtype every value is STORED in, as
+ * an IR type, decided per op class by one table (docs/precision.md).
+ *
+ * Expects: the block "micro" (after autodiff and shard; before remat, the
+ *   pipeline split and the optimizer), every arithmetic value in the model
+ *   precision.  16-bit values (bf16 / f16) may already exist: an MDL
+ *   annotation or cast made them.
+ * Guarantees:
+ *   - the arithmetic of every op is f32 (or the model's f64): an operand
+ *     stored in 16 bits reaches an op that does arithmetic through an
+ *     explicit `cast ... : f32` placed right before that op (one per op
+ *     and operand: cast at use, so the f32 copy lives only as long as the
+ *     op, and the fusion pass folds it into the op's kernel);
+ *   - with m->train.lowp set (--precision bf16): each value an op class
+ *     stores in 16 bits (table below) is followed by `cast ... : bf16`,
+ *     and every reader gets the 16-bit value; GEMM operands are rounded to
+ *     16 bits (a GEMM of bf16 operands with f32 accumulation, Megatron's);
+ *     every parameter read becomes a read of its 16-bit copy, a new state
+ *     of kind `copy` (ir.h) that the runtime refreshes from the f32 master
+ *     once per step; values added into gradient states (accum) and the
+ *     loss stay f32 (main grads); layout ops move the dtype they read;
+ *   - without lowp and without 16-bit values the module is unchanged.
+ * Refuses: lowp with an f64 model, with pp > 1 (not built: the pipeline's
+ *   sends move f32 only), a policy override naming an unknown class. */
+#include "passes.h"
+#include <string.h>
+
+/* ---- the policy table ----
+ * class, its name for --precision-policy and the docs, and whether its
+ * results are stored in 16 bits under --precision bf16 by default: 1 yes,
+ * 0 no (f32), -1 as its operands were stored (a tp all-reduce of a bf16
+ * GEMM output gives bf16, as in Megatron; vocab-parallel cross entropy's
+ * statistics, f32 reductions, stay f32). */
+typedef enum {
+  PC_NONE,      /* effects, leaves, i32: untouched */
+  PC_GEMM,      /* matmul gmm gmm_dw: operands rounded to 16 bits, f32 accumulation */
+  PC_ATTN,      /* attention attention_bwd attn_finish attn_cached: f32 inside, output stored */
+  PC_EW,        /* elementwise, activations, dropout, rope, masks, embedding, gathers, MoE moves */
+  PC_NORM,      /* layernorm rmsnorm and their backwards: computed in f32 */
+  PC_SOFTMAX,   /* softmax softmax_bwd: computed in f32 */
+  PC_LOSS,      /* log_softmax cross_entropy and their backwards */
+  PC_REDUCE,    /* sum mean max sumsq sum_to */
+  PC_STATS,     /* the ring attention's running softmax state and log-sum-exp */
+  PC_COMM,      /* collectives that sum: in f32 (MPI sums f32); the result stored as the operand was */
+  PC_LAYOUT,    /* reshape permute slice pad concat broadcast shard_slice: the operand's dtype */
+  PC_COUNT
+} PrecClass;
+
+static const struct { const char *name; int store16; const char *doc; } pc_info[PC_COUNT] = {
+    [PC_NONE] = {"none", 0, "leaves, effects, integers"},
+    [PC_GEMM] = {"gemm", 1, "matmul, gmm, gmm_dw"},
+    [PC_ATTN] = {"attn", 1, "attention, attention_bwd, attn_finish, attn_cached"},
+    [PC_EW] = {"ew", 1, "elementwise ops, activations, dropout, rope, masks, embedding, gathers, MoE"},
+    [PC_NORM] = {"norm", 1, "layernorm, rmsnorm and their backwards"},
+    [PC_SOFTMAX] = {"softmax", 1, "softmax, softmax_bwd"},
+    [PC_LOSS] = {"loss", 0, "log_softmax, cross_entropy and their backwards"},
+    [PC_REDUCE] = {"reduce", 0, "sum, mean, max, sumsq, sum_to"},
+    [PC_STATS] = {"stats", 0, "attn_acc, attn_lse, attn_bwd_q, attn_bwd_kv (ring attention)"},
+    [PC_COMM] = {"comm", -1, "all_reduce, reduce_scatter, all_to_all, group_sum (summed in f32)"},
+    [PC_LAYOUT] = {"layout", -1, "reshape, permute, slice, pad, concat, broadcast, shard_slice, all_gather"},
+};
+
+static PrecClass op_class(IrOp op) {
+  switch (op) {
+  case IR_OP_MATMUL: case IR_OP_GMM: case IR_OP_GMM_DW: return PC_GEMM;
+  case IR_OP_ATTENTION: case IR_OP_ATTENTION_BWD: case IR_OP_ATTN_FINISH: case IR_OP_ATTN_CACHED: return PC_ATTN;
+  case IR_OP_LAYERNORM: case IR_OP_LAYERNORM_BWD: case IR_OP_RMSNORM: case IR_OP_RMSNORM_BWD: return PC_NORM;
+  case IR_OP_SOFTMAX: case IR_OP_SOFTMAX_BWD: return PC_SOFTMAX;
+  case IR_OP_LOG_SOFTMAX: case IR_OP_LOG_SOFTMAX_BWD: case IR_OP_CROSS_ENTROPY: case IR_OP_CROSS_ENTROPY_BWD:
+    return PC_LOSS;
+  case IR_OP_SUM: case IR_OP_MEAN: case IR_OP_MAX: case IR_OP_SUMSQ: case IR_OP_SUM_TO: case IR_OP_CLIP_COEF:
+    return PC_REDUCE;
+  case IR_OP_ATTN_ACC: case IR_OP_ATTN_LSE: case IR_OP_ATTN_BWD_Q: case IR_OP_ATTN_BWD_KV: return PC_STATS;
+  case IR_OP_RESHAPE: case IR_OP_PERMUTE: case IR_OP_SLICE: case IR_OP_PAD: case IR_OP_CONCAT:
+  case IR_OP_BROADCAST: case IR_OP_SHARD_SLICE: case IR_OP_ALL_GATHER:
+    return PC_LAYOUT;
+  case IR_OP_INPUT: case IR_OP_STATE: case IR_OP_FULL: case IR_OP_ARANGE: case IR_OP_RAND: case IR_OP_RECV:
+  case IR_OP_UNSTASH:
+  case IR_OP_RING_SHIFT: case IR_OP_RING_WAIT:   /* the ring's blocks: f32, a ring_wait reads its ring_shift */
+    return PC_NONE;
+  default:
+    break;
+  }
+  if (ir_op_communicates(op)) return PC_COMM;
+  if (ir_ops[op].flags & OPF_EFFECT) return PC_NONE;
+  return PC_EW;
+}
+
+void pass_precision_classes(StrBuf *out) {
+  for (int c = 1; c < PC_COUNT; c++)
+    sb_printf(out, "%-8s %-6s %s\n", pc_info[c].name,
+              pc_info[c].store16 < 0 ? "follow" : pc_info[c].store16 ? "16" : "f32", pc_info[c].doc);
+  sb_puts(out, "(follow: stored as the operands were: 16 if one was)\n");
+}
+
+/* "norm=f32,softmax=16" -> store16[] overrides.  0 or -1 with a message. */
+static int parse_policy(const char *spec, int *store16, char *err, size_t errlen) {
+  for (int c = 0; c < PC_COUNT; c++) store16[c] = pc_info[c].store16;
+  if (!spec || !*spec) return 0;
+  const char *s = spec;
+  while (*s) {
+    const char *eq = strchr(s, '='), *end = strchr(s, ',');
+    if (!end) end = s + strlen(s);
+    if (!eq || eq > end)
+      return ts_errf(err, errlen, "--precision-policy '%s': expected CLASS=f32 or CLASS=16, comma-separated", spec);
+    int c = -1;
+    for (int k = 1; k < PC_COUNT; k++)
+      if ((size_t)(eq - s) == strlen(pc_info[k].name) && !strncmp(s, pc_info[k].name, (size_t)(eq - s))) c = k;
+    size_t vn = (size_t)(end - eq - 1);
+    int v = vn == 3 && !strncmp(eq + 1, "f32", 3) ? 0 : vn == 2 && !strncmp(eq + 1, "16", 2) ? 1 : -1;
+    if (c < 0 || c == PC_LAYOUT || v < 0) {
+      StrBuf b = {0};
+      for (int k = 1; k < PC_COUNT; k++)
+        if (k != PC_LAYOUT) sb_printf(&b, "%s%s", k > 1 ? ", " : "", pc_info[k].name);
+      ts_errf(err, errlen, "--precision-policy: '%.*s' is not CLASS=f32 or CLASS=16 (classes: %s; layout ops "
+              "always keep their operand's dtype)", (int)(end - s), s, b.p ? b.p : "");
+      free(b.p);
+      return -1;
+    }
+    store16[c] = v;
+    s = *end ? end + 1 : end;
+  }
+  return 0;
+}
+
+/* ---- the rewrite ---- */
+typedef struct {
+  IrModule *m;
+  PassCtx *cx;
+  int bi;            /* the new block */
+  IrDtype lowp;      /* IR_VOID: legalize only */
+  IrDtype prec;      /* the arithmetic dtype */
+  int failed;
+} Px;
+
+static int emit_cast(Px *x, int v, IrDtype to) {
+  const IrNode *src = &x->m->blocks.a[x->bi].nodes[v];
+  if (src->type.dtype == to) return v;
+  IrType t = src->type;
+  t.dtype = to;
+  IrSharding sh = src->sh;
+  int stage = src->stage;
+  char msg[512];
+  int id = ir_emit(x->m, x->bi, IR_OP_CAST, &v, 1, NULL, NULL, NULL, &t, msg, sizeof msg);
+  if (id < 0) {
+    x->failed = 1;
+    ts_errf(x->cx->err, sizeof x->cx->err, "precision: %s", msg);
+    return v;
+  }
+  IrNode *n = &x->m->blocks.a[x->bi].nodes[id];
+  n->sh = sh;
+  n->stage = stage;
+  return id;
+}
+
+/* The 16-bit copy state of param p (created on first use). */
+static int copy_state(Px *x, int p) {
+  char name[512];
+  snprintf(name, sizeof name, "%s.%s", ir_dtype_name(x->lowp), x->m->states.a[p].name);
+  int s = ir_state_find(x->m, name);
+  if (s >= 0) return s;
+  IrState c = x->m->states.a[p];
+  c.name = ts_intern(name);
+  c.type.dtype = x->lowp;
+  c.kind = IR_STATE_COPY;
+  c.of = p;
+  c.init = IR_INIT_ZEROS;
+  c.init_a = c.init_b = 0;
+  c.flags = 0;
+  return ir_state_add(x->m, &c);
+}
+
+int pass_precision(IrModule *m, PassCtx *cx) {
+  int mb = ir_block_find(m, "micro");
+  IrDtype lowp = m->train.lowp;
+  if (lowp != IR_VOID && !ir_dtype_is_16(lowp))
+    return ts_errf(cx->err, sizeof cx->err, "precision: train lowp=%s is not a 16-bit type", ir_dtype_name(lowp));
+  if (lowp != IR_VOID && m->train.precision != IR_F32)
+    return ts_errf(cx->err, sizeof cx->err, "precision: precision %s keeps f32 masters; the model's arithmetic "
+                   "type is %s (compile it with --precision %s alone)", ir_dtype_name(lowp),
+                   ir_dtype_name(m->train.precision), ir_dtype_name(lowp));
+  int store16[PC_COUNT];
+  if (parse_policy(cx->precision_policy, store16, cx->err, sizeof cx->err) != 0) return -1;
+  if (mb < 0) return 0;   /* nothing to type (a module without autodiff's block) */
+  const IrBlock *ob0 = &m->blocks.a[mb];
+  int any16 = 0;
+  for (int i = 0; i < ob0->n; i++) any16 |= ir_dtype_is_16(ob0->nodes[i].type.dtype);
+  if (lowp == IR_VOID && !any16) return 0;
+  if (lowp != IR_VOID && ir_axis_size(m, IR_AXIS_PP) > 1)
+    return ts_errf(cx->err, sizeof cx->err, "precision %s with pp=%d is not built yet (the pipeline's sends and "
+                   "stashes would carry 16-bit values); use pp=1 (tp, cp, sp and dp work), or precision f32",
+                   ir_dtype_name(lowp), ir_axis_size(m, IR_AXIS_PP));
+
+  /* the old block, detached; the new one takes its place */
+  IrBlock old = m->blocks.a[mb];
+  int n = old.n;
+  IrBlock fresh = {.name = old.name};
+  m->blocks.a[mb] = fresh;
+  Px x = {.m = m, .cx = cx, .bi = mb, .lowp = lowp, .prec = m->train.precision};
+
+  /* which values an accum or output reads: they stay f32 (main grads, loss) */
+  unsigned char *keep32 = arena_alloc(&cx->scratch, (size_t)n + 1);
+  memset(keep32, 0, (size_t)n + 1);
+  for (int i = 0; i < n; i++) {
+    const IrNode *nd = &old.nodes[i];
+    if (nd->op == IR_OP_ACCUM || nd->op == IR_OP_OUTPUT)
+      for (int k = 0; k < nd->nin; k++) keep32[nd->in[k]] = 1;
+  }
+  int *nv = arena_alloc(&cx->scratch, ((size_t)n + 1) * sizeof *nv);
+  int ops[64];
+  for (int i = 0; i < n && !x.failed; i++) {
+    IrNode nd = old.nodes[i];
+    PrecClass pc = op_class(nd.op);
+    int *in = nd.nin <= 64 ? ops : arena_alloc(&cx->scratch, (size_t)nd.nin * sizeof *in);
+    /* operands: as stored, then what the op reads */
+    IrDtype follow = IR_VOID;   /* a layout op's result dtype: its float operands' one dtype */
+    int mixed = 0, any16 = 0;
+    for (int k = 0; k < nd.nin; k++) {
+      in[k] = nv[nd.in[k]];
+      IrDtype d = m->blocks.a[mb].nodes[in[k]].type.dtype;
+      any16 |= ir_dtype_is_16(d);
+      if (pc == PC_LAYOUT && (ir_dtype_is_16(d) || ir_dtype_is_float(d))) {
+        if (follow == IR_VOID) follow = d;
+        else if (follow != d) mixed = 1;
+      }
+    }
+    int reads16 = ir_op_reads_16(nd.op) && !(pc == PC_LAYOUT && mixed);
+    for (int k = 0; k < nd.nin; k++) {
+      IrDtype d = m->blocks.a[mb].nodes[in[k]].type.dtype;
+      int dup = -1;
+      for (int j = 0; j < k; j++)
+        if (nd.in[j] == nd.in[k]) dup = j;
+      if (dup >= 0) { in[k] = in[dup]; continue; }   /* one cast per op and operand value */
+      if (ir_dtype_is_16(d) && !reads16) {
+        in[k] = emit_cast(&x, in[k], x.prec);
+      } else if (pc == PC_GEMM && lowp != IR_VOID && d == x.prec && store16[PC_GEMM]) {
+        /* a GEMM of 16-bit operands: an f32 operand (the loss's gradient) is rounded first */
+        in[k] = emit_cast(&x, emit_cast(&x, in[k], lowp), x.prec);
+      }
+    }
+    if (x.failed) break;
+    /* parameter reads become reads of the 16-bit copy */
+    if (nd.op == IR_OP_STATE && lowp != IR_VOID && m->states.a[nd.ia[0]].kind == IR_STATE_PARAM &&
+        m->states.a[nd.ia[0]].type.dtype == x.prec) {
+      nd.ia[0] = copy_state(&x, (int)nd.ia[0]);
+      nd.type.dtype = lowp;
+    }
+    IrType t = nd.type;
+    if (pc == PC_LAYOUT && !mixed && follow != IR_VOID && ir_dtype_is_float(t.dtype)) t.dtype = follow;
+    if (pc == PC_LAYOUT && mixed && ir_dtype_is_16(t.dtype)) t.dtype = x.prec;
+    if (nd.op == IR_OP_CONCAT && mixed)
+      for (int k = 0; k < nd.nin; k++) in[k] = emit_cast(&x, in[k], x.prec);
+    char msg[512];
+    int id = ir_emit(m, mb, nd.op, in, nd.nin, nd.ia, nd.fa, nd.sa,
+                     (ir_ops[nd.op].flags & OPF_TYPED) ? &t : NULL, msg, sizeof msg);
+    if (id < 0) {
+      ts_errf(cx->err, sizeof cx->err, "precision: node %d (%s): %s", i, ir_ops[nd.op].name, msg);
+      x.failed = 1;
+      break;
+    }
+    IrNode *out = &m->blocks.a[mb].nodes[id];
+    out->sh = nd.sh;
+    out->group = 0;
+    out->stage = nd.stage;
+    out->why = nd.why;
+    nv[i] = id;
+    /* the result's storage */
+    if (lowp != IR_VOID && out->type.dtype == x.prec && pc != PC_LAYOUT && pc != PC_NONE && !keep32[i] &&
+        (store16[pc] > 0 || (store16[pc] < 0 && any16)))
+      nv[i] = emit_cast(&x, id, lowp);
+  }
+  if (x.failed) {
+    m->blocks.a[mb] = old;   /* the new nodes stay in the arena */
+    return -1;
+  }
+  return 0;
+}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# frontend.sh - how bf16 is asked for and what is refused:
+#   --precision bf16 and `precision = bf16` in the train block give the same
+#   IR (train line precision=bf16, copy states, casts), which prints and
+#   parses back identically (--verify-roundtrip) and shows its dtypes in
+#   --dump-ir=precision; --precision f32 overrides the block;
+#   --precision-policy norm=f32 keeps the norms' outputs in f32;
+#   refused with a message that says what works: fp16 (no loss scaling
+#   yet), a bf16 param, an unknown policy class, bf16 with pp > 1.
+#   frontend.sh MCC SOURCE_DIR WORK
+set -uo pipefail
+mcc=$1 src=$2 work=$3
+rm -rf "$work"; mkdir -p "$work"; cd "$work"
+cfg=(-D layers=2 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=4 -D micro_batch=1)
+fail() { echo "FAIL: $*" >&2; exit 1; }
+refused() {   # refused WANT mcc-args...: exit 1 and WANT in the message
+  local want=$1; shift
+  local out; out=$("$mcc" "$@" -o x.plan 2>&1); local rc=$?
+  [ $rc -ne 0 ] && echo "$out" | grep -qF -- "$want" || fail "expected a refusal with '$want' (exit $rc): $out"
+  echo "refused as expected: $(echo "$out" | grep -m1 error)"
+}
+
+"$mcc" "$src/samples/gpt.mdl" "${cfg[@]}" --precision bf16 --verify-roundtrip --emit=ir -o flag.ir ||
+  fail "--precision bf16 does not compile"
+grep -q "precision=bf16" flag.ir || fail "no precision=bf16 on the train line"
+grep -q "bf16\[.*\] copy of=@layers.0.attention.wq" flag.ir || fail "no bf16 copy state of a weight"
+grep -q "= cast .* : bf16\[" flag.ir || fail "no casts to bf16"
+grep -q "= matmul .* : f32\[" flag.ir || fail "the GEMMs do not accumulate in f32"
+grep -q "= cross_entropy .* : f32\[" flag.ir || fail "the loss is not f32"
+if grep -Eq "= (add|mul|gelu_tanh|layernorm|softmax|matmul|cross_entropy) .* : bf16\[" flag.ir; then
+  fail "an arithmetic op has a bf16 result"
+fi
+
+sed 's/precision = f32/precision = bf16/' "$src/samples/gpt.mdl" > gpt_bf16.mdl
+grep -q "precision = bf16" gpt_bf16.mdl || fail "the sample's train block changed"
+"$mcc" gpt_bf16.mdl --stdlib "$src/stdlib" "${cfg[@]}" --emit=ir -o block.ir || fail "precision = bf16 does not compile"
+cmp -s <(grep -v "^module" flag.ir) <(grep -v "^module" block.ir) || fail "precision = bf16 and --precision bf16 differ"
+"$mcc" gpt_bf16.mdl --stdlib "$src/stdlib" "${cfg[@]}" --precision f32 --emit=ir -o over.ir || fail "override"
+grep -q "precision=f32" over.ir && ! grep -q " copy of=" over.ir || fail "--precision f32 does not override the block"
+
+"$mcc" "$src/samples/gpt.mdl" "${cfg[@]}" --precision bf16 --dump-ir=precision dump -o x.plan || fail "--dump-ir=precision"
+ls dump/*precision*.ir >/dev/null 2>&1 || fail "no dump of pass precision"
+grep -q "= cast .* : bf16\[" dump/*precision*.ir || fail "the precision dump shows no bf16"
+
+"$mcc" "$src/samples/gpt.mdl" "${cfg[@]}" --precision bf16 --precision-policy norm=f32 --emit=ir -o pol.ir ||
+  fail "--precision-policy norm=f32"
+n16() { awk '/= layernorm /{ln=1; next} ln { if ($0 ~ /= cast .* : bf16\[/) c++; ln=0 } END { print c + 0 }' "$1"; }
+[ "$(n16 flag.ir)" -gt 0 ] || fail "by default the norms are stored in bf16"
+[ "$(n16 pol.ir)" -eq 0 ] || fail "norm=f32: a layernorm output is still cast to bf16"
+echo "ok: norms stored bf16 by default ($(n16 flag.ir) casts), f32 with norm=f32"
+
+refused "fp16 needs dynamic loss scaling" "$src/samples/gpt.mdl" "${cfg[@]}" --precision fp16
+refused "not CLASS=f32 or CLASS=16" "$src/samples/gpt.mdl" "${cfg[@]}" --precision bf16 --precision-policy nrom=f32
+refused "with pp=2 is not built yet" "$src/samples/gpt.mdl" "${cfg[@]}" --precision bf16 --pp 2
+mkdir -p lib && sed '0,/g = param \[embed\] init ones/s//g = param bf16[embed] init ones/' "$src/stdlib/nn.mdl" > lib/nn.mdl
+grep -q "param bf16\[embed\]" lib/nn.mdl || fail "could not make a bf16 param"
+refused "parameters are trained as f32" "$src/samples/gpt.mdl" --stdlib lib "${cfg[@]}"
+echo "ok: bf16 from the flag and the train block, its dumps, policy and refusals"
