@@ -205,6 +205,9 @@ typedef struct {
                                storage of activations and parameter copies that pass precision assigns.
                                The text form prints precision=bf16 for precision=f32 + lowp=bf16 */
 } IrTrain;
+/* The number format a plan's GEMMs compute in: the 16-bit type of
+ * --precision bf16 / fp16 (lowp), else the precision. */
+static inline IrDtype ir_train_dtype(const IrTrain *t) { return t->lowp != IR_VOID ? t->lowp : t->precision; }
 
 /* dp = 0: whatever remains.  sp: sequence parallelism (tp > 1).
  * zero: distributed optimizer (ZeRO-1) when dp > 1 (default 1).

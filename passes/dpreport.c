@@ -17,7 +17,7 @@ static double prefix_time(const IrModule *m, const IrBlock *b, int upto, const H
   pre.n = upto;
   TimeCost c;
   memset(&c, 0, sizeof c);
-  pass_time_block(m, &pre, hw, hw_format_of(m->train.precision, 0), &c);
+  pass_time_block(m, &pre, hw, hw_format_of(ir_train_dtype(&m->train), 0), &c);
   return time_cost_total(&c);
 }
 

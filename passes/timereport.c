@@ -260,7 +260,7 @@ static int64_t runs_of(const IrBlock *b, int64_t nmicro) {
 }
 
 int pass_time_chunks(const IrModule *m, const HwDesc *hw, int nchunks, double *fwd, double *bwd, double *wgt) {
-  HwFormat fmt = hw_format_of(m->train.precision, 0);
+  HwFormat fmt = hw_format_of(ir_train_dtype(&m->train), 0);
   int found = 0;
   for (int g = 0; g < nchunks; g++) fwd[g] = bwd[g] = 0;
   for (int g = 0; wgt && g < nchunks; g++) wgt[g] = 0;
@@ -325,7 +325,7 @@ static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, dou
   for (int a = 0; a < IR_AXIS_COUNT; a++) gpus *= ir_axis_size(m0, (IrAxis)a);
   int nmicro = 0;
   if (plan_pipe_nmicro(&m0->train, dp, &nmicro, err, errlen) != 0) return -1;
-  HwFormat fmt = hw_format_of(m0->train.precision, 0);
+  HwFormat fmt = hw_format_of(ir_train_dtype(&m0->train), 0);
   double peak = hw->peak[fmt] > 0 ? hw->peak[fmt] : hw->peak[HW_FP32];
 
   /* every program's blocks, per run */
@@ -431,7 +431,7 @@ static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, dou
   char b1[32], b2[32];
   sb_printf(out, "time report: %s, %s, %lld GPU%s of %s (%s), %s training, %d micro batch%s per step per dp rank\n",
             m0->name ? m0->name : "?", layout, (long long)gpus, gpus == 1 ? "" : "s", hw->name, hw->path,
-            ir_dtype_name(m0->train.precision), nmicro, nmicro == 1 ? "" : "es");
+            ir_dtype_name(ir_train_dtype(&m0->train)), nmicro, nmicro == 1 ? "" : "es");
   sb_printf(out, "# predicted by the cost model of docs/performance-model.md: GEMMs at %.3g TFLOP/s peak (%s) x %.2g x\n"
                  "# wave quantization (or HBM-bound), attention at %.2g of that peak, memory-bound kernels at %.2g x %.3g\n"
                  "# TB/s, collectives by NCCL's ring / tree alpha-beta model over NVLink inside a node of %d GPUs and\n"

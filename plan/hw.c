@@ -12,6 +12,8 @@ const char *hw_format_name(HwFormat f) { return f >= 0 && f < HW_FMT_COUNT ? fmt
 
 HwFormat hw_format_of(IrDtype t, int tf32) {
   if (t == IR_F64) return HW_FP64;
+  if (t == IR_BF16) return HW_BF16;   /* --precision bf16: GEMMs on bf16 operands, f32 accumulation */
+  if (t == IR_F16) return HW_FP16;
   return tf32 ? HW_TF32 : HW_FP32;
 }
 

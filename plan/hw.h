@@ -60,7 +60,7 @@ int hw_parse(const char *text, const char *path, HwDesc *out, char *err, size_t 
 int hw_load(const char *name_or_file, HwDesc *out, char *err, size_t errlen);
 
 /* The format a plan of dtype t computes its GEMMs in: f64 -> fp64, f32 ->
- * fp32 (CUDA cores: no TF32 unless `tf32` is set). */
+ * fp32 (CUDA cores: no TF32 unless `tf32` is set), bf16 -> bf16, f16 -> fp16. */
 HwFormat hw_format_of(IrDtype t, int tf32);
 
 /* ---- the cost model (seconds) ---- */

@@ -35,6 +35,8 @@ typedef struct {
 typedef struct {
   AlLayout key;              /* tp, sp, cp, ep, recompute (the rest unset) */
   UnitFig a, b;
+  int flat;                  /* the copies could not be pipelined (a layout the compiler refuses with
+                                pp > 1): two unpipelined copies of 1 and 2 layers; pp = 1 only */
 } KeyCost;
 
 typedef struct {
@@ -77,7 +79,7 @@ typedef struct { double f, b, sf, sb, upd, par, grad, opt, stash, arena; } RankF
 
 static int rank_figures(const IrModule *rm, const HwDesc *hw, RankFig *o, char *err, size_t errlen) {
   memset(o, 0, sizeof *o);
-  HwFormat fmt = hw_format_of(rm->train.precision, 0);
+  HwFormat fmt = hw_format_of(ir_train_dtype(&rm->train), 0);
   for (int i = 0; i < rm->blocks.n; i++) {
     const IrBlock *b = &rm->blocks.a[i];
     IrChunkKind kind;
@@ -163,11 +165,67 @@ static int copy_figures(const IrModule *f, const char *stack, const AlCompiler *
   return 0;
 }
 
+/* The same without pipelining, for a layout the compiler pipelines not
+ * (e.g. --precision bf16): the copy with 1 and with 2 layers; the layer is
+ * their difference, E and L together the rest (in U_E).  Per micro batch
+ * the time goes into fwd[] (bwd[] 0), the arena's growth per layer into
+ * arena_slope, and the stash stays 0 (an unpipelined micro block keeps it
+ * in its arena). */
+static int copy_figures_flat(const IrModule *f, const char *stack, const AlCompiler *c, const HwDesc *hw, AlLayout l,
+                             int mb, int dp, UnitFig *u, char *err, size_t errlen) {
+  l.pp = l.vpp = 1;
+  l.dp = dp;
+  l.zero = 1;
+  l.mb = mb;
+  double t[2] = {0, 0}, up[2] = {0, 0}, par[2], grad[2], opt[2], arena[2];
+  for (int k = 0; k < 2; k++) {
+    IrModule *m = c->compile(c->ctx, &l, stack, k + 1, NULL, 0, err, errlen);
+    if (!m) return -1;
+    HwFormat fmt = hw_format_of(ir_train_dtype(&m->train), 0);
+    for (int i = 0; i < m->blocks.n; i++) {
+      const IrBlock *b = &m->blocks.a[i];
+      TimeCost tc = {0};
+      if (!strcmp(b->name, "micro")) { pass_time_block(m, b, hw, fmt, &tc); t[k] += time_cost_total(&tc); }
+      else if (!strcmp(b->name, "update")) {
+        pass_time_block(m, b, hw, fmt, &tc);
+        up[k] += time_cost_total(&tc) - tc.comm[IR_AXIS_DP];
+      }
+    }
+    MemTotals mt;
+    int rc = pass_memplan_totals(m, NULL, NULL, &mt, err, errlen);
+    ir_module_free(m);
+    if (rc != 0) return -1;
+    par[k] = (double)mt.params;
+    grad[k] = (double)mt.grads;
+    opt[k] = (double)mt.opt;
+    arena[k] = (double)mt.arena;
+  }
+  memset(u, 0, sizeof *u);
+  u->mb = mb;
+  u->dp = dp;
+#define FLAT(out, v) do { out[U_LAYER] = pos(v[1] - v[0]); out[U_E] = pos(v[0] - out[U_LAYER]); } while (0)
+  FLAT(u->fwd, t);
+  FLAT(u->upd, up);
+  FLAT(u->par, par);
+  FLAT(u->grad, grad);
+  FLAT(u->opt, opt);
+#undef FLAT
+  u->arena0 = u->arena_mid = u->arena_last = arena[0];
+  u->arena_slope = pos(arena[1] - arena[0]);
+  return 0;
+}
+
 /* Both copies of kc->key. */
 static int key_cost(const IrModule *f, const char *stack, const AlCompiler *c, const HwDesc *hw, int fixed_mb,
                     KeyCost *kc, char *err, size_t errlen) {
   int64_t gb = f->train.global_batch, mb0 = f->train.micro_batch;
-  if (copy_figures(f, stack, c, hw, kc->key, (int)mb0, 1, &kc->a, err, errlen) != 0) return -1;
+  char why0[1024];
+  kc->flat = 0;
+  if (copy_figures(f, stack, c, hw, kc->key, (int)mb0, 1, &kc->a, why0, sizeof why0) != 0) {
+    /* not pipelined: the flat copies, or the first refusal */
+    if (copy_figures_flat(f, stack, c, hw, kc->key, (int)mb0, 1, &kc->a, err, errlen) != 0) return -1;
+    kc->flat = 1;
+  }
   /* the second copy: another micro batch at dp 2 if the batch and the
    * layout allow (expert parallelism splits the micro batch), else another
    * micro batch, else dp 2 alone */
@@ -178,7 +236,8 @@ static int key_cost(const IrModule *f, const char *stack, const AlCompiler *c, c
   for (int t = 0; t < 5; t++) {
     int mb = tries[t][0], dp = tries[t][1];
     if ((fixed_mb && mb != mb0) || (mb == mb0 && dp == 1) || mb > gb || gb % mb || (gb / mb) % dp) continue;
-    if (copy_figures(f, stack, c, hw, kc->key, mb, dp, &kc->b, why, sizeof why) == 0) break;
+    if ((kc->flat ? copy_figures_flat : copy_figures)(f, stack, c, hw, kc->key, mb, dp, &kc->b, why, sizeof why) == 0)
+      break;
     kc->b = kc->a;
   }
   return 0;
@@ -492,7 +551,7 @@ int al_search(const IrModule *f, const AlCompiler *c, const AlOptions *o, StrBuf
   for (int ki = 0; ki < keys.n; ki++) {
     const KeyCost *k = &keys.a[ki];
     int rep = k->key.tp * k->key.cp * k->key.ep;
-    for (int pp = 1; pp <= L && (int64_t)rep * pp <= N; pp++) {
+    for (int pp = 1; pp <= (k->flat ? 1 : L) && (int64_t)rep * pp <= N; pp++) {
       if ((N / rep) % pp) continue;
       int dp = N / rep / pp;
       for (int64_t mb = 1; mb <= gb; mb *= 2) {
@@ -553,7 +612,7 @@ int al_search(const IrModule *f, const AlCompiler *c, const AlOptions *o, StrBuf
   char lay[160];
   sb_printf(out, "auto-layout: %s on %d GPUs of %s (%s), %s training, %.1f GiB per GPU, global batch %lld, "
                  "%d layers in the stack '%s'\n",
-            f->name ? f->name : "?", N, hw->name, hw->path, ir_dtype_name(f->train.precision), gib(limit),
+            f->name ? f->name : "?", N, hw->name, hw->path, ir_dtype_name(ir_train_dtype(&f->train)), gib(limit),
             (long long)gb, L, stack);
   sb_printf(out, "# stage A: %d intra-layer layouts (tp, sp, cp, ep, recompute) costed from 5-layer copies (two each) in %.2f s, "
                  "%d whole layouts costed from them in %.2f s (%d fit by that estimate; %d more not simulated: their compute "

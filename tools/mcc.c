@@ -1322,7 +1322,7 @@ static int run_pipe_views(const Args *a, PassCtx *cx) {
       for (int i = 0; i < m->blocks.n; i++)
         if (!strcmp(m->blocks.a[i].name, "micro")) {
           TimeCost c = {0};
-          pass_time_block(m, &m->blocks.a[i], &hw, hw_format_of(m->train.precision, 0), &c);
+          pass_time_block(m, &m->blocks.a[i], &hw, hw_format_of(ir_train_dtype(&m->train), 0), &c);
           fs[0] = time_cost_total(&c) / 3;
           bs[0] = 2 * fs[0];
         }

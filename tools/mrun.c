@@ -1161,7 +1161,7 @@ static void gen_opts_free(RtGenOpts *g) {
 static double peak_flops(const Args *a, const Plan *plan, int gpu) {
   if (!a->hw || !plan || plan->nprograms < 1) return 0;
   const char *tf = getenv("TS_CUDA_TF32");
-  HwFormat f = hw_format_of(plan->programs[0]->train.precision, gpu && tf && *tf && strcmp(tf, "0"));
+  HwFormat f = hw_format_of(ir_train_dtype(&plan->programs[0]->train), gpu && tf && *tf && strcmp(tf, "0"));
   return a->hwd.peak[f] > 0 ? a->hwd.peak[f] : a->hwd.peak[HW_FP32];
 }
 

@@ -186,7 +186,7 @@ full-gpt|full-llama)
     has "$TMP/err" "parameters in" && has "$TMP/err" "time: total"
   run 0 "$CHECK" plan "$TMP/$m.plan"
   run 0 "$CHECK" ir "$TMP"/dump/*.ir
-  [ "$(ls "$TMP/dump" | wc -l)" = 12 ] || fail "expected 12 dumps: $(ls "$TMP/dump")"
+  [ "$(ls "$TMP/dump" | wc -l)" = 13 ] || fail "expected 13 dumps: $(ls "$TMP/dump")"
   # -o - writes the same binary plan to stdout
   run 0 "$MCC" samples/$m.mdl -o - && cmp -s "$TMP/out" "$TMP/$m.plan" || fail "-o - differs from the plan file"
   head -c 6 "$TMP/$m.plan" | grep -q TSPLAN || fail "$m.plan does not start with the magic"
@@ -200,12 +200,12 @@ tiny-gpt|tiny-llama)
   [ "$dumps" = "00-frontend.ir 01-partition.ir 02-autodiff.ir 03-shard.ir 04-precision.ir 05-remat.ir 06-pipeline.ir 07-wsplit.ir 08-optimizer.ir 09-eval.ir 10-decode.ir 11-dce.ir 12-fuse.ir " ] || fail "dump files: $dumps"
   run 0 "$CHECK" ir "$TMP"/dump/*.ir
   has "$TMP/dump/00-frontend.ir" "block forward {"
-  has "$TMP/dump/10-dce.ir" "block micro {"
-  has "$TMP/dump/10-dce.ir" "block update {"
+  has "$TMP/dump/11-dce.ir" "block micro {"
+  has "$TMP/dump/11-dce.ir" "block update {"
   # the final IR: --emit=ir equals the last dump
   run 0 "$MCC" samples/$m.mdl $DEFS --emit=ir -o "$TMP/final.ir"
-  cmp -s "$TMP/final.ir" "$TMP/dump/11-fuse.ir" || fail "--emit=ir differs from the last dump"
-  has "$TMP/dump/11-fuse.ir" " group=1"
+  cmp -s "$TMP/final.ir" "$TMP/dump/12-fuse.ir" || fail "--emit=ir differs from the last dump"
+  has "$TMP/dump/12-fuse.ir" " group=1"
   # --print-ir-after prints parseable IR of that pass to stdout
   run 0 "$MCC" samples/$m.mdl $DEFS --print-ir-after=autodiff -o "$TMP/p.plan" &&
     has "$TMP/out" "# IR after pass 'autodiff'" && has "$TMP/out" "block micro {"
