@@ -35,7 +35,7 @@ typedef struct {
  * sum_to.
  * The kernel reads every operand from outside the group (io->in) and
  * writes every group value used by a node outside the group, and the last
- * node (io->out).  Values are computed in f64 and rounded to each node's
+ * node (io->out).  Values are computed in f64 (or f32: cg_lower_group_opts) and rounded to each node's
  * dtype after each node, so a fused group computes what the nodes compute
  * one by one.  An output may share memory with an input of its shape (in
  * place).  NULL with a message if the group is not of that form or
@@ -53,6 +53,14 @@ void cg_users_free(CgUsers *u);
  * NULL: scan). */
 CgKernel *cg_lower_group_users(const IrModule *m, const IrBlock *b, const CgUsers *u, const int *nodes, int n,
                                CgGroupIO *io, char *err, size_t errlen);
+/* How to lower.  f32: a group whose values and operands are f32 (or
+ * bf16) computes in f32 rather than f64 (the CUDA path's default; the
+ * reference and the CPU JIT keep f64, and so does the CUDA path's exact
+ * mode): see codegen/lower.c's header for what stays f64. */
+typedef struct { int f32; } CgLowerOpts;
+/* cg_lower_group_users with options (o NULL: the defaults, f64). */
+CgKernel *cg_lower_group_opts(const IrModule *m, const IrBlock *b, const CgUsers *u, const int *nodes, int n,
+                              CgGroupIO *io, const CgLowerOpts *o, char *err, size_t errlen);
 /* The multi-tensor AdamW kernel of a run of adamw nodes (the executor's,
  * runtime/exec/exec_jit.c): param dtype T, clip coefficient dtype TC,
  * fa = {b1, b2, eps} baked in as constants, buffers declared with `cnt`

@@ -128,7 +128,7 @@ const char *cg_cuda_prelude(void) { return prelude; }
 /* ---- what CUDA spells its own way inside an iteration (kprint.h) ---- */
 static const CgDialect cuda_dialect = {
     .type = {"void", "int", "int", "long long", "float", "double"},   /* in CgType's order */
-    .u32 = "unsigned", .u64 = "unsigned long long", .i64_min = "(-9223372036854775807LL - 1)",
+    .u32 = "unsigned", .u64 = "unsigned long long", .i64_min = "(-9223372036854775807LL - 1)", .narrow = 1,
     .helper = "ts_", .param = "a.run",
     .nan_f32 = "(float)TS_NAN", .nan_f64 = "TS_NAN", .inf_f32 = "(float)TS_INF", .inf_f64 = "TS_INF"};
 

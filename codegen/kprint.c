@@ -13,9 +13,91 @@
  * operation in its instruction's type (expf for f32).
  *
  * CUDA's row mode and vector lanes (cuda.c decides them, the header of
- * cuda.c explains them) change a few statements; in C both are off. */
+ * cuda.c explains them) change a few statements; in C both are off.
+ *
+ * Narrow indices (a dialect's `narrow`, CUDA's): the kernel IR's indices
+ * are i64, and a 64-bit integer division or modulo is a long instruction
+ * sequence on a GPU (a 32-bit one by a constant is a multiply-high and a
+ * shift).  An interval analysis bounds every integer value (GID by the
+ * grid, RANGE by its trip count, constants, and + - * / % min max select
+ * of bounded values); index arithmetic whose value and operands fit in 32
+ * bits is printed in `int` (and its wrapping forms in `unsigned`), with the
+ * same results, since no bounded value wraps.  Anything else (the RNG's
+ * hash, parameters, values loaded or converted from floats) stays 64-bit. */
 #include "kprint.h"
 #include <math.h>
+
+/* Interval of each integer value (see the top); lo > hi: unbounded. */
+typedef struct { __int128 lo, hi; } KpIv;
+static const __int128 KP_I32_MIN = -2147483647 - 1, KP_I32_MAX = 2147483647;
+
+static int iv_bounded(KpIv v) { return v.lo <= v.hi; }
+static int iv_fits32(KpIv v) { return iv_bounded(v) && v.lo >= KP_I32_MIN && v.hi <= KP_I32_MAX; }
+/* hull of four corner values, unbounded beyond 2^62 (no __int128 overflow later) */
+static KpIv iv_hull(__int128 a, __int128 b, __int128 c, __int128 e) {
+  __int128 lo = a, hi = a, v[3] = {b, c, e};
+  for (int i = 0; i < 3; i++) { if (v[i] < lo) lo = v[i]; if (v[i] > hi) hi = v[i]; }
+  const __int128 lim = (__int128)1 << 62;
+  if (lo < -lim || hi > lim) return (KpIv){1, 0};
+  return (KpIv){lo, hi};
+}
+
+static void kp_narrow(CgKp *p) {
+  const CgKernel *k = p->k;
+  KpIv *iv = ts_xcalloc((size_t)(p->n ? p->n : 1), sizeof *iv);
+  for (int i = 0; i < p->n; i++) {
+    const CgInst *in = cg_kp_ins(p, i);
+    KpIv r = {1, 0}, x = {1, 0}, y = {1, 0};
+    if (cg_op_nargs[in->op] > 0 && in->a[0] >= 0 && in->a[0] < i) x = iv[in->a[0]];
+    if (cg_op_nargs[in->op] > 1 && in->a[1] >= 0 && in->a[1] < i) y = iv[in->a[1]];
+    int ints = in->type == CG_I64 || in->type == CG_I32;
+    switch (in->op) {
+    case CG_GID: r = (KpIv){0, k->grid > 0 ? k->grid - 1 : 0}; break;
+    case CG_RANGE:   /* a narrow loop index must not overflow stepping past its end (grid strides) */
+      if (iv_bounded(x) && x.hi < ((__int128)1 << 30)) r = (KpIv){0, x.hi > 0 ? x.hi - 1 : 0};
+      break;
+    case CG_CONST: if (ints) r = (KpIv){in->i, in->i}; break;
+    case CG_ADD: if (ints && iv_bounded(x) && iv_bounded(y)) r = iv_hull(x.lo + y.lo, x.hi + y.hi, x.lo + y.lo, x.hi + y.hi); break;
+    case CG_SUB: if (ints && iv_bounded(x) && iv_bounded(y)) r = iv_hull(x.lo - y.hi, x.hi - y.lo, x.lo - y.hi, x.hi - y.lo); break;
+    case CG_MUL:
+      if (ints && iv_fits32(x) && iv_fits32(y))   /* |corners| < 2^62 */
+        r = iv_hull(x.lo * y.lo, x.lo * y.hi, x.hi * y.lo, x.hi * y.hi);
+      break;
+    case CG_DIV:   /* truncating; a divisor interval that excludes 0 */
+      if (ints && iv_bounded(x) && iv_bounded(y) && y.lo > 0)
+        r = iv_hull(x.lo / y.lo, x.lo / y.hi, x.hi / y.lo, x.hi / y.hi);
+      break;
+    case CG_MOD:   /* the sign of the dividend, |r| < |divisor| */
+      if (ints && iv_bounded(x) && iv_bounded(y) && y.lo > 0)
+        r = x.lo >= 0 ? (KpIv){0, x.hi < y.hi - 1 ? x.hi : y.hi - 1} : (KpIv){-(y.hi - 1), y.hi - 1};
+      break;
+    case CG_MIN:
+    case CG_MAX:
+      if (ints && iv_bounded(x) && iv_bounded(y))
+        r = in->op == CG_MIN ? (KpIv){x.lo < y.lo ? x.lo : y.lo, x.hi < y.hi ? x.hi : y.hi}
+                             : (KpIv){x.lo > y.lo ? x.lo : y.lo, x.hi > y.hi ? x.hi : y.hi};
+      break;
+    case CG_SELECT:
+      if (ints && iv_bounded(y) && in->a[2] >= 0 && in->a[2] < i && iv_bounded(iv[in->a[2]])) {
+        KpIv z = iv[in->a[2]];
+        r = (KpIv){y.lo < z.lo ? y.lo : z.lo, y.hi > z.hi ? y.hi : z.hi};
+      }
+      break;
+    default: break;
+    }
+    iv[i] = r;
+    /* printed narrow: an i64 index value that fits, whose operands fit too
+     * (so a 64-bit operand may be cast down: division and modulo then run
+     * in 32 bits) */
+    int arith = in->op == CG_ADD || in->op == CG_SUB || in->op == CG_MUL || in->op == CG_DIV || in->op == CG_MOD ||
+                in->op == CG_MIN || in->op == CG_MAX;
+    int ok = in->type == CG_I64 && iv_fits32(r) &&
+             (in->op == CG_GID || in->op == CG_RANGE || in->op == CG_CONST || in->op == CG_SELECT ||
+              (arith && iv_fits32(x) && iv_fits32(y)));
+    p->i32[i] = (unsigned char)ok;
+  }
+  free(iv);
+}
 
 void cg_kp_init(CgKp *p, const CgKernel *k, const CgDialect *d) {
   memset(p, 0, sizeof *p);
@@ -26,6 +108,7 @@ void cg_kp_init(CgKp *p, const CgKernel *k, const CgDialect *d) {
   p->top = ts_xcalloc(n, sizeof *p->top);
   p->match = ts_xcalloc(n, sizeof *p->match);
   p->mark = ts_xcalloc(n, sizeof *p->mark);
+  p->i32 = ts_xcalloc(n, 1);
   p->gid = -1;
   int *stack = ts_xcalloc(n, sizeof *stack), sp = 0, cur = -1;   /* open RANGEs (the verifier checked balance) */
   for (int i = 0; i < p->n; i++) {
@@ -45,9 +128,11 @@ void cg_kp_init(CgKp *p, const CgKernel *k, const CgDialect *d) {
     }
   }
   free(stack);
+  if (d->narrow) kp_narrow(p);
 }
 
 void cg_kp_free(CgKp *p) {
+  free(p->i32);
   free(p->top);
   free(p->match);
   free(p->mark);
@@ -71,7 +156,7 @@ static void kp_float(const CgKp *p, StrBuf *out, CgType t, double v) {
 /* Integer x OP y of type t (i64, else i32) through the unsigned type, so
  * that it wraps; a shift (logical) casts only its left operand. */
 static void kp_wrap(const CgKp *p, StrBuf *out, CgType t, int x, const char *op, int y) {
-  int w = t == CG_I64;
+  int w = t == CG_I64;   /* a narrow result (kp_expr) passes CG_I32 */
   const char *s = p->d->type[w ? CG_I64 : CG_I32], *u = w ? p->d->u64 : p->d->u32;
   if (op[0] == '>') sb_printf(out, "(%s)((%s)v%d >> v%d)", s, u, x, y);
   else sb_printf(out, "(%s)((%s)v%d %s (%s)v%d)", s, u, x, op, u, y);
@@ -89,7 +174,7 @@ static void kp_expr(const CgKp *p, int i, StrBuf *out) {
   case CG_CONST:
     if (cg_type_is_float(in->type)) kp_float(p, out, in->type, in->f);
     else if (in->i == INT64_MIN) sb_puts(out, d->i64_min);
-    else sb_printf(out, "%lldLL", (long long)in->i);
+    else sb_printf(out, p->i32[i] ? "%lld" : "%lldLL", (long long)in->i);
     return;
   case CG_LOAD:
     if (p->vec && x == p->gid) sb_printf(out, "q%d.%c", in->buf, "xyzw"[p->lane]);   /* the lane of a vector load */
@@ -107,11 +192,16 @@ static void kp_expr(const CgKp *p, int i, StrBuf *out) {
   case CG_MUL: {
     const char *o = in->op == CG_ADD ? "+" : in->op == CG_SUB ? "-" : "*";
     if (fl) sb_printf(out, "v%d %s v%d", x, o, y);
-    else kp_wrap(p, out, a0->type, x, o, y);
+    else kp_wrap(p, out, p->i32[i] ? CG_I32 : a0->type, x, o, y);
     return;
   }
-  case CG_DIV: sb_printf(out, "v%d / v%d", x, y); return;
-  case CG_MOD: sb_printf(out, "v%d %% v%d", x, y); return;
+  case CG_DIV:
+  case CG_MOD: {
+    const char *o = in->op == CG_DIV ? "/" : "%";
+    if (p->i32[i]) sb_printf(out, "(int)v%d %s (int)v%d", x, o, y);   /* both fit: 32-bit division */
+    else sb_printf(out, "v%d %s v%d", x, o, y);
+    return;
+  }
   case CG_XOR: sb_printf(out, "v%d ^ v%d", x, y); return;
   case CG_SHR: kp_wrap(p, out, a0->type, x, ">>", y); return;
   case CG_PARAM: sb_printf(out, "%s[%lld]", d->param, (long long)in->i); return;
@@ -252,17 +342,18 @@ void cg_kp_body(CgKp *p, StrBuf *out, int base) {
     if (top && in->op == CG_RANGE) row_loop_open(p, out, i, d);
     indent(out, d);
     switch (in->op) {
-    case CG_GID: sb_printf(out, "const %s v%d = gid;\n", dl->type[CG_I64], i); break;
-    case CG_RANGE:
+    case CG_GID: sb_printf(out, "const %s v%d = %sgid;\n", p->i32[i] ? "int" : dl->type[CG_I64], i, p->i32[i] ? "(int)" : ""); break;
+    case CG_RANGE: {
+      const char *it = p->i32[i] ? "int" : dl->type[CG_I64];
       if (top && p->split > 1)
         sb_printf(out, "for (%s v%d = ts_chunk * blockDim.x + threadIdx.x; v%d < v%d; v%d += ts_s * blockDim.x) {\n",
-                  dl->type[CG_I64], i, i, in->a[0], i);
+                  it, i, i, in->a[0], i);
       else if (top)
-        sb_printf(out, "for (%s v%d = threadIdx.x; v%d < v%d; v%d += blockDim.x) {\n", dl->type[CG_I64], i, i,
-                  in->a[0], i);
-      else sb_printf(out, "for (%s v%d = 0; v%d < v%d; v%d++) {\n", dl->type[CG_I64], i, i, in->a[0], i);
+        sb_printf(out, "for (%s v%d = threadIdx.x; v%d < v%d; v%d += blockDim.x) {\n", it, i, i, in->a[0], i);
+      else sb_printf(out, "for (%s v%d = 0; v%d < v%d; v%d++) {\n", it, i, i, in->a[0], i);
       depth++;
       break;
+    }
     case CG_END:
       depth--;
       sb_puts(out, "}\n");
@@ -282,7 +373,7 @@ void cg_kp_body(CgKp *p, StrBuf *out, int base) {
       else sb_printf(out, "%sb%d[v%d] = v%d;\n", top ? "if (threadIdx.x == 0) " : "", in->buf, in->a[0], in->a[1]);
       break;
     default:
-      sb_printf(out, "const %s v%d = ", dl->type[in->type], i);
+      sb_printf(out, "const %s v%d = ", p->i32[i] ? "int" : dl->type[in->type], i);
       kp_expr(p, i, out);
       sb_puts(out, ";\n");
       break;

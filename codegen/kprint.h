@@ -20,6 +20,9 @@ typedef struct {
   const char *inf_f32, *inf_f64;
   const char *helper;               /* prefix of the prelude's maximum / to_i32 / to_i64 */
   const char *param;                /* the array PARAM k reads: NAME[k] */
+  int narrow;                       /* i64 index arithmetic whose values provably fit in 32 bits is
+                                       printed in `int` (CUDA: 64-bit integer division is a long
+                                       software sequence; cg_kp_init's interval analysis) */
 } CgDialect;
 
 /* The printer of one kernel: the dialect and the loop structure. */
@@ -37,6 +40,7 @@ typedef struct {
                        `ts_chunk`; the top-level loop's partials combined by the last block (cuda.c) */
   int vec;          /* CUDA thread mode: vector width (4 or 2), or 0 */
   int lane;         /* while printing a vector lane: its number */
+  unsigned char *i32;   /* per instruction: an i64 value printed as a 32-bit int (d->narrow) */
 } CgKp;
 
 void cg_kp_init(CgKp *p, const CgKernel *k, const CgDialect *d);

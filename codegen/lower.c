@@ -19,7 +19,15 @@
  *
  * Numerics follow runtime/cpu/ops_ref_t.h: arithmetic and accumulation in f64,
  * each node's value rounded to its dtype (so fusing does not change
- * results), the same formulas in the same order where it matters. */
+ * results), the same formulas in the same order where it matters.  That is
+ * the compute type `ct`; a caller may ask for f32 arithmetic instead
+ * (CgLowerOpts.f32, the CUDA path outside its exact mode): then a group
+ * whose values and operands are all f32 or 16-bit computes and accumulates
+ * in f32 (expf, not exp), while a group with an f64, integer or f16 value
+ * and the one-node whole reductions (sumsq, sum_to, sums along an axis:
+ * long, memory-bound sums whose f64 adds cost nothing) keep f64.  Dropout's
+ * uniform draw and its comparison with p stay f64 in either case, so the
+ * masks are the reference's bit for bit. */
 #include "cg.h"
 #include <math.h>
 
@@ -39,6 +47,7 @@ typedef struct {
   int rowmode;
   int64_t D, rows, numel;
   int gid;
+  CgType ct;             /* the compute type: CG_F64, or CG_F32 (see the top) */
   int row, col, flat;    /* current position (values; -1 = not built yet) */
   int rowbase;           /* row mode: row * D, built once per iteration */
   int needs_col;         /* some node depends on the column (bias, mask) */
@@ -114,8 +123,8 @@ static int is_reduce(IrOp op) { return op == IR_OP_SUM || op == IR_OP_MEAN || op
 /* one value per row rather than per element */
 static int is_per_row(IrOp op) { return is_reduce(op) || op == IR_OP_CROSS_ENTROPY; }
 
-/* ---- small emit helpers (all f64 unless named otherwise) ---- */
-static int F(Lw *L, double v) { return cg_const_f(L->k, CG_F64, v); }
+/* ---- small emit helpers (all in the compute type unless named otherwise) ---- */
+static int F(Lw *L, double v) { return cg_const_f(L->k, L->ct, v); }
 static int I(Lw *L, int64_t v) { return cg_const_i(L->k, CG_I64, v); }
 static int add(Lw *L, int a, int b) { return cg_bin(L->k, CG_ADD, a, b); }
 static int sub(Lw *L, int a, int b) { return cg_bin(L->k, CG_SUB, a, b); }
@@ -139,12 +148,12 @@ static int exp_shifted(Lw *L, int d) {
   int lo = cg_bin(L->k, CG_LT, d, F(L, -700));
   return sel(L, lo, F(L, 0), un(L, CG_EXP, sel(L, lo, F(L, -700), d)));
 }
-/* value v (f64) rounded to dtype dt and back, as storing it would */
+/* value v (compute type) rounded to dtype dt and back, as storing it would */
 static int round_to(Lw *L, IrDtype dt, int v) {
   CgType t = cg_type_of_dtype(dt);
-  return t == CG_F64 ? v : cg_cast(L->k, CG_F64, cg_cast(L->k, t, v));
+  return t == L->ct ? v : cg_cast(L->k, L->ct, cg_cast(L->k, t, v));
 }
-static int load_f64(Lw *L, int buf, int idx) { return cg_cast(L->k, CG_F64, cg_load(L->k, buf, idx)); }
+static int load_c(Lw *L, int buf, int idx) { return cg_cast(L->k, L->ct, cg_load(L->k, buf, idx)); }
 
 /* ---- dropout's random numbers (runtime/cpu/rng.c, bit for bit) ----
  * mix(z): splitmix64's finalizer; H(w1..wn) = fold of mix(h ^ w) from
@@ -165,7 +174,7 @@ static int dropout_u(Lw *L, const IrNode *nd, int g) {
               cg_param(L->k, CG_PARAM_MICRO), g};
   int h = I(L, (int64_t)0x6a09e667f3bcc909ull);
   for (int j = 0; j < 6; j++) h = mix64(L, xr(L, h, w[j]));
-  return mul(L, cg_cast(L->k, CG_F64, shr(L, h, 11)), F(L, 0x1p-53));
+  return mul(L, cg_cast(L->k, CG_F64, shr(L, h, 11)), cg_const_f(L->k, CG_F64, 0x1p-53));
 }
 
 /* ---- positions ---- */
@@ -260,14 +269,14 @@ static int view_load(Lw *L, const IrNode *nd, int src, int64_t at, int64_t xl) {
   int ok = cg_bin(L->k, CG_AND, cg_bin(L->k, CG_LE, I(L, 0), sl), cg_bin(L->k, CG_LT, sl, I(L, xl)));
   int idx = add(L, add(L, mul(L, o, I(L, xl * inner)), mul(L, sl, I(L, inner))), j);
   idx = sel(L, ok, idx, I(L, 0));
-  int v = load_f64(L, in_buf(L, src), idx);
+  int v = load_c(L, in_buf(L, src), idx);
   return sel(L, ok, v, F(L, 0));
 }
 
 static int elem_layout(Lw *L, const IrNode *nd) {
   const IrType *yt = &nd->type;
   switch (nd->op) {
-  case IR_OP_RESHAPE: return load_f64(L, in_buf(L, nd->in[0]), pos_flat(L));
+  case IR_OP_RESHAPE: return load_c(L, in_buf(L, nd->in[0]), pos_flat(L));
   case IR_OP_PERMUTE: {   /* result dim d is operand dim perm[d] */
     const IrType *xt = &node(L, nd->in[0])->type;
     int64_t xs[IR_MAX_RANK], s = 1, ys = 1;
@@ -279,7 +288,7 @@ static int elem_layout(Lw *L, const IrNode *nd) {
       idx = add(L, idx, mul(L, c, I(L, xs[nd->ia[d]])));
       ys *= yt->dim[d];
     }
-    return load_f64(L, in_buf(L, nd->in[0]), idx);
+    return load_c(L, in_buf(L, nd->in[0]), idx);
   }
   case IR_OP_SLICE: {     /* x[..., start:end, ...]: result row l is x's row l + start */
     const IrType *xt = &node(L, nd->in[0])->type;
@@ -291,7 +300,7 @@ static int elem_layout(Lw *L, const IrNode *nd) {
     int f = pos_flat(L);
     int o = cg_bin(L->k, CG_DIV, f, I(L, yl * inner)), r = cg_bin(L->k, CG_MOD, f, I(L, yl * inner));
     int idx = add(L, add(L, mul(L, o, I(L, xl * inner)), I(L, nd->ia[1] * inner)), r);
-    return load_f64(L, in_buf(L, nd->in[0]), idx);
+    return load_c(L, in_buf(L, nd->in[0]), idx);
   }
   case IR_OP_PAD: {
     const IrType *xt = &node(L, nd->in[0])->type;
@@ -376,7 +385,7 @@ static int elem_ew(Lw *L, const IrNode *nd) {
   case IR_OP_FLOORDIV: case IR_OP_MOD: {   /* Python's // and %, 0 where y == 0 (ref int_divmod) */
     int z0 = cg_bin(L->k, CG_EQ, z, F(L, 0));
     z = sel(L, z0, F(L, 1), z);   /* no division by 0, even in the arm not taken */
-    int t = cg_cast(L->k, CG_F64, cg_cast(L->k, CG_I64, dvd(L, x, z)));   /* truncated quotient */
+    int t = cg_cast(L->k, L->ct, cg_cast(L->k, CG_I64, dvd(L, x, z)));   /* truncated quotient */
     int r = sub(L, x, mul(L, t, z));
     int q = sel(L, cg_bin(L->k, CG_LT, mul(L, r, z), F(L, 0)), sub(L, t, F(L, 1)), t);
     int v = nd->op == IR_OP_MOD ? sub(L, x, mul(L, z, q)) : q;
@@ -385,7 +394,7 @@ static int elem_ew(Lw *L, const IrNode *nd) {
   case IR_OP_FULL: return F(L, nd->fa[0]);
   case IR_OP_BROADCAST: {
     const IrType *st = &node(L, nd->in[0])->type;
-    return load_f64(L, in_buf(L, nd->in[0]), bcast_index(L, st, &nd->type));
+    return load_c(L, in_buf(L, nd->in[0]), bcast_index(L, st, &nd->type));
   }
   case IR_OP_CAUSAL_MASK: {  /* fill where column j > row i of the last two dims */
     int64_t R = nd->type.dim[nd->type.rank - 2];
@@ -395,7 +404,7 @@ static int elem_ew(Lw *L, const IrNode *nd) {
   case IR_OP_MASKED_FILL: return sel(L, cg_bin(L->k, CG_NE, z, F(L, 0)), x, F(L, c));
   case IR_OP_DROPOUT: {      /* keep iff u >= p, kept x * (1 / (1 - p)): ops_ref_t.h k_DROPOUT */
     double scale = c < 1 ? 1.0 / (1.0 - c) : 0.0;
-    int keep = cg_bin(L->k, CG_LE, F(L, c), dropout_u(L, nd, pos_flat(L)));
+    int keep = cg_bin(L->k, CG_LE, cg_const_f(L->k, CG_F64, c), dropout_u(L, nd, pos_flat(L)));
     return sel(L, keep, mul(L, x, F(L, scale)), F(L, 0));
   }
   default: TS_DIE("lower: %s is not elementwise", ir_ops[nd->op].name);
@@ -449,7 +458,7 @@ static int elem(Lw *L, int id) {
     TS_ASSERT(bi >= 0);
     if (L->inmemogen[bi] == L->gen && L->inmemo[bi] >= 0) return L->inmemo[bi];
     L->inmemogen[bi] = L->gen;
-    return L->inmemo[bi] = load_f64(L, bi, pos_flat(L));
+    return L->inmemo[bi] = load_c(L, bi, pos_flat(L));
   }
   if (L->memogen[g] == L->gen && L->memo[g] >= 0) return L->memo[g];
   const IrNode *nd = node(L, id);
@@ -462,7 +471,7 @@ static int elem(Lw *L, int id) {
 /* sum over the row of f(element), f selected by `what`; one loop */
 enum { S_X, S_EXP_SHIFT, S_PROD, S_SQDEV, S_SQ, S_PROD_XH };
 static int row_sum(Lw *L, int what, int a, int bnode, int p0, int p1) {
-  int acc = cg_acc(L->k, CG_F64, CG_RED_SUM, 0);
+  int acc = cg_acc(L->k, L->ct, CG_RED_SUM, 0);
   loop_begin(L);
   int x = elem(L, a), t;
   switch (what) {
@@ -480,7 +489,7 @@ static int row_sum(Lw *L, int what, int a, int bnode, int p0, int p1) {
   return acc;
 }
 static int row_max(Lw *L, int a) {
-  int acc = cg_acc(L->k, CG_F64, CG_RED_MAX, -INFINITY);
+  int acc = cg_acc(L->k, L->ct, CG_RED_MAX, -INFINITY);
   loop_begin(L);
   cg_update(L->k, acc, elem(L, a));
   loop_end(L);
@@ -545,7 +554,7 @@ static void row_stats(Lw *L, int g) {
       int loss = sub(L, add(L, mx, un(L, CG_LOG, s)), xt);
       v[0] = sel(L, kept, sel(L, valid, loss, nan), F(L, 0));
     } else {
-      int d = load_f64(L, in_buf(L, nd->in[2]), pos_row(L));
+      int d = load_c(L, in_buf(L, nd->in[2]), pos_row(L));
       v[0] = mx;
       v[1] = sel(L, valid, round_to(L, nd->type.dtype, dvd(L, d, s)), nan);
       v[2] = tc;
@@ -692,9 +701,9 @@ static void lower_reduce_axis(Lw *L, const IrNode *nd, int xb, int yb) {
   int gid = L->gid;
   int o = cg_bin(L->k, CG_DIV, gid, I(L, inner)), j = cg_bin(L->k, CG_MOD, gid, I(L, inner));
   int base = add(L, mul(L, o, I(L, len * inner)), j);
-  int acc = cg_acc(L->k, CG_F64, nd->op == IR_OP_MAX ? CG_RED_MAX : CG_RED_SUM, nd->op == IR_OP_MAX ? -INFINITY : 0);
+  int acc = cg_acc(L->k, L->ct, nd->op == IR_OP_MAX ? CG_RED_MAX : CG_RED_SUM, nd->op == IR_OP_MAX ? -INFINITY : 0);
   int l = cg_range(L->k, I(L, len));
-  int x = load_f64(L, xb, add(L, base, mul(L, l, I(L, inner))));
+  int x = load_c(L, xb, add(L, base, mul(L, l, I(L, inner))));
   cg_update(L->k, acc, nd->op == IR_OP_SUMSQ ? mul(L, x, x) : x);
   cg_end(L->k);
   int r = acc;
@@ -736,7 +745,7 @@ static void lower_sum_to(Lw *L, const IrNode *nd, int xb, int yb) {
     base = add(L, base, mul(L, c, I(L, xs[d])));
     ys *= yt->dim[yd];
   }
-  int acc = cg_acc(L->k, CG_F64, CG_RED_SUM, 0);
+  int acc = cg_acc(L->k, L->ct, CG_RED_SUM, 0);
   int r = cg_range(L->k, I(L, S)), idx = base;
   int64_t rs = 1;
   for (int d = xt->rank - 1; d >= 0; d--) {
@@ -746,22 +755,49 @@ static void lower_sum_to(Lw *L, const IrNode *nd, int xb, int yb) {
     idx = add(L, idx, mul(L, c, I(L, xs[d])));
     rs *= xt->dim[d];
   }
-  cg_update(L->k, acc, load_f64(L, xb, idx));
+  cg_update(L->k, acc, load_c(L, xb, idx));
   cg_end(L->k);
   cg_store(L->k, yb, L->gid, cg_cast(L->k, cg_type_of_dtype(yt->dtype), acc));
 }
 
+/* f32 arithmetic for the group (CgLowerOpts.f32 asked for it): every member
+ * and every operand is f32 or bf16 (a cross-entropy's targets excepted:
+ * they are read as integers), and the group is not a one-node whole
+ * reduction. */
+static int group_f32(const Lw *L) {
+  const IrNode *last = node(L, L->nodes[L->n - 1]);
+  if (L->n == 1 && (last->op == IR_OP_SUM_TO || last->op == IR_OP_SUMSQ ||
+                    (is_reduce(last->op) && !is_last_axis(last->ia[0], L->shape.rank))))
+    return 0;
+  for (int i = 0; i < L->n; i++) {
+    const IrNode *nd = node(L, L->nodes[i]);
+    CgType t = cg_type_of_dtype(nd->type.dtype);
+    if (t != CG_F32 && t != CG_BF16) return 0;
+    for (int j = 0; j < nd->nin; j++) {
+      if ((nd->op == IR_OP_CROSS_ENTROPY || nd->op == IR_OP_CROSS_ENTROPY_BWD) && j == 1) continue;
+      CgType a = cg_type_of_dtype(node(L, nd->in[j])->type.dtype);
+      if (a != CG_F32 && a != CG_BF16) return 0;
+    }
+  }
+  return 1;
+}
+
 CgKernel *cg_lower_group(const IrModule *m, const IrBlock *b, const int *nodes, int n, CgGroupIO *io,
                          char *err, size_t errlen) {
-  return cg_lower_group_users(m, b, NULL, nodes, n, io, err, errlen);
+  return cg_lower_group_opts(m, b, NULL, nodes, n, io, NULL, err, errlen);
 }
 
 CgKernel *cg_lower_group_users(const IrModule *m, const IrBlock *b, const CgUsers *users, const int *nodes, int n,
                                CgGroupIO *io, char *err, size_t errlen) {
+  return cg_lower_group_opts(m, b, users, nodes, n, io, NULL, err, errlen);
+}
+
+CgKernel *cg_lower_group_opts(const IrModule *m, const IrBlock *b, const CgUsers *users, const int *nodes, int n,
+                              CgGroupIO *io, const CgLowerOpts *o, char *err, size_t errlen) {
   memset(io, 0, sizeof *io);
   if (n < 1 || !nodes) { ts_errf(err, errlen, "group: no nodes"); return NULL; }
   if (nodes[0] < 0 || nodes[0] >= b->n) { ts_errf(err, errlen, "group: node %d out of range", nodes[0]); return NULL; }
-  Lw L = {.m = m, .b = b, .nodes = nodes, .n = n, .io = io, .users = users, .err = err, .errlen = errlen};
+  Lw L = {.m = m, .b = b, .nodes = nodes, .n = n, .io = io, .users = users, .ct = CG_F64, .err = err, .errlen = errlen};
   L.shape = *elem_type(&L, &b->nodes[nodes[0]]);
   L.memo = ts_xmalloc((size_t)n * sizeof *L.memo);
   L.memogen = ts_xmalloc((size_t)n * sizeof *L.memogen);
@@ -772,6 +808,7 @@ CgKernel *cg_lower_group_users(const IrModule *m, const IrBlock *b, const CgUser
   CgKernel *k = NULL;
   int *accs = ts_xmalloc((size_t)n * sizeof *accs);   /* per group position: a reduction's accumulator */
   if (check_group(&L) != 0) goto done;
+  if (o && o->f32 && group_f32(&L)) L.ct = CG_F32;
 
   const IrNode *last = &b->nodes[nodes[n - 1]];
   char name[64];
@@ -815,7 +852,7 @@ CgKernel *cg_lower_group_users(const IrModule *m, const IrBlock *b, const CgUser
   for (int i = 0; i < n; i++) {
     const IrNode *nd = &b->nodes[nodes[i]];
     if (is_reduce(nd->op)) {
-      accs[i] = cg_acc(k, CG_F64, nd->op == IR_OP_MAX ? CG_RED_MAX : CG_RED_SUM, nd->op == IR_OP_MAX ? -INFINITY : 0);
+      accs[i] = cg_acc(k, L.ct, nd->op == IR_OP_MAX ? CG_RED_MAX : CG_RED_SUM, nd->op == IR_OP_MAX ? -INFINITY : 0);
       need_loop = 1;
     } else if (L.outbuf[i] >= 0 && !is_per_row(nd->op)) {
       need_loop = 1;

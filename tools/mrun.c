@@ -1037,7 +1037,7 @@ static int gpu_setup(const Args *a, const Plan *plan, int pi, const IrModule *m,
               ir_axis_size(m, IR_AXIS_DP), d->sm);
     else
       ts_errf(err, errlen, "%s: the plan's CUDA image (sm_%d) was compiled from another module than its program %d "
-              "(a plan from another build?); recompile with mcc --target sm_%d", a->plan, im->sm, pi, d->sm);
+              "(a plan from another build, or TS_CUDA_EXACT set for one of mcc and mrun only?); recompile with mcc --target sm_%d", a->plan, im->sm, pi, d->sm);
     rt_cuda_module_free(&g->cm);
     d->ops->close(d);
     return -1;

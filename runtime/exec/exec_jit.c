@@ -62,6 +62,7 @@ struct RtJit {
   CgJit *jit;           /* NULL in cuda mode */
   CgPool *pool;
   int cuda;             /* kernels printed as CUDA C into `cuda_src` instead of JIT-compiled */
+  int exact;            /* cuda: f32 groups compute in f64 (RtExecOpts.cuda_exact) */
   StrBuf cuda_src;
   VEC(CudaSeen) cuda_seen;
   VEC(RtCudaKernelInfo) cuda_info;
@@ -131,7 +132,8 @@ static int cuda_add(RtJit *J, CgKernel *k, const IrBlock *b, int at, CgCudaLaunc
 static int compile_kernel(RtJit *J, const IrModule *m, const IrBlock *b, const int *mem, int n, RtJitKernel *out,
                           char *err, size_t errlen) {
   char why[512];
-  CgKernel *k = cg_lower_group(m, b, mem, n, &out->io, why, sizeof why);
+  CgLowerOpts lo = {.f32 = J->cuda && !J->exact};
+  CgKernel *k = cg_lower_group_opts(m, b, NULL, mem, n, &out->io, &lo, why, sizeof why);
   if (!k) return 1;
   if (J->cuda) {
     int rc = cuda_add(J, k, b, mem[n - 1], &out->cl, err, errlen);
@@ -533,6 +535,8 @@ RtJit *rt_jit_new(const IrModule *m, const RtExecOpts *o, char *err, size_t errl
   RtJit *J = ts_xcalloc(1, sizeof *J);
   char why[512];
   J->cuda = o->cuda || o->dev;   /* cuda: plan and print only, the device compiles */
+  const char *ex = getenv("TS_CUDA_EXACT");
+  J->exact = o->cuda_exact || (ex && strcmp(ex, "1") == 0);
   if (!J->cuda && !(J->jit = cg_jit_new(why, sizeof why))) {
     ts_errf(err, errlen, "the LLVM backend cannot start: %s (use --backend ref)", why);
     free(J);

@@ -68,12 +68,16 @@ typedef struct RtDevImage RtDevImage;
  * elements of the gradients' dtype (Megatron's unit); no_overlap: every
  * reduction in the update block, as it is written (mrun
  * --no-overlap-grad-reduce).  Not on a device (its collectives already
- * run on the comm stream; see docs/sharding.md). */
+ * run on the comm stream; see docs/sharding.md).
+ * cuda_exact: the CUDA kernels of f32 groups compute in f64, as the CPU
+ * does, instead of f32 (codegen/lower.c; also TS_CUDA_EXACT=1 in the
+ * environment): the tests' bit-for-bit comparisons with the CPU. */
 typedef struct {
   RtBackend backend;
   int threads;
   int no_groups;
   int cuda;
+  int cuda_exact;
   RtDev *dev;
   const RtDevImage *image;
   int64_t dp_bucket_bytes;
