@@ -25,6 +25,7 @@
 #include "passes/pipe.h"
 #include "passes/timereport.h"
 #include "autolayout.h"
+#include "kreport.h"
 #include "passes/dpreport.h"
 #include "runtime/comm/comm.h"
 #include "plan/plan.h"
@@ -113,6 +114,9 @@ static void usage(FILE *f) {
           "  --report time          predicted step time, TFLOP/s per GPU and MFU on --hw, per block: compute,\n"
           "                         exposed communication per mesh axis, pipeline bubble, optimizer\n"
           "                         (docs/performance-model.md); last line step_time_s=... tflops_per_gpu=... mfu=...\n"
+          "  --report kernels       the CUDA kernels of each rank program as a roofline table: launches,\n"
+          "                         grid, bytes, FLOPs, intensity; registers, shared memory, spills and\n"
+          "                         occupancy with --target sm_XX (one arch); predicted times with --hw\n"
           "  --hw NAME|FILE         hardware description for --report time, --report comm (the dp reduction's\n"
           "                         predicted overlap), --auto-layout and --emit=trace: a100-80gb, h100-sxm,\n"
           "                         h200, b200 (hw/*.hw), or a file in that format (hw/README.md)\n"
@@ -487,8 +491,8 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--report") == 0) {
       NEED_ARG(s);
       if (strcmp(next, "memory") != 0 && strcmp(next, "comm") != 0 && strcmp(next, "schedule") != 0 &&
-          strcmp(next, "sharding") != 0 && strcmp(next, "time") != 0)
-        return usage_error("--report must be memory, comm, sharding, schedule or time, got '%s'", next);
+          strcmp(next, "sharding") != 0 && strcmp(next, "time") != 0 && strcmp(next, "kernels") != 0)
+        return usage_error("--report must be memory, comm, sharding, schedule, time or kernels, got '%s'", next);
       a->report = next;
       continue;
     }
@@ -551,8 +555,11 @@ static int parse_args(int argc, char **argv, Args *a) {
   if (time_report && !a->hw)
     return usage_error("%s", "--report time needs --hw NAME|FILE (a100-80gb, h100-sxm, h200, b200, or a file: hw/README.md)");
   int comm_report = a->report && strcmp(a->report, "comm") == 0;
-  if (a->hw && !time_report && !a->trace && !comm_report)
-    return usage_error("%s", "--hw goes with --report time, --report comm or --emit=trace");
+  int kernels_report = a->report && strcmp(a->report, "kernels") == 0;
+  if (a->hw && !time_report && !a->trace && !comm_report && !kernels_report)
+    return usage_error("%s", "--hw goes with --report time, --report comm, --report kernels or --emit=trace");
+  if (kernels_report && a->nsm > 1)
+    return usage_error("%s", "--report kernels takes one --target arch (its ptxas report gives the registers)");
   if (time_report && a->trace) return usage_error("%s", "--report time and --emit=trace: give one of them per run");
   /* Pass names are checked before the (possibly long) frontend runs. */
   char err[512];
@@ -1262,6 +1269,24 @@ static int report_time(const Args *a, const IrModule *m, StrBuf *out) {
   return rc != 0;
 }
 
+/* ---- --report kernels (tools/kreport.c) ---- */
+static int report_kernels(const Args *a, const IrModule *m, StrBuf *out) {
+  HwDesc hw;
+  char err[2048];
+  if (a->hw && hw_load(a->hw, &hw, err, sizeof err) != 0) { fprintf(stderr, "mcc: error: %s\n", err); return 1; }
+  if (a->nsm && !cg_nvrtc_available(err, sizeof err)) { fprintf(stderr, "mcc: --target: %s\n", err); return 1; }
+  Plan *p = make_plan(a->input, ir_module_clone(m));
+  if (!p) return 1;
+  int rc = 0;
+  for (int pi = 0; pi < p->nprograms && rc == 0; pi++)
+    if (kreport_program(p->programs[pi], pi, a->nsm ? a->sm[0] : 0, a->hw ? &hw : NULL, out, err, sizeof err) != 0) {
+      fprintf(stderr, "mcc: error: --report kernels: program %d: %s\n", pi, err);
+      rc = 1;
+    }
+  plan_free(p);
+  return rc;
+}
+
 /* ---- --report schedule, --emit=trace FILE ----
  * Partitions the frontend's forward block (passes/partition.c), builds
  * and checks every pipeline rank's schedule (plan/schedule.c), then
@@ -1739,7 +1764,8 @@ int main(int argc, char **argv) {
   } else if (a.report) {                 /* an analysis, no plan */
     StrBuf b = {0};
     int r = strcmp(a.report, "memory") == 0 ? report_memory(&a, m, &b)
-          : strcmp(a.report, "time") == 0  ? report_time(&a, m, &b) : report_comm(&a, m, &b);
+          : strcmp(a.report, "time") == 0  ? report_time(&a, m, &b)
+          : strcmp(a.report, "kernels") == 0 ? report_kernels(&a, m, &b) : report_comm(&a, m, &b);
     rc = r != 0 ? 1 : emit_text(a.output, &b);
     sb_free(&b);
   } else if (a.llvm_dir) {

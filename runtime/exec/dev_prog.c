@@ -18,6 +18,7 @@
  * layer shares one function), named <op>_<hash>. */
 #include "rt_priv.h"
 #include "dev_priv.h"
+#include "plan/flops.h"
 
 /* Whether op's node runs in the communication layer. */
 int rt_dev_is_comm(IrOp op) {
@@ -236,13 +237,18 @@ void rt_dev_plan_free(RtDevPlan *P) {
   free(P);
 }
 
-int rt_cuda_module_build(const IrModule *m, RtCudaModule *out, char *err, size_t errlen) {
-  memset(out, 0, sizeof *out);
+/* The kernel planning of m for a device, no device open (cuda mode). */
+static RtJit *cuda_planning(const IrModule *m, char *err, size_t errlen) {
   RtExecOpts o = rt_exec_default();
   o.backend = RT_BACKEND_LLVM;
   o.cuda = 1;
   o.dev = NULL;
-  RtJit *J = rt_jit_new(m, &o, err, errlen);
+  return rt_jit_new(m, &o, err, errlen);
+}
+
+int rt_cuda_module_build(const IrModule *m, RtCudaModule *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  RtJit *J = cuda_planning(m, err, errlen);
   if (!J) return -1;
   RtDevPlan *P = rt_dev_plan_new(m, J, NULL, err, errlen);
   rt_jit_free(J);
@@ -250,6 +256,123 @@ int rt_cuda_module_build(const IrModule *m, RtCudaModule *out, char *err, size_t
   *out = P->mod;
   memset(&P->mod, 0, sizeof P->mod);
   rt_dev_plan_free(P);
+  return 0;
+}
+
+/* ---- launch sites (mcc --report kernels) ---- */
+
+static double value_bytes(const IrBlock *b, int id) {
+  const IrType *t = &b->nodes[id].type;
+  return (double)ir_type_numel(t) * (double)ir_dtype_size(t->dtype);
+}
+
+/* A site of node i of block b: where it is, its launch. */
+static RtCudaKernelUse kernel_use(const IrBlock *b, int i, const CgCudaLaunch *l, int lib) {
+  RtCudaKernelUse u;
+  memset(&u, 0, sizeof u);
+  snprintf(u.name, sizeof u.name, "%s", l->name);
+  snprintf(u.where, sizeof u.where, "block %s, %%%d = %s", b->name, i, ir_ops[b->nodes[i].op].name);
+  u.block = b->name;
+  u.lib = lib;
+  u.blocks = l->blocks;
+  u.threads = l->threads;
+  u.launches = 1;
+  return u;
+}
+
+/* Operand and result bytes of node i, and its FLOPs (attention's, else
+ * one per result element). */
+static void node_cost(const IrBlock *b, int i, double *bytes, double *flops) {
+  const IrNode *nd = &b->nodes[i];
+  *bytes = value_bytes(b, i);
+  for (int j = 0; j < nd->nin; j++) *bytes += value_bytes(b, nd->in[j]);
+  double af = plan_attn_flops(b, nd, 0);
+  *flops = af > 0 ? af : (double)ir_type_numel(&nd->type);
+}
+
+int rt_cuda_kernel_uses(const IrModule *m, RtCudaModule *mod, RtCudaKernelUse **uses, int *n, char *err,
+                        size_t errlen) {
+  *uses = NULL;
+  *n = 0;
+  if (mod) memset(mod, 0, sizeof *mod);
+  RtJit *J = cuda_planning(m, err, errlen);
+  if (!J) return -1;
+  /* the memory plans as the executor makes them: reshapes that alias launch nothing */
+  int nb = m->blocks.n ? m->blocks.n : 1;
+  MemPlan *mp = ts_xcalloc((size_t)nb, sizeof *mp);
+  const MemPlan **plans = ts_xcalloc((size_t)nb, sizeof *plans);
+  int rc = 0;
+  for (int bi = 0; bi < m->blocks.n && rc == 0; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    int *at = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *at);
+    plan_mem_group_at(b, at);
+    rc = plan_mem_block_at(m, bi, at, &mp[bi], err, errlen);
+    free(at);
+    plans[bi] = &mp[bi];
+  }
+  RtDevPlan *P = rc == 0 ? rt_dev_plan_new(m, J, plans, err, errlen) : NULL;
+  VEC(RtCudaKernelUse) v = {0};
+  for (int bi = 0; P && bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    const RtJitBlock *jb = rt_jit_block(J, bi);
+    for (int i = 0; i < b->n; i++) {
+      /* a value sharing its operand's bytes runs nothing (rt.c walk_block) */
+      if (mp[bi].view[i] || (mp[bi].buf[i] >= 0 && mp[bi].buf[i] != i)) continue;
+      const RtJitKernel *K = jb && jb->kern[i] >= 0 ? &jb->k.a[jb->kern[i]] : NULL;
+      if (P->blk[bi].kind[i] == RT_DS_KERNEL && K && K->at == i && !K->attn_grads && !K->gemm_mm && !K->accum_from &&
+          K->cl.name[0]) {
+        RtCudaKernelUse u = kernel_use(b, i, &K->cl, 0);
+        if (K->adamw) {   /* per tensor: param, m, v read and written, the gradient read */
+          u.launches = 0;
+          for (int j = 0; j < K->nrun; j++)
+            for (int h = 0; h < 2; h++) {
+              int64_t c = K->ccnt ? K->ccnt[2 * j + h] : 0;
+              if (c <= 0) continue;
+              u.launches++;
+              double es = (double)ir_dtype_size(b->nodes[K->run[j]].type.dtype);
+              u.bytes += 7.0 * es * (double)c;
+              u.flops += 15.0 * (double)c;
+            }
+        } else {
+          for (int j = 0; j < K->io.nin; j++) u.bytes += value_bytes(b, K->io.in[j]);
+          for (int j = 0; j < K->io.nout; j++) u.bytes += value_bytes(b, K->io.out[j]);
+          for (int g = 0; g <= i; g++)   /* the group's members: one flop per element each */
+            if (g == i || (b->nodes[i].group > 0 && b->nodes[g].group == b->nodes[i].group))
+              u.flops += (double)ir_type_numel(&b->nodes[g].type);
+        }
+        VEC_PUSH(v, u);
+      }
+      int li = P->blk[bi].lib[i];
+      if (li < 0 || (P->blk[bi].kind[i] != RT_DS_LIB && P->blk[bi].kind[i] != RT_DS_KERNEL)) continue;
+      const RtDevLib *L = &P->lib.a[li];
+      double bytes = 0, flops = 0;
+      if (K && K->attn_grads)   /* one attention's backward parts, at the last */
+        for (int j = 0; j < K->nrun; j++) {
+          double bb, ff;
+          node_cost(b, K->run[j], &bb, &ff);
+          bytes += bb;
+          flops += ff;
+        }
+      else node_cost(b, i, &bytes, &flops);
+      for (int j = 0; j < L->nl; j++) {   /* the node's costs on its first launch */
+        RtCudaKernelUse u = kernel_use(b, i, &L->l[j], 1);
+        if (j == 0) u.bytes = bytes, u.flops = flops;
+        VEC_PUSH(v, u);
+      }
+    }
+  }
+  for (int bi = 0; bi < m->blocks.n; bi++) plan_mem_free(&mp[bi]);
+  free(mp);
+  free(plans);
+  if (!P) { rt_jit_free(J); return -1; }
+  if (mod) {
+    *mod = P->mod;
+    memset(&P->mod, 0, sizeof P->mod);
+  }
+  rt_dev_plan_free(P);
+  rt_jit_free(J);
+  *uses = v.a;
+  *n = v.n;
   return 0;
 }
 

@@ -31,6 +31,25 @@ typedef struct {
  * with a message naming the first node no device can run. */
 int rt_cuda_module_build(const IrModule *m, RtCudaModule *out, char *err, size_t errlen);
 void rt_cuda_module_free(RtCudaModule *cm);
+/* One launch site of a kernel in the CUDA form of a rank program: what
+ * `mcc --report kernels` lists (a roofline per launch). */
+typedef struct {
+  char name[80];        /* the kernel's symbol in the module */
+  char where[128];      /* "block micro, %12 = softmax" */
+  const char *block;    /* its block (interned) */
+  int lib;              /* 1: a library kernel (attention, MoE, cuda_lib), 0: generated */
+  int64_t blocks;       /* the launch: gridDim.x x blockDim.x */
+  int threads;
+  int launches;         /* launches of it per run of the block at this site (AdamW: one per tensor part) */
+  double bytes;         /* global memory read and written by them: operands and results, each once */
+  double flops;         /* arithmetic: attention's plan_attn_flops; one per element per node otherwise
+                           (AdamW: 15 per element) */
+} RtCudaKernelUse;
+/* Every launch site of m's CUDA form (the module as rt_cuda_module_build
+ * builds it; *mod gets it when not NULL), in block and node order.  0, or
+ * -1 with a message. */
+int rt_cuda_kernel_uses(const IrModule *m, RtCudaModule *mod, RtCudaKernelUse **uses, int *n, char *err,
+                        size_t errlen);
 /* The kernel whose lines hold source line `line`, or NULL. */
 const RtCudaKernelInfo *rt_cuda_module_kernel_at(const RtCudaModule *cm, int line);
 

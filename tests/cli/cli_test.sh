@@ -165,7 +165,7 @@ parallel)
   [ -e "$TMP/h.plan" ] && fail "a plan with heads not divisible by tp was written"
   run 2 "$MCC" samples/gpt.mdl --steps 3 && has "$TMP/err" "--steps and --gpus go with --check"
   run 2 "$MCC" samples/gpt.mdl --check --report memory && has "$TMP/err" "do not go together"
-  run 2 "$MCC" samples/gpt.mdl --report speed && has "$TMP/err" "--report must be memory, comm, sharding, schedule or time"
+  run 2 "$MCC" samples/gpt.mdl --report speed && has "$TMP/err" "--report must be memory, comm, sharding, schedule, time or kernels"
   ;;
 options)
   run 0 "$MCC" samples/gpt.mdl $TINY_GPT --precision f64 --emit=ir &&
