@@ -55,7 +55,7 @@ static void usage(FILE *f) {
           "  --tp N                 tensor parallel size (default: the parallel block's, else 1)\n"
           "  --sp                   sequence parallelism (needs tp > 1)\n"
           "  --dp N                 data parallel size the update block and reports are built for\n"
-          "                         (default: the parallel block's, else 1; mrun adapts a plan to any dp)\n"
+          "                         (default: the parallel block's, else 1; mrun adapts a plan to any dp, pipelines too)\n"
           "  --no-zero              no distributed optimizer: every dp rank keeps whole Adam moments\n"
           "  --dp-bucket-size BYTES the dp gradient reduction in buckets of at least BYTES (K, M, G suffixes; default\n"
           "                         Megatron's 40M elements), each issued during the last micro batch's backward:\n"
