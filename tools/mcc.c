@@ -1256,7 +1256,11 @@ static int report_time(const Args *a, const IrModule *m, StrBuf *out) {
   Plan *p = make_plan(a->input, ir_module_clone(m));
   if (!p) return 1;
   char lay[128];
-  int rc = pass_time_report(p->programs, p->nprograms, &hw, model, layout_str(m, lay, sizeof lay), out, err, sizeof err);
+  /* the dp reduction as mrun will run it: --dp-bucket-size / --ddp-bucket-size, --no-overlap-grad-reduce */
+  TimeDpOpts dpo = {a->dp_bucket_elems ? a->dp_bucket_elems * (int64_t)ir_dtype_size(m->train.precision)
+                                       : a->dp_bucket_bytes, !a->no_overlap};
+  int rc = pass_time_report(p->programs, p->nprograms, &hw, model, layout_str(m, lay, sizeof lay), &dpo, out, err,
+                            sizeof err);
   if (rc != 0) fprintf(stderr, "mcc: error: %s\n", err);
   plan_free(p);
   return rc != 0;
