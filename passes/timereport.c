@@ -466,8 +466,8 @@ static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, dou
     step = busy[0] + upd[0];
   } else {
     int vpp = m0->par.vpp > 0 ? m0->par.vpp : 1, nch = pp * vpp;
-    PipeSchedKind kind = m0->par.sched > IR_PIPE_NONE && m0->par.sched < IR_PIPE_COUNT
-                             ? (PipeSchedKind)(m0->par.sched - 1) : PIPE_1F1B;
+    PipeSchedKind kind;
+    if (plan_pipe_program_sched(&m0->par, &kind) != 0) kind = PIPE_1F1B;
     PipeSchedule s;
     memset(&s, 0, sizeof s);
     double *f = ts_xcalloc((size_t)nch, sizeof *f), *bw = ts_xcalloc((size_t)nch, sizeof *bw);

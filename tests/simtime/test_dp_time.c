@@ -3,7 +3,7 @@
  * the comm stream during the last micro batch's run of the block that
  * completes them, and only what outlasts that run is exposed.  On a
  * hand-written module (micro: accum into grad.w, two 1024^3 GEMMs, accum
- * into grad.a; dp 2 without ZeRO) and the toy machine of test_simtime.c,
+ * into grad.a; dp 2 without ZeRO) and the toy machine of toy_hw.h,
  * with buckets of one gradient each:
  *   - grad.w's bucket (4 MiB all_reduce, 23 us) is issued before the GEMMs
  *     (86 us) and hidden; grad.a's, issued at the end, is exposed whole:
@@ -16,30 +16,9 @@
  *     2 x micro + update as pass_time_block costs them, no "last" row. */
 #include "passes/timereport.h"
 #include "tests/check.h"
+#include "toy_hw.h"
 #include <math.h>
 #include <stdlib.h>
-
-static const char *toy =
-    "name toy\n"
-    "peak fp32 100e12\n"
-    "gemm_efficiency fp32 0.5\n"
-    "attention_efficiency fp32 0.25\n"
-    "hbm_bytes 1e9\n"
-    "hbm_bandwidth 20e12\n"
-    "memory_efficiency 0.5\n"
-    "sms 4\n"
-    "gemm_tile_m 128\n"
-    "gemm_tile_n 128\n"
-    "gemm_tile_k 256\n"
-    "kernel_overhead 0\n"
-    "gpus_per_node 8\n"
-    "nvlink_bandwidth 400e9\n"
-    "nvlink_latency 1e-6\n"
-    "nvlink_efficiency 0.5\n"
-    "nics_per_node 4\n"
-    "nic_bandwidth 50e9\n"
-    "nic_latency 10e-6\n"
-    "nic_efficiency 1\n";
 
 /* micro: w's gradient complete at node 1; a's after the GEMMs (late = 1)
  * or before them (late = 0). */
