@@ -172,12 +172,19 @@ static double node_compute(const IrModule *m, const IrBlock *b, int i, const HwD
  * --no-overlap-grad-reduce, or another run of the block). */
 typedef struct { const PlanDpPlan *pl; int bi; int issue; } DpRun;
 
-/* Bucket k's collective over dp, as comm_time costs a dp collective of
- * the bucket's bytes. */
+/* A copy of `bytes` (read and write) at the memory's bandwidth: memcpy on
+ * a CPU rank, a device-to-device copy on a GPU; not a kernel of the
+ * executor's (whose efficiency is memory_efficiency). */
+static double copy_time(const HwDesc *hw, double bytes) { return hw->kernel_overhead + 2 * bytes / hw->hbm_bw; }
+
+/* Bucket bk on the comm stream: its gradients packed into its buffer,
+ * then its collective over dp, as comm_time costs a dp collective of the
+ * bucket's bytes. */
 static double bucket_time(const IrModule *m, const PlanDpBucket *bk, const HwDesc *hw) {
   int dp = ir_axis_size(m, IR_AXIS_DP);
   HwLink l = hw_link(hw, dp, axis_stride(m, IR_AXIS_DP));
-  return hw_coll_time(&l, bk->op == IR_OP_ALL_REDUCE ? HW_ALL_REDUCE : HW_REDUCE_SCATTER, dp, (double)bk->bytes);
+  return copy_time(hw, (double)bk->bytes) +
+         hw_coll_time(&l, bk->op == IR_OP_ALL_REDUCE ? HW_ALL_REDUCE : HW_REDUCE_SCATTER, dp, (double)bk->bytes);
 }
 
 /* 1 when node i of update block dr->bi is a dp collective the buckets did. */
@@ -236,7 +243,7 @@ static void time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, Hw
       if (o >= 0 && o < nn && ready[o] > w) { w = ready[o]; wax = rax[o]; }
     }
     if (bucketed(dr, i)) {   /* its bucket was reduced in the backward: the part copied out */
-      double tc = hw_mem_time(hw, 2 * tbytes(&n->type));
+      double tc = copy_time(hw, tbytes(&n->type));
       if (w > clock) WAIT(w, wax);
       c->comp[TIME_MEM] += tc;
       clock += tc;
