@@ -9,7 +9,9 @@
 # other two on GPUS ranks (dp TO).  Passes when the adapted run equals the
 # single-rank run (loss of every step and final parameters within TOL,
 # relative) and equals the run of the plan compiled at dp TO (within TOL;
-# the numbers printed are what it measured).
+# the numbers printed are what it measured).  And the adapted run posts as many dp
+# buckets (world rank 0's summary) as the compiled plan's run: the
+# overlapped reduction was rebuilt for dp TO too.
 #
 #   atdp.sh MCC MRUN PARAMS_DIFF WORK MDL TOL STEPS GPUS FROM TO [-D ...] -- [layout options]
 set -uo pipefail
@@ -25,10 +27,10 @@ run() { echo "+ $*"; "$@"; }
 run "$mcc" "$mdl" "${defs[@]}" --precision f64 -o single.plan || fail "mcc (single rank)"
 run "$mcc" "$mdl" "${defs[@]}" --precision f64 "${layout[@]}" --dp "$from" -o from.plan || fail "mcc at dp $from"
 run "$mcc" "$mdl" "${defs[@]}" --precision f64 "${layout[@]}" --dp "$to" -o to.plan || fail "mcc at dp $to"
-train() {   # train PLAN GPUS NAME
-  run timeout -k 5 150 "$mrun" "$1" --gpus "$2" --steps "$steps" --quiet --timeout 60 --metrics "$3.jsonl" \
-    --save-params "$3.bin" 2>&1 | grep -v "no GPU driver found"
-  [ "${PIPESTATUS[0]}" = 0 ] || fail "mrun $1 --gpus $2 failed"
+train() {   # train PLAN GPUS NAME: stdout (rank 0's summary) in NAME.out
+  run timeout -k 5 150 "$mrun" "$1" --gpus "$2" --steps "$steps" --timeout 60 --metrics "$3.jsonl" \
+    --save-params "$3.bin" >"$3.out" 2> >(grep -v "no GPU driver found" >&2)
+  [ $? = 0 ] || fail "mrun $1 --gpus $2 failed"
 }
 train single.plan 1 single
 train from.plan "$gpus" adapted
@@ -41,6 +43,13 @@ cmp_losses() {   # cmp_losses A B WHAT
           exit !(k == n && worst <= tol) }'
 }
 status=0
+# the rebuilt update block's dp reductions ran as buckets during the last
+# micro batch's backward (plan/dpreduce.c), as in the plan compiled at dp TO
+bk=$(sed -n 's/^mrun: dp reduction: \([0-9]*\) buckets.*/\1/p' adapted.out)
+want=$(sed -n 's/^mrun: dp reduction: \([0-9]*\) buckets.*/\1/p' direct.out)
+echo "atdp: dp reduction buckets on world rank 0: ${bk:-none} (plan compiled at dp $to: ${want:-none})"
+[ "$bk" = "$want" ] || { echo "atdp: the adapted run's dp buckets differ from the compiled plan's"; status=1; }
+if [ "$to" -gt 1 ] && [ -z "$bk" ]; then echo "atdp: no dp bucket at dp $to"; status=1; fi
 cmp_losses adapted.jsonl single.jsonl "dp $from -> $to against one rank" || status=1
 run "$pdiff" adapted.bin single.bin "$tol" || status=1
 cmp_losses adapted.jsonl direct.jsonl "dp $from -> $to against the plan compiled at dp $to" || status=1
