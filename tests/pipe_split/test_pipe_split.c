@@ -145,23 +145,37 @@ static void eval_case(IrModule *m, const char *what, int K, int sp, int tp) {
   CHECK(mm_eval == mm_fwd, "%s: %d matmuls in the eval blocks, %d in the forward blocks", what, mm_eval, mm_fwd);
 }
 
-static void split_case(const char *name, int layers, int pp, int vpp, int tp, int sp) {
-  char what[128];
-  snprintf(what, sizeof what, "%s layers=%d pp=%d vpp=%d tp=%d sp=%d", name, layers, pp, vpp, tp, sp);
-  /* the reference: the same model without pipeline, for matmul counts */
-  IrModule *ref = sample(name, layers, 1, 0, tp, sp);
-  IrModule *m = sample(name, layers, pp, vpp, tp, sp);
-  if (!ref || !m) { ir_module_free(ref); ir_module_free(m); return; }
+/* Splits `ref` into pipeline blocks, and `m` too (then, with `wsplit`, its
+ * backwards into B and W under zb-h1, verified).  1 when both worked; else
+ * 0 with a failed check, both modules freed (either may be NULL). */
+static int split_pair(IrModule *ref, IrModule *m, int wsplit, const char *what) {
+  if (!ref || !m) { ir_module_free(ref); ir_module_free(m); return 0; }
   PassCtx cx;
   pass_ctx_init(&cx);
   int ok = split(ref, &cx) == 0;
   CHECK(ok, "%s: reference: %s", what, cx.err);
   pass_ctx_free(&cx);
   pass_ctx_init(&cx);
-  ok = ok && split(m, &cx) == 0;
+  if (wsplit) m->par.sched = IR_PIPE_ZBH1;
+  ok = ok && split(m, &cx) == 0 && (!wsplit || pass_wsplit(m, &cx) == 0);
   CHECK(ok, "%s: %s", what, cx.err);
+  char err[1024];
+  if (ok && wsplit) {
+    ok = ir_verify(m, err, sizeof err) == 0;
+    CHECK(ok, "%s: verify after wsplit: %s", what, err);
+  }
   pass_ctx_free(&cx);
-  if (!ok) { ir_module_free(ref); ir_module_free(m); return; }
+  if (!ok) { ir_module_free(ref); ir_module_free(m); }
+  return ok;
+}
+
+static void split_case(const char *name, int layers, int pp, int vpp, int tp, int sp) {
+  char what[128];
+  snprintf(what, sizeof what, "%s layers=%d pp=%d vpp=%d tp=%d sp=%d", name, layers, pp, vpp, tp, sp);
+  /* the reference: the same model without pipeline, for matmul counts */
+  IrModule *ref = sample(name, layers, 1, 0, tp, sp);
+  IrModule *m = sample(name, layers, pp, vpp, tp, sp);
+  if (!split_pair(ref, m, 0, what)) return;
   int K = pp * vpp;
   CHECK(ir_block_find(m, "micro") < 0, "%s: micro still there", what);
   int mm_ref = count_op(&ref->blocks.a[ir_block_find(ref, "micro")], IR_OP_MATMUL), mm = 0;
@@ -248,23 +262,7 @@ static void wsplit_case(const char *name, int layers, int pp, int tp, int sp) {
   char what[128];
   snprintf(what, sizeof what, "wsplit %s layers=%d pp=%d tp=%d sp=%d", name, layers, pp, tp, sp);
   IrModule *ref = sample(name, layers, pp, 1, tp, sp), *m = sample(name, layers, pp, 1, tp, sp);
-  if (!ref || !m) { ir_module_free(ref); ir_module_free(m); return; }
-  PassCtx cx;
-  pass_ctx_init(&cx);
-  int ok = split(ref, &cx) == 0;
-  CHECK(ok, "%s: reference: %s", what, cx.err);
-  pass_ctx_free(&cx);
-  pass_ctx_init(&cx);
-  m->par.sched = IR_PIPE_ZBH1;
-  char err[1024];
-  ok = ok && split(m, &cx) == 0 && pass_wsplit(m, &cx) == 0;
-  CHECK(ok, "%s: %s", what, cx.err);
-  if (ok) {
-    ok = ir_verify(m, err, sizeof err) == 0;
-    CHECK(ok, "%s: verify after wsplit: %s", what, err);
-  }
-  pass_ctx_free(&cx);
-  if (!ok) { ir_module_free(ref); ir_module_free(m); return; }
+  if (!split_pair(ref, m, 1, what)) return;
   for (int g = 0; g < pp; g++) {
     char bn[32], wn[32], fn[32];
     snprintf(bn, sizeof bn, "bwd.%d", g), snprintf(wn, sizeof wn, "wgt.%d", g), snprintf(fn, sizeof fn, "fwd.%d", g);
