@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# simulator.sh [--build DIR] [--hw FILE] [--steps N] - the step-time model
+# simulator.sh [--build DIR] [--hw FILE] [--steps N] [--only REGEX] - the step-time model
 # (mcc --report time, docs/performance-model.md) against what mrun's CPU
 # ranks measure, side by side in one run (issue 23, deliverable 5).
 #
@@ -14,15 +14,18 @@
 # rankings, and how far the auto-layout's choice is from the fastest
 # measured layout.  Two 1-rank rows follow as a reference (one rank alone
 # on the machine has the memory and caches to itself: not what the
-# description describes).
+# description describes).  --only REGEX runs only the rows whose name
+# matches (e.g. 'dp=2' after a change to how dp is modelled; "auto" for the
+# auto-layout's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=build hw="" steps=12
+build=build hw="" steps=12 only=
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift ;;
     --hw) hw=$2; shift ;;
     --steps) steps=$2; shift ;;
+    --only) only=$2; shift ;;
     *) echo "simulator.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -43,6 +46,7 @@ printf '%-26s %5s %12s %12s %8s\n' layout ranks "predicted s" "measured s" error
 # row NAME RANKS MODEL FLAGS...
 row() {
   local name=$1 n=$2; shift 2
+  if [ -n "$only" ] && ! [[ "$name" =~ $only ]]; then return; fi
   # shellcheck disable=SC2086
   "$build/mcc" $1 "${@:2}" --precision f32 -o "$TMP/p.plan" 2>"$TMP/err" || { echo "$name: $(cat "$TMP/err")"; return; }
   local pred meas
@@ -73,10 +77,12 @@ row "moe ep=2" 2 "$MOE" --ep 2
 row "moe dp=2" 2 "$MOE"
 row "moe tp=2" 2 "$MOE" --tp 2
 # the layout mcc --auto-layout picks for 2 ranks on this description, trained
+if [ -z "$only" ] || [[ auto =~ $only ]]; then
 "$build/mcc" $GPT --precision f32 --auto-layout --gpus 2 --hw "$hw" -o "$TMP/auto.plan" > "$TMP/auto.txt" 2>&1 || cat "$TMP/auto.txt"
 auto=$(sed -n 's/^chosen: \(.*\) (mcc flags: \(.*\))$/\2/p' "$TMP/auto.txt")
 # shellcheck disable=SC2086
-[ -n "$auto" ] && row "auto: $(sed -n 's/^chosen: \(.*\) (mcc flags.*/\1/p' "$TMP/auto.txt" | sed 's/ recompute=none//')" 2 "$GPT" $auto
+[ -n "$auto" ] && only="" row "auto: $(sed -n 's/^chosen: \(.*\) (mcc flags.*/\1/p' "$TMP/auto.txt" | sed 's/ recompute=none//')" 2 "$GPT" $auto
+fi
 echo "# reference, not in the error: one rank alone on the machine (the description is of ranks running side by side)"
 : > "$TMP/rows.ref"
 mv "$TMP/rows" "$TMP/rows.keep"
@@ -87,6 +93,8 @@ python3 - "$TMP/rows" <<'PY'
 import sys
 rows = [l.split() for l in open(sys.argv[1])]
 rows = [(" ".join(r[:-2]), float(r[-2]), float(r[-1])) for r in rows]
+if not rows:
+    sys.exit(0)
 worst = max(abs(p - m) / m for _, p, m in rows)
 print("largest error: %.1f%% over %d layouts of 2 ranks" % (100 * worst, len(rows)))
 gpt = [r for r in rows if not r[0].startswith("moe") and not r[0].startswith("auto")]

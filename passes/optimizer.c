@@ -61,7 +61,12 @@
  *
  * pass_respecialize_dp (mrun running a plan at another dp than it was
  * compiled for) drops the update block and the moments and runs this pass
- * and dce again.  It refuses pipeline modules (recompile with --dp). */
+ * and dce again.  A pipeline rank's program (stage = r + 1) gets update.<r>
+ * again, as "update": which of its gradients other ranks hold is read from
+ * its old block's group_sums (the program has only r's chunks), and its
+ * moments are made in the whole-model module's order, so the program
+ * equals the one compiled at that dp.  The whole-model pipeline module is
+ * refused (mrun respecializes the rank programs). */
 #include "passes.h"
 
 #define DP_BIT (1u << IR_AXIS_DP)
@@ -549,9 +554,31 @@ static uint64_t *pipe_state_ranks(IrModule *m, PassCtx *cx, int pp) {
   return use;
 }
 
-int pass_optimizer(IrModule *m, PassCtx *cx) {
+/* A pipeline rank's program (stage = r + 1) rebuilt for another dp: its
+ * moments in the order the whole-model module made them (update.0's
+ * parameters first, then update.1's new ones, ...: by the lowest rank
+ * holding the gradient, then state order), so that the program equals the
+ * one cut from a module compiled at this dp (pipeline_rank.c keeps states
+ * in their order).  adamw finds them and re-types nothing. */
+static int stage_moments(IrModule *m, PassCtx *cx, const Grad *grads, int ng, const Mesh *ms, int pp) {
+  Em e = {m, cx, -1, 0};
+  for (int low = 0; low < pp; low++)
+    for (int k = 0; k < ng && !e.failed; k++) {
+      if ((grads[k].ranks & -grads[k].ranks) != 1ull << low) continue;
+      moment_state(&e, &grads[k], ms, IR_STATE_ADAM_M, "adam_m");
+      if (!e.failed) moment_state(&e, &grads[k], ms, IR_STATE_ADAM_V, "adam_v");
+    }
+  return e.failed ? -1 : 0;
+}
+
+/* pass_optimizer, and (stage_ranks != NULL) the update block "update" of
+ * one pipeline rank's program (stage = r + 1), for pass_respecialize_dp:
+ * stage_ranks[s] is the pp coordinates holding grad state s, which the
+ * program alone cannot tell (the other ranks' chunks are not in it). */
+static int optimizer_run(IrModule *m, PassCtx *cx, const uint64_t *stage_ranks) {
   int pp = ir_axis_size(m, IR_AXIS_PP);
-  int pipe = pp > 1 && m->par.stage == 0;
+  int stage_prog = pp > 1 && m->par.stage > 0;
+  int pipe = pp > 1 && (m->par.stage == 0 || stage_ranks);
   if (pp > 1 && !pipe) {
     snprintf(cx->err, sizeof cx->err, "optimizer: this is the program of pipeline rank %d (stage=%d); the update "
              "blocks are built on the whole-model module (stage=0)", m->par.stage - 1, m->par.stage);
@@ -595,6 +622,13 @@ int pass_optimizer(IrModule *m, PassCtx *cx) {
   int rc = 0;
   if (!pipe) {
     rc = build_update(m, cx, "update", grads, ng, &ms);
+  } else if (stage_prog) {
+    for (int k = 0; k < ng; k++) {
+      grads[k].ranks = stage_ranks[grads[k].g];
+      grads[k].in_norm = (grads[k].ranks & ((1ull << (m->par.stage - 1)) - 1)) == 0;
+    }
+    rc = stage_moments(m, cx, grads, ng, &ms, pp);
+    if (rc == 0) rc = build_update(m, cx, "update", grads, ng, &ms);
   } else {
     /* a gradient belongs to the ranks reading its parameter or accumulating
      * into it; one that no chunk uses goes to rank 0 */
@@ -626,6 +660,8 @@ int pass_optimizer(IrModule *m, PassCtx *cx) {
   }
   return 0;
 }
+
+int pass_optimizer(IrModule *m, PassCtx *cx) { return optimizer_run(m, cx, NULL); }
 
 /* ---- pass_respecialize_dp ---- */
 
@@ -665,19 +701,56 @@ static void block_insert(IrModule *m, int bi, const IrBlock *b) {
   m->blocks.a[bi] = *b;
 }
 
+/* A pipeline rank's program (stage = r + 1): the pp coordinates holding
+ * each of its gradients, into ranks[state].  The program has only r's
+ * chunks, but its update block says which gradients other ranks hold too:
+ * the group_sum ~axis=pp ranks=MASK that sums such a gradient over its
+ * holders, straight from the state (grad_value); every other gradient is
+ * r's alone.  0, or -1 with a message. */
+static int stage_grad_ranks(const IrModule *m, int ub, uint64_t *ranks, char *err, size_t errlen) {
+  int pp = ir_axis_size(m, IR_AXIS_PP), r = m->par.stage - 1;
+  if (pp > PP_MAX_MASK_RANKS || r < 0 || r >= pp)
+    return ts_errf(err, errlen, "the program says stage=%d of pp=%d (at most %d pipeline ranks)", m->par.stage, pp,
+                   PP_MAX_MASK_RANKS);
+  for (int s = 0; s < m->states.n; s++) ranks[s] = m->states.a[s].kind == IR_STATE_GRAD ? 1ull << r : 0;
+  const IrBlock *b = &m->blocks.a[ub];
+  for (int i = 0; i < b->n; i++) {
+    const IrNode *nd = &b->nodes[i];
+    if (nd->op != IR_OP_GROUP_SUM || nd->ia[0] != IR_AXIS_PP) continue;
+    const IrNode *x = &b->nodes[nd->in[0]];
+    int64_t s = x->op == IR_OP_STATE ? x->ia[0] : -1;
+    uint64_t mask = (uint64_t)nd->ia[1];
+    if (s < 0 || s >= m->states.n || m->states.a[s].kind != IR_STATE_GRAD) continue;
+    if (!(mask & (1ull << r)) || (mask >> pp) != 0)
+      return ts_errf(err, errlen, "block update, node %d: group_sum of @%s over pp ranks=%lld, which is not a set of "
+                     "the pp=%d ranks containing this program's rank %d", i, m->states.a[s].name, (long long)nd->ia[1],
+                     pp, r);
+    ranks[s] = mask;
+  }
+  return 0;
+}
+
 int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
   if (dp < 1 || dp > (1 << 20)) return ts_errf(err, errlen, "respecialize: dp=%d is out of range (1 .. 2^20)", dp);
-  /* a pipeline rank's program holds only its chunks: its update block
-   * cannot be rebuilt without the other ranks' (group_sum masks, the norm) */
-  if (ir_axis_size(m, IR_AXIS_PP) > 1)
-    return ts_errf(err, errlen, "respecialize to dp=%d: this is a pipeline plan (pp=%d), compiled for dp=%d; a "
-                   "pipeline plan cannot be adapted to another dp at run time: recompile it with mcc --dp %d",
-                   dp, ir_axis_size(m, IR_AXIS_PP), ir_axis_size(m, IR_AXIS_DP), dp);
+  /* the whole-model module has one update block per pipeline rank; mrun
+   * runs (and respecializes) the rank programs cut from it */
+  if (ir_axis_size(m, IR_AXIS_PP) > 1 && m->par.stage == 0)
+    return ts_errf(err, errlen, "respecialize to dp=%d: this is a whole-model pipeline module (pp=%d, stage=0); "
+                   "respecialize the programs of its pipeline ranks (pass_pipeline_rank_module), as mrun does, or "
+                   "compile it with mcc --dp %d", dp, ir_axis_size(m, IR_AXIS_PP), dp);
   int ub = ir_block_find(m, "update");
   if (ub < 0) return ts_errf(err, errlen, "respecialize: the module has no block \"update\" (the optimizer pass did not run)");
   char why[512];
   int first = droppable_moments(m, ub, why, sizeof why);
   if (first < 0) return ts_errf(err, errlen, "respecialize to dp=%d: %s", dp, why);
+  uint64_t *ranks = NULL;
+  if (ir_axis_size(m, IR_AXIS_PP) > 1) {
+    ranks = ts_xcalloc((size_t)m->states.n + 1, sizeof *ranks);
+    if (stage_grad_ranks(m, ub, ranks, why, sizeof why) != 0) {
+      free(ranks);
+      return ts_errf(err, errlen, "respecialize to dp=%d: %s", dp, why);
+    }
+  }
 
   /* Detach the update block and the moments, keeping them to restore the
    * module if the optimizer refuses.  The old block's nodes stay in the
@@ -699,7 +772,7 @@ int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
     for (int i = 0; i < m->blocks.a[bi].n && !fused; i++) fused = m->blocks.a[bi].nodes[i].group > 0;
   PassCtx cx;
   pass_ctx_init(&cx);
-  int rc = pass_optimizer(m, &cx);
+  int rc = optimizer_run(m, &cx, ranks);
   int nb = rc == 0 ? ir_block_find(m, "update") : -1;
   if (nb >= 0 && nb != ub) {   /* back in its place, before the blocks later passes add (eval) */
     IrBlock b = m->blocks.a[nb];
@@ -722,5 +795,6 @@ int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
   }
   pass_ctx_free(&cx);
   free(mom);
+  free(ranks);
   return rc;
 }

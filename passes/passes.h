@@ -97,11 +97,14 @@ int pass_dce(IrModule *m, PassCtx *cx);
  * same code) */
 int pass_fuse(IrModule *m, PassCtx *cx);
 
-/* For a compiled module (micro + update) and another data-parallel size:
- * drops block "update" and the adam_m/adam_v states (refused unless they
- * are the last states and only "update" uses them), sets m->par.dp = dp,
- * re-runs optimizer and dce, verifies.  What mrun does to run a plan at a
- * dp it was not compiled for.  0 on success; -1 with a message, m unchanged. */
+/* For a compiled module (micro + update, or a pipeline rank's program:
+ * its chunks' blocks + update) and another data-parallel size: drops block
+ * "update" and the adam_m/adam_v states (refused unless they are the last
+ * states and only "update" uses them), sets m->par.dp = dp, re-runs
+ * optimizer and dce (and fuse when the plan was fused), verifies.  What
+ * mrun does to run a plan at a dp it was not compiled for.  A whole-model
+ * pipeline module (stage=0) is refused.  0 on success; -1 with a message,
+ * m unchanged. */
 int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen);
 
 /* FLOPs of computing node n of b once (passes/remat.c): a GEMM 2 M N K,

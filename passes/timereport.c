@@ -13,8 +13,14 @@
  * reduce_scatter run on a comm stream behind the compute issued before
  * them and are waited for by the first node that reads their result;
  * every other message (pipeline send/recv, all-to-all, ring steps) blocks.
- * What compute waits for is the exposed communication. */
+ * What compute waits for is the exposed communication.  The dp gradient
+ * reduction runs as mrun runs it (plan/dpreduce.h): in buckets issued on
+ * the comm stream during the last micro batch's run of the block that
+ * completes their gradients (micro, or a pipeline chunk's backward), which
+ * that run's end waits for; the update block then only copies each
+ * bucketed gradient's part out. */
 #include "timereport.h"
+#include "plan/dpreduce.h"
 #include "plan/schedule.h"
 #include "plan/flops.h"
 #include <math.h>
@@ -159,12 +165,43 @@ static double node_compute(const IrModule *m, const IrBlock *b, int i, const HwD
   return hw_mem_time(hw, by);
 }
 
+/* The overlapped dp reduction's part in one run of block bi (dpreduce.h):
+ * `issue` (the writer block's last micro batch) posts the buckets whose
+ * writer it is; in their update block, a bucketed gradient's dp collective
+ * is a copy of its part out of the bucket.  NULL: none (one rank, dp = 1,
+ * --no-overlap-grad-reduce, or another run of the block). */
+typedef struct { const PlanDpPlan *pl; int bi; int issue; } DpRun;
+
+/* A copy of `bytes` (read and write) at the memory's bandwidth: memcpy on
+ * a CPU rank, a device-to-device copy on a GPU; not a kernel of the
+ * executor's (whose efficiency is memory_efficiency). */
+static double copy_time(const HwDesc *hw, double bytes) { return hw->kernel_overhead + 2 * bytes / hw->hbm_bw; }
+
+/* Bucket bk on the comm stream: its gradients packed into its buffer,
+ * then its collective over dp, as comm_time costs a dp collective of the
+ * bucket's bytes. */
+static double bucket_time(const IrModule *m, const PlanDpBucket *bk, const HwDesc *hw) {
+  int dp = ir_axis_size(m, IR_AXIS_DP);
+  HwLink l = hw_link(hw, dp, axis_stride(m, IR_AXIS_DP));
+  return copy_time(hw, (double)bk->bytes) +
+         hw_coll_time(&l, bk->op == IR_OP_ALL_REDUCE ? HW_ALL_REDUCE : HW_REDUCE_SCATTER, dp, (double)bk->bytes);
+}
+
+/* 1 when node i of update block dr->bi is a dp collective the buckets did. */
+static int bucketed(const DpRun *dr, int i) {
+  for (int j = 0; dr && j < dr->pl->ng; j++)
+    if (dr->pl->g[j].ublock == dr->bi && dr->pl->g[j].unode == i) return 1;
+  return 0;
+}
+
 /* Two streams, as the GPU executor runs a block: compute in program order;
  * an overlappable collective starts when the compute issued before it is
  * done and the comm stream is free, and compute waits for it only at the
  * first node that reads its result (or at the block's end).  The waits
- * are the exposed communication, charged to the axis waited for. */
-void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFormat fmt, TimeCost *c) {
+ * are the exposed communication, charged to the axis waited for.  dr: the
+ * dp buckets this run posts or reads (NULL: none). */
+static void time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFormat fmt, const DpRun *dr,
+                       TimeCost *c) {
   int nn = b->n, ngroups = 0;
   for (int i = 0; i < nn; i++) if (b->nodes[i].group > ngroups) ngroups = b->nodes[i].group;
   GroupTraffic g = {ts_xcalloc((size_t)nn + 1, 1), ts_xcalloc((size_t)nn + 1, sizeof(int)),
@@ -179,8 +216,9 @@ void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFo
   double *ready = ts_xcalloc((size_t)nn + 1, sizeof *ready);   /* when a value is there (collectives' results) */
   int *rax = ts_xmalloc(((size_t)nn + 1) * sizeof *rax);       /* the axis it waits for, -1 none */
   /* the comm stream's collectives, in order: [iv_s, iv_e) on axis iv_a */
-  double *iv_s = ts_xmalloc(((size_t)nn + 1) * sizeof *iv_s), *iv_e = ts_xmalloc(((size_t)nn + 1) * sizeof *iv_e);
-  int *iv_a = ts_xmalloc(((size_t)nn + 1) * sizeof *iv_a), niv = 0, iv_lo = 0;
+  size_t niv_max = (size_t)nn + (dr ? (size_t)dr->pl->nb : 0) + 1;
+  double *iv_s = ts_xmalloc(niv_max * sizeof *iv_s), *iv_e = ts_xmalloc(niv_max * sizeof *iv_e);
+  int *iv_a = ts_xmalloc(niv_max * sizeof *iv_a), niv = 0, iv_lo = 0;
   double clock = 0, comm_free = 0;
 /* compute waits from `clock` to `until`: each collective running meanwhile
  * is charged its share, the rest (none when the stream is busy) to `ax` */
@@ -203,6 +241,13 @@ void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFo
     for (int j = 0; j < n->nin; j++) {
       int o = n->in[j];
       if (o >= 0 && o < nn && ready[o] > w) { w = ready[o]; wax = rax[o]; }
+    }
+    if (bucketed(dr, i)) {   /* its bucket was reduced in the backward: the part copied out */
+      double tc = copy_time(hw, tbytes(&n->type));
+      if (w > clock) WAIT(w, wax);
+      c->comp[TIME_MEM] += tc;
+      clock += tc;
+      continue;
     }
     int ax;
     double t = comm_time(m, b, n, hw, &ax);
@@ -233,6 +278,15 @@ void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFo
     if (w > clock) WAIT(w, wax);
     c->comp[kind] += tc;
     clock += tc;
+    /* the buckets node i completes, posted on the comm stream in order */
+    for (int k = 0; dr && dr->issue && k < dr->pl->nb; k++) {
+      const PlanDpBucket *bk = &dr->pl->b[k];
+      if (bk->wblock != dr->bi || bk->at != i) continue;
+      double t = bucket_time(m, bk, hw), st = clock > comm_free ? clock : comm_free;
+      c->comm_all[IR_AXIS_DP] += t;
+      comm_free = st + t;
+      iv_s[niv] = st, iv_e[niv] = comm_free, iv_a[niv++] = IR_AXIS_DP;
+    }
   }
   if (comm_free > clock) WAIT(comm_free, -1);   /* the block ends when its collectives do */
 #undef WAIT
@@ -244,6 +298,10 @@ void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFo
   free(g.leaves);
   free(g.seen_in);
   free(g.launched);
+}
+
+void pass_time_block(const IrModule *m, const IrBlock *b, const HwDesc *hw, HwFormat fmt, TimeCost *c) {
+  time_block(m, b, hw, fmt, NULL, c);
 }
 
 double pass_time_model_flops(const IrModule *f) {
@@ -304,21 +362,43 @@ static void row_print(StrBuf *out, const char *label, int64_t runs, const TimeCo
 /* Both entry points: the text goes to out when it is not NULL, the
  * figures to pred when it is not NULL. */
 static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, double model_flops_micro,
-                       const char *layout, StrBuf *out, TimePrediction *pred, char *err, size_t errlen);
+                       const char *layout, const TimeDpOpts *dpo, StrBuf *out, TimePrediction *pred, char *err,
+                       size_t errlen);
 
 int pass_time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, double model_flops_micro,
-                     const char *layout, StrBuf *out, char *err, size_t errlen) {
-  return time_report(progs, nprogs, hw, model_flops_micro, layout, out, NULL, err, errlen);
+                     const char *layout, const TimeDpOpts *dp, StrBuf *out, char *err, size_t errlen) {
+  return time_report(progs, nprogs, hw, model_flops_micro, layout, dp, out, NULL, err, errlen);
 }
 
 int pass_time_predict(IrModule *const *progs, int nprogs, const HwDesc *hw, double model_flops, TimePrediction *p,
                       char *err, size_t errlen) {
   memset(p, 0, sizeof *p);
-  return time_report(progs, nprogs, hw, model_flops, "", NULL, p, err, errlen);
+  return time_report(progs, nprogs, hw, model_flops, "", NULL, NULL, p, err, errlen);
+}
+
+/* 1 when some bucket of pl is posted by block bi. */
+static int posts_buckets(const PlanDpPlan *pl, int bi) {
+  for (int k = 0; k < pl->nb; k++)
+    if (pl->b[k].wblock == bi) return 1;
+  return 0;
+}
+
+static void report_free(TimeRow *rows, int *row_prog, char **row_names, int nrows_max, double *busy, double *upd,
+                        double *last_extra, PlanDpPlan *dpl, int nprogs) {
+  for (int k = 0; k < nrows_max; k++) free(row_names[k]);
+  for (int r = 0; r < nprogs; r++) plan_dp_free(&dpl[r]);
+  free(rows);
+  free(row_prog);
+  free(row_names);
+  free(busy);
+  free(upd);
+  free(last_extra);
+  free(dpl);
 }
 
 static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, double model_flops_micro,
-                       const char *layout, StrBuf *out, TimePrediction *pred, char *err, size_t errlen) {
+                       const char *layout, const TimeDpOpts *dpo, StrBuf *out, TimePrediction *pred, char *err,
+                       size_t errlen) {
   const IrModule *m0 = progs[0];
   int pp = ir_axis_size(m0, IR_AXIS_PP), dp = ir_axis_size(m0, IR_AXIS_DP);
   int64_t gpus = 1;
@@ -328,25 +408,55 @@ static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, dou
   HwFormat fmt = hw_format_of(ir_train_dtype(&m0->train), 0);
   double peak = hw->peak[fmt] > 0 ? hw->peak[fmt] : hw->peak[HW_FP32];
 
-  /* every program's blocks, per run */
+  /* the overlapped dp reduction's buckets, per program, as mrun makes them
+   * (none with --no-overlap-grad-reduce: the update block reduces) */
+  int overlap = dp > 1 && (!dpo || dpo->overlap);
+  PlanDpPlan *dpl = ts_xcalloc((size_t)nprogs, sizeof *dpl);
+  for (int r = 0; overlap && r < nprogs; r++)
+    if (plan_dp_buckets(progs[r], dpo ? dpo->bucket_bytes : 0, &dpl[r], err, errlen) != 0) {
+      for (int q = 0; q < r; q++) plan_dp_free(&dpl[q]);
+      free(dpl);
+      return -1;
+    }
+
+  /* every program's blocks, per run; a block posting buckets has its last
+   * micro batch's run as a row of its own ("<block> last") */
   int nrows_max = 0;
-  for (int r = 0; r < nprogs; r++) nrows_max += progs[r]->blocks.n;
+  for (int r = 0; r < nprogs; r++) nrows_max += 2 * progs[r]->blocks.n;
   TimeRow *rows = ts_xcalloc((size_t)nrows_max + 1, sizeof *rows);
   int *row_prog = ts_xcalloc((size_t)nrows_max + 1, sizeof *row_prog), nrows = 0;
+  char **row_names = ts_xcalloc((size_t)nrows_max + 1, sizeof *row_names);
   double hw_flops_step = 0;   /* summed over all ranks: a program runs on gpus / nprogs ranks */
+  double *last_extra = ts_xcalloc((size_t)nprogs, sizeof *last_extra);   /* last runs' time beyond a plain run */
   int axes_used[IR_AXIS_COUNT] = {0};
   for (int r = 0; r < nprogs; r++)
     for (int i = 0; i < progs[r]->blocks.n; i++) {
       const IrBlock *b = &progs[r]->blocks.a[i];
       int64_t runs = runs_of(b, nmicro);
       if (!runs) continue;
-      TimeRow *w = &rows[nrows];
-      w->name = b->name;
-      w->runs = runs;
-      pass_time_block(progs[r], b, hw, fmt, &w->per_run);
-      for (int a = 0; a < IR_AXIS_COUNT; a++) if (w->per_run.comm_all[a] > 0) axes_used[a] = 1;
-      hw_flops_step += w->per_run.hw_flops * (double)runs * (double)(gpus / nprogs);
-      row_prog[nrows++] = r;
+      DpRun dr = {&dpl[r], i, 0};
+      int posts = dpl[r].nb > 0 && runs == nmicro && posts_buckets(&dpl[r], i);
+      TimeCost plain = {0};
+      for (int last = 0; last <= posts; last++) {
+        TimeRow *w = &rows[nrows];
+        memset(w, 0, sizeof *w);
+        w->name = b->name;
+        w->runs = posts ? (last ? 1 : runs - 1) : runs;
+        dr.issue = last;
+        time_block(progs[r], b, hw, fmt, dpl[r].nb > 0 ? &dr : NULL, &w->per_run);
+        if (last) {
+          row_names[nrows] = ts_xmalloc(strlen(b->name) + 8);
+          sprintf(row_names[nrows], "%s last", b->name);
+          w->name = row_names[nrows];
+          last_extra[r] += time_cost_total(&w->per_run) - time_cost_total(&plain);
+        } else {
+          plain = w->per_run;
+        }
+        if (!w->runs) continue;   /* one micro batch: its only run is the last */
+        for (int a = 0; a < IR_AXIS_COUNT; a++) if (w->per_run.comm_all[a] > 0) axes_used[a] = 1;
+        hw_flops_step += w->per_run.hw_flops * (double)w->runs * (double)(gpus / nprogs);
+        row_prog[nrows++] = r;
+      }
     }
 
   /* the step: without pp, the blocks one after another; with pp, the
@@ -363,8 +473,8 @@ static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, dou
     step = busy[0] + upd[0];
   } else {
     int vpp = m0->par.vpp > 0 ? m0->par.vpp : 1, nch = pp * vpp;
-    PipeSchedKind kind = m0->par.sched > IR_PIPE_NONE && m0->par.sched < IR_PIPE_COUNT
-                             ? (PipeSchedKind)(m0->par.sched - 1) : PIPE_1F1B;
+    PipeSchedKind kind;
+    if (plan_pipe_program_sched(&m0->par, &kind) != 0) kind = PIPE_1F1B;
     PipeSchedule s;
     memset(&s, 0, sizeof s);
     double *f = ts_xcalloc((size_t)nch, sizeof *f), *bw = ts_xcalloc((size_t)nch, sizeof *bw);
@@ -387,13 +497,15 @@ static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, dou
     free(w);
     if (rc != 0) {
       plan_pipe_schedule_free(&s);
-      free(rows); free(row_prog); free(busy); free(upd);
+      report_free(rows, row_prog, row_names, nrows_max, busy, upd, last_extra, dpl, nprogs);
       return -1;
     }
+    /* the schedule runs every micro batch at a plain run's time; the last
+     * runs' waits for their buckets delay the rank's end (its last steps) */
     for (int r = 0; r < pp && r < nprogs; r++) {
       double end = 0;
       for (int i = 0; i < t.nsteps[r]; i++) if (t.end[r][i] > end) end = t.end[r][i];
-      if (end + upd[r] > step) { step = end + upd[r]; crit = r; }
+      if (end + last_extra[r] + upd[r] > step) { step = end + last_extra[r] + upd[r]; crit = r; }
     }
     double end = 0;
     for (int i = 0; i < t.nsteps[crit]; i++) if (t.end[crit][i] > end) end = t.end[crit][i];
@@ -422,10 +534,7 @@ static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, dou
     }
   }
   if (!out) {
-    free(rows);
-    free(row_prog);
-    free(busy);
-    free(upd);
+    report_free(rows, row_prog, row_names, nrows_max, busy, upd, last_extra, dpl, nprogs);
     return 0;
   }
   char b1[32], b2[32];
@@ -437,9 +546,14 @@ static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, dou
                  "# TB/s, collectives by NCCL's ring / tree alpha-beta model over NVLink inside a node of %d GPUs and\n"
                  "# the NICs across nodes.  all_reduce / all_gather / reduce_scatter overlap the compute after\n"
                  "# them until their result is read (the GPU executor's comm stream); the comm columns are the\n"
-                 "# exposed part.  Per rank; with pp the critical pipeline rank's blocks.\n",
+                 "# exposed part.  %s\n"
+                 "# Per rank; with pp the critical pipeline rank's blocks.\n",
             peak / 1e12, hw_format_name(fmt), hw->gemm_eff[fmt], hw->attention_eff[fmt], hw->mem_eff, hw->hbm_bw / 1e12,
-            hw->gpus_per_node);
+            hw->gpus_per_node,
+            dp < 2 ? "No dp gradient reduction (dp = 1)."
+            : overlap ? "The dp gradient reduction in buckets posted during the last micro batch's\n"
+                        "# backward as their gradients are final (\"<block> last\" rows), which that run's end waits for."
+                      : "The dp gradient reduction in the update block (--no-overlap-grad-reduce).");
   sb_printf(out, "  %-10s %6s %11s %11s %11s", "block", "runs", "GEMM", "attention", "memory");
   for (int a = 0; a < IR_AXIS_COUNT; a++)
     if (axes_used[a]) {
@@ -488,9 +602,6 @@ static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, dou
   sb_printf(out, "per GPU: %.2f TFLOP/s model, %.2f hardware; MFU %.1f%%, HFU %.1f%% of %.4g TFLOP/s (%s)\n", tflops / 1e12,
             hfu * peak / 1e12, 100 * mfu, 100 * hfu, peak / 1e12, hw_format_name(fmt));
   sb_printf(out, "step_time_s=%.6g tflops_per_gpu=%.4g mfu=%.4f hfu=%.4f\n", step, tflops / 1e12, mfu, hfu);
-  free(rows);
-  free(row_prog);
-  free(busy);
-  free(upd);
+  report_free(rows, row_prog, row_names, nrows_max, busy, upd, last_extra, dpl, nprogs);
   return 0;
 }

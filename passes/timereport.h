@@ -37,13 +37,26 @@ double pass_time_model_flops(const IrModule *frontend);
  * no chunk blocks (pp = 1). */
 int pass_time_chunks(const IrModule *m, const HwDesc *hw, int nchunks, double *fwd, double *bwd, double *wgt);
 
+/* The dp gradient reduction as mrun will run it (plan/dpreduce.h): in
+ * buckets of bucket_bytes (<= 0: plan_dp_bucket_default) issued during
+ * the last micro batch's backward, or (overlap 0, mrun
+ * --no-overlap-grad-reduce) in the update block as written.  NULL: the
+ * defaults, overlapped. */
+typedef struct { int64_t bucket_bytes; int overlap; } TimeDpOpts;
+
 /* The text of `mcc --report time`.  progs[r]: the program of pipeline rank
  * r (one program without pp), each compiled for the same mesh;
- * model_flops: pass_time_model_flops of the unsharded forward. */
+ * model_flops: pass_time_model_flops of the unsharded forward.  With dp >
+ * 1 and the reduction overlapped, a block that completes gradients has its
+ * last micro batch's run as its own row ("micro last", "bwd.<g> last"):
+ * the buckets posted on the comm stream as their gradients are final, the
+ * run ending when they are done; the update block copies their parts out
+ * instead of reducing. */
 int pass_time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, double model_flops, const char *layout,
-                     StrBuf *out, char *err, size_t errlen);
+                     const TimeDpOpts *dp, StrBuf *out, char *err, size_t errlen);
 
-/* The figures of that report, without the text (mcc --auto-layout). */
+/* The figures of that report, without the text (mcc --auto-layout; the dp
+ * reduction overlapped, default buckets, as mrun runs by default). */
 typedef struct {
   double step;                    /* predicted seconds per step */
   double bubble;                  /* pipeline bubble of the critical rank (s; 0 without pp) */

@@ -23,6 +23,14 @@ int plan_pipe_sched_lookup(const char *name) {
   return -1;
 }
 
+int plan_pipe_program_sched(const IrParallel *par, PipeSchedKind *kind) {
+  int vpp = par->vpp > 1 ? par->vpp : 1;
+  if (par->sched > IR_PIPE_NONE && par->sched < IR_PIPE_COUNT) *kind = (PipeSchedKind)(par->sched - 1);
+  else if (par->sched == IR_PIPE_NONE) *kind = vpp > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;   /* mcc's defaults */
+  else return -1;
+  return 0;
+}
+
 int plan_pipe_nmicro(const IrTrain *t, int dp, int *nmicro, char *err, size_t errlen) {
   if (dp < 1) dp = 1;
   int64_t per = t->micro_batch * (int64_t)dp;

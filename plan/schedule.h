@@ -36,6 +36,12 @@ typedef struct {
   PipeStep **steps;        /* [pp][nsteps[r]] in execution order */
 } PipeSchedule;
 
+/* The schedule a pipeline program runs, from its parallel line (mcc writes
+ * it; an older plan without one gets mcc's default: interleaved with vpp >
+ * 1, else 1f1b).  0, or -1 when the line names no schedule this build
+ * knows. */
+int plan_pipe_program_sched(const IrParallel *par, PipeSchedKind *kind);
+
 /* Micro batches per step of one dp rank: global_batch / (micro_batch * dp).
  * 0 with *nmicro set; -1 with a message naming the numbers when it does
  * not divide. */

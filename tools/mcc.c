@@ -56,7 +56,7 @@ static void usage(FILE *f) {
           "  --tp N                 tensor parallel size (default: the parallel block's, else 1)\n"
           "  --sp                   sequence parallelism (needs tp > 1)\n"
           "  --dp N                 data parallel size the update block and reports are built for\n"
-          "                         (default: the parallel block's, else 1; mrun adapts a plan to any dp)\n"
+          "                         (default: the parallel block's, else 1; mrun adapts a plan to any dp, pipelines too)\n"
           "  --no-zero              no distributed optimizer: every dp rank keeps whole Adam moments\n"
           "  --dp-bucket-size BYTES the dp gradient reduction in buckets of at least BYTES (K, M, G suffixes; default\n"
           "                         Megatron's 40M elements), each issued during the last micro batch's backward:\n"
@@ -1263,7 +1263,11 @@ static int report_time(const Args *a, const IrModule *m, StrBuf *out) {
   Plan *p = make_plan(a->input, ir_module_clone(m));
   if (!p) return 1;
   char lay[128];
-  int rc = pass_time_report(p->programs, p->nprograms, &hw, model, layout_str(m, lay, sizeof lay), out, err, sizeof err);
+  /* the dp reduction as mrun will run it: --dp-bucket-size / --ddp-bucket-size, --no-overlap-grad-reduce */
+  TimeDpOpts dpo = {a->dp_bucket_elems ? a->dp_bucket_elems * (int64_t)ir_dtype_size(m->train.precision)
+                                       : a->dp_bucket_bytes, !a->no_overlap};
+  int rc = pass_time_report(p->programs, p->nprograms, &hw, model, layout_str(m, lay, sizeof lay), &dpo, out, err,
+                            sizeof err);
   if (rc != 0) fprintf(stderr, "mcc: error: %s\n", err);
   plan_free(p);
   return rc != 0;

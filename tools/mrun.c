@@ -20,10 +20,15 @@
  *     the world size must equal N (N defaults to the world size).
  * The mesh is the plan's tp, pp, cp, ep and dp = N / (tp*pp*cp*ep); a plan
  * compiled for another dp gets its update block rebuilt for this dp
- * (pass_respecialize_dp), except a pipeline plan (pp > 1), which is
- * refused ("recompile with mcc --dp N").  With pp > 1 each rank runs the
- * program of its pp coordinate (the plan's rank_program) and trains it
- * with its pipeline schedule (runtime/exec/train.h).  A rank that fails or dies ends every rank: an
+ * (pass_respecialize_dp: the reduction over dp, ZeRO-1's chunks, the
+ * norm; the overlapped buckets follow from it, plan/dpreduce.c).  With
+ * pp > 1 each rank runs the program of its pp coordinate (the plan's
+ * rank_program), respecialized the same way, and trains it with its
+ * pipeline schedule, regenerated for global_batch / (micro_batch x dp)
+ * micro batches per dp rank (runtime/exec/train.h); a dp whose micro
+ * batches the schedule cannot run (1f1b and zb-h1 need at least pp,
+ * interleaved a multiple of pp) is refused before any rank starts, naming
+ * the --gpus values that work.  A rank that fails or dies ends every rank: an
  * error calls MPI_Abort, and a stalled or dead peer is caught by the
  * collectives' deadline (--timeout, default 60 s).
  * GPUs: when the CUDA driver reports devices (and neither --cpu nor
@@ -43,6 +48,7 @@
  * (then one line says so: nothing was tested). */
 #include "codegen/cuda.h"
 #include "plan/plan.h"
+#include "plan/schedule.h"
 #include "runtime/exec/train.h"
 #include "runtime/comm/comm.h"
 #include "runtime/device/device.h"
@@ -594,6 +600,58 @@ static int under_launcher(void) {
   return getenv("OMPI_COMM_WORLD_SIZE") != NULL || getenv("PMI_SIZE") != NULL;
 }
 
+/* 1 when a pipeline program's schedule can run dp's micro batches per dp
+ * rank: the same generator and checker the trainer regenerates it with
+ * (runtime/exec/train.c), and mcc compiled it with; why gets the reason. */
+static int pipeline_runs_at(const IrModule *m, PipeSchedKind kind, int dp, char *why, size_t whylen) {
+  int nmicro = 0, vpp = m->par.vpp > 1 ? m->par.vpp : 1;
+  PipeSchedule s;
+  memset(&s, 0, sizeof s);
+  int ok = plan_pipe_nmicro(&m->train, dp, &nmicro, why, whylen) == 0 &&
+           plan_pipe_schedule(kind, ir_axis_size(m, IR_AXIS_PP), vpp, nmicro, &s, why, whylen) == 0 &&
+           plan_pipe_check(&s, why, whylen) == 0;
+  plan_pipe_schedule_free(&s);
+  return ok;
+}
+
+/* A pipeline plan runs at any dp (each rank's program is respecialized
+ * like any other, prepare()) whose micro batches per dp rank, global_batch
+ * / (micro_batch x dp), its schedule can run: 1f1b and zb-h1 need at least
+ * pp of them, interleaved a multiple of pp.  -1 with the numbers and the
+ * --gpus values that work (per = ranks of one dp replica). */
+static int check_pipeline_dp(const Plan *plan, const PlanMesh *mesh, int64_t per, char *err, size_t errlen) {
+  const IrModule *m = NULL;
+  for (int i = 0; i < plan->nprograms && !m; i++)
+    if (ir_axis_size(plan->programs[i], IR_AXIS_PP) > 1) m = plan->programs[i];
+  if (!m) return 0;
+  PipeSchedKind kind;
+  if (plan_pipe_program_sched(&m->par, &kind) != 0)
+    return ts_errf(err, errlen, "the plan's pipeline schedule %d is not one this mrun knows (a plan from a newer "
+                   "mcc?)", m->par.sched);
+  char why[512];
+  if (pipeline_runs_at(m, kind, mesh->dp, why, sizeof why)) return 0;
+  /* the dp values that divide the step's micro batches and that the
+   * schedule can run */
+  const IrTrain *t = &m->train;
+  int64_t total = t->micro_batch > 0 ? t->global_batch / t->micro_batch : 0;
+  StrBuf ok = {0};
+  int nok = 0;
+  for (int64_t d = 1; d <= total && d <= (1 << 20) && nok < 8; d++) {
+    char w2[512];
+    if (total % d != 0 || !pipeline_runs_at(m, kind, (int)d, w2, sizeof w2)) continue;
+    sb_printf(&ok, "%s%lld", nok ? ", " : "", (long long)(d * per));
+    nok++;
+  }
+  ts_errf(err, errlen, "--gpus %lld gives dp=%d, so each dp rank runs global_batch %lld / (micro_batch %lld x dp %d) "
+          "micro batches per step, which the plan's pipeline (pp=%d, vpp=%d, --schedule %s) cannot run: %s. %s%s",
+          (long long)(per * mesh->dp), mesh->dp, (long long)t->global_batch, (long long)t->micro_batch, mesh->dp,
+          ir_axis_size(m, IR_AXIS_PP), m->par.vpp > 1 ? m->par.vpp : 1, plan_pipe_sched_name(kind), why,
+          nok ? "The --gpus values that work: " : "No --gpus value works with this global_batch and micro_batch",
+          nok ? ok.p : "");
+  sb_free(&ok);
+  return -1;
+}
+
 /* dp for n ranks of the plan's mesh; -1 with a message if n does not
  * divide.  *mesh gets the run's mesh. */
 static int mesh_for(const Plan *plan, int64_t n, PlanMesh *mesh, char *err, size_t errlen) {
@@ -617,22 +675,8 @@ static int mesh_for(const Plan *plan, int64_t n, PlanMesh *mesh, char *err, size
                    "batches", (long long)n, (long long)n, (long long)per, m.dp,
                    (long long)(tr->global_batch / tr->micro_batch), (long long)tr->global_batch,
                    (long long)tr->micro_batch);
+  if (check_pipeline_dp(plan, &m, per, err, errlen) != 0) return -1;
   *mesh = m;
-  return 0;
-}
-
-/* A pipeline plan runs only at the dp it was compiled for: its stage
- * programs' update blocks cannot be rebuilt for another dp (pass_respecialize_dp
- * handles one whole program).  -1 with a message naming the numbers. */
-static int check_pipeline_dp(const Plan *plan, const PlanMesh *mesh, const char *path, char *err, size_t errlen) {
-  for (int i = 0; i < plan->nprograms; i++) {
-    const IrModule *m = plan->programs[i];
-    int pp = ir_axis_size(m, IR_AXIS_PP), dp = ir_axis_size(m, IR_AXIS_DP);
-    if (pp > 1 && dp != mesh->dp)
-      return ts_errf(err, errlen, "%s is a pipeline plan (pp=%d) compiled for dp=%d, and --gpus %d gives dp=%d; a "
-                     "pipeline plan runs only at its compiled dp (recompile with mcc --dp %d, or run --gpus %d)",
-                     path, pp, dp, rt_mesh_size(mesh), mesh->dp, mesh->dp, rt_mesh_size(mesh) / mesh->dp * dp);
-  }
   return 0;
 }
 
@@ -913,7 +957,6 @@ static IrModule *prepare(Plan *plan, const PlanMesh *mesh, int rank, const Args 
   /* a plan from another build or edited by hand: refuse it with the
    * verifier's message rather than fail somewhere inside a kernel */
   if (ir_verify(m, why, sizeof why) != 0) { ts_errf(err, errlen, "%s: the program is invalid: %s", a->plan, why); return NULL; }
-  if (check_pipeline_dp(plan, mesh, a->plan, err, errlen) != 0) return NULL;
   if (ir_axis_size(m, IR_AXIS_DP) != mesh->dp) {
     if (pass_respecialize_dp(m, mesh->dp, why, sizeof why) != 0) {
       ts_errf(err, errlen, "%s was compiled for dp=%d; running it at dp=%d failed: %s", a->plan,
@@ -1327,7 +1370,6 @@ static int run(int argc, char **argv, Args *a) {
     Plan *plan = load_plan(a->plan, err, sizeof err);
     PlanMesh mesh;
     int ok = plan && mesh_for(plan, a->gpus, &mesh, err, sizeof err) == 0 &&
-             check_pipeline_dp(plan, &mesh, a->plan, err, sizeof err) == 0 &&
              rt_packed_check(&a->gpt, (const IrModule *const *)plan->programs, plan->nprograms, err, sizeof err) == 0;
     plan_free(plan);
     if (!ok) { fprintf(stderr, "mrun: %s\n", err); return 1; }

@@ -618,9 +618,8 @@ static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_
     return ts_errf(err, errlen, "this is the program of pipeline stage %d (parallel stage=%d) but it runs on pp "
                    "coordinate %d (does the plan's rank_program match its mesh?)", par->stage - 1, par->stage, c);
   PipeSchedKind kind;
-  if (par->sched > IR_PIPE_NONE && par->sched < IR_PIPE_COUNT) kind = (PipeSchedKind)(par->sched - 1);
-  else if (par->sched == IR_PIPE_NONE) kind = vpp > 1 ? PIPE_INTERLEAVED : PIPE_1F1B;   /* mcc's defaults */
-  else return ts_errf(err, errlen, "the program's pipeline schedule %d is not one this runtime knows", par->sched);
+  if (plan_pipe_program_sched(par, &kind) != 0)
+    return ts_errf(err, errlen, "the program's pipeline schedule %d is not one this runtime knows", par->sched);
   if (n_local > (1 << 20)) return ts_errf(err, errlen, "%lld micro batches per step is too many to schedule", (long long)n_local);
   char why[1024];
   if (plan_pipe_schedule(kind, pp, vpp, (int)n_local, &r->sched, why, sizeof why) != 0)

@@ -33,7 +33,7 @@ function(ts_pipe_test name)
   list(APPEND labels pipe)
   # kept in the sanitizer run: one 2-rank cell per model, the refusals and
   # the failing check; the rest is mpi_matrix
-  if(name MATCHES "^(gpt[.]pp2[.]f64|llama[.]pp2_vpp2[.]f64|gpt[.]pp2_zbh1[.]f64|refuse[.].*|pipe_check_detects_difference)$")
+  if(name MATCHES "^(gpt[.]pp2[.]f64|llama[.]pp2_vpp2[.]f64|gpt[.]pp2_zbh1[.]f64|gpt[.]pp2[.]dp2_at_dp1[.]f64|refuse[.].*|pipe_check_detects_difference)$")
     list(REMOVE_ITEM labels mpi_matrix)
   elseif(NOT "mpi_matrix" IN_LIST labels)
     list(APPEND labels mpi_matrix)
@@ -115,3 +115,38 @@ ts_pipe_test(refuse.pipe_zbh1_nmicro ${TS_PAR_REFUSE} ${CMAKE_CURRENT_BINARY_DIR
 ts_pipe_test(refuse.pipe_zbh1_vpp ${TS_PAR_REFUSE} ${CMAKE_CURRENT_BINARY_DIR}/tmp_pipe_zbv
              "--schedule zb-h1 runs one chunk per rank, and vpp=2" ${PROJECT_SOURCE_DIR}/samples/gpt.mdl
              ${TS_PIPE_GPT} --pp 2 --vpp 2 --schedule zb-h1)
+
+# Pipeline plans at any dp (issue 19): mrun respecializes each pipeline
+# rank's program for the run's dp and regenerates its schedule for the
+# run's micro batches per dp rank.  Each cell compiles the layout at dp
+# FROM and runs it at dp TO, 5 steps in f64: equal to the single-rank run
+# and to the plan compiled at dp TO, both within 1e-10 (atdp.sh).  With
+# ZeRO-1 (the default) and without, 1f1b, interleaved (vpp 2) and zb-h1.
+set(TS_PAR_ATDP bash ${CMAKE_CURRENT_SOURCE_DIR}/atdp.sh $<TARGET_FILE:mcc> $<TARGET_FILE:mrun>
+                $<TARGET_FILE:params_diff>)
+# name : gpus : from : to : layout
+foreach(cell "gpt.pp2:4:1:2:--pp 2" "gpt.pp2:2:2:1:--pp 2" "gpt.pp2_vpp2:4:1:2:--pp 2 --vpp 2"
+             "gpt.pp2_zbh1:4:1:2:--pp 2 --schedule zb-h1" "llama.pp2_nozero:4:1:2:--pp 2 --no-zero")
+  string(REPLACE ":" ";" parts "${cell}")
+  list(GET parts 0 name)
+  list(GET parts 1 gpus)
+  list(GET parts 2 from)
+  list(GET parts 3 to)
+  list(GET parts 4 popts)
+  string(REGEX MATCH "^[a-z]+" model "${name}")
+  string(TOUPPER ${model} M)
+  separate_arguments(opts UNIX_COMMAND "${popts}")
+  ts_pipe_test(${name}.dp${from}_at_dp${to}.f64 ${TS_PAR_ATDP} ${CMAKE_CURRENT_BINARY_DIR}/atdp_${name}_${from}_${to}
+               ${PROJECT_SOURCE_DIR}/samples/${model}.mdl 1e-10 5 ${gpus} ${from} ${to} ${TS_PIPE_${M}} -- ${opts})
+endforeach()
+# ... and refused, before any rank starts, where the schedule cannot run the
+# micro batches a dp rank gets, naming the numbers and the --gpus that work:
+# 1f1b at pp 4 on 16 ranks (dp 4: 8 / 4 = 2 micro batches < pp), interleaved
+# at pp 2 x vpp 2 with 6 sequences on 4 ranks (dp 2: 3, not a multiple of pp)
+set(TS_PAR_MRUN_REFUSE bash ${CMAKE_CURRENT_SOURCE_DIR}/mrun_refuse.sh $<TARGET_FILE:mcc> $<TARGET_FILE:mrun>)
+ts_pipe_test(refuse.atdp_1f1b ${TS_PAR_MRUN_REFUSE} ${CMAKE_CURRENT_BINARY_DIR}/tmp_atdp_1f1b 16
+             "needs at least 4 micro batches per step, and there are 2: raise global_batch or lower micro_batch (or use gpipe). The --gpus values that work: 4, 8"
+             ${PROJECT_SOURCE_DIR}/samples/gpt.mdl ${TS_PIPE_GPT} --pp 4)
+ts_pipe_test(refuse.atdp_interleaved ${TS_PAR_MRUN_REFUSE} ${CMAKE_CURRENT_BINARY_DIR}/tmp_atdp_il 4
+             "needs the micro batches per step (3) to be a multiple of pp=2. The --gpus values that work: 2, 6"
+             ${PROJECT_SOURCE_DIR}/samples/gpt.mdl ${TS_PIPE_GPT} -D batch=6 --pp 2 --vpp 2)

@@ -13,7 +13,13 @@
  *     is shared by ranks 0 and 3 (mask 9), and ranks holding nothing still
  *     join the norm's all_reduce;
  *   - refusals: a "micro" block with pp > 1, a rank program, respecializing
- *     a pipeline module for another dp;
+ *     the whole-model pipeline module for another dp;
+ *   - pass_respecialize_dp on a rank program (what mrun does to run a
+ *     pipeline plan at another dp): dp 1 -> 2 -> 4 -> 1 -> 3 and 2 -> 1,
+ *     with and without ZeRO, pp 2 and pp 4 x vpp 2, a shared parameter
+ *     declared before or after the ranks' own: each step prints exactly as
+ *     the rank program compiled at that dp; a group_sum that leaves out the
+ *     program's rank is refused, the program unchanged;
  *   - pass_pipeline_rank_module: blocks of the rank's chunks, "update",
  *     only the states used, every state reference re-indexed to the same
  *     name (and `of`), stage = r + 1, verifies, and the text round-trips;
@@ -298,14 +304,20 @@ static void test_update_blocks(int dp, int zero) {
     pass_ctx_init(&c2);
     CHECK(pass_optimizer(p, &c2) != 0 && strstr(c2.err, "stage"), "optimizer on a rank program: %s", c2.err);
     pass_ctx_free(&c2);
-    CHECK(pass_respecialize_dp(p, 4, err, sizeof err) != 0 && strstr(err, "pipeline plan") && strstr(err, "--dp"),
-          "respecialize: %s", err);
+    /* (respecializing a rank program for another dp: test_respecialize) */
     ir_module_free(p);
   }
   CHECK(pass_pipeline_rank_module(m, 2, err, sizeof err) == NULL && strstr(err, "rank 2"), "rank 2 of pp=2: %s", err);
   CHECK(pass_pipeline_rank_module(m, -1, err, sizeof err) == NULL, "rank -1");
-  CHECK(pass_respecialize_dp(m, 4, err, sizeof err) != 0 && strstr(err, "pipeline plan"), "respecialize whole: %s",
-        err);
+  /* the whole-model module is not what runs: its rank programs are respecialized */
+  StrBuf before = {0}, after = {0};
+  ir_print_module(m, &before);
+  CHECK(pass_respecialize_dp(m, 4, err, sizeof err) != 0 && strstr(err, "whole-model pipeline module") &&
+        strstr(err, "--dp 4"), "respecialize whole: %s", err);
+  ir_print_module(m, &after);
+  CHECK(before.p && after.p && strcmp(before.p, after.p) == 0, "a refused respecialize changed the whole module");
+  sb_free(&before);
+  sb_free(&after);
 out:
   pass_ctx_free(&cx);
   ir_module_free(m);
@@ -314,7 +326,7 @@ out:
 /* pp=4, vpp=2: chunks 0..7 (rank g % 4); @emb read by chunks 0 and 7
  * (ranks 0 and 3), @w<g> by chunk g.  Blocks of the middle chunks only
  * relay.  Ranks 1 and 2 count w1, w5 / w2, w6 in their norm. */
-static void test_interleaved(void) {
+static void interleaved_body(StrBuf *bp) {
   StrBuf b = {0};
   sb_puts(&b, "state @emb : f64[4, 3] param init=normal(0.0, 0.02)\n");
   for (int g = 0; g < 8; g++) sb_printf(&b, "state @w%d : f64[3, 3] param init=normal(0.0, 0.02)\n", g);
@@ -329,6 +341,12 @@ static void test_interleaved(void) {
     sb_puts(&b, "}\n");
   }
   sb_puts(&b, "end\n");
+  *bp = b;
+}
+
+static void test_interleaved(void) {
+  StrBuf b = {0};
+  interleaved_body(&b);
   IrModule *m = parse("parallel tp=1 pp=4 cp=1 ep=1 dp=1 sp=0 zero=1 vpp=2 schedule=interleaved stage=0\n", b.p);
   sb_free(&b);
   if (!m) return;
@@ -392,6 +410,126 @@ static void test_interleaved(void) {
   ir_module_free(e);
 }
 
+/* The text of pipeline rank r's program of `body` compiled (pass_optimizer
+ * and pass_dce on the whole module, then cut) with parallel line par at dp; NULL on a
+ * failure (checked). */
+static char *rank_text(const char *parfmt, int dp, const char *body, int r) {
+  char par[256];
+  snprintf(par, sizeof par, parfmt, dp);
+  IrModule *m = parse(par, body);
+  if (!m) return NULL;
+  PassCtx cx;
+  pass_ctx_init(&cx);
+  char err[1024], *text = NULL;
+  int rc = pass_optimizer(m, &cx);
+  if (rc == 0) rc = pass_dce(m, &cx);     /* as mcc's pipeline does after the optimizer */
+  CHECK(rc == 0, "optimizer at dp=%d: %s", dp, cx.err);
+  IrModule *p = rc == 0 ? pass_pipeline_rank_module(m, r, err, sizeof err) : NULL;
+  CHECK(rc != 0 || p, "rank %d at dp=%d: %s", r, dp, err);
+  if (p) {
+    StrBuf t = {0};
+    ir_print_module(p, &t);
+    text = t.p;
+    ir_module_free(p);
+  }
+  pass_ctx_free(&cx);
+  ir_module_free(m);
+  return text;
+}
+
+/* Every rank program of `body` compiled at dp `from`, respecialized to
+ * each dp of `to` in turn (what mrun does), prints exactly as the program
+ * compiled at that dp: the update block (group_sum of the shared gradient,
+ * the norm counted once over the ranks, ZeRO's chunks), the dp marks on
+ * the gradients, the moments and their order. */
+static void respec_chain(const char *tag, const char *parfmt, const char *body, int pp, int from, const int *to,
+                         int nto) {
+  for (int r = 0; r < pp; r++) {
+    char par[256], err[1024];
+    snprintf(par, sizeof par, parfmt, from);
+    IrModule *m = parse(par, body);
+    if (!m) return;
+    PassCtx cx;
+    pass_ctx_init(&cx);
+    IrModule *p = pass_optimizer(m, &cx) == 0 && pass_dce(m, &cx) == 0 ? pass_pipeline_rank_module(m, r, err, sizeof err)
+                                                                        : NULL;
+    CHECK(p != NULL, "%s: rank %d at dp=%d: %s %s", tag, r, from, cx.err, err);
+    pass_ctx_free(&cx);
+    ir_module_free(m);
+    for (int k = 0; p && k < nto; k++) {
+      int rc = pass_respecialize_dp(p, to[k], err, sizeof err);
+      CHECK(rc == 0, "%s: rank %d: respecialize to dp=%d: %s", tag, r, to[k], err);
+      if (rc != 0) break;
+      CHECK(ir_verify(p, err, sizeof err) == 0, "%s: rank %d at dp=%d: %s", tag, r, to[k], err);
+      StrBuf got = {0};
+      ir_print_module(p, &got);
+      char *want = rank_text(parfmt, to[k], body, r);
+      CHECK(want && got.p && strcmp(got.p, want) == 0, "%s: rank %d: respecialized %d -> dp=%d differs from "
+            "compiling at dp=%d:\n--- respecialized\n%s--- compiled\n%s", tag, r, k ? to[k - 1] : from, to[k], to[k],
+            got.p ? got.p : "", want ? want : "");
+      free(want);
+      sb_free(&got);
+    }
+    ir_module_free(p);
+  }
+}
+
+static void test_respecialize(void) {
+  static const int chain[] = {2, 4, 1, 3};
+  for (int zero = 0; zero <= 1; zero++) {
+    char fmt[256];
+    snprintf(fmt, sizeof fmt, "parallel tp=1 pp=2 cp=1 ep=1 dp=%%d sp=0 zero=%d vpp=1 schedule=1f1b stage=0\n", zero);
+    respec_chain(zero ? "pp2 zero" : "pp2 no-zero", fmt, body2, 2, 1, chain, 4);
+    static const int down[] = {1};
+    respec_chain(zero ? "pp2 zero 2->1" : "pp2 no-zero 2->1", fmt, body2, 2, 2, down, 1);
+  }
+  /* the shared parameter declared after the ranks' own: rank 1's program
+   * holds the moments of emb (made for update.0) before those of w1 */
+  StrBuf late = {0};
+  const char *blocks = strstr(body2, "block fwd.0");
+  sb_puts(&late, "state @w0 : f64[3, 3] param init=normal(0.0, 0.02)\n"
+                 "state @w1 : f64[3, 3] param init=normal(0.0, 0.02)\n"
+                 "state @emb : f64[4, 3] param init=normal(0.0, 0.02)\n"
+                 "state @grad.w0 : f64[3, 3] grad of=@w0\n"
+                 "state @grad.w1 : f64[3, 3] grad of=@w1\n"
+                 "state @grad.emb : f64[4, 3] grad of=@emb\n");
+  sb_puts(&late, blocks);
+  respec_chain("pp2 shared last", "parallel tp=1 pp=2 cp=1 ep=1 dp=%d sp=0 zero=1 vpp=1 schedule=1f1b stage=0\n",
+               late.p, 2, 1, chain, 4);
+  sb_free(&late);
+  /* pp 4 x vpp 2: emb shared by ranks 0 and 3 (mask 9) */
+  StrBuf il = {0};
+  interleaved_body(&il);
+  respec_chain("pp4 vpp2", "parallel tp=1 pp=4 cp=1 ep=1 dp=%d sp=0 zero=1 vpp=2 schedule=interleaved stage=0\n",
+               il.p, 4, 1, chain, 4);
+  sb_free(&il);
+
+  /* a group_sum whose ranks leave out the program's own rank is refused,
+   * the program unchanged */
+  IrModule *m = parse("parallel tp=1 pp=2 cp=1 ep=1 dp=1 sp=0 zero=1 vpp=1 schedule=1f1b stage=0\n", body2);
+  if (!m) return;
+  PassCtx cx;
+  pass_ctx_init(&cx);
+  char err[1024];
+  IrModule *p = pass_optimizer(m, &cx) == 0 ? pass_pipeline_rank_module(m, 1, err, sizeof err) : NULL;
+  CHECK(p != NULL, "rank 1: %s %s", cx.err, err);
+  pass_ctx_free(&cx);
+  ir_module_free(m);
+  if (!p) return;
+  IrBlock *u = &p->blocks.a[ir_block_find(p, "update")];
+  for (int i = 0; i < u->n; i++)
+    if (u->nodes[i].op == IR_OP_GROUP_SUM) u->nodes[i].ia[1] = 1;   /* rank 0 only: not rank 1's */
+  StrBuf before = {0}, after = {0};
+  ir_print_module(p, &before);
+  CHECK(pass_respecialize_dp(p, 2, err, sizeof err) != 0 && strstr(err, "ranks=1") && strstr(err, "rank 1"),
+        "a group_sum without the program's rank: %s", err);
+  ir_print_module(p, &after);
+  CHECK(before.p && after.p && strcmp(before.p, after.p) == 0, "a refused respecialize changed the program");
+  sb_free(&before);
+  sb_free(&after);
+  ir_module_free(p);
+}
+
 static void test_refusals(void) {
   /* pp > 1 with a micro block (the pipeline pass did not run) */
   IrModule *m = parse("parallel tp=1 pp=2 cp=1 ep=1 dp=1 sp=0 zero=1 vpp=1 schedule=1f1b stage=0\n",
@@ -418,6 +556,7 @@ int main(void) {
   test_update_blocks(2, 1);
   test_update_blocks(2, 0);
   test_interleaved();
+  test_respecialize();
   test_refusals();
   return check_exit("test_pipe_update");
 }
