@@ -70,6 +70,11 @@ int pass_pipe_split(IrModule *m, PassCtx *cx);
 /* --schedule zb-h1: splits every bwd.<g> into its input-gradient part
  * (bwd.<g>, B) and weight-gradient part (wgt.<g>, W); passes/wsplit.c. */
 int pass_wsplit(IrModule *m, PassCtx *cx);
+/* --zero 3 at dp > 1: parameters and gradient accumulators held as 1/dp
+ * flat shards, parameters gathered before use (forward, then again for the
+ * backward), gradients reduce-scattered in each micro batch
+ * (passes/zero3.c, docs/sharding.md "ZeRO-3") */
+int pass_zero3(IrModule *m, PassCtx *cx);
 /* forward -> micro (forward + backward + accumulate into grad state) */
 int pass_autodiff(IrModule *m, PassCtx *cx);
 /* micro block -> one rank's local micro block for tp / sp (docs/sharding.md) */
