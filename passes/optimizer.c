@@ -704,8 +704,9 @@ int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
     if (m->states.a[s].kind == IR_STATE_SHARD)
       return ts_errf(err, errlen, "respecialize to dp=%d: this is a ZeRO-3 plan (--zero 3) compiled for dp=%d: its "
                      "parameters are held as 1/%d shards and gathered over dp in the micro block, which cannot be "
-                     "adapted at run time: run it at dp=%d, or recompile it with mcc --zero 3 --dp %d", dp,
-                     ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_DP), dp);
+                     "adapted at run time: run it at dp=%d, or recompile it with mcc %s--dp %d", dp,
+                     ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_DP),
+                     dp > 1 ? "--zero 3 " : "", dp);
   int ub = ir_block_find(m, "update");
   if (ub < 0) return ts_errf(err, errlen, "respecialize: the module has no block \"update\" (the optimizer pass did not run)");
   char why[512];
