@@ -75,18 +75,7 @@
 typedef struct { IrModule *m; PassCtx *cx; int b; int failed; } Em;
 static int em(Em *e, IrOp op, const int *in, int nin, const int64_t *ia, const double *fa,
               const char *sa, const IrType *type, const IrSharding *sh) {
-  if (e->failed) return -1;
-  for (int k = 0; k < nin; k++)
-    if (in[k] < 0) { e->failed = 1; return -1; }
-  char err[512];
-  int id = ir_emit(e->m, e->b, op, in, nin, ia, fa, sa, type, err, sizeof err);
-  if (id < 0) {
-    e->failed = 1;
-    snprintf(e->cx->err, sizeof e->cx->err, "optimizer: cannot emit %s: %s", ir_ops[op].name, err);
-    return -1;
-  }
-  if (sh) e->m->blocks.a[e->b].nodes[id].sh = *sh;
-  return id;
+  return pass_emit(e->m, e->cx, e->b, &e->failed, "optimizer", op, in, nin, ia, fa, sa, type, sh);
 }
 
 /* The update block's view of the mesh. */

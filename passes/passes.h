@@ -119,6 +119,13 @@ extern const PassInfo pass_pipeline[];
 extern const int pass_pipeline_count;
 void pass_ctx_init(PassCtx *cx);
 void pass_ctx_free(PassCtx *cx);
+/* ir_emit into block b for a pass that emits many nodes: after the first
+ * failure (written to cx->err as "WHO: cannot emit OP: ...") *failed is set
+ * and every later call returns -1 without emitting; an operand < 0 (a
+ * failed earlier emit) fails too.  sh (NULL: unsharded) becomes the node's
+ * sharding.  The new node's id, or -1. */
+int pass_emit(IrModule *m, PassCtx *cx, int b, int *failed, const char *who, IrOp op, const int *in, int nin,
+              const int64_t *ia, const double *fa, const char *sa, const IrType *type, const IrSharding *sh);
 /* Runs every pass in order; the module after the frontend counts as pass 0.
  * 0 on success; -1 with cx->err set. */
 int pass_run_pipeline(IrModule *m, PassCtx *cx);

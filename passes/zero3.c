@@ -55,18 +55,7 @@ typedef struct {
 
 static int z3_emit(Z3 *z, IrOp op, const int *in, int nin, const int64_t *ia, const double *fa, const char *sa,
                    const IrType *type, const IrSharding *sh) {
-  if (z->failed) return -1;
-  for (int k = 0; k < nin; k++)
-    if (in[k] < 0) { z->failed = 1; return -1; }
-  char err[512];
-  int id = ir_emit(z->m, z->b, op, in, nin, ia, fa, sa, type, err, sizeof err);
-  if (id < 0) {
-    z->failed = 1;
-    snprintf(z->cx->err, sizeof z->cx->err, "zero3: cannot emit %s: %s", ir_ops[op].name, err);
-    return -1;
-  }
-  if (sh) z->m->blocks.a[z->b].nodes[id].sh = *sh;
-  return id;
+  return pass_emit(z->m, z->cx, z->b, &z->failed, "zero3", op, in, nin, ia, fa, sa, type, sh);
 }
 
 static void z3_why(Z3 *z, int id, const char *fmt, const char *name) {

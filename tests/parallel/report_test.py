@@ -130,16 +130,19 @@ def check_memory(model, defs, tp, dp, zero, extra):
         print("ok: memory %s: params %d, adam %d bytes per rank (unsharded %d)" % (what, par, adam, whole))
 
 
+def local_elements(params, tp_dims, tp):
+    """parameter elements one rank's tp block holds (a tp dim split t ways)"""
+    n = 0
+    for _, dims in params:
+        n += math.prod(math.ceil(k / tp) if tp > 1 and name in tp_dims else k for name, k in dims)
+    return n
+
+
 def check_per_param(what, section, dp, par, adam, params, tp_dims, tp):
     """ZeRO-3's per-parameter rows: 16/dp bytes in f32 (4E/dp: E the element
     size) when every local tensor divides by dp, next to ZeRO-1's 2E + 2E/dp
     and Megatron's 18 and 6 + 12/dp."""
-    n = 0
-    for dtype, dims in params:
-        local = 1
-        for name, k in dims:
-            local *= math.ceil(k / tp) if tp > 1 and name in tp_dims else k
-        n += local
+    n = local_elements(params, tp_dims, tp)
     e = DSIZE[params[0][0]]
     text = "\n".join(section)
     m = re.search(r"state bytes per parameter: ([\d.]+) =", text)
@@ -165,12 +168,7 @@ def check_zero3_comm(model, defs, extra, dp, tp):
     Megatron-FSDP's closed form 3 (dp-1)/dp P E and ZeRO-1's 2 (dp-1)/dp P E."""
     params, rules = frontend_params(model, defs)
     tp_dims = {d for d, axes in rules.items() if "tp" in axes}
-    P = 0
-    for dtype, dims in params:
-        local = 1
-        for name, k in dims:
-            local *= math.ceil(k / tp) if tp > 1 and name in tp_dims else k
-        P += local
+    P = local_elements(params, tp_dims, tp)
     e = DSIZE[params[0][0]]
     text = mcc(["%s/samples/%s.mdl" % (SRC, model)] + defs + extra + ["--report", "comm"])
     what = "%s %s" % (model, " ".join(extra))
