@@ -409,7 +409,8 @@ for z in "${z3s[@]}"; do
       # shellcheck disable=SC2086
       comm=$(per_layer "$model" comm x $fl)
       # shellcheck disable=SC2086
-      held=$(( $(states_total "$model" 3 $fl) - $(states_total "$model" 2 $fl) ))
+      h3=$(states_total "$model" 3 $fl); h2=$(states_total "$model" 2 $fl)
+      if [ -n "$h3" ] && [ -n "$h2" ]; then held=$((h3 - h2)); else held=0; fi
       read -r cc ch <<<"$(awk -v z="$stage" -v d="$d" -v P="$P" 'BEGIN {
         if (z == 3) printf "%.0f %.0f", 3 * (d - 1) / d * P, 4 * P / d
         else printf "%.0f %.0f", 2 * (d - 1) / d * P, (2 + 2 / d) * P }')"

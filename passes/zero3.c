@@ -115,8 +115,9 @@ static void emit_gather(Z3 *z, int p, Z3Param *zp, int ph) {
   zp->val[ph] = x;
 }
 
-/* accum v @g (g the grad of sharded param p): v reduce-scattered over dp
- * into g's chunk.  vsh: v's layout; gsh0: g's layout before this pass. */
+/* accum x @g (g the grad of sharded param ps, x the new block's value):
+ * x reduce-scattered over dp into g's chunk.  gsh0: g's layout before this
+ * pass (its rows split where the parameter is whole are gathered first). */
 static void emit_reduce(Z3 *z, int x, int g, const IrSharding *gsh0, const Z3Param *zp, const IrState *ps) {
   IrModule *m = z->m;
   if (z->failed) return;
