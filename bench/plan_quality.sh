@@ -371,3 +371,56 @@ for m in "${bigs[@]}"; do
     echo "| $name | $lname | $prec | $rec | ${bpp:-?} | $meg | $(mb "$mem") | $k2 | $k3 |"
   done
 done
+
+# ZeRO-3 / FSDP (--zero 3, passes/zero3.c) against ZeRO-1 (the distributed
+# optimizer, the default), per layer (3 layers minus 2), one micro batch of
+# one sequence per dp rank, f32: ring bytes each rank sends per step over
+# dp and state bytes it holds (parameters + gradients + Adam moments), next
+# to the closed forms (P = the layer's parameter bytes, d = dp): ZeRO-1
+# sends 2 (d-1)/d P (gradients reduce-scattered, parameters all-gathered
+# once per step) and holds (2 + 2/d) P (4 + 4 + 8/d bytes per parameter);
+# Megatron-FSDP sends 3 (d-1)/d P per micro batch (every parameter gathered
+# for the forward and again for the backward, every gradient
+# reduce-scattered) and holds 4P/d (16/d bytes per parameter).  Tessera's
+# backward gathers only the parameters its gradients read (biases and norm
+# shifts are not gathered again), so it sends a little less than the closed
+# form.  Gathered in flight = the memory report's most bytes of gathered
+# parameters live at once in the micro block (the 8-layer model: with the
+# prefetch, the layer computing and the next one, plus a tied embedding
+# that stays gathered through the forward), inside the activation arena.
+echo
+echo "| model | dp | stage | sent / layer / step (MB) | closed form (MB) | ratio | states held / layer (MB) | closed form (MB) | ratio | gathered in flight, 8 layers (MB) |"
+echo "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+z3s=(
+  "gpt d1024 s256|gpt|-D d_model=1024 -D heads=16 -D seq_len=256 -D dropout=0 -D vocab=50304|2 8"
+  "GPT-3 175B|gpt|-D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|8"
+  "Llama-2-70B|llama|-D d_model=8192 -D heads=64 -D kv_heads=8 -D ffn=28672 -D seq_len=4096 -D vocab=32000|8"
+)
+states_total() {
+  "$mcc" "samples/$1.mdl" -D layers="$2" "${@:3}" --report memory 2>&1 | awk 'index($0, "  states total") == 1 { print $(NF-1); exit }'
+}
+for z in "${z3s[@]}"; do
+  IFS='|' read -r name model defs dl <<<"$z"
+  # shellcheck disable=SC2086
+  P=$(param_bytes "$model" $defs --precision f32)
+  for d in $dl; do
+    for stage in 1 3; do
+      fl="$defs -D batch=$d -D micro_batch=1 --dp $d --zero $stage --precision f32"
+      # shellcheck disable=SC2086
+      comm=$(per_layer "$model" comm x $fl)
+      # shellcheck disable=SC2086
+      h3=$(states_total "$model" 3 $fl); h2=$(states_total "$model" 2 $fl)
+      if [ -n "$h3" ] && [ -n "$h2" ]; then held=$((h3 - h2)); else held=0; fi
+      read -r cc ch <<<"$(awk -v z="$stage" -v d="$d" -v P="$P" 'BEGIN {
+        if (z == 3) printf "%.0f %.0f", 3 * (d - 1) / d * P, 4 * P / d
+        else printf "%.0f %.0f", 2 * (d - 1) / d * P, (2 + 2 / d) * P }')"
+      fly="-"
+      if [ "$stage" = 3 ]; then
+        # shellcheck disable=SC2086
+        fly=$(mb "$("$mcc" "samples/$model.mdl" -D layers=8 $fl --report memory 2>&1 |
+                   awk 'index($0, "  ZeRO-3: gathered parameters live at once") == 1 { print $(NF-1); exit }')")
+      fi
+      echo "| $name | $d | ZeRO-$stage | $(mb "$comm") | $(mb "$cc") | $(ratio "$comm" "$cc") | $(mb "$held") | $(mb "$ch") | $(ratio "$held" "$ch") | $fly |"
+    done
+  done
+done

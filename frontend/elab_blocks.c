@@ -364,8 +364,9 @@ void elab_parallel(Elab *e) {
   static const char *names[6] = {"tp", "pp", "cp", "ep", "sp", "zero"};
   for (int i = 0; i < 6; i++) {
     if (*ov[i] < 0) continue;
-    if ((i < 4 && *ov[i] < 1) || (i >= 4 && *ov[i] > 1))
-      elab_error(e, no_loc, "--%s=%d is out of range (%s)", names[i], *ov[i], i < 4 ? ">= 1" : "0 or 1");
+    if ((i < 4 && *ov[i] < 1) || (i == 4 && *ov[i] > 1) || (i == 5 && *ov[i] != 0 && *ov[i] != 1 && *ov[i] != 3))
+      elab_error(e, no_loc, "--%s=%d is out of range (%s)", names[i], *ov[i],
+                 i < 4 ? ">= 1" : i == 4 ? "0 or 1" : "0, 1 or 3");
     else *dst[i] = *ov[i];
   }
   e->m->par = par;

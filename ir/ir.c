@@ -216,7 +216,7 @@ char *ir_type_str(const IrType *t, char *buf, size_t n) {
 
 /* ---- names of the small enums ---- */
 const char *ir_state_kind_name(IrStateKind k) {
-  static const char *s[] = {"param", "grad", "adam_m", "adam_v", "cache", "copy"};
+  static const char *s[] = {"param", "grad", "adam_m", "adam_v", "cache", "copy", "shard"};
   return (int)k >= 0 && k < IR_STATE_KIND_COUNT ? s[k] : "?";
 }
 const char *ir_init_kind_name(IrInitKind k) {
@@ -468,6 +468,18 @@ int ir_state_find(const IrModule *m, const char *name) {
   if (x->n > m->states.n) ix_clear(x);   /* states were removed without ir_states_truncate */
   for (; x->n < m->states.n; x->n++) ix_put(x, m, x->n);
   return ix_get(x, m, s);
+}
+
+size_t ir_state_bytes(const IrState *s) {
+  if (s->kind == IR_STATE_PARAM && (s->flags & IR_STATE_SHARDED)) return 0;
+  int64_t n = ir_type_numel(&s->type);
+  return n > 0 ? (size_t)n * ir_dtype_size(s->type.dtype) : 0;
+}
+
+int ir_state_shard_of(const IrModule *m, int p) {
+  for (int s = 0; s < m->states.n; s++)
+    if (m->states.a[s].kind == IR_STATE_SHARD && m->states.a[s].of == p) return s;
+  return -1;
 }
 
 void ir_states_truncate(IrModule *m, int n) {

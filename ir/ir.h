@@ -170,9 +170,20 @@ typedef struct {
  * own 16-bit dtype (a checkpoint load never needs it); the runtime refreshes it from the
  * f32 master before a block reads it whenever the master changed (after
  * the update block, an initialization or a load). */
-typedef enum { IR_STATE_PARAM, IR_STATE_GRAD, IR_STATE_ADAM_M, IR_STATE_ADAM_V, IR_STATE_CACHE, IR_STATE_COPY, IR_STATE_KIND_COUNT } IrStateKind;
+/* IR_STATE_SHARD: ZeRO-3 (pass zero3, mcc --zero 3): the rank's 1/dp flat
+ * chunk of parameter `of`, type [c] {flat:dp} (c = ceil(numel / dp) of the
+ * parameter's local type, zero-padded), the only copy of the parameter the
+ * rank holds.  Its parameter keeps the description (local type, sharding
+ * over the other axes, init, logical sizes) and carries IR_STATE_SHARDED:
+ * it occupies no memory and no block reads it; the micro block gathers
+ * the shard before use and adamw updates the shard. */
+typedef enum { IR_STATE_PARAM, IR_STATE_GRAD, IR_STATE_ADAM_M, IR_STATE_ADAM_V, IR_STATE_CACHE, IR_STATE_COPY,
+               IR_STATE_SHARD, IR_STATE_KIND_COUNT } IrStateKind;
 typedef enum { IR_INIT_ZEROS, IR_INIT_ONES, IR_INIT_NORMAL, IR_INIT_UNIFORM, IR_INIT_KIND_COUNT } IrInitKind;
-enum { IR_STATE_NODECAY = 1 << 0 };  /* no weight decay (biases, norm gains) */
+enum {
+  IR_STATE_NODECAY = 1 << 0,   /* no weight decay (biases, norm gains) */
+  IR_STATE_SHARDED = 1 << 1,   /* a parameter held only as its ZeRO-3 shard state (text: "sharded") */
+};
 
 typedef struct {
   const char *name;         /* interned, dotted path: "layers.3.attn.w_qkv" */
@@ -254,6 +265,11 @@ typedef struct IrModule {
   VEC(IrRule) rules;
   struct IrStateIx *state_ix;   /* ir_state_find's index of state names (ir.c); NULL: it scans */
 } IrModule;
+
+/* Bytes a rank holds for state s: its type's, 0 for a sharded parameter. */
+size_t ir_state_bytes(const IrState *s);
+/* The ZeRO-3 shard state of parameter p, or -1. */
+int ir_state_shard_of(const IrModule *m, int p);
 
 /* Size of mesh axis a in m (m->par; sizes < 1 count as 1). */
 int ir_axis_size(const IrModule *m, IrAxis a);

@@ -423,7 +423,7 @@ static int parse_rule(P *p) {
   return expect_eol(p);
 }
 
-/* state @name : type [sharding] kind (init=... | of=@param) [nodecay] [logical=[...]] */
+/* state @name : type [sharding] kind (init=... | of=@param) [nodecay] [sharded] [logical=[...]] */
 static int parse_state(P *p) {
   IrState s = {0};
   s.of = -1;
@@ -466,6 +466,7 @@ static int parse_state(P *p) {
     VEC_PUSH(p->ofs, ((PendingOf){p->m->states.n, of, oline, ocol}));
   }
   if (accept_word(p, "nodecay")) s.flags |= IR_STATE_NODECAY;
+  if (accept_word(p, "sharded")) s.flags |= IR_STATE_SHARDED;
   if (accept_word(p, "logical")) {
     if (expect(p, '=') || expect(p, '[')) return -1;
     for (int d = 0;; d++) {

@@ -106,6 +106,7 @@ static void print_state(const IrModule *m, const IrState *s, StrBuf *out) {
     put_state_ref(m, out, s->of);
   }
   if (s->flags & IR_STATE_NODECAY) sb_puts(out, " nodecay");
+  if (s->flags & IR_STATE_SHARDED) sb_puts(out, " sharded");
   int padded = 0;
   for (int d = 0; d < s->type.rank; d++) padded |= s->logical[d] != 0;
   if (padded) {

@@ -829,10 +829,13 @@ static int shape_ADAMW(Sx *x) {
   const IrState *s[3];
   for (int i = 0; i < 3; i++) {
     if (!(s[i] = state_ref(x, i))) return -1;
-    if (s[i]->kind != kinds[i])
+    if (s[i]->kind != kinds[i] && !(i == 0 && s[i]->kind == IR_STATE_SHARD))
       return fail(x, "@%s is a %s, expected kind %s", s[i]->name, ir_state_kind_name(s[i]->kind),
                   ir_state_kind_name(kinds[i]));
   }
+  /* a ZeRO-3 shard: the parameter is itself the rank's flat chunk */
+  if (s[0]->kind == IR_STATE_SHARD && !s[1]->sh.flat)
+    return fail(x, "shard @%s needs flat moments, @%s is not", s[0]->name, s[1]->name);
   /* m and v: the param's shape, or (ZeRO) both a flat chunk [c] */
   const IrType *want = s[1]->sh.flat ? &s[1]->type : &s[0]->type;
   if (s[1]->sh.flat) {

@@ -69,6 +69,17 @@ static int verify_states(const IrModule *m, char *err, size_t errlen) {
       if ((int)s->init < 0 || s->init >= IR_INIT_KIND_COUNT)
         return ts_errf(err, errlen, "param @%s has a bad init kind %d", s->name, (int)s->init);
       if (s->of != -1) return ts_errf(err, errlen, "param @%s has of=%d (must be -1)", s->name, s->of);
+      if ((s->flags & IR_STATE_SHARDED) && ir_state_shard_of(m, i) < 0)
+        return ts_errf(err, errlen, "param @%s is marked sharded but has no shard state", s->name);
+    } else if (s->kind == IR_STATE_SHARD) {
+      const IrState *p = s->of >= 0 && s->of < m->states.n ? &m->states.a[s->of] : NULL;
+      if (!p || p->kind != IR_STATE_PARAM || !(p->flags & IR_STATE_SHARDED))
+        return ts_errf(err, errlen, "shard @%s: of=%d is not a param marked sharded", s->name, s->of);
+      int64_t c = t->rank == 1 ? t->dim[0] : 0;
+      if (t->rank != 1 || !s->sh.flat || c * ir_axis_size(m, IR_AXIS_DP) < ir_type_numel(&p->type) ||
+          t->dtype != p->type.dtype)
+        return ts_errf(err, errlen, "shard @%s must be a flat chunk [c] of param @%s (c * dp >= its %lld elements)",
+                       s->name, p->name, (long long)ir_type_numel(&p->type));
     } else if (s->kind == IR_STATE_CACHE) {
       if (s->of != -1) return ts_errf(err, errlen, "cache @%s has of=%d (must be -1)", s->name, s->of);
     } else if (s->kind == IR_STATE_COPY) {
@@ -89,11 +100,16 @@ static int verify_states(const IrModule *m, char *err, size_t errlen) {
 
 /* Equal layouts, except that either may be a partial sum over dp: dp is
  * not a tensor sharding (docs/sharding.md), a gradient state is summed
- * over dp ranks by the update block whatever its annotation says. */
+ * over dp ranks by the update block whatever its annotation says.  A flat
+ * chunk (a rank-1 state, `flat:dp`) is the same thing as dim 0 of the
+ * padded flattened vector split over those axes (`0:dp`): a value read
+ * from or accumulated into a flat state may say either. */
 static int same_but_dp(const IrSharding *a, const IrSharding *b) {
   IrSharding x = *a, y = *b;
   x.partial &= (uint8_t)~(1u << IR_AXIS_DP);
   y.partial &= (uint8_t)~(1u << IR_AXIS_DP);
+  x.split[0] |= x.flat, x.flat = 0;
+  y.split[0] |= y.flat, y.flat = 0;
   return ir_sharding_equal(&x, &y);
 }
 
@@ -194,6 +210,10 @@ static int verify_block(const IrModule *m, const IrBlock *b, char *err, size_t e
                    ir_type_str(&n->type, t1, sizeof t1), ir_type_str(&want, t2, sizeof t2));
     if (!sh_well_formed(&n->sh, n->type.rank))
       return ts_errf(err, errlen, "block %s, %s: malformed sharding", b->name, lab);
+    if (n->op == IR_OP_STATE && (m->states.a[n->ia[0]].flags & IR_STATE_SHARDED) &&
+        m->states.a[n->ia[0]].kind == IR_STATE_PARAM)
+      return ts_errf(err, errlen, "block %s, %s: reads param @%s, which is held only as its ZeRO-3 shard (read the "
+                     "shard and gather it)", b->name, lab, m->states.a[n->ia[0]].name);
     if (n->op == IR_OP_STATE && !same_but_dp(&n->sh, &m->states.a[n->ia[0]].sh))
       return ts_errf(err, errlen, "block %s, %s: sharding differs from state @%s's", b->name, lab,
                      m->states.a[n->ia[0]].name);
@@ -521,7 +541,7 @@ int ir_verify_training(const IrModule *m, char *err, size_t errlen) {
       if (s < 0 || s >= ns) continue;
       if (per_micro && n->op == IR_OP_ACCUM) added[s]++;
       if (bi == ub && n->op == IR_OP_ZERO) zeroed[s]++;
-      if (bi == ub && n->op == IR_OP_ADAMW) updated[s]++;
+      if (bi == ub && n->op == IR_OP_ADAMW) updated[m->states.a[s].kind == IR_STATE_SHARD ? m->states.a[s].of : s]++;
     }
   }
   int rc = train_check(m, err, errlen);

@@ -21,9 +21,72 @@ static double prefix_time(const IrModule *m, const IrBlock *b, int upto, const H
   return time_cost_total(&c);
 }
 
+/* ZeRO-3 (pass zero3): the dp collectives of block micro, per micro batch
+ * and per step, against Megatron-FSDP's closed form (every parameter
+ * gathered for the forward and again for the backward, every gradient
+ * reduce-scattered, in each micro batch) and ZeRO-1's (one reduce-scatter
+ * of the gradients and one all-gather of the parameters per step). */
+static void zero3_report(const IrModule *m, int dp, StrBuf *out, DpOverlapSum *sum) {
+  int bi = ir_block_find(m, "micro");
+  if (bi < 0) return;
+  const IrBlock *b = &m->blocks.a[bi];
+  const char *loss = ts_intern("loss");
+  double ag[2] = {0, 0}, rs = 0, P = 0, es = (double)ir_dtype_size(m->train.precision);
+  int nag[2] = {0, 0}, nrs = 0, ph = 0;
+  for (int i = 0; i < b->n; i++) {
+    const IrNode *nd = &b->nodes[i];
+    if (nd->op == IR_OP_OUTPUT && nd->sa == loss) ph = 1;
+    if (nd->ia[0] != IR_AXIS_DP) continue;
+    if (nd->op == IR_OP_ALL_GATHER) {
+      ag[ph] += ring_bytes(nd->op, dp, (double)ir_type_numel(&nd->type) * (double)ir_dtype_size(nd->type.dtype));
+      nag[ph]++;
+    } else if (nd->op == IR_OP_REDUCE_SCATTER) {
+      const IrNode *x = &b->nodes[nd->in[0]];
+      rs += ring_bytes(nd->op, dp, (double)ir_type_numel(&x->type) * (double)ir_dtype_size(x->type.dtype));
+      nrs++;
+    }
+  }
+  for (int s = 0; s < m->states.n; s++)
+    if (m->states.a[s].kind == IR_STATE_PARAM) P += (double)ir_type_numel(&m->states.a[s].type);
+  const IrTrain *t = &m->train;
+  int64_t nmicro = t->micro_batch > 0 && dp > 0 ? t->global_batch / ((int64_t)t->micro_batch * dp) : 1;
+  if (nmicro < 1) nmicro = 1;
+  double f = (double)(dp - 1) / dp, per = ag[0] + ag[1] + rs;
+  double fsdp = 3.0 * f * P * es, z1 = 2.0 * f * P * es;
+  sum->z3_ring = per * (double)nmicro;
+  sum->z3_closed = fsdp * (double)nmicro;
+  sum->z1_closed = z1;
+  sb_printf(out, "ZeRO-3 (--zero 3): dp=%d, %lld micro batches per rank; ring bytes sent per rank, in block micro "
+            "(no buckets: each gradient is reduce-scattered where its backward makes it, each parameter gathered "
+            "one layer ahead of its use)\n", dp, (long long)nmicro);
+  sb_printf(out, "  %-50s %6s %16s %16s\n", "", "count", "per micro batch", "per step");
+  sb_printf(out, "  %-50s %6d %16.0f %16.0f\n", "parameter all_gather, forward", nag[0], ag[0], ag[0] * nmicro);
+  sb_printf(out, "  %-50s %6d %16.0f %16.0f\n", "parameter all_gather, backward (gathered again)", nag[1], ag[1],
+            ag[1] * nmicro);
+  sb_printf(out, "  %-50s %6d %16.0f %16.0f\n", "gradient reduce_scatter", nrs, rs, rs * nmicro);
+  sb_printf(out, "  %-50s %6d %16.0f %16.0f\n", "total", nag[0] + nag[1] + nrs, per, per * nmicro);
+  sb_printf(out, "  Megatron-FSDP, closed form: 3 x (dp-1)/dp x %.0f parameter elements x %.0f bytes per micro batch "
+            "(gathered for the forward and again for the backward, gradients reduce-scattered) = %.0f, per step "
+            "%.0f\n", P, es, fsdp, fsdp * nmicro);
+  sb_printf(out, "  ZeRO-1 (--zero 1), closed form: 2 x (dp-1)/dp x %.0f x %.0f bytes per step (gradients "
+            "reduce-scattered, parameters all-gathered after AdamW) = %.0f: ZeRO-3 sends %.0f more per step (%.2fx)\n",
+            P, es, z1, per * nmicro - z1, z1 > 0 ? per * nmicro / z1 : 0.0);
+  sb_puts(out, "  (the backward gathers only the parameters its gradients read: biases and norm shifts are not "
+               "gathered again; a parameter read twice, a tied embedding, has its gradient reduce-scattered once "
+               "per read)\n");
+}
+
 int pass_dp_overlap_report(const IrModule *m, int64_t bucket_bytes, int overlap, const HwDesc *hw, StrBuf *out,
                            DpOverlapSum *sum, char *err, size_t errlen) {
   memset(sum, 0, sizeof *sum);
+  if (m->par.zero == 3 && ir_axis_size(m, IR_AXIS_DP) > 1) {
+    int any = 0;
+    for (int s = 0; s < m->states.n && !any; s++) any = m->states.a[s].kind == IR_STATE_SHARD;
+    if (any) {
+      zero3_report(m, ir_axis_size(m, IR_AXIS_DP), out, sum);
+      return 0;
+    }
+  }
   PlanDpPlan pl;
   if (plan_dp_buckets(m, bucket_bytes, &pl, err, errlen) != 0) return -1;
   int dp = pl.dp;

@@ -13,6 +13,8 @@ typedef struct {
   double ring;                  /* ring bytes sent per rank per step by the dp gradient reduction */
   double exposed;               /* ... of which not hidden behind the backward */
   double megatron_ring, megatron_exposed;   /* the closed forms for Megatron's DDP with the same bucket size */
+  double z3_ring;               /* ZeRO-3: ring bytes of micro's dp gathers and reduce-scatters per rank per step */
+  double z3_closed, z1_closed;  /* ... Megatron-FSDP's closed form per step; ZeRO-1's (reduce-scatter + gather) */
 } DpOverlapSum;
 
 /* The section of `--report comm` for program m (a rank's program): per
@@ -24,7 +26,9 @@ typedef struct {
  * buckets that overlap no FLOPs; with hw, the bytes still in flight when
  * the backward ends (each bucket's share of its time after that end).
  * overlap = 0 (--no-overlap-grad-reduce): every byte exposed.  Nothing is
- * written when dp = 1.  0, or -1 with a message. */
+ * written when dp = 1.  A ZeRO-3 program (pass zero3) has no buckets: its
+ * section is the dp collectives of block micro next to Megatron-FSDP's and
+ * ZeRO-1's closed forms (z3_* of sum).  0, or -1 with a message. */
 int pass_dp_overlap_report(const IrModule *m, int64_t bucket_bytes, int overlap, const HwDesc *hw, StrBuf *out,
                            DpOverlapSum *sum, char *err, size_t errlen);
 

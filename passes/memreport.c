@@ -147,11 +147,22 @@ static void report_per_param(const IrModule *m, StrBuf *out, size_t par, size_t 
     if (m->states.a[i].kind == IR_STATE_PARAM) n += (double)ir_type_numel(&m->states.a[i].type);
   if (n <= 0) return;
   int dp = ir_axis_size(m, IR_AXIS_DP);
-  int zero = dp > 1 && m->par.zero;
-  sb_printf(out, "  state bytes per parameter: %.4g = %.4g (%s master) + %.4g (%s copy) + %.4g (%s grad) + %.4g (adam m+v%s)\n",
-            (double)(par + cpy + grad + opt) / n, (double)par / n, ir_dtype_name(m->train.precision),
-            (double)cpy / n, cpy ? ir_dtype_name(m->train.lowp) : "no", (double)grad / n,
-            ir_dtype_name(m->train.precision), (double)opt / n, zero ? ", ZeRO-1 over dp" : "");
+  int zero = dp > 1 && m->par.zero, z3 = zero && m->par.zero == 3;
+  const char *pr = ir_dtype_name(m->train.precision);
+  sb_printf(out, "  state bytes per parameter: %.4g = %.4g (%s master%s) + %.4g (%s copy) + %.4g (%s grad%s) + %.4g (adam m+v%s)\n",
+            (double)(par + cpy + grad + opt) / n, (double)par / n, pr, z3 ? ", ZeRO-3 shard over dp" : "",
+            (double)cpy / n, cpy ? ir_dtype_name(m->train.lowp) : "no", (double)grad / n, pr,
+            z3 ? ", ZeRO-3 shard over dp" : "", (double)opt / n, z3 ? ", ZeRO-3 over dp" : zero ? ", ZeRO-1 over dp" : "");
+  if (dp > 1 && m->train.lowp == IR_VOID) {
+    /* the closed forms of the stages at this dp, per parameter element (E bytes per element) */
+    double e = (double)ir_dtype_size(m->train.precision);
+    sb_printf(out, "  per parameter at dp=%d, closed form (E = %g bytes, %s): ZeRO-3 4E/dp = %.4g; ZeRO-1 E + E + 2E/dp = %.4g; "
+              "no ZeRO 4E = %.4g; this plan: %.4g (%s; chunks padded to a multiple of dp)\n",
+              dp, e, pr, 4 * e / dp, 2 * e + 2 * e / dp, 4 * e, (double)(par + grad + opt) / n,
+              z3 ? "ZeRO-3" : zero ? "ZeRO-1" : "no ZeRO");
+    sb_printf(out, "  Megatron (16-bit params, f32 masters): 18 bytes per parameter plain, 6 + 12/dp = %.4g with the "
+              "distributed optimizer, Megatron-FSDP (all sharded) 18/dp = %.4g\n", 6.0 + 12.0 / dp, 18.0 / dp);
+  }
   if (m->train.lowp != IR_VOID) {
     if (zero)
       sb_printf(out, "  Megatron, 16-bit with f32 masters: 18 bytes per parameter; distributed optimizer 6 + 12 / dp = "
@@ -161,6 +172,65 @@ static void report_per_param(const IrModule *m, StrBuf *out, size_t par, size_t 
       sb_puts(out, "  Megatron, 16-bit with f32 masters: 18 bytes per parameter = 2 (param) + 4 (main grad) + 4 (master) "
                    "+ 8 (adam)\n");
   }
+}
+
+/* ZeRO-3 (pass zero3): the parameters gathered in block micro are
+ * activations of the arena (counted in its rows above), shown apart: the
+ * largest layer (gather group: the values an all_gather of a shard state
+ * makes, at the parameters' local size), and the most bytes of gathered
+ * parameters live at once in the micro block's plan (with the prefetch,
+ * the layer computing and the next one).  Nothing when no shard exists. */
+static int report_gathered(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, StrBuf *out, char *err, size_t errlen) {
+  int bi = ir_block_find(m, "micro"), any = 0;
+  for (int s = 0; s < m->states.n && !any; s++) any = m->states.a[s].kind == IR_STATE_SHARD;
+  if (bi < 0 || !any) return 0;
+  const IrBlock *b = &m->blocks.a[bi];
+  MemPlan p;
+  if (plan_backend(m, bi, 1, llvm_at, ctx, &p, err, errlen) != 0) return -1;
+  /* gathered[v]: v is a gathered parameter (all_gather of a shard read, and
+   * the slice / reshape after it); the largest per phase-layer run */
+  unsigned char *g = ts_xcalloc((size_t)b->n + 1, 1), *own = ts_xcalloc((size_t)b->n + 1, 1);
+  size_t largest = 0, run = 0, total = 0;
+  for (int i = 0; i < b->n; i++) {
+    const IrNode *nd = &b->nodes[i];
+    int x = nd->nin == 1 ? nd->in[0] : -1;
+    if (nd->op == IR_OP_ALL_GATHER && x >= 0 && b->nodes[x].op == IR_OP_STATE &&
+        m->states.a[b->nodes[x].ia[0]].kind == IR_STATE_SHARD)
+      g[i] = 1;
+    else if ((nd->op == IR_OP_SLICE || nd->op == IR_OP_RESHAPE) && x >= 0 && g[x])
+      g[i] = 1;
+    /* a run of gathers emitted together (one layer, or two with the
+     * prefetch): their all_gather results, padding included */
+    if (g[i] && nd->op == IR_OP_ALL_GATHER) {
+      size_t by = (size_t)ir_type_numel(&nd->type) * ir_dtype_size(nd->type.dtype);
+      run += by;
+      total += by;
+    } else if (!g[i] && nd->op != IR_OP_STATE) {
+      if (run > largest) largest = run;
+      run = 0;
+    }
+    if (g[i] && p.buf[i] >= 0) own[p.buf[i]] = 1;
+  }
+  if (run > largest) largest = run;
+  size_t peak = 0;
+  int npos = 0;
+  for (int v = 0; v < p.n; v++) if (p.last[v] + 1 > npos) npos = p.last[v] + 1;
+  for (int pos = 0; pos < npos; pos++) {
+    size_t live = 0;
+    for (int v = 0; v < p.n; v++)
+      if (own[v] && p.buf[v] == v && p.first[v] <= pos && pos <= p.last[v]) live += p.size[v];
+    if (live > peak) peak = live;
+  }
+  free(g);
+  free(own);
+  plan_mem_free(&p);
+  report_row(out, "ZeRO-3: gathered parameters, largest run of gathers", largest);
+  report_row(out, "ZeRO-3: gathered parameters live at once (peak)", peak);
+  report_row(out, "ZeRO-3: gathered per micro batch (forward + backward)", total);
+  if (out)
+    sb_puts(out, "  (the gathered parameters are values of block micro: inside its arena rows above, not added to "
+                 "them; a run is the gathers emitted together, one layer ahead)\n");
+  return 0;
 }
 
 /* The rows of one rank's program m: its states by kind (LOCAL types: a
@@ -217,6 +287,7 @@ static int report_rows(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, StrBuf
   report_row(out, "activation arena, --backend ref", arena[0]);
   report_row(out, "total, --backend ref", par + grad + opt + arena[0]);
   report_row(out, "state slab as allocated (64-byte aligned)", plan_mem_slab_bytes(m));
+  if (report_gathered(m, llvm_at, ctx, out, err, errlen) != 0) return -1;
   size_t stash;
   if (report_stash(m, out, &stash, err, errlen) != 0) return -1;
   if (stash) report_row(out, "total with the stash peak (states + arena + stash)", par + grad + opt + arena[1] + stash);

@@ -80,24 +80,14 @@
 typedef struct { IrModule *m; PassCtx *cx; int b; int failed; } Em;
 static int em(Em *e, IrOp op, const int *in, int nin, const int64_t *ia, const double *fa,
               const char *sa, const IrType *type, const IrSharding *sh) {
-  if (e->failed) return -1;
-  for (int k = 0; k < nin; k++)
-    if (in[k] < 0) { e->failed = 1; return -1; }
-  char err[512];
-  int id = ir_emit(e->m, e->b, op, in, nin, ia, fa, sa, type, err, sizeof err);
-  if (id < 0) {
-    e->failed = 1;
-    snprintf(e->cx->err, sizeof e->cx->err, "optimizer: cannot emit %s: %s", ir_ops[op].name, err);
-    return -1;
-  }
-  if (sh) e->m->blocks.a[e->b].nodes[id].sh = *sh;
-  return id;
+  return pass_emit(e->m, e->cx, e->b, &e->failed, "optimizer", op, in, nin, ia, fa, sa, type, sh);
 }
 
 /* The update block's view of the mesh. */
 typedef struct {
   int dp;            /* dp ranks */
-  int zero;          /* ZeRO-1: dp > 1 and m->par.zero */
+  int zero;          /* ZeRO-1 (or 3): dp > 1 and m->par.zero */
+  int z3;            /* ZeRO-3: dp > 1 and m->par.zero == 3 (pass zero3 sharded parameters and gradients) */
   unsigned live;     /* axes of size > 1: only they need collectives */
   IrDtype prec;      /* dtype of the scalars */
   unsigned ppn;      /* PP_BIT when building a pipeline rank's update (the norm's
@@ -107,6 +97,7 @@ typedef struct {
 /* One parameter's gradient as the update block handles it. */
 typedef struct {
   int g, p;          /* grad state, param state */
+  int w;             /* the state adamw updates: p, or (ZeRO-3) p's shard */
   unsigned split;    /* live non-dp axes splitting the grad: its square sum is partial over them */
   int64_t n, c;      /* numel of the local param; ZeRO chunk ceil(n / dp) */
   int val;           /* the rank's true local gradient [param type], or (ZeRO) its reduced chunk [c] */
@@ -206,7 +197,9 @@ static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
              "micro batches' contributions): summed once per step, not per micro batch", ir_axis_name((IrAxis)a));
     say(e, v, f, e->m->states.a[gr->p].name);
   }
-  if (ms->dp > 1 && !ms->zero) {
+  if (gs->sh.flat) {
+    /* ZeRO-3: reduce-scattered over dp in every micro batch (pass zero3) */
+  } else if (ms->dp > 1 && !ms->zero) {
     sh.partial &= (uint8_t)~DP_BIT;
     int64_t ia[2] = {IR_AXIS_DP, 0};
     v = em(e, IR_OP_ALL_REDUCE, &v, 1, ia, NULL, NULL, NULL, &sh);
@@ -332,7 +325,7 @@ static void adamw(Em *e, const Grad *gr, const Mesh *ms, int coef) {
   if (vst < 0) return;
   const IrModule *m = e->m;
   const IrTrain *t = &m->train;
-  int64_t ia[3] = {gr->p, mst, vst};
+  int64_t ia[3] = {gr->w, mst, vst};
   double fa[4] = {t->beta1, t->beta2, t->eps,
                   (m->states.a[gr->p].flags & IR_STATE_NODECAY) ? 0.0 : t->weight_decay};
   int g = gr->val;
@@ -382,6 +375,25 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
     if (p < 0 || p >= m->states.n || m->states.a[p].kind != IR_STATE_PARAM)
       return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s is not attached to a parameter", gs->name);
     const IrState *ps = &m->states.a[p];
+    if (ps->flags & IR_STATE_SHARDED) {   /* ZeRO-3 (pass zero3): both are flat chunks [c] */
+      int sh = ir_state_shard_of(m, p);
+      if (!ms->z3 || sh < 0 || !gs->sh.flat || !ir_type_same_shape(&gs->type, &m->states.a[sh].type))
+        return ts_errf(cx->err, sizeof cx->err, "optimizer: param @%s is held as ZeRO-3 shards but %s%s", ps->name,
+                       !ms->z3 ? "the module is not compiled for --zero 3 at dp > 1" : "its gradient is not a flat "
+                       "chunk like its shard: @", !ms->z3 ? "" : gs->name);
+      Grad *g = &grads[ng++];
+      memset(g, 0, sizeof *g);
+      g->g = s;
+      g->p = p;
+      g->w = sh;
+      g->n = ir_type_numel(&ps->type);
+      g->c = ir_type_numel(&gs->type);
+      for (int d = 0; d < IR_MAX_RANK; d++) g->split |= ps->sh.split[d];
+      g->split &= ms->live;
+      g->val = -1;
+      g->in_norm = 1;
+      continue;
+    }
     /* split like its parameter, and maybe along dims the parameter keeps
      * whole (rows accumulated apart; grad_value gathers them): the grad's
      * type is the parameter's with those dims divided */
@@ -418,6 +430,7 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
     Grad *g = &grads[ng++];
     g->g = s;
     g->p = p;
+    g->w = p;
     g->split = split & ms->live;
     g->n = ir_type_numel(&ps->type);
     g->c = (g->n + ms->dp - 1) / ms->dp;
@@ -455,7 +468,7 @@ static void dp_marks(IrModule *m, int on) {
   uint8_t bit = (uint8_t)DP_BIT;
   for (int s = 0; s < m->states.n; s++) {
     IrState *st = &m->states.a[s];
-    if (st->kind == IR_STATE_GRAD) st->sh.partial = on ? st->sh.partial | bit : st->sh.partial & ~bit;
+    if (st->kind == IR_STATE_GRAD && !st->sh.flat) st->sh.partial = on ? st->sh.partial | bit : st->sh.partial & ~bit;
   }
   for (int bi = 0; bi < m->blocks.n; bi++) {
     IrBlock *b = &m->blocks.a[bi];
@@ -463,6 +476,7 @@ static void dp_marks(IrModule *m, int on) {
       const IrNode *n = &b->nodes[i];
       if (n->op != IR_OP_ACCUM || n->ia[0] < 0 || n->ia[0] >= m->states.n) continue;
       if (m->states.a[n->ia[0]].kind != IR_STATE_GRAD || n->in[0] < 0 || n->in[0] >= i) continue;
+      if (m->states.a[n->ia[0]].sh.flat) continue;   /* ZeRO-3: a chunk summed over dp already */
       IrSharding *sh = &b->nodes[n->in[0]].sh;
       sh->partial = on ? sh->partial | bit : sh->partial & ~bit;
     }
@@ -511,7 +525,7 @@ static int build_update(IrModule *m, PassCtx *cx, const char *name, Grad *grads,
 
   /* 4-5. AdamW per parameter; with ZeRO, then the all-gathers */
   for (int k = 0; k < ng && !e.failed; k++) adamw(&e, &grads[k], ms, coef);
-  for (int k = 0; ms->zero && k < ng && !e.failed; k++) rebuild_param(&e, &grads[k], ms);
+  for (int k = 0; ms->zero && !ms->z3 && k < ng && !e.failed; k++) rebuild_param(&e, &grads[k], ms);
 
   /* 6. clear the accumulators */
   for (int k = 0; k < ng; k++) {
@@ -601,6 +615,7 @@ static int optimizer_run(IrModule *m, PassCtx *cx, const uint64_t *stage_ranks) 
   if (!ir_dtype_is_float(ms.prec)) { snprintf(cx->err, sizeof cx->err, "optimizer: precision must be f32 or f64"); return -1; }
   ms.dp = ir_axis_size(m, IR_AXIS_DP);
   ms.zero = ms.dp > 1 && m->par.zero;
+  ms.z3 = ms.dp > 1 && m->par.zero == 3;
   ms.live = 0;
   ms.ppn = pipe ? PP_BIT : 0;
   for (int a = 0; a < IR_AXIS_COUNT; a++)
@@ -738,6 +753,14 @@ int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
     return ts_errf(err, errlen, "respecialize to dp=%d: this is a whole-model pipeline module (pp=%d, stage=0); "
                    "respecialize the programs of its pipeline ranks (pass_pipeline_rank_module), as mrun does, or "
                    "compile it with mcc --dp %d", dp, ir_axis_size(m, IR_AXIS_PP), dp);
+  /* ZeRO-3's micro block gathers and reduce-scatters over the compiled dp */
+  for (int s = 0; s < m->states.n; s++)
+    if (m->states.a[s].kind == IR_STATE_SHARD)
+      return ts_errf(err, errlen, "respecialize to dp=%d: this is a ZeRO-3 plan (--zero 3) compiled for dp=%d: its "
+                     "parameters are held as 1/%d shards and gathered over dp in the micro block, which cannot be "
+                     "adapted at run time: run it at dp=%d, or recompile it with mcc %s--dp %d", dp,
+                     ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_DP),
+                     dp > 1 ? "--zero 3 " : "", dp);
   int ub = ir_block_find(m, "update");
   if (ub < 0) return ts_errf(err, errlen, "respecialize: the module has no block \"update\" (the optimizer pass did not run)");
   char why[512];

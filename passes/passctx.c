@@ -26,3 +26,19 @@ int pass_recompute_lookup(const char *name) {
 }
 
 void pass_ctx_free(PassCtx *cx) { arena_free(&cx->scratch); }
+
+int pass_emit(IrModule *m, PassCtx *cx, int b, int *failed, const char *who, IrOp op, const int *in, int nin,
+              const int64_t *ia, const double *fa, const char *sa, const IrType *type, const IrSharding *sh) {
+  if (*failed) return -1;
+  for (int k = 0; k < nin; k++)
+    if (in[k] < 0) { *failed = 1; return -1; }
+  char err[512];
+  int id = ir_emit(m, b, op, in, nin, ia, fa, sa, type, err, sizeof err);
+  if (id < 0) {
+    *failed = 1;
+    snprintf(cx->err, sizeof cx->err, "%s: cannot emit %s: %s", who, ir_ops[op].name, err);
+    return -1;
+  }
+  if (sh) m->blocks.a[b].nodes[id].sh = *sh;
+  return id;
+}

@@ -70,6 +70,11 @@ int pass_pipe_split(IrModule *m, PassCtx *cx);
 /* --schedule zb-h1: splits every bwd.<g> into its input-gradient part
  * (bwd.<g>, B) and weight-gradient part (wgt.<g>, W); passes/wsplit.c. */
 int pass_wsplit(IrModule *m, PassCtx *cx);
+/* --zero 3 at dp > 1: parameters and gradient accumulators held as 1/dp
+ * flat shards, parameters gathered before use (forward, then again for the
+ * backward), gradients reduce-scattered in each micro batch
+ * (passes/zero3.c, docs/sharding.md "ZeRO-3") */
+int pass_zero3(IrModule *m, PassCtx *cx);
 /* forward -> micro (forward + backward + accumulate into grad state) */
 int pass_autodiff(IrModule *m, PassCtx *cx);
 /* micro block -> one rank's local micro block for tp / sp (docs/sharding.md) */
@@ -117,6 +122,13 @@ extern const PassInfo pass_pipeline[];
 extern const int pass_pipeline_count;
 void pass_ctx_init(PassCtx *cx);
 void pass_ctx_free(PassCtx *cx);
+/* ir_emit into block b for a pass that emits many nodes: after the first
+ * failure (written to cx->err as "WHO: cannot emit OP: ...") *failed is set
+ * and every later call returns -1 without emitting; an operand < 0 (a
+ * failed earlier emit) fails too.  sh (NULL: unsharded) becomes the node's
+ * sharding.  The new node's id, or -1. */
+int pass_emit(IrModule *m, PassCtx *cx, int b, int *failed, const char *who, IrOp op, const int *in, int nin,
+              const int64_t *ia, const double *fa, const char *sa, const IrType *type, const IrSharding *sh);
 /* Runs every pass in order; the module after the frontend counts as pass 0.
  * 0 on success; -1 with cx->err set. */
 int pass_run_pipeline(IrModule *m, PassCtx *cx);

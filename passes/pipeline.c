@@ -23,6 +23,7 @@ const PassInfo pass_pipeline[] = {
     {"remat", pass_remat, "recomputes in the backward the cheap values the forward would keep (passes/remat.c)"},
     {"pipeline", pass_pipe_split, "pp > 1: micro -> per-chunk blocks fwd.<g> / bwd.<g> joined by send/recv and stash"},
     {"wsplit", pass_wsplit, "--schedule zb-h1: each bwd.<g> -> input-gradient part bwd.<g> (B) and weight-gradient part wgt.<g> (W)"},
+    {"zero3", pass_zero3, "--zero 3: parameters and gradients as 1/dp shards, each layer's parameters gathered one layer ahead before use (again in the backward), gradients reduce-scattered per micro batch"},
     {"optimizer", pass_optimizer, "adds the update block: grad norm, clipping, AdamW, zeroing grads"},
     {"eval", pass_eval, "forward-only blocks for validation: \"eval\" sliced from micro (eval.<g> from fwd.<g> with pp > 1): the outputs' operands, no stash, dropout off"},
     {"decode", pass_decode, "with --decode: generation blocks \"prefill\" and \"step\" derived from eval, with KV-cache states (docs/generation.md)"},

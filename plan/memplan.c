@@ -417,16 +417,17 @@ int plan_mem_check(const IrModule *m, const MemPlan *p, char *err, size_t errlen
 
 size_t plan_mem_state_bytes(const IrModule *m, IrStateKind kind) {
   size_t total = 0;
-  for (int i = 0; i < m->states.n; i++)
-    if (m->states.a[i].kind == kind)
-      total += (size_t)ir_type_numel(&m->states.a[i].type) * ir_dtype_size(m->states.a[i].type.dtype);
+  for (int i = 0; i < m->states.n; i++) {
+    IrStateKind k = m->states.a[i].kind == IR_STATE_SHARD ? IR_STATE_PARAM : m->states.a[i].kind;
+    if (k == kind) total += ir_state_bytes(&m->states.a[i]);   /* ZeRO-3: a parameter's bytes are its shard's */
+  }
   return total;
 }
 
 size_t plan_mem_slab_bytes(const IrModule *m) {
   size_t total = 0;
   for (int i = 0; i < m->states.n; i++)
-    total += align64((size_t)ir_type_numel(&m->states.a[i].type) * ir_dtype_size(m->states.a[i].type.dtype));
+    total += align64(ir_state_bytes(&m->states.a[i]));
   return total;
 }
 

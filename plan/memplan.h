@@ -118,7 +118,9 @@ int plan_mem_check(const IrModule *m, const MemPlan *p, char *err, size_t errlen
 int plan_mem_block_checked(const IrModule *m, int block, const int *at, MemPlan *out, char *err, size_t errlen);
 
 /* Byte totals of the states of one kind (parameters, gradients, ...):
- * the exact numel * dtype size, summed (no slab alignment). */
+ * the exact numel * dtype size, summed (no slab alignment).  Under ZeRO-3
+ * a parameter counts as its shard state (IR_STATE_SHARD), its description
+ * as nothing (ir_state_bytes). */
 size_t plan_mem_state_bytes(const IrModule *m, IrStateKind kind);
 
 /* The bytes of the runtime's state slab for m: every state at a 64-byte

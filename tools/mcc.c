@@ -58,6 +58,9 @@ static void usage(FILE *f) {
           "  --dp N                 data parallel size the update block and reports are built for\n"
           "                         (default: the parallel block's, else 1; mrun adapts a plan to any dp, pipelines too)\n"
           "  --no-zero              no distributed optimizer: every dp rank keeps whole Adam moments\n"
+          "  --zero 0|1|3           0: --no-zero; 1: ZeRO-1 (default): optimizer state sharded over dp; 3: ZeRO-3 /\n"
+          "                         FSDP: parameters, gradients and optimizer state sharded over dp, each parameter\n"
+          "                         gathered before its use in the forward and again in the backward (docs/sharding.md)\n"
           "  --dp-bucket-size BYTES the dp gradient reduction in buckets of at least BYTES (K, M, G suffixes; default\n"
           "                         Megatron's 40M elements), each issued during the last micro batch's backward:\n"
           "                         --report comm shows them; --check passes it to mrun (--ddp-bucket-size N: elements)\n"
@@ -361,6 +364,18 @@ static int parse_args(int argc, char **argv, Args *a) {
       continue;
     }
     if (strcmp(s, "--no-zero") == 0) { a->mdl.zero = 0; continue; }
+    if (strcmp(s, "--zero") == 0) {
+      NEED_ARG(s);
+      if (strcmp(next, "2") == 0)
+        return usage_error("--zero %s is not built: --zero 1 (the default) already reduce-scatters the gradients "
+                           "once per step and shards the optimizer state; --zero 3 also shards the parameters and "
+                           "the gradient accumulators (docs/sharding.md)", next);
+      if (strcmp(next, "0") && strcmp(next, "1") && strcmp(next, "3"))
+        return usage_error("--zero expects 0 (no distributed optimizer), 1 (ZeRO-1, the default) or 3 (ZeRO-3 / "
+                           "FSDP), got '%s'", next);
+      a->mdl.zero = next[0] - '0';
+      continue;
+    }
     if (strcmp(s, "--no-fuse") == 0) { a->cx->no_fuse = 1; continue; }
     if (strcmp(s, "--no-remat") == 0) { a->cx->no_remat = 1; continue; }
     if (strcmp(s, "--decode") == 0) { a->cx->decode = 1; continue; }
@@ -583,7 +598,8 @@ static const char *layout_str(const IrModule *m, char *buf, size_t n) {
   if (ir_axis_size(m, IR_AXIS_PP) > 1 && m->par.sched > 0 && k < n)
     k += (size_t)snprintf(buf + k, n - k, " %s", ir_pipe_sched_name((IrPipeSched)m->par.sched));
   if (m->par.sp && k < n) k += (size_t)snprintf(buf + k, n - k, "%ssp", k ? " " : "");
-  if (ir_axis_size(m, IR_AXIS_DP) > 1 && !m->par.zero && k < n) snprintf(buf + k, n - k, " no-zero");
+  if (ir_axis_size(m, IR_AXIS_DP) > 1 && !m->par.zero && k < n) k += (size_t)snprintf(buf + k, n - k, " no-zero");
+  if (ir_axis_size(m, IR_AXIS_DP) > 1 && m->par.zero == 3 && k < n) snprintf(buf + k, n - k, " zero3");
   if (!buf[0]) snprintf(buf, n, "unsharded");
   return buf;
 }

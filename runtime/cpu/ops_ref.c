@@ -702,7 +702,7 @@ static int ref_ADAMW(RtKctx *k) {
   const IrState *w = kstate(k, 0), *m = kstate(k, 1);
   if (!ir_dtype_is_float(w->type.dtype)) return rt_kfail(k, "@%s is not a float tensor", w->name);
   IrType want = w->type;
-  if (m->sh.flat) {
+  if (m->sh.flat && !w->sh.flat) {
     int64_t nb;
     rt_shard_block(k->env->rank, m->sh.flat, &nb);
     if (m->type.rank != 1 || m->type.dtype != w->type.dtype || m->type.dim[0] * nb < ir_type_numel(&w->type))
@@ -710,6 +710,7 @@ static int ref_ADAMW(RtKctx *k) {
                       w->name, rt_tstr(&w->type, 1));
     want = m->type;
   }
+  if (w->sh.flat) want = w->type;   /* a ZeRO-3 shard: all four are the rank's chunk */
   for (int s = 1; s < 3; s++)
     if (!ir_type_same_shape(&kstate(k, s)->type, &want) || kstate(k, s)->sh.flat != m->sh.flat)
       return rt_kfail(k, "@%s does not match @%s", kstate(k, s)->name, s == 1 ? w->name : m->name);

@@ -781,7 +781,7 @@ static int FN(k_ADAMW)(RtKctx *k) {
   const T *gr = k->in[1];
   T *m = rt_kenv_state(e, (int)n->ia[1]), *v = rt_kenv_state(e, (int)n->ia[2]);
   int64_t cnt = ir_type_numel(&mod->states.a[n->ia[0]].type);
-  if (ms->sh.flat) {
+  if (ms->sh.flat && !mod->states.a[n->ia[0]].sh.flat) {   /* (a ZeRO-3 shard is the chunk itself) */
     int64_t c = ir_type_numel(&ms->type), start = rt_shard_block(e->rank, ms->sh.flat, NULL) * c;
     w += start < cnt ? start : cnt;
     cnt = start >= cnt ? 0 : (cnt - start < c ? cnt - start : c);

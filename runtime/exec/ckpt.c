@@ -96,6 +96,21 @@ static int remove_dir(const char *dir) {
  * (the optimizer moments) is a chunk of the flattened local tensor of its
  * parameter: its offsets are the parameter's, and *flat_index / *flat_count
  * say which chunk. */
+/* ZeRO-3 (pass zero3): a sharded parameter holds nothing and is not
+ * saved; its shard state is saved under the parameter's name and kind, a
+ * flat chunk of the parameter's block like a ZeRO moment, so checkpoints
+ * load across --zero 1 / 3 and any dp like every other state. */
+static int ck_skip(const IrState *s) { return s->kind == IR_STATE_PARAM && (s->flags & IR_STATE_SHARDED); }
+static const char *ck_name(const IrModule *m, const IrState *s) {
+  return s->kind == IR_STATE_SHARD && s->of >= 0 && s->of < m->states.n ? m->states.a[s->of].name : s->name;
+}
+static int ck_kind(const IrState *s) { return s->kind == IR_STATE_SHARD ? IR_STATE_PARAM : (int)s->kind; }
+static int ck_nsaved(const IrModule *m) {
+  int n = 0;
+  for (int s = 0; s < m->states.n; s++) n += !ck_skip(&m->states.a[s]);
+  return n;
+}
+
 /* The state whose local shape is s's block: its parameter for a ZeRO-flat
  * state, else s itself. */
 static const IrState *block_state(const IrModule *m, const IrState *s) {
@@ -142,17 +157,20 @@ static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, in
   size_t *hdr_end = ts_xmalloc((size_t)(m->states.n + 1) * sizeof *hdr_end), data_total = 0;
   sb_write(&bin, CK_MAGIC, 8);
   put_u32(&bin, CK_VERSION);
-  put_u32(&bin, (uint32_t)m->states.n);
+  put_u32(&bin, (uint32_t)ck_nsaved(m));
   put_u64(&bin, (uint64_t)step);
   for (int s = 0; s < m->states.n; s++) {
     const IrState *st = &m->states.a[s];
+    hdr_end[s] = bin.n;
+    if (ck_skip(st)) continue;
     size_t nbytes = (size_t)ir_type_numel(&st->type) * ir_dtype_size(st->type.dtype);
     const void *data = data_of ? data_of[s] : rt_state_data(p, s);
     uint64_t h = ts_hash64(data, nbytes, 0);
-    size_t nl = strlen(st->name);
+    const char *name = ck_name(m, st);
+    size_t nl = strlen(name);
     put_u32(&bin, (uint32_t)nl);
-    sb_write(&bin, st->name, nl);
-    put_u32(&bin, (uint32_t)st->kind);
+    sb_write(&bin, name, nl);
+    put_u32(&bin, (uint32_t)ck_kind(st));
     put_u32(&bin, (uint32_t)st->type.dtype);
     put_u32(&bin, (uint32_t)st->type.rank);
     for (int d = 0; d < st->type.rank; d++) put_u64(&bin, (uint64_t)st->type.dim[d]);
@@ -165,7 +183,7 @@ static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, in
     int fi, fc;
     shard_of(m, r, st, gdim, off, &fi, &fc);
     const IrState *b = block_state(m, st);
-    CkShard e = {(char *)st->name, (int)st->kind, (int)st->type.dtype, b->type.rank, st->type.rank, fi, fc,
+    CkShard e = {(char *)name, ck_kind(st), (int)st->type.dtype, b->type.rank, st->type.rank, fi, fc,
                  st->sh.partial, wr, {0}, {0}, {0}, {0}, at, nbytes, h};
     memcpy(e.global, gdim, sizeof e.global);
     memcpy(e.off, off, sizeof e.off);
@@ -186,6 +204,7 @@ static int write_rank(RtProgram *p, const RtRank *r, const char *dir, int wr, in
   int npc = 0;
   size_t from = 0;
   for (int s = 0; s < m->states.n; s++) {
+    if (ck_skip(&m->states.a[s])) continue;
     pc[npc++] = (TsPiece){bin.p + from, hdr_end[s] - from};
     pc[npc++] = (TsPiece){data_of ? data_of[s] : rt_state_data(p, s),
                           (size_t)ir_type_numel(&m->states.a[s].type) * ir_dtype_size(m->states.a[s].type.dtype)};
@@ -427,10 +446,10 @@ int rt_ckpt_save_async(RtCkptWriter *w, RtProgram *p, RtComm *world, const RtCkp
     w->ncopy = m->states.n;
     w->copy = ts_xcalloc((size_t)(w->ncopy ? w->ncopy : 1), sizeof *w->copy);
     for (int s = 0; s < w->ncopy; s++)
-      w->copy[s] = ts_xmalloc((size_t)ir_type_numel(&m->states.a[s].type) * ir_dtype_size(m->states.a[s].type.dtype) + 1);
+      w->copy[s] = ts_xmalloc(ir_state_bytes(&m->states.a[s]) + 1);
   }
-  for (int s = 0; s < w->ncopy; s++)
-    memcpy(w->copy[s], rt_state_data(p, s), (size_t)ir_type_numel(&m->states.a[s].type) * ir_dtype_size(m->states.a[s].type.dtype));
+  for (int s = 0; s < w->ncopy; s++)   /* (a ZeRO-3 sharded parameter: nothing, its shard holds it) */
+    memcpy(w->copy[s], rt_state_data(p, s), ir_state_bytes(&m->states.a[s]));
   *copy_s = ts_now_s() - t0;
   w->p = p;
   w->wr = world_rank(world);
@@ -557,8 +576,9 @@ static int read_rank(RtProgram *p, const char *path, int64_t step, char *err, si
     uint64_t nbytes = get_u64(b, &pos), h = get_u64(b, &pos);
     NEED(nbytes);
     int s = ir_state_find(m, name);
+    if (s >= 0 && ck_skip(&m->states.a[s])) s = ir_state_shard_of(m, s);   /* ZeRO-3: its shard */
     const IrState *st = s >= 0 ? &m->states.a[s] : NULL;
-    int same = st && (uint32_t)st->kind == kind && (uint32_t)st->type.dtype == dt && (uint32_t)st->type.rank == rank;
+    int same = st && (uint32_t)ck_kind(st) == kind && (uint32_t)st->type.dtype == dt && (uint32_t)st->type.rank == rank;
     for (uint32_t d = 0; same && d < rank; d++) same = st->type.dim[d] == dim[d];
     if (!same) {
       char have[128] = "", want[128] = "";
@@ -570,7 +590,7 @@ static int read_rank(RtProgram *p, const char *path, int64_t step, char *err, si
       if (st) ir_type_str(&st->type, want, sizeof want);
       rc = ts_errf(err, errlen, "the checkpoint does not fit this program: tensor '%s' (%s %s in '%s') %s%s%s", name,
                    kind_name((IrStateKind)kind), have, path, st ? "is " : "is not in the program",
-                   st ? kind_name(st->kind) : "", st ? " " : "");
+                   st ? kind_name((IrStateKind)ck_kind(st)) : "", st ? " " : "");
       if (st) snprintf(err + strlen(err), errlen - strlen(err), "%s here", want);
       goto out;
     }
@@ -584,7 +604,7 @@ static int read_rank(RtProgram *p, const char *path, int64_t step, char *err, si
   }
   if (pos != len) { rc = ts_errf(err, errlen, "'%s' is corrupted: %zu bytes after its last tensor", path, len - pos); goto out; }
   for (int s = 0; s < m->states.n; s++)
-    if (!got[s]) { rc = ts_errf(err, errlen, "the checkpoint does not fit this program: '%s' lacks tensor '%s'", path, m->states.a[s].name); goto out; }
+    if (!got[s] && !ck_skip(&m->states.a[s])) { rc = ts_errf(err, errlen, "the checkpoint does not fit this program: '%s' lacks tensor '%s'", path, m->states.a[s].name); goto out; }
 #undef NEED
 out:
   free(got);
@@ -703,18 +723,19 @@ static int load_state(RtProgram *p, int s, const CkIndex *x, int lo, int hi, CkF
   StrBuf t = {0};
   int rc = 0;
   if (lo == hi) {
-    type_text(&t, st->kind, st->type.dtype, gdim, R);
-    rc = ts_errf(err, errlen, "the checkpoint does not fit this model: it has no tensor '%s' (%s here)", st->name, t.p);
+    type_text(&t, ck_kind(st), st->type.dtype, gdim, R);
+    rc = ts_errf(err, errlen, "the checkpoint does not fit this model: it has no tensor '%s' (%s here)", ck_name(m, st),
+                 t.p);
   }
   unsigned partial = st->sh.partial;
   for (int i = lo; i < hi && rc == 0; i++) {
     const CkShard *e = &x->a[x->ord[i]];
     partial |= e->partial;
-    if (e->kind == (int)st->kind && e->dtype == (int)st->type.dtype && e->rank == R && same_dims(e->global, gdim, R)) continue;
+    if (e->kind == ck_kind(st) && e->dtype == (int)st->type.dtype && e->rank == R && same_dims(e->global, gdim, R)) continue;
     type_text(&t, e->kind, e->dtype, e->global, e->rank);
     sb_puts(&t, " in the checkpoint, ");
-    type_text(&t, st->kind, st->type.dtype, gdim, R);
-    rc = ts_errf(err, errlen, "the checkpoint does not fit this model: tensor '%s' is %s here", st->name, t.p);
+    type_text(&t, ck_kind(st), st->type.dtype, gdim, R);
+    rc = ts_errf(err, errlen, "the checkpoint does not fit this model: tensor '%s' is %s here", ck_name(m, st), t.p);
   }
   sb_free(&t);
   if (rc) return rc;
@@ -729,7 +750,7 @@ static int load_state(RtProgram *p, int s, const CkIndex *x, int lo, int hi, CkF
       for (size_t k = 0; k < e->bytes; k++)
         if (d[k])
           return ts_errf(err, errlen, "tensor '%s' holds partial sums in the checkpoint (values that add up across "
-                         "ranks) that are not zero: it loads only into the layout it was saved from", st->name);
+                         "ranks) that are not zero: it loads only into the layout it was saved from", ck_name(m, st));
     }
     return 0;
   }
@@ -767,13 +788,13 @@ static int load_state(RtProgram *p, int s, const CkIndex *x, int lo, int hi, CkF
     got += copy_block(blk, off, b->type.dim, &src, gdim, es, &missing);
     if (missing)
       rc = ts_errf(err, errlen, "the checkpoint lacks chunks of tensor '%s' (saved in %d chunks, ZeRO): a rank's shard "
-                   "file is missing from its index", st->name, e->fc);
+                   "file is missing from its index", ck_name(m, st), e->fc);
   }
   if (rc == 0 && got != need) {
     StrBuf o = {0};
     ck_dims_text(&o, off, R);
     rc = ts_errf(err, errlen, "the checkpoint holds %lld of the %lld values of tensor '%s' at offsets %s that this rank "
-                 "needs", (long long)got, (long long)need, st->name, o.p);
+                 "needs", (long long)got, (long long)need, ck_name(m, st), o.p);
     sb_free(&o);
   }
   if (rc == 0 && st->sh.flat) {   /* chunk fi of the block, zero-padded */
@@ -790,15 +811,16 @@ static int load_state(RtProgram *p, int s, const CkIndex *x, int lo, int hi, CkF
  * it was saved in): the shard file then loads as it is. */
 static int index_is_mine(const CkIndex *x, int wr, RtProgram *p) {
   const IrModule *m = rt_program_module(p);
-  if (wr >= x->nranks || x->first[wr + 1] - x->first[wr] != m->states.n) return 0;
-  for (int s = 0; s < m->states.n; s++) {
-    const CkShard *e = &x->a[x->first[wr] + s];
+  if (wr >= x->nranks || x->first[wr + 1] - x->first[wr] != ck_nsaved(m)) return 0;
+  for (int s = 0, k = 0; s < m->states.n; s++) {
     const IrState *st = &m->states.a[s];
+    if (ck_skip(st)) continue;
+    const CkShard *e = &x->a[x->first[wr] + k++];
     const IrState *b = block_state(m, st);
     int64_t gdim[IR_MAX_RANK], off[IR_MAX_RANK];
     int fi, fc;
     shard_of(m, rt_program_rank(p), st, gdim, off, &fi, &fc);
-    if (strcmp(e->name, st->name) || e->kind != (int)st->kind || e->dtype != (int)st->type.dtype || e->rank != b->type.rank ||
+    if (strcmp(e->name, ck_name(m, st)) || e->kind != ck_kind(st) || e->dtype != (int)st->type.dtype || e->rank != b->type.rank ||
         e->lrank != st->type.rank || !same_dims(e->shape, st->type.dim, e->lrank) || !same_dims(e->global, gdim, e->rank) ||
         !same_dims(e->off, off, e->rank) || !same_dims(e->block, b->type.dim, e->rank) || e->fi != fi || e->fc != fc ||
         e->partial != st->sh.partial)
@@ -828,7 +850,8 @@ static int load_states(RtProgram *p, const CkIndex *x, const char *ck, int64_t s
   CkFiles f = {ck, step, ts_xcalloc((size_t)x->nranks, sizeof(char *)), ts_xcalloc((size_t)x->nranks, sizeof(size_t)),
                ts_xcalloc((size_t)(x->n ? x->n : 1), 1)};
   for (int s = 0; s < m->states.n && rc == 0; s++) {
-    int lo, hi = ck_index_find(x, m->states.a[s].name, &lo);
+    if (ck_skip(&m->states.a[s])) continue;   /* ZeRO-3: loaded into its shard */
+    int lo, hi = ck_index_find(x, ck_name(m, &m->states.a[s]), &lo);
     if (lo == hi && m->states.a[s].kind == IR_STATE_CACHE) continue;   /* generation's KV cache: scratch, left at 0 */
     if (lo == hi && m->states.a[s].kind == IR_STATE_COPY) continue;    /* a 16-bit copy: remade from its master */
     rc = load_state(p, s, x, lo, hi, &f, err, errlen);

@@ -239,8 +239,9 @@ static int cuda_adamw_run(RtJit *J, const IrModule *m, const IrBlock *b, int *ru
     int64_t c = adamw_count(m, b, nd), total = ir_type_numel(&w->type), nblk = 1;
     for (int a = 0; a < IR_AXIS_COUNT; a++)
       if (ms->sh.flat & (1u << a)) nblk *= par_axis_size(m, a);
-    ccnt[2 * j] = ms->sh.flat ? (total >= c ? c : 0) : c;
-    if (ms->sh.flat && total % c != 0 && total < nblk * c) ccnt[2 * j + 1] = total % c;
+    int chunked = ms->sh.flat && !w->sh.flat;   /* a ZeRO-3 shard is always the whole chunk */
+    ccnt[2 * j] = chunked ? (total >= c ? c : 0) : c;
+    if (chunked && total % c != 0 && total < nblk * c) ccnt[2 * j + 1] = total % c;
     for (int h = 0; h < 2 && rc == 0; h++) {
       if (ccnt[2 * j + h] <= 0) continue;
       CgKernel *k = cg_lower_adamw(b->nodes[nd->in[1]].type.dtype, b->nodes[nd->in[0]].type.dtype, nd->fa,
@@ -615,7 +616,8 @@ void rt_jit_adamw_chunk(const RtProgram *p, const IrNode *n, int64_t *off, int64
   const IrState *w = &m->states.a[n->ia[0]], *ms = &m->states.a[n->ia[1]];
   *cnt = ir_type_numel(&w->type);
   *off = 0;
-  if (ms->sh.flat) {   /* the rank's chunk of the flattened param (ref_ADAMW's rule) */
+  if (ms->sh.flat && !w->sh.flat) {   /* the rank's chunk of the flattened param (ref_ADAMW's rule; a ZeRO-3
+                                          shard is the chunk itself) */
     int64_t c = ir_type_numel(&ms->type), s0 = rt_shard_block(rt_program_rank(p), ms->sh.flat, NULL) * c;
     *off = s0 < *cnt ? s0 : *cnt;
     *cnt = s0 >= *cnt ? 0 : (*cnt - s0 < c ? *cnt - s0 : c);

@@ -36,7 +36,29 @@ static void *gather_param(RtProgram *p, const IrState *s, IrType *gt, char *err,
   size_t es = ir_dtype_size(t->dtype);
   *gt = *t;
   void *cur = ts_xmalloc((size_t)(ir_type_numel(t) ? ir_type_numel(t) : 1) * es);
-  memcpy(cur, rt_state_data(p, (int)(s - rt_program_module(p)->states.a)), (size_t)ir_type_numel(t) * es);
+  if (s->flags & IR_STATE_SHARDED) {   /* ZeRO-3: the local tensor is the dp ranks' chunks, gathered */
+    const IrModule *m = rt_program_module(p);
+    int sh = ir_state_shard_of(m, (int)(s - m->states.a)), dp = rt_program_axis_size(p, IR_AXIS_DP);
+    RtComm *g = dp > 1 ? rt_program_group(p, IR_AXIS_DP) : NULL;
+    if (sh < 0 || (dp > 1 && !g)) {
+      free(cur);
+      ts_errf(err, errlen, "@%s is held as ZeRO-3 shards but this rank has no %s", s->name,
+              sh < 0 ? "shard state" : "dp group");
+      return NULL;
+    }
+    int64_t c = ir_type_numel(&m->states.a[sh].type);
+    char *all = ts_xmalloc((size_t)(c * dp) * es);
+    if (g && rt_comm_all_gather(g, t->dtype, rt_state_data(p, sh), all, (size_t)c, err, errlen) != 0) {
+      free(cur);
+      free(all);
+      return NULL;
+    }
+    if (!g) memcpy(all, rt_state_data(p, sh), (size_t)c * es);
+    memcpy(cur, all, (size_t)ir_type_numel(t) * es);
+    free(all);
+  } else {
+    memcpy(cur, rt_state_data(p, (int)(s - rt_program_module(p)->states.a)), (size_t)ir_type_numel(t) * es);
+  }
   for (int a = IR_AXIS_COUNT - 1; a >= 0; a--) {   /* innermost axis first */
     int size = rt_program_axis_size(p, (IrAxis)a);
     for (int d = 0; d < t->rank; d++) {

@@ -390,10 +390,34 @@ static double init_value(const void *ctx, int64_t g) {
 }
 static double global_value(const void *ctx, int64_t g) { return ((const double *)ctx)[g]; }
 
-/* Parameter s from its initializer. */
+/* Parameter s filled by val into data; a ZeRO-3 sharded parameter
+ * (IR_STATE_SHARDED) into its shard state's buffer `data`: the rank's
+ * chunk [r*c, (r+1)*c) of the flattened local tensor, zero past its end
+ * (filled whole into a temporary: initialization and loading only). */
+static int fill_param_or_shard(const RtProgram *p, const IrState *s, void *data,
+                               double (*val)(const void *ctx, int64_t g), const void *ctx, char *err, size_t errlen) {
+  if (!(s->flags & IR_STATE_SHARDED)) return fill_param(p, s, data, val, ctx, err, errlen);
+  int sh = ir_state_shard_of(p->m, (int)(s - p->m->states.a));
+  if (sh < 0) return ts_errf(err, errlen, "parameter @%s is sharded but has no shard state", s->name);
+  const IrState *st = &p->m->states.a[sh];
+  size_t es = ir_dtype_size(s->type.dtype);
+  int64_t n = ir_type_numel(&s->type), c = ir_type_numel(&st->type);
+  int64_t start = rt_shard_block(&p->rank, st->sh.flat, NULL) * c;
+  char *full = ts_xmalloc((size_t)(n ? n : 1) * es);
+  int rc = fill_param(p, s, full, val, ctx, err, errlen);
+  if (rc == 0) {
+    int64_t have = start >= n ? 0 : (n - start < c ? n - start : c);
+    memset(data, 0, (size_t)c * es);
+    if (have > 0) memcpy(data, full + (size_t)start * es, (size_t)have * es);
+  }
+  free(full);
+  return rc;
+}
+
+/* Parameter s from its initializer (into its shard under ZeRO-3). */
 static int init_param(const RtProgram *p, const IrState *s, uint64_t seed, void *data, char *err, size_t errlen) {
   InitCtx c = {s, seed, rt_name_hash(s->name)};
-  return fill_param(p, s, data, init_value, &c, err, errlen);
+  return fill_param_or_shard(p, s, data, init_value, &c, err, errlen);
 }
 
 int rt_any_failed(RtComm *w, int bad, const char *what, char *err, size_t errlen) {
@@ -411,7 +435,10 @@ int rt_any_failed(RtComm *w, int bad, const char *what, char *err, size_t errlen
 int rt_program_set_param(RtProgram *p, int s, const double *global, char *err, size_t errlen) {
   const IrModule *m = p->m;
   TS_ASSERT(s >= 0 && s < m->states.n && m->states.a[s].kind == IR_STATE_PARAM);
-  return fill_param(p, &m->states.a[s], p->slab + p->off[s], global_value, global, err, errlen);
+  const IrState *st = &m->states.a[s];
+  int at = (st->flags & IR_STATE_SHARDED) ? ir_state_shard_of(m, s) : s;
+  if (at < 0) return ts_errf(err, errlen, "parameter @%s is sharded but has no shard state", st->name);
+  return fill_param_or_shard(p, st, p->slab + p->off[at], global_value, global, err, errlen);
 }
 
 /* The default backend: what rt_exec_set_default set, else TS_BACKEND from
@@ -575,7 +602,7 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
       return NULL;
     }
     p->off[i] = total;
-    total += align_up((size_t)n * es);
+    total += align_up(ir_state_bytes(s));   /* a ZeRO-3 sharded parameter: none (its shard holds it) */
   }
   p->slab_bytes = total;
   void *slab = NULL;
@@ -589,7 +616,9 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
   p->env = (RtKenv){.m = m, .rank = &p->rank, .slab = p->slab, .off = p->off};
   for (int i = 0; i < m->states.n; i++) {
     const IrState *s = &m->states.a[i];
-    if (s->kind == IR_STATE_PARAM && init_param(p, s, m->train.seed, p->slab + p->off[i], err, errlen) != 0) {
+    int at = (s->flags & IR_STATE_SHARDED) ? ir_state_shard_of(m, i) : i;
+    if (s->kind == IR_STATE_PARAM && (at < 0 || init_param(p, s, m->train.seed, p->slab + p->off[at], err, errlen) != 0)) {
+      if (at < 0) ts_errf(err, errlen, "parameter @%s is sharded but has no shard state", s->name);
       rt_program_free(p);
       return NULL;
     }
@@ -829,7 +858,7 @@ static void print_memory(const RtProgram *p) {
   for (int i = 0; i < p->m->states.n; i++) {
     const IrState *st = &p->m->states.a[i];
     if (st->kind >= 0 && st->kind < IR_STATE_KIND_COUNT)
-      kind[st->kind] += (size_t)ir_type_numel(&st->type) * ir_dtype_size(st->type.dtype);
+      kind[st->kind == IR_STATE_SHARD ? IR_STATE_PARAM : st->kind] += ir_state_bytes(st);   /* ZeRO-3: the shards */
   }
   fprintf(stderr, "rt memory: rank dp %d pp %d cp %d ep %d tp %d: params %zu grads %zu adam %zu slab %zu arena %zu\n",
           p->rank.coord[IR_AXIS_DP], p->rank.coord[IR_AXIS_PP], p->rank.coord[IR_AXIS_CP], p->rank.coord[IR_AXIS_EP],

@@ -49,7 +49,10 @@ check() {   # model tp pp fuse(yes|no) backend [recompute options]
     "$MCC" "$SRC/samples/$model.mdl" $D $opts --report memory > "$rep" 2> "$TMP/$tag.mccerr" || { die "$tag: mcc --report: $(cat "$TMP/$tag.mccerr")"; return; }
     "$MCC" "$SRC/samples/$model.mdl" $D $opts -o "$plan" 2> "$TMP/$tag.mccerr" || { die "$tag: mcc: $(cat "$TMP/$tag.mccerr")"; return; }
   fi
-  local out="$TMP/$tag.err" nr=$((tp * pp))
+  local dp
+  dp=$(printf %s "$rc_opts" | sed -n 's/.*--dp \([0-9]*\).*/\1/p')
+  dp=${dp:-1}
+  local out="$TMP/$tag.err" nr=$((tp * pp * dp)) per=$((tp * dp))
   # one evaluation too, so the forward-only eval blocks run and are measured
   TS_RT_MEMORY=1 "$MRUN" "$plan" --gpus "$nr" --backend "$be" --steps 1 --quiet \
     --mock-data --eval-interval 1 --eval-iters 1 > /dev/null 2> "$out" || { die "$tag: mrun: $(tail -5 "$out")"; return; }
@@ -64,7 +67,7 @@ check() {   # model tp pp fuse(yes|no) backend [recompute options]
       want=$(srow "${k#*:}" "$rep" $c)
       [ -n "$want" ] || { die "$tag: no row '${k#*:}' for pipeline rank $c in the report"; continue; }
       got=$(meas "$out" "${k%%:*}" $c "")
-      [ "$(echo $got | wc -w)" = "$tp" ] || die "$tag: pp $c: $(echo $got | wc -w) measurements of ${k%%:*} for $tp ranks"
+      [ "$(echo $got | wc -w)" = "$per" ] || die "$tag: pp $c: $(echo $got | wc -w) measurements of ${k%%:*} for $per ranks"
       for got in $got; do
         [ "$got" = "$want" ] || die "$tag: pp $c: measured ${k%%:*} $got, the report says $want"
       done
@@ -87,7 +90,7 @@ check() {   # model tp pp fuse(yes|no) backend [recompute options]
           [ "$got" = "$hr" ] || die "$tag: pp $c: block $b held $got bytes at the loss, the report says $hr"
         done
       fi
-      [ "$(echo $used | wc -w)" = "$tp" ] || die "$tag: pp $c: block $b: $(echo $used | wc -w) measurements for $tp ranks"
+      [ "$(echo $used | wc -w)" = "$per" ] || die "$tag: pp $c: block $b: $(echo $used | wc -w) measurements for $per ranks"
     done
     [ $nb -ge 2 ] || die "$tag: pp $c: $nb blocks in the report"
   done
@@ -97,6 +100,14 @@ check() {   # model tp pp fuse(yes|no) backend [recompute options]
 # allocates and holds at the loss is still the report's, byte for byte
 # (gpt: full on both backends and tp 1 / 2, selective, and auto at a
 # budget between the two: 300 KiB at tp 1, 100 KiB at tp 2 + sp)
+# ZeRO-3 (--zero 3): parameters and gradients as 1/dp shards, the gathered
+# parameters in the micro block's arena: mrun's slab and arena are still
+# the report's (dp 2 on the LLVM backend; tp 2 dp 2 sp unfused on ref)
+case " $MODELS " in *" gpt "*)
+  check gpt 1 1 yes llvm "--dp 2 --zero 3"
+  [ -n "${MEASURE_QUICK:-}" ] || check gpt 2 1 no ref "--dp 2 --zero 3 --sp" ;;
+esac
+
 case " $MODELS " in *" gpt "*)
   check gpt 1 1 yes llvm "--recompute full"
   check gpt 2 1 no ref "--recompute full"

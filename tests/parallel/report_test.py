@@ -79,7 +79,7 @@ def check_memory(model, defs, tp, dp, zero, extra):
     before = failures
     params, rules = frontend_params(model, defs)
     tp_dims = {d for d, axes in rules.items() if "tp" in axes}
-    par = adam = whole = 0
+    par = adam = whole = loc = 0
     for dtype, dims in params:
         size = DSIZE[dtype]
         split = [i for i, (name, _) in enumerate(dims) if name in tp_dims] if tp > 1 else []
@@ -89,7 +89,8 @@ def check_memory(model, defs, tp, dp, zero, extra):
         for i, (_, n) in enumerate(dims):
             local *= math.ceil(n / tp) if i in split else n
         whole += math.prod(n for _, n in dims) * size
-        par += local * size
+        loc += local * size
+        par += (math.ceil(local / dp) if zero == 3 and dp > 1 else local) * size
         adam += 2 * (math.ceil(local / dp) if zero and dp > 1 else local) * size
     args = ["%s/samples/%s.mdl" % (SRC, model)] + defs + extra + ["--report", "memory"]
     text = mcc(args).splitlines()
@@ -116,10 +117,76 @@ def check_memory(model, defs, tp, dp, zero, extra):
     # reduced gradient until the global norm is known, and at these sizes
     # that can be the largest block.)
     arena, arena1 = mine.get("block micro: arena peak", 0), base.get("block micro: arena peak", 0)
-    if not (0 < arena < arena1 if tp > 1 else 0 < arena <= arena1):
+    if zero == 3 and dp > 1:
+        # ZeRO-3: the gathered parameters are activations of the micro block:
+        # some live at once, at most the whole (local) model twice over
+        live = mine.get("ZeRO-3: gathered parameters live at once", 0)
+        if not 0 < live <= 2 * loc:
+            fail("%s: gathered parameters live at once %d bytes, expected in (0, %d]" % (what, live, 2 * loc))
+        check_per_param(what, text[head[0]:uns[0]], dp, par, adam, params, tp_dims, tp)
+    elif not (0 < arena < arena1 if tp > 1 else 0 < arena <= arena1):
         fail("%s: micro block arena %d per rank against %d unsharded" % (what, arena, arena1))
     if failures == before:
         print("ok: memory %s: params %d, adam %d bytes per rank (unsharded %d)" % (what, par, adam, whole))
+
+
+def local_elements(params, tp_dims, tp):
+    """parameter elements one rank's tp block holds (a tp dim split t ways)"""
+    n = 0
+    for _, dims in params:
+        n += math.prod(math.ceil(k / tp) if tp > 1 and name in tp_dims else k for name, k in dims)
+    return n
+
+
+def check_per_param(what, section, dp, par, adam, params, tp_dims, tp):
+    """ZeRO-3's per-parameter rows: 16/dp bytes in f32 (4E/dp: E the element
+    size) when every local tensor divides by dp, next to ZeRO-1's 2E + 2E/dp
+    and Megatron's 18 and 6 + 12/dp."""
+    n = local_elements(params, tp_dims, tp)
+    e = DSIZE[params[0][0]]
+    text = "\n".join(section)
+    m = re.search(r"state bytes per parameter: ([\d.]+) =", text)
+    want = (2 * par + adam) / n
+    if not m or abs(float(m.group(1)) - want) > 1e-3 * want:
+        fail("%s: state bytes per parameter %s, expected %.4g" % (what, m and m.group(1), want))
+    m = re.search(r"closed form \(E = (\d+) bytes, \w+\): ZeRO-3 4E/dp = ([\d.]+); ZeRO-1 E \+ E \+ 2E/dp = ([\d.]+);",
+                  text)
+    if not m or int(m.group(1)) != e or abs(float(m.group(2)) - 4 * e / dp) > 1e-3 or \
+            abs(float(m.group(3)) - (2 * e + 2 * e / dp)) > 1e-3:
+        fail("%s: closed forms %s, expected E=%d, ZeRO-3 %.4g, ZeRO-1 %.4g" % (what, m and m.groups(), e, 4 * e / dp,
+                                                                            2 * e + 2 * e / dp))
+    if e == 4 and abs(want - 16 / dp) > 1e-9:
+        fail("%s: %.6g bytes per parameter in f32, expected exactly 16/dp = %.4g" % (what, want, 16 / dp))
+    m = re.search(r"18 bytes per parameter plain, 6 \+ 12/dp = ([\d.]+)", text)
+    if not m or abs(float(m.group(1)) - (6 + 12 / dp)) > 1e-3:
+        fail("%s: Megatron's distributed optimizer %s, expected %.4g" % (what, m and m.group(1), 6 + 12 / dp))
+
+
+def check_zero3_comm(model, defs, extra, dp, tp):
+    """--report comm's ZeRO-3 section: the forward gathers every (tp-local)
+    parameter once per micro batch, (dp-1)/dp of its bytes sent per rank;
+    Megatron-FSDP's closed form 3 (dp-1)/dp P E and ZeRO-1's 2 (dp-1)/dp P E."""
+    params, rules = frontend_params(model, defs)
+    tp_dims = {d for d, axes in rules.items() if "tp" in axes}
+    P = local_elements(params, tp_dims, tp)
+    e = DSIZE[params[0][0]]
+    text = mcc(["%s/samples/%s.mdl" % (SRC, model)] + defs + extra + ["--report", "comm"])
+    what = "%s %s" % (model, " ".join(extra))
+    m = re.search(r"micro batches per rank", text)
+    fwd = re.search(r"parameter all_gather, forward\s+(\d+)\s+(\d+)\s+(\d+)", text)
+    fsdp = re.search(r"Megatron-FSDP, closed form: .* = (\d+), per step (\d+)", text)
+    z1 = re.search(r"ZeRO-1 \(--zero 1\), closed form: .* = (\d+): ZeRO-3 sends (\d+) more", text)
+    if not (m and fwd and fsdp and z1):
+        return fail("%s: no ZeRO-3 section in:\n%s" % (what, text))
+    want_fwd = (dp - 1) / dp * P * e
+    if abs(int(fwd.group(2)) - want_fwd) > 1 or int(fwd.group(1)) != len(params):
+        fail("%s: forward gathers %s, expected %d gathers of %.0f ring bytes" % (what, fwd.groups(), len(params), want_fwd))
+    if abs(int(fsdp.group(1)) - 3 * want_fwd) > 1 or abs(int(z1.group(1)) - 2 * want_fwd) > 1:
+        fail("%s: closed forms FSDP %s ZeRO-1 %s, expected %.0f and %.0f" % (what, fsdp.group(1), z1.group(1),
+                                                                           3 * want_fwd, 2 * want_fwd))
+    else:
+        print("ok: comm %s: ZeRO-3 forward gathers %d ring bytes per micro batch, closed forms %s / %s" %
+              (what, int(fwd.group(2)), fsdp.group(1), z1.group(1)))
 
 
 def check_comm(model, defs, extra, sizes):
@@ -174,4 +241,12 @@ check_memory("llama", LLAMA + ["-D", "vocab=256", "-D", "heads=8", "-D", "kv_hea
 check_comm("gpt", GPT + ["-D", "vocab=256"], ["--tp", "2", "--dp", "2", "--sp"], {"tp": 2, "dp": 2})
 check_comm("llama", LLAMA + ["-D", "vocab=256"], ["--tp", "2"], {"tp": 2})
 check_comm("gpt", GPT + ["-D", "vocab=256"], ["--dp", "4", "--no-zero"], {"dp": 4})
+# ZeRO-3: parameters, gradients and moments 1/dp (16/dp bytes per f32 parameter)
+check_memory("gpt", GPT + ["-D", "vocab=256"], 1, 2, 3, ["--dp", "2", "--zero", "3", "--precision", "f32"])
+check_memory("gpt", GPT + ["-D", "vocab=256"], 1, 4, 3, ["--dp", "4", "--zero", "3", "--precision", "f32"])
+check_memory("llama", LLAMA + ["-D", "vocab=256"], 2, 2, 3, ["--tp", "2", "--dp", "2", "--sp", "--zero", "3",
+                                                            "--precision", "f32"])
+check_comm("gpt", GPT + ["-D", "vocab=256"], ["--dp", "2", "--zero", "3"], {"dp": 2})
+check_zero3_comm("gpt", GPT + ["-D", "vocab=256"], ["--dp", "2", "--zero", "3"], 2, 1)
+check_zero3_comm("llama", LLAMA + ["-D", "vocab=256"], ["--tp", "2", "--dp", "4", "--zero", "3"], 4, 2)
 sys.exit(1 if failures else 0)

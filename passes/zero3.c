@@ -1,0 +1,352 @@
+/* zero3.c - pass "zero3": ZeRO-3 / FSDP (mcc --zero 3).  Every parameter
+ * is held only as its rank's 1/dp flat chunk, gathered over dp just before
+ * use, and every gradient is reduce-scattered over dp into the rank's chunk
+ * of its accumulator in each micro batch: parameters, gradients and Adam
+ * moments are all 1/dp per rank (16/dp bytes per parameter in f32, against
+ * ZeRO-1's 4 + 4 + 8/dp).
+ *
+ * Expects: block "micro" (autodiff's forward, backward and accumulation,
+ *   after shard and remat) whose forward ends at `output "loss"`, no
+ *   update block yet.  Runs only when m->par.zero == 3 and dp > 1;
+ *   otherwise the module is unchanged.  Refused (with what works): pp > 1,
+ *   cp > 1, ep > 1, 16-bit storage (--precision bf16 / fp16).
+ * Guarantees: for every parameter P the micro block reads,
+ *   - a state "shard.P" (kind shard, of = P) of type [c] {flat:dp},
+ *     c = ceil(numel(P's local type) / dp): the rank's chunk of P's local
+ *     tensor (over the other axes, e.g. its tp block) flattened and
+ *     zero-padded, exactly the layout of ZeRO-1's moments; P keeps its
+ *     description (type, layout, init) and is marked `sharded`: it holds
+ *     no memory and no block reads it;
+ *   - P's reads in micro are replaced by a gather: state @shard.P ->
+ *     all_gather over dp -> slice [0, n) -> reshape to P's local type,
+ *     ONCE for the forward's reads (before the loss) and AGAIN for the
+ *     backward's (after it), so the gathered copy dies at the forward's last
+ *     read and the backward gathers it anew (the memory planner gives each
+ *     copy the lifetime of its reads);
+ *   - placement, one layer ahead: a layer is the group of parameters of one
+ *     index of a repeat stack (names <stack>.<i>.*, as the frontend names
+ *     unrolled layers; pass_layer_units' rule); any other parameter is a
+ *     group of its own.  Per phase (forward, backward), groups are ordered by
+ *     their first read; the gathers of group k are emitted just before the
+ *     first read of group k-1 (group 0's before its own), so the next
+ *     layer's gathers are issued before this layer's compute and a device's
+ *     comm stream overlaps them with it (collectives run there until first
+ *     read, docs/cuda.md);
+ *   - every `accum v @grad.P` becomes: v (rows accumulated apart gathered
+ *     over their axis) -> reshape [n] -> pad [dp*c] -> reduce_scatter over
+ *     dp -> accum into grad.P, now [c] {flat:dp} (plus any partial mark over
+ *     another axis, reduced by the update block): the reduction happens in
+ *     every micro batch, where the gradient is made, and the accumulator is
+ *     1/dp;
+ *   - m->par.zero stays 3: pass optimizer then builds AdamW on the shards
+ *     (no dp collective for the gradients, no all-gather afterwards).
+ * The micro block now depends on dp (pass_respecialize_dp refuses to
+ * change it).  Nothing here knows a model: only states, reads, accums. */
+#include "passes.h"
+
+#define DP_BIT (1u << IR_AXIS_DP)
+
+typedef struct {
+  IrModule *m;
+  PassCtx *cx;
+  int b;            /* the block being built */
+  int failed;
+} Z3;
+
+static int z3_emit(Z3 *z, IrOp op, const int *in, int nin, const int64_t *ia, const double *fa, const char *sa,
+                   const IrType *type, const IrSharding *sh) {
+  return pass_emit(z->m, z->cx, z->b, &z->failed, "zero3", op, in, nin, ia, fa, sa, type, sh);
+}
+
+static void z3_why(Z3 *z, int id, const char *fmt, const char *name) {
+  if (z->failed || id < 0) return;
+  char buf[512];
+  snprintf(buf, sizeof buf, fmt, name);
+  z->m->blocks.a[z->b].nodes[id].why = ts_intern(buf);
+}
+
+/* The layer key of a parameter name: up to and including its first
+ * all-digit component ("layers.3" of "layers.3.attention.wq"), else the
+ * whole name (a group of its own). */
+static const char *layer_key(const char *name) {
+  for (const char *p = name; *p;) {
+    const char *q = p;
+    while (*q >= '0' && *q <= '9') q++;
+    if (q > p && (*q == '.' || !*q) && p > name) return ts_intern_n(name, (size_t)(q - name));
+    while (*q && *q != '.') q++;
+    p = *q ? q + 1 : q;
+  }
+  return ts_intern(name);
+}
+
+/* Per sharded parameter (index by state): its chunk, shard state and the
+ * first read of each phase. */
+typedef struct {
+  int shard;         /* its shard state, -1 when the micro block does not read it */
+  int64_t n, c;
+  int first[2];      /* first reading node (old ids), per phase (0 forward, 1 backward); -1 none */
+  int at[2];         /* old id before which its gather of that phase is emitted */
+  int val[2];        /* the gathered value (new id), per phase; -1 not yet */
+} Z3Param;
+
+/* Emits the gather of param p for phase ph into the new block. */
+static void emit_gather(Z3 *z, int p, Z3Param *zp, int ph) {
+  IrModule *m = z->m;
+  const IrState *ps = &m->states.a[p], *ss = &m->states.a[zp->shard];
+  IrSharding ch, none, psh = ps->sh;
+  memset(&ch, 0, sizeof ch);
+  memset(&none, 0, sizeof none);
+  ch.split[0] = (uint8_t)DP_BIT;
+  IrType st = ss->type;
+  int64_t si[1] = {zp->shard}, ga[2] = {IR_AXIS_DP, 0};
+  int x = z3_emit(z, IR_OP_STATE, NULL, 0, si, NULL, NULL, &st, &ch);
+  x = z3_emit(z, IR_OP_ALL_GATHER, &x, 1, ga, NULL, NULL, NULL, &none);
+  z3_why(z, x, ph == 0 ? "ZeRO-3: %s is gathered from the dp ranks' shards for the forward (one layer ahead), "
+                         "released after its last forward read"
+                       : "ZeRO-3: %s is gathered again for the backward (one layer ahead), not kept from the forward",
+         ps->name);
+  if (zp->c * ir_axis_size(m, IR_AXIS_DP) > zp->n) {
+    int64_t sa[3] = {0, 0, zp->n};
+    x = z3_emit(z, IR_OP_SLICE, &x, 1, sa, NULL, NULL, NULL, &none);
+  }
+  IrType pt = ps->type;
+  if (!z->failed && ir_type_equal(&m->blocks.a[z->b].nodes[x].type, &pt)) m->blocks.a[z->b].nodes[x].sh = psh;
+  else x = z3_emit(z, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &pt, &psh);
+  zp->val[ph] = x;
+}
+
+/* accum x @g (g the grad of sharded param ps, x the new block's value):
+ * x reduce-scattered over dp into g's chunk.  gsh0: g's layout before this
+ * pass (its rows split where the parameter is whole are gathered first). */
+static void emit_reduce(Z3 *z, int x, int g, const IrSharding *gsh0, const Z3Param *zp, const IrState *ps) {
+  IrModule *m = z->m;
+  if (z->failed) return;
+  IrSharding sh = m->blocks.a[z->b].nodes[x].sh;
+  IrType t = m->blocks.a[z->b].nodes[x].type;
+  /* rows the ranks accumulated apart (split where the parameter is whole,
+   * e.g. a position embedding under sp): gathered first */
+  for (int d = 0; d < t.rank && d < IR_MAX_RANK; d++)
+    for (int a = 0; a < IR_AXIS_COUNT; a++) {
+      if (!(gsh0->split[d] & ~ps->sh.split[d] & (1u << a))) continue;
+      sh.split[d] &= (uint8_t)~(1u << a);
+      int64_t ia[2] = {a, d};
+      x = z3_emit(z, IR_OP_ALL_GATHER, &x, 1, ia, NULL, NULL, NULL, &sh);
+      z3_why(z, x, "ZeRO-3: the rows of the gradient of %s the ranks made apart, gathered before its reduce-scatter",
+             ps->name);
+    }
+  IrSharding pd;
+  memset(&pd, 0, sizeof pd);
+  pd.partial = (uint8_t)((sh.partial & ~DP_BIT) | DP_BIT);
+  if (!z->failed && m->blocks.a[z->b].nodes[x].type.rank != 1) {
+    IrType ft;
+    memset(&ft, 0, sizeof ft);
+    ft.dtype = t.dtype;
+    ft.rank = 1;
+    ft.dim[0] = zp->n;
+    x = z3_emit(z, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &ft, &pd);
+  }
+  int dp = ir_axis_size(m, IR_AXIS_DP);
+  if (zp->c * dp > zp->n) {
+    int64_t ia[3] = {0, 0, zp->c * dp - zp->n};
+    x = z3_emit(z, IR_OP_PAD, &x, 1, ia, NULL, NULL, NULL, &pd);
+  }
+  if (!z->failed) {   /* what the reduce_scatter sums: partial over dp */
+    IrSharding *xs = &m->blocks.a[z->b].nodes[x].sh;
+    xs->partial |= (uint8_t)DP_BIT;
+  }
+  IrSharding out;
+  memset(&out, 0, sizeof out);
+  out.split[0] = (uint8_t)DP_BIT;
+  out.partial = (uint8_t)(pd.partial & ~DP_BIT);
+  int64_t ra[2] = {IR_AXIS_DP, 0};
+  x = z3_emit(z, IR_OP_REDUCE_SCATTER, &x, 1, ra, NULL, NULL, NULL, &out);
+  z3_why(z, x, "ZeRO-3: the gradient of %s is summed over the dp ranks in every micro batch, each rank keeping the "
+         "chunk whose parameter shard and optimizer state it holds", ps->name);
+  int64_t gi[1] = {g};
+  z3_emit(z, IR_OP_ACCUM, &x, 1, gi, NULL, NULL, NULL, NULL);
+}
+
+static int refuse(PassCtx *cx, const char *what) {
+  return ts_errf(cx->err, sizeof cx->err, "zero3: --zero 3 %s; ZeRO-3 works with tp, sp, dp and gradient "
+                 "accumulation (f32 / f64): use --zero 1 (the default, the distributed optimizer) for this layout",
+                 what);
+}
+
+int pass_zero3(IrModule *m, PassCtx *cx) {
+  int dp = ir_axis_size(m, IR_AXIS_DP);
+  if (m->par.zero != 3 || dp <= 1) return 0;
+  char buf[256];
+  if (ir_axis_size(m, IR_AXIS_PP) > 1) {
+    snprintf(buf, sizeof buf, "with pipeline parallelism (pp=%d) is not built", ir_axis_size(m, IR_AXIS_PP));
+    return refuse(cx, buf);
+  }
+  if (ir_axis_size(m, IR_AXIS_CP) > 1) {
+    snprintf(buf, sizeof buf, "with context parallelism (cp=%d) is not built", ir_axis_size(m, IR_AXIS_CP));
+    return refuse(cx, buf);
+  }
+  if (ir_axis_size(m, IR_AXIS_EP) > 1) {
+    snprintf(buf, sizeof buf, "with expert parallelism (ep=%d) is not built", ir_axis_size(m, IR_AXIS_EP));
+    return refuse(cx, buf);
+  }
+  if (m->train.lowp != IR_VOID) {
+    snprintf(buf, sizeof buf, "with --precision %s (16-bit parameter copies) is not built", ir_dtype_name(m->train.lowp));
+    return refuse(cx, buf);
+  }
+  if (cx->decode) return refuse(cx, "with --decode (generation blocks read whole parameters) is not built");
+  int bi = ir_block_find(m, "micro");
+  if (bi < 0) return ts_errf(cx->err, sizeof cx->err, "zero3: the module has no block \"micro\" (run autodiff first)");
+  if (ir_block_find(m, "update") >= 0)
+    return ts_errf(cx->err, sizeof cx->err, "zero3: block \"update\" exists already (zero3 runs before the optimizer)");
+  const IrBlock *ob = &m->blocks.a[bi];
+  int n = ob->n, L = -1;
+  const char *lossname = ts_intern("loss");
+  for (int i = 0; i < n; i++)
+    if (ob->nodes[i].op == IR_OP_OUTPUT && ob->nodes[i].sa == lossname) L = i;
+  if (L < 0) return ts_errf(cx->err, sizeof cx->err, "zero3: block micro has no output \"loss\" (the forward's end)");
+
+  /* 1. the parameters micro reads, their phases and first reads */
+  int ns0 = m->states.n;
+  Z3Param *zp = arena_alloc(&cx->scratch, ((size_t)ns0 + 1) * sizeof *zp);
+  for (int s = 0; s < ns0; s++) zp[s] = (Z3Param){-1, 0, 0, {-1, -1}, {-1, -1}, {-1, -1}};
+  int *rd = arena_alloc(&cx->scratch, ((size_t)n + 1) * sizeof *rd);   /* old node -> param it reads, -1 */
+  for (int i = 0; i < n; i++) {
+    const IrNode *nd = &ob->nodes[i];
+    rd[i] = -1;
+    if (nd->op == IR_OP_STATE && m->states.a[nd->ia[0]].kind == IR_STATE_PARAM) rd[i] = (int)nd->ia[0];
+  }
+  for (int i = 0; i < n; i++) {
+    const IrNode *nd = &ob->nodes[i];
+    for (int k = 0; k < nd->nin; k++) {
+      int p = rd[nd->in[k]];
+      if (p < 0) continue;
+      int ph = i > L;
+      if (zp[p].first[ph] < 0) zp[p].first[ph] = i;
+      zp[p].shard = 0;   /* read: sharded below */
+    }
+  }
+  /* 2. the shard states, and the grads retyped to chunks */
+  IrSharding flat;
+  memset(&flat, 0, sizeof flat);
+  flat.flat = (uint8_t)DP_BIT;
+  IrSharding *gsh0 = arena_alloc(&cx->scratch, ((size_t)ns0 + 1) * sizeof *gsh0);
+  for (int p = 0; p < ns0; p++) {
+    if (zp[p].shard < 0) continue;
+    if (!ir_dtype_is_float(m->states.a[p].type.dtype))
+      return ts_errf(cx->err, sizeof cx->err, "zero3: parameter @%s is %s; ZeRO-3 shards float parameters only",
+                     m->states.a[p].name, ir_dtype_name(m->states.a[p].type.dtype));
+    int s = ir_state_derived(m, p, IR_STATE_SHARD, "shard", cx->err, sizeof cx->err);
+    if (s < 0) return -1;
+    IrState *ps = &m->states.a[p], *ss = &m->states.a[s];
+    zp[p].shard = s;
+    zp[p].n = ir_type_numel(&ps->type);
+    zp[p].c = (zp[p].n + dp - 1) / dp;
+    memset(&ss->type, 0, sizeof ss->type);
+    ss->type.dtype = ps->type.dtype;
+    ss->type.rank = 1;
+    ss->type.dim[0] = zp[p].c;
+    ss->sh = flat;
+    memset(ss->logical, 0, sizeof ss->logical);
+    ps->flags |= IR_STATE_SHARDED;
+  }
+  int *gof = arena_alloc(&cx->scratch, ((size_t)m->states.n + 1) * sizeof *gof);   /* grad -> its param, -1 */
+  for (int g = 0; g < m->states.n; g++) {
+    gof[g] = -1;
+    IrState *gs = &m->states.a[g];
+    if (gs->kind != IR_STATE_GRAD || gs->of < 0 || gs->of >= ns0 || zp[gs->of].shard < 0) continue;
+    gof[g] = gs->of;
+    gsh0[g] = gs->sh;
+    if (gs->sh.flat)
+      return ts_errf(cx->err, sizeof cx->err, "zero3: grad @%s is flat already (zero3 ran twice?)", gs->name);
+    IrSharding sh = flat;
+    sh.partial = (uint8_t)(gs->sh.partial & ~DP_BIT);
+    memset(&gs->type.dim, 0, sizeof gs->type.dim);
+    memset(&gs->type.dname, 0, sizeof gs->type.dname);
+    gs->type.rank = 1;
+    gs->type.dim[0] = zp[gs->of].c;
+    gs->sh = sh;
+    memset(gs->logical, 0, sizeof gs->logical);
+  }
+
+  /* 3. placement: per phase, layers ordered by first read; a layer's
+   * gathers go before the previous layer's first read */
+  for (int ph = 0; ph < 2; ph++) {
+    /* the layers of this phase with their first read */
+    const char **key = arena_alloc(&cx->scratch, ((size_t)ns0 + 1) * sizeof *key);
+    int *lfirst = arena_alloc(&cx->scratch, ((size_t)ns0 + 1) * sizeof *lfirst), nl = 0;
+    int *lof = arena_alloc(&cx->scratch, ((size_t)ns0 + 1) * sizeof *lof);
+    for (int p = 0; p < ns0; p++) {
+      lof[p] = -1;
+      if (zp[p].shard < 0 || zp[p].first[ph] < 0) continue;
+      const char *k = layer_key(m->states.a[p].name);
+      int l = 0;
+      while (l < nl && key[l] != k) l++;
+      if (l == nl) { key[nl] = k; lfirst[nl++] = zp[p].first[ph]; }
+      else if (zp[p].first[ph] < lfirst[l]) lfirst[l] = zp[p].first[ph];
+      lof[p] = l;
+    }
+    for (int p = 0; p < ns0; p++) {
+      if (lof[p] < 0) continue;
+      /* the layer read just before this one in this phase */
+      int mine = lfirst[lof[p]], prev = -1;
+      for (int l = 0; l < nl; l++)
+        if (lfirst[l] < mine && (prev < 0 || lfirst[l] > prev)) prev = lfirst[l];
+      zp[p].at[ph] = prev >= 0 ? prev : mine;
+    }
+  }
+
+  /* 4. the new block: old nodes in order, gathers inserted before the node
+   * they are placed at (in the order of the layers' first reads, then of
+   * the parameters), param reads dropped, accums into sharded grads
+   * replaced by the reduce-scatter chain */
+  int nb = ir_block_add(m, "micro.zero3");
+  Z3 z = {m, cx, nb, 0};
+  int *map = arena_alloc(&cx->scratch, ((size_t)n + 1) * sizeof *map);
+  int *order = arena_alloc(&cx->scratch, ((size_t)ns0 + 1) * sizeof *order);
+  for (int i = 0; i < n && !z.failed; i++) {
+    for (int ph = 0; ph < 2; ph++) {
+      /* the params placed at i, by their own first read */
+      int no = 0;
+      for (int p = 0; p < ns0; p++)
+        if (zp[p].shard >= 0 && zp[p].at[ph] == i && zp[p].first[ph] >= 0) order[no++] = p;
+      for (int a = 1; a < no; a++)   /* insertion sort by first read */
+        for (int b = a; b > 0 && zp[order[b]].first[ph] < zp[order[b - 1]].first[ph]; b--) {
+          int t = order[b];
+          order[b] = order[b - 1];
+          order[b - 1] = t;
+        }
+      for (int k = 0; k < no; k++) emit_gather(&z, order[k], &zp[order[k]], ph);
+    }
+    const IrNode *nd = &m->blocks.a[bi].nodes[i];
+    if (rd[i] >= 0 && zp[rd[i]].shard >= 0) { map[i] = -1; continue; }
+    int *in = nd->nin ? arena_alloc(&cx->scratch, (size_t)nd->nin * sizeof *in) : NULL;
+    for (int k = 0; k < nd->nin; k++) {
+      int u = nd->in[k], p = rd[u];
+      in[k] = p >= 0 && zp[p].shard >= 0 ? zp[p].val[i > L] : map[u];
+    }
+    if (nd->op == IR_OP_ACCUM && nd->ia[0] >= 0 && nd->ia[0] < m->states.n && gof[nd->ia[0]] >= 0) {
+      int g = (int)nd->ia[0], p = gof[g];
+      emit_reduce(&z, in[0], g, &gsh0[g], &zp[p], &m->states.a[p]);
+      map[i] = -1;
+      continue;
+    }
+    IrNode old = *nd;
+    int id = z3_emit(&z, old.op, in, old.nin, old.ia, old.fa, old.sa, (ir_ops[old.op].flags & OPF_TYPED) ? &old.type : NULL,
+                     NULL);
+    if (id < 0) break;
+    IrNode *nn = &m->blocks.a[nb].nodes[id];
+    int *keep_in = nn->in;
+    IrType keep_t = nn->type;
+    *nn = old;
+    nn->in = keep_in;
+    nn->type = keep_t;
+    memcpy(nn->type.dname, old.type.dname, sizeof old.type.dname);
+    map[i] = id;
+  }
+  if (z.failed) return -1;
+  /* the new block replaces micro, keeping its name and place */
+  IrBlock built = m->blocks.a[nb];
+  built.name = m->blocks.a[bi].name;
+  m->blocks.a[bi] = built;
+  m->blocks.n--;
+  return 0;
+}
