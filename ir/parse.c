@@ -335,7 +335,23 @@ static int parse_train(P *p) {
 #define IKEY(n) else if (strcmp(k, #n) == 0) { r = parse_int(p, &iv); t->n = iv; }
     if (0) {}
     FKEY(lr); FKEY(beta1); FKEY(beta2); FKEY(eps); FKEY(weight_decay); FKEY(min_lr); FKEY(clip_grad);
+    FKEY(momentum); FKEY(muon_momentum);
     IKEY(warmup) IKEY(decay_steps) IKEY(global_batch) IKEY(micro_batch) IKEY(seq_len) IKEY(steps)
+    IKEY(nesterov) IKEY(muon_ns_steps) IKEY(wsd_decay_steps)
+    else if (strcmp(k, "optimizer") == 0 || strcmp(k, "wsd_style") == 0) {
+      skip_ws(p);
+      size_t vat = p->pos;
+      const char *v = word(p, "a name");
+      if (!v) return -1;
+      int opt = k[0] == 'o', w = -1, nn = opt ? IR_OPT_COUNT : IR_WSD_COUNT;
+      for (int i = 0; i < nn; i++)
+        if (strcmp(v, opt ? ir_optimizer_name((IrOptimizer)i) : ir_wsd_style_name((IrWsdStyle)i)) == 0) w = i;
+      if (w < 0)
+        return perr_at(p, p->line, col_of(p, vat), opt ? "unknown optimizer '%s' (adamw, sgd, lion, muon)"
+                       : "unknown wsd_style '%s' (linear, cosine, exponential, minus_sqrt)", v);
+      if (opt) t->optimizer = (IrOptimizer)w;
+      else t->wsd_style = (IrWsdStyle)w;
+    }
     else if (strcmp(k, "seed") == 0) {
       skip_ws(p);
       size_t st = p->pos;

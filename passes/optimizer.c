@@ -63,6 +63,7 @@
  * compiled for) drops the update block and the moments and runs this pass
  * and dce again.  It refuses pipeline modules (recompile with --dp). */
 #include "passes.h"
+#include <math.h>
 
 #define DP_BIT (1u << IR_AXIS_DP)
 #define PP_BIT (1u << IR_AXIS_PP)
@@ -107,6 +108,7 @@ typedef struct {
   int val;           /* the rank's true local gradient [param type], or (ZeRO) its reduced chunk [c] */
   uint64_t ranks;    /* pipeline: pp coordinates whose chunks use it (bit r); 0 with pp = 1 */
   int in_norm;       /* counted in this block's norm (pipeline: only on its lowest rank) */
+  int kind;          /* its update rule: a row of upd_kinds (below) */
 } Grad;
 
 static IrSharding sh_partial(unsigned mask) {
@@ -295,10 +297,10 @@ static int values_and_norm(Em *e, Grad *grads, int ng, const Mesh *ms) {
 }
 
 /* The moment state "<prefix>.<param>" of gr's parameter: the param's type
- * and sharding, or (ZeRO) a flat dp chunk [c].  Made by ir_state_derived;
+ * and sharding, or (flat: ZeRO) a flat dp chunk [c].  Made by ir_state_derived;
  * a leftover one of the right kind (an earlier update block's) is reused
  * and re-typed.  -1 with cx->err on a name clash. */
-static int moment_state(Em *e, const Grad *gr, const Mesh *ms, IrStateKind kind, const char *prefix) {
+static int moment_state(Em *e, const Grad *gr, int flat, IrStateKind kind, const char *prefix) {
   IrModule *m = e->m;
   char name[512];
   snprintf(name, sizeof name, "%s.%s", prefix, m->states.a[gr->p].name);
@@ -308,7 +310,7 @@ static int moment_state(Em *e, const Grad *gr, const Mesh *ms, IrStateKind kind,
   if (s < 0) { e->failed = 1; return -1; }
   const IrState *ps = &m->states.a[gr->p];
   IrState *d = &m->states.a[s];
-  if (ms->zero) {
+  if (flat) {
     type_vec(&d->type, ps->type.dtype, gr->c);
     d->sh = sh_flat_dp();
     memset(d->logical, 0, sizeof d->logical);
@@ -320,16 +322,11 @@ static int moment_state(Em *e, const Grad *gr, const Mesh *ms, IrStateKind kind,
   return s;
 }
 
-/* Step 4: adamw for one parameter. */
-static void adamw(Em *e, const Grad *gr, const Mesh *ms, int coef) {
-  int mst = moment_state(e, gr, ms, IR_STATE_ADAM_M, "adam_m");
-  int vst = mst < 0 ? -1 : moment_state(e, gr, ms, IR_STATE_ADAM_V, "adam_v");
-  if (vst < 0) return;
+/* gr's gradient operand for its step: gr->val, or (no collective in
+ * between) the accumulator read again, as the single-rank block always did
+ * (keeps the norm's read short-lived). */
+static int step_grad(Em *e, const Grad *gr) {
   const IrModule *m = e->m;
-  const IrTrain *t = &m->train;
-  int64_t ia[3] = {gr->p, mst, vst};
-  double fa[4] = {t->beta1, t->beta2, t->eps,
-                  (m->states.a[gr->p].flags & IR_STATE_NODECAY) ? 0.0 : t->weight_decay};
   int g = gr->val;
   if (!e->failed && m->blocks.a[e->b].nodes[g].op == IR_OP_STATE) {
     /* no collective in between: read the accumulator again, as the
@@ -340,9 +337,219 @@ static void adamw(Em *e, const Grad *gr, const Mesh *ms, int coef) {
     int64_t gi[1] = {gr->g};
     g = em(e, IR_OP_STATE, NULL, 0, gi, NULL, NULL, &gt, &gsh);
   }
-  int in[2] = {coef, g};
+  return g;
+}
+
+/* gr's weight decay: train.weight_decay, 0 for params flagged nodecay. */
+static double decay_of(const Em *e, const Grad *gr) {
+  return (e->m->states.a[gr->p].flags & IR_STATE_NODECAY) ? 0.0 : e->m->train.weight_decay;
+}
+
+/* Step 4, adamw: states adam_m / adam_v. */
+static void step_adamw(Em *e, const Grad *gr, const Mesh *ms, int coef) {
+  int mst = moment_state(e, gr, ms->zero, IR_STATE_ADAM_M, "adam_m");
+  int vst = mst < 0 ? -1 : moment_state(e, gr, ms->zero, IR_STATE_ADAM_V, "adam_v");
+  if (vst < 0) return;
+  const IrTrain *t = &e->m->train;
+  int64_t ia[3] = {gr->p, mst, vst};
+  double fa[4] = {t->beta1, t->beta2, t->eps, decay_of(e, gr)};
+  int in[2] = {coef, step_grad(e, gr)};
   em(e, IR_OP_ADAMW, in, 2, ia, fa, NULL, NULL, NULL);
 }
+
+/* Step 4, sgd (torch.optim.SGD): the momentum buffer "momentum.<param>"
+ * (kind adam_m: the first moment), flat under ZeRO like adamw's. */
+static void step_sgd(Em *e, const Grad *gr, const Mesh *ms, int coef) {
+  int bst = moment_state(e, gr, ms->zero, IR_STATE_ADAM_M, "momentum");
+  if (bst < 0) return;
+  const IrTrain *t = &e->m->train;
+  int64_t ia[2] = {gr->p, bst};
+  double fa[3] = {t->momentum, t->nesterov ? 1.0 : 0.0, decay_of(e, gr)};
+  int in[2] = {coef, step_grad(e, gr)};
+  em(e, IR_OP_SGD, in, 2, ia, fa, NULL, NULL, NULL);
+}
+
+/* Step 4, lion: its one moment "lion_m.<param>", betas train.beta1/2. */
+static void step_lion(Em *e, const Grad *gr, const Mesh *ms, int coef) {
+  int mst = moment_state(e, gr, ms->zero, IR_STATE_ADAM_M, "lion_m");
+  if (mst < 0) return;
+  const IrTrain *t = &e->m->train;
+  int64_t ia[2] = {gr->p, mst};
+  double fa[3] = {t->beta1, t->beta2, decay_of(e, gr)};
+  int in[2] = {coef, step_grad(e, gr)};
+  em(e, IR_OP_LION, in, 2, ia, fa, NULL, NULL, NULL);
+}
+
+/* ---- Muon ---- */
+
+/* A scalar of the precision dtype, or a tensor of type t filled with the
+ * scalar x: broadcast, laid out sh. */
+static int fill_like(Em *e, int x, const IrType *t, const IrSharding *sh) {
+  IrType bt = *t;
+  return em(e, IR_OP_BROADCAST, &x, 1, NULL, NULL, NULL, &bt, sh);
+}
+
+/* The matmul sharding rule (docs/sharding.md, the table shard.c applies)
+ * for 2-D operands with ta / tb as the op's: the result's rows are split
+ * like a's rows, its columns like b's columns, and it is a partial sum
+ * over the axes splitting the contracted dim (split alike in both).  -1
+ * where the rule needs a gather first (the contracted dims split apart, or
+ * both result dims over one axis): the Newton-Schulz orientation below
+ * never asks for that. */
+static int mm_rule(const IrSharding *a, const IrSharding *b, int ta, int tb, IrSharding *out) {
+  unsigned ka = a->split[ta ? 0 : 1], kb = b->split[tb ? 1 : 0];
+  memset(out, 0, sizeof *out);
+  out->split[0] = a->split[ta ? 1 : 0];
+  out->split[1] = b->split[tb ? 0 : 1];
+  out->partial = (uint8_t)(a->partial | b->partial | ka);
+  return ka != kb || (out->split[0] & out->split[1]) ? -1 : 0;
+}
+
+/* x @ y (ta, tb) laid out by mm_rule; a partial result is all-reduced over
+ * each axis it is partial over (the Gram matrix of a split matrix). */
+static int mm(Em *e, int x, int y, int ta, int tb, const char *param) {
+  if (e->failed) return -1;
+  IrSharding sh;
+  const IrBlock *b = &e->m->blocks.a[e->b];
+  if (mm_rule(&b->nodes[x].sh, &b->nodes[y].sh, ta, tb, &sh) != 0) {
+    e->failed = 1;
+    snprintf(e->cx->err, sizeof e->cx->err, "optimizer: internal error: muon's product for %s has no block layout", param);
+    return -1;
+  }
+  int64_t ia[2] = {ta, tb};
+  int z = em(e, IR_OP_MATMUL, (int[]){x, y}, 2, ia, NULL, NULL, NULL, &sh);
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {
+    if (!(sh.partial & (1u << a))) continue;
+    sh.partial &= (uint8_t)~(1u << a);
+    int64_t ra[2] = {a, 0};
+    z = em(e, IR_OP_ALL_REDUCE, &z, 1, ra, NULL, NULL, NULL, &sh);
+    say(e, z, "muon: the Gram matrix of the update of %s is a partial sum over the ranks holding its blocks "
+        "(the matmul contracts the split dim): summed once per Newton-Schulz iteration", param);
+  }
+  return z;
+}
+
+/* Muon's Newton-Schulz orthogonalisation of u [r, c] (laid out sh: at most
+ * one dim split), Jordan et al.'s quintic iteration:
+ *   X = u / (|u|_F + 1e-7);  steps times:  A = X X^T,  B = b A + c A A,  X = a X + B X
+ * with (a, b, c) = (3.4445, -4.7750, 2.0315).  The reference transposes a
+ * tall matrix so that A is the smaller Gram matrix; here A is the Gram
+ * matrix over the dim split over ranks when there is one (X^T X, X B for a
+ * row-split X: the same polynomial, X (X^T X)^k = (X X^T)^k X), so that it
+ * is a partial sum that one all_reduce completes and X keeps its layout,
+ * else over the longer dim as the reference. */
+static int newton_schulz(Em *e, int u, int steps, const char *param) {
+  const IrBlock *b0 = &e->m->blocks.a[e->b];
+  const IrNode *un = &b0->nodes[u];
+  IrType t = un->type;
+  IrSharding sh = un->sh;
+  int left = sh.split[1] ? 1 : sh.split[0] ? 0 : t.dim[0] <= t.dim[1];   /* A = X X^T (over the columns)? */
+  IrSharding rep;
+  memset(&rep, 0, sizeof rep);
+  /* the Frobenius norm: square sums partial over the axes splitting u */
+  int sq = em(e, IR_OP_SUMSQ, &u, 1, NULL, NULL, NULL, NULL, NULL);
+  if (!e->failed) e->m->blocks.a[e->b].nodes[sq].sh.partial = (uint8_t)(sh.split[0] | sh.split[1]);
+  for (int a = 0; a < IR_AXIS_COUNT && !e->failed; a++) {
+    if (!(e->m->blocks.a[e->b].nodes[sq].sh.partial & (1u << a))) continue;
+    int64_t ra[2] = {a, 0};
+    IrSharding s2 = e->m->blocks.a[e->b].nodes[sq].sh;
+    s2.partial &= (uint8_t)~(1u << a);
+    sq = em(e, IR_OP_ALL_REDUCE, &sq, 1, ra, NULL, NULL, NULL, &s2);
+    say(e, sq, "muon: the norm of the update of %s sums the squares of every rank's block", param);
+  }
+  int nrm = em(e, IR_OP_SQRT, &sq, 1, NULL, NULL, NULL, NULL, NULL);
+  nrm = em(e, IR_OP_ADDS, &nrm, 1, NULL, (double[]){1e-7}, NULL, NULL, NULL);
+  int x = em(e, IR_OP_DIV, (int[]){u, fill_like(e, nrm, &t, &sh)}, 2, NULL, NULL, NULL, NULL, &sh);
+  static const double qa = 3.4445, qb = -4.7750, qc = 2.0315;
+  for (int k = 0; k < steps && !e->failed; k++) {
+    int A = left ? mm(e, x, x, 0, 1, param) : mm(e, x, x, 1, 0, param);
+    int AA = mm(e, A, A, 0, 0, param);
+    int B = em(e, IR_OP_ADD, (int[]){em(e, IR_OP_MULS, &A, 1, NULL, &qb, NULL, NULL, &rep),
+                                     em(e, IR_OP_MULS, &AA, 1, NULL, &qc, NULL, NULL, &rep)}, 2, NULL, NULL, NULL, NULL, &rep);
+    int BX = left ? mm(e, B, x, 0, 0, param) : mm(e, x, B, 0, 0, param);
+    x = em(e, IR_OP_ADD, (int[]){em(e, IR_OP_MULS, &x, 1, NULL, &qa, NULL, NULL, &sh), BX}, 2, NULL, NULL, NULL, NULL, &sh);
+  }
+  return x;
+}
+
+/* The global dims of gr's parameter (its local dims times the axes
+ * splitting them). */
+static void global_dims(const IrModule *m, const Grad *gr, int64_t *rows, int64_t *cols) {
+  const IrState *ps = &m->states.a[gr->p];
+  int64_t d[2] = {ps->type.dim[0], ps->type.dim[1]};
+  for (int k = 0; k < 2; k++)
+    for (int a = 0; a < IR_AXIS_COUNT; a++)
+      if (ps->sh.split[k] & (1u << a)) d[k] *= ir_axis_size(m, (IrAxis)a);
+  *rows = d[0];
+  *cols = d[1];
+}
+
+/* Step 4, muon (Jordan et al. 2024, the reference implementation's
+ * muon_update, momentum as its lerp): for a 2-D parameter W [R, C] with
+ * gradient g (clipped):
+ *   buf = mu buf + (1 - mu) g;  u = nesterov ? (1 - mu) g + mu buf : buf   (buf "muon_m.<param>")
+ *   W = W (1 - lr wd) - lr sqrt(max(1, R / C)) NS(u)
+ * The whole matrix (its tp block) is needed, so the momentum is never a
+ * ZeRO chunk: under ZeRO the gradient's reduced chunks are all-gathered
+ * over dp (with the reduce_scatter the same bytes as an all_reduce), the
+ * momentum is replicated over dp and every dp rank computes the same step
+ * (docs/sharding.md "Muon"). */
+static void step_muon(Em *e, const Grad *gr, const Mesh *ms, int coef) {
+  IrModule *m = e->m;
+  const IrState *ps = &m->states.a[gr->p];
+  const char *name = ps->name;
+  IrType pt = ps->type;
+  IrSharding psh = ps->sh;
+  int g = step_grad(e, gr);
+  if (ms->zero) {   /* the reduced chunk [c] -> the whole (tp-local) gradient */
+    IrSharding none = sh_partial(0);
+    int64_t ia[2] = {IR_AXIS_DP, 0};
+    g = em(e, IR_OP_ALL_GATHER, &g, 1, ia, NULL, NULL, NULL, &none);
+    say(e, g, "muon: the update of %s needs the whole matrix: the dp ranks' reduced chunks of its gradient are "
+        "gathered (with the reduce_scatter, the bytes of an all_reduce)", name);
+    if (gr->c * ms->dp > gr->n) {
+      int64_t sa[3] = {0, 0, gr->n};
+      g = em(e, IR_OP_SLICE, &g, 1, sa, NULL, NULL, NULL, &none);
+    }
+    g = em(e, IR_OP_RESHAPE, &g, 1, NULL, NULL, NULL, &pt, &psh);
+  }
+  g = em(e, IR_OP_MUL, (int[]){g, fill_like(e, coef, &pt, &psh)}, 2, NULL, NULL, NULL, NULL, &psh);
+  int bst = moment_state(e, gr, 0, IR_STATE_ADAM_M, "muon_m");
+  if (bst < 0) return;
+  const IrTrain *t = &m->train;
+  double mu = t->muon_momentum;
+  int64_t bi[1] = {bst};
+  int buf = em(e, IR_OP_STATE, NULL, 0, bi, NULL, NULL, &pt, &psh);
+  double mu1 = 1.0 - mu;
+  int g1 = em(e, IR_OP_MULS, &g, 1, NULL, &mu1, NULL, NULL, &psh);
+  buf = em(e, IR_OP_ADD, (int[]){em(e, IR_OP_MULS, &buf, 1, NULL, &mu, NULL, NULL, &psh), g1}, 2, NULL, NULL, NULL,
+           NULL, &psh);
+  em(e, IR_OP_ASSIGN, &buf, 1, bi, NULL, NULL, NULL, NULL);
+  int u = buf;
+  if (t->nesterov)
+    u = em(e, IR_OP_ADD, (int[]){g1, em(e, IR_OP_MULS, &buf, 1, NULL, &mu, NULL, NULL, &psh)}, 2, NULL, NULL, NULL,
+           NULL, &psh);
+  int x = newton_schulz(e, u, t->muon_ns_steps, name);
+  int64_t R, C;
+  global_dims(m, gr, &R, &C);
+  double fa[2] = {sqrt(R > C ? (double)R / (double)C : 1.0), decay_of(e, gr)};
+  int64_t pi[1] = {gr->p};
+  em(e, IR_OP_LR_STEP, &x, 1, pi, fa, NULL, NULL, NULL);
+}
+
+/* The update rules, one row per kind; whole: the rule needs the parameter's
+ * whole (tp-local) tensor, so it never updates a ZeRO chunk (no rebuild
+ * after it).  A parameter's row: parameter_kind. */
+enum { UPD_ADAMW, UPD_SGD, UPD_LION, UPD_MUON };
+static const struct {
+  void (*emit)(Em *e, const Grad *gr, const Mesh *ms, int coef);
+  int whole;
+} upd_kinds[] = {
+    [UPD_ADAMW] = {step_adamw, 0},
+    [UPD_SGD] = {step_sgd, 0},
+    [UPD_LION] = {step_lion, 0},
+    [UPD_MUON] = {step_muon, 1},
+};
 
 /* Step 5 (ZeRO): param p <- all ranks' updated chunks, gathered. */
 static void rebuild_param(Em *e, const Grad *gr, const Mesh *ms) {
@@ -364,6 +571,80 @@ static void rebuild_param(Em *e, const Grad *gr, const Mesh *ms) {
   if (!e->failed && ir_type_equal(&e->m->blocks.a[e->b].nodes[x].type, &pt)) e->m->blocks.a[e->b].nodes[x].sh = psh;
   else x = em(e, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &pt, &psh);
   em(e, IR_OP_ASSIGN, &x, 1, pi, NULL, NULL, NULL, NULL);
+}
+
+/* The parameter a value is read from: x itself a state read, or x made
+ * from one by casts, layout ops and gathers (a 16-bit copy counts as its
+ * master); -1 otherwise. */
+static int param_of(const IrModule *m, const IrBlock *b, int x) {
+  while (x >= 0) {
+    const IrNode *n = &b->nodes[x];
+    if (n->op == IR_OP_STATE) {
+      const IrState *s = &m->states.a[n->ia[0]];
+      int p = s->kind == IR_STATE_COPY ? s->of : (int)n->ia[0];
+      return p >= 0 && m->states.a[p].kind == IR_STATE_PARAM ? p : -1;
+    }
+    if (n->op != IR_OP_CAST && n->op != IR_OP_RESHAPE && n->op != IR_OP_PERMUTE && n->op != IR_OP_ALL_GATHER &&
+        n->op != IR_OP_SHARD_SLICE && n->op != IR_OP_SLICE && n->op != IR_OP_PAD)
+      return -1;
+    x = n->in[0];
+  }
+  return -1;
+}
+
+/* Muon's exclusions by role (Jordan et al.: the input embedding and the
+ * output head are trained with AdamW), read off the graph, never off
+ * names: io[p] = 1 for a parameter read as a table (embedding, take,
+ * gather), and for one a matmul reads on the last stretch to the loss
+ * (walking back from `output "loss"`, stopping at each matmul that reads a
+ * parameter: the head is the last one). */
+static void io_params(const IrModule *m, Arena *a, unsigned char *io) {
+  const char *loss = ts_intern("loss");
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    if (!strncmp(b->name, "update", 6)) continue;
+    unsigned char *seen = arena_alloc(a, (size_t)b->n + 1);
+    memset(seen, 0, (size_t)b->n + 1);
+    int *stack = arena_alloc(a, ((size_t)b->n + 1) * sizeof *stack), top = 0;
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *n = &b->nodes[i];
+      if ((n->op == IR_OP_EMBEDDING || n->op == IR_OP_TAKE || n->op == IR_OP_GATHER) && n->nin > 0) {
+        int p = param_of(m, b, n->in[0]);
+        if (p >= 0) io[p] = 1;
+      }
+      if (n->op == IR_OP_OUTPUT && n->sa == loss && n->nin == 1 && !seen[n->in[0]]) {
+        seen[n->in[0]] = 1;
+        stack[top++] = n->in[0];
+      }
+    }
+    while (top > 0) {
+      const IrNode *n = &b->nodes[stack[--top]];
+      if (n->op == IR_OP_MATMUL || n->op == IR_OP_GMM) {
+        int pa = param_of(m, b, n->in[0]), pb = param_of(m, b, n->in[1]);
+        if (pa >= 0) io[pa] = 1;
+        if (pb >= 0) io[pb] = 1;
+        if (pa >= 0 || pb >= 0) continue;
+      }
+      for (int k = 0; k < n->nin; k++)
+        if (n->in[k] >= 0 && !seen[n->in[k]]) {
+          seen[n->in[k]] = 1;
+          stack[top++] = n->in[k];
+        }
+    }
+  }
+}
+
+/* The update rule of parameter p: train.optimizer's; with muon, muon for
+ * a 2-D parameter that is neither the embedding nor the head (io), adamw
+ * for every other (biases, norm gains, embeddings, the head, 3-D expert
+ * weights), as the authors recommend. */
+static int parameter_kind(const IrModule *m, int p, const unsigned char *io) {
+  switch (m->train.optimizer) {
+  case IR_OPT_SGD: return UPD_SGD;
+  case IR_OPT_LION: return UPD_LION;
+  case IR_OPT_MUON: return m->states.a[p].type.rank == 2 && !io[p] ? UPD_MUON : UPD_ADAMW;
+  default: return UPD_ADAMW;
+  }
 }
 
 /* The grads of m (states of kind grad) into grads[]; their count, or -1
@@ -419,6 +700,7 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
     g->val = -1;
     g->ranks = 0;
     g->in_norm = 1;
+    g->kind = UPD_ADAMW;
   }
   if (!ng) return ts_errf(cx->err, sizeof cx->err, "optimizer: no parameter receives a gradient; nothing to train");
   /* a parameter without a gradient would never change: refused, not frozen */
@@ -504,9 +786,10 @@ static int build_update(IrModule *m, PassCtx *cx, const char *name, Grad *grads,
     coef = em(&e, IR_OP_FULL, NULL, 0, NULL, &one, NULL, &sc, NULL);
   }
 
-  /* 4-5. AdamW per parameter; with ZeRO, then the all-gathers */
-  for (int k = 0; k < ng && !e.failed; k++) adamw(&e, &grads[k], ms, coef);
-  for (int k = 0; ms->zero && k < ng && !e.failed; k++) rebuild_param(&e, &grads[k], ms);
+  /* 4-5. each parameter's step; with ZeRO, then the all-gathers */
+  for (int k = 0; k < ng && !e.failed; k++) upd_kinds[grads[k].kind].emit(&e, &grads[k], ms, coef);
+  for (int k = 0; ms->zero && k < ng && !e.failed; k++)
+    if (!upd_kinds[grads[k].kind].whole) rebuild_param(&e, &grads[k], ms);
 
   /* 6. clear the accumulators */
   for (int k = 0; k < ng; k++) {
@@ -588,6 +871,10 @@ int pass_optimizer(IrModule *m, PassCtx *cx) {
   Grad *grads = arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof *grads);
   int ng = collect_grads(m, cx, &ms, grads);
   if (ng < 0) return -1;
+  unsigned char *io = arena_alloc(&cx->scratch, (size_t)nstates0 + 1);
+  memset(io, 0, (size_t)nstates0 + 1);
+  if (m->train.optimizer == IR_OPT_MUON) io_params(m, &cx->scratch, io);
+  for (int k = 0; k < ng; k++) grads[k].kind = parameter_kind(m, grads[k].p, io);
   int nacc;
   SavedSh *acc = save_accum_operands(m, &cx->scratch, &nacc);
   dp_marks(m, ms.dp > 1);

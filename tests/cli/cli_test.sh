@@ -124,7 +124,7 @@ usage)
   run 2 "$MCC" samples/gpt.mdl --print-ir-after=autodif &&
     has "$TMP/err" "unknown pass 'autodif'" && has "$TMP/err" "frontend, partition, autodiff, shard, precision, remat, pipeline, wsplit, optimizer, eval, decode, dce"
   run 0 "$MCC" --help && has "$TMP/out" "usage: mcc FILE.mdl" && has "$TMP/out" "--dump-ir=all DIR"
-  run 0 "$MCC" --version && has "$TMP/out" "plan format 2"
+  run 0 "$MCC" --version && has "$TMP/out" "plan format 3"
   run 1 "$MCC" "$TMP/missing.mdl" && has "$TMP/err" "cannot open '$TMP/missing.mdl'"
   ;;
 errors)
