@@ -187,7 +187,7 @@ static int train_overrides(Elab *e, IrTrain *t, int *have_decay, int *gb_at) {
   for (int i = 0; i < e->opt->ntrain_sets; i++) {
     const MdlSetting *df = &e->opt->train_sets[i];
     const char *k = df->name, *what = define_text(e, df);
-    if (!strcmp(k, "schedule") || !strcmp(k, "optimizer") || !strcmp(k, "wsd_style")) {
+    if (!strcmp(k, "schedule") || !strcmp(k, "optimizer") || !strcmp(k, "wsd_style") || !strcmp(k, "muon_tp")) {
       /* our names and Megatron's spellings (--lr-decay-style WSD / inverse-square-root, --optimizer adam) */
       static const struct { const char *key, *name; int v; } names[] = {
           {"schedule", "constant", IR_SCHED_CONSTANT}, {"schedule", "cosine", IR_SCHED_COSINE},
@@ -197,6 +197,8 @@ static int train_overrides(Elab *e, IrTrain *t, int *have_decay, int *gb_at) {
           {"optimizer", "lion", IR_OPT_LION}, {"optimizer", "muon", IR_OPT_MUON},
           {"wsd_style", "linear", IR_WSD_LINEAR}, {"wsd_style", "cosine", IR_WSD_COSINE},
           {"wsd_style", "exponential", IR_WSD_EXPONENTIAL}, {"wsd_style", "minus_sqrt", IR_WSD_MINUS_SQRT},
+          {"muon_tp", "auto", IR_MUON_TP_AUTO}, {"muon_tp", "allreduce", IR_MUON_TP_ALLREDUCE},
+          {"muon_tp", "gather", IR_MUON_TP_GATHER},
       };
       int w = -1;
       for (size_t j = 0; j < sizeof names / sizeof names[0]; j++)
@@ -204,9 +206,11 @@ static int train_overrides(Elab *e, IrTrain *t, int *have_decay, int *gb_at) {
       if (w < 0)
         elab_error(e, no_loc, "%s: %s", what, k[0] == 's' ? "the schedules are constant, cosine, linear, wsd (WSD) "
                    "and inverse_sqrt (inverse-square-root)" : k[0] == 'o' ? "the optimizers are adamw (adam), sgd, "
-                   "lion and muon" : "the wsd decay styles are linear, cosine, exponential and minus_sqrt");
+                   "lion and muon" : k[0] == 'm' ? "muon's tp modes are auto, allreduce and gather"
+                   : "the wsd decay styles are linear, cosine, exponential and minus_sqrt");
       else if (k[0] == 's') t->schedule = (IrSchedule)w;
       else if (k[0] == 'o') t->optimizer = (IrOptimizer)w;
+      else if (k[0] == 'm') t->muon_tp = (IrMuonTp)w;
       else t->wsd_style = (IrWsdStyle)w;
       continue;
     }

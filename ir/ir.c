@@ -232,6 +232,10 @@ const char *ir_wsd_style_name(IrWsdStyle s) {
   static const char *n[] = {"linear", "cosine", "exponential", "minus_sqrt"};
   return (int)s >= 0 && s < IR_WSD_COUNT ? n[s] : "?";
 }
+const char *ir_muon_tp_name(IrMuonTp t) {
+  static const char *n[] = {"auto", "allreduce", "gather"};
+  return (int)t >= 0 && t < IR_MUON_TP_COUNT ? n[t] : "?";
+}
 const char *ir_optimizer_name(IrOptimizer o) {
   static const char *n[] = {"adamw", "sgd", "lion", "muon"};
   return (int)o >= 0 && o < IR_OPT_COUNT ? n[o] : "?";

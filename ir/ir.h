@@ -203,6 +203,11 @@ typedef enum { IR_WSD_LINEAR, IR_WSD_COSINE, IR_WSD_EXPONENTIAL, IR_WSD_MINUS_SQ
  * beta2); muon (momentum + Newton-Schulz orthogonalisation for the 2-D
  * hidden weights, adamw for every other parameter). */
 typedef enum { IR_OPT_ADAMW, IR_OPT_SGD, IR_OPT_LION, IR_OPT_MUON, IR_OPT_COUNT } IrOptimizer;
+/* How muon orthogonalises a matrix split over tp (docs/sharding.md "Muon"):
+ * auto (the fewer bytes sent), allreduce (the Gram matrix over the split
+ * side, all-reduced every iteration: the matmul sharding rule's answer),
+ * gather (the matrix gathered once, every rank iterating on all of it). */
+typedef enum { IR_MUON_TP_AUTO, IR_MUON_TP_ALLREDUCE, IR_MUON_TP_GATHER, IR_MUON_TP_COUNT } IrMuonTp;
 typedef struct {
   double lr, beta1, beta2, eps, weight_decay;
   IrOptimizer optimizer;
@@ -210,6 +215,7 @@ typedef struct {
   int nesterov;             /* sgd and muon: Nesterov momentum */
   double muon_momentum;     /* muon's momentum */
   int muon_ns_steps;        /* muon's Newton-Schulz iterations */
+  IrMuonTp muon_tp;         /* muon: a tp-split matrix's collectives */
   IrSchedule schedule;
   IrWsdStyle wsd_style;     /* wsd: the final decay's shape */
   int64_t wsd_decay_steps;  /* wsd: the steps of the final decay (ending at decay_steps) */
@@ -356,6 +362,7 @@ const char *ir_init_kind_name(IrInitKind k);      /* "zeros", "ones", "normal", 
 const char *ir_schedule_name(IrSchedule s);       /* "constant", "cosine", "linear", "wsd", "inverse_sqrt" */
 const char *ir_wsd_style_name(IrWsdStyle s);      /* "linear", "cosine", "exponential", "minus_sqrt" */
 const char *ir_optimizer_name(IrOptimizer o);     /* "adamw", "sgd", "lion", "muon" */
+const char *ir_muon_tp_name(IrMuonTp t);          /* "auto", "allreduce", "gather" */
 
 /* ---- the model inputs a data pipeline feeds (mrun; docs/data.md) ----
  * One list for the compiler, which refuses any other input of a model with

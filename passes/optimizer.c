@@ -109,6 +109,10 @@ typedef struct {
   uint64_t ranks;    /* pipeline: pp coordinates whose chunks use it (bit r); 0 with pp = 1 */
   int in_norm;       /* counted in this block's norm (pipeline: only on its lowest rank) */
   int kind;          /* its update rule: a row of upd_kinds (below) */
+  int64_t vr, vc;    /* muon: the local matrix the parameter is [vr, vc] (its 2-D view at the matmuls) */
+  uint8_t vsplit[2]; /* muon: the axes splitting the view's rows and columns */
+  int vblock;        /* muon: the split parameter dim leads its side of the view, so a rank holds a
+                        contiguous block of the view's rows or columns (gathering it is concatenation) */
 } Grad;
 
 static IrSharding sh_partial(unsigned mask) {
@@ -472,16 +476,43 @@ static int newton_schulz(Em *e, int u, int steps, const char *param) {
   return x;
 }
 
-/* The global dims of gr's parameter (its local dims times the axes
+/* The global dims of gr's matrix view (its local dims times the axes
  * splitting them). */
 static void global_dims(const IrModule *m, const Grad *gr, int64_t *rows, int64_t *cols) {
-  const IrState *ps = &m->states.a[gr->p];
-  int64_t d[2] = {ps->type.dim[0], ps->type.dim[1]};
+  int64_t d[2] = {gr->vr, gr->vc};
   for (int k = 0; k < 2; k++)
     for (int a = 0; a < IR_AXIS_COUNT; a++)
-      if (ps->sh.split[k] & (1u << a)) d[k] *= ir_axis_size(m, (IrAxis)a);
+      if (gr->vsplit[k] & (1u << a)) d[k] *= ir_axis_size(m, (IrAxis)a);
   *rows = d[0];
   *cols = d[1];
+}
+
+/* Bytes a rank sends per step to orthogonalise gr's update split over the
+ * live axes of vsplit (R x C global, n the ranks holding its blocks), ring
+ * algorithm: *gram all-reducing the Gram matrix k x k over the split side
+ * (k the whole side) every iteration and the norm's scalar; *gather one
+ * all_gather of the matrix. */
+static void muon_costs(const IrModule *m, const Grad *gr, int64_t R, int64_t C, double *gram, double *gather) {
+  unsigned axes = (gr->vsplit[0] | gr->vsplit[1]), n = 1;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (axes & (1u << a)) n *= (unsigned)ir_axis_size(m, (IrAxis)a);
+  double es = (double)ir_dtype_size(m->states.a[gr->p].type.dtype), k = (double)(gr->vsplit[1] ? R : C);
+  *gram = n > 1 ? 2.0 * (n - 1) / n * (m->train.muon_ns_steps * k * k + 1) * es : 0;
+  *gather = n > 1 ? (double)(n - 1) / n * (double)R * (double)C * es : 0;
+}
+
+/* Whether muon gathers gr's tp-split matrix (1) or all-reduces its Gram
+ * matrix (0): train.muon_tp, auto choosing the fewer bytes (a tie: the
+ * all-reduce, which computes less); -1 when gather is asked for but the
+ * rank's rows or columns are not one block. */
+static int muon_gathers(const IrModule *m, const Grad *gr, int64_t R, int64_t C) {
+  double gram, gather;
+  muon_costs(m, gr, R, C, &gram, &gather);
+  switch (m->train.muon_tp) {
+  case IR_MUON_TP_ALLREDUCE: return 0;
+  case IR_MUON_TP_GATHER: return gr->vblock ? 1 : -1;
+  default: return gr->vblock && gather < gram;
+  }
 }
 
 /* Step 4, muon (Jordan et al. 2024, the reference implementation's
@@ -529,9 +560,58 @@ static void step_muon(Em *e, const Grad *gr, const Mesh *ms, int coef) {
   if (t->nesterov)
     u = em(e, IR_OP_ADD, (int[]){g1, em(e, IR_OP_MULS, &buf, 1, NULL, &mu, NULL, NULL, &psh)}, 2, NULL, NULL, NULL,
            NULL, &psh);
-  int x = newton_schulz(e, u, t->muon_ns_steps, name);
+  if (gr->vsplit[0] && gr->vsplit[1] && !e->failed) {
+    char shs[128];
+    e->failed = 1;
+    snprintf(e->cx->err, sizeof e->cx->err, "optimizer: muon: parameter %s (laid out %s) is split along both its "
+             "rows and its columns; Newton-Schulz sums its Gram matrix over one split side only: use a layout "
+             "that splits it along one side, or --optimizer adamw", name,
+             ir_sharding_str(&psh, pt.rank, shs, sizeof shs));
+    return;
+  }
+  IrType vt = pt;   /* the matrix view [vr, vc], laid out by gr->vsplit */
+  vt.rank = 2;
+  vt.dim[0] = gr->vr;
+  vt.dim[1] = gr->vc;
+  vt.dname[0] = vt.dname[1] = NULL;
+  IrSharding vsh = sh_partial(0);
+  vsh.split[0] = gr->vsplit[0];
+  vsh.split[1] = gr->vsplit[1];
+  if (pt.rank != 2) u = em(e, IR_OP_RESHAPE, &u, 1, NULL, NULL, NULL, &vt, &vsh);
   int64_t R, C;
   global_dims(m, gr, &R, &C);
+  int sd = vsh.split[1] ? 1 : 0;   /* the split side, if any */
+  unsigned axes = vsh.split[sd] & ms->live;
+  if (axes && muon_gathers(m, gr, R, C) < 0) {
+    e->failed = 1;
+    snprintf(e->cx->err, sizeof e->cx->err, "optimizer: muon: --muon-tp-mode gather: parameter %s's rank holds "
+             "rows or columns of its matrix that are not one block (the split dim is not the first of its side); "
+             "use --muon-tp-mode allreduce (or auto)", name);
+    return;
+  }
+  int x;
+  if (axes && muon_gathers(m, gr, R, C)) {
+    /* the whole matrix on every rank, orthogonalised there, the rank's block kept */
+    IrSharding whole = vsh;
+    for (int a = 0; a < IR_AXIS_COUNT; a++) {
+      if (!(axes & (1u << a))) continue;
+      whole.split[sd] &= (uint8_t)~(1u << a);
+      int64_t ia[2] = {a, sd};
+      u = em(e, IR_OP_ALL_GATHER, &u, 1, ia, NULL, NULL, NULL, &whole);
+      say(e, u, "muon: the update of %s is gathered over the ranks holding its blocks, and every rank "
+          "orthogonalises the whole matrix (fewer bytes than all-reducing its Gram matrix every iteration)", name);
+    }
+    x = newton_schulz(e, u, t->muon_ns_steps, name);
+    for (int a = IR_AXIS_COUNT - 1; a >= 0; a--) {
+      if (!(axes & (1u << a))) continue;
+      whole.split[sd] |= (uint8_t)(1u << a);
+      int64_t ia[2] = {a, sd};
+      x = em(e, IR_OP_SHARD_SLICE, &x, 1, ia, NULL, NULL, NULL, &whole);
+    }
+  } else {
+    x = newton_schulz(e, u, t->muon_ns_steps, name);
+  }
+  if (pt.rank != 2) x = em(e, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &pt, &psh);
   double fa[2] = {sqrt(R > C ? (double)R / (double)C : 1.0), decay_of(e, gr)};
   int64_t pi[1] = {gr->p};
   em(e, IR_OP_LR_STEP, &x, 1, pi, fa, NULL, NULL, NULL);
@@ -592,13 +672,18 @@ static int param_of(const IrModule *m, const IrBlock *b, int x) {
   return -1;
 }
 
-/* Muon's exclusions by role (Jordan et al.: the input embedding and the
- * output head are trained with AdamW), read off the graph, never off
- * names: io[p] = 1 for a parameter read as a table (embedding, take,
- * gather), and for one a matmul reads on the last stretch to the loss
- * (walking back from `output "loss"`, stopping at each matmul that reads a
- * parameter: the head is the last one). */
-static void io_params(const IrModule *m, Arena *a, unsigned char *io) {
+/* What muon needs to know of each parameter, read off the graph, never off
+ * names.  io[p] = 1: an exclusion by role (Jordan et al.: the input
+ * embedding and the output head are trained with AdamW): a parameter read
+ * as a table (embedding, take, gather), or one a matmul reads on the last
+ * stretch to the loss (walking back from `output "loss"`, stopping at each
+ * matmul that reads a parameter: the head is the last one).  vr[p], vc[p]:
+ * the 2-D local matrix a matmul reads the parameter as (an attention
+ * weight [embed, heads, head_dim] is reshaped to [embed, heads*head_dim]),
+ * 0 when no matmul reads it as a matrix. */
+typedef struct { unsigned char *io; int64_t *vr, *vc; } Roles;
+static void param_roles(const IrModule *m, Arena *a, const Roles *r) {
+  unsigned char *io = r->io;
   const char *loss = ts_intern("loss");
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
@@ -611,6 +696,11 @@ static void io_params(const IrModule *m, Arena *a, unsigned char *io) {
       if ((n->op == IR_OP_EMBEDDING || n->op == IR_OP_TAKE || n->op == IR_OP_GATHER) && n->nin > 0) {
         int p = param_of(m, b, n->in[0]);
         if (p >= 0) io[p] = 1;
+      }
+      for (int k = 0; n->op == IR_OP_MATMUL && k < 2; k++) {
+        const IrType *t = &b->nodes[n->in[k]].type;
+        int p = param_of(m, b, n->in[k]);
+        if (p >= 0 && t->rank == 2 && !r->vr[p]) r->vr[p] = t->dim[0], r->vc[p] = t->dim[1];
       }
       if (n->op == IR_OP_OUTPUT && n->sa == loss && n->nin == 1 && !seen[n->in[0]]) {
         seen[n->in[0]] = 1;
@@ -634,15 +724,35 @@ static void io_params(const IrModule *m, Arena *a, unsigned char *io) {
   }
 }
 
-/* The update rule of parameter p: train.optimizer's; with muon, muon for
- * a 2-D parameter that is neither the embedding nor the head (io), adamw
- * for every other (biases, norm gains, embeddings, the head, 3-D expert
- * weights), as the authors recommend. */
-static int parameter_kind(const IrModule *m, int p, const unsigned char *io) {
+/* The update rule of gr's parameter: train.optimizer's; with muon, muon
+ * for a hidden matrix (a parameter a matmul reads as a 2-D matrix, or a
+ * 2-D one, that is neither the embedding nor the head), adamw for every
+ * other (biases, norm gains, embeddings, the head, grouped expert weights
+ * [G, K, N]), as the authors recommend.  Sets gr->vr / vc for muon. */
+static int parameter_kind(const IrModule *m, Grad *gr, const Roles *r) {
+  const IrState *ps = &m->states.a[gr->p];
   switch (m->train.optimizer) {
   case IR_OPT_SGD: return UPD_SGD;
   case IR_OPT_LION: return UPD_LION;
-  case IR_OPT_MUON: return m->states.a[p].type.rank == 2 && !io[p] ? UPD_MUON : UPD_ADAMW;
+  case IR_OPT_MUON: {
+    if (r->io[gr->p] || (!r->vr[gr->p] && ps->type.rank != 2)) return UPD_ADAMW;
+    gr->vr = r->vr[gr->p] ? r->vr[gr->p] : ps->type.dim[0];
+    gr->vc = r->vr[gr->p] ? r->vc[gr->p] : ps->type.dim[1];
+    /* the view groups the parameter's dims [0, j) into rows, the rest into
+     * columns; a split of any dim of a group splits that side (a rank holds
+     * a subset of its rows or columns: all Newton-Schulz needs) */
+    int64_t rows = 1;
+    int j = 0;
+    while (j < ps->type.rank && rows < gr->vr) rows *= ps->type.dim[j++];
+    if (rows != gr->vr || rows * gr->vc != ir_type_numel(&ps->type)) return UPD_ADAMW;   /* not a regrouping */
+    gr->vsplit[0] = gr->vsplit[1] = 0;
+    gr->vblock = 1;
+    for (int d = 0; d < ps->type.rank; d++) {
+      gr->vsplit[d >= j] |= ps->sh.split[d];
+      if (ps->sh.split[d] && d != 0 && d != j) gr->vblock = 0;
+    }
+    return UPD_MUON;
+  }
   default: return UPD_ADAMW;
   }
 }
@@ -871,10 +981,11 @@ int pass_optimizer(IrModule *m, PassCtx *cx) {
   Grad *grads = arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof *grads);
   int ng = collect_grads(m, cx, &ms, grads);
   if (ng < 0) return -1;
-  unsigned char *io = arena_alloc(&cx->scratch, (size_t)nstates0 + 1);
-  memset(io, 0, (size_t)nstates0 + 1);
-  if (m->train.optimizer == IR_OPT_MUON) io_params(m, &cx->scratch, io);
-  for (int k = 0; k < ng; k++) grads[k].kind = parameter_kind(m, grads[k].p, io);
+  Roles roles = {arena_alloc(&cx->scratch, (size_t)nstates0 + 1),
+                 arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof(int64_t)),
+                 arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof(int64_t))};
+  if (m->train.optimizer == IR_OPT_MUON) param_roles(m, &cx->scratch, &roles);
+  for (int k = 0; k < ng; k++) grads[k].kind = parameter_kind(m, &grads[k], &roles);
   int nacc;
   SavedSh *acc = save_accum_operands(m, &cx->scratch, &nacc);
   dp_marks(m, ms.dp > 1);
@@ -911,6 +1022,94 @@ int pass_optimizer(IrModule *m, PassCtx *cx) {
     for (int k = 0; k < nacc; k++) m->blocks.a[acc[k].b].nodes[acc[k].id].sh = acc[k].sh;
     return -1;
   }
+  return 0;
+}
+
+/* ---- pass_optimizer_report (mcc --report comm / memory) ---- */
+
+/* Bytes a rank sends per step, ring algorithm, in m's update blocks for
+ * the collectives whose note (IrNode.why) starts with "muon:" over axis a. */
+static double muon_sent(const IrModule *m, int a) {
+  double sent = 0;
+  int n = ir_axis_size(m, (IrAxis)a);
+  for (int bi = 0; bi < m->blocks.n && n > 1; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    if (strncmp(b->name, "update", 6)) continue;
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *nd = &b->nodes[i];
+      if (!nd->why || strncmp(nd->why, "muon:", 5) || nd->ia[0] != a) continue;
+      if (nd->op == IR_OP_ALL_REDUCE) {
+        const IrNode *x = &b->nodes[nd->in[0]];
+        sent += 2.0 * (n - 1) / n * (double)(ir_type_numel(&x->type) * ir_dtype_size(x->type.dtype));
+      } else if (nd->op == IR_OP_ALL_GATHER) {
+        sent += (double)(n - 1) / n * (double)(ir_type_numel(&nd->type) * ir_dtype_size(nd->type.dtype));
+      }
+    }
+  }
+  return sent;
+}
+
+int pass_optimizer_report(const IrModule *m, StrBuf *out) {
+  const IrTrain *t = &m->train;
+  if (t->optimizer != IR_OPT_MUON) {
+    sb_printf(out, "optimizer: %s", ir_optimizer_name(t->optimizer));
+    if (t->optimizer == IR_OPT_SGD) sb_printf(out, " (momentum %g%s)", t->momentum, t->nesterov ? ", nesterov" : "");
+    if (t->optimizer == IR_OPT_LION) sb_printf(out, " (betas %g, %g)", t->beta1, t->beta2);
+    sb_printf(out, ": elementwise, sharded as adamw (ZeRO-1: flat dp chunks), no collective of its own\n");
+    return 0;
+  }
+  /* recompute the per-parameter rule as the pass did */
+  Arena a;
+  arena_init(&a);
+  int ns = m->states.n;
+  Roles r = {arena_alloc(&a, (size_t)ns + 1), arena_alloc(&a, ((size_t)ns + 1) * sizeof(int64_t)),
+             arena_alloc(&a, ((size_t)ns + 1) * sizeof(int64_t))};
+  param_roles(m, &a, &r);
+  int tp = ir_axis_size(m, IR_AXIS_TP), dp = ir_axis_size(m, IR_AXIS_DP), zero = dp > 1 && m->par.zero;
+  int nmat = 0, nadam = 0, nsplit = 0, ngather = 0;
+  double gram = 0, gather = 0, chosen = 0, dpgather = 0, mom = 0;
+  for (int s = 0; s < ns; s++) {
+    const IrState *ps = &m->states.a[s];
+    if (ps->kind != IR_STATE_PARAM) continue;
+    Grad g;
+    memset(&g, 0, sizeof g);
+    g.p = s;
+    if (parameter_kind(m, &g, &r) != UPD_MUON) { nadam++; continue; }
+    nmat++;
+    double es = (double)ir_dtype_size(ps->type.dtype), n = (double)ir_type_numel(&ps->type);
+    int64_t R, C;
+    global_dims(m, &g, &R, &C);
+    mom += n * es;
+    if (zero) dpgather += (double)(dp - 1) / dp * (double)((ir_type_numel(&ps->type) + dp - 1) / dp * dp) * es;
+    if (tp > 1 && ((g.vsplit[0] | g.vsplit[1]) & (1u << IR_AXIS_TP))) {
+      double gr1, ga1;
+      muon_costs(m, &g, R, C, &gr1, &ga1);
+      int gathers = muon_gathers(m, &g, R, C) > 0;
+      nsplit++;
+      ngather += gathers;
+      gram += gr1;
+      gather += ga1;
+      chosen += gathers ? ga1 : gr1;
+    }
+  }
+  arena_free(&a);
+  sb_printf(out, "optimizer: muon (momentum %g%s, %d Newton-Schulz steps) on %d hidden matrices, adamw on the %d "
+            "other parameters (embeddings, head, 1-D; docs/cli.md \"Optimizers\")\n", t->muon_momentum,
+            t->nesterov ? ", nesterov" : "", t->muon_ns_steps, nmat, nadam);
+  if (tp > 1)
+    sb_printf(out, "  muon over tp=%d (--muon-tp-mode %s): %d matrices split, %d gathered and %d all-reducing their "
+              "Gram matrix: %.0f ring bytes sent per rank per step (closed form of that choice: %.0f).  Closed forms "
+              "for all of them: the Gram matrix all-reduced, 2(tp-1)/tp x (steps x k^2 + 1) x bytes (k the unsplit "
+              "side): %.0f; each matrix gathered once, (tp-1)/tp x R x C x bytes: %.0f (then every tp rank iterates "
+              "on the whole matrix)\n", tp, ir_muon_tp_name(t->muon_tp), nsplit, ngather, nsplit - ngather,
+              muon_sent(m, IR_AXIS_TP), chosen, gram, gather);
+  if (zero)
+    sb_printf(out, "  muon under ZeRO-1 (dp=%d): each matrix's reduced gradient chunks are all-gathered, %.0f ring "
+              "bytes per rank per step (closed form (dp-1)/dp x padded numel x bytes: %.0f; adamw's parameter "
+              "all-gather, which muon's matrices skip, is the same bytes); momentum kept whole: %.0f bytes per rank, "
+              "%.0f more than dp chunks\n", dp, muon_sent(m, IR_AXIS_DP), dpgather, mom, mom - mom / dp);
+  else
+    sb_printf(out, "  muon momentum: %.0f bytes per rank (one buffer per matrix; adamw keeps two)\n", mom);
   return 0;
 }
 

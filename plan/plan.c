@@ -202,6 +202,7 @@ static void enc_train(StrBuf *b, const IrTrain *t) {
   put_u32(b, (uint32_t)t->optimizer); put_f64(b, t->momentum); put_u32(b, (uint32_t)t->nesterov);
   put_f64(b, t->muon_momentum); put_u32(b, (uint32_t)t->muon_ns_steps);
   put_u32(b, (uint32_t)t->wsd_style); put_i64(b, t->wsd_decay_steps);
+  put_u32(b, (uint32_t)t->muon_tp);
 }
 
 static void enc_module(StrBuf *b, const IrModule *m) {
@@ -595,7 +596,10 @@ static void rd_train(Rd *r, IrTrain *t) {
   t->muon_ns_steps = (int)rd_u32(r);
   uint32_t wsd = rd_u32(r);
   t->wsd_decay_steps = rd_i64(r);
+  uint32_t mtp = rd_u32(r);
   if (r->bad) return;
+  if (mtp >= IR_MUON_TP_COUNT) { rd_fail(r, "bad muon_tp %u", mtp); return; }
+  t->muon_tp = (IrMuonTp)mtp;
   if (opt >= IR_OPT_COUNT) { rd_fail(r, "bad optimizer %u", opt); return; }
   if (wsd >= IR_WSD_COUNT) { rd_fail(r, "bad wsd style %u", wsd); return; }
   t->optimizer = (IrOptimizer)opt;

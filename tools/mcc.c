@@ -146,6 +146,8 @@ static void usage(FILE *f) {
           "  --nesterov, --no-nesterov  Nesterov momentum (default: on for muon as its reference, off for sgd)\n"
           "  --muon-momentum M      muon's momentum (default 0.95)\n"
           "  --muon-ns-steps N      muon's Newton-Schulz iterations (default 5)\n"
+          "  --muon-tp-mode M       muon on a tp-split matrix: auto (the fewer bytes), allreduce (its Gram\n"
+          "                         matrix every iteration) or gather (the matrix once)\n"
           "  --help, --version\n"
           "Passes, in order: frontend");
   for (int i = 0; i < pass_pipeline_count; i++) fprintf(f, ", %s", pass_pipeline[i].name);
@@ -261,6 +263,7 @@ static const struct { const char *flag; MgKind kind; const char *to; } megatron_
     {"--no-nesterov", MG_SWITCH, "no-nesterov"},
     {"--muon-momentum", MG_TRAIN, "muon_momentum"},
     {"--muon-ns-steps", MG_TRAIN, "muon_ns_steps"},
+    {"--muon-tp-mode", MG_TRAIN, "muon_tp"},
     {"--lr-wsd-decay-style", MG_TRAIN, "wsd_style"},
     {"--lr-wsd-decay-iters", MG_TRAIN, "wsd_decay_steps"},
 };
@@ -1035,6 +1038,7 @@ static int report_memory(const Args *a, IrModule *m, StrBuf *out) {
     rc = pass_memplan_report_recompute(p->programs[p->rank_program[0]], a->cx->recompute, a->cx->recompute_summary,
                                        llvm_positions, NULL, out, err, sizeof err);
   if (rc != 0) fprintf(stderr, "mcc: %s\n", err);
+  else pass_optimizer_report(m, out);
   plan_free(p);
   ir_module_free(u);
   return rc != 0;
@@ -1241,6 +1245,7 @@ static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
       sb_printf(out, "total per step at uniform routing: %.0f bytes sent per rank (all_to_all_v: %.0f of the %.0f above, "
                      "(n-1)/n of the rank's own routed rows)\n",
                 total.ring - total.a2av_ring + total.a2av_uniform, total.a2av_uniform, total.a2av_ring);
+    if (!explain) pass_optimizer_report(m, out);
     return 0;
   }
   Plan *p = make_plan(a->input, ir_module_clone(m));
