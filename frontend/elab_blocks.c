@@ -355,11 +355,14 @@ void elab_train(Elab *e) {
   }
   if (!have_decay) t.decay_steps = t.steps;
   if (t.nesterov < 0) t.nesterov = t.optimizer == IR_OPT_MUON;   /* Muon's reference uses Nesterov, torch's SGD not */
+  MdlLoc sched_at = no_loc;   /* the schedule's line, for its refusals */
+  for (int j = 0; j < p->ntrain; j++)
+    if (!strcmp(p->train[j].name, "schedule")) sched_at = p->train[j].loc;
   if (t.schedule == IR_SCHED_WSD && t.wsd_decay_steps < 1)
-    elab_error(e, no_loc, "train: the wsd schedule needs its final decay's length: wsd(wsd_decay_steps: N) or "
+    elab_error(e, sched_at, "train: the wsd schedule needs its final decay's length: wsd(wsd_decay_steps: N) or "
                "--lr-wsd-decay-iters N (at most decay_steps = %lld)", (long long)t.decay_steps);
   else if (t.schedule == IR_SCHED_WSD && t.wsd_decay_steps > t.decay_steps)
-    elab_error(e, no_loc, "train: wsd_decay_steps = %lld is longer than decay_steps = %lld (the decay ends at "
+    elab_error(e, sched_at, "train: wsd_decay_steps = %lld is longer than decay_steps = %lld (the decay ends at "
                "decay_steps); give at most %lld", (long long)t.wsd_decay_steps, (long long)t.decay_steps,
                (long long)t.decay_steps);
   if (e->opt->precision != IR_VOID) {
