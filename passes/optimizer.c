@@ -361,28 +361,21 @@ static void step_adamw(Em *e, const Grad *gr, const Mesh *ms, int coef) {
   em(e, IR_OP_ADAMW, in, 2, ia, fa, NULL, NULL, NULL);
 }
 
-/* Step 4, sgd (torch.optim.SGD): the momentum buffer "momentum.<param>"
- * (kind adam_m: the first moment), flat under ZeRO like adamw's. */
-static void step_sgd(Em *e, const Grad *gr, const Mesh *ms, int coef) {
-  int bst = moment_state(e, gr, ms->zero, IR_STATE_ADAM_M, "momentum");
-  if (bst < 0) return;
-  const IrTrain *t = &e->m->train;
-  int64_t ia[2] = {gr->p, bst};
-  double fa[3] = {t->momentum, t->nesterov ? 1.0 : 0.0, decay_of(e, gr)};
-  int in[2] = {coef, step_grad(e, gr)};
-  em(e, IR_OP_SGD, in, 2, ia, fa, NULL, NULL, NULL);
-}
-
-/* Step 4, lion: its one moment "lion_m.<param>", betas train.beta1/2. */
-static void step_lion(Em *e, const Grad *gr, const Mesh *ms, int coef) {
-  int mst = moment_state(e, gr, ms->zero, IR_STATE_ADAM_M, "lion_m");
+/* Step 4, sgd (torch.optim.SGD: its momentum buffer "momentum.<param>")
+ * or lion (its moment "lion_m.<param>", betas train.beta1/2): one moment
+ * of kind adam_m (the first moment), flat under ZeRO like adamw's. */
+static void step_one_moment(Em *e, const Grad *gr, const Mesh *ms, int coef, IrOp op) {
+  int mst = moment_state(e, gr, ms->zero, IR_STATE_ADAM_M, op == IR_OP_SGD ? "momentum" : "lion_m");
   if (mst < 0) return;
   const IrTrain *t = &e->m->train;
   int64_t ia[2] = {gr->p, mst};
-  double fa[3] = {t->beta1, t->beta2, decay_of(e, gr)};
+  double fa[3] = {op == IR_OP_SGD ? t->momentum : t->beta1, op == IR_OP_SGD ? (t->nesterov ? 1.0 : 0.0) : t->beta2,
+                  decay_of(e, gr)};
   int in[2] = {coef, step_grad(e, gr)};
-  em(e, IR_OP_LION, in, 2, ia, fa, NULL, NULL, NULL);
+  em(e, op, in, 2, ia, fa, NULL, NULL, NULL);
 }
+static void step_sgd(Em *e, const Grad *gr, const Mesh *ms, int coef) { step_one_moment(e, gr, ms, coef, IR_OP_SGD); }
+static void step_lion(Em *e, const Grad *gr, const Mesh *ms, int coef) { step_one_moment(e, gr, ms, coef, IR_OP_LION); }
 
 /* ---- Muon ---- */
 

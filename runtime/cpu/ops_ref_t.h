@@ -820,15 +820,17 @@ static void FN(sgd_range)(void *jp, int64_t lo, int64_t hi) {
     j->w[i] = (T)((double)j->w[i] - j->lr * step);
   }
 }
-static int FN(k_SGD)(RtKctx *k) {
+/* sgd, lion: (coef[], grad) with @param, one moment and attrs (a, b, wd). */
+static int FN(moment_step)(RtKctx *k, void (*range)(void *, int64_t, int64_t)) {
   T *w;
   int64_t cnt = FN(opt_span)(k, &w);
   const double *f = k->n->fa;
   FN(StepJob) j = {w, k->in[1], rt_kenv_state(k->env, (int)k->n->ia[1]), rt_ld(k->in[0], k->it[0]->dtype, 0),
                    f[0], f[1], f[2], k->info->lr};
-  rt_par_for(cnt, RT_EW_GRAIN, FN(sgd_range), &j);
+  rt_par_for(cnt, RT_EW_GRAIN, range, &j);
   return 0;
 }
+static int FN(k_SGD)(RtKctx *k) { return FN(moment_step)(k, FN(sgd_range)); }
 
 /* Lion: c = b1 m + (1 - b1) g; w = w (1 - lr wd) - lr sign(c) (sign 0 at
  * 0, as torch.sign); m = b2 m + (1 - b2) g. */
@@ -841,15 +843,7 @@ static void FN(lion_range)(void *jp, int64_t lo, int64_t hi) {
     j->m[i] = (T)(j->b * m + (1.0 - j->b) * g);
   }
 }
-static int FN(k_LION)(RtKctx *k) {
-  T *w;
-  int64_t cnt = FN(opt_span)(k, &w);
-  const double *f = k->n->fa;
-  FN(StepJob) j = {w, k->in[1], rt_kenv_state(k->env, (int)k->n->ia[1]), rt_ld(k->in[0], k->it[0]->dtype, 0),
-                   f[0], f[1], f[2], k->info->lr};
-  rt_par_for(cnt, RT_EW_GRAIN, FN(lion_range), &j);
-  return 0;
-}
+static int FN(k_LION)(RtKctx *k) { return FN(moment_step)(k, FN(lion_range)); }
 
 /* lr_step: w = w (1 - lr wd) - lr scale x (Muon's decoupled step). */
 static void FN(lr_step_range)(void *jp, int64_t lo, int64_t hi) {
