@@ -718,19 +718,20 @@ static void param_roles(const IrModule *m, Arena *a, const Roles *r) {
 }
 
 /* The update rule of gr's parameter: train.optimizer's; with muon, muon
- * for a hidden matrix (a parameter a matmul reads as a 2-D matrix, or a
- * 2-D one, that is neither the embedding nor the head), adamw for every
- * other (biases, norm gains, embeddings, the head, grouped expert weights
- * [G, K, N]), as the authors recommend.  Sets gr->vr / vc for muon. */
+ * for a hidden matrix (a parameter a matmul reads as a 2-D matrix: the
+ * weight of a linear map, that is neither the embedding nor the head),
+ * adamw for every other (biases, also 2-D ones such as a per-head bias
+ * [heads, head_dim], norm gains, embeddings, the head, grouped expert
+ * weights [G, K, N]), as the authors recommend.  Sets gr->vr / vc for muon. */
 static int parameter_kind(const IrModule *m, Grad *gr, const Roles *r) {
   const IrState *ps = &m->states.a[gr->p];
   switch (m->train.optimizer) {
   case IR_OPT_SGD: return UPD_SGD;
   case IR_OPT_LION: return UPD_LION;
   case IR_OPT_MUON: {
-    if (r->io[gr->p] || (!r->vr[gr->p] && ps->type.rank != 2)) return UPD_ADAMW;
-    gr->vr = r->vr[gr->p] ? r->vr[gr->p] : ps->type.dim[0];
-    gr->vc = r->vr[gr->p] ? r->vc[gr->p] : ps->type.dim[1];
+    if (r->io[gr->p] || !r->vr[gr->p]) return UPD_ADAMW;
+    gr->vr = r->vr[gr->p];
+    gr->vc = r->vc[gr->p];
     /* the view groups the parameter's dims [0, j) into rows, the rest into
      * columns; a split of any dim of a group splits that side (a rank holds
      * a subset of its rows or columns: all Newton-Schulz needs) */

@@ -6,13 +6,14 @@
  *
  *   opt_torch OUT_DIR      writes OUT_DIR/<config>.txt for every config
  *
- * The model has four parameters with gradients that depend on them:
+ * The model has five parameters with gradients that depend on them:
  *   W1 [4, 6], W2 [6, 3]  hidden matrices (Muon's; W2 tall: transposed NS)
- *   b [6]                 a bias, flagged nodecay (Muon: AdamW, 1-D)
+ *   H [3, 5]              the head: the last matmul before the loss (Muon: AdamW by its role)
+ *   b [6]                 a bias, flagged nodecay (Muon: AdamW, not a matmul's)
  *   E [5, 4]              an embedding table (Muon: AdamW by its role)
- *   loss = sum(W1 X1) + sum(W2 X2) + sum(b xb) + sum(E[ids] Y) + 0.5 sum of squares of all
- * so a step's gradient is the mean of the micro batches' inputs plus the
- * parameter (the table's rows scatter-added).  Each file holds the config,
+ *   loss = sum((A W1 W2 H) Y) + sum(b xb) + sum(E[ids] Z) + 0.5 sum of squares of all
+ * (A [3, 4], Y [3, 5], xb [6], Z [3, 4], ids: each micro batch's inputs).
+ * Each file holds the config,
  * the initial parameters, every micro batch's inputs, the lr of each step
  * and the parameters after each step.  Also checks here that the states
  * are the rule's (momentum.<p>, lion_m.<p>, muon_m.<p> / adam_m.<p>), the
@@ -64,11 +65,10 @@ static int sum_all(IrModule *m, int b, int x, int64_t n) {
 }
 
 static const struct { const char *name; int rank; int64_t d0, d1; } P[] = {
-    {"W1", 2, 4, 6}, {"W2", 2, 6, 3}, {"b", 1, 6, 0}, {"E", 2, 5, 4}};
-enum { NP = 4 };
-/* the inputs multiplying each parameter's term (E's: Y [NIDS, 4]) */
+    {"W1", 2, 4, 6}, {"W2", 2, 6, 3}, {"H", 2, 3, 5}, {"b", 1, 6, 0}, {"E", 2, 5, 4}};
+enum { NP = 5, NX = 4 };
 static const struct { const char *name; int rank; int64_t d0, d1; } X[] = {
-    {"X1", 2, 4, 6}, {"X2", 2, 6, 3}, {"xb", 1, 6, 0}, {"Y", 2, NIDS, 4}};
+    {"A", 2, 3, 4}, {"Y", 2, 3, 5}, {"xb", 1, 6, 0}, {"Z", 2, NIDS, 4}};
 static int64_t numel(int rank, int64_t d0, int64_t d1) { return rank == 1 ? d0 : d0 * d1; }
 
 static IrModule *build(const Config *c) {
@@ -88,25 +88,30 @@ static IrModule *build(const Config *c) {
   t->global_batch = NMICRO;
   t->micro_batch = 1;
   int b = ir_block_add(m, "forward");
-  int loss = -1, sq = -1;
+  int w[NP], x[NX], sq = -1;
   for (int k = 0; k < NP; k++) {
     IrType pt = {IR_F64, P[k].rank, {P[k].d0, P[k].d1}, {NULL, NULL}};
-    IrType xt = {IR_F64, X[k].rank, {X[k].d0, X[k].d1}, {NULL, NULL}};
-    int s = add_param(m, P[k].name, pt, k == 2 ? IR_STATE_NODECAY : 0);
-    int w = emit(m, b, IR_OP_STATE, NULL, 0, (int64_t[]){s}, NULL, NULL, &pt);
-    int x = emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, X[k].name, &xt);
-    int v = w;
-    if (k == 3) {   /* the embedding: rows E[ids] */
-      IrType it = {IR_I32, 1, {NIDS}, {NULL}};
-      int ids = emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "ids", &it);
-      v = emit(m, b, IR_OP_EMBEDDING, (int[]){w, ids}, 2, NULL, NULL, NULL, NULL);
-    }
-    int prod = emit(m, b, IR_OP_MUL, (int[]){v, x}, 2, NULL, NULL, NULL, NULL);
-    int term = sum_all(m, b, prod, numel(X[k].rank, X[k].d0, X[k].d1));
-    int q = emit(m, b, IR_OP_SUMSQ, &w, 1, NULL, NULL, NULL, NULL);
-    loss = loss < 0 ? term : emit(m, b, IR_OP_ADD, (int[]){loss, term}, 2, NULL, NULL, NULL, NULL);
+    int s = add_param(m, P[k].name, pt, k == 3 ? IR_STATE_NODECAY : 0);
+    w[k] = emit(m, b, IR_OP_STATE, NULL, 0, (int64_t[]){s}, NULL, NULL, &pt);
+    int q = emit(m, b, IR_OP_SUMSQ, &w[k], 1, NULL, NULL, NULL, NULL);
     sq = sq < 0 ? q : emit(m, b, IR_OP_ADD, (int[]){sq, q}, 2, NULL, NULL, NULL, NULL);
   }
+  for (int k = 0; k < NX; k++) {
+    IrType xt = {IR_F64, X[k].rank, {X[k].d0, X[k].d1}, {NULL, NULL}};
+    x[k] = emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, X[k].name, &xt);
+  }
+  /* A W1 W2 H [3, 5] against Y */
+  int h = w[0];
+  for (int k = 0; k < 3; k++) h = emit(m, b, IR_OP_MATMUL, (int[]){k ? h : x[0], w[k]}, 2, (int64_t[]){0, 0}, NULL, NULL, NULL);
+  int prod = emit(m, b, IR_OP_MUL, (int[]){h, x[1]}, 2, NULL, NULL, NULL, NULL);
+  int loss = sum_all(m, b, prod, 15);
+  prod = emit(m, b, IR_OP_MUL, (int[]){w[3], x[2]}, 2, NULL, NULL, NULL, NULL);
+  loss = emit(m, b, IR_OP_ADD, (int[]){loss, sum_all(m, b, prod, 6)}, 2, NULL, NULL, NULL, NULL);
+  IrType it = {IR_I32, 1, {NIDS}, {NULL}};   /* the embedding: rows E[ids] against Z */
+  int ids = emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "ids", &it);
+  int rows = emit(m, b, IR_OP_EMBEDDING, (int[]){w[4], ids}, 2, NULL, NULL, NULL, NULL);
+  prod = emit(m, b, IR_OP_MUL, (int[]){rows, x[3]}, 2, NULL, NULL, NULL, NULL);
+  loss = emit(m, b, IR_OP_ADD, (int[]){loss, sum_all(m, b, prod, NIDS * 4)}, 2, NULL, NULL, NULL, NULL);
   int hs = emit(m, b, IR_OP_MULS, &sq, 1, NULL, (double[]){0.5}, NULL, NULL);
   loss = emit(m, b, IR_OP_ADD, (int[]){loss, hs}, 2, NULL, NULL, NULL, NULL);
   emit(m, b, IR_OP_OUTPUT, &loss, 1, NULL, NULL, "loss", NULL);
@@ -173,15 +178,15 @@ static void run_config(const Config *c, const char *dir) {
     put_vec(f, tag, W[k], n);
   }
   int mb = ir_block_find(m, "micro"), ub = ir_block_find(m, "update");
-  double xs[NP][4 * 6];
+  double xs[NX][4 * 6];
   int32_t ids[NIDS];
   for (int s = 0; s < STEPS; s++) {
     double lr = 0.02 * (1.0 + 0.25 * s);   /* a different lr every step */
     fprintf(f, "lr %d %.17g\n", s, lr);
     RtRunInfo info = {s, 0, lr, 0};
     for (int mi = 0; mi < NMICRO; mi++) {
-      RtFeed feeds[NP + 1];
-      for (int k = 0; k < NP; k++) {
+      RtFeed feeds[NX + 1];
+      for (int k = 0; k < NX; k++) {
         int64_t n = numel(X[k].rank, X[k].d0, X[k].d1);
         for (int64_t i = 0; i < n; i++) xs[k][i] = sin(1.0 + (double)i + 7.0 * mi + 13.0 * s + 3.0 * k) * (1.5 + s);
         feeds[k].name = X[k].name;
@@ -192,13 +197,13 @@ static void run_config(const Config *c, const char *dir) {
       }
       double idv[NIDS];
       for (int i = 0; i < NIDS; i++) idv[i] = ids[i] = (int32_t)((i * 2 + s + mi) % 5);
-      feeds[NP].name = "ids";
-      feeds[NP].data = ids;
+      feeds[NX].name = "ids";
+      feeds[NX].data = ids;
       char tag[64];
       snprintf(tag, sizeof tag, "input %d %d ids", s, mi);
       put_vec(f, tag, idv, NIDS);
       info.micro = mi;
-      if (rt_run_block(p, mb, feeds, NP + 1, &info, err, sizeof err) != 0) { FAIL("%s: %s", c->name, err); goto out; }
+      if (rt_run_block(p, mb, feeds, NX + 1, &info, err, sizeof err) != 0) { FAIL("%s: %s", c->name, err); goto out; }
     }
     if (rt_run_block(p, ub, NULL, 0, &info, err, sizeof err) != 0) { FAIL("%s: %s", c->name, err); goto out; }
     double gn = NAN;

@@ -18,7 +18,10 @@ torch.nn.utils.clip_grad_norm_ for clipping:
         quintic Newton-Schulz (3.4445, -4.7750, 2.0315) on the matrix with
         rows <= cols (a tall one transposed), scaled by
         sqrt(max(1, rows / cols)); p = p (1 - lr wd) - lr update.  The
-        1-D bias and the embedding table take torch.optim.AdamW.
+        head H (the last matmul before the loss), the bias and the embedding
+        table take torch.optim.AdamW.
+The model: loss = sum((A W1 W2 H) Y) + sum(b xb) + sum(E[ids] Z) + 0.5 sum of
+squares of every parameter, averaged over the micro batches.
 Passes when every parameter after every step agrees to 1e-12 (relative to
 max(1, max |p|)) and the reported gradient norm to 1e-12.  Exit code 1 on any
 mismatch or error (torch missing included: setup.sh installs it).
@@ -83,7 +86,7 @@ def replay(cfg, params, shapes, inputs, lrs, after, norms):
     p = {k: v.clone().requires_grad_(True) for k, v in params.items()}
     opt, wd, clip = cfg["opt"], cfg["wd"], cfg["clip"]
     nest = bool(cfg["nesterov"])
-    decay = [p["W1"], p["W2"], p["E"]]
+    decay = [p["W1"], p["W2"], p["H"], p["E"]]
     nodecay = [p["b"]]
     torch_opt = None
     state = {}
@@ -91,7 +94,7 @@ def replay(cfg, params, shapes, inputs, lrs, after, norms):
         torch_opt = torch.optim.SGD([{"params": decay, "weight_decay": wd}, {"params": nodecay, "weight_decay": 0.0}],
                                     lr=1.0, momentum=cfg["momentum"], nesterov=nest)
     elif opt == "muon":
-        torch_opt = torch.optim.AdamW([{"params": [p["E"]], "weight_decay": wd},
+        torch_opt = torch.optim.AdamW([{"params": [p["H"], p["E"]], "weight_decay": wd},
                                        {"params": nodecay, "weight_decay": 0.0}],
                                       lr=1.0, betas=(cfg["b1"], cfg["b2"]), eps=cfg["eps"])
     worst = 0.0
@@ -100,10 +103,11 @@ def replay(cfg, params, shapes, inputs, lrs, after, norms):
         nm = int(cfg["nmicro"])
         loss = 0.0
         for mi in range(nm):
-            x = {k: torch.tensor(inputs[(s, mi, k)], dtype=torch.float64) for k in ("X1", "X2", "xb", "Y", "ids")}
+            x = {k: torch.tensor(inputs[(s, mi, k)], dtype=torch.float64) for k in ("A", "Y", "xb", "Z", "ids")}
             ids = x["ids"].long()
-            term = ((p["W1"] * x["X1"].reshape(4, 6)).sum() + (p["W2"] * x["X2"].reshape(6, 3)).sum()
-                    + (p["b"] * x["xb"]).sum() + (p["E"][ids] * x["Y"].reshape(len(ids), 4)).sum())
+            out = x["A"].reshape(3, 4) @ p["W1"] @ p["W2"] @ p["H"]
+            term = ((out * x["Y"].reshape(3, 5)).sum() + (p["b"] * x["xb"]).sum()
+                    + (p["E"][ids] * x["Z"].reshape(len(ids), 4)).sum())
             sq = sum((v * v).sum() for v in p.values())
             loss = loss + (term + 0.5 * sq) / nm
         for v in p.values():
