@@ -1,5 +1,6 @@
 /* optimizer.c - the once-per-step update block: gradient collectives over
- * the mesh, global gradient norm, clipping, AdamW (optionally ZeRO-1, the
+ * the mesh, global gradient norm, clipping, each parameter's step (AdamW,
+ * SGD, Lion or Muon: one row per kind in upd_kinds; optionally ZeRO-1, the
  * distributed optimizer), and zeroing the gradient accumulators.
  *
  * Expects: a block "micro" (autodiff's, possibly sharded by `shard`)
@@ -25,12 +26,19 @@
  *      as `output "grad_norm"`.  Axes of size 1 get no collective;
  *   3. coef = clip_coef(norm, max = train.clip_grad) (1 when clipping is
  *      off), the factor every gradient is scaled by;
- *   4. one `adamw` per parameter with new zero states "adam_m.<param>" /
- *      "adam_v.<param>": the parameter's local type and sharding, or (ZeRO)
- *      type [c] and sharding {flat:dp} - adamw then updates only the rank's
- *      chunk of the parameter; weight decay train.weight_decay, 0 for
- *      params flagged nodecay;
- *   5. (ZeRO) after every adamw, each parameter rebuilt from the ranks'
+ *   4. one step per parameter, its kind chosen in one place
+ *      (parameter_kind, upd_kinds): `adamw` with new zero states
+ *      "adam_m.<param>" / "adam_v.<param>", `sgd` with "momentum.<param>",
+ *      `lion` with "lion_m.<param>": the parameter's local type and
+ *      sharding, or (ZeRO) type [c] and sharding {flat:dp} - the step then
+ *      updates only the rank's chunk of the parameter; muon (train.optimizer
+ *      muon, for the matrices of linear maps other than the embedding and
+ *      the head): "muon_m.<param>" whole (never a ZeRO chunk), the
+ *      Newton-Schulz iteration as matmuls whose collectives follow from the
+ *      matmul sharding rule (or a gather of the matrix, train.muon_tp), then
+ *      `lr_step`; weight decay train.weight_decay, 0 for params flagged
+ *      nodecay;
+ *   5. (ZeRO) after every step, each parameter but muon's rebuilt from the ranks'
  *      updated chunks: flatten -> pad -> shard_slice (own chunk) ->
  *      all_gather -> slice [0, n) -> reshape -> assign;
  *   6. zeroes every grad state for the next step's accumulation.
