@@ -424,3 +424,45 @@ for z in "${z3s[@]}"; do
     done
   done
 done
+
+# Muon over tp (issue 24, deliverable 8; docs/sharding.md "Muon"): the bytes
+# a rank sends per step for one layer's Newton-Schulz iterations (3 layers
+# minus 2), as compiled (--muon-tp-mode auto: the fewer bytes per matrix),
+# next to the two hand-written closed forms for a tp-split matrix R x C
+# with k its unsplit side: all-reducing the k x k Gram matrix every
+# iteration, 2 (t-1)/t (5 k^2 + 1) E per matrix, and gathering the matrix
+# once, (t-1)/t R C E.  GPT's layer: wq, wk, wv [h, h], wo [h, h], mlp
+# [h, 4h], [4h, h], k = h for all: Gram 6 x 2 (t-1)/t (5 h^2 + 1) E, gather
+# 12 (t-1)/t h^2 E; Llama's: wq, wo [h, h], wk, wv [h, h_kv], three
+# [h, ffn]: Gram 7 x 2 (t-1)/t (5 h^2 + 1) E, gather (t-1)/t (2 h^2 + 2 h h_kv
+# + 3 h ffn) E.
+echo
+echo "| model | layout | muon bytes sent / layer / step (MB) | Gram all-reduce closed form (MB) | gather closed form (MB) | compiled / cheaper closed form |"
+echo "|---|---|---:|---:|---:|---:|"
+muon_layer() {
+  local model=$1; shift
+  local a b
+  a=$("$mcc" "samples/$model.mdl" -D layers=2 "$@" --optimizer muon --report comm 2>&1 |
+      sed -n 's/.*Gram matrix: \([0-9]*\) ring bytes sent per rank.*/\1/p')
+  b=$("$mcc" "samples/$model.mdl" -D layers=3 "$@" --optimizer muon --report comm 2>&1 |
+      sed -n 's/.*Gram matrix: \([0-9]*\) ring bytes sent per rank.*/\1/p')
+  echo $(( ${b:-0} - ${a:-0} ))
+}
+mrows=("gpt d1024 s256|gpt|-D d_model=1024 -D heads=16 -D seq_len=256 -D dropout=0|1024 1024 4096"
+       "GPT-3 175B|gpt|-D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|12288 12288 49152"
+       "Llama-2-70B|llama|-D d_model=8192 -D heads=64 -D kv_heads=8 -D ffn=28672 -D seq_len=4096 -D vocab=32000|8192 1024 28672")
+for r in "${mrows[@]}"; do
+  IFS='|' read -r name model defs dims <<<"$r"
+  read -r h hkv ffn <<<"$dims"
+  for t in 4 8; do
+    # shellcheck disable=SC2086
+    got=$(muon_layer "$model" $defs -D batch=1 -D micro_batch=1 --tp "$t")
+    read -r gram gath <<<"$(awk -v m="$model" -v t="$t" -v h="$h" -v kv="$hkv" -v f="$ffn" 'BEGIN {
+      n = (m == "gpt") ? 6 : 7
+      g = n * 2 * (t - 1) / t * (5 * h * h + 1) * 4
+      a = (m == "gpt") ? 12 * h * h : 2 * h * h + 2 * h * kv + 3 * h * f
+      printf "%.0f %.0f", g, (t - 1) / t * a * 4 }')"
+    best=$(( gram < gath ? gram : gath ))
+    echo "| $name | tp=$t | $(mb "$got") | $(mb "$gram") | $(mb "$gath") | $(ratio "$got" "$best") |"
+  done
+done

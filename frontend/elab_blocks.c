@@ -187,14 +187,31 @@ static int train_overrides(Elab *e, IrTrain *t, int *have_decay, int *gb_at) {
   for (int i = 0; i < e->opt->ntrain_sets; i++) {
     const MdlSetting *df = &e->opt->train_sets[i];
     const char *k = df->name, *what = define_text(e, df);
-    if (!strcmp(k, "schedule")) {
-      static const char *const names[] = {"constant", "cosine", "linear"};
-      static const IrSchedule sch[] = {IR_SCHED_CONSTANT, IR_SCHED_COSINE, IR_SCHED_LINEAR};
+    if (!strcmp(k, "schedule") || !strcmp(k, "optimizer") || !strcmp(k, "wsd_style") || !strcmp(k, "muon_tp")) {
+      /* our names and Megatron's spellings (--lr-decay-style WSD / inverse-square-root, --optimizer adam) */
+      static const struct { const char *key, *name; int v; } names[] = {
+          {"schedule", "constant", IR_SCHED_CONSTANT}, {"schedule", "cosine", IR_SCHED_COSINE},
+          {"schedule", "linear", IR_SCHED_LINEAR}, {"schedule", "wsd", IR_SCHED_WSD}, {"schedule", "WSD", IR_SCHED_WSD},
+          {"schedule", "inverse_sqrt", IR_SCHED_INVSQRT}, {"schedule", "inverse-square-root", IR_SCHED_INVSQRT},
+          {"optimizer", "adamw", IR_OPT_ADAMW}, {"optimizer", "adam", IR_OPT_ADAMW}, {"optimizer", "sgd", IR_OPT_SGD},
+          {"optimizer", "lion", IR_OPT_LION}, {"optimizer", "muon", IR_OPT_MUON},
+          {"wsd_style", "linear", IR_WSD_LINEAR}, {"wsd_style", "cosine", IR_WSD_COSINE},
+          {"wsd_style", "exponential", IR_WSD_EXPONENTIAL}, {"wsd_style", "minus_sqrt", IR_WSD_MINUS_SQRT},
+          {"muon_tp", "auto", IR_MUON_TP_AUTO}, {"muon_tp", "allreduce", IR_MUON_TP_ALLREDUCE},
+          {"muon_tp", "gather", IR_MUON_TP_GATHER},
+      };
       int w = -1;
-      for (int j = 0; j < 3; j++)
-        if (df->value && !strcmp(df->value, names[j])) w = j;
-      if (w < 0) elab_error(e, no_loc, "%s: the schedules are constant, cosine and linear", what);
-      else t->schedule = sch[w];
+      for (size_t j = 0; j < sizeof names / sizeof names[0]; j++)
+        if (!strcmp(names[j].key, k) && df->value && !strcmp(df->value, names[j].name)) w = names[j].v;
+      if (w < 0)
+        elab_error(e, no_loc, "%s: %s", what, k[0] == 's' ? "the schedules are constant, cosine, linear, wsd (WSD) "
+                   "and inverse_sqrt (inverse-square-root)" : k[0] == 'o' ? "the optimizers are adamw (adam), sgd, "
+                   "lion and muon" : k[0] == 'm' ? "muon's tp modes are auto, allreduce and gather"
+                   : "the wsd decay styles are linear, cosine, exponential and minus_sqrt");
+      else if (k[0] == 's') t->schedule = (IrSchedule)w;
+      else if (k[0] == 'o') t->optimizer = (IrOptimizer)w;
+      else if (k[0] == 'm') t->muon_tp = (IrMuonTp)w;
+      else t->wsd_style = (IrWsdStyle)w;
       continue;
     }
     Value v;
@@ -207,6 +224,11 @@ static int train_overrides(Elab *e, IrTrain *t, int *have_decay, int *gb_at) {
     else if (!strcmp(k, "beta1")) train_range(e, &v, what, 0, 1, 0, &t->beta1);
     else if (!strcmp(k, "beta2")) train_range(e, &v, what, 0, 1, 0, &t->beta2);
     else if (!strcmp(k, "eps")) train_range(e, &v, what, 0, INFINITY, 1, &t->eps);
+    else if (!strcmp(k, "momentum")) train_range(e, &v, what, 0, 1, 0, &t->momentum);
+    else if (!strcmp(k, "muon_momentum")) train_range(e, &v, what, 0, 1, 0, &t->muon_momentum);
+    else if (!strcmp(k, "muon_ns_steps")) { if (!train_int(e, &v, what, 1, &n)) t->muon_ns_steps = (int)(n < 1000 ? n : 1000); }
+    else if (!strcmp(k, "nesterov")) { if (!train_int(e, &v, what, 0, &n)) t->nesterov = n != 0; }
+    else if (!strcmp(k, "wsd_decay_steps")) train_int(e, &v, what, 1, &t->wsd_decay_steps);
     else if (!strcmp(k, "warmup")) train_int(e, &v, what, 0, &t->warmup);
     else if (!strcmp(k, "decay_steps")) { if (!train_int(e, &v, what, 1, &t->decay_steps)) *have_decay = 1; }
     else if (!strcmp(k, "steps")) train_int(e, &v, what, 1, &t->steps);
@@ -223,6 +245,7 @@ void elab_train(Elab *e) {
   const MdlProgram *p = e->main;
   IrTrain t;
   ir_train_defaults(&t);
+  t.nesterov = -1;   /* not given: the optimizer's default, resolved below */
   int have_decay = 0, gb_at = -1, batch_bad = 0;   /* batch_bad: an error about either batch size given */
   for (int j = 0; j < p->ntrain; j++) {
     const MdlKV *kv = &p->train[j];
@@ -232,8 +255,37 @@ void elab_train(Elab *e) {
     Value a[4];
     int which;
     if (!strcmp(key, "optimizer")) {
-      static const char *const fns[] = {"adamw", NULL}, *const names[] = {"lr", "betas", "eps", "weight_decay", NULL};
-      if (train_call(e, kv, fns, &which, names, a)) continue;
+      /* adamw(lr, betas, eps, weight_decay); sgd(lr, momentum, nesterov, weight_decay); lion(lr, betas,
+       * weight_decay); muon(lr, momentum, nesterov, ns_steps, and betas / eps / weight_decay, which its
+       * adamw group uses too) */
+      static const char *const fns[] = {"adamw", "sgd", "lion", "muon", NULL},
+                               *const names[] = {"lr", "betas", "eps", "weight_decay", "momentum", "nesterov",
+                                                 "ns_steps", NULL};
+      static const char takes[4][8] = {{1, 1, 1, 1, 0, 0, 0}, {1, 0, 0, 1, 1, 1, 0}, {1, 1, 0, 1, 0, 0, 0},
+                                       {1, 1, 1, 1, 1, 1, 1}};
+      Value b[8];
+      for (int q = 0; q < 8; q++) b[q].k = V_UNSET;
+      if (train_call(e, kv, fns, &which, names, b)) continue;
+      int bad = 0;
+      for (int q = 0; names[q]; q++)
+        if (b[q].k != V_UNSET && !takes[which][q]) {
+          elab_error(e, b[q].loc, "train: %s() takes no %s: (it takes lr%s)", fns[which], names[q],
+                     which == 1 ? ", momentum, nesterov, weight_decay" : ", betas, weight_decay");
+          bad = 1;
+        }
+      if (bad) continue;
+      static const IrOptimizer kinds[] = {IR_OPT_ADAMW, IR_OPT_SGD, IR_OPT_LION, IR_OPT_MUON};
+      t.optimizer = kinds[which];
+      if (b[4].k != V_UNSET) train_range(e, &b[4], "momentum", 0, 1, 0, which == 1 ? &t.momentum : &t.muon_momentum);
+      if (b[5].k != V_UNSET) {
+        if (b[5].k != V_BOOL && b[5].k != V_INT) elab_error(e, b[5].loc, "train: nesterov must be true or false");
+        else t.nesterov = b[5].i != 0;
+      }
+      if (b[6].k != V_UNSET) {
+        int64_t ns;
+        if (!train_int(e, &b[6], "ns_steps", 1, &ns)) t.muon_ns_steps = (int)(ns < 1000 ? ns : 1000);
+      }
+      for (int q = 0; q < 4; q++) a[q] = b[q];
       if (a[0].k != V_UNSET) train_range(e, &a[0], "lr", 0, INFINITY, 1, &t.lr);
       if (a[1].k != V_UNSET) {
         if ((a[1].k != V_TUPLE && a[1].k != V_LIST) || a[1].n != 2) {
@@ -247,13 +299,28 @@ void elab_train(Elab *e) {
       if (a[2].k != V_UNSET) train_range(e, &a[2], "eps", 0, INFINITY, 1, &t.eps);
       if (a[3].k != V_UNSET) train_range(e, &a[3], "weight_decay", 0, INFINITY, 0, &t.weight_decay);
     } else if (!strcmp(key, "schedule")) {
-      static const char *const fns[] = {"constant", "cosine", "linear", NULL},
-                               *const names[] = {"warmup", "min_lr", "decay_steps", NULL};
-      if (train_call(e, kv, fns, &which, names, a)) continue;
-      static const IrSchedule sch[] = {IR_SCHED_CONSTANT, IR_SCHED_COSINE, IR_SCHED_LINEAR};
+      static const char *const fns[] = {"constant", "cosine", "linear", "wsd", "inverse_sqrt", NULL},
+                               *const names[] = {"warmup", "min_lr", "decay_steps", "wsd_decay_steps", "style", NULL};
+      Value b[6];
+      for (int q = 0; q < 6; q++) b[q].k = V_UNSET;
+      if (train_call(e, kv, fns, &which, names, b)) continue;
+      for (int q = 0; q < 4; q++) a[q] = b[q];
+      static const IrSchedule sch[] = {IR_SCHED_CONSTANT, IR_SCHED_COSINE, IR_SCHED_LINEAR, IR_SCHED_WSD, IR_SCHED_INVSQRT};
       t.schedule = sch[which];
       if (which == 0 && (a[1].k != V_UNSET || a[2].k != V_UNSET))
         elab_error(e, kv->value->loc, "train: constant() takes only warmup:");
+      if (which == 4 && a[2].k != V_UNSET)
+        elab_error(e, kv->value->loc, "train: inverse_sqrt() takes warmup: and min_lr: (it never ends)");
+      if (which != 3 && (b[3].k != V_UNSET || b[4].k != V_UNSET))
+        elab_error(e, kv->value->loc, "train: wsd_decay_steps: and style: go with wsd()");
+      if (b[3].k != V_UNSET) train_int(e, &b[3], "wsd_decay_steps", 1, &t.wsd_decay_steps);
+      if (b[4].k != V_UNSET) {
+        int w = -1;
+        for (int q = 0; q < IR_WSD_COUNT && b[4].k == V_STR; q++)
+          if (!strcmp(b[4].s, ir_wsd_style_name((IrWsdStyle)q))) w = q;
+        if (w < 0) elab_error(e, b[4].loc, "train: wsd style must be \"linear\", \"cosine\", \"exponential\" or \"minus_sqrt\"");
+        else t.wsd_style = (IrWsdStyle)w;
+      }
       if (a[0].k != V_UNSET) train_int(e, &a[0], "warmup", 0, &t.warmup);
       if (a[1].k != V_UNSET) train_range(e, &a[1], "min_lr", 0, INFINITY, 0, &t.min_lr);
       if (a[2].k != V_UNSET && train_int(e, &a[2], "decay_steps", 1, &t.decay_steps) == 0) have_decay = 1;
@@ -287,6 +354,17 @@ void elab_train(Elab *e) {
                gb_at == -2 ? " (from the command line)" : "", (long long)t.micro_batch);
   }
   if (!have_decay) t.decay_steps = t.steps;
+  if (t.nesterov < 0) t.nesterov = t.optimizer == IR_OPT_MUON;   /* Muon's reference uses Nesterov, torch's SGD not */
+  MdlLoc sched_at = no_loc;   /* the schedule's line, for its refusals */
+  for (int j = 0; j < p->ntrain; j++)
+    if (!strcmp(p->train[j].name, "schedule")) sched_at = p->train[j].loc;
+  if (t.schedule == IR_SCHED_WSD && t.wsd_decay_steps < 1)
+    elab_error(e, sched_at, "train: the wsd schedule needs its final decay's length: wsd(wsd_decay_steps: N) or "
+               "--lr-wsd-decay-iters N (at most decay_steps = %lld)", (long long)t.decay_steps);
+  else if (t.schedule == IR_SCHED_WSD && t.wsd_decay_steps > t.decay_steps)
+    elab_error(e, sched_at, "train: wsd_decay_steps = %lld is longer than decay_steps = %lld (the decay ends at "
+               "decay_steps); give at most %lld", (long long)t.wsd_decay_steps, (long long)t.decay_steps,
+               (long long)t.decay_steps);
   if (e->opt->precision != IR_VOID) {
     if (ir_dtype_is_16(e->opt->precision)) t.precision = IR_F32, t.lowp = e->opt->precision;
     else if (!ir_dtype_is_float(e->opt->precision)) elab_error(e, no_loc, "--precision must be f32, f64, bf16 or fp16");

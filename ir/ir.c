@@ -224,8 +224,21 @@ const char *ir_init_kind_name(IrInitKind k) {
   return (int)k >= 0 && k < IR_INIT_KIND_COUNT ? s[k] : "?";
 }
 const char *ir_schedule_name(IrSchedule s) {
-  static const char *n[] = {"constant", "cosine", "linear"};
+  static const char *n[] = {"constant", "cosine", "linear", "wsd", "inverse_sqrt"};
   return (int)s >= 0 && s < IR_SCHED_COUNT ? n[s] : "?";
+}
+
+const char *ir_wsd_style_name(IrWsdStyle s) {
+  static const char *n[] = {"linear", "cosine", "exponential", "minus_sqrt"};
+  return (int)s >= 0 && s < IR_WSD_COUNT ? n[s] : "?";
+}
+const char *ir_muon_tp_name(IrMuonTp t) {
+  static const char *n[] = {"auto", "allreduce", "gather"};
+  return (int)t >= 0 && t < IR_MUON_TP_COUNT ? n[t] : "?";
+}
+const char *ir_optimizer_name(IrOptimizer o) {
+  static const char *n[] = {"adamw", "sgd", "lion", "muon"};
+  return (int)o >= 0 && o < IR_OPT_COUNT ? n[o] : "?";
 }
 
 const char *ir_pipe_sched_name(IrPipeSched s) {
@@ -263,7 +276,14 @@ void ir_train_defaults(IrTrain *t) {
   t->beta2 = 0.95;
   t->eps = 1e-8;
   t->weight_decay = 0.0;
+  t->optimizer = IR_OPT_ADAMW;
+  t->momentum = 0.9;        /* Megatron's --sgd-momentum default */
+  t->nesterov = 0;
+  t->muon_momentum = 0.95;  /* Muon's reference default */
+  t->muon_ns_steps = 5;
   t->schedule = IR_SCHED_CONSTANT;
+  t->wsd_style = IR_WSD_LINEAR;
+  t->wsd_decay_steps = 0;
   t->warmup = 0;
   t->decay_steps = 0;       /* 0 = decay over all `steps` */
   t->min_lr = 0.0;

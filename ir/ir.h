@@ -200,10 +200,36 @@ typedef struct {
                                and never reaches the loss. */
 } IrState;
 
-typedef enum { IR_SCHED_CONSTANT, IR_SCHED_COSINE, IR_SCHED_LINEAR, IR_SCHED_COUNT } IrSchedule;
+/* LR schedules (runtime/exec/rt.c rt_lr_at has the formulas): after the
+ * linear warmup, constant, cosine or linear decay to min_lr; wsd
+ * (warmup-stable-decay: lr until the last wsd_decay_steps of decay_steps,
+ * then wsd_style's decay to min_lr); inverse_sqrt (lr * sqrt(warmup / n),
+ * at least min_lr). */
+typedef enum { IR_SCHED_CONSTANT, IR_SCHED_COSINE, IR_SCHED_LINEAR, IR_SCHED_WSD, IR_SCHED_INVSQRT, IR_SCHED_COUNT } IrSchedule;
+/* wsd's final decay (Megatron's --lr-wsd-decay-style) */
+typedef enum { IR_WSD_LINEAR, IR_WSD_COSINE, IR_WSD_EXPONENTIAL, IR_WSD_MINUS_SQRT, IR_WSD_COUNT } IrWsdStyle;
+/* The update rule of the optimizer pass (passes/optimizer.c's table of
+ * kinds): adamw; sgd (torch.optim.SGD: momentum, nesterov, L2 weight
+ * decay); lion (sign of the interpolated momentum, decoupled decay, beta1 /
+ * beta2); muon (momentum + Newton-Schulz orthogonalisation for the 2-D
+ * hidden weights, adamw for every other parameter). */
+typedef enum { IR_OPT_ADAMW, IR_OPT_SGD, IR_OPT_LION, IR_OPT_MUON, IR_OPT_COUNT } IrOptimizer;
+/* How muon orthogonalises a matrix split over tp (docs/sharding.md "Muon"):
+ * auto (the fewer bytes sent), allreduce (the Gram matrix over the split
+ * side, all-reduced every iteration: the matmul sharding rule's answer),
+ * gather (the matrix gathered once, every rank iterating on all of it). */
+typedef enum { IR_MUON_TP_AUTO, IR_MUON_TP_ALLREDUCE, IR_MUON_TP_GATHER, IR_MUON_TP_COUNT } IrMuonTp;
 typedef struct {
   double lr, beta1, beta2, eps, weight_decay;
+  IrOptimizer optimizer;
+  double momentum;          /* sgd's momentum (0: none) */
+  int nesterov;             /* sgd and muon: Nesterov momentum */
+  double muon_momentum;     /* muon's momentum */
+  int muon_ns_steps;        /* muon's Newton-Schulz iterations */
+  IrMuonTp muon_tp;         /* muon: a tp-split matrix's collectives */
   IrSchedule schedule;
+  IrWsdStyle wsd_style;     /* wsd: the final decay's shape */
+  int64_t wsd_decay_steps;  /* wsd: the steps of the final decay (ending at decay_steps) */
   int64_t warmup;           /* linear warmup steps (from lr/warmup... to lr) */
   int64_t decay_steps;      /* decay ends here (default: steps) */
   double min_lr;
@@ -349,7 +375,10 @@ void ir_print_dot(const IrModule *m, StrBuf *out);
 
 const char *ir_state_kind_name(IrStateKind k);    /* "param", "grad", "adam_m", "adam_v", "cache", "copy" */
 const char *ir_init_kind_name(IrInitKind k);      /* "zeros", "ones", "normal", "uniform" */
-const char *ir_schedule_name(IrSchedule s);       /* "constant", "cosine", "linear" */
+const char *ir_schedule_name(IrSchedule s);       /* "constant", "cosine", "linear", "wsd", "inverse_sqrt" */
+const char *ir_wsd_style_name(IrWsdStyle s);      /* "linear", "cosine", "exponential", "minus_sqrt" */
+const char *ir_optimizer_name(IrOptimizer o);     /* "adamw", "sgd", "lion", "muon" */
+const char *ir_muon_tp_name(IrMuonTp t);          /* "auto", "allreduce", "gather" */
 
 /* ---- the model inputs a data pipeline feeds (mrun; docs/data.md) ----
  * One list for the compiler, which refuses any other input of a model with

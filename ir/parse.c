@@ -335,7 +335,27 @@ static int parse_train(P *p) {
 #define IKEY(n) else if (strcmp(k, #n) == 0) { r = parse_int(p, &iv); t->n = iv; }
     if (0) {}
     FKEY(lr); FKEY(beta1); FKEY(beta2); FKEY(eps); FKEY(weight_decay); FKEY(min_lr); FKEY(clip_grad);
+    FKEY(momentum); FKEY(muon_momentum);
     IKEY(warmup) IKEY(decay_steps) IKEY(global_batch) IKEY(micro_batch) IKEY(seq_len) IKEY(steps)
+    IKEY(nesterov) IKEY(muon_ns_steps) IKEY(wsd_decay_steps)
+    else if (strcmp(k, "optimizer") == 0 || strcmp(k, "wsd_style") == 0 || strcmp(k, "muon_tp") == 0) {
+      skip_ws(p);
+      size_t vat = p->pos;
+      const char *v = word(p, "a name");
+      if (!v) return -1;
+      int which = k[0] == 'o' ? 0 : k[0] == 'w' ? 1 : 2, w = -1;
+      int nn = which == 0 ? IR_OPT_COUNT : which == 1 ? IR_WSD_COUNT : IR_MUON_TP_COUNT;
+      for (int i = 0; i < nn; i++)
+        if (strcmp(v, which == 0 ? ir_optimizer_name((IrOptimizer)i) : which == 1 ? ir_wsd_style_name((IrWsdStyle)i)
+                          : ir_muon_tp_name((IrMuonTp)i)) == 0) w = i;
+      if (w < 0)
+        return perr_at(p, p->line, col_of(p, vat), which == 0 ? "unknown optimizer '%s' (adamw, sgd, lion, muon)"
+                       : which == 1 ? "unknown wsd_style '%s' (linear, cosine, exponential, minus_sqrt)"
+                       : "unknown muon_tp '%s' (auto, allreduce, gather)", v);
+      if (which == 0) t->optimizer = (IrOptimizer)w;
+      else if (which == 1) t->wsd_style = (IrWsdStyle)w;
+      else t->muon_tp = (IrMuonTp)w;
+    }
     else if (strcmp(k, "seed") == 0) {
       skip_ws(p);
       size_t st = p->pos;

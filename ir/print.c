@@ -134,8 +134,20 @@ void ir_print_module(const IrModule *m, StrBuf *out) {
   sb_puts(out, " weight_decay=");   put_double(out, t->weight_decay);
   sb_printf(out, " schedule=%s warmup=%lld decay_steps=%lld", ir_schedule_name(t->schedule),
             (long long)t->warmup, (long long)t->decay_steps);
+  if (t->schedule == IR_SCHED_WSD)
+    sb_printf(out, " wsd_style=%s wsd_decay_steps=%lld", ir_wsd_style_name(t->wsd_style), (long long)t->wsd_decay_steps);
   sb_puts(out, " min_lr=");         put_double(out, t->min_lr);
   sb_puts(out, " clip_grad=");      put_double(out, t->clip_grad);
+  if (t->optimizer != IR_OPT_ADAMW) {   /* printed only when not adamw: adamw's lines stay as they were */
+    sb_printf(out, " optimizer=%s", ir_optimizer_name(t->optimizer));
+    if (t->optimizer == IR_OPT_SGD) { sb_puts(out, " momentum="); put_double(out, t->momentum); }
+    if (t->optimizer == IR_OPT_MUON) {
+      sb_puts(out, " muon_momentum="); put_double(out, t->muon_momentum);
+      sb_printf(out, " muon_ns_steps=%d", t->muon_ns_steps);
+      if (t->muon_tp != IR_MUON_TP_AUTO) sb_printf(out, " muon_tp=%s", ir_muon_tp_name(t->muon_tp));
+    }
+    if (t->optimizer == IR_OPT_SGD || t->optimizer == IR_OPT_MUON) sb_printf(out, " nesterov=%d", t->nesterov);
+  }
   sb_printf(out, " global_batch=%lld micro_batch=%lld seq_len=%lld steps=%lld seed=%llu precision=%s\n",
             (long long)t->global_batch, (long long)t->micro_batch, (long long)t->seq_len,
             (long long)t->steps, (unsigned long long)t->seed, ir_dtype_name(t->lowp != IR_VOID ? t->lowp : t->precision));

@@ -823,11 +823,13 @@ static int state_operand(Sx *x) {
 }
 static int shape_ACCUM(Sx *x) { return state_operand(x); }
 static int shape_ZERO(Sx *x) { return state_ref(x, 0) ? 0 : -1; }
-static int shape_ADAMW(Sx *x) {
+/* adamw, sgd, lion: (coef[], grad) on @param with nmom moment states
+ * (adam_m, then adam_v), each the param's shape or all one flat chunk. */
+static int shape_opt_step(Sx *x, int nmom) {
   if (scalar_float(x, 0, "coef")) return -1;
   static const IrStateKind kinds[3] = {IR_STATE_PARAM, IR_STATE_ADAM_M, IR_STATE_ADAM_V};
   const IrState *s[3];
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 1 + nmom; i++) {
     if (!(s[i] = state_ref(x, i))) return -1;
     if (s[i]->kind != kinds[i] && !(i == 0 && s[i]->kind == IR_STATE_SHARD))
       return fail(x, "@%s is a %s, expected kind %s", s[i]->name, ir_state_kind_name(s[i]->kind),
@@ -844,18 +846,49 @@ static int shape_ADAMW(Sx *x) {
       return fail(x, "flat moment @%s : %s cannot hold a chunk of param @%s : %s", s[1]->name,
                   tstr(x, &s[1]->type), s[0]->name, tstr(x, &s[0]->type));
   }
-  for (int i = 1; i < 3; i++)
+  for (int i = 1; i < 1 + nmom; i++)
     if (!ir_type_same_shape(&s[i]->type, want) || s[i]->sh.flat != s[1]->sh.flat)
       return fail(x, "@%s : %s does not match @%s : %s", s[i]->name, tstr(x, &s[i]->type),
                   s[1]->name, tstr(x, want));
   const IrType *g = opnd(x, 1);
   if (!ir_type_same_shape(g, want))
     return fail(x, "grad %s must have the type of @%s : %s", tstr(x, g), s[1]->name, tstr(x, want));
+  return 0;
+}
+static int shape_ADAMW(Sx *x) {
+  if (shape_opt_step(x, 2)) return -1;
   const double *f = x->n->fa;
   if (!(f[0] >= 0 && f[0] < 1) || !(f[1] >= 0 && f[1] < 1))
     return fail(x, "b1=%g b2=%g must be in [0, 1)", f[0], f[1]);
   if (!(f[2] >= 0) || !(f[3] >= 0) || !isfinite(f[2]) || !isfinite(f[3]))
     return fail(x, "eps=%g wd=%g must be >= 0", f[2], f[3]);
+  return 0;
+}
+static int shape_SGD(Sx *x) {
+  if (shape_opt_step(x, 1)) return -1;
+  const double *f = x->n->fa;
+  if (!(f[0] >= 0 && f[0] < 1) || (f[1] != 0 && f[1] != 1) || !(f[2] >= 0) || !isfinite(f[2]))
+    return fail(x, "mom=%g must be in [0, 1), nesterov=%g 0 or 1, wd=%g >= 0", f[0], f[1], f[2]);
+  return 0;
+}
+static int shape_LION(Sx *x) {
+  if (shape_opt_step(x, 1)) return -1;
+  const double *f = x->n->fa;
+  if (!(f[0] >= 0 && f[0] <= 1) || !(f[1] >= 0 && f[1] <= 1) || !(f[2] >= 0) || !isfinite(f[2]))
+    return fail(x, "b1=%g b2=%g must be in [0, 1], wd=%g >= 0", f[0], f[1], f[2]);
+  return 0;
+}
+static int shape_LR_STEP(Sx *x) {
+  const IrState *p = state_ref(x, 0);
+  if (!p) return -1;
+  if (p->kind != IR_STATE_PARAM)
+    return fail(x, "@%s is a %s, expected kind %s", p->name, ir_state_kind_name(p->kind), ir_state_kind_name(IR_STATE_PARAM));
+  const IrType *u = opnd(x, 0);
+  if (!ir_type_same_shape(u, &p->type))
+    return fail(x, "update %s must have the type of @%s : %s", tstr(x, u), p->name, tstr(x, &p->type));
+  const double *f = x->n->fa;
+  if (!(f[0] > 0) || !isfinite(f[0]) || !(f[1] >= 0) || !isfinite(f[1]))
+    return fail(x, "scale=%g must be > 0 and wd=%g >= 0", f[0], f[1]);
   return 0;
 }
 static int shape_ASSIGN(Sx *x) { return state_operand(x); }

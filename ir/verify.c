@@ -428,7 +428,8 @@ static int train_check(const IrModule *m, char *err, size_t errlen) {
       {"lr", t->lr, 0, INFINITY, 1, 0},           {"beta1", t->beta1, 0, 1, 0, 1},
       {"beta2", t->beta2, 0, 1, 0, 1},            {"eps", t->eps, 0, INFINITY, 1, 0},
       {"weight_decay", t->weight_decay, 0, INFINITY, 0, 0}, {"min_lr", t->min_lr, 0, INFINITY, 0, 0},
-      {"clip_grad", t->clip_grad, 0, INFINITY, 0, 0},
+      {"clip_grad", t->clip_grad, 0, INFINITY, 0, 0},  {"momentum", t->momentum, 0, 1, 0, 1},
+      {"muon_momentum", t->muon_momentum, 0, 1, 0, 1},
   };
   for (size_t k = 0; k < sizeof r / sizeof r[0]; k++) {
     double x = r[k].v;
@@ -440,6 +441,8 @@ static int train_check(const IrModule *m, char *err, size_t errlen) {
   struct { const char *name; int64_t v, lo; } n[] = {
       {"warmup", t->warmup, 0}, {"decay_steps", t->decay_steps, 0}, {"global_batch", t->global_batch, 1},
       {"micro_batch", t->micro_batch, 1}, {"seq_len", t->seq_len, 0}, {"steps", t->steps, 1},
+      {"muon_ns_steps", t->muon_ns_steps, 1}, {"wsd_decay_steps", t->wsd_decay_steps, t->schedule == IR_SCHED_WSD},
+      {"nesterov", t->nesterov, 0},
   };
   for (size_t k = 0; k < sizeof n / sizeof n[0]; k++)
     if (n[k].v < n[k].lo)
@@ -541,7 +544,8 @@ int ir_verify_training(const IrModule *m, char *err, size_t errlen) {
       if (s < 0 || s >= ns) continue;
       if (per_micro && n->op == IR_OP_ACCUM) added[s]++;
       if (bi == ub && n->op == IR_OP_ZERO) zeroed[s]++;
-      if (bi == ub && n->op == IR_OP_ADAMW) updated[m->states.a[s].kind == IR_STATE_SHARD ? m->states.a[s].of : s]++;
+      if (bi == ub && (n->op == IR_OP_ADAMW || n->op == IR_OP_SGD || n->op == IR_OP_LION || n->op == IR_OP_LR_STEP))
+        updated[m->states.a[s].kind == IR_STATE_SHARD ? m->states.a[s].of : s]++;
     }
   }
   int rc = train_check(m, err, errlen);
@@ -558,7 +562,8 @@ int ir_verify_training(const IrModule *m, char *err, size_t errlen) {
                    g->name, zeroed[s], zeroed[s] ? "a second zero loses the step's gradient" :
                    "without it the gradients of every step add up");
     else if (g->of >= 0 && g->of < ns && updated[g->of] != 1)
-      rc = ts_errf(err, errlen, "parameter @%s is updated by %d adamw nodes in block update (exactly one is the rule)",
+      rc = ts_errf(err, errlen, "parameter @%s is updated by %d adamw nodes in block update (exactly one is the rule; "
+                   "sgd, lion and lr_step count as adamw)",
                    p, updated[g->of]);
   }
   free(added);

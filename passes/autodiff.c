@@ -136,7 +136,7 @@ typedef void (*AdFn)(Ad *a, int i, int dy);
 #define AD_NONE(NAME) static void ad_##NAME(Ad *a, int i, int dy) { (void)a; (void)i; (void)dy; }
 AD_NONE(INPUT) AD_NONE(STATE) AD_NONE(FULL)
 AD_NONE(EQ) AD_NONE(NE_SCALAR) AD_NONE(CMP) AD_NONE(FLOORDIV) AD_NONE(MOD) AD_NONE(ARANGE) AD_NONE(RAND) AD_NONE(TOPK_MASK) AD_NONE(CAPACITY_MASK) AD_NONE(MOE_COUNTS)
-AD_NONE(ACCUM) AD_NONE(ZERO) AD_NONE(ADAMW) AD_NONE(OUTPUT) AD_NONE(ASSIGN)
+AD_NONE(ACCUM) AD_NONE(ZERO) AD_NONE(ADAMW) AD_NONE(SGD) AD_NONE(LION) AD_NONE(LR_STEP) AD_NONE(OUTPUT) AD_NONE(ASSIGN)
 
 /* Sharding ops are inserted after autodiff (passes/shard.c). */
 #define AD_LATE(NAME) static void ad_##NAME(Ad *a, int i, int dy) { \

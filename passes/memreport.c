@@ -253,7 +253,11 @@ static int report_rows(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, StrBuf
     report_row(out, label, cpy);
   }
   report_row(out, "gradients", grad);
-  report_row(out, "optimizer state (adam m+v)", opt);
+  /* sgd / lion keep one momentum, muon one per matrix and adam m+v for the rest */
+  static const char *const opt_label[IR_OPT_COUNT] = {"optimizer state (adam m+v)", "optimizer state (sgd momentum)",
+                                                       "optimizer state (lion momentum)",
+                                                       "optimizer state (muon momentum, adam m+v)"};
+  report_row(out, m->train.optimizer < IR_OPT_COUNT ? opt_label[m->train.optimizer] : opt_label[0], opt);
   report_row(out, "states total", par + cpy + grad + opt);
   report_per_param(m, out, par, cpy, grad, opt);
   par += cpy;   /* the totals below count the copies with the parameters */

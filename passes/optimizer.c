@@ -1,5 +1,6 @@
 /* optimizer.c - the once-per-step update block: gradient collectives over
- * the mesh, global gradient norm, clipping, AdamW (optionally ZeRO-1, the
+ * the mesh, global gradient norm, clipping, each parameter's step (AdamW,
+ * SGD, Lion or Muon: one row per kind in upd_kinds; optionally ZeRO-1, the
  * distributed optimizer), and zeroing the gradient accumulators.
  *
  * Expects: a block "micro" (autodiff's, possibly sharded by `shard`)
@@ -25,12 +26,19 @@
  *      as `output "grad_norm"`.  Axes of size 1 get no collective;
  *   3. coef = clip_coef(norm, max = train.clip_grad) (1 when clipping is
  *      off), the factor every gradient is scaled by;
- *   4. one `adamw` per parameter with new zero states "adam_m.<param>" /
- *      "adam_v.<param>": the parameter's local type and sharding, or (ZeRO)
- *      type [c] and sharding {flat:dp} - adamw then updates only the rank's
- *      chunk of the parameter; weight decay train.weight_decay, 0 for
- *      params flagged nodecay;
- *   5. (ZeRO) after every adamw, each parameter rebuilt from the ranks'
+ *   4. one step per parameter, its kind chosen in one place
+ *      (parameter_kind, upd_kinds): `adamw` with new zero states
+ *      "adam_m.<param>" / "adam_v.<param>", `sgd` with "momentum.<param>",
+ *      `lion` with "lion_m.<param>": the parameter's local type and
+ *      sharding, or (ZeRO) type [c] and sharding {flat:dp} - the step then
+ *      updates only the rank's chunk of the parameter; muon (train.optimizer
+ *      muon, for the matrices of linear maps other than the embedding and
+ *      the head): "muon_m.<param>" whole (never a ZeRO chunk), the
+ *      Newton-Schulz iteration as matmuls whose collectives follow from the
+ *      matmul sharding rule (or a gather of the matrix, train.muon_tp), then
+ *      `lr_step`; weight decay train.weight_decay, 0 for params flagged
+ *      nodecay;
+ *   5. (ZeRO) after every step, each parameter but muon's rebuilt from the ranks'
  *      updated chunks: flatten -> pad -> shard_slice (own chunk) ->
  *      all_gather -> slice [0, n) -> reshape -> assign;
  *   6. zeroes every grad state for the next step's accumulation.
@@ -68,6 +76,7 @@
  * equals the one compiled at that dp.  The whole-model pipeline module is
  * refused (mrun respecializes the rank programs). */
 #include "passes.h"
+#include <math.h>
 
 #define DP_BIT (1u << IR_AXIS_DP)
 #define PP_BIT (1u << IR_AXIS_PP)
@@ -103,6 +112,11 @@ typedef struct {
   int val;           /* the rank's true local gradient [param type], or (ZeRO) its reduced chunk [c] */
   uint64_t ranks;    /* pipeline: pp coordinates whose chunks use it (bit r); 0 with pp = 1 */
   int in_norm;       /* counted in this block's norm (pipeline: only on its lowest rank) */
+  int kind;          /* its update rule: a row of upd_kinds (below) */
+  int64_t vr, vc;    /* muon: the local matrix the parameter is [vr, vc] (its 2-D view at the matmuls) */
+  uint8_t vsplit[2]; /* muon: the axes splitting the view's rows and columns */
+  int vblock;        /* muon: the split parameter dim leads its side of the view, so a rank holds a
+                        contiguous block of the view's rows or columns (gathering it is concatenation) */
 } Grad;
 
 static IrSharding sh_partial(unsigned mask) {
@@ -293,10 +307,10 @@ static int values_and_norm(Em *e, Grad *grads, int ng, const Mesh *ms) {
 }
 
 /* The moment state "<prefix>.<param>" of gr's parameter: the param's type
- * and sharding, or (ZeRO) a flat dp chunk [c].  Made by ir_state_derived;
+ * and sharding, or (flat: ZeRO) a flat dp chunk [c].  Made by ir_state_derived;
  * a leftover one of the right kind (an earlier update block's) is reused
  * and re-typed.  -1 with cx->err on a name clash. */
-static int moment_state(Em *e, const Grad *gr, const Mesh *ms, IrStateKind kind, const char *prefix) {
+static int moment_state(Em *e, const Grad *gr, int flat, IrStateKind kind, const char *prefix) {
   IrModule *m = e->m;
   char name[512];
   snprintf(name, sizeof name, "%s.%s", prefix, m->states.a[gr->p].name);
@@ -306,7 +320,7 @@ static int moment_state(Em *e, const Grad *gr, const Mesh *ms, IrStateKind kind,
   if (s < 0) { e->failed = 1; return -1; }
   const IrState *ps = &m->states.a[gr->p];
   IrState *d = &m->states.a[s];
-  if (ms->zero) {
+  if (flat) {
     type_vec(&d->type, ps->type.dtype, gr->c);
     d->sh = sh_flat_dp();
     memset(d->logical, 0, sizeof d->logical);
@@ -318,16 +332,11 @@ static int moment_state(Em *e, const Grad *gr, const Mesh *ms, IrStateKind kind,
   return s;
 }
 
-/* Step 4: adamw for one parameter. */
-static void adamw(Em *e, const Grad *gr, const Mesh *ms, int coef) {
-  int mst = moment_state(e, gr, ms, IR_STATE_ADAM_M, "adam_m");
-  int vst = mst < 0 ? -1 : moment_state(e, gr, ms, IR_STATE_ADAM_V, "adam_v");
-  if (vst < 0) return;
+/* gr's gradient operand for its step: gr->val, or (no collective in
+ * between) the accumulator read again, as the single-rank block always did
+ * (keeps the norm's read short-lived). */
+static int step_grad(Em *e, const Grad *gr) {
   const IrModule *m = e->m;
-  const IrTrain *t = &m->train;
-  int64_t ia[3] = {gr->w, mst, vst};
-  double fa[4] = {t->beta1, t->beta2, t->eps,
-                  (m->states.a[gr->p].flags & IR_STATE_NODECAY) ? 0.0 : t->weight_decay};
   int g = gr->val;
   if (!e->failed && m->blocks.a[e->b].nodes[g].op == IR_OP_STATE) {
     /* no collective in between: read the accumulator again, as the
@@ -338,9 +347,289 @@ static void adamw(Em *e, const Grad *gr, const Mesh *ms, int coef) {
     int64_t gi[1] = {gr->g};
     g = em(e, IR_OP_STATE, NULL, 0, gi, NULL, NULL, &gt, &gsh);
   }
-  int in[2] = {coef, g};
+  return g;
+}
+
+/* gr's weight decay: train.weight_decay, 0 for params flagged nodecay. */
+static double decay_of(const Em *e, const Grad *gr) {
+  return (e->m->states.a[gr->p].flags & IR_STATE_NODECAY) ? 0.0 : e->m->train.weight_decay;
+}
+
+/* Step 4, adamw: states adam_m / adam_v. */
+static void step_adamw(Em *e, const Grad *gr, const Mesh *ms, int coef) {
+  int mst = moment_state(e, gr, ms->zero, IR_STATE_ADAM_M, "adam_m");
+  int vst = mst < 0 ? -1 : moment_state(e, gr, ms->zero, IR_STATE_ADAM_V, "adam_v");
+  if (vst < 0) return;
+  const IrTrain *t = &e->m->train;
+  int64_t ia[3] = {gr->w, mst, vst};   /* the parameter, or (ZeRO-3) its shard */
+  double fa[4] = {t->beta1, t->beta2, t->eps, decay_of(e, gr)};
+  int in[2] = {coef, step_grad(e, gr)};
   em(e, IR_OP_ADAMW, in, 2, ia, fa, NULL, NULL, NULL);
 }
+
+/* Step 4, sgd (torch.optim.SGD: its momentum buffer "momentum.<param>")
+ * or lion (its moment "lion_m.<param>", betas train.beta1/2): one moment
+ * of kind adam_m (the first moment), flat under ZeRO like adamw's. */
+static void step_one_moment(Em *e, const Grad *gr, const Mesh *ms, int coef, IrOp op) {
+  int mst = moment_state(e, gr, ms->zero, IR_STATE_ADAM_M, op == IR_OP_SGD ? "momentum" : "lion_m");
+  if (mst < 0) return;
+  const IrTrain *t = &e->m->train;
+  int64_t ia[2] = {gr->p, mst};
+  double fa[3] = {op == IR_OP_SGD ? t->momentum : t->beta1, op == IR_OP_SGD ? (t->nesterov ? 1.0 : 0.0) : t->beta2,
+                  decay_of(e, gr)};
+  int in[2] = {coef, step_grad(e, gr)};
+  em(e, op, in, 2, ia, fa, NULL, NULL, NULL);
+}
+static void step_sgd(Em *e, const Grad *gr, const Mesh *ms, int coef) { step_one_moment(e, gr, ms, coef, IR_OP_SGD); }
+static void step_lion(Em *e, const Grad *gr, const Mesh *ms, int coef) { step_one_moment(e, gr, ms, coef, IR_OP_LION); }
+
+/* ---- Muon ---- */
+
+/* A scalar of the precision dtype, or a tensor of type t filled with the
+ * scalar x: broadcast, laid out sh. */
+static int fill_like(Em *e, int x, const IrType *t, const IrSharding *sh) {
+  IrType bt = *t;
+  return em(e, IR_OP_BROADCAST, &x, 1, NULL, NULL, NULL, &bt, sh);
+}
+
+/* The matmul sharding rule (docs/sharding.md, the table shard.c applies)
+ * for 2-D operands with ta / tb as the op's: the result's rows are split
+ * like a's rows, its columns like b's columns, and it is a partial sum
+ * over the axes splitting the contracted dim (split alike in both).  -1
+ * where the rule needs a gather first (the contracted dims split apart, or
+ * both result dims over one axis): the Newton-Schulz orientation below
+ * never asks for that. */
+static int mm_rule(const IrSharding *a, const IrSharding *b, int ta, int tb, IrSharding *out) {
+  unsigned ka = a->split[ta ? 0 : 1], kb = b->split[tb ? 1 : 0];
+  memset(out, 0, sizeof *out);
+  out->split[0] = a->split[ta ? 1 : 0];
+  out->split[1] = b->split[tb ? 0 : 1];
+  out->partial = (uint8_t)(a->partial | b->partial | ka);
+  return ka != kb || (out->split[0] & out->split[1]) ? -1 : 0;
+}
+
+/* x @ y (ta, tb) laid out by mm_rule; a partial result is all-reduced over
+ * each axis it is partial over (the Gram matrix of a split matrix). */
+static int mm(Em *e, int x, int y, int ta, int tb, const char *param) {
+  if (e->failed) return -1;
+  IrSharding sh;
+  const IrBlock *b = &e->m->blocks.a[e->b];
+  if (mm_rule(&b->nodes[x].sh, &b->nodes[y].sh, ta, tb, &sh) != 0) {
+    e->failed = 1;
+    snprintf(e->cx->err, sizeof e->cx->err, "optimizer: internal error: muon's product for %s has no block layout", param);
+    return -1;
+  }
+  int64_t ia[2] = {ta, tb};
+  int z = em(e, IR_OP_MATMUL, (int[]){x, y}, 2, ia, NULL, NULL, NULL, &sh);
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {
+    if (!(sh.partial & (1u << a))) continue;
+    sh.partial &= (uint8_t)~(1u << a);
+    int64_t ra[2] = {a, 0};
+    z = em(e, IR_OP_ALL_REDUCE, &z, 1, ra, NULL, NULL, NULL, &sh);
+    say(e, z, "muon: the Gram matrix of the update of %s is a partial sum over the ranks holding its blocks "
+        "(the matmul contracts the split dim): summed once per Newton-Schulz iteration", param);
+  }
+  return z;
+}
+
+/* Muon's Newton-Schulz orthogonalisation of u [r, c] (laid out sh: at most
+ * one dim split), Jordan et al.'s quintic iteration:
+ *   X = u / (|u|_F + 1e-7);  steps times:  A = X X^T,  B = b A + c A A,  X = a X + B X
+ * with (a, b, c) = (3.4445, -4.7750, 2.0315).  The reference transposes a
+ * tall matrix so that A is the smaller Gram matrix; here A is the Gram
+ * matrix over the dim split over ranks when there is one (X^T X, X B for a
+ * row-split X: the same polynomial, X (X^T X)^k = (X X^T)^k X), so that it
+ * is a partial sum that one all_reduce completes and X keeps its layout,
+ * else over the longer dim as the reference. */
+static int newton_schulz(Em *e, int u, int steps, const char *param) {
+  const IrBlock *b0 = &e->m->blocks.a[e->b];
+  const IrNode *un = &b0->nodes[u];
+  IrType t = un->type;
+  IrSharding sh = un->sh;
+  int left = sh.split[1] ? 1 : sh.split[0] ? 0 : t.dim[0] <= t.dim[1];   /* A = X X^T (over the columns)? */
+  IrSharding rep;
+  memset(&rep, 0, sizeof rep);
+  /* the Frobenius norm: square sums partial over the axes splitting u */
+  int sq = em(e, IR_OP_SUMSQ, &u, 1, NULL, NULL, NULL, NULL, NULL);
+  if (!e->failed) e->m->blocks.a[e->b].nodes[sq].sh.partial = (uint8_t)(sh.split[0] | sh.split[1]);
+  for (int a = 0; a < IR_AXIS_COUNT && !e->failed; a++) {
+    if (!(e->m->blocks.a[e->b].nodes[sq].sh.partial & (1u << a))) continue;
+    int64_t ra[2] = {a, 0};
+    IrSharding s2 = e->m->blocks.a[e->b].nodes[sq].sh;
+    s2.partial &= (uint8_t)~(1u << a);
+    sq = em(e, IR_OP_ALL_REDUCE, &sq, 1, ra, NULL, NULL, NULL, &s2);
+    say(e, sq, "muon: the norm of the update of %s sums the squares of every rank's block", param);
+  }
+  int nrm = em(e, IR_OP_SQRT, &sq, 1, NULL, NULL, NULL, NULL, NULL);
+  nrm = em(e, IR_OP_ADDS, &nrm, 1, NULL, (double[]){1e-7}, NULL, NULL, NULL);
+  int x = em(e, IR_OP_DIV, (int[]){u, fill_like(e, nrm, &t, &sh)}, 2, NULL, NULL, NULL, NULL, &sh);
+  static const double qa = 3.4445, qb = -4.7750, qc = 2.0315;
+  for (int k = 0; k < steps && !e->failed; k++) {
+    int A = left ? mm(e, x, x, 0, 1, param) : mm(e, x, x, 1, 0, param);
+    int AA = mm(e, A, A, 0, 0, param);
+    int B = em(e, IR_OP_ADD, (int[]){em(e, IR_OP_MULS, &A, 1, NULL, &qb, NULL, NULL, &rep),
+                                     em(e, IR_OP_MULS, &AA, 1, NULL, &qc, NULL, NULL, &rep)}, 2, NULL, NULL, NULL, NULL, &rep);
+    int BX = left ? mm(e, B, x, 0, 0, param) : mm(e, x, B, 0, 0, param);
+    x = em(e, IR_OP_ADD, (int[]){em(e, IR_OP_MULS, &x, 1, NULL, &qa, NULL, NULL, &sh), BX}, 2, NULL, NULL, NULL, NULL, &sh);
+  }
+  return x;
+}
+
+/* The global dims of gr's matrix view (its local dims times the axes
+ * splitting them). */
+static void global_dims(const IrModule *m, const Grad *gr, int64_t *rows, int64_t *cols) {
+  int64_t d[2] = {gr->vr, gr->vc};
+  for (int k = 0; k < 2; k++)
+    for (int a = 0; a < IR_AXIS_COUNT; a++)
+      if (gr->vsplit[k] & (1u << a)) d[k] *= ir_axis_size(m, (IrAxis)a);
+  *rows = d[0];
+  *cols = d[1];
+}
+
+/* Bytes a rank sends per step to orthogonalise gr's update split over the
+ * live axes of vsplit (R x C global, n the ranks holding its blocks), ring
+ * algorithm: *gram all-reducing the Gram matrix k x k over the split side
+ * (k the whole side) every iteration and the norm's scalar; *gather one
+ * all_gather of the matrix. */
+static void muon_costs(const IrModule *m, const Grad *gr, int64_t R, int64_t C, double *gram, double *gather) {
+  unsigned axes = (gr->vsplit[0] | gr->vsplit[1]), n = 1;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (axes & (1u << a)) n *= (unsigned)ir_axis_size(m, (IrAxis)a);
+  double es = (double)ir_dtype_size(m->states.a[gr->p].type.dtype), k = (double)(gr->vsplit[1] ? R : C);
+  *gram = n > 1 ? 2.0 * (n - 1) / n * (m->train.muon_ns_steps * k * k + 1) * es : 0;
+  *gather = n > 1 ? (double)(n - 1) / n * (double)R * (double)C * es : 0;
+}
+
+/* Whether muon gathers gr's tp-split matrix (1) or all-reduces its Gram
+ * matrix (0): train.muon_tp, auto choosing the fewer bytes (a tie: the
+ * all-reduce, which computes less); -1 when gather is asked for but the
+ * rank's rows or columns are not one block. */
+static int muon_gathers(const IrModule *m, const Grad *gr, int64_t R, int64_t C) {
+  double gram, gather;
+  muon_costs(m, gr, R, C, &gram, &gather);
+  switch (m->train.muon_tp) {
+  case IR_MUON_TP_ALLREDUCE: return 0;
+  case IR_MUON_TP_GATHER: return gr->vblock ? 1 : -1;
+  default: return gr->vblock && gather < gram;
+  }
+}
+
+/* Step 4, muon (Jordan et al. 2024, the reference implementation's
+ * muon_update, momentum as its lerp): for a 2-D parameter W [R, C] with
+ * gradient g (clipped):
+ *   buf = mu buf + (1 - mu) g;  u = nesterov ? (1 - mu) g + mu buf : buf   (buf "muon_m.<param>")
+ *   W = W (1 - lr wd) - lr sqrt(max(1, R / C)) NS(u)
+ * The whole matrix (its tp block) is needed, so the momentum is never a
+ * ZeRO chunk: under ZeRO the gradient's reduced chunks are all-gathered
+ * over dp (with the reduce_scatter the same bytes as an all_reduce), the
+ * momentum is replicated over dp and every dp rank computes the same step
+ * (docs/sharding.md "Muon"). */
+static void step_muon(Em *e, const Grad *gr, const Mesh *ms, int coef) {
+  IrModule *m = e->m;
+  const IrState *ps = &m->states.a[gr->p];
+  const char *name = ps->name;
+  IrType pt = ps->type;
+  IrSharding psh = ps->sh;
+  int g = step_grad(e, gr);
+  if (ms->zero) {   /* the reduced chunk [c] -> the whole (tp-local) gradient */
+    IrSharding none = sh_partial(0);
+    int64_t ia[2] = {IR_AXIS_DP, 0};
+    g = em(e, IR_OP_ALL_GATHER, &g, 1, ia, NULL, NULL, NULL, &none);
+    say(e, g, "muon: the update of %s needs the whole matrix: the dp ranks' reduced chunks of its gradient are "
+        "gathered (with the reduce_scatter, the bytes of an all_reduce)", name);
+    if (gr->c * ms->dp > gr->n) {
+      int64_t sa[3] = {0, 0, gr->n};
+      g = em(e, IR_OP_SLICE, &g, 1, sa, NULL, NULL, NULL, &none);
+    }
+    g = em(e, IR_OP_RESHAPE, &g, 1, NULL, NULL, NULL, &pt, &psh);
+  }
+  g = em(e, IR_OP_MUL, (int[]){g, fill_like(e, coef, &pt, &psh)}, 2, NULL, NULL, NULL, NULL, &psh);
+  int bst = moment_state(e, gr, 0, IR_STATE_ADAM_M, "muon_m");
+  if (bst < 0) return;
+  const IrTrain *t = &m->train;
+  double mu = t->muon_momentum;
+  int64_t bi[1] = {bst};
+  int buf = em(e, IR_OP_STATE, NULL, 0, bi, NULL, NULL, &pt, &psh);
+  double mu1 = 1.0 - mu;
+  int g1 = em(e, IR_OP_MULS, &g, 1, NULL, &mu1, NULL, NULL, &psh);
+  buf = em(e, IR_OP_ADD, (int[]){em(e, IR_OP_MULS, &buf, 1, NULL, &mu, NULL, NULL, &psh), g1}, 2, NULL, NULL, NULL,
+           NULL, &psh);
+  em(e, IR_OP_ASSIGN, &buf, 1, bi, NULL, NULL, NULL, NULL);
+  int u = buf;
+  if (t->nesterov)
+    u = em(e, IR_OP_ADD, (int[]){g1, em(e, IR_OP_MULS, &buf, 1, NULL, &mu, NULL, NULL, &psh)}, 2, NULL, NULL, NULL,
+           NULL, &psh);
+  if (gr->vsplit[0] && gr->vsplit[1] && !e->failed) {
+    char shs[128];
+    e->failed = 1;
+    snprintf(e->cx->err, sizeof e->cx->err, "optimizer: muon: parameter %s (laid out %s) is split along both its "
+             "rows and its columns; Newton-Schulz sums its Gram matrix over one split side only: use a layout "
+             "that splits it along one side, or --optimizer adamw", name,
+             ir_sharding_str(&psh, pt.rank, shs, sizeof shs));
+    return;
+  }
+  IrType vt = pt;   /* the matrix view [vr, vc], laid out by gr->vsplit */
+  vt.rank = 2;
+  vt.dim[0] = gr->vr;
+  vt.dim[1] = gr->vc;
+  vt.dname[0] = vt.dname[1] = NULL;
+  IrSharding vsh = sh_partial(0);
+  vsh.split[0] = gr->vsplit[0];
+  vsh.split[1] = gr->vsplit[1];
+  if (pt.rank != 2) u = em(e, IR_OP_RESHAPE, &u, 1, NULL, NULL, NULL, &vt, &vsh);
+  int64_t R, C;
+  global_dims(m, gr, &R, &C);
+  int sd = vsh.split[1] ? 1 : 0;   /* the split side, if any */
+  unsigned axes = vsh.split[sd] & ms->live;
+  if (axes && muon_gathers(m, gr, R, C) < 0) {
+    e->failed = 1;
+    snprintf(e->cx->err, sizeof e->cx->err, "optimizer: muon: --muon-tp-mode gather: parameter %s's rank holds "
+             "rows or columns of its matrix that are not one block (the split dim is not the first of its side); "
+             "use --muon-tp-mode allreduce (or auto)", name);
+    return;
+  }
+  int x;
+  if (axes && muon_gathers(m, gr, R, C)) {
+    /* the whole matrix on every rank, orthogonalised there, the rank's block kept */
+    IrSharding whole = vsh;
+    for (int a = 0; a < IR_AXIS_COUNT; a++) {
+      if (!(axes & (1u << a))) continue;
+      whole.split[sd] &= (uint8_t)~(1u << a);
+      int64_t ia[2] = {a, sd};
+      u = em(e, IR_OP_ALL_GATHER, &u, 1, ia, NULL, NULL, NULL, &whole);
+      say(e, u, "muon: the update of %s is gathered over the ranks holding its blocks, and every rank "
+          "orthogonalises the whole matrix (fewer bytes than all-reducing its Gram matrix every iteration)", name);
+    }
+    x = newton_schulz(e, u, t->muon_ns_steps, name);
+    for (int a = IR_AXIS_COUNT - 1; a >= 0; a--) {
+      if (!(axes & (1u << a))) continue;
+      whole.split[sd] |= (uint8_t)(1u << a);
+      int64_t ia[2] = {a, sd};
+      x = em(e, IR_OP_SHARD_SLICE, &x, 1, ia, NULL, NULL, NULL, &whole);
+    }
+  } else {
+    x = newton_schulz(e, u, t->muon_ns_steps, name);
+  }
+  if (pt.rank != 2) x = em(e, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &pt, &psh);
+  double fa[2] = {sqrt(R > C ? (double)R / (double)C : 1.0), decay_of(e, gr)};
+  int64_t pi[1] = {gr->p};
+  em(e, IR_OP_LR_STEP, &x, 1, pi, fa, NULL, NULL, NULL);
+}
+
+/* The update rules, one row per kind; whole: the rule needs the parameter's
+ * whole (tp-local) tensor, so it never updates a ZeRO chunk (no rebuild
+ * after it).  A parameter's row: parameter_kind. */
+enum { UPD_ADAMW, UPD_SGD, UPD_LION, UPD_MUON };
+static const struct {
+  void (*emit)(Em *e, const Grad *gr, const Mesh *ms, int coef);
+  int whole;
+  const char *mom[2];   /* its moment states' prefixes, in the order emit makes them (kinds adam_m, adam_v) */
+} upd_kinds[] = {
+    [UPD_ADAMW] = {step_adamw, 0, {"adam_m", "adam_v"}},
+    [UPD_SGD] = {step_sgd, 0, {"momentum", NULL}},
+    [UPD_LION] = {step_lion, 0, {"lion_m", NULL}},
+    [UPD_MUON] = {step_muon, 1, {"muon_m", NULL}},
+};
 
 /* Step 5 (ZeRO): param p <- all ranks' updated chunks, gathered. */
 static void rebuild_param(Em *e, const Grad *gr, const Mesh *ms) {
@@ -362,6 +651,111 @@ static void rebuild_param(Em *e, const Grad *gr, const Mesh *ms) {
   if (!e->failed && ir_type_equal(&e->m->blocks.a[e->b].nodes[x].type, &pt)) e->m->blocks.a[e->b].nodes[x].sh = psh;
   else x = em(e, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &pt, &psh);
   em(e, IR_OP_ASSIGN, &x, 1, pi, NULL, NULL, NULL, NULL);
+}
+
+/* The parameter a value is read from: x itself a state read, or x made
+ * from one by casts, layout ops and gathers (a 16-bit copy counts as its
+ * master); -1 otherwise. */
+static int param_of(const IrModule *m, const IrBlock *b, int x) {
+  while (x >= 0) {
+    const IrNode *n = &b->nodes[x];
+    if (n->op == IR_OP_STATE) {
+      const IrState *s = &m->states.a[n->ia[0]];
+      int p = s->kind == IR_STATE_COPY ? s->of : (int)n->ia[0];
+      return p >= 0 && m->states.a[p].kind == IR_STATE_PARAM ? p : -1;
+    }
+    if (n->op != IR_OP_CAST && n->op != IR_OP_RESHAPE && n->op != IR_OP_PERMUTE && n->op != IR_OP_ALL_GATHER &&
+        n->op != IR_OP_SHARD_SLICE && n->op != IR_OP_SLICE && n->op != IR_OP_PAD)
+      return -1;
+    x = n->in[0];
+  }
+  return -1;
+}
+
+/* What muon needs to know of each parameter, read off the graph, never off
+ * names.  io[p] = 1: an exclusion by role (Jordan et al.: the input
+ * embedding and the output head are trained with AdamW): a parameter read
+ * as a table (embedding, take, gather), or one a matmul reads on the last
+ * stretch to the loss (walking back from `output "loss"`, stopping at each
+ * matmul that reads a parameter: the head is the last one).  vr[p], vc[p]:
+ * the 2-D local matrix a matmul reads the parameter as (an attention
+ * weight [embed, heads, head_dim] is reshaped to [embed, heads*head_dim]),
+ * 0 when no matmul reads it as a matrix. */
+typedef struct { unsigned char *io; int64_t *vr, *vc; } Roles;
+static void param_roles(const IrModule *m, Arena *a, const Roles *r) {
+  unsigned char *io = r->io;
+  const char *loss = ts_intern("loss");
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    if (!strncmp(b->name, "update", 6)) continue;
+    unsigned char *seen = arena_alloc(a, (size_t)b->n + 1);
+    memset(seen, 0, (size_t)b->n + 1);
+    int *stack = arena_alloc(a, ((size_t)b->n + 1) * sizeof *stack), top = 0;
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *n = &b->nodes[i];
+      if ((n->op == IR_OP_EMBEDDING || n->op == IR_OP_TAKE || n->op == IR_OP_GATHER) && n->nin > 0) {
+        int p = param_of(m, b, n->in[0]);
+        if (p >= 0) io[p] = 1;
+      }
+      for (int k = 0; n->op == IR_OP_MATMUL && k < 2; k++) {
+        const IrType *t = &b->nodes[n->in[k]].type;
+        int p = param_of(m, b, n->in[k]);
+        if (p >= 0 && t->rank == 2 && !r->vr[p]) r->vr[p] = t->dim[0], r->vc[p] = t->dim[1];
+      }
+      if (n->op == IR_OP_OUTPUT && n->sa == loss && n->nin == 1 && !seen[n->in[0]]) {
+        seen[n->in[0]] = 1;
+        stack[top++] = n->in[0];
+      }
+    }
+    while (top > 0) {
+      const IrNode *n = &b->nodes[stack[--top]];
+      if (n->op == IR_OP_MATMUL || n->op == IR_OP_GMM) {
+        int pa = param_of(m, b, n->in[0]), pb = param_of(m, b, n->in[1]);
+        if (pa >= 0) io[pa] = 1;
+        if (pb >= 0) io[pb] = 1;
+        if (pa >= 0 || pb >= 0) continue;
+      }
+      for (int k = 0; k < n->nin; k++)
+        if (n->in[k] >= 0 && !seen[n->in[k]]) {
+          seen[n->in[k]] = 1;
+          stack[top++] = n->in[k];
+        }
+    }
+  }
+}
+
+/* The update rule of gr's parameter: train.optimizer's; with muon, muon
+ * for a hidden matrix (a parameter a matmul reads as a 2-D matrix: the
+ * weight of a linear map, that is neither the embedding nor the head),
+ * adamw for every other (biases, also 2-D ones such as a per-head bias
+ * [heads, head_dim], norm gains, embeddings, the head, grouped expert
+ * weights [G, K, N]), as the authors recommend.  Sets gr->vr / vc for muon. */
+static int parameter_kind(const IrModule *m, Grad *gr, const Roles *r) {
+  const IrState *ps = &m->states.a[gr->p];
+  switch (m->train.optimizer) {
+  case IR_OPT_SGD: return UPD_SGD;
+  case IR_OPT_LION: return UPD_LION;
+  case IR_OPT_MUON: {
+    if (r->io[gr->p] || !r->vr[gr->p]) return UPD_ADAMW;
+    gr->vr = r->vr[gr->p];
+    gr->vc = r->vc[gr->p];
+    /* the view groups the parameter's dims [0, j) into rows, the rest into
+     * columns; a split of any dim of a group splits that side (a rank holds
+     * a subset of its rows or columns: all Newton-Schulz needs) */
+    int64_t rows = 1;
+    int j = 0;
+    while (j < ps->type.rank && rows < gr->vr) rows *= ps->type.dim[j++];
+    if (rows != gr->vr || rows * gr->vc != ir_type_numel(&ps->type)) return UPD_ADAMW;   /* not a regrouping */
+    gr->vsplit[0] = gr->vsplit[1] = 0;
+    gr->vblock = 1;
+    for (int d = 0; d < ps->type.rank; d++) {
+      gr->vsplit[d >= j] |= ps->sh.split[d];
+      if (ps->sh.split[d] && d != 0 && d != j) gr->vblock = 0;
+    }
+    return UPD_MUON;
+  }
+  default: return UPD_ADAMW;
+  }
 }
 
 /* The grads of m (states of kind grad) into grads[]; their count, or -1
@@ -437,6 +831,7 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
     g->val = -1;
     g->ranks = 0;
     g->in_norm = 1;
+    g->kind = UPD_ADAMW;
   }
   if (!ng) return ts_errf(cx->err, sizeof cx->err, "optimizer: no parameter receives a gradient; nothing to train");
   /* a parameter without a gradient would never change: refused, not frozen */
@@ -523,9 +918,10 @@ static int build_update(IrModule *m, PassCtx *cx, const char *name, Grad *grads,
     coef = em(&e, IR_OP_FULL, NULL, 0, NULL, &one, NULL, &sc, NULL);
   }
 
-  /* 4-5. AdamW per parameter; with ZeRO, then the all-gathers */
-  for (int k = 0; k < ng && !e.failed; k++) adamw(&e, &grads[k], ms, coef);
-  for (int k = 0; ms->zero && !ms->z3 && k < ng && !e.failed; k++) rebuild_param(&e, &grads[k], ms);
+  /* 4-5. each parameter's step; with ZeRO-1, then the all-gathers (ZeRO-3 keeps the shards) */
+  for (int k = 0; k < ng && !e.failed; k++) upd_kinds[grads[k].kind].emit(&e, &grads[k], ms, coef);
+  for (int k = 0; ms->zero && !ms->z3 && k < ng && !e.failed; k++)
+    if (!upd_kinds[grads[k].kind].whole) rebuild_param(&e, &grads[k], ms);
 
   /* 6. clear the accumulators */
   for (int k = 0; k < ng; k++) {
@@ -579,8 +975,9 @@ static int stage_moments(IrModule *m, PassCtx *cx, const Grad *grads, int ng, co
   for (int low = 0; low < pp; low++)
     for (int k = 0; k < ng && !e.failed; k++) {
       if ((grads[k].ranks & -grads[k].ranks) != 1ull << low) continue;
-      moment_state(&e, &grads[k], ms, IR_STATE_ADAM_M, "adam_m");
-      if (!e.failed) moment_state(&e, &grads[k], ms, IR_STATE_ADAM_V, "adam_v");
+      int kd = grads[k].kind, flat = ms->zero && !upd_kinds[kd].whole;
+      for (int j = 0; j < 2 && upd_kinds[kd].mom[j] && !e.failed; j++)
+        moment_state(&e, &grads[k], flat, j ? IR_STATE_ADAM_V : IR_STATE_ADAM_M, upd_kinds[kd].mom[j]);
     }
   return e.failed ? -1 : 0;
 }
@@ -630,6 +1027,19 @@ static int optimizer_run(IrModule *m, PassCtx *cx, const uint64_t *stage_ranks) 
   Grad *grads = arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof *grads);
   int ng = collect_grads(m, cx, &ms, grads);
   if (ng < 0) return -1;
+  Roles roles = {arena_alloc(&cx->scratch, (size_t)nstates0 + 1),
+                 arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof(int64_t)),
+                 arena_alloc(&cx->scratch, ((size_t)nstates0 + 1) * sizeof(int64_t))};
+  if (m->train.optimizer == IR_OPT_MUON) param_roles(m, &cx->scratch, &roles);
+  for (int k = 0; k < ng; k++) grads[k].kind = parameter_kind(m, &grads[k], &roles);
+  for (int k = 0; ms.z3 && k < ng; k++)
+    if (grads[k].kind != UPD_ADAMW) {
+      snprintf(cx->err, sizeof cx->err, "optimizer: --zero 3 updates each parameter's dp shard with adamw, and "
+               "--optimizer %s would update @%s otherwise: %s under ZeRO-3 is not built yet (use --zero 1, or "
+               "--optimizer adamw)", ir_optimizer_name(m->train.optimizer), m->states.a[grads[k].p].name,
+               ir_optimizer_name(m->train.optimizer));
+      return -1;
+    }
   int nacc;
   SavedSh *acc = save_accum_operands(m, &cx->scratch, &nacc);
   dp_marks(m, ms.dp > 1);
@@ -677,6 +1087,94 @@ static int optimizer_run(IrModule *m, PassCtx *cx, const uint64_t *stage_ranks) 
 }
 
 int pass_optimizer(IrModule *m, PassCtx *cx) { return optimizer_run(m, cx, NULL); }
+
+/* ---- pass_optimizer_report (mcc --report comm / memory) ---- */
+
+/* Bytes a rank sends per step, ring algorithm, in m's update blocks for
+ * the collectives whose note (IrNode.why) starts with "muon:" over axis a. */
+static double muon_sent(const IrModule *m, int a) {
+  double sent = 0;
+  int n = ir_axis_size(m, (IrAxis)a);
+  for (int bi = 0; bi < m->blocks.n && n > 1; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    if (strncmp(b->name, "update", 6)) continue;
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *nd = &b->nodes[i];
+      if (!nd->why || strncmp(nd->why, "muon:", 5) || nd->ia[0] != a) continue;
+      if (nd->op == IR_OP_ALL_REDUCE) {
+        const IrNode *x = &b->nodes[nd->in[0]];
+        sent += 2.0 * (n - 1) / n * (double)(ir_type_numel(&x->type) * ir_dtype_size(x->type.dtype));
+      } else if (nd->op == IR_OP_ALL_GATHER) {
+        sent += (double)(n - 1) / n * (double)(ir_type_numel(&nd->type) * ir_dtype_size(nd->type.dtype));
+      }
+    }
+  }
+  return sent;
+}
+
+int pass_optimizer_report(const IrModule *m, StrBuf *out) {
+  const IrTrain *t = &m->train;
+  if (t->optimizer != IR_OPT_MUON) {
+    sb_printf(out, "optimizer: %s", ir_optimizer_name(t->optimizer));
+    if (t->optimizer == IR_OPT_SGD) sb_printf(out, " (momentum %g%s)", t->momentum, t->nesterov ? ", nesterov" : "");
+    if (t->optimizer == IR_OPT_LION) sb_printf(out, " (betas %g, %g)", t->beta1, t->beta2);
+    sb_printf(out, ": elementwise, sharded as adamw (ZeRO-1: flat dp chunks), no collective of its own\n");
+    return 0;
+  }
+  /* recompute the per-parameter rule as the pass did */
+  Arena a;
+  arena_init(&a);
+  int ns = m->states.n;
+  Roles r = {arena_alloc(&a, (size_t)ns + 1), arena_alloc(&a, ((size_t)ns + 1) * sizeof(int64_t)),
+             arena_alloc(&a, ((size_t)ns + 1) * sizeof(int64_t))};
+  param_roles(m, &a, &r);
+  int tp = ir_axis_size(m, IR_AXIS_TP), dp = ir_axis_size(m, IR_AXIS_DP), zero = dp > 1 && m->par.zero;
+  int nmat = 0, nadam = 0, nsplit = 0, ngather = 0;
+  double gram = 0, gather = 0, chosen = 0, dpgather = 0, mom = 0;
+  for (int s = 0; s < ns; s++) {
+    const IrState *ps = &m->states.a[s];
+    if (ps->kind != IR_STATE_PARAM) continue;
+    Grad g;
+    memset(&g, 0, sizeof g);
+    g.p = s;
+    if (parameter_kind(m, &g, &r) != UPD_MUON) { nadam++; continue; }
+    nmat++;
+    double es = (double)ir_dtype_size(ps->type.dtype), n = (double)ir_type_numel(&ps->type);
+    int64_t R, C;
+    global_dims(m, &g, &R, &C);
+    mom += n * es;
+    if (zero) dpgather += (double)(dp - 1) / dp * (double)((ir_type_numel(&ps->type) + dp - 1) / dp * dp) * es;
+    if (tp > 1 && ((g.vsplit[0] | g.vsplit[1]) & (1u << IR_AXIS_TP))) {
+      double gr1, ga1;
+      muon_costs(m, &g, R, C, &gr1, &ga1);
+      int gathers = muon_gathers(m, &g, R, C) > 0;
+      nsplit++;
+      ngather += gathers;
+      gram += gr1;
+      gather += ga1;
+      chosen += gathers ? ga1 : gr1;
+    }
+  }
+  arena_free(&a);
+  sb_printf(out, "optimizer: muon (momentum %g%s, %d Newton-Schulz steps) on %d hidden matrices, adamw on the %d "
+            "other parameters (embeddings, head, 1-D; docs/cli.md \"Optimizers\")\n", t->muon_momentum,
+            t->nesterov ? ", nesterov" : "", t->muon_ns_steps, nmat, nadam);
+  if (tp > 1)
+    sb_printf(out, "  muon over tp=%d (--muon-tp-mode %s): %d matrices split, %d gathered and %d all-reducing their "
+              "Gram matrix: %.0f ring bytes sent per rank per step (closed form of that choice: %.0f).  Closed forms "
+              "for all of them: the Gram matrix all-reduced, 2(tp-1)/tp x (steps x k^2 + 1) x bytes (k the unsplit "
+              "side): %.0f; each matrix gathered once, (tp-1)/tp x R x C x bytes: %.0f (then every tp rank iterates "
+              "on the whole matrix)\n", tp, ir_muon_tp_name(t->muon_tp), nsplit, ngather, nsplit - ngather,
+              muon_sent(m, IR_AXIS_TP), chosen, gram, gather);
+  if (zero)
+    sb_printf(out, "  muon under ZeRO-1 (dp=%d): each matrix's reduced gradient chunks are all-gathered, %.0f ring "
+              "bytes per rank per step (closed form (dp-1)/dp x padded numel x bytes: %.0f; adamw's parameter "
+              "all-gather, which muon's matrices skip, is the same bytes); momentum kept whole: %.0f bytes per rank, "
+              "%.0f more than dp chunks\n", dp, muon_sent(m, IR_AXIS_DP), dpgather, mom, mom - mom / dp);
+  else
+    sb_printf(out, "  muon momentum: %.0f bytes per rank (one buffer per matrix; adamw keeps two)\n", mom);
+  return 0;
+}
 
 /* ---- pass_respecialize_dp ---- */
 

@@ -112,6 +112,12 @@ int pass_fuse(IrModule *m, PassCtx *cx);
  * m unchanged. */
 int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen);
 
+/* The optimizer's section of mcc --report comm / memory: the rule, and for
+ * muon the matrices, the Newton-Schulz collectives measured in the update
+ * block next to their closed form and to gathering the matrix instead,
+ * and the ZeRO-1 cost (gathered gradients, momentum kept whole). */
+int pass_optimizer_report(const IrModule *m, StrBuf *out);
+
 /* FLOPs of computing node n of b once (passes/remat.c): a GEMM 2 M N K,
  * fused attention 4 Tq Tk D per head and batch, a grouped GEMM 2 R N K,
  * leaves and reshapes nothing, anything else one per result element. */

@@ -199,6 +199,10 @@ static void enc_train(StrBuf *b, const IrTrain *t) {
   put_i64(b, t->seq_len); put_i64(b, t->steps);
   put_u64(b, t->seed);
   put_u32(b, (uint32_t)(t->lowp != IR_VOID ? t->lowp : t->precision));   /* as the text form: bf16 = f32 + lowp */
+  put_u32(b, (uint32_t)t->optimizer); put_f64(b, t->momentum); put_u32(b, (uint32_t)t->nesterov);
+  put_f64(b, t->muon_momentum); put_u32(b, (uint32_t)t->muon_ns_steps);
+  put_u32(b, (uint32_t)t->wsd_style); put_i64(b, t->wsd_decay_steps);
+  put_u32(b, (uint32_t)t->muon_tp);
 }
 
 static void enc_module(StrBuf *b, const IrModule *m) {
@@ -585,7 +589,21 @@ static void rd_train(Rd *r, IrTrain *t) {
   t->seq_len = rd_i64(r); t->steps = rd_i64(r);
   t->seed = rd_u64(r);
   uint32_t prec = rd_u32(r);
+  uint32_t opt = rd_u32(r);
+  t->momentum = rd_f64(r);
+  t->nesterov = (int)rd_u32(r);
+  t->muon_momentum = rd_f64(r);
+  t->muon_ns_steps = (int)rd_u32(r);
+  uint32_t wsd = rd_u32(r);
+  t->wsd_decay_steps = rd_i64(r);
+  uint32_t mtp = rd_u32(r);
   if (r->bad) return;
+  if (mtp >= IR_MUON_TP_COUNT) { rd_fail(r, "bad muon_tp %u", mtp); return; }
+  t->muon_tp = (IrMuonTp)mtp;
+  if (opt >= IR_OPT_COUNT) { rd_fail(r, "bad optimizer %u", opt); return; }
+  if (wsd >= IR_WSD_COUNT) { rd_fail(r, "bad wsd style %u", wsd); return; }
+  t->optimizer = (IrOptimizer)opt;
+  t->wsd_style = (IrWsdStyle)wsd;
   if (sched >= IR_SCHED_COUNT) { rd_fail(r, "bad schedule %u", sched); return; }
   if (prec >= IR_DTYPE_COUNT) { rd_fail(r, "bad precision %u", prec); return; }
   if (prec != IR_F32 && prec != IR_F64 && !ir_dtype_is_16((IrDtype)prec)) { rd_fail(r, "bad precision %u", prec); return; }
@@ -842,7 +860,7 @@ static Plan *decode_named(const void *data, size_t len, const char *name, char *
   }
   if (version == 0) { ts_errf(err, errlen, "%s is corrupted: format version 0", what); return NULL; }
   if (version < PLAN_VERSION) {
-    ts_errf(err, errlen, "%s has format version %u, older than this mrun's %d (it predates sharding): recompile the plan",
+    ts_errf(err, errlen, "%s has format version %u, older than this mrun's %d: recompile the plan",
             what, version, PLAN_VERSION);
     return NULL;
   }
@@ -1150,7 +1168,7 @@ static int parse_text_header(Tx *t, Plan *p) {
                 t->fname, version, PLAN_VERSION);
   if (version < PLAN_VERSION)
     return ts_errf(t->err, t->errlen,
-                   "plan '%s' has format version %d, older than this mrun's %d (it predates sharding): recompile the plan",
+                   "plan '%s' has format version %d, older than this mrun's %d: recompile the plan",
                    t->fname, version, PLAN_VERSION);
   p->version = (uint32_t)version;
 

@@ -20,7 +20,7 @@
 #include "ir/ir.h"
 #include "codegen/cuda.h"
 
-#define PLAN_VERSION 2
+#define PLAN_VERSION 3   /* 3: the train record carries the optimizer and the wsd schedule */
 
 typedef struct { int dp, pp, cp, ep, tp; } PlanMesh;   /* axes outer to inner; tp innermost */
 

@@ -146,7 +146,15 @@ static void usage(FILE *f) {
           "    --num-layers, --hidden-size, --ffn-hidden-size, --num-attention-heads, --num-query-groups,\n"
           "    --seq-length, --micro-batch-size, --num-experts, --moe-router-topk; train fields\n"
           "    --global-batch-size, --train-iters, --lr, --min-lr, --lr-warmup-iters, --lr-decay-iters,\n"
-          "    --lr-decay-style, --clip-grad, --weight-decay, --adam-beta1, --adam-beta2, --adam-eps, --seed\n"
+          "    --lr-decay-style, --clip-grad, --weight-decay, --adam-beta1, --adam-beta2, --adam-eps, --seed,\n"
+          "    --lr-wsd-decay-style, --lr-wsd-decay-iters, --sgd-momentum\n"
+          "  --optimizer NAME       adamw (the default; Megatron's adam), sgd, lion or muon (docs/cli.md)\n"
+          "  --momentum M           sgd's momentum (default 0.9; --sgd-momentum is the same)\n"
+          "  --nesterov, --no-nesterov  Nesterov momentum (default: on for muon as its reference, off for sgd)\n"
+          "  --muon-momentum M      muon's momentum (default 0.95)\n"
+          "  --muon-ns-steps N      muon's Newton-Schulz iterations (default 5)\n"
+          "  --muon-tp-mode M       muon on a tp-split matrix: auto (the fewer bytes), allreduce (its Gram\n"
+          "                         matrix every iteration) or gather (the matrix once)\n"
           "  --help, --version\n"
           "Passes, in order: frontend");
   for (int i = 0; i < pass_pipeline_count; i++) fprintf(f, ", %s", pass_pipeline[i].name);
@@ -254,6 +262,17 @@ static const struct { const char *flag; MgKind kind; const char *to; } megatron_
     {"--adam-beta2", MG_TRAIN, "beta2"},
     {"--adam-eps", MG_TRAIN, "eps"},
     {"--seed", MG_TRAIN, "seed"},
+    /* optimizers and schedules (issue 24, deliverable 8); Megatron spells sgd's momentum --sgd-momentum */
+    {"--optimizer", MG_TRAIN, "optimizer"},
+    {"--sgd-momentum", MG_TRAIN, "momentum"},
+    {"--momentum", MG_TRAIN, "momentum"},
+    {"--nesterov", MG_SWITCH, "nesterov"},
+    {"--no-nesterov", MG_SWITCH, "no-nesterov"},
+    {"--muon-momentum", MG_TRAIN, "muon_momentum"},
+    {"--muon-ns-steps", MG_TRAIN, "muon_ns_steps"},
+    {"--muon-tp-mode", MG_TRAIN, "muon_tp"},
+    {"--lr-wsd-decay-style", MG_TRAIN, "wsd_style"},
+    {"--lr-wsd-decay-iters", MG_TRAIN, "wsd_decay_steps"},
 };
 
 /* argv[*i] as one of Megatron's flags ("--flag V" or "--flag=V"): -1 if it
@@ -269,7 +288,10 @@ static int megatron_flag(Args *a, int argc, char **argv, int *i) {
   if (kind == MG_SWITCH) {
     if (s[n]) return usage_error("option '%s' takes no value", flag);
     if (!strcmp(to, "--sp")) a->mdl.sp = 1;
-    else a->mdl.zero = 1;   /* the distributed optimizer: ZeRO-1, also the default */
+    else if (!strcmp(to, "nesterov") || !strcmp(to, "no-nesterov")) {   /* train field nesterov = 1 / 0 */
+      MdlSetting set = {ts_intern("nesterov"), to[0] == 'n' && to[1] == 'o' ? "0" : "1", flag};
+      VEC_PUSH(a->train_sets, set);
+    } else a->mdl.zero = 1;   /* the distributed optimizer: ZeRO-1, also the default */
     return 0;
   }
   if (s[n] == '=') val = s + n + 1;
@@ -1039,6 +1061,7 @@ static int report_memory(const Args *a, IrModule *m, StrBuf *out) {
     rc = pass_memplan_report_recompute(p->programs[p->rank_program[0]], a->cx->recompute, a->cx->recompute_summary,
                                        llvm_positions, NULL, out, err, sizeof err);
   if (rc != 0) fprintf(stderr, "mcc: %s\n", err);
+  else pass_optimizer_report(m, out);
   plan_free(p);
   ir_module_free(u);
   return rc != 0;
@@ -1245,6 +1268,7 @@ static int report_comm(const Args *a, const IrModule *m, StrBuf *out) {
       sb_printf(out, "total per step at uniform routing: %.0f bytes sent per rank (all_to_all_v: %.0f of the %.0f above, "
                      "(n-1)/n of the rank's own routed rows)\n",
                 total.ring - total.a2av_ring + total.a2av_uniform, total.a2av_uniform, total.a2av_ring);
+    if (!explain) pass_optimizer_report(m, out);
     return 0;
   }
   Plan *p = make_plan(a->input, ir_module_clone(m));

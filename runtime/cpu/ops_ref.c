@@ -697,8 +697,9 @@ static int ref_ACCUM(RtKctx *k) {
 }
 
 /* m, v (and grad) have the param's type, or (ZeRO) are all one flat chunk
- * [c] with c * (number of chunks) covering the param. */
-static int ref_ADAMW(RtKctx *k) {
+ * [c] with c * (number of chunks) covering the param.  nmom moment states
+ * (adamw 2, sgd and lion 1). */
+static int opt_step_check(RtKctx *k, int nmom) {
   const IrState *w = kstate(k, 0), *m = kstate(k, 1);
   if (!ir_dtype_is_float(w->type.dtype)) return rt_kfail(k, "@%s is not a float tensor", w->name);
   IrType want = w->type;
@@ -710,14 +711,33 @@ static int ref_ADAMW(RtKctx *k) {
                       w->name, rt_tstr(&w->type, 1));
     want = m->type;
   }
-  if (w->sh.flat) want = w->type;   /* a ZeRO-3 shard: all four are the rank's chunk */
-  for (int s = 1; s < 3; s++)
+  if (w->sh.flat) want = w->type;   /* a ZeRO-3 shard: the moments and the gradient are the rank's chunk */
+  for (int s = 1; s < 1 + nmom; s++)
     if (!ir_type_same_shape(&kstate(k, s)->type, &want) || kstate(k, s)->sh.flat != m->sh.flat)
       return rt_kfail(k, "@%s does not match @%s", kstate(k, s)->name, s == 1 ? w->name : m->name);
   if (!ir_type_same_shape(k->it[1], &want) || k->it[1]->dtype != w->type.dtype)
     return rt_kfail(k, "grad %s does not match %s", rt_tstr(k->it[1], 0), rt_tstr(&want, 1));
   if (ir_type_numel(k->it[0]) != 1) return rt_kfail(k, "the coefficient must be a scalar");
-  return w->type.dtype == IR_F32 ? k_ADAMW_f32(k) : k_ADAMW_f64(k);
+  return 0;
+}
+static int ref_ADAMW(RtKctx *k) {
+  if (opt_step_check(k, 2)) return -1;
+  return kstate(k, 0)->type.dtype == IR_F32 ? k_ADAMW_f32(k) : k_ADAMW_f64(k);
+}
+static int ref_SGD(RtKctx *k) {
+  if (opt_step_check(k, 1)) return -1;
+  return kstate(k, 0)->type.dtype == IR_F32 ? k_SGD_f32(k) : k_SGD_f64(k);
+}
+static int ref_LION(RtKctx *k) {
+  if (opt_step_check(k, 1)) return -1;
+  return kstate(k, 0)->type.dtype == IR_F32 ? k_LION_f32(k) : k_LION_f64(k);
+}
+static int ref_LR_STEP(RtKctx *k) {
+  const IrState *w = kstate(k, 0);
+  if (!ir_dtype_is_float(w->type.dtype)) return rt_kfail(k, "@%s is not a float tensor", w->name);
+  if (!ir_type_same_shape(k->it[0], &w->type) || k->it[0]->dtype != w->type.dtype)
+    return rt_kfail(k, "update %s does not match @%s %s", rt_tstr(k->it[0], 0), w->name, rt_tstr(&w->type, 1));
+  return w->type.dtype == IR_F32 ? k_LR_STEP_f32(k) : k_LR_STEP_f64(k);
 }
 
 static int ref_ASSIGN(RtKctx *k) {

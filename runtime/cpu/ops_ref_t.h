@@ -793,4 +793,69 @@ static int FN(k_ADAMW)(RtKctx *k) {
   return 0;
 }
 
+/* sgd / lion: the param elements the node updates, as k_ADAMW (the whole
+ * param, or with a flat-sharded @buf the rank's chunk), from *w on. */
+static int64_t FN(opt_span)(RtKctx *k, T **w) {
+  const IrModule *mod = k->env->m;
+  const IrState *ms = &mod->states.a[k->n->ia[1]];
+  *w = rt_kenv_state(k->env, (int)k->n->ia[0]);
+  int64_t cnt = ir_type_numel(&mod->states.a[k->n->ia[0]].type);
+  if (!ms->sh.flat) return cnt;
+  int64_t c = ir_type_numel(&ms->type), start = rt_shard_block(k->env->rank, ms->sh.flat, NULL) * c;
+  *w += start < cnt ? start : cnt;
+  return start >= cnt ? 0 : (cnt - start < c ? cnt - start : c);
+}
+
+/* torch.optim.SGD (dampening 0): d = g + wd w; buf = mom buf + d (buf
+ * starts at 0, so the first step's buf is d, as torch's clone); step
+ * nesterov ? d + mom buf : buf.  mom = 0: buf stays d, the plain step. */
+typedef struct { T *w; const T *gr; T *m; double coef, a, b, wd, lr; } FN(StepJob);
+static void FN(sgd_range)(void *jp, int64_t lo, int64_t hi) {
+  const FN(StepJob) *j = jp;
+  for (int64_t i = lo; i < hi; i++) {
+    double d = (double)j->gr[i] * j->coef + j->wd * (double)j->w[i];
+    double buf = j->a * (double)j->m[i] + d;
+    j->m[i] = (T)buf;
+    double step = j->b != 0 ? d + j->a * buf : buf;
+    j->w[i] = (T)((double)j->w[i] - j->lr * step);
+  }
+}
+/* sgd, lion: (coef[], grad) with @param, one moment and attrs (a, b, wd). */
+static int FN(moment_step)(RtKctx *k, void (*range)(void *, int64_t, int64_t)) {
+  T *w;
+  int64_t cnt = FN(opt_span)(k, &w);
+  const double *f = k->n->fa;
+  FN(StepJob) j = {w, k->in[1], rt_kenv_state(k->env, (int)k->n->ia[1]), rt_ld(k->in[0], k->it[0]->dtype, 0),
+                   f[0], f[1], f[2], k->info->lr};
+  rt_par_for(cnt, RT_EW_GRAIN, range, &j);
+  return 0;
+}
+static int FN(k_SGD)(RtKctx *k) { return FN(moment_step)(k, FN(sgd_range)); }
+
+/* Lion: c = b1 m + (1 - b1) g; w = w (1 - lr wd) - lr sign(c) (sign 0 at
+ * 0, as torch.sign); m = b2 m + (1 - b2) g. */
+static void FN(lion_range)(void *jp, int64_t lo, int64_t hi) {
+  const FN(StepJob) *j = jp;
+  for (int64_t i = lo; i < hi; i++) {
+    double g = (double)j->gr[i] * j->coef, m = (double)j->m[i];
+    double c = j->a * m + (1.0 - j->a) * g, sg = c > 0 ? 1.0 : c < 0 ? -1.0 : 0.0;
+    j->w[i] = (T)((double)j->w[i] * (1.0 - j->lr * j->wd) - j->lr * sg);
+    j->m[i] = (T)(j->b * m + (1.0 - j->b) * g);
+  }
+}
+static int FN(k_LION)(RtKctx *k) { return FN(moment_step)(k, FN(lion_range)); }
+
+/* lr_step: w = w (1 - lr wd) - lr scale x (Muon's decoupled step). */
+static void FN(lr_step_range)(void *jp, int64_t lo, int64_t hi) {
+  const FN(StepJob) *j = jp;
+  for (int64_t i = lo; i < hi; i++)
+    j->w[i] = (T)((double)j->w[i] * (1.0 - j->lr * j->wd) - j->lr * j->a * (double)j->gr[i]);
+}
+static int FN(k_LR_STEP)(RtKctx *k) {
+  const double *f = k->n->fa;
+  FN(StepJob) j = {rt_kenv_state(k->env, (int)k->n->ia[0]), k->in[0], NULL, 1.0, f[0], 0, f[1], k->info->lr};
+  rt_par_for(ir_type_numel(k->it[0]), RT_EW_GRAIN, FN(lr_step_range), &j);
+  return 0;
+}
+
 #undef FN

@@ -1601,11 +1601,37 @@ int rt_program_graphs(const RtProgram *p) {
 }
 
 /* Warmup, then cosine / linear decay to min_lr over the steps after warmup
- * (up to decay_steps, 0 meaning train.steps), then min_lr. */
+ * (up to decay_steps, 0 meaning train.steps), then min_lr.  wsd and
+ * inverse_sqrt follow Megatron's OptimizerParamScheduler with its step
+ * count n = step + 1 (the step being taken, from 1):
+ *   inverse_sqrt  max(min_lr, lr * sqrt(max(warmup, 1)) / sqrt(n))
+ *   wsd           lr while n <= D - Dw (D = decay_steps, Dw = wsd_decay_steps),
+ *                 then min_lr + f(r) (lr - min_lr), r = (n - (D - Dw)) / Dw,
+ *                 f = 1 - r (linear), (1 + cos(pi r)) / 2 (cosine),
+ *                 2 * 0.5^r - 1 (exponential), 1 - sqrt(r) (minus_sqrt);
+ *                 min_lr after D. */
+static double wsd_coef(IrWsdStyle s, double r) {
+  switch (s) {
+  case IR_WSD_COSINE: return 0.5 * (cos(M_PI * r) + 1.0);
+  case IR_WSD_EXPONENTIAL: return 2.0 * pow(0.5, r) - 1.0;
+  case IR_WSD_MINUS_SQRT: return 1.0 - sqrt(r);
+  default: return 1.0 - r;
+  }
+}
 double rt_lr_at(const IrTrain *t, int64_t step) {
   if (t->warmup > 0 && step < t->warmup) return t->lr * (double)(step + 1) / (double)t->warmup;
   if (t->schedule == IR_SCHED_CONSTANT) return t->lr;
   int64_t d = t->decay_steps > 0 ? t->decay_steps : t->steps;
+  if (t->schedule == IR_SCHED_INVSQRT) {
+    double lr = t->lr * sqrt((double)(t->warmup > 1 ? t->warmup : 1)) / sqrt((double)(step + 1));
+    return lr > t->min_lr ? lr : t->min_lr;
+  }
+  if (t->schedule == IR_SCHED_WSD) {
+    int64_t n = step + 1, dw = t->wsd_decay_steps > 0 ? t->wsd_decay_steps : 1, start = d - dw;
+    if (n > d) return t->min_lr;
+    if (n <= start) return t->lr;
+    return t->min_lr + wsd_coef(t->wsd_style, (double)(n - start) / (double)dw) * (t->lr - t->min_lr);
+  }
   int64_t span = d - t->warmup;
   if (span < 1) span = 1;
   double prog = (double)(step - t->warmup) / (double)span;

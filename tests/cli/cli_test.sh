@@ -84,8 +84,14 @@ megatron)
     has "$TMP/err" "--num-query-groups sets the config key 'kv_heads', which this model does not have"
   run 1 "$MCC" samples/gpt.mdl $TINY_GPT --num-layers 3 -o "$TMP/x.plan" &&
     has "$TMP/err" "--num-layers 3 and -D layers=2 both set the config key 'layers'"
+  run 1 "$MCC" samples/gpt.mdl $TINY_GPT --lr-decay-style noam -o "$TMP/x.plan" &&
+    has "$TMP/err" "--lr-decay-style noam: the schedules are constant, cosine, linear, wsd (WSD) and inverse_sqrt"
   run 1 "$MCC" samples/gpt.mdl $TINY_GPT --lr-decay-style WSD -o "$TMP/x.plan" &&
-    has "$TMP/err" "--lr-decay-style WSD: the schedules are constant, cosine and linear"
+    has "$TMP/err" "the wsd schedule needs its final decay's length"
+  run 1 "$MCC" samples/gpt.mdl $TINY_GPT --optimizer adagrad -o "$TMP/x.plan" &&
+    has "$TMP/err" "--optimizer adagrad: the optimizers are adamw (adam), sgd, lion and muon"
+  run 0 "$MCC" samples/gpt.mdl $TINY_GPT --optimizer sgd --sgd-momentum 0.8 --nesterov --emit=ir -o "$TMP/x.ir" &&
+    has "$TMP/x.ir" "optimizer=sgd momentum=0.8 nesterov=1"
   run 1 "$MCC" samples/gpt.mdl $TINY_GPT --lr -1 -o "$TMP/x.plan" && has "$TMP/err" "--lr -1 must be > 0"
   run 1 "$MCC" samples/gpt.mdl $TINY_GPT --global-batch-size 3 -o "$TMP/x.plan" &&
     has "$TMP/err" "global_batch 3 (from the command line) is not a multiple of micro_batch 2"
@@ -124,7 +130,7 @@ usage)
   run 2 "$MCC" samples/gpt.mdl --print-ir-after=autodif &&
     has "$TMP/err" "unknown pass 'autodif'" && has "$TMP/err" "frontend, partition, autodiff, shard, precision, remat, pipeline, wsplit, zero3, optimizer, eval, decode, dce"
   run 0 "$MCC" --help && has "$TMP/out" "usage: mcc FILE.mdl" && has "$TMP/out" "--dump-ir=all DIR"
-  run 0 "$MCC" --version && has "$TMP/out" "plan format 2"
+  run 0 "$MCC" --version && has "$TMP/out" "plan format 3"
   run 1 "$MCC" "$TMP/missing.mdl" && has "$TMP/err" "cannot open '$TMP/missing.mdl'"
   ;;
 errors)
@@ -223,7 +229,7 @@ tiny-gpt|tiny-llama)
   fi
   # the text plan: same plan as the binary one, re-prints identically, and trains
   run 0 "$MCC" samples/$m.mdl $DEFS --emit=plan-text -o "$TMP/$m.plan.txt"
-  head -1 "$TMP/$m.plan.txt" | grep -qx "tessera-plan 2" || fail "plan text header: $(head -1 "$TMP/$m.plan.txt")"
+  head -1 "$TMP/$m.plan.txt" | grep -qx "tessera-plan 3" || fail "plan text header: $(head -1 "$TMP/$m.plan.txt")"
   run 0 "$CHECK" plan "$TMP/$m.plan" "$TMP/$m.plan.txt"
   run 0 "$CHECK" same-plan "$TMP/$m.plan" "$TMP/$m.plan.txt"
   # mrun trains from the text plan; the loss of a fresh byte-level model is

@@ -128,6 +128,9 @@ static const Case cases[] = {
   {"zero", "zero @g", NULL},    /* an unknown state is a parse error; see test_zero_bad_ref */
   {"adamw", "adamw %4, %6 @p @m @v b1=0.9 b2=0.95 eps=1e-08 wd=0.1",
    "adamw %4, %1 @p @m @v b1=0.9 b2=0.95 eps=1e-08 wd=0.1"},
+  {"sgd", "sgd %4, %6 @p @m mom=0.9 nesterov=1.0 wd=0.1", "sgd %4, %6 @p @m mom=0.9 nesterov=2.0 wd=0.1"},
+  {"lion", "lion %4, %6 @p @m b1=0.9 b2=0.99 wd=0.1", "lion %4, %1 @p @m b1=0.9 b2=0.99 wd=0.1"},
+  {"lr_step", "lr_step %6 @p scale=1.5 wd=0.1", "lr_step %6 @p scale=0.0 wd=0.1"},
   {"assign", "assign %6 @p", "assign %1 @p"},
   {"all_to_all", "%10 = all_to_all %1 axis=tp split=2 concat=0 : f32[4, 4, 4]",
    "%10 = all_to_all %3 axis=tp split=3 concat=0 : f32[2, 4, 8]"},

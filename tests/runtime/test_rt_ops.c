@@ -1625,7 +1625,10 @@ int main(void) {
                                    IR_OP_SEND, IR_OP_RECV, IR_OP_STASH, IR_OP_UNSTASH, IR_OP_GROUP_SUM,
                                    IR_OP_ATTENTION, IR_OP_ATTENTION_BWD,    /* tests/grad, tests/oracle, tests/attn */
                                    IR_OP_RING_SHIFT, IR_OP_RING_WAIT,       /* a pair on cp ranks: tests/parallel */
-                                   IR_OP_KV_WRITE};   /* writes a cache state: tests/generate */
+                                   IR_OP_KV_WRITE,    /* writes a cache state: tests/generate */
+                                   /* optimizer steps on states: tests/grad/opt_torch (against torch), their
+                                    * ZeRO chunks in tests/parallel's optim cells */
+                                   IR_OP_SGD, IR_OP_LION, IR_OP_LR_STEP};
   for (int op = 0; op < IR_OP_COUNT; op++) {
     int skip = 0;
     for (size_t i = 0; i < sizeof elsewhere / sizeof *elsewhere; i++) skip |= elsewhere[i] == (IrOp)op;
