@@ -269,7 +269,8 @@ typedef struct {
   /* fp16's loss scaling (passes/scaler.c): blocks "scaler" and "skip"
    * (-1: none), and what the step's scaler block reported */
   int sb, kb;
-  int64_t inf_step;              /* TS_FAULT_INF_RANK / _STEP (tests): +inf into this rank's first gradient */
+  const char *inf_steps;         /* TS_FAULT_INF_STEPS (tests): "3,4,9", the steps at which +inf goes into
+                                    this rank's first gradient, or NULL */
   double ls_scale, ls_skips, ls_lr;
   int ls_skipped;
 } TrainRun;
@@ -495,7 +496,24 @@ static void maybe_fail(const TrainRun *r, int64_t s) {
   }
 }
 
-/* Test hook (TS_FAULT_INF_RANK=r TS_FAULT_INF_STEP=s, docs/precision.md):
+/* TS_FAULT_INF_STEPS=LIST when TS_FAULT_INF_RANK is this world rank, else NULL. */
+static const char *inf_steps(int world_rank) {
+  const char *r = getenv("TS_FAULT_INF_RANK"), *s = getenv("TS_FAULT_INF_STEPS");
+  return r && s && atoi(r) == world_rank ? s : NULL;
+}
+/* step (from 1) in the comma-separated list */
+static int inf_at(const char *list, int64_t step) {
+  for (const char *p = list; p && *p;) {
+    char *end;
+    long long v = strtoll(p, &end, 10);
+    if (end == p) return 0;
+    if (v == step) return 1;
+    p = *end == ',' ? end + 1 : end;
+  }
+  return 0;
+}
+
+/* Test hook (TS_FAULT_INF_RANK=r TS_FAULT_INF_STEPS=s,..., docs/precision.md):
  * element 0 of the rank's first gradient state becomes +inf after the
  * step's micro batches, as an fp16 overflow in its backward would make it. */
 static int inject_inf(TrainRun *r, const IrModule *m, int64_t s, char *err, size_t errlen) {
@@ -574,7 +592,7 @@ static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb
   /* every dp rank runs the same program, so the metric lists agree; tp and
    * ep ranks compute replicated values and are not summed over */
   if (r->dp && r->nx && rt_comm_all_reduce(r->dp, IR_F64, r->xval, r->nx, err, errlen) != 0) return -1;
-  if (r->inf_step == s + 1 && inject_inf(r, m, s, err, errlen) != 0) return -1;
+  if (inf_at(r->inf_steps, s + 1) && inject_inf(r, m, s, err, errlen) != 0) return -1;
   *loss = sum / (double)n_global;
   return run_update(r, m, ub, s, lr, gnorm, err, errlen);
 }
@@ -926,7 +944,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     run_free(&r);
     return -1;
   }
-  r.inf_step = fault_step("INF", r.world_rank);
+  r.inf_steps = inf_steps(r.world_rank);
   r.kill_step = fault_step("KILL", r.world_rank);
   r.stall_step = fault_step("STALL", r.world_rank);
   const char *delay = getenv("TS_FAULT_STEP_DELAY_MS");
