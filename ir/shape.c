@@ -812,12 +812,8 @@ static int shape_CLIP_COEF(Sx *x) {
   *x->out = *opnd(x, 0);
   return 0;
 }
-static int shape_NONFINITE(Sx *x) {
-  if (need_float(x, 0)) return -1;
-  memset(x->out, 0, sizeof *x->out);
-  x->out->dtype = opnd(x, 0)->dtype;
-  return 0;
-}
+/* any float tensor -> a scalar of its dtype, as sumsq */
+static int shape_NONFINITE(Sx *x) { return shape_SUMSQ(x); }
 /* (found[]) on four scalar scaler states */
 static int shape_SCALE_UPDATE(Sx *x) {
   if (scalar_float(x, 0, "found")) return -1;

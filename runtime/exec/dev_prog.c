@@ -238,6 +238,9 @@ void rt_dev_plan_free(RtDevPlan *P) {
 
 int rt_cuda_module_build(const IrModule *m, RtCudaModule *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
+  if (m->train.lowp == IR_F16)   /* bf16 is refused by the kernel printer, at its first bf16 kernel */
+    return ts_errf(err, errlen, "the plan trains in fp16: no fp16 CUDA kernels yet (issue 20, deliverable 4): run "
+                   "fp16 plans on CPU ranks (mrun --cpu), or compile with --precision f32 for the GPU");
   RtExecOpts o = rt_exec_default();
   o.backend = RT_BACKEND_LLVM;
   o.cuda = 1;
