@@ -16,12 +16,17 @@
  *     or NaN in a summand makes the sum inf or NaN), then all_reduce max
  *     over every axis of size > 1 (dp, tp, cp, ep: every rank that holds
  *     gradients), so every rank holds the same flag; outputs "found_inf",
- *     "loss_scale" (the scale this step's gradients carry), the
- *     scale_update, and "skipped_steps" (after it);
- *   - block "skip": zero every grad state (what a skipped step does).
+ *     "loss_scale" (the scale this step's gradients carry) and
+ *     "skipped_steps" (before this step);
+ *   - block "skip": zero every grad state (what a skipped step does), then
+ *     scale_update with found = 1;
+ *   - block "update" (the optimizer's, which unscales by 1 / @loss_scale)
+ *     ends with scale_update with found = 0: the scale changes after the
+ *     step used it, as in Megatron (unscale, check, update the scaler,
+ *     then step or skip).
  * The runtime runs "update" when found_inf is 0, else "skip", and gives the
  * update the step count (Adam's bias correction, the lr schedule) of the
- * steps applied so far: step - skipped_steps (runtime/exec/train.c). */
+ * steps applied before it: step - skipped_steps (runtime/exec/train.c). */
 #include "passes.h"
 
 static const char *const st_names[4] = {"loss_scale", "loss_scale.good", "loss_scale.hyst", "loss_scale.skipped"};
@@ -87,6 +92,16 @@ static int read_scalar(IrModule *m, int b, int s, PassCtx *cx) {
   return emit(m, b, IR_OP_STATE, NULL, 0, ia, NULL, NULL, &m->states.a[s].type, cx);
 }
 
+/* scale_update of the scaler states st[] with the constant found, at the
+ * end of block b. */
+static int scale_update(IrModule *m, int b, const int st[4], double found, PassCtx *cx) {
+  IrType sc = {m->train.precision, 0, {0}, {0}};
+  int f = emit(m, b, IR_OP_FULL, NULL, 0, NULL, &found, NULL, &sc, cx);
+  int64_t ia[7] = {st[0], st[1], st[2], st[3], cx->loss_scale_window, cx->hysteresis, cx->loss_scale > 0 ? 0 : 1};
+  double fa[1] = {cx->min_loss_scale};
+  return f < 0 ? -1 : emit(m, b, IR_OP_SCALE_UPDATE, &f, 1, ia, fa, NULL, NULL, cx);
+}
+
 int scaler_blocks(IrModule *m, PassCtx *cx) {
   take_old_blocks(m, cx);
   if (!(cx->loss_scale >= 0) || !(cx->initial_loss_scale > 0) || !(cx->min_loss_scale > 0) ||
@@ -129,9 +144,6 @@ int scaler_blocks(IrModule *m, PassCtx *cx) {
   if (emit(m, b, IR_OP_OUTPUT, &found, 1, NULL, NULL, "found_inf", NULL, cx) < 0) return -1;
   int scale = read_scalar(m, b, st[0], cx);
   if (scale < 0 || emit(m, b, IR_OP_OUTPUT, &scale, 1, NULL, NULL, "loss_scale", NULL, cx) < 0) return -1;
-  int64_t ia[7] = {st[0], st[1], st[2], st[3], cx->loss_scale_window, cx->hysteresis, cx->loss_scale > 0 ? 0 : 1};
-  double fa[1] = {cx->min_loss_scale};
-  if (emit(m, b, IR_OP_SCALE_UPDATE, &found, 1, ia, fa, NULL, NULL, cx) < 0) return -1;
   int sk = read_scalar(m, b, st[3], cx);
   if (sk < 0 || emit(m, b, IR_OP_OUTPUT, &sk, 1, NULL, NULL, "skipped_steps", NULL, cx) < 0) return -1;
 
@@ -142,5 +154,10 @@ int scaler_blocks(IrModule *m, PassCtx *cx) {
     int64_t zi[1] = {s};
     if (emit(m, z, IR_OP_ZERO, NULL, 0, zi, NULL, NULL, NULL, cx) < 0) return -1;
   }
-  return 0;
+  /* the scale changes only after the step used it to unscale (Megatron's
+   * order: unscale and check, update the scaler, then step or skip): the
+   * last node of "skip" (found = 1) and of "update" (found = 0) */
+  int ub = ir_block_find(m, "update");
+  if (ub < 0) return ts_errf(cx->err, sizeof cx->err, "loss scaling: the module has no block \"update\"");
+  return scale_update(m, z, st, 1.0, cx) < 0 || scale_update(m, ub, st, 0.0, cx) < 0 ? -1 : 0;
 }

@@ -549,12 +549,13 @@ static int run_update(TrainRun *r, const IrModule *m, int ub, int64_t s, double 
         rt_output(r->prog, "skipped_steps", &r->ls_skips) != 0)
       return ts_errf(err, errlen, "block \"scaler\" did not report found_inf, loss_scale and skipped_steps");
     r->ls_skipped = found != 0;
+    applied = s - (int64_t)r->ls_skips;   /* the skips before this step */
+    r->ls_skips += r->ls_skipped;
     if (r->ls_skipped) {
       *gnorm = NAN;
       r->ls_lr = NAN;
       return rt_run_block(r->prog, r->kb, NULL, 0, &si, err, errlen);
     }
-    applied = s - (int64_t)r->ls_skips;
     r->ls_lr = lr = rt_lr_at(&m->train, applied);
   }
   RtRunInfo info = {applied, 0, lr, 0};

@@ -4,7 +4,9 @@
 #   same IR: train line precision=f16, f16 copy states and casts, the four
 #   scaler states (@loss_scale start=2^32 by default, or the flags'), the
 #   seed `muls` of @loss_scale, blocks "scaler" (nonfinite, all_reduce max
-#   over tp and dp, scale_update) and "skip"; it prints and parses back
+#   over tp and dp, the outputs) and "skip" (zero the gradients), and
+#   scale_update at the end of "skip" (found 1) and "update" (found 0),
+#   after the update unscaled by 1 / @loss_scale; it prints and parses back
 #   identically (--verify-roundtrip); --loss-scale makes scale_update fixed
 #   (dynamic=0).  Refused, naming what works: fp16 with pp > 1, a loss-scale
 #   flag without fp16, a hysteresis of 0, a negative scale.
@@ -33,9 +35,16 @@ awk '/^block scaler/{on=1; next} /^block/{on=0} on' flag.ir > scaler.ir
 grep -q "= nonfinite %" scaler.ir || fail "the scaler block checks no gradient"
 grep -q "all_reduce %.* axis=tp red=1" scaler.ir && grep -q "all_reduce %.* axis=dp red=1" scaler.ir ||
   fail "the found-inf flag is not max-reduced over tp and dp"
-grep -q "scale_update .* window=1000 hysteresis=2 dynamic=1 min=1.0" scaler.ir || fail "Megatron's defaults"
 for o in found_inf loss_scale skipped_steps; do grep -q "output .*\"$o\"" scaler.ir || fail "no output $o"; done
-awk '/^block skip/{on=1; next} /^block/{on=0} on' flag.ir | grep -q "zero @grad\." || fail "skip does not zero grads"
+! grep -q "scale_update" scaler.ir || fail "the scaler block changes the scale before the update used it"
+awk '/^block skip/{on=1; next} /^block/{on=0} on' flag.ir > skip.ir
+awk '/^block update/{on=1; next} /^block/{on=0} on' flag.ir > update.ir
+grep -q "zero @grad\." skip.ir || fail "skip does not zero grads"
+for b in skip update; do
+  last=$(grep -v "^}" $b.ir | tail -1)
+  echo "$last" | grep -q "^  scale_update .* window=1000 hysteresis=2 dynamic=1 min=1.0" || fail "$b does not end with scale_update (Megatron's defaults): $last"
+done
+grep -q "= div .*, %[0-9]* : f32\[\]" update.ir && grep -q "= state @loss_scale " update.ir || fail "update does not unscale"
 echo "ok: fp16 IR: scaler states, scaled seed, blocks scaler ($(grep -c nonfinite scaler.ir) gradients checked) and skip"
 
 sed 's/precision = f32/precision = fp16/' "$src/samples/gpt.mdl" > gpt_fp16.mdl
