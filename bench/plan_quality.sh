@@ -45,13 +45,13 @@
 #     dropout); rows of other models print "-".
 #   precision (the last table, issue 20): state bytes per parameter (the
 #     memory report's line: master + 16-bit copy + grad + Adam, the whole
-#     model) next to Megatron's: f32 4 + 4 + 8 = 16; bf16 with f32 masters
+#     model) next to Megatron's: f32 4 + 4 + 8 = 16; bf16 or fp16 with f32 masters
 #     2 + 4 + 4 + 8 = 18; with the distributed optimizer (dp = d) the 12
 #     bytes of master and moments are sharded: 6 + 12/d (f32: 8 + 8/d).
 #     Held for the backward per layer with --recompute none, selective and
 #     full next to Korthikanti's s b h (34 + 5 a s / h) (t = 1, dp),
 #     s b h / t (34 + 5 a s / h) (tp + sp), 34 s b h / t (selective) and
-#     2 s b h / t (full), at E = 2 for bf16 and E = 4 for f32.
+#     2 s b h / t (full), at E = 2 for bf16 / fp16 and E = 4 for f32.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=build
@@ -328,9 +328,10 @@ for sl in "${scheds[@]}"; do
   done
 done
 
-# Precision (issue 20): f32 against --precision bf16 (f32 masters, 16-bit
-# copies and activations), state bytes per parameter and bytes held per
-# layer, next to Megatron's figures (closed forms in the header).
+# Precision (issue 20): f32 against --precision bf16 and fp16 (f32 masters,
+# 16-bit copies and activations; fp16 adds the loss scaler's four scalar
+# states), state bytes per parameter and bytes held per layer, next to
+# Megatron's figures (closed forms in the header).
 echo
 echo "| model | layout | precision | recompute | state bytes / parameter | Megatron | held for the backward / layer (MB) | Korthikanti (MB) | ratio |"
 echo "|---|---|---|---|---:|---:|---:|---:|---:|"
@@ -341,7 +342,8 @@ bigs=(
 # layout|kind|size|flags|precision|recompute
 prows=("tp=1|tp|1||f32|none" "tp=1|tp|1||bf16|none" "tp=8 sp|tp|8|--tp 8 --sp|f32|none" "tp=8 sp|tp|8|--tp 8 --sp|bf16|none"
        "tp=8 sp|tp|8|--tp 8 --sp|bf16|selective" "tp=8 sp|tp|8|--tp 8 --sp|bf16|full"
-       "dp=8 ZeRO-1|dp|8|--dp 8|f32|none" "dp=8 ZeRO-1|dp|8|--dp 8|bf16|none")
+       "dp=8 ZeRO-1|dp|8|--dp 8|f32|none" "dp=8 ZeRO-1|dp|8|--dp 8|bf16|none"
+       "tp=8 sp|tp|8|--tp 8 --sp|fp16|none" "dp=8 ZeRO-1|dp|8|--dp 8|fp16|none")
 for m in "${bigs[@]}"; do
   IFS='|' read -r name model defs dims gptblock <<<"$m"
   read -r s b h a <<<"$dims"
@@ -355,9 +357,10 @@ for m in "${bigs[@]}"; do
     bpp=$("$mcc" "samples/$model.mdl" -D layers=3 $fl --report memory 2>&1 |
           sed -n 's/^  state bytes per parameter: \([0-9.]*\) = .*/\1/p' | head -1)
     meg=$(awk -v p="$prec" -v k="$kind" -v d="$t" 'BEGIN {
-      if (k == "dp") x = (p == "bf16") ? 6 + 12 / d : 8 + 8 / d; else x = (p == "bf16") ? 18 : 16
+      h16 = p == "bf16" || p == "fp16"
+      if (k == "dp") x = h16 ? 6 + 12 / d : 8 + 8 / d; else x = h16 ? 18 : 16
       printf "%.4g", x }')
-    E=4; [ "$prec" = bf16 ] && E=2
+    E=4; [ "$prec" != f32 ] && E=2
     sp=0; [[ $lname == *sp* ]] && sp=1
     if [ "$gptblock" = 1 ]; then
       kact=$(awk -v k="$kind" -v t="$t" -v s="$s" -v b="$b" -v h="$h" -v a="$a" -v sp="$sp" -v r="$rec" -v E="$E" 'BEGIN {

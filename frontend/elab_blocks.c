@@ -370,9 +370,6 @@ void elab_train(Elab *e) {
     else if (!ir_dtype_is_float(e->opt->precision)) elab_error(e, no_loc, "--precision must be f32, f64, bf16 or fp16");
     else t.precision = e->opt->precision, t.lowp = IR_VOID;
   }
-  if (t.lowp == IR_F16)   /* fp16 without loss scaling underflows the gradients (Megatron refuses it too) */
-    elab_error(e, no_loc, "precision fp16 needs dynamic loss scaling (issue 20, deliverable 2), which is not built "
-               "yet; use --precision bf16 (same storage bytes, f32's exponent range: no loss scale needed)");
   e->prec = t.precision;
   e->m->train = t;
 }

@@ -216,7 +216,7 @@ char *ir_type_str(const IrType *t, char *buf, size_t n) {
 
 /* ---- names of the small enums ---- */
 const char *ir_state_kind_name(IrStateKind k) {
-  static const char *s[] = {"param", "grad", "adam_m", "adam_v", "cache", "copy", "shard"};
+  static const char *s[] = {"param", "grad", "adam_m", "adam_v", "cache", "copy", "shard", "scaler"};
   return (int)k >= 0 && k < IR_STATE_KIND_COUNT ? s[k] : "?";
 }
 const char *ir_init_kind_name(IrInitKind k) {

@@ -177,8 +177,12 @@ typedef struct {
  * over the other axes, init, logical sizes) and carries IR_STATE_SHARDED:
  * it occupies no memory and no block reads it; the micro block gathers
  * the shard before use and adamw updates the shard. */
+/* IR_STATE_SCALER: a scalar of fp16's dynamic loss scaler (passes/scaler.c,
+ * docs/precision.md): the scale, its good-step and hysteresis counters and
+ * the skipped-step count; of=-1, starts at init_a (printed start=V),
+ * written only by scale_update, checkpointed like any state. */
 typedef enum { IR_STATE_PARAM, IR_STATE_GRAD, IR_STATE_ADAM_M, IR_STATE_ADAM_V, IR_STATE_CACHE, IR_STATE_COPY,
-               IR_STATE_SHARD, IR_STATE_KIND_COUNT } IrStateKind;
+               IR_STATE_SHARD, IR_STATE_SCALER, IR_STATE_KIND_COUNT } IrStateKind;
 typedef enum { IR_INIT_ZEROS, IR_INIT_ONES, IR_INIT_NORMAL, IR_INIT_UNIFORM, IR_INIT_KIND_COUNT } IrInitKind;
 enum {
   IR_STATE_NODECAY = 1 << 0,   /* no weight decay (biases, norm gains) */
@@ -373,7 +377,7 @@ IrModule *ir_parse_program_at(const char *text, size_t *pos, int *line, const ch
                               char *err, size_t errlen);
 void ir_print_dot(const IrModule *m, StrBuf *out);
 
-const char *ir_state_kind_name(IrStateKind k);    /* "param", "grad", "adam_m", "adam_v", "cache", "copy" */
+const char *ir_state_kind_name(IrStateKind k);    /* "param", "grad", "adam_m", "adam_v", "cache", "copy", "scaler" */
 const char *ir_init_kind_name(IrInitKind k);      /* "zeros", "ones", "normal", "uniform" */
 const char *ir_schedule_name(IrSchedule s);       /* "constant", "cosine", "linear", "wsd", "inverse_sqrt" */
 const char *ir_wsd_style_name(IrWsdStyle s);      /* "linear", "cosine", "exponential", "minus_sqrt" */

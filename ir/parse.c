@@ -443,7 +443,7 @@ static int parse_rule(P *p) {
   return expect_eol(p);
 }
 
-/* state @name : type [sharding] kind (init=... | of=@param) [nodecay] [sharded] [logical=[...]] */
+/* state @name : type [sharding] kind (init=... | start=V | of=@param) [nodecay] [sharded] [logical=[...]] */
 static int parse_state(P *p) {
   IrState s = {0};
   s.of = -1;
@@ -477,6 +477,8 @@ static int parse_state(P *p) {
           expect(p, ')'))
         return -1;
     }
+  } else if (s.kind == IR_STATE_SCALER) {
+    if (parse_key(p, "start") || parse_double(p, &s.init_a)) return -1;
   } else if (s.kind != IR_STATE_CACHE) {
     if (parse_key(p, "of")) return -1;
     skip_ws(p);

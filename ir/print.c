@@ -101,6 +101,9 @@ static void print_state(const IrModule *m, const IrState *s, StrBuf *out) {
       put_double(out, s->init_b);
       sb_putc(out, ')');
     }
+  } else if (s->kind == IR_STATE_SCALER) {
+    sb_puts(out, " start=");
+    put_double(out, s->init_a);
   } else if (s->kind != IR_STATE_CACHE) {
     sb_puts(out, " of=");
     put_state_ref(m, out, s->of);

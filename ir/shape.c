@@ -812,6 +812,23 @@ static int shape_CLIP_COEF(Sx *x) {
   *x->out = *opnd(x, 0);
   return 0;
 }
+/* any float tensor -> a scalar of its dtype, as sumsq */
+static int shape_NONFINITE(Sx *x) { return shape_SUMSQ(x); }
+/* (found[]) on four scalar scaler states */
+static int shape_SCALE_UPDATE(Sx *x) {
+  if (scalar_float(x, 0, "found")) return -1;
+  for (int i = 0; i < 4; i++) {
+    const IrState *s = state_ref(x, i);
+    if (!s) return -1;
+    if (s->kind != IR_STATE_SCALER || s->type.rank != 0)
+      return fail(x, "@%s is a %s %s, expected a scalar of kind scaler", s->name, ir_state_kind_name(s->kind),
+                  tstr(x, &s->type));
+  }
+  if (x->n->ia[4] < 1 || x->n->ia[5] < 1)
+    return fail(x, "window=%lld and hysteresis=%lld must be >= 1", (long long)x->n->ia[4], (long long)x->n->ia[5]);
+  if (!(x->n->fa[0] > 0)) return fail(x, "min must be > 0, got %g", x->n->fa[0]);
+  return 0;
+}
 /* accum and assign: the operand has the state's shape. */
 static int state_operand(Sx *x) {
   const IrState *s = state_ref(x, 0);

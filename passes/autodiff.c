@@ -12,7 +12,9 @@
  *
  * The backward graph is seeded with FULL(1 / n_micro), n_micro =
  * global_batch / micro_batch, so the gradients accumulated over one step are
- * the gradient of the step's mean loss (the dp pass scales further).
+ * the gradient of the step's mean loss (the dp pass scales further).  In
+ * fp16 (scaler_on) the seed is `muls(state @loss_scale, 1 / n_micro)`: the
+ * gradients carry the loss scale, which the update block divides out.
  *
  * Every op has one derivative function ad_NAME (the table at the bottom is
  * built from ops.def, so a new op without one does not compile).  It gets the
@@ -137,6 +139,7 @@ typedef void (*AdFn)(Ad *a, int i, int dy);
 AD_NONE(INPUT) AD_NONE(STATE) AD_NONE(FULL)
 AD_NONE(EQ) AD_NONE(NE_SCALAR) AD_NONE(CMP) AD_NONE(FLOORDIV) AD_NONE(MOD) AD_NONE(ARANGE) AD_NONE(RAND) AD_NONE(TOPK_MASK) AD_NONE(CAPACITY_MASK) AD_NONE(MOE_COUNTS)
 AD_NONE(ACCUM) AD_NONE(ZERO) AD_NONE(ADAMW) AD_NONE(SGD) AD_NONE(LION) AD_NONE(LR_STEP) AD_NONE(OUTPUT) AD_NONE(ASSIGN)
+AD_NONE(NONFINITE) AD_NONE(SCALE_UPDATE)
 
 /* Sharding ops are inserted after autodiff (passes/shard.c). */
 #define AD_LATE(NAME) static void ad_##NAME(Ad *a, int i, int dy) { \
@@ -534,8 +537,16 @@ static void differentiate(Ad *a, int loss, int n_micro) {
   double seed = 1.0 / (double)n_micro;
   int K = a->K;
   if (K > 1) a->tag = ir_stage_tag(ir_stage_chunk(nd(a, loss)->stage), 1);
-  if (a->need[loss])   /* else no parameter influences the loss: nothing to do */
+  if (a->need[loss] && scaler_on(m)) {
+    /* fp16: the loss is multiplied by the loss scale (a state the update
+     * changes; passes/scaler.c) before the backward, Megatron's scaled loss */
+    int st[4];
+    if (scaler_states(m, a->cx, st) != 0) { a->failed = 1; return; }
+    int64_t ia[1] = {st[0]};
+    a->grad[loss] = emc(a, IR_OP_MULS, em(a, IR_OP_STATE, NULL, 0, ia, NULL, &m->states.a[st[0]].type), seed);
+  } else if (a->need[loss]) {   /* else no parameter influences the loss: nothing to do */
     a->grad[loss] = em(a, IR_OP_FULL, NULL, 0, NULL, &seed, &lt);
+  }
   int nstates = m->states.n;  /* grad states are appended past this */
   for (int i = loss; i >= 0 && !a->failed; i--) {
     if (K > 1 && a->nodep[i]) {       /* per chunk (see Ad) */
@@ -589,6 +600,10 @@ int pass_autodiff(IrModule *m, PassCtx *cx) {
              (long long)t->global_batch, (long long)t->micro_batch);
     return -1;
   }
+  if (scaler_on(m) && ir_axis_size(m, IR_AXIS_PP) > 1)   /* pass precision refuses it too, later */
+    return ts_errf(cx->err, sizeof cx->err, "autodiff: precision f16 with pp=%d is not built yet (the loss scale, "
+                   "the pipeline's 16-bit sends and stashes); use pp=1 (tp, cp, sp and dp work), or precision f32",
+                   ir_axis_size(m, IR_AXIS_PP));
   int loss = find_loss(m, &m->blocks.a[fb], cx->err, sizeof cx->err);
   if (loss < 0) return -1;
 

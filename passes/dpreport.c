@@ -145,8 +145,8 @@ int pass_dp_overlap_report(const IrModule *m, int64_t bucket_bytes, int overlap,
   P += es > 0 ? (double)pl.left_bytes / es : 0;   /* Megatron reduces those in its buckets too */
   if (pl.nleft) {
     sb_printf(out, "  not bucketed: %d dp reductions of gradients reduced over another axis first (partial over tp "
-              "under sp or over cp, tied across pipeline stages, rows gathered), %lld payload bytes: in the update "
-              "block as written\n", pl.nleft, (long long)pl.left_bytes);
+              "under sp or over cp, tied across pipeline stages, rows gathered) or written by another block too "
+              "(fp16's skip), %lld payload bytes: in the update block as written\n", pl.nleft, (long long)pl.left_bytes);
     double r = (zero ? 1.0 : 2.0) * (double)(dp - 1) / dp * (double)pl.left_bytes;
     sum->ring += r;
     sum->exposed += r;

@@ -900,11 +900,33 @@ static SavedSh *save_accum_operands(IrModule *m, Arena *a, int *n_out) {
   return v;
 }
 
+/* fp16: 1 / state @loss_scale, a scalar of the update block. */
+static int inv_loss_scale(Em *e, const Mesh *ms) {
+  int s = ir_state_find(e->m, "loss_scale");
+  if (s < 0 || e->m->states.a[s].kind != IR_STATE_SCALER) {
+    e->failed = 1;
+    snprintf(e->cx->err, sizeof e->cx->err, "optimizer: an fp16 module without its loss scale @loss_scale (autodiff "
+             "makes it)");
+    return -1;
+  }
+  IrType sc = {ms->prec, 0, {0}, {0}};
+  double one = 1.0;
+  int64_t ia[1] = {s};
+  int in[2] = {em(e, IR_OP_FULL, NULL, 0, NULL, &one, NULL, &sc, NULL),
+               em(e, IR_OP_STATE, NULL, 0, ia, NULL, NULL, &e->m->states.a[s].type, NULL)};
+  return em(e, IR_OP_DIV, in, 2, NULL, NULL, NULL, NULL, NULL);
+}
+
 /* Steps 1-6 into a new block `name` for the gradients grads[0..ng). */
 static int build_update(IrModule *m, PassCtx *cx, const char *name, Grad *grads, int ng, const Mesh *ms) {
   Em e = {m, cx, ir_block_add(m, name), 0};
   /* 1-2. reduced gradients and the global norm, before any adamw */
   int total_norm = values_and_norm(&e, grads, ng, ms);
+  /* fp16: the gradients carry the loss scale; 1 / scale multiplies the
+   * norm and the clip factor (exactly the norm and clip of the unscaled
+   * gradients: passes/scaler.c) */
+  int inv = scaler_on(m) ? inv_loss_scale(&e, ms) : -1;
+  if (inv >= 0) total_norm = em(&e, IR_OP_MUL, (int[]){total_norm, inv}, 2, NULL, NULL, NULL, NULL, NULL);
   em(&e, IR_OP_OUTPUT, &total_norm, 1, NULL, NULL, "grad_norm", NULL, NULL);
 
   /* 3. the clipping factor */
@@ -917,6 +939,8 @@ static int build_update(IrModule *m, PassCtx *cx, const char *name, Grad *grads,
     double one = 1.0;
     coef = em(&e, IR_OP_FULL, NULL, 0, NULL, &one, NULL, &sc, NULL);
   }
+
+  if (inv >= 0) coef = em(&e, IR_OP_MUL, (int[]){coef, inv}, 2, NULL, NULL, NULL, NULL, NULL);
 
   /* 4-5. each parameter's step; with ZeRO-1, then the all-gathers (ZeRO-3 keeps the shards) */
   for (int k = 0; k < ng && !e.failed; k++) upd_kinds[grads[k].kind].emit(&e, &grads[k], ms, coef);
@@ -1076,6 +1100,7 @@ static int optimizer_run(IrModule *m, PassCtx *cx, const uint64_t *stage_ranks) 
     }
   }
 
+  if (rc == 0 && scaler_on(m)) rc = scaler_blocks(m, cx);   /* fp16: the inf check and the skip */
   if (rc != 0) {             /* leave the module as it was */
     m->blocks.n = nblocks0;
     if (nstates0) memcpy(m->states.a, saved, (size_t)nstates0 * sizeof *saved);

@@ -11,6 +11,10 @@ void pass_ctx_init(PassCtx *cx) {
   cx->print_to = stdout;
   cx->activation_budget = -1;
   cx->memory_budget = -1;
+  cx->initial_loss_scale = 4294967296.0;   /* Megatron's defaults: 2^32, window 1000, hysteresis 2, min 1 */
+  cx->loss_scale_window = 1000;
+  cx->hysteresis = 2;
+  cx->min_loss_scale = 1.0;
 }
 
 static const char *const recompute_names[PASS_RECOMPUTE_COUNT] = {"none", "full", "selective", "auto"};

@@ -53,6 +53,12 @@ typedef struct PassCtx {
                               * or all-to-all to head-split layouts (Ulysses) */
   int decode;                /* --decode: pass decode adds the generation blocks prefill and step */
   const char *precision_policy; /* --precision-policy CLASS=f32|16,... (pass precision; NULL: the table's) */
+  /* fp16's loss scaling (passes/scaler.c, docs/precision.md), Megatron's
+   * flags: --loss-scale (> 0: fixed; 0: dynamic), --initial-loss-scale,
+   * --loss-scale-window, --hysteresis, --min-loss-scale */
+  double loss_scale, initial_loss_scale, min_loss_scale;
+  int64_t loss_scale_window, hysteresis;
+  const char *loss_scale_flag; /* one of them given (NULL: none): refused unless the module trains in fp16 */
 } PassCtx;
 
 typedef int (*PassFn)(IrModule *m, PassCtx *cx);
@@ -86,6 +92,17 @@ int pass_shard(IrModule *m, PassCtx *cx);
 int pass_precision(IrModule *m, PassCtx *cx);
 /* The table as text: class, default storage, ops (mcc --precision-policy help). */
 void pass_precision_classes(StrBuf *out);
+/* fp16's dynamic loss scaling (passes/scaler.c; used by autodiff and the
+ * optimizer, not a pass of its own).  scaler_on: the module trains in fp16
+ * (train.lowp f16), so it scales its loss. */
+int scaler_on(const IrModule *m);
+/* The scaler states @loss_scale, .good, .hyst, .skipped (made on first
+ * use, starting at cx's settings) into st[]; -1 with cx->err. */
+int scaler_states(IrModule *m, PassCtx *cx, int st[4]);
+/* Blocks "scaler" (the all-rank inf/NaN check and the scale update) and
+ * "skip" (what a skipped step does: zero the gradients), replacing earlier
+ * ones (whose settings win over cx's: mrun re-specializing a plan). */
+int scaler_blocks(IrModule *m, PassCtx *cx);
 /* adds the update block: global grad norm, clip, AdamW, zero grads */
 int pass_optimizer(IrModule *m, PassCtx *cx);
 /* forward-only blocks for validation: "eval", micro's outputs and what

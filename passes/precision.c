@@ -19,6 +19,8 @@
  *     of kind `copy` (ir.h) that the runtime refreshes from the f32 master
  *     once per step; values added into gradient states (accum) and the
  *     loss stay f32 (main grads); layout ops move the dtype they read;
+ *     scalars (rank 0) stay f32: no bytes to save, and fp16's scaled loss
+ *     seed (2^32 / n) would round to inf;
  *   - without lowp and without 16-bit values the module is unchanged.
  * Refuses: lowp with an f64 model, with pp > 1 (not built: the pipeline's
  *   sends move f32 only), a policy override naming an unknown class. */
@@ -179,6 +181,10 @@ int pass_precision(IrModule *m, PassCtx *cx) {
     return ts_errf(cx->err, sizeof cx->err, "precision: precision %s keeps f32 masters; the model's arithmetic "
                    "type is %s (compile it with --precision %s alone)", ir_dtype_name(lowp),
                    ir_dtype_name(m->train.precision), ir_dtype_name(lowp));
+  if (cx->loss_scale_flag && lowp != IR_F16)
+    return ts_errf(cx->err, sizeof cx->err, "precision: %s sets fp16's loss scaling, but this module trains in %s; "
+                   "use it with --precision fp16 (bf16 has f32's exponent range and needs no loss scale)",
+                   cx->loss_scale_flag, ir_dtype_name(lowp != IR_VOID ? lowp : m->train.precision));
   int store16[PC_COUNT];
   if (parse_policy(cx->precision_policy, store16, cx->err, sizeof cx->err) != 0) return -1;
   if (mb < 0) return 0;   /* nothing to type (a module without autodiff's block) */
@@ -266,7 +272,7 @@ int pass_precision(IrModule *m, PassCtx *cx) {
     nv[i] = id;
     /* the result's storage */
     if (lowp != IR_VOID && out->type.dtype == x.prec && pc != PC_LAYOUT && pc != PC_NONE && !keep32[i] &&
-        (store16[pc] > 0 || (store16[pc] < 0 && any16)))
+        out->type.rank > 0 && (store16[pc] > 0 || (store16[pc] < 0 && any16)))
       nv[i] = emit_cast(&x, id, lowp);
   }
   if (x.failed) {

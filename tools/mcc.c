@@ -52,7 +52,9 @@ static void usage(FILE *f) {
           "                         masters, grads and optimizer, 16-bit activations and parameter\n"
           "                         copies as pass precision assigns them (docs/precision.md)\n"
           "  --precision-policy CLASS=f32|16[,...]  overrides the 16-bit policy per op class\n"
-          "                         (classes: mcc --precision-policy help; docs/precision.md)\n"
+          "                         (classes: mcc --precision-policy help; docs/precision.md)\n"          "  --initial-loss-scale S, --loss-scale-window N, --hysteresis N, --min-loss-scale S\n"
+          "                         fp16's dynamic loss scaling, Megatron's rule (defaults 2^32, 1000, 2, 1)\n"
+          "  --loss-scale S         fp16: a fixed loss scale instead (steps with inf/NaN gradients still skip)\n"
           "  --tp N                 tensor parallel size (default: the parallel block's, else 1)\n"
           "  --sp                   sequence parallelism (needs tp > 1)\n"
           "  --dp N                 data parallel size the update block and reports are built for\n"
@@ -401,6 +403,24 @@ static int parse_args(int argc, char **argv, Args *a) {
     if (strcmp(s, "--no-fuse") == 0) { a->cx->no_fuse = 1; continue; }
     if (strcmp(s, "--no-remat") == 0) { a->cx->no_remat = 1; continue; }
     if (strcmp(s, "--decode") == 0) { a->cx->decode = 1; continue; }
+    if (!strcmp(s, "--loss-scale") || !strcmp(s, "--initial-loss-scale") || !strcmp(s, "--min-loss-scale") ||
+        !strcmp(s, "--loss-scale-window") || !strcmp(s, "--hysteresis")) {
+      NEED_ARG(s);
+      char *end;
+      double v = strtod(next, &end);
+      int whole = !strcmp(s, "--loss-scale-window") || !strcmp(s, "--hysteresis");
+      if (*end || !(v > 0) || !isfinite(v) || (whole && (v != floor(v) || v > 1e15)))
+        return usage_error(whole ? "--loss-scale-window / --hysteresis expect a positive whole number, got '%s'"
+                                 : "--loss-scale / --initial-loss-scale / --min-loss-scale expect a positive number, got '%s'",
+                           next);
+      if (!strcmp(s, "--loss-scale")) a->cx->loss_scale = v;
+      else if (!strcmp(s, "--initial-loss-scale")) a->cx->initial_loss_scale = v;
+      else if (!strcmp(s, "--min-loss-scale")) a->cx->min_loss_scale = v;
+      else if (!strcmp(s, "--loss-scale-window")) a->cx->loss_scale_window = (int64_t)v;
+      else a->cx->hysteresis = (int64_t)v;
+      a->cx->loss_scale_flag = s;
+      continue;
+    }
     if (strcmp(s, "--precision-policy") == 0) {
       NEED_ARG(s);
       if (strcmp(next, "help") == 0) {
@@ -1012,6 +1032,12 @@ static IrModule *compile_quiet(const Args *a, const MdlOptions *o, int dp) {
   cx.no_fuse = a->cx->no_fuse;
   cx.no_remat = a->cx->no_remat;
   cx.precision_policy = a->cx->precision_policy;
+  cx.loss_scale = a->cx->loss_scale;
+  cx.initial_loss_scale = a->cx->initial_loss_scale;
+  cx.min_loss_scale = a->cx->min_loss_scale;
+  cx.loss_scale_window = a->cx->loss_scale_window;
+  cx.hysteresis = a->cx->hysteresis;
+  cx.loss_scale_flag = a->cx->loss_scale_flag;
   cx.regather = a->cx->regather;
   cx.activation_budget = a->cx->activation_budget;
   /* auto's budget is per rank of the layout: the one-rank comparison

@@ -142,6 +142,11 @@ void rt_kenv_pipe_unbuf(RtKenv *env, void *buf, size_t bytes);
  * rt_kenv_pipe_buf), instead of a copy: from now on the buffer is the
  * stash's.  0, or -1 after rt_kfail. */
 int rt_stash_keep(RtKctx *k, void *buf);
+/* Megatron's DynamicGradScaler.update on st = {scale, good steps, hysteresis
+ * left, skipped steps} (op scale_update; docs/precision.md): found: the
+ * step had an inf/NaN gradient on some rank.  dynamic = 0: only the
+ * skipped count changes. */
+void rt_scale_update(double st[4], int found, int64_t window, int64_t hysteresis, int dynamic, double min_scale);
 /* The unstash node k takes the stashed buffer itself as its result
  * (*buf; the caller returns it with rt_kenv_pipe_unbuf).  0, or -1 after
  * rt_kfail. */

@@ -689,6 +689,54 @@ static int ref_ZERO(RtKctx *k) {
   return 0;
 }
 
+/* (x) -> 1 if any element is inf or NaN, else 0 (x - x is 0 exactly for
+ * every finite x and NaN otherwise). */
+static int ref_NONFINITE(RtKctx *k) {
+  if (!ir_dtype_is_float(k->it[0]->dtype) || k->ot->dtype != k->it[0]->dtype)
+    return rt_kfail(k, "nonfinite takes f32 or f64, not %s", rt_tstr(k->it[0], 0));
+  int64_t n = ir_type_numel(k->it[0]);
+  int bad = 0;
+  if (k->it[0]->dtype == IR_F32) {
+    const float *x = k->in[0];
+    for (int64_t i = 0; i < n && !bad; i++) bad = !isfinite(x[i]);
+  } else {
+    const double *x = k->in[0];
+    for (int64_t i = 0; i < n && !bad; i++) bad = !isfinite(x[i]);
+  }
+  rt_st(k->out, k->ot->dtype, 0, bad ? 1.0 : 0.0);
+  return 0;
+}
+
+/* Megatron's DynamicGradScaler.update (megatron/core/optimizer/grad_scaler.py),
+ * on the scaler states @scale @good @hyst @skipped; found: the step's
+ * all-reduced inf/NaN flag.  dynamic=0: a fixed scale (only the skip counts). */
+static int ref_SCALE_UPDATE(RtKctx *k) {
+  double x[4];
+  for (int i = 0; i < 4; i++) x[i] = rt_ld(rt_kenv_state(k->env, (int)k->n->ia[i]), kstate(k, i)->type.dtype, 0);
+  int found = rt_ld(k->in[0], k->it[0]->dtype, 0) != 0;
+  rt_scale_update(x, found, k->n->ia[4], k->n->ia[5], (int)k->n->ia[6], k->n->fa[0]);
+  for (int i = 0; i < 4; i++) rt_st(rt_kenv_state(k->env, (int)k->n->ia[i]), kstate(k, i)->type.dtype, 0, x[i]);
+  return 0;
+}
+
+void rt_scale_update(double st[4], int found, int64_t window, int64_t hysteresis, int dynamic, double min_scale) {
+  double *scale = &st[0], *good = &st[1], *hyst = &st[2], *skipped = &st[3];
+  if (found) *skipped += 1;
+  if (!dynamic) return;
+  if (found) {
+    *good = 0;
+    *hyst -= 1;
+    if (*hyst <= 0) *scale = fmax(*scale * 0.5, min_scale);
+  } else {
+    *good += 1;
+    if (*good == (double)window) {
+      *good = 0;
+      *hyst = (double)hysteresis;
+      *scale *= 2.0;
+    }
+  }
+}
+
 static int ref_ACCUM(RtKctx *k) {
   const IrState *s = kstate(k, 0);
   if (!ir_type_same_shape(&s->type, k->it[0]) || !ir_dtype_is_float(s->type.dtype))

@@ -854,6 +854,7 @@ static int load_states(RtProgram *p, const CkIndex *x, const char *ck, int64_t s
     int lo, hi = ck_index_find(x, ck_name(m, &m->states.a[s]), &lo);
     if (lo == hi && m->states.a[s].kind == IR_STATE_CACHE) continue;   /* generation's KV cache: scratch, left at 0 */
     if (lo == hi && m->states.a[s].kind == IR_STATE_COPY) continue;    /* a 16-bit copy: remade from its master */
+    if (lo == hi && m->states.a[s].kind == IR_STATE_SCALER) continue;  /* fp16's loss scaler from a bf16 / f32 run: starts anew */
     rc = load_state(p, s, x, lo, hi, &f, err, errlen);
   }
   for (int k = 0; k < x->nranks; k++)
@@ -904,6 +905,7 @@ int rt_ckpt_load(RtProgram *p, RtComm *world, const char *dir, int64_t *step, ch
   int first = -1;
   for (int i = 0; !bad && i < x.n; i++)
     if (!loaded[group[i]] && x.a[x.ord[i]].kind != IR_STATE_CACHE && x.a[x.ord[i]].kind != IR_STATE_COPY &&
+        x.a[x.ord[i]].kind != IR_STATE_SCALER &&   /* an fp16 run's loss scaler: a bf16 / f32 plan has none */
         (first < 0 || x.ord[i] < first))
       first = x.ord[i];
   if (first >= 0) {

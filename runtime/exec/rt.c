@@ -616,6 +616,10 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
   p->env = (RtKenv){.m = m, .rank = &p->rank, .slab = p->slab, .off = p->off};
   for (int i = 0; i < m->states.n; i++) {
     const IrState *s = &m->states.a[i];
+    if (s->kind == IR_STATE_SCALER) {   /* a scalar starting at init_a (fp16's loss scaler) */
+      if (s->type.dtype == IR_F64) *(double *)(p->slab + p->off[i]) = s->init_a;
+      else *(float *)(p->slab + p->off[i]) = (float)s->init_a;
+    }
     int at = (s->flags & IR_STATE_SHARDED) ? ir_state_shard_of(m, i) : i;
     if (s->kind == IR_STATE_PARAM && (at < 0 || init_param(p, s, m->train.seed, p->slab + p->off[at], err, errlen) != 0)) {
       if (at < 0) ts_errf(err, errlen, "parameter @%s is sharded but has no shard state", s->name);

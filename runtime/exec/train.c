@@ -266,6 +266,13 @@ typedef struct {
   const char *xname[RT_MAX_METRICS];
   double xval[RT_MAX_METRICS];
   int nx;
+  /* fp16's loss scaling (passes/scaler.c): blocks "scaler" and "skip"
+   * (-1: none), and what the step's scaler block reported */
+  int sb, kb;
+  const char *inf_steps;         /* TS_FAULT_INF_STEPS (tests): "3,4,9", the steps at which +inf goes into
+                                    this rank's first gradient, or NULL */
+  double ls_scale, ls_skips, ls_lr;
+  int ls_skipped;
 } TrainRun;
 
 /* Adds the outputs of the block just run, other than the loss, to r's
@@ -489,6 +496,75 @@ static void maybe_fail(const TrainRun *r, int64_t s) {
   }
 }
 
+/* TS_FAULT_INF_STEPS=LIST when TS_FAULT_INF_RANK is this world rank, else NULL. */
+static const char *inf_steps(int world_rank) {
+  const char *r = getenv("TS_FAULT_INF_RANK"), *s = getenv("TS_FAULT_INF_STEPS");
+  return r && s && atoi(r) == world_rank ? s : NULL;
+}
+/* step (from 1) in the comma-separated list */
+static int inf_at(const char *list, int64_t step) {
+  for (const char *p = list; p && *p;) {
+    char *end;
+    long long v = strtoll(p, &end, 10);
+    if (end == p) return 0;
+    if (v == step) return 1;
+    p = *end == ',' ? end + 1 : end;
+  }
+  return 0;
+}
+
+/* Test hook (TS_FAULT_INF_RANK=r TS_FAULT_INF_STEPS=s,..., docs/precision.md):
+ * element 0 of the rank's first gradient state becomes +inf after the
+ * step's micro batches, as an fp16 overflow in its backward would make it. */
+static int inject_inf(TrainRun *r, const IrModule *m, int64_t s, char *err, size_t errlen) {
+  for (int i = 0; i < m->states.n; i++) {
+    const IrState *st = &m->states.a[i];
+    if (st->kind != IR_STATE_GRAD) continue;
+    if (rt_program_sync_states(r->prog, err, errlen) != 0) return -1;
+    void *d = rt_state_data(r->prog, i);
+    if (st->type.dtype == IR_F64) *(double *)d = INFINITY;
+    else *(float *)d = INFINITY;
+    fprintf(stderr, "rank %d: TS_FAULT_INF: +inf into @%s[0] in step %lld\n", r->world_rank, st->name,
+            (long long)s + 1);
+    return rt_program_push_states(r->prog, err, errlen);
+  }
+  return 0;
+}
+
+/* The step's update.  With loss scaling: block "scaler" first (the
+ * all-rank inf check and the scale update), then "update" when no rank
+ * found an inf or NaN, with the step count and lr of the steps applied so
+ * far (Megatron: a skipped step advances neither Adam's step nor the lr
+ * schedule), else "skip" (the gradients cleared, nothing else). */
+static int run_update(TrainRun *r, const IrModule *m, int ub, int64_t s, double lr, double *gnorm, char *err,
+                      size_t errlen) {
+  int64_t applied = s;
+  r->ls_lr = lr;
+  if (r->sb >= 0) {
+    RtRunInfo si = {s, 0, lr, 0};
+    rt_outputs_clear(r->prog);
+    if (rt_run_block(r->prog, r->sb, NULL, 0, &si, err, errlen) != 0) return -1;
+    double found = 1;
+    if (rt_output(r->prog, "found_inf", &found) != 0 || rt_output(r->prog, "loss_scale", &r->ls_scale) != 0 ||
+        rt_output(r->prog, "skipped_steps", &r->ls_skips) != 0)
+      return ts_errf(err, errlen, "block \"scaler\" did not report found_inf, loss_scale and skipped_steps");
+    r->ls_skipped = found != 0;
+    applied = s - (int64_t)r->ls_skips;   /* the skips before this step */
+    r->ls_skips += r->ls_skipped;
+    if (r->ls_skipped) {
+      *gnorm = NAN;
+      r->ls_lr = NAN;
+      return rt_run_block(r->prog, r->kb, NULL, 0, &si, err, errlen);
+    }
+    r->ls_lr = lr = rt_lr_at(&m->train, applied);
+  }
+  RtRunInfo info = {applied, 0, lr, 0};
+  rt_outputs_clear(r->prog);
+  if (rt_run_block(r->prog, ub, NULL, 0, &info, err, errlen) != 0) return -1;
+  if (rt_output(r->prog, "grad_norm", gnorm) != 0) *gnorm = NAN;
+  return 0;
+}
+
 /* One step: the rank's micro-batches, then the update.  Writes the step's
  * loss (over all dp ranks) and grad norm. */
 static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb, int ub,
@@ -517,12 +593,9 @@ static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb
   /* every dp rank runs the same program, so the metric lists agree; tp and
    * ep ranks compute replicated values and are not summed over */
   if (r->dp && r->nx && rt_comm_all_reduce(r->dp, IR_F64, r->xval, r->nx, err, errlen) != 0) return -1;
-  RtRunInfo info = {s, 0, lr, 0};
-  rt_outputs_clear(r->prog);
-  if (rt_run_block(r->prog, ub, NULL, 0, &info, err, errlen) != 0) return -1;
+  if (inf_at(r->inf_steps, s + 1) && inject_inf(r, m, s, err, errlen) != 0) return -1;
   *loss = sum / (double)n_global;
-  if (rt_output(r->prog, "grad_norm", gnorm) != 0) *gnorm = NAN;
-  return 0;
+  return run_update(r, m, ub, s, lr, gnorm, err, errlen);
 }
 
 /* ---- evaluation (--eval-interval, --test) ---- */
@@ -863,6 +936,15 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   }
   r.loaded_step = r.loaded_micro = -1;
   r.src = &r.data;
+  r.sb = ir_block_find(m, "scaler");
+  r.kb = ir_block_find(m, "skip");
+  if ((r.sb >= 0) != (r.kb >= 0) || (r.sb >= 0 && piped)) {
+    snprintf(err, errlen, "the program has block \"%s\" without \"%s\"%s (loss scaling needs both, pp = 1)",
+             r.sb >= 0 ? "scaler" : "skip", r.sb >= 0 ? "skip" : "scaler", piped ? " or is a pipeline program" : "");
+    run_free(&r);
+    return -1;
+  }
+  r.inf_steps = inf_steps(r.world_rank);
   r.kill_step = fault_step("KILL", r.world_rank);
   r.stall_step = fault_step("STALL", r.world_rank);
   const char *delay = getenv("TS_FAULT_STEP_DELAY_MS");
@@ -1011,6 +1093,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   RtCkptWriter *writer = o->ckpt.save_dir && o->ckpt.async ? rt_ckpt_writer_new() : NULL;
   for (int64_t s = start; s < tr->steps; s++) {
     double ts = ts_now_s(), lr = rt_lr_at(tr, s), loss = NAN, gn = NAN;
+    r.ls_lr = lr;   /* the lr applied (loss scaling: of the steps applied so far; NaN: skipped) */
     status_write(r.world_rank, "step", s + 1);
     int bad = piped ? train_step_pipe(&r, m, &fs, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
                                       err, errlen)
@@ -1052,7 +1135,10 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     double mfu = o->peak_flops > 0 ? tflops * 1e12 / o->peak_flops : NAN;
     if (!o->quiet && lead) {
       fprintf(log, "step %4lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.3g TFLOP/s/rank",
-              (long long)s + 1, (long long)tr->steps, loss, lr, gn, tps, tflops);
+              (long long)s + 1, (long long)tr->steps, loss, r.ls_lr, gn, tps, tflops);
+      if (r.sb >= 0)
+        fprintf(log, " | loss scale %g%s | skipped %.0f", r.ls_scale, r.ls_skipped ? " | SKIPPED (inf/nan grads)" : "",
+                r.ls_skips);
       if (!isnan(mfu)) fprintf(log, " | MFU %.1f%%", 100 * mfu);
       fprintf(log, " | %.1f s", t1 - t0);
       print_metrics(log, &r);
@@ -1063,8 +1149,13 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     if (r.metrics) {
       fprintf(r.metrics, "{\"step\": %lld, ", (long long)s + 1);
       json_num(r.metrics, "loss", loss, 1);
-      json_num(r.metrics, "lr", lr, 1);
+      json_num(r.metrics, "lr", r.ls_lr, 1);
       json_num(r.metrics, "grad_norm", gn, 1);
+      if (r.sb >= 0) {
+        json_num(r.metrics, "loss_scale", r.ls_scale, 1);
+        json_num(r.metrics, "skipped", r.ls_skipped, 1);
+        json_num(r.metrics, "skipped_steps", r.ls_skips, 1);
+      }
       json_num(r.metrics, "tokens_per_s", tps, 1);
       json_num(r.metrics, "tflops_per_rank", tflops, 1);
       if (!isnan(mfu)) json_num(r.metrics, "mfu", mfu, 1);

@@ -2,7 +2,8 @@
 # check.sh - `mcc --check` of a bf16 layout against one bf16 rank: the
 # parallel matrix's check (tests/parallel/check.sh: PASS, the differences
 # read back from the printed numbers) with the loss within 1e-2 relative
-# on every step and the parameters within 5e-2, and the run in bf16.
+# on every step and the parameters within 5e-2, and the run in the 16-bit
+# type the options ask for (--precision bf16, or fp16: tests/fp16).
 # docs/precision.md says why the parameters get the looser bound (Adam
 # turns a gradient of pure rounding noise into lr-sized steps).
 #   check.sh MCC MDL [mcc options...]
@@ -14,4 +15,7 @@ rc=$?
 echo "$out"
 [ $rc -eq 0 ] || exit 1
 echo "$out" | grep -q "^check: [a-z]*, .* against 1 rank" || { echo "FAIL: no header" >&2; exit 1; }
-echo "$out" | grep -q "steps, bf16$" || { echo "FAIL: the check did not run in bf16" >&2; exit 1; }
+want=bf16
+for a in "$@"; do [ "${prev:-}" = --precision ] && want=$a; prev=$a; done
+[ "$want" = fp16 ] && want=f16
+echo "$out" | grep -q "steps, $want$" || { echo "FAIL: the check did not run in $want" >&2; exit 1; }

@@ -5,8 +5,8 @@
 #   parses back identically (--verify-roundtrip) and shows its dtypes in
 #   --dump-ir=precision; --precision f32 overrides the block;
 #   --precision-policy norm=f32 keeps the norms' outputs in f32;
-#   refused with a message that says what works: fp16 (no loss scaling
-#   yet), a bf16 param, an unknown policy class, bf16 with pp > 1.
+#   refused with a message that says what works: a loss-scale flag (fp16's;
+#   tests/fp16), a bf16 param, an unknown policy class, bf16 with pp > 1.
 #   frontend.sh MCC SOURCE_DIR WORK
 set -uo pipefail
 mcc=$1 src=$2 work=$3
@@ -49,7 +49,7 @@ n16() { awk '/= layernorm /{ln=1; next} ln { if ($0 ~ /= cast .* : bf16\[/) c++;
 [ "$(n16 pol.ir)" -eq 0 ] || fail "norm=f32: a layernorm output is still cast to bf16"
 echo "ok: norms stored bf16 by default ($(n16 flag.ir) casts), f32 with norm=f32"
 
-refused "fp16 needs dynamic loss scaling" "$src/samples/gpt.mdl" "${cfg[@]}" --precision fp16
+refused "sets fp16's loss scaling" "$src/samples/gpt.mdl" "${cfg[@]}" --precision bf16 --loss-scale 1024
 refused "not CLASS=f32 or CLASS=16" "$src/samples/gpt.mdl" "${cfg[@]}" --precision bf16 --precision-policy nrom=f32
 refused "with pp=2 is not built yet" "$src/samples/gpt.mdl" "${cfg[@]}" --precision bf16 --pp 2
 mkdir -p lib && sed '0,/g = param \[embed\] init ones/s//g = param bf16[embed] init ones/' "$src/stdlib/nn.mdl" > lib/nn.mdl

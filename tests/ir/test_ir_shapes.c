@@ -16,6 +16,10 @@ static const char *prelude =
     "state @m : f32[16, 8] adam_m of=@p\n"
     "state @v : f32[16, 8] adam_v of=@p\n"
     "state @q : f32[8] param init=ones\n"
+    "state @s : f32[] scaler start=65536.0\n"
+    "state @sg : f32[] scaler start=0.0\n"
+    "state @sh : f32[] scaler start=2.0\n"
+    "state @sk : f32[] scaler start=0.0\n"
     "block b {\n"
     "  %0 = input \"ids\" : i32[batch:2, seq:4]\n"
     "  %1 = input \"x\" : f32[batch:2, seq:4, dim:8] {2:tp, partial:cp}\n"
@@ -132,6 +136,9 @@ static const Case cases[] = {
   {"lion", "lion %4, %6 @p @m b1=0.9 b2=0.99 wd=0.1", "lion %4, %1 @p @m b1=0.9 b2=0.99 wd=0.1"},
   {"lr_step", "lr_step %6 @p scale=1.5 wd=0.1", "lr_step %6 @p scale=0.0 wd=0.1"},
   {"assign", "assign %6 @p", "assign %1 @p"},
+  {"nonfinite", "%10 = nonfinite %6 : f32[]", "%10 = nonfinite %0 : f32[]"},
+  {"scale_update", "scale_update %4 @s @sg @sh @sk window=1000 hysteresis=2 dynamic=1 min=1.0",
+   "scale_update %4 @s @sg @sh @p window=1000 hysteresis=2 dynamic=1 min=1.0"},
   {"all_to_all", "%10 = all_to_all %1 axis=tp split=2 concat=0 : f32[4, 4, 4]",
    "%10 = all_to_all %3 axis=tp split=3 concat=0 : f32[2, 4, 8]"},
   /* needs i32 counts: cases in test_moe() */
@@ -437,7 +444,7 @@ int main(void) {
     snprintf(want, sizeof want, "error: %s: ", c->op);   /* the message comes from the op's rule */
     if (getenv("SHOW")) fprintf(stderr, "%s\n", err);   /* SHOW=1: list the messages for review */
     CHECK(strstr(err, want) != NULL, "%s: message '%s' lacks '%s'", c->op, err, want);
-    CHECK(strncmp(err, "case:19:", 8) == 0, "%s: message '%s' not at line 19", c->op, err);
+    CHECK(strncmp(err, "case:23:", 8) == 0, "%s: message '%s' not at line 23 (the line after the prelude)", c->op, err);
     ir_module_free(m);
   }
   test_zero_bad_ref();

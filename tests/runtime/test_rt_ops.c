@@ -651,6 +651,19 @@ static void test_clip(IrDtype dt) {
   expect(IR_OP_CLIP_COEF, 1, a2, NULL, mx, NULL, &w2, 1, tol_of(dt), "clip_coef small norm", dt);
 }
 
+/* nonfinite: 1 for any inf or NaN, 0 for finite values up to the largest */
+static void test_nonfinite(IrDtype dt) {
+  IrType t = {dt, 1, {4}, {NULL}};
+  double big = dt == IR_F32 ? 3.4028234663852886e38 : 1.7976931348623157e308;
+  double fin[4] = {0.0, -big, big, 1e-45}, inf[4] = {1.0, INFINITY, 2.0, 3.0}, nan[4] = {1.0, 2.0, 3.0, NAN};
+  double ninf[4] = {-INFINITY, 0, 0, 0}, zero = 0, one = 1;
+  Arg a0[1] = {{t, fin}}, a1[1] = {{t, inf}}, a2[1] = {{t, nan}}, a3[1] = {{t, ninf}};
+  expect(IR_OP_NONFINITE, 1, a0, NULL, NULL, NULL, &zero, 1, 0, "nonfinite of finite values", dt);
+  expect(IR_OP_NONFINITE, 1, a1, NULL, NULL, NULL, &one, 1, 0, "nonfinite with +inf", dt);
+  expect(IR_OP_NONFINITE, 1, a2, NULL, NULL, NULL, &one, 1, 0, "nonfinite with NaN", dt);
+  expect(IR_OP_NONFINITE, 1, a3, NULL, NULL, NULL, &one, 1, 0, "nonfinite with -inf", dt);
+}
+
 /* topk_mask: the k largest of each row, ties to the lower index */
 static void test_topk(IrDtype dt) {
   IrType t = {dt, 2, {2, 5}, {NULL}};
@@ -1604,6 +1617,7 @@ int main(void) {
     test_decode_ops(dt);
     test_cross_entropy(dt);
     test_clip(dt);
+    test_nonfinite(dt);
     test_topk(dt);
     test_capacity(dt);
     test_moe(dt);
@@ -1628,7 +1642,8 @@ int main(void) {
                                    IR_OP_KV_WRITE,    /* writes a cache state: tests/generate */
                                    /* optimizer steps on states: tests/grad/opt_torch (against torch), their
                                     * ZeRO chunks in tests/parallel's optim cells */
-                                   IR_OP_SGD, IR_OP_LION, IR_OP_LR_STEP};
+                                   IR_OP_SGD, IR_OP_LION, IR_OP_LR_STEP,
+                                   IR_OP_SCALE_UPDATE};   /* scaler states: tests/fp16 against Megatron's rule */
   for (int op = 0; op < IR_OP_COUNT; op++) {
     int skip = 0;
     for (size_t i = 0; i < sizeof elsewhere / sizeof *elsewhere; i++) skip |= elsewhere[i] == (IrOp)op;
