@@ -139,6 +139,18 @@ foreach(cell "gpt.pp2:4:1:2:--pp 2" "gpt.pp2:2:2:1:--pp 2" "gpt.pp2_vpp2:4:1:2:-
   ts_pipe_test(${name}.dp${from}_at_dp${to}.f64 ${TS_PAR_ATDP} ${CMAKE_CURRENT_BINARY_DIR}/atdp_${name}_${from}_${to}
                ${PROJECT_SOURCE_DIR}/samples/${model}.mdl 1e-10 5 ${gpus} ${from} ${to} ${TS_PIPE_${M}} -- ${opts})
 endforeach()
+# One-moment optimizers (sgd, lion: each kind's moments made again, in a
+# direct compile's order), the optimizer in every compile (single rank too).
+# Lion on llama: on gpt the attention key bias's gradient is 0 in exact
+# arithmetic and Lion's sign() makes rounding noise a full step (docs/cli.md).
+foreach(cell "gpt:sgd" "llama:lion")
+  string(REPLACE ":" ";" parts "${cell}")
+  list(GET parts 0 model)
+  list(GET parts 1 opt)
+  string(TOUPPER ${model} M)
+  ts_pipe_test(${model}.pp2_${opt}.dp1_at_dp2.f64 ${TS_PAR_ATDP} ${CMAKE_CURRENT_BINARY_DIR}/atdp_${model}_${opt}
+               ${PROJECT_SOURCE_DIR}/samples/${model}.mdl 1e-10 5 4 1 2 ${TS_PIPE_${M}} --optimizer ${opt} -- --pp 2)
+endforeach()
 # ... and refused, before any rank starts, where the schedule cannot run the
 # micro batches a dp rank gets, naming the numbers and the --gpus that work:
 # 1f1b at pp 4 on 16 ranks (dp 4: 8 / 4 = 2 micro batches < pp), interleaved
