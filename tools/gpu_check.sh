@@ -13,6 +13,8 @@
 #               losses side by side (max relative difference), CUDA graph launches
 #   gpt2-124m   GPT-2 124M, 8 x 1024 tokens per step, f32: step time, tokens/s, MFU
 #   tf32        the same with the GEMMs in TF32 (TS_CUDA_TF32=1), and PyTorch's allow_tf32
+#   exact       (last) the same in f32 with f64 arithmetic in the generated kernels
+#               (TS_CUDA_EXACT=1, the arithmetic before 2026-11-27): what f32 arithmetic gains
 #   kernels     its ten most expensive kernels and GEMMs (TS_RT_PROFILE: CUDA events)
 #   torch-*     the same model in PyTorch: eager, torch.compile (f32), and eager
 #               under bf16 autocast (bench/torch_step.py)
@@ -194,12 +196,12 @@ L=12 D=768 V=50304 S=1024 B=8
 N=$(( V * D + L * (12 * D * D + 13 * D) + 2 * D ))
 fpt=$(( 6 * N + 12 * L * D * S ))
 mfu_note="MFU = tokens/s x (6N + 12*L*d*s) / peak, N=$N; peak f32 ${peak32:-?} TFLOP/s (dense, no tensor cores), tf32 ${peaktf32:-?} and bf16 ${peak16:-?} (dense, tensor cores)"
-# gpt2_row NAME LABEL PEAK [ENV=VALUE...]: the plan 8 steps on the GPU (under env), the
+# gpt2_row NAME LABEL PEAK [ENV=VALUE...]: the plan ($gpt2_plan, else gpt2.plan) 8 steps on the GPU (under env), the
 # median of the steps after the third (the first runs eagerly, the second captures); MFU
 # against PEAK TFLOP/s
 gpt2_row() {
   local name=$1 label=$2 peak=$3; shift 3
-  run_part "$name-gpu" 150 env "$@" "$MRUN" "$out/gpt2.plan" --steps 8 --data "$data" --metrics "$out/$name.jsonl"
+  run_part "$name-gpu" 150 env "$@" "$MRUN" "${gpt2_plan:-$out/gpt2.plan}" --steps 8 --data "$data" --metrics "$out/$name.jsonl"
   if [ "$rc" != 0 ]; then row "$name" "$(status_of)" "$(why_failed "$out/$name-gpu.log")"; return; fi
   local st tps mfu
   st=$(sed -n 's/.*"elapsed_s": *\([0-9.eE+-]*\).*/\1/p' "$out/$name.jsonl" |
@@ -269,6 +271,22 @@ fi
 want torch && want tf32 && torch_row torch-tf32 120 --tf32
 want torch && torch_row torch-compile 180 --compile
 want torch && torch_row torch-bf16 90 --bf16
+
+# ---- last, if the budget allows: GPT-2 124M with the f32 kernels in f64 arithmetic ----
+# (TS_CUDA_EXACT=1: the mode of the GPU runs before 2026-11-27; docs/cuda.md "The printer"):
+# what f32 arithmetic gains.  Its own plan: the image is compiled in the mode it runs in.
+if ! want exact; then :
+elif [ "$gpu" = 1 ] && [ -f "$out/gpt2.plan" ]; then
+  run_part gpt2-exact-mcc 120 env TS_CUDA_EXACT=1 "$MCC" "$samples/gpt.mdl" -D batch=$B -D micro_batch=$B $target \
+    -o "$out/gpt2-exact.plan"
+  if [ "$rc" != 0 ]; then row gpt2-124m-exact "$(status_of)" "mcc: $(why_failed "$out/gpt2-exact-mcc.log")"
+  else
+    gpt2_plan="$out/gpt2-exact.plan" gpt2_row gpt2-124m-exact "f32, f64 arithmetic (TS_CUDA_EXACT=1)" "${peak32:-}" \
+      TS_CUDA_TF32=0 TS_CUDA_EXACT=1
+  fi
+else
+  row gpt2-124m-exact "no GPU" "TS_CUDA_EXACT=1: GPT-2 124M with f64 arithmetic in its f32 kernels"
+fi
 
 # ---- the table ----
 {
