@@ -18,7 +18,6 @@
 /* The SM limits of an arch (CUDA programming guide, "compute capabilities"). */
 typedef struct { int threads, blocks, regs; int64_t smem; } SmLimits;
 static SmLimits sm_limits(int sm) {
-  if (sm >= 100) return (SmLimits){2048, 32, 65536, 228 * 1024};
   if (sm >= 90) return (SmLimits){2048, 32, 65536, 228 * 1024};
   if (sm == 86 || sm == 87 || sm == 89) return (SmLimits){1536, sm == 89 ? 24 : 16, 65536, 100 * 1024};
   if (sm >= 80) return (SmLimits){2048, 32, 65536, 164 * 1024};
@@ -39,6 +38,14 @@ int kreport_occupancy(int sm, int threads, int regs, int64_t smem, double *occ) 
   if (b < 0) b = 0;
   *occ = (double)(b * warps) / (double)(L.threads / 32);
   return b;
+}
+
+/* The roofline's two rates: FLOP/s for the plan's dtype (FP32 CUDA cores where the
+ * description has no peak for it) and streamed bytes/s. */
+static void roof_rates(const HwDesc *hw, IrDtype dt, double *peak, double *bw) {
+  HwFormat f = hw_format_of(dt, 0);
+  *peak = hw->peak[f] > 0 ? hw->peak[f] : hw->peak[HW_FP32];
+  *bw = hw->hbm_bw * (hw->mem_eff > 0 ? hw->mem_eff : 1);
 }
 
 typedef struct {
@@ -91,11 +98,10 @@ int kreport_program(const IrModule *m, int prog, int sm, const HwDesc *hw, StrBu
     w->u.launches += u[i].launches;
     w->u.bytes += u[i].bytes;
     w->u.flops += u[i].flops;
-    if (hw) {   /* memory or compute (FP32 CUDA cores; attention at its efficiency), whichever is longer */
-      double tm = u[i].bytes / (hw->hbm_bw * (hw->mem_eff > 0 ? hw->mem_eff : 1));
-      HwFormat f = hw_format_of(m->train.precision, 0);
-      double peak = hw->peak[f] > 0 ? hw->peak[f] : hw->peak[HW_FP32];
-      double tf = peak > 0 ? u[i].flops / peak : 0;
+    if (hw) {   /* memory or compute, whichever is longer */
+      double peak, bw;
+      roof_rates(hw, m->train.precision, &peak, &bw);
+      double tm = u[i].bytes / bw, tf = peak > 0 ? u[i].flops / peak : 0;
       w->t += (tm > tf ? tm : tf) + u[i].launches * hw->kernel_overhead;
     }
   }
@@ -126,9 +132,9 @@ int kreport_program(const IrModule *m, int prog, int sm, const HwDesc *hw, StrBu
     double ai = w->u.bytes > 0 ? w->u.flops / w->u.bytes : 0;
     if (hw) {
       snprintf(t, sizeof t, "%.2f", w->t * 1e6);
-      HwFormat f = hw_format_of(m->train.precision, 0);
-      double peak = hw->peak[f] > 0 ? hw->peak[f] : hw->peak[HW_FP32];
-      double ridge = peak / (hw->hbm_bw * (hw->mem_eff > 0 ? hw->mem_eff : 1));
+      double peak, bw;
+      roof_rates(hw, m->train.precision, &peak, &bw);
+      double ridge = peak / bw;
       snprintf(bound, sizeof bound, "%s", ai >= ridge ? "compute" : "memory");
     }
     char name[41];
