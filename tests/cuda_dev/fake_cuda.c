@@ -165,8 +165,14 @@ static struct {
   int orphans;             /* objects still alive when their context was destroyed */
 } F;
 
-static __thread Ctx *cur;
-static __thread int thread_captures;   /* captures this thread began (not relaxed) */
+/* initial-exec: static TLS, read without __tls_get_addr.  The driver is
+ * dlopen'ed, so the default (general-dynamic) model would call it on every
+ * driver call, and LeakSanitizer's bookkeeping of such dynamic TLS blocks
+ * made its exit-time scan crash now and then ("Tracer caught signal 11" in
+ * ScanRangeForPointers, cuda_dev.fake_gpu_dp2_f64_overlap under ASan). */
+#define FAKE_TLS __thread __attribute__((tls_model("initial-exec")))
+static FAKE_TLS Ctx *cur;
+static FAKE_TLS int thread_captures;   /* captures this thread began (not relaxed) */
 
 #define GROW(p, n, cap) \
   do { if ((n) == (cap)) { (cap) = (cap) ? 2 * (cap) : 16; (p) = realloc((p), (size_t)(cap) * sizeof *(p)); \
