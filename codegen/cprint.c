@@ -7,25 +7,28 @@
 #include "kprint.h"
 
 static const CgDialect c_dialect = {
-    .type = {"void", "int", "int32_t", "int64_t", "float", "double"},   /* in CgType's order */
+    .type = {"void", "int", "int32_t", "int64_t", "float", "double", "uint16_t"},   /* in CgType's order */
     .u32 = "uint32_t", .u64 = "uint64_t", .i64_min = "INT64_MIN", .helper = "cg_", .param = "prm",
     .nan_f32 = "(float)NAN", .nan_f64 = "(double)NAN",
     .inf_f32 = "(double)INFINITY", .inf_f64 = "(double)INFINITY"};   /* a float where it is used */
 
 /* helpers the kernels call: NaN-propagating max (the max accumulator),
- * and the saturating float -> integer casts of the kernel IR */
+ * the saturating float -> integer casts of the kernel IR, and bf16 to and
+ * from f32 (runtime/cpu/half.h's rounding: to nearest even, NaN kept quiet) */
 static const char *const c_prelude =
     "#include <math.h>\n"
     "#include <stdint.h>\n"
     "static inline double cg_maximum(double a, double b) { return a != a || b != b ? NAN : a > b ? a : b; }\n"
     "static inline int32_t cg_to_i32(double x) { return x != x ? 0 : x >= 2147483647.0 ? INT32_MAX : x <= -2147483648.0 ? INT32_MIN : (int32_t)x; }\n"
-    "static inline int64_t cg_to_i64(double x) { return x != x ? 0 : x >= 9223372036854775807.0 ? INT64_MAX : x <= -9223372036854775808.0 ? INT64_MIN : (int64_t)x; }\n";
+    "static inline int64_t cg_to_i64(double x) { return x != x ? 0 : x >= 9223372036854775807.0 ? INT64_MAX : x <= -9223372036854775808.0 ? INT64_MIN : (int64_t)x; }\n"
+    "static inline float cg_bf16_f32(uint16_t h) { union { uint32_t u; float f; } c = {(uint32_t)h << 16}; return c.f; }\n"
+    "static inline uint16_t cg_f32_bf16(float f) {\n"
+    "  union { float f; uint32_t u; } c = {f};\n"
+    "  return (uint16_t)((f != f ? c.u | 0x400000u : c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);\n"
+    "}\n";
 
 int cg_kernel_c_text(const CgKernel *k, StrBuf *out, char *err, size_t errlen) {
   if (cg_kernel_verify(k, err, errlen) != 0) return -1;
-  for (int b = 0; b < k->nbuf; b++)
-    if (k->buf[b].type == CG_BF16)   /* not printed yet: the LLVM backend is the one that runs bf16 */
-      return ts_errf(err, errlen, "kernel %s: bf16 buffers are not printed as C yet (the LLVM backend runs them)", k->name);
   sb_puts(out, c_prelude);
   sb_printf(out, "\n/* grid = %lld iterations */\nvoid %s(void **bufs, int64_t begin, int64_t end) {\n", (long long)k->grid,
             k->name);

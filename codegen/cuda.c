@@ -15,9 +15,10 @@
  *                 gid (loads may also be at constant indices: AdamW's
  *                 scalars), the buffers accessed at gid have one element
  *                 size and at least grid elements, and V = 16 / size
- *                 divides grid, each thread takes V consecutive iterations:
- *                 one 16-byte load per buffer (float4, int4, double2), the
- *                 scalar body V times on the lanes, one 16-byte store.
+ *                 (bf16: 4) divides grid, each thread takes V consecutive
+ *                 iterations: one 16-byte load per buffer (float4, int4,
+ *                 double2; bf16 an 8-byte ushort4), the scalar body V
+ *                 times on the lanes, one vector store.
  *   row mode      iteration gid is one block (a row of softmax, a norm,
  *                 cross-entropy...): every loop at the iteration's top
  *                 level is spread over the block's threads (i = threadIdx.x;
@@ -62,6 +63,15 @@ static const char *const prelude =
     "static __device__ __forceinline__ long long ts_to_i64(double x) {\n"
     "  return x != x ? 0 : x >= 9223372036854775807.0 ? 9223372036854775807LL\n"
     "       : x <= -9223372036854775808.0 ? (-9223372036854775807LL - 1) : (long long)x;\n"
+    "}\n"
+    "/* bf16 <-> f32 as runtime/cpu/half.h: up, the bits in the top half;\n"
+    " * down, to nearest even on the 16 dropped bits, a NaN kept quiet */\n"
+    "static __device__ __forceinline__ float ts_bf16_f32(unsigned short h) {\n"
+    "  return __uint_as_float((unsigned)h << 16);\n"
+    "}\n"
+    "static __device__ __forceinline__ unsigned short ts_f32_bf16(float f) {\n"
+    "  unsigned u = __float_as_uint(f);\n"
+    "  return (unsigned short)((f != f ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n"
     "}\n"
     "/* sums and NaN-propagating maxima over a warp (every lane gets the\n"
     " * result) and over the block (every thread gets it; every thread of the\n"
@@ -127,12 +137,12 @@ const char *cg_cuda_prelude(void) { return prelude; }
 
 /* ---- what CUDA spells its own way inside an iteration (kprint.h) ---- */
 static const CgDialect cuda_dialect = {
-    .type = {"void", "int", "int", "long long", "float", "double"},   /* in CgType's order */
+    .type = {"void", "int", "int", "long long", "float", "double", "unsigned short"},   /* in CgType's order */
     .u32 = "unsigned", .u64 = "unsigned long long", .i64_min = "(-9223372036854775807LL - 1)", .narrow = 1,
     .helper = "ts_", .param = "a.run",
     .nan_f32 = "(float)TS_NAN", .nan_f64 = "TS_NAN", .inf_f32 = "(float)TS_INF", .inf_f64 = "TS_INF"};
 
-static size_t elem_size(CgType t) { return t == CG_F64 ? 8 : 4; }
+static size_t elem_size(CgType t) { return t == CG_F64 ? 8 : t == CG_BF16 ? 2 : 4; }
 static int64_t buf_bytes(const CgBuf *b) { return b->n * (int64_t)elem_size(b->type); }
 
 /* Whether value v depends on instruction r (through operands); uses mark
@@ -266,7 +276,7 @@ static int vector_width(CgKp *c) {
     es = elem_size(b->type);
   }
   if (!es) return 0;
-  int v = (int)(16 / es);
+  int v = es == 2 ? 4 : (int)(16 / es);   /* bf16: ushort4, 8 bytes (CUDA has no 8-wide short vector) */
   return k->grid >= v && k->grid % v == 0 ? v : 0;
 }
 
@@ -277,9 +287,19 @@ static int buf_at_gid(const CgKp *c, int b, CgOp op) {
   return 0;
 }
 
+/* The bytes of one vector (vector mode): the lanes times the element size
+ * shared by the buffers accessed at gid. */
+static int vec_bytes(const CgKp *c) {
+  for (int b = 0; b < c->k->nbuf; b++)
+    if (buf_at_gid(c, b, CG_LOAD) || buf_at_gid(c, b, CG_STORE)) return c->vec * (int)elem_size(c->k->buf[b].type);
+  return 0;
+}
+
 /* ---- the kernel ---- */
 
-static const char *vec_type(CgType t) { return t == CG_F64 ? "double2" : t == CG_F32 ? "float4" : "int4"; }
+static const char *vec_type(CgType t) {
+  return t == CG_F64 ? "double2" : t == CG_F32 ? "float4" : t == CG_BF16 ? "ushort4" : "int4";
+}
 
 /* Whether buffer b may share memory with another buffer of k while one
  * of them is written: an output may be given the memory of an input of
@@ -305,12 +325,12 @@ static void thread_mode(CgKp *c, StrBuf *out) {
   const CgKernel *k = c->k;
   int vec = c->vec;
   if (vec) {
-    /* the vectors need 16-byte aligned buffers: the executor passes
+    /* the vectors need aligned buffers (16 bytes, bf16 8): the executor passes
      * buffer starts, but a ZeRO chunk of a parameter starts anywhere */
     sb_puts(out, "  if (((0");
     for (int b = 0; b < k->nbuf; b++)
       if (buf_at_gid(c, b, CG_LOAD) || buf_at_gid(c, b, CG_STORE)) sb_printf(out, " | (unsigned long long)b%d", b);
-    sb_puts(out, ") & 15) == 0) {\n");
+    sb_printf(out, ") & %d) == 0) {\n", vec_bytes(c) - 1);
     sb_printf(out, "  for (long long vg = blockIdx.x * (long long)blockDim.x + threadIdx.x; vg < %lldLL;\n"
                    "       vg += (long long)gridDim.x * blockDim.x) {\n", (long long)(k->grid / vec));
     for (int b = 0; b < k->nbuf; b++) {
@@ -338,10 +358,6 @@ int cg_kernel_cuda_text(const CgKernel *k, StrBuf *out, CgCudaLaunch *l, char *e
   if (cg_kernel_verify(k, err, errlen) != 0) return -1;
   if (k->nbuf > CG_CUDA_MAX_BUFS)
     return ts_errf(err, errlen, "kernel %s has %d buffers (at most %d)", k->name, k->nbuf, CG_CUDA_MAX_BUFS);
-  for (int b = 0; b < k->nbuf; b++)
-    if (k->buf[b].type == CG_BF16)   /* issue 20 deliverable 4: bf16 CUDA kernels are not built */
-      return ts_errf(err, errlen, "kernel %s reads or writes bf16: no bf16 CUDA kernels yet (issue 20, deliverable 4): "
-                     "run bf16 plans on CPU ranks (mrun --cpu), or compile with --precision f32 for the GPU", k->name);
   if (!is_ident(k->name) || strlen(k->name) >= sizeof l->name)
     return ts_errf(err, errlen, "kernel name '%s' is not a C identifier of at most %d characters", k->name,
                    (int)sizeof l->name - 1);
@@ -365,7 +381,7 @@ int cg_kernel_cuda_text(const CgKernel *k, StrBuf *out, CgCudaLaunch *l, char *e
 
   sb_printf(out, "\n/* %s: %s mode, grid = %lld iterations", k->name, c.row ? "row" : "thread", (long long)k->grid);
   if (c.split) sb_printf(out, ", split rows of %lld blocks", (long long)c.split);
-  if (c.vec) sb_printf(out, ", 16-byte vectors of %d", c.vec);
+  if (c.vec) sb_printf(out, ", %d-byte vectors of %d", vec_bytes(&c), c.vec);
   sb_printf(out, "; launch %lld x %d */\n", (long long)l->blocks, l->threads);
   sb_printf(out, "extern \"C\" __global__ void __launch_bounds__(%d) %s(TsArgs a) {\n", l->threads, k->name);
   for (int b = 0; b < k->nbuf; b++) {

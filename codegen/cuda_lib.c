@@ -22,7 +22,25 @@ int cg_cuda_lib_op(IrOp op) {
   }
 }
 
-static const char *ctype(IrDtype t) { return t == IR_F64 ? "double" : t == IR_F32 ? "float" : "int"; }
+/* 16-bit values are only moved (guard_16 below): their bits as unsigned short */
+static const char *ctype(IrDtype t) {
+  return t == IR_F64 ? "double" : t == IR_F32 ? "float" : ir_dtype_is_16(t) ? "unsigned short" : "int";
+}
+
+/* The ops here that only move or zero bits may take 16-bit values (the
+ * update block's assign of a parameter's bf16 copy, a shard's slice); the
+ * others compute, and have no 16-bit form: 1 with why. */
+static int guard_16(const IrModule *m, const IrBlock *b, const IrNode *nd, char *why, size_t whylen) {
+  int any16 = ir_dtype_is_16(nd->type.dtype);
+  for (int k = 0; k < nd->nin; k++) any16 |= ir_dtype_is_16(b->nodes[nd->in[k]].type.dtype);
+  if ((nd->op == IR_OP_ACCUM || nd->op == IR_OP_ASSIGN || nd->op == IR_OP_ZERO) &&
+      ir_dtype_is_16(m->states.a[nd->ia[0]].type.dtype))
+    any16 = 1;
+  if (!any16 || nd->op == IR_OP_ASSIGN || nd->op == IR_OP_ZERO || nd->op == IR_OP_SHARD_SLICE) return 0;
+  snprintf(why, whylen, "%s on 16-bit values has no CUDA kernel (the precision pass computes it in f32)",
+           ir_ops[nd->op].name);
+  return 1;
+}
 
 int cg_cuda_axis_size(const IrModule *m, int a) {
   const IrParallel *q = &m->par;
@@ -65,6 +83,7 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
   *scratch = 0;
   if (cg_cuda_attn_op(nd->op)) return cg_cuda_attn_kernel(m, b, i, name, src, l, nl, scratch, why, whylen);
   if (cg_cuda_moe_op(nd->op)) return cg_cuda_moe_kernel(m, b, i, name, src, l, nl, scratch, why, whylen);
+  if (guard_16(m, b, nd, why, whylen)) return 1;
   char blk[512];
   int64_t nb;
   switch (nd->op) {

@@ -41,6 +41,8 @@
  *   5. (ZeRO) after every step, each parameter but muon's rebuilt from the ranks'
  *      updated chunks: flatten -> pad -> shard_slice (own chunk) ->
  *      all_gather -> slice [0, n) -> reshape -> assign;
+ *   5b. each 16-bit copy of a parameter (pass precision's copy states)
+ *      assigned its cast from the updated parameter;
  *   6. zeroes every grad state for the next step's accumulation.
  * Every value carries its IrSharding; a chunk value is the flattened,
  * padded vector [dp*c] split along dim 0 over dp (`{0:dp}`), the moment
@@ -653,6 +655,20 @@ static void rebuild_param(Em *e, const Grad *gr, const Mesh *ms) {
   em(e, IR_OP_ASSIGN, &x, 1, pi, NULL, NULL, NULL, NULL);
 }
 
+/* Step 5b: each 16-bit copy of parameter gr->p = cast(p) (rounded as
+ * runtime/cpu/half.h), so a device keeps its copies on the device. */
+static void remake_copies(Em *e, const Grad *gr) {
+  for (int s = 0; s < e->m->states.n; s++) {
+    if (e->m->states.a[s].kind != IR_STATE_COPY || e->m->states.a[s].of != gr->p) continue;
+    IrType pt = e->m->states.a[gr->p].type, ct = e->m->states.a[s].type;
+    IrSharding psh = e->m->states.a[gr->p].sh;
+    int64_t pi[1] = {gr->p}, ci[1] = {s};
+    int x = em(e, IR_OP_STATE, NULL, 0, pi, NULL, NULL, &pt, &psh);
+    x = em(e, IR_OP_CAST, &x, 1, NULL, NULL, NULL, &ct, &psh);
+    em(e, IR_OP_ASSIGN, &x, 1, ci, NULL, NULL, NULL, NULL);
+  }
+}
+
 /* The parameter a value is read from: x itself a state read, or x made
  * from one by casts, layout ops and gathers (a 16-bit copy counts as its
  * master); -1 otherwise. */
@@ -946,6 +962,10 @@ static int build_update(IrModule *m, PassCtx *cx, const char *name, Grad *grads,
   for (int k = 0; k < ng && !e.failed; k++) upd_kinds[grads[k].kind].emit(&e, &grads[k], ms, coef);
   for (int k = 0; ms->zero && !ms->z3 && k < ng && !e.failed; k++)
     if (!upd_kinds[grads[k].kind].whole) rebuild_param(&e, &grads[k], ms);
+
+  /* 5b. the 16-bit copies (pass precision) made again from their updated
+   * masters, as the update's last writes: the next forward reads them */
+  for (int k = 0; k < ng && !e.failed; k++) remake_copies(&e, &grads[k]);
 
   /* 6. clear the accumulators */
   for (int k = 0; k < ng; k++) {

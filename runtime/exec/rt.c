@@ -515,6 +515,31 @@ static void host_buf_free(RtProgram *p, void *q) {
 
 /* A program on a device: the device plan and module (exec_dev.c), and
  * the device copy of the initialized slab.  0 or -1. */
+/* The 16-bit copies (IR_STATE_COPY) made from their masters in the host
+ * slab, now. */
+static void copies_make(RtProgram *p) {
+  for (int s = 0; s < p->m->states.n; s++) {
+    const IrState *c = &p->m->states.a[s];
+    if (c->kind != IR_STATE_COPY) continue;
+    const IrState *ms = &p->m->states.a[c->of];
+    rt_convert(p->slab + p->off[s], c->type.dtype, p->slab + p->off[c->of], ms->type.dtype, ir_type_numel(&c->type));
+  }
+  p->copies_stale = 0;
+}
+
+/* The host slab copied to the device (after creation, after a load): the
+ * 16-bit copies made on the host first; from then on the update block
+ * keeps them (optimizer step 5b). */
+static int push_slab(RtProgram *p, const char *what, char *err, size_t errlen) {
+  RtDev *d = p->opts.dev;
+  char why[512];
+  copies_make(p);
+  if (d->ops->h2d(d, p->dslab, p->slab, p->slab_bytes, RT_STREAM_COMPUTE, why, sizeof why) != 0 ||
+      d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "copying the %s states to %s: %s", what, d->label, why);
+  return 0;
+}
+
 static int device_setup(RtProgram *p, char *err, size_t errlen) {
   RtDev *d = p->opts.dev;
   const MemPlan **plans = ts_xmalloc((size_t)(p->m->blocks.n ? p->m->blocks.n : 1) * sizeof *plans);
@@ -536,10 +561,7 @@ static int device_setup(RtProgram *p, char *err, size_t errlen) {
       return ts_errf(err, errlen, "block %s's output slots: %s", p->m->blocks.a[b].name, why);
     p->dgr[b].slot = slot;
   }
-  if (d->ops->h2d(d, p->dslab, p->slab, p->slab_bytes, RT_STREAM_COMPUTE, why, sizeof why) != 0 ||
-      d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
-    return ts_errf(err, errlen, "copying the initial states to %s: %s", d->label, why);
-  return 0;
+  return push_slab(p, "initial", err, errlen);
 }
 
 void *rt_state_dev(RtProgram *p, int s) { return p->dslab ? p->dslab + p->off[s] : rt_state_data(p, s); }
@@ -555,15 +577,7 @@ int rt_program_sync_states(RtProgram *p, char *err, size_t errlen) {
   return 0;
 }
 
-int rt_program_push_states(RtProgram *p, char *err, size_t errlen) {
-  if (!p->dx) return 0;
-  RtDev *d = p->opts.dev;
-  char why[512];
-  if (d->ops->h2d(d, p->dslab, p->slab, p->slab_bytes, RT_STREAM_COMPUTE, why, sizeof why) != 0 ||
-      d->ops->sync(d, RT_STREAM_COMPUTE, why, sizeof why) != 0)
-    return ts_errf(err, errlen, "copying the loaded states to %s: %s", d->label, why);
-  return 0;
-}
+int rt_program_push_states(RtProgram *p, char *err, size_t errlen) { return p->dx ? push_slab(p, "loaded", err, errlen) : 0; }
 
 RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecOpts *o, char *err, size_t errlen) {
   RtExecOpts dflt = {0};
@@ -628,11 +642,11 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
     }
   }
   p->copies_stale = 1;
-  if (m->train.lowp != IR_VOID && (o->dev || o->cuda)) {
-    ts_errf(err, errlen, "this plan trains in %s (parameters' %s copies, %s activations), and there are no 16-bit "
-            "CUDA kernels yet (issue 20, deliverable 4): run it on CPU ranks (mrun --cpu), or compile it with "
-            "--precision f32 for the GPU", ir_dtype_name(m->train.lowp), ir_dtype_name(m->train.lowp),
-            ir_dtype_name(m->train.lowp));
+  if (m->train.lowp != IR_VOID && m->train.lowp != IR_BF16 && (o->dev || o->cuda)) {
+    ts_errf(err, errlen, "this plan trains in %s (parameters' %s copies, %s activations), and there are no %s "
+            "CUDA kernels yet (issue 20, deliverable 4; bf16 has them): run it on CPU ranks (mrun --cpu), or compile "
+            "it with --precision bf16 or f32 for the GPU", ir_dtype_name(m->train.lowp), ir_dtype_name(m->train.lowp),
+            ir_dtype_name(m->train.lowp), ir_dtype_name(m->train.lowp));
     rt_program_free(p);
     return NULL;
   }
@@ -729,14 +743,17 @@ static void refresh_copies(RtProgram *p, int bi) {
   int reads = 0;
   for (int i = 0; i < b->n && !reads; i++)
     reads = b->nodes[i].op == IR_OP_STATE && p->m->states.a[b->nodes[i].ia[0]].kind == IR_STATE_COPY;
-  if (!reads) return;
-  for (int s = 0; s < p->m->states.n; s++) {
-    const IrState *c = &p->m->states.a[s];
-    if (c->kind != IR_STATE_COPY) continue;
-    const IrState *ms = &p->m->states.a[c->of];
-    rt_convert(p->slab + p->off[s], c->type.dtype, p->slab + p->off[c->of], ms->type.dtype, ir_type_numel(&c->type));
-  }
-  p->copies_stale = 0;
+  if (reads) copies_make(p);
+}
+/* Whether block bi writes every 16-bit copy (the update block: optimizer
+ * step 5b), so they are fresh after it. */
+static int writes_copies(const RtProgram *p, int bi) {
+  const IrBlock *b = &p->m->blocks.a[bi];
+  int copies = 0, written = 0;
+  for (int s = 0; s < p->m->states.n; s++) copies += p->m->states.a[s].kind == IR_STATE_COPY;
+  for (int i = 0; i < b->n; i++)
+    written += b->nodes[i].op == IR_OP_ASSIGN && p->m->states.a[b->nodes[i].ia[0]].kind == IR_STATE_COPY;
+  return copies > 0 && written >= copies;
 }
 /* Whether block bi writes a parameter that has a copy. */
 static int writes_masters(const RtProgram *p, int bi) {
@@ -1590,10 +1607,10 @@ int rt_run_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, const Rt
   if (bi < 0 || bi >= p->m->blocks.n) return ts_errf(err, errlen, "no block %d", bi);
   RtRunInfo dflt = {0, 0, p->m->train.lr, 0};
   if (!info) info = &dflt;
-  refresh_copies(p, bi);
+  if (!p->dx) refresh_copies(p, bi);   /* a device's are made on the host before each push (push_slab) */
   int rc = p->dx ? run_block_dev(p, bi, feeds, nfeeds, info, err, errlen)
                  : walk_block(p, bi, feeds, nfeeds, info, err, errlen);
-  if (p->m->train.lowp != IR_VOID && writes_masters(p, bi)) p->copies_stale = 1;
+  if (p->m->train.lowp != IR_VOID && writes_masters(p, bi)) p->copies_stale = !writes_copies(p, bi);
   return rc;
 }
 

@@ -26,6 +26,7 @@
  * warp and longer than the block. */
 #include "codegen/cg.h"
 #include "codegen/cuda.h"
+#include "runtime/cpu/half.h"
 #include "runtime/exec/rt.h"
 #include <math.h>
 #include "../check.h"
@@ -56,13 +57,19 @@ static IrType mkty(IrDtype dt, int rank, const int64_t *dims) {
 }
 #define TY(dt, ...) mkty(dt, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__})
 
-static size_t cg_size(CgType t) { return t == CG_F64 ? 8 : 4; }
+static size_t cg_size(CgType t) { return t == CG_F64 ? 8 : t == CG_BF16 ? 2 : 4; }
 static size_t bytes_of(const CgBuf *b) { return (size_t)b->n * cg_size(b->type); }
 static double ldc(const void *p, CgType t, int64_t i) {
-  return t == CG_F32 ? ((const float *)p)[i] : t == CG_F64 ? ((const double *)p)[i] : ((const int32_t *)p)[i];
+  return t == CG_F32    ? ((const float *)p)[i]
+         : t == CG_F64  ? ((const double *)p)[i]
+         : t == CG_BF16 ? ts_bf16_to_f32(((const uint16_t *)p)[i])
+                        : ((const int32_t *)p)[i];
 }
 static double ldd(const void *p, IrDtype t, int64_t i) {
-  return t == IR_F32 ? ((const float *)p)[i] : t == IR_F64 ? ((const double *)p)[i] : ((const int32_t *)p)[i];
+  return t == IR_F32    ? ((const float *)p)[i]
+         : t == IR_F64  ? ((const double *)p)[i]
+         : t == IR_BF16 ? ts_bf16_to_f32(((const uint16_t *)p)[i])
+                        : ((const int32_t *)p)[i];
 }
 
 /* |got - want| <= tol * |want|, exact values (0, inf, NaN) equal; a floor
@@ -189,6 +196,7 @@ static int input(Case *c, IrType t, double lo, double hi) {
     double v = lo + (hi - lo) * urand();
     if (t.dtype == IR_F32) ((float *)p)[k] = (float)v;
     else if (t.dtype == IR_F64) ((double *)p)[k] = v;
+    else if (t.dtype == IR_BF16) ((uint16_t *)p)[k] = ts_f32_to_bf16((float)v);
     else ((int32_t *)p)[k] = (int32_t)floor(v);
   }
   c->data[i] = p;
@@ -290,7 +298,7 @@ static unsigned char g_covered[IR_OP_COUNT];
 
 /* The kernels the shape checks look at. */
 static int g_add_vec[2], g_add_odd[2], g_cast_vec, g_cast_mixed, g_softmax_long[2], g_softmax_short[2];
-static int g_sum_axis0, g_adamw_vec, g_adamw_odd, g_big;
+static int g_sum_axis0, g_adamw_vec, g_adamw_odd, g_big, g_bf16_vec = -1, g_bf16_round = -1;
 
 /* Elementwise ops on R x C. */
 static void ew(IrDtype dt, int64_t R, int64_t C) {
@@ -908,6 +916,58 @@ static void big(void) {
   }
 }
 
+/* bf16 storage as the precision pass leaves it (docs/precision.md): bf16
+ * values widened to f32 by casts, f32 arithmetic, the result rounded back
+ * to bf16 -- a bias add, a row softmax, a reduction, a pure bf16 copy
+ * (vectors of 4) and layout op, and the rounding itself on chosen values
+ * (ties to even, NaN, infinities, overflow past bf16's largest finite). */
+static void bf16(int64_t R, int64_t C) {
+  char what[96];
+  Case c;
+  case_init(&c);
+  IrType tb = TY(IR_BF16, R, C), tf = TY(IR_F32, R, C);
+  int x = input(&c, tb, -2, 2), b = input(&c, tb, -1, 1);
+  int xf = emit(&c, IR_OP_CAST, &x, 1, NULL, NULL, &tf), bf = emit(&c, IR_OP_CAST, &b, 1, NULL, NULL, &tf);
+  int sum = E2(&c, IR_OP_ADD, xf, bf);
+  snprintf(what, sizeof what, "bf16 bias add %lldx%lld", (long long)R, (long long)C);
+  group(&c, (int[]){xf, bf, sum, emit(&c, IR_OP_CAST, &sum, 1, NULL, NULL, &tb)}, 4, what, PLAIN);
+  int xf2 = emit(&c, IR_OP_CAST, &x, 1, NULL, NULL, &tf), sm = E1(&c, IR_OP_SOFTMAX, xf2);
+  snprintf(what, sizeof what, "bf16 softmax rows of %lld", (long long)C);
+  group(&c, (int[]){xf2, sm, emit(&c, IR_OP_CAST, &sm, 1, NULL, NULL, &tb)}, 3, what, PLAIN);
+  int xf3 = emit(&c, IR_OP_CAST, &x, 1, NULL, NULL, &tf);
+  snprintf(what, sizeof what, "bf16 sum over rows of %lld", (long long)C);
+  group(&c, (int[]){xf3, emit(&c, IR_OP_SUM, &xf3, 1, (int64_t[]){1, 1}, NULL, NULL)}, 2, what, PLAIN);
+  IrType r1 = TY(IR_BF16, R * C);
+  snprintf(what, sizeof what, "bf16 reshape (copy) %lld", (long long)(R * C));
+  Kept *cp = one(&c, emit(&c, IR_OP_RESHAPE, &x, 1, NULL, NULL, &r1), what);
+  if ((R * C) % 4 == 0 && cp) g_bf16_vec = g_kept.n - 1;
+  snprintf(what, sizeof what, "bf16 permute %lldx%lld", (long long)R, (long long)C);
+  one(&c, emit(&c, IR_OP_PERMUTE, &x, 1, (int64_t[]){1, 0}, NULL, NULL), what);
+  case_free(&c);
+}
+
+/* f32 -> bf16 rounding on values chosen to hit each rule; the kernel's
+ * bits must equal runtime/cpu/half.h's (emu: checked in check_bf16_bits). */
+static const float g_round_in[] = {1.0f, 1.00390625f /* tie, even below */, 1.01171875f /* tie, odd: up */,
+                                   1.0078125f, -3.14159274f, 3.3895314e38f /* past bf16's max: inf */, 1e-40f,
+                                   -0.0f, 0.0f, 65504.0f, 1.00390637f};
+static void bf16_round(void) {
+  Case c;
+  case_init(&c);
+  int64_t n = (int64_t)(sizeof g_round_in / sizeof *g_round_in) + 3;
+  IrType tf = TY(IR_F32, n), tb = TY(IR_BF16, n);
+  int x = input(&c, tf, -1, 1);
+  float *d = c.data[c.nfeed - 1];
+  for (int64_t i = 0; i < n - 3; i++) d[i] = g_round_in[i];
+  d[n - 3] = NAN;
+  d[n - 2] = INFINITY;
+  d[n - 1] = -INFINITY;
+  one(&c, emit(&c, IR_OP_CAST, &x, 1, NULL, NULL, &tb), "f32 -> bf16 rounding");
+  g_bf16_round = g_kept.n - 1;
+  g_covered[IR_OP_CAST] = 1;
+  case_free(&c);
+}
+
 static void build_all(void) {
   IrDtype dts[2] = {IR_F32, IR_F64};
   for (int i = 0; i < 2; i++) {
@@ -922,6 +982,9 @@ static void build_all(void) {
     dropout(dts[i], 67);
     dropout(dts[i], 64);
   }
+  bf16(5, 37);
+  bf16(4, 300);
+  bf16_round();
   adamw(CG_F32, 1000, 0);
   adamw(CG_F32, 1000, 1);
   adamw(CG_F32, 999, 0);
@@ -1000,6 +1063,21 @@ static void check_shapes(void) {
   CHECK(!has(g_adamw_odd, "16-byte"), "adamw f32 of 999 uses vectors");
   CHECK(g_kept.a[g_big].l.blocks == 4 && g_kept.a[g_big].l.threads == 256, "4000 elements in float4: %lld x %d",
         (long long)g_kept.a[g_big].l.blocks, g_kept.a[g_big].l.threads);
+  /* bf16: 8-byte ushort4 vectors on a pure bf16 copy; f32 arithmetic and
+   * the prelude's conversions in the mixed kernels */
+  CHECK(g_bf16_vec >= 0 && has(g_bf16_vec, "ushort4") && has(g_bf16_vec, "8-byte vectors of 4") &&
+            has(g_bf16_vec, "& 7) == 0"),
+        "bf16 copy: no ushort4 vectors with an 8-byte alignment test");
+  int bf16_kernels = 0;
+  for (int i = 0; i < g_kept.n; i++) {
+    if (strncmp(g_kept.a[i].what, "bf16 ", 5) != 0) continue;
+    bf16_kernels++;
+    CHECK(strstr(g_kept.a[i].what, "bias add") == NULL ||
+              (has(i, "ts_bf16_f32(") && has(i, "ts_f32_bf16(") && !has(i, "double")),
+          "%s: not f32 arithmetic between ts_bf16_f32 and ts_f32_bf16", g_kept.a[i].what);
+  }
+  CHECK(bf16_kernels >= 8 && g_bf16_round >= 0 && has(g_bf16_round, "ts_f32_bf16("), "bf16 cases: %d kernels",
+        bf16_kernels);
   int rows = 0, vecs = 0;
   for (int i = 0; i < g_kept.n; i++) {
     rows += has(i, "row mode");
@@ -1157,7 +1235,10 @@ static void emu_run(TsEmu *e, const Kept *kp, const CgCudaLaunch *l, const char 
   CHECK(rc == 0, "%s (%s): launch: %s", kp->what, how, err);
   for (int b = kp->nin; b < kp->nbuf && rc == 0; b++) {
     const CgBuf *cb = &kp->buf[b];
-    double tol = cb->type == CG_F64 ? 1e-12 : 1e-5;
+    /* bf16 results: within one bf16 ulp (the reference rounds f64 results,
+     * the kernel f32 ones) */
+    double tol = cb->type == CG_F64 ? 1e-12 : cb->type == CG_BF16 ? 0x1p-7 : 1e-5;
+    if (kp == &g_kept.a[g_bf16_round]) tol = 0;   /* the rounding itself: bit for bit */
     /* f32 kernels compute in f32: a result that cancels (softmax_bwd's
      * y (dy - sum y dy)) is off by f32 rounding of the terms it cancels,
      * so its error is measured against the buffer's largest element */

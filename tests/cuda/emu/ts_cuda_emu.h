@@ -109,6 +109,9 @@ struct alignas(16) double2 {
 struct alignas(16) int4 {
   int x, y, z, w;
 };
+struct alignas(8) ushort4 {
+  unsigned short x, y, z, w;
+};
 static inline float2 make_float2(float x, float y) { float2 r = {x, y}; return r; }
 static inline float4 make_float4(float x, float y, float z, float w) { float4 r = {x, y, z, w}; return r; }
 static inline double2 make_double2(double x, double y) { double2 r = {x, y}; return r; }
@@ -529,6 +532,16 @@ static inline double __longlong_as_double(long long x) {
   double d;
   memcpy(&d, &x, sizeof d);
   return d;
+}
+static inline float __uint_as_float(unsigned x) {
+  float f;
+  memcpy(&f, &x, sizeof f);
+  return f;
+}
+static inline unsigned __float_as_uint(float x) {
+  unsigned r;
+  memcpy(&r, &x, sizeof r);
+  return r;
 }
 static inline long long __double_as_longlong(double x) {
   long long r;

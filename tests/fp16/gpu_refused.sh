@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# gpu_refused.sh - until 16-bit CUDA kernels exist (issue 20, deliverable 4),
-# a PREC plan (bf16, or fp16: tests/fp16) given a GPU (the fake driver of tests/cuda_dev) is refused
+# gpu_refused.sh - until fp16 CUDA kernels exist (issue 20, deliverable 4; bf16
+# has them: tests/bf16/gpu_train.sh), an fp16 plan given a GPU (the fake driver of tests/cuda_dev) is refused
 # before any step, with a message naming what works (--cpu), and the same
 # plan trains with --cpu on the same machine; mcc --emit=cuda refuses too.
 #   gpu_refused.sh BIN_DIR SOURCE_DIR WORK FAKE_DIR [PREC]
 set -uo pipefail
-bin=$1 src=$2 work=$3 fake=$4 prec=${5:-bf16}
+bin=$1 src=$2 work=$3 fake=$4 prec=${5:-fp16}
 rm -rf "$work"; mkdir -p "$work"; cd "$work"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 cfg=(-D layers=2 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=4 -D micro_batch=1)
