@@ -989,7 +989,8 @@ static int gpus_usable(const Args *a, int nranks, int say) {
   char msg[256] = "";
   const char *why = NULL;
   int n = 0;
-  if (a->cpu) why = "--cpu";
+  if (a->cpu && a->generate) why = "--generate runs on CPU ranks (the decode ops kv_write, attn_cached, rope_at and slice_at have no CUDA kernels yet)";
+  else if (a->cpu) why = "--cpu";
   else if (a->backend == RT_BACKEND_REF) why = "--backend ref runs on the CPU";
   else if ((n = rt_dev_cuda_count(msg, sizeof msg)) <= 0) {
     n = 0;
