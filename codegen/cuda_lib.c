@@ -12,10 +12,11 @@
 #include "cuda_priv.h"
 
 int cg_cuda_lib_op(IrOp op) {
-  if (cg_cuda_attn_op(op) || cg_cuda_moe_op(op)) return 1;
+  if (cg_cuda_attn_op(op) || cg_cuda_moe_op(op) || cg_cuda_decode_op(op)) return 1;
   switch (op) {
   case IR_OP_EMBEDDING: case IR_OP_EMBEDDING_BWD: case IR_OP_CLIP_COEF: case IR_OP_ACCUM: case IR_OP_ZERO:
-  case IR_OP_ASSIGN: case IR_OP_SHARD_SLICE: case IR_OP_ROPE: case IR_OP_TAKE: case IR_OP_ONEHOT: case IR_OP_PAD_FILL:
+  case IR_OP_ASSIGN: case IR_OP_SHARD_SLICE: case IR_OP_ROPE: case IR_OP_ROPE_AT: case IR_OP_TAKE: case IR_OP_ONEHOT:
+  case IR_OP_PAD_FILL:
     return 1;
   default:
     return 0;
@@ -84,6 +85,7 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
   if (cg_cuda_attn_op(nd->op)) return cg_cuda_attn_kernel(m, b, i, name, src, l, nl, scratch, why, whylen);
   if (cg_cuda_moe_op(nd->op)) return cg_cuda_moe_kernel(m, b, i, name, src, l, nl, scratch, why, whylen);
   if (guard_16(m, b, nd, why, whylen)) return 1;
+  if (cg_cuda_decode_op(nd->op)) return cg_cuda_decode_kernel(m, b, i, name, src, l, nl, scratch, why, whylen);
   char blk[512];
   int64_t nb;
   switch (nd->op) {
@@ -194,7 +196,8 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
     *nl = 1;
     return 0;
   }
-  case IR_OP_ROPE: {   /* b0 x[..., T at axis, ..., D], b1 y: pairs (i, i + D/2) rotate by pos * base^(-2i/D) */
+  case IR_OP_ROPE:      /* b0 x[..., T at axis, ..., D], b1 y: pairs (i, i + D/2) rotate by pos * base^(-2i/D) */
+  case IR_OP_ROPE_AT: {   /* b0 x, b1 pos i32[] (the first position: pass decode), b2 y */
     const IrType *t = &nd->type;
     int ax = (int)(nd->ia[0] < 0 ? nd->ia[0] + t->rank : nd->ia[0]);
     if (ax < 0 || ax >= t->rank - 1 || t->dim[t->rank - 1] % 2) { snprintf(why, whylen, "bad axis or odd last dim"); return 1; }
@@ -219,11 +222,13 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
     const char *T = ctype(t->dtype);
     char base[40];
     cg_cuda_dlit(base, sizeof base, nd->fa[0]);
+    int at = nd->op == IR_OP_ROPE_AT;
     CG_CUDA_HEAD(src, name, 0);
-    sb_printf(src, "  const %s *x = (const %s *)a.b[0];\n  %s *y = (%s *)a.b[1];\n", T, T, T, T);
+    sb_printf(src, "  const %s *x = (const %s *)a.b[0];\n  %s *y = (%s *)a.b[%d];\n  const long long p0 = %s;\n", T, T, T,
+              T, at ? 2 : 1, at ? "((const int *)a.b[1])[0]" : "0");
     CG_CUDA_GRID_LOOP(src, "e", rows * h);
     sb_printf(src, "    const long long r = e / %lldLL, i = e %% %lldLL, l = r / %lldLL %% %lldLL;\n"
-                   "    const double p = (double)%s;\n"
+                   "    const double p = (double)(p0 + %s);\n"
                    "    const double th = %s * p * pow(%s, -2.0 * (double)i / %lld.0);\n"
                    "    const double c = cos(th), s = sin(th), x1 = x[r * %lldLL + i], x2 = x[r * %lldLL + i + %lldLL];\n"
                    "    y[r * %lldLL + i] = (%s)(x1 * c - x2 * s);\n"

@@ -31,4 +31,10 @@ int cg_cuda_moe_op(IrOp op);
 int cg_cuda_moe_kernel(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src,
                        CgCudaLaunch *l, int *nl, int64_t *scratch, char *why, size_t whylen);
 
+/* The generation ops' kernels (cuda_decode.c): kv_write, slice_at,
+ * attn_cached (rope_at is rope's, cuda_lib.c).  Same contract. */
+int cg_cuda_decode_op(IrOp op);
+int cg_cuda_decode_kernel(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src,
+                          CgCudaLaunch *l, int *nl, int64_t *scratch, char *why, size_t whylen);
+
 #endif

@@ -357,7 +357,6 @@ static int check_generate_args(Args *a) {
     return -1;
   }
   if (a->max_tokens < 0) { fprintf(stderr, "mrun: --generate needs --max-tokens N (new tokens)\n"); return -1; }
-  a->cpu = 1;   /* the decode ops (kv_write, attn_cached, ...) have no GPU kernels yet: CPU ranks */
   if (a->temperature < 0) a->temperature = 0;
   if (a->top_k < 0) a->top_k = 0;
   if (a->top_p < 0) a->top_p = 1;
@@ -989,8 +988,7 @@ static int gpus_usable(const Args *a, int nranks, int say) {
   char msg[256] = "";
   const char *why = NULL;
   int n = 0;
-  if (a->cpu && a->generate) why = "--generate runs on CPU ranks (the decode ops kv_write, attn_cached, rope_at and slice_at have no CUDA kernels yet)";
-  else if (a->cpu) why = "--cpu";
+  if (a->cpu) why = "--cpu";
   else if (a->backend == RT_BACKEND_REF) why = "--backend ref runs on the CPU";
   else if ((n = rt_dev_cuda_count(msg, sizeof msg)) <= 0) {
     n = 0;

@@ -36,6 +36,11 @@
  *   test_emu_lib vocab  take, onehot and pad_fill on a dim split over
  *                         tp = 2, both coordinates: global indices, ids in
  *                         the other rank's block and the ignored id
+ *   test_emu_lib decode   the generation ops at a run-time position (the
+ *                         input "pos"): kv_write into two caches, rope_at,
+ *                         slice_at, attn_cached (grouped-query, windows,
+ *                         1 to 5 new rows), f32 and f64 (nvrtc: with a
+ *                         cache of 1024 positions)
  *   test_emu_lib moe_overflow  moe_perm with more routed (token, expert)
  *                         pairs than rows (an internal error the CPU
  *                         refuses; a kernel cannot fail, so it poisons row
@@ -425,6 +430,57 @@ static void test_vocab(RtDev *d) {
   case_nfeeds = 0;
 }
 
+/* The generation ops (pass decode; codegen/cuda_decode.c) at a position
+ * read from the i32 input "pos": Tq new rows written into caches of Tk
+ * positions (kv_write: the caches are out states, so the rows around them
+ * are compared too), rope_at, slice_at of the cache, and attn_cached over
+ * keys 0 .. pos + i (rows before pos still zero), grouped-query (Hq 4,
+ * Hkv 2), with and without a window. */
+static char *decode_text(const char *dt, int Tq, int Tk, int window) {
+  Mod m = {.dt = dt, .sh = ""};
+  char qs[64], ks[64], xs[64];
+  shp(qs, sizeof qs, 2, 4, Tq, 8);
+  shp(ks, sizeof ks, 2, 2, Tk, 8);
+  shp(xs, sizeof xs, 2, 2, Tq, 8);
+  sb_printf(&m.body, "  %%%d = input \"pos\" : i32[]\n", m.n);
+  int pos = m.n++;
+  int q = m_state(&m, "q", qs, "normal(0.0, 1.0)"), x = m_state(&m, "x", xs, "normal(0.0, 1.0)");
+  int xr = m_op(&m, xs, "rope_at %%%d, %%%d axis=2 inverse=0 base=1e+04", x, pos);
+  const char *cache[2] = {"out_k", "out_v"};
+  int kv[2];
+  for (int c = 0; c < 2; c++) {
+    sb_printf(&m.st, "state @%s : %s%s cache\n", cache[c], dt, ks);
+    sb_printf(&m.body, "  kv_write %%%d, %%%d @%s axis=2\n", c ? x : xr, pos, cache[c]);
+    sb_printf(&m.body, "  %%%d = state @%s : %s%s\n", m.n + 1, cache[c], dt, ks);
+    m.n++;
+    kv[c] = m.n++;
+  }
+  m_out(&m, m_op(&m, qs, "attn_cached %%%d, %%%d, %%%d, %%%d window=%d scale=0.35355339059327373", q, kv[0], kv[1], pos,
+                 window),
+        qs);
+  m_out(&m, m_op(&m, xs, "slice_at %%%d, %%%d axis=2 size=%d", kv[1], pos, Tq), xs);
+  return m_text(&m, 1, 1);
+}
+
+static void test_decode(RtDev *d) {
+  static int32_t pos;
+  RtFeed f = {"pos", &pos};
+  case_feeds = &f;
+  case_nfeeds = 1;
+  static const int cases[][4] = {{1, 12, 0, 0}, {1, 12, 0, 11}, {1, 12, 4, 7}, {5, 12, 0, 3}, {3, 40, 6, 20}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (int t = 0; t < 2; t++) {
+      int Tq = cases[i][0], Tk = cases[i][1], w = cases[i][2];
+      pos = cases[i][3];
+      char label[96], *text = decode_text(dts[t], Tq, Tk, w);
+      snprintf(label, sizeof label, "decode Tq%d Tk%d pos%d window%d %s", Tq, Tk, (int)pos, w, dts[t]);
+      run_case(d, text, 1, 0, label);
+      free(text);
+    }
+  case_feeds = NULL;
+  case_nfeeds = 0;
+}
+
 /* moe_perm of 6 tokens all routed to 3 experts (18 pairs) into 8 rows:
  * the pairs past row 7 poison row 0, in every emulator order (the NaN
  * once came from the scatter itself, where a thread writing row 0's real
@@ -536,6 +592,13 @@ static void test_nvrtc(void) {
       nvrtc_module(text, label);
       free(text);
     }
+  for (int t = 0; t < 2; t++) {   /* the generation ops, a cache of GPT-2's 1024 positions */
+    char *text = decode_text(dts[t], 1, 1024, 0), label[64];
+    snprintf(label, sizeof label, "decode cache 1024 %s", dts[t]);
+    printf("%s\n", label);
+    nvrtc_module(text, label);
+    free(text);
+  }
   {   /* head_dim 6 in f32: the double path's dk + dv kernel on float operands */
     static const Case odd = {1, 4, 2, 13, 6, 1};
     char *text = grads_text(&odd, "f32", 1, 5, 7);
@@ -578,8 +641,9 @@ int main(int argc, char **argv) {
     else if (strcmp(what, "docs") == 0) test_docs(d);
     else if (strcmp(what, "grads") == 0) test_grads(d);
     else if (strcmp(what, "vocab") == 0) test_vocab(d);
+    else if (strcmp(what, "decode") == 0) test_decode(d);
     else if (strcmp(what, "moe_overflow") == 0) test_moe_overflow(d);
-    else { fprintf(stderr, "usage: test_emu_lib fused|ring|docs|grads|vocab|moe_overflow|nvrtc\n"); return 2; }
+    else { fprintf(stderr, "usage: test_emu_lib fused|ring|docs|grads|vocab|decode|moe_overflow|nvrtc\n"); return 2; }
     long long launches = 0;
     ts_emu_dev_counts(d, &launches, NULL, NULL);
     printf("emulated device: %lld launches\n", launches);

@@ -29,6 +29,7 @@
 #include "runtime/exec/train.h"
 #include "emu_host.h"
 #include <dlfcn.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,12 +102,27 @@ int main(int argc, char **argv) {
    * (--no-overlap-grad-reduce), whose collectives overlap the square sums */
   const char *bk = getenv("FAKE_GPU_DP_BUCKET");
   int64_t bucket = bk ? atoll(bk) : 0;
+  /* FAKE_GPU_GENERATE=N: instead of training, N greedy tokens from the
+   * prompt "Tessera" (a plan compiled with mcc --decode: the prefill and
+   * step blocks, pass decode's kv_write / attn_cached / rope_at /
+   * slice_at), each checked against the argmax of a full forward on the
+   * same ranks (--generate-check); the GPU's ids must be the CPU's */
+  const char *gen = getenv("FAKE_GPU_GENERATE");
+  RtGenOpts go = {.prompt = "Tessera", .prompt_len = 7, .max_tokens = gen ? atoll(gen) : 0, .top_p = 1,
+                  .check_full = 1, .print_ids = 1, .quiet = 1};
+  char gc[1024], gd[1024];
+  snprintf(gc, sizeof gc, "%s/cpu.gen", dir);
+  snprintf(gd, sizeof gd, "%s/gpu.gen", dir);
+  FILE *gen_log = gen ? fopen(gc, "w") : NULL;
+  if (gen && !gen_log) rt_comm_abort(world, "%s: %s", gc, strerror(errno));
   /* CPU ranks */
   RtExecOpts xo = {.backend = RT_BACKEND_LLVM, .threads = 1, .dp_bucket_bytes = bucket, .no_overlap = !bk};
   rt_exec_set_default(&xo);
   RtTrainOpts to = {.quiet = 1, .metrics_path = mc, .save_params_path = pc, .rank = &rank, .world = world};
+  if (gen) to = (RtTrainOpts){.quiet = 1, .rank = &rank, .world = world, .generate = &go, .log = gen_log};
   RtTrainResult res;
   if (rt_train(m, &to, &res, err, sizeof err) != 0) rt_comm_abort(world, "CPU run: %s", err);
+  if (gen_log) fclose(gen_log);
   long long cpu_buckets = res.dp_buckets;
 
   /* GPU ranks over the fakes */
@@ -139,9 +155,30 @@ int main(int argc, char **argv) {
                      .no_overlap = !bk};
   rt_exec_set_default(&gxo);
   RtTrainOpts tg = to;
-  tg.metrics_path = md;
-  tg.save_params_path = pd;
+  tg.metrics_path = gen ? NULL : md;
+  tg.save_params_path = gen ? NULL : pd;
+  if (gen && !(tg.log = fopen(gd, "w"))) rt_comm_abort(world, "%s: %s", gd, strerror(errno));
   if (rt_train(m, &tg, &res, err, sizeof err) != 0) rt_comm_abort(world, "GPU run: %s", err);
+  if (gen) {
+    fclose(tg.log);
+    if (me == 0) {
+      char a[4096] = "", b[4096] = "";
+      FILE *fa = fopen(gc, "r"), *fb = fopen(gd, "r");
+      size_t na = fa ? fread(a, 1, sizeof a - 1, fa) : 0, nb = fb ? fread(b, 1, sizeof b - 1, fb) : 0;
+      if (fa) fclose(fa);
+      if (fb) fclose(fb);
+      a[na] = b[nb] = 0;
+      printf("CPU ranks:\n%sGPU ranks:\n%s", a, b);
+
+      const char *ia = strstr(a, "ids:"), *ib = strstr(b, "ids:");
+      size_t la = ia ? strcspn(ia, "\n") : 0, lb = ib ? strcspn(ib, "\n") : 0;
+      CHECK(la > 5 && la == lb && memcmp(ia, ib, la) == 0, "the GPU generated other tokens than the CPU");
+      CHECK(strstr(b, "tokens equal the full forward's argmax"), "the GPU's tokens are not the full forward's argmax");
+    }
+    printf("rank %d: %lld kernels run by the emulator\n", me, emu_launches);
+    CHECK(emu_launches > 0, "no kernel ran");
+    goto finish;   /* the checks below are of training */
+  }
 
   void *comm_stream = dev->ops->stream_handle(dev, RT_STREAM_COMM);
   void *nccl = dlopen("libnccl.so.2", RTLD_NOW | RTLD_NOLOAD);
@@ -221,6 +258,7 @@ int main(int argc, char **argv) {
     rt_params_free(a);
     rt_params_free(b);
   }
+finish:;
   double bad = check_bad();
   if (rt_comm_all_reduce(world, IR_F64, &bad, 1, err, sizeof err) != 0) rt_comm_abort(world, "%s", err);
   rt_rank_gpu_groups_free(&rank);
