@@ -61,16 +61,27 @@ typedef struct { int f32; } CgLowerOpts;
 /* cg_lower_group_users with options (o NULL: the defaults, f64). */
 CgKernel *cg_lower_group_opts(const IrModule *m, const IrBlock *b, const CgUsers *u, const int *nodes, int n,
                               CgGroupIO *io, const CgLowerOpts *o, char *err, size_t errlen);
-/* The multi-tensor AdamW kernel of a run of adamw nodes (the executor's,
- * runtime/exec/exec_jit.c): param dtype T, clip coefficient dtype TC,
- * fa = {b1, b2, eps} baked in as constants, buffers declared with `cnt`
- * elements: coef [1], grad, scalars f64 {lr, 1 - b1^t, 1 - b2^t, wd}, then
- * param, m, v (written, in place).  The reference's arithmetic in f64 in
- * the same order (runtime/cpu/ops_ref_t.h, adamw_range):
- *   g = grad * coef;  m' = b1 m + (1 - b1) g;  v' = b2 v + ((1 - b2) g) g
- *   w' = w - lr (m'/c1 / (sqrt(v'/c2) + eps) + wd w)
- * NULL if the kernel does not verify. */
-CgKernel *cg_lower_adamw(IrDtype T, IrDtype TC, const double *fa, int64_t cnt);
+/* The kernel of one tensor of a multi-tensor optimizer step (the
+ * executor's, runtime/exec/exec_jit.c), for op adamw, sgd, lion or
+ * lr_step: param dtype T, clip coefficient dtype TC, the rule's constant
+ * attributes fa[0 .. nkey) baked in (adamw b1 b2 eps; sgd mom nesterov;
+ * lion b1 b2; lr_step none), buffers declared with `cnt` elements:
+ *   [coef [1],] grad (lr_step: its update x), scalars f64 [4], param,
+ *   then the nmom moments (adamw m v; sgd buf; lion m), written in place.
+ * Scalars per tensor: adamw {lr, 1 - b1^t, 1 - b2^t, wd}; sgd and lion
+ * {lr, 0, 0, wd}; lr_step {lr, scale, 0, wd}.  The reference's arithmetic
+ * in f64 in the same order (runtime/cpu/ops_ref_t.h, *_range):
+ *   adamw  g = grad coef; m' = b1 m + (1 - b1) g; v' = b2 v + ((1 - b2) g) g
+ *          w' = w - lr (m'/c1 / (sqrt(v'/c2) + eps) + wd w)
+ *   sgd    d = g + wd w; b' = mom b + d; w' = w - lr (nesterov ? d + mom b' : b')
+ *   lion   c = b1 m + (1 - b1) g; w' = w (1 - lr wd) - lr sign(c); m' = b2 m + (1 - b2) g
+ *   lr_step w' = w (1 - lr wd) - (lr scale) x
+ * NULL for another op or if the kernel does not verify. */
+CgKernel *cg_lower_opt_step(IrOp op, IrDtype T, IrDtype TC, const double *fa, int64_t cnt);
+/* The buffers of op's step kernel: returns its operand count (2 with a
+ * clip coefficient, 1 for lr_step; 0: not an optimizer step), and sets
+ * the moment states it updates and the constant attributes it bakes in. */
+int cg_opt_step_layout(IrOp op, int *nmom, int *nkey);
 /* Whether op can be part of a group (or be a group of one node). */
 int cg_op_lowerable(IrOp op);
 /* Whether op is a row op over the last axis (softmax, the norms,

@@ -887,36 +887,77 @@ done:
   return k;
 }
 
-/* ---- AdamW (cg.h, cg_lower_adamw) ---- */
+/* ---- optimizer steps (cg.h, cg_lower_opt_step) ----
+ * One lowering for every update rule: the buffers and the per-tensor
+ * scalars are the same for all (cg_opt_step_layout), the rule is the
+ * arithmetic in the middle, written in the reference's order
+ * (runtime/cpu/ops_ref_t.h: adamw_range, sgd_range, lion_range,
+ * lr_step_range) so that every element gets the reference's bits. */
 
-CgKernel *cg_lower_adamw(IrDtype T, IrDtype TC, const double *fa, int64_t cnt) {
+int cg_opt_step_layout(IrOp op, int *nmom, int *nkey) {
+  switch (op) {
+  case IR_OP_ADAMW: *nmom = 2; *nkey = 3; return 2;   /* b1 b2 eps */
+  case IR_OP_SGD: *nmom = 1; *nkey = 2; return 2;     /* mom nesterov */
+  case IR_OP_LION: *nmom = 1; *nkey = 2; return 2;    /* b1 b2 */
+  case IR_OP_LR_STEP: *nmom = 0; *nkey = 0; return 1; /* (scale and wd come per tensor) */
+  default: return 0;
+  }
+}
+
+CgKernel *cg_lower_opt_step(IrOp op, IrDtype T, IrDtype TC, const double *fa, int64_t cnt) {
+  int nmom, nkey, nin = cg_opt_step_layout(op, &nmom, &nkey);
+  if (nin == 0) return NULL;
   CgType t = cg_type_of_dtype(T);
   char name[64];
-  snprintf(name, sizeof name, "adamw_multi_%s", ir_dtype_name(T));
+  snprintf(name, sizeof name, "%s_multi_%s", ir_ops[op].name, ir_dtype_name(T));
   CgKernel *k = cg_kernel_new(name, cnt);
-  int bc = cg_buf(k, cg_type_of_dtype(TC), 1, 0), bg = cg_buf(k, t, cnt, 0), bs = cg_buf(k, CG_F64, 4, 0);
-  int bw = cg_buf(k, t, cnt, 1), bm = cg_buf(k, t, cnt, 1), bv = cg_buf(k, t, cnt, 1);
-  double b1 = fa[0], b2 = fa[1], eps = fa[2];
+  /* (coef [1],) grad or update x, scalars f64 [4], param, moments */
+  int bc = nin == 2 ? cg_buf(k, cg_type_of_dtype(TC), 1, 0) : -1, bg = cg_buf(k, t, cnt, 0);
+  int bs = cg_buf(k, CG_F64, 4, 0), bw = cg_buf(k, t, cnt, 1);
+  int bm = nmom > 0 ? cg_buf(k, t, cnt, 1) : -1, bv = nmom > 1 ? cg_buf(k, t, cnt, 1) : -1;
 #define C(x) cg_const_f(k, CG_F64, (x))
 #define LD(buf, i) cg_cast(k, CG_F64, cg_load(k, (buf), (i)))
+#define B(o, x, y) cg_bin(k, CG_##o, (x), (y))
   int gid = cg_gid(k), z = cg_const_i(k, CG_I64, 0);
-  int lr = cg_load(k, bs, z), c1 = cg_load(k, bs, cg_const_i(k, CG_I64, 1)), c2 = cg_load(k, bs, cg_const_i(k, CG_I64, 2));
-  int wd = cg_load(k, bs, cg_const_i(k, CG_I64, 3));
-  int g = cg_bin(k, CG_MUL, LD(bg, gid), LD(bc, z));
-  int mi = cg_bin(k, CG_ADD, cg_bin(k, CG_MUL, C(b1), LD(bm, gid)), cg_bin(k, CG_MUL, C(1.0 - b1), g));
-  int vi = cg_bin(k, CG_ADD, cg_bin(k, CG_MUL, C(b2), LD(bv, gid)),
-                  cg_bin(k, CG_MUL, cg_bin(k, CG_MUL, C(1.0 - b2), g), g));
-  int wv = LD(bw, gid);
-  int mh = cg_bin(k, CG_DIV, mi, c1), vh = cg_bin(k, CG_DIV, vi, c2);
-  int upd = cg_bin(k, CG_ADD, cg_bin(k, CG_DIV, mh, cg_bin(k, CG_ADD, cg_un(k, CG_SQRT, vh), C(eps))),
-                   cg_bin(k, CG_MUL, wd, wv));
-  int wn = cg_bin(k, CG_SUB, wv, cg_bin(k, CG_MUL, lr, upd));
+  int lr = cg_load(k, bs, z), s1 = cg_load(k, bs, cg_const_i(k, CG_I64, 1));
+  int s2 = cg_load(k, bs, cg_const_i(k, CG_I64, 2)), wd = cg_load(k, bs, cg_const_i(k, CG_I64, 3));
+  int wv = LD(bw, gid), g = bc >= 0 ? B(MUL, LD(bg, gid), LD(bc, z)) : LD(bg, gid);
+  int wn, m1 = -1, v1 = -1;
+  switch (op) {
+  case IR_OP_ADAMW: {   /* s = {lr, 1 - b1^t, 1 - b2^t, wd} */
+    double b1 = fa[0], b2 = fa[1], eps = fa[2];
+    m1 = B(ADD, B(MUL, C(b1), LD(bm, gid)), B(MUL, C(1.0 - b1), g));
+    v1 = B(ADD, B(MUL, C(b2), LD(bv, gid)), B(MUL, B(MUL, C(1.0 - b2), g), g));
+    int mh = B(DIV, m1, s1), vh = B(DIV, v1, s2);
+    wn = B(SUB, wv, B(MUL, lr, B(ADD, B(DIV, mh, B(ADD, cg_un(k, CG_SQRT, vh), C(eps))), B(MUL, wd, wv))));
+    break;
+  }
+  case IR_OP_SGD: {   /* s = {lr, -, -, wd}: d = g + wd w; buf = mom buf + d; w -= lr (nesterov ? d + mom buf : buf) */
+    int d = B(ADD, g, B(MUL, wd, wv));
+    m1 = B(ADD, B(MUL, C(fa[0]), LD(bm, gid)), d);
+    int step = fa[1] != 0 ? B(ADD, d, B(MUL, C(fa[0]), m1)) : m1;
+    wn = B(SUB, wv, B(MUL, lr, step));
+    break;
+  }
+  case IR_OP_LION: {   /* s = {lr, -, -, wd}: w = w (1 - lr wd) - lr sign(b1 m + (1 - b1) g); m = b2 m + (1 - b2) g */
+    int m0 = LD(bm, gid), c = B(ADD, B(MUL, C(fa[0]), m0), B(MUL, C(1.0 - fa[0]), g));
+    int sg = cg_select(k, B(LT, C(0.0), c), C(1.0), cg_select(k, B(LT, c, C(0.0)), C(-1.0), C(0.0)));
+    wn = B(SUB, B(MUL, wv, B(SUB, C(1.0), B(MUL, lr, wd))), B(MUL, lr, sg));
+    m1 = B(ADD, B(MUL, C(fa[1]), m0), B(MUL, C(1.0 - fa[1]), g));
+    break;
+  }
+  default: /* IR_OP_LR_STEP, s = {lr, scale, -, wd}: w = w (1 - lr wd) - lr scale x */
+    wn = B(SUB, B(MUL, wv, B(SUB, C(1.0), B(MUL, lr, wd))), B(MUL, B(MUL, lr, s1), g));
+    break;
+  }
+  (void)s2;
   /* every value is computed before the stores (in place, element by element) */
-  cg_store(k, bm, gid, cg_cast(k, t, mi));
-  cg_store(k, bv, gid, cg_cast(k, t, vi));
+  if (m1 >= 0) cg_store(k, bm, gid, cg_cast(k, t, m1));
+  if (v1 >= 0) cg_store(k, bv, gid, cg_cast(k, t, v1));
   cg_store(k, bw, gid, cg_cast(k, t, wn));
 #undef C
 #undef LD
+#undef B
   char err[256];
   if (cg_kernel_verify(k, err, sizeof err) != 0) { cg_kernel_free(k); return NULL; }
   return k;

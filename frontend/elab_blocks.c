@@ -226,6 +226,7 @@ static int train_overrides(Elab *e, IrTrain *t, int *have_decay, int *gb_at) {
     else if (!strcmp(k, "eps")) train_range(e, &v, what, 0, INFINITY, 1, &t->eps);
     else if (!strcmp(k, "momentum")) train_range(e, &v, what, 0, 1, 0, &t->momentum);
     else if (!strcmp(k, "muon_momentum")) train_range(e, &v, what, 0, 1, 0, &t->muon_momentum);
+    else if (!strcmp(k, "muon_adamw_lr")) train_range(e, &v, what, 0, INFINITY, 0, &t->muon_adamw_lr);
     else if (!strcmp(k, "muon_ns_steps")) { if (!train_int(e, &v, what, 1, &n)) t->muon_ns_steps = (int)(n < 1000 ? n : 1000); }
     else if (!strcmp(k, "nesterov")) { if (!train_int(e, &v, what, 0, &n)) t->nesterov = n != 0; }
     else if (!strcmp(k, "wsd_decay_steps")) train_int(e, &v, what, 1, &t->wsd_decay_steps);
@@ -260,11 +261,11 @@ void elab_train(Elab *e) {
        * adamw group uses too) */
       static const char *const fns[] = {"adamw", "sgd", "lion", "muon", NULL},
                                *const names[] = {"lr", "betas", "eps", "weight_decay", "momentum", "nesterov",
-                                                 "ns_steps", NULL};
-      static const char takes[4][8] = {{1, 1, 1, 1, 0, 0, 0}, {1, 0, 0, 1, 1, 1, 0}, {1, 1, 0, 1, 0, 0, 0},
-                                       {1, 1, 1, 1, 1, 1, 1}};
-      Value b[8];
-      for (int q = 0; q < 8; q++) b[q].k = V_UNSET;
+                                                 "ns_steps", "adamw_lr", NULL};
+      static const char takes[4][8] = {{1, 1, 1, 1, 0, 0, 0, 0}, {1, 0, 0, 1, 1, 1, 0, 0}, {1, 1, 0, 1, 0, 0, 0, 0},
+                                       {1, 1, 1, 1, 1, 1, 1, 1}};
+      Value b[9];
+      for (int q = 0; q < 9; q++) b[q].k = V_UNSET;
       if (train_call(e, kv, fns, &which, names, b)) continue;
       int bad = 0;
       for (int q = 0; names[q]; q++)
@@ -281,6 +282,7 @@ void elab_train(Elab *e) {
         if (b[5].k != V_BOOL && b[5].k != V_INT) elab_error(e, b[5].loc, "train: nesterov must be true or false");
         else t.nesterov = b[5].i != 0;
       }
+      if (b[7].k != V_UNSET) train_range(e, &b[7], "adamw_lr", 0, INFINITY, 0, &t.muon_adamw_lr);
       if (b[6].k != V_UNSET) {
         int64_t ns;
         if (!train_int(e, &b[6], "ns_steps", 1, &ns)) t.muon_ns_steps = (int)(ns < 1000 ? ns : 1000);
@@ -354,7 +356,11 @@ void elab_train(Elab *e) {
                gb_at == -2 ? " (from the command line)" : "", (long long)t.micro_batch);
   }
   if (!have_decay) t.decay_steps = t.steps;
-  if (t.nesterov < 0) t.nesterov = t.optimizer == IR_OPT_MUON;   /* Muon's reference uses Nesterov, torch's SGD not */
+  if (t.nesterov < 0) t.nesterov = t.optimizer == IR_OPT_MUON;
+  if (t.muon_adamw_lr > 0 && t.optimizer != IR_OPT_MUON)
+    elab_error(e, no_loc, "train: muon_adamw_lr (--muon-adamw-lr) is the lr of Muon's AdamW group, and the optimizer "
+               "is %s: give --optimizer muon, or leave it out (%s has one lr, --lr)", ir_optimizer_name(t.optimizer),
+               ir_optimizer_name(t.optimizer));   /* Muon's reference uses Nesterov, torch's SGD not */
   MdlLoc sched_at = no_loc;   /* the schedule's line, for its refusals */
   for (int j = 0; j < p->ntrain; j++)
     if (!strcmp(p->train[j].name, "schedule")) sched_at = p->train[j].loc;

@@ -281,6 +281,7 @@ void ir_train_defaults(IrTrain *t) {
   t->nesterov = 0;
   t->muon_momentum = 0.95;  /* Muon's reference default */
   t->muon_ns_steps = 5;
+  t->muon_adamw_lr = 0;     /* the AdamW group at Muon's lr, as before there was a choice */
   t->schedule = IR_SCHED_CONSTANT;
   t->wsd_style = IR_WSD_LINEAR;
   t->wsd_decay_steps = 0;

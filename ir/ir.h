@@ -230,6 +230,8 @@ typedef struct {
   int nesterov;             /* sgd and muon: Nesterov momentum */
   double muon_momentum;     /* muon's momentum */
   int muon_ns_steps;        /* muon's Newton-Schulz iterations */
+  double muon_adamw_lr;     /* muon: the lr of its AdamW group (the parameters that are not hidden matrices),
+                               scaling the whole schedule by muon_adamw_lr / lr; 0: the group runs at lr */
   IrMuonTp muon_tp;         /* muon: a tp-split matrix's collectives */
   IrSchedule schedule;
   IrWsdStyle wsd_style;     /* wsd: the final decay's shape */
@@ -249,6 +251,13 @@ typedef struct {
 /* The number format a plan's GEMMs compute in: the 16-bit type of
  * --precision bf16 / fp16 (lowp), else the precision. */
 static inline IrDtype ir_train_dtype(const IrTrain *t) { return t->lowp != IR_VOID ? t->lowp : t->precision; }
+/* The lr of the adamw nodes at schedule lr `lr`: Muon's AdamW group with
+ * its own lr runs at lr * muon_adamw_lr / t->lr (the whole schedule scaled,
+ * as torch's per-group schedulers scale each group's base lr); else lr. */
+static inline double ir_train_adamw_lr(const IrTrain *t, double lr) {
+  if (t->optimizer != IR_OPT_MUON || !(t->muon_adamw_lr > 0) || !(t->lr > 0)) return lr;
+  return lr * (t->muon_adamw_lr / t->lr);
+}
 
 /* dp = 0: whatever remains.  sp: sequence parallelism (tp > 1).
  * zero: distributed optimizer (ZeRO-1) when dp > 1 (default 1).

@@ -335,7 +335,7 @@ static int parse_train(P *p) {
 #define IKEY(n) else if (strcmp(k, #n) == 0) { r = parse_int(p, &iv); t->n = iv; }
     if (0) {}
     FKEY(lr); FKEY(beta1); FKEY(beta2); FKEY(eps); FKEY(weight_decay); FKEY(min_lr); FKEY(clip_grad);
-    FKEY(momentum); FKEY(muon_momentum);
+    FKEY(momentum); FKEY(muon_momentum); FKEY(muon_adamw_lr);
     IKEY(warmup) IKEY(decay_steps) IKEY(global_batch) IKEY(micro_batch) IKEY(seq_len) IKEY(steps)
     IKEY(nesterov) IKEY(muon_ns_steps) IKEY(wsd_decay_steps)
     else if (strcmp(k, "optimizer") == 0 || strcmp(k, "wsd_style") == 0 || strcmp(k, "muon_tp") == 0) {

@@ -147,6 +147,7 @@ void ir_print_module(const IrModule *m, StrBuf *out) {
     if (t->optimizer == IR_OPT_MUON) {
       sb_puts(out, " muon_momentum="); put_double(out, t->muon_momentum);
       sb_printf(out, " muon_ns_steps=%d", t->muon_ns_steps);
+      if (t->muon_adamw_lr > 0) { sb_puts(out, " muon_adamw_lr="); put_double(out, t->muon_adamw_lr); }
       if (t->muon_tp != IR_MUON_TP_AUTO) sb_printf(out, " muon_tp=%s", ir_muon_tp_name(t->muon_tp));
     }
     if (t->optimizer == IR_OPT_SGD || t->optimizer == IR_OPT_MUON) sb_printf(out, " nesterov=%d", t->nesterov);

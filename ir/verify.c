@@ -432,7 +432,7 @@ static int train_check(const IrModule *m, char *err, size_t errlen) {
       {"beta2", t->beta2, 0, 1, 0, 1},            {"eps", t->eps, 0, INFINITY, 1, 0},
       {"weight_decay", t->weight_decay, 0, INFINITY, 0, 0}, {"min_lr", t->min_lr, 0, INFINITY, 0, 0},
       {"clip_grad", t->clip_grad, 0, INFINITY, 0, 0},  {"momentum", t->momentum, 0, 1, 0, 1},
-      {"muon_momentum", t->muon_momentum, 0, 1, 0, 1},
+      {"muon_momentum", t->muon_momentum, 0, 1, 0, 1}, {"muon_adamw_lr", t->muon_adamw_lr, 0, INFINITY, 0, 0},
   };
   for (size_t k = 0; k < sizeof r / sizeof r[0]; k++) {
     double x = r[k].v;

@@ -76,22 +76,30 @@ int plan_epilogue_members(const PlanEpilogue *e, int *mem) {
   return n;
 }
 
-/* ---- AdamW runs ---- */
+/* ---- optimizer step runs ---- */
 
-/* Can the generated multi-tensor AdamW take node i (node-level facts; the
- * executor also checks the states)? */
-static int adamw_ok(const IrBlock *b, const IrNode *n) {
-  if (n->op != IR_OP_ADAMW || n->nin != 2) return 0;
-  const IrNode *coef = &b->nodes[n->in[0]], *gr = &b->nodes[n->in[1]];
-  return (gr->type.dtype == IR_F32 || gr->type.dtype == IR_F64) && ir_dtype_is_float(coef->type.dtype) &&
-         ir_type_numel(&coef->type) == 1;
+/* Can the generated multi-tensor step take node i (adamw, sgd, lion,
+ * lr_step; node-level facts, the executor also checks the states)? */
+static int opt_ok(const IrBlock *b, const IrNode *n) {
+  int nmom, nkey, nin = cg_opt_step_layout(n->op, &nmom, &nkey);
+  if (nin == 0 || n->nin != nin) return 0;
+  const IrNode *gr = &b->nodes[n->in[nin - 1]];
+  if (gr->type.dtype != IR_F32 && gr->type.dtype != IR_F64) return 0;
+  if (nin == 1) return 1;
+  const IrNode *coef = &b->nodes[n->in[0]];
+  return ir_dtype_is_float(coef->type.dtype) && ir_type_numel(&coef->type) == 1;
 }
 
-/* Same dtypes and the same b1, b2, eps (baked into the kernel as
- * constants; lr, the bias corrections and wd come per tensor). */
-static int adamw_same_key(const IrBlock *b, const IrNode *x, const IrNode *y) {
-  return b->nodes[x->in[1]].type.dtype == b->nodes[y->in[1]].type.dtype &&
-         b->nodes[x->in[0]].type.dtype == b->nodes[y->in[0]].type.dtype && memcmp(x->fa, y->fa, 3 * sizeof x->fa[0]) == 0;
+/* The same op, dtypes and constant attributes (adamw's b1, b2, eps ...,
+ * baked into the kernel: cg_opt_step_layout; lr, wd and the rest come per
+ * tensor). */
+static int opt_same_key(const IrBlock *b, const IrNode *x, const IrNode *y) {
+  int nmom, nkey;
+  if (x->op != y->op || x->nin != y->nin) return 0;
+  cg_opt_step_layout(x->op, &nmom, &nkey);
+  for (int k = 0; k < x->nin; k++)
+    if (b->nodes[x->in[k]].type.dtype != b->nodes[y->in[k]].type.dtype) return 0;
+  return memcmp(x->fa, y->fa, (size_t)nkey * sizeof x->fa[0]) == 0;
 }
 
 /* Does node n refer to a state in `written` (a STATE node of it, an
@@ -109,7 +117,7 @@ static int touches_written(const IrBlock *b, const IrNode *n, const unsigned cha
   return 0;
 }
 
-int plan_adamw_runs(const IrBlock *b, int *run_at) {
+int plan_opt_runs(const IrBlock *b, int *run_at) {
   int n = b->n, nst = 0, runs = 0;
   for (int i = 0; i < n; i++) {
     run_at[i] = -1;
@@ -123,16 +131,18 @@ int plan_adamw_runs(const IrBlock *b, int *run_at) {
 #define CLOSE()                                                              do {                                                                         if (first >= 0) {                                                            for (int j = first; j <= last; j++)                                          if (run_at[j] == -2) run_at[j] = last;                                   memset(written, 0, (size_t)(nst ? nst : 1));                               runs++;                                                                  }                                                                          first = last = -1;                                                       } while (0)
   for (int i = 0; i < n; i++) {
     const IrNode *nd = &b->nodes[i];
-    if (adamw_ok(b, nd)) {
-      if (first >= 0 && (!adamw_same_key(b, nd, &b->nodes[first]) || touches_written(b, nd, written, nst))) CLOSE();
+    if (opt_ok(b, nd)) {
+      if (first >= 0 && (!opt_same_key(b, nd, &b->nodes[first]) || touches_written(b, nd, written, nst))) CLOSE();
       if (first < 0) first = i;
       last = i;
       run_at[i] = -2;   /* in the open run */
-      for (int s = 0; s < 3; s++)
+      int nmom, nkey;
+      cg_opt_step_layout(nd->op, &nmom, &nkey);
+      for (int s = 0; s < 1 + nmom; s++)
         if (nd->ia[s] >= 0 && nd->ia[s] < nst) written[nd->ia[s]] = 1;
       continue;
     }
-    /* Between two adamws of a run, the launch happens later than the
+    /* Between two steps of a run, the launch happens later than the
      * original order says: nothing may write state there (an operand
      * could be a state read in place), nor read what the run wrote. */
     if (first >= 0 && ((ir_ops[nd->op].flags & OPF_EFFECT) || touches_written(b, nd, written, nst))) CLOSE();

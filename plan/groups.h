@@ -7,7 +7,8 @@
  *     a fusion group (IrNode.group);
  *   - a GEMM bias epilogue: one BLAS call with beta = 1 into the add's
  *     buffer pre-filled with the broadcast bias;
- *   - a run of adamw nodes updated by ONE multi-tensor launch;
+ *   - a run of optimizer steps (adamw, sgd, lion, lr_step) updated by ONE
+ *     multi-tensor launch;
  *   - the attention_bwd parts (dq, dk, dv) of one attention computed by ONE
  *     pass over its tiles;
  *   - a gradient made straight into its state: a GEMM with beta = 1, or
@@ -33,13 +34,15 @@ typedef struct { int matmul, bias, add, nreshape, reshape[PLAN_EPILOGUE_MAX_RESH
 int plan_epilogue_match(const IrBlock *b, int a, PlanEpilogue *e);
 int plan_epilogue_members(const PlanEpilogue *e, int *mem);
 
-/* AdamW as one launch: the runs of adamw nodes of b that the executor
- * updates in ONE multi-tensor launch (same dtypes, b1, b2, eps; no node
+/* Optimizer steps as one launch: the runs of adamw, sgd, lion or lr_step
+ * nodes of b that the executor updates in ONE multi-tensor launch (one
+ * op, the same dtypes and the same constant attributes, cg_opt_step_layout:
+ * adamw's b1, b2, eps, sgd's momentum and nesterov, lion's betas; no node
  * between two of them writes state or reads a state an earlier one
  * wrote).  run_at[i] (b->n entries) = the position of the launch (the
- * run's last adamw) for every adamw in a run, -1 for other nodes.
+ * run's last node) for every node in a run, -1 for other nodes.
  * Returns the number of runs. */
-int plan_adamw_runs(const IrBlock *b, int *run_at);
+int plan_opt_runs(const IrBlock *b, int *run_at);
 
 /* The backward of one attention as one launch: attention_bwd nodes of b
  * with the same operands (q, k, v, o, do) and attributes (causal, scale)

@@ -111,7 +111,7 @@ void plan_mem_group_at(const IrBlock *b, int *at) {
    * runs at their last adamw (which reads every member's operands there),
    * the parts of one attention's backward at the last part, gradients made
    * straight into their state at the accum */
-  int (*const launches[])(const IrBlock *, int *) = {plan_adamw_runs, plan_attn_grad_runs, plan_accum_direct_runs};
+  int (*const launches[])(const IrBlock *, int *) = {plan_opt_runs, plan_attn_grad_runs, plan_accum_direct_runs};
   int *run = ts_xmalloc((size_t)(b->n ? b->n : 1) * sizeof *run);
   for (size_t l = 0; l < sizeof launches / sizeof launches[0]; l++) {
     launches[l](b, run);

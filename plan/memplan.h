@@ -94,8 +94,8 @@ int plan_mem_block(const IrModule *m, int block, MemPlan *out, char *err, size_t
  * for an at[] that breaks those rules. */
 int plan_mem_block_at(const IrModule *m, int block, const int *at, MemPlan *out, char *err, size_t errlen);
 /* at[] (b->n entries) of the LLVM backend on block b: every fusion group
- * (IrNode.group > 0) one kernel at its last member, every run of adamw
- * nodes one multi-tensor launch at its last adamw (plan_adamw_runs), the
+ * (IrNode.group > 0) one kernel at its last member, every run of optimizer
+ * steps one multi-tensor launch at its last step (plan_opt_runs), the
  * parts of one attention's backward at the last part
  * (plan_attn_grad_runs), a gradient's producer and reshapes at the accum
  * that adds it straight into its state (plan_accum_direct_runs), other

@@ -203,6 +203,7 @@ static void enc_train(StrBuf *b, const IrTrain *t) {
   put_f64(b, t->muon_momentum); put_u32(b, (uint32_t)t->muon_ns_steps);
   put_u32(b, (uint32_t)t->wsd_style); put_i64(b, t->wsd_decay_steps);
   put_u32(b, (uint32_t)t->muon_tp);
+  put_f64(b, t->muon_adamw_lr);
 }
 
 static void enc_module(StrBuf *b, const IrModule *m) {
@@ -597,6 +598,7 @@ static void rd_train(Rd *r, IrTrain *t) {
   uint32_t wsd = rd_u32(r);
   t->wsd_decay_steps = rd_i64(r);
   uint32_t mtp = rd_u32(r);
+  t->muon_adamw_lr = rd_f64(r);
   if (r->bad) return;
   if (mtp >= IR_MUON_TP_COUNT) { rd_fail(r, "bad muon_tp %u", mtp); return; }
   t->muon_tp = (IrMuonTp)mtp;

@@ -20,7 +20,8 @@
 #include "ir/ir.h"
 #include "codegen/cuda.h"
 
-#define PLAN_VERSION 3   /* 3: the train record carries the optimizer and the wsd schedule */
+#define PLAN_VERSION 4   /* 3: the train record carries the optimizer and the wsd schedule; 4: and Muon's
+                            AdamW-group lr */
 
 typedef struct { int dp, pp, cp, ep, tp; } PlanMesh;   /* axes outer to inner; tp innermost */
 

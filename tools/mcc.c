@@ -155,6 +155,9 @@ static void usage(FILE *f) {
           "  --nesterov, --no-nesterov  Nesterov momentum (default: on for muon as its reference, off for sgd)\n"
           "  --muon-momentum M      muon's momentum (default 0.95)\n"
           "  --muon-ns-steps N      muon's Newton-Schulz iterations (default 5)\n"
+          "  --rampup-batch-size S I N  Megatron's batch-size ramp-up: refused, not built (docs/cli.md)\n"
+          "  --muon-adamw-lr X      the lr of muon's AdamW group (embedding, head, biases, gains): the schedule\n"
+          "                         scaled by X / lr (default: the group runs at --lr); mrun takes it too\n"
           "  --muon-tp-mode M       muon on a tp-split matrix: auto (the fewer bytes), allreduce (its Gram\n"
           "                         matrix every iteration) or gather (the matrix once)\n"
           "  --help, --version\n"
@@ -272,6 +275,7 @@ static const struct { const char *flag; MgKind kind; const char *to; } megatron_
     {"--no-nesterov", MG_SWITCH, "no-nesterov"},
     {"--muon-momentum", MG_TRAIN, "muon_momentum"},
     {"--muon-ns-steps", MG_TRAIN, "muon_ns_steps"},
+    {"--muon-adamw-lr", MG_TRAIN, "muon_adamw_lr"},
     {"--muon-tp-mode", MG_TRAIN, "muon_tp"},
     {"--lr-wsd-decay-style", MG_TRAIN, "wsd_style"},
     {"--lr-wsd-decay-iters", MG_TRAIN, "wsd_decay_steps"},
@@ -323,6 +327,13 @@ static int megatron_flag(Args *a, int argc, char **argv, int *i) {
 static int parse_args(int argc, char **argv, Args *a) {
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i];
+    if (strncmp(s, "--rampup-batch-size", 19) == 0 && (s[19] == 0 || s[19] == '=')) {
+      fprintf(stderr, "%s --rampup-batch-size (Megatron's batch-size ramp-up) is not built: the number of micro batches per step "
+            "is a constant of the compiled program (autodiff bakes the loss gradient's seed 1 / (global_batch / "
+            "micro_batch) into the micro block), so a step with a smaller global batch would average over the "
+            "wrong count; train with a constant --global-batch-size (docs/cli.md \"LR schedules\")\n", "mcc: error:");
+      return 1;
+    }
     int mg = megatron_flag(a, argc, argv, &i);
     if (mg >= 0) {
       if (mg > 0) return mg;

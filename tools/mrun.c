@@ -63,6 +63,8 @@
 #include <limits.h>
 #include <math.h>
 #include <signal.h>
+#include <stddef.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -112,6 +114,16 @@ static const char usage[] =
     "  --trace FILE       a Chrome / Perfetto trace of the run: one process per rank, its ops, kernels, GEMMs,\n"
     "                     collectives and pipeline messages with their wall times, and its steps (CPU ranks)\n"
     "  --seed N           override the plan's train.seed (initialization, data order, dropout)\n"
+    "  --lr X, --min-lr X, --lr-warmup-iters N, --lr-decay-iters N, --lr-wsd-decay-iters N\n"
+    "  --lr-decay-style constant|linear|cosine|WSD|inverse-square-root, --lr-wsd-decay-style S\n"
+    "  --muon-adamw-lr X  Muon's AdamW group at X (the schedule scaled by X / lr)\n"
+    "  --rampup-batch-size S I N  Megatron's batch-size ramp-up: refused, not built (docs/cli.md)\n"
+    "                     the LR schedule, over the plan's train line (Megatron's flags; run-time values)\n"
+    "  --weight-decay X, --clip-grad X, --adam-beta1 X, --adam-beta2 X, --adam-eps X, --momentum X\n"
+    "  (--sgd-momentum), --muon-momentum X, --muon-ns-steps N, --[no-]nesterov, --optimizer NAME,\n"
+    "  --global-batch-size N, --micro-batch-size N\n"
+    "                     constants of the compiled program: accepted at the plan's value, else refused\n"
+    "                     naming the mcc flag that compiles the other program (docs/cli.md)\n"
     "  --timeout S        seconds a rank waits in a collective before the job is stopped (default 60)\n"
     "  --save-params FILE after training, write every parameter in its global shape (format: runtime/exec/train.h)\n"
     "  --save DIR         checkpoints into DIR (docs/checkpoints.md): at the end (or when stopped by a signal)\n"
@@ -149,6 +161,58 @@ static const char usage[] =
     "             mrun starts several ranks itself);\n"
     "             TS_SELFTEST_ONLY=NAME,... runs only these kinds / dtypes of --selftest (e.g. softmax,train,f32)\n";
 
+/* ---- the optimizer and schedule flags (docs/cli.md "Megatron-LM's flags") ----
+ * mrun takes Megatron's hyperparameter flags where they mean what mcc's
+ * do.  The trainer reads the LR schedule's fields from the plan's train
+ * line at every step (rt_lr_at), so mrun's value replaces the plan's
+ * (run = 1).  The others are constants of the compiled program -- the
+ * attributes of its update block's nodes (adamw's b1, b2, eps and wd,
+ * clip_coef's max, sgd's momentum, Muon's unrolled Newton-Schulz steps),
+ * the update rule itself, or the loss gradient's seed 1 / (micro batches
+ * per step) -- so mrun takes them only at the plan's value and otherwise
+ * names mcc's flag (run = 0). */
+typedef enum { HP_F64, HP_I64, HP_INT, HP_SCHED, HP_WSD, HP_OPT, HP_ON, HP_OFF } HpType;
+typedef struct {
+  const char *flag, *key;   /* key: the train line's name */
+  int run;                  /* 1: a run-time value of the plan */
+  HpType type;
+  size_t off;               /* the field in IrTrain */
+  double lo, hi;            /* numbers: the range (lo excluded when lo_open, hi when hi_open) */
+  int lo_open, hi_open;
+  const char *holds;        /* run = 0: what in the program holds it */
+} HpFlag;
+#define HP_T(f) offsetof(IrTrain, f)
+static const HpFlag hp_flags[] = {
+    {"--lr", "lr", 1, HP_F64, HP_T(lr), 0, INFINITY, 1, 0, NULL},
+    {"--min-lr", "min_lr", 1, HP_F64, HP_T(min_lr), 0, INFINITY, 0, 0, NULL},
+    {"--lr-warmup-iters", "warmup", 1, HP_I64, HP_T(warmup), 0, 1e15, 0, 0, NULL},
+    {"--lr-decay-iters", "decay_steps", 1, HP_I64, HP_T(decay_steps), 1, 1e15, 0, 0, NULL},
+    {"--lr-decay-style", "schedule", 1, HP_SCHED, HP_T(schedule), 0, 0, 0, 0, NULL},
+    {"--lr-wsd-decay-iters", "wsd_decay_steps", 1, HP_I64, HP_T(wsd_decay_steps), 1, 1e15, 0, 0, NULL},
+    {"--lr-wsd-decay-style", "wsd_style", 1, HP_WSD, HP_T(wsd_style), 0, 0, 0, 0, NULL},
+    {"--muon-adamw-lr", "muon_adamw_lr", 1, HP_F64, HP_T(muon_adamw_lr), 0, INFINITY, 0, 0, NULL},
+    {"--weight-decay", "weight_decay", 0, HP_F64, HP_T(weight_decay), 0, INFINITY, 0, 0,
+     "the wd of its optimizer steps"},
+    {"--clip-grad", "clip_grad", 0, HP_F64, HP_T(clip_grad), 0, INFINITY, 0, 0, "clip_coef's max"},
+    {"--adam-beta1", "beta1", 0, HP_F64, HP_T(beta1), 0, 1, 0, 1, "adamw's and lion's b1"},
+    {"--adam-beta2", "beta2", 0, HP_F64, HP_T(beta2), 0, 1, 0, 1, "adamw's and lion's b2"},
+    {"--adam-eps", "eps", 0, HP_F64, HP_T(eps), 0, INFINITY, 1, 0, "adamw's eps"},
+    {"--sgd-momentum", "momentum", 0, HP_F64, HP_T(momentum), 0, 1, 0, 1, "sgd's mom"},
+    {"--momentum", "momentum", 0, HP_F64, HP_T(momentum), 0, 1, 0, 1, "sgd's mom"},
+    {"--muon-momentum", "muon_momentum", 0, HP_F64, HP_T(muon_momentum), 0, 1, 0, 1,
+     "the factors of Muon's momentum update"},
+    {"--muon-ns-steps", "muon_ns_steps", 0, HP_INT, HP_T(muon_ns_steps), 1, 1000, 0, 0,
+     "Muon's Newton-Schulz iterations, unrolled"},
+    {"--nesterov", "nesterov", 0, HP_ON, HP_T(nesterov), 0, 0, 0, 0, "sgd's nesterov, Muon's update"},
+    {"--no-nesterov", "nesterov", 0, HP_OFF, HP_T(nesterov), 0, 0, 0, 0, "sgd's nesterov, Muon's update"},
+    {"--optimizer", "optimizer", 0, HP_OPT, HP_T(optimizer), 0, 0, 0, 0, "the update block's steps"},
+    {"--global-batch-size", "global_batch", 0, HP_I64, HP_T(global_batch), 1, 1e15, 0, 0,
+     "the loss gradient's seed 1 / (global_batch / micro_batch)"},
+    {"--micro-batch-size", "micro_batch", 0, HP_I64, HP_T(micro_batch), 1, 1e15, 0, 0,
+     "the micro block's shapes"},
+};
+#define HP_COUNT ((int)(sizeof hp_flags / sizeof hp_flags[0]))
+
 typedef struct {
   const char *plan, *data, *metrics, *save_params;
   RtGptOpts gpt;              /* --data-path, --split, --data-cache-path, --mock-data */
@@ -167,6 +231,8 @@ typedef struct {
   RtCkptOpts ckpt;
   int64_t gpus, steps;        /* -1: not given */
   int has_seed, quiet, cpu, selftest;
+  int hp_set[HP_COUNT];       /* the optimizer and schedule flags given (hp_flags), and their values */
+  double hp_val[HP_COUNT];    /* (names: the enum's value) */
   const char *calibrate;      /* --calibrate FILE (runtime/exec/calibrate.h) */
   const char *trace;          /* --trace FILE (runtime/exec/trace.c) */
   const char *hw;             /* --hw NAME|FILE: MFU against its peak (plan/hw.h) */
@@ -367,6 +433,122 @@ static int check_generate_args(Args *a) {
   return 0;
 }
 
+/* The value of one of the names of IrSchedule / IrWsdStyle / IrOptimizer,
+ * Megatron's spellings too (WSD, inverse-square-root, adam); -1 if none. */
+static int hp_name_value(HpType t, const char *v) {
+  if (t == HP_SCHED && strcasecmp(v, "WSD") == 0) return IR_SCHED_WSD;
+  if (t == HP_SCHED && strcmp(v, "inverse-square-root") == 0) return IR_SCHED_INVSQRT;
+  if (t == HP_OPT && strcmp(v, "adam") == 0) return IR_OPT_ADAMW;
+  int n = t == HP_SCHED ? IR_SCHED_COUNT : t == HP_WSD ? IR_WSD_COUNT : IR_OPT_COUNT;
+  for (int i = 0; i < n; i++)
+    if (strcmp(v, t == HP_SCHED ? ir_schedule_name((IrSchedule)i) : t == HP_WSD ? ir_wsd_style_name((IrWsdStyle)i)
+                                                                   : ir_optimizer_name((IrOptimizer)i)) == 0)
+      return i;
+  return -1;
+}
+
+/* Parses the value of hp_flags[k] into *out.  0, or -1 with a message. */
+static int hp_parse(int k, const char *val, double *out) {
+  const HpFlag *f = &hp_flags[k];
+  if (f->type == HP_SCHED || f->type == HP_WSD || f->type == HP_OPT) {
+    int v = hp_name_value(f->type, val);
+    if (v < 0) {
+      fprintf(stderr, "mrun: %s must be %s, got '%s'\n", f->flag,
+              f->type == HP_SCHED ? "constant, linear, cosine, WSD or inverse-square-root"
+              : f->type == HP_WSD ? "linear, cosine, exponential or minus_sqrt" : "adam (adamw), sgd, lion or muon",
+              val);
+      return -1;
+    }
+    *out = v;
+    return 0;
+  }
+  char *e;
+  errno = 0;
+  double x = strtod(val, &e);
+  int whole = f->type == HP_I64 || f->type == HP_INT;
+  if (!*val || *e || errno || !isfinite(x) || (whole && x != floor(x)) || (f->lo_open ? !(x > f->lo) : !(x >= f->lo)) ||
+      (f->hi_open ? !(x < f->hi) : !(x <= f->hi))) {
+    fprintf(stderr, "mrun: %s needs %s %s %g%s, got '%s'\n", f->flag, whole ? "a whole number" : "a number",
+            f->lo_open ? ">" : ">=", f->lo, f->hi_open ? " and < 1" : "", val);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+/* hp_flags[k]'s field of t, as a double (an enum as its value). */
+static double hp_get(const IrTrain *t, int k) {
+  const char *p = (const char *)t + hp_flags[k].off;
+  switch (hp_flags[k].type) {
+  case HP_F64: return *(const double *)p;
+  case HP_I64: return (double)*(const int64_t *)p;
+  case HP_INT: case HP_ON: case HP_OFF: return *(const int *)p;
+  case HP_SCHED: return *(const IrSchedule *)p;
+  case HP_WSD: return *(const IrWsdStyle *)p;
+  default: return *(const IrOptimizer *)p;
+  }
+}
+
+static void hp_set_field(IrTrain *t, int k, double v) {
+  char *p = (char *)t + hp_flags[k].off;
+  switch (hp_flags[k].type) {
+  case HP_F64: *(double *)p = v; break;
+  case HP_I64: *(int64_t *)p = (int64_t)v; break;
+  case HP_SCHED: *(IrSchedule *)p = (IrSchedule)(int)v; break;
+  case HP_WSD: *(IrWsdStyle *)p = (IrWsdStyle)(int)v; break;
+  default: break;   /* the program's constants are never written */
+  }
+}
+
+/* A value of hp_flags[k] as the user would write it. */
+static void hp_str(int k, double v, char *buf, size_t n) {
+  switch (hp_flags[k].type) {
+  case HP_SCHED: snprintf(buf, n, "%s", ir_schedule_name((IrSchedule)(int)v)); break;
+  case HP_WSD: snprintf(buf, n, "%s", ir_wsd_style_name((IrWsdStyle)(int)v)); break;
+  case HP_OPT: snprintf(buf, n, "%s", ir_optimizer_name((IrOptimizer)(int)v)); break;
+  case HP_ON: case HP_OFF: snprintf(buf, n, "%s", v != 0 ? "on" : "off"); break;
+  default:   /* the shortest form that reads back as v */
+    snprintf(buf, n, "%.15g", v);
+    if (strtod(buf, NULL) != v) snprintf(buf, n, "%.17g", v);
+  }
+}
+
+/* Applies the optimizer and schedule flags to m's train line: the run-time
+ * ones replace the plan's values; one that is a constant of the program
+ * is refused unless it is the plan's value.  0, or -1 with a message. */
+static int hp_apply(IrModule *m, const Args *a, char *err, size_t errlen) {
+  IrTrain *t = &m->train;
+  for (int k = 0; k < HP_COUNT; k++) {
+    if (!a->hp_set[k]) continue;
+    const HpFlag *f = &hp_flags[k];
+    double want = f->type == HP_ON ? 1 : f->type == HP_OFF ? 0 : a->hp_val[k];
+    if (f->off == offsetof(IrTrain, muon_adamw_lr) && t->optimizer != IR_OPT_MUON && want > 0)
+      return ts_errf(err, errlen, "--muon-adamw-lr is the lr of Muon's AdamW group, and the plan's optimizer is %s "
+                     "(one lr: --lr); compile with mcc --optimizer muon for Muon", ir_optimizer_name(t->optimizer));
+    if (f->run) { hp_set_field(t, k, want); continue; }
+    double have = hp_get(t, k);
+    if (f->type == HP_ON || f->type == HP_OFF) have = have != 0;
+    if (have == want) continue;   /* the plan's own value: nothing changes */
+    char hv[64], wv[64], flag[96];
+    hp_str(k, have, hv, sizeof hv);
+    hp_str(k, want, wv, sizeof wv);
+    if (f->type == HP_ON || f->type == HP_OFF) snprintf(flag, sizeof flag, "%s", f->flag);
+    else snprintf(flag, sizeof flag, "%s %s", f->flag, wv);
+    return ts_errf(err, errlen, "%s: the plan (optimizer %s) was compiled with %s = %s, a constant of its program "
+                   "(%s), not a run-time value: compile the plan again with mcc %s.  mrun changes only --lr, "
+                   "--min-lr, --lr-warmup-iters, --lr-decay-iters, --lr-decay-style, --lr-wsd-decay-iters, "
+                   "--lr-wsd-decay-style, --muon-adamw-lr, --train-iters and --seed at run time", flag,
+                   ir_optimizer_name(t->optimizer),
+                   f->key, hv, f->holds, flag);
+  }
+  int64_t d = t->decay_steps > 0 ? t->decay_steps : t->steps;
+  if (t->schedule == IR_SCHED_WSD && (t->wsd_decay_steps < 1 || t->wsd_decay_steps > d))
+    return ts_errf(err, errlen, "the WSD schedule needs its final decay's length in 1 .. %lld (the decay steps): give "
+                   "--lr-wsd-decay-iters N (the plan's wsd_decay_steps is %lld)", (long long)d,
+                   (long long)t->wsd_decay_steps);
+  return 0;
+}
+
 /* Accepts "--opt VALUE" and "--opt=VALUE".  0, -1 (error), 1 (--help). */
 static int parse_args(int argc, char **argv, Args *a) {
   memset(a, 0, sizeof *a);
@@ -407,6 +589,32 @@ static int parse_args(int argc, char **argv, Args *a) {
     char *eq = strchr(arg, '=');
     size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
     snprintf(name, sizeof name, "%.*s", (int)(nl < 31 ? nl : 31), arg);
+    if (strcmp(name, "--rampup-batch-size") == 0) {
+      fprintf(stderr, "%s --rampup-batch-size (Megatron's batch-size ramp-up) is not built: the number of micro batches per step "
+            "is a constant of the compiled program (autodiff bakes the loss gradient's seed 1 / (global_batch / "
+            "micro_batch) into the micro block), so a step with a smaller global batch would average over the "
+            "wrong count; train with a constant --global-batch-size (docs/cli.md \"LR schedules\")\n", "mrun:");
+      return -1;
+    }
+    int hk = -1;   /* one of the optimizer and schedule flags? */
+    for (int k = 0; k < HP_COUNT && hk < 0; k++)
+      if (strlen(hp_flags[k].flag) == nl && strncmp(arg, hp_flags[k].flag, nl) == 0) hk = k;
+    if (hk >= 0) {
+      HpType ht = hp_flags[hk].type;
+      if (ht == HP_ON || ht == HP_OFF) {
+        if (eq) { fprintf(stderr, "mrun: %s takes no value\n", name); return -1; }
+        for (int k = 0; k < HP_COUNT; k++)   /* --nesterov and --no-nesterov: the last wins */
+          if (hp_flags[k].off == hp_flags[hk].off) a->hp_set[k] = 0;
+      } else {
+        const char *hv = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+        if (!hv) { fprintf(stderr, "mrun: %s needs a value\n", name); return -1; }
+        if (hp_parse(hk, hv, &a->hp_val[hk]) != 0) return -1;
+        for (int k = 0; k < HP_COUNT; k++)   /* --momentum and --sgd-momentum: one field */
+          if (k != hk && hp_flags[k].off == hp_flags[hk].off) a->hp_set[k] = 0;
+      }
+      a->hp_set[hk] = 1;
+      continue;
+    }
     static const char *const valued[] = {"--gpus", "--steps", "--train-iters", "--seed", "--timeout", "--backend",
                                          "--save-params", "--data", "--metrics", "--save", "--save-interval",
                                          "--keep", "--load", "--init-from", "--export", "--format", "--hf-map",
@@ -976,6 +1184,7 @@ static IrModule *prepare(Plan *plan, const PlanMesh *mesh, int rank, const Args 
   }
   if (a->steps >= 0) m->train.steps = a->steps;   /* decay_steps 0 follows it */
   if (a->has_seed) m->train.seed = a->seed;
+  if (hp_apply(m, a, why, sizeof why) != 0) { ts_errf(err, errlen, "%s", why); return NULL; }
   return m;
 }
 

@@ -788,7 +788,7 @@ static int FN(k_ADAMW)(RtKctx *k) {
   }
   double t = (double)(k->info->step + 1);
   FN(AdamJob) j = {w, gr, m, v, rt_ld(k->in[0], k->it[0]->dtype, 0), n->fa[0], n->fa[1], n->fa[2], n->fa[3],
-                   k->info->lr, 1.0 - pow(n->fa[0], t), 1.0 - pow(n->fa[1], t)};
+                   ir_train_adamw_lr(&mod->train, k->info->lr), 1.0 - pow(n->fa[0], t), 1.0 - pow(n->fa[1], t)};
   rt_par_for(cnt, RT_EW_GRAIN, FN(adamw_range), &j);
   return 0;
 }

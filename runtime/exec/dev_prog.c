@@ -285,6 +285,19 @@ static RtCudaKernelUse kernel_use(const IrBlock *b, int i, const CgCudaLaunch *l
   return u;
 }
 
+/* The arithmetic per element of an optimizer step's kernel
+ * (cg_lower_opt_step): adamw's moments, bias corrections, sqrt and decay;
+ * sgd's decay, momentum and step (Nesterov counted); lion's interpolation,
+ * sign, decay and moment; lr_step's decay and scaled step. */
+static double opt_step_flops(IrOp op) {
+  switch (op) {
+  case IR_OP_ADAMW: return 15;
+  case IR_OP_SGD: return 8;
+  case IR_OP_LION: return 12;
+  default: return 6;
+  }
+}
+
 /* Operand and result bytes of node i, and its FLOPs (attention's, else
  * one per result element). */
 static void node_cost(const IrBlock *b, int i, double *bytes, double *flops) {
@@ -327,16 +340,19 @@ int rt_cuda_kernel_uses(const IrModule *m, RtCudaModule *mod, RtCudaKernelUse **
       if (P->blk[bi].kind[i] == RT_DS_KERNEL && K && K->at == i && !K->attn_grads && !K->gemm_mm && !K->accum_from &&
           K->cl.name[0]) {
         RtCudaKernelUse u = kernel_use(b, i, &K->cl, 0);
-        if (K->adamw) {   /* per tensor: param, m, v read and written, the gradient read */
+        if (K->opt) {   /* per tensor: param and moments read and written, the gradient read */
+          int nmom, nkey;
+          cg_opt_step_layout(K->op, &nmom, &nkey);
           u.launches = 0;
           for (int j = 0; j < K->nrun; j++)
             for (int h = 0; h < 2; h++) {
               int64_t c = K->ccnt ? K->ccnt[2 * j + h] : 0;
               if (c <= 0) continue;
               u.launches++;
-              double es = (double)ir_dtype_size(b->nodes[K->run[j]].type.dtype);
-              u.bytes += 7.0 * es * (double)c;
-              u.flops += 15.0 * (double)c;
+              const IrNode *sn = &b->nodes[K->run[j]];
+              double es = (double)ir_dtype_size(b->nodes[sn->in[sn->nin - 1]].type.dtype);
+              u.bytes += (1.0 + 2.0 * (1 + nmom)) * es * (double)c;
+              u.flops += opt_step_flops(K->op) * (double)c;
             }
         } else {
           for (int j = 0; j < K->io.nin; j++) u.bytes += value_bytes(b, K->io.in[j]);

@@ -618,11 +618,13 @@ RtDevExec *rt_dev_exec_new(const IrModule *m, const RtExecOpts *o, RtJit *jit, c
     goto fail;
   }
   if (!d->host_memory && dev_comm_check(m, err, errlen) != 0) goto fail;
+  /* every optimizer-step run its own slots of scalars: a run's host-to-device
+   * copy is asynchronous, so the next run must not overwrite what it copies */
   int most = 1;
   for (int bi = 0; bi < m->blocks.n; bi++) {
     const RtJitBlock *jb = rt_jit_block(jit, bi);
     for (int k = 0; jb && k < jb->k.n; k++)
-      if (jb->k.a[k].adamw && jb->k.a[k].nrun > most) most = jb->k.a[k].nrun;
+      if (jb->k.a[k].opt && jb->k.a[k].scal_at + jb->k.a[k].nrun > most) most = jb->k.a[k].scal_at + jb->k.a[k].nrun;
   }
   x->scal_cap = most;
   x->scal_host = ts_xcalloc((size_t)most * 4, sizeof *x->scal_host);
@@ -682,37 +684,44 @@ static int launch(RtDevExec *x, const CgCudaLaunch *l, const CgCudaArgs *a, char
   return x->dev->ops->launch(x->dev, x->mod, l, a, RT_STREAM_COMPUTE, msg, n);
 }
 
-/* An AdamW run: per tensor, buffers coef, grad, its scalars, param (at
- * the rank's chunk), m, v -- the kernel of exec_jit.c's lower_adamw. */
-static int adamw_run(RtDevExec *x, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void *const *vals,
-                     const RtRunInfo *info, char *msg, size_t n) {
+static void *dev_state(const RtProgram *p, int id) { return rt_state_dev((RtProgram *)p, id); }
+
+/* A run of optimizer steps: per tensor, the buffers of cg_opt_step_layout
+ * ((coef,) grad, its scalars, param at the rank's chunk, moments) -- the
+ * kernels of exec_jit.c's cuda_opt_run, one launch per tensor. */
+static int opt_run(RtDevExec *x, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void *const *vals,
+                   const RtRunInfo *info, char *msg, size_t n) {
   const IrModule *m = rt_program_module(p);
   RtDev *d = x->dev;
-  if (K->nrun > x->scal_cap) { snprintf(msg, n, "internal error: AdamW run larger than planned"); return -1; }
-  for (int t = 0; t < K->nrun; t++) rt_jit_adamw_scalars(&b->nodes[K->run[t]], info, &x->scal_host[4 * t]);
-  if (d->ops->h2d(d, x->scal_dev, x->scal_host, (size_t)K->nrun * 4 * sizeof(double), RT_STREAM_COMPUTE, msg, n))
+  if (K->scal_at < 0 || K->scal_at + K->nrun > x->scal_cap) {
+    snprintf(msg, n, "internal error: optimizer-step run larger than planned");
     return -1;
+  }
+  double *sh = x->scal_host + 4 * K->scal_at, *sd = (double *)x->scal_dev + 4 * K->scal_at;
+  for (int t = 0; t < K->nrun; t++) rt_jit_opt_scalars(&m->train, &b->nodes[K->run[t]], info, &sh[4 * t]);
+  if (d->ops->h2d(d, sd, sh, (size_t)K->nrun * 4 * sizeof(double), RT_STREAM_COMPUTE, msg, n)) return -1;
   for (int t = 0; t < K->nrun; t++) {
     const IrNode *nd = &b->nodes[K->run[t]];
     size_t es = ir_dtype_size(m->states.a[nd->ia[0]].type.dtype);
     int64_t off, cnt;
-    rt_jit_adamw_chunk(p, nd, &off, &cnt);
+    rt_jit_opt_chunk(p, nd, &off, &cnt);
     if (cnt == 0) continue;
     const CgCudaLaunch *l = K->ccnt[2 * t] == cnt ? &K->cls[2 * t] : K->ccnt[2 * t + 1] == cnt ? &K->cls[2 * t + 1] : NULL;
-    if (!l) { snprintf(msg, n, "internal error: no AdamW kernel for %lld elements", (long long)cnt); return -1; }
+    if (!l) {
+      snprintf(msg, n, "internal error: no %s kernel for %lld elements", ir_ops[nd->op].name, (long long)cnt);
+      return -1;
+    }
     CgCudaArgs a;
     memset(&a, 0, sizeof a);
-    a.b[0] = vals[nd->in[0]];
-    a.b[1] = vals[nd->in[1]];
-    a.b[2] = (double *)x->scal_dev + 4 * t;
-    a.b[3] = (char *)rt_state_dev(p, (int)nd->ia[0]) + off * (int64_t)es;
-    a.b[4] = rt_state_dev(p, (int)nd->ia[1]);
-    a.b[5] = rt_state_dev(p, (int)nd->ia[2]);
+    int nb = rt_jit_opt_buffers(p, nd, vals, sd + 4 * t, off, dev_state, a.b);
+    if (nb < 0) { snprintf(msg, n, "internal error: %s %%%d's operand has no buffer", ir_ops[nd->op].name, K->run[t]); return -1; }
     a.run = x->run_dev;
-    if (!a.b[0] || !a.b[1]) { snprintf(msg, n, "internal error: adamw %%%d's operand has no buffer", K->run[t]); return -1; }
-    RtDevRange r[5] = {{a.b[0], value_bytes(&b->nodes[nd->in[0]])}, {a.b[1], value_bytes(&b->nodes[nd->in[1]])},
-                       {a.b[3], (size_t)cnt * es}, {a.b[4], (size_t)cnt * es}, {a.b[5], (size_t)cnt * es}};
-    if (x->npend && rt_dev_exec_order(x, r, 5, msg, n) != 0) return -1;
+    /* the ranges it reads and writes, against the collectives in flight: operands whole, states the count */
+    RtDevRange r[6];
+    int nr = 0;
+    for (int j = 0; j < nd->nin; j++) r[nr++] = (RtDevRange){a.b[j], value_bytes(&b->nodes[nd->in[j]])};
+    for (int j = nd->nin + 1; j < nb; j++) r[nr++] = (RtDevRange){a.b[j], (size_t)cnt * es};
+    if (x->npend && rt_dev_exec_order(x, r, nr, msg, n) != 0) return -1;
     if (launch(x, l, &a, msg, n) != 0) return -1;
   }
   return 0;
@@ -763,7 +772,7 @@ static int gemm(RtDevExec *x, const IrBlock *b, const IrNode *mm, const void *A,
 int rt_dev_exec_kernel(RtDevExec *x, RtProgram *p, int bi, const RtJitKernel *K, void **bufs, void *const *vals,
                        const RtRunInfo *info, char *msg, size_t n) {
   const IrBlock *b = &rt_program_module(p)->blocks.a[bi];
-  if (K->adamw) return adamw_run(x, p, b, K, vals, info, msg, n);
+  if (K->opt) return opt_run(x, p, b, K, vals, info, msg, n);
   if (x->npend) {   /* its buffers against the collectives in flight */
     RtDevRange r[CG_MAX_BUFS];
     int nr = 0;

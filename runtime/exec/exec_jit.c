@@ -20,9 +20,10 @@
  *     weight gradient's matmul, one BLAS call with beta = 1, or the
  *     embedding's scatter-add) add straight into the gradient state at
  *     the accum (exec_gemm.c): the product is never stored;
- *   - every run of adamw nodes (plan_adamw_runs: in the update block,
- *     all of them, ZeRO chunks included) becomes ONE multi-tensor launch
- *     of a generated kernel at the run's last adamw (below);
+ *   - every run of optimizer steps (plan_opt_runs: adamw, sgd, lion or
+ *     lr_step nodes of one kind, in the update block, ZeRO chunks
+ *     included) becomes ONE multi-tensor launch of a generated kernel at
+ *     the run's last node (below);
  *   - everything else (matmul, collectives, other effects, split
  *     dropout, ...) stays on the reference kernels (ops_ref.c).
  * A kernel with dropout reads the seed, step and micro batch at run time
@@ -165,52 +166,75 @@ static int compile_kernel(RtJit *J, const IrModule *m, const IrBlock *b, const i
   return 0;
 }
 
-/* ---- AdamW as one pass over all parameters ----
- * plan_adamw_runs (plan/groups.c) cuts the adamw nodes of a block
- * into runs (in the update block: all of them); each run is ONE launch on
- * the pool over the concatenation of its tensors' element ranges (a
- * multi-tensor apply): the threads split the total count into contiguous
- * shares, and a share that spans several tensors runs the kernel on each
- * piece with that tensor's buffers, from a table made per launch.  The
- * launch happens at the run's last adamw (memplan models it: the
- * operands stay live until there), after the clip coefficient and every
- * gradient exist.
+/* ---- optimizer steps as one pass over all parameters ----
+ * plan_opt_runs (plan/groups.c) cuts the adamw, sgd, lion and lr_step
+ * nodes of a block into runs of one kind (in the update block: all the
+ * nodes of that kind, unless another effect stands between them); each
+ * run is ONE launch on the pool over the concatenation of its tensors'
+ * element ranges (a multi-tensor apply): the threads split the total count
+ * into contiguous shares, and a share that spans several tensors runs the
+ * kernel on each piece with that tensor's buffers, from a table made per
+ * launch.  The launch happens at the run's last node (memplan models it:
+ * the operands stay live until there), after the clip coefficient and
+ * every gradient exist.
  *
- * The kernel is generated once per run (cg_lower_adamw, codegen/lower.c):
- * the reference's arithmetic (ops_ref_t.h, adamw_range), in f64, in the
- * same order, so every element gets the bits the per-tensor reference
- * gives.  b1, b2, eps are constants of the kernel (the run's key); lr, c1 = 1 -
- * b1^t, c2 = 1 - b2^t and wd come per tensor in a small f64 buffer (the
- * kernel IR has no run-time arguments; wd differs between decayed and
- * undecayed parameters).  Its buffers are declared with the run's largest
- * tensor's count: a piece [lo, hi) never passes its own tensor's end.
- * A ZeRO member (flat moments) updates the rank's chunk: the param
- * pointer moves to the chunk, the count is the chunk's part of it. */
+ * The kernel is generated once per run (cg_lower_opt_step, codegen/lower.c,
+ * one lowering parameterised by the update rule): the reference's
+ * arithmetic (ops_ref_t.h, adamw_range, sgd_range, lion_range,
+ * lr_step_range), in f64, in the same order, so every element gets the
+ * bits the per-tensor reference gives.  The rule's constants (adamw's b1,
+ * b2, eps; sgd's momentum and nesterov; lion's betas) are the run's key;
+ * lr, wd, adamw's bias corrections and lr_step's scale come per tensor in
+ * a small f64 buffer (the kernel IR has no run-time arguments; wd differs
+ * between decayed and undecayed parameters).  Its buffers are declared
+ * with the run's largest tensor's count: a piece [lo, hi) never passes
+ * its own tensor's end.  A ZeRO member (flat moments) updates the rank's
+ * chunk: the param pointer moves to the chunk, the count is the chunk's
+ * part of it. */
 
-void rt_jit_adamw_scalars(const IrNode *n, const RtRunInfo *info, double s[4]) {
+void rt_jit_opt_scalars(const IrTrain *tr, const IrNode *n, const RtRunInfo *info, double s[4]) {
   double t = (double)(info->step + 1);
   s[0] = info->lr;
-  s[1] = 1.0 - pow(n->fa[0], t);
-  s[2] = 1.0 - pow(n->fa[1], t);
-  s[3] = n->fa[3];
+  s[1] = s[2] = 0;
+  switch (n->op) {
+  case IR_OP_ADAMW:
+    s[0] = ir_train_adamw_lr(tr, info->lr);   /* Muon's AdamW group may have its own lr */
+    s[1] = 1.0 - pow(n->fa[0], t);
+    s[2] = 1.0 - pow(n->fa[1], t);
+    s[3] = n->fa[3];
+    break;
+  case IR_OP_LR_STEP:   /* fa = {scale, wd} */
+    s[1] = n->fa[0];
+    s[3] = n->fa[1];
+    break;
+  default:   /* sgd, lion: fa = {a, b, wd} */
+    s[3] = n->fa[2];
+    break;
+  }
 }
 
-/* The elements adamw node n updates, as the reference does (ops_ref.c
- * ref_ADAMW): the param's count, or (ZeRO: flat moments) the moment
- * chunk's count; the states' types checked.  -1 if the kernel cannot take
- * the node (the reference then runs it and reports what is wrong). */
-static int64_t adamw_count(const IrModule *m, const IrBlock *b, const IrNode *n) {
-  for (int s = 0; s < 3; s++)
+/* The elements step node n updates, as the reference does (ops_ref.c
+ * ref_ADAMW, ref_SGD ...): the param's count, or (ZeRO: flat moments) the
+ * moment chunk's count; the states' types checked.  -1 if the kernel
+ * cannot take the node (the reference then runs it and reports what is
+ * wrong). */
+static int64_t opt_count(const IrModule *m, const IrBlock *b, const IrNode *n) {
+  int nmom, nkey, nin = cg_opt_step_layout(n->op, &nmom, &nkey);
+  if (nin == 0 || n->nin != nin) return -1;
+  for (int s = 0; s < 1 + nmom; s++)
     if (n->ia[s] < 0 || n->ia[s] >= m->states.n) return -1;
-  const IrState *w = &m->states.a[n->ia[0]], *ms = &m->states.a[n->ia[1]], *vs = &m->states.a[n->ia[2]];
-  const IrNode *gr = &b->nodes[n->in[1]];
+  const IrState *w = &m->states.a[n->ia[0]], *ms = nmom ? &m->states.a[n->ia[1]] : w;
+  const IrNode *gr = &b->nodes[n->in[nin - 1]];
   IrDtype T = w->type.dtype;
-  if (gr->type.dtype != T || ms->sh.flat != vs->sh.flat) return -1;
-  const IrType *want = ms->sh.flat ? &ms->type : &w->type;
-  if (ms->sh.flat && (ms->type.rank != 1 || ms->type.dtype != T)) return -1;
-  if (!ir_type_same_shape(&ms->type, want) || !ir_type_same_shape(&vs->type, want) ||
-      !ir_type_same_shape(&gr->type, want) || vs->type.dtype != T)
-    return -1;
+  if (gr->type.dtype != T) return -1;
+  int chunked = nmom && ms->sh.flat && !w->sh.flat;
+  const IrType *want = chunked ? &ms->type : &w->type;
+  if (chunked && (ms->type.rank != 1 || ms->type.dtype != T)) return -1;
+  for (int s = 1; s < 1 + nmom; s++) {
+    const IrState *x = &m->states.a[n->ia[s]];
+    if (x->sh.flat != ms->sh.flat || x->type.dtype != T || !ir_type_same_shape(&x->type, want)) return -1;
+  }
+  if (!ir_type_same_shape(&gr->type, want)) return -1;
   return ir_type_numel(want);
 }
 
@@ -228,15 +252,16 @@ static int64_t par_axis_size(const IrModule *m, int a) {
  * each member gets the kernels of both possible counts, cls[2j] for the
  * full chunk (ccnt[2j]) and cls[2j + 1] for the partial one (ccnt[2j + 1],
  * 0 if none); the executor launches the one matching its count. */
-static int cuda_adamw_run(RtJit *J, const IrModule *m, const IrBlock *b, int *run, int nrun, RtJitKernel *out,
-                          char *err, size_t errlen) {
+static int cuda_opt_run(RtJit *J, const IrModule *m, const IrBlock *b, int *run, int nrun, RtJitKernel *out,
+                        char *err, size_t errlen) {
   CgCudaLaunch *cls = ts_xcalloc((size_t)(2 * nrun), sizeof *cls);
   int64_t *ccnt = ts_xcalloc((size_t)(2 * nrun), sizeof *ccnt);
   int rc = 0;
   for (int j = 0; j < nrun && rc == 0; j++) {
     const IrNode *nd = &b->nodes[run[j]];
-    const IrState *w = &m->states.a[nd->ia[0]], *ms = &m->states.a[nd->ia[1]];
-    int64_t c = adamw_count(m, b, nd), total = ir_type_numel(&w->type), nblk = 1;
+    int nmom, nkey, nin = cg_opt_step_layout(nd->op, &nmom, &nkey);
+    const IrState *w = &m->states.a[nd->ia[0]], *ms = nmom ? &m->states.a[nd->ia[1]] : w;
+    int64_t c = opt_count(m, b, nd), total = ir_type_numel(&w->type), nblk = 1;
     for (int a = 0; a < IR_AXIS_COUNT; a++)
       if (ms->sh.flat & (1u << a)) nblk *= par_axis_size(m, a);
     int chunked = ms->sh.flat && !w->sh.flat;   /* a ZeRO-3 shard is always the whole chunk */
@@ -244,8 +269,8 @@ static int cuda_adamw_run(RtJit *J, const IrModule *m, const IrBlock *b, int *ru
     if (chunked && total % c != 0 && total < nblk * c) ccnt[2 * j + 1] = total % c;
     for (int h = 0; h < 2 && rc == 0; h++) {
       if (ccnt[2 * j + h] <= 0) continue;
-      CgKernel *k = cg_lower_adamw(b->nodes[nd->in[1]].type.dtype, b->nodes[nd->in[0]].type.dtype, nd->fa,
-                                ccnt[2 * j + h]);
+      CgKernel *k = cg_lower_opt_step(nd->op, b->nodes[nd->in[nin - 1]].type.dtype, b->nodes[nd->in[0]].type.dtype,
+                                      nd->fa, ccnt[2 * j + h]);
       if (!k) { rc = 1; break; }
       rc = cuda_add(J, k, b, run[j], &cls[2 * j + h], err, errlen);
       cg_kernel_free(k);
@@ -258,8 +283,8 @@ static int cuda_adamw_run(RtJit *J, const IrModule *m, const IrBlock *b, int *ru
   }
   memset(out, 0, sizeof *out);
   out->at = run[nrun - 1];
-  out->op = IR_OP_ADAMW;
-  out->adamw = 1;
+  out->op = b->nodes[run[0]].op;
+  out->opt = 1;
   out->run = run;
   out->nrun = nrun;
   out->cls = cls;
@@ -267,26 +292,27 @@ static int cuda_adamw_run(RtJit *J, const IrModule *m, const IrBlock *b, int *ru
   return 0;
 }
 
-/* Compiles the launch of the adamw nodes run[0..nrun) of block b into
- * *out (which takes run).  0; 1 if one of them cannot be generated (the
- * run stays on the reference); -1 on a JIT error. */
-static int compile_adamw_run(RtJit *J, const IrModule *m, const IrBlock *b, int *run, int nrun, RtJitKernel *out,
+/* Compiles the launch of the optimizer steps run[0..nrun) of block b
+ * into *out (which takes run).  0; 1 if one of them cannot be generated
+ * (the run stays on the reference); -1 on a JIT error. */
+static int compile_opt_run(RtJit *J, const IrModule *m, const IrBlock *b, int *run, int nrun, RtJitKernel *out,
                              char *err, size_t errlen) {
   int64_t most = 1;
   for (int j = 0; j < nrun; j++) {
-    int64_t c = adamw_count(m, b, &b->nodes[run[j]]);
+    int64_t c = opt_count(m, b, &b->nodes[run[j]]);
     if (c < 0) return 1;
     if (c > most) most = c;
   }
   const IrNode *n0 = &b->nodes[run[0]];
-  if (J->cuda) return cuda_adamw_run(J, m, b, run, nrun, out, err, errlen);
-  CgKernel *k = cg_lower_adamw(b->nodes[n0->in[1]].type.dtype, b->nodes[n0->in[0]].type.dtype, n0->fa, most);
+  if (J->cuda) return cuda_opt_run(J, m, b, run, nrun, out, err, errlen);
+  CgKernel *k = cg_lower_opt_step(n0->op, b->nodes[n0->in[n0->nin - 1]].type.dtype, b->nodes[n0->in[0]].type.dtype,
+                                  n0->fa, most);
   if (!k) return 1;
   char why[512];
   int hits = cg_jit_cache_hits(J->jit);
   CgFn fn = cg_jit_compile(J->jit, k, why, sizeof why);
   if (!fn) {
-    ts_errf(err, errlen, "block %s: compiling the AdamW kernel of node %d: %s", b->name, run[0], why);
+    ts_errf(err, errlen, "block %s: compiling the %s kernel of node %d: %s", b->name, ir_ops[n0->op].name, run[0], why);
     cg_kernel_free(k);
     return -1;
   }
@@ -295,8 +321,8 @@ static int compile_adamw_run(RtJit *J, const IrModule *m, const IrBlock *b, int 
   out->fn = fn;
   out->grid = out->work = most;
   out->at = run[nrun - 1];
-  out->op = IR_OP_ADAMW;
-  out->adamw = 1;
+  out->op = n0->op;
+  out->opt = 1;
   out->run = run;
   out->nrun = nrun;
   cg_kernel_free(k);
@@ -310,12 +336,12 @@ typedef struct {
   int n;
   const int64_t *start;
   void *(*bufs)[6];
-} AdamwTable;
+} OptTable;
 
 /* A CgFn over the concatenation: bufs[0] is the table; [lo, hi) is cut
  * at tensor boundaries, each piece run by the kernel on its tensor. */
-static void adamw_apply(void **bufs, int64_t lo, int64_t hi) {
-  const AdamwTable *tb = bufs[0];
+static void opt_apply(void **bufs, int64_t lo, int64_t hi) {
+  const OptTable *tb = bufs[0];
   int a = 0, z = tb->n;   /* the first tensor with start[t + 1] > lo */
   while (a < z) {
     int mid = (a + z) / 2;
@@ -387,7 +413,7 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
   int *run_at = ts_xmalloc((size_t)(n ? n : 1) * sizeof *run_at);
   unsigned char *in_k = ts_xcalloc((size_t)(n ? n : 1), 1);
   unsigned char *done = ts_xcalloc((size_t)(n ? n : 1), 1);
-  plan_adamw_runs(b, run_at);
+  plan_opt_runs(b, run_at);
   int *attn_at = ts_xmalloc((size_t)(n ? n : 1) * sizeof *attn_at);
   int *acc_at = ts_xmalloc((size_t)(n ? n : 1) * sizeof *acc_at);
   plan_accum_direct_runs(b, acc_at);
@@ -406,23 +432,24 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
     if (done[i]) continue;
     const IrNode *nd = &b->nodes[i];
     int cnt = 0;
-    if (run_at[i] >= 0) {   /* the first adamw of a run: one launch for all of it */
+    if (run_at[i] >= 0) {   /* the first step of a run: one launch for all of it */
       int *run = ts_xmalloc((size_t)(run_at[i] - i + 1) * sizeof *run), nrun = 0;
       for (int j = i; j <= run_at[i]; j++)
         if (run_at[j] == run_at[i]) { run[nrun++] = j; done[j] = 1; }
       RtJitKernel kk;
-      int r = compile_adamw_run(J, m, b, run, nrun, &kk, err, errlen);
+      int r = compile_opt_run(J, m, b, run, nrun, &kk, err, errlen);
       if (r != 0) {   /* < 0: error; > 0: the reference updates them one by one */
         free(run);
         if (r < 0) { rc = -1; break; }
         J->stats.fallbacks++;
         continue;
       }
+      kk.scal_at = J->stats.opt_tensors;   /* the program's slots of scalars so far */
       VEC_PUSH(jb->k, kk);
       for (int j = 0; j < nrun; j++) jb->kern[run[j]] = jb->k.n - 1;
       J->stats.kernels++;
-      J->stats.adamw_runs++;
-      J->stats.adamw_tensors += nrun;
+      J->stats.opt_runs++;
+      J->stats.opt_tensors += nrun;
       continue;
     }
     if (attn_at[i] >= 0) {   /* the first part of an attention's backward: one pass (CPU) or launch group (device) for all */
@@ -611,9 +638,11 @@ void rt_jit_run(RtJit *J, const RtProgram *p, const RtJitKernel *k, void **bufs,
   else cg_pool_run(J->pool, k->fn, bufs, k->grid);
 }
 
-void rt_jit_adamw_chunk(const RtProgram *p, const IrNode *n, int64_t *off, int64_t *cnt) {
+void rt_jit_opt_chunk(const RtProgram *p, const IrNode *n, int64_t *off, int64_t *cnt) {
   const IrModule *m = rt_program_module(p);
-  const IrState *w = &m->states.a[n->ia[0]], *ms = &m->states.a[n->ia[1]];
+  int nmom, nkey;
+  cg_opt_step_layout(n->op, &nmom, &nkey);
+  const IrState *w = &m->states.a[n->ia[0]], *ms = nmom ? &m->states.a[n->ia[1]] : w;
   *cnt = ir_type_numel(&w->type);
   *off = 0;
   if (ms->sh.flat && !w->sh.flat) {   /* the rank's chunk of the flattened param (ref_ADAMW's rule; a ZeRO-3
@@ -624,9 +653,29 @@ void rt_jit_adamw_chunk(const RtProgram *p, const IrNode *n, int64_t *off, int64
   }
 }
 
-int rt_jit_run_adamw(RtJit *J, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void *const *vals,
-                     const RtRunInfo *info, char *msg, size_t n) {
+/* The buffers of step node nd's kernel (cg_opt_step_layout's order) into
+ * row[0 .. 6): its operands, the scalars sc, the param at elements off,
+ * the moments; param and moments from state(p, id) (host or device
+ * copies).  Returns the count, or -1 when an operand has no buffer. */
+int rt_jit_opt_buffers(const RtProgram *p, const IrNode *nd, void *const *vals, void *sc, int64_t off,
+                       void *(*state)(const RtProgram *, int), void *row[6]) {
   const IrModule *m = rt_program_module(p);
+  int nmom, nkey, nin = cg_opt_step_layout(nd->op, &nmom, &nkey), k = 0;
+  size_t es = ir_dtype_size(m->states.a[nd->ia[0]].type.dtype);
+  for (int j = 0; j < nin; j++) {
+    row[k] = vals[nd->in[j]];
+    if (!row[k++]) return -1;
+  }
+  row[k++] = sc;
+  row[k++] = (char *)state(p, (int)nd->ia[0]) + off * (int64_t)es;
+  for (int j = 0; j < nmom; j++) row[k++] = state(p, (int)nd->ia[1 + j]);
+  return k;
+}
+
+static void *host_state(const RtProgram *p, int id) { return rt_state_data((RtProgram *)p, id); }
+
+int rt_jit_run_opt(RtJit *J, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void *const *vals,
+                   const RtRunInfo *info, char *msg, size_t n) {
   int nt = K->nrun;
   int64_t *start = ts_xmalloc((size_t)(nt + 1) * sizeof *start);
   void *(*bufs)[6] = ts_xmalloc((size_t)nt * sizeof *bufs);
@@ -635,34 +684,29 @@ int rt_jit_run_adamw(RtJit *J, RtProgram *p, const IrBlock *b, const RtJitKernel
   start[0] = 0;
   for (int t = 0; t < nt; t++) {
     const IrNode *nd = &b->nodes[K->run[t]];
-    size_t es = ir_dtype_size(m->states.a[nd->ia[0]].type.dtype);
     int64_t off, cnt;
-    rt_jit_adamw_chunk(p, nd, &off, &cnt);
-    rt_jit_adamw_scalars(nd, info, sc[t]);
-    void *row[6] = {vals[nd->in[0]], vals[nd->in[1]], sc[t], (char *)rt_state_data(p, (int)nd->ia[0]) + off * (int64_t)es,
-                    rt_state_data(p, (int)nd->ia[1]), rt_state_data(p, (int)nd->ia[2])};
-    if (!row[0] || !row[1]) {
-      snprintf(msg, n, "internal error: adamw %%%d's operand has no buffer", K->run[t]);
+    rt_jit_opt_chunk(p, nd, &off, &cnt);
+    rt_jit_opt_scalars(&rt_program_module(p)->train, nd, info, sc[t]);
+    if (rt_jit_opt_buffers(p, nd, vals, sc[t], off, host_state, bufs[t]) < 0) {
+      snprintf(msg, n, "internal error: %s %%%d's operand has no buffer", ir_ops[nd->op].name, K->run[t]);
       rc = -1;
       break;
     }
-    memcpy(bufs[t], row, sizeof row);
     start[t + 1] = start[t] + cnt;
   }
   if (rc == 0) {
-    AdamwTable tb = {K->fn, nt, start, bufs};
+    OptTable tb = {K->fn, nt, start, bufs};
     void *arg[1] = {&tb};
     int64_t total = start[nt];
-    if (total < RT_JIT_INLINE_WORK || cg_pool_threads(J->pool) == 1) adamw_apply(arg, 0, total);
-    else cg_pool_run(J->pool, adamw_apply, arg, total);
-    J->stats.adamw_launches++;
+    if (total < RT_JIT_INLINE_WORK || cg_pool_threads(J->pool) == 1) opt_apply(arg, 0, total);
+    else cg_pool_run(J->pool, opt_apply, arg, total);
+    J->stats.opt_launches++;
   }
   free(start);
   free(bufs);
   free(sc);
   return rc;
 }
-
 int rt_jit_run_gemm(RtJit *J, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **bufs,
                     const RtRunInfo *info, char *msg, size_t n) {
   J->stats.epilogue_gemms++;

@@ -194,7 +194,10 @@ static const char *dev_label(const IrBlock *b, const RtJitKernel *K, const IrNod
   else if (K && K->accum_from) {
     what = "gemm into grad";
     shape = &b->nodes[K->accum_from - 1];   /* the weight gradient's matmul */
-  } else if (K && K->adamw) what = "adamw (all tensors)";
+  } else if (K && K->opt) {
+    snprintf(t, sizeof t, "%s (all tensors)", ir_ops[K->op].name);
+    what = ts_intern(t);
+  }
   else if (K && K->attn_grads) what = "attention_bwd (all parts)";
   snprintf(s, sizeof s, "%s %s", what, ir_type_str(&shape->type, t, sizeof t));
   return ts_intern(s);
@@ -663,10 +666,10 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
   if (p->jit && p->profile) {
     const RtExecStats *s = rt_jit_stats(p->jit);
     fprintf(stderr, "rt: llvm backend: %d kernels (%d fused groups, %d distinct compiled, %d groups on the reference) "
-            "in %.3f s, %d from the disk cache, %d threads; %d GEMM bias epilogues, %d AdamW launches for %d "
+            "in %.3f s, %d from the disk cache, %d threads; %d GEMM bias epilogues, %d optimizer-step launches for %d "
             "tensors, %d attention backwards in one pass, %d gradients made straight into their state\n",
             s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->disk_hits, s->threads, s->epilogues,
-            s->adamw_runs, s->adamw_tensors, s->attn_grads, s->accum_direct);
+            s->opt_runs, s->opt_tensors, s->attn_grads, s->accum_direct);
   }
   return p;
 }
@@ -1392,9 +1395,9 @@ static int run_kernel(RtProgram *p, const IrBlock *b, const RtJitKernel *K, RtRu
   void *bufs[CG_MAX_BUFS];
   void **buf = r->buf;
   int bi = (int)(b - p->m->blocks.a);
-  if (K->adamw && p->dx) return rt_dev_exec_kernel(p->dx, p, bi, K, NULL, buf, info, msg, n);
-  if (K->adamw)   /* one launch for a run of adamw nodes: states updated in place */
-    return rt_jit_run_adamw(p->jit, p, b, K, buf, info, msg, n);
+  if (K->opt && p->dx) return rt_dev_exec_kernel(p->dx, p, bi, K, NULL, buf, info, msg, n);
+  if (K->opt)   /* one launch for a run of optimizer steps: states updated in place */
+    return rt_jit_run_opt(p->jit, p, b, K, buf, info, msg, n);
   for (int k = 0; k < K->io.nin; k++) {
     if (!(bufs[k] = buf[K->io.in[k]])) {
       snprintf(msg, n, "internal error: kernel input %%%d has no buffer", K->io.in[k]);
@@ -1470,7 +1473,7 @@ static int walk_block(RtProgram *p, int bi, const RtFeed *feeds, int nfeeds, con
       if (p->trace && p->tev.n < RT_TRACE_MAX && top != IR_OP_STATE && top != IR_OP_INPUT && top != IR_OP_OUTPUT) {
         const RtJitKernel *jk = kid >= 0 ? &jb->k.a[kid] : NULL;
         int kind = !jk ? RT_TRACE_REF : jk->gemm_mm ? RT_TRACE_GEMM_BIAS : jk->attn_grads ? RT_TRACE_ATTN_GRADS
-                   : jk->accum_from ? RT_TRACE_INTO_GRAD : jk->adamw ? RT_TRACE_ADAMW : RT_TRACE_KERNEL;
+                   : jk->accum_from ? RT_TRACE_INTO_GRAD : jk->opt ? RT_TRACE_OPT : RT_TRACE_KERNEL;
         RtTraceEvent ev = {b->name, b->nodes[i].op, i, kind, t0 - p->trace_base, ts_now_s() - t0};
         VEC_PUSH(p->tev, ev);
       }

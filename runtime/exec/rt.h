@@ -98,12 +98,13 @@ typedef struct {
   int disk_hits;   /* of the distinct ones, loaded from the on-disk cache */
   int threads;     /* the kernels' thread pool */
   double jit_s;    /* lowering + compiling, seconds */
-  int adamw_runs;      /* multi-tensor AdamW launches per run of the blocks (one per run of adamw nodes) */
-  int adamw_tensors;   /* adamw nodes updated by them */
+  int opt_runs;        /* multi-tensor optimizer-step launches per run of the blocks (one per run of
+                          adamw, sgd, lion or lr_step nodes, plan_opt_runs) */
+  int opt_tensors;     /* step nodes updated by them */
   int epilogues;       /* GEMM bias epilogue groups (one BLAS call, beta = 1), of `groups` */
   int attn_grads;      /* attention backwards run as one pass for their two or three parts */
   int accum_direct;    /* gradients made straight into their state (GEMM beta = 1, scatter-add) */
-  long long adamw_launches;   /* counted as the blocks run: multi-tensor AdamW launches made */
+  long long opt_launches;     /* counted as the blocks run: multi-tensor optimizer-step launches made */
   long long epilogue_gemms;   /* ... and GEMM epilogues run */
   long long dev_collectives;  /* on a device with NCCL: collectives issued on the comm stream */
   long long dev_overlapped;   /* ... and device operations issued on compute while one was in flight */
@@ -138,7 +139,7 @@ void rt_program_free(RtProgram *p);
  * lone op), a GEMM with its bias epilogue, an attention's backward parts
  * in one pass, a gradient made straight into its state, AdamW over many
  * tensors (exec_jit.c) */
-enum { RT_TRACE_REF, RT_TRACE_KERNEL, RT_TRACE_GEMM_BIAS, RT_TRACE_ATTN_GRADS, RT_TRACE_INTO_GRAD, RT_TRACE_ADAMW };
+enum { RT_TRACE_REF, RT_TRACE_KERNEL, RT_TRACE_GEMM_BIAS, RT_TRACE_ATTN_GRADS, RT_TRACE_INTO_GRAD, RT_TRACE_OPT };
 typedef struct {
   const char *block;   /* interned */
   int op;              /* IrOp of the node (a kernel: its last member) */

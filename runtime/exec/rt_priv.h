@@ -38,10 +38,13 @@ typedef struct {
   CgGroupIO io;
   int nparam;         /* > 0: the kernel reads run-time scalars (dropout: seed, step, micro; kir.h
                          PARAM), passed after its buffers by rt_jit_run */
-  int adamw;          /* a multi-tensor AdamW launch over the adamw nodes run[0..nrun): per
-                         tensor, buffers coef, grad, {lr, 1-b1^t, 1-b2^t, wd}, then param, m, v
-                         (states, updated in place; see exec_jit.c) */
+  int opt;            /* a multi-tensor optimizer step over the adamw, sgd, lion or lr_step nodes
+                         run[0..nrun) (one kind, `op`): per tensor, buffers (coef,) grad, four
+                         scalars, then param and moments (states, updated in place; see
+                         exec_jit.c, cg_lower_opt_step) */
   int *run, nrun;
+  int scal_at;        /* opt: the first of its nrun slots of four scalars in the program's table (each run
+                         its own slots: a device copies them asynchronously, exec_dev.c opt_run) */
   int gemm_mm;        /* > 0 (the matmul's id + 1): a GEMM bias epilogue (exec_gemm.c), buffers
                          A, B, bias, then the add's value */
   int attn_grads;     /* the attention_bwd parts run[0..nrun) of one attention in one pass
@@ -50,9 +53,9 @@ typedef struct {
                          accum at `at` (exec_gemm.c): a matmul (C = A.B + C) or embedding_bwd
                          (scatter-add); buffers: the producer's two operands */
   CgCudaLaunch cl;    /* cuda mode (RtExecOpts.cuda): the printed kernel's launch */
-  CgCudaLaunch *cls;  /* cuda mode, adamw: per member j of run[], the launches cls[2j], cls[2j + 1] */
+  CgCudaLaunch *cls;  /* cuda mode, opt: per member j of run[], the launches cls[2j], cls[2j + 1] */
   int64_t *ccnt;      /* ... for element counts ccnt[2j] (full ZeRO chunk or whole tensor), ccnt[2j + 1]
-                         (partial chunk; 0: none) (exec_jit.c cuda_adamw_run) */
+                         (partial chunk; 0: none) (exec_jit.c cuda_opt_run) */
 } RtJitKernel;
 typedef struct {
   int *kern;          /* per node: the kernel computing it, or -1 (reference kernel) */
@@ -73,16 +76,25 @@ const RtCudaKernelInfo *rt_jit_cuda_info(const RtJit *j, int *n);
  * bufs[0 .. nin + nout) are its buffers.  A kernel with run-time scalars
  * gets p's seed and info's step and micro batch (info NULL: 0, 0). */
 void rt_jit_run(RtJit *j, const RtProgram *p, const RtJitKernel *k, void **bufs, const RtRunInfo *info);
-/* The per-run scalars of an AdamW kernel for node n at info's step and lr:
- * lr, 1 - b1^t, 1 - b2^t, wd. */
-void rt_jit_adamw_scalars(const IrNode *n, const RtRunInfo *info, double s[4]);
-/* The elements of its param adamw node n updates on this rank: all of
+/* The per-run scalars of an optimizer step kernel (cg_lower_opt_step) for
+ * node n of a program trained by tr at info's step and lr: adamw {lr (Muon's
+ * AdamW group: ir_train_adamw_lr), 1 - b1^t, 1 - b2^t, wd}, sgd and
+ * lion {lr, 0, 0, wd}, lr_step {lr, scale, 0, wd}. */
+void rt_jit_opt_scalars(const IrTrain *tr, const IrNode *n, const RtRunInfo *info, double s[4]);
+/* The elements of its param step node n updates on this rank: all of
  * them, or (ZeRO: flat moments) the rank's chunk [*off, *off + *cnt). */
-void rt_jit_adamw_chunk(const RtProgram *p, const IrNode *n, int64_t *off, int64_t *cnt);
-/* Runs the multi-tensor AdamW kernel K (K->adamw) of block b: vals[] are
+void rt_jit_opt_chunk(const RtProgram *p, const IrNode *n, int64_t *off, int64_t *cnt);
+/* The buffers of step node nd's kernel, in cg_opt_step_layout's order,
+ * into row: its operands (vals), the scalars sc, the param from element
+ * off on, its moments, the states' memory from state(p, id) (the host's
+ * or the device's).  Returns the number of buffers, -1 when an operand
+ * has none. */
+int rt_jit_opt_buffers(const RtProgram *p, const IrNode *nd, void *const *vals, void *sc, int64_t off,
+                       void *(*state)(const RtProgram *, int), void *row[6]);
+/* Runs the multi-tensor optimizer step K (K->opt) of block b: vals[] are
  * the run's value buffers.  0, or -1 with a message. */
-int rt_jit_run_adamw(RtJit *j, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void *const *vals,
-                     const RtRunInfo *info, char *msg, size_t n);
+int rt_jit_run_opt(RtJit *j, RtProgram *p, const IrBlock *b, const RtJitKernel *K, void *const *vals,
+                   const RtRunInfo *info, char *msg, size_t n);
 /* GEMM bias epilogues (exec_gemm.c).  rt_gemm_epilogue_ok: whether the
  * matmul node mm of b is a product the epilogue runs (float, shapes BLAS
  * takes).  rt_gemm_epilogue_run: kernel K (K->gemm_mm) with bufs = A, B,

@@ -32,7 +32,7 @@ static const char *event_name(int op, int kind, char *buf, size_t n) {
   case RT_TRACE_GEMM_BIAS: snprintf(buf, n, "gemm + bias"); break;
   case RT_TRACE_ATTN_GRADS: snprintf(buf, n, "attention backward"); break;
   case RT_TRACE_INTO_GRAD: snprintf(buf, n, "%s into its gradient", op == IR_OP_ACCUM ? "gemm" : o); break;
-  case RT_TRACE_ADAMW: snprintf(buf, n, "adamw (multi-tensor)"); break;
+  case RT_TRACE_OPT: snprintf(buf, n, "%s (multi-tensor)", o); break;
   default: snprintf(buf, n, "%s", o);
   }
   return buf;

@@ -130,7 +130,7 @@ usage)
   run 2 "$MCC" samples/gpt.mdl --print-ir-after=autodif &&
     has "$TMP/err" "unknown pass 'autodif'" && has "$TMP/err" "frontend, partition, autodiff, shard, precision, remat, pipeline, wsplit, zero3, optimizer, eval, decode, dce"
   run 0 "$MCC" --help && has "$TMP/out" "usage: mcc FILE.mdl" && has "$TMP/out" "--dump-ir=all DIR"
-  run 0 "$MCC" --version && has "$TMP/out" "plan format 3"
+  run 0 "$MCC" --version && has "$TMP/out" "plan format 4"
   run 1 "$MCC" "$TMP/missing.mdl" && has "$TMP/err" "cannot open '$TMP/missing.mdl'"
   ;;
 errors)
@@ -229,7 +229,7 @@ tiny-gpt|tiny-llama)
   fi
   # the text plan: same plan as the binary one, re-prints identically, and trains
   run 0 "$MCC" samples/$m.mdl $DEFS --emit=plan-text -o "$TMP/$m.plan.txt"
-  head -1 "$TMP/$m.plan.txt" | grep -qx "tessera-plan 3" || fail "plan text header: $(head -1 "$TMP/$m.plan.txt")"
+  head -1 "$TMP/$m.plan.txt" | grep -qx "tessera-plan 4" || fail "plan text header: $(head -1 "$TMP/$m.plan.txt")"
   run 0 "$CHECK" plan "$TMP/$m.plan" "$TMP/$m.plan.txt"
   run 0 "$CHECK" same-plan "$TMP/$m.plan" "$TMP/$m.plan.txt"
   # mrun trains from the text plan; the loss of a fresh byte-level model is

@@ -90,7 +90,7 @@ typedef struct {
   void *jit[CG_MAX_BUFS];        /* written buffers after the LLVM kernel */
   double *ref[CG_MAX_BUFS];      /* written buffers per the reference (NULL: none) */
   int alias_out, alias_in;       /* in place: buffer alias_out is given alias_in's memory (-1: none) */
-  int misalign;                  /* buffer 3 (AdamW's param) one element past a 16-byte boundary */
+  int misalign;                  /* buffer nin (an optimizer step's param) one element past a 16-byte boundary */
   long long run[CG_RUN_WORDS];
 } Kept;
 static VEC(Kept) g_kept;
@@ -669,35 +669,62 @@ static void st(void *p, CgType t, int64_t i, double v) {
   else ((double *)p)[i] = v;
 }
 
-static void adamw(CgType t, int64_t cnt, int misalign) {
-  const double b1 = 0.9, b2 = 0.95, eps = 1e-8;
-  /* the executor's AdamW kernel (cg_lower_adamw), against the formula
-   * computed here in the reference's order (ops_ref_t.h) */
-  const double fa[3] = {b1, b2, eps};
-  CgKernel *k = cg_lower_adamw(t == CG_F32 ? IR_F32 : IR_F64, IR_F32, fa, cnt);
+/* The executor's optimizer-step kernels (cg_lower_opt_step: adamw, sgd
+ * with and without Nesterov, lion, lr_step), against each rule's formula
+ * computed here in the reference's order (ops_ref_t.h, *_range). */
+static void opt_step(IrOp op, CgType t, int64_t cnt, int misalign, double nesterov) {
+  const double b1 = 0.9, b2 = 0.95, eps = 1e-8, mom = 0.9;
+  double fa[3] = {b1, b2, eps};
+  if (op == IR_OP_SGD) fa[0] = mom, fa[1] = nesterov;
+  if (op == IR_OP_LION) fa[1] = 0.99;
+  CgKernel *k = cg_lower_opt_step(op, t == CG_F32 ? IR_F32 : IR_F64, IR_F32, fa, cnt);
+  int nmom, nkey, nin = cg_opt_step_layout(op, &nmom, &nkey);
   char what[96];
-  snprintf(what, sizeof what, "adamw %s n=%lld%s", cg_type_name(t), (long long)cnt, misalign ? " misaligned" : "");
-  Kept *kp = keep(k, 3, what);
+  snprintf(what, sizeof what, "%s%s %s n=%lld%s", ir_ops[op].name, nesterov != 0 ? " nesterov" : "", cg_type_name(t),
+           (long long)cnt, misalign ? " misaligned" : "");
+  CHECK(k != NULL, "%s: no kernel", what);
+  if (!k) return;
+  int bg = nin - 1, bs = nin, bw = nin + 1, bm = nin + 2, bv = nin + 3;   /* cg_opt_step_layout's buffers */
+  Kept *kp = keep(k, bw, what);
   kp->misalign = misalign;
-  ((float *)kp->init[0])[0] = 0.5f;   /* the clip coefficient */
-  double sc[4] = {1e-2, 1 - pow(b1, 3), 1 - pow(b2, 3), 0.1};
-  memcpy(kp->init[2], sc, sizeof sc);
+  if (nin == 2) ((float *)kp->init[0])[0] = 0.5f;   /* the clip coefficient */
+  double sc[4] = {1e-2, op == IR_OP_ADAMW ? 1 - pow(b1, 3) : op == IR_OP_LR_STEP ? 1.25 : 0,
+                  op == IR_OP_ADAMW ? 1 - pow(b2, 3) : 0, 0.1};
+  memcpy(kp->init[bs], sc, sizeof sc);
   for (int64_t e = 0; e < cnt; e++) {
-    st(kp->init[1], t, e, urand() * 2 - 1);
-    st(kp->init[3], t, e, urand() * 2 - 1);
-    st(kp->init[4], t, e, (urand() * 2 - 1) * 0.1);
-    st(kp->init[5], t, e, urand() * 0.01);
+    st(kp->init[bg], t, e, urand() * 2 - 1);
+    st(kp->init[bw], t, e, urand() * 2 - 1);
+    if (nmom > 0) st(kp->init[bm], t, e, (urand() * 2 - 1) * 0.1);
+    if (nmom > 1) st(kp->init[bv], t, e, urand() * 0.01);
   }
-  for (int b = 3; b < 6; b++) kp->ref[b] = ts_xmalloc((size_t)cnt * sizeof(double) + 8);
+  if (op == IR_OP_LION && cnt > 2) {   /* sign(0) is 0: an interpolation exactly 0 */
+    st(kp->init[bg], t, 1, 0);
+    st(kp->init[bm], t, 1, 0);
+  }
+  for (int b = bw; b < bw + 1 + nmom; b++) kp->ref[b] = ts_xmalloc((size_t)cnt * sizeof(double) + 8);
   for (int64_t e = 0; e < cnt; e++) {
-    double g = ldc(kp->init[1], t, e) * 0.5, w = ldc(kp->init[3], t, e);
-    double m = b1 * ldc(kp->init[4], t, e) + (1 - b1) * g, v = b2 * ldc(kp->init[5], t, e) + ((1 - b2) * g) * g;
-    double wn = w - sc[0] * (m / sc[1] / (sqrt(v / sc[2]) + eps) + sc[3] * w);
-    kp->ref[3][e] = t == CG_F32 ? (float)wn : wn;
-    kp->ref[4][e] = t == CG_F32 ? (float)m : m;
-    kp->ref[5][e] = t == CG_F32 ? (float)v : v;
+    double x = ldc(kp->init[bg], t, e), g = nin == 2 ? x * 0.5 : x, w = ldc(kp->init[bw], t, e), wn, m = 0, v = 0;
+    double m0 = nmom > 0 ? ldc(kp->init[bm], t, e) : 0;
+    if (op == IR_OP_ADAMW) {
+      m = b1 * m0 + (1 - b1) * g;
+      v = b2 * ldc(kp->init[bv], t, e) + ((1 - b2) * g) * g;
+      wn = w - sc[0] * (m / sc[1] / (sqrt(v / sc[2]) + eps) + sc[3] * w);
+    } else if (op == IR_OP_SGD) {
+      double d = g + sc[3] * w;
+      m = mom * m0 + d;
+      wn = w - sc[0] * (nesterov != 0 ? d + mom * m : m);
+    } else if (op == IR_OP_LION) {
+      double c = b1 * m0 + (1 - b1) * g;
+      wn = w * (1 - sc[0] * sc[3]) - sc[0] * (c > 0 ? 1.0 : c < 0 ? -1.0 : 0.0);
+      m = fa[1] * m0 + (1 - fa[1]) * g;
+    } else {
+      wn = w * (1 - sc[0] * sc[3]) - sc[0] * sc[1] * g;
+    }
+    kp->ref[bw][e] = t == CG_F32 ? (float)wn : wn;
+    if (nmom > 0) kp->ref[bm][e] = t == CG_F32 ? (float)m : m;
+    if (nmom > 1) kp->ref[bv][e] = t == CG_F32 ? (float)v : v;
   }
-  if (t == CG_F32 && !misalign) *(cnt % 4 == 0 ? &g_adamw_vec : &g_adamw_odd) = g_kept.n - 1;
+  if (op == IR_OP_ADAMW && t == CG_F32 && !misalign) *(cnt % 4 == 0 ? &g_adamw_vec : &g_adamw_odd) = g_kept.n - 1;
   run_jit(k, kp);
   cg_kernel_free(k);
 }
@@ -985,11 +1012,20 @@ static void build_all(void) {
   bf16(5, 37);
   bf16(4, 300);
   bf16_round();
-  adamw(CG_F32, 1000, 0);
-  adamw(CG_F32, 1000, 1);
-  adamw(CG_F32, 999, 0);
-  adamw(CG_F64, 1000, 0);
-  adamw(CG_F64, 1000, 1);
+  opt_step(IR_OP_ADAMW, CG_F32, 1000, 0, 0);
+  opt_step(IR_OP_ADAMW, CG_F32, 1000, 1, 0);
+  opt_step(IR_OP_ADAMW, CG_F32, 999, 0, 0);
+  opt_step(IR_OP_ADAMW, CG_F64, 1000, 0, 0);
+  opt_step(IR_OP_ADAMW, CG_F64, 1000, 1, 0);
+  for (int ti = 0; ti < 2; ti++) {   /* the other update rules, f32 and f64, a chunk not 16-byte aligned */
+    CgType t = ti ? CG_F64 : CG_F32;
+    opt_step(IR_OP_SGD, t, 1000, 0, 0);
+    opt_step(IR_OP_SGD, t, 999, 1, 1);
+    opt_step(IR_OP_LION, t, 1000, 0, 0);
+    opt_step(IR_OP_LION, t, 999, 1, 0);
+    opt_step(IR_OP_LR_STEP, t, 1000, 0, 0);
+    opt_step(IR_OP_LR_STEP, t, 998, 1, 0);
+  }
   big();
   hand_two_loops(CG_F64, 5, 300);
   hand_two_loops(CG_F32, 5, 100);
@@ -1218,7 +1254,7 @@ static void emu_run(TsEmu *e, const Kept *kp, const CgCudaLaunch *l, const char 
   for (int b = 0; b < kp->nbuf; b++) {
     /* 16-byte aligned, or one element past (a ZeRO chunk of a parameter),
      * ending at most 15 bytes before a guard page */
-    size_t off = kp->misalign && b == 3 ? cg_size(kp->buf[b].type) : 0;
+    size_t off = kp->misalign && b == kp->nin ? cg_size(kp->buf[b].type) : 0;
     at[b] = (char *)guarded((bytes_of(&kp->buf[b]) + off + 15) / 16 * 16, &mem[b], &mlen[b]) + off;
     memcpy(at[b], kp->init[b], bytes_of(&kp->buf[b]));
   }

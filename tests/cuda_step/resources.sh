@@ -43,6 +43,10 @@ tiny_moe="-D experts=4 -D topk=2 -D layers=2 -D d_model=32 -D heads=4 -D seq_len
 run moe_tiny moe $tiny_moe -D capacity_factor=1.0
 run moe_ep2 moe $tiny_moe --ep 2
 
+# the other update rules' step kernels (sgd, lion, muon's lr_step next to its AdamW group), ZeRO-1 at dp 2
+run gpt_sgd_dp2 gpt $tiny_gpt --optimizer sgd --nesterov --dp 2
+run llama_lion_dp2 llama $tiny_llama --optimizer lion --dp 2
+run gpt_muon_dp2 gpt $tiny_gpt --optimizer muon --dp 2
 # the images are in the plan, in its text form too
 "$mcc" "$src/samples/gpt.mdl" $tiny_gpt --target sm_90 --emit=plan-text -o gpt.txt 2> /dev/null
 if ! grep -q "^cuda 1$" gpt.txt || ! grep -q "^image program 0 sm_90 hash" gpt.txt; then

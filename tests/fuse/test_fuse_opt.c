@@ -103,7 +103,7 @@ static void test_runs(void) {
   const IrBlock *b = &m->blocks.a[0];
   int run[16], want[] = {-1, -1, 2, -1, -1, -1, -1, 9, -1, 9, -1, 11};
   CHECK(b->n == 12, "runs snippet has %d nodes", b->n);
-  CHECK(plan_adamw_runs(b, run) == 3, "want 3 runs");
+  CHECK(plan_opt_runs(b, run) == 3, "want 3 runs");
   for (int i = 0; i < b->n && i < 12; i++) CHECK(run[i] == want[i], "%%%d: run at %d, want %d", i, run[i], want[i]);
   /* the memory plan runs them where the executor does */
   int at[16];
@@ -129,9 +129,9 @@ static void test_runs(void) {
   states_equal(m, ref, jit, -1, "runs snippet after 3 steps");
   RtExecStats st;
   rt_program_exec_stats(jit, &st);
-  CHECK(st.adamw_runs == 3 && st.adamw_tensors == 4 && st.adamw_launches == 9,
-        "runs snippet: %d runs of %d tensors, %lld launches (want 3, 4, 9)", st.adamw_runs, st.adamw_tensors,
-        st.adamw_launches);
+  CHECK(st.opt_runs == 3 && st.opt_tensors == 4 && st.opt_launches == 9,
+        "runs snippet: %d runs of %d tensors, %lld launches (want 3, 4, 9)", st.opt_runs, st.opt_tensors,
+        st.opt_launches);
   rt_program_free(ref);
   rt_program_free(jit);
   ir_module_free(m);
@@ -248,9 +248,9 @@ static void test_sample(const char *model, IrDtype prec, int layers, int want_ep
   states_equal(m, ref, jit, -1, what);
   RtExecStats st;
   rt_program_exec_stats(jit, &st);
-  CHECK(st.adamw_runs == 1 && st.adamw_tensors == nadam && st.adamw_launches == 3,
-        "%s: %d AdamW runs over %d tensors, %lld launches (want 1 over %d, 3)", what, st.adamw_runs, st.adamw_tensors,
-        st.adamw_launches, nadam);
+  CHECK(st.opt_runs == 1 && st.opt_tensors == nadam && st.opt_launches == 3,
+        "%s: %d AdamW runs over %d tensors, %lld launches (want 1 over %d, 3)", what, st.opt_runs, st.opt_tensors,
+        st.opt_launches, nadam);
   /* compiled: micro's and the forward-only eval block's (pass eval); run:
    * micro's, once per step */
   int ei = block_index(m, "eval"), neval = ei >= 0 ? count_epilogue_groups(&m->blocks.a[ei]) : 0;

@@ -32,6 +32,7 @@ typedef struct {
   IrOptimizer opt;
   double clip, wd, momentum, b1, b2, muon_momentum;
   int nesterov, ns_steps;
+  double adamw_lr_ratio;   /* muon: the AdamW group's lr over Muon's (--muon-adamw-lr); 0: the same lr */
 } Config;
 
 static int fails;
@@ -85,6 +86,8 @@ static IrModule *build(const Config *c) {
   t->nesterov = c->nesterov;
   t->muon_momentum = c->muon_momentum;
   t->muon_ns_steps = c->ns_steps;
+  t->lr = 0.02;   /* the base of the per-step lrs below: muon_adamw_lr / lr is the AdamW group's ratio */
+  t->muon_adamw_lr = c->adamw_lr_ratio * t->lr;
   t->global_batch = NMICRO;
   t->micro_batch = 1;
   int b = ir_block_add(m, "forward");
@@ -166,8 +169,9 @@ static void run_config(const Config *c, const char *dir) {
   snprintf(path, sizeof path, "%s/%s.txt", dir, c->name);
   if (!(f = fopen(path, "w"))) { FAIL("cannot write %s", path); goto out; }
   fprintf(f, "config opt=%s clip=%.17g wd=%.17g momentum=%.17g nesterov=%d b1=%.17g b2=%.17g eps=%.17g "
-          "muon_momentum=%.17g ns_steps=%d nmicro=%d steps=%d\n", ir_optimizer_name(c->opt), c->clip, c->wd,
-          c->momentum, c->nesterov, c->b1, c->b2, m->train.eps, c->muon_momentum, c->ns_steps, NMICRO, STEPS);
+          "muon_momentum=%.17g ns_steps=%d nmicro=%d steps=%d adamw_lr_ratio=%.17g\n", ir_optimizer_name(c->opt),
+          c->clip, c->wd, c->momentum, c->nesterov, c->b1, c->b2, m->train.eps, c->muon_momentum, c->ns_steps, NMICRO,
+          STEPS, c->adamw_lr_ratio);
   double *W[NP];
   for (int k = 0; k < NP; k++) {
     int64_t n = numel(P[k].rank, P[k].d0, P[k].d1);
@@ -228,15 +232,17 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: opt_torch OUT_DIR\n");
     return 2;
   }
-  /* name, optimizer, clip, wd, momentum, b1, b2, muon momentum, nesterov, ns steps */
+  /* name, optimizer, clip, wd, momentum, b1, b2, muon momentum, nesterov, ns steps, AdamW-group lr ratio */
   static const Config configs[] = {
-      {"sgd", IR_OPT_SGD, 0.0, 0.0, 0.9, 0.9, 0.95, 0.95, 0, 5},
-      {"sgd_nesterov_decay_clip", IR_OPT_SGD, 2.0, 0.1, 0.8, 0.9, 0.95, 0.95, 1, 5},
-      {"sgd_plain", IR_OPT_SGD, 0.0, 0.05, 0.0, 0.9, 0.95, 0.95, 0, 5},
-      {"lion", IR_OPT_LION, 0.0, 0.0, 0.9, 0.9, 0.99, 0.95, 0, 5},
-      {"lion_decay_clip", IR_OPT_LION, 2.0, 0.3, 0.9, 0.8, 0.95, 0.95, 0, 5},
-      {"muon", IR_OPT_MUON, 2.0, 0.1, 0.9, 0.9, 0.95, 0.95, 1, 5},
-      {"muon_plain_momentum", IR_OPT_MUON, 0.0, 0.0, 0.9, 0.8, 0.9, 0.9, 0, 3},
+      {"sgd", IR_OPT_SGD, 0.0, 0.0, 0.9, 0.9, 0.95, 0.95, 0, 5, 0},
+      {"sgd_nesterov_decay_clip", IR_OPT_SGD, 2.0, 0.1, 0.8, 0.9, 0.95, 0.95, 1, 5, 0},
+      {"sgd_plain", IR_OPT_SGD, 0.0, 0.05, 0.0, 0.9, 0.95, 0.95, 0, 5, 0},
+      {"lion", IR_OPT_LION, 0.0, 0.0, 0.9, 0.9, 0.99, 0.95, 0, 5, 0},
+      {"lion_decay_clip", IR_OPT_LION, 2.0, 0.3, 0.9, 0.8, 0.95, 0.95, 0, 5, 0},
+      {"muon", IR_OPT_MUON, 2.0, 0.1, 0.9, 0.9, 0.95, 0.95, 1, 5, 0},
+      {"muon_plain_momentum", IR_OPT_MUON, 0.0, 0.0, 0.9, 0.8, 0.9, 0.9, 0, 3, 0},
+      /* the AdamW group (b, E) at a quarter of Muon's lr, every step (--muon-adamw-lr) */
+      {"muon_adamw_lr", IR_OPT_MUON, 2.0, 0.1, 0.9, 0.9, 0.95, 0.95, 1, 5, 0.25},
   };
   for (size_t i = 0; i < sizeof configs / sizeof configs[0]; i++) run_config(&configs[i], argv[1]);
   printf("%s: %d failure(s)\n", fails ? "FAILED" : "PASSED", fails);

@@ -120,8 +120,9 @@ def replay(cfg, params, shapes, inputs, lrs, after, norms):
         worst = max(worst, abs(float(norm) - norms[s]) / max(1.0, abs(float(norm))))
         with torch.no_grad():
             if torch_opt is not None:
-                for grp in torch_opt.param_groups:
-                    grp["lr"] = lr
+                for grp in torch_opt.param_groups:   # muon's AdamW group: its own lr (--muon-adamw-lr)
+                    ratio = cfg.get("adamw_lr_ratio", 0.0) if opt == "muon" else 0.0
+                    grp["lr"] = lr * ratio if ratio > 0 else lr
             if opt == "sgd":
                 torch_opt.step()
             elif opt == "lion":

@@ -146,7 +146,7 @@ static void test_roundtrips(void) {
   }
 
   plan_print_text(p, &text);
-  CHECK(strncmp(text.p, "tessera-plan 3\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"tests/plan/\\\"tiny\\\".mdl\"\n"
+  CHECK(strncmp(text.p, "tessera-plan 4\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"tests/plan/\\\"tiny\\\".mdl\"\n"
                         "ranks 1\nrank 0 program 0\nprogram 0\nmodule tiny\n", 125) == 0,
         "text header:\n%.200s", text.p);
   Plan *t = plan_parse_text(text.p, "tiny.plan.txt", err, sizeof err);
@@ -272,16 +272,16 @@ static void test_refusals(void) {
   expect_refusal(path, b.p, b.n, "~is corrupted: header says");
 
   /* a broken text plan names file and line */
-  expect_refusal(path, "tessera-plan 3\nmesh dp=1 pp=1\n", 30, "~bad.plan:2: error: expected 'mesh");
+  expect_refusal(path, "tessera-plan 4\nmesh dp=1 pp=1\n", 30, "~bad.plan:2: error: expected 'mesh");
   snprintf(want, sizeof want,
            "plan '%s' has format version 9; this mrun reads up to version %d: rebuild mrun or recompile the plan", path,
            PLAN_VERSION);
   expect_refusal(path, "tessera-plan 9\n", 15, want);
   /* errors inside a program carry the line number within the whole file */
-  static const char bad_module[] = "tessera-plan 3\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"\"\nranks 1\n"
+  static const char bad_module[] = "tessera-plan 4\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"\"\nranks 1\n"
                                    "rank 0 program 0\n# a comment\n\nprogram 0\nmodule x\nbogus line\n";
   expect_refusal(path, bad_module, sizeof bad_module - 1, "~bad.plan:10:");
-  static const char bad_rank[] = "tessera-plan 3\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"\"\nranks 1\nrank 0 program 3\n";
+  static const char bad_rank[] = "tessera-plan 4\nmesh dp=1 pp=1 cp=1 ep=1 tp=1\nsource \"\"\nranks 1\nrank 0 program 3\n";
   expect_refusal(path, bad_rank, sizeof bad_rank - 1, "~no programs");
   /* a rank table that does not match the mesh */
   Plan *p2 = make_plan();
