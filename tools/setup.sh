@@ -31,7 +31,7 @@ done
 # clang, and bible-kjv (the text of the bundled training corpus).
 PKGS="ca-certificates flex bison cmake make gcc g++ llvm-19-dev libopenblas-dev
       openmpi-bin libopenmpi-dev python3 python3-venv python3-torch python3-numpy graphviz
-      libclang-rt-14-dev clang-14 bible-kjv patchelf bubblewrap xz-utils"
+      libclang-rt-14-dev clang-14 bible-kjv patchelf bubblewrap xz-utils pkg-config"
 
 log=$(mktemp "${TMPDIR:-/tmp}/tessera-setup.XXXXXX")
 trap 'rm -f "$log"' EXIT
