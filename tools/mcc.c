@@ -161,6 +161,8 @@ static void usage(FILE *f) {
           "  --muon-tp-mode M       muon on a tp-split matrix: auto (the fewer bytes), allreduce (its Gram\n"
           "                         matrix every iteration) or gather (the matrix once)\n"
           "  --help, --version\n"
+          "Any option that takes a value also takes --option=VALUE.  The C API (include/tessera.h, libtessera)\n"
+          "takes the same options by the same names: docs/embedding.md.\n"
           "Passes, in order: frontend");
   for (int i = 0; i < pass_pipeline_count; i++) fprintf(f, ", %s", pass_pipeline[i].name);
   fprintf(f, "\n");

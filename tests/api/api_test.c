@@ -146,6 +146,19 @@ int main(int argc, char **argv) {
   snprintf(missing_msg, sizeof missing_msg, "%s", ts_session_errors(s));
   ts_session_free(s);
 
+  /* the same options by other spellings mcc takes: Megatron's name, dashes, name=value */
+  s = ts_session_new();
+  const char *alt[][2] = {{"-D", "layers=1"}, {"D=d_model=16"}, {"-D", "heads=2"}, {"D", "seq_len=8"}, {"D", "vocab=256"},
+                          {"D", "batch=2"}, {"D", "micro_batch=1"}, {"tensor-model-parallel-size=2"}};
+  int alt_ok = 1;
+  for (size_t i = 0; i < sizeof alt / sizeof alt[0]; i++) alt_ok &= ts_session_set(s, alt[i][0], alt[i][1]) == TS_OK;
+  const void *alt_plan = NULL;
+  size_t alt_n = 0;
+  alt_ok &= ts_session_compile_file(s, sample) == TS_OK && ts_session_plan(s, &alt_plan, &alt_n) == TS_OK;
+  char *alt_copy = alt_ok ? malloc(alt_n) : NULL;
+  if (alt_copy) memcpy(alt_copy, alt_plan, alt_n);
+  ts_session_free(s);
+
   /* options that do not go together: refused at the compile, as mcc refuses them */
   s = ts_session_new();
   TsStatus st_rc = ts_session_set(s, "recompute", "auto");
@@ -222,6 +235,9 @@ int main(int argc, char **argv) {
     CHECK(tp[i] && n == plan_n && memcmp(tp[i] + sizeof n, plan_copy, n) == 0, "thread %d's plan differs", i);
     free(tp[i]);
   }
+  CHECK(alt_copy && alt_n == plan_n && memcmp(alt_copy, plan_copy, plan_n) == 0,
+        "Megatron's --tensor-model-parallel-size=2 and the -D spellings do not give the --tp 2 plan");
+  free(alt_copy);
   free(plan_copy);
   free(mcc_plan);
   free(file_plan);

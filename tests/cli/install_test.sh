@@ -73,6 +73,11 @@ out=$(./embed "$P/share/tessera/samples/gpt.mdl" api_tp2.plan probe.mdl 2>&1) ||
 cmp -s api_tp2.plan mcc_tp2.plan || fail "the library's plan differs from the installed mcc's ($(cmp api_tp2.plan mcc_tp2.plan))"
 grep -q "^ok: a broken model gives status compile" <<<"$out" || fail "the embedder's broken-model line: $out"
 echo "ok: an embedder built with pkg-config writes the installed mcc's plan byte for byte ($(wc -c <api_tp2.plan) bytes), gets diagnostics as strings, finds the installed stdlib"
+awk '/^## A complete example/ {on = 1} on && /^```c$/ {code = 1; next} code && /^```$/ {exit} code' "$src/docs/embedding.md" > doc_example.c
+grep -q ts_session_write_plan doc_example.c || fail "no example found in docs/embedding.md"
+# shellcheck disable=SC2086
+cc -std=c11 -Wall -Werror $san doc_example.c -o doc_example $cflags || fail "docs/embedding.md's example does not build"
+echo "ok: docs/embedding.md's complete example builds against the installed library"
 
 out=$("$P/bin/mrun" g.plan --steps 1 --export hx 2>&1) || fail "mrun --export: $out"
 grep -qF "($P/share/tessera/stdlib/hf/gpt2.map)" <<<"$out" || fail "mrun --export did not use the installed map: $out"
@@ -82,3 +87,10 @@ printf 'tiny' > "$P/share/tessera/samples/data/kjv.txt"
 if out=$("$P/bin/mrun" g.plan --steps 1 2>&1); then fail "mrun trained on a 4-byte corpus"; fi
 grep -qF "corpus $P/share/tessera/samples/data/kjv.txt has 4 bytes" <<<"$out" || fail "mrun's default corpus is not the installed one: $out"
 echo "ok: the installed mrun's default corpus is the installed one"
+
+# last (it moves the tree): tessera.pc is relocatable, its paths follow the tree
+mv "$P" "$P.moved"
+[ "$(cd "$(PKG_CONFIG_PATH=${PKG_CONFIG_PATH/$P/$P.moved} pkg-config --variable=libdir tessera)" && pwd -P)" = "$(cd "$P.moved/${libdir#"$P"/}" && pwd -P)" ] ||
+  fail "tessera.pc in a moved tree does not point into it"
+mv "$P.moved" "$P"
+echo "ok: tessera.pc follows its tree when it moves"
