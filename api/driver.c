@@ -25,6 +25,7 @@ void api_session_init(ApiSession *a, const char *prog, FILE *diag) {
   a->dp = a->steps = -1;
   mdl_options_init(&a->mdl);
   a->mdl.diag = diag;
+  a->mdl.prog = prog;
 }
 
 void api_session_free(ApiSession *a) {
