@@ -26,7 +26,10 @@ typedef enum {
   O_MG_SIZE, O_MG_SWITCH, O_MG_CONFIG, O_MG_TRAIN   /* Megatron-LM's flags: a size, a switch, a config key, a train field */
 } OptId;
 
-enum { MCC_ONLY = 1 };
+enum {
+  MCC_ONLY = 1,     /* the command-line program's own: the library refuses it */
+  INLINE_ONLY = 2   /* only as "--flag=VALUE" ("--emit=ir"): the bare name is no option */
+};
 
 typedef struct {
   const char *name;   /* as on mcc's command line; a trailing '=' takes a suffix ("--dump-ir=PASS DIR") */
@@ -85,7 +88,7 @@ static const ApiOption api_options[] = {
     {"--schedule", API_ARG_VALUE, O_SCHEDULE, NULL, 0, NULL},
     {"--pp-layout", API_ARG_VALUE, O_PP_LAYOUT, NULL, 0, NULL},
     {"--pp-layers", API_ARG_VALUE, O_PP_LAYERS, NULL, 0, NULL},
-    {"--emit", API_ARG_VALUE, O_EMIT, NULL, MCC_ONLY, "ts_session_plan() and ts_session_ir()"},
+    {"--emit", API_ARG_VALUE, O_EMIT, NULL, MCC_ONLY | INLINE_ONLY, "ts_session_plan() and ts_session_ir()"},
     {"--dump-ir=", API_ARG_SUFFIX, O_DUMP_IR, NULL, 0, NULL},
     {"--print-ir-after", API_ARG_VALUE, O_PRINT_AFTER, NULL, 0, NULL},
     {"--verify-each", API_ARG_NONE, O_VERIFY_EACH, NULL, 0, NULL},
@@ -184,7 +187,7 @@ static const ApiOption *lookup(const char *name, const char **sub, const char **
   *sub = *inline_value = NULL;
   size_t n = strlen(name);
   const ApiOption *r = find_named(name, n);
-  if (r) return r;
+  if (r) return r->flags & INLINE_ONLY ? NULL : r;
   const char *eq = strchr(name, '=');
   if (!eq) return NULL;
   size_t k = (size_t)(eq - name);

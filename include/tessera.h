@@ -34,7 +34,8 @@
  *
  * Threads: calls into the library take one process-wide lock, so any
  * thread may call it and sessions are independent, but compilations do
- * not run in parallel (use processes for that).  Global state, shared by
+ * not run in parallel (use processes for that).  One session must not be
+ * used by two threads at once.  Global state, shared by
  * all sessions: the string table the compiler interns names in (grows,
  * never freed), the data root (share/tessera beside the library, found
  * once; $TESSERA_STDLIB overrides the stdlib's place), and the list of
@@ -42,7 +43,8 @@
  * written over for the life of the process (docs/cli.md, "Output files").
  *
  * Returned strings and bytes belong to the session and stay valid until
- * the next call on it that compiles, sets an option, or frees it. */
+ * the next call on that session (ts_session_errors excepted: it returns
+ * the text of the call before it). */
 #ifndef TESSERA_H
 #define TESSERA_H
 #include <stddef.h>
