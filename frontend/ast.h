@@ -122,6 +122,7 @@ typedef struct {
 /* ---- diagnostics (diag.c) ---- */
 typedef struct MdlDiag {
   FILE *out;
+  const char *prog;          /* a message without a file starts "prog: error:" (NULL: "mcc") */
   int nerrors;
   VEC(struct { const char *file; const char *src; }) sources;  /* for the source line + caret */
 } MdlDiag;

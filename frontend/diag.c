@@ -7,7 +7,7 @@
  * The source text of every file is registered once (mdl_diag_add_source)
  * so that errors in imported files show their own lines.  A location with
  * line 0 has no position: "file: error: message" (or "mcc: error: ..."
- * without a file).  The diag only counts and prints; stages decide when to
+ * without a file; the C API's "tessera: error: ...": MdlOptions.prog).  The diag only counts and prints; stages decide when to
  * stop (at the end of the stage that found errors). */
 #include <stdarg.h>
 #include "frontend/ast.h"
@@ -76,7 +76,7 @@ static void show_line(FILE *out, const char *src, int line, int col) {
 static void report(MdlDiag *d, MdlLoc loc, const char *kind, const char *fmt, va_list ap) {
   FILE *out = d->out ? d->out : stderr;
   if (loc.file && loc.line > 0) fprintf(out, "%s:%d:%d: %s: ", loc.file, loc.line, loc.col, kind);
-  else fprintf(out, "%s: %s: ", loc.file ? loc.file : "mcc", kind);
+  else fprintf(out, "%s: %s: ", loc.file ? loc.file : d->prog ? d->prog : "mcc", kind);
   vfprintf(out, fmt, ap);
   fputc('\n', out);
   const char *src = loc.line > 0 ? find_source(d, loc.file) : NULL;

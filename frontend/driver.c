@@ -219,6 +219,7 @@ static IrModule *compile(const char *src, size_t len, const char *fname, const M
   dr.opt = opt_in;
   arena_init(&dr.arena);
   mdl_diag_init(&dr.diag, opt_in->diag ? opt_in->diag : stderr);
+  dr.diag.prog = opt_in->prog;
 
   IrModule *m = NULL;
   MdlProgram *main = parse_text(&dr, src, len, fname);
@@ -259,10 +260,10 @@ IrModule *mdl_compile_file(const char *path, const MdlOptions *opt) {
     int e = errno;
     FILE *out = opt && opt->diag ? opt->diag : stderr;
     if (e == EFBIG)
-      fprintf(out, "mcc: error: '%s' is larger than %zu bytes, the limit on an MDL source (--max-source-bytes N "
-              "raises it)\n", path, source_limit(opt));
+      fprintf(out, "%s: error: '%s' is larger than %zu bytes, the limit on an MDL source (--max-source-bytes N "
+              "raises it)\n", opt && opt->prog ? opt->prog : "mcc", path, source_limit(opt));
     else
-      fprintf(out, "mcc: error: cannot read '%s': %s\n", path, strerror(e));
+      fprintf(out, "%s: error: cannot read '%s': %s\n", opt && opt->prog ? opt->prog : "mcc", path, strerror(e));
     return NULL;
   }
   IrModule *m = compile(src, len, path, opt);

@@ -31,6 +31,7 @@ typedef struct {
   int tp, pp, cp, ep, sp;                  /* -1: the parallel block's (default 1, sp 0) */
   int zero;                                /* -1: the parallel block's (default 1) */
   FILE *diag;                              /* NULL: stderr */
+  const char *prog;                        /* a message without a file: "prog: error: ..." (NULL: "mcc") */
   size_t max_source_bytes;                 /* per source file (model and imports); 0: MDL_MAX_SOURCE_BYTES */
   /* the repeat whose iterations are named repeat_path.<i> (a layer stack,
    * "layers") runs repeat_count times instead of its count: mcc

@@ -1,5 +1,6 @@
 /* util.c - arenas, interning, string buffers. Files: io.c. */
 #include "util.h"
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -193,30 +194,47 @@ void ts_fmt_double(char *buf, size_t n, double x) {
   }
 }
 
-const char *ts_data_root(void) {
-  static char root[4096];
-  static int done;
-  if (done) return root;
-  done = 1;
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+/* PREFIX/share/tessera when dir is PREFIX/<up>: 0 with it in root. */
+static int data_root_beside(const char *dir, const char *up, char *root) {
+  char probe[4096 + 64];
+  snprintf(probe, sizeof probe, "%s/%s/share/tessera/stdlib/nn.mdl", dir, up);
+  if (access(probe, R_OK) != 0) return -1;
+  snprintf(probe, sizeof probe, "%s/%s/share/tessera", dir, up);
+  return realpath(probe, root) ? 0 : -1;   /* without the "bin/.." */
+}
+
+static char data_root[4096];
+static void data_root_find(void) {
+  char path[4096];
+  /* the program: PREFIX/bin/mcc */
+  ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  char *s;
   if (n > 0) {
-    exe[n] = 0;
-    char *s = strrchr(exe, '/');
-    if (s) {
-      *s = 0;   /* PREFIX/bin */
-      char probe[4096 + 64];
-      snprintf(probe, sizeof probe, "%s/../share/tessera/stdlib/nn.mdl", exe);
-      if (access(probe, R_OK) == 0) {
-        snprintf(probe, sizeof probe, "%s/../share/tessera", exe);
-        if (realpath(probe, root)) return root;   /* PREFIX/share/tessera, without the "bin/.." */
-      }
+    path[n] = 0;
+    if ((s = strrchr(path, '/'))) {
+      *s = 0;
+      if (data_root_beside(path, "..", data_root) == 0) return;
+    }
+  }
+  /* the library this code is in (libtessera.so, include/tessera.h):
+   * PREFIX/lib or PREFIX/lib/<multiarch> */
+  Dl_info info;
+  if (dladdr((void *)data_root_find, &info) && info.dli_fname && strlen(info.dli_fname) < sizeof path) {
+    snprintf(path, sizeof path, "%s", info.dli_fname);
+    if ((s = strrchr(path, '/'))) {
+      *s = 0;
+      if (data_root_beside(path, "..", data_root) == 0 || data_root_beside(path, "../..", data_root) == 0) return;
     }
   }
 #ifdef TS_SOURCE_DIR
-  snprintf(root, sizeof root, "%s", TS_SOURCE_DIR);
+  snprintf(data_root, sizeof data_root, "%s", TS_SOURCE_DIR);
 #else
-  snprintf(root, sizeof root, ".");
+  snprintf(data_root, sizeof data_root, ".");
 #endif
-  return root;
+}
+
+const char *ts_data_root(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, data_root_find);
+  return data_root;
 }

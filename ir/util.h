@@ -122,7 +122,9 @@ double ts_now_s(void);
 /* Where Tessera's data lives (stdlib/, samples/): an installed tree
  * (cmake --install) puts it in PREFIX/share/tessera next to PREFIX/bin, and
  * a program found there uses it; a build in the source tree uses the
- * source tree (TS_SOURCE_DIR).  Decided once from /proc/self/exe. */
+ * source tree (TS_SOURCE_DIR).  Decided once (thread-safe) from
+ * /proc/self/exe, else from where the library holding this code is
+ * (libtessera.so in PREFIX/lib or PREFIX/lib/<multiarch>: the C API). */
 const char *ts_data_root(void);
 
 #endif

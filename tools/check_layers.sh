@@ -16,6 +16,9 @@
 #   runtime/data    ir   (tokenizers, indexed datasets, sample indices)
 #   runtime/cpu     ir plan runtime/comm
 #   runtime/exec    ir codegen plan runtime/comm runtime/device runtime/cpu runtime/data
+#   api             ir frontend codegen plan passes runtime/comm runtime/exec (the compile driver and
+#                   the C API, docs/embedding.md; nothing includes it but tools/ and tests/)
+#   include         nothing (tessera.h, the public header: no internal header may leak into it)
 # tools/, tests/ and bench/ sit on top and may include anything.  An
 # include resolves like the compiler's quoted form: next to the including
 # file first, then from ROOT; one that resolves to neither (a generated
@@ -35,6 +38,8 @@ declare -A allowed=(
   [runtime/data]="ir"
   [runtime/cpu]="ir plan runtime/comm"
   [runtime/exec]="ir codegen plan runtime/comm runtime/device runtime/cpu runtime/data"
+  [api]="ir frontend codegen plan passes runtime/comm runtime/exec"
+  [include]=""
 )
 
 # layer_of PATH (relative to root): the layer, or "" for tools/tests/...;
@@ -44,7 +49,7 @@ layer_of() {
   case $1 in
     runtime/comm/*|runtime/device/*|runtime/cpu/*|runtime/data/*|runtime/exec/*) echo "${1%%/*}/$(echo "$1" | cut -d/ -f2)" ;;
     runtime/*) echo runtime ;;
-    ir/*|frontend/*|codegen/*|plan/*|passes/*) echo "${1%%/*}" ;;
+    ir/*|frontend/*|codegen/*|plan/*|passes/*|api/*|include/*) echo "${1%%/*}" ;;
     *) echo "" ;;
   esac
 }
@@ -84,5 +89,5 @@ while IFS= read -r file; do
       status=1
     fi
   done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$file" | sed -E 's/^([0-9]+):[^"]*"([^"]*)".*/\1:\2/')
-done < <(find ir frontend codegen plan passes runtime -type f \( -name '*.c' -o -name '*.h' -o -name '*.def' -o -name '*.y' -o -name '*.l' \) 2>/dev/null | sort)
+done < <(find ir frontend codegen plan passes runtime api include -type f \( -name '*.c' -o -name '*.h' -o -name '*.def' -o -name '*.y' -o -name '*.l' \) 2>/dev/null | sort)
 exit $status

@@ -28,10 +28,11 @@ done
 
 # Build tools, libraries, the oracle's PyTorch (Debian's, used only from
 # /usr/bin/python3), graphviz for `mcc --emit=dot`, the sanitizer runtime for
-# clang, and bible-kjv (the text of the bundled training corpus).
+# clang, bible-kjv (the text of the bundled training corpus), and pkg-config (the
+# C API's install test builds an embedder with it: tests/cli/install_test.sh).
 PKGS="ca-certificates flex bison cmake make gcc g++ llvm-19-dev libopenblas-dev
       openmpi-bin libopenmpi-dev python3 python3-venv python3-torch python3-numpy graphviz
-      libclang-rt-14-dev clang-14 bible-kjv patchelf bubblewrap xz-utils"
+      libclang-rt-14-dev clang-14 bible-kjv patchelf bubblewrap xz-utils pkg-config"
 
 log=$(mktemp "${TMPDIR:-/tmp}/tessera-setup.XXXXXX")
 trap 'rm -f "$log"' EXIT

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # help_test.sh MCC MRUN SRC: every option the programs parse (the "--..."
-# strings of mcc's and mrun's parse_args, and mcc's table of Megatron-LM
-# flags) appears in their --help, as a whole word.
+# strings of mcc's option table, api/options.c, which the C API reads too,
+# and of mcc's and mrun's parse_args) appears in their --help, as a whole
+# word.
 set -uo pipefail
 mcc=$1 mrun=$2 src=$3
 missing=0
@@ -19,10 +20,10 @@ mh=$("$mcc" --help 2>&1)
 rh=$("$mrun" --help 2>&1)
 # shellcheck disable=SC2046
 check mcc "$mh" $(awk '/^static int parse_args\(/,/^}/' "$src/tools/mcc.c" | flags_of) \
-                $(awk '/megatron_flags\[\] = \{/,/^};/' "$src/tools/mcc.c" | flags_of)
+                $(awk '/api_options\[\] = \{/,/^};/' "$src/api/options.c" | flags_of)
 # shellcheck disable=SC2046
 check mrun "$rh" $(awk '/^static int parse_args\(/,/^}/' "$src/tools/mrun.c" | flags_of)
-n=$( (awk '/^static int parse_args\(/,/^}/' "$src/tools/mcc.c"; awk '/megatron_flags\[\] = \{/,/^};/' "$src/tools/mcc.c"; awk '/^static int parse_args\(/,/^}/' "$src/tools/mrun.c") | flags_of | wc -l)
+n=$( (awk '/^static int parse_args\(/,/^}/' "$src/tools/mcc.c"; awk '/api_options\[\] = \{/,/^};/' "$src/api/options.c"; awk '/^static int parse_args\(/,/^}/' "$src/tools/mrun.c") | flags_of | wc -l)
 [ "$n" -gt 60 ] || { echo "help_test: found only $n flags in the sources: the extraction is broken"; exit 1; }
 [ "$missing" = 0 ] || exit 1
 echo "help_test: every parsed flag is in --help"
