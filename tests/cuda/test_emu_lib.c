@@ -113,31 +113,46 @@ static void shp(char *b, size_t n, int B, int H, int T, int D) {
   else snprintf(b, n, "[%d, %d, %d]", B, H, T);
 }
 
-/* The document ids input of a case (docs: it has them): an i32 [B, Tg]
- * input named document_ids (doc_ids() feeds it); *suf gets ", %ID" to
- * append to the attention ops' operands, or "". */
-static void m_docs(Mod *m, int docs, int B, int Tg, char *suf, size_t n) {
+/* ALiBi (test "alibi"): every attention op of the next cases gets a
+ * slopes operand (a state of Hq slopes in [0.1, 0.9]) and alibi=1. */
+static int case_alibi;
+
+/* The optional operands of a case's attention ops: ALiBi's slopes (when
+ * case_alibi) and the document ids (docs: an i32 [B, Tg] input named
+ * document_ids that doc_ids() feeds); *suf gets ", %SLOPE, %ID" (those
+ * there) to append to the attention ops' operands. */
+static void m_docs(Mod *m, int docs, int Hq, int B, int Tg, char *suf, size_t n) {
   suf[0] = 0;
+  if (case_alibi) {
+    sb_printf(&m->st, "state @slope : %s[%d] param init=uniform(0.1, 0.9)\n", m->dt, Hq);
+    sb_printf(&m->body, "  %%%d = state @slope : %s[%d]\n", m->n, m->dt, Hq);
+    m->n++;
+    /* a value, as a model's slopes are (the grouped backward takes no state operand) */
+    sb_printf(&m->body, "  %%%d = muls %%%d c=1.0 : %s[%d]\n", m->n, m->n - 1, m->dt, Hq);
+    snprintf(suf, n, ", %%%d", m->n++);
+  }
   if (!docs) return;
   sb_printf(&m->body, "  %%%d = input \"document_ids\" : i32[%d, %d]\n", m->n, B, Tg);
-  snprintf(suf, n, ", %%%d", m->n++);
+  size_t at = strlen(suf);
+  snprintf(suf + at, n - at, ", %%%d", m->n++);
 }
 
 /* attention and the three parts of its backward */
 static char *fused_text(const Case *c, const char *dt, int docs, int window) {
   Mod m = {.dt = dt, .sh = ""};
-  char qs[64], ks[64], sc[64], ds[16];
+  char qs[64], ks[64], sc[96], ds[32];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
   shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
-  snprintf(sc, sizeof sc, "causal=%d window=%d scale=%.17g", c->causal, window, 1.0 / sqrt((double)c->D));
+  snprintf(sc, sizeof sc, "causal=%d window=%d alibi=%d scale=%.17g", c->causal, window, case_alibi,
+           1.0 / sqrt((double)c->D));
   int q = m_state(&m, "q", qs, "normal(0.0, 1.0)"), k = m_state(&m, "k", ks, "normal(0.0, 1.0)");
   int v = m_state(&m, "v", ks, "normal(0.0, 1.0)"), d = m_state(&m, "do", qs, "normal(0.0, 1.0)");
-  m_docs(&m, docs, c->B, c->T, ds, sizeof ds);
+  m_docs(&m, docs, c->Hq, c->B, c->T, ds, sizeof ds);
   int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s %s", q, k, v, ds, sc);
   m_out(&m, o, qs);
   for (int part = 0; part < 3; part++)
-    m_out(&m, m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d scale=%.17g",
-                   q, k, v, o, d, ds, c->causal, part, window, 1.0 / sqrt((double)c->D)),
+    m_out(&m, m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d alibi=%d "
+                   "scale=%.17g", q, k, v, o, d, ds, c->causal, part, window, case_alibi, 1.0 / sqrt((double)c->D)),
           part ? ks : qs);
   return m_text(&m, 1, 1);
 }
@@ -149,7 +164,7 @@ static char *fused_text(const Case *c, const char *dt, int docs, int window) {
  * q, k, v, do are values (times 1), not states. */
 static char *grads_text(const Case *c, const char *dt, int docs, int window, int parts) {
   Mod m = {.dt = dt, .sh = ""};
-  char qs[64], ks[64], ds[16];
+  char qs[64], ks[64], ds[32];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
   shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
   int q = m_state(&m, "q", qs, "normal(0.0, 1.0)"), k = m_state(&m, "k", ks, "normal(0.0, 1.0)");
@@ -158,16 +173,16 @@ static char *grads_text(const Case *c, const char *dt, int docs, int window, int
   k = m_op(&m, ks, "muls %%%d c=1.0", k);
   v = m_op(&m, ks, "muls %%%d c=1.0", v);
   d = m_op(&m, qs, "muls %%%d c=1.0", d);
-  m_docs(&m, docs, c->B, c->T, ds, sizeof ds);
+  m_docs(&m, docs, c->Hq, c->B, c->T, ds, sizeof ds);
   double scale = 1.0 / sqrt((double)c->D);
-  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s causal=%d window=%d scale=%.17g", q, k, v, ds, c->causal, window,
-               scale);
+  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s causal=%d window=%d alibi=%d scale=%.17g", q, k, v, ds, c->causal,
+               window, case_alibi, scale);
   m_out(&m, o, qs);
   int g[3], ng = 0;
   for (int part = 0; part < 3; part++)
     if (parts & (1 << part))
-      g[ng++] = m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d scale=%.17g",
-                     q, k, v, o, d, ds, c->causal, part, window, scale);
+      g[ng++] = m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d alibi=%d "
+                     "scale=%.17g", q, k, v, o, d, ds, c->causal, part, window, case_alibi, scale);
   for (int j = 0, part = 0; part < 3; part++)
     if (parts & (1 << part)) m_out(&m, g[j++], part ? ks : qs);
   (void)ng;
@@ -179,7 +194,7 @@ static char *grads_text(const Case *c, const char *dt, int docs, int window, int
  * other rank's) */
 static char *ring_text(const Case *c, const char *dt, int docs, int window) {
   Mod m = {.dt = dt, .sh = " {2:cp}"};
-  char qs[64], ks[64], ss[64], rs[64], sc[64], ds[16];
+  char qs[64], ks[64], ss[64], rs[64], sc[64], ds[32];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
   shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
   shp(ss, sizeof ss, c->B, c->Hq, c->T, c->D + 2);
@@ -191,11 +206,11 @@ static char *ring_text(const Case *c, const char *dt, int docs, int window) {
   int z = m_state(&m, "st0", ss, "zeros");
   int d = m_state(&m, "do", qs, "normal(0.0, 1.0)"), dr = m_state(&m, "drow", rs, "normal(0.0, 0.5)");
   int aq = m_state(&m, "dq0", qs, "normal(0.0, 1.0)"), ak = m_state(&m, "dk0", ks, "normal(0.0, 1.0)");
-  m_docs(&m, docs, c->B, 2 * c->T, ds, sizeof ds);
-  int s1 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=0 window=%d %s", q, k0, v0, z, ds, c->causal,
-                window, sc);
-  int s2 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=1 window=%d %s", q, k1, v1, s1, ds, c->causal,
-                window, sc);
+  m_docs(&m, docs, c->Hq, c->B, 2 * c->T, ds, sizeof ds);
+  int s1 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=0 window=%d alibi=%d %s", q, k0, v0, z, ds,
+                c->causal, window, case_alibi, sc);
+  int s2 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=1 window=%d alibi=%d %s", q, k1, v1, s1, ds,
+                c->causal, window, case_alibi, sc);
   m_out(&m, s1, ss);
   m_out(&m, s2, ss);
   m_out(&m, m_op(&m, qs, "attn_finish %%%d", s2), qs);
@@ -203,11 +218,11 @@ static char *ring_text(const Case *c, const char *dt, int docs, int window) {
   m_out(&m, lse, rs);
   for (int src = 0; src < 2; src++) {
     int kk = src ? k1 : k0, vv = src ? v1 : v0;
-    m_out(&m, m_op(&m, qs, "attn_bwd_q %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d window=%d %s", q, kk,
-                   vv, d, lse, dr, aq, ds, c->causal, src, window, sc), qs);
+    m_out(&m, m_op(&m, qs, "attn_bwd_q %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d window=%d alibi=%d %s",
+                   q, kk, vv, d, lse, dr, aq, ds, c->causal, src, window, case_alibi, sc), qs);
     for (int part = 1; part <= 2; part++)
-      m_out(&m, m_op(&m, ks, "attn_bwd_kv %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d part=%d window=%d %s",
-                     q, kk, vv, d, lse, dr, ak, ds, c->causal, src, part, window, sc), ks);
+      m_out(&m, m_op(&m, ks, "attn_bwd_kv %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d part=%d window=%d "
+                     "alibi=%d %s", q, kk, vv, d, lse, dr, ak, ds, c->causal, src, part, window, case_alibi, sc), ks);
   }
   return m_text(&m, 2, 1);
 }
@@ -393,6 +408,19 @@ static void test_docs(RtDev *d) {
   case_nfeeds = 0;
 }
 
+/* ALiBi: the fused, grouped-backward and ring cases with slopes, alone and
+ * with documents and a window (every mask and the bias together): the
+ * device's double-path kernels against the CPU's (the f32 register-tiled
+ * kernels step aside for ALiBi, cuda_attn.c). */
+static void test_alibi(RtDev *d) {
+  case_alibi = 1;
+  test_fused(d, 0);
+  test_ring(d, 0);
+  test_grads(d);
+  test_docs(d);
+  case_alibi = 0;
+}
+
 /* take, onehot, pad_fill with the vocab dim (8 local of 16) split over tp:
  * ids 0 .. 15 cover both blocks, -1 is ignored */
 static char *vocab_text(const char *dt) {
@@ -565,6 +593,23 @@ static void test_nvrtc(void) {
     nvrtc_module(text, label);
     free(text);
   }
+  /* ALiBi: GPT-2's shapes on the double path (f32 operands too), with
+   * documents and a window as well, and the ring steps */
+  case_alibi = 1;
+  for (int t = 0; t < 2; t++) {
+    char *text = grads_text(&gpt2[0], dts[t], t, t ? 256 : 0, 7), label[128];
+    snprintf(label, sizeof label, "ALiBi %s seq 1024 head_dim 64%s (attention, attention_grads_*)", dts[t],
+             t ? " docs window" : "");
+    printf("%s\n", label);
+    nvrtc_module(text, label);
+    free(text);
+    text = ring_text(&ring_cases[0], dts[t], t, t ? 7 : 0);
+    snprintf(label, sizeof label, "ALiBi ring %s", dts[t]);
+    printf("%s\n", label);
+    nvrtc_module(text, label);
+    free(text);
+  }
+  case_alibi = 0;
 }
 
 int main(int argc, char **argv) {
@@ -576,6 +621,7 @@ int main(int argc, char **argv) {
     if (strcmp(what, "fused") == 0) test_fused(d, 0);
     else if (strcmp(what, "ring") == 0) test_ring(d, 0);
     else if (strcmp(what, "docs") == 0) test_docs(d);
+    else if (strcmp(what, "alibi") == 0) test_alibi(d);
     else if (strcmp(what, "grads") == 0) test_grads(d);
     else if (strcmp(what, "vocab") == 0) test_vocab(d);
     else if (strcmp(what, "moe_overflow") == 0) test_moe_overflow(d);
