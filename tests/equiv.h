@@ -1,5 +1,5 @@
 /* equiv.h - what the equivalence programs share (tests/shard/shard_equiv.c,
- * tests/attn/packed_equiv.c): compiling a model in f64 for a layout, the
+ * tests/attn/packed_equiv.c, variant_equiv.c): compiling a model in f64 for a layout, the
  * rank's mesh groups, and comparing every gradient state of a sharded
  * program with the same state of an unsharded one.  Header-only and
  * static: include it from one file of a test program. */
@@ -128,6 +128,29 @@ static int equiv_grads(const IrModule *ref, RtProgram *pr, const IrModule *shd, 
     if (e >= *worst) { *worst = e; *worst_name = st->name; }
   }
   return fails;
+}
+
+/* The input node `name` of module m's micro block (NULL: none). */
+__attribute__((unused)) static const IrNode *equiv_input_node(const IrModule *m, const char *name) {
+  const IrBlock *b = &m->blocks.a[ir_block_find(m, "micro")];
+  for (int i = 0; i < b->n; i++)
+    if (b->nodes[i].op == IR_OP_INPUT && strcmp(b->nodes[i].sa, name) == 0) return &b->nodes[i];
+  return NULL;
+}
+
+/* This rank's block of the global [rows, T] input g, as the sharded
+ * module splits that input (the runtime's own local -> global map). */
+__attribute__((unused)) static int32_t *equiv_local_block(const RtProgram *p, const IrNode *in, int64_t T, const int32_t *g) {
+  const IrType *lt = &in->type;
+  int64_t n = ir_type_numel(lt);
+  int32_t *l = ts_xcalloc((size_t)n + 1, sizeof *l);
+  for (int64_t e = 0; e < n; e++) {
+    int64_t r = e / lt->dim[1], c = e % lt->dim[1];
+    int64_t gr = rt_global_index(rt_program_rank(p), in->sh.split[0], lt->dim[0], r);
+    int64_t gc = rt_global_index(rt_program_rank(p), in->sh.split[1], lt->dim[1], c);
+    l[e] = g[gr * T + gc];
+  }
+  return l;
 }
 
 #endif

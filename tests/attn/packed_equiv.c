@@ -20,28 +20,6 @@
  * --cp-attn a2a) instead of the ring. */
 #include "../equiv.h"
 
-static const IrNode *input_node(const IrModule *m, const char *name) {
-  const IrBlock *b = &m->blocks.a[ir_block_find(m, "micro")];
-  for (int i = 0; i < b->n; i++)
-    if (b->nodes[i].op == IR_OP_INPUT && strcmp(b->nodes[i].sa, name) == 0) return &b->nodes[i];
-  return NULL;
-}
-
-/* This rank's block of the global [rows, T] input g, as the sharded
- * module splits that input (the runtime's own local -> global map). */
-static int32_t *local_block(const RtProgram *p, const IrNode *in, int64_t T, const int32_t *g) {
-  const IrType *lt = &in->type;
-  int64_t n = ir_type_numel(lt);
-  int32_t *l = ts_xcalloc((size_t)n + 1, sizeof *l);
-  for (int64_t e = 0; e < n; e++) {
-    int64_t r = e / lt->dim[1], c = e % lt->dim[1];
-    int64_t gr = rt_global_index(rt_program_rank(p), in->sh.split[0], lt->dim[0], r);
-    int64_t gc = rt_global_index(rt_program_rank(p), in->sh.split[1], lt->dim[1], c);
-    l[e] = g[gr * T + gc];
-  }
-  return l;
-}
-
 int main(int argc, char **argv) {
   char err[1024];
   RtComm *w = rt_comm_init_mpi(&argc, &argv, 60, err, sizeof err);
@@ -92,9 +70,9 @@ int main(int argc, char **argv) {
   RtFeed rf[4], pf[4];
   int32_t *local[4];
   for (int k = 0; k < 4; k++) {
-    const IrNode *in = input_node(pk, names[k]);
-    if (!in || !input_node(ref, names[k])) { fprintf(stderr, "packed_equiv: the model has no input %s\n", names[k]); return 1; }
-    local[k] = local_block(ps, in, T, packed[k]);
+    const IrNode *in = equiv_input_node(pk, names[k]);
+    if (!in || !equiv_input_node(ref, names[k])) { fprintf(stderr, "packed_equiv: the model has no input %s\n", names[k]); return 1; }
+    local[k] = equiv_local_block(ps, in, T, packed[k]);
     rf[k] = (RtFeed){names[k], rows[k]};
     pf[k] = (RtFeed){names[k], local[k]};
   }
