@@ -808,6 +808,16 @@ static Value bi_gmm(Elab *e, const ElabCall *c, Value *a, int op) {
  * query i and key j of head h less slopes[h] |i - j| (no gradient to the
  * slopes).  Keys may be fewer or more than the queries (cross-attention,
  * S != T) when neither causal, docs, window nor alibi compare positions. */
+/* Where argument `name` (or the pos-th positional one) is written in call
+ * c: the call itself when it is not there (the value's own location may
+ * be a signature, far from the call). */
+static MdlLoc call_arg_loc(const ElabCall *c, const char *name, int pos) {
+  MdlLoc at = c->loc;
+  for (int i = 0, p = 0; i < c->nargs; p += !c->args[i].name, i++)
+    if (c->args[i].name ? strcmp(c->args[i].name, name) == 0 : p == pos) at = c->args[i].loc;
+  return at;
+}
+
 static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
   if (elab_want_tensor(e, c, "q", &a[0], 1) || elab_want_tensor(e, c, "k", &a[1], 1) ||
       elab_want_tensor(e, c, "v", &a[2], 1))
@@ -845,7 +855,7 @@ static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
     IrType sl = elab_type(e, &a[7]);
     if ((sl.dtype != IR_F32 && sl.dtype != IR_F64) || sl.rank != 1 || sl.dim[0] != t.dim[1]) {
       char buf[256];
-      elab_error(e, a[7].loc, "%s(): alibi must be the slopes, f32 or f64 [heads] = [%lld] (one per query head), "
+      elab_error(e, call_arg_loc(c, "alibi", 7), "%s(): alibi must be the slopes, f32 or f64 [heads] = [%lld] (one per query head), "
                  "got %s", c->fname, (long long)t.dim[1], elab_value_desc(e, &a[7], buf, sizeof buf));
       elab_note_origin(e, &a[7]);
       return elab_err();
@@ -859,10 +869,7 @@ static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
         kt.dim[2] != t.dim[2])
     {
       char buf[256];
-      MdlLoc at = c->loc;   /* the argument in the call (the value's own location may be a signature) */
-      for (int i = 0, pos = 0; i < c->nargs; pos += !c->args[i].name, i++)
-        if (c->args[i].name ? strcmp(c->args[i].name, "docs") == 0 : pos == 5) at = c->args[i].loc;
-      elab_error(e, at, "%s(): docs must be i32 [batch, seq] = [%lld, %lld], the document id of each "
+      elab_error(e, call_arg_loc(c, "docs", 5), "%s(): docs must be i32 [batch, seq] = [%lld, %lld], the document id of each "
                  "position for self-attention over q's sequence (keys as many as queries); got %s", c->fname,
                  (long long)t.dim[0], (long long)t.dim[2], elab_value_desc(e, &a[5], buf, sizeof buf));
       elab_note_origin(e, &a[5]);
