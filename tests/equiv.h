@@ -153,4 +153,52 @@ __attribute__((unused)) static int32_t *equiv_local_block(const RtProgram *p, co
   return l;
 }
 
+/* The run and the verdict of an equivalence program (tests/attn): block
+ * micro of the reference pr (module ref, feeds rf) and of the sharded ps
+ * (module shd, feeds pf), the loss and every gradient compared within tol
+ * (lref / lshd name the two in the loss line), then the programs, modules
+ * and rk freed and the failures summed over w (freed too).  brk: the
+ * comparison must fail (a test that shows the check can).  The exit
+ * status of the program. */
+__attribute__((unused)) static int equiv_run_compare(const char *prog, RtComm *w, int me, const char *lref,
+                                                     const char *lshd, IrModule *ref, RtProgram *pr, const RtFeed *rf,
+                                                     IrModule *shd, RtProgram *ps, const RtFeed *pf, int nfeeds,
+                                                     RtRank *rk, double tol, int brk) {
+  char err[1024];
+  RtRunInfo info = {0, 0, 1e-3, 0};
+  if (rt_run_block(pr, ir_block_find(ref, "micro"), rf, nfeeds, &info, err, sizeof err) ||
+      rt_run_block(ps, ir_block_find(shd, "micro"), pf, nfeeds, &info, err, sizeof err)) {
+    fprintf(stderr, "%s: %s\n", prog, err);
+    return 1;
+  }
+  int fails = 0;
+  double lr_, ls_;
+  rt_output(pr, "loss", &lr_);
+  rt_output(ps, "loss", &ls_);
+  double le = fabs(lr_ - ls_) / fmax(fabs(lr_), 1e-300);
+  if (me == 0) printf("loss: %s %.17g, %s %.17g, rel err %.3g\n", lref, lr_, lshd, ls_, le);
+  if (!(le <= tol)) fails++;
+  double worst;
+  const char *worst_name;
+  int gf = equiv_grads(ref, pr, shd, ps, rk, me, tol, brk, &worst, &worst_name, err, sizeof err);
+  if (gf < 0) {
+    fprintf(stderr, "%s: %s\n", prog, err);
+    return 1;
+  }
+  fails += gf;
+  printf("rank %d: worst gradient rel err %.3g (@%s)\n", me, worst, worst_name);
+  rt_program_free(ps);
+  rt_program_free(pr);
+  ir_module_free(ref);
+  ir_module_free(shd);
+  equiv_rank_free(rk);
+  double f = fails;
+  rt_comm_all_reduce(w, IR_F64, &f, 1, err, sizeof err);
+  rt_comm_free(w);
+  int bad = f > 0;
+  if (me == 0) printf("%s\n", brk ? (bad ? "ok: --break was caught" : "FAILED: --break went unnoticed")
+                                  : (bad ? "FAILED" : "ok"));
+  return brk ? !bad : bad;
+}
+
 #endif

@@ -76,39 +76,7 @@ int main(int argc, char **argv) {
     rf[k] = (RtFeed){names[k], rows[k]};
     pf[k] = (RtFeed){names[k], local[k]};
   }
-  RtRunInfo info = {0, 0, 1e-3, 0};
-  int fails = 0;
-  if (rt_run_block(pr, ir_block_find(ref, "micro"), rf, 4, &info, err, sizeof err) ||
-      rt_run_block(ps, ir_block_find(pk, "micro"), pf, 4, &info, err, sizeof err)) {
-    fprintf(stderr, "packed_equiv: %s\n", err);
-    return 1;
-  }
-  double lr_, lp_;
-  rt_output(pr, "loss", &lr_);
-  rt_output(ps, "loss", &lp_);
-  double le = fabs(lr_ - lp_) / fmax(fabs(lr_), 1e-300);
-  if (me == 0) printf("loss: one by one %.17g, packed %.17g, rel err %.3g\n", lr_, lp_, le);
-  if (!(le <= 1e-12)) fails++;
-  double worst;
-  const char *worst_name;
-  int gf = equiv_grads(ref, pr, pk, ps, &rk, me, 1e-12, brk, &worst, &worst_name, err, sizeof err);
-  if (gf < 0) {
-    fprintf(stderr, "packed_equiv: %s\n", err);
-    return 1;
-  }
-  fails += gf;
-  printf("rank %d: worst gradient rel err %.3g (@%s)\n", me, worst, worst_name);
+  int rc = equiv_run_compare("packed_equiv", w, me, "one by one", "packed", ref, pr, rf, pk, ps, pf, 4, &rk, 1e-12, brk);
   for (int k = 0; k < 4; k++) { free(rows[k]); free(packed[k]); free(local[k]); }
-  rt_program_free(ps);
-  rt_program_free(pr);
-  ir_module_free(ref);
-  ir_module_free(pk);
-  equiv_rank_free(&rk);
-  double f = fails;
-  rt_comm_all_reduce(w, IR_F64, &f, 1, err, sizeof err);
-  rt_comm_free(w);
-  int bad = f > 0;
-  if (me == 0) printf("%s\n", brk ? (bad ? "ok: --break was caught" : "FAILED: --break went unnoticed")
-                                  : (bad ? "FAILED" : "ok"));
-  return brk ? !bad : bad;
+  return rc;
 }

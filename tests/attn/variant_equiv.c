@@ -79,39 +79,7 @@ int main(int argc, char **argv) {
     rf[k] = (RtFeed){names[k], g[k]};
     pf[k] = (RtFeed){names[k], local[k]};
   }
-  RtRunInfo info = {0, 0, 1e-3, 0};
-  if (rt_run_block(pr, ir_block_find(ref, "micro"), rf, 2, &info, err, sizeof err) ||
-      rt_run_block(ps, ir_block_find(fu, "micro"), pf, 2, &info, err, sizeof err)) {
-    fprintf(stderr, "variant_equiv: %s\n", err);
-    return 1;
-  }
-  int fails = 0;
-  double lr_, lf_;
-  rt_output(pr, "loss", &lr_);
-  rt_output(ps, "loss", &lf_);
-  double le = fabs(lr_ - lf_) / fmax(fabs(lr_), 1e-300);
-  if (me == 0) printf("loss: composed %.17g, fused %.17g, rel err %.3g\n", lr_, lf_, le);
-  if (!(le <= 1e-12)) fails++;
-  double worst;
-  const char *worst_name;
-  int gf = equiv_grads(ref, pr, fu, ps, &rk, me, 1e-12, brk, &worst, &worst_name, err, sizeof err);
-  if (gf < 0) {
-    fprintf(stderr, "variant_equiv: %s\n", err);
-    return 1;
-  }
-  fails += gf;
-  printf("rank %d: worst gradient rel err %.3g (@%s)\n", me, worst, worst_name);
+  int rc = equiv_run_compare("variant_equiv", w, me, "composed", "fused", ref, pr, rf, fu, ps, pf, 2, &rk, 1e-12, brk);
   for (int k = 0; k < 2; k++) { free(g[k]); free(local[k]); }
-  rt_program_free(ps);
-  rt_program_free(pr);
-  ir_module_free(ref);
-  ir_module_free(fu);
-  equiv_rank_free(&rk);
-  double f = fails;
-  rt_comm_all_reduce(w, IR_F64, &f, 1, err, sizeof err);
-  rt_comm_free(w);
-  int bad = f > 0;
-  if (me == 0) printf("%s\n", brk ? (bad ? "ok: --break was caught" : "FAILED: --break went unnoticed")
-                                  : (bad ? "FAILED" : "ok"));
-  return brk ? !bad : bad;
+  return rc;
 }
