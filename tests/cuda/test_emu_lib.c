@@ -59,12 +59,15 @@
 #include <string.h>
 #include "../check.h"
 
-typedef struct { int B, Hq, Hkv, T, D, causal; } Case;
+/* Tk: the keys' length when it differs from the queries' T (cross-attention;
+ * 0: T) */
+typedef struct { int B, Hq, Hkv, T, D, causal, Tk; } Case;
 
 /* the fused op's cases: partial tiles (37, 20, 10 rows), groups 1, 2, 4,
  * head sizes whose shared tiles shrink (f64: 64 at D 8 down to 8 at D 128) */
 static const Case fused_cases[] = {
-  {2, 4, 2, 37, 16, 1}, {1, 2, 2, 20, 64, 0}, {1, 8, 2, 24, 8, 1}, {1, 2, 1, 10, 128, 1}, {1, 3, 3, 70, 8, 1},
+  {2, 4, 2, 37, 16, 1, 0}, {1, 2, 2, 20, 64, 0, 0}, {1, 8, 2, 24, 8, 1, 0}, {1, 2, 1, 10, 128, 1, 0},
+  {1, 3, 3, 70, 8, 1, 0},
 };
 
 /* ---- module text ---- */
@@ -142,7 +145,7 @@ static char *fused_text(const Case *c, const char *dt, int docs, int window) {
   Mod m = {.dt = dt, .sh = ""};
   char qs[64], ks[64], sc[96], ds[32];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
-  shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
+  shp(ks, sizeof ks, c->B, c->Hkv, c->Tk ? c->Tk : c->T, c->D);
   snprintf(sc, sizeof sc, "causal=%d window=%d alibi=%d scale=%.17g", c->causal, window, case_alibi,
            1.0 / sqrt((double)c->D));
   int q = m_state(&m, "q", qs, "normal(0.0, 1.0)"), k = m_state(&m, "k", ks, "normal(0.0, 1.0)");
@@ -166,7 +169,7 @@ static char *grads_text(const Case *c, const char *dt, int docs, int window, int
   Mod m = {.dt = dt, .sh = ""};
   char qs[64], ks[64], ds[32];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
-  shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
+  shp(ks, sizeof ks, c->B, c->Hkv, c->Tk ? c->Tk : c->T, c->D);
   int q = m_state(&m, "q", qs, "normal(0.0, 1.0)"), k = m_state(&m, "k", ks, "normal(0.0, 1.0)");
   int v = m_state(&m, "v", ks, "normal(0.0, 1.0)"), d = m_state(&m, "do", qs, "normal(0.0, 1.0)");
   q = m_op(&m, qs, "muls %%%d c=1.0", q);
@@ -333,7 +336,7 @@ static void test_grads(RtDev *d) {
     for (int p = 0; p < MAXT; p++) ids[b * MAXT + p] = b % 2 ? p % 3 : p < 5 ? 0 : p < 9 ? 1 : 2;
   long long grouped = 0, separate = 0;
   /* and head_dim 6: f32 operands on the double path (not a multiple of 4) */
-  static const Case odd = {1, 4, 2, 13, 6, 1};
+  static const Case odd = {1, 4, 2, 13, 6, 1, 0};
   size_t nf = sizeof fused_cases / sizeof fused_cases[0];
   for (size_t i = 0; i <= nf; i++)
     for (int t = 0; t < 2; t++)
@@ -372,7 +375,7 @@ static void test_grads(RtDev *d) {
   printf("one attention's backward: %lld launches (score passes) grouped, %lld apart\n", grouped, separate);
 }
 
-static const Case ring_cases[] = {{1, 4, 2, 12, 8, 1}, {2, 2, 2, 8, 16, 1}, {1, 4, 1, 10, 8, 0}};
+static const Case ring_cases[] = {{1, 4, 2, 12, 8, 1, 0}, {2, 2, 2, 8, 16, 1, 0}, {1, 4, 1, 10, 8, 0, 0}};
 
 static void test_ring(RtDev *d, int docs) {
   for (size_t i = 0; i < sizeof ring_cases / sizeof ring_cases[0]; i++)
@@ -408,16 +411,41 @@ static void test_docs(RtDev *d) {
   case_nfeeds = 0;
 }
 
+/* Cross-attention: keys of another length than the queries (fewer, more,
+ * across tiles), not causal, f32 (the register-tiled kernels) and f64; the
+ * forward with the parts apart, and the three parts as one launch group. */
+static void test_cross(RtDev *d) {
+  static const Case cross[] = {{1, 4, 2, 20, 16, 0, 33}, {2, 2, 2, 37, 8, 0, 9}, {1, 2, 1, 70, 64, 0, 130}};
+  for (size_t i = 0; i < sizeof cross / sizeof cross[0]; i++)
+    for (int t = 0; t < 2; t++) {
+      const Case *c = &cross[i];
+      char label[128];
+      snprintf(label, sizeof label, "cross B%d Hq%d Hkv%d Tq%d Tk%d D%d %s", c->B, c->Hq, c->Hkv, c->T, c->Tk, c->D,
+               dts[t]);
+      char *text = fused_text(c, dts[t], 0, 0);
+      double worst = run_case(d, text, 1, 0, label);
+      if (t == 1) CHECK(worst <= 1e-12, "%s: f64 error %.3g over 1e-12", label, worst);
+      free(text);
+      text = grads_text(c, dts[t], 0, 0, 7);
+      worst = run_case(d, text, 1, 0, label);
+      if (t == 1) CHECK(worst <= 1e-12, "%s (grouped): f64 error %.3g over 1e-12", label, worst);
+      free(text);
+    }
+}
+
 /* ALiBi: the fused, grouped-backward and ring cases with slopes, alone and
  * with documents and a window (every mask and the bias together): the
  * device's double-path kernels against the CPU's (the f32 register-tiled
  * kernels step aside for ALiBi, cuda_attn.c). */
-static void test_alibi(RtDev *d) {
+static void test_alibi(RtDev *d, int grads) {
   case_alibi = 1;
-  test_fused(d, 0);
-  test_ring(d, 0);
-  test_grads(d);
-  test_docs(d);
+  if (grads) {   /* the backward's parts as one launch group (long: its own test, labelled slow) */
+    test_grads(d);
+  } else {
+    test_fused(d, 0);
+    test_ring(d, 0);
+    test_docs(d);
+  }
   case_alibi = 0;
 }
 
@@ -565,13 +593,13 @@ static void test_nvrtc(void) {
       free(text);
     }
   {   /* head_dim 6 in f32: the double path's dk + dv kernel on float operands */
-    static const Case odd = {1, 4, 2, 13, 6, 1};
+    static const Case odd = {1, 4, 2, 13, 6, 1, 0};
     char *text = grads_text(&odd, "f32", 1, 5, 7);
     printf("grads head_dim 6 f32\n");
     nvrtc_module(text, "grads head_dim 6 f32");
     free(text);
   }
-  static const Case gpt2[] = {{8, 12, 12, 1024, 64, 1}, {8, 6, 6, 1024, 128, 1}};
+  static const Case gpt2[] = {{8, 12, 12, 1024, 64, 1, 0}, {8, 6, 6, 1024, 128, 1, 0}};
   for (int g = 0; g < 2; g++) {
     char *text = grads_text(&gpt2[g], "f32", 0, 0, 7), label[128];
     snprintf(label, sizeof label, "GPT-2 f32 seq 1024 head_dim %d (attention_grads_*: 0 statistics, 1 dq, 2 dk + dv)",
@@ -621,7 +649,9 @@ int main(int argc, char **argv) {
     if (strcmp(what, "fused") == 0) test_fused(d, 0);
     else if (strcmp(what, "ring") == 0) test_ring(d, 0);
     else if (strcmp(what, "docs") == 0) test_docs(d);
-    else if (strcmp(what, "alibi") == 0) test_alibi(d);
+    else if (strcmp(what, "alibi") == 0) test_alibi(d, 0);
+    else if (strcmp(what, "alibi_grads") == 0) test_alibi(d, 1);
+    else if (strcmp(what, "cross") == 0) test_cross(d);
     else if (strcmp(what, "grads") == 0) test_grads(d);
     else if (strcmp(what, "vocab") == 0) test_vocab(d);
     else if (strcmp(what, "moe_overflow") == 0) test_moe_overflow(d);
