@@ -664,7 +664,7 @@ static void f_head(const Att *a, StrBuf *s, int use_v, int use_do) {
 /* The causal mask's positions of the thread's rows and columns into
  * registers (pr, pc), once per tile pair rather than twice per score. */
 static void f_pos(const Att *a, const FTile *t, StrBuf *s, int rows_are_keys, const char *ind) {
-  if (!a->causal && a->bdoc < 0 && a->window <= 0) return;
+  if (!a->causal && a->bdoc < 0 && a->window <= 0 && a->bslope < 0) return;
   sb_printf(s, "%slong long pr[%d], pc[%d];\n", ind, t->RI, t->CJ);
   f_for(s, ind, "i", t->RI);
   sb_printf(s, "%s  pr[i] = %s[rg + 16 * i];\n", ind, rows_are_keys ? "kp" : "qp");
@@ -681,6 +681,17 @@ static void f_ok(const Att *a, StrBuf *s, int rows_are_keys, const char *ind) {
   mask_of(a, mk, sizeof mk, rows_are_keys ? "pr[i]" : "pc[j]", rows_are_keys ? "pc[j]" : "pr[i]");
   sb_printf(s, "%sconst bool ok = cg + 8 * j < %s%s%s;\n", ind, rows_are_keys ? "nq" : "nk",
             strcmp(mk, "0") ? " && !" : "", strcmp(mk, "0") ? mk : "");
+}
+
+/* ALiBi's term of score (i, j) after the scale, "- asl |pr[i] - pc[j]|" in
+ * float (the positions' low halves with documents; f_pos loads them), or
+ * "" without slopes. */
+static const char *f_bias(const Att *a) {
+  static char buf[160];   /* used at once by the caller's printf */
+  if (a->bslope < 0) return "";
+  const char *lo = a->bdoc >= 0 ? " & 0xffffffffLL" : "";
+  snprintf(buf, sizeof buf, " - (float)asl * fabsf((float)((pr[i]%s) - (pc[j]%s)))", lo, lo);
+  return buf;
 }
 
 /* Opens the loop over key tiles j0 (C keys): loads k (and v when use_v;
@@ -736,7 +747,7 @@ static void print_fwd_f32(Att *a, const FTile *t, StrBuf *s, int k, int stats) {
   sb_puts(s, "        float mt = ninf;\n");
   f_for(s, "        ", "j", t->CJ);
   f_ok(a, s, 0, "          ");
-  sb_puts(s, "          s[i][j] = ok ? s[i][j] * scl : ninf;\n          mt = fmaxf(mt, s[i][j]);\n");
+  sb_printf(s, "          s[i][j] = ok ? s[i][j] * scl%s : ninf;\n          mt = fmaxf(mt, s[i][j]);\n", f_bias(a));
   f_end(s, "        ");
   f_row_reduce(s, "mt", 'm', "        ");
   sb_puts(s, "        const float mn = fmaxf(m[i], mt), mx = mn == ninf ? 0.0f : mn, corr = expf(m[i] - mx);\n"
@@ -818,8 +829,8 @@ static void print_dq_f32(Att *a, const FTile *t, StrBuf *s, int k) {
   f_for(s, "      ", "i", t->RI);
   f_for(s, "        ", "j", t->CJ);
   f_ok(a, s, 0, "          ");
-  sb_printf(s, "          const float p = ok ? expf(s[i][j] * scl - lse[i]) : 0.0f;\n"
-               "          sp[(rg + 16 * i) * %lld + cg + 8 * j] = p * (u[i][j] - drw[i]);\n", 4 * t->LP4);
+  sb_printf(s, "          const float p = ok ? expf(s[i][j] * scl%s - lse[i]) : 0.0f;\n"
+               "          sp[(rg + 16 * i) * %lld + cg + 8 * j] = p * (u[i][j] - drw[i]);\n", f_bias(a), 4 * t->LP4);
   f_end(s, "        ");
   f_end(s, "      ");
   sb_puts(s, "      __syncthreads();\n");
@@ -876,7 +887,7 @@ static void print_dkv_f32(Att *a, const FTile *t, StrBuf *s, int k, int part) {
   f_for(s, "        ", "i", t->RI);
   f_for(s, "          ", "j", t->CJ);
   f_ok(a, s, 1, "            ");
-  sb_puts(s, "            const float p = ok ? expf(s[i][j] * scl - slse[cg + 8 * j]) : 0.0f;\n");
+  sb_printf(s, "            const float p = ok ? expf(s[i][j] * scl%s - slse[cg + 8 * j]) : 0.0f;\n", f_bias(a));
   if (dv) sb_printf(s, "            sp[(rg + 16 * i) * %lld + cg + 8 * j] = p;\n", 4 * t->LP4);
   if (dk) sb_printf(s, "            sds[(rg + 16 * i) * %lld + cg + 8 * j] = p * (u[i][j] - sdrw[cg + 8 * j]);\n",
                     4 * t->LP4);
@@ -925,7 +936,7 @@ static int attn_bwd(Att *a, StrBuf *src, const int res[3], int scr, CgCudaLaunch
   *nl = 0;
   FTile ft[3];   /* statistics, dq, dk / dv */
   int kind = kv == 3 ? FK_DKV : kv == 1 ? FK_DK : FK_DV;
-  int f32 = a->es == 4 && a->D % 4 == 0 && a->bslope < 0 && !f_choose(a, FK_STATS, &ft[0]) && (res[0] < 0 || !f_choose(a, FK_DQ, &ft[1])) &&
+  int f32 = a->es == 4 && a->D % 4 == 0 && !f_choose(a, FK_STATS, &ft[0]) && (res[0] < 0 || !f_choose(a, FK_DQ, &ft[1])) &&
             (!kv || !f_choose(a, kind, &ft[2]));
   Att akv = *a;   /* the dk / dv kernel's tiles (the double path: its own, two accumulators for both) */
   akv.dkv2 = kv == 3;
@@ -1039,7 +1050,7 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
   switch (nd->op) {
   case IR_OP_ATTENTION: {   /* q, k, v[, doc] -> o */
     FTile ft;
-    int f32 = dt == IR_F32 && a.D % 4 == 0 && a.bslope < 0 && !f_choose(&a, FK_FWD, &ft);
+    int f32 = dt == IR_F32 && a.D % 4 == 0 && !f_choose(&a, FK_FWD, &ft);
     if (!f32 && choose_tiles(&a, why, whylen)) return 1;
     int64_t rows = f32 ? ft.R : a.BQ;
     a.bres = 3 + sh;

@@ -435,8 +435,8 @@ static void test_cross(RtDev *d) {
 
 /* ALiBi: the fused, grouped-backward and ring cases with slopes, alone and
  * with documents and a window (every mask and the bias together): the
- * device's double-path kernels against the CPU's (the f32 register-tiled
- * kernels step aside for ALiBi, cuda_attn.c). */
+ * device's kernels (f64: the double path; f32: the register-tiled ones,
+ * the ring steps on the double path) against the CPU's. */
 static void test_alibi(RtDev *d, int grads) {
   case_alibi = 1;
   if (grads) {   /* the backward's parts as one launch group (long: its own test, labelled slow) */
@@ -621,8 +621,8 @@ static void test_nvrtc(void) {
     nvrtc_module(text, label);
     free(text);
   }
-  /* ALiBi: GPT-2's shapes on the double path (f32 operands too), with
-   * documents and a window as well, and the ring steps */
+  /* ALiBi: GPT-2's shapes (f32: the register-tiled kernels, f64: the
+   * double path), with documents and a window as well, and the ring steps */
   case_alibi = 1;
   for (int t = 0; t < 2; t++) {
     char *text = grads_text(&gpt2[0], dts[t], t, t ? 256 : 0, 7), label[128];
