@@ -2,6 +2,9 @@
 # attention.sh - nn.attention's two forms side by side on CPU ranks: the
 # fused attention op (flash style, the default) and the composed one
 # (matmul, softmax, matmul; `fused: false`, or any attention dropout).
+# The rows marked ALiBi run nn.attention's `alibi: true` (issue 24): the
+# fused kernels add -slope |i - j| per score tile, the composed form adds
+# a [heads, seq, seq] bias to the scores.
 #
 #   bench/attention.sh [--build DIR] [--steps N] [--warmup N] [--rounds N]
 #   defaults: --build build, --steps 4 (timed), --warmup 1, --rounds 2
@@ -24,7 +27,7 @@ while [ $# -gt 0 ]; do
     --steps) steps=${2:?}; shift ;;
     --warmup) warmup=${2:?}; shift ;;
     --rounds) rounds=${2:?}; shift ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "attention.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -38,13 +41,13 @@ export TS_THREADS=${TS_THREADS:-2} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-
 # the model, with the form as a config knob (FUSED)
 cat >"$TMP/m.mdl" <<'EOF'
 import nn
-config { vocab = 256; seq_len = 256; d_model = 256; heads = 4; layers = 2; batch = 2; fused = true }
+config { vocab = 256; seq_len = 256; d_model = 256; heads = 4; layers = 2; batch = 2; fused = true; alibi = false }
 rules { batch: dp, seq: cp, heads: tp, ffn: tp, vocab: tp }
 model bench(tokens: i32[batch, seq=seq_len], targets: i32[batch, seq=seq_len]) {
   x, wte = nn.token_embedding(tokens, vocab, d_model)
   x = nn.position_embedding(x)
   repeat layers {
-    x = x + nn.attention(nn.layernorm(x), heads: heads, layers: layers, fused: fused)
+    x = x + nn.attention(nn.layernorm(x), heads: heads, layers: layers, fused: fused, alibi: alibi)
     x = x + nn.mlp(nn.layernorm(x), ffn: 4 * d_model, layers: layers)
   }
   return nn.lm_head_tied(nn.layernorm(x), wte, targets)
@@ -62,7 +65,9 @@ EOF
 configs=("d256 h4 T256 B4|-D d_model=256 -D heads=4 -D seq_len=256 -D batch=4"
          "d256 h4 T1024 B2|-D d_model=256 -D heads=4 -D seq_len=1024 -D batch=2"
          "d512 h8 T512 B2|-D d_model=512 -D heads=8 -D seq_len=512 -D batch=2"
-         "d768 h12 T1024 B1|-D d_model=768 -D heads=12 -D seq_len=1024 -D batch=1")
+         "d768 h12 T1024 B1|-D d_model=768 -D heads=12 -D seq_len=1024 -D batch=1"
+         "d256 h4 T1024 B2 ALiBi|-D d_model=256 -D heads=4 -D seq_len=1024 -D batch=2 -D alibi=true"
+         "d512 h8 T512 B2 ALiBi|-D d_model=512 -D heads=8 -D seq_len=512 -D batch=2 -D alibi=true")
 
 # median step (ms) of the metrics files given
 median() {
@@ -100,5 +105,5 @@ for entry in "${configs[@]}"; do
   rm -f "$TMP"/*.jsonl
 done
 echo
-echo "- 2 layers, d_ff = 4 d_model, vocab 256, f32, one rank, causal; median of $steps steps after $warmup warm-up, $rounds rounds alternating; TS_THREADS=$TS_THREADS, OPENBLAS_NUM_THREADS=$OPENBLAS_NUM_THREADS."
+echo "- 2 layers, d_ff = 4 d_model, vocab 256, f32, one rank, causal (learned positions; the ALiBi rows add ALiBi's bias); median of $steps steps after $warmup warm-up, $rounds rounds alternating; TS_THREADS=$TS_THREADS, OPENBLAS_NUM_THREADS=$OPENBLAS_NUM_THREADS."
 echo "- $(getconf _NPROCESSORS_ONLN) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg) at the end."

@@ -74,6 +74,10 @@ typedef struct {
   int bdoc;
   int64_t Tdoc;
   int64_t window;   /* > 0: keys that many positions or more from the query are masked */
+  /* ALiBi: the slopes' slot (-1: none) and type; each kernel's loop over
+   * query heads sets `asl`, its head's slope (by global head, <name>_hpos) */
+  int bslope;
+  const char *slT;
 } Att;
 
 /* The call giving the global position of query (qk 'q') or key ('k') row
@@ -229,6 +233,18 @@ static void print_dots(const Att *a, StrBuf *s, int dp, const char *ind) {
   if (dp) sb_printf(s, "%s  dp += (double)sdo[r * %lld + e] * (double)sv[c * %lld + e];\n", ind, (long long)LD,
                     (long long)LD);
   sb_printf(s, "%s}\n%ss *= %s;\n", ind, ind, a->scale);
+  if (a->bslope >= 0) {   /* ALiBi: -slope |i - j| on the positions (their low halves with documents) */
+    const char *lo = a->bdoc >= 0 ? " & 0xffffffffLL" : "";
+    sb_printf(s, "%s{\n%s  const long long dd = (qp[r]%s) - (kp[c]%s);\n%s  s -= asl * (double)(dd < 0 ? -dd : dd);\n%s}\n",
+              ind, ind, lo, lo, ind, ind);
+  }
+}
+
+/* `asl`, the ALiBi slope of local query head hexpr (nothing without) */
+static void print_slope(const Att *a, StrBuf *s, const char *ind, const char *hexpr) {
+  if (a->bslope < 0) return;
+  sb_printf(s, "%sconst double asl = (double)((const %s *)a.b[%d])[%s_hpos(a.run, %s)];\n", ind, a->slT, a->bslope,
+            a->name, hexpr);
 }
 
 /* The mask test of (r, c): "0" when nothing is masked. */
@@ -248,6 +264,7 @@ static void print_head_tiles(const Att *a, StrBuf *s, int rows) {
   sb_printf(s, "        const int nq = %lldLL - i0 < %d ? (int)(%lldLL - i0) : %d;\n", (long long)a->Tq, rows,
             (long long)a->Tq, rows);
   sb_printf(s, "        const long long row0 = bh * %lldLL + i0;\n        __syncthreads();\n", (long long)a->Tq);
+  print_slope(a, s, "        ", "h");
 }
 
 /* Opens the loop over (batch, query head, query tile) blocks: bh, i0 (the
@@ -264,6 +281,9 @@ static void print_qtile_loop(const Att *a, StrBuf *s) {
             (long long)a->Hkv, (long long)a->Hq, (long long)a->grp, (long long)(a->Tk * a->D));
   sb_printf(s, "    const long long row0 = bh * %lldLL + i0;\n    __syncthreads();\n", (long long)a->Tq);
   if (a->bdoc >= 0) sb_printf(s, "    const long long b = bh / %lldLL;   /* the batch row of the document ids */\n", (long long)a->Hq);
+  char hx[64];
+  snprintf(hx, sizeof hx, "bh %% %lldLL", (long long)a->Hq);
+  print_slope(a, s, "    ", hx);
 }
 
 /* ---- the forward (attention, attn_acc) and the backward's statistics ----
@@ -644,7 +664,7 @@ static void f_head(const Att *a, StrBuf *s, int use_v, int use_do) {
 /* The causal mask's positions of the thread's rows and columns into
  * registers (pr, pc), once per tile pair rather than twice per score. */
 static void f_pos(const Att *a, const FTile *t, StrBuf *s, int rows_are_keys, const char *ind) {
-  if (!a->causal && a->bdoc < 0 && a->window <= 0) return;
+  if (!a->causal && a->bdoc < 0 && a->window <= 0 && a->bslope < 0) return;
   sb_printf(s, "%slong long pr[%d], pc[%d];\n", ind, t->RI, t->CJ);
   f_for(s, ind, "i", t->RI);
   sb_printf(s, "%s  pr[i] = %s[rg + 16 * i];\n", ind, rows_are_keys ? "kp" : "qp");
@@ -661,6 +681,17 @@ static void f_ok(const Att *a, StrBuf *s, int rows_are_keys, const char *ind) {
   mask_of(a, mk, sizeof mk, rows_are_keys ? "pr[i]" : "pc[j]", rows_are_keys ? "pc[j]" : "pr[i]");
   sb_printf(s, "%sconst bool ok = cg + 8 * j < %s%s%s;\n", ind, rows_are_keys ? "nq" : "nk",
             strcmp(mk, "0") ? " && !" : "", strcmp(mk, "0") ? mk : "");
+}
+
+/* ALiBi's term of score (i, j) after the scale, "- asl |pr[i] - pc[j]|" in
+ * float (the positions' low halves with documents; f_pos loads them), or
+ * "" without slopes. */
+static const char *f_bias(const Att *a) {
+  static char buf[160];   /* used at once by the caller's printf */
+  if (a->bslope < 0) return "";
+  const char *lo = a->bdoc >= 0 ? " & 0xffffffffLL" : "";
+  snprintf(buf, sizeof buf, " - (float)asl * fabsf((float)((pr[i]%s) - (pc[j]%s)))", lo, lo);
+  return buf;
 }
 
 /* Opens the loop over key tiles j0 (C keys): loads k (and v when use_v;
@@ -716,7 +747,7 @@ static void print_fwd_f32(Att *a, const FTile *t, StrBuf *s, int k, int stats) {
   sb_puts(s, "        float mt = ninf;\n");
   f_for(s, "        ", "j", t->CJ);
   f_ok(a, s, 0, "          ");
-  sb_puts(s, "          s[i][j] = ok ? s[i][j] * scl : ninf;\n          mt = fmaxf(mt, s[i][j]);\n");
+  sb_printf(s, "          s[i][j] = ok ? s[i][j] * scl%s : ninf;\n          mt = fmaxf(mt, s[i][j]);\n", f_bias(a));
   f_end(s, "        ");
   f_row_reduce(s, "mt", 'm', "        ");
   sb_puts(s, "        const float mn = fmaxf(m[i], mt), mx = mn == ninf ? 0.0f : mn, corr = expf(m[i] - mx);\n"
@@ -798,8 +829,8 @@ static void print_dq_f32(Att *a, const FTile *t, StrBuf *s, int k) {
   f_for(s, "      ", "i", t->RI);
   f_for(s, "        ", "j", t->CJ);
   f_ok(a, s, 0, "          ");
-  sb_printf(s, "          const float p = ok ? expf(s[i][j] * scl - lse[i]) : 0.0f;\n"
-               "          sp[(rg + 16 * i) * %lld + cg + 8 * j] = p * (u[i][j] - drw[i]);\n", 4 * t->LP4);
+  sb_printf(s, "          const float p = ok ? expf(s[i][j] * scl%s - lse[i]) : 0.0f;\n"
+               "          sp[(rg + 16 * i) * %lld + cg + 8 * j] = p * (u[i][j] - drw[i]);\n", f_bias(a), 4 * t->LP4);
   f_end(s, "        ");
   f_end(s, "      ");
   sb_puts(s, "      __syncthreads();\n");
@@ -856,7 +887,7 @@ static void print_dkv_f32(Att *a, const FTile *t, StrBuf *s, int k, int part) {
   f_for(s, "        ", "i", t->RI);
   f_for(s, "          ", "j", t->CJ);
   f_ok(a, s, 1, "            ");
-  sb_puts(s, "            const float p = ok ? expf(s[i][j] * scl - slse[cg + 8 * j]) : 0.0f;\n");
+  sb_printf(s, "            const float p = ok ? expf(s[i][j] * scl%s - slse[cg + 8 * j]) : 0.0f;\n", f_bias(a));
   if (dv) sb_printf(s, "            sp[(rg + 16 * i) * %lld + cg + 8 * j] = p;\n", 4 * t->LP4);
   if (dk) sb_printf(s, "            sds[(rg + 16 * i) * %lld + cg + 8 * j] = p * (u[i][j] - sdrw[cg + 8 * j]);\n",
                     4 * t->LP4);
@@ -935,24 +966,34 @@ static int attn_bwd(Att *a, StrBuf *src, const int res[3], int scr, CgCudaLaunch
 }
 
 /* What every attention node's kernels share (not attn_finish / attn_lse):
- * operand checks, dims and attributes into *a, document ids, and the
- * position functions printed.  *sh: 1 when the node has document ids (the
- * slots after them move by one).  0; 1 with *why; -1 on an internal error. */
+ * operand checks, dims and attributes into *a, ALiBi's slopes, document
+ * ids, and the position functions printed.  *sh: the optional operands
+ * (slopes, document ids) the node has (the slots after them move by as
+ * many).  0; 1 with *why; -1 on an internal error. */
 static int attn_open(const IrModule *m, const IrBlock *b, const IrNode *nd, const char *name, StrBuf *src, Att *a,
                      int *sh, char *why, size_t whylen) {
   IrDtype dt = nd->type.dtype;
   if (dt != IR_F32 && dt != IR_F64) { snprintf(why, whylen, "attention needs f32 or f64"); return 1; }
-  /* the operands before the optional document ids */
-  int base = nd->op == IR_OP_ATTENTION ? 3 : nd->op == IR_OP_ATTENTION_BWD ? 5 : nd->op == IR_OP_ATTN_ACC ? 4 : 7;
-  *sh = nd->nin > base;
-  for (int o = 0; o < nd->nin - *sh; o++)
+  /* the operands before the optional slopes and document ids */
+  int base = ir_attn_base(nd), sl = ir_attn_slope(nd), doc = ir_attn_doc(nd);
+  *sh = nd->nin - base;
+  for (int o = 0; o < base; o++)
     if (b->nodes[nd->in[o]].type.dtype != dt) { snprintf(why, whylen, "operand %d is not %s", o + 1, ir_dtype_name(dt)); return 1; }
   *a = (Att){.name = name, .T = dt == IR_F64 ? "double" : "float", .es = dt == IR_F64 ? 8 : 4,
-             .bo = -1, .blse = -1, .bdrow = -1, .bacc = -1, .bscr = -1, .bres2 = -1, .bdoc = -1};
-  if (*sh) {
-    const IrType *dt_ = &b->nodes[nd->in[base]].type;
+             .bo = -1, .blse = -1, .bdrow = -1, .bacc = -1, .bscr = -1, .bres2 = -1, .bdoc = -1, .bslope = -1};
+  if (sl >= 0) {
+    const IrType *st = &b->nodes[nd->in[sl]].type;
+    if ((st->dtype != IR_F32 && st->dtype != IR_F64) || st->rank != 1) {
+      snprintf(why, whylen, "the ALiBi slopes must be f32 or f64 [heads]");
+      return 1;
+    }
+    a->bslope = sl;
+    a->slT = st->dtype == IR_F64 ? "double" : "float";
+  }
+  if (doc >= 0) {
+    const IrType *dt_ = &b->nodes[nd->in[doc]].type;
     if (dt_->dtype != IR_I32 || dt_->rank != 2) { snprintf(why, whylen, "the document ids must be i32 [B, T]"); return 1; }
-    a->bdoc = base;
+    a->bdoc = doc;
     a->Tdoc = dt_->dim[1];
   }
   const IrType *qt = &b->nodes[nd->in[0]].type, *kt = &b->nodes[nd->in[1]].type;
@@ -972,7 +1013,11 @@ static int attn_open(const IrModule *m, const IrBlock *b, const IrNode *nd, cons
   print_pos(m, src, fn, b->nodes[nd->in[0]].sh.split[2], a->Tq, -1);
   snprintf(fn, sizeof fn, "%s_kpos", name);
   print_pos(m, src, fn, b->nodes[nd->in[1]].sh.split[2], a->Tk, ring ? nd->ia[1] : -1);
-  if (*sh)   /* (doc << 32) | p for batch row bb_ (pos_call) */
+  if (a->bslope >= 0) {   /* the global index of a local query head: its slope's */
+    snprintf(fn, sizeof fn, "%s_hpos", name);
+    print_pos(m, src, fn, b->nodes[nd->in[0]].sh.split[1], a->Hq, -1);
+  }
+  if (a->bdoc >= 0)   /* (doc << 32) | p for batch row bb_ (pos_call) */
     sb_printf(src, "#define %s_dpos(bb_, p_) ((long long)((unsigned long long)(unsigned)((const int *)a.b[%d])"
                    "[(bb_) * %lldLL + (p_)] << 32) | (p_))\n", name, a->bdoc, (long long)a->Tdoc);
   a->bq = 0, a->bk = 1, a->bv = 2;
@@ -1063,7 +1108,7 @@ int cg_cuda_attn_grads_kernel(const IrModule *m, const IrBlock *b, const int *ru
     const IrNode *x = &b->nodes[run[j]];
     int p = (int)x->ia[1];
     if (x->op != IR_OP_ATTENTION_BWD || x->nin != nd->nin || p < 0 || p > 2 || res[p] >= 0 || x->ia[0] != nd->ia[0] ||
-        x->ia[2] != nd->ia[2] || x->fa[0] != nd->fa[0] || x->type.dtype != nd->type.dtype) {
+        x->ia[2] != nd->ia[2] || x->ia[3] != nd->ia[3] || x->fa[0] != nd->fa[0] || x->type.dtype != nd->type.dtype) {
       snprintf(why, whylen, "%%%d is not another part of %%%d's attention backward", run[j], run[0]);
       return -1;
     }

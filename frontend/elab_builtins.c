@@ -14,7 +14,7 @@
 typedef Value (*BuiltinFn)(Elab *e, const ElabCall *c, Value *a, int op);
 typedef struct {
   const char *name;
-  const char *args[8];   /* NULL-terminated; args[0] == NULL and nreq < 0: variadic */
+  const char *args[10];  /* NULL-terminated; args[0] == NULL and nreq < 0: variadic */
   int nreq;
   BuiltinFn fn;
   int op;                /* IrOp for the generic handlers */
@@ -803,7 +803,21 @@ static Value bi_gmm(Elab *e, const ElabCall *c, Value *a, int op) {
  * (docs/ir.md "Fused attention"); kv heads may be fewer (grouped-query).
  * docs i32[B, T] (self-attention, S = T): each position's document id in
  * a packed sequence; a query sees only keys of its own document.  window:
- * W > 0 hides keys W or more positions away (sliding-window attention). */
+ * W > 0 hides keys W or more positions away (sliding-window attention).
+ * alibi: slopes [Hq] (f32 or f64, one per query head): ALiBi, the score of
+ * query i and key j of head h less slopes[h] |i - j| (no gradient to the
+ * slopes).  Keys may be fewer or more than the queries (cross-attention,
+ * S != T) when neither causal, docs, window nor alibi compare positions. */
+/* Where argument `name` (or the pos-th positional one) is written in call
+ * c: the call itself when it is not there (the value's own location may
+ * be a signature, far from the call). */
+static MdlLoc call_arg_loc(const ElabCall *c, const char *name, int pos) {
+  MdlLoc at = c->loc;
+  for (int i = 0, p = 0; i < c->nargs; p += !c->args[i].name, i++)
+    if (c->args[i].name ? strcmp(c->args[i].name, name) == 0 : p == pos) at = c->args[i].loc;
+  return at;
+}
+
 static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
   if (elab_want_tensor(e, c, "q", &a[0], 1) || elab_want_tensor(e, c, "k", &a[1], 1) ||
       elab_want_tensor(e, c, "v", &a[2], 1))
@@ -824,27 +838,49 @@ static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
     }
     window = a[6].i;
   }
-  int64_t ia[2] = {causal, window};
+  IrType kt0 = elab_type(e, &a[1]);
+  int alibi = a[7].k != V_UNSET && a[7].k != V_NONE;
+  int has_docs = a[5].k != V_UNSET && a[5].k != V_NONE;
+  if (kt0.rank == 4 && kt0.dim[2] != t.dim[2] && (causal || window > 0 || alibi || has_docs)) {
+    elab_error(e, c->loc, "%s(): keys of length %lld and queries of length %lld (cross-attention) compare no "
+               "positions: causal, window, alibi and docs need as many keys as queries (causal: false and none "
+               "of the others would work)", c->fname, (long long)kt0.dim[2], (long long)t.dim[2]);
+    return elab_err();
+  }
+  int64_t ia[3] = {causal, window, alibi};
   double fa[1] = {scale};
   int nin = 3;
-  if (a[5].k != V_UNSET && a[5].k != V_NONE) {
+  if (alibi) {
+    if (elab_want_tensor(e, c, "alibi", &a[7], 0)) return elab_err();
+    IrType sl = elab_type(e, &a[7]);
+    if ((sl.dtype != IR_F32 && sl.dtype != IR_F64) || sl.rank != 1 || sl.dim[0] != t.dim[1]) {
+      char buf[256];
+      elab_error(e, call_arg_loc(c, "alibi", 7), "%s(): alibi must be the slopes, f32 or f64 [heads] = [%lld] (one per query head), "
+                 "got %s", c->fname, (long long)t.dim[1], elab_value_desc(e, &a[7], buf, sizeof buf));
+      elab_note_origin(e, &a[7]);
+      return elab_err();
+    }
+  }
+  Value slope = a[7];
+  if (has_docs) {
     if (elab_want_tensor(e, c, "docs", &a[5], 0)) return elab_err();
     IrType d = elab_type(e, &a[5]), kt = elab_type(e, &a[1]);
     if (d.dtype != IR_I32 || d.rank != 2 || d.dim[0] != t.dim[0] || d.dim[1] != t.dim[2] || kt.rank != 4 ||
         kt.dim[2] != t.dim[2])
     {
       char buf[256];
-      MdlLoc at = c->loc;   /* the argument in the call (the value's own location may be a signature) */
-      for (int i = 0, pos = 0; i < c->nargs; pos += !c->args[i].name, i++)
-        if (c->args[i].name ? strcmp(c->args[i].name, "docs") == 0 : pos == 5) at = c->args[i].loc;
-      elab_error(e, at, "%s(): docs must be i32 [batch, seq] = [%lld, %lld], the document id of each "
+      elab_error(e, call_arg_loc(c, "docs", 5), "%s(): docs must be i32 [batch, seq] = [%lld, %lld], the document id of each "
                  "position for self-attention over q's sequence (keys as many as queries); got %s", c->fname,
                  (long long)t.dim[0], (long long)t.dim[2], elab_value_desc(e, &a[5], buf, sizeof buf));
       elab_note_origin(e, &a[5]);
       return elab_err();
     }
-    a[3] = a[5];   /* the operands: q, k, v, docs */
-    nin = 4;
+    a[3 + alibi] = a[5];   /* the operands: q, k, v[, slopes], docs */
+    nin++;
+  }
+  if (alibi) {
+    a[3] = slope;
+    nin++;
   }
   return elab_emit(e, c->loc, IR_OP_ATTENTION, a, nin, ia, fa, NULL, NULL);
 }
@@ -964,7 +1000,7 @@ static const Builtin builtins[] = {
   {"padding_mask", {"scores", "mask"}, 2, bi_padding_mask, 0},
   {"dropout", {"x", "p"}, 2, bi_dropout, 0},
   {"rope", {"x", "base", "axis"}, 1, bi_rope, 0},
-  {"fused_attention", {"q", "k", "v", "causal", "scale", "docs", "window"}, 3, bi_fused_attention, 0},
+  {"fused_attention", {"q", "k", "v", "causal", "scale", "docs", "window", "alibi"}, 3, bi_fused_attention, 0},
   {"topk_mask", {"x", "k"}, 2, bi_topk_mask, 0},
   {"arange", {"n", "start", "step"}, 1, bi_arange, 0},
   {"where", {"cond", "x", "y"}, 3, bi_where, 0},
@@ -995,7 +1031,7 @@ const char *elab_builtin_name(int idx) {
 Value elab_call_builtin(Elab *e, int idx, const ElabCall *c) {
   TS_ASSERT(idx >= 0 && idx < NBUILTINS);
   const Builtin *b = &builtins[idx];
-  Value a[8];   /* one per Builtin.args entry */
+  Value a[10];  /* one per Builtin.args entry */
   if (b->nreq >= 0 && elab_bind_args(e, c, b->args, b->nreq, a)) return elab_err();
   return b->fn(e, c, a, b->op);
 }

@@ -62,24 +62,39 @@ static void op_attrs_init(void) {
   }
 }
 
-/* operands before the document ids; the window's int attr */
-static int attn_layout(IrOp op, int *base, int *win) {
+/* operands before the optional ones (slope, doc); the window's and
+ * alibi's int attrs */
+static int attn_layout(IrOp op, int *base, int *win, int *alibi) {
   switch (op) {
-  case IR_OP_ATTENTION: *base = 3, *win = 1; return 1;
-  case IR_OP_ATTENTION_BWD: *base = 5, *win = 2; return 1;
-  case IR_OP_ATTN_ACC: *base = 4, *win = 2; return 1;
-  case IR_OP_ATTN_BWD_Q: *base = 7, *win = 2; return 1;
-  case IR_OP_ATTN_BWD_KV: *base = 7, *win = 3; return 1;
+  case IR_OP_ATTENTION: *base = 3, *win = 1, *alibi = 2; return 1;
+  case IR_OP_ATTENTION_BWD: *base = 5, *win = 2, *alibi = 3; return 1;
+  case IR_OP_ATTN_ACC: *base = 4, *win = 2, *alibi = 3; return 1;
+  case IR_OP_ATTN_BWD_Q: *base = 7, *win = 2, *alibi = 3; return 1;
+  case IR_OP_ATTN_BWD_KV: *base = 7, *win = 3, *alibi = 4; return 1;
   default: return 0;
   }
 }
 int64_t ir_attn_window(const IrNode *n) {
-  int base, win;
-  return attn_layout(n->op, &base, &win) ? n->ia[win] : 0;
+  int base, win, al;
+  return attn_layout(n->op, &base, &win, &al) ? n->ia[win] : 0;
+}
+int ir_attn_base(const IrNode *n) {
+  int base, win, al;
+  return attn_layout(n->op, &base, &win, &al) ? base : -1;
+}
+int ir_attn_alibi_attr(IrOp op) {
+  int base, win, al;
+  return attn_layout(op, &base, &win, &al) ? al : -1;
+}
+int ir_attn_slope(const IrNode *n) {
+  int base, win, al;
+  return attn_layout(n->op, &base, &win, &al) && n->ia[al] && n->nin > base ? base : -1;
 }
 int ir_attn_doc(const IrNode *n) {
-  int base, win;
-  return attn_layout(n->op, &base, &win) && n->nin > base ? base : -1;
+  int base, win, al;
+  if (!attn_layout(n->op, &base, &win, &al)) return -1;
+  int at = base + (n->ia[al] != 0);
+  return n->nin > at ? at : -1;
 }
 
 const IrOpAttrs *ir_op_attrs(IrOp op) {

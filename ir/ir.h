@@ -149,9 +149,15 @@ typedef struct {
 
 /* The fused attention family (attention, attention_bwd, attn_acc,
  * attn_bwd_q, attn_bwd_kv; docs/ir.md "Fused attention"): the window
- * attribute (0: none), and the operand holding the document ids (-1: none). */
+ * attribute (0: none); the count of operands before the optional ones
+ * (-1: not of the family); the operands holding ALiBi's slopes (present
+ * when the attribute alibi is 1) and the document ids (-1: none); the
+ * index of op's alibi attribute in ia[] (-1: not of the family). */
 int64_t ir_attn_window(const IrNode *n);
+int ir_attn_base(const IrNode *n);
+int ir_attn_slope(const IrNode *n);
 int ir_attn_doc(const IrNode *n);
+int ir_attn_alibi_attr(IrOp op);
 /* Pipeline stage tags (IrNode.stage). */
 static inline int ir_stage_tag(int chunk, int backward) { return 1 + 2 * chunk + (backward ? 1 : 0); }
 static inline int ir_stage_chunk(int tag) { return tag > 0 ? (tag - 1) / 2 : -1; }

@@ -654,11 +654,21 @@ static int check_qkv(Sx *x);
  * i32 [B, T], T the whole sequence (the kernels index it by global
  * position, so it is never split along T). */
 static int check_doc(Sx *x, int base) {
-  int nin = x->n->nin;
-  if (nin != base && nin != base + 1)
-    return fail(x, "takes %d operands, or %d with the document ids last; got %d", base, base + 1, nin);
-  if (nin == base) return 0;
-  const IrType *d = opnd(x, base), *q = opnd(x, 0);
+  int nin = x->n->nin, al = x->n->ia[ir_attn_alibi_attr(x->n->op)] != 0;
+  if (x->n->ia[ir_attn_alibi_attr(x->n->op)] != 0 && x->n->ia[ir_attn_alibi_attr(x->n->op)] != 1)
+    return fail(x, "alibi must be 0 or 1, got %lld", (long long)x->n->ia[ir_attn_alibi_attr(x->n->op)]);
+  if (nin != base + al && nin != base + al + 1)
+    return fail(x, "takes %d operands%s, or %d with the document ids last; got %d", base + al,
+                al ? " (the slopes last)" : "", base + al + 1, nin);
+  const IrType *q = opnd(x, 0);
+  if (al) {   /* ALiBi's slopes: every query head's (whole: the kernels index them by global head) */
+    const IrType *sl = opnd(x, base);
+    if ((sl->dtype != IR_F32 && sl->dtype != IR_F64) || sl->rank != 1 || sl->dim[0] < 1 || sl->dim[0] % q->dim[1])
+      return fail(x, "ALiBi slopes %s must be f32 or f64 [heads], one per query head of q %s (all of them when "
+                  "the heads are split)", tstr(x, sl), tstr(x, q));
+  }
+  if (nin == base + al) return 0;
+  const IrType *d = opnd(x, base + al);
   if (d->dtype != IR_I32 || d->rank != 2 || d->dim[0] != q->dim[0] || d->dim[1] < 1)
     return fail(x, "document ids %s must be i32 [batch, seq] with q %s's batch", tstr(x, d), tstr(x, q));
   return 0;

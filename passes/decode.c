@@ -121,6 +121,9 @@ static int cache_state(Dx *d, int n, char kv, const IrNode *k) {
 
 /* One attention node i of eval (q, k, v already mapped). */
 static int attention(Dx *d, int i, const IrNode *n) {
+  if (ir_attn_slope(n) >= 0)
+    return dfail(d, i, "attention with ALiBi (nn.attention alibi: true) cannot be decoded yet: the KV-cache kernel "
+                 "attn_cached has no slopes; generate from a model without it", NULL);
   if (n->nin != 3) return dfail(d, i, "attention with document ids (packed sequences) cannot be decoded", NULL);
   if (!n->ia[0]) return dfail(d, i, "non-causal attention cannot be decoded (a token would see later ones)", NULL);
   const IrNode *src = d->m->blocks.a[d->src].nodes;

@@ -647,7 +647,7 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
      * document ids [B, T] (last operand, when there) follow the batch
      * split and are whole along the sequence: the kernels index them by
      * global position. */
-    int base = n->op == IR_OP_ATTENTION ? 3 : 5, doc = nin > base;
+    int base = ir_attn_base(n), slope = ir_attn_slope(n), doc = ir_attn_doc(n);
     int t = AX_R, ring = a == IR_AXIS_CP && S->cp_ring, part = n->op == IR_OP_ATTENTION_BWD ? (int)n->ia[1] : 0;
     for (int k = 0; k < base && t == AX_R; k++)
       if (st[k] >= 0 && st[k] <= 2) t = st[k];
@@ -663,7 +663,8 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
       }
     }
     for (int k = 0; k < base; k++) want[k] = (t == 2 && (k == 1 || k == 2) && !ring) ? AX_R : t;
-    if (doc) want[base] = t == 0 ? 0 : AX_R;
+    if (slope >= 0) want[slope] = AX_R;   /* every head's slope: the kernels index them by global head */
+    if (doc >= 0) want[doc] = t == 0 ? 0 : AX_R;
     *out = (t == 2 && part > 0 && !ring) ? AX_P : t;
     return 0;
   }
@@ -1191,20 +1192,38 @@ static int ring_post(Sh *S, int id, const IrSharding *sh) {
 static int ring_take(Sh *S, int post, const IrSharding *sh) { return emit(S, IR_OP_RING_WAIT, &post, 1, NULL, NULL, NULL, NULL, sh); }
 
 
-/* doc: the document ids (whole along the sequence), -1 without */
-typedef struct { int q, dout, lse, drow, causal, part, doc; int64_t window; double scale; const IrSharding *osh; } RingCtx;
+/* slope: ALiBi's slopes (whole: indexed by global head), doc: the document
+ * ids (whole along the sequence), -1 without */
+typedef struct {
+  int q, dout, lse, drow, causal, part, slope, doc;
+  int64_t window;
+  double scale;
+  const IrSharding *osh;
+} RingCtx;
+/* The operands of a ring step: the fixed ones, then the slope and the doc
+ * where there; returns the count. */
+static int ring_opnds(const RingCtx *c, int *in, int nfixed) {
+  int n = nfixed;
+  if (c->slope >= 0) in[n++] = c->slope;
+  if (c->doc >= 0) in[n++] = c->doc;
+  return n;
+}
 /* The step-s node of a ring over (k, v): the block kc / vc folded into acc. */
 static int step_fwd(Sh *S, const RingCtx *c, int s, int kc, int vc, int acc) {
-  int64_t ia[3] = {c->causal, s, c->window};
-  return emit(S, IR_OP_ATTN_ACC, (int[]){c->q, kc, vc, acc, c->doc}, c->doc >= 0 ? 5 : 4, ia, &c->scale, NULL, NULL,
-              c->osh);
+  int64_t ia[4] = {c->causal, s, c->window, c->slope >= 0};
+  int in[6] = {c->q, kc, vc, acc};
+  return emit(S, IR_OP_ATTN_ACC, in, ring_opnds(c, in, 4), ia, &c->scale, NULL, NULL, c->osh);
 }
 static int step_bwd(Sh *S, const RingCtx *c, int s, int kc, int vc, int acc) {
-  int64_t ia[4] = {c->causal, s, c->part, c->window}, iq[3] = {c->causal, s, c->window};
-  return emit(S, c->part ? IR_OP_ATTN_BWD_KV : IR_OP_ATTN_BWD_Q,
-              (int[]){c->q, kc, vc, c->dout, c->lse, c->drow, acc, c->doc}, c->doc >= 0 ? 8 : 7, c->part ? ia : iq, &c->scale,
-              NULL, NULL, c->osh);
+  int64_t ia[5] = {c->causal, s, c->part, c->window, c->slope >= 0}, iq[4] = {c->causal, s, c->window, c->slope >= 0};
+  int in[9] = {c->q, kc, vc, c->dout, c->lse, c->drow, acc};
+  return emit(S, c->part ? IR_OP_ATTN_BWD_KV : IR_OP_ATTN_BWD_Q, in, ring_opnds(c, in, 7), c->part ? ia : iq,
+              &c->scale, NULL, NULL, c->osh);
 }
+/* ALiBi's slopes and the document ids of attention / attention_bwd node n
+ * (operands in: the new values), -1 where none. */
+static int ring_slope(const IrNode *n, const int *in) { return ir_attn_slope(n) >= 0 ? in[ir_attn_slope(n)] : -1; }
+static int ring_doc(const IrNode *n, const int *in) { return ir_attn_doc(n) >= 0 ? in[ir_attn_doc(n)] : -1; }
 
 /* The backward ring: out[p] = the gradient part p (0 dq, 1 dk, 2 dv) for
  * each p with c[p].osh != NULL (see the comment above ring_post). */
@@ -1239,8 +1258,8 @@ static void ring_bwd(Sh *S, int k, int v, const IrSharding *ksh, RingCtx *c, con
 
 /* The forward's final online-softmax state for (q, k, v). */
 static int ring_state(Sh *S, const IrNode *n, const int *in, const IrSharding *ish) {
-  int base = n->op == IR_OP_ATTENTION ? 3 : 5;
-  RingCtx c = {in[0], -1, -1, -1, (int)n->ia[0], 0, n->nin > base ? in[base] : -1, ir_attn_window(n), n->fa[0], &ish[0]};
+  RingCtx c = {in[0], -1, -1, -1, (int)n->ia[0], 0, ring_slope(n, in), ring_doc(n, in), ir_attn_window(n), n->fa[0],
+               &ish[0]};
   int st = zeros_like(S, in[0], nnode(S, in[0])->type.dim[3] + 2, &ish[0]);
   int C = S->C, kc = in[1], vc = in[2];   /* step s folds in the block of rank c - s */
   for (int s = 0; s < C && !S->failed; s++) {
@@ -1284,7 +1303,8 @@ static int lower_ring(Sh *S, int i, const int *in, const IrSharding *ish, const 
   for (int j = 0; j < S->ob.n; j++) {
     const IrNode *o = onode(S, j);
     if (o->op != IR_OP_ATTENTION_BWD || o->ia[1] < 0 || o->ia[1] > 2 || sib[o->ia[1]] >= 0) continue;
-    int same = o->ia[0] == n->ia[0] && o->ia[2] == n->ia[2] && o->fa[0] == n->fa[0] && o->nin == n->nin;
+    int same = o->ia[0] == n->ia[0] && o->ia[2] == n->ia[2] && o->ia[3] == n->ia[3] && o->fa[0] == n->fa[0] &&
+               o->nin == n->nin;
     for (int k = 0; k < n->nin && same; k++) same = o->in[k] == n->in[k];
     if (same) sib[o->ia[1]] = j;
   }
@@ -1293,7 +1313,7 @@ static int lower_ring(Sh *S, int i, const int *in, const IrSharding *ish, const 
   RingCtx c[3];
   int out[3] = {-1, -1, -1};
   for (int p = 0; p < 3; p++)
-    c[p] = (RingCtx){in[0], in[4], S->ring_lse[i], S->ring_drow[i], (int)n->ia[0], p, n->nin > 5 ? in[5] : -1,
+    c[p] = (RingCtx){in[0], in[4], S->ring_lse[i], S->ring_drow[i], (int)n->ia[0], p, ring_slope(n, in), ring_doc(n, in),
                      ir_attn_window(n), n->fa[0], sib[p] < 0 ? NULL : p == part ? osh : &ish[p]};
   ring_bwd(S, in[1], in[2], &ish[1], c, in, out);
   for (int p = 0; p < 3; p++)
@@ -1422,7 +1442,7 @@ static int lower_a2a(Sh *S, int i, const int *in, const IrSharding *ish, const I
   }
   int hin[8];
   for (int k = 0; k < base; k++) hin[k] = a2a_to_heads(S, n->in[k], in[k], &ish[k], k == 1 || k == 2 ? rep : 1);
-  for (int k = base; k < n->nin; k++) hin[k] = in[k];   /* document ids: whole along the sequence */
+  for (int k = base; k < n->nin; k++) hin[k] = in[k];   /* slopes, document ids: whole */
   IrSharding rsh = a2a_heads_sh(osh);
   int r = emit(S, n->op, hin, n->nin, n->ia, n->fa, NULL, NULL, &rsh);
   if (r < 0) return -1;

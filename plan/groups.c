@@ -156,10 +156,10 @@ int plan_opt_runs(const IrBlock *b, int *run_at) {
 /* ---- the parts of one attention's backward ---- */
 
 static int same_attention(const IrNode *a, const IrNode *c) {
-  if (a->nin < 5 || a->nin > 6 || c->nin != a->nin || a->ia[0] != c->ia[0] || a->ia[2] != c->ia[2] ||
-      a->fa[0] != c->fa[0])
+  if (a->nin < 5 || a->nin > 7 || c->nin != a->nin || a->ia[0] != c->ia[0] || a->ia[2] != c->ia[2] ||
+      a->ia[3] != c->ia[3] || a->fa[0] != c->fa[0])
     return 0;
-  for (int k = 0; k < a->nin; k++)   /* (q, k, v, o, do[, doc]) */
+  for (int k = 0; k < a->nin; k++)   /* (q, k, v, o, do[, slope][, doc]) */
     if (a->in[k] != c->in[k]) return 0;
   return 1;
 }

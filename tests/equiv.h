@@ -1,5 +1,5 @@
 /* equiv.h - what the equivalence programs share (tests/shard/shard_equiv.c,
- * tests/attn/packed_equiv.c): compiling a model in f64 for a layout, the
+ * tests/attn/packed_equiv.c, variant_equiv.c): compiling a model in f64 for a layout, the
  * rank's mesh groups, and comparing every gradient state of a sharded
  * program with the same state of an unsharded one.  Header-only and
  * static: include it from one file of a test program. */
@@ -128,6 +128,77 @@ static int equiv_grads(const IrModule *ref, RtProgram *pr, const IrModule *shd, 
     if (e >= *worst) { *worst = e; *worst_name = st->name; }
   }
   return fails;
+}
+
+/* The input node `name` of module m's micro block (NULL: none). */
+__attribute__((unused)) static const IrNode *equiv_input_node(const IrModule *m, const char *name) {
+  const IrBlock *b = &m->blocks.a[ir_block_find(m, "micro")];
+  for (int i = 0; i < b->n; i++)
+    if (b->nodes[i].op == IR_OP_INPUT && strcmp(b->nodes[i].sa, name) == 0) return &b->nodes[i];
+  return NULL;
+}
+
+/* This rank's block of the global [rows, T] input g, as the sharded
+ * module splits that input (the runtime's own local -> global map). */
+__attribute__((unused)) static int32_t *equiv_local_block(const RtProgram *p, const IrNode *in, int64_t T, const int32_t *g) {
+  const IrType *lt = &in->type;
+  int64_t n = ir_type_numel(lt);
+  int32_t *l = ts_xcalloc((size_t)n + 1, sizeof *l);
+  for (int64_t e = 0; e < n; e++) {
+    int64_t r = e / lt->dim[1], c = e % lt->dim[1];
+    int64_t gr = rt_global_index(rt_program_rank(p), in->sh.split[0], lt->dim[0], r);
+    int64_t gc = rt_global_index(rt_program_rank(p), in->sh.split[1], lt->dim[1], c);
+    l[e] = g[gr * T + gc];
+  }
+  return l;
+}
+
+/* The run and the verdict of an equivalence program (tests/attn): block
+ * micro of the reference pr (module ref, feeds rf) and of the sharded ps
+ * (module shd, feeds pf), the loss and every gradient compared within tol
+ * (lref / lshd name the two in the loss line), then the programs, modules
+ * and rk freed and the failures summed over w (freed too).  brk: the
+ * comparison must fail (a test that shows the check can).  The exit
+ * status of the program. */
+__attribute__((unused)) static int equiv_run_compare(const char *prog, RtComm *w, int me, const char *lref,
+                                                     const char *lshd, IrModule *ref, RtProgram *pr, const RtFeed *rf,
+                                                     IrModule *shd, RtProgram *ps, const RtFeed *pf, int nfeeds,
+                                                     RtRank *rk, double tol, int brk) {
+  char err[1024];
+  RtRunInfo info = {0, 0, 1e-3, 0};
+  if (rt_run_block(pr, ir_block_find(ref, "micro"), rf, nfeeds, &info, err, sizeof err) ||
+      rt_run_block(ps, ir_block_find(shd, "micro"), pf, nfeeds, &info, err, sizeof err)) {
+    fprintf(stderr, "%s: %s\n", prog, err);
+    return 1;
+  }
+  int fails = 0;
+  double lr_, ls_;
+  rt_output(pr, "loss", &lr_);
+  rt_output(ps, "loss", &ls_);
+  double le = fabs(lr_ - ls_) / fmax(fabs(lr_), 1e-300);
+  if (me == 0) printf("loss: %s %.17g, %s %.17g, rel err %.3g\n", lref, lr_, lshd, ls_, le);
+  if (!(le <= tol)) fails++;
+  double worst;
+  const char *worst_name;
+  int gf = equiv_grads(ref, pr, shd, ps, rk, me, tol, brk, &worst, &worst_name, err, sizeof err);
+  if (gf < 0) {
+    fprintf(stderr, "%s: %s\n", prog, err);
+    return 1;
+  }
+  fails += gf;
+  printf("rank %d: worst gradient rel err %.3g (@%s)\n", me, worst, worst_name);
+  rt_program_free(ps);
+  rt_program_free(pr);
+  ir_module_free(ref);
+  ir_module_free(shd);
+  equiv_rank_free(rk);
+  double f = fails;
+  rt_comm_all_reduce(w, IR_F64, &f, 1, err, sizeof err);
+  rt_comm_free(w);
+  int bad = f > 0;
+  if (me == 0) printf("%s\n", brk ? (bad ? "ok: --break was caught" : "FAILED: --break went unnoticed")
+                                  : (bad ? "FAILED" : "ok"));
+  return brk ? !bad : bad;
 }
 
 #endif

@@ -185,6 +185,9 @@ tiny moe moe.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D batch=8 -
 run_args="--mock-data --reset-position-ids --reset-attention-mask --eod-mask-loss --eod-id 0 --eval-interval 5 --eval-iters 2"
 tiny packed gpt_packed.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=32 -D window=16 -D batch=8 -D micro_batch=4
 run_args="--data $data"
+# ALiBi (issue 24): samples/bert.mdl, a bidirectional masked LM whose
+# attention adds -slope |i - j| per head
+tiny bert bert.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=4
 # activation recompute: every layer's forward again in the backward (GEMMs, attention), only
 # each layer's input held (mcc --recompute full)
 tiny recompute gpt.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=4 --recompute full

@@ -13,7 +13,9 @@
 
 /* doc (NULL: none): document ids [B, Tdoc] of the whole sequence; key j
  * is hidden from query i of batch row b when doc[b, kpos[j]] !=
- * doc[b, qpos[i]] (packed sequences). */
+ * doc[b, qpos[i]] (packed sequences).  slope (NULL: none): ALiBi's slope
+ * of each LOCAL query head [Hq] (looked up by the head's global index):
+ * the score of query i and key j less slope[h] |qpos[i] - kpos[j]|. */
 typedef struct {
   int64_t B, Hq, Hkv, Tq, Tk, D;
   double scale;
@@ -21,6 +23,7 @@ typedef struct {
   const int32_t *doc;
   int64_t Tdoc;
   int64_t window;   /* > 0: keys window or more positions from the query are hidden too */
+  const double *slope;
 } AttnDims;
 
 /* A [n] buffer of dtype dt (f32 or f64) as doubles: the operand itself when
@@ -32,10 +35,12 @@ void rt_attn_store(void *out, IrDtype dt, const double *y, int64_t n);
  * as rt_global_index gives them, except that the cp coordinate is cp (the
  * owner of a block passed around the ring) when cp >= 0. */
 void rt_attn_positions(const RtRank *r, unsigned mask, int64_t L, int cp, int64_t *pos);
-/* The document ids of kernel k, its operand `idx` when the node has one
- * (i32 [B, T]), into d->doc / d->Tdoc; every position must index them.
+/* The optional operands of kernel k (ir_attn_slope, ir_attn_doc): ALiBi's
+ * slopes, looked up for the local query heads by their global index (q's
+ * sharding of dim 1) into d->slope (allocated: free it), and the document
+ * ids (i32 [B, T]) into d->doc / d->Tdoc; every position must index them.
  * 0, or -1 after rt_kfail. */
-int rt_attn_doc(RtKctx *k, int idx, AttnDims *d, const int64_t *qpos, const int64_t *kpos);
+int rt_attn_extras(RtKctx *k, AttnDims *d, const int64_t *qpos, const int64_t *kpos);
 
 /* The forward: this rank's queries against one block of keys, folded into
  * the online softmax.  Per query row ([B, Hq, Tq]) the running max m (-inf:

@@ -31,9 +31,11 @@
  * prefix too, which the loops handle as -inf.
  * q: rows of this (b, h), [Tq, D]; k: the kv head's rows [Tk, D]; doc:
  * batch row b's document ids by global position (NULL: none).  A tile
- * whose keys' documents all differ from its queries' is skipped. */
+ * whose keys' documents all differ from its queries' is skipped.  slope:
+ * the head's ALiBi slope (0: none), -slope |qpos - kpos| added to every
+ * score after the scale (no masking, so no tile is skipped for it). */
 ATTN_INLINE int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T *k, const int64_t *qpos,
-                                const int64_t *kpos, const int32_t *doc, T *s, int64_t *vis) {
+                                const int64_t *kpos, const int32_t *doc, double slope, T *s, int64_t *vis) {
   int mask = 0, dmask = 0, wmask = 0;
   if (doc) {   /* documents: no query of the tile shares one with a key -> nothing to compute */
     int32_t qlo = INT32_MAX, qhi = INT32_MIN, klo = INT32_MAX, khi = INT32_MIN;
@@ -73,6 +75,15 @@ ATTN_INLINE int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T 
   GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->nq, (int)t->nk, (int)d->D, (T)d->scale, q + t->i0 * d->D,
        (int)d->D, k + t->j0 * d->D, (int)d->D, 0, s, (int)t->nk);
   for (int64_t r = 0; r < t->nq; r++) vis[r] = t->nk;
+  if (slope != 0)   /* ALiBi by global positions: -slope |i - j| */
+    for (int64_t r = 0; r < t->nq; r++) {
+      T *sr = s + r * t->nk;
+      int64_t qp = qpos[t->i0 + r];
+      for (int64_t c = 0; c < t->nk; c++) {
+        int64_t dist = qp - kpos[t->j0 + c];
+        sr[c] -= (T)(slope * (double)(dist < 0 ? -dist : dist));
+      }
+    }
   if (dmask)   /* keys of other documents: -inf inside the visible prefix, as keys out of order */
     for (int64_t r = 0; r < t->nq; r++) {
       T *sr = s + r * t->nk;
@@ -159,12 +170,13 @@ ATTN_INLINE void FN(fwd_head)(const AttnFwdJob *j, int64_t bh, double *M, double
   const T *K = (const T *)j->k + (b * d->Hkv + hk) * d->Tk * D, *V = (const T *)j->v + (b * d->Hkv + hk) * d->Tk * D;
   const T *Q = (const T *)j->q + bh * d->Tq * D;
   const int32_t *doc = d->doc ? d->doc + b * d->Tdoc : NULL;
+  double slope = d->slope ? d->slope[h] : 0.0;
   int64_t vis[ATTN_TQ];
   for (Tile t = {0}; t.i0 < d->Tq; t.i0 += ATTN_TQ) {
     t.nq = d->Tq - t.i0 < ATTN_TQ ? d->Tq - t.i0 : ATTN_TQ;
     for (t.j0 = 0; t.j0 < d->Tk; t.j0 += ATTN_TK) {
       t.nk = d->Tk - t.j0 < ATTN_TK ? d->Tk - t.j0 : ATTN_TK;
-      if (!FN(tile_scores)(d, &t, Q, K, j->qpos, j->kpos, doc, s, vis)) continue;
+      if (!FN(tile_scores)(d, &t, Q, K, j->qpos, j->kpos, doc, slope, s, vis)) continue;
       /* per row: new max, rescale what was summed so far, p = exp(s - m) */
       for (int64_t r = 0; r < t.nq; r++) {
         T *sr = s + r * t.nk, mt = FN(row_max)(sr, vis[r]);   /* -inf: masked */
@@ -213,6 +225,7 @@ typedef struct {
   const double *lse, *drow;
   const int64_t *qpos, *kpos;
   const int32_t *doc;   /* batch row b's document ids (NULL: none) */
+  double slope;         /* the head's ALiBi slope (0: none) */
   T *DQ, *DK, *DV;
   int64_t tk;   /* key rows per tile */
 } FN(HeadGrad);
@@ -228,7 +241,7 @@ ATTN_INLINE void FN(head_grads)(const FN(HeadGrad) *g, T *s, T *dp) {
     t.nq = d->Tq - t.i0 < ATTN_TQ ? d->Tq - t.i0 : ATTN_TQ;
     for (t.j0 = 0; t.j0 < d->Tk; t.j0 += g->tk) {
       t.nk = d->Tk - t.j0 < g->tk ? d->Tk - t.j0 : g->tk;
-      if (!FN(tile_scores)(d, &t, g->Q, g->K, g->qpos, g->kpos, g->doc, s, vis)) continue;
+      if (!FN(tile_scores)(d, &t, g->Q, g->K, g->qpos, g->kpos, g->doc, g->slope, s, vis)) continue;
       if (need_ds)
         GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t.nq, (int)t.nk, (int)D, 1, g->G + t.i0 * D, (int)D,
              g->V + t.j0 * D, (int)D, 0, dp, (int)t.nk);
@@ -275,7 +288,8 @@ static FN(HeadGrad) FN(head_of)(const AttnBwdJob *j, int64_t b, int64_t h, const
   int64_t D = d->D, hk = h / (d->Hq / d->Hkv), bh = b * d->Hq + h, bk = b * d->Hkv + hk;
   FN(HeadGrad) g = {d, (const T *)j->q + bh * d->Tq * D, (const T *)j->dout + bh * d->Tq * D,
                     (const T *)j->k + bk * d->Tk * D, (const T *)j->v + bk * d->Tk * D, lse, drow, j->qpos,
-                    j->kpos, d->doc ? d->doc + b * d->Tdoc : NULL, NULL, NULL, NULL, ATTN_TK};
+                    j->kpos, d->doc ? d->doc + b * d->Tdoc : NULL, d->slope ? d->slope[h] : 0.0, NULL, NULL, NULL,
+                    ATTN_TK};
   if (want_q && j->dq) g.DQ = (T *)j->dq + bh * d->Tq * D;
   if (want_kv && j->dk) g.DK = (T *)j->dk + bk * d->Tk * D;
   if (want_kv && j->dv) g.DV = (T *)j->dv + bk * d->Tk * D;

@@ -70,10 +70,30 @@ void rt_attn_positions(const RtRank *r, unsigned mask, int64_t L, int cp, int64_
   for (int64_t j = 0; j < L; j++) pos[j] = rt_global_index_at(r, mask, L, j, cp);
 }
 
-int rt_attn_doc(RtKctx *k, int idx, AttnDims *d, const int64_t *qpos, const int64_t *kpos) {
+int rt_attn_extras(RtKctx *k, AttnDims *d, const int64_t *qpos, const int64_t *kpos) {
   d->doc = NULL;
   d->Tdoc = 0;
-  if (k->n->nin <= idx) return 0;
+  d->slope = NULL;
+  int sl = ir_attn_slope(k->n), idx = ir_attn_doc(k->n);
+  if (sl >= 0) {
+    const IrType *t = k->it[sl];
+    if ((t->dtype != IR_F32 && t->dtype != IR_F64) || t->rank != 1)
+      return rt_kfail(k, "ALiBi slopes %s must be f32 or f64 [heads]", rt_tstr(t, 0));
+    int64_t *hpos = ts_xmalloc((size_t)(d->Hq + 1) * sizeof *hpos);
+    double *s = ts_xmalloc((size_t)(d->Hq + 1) * sizeof *s);
+    rt_attn_positions(k->env->rank, rt_kin_sh(k, 0)->split[1], d->Hq, -1, hpos);
+    for (int64_t h = 0; h < d->Hq; h++) {
+      if (hpos[h] < 0 || hpos[h] >= t->dim[0]) {
+        free(hpos);
+        free(s);
+        return rt_kfail(k, "query head %lld has no ALiBi slope (%lld of them)", (long long)hpos[h], (long long)t->dim[0]);
+      }
+      s[h] = t->dtype == IR_F64 ? ((const double *)k->in[sl])[hpos[h]] : ((const float *)k->in[sl])[hpos[h]];
+    }
+    free(hpos);
+    d->slope = s;
+  }
+  if (idx < 0) return 0;
   const IrType *t = k->it[idx];
   if (t->dtype != IR_I32 || t->rank != 2 || t->dim[0] != d->B)
     return rt_kfail(k, "document ids %s must be i32 [%lld, seq]", rt_tstr(t, 0), (long long)d->B);
@@ -225,7 +245,7 @@ static int attn_open(RtKctx *k, Attn *a, int nin) {
     if (k->it[i]->dtype != dt || k->it[i]->rank != 4) return rt_kfail(k, "operand %d must be a 4-D %s tensor", i + 1,
                                                                     ir_dtype_name(dt));
   a->d = (AttnDims){q->dim[0], q->dim[1], kt->dim[1], q->dim[2], kt->dim[2], q->dim[3], k->n->fa[0],
-                    (int)k->n->ia[0], NULL, 0, ir_attn_window(k->n)};
+                    (int)k->n->ia[0], NULL, 0, ir_attn_window(k->n), NULL};
   if (a->d.Hkv < 1 || a->d.Hq % a->d.Hkv) return rt_kfail(k, "query heads %lld are not a multiple of kv heads %lld",
                                                           (long long)a->d.Hq, (long long)a->d.Hkv);
   a->dt = dt;
@@ -234,12 +254,13 @@ static int attn_open(RtKctx *k, Attn *a, int nin) {
   a->kpos = ts_xmalloc((size_t)(a->d.Tk + 1) * sizeof *a->kpos);
   rt_attn_positions(k->env->rank, rt_kin_sh(k, 0)->split[2], a->d.Tq, -1, a->qpos);
   rt_attn_positions(k->env->rank, rt_kin_sh(k, 1)->split[2], a->d.Tk, -1, a->kpos);
-  return rt_attn_doc(k, nin, &a->d, a->qpos, a->kpos);
+  return rt_attn_extras(k, &a->d, a->qpos, a->kpos);
 }
 
 static void attn_close(Attn *a) {
   free(a->qpos);
   free(a->kpos);
+  free((void *)a->d.slope);
 }
 
 /* (q, k, v) -> o: the online softmax of this rank's queries over the keys,

@@ -39,6 +39,7 @@ typedef struct {
 static void ring_close(Ring *r) {
   free(r->qpos);
   free(r->kpos);
+  free((void *)r->d.slope);
 }
 
 /* The cp coordinate of the rank `src` ring steps before this one: the
@@ -62,7 +63,7 @@ static int ring_open(RtKctx *k, Ring *r, int nin) {
     if (k->it[i]->dtype != dt) return rt_kfail(k, "operand %d must be %s", i + 1, ir_dtype_name(dt));
   if (q->rank != 4 || kt->rank != 4) return rt_kfail(k, "q and k must be 4-D");
   r->d = (AttnDims){q->dim[0], q->dim[1], kt->dim[1], q->dim[2], kt->dim[2], q->dim[3], k->n->fa[0],
-                    (int)k->n->ia[0], NULL, 0, ir_attn_window(k->n)};
+                    (int)k->n->ia[0], NULL, 0, ir_attn_window(k->n), NULL};
   if (r->d.Hkv < 1 || r->d.Hq % r->d.Hkv)
     return rt_kfail(k, "query heads %lld are not a multiple of kv heads %lld", (long long)r->d.Hq,
                     (long long)r->d.Hkv);
@@ -72,7 +73,7 @@ static int ring_open(RtKctx *k, Ring *r, int nin) {
   r->kpos = ts_xmalloc((size_t)(r->d.Tk + 1) * sizeof *r->kpos);
   rt_attn_positions(k->env->rank, rt_kin_sh(k, 0)->split[2], r->d.Tq, -1, r->qpos);
   rt_attn_positions(k->env->rank, rt_kin_sh(k, 1)->split[2], r->d.Tk, block_owner(k->env->rank, k->n->ia[1]), r->kpos);
-  return rt_attn_doc(k, nin, &r->d, r->qpos, r->kpos);
+  return rt_attn_extras(k, &r->d, r->qpos, r->kpos);
 }
 
 /* Element i of a dtype-dt buffer, read and written as double. */

@@ -459,7 +459,7 @@ static int plan_block(RtJit *J, const IrModule *m, const IrBlock *b, RtJitBlock 
       kk.op = IR_OP_ATTENTION_BWD;
       kk.attn_grads = 1;
       kk.run = ts_xmalloc(3 * sizeof *kk.run);
-      kk.io.nin = nd->nin;   /* (q, k, v, o, do[, doc]) */
+      kk.io.nin = nd->nin;   /* (q, k, v, o, do[, slope][, doc]) */
       for (int k = 0; k < nd->nin; k++) kk.io.in[k] = nd->in[k];
       for (int j = i; j <= attn_at[i]; j++)
         if (attn_at[j] == attn_at[i]) { kk.run[kk.nrun++] = j; kk.io.out[kk.io.nout++] = j; done[j] = 1; }

@@ -20,28 +20,6 @@
  * --cp-attn a2a) instead of the ring. */
 #include "../equiv.h"
 
-static const IrNode *input_node(const IrModule *m, const char *name) {
-  const IrBlock *b = &m->blocks.a[ir_block_find(m, "micro")];
-  for (int i = 0; i < b->n; i++)
-    if (b->nodes[i].op == IR_OP_INPUT && strcmp(b->nodes[i].sa, name) == 0) return &b->nodes[i];
-  return NULL;
-}
-
-/* This rank's block of the global [rows, T] input g, as the sharded
- * module splits that input (the runtime's own local -> global map). */
-static int32_t *local_block(const RtProgram *p, const IrNode *in, int64_t T, const int32_t *g) {
-  const IrType *lt = &in->type;
-  int64_t n = ir_type_numel(lt);
-  int32_t *l = ts_xcalloc((size_t)n + 1, sizeof *l);
-  for (int64_t e = 0; e < n; e++) {
-    int64_t r = e / lt->dim[1], c = e % lt->dim[1];
-    int64_t gr = rt_global_index(rt_program_rank(p), in->sh.split[0], lt->dim[0], r);
-    int64_t gc = rt_global_index(rt_program_rank(p), in->sh.split[1], lt->dim[1], c);
-    l[e] = g[gr * T + gc];
-  }
-  return l;
-}
-
 int main(int argc, char **argv) {
   char err[1024];
   RtComm *w = rt_comm_init_mpi(&argc, &argv, 60, err, sizeof err);
@@ -92,45 +70,13 @@ int main(int argc, char **argv) {
   RtFeed rf[4], pf[4];
   int32_t *local[4];
   for (int k = 0; k < 4; k++) {
-    const IrNode *in = input_node(pk, names[k]);
-    if (!in || !input_node(ref, names[k])) { fprintf(stderr, "packed_equiv: the model has no input %s\n", names[k]); return 1; }
-    local[k] = local_block(ps, in, T, packed[k]);
+    const IrNode *in = equiv_input_node(pk, names[k]);
+    if (!in || !equiv_input_node(ref, names[k])) { fprintf(stderr, "packed_equiv: the model has no input %s\n", names[k]); return 1; }
+    local[k] = equiv_local_block(ps, in, T, packed[k]);
     rf[k] = (RtFeed){names[k], rows[k]};
     pf[k] = (RtFeed){names[k], local[k]};
   }
-  RtRunInfo info = {0, 0, 1e-3, 0};
-  int fails = 0;
-  if (rt_run_block(pr, ir_block_find(ref, "micro"), rf, 4, &info, err, sizeof err) ||
-      rt_run_block(ps, ir_block_find(pk, "micro"), pf, 4, &info, err, sizeof err)) {
-    fprintf(stderr, "packed_equiv: %s\n", err);
-    return 1;
-  }
-  double lr_, lp_;
-  rt_output(pr, "loss", &lr_);
-  rt_output(ps, "loss", &lp_);
-  double le = fabs(lr_ - lp_) / fmax(fabs(lr_), 1e-300);
-  if (me == 0) printf("loss: one by one %.17g, packed %.17g, rel err %.3g\n", lr_, lp_, le);
-  if (!(le <= 1e-12)) fails++;
-  double worst;
-  const char *worst_name;
-  int gf = equiv_grads(ref, pr, pk, ps, &rk, me, 1e-12, brk, &worst, &worst_name, err, sizeof err);
-  if (gf < 0) {
-    fprintf(stderr, "packed_equiv: %s\n", err);
-    return 1;
-  }
-  fails += gf;
-  printf("rank %d: worst gradient rel err %.3g (@%s)\n", me, worst, worst_name);
+  int rc = equiv_run_compare("packed_equiv", w, me, "one by one", "packed", ref, pr, rf, pk, ps, pf, 4, &rk, 1e-12, brk);
   for (int k = 0; k < 4; k++) { free(rows[k]); free(packed[k]); free(local[k]); }
-  rt_program_free(ps);
-  rt_program_free(pr);
-  ir_module_free(ref);
-  ir_module_free(pk);
-  equiv_rank_free(&rk);
-  double f = fails;
-  rt_comm_all_reduce(w, IR_F64, &f, 1, err, sizeof err);
-  rt_comm_free(w);
-  int bad = f > 0;
-  if (me == 0) printf("%s\n", brk ? (bad ? "ok: --break was caught" : "FAILED: --break went unnoticed")
-                                  : (bad ? "FAILED" : "ok"));
-  return brk ? !bad : bad;
+  return rc;
 }

@@ -64,12 +64,15 @@
 #include <string.h>
 #include "../check.h"
 
-typedef struct { int B, Hq, Hkv, T, D, causal; } Case;
+/* Tk: the keys' length when it differs from the queries' T (cross-attention;
+ * 0: T) */
+typedef struct { int B, Hq, Hkv, T, D, causal, Tk; } Case;
 
 /* the fused op's cases: partial tiles (37, 20, 10 rows), groups 1, 2, 4,
  * head sizes whose shared tiles shrink (f64: 64 at D 8 down to 8 at D 128) */
 static const Case fused_cases[] = {
-  {2, 4, 2, 37, 16, 1}, {1, 2, 2, 20, 64, 0}, {1, 8, 2, 24, 8, 1}, {1, 2, 1, 10, 128, 1}, {1, 3, 3, 70, 8, 1},
+  {2, 4, 2, 37, 16, 1, 0}, {1, 2, 2, 20, 64, 0, 0}, {1, 8, 2, 24, 8, 1, 0}, {1, 2, 1, 10, 128, 1, 0},
+  {1, 3, 3, 70, 8, 1, 0},
 };
 
 /* ---- module text ---- */
@@ -118,31 +121,46 @@ static void shp(char *b, size_t n, int B, int H, int T, int D) {
   else snprintf(b, n, "[%d, %d, %d]", B, H, T);
 }
 
-/* The document ids input of a case (docs: it has them): an i32 [B, Tg]
- * input named document_ids (doc_ids() feeds it); *suf gets ", %ID" to
- * append to the attention ops' operands, or "". */
-static void m_docs(Mod *m, int docs, int B, int Tg, char *suf, size_t n) {
+/* ALiBi (test "alibi"): every attention op of the next cases gets a
+ * slopes operand (a state of Hq slopes in [0.1, 0.9]) and alibi=1. */
+static int case_alibi;
+
+/* The optional operands of a case's attention ops: ALiBi's slopes (when
+ * case_alibi) and the document ids (docs: an i32 [B, Tg] input named
+ * document_ids that doc_ids() feeds); *suf gets ", %SLOPE, %ID" (those
+ * there) to append to the attention ops' operands. */
+static void m_docs(Mod *m, int docs, int Hq, int B, int Tg, char *suf, size_t n) {
   suf[0] = 0;
+  if (case_alibi) {
+    sb_printf(&m->st, "state @slope : %s[%d] param init=uniform(0.1, 0.9)\n", m->dt, Hq);
+    sb_printf(&m->body, "  %%%d = state @slope : %s[%d]\n", m->n, m->dt, Hq);
+    m->n++;
+    /* a value, as a model's slopes are (the grouped backward takes no state operand) */
+    sb_printf(&m->body, "  %%%d = muls %%%d c=1.0 : %s[%d]\n", m->n, m->n - 1, m->dt, Hq);
+    snprintf(suf, n, ", %%%d", m->n++);
+  }
   if (!docs) return;
   sb_printf(&m->body, "  %%%d = input \"document_ids\" : i32[%d, %d]\n", m->n, B, Tg);
-  snprintf(suf, n, ", %%%d", m->n++);
+  size_t at = strlen(suf);
+  snprintf(suf + at, n - at, ", %%%d", m->n++);
 }
 
 /* attention and the three parts of its backward */
 static char *fused_text(const Case *c, const char *dt, int docs, int window) {
   Mod m = {.dt = dt, .sh = ""};
-  char qs[64], ks[64], sc[64], ds[16];
+  char qs[64], ks[64], sc[96], ds[32];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
-  shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
-  snprintf(sc, sizeof sc, "causal=%d window=%d scale=%.17g", c->causal, window, 1.0 / sqrt((double)c->D));
+  shp(ks, sizeof ks, c->B, c->Hkv, c->Tk ? c->Tk : c->T, c->D);
+  snprintf(sc, sizeof sc, "causal=%d window=%d alibi=%d scale=%.17g", c->causal, window, case_alibi,
+           1.0 / sqrt((double)c->D));
   int q = m_state(&m, "q", qs, "normal(0.0, 1.0)"), k = m_state(&m, "k", ks, "normal(0.0, 1.0)");
   int v = m_state(&m, "v", ks, "normal(0.0, 1.0)"), d = m_state(&m, "do", qs, "normal(0.0, 1.0)");
-  m_docs(&m, docs, c->B, c->T, ds, sizeof ds);
+  m_docs(&m, docs, c->Hq, c->B, c->T, ds, sizeof ds);
   int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s %s", q, k, v, ds, sc);
   m_out(&m, o, qs);
   for (int part = 0; part < 3; part++)
-    m_out(&m, m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d scale=%.17g",
-                   q, k, v, o, d, ds, c->causal, part, window, 1.0 / sqrt((double)c->D)),
+    m_out(&m, m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d alibi=%d "
+                   "scale=%.17g", q, k, v, o, d, ds, c->causal, part, window, case_alibi, 1.0 / sqrt((double)c->D)),
           part ? ks : qs);
   return m_text(&m, 1, 1);
 }
@@ -154,25 +172,25 @@ static char *fused_text(const Case *c, const char *dt, int docs, int window) {
  * q, k, v, do are values (times 1), not states. */
 static char *grads_text(const Case *c, const char *dt, int docs, int window, int parts) {
   Mod m = {.dt = dt, .sh = ""};
-  char qs[64], ks[64], ds[16];
+  char qs[64], ks[64], ds[32];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
-  shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
+  shp(ks, sizeof ks, c->B, c->Hkv, c->Tk ? c->Tk : c->T, c->D);
   int q = m_state(&m, "q", qs, "normal(0.0, 1.0)"), k = m_state(&m, "k", ks, "normal(0.0, 1.0)");
   int v = m_state(&m, "v", ks, "normal(0.0, 1.0)"), d = m_state(&m, "do", qs, "normal(0.0, 1.0)");
   q = m_op(&m, qs, "muls %%%d c=1.0", q);
   k = m_op(&m, ks, "muls %%%d c=1.0", k);
   v = m_op(&m, ks, "muls %%%d c=1.0", v);
   d = m_op(&m, qs, "muls %%%d c=1.0", d);
-  m_docs(&m, docs, c->B, c->T, ds, sizeof ds);
+  m_docs(&m, docs, c->Hq, c->B, c->T, ds, sizeof ds);
   double scale = 1.0 / sqrt((double)c->D);
-  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s causal=%d window=%d scale=%.17g", q, k, v, ds, c->causal, window,
-               scale);
+  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s causal=%d window=%d alibi=%d scale=%.17g", q, k, v, ds, c->causal,
+               window, case_alibi, scale);
   m_out(&m, o, qs);
   int g[3], ng = 0;
   for (int part = 0; part < 3; part++)
     if (parts & (1 << part))
-      g[ng++] = m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d scale=%.17g",
-                     q, k, v, o, d, ds, c->causal, part, window, scale);
+      g[ng++] = m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d alibi=%d "
+                     "scale=%.17g", q, k, v, o, d, ds, c->causal, part, window, case_alibi, scale);
   for (int j = 0, part = 0; part < 3; part++)
     if (parts & (1 << part)) m_out(&m, g[j++], part ? ks : qs);
   (void)ng;
@@ -184,7 +202,7 @@ static char *grads_text(const Case *c, const char *dt, int docs, int window, int
  * other rank's) */
 static char *ring_text(const Case *c, const char *dt, int docs, int window) {
   Mod m = {.dt = dt, .sh = " {2:cp}"};
-  char qs[64], ks[64], ss[64], rs[64], sc[64], ds[16];
+  char qs[64], ks[64], ss[64], rs[64], sc[64], ds[32];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
   shp(ks, sizeof ks, c->B, c->Hkv, c->T, c->D);
   shp(ss, sizeof ss, c->B, c->Hq, c->T, c->D + 2);
@@ -196,11 +214,11 @@ static char *ring_text(const Case *c, const char *dt, int docs, int window) {
   int z = m_state(&m, "st0", ss, "zeros");
   int d = m_state(&m, "do", qs, "normal(0.0, 1.0)"), dr = m_state(&m, "drow", rs, "normal(0.0, 0.5)");
   int aq = m_state(&m, "dq0", qs, "normal(0.0, 1.0)"), ak = m_state(&m, "dk0", ks, "normal(0.0, 1.0)");
-  m_docs(&m, docs, c->B, 2 * c->T, ds, sizeof ds);
-  int s1 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=0 window=%d %s", q, k0, v0, z, ds, c->causal,
-                window, sc);
-  int s2 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=1 window=%d %s", q, k1, v1, s1, ds, c->causal,
-                window, sc);
+  m_docs(&m, docs, c->Hq, c->B, 2 * c->T, ds, sizeof ds);
+  int s1 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=0 window=%d alibi=%d %s", q, k0, v0, z, ds,
+                c->causal, window, case_alibi, sc);
+  int s2 = m_op(&m, ss, "attn_acc %%%d, %%%d, %%%d, %%%d%s causal=%d src=1 window=%d alibi=%d %s", q, k1, v1, s1, ds,
+                c->causal, window, case_alibi, sc);
   m_out(&m, s1, ss);
   m_out(&m, s2, ss);
   m_out(&m, m_op(&m, qs, "attn_finish %%%d", s2), qs);
@@ -208,11 +226,11 @@ static char *ring_text(const Case *c, const char *dt, int docs, int window) {
   m_out(&m, lse, rs);
   for (int src = 0; src < 2; src++) {
     int kk = src ? k1 : k0, vv = src ? v1 : v0;
-    m_out(&m, m_op(&m, qs, "attn_bwd_q %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d window=%d %s", q, kk,
-                   vv, d, lse, dr, aq, ds, c->causal, src, window, sc), qs);
+    m_out(&m, m_op(&m, qs, "attn_bwd_q %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d window=%d alibi=%d %s",
+                   q, kk, vv, d, lse, dr, aq, ds, c->causal, src, window, case_alibi, sc), qs);
     for (int part = 1; part <= 2; part++)
-      m_out(&m, m_op(&m, ks, "attn_bwd_kv %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d part=%d window=%d %s",
-                     q, kk, vv, d, lse, dr, ak, ds, c->causal, src, part, window, sc), ks);
+      m_out(&m, m_op(&m, ks, "attn_bwd_kv %%%d, %%%d, %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d src=%d part=%d window=%d "
+                     "alibi=%d %s", q, kk, vv, d, lse, dr, ak, ds, c->causal, src, part, window, case_alibi, sc), ks);
   }
   return m_text(&m, 2, 1);
 }
@@ -323,7 +341,7 @@ static void test_grads(RtDev *d) {
     for (int p = 0; p < MAXT; p++) ids[b * MAXT + p] = b % 2 ? p % 3 : p < 5 ? 0 : p < 9 ? 1 : 2;
   long long grouped = 0, separate = 0;
   /* and head_dim 6: f32 operands on the double path (not a multiple of 4) */
-  static const Case odd = {1, 4, 2, 13, 6, 1};
+  static const Case odd = {1, 4, 2, 13, 6, 1, 0};
   size_t nf = sizeof fused_cases / sizeof fused_cases[0];
   for (size_t i = 0; i <= nf; i++)
     for (int t = 0; t < 2; t++)
@@ -362,7 +380,7 @@ static void test_grads(RtDev *d) {
   printf("one attention's backward: %lld launches (score passes) grouped, %lld apart\n", grouped, separate);
 }
 
-static const Case ring_cases[] = {{1, 4, 2, 12, 8, 1}, {2, 2, 2, 8, 16, 1}, {1, 4, 1, 10, 8, 0}};
+static const Case ring_cases[] = {{1, 4, 2, 12, 8, 1, 0}, {2, 2, 2, 8, 16, 1, 0}, {1, 4, 1, 10, 8, 0, 0}};
 
 static void test_ring(RtDev *d, int docs) {
   for (size_t i = 0; i < sizeof ring_cases / sizeof ring_cases[0]; i++)
@@ -396,6 +414,44 @@ static void test_docs(RtDev *d) {
   test_ring(d, 1);
   case_feeds = NULL;
   case_nfeeds = 0;
+}
+
+/* Cross-attention: keys of another length than the queries (fewer, more,
+ * across tiles), not causal, f32 (the register-tiled kernels) and f64; the
+ * forward with the parts apart, and the three parts as one launch group. */
+static void test_cross(RtDev *d) {
+  static const Case cross[] = {{1, 4, 2, 20, 16, 0, 33}, {2, 2, 2, 37, 8, 0, 9}, {1, 2, 1, 70, 64, 0, 130}};
+  for (size_t i = 0; i < sizeof cross / sizeof cross[0]; i++)
+    for (int t = 0; t < 2; t++) {
+      const Case *c = &cross[i];
+      char label[128];
+      snprintf(label, sizeof label, "cross B%d Hq%d Hkv%d Tq%d Tk%d D%d %s", c->B, c->Hq, c->Hkv, c->T, c->Tk, c->D,
+               dts[t]);
+      char *text = fused_text(c, dts[t], 0, 0);
+      double worst = run_case(d, text, 1, 0, label);
+      if (t == 1) CHECK(worst <= 1e-12, "%s: f64 error %.3g over 1e-12", label, worst);
+      free(text);
+      text = grads_text(c, dts[t], 0, 0, 7);
+      worst = run_case(d, text, 1, 0, label);
+      if (t == 1) CHECK(worst <= 1e-12, "%s (grouped): f64 error %.3g over 1e-12", label, worst);
+      free(text);
+    }
+}
+
+/* ALiBi: the fused, grouped-backward and ring cases with slopes, alone and
+ * with documents and a window (every mask and the bias together): the
+ * device's kernels (f64: the double path; f32: the register-tiled ones,
+ * the ring steps on the double path) against the CPU's. */
+static void test_alibi(RtDev *d, int grads) {
+  case_alibi = 1;
+  if (grads) {   /* the backward's parts as one launch group (long: its own test, labelled slow) */
+    test_grads(d);
+  } else {
+    test_fused(d, 0);
+    test_ring(d, 0);
+    test_docs(d);
+  }
+  case_alibi = 0;
 }
 
 /* take, onehot, pad_fill with the vocab dim (8 local of 16) split over tp:
@@ -600,13 +656,13 @@ static void test_nvrtc(void) {
     free(text);
   }
   {   /* head_dim 6 in f32: the double path's dk + dv kernel on float operands */
-    static const Case odd = {1, 4, 2, 13, 6, 1};
+    static const Case odd = {1, 4, 2, 13, 6, 1, 0};
     char *text = grads_text(&odd, "f32", 1, 5, 7);
     printf("grads head_dim 6 f32\n");
     nvrtc_module(text, "grads head_dim 6 f32");
     free(text);
   }
-  static const Case gpt2[] = {{8, 12, 12, 1024, 64, 1}, {8, 6, 6, 1024, 128, 1}};
+  static const Case gpt2[] = {{8, 12, 12, 1024, 64, 1, 0}, {8, 6, 6, 1024, 128, 1, 0}};
   for (int g = 0; g < 2; g++) {
     char *text = grads_text(&gpt2[g], "f32", 0, 0, 7), label[128];
     snprintf(label, sizeof label, "GPT-2 f32 seq 1024 head_dim %d (attention_grads_*: 0 statistics, 1 dq, 2 dk + dv)",
@@ -628,6 +684,23 @@ static void test_nvrtc(void) {
     nvrtc_module(text, label);
     free(text);
   }
+  /* ALiBi: GPT-2's shapes in f32 (the register-tiled kernels) with
+   * documents and a window as well, and the ring steps in f64 (the double
+   * path): one module each, the compile being minutes under load */
+  case_alibi = 1;
+  {
+    char *text = grads_text(&gpt2[0], "f32", 1, 256, 7), label[128];
+    snprintf(label, sizeof label, "ALiBi f32 seq 1024 head_dim 64 docs window (attention, attention_grads_*)");
+    printf("%s\n", label);
+    nvrtc_module(text, label);
+    free(text);
+    text = ring_text(&ring_cases[0], "f64", 1, 7);
+    snprintf(label, sizeof label, "ALiBi ring f64 docs window");
+    printf("%s\n", label);
+    nvrtc_module(text, label);
+    free(text);
+  }
+  case_alibi = 0;
 }
 
 int main(int argc, char **argv) {
@@ -639,6 +712,9 @@ int main(int argc, char **argv) {
     if (strcmp(what, "fused") == 0) test_fused(d, 0);
     else if (strcmp(what, "ring") == 0) test_ring(d, 0);
     else if (strcmp(what, "docs") == 0) test_docs(d);
+    else if (strcmp(what, "alibi") == 0) test_alibi(d, 0);
+    else if (strcmp(what, "alibi_grads") == 0) test_alibi(d, 1);
+    else if (strcmp(what, "cross") == 0) test_cross(d);
     else if (strcmp(what, "grads") == 0) test_grads(d);
     else if (strcmp(what, "vocab") == 0) test_vocab(d);
     else if (strcmp(what, "decode") == 0) test_decode(d);

@@ -271,18 +271,32 @@ static int b_rope(Cx *c, const Case *k) {
  * not be contiguous): v = 5 as v = 3, v = 6 as v = 4.  A sliding window:
  * v = 7 as v = 3 with window 9 (rows see their last 9 positions, so whole
  * tiles fall out), v = 8 as v = 4 with documents and window 200 (keys on
- * both sides, not causal). */
+ * both sides, not causal).  ALiBi (alibi=1 and a slopes operand, an f64
+ * arange 0.3, 0.55, ... per query head: a constant, no gradient): v = 9 as
+ * v = 3 (causal, two key tiles), v = 10 as v = 1 (grouped-query, 3 queries
+ * against 4 keys), v = 11 as v = 8 (documents and a window too), v = 12 as
+ * v = 4 (530 keys: the log-sum-exp pass with the bias). */
 static int b_attention(Cx *c, const Case *k) {
-  int w = k->v >= 7 ? k->v - 4 : k->v >= 5 ? k->v - 2 : k->v;   /* the shape of case w */
+  static const int alibi_of[4] = {3, 1, 8, 4};   /* v = 9 .. 12: the case they add ALiBi to */
+  int al = k->v >= 9, kv = al ? alibi_of[k->v - 9] : k->v;
+  int w = kv >= 7 ? kv - 4 : kv >= 5 ? kv - 2 : kv;   /* the shape of case w */
   int Hq = w == 0 || w >= 3 ? 2 : 4, Hkv = 2, Tq = w == 1 || w == 4 ? 3 : w == 3 ? 70 : 5;
   int Tk = w == 1 ? 4 : w == 4 ? 530 : Tq, Dh = w == 3 ? 2 : w == 4 ? 1 : 3;
   int q = param(c, T(4, 2, Hq, Tq, Dh), D_NORMAL);
   int kk = param(c, T(4, 2, Hkv, Tk, Dh), D_NORMAL);
   int v = param(c, T(4, 2, Hkv, Tk, Dh), D_NORMAL);
-  int64_t ia[2] = {w != 1 && w != 4, k->v == 7 ? 9 : k->v == 8 ? 200 : 0};   /* causal, window */
+  int64_t ia[3] = {w != 1 && w != 4, kv == 7 ? 9 : kv == 8 ? 200 : 0, al};   /* causal, window, alibi */
   double scale = 0.7;
-  int doc = k->v == 5 || k->v == 6 || k->v == 8 ? ids(c, "document_ids", TI(2, 2, Tk), 0, 3, 0, 0) : -1;
-  return E(c, IR_OP_ATTENTION, doc >= 0 ? 4 : 3, (int[]){q, kk, v, doc}, ia, &scale, NULL, NULL);
+  int doc = kv == 5 || kv == 6 || kv == 8 ? ids(c, "document_ids", TI(2, 2, Tk), 0, 3, 0, 0) : -1;
+  int in[5] = {q, kk, v}, nin = 3;
+  if (al) {
+    int64_t ax = 0;
+    double ar[2] = {0.3, 0.25};
+    IrType st = T(1, Hq);
+    in[nin++] = E(c, IR_OP_ARANGE, 0, NULL, &ax, ar, NULL, &st);
+  }
+  if (doc >= 0) in[nin++] = doc;
+  return E(c, IR_OP_ATTENTION, nin, in, ia, &scale, NULL, NULL);
 }
 /* v = 0: ignore_index -1 on every 4th target; v = 1: ignore_index 2, a
  * class that also occurs naturally. */
@@ -456,6 +470,10 @@ static const Case cases[] = {
   {"attention documents 9 key tiles", IR_OP_ATTENTION, b_attention, 6, NULL, 0, NULL},
   {"attention window causal", IR_OP_ATTENTION, b_attention, 7, NULL, 0, NULL},
   {"attention window documents", IR_OP_ATTENTION, b_attention, 8, NULL, 0, NULL},
+  {"attention alibi causal 2 tiles", IR_OP_ATTENTION, b_attention, 9, NULL, 0, NULL},
+  {"attention alibi gqa 3x4", IR_OP_ATTENTION, b_attention, 10, NULL, 0, NULL},
+  {"attention alibi window documents", IR_OP_ATTENTION, b_attention, 11, NULL, 0, NULL},
+  {"attention alibi 9 key tiles", IR_OP_ATTENTION, b_attention, 12, NULL, 0, NULL},
   {"rope inverse", IR_OP_ROPE, b_rope, 1, NULL, 0, NULL},
   {"rope 2-D", IR_OP_ROPE, b_rope, 2, NULL, 0, NULL},
   {"cross_entropy", IR_OP_CROSS_ENTROPY, b_cross_entropy, 0, NULL, 0, NULL},

@@ -204,13 +204,13 @@ static void test_attention(void) {
   int k = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "k", &tk, err, sizeof err);
   int k3 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "k3", &t3, err, sizeof err);
   double sc = 0.125;
-  int o = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){1, 0}, &sc, NULL, NULL, err, sizeof err);
+  int o = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(o >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[o].type, &tq), "attention: %s", err);
-  int r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k3, k3}, 3, (int64_t[]){1, 0}, &sc, NULL, NULL, err, sizeof err);
+  int r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k3, k3}, 3, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "attention: ") && strstr(err, "multiple"), "heads 4 / 3: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){2, 0}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){2, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "attention: "), "causal=2: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){1, -2}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){1, -2, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "window must be >= 0"), "window=-2: %d '%s'", r, err);
   /* document ids: i32 [B, T] last */
   IrType td = {IR_I32, 2, {tq.dim[0], tq.dim[2]}, {NULL}}, tdf = td, td3 = td;
@@ -219,25 +219,47 @@ static void test_attention(void) {
   int dd = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "docs", &td, err, sizeof err);
   int ddf = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "docsf", &tdf, err, sizeof err);
   int dd3 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "docs3", &td3, err, sizeof err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, dd}, 4, (int64_t[]){1, 3}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, dd}, 4, (int64_t[]){1, 3, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r >= 0, "attention with documents and a window: %s", err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, ddf}, 4, (int64_t[]){1, 0}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, ddf}, 4, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "document ids"), "f32 document ids: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, dd3}, 4, (int64_t[]){1, 0}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, dd3}, 4, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "document ids"), "document ids of another batch: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, dd, dd}, 5, (int64_t[]){1, 0}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, dd, dd}, 5, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "takes 3 operands, or 4"), "five operands: %d '%s'", r, err);
   for (int part = 0; part < 3 && o >= 0; part++) {
-    r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, o, o}, 5, (int64_t[]){1, part, 0}, &sc, NULL, NULL, err,
+    r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, o, o}, 5, (int64_t[]){1, part, 0, 0}, &sc, NULL, NULL, err,
                 sizeof err);
     CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, part ? &tk : &tq), "part %d: %s", part, err);
   }
-  r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, o, o}, 5, (int64_t[]){1, 3, 0}, &sc, NULL, NULL, err,
+  r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, o, o}, 5, (int64_t[]){1, 3, 0, 0}, &sc, NULL, NULL, err,
               sizeof err);
   CHECK(r == -1 && strstr(err, "attention_bwd: ") && strstr(err, "part"), "part 3: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, k, o}, 5, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err,
+  r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, k, o}, 5, (int64_t[]){1, 0, 0, 0}, &sc, NULL, NULL, err,
               sizeof err);
   CHECK(r == -1 && strstr(err, "attention_bwd: "), "o shaped like k: %d '%s'", r, err);
+  /* ALiBi: alibi=1 and the slopes [Hq] (f32 or f64; whole when the heads
+   * are split, so a multiple of q's heads) after v, before the documents */
+  IrType tsl = {IR_F32, 1, {tq.dim[1]}, {NULL}}, tsl3 = tsl, tsl8 = tsl, tsli = tsl;
+  tsl3.dim[0] = 3;
+  tsl8.dim[0] = 8;
+  tsli.dtype = IR_I32;
+  int sl = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "sl", &tsl, err, sizeof err);
+  int sl3 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "sl3", &tsl3, err, sizeof err);
+  int sl8 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "sl8", &tsl8, err, sizeof err);
+  int sli = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "sli", &tsli, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl, dd}, 5, (int64_t[]){1, 3, 1}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0, "attention with slopes, documents and a window: %s", err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl8}, 4, (int64_t[]){1, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0, "slopes of 8 heads (4 here, the rest on another tp rank): %s", err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl3}, 4, (int64_t[]){1, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "ALiBi slopes"), "3 slopes for 4 heads: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sli}, 4, (int64_t[]){1, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "ALiBi slopes"), "i32 slopes: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){1, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "takes 4 operands (the slopes last)"), "alibi=1 without slopes: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl}, 4, (int64_t[]){1, 0, 2}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "alibi must be 0 or 1"), "alibi=2: %d '%s'", r, err);
   /* the ring steps: state [2, 4, 6, 10], lse / drow [2, 4, 6] */
   IrType ts = tq, tl = tq, ts9 = tq;
   ts.dim[3] = 10;
@@ -246,24 +268,24 @@ static void test_attention(void) {
   int st = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "st", &ts, err, sizeof err);
   int st9 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "st9", &ts9, err, sizeof err);
   int ls = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "lse", &tl, err, sizeof err);
-  r = ir_emit(m, b, IR_OP_ATTN_ACC, (int[]){q, k, k, st}, 4, (int64_t[]){1, 3, 0}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTN_ACC, (int[]){q, k, k, st}, 4, (int64_t[]){1, 3, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &ts), "attn_acc: %s", err);
-  r = ir_emit(m, b, IR_OP_ATTN_ACC, (int[]){q, k, k, st9}, 4, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTN_ACC, (int[]){q, k, k, st9}, 4, (int64_t[]){1, 0, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "head_dim + 2"), "attn_acc with a [.., 9] state: %d '%s'", r, err);
   r = ir_emit(m, b, IR_OP_ATTN_FINISH, &st, 1, NULL, NULL, NULL, NULL, err, sizeof err);
   CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &tq), "attn_finish: %s", err);
   r = ir_emit(m, b, IR_OP_ATTN_LSE, &st, 1, NULL, NULL, NULL, NULL, err, sizeof err);
   CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &tl), "attn_lse: %s", err);
-  r = ir_emit(m, b, IR_OP_ATTN_BWD_Q, (int[]){q, k, k, q, ls, ls, q}, 7, (int64_t[]){1, 1, 0}, &sc, NULL, NULL, err,
+  r = ir_emit(m, b, IR_OP_ATTN_BWD_Q, (int[]){q, k, k, q, ls, ls, q}, 7, (int64_t[]){1, 1, 0, 0}, &sc, NULL, NULL, err,
               sizeof err);
   CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &tq), "attn_bwd_q: %s", err);
-  r = ir_emit(m, b, IR_OP_ATTN_BWD_KV, (int[]){q, k, k, q, ls, ls, k}, 7, (int64_t[]){0, 1, 2, 0}, &sc, NULL, NULL, err,
+  r = ir_emit(m, b, IR_OP_ATTN_BWD_KV, (int[]){q, k, k, q, ls, ls, k}, 7, (int64_t[]){0, 1, 2, 0, 0}, &sc, NULL, NULL, err,
               sizeof err);
   CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &tk), "attn_bwd_kv: %s", err);
-  r = ir_emit(m, b, IR_OP_ATTN_BWD_KV, (int[]){q, k, k, q, ls, ls, q}, 7, (int64_t[]){0, 1, 1, 0}, &sc, NULL, NULL, err,
+  r = ir_emit(m, b, IR_OP_ATTN_BWD_KV, (int[]){q, k, k, q, ls, ls, q}, 7, (int64_t[]){0, 1, 1, 0, 0}, &sc, NULL, NULL, err,
               sizeof err);
   CHECK(r == -1 && strstr(err, "accumulator"), "attn_bwd_kv with a q-shaped accumulator: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTN_BWD_KV, (int[]){q, k, k, q, ls, ls, k}, 7, (int64_t[]){0, 1, 0, 0}, &sc, NULL, NULL, err,
+  r = ir_emit(m, b, IR_OP_ATTN_BWD_KV, (int[]){q, k, k, q, ls, ls, k}, 7, (int64_t[]){0, 1, 0, 0, 0}, &sc, NULL, NULL, err,
               sizeof err);
   CHECK(r == -1 && strstr(err, "part"), "attn_bwd_kv part=0: %d '%s'", r, err);
   int sh = ir_emit(m, b, IR_OP_RING_SHIFT, &k, 1, (int64_t[]){IR_AXIS_CP}, NULL, NULL, NULL, err, sizeof err);

@@ -227,18 +227,25 @@ def _matmul(x, y, a):
     return torch.matmul(x, y)
 
 
-def _attention(q, k, v, a, doc=None):
+def _attention(q, k, v, a, extra):
     """Fused attention as explicit softmax(scale q k^T) v (this torch has no
     scaled_dot_product_attention); kv heads repeated for grouped-query
     attention (query head h reads kv head h // (Hq / Hkv)); causal: key j
     hidden from query i when j > i; window W > 0: also when |i - j| >= W;
-    doc [B, T] (document ids): also when doc[b, j] != doc[b, i].  A row
-    that sees no key gives 0, as the op's definition says."""
+    alibi: the operand after v is ALiBi's slopes [Hq], the score of head h
+    less slope[h] |i - j| (a constant: detached, no gradient);
+    doc [B, T] (document ids, the operand after those): also hidden when
+    doc[b, j] != doc[b, i].  A row that sees no key gives 0, as the op's
+    definition says."""
+    slope = extra.pop(0).detach() if a.get("alibi", 0) else None
+    doc = extra[0] if extra else None
     g = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
     s = torch.matmul(q, k.transpose(-1, -2)) * a["scale"]
     i = torch.arange(q.shape[2]).reshape(-1, 1)
     j = torch.arange(k.shape[2]).reshape(1, -1)
+    if slope is not None:
+        s = s - slope.to(s.dtype).reshape(1, -1, 1, 1) * (i - j).abs().to(s.dtype)
     hide = torch.zeros(q.shape[0], 1, q.shape[2], k.shape[2], dtype=torch.bool)
     if a["causal"]:
         hide = hide | (j > i)
@@ -410,7 +417,7 @@ OPS = {
     "cross_entropy": lambda v, a, n, dt: _cross_entropy(v[0], v[1], a["ignore"]),
     "topk_mask": lambda v, a, n, dt: _topk_mask(v[0], a["k"]),
     "capacity_mask": lambda v, a, n, dt: _capacity_mask(v[0], a["cap"]),
-    "attention": lambda v, a, n, dt: _attention(v[0], v[1], v[2], a, v[3] if len(v) > 3 else None),
+    "attention": lambda v, a, n, dt: _attention(v[0], v[1], v[2], a, list(v[3:])),
     "moe_counts": lambda v, a, n, dt: (v[0].detach() != 0).sum(0).reshape(1, -1).to(dt),
     "moe_perm": lambda v, a, n, dt: _moe_perm(v[0], v[1], v[2], a["rows"]),
     "moe_unperm": lambda v, a, n, dt: _moe_unperm(v[0], v[1], v[2]),

@@ -1094,7 +1094,7 @@ static void ring_vs_fused(IrDtype dt, int causal) {
   for (int i = 0; i < T; i++) pos[i] = i;
   RaCase c = {B, HQ, HKV, T, T, D, scale, causal, q, k, v, g, pos, pos};
   char msg[96];
-  int64_t ia[3] = {causal, 0, 0};
+  int64_t ia[4] = {causal, 0, 0, 0};   /* attention: causal window alibi; attn_acc: causal src window alibi */
   double *st = ra_run(IR_OP_ATTN_ACC, 4, (Arg[]){{tq, q}, {tk, k}, {tk, v}, {ts, zst}}, ia, scale, NULL);
   double *ref_st = ts_xmalloc(RQ * (D + 2) * sizeof *ref_st), ref_lse[RQ];
   ra_state(&c, ref_st);
@@ -1114,7 +1114,7 @@ static void ring_vs_fused(IrDtype dt, int causal) {
     /* the three gradients: from zero, and added to a nonzero accumulator */
     for (int part = 0; part < 3 && lse; part++) {
       /* fused (causal, part, window); steps at src 0 (causal, src[, part], window) */
-      int64_t fia[3] = {causal, part, 0}, sia[4] = {causal, 0, part, 0}, sq[3] = {causal, 0, 0};
+      int64_t fia[4] = {causal, part, 0, 0}, sia[5] = {causal, 0, part, 0, 0}, sq[4] = {causal, 0, 0, 0};
       int64_t n = part ? RK * D : RQ * D;
       double *want = ra_run(IR_OP_ATTENTION_BWD, 5, (Arg[]){{tq, q}, {tk, k}, {tk, v}, {tq, o_ref}, {tq, g}}, fia,
                             scale, NULL);
@@ -1222,7 +1222,7 @@ static void ring_cp(IrDtype dt, int S, int c, int src, int hidden) {
   /* the forward: own block (src 0), then the other (src) */
   double *st[2] = {NULL, NULL};
   for (int s = 0; s < 2; s++) {
-    int64_t ia[3] = {1, s ? src : 0, 0};
+    int64_t ia[4] = {1, s ? src : 0, 0, 0};
     Arg a[4] = {{tq, q}, {tk, kb[s]}, {tk, vb[s]}, {ts, s ? st[0] : zst}};
     st[s] = s && !st[0] ? NULL : ra_run(IR_OP_ATTN_ACC, 4, a, ia, scale, &sh);
     CHECK(st[s] != NULL, "attn_acc cp %d coord %d src %d (%s): %s", S, c, (int)ia[1], ir_dtype_name(dt), err);
@@ -1257,7 +1257,7 @@ static void ring_cp(IrDtype dt, int S, int c, int src, int hidden) {
       gst[row * (D + 2) + D + 1] = 0;
       if (!sees) memcpy(want + row * (D + 2), gst + row * (D + 2), (D + 2) * sizeof *want);
     }
-    int64_t ia[3] = {1, src, 0};
+    int64_t ia[4] = {1, src, 0, 0};
     double *got = ra_run(IR_OP_ATTN_ACC, 4, (Arg[]){{tq, q}, {tk, kb[1]}, {tk, vb[1]}, {ts, gst}}, ia, scale, &sh);
     snprintf(msg, sizeof msg, "cp %d coord %d: attn_acc src %d from a state with l = 0 vs direct", S, c, src);
     ra_cmp(got, want, RQ * (D + 2), tol, 1, msg, dt);
@@ -1273,7 +1273,7 @@ static void ring_cp(IrDtype dt, int S, int c, int src, int hidden) {
   ra_grads(&other, lse, drow, NULL, dk_ref, dv_ref);
   double *dq = ts_xcalloc(RQ * D, sizeof *dq);
   for (int s = 0; s < 2 && dq; s++) {
-    int64_t ia[3] = {1, s ? src : 0, 0};
+    int64_t ia[4] = {1, s ? src : 0, 0, 0};
     Arg a[7] = {{tq, q}, {tk, kb[s]}, {tk, vb[s]}, {tq, g}, {tr, lse}, {tr, drow}, {tq, dq}};
     double *nx = ra_run(IR_OP_ATTN_BWD_Q, 7, a, ia, scale, &sh);
     CHECK(nx != NULL, "attn_bwd_q cp %d coord %d src %d: %s", S, c, (int)ia[1], err);
@@ -1284,7 +1284,7 @@ static void ring_cp(IrDtype dt, int S, int c, int src, int hidden) {
   ra_cmp(dq, dq_ref, RQ * D, tol, 1, msg, dt);
   double *zk = ts_xcalloc(RK * D, sizeof *zk);
   for (int part = 1; part <= 2; part++) {
-    int64_t ia[4] = {1, src, part, 0};
+    int64_t ia[5] = {1, src, part, 0, 0};
     Arg a[7] = {{tq, q}, {tk, kb[1]}, {tk, vb[1]}, {tq, g}, {tr, lse}, {tr, drow}, {tk, zk}};
     double *got = ra_run(IR_OP_ATTN_BWD_KV, 7, a, ia, scale, &sh);
     snprintf(msg, sizeof msg, "cp %d coord %d: attn_bwd_kv part %d src %d vs direct", S, c, part, src);
@@ -1438,10 +1438,10 @@ static void test_threads_same(IrDtype dt) {
   double sc[1] = {0.4};
   Arg aacc[4] = {{aq, x}, {ak, y}, {ak, x + 5000}, {ast, y + 5000}};
   Arg abw[7] = {{aq, x}, {ak, y}, {ak, x + 5000}, {aq, y + 5000}, {arow, x + 20000}, {arow, y + 9000}, {ak, x + 9000}};
-  same_on_threads(IR_OP_ATTN_ACC, 4, aacc, (int64_t[]){1, 0, 0}, sc, NULL, "attn_acc", dt);
-  same_on_threads(IR_OP_ATTN_BWD_KV, 7, abw, (int64_t[]){1, 0, 1, 0}, sc, NULL, "attn_bwd_kv", dt);
+  same_on_threads(IR_OP_ATTN_ACC, 4, aacc, (int64_t[]){1, 0, 0, 0}, sc, NULL, "attn_acc", dt);
+  same_on_threads(IR_OP_ATTN_BWD_KV, 7, abw, (int64_t[]){1, 0, 1, 0, 0}, sc, NULL, "attn_bwd_kv", dt);
   abw[6].t = aq;
-  same_on_threads(IR_OP_ATTN_BWD_Q, 7, abw, (int64_t[]){1, 0, 0}, sc, NULL, "attn_bwd_q", dt);
+  same_on_threads(IR_OP_ATTN_BWD_Q, 7, abw, (int64_t[]){1, 0, 0, 0}, sc, NULL, "attn_bwd_q", dt);
   free(x);
   free(y);
   free(dl);
@@ -1480,21 +1480,31 @@ static void test_isas_same(IrDtype dt) {
     char msg[64];
     for (int causal = 0; causal < 2; causal++) {
       snprintf(msg, sizeof msg, "attention T%lld causal=%d", (long long)T, causal);
-      same_on_isas(IR_OP_ATTENTION, 3, (Arg[]){{aq, q}, {ak, k}, {ak, v}}, (int64_t[]){causal, 0}, sc, msg, dt);
+      same_on_isas(IR_OP_ATTENTION, 3, (Arg[]){{aq, q}, {ak, k}, {ak, v}}, (int64_t[]){causal, 0, 0}, sc, msg, dt);
       for (int part = 0; part < 3; part++) {
         snprintf(msg, sizeof msg, "attention_bwd part %d T%lld causal=%d", part, (long long)T, causal);
         same_on_isas(IR_OP_ATTENTION_BWD, 5, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {aq, o}, {aq, g}},
-                     (int64_t[]){causal, part, 0}, sc, msg, dt);
+                     (int64_t[]){causal, part, 0, 0}, sc, msg, dt);
       }
+      /* ALiBi: the bias added inside the tile loops, the same on both builds */
+      IrType asl = TY(dt, HQ);
+      double *slope = rand_vec(HQ, 0.05, 0.5, dt);
+      snprintf(msg, sizeof msg, "attention alibi T%lld causal=%d", (long long)T, causal);
+      same_on_isas(IR_OP_ATTENTION, 4, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {asl, slope}}, (int64_t[]){causal, 0, 1}, sc,
+                   msg, dt);
+      snprintf(msg, sizeof msg, "attention_bwd alibi part 1 T%lld causal=%d", (long long)T, causal);
+      same_on_isas(IR_OP_ATTENTION_BWD, 6, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {aq, o}, {aq, g}, {asl, slope}},
+                   (int64_t[]){causal, 1, 0, 1}, sc, msg, dt);
+      free(slope);
       snprintf(msg, sizeof msg, "attn_acc T%lld causal=%d", (long long)T, causal);
-      same_on_isas(IR_OP_ATTN_ACC, 4, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {ast, st}}, (int64_t[]){causal, 0, 0}, sc, msg,
+      same_on_isas(IR_OP_ATTN_ACC, 4, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {ast, st}}, (int64_t[]){causal, 0, 0, 0}, sc, msg,
                    dt);
       snprintf(msg, sizeof msg, "attn_bwd_q T%lld causal=%d", (long long)T, causal);
       same_on_isas(IR_OP_ATTN_BWD_Q, 7, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {aq, g}, {arow, lse}, {arow, drow}, {aq, acc}},
-                   (int64_t[]){causal, 0, 0}, sc, msg, dt);
+                   (int64_t[]){causal, 0, 0, 0}, sc, msg, dt);
       snprintf(msg, sizeof msg, "attn_bwd_kv T%lld causal=%d", (long long)T, causal);
       same_on_isas(IR_OP_ATTN_BWD_KV, 7, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {aq, g}, {arow, lse}, {arow, drow}, {ak, acc}},
-                   (int64_t[]){causal, 0, 1, 0}, sc, msg, dt);
+                   (int64_t[]){causal, 0, 1, 0, 0}, sc, msg, dt);
     }
     free(q), free(k), free(v), free(o), free(g), free(st), free(lse), free(drow), free(acc);
   }
