@@ -663,7 +663,8 @@ static int check_doc(Sx *x, int base) {
   const IrType *q = opnd(x, 0);
   if (al) {   /* ALiBi's slopes: every query head's (whole: the kernels index them by global head) */
     const IrType *sl = opnd(x, base);
-    if ((sl->dtype != IR_F32 && sl->dtype != IR_F64) || sl->rank != 1 || sl->dim[0] < 1 || sl->dim[0] % q->dim[1])
+    if ((sl->dtype != IR_F32 && sl->dtype != IR_F64) || sl->rank != 1 || sl->dim[0] < 1 || q->rank != 4 ||
+        q->dim[1] < 1 || sl->dim[0] % q->dim[1])
       return fail(x, "ALiBi slopes %s must be f32 or f64 [heads], one per query head of q %s (all of them when "
                   "the heads are split)", tstr(x, sl), tstr(x, q));
   }

@@ -260,6 +260,11 @@ static void test_attention(void) {
   CHECK(r == -1 && strstr(err, "takes 4 operands (the slopes last)"), "alibi=1 without slopes: %d '%s'", r, err);
   r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl}, 4, (int64_t[]){1, 0, 2}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "alibi must be 0 or 1"), "alibi=2: %d '%s'", r, err);
+  /* slopes with a q that is not [B, H, T, D] (here the slopes [4]
+   * themselves: its dim 1 reads as 0): refused, not a division by zero
+   * (ir.fuzz found it: SIGFPE in the slopes' check) */
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){sl, k, k, sl}, 4, (int64_t[]){1, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1, "slopes with a 1-D q accepted");
   /* the ring steps: state [2, 4, 6, 10], lse / drow [2, 4, 6] */
   IrType ts = tq, tl = tq, ts9 = tq;
   ts.dim[3] = 10;
