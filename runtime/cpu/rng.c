@@ -24,13 +24,6 @@
 #include "kernels.h"
 #include <math.h>
 
-uint64_t rt_mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 uint64_t rt_hash_words(const uint64_t *w, int n) {
   uint64_t h = 0x6a09e667f3bcc909ull;
   for (int i = 0; i < n; i++) h = rt_mix64(h ^ w[i]);
@@ -48,24 +41,36 @@ uint64_t rt_name_hash(const char *name) {
   return h;
 }
 
-static double init_u(uint64_t seed, uint64_t nh, int64_t i, uint64_t draw) {
-  uint64_t w[5] = {RT_RNG_INIT, seed, nh, (uint64_t)i, draw};
-  return rt_u01(rt_hash_words(w, 5));
+/* H(1, seed, nh, i, d) = mix(mix(prefix ^ i) ^ d) with prefix = H(1, seed, nh):
+ * the chain's first three words are the parameter's, hashed once. */
+RtInit rt_init_begin(const IrState *s, uint64_t seed, uint64_t nh) {
+  uint64_t w[3] = {RT_RNG_INIT, seed, nh};
+  return (RtInit){s, rt_hash_words(w, 3)};
 }
 
-double rt_init_value(const IrState *s, uint64_t seed, uint64_t nh, int64_t i) {
+double rt_init_at(const RtInit *c, int64_t i) {
+  const IrState *s = c->s;
   switch (s->init) {
   case IR_INIT_ZEROS: return 0.0;
   case IR_INIT_ONES: return 1.0;
-  case IR_INIT_UNIFORM: return s->init_a + (s->init_b - s->init_a) * init_u(seed, nh, i, 0);
+  case IR_INIT_UNIFORM: {
+    uint64_t hi = rt_mix64(c->prefix ^ (uint64_t)i);
+    return s->init_a + (s->init_b - s->init_a) * rt_u01(rt_mix64(hi ^ 0));
+  }
   case IR_INIT_NORMAL: {
-    double u1 = init_u(seed, nh, i, 0), u2 = init_u(seed, nh, i, 1);
+    uint64_t hi = rt_mix64(c->prefix ^ (uint64_t)i);
+    double u1 = rt_u01(rt_mix64(hi ^ 0)), u2 = rt_u01(rt_mix64(hi ^ 1));
     /* 1 - u1 is in (0, 1], so the log is finite */
     double z = sqrt(-2.0 * log(1.0 - u1)) * cos(2.0 * M_PI * u2);
     return s->init_a + s->init_b * z;
   }
   default: return 0.0;
   }
+}
+
+double rt_init_value(const IrState *s, uint64_t seed, uint64_t nh, int64_t i) {
+  RtInit c = rt_init_begin(s, seed, nh);
+  return rt_init_at(&c, i);
 }
 
 double rt_dropout_u(uint64_t seed, int64_t stream, int64_t step, int micro, int64_t i) {

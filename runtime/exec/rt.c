@@ -386,11 +386,7 @@ static int fill_param(const RtProgram *p, const IrState *s, void *data, double (
   return 0;
 }
 
-typedef struct { const IrState *s; uint64_t seed, nh; } InitCtx;
-static double init_value(const void *ctx, int64_t g) {
-  const InitCtx *c = ctx;
-  return rt_init_value(c->s, c->seed, c->nh, g);
-}
+static double init_value(const void *ctx, int64_t g) { return rt_init_at(ctx, g); }
 static double global_value(const void *ctx, int64_t g) { return ((const double *)ctx)[g]; }
 
 /* Parameter s filled by val into data; a ZeRO-3 sharded parameter
@@ -419,7 +415,7 @@ static int fill_param_or_shard(const RtProgram *p, const IrState *s, void *data,
 
 /* Parameter s from its initializer (into its shard under ZeRO-3). */
 static int init_param(const RtProgram *p, const IrState *s, uint64_t seed, void *data, char *err, size_t errlen) {
-  InitCtx c = {s, seed, rt_name_hash(s->name)};
+  RtInit c = rt_init_begin(s, seed, rt_name_hash(s->name));
   return fill_param_or_shard(p, s, data, init_value, &c, err, errlen);
 }
 
@@ -666,9 +662,9 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
   if (p->jit && p->profile) {
     const RtExecStats *s = rt_jit_stats(p->jit);
     fprintf(stderr, "rt: llvm backend: %d kernels (%d fused groups, %d distinct compiled, %d groups on the reference) "
-            "in %.3f s, %d from the disk cache, %d threads; %d GEMM bias epilogues, %d optimizer-step launches for %d "
+            "in %.3f s, %d from the disk cache (%d waited for another process), %d threads; %d GEMM bias epilogues, %d optimizer-step launches for %d "
             "tensors, %d attention backwards in one pass, %d gradients made straight into their state\n",
-            s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->disk_hits, s->threads, s->epilogues,
+            s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->disk_hits, s->deferred, s->threads, s->epilogues,
             s->opt_runs, s->opt_tensors, s->attn_grads, s->accum_direct);
   }
   return p;

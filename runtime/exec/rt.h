@@ -96,6 +96,7 @@ typedef struct {
   int distinct;    /* distinct kernels actually compiled (the rest shared code) */
   int fallbacks;   /* groups run on the reference kernels (not lowerable here) */
   int disk_hits;   /* of the distinct ones, loaded from the on-disk cache */
+  int deferred;    /* kernels another process was compiling when asked for, loaded after the rest */
   int threads;     /* the kernels' thread pool */
   double jit_s;    /* lowering + compiling, seconds */
   int opt_runs;        /* multi-tensor optimizer-step launches per run of the blocks (one per run of
