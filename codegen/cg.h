@@ -104,6 +104,14 @@ void cg_jit_free(CgJit *j);
  * (the same op on the same shapes in another layer) is not compiled
  * again: its function is returned.  NULL with a message on failure. */
 CgFn cg_jit_compile(CgJit *j, const CgKernel *k, char *err, size_t errlen);
+/* The same, except where another process is compiling this kernel into
+ * the cache directory (cg_jit_set_cache_dir) right now: then NULL with
+ * *busy = 1 and no error, and the caller goes on with other kernels and
+ * asks for this one later with cg_jit_compile, which waits for that
+ * process (bounded) and loads its object.  Ranks starting together on one
+ * machine with a cold cache so share the compilation (llvm.c, "who
+ * compiles a kernel"). */
+CgFn cg_jit_compile_or_defer(CgJit *j, const CgKernel *k, int *busy, char *err, size_t errlen);
 /* How many cg_jit_compile calls were answered from that cache. */
 int cg_jit_cache_hits(const CgJit *j);
 /* Keeps compiled machine code in dir (created if missing) across

@@ -28,8 +28,12 @@
 #include <llvm-c/Transforms/PassBuilder.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <pthread.h>
+#include <time.h>
+#include <unistd.h>
 
 static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
 static int g_init_rc, g_vecmath;
@@ -445,7 +449,7 @@ int cg_jit_cache_hits(const CgJit *j) { return j->hits; }
 
 const char *cg_jit_cpu(const CgJit *j) { return j->cpu; }
 
-static CgFn compile(CgJit *j, const CgKernel *k, const char *text, char *err, size_t errlen);
+static CgFn compile(CgJit *j, const CgKernel *k, const char *text, int *busy, char *err, size_t errlen);
 
 void cg_jit_set_cache_dir(CgJit *j, const char *dir) {
   free(j->disk);
@@ -454,7 +458,9 @@ void cg_jit_set_cache_dir(CgJit *j, const char *dir) {
 int cg_jit_disk_hits(const CgJit *j) { return j->disk_hits; }
 int cg_jit_disk_writes(const CgJit *j) { return j->disk_writes; }
 
-CgFn cg_jit_compile(CgJit *j, const CgKernel *k, char *err, size_t errlen) {
+/* busy: NULL waits for another process compiling the same kernel; else
+ * *busy = 1 and NULL back without an error (cg_jit_compile_or_defer). */
+static CgFn jit_compile(CgJit *j, const CgKernel *k, int *busy, char *err, size_t errlen) {
   StrBuf key = {0};
   cg_kernel_print(k, &key);
   sb_putc(&key, 0);
@@ -465,10 +471,19 @@ CgFn cg_jit_compile(CgJit *j, const CgKernel *k, char *err, size_t errlen) {
       j->hits++;
       return j->cache.a[i].fn;
     }
-  CgFn fn = compile(j, k, key.p, err, errlen);
+  CgFn fn = compile(j, k, key.p, busy, err, errlen);
   if (fn) VEC_PUSH(j->cache, ((CgCached){h, key.p, fn}));
   else sb_free(&key);
   return fn;
+}
+
+CgFn cg_jit_compile(CgJit *j, const CgKernel *k, char *err, size_t errlen) {
+  return jit_compile(j, k, NULL, err, errlen);
+}
+
+CgFn cg_jit_compile_or_defer(CgJit *j, const CgKernel *k, int *busy, char *err, size_t errlen) {
+  *busy = 0;
+  return jit_compile(j, k, busy, err, errlen);
 }
 
 /* ---- the on-disk object cache (cg_jit_set_cache_dir) ----
@@ -506,6 +521,19 @@ static LLVMMemoryBufferRef disk_load(const CgJit *j, const char *path, const Str
   return mb;
 }
 
+/* mkdir -p of the cache directory: ~/.cache may not exist yet (errors
+ * show up as the writes'). */
+static void disk_mkdir(CgJit *j) {
+  for (char *c = j->disk + 1;; c++) {
+    if (*c != '/' && *c) continue;
+    char save = *c;
+    *c = 0;
+    mkdir(j->disk, 0777);
+    *c = save;
+    if (!save) break;
+  }
+}
+
 static void disk_store(CgJit *j, const char *path, const StrBuf *key, LLVMMemoryBufferRef obj) {
   StrBuf b = {0};
   uint64_t kl = key->n;
@@ -513,17 +541,86 @@ static void disk_store(CgJit *j, const char *path, const StrBuf *key, LLVMMemory
   sb_write(&b, &kl, 8);
   sb_write(&b, key->p, key->n);
   sb_write(&b, LLVMGetBufferStart(obj), LLVMGetBufferSize(obj));
-  /* mkdir -p: ~/.cache may not exist yet */
-  for (char *c = j->disk + 1;; c++) {
-    if (*c != '/' && *c) continue;
-    char save = *c;
-    *c = 0;
-    mkdir(j->disk, 0777);   /* errors show up as the write's */
-    *c = save;
-    if (!save) break;
-  }
+  disk_mkdir(j);
   if (ts_write_file(path, b.p, b.n) == 0) j->disk_writes++;
   sb_free(&b);
+}
+
+/* ---- who compiles a kernel missing from the directory ----
+ * Ranks started together on one machine with a cold cache would each
+ * compile every kernel.  A process about to compile kernel <hash> first
+ * creates DIR/<hash>.lock (O_EXCL, holding its pid), removed once the
+ * object is written.  Another process finding the lock compiles other
+ * kernels first (cg_jit_compile_or_defer) and later waits for the object
+ * (cg_jit_compile), so the compilations are spread over the processes.
+ * A lock whose process is gone, or older than CG_LOCK_STALE_S, is taken
+ * over; a wait is bounded by the same figure, after which the waiter
+ * compiles the kernel itself.  Locks only save work: with none (an
+ * unwritable directory) every process compiles, as before. */
+#define CG_LOCK_STALE_S 120.0
+
+/* 1: a live process (not this one) holds the lock at lpath. */
+static int lock_held(const char *lpath) {
+  struct stat st;
+  if (stat(lpath, &st) != 0) return 0;
+  if ((double)time(NULL) - (double)st.st_mtime > CG_LOCK_STALE_S) return 0;
+  char buf[32] = "";
+  int fd = open(lpath, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t r = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (r <= 0) return 1;   /* being written: its owner is alive */
+  buf[r] = 0;
+  long pid = strtol(buf, NULL, 10);
+  if (pid <= 0) return 1;
+  if (pid == (long)getpid()) return 0;
+  return !(kill((pid_t)pid, 0) != 0 && errno == ESRCH);
+}
+
+/* 1: this process now holds the lock at lpath; 0: another live one does;
+ * -1: no lock could be made (compile without one).  A stale lock is
+ * replaced atomically (ts_write_file: temp + rename) and read back: of
+ * several processes replacing it at once the last one's pid stays, and
+ * the others see it held. */
+static int lock_take(CgJit *j, const char *lpath) {
+  char mine[32];
+  int n = snprintf(mine, sizeof mine, "%ld\n", (long)getpid());
+  disk_mkdir(j);
+  int fd = open(lpath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd >= 0) {
+    ssize_t w = write(fd, mine, (size_t)n);
+    (void)w;
+    close(fd);
+    return 1;
+  }
+  if (errno != EEXIST) return -1;
+  if (lock_held(lpath)) return 0;
+  if (ts_write_file(lpath, mine, (size_t)n) != 0) return -1;   /* stale: its process died mid-compile */
+  size_t len = 0;
+  char *now = ts_read_file(lpath, &len);
+  int ours = now && len == (size_t)n && memcmp(now, mine, len) == 0;
+  free(now);
+  return ours ? 1 : lock_held(lpath) ? 0 : -1;
+}
+
+/* Removes the lock at lpath if it is still this process's. */
+static void lock_release(const char *lpath) {
+  char mine[32];
+  int n = snprintf(mine, sizeof mine, "%ld\n", (long)getpid());
+  size_t len = 0;
+  char *now = ts_read_file(lpath, &len);
+  if (now && len == (size_t)n && memcmp(now, mine, len) == 0) unlink(lpath);
+  free(now);
+}
+
+/* Waits (bounded) until the object at path exists or nobody holds its lock. */
+static void lock_wait(const char *path, const char *lpath) {
+  struct timespec nap = {0, 5 * 1000 * 1000};
+  double t0 = (double)time(NULL);
+  while ((double)time(NULL) - t0 < CG_LOCK_STALE_S) {
+    if (access(path, R_OK) == 0 || !lock_held(lpath)) return;
+    nanosleep(&nap, NULL);
+  }
 }
 
 static CgFn lookup(CgJit *j, const char *sym, char *err, size_t errlen) {
@@ -534,9 +631,12 @@ static CgFn lookup(CgJit *j, const char *sym, char *err, size_t errlen) {
   return fn;
 }
 
-/* text: k's text form (the in-process cache key). */
-static CgFn compile(CgJit *j, const CgKernel *k, const char *text, char *err, size_t errlen) {
-  char sym[96], path[4200] = "";
+static CgFn compile_module(CgJit *j, const CgKernel *k, const char *sym, const char *path, const StrBuf *key,
+                           char *err, size_t errlen);
+
+/* text: k's text form (the in-process cache key); busy as jit_compile. */
+static CgFn compile(CgJit *j, const CgKernel *k, const char *text, int *busy, char *err, size_t errlen) {
+  char sym[96], path[4200] = "", lpath[4210] = "";
   StrBuf key = {0};
   LLVMOrcJITDylibRef dl = LLVMOrcLLJITGetMainJITDylib(j->jit);
   if (j->disk) {
@@ -545,6 +645,21 @@ static CgFn compile(CgJit *j, const CgKernel *k, const char *text, char *err, si
     snprintf(sym, sizeof sym, "k_%016llx", (unsigned long long)h);   /* the same in every process */
     snprintf(path, sizeof path, "%s/%016llx.o", j->disk, (unsigned long long)h);
     LLVMMemoryBufferRef mb = disk_load(j, path, &key);
+    if (!mb) {   /* missing: compile it here, unless another process is */
+      snprintf(lpath, sizeof lpath, "%s.lock", path);
+      int got = lock_take(j, lpath);
+      if (got == 0 && busy) {
+        *busy = 1;
+        sb_free(&key);
+        return NULL;
+      }
+      if (got == 0) {   /* wait for its holder; if that died without the object, take over */
+        lock_wait(path, lpath);
+        mb = disk_load(j, path, &key);
+        if (!mb) got = lock_take(j, lpath);
+      }
+      if (got != 1) lpath[0] = 0;   /* not ours to remove */
+    }
     if (mb) {
       LLVMErrorRef e = LLVMOrcLLJITAddObjectFile(j->jit, dl, mb);   /* takes mb */
       if (!e) {
@@ -559,12 +674,23 @@ static CgFn compile(CgJit *j, const CgKernel *k, const char *text, char *err, si
   } else {
     snprintf(sym, sizeof sym, "%s_%d", k->name, j->nkern++);   /* unique in the JIT */
   }
+  CgFn fn = compile_module(j, k, sym, path, &key, err, errlen);
+  if (lpath[0]) lock_release(lpath);
+  sb_free(&key);
+  return fn;
+}
+
+/* Emits, optimizes and adds k under sym; with a cache directory, as an
+ * object also written to path (key: its header) when sym is the plain
+ * k_<hash>. */
+static CgFn compile_module(CgJit *j, const CgKernel *k, const char *sym, const char *path, const StrBuf *key,
+                           char *err, size_t errlen) {
+  LLVMOrcJITDylibRef dl = LLVMOrcLLJITGetMainJITDylib(j->jit);
   LLVMOrcThreadSafeContextRef tsc = LLVMOrcCreateNewThreadSafeContext();
   LLVMModuleRef mod = emit_module(k, sym, LLVMOrcThreadSafeContextGetContext(tsc), j->tm, err, errlen);
   if (!mod || optimize(mod, j->tm, err, errlen) != 0) {
     if (mod) LLVMDisposeModule(mod);
     LLVMOrcDisposeThreadSafeContext(tsc);
-    sb_free(&key);
     return NULL;
   }
   if (j->disk) {   /* machine code now, kept on disk for the next process */
@@ -576,11 +702,9 @@ static CgFn compile(CgJit *j, const CgKernel *k, const char *text, char *err, si
     if (bad) {
       ts_errf(err, errlen, "LLVM: cannot emit the object of %s: %s", k->name, msg ? msg : "");
       LLVMDisposeMessage(msg);
-      sb_free(&key);
       return NULL;
     }
-    if (strncmp(sym, "k_", 2) == 0 && !strchr(sym + 2, '_')) disk_store(j, path, &key, obj);
-    sb_free(&key);
+    if (strncmp(sym, "k_", 2) == 0 && !strchr(sym + 2, '_')) disk_store(j, path, key, obj);
     LLVMErrorRef e = LLVMOrcLLJITAddObjectFile(j->jit, dl, obj);
     if (e) { llvm_err(e, "LLVM JIT: adding the object", err, errlen); return NULL; }
     return lookup(j, sym, err, errlen);

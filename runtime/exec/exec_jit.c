@@ -145,14 +145,14 @@ static int compile_kernel(RtJit *J, const IrModule *m, const IrBlock *b, const i
     cg_kernel_free(k);
     return rc;
   }
-  int hits = cg_jit_cache_hits(J->jit);
-  CgFn fn = cg_jit_compile(J->jit, k, why, sizeof why);
-  if (!fn) {
+  int hits = cg_jit_cache_hits(J->jit), busy = 0;
+  CgFn fn = cg_jit_compile_or_defer(J->jit, k, &busy, why, sizeof why);
+  if (!fn && !busy) {
     ts_errf(err, errlen, "block %s: compiling the kernel of %%%d (%s): %s", b->name, mem[n - 1], k->name, why);
     cg_kernel_free(k);
     return -1;
   }
-  if (cg_jit_cache_hits(J->jit) == hits) J->stats.distinct++;
+  if (fn && cg_jit_cache_hits(J->jit) == hits) J->stats.distinct++;
   out->fn = fn;
   out->grid = k->grid;
   out->nparam = k->nparam;
@@ -162,7 +162,8 @@ static int compile_kernel(RtJit *J, const IrModule *m, const IrBlock *b, const i
   int64_t work = 0;
   for (int i = 0; i < k->nbuf; i++) if (k->buf[i].n > work) work = k->buf[i].n;
   out->work = work;
-  cg_kernel_free(k);
+  if (busy) out->defer = k;
+  else cg_kernel_free(k);
   return 0;
 }
 
@@ -309,14 +310,14 @@ static int compile_opt_run(RtJit *J, const IrModule *m, const IrBlock *b, int *r
                                   n0->fa, most);
   if (!k) return 1;
   char why[512];
-  int hits = cg_jit_cache_hits(J->jit);
-  CgFn fn = cg_jit_compile(J->jit, k, why, sizeof why);
-  if (!fn) {
+  int hits = cg_jit_cache_hits(J->jit), busy = 0;
+  CgFn fn = cg_jit_compile_or_defer(J->jit, k, &busy, why, sizeof why);
+  if (!fn && !busy) {
     ts_errf(err, errlen, "block %s: compiling the %s kernel of node %d: %s", b->name, ir_ops[n0->op].name, run[0], why);
     cg_kernel_free(k);
     return -1;
   }
-  if (cg_jit_cache_hits(J->jit) == hits) J->stats.distinct++;
+  if (fn && cg_jit_cache_hits(J->jit) == hits) J->stats.distinct++;
   memset(out, 0, sizeof *out);
   out->fn = fn;
   out->grid = out->work = most;
@@ -325,7 +326,8 @@ static int compile_opt_run(RtJit *J, const IrModule *m, const IrBlock *b, int *r
   out->opt = 1;
   out->run = run;
   out->nrun = nrun;
-  cg_kernel_free(k);
+  if (busy) out->defer = k;
+  else cg_kernel_free(k);
   return 0;
 }
 
@@ -558,6 +560,28 @@ static int default_threads(void) {
   return c >= 1 ? (int)(c > 1024 ? 1024 : c) : 1;
 }
 
+/* The kernels another process was compiling when plan_block asked
+ * (cg_jit_compile_or_defer): by now most are in the cache directory;
+ * cg_jit_compile waits for the rest. */
+static int finish_deferred(RtJit *J, const IrModule *m, char *err, size_t errlen) {
+  for (int bi = 0; bi < J->nblocks; bi++)
+    for (int i = 0; i < J->blocks[bi].k.n; i++) {
+      RtJitKernel *K = &J->blocks[bi].k.a[i];
+      if (!K->defer) continue;
+      char why[512];
+      int hits = cg_jit_cache_hits(J->jit);
+      K->fn = cg_jit_compile(J->jit, K->defer, why, sizeof why);
+      if (!K->fn)
+        return ts_errf(err, errlen, "block %s: compiling the kernel of %%%d (%s): %s", m->blocks.a[bi].name, K->at,
+                       K->defer->name, why);
+      if (cg_jit_cache_hits(J->jit) == hits) J->stats.distinct++;
+      J->stats.deferred++;
+      cg_kernel_free(K->defer);
+      K->defer = NULL;
+    }
+  return 0;
+}
+
 RtJit *rt_jit_new(const IrModule *m, const RtExecOpts *o, char *err, size_t errlen) {
   double t0 = ts_now_s();
   RtJit *J = ts_xcalloc(1, sizeof *J);
@@ -579,6 +603,10 @@ RtJit *rt_jit_new(const IrModule *m, const RtExecOpts *o, char *err, size_t errl
       rt_jit_free(J);
       return NULL;
     }
+  if (J->jit && finish_deferred(J, m, err, errlen) != 0) {
+    rt_jit_free(J);
+    return NULL;
+  }
   if (J->jit) {
     J->pool = cg_pool_new(o->threads > 0 ? o->threads : default_threads());
     J->stats.threads = cg_pool_threads(J->pool);
@@ -594,6 +622,7 @@ void rt_jit_free(RtJit *J) {
     free(J->blocks[b].kern);
     for (int k = 0; k < J->blocks[b].k.n; k++) {
       free(J->blocks[b].k.a[k].run);
+      cg_kernel_free(J->blocks[b].k.a[k].defer);
       free(J->blocks[b].k.a[k].cls);
       free(J->blocks[b].k.a[k].ccnt);
     }

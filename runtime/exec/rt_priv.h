@@ -34,6 +34,8 @@ typedef struct {
   int at;
   IrOp op;            /* the op at `at` (profiles) */
   CgFn fn;
+  CgKernel *defer;    /* while rt_jit_new runs: fn is being compiled by another process (exec_jit.c
+                         finish_deferred); NULL after */
   int64_t grid, work; /* iterations; elements of the largest buffer */
   CgGroupIO io;
   int nparam;         /* > 0: the kernel reads run-time scalars (dropout: seed, step, micro; kir.h
