@@ -358,11 +358,11 @@ int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const
   if (nprograms < 1 || nranks < 1) return ts_errf(err, errlen, "memplan: a report needs a program and a rank");
   const IrModule *m0 = programs[0];
   const IrParallel *pr = &m0->par;
+  const char *zero = ir_axis_size(m0, IR_AXIS_DP) <= 1 ? "" : pr->zero == 3 ? ", ZeRO-3" : pr->zero ? ", ZeRO-1" : ", no ZeRO";
   sb_printf(out, "memory report: %s, %d rank%s (dp=%d pp=%d cp=%d ep=%d tp=%d%s%s), %s training\n",
             m0->name ? m0->name : "?", nranks, nranks == 1 ? "" : "s", ir_axis_size(m0, IR_AXIS_DP),
             ir_axis_size(m0, IR_AXIS_PP), ir_axis_size(m0, IR_AXIS_CP), ir_axis_size(m0, IR_AXIS_EP),
-            ir_axis_size(m0, IR_AXIS_TP), pr->sp ? ", sp" : "",
-            ir_axis_size(m0, IR_AXIS_DP) > 1 ? (pr->zero ? ", ZeRO-1" : ", no ZeRO") : "",
+            ir_axis_size(m0, IR_AXIS_TP), pr->sp ? ", sp" : "", zero,
             ir_dtype_name(m0->train.lowp != IR_VOID ? m0->train.lowp : m0->train.precision));
   sb_puts(out, report_note);
   sb_puts(out, "# per rank, from the LOCAL types of the rank's program: a tp-split parameter (and\n"

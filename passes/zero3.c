@@ -9,7 +9,10 @@
  *   after shard and remat) whose forward ends at `output "loss"`, no
  *   update block yet.  Runs only when m->par.zero == 3 and dp > 1;
  *   otherwise the module is unchanged.  Refused (with what works): pp > 1,
- *   cp > 1, ep > 1, 16-bit storage (--precision bf16 / fp16).
+ *   16-bit storage (--precision bf16 / fp16), --decode.  With cp or ep the
+ *   shards are over dp only: a gradient chunk partial over cp (ep) after the
+ *   reduce-scatter is summed over that axis by the update block, as a whole
+ *   gradient is without ZeRO-3 (docs/sharding.md).
  * Guarantees: for every parameter P the micro block reads,
  *   - a state "shard.P" (kind shard, of = P) of type [c] {flat:dp},
  *     c = ceil(numel(P's local type) / dp): the rank's chunk of P's local
@@ -167,8 +170,8 @@ static void emit_reduce(Z3 *z, int x, int g, const IrSharding *gsh0, const Z3Par
 }
 
 static int refuse(PassCtx *cx, const char *what) {
-  return ts_errf(cx->err, sizeof cx->err, "zero3: --zero 3 %s; ZeRO-3 works with tp, sp, dp and gradient "
-                 "accumulation (f32 / f64): use --zero 1 (the default, the distributed optimizer) for this layout",
+  return ts_errf(cx->err, sizeof cx->err, "zero3: --zero 3 %s; ZeRO-3 works with tp, sp, cp, ep, dp and "
+                 "gradient accumulation (f32 / f64): use --zero 1 (the default, the distributed optimizer) for this layout",
                  what);
 }
 
@@ -178,14 +181,6 @@ int pass_zero3(IrModule *m, PassCtx *cx) {
   char buf[256];
   if (ir_axis_size(m, IR_AXIS_PP) > 1) {
     snprintf(buf, sizeof buf, "with pipeline parallelism (pp=%d) is not built", ir_axis_size(m, IR_AXIS_PP));
-    return refuse(cx, buf);
-  }
-  if (ir_axis_size(m, IR_AXIS_CP) > 1) {
-    snprintf(buf, sizeof buf, "with context parallelism (cp=%d) is not built", ir_axis_size(m, IR_AXIS_CP));
-    return refuse(cx, buf);
-  }
-  if (ir_axis_size(m, IR_AXIS_EP) > 1) {
-    snprintf(buf, sizeof buf, "with expert parallelism (ep=%d) is not built", ir_axis_size(m, IR_AXIS_EP));
     return refuse(cx, buf);
   }
   if (m->train.lowp != IR_VOID) {
