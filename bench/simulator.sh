@@ -16,9 +16,11 @@
 # on the machine has the memory and caches to itself: not what the
 # description describes).  --only REGEX runs only the rows whose name
 # matches (e.g. 'dp=2' after a change to how dp is modelled; "auto" for the
-# auto-layout's).
+# auto-layout's).  --paper instead predicts the published GPT runs of
+# Narayanan et al. 2021 (bench/paper.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --paper ]; then shift; exec bash bench/paper.sh "$@"; fi
 build=build hw="" steps=12 only=
 while [ $# -gt 0 ]; do
   case "$1" in
