@@ -3,19 +3,21 @@
 # (the cache filled by the cold run), at 1 and 4 ranks, for the tiny GPT
 # and GPT-2 124M sizes (parameter initialization dominates the latter).
 # One table; with --old DIR a second build's rows side by side.
-#   bench/start.sh [--build build] [--old DIR] [--runs N]
+#   bench/start.sh [--build build] [--old DIR] [--runs N] [--tiny]
+# (--tiny: the tiny GPT's rows only)
 # A row's figures are medians over N runs (default 3) of:
 #   wall:  the whole `mrun PLAN --steps 1` (process start to exit);
 #   step:  the first step's elapsed_s from --metrics (the training part);
 #   start: wall - step (plan load, ranks, JIT, initialization, exit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=build old="" runs=3
+build=build old="" runs=3 tiny=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift ;;
     --old) old=$2; shift ;;
     --runs) runs=$2; shift ;;
+    --tiny) tiny=1 ;;
     *) echo "start.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
   shift
@@ -62,6 +64,7 @@ for b in "$build" ${old:+"$old"}; do
   for mode in cold warm; do
     row "$b" "tiny gpt" "$TMP/tiny.plan" 1 $mode
     row "$b" "tiny gpt tp=2 dp=2" "$TMP/tiny_tp2.plan" 4 $mode
+    [ "$tiny" = 1 ] && continue
     row "$b" "gpt-2 124M" "$TMP/gpt124m.plan" 1 $mode
     row "$b" "gpt-2 124M tp=2 dp=2" "$TMP/gpt124m_tp2.plan" 4 $mode
   done
