@@ -145,7 +145,7 @@ static int choose_tiles(Att *a, char *why, size_t whylen) {
  * axes in mask, as rt_global_index_at (runtime/cpu/cp_layout.c) computes it,
  * inner axis first; on the ring (src >= 0) the cp coordinate is the key
  * block's owner, (c - src) mod C. */
-static void print_pos(const IrModule *m, StrBuf *src, const char *fn, unsigned mask, int64_t L, int64_t ring_src) {
+void cg_cuda_print_pos(const IrModule *m, StrBuf *src, const char *fn, unsigned mask, int64_t L, int64_t ring_src) {
   sb_printf(src, "static __device__ __forceinline__ long long %s(const long long *run, long long g) {\n", fn);
   int64_t span = L;
   int minor = ir_split_cp_minor(mask);   /* cp innermost and contiguous (ir.h): taken first, a plain block */
@@ -1010,12 +1010,12 @@ static int attn_open(const IrModule *m, const IrBlock *b, const IrNode *nd, cons
   int ring = nd->op != IR_OP_ATTENTION && nd->op != IR_OP_ATTENTION_BWD;
   char fn[128];
   snprintf(fn, sizeof fn, "%s_qpos", name);
-  print_pos(m, src, fn, b->nodes[nd->in[0]].sh.split[2], a->Tq, -1);
+  cg_cuda_print_pos(m, src, fn, b->nodes[nd->in[0]].sh.split[2], a->Tq, -1);
   snprintf(fn, sizeof fn, "%s_kpos", name);
-  print_pos(m, src, fn, b->nodes[nd->in[1]].sh.split[2], a->Tk, ring ? nd->ia[1] : -1);
+  cg_cuda_print_pos(m, src, fn, b->nodes[nd->in[1]].sh.split[2], a->Tk, ring ? nd->ia[1] : -1);
   if (a->bslope >= 0) {   /* the global index of a local query head: its slope's */
     snprintf(fn, sizeof fn, "%s_hpos", name);
-    print_pos(m, src, fn, b->nodes[nd->in[0]].sh.split[1], a->Hq, -1);
+    cg_cuda_print_pos(m, src, fn, b->nodes[nd->in[0]].sh.split[1], a->Hq, -1);
   }
   if (a->bdoc >= 0)   /* (doc << 32) | p for batch row bb_ (pos_call) */
     sb_printf(src, "#define %s_dpos(bb_, p_) ((long long)((unsigned long long)(unsigned)((const int *)a.b[%d])"

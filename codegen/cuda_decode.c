@@ -74,7 +74,7 @@ int cg_cuda_decode_kernel(const IrModule *m, const IrBlock *b, int i, const char
     *nl = 1;
     return 0;
   }
-  case IR_OP_ATTN_CACHED: {   /* b0 q[B, Hq, Tq, D], b1 k, b2 v [B, Hkv, Tk, D], b3 pos, b4 y */
+  case IR_OP_ATTN_CACHED: {   /* b0 q[B, Hq, Tq, D], b1 k, b2 v [B, Hkv, Tk, D], b3 pos, [b4 slopes,] then y */
     const IrType *kt = &b->nodes[nd->in[1]].type;
     if (xt->rank != 4 || kt->rank != 4 || kt->dtype != xt->dtype || kt->dim[1] < 1 || xt->dim[1] % kt->dim[1]) {
       snprintf(why, whylen, "q and k are not [B, H, T, D] of one float dtype");
@@ -86,14 +86,27 @@ int cg_cuda_decode_kernel(const IrModule *m, const IrBlock *b, int i, const char
                (long long)Tk, (long long)(Tk * 8), DECODE_SMEM_MAX);
       return 1;
     }
-    char sc[40];
+    char sc[40], alibi[200] = "";
     cg_cuda_dlit(sc, sizeof sc, nd->fa[0]);
     int64_t rows = B * Hq * Tq;
+    int by = nd->nin;   /* y's slot: after the operands */
+    if (nd->nin == 5) {   /* ALiBi: the slope of local query head h by its global head (cuda_attn.c's _hpos) */
+      const IrType *st = &b->nodes[nd->in[4]].type;
+      if ((st->dtype != IR_F32 && st->dtype != IR_F64) || st->rank != 1) {
+        snprintf(why, whylen, "the ALiBi slopes must be f32 or f64 [heads]");
+        return 1;
+      }
+      char fn[128];
+      snprintf(fn, sizeof fn, "%s_hpos", name);
+      cg_cuda_print_pos(m, src, fn, b->nodes[nd->in[0]].sh.split[1], Hq, -1);
+      snprintf(alibi, sizeof alibi, " - (double)((const %s *)a.b[4])[%s(a.run, h)] * (double)(qp - t)", ftype(st->dtype),
+               fn);
+    }
     CG_CUDA_HEAD(src, name, 0);
     sb_printf(src,
               "  const %s *q = (const %s *)a.b[0], *k = (const %s *)a.b[1], *v = (const %s *)a.b[2];\n"
               "  const long long pos = ((const int *)a.b[3])[0];\n"
-              "  %s *y = (%s *)a.b[4];\n"
+              "  %s *y = (%s *)a.b[%d];\n"
               "  __shared__ double sc[%lld];\n"
               "  const int bad = pos < 0 || pos + %lldLL > %lldLL;\n"
               "  for (long long r = blockIdx.x; r < %lldLL; r += gridDim.x) {   /* r = (b * Hq + h) * Tq + i */\n"
@@ -105,7 +118,7 @@ int cg_cuda_decode_kernel(const IrModule *m, const IrBlock *b, int i, const char
               "    for (long long t = first + threadIdx.x; t <= last; t += blockDim.x) {\n"
               "      double s = 0;\n"
               "      for (long long d = 0; d < %lldLL; d++) s += (double)q[qo + d] * (double)k[ko + t * %lldLL + d];\n"
-              "      sc[t] = s * %s;\n"
+              "      sc[t] = s * %s%s;\n"
               "      mx = ts_maximum(mx, sc[t]);\n"
               "    }\n"
               "    mx = ts_block_max(mx);\n"
@@ -123,10 +136,10 @@ int cg_cuda_decode_kernel(const IrModule *m, const IrBlock *b, int i, const char
               "    }\n"
               "    __syncthreads();   /* the next row's scores overwrite sc */\n"
               "  }\n}\n",
-              T, T, T, T, T, T, (long long)Tk, (long long)Tq, (long long)Tk, (long long)rows, (long long)Tq,
+              T, T, T, T, T, T, by, (long long)Tk, (long long)Tq, (long long)Tk, (long long)rows, (long long)Tq,
               (long long)Tq, (long long)Hq, (long long)Hq, (long long)Hkv, (long long)(Hq / Hkv), (long long)D,
               (long long)(Tk * D), (long long)nd->ia[0], (long long)nd->ia[0], (long long)nd->ia[0], (long long)D,
-              (long long)D, sc, (long long)D, (long long)D, T, T);
+              (long long)D, sc, alibi, (long long)D, (long long)D, T, T);
     l[0].threads = 128;
     snprintf(l[0].name, sizeof l[0].name, "%s_0", name);
     l[0].blocks = rows < 1 ? 1 : rows > 65535LL * 32 ? 65535LL * 32 : rows;

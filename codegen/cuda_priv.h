@@ -22,6 +22,11 @@ void cg_cuda_launch(CgCudaLaunch *l, const char *name, int k, int64_t work, int 
  * the ring steps attn_acc, attn_finish, attn_lse, attn_bwd_q, attn_bwd_kv.
  * Same contract as cg_cuda_lib_kernel. */
 int cg_cuda_attn_op(IrOp op);
+/* Prints `static __device__ long long FN(const long long *run, long long
+ * g)`: the global index of local index g of a dim of L local elements
+ * split over the axes of mask (cp's load-balanced halves included; ring_src
+ * >= 0: the cp block a ring step holds), from the run's mesh coordinates. */
+void cg_cuda_print_pos(const IrModule *m, StrBuf *src, const char *fn, unsigned mask, int64_t L, int64_t ring_src);
 int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src,
                         CgCudaLaunch *l, int *nl, int64_t *scratch, char *why, size_t whylen);
 

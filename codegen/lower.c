@@ -103,8 +103,8 @@ static int in_buf(const Lw *L, int id) {
 }
 
 static int is_ew_like(IrOp op) {
-  return (ir_ops[op].flags & OPF_EW) || op == IR_OP_FULL || op == IR_OP_BROADCAST || op == IR_OP_CAUSAL_MASK ||
-         op == IR_OP_MASKED_FILL || op == IR_OP_DROPOUT;
+  return (ir_ops[op].flags & OPF_EW) || op == IR_OP_FULL || op == IR_OP_ARANGE || op == IR_OP_BROADCAST ||
+         op == IR_OP_CAUSAL_MASK || op == IR_OP_MASKED_FILL || op == IR_OP_DROPOUT;
 }
 static int is_row_op(IrOp op) {
   switch (op) {
@@ -392,6 +392,14 @@ static int elem_ew(Lw *L, const IrNode *nd) {
     return sel(L, z0, F(L, 0), v);
   }
   case IR_OP_FULL: return F(L, nd->fa[0]);
+  case IR_OP_ARANGE: {       /* start + step * the index along axis (local = global: the axis is not split) */
+    const IrType *t = &nd->type;
+    int ax = (int)nd->ia[0];
+    int64_t inner = 1;
+    for (int d = ax + 1; d < t->rank; d++) inner *= t->dim[d];
+    int i = cg_bin(L->k, CG_MOD, cg_bin(L->k, CG_DIV, pos_flat(L), I(L, inner)), I(L, t->dim[ax] > 0 ? t->dim[ax] : 1));
+    return add(L, F(L, nd->fa[0]), mul(L, F(L, nd->fa[1]), cg_cast(L->k, L->ct, i)));
+  }
   case IR_OP_BROADCAST: {
     const IrType *st = &node(L, nd->in[0])->type;
     return load_c(L, in_buf(L, nd->in[0]), bcast_index(L, st, &nd->type));
@@ -655,6 +663,9 @@ static int check_group(Lw *L) {
       if (!(nd->fa[0] >= 0 && nd->fa[0] <= 1))
         return ts_errf(L->err, L->errlen, "group: %%%d = dropout has p = %g outside [0, 1]", id, nd->fa[0]);
     }
+    if (nd->op == IR_OP_ARANGE && nd->ia[0] >= 0 && nd->ia[0] < nd->type.rank && nd->sh.split[nd->ia[0]])
+      return ts_errf(L->err, L->errlen, "group: %%%d = arange is split across ranks along its axis (its values are "
+                     "global indices)", id);
     if (is_row_op(nd->op) || is_reduce(nd->op)) L->rowmode = 1;
     if (nd->op == IR_OP_BROADCAST || nd->op == IR_OP_CAUSAL_MASK) L->needs_col = 1;
   }

@@ -784,7 +784,16 @@ static int pos_operand(Sx *x, int i) {
   return fail(x, "position %s must be an i32 scalar", tstr(x, p));
 }
 static int shape_ATTN_CACHED(Sx *x) {
+  if (x->n->nin != 4 && x->n->nin != 5)
+    return fail(x, "takes 4 operands (q, k, v, pos), or 5 with ALiBi's slopes last; got %d", x->n->nin);
   if (check_qkv(x) || pos_operand(x, 3)) return -1;
+  if (x->n->nin == 5) {   /* as attention's: every query head's slope (the kernels index them by global head) */
+    const IrType *sl = opnd(x, 4), *q = opnd(x, 0);
+    if ((sl->dtype != IR_F32 && sl->dtype != IR_F64) || sl->rank != 1 || sl->dim[0] < 1 || q->dim[1] < 1 ||
+        sl->dim[0] % q->dim[1])
+      return fail(x, "ALiBi slopes %s must be f32 or f64 [heads], one per query head of q %s (all of them when "
+                  "the heads are split)", tstr(x, sl), tstr(x, q));
+  }
   if (x->n->ia[0] < 0) return fail(x, "window must be >= 0 (0: none), got %lld", (long long)x->n->ia[0]);
   if (!isfinite(x->n->fa[0])) return fail(x, "scale must be finite, got %g", x->n->fa[0]);
   *x->out = *opnd(x, 0);

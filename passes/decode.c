@@ -121,10 +121,8 @@ static int cache_state(Dx *d, int n, char kv, const IrNode *k) {
 
 /* One attention node i of eval (q, k, v already mapped). */
 static int attention(Dx *d, int i, const IrNode *n) {
-  if (ir_attn_slope(n) >= 0)
-    return dfail(d, i, "attention with ALiBi (nn.attention alibi: true) cannot be decoded yet: the KV-cache kernel "
-                 "attn_cached has no slopes; generate from a model without it", NULL);
-  if (n->nin != 3) return dfail(d, i, "attention with document ids (packed sequences) cannot be decoded", NULL);
+  int sl = ir_attn_slope(n);   /* ALiBi: the slopes ride along (attn_cached's fifth operand) */
+  if (ir_attn_doc(n) >= 0) return dfail(d, i, "attention with document ids (packed sequences) cannot be decoded", NULL);
   if (!n->ia[0]) return dfail(d, i, "non-causal attention cannot be decoded (a token would see later ones)", NULL);
   const IrNode *src = d->m->blocks.a[d->src].nodes;
   int q = d->map[n->in[0]], k = d->map[n->in[1]], v = d->map[n->in[2]];
@@ -133,7 +131,8 @@ static int attention(Dx *d, int i, const IrNode *n) {
   int64_t wk[2] = {ks, 2}, wv[2] = {vs, 2};
   em(d, i, IR_OP_KV_WRITE, (int[]){k, d->pos}, 2, wk, NULL, NULL, NULL, NULL);
   em(d, i, IR_OP_KV_WRITE, (int[]){v, d->pos}, 2, wv, NULL, NULL, NULL, NULL);
-  if (!d->step) return em(d, i, n->op, (int[]){q, k, v}, 3, n->ia, n->fa, n->sa, NULL, &n->sh);
+  int slopes = sl >= 0 ? d->map[n->in[sl]] : -1;
+  if (!d->step) return em(d, i, n->op, (int[]){q, k, v, slopes}, sl >= 0 ? 4 : 3, n->ia, n->fa, n->sa, NULL, &n->sh);
   int64_t s0[1] = {ks}, s1[1] = {vs};
   const IrState *K = &d->m->states.a[ks], *V = &d->m->states.a[vs];
   IrType kt = K->type, vt = V->type;
@@ -141,7 +140,8 @@ static int attention(Dx *d, int i, const IrNode *n) {
   int kc = em(d, i, IR_OP_STATE, NULL, 0, s0, NULL, NULL, &kt, &ksh);
   int vc = em(d, i, IR_OP_STATE, NULL, 0, s1, NULL, NULL, &vt, &vsh);
   int64_t ia[1] = {ir_attn_window(n)};
-  return em(d, i, IR_OP_ATTN_CACHED, (int[]){q, kc, vc, d->pos}, 4, ia, n->fa, NULL, NULL, &n->sh);
+  return em(d, i, IR_OP_ATTN_CACHED, (int[]){q, kc, vc, d->pos, slopes}, sl >= 0 ? 5 : 4, ia, n->fa, NULL, NULL,
+            &n->sh);
 }
 
 /* Node i of eval into dst; d->map[i] its value (-1 for none). */

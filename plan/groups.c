@@ -21,6 +21,8 @@ int plan_kernel_node_ok(const IrModule *m, const IrBlock *b, int i) {
   if (n->op == IR_OP_DROPOUT)
     for (int d = 0; d < n->type.rank; d++)
       if (n->sh.split[d]) return 0;
+  /* and arange, whose values are the global indices along its axis */
+  if (n->op == IR_OP_ARANGE && n->ia[0] >= 0 && n->ia[0] < n->type.rank && n->sh.split[n->ia[0]]) return 0;
   /* a row op over a last dim split across ranks is an error the reference
    * kernel reports; leave it to it */
   if (cg_op_is_row(n->op) && n->nin > 0) {

@@ -456,7 +456,23 @@ static void test_elementwise(IrDtype dt) {
     check1(&c, emit(&c, IR_OP_BROADCAST, &col, 1, NULL, NULL, &t), what);
     IrType big = TY(dt, 2, 3, 5, 4);
     check1(&c, emit(&c, IR_OP_BROADCAST, &mid, 1, NULL, NULL, &big), what);
+    /* arange along each axis of a 3-D type, float and i32, and fused with
+     * what reads it (ALiBi's slopes: exp(float(arange) * c)) */
+    IrType at = TY(dt, 3, 4, 5), ai = TY(IR_I32, 3, 4, 5);
+    for (int64_t ax = 0; ax < 3; ax++) {
+      snprintf(what, sizeof what, "arange axis=%lld %s", (long long)ax, ir_dtype_name(dt));
+      check1(&c, emit(&c, IR_OP_ARANGE, NULL, 0, &ax, (double[]){-1.5, 0.25}, &at), what);
+      snprintf(what, sizeof what, "arange axis=%lld i32", (long long)ax);
+      check1(&c, emit(&c, IR_OP_ARANGE, NULL, 0, &ax, (double[]){1, 1}, &ai), what);
+    }
+    IrType hs = TY(IR_I32, 8), hf = TY(dt, 8);
+    int h = emit(&c, IR_OP_ARANGE, NULL, 0, (int64_t[]){0}, (double[]){1, 1}, &hs);
+    int hx = emit(&c, IR_OP_CAST, &h, 1, NULL, NULL, &hf);
+    int hm = emit(&c, IR_OP_MULS, &hx, 1, NULL, (double[]){-0.6931471805599453}, NULL);
+    snprintf(what, sizeof what, "ALiBi slopes exp(float(arange) * c) %s", ir_dtype_name(dt));
+    check_group(&c, (int[]){h, hx, hm, E1(&c, IR_OP_EXP, hm)}, 4, what, RUN_PIECES);
     g_covered[IR_OP_MASKED_FILL] = g_covered[IR_OP_CAUSAL_MASK] = g_covered[IR_OP_FULL] = g_covered[IR_OP_BROADCAST] = 1;
+    g_covered[IR_OP_ARANGE] = 1;
     case_free(&c);
   }
 }

@@ -491,8 +491,8 @@ static void test_vocab(RtDev *d) {
  * positions (kv_write: the caches are out states, so the rows around them
  * are compared too), rope_at, slice_at of the cache, and attn_cached over
  * keys 0 .. pos + i (rows before pos still zero), grouped-query (Hq 4,
- * Hkv 2), with and without a window. */
-static char *decode_text(const char *dt, int Tq, int Tk, int window) {
+ * Hkv 2), with and without a window, with and without ALiBi's slopes. */
+static char *decode_text(const char *dt, int Tq, int Tk, int window, int alibi) {
   Mod m = {.dt = dt, .sh = ""};
   char qs[64], ks[64], xs[64];
   shp(qs, sizeof qs, 2, 4, Tq, 8);
@@ -511,8 +511,11 @@ static char *decode_text(const char *dt, int Tq, int Tk, int window) {
     m.n++;
     kv[c] = m.n++;
   }
-  m_out(&m, m_op(&m, qs, "attn_cached %%%d, %%%d, %%%d, %%%d window=%d scale=0.35355339059327373", q, kv[0], kv[1], pos,
-                 window),
+  char sl[32] = "";
+  if (alibi)   /* ALiBi: one slope per query head, a fifth operand */
+    snprintf(sl, sizeof sl, ", %%%d", m_state(&m, "slopes", "[4]", "uniform(0.1, 0.9)"));
+  m_out(&m, m_op(&m, qs, "attn_cached %%%d, %%%d, %%%d, %%%d%s window=%d scale=0.35355339059327373", q, kv[0], kv[1], pos,
+                 sl, window),
         qs);
   m_out(&m, m_op(&m, xs, "slice_at %%%d, %%%d axis=2 size=%d", kv[1], pos, Tq), xs);
   return m_text(&m, 1, 1);
@@ -523,13 +526,16 @@ static void test_decode(RtDev *d) {
   RtFeed f = {"pos", &pos};
   case_feeds = &f;
   case_nfeeds = 1;
-  static const int cases[][4] = {{1, 12, 0, 0}, {1, 12, 0, 11}, {1, 12, 4, 7}, {5, 12, 0, 3}, {3, 40, 6, 20}};
+  /* Tq, Tk, window, pos, ALiBi */
+  static const int cases[][5] = {{1, 12, 0, 0, 0}, {1, 12, 0, 11, 0}, {1, 12, 4, 7, 0}, {5, 12, 0, 3, 0},
+                                 {3, 40, 6, 20, 0}, {1, 12, 0, 11, 1}, {5, 12, 0, 3, 1}, {3, 40, 6, 20, 1}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
     for (int t = 0; t < 2; t++) {
-      int Tq = cases[i][0], Tk = cases[i][1], w = cases[i][2];
+      int Tq = cases[i][0], Tk = cases[i][1], w = cases[i][2], al = cases[i][4];
       pos = cases[i][3];
-      char label[96], *text = decode_text(dts[t], Tq, Tk, w);
-      snprintf(label, sizeof label, "decode Tq%d Tk%d pos%d window%d %s", Tq, Tk, (int)pos, w, dts[t]);
+      char label[96], *text = decode_text(dts[t], Tq, Tk, w, al);
+      snprintf(label, sizeof label, "decode Tq%d Tk%d pos%d window%d%s %s", Tq, Tk, (int)pos, w, al ? " alibi" : "",
+               dts[t]);
       run_case(d, text, 1, 0, label);
       free(text);
     }
@@ -648,9 +654,9 @@ static void test_nvrtc(void) {
       nvrtc_module(text, label);
       free(text);
     }
-  for (int t = 0; t < 2; t++) {   /* the generation ops, a cache of GPT-2's 1024 positions */
-    char *text = decode_text(dts[t], 1, 1024, 0), label[64];
-    snprintf(label, sizeof label, "decode cache 1024 %s", dts[t]);
+  for (int t = 0; t < 4; t++) {   /* the generation ops, a cache of GPT-2's 1024 positions (and with ALiBi) */
+    char *text = decode_text(dts[t % 2], 1, 1024, 0, t / 2), label[64];
+    snprintf(label, sizeof label, "decode cache 1024%s %s", t / 2 ? " alibi" : "", dts[t % 2]);
     printf("%s\n", label);
     nvrtc_module(text, label);
     free(text);

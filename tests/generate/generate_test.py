@@ -4,8 +4,9 @@ pass decode, docs/generation.md).  Modes:
 
 full     greedy decoding equals, token by token, the argmax of a full
          forward (the prefill block, i.e. the training forward over the
-         whole prefix) at every step (mrun --generate-check): gpt and
-         llama, f32 and f64, tp 1 and tp 2 (from a tp 1 checkpoint), the
+         whole prefix) at every step (mrun --generate-check): gpt, llama
+         and bloom (ALiBi: the KV-cache attention adds the slopes' bias),
+         f32 and f64, tp 1 and tp 2 (from a tp 1 checkpoint), the
          plan compiled with mcc --decode or without (mrun derives the
          blocks); in f64 the tokens are the same on every layout.  The IR
          with the decode blocks prints and parses back (--verify-roundtrip).
@@ -35,7 +36,7 @@ PROMPT = "In the beginning God"
 
 
 def plan(arch, prec, name, *extra):
-    mdl = os.path.join(SRC, "samples", "gpt.mdl" if arch == "gpt" else "llama.mdl")
+    mdl = os.path.join(SRC, "samples", arch + ".mdl")
     d = ["-D", "vocab=256", "-D", "seq_len=%d" % T, "-D", "d_model=32", "-D", "heads=4", "-D", "layers=2",
          "-D", "batch=2", "-D", "micro_batch=1"]
     if arch == "llama":
@@ -79,7 +80,7 @@ def check(ok, what):
 
 
 if MODE == "full":
-    for arch in ("gpt", "llama"):
+    for arch in ("gpt", "llama", "bloom"):   # bloom: ALiBi, attn_cached with the slopes
         for prec in ("f32", "f64"):
             p1 = plan(arch, prec, "%s_%s.plan" % (arch, prec), "--decode", "--verify-roundtrip")
             p2 = plan(arch, prec, "%s_%s_tp2.plan" % (arch, prec), "--tp", "2")   # mrun derives the blocks

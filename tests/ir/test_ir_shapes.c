@@ -343,6 +343,26 @@ static void test_decode(void) {
   CHECK(r == -1 && strstr(err, "attn_cached: ") && strstr(err, "multiple"), "attn_cached 4 / 3 heads: %d '%s'", r, err);
   r = ir_emit(m, b, IR_OP_ATTN_CACHED, (int[]){q, kc, kc, posf}, 4, (int64_t[]){0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "i32 scalar"), "attn_cached at an f64 position: %d '%s'", r, err);
+  /* ALiBi: a fifth operand, f32 / f64 [heads], every query head's (4 here, or 8 when tp splits them in 2) */
+  IrType ts4 = {IR_F64, 1, {4}, {0}}, ts8 = {IR_F32, 1, {8}, {0}}, ts3 = {IR_F64, 1, {3}, {0}}, tsi = {IR_I32, 1, {4}, {0}};
+  int s4 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "s4", &ts4, err, sizeof err);
+  int s8 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "s8", &ts8, err, sizeof err);
+  int s3 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "s3", &ts3, err, sizeof err);
+  int si = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "si", &tsi, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTN_CACHED, (int[]){q, kc, kc, pos, s4}, 5, (int64_t[]){0}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0, "attn_cached with 4 slopes: %s", err);
+  r = ir_emit(m, b, IR_OP_ATTN_CACHED, (int[]){q, kc, kc, pos, s8}, 5, (int64_t[]){0}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0, "attn_cached with 8 f32 slopes (heads split): %s", err);
+  r = ir_emit(m, b, IR_OP_ATTN_CACHED, (int[]){q, kc, kc, pos, s3}, 5, (int64_t[]){0}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "ALiBi slopes f64[3]") && strstr(err, "one per query head"),
+        "attn_cached with 3 slopes for 4 heads: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTN_CACHED, (int[]){q, kc, kc, pos, si}, 5, (int64_t[]){0}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "must be f32 or f64"), "attn_cached with i32 slopes: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTN_CACHED, (int[]){q, kc, kc}, 3, (int64_t[]){0}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "takes 4 operands"), "attn_cached with 3 operands: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTN_CACHED, (int[]){q, kc, kc, pos, s4, s4}, 6, (int64_t[]){0}, &sc, NULL, NULL, err,
+              sizeof err);
+  CHECK(r == -1 && strstr(err, "takes 4 operands"), "attn_cached with 6 operands: %d '%s'", r, err);
   r = ir_emit(m, b, IR_OP_ROPE_AT, (int[]){q, pos}, 2, (int64_t[]){2, 0}, (double[]){10000.0}, NULL, NULL, err, sizeof err);
   CHECK(r >= 0, "rope_at: %s", err);
   r = ir_emit(m, b, IR_OP_ROPE_AT, (int[]){q, pos}, 2, (int64_t[]){3, 0}, (double[]){10000.0}, NULL, NULL, err, sizeof err);
