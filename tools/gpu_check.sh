@@ -11,6 +11,8 @@
 #   train-*     tiny gpt, llama, moe, packed (document masks, a window, validation),
 #               gpt with --recompute full and gpt in bf16: 20 steps on the GPU and on a
 #               CPU rank, losses side by side (max relative difference), CUDA graph launches
+#   generate-*  tiny gpt and bloom (ALiBi): 16 greedy tokens on the GPU from a CPU-trained
+#               checkpoint, each checked against a full forward (mrun --generate-check)
 #   gpt2-124m   GPT-2 124M, 8 x 1024 tokens per step, f32: step time, tokens/s, MFU
 #   tf32        the same with the GEMMs in TF32 (TS_CUDA_TF32=1), and PyTorch's allow_tf32
 #   bf16        the same in --precision bf16 (bf16 storage, f32 arithmetic and GEMMs)
@@ -37,7 +39,7 @@ while [ $# -gt 0 ]; do
     --kit) kit=${2:?--kit needs a folder or a .tar.xz}; shift 2 ;;
     --budget) budget=${2:?--budget needs seconds}; shift 2 ;;
     --only) only=",${2:?--only needs parts},"; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     -*) echo "gpu_check: unknown option '$1'" >&2; exit 2 ;;
     *) out=$1; shift ;;
   esac
@@ -194,6 +196,35 @@ tiny recompute gpt.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D voc
 # bf16 (bf16 storage, f32 arithmetic on the GPU, f64 on the CPU: values on a
 # rounding boundary round apart, hence the looser limit)
 tiny_tol=2e-2 tiny gpt-bf16 gpt.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=4 --precision bf16
+# causal ALiBi (samples/bloom.mdl): the slopes made on the device (arange)
+tiny bloom bloom.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=4
+fi
+
+# ---- generation: KV-cache decoding on the GPU, each token checked ----
+# gen NAME MDL DEFINES...: 30 CPU steps saved, then 16 greedy tokens on the
+# GPU with --generate-check (every token against a full forward's argmax)
+gen() {
+  local name=$1 mdl=$2; shift 2
+  local p="$out/gen-$name.plan" ck="$out/gen-$name.ck"
+  # shellcheck disable=SC2086
+  run_part "gen-$name-mcc" 60 "$MCC" "$samples/$mdl" "$@" --decode $target -o "$p"
+  if [ "$rc" != 0 ]; then row "generate-$name" "$(status_of)" "mcc: $(why_failed "$out/gen-$name-mcc.log")"; return; fi
+  run_part "gen-$name-train" 60 "$MRUN" "$p" --cpu --steps 30 --data "$data" --save "$ck" --quiet
+  if [ "$rc" != 0 ]; then row "generate-$name" "$(status_of)" "CPU training: $(why_failed "$out/gen-$name-train.log")"; return; fi
+  local dev=()
+  [ "$gpu" = 0 ] && dev=(--cpu)
+  run_part "gen-$name" 60 "$MRUN" "$p" "${dev[@]}" --load "$ck" --generate --prompt "In the beginning God" \
+    --max-tokens 16 --generate-check
+  if [ "$rc" != 0 ]; then row "generate-$name" "$(status_of)" "$(why_failed "$out/gen-$name.log")"; return; fi
+  local chk; chk=$(grep -o "full-forward check: .*" "$out/gen-$name.log" | head -1)
+  local res=ok
+  case "$chk" in *"all 16 tokens equal"*) ;; *) res=FAIL ;; esac
+  [ "$gpu" = 0 ] && res="no GPU"
+  row "generate-$name" "$res" "${chk:-no check line}; $(grep -o "[0-9.]* tokens/s (prefill.*" "$out/gen-$name.log" | head -1) (${secs}s)"
+}
+if want generate; then
+gen gpt gpt.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=4
+gen bloom bloom.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 -D vocab=256 -D batch=8 -D micro_batch=4
 fi
 
 # ---- GPT-2 124M, 8 x 1024 tokens per step ----

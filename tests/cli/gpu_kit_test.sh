@@ -28,5 +28,9 @@ for m in gpt llama moe; do
   grep -q "^| train-$m | no GPU | CPU rank: 20 steps, loss [0-9.]* -> [0-9.]*" "$work/table.md" ||
     fail "train-$m: the CPU rank did not train"
 done
+for m in gpt bloom; do
+  grep -q "^| generate-$m | no GPU | full-forward check: all 16 tokens equal" "$work/table.md" ||
+    fail "generate-$m: the CPU rank's generation did not check"
+done
 grep -q "^| env | no GPU | nvidia-smi: not installed; kit [0-9a-f]\{7\}" "$work/table.md" || fail "env row"
 echo "ok"
