@@ -35,6 +35,10 @@ void rt_attn_store(void *out, IrDtype dt, const double *y, int64_t n);
  * as rt_global_index gives them, except that the cp coordinate is cp (the
  * owner of a block passed around the ring) when cp >= 0. */
 void rt_attn_positions(const RtRank *r, unsigned mask, int64_t L, int cp, int64_t *pos);
+/* ALiBi's slopes, operand sl of kernel k (f32 or f64 [heads], every query
+ * head's), for the Hq local query heads by their global index (q's
+ * sharding of dim 1): *out allocated (free it).  0, or -1 after rt_kfail. */
+int rt_attn_slopes(RtKctx *k, int sl, int64_t Hq, double **out);
 /* The optional operands of kernel k (ir_attn_slope, ir_attn_doc): ALiBi's
  * slopes, looked up for the local query heads by their global index (q's
  * sharding of dim 1) into d->slope (allocated: free it), and the document

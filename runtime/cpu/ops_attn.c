@@ -70,27 +70,36 @@ void rt_attn_positions(const RtRank *r, unsigned mask, int64_t L, int cp, int64_
   for (int64_t j = 0; j < L; j++) pos[j] = rt_global_index_at(r, mask, L, j, cp);
 }
 
+int rt_attn_slopes(RtKctx *k, int sl, int64_t Hq, double **out) {
+  const IrType *t = k->it[sl];
+  *out = NULL;
+  if ((t->dtype != IR_F32 && t->dtype != IR_F64) || t->rank != 1)
+    return rt_kfail(k, "ALiBi slopes %s must be f32 or f64 [heads]", rt_tstr(t, 0));
+  int64_t *hpos = ts_xmalloc((size_t)(Hq + 1) * sizeof *hpos);
+  double *s = ts_xmalloc((size_t)(Hq + 1) * sizeof *s);
+  rt_attn_positions(k->env->rank, rt_kin_sh(k, 0)->split[1], Hq, -1, hpos);
+  for (int64_t h = 0; h < Hq; h++) {
+    if (hpos[h] < 0 || hpos[h] >= t->dim[0]) {
+      int64_t g = hpos[h];
+      free(hpos);
+      free(s);
+      return rt_kfail(k, "query head %lld has no ALiBi slope (%lld of them)", (long long)g, (long long)t->dim[0]);
+    }
+    s[h] = t->dtype == IR_F64 ? ((const double *)k->in[sl])[hpos[h]] : ((const float *)k->in[sl])[hpos[h]];
+  }
+  free(hpos);
+  *out = s;
+  return 0;
+}
+
 int rt_attn_extras(RtKctx *k, AttnDims *d, const int64_t *qpos, const int64_t *kpos) {
   d->doc = NULL;
   d->Tdoc = 0;
   d->slope = NULL;
   int sl = ir_attn_slope(k->n), idx = ir_attn_doc(k->n);
   if (sl >= 0) {
-    const IrType *t = k->it[sl];
-    if ((t->dtype != IR_F32 && t->dtype != IR_F64) || t->rank != 1)
-      return rt_kfail(k, "ALiBi slopes %s must be f32 or f64 [heads]", rt_tstr(t, 0));
-    int64_t *hpos = ts_xmalloc((size_t)(d->Hq + 1) * sizeof *hpos);
-    double *s = ts_xmalloc((size_t)(d->Hq + 1) * sizeof *s);
-    rt_attn_positions(k->env->rank, rt_kin_sh(k, 0)->split[1], d->Hq, -1, hpos);
-    for (int64_t h = 0; h < d->Hq; h++) {
-      if (hpos[h] < 0 || hpos[h] >= t->dim[0]) {
-        free(hpos);
-        free(s);
-        return rt_kfail(k, "query head %lld has no ALiBi slope (%lld of them)", (long long)hpos[h], (long long)t->dim[0]);
-      }
-      s[h] = t->dtype == IR_F64 ? ((const double *)k->in[sl])[hpos[h]] : ((const float *)k->in[sl])[hpos[h]];
-    }
-    free(hpos);
+    double *s;
+    if (rt_attn_slopes(k, sl, d->Hq, &s) != 0) return -1;
     d->slope = s;
   }
   if (idx < 0) return 0;

@@ -127,25 +127,8 @@ int ref_ATTN_CACHED(RtKctx *k) {
   if (pos + qt->dim[2] > kt->dim[2])
     return rt_kfail(k, "queries at positions %lld .. %lld are past the %lld cached positions", (long long)pos,
                     (long long)(pos + qt->dim[2] - 1), (long long)kt->dim[2]);
-  double *slope = NULL;
-  if (k->n->nin == 5) {   /* ALiBi: each local query head's slope, by its global head (as ops_attn.c) */
-    const IrType *st = k->it[4];
-    if ((st->dtype != IR_F32 && st->dtype != IR_F64) || st->rank != 1)
-      return rt_kfail(k, "ALiBi slopes %s must be f32 or f64 [heads]", rt_tstr(st, 0));
-    int64_t Hq = qt->dim[1], *hpos = ts_xmalloc((size_t)(Hq + 1) * sizeof *hpos);
-    slope = ts_xmalloc((size_t)(Hq + 1) * sizeof *slope);
-    rt_attn_positions(k->env->rank, rt_kin_sh(k, 0)->split[1], Hq, -1, hpos);
-    for (int64_t h = 0; h < Hq; h++) {
-      if (hpos[h] < 0 || hpos[h] >= st->dim[0]) {
-        int64_t g = hpos[h];
-        free(hpos);
-        free(slope);
-        return rt_kfail(k, "query head %lld has no ALiBi slope (%lld of them)", (long long)g, (long long)st->dim[0]);
-      }
-      slope[h] = st->dtype == IR_F64 ? ((const double *)k->in[4])[hpos[h]] : ((const float *)k->in[4])[hpos[h]];
-    }
-    free(hpos);
-  }
+  double *slope = NULL;   /* ALiBi: each local query head's slope, by its global head */
+  if (k->n->nin == 5 && rt_attn_slopes(k, 4, qt->dim[1], &slope) != 0) return -1;
   CachedJob j = {k->in[0], k->in[1], k->in[2], k->out, qt->dtype, qt->dim[1], kt->dim[1], qt->dim[2], kt->dim[2],
                  qt->dim[3], pos, k->n->ia[0], k->n->fa[0], slope};
   int64_t rows = qt->dim[0] * qt->dim[1] * qt->dim[2];
