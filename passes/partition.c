@@ -179,10 +179,8 @@ typedef struct {
 
 static int anchored(const Flow *f, int i) { return f->dep[i] == (DEP_INPUT | DEP_PARAM); }
 
-/* Fills f for block b; layer_of[state] from find_stacks.  -1 with a message
- * when a node reads a stack parameter of a layer before its data flow's. */
-static int flow_build(const IrModule *m, const IrBlock *b, const int *layer_of, const Stacks *st, Flow *f,
-                      char *err, size_t errlen) {
+/* Fills f for block b; layer_of[state] from find_stacks. */
+static void flow_build(const IrModule *m, const IrBlock *b, const int *layer_of, const Stacks *st, Flow *f) {
   int n = b->n, L = st->begin[st->n], inlayers = 0;   /* inlayers: a node was pinned to a layer */
   f->n = n;
   f->L = L;
@@ -217,19 +215,11 @@ static int flow_build(const IrModule *m, const IrBlock *b, const int *layer_of, 
       continue;
     }
     int lo = flo > mx ? flo : mx;
-    if (mx > 0) {
-      char a[160], c[160];
-      if (flo > mx && st->n == 1)
-        return ts_errf(err, errlen, "pipeline: forward node %%%d (%s) reads a parameter of layer %d of the stack "
-                                    "but depends on layer %d: the stack's layers are not in order",
-                       i, ir_ops[nd->op].name, mx - 1, flo - 1);
-      if (flo > mx) {
-        stacks_str(st, c, sizeof c);
-        return ts_errf(err, errlen, "pipeline: forward node %%%d (%s) reads a parameter of %s but depends on %s: "
-                                    "the stacks %s are not used in the order they are written (a pipeline runs "
-                                    "them in that order); write each stack after the ones it reads, or drop --pp",
-                       i, ir_ops[nd->op].name, unit_name(st, mx, a, sizeof a), unit_name(st, flo, a + 80, 80), c);
-      }
+    /* a layer's parameter read after a later layer (flo > mx: a weight
+     * tied across layers or stacks, as a tied embedding's head reads the
+     * embedding) is a shared read that pins nothing; its gradient is
+     * summed over the ranks that read it (PipePartition.shared) */
+    if (mx > 0 && flo <= mx) {
       f->pin[i] = mx;
       inlayers = 1;
     }
@@ -241,7 +231,6 @@ static int flow_build(const IrModule *m, const IrBlock *b, const int *layer_of, 
     }
     f->lo[i] = lo;
   }
-  return 0;
 }
 
 static void flow_free(Flow *f) {
@@ -587,7 +576,7 @@ int pass_layer_units(const IrModule *m, const IrBlock *blk, int n, int *unit, un
   Flow f;
   memset(&f, 0, sizeof f);
   int rc = find_stacks(m, &st, layer_of, err, errlen);
-  if (rc == 0) rc = flow_build(m, &b, layer_of, &st, &f, err, errlen);
+  if (rc == 0) flow_build(m, &b, layer_of, &st, &f);
   if (rc == 0) {
     L = st.begin[st.n];
     double *cut_bytes = ts_xcalloc((size_t)L + 2, sizeof *cut_bytes);
@@ -639,7 +628,7 @@ int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *
   if (rc == 0) {
     out->stack = out->stacks.name[0];
     L = out->stacks.begin[out->stacks.n];
-    rc = flow_build(m, b, layer_of, &out->stacks, &f, err, errlen);
+    flow_build(m, b, layer_of, &out->stacks, &f);
   }
   int nu = L + 2;
   int *cut = NULL;

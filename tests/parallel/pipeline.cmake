@@ -116,6 +116,16 @@ foreach(cell "t5.pp2:--pp 2" "t5.pp4:--pp 4" "t5.pp2_vpp2:--pp 2 --vpp 2" "t5.pp
                --steps 5)
 endforeach()
 
+# a weight of the first stack read by the head after the second (shared
+# across pipeline ranks, like a tied embedding)
+foreach(cell "tied_stacks.pp2:--pp 2" "tied_stacks.pp4:--pp 4")
+  string(REPLACE ":" ";" parts "${cell}")
+  list(GET parts 0 name)
+  list(GET parts 1 popts)
+  separate_arguments(opts UNIX_COMMAND "${popts}")
+  ts_pipe_test(${name}.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/tests/pipe/tied_stacks.mdl 1e-10 ${opts} --steps 5)
+endforeach()
+
 # The check can fail with pipeline parallelism too (the layout's run with another seed)
 ts_pipe_test(pipe_check_detects_difference bash ${CMAKE_CURRENT_SOURCE_DIR}/expect_fail.sh $<TARGET_FILE:mcc>
              ${PROJECT_SOURCE_DIR}/samples/gpt.mdl ${TS_PIPE_GPT} --pp 2 --steps 2)

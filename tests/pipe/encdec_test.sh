@@ -59,6 +59,12 @@ run 0 "$SRC/samples/gpt.mdl" $GPT --pp 2 --vpp 2 -o "$TMP/a.plan"
 run 0 "$SRC/samples/gpt.mdl" $GPT --pp 2 --vpp 2 --pp-stack layers -o "$TMP/b.plan"
 cmp -s "$TMP/a.plan" "$TMP/b.plan" || die "--pp-stack layers changed gpt's plan"
 
+# a weight of the first stack's last layer read by the head after the second
+# stack: a shared read (both ranks hold it, gradients summed), not a refusal
+run 0 "$SRC/tests/pipe/tied_stacks.mdl" --pp 2 --report schedule
+has "$TMP/out" "shared across pipeline ranks (gradients all-reduced in an embedding group): first.1.w"
+row "$TMP/out" 0 | grep -qE "E \+ first 0-1 " || die "tied chunk 0: $(row "$TMP/out" 0)"
+
 # refusals: the exact messages
 refuse() {   # refuse "MESSAGE" args...
   local msg=$1; shift
