@@ -12,22 +12,12 @@
 # usage: encdec_test.sh MCC SRCDIR TMPDIR
 set -u
 MCC=$1 SRC=$2 TMP=$3
-rm -rf "$TMP" && mkdir -p "$TMP" || exit 1
-fail=0
-die() { echo "FAIL: $*" >&2; fail=1; }
+. "$SRC/tests/pipe/common.sh"
 # b = 1 sequence per micro batch, h = 32, source and target 8 positions each, f32:
 # one [b, 8, h] tensor is 1024 bytes
 T5="-D enc_layers=2 -D dec_layers=2 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=8 -D micro_batch=1"
 GPT="-D layers=4 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=8 -D micro_batch=1"
 
-run() {
-  local want=$1; shift
-  "$MCC" "$@" > "$TMP/out" 2> "$TMP/err"
-  local rc=$?
-  [ "$rc" = "$want" ] || die "mcc $*: exit $rc, expected $want; stderr: $(head -c 600 "$TMP/err")"
-  return 0
-}
-has() { grep -qF -- "$2" "$1" || die "'$2' not in $1: $(head -c 3000 "$1")"; }
 # the chunk row of chunk $2 in the schedule report $1: "units ... sent"
 row() { grep -E "^  $2 +[0-9]+ " "$1"; }
 
