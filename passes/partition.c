@@ -437,8 +437,9 @@ static int lp_items(LayoutParse *lp, int depth) {
 }
 
 /* Chunk boundaries from a layout; sets *nchunks.  -1 with a message. */
-static int layout_chunks(const char *layout, int L, int pp, int vpp, int **begin_out, int *nchunks, char *err,
-                         size_t errlen) {
+static int layout_chunks(const char *layout, const Stacks *st, int pp, int vpp, int **begin_out, int *nchunks,
+                         char *err, size_t errlen) {
+  int L = st->begin[st->n];
   LayoutParse lp = {layout, 0, {0}, err, errlen, 0};
   int rc = lp_items(&lp, 0);
   if (rc == 0 && layout[lp.pos] == ')') rc = lp_fail(&lp, "unmatched ')'");
@@ -459,9 +460,16 @@ static int layout_chunks(const char *layout, int L, int pp, int vpp, int **begin
   if (rc == 0 && (nL != 1 || x[strlen(x) - 1] != 'L'))
     rc = ts_errf(err, errlen, "--pp-layout \"%s\": the loss L must appear exactly once, as the last symbol (found %d)",
                  layout, nL);
-  if (rc == 0 && nt != L)
+  if (rc == 0 && nt != L && st->n == 1)
     rc = ts_errf(err, errlen, "--pp-layout \"%s\" has %d transformer layers 't' but the model's stack has %d: each "
                               "layer must be placed exactly once", layout, nt, L);
+  if (rc == 0 && nt != L) {
+    char c[256];
+    stacks_str(st, c, sizeof c);
+    rc = ts_errf(err, errlen, "--pp-layout \"%s\" has %d transformer layers 't' but the model's stacks %s have %d: "
+                              "each layer must be placed exactly once, the stacks' layers one after the other",
+                 layout, nt, c, L);
+  }
   if (rc == 0 && stages % pp != 0)
     rc = ts_errf(err, errlen, "--pp-layout \"%s\" has %d stages, not a multiple of pp=%d (stages = pp x vpp)",
                  layout, stages, pp);
@@ -657,7 +665,7 @@ int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *
   if (rc == 0) {
     out->pp = o->pp;
     if (o->layout) {
-      rc = layout_chunks(o->layout, L, o->pp, o->vpp, &out->chunk_begin, &out->nchunks, err, errlen);
+      rc = layout_chunks(o->layout, &out->stacks, o->pp, o->vpp, &out->chunk_begin, &out->nchunks, err, errlen);
       if (rc == 0) out->vpp = out->nchunks / o->pp;
     } else {
       out->vpp = o->vpp > 0 ? o->vpp : 1;

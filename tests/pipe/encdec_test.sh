@@ -49,6 +49,10 @@ run 0 "$SRC/samples/gpt.mdl" $GPT --pp 2 --vpp 2 -o "$TMP/a.plan"
 run 0 "$SRC/samples/gpt.mdl" $GPT --pp 2 --vpp 2 --pp-stack layers -o "$TMP/b.plan"
 cmp -s "$TMP/a.plan" "$TMP/b.plan" || die "--pp-stack layers changed gpt's plan"
 
+# a Megatron layout counts the layers of both stacks in order
+run 0 "$SRC/samples/t5.mdl" $T5 --pp 2 --pp-layout "Et*3|tL" --report schedule
+row "$TMP/out" 0 | grep -qE "E \+ enc_layers 0-1 \+ dec_layers 0 " || die "layout chunk 0: $(row "$TMP/out" 0)"
+
 # a weight of the first stack's last layer read by the head after the second
 # stack: a shared read (both ranks hold it, gradients summed), not a refusal
 run 0 "$SRC/tests/pipe/tied_stacks.mdl" --pp 2 --report schedule
@@ -74,6 +78,8 @@ refuse "--pp-stack and --pp-layers do not go together: --pp-layers already place
   "$SRC/samples/t5.mdl" $T5 --pp 2 --pp-stack dec_layers --pp-layers 2,2
 refuse "--pp-stack and --pp-layout do not go together: --pp-layout already places every layer of every stack" \
   "$SRC/samples/t5.mdl" $T5 --pp 2 --pp-stack enc_layers --pp-layout "Et*2|t*2L"
+refuse "--pp-layout \"Et*2|t*3L\" has 5 transformer layers 't' but the model's stacks $STACKS have 4: each layer must be placed exactly once, the stacks' layers one after the other" \
+  "$SRC/samples/t5.mdl" $T5 --pp 2 --pp-layout "Et*2|t*3L"
 refuse "--vpp, --schedule, --pp-layers, --pp-layout, --pp-stack and --num-layers-per-virtual-pipeline-stage shape a pipeline, and pp=1; add --pp N with N > 1" \
   "$SRC/samples/t5.mdl" $T5 --pp-stack dec_layers
 refuse "--pp-stack layer: the model has no repeat stack of that name; its stacks are 'layers' (4 layers)" \
