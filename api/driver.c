@@ -105,9 +105,9 @@ static int check_layout(const ApiSession *a, const IrModule *m) {
  * 0, or -1 after printing why. */
 static int pipe_options(const ApiSession *a, const IrModule *m, PipeOptions *po) {
   *po = (PipeOptions){ir_axis_size(m, IR_AXIS_PP), a->vpp, a->pp_layers.n ? a->pp_layers.a : NULL, a->pp_layers.n,
-                      a->pp_layout};
+                      a->pp_layout, a->pp_stack};
   if (a->vstage_layers <= 0) return 0;
-  PipeOptions one = {po->pp, 1, NULL, 0, NULL};
+  PipeOptions one = {po->pp, 1, NULL, 0, NULL, a->pp_stack};
   PipePartition part;
   char err[2048];
   if (pass_pipe_partition(m, &one, &part, err, sizeof err) != 0) {
@@ -157,8 +157,9 @@ IrPipeSched api_ir_sched_of(PipeSchedKind k) {
 static int pipe_prepare(const ApiSession *a, IrModule *m, int reference) {
   int pp = ir_axis_size(m, IR_AXIS_PP);
   if (pp < 2) {
-    if (!reference && (a->vpp > 0 || a->vstage_layers > 0 || a->schedule || a->pp_layout || a->pp_layers.n)) {
-      api_diag(a, "error: --vpp, --schedule, --pp-layers, --pp-layout and "
+    if (!reference && (a->vpp > 0 || a->vstage_layers > 0 || a->schedule || a->pp_layout || a->pp_layers.n ||
+                       a->pp_stack)) {
+      api_diag(a, "error: --vpp, --schedule, --pp-layers, --pp-layout, --pp-stack and "
                       "--num-layers-per-virtual-pipeline-stage shape a pipeline, and pp=1; add --pp N with N > 1\n");
       return 1;
     }
@@ -372,7 +373,7 @@ static int report_memory(const ApiSession *a, IrModule *m, StrBuf *out) {
   if (n > 1 || m->par.sp) {
     MdlOptions uo = api_unsharded_options(&a->mdl);
     ApiSession ua = *a;   /* one rank has no pipeline for --schedule, --vpp, ... to shape */
-    ua.schedule = ua.pp_layout = NULL;
+    ua.schedule = ua.pp_layout = ua.pp_stack = NULL;
     ua.vpp = 0;
     ua.pp_layers.n = 0;
     if (!(u = api_compile_quiet(&ua, &uo, 1))) return 1;

@@ -21,7 +21,7 @@ typedef enum {
   O_HELP, O_VERSION, O_OUTPUT, O_DEFINE, O_PRECISION, O_SIZE, O_SP, O_OVERLAP, O_NO_OVERLAP, O_BUCKET, O_NO_ZERO,
   O_ZERO, O_NO_FUSE, O_NO_REMAT, O_DECODE, O_LOSS_SCALE, O_POLICY, O_MAX_SOURCE, O_KEEP_GATHERED, O_REGATHER,
   O_ACT_BUDGET, O_RECOMPUTE, O_MEM_BUDGET, O_CP_ATTN, O_EMIT_LLVM, O_EMIT_CUDA, O_TARGET, O_CHECK, O_STDLIB,
-  O_TRACE, O_HW, O_SCHEDULE, O_PP_LAYOUT, O_PP_LAYERS, O_EMIT, O_DUMP_IR, O_PRINT_AFTER, O_VERIFY_EACH,
+  O_TRACE, O_HW, O_SCHEDULE, O_PP_LAYOUT, O_PP_LAYERS, O_PP_STACK, O_EMIT, O_DUMP_IR, O_PRINT_AFTER, O_VERIFY_EACH,
   O_NO_VERIFY, O_VERIFY_RT, O_TIME, O_STATS, O_REPORT, O_EXPLAIN, O_AUTO_LAYOUT, O_MEMORY,
   O_MG_SIZE, O_MG_SWITCH, O_MG_CONFIG, O_MG_TRAIN   /* Megatron-LM's flags: a size, a switch, a config key, a train field */
 } OptId;
@@ -89,6 +89,7 @@ static const ApiOption api_options[] = {
     {"--schedule", API_ARG_VALUE, O_SCHEDULE, NULL, 0, NULL},
     {"--pp-layout", API_ARG_VALUE, O_PP_LAYOUT, NULL, 0, NULL},
     {"--pp-layers", API_ARG_VALUE, O_PP_LAYERS, NULL, 0, NULL},
+    {"--pp-stack", API_ARG_VALUE, O_PP_STACK, NULL, 0, NULL},
     {"--emit", API_ARG_VALUE, O_EMIT, NULL, MCC_ONLY | INLINE_ONLY, "ts_session_plan() and ts_session_ir()"},
     {"--dump-ir=", API_ARG_SUFFIX, O_DUMP_IR, NULL, 0, NULL},
     {"--print-ir-after", API_ARG_VALUE, O_PRINT_AFTER, NULL, 0, NULL},
@@ -463,6 +464,7 @@ static int apply_row(ApiSession *a, const ApiOption *r, const char *sub, const c
   case O_HW: a->hw = next; return API_OK;
   case O_PP_LAYOUT: a->pp_layout = next; return API_OK;
   case O_PP_LAYERS: return opt_pp_layers(a, next);
+  case O_PP_STACK: a->pp_stack = next; return API_OK;
   case O_DUMP_IR:
     a->cx->dump_dir = next;
     a->cx->dump_pass = strcmp(sub, "all") == 0 ? NULL : sub;
@@ -537,6 +539,7 @@ int api_opt_finish(ApiSession *a) {
   a->cx->pp_layers = a->pp_layers.n ? a->pp_layers.a : NULL;
   a->cx->pp_nlayers = a->pp_layers.n;
   a->cx->pp_layout = a->pp_layout;
+  a->cx->pp_stack = a->pp_stack;
   if (a->check && api_pipe_views_wanted(a))
     return usage_error(a, "%s", "--check and the pipeline views do not go together");
   int time_report = a->report && strcmp(a->report, "time") == 0;
@@ -550,7 +553,7 @@ int api_opt_finish(ApiSession *a) {
     const char *given = a->mdl.tp >= 0 ? "--tp" : a->mdl.pp >= 0 ? "--pp" : a->mdl.cp >= 0 ? "--cp"
                         : a->mdl.ep >= 0 ? "--ep" : a->mdl.sp >= 0 ? "--sp" : a->dp >= 0 ? "--dp"
                         : a->vpp > 0 || a->vstage_layers > 0 ? "--vpp" : a->schedule ? "--schedule"
-                        : a->pp_layers.n || a->pp_layout ? "--pp-layers / --pp-layout"
+                        : a->pp_layers.n || a->pp_layout || a->pp_stack ? "--pp-layers / --pp-layout / --pp-stack"
                         : a->recompute_given || a->cx->memory_budget >= 0 ? "--recompute / --memory-budget" : NULL;
     if (given)
       return usage_error(a, "--auto-layout chooses the layout itself (tp, sp, cp, ep, pp, vpp, schedule, dp, micro "

@@ -43,6 +43,7 @@ typedef struct ApiSession {
   int sm[8], nsm;            /* --target sm_80,sm_90: NVRTC images in the plan (docs/cuda.md) */
   const char *schedule;      /* --schedule NAME; NULL: 1f1b, interleaved with vpp >= 2 */
   const char *pp_layout;     /* --pp-layout STR */
+  const char *pp_stack;      /* --pp-stack NAME: cut only this repeat stack */
   VEC(int) pp_layers;        /* --pp-layers A,B,... */
   int vpp;                   /* --vpp V; 0: 1 or the layout's */
   int vstage_layers;         /* --num-layers-per-virtual-pipeline-stage N (Megatron): vpp = layers / (pp N) */

@@ -257,6 +257,39 @@ for pl in "${pipes[@]}"; do
   done
 done
 
+# Pipelines over two layer stacks (samples/t5.mdl, docs/pipeline.md "Several
+# layer stacks"): the bytes the forward sends per micro batch over all cuts
+# (--report comm's fwd.<g> sends / m) next to Megatron's T5 pipeline, which
+# sends the encoder's hidden state s_src b h E out of an encoder stage and,
+# out of a decoder stage, the decoder's s_tgt b h E plus the encoder output
+# s_src b h E it carries to every later decoder stage.  The backward sends
+# the same again (the gradients).
+echo
+echo "| model | layout | stages (units) | forward p2p per micro batch, all cuts (MB) | Megatron (MB) | ratio |"
+echo "|---|---|---|---:|---:|---:|"
+t5s=(
+  "T5-base s512+512|-D enc_layers=12 -D dec_layers=12 -D d_model=768 -D heads=12 -D seq_len=1024|512 512 1 768|8"
+)
+for tl in "${t5s[@]}"; do
+  IFS='|' read -r name defs dims m <<<"$tl"
+  read -r ss st b h <<<"$dims"
+  for p in 2 4 8; do
+    # shellcheck disable=SC2086
+    sched=$("$mcc" samples/t5.mdl $defs -D batch="$m" -D micro_batch=1 --pp "$p" --report schedule 2>&1)
+    # shellcheck disable=SC2086
+    got=$("$mcc" samples/t5.mdl $defs -D batch="$m" -D micro_batch=1 --pp "$p" --report comm 2>&1 |
+          awk -v m="$m" '$1 ~ /^fwd\./ && $2 == "send" { s += $5 } END { printf "%.0f", s / m }')
+    # a cut after a chunk that holds decoder layers carries both tensors
+    meg=$(printf '%s\n' "$sched" | awk -v p="$p" -v ss="$ss" -v st="$st" -v b="$b" -v h="$h" '
+      $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && $1 < p - 1 { x += (index($0, "dec_layers") ? ss + st : ss) * b * h * 4 }
+      END { printf "%.0f", x }')
+    units=$(printf '%s\n' "$sched" | awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ {
+      u = $0; sub(/^ *[0-9]+ +[0-9]+ +/, "", u); sub(/ +[0-9.]+[kMGT]? +[0-9.]+[kMGT]? +[0-9.]+[kMGT]? +[-0-9.]+[kMGT]? *$/, "", u)
+      printf "%s%s", (n++ ? " \\| " : ""), u }')
+    echo "| $name | pp=$p | $units | $(mb "${got:-0}") | $(mb "$meg") | $(ratio "${got:-0}" "$meg") |"
+  done
+done
+
 # The dp gradient reduction bucketed and overlapped with the last micro
 # batch's backward (docs/sharding.md, "Overlapped gradient reduction"):
 # `mcc --report comm --hw h100-sxm` at dp=8 with ZeRO-1 (tp 8 for the big

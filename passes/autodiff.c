@@ -344,7 +344,10 @@ static void ad_MATMUL(Ad *a, int i, int dy) {
     } else {
       IrType at = ty(a, A), dt = ty(a, dy);
       int64_t rows = ir_type_numel(&at) / at.dim[at.rank - (ta ? 2 : 1)];
-      if (a->flat[ta][A] < 0) {                            /* A' [.., M, K] -> [rows, K] */
+      /* A' [.., M, K] -> [rows, K], made once per pipeline chunk: an
+       * encoder's output feeds weights in several chunks, and a flattening
+       * shared across them would travel between the backward blocks */
+      if (a->flat[ta][A] < 0 || (a->K > 1 && a->m->blocks.a[a->mb].nodes[a->flat[ta][A]].stage != a->tag)) {
         IrType a2 = {at.dtype, 2, {rows, at.dim[at.rank - (ta ? 2 : 1)]},
                      {NULL, at.dname[at.rank - (ta ? 2 : 1)]}};
         a->flat[ta][A] = emt(a, IR_OP_RESHAPE, ta ? em_swap_last2(a, A) : A, &a2);

@@ -27,6 +27,8 @@
 #include <ctype.h>
 #include <math.h>
 
+typedef PipeStacks Stacks;
+
 /* ---- the repeat stack ---- */
 
 /* "layers.3.attention.wq" -> prefix "layers", index 3; 0 if the name has no
@@ -47,12 +49,16 @@ static int stack_split(const char *name, size_t *plen, long *idx) {
   return 0;
 }
 
-/* The stack: the prefix with the largest layer index; its indices must be
- * 0 .. L-1.  layer_of[state] = layer index or -1.  0, or -1 with a message. */
-static int find_stack(const IrModule *m, const char **stack, int *L, int *layer_of, char *err, size_t errlen) {
-  /* per distinct prefix (few: one per top-level repeat) its largest index */
-  typedef struct { const char *pre; long max; } Prefix;
-  VEC(Prefix) pres = {0};
+/* The stacks: every prefix of "<prefix>.<i>.<name>" parameters (one per
+ * top-level `repeat`), in program order (the order of their first
+ * parameter: the frontend makes states as it elaborates), each with layer
+ * indices 0 .. n-1.  The units of all stacks follow each other: stack k's
+ * layer i is global layer st->begin[k] + i.  layer_of[state] = global
+ * layer or -1.  0, or -1 with a message. */
+static int find_stacks(const IrModule *m, Stacks *st, int *layer_of, char *err, size_t errlen) {
+  memset(st, 0, sizeof *st);
+  VEC(long) maxes = {0};
+  VEC(const char *) names = {0};
   for (int i = 0; i < m->states.n; i++) {
     layer_of[i] = -1;
     size_t pl;
@@ -60,41 +66,83 @@ static int find_stack(const IrModule *m, const char **stack, int *L, int *layer_
     if (m->states.a[i].kind != IR_STATE_PARAM || !stack_split(m->states.a[i].name, &pl, &idx)) continue;
     const char *pre = ts_intern_n(m->states.a[i].name, pl);
     int k = 0;
-    while (k < pres.n && pres.a[k].pre != pre) k++;
-    if (k == pres.n) { Prefix x = {pre, idx}; VEC_PUSH(pres, x); }
-    else if (idx > pres.a[k].max) pres.a[k].max = idx;
+    while (k < names.n && names.a[k] != pre) k++;
+    if (k == names.n) { VEC_PUSH(names, pre); VEC_PUSH(maxes, idx); }
+    else if (idx > maxes.a[k]) maxes.a[k] = idx;
   }
-  const char *best = NULL;
-  long bestmax = -1;
-  for (int k = 0; k < pres.n; k++)
-    if (pres.a[k].max > bestmax) { bestmax = pres.a[k].max; best = pres.a[k].pre; }
-  free(pres.a);
-  if (bestmax > 1000000) return ts_errf(err, errlen, "pipeline: the repeat stack '%s' has %ld layers", best, bestmax + 1);
-  if (!best)
-    return ts_errf(err, errlen, "pipeline: the model has no repeat stack (no parameter named <stack>.<i>.<name>): "
-                                "there are no layers to split into stages: write the model's layers as `repeat N { ... }` "
-                                "(docs/mdl.md) to pipeline them, or drop --pp");
-  int n = (int)bestmax + 1;
-  char *seen = ts_xcalloc((size_t)n, 1);
-  for (int i = 0; i < m->states.n; i++) {
-    size_t pl;
-    long idx;
-    if (m->states.a[i].kind == IR_STATE_PARAM && stack_split(m->states.a[i].name, &pl, &idx) &&
-        ts_intern_n(m->states.a[i].name, pl) == best) {
-      layer_of[i] = (int)idx;
-      seen[idx] = 1;
-    }
+  int rc = 0;
+  long total = 0;
+  for (int k = 0; k < names.n && rc == 0; k++) {
+    if (maxes.a[k] > 1000000 || total + maxes.a[k] + 1 > 1000000)
+      rc = ts_errf(err, errlen, "pipeline: the repeat stack '%s' has %ld layers", names.a[k], maxes.a[k] + 1);
+    total += maxes.a[k] + 1;
   }
-  for (int i = 0; i < n; i++)
-    if (!seen[i]) {
-      free(seen);
-      return ts_errf(err, errlen, "pipeline: the repeat stack '%s' has parameters of layer %d but none of layer %d",
-                     best, n - 1, i);
+  if (rc == 0 && names.n == 0)
+    rc = ts_errf(err, errlen, "pipeline: the model has no repeat stack (no parameter named <stack>.<i>.<name>): "
+                              "there are no layers to split into stages: write the model's layers as `repeat N { ... }` "
+                              "(docs/mdl.md) to pipeline them, or drop --pp");
+  if (rc == 0) {
+    st->n = names.n;
+    st->name = ts_xmalloc((size_t)names.n * sizeof *st->name);
+    st->begin = ts_xmalloc((size_t)(names.n + 1) * sizeof *st->begin);
+    st->begin[0] = 0;
+    for (int k = 0; k < names.n; k++) {
+      st->name[k] = names.a[k];
+      st->begin[k + 1] = st->begin[k] + (int)maxes.a[k] + 1;
     }
-  free(seen);
-  *stack = best;
-  *L = n;
-  return 0;
+    char *seen = ts_xcalloc((size_t)total, 1);
+    for (int i = 0; i < m->states.n; i++) {
+      size_t pl;
+      long idx;
+      if (m->states.a[i].kind != IR_STATE_PARAM || !stack_split(m->states.a[i].name, &pl, &idx)) continue;
+      const char *pre = ts_intern_n(m->states.a[i].name, pl);
+      int k = 0;
+      while (st->name[k] != pre) k++;
+      layer_of[i] = st->begin[k] + (int)idx;
+      seen[layer_of[i]] = 1;
+    }
+    for (int k = 0; k < st->n && rc == 0; k++)
+      for (int i = st->begin[k]; i < st->begin[k + 1]; i++)
+        if (!seen[i]) {
+          rc = ts_errf(err, errlen, "pipeline: the repeat stack '%s' has parameters of layer %d but none of layer %d",
+                       st->name[k], st->begin[k + 1] - st->begin[k] - 1, i - st->begin[k]);
+          break;
+        }
+    free(seen);
+  }
+  free(names.a);
+  free(maxes.a);
+  return rc;
+}
+
+static void stacks_free(Stacks *st) {
+  free(st->name);
+  free(st->begin);
+  memset(st, 0, sizeof *st);
+}
+
+/* The name of unit u in messages: "E", "L", "layer 3" (one stack) or
+ * "layer 1 of 'dec_layers'". */
+static const char *unit_name(const Stacks *st, int u, char *buf, size_t n) {
+  int L = st->begin[st->n];
+  if (u <= 0) snprintf(buf, n, "E");
+  else if (u > L) snprintf(buf, n, "L");
+  else {
+    int k = 0;
+    while (u - 1 >= st->begin[k + 1]) k++;
+    if (st->n == 1) snprintf(buf, n, "layer %d", u - 1);
+    else snprintf(buf, n, "layer %d of '%s'", u - 1 - st->begin[k], st->name[k]);
+  }
+  return buf;
+}
+
+/* "'enc_layers' (6 layers) then 'dec_layers' (6 layers)" */
+static void stacks_str(const Stacks *st, char *buf, size_t n) {
+  size_t k = 0;
+  buf[0] = 0;
+  for (int i = 0; i < st->n && k < n; i++)
+    k += (size_t)snprintf(buf + k, n - k, "%s'%s' (%d layers)", i ? " then " : "", st->name[i],
+                          st->begin[i + 1] - st->begin[i]);
 }
 
 /* ---- costs ---- */
@@ -131,11 +179,9 @@ typedef struct {
 
 static int anchored(const Flow *f, int i) { return f->dep[i] == (DEP_INPUT | DEP_PARAM); }
 
-/* Fills f for block b; layer_of[state] from find_stack.  -1 with a message
- * when a node reads a stack parameter of a layer before its data flow's. */
-static int flow_build(const IrModule *m, const IrBlock *b, const int *layer_of, int L, Flow *f, char *err,
-                      size_t errlen) {
-  int n = b->n;
+/* Fills f for block b; layer_of[state] from find_stacks. */
+static void flow_build(const IrModule *m, const IrBlock *b, const int *layer_of, const Stacks *st, Flow *f) {
+  int n = b->n, L = st->begin[st->n], inlayers = 0;   /* inlayers: a node was pinned to a layer */
   f->n = n;
   f->L = L;
   f->dep = ts_xcalloc((size_t)n, 1);
@@ -169,20 +215,22 @@ static int flow_build(const IrModule *m, const IrBlock *b, const int *layer_of, 
       continue;
     }
     int lo = flo > mx ? flo : mx;
-    if (mx > 0) {
-      if (flo > mx)
-        return ts_errf(err, errlen, "pipeline: forward node %%%d (%s) reads a parameter of layer %d of the stack "
-                                    "but depends on layer %d: the stack's layers are not in order",
-                       i, ir_ops[nd->op].name, mx - 1, flo - 1);
+    /* a layer's parameter read after a later layer (flo > mx: a weight
+     * tied across layers or stacks, as a tied embedding's head reads the
+     * embedding) is a shared read that pins nothing; its gradient is
+     * summed over the ranks that read it (PipePartition.shared) */
+    if (mx > 0 && flo <= mx) {
       f->pin[i] = mx;
+      inlayers = 1;
     }
     if (ns && f->pin[i] < 0) {
-      if (flo == 0) f->pin[i] = 0;                  /* before the stack: E */
+      /* before the first layer: E (a later node that depends on no layer,
+       * like a decoder's embedding after the encoder, is placed by the cut) */
+      if (flo == 0 && !inlayers) f->pin[i] = 0;
       else if (flo >= L) { f->pin[i] = L + 1; lo = L + 1; }   /* after the last layer: L */
     }
     f->lo[i] = lo;
   }
-  return 0;
 }
 
 static void flow_free(Flow *f) {
@@ -195,7 +243,8 @@ static void flow_free(Flow *f) {
 
 /* Cuts between units: node positions cut[u] (u = 0 .. L), nodes at
  * positions >= cut[u] are in unit > u.  Also the bytes crossing each cut. */
-static int place_cuts(const IrBlock *b, const Flow *f, int *cut, double *cut_bytes, char *err, size_t errlen) {
+static int place_cuts(const IrBlock *b, const Flow *f, const Stacks *st, int *cut, double *cut_bytes, char *err,
+                      size_t errlen) {
   int n = b->n, L = f->L, nu = L + 2;
   /* cross[p] = bytes of anchored values made before p and read at or after p */
   double *cross = ts_xcalloc((size_t)n + 2, sizeof *cross);
@@ -227,10 +276,20 @@ static int place_cuts(const IrBlock *b, const Flow *f, int *cut, double *cut_byt
     int a = lastpin[u] + 1, z = firstpin[u + 1];   /* cut in [a, z] */
     if (a < prev) a = prev;
     if (a > z) {
-      rc = ts_errf(err, errlen, "pipeline: the forward block cannot be cut between %s%d and %s%d: node %%%d of the "
-                                "later one comes before node %%%d of the earlier one",
-                   u == 0 ? "E" : "layer ", u == 0 ? 0 : u - 1, u + 1 > L ? "L" : "layer ", u + 1 > L ? 0 : u,
-                   z, lastpin[u]);
+      char x[80], y[80], c[160];
+      if (st->n == 1)
+        rc = ts_errf(err, errlen, "pipeline: the forward block cannot be cut between %s%d and %s%d: node %%%d of the "
+                                  "later one comes before node %%%d of the earlier one",
+                     u == 0 ? "E" : "layer ", u == 0 ? 0 : u - 1, u + 1 > L ? "L" : "layer ", u + 1 > L ? 0 : u,
+                     z, lastpin[u]);
+      else {
+        stacks_str(st, c, sizeof c);
+        rc = ts_errf(err, errlen, "pipeline: the forward block cannot be cut between %s and %s: node %%%d of the "
+                                  "later one comes before node %%%d of the earlier one; the stacks %s are cut in "
+                                  "that order, so the code of one must come after the stack before it: write the "
+                                  "stacks one after the other, or drop --pp",
+                     unit_name(st, u, x, sizeof x), unit_name(st, u + 1, y, sizeof y), z, lastpin[u], c);
+      }
       break;
     }
     int best = a;
@@ -378,8 +437,9 @@ static int lp_items(LayoutParse *lp, int depth) {
 }
 
 /* Chunk boundaries from a layout; sets *nchunks.  -1 with a message. */
-static int layout_chunks(const char *layout, int L, int pp, int vpp, int **begin_out, int *nchunks, char *err,
-                         size_t errlen) {
+static int layout_chunks(const char *layout, const Stacks *st, int pp, int vpp, int **begin_out, int *nchunks,
+                         char *err, size_t errlen) {
+  int L = st->begin[st->n];
   LayoutParse lp = {layout, 0, {0}, err, errlen, 0};
   int rc = lp_items(&lp, 0);
   if (rc == 0 && layout[lp.pos] == ')') rc = lp_fail(&lp, "unmatched ')'");
@@ -400,9 +460,16 @@ static int layout_chunks(const char *layout, int L, int pp, int vpp, int **begin
   if (rc == 0 && (nL != 1 || x[strlen(x) - 1] != 'L'))
     rc = ts_errf(err, errlen, "--pp-layout \"%s\": the loss L must appear exactly once, as the last symbol (found %d)",
                  layout, nL);
-  if (rc == 0 && nt != L)
+  if (rc == 0 && nt != L && st->n == 1)
     rc = ts_errf(err, errlen, "--pp-layout \"%s\" has %d transformer layers 't' but the model's stack has %d: each "
                               "layer must be placed exactly once", layout, nt, L);
+  if (rc == 0 && nt != L) {
+    char c[256];
+    stacks_str(st, c, sizeof c);
+    rc = ts_errf(err, errlen, "--pp-layout \"%s\" has %d transformer layers 't' but the model's stacks %s have %d: "
+                              "each layer must be placed exactly once, the stacks' layers one after the other",
+                 layout, nt, c, L);
+  }
   if (rc == 0 && stages % pp != 0)
     rc = ts_errf(err, errlen, "--pp-layout \"%s\" has %d stages, not a multiple of pp=%d (stages = pp x vpp)",
                  layout, stages, pp);
@@ -446,6 +513,49 @@ static int chunks_from_layers(const PipeOptions *o, int L, int nchunks, int *beg
   return 0;
 }
 
+/* The balanced chunks of p (its costs, stacks, nchunks; chunk_begin
+ * allocated): the layers that may start a chunk are those of every stack,
+ * or of stack `only` (--pp-stack); the units before them (E, the stacks
+ * before `only`) ride with the first such layer, those after them with
+ * the last.  0, or -1 with a message naming the stacks. */
+static int balance_chunks(PipePartition *p, const char *only, char *err, size_t errlen) {
+  const Stacks *st = &p->stacks;
+  int L = p->nlayers, k0 = 0, k1 = st->n;   /* the stacks cut: [k0, k1) */
+  char c[256];
+  stacks_str(st, c, sizeof c);
+  if (only) {
+    while (k0 < st->n && strcmp(st->name[k0], only) != 0) k0++;
+    if (k0 == st->n)
+      return ts_errf(err, errlen, "--pp-stack %s: the model has no repeat stack of that name; its stacks are %s",
+                     only, c);
+    k1 = k0 + 1;
+  }
+  int first = st->begin[k0], n = st->begin[k1] - first;   /* the global layers that may start a chunk */
+  if (p->nchunks > n) {
+    if (st->n == 1)
+      return ts_errf(err, errlen, "pipeline: pp=%d x vpp=%d = %d stages but the stack '%s' has only %d layers: "
+                                  "every stage needs at least one layer (or say where they go with --pp-layout)",
+                     p->pp, p->vpp, p->nchunks, p->stack, L);
+    if (only)
+      return ts_errf(err, errlen, "pipeline: pp=%d x vpp=%d = %d stages but --pp-stack %s cuts only its %d layers: "
+                                  "every stage needs at least one of them (the stacks are %s): drop --pp-stack to cut "
+                                  "all %d layers, or use at most %d stages", p->pp, p->vpp, p->nchunks, only, n, c, L, n);
+    return ts_errf(err, errlen, "pipeline: pp=%d x vpp=%d = %d stages but the stacks %s have only %d layers: every "
+                                "stage needs at least one layer (or say where they go with --pp-layout)",
+                   p->pp, p->vpp, p->nchunks, c, L);
+  }
+  double *cost = ts_xmalloc((size_t)n * sizeof *cost);
+  for (int i = 0; i < n; i++) cost[i] = p->cost[first + i + 1];
+  for (int u = 0; u <= first; u++) cost[0] += p->cost[u];                 /* E and the stacks before */
+  for (int u = first + n + 1; u < L + 2; u++) cost[n - 1] += p->cost[u];  /* the stacks after and L */
+  balance(cost, n, p->nchunks, p->chunk_begin);
+  free(cost);
+  for (int g = 1; g < p->nchunks; g++) p->chunk_begin[g] += first + 1;
+  p->chunk_begin[0] = 0;
+  p->chunk_begin[p->nchunks] = L + 2;
+  return 0;
+}
+
 /* units: anchored nodes by position (cut[]); free nodes follow their first
  * anchored reader (in reverse, so chains of free nodes follow too); a free
  * value nothing anchored reads is in unit 0. */
@@ -469,16 +579,17 @@ int pass_layer_units(const IrModule *m, const IrBlock *blk, int n, int *unit, un
   IrBlock b = *blk;   /* a view of the first n nodes */
   b.n = n < blk->n ? n : blk->n;
   int *layer_of = ts_xmalloc((size_t)(m->states.n + 1) * sizeof *layer_of);
-  const char *stack;
+  Stacks st;
   int L = 0, *cut = NULL;
   Flow f;
   memset(&f, 0, sizeof f);
-  int rc = find_stack(m, &stack, &L, layer_of, err, errlen);
-  if (rc == 0) rc = flow_build(m, &b, layer_of, L, &f, err, errlen);
+  int rc = find_stacks(m, &st, layer_of, err, errlen);
+  if (rc == 0) flow_build(m, &b, layer_of, &st, &f);
   if (rc == 0) {
+    L = st.begin[st.n];
     double *cut_bytes = ts_xcalloc((size_t)L + 2, sizeof *cut_bytes);
     cut = ts_xmalloc((size_t)(L + 2) * sizeof *cut);
-    rc = place_cuts(&b, &f, cut, cut_bytes, err, errlen);
+    rc = place_cuts(&b, &f, &st, cut, cut_bytes, err, errlen);
     free(cut_bytes);
   }
   if (rc == 0) {
@@ -490,6 +601,7 @@ int pass_layer_units(const IrModule *m, const IrBlock *blk, int n, int *unit, un
   free(cut);
   free(layer_of);
   flow_free(&f);
+  stacks_free(&st);
   return rc;
 }
 
@@ -501,6 +613,7 @@ void pass_pipe_partition_free(PipePartition *p) {
   free(p->chunk_begin);
   free(p->node_unit);
   free(p->shared);
+  stacks_free(&p->stacks);
   memset(p, 0, sizeof *p);
 }
 
@@ -511,13 +624,20 @@ int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *
   if (o->pp < 1) return ts_errf(err, errlen, "pipeline: pp=%d", o->pp);
   if (o->vpp < 0) return ts_errf(err, errlen, "--vpp %d: must be at least 1", o->vpp);
   if (o->layers && o->layout) return ts_errf(err, errlen, "--pp-layers and --pp-layout do not go together");
+  if (o->only_stack && (o->layers || o->layout))
+    return ts_errf(err, errlen, "--pp-stack and %s do not go together: %s already places every layer of every stack",
+                   o->layers ? "--pp-layers" : "--pp-layout", o->layers ? "--pp-layers" : "--pp-layout");
   const IrBlock *b = &m->blocks.a[fb];
   int *layer_of = ts_xmalloc((size_t)(m->states.n + 1) * sizeof *layer_of);
   int L = 0;
   Flow f;
   memset(&f, 0, sizeof f);
-  int rc = find_stack(m, &out->stack, &L, layer_of, err, errlen);
-  if (rc == 0) rc = flow_build(m, b, layer_of, L, &f, err, errlen);
+  int rc = find_stacks(m, &out->stacks, layer_of, err, errlen);
+  if (rc == 0) {
+    out->stack = out->stacks.name[0];
+    L = out->stacks.begin[out->stacks.n];
+    flow_build(m, b, layer_of, &out->stacks, &f);
+  }
   int nu = L + 2;
   int *cut = NULL;
   if (rc == 0) {
@@ -528,7 +648,7 @@ int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *
     out->cost = ts_xcalloc((size_t)nu, sizeof *out->cost);
     out->cut_bytes = ts_xcalloc((size_t)nu, sizeof *out->cut_bytes);
     cut = ts_xmalloc((size_t)nu * sizeof *cut);
-    rc = place_cuts(b, &f, cut, out->cut_bytes, err, errlen);
+    rc = place_cuts(b, &f, &out->stacks, cut, out->cut_bytes, err, errlen);
   }
   if (rc == 0) {
     out->nnodes = b->n;
@@ -545,7 +665,7 @@ int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *
   if (rc == 0) {
     out->pp = o->pp;
     if (o->layout) {
-      rc = layout_chunks(o->layout, L, o->pp, o->vpp, &out->chunk_begin, &out->nchunks, err, errlen);
+      rc = layout_chunks(o->layout, &out->stacks, o->pp, o->vpp, &out->chunk_begin, &out->nchunks, err, errlen);
       if (rc == 0) out->vpp = out->nchunks / o->pp;
     } else {
       out->vpp = o->vpp > 0 ? o->vpp : 1;
@@ -553,21 +673,8 @@ int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *
       out->chunk_begin = ts_xmalloc((size_t)(out->nchunks + 1) * sizeof *out->chunk_begin);
       if (o->layers) {
         rc = chunks_from_layers(o, L, out->nchunks, out->chunk_begin, err, errlen);
-      } else if (out->nchunks > L) {
-        rc = ts_errf(err, errlen, "pipeline: pp=%d x vpp=%d = %d stages but the stack '%s' has only %d layers: "
-                                  "every stage needs at least one layer (or say where they go with --pp-layout)",
-                     o->pp, out->vpp, out->nchunks, out->stack, L);
       } else {
-        /* E rides with layer 0, L with the last layer */
-        double *c = ts_xmalloc((size_t)L * sizeof *c);
-        for (int i = 0; i < L; i++) c[i] = out->cost[i + 1];
-        c[0] += out->cost[0];
-        c[L - 1] += out->cost[L + 1];
-        balance(c, L, out->nchunks, out->chunk_begin);
-        free(c);
-        for (int g = 1; g < out->nchunks; g++) out->chunk_begin[g] += 1;
-        out->chunk_begin[0] = 0;
-        out->chunk_begin[out->nchunks] = L + 2;
+        rc = balance_chunks(out, o->only_stack, err, errlen);
       }
     }
   }
@@ -614,9 +721,18 @@ void pass_pipe_chunk_str(const PipePartition *p, int g, char *buf, size_t n) {
   size_t k = 0;
   buf[0] = 0;
   if (u0 == 0 && u1 > 0) k += (size_t)snprintf(buf + k, n - k, "E");
-  if (l1 > l0 && k < n) {
+  if (l1 > l0 && k < n && p->stacks.n <= 1) {
     if (l1 - l0 == 1) k += (size_t)snprintf(buf + k, n - k, "%slayer %d", k ? " + " : "", l0 - 1);
     else k += (size_t)snprintf(buf + k, n - k, "%slayers %d-%d", k ? " + " : "", l0 - 1, l1 - 2);
+  }
+  for (int s = 0; p->stacks.n > 1 && s < p->stacks.n && k < n; s++) {   /* "enc_layers 0-5 + dec_layers 0" */
+    int a = p->stacks.begin[s] + 1, z = p->stacks.begin[s + 1] + 1;    /* the stack's units [a, z) */
+    if (a < l0) a = l0;
+    if (z > l1) z = l1;
+    if (z - a == 1) k += (size_t)snprintf(buf + k, n - k, "%s%s %d", k ? " + " : "", p->stacks.name[s], a - 1 - p->stacks.begin[s]);
+    else if (z > a)
+      k += (size_t)snprintf(buf + k, n - k, "%s%s %d-%d", k ? " + " : "", p->stacks.name[s], a - 1 - p->stacks.begin[s],
+                            z - 2 - p->stacks.begin[s]);
   }
   if (u1 == L + 2 && u0 < u1 && k < n) k += (size_t)snprintf(buf + k, n - k, "%sL", k ? " + " : "");
   if (!buf[0]) snprintf(buf, n, "(empty)");

@@ -44,10 +44,12 @@ typedef struct PassCtx {
                                 batch and pipeline stage (counted as activation_budget), or -1 */
   char recompute_summary[1536]; /* what pass remat chose under --recompute: its values, bytes, FLOPs */
   /* pipeline partition overrides (pass "partition"; vpp and the schedule
-   * are in m->par): --pp-layers (layers per chunk) and --pp-layout */
+   * are in m->par): --pp-layers (layers per chunk), --pp-layout and
+   * --pp-stack (the one repeat stack to cut) */
   const int *pp_layers;
   int pp_nlayers;
   const char *pp_layout;
+  const char *pp_stack;
   int cp_attn;               /* PassCpAttn, --cp-attn: how the fused attention runs under cp
                               * (pass "shard"): a ring of k / v blocks, k / v all-gathered,
                               * or all-to-all to head-split layouts (Ulysses) */

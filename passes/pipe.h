@@ -9,7 +9,10 @@
  * Units.  The forward block is cut into L + 2 contiguous "units": unit 0 =
  * E (everything before the stack: embeddings), units 1..L = the stack's
  * layers 0..L-1, unit L+1 = L (everything after it: final norm, head,
- * loss).  A chunk is a contiguous range of units; there are pp * vpp
+ * loss).  A model with several stacks (an encoder-decoder) has their
+ * layers one after the other in program order (the encoder's, then the
+ * decoder's: L is their sum); the code between two stacks rides with a
+ * neighbouring layer, wherever the fewest bytes cross.  A chunk is a contiguous range of units; there are pp * vpp
  * chunks, chunk g runs on pipeline rank g % pp (its local chunk g / pp),
  * so with vpp > 1 each rank holds vpp non-contiguous chunks (Megatron's
  * interleaving). */
@@ -19,17 +22,28 @@
 #include "plan/schedule.h"
 
 /* ---- partition ---- */
+/* The model's repeat stacks in program order: stack k holds the global
+ * layers [begin[k], begin[k + 1]) (units begin[k] + 1 ...). */
+typedef struct {
+  int n;
+  const char **name;       /* [n] interned: "enc_layers", "dec_layers" */
+  int *begin;              /* [n + 1] */
+} PipeStacks;
+
 typedef struct {
   int pp;                  /* pipeline ranks (>= 1) */
   int vpp;                 /* chunks per rank; 0 = unspecified (1, or what the layout implies) */
   const int *layers;       /* --pp-layers: layers per chunk (pp * vpp entries); NULL = balance */
   int nlayers;             /* entries in layers[] */
   const char *layout;      /* --pp-layout: Megatron layout string; NULL = none */
+  const char *only_stack;  /* --pp-stack NAME: cut only inside this stack, the others ride whole
+                              with their neighbouring stage; NULL = cut anywhere */
 } PipeOptions;
 
 typedef struct {
-  const char *stack;       /* the repeat stack's name ("layers"), interned */
-  int nlayers;             /* L */
+  const char *stack;       /* the (first) repeat stack's name ("layers"), interned */
+  PipeStacks stacks;       /* all of them, in program order */
+  int nlayers;             /* L (all stacks) */
   int nunits;              /* L + 2 */
   double *flops;           /* [nunits] forward + backward FLOPs per micro batch (3 x forward) */
   double *bytes;           /* [nunits] bytes of activations the forward produces (kept for backward) */

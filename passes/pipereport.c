@@ -30,10 +30,18 @@ int pass_pipe_report(const IrModule *m, const PipePartition *p, const PipeSchedu
   char a[32], b[32], c[32];
   sb_printf(out, "schedule report: %s, pp=%d vpp=%d, %s, %d micro batches per step\n", m->name ? m->name : "?", s->pp,
             s->vpp, plan_pipe_sched_name(s->kind), s->nmicro);
-  sb_printf(out, "# partition of the repeat stack '%s' (%d layers; E = before it, L = after it).  Per micro batch:\n"
-                 "# flops = forward + backward (3 x forward; matmul 2MNK), act bytes = forward values kept for the\n"
+  if (p->stacks.n > 1) {
+    sb_printf(out, "# partition of the repeat stacks");
+    for (int k = 0; k < p->stacks.n; k++)
+      sb_printf(out, "%s'%s' (%d layers)", k ? " then " : " ", p->stacks.name[k], p->stacks.begin[k + 1] - p->stacks.begin[k]);
+    sb_printf(out, ", cut in that order (E = before them, L = after them).  Per micro batch:\n");
+  } else {
+    sb_printf(out, "# partition of the repeat stack '%s' (%d layers; E = before it, L = after it).  Per micro batch:\n",
+              p->stack, p->nlayers);
+  }
+  sb_printf(out, "# flops = forward + backward (3 x forward; matmul 2MNK), act bytes = forward values kept for the\n"
                  "# backward, cost = flops + %g x bytes; sent = bytes of activations crossing to the next chunk\n",
-            p->stack, p->nlayers, PIPE_FLOPS_PER_BYTE);
+            PIPE_FLOPS_PER_BYTE);
   sb_printf(out, "  %-5s %-4s %-28s %10s %10s %10s %10s\n", "chunk", "rank", "units", "flops", "act bytes", "cost",
             "sent");
   double *rank_cost = ts_xcalloc((size_t)p->pp, sizeof *rank_cost);

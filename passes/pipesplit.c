@@ -46,7 +46,7 @@ int pass_partition(IrModule *m, PassCtx *cx) {
     snprintf(cx->err, sizeof cx->err, "partition: the module has no block \"forward\"");
     return -1;
   }
-  PipeOptions po = {pp, m->par.vpp, cx->pp_layers, cx->pp_nlayers, cx->pp_layout};
+  PipeOptions po = {pp, m->par.vpp, cx->pp_layers, cx->pp_nlayers, cx->pp_layout, cx->pp_stack};
   PipePartition part;
   char err[1024];
   if (pass_pipe_partition(m, &po, &part, err, sizeof err) != 0) {

@@ -582,6 +582,15 @@ int pass_remat(IrModule *m, PassCtx *cx) {
   for (int v = 0; v < L; v++) if (b->nodes[v].stage + 1 > nstage) nstage = b->nodes[v].stage + 1;
   unsigned char *deny = arena_alloc(&cx->scratch, (size_t)n);
   memset(deny, 0, (size_t)n);
+  /* a value the backward of another pipeline chunk reads (an encoder's
+   * output, read by every decoder layer) stays held and travels: a clone
+   * there would need its operands, and the parameters they read, on a
+   * rank that neither holds nor updates them */
+  for (int i = L + 1; i < n; i++)
+    for (int k = 0; k < b->nodes[i].nin; k++) {
+      int v = b->nodes[i].in[k];
+      if (v < L && ir_stage_chunk(b->nodes[v].stage) != ir_stage_chunk(b->nodes[i].stage)) deny[v] = 1;
+    }
   Held h = {m, b, L, written, held, nstage, allow, pin, deny, 0, NULL};
   const char **why = arena_alloc(&cx->scratch, (size_t)(n ? n : 1) * sizeof *why);
   memset(why, 0, (size_t)(n ? n : 1) * sizeof *why);

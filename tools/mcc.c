@@ -139,6 +139,8 @@ static void usage(FILE *f) {
           "                         zb-h1 (zero bubble: backward split into B and deferred W steps)\n"
           "  --pp-layers A,B,...    pipeline: layers per stage (pp x vpp entries) instead of balancing\n"
           "  --pp-layout STR        pipeline: Megatron layout string, e.g. \"Et*3|t*3|t*3|t*3L\"\n"
+          "  --pp-stack NAME        pipeline: cut only the repeat stack NAME (of several, e.g. an\n"
+          "                         encoder-decoder's); the others ride whole with their neighbouring stage\n"
           "  --check                compile the layout and the unsharded model in f64, run both with\n"
           "                         mrun, compare the per-step losses and final parameters (fails\n"
           "                         above 1e-10; with --precision f32: f32 and 1e-5)\n"

@@ -16,7 +16,9 @@ cd "$work"
 export PATH="$bin:$PATH"
 
 t0=$SECONDS
-mcc samples/$model.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 "$@" -o x.plan && mrun x.plan --steps 200 --metrics m.jsonl
+# the depth: -D layers=2, or E2E_LAYERS (t5: its two stacks' depths)
+# shellcheck disable=SC2086
+mcc samples/$model.mdl ${E2E_LAYERS:--D layers=2} -D d_model=64 -D heads=4 -D seq_len=64 "$@" -o x.plan && mrun x.plan --steps 200 --metrics m.jsonl
 echo "e2e: $model compiled and trained in $((SECONDS - t0)) s wall; CPU time (user, system) of mcc + mrun:"
 times >times.txt    # (no pipe: a subshell would have no children)
 tail -n 1 times.txt # children's times: meaningful even when the machine is shared

@@ -33,7 +33,7 @@ function(ts_pipe_test name)
   list(APPEND labels pipe)
   # kept in the sanitizer run: one 2-rank cell per model, the refusals and
   # the failing check; the rest is mpi_matrix
-  if(name MATCHES "^(gpt[.]pp2[.]f64|llama[.]pp2_vpp2[.]f64|gpt[.]pp2_zbh1[.]f64|gpt[.]pp2[.]dp2_at_dp1[.]f64|refuse[.].*|pipe_check_detects_difference)$")
+  if(name MATCHES "^(gpt[.]pp2[.]f64|llama[.]pp2_vpp2[.]f64|t5[.]pp2[.]f64|gpt[.]pp2_zbh1[.]f64|gpt[.]pp2[.]dp2_at_dp1[.]f64|refuse[.].*|pipe_check_detects_difference)$")
     list(REMOVE_ITEM labels mpi_matrix)
   elseif(NOT "mpi_matrix" IN_LIST labels)
     list(APPEND labels mpi_matrix)
@@ -95,6 +95,36 @@ ts_pipe_test(gpt.gpus64_tp2_pp4_dp8.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/sa
              -D layers=4 -D d_model=16 -D heads=4 -D seq_len=8 -D vocab=256 -D batch=32 -D micro_batch=1
              --tp 2 --pp 4 --dp 8 --steps 3)
 set_tests_properties(parallel.gpt.gpus64_tp2_pp4_dp8.f64 PROPERTIES TIMEOUT 300)
+
+# Several layer stacks (issue 24, deliverable 6): samples/t5.mdl, an
+# encoder-decoder with equal depths (2 + 2 layers; source = the first 8
+# positions, target = the last 8), cut over both stacks in order: pp 2 (the
+# cut between the stacks), pp 4 (cuts inside each stack: the encoder
+# output travels with the decoder's hidden state), pp 2 x vpp 2, pp 2 x tp
+# 2, zb-h1, --pp-stack, an uneven 1 + 3 split; tp 2 and dp 2 alone.  5
+# steps, f64 <= 1e-10.
+set(TS_PIPE_T5 -D enc_layers=2 -D dec_layers=2 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=8
+               -D micro_batch=1)
+foreach(cell "t5.pp2:--pp 2" "t5.pp4:--pp 4" "t5.pp2_vpp2:--pp 2 --vpp 2" "t5.pp2_tp2:--pp 2 --tp 2"
+             "t5.pp4_zbh1:--pp 4 --schedule zb-h1" "t5.pp2_stack_dec:--pp 2 --pp-stack dec_layers"
+             "t5.pp2_enc1_dec3:--pp 2 -D enc_layers=1 -D dec_layers=3" "t5.tp2:--tp 2" "t5.dp2:--dp 2")
+  string(REPLACE ":" ";" parts "${cell}")
+  list(GET parts 0 name)
+  list(GET parts 1 popts)
+  separate_arguments(opts UNIX_COMMAND "${popts}")
+  ts_pipe_test(${name}.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/samples/t5.mdl 1e-10 ${TS_PIPE_T5} ${opts}
+               --steps 5)
+endforeach()
+
+# a weight of the first stack read by the head after the second (shared
+# across pipeline ranks, like a tied embedding)
+foreach(cell "tied_stacks.pp2:--pp 2" "tied_stacks.pp4:--pp 4")
+  string(REPLACE ":" ";" parts "${cell}")
+  list(GET parts 0 name)
+  list(GET parts 1 popts)
+  separate_arguments(opts UNIX_COMMAND "${popts}")
+  ts_pipe_test(${name}.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/tests/pipe/tied_stacks.mdl 1e-10 ${opts} --steps 5)
+endforeach()
 
 # The check can fail with pipeline parallelism too (the layout's run with another seed)
 ts_pipe_test(pipe_check_detects_difference bash ${CMAKE_CURRENT_SOURCE_DIR}/expect_fail.sh $<TARGET_FILE:mcc>

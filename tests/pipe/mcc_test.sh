@@ -10,22 +10,11 @@
 # usage: mcc_test.sh MCC SRCDIR TMPDIR
 set -u
 MCC=$1 SRC=$2 TMP=$3
-rm -rf "$TMP" && mkdir -p "$TMP" || exit 1
-fail=0
-die() { echo "FAIL: $*" >&2; fail=1; }
+. "$SRC/tests/pipe/common.sh"
 cp "$SRC/samples/gpt.mdl" "$TMP/gpt.mdl"
 cp "$SRC/samples/llama.mdl" "$TMP/llama.mdl"
 TINY="-D layers=8 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=64 -D batch=16 -D micro_batch=1"
 
-# run EXPECTED_RC args...: output in $TMP/out, errors in $TMP/err
-run() {
-  local want=$1; shift
-  "$MCC" "$@" > "$TMP/out" 2> "$TMP/err"
-  local rc=$?
-  [ "$rc" = "$want" ] || die "mcc $*: exit $rc, expected $want; stderr: $(head -c 600 "$TMP/err")"
-  return 0
-}
-has() { grep -qF -- "$2" "$1" || die "'$2' not in $1: $(head -c 2000 "$1")"; }
 
 # 1F1B, pp=4, 16 micro batches: bubble 3/16 on every rank, rank 0 holds 4
 run 0 "$TMP/gpt.mdl" $TINY --pp 4 --report schedule

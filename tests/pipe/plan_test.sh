@@ -12,19 +12,9 @@
 # usage: plan_test.sh MCC SRCDIR TMPDIR
 set -u
 MCC=$1 SRC=$2 TMP=$3
-rm -rf "$TMP" && mkdir -p "$TMP" || exit 1
-fail=0
-die() { echo "FAIL: $*" >&2; fail=1; }
+. "$SRC/tests/pipe/common.sh"
 M="$SRC/samples/gpt.mdl"
 TINY="-D layers=4 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=8 -D micro_batch=1"
-run() {
-  local want=$1; shift
-  "$MCC" "$@" > "$TMP/out" 2> "$TMP/err"
-  local rc=$?
-  [ "$rc" = "$want" ] || die "mcc $*: exit $rc, expected $want; stderr: $(head -c 600 "$TMP/err")"
-  return 0
-}
-has() { grep -qF -- "$2" "$1" || die "'$2' not in $1: $(head -c 1500 "$1")"; }
 hasnt() { ! grep -qF -- "$2" "$1" || die "'$2' unexpectedly in $1"; }
 
 # tp 2 x pp 2 x dp 2: 8 ranks, rank k runs program (k / 2) % 2
