@@ -503,7 +503,7 @@ int al_search(const IrModule *f, const AlCompiler *c, const AlOptions *o, StrBuf
   int N = o->gpus, top = o->top > 0 ? o->top : 5;
   double limit = o->memory > 0 ? o->memory : hw->hbm_bytes, budget = o->budget_s > 0 ? o->budget_s : 8;
   *winner = NULL;
-  PipeOptions po = {1, 1, NULL, 0, NULL};
+  PipeOptions po = {1, 1, NULL, 0, NULL, NULL};
   PipePartition part;
   if (pass_pipe_partition(f, &po, &part, err, errlen) != 0) return -1;
   const char *stack = part.stack;

@@ -613,7 +613,7 @@ static IrModule *auto_compile(void *ctx, const AlLayout *l, const char *stack, i
   free(dbuf);
   m->par.dp = l->dp;
   if (l->pp > 1) {   /* what pipe_prepare does for the flags */
-    PipeOptions po = {l->pp, l->vpp, pp_layers, npp_layers, NULL};
+    PipeOptions po = {l->pp, l->vpp, pp_layers, npp_layers, NULL, NULL};
     PipePartition part;
     PipeSchedule sc;
     int nmicro = 0;

@@ -329,7 +329,7 @@ static void test_partition(void) {
   for (int s = 0; s < 2; s++) {
     IrModule *m = sample(names[s], 8, 64, 32);
     if (!m) continue;
-    PipeOptions o = {4, 0, NULL, 0, NULL};
+    PipeOptions o = {4, 0, NULL, 0, NULL, NULL};
     PipePartition p;
     if (pass_pipe_partition(m, &o, &p, err, sizeof err) != 0) { CHECK(0, "%s: %s", names[s], err); ir_module_free(m); continue; }
     CHECK(p.nlayers == 8 && p.nunits == 10 && p.nchunks == 4 && strcmp(p.stack, "layers") == 0, "%s: stack", names[s]);
@@ -354,7 +354,7 @@ static void test_partition(void) {
   /* a heavy head (big vocab): the balancer gives the last stage fewer layers */
   IrModule *m = sample("gpt", 8, 4096, 32);
   if (m) {
-    PipeOptions o = {4, 0, NULL, 0, NULL};
+    PipeOptions o = {4, 0, NULL, 0, NULL, NULL};
     PipePartition p;
     if (pass_pipe_partition(m, &o, &p, err, sizeof err) == 0) {
       int last = p.chunk_begin[4] - p.chunk_begin[3] - 1;      /* layers of the last chunk (minus L) */
@@ -365,7 +365,7 @@ static void test_partition(void) {
       pass_pipe_partition_free(&p);
     } else CHECK(0, "%s", err);
     /* vpp 2: 8 chunks, chunk g on rank g % 4 */
-    PipeOptions o2 = {4, 2, NULL, 0, NULL};
+    PipeOptions o2 = {4, 2, NULL, 0, NULL, NULL};
     if (pass_pipe_partition(m, &o2, &p, err, sizeof err) == 0) {
       CHECK(p.nchunks == 8 && p.vpp == 2, "vpp 2 chunks");
       pass_pipe_partition_free(&p);
@@ -403,7 +403,7 @@ static void test_overrides(void) {
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     Case *c = &cases[i];
-    PipeOptions o = {c->pp, c->vpp, c->layers, c->nlayers, c->layout};
+    PipeOptions o = {c->pp, c->vpp, c->layers, c->nlayers, c->layout, NULL};
     PipePartition p;
     char err[1024] = "";
     int rc = pass_pipe_partition(m, &o, &p, err, sizeof err);
@@ -430,7 +430,7 @@ static void test_overrides(void) {
       "  return mean(cross_entropy(x @ w, t))\n}\n", "flat.mdl", &o);
   CHECK(flat != NULL, "the flat model does not compile");
   if (flat) {
-    PipeOptions po = {2, 0, NULL, 0, NULL};
+    PipeOptions po = {2, 0, NULL, 0, NULL, NULL};
     PipePartition p;
     char err[1024] = "";
     CHECK(pass_pipe_partition(flat, &po, &p, err, sizeof err) != 0 && strstr(err, "no repeat stack"), "flat: %s", err);
