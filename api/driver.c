@@ -606,6 +606,7 @@ static int report_comm(const ApiSession *a, const char *kind, const IrModule *m,
     rows(p->programs[r], nmicro, out, &total);
     sb_printf(out, "total per step on pipeline rank %d: %lld operations, payload %.0f bytes, %.0f bytes sent per rank\n",
               r, (long long)total.count, total.payload, total.ring);
+    if (!explain) pass_pipe_p2p_report(p->programs[r], out);
     if (!explain && report_dp_overlap(a, p->programs[r], hw, out) != 0) { plan_free(p); return 1; }
     if (total.a2av_ring > 0)
       sb_printf(out, "total per step on pipeline rank %d at uniform routing: %.0f bytes sent per rank\n", r,

@@ -290,6 +290,35 @@ for tl in "${t5s[@]}"; do
   done
 done
 
+# 16-bit pipelines (issue 20): --precision bf16 / fp16 send and stash the
+# 16-bit values.  Per micro batch, the busiest pipeline rank's training
+# sends (--report comm's "pipeline p2p per micro batch" line) next to
+# Megatron's closed form, one s b h e message per chunk boundary each way
+# (e = 2 in bf16 / fp16, 4 in f32); the first rank's stash peak
+# (--report memory).  pp 4, 8 micro batches; bf16 and fp16 halve both.
+echo
+echo "| model | layout | precision | p2p per micro batch, busiest rank (MB) | Megatron m x s b h e (MB) | ratio | stash peak, first rank (MB) |"
+echo "|---|---|---|---:|---:|---:|---:|"
+p16=(
+  "gpt d1024 s256|gpt|-D layers=8 -D d_model=1024 -D heads=16 -D seq_len=256 -D dropout=0 -D vocab=50304"
+  "GPT-3 175B|gpt|-D layers=96 -D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200"
+)
+for pl in "${p16[@]}"; do
+  IFS='|' read -r name model defs <<<"$pl"
+  for lay in "--pp 4" "--pp 4 --vpp 2"; do
+    for prec in f32 bf16 fp16; do
+      # shellcheck disable=SC2086
+      cr=$("$mcc" "samples/$model.mdl" $defs -D batch=8 -D micro_batch=1 $lay --precision $prec --report comm 2>&1)
+      # shellcheck disable=SC2086
+      mr=$("$mcc" "samples/$model.mdl" $defs -D batch=8 -D micro_batch=1 $lay --precision $prec --report memory 2>&1)
+      read -r got meg <<<"$(echo "$cr" | sed -n 's/^  pipeline p2p per micro batch: [0-9]* sends*, \([0-9]*\) bytes .* = \([0-9]*\) bytes (s = .*/\1 \2/p' |
+                            sort -n | tail -1)"
+      s0=$(echo "$mr" | grep "^  stash peak" | head -1 | awk '{print $(NF-1)}')
+      echo "| $name | $(echo "$lay" | sed 's/--//g') | $prec | $(mb "${got:-0}") | $(mb "${meg:-0}") | $(ratio "${got:-0}" "${meg:-0}") | $(mb "${s0:-0}") |"
+    done
+  done
+done
+
 # The dp gradient reduction bucketed and overlapped with the last micro
 # batch's backward (docs/sharding.md, "Overlapped gradient reduction"):
 # `mcc --report comm --hw h100-sxm` at dp=8 with ZeRO-1 (tp 8 for the big

@@ -108,6 +108,7 @@ int ir_op_reads_16(IrOp op) {
   case IR_OP_CAST: case IR_OP_RESHAPE: case IR_OP_PERMUTE: case IR_OP_SLICE: case IR_OP_PAD:
   case IR_OP_CONCAT: case IR_OP_BROADCAST: case IR_OP_SHARD_SLICE: case IR_OP_ASSIGN:
   case IR_OP_STASH: case IR_OP_SLICE_AT: case IR_OP_KV_WRITE: case IR_OP_ALL_GATHER:
+  case IR_OP_SEND:   /* a pipeline message carries the value as stored */
     return 1;
   default:
     return 0;

@@ -548,6 +548,9 @@ static void differentiate(Ad *a, int loss, int n_micro) {
   double seed = 1.0 / (double)n_micro;
   int K = a->K;
   if (K > 1) a->tag = ir_stage_tag(ir_stage_chunk(nd(a, loss)->stage), 1);
+  /* the parameters' states (pgrad / pgradc are this long): not the grad
+   * states appended later, nor fp16's scaler states made just below */
+  int nstates = m->states.n;
   if (a->need[loss] && scaler_on(m)) {
     /* fp16: the loss is multiplied by the loss scale (a state the update
      * changes; passes/scaler.c) before the backward, Megatron's scaled loss */
@@ -558,7 +561,6 @@ static void differentiate(Ad *a, int loss, int n_micro) {
   } else if (a->need[loss]) {   /* else no parameter influences the loss: nothing to do */
     a->grad[loss] = em(a, IR_OP_FULL, NULL, 0, NULL, &seed, &lt);
   }
-  int nstates = m->states.n;  /* grad states are appended past this */
   for (int i = loss; i >= 0 && !a->failed; i--) {
     if (K > 1 && a->nodep[i]) {       /* per chunk (see Ad) */
       if (!a->need[i]) continue;
@@ -611,10 +613,6 @@ int pass_autodiff(IrModule *m, PassCtx *cx) {
              (long long)t->global_batch, (long long)t->micro_batch);
     return -1;
   }
-  if (scaler_on(m) && ir_axis_size(m, IR_AXIS_PP) > 1)   /* pass precision refuses it too, later */
-    return ts_errf(cx->err, sizeof cx->err, "autodiff: precision f16 with pp=%d is not built yet (the loss scale, "
-                   "the pipeline's 16-bit sends and stashes); use pp=1 (tp, cp, sp and dp work), or precision f32",
-                   ir_axis_size(m, IR_AXIS_PP));
   int loss = find_loss(m, &m->blocks.a[fb], cx->err, sizeof cx->err);
   if (loss < 0) return -1;
 

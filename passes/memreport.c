@@ -389,7 +389,7 @@ int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const
 
 /* The global elements of value n: its local ones times the ranks of every
  * axis that splits a dim of it. */
-static double global_numel(const IrModule *m, const IrNode *n) {
+double pass_global_numel(const IrModule *m, const IrNode *n) {
   double e = (double)ir_type_numel(&n->type);
   for (int d = 0; d < n->type.rank; d++)
     for (int a = 0; a < IR_AXIS_COUNT; a++)
@@ -439,7 +439,7 @@ int pass_memplan_report_recompute(const IrModule *m, int mode, const char *summa
       if (!anch[v] || unit[r] <= unit[v] || unit[r] < 1 || unit[r] > nl || counted[v]) continue;
       counted[v] = 1;
       input += (double)ir_type_numel(&b->nodes[v].type) * ir_dtype_size(b->nodes[v].type.dtype);
-      if (unit[r] == 1) h += global_numel(m, &b->nodes[v]);
+      if (unit[r] == 1) h += pass_global_numel(m, &b->nodes[v]);
     }
   plan_mem_free(&p);
   free(counted);

@@ -50,4 +50,8 @@ int pass_memplan_totals(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, MemTo
 int pass_memplan_report_recompute(const IrModule *m, int mode, const char *summary, MemPlanAtFn llvm_at, void *ctx,
                                   StrBuf *out, char *err, size_t errlen);
 
+/* The global elements of value n: its local ones times the ranks of every
+ * axis that splits a dim of it. */
+double pass_global_numel(const IrModule *m, const IrNode *n);
+
 #endif

@@ -1345,6 +1345,15 @@ int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
     block_remove(m, nb);
     block_insert(m, ub, &b);
   }
+  /* fp16's blocks right after it, where the compile puts them (scaler.c
+   * re-made them at the end) */
+  for (int k = 0, at = ub + 1; rc == 0 && k < 2; k++, at++) {
+    int sb = ir_block_find(m, k ? "skip" : "scaler");
+    if (sb < 0 || sb == at) continue;
+    IrBlock b = m->blocks.a[sb];
+    block_remove(m, sb);
+    block_insert(m, sb < at ? at - 1 : at, &b);
+  }
   if (rc == 0) rc = pass_dce(m, &cx);
   if (rc == 0 && fused) rc = pass_fuse(m, &cx);
   if (rc == 0 && ir_verify(m, why, sizeof why) != 0)

@@ -103,6 +103,14 @@ IrModule *pass_pipeline_rank_module(const IrModule *whole, int r, char *err, siz
  * flight per rank.  0, or -1 with a message. */
 int pass_pipe_report(const IrModule *m, const PipePartition *p, const PipeSchedule *s, StrBuf *out, char *err,
                      size_t errlen);
+/* The pipeline's point-to-point traffic of one pipeline rank's program
+ * per micro batch (`mcc --report comm`): its training sends (fwd.<g>,
+ * bwd.<g>), their bytes and element types, next to Megatron's closed
+ * form, one [s/cp (/tp with sp), b, h] tensor in its params dtype per
+ * boundary each way: s b h e bytes, e = 2 in bf16 / fp16 (s = train
+ * seq_len, b = micro_batch, h = the first forward message's global
+ * elements / (s b), as the memory report takes h from a layer's input). */
+void pass_pipe_p2p_report(const IrModule *prog, StrBuf *out);
 /* A Chrome / Perfetto trace (JSON, traceEvents with ph "X") of the
  * simulated timeline: one thread per pipeline rank, one event per step.
  * fwd_s / bwd_s / wgt_s: each chunk's predicted seconds (pass_time_chunks, `mcc

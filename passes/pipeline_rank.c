@@ -5,7 +5,8 @@
  *   blocks fwd.<g> / bwd.<g> for the global chunks g, and one "update.<r>"
  *   per pipeline rank r (pass "optimizer").
  * Gives: for rank r a new module with the blocks of r's chunks (g % pp ==
- *   r) in the whole module's order, "update.<r>" renamed "update", only the
+ *   r) in the whole module's order, "update.<r>" renamed "update" (and
+ *   fp16's "scaler.<r>", "skip.<r>" renamed "scaler", "skip"), only the
  *   states those blocks refer to (plus the parameter of every kept gradient
  *   or moment), re-indexed in their original order, and parallel
  *   stage=r+1.  Everything else (name, consts, train, rules, the rest of
@@ -26,9 +27,16 @@ IrModule *pass_pipeline_rank_module(const IrModule *whole, int r, char *err, siz
     ts_errf(err, errlen, "pipeline rank program: rank %d is outside 0 .. %d", r, pp - 1);
     return NULL;
   }
+  /* the rank's own blocks of the whole module: "update.<r>", and fp16's
+   * "scaler.<r>" and "skip.<r>" (passes/scaler.c), renamed without the rank */
+  static const char *const own[3] = {"update", "scaler", "skip"};
+  const char *mine[3];
   char uname[32];
+  for (int k = 0; k < 3; k++) {
+    snprintf(uname, sizeof uname, "%s.%d", own[k], r);
+    mine[k] = ts_intern(uname);
+  }
   snprintf(uname, sizeof uname, "update.%d", r);
-  const char *upd = ts_intern(uname);
   if (ir_block_find(whole, uname) < 0) {
     ts_errf(err, errlen, "pipeline rank program: the module has no block \"%s\" (run the optimizer pass)", uname);
     return NULL;
@@ -40,9 +48,10 @@ IrModule *pass_pipeline_rank_module(const IrModule *whole, int r, char *err, siz
   int nb = 0;
   for (int bi = 0; bi < m->blocks.n; bi++) {
     IrBlock b = m->blocks.a[bi];
-    int g = ir_block_chunk(&b, NULL);
-    if (b.name == upd) b.name = ts_intern("update");
-    else if (g < 0 || g % pp != r) continue;    /* other ranks' chunks and updates */
+    int g = ir_block_chunk(&b, NULL), k = 0;
+    while (k < 3 && b.name != mine[k]) k++;
+    if (k < 3) b.name = ts_intern(own[k]);
+    else if (g < 0 || g % pp != r) continue;    /* other ranks' chunks, updates, scalers */
     m->blocks.a[nb++] = b;
   }
   m->blocks.n = nb;

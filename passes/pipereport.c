@@ -3,6 +3,7 @@
  * `--emit=trace`, from the partition's costs and the timeline simulation
  * (plan/schedule.h). */
 #include "pipe.h"
+#include "memreport.h"
 #include <math.h>
 static void si(double x, char *buf, size_t n) {
   const char *u[] = {"", "k", "M", "G", "T", "P", "E"};
@@ -157,4 +158,45 @@ int pass_pipe_trace(const PipePartition *p, const PipeSchedule *s, const double 
   sb_printf(out, "\n]}\n");
   plan_pipe_timeline_free(&t);
   return 0;
+}
+
+void pass_pipe_p2p_report(const IrModule *prog, StrBuf *out) {
+  int pp = ir_axis_size(prog, IR_AXIS_PP), vpp = prog->par.vpp > 0 ? prog->par.vpp : 1, K = pp * vpp;
+  int tp = ir_axis_size(prog, IR_AXIS_TP), cp = ir_axis_size(prog, IR_AXIS_CP);
+  double bytes = 0, h = 0, hf = 0;
+  int nsend = 0, nmeg = 0;
+  IrDtype dt = IR_VOID;
+  int mixed = 0;
+  for (int bi = 0; bi < prog->blocks.n; bi++) {
+    const IrBlock *b = &prog->blocks.a[bi];
+    IrChunkKind kind;
+    int g = ir_block_chunk_kind(b, &kind);
+    if (g < 0 || (kind != IR_CHUNK_FWD && kind != IR_CHUNK_BWD)) continue;
+    /* Megatron: a forward chunk sends to the next unless it is the last,
+     * a backward one to the previous unless it is the first */
+    nmeg += kind == IR_CHUNK_FWD ? g + 1 < K : g > 0;
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *nd = &b->nodes[i];
+      if (nd->op != IR_OP_SEND) continue;
+      const IrNode *x = &b->nodes[nd->in[0]];
+      nsend++;
+      bytes += (double)ir_type_numel(&x->type) * (double)ir_dtype_size(x->type.dtype);
+      if (dt == IR_VOID) dt = x->type.dtype;
+      else if (dt != x->type.dtype) mixed = 1;
+      /* h from a forward message (the activation), else a backward one
+       * (its gradient, the same shape: the last rank sends only those) */
+      if (kind == IR_CHUNK_FWD ? !hf : !h) *(kind == IR_CHUNK_FWD ? &hf : &h) = pass_global_numel(prog, x);
+    }
+  }
+  if (!nsend) return;
+  double s = (double)prog->train.seq_len, mb = (double)prog->train.micro_batch;
+  IrDtype ed = prog->train.lowp != IR_VOID ? prog->train.lowp : prog->train.precision;
+  double e = (double)ir_dtype_size(ed);
+  if (hf) h = hf;
+  h = s * mb > 0 ? h / (s * mb) : 0;
+  double sl = s / cp / (prog->par.sp ? tp : 1), meg = sl * mb * h * e;
+  sb_printf(out, "  pipeline p2p per micro batch: %d send%s, %.0f bytes (%s); Megatron's closed form: %d x s b h e = "
+            "%d x %g x %g x %g x %g = %.0f bytes (s = seq_len%s%s, e = %s's %g bytes)\n", nsend, nsend == 1 ? "" : "s", bytes,
+            mixed ? "mixed dtypes" : ir_dtype_name(dt), nmeg, nmeg, sl, mb, h, e, meg * nmeg, cp > 1 ? " / cp" : "",
+            prog->par.sp && tp > 1 ? " / tp (sp)" : "", ir_dtype_name(ed), e);
 }

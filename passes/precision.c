@@ -21,9 +21,14 @@
  *     loss stay f32 (main grads); layout ops move the dtype they read;
  *     scalars (rank 0) stay f32: no bytes to save, and fp16's scaled loss
  *     seed (2^32 / n) would round to inf;
+ *   - pipeline stage tags (pp > 1): a cast that stores a value in 16 bits
+ *     (or rounds a GEMM operand to them) carries its producer's tag, a cast
+ *     back to f32 at use carries its reader's tag, so that what pass
+ *     pipeline sends across a stage boundary or stashes for the backward is
+ *     the 16-bit value (2 bytes per element), never an f32 copy of it;
  *   - without lowp and without 16-bit values the module is unchanged.
- * Refuses: lowp with an f64 model, with pp > 1 (not built: the pipeline's
- *   sends move f32 only), a policy override naming an unknown class. */
+ * Refuses: lowp with an f64 model, a policy override naming an unknown
+ *   class. */
 #include "passes.h"
 #include <string.h>
 
@@ -132,16 +137,20 @@ typedef struct {
   int bi;            /* the new block */
   IrDtype lowp;      /* IR_VOID: legalize only */
   IrDtype prec;      /* the arithmetic dtype */
+  int reader_stage;  /* the stage tag of the op whose operands are being cast */
   int failed;
 } Px;
 
+/* cast v to `to`.  Its pipeline stage tag: a cast to 16 bits is part of
+ * the producer (the value crosses stages and is stashed in 16 bits), a
+ * cast to the arithmetic type part of the reader (cast at use). */
 static int emit_cast(Px *x, int v, IrDtype to) {
   const IrNode *src = &x->m->blocks.a[x->bi].nodes[v];
   if (src->type.dtype == to) return v;
   IrType t = src->type;
   t.dtype = to;
   IrSharding sh = src->sh;
-  int stage = src->stage;
+  int stage = ir_dtype_is_16(to) ? src->stage : x->reader_stage;
   char msg[512];
   int id = ir_emit(x->m, x->bi, IR_OP_CAST, &v, 1, NULL, NULL, NULL, &t, msg, sizeof msg);
   if (id < 0) {
@@ -192,10 +201,6 @@ int pass_precision(IrModule *m, PassCtx *cx) {
   int any16 = 0;
   for (int i = 0; i < ob0->n; i++) any16 |= ir_dtype_is_16(ob0->nodes[i].type.dtype);
   if (lowp == IR_VOID && !any16) return 0;
-  if (lowp != IR_VOID && ir_axis_size(m, IR_AXIS_PP) > 1)
-    return ts_errf(cx->err, sizeof cx->err, "precision %s with pp=%d is not built yet (the pipeline's sends and "
-                   "stashes would carry 16-bit values); use pp=1 (tp, cp, sp and dp work), or precision f32",
-                   ir_dtype_name(lowp), ir_axis_size(m, IR_AXIS_PP));
 
   /* the old block, detached; the new one takes its place */
   IrBlock old = m->blocks.a[mb];
@@ -218,6 +223,7 @@ int pass_precision(IrModule *m, PassCtx *cx) {
     IrNode nd = old.nodes[i];
     PrecClass pc = op_class(nd.op);
     int *in = nd.nin <= 64 ? ops : arena_alloc(&cx->scratch, (size_t)nd.nin * sizeof *in);
+    x.reader_stage = nd.stage;
     /* operands: as stored, then what the op reads */
     IrDtype follow = IR_VOID;   /* a layout op's result dtype: its float operands' one dtype */
     int mixed = 0, any16 = 0;

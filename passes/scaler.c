@@ -4,8 +4,9 @@
  * norm and clip factor and calls scaler_blocks at its end.
  *
  * Expects: train.lowp f16 (scaler_on), the grad states (kind grad) of
- *   autodiff, one program per rank with pp = 1 (pass precision refuses fp16
- *   with pp > 1).
+ *   autodiff, and the optimizer's block "update" (one program: pp = 1, or a
+ *   pipeline rank's program) or its blocks "update.<r>" (the whole-model
+ *   pipeline module, pp > 1: one per pipeline rank r).
  * Guarantees:
  *   - four scalar states of kind scaler, f32 (the masters' precision):
  *     @loss_scale (start: the fixed or initial scale), @loss_scale.good
@@ -24,6 +25,14 @@
  *     ends with scale_update with found = 0: the scale changes after the
  *     step used it, as in Megatron (unscale, check, update the scaler,
  *     then step or skip).
+ *   - with pp > 1 on the whole-model module, the three per pipeline rank r:
+ *     "scaler.<r>" and "skip.<r>" over the grad states "update.<r>" clears
+ *     (the rank's own, in state order: what the rank's program holds), and
+ *     the scale_update at the end of "update.<r>"; the max over the pp axis
+ *     makes every pipeline rank skip together.  pipeline_rank.c renames
+ *     them "scaler" and "skip" in rank r's program, which is then exactly
+ *     what this function makes from that program alone (mrun's
+ *     re-specialization for another dp).
  * The runtime runs "update" when found_inf is 0, else "skip", and gives the
  * update the step count (Adam's bias correction, the lr schedule) of the
  * steps applied before it: step - skipped_steps (runtime/exec/train.c). */
@@ -102,24 +111,18 @@ static int scale_update(IrModule *m, int b, const int st[4], double found, PassC
   return f < 0 ? -1 : emit(m, b, IR_OP_SCALE_UPDATE, &f, 1, ia, fa, NULL, NULL, cx);
 }
 
-int scaler_blocks(IrModule *m, PassCtx *cx) {
-  take_old_blocks(m, cx);
-  if (!(cx->loss_scale >= 0) || !(cx->initial_loss_scale > 0) || !(cx->min_loss_scale > 0) ||
-      cx->loss_scale_window < 1 || cx->hysteresis < 1)
-    return ts_errf(cx->err, sizeof cx->err, "loss scaling: --loss-scale %g, --initial-loss-scale %g, "
-                   "--min-loss-scale %g, --loss-scale-window %lld, --hysteresis %lld: the scales must be > 0 (a "
-                   "fixed --loss-scale, or 0 for dynamic) and the window and hysteresis >= 1", cx->loss_scale,
-                   cx->initial_loss_scale, cx->min_loss_scale, (long long)cx->loss_scale_window,
-                   (long long)cx->hysteresis);
-  int st[4];
-  if (scaler_states(m, cx, st) != 0) return -1;
-
-  int b = ir_block_add(m, "scaler");
+/* Block `sname` (the inf/NaN check over the grad states mine[] says, all
+ * when mine is NULL) and block `kname` (a skipped step: those cleared, the
+ * scale updated with found = 1), and the scale update with found = 0 at the
+ * end of block ub. */
+static int scaler_pair(IrModule *m, PassCtx *cx, const int st[4], const char *sname, const char *kname, int ub,
+                       const unsigned char *mine) {
+  int b = ir_block_add(m, ts_intern(sname));
   IrType sc = {m->train.precision, 0, {0}, {0}};
   int found = -1;
   for (int s = 0; s < m->states.n; s++) {
     const IrState *gs = &m->states.a[s];
-    if (gs->kind != IR_STATE_GRAD) continue;
+    if (gs->kind != IR_STATE_GRAD || (mine && !mine[s])) continue;
     int64_t ia[1] = {s};
     int g = emit(m, b, IR_OP_STATE, NULL, 0, ia, NULL, NULL, &gs->type, cx);
     if (g < 0) return -1;
@@ -131,8 +134,11 @@ int scaler_blocks(IrModule *m, PassCtx *cx) {
     found = found < 0 ? f : emit(m, b, IR_OP_ADD, in, 2, NULL, NULL, NULL, NULL, cx);
     if (found < 0) return -1;
   }
-  if (found < 0) return ts_errf(cx->err, sizeof cx->err, "loss scaling: the module has no gradient to check");
-  /* every rank that holds gradients learns of an inf anywhere: max over each axis */
+  if (found < 0)   /* a pipeline rank without gradients still joins the max */
+    found = emit(m, b, IR_OP_FULL, NULL, 0, NULL, (double[]){0.0}, NULL, &sc, cx);
+  if (found < 0) return -1;
+  /* every rank that holds gradients learns of an inf anywhere: max over
+   * each axis (pp included: the pipeline ranks skip together) */
   for (int a = 0; a < IR_AXIS_COUNT; a++) {
     if (ir_axis_size(m, (IrAxis)a) <= 1) continue;
     int64_t ia[2] = {a, 1};
@@ -148,16 +154,55 @@ int scaler_blocks(IrModule *m, PassCtx *cx) {
   if (sk < 0 || emit(m, b, IR_OP_OUTPUT, &sk, 1, NULL, NULL, "skipped_steps", NULL, cx) < 0) return -1;
 
   /* a skipped step still clears the accumulators */
-  int z = ir_block_add(m, "skip");
+  int z = ir_block_add(m, ts_intern(kname));
   for (int s = 0; s < m->states.n; s++) {
-    if (m->states.a[s].kind != IR_STATE_GRAD) continue;
+    if (m->states.a[s].kind != IR_STATE_GRAD || (mine && !mine[s])) continue;
     int64_t zi[1] = {s};
     if (emit(m, z, IR_OP_ZERO, NULL, 0, zi, NULL, NULL, NULL, cx) < 0) return -1;
   }
   /* the scale changes only after the step used it to unscale (Megatron's
    * order: unscale and check, update the scaler, then step or skip): the
-   * last node of "skip" (found = 1) and of "update" (found = 0) */
-  int ub = ir_block_find(m, "update");
-  if (ub < 0) return ts_errf(cx->err, sizeof cx->err, "loss scaling: the module has no block \"update\"");
+   * last node of the skip block (found = 1) and of the update (found = 0) */
   return scale_update(m, z, st, 1.0, cx) < 0 || scale_update(m, ub, st, 0.0, cx) < 0 ? -1 : 0;
+}
+
+int scaler_blocks(IrModule *m, PassCtx *cx) {
+  take_old_blocks(m, cx);
+  if (!(cx->loss_scale >= 0) || !(cx->initial_loss_scale > 0) || !(cx->min_loss_scale > 0) ||
+      cx->loss_scale_window < 1 || cx->hysteresis < 1)
+    return ts_errf(cx->err, sizeof cx->err, "loss scaling: --loss-scale %g, --initial-loss-scale %g, "
+                   "--min-loss-scale %g, --loss-scale-window %lld, --hysteresis %lld: the scales must be > 0 (a "
+                   "fixed --loss-scale, or 0 for dynamic) and the window and hysteresis >= 1", cx->loss_scale,
+                   cx->initial_loss_scale, cx->min_loss_scale, (long long)cx->loss_scale_window,
+                   (long long)cx->hysteresis);
+  int st[4];
+  if (scaler_states(m, cx, st) != 0) return -1;
+  int ub = ir_block_find(m, "update");
+  if (ub >= 0) {
+    int any = 0;
+    for (int s = 0; s < m->states.n; s++) any |= m->states.a[s].kind == IR_STATE_GRAD;
+    if (!any) return ts_errf(cx->err, sizeof cx->err, "loss scaling: the module has no gradient to check");
+    return scaler_pair(m, cx, st, "scaler", "skip", ub, NULL);
+  }
+  /* the whole-model pipeline module: one update block per pipeline rank */
+  int pp = ir_axis_size(m, IR_AXIS_PP), nupd = 0;
+  unsigned char *mine = arena_alloc(&cx->scratch, (size_t)m->states.n + 1);
+  for (int r = 0; r < pp; r++) {
+    char un[32], sn[32], kn[32];
+    snprintf(un, sizeof un, "update.%d", r);
+    snprintf(sn, sizeof sn, "scaler.%d", r);
+    snprintf(kn, sizeof kn, "skip.%d", r);
+    int rb = ir_block_find(m, un);
+    if (rb < 0) continue;
+    nupd++;
+    memset(mine, 0, (size_t)m->states.n + 1);
+    const IrBlock *b = &m->blocks.a[rb];
+    for (int i = 0; i < b->n; i++)   /* the rank's gradients: those its update clears */
+      if (b->nodes[i].op == IR_OP_ZERO && b->nodes[i].ia[0] >= 0 && b->nodes[i].ia[0] < m->states.n)
+        mine[b->nodes[i].ia[0]] = 1;
+    if (scaler_pair(m, cx, st, sn, kn, rb, mine) != 0) return -1;
+  }
+  if (!nupd) return ts_errf(cx->err, sizeof cx->err, "loss scaling: the module has no block \"update\"%s",
+                            pp > 1 ? " nor \"update.<r>\" blocks" : "");
+  return 0;
 }

@@ -366,10 +366,12 @@ void rt_comm_wait_mpi(RtComm *c, MPI_Request *req, RtCollKind k, int peer) {
 
 static int check_args(RtComm *c, RtCollKind k, IrDtype dt, const void *a, const void *b, size_t count,
                       char *err, size_t errlen) {
-  /* i32 (token ids) and 16-bit values only move: gathered, never summed */
-  if (dt != IR_F32 && dt != IR_F64 && !((dt == IR_I32 || ir_dtype_is_16(dt)) && k == RT_COLL_ALL_GATHER))
+  /* i32 (token ids) and 16-bit values only move: gathered or sent point to
+   * point (a pipeline's 16-bit activations), never summed */
+  int moves = k == RT_COLL_ALL_GATHER || k == RT_COLL_SEND || k == RT_COLL_RECV;
+  if (dt != IR_F32 && dt != IR_F64 && !((dt == IR_I32 || ir_dtype_is_16(dt)) && moves))
     return ts_errf(err, errlen, "%s on group %s: dtype %s is not supported (f32 or f64%s)", rt_coll_name(k),
-                   c->name, ir_dtype_name(dt), k == RT_COLL_ALL_GATHER ? ", i32, bf16 or f16" : "");
+                   c->name, ir_dtype_name(dt), moves ? ", i32, bf16 or f16" : "");
   /* MPI counts are int; the gathered side of a collective is size*count. */
   size_t mult = (k == RT_COLL_ALL_REDUCE || k == RT_COLL_SEND || k == RT_COLL_RECV) ? 1 : (size_t)c->size;
   if (count > (size_t)INT_MAX / mult)

@@ -184,9 +184,13 @@ static int kpeer(RtKctx *k, int size, int coord) {
   return (int)(q < 0 ? q + size : q);
 }
 
-static int kfloat_value(RtKctx *k, const IrType *t) {
-  if (t->dtype != IR_F32 && t->dtype != IR_F64)
-    return rt_kfail(k, "%s carries f32 or f64 values, not %s", ir_ops[k->n->op].name, ir_dtype_name(t->dtype));
+/* send / recv move values as they are stored: f32, f64, or the 16-bit
+ * storage types of --precision bf16 / fp16 (2 bytes per element on the
+ * wire; moves16); group_sum adds, so only f32 and f64. */
+static int kfloat_value(RtKctx *k, const IrType *t, int moves16) {
+  if (t->dtype != IR_F32 && t->dtype != IR_F64 && !(moves16 && ir_dtype_is_16(t->dtype)))
+    return rt_kfail(k, "%s carries f32 or f64 values%s, not %s", ir_ops[k->n->op].name,
+                    moves16 ? " (or bf16, f16)" : "", ir_dtype_name(t->dtype));
   return 0;
 }
 
@@ -199,7 +203,7 @@ static int ktag(RtKctx *k) {
 int ref_SEND(RtKctx *k) {
   int size, coord, chunk, micro;
   RtComm *g;
-  if (kpipe_axis(k, &size, &coord, &g) || kchunk(k, &chunk, &micro) || kfloat_value(k, k->it[0]) || ktag(k)) return -1;
+  if (kpipe_axis(k, &size, &coord, &g) || kchunk(k, &chunk, &micro) || kfloat_value(k, k->it[0], 1) || ktag(k)) return -1;
   RtPipe *s = pipe_of(k->env);
   size_t bytes = kbytes(k->it[0]);
   void *buf = pbuf_get(s, bytes);
@@ -227,7 +231,7 @@ int ref_SEND(RtKctx *k) {
 int ref_RECV(RtKctx *k) {
   int size, coord;
   RtComm *g;
-  if (kpipe_axis(k, &size, &coord, &g) || kfloat_value(k, k->ot) || ktag(k)) return -1;
+  if (kpipe_axis(k, &size, &coord, &g) || kfloat_value(k, k->ot, 1) || ktag(k)) return -1;
   size_t bytes = kbytes(k->ot);
   int from = kpeer(k, size, coord);
   if (from != coord)
@@ -354,7 +358,7 @@ static void add_into(void *y, const void *x, int64_t n, IrDtype dt) {
 int ref_GROUP_SUM(RtKctx *k) {
   int size, coord;
   RtComm *g;
-  if (kpipe_axis(k, &size, &coord, &g) || kfloat_value(k, k->it[0])) return -1;
+  if (kpipe_axis(k, &size, &coord, &g) || kfloat_value(k, k->it[0], 0)) return -1;
   if (k->it[0]->dtype != k->ot->dtype || ir_type_numel(k->it[0]) != ir_type_numel(k->ot))
     return rt_kfail(k, "result and operand differ in dtype or size");
   int64_t mask = k->n->ia[1];

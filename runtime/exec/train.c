@@ -19,7 +19,8 @@
  *       micro batch g_j = r*n_local + j when the block has data inputs
  *     complete the posted sends; no stash may be left
  *     loss = (sum over pp and dp ranks of the forward blocks' losses) / (global_batch / mb)
- *     run "update"
+ *     run "update" (fp16: "scaler" first, then "update" or "skip", as for
+ *       any program: the inf check's max spans the pp axis too)
  *
  * Validation (--eval-interval, --test) runs pass eval's forward-only
  * blocks over the valid / test part: "eval" per micro batch, or, in a
@@ -848,12 +849,9 @@ static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
   if (acc[1] != (double)n_global)
     return ts_errf(err, errlen, "the forward blocks reported `output \"loss\"` %.0f times for %lld micro batches "
                    "(the last chunk's forward should report it once per micro batch)", acc[1], (long long)n_global);
-  RtRunInfo info = {s, 0, lr, 0};
-  rt_outputs_clear(r->prog);
-  if (rt_run_block(r->prog, ub, NULL, 0, &info, err, errlen) != 0) return -1;
+  if (inf_at(r->inf_steps, s + 1) && inject_inf(r, m, s, err, errlen) != 0) return -1;
   *loss = acc[0] / (double)n_global;
-  if (rt_output(r->prog, "grad_norm", gnorm) != 0) *gnorm = NAN;
-  return 0;
+  return run_update(r, m, ub, s, lr, gnorm, err, errlen);
 }
 
 /* Opens what the run reads.  Indexed datasets: world rank 0 first (it
@@ -938,9 +936,9 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   r.src = &r.data;
   r.sb = ir_block_find(m, "scaler");
   r.kb = ir_block_find(m, "skip");
-  if ((r.sb >= 0) != (r.kb >= 0) || (r.sb >= 0 && piped)) {
-    snprintf(err, errlen, "the program has block \"%s\" without \"%s\"%s (loss scaling needs both, pp = 1)",
-             r.sb >= 0 ? "scaler" : "skip", r.sb >= 0 ? "skip" : "scaler", piped ? " or is a pipeline program" : "");
+  if ((r.sb >= 0) != (r.kb >= 0)) {
+    snprintf(err, errlen, "the program has block \"%s\" without \"%s\" (loss scaling needs both)",
+             r.sb >= 0 ? "scaler" : "skip", r.sb >= 0 ? "skip" : "scaler");
     run_free(&r);
     return -1;
   }

@@ -5,12 +5,14 @@
 # on every step and the parameters within 5e-2, and the run in the 16-bit
 # type the options ask for (--precision bf16, or fp16: tests/fp16).
 # docs/precision.md says why the parameters get the looser bound (Adam
-# turns a gradient of pure rounding noise into lr-sized steps).
-#   check.sh MCC MDL [mcc options...]
+# turns a gradient of pure rounding noise into lr-sized steps).  A layout
+# that keeps the rounding points (pipelines: docs/precision.md, "Pipelines")
+# is held to a stricter LOSS,PARAMS bound in TS_CHECK_TOL.
+#   [TS_CHECK_TOL=LOSS,PARAMS] check.sh MCC MDL [mcc options...]
 set -u
 MCC=$1 MDL=$2
 shift 2
-out=$(bash "$(dirname "$0")/../parallel/check.sh" "$MCC" "$MDL" 1e-2,5e-2 "$@" 2>&1)
+out=$(bash "$(dirname "$0")/../parallel/check.sh" "$MCC" "$MDL" "${TS_CHECK_TOL:-1e-2,5e-2}" "$@" 2>&1)
 rc=$?
 echo "$out"
 [ $rc -eq 0 ] || exit 1

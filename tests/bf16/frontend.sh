@@ -51,7 +51,13 @@ echo "ok: norms stored bf16 by default ($(n16 flag.ir) casts), f32 with norm=f32
 
 refused "sets fp16's loss scaling" "$src/samples/gpt.mdl" "${cfg[@]}" --precision bf16 --loss-scale 1024
 refused "not CLASS=f32 or CLASS=16" "$src/samples/gpt.mdl" "${cfg[@]}" --precision bf16 --precision-policy nrom=f32
-refused "with pp=2 is not built yet" "$src/samples/gpt.mdl" "${cfg[@]}" --precision bf16 --pp 2
+# a pipeline moves the 16-bit values: the activation sent forward, the
+# gradient sent back and every stash of this model are bf16 (2 bytes each)
+"$mcc" "$src/samples/gpt.mdl" "${cfg[@]}" --precision bf16 --pp 2 --emit=ir -o pp.ir || fail "bf16 with --pp 2"
+nrecv=$(grep -c "= recv .* : bf16\[" pp.ir || true)
+[ "$nrecv" -ge 2 ] || fail "pp 2: expected the forward and backward receives in bf16, found $nrecv"
+! grep -qE "= (recv|unstash) .* : f32\[" pp.ir || fail "pp 2: an f32 value crosses a stage or is stashed: $(grep -E "= (recv|unstash) .* : f32\[" pp.ir | head -2)"
+echo "ok: pp 2: $nrecv receives (forward, backward, evaluation), all bf16; only bf16 stashed"
 mkdir -p lib && sed '0,/g = param \[embed\] init ones/s//g = param bf16[embed] init ones/' "$src/stdlib/nn.mdl" > lib/nn.mdl
 grep -q "param bf16\[embed\]" lib/nn.mdl || fail "could not make a bf16 param"
 refused "parameters are trained as f32" "$src/samples/gpt.mdl" --stdlib lib "${cfg[@]}"

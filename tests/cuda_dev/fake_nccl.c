@@ -12,7 +12,8 @@
  * the host thread that drains the stream, so a send blocked there also
  * blocks that rank's other stream, which a GPU does not: the interleaved
  * pipeline (fake_gpu_vpp2_f32) then hangs for the fake's sake.  Data
- * types: int32, float32, float64.
+ * types: int32, float32, float64; float16 and bfloat16 moved (sends,
+ * receives, all-gathers), not summed.
  * Between ncclGroupStart and ncclGroupEnd, sends and receives are
  * collected and then posted together (nonblocking, then waited), as NCCL
  * progresses a group's operations together; a call outside a group is a
@@ -49,9 +50,14 @@ static int npend, cappend;
 static void *last_stream;
 static long ops;
 
-/* ncclInt32 = 2, ncclFloat32 = 7, ncclFloat64 = 8 */
-static MPI_Datatype mpi_dt(int dt) { return dt == 8 ? MPI_DOUBLE : dt == 2 ? MPI_INT : MPI_FLOAT; }
-static int dt_ok(int dt) { return dt == 2 || dt == 7 || dt == 8; }
+/* ncclInt32 = 2, ncclFloat16 = 6, ncclFloat32 = 7, ncclFloat64 = 8,
+ * ncclBfloat16 = 9.  The 16-bit types are moved as their bit patterns
+ * (sends, receives, all-gathers); the fake does not sum them. */
+static int dt16(int dt) { return dt == 6 || dt == 9; }
+static MPI_Datatype mpi_dt(int dt) {
+  return dt == 8 ? MPI_DOUBLE : dt == 2 ? MPI_INT : dt16(dt) ? MPI_UINT16_T : MPI_FLOAT;
+}
+static int dt_ok(int dt) { return dt == 2 || dt == 7 || dt == 8 || dt16(dt); }
 
 EXPORT const char *ncclGetErrorString(int r) { return r == OK ? "no error" : "fake NCCL error"; }
 
@@ -280,7 +286,7 @@ static int p2p_in_order(const P2p *p, int n, Comm *c, void *stream) {
 
 EXPORT int ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, Comm *c, void *stream) {
   int e = coll_check(c, dt, stream);
-  if (e || (op != 0 && op != 2)) return e ? e : INVALID_ARGUMENT;   /* ncclSum, ncclMax */
+  if (e || (op != 0 && op != 2) || dt16(dt)) return e ? e : INVALID_ARGUMENT;   /* ncclSum, ncclMax */
   return coll((Coll){op == 0 ? C_ALL_REDUCE : C_ALL_REDUCE_MAX, s, r, n, dt, c, NULL}, stream);
 }
 EXPORT int ncclAllGather(const void *s, void *r, size_t n, int dt, Comm *c, void *stream) {
@@ -290,7 +296,7 @@ EXPORT int ncclAllGather(const void *s, void *r, size_t n, int dt, Comm *c, void
 }
 EXPORT int ncclReduceScatter(const void *s, void *r, size_t n, int dt, int op, Comm *c, void *stream) {
   int e = coll_check(c, dt, stream);
-  if (e || op != 0) return e ? e : INVALID_ARGUMENT;
+  if (e || op != 0 || dt16(dt)) return e ? e : INVALID_ARGUMENT;
   return coll((Coll){C_REDUCE_SCATTER, s, r, n, dt, c, NULL}, stream);
 }
 

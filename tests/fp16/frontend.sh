@@ -58,7 +58,19 @@ grep -q "state @loss_scale : f32\[\] scaler start=4096.0" fixed.ir && grep -q "s
   fail "--loss-scale 4096 is not a fixed scale of 4096"
 echo "ok: --loss-scale 4096 is a fixed scale"
 
-refused "with pp=2 is not built yet" "$src/samples/gpt.mdl" "${cfg[@]}" --precision fp16 --pp 2
+# a pipeline: the scaled seed in the last chunk's backward, per pipeline
+# rank its own check and skip, the check's max over pp
+"$mcc" "$src/samples/gpt.mdl" "${cfg[@]}" --precision fp16 --pp 2 --emit=ir -o pp.ir || fail "fp16 with --pp 2"
+awk '/^block /{b=$2} /= muls .*/ && b == "bwd.1" {f=1} END {exit !f}' pp.ir || fail "pp 2: no scaled seed in bwd.1"
+for r in 0 1; do
+  grep -q "^block scaler.$r {" pp.ir && grep -q "^block skip.$r {" pp.ir || fail "pp 2: no scaler.$r / skip.$r"
+  awk -v b="scaler.$r" '/^block /{in_b = $2 == b} in_b && /all_reduce .* axis=pp red=1/ {f=1} END {exit !f}' pp.ir ||
+    fail "pp 2: scaler.$r does not take the max over pp"
+  awk -v b="update.$r" '/^block /{in_b = $2 == b} in_b && /scale_update/ {l=$0} in_b && /^}/ {exit !(l != "")} ' pp.ir ||
+    fail "pp 2: update.$r does not update the scale"
+done
+grep -E "= (recv|unstash) .* : f16\[" pp.ir | grep -q recv || fail "pp 2: no f16 message"
+echo "ok: pp 2: the scaled seed in bwd.1, scaler.0 / scaler.1 with the max over pp, f16 messages"
 refused "sets fp16's loss scaling, but this module trains in f32" "$src/samples/gpt.mdl" "${cfg[@]}" --hysteresis 3
 refused "expect a positive whole number" "$src/samples/gpt.mdl" "${cfg[@]}" --precision fp16 --hysteresis 0
 refused "expect a positive number" "$src/samples/gpt.mdl" "${cfg[@]}" --precision fp16 --initial-loss-scale -1

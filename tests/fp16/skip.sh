@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # skip.sh - a skipped fp16 step (docs/precision.md, "Loss scaling"): the
-# tiny gpt at tp 2 x dp 2 (ZeRO-1) on 4 ranks, +inf injected into ONE
-# rank's gradient (world rank 3) at steps 3 and 4 (TS_FAULT_INF_RANK /
+# tiny gpt on 4 ranks, tp 2 x dp 2 (ZeRO-1) unless a layout is given (pp 2
+# x dp 2: fp16.skip_pp), +inf injected into ONE rank's gradient (world
+# rank 3 unless RANK is given) at steps 3 and 4 (TS_FAULT_INF_RANK /
 # TS_FAULT_INF_STEPS, the test hook of runtime/exec/train.c).  Checks:
 #   - every rank skips both steps: each rank's parameters and Adam moments
 #     in the checkpoints of steps 2, 3 and 4 are bit for bit the same (the
@@ -13,15 +14,20 @@
 #   - the skipped steps advance neither the lr schedule nor Adam's step:
 #     step 5's lr is the clean run's lr of step 3;
 #   - a step with no inf changes the parameters (the check can fail).
-#   skip.sh MCC MRUN SRCDIR TMPDIR
+#   skip.sh MCC MRUN SRCDIR TMPDIR [RANK [mcc layout options...]]
 set -eu
 MCC=$1 MRUN=$2 SRC=$3 TMP=$4
+INF_RANK=${5:-3}
+shift 4
+[ $# -gt 0 ] && shift
+layout=("$@")
+[ ${#layout[@]} -gt 0 ] || layout=(--tp 2 --dp 2)
 rm -rf "$TMP" && mkdir -p "$TMP" && cd "$TMP"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 "$MCC" "$SRC/samples/gpt.mdl" -D layers=2 -D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=4 \
-  -D micro_batch=1 --precision fp16 --initial-loss-scale 1024 --tp 2 --dp 2 -o p.plan
+  -D micro_batch=1 --precision fp16 --initial-loss-scale 1024 "${layout[@]}" -o p.plan
 run() { "$MRUN" p.plan --gpus 4 --timeout 120 --steps 6 "$@"; }
-TS_FAULT_INF_RANK=3 TS_FAULT_INF_STEPS=3,4 run --save ck --save-interval 1 --metrics m.jsonl > out.txt 2>&1 \
+TS_FAULT_INF_RANK=$INF_RANK TS_FAULT_INF_STEPS=3,4 run --save ck --save-interval 1 --metrics m.jsonl > out.txt 2>&1 \
   || { cat out.txt; fail "the run with injected infs failed"; }
 run --metrics clean.jsonl > clean.txt 2>&1 || { cat clean.txt; fail "the clean run failed"; }
 cat out.txt

@@ -13,6 +13,10 @@
 # buckets (world rank 0's summary) as the compiled plan's run: the
 # overlapped reduction was rebuilt for dp TO too.
 #
+# TS_ATDP_PRECISION="fp16 --initial-loss-scale 1024" (tests/fp16) runs the
+# three in that precision instead; fp16 plans issue no dp buckets (block
+# skip writes the gradients too: docs/precision.md), so none is expected.
+#
 #   atdp.sh MCC MRUN PARAMS_DIFF WORK MDL TOL STEPS GPUS FROM TO [-D ...] -- [layout options]
 set -uo pipefail
 mcc=$1 mrun=$2 pdiff=$3 work=$4 mdl=$5 tol=$6 steps=$7 gpus=$8 from=$9 to=${10}
@@ -24,9 +28,10 @@ layout=("$@")
 rm -rf "$work"; mkdir -p "$work"; cd "$work" || exit 1
 fail() { echo "FAIL: $*" >&2; exit 1; }
 run() { echo "+ $*"; "$@"; }
-run "$mcc" "$mdl" "${defs[@]}" --precision f64 -o single.plan || fail "mcc (single rank)"
-run "$mcc" "$mdl" "${defs[@]}" --precision f64 "${layout[@]}" --dp "$from" -o from.plan || fail "mcc at dp $from"
-run "$mcc" "$mdl" "${defs[@]}" --precision f64 "${layout[@]}" --dp "$to" -o to.plan || fail "mcc at dp $to"
+read -r -a prec <<< "${TS_ATDP_PRECISION:-f64}"
+run "$mcc" "$mdl" "${defs[@]}" --precision "${prec[@]}" -o single.plan || fail "mcc (single rank)"
+run "$mcc" "$mdl" "${defs[@]}" --precision "${prec[@]}" "${layout[@]}" --dp "$from" -o from.plan || fail "mcc at dp $from"
+run "$mcc" "$mdl" "${defs[@]}" --precision "${prec[@]}" "${layout[@]}" --dp "$to" -o to.plan || fail "mcc at dp $to"
 train() {   # train PLAN GPUS NAME: stdout (rank 0's summary) in NAME.out
   run timeout -k 5 150 "$mrun" "$1" --gpus "$2" --steps "$steps" --timeout 60 --metrics "$3.jsonl" \
     --save-params "$3.bin" >"$3.out" 2> >(grep -v "no GPU driver found" >&2)
@@ -49,7 +54,7 @@ bk=$(sed -n 's/^mrun: dp reduction: \([0-9]*\) buckets.*/\1/p' adapted.out)
 want=$(sed -n 's/^mrun: dp reduction: \([0-9]*\) buckets.*/\1/p' direct.out)
 echo "atdp: dp reduction buckets on world rank 0: ${bk:-none} (plan compiled at dp $to: ${want:-none})"
 [ "$bk" = "$want" ] || { echo "atdp: the adapted run's dp buckets differ from the compiled plan's"; status=1; }
-if [ "$to" -gt 1 ] && [ -z "$bk" ]; then echo "atdp: no dp bucket at dp $to"; status=1; fi
+if [ "$to" -gt 1 ] && [ -z "$bk" ] && [ "${prec[0]}" != fp16 ]; then echo "atdp: no dp bucket at dp $to"; status=1; fi
 cmp_losses adapted.jsonl single.jsonl "dp $from -> $to against one rank" || status=1
 run "$pdiff" adapted.bin single.bin "$tol" || status=1
 cmp_losses adapted.jsonl direct.jsonl "dp $from -> $to against the plan compiled at dp $to" || status=1

@@ -530,6 +530,70 @@ static void test_respecialize(void) {
   ir_module_free(p);
 }
 
+/* s with every `from` replaced by `to`, into out. */
+static void subst_all(const char *s, const char *from, const char *to, StrBuf *out) {
+  size_t n = strlen(from);
+  for (const char *q; (q = strstr(s, from)); s = q + n) {
+    sb_printf(out, "%.*s", (int)(q - s), s);
+    sb_puts(out, to);
+  }
+  sb_puts(out, s);
+}
+
+/* fp16 (issue 20): the whole module's scaler.<r> and skip.<r> check and
+ * clear rank r's gradients (the shared emb on both ranks), take the max
+ * over pp, and are cut into the rank program's "scaler" and "skip", right
+ * after its "update" (which ends with the scale update); respecialized
+ * for another dp, each rank program prints exactly as compiled there. */
+static void test_respecialize_fp16(void) {
+  const char *h0 = head;
+  StrBuf hb = {0}, bb = {0};
+  subst_all(h0, "precision=f64", "precision=f16", &hb);
+  sb_puts(&bb, "state @loss_scale : f32[] scaler start=1024.0\n"
+               "state @loss_scale.good : f32[] scaler start=0.0\n"
+               "state @loss_scale.hyst : f32[] scaler start=2.0\n"
+               "state @loss_scale.skipped : f32[] scaler start=0.0\n");
+  subst_all(body2, "f64", "f32", &bb);
+  head = hb.p;
+  const char *fmt = "parallel tp=1 pp=2 cp=1 ep=1 dp=%d sp=0 zero=1 vpp=1 schedule=1f1b stage=0\n";
+  static const int chain[] = {2, 4, 1, 3};
+  respec_chain("pp2 fp16", fmt, bb.p, 2, 1, chain, 4);
+  static const char *const grads[2][3] = {{"grad.emb", "grad.w0", NULL}, {"grad.emb", "grad.w1", NULL}};
+  for (int r = 0; r < 2; r++) {
+    char *text = rank_text(fmt, 2, bb.p, r);
+    char err[1024] = "";
+    IrModule *p = text ? ir_parse_module(text, "rank.ir", err, sizeof err) : NULL;
+    CHECK(p != NULL, "fp16 rank %d program: %s", r, err);
+    if (p) {
+      int ub = ir_block_find(p, "update"), sb = ir_block_find(p, "scaler"), kb = ir_block_find(p, "skip");
+      CHECK(ub >= 0 && sb == ub + 1 && kb == ub + 2, "fp16 rank %d: blocks update %d, scaler %d, skip %d", r, ub, sb,
+            kb);
+      if (sb >= 0 && kb >= 0) {
+        const IrBlock *b = &p->blocks.a[sb], *k = &p->blocks.a[kb];
+        CHECK(count_op(b, IR_OP_ALL_REDUCE, IR_AXIS_PP) == 1 && count_op(b, IR_OP_ALL_REDUCE, IR_AXIS_DP) == 1,
+              "fp16 rank %d: the inf check is not a max over pp and dp", r);
+        CHECK(count_op(b, IR_OP_NONFINITE, -1) == 2 && count_op(k, IR_OP_ZERO, -1) == 2,
+              "fp16 rank %d: scaler / skip do not cover the rank's 2 gradients", r);
+        for (int g = 0; grads[r][g]; g++) {
+          int s = ir_state_find(p, grads[r][g]), seen = 0;
+          for (int i = 0; i < k->n; i++) seen |= k->nodes[i].op == IR_OP_ZERO && k->nodes[i].ia[0] == s;
+          CHECK(s >= 0 && seen, "fp16 rank %d: skip does not clear @%s", r, grads[r][g]);
+        }
+      }
+      if (ub >= 0) {
+        const IrBlock *u = &p->blocks.a[ub];
+        CHECK(u->n > 0 && u->nodes[u->n - 1].op == IR_OP_SCALE_UPDATE, "fp16 rank %d: update does not end with "
+              "scale_update", r);
+      }
+      ir_module_free(p);
+    }
+    free(text);
+  }
+  head = h0;
+  sb_free(&hb);
+  sb_free(&bb);
+}
+
 static void test_refusals(void) {
   /* pp > 1 with a micro block (the pipeline pass did not run) */
   IrModule *m = parse("parallel tp=1 pp=2 cp=1 ep=1 dp=1 sp=0 zero=1 vpp=1 schedule=1f1b stage=0\n",
@@ -557,6 +621,7 @@ int main(void) {
   test_update_blocks(2, 0);
   test_interleaved();
   test_respecialize();
+  test_respecialize_fp16();
   test_refusals();
   return check_exit("test_pipe_update");
 }
