@@ -110,7 +110,7 @@ int ir_op_reads_16(IrOp op) {
   case IR_OP_STASH: case IR_OP_SLICE_AT: case IR_OP_KV_WRITE: case IR_OP_ALL_GATHER:
     return 1;
   default:
-    return 0;
+    return (ir_ops[op].flags & OPF_MIXED) != 0;   /* a GEMM: f32 accumulation of 16-bit products */
   }
 }
 
@@ -586,6 +586,7 @@ int ir_emit(IrModule *m, int b, IrOp op, const int *in, int nin,
     n.type = *type;
     for (int i = 0; i < n.type.rank && i < IR_MAX_RANK; i++) n.type.dname[i] = ts_intern(n.type.dname[i]);
   }
+  if ((ir_ops[op].flags & OPF_MIXED) && type) n.type.dtype = type->dtype;   /* the shape rule checks it */
 
   IrType out;
   if (ir_infer_type(m, blk, &n, &out, err, errlen) != 0) return -1;
