@@ -993,7 +993,7 @@ static void test_gemm(const char *cuda, const char *lt) {
   char err[512];
   RtGemm g = {.dtype = IR_I32, .m = 1, .n = 1, .k = 1, .lda = 1, .ldb = 1, .ldc = 1};
   CHECK(d->ops->gemm(d, &g, 0, err, sizeof err) == -1, "an i32 GEMM");
-  MSG(err, "GEMM of dtype i32");
+  MSG(err, "GEMM of i32 operands into i32", "bf16 -> bf16 or f32");
   float one = 1;
   g = (RtGemm){.dtype = IR_F32, .m = 2, .n = 3, .k = 4, .lda = 3, .ldb = 3, .ldc = 3, .a = &one, .b = &one, .c = &one};
   CHECK(d->ops->gemm(d, &g, 0, err, sizeof err) == -1, "lda 3 < k 4 accepted");
