@@ -111,7 +111,7 @@ int ir_op_reads_16(IrOp op) {
   case IR_OP_SEND:   /* a pipeline message carries the value as stored */
     return 1;
   default:
-    return 0;
+    return (ir_ops[op].flags & OPF_MIXED) != 0;   /* a GEMM: f32 accumulation of 16-bit products */
   }
 }
 
@@ -153,7 +153,9 @@ int ir_op_iattr_count(IrOp op, int rank0) {
 void ir_ops_markdown(StrBuf *out) {
   sb_puts(out, "| op | operands | int attrs | float attrs | flags | description |\n");
   sb_puts(out, "|----|----------|-----------|-------------|-------|-------------|\n");
-  static const char *flag_names[] = {"leaf", "ew", "typed", "effect", "nodiff", "late"};
+  static const char *flag_names[] = {"leaf", "ew", "typed", "effect", "nodiff", "late", "mixed"};
+  enum { NFLAGS = (int)(sizeof flag_names / sizeof flag_names[0]) };
+  _Static_assert(OPF_MIXED == 1 << (NFLAGS - 1), "a name for every op flag");
   for (int i = 0; i < IR_OP_COUNT; i++) {
     const IrOpInfo *o = &ir_ops[i];
     sb_printf(out, "| `%s` | ", o->name);
@@ -161,7 +163,7 @@ void ir_ops_markdown(StrBuf *out) {
     else sb_printf(out, "%d", o->nin);
     sb_printf(out, " | %s | %s | ", *o->iattrs ? o->iattrs : "-", *o->fattrs ? o->fattrs : "-");
     int any = 0;
-    for (int f = 0; f < 6; f++)
+    for (int f = 0; f < NFLAGS; f++)
       if (o->flags & (1u << f)) { sb_printf(out, "%s%s", any ? ", " : "", flag_names[f]); any = 1; }
     if (!any) sb_puts(out, "-");
     sb_puts(out, " | ");
@@ -587,6 +589,7 @@ int ir_emit(IrModule *m, int b, IrOp op, const int *in, int nin,
     n.type = *type;
     for (int i = 0; i < n.type.rank && i < IR_MAX_RANK; i++) n.type.dname[i] = ts_intern(n.type.dname[i]);
   }
+  if ((ir_ops[op].flags & OPF_MIXED) && type) n.type.dtype = type->dtype;   /* the shape rule checks it */
 
   IrType out;
   if (ir_infer_type(m, blk, &n, &out, err, errlen) != 0) return -1;

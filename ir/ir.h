@@ -29,6 +29,8 @@ enum {                 /* op flags */
   OPF_EFFECT = 1 << 3, /* writes state or reports; no result */
   OPF_NODIFF = 1 << 4, /* no gradient flows through it */
   OPF_LATE   = 1 << 5, /* inserted by the sharding passes, after autodiff: no derivative */
+  OPF_MIXED  = 1 << 6, /* a GEMM: reads 16-bit operands as they are (f32 accumulation) and stores
+                          its result in their dtype or, when the result dtype is given, in f32 */
 };
 
 typedef struct {
@@ -61,7 +63,8 @@ size_t ir_dtype_size(IrDtype t);
 static inline int ir_dtype_is_float(IrDtype t) { return t == IR_F32 || t == IR_F64; }
 static inline int ir_dtype_is_16(IrDtype t) { return t == IR_BF16 || t == IR_F16; }
 /* Whether an op reads 16-bit operands as they are (moves or converts
- * elements without arithmetic); every other op needs f32/f64/i32 operands. */
+ * elements without arithmetic, or an OPF_MIXED GEMM, which accumulates
+ * their products in f32); every other op needs f32/f64/i32 operands. */
 int ir_op_reads_16(IrOp op);
 
 #define IR_MAX_RANK 8
@@ -74,6 +77,12 @@ typedef struct {
   int64_t dim[IR_MAX_RANK];
   const char *dname[IR_MAX_RANK];        /* NULL = unnamed */
 } IrType;
+/* The type to pass to ir_emit when re-emitting a node of op `op` whose
+ * type is *t: t for OPF_TYPED ops and for OPF_MIXED ops (whose result
+ * dtype may differ from their operands'), NULL for the others. */
+static inline const IrType *ir_op_given_type(IrOp op, const IrType *t) {
+  return (ir_ops[op].flags & (OPF_TYPED | OPF_MIXED)) ? t : NULL;
+}
 
 int64_t ir_type_numel(const IrType *t);
 int  ir_type_same_shape(const IrType *a, const IrType *b);   /* dtype, rank, sizes */
@@ -340,7 +349,9 @@ int ir_state_derived(IrModule *m, int p, IrStateKind kind, const char *prefix,
 void ir_train_defaults(IrTrain *t);
 
 /* Appends a node to block b.  For OPF_TYPED ops `type` gives the result
- * type; otherwise pass NULL and the shape rule infers it.  ia/fa may be NULL
+ * type; for OPF_MIXED ops (matmul) `type`, if not NULL, gives the result's
+ * DTYPE only (f32 for a GEMM of 16-bit operands stored in f32; the shape is
+ * inferred); otherwise pass NULL and the shape rule infers it.  ia/fa may be NULL
  * (zeros).  On a shape error returns -1 and writes a one-line message to
  * err (naming the op and the operand shapes); the block is unchanged. */
 int ir_emit(IrModule *m, int b, IrOp op, const int *in, int nin,

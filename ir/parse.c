@@ -624,7 +624,7 @@ static int parse_node(P *p, int bi) {
   if (expect_eol(p)) goto out;
   {
     char msg[512];
-    int id = ir_emit(p->m, bi, (IrOp)op, in.a, in.n, ia, fa, sa, (info->flags & OPF_TYPED) ? &t : NULL,
+    int id = ir_emit(p->m, bi, (IrOp)op, in.a, in.n, ia, fa, sa, ir_op_given_type((IrOp)op, &t),
                      msg, sizeof msg);
     if (id < 0) { perr_at(p, opline, opcol, "%s", msg); goto out; }
     b = &p->m->blocks.a[bi];

@@ -376,8 +376,15 @@ static int shape_MATMUL(Sx *x) {
   const IrType *a0 = opnd(x, 0), *b0 = opnd(x, 1);
   if (a0->rank < 2 || b0->rank < 2)
     return fail(x, "operands %s and %s must have rank >= 2", tstr(x, a0), tstr(x, b0));
-  if (!ir_dtype_is_float(a0->dtype) || a0->dtype != b0->dtype)
-    return fail(x, "operands %s and %s must have the same float dtype", tstr(x, a0), tstr(x, b0));
+  if (!(ir_dtype_is_float(a0->dtype) || ir_dtype_is_16(a0->dtype)) || a0->dtype != b0->dtype)
+    return fail(x, "operands %s and %s must have the same float dtype (f32, f64, or both bf16 or both f16: "
+                "pass precision rounds an f32 operand next to a 16-bit one)", tstr(x, a0), tstr(x, b0));
+  /* the result: the operands' dtype, or f32 when given for 16-bit operands
+   * (the f32 accumulator stored without rounding to 16 bits) */
+  IrDtype rd = x->n->type.dtype == IR_VOID ? a0->dtype : x->n->type.dtype;
+  if (rd != a0->dtype && !(rd == IR_F32 && ir_dtype_is_16(a0->dtype)))
+    return fail(x, "result dtype %s: a matmul of %s operands stores %s%s", ir_dtype_name(rd), ir_dtype_name(a0->dtype),
+                ir_dtype_name(a0->dtype), ir_dtype_is_16(a0->dtype) ? " or f32" : "");
   IrType a = *a0, b = *b0;      /* apply the transposes of the last two dims */
   if (x->n->ia[0]) {
     int r = a.rank;
@@ -402,6 +409,7 @@ static int shape_MATMUL(Sx *x) {
                   tstr(x, a0), tstr(x, b0));
   }
   *x->out = a;
+  x->out->dtype = rd;
   x->out->dim[a.rank - 1] = b.dim[b.rank - 1];
   x->out->dname[a.rank - 1] = b.dname[b.rank - 1];
   return 0;

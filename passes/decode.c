@@ -183,7 +183,7 @@ static int one(Dx *d, int i) {
     if (ir_ops[c.op].flags & OPF_EFFECT) return -1;   /* not in the slice */
     break;
   }
-  return em(d, i, c.op, in, c.nin, c.ia, c.fa, c.sa, (ir_ops[c.op].flags & OPF_TYPED) ? &t : NULL, &c.sh);
+  return em(d, i, c.op, in, c.nin, c.ia, c.fa, c.sa, ir_op_given_type(c.op, &t), &c.sh);
 }
 
 /* Builds block `name` from eval's nodes live[] keeps, ending in the logits

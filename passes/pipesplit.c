@@ -108,7 +108,7 @@ static const char *where(int tag, char *buf, size_t n) {
 static int emit_as(Ps *S, const IrNode *src, const int *in, int nin, int tag) {
   if (S->failed) return -1;
   char err[512];
-  const IrType *typed = (ir_ops[src->op].flags & OPF_TYPED) ? &src->type : NULL;
+  const IrType *typed = ir_op_given_type(src->op, &src->type);
   int id = ir_emit(S->m, S->nb, src->op, in, nin, src->ia, src->fa, src->sa, typed, err, sizeof err);
   if (id < 0) return ps_fail(S, "internal error: cannot emit %s: %s", ir_ops[src->op].name, err);
   IrNode *n = &S->m->blocks.a[S->nb].nodes[id];
@@ -122,7 +122,7 @@ static int emit_as(Ps *S, const IrNode *src, const int *in, int nin, int tag) {
 static int emit_op(Ps *S, IrOp op, const int *in, int nin, const int64_t *ia, const IrNode *like, int tag) {
   if (S->failed) return -1;
   char err[512];
-  const IrType *typed = (ir_ops[op].flags & OPF_TYPED) ? &like->type : NULL;
+  const IrType *typed = ir_op_given_type(op, &like->type);
   int id = ir_emit(S->m, S->nb, op, in, nin, ia, NULL, NULL, typed, err, sizeof err);
   if (id < 0) return ps_fail(S, "internal error: cannot emit %s: %s", ir_ops[op].name, err);
   IrNode *n = &S->m->blocks.a[S->nb].nodes[id];

@@ -7,14 +7,19 @@
  *   annotation or cast made them.
  * Guarantees:
  *   - the arithmetic of every op is f32 (or the model's f64): an operand
- *     stored in 16 bits reaches an op that does arithmetic through an
+ *     stored in 16 bits reaches an op that does arithmetic (other than the
+ *     16-bit matmul below) through an
  *     explicit `cast ... : f32` placed right before that op (one per op
  *     and operand: cast at use, so the f32 copy lives only as long as the
  *     op, and the fusion pass folds it into the op's kernel);
  *   - with m->train.lowp set (--precision bf16): each value an op class
  *     stores in 16 bits (table below) is followed by `cast ... : bf16`,
- *     and every reader gets the 16-bit value; GEMM operands are rounded to
- *     16 bits (a GEMM of bf16 operands with f32 accumulation, Megatron's);
+ *     and every reader gets the 16-bit value; a matmul (OPF_MIXED) reads
+ *     its 16-bit operands as they are, an f32 operand rounded to 16 bits
+ *     first, and stores its result in 16 bits (no cast after it) or, when
+ *     an accum reads it or the policy says gemm=f32, in f32 (a GEMM of bf16
+ *     operands with f32 accumulation, Megatron's); gmm and gmm_dw read f32
+ *     casts of operands rounded to 16 bits;
  *     every parameter read becomes a read of its 16-bit copy, a new state
  *     of kind `copy` (ir.h) that the runtime refreshes from the f32 master
  *     once per step; values added into gradient states (accum) and the
@@ -236,17 +241,33 @@ int pass_precision(IrModule *m, PassCtx *cx) {
         else if (follow != d) mixed = 1;
       }
     }
-    int reads16 = ir_op_reads_16(nd.op) && !(pc == PC_LAYOUT && mixed);
+    /* a GEMM that reads 16-bit operands itself (OPF_MIXED: matmul): under
+     * lowp, when its operands are lowp values or the policy rounds them */
+    int gemm16 = 0;
+    if (lowp != IR_VOID && (ir_ops[nd.op].flags & OPF_MIXED)) {
+      int all16 = 1, other16 = 0;
+      for (int k = 0; k < nd.nin; k++) {
+        IrDtype d = m->blocks.a[mb].nodes[in[k]].type.dtype;
+        all16 &= d == lowp;
+        other16 |= ir_dtype_is_16(d) && d != lowp;
+      }
+      gemm16 = !other16 && (all16 || store16[PC_GEMM]);
+    }
+    int reads16 = (ir_op_reads_16(nd.op) && !(pc == PC_LAYOUT && mixed) && !(ir_ops[nd.op].flags & OPF_MIXED)) ||
+                  gemm16;
     for (int k = 0; k < nd.nin; k++) {
       IrDtype d = m->blocks.a[mb].nodes[in[k]].type.dtype;
       int dup = -1;
       for (int j = 0; j < k; j++)
         if (nd.in[j] == nd.in[k]) dup = j;
       if (dup >= 0) { in[k] = in[dup]; continue; }   /* one cast per op and operand value */
-      if (ir_dtype_is_16(d) && !reads16) {
+      if (gemm16 && d == x.prec) {
+        /* the 16-bit GEMM: an f32 operand (the loss's gradient) is rounded to 16 bits */
+        in[k] = emit_cast(&x, in[k], lowp);
+      } else if (ir_dtype_is_16(d) && !reads16) {
         in[k] = emit_cast(&x, in[k], x.prec);
       } else if (pc == PC_GEMM && lowp != IR_VOID && d == x.prec && store16[PC_GEMM]) {
-        /* a GEMM of 16-bit operands: an f32 operand (the loss's gradient) is rounded first */
+        /* a GEMM of 16-bit operands computed in f32 (gmm, gmm_dw): an f32 operand is rounded first */
         in[k] = emit_cast(&x, emit_cast(&x, in[k], lowp), x.prec);
       }
     }
@@ -258,13 +279,17 @@ int pass_precision(IrModule *m, PassCtx *cx) {
       nd.type.dtype = lowp;
     }
     IrType t = nd.type;
+    /* the 16-bit GEMM stores its result in 16 bits as the policy says, else
+     * its f32 accumulator (weight gradients: f32 main grads) */
+    if (gemm16) t.dtype = store16[PC_GEMM] && !keep32[i] ? lowp : x.prec;
+    else if (ir_ops[nd.op].flags & OPF_MIXED) t.dtype = IR_VOID;   /* f32 operands: inferred */
     if (pc == PC_LAYOUT && !mixed && follow != IR_VOID && ir_dtype_is_float(t.dtype)) t.dtype = follow;
     if (pc == PC_LAYOUT && mixed && ir_dtype_is_16(t.dtype)) t.dtype = x.prec;
     if (nd.op == IR_OP_CONCAT && mixed)
       for (int k = 0; k < nd.nin; k++) in[k] = emit_cast(&x, in[k], x.prec);
     char msg[512];
     int id = ir_emit(m, mb, nd.op, in, nd.nin, nd.ia, nd.fa, nd.sa,
-                     (ir_ops[nd.op].flags & OPF_TYPED) ? &t : NULL, msg, sizeof msg);
+                     ir_op_given_type(nd.op, &t), msg, sizeof msg);
     if (id < 0) {
       ts_errf(cx->err, sizeof cx->err, "precision: node %d (%s): %s", i, ir_ops[nd.op].name, msg);
       x.failed = 1;

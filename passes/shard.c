@@ -1146,7 +1146,7 @@ static int shard_moe_ep(Sh *S, int i, int *in, const IrSharding *osh, IrType *lt
   if (S->failed) return -1;
   int outl = n->op == IR_OP_MOE_PERM ? XL_TOK : n->op == IR_OP_GMM ? XL_EXP
            : (ir_ops[n->op].flags & OPF_EW) ? want : 0;
-  const IrType *typed = (ir_ops[n->op].flags & OPF_TYPED) ? lt : NULL;
+  const IrType *typed = ir_op_given_type(n->op, lt);
   int64_t ia[IR_MAX_IATTR];
   memcpy(ia, n->ia, sizeof ia);
   if (n->op == IR_OP_MOE_PERM) ia[0] = lt->dim[0];   /* this rank's share of the rows */
@@ -1594,7 +1594,7 @@ static void shard_node(Sh *S, int i) {
       return;
     }
   }
-  const IrType *typed = (ir_ops[n->op].flags & OPF_TYPED) ? &lt : NULL;
+  const IrType *typed = ir_op_given_type(n->op, &lt);
   int in0_split = nin > 0 ? ax_get(&ish[0], IR_AXIS_TP) : AX_R;   /* leaves have no ish[0] */
   uint8_t red_axes = (n->op == IR_OP_MAX || n->op == IR_OP_MEAN) ? ish[0].split[n->ia[0]] : 0;
   int64_t ia[IR_MAX_IATTR];

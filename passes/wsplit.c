@@ -56,7 +56,7 @@ static int ws_fail(Ws *S, const char *msg, const IrNode *n, const char *err) {
 static int ws_copy(Ws *S, const IrNode *src, const int *in) {
   if (S->failed) return -1;
   char err[512];
-  const IrType *typed = (ir_ops[src->op].flags & OPF_TYPED) ? &src->type : NULL;
+  const IrType *typed = ir_op_given_type(src->op, &src->type);
   int id = ir_emit(S->m, S->nb, src->op, in, src->nin, src->ia, src->fa, src->sa, typed, err, sizeof err);
   if (id < 0) return ws_fail(S, "cannot emit", src, err);
   IrNode *n = &S->m->blocks.a[S->nb].nodes[id];
@@ -73,7 +73,7 @@ static int ws_slot(Ws *S, IrOp op, int x, int64_t slot, const IrNode *like) {
   if (S->failed) return -1;
   char err[512];
   int64_t ia[1] = {slot};
-  const IrType *typed = (ir_ops[op].flags & OPF_TYPED) ? &like->type : NULL;
+  const IrType *typed = ir_op_given_type(op, &like->type);
   int id = ir_emit(S->m, S->nb, op, op == IR_OP_STASH ? &x : NULL, op == IR_OP_STASH, ia, NULL, NULL, typed, err,
                    sizeof err);
   if (id < 0) return ws_fail(S, "cannot emit", like, err);

@@ -325,7 +325,7 @@ int pass_zero3(IrModule *m, PassCtx *cx) {
       continue;
     }
     IrNode old = *nd;
-    int id = z3_emit(&z, old.op, in, old.nin, old.ia, old.fa, old.sa, (ir_ops[old.op].flags & OPF_TYPED) ? &old.type : NULL,
+    int id = z3_emit(&z, old.op, in, old.nin, old.ia, old.fa, old.sa, ir_op_given_type(old.op, &old.type),
                      NULL);
     if (id < 0) break;
     IrNode *nn = &m->blocks.a[nb].nodes[id];

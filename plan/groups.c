@@ -225,7 +225,10 @@ int plan_accum_direct_runs(const IrBlock *b, int *run_at) {
       continue;
     const IrNode *A = &b->nodes[mm->in[0]], *B = &b->nodes[mm->in[1]];
     if (mm->op == IR_OP_MATMUL) {
-      if (A->type.rank != 2 || B->type.rank != 2 || A->type.dtype != dt || B->type.dtype != dt) continue;
+      /* operands of its dtype, or (OPF_MIXED) two 16-bit ones into an f32 state */
+      int ab_ok = A->type.dtype == B->type.dtype &&
+                  (A->type.dtype == dt || (ir_dtype_is_16(A->type.dtype) && dt == IR_F32));
+      if (A->type.rank != 2 || B->type.rank != 2 || !ab_ok) continue;
       int64_t M = mm->ia[0] ? A->type.dim[1] : A->type.dim[0], K = mm->ia[0] ? A->type.dim[0] : A->type.dim[1];
       int64_t N = mm->ia[1] ? B->type.dim[0] : B->type.dim[1];
       if (M > INT_MAX || N > INT_MAX || K > INT_MAX) continue;

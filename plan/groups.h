@@ -58,8 +58,9 @@ int plan_attn_grad_runs(const IrBlock *b, int *run_at);
  * reads the producer's value or the reshapes, no member is in a fusion
  * group, and no effect between the producer and the accum could write an
  * operand that is a state.  Producers: a matmul of two 2-D operands of its
- * float dtype (the executor runs C = A.B + C, beta = 1, C the state's
- * bytes) and embedding_bwd (its scatter-add adds into the state's rows).
+ * float dtype, or of two bf16 / f16 operands with an f32 result (the
+ * executor runs C = A.B + C, beta = 1, C the state's bytes; 16-bit
+ * operands converted to f32 first) and embedding_bwd (its scatter-add adds into the state's rows).
  * Both run at the accum's position; the producer's value never gets a
  * buffer.  run_at[i] (b->n entries) = the accum's position for the
  * producer, its reshapes and the accum, -1 for other nodes.  Returns the

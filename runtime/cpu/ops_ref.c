@@ -262,7 +262,46 @@ FLOAT_OP(SUM, "t")
 FLOAT_OP(MEAN, "t")
 FLOAT_OP(MAX, "t")
 FLOAT_OP(SUMSQ, "t")
-FLOAT_OP(MATMUL, "tt")
+/* matmul: f32 / f64 operands and result of one dtype, or (OPF_MIXED) bf16 /
+ * f16 operands with a result in their dtype or f32.  16-bit operands are
+ * converted to f32 (exact), multiplied by the f32 GEMM (sgemm, called as
+ * for f32 operands of the same shapes), and the f32 result is rounded once
+ * to the result dtype: bit for bit the `cast : f32`, f32 matmul, `cast :
+ * bf16` the precision pass emitted before the GEMM read 16 bits itself.
+ * The f32 copies are this call's own (malloc'd whole, freed before it
+ * returns): the plan has no buffer for them.  OpenBLAS 0.3.21 of Debian 12
+ * declares cblas_sbgemm but does not export it (docs/precision.md). */
+static int ref_MATMUL(RtKctx *k) {
+  IrDtype d = k->it[0]->dtype, ft = k->ot->dtype;
+  if (!ir_dtype_is_16(d)) {
+    if (!ir_dtype_is_float(ft)) return rt_kfail(k, "result must be f32 or f64, not %s", ir_dtype_name(ft));
+    if (check_sig(k, "tt", ft) != 0) return -1;
+    return ft == IR_F32 ? k_MATMUL_f32(k) : k_MATMUL_f64(k);
+  }
+  if (k->it[1]->dtype != d || (ft != d && ft != IR_F32))
+    return rt_kfail(k, "a 16-bit matmul takes two %s operands and stores %s or f32, not %s @ %s -> %s", ir_dtype_name(d),
+                    ir_dtype_name(d), rt_tstr(k->it[0], 0), rt_tstr(k->it[1], 1), ir_dtype_name(ft));
+  int64_t na = ir_type_numel(k->it[0]), nb = ir_type_numel(k->it[1]), no = ir_type_numel(k->ot);
+  float *a = ts_xmalloc((size_t)(na ? na : 1) * sizeof *a), *b = ts_xmalloc((size_t)(nb ? nb : 1) * sizeof *b);
+  float *c = ft == IR_F32 ? k->out : ts_xmalloc((size_t)(no ? no : 1) * sizeof *c);
+  rt_convert(a, IR_F32, k->in[0], d, na);
+  rt_convert(b, IR_F32, k->in[1], d, nb);
+  IrType at = *k->it[0], bt = *k->it[1], ct = *k->ot;
+  at.dtype = bt.dtype = ct.dtype = IR_F32;
+  const void *in[2] = {a, b};
+  const IrType *it[2] = {&at, &bt};
+  RtKctx k32 = *k;
+  k32.in = in;
+  k32.it = it;
+  k32.out = c;
+  k32.ot = &ct;
+  int rc = k_MATMUL_f32(&k32);
+  if (rc == 0 && ft != IR_F32) rt_convert(k->out, ft, c, IR_F32, no);
+  free(a);
+  free(b);
+  if (c != k->out) free(c);
+  return rc;
+}
 FLOAT_ROW_OP(SOFTMAX, "T")
 FLOAT_ROW_OP(SOFTMAX_BWD, "TT")
 FLOAT_ROW_OP(LOG_SOFTMAX, "T")

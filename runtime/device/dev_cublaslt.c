@@ -13,8 +13,11 @@
  *
  * Semantics (cuBLASLt's): C = gelu?(alpha op(A) op(B) + beta C + bias);
  * with beta = 0, C is not read.  f32 computes in f32 (CUBLAS_COMPUTE_32F:
- * no TF32 unless TS_CUDA_TF32=1), f64 in f64; bf16 / fp16 storage with an
- * f32 accumulator is wired (RtLtElem) for when the IR has those dtypes.
+ * no TF32 unless TS_CUDA_TF32=1), f64 in f64; bf16 / fp16 A and B compute
+ * in f32 (CUBLAS_COMPUTE_32F, scale type f32: tensor cores) into a D of
+ * their type or f32 (a weight gradient into its f32 main grad), the pairs
+ * of cuBLASLt's table; the bias is D's type (BIAS_DATA_TYPE left unset:
+ * cuBLASLt then reads the bias in D's type).
  *
  * One cuBLASLt handle and one 32 MiB workspace per device, made when the
  * device opens (not at the first GEMM, which may be inside a graph
@@ -103,7 +106,7 @@ static int lt_fail(const RtLtLib *L, LtStatus s, const char *fn, const char *wha
 /* ---- plans ---- */
 
 typedef struct {
-  int elem, ta, tb, epilogue;
+  int elem, elem_c, ta, tb, epilogue;   /* elem: A and B; elem_c: C = D and the bias */
   int64_t m, n, k, lda, ldb, ldc, batch, sa, sb, sc;
   unsigned align_a, align_b, align_c, align_bias;
 } LtPlanKey;
@@ -178,7 +181,7 @@ static int layout(const RtLtLib *L, LtLayout *l, int type, int64_t rows, int64_t
 static LtPlan *lt_plan_try(RtLtState *S, const LtPlanKey *k, int split, const void *bias, const char *what, int *none,
                       char *err, size_t n) {
   const RtLtLib *L = S->L;
-  ElemInfo E = elem_info((RtLtElem)k->elem);
+  ElemInfo E = elem_info((RtLtElem)k->elem), EC = elem_info((RtLtElem)k->elem_c);
   LtPlan *P = ts_xcalloc(1, sizeof *P);
   P->key = *k;
   P->split = split;
@@ -205,7 +208,7 @@ static LtPlan *lt_plan_try(RtLtState *S, const LtPlanKey *k, int split, const vo
   /* row-major X (r x c, row stride ld) is column-major X^T (c x r, ld) */
   if (layout(L, &P->la, E.data, k->tb ? k->k : k->n, k->tb ? k->n : k->k, k->ldb, k->batch, k->sb, what, err, n) ||
       layout(L, &P->lb, E.data, k->ta ? k->m : k->k, k->ta ? k->k : k->m, k->lda, k->batch, k->sa, what, err, n) ||
-      layout(L, &P->lc, E.data, k->n, k->m, k->ldc, k->batch, k->sc, what, err, n))
+      layout(L, &P->lc, EC.data, k->n, k->m, k->ldc, k->batch, k->sc, what, err, n))
     goto fail;
   LtPref pref = NULL;
   uint64_t ws = WORKSPACE_BYTES;
@@ -349,7 +352,7 @@ static int gemm_check(const RtGemm *g, char *err, size_t n) {
                  (long long)g->k, bad);
 }
 
-int rt_cublaslt_gemm(RtDev *d, const RtGemm *g, RtLtElem elem, int stream, char *err, size_t n) {
+int rt_cublaslt_gemm(RtDev *d, const RtGemm *g, RtLtElem elem, RtLtElem elem_c, int stream, char *err, size_t n) {
   RtCudaDev *c = d->impl;
   if (!c->lt) return ts_errf(err, n, "GEMMs on %s need cuBLASLt: %s", d->label, c->lt_why);
   if (stream < 0 || stream >= RT_DEV_STREAMS) return ts_errf(err, n, "internal error: stream %d", stream);
@@ -358,6 +361,7 @@ int rt_cublaslt_gemm(RtDev *d, const RtGemm *g, RtLtElem elem, int stream, char 
   LtPlanKey k;
   memset(&k, 0, sizeof k);   /* compared with memcmp: no stray padding */
   k.elem = elem;
+  k.elem_c = elem_c;
   k.ta = !!g->ta;
   k.tb = !!g->tb;
   k.epilogue = g->epilogue;
@@ -369,9 +373,11 @@ int rt_cublaslt_gemm(RtDev *d, const RtGemm *g, RtLtElem elem, int stream, char 
   k.align_b = align_of(g->b);
   k.align_c = align_of(g->c);
   k.align_bias = g->epilogue != RT_GEMM_PLAIN ? align_of(g->bias) : 0;
-  ElemInfo E = elem_info(elem);
-  char what[200];
-  snprintf(what, sizeof what, "GEMM %s m=%lld n=%lld k=%lld%s%s batch %lld%s", E.name, (long long)g->m,
+  ElemInfo E = elem_info(elem), EC = elem_info(elem_c);
+  char what[200], names[32];
+  if (elem == elem_c) snprintf(names, sizeof names, "%s", E.name);
+  else snprintf(names, sizeof names, "%s->%s", E.name, EC.name);
+  snprintf(what, sizeof what, "GEMM %s m=%lld n=%lld k=%lld%s%s batch %lld%s", names, (long long)g->m,
            (long long)g->n, (long long)g->k, g->ta ? " A^T" : "", g->tb ? " B^T" : "", (long long)k.batch,
            g->epilogue == RT_GEMM_BIAS ? " +bias" : g->epilogue == RT_GEMM_BIAS_GELU ? " +bias gelu" : "");
   LtPlan *P = lt_plan_get(S, &k, g->bias, what, err, n);
@@ -390,19 +396,34 @@ int rt_cublaslt_gemm(RtDev *d, const RtGemm *g, RtLtElem elem, int stream, char 
                g->c, P->lc, g->c, P->lc, &P->algo, S->ws, (size_t)WORKSPACE_BYTES, c->stream[stream]))
     return -1;
   if (!P->split) return 0;
-  /* C[rows r0 ..] += ones[rows] bias[n]: k = 1, the same bias for every item */
-  size_t es = E.size;
+  /* C[rows r0 ..] += ones[rows] bias[n]: k = 1, the same bias for every item, in C's type */
+  size_t es = EC.size;
   for (int64_t r0 = 0; r0 < g->m; r0 += ONES) {
     RtGemm u = {.dtype = g->dtype, .m = g->m - r0 < ONES ? g->m - r0 : ONES, .n = g->n, .k = 1, .lda = 1,
                 .ldb = g->n, .ldc = g->ldc, .batch = k.batch, .stride_c = g->stride_c, .alpha = 1, .beta = 1,
-                .a = S->ones[elem], .b = g->bias, .c = (char *)g->c + (size_t)(r0 * g->ldc) * es};
-    if (rt_cublaslt_gemm(d, &u, elem, stream, err, n)) return -1;
+                .a = S->ones[elem_c], .b = g->bias, .c = (char *)g->c + (size_t)(r0 * g->ldc) * es};
+    if (rt_cublaslt_gemm(d, &u, elem_c, elem_c, stream, err, n)) return -1;
   }
   return 0;
 }
 
+static int lt_elem(IrDtype t) {
+  return t == IR_F32 ? RT_LT_ELEM_F32 : t == IR_F64 ? RT_LT_ELEM_F64 : t == IR_BF16 ? RT_LT_ELEM_BF16
+         : t == IR_F16 ? RT_LT_ELEM_F16 : -1;
+}
+
 int rt_cuda_gemm(RtDev *d, const RtGemm *g, int stream, char *err, size_t n) {
-  if (g->dtype == IR_F32) return rt_cublaslt_gemm(d, g, RT_LT_ELEM_F32, stream, err, n);
-  if (g->dtype == IR_F64) return rt_cublaslt_gemm(d, g, RT_LT_ELEM_F64, stream, err, n);
-  return ts_errf(err, n, "internal error: GEMM of dtype %s (f32 or f64)", ir_dtype_name(g->dtype));
+  IrDtype ab = g->ab_dtype != IR_VOID ? g->ab_dtype : g->dtype, bias = g->bias_dtype != IR_VOID ? g->bias_dtype : g->dtype;
+  int ea = lt_elem(ab), ec = lt_elem(g->dtype);
+  /* cuBLASLt's pairs (A = B, C = D): f32 f32, f64 f64, and 16-bit A and B
+   * with CUBLAS_COMPUTE_32F into a D of their type or f32 */
+  int ok = ea >= 0 && ec >= 0 && (ab == g->dtype || (ir_dtype_is_16(ab) && g->dtype == IR_F32));
+  if (!ok)
+    return ts_errf(err, n, "internal error: GEMM of %s operands into %s: cuBLASLt takes f32 -> f32, f64 -> f64, "
+                   "bf16 -> bf16 or f32, f16 -> f16 or f32", ir_dtype_name(ab), ir_dtype_name(g->dtype));
+  if (g->epilogue != RT_GEMM_PLAIN && bias != g->dtype)
+    return ts_errf(err, n, "internal error: a %s bias for a GEMM into %s: cuBLASLt's bias epilogue reads the bias in "
+                   "D's type (%s); cast the bias to %s, or add it after the GEMM", ir_dtype_name(bias),
+                   ir_dtype_name(g->dtype), ir_dtype_name(g->dtype), ir_dtype_name(g->dtype));
+  return rt_cublaslt_gemm(d, g, (RtLtElem)ea, (RtLtElem)ec, stream, err, n);
 }

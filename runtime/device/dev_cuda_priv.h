@@ -228,17 +228,19 @@ int rt_cu_fail(const RtCuDriver *cu, CuResult e, const char *fn, const char *wha
 /* Makes the device's context current on this thread (every entry point). */
 int rt_cuda_current(RtDev *d, char *err, size_t n);
 
-/* dev_cublaslt.c.  Element type of a GEMM's A, B, C (and bias): f32 and f64
- * compute in their own type; bf16 / fp16 (no IR dtype yet: ready for when
- * there is one) compute in f32. */
+/* dev_cublaslt.c.  Element type of a GEMM's A and B (ab) and of its C = D
+ * and bias (cd): f32 and f64 compute in their own type (ab = cd); bf16 /
+ * fp16 A and B compute in f32 (CUBLAS_COMPUTE_32F) into a D of their type
+ * or f32. */
 typedef enum { RT_LT_ELEM_F32, RT_LT_ELEM_F64, RT_LT_ELEM_BF16, RT_LT_ELEM_F16 } RtLtElem;
 /* Loads cuBLASLt (TS_CUBLASLT_LIB, else libcublasLt.so.13), makes the
  * handle and the workspace.  Failure is not fatal to the device: the
  * reason goes to lt_why and every GEMM returns it. */
 void rt_cublaslt_open(RtDev *d);
 void rt_cublaslt_close(RtDev *d);
-int rt_cublaslt_gemm(RtDev *d, const RtGemm *g, RtLtElem elem, int stream, char *err, size_t n);
-/* The RtDevOps.gemm entry: elem from g->dtype. */
+int rt_cublaslt_gemm(RtDev *d, const RtGemm *g, RtLtElem ab, RtLtElem cd, int stream, char *err, size_t n);
+/* The RtDevOps.gemm entry: the elements from g->ab_dtype and g->dtype;
+ * a pair cuBLASLt does not take is refused naming the pairs it does. */
 int rt_cuda_gemm(RtDev *d, const RtGemm *g, int stream, char *err, size_t n);
 /* How many plans (cached descriptor sets + algorithm) the device holds. */
 int rt_cublaslt_plans(RtDev *d);

@@ -50,11 +50,16 @@ struct RtDevImage {
  * `batch` products at the given element strides (0: shared operand);
  * beta = 0 overwrites C, 1 accumulates (a bias epilogue pre-fills C).
  * epilogue: RT_GEMM_BIAS adds bias[n] to every row, RT_GEMM_BIAS_GELU
- * then applies gelu (tanh form).  dtype IR_F32 or IR_F64 (cuBLASLt:
- * also bf16 / fp16 with an f32 accumulator). */
+ * then applies gelu (tanh form).  dtype (C's and the bias's) IR_F32 or
+ * IR_F64 with A and B of that dtype, or A and B bf16 / f16 (ab_dtype)
+ * with an f32 accumulator and C of their dtype or f32 (cuBLASLt's
+ * CUBLAS_COMPUTE_32F table; Megatron's bf16 GEMMs).  The bias is C's
+ * dtype (cuBLASLt's bias epilogue reads D's type). */
 enum { RT_GEMM_PLAIN, RT_GEMM_BIAS, RT_GEMM_BIAS_GELU };
 typedef struct {
-  IrDtype dtype;
+  IrDtype dtype;                  /* C (and D, and the bias) */
+  IrDtype ab_dtype;               /* A and B; IR_VOID: dtype */
+  IrDtype bias_dtype;             /* IR_VOID: dtype; anything else is refused */
   int ta, tb;
   int64_t m, n, k;
   int64_t lda, ldb, ldc;          /* row strides (elements) of A, B, C as stored */

@@ -114,7 +114,7 @@ static int classify(const IrModule *m, const IrBlock *b, int i, const MemPlan *p
   case IR_OP_STATE: *kind = RT_DS_STATE; return 0;
   case IR_OP_OUTPUT: *kind = RT_DS_OUTPUT; return 0;
   case IR_OP_MATMUL:
-    if (!rt_gemm_epilogue_ok(b, i)) return -1;
+    if (!rt_gemm_node_ok(b, i)) return -1;
     *kind = RT_DS_GEMM;
     return 0;
   default: break;

@@ -741,6 +741,7 @@ static int gemm(RtDevExec *x, const IrBlock *b, const IrNode *mm, const void *A,
   RtGemm g;
   memset(&g, 0, sizeof g);
   g.dtype = mm->type.dtype;
+  g.ab_dtype = b->nodes[mm->in[0]].type.dtype;   /* bf16 / f16 operands: f32 accumulation (OPF_MIXED) */
   g.ta = ta;
   g.tb = tb;
   g.m = M;

@@ -2,7 +2,8 @@
  *
  * Straight into the state (plan_accum_direct_runs, plan/groups.h): a
  * weight gradient `accum (reshape* (matmul A, B)) @grad.W` runs as ONE
- * BLAS call, C = A.B + C with beta = 1, C the gradient state's bytes, at
+ * BLAS call, C = A.B + C with beta = 1, C the gradient state's bytes (A
+ * and B bf16 / f16: converted to f32 copies first, exact), at
  * the accum's position, and an embedding's `accum (embedding_bwd ids, dy)`
  * scatter-adds into the state's rows; the product never has a buffer of
  * its own (for a tied embedding of a 50k vocabulary, two [vocab, d_model]
@@ -73,6 +74,18 @@ int rt_gemm_epilogue_ok(const IrBlock *b, int mm) {
   return rt_gemm_shape(b, n, &M, &N, &K, &batch, &shared) == 0;
 }
 
+int rt_gemm_node_ok(const IrBlock *b, int mm) {
+  if (rt_gemm_epilogue_ok(b, mm)) return 1;
+  if (mm < 0 || mm >= b->n) return 0;
+  const IrNode *n = &b->nodes[mm];
+  if (n->op != IR_OP_MATMUL || n->nin != 2) return 0;
+  IrDtype ab = b->nodes[n->in[0]].type.dtype, dt = n->type.dtype;
+  if (!ir_dtype_is_16(ab) || b->nodes[n->in[1]].type.dtype != ab || (dt != ab && dt != IR_F32)) return 0;
+  int64_t M, N, K, batch;
+  int shared;
+  return rt_gemm_shape(b, n, &M, &N, &K, &batch, &shared) == 0;
+}
+
 /* One GEMM per batch item in [lo, hi), C_i = op(A_i) op(B_i) + C_i. */
 typedef struct {
   int f64;
@@ -121,9 +134,24 @@ int rt_accum_direct_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, vo
   (void)rt_par_threads();   /* first call: shares the cores among local ranks (par.h) */
   if (M * N == 0 || Kd == 0) return 0;   /* A.B is 0: the state stays */
   int ta = mm->ia[0] != 0, tb = mm->ia[1] != 0;
+  /* 16-bit operands (a bf16 weight gradient into its f32 main grad): f32
+   * copies, exact, then sgemm as for f32 operands */
+  IrDtype ad = b->nodes[mm->in[0]].type.dtype;
+  float *a32 = NULL, *b32 = NULL;
+  const void *A = bufs[0], *B = bufs[1];
+  if (ir_dtype_is_16(ad)) {
+    a32 = ts_xmalloc((size_t)(M * Kd) * sizeof *a32);
+    b32 = ts_xmalloc((size_t)(Kd * N) * sizeof *b32);
+    rt_convert(a32, IR_F32, bufs[0], ad, M * Kd);
+    rt_convert(b32, IR_F32, bufs[1], b->nodes[mm->in[1]].type.dtype, Kd * N);
+    A = a32;
+    B = b32;
+  }
   GemmJob j = {mm->type.dtype == IR_F64, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-               (int)M, (int)N, (int)Kd, (int)(ta ? M : Kd), (int)(tb ? Kd : N), bufs[0], bufs[1], C, 0, 0, 0};
+               (int)M, (int)N, (int)Kd, (int)(ta ? M : Kd), (int)(tb ? Kd : N), A, B, C, 0, 0, 0};
   gemm_items(&j, 0, 1);
+  free(a32);
+  free(b32);
   return 0;
 }
 

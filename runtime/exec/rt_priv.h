@@ -103,6 +103,9 @@ int rt_jit_run_opt(RtJit *j, RtProgram *p, const IrBlock *b, const RtJitKernel *
  * bias, out: out = broadcast(bias) (the reference kernel), then
  * out = A.B + out (one GEMM, or one per batch item, beta = 1).  0 or -1. */
 int rt_gemm_epilogue_ok(const IrBlock *b, int mm);
+/* Whether matmul node mm of b is a product a device GEMM runs: that, or
+ * (OPF_MIXED) two bf16 / f16 operands into their dtype or f32. */
+int rt_gemm_node_ok(const IrBlock *b, int mm);
 /* The product of matmul node mm as GEMMs: M, N, K, batch (product of a's
  * leading dims) and whether b is one matrix shared by every batch item.
  * 0, or -1 if BLAS cannot take it. */

@@ -241,9 +241,94 @@ static void test_kernels(void) {
   ir_module_free(m);
 }
 
+/* The 16-bit GEMM (matmul of bf16 operands, OPF_MIXED) against what it
+ * replaced: cast to f32, the f32 matmul, cast to bf16 -- bit for bit, on
+ * the reference kernels and the LLVM backend: a shared b with a bf16
+ * result, a batched b^T with an f32 result, a^T b (a weight gradient's
+ * shape) into f32; K = 640 so that BLAS blocks K.  Each output is the sum
+ * of squares of the difference: exactly 0. */
+static const char *mm_text =
+    "module mm\n"
+    "train lr=0.001 beta1=0.9 beta2=0.95 eps=1e-08 weight_decay=0.1 schedule=constant warmup=0 decay_steps=0 "
+    "min_lr=0.0 clip_grad=1.0 global_batch=2 micro_batch=2 seq_len=48 steps=1 seed=7 precision=bf16\n"
+    "parallel tp=1 pp=1 cp=1 ep=1 dp=0 sp=0 zero=1\n"
+    "block forward {\n"
+    "  %0 = input \"a\" : f32[2, 48, 640]\n"
+    "  %1 = input \"b\" : f32[640, 40]\n"
+    "  %2 = input \"c\" : f32[2, 40, 640]\n"
+    "  %3 = cast %0 : bf16[2, 48, 640]\n"
+    "  %4 = cast %1 : bf16[640, 40]\n"
+    "  %5 = cast %2 : bf16[2, 40, 640]\n"
+    "  %6 = matmul %3, %4 ta=0 tb=0 : bf16[2, 48, 40]\n"
+    "  %7 = cast %3 : f32[2, 48, 640]\n"
+    "  %8 = cast %4 : f32[640, 40]\n"
+    "  %9 = matmul %7, %8 ta=0 tb=0 : f32[2, 48, 40]\n"
+    "  %10 = cast %9 : bf16[2, 48, 40]\n"
+    "  %11 = cast %6 : f32[2, 48, 40]\n"
+    "  %12 = cast %10 : f32[2, 48, 40]\n"
+    "  %13 = sub %11, %12 : f32[2, 48, 40]\n"
+    "  %14 = sumsq %13 : f32[]\n"
+    "  output \"d_shared\" %14\n"
+    "  %16 = matmul %3, %5 ta=0 tb=1 : f32[2, 48, 40]\n"
+    "  %17 = cast %5 : f32[2, 40, 640]\n"
+    "  %18 = matmul %7, %17 ta=0 tb=1 : f32[2, 48, 40]\n"
+    "  %19 = sub %16, %18 : f32[2, 48, 40]\n"
+    "  %20 = sumsq %19 : f32[]\n"
+    "  output \"d_batched\" %20\n"
+    "  %22 = reshape %3 : bf16[96, 640]\n"
+    "  %23 = reshape %6 : bf16[96, 40]\n"
+    "  %24 = matmul %22, %23 ta=1 tb=0 : f32[640, 40]\n"
+    "  %25 = cast %22 : f32[96, 640]\n"
+    "  %26 = cast %23 : f32[96, 40]\n"
+    "  %27 = matmul %25, %26 ta=1 tb=0 : f32[640, 40]\n"
+    "  %28 = sub %24, %27 : f32[640, 40]\n"
+    "  %29 = sumsq %28 : f32[]\n"
+    "  output \"d_at\" %29\n"
+    "  %31 = sumsq %9 : f32[]\n"
+    "  output \"loss\" %31\n"
+    "}\n"
+    "end\n";
+
+static void test_matmul16(void) {
+  char err[1024];
+  IrModule *m = parse(mm_text, err, sizeof err);
+  CHECK(m != NULL, "parse: %s", err);
+  if (!m) return;
+  CHECK(ir_verify(m, err, sizeof err) == 0, "verify: %s", err);
+  size_t na = 2 * 48 * 640, nb = 640 * 40, nc = 2 * 40 * 640;
+  float *a = malloc(na * 4), *b = malloc(nb * 4), *c = malloc(nc * 4);
+  for (size_t i = 0; i < na; i++) a[i] = (float)((int32_t)next32() >> 8) / 8388608.0f;
+  for (size_t i = 0; i < nb; i++) b[i] = (float)((int32_t)next32() >> 8) / 8388608.0f;
+  for (size_t i = 0; i < nc; i++) c[i] = (float)((int32_t)next32() >> 8) / 8388608.0f;
+  RtFeed f[3] = {{"a", a}, {"b", b}, {"c", c}};
+  static const char *outs[3] = {"d_shared", "d_batched", "d_at"};
+  for (int be = 0; be < 2; be++) {
+    RtRank r = rt_rank_single();
+    RtExecOpts o = {.backend = be ? RT_BACKEND_LLVM : RT_BACKEND_REF, .threads = 2};
+    RtProgram *p = rt_program_new_opts(m, &r, &o, err, sizeof err);
+    CHECK(p != NULL, "program: %s", err);
+    if (!p) continue;
+    CHECK(rt_run_block(p, 0, f, 3, NULL, err, sizeof err) == 0, "run: %s", err);
+    double loss = 0, d[3] = {1, 1, 1};
+    rt_output(p, "loss", &loss);
+    for (int k = 0; k < 3; k++) {
+      rt_output(p, outs[k], &d[k]);
+      CHECK(d[k] == 0, "%s backend: the 16-bit matmul (%s) differs from cast + f32 matmul + cast: sum of squares %g",
+            be ? "llvm" : "ref", outs[k], d[k]);
+    }
+    CHECK(loss > 1, "real products: sum of squares %g", loss);
+    printf("16-bit matmul on %s: bit for bit cast + sgemm + cast (shared b -> bf16, batched b^T -> f32, a^T b -> f32; "
+           "K 640), products' sum of squares %.6g\n", be ? "llvm" : "ref", loss);
+    rt_program_free(p);
+  }
+  free(a), free(b), free(c);
+  ir_module_free(m);
+}
+
 int main(void) {
   test_conversions();
   test_ir();
   test_kernels();
+  test_matmul16();
   return check_exit("bf16");
 }

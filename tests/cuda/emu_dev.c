@@ -9,6 +9,7 @@
  * device path and the generated kernels, not the driver. */
 #include "emu_dev.h"
 #include "emu_host.h"
+#include "runtime/cpu/kernels.h"
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
@@ -103,13 +104,59 @@ static int e_launch(RtDev *d, RtDevModule *mod, const CgCudaLaunch *l, const CgC
 }
 
 static int e_gemm(RtDev *d, const RtGemm *g, int stream, char *err, size_t n) {
-  if (g->dtype != IR_F32 && g->dtype != IR_F64) return ts_errf(err, n, "the emulated GEMM takes f32 and f64");
+  IrDtype ab = g->ab_dtype ? g->ab_dtype : g->dtype;
+  int ok = (g->dtype == IR_F32 || g->dtype == IR_F64) && ab == g->dtype;
+  ok |= ir_dtype_is_16(ab) && (g->dtype == ab || g->dtype == IR_F32);
+  if (!ok || (g->bias_dtype && g->bias_dtype != g->dtype))
+    return ts_errf(err, n, "the emulated GEMM takes f32 and f64, and bf16 / f16 operands into their dtype or f32 "
+                   "(the bias in C's dtype), not %s into %s", ir_dtype_name(ab), ir_dtype_name(g->dtype));
   Op op = {.kind = OP_GEMM, .g = *g};
   return issue(d, stream, &op, err, n);
 }
 
-/* C = alpha op(A) op(B) + beta C (+ bias per column, gelu), row-major. */
+static void host_gemm32(const RtGemm *g);
+
+/* Elements a row-major operand spans: its batch items at their stride. */
+static int64_t span(int64_t batch, int64_t stride, int64_t rows, int64_t ld) {
+  return (batch > 1 ? (batch - 1) * stride : 0) + rows * ld;
+}
+
+/* C = alpha op(A) op(B) + beta C (+ bias per column, gelu), row-major.
+ * bf16 / f16 A and B: converted to f32 (exact), the f32 GEMM, C rounded
+ * once to its dtype (as the CPU's matmul, ops_ref.c). */
 static void host_gemm(const RtGemm *g) {
+  IrDtype ab = g->ab_dtype ? g->ab_dtype : g->dtype;
+  if (!ir_dtype_is_16(ab)) { host_gemm32(g); return; }
+  int64_t batch = g->batch > 0 ? g->batch : 1;
+  int64_t na = span(batch, g->stride_a, g->ta ? g->k : g->m, g->lda), nb = span(batch, g->stride_b, g->tb ? g->n : g->k, g->ldb);
+  int64_t nc = span(batch, g->stride_c, g->m, g->ldc);
+  float *a = ts_xmalloc((size_t)na * 4), *b = ts_xmalloc((size_t)nb * 4), *c = g->c, *bias = NULL;
+  rt_convert(a, IR_F32, g->a, ab, na);
+  rt_convert(b, IR_F32, g->b, ab, nb);
+  if (g->dtype != IR_F32) {
+    c = ts_xmalloc((size_t)nc * 4);
+    rt_convert(c, IR_F32, g->c, g->dtype, nc);
+    if (g->bias) {
+      bias = ts_xmalloc((size_t)g->n * 4);
+      rt_convert(bias, IR_F32, g->bias, g->dtype, g->n);
+    }
+  }
+  RtGemm g32 = *g;
+  g32.dtype = IR_F32;
+  g32.ab_dtype = IR_VOID;
+  g32.a = a;
+  g32.b = b;
+  g32.c = c;
+  if (bias) g32.bias = bias;
+  host_gemm32(&g32);
+  if (c != g->c) rt_convert(g->c, g->dtype, c, IR_F32, nc);
+  free(a);
+  free(b);
+  if (c != g->c) free(c);
+  free(bias);
+}
+
+static void host_gemm32(const RtGemm *g) {
   int f64 = g->dtype == IR_F64;
   size_t es = f64 ? 8 : 4;
   int64_t batch = g->batch > 0 ? g->batch : 1;

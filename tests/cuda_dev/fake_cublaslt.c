@@ -15,7 +15,10 @@
  *
  * Checked as documented (errors as cuBLASLt's status codes): attribute
  * sizes, ld >= rows, shapes and batch counts that agree, compute / scale /
- * data types that go together, an algorithm from the heuristic of the
+ * data types that go together (bf16 / f16 A and B only with a 32F compute
+ * into a D of their type or f32; the bias read in D's type, as cuBLASLt
+ * reads it when BIAS_DATA_TYPE is unset; the products accumulated in
+ * float, D rounded once), an algorithm from the heuristic of the
  * same configuration, the workspace it asked for, pointers aligned as the
  * preference promised and inside device memory (the fake driver's
  * fake_cuda_ptr_ok).  The matmul runs in stream order through the fake
@@ -256,6 +259,18 @@ EXPORT St cublasLtMatmulPreferenceSetAttribute(Pref *p, int attr, const void *bu
   return S_NOT_SUPPORTED;
 }
 
+/* ---- what ran: the tests ask how many matmuls of each A type ---- */
+static long matmuls[4];   /* R_32F, R_64F, R_16F, other (R_16BF) */
+static int type_slot(uint32_t t) { return t == R_32F ? 0 : t == R_64F ? 1 : t == R_16F ? 2 : 3; }
+/* The matmuls issued so far whose A and B are of CUDA data type `type`
+ * (0 CUDA_R_32F, 1 CUDA_R_64F, 2 CUDA_R_16F, 14 CUDA_R_16BF) and whose D
+ * is `dtype` (-1: any). */
+static long matmuls_d[4][4];
+EXPORT long fake_cublaslt_matmuls(int type, int dtype) {
+  int a = type_slot((uint32_t)type);
+  return dtype < 0 ? matmuls[a] : matmuls_d[a][type_slot((uint32_t)dtype)];
+}
+
 /* ---- heuristic and matmul ---- */
 
 static size_t type_size(uint32_t t) { return t == R_64F ? 8 : t == R_32F ? 4 : 2; }
@@ -284,8 +299,19 @@ static St check(const Desc *d, const Layout *a, const Layout *b, const Layout *c
   uint64_t kb = d->transb ? b->cols : b->rows, n = d->transb ? b->rows : b->cols;
   if (k != kb || c->rows != m || c->cols != n || dl->rows != m || dl->cols != n) return S_INVALID_VALUE;
   if (a->batch != dl->batch || b->batch != dl->batch || c->batch != dl->batch) return S_INVALID_VALUE;
-  if (a->type != b->type || c->type != dl->type || a->type != c->type) return S_NOT_SUPPORTED;
-  if (d->compute == C_64F ? a->type != R_64F : a->type == R_64F) return S_NOT_SUPPORTED;
+  /* the type pairs of cuBLASLt's table that the device layer may ask for
+   * (A = B, C = D): f64 with CUBLAS_COMPUTE_64F; f32 into f32 with a 32F
+   * compute (TF32 included); bf16 into bf16 or f32 and f16 into f16 or f32
+   * with CUBLAS_COMPUTE_32F (or its pedantic form), never FAST_TF32;
+   * everything else (f32 into bf16, bf16 into f64, mixed A and B) is
+   * CUBLAS_STATUS_NOT_SUPPORTED */
+  if (a->type != b->type || c->type != dl->type) return S_NOT_SUPPORTED;
+  int ok = 0;
+  if (d->compute == C_64F) ok = a->type == R_64F && c->type == R_64F;
+  else if (a->type == R_32F) ok = c->type == R_32F;
+  else if (a->type == R_16BF || a->type == R_16F)
+    ok = d->compute != C_32F_FAST_TF32 && (c->type == a->type || c->type == R_32F);
+  if (!ok) return S_NOT_SUPPORTED;
   if (d->epilogue != EPI_DEFAULT && !d->bias) return S_INVALID_VALUE;
   return S_OK;
 }
@@ -423,6 +449,8 @@ EXPORT St cublasLtMatmul(Handle *h, Desc *d, const void *alpha, const void *A, L
   }
   Job *j = calloc(1, sizeof *j);
   if (!j) return S_ALLOC_FAILED;
+  matmuls[type_slot(la->type)]++;
+  matmuls_d[type_slot(la->type)][type_slot(ld->type)]++;
   *j = (Job){.d = *d, .a = *la, .b = *lb, .c = *lc, .dl = *ld, .A = A, .B = B, .C = C, .D = D};
   /* alpha and beta are read now (host pointer mode), as documented */
   j->alpha = d->scale == R_64F ? *(const double *)alpha : *(const float *)alpha;

@@ -24,6 +24,7 @@
  * What the fakes do is our reading of NVIDIA's documentation; the tests
  * prove the device layer against that reading. */
 #include "runtime/device/dev_cuda_priv.h"
+#include "runtime/cpu/half.h"
 #include "runtime/exec/train.h"
 #include "fake_cuda.h"
 #include <dlfcn.h>
@@ -768,7 +769,8 @@ static float bf16_round(float f) {
 }
 
 typedef struct {
-  int elem;            /* RT_LT_ELEM_* */
+  int elem;            /* RT_LT_ELEM_* of A and B (and of C unless cf32) */
+  int cf32;            /* C, D and the bias f32 (16-bit A and B: a weight gradient into its main grad) */
   int ta, tb;
   int64_t m, n, k, batch;
   int shared_a, shared_b;   /* stride 0 */
@@ -783,6 +785,7 @@ static size_t esize(int elem) { return elem == RT_LT_ELEM_F64 ? 8 : elem == RT_L
 static double get(const void *p, int elem, size_t i) {
   if (elem == RT_LT_ELEM_F64) return ((const double *)p)[i];
   if (elem == RT_LT_ELEM_F32) return ((const float *)p)[i];
+  if (elem == RT_LT_ELEM_F16) return ts_f16_to_f32(((const uint16_t *)p)[i]);
   uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
   float f;
   memcpy(&f, &u, 4);
@@ -792,6 +795,7 @@ static double get(const void *p, int elem, size_t i) {
 static void put(void *p, int elem, size_t i, double v) {
   if (elem == RT_LT_ELEM_F64) ((double *)p)[i] = v;
   else if (elem == RT_LT_ELEM_F32) ((float *)p)[i] = (float)v;
+  else if (elem == RT_LT_ELEM_F16) ((uint16_t *)p)[i] = ts_f32_to_f16((float)v);
   else {
     float f = bf16_round((float)v);
     uint32_t u;
@@ -806,8 +810,14 @@ static const char *expect_err;
 
 /* Runs case c on d (in a graph when graph is set) and compares with a
  * row-major loop; returns the worst relative error. */
+static IrDtype elem_dtype(int e) {
+  return e == RT_LT_ELEM_F64 ? IR_F64 : e == RT_LT_ELEM_F32 ? IR_F32 : e == RT_LT_ELEM_BF16 ? IR_BF16 : IR_F16;
+}
+
 static double run_case(RtDev *d, const Case *c, int graph) {
   size_t es = esize(c->elem);
+  int ec = c->cf32 ? RT_LT_ELEM_F32 : c->elem;   /* C, D, bias */
+  size_t esc = esize(ec);
   int64_t ar = c->ta ? c->k : c->m, ac = c->ta ? c->m : c->k;   /* A as stored, row-major */
   int64_t br = c->tb ? c->n : c->k, bc = c->tb ? c->k : c->n;
   int64_t lda = ac + c->pad, ldb = bc + c->pad, ldc = c->n + c->pad;
@@ -815,12 +825,12 @@ static double run_case(RtDev *d, const Case *c, int graph) {
   int64_t nb = c->batch;
   size_t na = (size_t)((c->shared_a ? 1 : nb) * ar * lda), nbb = (size_t)((c->shared_b ? 1 : nb) * br * ldb);
   size_t nc = (size_t)(nb * sc), off = (size_t)c->offset;
-  unsigned char *A = calloc(na + off, es), *B = calloc(nbb + off, es), *C = calloc(nc + off, es),
-                *bias = calloc((size_t)c->n, es), *R = calloc(nc + off, es);
+  unsigned char *A = calloc(na + off, es), *B = calloc(nbb + off, es), *C = calloc(nc + off, esc),
+                *bias = calloc((size_t)c->n, esc), *R = calloc(nc + off, esc);
   for (size_t i = 0; i < na; i++) put(A + off * es, c->elem, i, urand());
   for (size_t i = 0; i < nbb; i++) put(B + off * es, c->elem, i, urand());
-  for (size_t i = 0; i < nc; i++) put(C + off * es, c->elem, i, c->beta != 0 ? urand() : NAN);   /* beta 0: unread */
-  for (int64_t j = 0; j < c->n; j++) put(bias, c->elem, (size_t)j, urand());
+  for (size_t i = 0; i < nc; i++) put(C + off * esc, ec, i, c->beta != 0 ? urand() : NAN);   /* beta 0: unread */
+  for (int64_t j = 0; j < c->n; j++) put(bias, ec, (size_t)j, urand());
   /* the reference: row-major, from the values as stored */
   double *ref = calloc(nc, sizeof *ref);
   for (int64_t b = 0; b < nb; b++)
@@ -834,21 +844,21 @@ static double run_case(RtDev *d, const Case *c, int graph) {
         }
         size_t ic = (size_t)(b * sc + i * ldc + j);
         double v = c->alpha * acc;
-        if (c->beta != 0) v += c->beta * get(C + off * es, c->elem, ic);
-        if (c->epilogue != RT_GEMM_PLAIN) v += get(bias, c->elem, (size_t)j);
+        if (c->beta != 0) v += c->beta * get(C + off * esc, ec, ic);
+        if (c->epilogue != RT_GEMM_PLAIN) v += get(bias, ec, (size_t)j);
         if (c->epilogue == RT_GEMM_BIAS_GELU) v = gelu(v);
         ref[ic] = v;
       }
-  unsigned char *dA = dalloc(d, (na + off) * es), *dB = dalloc(d, (nbb + off) * es), *dC = dalloc(d, (nc + off) * es),
-                *dbias = dalloc(d, (size_t)c->n * es);
+  unsigned char *dA = dalloc(d, (na + off) * es), *dB = dalloc(d, (nbb + off) * es), *dC = dalloc(d, (nc + off) * esc),
+                *dbias = dalloc(d, (size_t)c->n * esc);
   OK(d->ops->h2d(d, dA, A, (na + off) * es, RT_STREAM_COMPUTE, E));
   OK(d->ops->h2d(d, dB, B, (nbb + off) * es, RT_STREAM_COMPUTE, E));
-  OK(d->ops->h2d(d, dC, C, (nc + off) * es, RT_STREAM_COMPUTE, E));
-  OK(d->ops->h2d(d, dbias, bias, (size_t)c->n * es, RT_STREAM_COMPUTE, E));
-  RtGemm g = {.dtype = c->elem == RT_LT_ELEM_F64 ? IR_F64 : IR_F32, .ta = c->ta, .tb = c->tb, .m = c->m, .n = c->n,
+  OK(d->ops->h2d(d, dC, C, (nc + off) * esc, RT_STREAM_COMPUTE, E));
+  OK(d->ops->h2d(d, dbias, bias, (size_t)c->n * esc, RT_STREAM_COMPUTE, E));
+  RtGemm g = {.dtype = elem_dtype(ec), .ab_dtype = elem_dtype(c->elem), .ta = c->ta, .tb = c->tb, .m = c->m, .n = c->n,
               .k = c->k, .lda = lda, .ldb = ldb, .ldc = ldc, .batch = nb, .stride_a = sa, .stride_b = sb,
               .stride_c = sc, .alpha = c->alpha, .beta = c->beta, .a = dA + off * es, .b = dB + off * es,
-              .c = dC + off * es, .bias = c->epilogue != RT_GEMM_PLAIN ? dbias : NULL, .epilogue = c->epilogue};
+              .c = dC + off * esc, .bias = c->epilogue != RT_GEMM_PLAIN ? dbias : NULL, .epilogue = c->epilogue};
   RtDevGraph *gr = NULL;
   if (graph) OK(d->ops->graph_begin(d, RT_STREAM_COMPUTE, E));
   if (expect_err) {
@@ -856,31 +866,29 @@ static double run_case(RtDev *d, const Case *c, int graph) {
     CHECK(d->ops->gemm(d, &g, RT_STREAM_COMPUTE, err, sizeof err) == -1 && strstr(err, expect_err),
           "want a failure with '%s': %s", expect_err, err);
     MSG(err, "");
-  } else if (c->elem == RT_LT_ELEM_F32 || c->elem == RT_LT_ELEM_F64) {
-    OK(d->ops->gemm(d, &g, RT_STREAM_COMPUTE, E));
   } else {
-    OK(rt_cublaslt_gemm(d, &g, (RtLtElem)c->elem, RT_STREAM_COMPUTE, E));
+    OK(d->ops->gemm(d, &g, RT_STREAM_COMPUTE, E));
   }
   if (graph) {
     OK(d->ops->graph_end(d, RT_STREAM_COMPUTE, &gr, E));
     OK(d->ops->sync(d, RT_STREAM_COMPUTE, E));
-    unsigned char *before = calloc(nc + off, es);
-    OK(d->ops->d2h(d, before, dC, (nc + off) * es, RT_STREAM_COMPUTE, E));
+    unsigned char *before = calloc(nc + off, esc);
+    OK(d->ops->d2h(d, before, dC, (nc + off) * esc, RT_STREAM_COMPUTE, E));
     OK(d->ops->sync(d, RT_STREAM_COMPUTE, E));
-    CHECK(!memcmp(before, C, (nc + off) * es), "the captured GEMM ran at capture");
+    CHECK(!memcmp(before, C, (nc + off) * esc), "the captured GEMM ran at capture");
     free(before);
     if (gr) OK(d->ops->graph_launch(d, gr, RT_STREAM_COMPUTE, E));
   }
-  OK(d->ops->d2h(d, R, dC, (nc + off) * es, RT_STREAM_COMPUTE, E));
+  OK(d->ops->d2h(d, R, dC, (nc + off) * esc, RT_STREAM_COMPUTE, E));
   OK(d->ops->sync(d, RT_STREAM_COMPUTE, E));
   double worst = 0;
   for (int64_t b = 0; b < nb && !expect_err; b++)
     for (int64_t i = 0; i < c->m; i++)
       for (int64_t j = 0; j < ldc; j++) {
         size_t ic = (size_t)(b * sc + i * ldc + j);
-        double got = get(R + off * es, c->elem, ic);
+        double got = get(R + off * esc, ec, ic);
         if (j >= c->n) {   /* padding: untouched */
-          if (memcmp(R + (off + ic) * es, C + (off + ic) * es, es)) worst = INFINITY;
+          if (memcmp(R + (off + ic) * esc, C + (off + ic) * esc, esc)) worst = INFINITY;
           continue;
         }
         double e = fabs(got - ref[ic]) / fmax(fabs(ref[ic]), 1);
@@ -897,7 +905,8 @@ static double run_case(RtDev *d, const Case *c, int graph) {
 
 static const char *case_str(const Case *c, char *buf, size_t n) {
   static const char *en[] = {"f32", "f64", "bf16", "f16"};
-  snprintf(buf, n, "%s %s%s m=%lld n=%lld k=%lld batch %lld%s%s pad %d alpha %g beta %g%s offset %d", en[c->elem],
+  snprintf(buf, n, "%s%s %s%s m=%lld n=%lld k=%lld batch %lld%s%s pad %d alpha %g beta %g%s offset %d", en[c->elem],
+           c->cf32 ? "->f32" : "",
            c->ta ? "A^T " : "", c->tb ? "B^T" : "", (long long)c->m, (long long)c->n, (long long)c->k,
            (long long)c->batch, c->shared_a ? " shared A" : "", c->shared_b ? " shared B" : "", c->pad, c->alpha,
            c->beta, c->epilogue == RT_GEMM_BIAS ? " +bias" : c->epilogue == RT_GEMM_BIAS_GELU ? " +bias gelu" : "",
@@ -961,15 +970,58 @@ static void test_gemm(const char *cuda, const char *lt) {
   CHECK(eb <= 1e-2, "%s: error %.3g", case_str(&cb, buf, sizeof buf), eb);
   printf("in a graph (f64, %s): %.2e; bf16 storage: %.2e; %d plans cached\n", no64 ? "bias" : "gelu bias", eg, eb,
          rt_cublaslt_plans(d));
+  /* 16-bit A and B, f32 accumulation, D in their type or f32 (the pairs
+   * of cuBLASLt's CUBLAS_COMPUTE_32F table), the bias in D's type */
+  double w16 = 0, w32 = 0;
+  int n16 = 0;
+  for (int e = RT_LT_ELEM_BF16; e <= RT_LT_ELEM_F16; e++)
+    for (int cf = 0; cf < 2; cf++)
+      for (int t = 0; t < 4; t++)
+        for (int v = 0; v < 3; v++) {
+          Case c16 = {.elem = e, .cf32 = cf, .ta = t & 1, .tb = t >> 1, .m = shapes[t][0], .n = shapes[t][1],
+                      .k = shapes[t][2], .batch = v == 2 ? 2 : 1, .shared_b = v == 2, .alpha = 1, .beta = v == 1,
+                      .epilogue = (t + v) % 3, .pad = v == 1 ? 2 : 0};
+          double e16 = run_case(d, &c16, 0), tol = cf ? 1e-5 : e == RT_LT_ELEM_BF16 ? 1e-2 : 2e-3;
+          CHECK(e16 <= tol, "%s: relative error %.3g > %g", case_str(&c16, buf, sizeof buf), e16, tol);
+          if (cf) w32 = fmax(w32, e16);
+          else w16 = fmax(w16, e16);
+          n16++;
+        }
+  printf("%d 16-bit GEMM cases (bf16 and f16 A, B; D 16-bit or f32): worst relative error %.2e (16-bit D), "
+         "%.2e (f32 D)\n", n16, w16, w32);
   /* refusals before cuBLASLt */
   char err[512];
   RtGemm g = {.dtype = IR_I32, .m = 1, .n = 1, .k = 1, .lda = 1, .ldb = 1, .ldc = 1};
   CHECK(d->ops->gemm(d, &g, 0, err, sizeof err) == -1, "an i32 GEMM");
-  MSG(err, "GEMM of dtype i32");
+  MSG(err, "GEMM of i32 operands into i32", "bf16 -> bf16 or f32");
   float one = 1;
   g = (RtGemm){.dtype = IR_F32, .m = 2, .n = 3, .k = 4, .lda = 3, .ldb = 3, .ldc = 3, .a = &one, .b = &one, .c = &one};
   CHECK(d->ops->gemm(d, &g, 0, err, sizeof err) == -1, "lda 3 < k 4 accepted");
   MSG(err, "lda below A's row length");
+  /* pairs cuBLASLt does not take: refused by the device layer, naming the pairs it does */
+  g = (RtGemm){.dtype = IR_F64, .ab_dtype = IR_BF16, .m = 2, .n = 3, .k = 4, .lda = 4, .ldb = 3, .ldc = 3, .a = &one,
+               .b = &one, .c = &one};
+  CHECK(d->ops->gemm(d, &g, 0, err, sizeof err) == -1, "a bf16 GEMM into f64 accepted");
+  MSG(err, "GEMM of bf16 operands into f64", "bf16 -> bf16 or f32");
+  g = (RtGemm){.dtype = IR_BF16, .ab_dtype = IR_BF16, .bias_dtype = IR_F32, .m = 2, .n = 3, .k = 4, .lda = 4, .ldb = 3,
+               .ldc = 3, .a = &one, .b = &one, .c = &one, .bias = &one, .epilogue = RT_GEMM_BIAS};
+  CHECK(d->ops->gemm(d, &g, 0, err, sizeof err) == -1, "an f32 bias for a bf16 D accepted");
+  MSG(err, "a f32 bias for a GEMM into bf16", "D's type (bf16)");
+  /* ... and by the fake cuBLASLt, as by the real one, when asked directly:
+   * f32 A and B into a bf16 D, bf16 A and B into f64 */
+  {
+    unsigned char *dm = dalloc(d, 256);
+    RtGemm q = {.dtype = IR_F32, .m = 2, .n = 2, .k = 2, .lda = 2, .ldb = 2, .ldc = 2, .alpha = 1, .a = dm, .b = dm,
+                .c = dm};
+    static const int pairs[2][2] = {{RT_LT_ELEM_F32, RT_LT_ELEM_BF16}, {RT_LT_ELEM_BF16, RT_LT_ELEM_F64}};
+    for (int i = 0; i < 2; i++) {
+      CHECK(rt_cublaslt_gemm(d, &q, (RtLtElem)pairs[i][0], (RtLtElem)pairs[i][1], 0, err, sizeof err) == -1,
+            "the fake cuBLASLt took the pair %d", i);
+      MSG(err, "CUBLAS_STATUS_NOT_SUPPORTED");
+    }
+    printf("the fake cuBLASLt refusing f32 -> bf16 and bf16 -> f64 (the last: %s)\n", err);
+    d->ops->free(d, dm);
+  }
   /* cuBLASLt's own refusal comes back named: host memory is not device memory */
   float h[64] = {0};
   g = (RtGemm){.dtype = IR_F32, .m = 2, .n = 2, .k = 2, .lda = 2, .ldb = 2, .ldc = 2, .alpha = 1, .a = h, .b = h,

@@ -462,6 +462,57 @@ static void test_emit_message(void) {
   ir_module_free(m);
 }
 
+/* matmul (OPF_MIXED): bf16 / f16 operands read as they are, the result in
+ * their dtype (inferred) or f32 (given); everything else refused with the
+ * pairs that work.  The verifier and the text agree (round trip). */
+static void test_matmul16(void) {
+  IrModule *m = ir_module_new("mm16");
+  int b = ir_block_add(m, "forward");
+  char err[512] = "";
+  IrType ta = {IR_BF16, 2, {4, 8}, {0}}, tb = {IR_BF16, 2, {8, 3}, {0}}, tf = {IR_F32, 2, {8, 3}, {0}},
+         th = {IR_F16, 2, {8, 3}, {0}};
+  int a = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "a", &ta, err, sizeof err);
+  int w = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "w", &tb, err, sizeof err);
+  int wf = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "wf", &tf, err, sizeof err);
+  int wh = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "wh", &th, err, sizeof err);
+  int r = ir_emit(m, b, IR_OP_MATMUL, (int[]){a, w}, 2, NULL, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0 && m->blocks.a[b].nodes[r].type.dtype == IR_BF16, "bf16 @ bf16 -> bf16: %d '%s'", r, err);
+  IrType want = {.dtype = IR_F32};
+  r = ir_emit(m, b, IR_OP_MATMUL, (int[]){a, w}, 2, NULL, NULL, NULL, &want, err, sizeof err);
+  CHECK(r >= 0 && m->blocks.a[b].nodes[r].type.dtype == IR_F32 && m->blocks.a[b].nodes[r].type.dim[1] == 3,
+        "bf16 @ bf16 -> f32 given: %d '%s'", r, err);
+  want.dtype = IR_F64;
+  r = ir_emit(m, b, IR_OP_MATMUL, (int[]){a, w}, 2, NULL, NULL, NULL, &want, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "result dtype f64: a matmul of bf16 operands stores bf16 or f32"), "-> f64: '%s'", err);
+  want.dtype = IR_BF16;
+  r = ir_emit(m, b, IR_OP_MATMUL, (int[]){wf, wf}, 2, (int64_t[]){1, 0}, NULL, NULL, &want, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "result dtype bf16: a matmul of f32 operands stores f32"), "f32 -> bf16: '%s'", err);
+  r = ir_emit(m, b, IR_OP_MATMUL, (int[]){a, wf}, 2, NULL, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "must have the same float dtype") && strstr(err, "pass precision rounds"),
+        "bf16 @ f32: '%s'", err);
+  r = ir_emit(m, b, IR_OP_MATMUL, (int[]){a, wh}, 2, NULL, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "same float dtype"), "bf16 @ f16: '%s'", err);
+  /* other arithmetic still reads 16 bits only through a cast */
+  r = ir_emit(m, b, IR_OP_ADD, (int[]){a, a}, 2, NULL, NULL, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "a storage type"), "add of bf16: '%s'", err);
+  CHECK(ir_op_reads_16(IR_OP_MATMUL) && !ir_op_reads_16(IR_OP_ADD) && !ir_op_reads_16(IR_OP_GMM), "ir_op_reads_16");
+  CHECK(ir_verify(m, err, sizeof err) == 0, "verify: %s", err);
+  /* printed and parsed back: the given f32 survives the text */
+  StrBuf t1 = {0}, t2 = {0};
+  ir_print_module(m, &t1);
+  IrModule *m2 = ir_parse_module(t1.p, "mm16.ir", err, sizeof err);
+  CHECK(m2 != NULL, "reparse: %s", err);
+  if (m2) {
+    ir_print_module(m2, &t2);
+    CHECK(t1.n == t2.n && !memcmp(t1.p, t2.p, t1.n), "round trip:\n%s\n---\n%s", t1.p, t2.p);
+    CHECK(strstr(t2.p, "matmul %0, %1 ta=0 tb=0 : f32[4, 3]") != NULL, "the f32 result printed: %s", t2.p);
+    ir_module_free(m2);
+  }
+  free(t1.p);
+  free(t2.p);
+  ir_module_free(m);
+}
+
 int main(void) {
   int ncases = (int)(sizeof cases / sizeof cases[0]);
   for (int op = 0; op < IR_OP_COUNT; op++) {
@@ -496,6 +547,7 @@ int main(void) {
   }
   test_zero_bad_ref();
   test_emit_message();
+  test_matmul16();
   test_attention();
   test_decode();
   test_moe();
