@@ -222,6 +222,18 @@ int pass_precision(IrModule *m, PassCtx *cx) {
     if (nd->op == IR_OP_ACCUM || nd->op == IR_OP_OUTPUT)
       for (int k = 0; k < nd->nin; k++) keep32[nd->in[k]] = 1;
   }
+  /* ... and through a layout op to the value it alone reads: a weight
+   * gradient reshaped into its parameter's shape ([embed, heads * hd] ->
+   * [embed, heads, hd]) is made in f32 by its GEMM, not rounded to 16 bits
+   * on the way to the f32 main grad */
+  int *readers = arena_alloc(&cx->scratch, ((size_t)n + 1) * sizeof *readers);
+  memset(readers, 0, ((size_t)n + 1) * sizeof *readers);
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < old.nodes[i].nin; k++) readers[old.nodes[i].in[k]]++;
+  for (int i = n - 1; i >= 0; i--) {
+    const IrNode *nd = &old.nodes[i];
+    if (keep32[i] && op_class(nd->op) == PC_LAYOUT && nd->nin == 1 && readers[nd->in[0]] == 1) keep32[nd->in[0]] = 1;
+  }
   int *nv = arena_alloc(&cx->scratch, ((size_t)n + 1) * sizeof *nv);
   int ops[64];
   for (int i = 0; i < n && !x.failed; i++) {
