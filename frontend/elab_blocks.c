@@ -145,6 +145,7 @@ static int train_call(Elab *e, const MdlKV *kv, const char *const *fnames, int *
   for (int i = 0; i < x->nargs; i++) {
     c.args[i].name = x->args[i].name;
     c.args[i].loc = x->args[i].loc;
+    c.args[i].vloc = x->args[i].value->loc;
     c.args[i].v = elab_eval(e, &e->config, x->args[i].value);
     if (c.args[i].v.k == V_ERR) return -1;
   }

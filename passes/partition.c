@@ -510,7 +510,7 @@ int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *
   if (fb < 0) return ts_errf(err, errlen, "pipeline: the module has no block \"forward\" to partition");
   if (o->pp < 1) return ts_errf(err, errlen, "pipeline: pp=%d", o->pp);
   if (o->vpp < 0) return ts_errf(err, errlen, "--vpp %d: must be at least 1", o->vpp);
-  if (o->layers && o->layout) return ts_errf(err, errlen, "--pp-layers and --pp-layout do not go together");
+  if (o->layers && o->layout) return ts_errf(err, errlen, "--pp-layers and --pp-layout both say where the layers go: give one of them");
   const IrBlock *b = &m->blocks.a[fb];
   int *layer_of = ts_xmalloc((size_t)(m->states.n + 1) * sizeof *layer_of);
   int L = 0;

@@ -465,7 +465,8 @@ static int run_check(const Args *a, IrModule *m) {
   int replica = (int)(nranks / ir_axis_size(m, IR_AXIS_DP));   /* tp*pp*cp*ep: ranks per dp replica */
   if (gpus % replica != 0) {
     fprintf(stderr, "mcc: error: --check --gpus %d: not a multiple of the %d ranks of one data-parallel "
-                    "replica (tp*pp*cp*ep)\n", gpus, replica);
+                    "replica (tp*pp*cp*ep); use a multiple of %d (--gpus %d gives dp=1)\n", gpus, replica, replica,
+            replica);
     return 1;
   }
   char lay[128], mrun[PATH_MAX + 8];

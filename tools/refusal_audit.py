@@ -15,7 +15,8 @@ rd_fail, tx_fail, api_diag), and the tools' direct fprintf(stderr, ...).
 The literal parts of a format (the text between its conversion
 specifications) are its fragments; the message counts as tested when one
 fragment of at least MIN_FRAG characters appears, case-insensitively, in a
-file under tests/ that git tracks.
+file under tests/ that git tracks (a fragment that more than two messages
+share counts only for a message with no other).
 
 Not every such call is a refusal.  A call marked with a comment on its own
 lines is left out:
@@ -59,17 +60,23 @@ CALL = re.compile(r'\b(' + '|'.join(REPORTERS) + r')\s*\(')
 SPEC = re.compile(r'%[-+ #0-9.*]*(?:hh|h|ll|l|z|j|t|L)?[diouxXeEfFgGaAcspn%]')
 
 
+def quoted_end(s, i):
+    """s[i] opens a C string or character literal: the index after it."""
+    j = i + 1
+    while j < len(s) and s[j] != s[i]:
+        j += 2 if s[j] == '\\' else 1
+    return j + 1
+
+
 def strip_comments(s):
-    """Blanks C comments (keeping newlines and the marks' text positions are
-    found on the original), so a '(' or '"' in a comment cannot mislead."""
+    """Blanks C comments (keeping newlines, so lines and offsets stay those
+    of the original), so a '(' or '"' in a comment cannot mislead."""
     out, i, n = [], 0, len(s)
     while i < n:
         c = s[i]
         if c == '"' or c == "'":
-            j = i + 1
-            while j < n and s[j] != c:
-                j += 2 if s[j] == '\\' else 1
-            out.append(s[i:j + 1]); i = j + 1
+            j = quoted_end(s, i)
+            out.append(s[i:j]); i = j
         elif s.startswith('/*', i):
             j = s.find('*/', i + 2); j = n if j < 0 else j + 2
             out.append(re.sub(r'[^\n]', ' ', s[i:j])); i = j
@@ -87,10 +94,7 @@ def split_args(s, i):
     while i < n:
         c = s[i]
         if c == '"' or c == "'":
-            j = i + 1
-            while j < n and s[j] != c:
-                j += 2 if s[j] == '\\' else 1
-            i = j + 1; continue
+            i = quoted_end(s, i); continue
         if c in '([{': depth += 1
         elif c in ')]}':
             if depth == 0:
@@ -227,8 +231,16 @@ def main():
     allow = read_allow(allow_path)
     counted = [m for m in msgs if m['frags'] and not m['mark']]
     marked = [m for m in msgs if m['frags'] and m['mark']]
+    # a fragment that many messages share ("(run 'mcc --help' for the
+    # options)", "the sizes that divide it:") tells none of them apart: it
+    # counts only for a message with nothing more particular
+    freq = {}
     for m in counted:
-        m['tested'] = any(f.lower() in tests for f in m['frags'])
+        for f in set(m['frags']):
+            freq[f] = freq.get(f, 0) + 1
+    for m in counted:
+        own = [f for f in m['frags'] if freq[f] <= 2] or m['frags']
+        m['tested'] = any(f.lower() in tests for f in own)
     untested = [m for m in counted if not m['tested']]
     allowed, new = [], []
     listed = set(allow)
