@@ -785,6 +785,16 @@ static Plan *load_plan(const char *path, char *err, size_t errlen) {
   Plan *p = NULL;
   if (bare) {
     IrModule *m = ir_parse_module(text, path, err, errlen);
+    /* the training rules a plan's programs are held to (every gradient
+     * accumulated once per micro batch, zeroed once per step, ...) hold
+     * for a bare module too: a deleted `zero @grad` line is refused here as
+     * in a plan, not trained with gradients that add up over the steps */
+    char verr[1024];
+    if (m && ir_verify_training(m, verr, sizeof verr) != 0) {
+      ts_errf(err, errlen, "'%s' (an IR module) is invalid: %s", path, verr);
+      ir_module_free(m);
+      m = NULL;
+    }
     if (m) {
       p = plan_new();
       p->version = PLAN_VERSION;
