@@ -85,7 +85,10 @@ static int check_layout(const ApiSession *a, const IrModule *m) {
     return 1;
   }
   if (api_mesh_ranks(m) > MCC_MAX_RANKS) {
-    api_diag(a, "error: the mesh has %lld ranks (more than %d)\n", (long long)api_mesh_ranks(m), MCC_MAX_RANKS);
+    api_diag(a, "error: the mesh has dp=%d x tp=%d x pp=%d x cp=%d x ep=%d = %lld ranks, more than the %d a plan "
+                "can hold; lower one of the sizes\n", ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_TP),
+             ir_axis_size(m, IR_AXIS_PP), ir_axis_size(m, IR_AXIS_CP), ir_axis_size(m, IR_AXIS_EP),
+             (long long)api_mesh_ranks(m), MCC_MAX_RANKS);
     return 1;
   }
   /* each dp rank runs a whole number of the step's micro batches */
@@ -729,8 +732,9 @@ IrModule *api_compile_main(ApiSession *a, double *t_front) {
   int64_t replica = api_mesh_ranks(m) / ir_axis_size(m, IR_AXIS_DP);
   ir_module_free(m);
   if (a->gpus % replica != 0) {
-    api_diag(a, "error: --gpus %d is not a multiple of the %lld ranks of one data-parallel replica (tp*pp*cp*ep)\n",
-             a->gpus, (long long)replica);
+    api_diag(a, "error: --gpus %d is not a multiple of the %lld ranks of one data-parallel replica (tp*pp*cp*ep); "
+                "use a multiple of %lld (--gpus %lld gives dp=1)\n", a->gpus, (long long)replica, (long long)replica,
+             (long long)replica);
     return NULL;
   }
   return api_compile(a, &a->mdl, (int)(a->gpus / replica), a->cx, NULL);

@@ -145,6 +145,7 @@ static int train_call(Elab *e, const MdlKV *kv, const char *const *fnames, int *
   for (int i = 0; i < x->nargs; i++) {
     c.args[i].name = x->args[i].name;
     c.args[i].loc = x->args[i].loc;
+    c.args[i].vloc = x->args[i].value->loc;
     c.args[i].v = elab_eval(e, &e->config, x->args[i].value);
     if (c.args[i].v.k == V_ERR) return -1;
   }
@@ -279,7 +280,10 @@ void elab_train(Elab *e) {
       t.optimizer = kinds[which];
       if (b[4].k != V_UNSET) train_range(e, &b[4], "momentum", 0, 1, 0, which == 1 ? &t.momentum : &t.muon_momentum);
       if (b[5].k != V_UNSET) {
-        if (b[5].k != V_BOOL && b[5].k != V_INT) elab_error(e, b[5].loc, "train: nesterov must be true or false");
+        char nb[128];
+        if (b[5].k != V_BOOL && !(b[5].k == V_INT && (b[5].i == 0 || b[5].i == 1)))
+          elab_error(e, b[5].loc, "train: nesterov must be true or false (or 1 or 0), got %s",
+                     elab_value_desc(e, &b[5], nb, sizeof nb));
         else t.nesterov = b[5].i != 0;
       }
       if (b[7].k != V_UNSET) train_range(e, &b[7], "adamw_lr", 0, INFINITY, 0, &t.muon_adamw_lr);

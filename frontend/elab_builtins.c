@@ -20,9 +20,9 @@ typedef struct {
   int op;                /* IrOp for the generic handlers */
 } Builtin;
 
-static Value fail_arg(Elab *e, const Value *v, const char *fmt, const char *fname) {
+static Value fail_arg(Elab *e, const ElabCall *c, const Value *v, const char *fmt) {
   char buf[256];
-  elab_error(e, v->loc, fmt, fname, elab_value_desc(e, v, buf, sizeof buf));
+  elab_error(e, v->k == V_TENSOR ? c->loc : v->loc, fmt, c->fname, elab_value_desc(e, v, buf, sizeof buf));
   elab_note_origin(e, v);
   return elab_err();
 }
@@ -52,7 +52,7 @@ static Value scalar_math(Elab *e, const ElabCall *c, const Value *x, int op) {
   case IR_OP_SQRT: if (v < 0) dom = ">= 0"; else r = sqrt(v); break;
   case IR_OP_RSQRT: if (v <= 0) dom = "> 0"; else r = 1.0 / sqrt(v); break;
   case IR_OP_TANH: r = tanh(v); break;
-  default: return fail_arg(e, x, "%s() needs a tensor, got %s", c->fname);
+  default: return fail_arg(e, c, x, "%s() needs a tensor, got %s");
   }
   if (dom) {
     elab_error(e, x->loc, "%s(): the argument must be %s, got %g", c->fname, dom, v);
@@ -73,7 +73,7 @@ static Value bi_abs(Elab *e, const ElabCall *c, Value *a, int op) {
     return elab_int(a[0].i < 0 ? -a[0].i : a[0].i, c->loc);
   }
   if (a[0].k == V_FLOAT) return elab_float(fabs(a[0].f), c->loc);
-  return fail_arg(e, &a[0], "%s() needs a number, got %s", c->fname);
+  return fail_arg(e, c, &a[0], "%s() needs a number, got %s");
 }
 
 /* float(t) / int(t) on a tensor: an explicit cast (to the model's float
@@ -89,7 +89,7 @@ static Value bi_float(Elab *e, const ElabCall *c, Value *a, int op) {
   if (a[0].k == V_TENSOR) return cast_tensor(e, c, a[0], e->prec);
   if (elab_is_num(&a[0])) return elab_float(elab_num(&a[0]), c->loc);
   if (a[0].k == V_BOOL) return elab_float((double)a[0].i, c->loc);
-  return fail_arg(e, &a[0], "%s() needs a number, got %s", c->fname);
+  return fail_arg(e, c, &a[0], "%s() needs a number, got %s");
 }
 
 /* mesh_size("cp"): the size of a mesh axis in the layout being compiled
@@ -99,7 +99,7 @@ static Value bi_float(Elab *e, const ElabCall *c, Value *a, int op) {
 static Value bi_mesh_size(Elab *e, const ElabCall *c, Value *a, int op) {
   (void)op;
   if (a[0].k != V_STR)
-    return fail_arg(e, &a[0], "%s() needs a mesh axis name (\"dp\", \"tp\", \"pp\", \"cp\" or \"ep\"), got %s", c->fname);
+    return fail_arg(e, c, &a[0], "%s() needs a mesh axis name (\"dp\", \"tp\", \"pp\", \"cp\" or \"ep\"), got %s");
   int ax = ir_axis_lookup(a[0].s);
   if (ax < 0) {
     elab_error(e, a[0].loc, "%s(): unknown mesh axis \"%s\" (known: dp, tp, pp, cp, ep)", c->fname, a[0].s);
@@ -120,7 +120,7 @@ static Value bi_int(Elab *e, const ElabCall *c, Value *a, int op) {
     }
     return elab_int((int64_t)f, c->loc);
   }
-  return fail_arg(e, &a[0], "%s() needs a number, got %s", c->fname);
+  return fail_arg(e, c, &a[0], "%s() needs a number, got %s");
 }
 
 /* ---- reductions ---- */
@@ -186,7 +186,7 @@ static Value bi_minmax(Elab *e, const ElabCall *c, Value *unused, int op) {
       elab_error(e, g->loc, "%s() on numbers takes no keyword arguments", c->fname);
       return elab_err();
     }
-    if (!elab_is_num(&g->v)) return fail_arg(e, &g->v, "%s() needs numbers, got %s", c->fname);
+    if (!elab_is_num(&g->v)) return fail_arg(e, c, &g->v, "%s() needs numbers, got %s");
     double v = elab_num(&g->v);
     if (g->v.k != V_INT) all_int = 0;
     if (i == 0 || (is_max ? v > best : v < best)) best = v;
@@ -234,7 +234,7 @@ static Value permute(Elab *e, const ElabCall *c, Value x, const int *perm) {
 static Value bi_transpose(Elab *e, const ElabCall *c, Value *a, int op) {
   if (elab_want_tensor(e, c, "x", &a[0], 0)) return elab_err();
   IrType t = elab_type(e, &a[0]);
-  if (t.rank < 2) return fail_arg(e, &a[0], "%s() needs a tensor of rank >= 2, got %s", c->fname);
+  if (t.rank < 2) return fail_arg(e, c, &a[0], "%s() needs a tensor of rank >= 2, got %s");
   int p = t.rank - 2, q = t.rank - 1;
   if ((a[1].k == V_UNSET) != (a[2].k == V_UNSET)) {
     elab_error(e, c->loc, "%s() takes either no axes or two: transpose(x, a, b)", c->fname);
@@ -305,7 +305,7 @@ static Value bi_slice(Elab *e, const ElabCall *c, Value *a, int op) {
 static Value bi_concat(Elab *e, const ElabCall *c, Value *a, int op) {
   Value *xs = &a[0];
   if ((xs->k != V_LIST && xs->k != V_TUPLE) || xs->n < 1)
-    return fail_arg(e, xs, "%s() needs a non-empty list of tensors, got %s", c->fname);
+    return fail_arg(e, c, xs, "%s() needs a non-empty list of tensors, got %s");
   for (int i = 0; i < xs->n; i++)
     if (elab_want_tensor(e, c, "xs", &xs->items[i], 0)) return elab_err();
   IrType t0 = elab_type(e, &xs->items[0]);
@@ -368,7 +368,7 @@ static Value bi_split(Elab *e, const ElabCall *c, Value *a, int op) {
       return elab_err();
     }
   } else {
-    return fail_arg(e, &a[1], "%s(): the parts must be an int or a list of sizes, got %s", c->fname);
+    return fail_arg(e, c, &a[1], "%s(): the parts must be an int or a list of sizes, got %s");
   }
   Value r = elab_tuple(e, V_TUPLE, np, c->loc);
   int64_t at = 0;
@@ -415,7 +415,7 @@ static Value bi_size(Elab *e, const ElabCall *c, Value *a, int op) {
 static Value bi_softmax(Elab *e, const ElabCall *c, Value *a, int op) {
   if (elab_want_tensor(e, c, "x", &a[0], 1)) return elab_err();
   IrType t = elab_type(e, &a[0]);
-  if (t.rank < 1) return fail_arg(e, &a[0], "%s() needs a tensor of rank >= 1, got %s", c->fname);
+  if (t.rank < 1) return fail_arg(e, c, &a[0], "%s() needs a tensor of rank >= 1, got %s");
   if (a[1].k != V_UNSET) {
     int ax = elab_axis(e, c->loc, &a[1], t.rank, &a[0], c->fname);
     if (ax < 0) return elab_err();
@@ -442,7 +442,7 @@ static Value bi_norm(Elab *e, const ElabCall *c, Value *a, int op) {
 static Value bi_embedding(Elab *e, const ElabCall *c, Value *a, int op) {
   if (elab_want_tensor(e, c, "table", &a[0], 1) || elab_want_tensor(e, c, "ids", &a[1], 0)) return elab_err();
   IrType ids = elab_type(e, &a[1]);
-  if (ids.dtype != IR_I32) return fail_arg(e, &a[1], "%s(): ids must be an i32 tensor, got %s", c->fname);
+  if (ids.dtype != IR_I32) return fail_arg(e, c, &a[1], "%s(): ids must be an i32 tensor, got %s");
   return elab_emit(e, c->loc, IR_OP_EMBEDDING, a, 2, NULL, NULL, NULL, NULL);
 }
 
@@ -604,7 +604,7 @@ static Value bi_gather(Elab *e, const ElabCall *c, Value *a, int op) {
   Value dflt = elab_int(-1, c->loc);
   int ax = elab_axis(e, c->loc, a[2].k == V_UNSET ? &dflt : &a[2], tx.rank, &a[0], c->fname);
   if (ax < 0) return elab_err();
-  if (ti.dtype != IR_I32) return fail_arg(e, &a[1], "%s(): idx must be an i32 tensor (int(x) converts), got %s", c->fname);
+  if (ti.dtype != IR_I32) return fail_arg(e, c, &a[1], "%s(): idx must be an i32 tensor (int(x) converts), got %s");
   char b1[256], b2[256];
   int ok = ti.rank == tx.rank;
   for (int d = 0; ok && d < tx.rank; d++) ok = d == ax || ti.dim[d] == tx.dim[d];
@@ -653,7 +653,7 @@ static Value bi_topk_mask(Elab *e, const ElabCall *c, Value *a, int op) {
   int64_t k;
   if (elab_want_tensor(e, c, "x", &a[0], 1) || elab_want_int(e, c, "k", &a[1], &k)) return elab_err();
   IrType t = elab_type(e, &a[0]);
-  if (t.rank < 1) return fail_arg(e, &a[0], "%s() needs a tensor of rank >= 1, got %s", c->fname);
+  if (t.rank < 1) return fail_arg(e, c, &a[0], "%s() needs a tensor of rank >= 1, got %s");
   if (k < 1 || k > t.dim[t.rank - 1]) {
     elab_error(e, a[1].loc, "%s(): k must be in [1, %lld] (the last dim), got %lld", c->fname,
                (long long)t.dim[t.rank - 1], (long long)k);
@@ -680,18 +680,18 @@ static int output_taken(Elab *e, const char *name) {
  * reported once.  The trainer sums each metric over the step's micro
  * batches and dp ranks (docs/mdl.md). */
 static Value bi_metric(Elab *e, const ElabCall *c, Value *a, int op) {
-  if (a[0].k != V_STR) return fail_arg(e, &a[0], "%s(): name must be a string, got %s", c->fname);
+  if (a[0].k != V_STR) return fail_arg(e, c, &a[0], "%s(): name must be a string, got %s");
   if (elab_want_tensor(e, c, "x", &a[1], 0)) return elab_err();
   IrType t = elab_type(e, &a[1]);
   if (t.rank > 1 || (t.rank == 1 && (t.dim[0] < 1 || t.dim[0] > 256)))
-    return fail_arg(e, &a[1], "%s() needs a scalar or a vector of 1 to 256 entries, got %s", c->fname);
+    return fail_arg(e, c, &a[1], "%s() needs a scalar or a vector of 1 to 256 entries, got %s");
   if (!strcmp(a[0].s, "loss") || !strcmp(a[0].s, "grad_norm") || !*a[0].s) {
     elab_error(e, a[0].loc, "%s(): the name '%s' is reserved", c->fname, a[0].s);
     return elab_err();
   }
   char base[400], name[512];
   const char *hash = strchr(a[0].s, '#');
-  if (strlen(a[0].s) > 300) return fail_arg(e, &a[0], "%s(): the name is too long: %s", c->fname);
+  if (strlen(a[0].s) > 300) return fail_arg(e, c, &a[0], "%s(): the name is too long: %s");
   for (int k = 0;; k++) {       /* the first free call number (or the plain name) */
     if (hash) snprintf(base, sizeof base, "%.*s%d%s", (int)(hash - a[0].s), a[0].s, k, hash + 1);
     else snprintf(base, sizeof base, "%s", a[0].s);
@@ -733,7 +733,7 @@ static Value bi_capacity_mask(Elab *e, const ElabCall *c, Value *a, int op) {
   int64_t cap;
   if (elab_want_tensor(e, c, "keep", &a[0], 1) || elab_want_int(e, c, "cap", &a[1], &cap)) return elab_err();
   IrType t = elab_type(e, &a[0]);
-  if (t.rank < 1) return fail_arg(e, &a[0], "%s() needs a tensor of rank >= 1, got %s", c->fname);
+  if (t.rank < 1) return fail_arg(e, c, &a[0], "%s() needs a tensor of rank >= 1, got %s");
   if (cap < 0) {
     elab_error(e, a[1].loc, "%s(): cap must be >= 0, got %lld", c->fname, (long long)cap);
     return elab_err();
@@ -752,7 +752,7 @@ static int want_matrix(Elab *e, const ElabCall *c, const char *arg, const Value 
   if (elab_type(e, v).rank == 2) return 0;
   char fmt[160];
   snprintf(fmt, sizeof fmt, "%%s(): %s must be %s, got %%s", arg, what);
-  fail_arg(e, v, fmt, c->fname);
+  fail_arg(e, c, v, fmt);
   return -1;
 }
 /* moe_counts(routed[N, E]) -> i32[1, E]: the routed rows of each expert. */
@@ -790,10 +790,10 @@ static Value bi_gmm(Elab *e, const ElabCall *c, Value *a, int op) {
   if (want_matrix(e, c, "a", &a[0], "[rows, features]") || elab_want_tensor(e, c, "w", &a[1], 1) ||
       elab_want_tensor(e, c, "counts", &a[2], 0))
     return elab_err();
-  if (elab_type(e, &a[1]).rank != 3) return fail_arg(e, &a[1], "%s(): w must be [experts, in, out], got %s", c->fname);
+  if (elab_type(e, &a[1]).rank != 3) return fail_arg(e, c, &a[1], "%s(): w must be [experts, in, out], got %s");
   IrType ct = elab_type(e, &a[2]);
   if (ct.dtype != IR_I32 || ct.rank != 2)
-    return fail_arg(e, &a[2], "%s(): counts must be i32 [sources, experts] (from moe_counts()), got %s", c->fname);
+    return fail_arg(e, c, &a[2], "%s(): counts must be i32 [sources, experts] (from moe_counts()), got %s");
   int64_t tb = 0;
   return elab_emit(e, c->loc, IR_OP_GMM, a, 3, &tb, NULL, NULL, NULL);
 }
@@ -823,7 +823,7 @@ static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
       elab_want_tensor(e, c, "v", &a[2], 1))
     return elab_err();
   IrType t = elab_type(e, &a[0]);
-  if (t.rank != 4) return fail_arg(e, &a[0], "%s() needs q of shape [batch, heads, seq, head_dim], got %s", c->fname);
+  if (t.rank != 4) return fail_arg(e, c, &a[0], "%s() needs q of shape [batch, heads, seq, head_dim], got %s");
   int causal = 1;
   int64_t window = 0;
   double scale = 1.0 / sqrt((double)t.dim[3]);
@@ -890,7 +890,7 @@ static Value bi_rope(Elab *e, const ElabCall *c, Value *a, int op) {
   IrType t = elab_type(e, &a[0]);
   double base = 10000.0;
   if (a[1].k != V_UNSET && elab_want_num(e, c, "base", &a[1], &base)) return elab_err();
-  if (t.rank < 2) return fail_arg(e, &a[0], "%s() needs a tensor of rank >= 2, got %s", c->fname);
+  if (t.rank < 2) return fail_arg(e, c, &a[0], "%s() needs a tensor of rank >= 2, got %s");
   Value dflt = elab_int(-3, c->loc);
   if (t.rank < 3 && a[2].k == V_UNSET) dflt.i = -2;
   int ax = elab_axis(e, c->loc, a[2].k == V_UNSET ? &dflt : &a[2], t.rank, &a[0], c->fname);
@@ -912,7 +912,7 @@ static Value bi_cross_entropy(Elab *e, const ElabCall *c, Value *a, int op) {
   if (a[2].k != V_UNSET && elab_want_int(e, c, "ignore_index", &a[2], &ignore)) return elab_err();
   const char *red = "mean";
   if (a[3].k != V_UNSET) {
-    if (a[3].k != V_STR) return fail_arg(e, &a[3], "%s(): reduction must be \"mean\", \"sum\" or \"none\", got %s", c->fname);
+    if (a[3].k != V_STR) return fail_arg(e, c, &a[3], "%s(): reduction must be \"mean\", \"sum\" or \"none\", got %s");
     red = a[3].s;
   }
   if (strcmp(red, "mean") && strcmp(red, "sum") && strcmp(red, "none")) {

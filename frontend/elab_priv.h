@@ -78,7 +78,8 @@ struct ElabFrame {
 typedef struct {                /* one actual argument of a call */
   const char *name;             /* keyword, or NULL */
   Value v;
-  MdlLoc loc;
+  MdlLoc loc;                   /* the argument (its keyword, if named) */
+  MdlLoc vloc;                  /* its value's expression */
 } ElabArg;
 
 typedef struct {                /* a call, arguments evaluated */

@@ -139,7 +139,9 @@ int elab_axis(Elab *e, MdlLoc loc, const Value *axis, int rank, const Value *x, 
   if (axis->k == V_ERR) return -1;
   if (axis->k != V_INT) {
     char buf[256];
-    elab_error(e, axis->loc, "%s: axis must be an int, got %s", what, elab_value_desc(e, axis, buf, sizeof buf));
+    elab_error(e, axis->k == V_TENSOR ? loc : axis->loc, "%s: axis must be an int, got %s", what,
+               elab_value_desc(e, axis, buf, sizeof buf));
+    elab_note_origin(e, axis);
     return -1;
   }
   int64_t a = axis->i < 0 ? axis->i + rank : axis->i;

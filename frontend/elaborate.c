@@ -280,6 +280,10 @@ int elab_bind_args(Elab *e, const ElabCall *c, const char *const *names, int nre
       }
     }
     out[j] = a->v;
+    /* a number, string or list is located where it is passed, so an error
+     * about this argument points at the call, not at the config line or
+     * signature it came from; a tensor keeps its origin for the notes */
+    if (out[j].k != V_TENSOR) out[j].loc = a->vloc.line ? a->vloc : a->loc;
   }
   for (int i = 0; i < nreq; i++) {
     if (out[i].k == V_UNSET) {
@@ -294,7 +298,7 @@ int elab_bind_args(Elab *e, const ElabCall *c, const char *const *names, int nre
 static int want_fail(Elab *e, const ElabCall *c, const char *arg, const Value *v, const char *what) {
   if (v->k == V_ERR) return -1;
   char buf[256];
-  elab_error(e, v->loc, "%s(): argument '%s' must be %s, got %s", c->fname, arg, what,
+  elab_error(e, v->k == V_TENSOR ? c->loc : v->loc, "%s(): argument '%s' must be %s, got %s", c->fname, arg, what,
              elab_value_desc(e, v, buf, sizeof buf));
   if (v->k == V_TENSOR) elab_note_origin(e, v);
   return -1;
@@ -563,6 +567,7 @@ static int param_init(Elab *e, ElabFrame *f, const MdlExpr *ix, IrState *st) {
     for (int i = 0; i < ix->nargs; i++) {
       c.args[i].name = ix->args[i].name;
       c.args[i].loc = ix->args[i].loc;
+      c.args[i].vloc = ix->args[i].value->loc;
       c.args[i].v = eval(e, f, ix->args[i].value);
       if (c.args[i].v.k == V_ERR) return -1;
     }
@@ -804,6 +809,7 @@ static Value eval_call(Elab *e, ElabFrame *f, const MdlExpr *x) {
   for (int i = 0; i < x->nargs; i++) {
     c.args[i].name = x->args[i].name;
     c.args[i].loc = x->args[i].loc;
+    c.args[i].vloc = x->args[i].value->loc;
     c.args[i].v = eval(e, f, x->args[i].value);
     bad |= c.args[i].v.k == V_ERR;
   }

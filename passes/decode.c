@@ -252,7 +252,7 @@ int pass_decode(IrModule *m, PassCtx *cx) {
     if (!drop_decode(&m->blocks.a[bi])) m->blocks.a[nb++] = m->blocks.a[bi];
   m->blocks.n = nb;
   Dx d = {.m = m, .cx = cx, .src = ir_block_find(m, "eval")};
-  if (d.src < 0) return ts_errf(cx->err, sizeof cx->err, "decode: the module has no block \"eval\" (pass eval's forward)");
+  if (d.src < 0) return ts_errf(cx->err, sizeof cx->err, "decode: the module has no block \"eval\" (pass eval's forward)");  /* internal */
   const IrBlock *e = &m->blocks.a[d.src];
   int n = e->n, tok = -1, tgt = -1, L = -1;
   for (int i = 0; i < n; i++) {

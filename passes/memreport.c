@@ -355,7 +355,7 @@ int pass_memplan_report_ranks(IrModule *const *programs, int nprograms, const in
 int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const int *rank_program, int nranks,
                                  const IrModule *unsharded, MemPlanAtFn llvm_at, void *ctx, StrBuf *out, char *err,
                                  size_t errlen) {
-  if (nprograms < 1 || nranks < 1) return ts_errf(err, errlen, "memplan: a report needs a program and a rank");
+  if (nprograms < 1 || nranks < 1) return ts_errf(err, errlen, "memplan: a report needs a program and a rank");  /* internal */
   const IrModule *m0 = programs[0];
   const IrParallel *pr = &m0->par;
   const char *zero = ir_axis_size(m0, IR_AXIS_DP) <= 1 ? "" : pr->zero == 3 ? ", ZeRO-3" : pr->zero ? ", ZeRO-1" : ", no ZeRO";

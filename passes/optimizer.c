@@ -783,14 +783,14 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
     if (gs->kind != IR_STATE_GRAD) continue;
     int p = gs->of;
     if (p < 0 || p >= m->states.n || m->states.a[p].kind != IR_STATE_PARAM)
-      return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s is not attached to a parameter", gs->name);
+      return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s is not attached to a parameter", gs->name);  /* internal */
     const IrState *ps = &m->states.a[p];
     if (ps->flags & IR_STATE_SHARDED) {   /* ZeRO-3 (pass zero3): both are flat chunks [c] */
       int sh = ir_state_shard_of(m, p);
       if (!ms->z3 || sh < 0 || !gs->sh.flat || !ir_type_same_shape(&gs->type, &m->states.a[sh].type))
         return ts_errf(cx->err, sizeof cx->err, "optimizer: param @%s is held as ZeRO-3 shards but %s%s", ps->name,
                        !ms->z3 ? "the module is not compiled for --zero 3 at dp > 1" : "its gradient is not a flat "
-                       "chunk like its shard: @", !ms->z3 ? "" : gs->name);
+                       "chunk like its shard: @", !ms->z3 ? "" : gs->name);  /* internal */
       Grad *g = &grads[ng++];
       memset(g, 0, sizeof *g);
       g->g = s;
@@ -818,19 +818,19 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
     if (!ir_type_same_shape(&gs->type, &want)) {
       char a[256], b[256];
       return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s : %s does not have the type of its parameter @%s : %s",
-                     gs->name, ir_type_str(&gs->type, a, sizeof a), ps->name, ir_type_str(&ps->type, b, sizeof b));
+                     gs->name, ir_type_str(&gs->type, a, sizeof a), ps->name, ir_type_str(&ps->type, b, sizeof b));  /* internal */
     }
     unsigned split = 0;
     for (int d = 0; d < IR_MAX_RANK; d++) split |= gs->sh.split[d];
     if (gs->sh.flat || (split & DP_BIT)) {
       char shs[128];
-      return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s has sharding %s; a gradient is never "
+      return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s has sharding %s; a gradient is never "  /* internal */
                      "split or flat over dp (it is partial over dp)", gs->name,
                      ir_sharding_str(&gs->sh, gs->type.rank, shs, sizeof shs));
     }
     if (!layout_ok) {
       char a[128], b[128];
-      return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s is laid out %s but its parameter @%s %s; "
+      return ts_errf(cx->err, sizeof cx->err, "optimizer: grad state @%s is laid out %s but its parameter @%s %s; "  /* internal */
                      "a gradient is split like its parameter (and maybe along dims the parameter keeps whole)",
                      gs->name, ir_sharding_str(&gs->sh, gs->type.rank, a, sizeof a), ps->name,
                      ir_sharding_str(&ps->sh, ps->type.rank, b, sizeof b));
@@ -987,7 +987,7 @@ static uint64_t *pipe_state_ranks(IrModule *m, PassCtx *cx, int pp) {
     int g = ir_block_chunk(b, NULL);
     if (g < 0) {
       if (strncmp(b->name, "update", 6) == 0) {
-        ts_errf(cx->err, sizeof cx->err, "optimizer: block \"%s\" already exists", b->name);
+        ts_errf(cx->err, sizeof cx->err, "optimizer: block \"%s\" already exists", b->name);  /* internal */
         return NULL;
       }
       continue;
@@ -1236,7 +1236,7 @@ static int droppable_moments(const IrModule *m, int ub, char *err, size_t errlen
   for (int s = first; s < m->states.n; s++)
     if (!is_moment(&m->states.a[s]))
       return ts_errf(err, errlen, "state @%s (%s) comes after the optimizer moments, so they cannot be dropped",
-                     m->states.a[s].name, ir_state_kind_name(m->states.a[s].kind));
+                     m->states.a[s].name, ir_state_kind_name(m->states.a[s].kind));  /* internal */
   for (int bi = 0; bi < m->blocks.n; bi++) {
     if (bi == ub) continue;
     const IrBlock *b = &m->blocks.a[bi];
@@ -1244,7 +1244,7 @@ static int droppable_moments(const IrModule *m, int ub, char *err, size_t errlen
       for (int k = 0; k < IR_MAX_IATTR; k++)
         if (ir_op_iattr_is_state(b->nodes[i].op, k) && b->nodes[i].ia[k] >= first && b->nodes[i].ia[k] < m->states.n)
           return ts_errf(err, errlen, "block %s, node %d uses optimizer state @%s", b->name, i,
-                         m->states.a[b->nodes[i].ia[k]].name);
+                         m->states.a[b->nodes[i].ia[k]].name);  /* internal */
   }
   return first;
 }
@@ -1289,11 +1289,11 @@ static int stage_grad_ranks(const IrModule *m, int ub, uint64_t *ranks, char *er
 }
 
 int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
-  if (dp < 1 || dp > (1 << 20)) return ts_errf(err, errlen, "respecialize: dp=%d is out of range (1 .. 2^20)", dp);
+  if (dp < 1 || dp > (1 << 20)) return ts_errf(err, errlen, "respecialize: dp=%d is out of range (1 .. 2^20)", dp);  /* internal */
   /* the whole-model module has one update block per pipeline rank; mrun
    * runs (and respecializes) the rank programs cut from it */
   if (ir_axis_size(m, IR_AXIS_PP) > 1 && m->par.stage == 0)
-    return ts_errf(err, errlen, "respecialize to dp=%d: this is a whole-model pipeline module (pp=%d, stage=0); "
+    return ts_errf(err, errlen, "respecialize to dp=%d: this is a whole-model pipeline module (pp=%d, stage=0); "  /* internal */
                    "respecialize the programs of its pipeline ranks (pass_pipeline_rank_module), as mrun does, or "
                    "compile it with mcc --dp %d", dp, ir_axis_size(m, IR_AXIS_PP), dp);
   /* ZeRO-3's micro block gathers and reduce-scatters over the compiled dp */

@@ -623,7 +623,7 @@ int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *
   if (fb < 0) return ts_errf(err, errlen, "pipeline: the module has no block \"forward\" to partition");
   if (o->pp < 1) return ts_errf(err, errlen, "pipeline: pp=%d", o->pp);
   if (o->vpp < 0) return ts_errf(err, errlen, "--vpp %d: must be at least 1", o->vpp);
-  if (o->layers && o->layout) return ts_errf(err, errlen, "--pp-layers and --pp-layout do not go together");
+  if (o->layers && o->layout) return ts_errf(err, errlen, "--pp-layers and --pp-layout both say where the layers go: give one of them");
   if (o->only_stack && (o->layers || o->layout))
     return ts_errf(err, errlen, "--pp-stack and %s do not go together: %s already places every layer of every stack",
                    o->layers ? "--pp-layers" : "--pp-layout", o->layers ? "--pp-layers" : "--pp-layout");

@@ -20,11 +20,11 @@ IrModule *pass_pipeline_rank_module(const IrModule *whole, int r, char *err, siz
   int pp = ir_axis_size(whole, IR_AXIS_PP);
   if (pp < 2 || whole->par.stage != 0) {
     ts_errf(err, errlen, "pipeline rank program: the module is not a whole-model pipeline module (pp=%d, stage=%d)",
-            pp, whole->par.stage);
+            pp, whole->par.stage);  /* internal */
     return NULL;
   }
   if (r < 0 || r >= pp) {
-    ts_errf(err, errlen, "pipeline rank program: rank %d is outside 0 .. %d", r, pp - 1);
+    ts_errf(err, errlen, "pipeline rank program: rank %d is outside 0 .. %d", r, pp - 1);  /* internal */
     return NULL;
   }
   /* the rank's own blocks of the whole module: "update.<r>", and fp16's
@@ -38,7 +38,7 @@ IrModule *pass_pipeline_rank_module(const IrModule *whole, int r, char *err, siz
   }
   snprintf(uname, sizeof uname, "update.%d", r);
   if (ir_block_find(whole, uname) < 0) {
-    ts_errf(err, errlen, "pipeline rank program: the module has no block \"%s\" (run the optimizer pass)", uname);
+    ts_errf(err, errlen, "pipeline rank program: the module has no block \"%s\" (run the optimizer pass)", uname);  /* internal */
     return NULL;
   }
 

@@ -734,7 +734,7 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     *out = t;
     return 0;
   }
-  return sh_fail(S, "op %s has no sharding rule", info->name);
+  return sh_fail(S, "op %s has no sharding rule", info->name);  /* internal */
 }
 
 /* ---------------- padding (taint) ---------------- */

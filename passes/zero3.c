@@ -189,15 +189,15 @@ int pass_zero3(IrModule *m, PassCtx *cx) {
   }
   if (cx->decode) return refuse(cx, "with --decode (generation blocks read whole parameters) is not built");
   int bi = ir_block_find(m, "micro");
-  if (bi < 0) return ts_errf(cx->err, sizeof cx->err, "zero3: the module has no block \"micro\" (run autodiff first)");
+  if (bi < 0) return ts_errf(cx->err, sizeof cx->err, "zero3: the module has no block \"micro\" (run autodiff first)");  /* internal */
   if (ir_block_find(m, "update") >= 0)
-    return ts_errf(cx->err, sizeof cx->err, "zero3: block \"update\" exists already (zero3 runs before the optimizer)");
+    return ts_errf(cx->err, sizeof cx->err, "zero3: block \"update\" exists already (zero3 runs before the optimizer)");  /* internal */
   const IrBlock *ob = &m->blocks.a[bi];
   int n = ob->n, L = -1;
   const char *lossname = ts_intern("loss");
   for (int i = 0; i < n; i++)
     if (ob->nodes[i].op == IR_OP_OUTPUT && ob->nodes[i].sa == lossname) L = i;
-  if (L < 0) return ts_errf(cx->err, sizeof cx->err, "zero3: block micro has no output \"loss\" (the forward's end)");
+  if (L < 0) return ts_errf(cx->err, sizeof cx->err, "zero3: block micro has no output \"loss\" (the forward's end)");  /* internal */
 
   /* 1. the parameters micro reads, their phases and first reads */
   int ns0 = m->states.n;
@@ -251,7 +251,7 @@ int pass_zero3(IrModule *m, PassCtx *cx) {
     gof[g] = gs->of;
     gsh0[g] = gs->sh;
     if (gs->sh.flat)
-      return ts_errf(cx->err, sizeof cx->err, "zero3: grad @%s is flat already (zero3 ran twice?)", gs->name);
+      return ts_errf(cx->err, sizeof cx->err, "zero3: grad @%s is flat already (zero3 ran twice?)", gs->name);  /* internal */
     IrSharding sh = flat;
     sh.partial = (uint8_t)(gs->sh.partial & ~DP_BIT);
     memset(&gs->type.dim, 0, sizeof gs->type.dim);

@@ -25,7 +25,7 @@ static int wants_buffer(const IrNode *n) {
  * empty tensor still gets 64 (the runtime never allocates 0).  0 if the
  * type has no byte size (the caller reports it). */
 static size_t value_bytes(const IrNode *n) {
-  int64_t numel = ir_type_numel(&n->type);
+  int64_t numel = ir_type_numel(&n->type);  /* internal */
   size_t es = ir_dtype_size(n->type.dtype);
   if (numel < 0 || es == 0) return 0;
   size_t b = (size_t)numel * es;
@@ -75,7 +75,7 @@ static int check_at(const IrBlock *b, const int *at, char *err, size_t errlen) {
   for (int i = 0; at && i < b->n; i++)
     if (at[i] < i || at[i] >= b->n || at[at[i]] != at[i])
       return ts_errf(err, errlen, "memplan: block %s: node %%%d is said to run at %d (a kernel runs at its last member)",
-                     b->name, i, at[i]);
+                     b->name, i, at[i]);  /* internal */
   return 0;
 }
 
@@ -190,7 +190,7 @@ int plan_mem_block(const IrModule *m, int block, MemPlan *out, char *err, size_t
 int plan_mem_block_at(const IrModule *m, int block, const int *at, MemPlan *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   if (!m || block < 0 || block >= m->blocks.n)
-    return ts_errf(err, errlen, "memplan: no block %d (the module has %d)", block, m ? m->blocks.n : 0);
+    return ts_errf(err, errlen, "memplan: no block %d (the module has %d)", block, m ? m->blocks.n : 0);  /* internal */
   const IrBlock *b = &m->blocks.a[block];
   if (check_at(b, at, err, errlen) != 0) return -1;
   int n = b->n, cap = n ? n : 1;
@@ -321,35 +321,35 @@ static int check_values(const IrModule *m, const MemPlan *p, char *err, size_t e
                    ? slab_state(b, p->view, nd->in[0]) : -1;
       if (st < 0 || written[st] || o != -1)
         rc = ts_errf(err, errlen, "memplan: %%%d (%s) is a view of the state slab but not a reshape, run alone, "
-                     "of a state this block never writes", i, ir_ops[nd->op].name);
+                     "of a state this block never writes", i, ir_ops[nd->op].name);  /* internal */
       continue;
     }
     int needs = wants_buffer(nd) && (pos(at, i) == i || last[i] >= 0);
     int end = last[i] > pos(at, i) ? last[i] : pos(at, i);
     if (!needs) {
-      if (o != -1) rc = ts_errf(err, errlen, "memplan: %%%d (%s) owns no bytes but has buffer %d", i, ir_ops[nd->op].name, o);
+      if (o != -1) rc = ts_errf(err, errlen, "memplan: %%%d (%s) owns no bytes but has buffer %d", i, ir_ops[nd->op].name, o);  /* internal */
       continue;
     }
     if (o < 0 || o > i || p->buf[o] != o)
-      rc = ts_errf(err, errlen, "memplan: %%%d has no valid buffer (buf %d)", i, o);
+      rc = ts_errf(err, errlen, "memplan: %%%d has no valid buffer (buf %d)", i, o);  /* internal */
     else if (p->ext[i] != ext[i])
       rc = ts_errf(err, errlen, "memplan: %%%d (%s) is %s the arena but the pipeline %s its buffer", i,
-                   ir_ops[nd->op].name, p->ext[i] ? "outside" : "in", ext[i] ? "hands over" : "does not hand over");
+                   ir_ops[nd->op].name, p->ext[i] ? "outside" : "in", ext[i] ? "hands over" : "does not hand over");  /* internal */
     else if (p->ext[i] ? p->offset[o] != -1 || p->offset[i] != -1 || p->size[o] < value_bytes(nd) ||
                              p->size[i] != p->size[o]
                        : p->size[o] < value_bytes(nd) || p->size[o] % MEMPLAN_ALIGN || p->offset[o] < 0 ||
                              p->offset[o] % MEMPLAN_ALIGN || p->offset[i] != p->offset[o] || p->size[i] != p->size[o])
       rc = ts_errf(err, errlen, "memplan: %%%d: buffer at %lld of %zu bytes is misaligned or too small",
-                   i, (long long)p->offset[o], p->size[o]);
+                   i, (long long)p->offset[o], p->size[o]);  /* internal */
     else if (p->first[o] > pos(at, i) || p->first[o] != pos(at, o) || p->last[o] < end ||
              p->first[i] != p->first[o] || p->last[i] != p->last[o])
       rc = ts_errf(err, errlen, "memplan: %%%d is live over [%d, %d] but its buffer only over [%d, %d]",
-                   i, pos(at, i), end, p->first[o], p->last[o]);
+                   i, pos(at, i), end, p->first[o], p->last[o]);  /* internal */
     else if (o != i) {
       /* sharing is legal only as a reshape, run alone, of a value in that buffer */
       int v = nd->op == IR_OP_RESHAPE && nd->nin == 1 ? nd->in[0] : -1;
       if (v < 0 || v >= i || p->buf[v] != o || !alone(at, i))
-        rc = ts_errf(err, errlen, "memplan: %%%d shares buffer %%%d but is not a reshape of a value in it", i, o);
+        rc = ts_errf(err, errlen, "memplan: %%%d shares buffer %%%d but is not a reshape of a value in it", i, o);  /* internal */
     }
   }
   free(last);
@@ -370,7 +370,7 @@ static int cmp_start(const void *a, const void *b) {
 
 int plan_mem_check(const IrModule *m, const MemPlan *p, char *err, size_t errlen) {
   if (!m || !p || p->block < 0 || p->block >= m->blocks.n || m->blocks.a[p->block].n != p->n)
-    return ts_errf(err, errlen, "memplan: the plan does not belong to this module");
+    return ts_errf(err, errlen, "memplan: the plan does not belong to this module");  /* internal */
   if (check_at(&m->blocks.a[p->block], p->at, err, errlen) != 0) return -1;
   if (check_values(m, p, err, errlen) != 0) return -1;
   int *own = ts_xmalloc((size_t)(p->n ? p->n : 1) * sizeof *own);
@@ -391,10 +391,10 @@ int plan_mem_check(const IrModule *m, const MemPlan *p, char *err, size_t errlen
   if (peak != p->peak_bytes || total != p->total_bytes || nown != p->nbuffers || next != p->next ||
       ext_total != p->ext_bytes)
     rc = ts_errf(err, errlen, "memplan: peak %zu / total %zu / %d + %d buffers recorded, but the buffers give %zu / "
-                 "%zu / %d + %d", p->peak_bytes, p->total_bytes, p->nbuffers, p->next, peak, total, nown, next);
+                 "%zu / %d + %d", p->peak_bytes, p->total_bytes, p->nbuffers, p->next, peak, total, nown, next);  /* internal */
   else if (p->lower_bound_bytes > p->peak_bytes || p->peak_bytes > p->total_bytes)
     rc = ts_errf(err, errlen, "memplan: expected lower bound %zu <= peak %zu <= total %zu",
-                 p->lower_bound_bytes, p->peak_bytes, p->total_bytes);
+                 p->lower_bound_bytes, p->peak_bytes, p->total_bytes);  /* internal */
   /* pairwise overlap: by start, each buffer against those starting within it */
   StartKey *key = ts_xmalloc((size_t)(nown ? nown : 1) * sizeof *key);
   for (int k = 0; k < nown; k++) key[k] = (StartKey){p->first[own[k]], own[k]};
@@ -407,7 +407,7 @@ int plan_mem_check(const IrModule *m, const MemPlan *p, char *err, size_t errlen
       size_t xo = (size_t)p->offset[x], yo = (size_t)p->offset[y];
       if (xo < yo + p->size[y] && yo < xo + p->size[x]) {
         rc = ts_errf(err, errlen, "memplan: %%%d [%zu, %zu) live over [%d, %d] overlaps %%%d [%zu, %zu) live over [%d, %d]",
-                     x, xo, xo + p->size[x], p->first[x], p->last[x], y, yo, yo + p->size[y], p->first[y], p->last[y]);
+                     x, xo, xo + p->size[x], p->first[x], p->last[x], y, yo, yo + p->size[y], p->first[y], p->last[y]);  /* internal */
         break;
       }
     }

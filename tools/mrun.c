@@ -785,6 +785,16 @@ static Plan *load_plan(const char *path, char *err, size_t errlen) {
   Plan *p = NULL;
   if (bare) {
     IrModule *m = ir_parse_module(text, path, err, errlen);
+    /* the training rules a plan's programs are held to (every gradient
+     * accumulated once per micro batch, zeroed once per step, ...) hold
+     * for a bare module too: a deleted `zero @grad` line is refused here as
+     * in a plan, not trained with gradients that add up over the steps */
+    char verr[1024];
+    if (m && ir_verify_training(m, verr, sizeof verr) != 0) {
+      ts_errf(err, errlen, "'%s' (an IR module) is invalid: %s", path, verr);
+      ir_module_free(m);
+      m = NULL;
+    }
     if (m) {
       p = plan_new();
       p->version = PLAN_VERSION;
@@ -826,7 +836,8 @@ static int pipeline_runs_at(const IrModule *m, PipeSchedKind kind, int dp, char 
  * / (micro_batch x dp), its schedule can run: 1f1b and zb-h1 need at least
  * pp of them, interleaved a multiple of pp.  -1 with the numbers and the
  * --gpus values that work (per = ranks of one dp replica). */
-static int check_pipeline_dp(const Plan *plan, const PlanMesh *mesh, int64_t per, char *err, size_t errlen) {
+static int check_pipeline_dp(const Plan *plan, const PlanMesh *mesh, int64_t per, const char *given, char *err,
+                             size_t errlen) {
   const IrModule *m = NULL;
   for (int i = 0; i < plan->nprograms && !m; i++)
     if (ir_axis_size(plan->programs[i], IR_AXIS_PP) > 1) m = plan->programs[i];
@@ -849,40 +860,53 @@ static int check_pipeline_dp(const Plan *plan, const PlanMesh *mesh, int64_t per
     sb_printf(&ok, "%s%lld", nok ? ", " : "", (long long)(d * per));
     nok++;
   }
-  ts_errf(err, errlen, "--gpus %lld gives dp=%d, so each dp rank runs global_batch %lld / (micro_batch %lld x dp %d) "
+  ts_errf(err, errlen, "%s gives dp=%d, so each dp rank runs global_batch %lld / (micro_batch %lld x dp %d) "
           "micro batches per step, which the plan's pipeline (pp=%d, vpp=%d, --schedule %s) cannot run: %s. %s%s",
-          (long long)(per * mesh->dp), mesh->dp, (long long)t->global_batch, (long long)t->micro_batch, mesh->dp,
+          given, mesh->dp, (long long)t->global_batch, (long long)t->micro_batch, mesh->dp,
           ir_axis_size(m, IR_AXIS_PP), m->par.vpp > 1 ? m->par.vpp : 1, plan_pipe_sched_name(kind), why,
-          nok ? "The --gpus values that work: " : "No --gpus value works with this global_batch and micro_batch",
+          !nok ? "No rank count works with this global_batch and micro_batch"
+          : under_launcher() ? "The mpirun -np values that work: " : "The --gpus values that work: ",
           nok ? ok.p : "");
   sb_free(&ok);
   return -1;
 }
 
+/* How the user chose the run's n ranks, in their own terms, for the
+ * messages of mesh_for: "--gpus 3", "mpirun -np 3" (under a launcher),
+ * "1 rank (no --gpus given)". */
+static const char *ranks_given(const Args *a, int64_t n, char *buf, size_t len) {
+  if (under_launcher()) snprintf(buf, len, "mpirun -np %lld", (long long)n);
+  else if (a->gpus >= 1) snprintf(buf, len, "--gpus %lld", (long long)n);
+  else snprintf(buf, len, "1 rank (no --gpus given)");
+  return buf;
+}
+
 /* dp for n ranks of the plan's mesh; -1 with a message if n does not
- * divide.  *mesh gets the run's mesh. */
-static int mesh_for(const Plan *plan, int64_t n, PlanMesh *mesh, char *err, size_t errlen) {
+ * divide.  *mesh gets the run's mesh; given says how the user chose n
+ * (ranks_given). */
+static int mesh_for(const Plan *plan, int64_t n, const char *given, PlanMesh *mesh, char *err, size_t errlen) {
   PlanMesh m = plan->mesh;
   int64_t per = 1;
   int s[4] = {m.tp, m.pp, m.cp, m.ep};
   for (int i = 0; i < 4; i++) per *= s[i] < 1 ? 1 : s[i];
   if (n < 1 || n % per != 0)
-    return ts_errf(err, errlen, "--gpus %lld does not divide into the plan's mesh: tp=%d x pp=%d x cp=%d x ep=%d "
-                   "= %lld ranks per data-parallel replica (use a multiple of %lld)",
-                   (long long)n, m.tp < 1 ? 1 : m.tp, m.pp < 1 ? 1 : m.pp, m.cp < 1 ? 1 : m.cp,
-                   m.ep < 1 ? 1 : m.ep, (long long)per, (long long)per);
+    return ts_errf(err, errlen, "%s does not divide into the plan's mesh: tp=%d x pp=%d x cp=%d x ep=%d "
+                   "= %lld ranks per data-parallel replica (use a multiple of %lld: %s %lld)",
+                   given, m.tp < 1 ? 1 : m.tp, m.pp < 1 ? 1 : m.pp, m.cp < 1 ? 1 : m.cp,
+                   m.ep < 1 ? 1 : m.ep, (long long)per, (long long)per, under_launcher() ? "mpirun -np" : "--gpus",
+                   (long long)per);
   m.dp = (int)(n / per);
   /* each dp rank runs whole micro batches (the trainer checks it too, but
    * only after N processes have started) */
   const IrTrain *tr = plan->nprograms > 0 ? &plan->programs[0]->train : NULL;
   if (tr && tr->micro_batch > 0 && tr->global_batch > 0 && tr->global_batch % tr->micro_batch == 0 &&
       (tr->global_batch / tr->micro_batch) % m.dp != 0)
-    return ts_errf(err, errlen, "--gpus %lld gives dp = %lld / %lld = %d, which does not divide the %lld micro "
+    return ts_errf(err, errlen, "%s gives dp = %lld / %lld = %d, which does not divide the %lld micro "
                    "batches of a step (global_batch %lld / micro_batch %lld): each dp rank runs whole micro "
-                   "batches", (long long)n, (long long)n, (long long)per, m.dp,
+                   "batches", given, (long long)n, (long long)per, m.dp,
                    (long long)(tr->global_batch / tr->micro_batch), (long long)tr->global_batch,
                    (long long)tr->micro_batch);
-  if (check_pipeline_dp(plan, &m, per, err, errlen) != 0) return -1;
+  if (check_pipeline_dp(plan, &m, per, given, err, errlen) != 0) return -1;
   *mesh = m;
   return 0;
 }
@@ -1426,12 +1450,13 @@ static int run_single(const Args *a) {
   PlanMesh mesh;
   IrModule *m;
   Gpu gpu = {0};
-  if (mesh_for(plan, 1, &mesh, err, sizeof err) != 0 || !(m = prepare(plan, &mesh, 0, a, &pi, err, sizeof err)) ||
+  char given[64];
+  if (mesh_for(plan, 1, ranks_given(a, 1, given, sizeof given), &mesh, err, sizeof err) != 0 || !(m = prepare(plan, &mesh, 0, a, &pi, err, sizeof err)) ||
       (ngpu > 0 && gpu_setup(a, plan, pi, m, plan->mesh.dp > 1, 0, ngpu, &gpu, err, sizeof err) != 0)) {
     fprintf(stderr, "mrun: %s\n", err);
     goto out;
   }
-  if (gpu.dev) fprintf(stderr, "mrun: 1 GPU rank on %s\n", gpu.dev->label);
+  if (gpu.dev) fprintf(stderr, "mrun: 1 GPU rank on %s\n", gpu.dev->label);  /* not a refusal */
   RtRank rank = rt_rank_single();
   rank.mesh = mesh;
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .trace_path = a->trace, .quiet = a->quiet, .log = stdout,
@@ -1471,7 +1496,9 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   Plan *plan = load_plan(a->plan, err, sizeof err);
   if (!plan) rt_comm_abort(world, "mrun: %s", err);
   PlanMesh mesh;
-  if (mesh_for(plan, n, &mesh, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
+  char given[64];
+  if (mesh_for(plan, n, ranks_given(a, n, given, sizeof given), &mesh, err, sizeof err) != 0)
+    rt_comm_abort(world, "mrun: %s", err);
   int pi = 0;
   IrModule *m = prepare(plan, &mesh, me, a, &pi, err, sizeof err);
   if (!m) rt_comm_abort(world, "mrun: %s", err);
@@ -1481,7 +1508,7 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
     rt_comm_abort(world, "mrun: %s", err);
   if (me == 0 && gpu.dev)
     fprintf(stderr, "mrun: %d GPU ranks, rank 0 on %s (%d device%s per node)\n", n, gpu.dev->label, ngpu,
-            ngpu == 1 ? "" : "s");
+            ngpu == 1 ? "" : "s");  /* not a refusal */
   RtRank rank = rt_rank_single();
   rank.mesh = mesh;
   rt_mesh_coords(&mesh, me, rank.coord);
@@ -1543,7 +1570,7 @@ static int calibrate_rank(RtComm *world, const Args *a) {
       fprintf(stderr, "mrun: --calibrate: %s\n", ts_io_error());
       rc = 1;
     } else if (!a->quiet) {
-      fprintf(stderr, "mrun: wrote %s (mcc --report time --hw %s)\n", a->calibrate, a->calibrate);
+      fprintf(stderr, "mrun: wrote %s (mcc --report time --hw %s)\n", a->calibrate, a->calibrate);  /* not a refusal */
     }
   }
   sb_free(&b);
@@ -1577,7 +1604,8 @@ static int run(int argc, char **argv, Args *a) {
     char err[2048] = "";
     Plan *plan = load_plan(a->plan, err, sizeof err);
     PlanMesh mesh;
-    int ok = plan && mesh_for(plan, a->gpus, &mesh, err, sizeof err) == 0 &&
+    char given[64];
+    int ok = plan && mesh_for(plan, a->gpus, ranks_given(a, a->gpus, given, sizeof given), &mesh, err, sizeof err) == 0 &&
              rt_packed_check(&a->gpt, (const IrModule *const *)plan->programs, plan->nprograms, err, sizeof err) == 0;
     plan_free(plan);
     if (!ok) { fprintf(stderr, "mrun: %s\n", err); return 1; }

@@ -489,8 +489,10 @@ void rt_ckpt_writer_free(RtCkptWriter *w) {
 static int resolve_load(const char *dir, char *out, size_t n, char *err, size_t errlen) {
   char path[8192];
   struct stat st;
-  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-    return ts_errf(err, errlen, "--load: '%s' is not a directory", dir);
+  if (stat(dir, &st) != 0)
+    return ts_errf(err, errlen, "--load: cannot read '%s': %s (give the --save directory of an earlier run)", dir,
+                   strerror(errno));
+  if (!S_ISDIR(st.st_mode)) return ts_errf(err, errlen, "--load: '%s' is not a directory", dir);
   snprintf(path, sizeof path, "%s/metadata.json", dir);
   if (stat(path, &st) == 0) { snprintf(out, n, "%s", dir); return 0; }
   snprintf(path, sizeof path, "%s/latest", dir);

@@ -43,7 +43,7 @@ static void *gather_param(RtProgram *p, const IrState *s, IrType *gt, char *err,
     if (sh < 0 || (dp > 1 && !g)) {
       free(cur);
       ts_errf(err, errlen, "@%s is held as ZeRO-3 shards but this rank has no %s", s->name,
-              sh < 0 ? "shard state" : "dp group");
+              sh < 0 ? "shard state" : "dp group");  /* internal */
       return NULL;
     }
     int64_t c = ir_type_numel(&m->states.a[sh].type);
@@ -67,7 +67,7 @@ static void *gather_param(RtProgram *p, const IrState *s, IrType *gt, char *err,
       if (!g) {
         free(cur);
         ts_errf(err, errlen, "@%s is split over %s but this rank has no %s group", s->name,
-                ir_axis_name((IrAxis)a), ir_axis_name((IrAxis)a));
+                ir_axis_name((IrAxis)a), ir_axis_name((IrAxis)a));  /* internal */
         return NULL;
       }
       int64_t outer = 1, inner = 1;
@@ -274,7 +274,7 @@ RtParams *rt_params_collect(RtProgram *p, RtComm *world, char *err, size_t errle
   }
   if (rc == 0 && pp > 1 && in_root_pp) {
     RtComm *g = rt_program_group(p, IR_AXIS_PP);
-    if (!g) rc = ts_errf(err, errlen, "pp=%d but this rank has no pp group", pp);
+    if (!g) rc = ts_errf(err, errlen, "pp=%d but this rank has no pp group", pp);  /* internal */
     else rc = pipe_collect(g, &ps, &n, err, errlen);
   }
   RtParams *out = rc == 0 ? ts_xcalloc(1, sizeof *out) : NULL;

@@ -244,7 +244,7 @@ static void print_dev_profile(RtProgram *p) {
   double total = 0;
   for (int j = 0; j < p->dtime.n; j++) total += p->dtime.a[j].ms;
   fprintf(stderr, "rt profile: GPU time per kernel (CUDA events around each launch, CUDA graphs off, each block's "
-          "first run not counted): %.3f ms in %d kinds\n", total, p->dtime.n);
+          "first run not counted): %.3f ms in %d kinds\n", total, p->dtime.n);  /* not a refusal */
   int shown = p->dtime.n < 15 ? p->dtime.n : 15;
   for (int j = 0; j < shown; j++)
     fprintf(stderr, "  %-48s %10.3f ms %5.1f%% %7lld calls %9.1f us/call\n", p->dtime.a[j].label, p->dtime.a[j].ms,
@@ -258,9 +258,9 @@ static void print_profile(const RtProgram *p) {
   double total = 0;
   for (int i = 0; i < IR_OP_COUNT; i++) total += p->op_s[i];
   unsigned char done[IR_OP_COUNT] = {0};
-  fprintf(stderr, "rt profile: %.3f s in kernels\n", total);
+  fprintf(stderr, "rt profile: %.3f s in kernels\n", total);  /* not a refusal */
   if (p->stash_handed || p->stash_copied)
-    fprintf(stderr, "rt profile: pipeline stashes: %lld handed over, %lld copied\n", p->stash_handed, p->stash_copied);
+    fprintf(stderr, "rt profile: pipeline stashes: %lld handed over, %lld copied\n", p->stash_handed, p->stash_copied);  /* not a refusal */
   for (;;) {
     int best = -1;
     for (int i = 0; i < IR_OP_COUNT; i++)
@@ -662,7 +662,7 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
   if (p->jit && p->profile) {
     const RtExecStats *s = rt_jit_stats(p->jit);
     fprintf(stderr, "rt: llvm backend: %d kernels (%d fused groups, %d distinct compiled, %d groups on the reference) "
-            "in %.3f s, %d from the disk cache (%d waited for another process), %d threads; %d GEMM bias epilogues, %d optimizer-step launches for %d "
+            "in %.3f s, %d from the disk cache (%d waited for another process), %d threads; %d GEMM bias epilogues, %d optimizer-step launches for %d "  /* not a refusal */
             "tensors, %d attention backwards in one pass, %d gradients made straight into their state\n",
             s->kernels, s->groups, s->distinct, s->fallbacks, s->jit_s, s->disk_hits, s->deferred, s->threads, s->epilogues,
             s->opt_runs, s->opt_tensors, s->attn_grads, s->accum_direct);
@@ -883,12 +883,12 @@ static void print_memory(const RtProgram *p) {
   fprintf(stderr, "rt memory: rank dp %d pp %d cp %d ep %d tp %d: params %zu grads %zu adam %zu slab %zu arena %zu\n",
           p->rank.coord[IR_AXIS_DP], p->rank.coord[IR_AXIS_PP], p->rank.coord[IR_AXIS_CP], p->rank.coord[IR_AXIS_EP],
           p->rank.coord[IR_AXIS_TP], kind[IR_STATE_PARAM], kind[IR_STATE_GRAD],
-          kind[IR_STATE_ADAM_M] + kind[IR_STATE_ADAM_V], p->slab_bytes, p->arena_bytes);
+          kind[IR_STATE_ADAM_M] + kind[IR_STATE_ADAM_V], p->slab_bytes, p->arena_bytes);  /* not a refusal */
   for (int b = 0; p->mem && b < p->m->blocks.n; b++)
     fprintf(stderr, "rt memory: rank dp %d pp %d cp %d ep %d tp %d: block %s: runs %lld used %zu live %zu held %zu\n",
             p->rank.coord[IR_AXIS_DP], p->rank.coord[IR_AXIS_PP], p->rank.coord[IR_AXIS_CP],
             p->rank.coord[IR_AXIS_EP], p->rank.coord[IR_AXIS_TP], p->m->blocks.a[b].name,
-            (long long)p->mem[b].runs, p->mem[b].used, p->mem[b].live, p->mem[b].held);
+            (long long)p->mem[b].runs, p->mem[b].used, p->mem[b].live, p->mem[b].held);  /* not a refusal */
 }
 
 /* ---- Overlapped dp reduction ----

@@ -701,7 +701,7 @@ static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_
                    (long long)n_local, why);
   r->have_sched = 1;
   if (plan_pipe_check(&r->sched, why, sizeof why) != 0)
-    return ts_errf(err, errlen, "the regenerated pipeline schedule is wrong (a bug): %s", why);
+    return ts_errf(err, errlen, "the regenerated pipeline schedule is wrong (a bug): %s", why);  /* internal */
   int nchunks = pp * vpp;
   int split = plan_pipe_sched_splits_bwd(kind);
   r->chunk_block = ts_xmalloc((size_t)nchunks * 4 * sizeof *r->chunk_block);

@@ -5,7 +5,8 @@
 #
 #   run.sh CASES MCC MRUN SRCDIR TMPDIR
 #
-# A case is one line:   EXIT | TEXT | COMMAND
+# A case is one line:   EXIT | TEXT | COMMAND   (fields split at ' | ', so TEXT
+# may hold a '|' without spaces around it, and COMMAND anything)
 #   EXIT     the exit status the command must end with
 #   TEXT     a fixed string its stdout or stderr must contain
 #   COMMAND  bash, run in TMPDIR/w (a fresh copy of the fixtures for every
@@ -37,9 +38,12 @@ printf 'In the beginning God created the heaven and the earth. %.0s' {1..72} > "
 one() {
   local n=$1 line want text cmd w rc
   line=$(sed -n "${n}p" "$CASES")
-  want=$(printf '%s' "$line" | cut -d'|' -f1 | tr -d ' ')
-  text=$(printf '%s' "$line" | cut -d'|' -f2 | sed 's/^ *//; s/ *$//')
-  cmd=$(printf '%s' "$line" | cut -d'|' -f3-)
+  want=${line%% | *}
+  local rest=${line#* | }
+  text=${rest%% | *}
+  cmd=${rest#* | }
+  want=$(printf '%s' "$want" | tr -d ' ')
+  text=$(printf '%s' "$text" | sed 's/^ *//; s/ *$//')
   w=$TMP/c$n
   rm -rf "$w" && cp -r "$fix" "$w" || return 1
   (cd "$w" && timeout -k 5 30 bash -c "$cmd" > "$w/.out" 2>&1 < /dev/null)

@@ -7,7 +7,8 @@
 # message naming the numbers; a global batch that the dp ranks cannot share
 # in whole micro batches likewise (here from inside the ranks).  Under
 # `mpirun -np 2`, mrun without --gpus trains on the 2 ranks (the losses of
-# the single-rank run), and --gpus 3 is refused.
+# the single-rank run), and --gpus 3 is refused; a rank count mpirun gives
+# that does not fit is refused naming "mpirun -np N", not --gpus.
 set -uo pipefail
 mcc=$1 mrun=$2 src=$3 work=$4 mpiexec=$5
 rm -rf "$work"; mkdir -p "$work"; cd "$work" || exit 1
@@ -31,6 +32,11 @@ expect "--gpus 4 gives dp = 4 / 1 = 4, which does not divide the 2 micro batches
 root=; [ "$(id -u)" = 0 ] && root=--allow-run-as-root
 expect "--gpus 3 but the MPI job has 2 ranks" \
   timeout -k 5 60 "$mpiexec" $root --oversubscribe -np 2 "$mrun" dp.plan --gpus 3 --steps 1
+# under a launcher the messages name the launcher's rank count, not --gpus (issue 24)
+expect "mpirun -np 3 does not divide into the plan's mesh: tp=2 .*use a multiple of 2: mpirun -np 2" \
+  timeout -k 5 60 "$mpiexec" $root --oversubscribe -np 3 "$mrun" tp2.ir --steps 1
+expect "mpirun -np 3 gives dp = 3 / 1 = 3, which does not divide the 2 micro batches of a step" \
+  timeout -k 5 60 "$mpiexec" $root --oversubscribe -np 3 "$mrun" dp.plan --steps 1
 data="$src/samples/data/kjv.txt"
 "$mrun" dp.plan --steps 2 --quiet --data "$data" --metrics one.jsonl || status=1
 if ! timeout -k 5 60 "$mpiexec" $root --oversubscribe -np 2 "$mrun" dp.plan --steps 2 --quiet --data "$data" \
