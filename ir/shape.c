@@ -1051,7 +1051,7 @@ static int shape_UNSTASH(Sx *x) {
 }
 static int shape_GROUP_SUM(Sx *x) {
   if (mesh_axis(x, 0) || need_float(x, 0)) return -1;
-  if (x->n->ia[1] <= 0) return fail(x, "ranks must be a non-empty bit mask");
+  if (x->n->ia[1] == 0) return fail(x, "ranks must be a non-empty bit mask");
   *x->out = *opnd(x, 0);
   return 0;
 }

@@ -82,8 +82,9 @@
 
 #define DP_BIT (1u << IR_AXIS_DP)
 #define PP_BIT (1u << IR_AXIS_PP)
-/* ranks=MASK of group_sum is an int64 bit mask of pp coordinates */
-#define PP_MAX_MASK_RANKS 62
+/* ranks=MASK of group_sum is a 64-bit mask of pp coordinates (stored in
+ * the int64 attribute: coordinate 63 makes it negative) */
+#define PP_MAX_MASK_RANKS 64
 
 /* Emits into the update block; the first failure is written to cx->err and
  * every later call returns -1 without emitting (operands < 0 propagate).
@@ -1279,7 +1280,7 @@ static int stage_grad_ranks(const IrModule *m, int ub, uint64_t *ranks, char *er
     int64_t s = x->op == IR_OP_STATE ? x->ia[0] : -1;
     uint64_t mask = (uint64_t)nd->ia[1];
     if (s < 0 || s >= m->states.n || m->states.a[s].kind != IR_STATE_GRAD) continue;
-    if (!(mask & (1ull << r)) || (mask >> pp) != 0)
+    if (!(mask & (1ull << r)) || (pp < 64 && (mask >> pp) != 0))
       return ts_errf(err, errlen, "block update, node %d: group_sum of @%s over pp ranks=%lld, which is not a set of "
                      "the pp=%d ranks containing this program's rank %d", i, m->states.a[s].name, (long long)nd->ia[1],
                      pp, r);

@@ -361,20 +361,20 @@ int ref_GROUP_SUM(RtKctx *k) {
   if (kpipe_axis(k, &size, &coord, &g) || kfloat_value(k, k->it[0], 0)) return -1;
   if (k->it[0]->dtype != k->ot->dtype || ir_type_numel(k->it[0]) != ir_type_numel(k->ot))
     return rt_kfail(k, "result and operand differ in dtype or size");
-  int64_t mask = k->n->ia[1];
-  if (size > 62)
-    return rt_kfail(k, "the %s axis has %d ranks; group_sum's ranks mask names at most 62", ir_axis_name((IrAxis)k->n->ia[0]),
+  uint64_t mask = (uint64_t)k->n->ia[1];   /* bit q: coordinate q (bit 63 makes the int64 negative) */
+  if (size > 64)
+    return rt_kfail(k, "the %s axis has %d ranks; group_sum's ranks mask names at most 64", ir_axis_name((IrAxis)k->n->ia[0]),
                     size);
-  if (mask <= 0 || (mask >> size) != 0)
-    return rt_kfail(k, "ranks=%lld names coordinates outside the %s axis (size %d)", (long long)mask,
+  if (mask == 0 || (size < 64 && (mask >> size) != 0))
+    return rt_kfail(k, "ranks=%lld names coordinates outside the %s axis (size %d)", (long long)k->n->ia[1],
                     ir_axis_name((IrAxis)k->n->ia[0]), size);
   if (!(mask >> coord & 1))
     return rt_kfail(k, "ranks=%lld does not include this rank's %s coordinate %d (only members may run group_sum)",
-                    (long long)mask, ir_axis_name((IrAxis)k->n->ia[0]), coord);
+                    (long long)k->n->ia[1], ir_axis_name((IrAxis)k->n->ia[0]), coord);
   int64_t n = ir_type_numel(k->ot);
   size_t bytes = kbytes(k->ot);
   IrDtype dt = k->ot->dtype;
-  if (mask == (int64_t)1 << coord) { memcpy(k->out, k->in[0], bytes); return 0; }
+  if (mask == (uint64_t)1 << coord) { memcpy(k->out, k->in[0], bytes); return 0; }
   /* Post our value to every other member first (so nobody waits on us),
    * then walk the members in coordinate order: the first one's value
    * starts the sum, each next one is added (received into one buffer). */

@@ -525,9 +525,9 @@ static int dev_pipe(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
   IrDtype dt = vt->dtype;
   size_t count = (size_t)ir_type_numel(vt);
   if (nd->op == IR_OP_GROUP_SUM) {
-    int64_t mask = nd->ia[1];
+    uint64_t mask = (uint64_t)nd->ia[1];
     int other = -1, members = 0;
-    for (int q = 0; q < size && q < 62; q++)
+    for (int q = 0; q < size && q < 64; q++)
       if (mask >> q & 1) members++, other = q != coord ? q : other;
     if (members == 1) return out == in ? 0 : copy_ordered(x, out, (void *)in, bytes, msg, n);
     if (members != 2 || other < 0 || !g || !rl) {

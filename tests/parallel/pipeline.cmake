@@ -95,6 +95,13 @@ ts_pipe_test(gpt.gpus64_tp2_pp4_dp8.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/sa
              -D layers=4 -D d_model=16 -D heads=4 -D seq_len=8 -D vocab=256 -D batch=32 -D micro_batch=1
              --tp 2 --pp 4 --dp 8 --steps 3)
 set_tests_properties(parallel.gpt.gpus64_tp2_pp4_dp8.f64 PROPERTIES TIMEOUT 300)
+# 64 pipeline ranks (the 1T row of Narayanan et al. 2021 has pp 64): the tied
+# embedding's gradient summed by group_sum over coordinates 0 and 63, whose
+# 64-bit mask is negative as an int64 (ranks=-9223372036854775807), 2 steps
+ts_pipe_test(gpt.gpus64_pp64.f64 ${TS_PAR_CHECK} ${PROJECT_SOURCE_DIR}/samples/gpt.mdl 1e-10
+             -D layers=64 -D d_model=16 -D heads=2 -D seq_len=8 -D vocab=256 -D batch=64 -D micro_batch=1
+             --pp 64 --steps 2)
+set_tests_properties(parallel.gpt.gpus64_pp64.f64 PROPERTIES TIMEOUT 300)
 
 # Several layer stacks (issue 24, deliverable 6): samples/t5.mdl, an
 # encoder-decoder with equal depths (2 + 2 layers; source = the first 8
