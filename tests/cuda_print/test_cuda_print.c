@@ -385,7 +385,7 @@ static void ew(IrDtype dt, int64_t R, int64_t C) {
   }
 }
 
-/* masked_fill, causal_mask, full, broadcast. */
+/* masked_fill, causal_mask, full, broadcast, arange. */
 static void misc(IrDtype dt) {
   char what[96];
   const char *dn = ir_dtype_name(dt);
@@ -408,8 +408,22 @@ static void misc(IrDtype dt) {
   snprintf(what, sizeof what, "broadcast %s", dn);
   one(&c, emit(&c, IR_OP_BROADCAST, &bias, 1, NULL, NULL, &t), what);
   one(&c, emit(&c, IR_OP_BROADCAST, &col, 1, NULL, NULL, &t), what);
+  /* arange along each axis (float and i32), and ALiBi's slopes exp(float(arange) * c) fused */
+  IrType at = TY(dt, 3, 4, 5), ai = TY(IR_I32, 3, 4, 5);
+  for (int64_t ax = 0; ax < 3; ax++) {
+    snprintf(what, sizeof what, "arange axis=%lld %s", (long long)ax, dn);
+    one(&c, emit(&c, IR_OP_ARANGE, NULL, 0, &ax, (double[]){-1.5, 0.25}, &at), what);
+    snprintf(what, sizeof what, "arange axis=%lld i32", (long long)ax);
+    one(&c, emit(&c, IR_OP_ARANGE, NULL, 0, &ax, (double[]){1, 1}, &ai), what);
+  }
+  IrType hs = TY(IR_I32, 8), hf = TY(dt, 8);
+  int h = emit(&c, IR_OP_ARANGE, NULL, 0, (int64_t[]){0}, (double[]){1, 1}, &hs);
+  int hx = emit(&c, IR_OP_CAST, &h, 1, NULL, NULL, &hf);
+  int hm = emit(&c, IR_OP_MULS, &hx, 1, NULL, (double[]){-0.6931471805599453}, NULL);
+  snprintf(what, sizeof what, "ALiBi slopes exp(float(arange) * c) %s", dn);
+  group(&c, (int[]){h, hx, hm, E1(&c, IR_OP_EXP, hm)}, 4, what, PLAIN);
   g_covered[IR_OP_MASKED_FILL] = g_covered[IR_OP_CAUSAL_MASK] = g_covered[IR_OP_FULL] = 1;
-  g_covered[IR_OP_BROADCAST] = 1;
+  g_covered[IR_OP_BROADCAST] = g_covered[IR_OP_ARANGE] = 1;
   case_free(&c);
 }
 
