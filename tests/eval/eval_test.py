@@ -25,7 +25,7 @@ Modes (one ctest each):
            training samples)
   layouts16  bf16 and fp16 pipelines (issue 20): pp 2, pp 2 x vpp 2 and
            pp 2 x dp 2 give the val_loss and test_loss of one rank of the
-           same precision (relative TOL16)
+           same precision (relative TOL16 = 1e-6)
   prefetch the batches of the prefetch thread train bit-identical losses to
            --no-prefetch (1 rank, dp 2, cp 2, pp 2, the byte corpus, and
            samples/gpt_packed.mdl with the packed-sequence flags at cp 2,
@@ -244,11 +244,12 @@ def mode_layouts16():
 
 
 # the 16-bit evaluations against one rank: the forward blocks round where
-# one rank's do, and the parameters (an f32 ulp apart in a few elements
-# after step 2: the clip factor, docs/precision.md "Pipelines") read
-# through their 16-bit copies give the same val_loss and test_loss bit for
-# bit here (measured 0 in all six cells)
-TOL16 = 0.0
+# one rank's do, but the parameters are an f32 ulp apart in a few elements
+# after step 2 (the clip factor's sum order, docs/precision.md "Pipelines"),
+# and such an ulp can move a 16-bit copy's rounding: measured 0 in all six
+# cells while the weight gradients were rounded to bf16, 1.1e-8 (bf16 pp 2,
+# the second evaluation) since they are made in f32
+TOL16 = 1e-6
 
 
 def mode_prefetch():
