@@ -100,6 +100,17 @@ static int check_layout(const ApiSession *a, const IrModule *m) {
             dp, (long long)nmicro, (long long)m->train.global_batch, (long long)m->train.micro_batch);
     return 1;
   }
+  if (ir_train_rampup(&m->train) && ir_axis_size(m, IR_AXIS_PP) > 1) {
+    api_diag(a, "error: --rampup-batch-size with a pipeline (--pp %d) is not built: the pipeline schedule is made for "
+                "one count of micro batches per step; give a constant global batch, or leave out --pp\n",
+             ir_axis_size(m, IR_AXIS_PP));
+    return 1;
+  }
+  char why[512];   /* and every batch of a ramp-up */
+  if (ir_train_rampup_check(&m->train, m->train.micro_batch * dp, why, sizeof why) != 0) {
+    api_diag(a, "error: %s (dp=%d)\n", why, dp);
+    return 1;
+  }
   return 0;
 }
 

@@ -23,7 +23,7 @@ typedef enum {
   O_ACT_BUDGET, O_RECOMPUTE, O_MEM_BUDGET, O_CP_ATTN, O_EMIT_LLVM, O_EMIT_CUDA, O_TARGET, O_CHECK, O_STDLIB,
   O_TRACE, O_HW, O_SCHEDULE, O_PP_LAYOUT, O_PP_LAYERS, O_PP_STACK, O_EMIT, O_DUMP_IR, O_PRINT_AFTER, O_VERIFY_EACH,
   O_NO_VERIFY, O_VERIFY_RT, O_TIME, O_STATS, O_REPORT, O_EXPLAIN, O_AUTO_LAYOUT, O_MEMORY,
-  O_MG_SIZE, O_MG_SWITCH, O_MG_CONFIG, O_MG_TRAIN   /* Megatron-LM's flags: a size, a switch, a config key, a train field */
+  O_MG_SIZE, O_MG_SWITCH, O_MG_CONFIG, O_MG_TRAIN, O_RAMPUP   /* Megatron-LM's flags: a size, a switch, a config key, a train field */
 } OptId;
 
 enum {
@@ -143,11 +143,9 @@ static const ApiOption api_options[] = {
     {"--muon-momentum", API_ARG_VALUE, O_MG_TRAIN, "muon_momentum", 0, NULL},
     {"--muon-ns-steps", API_ARG_VALUE, O_MG_TRAIN, "muon_ns_steps", 0, NULL},
     {"--muon-adamw-lr", API_ARG_VALUE, O_MG_TRAIN, "muon_adamw_lr", 0, NULL},
-    {"--rampup-batch-size", API_ARG_NONE, O_HELP, NULL, NOT_BUILT,
-     "--rampup-batch-size (Megatron's batch-size ramp-up) is not built: the number of micro batches per step is a "
-     "constant of the compiled program (autodiff bakes the loss gradient's seed 1 / (global_batch / micro_batch) into "
-     "the micro block), so a step with a smaller global batch would average over the wrong count; train with a "
-     "constant --global-batch-size (docs/cli.md \"LR schedules\")"},
+    /* START INCR SAMPLES: three words on mcc's command line (tools/mcc.c), one "S I N" string in the library */
+    {"--rampup-batch-size", API_ARG_VALUE, O_RAMPUP, NULL, 0, NULL},
+    {"--train-samples", API_ARG_VALUE, O_MG_TRAIN, "train_samples", 0, NULL},
     {"--muon-tp-mode", API_ARG_VALUE, O_MG_TRAIN, "muon_tp", 0, NULL},
     {"--lr-wsd-decay-style", API_ARG_VALUE, O_MG_TRAIN, "wsd_style", 0, NULL},
     {"--lr-wsd-decay-iters", API_ARG_VALUE, O_MG_TRAIN, "wsd_decay_steps", 0, NULL},
@@ -493,6 +491,28 @@ static int apply_row(ApiSession *a, const ApiOption *r, const char *sub, const c
     }
     return API_OK;
   case O_MG_CONFIG: case O_MG_TRAIN: mg_setting(a, r, next); return API_OK;
+  case O_RAMPUP: {   /* "START INCR SAMPLES" (or with commas): three train fields */
+    static const char *const field[3] = {"rampup_start", "rampup_incr", "rampup_samples"};
+    char w[3][32];
+    int n = 0;
+    const char *q = next;
+    while (*q && n < 4) {
+      while (*q == ' ' || *q == ',') q++;
+      if (!*q) break;
+      size_t len = strcspn(q, " ,");
+      if (n < 3 && len < sizeof w[0]) memcpy(w[n], q, len), w[n][len] = 0;
+      else n = 4;   /* too long or too many */
+      n++;
+      q += len;
+    }
+    if (n != 3) return usage_error(a, "--rampup-batch-size takes three numbers, START INCR SAMPLES (Megatron's: the "
+                                   "global batch starts at START and grows by INCR over SAMPLES samples), got '%s'", next);
+    for (int k = 0; k < 3; k++) {
+      ApiOption row = {r->name, API_ARG_VALUE, O_MG_TRAIN, field[k], 0, NULL};
+      mg_setting(a, &row, ts_intern(w[k]));
+    }
+    return API_OK;
+  }
   default: return usage_error(a, "internal error: option '%s' has no handler", s);
   }
 }

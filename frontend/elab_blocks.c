@@ -183,7 +183,7 @@ static int train_int(Elab *e, const Value *v, const char *what, int64_t lo, int6
 
 /* The command line's train overrides (mcc's Megatron flags: --lr ...),
  * over what the train block said.  1 if one about the batch failed. */
-static int train_overrides(Elab *e, IrTrain *t, int *have_decay, int *gb_at) {
+static int train_overrides(Elab *e, IrTrain *t, int *have_decay, int *gb_at, int64_t *train_samples) {
   int batch_bad = 0;
   for (int i = 0; i < e->opt->ntrain_sets; i++) {
     const MdlSetting *df = &e->opt->train_sets[i];
@@ -235,6 +235,10 @@ static int train_overrides(Elab *e, IrTrain *t, int *have_decay, int *gb_at) {
     else if (!strcmp(k, "decay_steps")) { if (!train_int(e, &v, what, 1, &t->decay_steps)) *have_decay = 1; }
     else if (!strcmp(k, "steps")) train_int(e, &v, what, 1, &t->steps);
     else if (!strcmp(k, "seed")) { if (!train_int(e, &v, what, 0, &n)) t->seed = (uint64_t)n; }
+    else if (!strcmp(k, "train_samples")) train_int(e, &v, what, 1, train_samples);
+    else if (!strcmp(k, "rampup_start")) train_int(e, &v, what, 1, &t->rampup_start);
+    else if (!strcmp(k, "rampup_incr")) train_int(e, &v, what, 1, &t->rampup_incr);
+    else if (!strcmp(k, "rampup_samples")) train_int(e, &v, what, 0, &t->rampup_samples);
     else if (!strcmp(k, "global_batch")) {
       if (train_int(e, &v, what, 1, &t->global_batch)) batch_bad = 1;
       else *gb_at = -2;
@@ -249,6 +253,7 @@ void elab_train(Elab *e) {
   ir_train_defaults(&t);
   t.nesterov = -1;   /* not given: the optimizer's default, resolved below */
   int have_decay = 0, gb_at = -1, batch_bad = 0;   /* batch_bad: an error about either batch size given */
+  int64_t train_samples = 0;   /* Megatron's --train-samples: the steps that consume them (0: steps as given) */
   for (int j = 0; j < p->ntrain; j++) {
     const MdlKV *kv = &p->train[j];
     for (int k = 0; k < j; k++)
@@ -348,12 +353,43 @@ void elab_train(Elab *e) {
       else if (!strcmp(key, "seq_len")) train_int(e, &v, key, 1, &t.seq_len);
       else if (!strcmp(key, "steps")) train_int(e, &v, key, 1, &t.steps);
       else if (!strcmp(key, "seed")) { int64_t s; if (!train_int(e, &v, key, 0, &s)) t.seed = (uint64_t)s; }
+      else if (!strcmp(key, "train_samples")) train_int(e, &v, key, 1, &train_samples);
+      else if (!strcmp(key, "rampup_start")) train_int(e, &v, key, 1, &t.rampup_start);
+      else if (!strcmp(key, "rampup_incr")) train_int(e, &v, key, 1, &t.rampup_incr);
+      else if (!strcmp(key, "rampup_samples")) train_int(e, &v, key, 0, &t.rampup_samples);
       else
         elab_error(e, kv->loc, "unknown train key '%s' (known: optimizer, schedule, clip_grad, global_batch, "
-                               "micro_batch, seq_len, steps, seed, precision)", key);
+                               "micro_batch, seq_len, steps, train_samples, rampup_start, rampup_incr, "
+                               "rampup_samples, seed, precision)", key);
     }
   }
-  if (train_overrides(e, &t, &have_decay, &gb_at)) batch_bad = 1;
+  int64_t block_samples = train_samples;   /* the train block's; a flag's replaces it, as for every key */
+  train_samples = 0;
+  if (train_overrides(e, &t, &have_decay, &gb_at, &train_samples)) batch_bad = 1;
+  int flag_steps = 0, block_steps = 0;
+  for (int i = 0; i < e->opt->ntrain_sets; i++) flag_steps |= !strcmp(e->opt->train_sets[i].name, "steps");
+  for (int j = 0; j < p->ntrain; j++) block_steps |= !strcmp(p->train[j].name, "steps");
+  if (train_samples > 0 && flag_steps)
+    elab_error(e, no_loc, "both --train-iters (%lld) and --train-samples (%lld) are given: the length of the run is "
+               "one of them", (long long)t.steps, (long long)train_samples);
+  else if (!train_samples && !flag_steps && block_samples > 0 && block_steps)
+    elab_error(e, no_loc, "train: both steps and train_samples (%lld) are given: the length of the run is one of "
+               "them", (long long)block_samples);
+  else if (!train_samples && !flag_steps)
+    train_samples = block_samples;
+  if (t.rampup_start > 0 && !batch_bad) {
+    char why[512];
+    if (ir_train_rampup_check(&t, t.micro_batch, why, sizeof why) != 0) elab_error(e, no_loc, "%s", why);
+  } else if (t.rampup_start == 0 && (t.rampup_incr > 0 || t.rampup_samples > 0)) {
+    elab_error(e, no_loc, "train: rampup_incr and rampup_samples go with rampup_start (--rampup-batch-size START "
+               "INCR SAMPLES)");
+  }
+  if (train_samples > 0 && !batch_bad) {
+    t.steps = ir_train_steps_for_samples(&t, train_samples);
+    if (t.steps < 1)
+      elab_error(e, no_loc, "train: train_samples %lld is less than one global batch (%lld): no step to run",
+                 (long long)train_samples, (long long)ir_train_batch_at(&t, 0));
+  }
   if (!batch_bad && t.global_batch % t.micro_batch != 0) {
     MdlLoc at = gb_at >= 0 ? p->train[gb_at].loc : gb_at == -1 && p->ntrain ? p->train[0].loc : no_loc;
     elab_error(e, at, "train: global_batch %lld%s is not a multiple of micro_batch %lld", (long long)t.global_batch,

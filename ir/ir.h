@@ -256,6 +256,8 @@ typedef struct {
   double min_lr;
   double clip_grad;         /* global-norm clip; 0 = off */
   int64_t global_batch, micro_batch, seq_len, steps;
+  int64_t rampup_start, rampup_incr, rampup_samples;   /* Megatron's --rampup-batch-size START INCR SAMPLES (ir/rampup.c);
+                               rampup_start 0: off, every step global_batch */
   uint64_t seed;
   IrDtype precision;        /* IR_F32 or IR_F64: parameters (the masters), gradients, optimizer, and the
                                arithmetic of every op */
@@ -347,6 +349,17 @@ int ir_state_find(const IrModule *m, const char *name);     /* -1 if none */
 int ir_state_derived(IrModule *m, int p, IrStateKind kind, const char *prefix,
                      char *err, size_t errlen);
 void ir_train_defaults(IrTrain *t);
+/* Batch-size ramp-up (ir/rampup.c, Megatron's rule): whether t ramps; the
+ * global batch of a step that starts after `consumed` samples; the samples
+ * consumed before step `step` (from 0); the steps that consume `samples`
+ * (Megatron's --train-samples: the ramp's steps, then whole global
+ * batches); and a check of the ramp's numbers (every batch a multiple of
+ * unit = micro_batch x dp), 0 or -1 with the message in err. */
+int ir_train_rampup(const IrTrain *t);
+int64_t ir_train_batch_at(const IrTrain *t, int64_t consumed);
+int64_t ir_train_samples_before(const IrTrain *t, int64_t step);
+int64_t ir_train_steps_for_samples(const IrTrain *t, int64_t samples);
+int ir_train_rampup_check(const IrTrain *t, int64_t unit, char *err, size_t errlen);
 
 /* Appends a node to block b.  For OPF_TYPED ops `type` gives the result
  * type; for OPF_MIXED ops (matmul) `type`, if not NULL, gives the result's
@@ -423,6 +436,10 @@ const char *ir_muon_tp_name(IrMuonTp t);          /* "auto", "allreduce", "gathe
 typedef enum {
   IR_FEED_TOKENS, IR_FEED_TARGETS, IR_FEED_LOSS_MASK, IR_FEED_POSITION_IDS, IR_FEED_DOCUMENT_IDS, IR_FEED_COUNT
 } IrFeed;
+/* The input autodiff adds to a ramp-up plan's backward (train.rampup_start
+ * > 0): 1 / (the step's micro batches), a scalar of the loss's type, fed
+ * by the trainer with every micro batch (the loss gradient's seed). */
+#define IR_MICRO_WEIGHT "micro_weight"
 /* The IrFeed named name, or -1. */
 int ir_feed_find(const char *name);
 const char *ir_feed_name(IrFeed f);

@@ -338,6 +338,7 @@ static int parse_train(P *p) {
     FKEY(momentum); FKEY(muon_momentum); FKEY(muon_adamw_lr);
     IKEY(warmup) IKEY(decay_steps) IKEY(global_batch) IKEY(micro_batch) IKEY(seq_len) IKEY(steps)
     IKEY(nesterov) IKEY(muon_ns_steps) IKEY(wsd_decay_steps)
+    IKEY(rampup_start) IKEY(rampup_incr) IKEY(rampup_samples)
     else if (strcmp(k, "optimizer") == 0 || strcmp(k, "wsd_style") == 0 || strcmp(k, "muon_tp") == 0) {
       skip_ws(p);
       size_t vat = p->pos;

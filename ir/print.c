@@ -152,6 +152,9 @@ void ir_print_module(const IrModule *m, StrBuf *out) {
     }
     if (t->optimizer == IR_OPT_SGD || t->optimizer == IR_OPT_MUON) sb_printf(out, " nesterov=%d", t->nesterov);
   }
+  if (ir_train_rampup(t))   /* printed only when on: other plans' lines stay as they were */
+    sb_printf(out, " rampup_start=%lld rampup_incr=%lld rampup_samples=%lld", (long long)t->rampup_start,
+              (long long)t->rampup_incr, (long long)t->rampup_samples);
   sb_printf(out, " global_batch=%lld micro_batch=%lld seq_len=%lld steps=%lld seed=%llu precision=%s\n",
             (long long)t->global_batch, (long long)t->micro_batch, (long long)t->seq_len,
             (long long)t->steps, (unsigned long long)t->seed, ir_dtype_name(t->lowp != IR_VOID ? t->lowp : t->precision));

@@ -445,12 +445,13 @@ static int train_check(const IrModule *m, char *err, size_t errlen) {
       {"warmup", t->warmup, 0}, {"decay_steps", t->decay_steps, 0}, {"global_batch", t->global_batch, 1},
       {"micro_batch", t->micro_batch, 1}, {"seq_len", t->seq_len, 0}, {"steps", t->steps, 1},
       {"muon_ns_steps", t->muon_ns_steps, 1}, {"wsd_decay_steps", t->wsd_decay_steps, t->schedule == IR_SCHED_WSD},
-      {"nesterov", t->nesterov, 0},
+      {"nesterov", t->nesterov, 0}, {"rampup_start", t->rampup_start, 0},
   };
   for (size_t k = 0; k < sizeof n / sizeof n[0]; k++)
     if (n[k].v < n[k].lo)
       return ts_errf(err, errlen, "the train line's %s = %lld is out of range (>= %lld); the plan was edited after "
                      "compiling, or compile the model again", n[k].name, (long long)n[k].v, (long long)n[k].lo);
+  if (ir_train_rampup(t) && ir_train_rampup_check(t, t->micro_batch, err, errlen) != 0) return -1;
   for (int s = 0; s < m->states.n; s++) {
     const IrState *st = &m->states.a[s];
     if (st->kind != IR_STATE_PARAM) continue;

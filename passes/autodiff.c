@@ -551,15 +551,26 @@ static void differentiate(Ad *a, int loss, int n_micro) {
   /* the parameters' states (pgrad / pgradc are this long): not the grad
    * states appended later, nor fp16's scaler states made just below */
   int nstates = m->states.n;
+  /* batch-size ramp-up: the step's count of micro batches changes at run
+   * time, so its 1 / n_micro is an input the trainer feeds with each
+   * micro batch ("micro_weight", a scalar of the loss's type) */
+  int weight = -1;
+  if (a->need[loss] && ir_train_rampup(&m->train)) {
+    char err[512];
+    weight = ir_emit(m, a->mb, IR_OP_INPUT, NULL, 0, NULL, NULL, ts_intern(IR_MICRO_WEIGHT), &lt, err, sizeof err);
+    if (weight < 0) { ad_fail(a, "cannot emit the micro-batch weight input: %s", err); return; }  /* internal */
+    if (a->K > 1) m->blocks.a[a->mb].nodes[weight].stage = a->tag;
+  }
   if (a->need[loss] && scaler_on(m)) {
     /* fp16: the loss is multiplied by the loss scale (a state the update
      * changes; passes/scaler.c) before the backward, Megatron's scaled loss */
     int st[4];
     if (scaler_states(m, a->cx, st) != 0) { a->failed = 1; return; }
     int64_t ia[1] = {st[0]};
-    a->grad[loss] = emc(a, IR_OP_MULS, em(a, IR_OP_STATE, NULL, 0, ia, NULL, &m->states.a[st[0]].type), seed);
+    int scale = em(a, IR_OP_STATE, NULL, 0, ia, NULL, &m->states.a[st[0]].type);
+    a->grad[loss] = weight >= 0 ? em2(a, IR_OP_MUL, scale, weight) : emc(a, IR_OP_MULS, scale, seed);
   } else if (a->need[loss]) {   /* else no parameter influences the loss: nothing to do */
-    a->grad[loss] = em(a, IR_OP_FULL, NULL, 0, NULL, &seed, &lt);
+    a->grad[loss] = weight >= 0 ? weight : em(a, IR_OP_FULL, NULL, 0, NULL, &seed, &lt);
   }
   for (int i = loss; i >= 0 && !a->failed; i--) {
     if (K > 1 && a->nodep[i]) {       /* per chunk (see Ad) */

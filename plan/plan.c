@@ -204,6 +204,9 @@ static void enc_train(StrBuf *b, const IrTrain *t) {
   put_u32(b, (uint32_t)t->wsd_style); put_i64(b, t->wsd_decay_steps);
   put_u32(b, (uint32_t)t->muon_tp);
   put_f64(b, t->muon_adamw_lr);
+  if (ir_train_rampup(t)) {   /* only when on (within version 4): other plans' bytes stay as they were */
+    put_i64(b, t->rampup_start); put_i64(b, t->rampup_incr); put_i64(b, t->rampup_samples);
+  }
 }
 
 static void enc_module(StrBuf *b, const IrModule *m) {
@@ -599,6 +602,9 @@ static void rd_train(Rd *r, IrTrain *t) {
   t->wsd_decay_steps = rd_i64(r);
   uint32_t mtp = rd_u32(r);
   t->muon_adamw_lr = rd_f64(r);
+  if (!r->bad && rd_left(r) >= 24) {   /* a batch-size ramp-up */
+    t->rampup_start = rd_i64(r); t->rampup_incr = rd_i64(r); t->rampup_samples = rd_i64(r);
+  }
   if (r->bad) return;
   if (mtp >= IR_MUON_TP_COUNT) { rd_fail(r, "bad muon_tp %u", mtp); return; }
   t->muon_tp = (IrMuonTp)mtp;

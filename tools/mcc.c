@@ -160,7 +160,9 @@ static void usage(FILE *f) {
           "  --nesterov, --no-nesterov  Nesterov momentum (default: on for muon as its reference, off for sgd)\n"
           "  --muon-momentum M      muon's momentum (default 0.95)\n"
           "  --muon-ns-steps N      muon's Newton-Schulz iterations (default 5)\n"
-          "  --rampup-batch-size S I N  Megatron's batch-size ramp-up: refused, not built (docs/cli.md)\n"
+          "  --rampup-batch-size S I N  Megatron's batch-size ramp-up: the global batch starts at S and grows by\n"
+          "                         I over the first N samples (docs/cli.md \"Batch-size ramp-up\")\n"
+          "  --train-samples N      Megatron's: the run's length in samples (the steps that consume N)\n"
           "  --muon-adamw-lr X      the lr of muon's AdamW group (embedding, head, biases, gains): the schedule\n"
           "                         scaled by X / lr (default: the group runs at --lr); mrun takes it too\n"
           "  --muon-tp-mode M       muon on a tp-split matrix: auto (the fewer bytes), allreduce (its Gram\n"
@@ -183,6 +185,7 @@ static int pipe_views(const Args *a) { return api_pipe_views_wanted(a); }
  * "--flag=VALUE" or the next argument ("-Dkey=value" as well).  Returns
  * -1 to continue, or the exit code (0 for --help / --version). */
 static int parse_args(int argc, char **argv, Args *a) {
+  static char rampup[256];
   for (int i = 1; i < argc; i++) {
     const char *s = argv[i], *value = NULL, *name = s;
     if (s[0] != '-' || !s[1]) {
@@ -204,6 +207,16 @@ static int parse_args(int argc, char **argv, Args *a) {
         return 2;
       }
       value = argv[++i];
+      if (strcmp(s, "--rampup-batch-size") == 0) {   /* Megatron's three words: START INCR SAMPLES */
+        if (i + 2 >= argc) {
+          fprintf(stderr, "mcc: --rampup-batch-size takes three numbers, START INCR SAMPLES\n(run 'mcc --help' for "
+                  "the options)\n");
+          return 2;
+        }
+        snprintf(rampup, sizeof rampup, "%s %s %s", argv[i], argv[i + 1], argv[i + 2]);
+        value = rampup;
+        i += 2;
+      }
     }
     int rc = api_opt_apply(a, name, value);
     if (rc == API_STOP) {

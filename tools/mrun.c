@@ -117,7 +117,8 @@ static const char usage[] =
     "  --lr X, --min-lr X, --lr-warmup-iters N, --lr-decay-iters N, --lr-wsd-decay-iters N\n"
     "  --lr-decay-style constant|linear|cosine|WSD|inverse-square-root, --lr-wsd-decay-style S\n"
     "  --muon-adamw-lr X  Muon's AdamW group at X (the schedule scaled by X / lr)\n"
-    "  --rampup-batch-size S I N  Megatron's batch-size ramp-up: refused, not built (docs/cli.md)\n"
+    "  --rampup-batch-size S I N  a ramp-up plan's (mcc --rampup-batch-size) ramp at run time: the global\n"
+    "                         batch from S, growing by I over the first N samples\n"
     "                     the LR schedule, over the plan's train line (Megatron's flags; run-time values)\n"
     "  --weight-decay X, --clip-grad X, --adam-beta1 X, --adam-beta2 X, --adam-eps X, --momentum X\n"
     "  (--sgd-momentum), --muon-momentum X, --muon-ns-steps N, --[no-]nesterov, --optimizer NAME,\n"
@@ -231,6 +232,8 @@ typedef struct {
   RtCkptOpts ckpt;
   int64_t gpus, steps;        /* -1: not given */
   int has_seed, quiet, cpu, selftest;
+  int64_t rampup[3];          /* --rampup-batch-size START INCR SAMPLES (rampup_set) */
+  int rampup_set;
   int hp_set[HP_COUNT];       /* the optimizer and schedule flags given (hp_flags), and their values */
   double hp_val[HP_COUNT];    /* (names: the enum's value) */
   const char *calibrate;      /* --calibrate FILE (runtime/exec/calibrate.h) */
@@ -518,6 +521,16 @@ static void hp_str(int k, double v, char *buf, size_t n) {
  * is refused unless it is the plan's value.  0, or -1 with a message. */
 static int hp_apply(IrModule *m, const Args *a, char *err, size_t errlen) {
   IrTrain *t = &m->train;
+  if (a->rampup_set) {   /* the ramp's numbers are run-time values of a plan compiled with a ramp-up */
+    if (!ir_train_rampup(t))
+      return ts_errf(err, errlen, "--rampup-batch-size: the plan was compiled for a constant global batch (%lld), "
+                     "whose loss gradient is scaled for %lld micro batches per step: compile it with mcc "
+                     "--rampup-batch-size %lld %lld %lld", (long long)t->global_batch,
+                     (long long)(t->global_batch / (t->micro_batch > 0 ? t->micro_batch : 1)), (long long)a->rampup[0],
+                     (long long)a->rampup[1], (long long)a->rampup[2]);
+    t->rampup_start = a->rampup[0], t->rampup_incr = a->rampup[1], t->rampup_samples = a->rampup[2];
+    if (ir_train_rampup_check(t, t->micro_batch, err, errlen) != 0) return -1;
+  }
   for (int k = 0; k < HP_COUNT; k++) {
     if (!a->hp_set[k]) continue;
     const HpFlag *f = &hp_flags[k];
@@ -589,12 +602,20 @@ static int parse_args(int argc, char **argv, Args *a) {
     char *eq = strchr(arg, '=');
     size_t nl = eq ? (size_t)(eq - arg) : strlen(arg);
     snprintf(name, sizeof name, "%.*s", (int)(nl < 31 ? nl : 31), arg);
-    if (strcmp(name, "--rampup-batch-size") == 0) {
-      fprintf(stderr, "%s --rampup-batch-size (Megatron's batch-size ramp-up) is not built: the number of micro batches per step "
-            "is a constant of the compiled program (autodiff bakes the loss gradient's seed 1 / (global_batch / "
-            "micro_batch) into the micro block), so a step with a smaller global batch would average over the "
-            "wrong count; train with a constant --global-batch-size (docs/cli.md \"LR schedules\")\n", "mrun:");
-      return -1;
+    if (strcmp(name, "--rampup-batch-size") == 0) {   /* Megatron's three words: START INCR SAMPLES */
+      for (int k = 0; k < 3; k++) {
+        char *e = NULL;
+        const char *w = i + 1 < argc ? argv[++i] : NULL;
+        long long v = w ? strtoll(w, &e, 10) : -1;
+        if (!w || !*w || *e || v < (k == 2 ? 0 : 1)) {
+          fprintf(stderr, "mrun: --rampup-batch-size takes three numbers, START INCR SAMPLES (start and increment "
+                  ">= 1, samples >= 0)%s%s%s\n", w ? ", got '" : "", w ? w : "", w ? "'" : "");
+          return -1;
+        }
+        a->rampup[k] = v;
+      }
+      a->rampup_set = 1;
+      continue;
     }
     int hk = -1;   /* one of the optimizer and schedule flags? */
     for (int k = 0; k < HP_COUNT && hk < 0; k++)
@@ -884,7 +905,8 @@ static const char *ranks_given(const Args *a, int64_t n, char *buf, size_t len) 
 /* dp for n ranks of the plan's mesh; -1 with a message if n does not
  * divide.  *mesh gets the run's mesh; given says how the user chose n
  * (ranks_given). */
-static int mesh_for(const Plan *plan, int64_t n, const char *given, PlanMesh *mesh, char *err, size_t errlen) {
+static int mesh_for(const Plan *plan, const Args *a, int64_t n, const char *given, PlanMesh *mesh, char *err,
+                    size_t errlen) {
   PlanMesh m = plan->mesh;
   int64_t per = 1;
   int s[4] = {m.tp, m.pp, m.cp, m.ep};
@@ -906,6 +928,13 @@ static int mesh_for(const Plan *plan, int64_t n, const char *given, PlanMesh *me
                    "batches", given, (long long)n, (long long)per, m.dp,
                    (long long)(tr->global_batch / tr->micro_batch), (long long)tr->global_batch,
                    (long long)tr->micro_batch);
+  if (tr && (ir_train_rampup(tr) || a->rampup_set)) {   /* and every batch of the ramp-up */
+    IrTrain t = *tr;
+    if (a->rampup_set) t.rampup_start = a->rampup[0], t.rampup_incr = a->rampup[1], t.rampup_samples = a->rampup[2];
+    char why[768];
+    if (ir_train_rampup(&t) && ir_train_rampup_check(&t, t.micro_batch * m.dp, why, sizeof why) != 0)
+      return ts_errf(err, errlen, "%s gives dp = %d: %s", given, m.dp, why);
+  }
   if (check_pipeline_dp(plan, &m, per, given, err, errlen) != 0) return -1;
   *mesh = m;
   return 0;
@@ -1451,7 +1480,7 @@ static int run_single(const Args *a) {
   IrModule *m;
   Gpu gpu = {0};
   char given[64];
-  if (mesh_for(plan, 1, ranks_given(a, 1, given, sizeof given), &mesh, err, sizeof err) != 0 || !(m = prepare(plan, &mesh, 0, a, &pi, err, sizeof err)) ||
+  if (mesh_for(plan, a, 1, ranks_given(a, 1, given, sizeof given), &mesh, err, sizeof err) != 0 || !(m = prepare(plan, &mesh, 0, a, &pi, err, sizeof err)) ||
       (ngpu > 0 && gpu_setup(a, plan, pi, m, plan->mesh.dp > 1, 0, ngpu, &gpu, err, sizeof err) != 0)) {
     fprintf(stderr, "mrun: %s\n", err);
     goto out;
@@ -1497,7 +1526,7 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   if (!plan) rt_comm_abort(world, "mrun: %s", err);
   PlanMesh mesh;
   char given[64];
-  if (mesh_for(plan, n, ranks_given(a, n, given, sizeof given), &mesh, err, sizeof err) != 0)
+  if (mesh_for(plan, a, n, ranks_given(a, n, given, sizeof given), &mesh, err, sizeof err) != 0)
     rt_comm_abort(world, "mrun: %s", err);
   int pi = 0;
   IrModule *m = prepare(plan, &mesh, me, a, &pi, err, sizeof err);
@@ -1605,7 +1634,7 @@ static int run(int argc, char **argv, Args *a) {
     Plan *plan = load_plan(a->plan, err, sizeof err);
     PlanMesh mesh;
     char given[64];
-    int ok = plan && mesh_for(plan, a->gpus, ranks_given(a, a->gpus, given, sizeof given), &mesh, err, sizeof err) == 0 &&
+    int ok = plan && mesh_for(plan, a, a->gpus, ranks_given(a, a->gpus, given, sizeof given), &mesh, err, sizeof err) == 0 &&
              rt_packed_check(&a->gpt, (const IrModule *const *)plan->programs, plan->nprograms, err, sizeof err) == 0;
     plan_free(plan);
     if (!ok) { fprintf(stderr, "mrun: %s\n", err); return 1; }

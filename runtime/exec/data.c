@@ -179,13 +179,13 @@ int rt_data_open_part(RtDataSrc *d, const RtTrainOpts *o, const RtProgram *p, in
   return 0;
 }
 
-int rt_data_rows(RtDataSrc *d, int64_t step, int64_t row0, int64_t rows, int32_t *tokens, int32_t *targets,
-                 char *err, size_t errlen) {
+int rt_data_rows(RtDataSrc *d, int64_t step, int64_t first, int64_t row0, int64_t rows, int32_t *tokens,
+                 int32_t *targets, char *err, size_t errlen) {
   if (d->kind == RT_DATA_BYTES)
     return rt_corpus_batch(&d->corpus, d->seed, step, row0, rows, d->T, tokens, targets, err, errlen);
   int64_t T = d->T;
   for (int64_t r = 0; r < rows; r++) {
-    int64_t i = step * d->per_step + row0 + r;   /* the global sample: the same on every rank and layout */
+    int64_t i = first + row0 + r;   /* the global sample: the same on every rank and layout */
     if (d->kind == RT_DATA_MOCK) rt_gpt_mock_sample(d->seed, i, T, d->vocab, d->buf);
     else if (rt_gpt_data_sample(d->gpt, i, d->vocab, d->buf, err, errlen) != 0) {
       size_t k = strlen(err);

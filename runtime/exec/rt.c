@@ -1638,27 +1638,41 @@ static double wsd_coef(IrWsdStyle s, double r) {
   default: return 1.0 - r;
   }
 }
-double rt_lr_at(const IrTrain *t, int64_t step) {
-  if (t->warmup > 0 && step < t->warmup) return t->lr * (double)(step + 1) / (double)t->warmup;
+/* The schedule over a count of units done (steps, or samples under a
+ * batch-size ramp-up): n0 before this step, n1 after it; warmup W, decay
+ * end D, wsd's final decay Dw in the same units. */
+static double lr_at_units(const IrTrain *t, int64_t n0, int64_t n1, int64_t W, int64_t D, int64_t Dw) {
+  if (W > 0 && n0 < W) return t->lr * (double)(n1 < W ? n1 : W) / (double)W;   /* (a ramp's step may cross W) */
   if (t->schedule == IR_SCHED_CONSTANT) return t->lr;
-  int64_t d = t->decay_steps > 0 ? t->decay_steps : t->steps;
   if (t->schedule == IR_SCHED_INVSQRT) {
-    double lr = t->lr * sqrt((double)(t->warmup > 1 ? t->warmup : 1)) / sqrt((double)(step + 1));
+    double lr = t->lr * sqrt((double)(W > 1 ? W : 1)) / sqrt((double)n1);
     return lr > t->min_lr ? lr : t->min_lr;
   }
   if (t->schedule == IR_SCHED_WSD) {
-    int64_t n = step + 1, dw = t->wsd_decay_steps > 0 ? t->wsd_decay_steps : 1, start = d - dw;
-    if (n > d) return t->min_lr;
-    if (n <= start) return t->lr;
-    return t->min_lr + wsd_coef(t->wsd_style, (double)(n - start) / (double)dw) * (t->lr - t->min_lr);
+    int64_t dw = Dw > 0 ? Dw : 1, start = D - dw;
+    if (n1 > D) return t->min_lr;
+    if (n1 <= start) return t->lr;
+    return t->min_lr + wsd_coef(t->wsd_style, (double)(n1 - start) / (double)dw) * (t->lr - t->min_lr);
   }
-  int64_t span = d - t->warmup;
+  int64_t span = D - W;
   if (span < 1) span = 1;
-  double prog = (double)(step - t->warmup) / (double)span;
+  double prog = (double)(n0 - W) / (double)span;
   if (prog < 0) prog = 0;
   if (prog > 1) prog = 1;
   if (t->schedule == IR_SCHED_COSINE) return t->min_lr + 0.5 * (t->lr - t->min_lr) * (1.0 + cos(M_PI * prog));
   return t->lr - (t->lr - t->min_lr) * prog;   /* linear */
+}
+
+/* In steps; under a batch-size ramp-up in samples, as Megatron's scheduler
+ * counts (it advances by each step's global batch): the iteration counts
+ * (warmup, decay_steps, wsd_decay_steps) times global_batch, Megatron's
+ * conversion of --lr-*-iters, and the samples consumed before and after
+ * the step.  Without a ramp the two agree exactly (the same quotients). */
+double rt_lr_at(const IrTrain *t, int64_t step) {
+  int64_t d = t->decay_steps > 0 ? t->decay_steps : t->steps;
+  if (!ir_train_rampup(t)) return lr_at_units(t, step, step + 1, t->warmup, d, t->wsd_decay_steps);
+  int64_t g = t->global_batch, n0 = ir_train_samples_before(t, step);
+  return lr_at_units(t, n0, n0 + ir_train_batch_at(t, n0), t->warmup * g, d * g, t->wsd_decay_steps * g);
 }
 
 void rt_outputs_clear(RtProgram *p) { p->outs.n = 0; }

@@ -83,6 +83,8 @@ typedef struct {
   IrType pos_t, doc_t;
   IrSharding pos_sh, doc_sh;
   int64_t T, rows;           /* GLOBAL window length (last dim), rows per micro-batch */
+  int has_weight;            /* a ramp-up plan's "micro_weight" (1 / the step's micro batches) */
+  IrDtype weight_t;
   int split;                 /* the inputs are split: slice the global batch */
 } FeedSpec;
 
@@ -138,6 +140,9 @@ static int feed_spec(const RtProgram *p, const IrModule *m, const int *blocks, i
       *(is_pos ? &fs->has_pos : &fs->has_doc) = 1;
       *(is_pos ? &fs->pos_t : &fs->doc_t) = n->type;
       *(is_pos ? &fs->pos_sh : &fs->doc_sh) = n->sh;
+    } else if (strcmp(name, IR_MICRO_WEIGHT) == 0 && n->type.rank == 0 && ir_dtype_is_float(n->type.dtype)) {
+      fs->has_weight = 1;   /* the loss gradient's seed of a ramp-up plan (passes/autodiff.c): the trainer's */
+      fs->weight_t = n->type.dtype;
     } else {
       snprintf(err, errlen, "model input \"%s\" is not provided by the data pipeline (it feeds %s)", name,
                ir_feed_list());
@@ -235,7 +240,9 @@ typedef struct {
   RtDataSrc vdata, tdata;        /* the valid and test parts (--eval-interval, --test; kind 0 unused) */
   RtDataSrc *src;                /* what load_micro reads: &data, or an evaluation's part */
   RtPrefetch *pf;                /* training batches made one step ahead (NULL: --no-prefetch, no data) */
-  int64_t pf_g0;                 /* the rank's first global micro batch (micro j = g - pf_g0) */
+  const IrTrain *train;          /* the plan's train line (the ramp-up's batches) */
+  int dp_coord, ndp;             /* this rank's dp coordinate, dp */
+  union { double d; float f; } weight;   /* the micro_weight feed: 1 / the step's micro batches */
   const FeedSpec *pf_fs;         /* for the prefetch thread's fills */
   int32_t *pf_gtok, *pf_gtgt;    /* its global micro batch (split inputs) */
   int pf_global;                 /* the thread delivers the global tokens too (packed inputs of split tokens) */
@@ -373,8 +380,12 @@ static void slice_input(const RtProgram *p, int split, int32_t *y, const int32_t
  * Only reads r (the prefetch thread calls it too). */
 static int fill_micro(const TrainRun *r, const FeedSpec *fs, RtDataSrc *src, int64_t s, int64_t g, int32_t *tok,
                       int32_t *tgt, int32_t *gtok, int32_t *gtgt, char *err, size_t errlen) {
-  if (!fs->split) return rt_data_rows(src, s, g * fs->rows, fs->rows, tok, tgt, err, errlen);
-  if (rt_data_rows(src, s, g * fs->rows, fs->rows, gtok, gtgt, err, errlen) != 0) return -1;
+  /* the step's first global sample: training batches follow the ramp-up (the
+   * micro batches consumed before step s), evaluation batches are whole */
+  int64_t first = src == &r->data ? ir_train_samples_before(r->train, s) / r->train->micro_batch * fs->rows
+                                  : s * src->per_step;
+  if (!fs->split) return rt_data_rows(src, s, first, g * fs->rows, fs->rows, tok, tgt, err, errlen);
+  if (rt_data_rows(src, s, first, g * fs->rows, fs->rows, gtok, gtgt, err, errlen) != 0) return -1;
   int64_t off[IR_MAX_RANK], gdim[IR_MAX_RANK];
   rt_shard_offsets(rt_program_rank(r->prog), &fs->tok_sh, &fs->tok_t, off, gdim);
   slice_block(r->prog, tok, gtok, &fs->tok_t, gdim, &fs->tok_sh);
@@ -382,14 +393,25 @@ static int fill_micro(const TrainRun *r, const FeedSpec *fs, RtDataSrc *src, int
   return 0;
 }
 
+/* The micro batches of step s, all dp ranks together, and this rank's
+ * share: global_batch / micro_batch, or (ramp-up) the step's batch from
+ * the samples consumed before it (ir/rampup.c).  The global micro batches
+ * of rank d are d * n_local .. (d + 1) * n_local - 1. */
+static int64_t step_micros(const TrainRun *r, int64_t s) {
+  return ir_train_batch_at(r->train, ir_train_samples_before(r->train, s)) / r->train->micro_batch;
+}
+static int64_t step_local_micros(const TrainRun *r, int64_t s) { return step_micros(r, s) / r->ndp; }
+
 /* The prefetch thread's fill (RtPrefetchFill): local micro j of step s;
  * the global tokens go straight into the slot's gtok when the trainer
  * wants them (packed inputs of split tokens), else into scratch. */
 static int pf_fill(void *ctx, int64_t s, int64_t j, int32_t *tok, int32_t *tgt, int32_t *gtok, char *err,
                    size_t errlen) {
   TrainRun *r = ctx;
-  return fill_micro(r, r->pf_fs, &r->data, s, r->pf_g0 + j, tok, tgt, gtok ? gtok : r->pf_gtok, r->pf_gtgt, err,
-                    errlen);
+  int64_t n_local = step_local_micros(r, s);
+  if (j >= n_local) return 0;   /* a ramp-up step with fewer micro batches: nothing to make */
+  return fill_micro(r, r->pf_fs, &r->data, s, (int64_t)r->dp_coord * n_local + j, tok, tgt, gtok ? gtok : r->pf_gtok,
+                    r->pf_gtgt, err, errlen);
 }
 
 /* Fills the feeds with global micro batch g of step s: tokens and targets
@@ -401,7 +423,7 @@ static int load_micro_data(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
                            char *err, size_t errlen) {
   (void)m;
   int rc = r->pf && r->src == &r->data
-               ? rt_prefetch_get(r->pf, s, g - r->pf_g0, r->tokens, r->targets, r->pf_global ? r->gtok : NULL, err,
+               ? rt_prefetch_get(r->pf, s, g - (int64_t)r->dp_coord * step_local_micros(r, s), r->tokens, r->targets, r->pf_global ? r->gtok : NULL, err,
                                  errlen)
                : fill_micro(r, fs, r->src, s, g, r->tokens, r->targets, r->gtok, r->gtgt, err, errlen);
   if (rc != 0) return -1;
@@ -460,7 +482,8 @@ static int load_micro(TrainRun *r, const IrModule *m, const FeedSpec *fs, int64_
 }
 
 /* The feeds of a micro batch: every input the program declares, from the
- * buffers load_micro fills.  Returns how many (at most IR_FEED_COUNT). */
+ * buffers load_micro fills (and the step's micro_weight, set by the
+ * trainer).  Returns how many (at most IR_FEED_COUNT + 1). */
 static int micro_feeds(const TrainRun *r, const FeedSpec *fs, RtFeed *feeds) {
   int nf = 0;
   if (fs->has_tokens) feeds[nf++] = (RtFeed){ir_feed_name(IR_FEED_TOKENS), r->tokens};
@@ -468,6 +491,7 @@ static int micro_feeds(const TrainRun *r, const FeedSpec *fs, RtFeed *feeds) {
   if (fs->has_mask) feeds[nf++] = (RtFeed){ir_feed_name(IR_FEED_LOSS_MASK), r->mask};
   if (fs->has_pos) feeds[nf++] = (RtFeed){ir_feed_name(IR_FEED_POSITION_IDS), r->pos};
   if (fs->has_doc) feeds[nf++] = (RtFeed){ir_feed_name(IR_FEED_DOCUMENT_IDS), r->doc};
+  if (fs->has_weight) feeds[nf++] = (RtFeed){IR_MICRO_WEIGHT, &r->weight};
   return nf;
 }
 
@@ -571,7 +595,7 @@ static int run_update(TrainRun *r, const IrModule *m, int ub, int64_t s, double 
 static int train_step(TrainRun *r, const IrModule *m, const FeedSpec *fs, int mb, int ub,
                       int64_t s, int64_t n_local, int64_t n_global, int dp_coord, double lr,
                       double *loss, double *gnorm, char *err, size_t errlen) {
-  RtFeed feeds[IR_FEED_COUNT];
+  RtFeed feeds[IR_FEED_COUNT + 1];
   int nf = micro_feeds(r, fs, feeds);
   double sum = 0;
   r->nx = 0;
@@ -639,7 +663,7 @@ static int eval_batch_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, c
 static int evaluate(TrainRun *r, const IrModule *m, const FeedSpec *fs, int eb, RtDataSrc *src, int64_t iters,
                     int64_t s, int64_t n_local, int64_t n_global, int dp_coord, double *loss, char *err,
                     size_t errlen) {
-  RtFeed feeds[IR_FEED_COUNT];
+  RtFeed feeds[IR_FEED_COUNT + 1];
   int nf = micro_feeds(r, fs, feeds);
   RtDataSrc *train_src = r->src;
   r->src = src;
@@ -814,7 +838,7 @@ static int pipe_metrics(TrainRun *r, char *err, size_t errlen) {
 static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, int ub, int64_t s, int64_t n_local,
                            int64_t n_global, int dp_coord, double lr, double *loss, double *gnorm, char *err,
                            size_t errlen) {
-  RtFeed feeds[IR_FEED_COUNT];
+  RtFeed feeds[IR_FEED_COUNT + 1];
   int nf = micro_feeds(r, fs, feeds);
   int c = rt_program_rank(r->prog)->coord[IR_AXIS_PP];
   double acc[2] = {0, 0};   /* sum of the reported losses, how many reports */
@@ -862,13 +886,15 @@ static int train_step_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, i
 static int open_data(TrainRun *r, const RtTrainOpts *o, const FeedSpec *fs, int64_t nmicro, int lead, FILE *log,
                      char *err, size_t errlen) {
   int staged = o->world && o->gpt.n > 0;
-  int64_t per_step = nmicro * fs->rows, steps = r->prog ? rt_program_module(r->prog)->train.steps : 0;
+  const IrTrain *tr = r->train;
+  int64_t per_step = nmicro * fs->rows;   /* of a whole global batch; a ramp-up's steps take fewer */
+  int64_t total = r->prog ? ir_train_samples_before(tr, tr->steps) / tr->micro_batch * fs->rows : 0;
   if (staged && !lead && rt_comm_barrier(o->world, err, errlen) != 0) return -1;
   int rc = 0;
   FILE *note = lead && !o->quiet ? log : NULL;
   int64_t ev = o->eval_iters * per_step;   /* the samples of one evaluation */
   if (!fs->none)
-    rc = rt_data_open(&r->data, o, r->prog, fs->T, per_step, steps * per_step, note, err, errlen);
+    rc = rt_data_open(&r->data, o, r->prog, fs->T, per_step, total, note, err, errlen);
   if (rc == 0 && !fs->none && o->eval_interval > 0 && o->eval_iters > 0)
     rc = rt_data_open_part(&r->vdata, o, r->prog, RT_SPLIT_VALID, fs->T, per_step, ev, note, err, errlen);
   if (rc == 0 && !fs->none && o->eval_test && o->eval_iters > 0)
@@ -918,8 +944,20 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
              (long long)tr->global_batch, (long long)tr->micro_batch, dp);
     return -1;
   }
-  int64_t n_local = nmicro / dp;
+  int64_t n_local = nmicro / dp;   /* of a whole global batch (a ramp-up's steps: step_local_micros) */
+  if (ir_train_rampup(tr)) {
+    char why[768];
+    if (ir_train_rampup_check(tr, tr->micro_batch * dp, why, sizeof why) != 0)
+      return ts_errf(err, errlen, "%s; here dp = %d", why, dp);
+    if (piped)
+      return ts_errf(err, errlen, "--rampup-batch-size with a pipeline (pp = %d) is not built: the pipeline "
+                     "schedule is made for one count of micro batches per step; train with a constant global batch "
+                     "or without --pp", ir_axis_size(m, IR_AXIS_PP));   /* internal: mcc refuses such plans */
+  }
   TrainRun r = {0};
+  r.train = tr;
+  r.dp_coord = rank->coord[IR_AXIS_DP];
+  r.ndp = dp;
   r.world_rank = o->world ? rt_comm_world_rank(o->world) : 0;
   r.dp = dp > 1 ? rank->group[IR_AXIS_DP] : NULL;
   if (dp > 1 && !r.dp) {
@@ -1004,6 +1042,14 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   FeedSpec fs;
   int frc = feed_spec(r.prog, m, fb, nfb, !piped, &fs, err, errlen);
   free(fb);
+  /* an edited plan: mcc writes the weight input exactly when the train line ramps */
+  if (frc == 0 && !fs.none && fs.has_weight && !ir_train_rampup(tr))
+    frc = ts_errf(err, errlen, "the program feeds the loss gradient a micro-batch weight (a ramp-up plan), but its "
+                  "train line has no rampup_start: the plan was edited after compiling; compile it again");  /* internal */
+  if (frc == 0 && !fs.none && !fs.has_weight && ir_train_rampup(tr))
+    frc = ts_errf(err, errlen, "the train line asks for a batch-size ramp-up (rampup_start=%lld), but the program was "
+                  "compiled for a constant global batch (no micro_weight input): compile it with mcc "
+                  "--rampup-batch-size", (long long)tr->rampup_start);  /* internal */
   if (frc != 0) { run_free(&r); return -1; }
   /* every packed-sequence flag needs its input in some program of the plan
    * (o->hf lists them; a caller without a plan: this module) */
@@ -1052,7 +1098,6 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   if (!fs.none && !o->no_prefetch && start < tr->steps) {
     r.pf_fs = &fs;
     r.pf_global = fs.split && (fs.has_pos || fs.has_doc || fs.has_mask);
-    r.pf_g0 = (int64_t)rank->coord[IR_AXIS_DP] * n_local;
     if (fs.split) {
       r.pf_gtok = ts_xcalloc((size_t)ntok, sizeof *r.pf_gtok);
       r.pf_gtgt = ts_xcalloc((size_t)ntok, sizeof *r.pf_gtgt);
@@ -1093,9 +1138,12 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     double ts = ts_now_s(), lr = rt_lr_at(tr, s), loss = NAN, gn = NAN;
     r.ls_lr = lr;   /* the lr applied (loss scaling: of the steps applied so far; NaN: skipped) */
     status_write(r.world_rank, "step", s + 1);
-    int bad = piped ? train_step_pipe(&r, m, &fs, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
+    int64_t smicro = step_micros(&r, s), slocal = smicro / dp;   /* this step's (a ramp-up's batch) */
+    if (fs.weight_t == IR_F64) r.weight.d = 1.0 / (double)smicro;
+    else r.weight.f = (float)(1.0 / (double)smicro);
+    int bad = piped ? train_step_pipe(&r, m, &fs, ub, s, slocal, smicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
                                       err, errlen)
-                    : train_step(&r, m, &fs, mb, ub, s, n_local, nmicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
+                    : train_step(&r, m, &fs, mb, ub, s, slocal, smicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
                                  err, errlen);
     rt_prefetch_release(r.pf, s);   /* its slot takes step s + 2 */
     if (o->trace_path) {
@@ -1115,7 +1163,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       rc = -1;
       break;
     }
-    double t1 = ts_now_s(), tps = (double)(ntok * nmicro) / (t1 - ts > 1e-9 ? t1 - ts : 1e-9);
+    double t1 = ts_now_s(), tps = (double)(ntok * smicro) / (t1 - ts > 1e-9 ? t1 - ts : 1e-9);
     double vloss = NAN;   /* this step's validation loss (NaN: none) */
     if (evaluating && o->eval_interval > 0 && (s + 1) % o->eval_interval == 0) {
       if (evaluate(&r, m, &fs, eb, &r.vdata, o->eval_iters, s, n_local, nmicro, rank->coord[IR_AXIS_DP], &vloss,
@@ -1129,11 +1177,12 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       rs.evals++;
       rs.val_loss = vloss;
     }
-    double tflops = step_flops / (t1 - ts > 1e-9 ? t1 - ts : 1e-9) / nranks / 1e12;   /* per rank */
+    double tflops = step_flops * (double)smicro / (double)nmicro / (t1 - ts > 1e-9 ? t1 - ts : 1e-9) / nranks / 1e12;   /* per rank */
     double mfu = o->peak_flops > 0 ? tflops * 1e12 / o->peak_flops : NAN;
     if (!o->quiet && lead) {
       fprintf(log, "step %4lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | %.3g TFLOP/s/rank",
               (long long)s + 1, (long long)tr->steps, loss, r.ls_lr, gn, tps, tflops);
+      if (ir_train_rampup(tr)) fprintf(log, " | batch %lld", (long long)(smicro * tr->micro_batch));
       if (r.sb >= 0)
         fprintf(log, " | loss scale %g%s | skipped %.0f", r.ls_scale, r.ls_skipped ? " | SKIPPED (inf/nan grads)" : "",
                 r.ls_skips);
@@ -1149,6 +1198,10 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       json_num(r.metrics, "loss", loss, 1);
       json_num(r.metrics, "lr", r.ls_lr, 1);
       json_num(r.metrics, "grad_norm", gn, 1);
+      if (ir_train_rampup(tr)) {   /* the step's global batch and the samples consumed after it */
+        fprintf(r.metrics, "\"global_batch\": %lld, \"consumed_samples\": %lld, ", (long long)(smicro * tr->micro_batch),
+                (long long)ir_train_samples_before(tr, s + 1));
+      }
       if (r.sb >= 0) {
         json_num(r.metrics, "loss_scale", r.ls_scale, 1);
         json_num(r.metrics, "skipped", r.ls_skipped, 1);

@@ -102,8 +102,12 @@ int rt_data_open(RtDataSrc *d, const RtTrainOpts *o, const RtProgram *p, int64_t
  * corpus has no split and refuses p > 0. */
 int rt_data_open_part(RtDataSrc *d, const RtTrainOpts *o, const RtProgram *p, int part, int64_t T, int64_t per_step,
                       int64_t samples, FILE *note, char *err, size_t errlen);
-int rt_data_rows(RtDataSrc *d, int64_t step, int64_t row0, int64_t rows, int32_t *tokens, int32_t *targets,
-                 char *err, size_t errlen);
+/* Rows row0 .. row0 + rows - 1 of step `step`, whose first global sample
+ * is `first` (step * per_step, or a ramp-up's samples consumed before the
+ * step): the indexed and mock data read samples first + row0 + r; the byte
+ * corpus draws its windows from (seed, step, row0 + r). */
+int rt_data_rows(RtDataSrc *d, int64_t step, int64_t first, int64_t row0, int64_t rows, int32_t *tokens,
+                 int32_t *targets, char *err, size_t errlen);
 void rt_data_close(RtDataSrc *d);
 
 /* ---- prefetch (prefetch.c): the next step's feeds made by a thread ----

@@ -111,7 +111,6 @@ REFUSALS = [
     (["--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "4", "--lr-wsd-decay-style", "square"],
      "the wsd decay styles are linear, cosine, exponential and minus_sqrt"),
     (["--lr-decay-style", "noam"], "inverse_sqrt (inverse-square-root)"),
-    (["--rampup-batch-size", "1", "1", "8"], "--rampup-batch-size (Megatron's batch-size ramp-up) is not built"),
 ]
 for flags, msg in REFUSALS:
     p = run([MCC, MODEL] + TINY + ["--train-iters", str(STEPS)] + flags + ["-o", os.path.join(WORK, "bad.plan")],
@@ -187,7 +186,6 @@ MRUN_REFUSALS = [
     (["--lr", "0"], "--lr needs a number > 0, got '0'"),
     (["--adam-beta2", "1"], "--adam-beta2 needs a number >= 0 and < 1, got '1'"),
     (["--lr-decay-style", "noam"], "--lr-decay-style must be constant, linear, cosine, WSD or inverse-square-root"),
-    (["--rampup-batch-size", "1", "1", "8"], "mrun: --rampup-batch-size (Megatron's batch-size ramp-up) is not built"),
     (["--muon-adamw-lr", "0.01"], "--muon-adamw-lr is the lr of Muon's AdamW group, and the plan's optimizer is adamw"),
     (["--lr-warmup-iters", "1.5"], "--lr-warmup-iters needs a whole number >= 0"),
 ]
