@@ -100,12 +100,6 @@ static int check_layout(const ApiSession *a, const IrModule *m) {
             dp, (long long)nmicro, (long long)m->train.global_batch, (long long)m->train.micro_batch);
     return 1;
   }
-  if (ir_train_rampup(&m->train) && ir_axis_size(m, IR_AXIS_PP) > 1) {
-    api_diag(a, "error: --rampup-batch-size with a pipeline (--pp %d) is not built: the pipeline schedule is made for "
-                "one count of micro batches per step; give a constant global batch, or leave out --pp\n",
-             ir_axis_size(m, IR_AXIS_PP));
-    return 1;
-  }
   char why[512];   /* and every batch of a ramp-up */
   if (ir_train_rampup_check(&m->train, m->train.micro_batch * dp, why, sizeof why) != 0) {
     api_diag(a, "error: %s (dp=%d)\n", why, dp);
@@ -197,7 +191,8 @@ static int pipe_prepare(const ApiSession *a, IrModule *m, int reference) {
   int nmicro = 0, rc = 0;
   if (plan_pipe_nmicro(&m->train, ir_axis_size(m, IR_AXIS_DP), &nmicro, err, sizeof err) != 0 ||
       plan_pipe_schedule(kind, pp, vpp, nmicro, &sched, err, sizeof err) != 0 ||
-      plan_pipe_check(&sched, err, sizeof err) != 0) {
+      plan_pipe_check(&sched, err, sizeof err) != 0 ||
+      plan_pipe_ramp_check(&m->train, kind, pp, vpp, ir_axis_size(m, IR_AXIS_DP), err, sizeof err) != 0) {
     api_diag(a, "error: %s\n", err);
     rc = 1;
   }

@@ -46,6 +46,28 @@ int plan_pipe_nmicro(const IrTrain *t, int dp, int *nmicro, char *err, size_t er
   return 0;
 }
 
+int plan_pipe_ramp_check(const IrTrain *t, PipeSchedKind kind, int pp, int vpp, int dp, char *err, size_t errlen) {
+  if (!ir_train_rampup(t) || t->rampup_incr < 1) return 0;
+  for (int64_t b = t->rampup_start; b < t->global_batch; b += t->rampup_incr) {
+    IrTrain tb = *t;
+    tb.global_batch = b;
+    PipeSchedule s;
+    memset(&s, 0, sizeof s);
+    char why[512];
+    int n = 0;
+    int ok = plan_pipe_nmicro(&tb, dp, &n, why, sizeof why) == 0 &&
+             plan_pipe_schedule(kind, pp, vpp, n, &s, why, sizeof why) == 0 && plan_pipe_check(&s, why, sizeof why) == 0;
+    plan_pipe_schedule_free(&s);
+    if (!ok)
+      return ts_errf(err, errlen, "--rampup-batch-size %lld %lld %lld: the ramp's global batch %lld gives %d micro "
+                     "batches per dp rank (micro_batch %lld, dp %d), which the pipeline (pp=%d, vpp=%d, --schedule %s) "
+                     "cannot run: %s; start the ramp higher", (long long)t->rampup_start, (long long)t->rampup_incr,
+                     (long long)t->rampup_samples, (long long)b, n, (long long)t->micro_batch, dp, pp, vpp,
+                     plan_pipe_sched_name(kind), why);
+  }
+  return 0;
+}
+
 void plan_pipe_schedule_free(PipeSchedule *s) {
   for (int r = 0; s->steps && r < s->pp; r++) free(s->steps[r]);
   free(s->steps);

@@ -47,6 +47,12 @@ int plan_pipe_program_sched(const IrParallel *par, PipeSchedKind *kind);
  * not divide. */
 int plan_pipe_nmicro(const IrTrain *t, int dp, int *nmicro, char *err, size_t errlen);
 
+/* A batch-size ramp-up (train.rampup_start > 0) under a pipeline: every
+ * batch of the ramp (ir/rampup.c) gives a count of micro batches per dp
+ * rank that the schedule `kind` can run.  0 (also without a ramp), or -1
+ * with the batch, the count and why. */
+int plan_pipe_ramp_check(const IrTrain *t, PipeSchedKind kind, int pp, int vpp, int dp, char *err, size_t errlen);
+
 /* Generates every rank's schedule.  gpipe, 1f1b and zb-h1 need vpp == 1,
  * interleaved vpp >= 2 and pp >= 2; 1f1b and zb-h1 need nmicro >= pp,
  * interleaved nmicro % pp == 0 (Megatron's constraint).  -1 with a message naming the

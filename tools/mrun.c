@@ -934,6 +934,15 @@ static int mesh_for(const Plan *plan, const Args *a, int64_t n, const char *give
     char why[768];
     if (ir_train_rampup(&t) && ir_train_rampup_check(&t, t.micro_batch * m.dp, why, sizeof why) != 0)
       return ts_errf(err, errlen, "%s gives dp = %d: %s", given, m.dp, why);
+    for (int i = 0; i < plan->nprograms; i++) {   /* a pipeline runs each batch's count of micro batches */
+      const IrModule *pm = plan->programs[i];
+      PipeSchedKind kind;
+      if (ir_axis_size(pm, IR_AXIS_PP) < 2 || plan_pipe_program_sched(&pm->par, &kind) != 0) continue;
+      if (plan_pipe_ramp_check(&t, kind, ir_axis_size(pm, IR_AXIS_PP), pm->par.vpp > 1 ? pm->par.vpp : 1, m.dp, why,
+                               sizeof why) != 0)
+        return ts_errf(err, errlen, "%s gives dp = %d: %s", given, m.dp, why);
+      break;
+    }
   }
   if (check_pipeline_dp(plan, &m, per, given, err, errlen) != 0) return -1;
   *mesh = m;

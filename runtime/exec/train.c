@@ -261,6 +261,9 @@ typedef struct {
   RtComm *pp;                    /* the pp group (NULL: pp = 1) */
   PipeSchedule sched;            /* pipeline programs: every pipeline rank's schedule */
   int have_sched;
+  int64_t sched_n;               /* the micro batches per dp rank it is made for (a ramp-up changes them) */
+  PipeSchedKind sched_kind;
+  int sched_pp, sched_vpp;
   int *chunk_block;              /* pipeline: per global chunk, fwd.<g>, bwd.<g>, eval.<g>, wgt.<g>
                                     ([4g] .. [4g+3]) or -1 */
   unsigned char *has_data;       /* per block: it has data inputs (fed the micro batch) */
@@ -660,9 +663,12 @@ static int eval_batch_pipe(TrainRun *r, const IrModule *m, const FeedSpec *fs, c
  * their outputs and messages, so parameters, gradients and optimizer
  * states stay as they are; RtRunInfo carries the training step only for
  * messages (the blocks have no dropout left to read it). */
+static int pipe_sched_for(TrainRun *r, int64_t n, char *err, size_t errlen);
+
 static int evaluate(TrainRun *r, const IrModule *m, const FeedSpec *fs, int eb, RtDataSrc *src, int64_t iters,
                     int64_t s, int64_t n_local, int64_t n_global, int dp_coord, double *loss, char *err,
                     size_t errlen) {
+  if (r->have_sched && pipe_sched_for(r, n_local, err, errlen) != 0) return -1;   /* whole batches */
   RtFeed feeds[IR_FEED_COUNT + 1];
   int nf = micro_feeds(r, fs, feeds);
   RtDataSrc *train_src = r->src;
@@ -705,6 +711,23 @@ static int evaluate(TrainRun *r, const IrModule *m, const FeedSpec *fs, int eb, 
 
 /* ---- pipeline programs ---- */
 
+/* r->sched made for n micro batches per dp rank (a ramp-up's steps and
+ * evaluation change the count; the schedule is regenerated when it does). */
+static int pipe_sched_for(TrainRun *r, int64_t n, char *err, size_t errlen) {
+  if (r->have_sched && r->sched_n == n) return 0;
+  if (r->have_sched) plan_pipe_schedule_free(&r->sched);
+  r->have_sched = 0;
+  char why[1024];
+  if (plan_pipe_schedule(r->sched_kind, r->sched_pp, r->sched_vpp, (int)n, &r->sched, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "pipeline schedule for pp=%d, vpp=%d, %lld micro batches per step: %s", r->sched_pp,
+                   r->sched_vpp, (long long)n, why);
+  r->have_sched = 1;
+  r->sched_n = n;
+  if (plan_pipe_check(&r->sched, why, sizeof why) != 0)
+    return ts_errf(err, errlen, "the regenerated pipeline schedule is wrong (a bug): %s", why);  /* internal */
+  return 0;
+}
+
 /* The schedule of a pipeline program, regenerated from its parallel line
  * (docs/pipeline.md) for n_local micro batches and checked, and the blocks
  * of its chunks.  0, or -1 with a message. */
@@ -720,12 +743,11 @@ static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_
     return ts_errf(err, errlen, "the program's pipeline schedule %d is not one this runtime knows", par->sched);
   if (n_local > (1 << 20)) return ts_errf(err, errlen, "%lld micro batches per step is too many to schedule", (long long)n_local);
   char why[1024];
-  if (plan_pipe_schedule(kind, pp, vpp, (int)n_local, &r->sched, why, sizeof why) != 0)
-    return ts_errf(err, errlen, "pipeline schedule for pp=%d, vpp=%d, %lld micro batches per step: %s", pp, vpp,
-                   (long long)n_local, why);
-  r->have_sched = 1;
-  if (plan_pipe_check(&r->sched, why, sizeof why) != 0)
-    return ts_errf(err, errlen, "the regenerated pipeline schedule is wrong (a bug): %s", why);  /* internal */
+  r->sched_kind = kind, r->sched_pp = pp, r->sched_vpp = vpp;
+  if (pipe_sched_for(r, n_local, err, errlen) != 0) return -1;
+  if (ir_train_rampup(&m->train) && plan_pipe_ramp_check(&m->train, kind, pp, vpp, ir_axis_size(m, IR_AXIS_DP), why,
+                                                          sizeof why) != 0)
+    return ts_errf(err, errlen, "%s", why);
   int nchunks = pp * vpp;
   int split = plan_pipe_sched_splits_bwd(kind);
   r->chunk_block = ts_xmalloc((size_t)nchunks * 4 * sizeof *r->chunk_block);
@@ -903,6 +925,16 @@ static int open_data(TrainRun *r, const RtTrainOpts *o, const FeedSpec *fs, int6
   return rc;
 }
 
+/* Whether some block of m reports the loss (a pipeline: only the last stage's). */
+static int makes_loss(const IrModule *m) {
+  for (int b = 0; b < m->blocks.n; b++)
+    for (int i = 0; i < m->blocks.a[b].n; i++) {
+      const IrNode *n = &m->blocks.a[b].nodes[i];
+      if (n->op == IR_OP_OUTPUT && n->sa && strcmp(n->sa, "loss") == 0) return 1;
+    }
+  return 0;
+}
+
 int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *err, size_t errlen) {
   RtTrainOpts dflt = {0};
   if (!o) o = &dflt;
@@ -949,10 +981,6 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     char why[768];
     if (ir_train_rampup_check(tr, tr->micro_batch * dp, why, sizeof why) != 0)
       return ts_errf(err, errlen, "%s; here dp = %d", why, dp);
-    if (piped)
-      return ts_errf(err, errlen, "--rampup-batch-size with a pipeline (pp = %d) is not built: the pipeline "
-                     "schedule is made for one count of micro batches per step; train with a constant global batch "
-                     "or without --pp", ir_axis_size(m, IR_AXIS_PP));   /* internal: mcc refuses such plans */
   }
   TrainRun r = {0};
   r.train = tr;
@@ -1046,7 +1074,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   if (frc == 0 && !fs.none && fs.has_weight && !ir_train_rampup(tr))
     frc = ts_errf(err, errlen, "the program feeds the loss gradient a micro-batch weight (a ramp-up plan), but its "
                   "train line has no rampup_start: the plan was edited after compiling; compile it again");  /* internal */
-  if (frc == 0 && !fs.none && !fs.has_weight && ir_train_rampup(tr))
+  if (frc == 0 && !fs.none && !fs.has_weight && ir_train_rampup(tr) && makes_loss(m))
     frc = ts_errf(err, errlen, "the train line asks for a batch-size ramp-up (rampup_start=%lld), but the program was "
                   "compiled for a constant global batch (no micro_weight input): compile it with mcc "
                   "--rampup-batch-size", (long long)tr->rampup_start);  /* internal */
@@ -1141,10 +1169,12 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     int64_t smicro = step_micros(&r, s), slocal = smicro / dp;   /* this step's (a ramp-up's batch) */
     if (fs.weight_t == IR_F64) r.weight.d = 1.0 / (double)smicro;
     else r.weight.f = (float)(1.0 / (double)smicro);
-    int bad = piped ? train_step_pipe(&r, m, &fs, ub, s, slocal, smicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
-                                      err, errlen)
-                    : train_step(&r, m, &fs, mb, ub, s, slocal, smicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn,
-                                 err, errlen);
+    int bad = piped && pipe_sched_for(&r, slocal, err, errlen) != 0;
+    if (!bad)
+      bad = piped ? train_step_pipe(&r, m, &fs, ub, s, slocal, smicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn, err,
+                                    errlen)
+                  : train_step(&r, m, &fs, mb, ub, s, slocal, smicro, rank->coord[IR_AXIS_DP], lr, &loss, &gn, err,
+                               errlen);
     rt_prefetch_release(r.pf, s);   /* its slot takes step s + 2 */
     if (o->trace_path) {
       VEC_PUSH(step_t, ts - trace_base);

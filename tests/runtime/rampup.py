@@ -15,7 +15,9 @@ INCR SAMPLES, --train-samples; docs/cli.md "Batch-size ramp-up").
    check can fail); a ramp of no increments (START = global batch) trains
    exactly as the plain plan for every step.
 3. dp 2 equals dp 1 over a ramp (1e-10); a run stopped and resumed in the
-   middle of the ramp equals the uninterrupted one bit for bit.
+   middle of the ramp equals the uninterrupted one bit for bit; pp 2 (1f1b)
+   and pp 2 x vpp 2 (interleaved, with validation) equal one rank: the
+   schedule is made for each step's micro batches.
 4. The lr follows the samples (Megatron's scheduler): warmup over W =
    warmup x global_batch samples, lr min(n, W) / W with n the samples
    consumed after the step.
@@ -146,6 +148,24 @@ if [x["loss"] for x in res] != [x["loss"] for x in one[4:]] or resp != onep:
          ([x["loss"] for x in res], [x["loss"] for x in one[4:]]))
 print("stopped after step 4 and resumed: steps 5-6 and the parameters equal the uninterrupted run, bit for bit")
 
+# ---- 3b. pipelines: the schedule is made for each step's count ----
+for tag, extra, gpus, data in [("pp2", ["--pp", "2", "-D", "layers=2"], "2", []),
+                               ("pp2_vpp2", ["--pp", "2", "--vpp", "2", "-D", "layers=4"], "2",
+                                ["--mock-data", "--eval-interval", "3", "--eval-iters", "1"])]:
+    layers = extra[-2:]
+    rpp = compile_plan("ramp_" + tag, ["--precision", "f64", "-D", "batch=8", "--rampup-batch-size", "4", "2", "16",
+                                       "--train-iters", "6"] + CONST + extra)
+    r1 = compile_plan("ramp1_" + tag, ["--precision", "f64", "-D", "batch=8", "--rampup-batch-size", "4", "2", "16",
+                                       "--train-iters", "6"] + CONST + layers)
+    a, ap = train(r1, "ramp1_" + tag, data)
+    b, bp = train(rpp, "ramp_" + tag, ["--gpus", gpus] + data)
+    worst = max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b))
+    vals = [(x.get("val_loss"), y.get("val_loss")) for x, y in zip(a, b)]
+    if len(b) != 6 or worst > 1e-10 or any(v != w for v, w in vals):
+        fail("ramp at %s: %d steps, loss differs from one rank by %.3g, validation %s" % (tag, len(b), worst, vals))
+    print("ramp at %s = one rank over 6 steps (batches %s): loss within %.2g%s" %
+          (tag, [x["global_batch"] for x in b], worst, ", validation equal" if data else ""))
+
 # ---- 4. the lr in samples ----
 warm = compile_plan("warm", ["--precision", "f64", "-D", "batch=8", "--rampup-batch-size", "2", "2", "16",
                              "--train-iters", "8", "--lr", "0.01", "--lr-warmup-iters", "3", "--lr-decay-style",
@@ -172,8 +192,10 @@ REFUSALS = [
      "the global batch 8 must be the start plus a whole number of increments"),
     ([MCC, MODEL] + TINY + ["-D", "batch=8", "--rampup-batch-size", "2", "2"],
      "--rampup-batch-size takes three numbers"),
-    ([MCC, MODEL] + TINY + ["-D", "batch=8", "--rampup-batch-size", "2", "2", "16", "--pp", "2"],
-     "--rampup-batch-size with a pipeline (--pp 2) is not built"),
+    ([MCC, MODEL] + TINY + ["-D", "batch=8", "-D", "layers=4", "--rampup-batch-size", "3", "1", "16", "--pp", "2",
+                            "--vpp", "2"],
+     "the ramp's global batch 3 gives 3 micro batches per dp rank (micro_batch 1, dp 1), which the pipeline (pp=2, "
+     "vpp=2, --schedule interleaved) cannot run"),
     ([MCC, MODEL] + TINY + ["-D", "batch=8", "--rampup-batch-size", "2", "2", "16", "--dp", "4"],
      "the ramp's global batch 2 is not a multiple of micro_batch 1 x dp 4 = 4"),
     ([MCC, MODEL] + TINY + ["-D", "batch=8", "--train-samples", "40", "--train-iters", "3"],
