@@ -201,6 +201,10 @@ int pass_precision(IrModule *m, PassCtx *cx) {
                    cx->loss_scale_flag, ir_dtype_name(lowp != IR_VOID ? lowp : m->train.precision));
   int store16[PC_COUNT];
   if (parse_policy(cx->precision_policy, store16, cx->err, sizeof cx->err) != 0) return -1;
+  if (cx->precision_policy && *cx->precision_policy && lowp == IR_VOID)
+    return ts_errf(cx->err, sizeof cx->err, "precision: --precision-policy '%s' chooses which values --precision bf16 "
+                   "or fp16 stores in 16 bits, and this module trains in %s: give --precision bf16 (or fp16), or leave "
+                   "out --precision-policy", cx->precision_policy, ir_dtype_name(m->train.precision));
   if (mb < 0) return 0;   /* nothing to type (a module without autodiff's block) */
   const IrBlock *ob0 = &m->blocks.a[mb];
   int any16 = 0;

@@ -175,6 +175,10 @@ int scaler_blocks(IrModule *m, PassCtx *cx) {
                    "fixed --loss-scale, or 0 for dynamic) and the window and hysteresis >= 1", cx->loss_scale,
                    cx->initial_loss_scale, cx->min_loss_scale, (long long)cx->loss_scale_window,
                    (long long)cx->hysteresis);
+  if (cx->loss_scale == 0 && cx->min_loss_scale > cx->initial_loss_scale)   /* Megatron asserts it too */
+    return ts_errf(cx->err, sizeof cx->err, "loss scaling: --min-loss-scale %g is above --initial-loss-scale %g: the "
+                   "dynamic scale starts at the initial one and never goes below the minimum; give a minimum of at "
+                   "most %g", cx->min_loss_scale, cx->initial_loss_scale, cx->initial_loss_scale);
   int st[4];
   if (scaler_states(m, cx, st) != 0) return -1;
   int ub = ir_block_find(m, "update");
