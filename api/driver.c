@@ -123,11 +123,13 @@ static int pipe_options(const ApiSession *a, const IrModule *m, PipeOptions *po)
     return -1;
   }
   int L = part.nlayers, n = a->vstage_layers, pp = po->pp;
+  for (int k = 0; a->pp_stack && k < part.stacks.n; k++)   /* --pp-stack: only that stack is cut into stages */
+    if (strcmp(part.stacks.name[k], a->pp_stack) == 0) L = part.stacks.begin[k + 1] - part.stacks.begin[k];
   pass_pipe_partition_free(&part);
   if (L % ((long long)pp * n) != 0) {
-    api_diag(a, "error: --num-layers-per-virtual-pipeline-stage %d: the model's %d layers over pp=%d stages "
+    api_diag(a, "error: --num-layers-per-virtual-pipeline-stage %d: the model's %d layers%s%s over pp=%d stages "
                     "do not make whole chunks of %d layers (%d must be a multiple of %d x %d); values that work:",
-            n, L, pp, n, L, pp, n);
+            n, L, a->pp_stack ? " in stack " : "", a->pp_stack ? a->pp_stack : "", pp, n, L, pp, n);
     for (int k = 1; k <= L / pp; k++)
       if (L % (pp * k) == 0) fprintf(a->diag, " %d", k);
     fprintf(a->diag, "\n");
