@@ -903,6 +903,204 @@ static void print_dkv_f32(Att *a, const FTile *t, StrBuf *s, int k, int part) {
   sb_puts(s, "  }\n}\n");
 }
 
+/* ---- tensor cores: bf16 operands (docs/cuda.md "Attention on tensor cores") ----
+ * attention whose q, k and v are bf16 values (the f32 operands are casts
+ * of bf16 values, as pass precision makes them under --precision bf16:
+ * the conversion back to bf16 in the shared-memory loads is exact) runs
+ * S = Q K^T and O += P V as 16x16x16 WMMA products of bf16 with f32
+ * accumulation, P rounded to bf16 before P V as FlashAttention-2 does (l
+ * sums the unrounded p), the online softmax in f32.  128 threads, 4 warps,
+ * BQ = 64 queries per block: warp w owns rows 16 w .. 16 w + 15, its Q as
+ * D / 16 matrix_a fragments and its O as D / 16 f32 accumulators, both in
+ * registers for the whole key loop.  Keys stream BK at a time (64 at head
+ * dim 64, 32 at 128: static shared memory under 47 KiB).  Shared memory,
+ * one 32-byte aligned arena: sK, sV [BK][D + 8] bf16, sS [BQ][BK + 4]
+ * f32 (scores; then each warp's 16 x 16 scratch for the rescale of O), sP
+ * [BQ][BK + 8] bf16; the Q tile [BQ][D + 8] bf16 aliases them before the
+ * key loop.  Softmax: lane l of a warp takes row l / 2, columns of parity
+ * l % 2; one xor shuffle joins the two halves.  The rescale O *= corr
+ * needs each element's row, which WMMA's fragment layout does not give:
+ * each accumulator goes through the warp's scratch (store, scale by row,
+ * load).  The WMMA API: CUDA's nvcuda::wmma under the emulator
+ * (tests/cuda/emu/ts_cuda_emu.h), the same subset over NVRTC's built-in
+ * __mma_bf16_m16n16k16_* intrinsics otherwise (NVRTC finds no mma.h
+ * without the toolkit's include path), as ts_wmma. */
+enum { TC_BQ = 64 };
+
+typedef struct {
+  int BK;
+  long long LDH, LDS, LDP;        /* row strides: the bf16 operand tiles, sS (f32), sP (bf16) */
+  long long oK, oV, oS, oP, bytes;  /* byte offsets in the arena, its size */
+} TcTile;
+
+static int tc_choose(const Att *a, TcTile *t) {
+  int64_t kmax = pow2_at_least(a->Tk) < 16 ? 16 : pow2_at_least(a->Tk);   /* no larger than the keys need */
+  for (int bk = 64; bk >= 16; bk /= 2) {
+    if (bk > kmax) continue;
+    t->BK = bk;
+    t->LDH = a->D + 8, t->LDS = bk + 4, t->LDP = bk + 8;
+    t->oK = 0, t->oV = bk * t->LDH * 2, t->oS = 2 * t->oV, t->oP = t->oS + TC_BQ * t->LDS * 4;
+    t->bytes = t->oP + TC_BQ * t->LDP * 2;
+    if (t->bytes < TC_BQ * t->LDH * 2) t->bytes = TC_BQ * t->LDH * 2;   /* the Q tile aliases them */
+    if (t->bytes + 8 * TC_BQ + 8 * (TC_BQ + bk) <= ATTN_SMEM_MAX) return 0;
+  }
+  return 1;
+}
+
+/* Whether value v is a cast to f32 of a bf16 value (an exact bf16 value). */
+static int tc_from_bf16(const IrBlock *b, int v) {
+  const IrNode *n = &b->nodes[v];
+  return n->op == IR_OP_CAST && n->nin == 1 && n->type.dtype == IR_F32 && b->nodes[n->in[0]].type.dtype == IR_BF16;
+}
+
+/* The WMMA subset as ts_wmma (once per module). */
+static void tc_prelude(StrBuf *s) {
+  sb_puts(s,
+    "#ifndef TS_WMMA_DEFINED\n#define TS_WMMA_DEFINED 1\n"
+    "#ifdef TS_CUDA_EMU_H\n"
+    "namespace ts_wmma {\nusing namespace nvcuda::wmma;\ntypedef __nv_bfloat16 bf16;\n}\n"
+    "#else\n"
+    "namespace ts_wmma {\n"
+    "struct bf16 { unsigned short x; };\n"
+    "struct matrix_a {}; struct matrix_b {}; struct accumulator {}; struct row_major {}; struct col_major {};\n"
+    "enum layout_t { mem_row_major, mem_col_major };\n"
+    "template <class L> struct lay_ { enum { col = 0 }; };\n"
+    "template <> struct lay_<col_major> { enum { col = 1 }; };\n"
+    "template <class U, int M, int N, int K, class T, class L = void> struct fragment { int x[4]; };\n"
+    "template <> struct fragment<accumulator, 16, 16, 16, float, void> { float x[8]; };\n"
+    "typedef fragment<accumulator, 16, 16, 16, float, void> acc_;\n"
+    "static __device__ __forceinline__ void fill_fragment(acc_ &f, float v) {\n"
+    "#pragma unroll\n  for (int i = 0; i < 8; i++) f.x[i] = v;\n}\n"
+    "template <class L> static __device__ __forceinline__ void load_matrix_sync(fragment<matrix_a, 16, 16, 16, bf16, L> &f, const bf16 *p, unsigned ldm) {\n"
+    "  __mma_bf16_m16n16k16_ld_a(f.x, (const int *)p, ldm, lay_<L>::col);\n}\n"
+    "template <class L> static __device__ __forceinline__ void load_matrix_sync(fragment<matrix_b, 16, 16, 16, bf16, L> &f, const bf16 *p, unsigned ldm) {\n"
+    "  __mma_bf16_m16n16k16_ld_b(f.x, (const int *)p, ldm, lay_<L>::col);\n}\n"
+    "static __device__ __forceinline__ void load_matrix_sync(acc_ &f, const float *p, unsigned ldm, layout_t l) {\n"
+    "  if (l == mem_col_major) __hmma_m16n16k16_ld_c_f32(f.x, p, ldm, 1);\n  else __hmma_m16n16k16_ld_c_f32(f.x, p, ldm, 0);\n}\n"
+    "static __device__ __forceinline__ void store_matrix_sync(float *p, const acc_ &f, unsigned ldm, layout_t l) {\n"
+    "  if (l == mem_col_major) __hmma_m16n16k16_st_c_f32(p, (float *)f.x, ldm, 1);\n  else __hmma_m16n16k16_st_c_f32(p, (float *)f.x, ldm, 0);\n}\n"
+    "template <class LA, class LB> static __device__ __forceinline__ void mma_sync(acc_ &d, const fragment<matrix_a, 16, 16, 16, bf16, LA> &a,\n"
+    "    const fragment<matrix_b, 16, 16, 16, bf16, LB> &b, const acc_ &c) {\n"
+    "  __mma_bf16_m16n16k16_mma_f32(d.x, a.x, b.x, c.x, lay_<LA>::col * 2 + lay_<LB>::col, 0);\n}\n"
+    "}\n#endif\n"
+    "struct alignas(32) ts_smem32 { float v[8]; };\n"
+    "#endif\n");
+}
+
+/* rows x D f32 values of src (exact bf16 values) from element base into
+ * the bf16 tile dst (row stride LDH); rows n and up 0. */
+static void tc_load(const Att *a, const TcTile *t, StrBuf *s, const char *dst, const char *src, const char *base,
+                    int rows, const char *n, const char *ind) {
+  long long D = (long long)a->D;
+  sb_printf(s, "%sfor (int x = tid; x < %lld; x += nt)\n%s  %s[x / %lld * %lld + x %% %lld].x = x < %s * %lld ? "
+               "ts_f32_bf16(%s[%s + x]) : (unsigned short)0;\n",
+            ind, rows * D, ind, dst, D, t->LDH, D, n, D, src, base);
+}
+
+/* The forward on tensor cores (see above): attention -> o. */
+static void print_fwd_tc(Att *a, const TcTile *t, StrBuf *s) {
+  long long D = (long long)a->D, ND = D / 16, NK = t->BK / 16;
+  a->BQ = TC_BQ;
+  tc_prelude(s);
+  CG_CUDA_HEAD(s, a->name, 0);
+  sb_printf(s, "  __shared__ ts_smem32 arena[%lld];\n", t->bytes / 32);
+  sb_printf(s, "  __shared__ float sc[%d], sl[%d];\n  __shared__ long long qp[%d], kp[%d];\n", TC_BQ, TC_BQ, TC_BQ, t->BK);
+  sb_puts(s, "  char *const ar = (char *)arena;\n");
+  sb_printf(s, "  ts_wmma::bf16 *const sK = (ts_wmma::bf16 *)(ar + %lld), *const sV = (ts_wmma::bf16 *)(ar + %lld), "
+               "*const sP = (ts_wmma::bf16 *)(ar + %lld), *const sQ = (ts_wmma::bf16 *)ar;\n", t->oK, t->oV, t->oP);
+  sb_printf(s, "  float *const sS = (float *)(ar + %lld);\n", t->oS);
+  sb_puts(s, "  const int tid = threadIdx.x, nt = blockDim.x, w = tid >> 5, lane = tid & 31, rr = lane >> 1, "
+             "h = lane & 1;\n");
+  sb_printf(s, "  const float scl = (float)%s, ninf = -(float)TS_INF;\n", a->scale);
+  sb_printf(s, "  const float *q = (const float *)a.b[%d], *k = (const float *)a.b[%d], *v = (const float *)a.b[%d];\n",
+            a->bq, a->bk, a->bv);
+  sb_printf(s, "  float *out = (float *)a.b[%d];\n", a->bres);
+  sb_printf(s, "  float *const scr = sS + w * %lld;   /* the warp's rows of sS: its 16 x 16 scratch */\n", 16 * t->LDS);
+  print_qtile_loop(a, s);
+  char base[64], pc[160];
+  snprintf(base, sizeof base, "row0 * %lldLL", D);
+  tc_load(a, t, s, "sQ", "q", base, TC_BQ, "nq", "    ");
+  sb_printf(s, "    for (int r = tid; r < %d; r += nt) qp[r] = %s;\n    __syncthreads();\n", TC_BQ,
+            pos_call(a, pc, sizeof pc, 'q', "i0 + r"));
+  sb_printf(s, "    ts_wmma::fragment<ts_wmma::matrix_a, 16, 16, 16, ts_wmma::bf16, ts_wmma::row_major> qf[%lld];\n"
+               "    ts_wmma::fragment<ts_wmma::accumulator, 16, 16, 16, float> o[%lld];\n", ND, ND);
+  f_for(s, "    ", "d", (int)ND);
+  sb_printf(s, "      ts_wmma::load_matrix_sync(qf[d], sQ + w * %lld + d * 16, %lld);\n"
+               "      ts_wmma::fill_fragment(o[d], 0.0f);\n", 16 * t->LDH, t->LDH);
+  f_end(s, "    ");
+  sb_puts(s, "    const long long pq = qp[16 * w + rr];\n    float m = ninf, l = 0.0f;\n");
+  /* the key loop: loads (the barrier first: the previous tile's readers, or the Q tile's, are done) */
+  sb_printf(s, "    for (long long j0 = 0; j0 < %lldLL; j0 += %d) {\n", (long long)a->Tk, t->BK);
+  sb_printf(s, "      const int nk = %lldLL - j0 < %d ? (int)(%lldLL - j0) : %d;\n      __syncthreads();\n",
+            (long long)a->Tk, t->BK, (long long)a->Tk, t->BK);
+  snprintf(base, sizeof base, "kvo + j0 * %lldLL", D);
+  tc_load(a, t, s, "sK", "k", base, t->BK, "nk", "      ");
+  tc_load(a, t, s, "sV", "v", base, t->BK, "nk", "      ");
+  sb_printf(s, "      for (int c = tid; c < nk; c += nt) kp[c] = %s;\n", pos_call(a, pc, sizeof pc, 'k', "j0 + c"));
+  print_any(a, s, "      ");
+  /* S = Q K^T: K's rows as the columns of a col_major matrix_b */
+  f_for(s, "      ", "kt", (int)NK);
+  sb_puts(s, "        ts_wmma::fragment<ts_wmma::accumulator, 16, 16, 16, float> sf;\n"
+             "        ts_wmma::fill_fragment(sf, 0.0f);\n");
+  f_for(s, "        ", "d", (int)ND);
+  sb_printf(s, "          ts_wmma::fragment<ts_wmma::matrix_b, 16, 16, 16, ts_wmma::bf16, ts_wmma::col_major> kf;\n"
+               "          ts_wmma::load_matrix_sync(kf, sK + kt * %lld + d * 16, %lld);\n"
+               "          ts_wmma::mma_sync(sf, qf[d], kf, sf);\n", 16 * t->LDH, t->LDH);
+  f_end(s, "        ");
+  sb_printf(s, "        ts_wmma::store_matrix_sync(scr + kt * 16, sf, %lld, ts_wmma::mem_row_major);\n", t->LDS);
+  f_end(s, "      ");
+  sb_puts(s, "      __syncwarp();\n");
+  /* the online softmax: lane pair (rr, h) over row 16 w + rr */
+  char mk[512], bias[160] = "";
+  mask_of(a, mk, sizeof mk, "kp[c]", "pq");
+  if (a->bslope >= 0) {
+    const char *lo = a->bdoc >= 0 ? " & 0xffffffffLL" : "";
+    snprintf(bias, sizeof bias, " - (float)asl * fabsf((float)((pq%s) - (kp[c]%s)))", lo, lo);
+  }
+  sb_printf(s, "      {\n        float *const srow = scr + rr * %lld;\n        ts_wmma::bf16 *const prow = sP + (16 * w + rr) * %lld;\n"
+               "        float mt = ninf;\n", t->LDS, t->LDP);
+  f_for(s, "        ", "j", t->BK / 2);
+  sb_printf(s, "          const int c = 2 * j + h;\n          const bool ok = c < nk%s%s;\n"
+               "          const float x = ok ? srow[c] * scl%s : ninf;\n          srow[c] = x;\n          mt = fmaxf(mt, x);\n",
+            strcmp(mk, "0") ? " && !" : "", strcmp(mk, "0") ? mk : "", bias);
+  f_end(s, "        ");
+  f_row_reduce(s, "mt", 'm', "        ");
+  sb_puts(s, "        const float mn = fmaxf(m, mt), mx = mn == ninf ? 0.0f : mn, corr = expf(m - mx);\n"
+             "        float sum = 0.0f;\n");
+  f_for(s, "        ", "j", t->BK / 2);
+  sb_puts(s, "          const int c = 2 * j + h;\n          const float p = expf(srow[c] - mx);\n          sum += p;\n"
+             "          prow[c].x = ts_f32_bf16(p);\n");
+  f_end(s, "        ");
+  sb_puts(s, "        sum += __shfl_xor_sync(0xffffffffu, sum, 1);\n        l = l * corr + sum;\n        m = mn;\n"
+             "        if (!h) sc[16 * w + rr] = corr;\n      }\n      __syncwarp();\n");
+  /* O *= corr by row, through the scratch; then O += P V */
+  f_for(s, "      ", "d", (int)ND);
+  sb_printf(s, "        ts_wmma::store_matrix_sync(scr, o[d], %lld, ts_wmma::mem_row_major);\n        __syncwarp();\n"
+               "        for (int e = lane; e < 256; e += 32) scr[(e >> 4) * %lld + (e & 15)] *= sc[16 * w + (e >> 4)];\n"
+               "        __syncwarp();\n        ts_wmma::load_matrix_sync(o[d], scr, %lld, ts_wmma::mem_row_major);\n"
+               "        __syncwarp();\n", t->LDS, t->LDS, t->LDS);
+  f_end(s, "      ");
+  f_for(s, "      ", "kt", (int)NK);
+  sb_printf(s, "        ts_wmma::fragment<ts_wmma::matrix_a, 16, 16, 16, ts_wmma::bf16, ts_wmma::row_major> pf;\n"
+               "        ts_wmma::load_matrix_sync(pf, sP + w * %lld + kt * 16, %lld);\n", 16 * t->LDP, t->LDP);
+  f_for(s, "        ", "d", (int)ND);
+  sb_printf(s, "          ts_wmma::fragment<ts_wmma::matrix_b, 16, 16, 16, ts_wmma::bf16, ts_wmma::row_major> vf;\n"
+               "          ts_wmma::load_matrix_sync(vf, sV + kt * %lld + d * 16, %lld);\n"
+               "          ts_wmma::mma_sync(o[d], pf, vf, o[d]);\n", 16 * t->LDH, t->LDH);
+  f_end(s, "        ");
+  f_end(s, "      ");
+  sb_puts(s, "    }\n");
+  /* o / l through the scratch, rows below nq */
+  sb_puts(s, "    if (!h) sl[16 * w + rr] = l > 0.0f ? 1.0f / l : 0.0f;\n    __syncwarp();\n");
+  f_for(s, "    ", "d", (int)ND);
+  sb_printf(s, "      ts_wmma::store_matrix_sync(scr, o[d], %lld, ts_wmma::mem_row_major);\n      __syncwarp();\n"
+               "      for (int e = lane; e < 256; e += 32) {\n        const int r = 16 * w + (e >> 4);\n"
+               "        if (r < nq) out[(row0 + r) * %lldLL + d * 16 + (e & 15)] = scr[(e >> 4) * %lld + (e & 15)] * sl[r];\n"
+               "      }\n      __syncwarp();\n", t->LDS, D, t->LDS);
+  f_end(s, "    ");
+  sb_puts(s, "  }\n}\n");
+}
+
 /* attn_finish (o = acc / l) and attn_lse (m + log l) over the state's rows. */
 static void print_state_rows(const Att *a, StrBuf *s, const IrNode *nd, int64_t rows) {
   int64_t D = a->D, W = D + 2;
@@ -1049,6 +1247,15 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
   int part = 0;
   switch (nd->op) {
   case IR_OP_ATTENTION: {   /* q, k, v[, doc] -> o */
+    TcTile tt;
+    if (dt == IR_F32 && a.D % 16 == 0 && tc_from_bf16(b, nd->in[0]) && tc_from_bf16(b, nd->in[1]) &&
+        tc_from_bf16(b, nd->in[2]) && !tc_choose(&a, &tt)) {
+      a.bres = 3 + sh;
+      print_fwd_tc(&a, &tt, src);
+      cg_cuda_launch(&l[0], name, 0, a.B * a.Hq * ((a.Tq + TC_BQ - 1) / TC_BQ) * ATTN_THREADS, ATTN_THREADS);
+      *nl = 1;
+      return 0;
+    }
     FTile ft;
     int f32 = dt == IR_F32 && a.D % 4 == 0 && !f_choose(&a, FK_FWD, &ft);
     if (!f32 && choose_tiles(&a, why, whylen)) return 1;
