@@ -602,23 +602,32 @@ static void test_moe_overflow(RtDev *d) {
  * largest element.  Head dims 64 and 128, lengths not a multiple of the
  * tiles (BQ 64; BK 64 at head dim 64, 32 at 128), causal and not, grouped
  * queries, ALiBi. */
-static char *tc_text(const Case *c) {
+static char *tc_text(const Case *c, int parts) {
   Mod m = {.dt = "f32", .sh = ""};
   char qs[64], ks[64], sc[96], ds[32];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
   shp(ks, sizeof ks, c->B, c->Hkv, c->Tk ? c->Tk : c->T, c->D);
   snprintf(sc, sizeof sc, "causal=%d window=0 alibi=%d scale=%.17g", c->causal, case_alibi, 1.0 / sqrt((double)c->D));
-  int x[3];
-  const char *nm[3] = {"q", "k", "v"};
-  for (int i = 0; i < 3; i++) {
-    const char *sh = i ? ks : qs;
+  int x[4];
+  const char *nm[4] = {"q", "k", "v", "do"};
+  for (int i = 0; i < (parts ? 4 : 3); i++) {   /* q k v (do): bf16 values widened to f32 */
+    const char *sh = i == 1 || i == 2 ? ks : qs;
     int st = m_state(&m, nm[i], sh, "normal(0.0, 1.0)");
     sb_printf(&m.body, "  %%%d = cast %%%d : bf16%s\n", m.n, st, sh);
     m.n++;
     x[i] = m_op(&m, sh, "cast %%%d", m.n - 1);
   }
   m_docs(&m, 0, c->Hq, c->B, c->T, ds, sizeof ds);
-  m_out(&m, m_op(&m, qs, "attention %%%d, %%%d, %%%d%s %s", x[0], x[1], x[2], ds, sc), qs);
+  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s %s", x[0], x[1], x[2], ds, sc);
+  m_out(&m, o, qs);
+  int g[3];
+  for (int part = 0; part < 3; part++)
+    if (parts & (1 << part))
+      g[part] = m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=0 "
+                     "alibi=%d scale=%.17g", x[0], x[1], x[2], o, x[3], ds, c->causal, part, case_alibi,
+                     1.0 / sqrt((double)c->D));
+  for (int part = 0; part < 3; part++)
+    if (parts & (1 << part)) m_out(&m, g[part], part ? ks : qs);
   return m_text(&m, 1, 1);
 }
 
@@ -627,18 +636,24 @@ static const Case tc_cases[] = {
   {1, 2, 2, 33, 64, 0, 90},
 };
 
-/* Whether text's device module runs attention on tensor cores. */
-static int tc_used(const char *text) {
+/* Whether text's device module runs attention on tensor cores: the
+ * forward, and the dq and dk / dv kernels of the parts (bit p: part p). */
+static int tc_used(const char *text, int parts) {
   char err[2048];
   IrModule *m = ir_parse_module(text, "<attn>", err, sizeof err);
   if (!m) return 0;
   RtCudaModule cm;
   int built = rt_cuda_module_build(m, &cm, err, sizeof err) == 0;
-  int used = built && strstr(cm.src.p, "ts_wmma::mma_sync") != NULL;
+  int used = built && strstr(cm.src.p, "prow[c].x = ts_f32_bf16") != NULL;
+  if (built && (parts & 1)) used &= strstr(cm.src.p, "ts_wmma::load_matrix_sync(df[d]") != NULL;
+  if (built && (parts & 2)) used &= strstr(cm.src.p, "float> gk[") != NULL;
+  if (built && (parts & 4)) used &= strstr(cm.src.p, "float> gv[") != NULL;
   if (built) rt_cuda_module_free(&cm);
   ir_module_free(m);
   return used;
 }
+
+static int tc_parts;   /* the backward's parts of the tc cases (bit p: part p; 0: the forward alone) */
 
 static void test_tc(RtDev *d) {
   case_tol = 1e-2;
@@ -646,10 +661,10 @@ static void test_tc(RtDev *d) {
     case_alibi = i == sizeof tc_cases / sizeof tc_cases[0];   /* the last: case 0 with ALiBi */
     const Case *c = &tc_cases[case_alibi ? 0 : i];
     char label[128];
-    snprintf(label, sizeof label, "tc B%d Hq%d Hkv%d T%d Tk%d D%d %s%s", c->B, c->Hq, c->Hkv, c->T, c->Tk ? c->Tk : c->T,
-             c->D, c->causal ? "causal" : "full", case_alibi ? " alibi" : "");
-    char *text = tc_text(c);
-    CHECK(tc_used(text), "%s: the device module has no tensor-core attention", label);
+    snprintf(label, sizeof label, "tc B%d Hq%d Hkv%d T%d Tk%d D%d %s%s parts %d", c->B, c->Hq, c->Hkv, c->T,
+             c->Tk ? c->Tk : c->T, c->D, c->causal ? "causal" : "full", case_alibi ? " alibi" : "", tc_parts);
+    char *text = tc_text(c, tc_parts);
+    CHECK(tc_used(text, tc_parts), "%s: the device module has no tensor-core attention", label);
     double e = run_case(d, text, 1, 0, label);
     CHECK(e > 1e-6, "%s: error %.2e: equal to f32 attention, P was not rounded to bf16?", label, e);
     free(text);
@@ -701,11 +716,11 @@ static void test_nvrtc_tc(void) {
   static const Case gpt2[] = {{8, 12, 12, 1024, 64, 1, 0}, {8, 6, 6, 1024, 128, 1, 0}};
   for (int g = 0; g < 3; g++) {
     case_alibi = g == 2;
-    char *text = tc_text(&gpt2[g % 2]), label[128];
+    char *text = tc_text(&gpt2[g % 2], 7), label[128];
     snprintf(label, sizeof label, "tensor cores bf16 seq 1024 head_dim %d causal%s", gpt2[g % 2].D,
              case_alibi ? " alibi" : "");
     printf("%s\n", label);
-    CHECK(tc_used(text), "%s: the device module has no tensor-core attention", label);
+    CHECK(tc_used(text, 7), "%s: the device module has no tensor-core attention", label);
     nvrtc_module(text, label);
     free(text);
   }
@@ -814,7 +829,14 @@ int main(int argc, char **argv) {
     else if (strcmp(what, "decode") == 0) test_decode(d);
     else if (strcmp(what, "moe_overflow") == 0) test_moe_overflow(d);
     else if (strcmp(what, "tc") == 0) test_tc(d);
-    else { fprintf(stderr, "usage: test_emu_lib fused|ring|docs|grads|vocab|decode|moe_overflow|tc|tc_nvrtc|nvrtc\n"); return 2; }
+    else if (strcmp(what, "tc_grads") == 0) {   /* all three parts (one launch group), then dk + dv, dq, dk, dv */
+      static const int sets[] = {7, 6, 1, 2, 4};
+      for (int i = 0; i < 5; i++) {
+        tc_parts = sets[i];
+        test_tc(d);
+      }
+    }
+    else { fprintf(stderr, "usage: test_emu_lib fused|ring|docs|grads|vocab|decode|moe_overflow|tc|tc_grads|tc_nvrtc|nvrtc\n"); return 2; }
     long long launches = 0;
     ts_emu_dev_counts(d, &launches, NULL, NULL);
     printf("emulated device: %lld launches\n", launches);
