@@ -1168,9 +1168,8 @@ static void tc_bwd_arena(const TcBwd *t, StrBuf *s, int kind) {
  * as col_major B (its rows are the columns), into the scratch dst. */
 static void tc_rows_by_cols(const TcBwd *t, StrBuf *s, long long D, const char *af, const char *asrc, const char *bsrc,
                             int CN, const char *dst, const char *ind) {
-  char in[32], in2[32];
+  char in[32];
   snprintf(in, sizeof in, "%s  ", ind);
-  snprintf(in2, sizeof in2, "%s    ", ind);
   f_for(s, ind, "ct", CN);
   sb_printf(s, "%s  ts_wmma::fragment<ts_wmma::accumulator, 16, 16, 16, float> sf;\n%s  ts_wmma::fill_fragment(sf, 0.0f);\n",
             ind, ind);
@@ -1184,7 +1183,6 @@ static void tc_rows_by_cols(const TcBwd *t, StrBuf *s, long long D, const char *
   f_end(s, in);
   sb_printf(s, "%s  ts_wmma::store_matrix_sync(%s + ct * 16, sf, %lld, ts_wmma::mem_row_major);\n", ind, dst, t->LDS);
   f_end(s, ind);
-  (void)in2;
 }
 
 /* acc[d] += (16 rows of the bf16 tile psrc, CN blocks of 16 columns) times
@@ -1232,6 +1230,20 @@ static const char *tc_bias(const Att *a, char *buf, size_t n, const char *kx, co
   return buf;
 }
 
+/* Opens the loop over the lane's columns c = 2 j + hf of its scratch row
+ * rr: p = exp(s scale (+ ALiBi) - lse), 0 where masked or c >= n (key
+ * position kx, query position qx); the caller closes it with f_end. */
+static void tc_p(const Att *a, const TcBwd *t, StrBuf *s, const char *kx, const char *qx, const char *n, const char *lse,
+                 const char *ind) {
+  char mk[512], bias[200];
+  mask_of(a, mk, sizeof mk, kx, qx);
+  tc_bias(a, bias, sizeof bias, kx, qx);
+  f_for(s, ind, "j", t->C / 2);
+  sb_printf(s, "%s  const int c = 2 * j + hf;\n%s  const bool ok = c < %s%s%s;\n"
+               "%s  const float p = ok ? expf(scr[rr * %lld + c] * scl%s - %s) : 0.0f;\n",
+            ind, ind, n, strcmp(mk, "0") ? " && !" : "", strcmp(mk, "0") ? mk : "", ind, t->LDS, bias, lse);
+}
+
 static void print_dq_tc(Att *a, const TcBwd *t, StrBuf *s, int k) {
   long long D = (long long)a->D;
   int CN = t->C / 16;
@@ -1272,14 +1284,8 @@ static void print_dq_tc(Att *a, const TcBwd *t, StrBuf *s, int k) {
   tc_rows_by_cols(t, s, D, "qf[d]", NULL, "sK", CN, "scr", "      ");
   tc_rows_by_cols(t, s, D, "df[d]", NULL, "sV", CN, "scr2", "      ");
   sb_puts(s, "      __syncwarp();\n");
-  char mk[512], bias[200];
-  mask_of(a, mk, sizeof mk, "kp[c]", "pq");
-  tc_bias(a, bias, sizeof bias, "kp[c]", "pq");
-  f_for(s, "      ", "j", t->C / 2);
-  sb_printf(s, "        const int c = 2 * j + hf;\n        const bool ok = c < nk%s%s;\n"
-               "        const float p = ok ? expf(scr[rr * %lld + c] * scl%s - lse) : 0.0f;\n"
-               "        sP[(16 * w + rr) * %lld + c].x = ts_f32_bf16(p * (scr2[rr * %lld + c] - drw));\n",
-            strcmp(mk, "0") ? " && !" : "", strcmp(mk, "0") ? mk : "", t->LDS, bias, t->LDP, t->LDS);
+  tc_p(a, t, s, "kp[c]", "pq", "nk", "lse", "      ");
+  sb_printf(s, "        sP[(16 * w + rr) * %lld + c].x = ts_f32_bf16(p * (scr2[rr * %lld + c] - drw));\n", t->LDP, t->LDS);
   f_end(s, "      ");
   sb_puts(s, "      __syncwarp();\n");
   tc_acc(t, s, D, "sP", "sK", "acc", CN, "      ");
@@ -1325,13 +1331,7 @@ static void print_dkv_tc(Att *a, const TcBwd *t, StrBuf *s, int k, int part) {
   tc_rows_by_cols(t, s, D, NULL, "sK", "sQ", CN, "scr", "        ");
   if (dk) tc_rows_by_cols(t, s, D, NULL, "sV", "sDO", CN, "scr2", "        ");
   sb_puts(s, "        __syncwarp();\n        {\n          const long long pk = kp[16 * w + rr];\n");
-  char mk[512], bias[200];
-  mask_of(a, mk, sizeof mk, "pk", "qp[c]");
-  tc_bias(a, bias, sizeof bias, "pk", "qp[c]");
-  f_for(s, "          ", "j", t->C / 2);
-  sb_printf(s, "            const int c = 2 * j + hf;\n            const bool ok = c < nq%s%s;\n"
-               "            const float p = ok ? expf(scr[rr * %lld + c] * scl%s - slse[c]) : 0.0f;\n",
-            strcmp(mk, "0") ? " && !" : "", strcmp(mk, "0") ? mk : "", t->LDS, bias);
+  tc_p(a, t, s, "pk", "qp[c]", "nq", "slse[c]", "          ");
   if (dv) sb_printf(s, "            sP[(16 * w + rr) * %lld + c].x = ts_f32_bf16(p);\n", t->LDP);
   if (dk) sb_printf(s, "            sDS[(16 * w + rr) * %lld + c].x = ts_f32_bf16(p * (scr2[rr * %lld + c] - sdrw[c]));\n",
                     t->LDP, t->LDS);

@@ -52,6 +52,7 @@
 #error "ts_cuda_emu.h is a C++ header (compile the module with -x c++)"
 #endif
 
+#include "../../../runtime/cpu/half.h"   /* the 16-bit conversions (WMMA) */
 #include <math.h>   /* libstdc++'s math.h: the float overloads (exp(float) ...) in the global namespace, as CUDA has */
 #include <cmath>
 #include <pthread.h>
@@ -570,7 +571,7 @@ static inline long long __double_as_longlong(double x) {
 
 /* ---- 16-bit types and the WMMA subset (nvcuda::wmma) ----
  * __nv_bfloat16 and __half hold their bits (as cuda_bf16.h / cuda_fp16.h
- * do); the conversions round to nearest even as runtime/cpu/half.h does.
+ * do); the conversions are runtime/cpu/half.h's (to nearest even).
  * The WMMA subset the tensor-core kernels use: fragment<matrix_a |
  * matrix_b | accumulator, 16, 16, 16, T, row_major | col_major> for T
  * __nv_bfloat16 or __half (accumulators float), fill_fragment,
@@ -590,50 +591,10 @@ struct __half {
   unsigned short x;
 };
 typedef __half half;
-static inline float __bfloat162float(__nv_bfloat16 h) {
-  unsigned u = (unsigned)h.x << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static inline __nv_bfloat16 __float2bfloat16(float f) {
-  unsigned u;
-  memcpy(&u, &f, 4);
-  __nv_bfloat16 r;
-  if (f != f) r.x = (unsigned short)((u | 0x400000u) >> 16);
-  else r.x = (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  return r;
-}
-static inline float __half2float(__half h) {
-  unsigned sign = (unsigned)(h.x & 0x8000u) << 16, e = (h.x >> 10) & 0x1fu, m = h.x & 0x3ffu, u;
-  if (e == 0) {
-    float r = (float)m * 0x1p-24f;
-    return sign ? -r : r;
-  }
-  u = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112u) << 23) | (m << 13);
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static inline __half __float2half(float f) {
-  unsigned x;
-  memcpy(&x, &f, 4);
-  unsigned short sign = (unsigned short)((x >> 16) & 0x8000u);
-  unsigned ax = x & 0x7fffffffu;
-  __half r;
-  if (ax > 0x7f800000u) r.x = sign | 0x7e00u;
-  else if (ax >= 0x477ff000u) r.x = sign | 0x7c00u;
-  else if (ax < 0x38800000u) {
-    float a;
-    memcpy(&a, &ax, 4);
-    r.x = sign | (unsigned short)lrintf(a * 16777216.0f);
-  } else {
-    unsigned m = ax - 0x38000000u;
-    m += 0xfffu + ((m >> 13) & 1u);
-    r.x = sign | (unsigned short)(m >> 13);
-  }
-  return r;
-}
+static inline float __bfloat162float(__nv_bfloat16 h) { return ts_bf16_to_f32(h.x); }
+static inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16{ts_f32_to_bf16(f)}; }
+static inline float __half2float(__half h) { return ts_f16_to_f32(h.x); }
+static inline __half __float2half(float f) { return __half{ts_f32_to_f16(f)}; }
 static inline float ts_emu_to_float(__nv_bfloat16 h) { return __bfloat162float(h); }
 static inline float ts_emu_to_float(__half h) { return __half2float(h); }
 
