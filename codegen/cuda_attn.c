@@ -74,6 +74,7 @@ typedef struct {
   int bdoc;
   int64_t Tdoc;
   int64_t window;   /* > 0: keys that many positions or more from the query are masked */
+  int tc;           /* attention_bwd: q, k, v and do are bf16 values (tensor cores when the tiles fit) */
   /* ALiBi: the slopes' slot (-1: none) and type; each kernel's loop over
    * query heads sets `asl`, its head's slope (by global head, <name>_hpos) */
   int bslope;
@@ -903,6 +904,448 @@ static void print_dkv_f32(Att *a, const FTile *t, StrBuf *s, int k, int part) {
   sb_puts(s, "  }\n}\n");
 }
 
+/* ---- tensor cores: bf16 operands (docs/cuda.md "Attention on tensor cores") ----
+ * attention whose q, k and v are bf16 values (the f32 operands are casts
+ * of bf16 values, as pass precision makes them under --precision bf16:
+ * the conversion back to bf16 in the shared-memory loads is exact) runs
+ * S = Q K^T and O += P V as 16x16x16 WMMA products of bf16 with f32
+ * accumulation, P rounded to bf16 before P V as FlashAttention-2 does (l
+ * sums the unrounded p), the online softmax in f32.  128 threads, 4 warps,
+ * BQ = 64 queries per block: warp w owns rows 16 w .. 16 w + 15, its Q as
+ * D / 16 matrix_a fragments and its O as D / 16 f32 accumulators, both in
+ * registers for the whole key loop.  Keys stream BK at a time (64 at head
+ * dim 64, 32 at 128: static shared memory under 47 KiB).  Shared memory,
+ * one 32-byte aligned arena: sK, sV [BK][D + 8] bf16, sS [BQ][BK + 4]
+ * f32 (scores; then each warp's 16 x 16 scratch for the rescale of O), sP
+ * [BQ][BK + 8] bf16; the Q tile [BQ][D + 8] bf16 aliases them before the
+ * key loop.  Softmax: lane l of a warp takes row l / 2, columns of parity
+ * l % 2; one xor shuffle joins the two halves.  The rescale O *= corr
+ * needs each element's row, which WMMA's fragment layout does not give:
+ * each accumulator goes through the warp's scratch (store, scale by row,
+ * load).  The WMMA API: CUDA's nvcuda::wmma under the emulator
+ * (tests/cuda/emu/ts_cuda_emu.h), the same subset over NVRTC's built-in
+ * __mma_bf16_m16n16k16_* intrinsics otherwise (NVRTC finds no mma.h
+ * without the toolkit's include path), as ts_wmma. */
+enum { TC_BQ = 64 };
+
+typedef struct {
+  int BK;
+  long long LDH, LDS, LDP;        /* row strides: the bf16 operand tiles, sS (f32), sP (bf16) */
+  long long oK, oV, oS, oP, bytes;  /* byte offsets in the arena, its size */
+} TcTile;
+
+static int tc_choose(const Att *a, TcTile *t) {
+  int64_t kmax = pow2_at_least(a->Tk) < 16 ? 16 : pow2_at_least(a->Tk);   /* no larger than the keys need */
+  for (int bk = 64; bk >= 16; bk /= 2) {
+    if (bk > kmax) continue;
+    t->BK = bk;
+    t->LDH = a->D + 8, t->LDS = bk + 4, t->LDP = bk + 8;
+    t->oK = 0, t->oV = bk * t->LDH * 2, t->oS = 2 * t->oV, t->oP = t->oS + TC_BQ * t->LDS * 4;
+    t->bytes = t->oP + TC_BQ * t->LDP * 2;
+    if (t->bytes < TC_BQ * t->LDH * 2) t->bytes = TC_BQ * t->LDH * 2;   /* the Q tile aliases them */
+    if (t->bytes + 8 * TC_BQ + 8 * (TC_BQ + bk) <= ATTN_SMEM_MAX) return 0;
+  }
+  return 1;
+}
+
+/* Whether value v is a cast to f32 of a bf16 value (an exact bf16 value). */
+static int tc_from_bf16(const IrBlock *b, int v) {
+  const IrNode *n = &b->nodes[v];
+  return n->op == IR_OP_CAST && n->nin == 1 && n->type.dtype == IR_F32 && b->nodes[n->in[0]].type.dtype == IR_BF16;
+}
+
+/* attention_bwd's q, k, v and do (operands 1, 2, 3, 5) are bf16 values */
+static int tc_bwd_operands(const IrBlock *b, const IrNode *nd) {
+  return nd->type.dtype == IR_F32 && tc_from_bf16(b, nd->in[0]) && tc_from_bf16(b, nd->in[1]) &&
+         tc_from_bf16(b, nd->in[2]) && tc_from_bf16(b, nd->in[4]);
+}
+
+/* The WMMA subset as ts_wmma (once per module). */
+static void tc_prelude(StrBuf *s) {
+  sb_puts(s,
+    "#ifndef TS_WMMA_DEFINED\n#define TS_WMMA_DEFINED 1\n"
+    "#ifdef TS_CUDA_EMU_H\n"
+    "namespace ts_wmma {\nusing namespace nvcuda::wmma;\ntypedef __nv_bfloat16 bf16;\n}\n"
+    "#else\n"
+    "namespace ts_wmma {\n"
+    "struct bf16 { unsigned short x; };\n"
+    "struct matrix_a {}; struct matrix_b {}; struct accumulator {}; struct row_major {}; struct col_major {};\n"
+    "enum layout_t { mem_row_major, mem_col_major };\n"
+    "template <class L> struct lay_ { enum { col = 0 }; };\n"
+    "template <> struct lay_<col_major> { enum { col = 1 }; };\n"
+    "template <class U, int M, int N, int K, class T, class L = void> struct fragment { int x[4]; };\n"
+    "template <> struct fragment<accumulator, 16, 16, 16, float, void> { float x[8]; };\n"
+    "typedef fragment<accumulator, 16, 16, 16, float, void> acc_;\n"
+    "static __device__ __forceinline__ void fill_fragment(acc_ &f, float v) {\n"
+    "#pragma unroll\n  for (int i = 0; i < 8; i++) f.x[i] = v;\n}\n"
+    "template <class L> static __device__ __forceinline__ void load_matrix_sync(fragment<matrix_a, 16, 16, 16, bf16, L> &f, const bf16 *p, unsigned ldm) {\n"
+    "  __mma_bf16_m16n16k16_ld_a(f.x, (const int *)p, ldm, lay_<L>::col);\n}\n"
+    "template <class L> static __device__ __forceinline__ void load_matrix_sync(fragment<matrix_b, 16, 16, 16, bf16, L> &f, const bf16 *p, unsigned ldm) {\n"
+    "  __mma_bf16_m16n16k16_ld_b(f.x, (const int *)p, ldm, lay_<L>::col);\n}\n"
+    "static __device__ __forceinline__ void load_matrix_sync(acc_ &f, const float *p, unsigned ldm, layout_t l) {\n"
+    "  if (l == mem_col_major) __hmma_m16n16k16_ld_c_f32(f.x, p, ldm, 1);\n  else __hmma_m16n16k16_ld_c_f32(f.x, p, ldm, 0);\n}\n"
+    "static __device__ __forceinline__ void store_matrix_sync(float *p, const acc_ &f, unsigned ldm, layout_t l) {\n"
+    "  if (l == mem_col_major) __hmma_m16n16k16_st_c_f32(p, (float *)f.x, ldm, 1);\n  else __hmma_m16n16k16_st_c_f32(p, (float *)f.x, ldm, 0);\n}\n"
+    "template <class LA, class LB> static __device__ __forceinline__ void mma_sync(acc_ &d, const fragment<matrix_a, 16, 16, 16, bf16, LA> &a,\n"
+    "    const fragment<matrix_b, 16, 16, 16, bf16, LB> &b, const acc_ &c) {\n"
+    "  __mma_bf16_m16n16k16_mma_f32(d.x, a.x, b.x, c.x, lay_<LA>::col * 2 + lay_<LB>::col, 0);\n}\n"
+    "}\n#endif\n"
+    "struct alignas(32) ts_smem32 { float v[8]; };\n"
+    "#endif\n");
+}
+
+/* rows x D f32 values of src (exact bf16 values) from element base into
+ * the bf16 tile dst (row stride LDH); rows n and up 0. */
+static void tc_load(const Att *a, const TcTile *t, StrBuf *s, const char *dst, const char *src, const char *base,
+                    int rows, const char *n, const char *ind) {
+  long long D = (long long)a->D;
+  sb_printf(s, "%sfor (int x = tid; x < %lld; x += nt)\n%s  %s[x / %lld * %lld + x %% %lld].x = x < %s * %lld ? "
+               "ts_f32_bf16(%s[%s + x]) : (unsigned short)0;\n",
+            ind, rows * D, ind, dst, D, t->LDH, D, n, D, src, base);
+}
+
+/* The forward on tensor cores (see above): attention -> o. */
+static void print_fwd_tc(Att *a, const TcTile *t, StrBuf *s) {
+  long long D = (long long)a->D, ND = D / 16, NK = t->BK / 16;
+  a->BQ = TC_BQ;
+  tc_prelude(s);
+  CG_CUDA_HEAD(s, a->name, 0);
+  sb_printf(s, "  __shared__ ts_smem32 arena[%lld];\n", t->bytes / 32);
+  sb_printf(s, "  __shared__ float sc[%d], sl[%d];\n  __shared__ long long qp[%d], kp[%d];\n", TC_BQ, TC_BQ, TC_BQ, t->BK);
+  sb_puts(s, "  char *const ar = (char *)arena;\n");
+  sb_printf(s, "  ts_wmma::bf16 *const sK = (ts_wmma::bf16 *)(ar + %lld), *const sV = (ts_wmma::bf16 *)(ar + %lld), "
+               "*const sP = (ts_wmma::bf16 *)(ar + %lld), *const sQ = (ts_wmma::bf16 *)ar;\n", t->oK, t->oV, t->oP);
+  sb_printf(s, "  float *const sS = (float *)(ar + %lld);\n", t->oS);
+  sb_puts(s, "  const int tid = threadIdx.x, nt = blockDim.x, w = tid >> 5, lane = tid & 31, rr = lane >> 1, "
+             "h = lane & 1;\n");
+  sb_printf(s, "  const float scl = (float)%s, ninf = -(float)TS_INF;\n", a->scale);
+  sb_printf(s, "  const float *q = (const float *)a.b[%d], *k = (const float *)a.b[%d], *v = (const float *)a.b[%d];\n",
+            a->bq, a->bk, a->bv);
+  sb_printf(s, "  float *out = (float *)a.b[%d];\n", a->bres);
+  sb_printf(s, "  float *const scr = sS + w * %lld;   /* the warp's rows of sS: its 16 x 16 scratch */\n", 16 * t->LDS);
+  print_qtile_loop(a, s);
+  char base[64], pc[160];
+  snprintf(base, sizeof base, "row0 * %lldLL", D);
+  tc_load(a, t, s, "sQ", "q", base, TC_BQ, "nq", "    ");
+  sb_printf(s, "    for (int r = tid; r < %d; r += nt) qp[r] = %s;\n    __syncthreads();\n", TC_BQ,
+            pos_call(a, pc, sizeof pc, 'q', "i0 + r"));
+  sb_printf(s, "    ts_wmma::fragment<ts_wmma::matrix_a, 16, 16, 16, ts_wmma::bf16, ts_wmma::row_major> qf[%lld];\n"
+               "    ts_wmma::fragment<ts_wmma::accumulator, 16, 16, 16, float> o[%lld];\n", ND, ND);
+  f_for(s, "    ", "d", (int)ND);
+  sb_printf(s, "      ts_wmma::load_matrix_sync(qf[d], sQ + w * %lld + d * 16, %lld);\n"
+               "      ts_wmma::fill_fragment(o[d], 0.0f);\n", 16 * t->LDH, t->LDH);
+  f_end(s, "    ");
+  sb_puts(s, "    const long long pq = qp[16 * w + rr];\n    float m = ninf, l = 0.0f;\n");
+  /* the key loop: loads (the barrier first: the previous tile's readers, or the Q tile's, are done) */
+  sb_printf(s, "    for (long long j0 = 0; j0 < %lldLL; j0 += %d) {\n", (long long)a->Tk, t->BK);
+  sb_printf(s, "      const int nk = %lldLL - j0 < %d ? (int)(%lldLL - j0) : %d;\n      __syncthreads();\n",
+            (long long)a->Tk, t->BK, (long long)a->Tk, t->BK);
+  snprintf(base, sizeof base, "kvo + j0 * %lldLL", D);
+  tc_load(a, t, s, "sK", "k", base, t->BK, "nk", "      ");
+  tc_load(a, t, s, "sV", "v", base, t->BK, "nk", "      ");
+  sb_printf(s, "      for (int c = tid; c < nk; c += nt) kp[c] = %s;\n", pos_call(a, pc, sizeof pc, 'k', "j0 + c"));
+  print_any(a, s, "      ");
+  /* S = Q K^T: K's rows as the columns of a col_major matrix_b */
+  f_for(s, "      ", "kt", (int)NK);
+  sb_puts(s, "        ts_wmma::fragment<ts_wmma::accumulator, 16, 16, 16, float> sf;\n"
+             "        ts_wmma::fill_fragment(sf, 0.0f);\n");
+  f_for(s, "        ", "d", (int)ND);
+  sb_printf(s, "          ts_wmma::fragment<ts_wmma::matrix_b, 16, 16, 16, ts_wmma::bf16, ts_wmma::col_major> kf;\n"
+               "          ts_wmma::load_matrix_sync(kf, sK + kt * %lld + d * 16, %lld);\n"
+               "          ts_wmma::mma_sync(sf, qf[d], kf, sf);\n", 16 * t->LDH, t->LDH);
+  f_end(s, "        ");
+  sb_printf(s, "        ts_wmma::store_matrix_sync(scr + kt * 16, sf, %lld, ts_wmma::mem_row_major);\n", t->LDS);
+  f_end(s, "      ");
+  sb_puts(s, "      __syncwarp();\n");
+  /* the online softmax: lane pair (rr, h) over row 16 w + rr */
+  char mk[512], bias[160] = "";
+  mask_of(a, mk, sizeof mk, "kp[c]", "pq");
+  if (a->bslope >= 0) {
+    const char *lo = a->bdoc >= 0 ? " & 0xffffffffLL" : "";
+    snprintf(bias, sizeof bias, " - (float)asl * fabsf((float)((pq%s) - (kp[c]%s)))", lo, lo);
+  }
+  sb_printf(s, "      {\n        float *const srow = scr + rr * %lld;\n        ts_wmma::bf16 *const prow = sP + (16 * w + rr) * %lld;\n"
+               "        float mt = ninf;\n", t->LDS, t->LDP);
+  f_for(s, "        ", "j", t->BK / 2);
+  sb_printf(s, "          const int c = 2 * j + h;\n          const bool ok = c < nk%s%s;\n"
+               "          const float x = ok ? srow[c] * scl%s : ninf;\n          srow[c] = x;\n          mt = fmaxf(mt, x);\n",
+            strcmp(mk, "0") ? " && !" : "", strcmp(mk, "0") ? mk : "", bias);
+  f_end(s, "        ");
+  f_row_reduce(s, "mt", 'm', "        ");
+  sb_puts(s, "        const float mn = fmaxf(m, mt), mx = mn == ninf ? 0.0f : mn, corr = expf(m - mx);\n"
+             "        float sum = 0.0f;\n");
+  f_for(s, "        ", "j", t->BK / 2);
+  sb_puts(s, "          const int c = 2 * j + h;\n          const float p = expf(srow[c] - mx);\n          sum += p;\n"
+             "          prow[c].x = ts_f32_bf16(p);\n");
+  f_end(s, "        ");
+  sb_puts(s, "        sum += __shfl_xor_sync(0xffffffffu, sum, 1);\n        l = l * corr + sum;\n        m = mn;\n"
+             "        if (!h) sc[16 * w + rr] = corr;\n      }\n      __syncwarp();\n");
+  /* O *= corr by row, through the scratch; then O += P V */
+  f_for(s, "      ", "d", (int)ND);
+  sb_printf(s, "        ts_wmma::store_matrix_sync(scr, o[d], %lld, ts_wmma::mem_row_major);\n        __syncwarp();\n"
+               "        for (int e = lane; e < 256; e += 32) scr[(e >> 4) * %lld + (e & 15)] *= sc[16 * w + (e >> 4)];\n"
+               "        __syncwarp();\n        ts_wmma::load_matrix_sync(o[d], scr, %lld, ts_wmma::mem_row_major);\n"
+               "        __syncwarp();\n", t->LDS, t->LDS, t->LDS);
+  f_end(s, "      ");
+  f_for(s, "      ", "kt", (int)NK);
+  sb_printf(s, "        ts_wmma::fragment<ts_wmma::matrix_a, 16, 16, 16, ts_wmma::bf16, ts_wmma::row_major> pf;\n"
+               "        ts_wmma::load_matrix_sync(pf, sP + w * %lld + kt * 16, %lld);\n", 16 * t->LDP, t->LDP);
+  f_for(s, "        ", "d", (int)ND);
+  sb_printf(s, "          ts_wmma::fragment<ts_wmma::matrix_b, 16, 16, 16, ts_wmma::bf16, ts_wmma::row_major> vf;\n"
+               "          ts_wmma::load_matrix_sync(vf, sV + kt * %lld + d * 16, %lld);\n"
+               "          ts_wmma::mma_sync(o[d], pf, vf, o[d]);\n", 16 * t->LDH, t->LDH);
+  f_end(s, "        ");
+  f_end(s, "      ");
+  sb_puts(s, "    }\n");
+  /* o / l through the scratch, rows below nq */
+  sb_puts(s, "    if (!h) sl[16 * w + rr] = l > 0.0f ? 1.0f / l : 0.0f;\n    __syncwarp();\n");
+  f_for(s, "    ", "d", (int)ND);
+  sb_printf(s, "      ts_wmma::store_matrix_sync(scr, o[d], %lld, ts_wmma::mem_row_major);\n      __syncwarp();\n"
+               "      for (int e = lane; e < 256; e += 32) {\n        const int r = 16 * w + (e >> 4);\n"
+               "        if (r < nq) out[(row0 + r) * %lldLL + d * 16 + (e & 15)] = scr[(e >> 4) * %lld + (e & 15)] * sl[r];\n"
+               "      }\n      __syncwarp();\n", t->LDS, D, t->LDS);
+  f_end(s, "    ");
+  sb_puts(s, "  }\n}\n");
+}
+
+/* ---- the backward on tensor cores ----
+ * attention_bwd of bf16 values (q, k, v and do casts of bf16 values) after
+ * the f32 statistics kernel (lse, drow): the dq kernel (64 queries per
+ * block, 4 warps of 16 rows, keys streamed BK at a time: S = Q K^T and
+ * dP = dO V^T on WMMA, ds = p (dp - drow) in f32, rounded to bf16 for
+ * dQ += dS K) and the dk / dv kernel (16 NW keys per block, NW warps; the
+ * queries of every query head reading the kv head streamed C at a time:
+ * S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q with P and dS
+ * rounded to bf16).  Q and dO fragments (dq) are in registers; K and V
+ * (dk / dv) stay in shared memory for the block and are read as
+ * fragments; the accumulators (dq, or dk and dv) are registers. */
+typedef struct {
+  int NW, C;                        /* warps (16 rows each), columns per tile */
+  long long LDH, LDS, LDP;          /* row strides: bf16 operand tiles, f32 score tiles, bf16 p / ds tiles */
+  long long oA, oB, oC, oD, oS, oS2, oP, oP2, bytes;   /* arena offsets (bytes) */
+} TcBwd;
+
+/* dq (kind 0): rows 64 queries, A = sK, B = sV [C keys]; dk / dv (kind 1):
+ * rows 16 NW keys, A = sK, B = sV [rows], C = sQ, D = sdO [C queries]. */
+static int tc_bwd_choose(const Att *a, int kind, TcBwd *t) {
+  int64_t cmax = pow2_at_least(kind ? a->Tq : a->Tk);
+  cmax = cmax < 16 ? 16 : cmax;
+  for (int nw = 4; nw >= (kind ? 1 : 4); nw /= 2)
+    for (int c = 64; c >= 16; c /= 2) {
+      if (c > cmax) continue;
+      long long R = 16 * nw, LDH = a->D + 8, LDS = c + 4, LDP = c + 8, o = 0;
+      *t = (TcBwd){.NW = nw, .C = c, .LDH = LDH, .LDS = LDS, .LDP = LDP};
+      long long side = (kind ? R : c) * LDH * 2;
+      t->oA = o, o += side, t->oB = o, o += side;
+      if (kind) t->oC = o, o += c * LDH * 2, t->oD = o, o += c * LDH * 2;
+      t->oS = o, o += R * LDS * 4, t->oS2 = o, o += R * LDS * 4;
+      t->oP = o, o += R * LDP * 2;
+      if (kind) t->oP2 = o, o += R * LDP * 2;
+      if (!kind && o < 2 * R * LDH * 2) o = 2 * R * LDH * 2;   /* dq: the Q and dO tiles alias them before the loop */
+      t->bytes = o;
+      if (o + 16 * c + 16 * R <= ATTN_SMEM_MAX) return 0;
+    }
+  return 1;
+}
+
+static void tc_bwd_arena(const TcBwd *t, StrBuf *s, int kind) {
+  sb_printf(s, "  __shared__ ts_smem32 arena[%lld];\n  char *const ar = (char *)arena;\n", t->bytes / 32);
+  sb_printf(s, "  ts_wmma::bf16 *const sK = (ts_wmma::bf16 *)(ar + %lld), *const sV = (ts_wmma::bf16 *)(ar + %lld), "
+               "*const sP = (ts_wmma::bf16 *)(ar + %lld);\n", t->oA, t->oB, t->oP);
+  if (kind) sb_printf(s, "  ts_wmma::bf16 *const sQ = (ts_wmma::bf16 *)(ar + %lld), *const sDO = (ts_wmma::bf16 *)(ar + %lld), "
+                         "*const sDS = (ts_wmma::bf16 *)(ar + %lld);\n", t->oC, t->oD, t->oP2);
+  else sb_printf(s, "  ts_wmma::bf16 *const sQ = (ts_wmma::bf16 *)ar, *const sDO = (ts_wmma::bf16 *)(ar + %lld);\n",
+                 64 * t->LDH * 2);
+  sb_printf(s, "  float *const scr = (float *)(ar + %lld) + (threadIdx.x >> 5) * %lld, "
+               "*const scr2 = (float *)(ar + %lld) + (threadIdx.x >> 5) * %lld;\n", t->oS, 16 * t->LDS, t->oS2,
+            16 * t->LDS);
+  sb_puts(s, "  const int tid = threadIdx.x, nt = blockDim.x, w = tid >> 5, lane = tid & 31, rr = lane >> 1, "
+             "hf = lane & 1;\n");
+}
+
+/* `nf` products of 16 rows (A: fragments `af[d]` in registers, or rows of
+ * a bf16 tile when asrc) with the CN 16-column blocks of a bf16 tile bsrc
+ * as col_major B (its rows are the columns), into the scratch dst. */
+static void tc_rows_by_cols(const TcBwd *t, StrBuf *s, long long D, const char *af, const char *asrc, const char *bsrc,
+                            int CN, const char *dst, const char *ind) {
+  char in[32];
+  snprintf(in, sizeof in, "%s  ", ind);
+  f_for(s, ind, "ct", CN);
+  sb_printf(s, "%s  ts_wmma::fragment<ts_wmma::accumulator, 16, 16, 16, float> sf;\n%s  ts_wmma::fill_fragment(sf, 0.0f);\n",
+            ind, ind);
+  f_for(s, in, "d", (int)(D / 16));
+  if (asrc)
+    sb_printf(s, "%s  ts_wmma::fragment<ts_wmma::matrix_a, 16, 16, 16, ts_wmma::bf16, ts_wmma::row_major> af;\n"
+                 "%s  ts_wmma::load_matrix_sync(af, %s + w * %lld + d * 16, %lld);\n", in, in, asrc, 16 * t->LDH, t->LDH);
+  sb_printf(s, "%s  ts_wmma::fragment<ts_wmma::matrix_b, 16, 16, 16, ts_wmma::bf16, ts_wmma::col_major> bf;\n"
+               "%s  ts_wmma::load_matrix_sync(bf, %s + ct * %lld + d * 16, %lld);\n"
+               "%s  ts_wmma::mma_sync(sf, %s, bf, sf);\n", in, in, bsrc, 16 * t->LDH, t->LDH, in, asrc ? "af" : af);
+  f_end(s, in);
+  sb_printf(s, "%s  ts_wmma::store_matrix_sync(%s + ct * 16, sf, %lld, ts_wmma::mem_row_major);\n", ind, dst, t->LDS);
+  f_end(s, ind);
+}
+
+/* acc[d] += (16 rows of the bf16 tile psrc, CN blocks of 16 columns) times
+ * the rows of the bf16 tile xsrc (row_major B). */
+static void tc_acc(const TcBwd *t, StrBuf *s, long long D, const char *psrc, const char *xsrc, const char *acc, int CN,
+                   const char *ind) {
+  char in[32];
+  snprintf(in, sizeof in, "%s  ", ind);
+  f_for(s, ind, "ct", CN);
+  sb_printf(s, "%s  ts_wmma::fragment<ts_wmma::matrix_a, 16, 16, 16, ts_wmma::bf16, ts_wmma::row_major> pf;\n"
+               "%s  ts_wmma::load_matrix_sync(pf, %s + w * %lld + ct * 16, %lld);\n", ind, ind, psrc, 16 * t->LDP, t->LDP);
+  f_for(s, in, "d", (int)(D / 16));
+  sb_printf(s, "%s  ts_wmma::fragment<ts_wmma::matrix_b, 16, 16, 16, ts_wmma::bf16, ts_wmma::row_major> xf;\n"
+               "%s  ts_wmma::load_matrix_sync(xf, %s + ct * %lld + d * 16, %lld);\n"
+               "%s  ts_wmma::mma_sync(%s[d], pf, xf, %s[d]);\n", in, in, xsrc, 16 * t->LDH, t->LDH, in, acc, acc);
+  f_end(s, in);
+  f_end(s, ind);
+}
+
+/* Accumulators acc[d] times f into rows below n of dst from row `base`
+ * (16 rows per warp), through the warp's scratch. */
+static void tc_store(const TcBwd *t, StrBuf *s, long long D, const char *acc, const char *dst, const char *base,
+                     const char *n, const char *f, const char *ind) {
+  f_for(s, ind, "d", (int)(D / 16));
+  sb_printf(s, "%s  ts_wmma::store_matrix_sync(scr, %s[d], %lld, ts_wmma::mem_row_major);\n%s  __syncwarp();\n"
+               "%s  for (int e = lane; e < 256; e += 32) {\n%s    const int r = 16 * w + (e >> 4);\n"
+               "%s    if (r < %s) %s[(%s + r) * %lldLL + d * 16 + (e & 15)] = scr[(e >> 4) * %lld + (e & 15)] * %s;\n"
+               "%s  }\n%s  __syncwarp();\n", ind, acc, t->LDS, ind, ind, ind, ind, n, dst, base, D, t->LDS, f, ind, ind);
+  f_end(s, ind);
+}
+
+static void tc_acc_zero(StrBuf *s, long long D, const char *acc, const char *ind) {
+  sb_printf(s, "%sts_wmma::fragment<ts_wmma::accumulator, 16, 16, 16, float> %s[%lld];\n", ind, acc, D / 16);
+  f_for(s, ind, "d", (int)(D / 16));
+  sb_printf(s, "%s  ts_wmma::fill_fragment(%s[d], 0.0f);\n", ind, acc);
+  f_end(s, ind);
+}
+
+/* ALiBi's term after the scale for key position kx and query position qx ("" without) */
+static const char *tc_bias(const Att *a, char *buf, size_t n, const char *kx, const char *qx) {
+  buf[0] = 0;
+  if (a->bslope < 0) return buf;
+  const char *lo = a->bdoc >= 0 ? " & 0xffffffffLL" : "";
+  snprintf(buf, n, " - (float)asl * fabsf((float)((%s%s) - (%s%s)))", qx, lo, kx, lo);
+  return buf;
+}
+
+/* Opens the loop over the lane's columns c = 2 j + hf of its scratch row
+ * rr: p = exp(s scale (+ ALiBi) - lse), 0 where masked or c >= n (key
+ * position kx, query position qx); the caller closes it with f_end. */
+static void tc_p(const Att *a, const TcBwd *t, StrBuf *s, const char *kx, const char *qx, const char *n, const char *lse,
+                 const char *ind) {
+  char mk[512], bias[200];
+  mask_of(a, mk, sizeof mk, kx, qx);
+  tc_bias(a, bias, sizeof bias, kx, qx);
+  f_for(s, ind, "j", t->C / 2);
+  sb_printf(s, "%s  const int c = 2 * j + hf;\n%s  const bool ok = c < %s%s%s;\n"
+               "%s  const float p = ok ? expf(scr[rr * %lld + c] * scl%s - %s) : 0.0f;\n",
+            ind, ind, n, strcmp(mk, "0") ? " && !" : "", strcmp(mk, "0") ? mk : "", ind, t->LDS, bias, lse);
+}
+
+static void print_dq_tc(Att *a, const TcBwd *t, StrBuf *s, int k) {
+  long long D = (long long)a->D;
+  int CN = t->C / 16;
+  a->BQ = 64;
+  tc_prelude(s);
+  CG_CUDA_HEAD(s, a->name, k);
+  tc_bwd_arena(t, s, 0);
+  sb_printf(s, "  __shared__ float slse[64], sdrw[64];\n  __shared__ long long qp[64], kp[%d];\n", t->C);
+  sb_printf(s, "  const float scl = (float)%s;\n", a->scale);
+  sb_printf(s, "  const float *q = (const float *)a.b[%d], *k = (const float *)a.b[%d], *v = (const float *)a.b[%d], "
+               "*dout = (const float *)a.b[%d];\n  float *out = (float *)a.b[%d];\n", a->bq, a->bk, a->bv, a->bdo, a->bres);
+  TcTile lt = {.LDH = t->LDH};
+  print_qtile_loop(a, s);
+  char base[64], pc[160];
+  snprintf(base, sizeof base, "row0 * %lldLL", D);
+  tc_load(a, &lt, s, "sQ", "q", base, 64, "nq", "    ");
+  tc_load(a, &lt, s, "sDO", "dout", base, 64, "nq", "    ");
+  sb_printf(s, "    for (int r = tid; r < 64; r += nt) {\n      qp[r] = %s;\n", pos_call(a, pc, sizeof pc, 'q', "i0 + r"));
+  f_stats_in(a, s, "slse[r]", "sdrw[r]", "row0 + r", "r < nq", "      ");
+  sb_puts(s, "    }\n    __syncthreads();\n");
+  sb_printf(s, "    ts_wmma::fragment<ts_wmma::matrix_a, 16, 16, 16, ts_wmma::bf16, ts_wmma::row_major> qf[%lld], df[%lld];\n",
+            D / 16, D / 16);
+  f_for(s, "    ", "d", (int)(D / 16));
+  sb_printf(s, "      ts_wmma::load_matrix_sync(qf[d], sQ + w * %lld + d * 16, %lld);\n"
+               "      ts_wmma::load_matrix_sync(df[d], sDO + w * %lld + d * 16, %lld);\n",
+            16 * t->LDH, t->LDH, 16 * t->LDH, t->LDH);
+  f_end(s, "    ");
+  tc_acc_zero(s, D, "acc", "    ");
+  sb_puts(s, "    const long long pq = qp[16 * w + rr];\n    const float lse = slse[16 * w + rr], drw = sdrw[16 * w + rr];\n");
+  sb_printf(s, "    for (long long j0 = 0; j0 < %lldLL; j0 += %d) {\n", (long long)a->Tk, t->C);
+  sb_printf(s, "      const int nk = %lldLL - j0 < %d ? (int)(%lldLL - j0) : %d;\n      __syncthreads();\n",
+            (long long)a->Tk, t->C, (long long)a->Tk, t->C);
+  snprintf(base, sizeof base, "kvo + j0 * %lldLL", D);
+  tc_load(a, &lt, s, "sK", "k", base, t->C, "nk", "      ");
+  tc_load(a, &lt, s, "sV", "v", base, t->C, "nk", "      ");
+  sb_printf(s, "      for (int c = tid; c < nk; c += nt) kp[c] = %s;\n", pos_call(a, pc, sizeof pc, 'k', "j0 + c"));
+  print_any(a, s, "      ");
+  tc_rows_by_cols(t, s, D, "qf[d]", NULL, "sK", CN, "scr", "      ");
+  tc_rows_by_cols(t, s, D, "df[d]", NULL, "sV", CN, "scr2", "      ");
+  sb_puts(s, "      __syncwarp();\n");
+  tc_p(a, t, s, "kp[c]", "pq", "nk", "lse", "      ");
+  sb_printf(s, "        sP[(16 * w + rr) * %lld + c].x = ts_f32_bf16(p * (scr2[rr * %lld + c] - drw));\n", t->LDP, t->LDS);
+  f_end(s, "      ");
+  sb_puts(s, "      __syncwarp();\n");
+  tc_acc(t, s, D, "sP", "sK", "acc", CN, "      ");
+  sb_puts(s, "    }\n");
+  tc_store(t, s, D, "acc", "out", "row0", "nq", "scl", "    ");
+  sb_puts(s, "  }\n}\n");
+}
+
+/* dk (part 1), dv (part 2) or both (part 3) on tensor cores. */
+static void print_dkv_tc(Att *a, const TcBwd *t, StrBuf *s, int k, int part) {
+  int dk = part == 1 || part == 3, dv = part == 2 || part == 3, R = 16 * t->NW, CN = t->C / 16;
+  long long D = (long long)a->D, nkt = (long long)((a->Tk + R - 1) / R);
+  tc_prelude(s);
+  CG_CUDA_HEAD(s, a->name, k);
+  tc_bwd_arena(t, s, 1);
+  sb_printf(s, "  __shared__ float slse[%d], sdrw[%d];\n  __shared__ long long qp[%d], kp[%d];\n", t->C, t->C, t->C, R);
+  sb_printf(s, "  const float scl = (float)%s;\n", a->scale);
+  sb_printf(s, "  const float *q = (const float *)a.b[%d], *k = (const float *)a.b[%d], *v = (const float *)a.b[%d], "
+               "*dout = (const float *)a.b[%d];\n  float *out = (float *)a.b[%d];\n", a->bq, a->bk, a->bv, a->bdo, a->bres);
+  if (part == 3) sb_printf(s, "  float *out2 = (float *)a.b[%d];\n", a->bres2);
+  TcTile lt = {.LDH = t->LDH};
+  sb_printf(s, "  for (long long t = blockIdx.x; t < %lldLL; t += gridDim.x) {\n", (long long)(a->B * a->Hkv) * nkt);
+  sb_printf(s, "    const long long bk = t / %lldLL, j0 = t %% %lldLL * %d, b = bk / %lldLL, hk = bk %% %lldLL;\n", nkt,
+            nkt, R, (long long)a->Hkv, (long long)a->Hkv);
+  sb_printf(s, "    const int nk = %lldLL - j0 < %d ? (int)(%lldLL - j0) : %d;\n", (long long)a->Tk, R, (long long)a->Tk, R);
+  sb_printf(s, "    const long long kvo = bk * %lldLL;\n    __syncthreads();\n", (long long)a->Tk * D);
+  char base[64], pc[160];
+  snprintf(base, sizeof base, "kvo + j0 * %lldLL", D);
+  tc_load(a, &lt, s, "sK", "k", base, R, "nk", "    ");
+  tc_load(a, &lt, s, "sV", "v", base, R, "nk", "    ");
+  sb_printf(s, "    for (int c = tid; c < %d; c += nt) kp[c] = %s;\n", R, pos_call(a, pc, sizeof pc, 'k', "j0 + c"));
+  if (dk) tc_acc_zero(s, D, "gk", "    ");
+  if (dv) tc_acc_zero(s, D, "gv", "    ");
+  print_head_tiles(a, s, t->C);
+  snprintf(base, sizeof base, "row0 * %lldLL", D);
+  tc_load(a, &lt, s, "sQ", "q", base, t->C, "nq", "        ");
+  tc_load(a, &lt, s, "sDO", "dout", base, t->C, "nq", "        ");
+  sb_printf(s, "        for (int r = tid; r < %d; r += nt) {\n          qp[r] = %s;\n", t->C,
+            pos_call(a, pc, sizeof pc, 'q', "i0 + r"));
+  f_stats_in(a, s, "slse[r]", "sdrw[r]", "row0 + r", "r < nq", "          ");
+  sb_puts(s, "        }\n");
+  print_any(a, s, "        ");
+  tc_rows_by_cols(t, s, D, NULL, "sK", "sQ", CN, "scr", "        ");
+  if (dk) tc_rows_by_cols(t, s, D, NULL, "sV", "sDO", CN, "scr2", "        ");
+  sb_puts(s, "        __syncwarp();\n        {\n          const long long pk = kp[16 * w + rr];\n");
+  tc_p(a, t, s, "pk", "qp[c]", "nq", "slse[c]", "          ");
+  if (dv) sb_printf(s, "            sP[(16 * w + rr) * %lld + c].x = ts_f32_bf16(p);\n", t->LDP);
+  if (dk) sb_printf(s, "            sDS[(16 * w + rr) * %lld + c].x = ts_f32_bf16(p * (scr2[rr * %lld + c] - sdrw[c]));\n",
+                    t->LDP, t->LDS);
+  f_end(s, "          ");
+  sb_puts(s, "        }\n        __syncwarp();\n");
+  if (dv) tc_acc(t, s, D, "sP", "sDO", "gv", CN, "        ");
+  if (dk) tc_acc(t, s, D, "sDS", "sQ", "gk", CN, "        ");
+  sb_puts(s, "      }\n    }\n");
+  snprintf(base, sizeof base, "bk * %lldLL + j0", (long long)a->Tk);
+  if (dk) tc_store(t, s, D, "gk", "out", base, "nk", "scl", "    ");
+  if (dv) tc_store(t, s, D, "gv", dk ? "out2" : "out", base, "nk", "1.0f", "    ");
+  sb_puts(s, "  }\n}\n");
+}
+
 /* attn_finish (o = acc / l) and attn_lse (m + log l) over the state's rows. */
 static void print_state_rows(const Att *a, StrBuf *s, const IrNode *nd, int64_t rows) {
   int64_t D = a->D, W = D + 2;
@@ -938,6 +1381,9 @@ static int attn_bwd(Att *a, StrBuf *src, const int res[3], int scr, CgCudaLaunch
   int kind = kv == 3 ? FK_DKV : kv == 1 ? FK_DK : FK_DV;
   int f32 = a->es == 4 && a->D % 4 == 0 && !f_choose(a, FK_STATS, &ft[0]) && (res[0] < 0 || !f_choose(a, FK_DQ, &ft[1])) &&
             (!kv || !f_choose(a, kind, &ft[2]));
+  TcBwd tq, tk;   /* tensor cores: the dq and dk / dv kernels' tiles (the statistics stay the f32 kernel's) */
+  int tc = f32 && a->tc && a->D % 16 == 0 && (res[0] < 0 || !tc_bwd_choose(a, 0, &tq)) &&
+           (!kv || !tc_bwd_choose(a, 1, &tk));
   Att akv = *a;   /* the dk / dv kernel's tiles (the double path: its own, two accumulators for both) */
   akv.dkv2 = kv == 3;
   if (!f32 && (choose_tiles(a, why, whylen) || (kv && choose_tiles(&akv, why, whylen)))) return 1;
@@ -948,8 +1394,9 @@ static int attn_bwd(Att *a, StrBuf *src, const int res[3], int scr, CgCudaLaunch
   int k = 1;
   if (res[0] >= 0) {
     a->bres = res[0];
-    int64_t rows = f32 ? ft[1].R : a->BQ;
-    if (f32) print_dq_f32(a, &ft[1], src, k);
+    int64_t rows = tc ? 64 : f32 ? ft[1].R : a->BQ;
+    if (tc) print_dq_tc(a, &tq, src, k);
+    else if (f32) print_dq_f32(a, &ft[1], src, k);
     else print_dq(a, src, k);
     cg_cuda_launch(&l[(*nl)++], a->name, k++, a->B * a->Hq * ((a->Tq + rows - 1) / rows) * ATTN_THREADS, ATTN_THREADS);
   }
@@ -957,10 +1404,12 @@ static int attn_bwd(Att *a, StrBuf *src, const int res[3], int scr, CgCudaLaunch
     akv.bo = a->bo, akv.bdo = a->bdo, akv.bscr = a->bscr;
     akv.bres = kv == 2 ? res[2] : res[1];
     akv.bres2 = kv == 3 ? res[2] : -1;
-    int64_t rows = f32 ? ft[2].R : akv.BK;
-    if (f32) print_dkv_f32(&akv, &ft[2], src, k, kv);
+    int64_t rows = tc ? 16 * tk.NW : f32 ? ft[2].R : akv.BK;
+    int threads = tc ? 32 * tk.NW : ATTN_THREADS;
+    if (tc) print_dkv_tc(&akv, &tk, src, k, kv);
+    else if (f32) print_dkv_f32(&akv, &ft[2], src, k, kv);
     else print_dkv(&akv, src, k, kv);
-    cg_cuda_launch(&l[(*nl)++], a->name, k++, a->B * a->Hkv * ((a->Tk + rows - 1) / rows) * ATTN_THREADS, ATTN_THREADS);
+    cg_cuda_launch(&l[(*nl)++], a->name, k++, a->B * a->Hkv * ((a->Tk + rows - 1) / rows) * threads, threads);
   }
   return 0;
 }
@@ -1049,6 +1498,15 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
   int part = 0;
   switch (nd->op) {
   case IR_OP_ATTENTION: {   /* q, k, v[, doc] -> o */
+    TcTile tt;
+    if (dt == IR_F32 && a.D % 16 == 0 && tc_from_bf16(b, nd->in[0]) && tc_from_bf16(b, nd->in[1]) &&
+        tc_from_bf16(b, nd->in[2]) && !tc_choose(&a, &tt)) {
+      a.bres = 3 + sh;
+      print_fwd_tc(&a, &tt, src);
+      cg_cuda_launch(&l[0], name, 0, a.B * a.Hq * ((a.Tq + TC_BQ - 1) / TC_BQ) * ATTN_THREADS, ATTN_THREADS);
+      *nl = 1;
+      return 0;
+    }
     FTile ft;
     int f32 = dt == IR_F32 && a.D % 4 == 0 && !f_choose(&a, FK_FWD, &ft);
     if (!f32 && choose_tiles(&a, why, whylen)) return 1;
@@ -1065,6 +1523,7 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
     if (part < 0 || part > 2) { snprintf(why, whylen, "part must be 0, 1 or 2"); return 1; }
     int res[3] = {-1, -1, -1};
     res[part] = 5 + sh;
+    a.tc = tc_bwd_operands(b, nd);
     return attn_bwd(&a, src, res, 6 + sh, l, nl, scratch, why, whylen);
   }
   case IR_OP_ATTN_ACC:   /* q, k, v, st[, doc] -> st (the double path) */
@@ -1122,5 +1581,6 @@ int cg_cuda_attn_grads_kernel(const IrModule *m, const IrBlock *b, const int *ru
   Att a;
   int sh, r = attn_open(m, b, nd, name, src, &a, &sh, why, whylen);
   if (r != 0) return r;
+  a.tc = tc_bwd_operands(b, nd);
   return attn_bwd(&a, src, res, nd->nin + nrun, l, nl, scratch, why, whylen);
 }

@@ -3,9 +3,10 @@
  * against a plain C computation of the same thing.
  *   test_emu KERNELS.cu TEST
  * TEST: builtins reduce shuffle atomics vectors math bits refusals speed
- * threads prelude, or all (every one but refusals, speed and threads: one
+ * threads prelude wmma, or all (every one but refusals, speed and threads: one
  * compile, for the ucontext and clang variants). */
 #include "emu_host.h"
+#include "runtime/cpu/half.h"
 #include <dirent.h>
 #include <math.h>
 #include <pthread.h>
@@ -412,6 +413,76 @@ static void t_prelude(void) {
   ts_emu_free(e);
 }
 
+/* ---- WMMA: the emulator's nvcuda::wmma subset on a GEMM ----
+ * C = A B^T (+ C) of 16-bit values against a double sum of the same
+ * rounded values: the products are exact in float, so the only error is
+ * float accumulation over K terms, within 1e-5 of sum |a b|; bf16 and
+ * f16 operands, with and without C's load, a non-square shape with more
+ * tiles than one block has warps; the row-major B tile; the refusals of
+ * divergent pointers and a misaligned one. */
+static void wmma_case(const char *kern, int f16, int M, int N, int K, int acc) {
+  uint16_t *A = aligned_alloc(64, (size_t)M * K * 2 + 64), *B = aligned_alloc(64, (size_t)N * K * 2 + 64);
+  float *C = aligned_alloc(64, (size_t)M * N * 4 + 64);
+  double *want = malloc((size_t)M * N * sizeof *want), *mag = malloc((size_t)M * N * sizeof *mag);
+  uint64_t r = 0x51ed2701u + (uint64_t)M * 131 + N * 7 + K + f16 * 3 + acc;
+  for (int i = 0; i < M * K + N * K; i++) {
+    r = r * 6364136223846793005ULL + 1442695040888963407ULL;
+    float v = (float)((double)(r >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+    uint16_t h = f16 ? ts_f32_to_f16(v) : ts_f32_to_bf16(v);
+    if (i < M * K) A[i] = h;
+    else B[i - M * K] = h;
+  }
+  for (int i = 0; i < M * N; i++) C[i] = acc ? (float)(i % 7) - 3.0f : 1e30f;   /* without acc: overwritten */
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      double s = acc ? C[i * N + j] : 0, m = fabs(s);
+      for (int k = 0; k < K; k++) {
+        double x = f16 ? ts_f16_to_f32(A[i * K + k]) : ts_bf16_to_f32(A[i * K + k]);
+        double y = f16 ? ts_f16_to_f32(B[j * K + k]) : ts_bf16_to_f32(B[j * K + k]);
+        s += x * y;
+        m += fabs(x * y);
+      }
+      want[i * N + j] = s;
+      mag[i * N + j] = m;
+    }
+  long long run_blk[CG_RUN_WORDS] = {M, N, K, acc};
+  CgCudaArgs a = {.b = {A, B, C}, .run = run_blk};
+  int tiles = (M / 16) * (N / 16);
+  double worst = 0;
+  if (run(kern, (tiles + 3) / 4, 128, &a) == 0)
+    for (int i = 0; i < M * N; i++) {
+      double e = fabs(C[i] - want[i]) / mag[i];
+      worst = e > worst ? e : worst;
+      CHECK(e <= 1e-5, "%s %dx%dx%d acc=%d: C[%d][%d] = %.9g, want %.9g", kern, M, N, K, acc, i / N, i % N, C[i],
+            want[i]);
+    }
+  printf("  %s %dx%dx%d acc=%d: max |C - ref| / sum|ab| = %.2e\n", kern, M, N, K, acc, worst);
+  free(A), free(B), free(C), free(want), free(mag);
+}
+
+static void t_wmma(void) {
+  wmma_case("k_wmma_bf16", 0, 16, 16, 16, 0);
+  wmma_case("k_wmma_bf16", 0, 48, 80, 128, 0);
+  wmma_case("k_wmma_bf16", 0, 32, 96, 64, 1);
+  wmma_case("k_wmma_f16", 1, 64, 32, 112, 0);
+  wmma_case("k_wmma_f16", 1, 16, 48, 32, 1);
+  /* the row-major B tile, C stored column-major */
+  uint16_t *A = aligned_alloc(64, 512), *B = aligned_alloc(64, 512);
+  float *C = aligned_alloc(64, 1024);
+  for (int i = 0; i < 256; i++) A[i] = ts_f32_to_bf16((float)(i % 13) - 6), B[i] = ts_f32_to_bf16((float)(i % 5) * 0.5f);
+  CgCudaArgs a = {.b = {A, B, C}};
+  if (run("k_wmma_rowb", 1, 32, &a) == 0)
+    for (int i = 0; i < 16; i++)
+      for (int j = 0; j < 16; j++) {
+        double s = 0;
+        for (int k = 0; k < 16; k++) s += (double)ts_bf16_to_f32(A[i * 16 + k]) * ts_bf16_to_f32(B[k * 16 + j]);
+        CHECK(C[j * 16 + i] == s, "k_wmma_rowb: C[%d][%d] = %g, want %g (small integers: exact)", i, j, C[j * 16 + i], s);
+      }
+  run_refused(E, "k_wmma_divergent", 1, 32, &a, "with different pointers or ldm");
+  run_refused(E, "k_wmma_misaligned", 1, 32, &a, "not 32-byte aligned");
+  free(A), free(B), free(C);
+}
+
 /* ---- speed: many small launches, as a training step makes ---- */
 static double now(void) {
   struct timespec t;
@@ -521,7 +592,7 @@ int main(int argc, char **argv) {
   struct { const char *name; void (*fn)(void); int in_all; } tests[] = {
     {"builtins", t_builtins, 1}, {"reduce", t_reduce, 1},     {"shuffle", t_shuffle, 1}, {"atomics", t_atomics, 1},
     {"vectors", t_vectors, 1},   {"math", t_math, 1},         {"bits", t_bits, 1},       {"refusals", t_refusals, 0},
-    {"speed", t_speed, 0},       {"threads", t_threads, 0},   {"prelude", t_prelude, 0},
+    {"speed", t_speed, 0},       {"threads", t_threads, 0},   {"prelude", t_prelude, 0}, {"wmma", t_wmma, 1},
   };
   for (size_t i = 0; i < sizeof tests / sizeof *tests; i++)
     if ((all && tests[i].in_all) || strcmp(t, tests[i].name) == 0) {

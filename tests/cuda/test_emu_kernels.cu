@@ -273,3 +273,73 @@ extern "C" __global__ void k_partial_mask(TsArgs a) {
   int *out = (int *)a.b[0];
   out[threadIdx.x] = __shfl_xor_sync(0x0000ffffu, (int)threadIdx.x, 1);
 }
+
+// ---- WMMA (tensor cores): the emulator's nvcuda::wmma subset ----
+#ifndef TS_CUDA_EMU_H
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+#endif
+
+// C[M, N] = A[M, K] B[K, N] (+ C when run[3]), 16-bit A row-major and B
+// stored as B^T [N, K] (col_major: as attention's keys), f32
+// accumulation; one warp per 16 x 16 tile of C, 4 warps per block, the
+// A and B^T panels staged through shared memory (32-byte aligned rows of
+// K + 8 elements).  run: M, N, K (multiples of 16, K <= 128), accumulate.
+// b0 A, b1 B^T, b2 C (float).
+template <class T> static __device__ void wmma_gemm(TsArgs a) {
+  using namespace nvcuda;
+  const int M = (int)a.run[0], N = (int)a.run[1], K = (int)a.run[2], acc = (int)a.run[3];
+  const T *A = (const T *)a.b[0], *Bt = (const T *)a.b[1];
+  float *C = (float *)a.b[2];
+  __shared__ __align__(32) T sa[4][16 * 136], sb[4][16 * 136];
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, tilesN = N / 16;
+  const int tile = blockIdx.x * 4 + w;
+  if (tile >= (M / 16) * tilesN) return;   // a whole warp returns together
+  const int i0 = tile / tilesN * 16, j0 = tile % tilesN * 16, ld = K + 8;
+  for (int x = lane; x < 16 * K; x += 32) {
+    sa[w][x / K * ld + x % K] = A[(long long)(i0 + x / K) * K + x % K];
+    sb[w][x / K * ld + x % K] = Bt[(long long)(j0 + x / K) * K + x % K];
+  }
+  __syncwarp();
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+  if (acc) wmma::load_matrix_sync(c, C + (long long)i0 * N + j0, N, wmma::mem_row_major);
+  else wmma::fill_fragment(c, 0.0f);
+  for (int k = 0; k < K; k += 16) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+    wmma::load_matrix_sync(fa, &sa[w][k], ld);
+    wmma::load_matrix_sync(fb, &sb[w][k], ld);
+    wmma::mma_sync(c, fa, fb, c);
+  }
+  wmma::store_matrix_sync(C + (long long)i0 * N + j0, c, N, wmma::mem_row_major);
+}
+extern "C" __global__ void k_wmma_bf16(TsArgs a) { wmma_gemm<__nv_bfloat16>(a); }
+extern "C" __global__ void k_wmma_f16(TsArgs a) { wmma_gemm<__half>(a); }
+
+// C[16, 16] = A B with the B tile row-major ([K, N], b1), one warp: the
+// other layout.  b0 A [16, 16], b1 B [16, 16], b2 C.
+extern "C" __global__ void k_wmma_rowb(TsArgs a) {
+  using namespace nvcuda;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+  wmma::fill_fragment(c, 0.0f);
+  wmma::load_matrix_sync(fa, (const __nv_bfloat16 *)a.b[0], 16);
+  wmma::load_matrix_sync(fb, (const __nv_bfloat16 *)a.b[1], 16);
+  wmma::mma_sync(c, fa, fb, c);
+  wmma::store_matrix_sync((float *)a.b[2], c, 16, wmma::mem_col_major);
+}
+
+// Refused: lanes of a warp loading from different pointers (lane-dependent
+// offset), and a pointer not 32-byte aligned.  b0 A, b2 C.
+extern "C" __global__ void k_wmma_divergent(TsArgs a) {
+  using namespace nvcuda;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+  wmma::load_matrix_sync(fa, (const __nv_bfloat16 *)a.b[0] + 16 * (threadIdx.x % 2), 16);
+}
+extern "C" __global__ void k_wmma_misaligned(TsArgs a) {
+  using namespace nvcuda;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+  wmma::load_matrix_sync(fa, (const __nv_bfloat16 *)a.b[0] + 8, 16);
+}

@@ -245,6 +245,7 @@ static double at(const void *p, IrDtype t, int64_t i) {
  * coordinate cpc (cp = size of the module's cp axis); compares the out
  * states.  Returns the worst relative error (INFINITY when it did not run). */
 static const RtFeed *case_feeds;   /* the i32 inputs of the case run next */
+static double case_tol;            /* > 0: the f32 limit of the cases run next (tensor cores) */
 static int case_nfeeds;
 
 static double run_case(RtDev *d, const char *text, int cp, int cpc, const char *label) {
@@ -294,7 +295,7 @@ static double run_case(RtDev *d, const char *text, int cp, int cpc, const char *
       }
     }
   }
-  double tol = m->train.precision == IR_F64 ? 1e-10 : 1e-5;
+  double tol = case_tol > 0 ? case_tol : m->train.precision == IR_F64 ? 1e-10 : 1e-5;
   printf("%-44s %2d results  max rel err %.2e  (limit %.0e)%s%s\n", label, nout, worst, tol, worst > 0 ? "  at " : "",
          worst > 0 ? where : "");
   CHECK(nout > 0, "%s: no results", label);
@@ -593,6 +594,85 @@ static void test_moe_overflow(RtDev *d) {
   }
 }
 
+/* ---- tensor cores: attention of bf16 values (q, k, v rounded to bf16 and
+ * widened, as pass precision gives them) ----
+ * The forward on WMMA (codegen/cuda_attn.c, print_fwd_tc) against the CPU's
+ * f32 attention of the same bf16 values: P is rounded to bf16 before P V
+ * (relative error 2^-9 per weight), so the limit is 1e-2 of the output's
+ * largest element.  Head dims 64 and 128, lengths not a multiple of the
+ * tiles (BQ 64; BK 64 at head dim 64, 32 at 128), causal and not, grouped
+ * queries, ALiBi. */
+static char *tc_text(const Case *c, int parts) {
+  Mod m = {.dt = "f32", .sh = ""};
+  char qs[64], ks[64], sc[96], ds[32];
+  shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
+  shp(ks, sizeof ks, c->B, c->Hkv, c->Tk ? c->Tk : c->T, c->D);
+  snprintf(sc, sizeof sc, "causal=%d window=0 alibi=%d scale=%.17g", c->causal, case_alibi, 1.0 / sqrt((double)c->D));
+  int x[4];
+  const char *nm[4] = {"q", "k", "v", "do"};
+  for (int i = 0; i < (parts ? 4 : 3); i++) {   /* q k v (do): bf16 values widened to f32 */
+    const char *sh = i == 1 || i == 2 ? ks : qs;
+    int st = m_state(&m, nm[i], sh, "normal(0.0, 1.0)");
+    sb_printf(&m.body, "  %%%d = cast %%%d : bf16%s\n", m.n, st, sh);
+    m.n++;
+    x[i] = m_op(&m, sh, "cast %%%d", m.n - 1);
+  }
+  m_docs(&m, 0, c->Hq, c->B, c->T, ds, sizeof ds);
+  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s %s", x[0], x[1], x[2], ds, sc);
+  m_out(&m, o, qs);
+  int g[3];
+  for (int part = 0; part < 3; part++)
+    if (parts & (1 << part))
+      g[part] = m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=0 "
+                     "alibi=%d scale=%.17g", x[0], x[1], x[2], o, x[3], ds, c->causal, part, case_alibi,
+                     1.0 / sqrt((double)c->D));
+  for (int part = 0; part < 3; part++)
+    if (parts & (1 << part)) m_out(&m, g[part], part ? ks : qs);
+  return m_text(&m, 1, 1);
+}
+
+static const Case tc_cases[] = {
+  {1, 2, 2, 70, 64, 1, 0}, {1, 4, 2, 37, 128, 0, 0}, {2, 2, 1, 100, 64, 0, 0}, {1, 2, 2, 20, 128, 1, 0},
+  {1, 2, 2, 33, 64, 0, 90},
+};
+
+/* Whether text's device module runs attention on tensor cores: the
+ * forward, and the dq and dk / dv kernels of the parts (bit p: part p). */
+static int tc_used(const char *text, int parts) {
+  char err[2048];
+  IrModule *m = ir_parse_module(text, "<attn>", err, sizeof err);
+  if (!m) return 0;
+  RtCudaModule cm;
+  int built = rt_cuda_module_build(m, &cm, err, sizeof err) == 0;
+  int used = built && strstr(cm.src.p, "prow[c].x = ts_f32_bf16") != NULL;
+  if (built && (parts & 1)) used &= strstr(cm.src.p, "ts_wmma::load_matrix_sync(df[d]") != NULL;
+  if (built && (parts & 2)) used &= strstr(cm.src.p, "float> gk[") != NULL;
+  if (built && (parts & 4)) used &= strstr(cm.src.p, "float> gv[") != NULL;
+  if (built) rt_cuda_module_free(&cm);
+  ir_module_free(m);
+  return used;
+}
+
+static int tc_parts;   /* the backward's parts of the tc cases (bit p: part p; 0: the forward alone) */
+
+static void test_tc(RtDev *d) {
+  case_tol = 1e-2;
+  for (size_t i = 0; i < sizeof tc_cases / sizeof tc_cases[0] + 1; i++) {
+    case_alibi = i == sizeof tc_cases / sizeof tc_cases[0];   /* the last: case 0 with ALiBi */
+    const Case *c = &tc_cases[case_alibi ? 0 : i];
+    char label[128];
+    snprintf(label, sizeof label, "tc B%d Hq%d Hkv%d T%d Tk%d D%d %s%s parts %d", c->B, c->Hq, c->Hkv, c->T,
+             c->Tk ? c->Tk : c->T, c->D, c->causal ? "causal" : "full", case_alibi ? " alibi" : "", tc_parts);
+    char *text = tc_text(c, tc_parts);
+    CHECK(tc_used(text, tc_parts), "%s: the device module has no tensor-core attention", label);
+    double e = run_case(d, text, 1, 0, label);
+    CHECK(e > 1e-6, "%s: error %.2e: equal to f32 attention, P was not rounded to bf16?", label, e);
+    free(text);
+  }
+  case_alibi = 0;
+  case_tol = 0;
+}
+
 /* Every attention kernel of text through NVRTC for sm_80 and sm_90,
  * ptxas' report checked. */
 static void nvrtc_module(const char *text, const char *label) {
@@ -628,6 +708,23 @@ static void nvrtc_module(const char *text, const char *label) {
   }
   rt_cuda_module_free(&cm);
   ir_module_free(m);
+}
+
+/* The tensor-core attention through NVRTC (test "tc_nvrtc", and in
+ * "nvrtc"): GPT-2's shapes, head dims 64 and 128, causal, and with ALiBi. */
+static void test_nvrtc_tc(void) {
+  static const Case gpt2[] = {{8, 12, 12, 1024, 64, 1, 0}, {8, 6, 6, 1024, 128, 1, 0}};
+  for (int g = 0; g < 3; g++) {
+    case_alibi = g == 2;
+    char *text = tc_text(&gpt2[g % 2], 7), label[128];
+    snprintf(label, sizeof label, "tensor cores bf16 seq 1024 head_dim %d causal%s", gpt2[g % 2].D,
+             case_alibi ? " alibi" : "");
+    printf("%s\n", label);
+    CHECK(tc_used(text, 7), "%s: the device module has no tensor-core attention", label);
+    nvrtc_module(text, label);
+    free(text);
+  }
+  case_alibi = 0;
 }
 
 static void test_nvrtc(void) {
@@ -690,6 +787,7 @@ static void test_nvrtc(void) {
     nvrtc_module(text, label);
     free(text);
   }
+  test_nvrtc_tc();
   /* ALiBi: GPT-2's shapes in f32 (the register-tiled kernels) with
    * documents and a window as well, and the ring steps in f64 (the double
    * path): one module each, the compile being minutes under load */
@@ -713,6 +811,11 @@ int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "fused";
   if (strcmp(what, "nvrtc") == 0) {
     test_nvrtc();
+  } else if (strcmp(what, "tc_nvrtc") == 0) {
+    char why[256] = "";
+    int have = cg_nvrtc_available(why, sizeof why);
+    CHECK(have, "NVRTC is not available here: %s", why);
+    if (have) test_nvrtc_tc();
   } else {
     RtDev *d = ts_emu_dev_open();
     if (strcmp(what, "fused") == 0) test_fused(d, 0);
@@ -725,7 +828,15 @@ int main(int argc, char **argv) {
     else if (strcmp(what, "vocab") == 0) test_vocab(d);
     else if (strcmp(what, "decode") == 0) test_decode(d);
     else if (strcmp(what, "moe_overflow") == 0) test_moe_overflow(d);
-    else { fprintf(stderr, "usage: test_emu_lib fused|ring|docs|grads|vocab|decode|moe_overflow|nvrtc\n"); return 2; }
+    else if (strcmp(what, "tc") == 0) test_tc(d);
+    else if (strcmp(what, "tc_grads") == 0) {   /* all three parts (one launch group), then dk + dv, dq, dk, dv */
+      static const int sets[] = {7, 6, 1, 2, 4};
+      for (int i = 0; i < 5; i++) {
+        tc_parts = sets[i];
+        test_tc(d);
+      }
+    }
+    else { fprintf(stderr, "usage: test_emu_lib fused|ring|docs|grads|vocab|decode|moe_overflow|tc|tc_grads|tc_nvrtc|nvrtc\n"); return 2; }
     long long launches = 0;
     ts_emu_dev_counts(d, &launches, NULL, NULL);
     printf("emulated device: %lld launches\n", launches);

@@ -40,6 +40,8 @@
  * system call as swapcontext makes); -DTS_EMU_UCONTEXT, and any other
  * architecture, use makecontext / swapcontext instead.
  *
+ * __syncwarp and the WMMA subset (nvcuda::wmma, below) are warp barriers
+ * as the shuffles are: every lane of the warp at the same call site.
  * Not emulated: partial shuffle masks (reported), dynamic shared memory,
  * 2-D/3-D launches, memory-model races (threads never interleave between
  * barriers, so a race a GPU would show is invisible here), a stack
@@ -50,6 +52,7 @@
 #error "ts_cuda_emu.h is a C++ header (compile the module with -x c++)"
 #endif
 
+#include "../../../runtime/cpu/half.h"   /* the 16-bit conversions (WMMA) */
 #include <math.h>   /* libstdc++'s math.h: the float overloads (exp(float) ...) in the global namespace, as CUDA has */
 #include <cmath>
 #include <pthread.h>
@@ -511,6 +514,23 @@ static inline int ts_emu_site(int line) { ts_emu_impl::S.cur->site = line; retur
 #define __shfl_xor_sync(...) (ts_emu_site(__LINE__), ts_emu_shfl_xor_sync(__VA_ARGS__))
 #define __shfl_down_sync(...) (ts_emu_site(__LINE__), ts_emu_shfl_down_sync(__VA_ARGS__))
 
+/* __syncwarp: every lane of the warp waits for the others (full mask only);
+ * __syncwarp(m) reads as ts_emu_syncwarp(line)(m), so that the mask may be
+ * left out */
+struct ts_emu_syncwarp {
+  int line;
+  explicit ts_emu_syncwarp(int l) : line(l) {}
+  void operator()(unsigned mask = 0xffffffffu) const {
+    if (mask != 0xffffffffu) ts_emu_impl::fail("__syncwarp with a partial mask (only 0xffffffff is emulated)");
+    ts_emu_impl::Thread *t = ts_emu_impl::S.cur;
+    t->site = line;
+    t->state = ts_emu_impl::T_WARP;
+    ts_emu_impl::yield(t);
+  }
+};
+#define __syncwarp(...) ts_emu_syncwarp(__LINE__)(__VA_ARGS__)
+#define __align__(n) __attribute__((aligned(n)))
+
 /* blocks run one after another: every write of an earlier block is seen */
 static inline void __threadfence(void) {}
 
@@ -548,6 +568,149 @@ static inline long long __double_as_longlong(double x) {
   memcpy(&r, &x, sizeof r);
   return r;
 }
+
+/* ---- 16-bit types and the WMMA subset (nvcuda::wmma) ----
+ * __nv_bfloat16 and __half hold their bits (as cuda_bf16.h / cuda_fp16.h
+ * do); the conversions are runtime/cpu/half.h's (to nearest even).
+ * The WMMA subset the tensor-core kernels use: fragment<matrix_a |
+ * matrix_b | accumulator, 16, 16, 16, T, row_major | col_major> for T
+ * __nv_bfloat16 or __half (accumulators float), fill_fragment,
+ * load_matrix_sync, mma_sync, store_matrix_sync.  Each call is a warp
+ * collective, as on a GPU: every lane of the warp must reach the same call
+ * (the same module line, checked as for shuffles) with the same pointer and
+ * leading dimension, else the launch fails.  Fragment layout is unspecified
+ * in CUDA; here every lane holds the whole 16 x 16 tile (so a kernel
+ * cannot read elements through x[]: not emulated, as num_elements).  A load
+ * or store needs a 32-byte aligned pointer and ldm a multiple of 8 elements
+ * (16-bit) or 4 (float), CUDA's rule; mma_sync sums the exact products of
+ * the 16-bit values in float, k ascending, into the accumulator. */
+struct __nv_bfloat16 {
+  unsigned short x;
+};
+struct __half {
+  unsigned short x;
+};
+typedef __half half;
+static inline float __bfloat162float(__nv_bfloat16 h) { return ts_bf16_to_f32(h.x); }
+static inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16{ts_f32_to_bf16(f)}; }
+static inline float __half2float(__half h) { return ts_f16_to_f32(h.x); }
+static inline __half __float2half(float f) { return __half{ts_f32_to_f16(f)}; }
+static inline float ts_emu_to_float(__nv_bfloat16 h) { return __bfloat162float(h); }
+static inline float ts_emu_to_float(__half h) { return __half2float(h); }
+
+namespace ts_emu_impl {
+/* A warp collective at module line `line` over the value key (a pointer and
+ * leading dimension): every lane waits for its warp; then all must have
+ * given the same key. */
+static inline void wmma_collective(int line, unsigned long long key, const char *what) {
+  Thread *t = S.cur;
+  int id = (int)(t - S.th);
+  Warp *W = &S.warp[id / WARP];
+  t->site = line;
+  int p = t->parity;
+  t->parity ^= 1;
+  W->buf[p][id % WARP] = key;
+  t->state = T_WARP;
+  yield(t);
+  for (int l = 0; l < WARP; l++)
+    if (W->buf[p][l] != key) fail(what);
+}
+static inline void wmma_check_ptr(const void *p, unsigned ldm, unsigned mult) {
+  if ((uintptr_t)p % 32) fail("a WMMA load or store of a pointer not 32-byte aligned (CUDA requires 256 bits)");
+  if (ldm % mult) fail("a WMMA load or store whose leading dimension is not a multiple of 16 bytes");
+}
+}  // namespace ts_emu_impl
+
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <class Use, int M, int N, int K, class T, class Layout = void> struct fragment {
+  static_assert(M == 16 && N == 16 && K == 16, "the emulator's WMMA has the 16x16x16 shape only");
+  float e[16][16];   /* element (row, col) of the whole tile in every lane: the layout is unspecified */
+};
+
+template <class Use, class T, class L, class V> static inline void ts_wmma_fill(fragment<Use, 16, 16, 16, T, L> &f, V v) {
+  for (int r = 0; r < 16; r++)
+    for (int c = 0; c < 16; c++) f.e[r][c] = (float)v;
+}
+/* fill_fragment: each lane's own registers (no collective) */
+template <class T, class L> static inline void ts_wmma_fill_at(int, fragment<accumulator, 16, 16, 16, T, L> &f, float v) {
+  ts_wmma_fill(f, v);
+}
+
+/* matrix_a / matrix_b from 16-bit memory: element (r, c) at p[r * ldm + c]
+ * (row_major) or p[c * ldm + r] (col_major) */
+template <class Use, class T, class L>
+static inline void ts_wmma_load(int line, fragment<Use, 16, 16, 16, T, L> &f, const T *p, unsigned ldm) {
+  static_assert(std::is_same<Use, matrix_a>::value || std::is_same<Use, matrix_b>::value, "matrix_a or matrix_b");
+  static_assert(std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value, "bf16 or half inputs");
+  static_assert(std::is_same<L, row_major>::value || std::is_same<L, col_major>::value, "a layout");
+  ts_emu_impl::wmma_collective(line, (unsigned long long)(uintptr_t)p ^ (unsigned long long)ldm << 48,
+                               "load_matrix_sync reached by the lanes of a warp with different pointers or ldm");
+  ts_emu_impl::wmma_check_ptr(p, ldm, 8);
+  const bool rm = std::is_same<L, row_major>::value;
+  for (int r = 0; r < 16; r++)
+    for (int c = 0; c < 16; c++) f.e[r][c] = ts_emu_to_float(rm ? p[r * ldm + c] : p[c * ldm + r]);
+}
+template <class T>
+static inline void ts_wmma_load_acc(int line, fragment<accumulator, 16, 16, 16, T, void> &f, const float *p,
+                                    unsigned ldm, layout_t lay) {
+  ts_emu_impl::wmma_collective(line, (unsigned long long)(uintptr_t)p ^ (unsigned long long)ldm << 48 ^ (unsigned long long)lay << 62,
+                               "load_matrix_sync reached by the lanes of a warp with different pointers or ldm");
+  ts_emu_impl::wmma_check_ptr(p, ldm, 4);
+  for (int r = 0; r < 16; r++)
+    for (int c = 0; c < 16; c++) f.e[r][c] = lay == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
+}
+template <class T>
+static inline void ts_wmma_store(int line, float *p, const fragment<accumulator, 16, 16, 16, T, void> &f, unsigned ldm,
+                                 layout_t lay) {
+  ts_emu_impl::wmma_collective(line, (unsigned long long)(uintptr_t)p ^ (unsigned long long)ldm << 48 ^ (unsigned long long)lay << 62,
+                               "store_matrix_sync reached by the lanes of a warp with different pointers or ldm");
+  ts_emu_impl::wmma_check_ptr(p, ldm, 4);
+  for (int r = 0; r < 16; r++)
+    for (int c = 0; c < 16; c++) (lay == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.e[r][c];
+}
+/* d = a b + c: the exact products summed in float, k ascending */
+template <class T, class LA, class LB>
+static inline void ts_wmma_mma(int line, fragment<accumulator, 16, 16, 16, float, void> &d,
+                               const fragment<matrix_a, 16, 16, 16, T, LA> &a, const fragment<matrix_b, 16, 16, 16, T, LB> &b,
+                               const fragment<accumulator, 16, 16, 16, float, void> &c) {
+  ts_emu_impl::wmma_collective(line, 0, "mma_sync");   /* the key is the same in every lane: the site is checked */
+  float r[16][16];
+  for (int i = 0; i < 16; i++)
+    for (int j = 0; j < 16; j++) {
+      float s = c.e[i][j];
+      for (int k = 0; k < 16; k++) s += a.e[i][k] * b.e[k][j];
+      r[i][j] = s;
+    }
+  memcpy(d.e, r, sizeof r);
+}
+}  // namespace wmma
+}  // namespace nvcuda
+/* the calls record their module line (one collective per call site, as shuffles) */
+#define fill_fragment(f, v) ts_wmma_fill_at(__LINE__, f, v)
+#define load_matrix_sync(f, ...) ts_wmma_load_sel(__LINE__, f, __VA_ARGS__)
+#define store_matrix_sync(...) ts_wmma_store(__LINE__, __VA_ARGS__)
+#define mma_sync(...) ts_wmma_mma(__LINE__, __VA_ARGS__)
+namespace nvcuda {
+namespace wmma {
+template <class Use, class T, class L>
+static inline void ts_wmma_load_sel(int line, fragment<Use, 16, 16, 16, T, L> &f, const T *p, unsigned ldm) {
+  ts_wmma_load(line, f, p, ldm);
+}
+template <class T>
+static inline void ts_wmma_load_sel(int line, fragment<accumulator, 16, 16, 16, T, void> &f, const float *p, unsigned ldm,
+                                    layout_t lay) {
+  ts_wmma_load_acc(line, f, p, ldm, lay);
+}
+}  // namespace wmma
+}  // namespace nvcuda
 
 /* ---- the launcher ---- */
 extern "C" __attribute__((visibility("default"))) int ts_emu_launch(void (*fn)(TsArgs), const TsArgs *a,
