@@ -52,7 +52,10 @@ static void zero3_report(const IrModule *m, int dp, StrBuf *out, DpOverlapSum *s
   int64_t nmicro = t->micro_batch > 0 && dp > 0 ? t->global_batch / ((int64_t)t->micro_batch * dp) : 1;
   if (nmicro < 1) nmicro = 1;
   double f = (double)(dp - 1) / dp, per = ag[0] + ag[1] + rs;
-  double fsdp = 3.0 * f * P * es, z1 = 2.0 * f * P * es;
+  /* 16-bit storage: the gathers move the 16-bit copies, the reduce-scatter
+   * f32 main grads (as the ZeRO-1 reduction: docs/precision.md) */
+  double eg = m->train.lowp != IR_VOID ? (double)ir_dtype_size(m->train.lowp) : es;
+  double fsdp = f * P * (2.0 * eg + es), z1 = 2.0 * f * P * es;
   sum->z3_ring = per * (double)nmicro;
   sum->z3_closed = fsdp * (double)nmicro;
   sum->z1_closed = z1;
@@ -65,9 +68,14 @@ static void zero3_report(const IrModule *m, int dp, StrBuf *out, DpOverlapSum *s
             ag[1] * nmicro);
   sb_printf(out, "  %-50s %6d %16.0f %16.0f\n", "gradient reduce_scatter", nrs, rs, rs * nmicro);
   sb_printf(out, "  %-50s %6d %16.0f %16.0f\n", "total", nag[0] + nag[1] + nrs, per, per * nmicro);
-  sb_printf(out, "  Megatron-FSDP, closed form: 3 x (dp-1)/dp x %.0f parameter elements x %.0f bytes per micro batch "
-            "(gathered for the forward and again for the backward, gradients reduce-scattered) = %.0f, per step "
-            "%.0f\n", P, es, fsdp, fsdp * nmicro);
+  if (eg != es)
+    sb_printf(out, "  Megatron-FSDP, closed form: (dp-1)/dp x %.0f parameter elements x (2 x %.0f bytes gathered, %s, for "
+              "the forward and again for the backward + %.0f bytes reduce-scattered, f32 main grads) per micro batch = "
+              "%.0f, per step %.0f\n", P, eg, ir_dtype_name(m->train.lowp), es, fsdp, fsdp * nmicro);
+  else
+    sb_printf(out, "  Megatron-FSDP, closed form: 3 x (dp-1)/dp x %.0f parameter elements x %.0f bytes per micro batch "
+              "(gathered for the forward and again for the backward, gradients reduce-scattered) = %.0f, per step "
+              "%.0f\n", P, es, fsdp, fsdp * nmicro);
   sb_printf(out, "  ZeRO-1 (--zero 1), closed form: 2 x (dp-1)/dp x %.0f x %.0f bytes per step (gradients "
             "reduce-scattered, parameters all-gathered after AdamW) = %.0f: ZeRO-3 sends %.0f more per step (%.2fx)\n",
             P, es, z1, per * nmicro - z1, z1 > 0 ? per * nmicro / z1 : 0.0);

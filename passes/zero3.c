@@ -9,7 +9,7 @@
  *   after shard and remat) whose forward ends at `output "loss"`, no
  *   update block yet.  Runs only when m->par.zero == 3 and dp > 1;
  *   otherwise the module is unchanged.  Refused (with what works): pp > 1,
- *   16-bit storage (--precision bf16 / fp16), --decode.  With cp or ep the
+ *   --decode.  With cp or ep the
  *   shards are over dp only: a gradient chunk partial over cp (ep) after the
  *   reduce-scatter is summed over that axis by the update block, as a whole
  *   gradient is without ZeRO-3 (docs/sharding.md).
@@ -41,6 +41,19 @@
  *     another axis, reduced by the update block): the reduction happens in
  *     every micro batch, where the gradient is made, and the accumulator is
  *     1/dp;
+ *   - 16-bit storage (--precision bf16 / fp16, Megatron-FSDP's way): pass
+ *     precision made the reads of P reads of its 16-bit copy @bf16.P; the
+ *     shard stays the f32 master chunk, the gather casts it to the copy's
+ *     dtype BEFORE the all_gather (half the bytes of an f32 gather) and
+ *     ends in the copy's type, so the GEMMs read it as they read the copy
+ *     (matmul's mixed flag); the copy states of sharded parameters are
+ *     removed (a whole 16-bit copy per rank is what ZeRO-3 does not hold).
+ *     The gradient chain is unchanged: the accumulated values are f32 main
+ *     grads, reduce-scattered in f32 as ZeRO-1's dp reduction sums them
+ *     (docs/precision.md), into f32 chunks.  fp16's loss scaler (scaler.c)
+ *     checks the rank's grad states, here the chunks, and takes the max
+ *     over every axis, dp included: an inf in any summand makes its
+ *     chunk's sum inf on the rank that holds it, and every rank skips;
  *   - m->par.zero stays 3: pass optimizer then builds AdamW on the shards
  *     (no dp collective for the gradients, no all-gather afterwards).
  * The micro block now depends on dp (pass_respecialize_dp refuses to
@@ -86,6 +99,7 @@ static const char *layer_key(const char *name) {
  * first read of each phase. */
 typedef struct {
   int shard;         /* its shard state, -1 when the micro block does not read it */
+  int copy;          /* the 16-bit copy state (pass precision) micro reads it through, -1: read directly */
   int64_t n, c;
   int first[2];      /* first reading node (old ids), per phase (0 forward, 1 backward); -1 none */
   int at[2];         /* old id before which its gather of that phase is emitted */
@@ -103,6 +117,14 @@ static void emit_gather(Z3 *z, int p, Z3Param *zp, int ph) {
   IrType st = ss->type;
   int64_t si[1] = {zp->shard}, ga[2] = {IR_AXIS_DP, 0};
   int x = z3_emit(z, IR_OP_STATE, NULL, 0, si, NULL, NULL, &st, &ch);
+  IrType pt = zp->copy >= 0 ? m->states.a[zp->copy].type : ps->type;
+  if (pt.dtype != st.dtype) {
+    /* 16-bit storage: the f32 master chunk rounded to the copy's dtype
+     * before the gather (half the bytes on the wire), as the runtime rounds
+     * a whole master into its copy (runtime/cpu/half.h) */
+    st.dtype = pt.dtype;
+    x = z3_emit(z, IR_OP_CAST, &x, 1, NULL, NULL, NULL, &st, &ch);
+  }
   x = z3_emit(z, IR_OP_ALL_GATHER, &x, 1, ga, NULL, NULL, NULL, &none);
   z3_why(z, x, ph == 0 ? "ZeRO-3: %s is gathered from the dp ranks' shards for the forward (one layer ahead), "
                          "released after its last forward read"
@@ -112,7 +134,6 @@ static void emit_gather(Z3 *z, int p, Z3Param *zp, int ph) {
     int64_t sa[3] = {0, 0, zp->n};
     x = z3_emit(z, IR_OP_SLICE, &x, 1, sa, NULL, NULL, NULL, &none);
   }
-  IrType pt = ps->type;
   if (!z->failed && ir_type_equal(&m->blocks.a[z->b].nodes[x].type, &pt)) m->blocks.a[z->b].nodes[x].sh = psh;
   else x = z3_emit(z, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &pt, &psh);
   zp->val[ph] = x;
@@ -171,8 +192,8 @@ static void emit_reduce(Z3 *z, int x, int g, const IrSharding *gsh0, const Z3Par
 
 static int refuse(PassCtx *cx, const char *what) {
   return ts_errf(cx->err, sizeof cx->err, "zero3: --zero 3 %s; ZeRO-3 works with tp, sp, cp, ep, dp and "
-                 "gradient accumulation (f32 / f64): use --zero 1 (the default, the distributed optimizer) for this layout",
-                 what);
+                 "gradient accumulation (f32 / f64 / bf16 / fp16): use --zero 1 (the default, the distributed optimizer) "
+                 "for this layout", what);
 }
 
 int pass_zero3(IrModule *m, PassCtx *cx) {
@@ -181,10 +202,6 @@ int pass_zero3(IrModule *m, PassCtx *cx) {
   char buf[256];
   if (ir_axis_size(m, IR_AXIS_PP) > 1) {
     snprintf(buf, sizeof buf, "with pipeline parallelism (pp=%d) is not built", ir_axis_size(m, IR_AXIS_PP));
-    return refuse(cx, buf);
-  }
-  if (m->train.lowp != IR_VOID) {
-    snprintf(buf, sizeof buf, "with --precision %s (16-bit parameter copies) is not built", ir_dtype_name(m->train.lowp));
     return refuse(cx, buf);
   }
   if (cx->decode) return refuse(cx, "with --decode (generation blocks read whole parameters) is not built");
@@ -202,13 +219,26 @@ int pass_zero3(IrModule *m, PassCtx *cx) {
   /* 1. the parameters micro reads, their phases and first reads */
   int ns0 = m->states.n;
   Z3Param *zp = arena_alloc(&cx->scratch, ((size_t)ns0 + 1) * sizeof *zp);
-  for (int s = 0; s < ns0; s++) zp[s] = (Z3Param){-1, 0, 0, {-1, -1}, {-1, -1}, {-1, -1}};
+  for (int s = 0; s < ns0; s++) zp[s] = (Z3Param){-1, -1, 0, 0, {-1, -1}, {-1, -1}, {-1, -1}};
   int *rd = arena_alloc(&cx->scratch, ((size_t)n + 1) * sizeof *rd);   /* old node -> param it reads, -1 */
   for (int i = 0; i < n; i++) {
     const IrNode *nd = &ob->nodes[i];
     rd[i] = -1;
-    if (nd->op == IR_OP_STATE && m->states.a[nd->ia[0]].kind == IR_STATE_PARAM) rd[i] = (int)nd->ia[0];
+    if (nd->op != IR_OP_STATE) continue;
+    int s = (int)nd->ia[0];
+    const IrState *st = &m->states.a[s];
+    /* a read of a 16-bit copy (pass precision) is a read of its master */
+    int p = st->kind == IR_STATE_PARAM ? s : st->kind == IR_STATE_COPY && st->of >= 0 && st->of < ns0 ? st->of : -1;
+    if (p < 0 || m->states.a[p].kind != IR_STATE_PARAM) continue;
+    int cp = p == s ? -1 : s;
+    if (zp[p].shard == 0 && zp[p].copy != cp)   /* pass precision replaces every read */
+      return ts_errf(cx->err, sizeof cx->err, "zero3: param @%s is read both directly and through its copy",
+                     m->states.a[p].name);  /* internal */
+    zp[p].shard = 0;   /* seen: its reads decide below */
+    zp[p].copy = cp;
+    rd[i] = p;
   }
+  for (int p = 0; p < ns0; p++) zp[p].shard = -1;
   for (int i = 0; i < n; i++) {
     const IrNode *nd = &ob->nodes[i];
     for (int k = 0; k < nd->nin; k++) {
@@ -343,5 +373,14 @@ int pass_zero3(IrModule *m, PassCtx *cx) {
   built.name = m->blocks.a[bi].name;
   m->blocks.a[bi] = built;
   m->blocks.n--;
+  /* the 16-bit copies of sharded parameters: no block reads them now (the
+   * gathers round the shard instead), and a whole copy per rank is what
+   * ZeRO-3 does not hold */
+  unsigned char *drop = arena_alloc(&cx->scratch, (size_t)m->states.n + 1);
+  memset(drop, 0, (size_t)m->states.n + 1);
+  int ndrop = 0;
+  for (int p = 0; p < ns0; p++)
+    if (zp[p].shard >= 0 && zp[p].copy >= 0) drop[zp[p].copy] = 1, ndrop++;
+  if (ndrop) ir_states_drop(m, drop);
   return 0;
 }
