@@ -27,23 +27,28 @@ static double prefix_time(const IrModule *m, const IrBlock *b, int upto, const H
  * reduce-scattered, in each micro batch) and ZeRO-1's (one reduce-scatter
  * of the gradients and one all-gather of the parameters per step). */
 static void zero3_report(const IrModule *m, int dp, StrBuf *out, DpOverlapSum *sum) {
-  int bi = ir_block_find(m, "micro");
-  if (bi < 0) return;
-  const IrBlock *b = &m->blocks.a[bi];
-  const char *loss = ts_intern("loss");
+  const char *loss = ts_intern("loss"), *micro = ts_intern("micro");
   double ag[2] = {0, 0}, rs = 0, P = 0, es = (double)ir_dtype_size(m->train.precision);
-  int nag[2] = {0, 0}, nrs = 0, ph = 0;
-  for (int i = 0; i < b->n; i++) {
-    const IrNode *nd = &b->nodes[i];
-    if (nd->op == IR_OP_OUTPUT && nd->sa == loss) ph = 1;
-    if (nd->ia[0] != IR_AXIS_DP) continue;
-    if (nd->op == IR_OP_ALL_GATHER) {
-      ag[ph] += ring_bytes(nd->op, dp, (double)ir_type_numel(&nd->type) * (double)ir_dtype_size(nd->type.dtype));
-      nag[ph]++;
-    } else if (nd->op == IR_OP_REDUCE_SCATTER) {
-      const IrNode *x = &b->nodes[nd->in[0]];
-      rs += ring_bytes(nd->op, dp, (double)ir_type_numel(&x->type) * (double)ir_dtype_size(x->type.dtype));
-      nrs++;
+  int nag[2] = {0, 0}, nrs = 0;
+  /* block micro, or a pipeline rank's chunk blocks (fwd.<g> forward,
+   * bwd.<g> and wgt.<g> backward; eval.<g> does not train) */
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    IrChunkKind kind;
+    int g = ir_block_chunk_kind(b, &kind), ph = g >= 0 && kind != IR_CHUNK_FWD;
+    if (g >= 0 ? kind == IR_CHUNK_EVAL : b->name != micro) continue;
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *nd = &b->nodes[i];
+      if (nd->op == IR_OP_OUTPUT && nd->sa == loss && g < 0) ph = 1;
+      if (nd->ia[0] != IR_AXIS_DP) continue;
+      if (nd->op == IR_OP_ALL_GATHER) {
+        ag[ph] += ring_bytes(nd->op, dp, (double)ir_type_numel(&nd->type) * (double)ir_dtype_size(nd->type.dtype));
+        nag[ph]++;
+      } else if (nd->op == IR_OP_REDUCE_SCATTER) {
+        const IrNode *x = &b->nodes[nd->in[0]];
+        rs += ring_bytes(nd->op, dp, (double)ir_type_numel(&x->type) * (double)ir_dtype_size(x->type.dtype));
+        nrs++;
+      }
     }
   }
   for (int s = 0; s < m->states.n; s++)
@@ -59,7 +64,7 @@ static void zero3_report(const IrModule *m, int dp, StrBuf *out, DpOverlapSum *s
   sum->z3_ring = per * (double)nmicro;
   sum->z3_closed = fsdp * (double)nmicro;
   sum->z1_closed = z1;
-  sb_printf(out, "ZeRO-3 (--zero 3): dp=%d, %lld micro batches per rank; ring bytes sent per rank, in block micro "
+  sb_printf(out, "ZeRO-3 (--zero 3): dp=%d, %lld micro batches per rank; ring bytes sent per rank, in block micro (with pp: this pipeline rank's chunk blocks) "
             "(no buckets: each gradient is reduce-scattered where its backward makes it, each parameter gathered "
             "one layer ahead of its use)\n", dp, (long long)nmicro);
   sb_printf(out, "  %-50s %6s %16s %16s\n", "", "count", "per micro batch", "per step");
