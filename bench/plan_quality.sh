@@ -490,6 +490,44 @@ for z in "${z3s[@]}"; do
   done
 done
 
+# ZeRO-3 in bf16 (Megatron-FSDP's layout): the state bytes per parameter
+# the memory report gives (f32 master, main grad and moments all 1/dp, no
+# bf16 copy held: 16/dp) next to Tessera's bf16 ZeRO-1 (10 + 8/dp: moments
+# only), Megatron's distributed optimizer (6 + 12/dp) and Megatron-FSDP
+# (18/dp: it also keeps a bf16 parameter shard), and the gathered bf16
+# parameters in flight (8 layers, the memory report's peak) next to the
+# f32 plan's (the gathers cast the f32 chunk to bf16 first).  Measured
+# 2026-11-28: 16/dp exactly in every row (8 at dp 2, 2 at dp 8) against
+# Megatron's 12 / 7.5 and Megatron-FSDP's 9 / 2.25; in flight gpt d1024
+# 206.57 MB (f32 307.86), GPT-3 175B 8707.99 (17114.04), Llama-2-70B
+# 3481.34 (6845.24): half for the big models, two thirds for the gpt
+# d1024, whose peak the 50304 x 1024 tied embedding dominates (not
+# analysed further).
+echo
+echo "| model | dp | ZeRO-3 bf16 bytes / param | closed form 16/dp | Tessera ZeRO-1 bf16 | Megatron dist. opt. 6+12/dp | Megatron-FSDP 18/dp | gathered in flight bf16 (MB) | f32 (MB) |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+bpp_of() {
+  "$mcc" "samples/$1.mdl" "${@:2}" --report memory 2>&1 | awk 'index($0, "  state bytes per parameter:") == 1 { print $5; exit }'
+}
+fly_of() {
+  "$mcc" "samples/$1.mdl" -D layers=8 "${@:2}" --report memory 2>&1 |
+    awk 'index($0, "  ZeRO-3: gathered parameters live at once") == 1 { print $(NF-1); exit }'
+}
+for z in "${z3s[@]}"; do
+  IFS='|' read -r name model defs dl <<<"$z"
+  for d in $dl; do
+    fl="$defs -D batch=$d -D micro_batch=1 --dp $d"
+    # shellcheck disable=SC2086
+    b3=$(bpp_of "$model" -D layers=2 $fl --zero 3 --precision bf16)
+    # shellcheck disable=SC2086
+    b1=$(bpp_of "$model" -D layers=2 $fl --zero 1 --precision bf16)
+    # shellcheck disable=SC2086
+    fb=$(fly_of "$model" $fl --zero 3 --precision bf16); ff=$(fly_of "$model" $fl --zero 3 --precision f32)
+    read -r c3 meg fsdp <<<"$(awk -v d="$d" 'BEGIN { printf "%.4g %.4g %.4g", 16 / d, 6 + 12 / d, 18 / d }')"
+    echo "| $name | $d | ${b3:-?} | $c3 | ${b1:-?} | $meg | $fsdp | $(mb "$fb") | $(mb "$ff") |"
+  done
+done
+
 # Muon over tp (issue 24, deliverable 8; docs/sharding.md "Muon"): the bytes
 # a rank sends per step for one layer's Newton-Schulz iterations (3 layers
 # minus 2), as compiled (--muon-tp-mode auto: the fewer bytes per matrix),

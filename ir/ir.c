@@ -526,6 +526,32 @@ void ir_states_truncate(IrModule *m, int n) {
   if (m->state_ix) ix_clear(m->state_ix);
 }
 
+void ir_states_drop(IrModule *m, const unsigned char *drop) {
+  int n = m->states.n, k = 0;
+  int *to = ts_xcalloc((size_t)n + 1, sizeof *to);
+  for (int s = 0; s < n; s++) to[s] = drop[s] ? -1 : k++;
+  for (int s = 0; s < n; s++) {
+    if (drop[s]) continue;
+    IrState st = m->states.a[s];
+    if (st.of >= 0 && st.of < n) {
+      TS_ASSERT(to[st.of] >= 0);
+      st.of = to[st.of];
+    }
+    m->states.a[to[s]] = st;
+  }
+  for (int b = 0; b < m->blocks.n; b++)
+    for (int i = 0; i < m->blocks.a[b].n; i++) {
+      IrNode *nd = &m->blocks.a[b].nodes[i];
+      for (int j = 0; j < IR_MAX_IATTR; j++)
+        if (ir_op_iattr_is_state(nd->op, j) && nd->ia[j] >= 0 && nd->ia[j] < n) {
+          TS_ASSERT(to[nd->ia[j]] >= 0);
+          nd->ia[j] = to[nd->ia[j]];
+        }
+    }
+  free(to);
+  ir_states_truncate(m, k);
+}
+
 int ir_state_derived(IrModule *m, int p, IrStateKind kind, const char *prefix,
                      char *err, size_t errlen) {
   IrState ps = m->states.a[p];

@@ -341,6 +341,11 @@ int ir_state_add(IrModule *m, const IrState *s);            /* copies; returns i
  * in place (rather than appending) ends with this, so ir_state_find's index
  * starts again; appending directly to m->states needs nothing. */
 void ir_states_truncate(IrModule *m, int n);
+/* Removes every state s with drop[s] set, renumbering the rest (their order
+ * kept) in every node's state attributes and every state's `of`.  The
+ * caller makes sure no node reads or writes a dropped state (asserted) and
+ * none refers to one through `of`.  drop: m->states.n flags. */
+void ir_states_drop(IrModule *m, const unsigned char *drop);
 int ir_state_find(const IrModule *m, const char *name);     /* -1 if none */
 /* The state "<prefix>.<name of param p>" of `kind` (a gradient or an
  * optimizer moment: p's type, zero-initialized, of = p): the existing one if

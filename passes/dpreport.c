@@ -27,23 +27,28 @@ static double prefix_time(const IrModule *m, const IrBlock *b, int upto, const H
  * reduce-scattered, in each micro batch) and ZeRO-1's (one reduce-scatter
  * of the gradients and one all-gather of the parameters per step). */
 static void zero3_report(const IrModule *m, int dp, StrBuf *out, DpOverlapSum *sum) {
-  int bi = ir_block_find(m, "micro");
-  if (bi < 0) return;
-  const IrBlock *b = &m->blocks.a[bi];
-  const char *loss = ts_intern("loss");
+  const char *loss = ts_intern("loss"), *micro = ts_intern("micro");
   double ag[2] = {0, 0}, rs = 0, P = 0, es = (double)ir_dtype_size(m->train.precision);
-  int nag[2] = {0, 0}, nrs = 0, ph = 0;
-  for (int i = 0; i < b->n; i++) {
-    const IrNode *nd = &b->nodes[i];
-    if (nd->op == IR_OP_OUTPUT && nd->sa == loss) ph = 1;
-    if (nd->ia[0] != IR_AXIS_DP) continue;
-    if (nd->op == IR_OP_ALL_GATHER) {
-      ag[ph] += ring_bytes(nd->op, dp, (double)ir_type_numel(&nd->type) * (double)ir_dtype_size(nd->type.dtype));
-      nag[ph]++;
-    } else if (nd->op == IR_OP_REDUCE_SCATTER) {
-      const IrNode *x = &b->nodes[nd->in[0]];
-      rs += ring_bytes(nd->op, dp, (double)ir_type_numel(&x->type) * (double)ir_dtype_size(x->type.dtype));
-      nrs++;
+  int nag[2] = {0, 0}, nrs = 0;
+  /* block micro, or a pipeline rank's chunk blocks (fwd.<g> forward,
+   * bwd.<g> and wgt.<g> backward; eval.<g> does not train) */
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    IrChunkKind kind;
+    int g = ir_block_chunk_kind(b, &kind), ph = g >= 0 && kind != IR_CHUNK_FWD;
+    if (g >= 0 ? kind == IR_CHUNK_EVAL : b->name != micro) continue;
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *nd = &b->nodes[i];
+      if (nd->op == IR_OP_OUTPUT && nd->sa == loss && g < 0) ph = 1;
+      if (nd->ia[0] != IR_AXIS_DP) continue;
+      if (nd->op == IR_OP_ALL_GATHER) {
+        ag[ph] += ring_bytes(nd->op, dp, (double)ir_type_numel(&nd->type) * (double)ir_dtype_size(nd->type.dtype));
+        nag[ph]++;
+      } else if (nd->op == IR_OP_REDUCE_SCATTER) {
+        const IrNode *x = &b->nodes[nd->in[0]];
+        rs += ring_bytes(nd->op, dp, (double)ir_type_numel(&x->type) * (double)ir_dtype_size(x->type.dtype));
+        nrs++;
+      }
     }
   }
   for (int s = 0; s < m->states.n; s++)
@@ -52,11 +57,14 @@ static void zero3_report(const IrModule *m, int dp, StrBuf *out, DpOverlapSum *s
   int64_t nmicro = t->micro_batch > 0 && dp > 0 ? t->global_batch / ((int64_t)t->micro_batch * dp) : 1;
   if (nmicro < 1) nmicro = 1;
   double f = (double)(dp - 1) / dp, per = ag[0] + ag[1] + rs;
-  double fsdp = 3.0 * f * P * es, z1 = 2.0 * f * P * es;
+  /* 16-bit storage: the gathers move the 16-bit copies, the reduce-scatter
+   * f32 main grads (as the ZeRO-1 reduction: docs/precision.md) */
+  double eg = m->train.lowp != IR_VOID ? (double)ir_dtype_size(m->train.lowp) : es;
+  double fsdp = f * P * (2.0 * eg + es), z1 = 2.0 * f * P * es;
   sum->z3_ring = per * (double)nmicro;
   sum->z3_closed = fsdp * (double)nmicro;
   sum->z1_closed = z1;
-  sb_printf(out, "ZeRO-3 (--zero 3): dp=%d, %lld micro batches per rank; ring bytes sent per rank, in block micro "
+  sb_printf(out, "ZeRO-3 (--zero 3): dp=%d, %lld micro batches per rank; ring bytes sent per rank, in block micro (with pp: this pipeline rank's chunk blocks) "
             "(no buckets: each gradient is reduce-scattered where its backward makes it, each parameter gathered "
             "one layer ahead of its use)\n", dp, (long long)nmicro);
   sb_printf(out, "  %-50s %6s %16s %16s\n", "", "count", "per micro batch", "per step");
@@ -65,9 +73,14 @@ static void zero3_report(const IrModule *m, int dp, StrBuf *out, DpOverlapSum *s
             ag[1] * nmicro);
   sb_printf(out, "  %-50s %6d %16.0f %16.0f\n", "gradient reduce_scatter", nrs, rs, rs * nmicro);
   sb_printf(out, "  %-50s %6d %16.0f %16.0f\n", "total", nag[0] + nag[1] + nrs, per, per * nmicro);
-  sb_printf(out, "  Megatron-FSDP, closed form: 3 x (dp-1)/dp x %.0f parameter elements x %.0f bytes per micro batch "
-            "(gathered for the forward and again for the backward, gradients reduce-scattered) = %.0f, per step "
-            "%.0f\n", P, es, fsdp, fsdp * nmicro);
+  if (eg != es)
+    sb_printf(out, "  Megatron-FSDP, closed form: (dp-1)/dp x %.0f parameter elements x (2 x %.0f bytes gathered, %s, for "
+              "the forward and again for the backward + %.0f bytes reduce-scattered, f32 main grads) per micro batch = "
+              "%.0f, per step %.0f\n", P, eg, ir_dtype_name(m->train.lowp), es, fsdp, fsdp * nmicro);
+  else
+    sb_printf(out, "  Megatron-FSDP, closed form: 3 x (dp-1)/dp x %.0f parameter elements x %.0f bytes per micro batch "
+              "(gathered for the forward and again for the backward, gradients reduce-scattered) = %.0f, per step "
+              "%.0f\n", P, es, fsdp, fsdp * nmicro);
   sb_printf(out, "  ZeRO-1 (--zero 1), closed form: 2 x (dp-1)/dp x %.0f x %.0f bytes per step (gradients "
             "reduce-scattered, parameters all-gathered after AdamW) = %.0f: ZeRO-3 sends %.0f more per step (%.2fx)\n",
             P, es, z1, per * nmicro - z1, z1 > 0 ? per * nmicro / z1 : 0.0);

@@ -164,7 +164,16 @@ static void report_per_param(const IrModule *m, StrBuf *out, size_t par, size_t 
               "distributed optimizer, Megatron-FSDP (all sharded) 18/dp = %.4g\n", 6.0 + 12.0 / dp, 18.0 / dp);
   }
   if (m->train.lowp != IR_VOID) {
-    if (zero)
+    if (z3)
+      sb_printf(out, "  per parameter at dp=%d, ZeRO-3 with %s gathers, closed form: f32 master 4/dp + f32 grad 4/dp + "
+                "adam 8/dp = 16/dp = %.4g, no %s copy held (each layer's is gathered in flight: the ZeRO-3 rows below); "
+                "this plan: %.4g (chunks padded to a multiple of dp)\n", dp, ir_dtype_name(m->train.lowp), 16.0 / dp,
+                ir_dtype_name(m->train.lowp), (double)(par + cpy + grad + opt) / n);
+    if (z3)
+      sb_printf(out, "  Megatron, 16-bit with f32 masters: 18 bytes per parameter; distributed optimizer 6 + 12 / dp = "
+                "%.4g at dp=%d; Megatron-FSDP (16-bit parameter, f32 master, grad and moments all sharded) 18/dp = %.4g\n",
+                6.0 + 12.0 / dp, dp, 18.0 / dp);
+    else if (zero)
       sb_printf(out, "  Megatron, 16-bit with f32 masters: 18 bytes per parameter; distributed optimizer 6 + 12 / dp = "
                 "%.4g at dp=%d (it also shards the f32 master: Tessera's ZeRO-1 shards the moments only, %.4g = 10 + 8 / dp)\n",
                 6.0 + 12.0 / dp, dp, 10.0 + 8.0 / dp);
@@ -194,9 +203,14 @@ static int report_gathered(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, St
   for (int i = 0; i < b->n; i++) {
     const IrNode *nd = &b->nodes[i];
     int x = nd->nin == 1 ? nd->in[0] : -1;
-    if (nd->op == IR_OP_ALL_GATHER && x >= 0 && b->nodes[x].op == IR_OP_STATE &&
-        m->states.a[b->nodes[x].ia[0]].kind == IR_STATE_SHARD)
+    /* (under 16-bit storage the shard is cast to 16 bits before its gather) */
+    int y = x >= 0 && b->nodes[x].op == IR_OP_CAST ? b->nodes[x].in[0] : x;
+    if (nd->op == IR_OP_ALL_GATHER && y >= 0 && b->nodes[y].op == IR_OP_STATE &&
+        m->states.a[b->nodes[y].ia[0]].kind == IR_STATE_SHARD)
       g[i] = 1;
+    else if (nd->op == IR_OP_CAST && x >= 0 && b->nodes[x].op == IR_OP_STATE &&
+             m->states.a[b->nodes[x].ia[0]].kind == IR_STATE_SHARD)
+      g[i] = 1;   /* the rounded chunk, part of the run */
     else if ((nd->op == IR_OP_SLICE || nd->op == IR_OP_RESHAPE) && x >= 0 && g[x])
       g[i] = 1;
     /* a run of gathers emitted together (one layer, or two with the

@@ -1297,11 +1297,12 @@ int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
     return ts_errf(err, errlen, "respecialize to dp=%d: this is a whole-model pipeline module (pp=%d, stage=0); "  /* internal */
                    "respecialize the programs of its pipeline ranks (pass_pipeline_rank_module), as mrun does, or "
                    "compile it with mcc --dp %d", dp, ir_axis_size(m, IR_AXIS_PP), dp);
-  /* ZeRO-3's micro block gathers and reduce-scatters over the compiled dp */
+  /* ZeRO-3's micro block (with pp: each chunk block) gathers and reduce-scatters over the compiled dp */
   for (int s = 0; s < m->states.n; s++)
     if (m->states.a[s].kind == IR_STATE_SHARD)
       return ts_errf(err, errlen, "respecialize to dp=%d: this is a ZeRO-3 plan (--zero 3) compiled for dp=%d: its "
-                     "parameters are held as 1/%d shards and gathered over dp in the micro block, which cannot be "
+                     "parameters are held as 1/%d shards and gathered over dp in the micro block (with pp: in each "
+                     "pipeline rank's chunk blocks), which cannot be "
                      "adapted at run time: run it at dp=%d, or recompile it with mcc %s--dp %d", dp,
                      ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_DP), ir_axis_size(m, IR_AXIS_DP),
                      dp > 1 ? "--zero 3 " : "", dp);

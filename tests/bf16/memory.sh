@@ -3,7 +3,11 @@
 # the activation bytes a layer holds for the backward halve exactly, the
 # layer input too, the bf16 parameter copies are half the f32 masters, and
 # the states come to 18 bytes per parameter (2 copy + 4 master + 4 grad +
-# 8 Adam), Megatron's figure, which the report prints next to it.
+# 8 Adam), Megatron's figure, which the report prints next to it.  Under
+# --zero 3 at dp 4: 16/dp = 4 bytes per parameter (f32 master, grad and
+# moments sharded, no copy held) next to Megatron's distributed optimizer
+# (6 + 12/dp), and the parameters gathered per micro batch (the gathers
+# move the bf16 copies) exactly half of the f32 ZeRO-3 plan's.
 #   memory.sh MCC SOURCE_DIR
 set -euo pipefail
 mcc=$1 src=$2
@@ -25,4 +29,15 @@ echo "$b" | grep -q "state bytes per parameter: 18 = 4 (f32 master) + 2 (bf16 co
   fail "not 18 bytes per parameter"
 echo "$b" | grep -q "Megatron, 16-bit with f32 masters: 18 bytes per parameter" || fail "no Megatron figure"
 echo "$f" | grep -q "state bytes per parameter: 16 = 4 (f32 master) + 0 (no copy)" || fail "f32: not 16 bytes per parameter"
+z=(-D batch=4 -D micro_batch=1 --dp 4 --zero 3)
+zf=$("$mcc" "$src/samples/gpt.mdl" "${cfg[@]}" "${z[@]}" --precision f32 --report memory)
+zb=$("$mcc" "$src/samples/gpt.mdl" "${cfg[@]}" "${z[@]}" --precision bf16 --report memory)
+echo "$zb" | grep -q "state bytes per parameter: 4 = 1 (f32 master, ZeRO-3 shard over dp) + 0 (no copy) + 1 (f32 grad, ZeRO-3 shard over dp) + 2 (adam m+v, ZeRO-3 over dp)" ||
+  fail "bf16 --zero 3 at dp 4: not 4 bytes per parameter: $(echo "$zb" | grep "state bytes per")"
+echo "$zb" | grep -q "distributed optimizer 6 + 12 / dp = 9 at dp=4; Megatron-FSDP" || fail "bf16 --zero 3: no Megatron figure"
+for r in "ZeRO-3: gathered per micro batch (forward + backward)" "ZeRO-3: gathered parameters, largest run of gathers"; do
+  gf=$(row "$zf" "$r"); gb=$(row "$zb" "$r")
+  [ -n "$gf" ] && [ -n "$gb" ] && [ $((2 * gb)) -eq "$gf" ] || fail "$r: f32 $gf, bf16 $gb (not half)"
+done
+echo "ok: bf16 --zero 3 at dp 4: 4 bytes per parameter, gathered per micro batch $(row "$zf" "ZeRO-3: gathered per micro batch (forward + backward)") -> $(row "$zb" "ZeRO-3: gathered per micro batch (forward + backward)")"
 echo "ok: per layer held $fh -> $bh bytes, layer input $fi -> $bi, copies $c = masters $p / 2, 18 bytes per parameter"

@@ -14,6 +14,9 @@
 #   - the skipped steps advance neither the lr schedule nor Adam's step:
 #     step 5's lr is the clean run's lr of step 3;
 #   - a step with no inf changes the parameters (the check can fail).
+#   Under --zero 3 (fp16.skip_zero3) a rank's parameters are its f32 shards
+#   (checkpointed as its chunks of each parameter) and its gradients the
+#   chunks the micro batches reduce-scattered: the inf goes into one.
 #   skip.sh MCC MRUN SRCDIR TMPDIR [RANK [mcc layout options...]]
 set -eu
 MCC=$1 MRUN=$2 SRC=$3 TMP=$4
@@ -33,7 +36,7 @@ run --metrics clean.jsonl > clean.txt 2>&1 || { cat clean.txt; fail "the clean r
 cat out.txt
 grep -c "TS_FAULT_INF" out.txt | grep -qx 2 || fail "expected 2 injections (steps 3, 4)"
 # the optimizer's tensors of rank r in checkpoint k: name and hash
-state() { grep -E "kind=(param|adam_m|adam_v) " "ck/iter_$(printf %07d "$1")/rank_0000$2.idx" |
+state() { grep -E "kind=(param|shard|adam_m|adam_v) " "ck/iter_$(printf %07d "$1")/rank_0000$2.idx" |
           sed -E 's/^tensor ([^ ]+) .* hash=([0-9a-f]+).*/\1 \2/'; }
 for r in 0 1 2 3; do
   a=$(state 2 $r) b=$(state 3 $r) c=$(state 4 $r) d=$(state 5 $r)
