@@ -1425,6 +1425,11 @@ static int attn_open(const IrModule *m, const IrBlock *b, const IrNode *nd, cons
   if (dt != IR_F32 && dt != IR_F64) { snprintf(why, whylen, "attention needs f32 or f64"); return 1; }
   /* the operands before the optional slopes and document ids */
   int base = ir_attn_base(nd), sl = ir_attn_slope(nd), doc = ir_attn_doc(nd);
+  if (ir_attn_bias(nd) >= 0) {   /* the CPU kernels have it (ops_attn.c); the device ones not yet */
+    snprintf(why, whylen, "an additive score bias (bias=1: nn.attention's score_bias, T5's relative positions) has no "
+             "CUDA kernel yet; train such a model on CPU ranks (a machine without a GPU driver, docs/cli.md --gpus)");
+    return 1;
+  }
   *sh = nd->nin - base;
   for (int o = 0; o < base; o++)
     if (b->nodes[nd->in[o]].type.dtype != dt) { snprintf(why, whylen, "operand %d is not %s", o + 1, ir_dtype_name(dt)); return 1; }

@@ -806,8 +806,11 @@ static Value bi_gmm(Elab *e, const ElabCall *c, Value *a, int op) {
  * W > 0 hides keys W or more positions away (sliding-window attention).
  * alibi: slopes [Hq] (f32 or f64, one per query head): ALiBi, the score of
  * query i and key j of head h less slopes[h] |i - j| (no gradient to the
- * slopes).  Keys may be fewer or more than the queries (cross-attention,
- * S != T) when neither causal, docs, window nor alibi compare positions. */
+ * slopes).  bias: [Hq or 1, T, S] in q's dtype, added to the scaled
+ * scores before the masks (T5's relative-position buckets: a learned
+ * table gathered by bucket; its gradient is attention_bwd part 3).  Keys
+ * may be fewer or more than the queries (cross-attention, S != T) when
+ * neither causal, docs, window nor alibi compare positions. */
 /* Where argument `name` (or the pos-th positional one) is written in call
  * c: the call itself when it is not there (the value's own location may
  * be a signature, far from the call). */
@@ -847,7 +850,6 @@ static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
                "of the others would work)", c->fname, (long long)kt0.dim[2], (long long)t.dim[2]);
     return elab_err();
   }
-  int64_t ia[3] = {causal, window, alibi};
   double fa[1] = {scale};
   int nin = 3;
   if (alibi) {
@@ -861,7 +863,21 @@ static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
       return elab_err();
     }
   }
-  Value slope = a[7];
+  int bias = a[8].k != V_UNSET && a[8].k != V_NONE;
+  if (bias) {   /* [heads or 1, queries, keys] in q's dtype: added to the scaled scores */
+    if (elab_want_tensor(e, c, "bias", &a[8], 1)) return elab_err();
+    IrType b = elab_type(e, &a[8]);
+    if (b.dtype != t.dtype || b.rank != 3 || (b.dim[0] != t.dim[1] && b.dim[0] != 1) || b.dim[1] != t.dim[2] ||
+        kt0.rank != 4 || b.dim[2] != kt0.dim[2]) {
+      char buf[256];
+      elab_error(e, call_arg_loc(c, "bias", 8), "%s(): bias must be the additive score bias, %s [heads, queries, "
+                 "keys] = [%lld (or 1), %lld, %lld] (q's dtype), got %s", c->fname, ir_dtype_name(t.dtype),
+                 (long long)t.dim[1], (long long)t.dim[2], (long long)(kt0.rank == 4 ? kt0.dim[2] : 0),
+                 elab_value_desc(e, &a[8], buf, sizeof buf));
+      elab_note_origin(e, &a[8]);
+      return elab_err();
+    }
+  }
   if (has_docs) {
     if (elab_want_tensor(e, c, "docs", &a[5], 0)) return elab_err();
     IrType d = elab_type(e, &a[5]), kt = elab_type(e, &a[1]);
@@ -875,14 +891,14 @@ static Value bi_fused_attention(Elab *e, const ElabCall *c, Value *a, int op) {
       elab_note_origin(e, &a[5]);
       return elab_err();
     }
-    a[3 + alibi] = a[5];   /* the operands: q, k, v[, slopes], docs */
-    nin++;
   }
-  if (alibi) {
-    a[3] = slope;
-    nin++;
-  }
-  return elab_emit(e, c->loc, IR_OP_ATTENTION, a, nin, ia, fa, NULL, NULL);
+  /* the operands: q, k, v[, slopes][, bias][, docs] */
+  Value in[6] = {a[0], a[1], a[2]};
+  if (alibi) in[nin++] = a[7];
+  if (bias) in[nin++] = a[8];
+  if (has_docs) in[nin++] = a[5];
+  int64_t ia[4] = {causal, window, alibi, bias};
+  return elab_emit(e, c->loc, IR_OP_ATTENTION, in, nin, ia, fa, NULL, NULL);
 }
 
 static Value bi_rope(Elab *e, const ElabCall *c, Value *a, int op) {
@@ -1000,7 +1016,7 @@ static const Builtin builtins[] = {
   {"padding_mask", {"scores", "mask"}, 2, bi_padding_mask, 0},
   {"dropout", {"x", "p"}, 2, bi_dropout, 0},
   {"rope", {"x", "base", "axis"}, 1, bi_rope, 0},
-  {"fused_attention", {"q", "k", "v", "causal", "scale", "docs", "window", "alibi"}, 3, bi_fused_attention, 0},
+  {"fused_attention", {"q", "k", "v", "causal", "scale", "docs", "window", "alibi", "bias"}, 3, bi_fused_attention, 0},
   {"topk_mask", {"x", "k"}, 2, bi_topk_mask, 0},
   {"arange", {"n", "start", "step"}, 1, bi_arange, 0},
   {"where", {"cond", "x", "y"}, 3, bi_where, 0},

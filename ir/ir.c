@@ -62,12 +62,14 @@ static void op_attrs_init(void) {
   }
 }
 
-/* operands before the optional ones (slope, doc); the window's and
- * alibi's int attrs */
-static int attn_layout(IrOp op, int *base, int *win, int *alibi) {
+/* operands before the optional ones (slope, bias, doc); the window's,
+ * alibi's and bias's int attrs (bias -1: the ring steps, which carry none:
+ * pass shard refuses cp with a score bias) */
+static int attn_layout(IrOp op, int *base, int *win, int *alibi, int *bias) {
+  *bias = -1;
   switch (op) {
-  case IR_OP_ATTENTION: *base = 3, *win = 1, *alibi = 2; return 1;
-  case IR_OP_ATTENTION_BWD: *base = 5, *win = 2, *alibi = 3; return 1;
+  case IR_OP_ATTENTION: *base = 3, *win = 1, *alibi = 2, *bias = 3; return 1;
+  case IR_OP_ATTENTION_BWD: *base = 5, *win = 2, *alibi = 3, *bias = 4; return 1;
   case IR_OP_ATTN_ACC: *base = 4, *win = 2, *alibi = 3; return 1;
   case IR_OP_ATTN_BWD_Q: *base = 7, *win = 2, *alibi = 3; return 1;
   case IR_OP_ATTN_BWD_KV: *base = 7, *win = 3, *alibi = 4; return 1;
@@ -75,25 +77,35 @@ static int attn_layout(IrOp op, int *base, int *win, int *alibi) {
   }
 }
 int64_t ir_attn_window(const IrNode *n) {
-  int base, win, al;
-  return attn_layout(n->op, &base, &win, &al) ? n->ia[win] : 0;
+  int base, win, al, bi;
+  return attn_layout(n->op, &base, &win, &al, &bi) ? n->ia[win] : 0;
 }
 int ir_attn_base(const IrNode *n) {
-  int base, win, al;
-  return attn_layout(n->op, &base, &win, &al) ? base : -1;
+  int base, win, al, bi;
+  return attn_layout(n->op, &base, &win, &al, &bi) ? base : -1;
 }
 int ir_attn_alibi_attr(IrOp op) {
-  int base, win, al;
-  return attn_layout(op, &base, &win, &al) ? al : -1;
+  int base, win, al, bi;
+  return attn_layout(op, &base, &win, &al, &bi) ? al : -1;
+}
+int ir_attn_bias_attr(IrOp op) {
+  int base, win, al, bi;
+  return attn_layout(op, &base, &win, &al, &bi) ? bi : -1;
 }
 int ir_attn_slope(const IrNode *n) {
-  int base, win, al;
-  return attn_layout(n->op, &base, &win, &al) && n->ia[al] && n->nin > base ? base : -1;
+  int base, win, al, bi;
+  return attn_layout(n->op, &base, &win, &al, &bi) && n->ia[al] && n->nin > base ? base : -1;
+}
+int ir_attn_bias(const IrNode *n) {
+  int base, win, al, bi;
+  if (!attn_layout(n->op, &base, &win, &al, &bi) || bi < 0 || !n->ia[bi]) return -1;
+  int at = base + (n->ia[al] != 0);
+  return n->nin > at ? at : -1;
 }
 int ir_attn_doc(const IrNode *n) {
-  int base, win, al;
-  if (!attn_layout(n->op, &base, &win, &al)) return -1;
-  int at = base + (n->ia[al] != 0);
+  int base, win, al, bi;
+  if (!attn_layout(n->op, &base, &win, &al, &bi)) return -1;
+  int at = base + (n->ia[al] != 0) + (bi >= 0 && n->ia[bi] != 0);
   return n->nin > at ? at : -1;
 }
 

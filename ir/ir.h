@@ -160,13 +160,17 @@ typedef struct {
  * attn_bwd_q, attn_bwd_kv; docs/ir.md "Fused attention"): the window
  * attribute (0: none); the count of operands before the optional ones
  * (-1: not of the family); the operands holding ALiBi's slopes (present
- * when the attribute alibi is 1) and the document ids (-1: none); the
- * index of op's alibi attribute in ia[] (-1: not of the family). */
+ * when the attribute alibi is 1), the additive score bias (attention and
+ * attention_bwd with bias=1: [Hb, Tq, Tk]) and the document ids (-1:
+ * none); the index of op's alibi / bias attribute in ia[] (-1: not of the
+ * family, or, for bias, a ring step, which has none). */
 int64_t ir_attn_window(const IrNode *n);
 int ir_attn_base(const IrNode *n);
 int ir_attn_slope(const IrNode *n);
+int ir_attn_bias(const IrNode *n);
 int ir_attn_doc(const IrNode *n);
 int ir_attn_alibi_attr(IrOp op);
+int ir_attn_bias_attr(IrOp op);
 /* Pipeline stage tags (IrNode.stage). */
 static inline int ir_stage_tag(int chunk, int backward) { return 1 + 2 * chunk + (backward ? 1 : 0); }
 static inline int ir_stage_chunk(int tag) { return tag > 0 ? (tag - 1) / 2 : -1; }

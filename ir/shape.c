@@ -662,12 +662,15 @@ static int check_qkv(Sx *x);
  * i32 [B, T], T the whole sequence (the kernels index it by global
  * position, so it is never split along T). */
 static int check_doc(Sx *x, int base) {
-  int nin = x->n->nin, al = x->n->ia[ir_attn_alibi_attr(x->n->op)] != 0;
+  int nin = x->n->nin, al = x->n->ia[ir_attn_alibi_attr(x->n->op)] != 0, ba = ir_attn_bias_attr(x->n->op);
+  int bi = ba >= 0 && x->n->ia[ba] != 0;
   if (x->n->ia[ir_attn_alibi_attr(x->n->op)] != 0 && x->n->ia[ir_attn_alibi_attr(x->n->op)] != 1)
     return fail(x, "alibi must be 0 or 1, got %lld", (long long)x->n->ia[ir_attn_alibi_attr(x->n->op)]);
-  if (nin != base + al && nin != base + al + 1)
-    return fail(x, "takes %d operands%s, or %d with the document ids last; got %d", base + al,
-                al ? " (the slopes last)" : "", base + al + 1, nin);
+  if (ba >= 0 && x->n->ia[ba] != 0 && x->n->ia[ba] != 1)
+    return fail(x, "bias must be 0 or 1, got %lld", (long long)x->n->ia[ba]);
+  if (nin != base + al + bi && nin != base + al + bi + 1)
+    return fail(x, "takes %d operands%s%s, or %d with the document ids last; got %d", base + al + bi,
+                al ? " (the slopes last)" : "", bi ? " (the score bias last)" : "", base + al + bi + 1, nin);
   const IrType *q = opnd(x, 0);
   if (al) {   /* ALiBi's slopes: every query head's (whole: the kernels index them by global head) */
     const IrType *sl = opnd(x, base);
@@ -676,8 +679,16 @@ static int check_doc(Sx *x, int base) {
       return fail(x, "ALiBi slopes %s must be f32 or f64 [heads], one per query head of q %s (all of them when "
                   "the heads are split)", tstr(x, sl), tstr(x, q));
   }
-  if (nin == base + al) return 0;
-  const IrType *d = opnd(x, base + al);
+  if (bi) {   /* the score bias: this rank's query heads (or one for all), local query and key rows */
+    const IrType *b = opnd(x, base + al), *k = opnd(x, 1);
+    if (b->dtype != q->dtype || b->rank != 3 || q->rank != 4 || k->rank != 4 ||
+        (b->dim[0] != q->dim[1] && b->dim[0] != 1) || b->dim[1] != q->dim[2] || b->dim[2] != k->dim[2])
+      return fail(x, "score bias %s must be q %s's dtype and [heads, queries, keys] = [%lld (or 1), %lld, %lld]",
+                  tstr(x, b), tstr(x, q), (long long)(q->rank == 4 ? q->dim[1] : 0),
+                  (long long)(q->rank == 4 ? q->dim[2] : 0), (long long)(k->rank == 4 ? k->dim[2] : 0));
+  }
+  if (nin == base + al + bi) return 0;
+  const IrType *d = opnd(x, base + al + bi);
   if (d->dtype != IR_I32 || d->rank != 2 || d->dim[0] != q->dim[0] || d->dim[1] < 1)
     return fail(x, "document ids %s must be i32 [batch, seq] with q %s's batch", tstr(x, d), tstr(x, q));
   return 0;
@@ -723,7 +734,12 @@ static int shape_ATTENTION_BWD(Sx *x) {
   if (!ir_type_same_shape(o, q) || !ir_type_same_shape(dy, q) || o->dtype != q->dtype || dy->dtype != q->dtype)
     return fail(x, "o %s and do %s must be shaped like q %s", tstr(x, o), tstr(x, dy), tstr(x, q));
   int64_t part = x->n->ia[1];
-  if (part < 0 || part > 2) return fail(x, "part must be 0 (dq), 1 (dk) or 2 (dv), got %lld", (long long)part);
+  if (part == 3 && ir_attn_bias(x->n) >= 0) {   /* dbias, shaped like the bias */
+    *x->out = *opnd(x, ir_attn_bias(x->n));
+    return 0;
+  }
+  if (part < 0 || part > 2)
+    return fail(x, "part must be 0 (dq), 1 (dk), 2 (dv) or, with bias=1, 3 (dbias), got %lld", (long long)part);
   *x->out = *opnd(x, (int)part);
   return 0;
 }

@@ -405,25 +405,27 @@ static void ad_CROSS_ENTROPY(Ad *a, int i, int dy) {
   add_grad(a, X0, em(a, IR_OP_CROSS_ENTROPY_BWD, in, 3, nd(a, i)->ia, NULL, NULL));
 }
 /* Fused attention: one attention_bwd per operand that needs a gradient
- * (part 0, 1, 2 = dq, dk, dv), each from (q, k, v, o, do[, slope][, doc])
- * with the forward's attrs; each recomputes the probabilities from q, k and
- * the log-sum-exp rows (flash style, nothing [Tq, Tk] is kept).  ALiBi's
- * slopes (a constant of the model, ops.def) and the document ids (i32) get
- * no gradient. */
+ * (part 0, 1, 2 = dq, dk, dv; 3 = the score bias's, the pre-softmax score
+ * gradient summed over the batch), each from (q, k, v, o, do[, slope]
+ * [, bias][, doc]) with the forward's attrs; each recomputes the
+ * probabilities from q, k and the log-sum-exp rows (flash style, nothing
+ * [Tq, Tk] is kept but dbias itself).  ALiBi's slopes (a constant of the
+ * model, ops.def) and the document ids (i32) get no gradient. */
 static void ad_ATTENTION(Ad *a, int i, int dy) {
-  int sl = ir_attn_slope(nd(a, i));
+  int sl = ir_attn_slope(nd(a, i)), bi = ir_attn_bias(nd(a, i));
   if (sl >= 0 && needs(a, nd(a, i)->in[sl])) {
     ad_fail(a, "attention's ALiBi slopes depend on a parameter, but they have no gradient (a constant of the "
             "model: compute them from the head count, not from a param)");
     return;
   }
-  for (int part = 0; part < 3; part++) {
+  for (int part = 0; part < 4; part++) {
     IrNode n = *nd(a, i);
-    if (!needs(a, n.in[part])) continue;
-    int in[7] = {n.in[0], n.in[1], n.in[2], i, dy, -1, -1}, nin = 5;
-    for (int k = 3; k < n.nin && k < 5; k++) in[nin++] = n.in[k];   /* slope, doc: after o, do */
-    int64_t ia[4] = {n.ia[0], part, n.ia[1], n.ia[2]};   /* causal, part, window, alibi */
-    add_grad(a, n.in[part], em(a, IR_OP_ATTENTION_BWD, in, nin, ia, n.fa, NULL));
+    int of = part < 3 ? n.in[part] : bi >= 0 ? n.in[bi] : -1;
+    if (of < 0 || !needs(a, of)) continue;
+    int in[8] = {n.in[0], n.in[1], n.in[2], i, dy, -1, -1, -1}, nin = 5;
+    for (int k = 3; k < n.nin && k < 6; k++) in[nin++] = n.in[k];   /* slope, bias, doc: after o, do */
+    int64_t ia[5] = {n.ia[0], part, n.ia[1], n.ia[2], n.ia[3]};   /* causal, part, window, alibi, bias */
+    add_grad(a, of, em(a, IR_OP_ATTENTION_BWD, in, nin, ia, n.fa, NULL));
   }
 }
 

@@ -124,6 +124,10 @@ static int attention(Dx *d, int i, const IrNode *n) {
   int sl = ir_attn_slope(n);   /* ALiBi: the slopes ride along (attn_cached's fifth operand) */
   if (ir_attn_doc(n) >= 0) return dfail(d, i, "attention with document ids (packed sequences) cannot be decoded", NULL);
   if (!n->ia[0]) return dfail(d, i, "non-causal attention cannot be decoded (a token would see later ones)", NULL);
+  if (ir_attn_bias(n) >= 0)   /* [H, Tq, Tk] by local rows: the cached query's row would need its own slice */
+    return dfail(d, i, "attention with a score bias (nn.attention's score_bias:, e.g. T5's relative-position "
+                 "buckets) cannot be decoded yet: attn_cached has no bias operand (train and evaluate it without "
+                 "--decode)", NULL);
   const IrNode *src = d->m->blocks.a[d->src].nodes;
   int q = d->map[n->in[0]], k = d->map[n->in[1]], v = d->map[n->in[2]];
   int a = d->natt++;

@@ -647,7 +647,7 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
      * document ids [B, T] (last operand, when there) follow the batch
      * split and are whole along the sequence: the kernels index them by
      * global position. */
-    int base = ir_attn_base(n), slope = ir_attn_slope(n), doc = ir_attn_doc(n);
+    int base = ir_attn_base(n), slope = ir_attn_slope(n), doc = ir_attn_doc(n), bias = ir_attn_bias(n);
     int t = AX_R, ring = a == IR_AXIS_CP && S->cp_ring, part = n->op == IR_OP_ATTENTION_BWD ? (int)n->ia[1] : 0;
     for (int k = 0; k < base && t == AX_R; k++)
       if (st[k] >= 0 && st[k] <= 2) t = st[k];
@@ -662,9 +662,23 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
                        sizes_dividing(hk, 1, ok, sizeof ok));
       }
     }
+    if (bias >= 0 && (a == IR_AXIS_CP || t == 2) && ir_axis_size(S->m, (IrAxis)a) > 1)
+      return sh_fail(S, "attention with a score bias (nn.attention's score_bias:, [heads, queries, keys], e.g. "
+                     "T5's relative positions) cannot split its sequence over %s = %lld: the bias is indexed by "
+                     "local query and key rows, which context parallelism (ring, all-gather, all-to-all) moves "
+                     "between ranks; use cp 1 (tp splits the bias over heads, dp over nothing: both work)", ir_axis_name((IrAxis)a), (long long)ir_axis_size(S->m, (IrAxis)a));
     for (int k = 0; k < base; k++) want[k] = (t == 2 && (k == 1 || k == 2) && !ring) ? AX_R : t;
     if (slope >= 0) want[slope] = AX_R;   /* every head's slope: the kernels index them by global head */
     if (doc >= 0) want[doc] = t == 0 ? 0 : AX_R;
+    /* the score bias [Hb, Tq, Tk]: split with the query heads (whole when
+     * one head serves all); dbias sums over the batch (and the heads when
+     * Hb = 1), so a split of either leaves each rank a partial sum */
+    int bias_heads = bias >= 0 && onode(S, n->in[bias])->type.dim[0] > 1;
+    if (bias >= 0) want[bias] = t == 1 && bias_heads ? 0 : AX_R;
+    if (part == 3) {
+      *out = t == 1 && bias_heads ? 0 : t == 0 || t == 1 ? AX_P : AX_R;
+      return 0;
+    }
     *out = (t == 2 && part > 0 && !ring) ? AX_P : t;
     return 0;
   }

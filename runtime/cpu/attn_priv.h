@@ -15,7 +15,10 @@
  * is hidden from query i of batch row b when doc[b, kpos[j]] !=
  * doc[b, qpos[i]] (packed sequences).  slope (NULL: none): ALiBi's slope
  * of each LOCAL query head [Hq] (looked up by the head's global index):
- * the score of query i and key j less slope[h] |qpos[i] - kpos[j]|. */
+ * the score of query i and key j less slope[h] |qpos[i] - kpos[j]|.
+ * bias (NULL: none): the additive score bias [Hb, Tq, Tk] in the tensors'
+ * dtype, by LOCAL query head (Hb = 1: one for every head, bias_hs = 0)
+ * and local query and key index; bias_hs its head stride (Tq Tk or 0). */
 typedef struct {
   int64_t B, Hq, Hkv, Tq, Tk, D;
   double scale;
@@ -24,6 +27,8 @@ typedef struct {
   int64_t Tdoc;
   int64_t window;   /* > 0: keys window or more positions from the query are hidden too */
   const double *slope;
+  const void *bias;
+  int64_t bias_hs;
 } AttnDims;
 
 /* A [n] buffer of dtype dt (f32 or f64) as doubles: the operand itself when
@@ -42,7 +47,8 @@ int rt_attn_slopes(RtKctx *k, int sl, int64_t Hq, double **out);
 /* The optional operands of kernel k (ir_attn_slope, ir_attn_doc): ALiBi's
  * slopes, looked up for the local query heads by their global index (q's
  * sharding of dim 1) into d->slope (allocated: free it), and the document
- * ids (i32 [B, T]) into d->doc / d->Tdoc; every position must index them.
+ * ids (i32 [B, T]) into d->doc / d->Tdoc; every position must index them;
+ * the score bias into d->bias / d->bias_hs.
  * 0, or -1 after rt_kfail. */
 int rt_attn_extras(RtKctx *k, AttnDims *d, const int64_t *qpos, const int64_t *kpos);
 
@@ -82,8 +88,13 @@ typedef struct {
   const double *lse, *drow;
   const int64_t *qpos, *kpos;
   void *dq, *dk, *dv;
+  double *dbias;   /* NULL, or [Hb, Tq, Tk] (d.bias's shape) += sum over b (and h when Hb = 1) of ds */
 } AttnBwdJob;
 void rt_attn_bwd_q(const AttnBwdJob *j);
 void rt_attn_bwd_kv(const AttnBwdJob *j);
+/* dbias of the whole backward (j->lse NULL, o set, j->dbias zeroed):
+ * threads over the bias heads, each summing the batch rows in order (no
+ * result depends on the thread count). */
+void rt_attn_bwd_bias(const AttnBwdJob *j);
 
 #endif

@@ -33,9 +33,12 @@
  * batch row b's document ids by global position (NULL: none).  A tile
  * whose keys' documents all differ from its queries' is skipped.  slope:
  * the head's ALiBi slope (0: none), -slope |qpos - kpos| added to every
- * score after the scale (no masking, so no tile is skipped for it). */
+ * score after the scale (no masking, so no tile is skipped for it).  bias:
+ * the head's additive score bias [Tq, Tk] (local indices; NULL: none),
+ * added after the scale and before the masks. */
 ATTN_INLINE int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T *k, const int64_t *qpos,
-                                const int64_t *kpos, const int32_t *doc, double slope, T *s, int64_t *vis) {
+                                const int64_t *kpos, const int32_t *doc, double slope, const T *bias, T *s,
+                                int64_t *vis) {
   int mask = 0, dmask = 0, wmask = 0;
   if (doc) {   /* documents: no query of the tile shares one with a key -> nothing to compute */
     int32_t qlo = INT32_MAX, qhi = INT32_MIN, klo = INT32_MAX, khi = INT32_MIN;
@@ -75,6 +78,12 @@ ATTN_INLINE int FN(tile_scores)(const AttnDims *d, Tile *t, const T *q, const T 
   GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t->nq, (int)t->nk, (int)d->D, (T)d->scale, q + t->i0 * d->D,
        (int)d->D, k + t->j0 * d->D, (int)d->D, 0, s, (int)t->nk);
   for (int64_t r = 0; r < t->nq; r++) vis[r] = t->nk;
+  if (bias)   /* the score bias, row r of the tile at query t->i0 + r */
+    for (int64_t r = 0; r < t->nq; r++) {
+      T *sr = s + r * t->nk;
+      const T *br = bias + (t->i0 + r) * d->Tk + t->j0;
+      for (int64_t c = 0; c < t->nk; c++) sr[c] += br[c];
+    }
   if (slope != 0)   /* ALiBi by global positions: -slope |i - j| */
     for (int64_t r = 0; r < t->nq; r++) {
       T *sr = s + r * t->nk;
@@ -171,12 +180,13 @@ ATTN_INLINE void FN(fwd_head)(const AttnFwdJob *j, int64_t bh, double *M, double
   const T *Q = (const T *)j->q + bh * d->Tq * D;
   const int32_t *doc = d->doc ? d->doc + b * d->Tdoc : NULL;
   double slope = d->slope ? d->slope[h] : 0.0;
+  const T *bias = d->bias ? (const T *)d->bias + h * d->bias_hs : NULL;
   int64_t vis[ATTN_TQ];
   for (Tile t = {0}; t.i0 < d->Tq; t.i0 += ATTN_TQ) {
     t.nq = d->Tq - t.i0 < ATTN_TQ ? d->Tq - t.i0 : ATTN_TQ;
     for (t.j0 = 0; t.j0 < d->Tk; t.j0 += ATTN_TK) {
       t.nk = d->Tk - t.j0 < ATTN_TK ? d->Tk - t.j0 : ATTN_TK;
-      if (!FN(tile_scores)(d, &t, Q, K, j->qpos, j->kpos, doc, slope, s, vis)) continue;
+      if (!FN(tile_scores)(d, &t, Q, K, j->qpos, j->kpos, doc, slope, bias, s, vis)) continue;
       /* per row: new max, rescale what was summed so far, p = exp(s - m) */
       for (int64_t r = 0; r < t.nq; r++) {
         T *sr = s + r * t.nk, mt = FN(row_max)(sr, vis[r]);   /* -inf: masked */
@@ -226,7 +236,9 @@ typedef struct {
   const int64_t *qpos, *kpos;
   const int32_t *doc;   /* batch row b's document ids (NULL: none) */
   double slope;         /* the head's ALiBi slope (0: none) */
+  const T *bias;        /* the head's score bias [Tq, Tk] (NULL: none) */
   T *DQ, *DK, *DV;
+  double *DB;           /* NULL, or the bias head's gradient [Tq, Tk] += ds */
   int64_t tk;   /* key rows per tile */
 } FN(HeadGrad);
 
@@ -235,13 +247,13 @@ ATTN_INLINE void FN(head_grads)(const FN(HeadGrad) *g, T *s, T *dp) {
    * promise), so its probabilities come from the tile itself */
   const AttnDims *d = g->d;
   int64_t D = d->D;
-  int need_ds = g->DQ || g->DK;
+  int need_ds = g->DQ || g->DK || g->DB;
   int64_t vis[ATTN_TQ];
   for (Tile t = {0}; t.i0 < d->Tq; t.i0 += ATTN_TQ) {
     t.nq = d->Tq - t.i0 < ATTN_TQ ? d->Tq - t.i0 : ATTN_TQ;
     for (t.j0 = 0; t.j0 < d->Tk; t.j0 += g->tk) {
       t.nk = d->Tk - t.j0 < g->tk ? d->Tk - t.j0 : g->tk;
-      if (!FN(tile_scores)(d, &t, g->Q, g->K, g->qpos, g->kpos, g->doc, g->slope, s, vis)) continue;
+      if (!FN(tile_scores)(d, &t, g->Q, g->K, g->qpos, g->kpos, g->doc, g->slope, g->bias, s, vis)) continue;
       if (need_ds)
         GEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)t.nq, (int)t.nk, (int)D, 1, g->G + t.i0 * D, (int)D,
              g->V + t.j0 * D, (int)D, 0, dp, (int)t.nk);
@@ -265,6 +277,8 @@ ATTN_INLINE void FN(head_grads)(const FN(HeadGrad) *g, T *s, T *dp) {
         if (need_ds) {
           for (int64_t c = 0; c < v; c++) dr_[c] = (T)(sr[c] * ((double)dr_[c] - dr));
           for (int64_t c = v; c < t.nk; c++) dr_[c] = 0;
+          if (g->DB)   /* dbias: ds itself (the bias enters the score with weight 1) */
+            for (int64_t c = 0; c < v; c++) g->DB[(t.i0 + r) * d->Tk + t.j0 + c] += (double)dr_[c];
         }
       }
       if (g->DV)   /* dV_t += P^T dO_t */
@@ -288,8 +302,8 @@ static FN(HeadGrad) FN(head_of)(const AttnBwdJob *j, int64_t b, int64_t h, const
   int64_t D = d->D, hk = h / (d->Hq / d->Hkv), bh = b * d->Hq + h, bk = b * d->Hkv + hk;
   FN(HeadGrad) g = {d, (const T *)j->q + bh * d->Tq * D, (const T *)j->dout + bh * d->Tq * D,
                     (const T *)j->k + bk * d->Tk * D, (const T *)j->v + bk * d->Tk * D, lse, drow, j->qpos,
-                    j->kpos, d->doc ? d->doc + b * d->Tdoc : NULL, d->slope ? d->slope[h] : 0.0, NULL, NULL, NULL,
-                    ATTN_TK};
+                    j->kpos, d->doc ? d->doc + b * d->Tdoc : NULL, d->slope ? d->slope[h] : 0.0,
+                    d->bias ? (const T *)d->bias + h * d->bias_hs : NULL, NULL, NULL, NULL, NULL, ATTN_TK};
   if (want_q && j->dq) g.DQ = (T *)j->dq + bh * d->Tq * D;
   if (want_kv && j->dk) g.DK = (T *)j->dk + bk * d->Tk * D;
   if (want_kv && j->dv) g.DV = (T *)j->dv + bk * d->Tk * D;
@@ -306,6 +320,32 @@ static void FN(bwd_q_range)(void *jp, int64_t lo, int64_t hi) {
     FN(head_grads)(&g, s, s + ATTN_TQ * ATTN_TK);
   }
   free(s);
+}
+
+/* The rows the whole backward of head bh needs (keys in tiles of tk):
+ * *lse its log-sum-exp rows (a forward pass without the accumulator into
+ * row[0, 2 Tq)), or NULL when the keys fit one tile (each tile's rows give
+ * their own), and *drow = rowsum(do * o) (into row[2 Tq, 3 Tq)); s a
+ * [ATTN_TQ, tk] scratch tile. */
+static void FN(whole_rows)(const AttnBwdJob *j, int64_t bh, int64_t tk, double *row, T *s, const double **lse,
+                           const double **drow) {
+  const AttnDims *d = &j->d;
+  int64_t Tq = d->Tq, D = d->D;
+  double *m = row, *l = row + Tq, *dr = row + 2 * Tq;
+  if (d->Tk > tk) {   /* several key tiles per row: their log-sum-exp first */
+    for (int64_t i = 0; i < Tq; i++) { m[i] = -INFINITY; l[i] = 0; }
+    AttnFwdJob f = {*d, j->dt, j->q, j->k, j->v, j->qpos, j->kpos, NULL, NULL, NULL};
+    FN(fwd_head)(&f, bh, m, l, NULL, s);
+    for (int64_t i = 0; i < Tq; i++) m[i] = l[i] > 0 ? m[i] + log(l[i]) : -INFINITY;
+  }
+  const T *O = (const T *)j->o + bh * Tq * D, *G = (const T *)j->dout + bh * Tq * D;
+  for (int64_t i = 0; i < Tq; i++) {
+    double acc = 0;
+    for (int64_t e = 0; e < D; e++) acc += (double)G[i * D + e] * (double)O[i * D + e];
+    dr[i] = acc;
+  }
+  *lse = d->Tk > tk ? m : NULL;   /* NULL: head_grads takes each row's from its tile */
+  *drow = dr;
 }
 
 /* Over the kv heads bk in [lo, hi) (b * Hkv + hk): everything the query
@@ -329,23 +369,8 @@ static void FN(bwd_kv_range)(void *jp, int64_t lo, int64_t hi) {
     for (int64_t h = hk * grp; h < (hk + 1) * grp; h++) {   /* the query heads reading this kv head */
       int64_t bh = b * d->Hq + h;
       const double *lse, *drow;
-      if (whole) {
-        double *m = row, *l = row + Tq, *dr = row + 2 * Tq;
-        if (d->Tk > tk) {   /* several key tiles per row: their log-sum-exp first */
-          for (int64_t i = 0; i < Tq; i++) { m[i] = -INFINITY; l[i] = 0; }
-          AttnFwdJob f = {*d, j->dt, j->q, j->k, j->v, j->qpos, j->kpos, NULL, NULL, NULL};
-          FN(fwd_head)(&f, bh, m, l, NULL, s);
-          for (int64_t i = 0; i < Tq; i++) m[i] = l[i] > 0 ? m[i] + log(l[i]) : -INFINITY;
-        }
-        const T *O = (const T *)j->o + bh * Tq * D, *G = (const T *)j->dout + bh * Tq * D;
-        for (int64_t i = 0; i < Tq; i++) {
-          double acc = 0;
-          for (int64_t e = 0; e < D; e++) acc += (double)G[i * D + e] * (double)O[i * D + e];
-          dr[i] = acc;
-        }
-        lse = d->Tk > tk ? m : NULL;   /* NULL: head_grads takes each row's from its tile */
-        drow = dr;
-      } else {
+      if (whole) FN(whole_rows)(j, bh, tk, row, s, &lse, &drow);
+      else {
         lse = j->lse + bh * Tq;
         drow = j->drow + bh * Tq;
       }
@@ -353,6 +378,31 @@ static void FN(bwd_kv_range)(void *jp, int64_t lo, int64_t hi) {
       g.tk = tk;
       FN(head_grads)(&g, s, s + ATTN_TQ * tk);
     }
+  }
+  free(row);
+  free(s);
+}
+
+/* dbias over the bias heads hb in [lo, hi) (rt_attn_bwd_bias): per batch
+ * row in order, each query head it covers (hb itself, or every head when
+ * the bias has one) adds its ds, the whole backward's, into dbias[hb]. */
+static void FN(bwd_bias_range)(void *jp, int64_t lo, int64_t hi) {
+  const AttnBwdJob *j = jp;
+  const AttnDims *d = &j->d;
+  int64_t Tq = d->Tq, tk = d->Tk <= ATTN_TK_ROW && d->Tk > ATTN_TK ? d->Tk : ATTN_TK;
+  T *s = ts_xmalloc(2 * ATTN_TQ * tk * sizeof *s);
+  double *row = ts_xmalloc((size_t)(3 * Tq + 1) * sizeof *row);
+  for (int64_t hb = lo; hb < hi; hb++) {
+    int64_t h0 = d->bias_hs ? hb : 0, h1 = d->bias_hs ? hb + 1 : d->Hq;
+    for (int64_t b = 0; b < d->B; b++)
+      for (int64_t h = h0; h < h1; h++) {
+        const double *lse, *drow;
+        FN(whole_rows)(j, b * d->Hq + h, tk, row, s, &lse, &drow);
+        FN(HeadGrad) g = FN(head_of)(j, b, h, lse, drow, 0, 0);
+        g.tk = tk;
+        g.DB = j->dbias + hb * Tq * d->Tk;
+        FN(head_grads)(&g, s, s + ATTN_TQ * tk);
+      }
   }
   free(row);
   free(s);

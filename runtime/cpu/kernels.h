@@ -127,10 +127,11 @@ int rt_embedding_bwd_add(RtKctx *k);
 int ref_ATTENTION_BWD(RtKctx *k);
 /* The whole backward of the attention whose attention_bwd node k runs
  * (operands q, k, v, o, do): out[0], out[1], out[2] receive dq, dk, dv,
- * each NULL where not wanted, else a buffer shaped like q, k or v.  One
+ * each NULL where not wanted, else a buffer shaped like q, k or v; out[3]
+ * dbias (part 3, shaped like the score bias; NULL: none).  One
  * pass over the tiles for all of them; each result equals the reference's
  * for that part alone, bit for bit.  0, or -1 after rt_kfail. */
-int rt_attn_grads_run(RtKctx *k, void *out[3]);
+int rt_attn_grads_run(RtKctx *k, void *out[4]);
 /* The attention tile loops are built for the baseline x86-64 ISA and for
  * x86-64-v3 (AVX2; ops_attn.c), the same operations in the same order, so
  * the same bits.  By default the CPU picks (isa 0); 1 forces the baseline,

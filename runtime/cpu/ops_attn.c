@@ -96,11 +96,22 @@ int rt_attn_extras(RtKctx *k, AttnDims *d, const int64_t *qpos, const int64_t *k
   d->doc = NULL;
   d->Tdoc = 0;
   d->slope = NULL;
-  int sl = ir_attn_slope(k->n), idx = ir_attn_doc(k->n);
+  d->bias = NULL;
+  d->bias_hs = 0;
+  int sl = ir_attn_slope(k->n), idx = ir_attn_doc(k->n), bi = ir_attn_bias(k->n);
   if (sl >= 0) {
     double *s;
     if (rt_attn_slopes(k, sl, d->Hq, &s) != 0) return -1;
     d->slope = s;
+  }
+  if (bi >= 0) {   /* local heads and rows: the sharding pass splits it with q's heads, never along Tq / Tk */
+    const IrType *t = k->it[bi];
+    if (t->dtype != k->it[0]->dtype || t->rank != 3 || (t->dim[0] != d->Hq && t->dim[0] != 1) ||
+        t->dim[1] != d->Tq || t->dim[2] != d->Tk)
+      return rt_kfail(k, "score bias %s must be %s [%lld or 1, %lld, %lld]", rt_tstr(t, 0),
+                      ir_dtype_name(k->it[0]->dtype), (long long)d->Hq, (long long)d->Tq, (long long)d->Tk);
+    d->bias = k->in[bi];
+    d->bias_hs = t->dim[0] == 1 ? 0 : d->Tq * d->Tk;
   }
   if (idx < 0) return 0;
   const IrType *t = k->it[idx];
@@ -220,6 +231,10 @@ static int64_t attn_grain(const AttnDims *d, int64_t heads_per_item) {
 void rt_attn_fwd_block(const AttnFwdJob *j) { ATTN_PAR(j->d.B * j->d.Hq, 1, fwd_range, j); }
 void rt_attn_bwd_q(const AttnBwdJob *j) { ATTN_PAR(j->d.B * j->d.Hq, 1, bwd_q_range, j); }
 void rt_attn_bwd_kv(const AttnBwdJob *j) { ATTN_PAR(j->d.B * j->d.Hkv, j->d.Hq / j->d.Hkv, bwd_kv_range, j); }
+void rt_attn_bwd_bias(const AttnBwdJob *j) {
+  int64_t nb = j->d.bias_hs ? j->d.Hq : 1;
+  ATTN_PAR(nb, j->d.B * j->d.Hq / nb, bwd_bias_range, j);
+}
 
 /* m, l -> lse in place of m (-inf for a row that sees no key); acc -> o =
  * acc / l (0 for such a row: no NaN when a rank's queries are all masked). */
@@ -290,15 +305,28 @@ int ref_ATTENTION(RtKctx *k) {
   return 0;
 }
 
-int rt_attn_grads_run(RtKctx *k, void *out[3]) {
+int rt_attn_grads_run(RtKctx *k, void *out[4]) {
   Attn a;
   if (attn_open(k, &a, 5)) { attn_close(&a); return -1; }
   size_t es = ir_dtype_size(a.dt);
   int64_t nq = a.d.B * a.d.Hq * a.d.Tq * a.d.D, nk = a.d.B * a.d.Hkv * a.d.Tk * a.d.D;
   for (int p = 0; p < 3; p++)   /* the results accumulate */
     if (out[p]) memset(out[p], 0, (size_t)(p ? nk : nq) * es);
-  AttnBwdJob j = {a.d, a.dt, a.x[0], a.x[1], a.x[2], a.x[3], a.x[4], NULL, NULL, a.qpos, a.kpos, out[0], out[1], out[2]};
-  rt_attn_bwd_kv(&j);   /* lse NULL: the whole backward */
+  AttnBwdJob j = {a.d, a.dt, a.x[0], a.x[1], a.x[2], a.x[3], a.x[4], NULL, NULL, a.qpos, a.kpos, out[0], out[1], out[2],
+                  NULL};
+  if (out[0] || out[1] || out[2]) rt_attn_bwd_kv(&j);   /* lse NULL: the whole backward */
+  if (out[3] && !a.d.bias) {
+    attn_close(&a);
+    return rt_kfail(k, "part 3 (dbias) needs the score bias operand (bias=1)");
+  }
+  if (out[3]) {   /* summed in double over the batch, then stored in the bias's dtype */
+    int64_t nb = (a.d.bias_hs ? a.d.Hq : 1) * a.d.Tq * a.d.Tk;
+    j.dq = j.dk = j.dv = NULL;
+    j.dbias = ts_xcalloc((size_t)nb + 1, sizeof *j.dbias);
+    rt_attn_bwd_bias(&j);
+    rt_attn_store(out[3], a.dt, j.dbias, nb);
+    free(j.dbias);
+  }
   attn_close(&a);
   return 0;
 }
@@ -308,8 +336,8 @@ int rt_attn_grads_run(RtKctx *k, void *out[3]) {
  * of one attention together instead (rt_attn_grads_run). */
 int ref_ATTENTION_BWD(RtKctx *k) {
   int part = (int)k->n->ia[1];
-  if (part < 0 || part > 2) return rt_kfail(k, "part must be 0, 1 or 2");
-  void *out[3] = {NULL, NULL, NULL};
+  if (part < 0 || part > 3) return rt_kfail(k, "part must be 0, 1, 2 or 3");
+  void *out[4] = {NULL, NULL, NULL, NULL};
   out[part] = k->out;
   return rt_attn_grads_run(k, out);
 }

@@ -132,10 +132,10 @@ static char *cal_module(const char *dt) {
   sb_printf(&t, "state @e.gain : %s param init=zeros\n", r);
   sb_printf(&t, "block attn {\n"
                 "  %%0 = state @a.q : %s\n  %%1 = state @a.k : %s\n  %%2 = state @a.v : %s\n  %%3 = state @a.do : %s\n"
-                "  %%4 = attention %%0, %%1, %%2 causal=1 window=0 alibi=0 %s : %s\n  accum %%4 @a.o0\n",
+                "  %%4 = attention %%0, %%1, %%2 causal=1 window=0 alibi=0 bias=0 %s : %s\n  accum %%4 @a.o0\n",
             a, a, a, a, g, a);
   for (int part = 0; part < 3; part++)
-    sb_printf(&t, "  %%%d = attention_bwd %%0, %%1, %%2, %%4, %%3 causal=1 part=%d window=0 alibi=0 %s : %s\n  accum %%%d @a.o%d\n",
+    sb_printf(&t, "  %%%d = attention_bwd %%0, %%1, %%2, %%4, %%3 causal=1 part=%d window=0 alibi=0 bias=0 %s : %s\n  accum %%%d @a.o%d\n",
               6 + 2 * part, part, g, a, 6 + 2 * part, part + 1);
   sb_printf(&t, "}\nblock ew {\n"
                 "  %%0 = state @e.x : %s\n  %%1 = state @e.y : %s\n  %%2 = state @e.dy : %s\n"

@@ -1375,10 +1375,10 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
 static int attn_grads_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **bufs, const RtRunInfo *info,
                           char *msg, size_t n) {
   const IrNode *nd = &b->nodes[K->run[0]];
-  const IrType *it[7];   /* (q, k, v, o, do[, slope][, doc]), then the parts */
-  int nin = nd->nin < 7 ? nd->nin : 7;
+  const IrType *it[8];   /* (q, k, v, o, do[, slope][, bias][, doc]), then the parts */
+  int nin = nd->nin < 8 ? nd->nin : 8;
   for (int k = 0; k < nin; k++) it[k] = &b->nodes[nd->in[k]].type;
-  void *out[3] = {NULL, NULL, NULL};
+  void *out[4] = {NULL, NULL, NULL, NULL};
   for (int j = 0; j < K->nrun; j++) out[b->nodes[K->run[j]].ia[1]] = bufs[nin + j];
   RtKctx k = {&p->env, b, nd, info, NULL, &nd->type, (const void *const *)bufs, it, msg, n};
   return rt_attn_grads_run(&k, out);

@@ -284,12 +284,12 @@ static void k_attention(Kb *k) {
   int kk = kb_param(k, "k", "[1, 2, 8, 8]", "normal(0.0, 1.0)");
   int v = kb_param(k, "v", "[1, 2, 8, 8]", "normal(0.0, 1.0)");
   const char *sc = "scale=0.35355339059327373";
-  int o = kb_op(k, 0, "[1, 4, 8, 8]", "attention %%%d, %%%d, %%%d causal=1 window=0 alibi=0 %s", q, kk, v, sc);
+  int o = kb_op(k, 0, "[1, 4, 8, 8]", "attention %%%d, %%%d, %%%d causal=1 window=0 alibi=0 bias=0 %s", q, kk, v, sc);
   kb_out(k, o, "[1, 4, 8, 8]");
   int d = kb_param(k, "do", "[1, 4, 8, 8]", "normal(0.0, 1.0)");
   static const char *const shp[] = {"[1, 4, 8, 8]", "[1, 2, 8, 8]", "[1, 2, 8, 8]"};
   for (int part = 0; part < 3; part++)
-    kb_out(k, kb_op(k, 0, shp[part], "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d causal=1 part=%d window=0 alibi=0 %s", q, kk, v, o,
+    kb_out(k, kb_op(k, 0, shp[part], "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d causal=1 part=%d window=0 alibi=0 bias=0 %s", q, kk, v, o,
                     d, part, sc), shp[part]);
 }
 
@@ -303,14 +303,14 @@ static void k_attention_packed(Kb *k) {
   int v = kb_param(k, "v", "[1, 2, 12, 8]", "normal(0.0, 1.0)");
   int d = kb_ints(k, "docs", "[1, 12]", 12, doc);
   const char *sc = "scale=0.35355339059327373";
-  kb_out(k, kb_op(k, 0, "[1, 4, 12, 8]", "attention %%%d, %%%d, %%%d, %%%d causal=0 window=3 alibi=0 %s", q, kk, v, d, sc),
+  kb_out(k, kb_op(k, 0, "[1, 4, 12, 8]", "attention %%%d, %%%d, %%%d, %%%d causal=0 window=3 alibi=0 bias=0 %s", q, kk, v, d, sc),
          "[1, 4, 12, 8]");
-  int o = kb_op(k, 0, "[1, 4, 12, 8]", "attention %%%d, %%%d, %%%d, %%%d causal=1 window=3 alibi=0 %s", q, kk, v, d, sc);
+  int o = kb_op(k, 0, "[1, 4, 12, 8]", "attention %%%d, %%%d, %%%d, %%%d causal=1 window=3 alibi=0 bias=0 %s", q, kk, v, d, sc);
   kb_out(k, o, "[1, 4, 12, 8]");
   int dy = kb_param(k, "do", "[1, 4, 12, 8]", "normal(0.0, 1.0)");
   static const char *const shp[] = {"[1, 4, 12, 8]", "[1, 2, 12, 8]", "[1, 2, 12, 8]"};
   for (int part = 0; part < 3; part++)
-    kb_out(k, kb_op(k, 0, shp[part], "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d, %%%d causal=1 part=%d window=3 alibi=0 %s", q,
+    kb_out(k, kb_op(k, 0, shp[part], "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d, %%%d causal=1 part=%d window=3 alibi=0 bias=0 %s", q,
                     kk, v, o, dy, d, part, sc), shp[part]);
 }
 
@@ -329,10 +329,10 @@ static void k_attention_grads(Kb *k) {
   v = kb_op(k, 0, shp[1], "muls %%%d c=1.0", v);
   d = kb_op(k, 0, shp[0], "muls %%%d c=1.0", d);
   const char *sc = "scale=0.35355339059327373";
-  int o = kb_op(k, 0, shp[0], "attention %%%d, %%%d, %%%d causal=1 window=6 alibi=0 %s", q, kk, v, sc);
+  int o = kb_op(k, 0, shp[0], "attention %%%d, %%%d, %%%d causal=1 window=6 alibi=0 bias=0 %s", q, kk, v, sc);
   int g[3];
   for (int part = 0; part < 3; part++)
-    g[part] = kb_op(k, 0, shp[part], "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d causal=1 part=%d window=6 alibi=0 %s", q, kk,
+    g[part] = kb_op(k, 0, shp[part], "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d causal=1 part=%d window=6 alibi=0 bias=0 %s", q, kk,
                     v, o, d, part, sc);
   for (int part = 0; part < 3; part++) kb_out(k, g[part], shp[part]);
 }

@@ -156,10 +156,11 @@ static char *fused_text(const Case *c, const char *dt, int docs, int window) {
   int q = m_state(&m, "q", qs, "normal(0.0, 1.0)"), k = m_state(&m, "k", ks, "normal(0.0, 1.0)");
   int v = m_state(&m, "v", ks, "normal(0.0, 1.0)"), d = m_state(&m, "do", qs, "normal(0.0, 1.0)");
   m_docs(&m, docs, c->Hq, c->B, c->T, ds, sizeof ds);
-  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s %s", q, k, v, ds, sc);
+  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s causal=%d window=%d alibi=%d bias=0 scale=%.17g", q, k, v, ds,
+               c->causal, window, case_alibi, 1.0 / sqrt((double)c->D));
   m_out(&m, o, qs);
   for (int part = 0; part < 3; part++)
-    m_out(&m, m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d alibi=%d "
+    m_out(&m, m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d alibi=%d bias=0 "
                    "scale=%.17g", q, k, v, o, d, ds, c->causal, part, window, case_alibi, 1.0 / sqrt((double)c->D)),
           part ? ks : qs);
   return m_text(&m, 1, 1);
@@ -183,13 +184,13 @@ static char *grads_text(const Case *c, const char *dt, int docs, int window, int
   d = m_op(&m, qs, "muls %%%d c=1.0", d);
   m_docs(&m, docs, c->Hq, c->B, c->T, ds, sizeof ds);
   double scale = 1.0 / sqrt((double)c->D);
-  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s causal=%d window=%d alibi=%d scale=%.17g", q, k, v, ds, c->causal,
+  int o = m_op(&m, qs, "attention %%%d, %%%d, %%%d%s causal=%d window=%d alibi=%d bias=0 scale=%.17g", q, k, v, ds, c->causal,
                window, case_alibi, scale);
   m_out(&m, o, qs);
   int g[3], ng = 0;
   for (int part = 0; part < 3; part++)
     if (parts & (1 << part))
-      g[ng++] = m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d alibi=%d "
+      g[ng++] = m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=%d alibi=%d bias=0 "
                      "scale=%.17g", q, k, v, o, d, ds, c->causal, part, window, case_alibi, scale);
   for (int j = 0, part = 0; part < 3; part++)
     if (parts & (1 << part)) m_out(&m, g[j++], part ? ks : qs);

@@ -275,26 +275,34 @@ static int b_rope(Cx *c, const Case *k) {
  * arange 0.3, 0.55, ... per query head: a constant, no gradient): v = 9 as
  * v = 3 (causal, two key tiles), v = 10 as v = 1 (grouped-query, 3 queries
  * against 4 keys), v = 11 as v = 8 (documents and a window too), v = 12 as
- * v = 4 (530 keys: the log-sum-exp pass with the bias). */
+ * v = 4 (530 keys: the log-sum-exp pass with the bias).  An additive score
+ * bias (bias=1, a param, so dbias = attention_bwd part 3 is checked too):
+ * v = 13 as v = 3 ([Hq, Tq, Tk], causal, two key tiles), v = 14 as v = 1
+ * ([1, Tq, Tk]: one for every head, grouped-query, 3 queries against 4
+ * keys), v = 15 as v = 11 (ALiBi, documents and a window too), v = 16 as
+ * v = 4 (530 keys: the log-sum-exp pass). */
 static int b_attention(Cx *c, const Case *k) {
   static const int alibi_of[4] = {3, 1, 8, 4};   /* v = 9 .. 12: the case they add ALiBi to */
-  int al = k->v >= 9, kv = al ? alibi_of[k->v - 9] : k->v;
+  static const int bias_of[4] = {3, 1, 11, 4};   /* v = 13 .. 16: the case they add a score bias to */
+  int bi = k->v >= 13, v0 = bi ? bias_of[k->v - 13] : k->v;
+  int al = v0 >= 9, kv = al ? alibi_of[v0 - 9] : v0;
   int w = kv >= 7 ? kv - 4 : kv >= 5 ? kv - 2 : kv;   /* the shape of case w */
   int Hq = w == 0 || w >= 3 ? 2 : 4, Hkv = 2, Tq = w == 1 || w == 4 ? 3 : w == 3 ? 70 : 5;
   int Tk = w == 1 ? 4 : w == 4 ? 530 : Tq, Dh = w == 3 ? 2 : w == 4 ? 1 : 3;
   int q = param(c, T(4, 2, Hq, Tq, Dh), D_NORMAL);
   int kk = param(c, T(4, 2, Hkv, Tk, Dh), D_NORMAL);
   int v = param(c, T(4, 2, Hkv, Tk, Dh), D_NORMAL);
-  int64_t ia[3] = {w != 1 && w != 4, kv == 7 ? 9 : kv == 8 ? 200 : 0, al};   /* causal, window, alibi */
+  int64_t ia[4] = {w != 1 && w != 4, kv == 7 ? 9 : kv == 8 ? 200 : 0, al, bi};   /* causal, window, alibi, bias */
   double scale = 0.7;
   int doc = kv == 5 || kv == 6 || kv == 8 ? ids(c, "document_ids", TI(2, 2, Tk), 0, 3, 0, 0) : -1;
-  int in[5] = {q, kk, v}, nin = 3;
+  int in[6] = {q, kk, v}, nin = 3;
   if (al) {
     int64_t ax = 0;
     double ar[2] = {0.3, 0.25};
     IrType st = T(1, Hq);
     in[nin++] = E(c, IR_OP_ARANGE, 0, NULL, &ax, ar, NULL, &st);
   }
+  if (bi) in[nin++] = param(c, T(3, k->v == 14 ? 1 : Hq, Tq, Tk), D_NORMAL);
   if (doc >= 0) in[nin++] = doc;
   return E(c, IR_OP_ATTENTION, nin, in, ia, &scale, NULL, NULL);
 }
@@ -474,6 +482,10 @@ static const Case cases[] = {
   {"attention alibi gqa 3x4", IR_OP_ATTENTION, b_attention, 10, NULL, 0, NULL},
   {"attention alibi window documents", IR_OP_ATTENTION, b_attention, 11, NULL, 0, NULL},
   {"attention alibi 9 key tiles", IR_OP_ATTENTION, b_attention, 12, NULL, 0, NULL},
+  {"attention score bias causal 2 tiles", IR_OP_ATTENTION, b_attention, 13, NULL, 0, NULL},
+  {"attention score bias 1 head gqa 3x4", IR_OP_ATTENTION, b_attention, 14, NULL, 0, NULL},
+  {"attention score bias alibi window documents", IR_OP_ATTENTION, b_attention, 15, NULL, 0, NULL},
+  {"attention score bias 9 key tiles", IR_OP_ATTENTION, b_attention, 16, NULL, 0, NULL},
   {"rope inverse", IR_OP_ROPE, b_rope, 1, NULL, 0, NULL},
   {"rope 2-D", IR_OP_ROPE, b_rope, 2, NULL, 0, NULL},
   {"cross_entropy", IR_OP_CROSS_ENTROPY, b_cross_entropy, 0, NULL, 0, NULL},

@@ -204,13 +204,13 @@ static void test_attention(void) {
   int k = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "k", &tk, err, sizeof err);
   int k3 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "k3", &t3, err, sizeof err);
   double sc = 0.125;
-  int o = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err, sizeof err);
+  int o = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){1, 0, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(o >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[o].type, &tq), "attention: %s", err);
-  int r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k3, k3}, 3, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err, sizeof err);
+  int r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k3, k3}, 3, (int64_t[]){1, 0, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "attention: ") && strstr(err, "multiple"), "heads 4 / 3: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){2, 0, 0}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){2, 0, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "attention: "), "causal=2: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){1, -2, 0}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){1, -2, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "window must be >= 0"), "window=-2: %d '%s'", r, err);
   /* document ids: i32 [B, T] last */
   IrType td = {IR_I32, 2, {tq.dim[0], tq.dim[2]}, {NULL}}, tdf = td, td3 = td;
@@ -219,23 +219,23 @@ static void test_attention(void) {
   int dd = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "docs", &td, err, sizeof err);
   int ddf = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "docsf", &tdf, err, sizeof err);
   int dd3 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "docs3", &td3, err, sizeof err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, dd}, 4, (int64_t[]){1, 3, 0}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, dd}, 4, (int64_t[]){1, 3, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r >= 0, "attention with documents and a window: %s", err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, ddf}, 4, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, ddf}, 4, (int64_t[]){1, 0, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "document ids"), "f32 document ids: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, dd3}, 4, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, dd3}, 4, (int64_t[]){1, 0, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "document ids"), "document ids of another batch: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, dd, dd}, 5, (int64_t[]){1, 0, 0}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, dd, dd}, 5, (int64_t[]){1, 0, 0, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "takes 3 operands, or 4"), "five operands: %d '%s'", r, err);
   for (int part = 0; part < 3 && o >= 0; part++) {
-    r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, o, o}, 5, (int64_t[]){1, part, 0, 0}, &sc, NULL, NULL, err,
+    r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, o, o}, 5, (int64_t[]){1, part, 0, 0, 0}, &sc, NULL, NULL, err,
                 sizeof err);
     CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, part ? &tk : &tq), "part %d: %s", part, err);
   }
-  r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, o, o}, 5, (int64_t[]){1, 3, 0, 0}, &sc, NULL, NULL, err,
+  r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, o, o}, 5, (int64_t[]){1, 3, 0, 0, 0}, &sc, NULL, NULL, err,
               sizeof err);
   CHECK(r == -1 && strstr(err, "attention_bwd: ") && strstr(err, "part"), "part 3: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, k, o}, 5, (int64_t[]){1, 0, 0, 0}, &sc, NULL, NULL, err,
+  r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, k, o}, 5, (int64_t[]){1, 0, 0, 0, 0}, &sc, NULL, NULL, err,
               sizeof err);
   CHECK(r == -1 && strstr(err, "attention_bwd: "), "o shaped like k: %d '%s'", r, err);
   /* ALiBi: alibi=1 and the slopes [Hq] (f32 or f64; whole when the heads
@@ -248,23 +248,54 @@ static void test_attention(void) {
   int sl3 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "sl3", &tsl3, err, sizeof err);
   int sl8 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "sl8", &tsl8, err, sizeof err);
   int sli = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "sli", &tsli, err, sizeof err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl, dd}, 5, (int64_t[]){1, 3, 1}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl, dd}, 5, (int64_t[]){1, 3, 1, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r >= 0, "attention with slopes, documents and a window: %s", err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl8}, 4, (int64_t[]){1, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl8}, 4, (int64_t[]){1, 0, 1, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r >= 0, "slopes of 8 heads (4 here, the rest on another tp rank): %s", err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl3}, 4, (int64_t[]){1, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl3}, 4, (int64_t[]){1, 0, 1, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "ALiBi slopes"), "3 slopes for 4 heads: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sli}, 4, (int64_t[]){1, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sli}, 4, (int64_t[]){1, 0, 1, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "ALiBi slopes"), "i32 slopes: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){1, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){1, 0, 1, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "takes 4 operands (the slopes last)"), "alibi=1 without slopes: %d '%s'", r, err);
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl}, 4, (int64_t[]){1, 0, 2}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl}, 4, (int64_t[]){1, 0, 2, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1 && strstr(err, "alibi must be 0 or 1"), "alibi=2: %d '%s'", r, err);
   /* slopes with a q that is not [B, H, T, D] (here the slopes [4]
    * themselves: its dim 1 reads as 0): refused, not a division by zero
    * (ir.fuzz found it: SIGFPE in the slopes' check) */
-  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){sl, k, k, sl}, 4, (int64_t[]){1, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){sl, k, k, sl}, 4, (int64_t[]){1, 0, 1, 0}, &sc, NULL, NULL, err, sizeof err);
   CHECK(r == -1, "slopes with a 1-D q accepted");
+  /* an additive score bias: bias=1 and [Hq or 1, Tq, Tk] of q's dtype after
+   * the slopes, before the documents; attention_bwd part=3 is its gradient */
+  IrType tb = {IR_F64, 3, {4, 6, 5}, {NULL}}, tb1 = tb, tbt = tb, tbf = tb;
+  tb1.dim[0] = 1;
+  tbt.dim[2] = 6;   /* the queries' length where the keys' belongs */
+  tbf.dtype = IR_F32;
+  int bs = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "bs", &tb, err, sizeof err);
+  int bs1 = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "bs1", &tb1, err, sizeof err);
+  int bst = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "bst", &tbt, err, sizeof err);
+  int bsf = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "bsf", &tbf, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, sl, bs, dd}, 6, (int64_t[]){1, 3, 1, 1}, &sc, NULL, NULL, err,
+              sizeof err);
+  CHECK(r >= 0, "attention with slopes, a score bias and documents: %s", err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, bs1}, 4, (int64_t[]){0, 0, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r >= 0, "one bias head for all: %s", err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, bst}, 4, (int64_t[]){0, 0, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "score bias"), "bias [4, 6, 6] for 5 keys: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, bsf}, 4, (int64_t[]){0, 0, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "score bias"), "f32 bias, f64 q: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k}, 3, (int64_t[]){0, 0, 0, 1}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "takes 4 operands (the score bias last)"), "bias=1 without it: %d '%s'", r, err);
+  r = ir_emit(m, b, IR_OP_ATTENTION, (int[]){q, k, k, bs}, 4, (int64_t[]){0, 0, 0, 2}, &sc, NULL, NULL, err, sizeof err);
+  CHECK(r == -1 && strstr(err, "bias must be 0 or 1"), "bias=2: %d '%s'", r, err);
+  int ob = ir_emit(m, b, IR_OP_INPUT, NULL, 0, NULL, NULL, "ob", &tq, err, sizeof err);
+  r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, ob, ob, bs1}, 6, (int64_t[]){0, 3, 0, 0, 1}, &sc, NULL, NULL,
+              err, sizeof err);
+  CHECK(r >= 0 && ir_type_same_shape(&m->blocks.a[b].nodes[r].type, &tb1), "dbias (part 3) shaped like the bias: %s",
+        err);
+  r = ir_emit(m, b, IR_OP_ATTENTION_BWD, (int[]){q, k, k, ob, ob, bs1}, 6, (int64_t[]){0, 4, 0, 0, 1}, &sc, NULL, NULL,
+              err, sizeof err);
+  CHECK(r == -1 && strstr(err, "3 (dbias)"), "part 4: %d '%s'", r, err);
   /* the ring steps: state [2, 4, 6, 10], lse / drow [2, 4, 6] */
   IrType ts = tq, tl = tq, ts9 = tq;
   ts.dim[3] = 10;

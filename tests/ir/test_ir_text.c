@@ -102,8 +102,8 @@ static const char *all_ops =
     "  %64 = topk_mask %52 k=3 : f32[batch:2, seq:4, vocab:16]\n"
     "  %65 = reshape %52 : f32[batch:2, heads:2, seq:4, 8]\n"
     "  %66 = reshape %51 : f32[batch:2, 1, seq:4, 8]\n"
-    "  %67 = attention %65, %66, %66 causal=1 window=0 alibi=0 scale=0.35 : f32[batch:2, heads:2, seq:4, 8]\n"
-    "  %68 = attention_bwd %65, %66, %66, %67, %65 causal=1 part=1 window=3 alibi=0 scale=0.35 : f32[batch:2, 1, seq:4, 8]\n"
+    "  %67 = attention %65, %66, %66 causal=1 window=0 alibi=0 bias=0 scale=0.35 : f32[batch:2, heads:2, seq:4, 8]\n"
+    "  %68 = attention_bwd %65, %66, %66, %67, %65 causal=1 part=1 window=3 alibi=0 bias=0 scale=0.35 : f32[batch:2, 1, seq:4, 8]\n"
     "  %69 = capacity_mask %64 cap=2 : f32[batch:2, seq:4, vocab:16]\n"
     "  %70 = reshape %64 : f32[8, 16]\n"          /* token dispatch: 8 tokens, 16 experts */
     "  %71 = moe_counts %70 : i32[1, 16]\n"

@@ -111,7 +111,7 @@ static void attn_grads_case(IrDtype dt, int causal, int nparts, int reader_betwe
   int g[3];
   double scale = 0.3;
   for (int p = 0; p < nparts; p++) {
-    g[p] = emit(m, b, IR_OP_ATTENTION_BWD, in, 5, (int64_t[]){causal, p, 0, 0}, &scale, NULL, NULL);
+    g[p] = emit(m, b, IR_OP_ATTENTION_BWD, in, 5, (int64_t[]){causal, p, 0, 0, 0}, &scale, NULL, NULL);
     if (reader_between && p == 0) {   /* a reader of dq before the other parts: no run */
       int ss = emit(m, b, IR_OP_SUMSQ, &g[0], 1, NULL, NULL, NULL, NULL);
       emit(m, b, IR_OP_OUTPUT, &ss, 1, NULL, NULL, "dq_ss", NULL);

@@ -1114,7 +1114,7 @@ static void ring_vs_fused(IrDtype dt, int causal) {
     /* the three gradients: from zero, and added to a nonzero accumulator */
     for (int part = 0; part < 3 && lse; part++) {
       /* fused (causal, part, window); steps at src 0 (causal, src[, part], window) */
-      int64_t fia[4] = {causal, part, 0, 0}, sia[5] = {causal, 0, part, 0, 0}, sq[4] = {causal, 0, 0, 0};
+      int64_t fia[5] = {causal, part, 0, 0, 0}, sia[5] = {causal, 0, part, 0, 0}, sq[4] = {causal, 0, 0, 0};
       int64_t n = part ? RK * D : RQ * D;
       double *want = ra_run(IR_OP_ATTENTION_BWD, 5, (Arg[]){{tq, q}, {tk, k}, {tk, v}, {tq, o_ref}, {tq, g}}, fia,
                             scale, NULL);
@@ -1480,21 +1480,21 @@ static void test_isas_same(IrDtype dt) {
     char msg[64];
     for (int causal = 0; causal < 2; causal++) {
       snprintf(msg, sizeof msg, "attention T%lld causal=%d", (long long)T, causal);
-      same_on_isas(IR_OP_ATTENTION, 3, (Arg[]){{aq, q}, {ak, k}, {ak, v}}, (int64_t[]){causal, 0, 0}, sc, msg, dt);
+      same_on_isas(IR_OP_ATTENTION, 3, (Arg[]){{aq, q}, {ak, k}, {ak, v}}, (int64_t[]){causal, 0, 0, 0}, sc, msg, dt);
       for (int part = 0; part < 3; part++) {
         snprintf(msg, sizeof msg, "attention_bwd part %d T%lld causal=%d", part, (long long)T, causal);
         same_on_isas(IR_OP_ATTENTION_BWD, 5, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {aq, o}, {aq, g}},
-                     (int64_t[]){causal, part, 0, 0}, sc, msg, dt);
+                     (int64_t[]){causal, part, 0, 0, 0}, sc, msg, dt);
       }
       /* ALiBi: the bias added inside the tile loops, the same on both builds */
       IrType asl = TY(dt, HQ);
       double *slope = rand_vec(HQ, 0.05, 0.5, dt);
       snprintf(msg, sizeof msg, "attention alibi T%lld causal=%d", (long long)T, causal);
-      same_on_isas(IR_OP_ATTENTION, 4, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {asl, slope}}, (int64_t[]){causal, 0, 1}, sc,
+      same_on_isas(IR_OP_ATTENTION, 4, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {asl, slope}}, (int64_t[]){causal, 0, 1, 0}, sc,
                    msg, dt);
       snprintf(msg, sizeof msg, "attention_bwd alibi part 1 T%lld causal=%d", (long long)T, causal);
       same_on_isas(IR_OP_ATTENTION_BWD, 6, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {aq, o}, {aq, g}, {asl, slope}},
-                   (int64_t[]){causal, 1, 0, 1}, sc, msg, dt);
+                   (int64_t[]){causal, 1, 0, 1, 0}, sc, msg, dt);
       free(slope);
       snprintf(msg, sizeof msg, "attn_acc T%lld causal=%d", (long long)T, causal);
       same_on_isas(IR_OP_ATTN_ACC, 4, (Arg[]){{aq, q}, {ak, k}, {ak, v}, {ast, st}}, (int64_t[]){causal, 0, 0, 0}, sc, msg,
@@ -1508,6 +1508,84 @@ static void test_isas_same(IrDtype dt) {
     }
     free(q), free(k), free(v), free(o), free(g), free(st), free(lse), free(drow), free(acc);
   }
+}
+
+/* The additive score bias (bias=1) against the composed form written out
+ * here in double: s = scale q.k + bias[h or 0] (then the causal mask),
+ * p = softmax(s), o = p v; ds = p (do.v - rowsum(do o)), dq = scale ds k,
+ * dbias = sum over b (and h when the bias has one head) of ds.  Cases:
+ * causal over 70 positions (two query tiles, key tiles cut on the
+ * diagonal), grouped-query heads; 3 queries over 530 keys (the backward's
+ * log-sum-exp pass), one bias head for all.  f64 within 1e-12, f32 within
+ * 2e-5 of the largest value; then the two ISA builds, bit for bit. */
+static void attn_bias_case(IrDtype dt, int64_t Tq, int64_t Tk, int causal, int Hb) {
+  enum { B = 2, HQ = 4, HKV = 2, D = 6 };
+  double scale = 0.45, tol = dt == IR_F32 ? 2e-5 : 1e-12;
+  IrType aq = TY(dt, B, HQ, Tq, D), ak = TY(dt, B, HKV, Tk, D), ab = TY(dt, Hb, Tq, Tk);
+  int64_t nq = B * HQ * Tq * D, nk = B * HKV * Tk * D, nb = Hb * Tq * Tk;
+  double *q = rand_vec(nq, -1, 1, dt), *k = rand_vec(nk, -1, 1, dt), *v = rand_vec(nk, -1, 1, dt);
+  double *g = rand_vec(nq, -1, 1, dt), *bias = rand_vec(nb, -2, 2, dt);
+  double *o = ts_xcalloc((size_t)nq, sizeof *o), *dq = ts_xcalloc((size_t)nq, sizeof *dq);
+  double *db = ts_xcalloc((size_t)nb, sizeof *db), *p = ts_xmalloc((size_t)(Tk + 1) * sizeof *p);
+  double *dp = ts_xmalloc((size_t)(Tk + 1) * sizeof *dp);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < HQ; h++)
+      for (int64_t i = 0; i < Tq; i++) {
+        const double *qi = q + ((b * HQ + h) * Tq + i) * D, *gi = g + ((b * HQ + h) * Tq + i) * D;
+        const double *K = k + (b * HKV + h / 2) * Tk * D, *V = v + (b * HKV + h / 2) * Tk * D;
+        const double *bi = bias + ((Hb == 1 ? 0 : h) * Tq + i) * Tk;
+        double mx = -INFINITY, sum = 0, drow = 0;
+        for (int64_t j = 0; j < Tk; j++) {
+          double d = 0;
+          for (int e = 0; e < D; e++) d += qi[e] * K[j * D + e];
+          p[j] = causal && j > i ? -INFINITY : scale * d + bi[j];
+          mx = p[j] > mx ? p[j] : mx;
+        }
+        for (int64_t j = 0; j < Tk; j++) sum += p[j] = exp(p[j] - mx);
+        double *oi = o + ((b * HQ + h) * Tq + i) * D;
+        for (int64_t j = 0; j < Tk; j++) {
+          p[j] /= sum;
+          for (int e = 0; e < D; e++) oi[e] += p[j] * V[j * D + e];
+        }
+        for (int e = 0; e < D; e++) drow += gi[e] * oi[e];
+        double *dqi = dq + ((b * HQ + h) * Tq + i) * D, *dbi = db + ((Hb == 1 ? 0 : h) * Tq + i) * Tk;
+        for (int64_t j = 0; j < Tk; j++) {
+          double d = 0;
+          for (int e = 0; e < D; e++) d += gi[e] * V[j * D + e];
+          dp[j] = p[j] * (d - drow);
+          dbi[j] += dp[j];
+          for (int e = 0; e < D; e++) dqi[e] += scale * dp[j] * K[j * D + e];
+        }
+      }
+  if (dt == IR_F32)   /* the kernel's o is rounded to f32 before the backward reads it */
+    for (int64_t i = 0; i < nq; i++) o[i] = (float)o[i];
+  char msg[96];
+  snprintf(msg, sizeof msg, "attention bias [%d, %lld, %lld] causal=%d", Hb, (long long)Tq, (long long)Tk, causal);
+  Arg fwd[4] = {{aq, q}, {ak, k}, {ak, v}, {ab, bias}}, bwd[6] = {{aq, q}, {ak, k}, {ak, v}, {aq, o}, {aq, g}, {ab, bias}};
+  struct { IrOp op; int nin, part; const Arg *a; const double *want; int64_t n; } outs[3] = {
+      {IR_OP_ATTENTION, 4, -1, fwd, o, nq}, {IR_OP_ATTENTION_BWD, 6, 0, bwd, dq, nq}, {IR_OP_ATTENTION_BWD, 6, 3, bwd, db, nb}};
+  for (int r = 0; r < 3; r++) {
+    int64_t fia[4] = {causal, 0, 0, 1}, bia[5] = {causal, outs[r].part, 0, 0, 1};
+    double *y = ra_run(outs[r].op, outs[r].nin, outs[r].a, outs[r].part < 0 ? fia : bia, scale, NULL);
+    CHECK(y != NULL, "%s %s: %s", msg, r ? "backward" : "forward", err);
+    if (!y) continue;
+    double worst = 0, big = 1e-30;
+    for (int64_t i = 0; i < outs[r].n; i++) big = fabs(outs[r].want[i]) > big ? fabs(outs[r].want[i]) : big;
+    for (int64_t i = 0; i < outs[r].n; i++) worst = fmax(worst, fabs(y[i] - outs[r].want[i]) / big);
+    CHECK(worst <= tol, "%s (%s) %s: rel err %.3g > %.3g", msg, ir_dtype_name(dt),
+          r == 0 ? "o" : r == 1 ? "dq" : "dbias", worst, tol);
+    free(y);
+    char m2[128];
+    snprintf(m2, sizeof m2, "%s %s", msg, r == 0 ? "o" : r == 1 ? "dq" : "dbias");
+    same_on_isas(outs[r].op, outs[r].nin, outs[r].a, outs[r].part < 0 ? fia : bia, &scale, m2, dt);
+  }
+  free(q), free(k), free(v), free(g), free(bias), free(o), free(dq), free(db), free(p), free(dp);
+}
+static void test_attn_bias(IrDtype dt) {
+  attn_bias_case(dt, 70, 70, 1, 4);
+  attn_bias_case(dt, 70, 70, 0, 1);
+  attn_bias_case(dt, 3, 530, 0, 1);
+  attn_bias_case(dt, 5, 9, 0, 4);
 }
 
 /* Layout ops at sizes that take the merged-row, tiled and threaded paths
@@ -1638,6 +1716,7 @@ int main(void) {
     test_ring_attn(dt);
     test_threads_same(dt);
     test_isas_same(dt);
+    test_attn_bias(dt);
     test_layout_big(dt);
   }
   test_par_pool();
