@@ -358,7 +358,7 @@ static void FN(whole_rows)(const AttnBwdJob *j, int64_t bh, int64_t tk, double *
 static void FN(bwd_kv_range)(void *jp, int64_t lo, int64_t hi) {
   const AttnBwdJob *j = jp;
   const AttnDims *d = &j->d;
-  int64_t grp = d->Hq / d->Hkv, Tq = d->Tq, D = d->D;
+  int64_t grp = d->Hq / d->Hkv, Tq = d->Tq;
   int whole = j->lse == NULL;
   /* the whole backward with few keys: one tile per row, no log-sum-exp pass */
   int64_t tk = whole && d->Tk <= ATTN_TK_ROW && d->Tk > ATTN_TK ? d->Tk : ATTN_TK;

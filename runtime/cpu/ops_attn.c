@@ -269,7 +269,7 @@ static int attn_open(RtKctx *k, Attn *a, int nin) {
     if (k->it[i]->dtype != dt || k->it[i]->rank != 4) return rt_kfail(k, "operand %d must be a 4-D %s tensor", i + 1,
                                                                     ir_dtype_name(dt));
   a->d = (AttnDims){q->dim[0], q->dim[1], kt->dim[1], q->dim[2], kt->dim[2], q->dim[3], k->n->fa[0],
-                    (int)k->n->ia[0], NULL, 0, ir_attn_window(k->n), NULL};
+                    (int)k->n->ia[0], NULL, 0, ir_attn_window(k->n), NULL, NULL, 0};
   if (a->d.Hkv < 1 || a->d.Hq % a->d.Hkv) return rt_kfail(k, "query heads %lld are not a multiple of kv heads %lld",
                                                           (long long)a->d.Hq, (long long)a->d.Hkv);
   a->dt = dt;

@@ -63,7 +63,7 @@ static int ring_open(RtKctx *k, Ring *r, int nin) {
     if (k->it[i]->dtype != dt) return rt_kfail(k, "operand %d must be %s", i + 1, ir_dtype_name(dt));
   if (q->rank != 4 || kt->rank != 4) return rt_kfail(k, "q and k must be 4-D");
   r->d = (AttnDims){q->dim[0], q->dim[1], kt->dim[1], q->dim[2], kt->dim[2], q->dim[3], k->n->fa[0],
-                    (int)k->n->ia[0], NULL, 0, ir_attn_window(k->n), NULL};
+                    (int)k->n->ia[0], NULL, 0, ir_attn_window(k->n), NULL, NULL, 0};
   if (r->d.Hkv < 1 || r->d.Hq % r->d.Hkv)
     return rt_kfail(k, "query heads %lld are not a multiple of kv heads %lld", (long long)r->d.Hq,
                     (long long)r->d.Hkv);
@@ -180,7 +180,7 @@ static int ring_bwd(RtKctx *k, int part) {
   double *lse = rt_attn_f64(r.x[4], r.dt, rows, &own_l), *drow = rt_attn_f64(r.x[5], r.dt, rows, &own_d);
   memcpy(k->out, r.x[6], (size_t)n * ir_dtype_size(r.dt));   /* accumulates onto acc */
   AttnBwdJob j = {r.d, r.dt, r.x[0], r.x[1], r.x[2], NULL, r.x[3], lse, drow, r.qpos, r.kpos,
-                  part == 0 ? k->out : NULL, part == 1 ? k->out : NULL, part == 2 ? k->out : NULL};
+                  part == 0 ? k->out : NULL, part == 1 ? k->out : NULL, part == 2 ? k->out : NULL, NULL};
   if (part == 0) rt_attn_bwd_q(&j);
   else rt_attn_bwd_kv(&j);
   if (own_l) free(lse);
