@@ -608,7 +608,8 @@ static char *tc_text(const Case *c, int parts) {
   char qs[64], ks[64], sc[96], ds[32];
   shp(qs, sizeof qs, c->B, c->Hq, c->T, c->D);
   shp(ks, sizeof ks, c->B, c->Hkv, c->Tk ? c->Tk : c->T, c->D);
-  snprintf(sc, sizeof sc, "causal=%d window=0 alibi=%d scale=%.17g", c->causal, case_alibi, 1.0 / sqrt((double)c->D));
+  snprintf(sc, sizeof sc, "causal=%d window=0 alibi=%d bias=0 scale=%.17g", c->causal, case_alibi,
+           1.0 / sqrt((double)c->D));
   int x[4];
   const char *nm[4] = {"q", "k", "v", "do"};
   for (int i = 0; i < (parts ? 4 : 3); i++) {   /* q k v (do): bf16 values widened to f32 */
@@ -625,7 +626,7 @@ static char *tc_text(const Case *c, int parts) {
   for (int part = 0; part < 3; part++)
     if (parts & (1 << part))
       g[part] = m_op(&m, part ? ks : qs, "attention_bwd %%%d, %%%d, %%%d, %%%d, %%%d%s causal=%d part=%d window=0 "
-                     "alibi=%d scale=%.17g", x[0], x[1], x[2], o, x[3], ds, c->causal, part, case_alibi,
+                     "alibi=%d bias=0 scale=%.17g", x[0], x[1], x[2], o, x[3], ds, c->causal, part, case_alibi,
                      1.0 / sqrt((double)c->D));
   for (int part = 0; part < 3; part++)
     if (parts & (1 << part)) m_out(&m, g[part], part ? ks : qs);
