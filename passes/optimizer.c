@@ -1122,6 +1122,7 @@ static int optimizer_run(IrModule *m, PassCtx *cx, const uint64_t *stage_ranks) 
   }
 
   if (rc == 0 && scaler_on(m)) rc = scaler_blocks(m, cx);   /* fp16: the inf check and the skip */
+  if (rc == 0) rc = fp8_update_ops(m, cx);                  /* --fp8: the scales from the amax history */
   if (rc != 0) {             /* leave the module as it was */
     m->blocks.n = nblocks0;
     if (nstates0) memcpy(m->states.a, saved, (size_t)nstates0 * sizeof *saved);

@@ -633,6 +633,8 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
       if (s->type.dtype == IR_F64) *(double *)(p->slab + p->off[i]) = s->init_a;
       else *(float *)(p->slab + p->off[i]) = (float)s->init_a;
     }
+    if (s->kind == IR_STATE_FP8)   /* --fp8's scales (1) and amax history (0): every element init_a */
+      for (int64_t e = 0; e < ir_type_numel(&s->type); e++) ((float *)(p->slab + p->off[i]))[e] = (float)s->init_a;
     int at = (s->flags & IR_STATE_SHARDED) ? ir_state_shard_of(m, i) : i;
     if (s->kind == IR_STATE_PARAM && (at < 0 || init_param(p, s, m->train.seed, p->slab + p->off[at], err, errlen) != 0)) {
       if (at < 0) ts_errf(err, errlen, "parameter @%s is sharded but has no shard state", s->name);
