@@ -56,7 +56,7 @@ static int emit(Fx *x, IrOp op, const int *in, int nin, const int64_t *ia, const
   int id = ir_emit(x->m, x->bi, op, in, nin, ia, NULL, NULL, t, msg, sizeof msg);
   if (id < 0) {
     x->failed = 1;
-    ts_errf(x->cx->err, sizeof x->cx->err, "fp8: cannot emit %s: %s", ir_ops[op].name, msg);
+    ts_errf(x->cx->err, sizeof x->cx->err, "fp8: cannot emit %s: %s", ir_ops[op].name, msg);   /* internal */
     return -1;
   }
   IrNode *n = &x->m->blocks.a[x->bi].nodes[id];
@@ -150,18 +150,18 @@ int pass_fp8(IrModule *m, PassCtx *cx) {
                    "(the amax states would live on the stage of their layer); drop --pp or --fp8", fmtname,
                    ir_axis_size(m, IR_AXIS_PP));
   if (cx->fp8_history < 1 || cx->fp8_history > 1000000)
-    return ts_errf(cx->err, sizeof cx->err, "--fp8-amax-history-len %lld: must be 1 to 1000000",
+    return ts_errf(cx->err, sizeof cx->err, "--fp8-amax-history-len %lld: must be 1 to 1000000",   /* internal */
                    (long long)cx->fp8_history);
   if (!(cx->fp8_margin >= 0) || !(cx->fp8_margin < 64))
-    return ts_errf(cx->err, sizeof cx->err, "--fp8-margin %g: must be >= 0 and < 64 (scale = fp8_max / amax / "
+    return ts_errf(cx->err, sizeof cx->err, "--fp8-margin %g: must be >= 0 and < 64 (scale = fp8_max / amax / "   /* internal */
                    "2^margin)", cx->fp8_margin);
   int mb = ir_block_find(m, "micro");
-  if (mb < 0) return ts_errf(cx->err, sizeof cx->err, "--fp8: the module has no block \"micro\" (nothing trains)");
+  if (mb < 0) return ts_errf(cx->err, sizeof cx->err, "--fp8: the module has no block \"micro\" (nothing trains)");   /* internal */
   IrBlock old = m->blocks.a[mb];
   int n = old.n, loss = -1;
   for (int i = 0; i < n && loss < 0; i++)
     if (old.nodes[i].op == IR_OP_OUTPUT && old.nodes[i].sa && !strcmp(old.nodes[i].sa, "loss")) loss = i;
-  if (loss < 0) return ts_errf(cx->err, sizeof cx->err, "--fp8: block micro has no output \"loss\"");
+  if (loss < 0) return ts_errf(cx->err, sizeof cx->err, "--fp8: block micro has no output \"loss\"");   /* internal */
   /* the layers: units of the forward, by the repeat stacks */
   int *unit = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *unit);
   int nl = 0;
@@ -172,7 +172,8 @@ int pass_fp8(IrModule *m, PassCtx *cx) {
       pass_layer_stacks(m, &st, uerr, sizeof uerr) != 0) {
     pass_layer_stacks_free(&st);
     return ts_errf(cx->err, sizeof cx->err, "--fp8 %s quantizes the GEMMs of the model's repeat-stack layers, and "
-                   "this model has none: %s", fmtname, uerr);
+                   "this model has none (no parameter named <stack>.<i>.<name>): write its layers as `repeat N { ... "
+                   "}` (docs/mdl.md), or drop --fp8", fmtname);
   }
   unsigned char *chosen = arena_alloc(&cx->scratch, (size_t)nl + 2);
   int *stack_of = arena_alloc(&cx->scratch, ((size_t)nl + 2) * sizeof *stack_of);
@@ -331,7 +332,7 @@ int fp8_update_ops(IrModule *m, PassCtx *cx) {
     int64_t za[1] = {amax};
     if (a < 0 || ir_emit(m, ub, IR_OP_FP8_SCALE, &a, 1, fa_i, fa, NULL, NULL, msg, sizeof msg) < 0 ||
         ir_emit(m, ub, IR_OP_ZERO, NULL, 0, za, NULL, NULL, NULL, msg, sizeof msg) < 0)
-      return ts_errf(cx->err, sizeof cx->err, "fp8: the scale update of @%s: %s", sname, msg);
+      return ts_errf(cx->err, sizeof cx->err, "fp8: the scale update of @%s: %s", sname, msg);   /* internal */
   }
   return 0;
 }
