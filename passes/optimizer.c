@@ -1340,6 +1340,11 @@ int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
     for (int i = 0; i < m->blocks.a[bi].n && !fused; i++) fused = m->blocks.a[bi].nodes[i].group > 0;
   PassCtx cx;
   pass_ctx_init(&cx);
+  for (int i = 0; i < old.n; i++)   /* --fp8's settings, as compiled (fp8_update_ops makes the ops again) */
+    if (old.nodes[i].op == IR_OP_FP8_SCALE) {
+      cx.fp8_algo = (int)old.nodes[i].ia[3];
+      cx.fp8_margin = old.nodes[i].fa[0];
+    }
   int rc = optimizer_run(m, &cx, ranks);
   int nb = rc == 0 ? ir_block_find(m, "update") : -1;
   if (nb >= 0 && nb != ub) {   /* back in its place, before the blocks later passes add (eval) */
