@@ -350,6 +350,11 @@ IrModule *api_compile_quiet(const ApiSession *a, const MdlOptions *o, int dp) {
   cx.loss_scale_window = a->cx->loss_scale_window;
   cx.hysteresis = a->cx->hysteresis;
   cx.loss_scale_flag = a->cx->loss_scale_flag;
+  cx.fp8 = a->cx->fp8;
+  cx.fp8_history = a->cx->fp8_history;
+  cx.fp8_algo = a->cx->fp8_algo;
+  cx.fp8_margin = a->cx->fp8_margin;
+  cx.fp8_all_layers = a->cx->fp8_all_layers;
   cx.regather = a->cx->regather;
   cx.activation_budget = a->cx->activation_budget;
   /* auto's budget is per rank of the layout: the one-rank comparison

@@ -23,6 +23,7 @@ typedef enum {
   O_ACT_BUDGET, O_RECOMPUTE, O_MEM_BUDGET, O_CP_ATTN, O_EMIT_LLVM, O_EMIT_CUDA, O_TARGET, O_CHECK, O_STDLIB,
   O_TRACE, O_HW, O_SCHEDULE, O_PP_LAYOUT, O_PP_LAYERS, O_PP_STACK, O_EMIT, O_DUMP_IR, O_PRINT_AFTER, O_VERIFY_EACH,
   O_NO_VERIFY, O_VERIFY_RT, O_TIME, O_STATS, O_REPORT, O_EXPLAIN, O_AUTO_LAYOUT, O_MEMORY,
+  O_FP8, O_FP8_OPT,
   O_MG_SIZE, O_MG_SWITCH, O_MG_CONFIG, O_MG_TRAIN, O_RAMPUP   /* Megatron-LM's flags: a size, a switch, a config key, a train field */
 } OptId;
 
@@ -72,6 +73,12 @@ static const ApiOption api_options[] = {
     {"--loss-scale-window", API_ARG_VALUE, O_LOSS_SCALE, NULL, 0, NULL},
     {"--hysteresis", API_ARG_VALUE, O_LOSS_SCALE, NULL, 0, NULL},
     {"--precision-policy", API_ARG_VALUE, O_POLICY, NULL, 0, NULL},
+    {"--fp8", API_ARG_VALUE, O_FP8, NULL, 0, NULL},
+    {"--fp8-format", API_ARG_VALUE, O_FP8, NULL, 0, NULL},   /* Megatron's name */
+    {"--fp8-amax-history-len", API_ARG_VALUE, O_FP8_OPT, NULL, 0, NULL},
+    {"--fp8-amax-compute-algo", API_ARG_VALUE, O_FP8_OPT, NULL, 0, NULL},
+    {"--fp8-margin", API_ARG_VALUE, O_FP8_OPT, NULL, 0, NULL},
+    {"--fp8-all-layers", API_ARG_NONE, O_FP8_OPT, NULL, 0, NULL},
     {"--max-source-bytes", API_ARG_VALUE, O_MAX_SOURCE, NULL, 0, NULL},
     {"--keep-gathered", API_ARG_NONE, O_KEEP_GATHERED, NULL, 0, NULL},
     {"--regather", API_ARG_NONE, O_REGATHER, NULL, 0, NULL},
@@ -291,6 +298,37 @@ static int opt_loss_scale(ApiSession *a, const char *s, const char *next) {
   return API_OK;
 }
 
+/* --fp8 FORMAT and its settings (pass fp8, docs/precision.md "FP8") */
+static int opt_fp8(ApiSession *a, const char *s, const char *next) {
+  if (!strcmp(s, "--fp8") || !strcmp(s, "--fp8-format")) {
+    if (!strcmp(next, "hybrid")) a->cx->fp8 = PASS_FP8_HYBRID;
+    else if (!strcmp(next, "e4m3")) a->cx->fp8 = PASS_FP8_E4M3;
+    else return usage_error(a, "--fp8 / --fp8-format must be hybrid (E4M3 forward, E5M2 gradients) or e4m3 (E4M3 "
+                                  "everywhere), got '%s'", next);
+    return API_OK;
+  }
+  if (!strcmp(s, "--fp8-all-layers")) {
+    a->cx->fp8_all_layers = 1;
+    return API_OK;
+  }
+  if (!strcmp(s, "--fp8-amax-compute-algo")) {
+    if (!strcmp(next, "max")) a->cx->fp8_algo = 0;
+    else if (!strcmp(next, "most_recent")) a->cx->fp8_algo = 1;
+    else return usage_error(a, "--fp8-amax-compute-algo must be max or most_recent, got '%s'", next);
+    return API_OK;
+  }
+  char *end;
+  double v = strtod(next, &end);
+  int len = !strcmp(s, "--fp8-amax-history-len");
+  if (!*next || *end || !isfinite(v) || v < (len ? 1 : 0) || (len && (v != floor(v) || v > 1000000)) || (!len && v >= 64))
+    return usage_error(a, len ? "--fp8-amax-history-len expects a whole number from 1 to 1000000, got '%s'"
+                              : "--fp8-margin expects a number from 0 to 63 (scale = fp8_max / amax / 2^margin), got '%s'",
+                       next);
+  if (len) a->cx->fp8_history = (int64_t)v;
+  else a->cx->fp8_margin = v;
+  return API_OK;
+}
+
 static int opt_target(ApiSession *a, const char *next) {
   for (const char *q = next; *q;) {
     size_t n = strcspn(q, ",");
@@ -451,6 +489,7 @@ static int apply_row(ApiSession *a, const ApiOption *r, const char *sub, const c
   case O_DECODE: a->cx->decode = 1; return API_OK;
   case O_LOSS_SCALE: return opt_loss_scale(a, s, next);
   case O_POLICY: return opt_policy(a, next);
+  case O_FP8: case O_FP8_OPT: return opt_fp8(a, s, next);
   case O_KEEP_GATHERED: a->keep_gathered = 1; return API_OK;
   case O_REGATHER: a->cx->regather = 1; return API_OK;
   case O_EMIT_LLVM: a->llvm_dir = next; return API_OK;
@@ -591,6 +630,14 @@ int api_opt_finish(ApiSession *a) {
       return usage_error(a, "%s", "--report kernels takes one --target arch (its ptxas report gives the registers)");
     if (time_report && a->trace) return usage_error(a, "%s", "--report time and --emit=trace: give one of them per run");
   }
+  /* fp8 GEMMs (cuBLASLt's CUDA_R_8F_E4M3 / E5M2) run on sm_89 and newer only */
+  for (int t = 0; a->cx->fp8 && t < a->nsm; t++)
+    if (a->sm[t] < 89) {
+      char arch[16];
+      snprintf(arch, sizeof arch, "sm_%d", a->sm[t]);
+      return usage_error(a, "--fp8 with --target %s: cuBLASLt's fp8 GEMMs need sm_89 or newer (Ada, Hopper: sm_90 "
+                            "for H100 / H200); drop it from --target or drop --fp8", arch);
+    }
   /* Pass names are checked before the (possibly long) frontend runs. */
   char err[512];
   if (a->cx->print_after && pass_check_name(a->cx->print_after, "--print-ir-after", err, sizeof err) != 0)

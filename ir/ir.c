@@ -121,10 +121,16 @@ int ir_op_reads_16(IrOp op) {
   case IR_OP_CONCAT: case IR_OP_BROADCAST: case IR_OP_SHARD_SLICE: case IR_OP_ASSIGN:
   case IR_OP_STASH: case IR_OP_SLICE_AT: case IR_OP_KV_WRITE: case IR_OP_ALL_GATHER:
   case IR_OP_SEND:   /* a pipeline message carries the value as stored */
+  case IR_OP_QUANT8: case IR_OP_AMAX_ACC:   /* fp8: read bf16 activations, f32 arithmetic inside */
     return 1;
   default:
     return (ir_ops[op].flags & OPF_MIXED) != 0;   /* a GEMM: f32 accumulation of 16-bit products */
   }
+}
+
+int ir_op_reads_8(IrOp op) {
+  if (op == IR_OP_MATMUL8) return 1;
+  return ir_op_reads_16(op) && !(ir_ops[op].flags & OPF_MIXED);   /* moves or converts bytes */
 }
 
 int ir_op_communicates(IrOp op) {
@@ -188,7 +194,7 @@ void ir_ops_markdown(StrBuf *out) {
 }
 
 /* ---- dtypes and types ---- */
-static const char *dtype_names[IR_DTYPE_COUNT] = {"void", "f32", "f64", "i32", "bf16", "f16"};
+static const char *dtype_names[IR_DTYPE_COUNT] = {"void", "f32", "f64", "i32", "bf16", "f16", "f8e4m3", "f8e5m2"};
 
 const char *ir_dtype_name(IrDtype t) {
   return (int)t >= 0 && t < IR_DTYPE_COUNT ? dtype_names[t] : "?";
@@ -203,6 +209,7 @@ size_t ir_dtype_size(IrDtype t) {
   case IR_F32: case IR_I32: return 4;
   case IR_F64: return 8;
   case IR_BF16: case IR_F16: return 2;
+  case IR_F8E4M3: case IR_F8E5M2: return 1;
   default: return 0;
   }
 }
@@ -246,7 +253,7 @@ char *ir_type_str(const IrType *t, char *buf, size_t n) {
 
 /* ---- names of the small enums ---- */
 const char *ir_state_kind_name(IrStateKind k) {
-  static const char *s[] = {"param", "grad", "adam_m", "adam_v", "cache", "copy", "shard", "scaler"};
+  static const char *s[] = {"param", "grad", "adam_m", "adam_v", "cache", "copy", "shard", "scaler", "fp8"};
   return (int)k >= 0 && k < IR_STATE_KIND_COUNT ? s[k] : "?";
 }
 const char *ir_init_kind_name(IrInitKind k) {

@@ -56,16 +56,25 @@ void ir_ops_markdown(StrBuf *out);
  * layout ops, state reads and writes, stash, send and recv); arithmetic
  * reads it through a cast to f32, which pass `precision` inserts and the
  * verifier requires.  ir_dtype_is_float is the ARITHMETIC float types. */
-typedef enum { IR_VOID, IR_F32, IR_F64, IR_I32, IR_BF16, IR_F16, IR_DTYPE_COUNT } IrDtype;
+/* f8e4m3 (E4M3, the finite-only "fn" variant: max 448, NaN S.1111.111, no
+ * infinity) and f8e5m2 (E5M2: max 57344, IEEE-like inf and NaN) are the
+ * fp8 storage types of --fp8 (passes/fp8.c, docs/precision.md "FP8"): made
+ * only by quant8 (x * scale rounded, saturating), read only by matmul8, cast
+ * and the ops that move bytes (ir_op_reads_8). */
+typedef enum { IR_VOID, IR_F32, IR_F64, IR_I32, IR_BF16, IR_F16, IR_F8E4M3, IR_F8E5M2, IR_DTYPE_COUNT } IrDtype;
 const char *ir_dtype_name(IrDtype t);         /* "f32" ... */
 int ir_dtype_lookup(const char *name);        /* -1 if unknown */
 size_t ir_dtype_size(IrDtype t);
 static inline int ir_dtype_is_float(IrDtype t) { return t == IR_F32 || t == IR_F64; }
 static inline int ir_dtype_is_16(IrDtype t) { return t == IR_BF16 || t == IR_F16; }
+static inline int ir_dtype_is_8(IrDtype t) { return t == IR_F8E4M3 || t == IR_F8E5M2; }
 /* Whether an op reads 16-bit operands as they are (moves or converts
  * elements without arithmetic, or an OPF_MIXED GEMM, which accumulates
  * their products in f32); every other op needs f32/f64/i32 operands. */
 int ir_op_reads_16(IrOp op);
+/* Whether an op reads fp8 operands: matmul8 (with their scale_inv), cast,
+ * and the ops that move bytes (the layout ops, stash, send, assign). */
+int ir_op_reads_8(IrOp op);
 
 #define IR_MAX_RANK 8
 /* A tensor type.  Each dim has a size and optionally a name (interned, e.g.
@@ -196,12 +205,17 @@ typedef struct {
  * over the other axes, init, logical sizes) and carries IR_STATE_SHARDED:
  * it occupies no memory and no block reads it; the micro block gathers
  * the shard before use and adamw updates the shard. */
+/* IR_STATE_FP8: a state of --fp8's delayed scaling (passes/fp8.c): per
+ * quantized tensor its amax of this step (scalar, max-accumulated by
+ * amax_acc), amax history [len], scale and scale_inv (scalars); f32, of=-1,
+ * every element starts at init_a (printed start=V), written only by
+ * amax_acc, zero and fp8_scale, checkpointed like any state. */
 /* IR_STATE_SCALER: a scalar of fp16's dynamic loss scaler (passes/scaler.c,
  * docs/precision.md): the scale, its good-step and hysteresis counters and
  * the skipped-step count; of=-1, starts at init_a (printed start=V),
  * written only by scale_update, checkpointed like any state. */
 typedef enum { IR_STATE_PARAM, IR_STATE_GRAD, IR_STATE_ADAM_M, IR_STATE_ADAM_V, IR_STATE_CACHE, IR_STATE_COPY,
-               IR_STATE_SHARD, IR_STATE_SCALER, IR_STATE_KIND_COUNT } IrStateKind;
+               IR_STATE_SHARD, IR_STATE_SCALER, IR_STATE_FP8, IR_STATE_KIND_COUNT } IrStateKind;
 typedef enum { IR_INIT_ZEROS, IR_INIT_ONES, IR_INIT_NORMAL, IR_INIT_UNIFORM, IR_INIT_KIND_COUNT } IrInitKind;
 enum {
   IR_STATE_NODECAY = 1 << 0,   /* no weight decay (biases, norm gains) */

@@ -478,7 +478,7 @@ static int parse_state(P *p) {
           expect(p, ')'))
         return -1;
     }
-  } else if (s.kind == IR_STATE_SCALER) {
+  } else if (s.kind == IR_STATE_SCALER || s.kind == IR_STATE_FP8) {
     if (parse_key(p, "start") || parse_double(p, &s.init_a)) return -1;
   } else if (s.kind != IR_STATE_CACHE) {
     if (parse_key(p, "of")) return -1;

@@ -101,7 +101,7 @@ static void print_state(const IrModule *m, const IrState *s, StrBuf *out) {
       put_double(out, s->init_b);
       sb_putc(out, ')');
     }
-  } else if (s->kind == IR_STATE_SCALER) {
+  } else if (s->kind == IR_STATE_SCALER || s->kind == IR_STATE_FP8) {
     sb_puts(out, " start=");
     put_double(out, s->init_a);
   } else if (s->kind != IR_STATE_CACHE) {

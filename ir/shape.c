@@ -370,6 +370,7 @@ static int shape_SUMSQ(Sx *x) {
 }
 
 /* ---- contraction ---- */
+static int contract(Sx *x, const IrType *a0, const IrType *b0, IrDtype rd);
 /* a[..., M, K] @ b[K, N] or a[..., M, K] @ b[..., K, N] -> [..., M, N]. */
 static int shape_MATMUL(Sx *x) {
   if (need_bool(x, 0) || need_bool(x, 1)) return -1;
@@ -385,6 +386,10 @@ static int shape_MATMUL(Sx *x) {
   if (rd != a0->dtype && !(rd == IR_F32 && ir_dtype_is_16(a0->dtype)))
     return fail(x, "result dtype %s: a matmul of %s operands stores %s%s", ir_dtype_name(rd), ir_dtype_name(a0->dtype),
                 ir_dtype_name(a0->dtype), ir_dtype_is_16(a0->dtype) ? " or f32" : "");
+  return contract(x, a0, b0, rd);
+}
+/* matmul's shapes (ta / tb in ia[0], ia[1]) into x->out with dtype rd */
+static int contract(Sx *x, const IrType *a0, const IrType *b0, IrDtype rd) {
   IrType a = *a0, b = *b0;      /* apply the transposes of the last two dims */
   if (x->n->ia[0]) {
     int r = a.rank;
@@ -873,6 +878,57 @@ static int shape_SCALE_UPDATE(Sx *x) {
   if (!(x->n->fa[0] > 0)) return fail(x, "min must be > 0, got %g", x->n->fa[0]);
   return 0;
 }
+/* ---- fp8 ---- */
+/* (x, scale[]) -> fp8 of x's shape: the result dtype given */
+static int shape_QUANT8(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (!(ir_dtype_is_float(a->dtype) || ir_dtype_is_16(a->dtype)))
+    return fail(x, "operand %s must be f32, f64, bf16 or f16", tstr(x, a));
+  if (scalar_float(x, 1, "scale")) return -1;
+  if (!ir_dtype_is_8(x->out->dtype) || !same_sizes(x->out, a))
+    return fail(x, "result %s must be %s's shape in f8e4m3 or f8e5m2", tstr(x, x->out), tstr(x, a));
+  fill_names(x->out, a);
+  return 0;
+}
+/* a state of kind fp8 of rank `rank` (len: its one dim, when rank 1) */
+static const IrState *fp8_state(Sx *x, int slot, int rank) {
+  const IrState *s = state_ref(x, slot);
+  if (!s) return NULL;
+  if (s->kind != IR_STATE_FP8 || s->type.rank != rank || s->type.dtype != IR_F32) {
+    fail(x, "@%s is a %s %s, expected an f32 %s of kind fp8", s->name, ir_state_kind_name(s->kind),
+         tstr(x, &s->type), rank ? "vector" : "scalar");
+    return NULL;
+  }
+  return s;
+}
+static int shape_AMAX_ACC(Sx *x) {
+  const IrType *a = opnd(x, 0);
+  if (!(ir_dtype_is_float(a->dtype) || ir_dtype_is_16(a->dtype)))
+    return fail(x, "operand %s must be f32, f64, bf16 or f16", tstr(x, a));
+  return fp8_state(x, 0, 0) ? 0 : -1;
+}
+static int shape_MATMUL8(Sx *x) {
+  if (need_bool(x, 0) || need_bool(x, 1)) return -1;
+  const IrType *a0 = opnd(x, 0), *b0 = opnd(x, 1);
+  if (!ir_dtype_is_8(a0->dtype) || !ir_dtype_is_8(b0->dtype) || a0->rank < 2 || b0->rank < 2)
+    return fail(x, "operands %s and %s must be fp8 (f8e4m3 or f8e5m2) of rank >= 2", tstr(x, a0), tstr(x, b0));
+  if (scalar_float(x, 2, "scale_inv of a") || scalar_float(x, 3, "scale_inv of b")) return -1;
+  IrDtype rd = x->n->type.dtype;
+  if (rd != IR_BF16 && rd != IR_F32) return fail(x, "result dtype %s: fp8 GEMMs store bf16 or f32", ir_dtype_name(rd));
+  IrType given = *x->out;
+  if (contract(x, a0, b0, rd)) return -1;
+  if (!same_sizes(&given, x->out))
+    return fail(x, "result %s: the operands give %s", tstr(x, &given), tstr(x, x->out));
+  return 0;
+}
+static int shape_FP8_SCALE(Sx *x) {
+  if (scalar_float(x, 0, "amax")) return -1;
+  if (!fp8_state(x, 0, 1) || !fp8_state(x, 1, 0) || !fp8_state(x, 2, 0)) return -1;
+  if (x->n->ia[3] != 0 && x->n->ia[3] != 1) return fail(x, "algo=%lld must be 0 (max) or 1 (most_recent)", (long long)x->n->ia[3]);
+  if (!(x->n->fa[0] >= 0) || !(x->n->fa[1] > 0) || !isfinite(x->n->fa[1]))
+    return fail(x, "margin %g must be >= 0 and fmax %g finite and > 0", x->n->fa[0], x->n->fa[1]);
+  return 0;
+}
 /* accum and assign: the operand has the state's shape. */
 static int state_operand(Sx *x) {
   const IrState *s = state_ref(x, 0);
@@ -1102,6 +1158,9 @@ int ir_infer_type(const IrModule *m, const IrBlock *b, const IrNode *n,
     if (b->nodes[v].type.dtype == IR_VOID)
       return fail(&x, "operand %d (%%%d) is an effect, not a value", i + 1, v);
     /* 16-bit values are storage (ir.h): arithmetic reads them through a cast */
+    if (ir_dtype_is_8(b->nodes[v].type.dtype) && !ir_op_reads_8(n->op))
+      return fail(&x, "operand %d (%%%d) is %s, an fp8 storage type: only matmul8 (with its scale_inv), cast and "
+                  "the ops that move bytes read it", i + 1, v, ir_dtype_name(b->nodes[v].type.dtype));
     if (ir_dtype_is_16(b->nodes[v].type.dtype) && !ir_op_reads_16(n->op))
       return fail(&x, "operand %d (%%%d) is %s, a storage type: %s computes in f32 and reads it through a "
                   "cast to f32 (pass precision inserts them)", i + 1, v, ir_dtype_name(b->nodes[v].type.dtype),

@@ -82,6 +82,9 @@ static int verify_states(const IrModule *m, char *err, size_t errlen) {
                        s->name, p->name, (long long)ir_type_numel(&p->type));
     } else if (s->kind == IR_STATE_CACHE) {
       if (s->of != -1) return ts_errf(err, errlen, "cache @%s has of=%d (must be -1)", s->name, s->of);
+    } else if (s->kind == IR_STATE_FP8) {
+      if (s->of != -1 || s->type.rank > 1 || s->type.dtype != IR_F32 || !ir_sharding_is_none(&s->sh))
+        return ts_errf(err, errlen, "fp8 state @%s must be a replicated f32 scalar or vector with of=-1", s->name);
     } else if (s->kind == IR_STATE_SCALER) {
       if (s->of != -1 || s->type.rank != 0 || !ir_dtype_is_float(s->type.dtype) || s->sh.partial || s->sh.flat)
         return ts_errf(err, errlen, "scaler @%s must be a replicated float scalar with of=-1", s->name);

@@ -247,6 +247,46 @@ static int report_gathered(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, St
   return 0;
 }
 
+/* --fp8 (passes/fp8.c): the delayed-scaling states (per quantized tensor
+ * an amax history and three scalars) and the fp8 copies the GEMMs read
+ * (quant8's results in block micro, 1 byte per element: per micro batch,
+ * and those a backward node reads, held from the forward as TE keeps its
+ * fp8 activations). */
+static void report_fp8(const IrModule *m, StrBuf *out, size_t fp8s) {
+  int nt = 0;
+  int64_t len = 0;
+  for (int i = 0; i < m->states.n; i++)
+    if (m->states.a[i].kind == IR_STATE_FP8 && m->states.a[i].type.rank == 1) {
+      nt++;
+      len = m->states.a[i].type.dim[0];
+    }
+  char label[200];
+  snprintf(label, sizeof label, "fp8 states (%d tensors x (history %lld + 3) f32)", nt, (long long)len);
+  report_row(out, label, fp8s);
+  int mb = ir_block_find(m, "micro");
+  if (mb < 0) return;
+  const IrBlock *b = &m->blocks.a[mb];
+  int loss = b->n;
+  for (int i = 0; i < b->n && loss == b->n; i++)
+    if (b->nodes[i].op == IR_OP_OUTPUT && b->nodes[i].sa && !strcmp(b->nodes[i].sa, "loss")) loss = i;
+  size_t all = 0, held = 0;
+  for (int i = 0; i < b->n; i++) {
+    if (b->nodes[i].op != IR_OP_QUANT8) continue;
+    size_t bytes = (size_t)ir_type_numel(&b->nodes[i].type) * ir_dtype_size(b->nodes[i].type.dtype);
+    all += bytes;
+    int late = 0;
+    for (int j = loss + 1; j < b->n && i < loss && !late; j++)
+      for (int k = 0; k < b->nodes[j].nin; k++) {
+        int v = b->nodes[j].in[k];
+        while (v > i && b->nodes[v].op == IR_OP_RESHAPE) v = b->nodes[v].in[0];   /* through the reshapes */
+        late |= v == i;
+      }
+    held += late ? bytes : 0;
+  }
+  report_row(out, "fp8 copies per micro batch (quant8, 1 B each)", all);
+  report_row(out, "fp8 copies held for the backward", held);
+}
+
 /* The rows of one rank's program m: its states by kind (LOCAL types: a
  * tp-split parameter counts 1/tp of its elements, a ZeRO moment its flat
  * chunk), each block's arena under the LLVM backend (the default) and the
@@ -272,9 +312,11 @@ static int report_rows(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, StrBuf
                                                        "optimizer state (lion momentum)",
                                                        "optimizer state (muon momentum, adam m+v)"};
   report_row(out, m->train.optimizer < IR_OPT_COUNT ? opt_label[m->train.optimizer] : opt_label[0], opt);
-  report_row(out, "states total", par + cpy + grad + opt);
+  size_t fp8s = plan_mem_state_bytes(m, IR_STATE_FP8);
+  if (fp8s) report_fp8(m, out, fp8s);
+  report_row(out, "states total", par + cpy + grad + opt + fp8s);
   report_per_param(m, out, par, cpy, grad, opt);
-  par += cpy;   /* the totals below count the copies with the parameters */
+  par += cpy + fp8s;   /* the totals below count the copies and fp8's states with the parameters */
   size_t arena[2] = {0, 0};   /* [0] reference, [1] llvm */
   for (int fused = 1; fused >= 0; fused--) {
     for (int bi = 0; bi < m->blocks.n; bi++) {

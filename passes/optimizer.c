@@ -1122,6 +1122,7 @@ static int optimizer_run(IrModule *m, PassCtx *cx, const uint64_t *stage_ranks) 
   }
 
   if (rc == 0 && scaler_on(m)) rc = scaler_blocks(m, cx);   /* fp16: the inf check and the skip */
+  if (rc == 0) rc = fp8_update_ops(m, cx);                  /* --fp8: the scales from the amax history */
   if (rc != 0) {             /* leave the module as it was */
     m->blocks.n = nblocks0;
     if (nstates0) memcpy(m->states.a, saved, (size_t)nstates0 * sizeof *saved);
@@ -1340,6 +1341,11 @@ int pass_respecialize_dp(IrModule *m, int dp, char *err, size_t errlen) {
     for (int i = 0; i < m->blocks.a[bi].n && !fused; i++) fused = m->blocks.a[bi].nodes[i].group > 0;
   PassCtx cx;
   pass_ctx_init(&cx);
+  for (int i = 0; i < old.n; i++)   /* --fp8's settings, as compiled (fp8_update_ops makes the ops again) */
+    if (old.nodes[i].op == IR_OP_FP8_SCALE) {
+      cx.fp8_algo = (int)old.nodes[i].ia[3];
+      cx.fp8_margin = old.nodes[i].fa[0];
+    }
   int rc = optimizer_run(m, &cx, ranks);
   int nb = rc == 0 ? ir_block_find(m, "update") : -1;
   if (nb >= 0 && nb != ub) {   /* back in its place, before the blocks later passes add (eval) */

@@ -605,6 +605,14 @@ int pass_layer_units(const IrModule *m, const IrBlock *blk, int n, int *unit, un
   return rc;
 }
 
+int pass_layer_stacks(const IrModule *m, PipeStacks *st, char *err, size_t errlen) {
+  int *layer_of = ts_xmalloc((size_t)(m->states.n + 1) * sizeof *layer_of);
+  int rc = find_stacks(m, st, layer_of, err, errlen);
+  free(layer_of);
+  return rc;
+}
+void pass_layer_stacks_free(PipeStacks *st) { stacks_free(st); }
+
 void pass_pipe_partition_free(PipePartition *p) {
   free(p->flops);
   free(p->bytes);

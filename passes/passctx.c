@@ -15,6 +15,8 @@ void pass_ctx_init(PassCtx *cx) {
   cx->loss_scale_window = 1000;
   cx->hysteresis = 2;
   cx->min_loss_scale = 1.0;
+  cx->fp8_history = 1024;                  /* Megatron's --fp8-amax-history-len and --fp8-amax-compute-algo */
+  cx->fp8_algo = 1;
 }
 
 static const char *const recompute_names[PASS_RECOMPUTE_COUNT] = {"none", "full", "selective", "auto"};

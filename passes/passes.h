@@ -61,7 +61,18 @@ typedef struct PassCtx {
   double loss_scale, initial_loss_scale, min_loss_scale;
   int64_t loss_scale_window, hysteresis;
   const char *loss_scale_flag; /* one of them given (NULL: none): refused unless the module trains in fp16 */
+  /* --fp8 (pass fp8, passes/fp8.c, docs/precision.md "FP8"): Megatron's
+   * --fp8-format, --fp8-amax-history-len, --fp8-amax-compute-algo,
+   * --fp8-margin; fp8_all_layers: --fp8-all-layers (the first and last
+   * layer of each repeat stack in fp8 too; Megatron's
+   * --first-last-layers-bf16 is the default) */
+  int fp8;                   /* PassFp8: none, hybrid (E4M3 forward, E5M2 gradients), e4m3 (everywhere) */
+  int64_t fp8_history;
+  int fp8_algo;              /* 0 max over the history, 1 most_recent */
+  double fp8_margin;
+  int fp8_all_layers;
 } PassCtx;
+enum PassFp8 { PASS_FP8_NONE, PASS_FP8_HYBRID, PASS_FP8_E4M3 };
 
 typedef int (*PassFn)(IrModule *m, PassCtx *cx);
 enum PassCpAttn { PASS_CP_ATTN_RING, PASS_CP_ATTN_ALLGATHER, PASS_CP_ATTN_A2A };
@@ -92,6 +103,11 @@ int pass_shard(IrModule *m, PassCtx *cx);
  * f32 arithmetic through explicit casts, parameter reads from 16-bit copy
  * states (passes/precision.c) */
 int pass_precision(IrModule *m, PassCtx *cx);
+/* --fp8: the GEMMs of the repeat-stack layers as fp8 GEMMs with delayed
+ * scaling (passes/fp8.c); fp8_update_ops appends the step's scale update
+ * to block "update" (called by the optimizer pass). */
+int pass_fp8(IrModule *m, PassCtx *cx);
+int fp8_update_ops(IrModule *m, PassCtx *cx);
 /* The table as text: class, default storage, ops (mcc --precision-policy help). */
 void pass_precision_classes(StrBuf *out);
 /* fp16's dynamic loss scaling (passes/scaler.c; used by autodiff and the

@@ -82,6 +82,11 @@ void pass_pipe_partition_free(PipePartition *p);
  * (no repeat stack, layers out of order). */
 int pass_layer_units(const IrModule *m, const IrBlock *b, int n, int *unit, unsigned char *anch, int *nlayers,
                      char *err, size_t errlen);
+/* The model's repeat stacks (what pass_layer_units numbers: stack k's
+ * layers are units begin[k] + 1 .. begin[k + 1]).  0, or -1 with a message
+ * (no repeat stack); pass_layer_stacks_free frees *st. */
+int pass_layer_stacks(const IrModule *m, PipeStacks *st, char *err, size_t errlen);
+void pass_layer_stacks_free(PipeStacks *st);
 /* "E + layers 0-2", "layers 3-5 + L", "(empty)": the units of chunk g. */
 void pass_pipe_chunk_str(const PipePartition *p, int g, char *buf, size_t n);
 

@@ -20,6 +20,7 @@ const PassInfo pass_pipeline[] = {
     {"autodiff", pass_autodiff, "forward -> micro: forward, backward, accumulate into gradient state"},
     {"shard", pass_shard, "tensor / sequence parallelism: local shapes, layouts, collectives (docs/sharding.md)"},
     {"precision", pass_precision, "the dtype each value is stored in: 16-bit storage and f32 arithmetic per op class, casts explicit (docs/precision.md)"},
+    {"fp8", pass_fp8, "--fp8: the repeat-stack layers' GEMMs read fp8 operands quantized with delayed scaling (docs/precision.md \"FP8\")"},
     {"remat", pass_remat, "recomputes in the backward the cheap values the forward would keep (passes/remat.c)"},
     {"pipeline", pass_pipe_split, "pp > 1: micro -> per-chunk blocks fwd.<g> / bwd.<g> joined by send/recv and stash"},
     {"wsplit", pass_wsplit, "--schedule zb-h1: each bwd.<g> -> input-gradient part bwd.<g> (B) and weight-gradient part wgt.<g> (W)"},

@@ -158,6 +158,11 @@ int rt_stash_keep(RtKctx *k, void *buf);
  * left, skipped steps} (op scale_update; docs/precision.md): found: the
  * step had an inf/NaN gradient on some rank.  dynamic = 0: only the
  * skipped count changes. */
+/* --fp8's delayed scaling (op fp8_scale): hist[len] rolls (hist[0] = amax);
+ * a = max(hist) or (most_recent) amax; a finite and > 0: *scale = fmax / a /
+ * 2^margin, *sinv = 1 / *scale; else both kept (Transformer Engine). */
+void rt_fp8_scale(float *hist, int64_t len, float amax, int most_recent, double margin, double fmax, float *scale,
+                  float *sinv);
 void rt_scale_update(double st[4], int found, int64_t window, int64_t hysteresis, int dynamic, double min_scale);
 /* The unstash node k takes the stashed buffer itself as its result
  * (*buf; the caller returns it with rt_kenv_pipe_unbuf).  0, or -1 after

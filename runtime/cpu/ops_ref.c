@@ -37,6 +37,8 @@ static inline double rt_ld(const void *p, IrDtype t, int64_t i) {
   case IR_I32: return ((const int32_t *)p)[i];
   case IR_BF16: return ts_bf16_to_f32(((const uint16_t *)p)[i]);
   case IR_F16: return ts_f16_to_f32(((const uint16_t *)p)[i]);
+  case IR_F8E4M3: return ts_f8e4m3_to_f32(((const uint8_t *)p)[i]);
+  case IR_F8E5M2: return ts_f8e5m2_to_f32(((const uint8_t *)p)[i]);
   default: return NAN;
   }
 }
@@ -55,6 +57,8 @@ static inline void rt_st(void *p, IrDtype t, int64_t i, double v) {
   case IR_I32: ((int32_t *)p)[i] = rt_to_i32(v); break;
   case IR_BF16: ((uint16_t *)p)[i] = ts_f32_to_bf16((float)v); break;   /* half.h: through f32 */
   case IR_F16: ((uint16_t *)p)[i] = ts_f32_to_f16((float)v); break;
+  case IR_F8E4M3: ((uint8_t *)p)[i] = ts_f32_to_f8e4m3((float)v); break;   /* saturating */
+  case IR_F8E5M2: ((uint8_t *)p)[i] = ts_f32_to_f8e5m2((float)v); break;
   default: break;
   }
 }
@@ -271,6 +275,7 @@ FLOAT_OP(SUMSQ, "t")
  * The f32 copies are this call's own (malloc'd whole, freed before it
  * returns): the plan has no buffer for them.  OpenBLAS 0.3.21 of Debian 12
  * declares cblas_sbgemm but does not export it (docs/precision.md). */
+static int matmul_f32_of(RtKctx *k, float alpha);
 static int ref_MATMUL(RtKctx *k) {
   IrDtype d = k->it[0]->dtype, ft = k->ot->dtype;
   if (!ir_dtype_is_16(d)) {
@@ -281,11 +286,19 @@ static int ref_MATMUL(RtKctx *k) {
   if (k->it[1]->dtype != d || (ft != d && ft != IR_F32))
     return rt_kfail(k, "a 16-bit matmul takes two %s operands and stores %s or f32, not %s @ %s -> %s", ir_dtype_name(d),
                     ir_dtype_name(d), rt_tstr(k->it[0], 0), rt_tstr(k->it[1], 1), ir_dtype_name(ft));
+  return matmul_f32_of(k, 1.0f);
+}
+/* The GEMM of a 16-bit or fp8 matmul: both operands converted to f32
+ * (exact), cblas_sgemm as an f32 matmul of those shapes, the f32 sum times
+ * alpha (fp8: the operands' scale_inv product; 1: none), stored once in
+ * the result dtype (bf16 / f16 rounded, or f32 as it is). */
+static int matmul_f32_of(RtKctx *k, float alpha) {
+  IrDtype ft = k->ot->dtype;
   int64_t na = ir_type_numel(k->it[0]), nb = ir_type_numel(k->it[1]), no = ir_type_numel(k->ot);
   float *a = ts_xmalloc((size_t)(na ? na : 1) * sizeof *a), *b = ts_xmalloc((size_t)(nb ? nb : 1) * sizeof *b);
   float *c = ft == IR_F32 ? k->out : ts_xmalloc((size_t)(no ? no : 1) * sizeof *c);
-  rt_convert(a, IR_F32, k->in[0], d, na);
-  rt_convert(b, IR_F32, k->in[1], d, nb);
+  rt_convert(a, IR_F32, k->in[0], k->it[0]->dtype, na);
+  rt_convert(b, IR_F32, k->in[1], k->it[1]->dtype, nb);
   IrType at = *k->it[0], bt = *k->it[1], ct = *k->ot;
   at.dtype = bt.dtype = ct.dtype = IR_F32;
   const void *in[2] = {a, b};
@@ -296,6 +309,8 @@ static int ref_MATMUL(RtKctx *k) {
   k32.out = c;
   k32.ot = &ct;
   int rc = k_MATMUL_f32(&k32);
+  if (rc == 0 && alpha != 1.0f)
+    for (int64_t i = 0; i < no; i++) c[i] *= alpha;
   if (rc == 0 && ft != IR_F32) rt_convert(k->out, ft, c, IR_F32, no);
   free(a);
   free(b);
@@ -774,6 +789,63 @@ void rt_scale_update(double st[4], int found, int64_t window, int64_t hysteresis
       *scale *= 2.0;
     }
   }
+}
+
+/* ---- fp8 (passes/fp8.c): TE's delayed scaling ---- */
+static int ref_QUANT8(RtKctx *k) {
+  IrDtype d = k->it[0]->dtype, ft = k->ot->dtype;
+  if (!(ir_dtype_is_float(d) || ir_dtype_is_16(d)) || !ir_dtype_is_8(ft) || k->it[1]->dtype != IR_F32)
+    return rt_kfail(k, "quant8 takes (x, f32 scale) into fp8, not %s, %s -> %s", rt_tstr(k->it[0], 0),
+                    rt_tstr(k->it[1], 1), ir_dtype_name(ft));
+  float scale = *(const float *)k->in[1];
+  int64_t n = ir_type_numel(k->ot);
+  uint8_t *y = k->out;
+  for (int64_t i = 0; i < n; i++) {
+    float v = (float)rt_ld(k->in[0], d, i) * scale;   /* the product in f32, as TE's cast kernel */
+    y[i] = ft == IR_F8E4M3 ? ts_f32_to_f8e4m3(v) : ts_f32_to_f8e5m2(v);
+  }
+  return 0;
+}
+static int ref_AMAX_ACC(RtKctx *k) {
+  float *st = rt_kenv_state(k->env, (int)k->n->ia[0]);
+  IrDtype d = k->it[0]->dtype;
+  int64_t n = ir_type_numel(k->it[0]);
+  float a = *st;
+  for (int64_t i = 0; i < n; i++) {
+    float v = fabsf((float)rt_ld(k->in[0], d, i));
+    if (v != v || a != a) a = NAN;   /* a NaN is kept: fp8_scale then keeps the old scale */
+    else if (v > a) a = v;
+  }
+  *st = a;
+  return 0;
+}
+static int ref_MATMUL8(RtKctx *k) {
+  if (!ir_dtype_is_8(k->it[0]->dtype) || !ir_dtype_is_8(k->it[1]->dtype) ||
+      (k->ot->dtype != IR_BF16 && k->ot->dtype != IR_F32))
+    return rt_kfail(k, "matmul8 takes two fp8 operands into bf16 or f32, not %s @ %s -> %s", rt_tstr(k->it[0], 0),
+                    rt_tstr(k->it[1], 1), ir_dtype_name(k->ot->dtype));
+  float alpha = *(const float *)k->in[2] * *(const float *)k->in[3];
+  return matmul_f32_of(k, alpha);
+}
+void rt_fp8_scale(float *hist, int64_t len, float amax, int most_recent, double margin, double fmax, float *scale,
+                  float *sinv) {
+  memmove(hist + 1, hist, (size_t)(len - 1) * sizeof *hist);
+  hist[0] = amax;
+  float a = hist[0];
+  for (int64_t i = 1; !most_recent && i < len; i++)
+    a = a != a || hist[i] != hist[i] ? NAN : fmaxf(a, hist[i]);
+  if (!(a > 0) || !isfinite(a)) return;   /* TE: keep the scale when amax is 0 or not finite */
+  float sc = (float)(fmax / (double)a / pow(2.0, margin));   /* TE: (fp8_max / amax) / 2^margin */
+  if (!isfinite(sc) || !(sc > 0)) return;
+  *scale = sc;
+  *sinv = 1.0f / sc;
+}
+static int ref_FP8_SCALE(RtKctx *k) {
+  const IrState *h = kstate(k, 0);
+  rt_fp8_scale(rt_kenv_state(k->env, (int)k->n->ia[0]), h->type.dim[0], (float)rt_ld(k->in[0], k->it[0]->dtype, 0),
+               k->n->ia[3] == 1, k->n->fa[0], k->n->fa[1], rt_kenv_state(k->env, (int)k->n->ia[1]),
+               rt_kenv_state(k->env, (int)k->n->ia[2]));
+  return 0;
 }
 
 static int ref_ACCUM(RtKctx *k) {

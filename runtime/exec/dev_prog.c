@@ -244,6 +244,7 @@ static RtJit *cuda_planning(const IrModule *m, char *err, size_t errlen) {
             "fp16 plans on CPU ranks (mrun --cpu), or compile with --precision f32 for the GPU");
     return NULL;
   }
+  if (rt_fp8_refused_on_gpu(m, err, errlen)) return NULL;
   RtExecOpts o = rt_exec_default();
   o.backend = RT_BACKEND_LLVM;
   o.cuda = 1;

@@ -578,6 +578,15 @@ int rt_program_sync_states(RtProgram *p, char *err, size_t errlen) {
 
 int rt_program_push_states(RtProgram *p, char *err, size_t errlen) { return p->dx ? push_slab(p, "loaded", err, errlen) : 0; }
 
+int rt_fp8_refused_on_gpu(const IrModule *m, char *err, size_t errlen) {
+  for (int i = 0; i < m->states.n; i++)
+    if (m->states.a[i].kind == IR_STATE_FP8)
+      return ts_errf(err, errlen, "this plan trains with --fp8 (matmul8 on f8e4m3 / f8e5m2 operands), and its GPU "
+                     "path (cuBLASLt's fp8 GEMMs, the quantizing kernels) is not built yet: run it on CPU ranks (mrun "
+                     "--cpu), or compile it without --fp8 for the GPU"), 1;
+  return 0;
+}
+
 RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecOpts *o, char *err, size_t errlen) {
   RtExecOpts dflt = {0};
   if (!o) o = &dflt;
@@ -633,6 +642,8 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
       if (s->type.dtype == IR_F64) *(double *)(p->slab + p->off[i]) = s->init_a;
       else *(float *)(p->slab + p->off[i]) = (float)s->init_a;
     }
+    if (s->kind == IR_STATE_FP8)   /* --fp8's scales (1) and amax history (0): every element init_a */
+      for (int64_t e = 0; e < ir_type_numel(&s->type); e++) ((float *)(p->slab + p->off[i]))[e] = (float)s->init_a;
     int at = (s->flags & IR_STATE_SHARDED) ? ir_state_shard_of(m, i) : i;
     if (s->kind == IR_STATE_PARAM && (at < 0 || init_param(p, s, m->train.seed, p->slab + p->off[at], err, errlen) != 0)) {
       if (at < 0) ts_errf(err, errlen, "parameter @%s is sharded but has no shard state", s->name);
@@ -646,6 +657,10 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
             "CUDA kernels yet (issue 20, deliverable 4; bf16 has them): run it on CPU ranks (mrun --cpu), or compile "
             "it with --precision bf16 or f32 for the GPU", ir_dtype_name(m->train.lowp), ir_dtype_name(m->train.lowp),
             ir_dtype_name(m->train.lowp), ir_dtype_name(m->train.lowp));
+    rt_program_free(p);
+    return NULL;
+  }
+  if ((o->dev || o->cuda) && rt_fp8_refused_on_gpu(m, err, errlen)) {
     rt_program_free(p);
     return NULL;
   }

@@ -128,7 +128,7 @@ usage)
   run 2 "$MCC" samples/gpt.mdl --regather --activation-budget 8M && has "$TMP/err" "give one of them"
   run 2 "$MCC" samples/gpt.mdl --keep-gathered --regather && has "$TMP/err" "give one of them"
   run 2 "$MCC" samples/gpt.mdl --print-ir-after=autodif &&
-    has "$TMP/err" "unknown pass 'autodif'" && has "$TMP/err" "frontend, partition, autodiff, shard, precision, remat, pipeline, wsplit, zero3, optimizer, eval, decode, dce"
+    has "$TMP/err" "unknown pass 'autodif'" && has "$TMP/err" "frontend, partition, autodiff, shard, precision, fp8, remat, pipeline, wsplit, zero3, optimizer, eval, decode, dce"
   run 0 "$MCC" --help && has "$TMP/out" "usage: mcc FILE.mdl" && has "$TMP/out" "--dump-ir=all DIR"
   run 0 "$MCC" --version && has "$TMP/out" "plan format 4"
   run 1 "$MCC" "$TMP/missing.mdl" && has "$TMP/err" "cannot open '$TMP/missing.mdl'"
@@ -192,7 +192,7 @@ full-gpt|full-llama)
     has "$TMP/err" "parameters in" && has "$TMP/err" "time: total"
   run 0 "$CHECK" plan "$TMP/$m.plan"
   run 0 "$CHECK" ir "$TMP"/dump/*.ir
-  [ "$(ls "$TMP/dump" | wc -l)" = 14 ] || fail "expected 14 dumps: $(ls "$TMP/dump")"
+  [ "$(ls "$TMP/dump" | wc -l)" = 15 ] || fail "expected 15 dumps: $(ls "$TMP/dump")"
   # -o - writes the same binary plan to stdout
   run 0 "$MCC" samples/$m.mdl -o - && cmp -s "$TMP/out" "$TMP/$m.plan" || fail "-o - differs from the plan file"
   head -c 6 "$TMP/$m.plan" | grep -q TSPLAN || fail "$m.plan does not start with the magic"
@@ -203,15 +203,15 @@ tiny-gpt|tiny-llama)
   # every pass: --verify-roundtrip inside mcc, then the dumps checked here
   run 0 "$MCC" samples/$m.mdl $DEFS -o "$TMP/$m.plan" --verify-roundtrip --verify-each --dump-ir=all "$TMP/dump"
   dumps=$(ls "$TMP/dump" | tr '\n' ' ')
-  [ "$dumps" = "00-frontend.ir 01-partition.ir 02-autodiff.ir 03-shard.ir 04-precision.ir 05-remat.ir 06-pipeline.ir 07-wsplit.ir 08-zero3.ir 09-optimizer.ir 10-eval.ir 11-decode.ir 12-dce.ir 13-fuse.ir " ] || fail "dump files: $dumps"
+  [ "$dumps" = "00-frontend.ir 01-partition.ir 02-autodiff.ir 03-shard.ir 04-precision.ir 05-fp8.ir 06-remat.ir 07-pipeline.ir 08-wsplit.ir 09-zero3.ir 10-optimizer.ir 11-eval.ir 12-decode.ir 13-dce.ir 14-fuse.ir " ] || fail "dump files: $dumps"
   run 0 "$CHECK" ir "$TMP"/dump/*.ir
   has "$TMP/dump/00-frontend.ir" "block forward {"
-  has "$TMP/dump/12-dce.ir" "block micro {"
-  has "$TMP/dump/12-dce.ir" "block update {"
+  has "$TMP/dump/13-dce.ir" "block micro {"
+  has "$TMP/dump/13-dce.ir" "block update {"
   # the final IR: --emit=ir equals the last dump
   run 0 "$MCC" samples/$m.mdl $DEFS --emit=ir -o "$TMP/final.ir"
-  cmp -s "$TMP/final.ir" "$TMP/dump/13-fuse.ir" || fail "--emit=ir differs from the last dump"
-  has "$TMP/dump/13-fuse.ir" " group=1"
+  cmp -s "$TMP/final.ir" "$TMP/dump/14-fuse.ir" || fail "--emit=ir differs from the last dump"
+  has "$TMP/dump/14-fuse.ir" " group=1"
   # --print-ir-after prints parseable IR of that pass to stdout
   run 0 "$MCC" samples/$m.mdl $DEFS --print-ir-after=autodiff -o "$TMP/p.plan" &&
     has "$TMP/out" "# IR after pass 'autodiff'" && has "$TMP/out" "block micro {"

@@ -143,6 +143,11 @@ static const Case cases[] = {
    "%10 = all_to_all %3 axis=tp split=3 concat=0 : f32[2, 4, 8]"},
   /* needs i32 counts: cases in test_moe() */
   {"all_to_all_v", NULL, NULL},
+  /* fp8 values and fp8 states: cases in test_fp8() */
+  {"quant8", NULL, NULL},
+  {"amax_acc", NULL, NULL},
+  {"matmul8", NULL, NULL},
+  {"fp8_scale", NULL, NULL},
   /* rank-4 operands: cases in test_attention() */
   {"ring_shift", NULL, NULL},
   {"ring_wait", NULL, NULL},
@@ -544,6 +549,55 @@ static void test_matmul16(void) {
   ir_module_free(m);
 }
 
+/* --fp8's ops (passes/fp8.c): a valid block, and one bad node per op whose
+ * rule must name it */
+static const char *fp8_text =
+    "module t\n"
+    "parallel tp=1 pp=1 cp=1 ep=1 dp=1 sp=0\n"
+    "state @fa : f32[] fp8 start=0.0\n"
+    "state @fh : f32[4] fp8 start=0.0\n"
+    "state @fs : f32[] fp8 start=1.0\n"
+    "state @fi : f32[] fp8 start=1.0\n"
+    "block b {\n"
+    "  %0 = input \"x\" : f32[4, 8]\n"
+    "  %1 = input \"w\" : f32[8, 8]\n"
+    "  %2 = state @fs : f32[]\n"
+    "  %3 = quant8 %0, %2 : f8e4m3[4, 8]\n"
+    "  %4 = quant8 %1, %2 : f8e5m2[8, 8]\n"
+    "  %5 = state @fi : f32[]\n"
+    "  %6 = matmul8 %3, %4, %5, %5 ta=0 tb=1 : bf16[4, 8]\n"
+    "  amax_acc %0 @fa\n"
+    "  fp8_scale %2 @fh @fs @fi algo=0 margin=0.0 fmax=448.0\n"
+    "}\n"
+    "end\n";
+
+static void test_fp8(void) {
+  char err[512];
+  IrModule *m = ir_parse_module(fp8_text, "fp8", err, sizeof err);
+  CHECK(m != NULL && ir_verify(m, err, sizeof err) == 0, "fp8 block: %s", err);
+  if (m) ir_module_free(m);
+  static const char *bad[][3] = {
+      {"quant8 %0, %2 : f8e4m3", "quant8 %0, %0 : f8e4m3", "error: quant8: scale"},
+      {"quant8 %1, %2 : f8e5m2[8, 8]", "quant8 %1, %2 : f8e5m2[8, 4]", "error: quant8: result"},
+      {"ta=0 tb=1 : bf16[4, 8]", "ta=0 tb=1 : bf16[4, 7]", "error: matmul8: result bf16[4, 7]"},
+      {"ta=0 tb=1 : bf16[4, 8]", "ta=0 tb=1 : f16[4, 8]", "error: matmul8: result dtype f16"},
+      {"amax_acc %0 @fa", "amax_acc %0 @fh", "error: amax_acc: @fh is a fp8 f32[4]"},
+      {"algo=0 margin", "algo=2 margin", "error: fp8_scale: algo=2"},
+      {"fmax=448.0", "fmax=0.0", "error: fp8_scale: margin"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const char *at = strstr(fp8_text, bad[i][0]);
+    CHECK(at != NULL, "fp8 case %zu", i);
+    if (!at) continue;
+    char t[2048];
+    snprintf(t, sizeof t, "%.*s%s%s", (int)(at - fp8_text), fp8_text, bad[i][1], at + strlen(bad[i][0]));
+    err[0] = 0;
+    m = ir_parse_module(t, "fp8", err, sizeof err);
+    CHECK(m == NULL && strstr(err, bad[i][2]), "fp8 case %zu: want '%s', got '%s'", i, bad[i][2], m ? "accepted" : err);
+    if (m) ir_module_free(m);
+  }
+}
+
 int main(void) {
   int ncases = (int)(sizeof cases / sizeof cases[0]);
   for (int op = 0; op < IR_OP_COUNT; op++) {
@@ -582,6 +636,7 @@ int main(void) {
   test_attention();
   test_decode();
   test_moe();
+  test_fp8();
   printf("%d shape-rule cases\n", ncases);
   return check_exit("test_ir_shapes");
 }

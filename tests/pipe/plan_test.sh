@@ -48,7 +48,7 @@ has "$TMP/out" "vpp=1 schedule=1f1b stage=0"
 has "$TMP/out" "block update.0 {"
 has "$TMP/out" "block update.1 {"
 run 0 "$M" $TINY --pp 2 --dump-ir=optimizer "$TMP/dump" -o "$TMP/d.plan"
-has "$TMP/dump/09-optimizer.ir" "block update.1 {"
+has "$TMP/dump/10-optimizer.ir" "block update.1 {"
 
 # vpp 2: interleaved by default, recorded in the programs; gpipe asked for
 run 0 "$M" $TINY --pp 2 --vpp 2 --emit=plan-text

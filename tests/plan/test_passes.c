@@ -147,7 +147,7 @@ static void test_pipeline(const char *tmpdir) {
   pass_ctx_init(&cx);
   cx.print_after = "autodif";
   CHECK(pass_run_pipeline(m, &cx) != 0 && strstr(cx.err, "unknown pass 'autodif'") &&
-            strstr(cx.err, "frontend, partition, autodiff, shard, precision, remat, pipeline, wsplit, zero3, optimizer, eval, decode, dce"), "unknown pass: '%s'", cx.err);
+            strstr(cx.err, "frontend, partition, autodiff, shard, precision, fp8, remat, pipeline, wsplit, zero3, optimizer, eval, decode, dce"), "unknown pass: '%s'", cx.err);
   CHECK(m->blocks.n == 1, "passes ran despite the bad name");
   CHECK(pass_find("frontend") == 0 && pass_find("fuse") == pass_pipeline_count && pass_find("x") < 0, "pass_find");
 
