@@ -36,13 +36,14 @@ typedef struct ncOpaque *ncComm;     /* ncclComm_t */
 typedef struct cuStreamOpaque *cuStream;
 typedef struct { char internal[128]; } ncUniqueId;
 enum { NC_SUCCESS = 0, NC_IN_PROGRESS = 7, NC_SUM = 0, NC_MAX = 2, NC_INT32 = 2, NC_FLOAT32 = 7, NC_FLOAT64 = 8, NC_FLOAT16 = 6, NC_BFLOAT16 = 9,
-       CU_NOT_READY = 600 };
+       NC_FLOAT8E4M3 = 10, NC_FLOAT8E5M2 = 11, CU_NOT_READY = 600 };
 
 #ifdef TS_HAVE_NCCL_H
 #include <nccl.h>
 _Static_assert(sizeof(ncUniqueId) == sizeof(ncclUniqueId), "ncclUniqueId size");
 _Static_assert(NC_SUM == (int)ncclSum && NC_MAX == (int)ncclMax && NC_FLOAT32 == (int)ncclFloat32 && NC_FLOAT64 == (int)ncclFloat64 &&
                NC_INT32 == (int)ncclInt32 && NC_FLOAT16 == (int)ncclFloat16 && NC_BFLOAT16 == (int)ncclBfloat16 &&
+               NC_FLOAT8E4M3 == (int)ncclFloat8e4m3 && NC_FLOAT8E5M2 == (int)ncclFloat8e5m2 &&
                NC_SUCCESS == (int)ncclSuccess && NC_IN_PROGRESS == (int)ncclInProgress, "NCCL enums");
 _Static_assert(CU_NOT_READY == (int)cudaErrorNotReady, "cudaErrorNotReady");
 #endif
@@ -57,6 +58,8 @@ static int nc_type(IrDtype dt) {
   case IR_I32: return NC_INT32;
   case IR_BF16: return NC_BFLOAT16;
   case IR_F16: return NC_FLOAT16;
+  case IR_F8E4M3: return NC_FLOAT8E4M3;   /* NCCL 2.24+ (fp8 plans are CPU-only today) */
+  case IR_F8E5M2: return NC_FLOAT8E5M2;
   case IR_VOID: case IR_DTYPE_COUNT: break;
   }
   TS_DIE("comm_nccl: dtype %d has no NCCL data type", (int)dt);
