@@ -17,9 +17,11 @@ names=()
 for e in f32 "${precs[@]}"; do
   p=${e%%,*} flags=()
   [ "$e" = "$p" ] || IFS=, read -r -a flags <<<"${e#*,}"
-  names+=("$p")
-  "$bin/mcc" samples/$model.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 --precision $p "${flags[@]}" -o $p.plan
-  "$bin/mrun" $p.plan --cpu --steps "$steps" --metrics $p.jsonl --quiet 2>&1 | grep -v "no GPU driver" || true
+  name=$p   # bf16 and "bf16 --fp8 hybrid" are two runs: --fp8 names its own
+  [[ " ${flags[*]} " = *" --fp8 "* ]] && name=${p}_fp8
+  names+=("$name")
+  "$bin/mcc" samples/$model.mdl -D layers=2 -D d_model=64 -D heads=4 -D seq_len=64 --precision $p "${flags[@]}" -o $name.plan
+  "$bin/mrun" $name.plan --cpu --steps "$steps" --metrics $name.jsonl --quiet 2>&1 | grep -v "no GPU driver" || true
 done
 python3 - "$steps" "${names[@]:1}" <<'PY'
 import json, sys
