@@ -261,6 +261,7 @@ static int write_metadata(const char *dir, const IrModule *m, const RtRank *r, i
   StrBuf j = {0}, h = {0};
   sb_printf(&j, "{\n  \"format\": \"tessera-checkpoint\",\n  \"version\": %u,\n  \"step\": %lld,\n", CK_VERSION,
             (long long)step);
+  sb_printf(&j, "  \"consumed_samples\": %lld,\n", (long long)ir_train_samples_before(&m->train, step));
   sb_printf(&j, "  \"model\": \"%s\",\n", m->name ? m->name : "");
   sb_printf(&j, "  \"mesh\": {\"dp\": %d, \"pp\": %d, \"cp\": %d, \"ep\": %d, \"tp\": %d},\n", rt_rank_axis_size(r, IR_AXIS_DP),
             rt_rank_axis_size(r, IR_AXIS_PP), rt_rank_axis_size(r, IR_AXIS_CP), rt_rank_axis_size(r, IR_AXIS_EP), rt_rank_axis_size(r, IR_AXIS_TP));
@@ -884,6 +885,16 @@ int rt_ckpt_load(RtProgram *p, RtComm *world, const char *dir, int64_t *step, ch
              meta_int(text, "ranks", &ranks) || ranks < 1 || ranks > 99999)
       bad = ts_errf(why, sizeof why, "--load: '%s' is not a Tessera checkpoint's metadata", path) != 0;
     for (int a = 0; !bad && a < 5; a++) meta_int(text, ax[a], &mesh[a]);   /* for the message only */
+    /* the data goes on at the samples this run's batches put before step k
+     * (the trainer reads by that count): a checkpoint written with other
+     * batches (another global batch or ramp-up) is said, not hidden */
+    long long was = -1, now = !bad ? (long long)ir_train_samples_before(&rt_program_module(p)->train, k) : -1;
+    if (!bad && wr == 0 && meta_int(text, "consumed_samples", &was) == 0 && was != now)
+      fprintf(stderr, "mrun: warning: --load: the checkpoint of step %lld was written after %lld samples, and this "
+              "run's batches (global_batch %lld%s) put its step %lld after %lld: the data goes on from sample %lld; give "
+              "the batch sizes of the run that wrote it to continue where it stopped\n", k, was,
+              (long long)rt_program_module(p)->train.global_batch,
+              ir_train_rampup(&rt_program_module(p)->train) ? ", with a ramp-up" : "", k, now, now);
     free(text);
   }
   if (!bad && index_read(ck, (int)ranks, &x, why, sizeof why) != 0) bad = 1;

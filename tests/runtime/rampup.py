@@ -147,6 +147,16 @@ if [x["loss"] for x in res] != [x["loss"] for x in one[4:]] or resp != onep:
     fail("a run resumed at step 4 of the ramp differs from the uninterrupted run: %s vs %s" %
          ([x["loss"] for x in res], [x["loss"] for x in one[4:]]))
 print("stopped after step 4 and resumed: steps 5-6 and the parameters equal the uninterrupted run, bit for bit")
+with open(os.path.join(ck, "iter_0000004", "metadata.json")) as f:
+    if json.load(f).get("consumed_samples") != 10:
+        fail("the checkpoint of step 4 does not say it was written after 10 samples (2 + 2 + 2 + 4)")
+p = run([MRUN, ramp, "--cpu", "--quiet", "--load", ck, "--rampup-batch-size", "4", "2", "16"])
+want = "the checkpoint of step 4 was written after 10 samples, and this run's batches"
+if want not in p.stderr or "no warning" in p.stderr:
+    fail("resuming with another ramp: expected a warning saying '%s', got:\n%s" % (want, p.stderr))
+if "warning" in run([MRUN, ramp, "--cpu", "--quiet", "--load", ck]).stderr:
+    fail("resuming with the same ramp warns")
+print("resumed with another ramp (4 2 16): warned (%s...)" % p.stderr.strip().splitlines()[-1][:110])
 
 # ---- 3b. pipelines: the schedule is made for each step's count ----
 for tag, extra, gpus, data in [("pp2", ["--pp", "2", "-D", "layers=2"], "2", []),
