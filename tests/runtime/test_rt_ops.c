@@ -1732,7 +1732,11 @@ int main(void) {
                                    /* optimizer steps on states: tests/grad/opt_torch (against torch), their
                                     * ZeRO chunks in tests/parallel's optim cells */
                                    IR_OP_SGD, IR_OP_LION, IR_OP_LR_STEP,
-                                   IR_OP_SCALE_UPDATE};   /* scaler states: tests/fp16 against Megatron's rule */
+                                   IR_OP_SCALE_UPDATE,    /* scaler states: tests/fp16 against Megatron's rule */
+                                   /* fp8 (tests/fp8/test_fp8.c, fp8.unit): quant8 + matmul8 bit for bit the
+                                    * rounding written out on both backends, amax_acc's max |x| and fp8_scale's
+                                    * history / scale rule on their states */
+                                   IR_OP_QUANT8, IR_OP_MATMUL8, IR_OP_AMAX_ACC, IR_OP_FP8_SCALE};
   for (int op = 0; op < IR_OP_COUNT; op++) {
     int skip = 0;
     for (size_t i = 0; i < sizeof elsewhere / sizeof *elsewhere; i++) skip |= elsewhere[i] == (IrOp)op;
