@@ -26,10 +26,36 @@ int64_t ir_train_batch_at(const IrTrain *t, int64_t consumed) {
   return b < t->global_batch ? b : t->global_batch;
 }
 
+/* Whether the ramp's step starting at consumed c runs batch b. */
+static int ramp_step_at(const IrTrain *t, int64_t c, int64_t b) {
+  return c <= t->rampup_samples && ir_train_batch_at(t, c) == b;
+}
+
 int64_t ir_train_samples_before(const IrTrain *t, int64_t step) {
   if (!ir_train_rampup(t)) return step * t->global_batch;
+  /* Step by step: c += batch_at(c) while in the ramp.  The trainer asks for
+   * every step (and its prefetch for every micro batch), and a ramp of
+   * Megatron's size is ~10^5 steps long, so the steps of one batch size are
+   * taken together: batch_at is non-decreasing, so the steps that still
+   * run batch b from c are a prefix, found by doubling and bisection:
+   * O(increments x log steps) instead of O(steps). */
   int64_t c = 0, s = 0;
-  for (; s < step && c <= t->rampup_samples; s++) c += ir_train_batch_at(t, c);
+  while (s < step && c <= t->rampup_samples) {
+    int64_t b = ir_train_batch_at(t, c), lo = 1, hi = 1, cap = step - s;   /* steps [c, c + lo b) run b */
+    while (hi < cap && ramp_step_at(t, c + hi * b, b)) {
+      lo = hi + 1;
+      hi = hi * 2 < cap ? hi * 2 : cap;
+    }
+    if (hi >= cap && ramp_step_at(t, c + (cap - 1) * b, b)) lo = cap;
+    else
+      while (lo < hi) {   /* invariant: steps < lo run b, step hi does not (or hi == cap) */
+        int64_t mid = lo + (hi - lo) / 2;
+        if (ramp_step_at(t, c + mid * b, b)) lo = mid + 1;
+        else hi = mid;
+      }
+    c += lo * b;
+    s += lo;
+  }
   return c + (step - s) * t->global_batch;   /* past the ramp: whole batches */
 }
 

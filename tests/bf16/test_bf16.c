@@ -18,15 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "../check.h"
-
-static uint32_t bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static uint32_t next32(void) {
-  rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-  return (uint32_t)(rng >> 11);
-}
+#define TEST_RNG_SEED 0x9e3779b97f4a7c15ull
+#include "../bits.h"
 
 /* The nearest bf16 to x by search: the two bf16 around x's truncation,
  * the closer in double, ties to the even pattern. */

@@ -27,14 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "../check.h"
-
-static uint32_t bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static uint64_t rng = 0x2545f4914f6cdd1dull;
-static uint32_t next32(void) {
-  rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-  return (uint32_t)(rng >> 11);
-}
+#define TEST_RNG_SEED 0x2545f4914f6cdd1dull
+#include "../bits.h"
 
 /* A format from first principles: value[code] and kind[code] (0 finite,
  * 1 inf, 2 NaN), built by enumerating sign, exponent field and mantissa. */
