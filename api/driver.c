@@ -576,7 +576,7 @@ static int report_comm(const ApiSession *a, const char *kind, const IrModule *m,
   void (*rows)(const IrModule *, int64_t, StrBuf *, CommSum *) = explain ? sharding_rows : comm_rows;
   sb_printf(out, "%s report: %s, %s (%lld ranks), %s training, per rank per step\n", explain ? "sharding" : "comm",
             m->name ? m->name : "?", api_layout_str(m, lay, sizeof lay), (long long)api_mesh_ranks(m),
-            ir_dtype_name(m->train.precision));
+            ir_dtype_name(ir_train_dtype(&m->train)));
   if (explain)
     sb_printf(out, "# every communication node of each rank's program: its block and node id (as --emit=ir prints\n"
                    "# them), what it moves, its runs and bytes sent per step (the figures of --report comm), and\n"

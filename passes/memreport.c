@@ -287,6 +287,15 @@ static void report_fp8(const IrModule *m, StrBuf *out, size_t fp8s) {
   report_row(out, "fp8 copies held for the backward", held);
 }
 
+/* The states that are neither parameters, gradients nor optimizer state:
+ * 16-bit parameter copies, fp8 scales and amax histories, a generation
+ * plan's KV cache, fp16's loss-scaler scalars.  The totals count them with
+ * the parameters (mrun's slab holds them all). */
+static size_t states_beside_params(const IrModule *m) {
+  return plan_mem_state_bytes(m, IR_STATE_COPY) + plan_mem_state_bytes(m, IR_STATE_FP8) +
+         plan_mem_state_bytes(m, IR_STATE_CACHE) + plan_mem_state_bytes(m, IR_STATE_SCALER);
+}
+
 /* The rows of one rank's program m: its states by kind (LOCAL types: a
  * tp-split parameter counts 1/tp of its elements, a ZeRO moment its flat
  * chunk), each block's arena under the LLVM backend (the default) and the
@@ -314,9 +323,12 @@ static int report_rows(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, StrBuf
   report_row(out, m->train.optimizer < IR_OPT_COUNT ? opt_label[m->train.optimizer] : opt_label[0], opt);
   size_t fp8s = plan_mem_state_bytes(m, IR_STATE_FP8);
   if (fp8s) report_fp8(m, out, fp8s);
-  report_row(out, "states total", par + cpy + grad + opt + fp8s);
+  size_t cache = plan_mem_state_bytes(m, IR_STATE_CACHE), scal = plan_mem_state_bytes(m, IR_STATE_SCALER);
+  if (cache) report_row(out, "KV cache (generation, pass decode)", cache);
+  if (scal) report_row(out, "loss scaler (fp16: scale, growth tracker, hysteresis)", scal);
+  report_row(out, "states total", par + cpy + grad + opt + fp8s + cache + scal);
   report_per_param(m, out, par, cpy, grad, opt);
-  par += cpy + fp8s;   /* the totals below count the copies and fp8's states with the parameters */
+  par += states_beside_params(m);   /* the totals below count them with the parameters */
   size_t arena[2] = {0, 0};   /* [0] reference, [1] llvm */
   for (int fused = 1; fused >= 0; fused--) {
     for (int bi = 0; bi < m->blocks.n; bi++) {
@@ -356,7 +368,7 @@ static int report_rows(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, StrBuf
 
 int pass_memplan_totals(const IrModule *m, MemPlanAtFn llvm_at, void *ctx, MemTotals *t, char *err, size_t errlen) {
   memset(t, 0, sizeof *t);
-  t->params = plan_mem_state_bytes(m, IR_STATE_PARAM);
+  t->params = plan_mem_state_bytes(m, IR_STATE_PARAM) + states_beside_params(m);
   t->grads = plan_mem_state_bytes(m, IR_STATE_GRAD);
   t->opt = plan_mem_state_bytes(m, IR_STATE_ADAM_M) + plan_mem_state_bytes(m, IR_STATE_ADAM_V);
   for (int bi = 0; bi < m->blocks.n; bi++) {

@@ -33,7 +33,8 @@ int pass_memplan_report_ranks_at(IrModule *const *programs, int nprograms, const
 
 /* One rank's bytes as that report counts them (LLVM backend). */
 typedef struct {
-  size_t params, grads, opt;   /* states by kind */
+  size_t params, grads, opt;   /* states by kind (params: with the states beside them: 16-bit copies,
+                                  fp8 scales, KV cache, loss scaler) */
   size_t arena;                /* the largest block's packed arena */
   size_t held;                 /* the largest "held for the backward (live at the loss)" */
   size_t stash;                /* pipeline: the stash peak under the schedule (0 without pp) */

@@ -8,6 +8,8 @@
 # moments sharded, no copy held) next to Megatron's distributed optimizer
 # (6 + 12/dp), and the parameters gathered per micro batch (the gathers
 # move the bf16 copies) exactly half of the f32 ZeRO-3 plan's.
+# The states total adds up every state row (fp16: the loss scaler; --decode:
+# the KV cache), and --report comm names bf16 in its header.
 #   memory.sh MCC SOURCE_DIR
 set -euo pipefail
 mcc=$1 src=$2
@@ -29,6 +31,21 @@ echo "$b" | grep -q "state bytes per parameter: 18 = 4 (f32 master) + 2 (bf16 co
   fail "not 18 bytes per parameter"
 echo "$b" | grep -q "Megatron, 16-bit with f32 masters: 18 bytes per parameter" || fail "no Megatron figure"
 echo "$f" | grep -q "state bytes per parameter: 16 = 4 (f32 master) + 0 (no copy)" || fail "f32: not 16 bytes per parameter"
+# the states total is every state the slab holds: the rows above it, fp16's
+# loss scaler and a generation plan's KV cache included (the allocated slab
+# is that, each state 64-byte aligned); the comm report names bf16 too
+adds() {   # adds REPORT: the rows between "rank 0" and "states total" sum to it
+  echo "$1" | awk '/^rank 0/ {on = 1; next} on && /^  states total / {print (s == $3) ? "ok" : "sum " s " total " $3; exit}
+                   on && /^  [a-zA-Z]/ {s += $(NF - 1)}'
+}
+h=$("$mcc" "$src/samples/gpt.mdl" "${cfg[@]}" --precision fp16 --report memory)
+g=$("$mcc" "$src/samples/gpt.mdl" "${cfg[@]}" --decode --report memory)
+sc=$(row "$h" "loss scaler (fp16: scale, growth tracker, hysteresis)"); kv=$(row "$g" "KV cache (generation, pass decode)")
+[ "$sc" = 16 ] || fail "fp16: loss scaler row '$sc', expected 4 f32 scalars (16 bytes)"
+[ -n "$kv" ] && [ "$kv" -gt 0 ] || fail "--decode: no KV cache row"
+for r in "$f" "$b" "$h" "$g"; do [ "$(adds "$r")" = ok ] || fail "states total does not add up: $(adds "$r")"; done
+"$mcc" "$src/samples/gpt.mdl" "${cfg[@]}" --precision bf16 --report comm | head -1 | grep -q "bf16 training" ||
+  fail "the bf16 comm report does not say bf16"
 z=(-D batch=4 -D micro_batch=1 --dp 4 --zero 3)
 zf=$("$mcc" "$src/samples/gpt.mdl" "${cfg[@]}" "${z[@]}" --precision f32 --report memory)
 zb=$("$mcc" "$src/samples/gpt.mdl" "${cfg[@]}" "${z[@]}" --precision bf16 --report memory)
