@@ -374,13 +374,17 @@ int ir_state_derived(IrModule *m, int p, IrStateKind kind, const char *prefix,
 void ir_train_defaults(IrTrain *t);
 /* Batch-size ramp-up (ir/rampup.c, Megatron's rule): whether t ramps; the
  * global batch of a step that starts after `consumed` samples; the samples
- * consumed before step `step` (from 0); the steps that consume `samples`
+ * consumed before step `step` (from 0); the samples consumed after nsteps
+ * steps that start after c0 (a run resumed from a checkpoint goes on from
+ * the samples it records, as Megatron's consumed_train_samples); the steps
+ * that consume `samples`
  * (Megatron's --train-samples: the ramp's steps, then whole global
  * batches); and a check of the ramp's numbers (every batch a multiple of
  * unit = micro_batch x dp), 0 or -1 with the message in err. */
 int ir_train_rampup(const IrTrain *t);
 int64_t ir_train_batch_at(const IrTrain *t, int64_t consumed);
 int64_t ir_train_samples_before(const IrTrain *t, int64_t step);
+int64_t ir_train_samples_after(const IrTrain *t, int64_t c0, int64_t nsteps);
 int64_t ir_train_steps_for_samples(const IrTrain *t, int64_t samples);
 int ir_train_rampup_check(const IrTrain *t, int64_t unit, char *err, size_t errlen);
 

@@ -31,17 +31,17 @@ static int ramp_step_at(const IrTrain *t, int64_t c, int64_t b) {
   return c <= t->rampup_samples && ir_train_batch_at(t, c) == b;
 }
 
-int64_t ir_train_samples_before(const IrTrain *t, int64_t step) {
-  if (!ir_train_rampup(t)) return step * t->global_batch;
+int64_t ir_train_samples_after(const IrTrain *t, int64_t c0, int64_t nsteps) {
+  if (!ir_train_rampup(t)) return c0 + nsteps * t->global_batch;
   /* Step by step: c += batch_at(c) while in the ramp.  The trainer asks for
    * every step (and its prefetch for every micro batch), and a ramp of
    * Megatron's size is ~10^5 steps long, so the steps of one batch size are
    * taken together: batch_at is non-decreasing, so the steps that still
    * run batch b from c are a prefix, found by doubling and bisection:
    * O(increments x log steps) instead of O(steps). */
-  int64_t c = 0, s = 0;
-  while (s < step && c <= t->rampup_samples) {
-    int64_t b = ir_train_batch_at(t, c), lo = 1, hi = 1, cap = step - s;   /* steps [c, c + lo b) run b */
+  int64_t c = c0, s = 0;
+  while (s < nsteps && c <= t->rampup_samples) {
+    int64_t b = ir_train_batch_at(t, c), lo = 1, hi = 1, cap = nsteps - s;   /* steps [c, c + lo b) run b */
     while (hi < cap && ramp_step_at(t, c + hi * b, b)) {
       lo = hi + 1;
       hi = hi * 2 < cap ? hi * 2 : cap;
@@ -56,8 +56,10 @@ int64_t ir_train_samples_before(const IrTrain *t, int64_t step) {
     c += lo * b;
     s += lo;
   }
-  return c + (step - s) * t->global_batch;   /* past the ramp: whole batches */
+  return c + (nsteps - s) * t->global_batch;   /* past the ramp: whole batches */
 }
+
+int64_t ir_train_samples_before(const IrTrain *t, int64_t step) { return ir_train_samples_after(t, 0, step); }
 
 int64_t ir_train_steps_for_samples(const IrTrain *t, int64_t samples) {
   /* Megatron's update_train_iters: the ramp's steps while consumed <=

@@ -243,7 +243,7 @@ static int index_read(const char *ck, int nranks, CkIndex *x, char *err, size_t 
 
 /* metadata.json from the ranks' .idx files (world rank 0). */
 static int write_metadata(const char *dir, const IrModule *m, const RtRank *r, int nranks, int64_t step,
-                          char *err, size_t errlen) {
+                          int64_t consumed, char *err, size_t errlen) {
   CkIndex x;
   int rc = index_read(dir, nranks, &x, err, errlen);
   if (rc) { ck_index_free(&x); return rc; }
@@ -261,7 +261,7 @@ static int write_metadata(const char *dir, const IrModule *m, const RtRank *r, i
   StrBuf j = {0}, h = {0};
   sb_printf(&j, "{\n  \"format\": \"tessera-checkpoint\",\n  \"version\": %u,\n  \"step\": %lld,\n", CK_VERSION,
             (long long)step);
-  sb_printf(&j, "  \"consumed_samples\": %lld,\n", (long long)ir_train_samples_before(&m->train, step));
+  sb_printf(&j, "  \"consumed_samples\": %lld,\n", (long long)consumed);
   sb_printf(&j, "  \"model\": \"%s\",\n", m->name ? m->name : "");
   sb_printf(&j, "  \"mesh\": {\"dp\": %d, \"pp\": %d, \"cp\": %d, \"ep\": %d, \"tp\": %d},\n", rt_rank_axis_size(r, IR_AXIS_DP),
             rt_rank_axis_size(r, IR_AXIS_PP), rt_rank_axis_size(r, IR_AXIS_CP), rt_rank_axis_size(r, IR_AXIS_EP), rt_rank_axis_size(r, IR_AXIS_TP));
@@ -358,7 +358,7 @@ static int save_end(RtProgram *p, RtComm *world, const RtCkptOpts *o, int64_t st
     snprintf(fin, sizeof fin, "%s/iter_%07lld", o->save_dir, (long long)step);
     snprintf(latest, sizeof latest, "%s/latest", o->save_dir);
     snprintf(text, sizeof text, "iter_%07lld\n", (long long)step);
-    if (write_metadata(tmp, rt_program_module(p), rt_program_rank(p), nranks, step, why, n) != 0) bad = 1;
+    if (write_metadata(tmp, rt_program_module(p), rt_program_rank(p), nranks, step, rt_samples_before(p, step), why, n) != 0) bad = 1;
     else if (fault_point(wr, "after writing metadata.json"), sync_dir(tmp) != 0 || remove_dir(fin) != 0 ||
              rename(tmp, fin) != 0 || sync_dir(o->save_dir) != 0)
       bad = ts_errf(why, n, "--save: cannot rename '%s' to '%s': %s", tmp, fin, strerror(errno)) != 0;
@@ -885,16 +885,20 @@ int rt_ckpt_load(RtProgram *p, RtComm *world, const char *dir, int64_t *step, ch
              meta_int(text, "ranks", &ranks) || ranks < 1 || ranks > 99999)
       bad = ts_errf(why, sizeof why, "--load: '%s' is not a Tessera checkpoint's metadata", path) != 0;
     for (int a = 0; !bad && a < 5; a++) meta_int(text, ax[a], &mesh[a]);   /* for the message only */
-    /* the data goes on at the samples this run's batches put before step k
-     * (the trainer reads by that count): a checkpoint written with other
-     * batches (another global batch or ramp-up) is said, not hidden */
-    long long was = -1, now = !bad ? (long long)ir_train_samples_before(&rt_program_module(p)->train, k) : -1;
-    if (!bad && wr == 0 && meta_int(text, "consumed_samples", &was) == 0 && was != now)
-      fprintf(stderr, "mrun: warning: --load: the checkpoint of step %lld was written after %lld samples, and this "
-              "run's batches (global_batch %lld%s) put its step %lld after %lld: the data goes on from sample %lld; give "
-              "the batch sizes of the run that wrote it to continue where it stopped\n", k, was,
-              (long long)rt_program_module(p)->train.global_batch,
-              ir_train_rampup(&rt_program_module(p)->train) ? ", with a ramp-up" : "", k, now, now);
+    /* the run goes on from the samples the checkpoint records (Megatron's
+     * consumed_train_samples): the data position and a ramp-up's batch and
+     * lr follow them, whatever batch sizes this run gives.  Said when this
+     * run's batches alone would put step k elsewhere. */
+    const IrTrain *t = &rt_program_module(p)->train;
+    long long was = -1, now = !bad ? (long long)ir_train_samples_before(t, k) : -1;
+    if (!bad && (meta_int(text, "consumed_samples", &was) != 0 || was < 0)) was = now;   /* (older checkpoints) */
+    if (!bad) rt_program_set_start(p, k, was);
+    if (!bad && wr == 0 && was != now)
+      fprintf(stderr, "mrun: note: --load: the checkpoint of step %lld was written after %lld samples; this run's "
+              "batches (global_batch %lld%s) would put its step %lld after %lld: the data%s go%s on from sample %lld, "
+              "as Megatron's consumed_train_samples\n", k, was, (long long)t->global_batch,
+              ir_train_rampup(t) ? ", with a ramp-up" : "", k, now, ir_train_rampup(t) ? " and the ramp" : "",
+              ir_train_rampup(t) ? "" : "es", was);
     free(text);
   }
   if (!bad && index_read(ck, (int)ranks, &x, why, sizeof why) != 0) bad = 1;

@@ -91,6 +91,8 @@ typedef struct { const char *label; int from, to; } RtDevMark;
 typedef struct { const char *label; double ms; long long n; } RtDevTime;
 
 struct RtProgram {
+  int64_t start_step, start_samples;   /* the run's first step and the samples consumed before it
+                                         (rt_program_set_start: a checkpoint's) */
   int copies_stale;         /* a parameter may differ from its 16-bit copy (IR_STATE_COPY): refresh before a
                                block reads a copy (refresh_copies) */
   const IrModule *m;
@@ -739,6 +741,17 @@ void rt_program_free(RtProgram *p) {
 }
 
 const IrModule *rt_program_module(const RtProgram *p) { return p->m; }
+
+void rt_program_set_start(RtProgram *p, int64_t step, int64_t samples) {
+  p->start_step = step;
+  p->start_samples = samples;
+}
+
+int64_t rt_samples_before(const RtProgram *p, int64_t step) {
+  const IrTrain *t = &p->m->train;
+  if (step < p->start_step) return ir_train_samples_before(t, step);   /* (fp16's lr of a step before skipped ones) */
+  return ir_train_samples_after(t, p->start_samples, step - p->start_step);
+}
 uint64_t rt_program_seed(const RtProgram *p) { return p->m->train.seed; }
 
 void *rt_state_data(RtProgram *p, int s) {
@@ -1683,10 +1696,10 @@ static double lr_at_units(const IrTrain *t, int64_t n0, int64_t n1, int64_t W, i
  * (warmup, decay_steps, wsd_decay_steps) times global_batch, Megatron's
  * conversion of --lr-*-iters, and the samples consumed before and after
  * the step.  Without a ramp the two agree exactly (the same quotients). */
-double rt_lr_at(const IrTrain *t, int64_t step) {
+double rt_lr_at(const IrTrain *t, int64_t step, int64_t n0) {
   int64_t d = t->decay_steps > 0 ? t->decay_steps : t->steps;
   if (!ir_train_rampup(t)) return lr_at_units(t, step, step + 1, t->warmup, d, t->wsd_decay_steps);
-  int64_t g = t->global_batch, n0 = ir_train_samples_before(t, step);
+  int64_t g = t->global_batch;
   return lr_at_units(t, n0, n0 + ir_train_batch_at(t, n0), t->warmup * g, d * g, t->wsd_decay_steps * g);
 }
 

@@ -151,6 +151,14 @@ typedef struct {
 void rt_program_trace_start(RtProgram *p, double base);
 const RtTraceEvent *rt_program_trace_events(const RtProgram *p, int *n);
 const IrModule *rt_program_module(const RtProgram *p);
+/* The samples consumed before `step` in this run (the data position and,
+ * under a ramp-up, the step's batch and lr): from the run's start, 0 and 0
+ * unless rt_program_set_start gave another (--load: the checkpoint's step
+ * and the samples it records, Megatron's consumed_train_samples, so a run
+ * resumed with other batch sizes goes on where the data stopped), each
+ * step after it taking its global batch (ir/rampup.c). */
+void rt_program_set_start(RtProgram *p, int64_t step, int64_t samples);
+int64_t rt_samples_before(const RtProgram *p, int64_t step);
 
 /* Memory, in bytes.  All states live in one slab (each at a 64-byte
  * aligned offset); every value of every block lives in one activation
@@ -221,7 +229,9 @@ void rt_outputs_clear(RtProgram *p);
 int rt_output_count(const RtProgram *p);
 const char *rt_output_at(const RtProgram *p, int i, double *value);
 
-/* The learning rate at `step` (0-based) under m->train's schedule. */
-double rt_lr_at(const IrTrain *t, int64_t step);
+/* The learning rate at `step` (0-based) under m->train's schedule; n0 is
+ * the samples consumed before it (rt_samples_before), which a batch-size
+ * ramp-up's schedule counts in (without one it is not read). */
+double rt_lr_at(const IrTrain *t, int64_t step, int64_t n0);
 
 #endif

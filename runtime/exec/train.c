@@ -3,7 +3,7 @@
  * alone or as one of N ranks (train.h has the multi-rank contract).
  *
  *   for step s in [0, steps):
- *     lr = rt_lr_at(train, s)
+ *     lr = rt_lr_at(train, s, samples before s)
  *     for local micro-batch j in [0, n_local), global index g = r*n_local + j:
  *       feed tokens / targets (/ loss_mask) of global rows g*mb ..; run "micro"
  *     run "update"
@@ -385,7 +385,7 @@ static int fill_micro(const TrainRun *r, const FeedSpec *fs, RtDataSrc *src, int
                       int32_t *tgt, int32_t *gtok, int32_t *gtgt, char *err, size_t errlen) {
   /* the step's first global sample: training batches follow the ramp-up (the
    * micro batches consumed before step s), evaluation batches are whole */
-  int64_t first = src == &r->data ? ir_train_samples_before(r->train, s) / r->train->micro_batch * fs->rows
+  int64_t first = src == &r->data ? rt_samples_before(r->prog, s) / r->train->micro_batch * fs->rows
                                   : s * src->per_step;
   if (!fs->split) return rt_data_rows(src, s, first, g * fs->rows, fs->rows, tok, tgt, err, errlen);
   if (rt_data_rows(src, s, first, g * fs->rows, fs->rows, gtok, gtgt, err, errlen) != 0) return -1;
@@ -401,7 +401,7 @@ static int fill_micro(const TrainRun *r, const FeedSpec *fs, RtDataSrc *src, int
  * the samples consumed before it (ir/rampup.c).  The global micro batches
  * of rank d are d * n_local .. (d + 1) * n_local - 1. */
 static int64_t step_micros(const TrainRun *r, int64_t s) {
-  return ir_train_batch_at(r->train, ir_train_samples_before(r->train, s)) / r->train->micro_batch;
+  return ir_train_batch_at(r->train, rt_samples_before(r->prog, s)) / r->train->micro_batch;
 }
 static int64_t step_local_micros(const TrainRun *r, int64_t s) { return step_micros(r, s) / r->ndp; }
 
@@ -584,7 +584,7 @@ static int run_update(TrainRun *r, const IrModule *m, int ub, int64_t s, double 
       r->ls_lr = NAN;
       return rt_run_block(r->prog, r->kb, NULL, 0, &si, err, errlen);
     }
-    r->ls_lr = lr = rt_lr_at(&m->train, applied);
+    r->ls_lr = lr = rt_lr_at(&m->train, applied, rt_samples_before(r->prog, applied));
   }
   RtRunInfo info = {applied, 0, lr, 0};
   rt_outputs_clear(r->prog);
@@ -910,7 +910,7 @@ static int open_data(TrainRun *r, const RtTrainOpts *o, const FeedSpec *fs, int6
   int staged = o->world && o->gpt.n > 0;
   const IrTrain *tr = r->train;
   int64_t per_step = nmicro * fs->rows;   /* of a whole global batch; a ramp-up's steps take fewer */
-  int64_t total = r->prog ? ir_train_samples_before(tr, tr->steps) / tr->micro_batch * fs->rows : 0;
+  int64_t total = r->prog ? rt_samples_before(r->prog, tr->steps) / tr->micro_batch * fs->rows : 0;
   if (staged && !lead && rt_comm_barrier(o->world, err, errlen) != 0) return -1;
   int rc = 0;
   FILE *note = lead && !o->quiet ? log : NULL;
@@ -1163,7 +1163,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
   int64_t saved_at = start;   /* the step whose checkpoint exists (nothing new to save there) */
   RtCkptWriter *writer = o->ckpt.save_dir && o->ckpt.async ? rt_ckpt_writer_new() : NULL;
   for (int64_t s = start; s < tr->steps; s++) {
-    double ts = ts_now_s(), lr = rt_lr_at(tr, s), loss = NAN, gn = NAN;
+    double ts = ts_now_s(), lr = rt_lr_at(tr, s, rt_samples_before(r.prog, s)), loss = NAN, gn = NAN;
     r.ls_lr = lr;   /* the lr applied (loss scaling: of the steps applied so far; NaN: skipped) */
     status_write(r.world_rank, "step", s + 1);
     int64_t smicro = step_micros(&r, s), slocal = smicro / dp;   /* this step's (a ramp-up's batch) */
@@ -1230,7 +1230,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
       json_num(r.metrics, "grad_norm", gn, 1);
       if (ir_train_rampup(tr)) {   /* the step's global batch and the samples consumed after it */
         fprintf(r.metrics, "\"global_batch\": %lld, \"consumed_samples\": %lld, ", (long long)(smicro * tr->micro_batch),
-                (long long)ir_train_samples_before(tr, s + 1));
+                (long long)rt_samples_before(r.prog, s + 1));
       }
       if (r.sb >= 0) {
         json_num(r.metrics, "loss_scale", r.ls_scale, 1);

@@ -129,7 +129,7 @@ static void free_feeds(Feeds *fd) { for (int i = 0; i < fd->n; i++) free(fd->buf
 
 static int run(RtProgram *p, const char *block, int64_t step, int g, const Feeds *fd) {
   const IrModule *m = rt_program_module(p);
-  RtRunInfo info = {step, g, rt_lr_at(&m->train, step), 0};
+  RtRunInfo info = {step, g, rt_lr_at(&m->train, step, rt_samples_before(p, step)), 0};
   int rc = rt_run_block(p, ir_block_find(m, block), fd ? fd->f : NULL, fd ? fd->n : 0, &info, err, sizeof err);
   CHECK(rc == 0, "run %s (step %lld, micro %d): %s", block, (long long)step, g, err);
   return rc;

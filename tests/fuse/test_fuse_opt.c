@@ -229,7 +229,7 @@ static void test_sample(const char *model, IrDtype prec, int layers, int want_ep
       tgt[i] = (int32_t)((i * 5 + step * 11 + 1) % 64);
     }
     RtFeed f[2] = {{"tokens", tok}, {"targets", tgt}};
-    RtRunInfo info = {step, 0, rt_lr_at(&m->train, step), 0};
+    RtRunInfo info = {step, 0, rt_lr_at(&m->train, step, 0), 0};   /* (no ramp-up: the samples are not read) */
     double l1 = NAN, l2 = NAN;
     CHECK(rt_run_block(ref, mi, f, 2, &info, err, sizeof err) == 0, "%s ref micro: %s", what, err);
     CHECK(rt_run_block(jit, mi, f, 2, &info, err, sizeof err) == 0, "%s llvm micro: %s", what, err);

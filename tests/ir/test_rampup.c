@@ -1,19 +1,21 @@
 /* test_rampup.c - ir/rampup.c's samples-before-a-step, which takes the
  * ramp's steps of one batch size together, equals the step-by-step rule
  * (c += batch_at(c) while in the ramp, then whole global batches) for
- * every step of ramps of many shapes, and answers a ramp of Megatron's
+ * every step of ramps of many shapes, from 0 and from any consumed count
+ * (a resumed run's), and answers a ramp of Megatron's
  * size (GPT-3's 32 -> 1536 over 65M samples: ~2x10^5 ramp steps) without
  * walking it. */
 #include "ir/ir.h"
 #include "../check.h"
 #include <time.h>
 
-static int64_t naive(const IrTrain *t, int64_t step) {
-  if (!ir_train_rampup(t)) return step * t->global_batch;
-  int64_t c = 0, s = 0;
+static int64_t naive_from(const IrTrain *t, int64_t c, int64_t step) {
+  if (!ir_train_rampup(t)) return c + step * t->global_batch;
+  int64_t s = 0;
   for (; s < step && c <= t->rampup_samples; s++) c += ir_train_batch_at(t, c);
   return c + (step - s) * t->global_batch;
 }
+static int64_t naive(const IrTrain *t, int64_t step) { return naive_from(t, 0, step); }
 
 int main(void) {
   static const int64_t ramps[][4] = {   /* start incr samples global_batch */
@@ -35,6 +37,16 @@ int main(void) {
             (long long)ramps[r][0], (long long)ramps[r][1], (long long)ramps[r][2], (long long)ramps[r][3],
             (long long)s, (long long)got, (long long)want);
     }
+    /* from any consumed count (a run resumed from a checkpoint written
+     * with other batches goes on from the samples it records) */
+    for (int64_t c0 = 0; c0 <= 2 * ramps[r][2] + 3 && !bad; c0++)
+      for (int64_t s = 0; s <= 40 && !bad; s++) {
+        int64_t want = naive_from(&t, c0, s), got = ir_train_samples_after(&t, c0, s);
+        if (got != want) bad = 1;
+        CHECK(got == want, "ramp %lld %lld %lld to %lld: %lld steps after %lld samples: %lld, the rule gives %lld",
+              (long long)ramps[r][0], (long long)ramps[r][1], (long long)ramps[r][2], (long long)ramps[r][3],
+              (long long)s, (long long)c0, (long long)got, (long long)want);
+      }
   }
   /* GPT-3's ramp (Brown et al. 2020, Megatron's --rampup-batch-size 32 32 65324160, global batch 1536) */
   IrTrain g = {0};

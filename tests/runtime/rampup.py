@@ -15,7 +15,9 @@ INCR SAMPLES, --train-samples; docs/cli.md "Batch-size ramp-up").
    check can fail); a ramp of no increments (START = global batch) trains
    exactly as the plain plan for every step.
 3. dp 2 equals dp 1 over a ramp (1e-10); a run stopped and resumed in the
-   middle of the ramp equals the uninterrupted one bit for bit; pp 2 (1f1b)
+   middle of the ramp equals the uninterrupted one bit for bit, and one
+   resumed with another ramp goes on from the samples the checkpoint
+   records (Megatron's consumed_train_samples); pp 2 (1f1b)
    and pp 2 x vpp 2 (interleaved, with validation) equal one rank: the
    schedule is made for each step's micro batches.
 4. The lr follows the samples (Megatron's scheduler): warmup over W =
@@ -150,13 +152,28 @@ print("stopped after step 4 and resumed: steps 5-6 and the parameters equal the 
 with open(os.path.join(ck, "iter_0000004", "metadata.json")) as f:
     if json.load(f).get("consumed_samples") != 10:
         fail("the checkpoint of step 4 does not say it was written after 10 samples (2 + 2 + 2 + 4)")
-p = run([MRUN, ramp, "--cpu", "--quiet", "--load", ck, "--rampup-batch-size", "4", "2", "16"])
-want = "the checkpoint of step 4 was written after 10 samples, and this run's batches"
-if want not in p.stderr or "no warning" in p.stderr:
-    fail("resuming with another ramp: expected a warning saying '%s', got:\n%s" % (want, p.stderr))
-if "warning" in run([MRUN, ramp, "--cpu", "--quiet", "--load", ck]).stderr:
-    fail("resuming with the same ramp warns")
-print("resumed with another ramp (4 2 16): warned (%s...)" % p.stderr.strip().splitlines()[-1][:110])
+# resumed with other batch sizes, the run goes on from the samples the
+# checkpoint records (Megatron's consumed_train_samples): the data position,
+# the ramp's batch and the lr follow them, and a note says so
+mres = os.path.join(WORK, "ramp_other.jsonl")
+p = run([MRUN, ramp, "--cpu", "--quiet", "--load", ck, "--rampup-batch-size", "4", "2", "16", "--metrics", mres])
+want = ("the checkpoint of step 4 was written after 10 samples; this run's batches (global_batch 8, with a ramp-up) "
+        "would put its step 4 after 20: the data and the ramp go on from sample 10")
+if want not in p.stderr:
+    fail("resuming with another ramp: expected a note saying '%s', got:\n%s" % (want, p.stderr))
+got = [(x["global_batch"], x["consumed_samples"]) for x in metrics(mres)]
+c, rule = 10, []
+for _ in range(2):   # Megatron's calculator from 10 consumed samples, ramp 4 2 16 to 8
+    b = _batch_at(4, 2, 16, 8, c)
+    c += b
+    rule.append((b, c))
+if got != rule:
+    fail("resumed with the ramp 4 2 16 after 10 samples: (global_batch, consumed_samples) %s, Megatron's rule %s" %
+         (got, rule))
+if "note" in run([MRUN, ramp, "--cpu", "--quiet", "--load", ck]).stderr:
+    fail("resuming with the same ramp prints a note")
+print("resumed with another ramp (4 2 16) after 10 samples: steps 5-6 ran (batch, consumed) %s = Megatron's rule "
+      "(this run's ramp alone would have put step 4 after 20 samples)" % got)
 
 # ---- 3b. pipelines: the schedule is made for each step's count ----
 for tag, extra, gpus, data in [("pp2", ["--pp", "2", "-D", "layers=2"], "2", []),

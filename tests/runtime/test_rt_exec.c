@@ -258,26 +258,26 @@ static void test_lr(void) {
   t.warmup = 10;
   t.steps = 110;
   t.schedule = IR_SCHED_COSINE;
-  CHECK_NEAR(rt_lr_at(&t, 0), 1e-4, 1e-12, "warmup step 0");
-  CHECK_NEAR(rt_lr_at(&t, 4), 5e-4, 1e-12, "warmup step 4");
-  CHECK_NEAR(rt_lr_at(&t, 9), 1e-3, 1e-12, "warmup step 9");
-  CHECK_NEAR(rt_lr_at(&t, 10), 1e-3, 1e-12, "cosine start");
-  CHECK_NEAR(rt_lr_at(&t, 60), 1e-4 + 0.5 * 9e-4, 1e-12, "cosine middle");
-  CHECK_NEAR(rt_lr_at(&t, 35), 1e-4 + 0.5 * 9e-4 * (1 + cos(M_PI * 0.25)), 1e-12, "cosine quarter");
-  CHECK_NEAR(rt_lr_at(&t, 110), 1e-4, 1e-12, "cosine end");
-  CHECK_NEAR(rt_lr_at(&t, 500), 1e-4, 1e-12, "after the end");
+  CHECK_NEAR(rt_lr_at(&t, 0, 0), 1e-4, 1e-12, "warmup step 0");
+  CHECK_NEAR(rt_lr_at(&t, 4, 0), 5e-4, 1e-12, "warmup step 4");
+  CHECK_NEAR(rt_lr_at(&t, 9, 0), 1e-3, 1e-12, "warmup step 9");
+  CHECK_NEAR(rt_lr_at(&t, 10, 0), 1e-3, 1e-12, "cosine start");
+  CHECK_NEAR(rt_lr_at(&t, 60, 0), 1e-4 + 0.5 * 9e-4, 1e-12, "cosine middle");
+  CHECK_NEAR(rt_lr_at(&t, 35, 0), 1e-4 + 0.5 * 9e-4 * (1 + cos(M_PI * 0.25)), 1e-12, "cosine quarter");
+  CHECK_NEAR(rt_lr_at(&t, 110, 0), 1e-4, 1e-12, "cosine end");
+  CHECK_NEAR(rt_lr_at(&t, 500, 0), 1e-4, 1e-12, "after the end");
   t.decay_steps = 60;
-  CHECK_NEAR(rt_lr_at(&t, 35), 1e-4 + 0.5 * 9e-4, 1e-12, "cosine with decay_steps");
+  CHECK_NEAR(rt_lr_at(&t, 35, 0), 1e-4 + 0.5 * 9e-4, 1e-12, "cosine with decay_steps");
   t.schedule = IR_SCHED_LINEAR;
   t.decay_steps = 0;
-  CHECK_NEAR(rt_lr_at(&t, 35), 1e-3 - 9e-4 * 0.25, 1e-12, "linear quarter");
-  CHECK_NEAR(rt_lr_at(&t, 110), 1e-4, 1e-12, "linear end");
+  CHECK_NEAR(rt_lr_at(&t, 35, 0), 1e-3 - 9e-4 * 0.25, 1e-12, "linear quarter");
+  CHECK_NEAR(rt_lr_at(&t, 110, 0), 1e-4, 1e-12, "linear end");
   t.schedule = IR_SCHED_CONSTANT;
-  CHECK_NEAR(rt_lr_at(&t, 3), 4e-4, 1e-12, "constant warmup");
-  CHECK_NEAR(rt_lr_at(&t, 90), 1e-3, 1e-12, "constant");
+  CHECK_NEAR(rt_lr_at(&t, 3, 0), 4e-4, 1e-12, "constant warmup");
+  CHECK_NEAR(rt_lr_at(&t, 90, 0), 1e-3, 1e-12, "constant");
   t.warmup = 0;
   t.schedule = IR_SCHED_COSINE;
-  CHECK_NEAR(rt_lr_at(&t, 0), 1e-3, 1e-12, "cosine without warmup");
+  CHECK_NEAR(rt_lr_at(&t, 0, 0), 1e-3, 1e-12, "cosine without warmup");
 }
 
 /* ---- AdamW: two steps against a hand computation ---- */
