@@ -45,6 +45,8 @@ typedef struct {
   int64_t B, T, Tq;          /* batch and window of eval; the tokens per run of this block */
   int step;                  /* building step (else prefill) */
   int *map;                  /* eval node -> node of dst */
+  const unsigned char *fixed; /* eval node -> made from states alone (no input): a parameter, or one
+                               gathered from its ZeRO-3 shard */
   int pos;                   /* dst's position value */
   int natt;                  /* attentions seen */
   int failed;
@@ -148,6 +150,24 @@ static int attention(Dx *d, int i, const IrNode *n) {
             &n->sh);
 }
 
+/* How many dims of t are the sequence at the window's length. */
+static int has_seq(const Dx *d, const IrType *t) {
+  int n = 0;
+  for (int k = 0; k < t->rank; k++) n += t->dname[k] == d->sname && t->dim[k] == d->T;
+  return n;
+}
+
+/* v, a table by position made from states alone (type t: a learned
+ * position table), at this token's row along its sequence dims. */
+static int at_pos(Dx *d, int i, int v, const IrType *t, const IrSharding *sh) {
+  for (int k = 0; k < t->rank && d->Tq != d->T; k++)
+    if (t->dname[k] == d->sname && t->dim[k] == d->T) {
+      int64_t ia[2] = {k, d->Tq};
+      v = em(d, i, IR_OP_SLICE_AT, (int[]){v, d->pos}, 2, ia, NULL, NULL, NULL, sh);
+    }
+  return v;
+}
+
 /* Node i of eval into dst; d->map[i] its value (-1 for none). */
 static int one(Dx *d, int i) {
   const IrNode *n = &d->m->blocks.a[d->src].nodes[i];
@@ -156,20 +176,28 @@ static int one(Dx *d, int i) {
   if (c.nin > 64) return dfail(d, i, "more than 64 operands", NULL);
   for (int k = 0; k < c.nin; k++) in[k] = d->map[c.in[k]];
   IrType t = subst(d, c.type);
+  if (d->fixed[i] && c.op != IR_OP_STATE && c.op != IR_OP_ARANGE && c.op != IR_OP_RAND && has_seq(d, &c.type) == 1) {
+    /* the first value of a chain from states alone with the sequence dim
+     * (ZeRO-3: a position table gathered from its shard, reshaped to
+     * [seq, ...]): whole, then this token's row, as a state read is (a
+     * value with two such dims, queries by keys, is not a table by
+     * position: it goes the ordinary way) */
+    int first = 1;
+    for (int k = 0; k < c.nin; k++) first &= !has_seq(d, &d->m->blocks.a[d->src].nodes[c.in[k]].type);
+    if (first) {
+      IrType w = c.type;   /* batch 1, the whole window */
+      for (int k = 0; k < w.rank; k++)
+        if (w.dname[k] == d->bname && w.dim[k] == d->B) w.dim[k] = 1;
+      return at_pos(d, i, em(d, i, c.op, in, c.nin, c.ia, c.fa, c.sa, ir_op_given_type(c.op, &w), &c.sh), &w, &c.sh);
+    }
+  }
   switch (c.op) {
   case IR_OP_INPUT:
     if (!c.sa || strcmp(c.sa, "tokens") != 0)
       return dfail(d, i, "generation feeds only the input \"tokens\"; the model also reads input ", c.sa);
     return em(d, i, c.op, NULL, 0, NULL, NULL, c.sa, &t, &c.sh);
-  case IR_OP_STATE: {
-    int v = em(d, i, c.op, NULL, 0, c.ia, NULL, NULL, &c.type, &c.sh);
-    for (int k = 0; k < c.type.rank && d->Tq != d->T; k++)
-      if (c.type.dname[k] == d->sname && c.type.dim[k] == d->T) {   /* a table by position: this token's row */
-        int64_t ia[2] = {k, d->Tq};
-        v = em(d, i, IR_OP_SLICE_AT, (int[]){v, d->pos}, 2, ia, NULL, NULL, NULL, &c.sh);
-      }
-    return v;
-  }
+  case IR_OP_STATE:   /* a table by position: this token's row */
+    return at_pos(d, i, em(d, i, c.op, NULL, 0, c.ia, NULL, NULL, &c.type, &c.sh), &c.type, &c.sh);
   case IR_OP_ATTENTION:
     return attention(d, i, &c);
   case IR_OP_ROPE:
@@ -291,6 +319,12 @@ int pass_decode(IrModule *m, PassCtx *cx) {
       for (int k = 0; k < e->nodes[i].nin; k++) live[e->nodes[i].in[k]] = 1;
   live[tok] = 1;
   d.map = arena_alloc(&cx->scratch, (size_t)n * sizeof *d.map);
+  unsigned char *fixed = arena_alloc(&cx->scratch, (size_t)n);
+  for (int i = 0; i < n; i++) {
+    fixed[i] = e->nodes[i].op != IR_OP_INPUT && e->nodes[i].op != IR_OP_RAND;
+    for (int k = 0; k < e->nodes[i].nin; k++) fixed[i] &= fixed[e->nodes[i].in[k]];
+  }
+  d.fixed = fixed;
   d.Tq = d.T;
   if (build(&d, "prefill", live, L) != 0) return -1;
   d.step = 1;

@@ -10,8 +10,10 @@
  *   precision and remat) whose forward ends at `output "loss"`; with pp > 1
  *   the chunk blocks of passes pipeline and wsplit, fwd.<g> (forward),
  *   bwd.<g> and wgt.<g> (backward).  Runs only when m->par.zero == 3 and
- *   dp > 1; otherwise the module is unchanged.  Refused (with what works):
- *   --decode.  With cp or ep the shards are over dp only: a gradient chunk
+ *   dp > 1; otherwise the module is unchanged.  With --decode, pass eval's
+ *   block (the forward's copy, gathers included) gives pass decode its
+ *   prefill and step, so generation gathers each parameter as the forward
+ *   does.  With cp or ep the shards are over dp only: a gradient chunk
  *   partial over cp (ep) after the reduce-scatter is summed over that axis
  *   by the update block, as a whole gradient is without ZeRO-3
  *   (docs/sharding.md).
@@ -207,12 +209,6 @@ static void emit_reduce(Z3 *z, int x, int g, const IrSharding *gsh0, const Z3Par
   z3_emit(z, IR_OP_ACCUM, &x, 1, gi, NULL, NULL, NULL, NULL);
 }
 
-static int refuse(PassCtx *cx, const char *what) {
-  return ts_errf(cx->err, sizeof cx->err, "zero3: --zero 3 %s; ZeRO-3 works with tp, sp, cp, ep, pp, dp and "
-                 "gradient accumulation (f32 / f64 / bf16 / fp16): use --zero 1 (the default, the distributed optimizer) "
-                 "for this layout", what);
-}
-
 /* What the pass shares between the blocks it rebuilds. */
 typedef struct {
   IrModule *m;
@@ -363,7 +359,6 @@ static int rebuild_block(Z3Pass *zs, int bi, int L) {
 int pass_zero3(IrModule *m, PassCtx *cx) {
   int dp = ir_axis_size(m, IR_AXIS_DP);
   if (m->par.zero != 3 || dp <= 1) return 0;
-  if (cx->decode) return refuse(cx, "with --decode (generation blocks read whole parameters) is not built");
   if (ir_block_find(m, "update") >= 0)
     return ts_errf(cx->err, sizeof cx->err, "zero3: block \"update\" exists already (zero3 runs before the optimizer)");  /* internal */
   int nblk = 0, L;

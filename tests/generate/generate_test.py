@@ -6,7 +6,8 @@ full     greedy decoding equals, token by token, the argmax of a full
          forward (the prefill block, i.e. the training forward over the
          whole prefix) at every step (mrun --generate-check): gpt, llama
          and bloom (ALiBi: the KV-cache attention adds the slopes' bias),
-         f32 and f64, tp 1 and tp 2 (from a tp 1 checkpoint), the
+         f32 and f64, tp 1 and tp 2 (from a tp 1 checkpoint), ZeRO-3 at
+         dp 2 (parameters gathered from their shards), the
          plan compiled with mcc --decode or without (mrun derives the
          blocks); in f64 the tokens are the same on every layout.  The IR
          with the decode blocks prints and parses back (--verify-roundtrip).
@@ -95,6 +96,13 @@ if MODE == "full":
                       % (arch, prec, gpus, " ".join(map(str, got[gpus]))))
             if prec == "f64":
                 check(got[1] == got[2], "%s f64: tp 2 generates the tokens of tp 1" % arch)
+                # ZeRO-3 at dp 2: prefill and step gather each parameter from its shard as the forward does
+                # (a learned position table too: gathered whole, then the token's row)
+                p3 = plan(arch, prec, "%s_%s_z3.plan" % (arch, prec), "--zero", "3", "--dp", "2", "--decode")
+                r = generate(p3, "--generate-check", "--load", ck, "--prompt", PROMPT, "--max-tokens", "12", gpus=2)
+                check("full-forward check: all 12 tokens equal" in r.stdout and ids_of(r.stdout) == got[1],
+                      "%s f64 --zero 3 at dp 2: the tokens of one rank, and each equals the full forward's argmax"
+                      % arch)
     # the IR text of a plan with the decode blocks: prefill, step, the cache states
     r = run([MCC, os.path.join(SRC, "samples", "llama.mdl"), "-D", "vocab=256", "-D", "seq_len=16", "-D", "d_model=32",
              "-D", "heads=4", "-D", "kv_heads=2", "-D", "layers=1", "-D", "ffn=64", "--decode", "--verify-roundtrip",
