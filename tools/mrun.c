@@ -865,8 +865,9 @@ static int check_pipeline_dp(const Plan *plan, const PlanMesh *mesh, int64_t per
   if (!m) return 0;
   PipeSchedKind kind;
   if (plan_pipe_program_sched(&m->par, &kind) != 0)
+    /* the plan decoder refuses a schedule out of range (bad pipeline fields) */
     return ts_errf(err, errlen, "the plan's pipeline schedule %d is not one this mrun knows (a plan from a newer "
-                   "mcc?)", m->par.sched);
+                   "mcc?)", m->par.sched);   /* internal */
   char why[512];
   if (pipeline_runs_at(m, kind, mesh->dp, why, sizeof why)) return 0;
   /* the dp values that divide the step's micro batches and that the
