@@ -1226,7 +1226,10 @@ static IrModule *prepare(Plan *plan, const PlanMesh *mesh, int rank, const Args 
   char why[1536];
   /* a plan from another build or edited by hand: refuse it with the
    * verifier's message rather than fail somewhere inside a kernel */
-  if (ir_verify(m, why, sizeof why) != 0) { ts_errf(err, errlen, "%s: the program is invalid: %s", a->plan, why); return NULL; }
+  if (ir_verify(m, why, sizeof why) != 0) {   /* plan_read verifies every program first: a second guard */
+    ts_errf(err, errlen, "%s: the program is invalid: %s", a->plan, why);   /* internal */
+    return NULL;
+  }
   if (ir_axis_size(m, IR_AXIS_DP) != mesh->dp) {
     if (pass_respecialize_dp(m, mesh->dp, why, sizeof why) != 0) {
       ts_errf(err, errlen, "%s was compiled for dp=%d; running it at dp=%d failed: %s", a->plan,
