@@ -1208,7 +1208,10 @@ static IrModule *pick_program(Plan *plan, const PlanMesh *mesh, int rank, int *i
   int pdp = plan->mesh.dp < 1 ? 1 : plan->mesh.dp;
   c[RT_AXIS_DP] %= pdp;
   int pr = rt_mesh_rank(&plan->mesh, c);
-  if (plan->nranks < 1 || !plan->rank_program) { ts_errf(err, errlen, "the plan has no ranks"); return NULL; }
+  if (plan->nranks < 1 || !plan->rank_program) {   /* plan_read refuses a plan without ranks: a second guard */
+    ts_errf(err, errlen, "the plan has no ranks");   /* internal */
+    return NULL;
+  }
   if (pr < 0 || pr >= plan->nranks) pr = pr < 0 ? 0 : pr % plan->nranks;
   int pi = plan->rank_program[pr];
   if (pi < 0 || pi >= plan->nprograms) { ts_errf(err, errlen, "the plan has no program for rank %d", pr); return NULL; }
