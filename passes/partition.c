@@ -104,7 +104,9 @@ static int find_stacks(const IrModule *m, Stacks *st, int *layer_of, char *err, 
     for (int k = 0; k < st->n && rc == 0; k++)
       for (int i = st->begin[k]; i < st->begin[k + 1]; i++)
         if (!seen[i]) {
-          rc = ts_errf(err, errlen, "pipeline: the repeat stack '%s' has parameters of layer %d but none of layer %d",
+          rc = ts_errf(err, errlen, "pipeline: the repeat stack '%s' has parameters of layer %d but none of layer %d: "
+                       "the stages are cut between layers, which are told apart by their parameters, so every "
+                       "iteration of the repeat must make its own (or drop --pp)",
                        st->name[k], st->begin[k + 1] - st->begin[k] - 1, i - st->begin[k]);
           break;
         }
@@ -533,7 +535,8 @@ static int chunks_from_layers(const PipeOptions *o, int L, int nchunks, int *beg
                    o->pp, nchunks / o->pp, nchunks);
   long sum = 0;
   for (int g = 0; g < nchunks; g++) {
-    if (o->layers[g] < 0) return ts_errf(err, errlen, "--pp-layers: a negative layer count (%d)", o->layers[g]);
+    if (o->layers[g] < 0)   /* api/options.c refuses it first */
+      return ts_errf(err, errlen, "--pp-layers: a negative layer count (%d)", o->layers[g]);   /* internal */
     sum += o->layers[g];
   }
   if (sum != L)
@@ -661,9 +664,11 @@ void pass_pipe_partition_free(PipePartition *p) {
 int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   int fb = ir_block_find(m, "forward");
-  if (fb < 0) return ts_errf(err, errlen, "pipeline: the module has no block \"forward\" to partition");
+  if (fb < 0)   /* the frontend always makes it */
+    return ts_errf(err, errlen, "pipeline: the module has no block \"forward\" to partition");   /* internal */
   if (o->pp < 1) return ts_errf(err, errlen, "pipeline: pp=%d", o->pp);
-  if (o->vpp < 0) return ts_errf(err, errlen, "--vpp %d: must be at least 1", o->vpp);
+  if (o->vpp < 0)   /* api/options.c refuses it first */
+    return ts_errf(err, errlen, "--vpp %d: must be at least 1", o->vpp);   /* internal */
   if (o->layers && o->layout) return ts_errf(err, errlen, "--pp-layers and --pp-layout both say where the layers go: give one of them");
   if (o->only_stack && (o->layers || o->layout))
     return ts_errf(err, errlen, "--pp-stack and %s do not go together: %s already places every layer of every stack",
