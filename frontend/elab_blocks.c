@@ -242,7 +242,8 @@ static int train_overrides(Elab *e, IrTrain *t, int *have_decay, int *gb_at, int
     else if (!strcmp(k, "global_batch")) {
       if (train_int(e, &v, what, 1, &t->global_batch)) batch_bad = 1;
       else *gb_at = -2;
-    } else elab_error(e, no_loc, "%s: '%s' is not a train field", what, k);
+    } else   /* the keys are mcc's flags (api/options.c's table): a key missing above is a bug */
+      elab_error(e, no_loc, "%s: '%s' is not a train field", what, k);   /* internal */
   }
   return batch_bad;
 }

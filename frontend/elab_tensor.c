@@ -54,7 +54,8 @@ Value elab_emit(Elab *e, MdlLoc loc, IrOp op, const Value *in, int nin,
     return elab_err();
   }
   if (e->m->blocks.a[e->blk].n >= ELAB_MAX_NODES) {
-    elab_error(e, loc, "the model is too large: more than %d IR nodes", ELAB_MAX_NODES);
+    /* every node is a step too, and ELAB_MAX_STEPS < ELAB_MAX_NODES stops first: a second guard */
+    elab_error(e, loc, "the model is too large: more than %d IR nodes", ELAB_MAX_NODES);   /* internal */
     e->abort = 1;
     return elab_err();
   }
@@ -260,7 +261,8 @@ static Value int_binary(Elab *e, MdlLoc loc, int op, int64_t a, int64_t b) {
     if (op == '%') r = a - r * b;
     break;
   default:
-    elab_error(e, loc, "operator '%s' does not apply to ints", elab_op_text(op));
+    /* the parser's binary operators are + - * / // % @ and the comparisons; and/or never come here */
+    elab_error(e, loc, "operator '%s' does not apply to ints", elab_op_text(op));   /* internal */
     return elab_err();
   }
   if (ovf) {
@@ -288,7 +290,7 @@ static Value float_binary(Elab *e, MdlLoc loc, int op, double a, double b) {
     return elab_float(r, loc);
   }
   default:
-    elab_error(e, loc, "operator '%s' does not apply to floats", elab_op_text(op));
+    elab_error(e, loc, "operator '%s' does not apply to floats", elab_op_text(op));   /* internal */
     return elab_err();
   }
 }
@@ -438,7 +440,8 @@ static Value tensor_tensor(Elab *e, MdlLoc loc, int op, Value a, Value b) {
   case '%': iop = IR_OP_MOD; break;
   default:
     if (is_compare(op)) { iop = IR_OP_CMP; break; }
-    shape_error2(e, loc, &a, &b, "operator '%s' is not defined on tensors (+ - * / // %% @ and comparisons)", elab_op_text(op));
+    shape_error2(e, loc, &a, &b, "operator '%s' is not defined on tensors (+ - * / // %% @ and comparisons)",
+                 elab_op_text(op));   /* internal */
     return elab_err();
   }
   IrType ta = elab_type(e, &a), tb = elab_type(e, &b), r;

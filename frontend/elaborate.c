@@ -1007,9 +1007,9 @@ static Value eval_expr(Elab *e, ElabFrame *f, const MdlExpr *x) {
   }
   case MDL_E_SLICE:
   case MDL_E_ELLIPSIS:
-  case MDL_E_NAMED_DIM:
+  case MDL_E_NAMED_DIM:   /* the grammar makes them only as index items and dims, evaluated there */
     elab_error(e, x->loc, "%s is only allowed inside an index or a shape",
-               x->kind == MDL_E_SLICE ? "a slice" : x->kind == MDL_E_ELLIPSIS ? "'...'" : "'name=size'");
+               x->kind == MDL_E_SLICE ? "a slice" : x->kind == MDL_E_ELLIPSIS ? "'...'" : "'name=size'");   /* internal */
     return elab_err();
   }
   TS_DIE("elaborate: unknown expression kind %d", (int)x->kind);
@@ -1253,7 +1253,7 @@ IrModule *mdl_elaborate(const MdlProgram *main, const MdlModuleRef *mods, int nm
   int err0 = d->nerrors;
   if (!main->model) {
     MdlLoc at = {main->file, 0, 0};
-    mdl_error(d, at, "no model to elaborate");
+    mdl_error(d, at, "no model to elaborate");   /* internal */ /* the parser refuses a main file without one */
     return NULL;
   }
   Elab e;

@@ -82,7 +82,7 @@ static int em(Ad *a, IrOp op, const int *in, int nin, const int64_t *ia, const d
               const IrType *type) {
   if (a->failed) return -1;
   for (int k = 0; k < nin; k++)
-    if (in[k] < 0) { ad_fail(a, "internal: missing operand for %s", ir_ops[op].name); return -1; }
+    if (in[k] < 0) { ad_fail(a, "internal: missing operand for %s", ir_ops[op].name); return -1; }   /* internal */
   char err[512];
   int id = ir_emit(a->m, a->mb, op, in, nin, ia, fa, NULL, type, err, sizeof err);
   if (id < 0) ad_fail(a, "cannot emit %s: %s", ir_ops[op].name, err);
@@ -141,9 +141,12 @@ AD_NONE(EQ) AD_NONE(NE_SCALAR) AD_NONE(CMP) AD_NONE(FLOORDIV) AD_NONE(MOD) AD_NO
 AD_NONE(ACCUM) AD_NONE(ZERO) AD_NONE(ADAMW) AD_NONE(SGD) AD_NONE(LION) AD_NONE(LR_STEP) AD_NONE(OUTPUT) AD_NONE(ASSIGN)
 AD_NONE(NONFINITE) AD_NONE(SCALE_UPDATE)
 
-/* Sharding ops are inserted after autodiff (passes/shard.c). */
+/* Sharding ops are inserted after autodiff (passes/shard.c); the frontend
+ * never makes them, nor the derivative ops and clip_coef below. */
 #define AD_LATE(NAME) static void ad_##NAME(Ad *a, int i, int dy) { \
-    (void)i; (void)dy; ad_fail(a, "%s is inserted by the sharding passes, after autodiff", ir_ops[IR_OP_##NAME].name); }
+    (void)i; (void)dy; \
+    ad_fail(a, "%s is inserted by the sharding passes, after autodiff", ir_ops[IR_OP_##NAME].name);   /* internal */ \
+  }
 AD_LATE(ALL_REDUCE) AD_LATE(ALL_GATHER) AD_LATE(REDUCE_SCATTER) AD_LATE(SHARD_SLICE)
 AD_LATE(TAKE) AD_LATE(ONEHOT) AD_LATE(PAD_FILL)
 AD_LATE(SEND) AD_LATE(RECV) AD_LATE(STASH) AD_LATE(UNSTASH) AD_LATE(GROUP_SUM)
@@ -154,14 +157,16 @@ AD_LATE(QUANT8) AD_LATE(AMAX_ACC) AD_LATE(MATMUL8) AD_LATE(FP8_SCALE)
 
 /* Derivative ops themselves: we only do first derivatives. */
 #define AD_SECOND(NAME) static void ad_##NAME(Ad *a, int i, int dy) { \
-    (void)i; (void)dy; ad_fail(a, "second derivative not supported (the forward graph contains a derivative op)"); }
+    (void)i; (void)dy; \
+    ad_fail(a, "second derivative not supported (the forward graph contains a derivative op)");   /* internal */ \
+  }
 AD_SECOND(GELU_TANH_BWD) AD_SECOND(GELU_ERF_BWD) AD_SECOND(SILU_BWD) AD_SECOND(RELU_BWD)
 AD_SECOND(SOFTMAX_BWD) AD_SECOND(LOG_SOFTMAX_BWD) AD_SECOND(LAYERNORM_BWD) AD_SECOND(RMSNORM_BWD)
 AD_SECOND(EMBEDDING_BWD) AD_SECOND(GATHER_BWD) AD_SECOND(CROSS_ENTROPY_BWD) AD_SECOND(ATTENTION_BWD)
 
 static void ad_CLIP_COEF(Ad *a, int i, int dy) {
   (void)i; (void)dy;
-  ad_fail(a, "clip_coef belongs to the update step and has no derivative");
+  ad_fail(a, "clip_coef belongs to the update step and has no derivative");   /* internal */
 }
 
 /* ---- elementwise ---- */

@@ -308,8 +308,13 @@ int pass_decode(IrModule *m, PassCtx *cx) {
   d.B = tt->dim[0];
   d.T = tt->dim[1];
   const IrType *lt = &e->nodes[L].type;
-  if (lt->rank != 3 || lt->dim[0] != d.B || lt->dim[1] != d.T)
-    return ts_errf(cx->err, sizeof cx->err, "decode: the logits %%%d are not [batch, seq, vocab]", L);
+  if (lt->rank != 3 || lt->dim[0] != d.B || lt->dim[1] != d.T) {
+    char lb[256], tb[256];
+    return ts_errf(cx->err, sizeof cx->err, "decode: the logits that cross_entropy reads with \"targets\" are %s, "
+                   "not [%s, %s, vocab] with the dims of \"tokens\" %s: generation needs one row of logits per "
+                   "token of the input", ir_type_str(lt, lb, sizeof lb), d.bname, d.sname,
+                   ir_type_str(tt, tb, sizeof tb));
+  }
   /* the slice: what the logits need */
   unsigned char *live = arena_alloc(&cx->scratch, (size_t)n);
   memset(live, 0, (size_t)n);

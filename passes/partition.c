@@ -104,7 +104,9 @@ static int find_stacks(const IrModule *m, Stacks *st, int *layer_of, char *err, 
     for (int k = 0; k < st->n && rc == 0; k++)
       for (int i = st->begin[k]; i < st->begin[k + 1]; i++)
         if (!seen[i]) {
-          rc = ts_errf(err, errlen, "pipeline: the repeat stack '%s' has parameters of layer %d but none of layer %d",
+          rc = ts_errf(err, errlen, "pipeline: the repeat stack '%s' has parameters of layer %d but none of layer %d: "
+                       "the stages are cut between layers, which are told apart by their parameters, so every "
+                       "iteration of the repeat must make its own (or drop --pp)",
                        st->name[k], st->begin[k + 1] - st->begin[k] - 1, i - st->begin[k]);
           break;
         }
@@ -175,6 +177,9 @@ typedef struct {
   unsigned char *nonstack; /* free nodes: read a parameter outside the stack */
   int *lo;                 /* anchored nodes: earliest unit (data flow + pins) */
   int *pin;                /* anchored nodes: pinned unit, -1 = not pinned */
+  int *by, *by_other;      /* the parameter (state id, -1 none) behind maxlayer / nonstack of a
+                              free node, and the one that pinned an anchored node: what a refusal
+                              names, as the user wrote it */
 } Flow;
 
 static int anchored(const Flow *f, int i) { return f->dep[i] == (DEP_INPUT | DEP_PARAM); }
@@ -189,29 +194,36 @@ static void flow_build(const IrModule *m, const IrBlock *b, const int *layer_of,
   f->maxlayer = ts_xcalloc((size_t)n, sizeof *f->maxlayer);
   f->lo = ts_xcalloc((size_t)n, sizeof *f->lo);
   f->pin = ts_xmalloc((size_t)n * sizeof *f->pin);
+  f->by = ts_xmalloc((size_t)n * sizeof *f->by);
+  f->by_other = ts_xmalloc((size_t)n * sizeof *f->by_other);
   for (int i = 0; i < n; i++) {
     const IrNode *nd = &b->nodes[i];
-    f->pin[i] = -1;
+    f->pin[i] = f->by[i] = f->by_other[i] = -1;
     if (nd->op == IR_OP_INPUT) f->dep[i] = DEP_INPUT;
     if (nd->op == IR_OP_STATE) {
       int s = (int)nd->ia[0];
       if (s >= 0 && s < m->states.n && m->states.a[s].kind == IR_STATE_COPY) s = m->states.a[s].of;   /* its master's */
       if (s >= 0 && s < m->states.n && m->states.a[s].kind == IR_STATE_PARAM) {
         f->dep[i] = DEP_PARAM;
-        if (layer_of[s] >= 0) f->maxlayer[i] = layer_of[s] + 1;
-        else f->nonstack[i] = 1;
+        if (layer_of[s] >= 0) f->maxlayer[i] = layer_of[s] + 1, f->by[i] = s;
+        else f->nonstack[i] = 1, f->by_other[i] = s;
       }
     }
-    int flo = 0, ns = 0, mx = 0;   /* anchored operands' lo; free operands' params */
+    int flo = 0, ns = 0, mx = 0, mxby = -1, nsby = -1;   /* anchored operands' lo; free operands' params */
     for (int k = 0; k < nd->nin; k++) {
       int v = nd->in[k];
       f->dep[i] |= f->dep[v];
       if (anchored(f, v)) { if (f->lo[v] > flo) flo = f->lo[v]; }
-      else { if (f->maxlayer[v] > mx) mx = f->maxlayer[v]; ns |= f->nonstack[v]; }
+      else {
+        if (f->maxlayer[v] > mx) mx = f->maxlayer[v], mxby = f->by[v];
+        if (f->nonstack[v] && nsby < 0) nsby = f->by_other[v];
+        ns |= f->nonstack[v];
+      }
     }
     if (!anchored(f, i)) {           /* free: carry the params it reads */
-      if (mx > f->maxlayer[i]) f->maxlayer[i] = mx;
+      if (mx > f->maxlayer[i]) f->maxlayer[i] = mx, f->by[i] = mxby;
       f->nonstack[i] |= (unsigned char)ns;
+      if (f->by_other[i] < 0) f->by_other[i] = nsby;
       continue;
     }
     int lo = flo > mx ? flo : mx;
@@ -221,6 +233,7 @@ static void flow_build(const IrModule *m, const IrBlock *b, const int *layer_of,
      * summed over the ranks that read it (PipePartition.shared) */
     if (mx > 0 && flo <= mx) {
       f->pin[i] = mx;
+      f->by[i] = mxby;
       inlayers = 1;
     }
     if (ns && f->pin[i] < 0) {
@@ -228,6 +241,7 @@ static void flow_build(const IrModule *m, const IrBlock *b, const int *layer_of,
        * like a decoder's embedding after the encoder, is placed by the cut) */
       if (flo == 0 && !inlayers) f->pin[i] = 0;
       else if (flo >= L) { f->pin[i] = L + 1; lo = L + 1; }   /* after the last layer: L */
+      if (f->pin[i] >= 0) f->by[i] = nsby;
     }
     f->lo[i] = lo;
   }
@@ -239,12 +253,29 @@ static void flow_free(Flow *f) {
   free(f->maxlayer);
   free(f->lo);
   free(f->pin);
+  free(f->by);
+  free(f->by_other);
+}
+
+/* Node i (pinned) as the user wrote it: "the matmul reading
+ * @layers.3.attn.w_q (layer 3)" (the op, the parameter that pinned it, its
+ * unit). */
+static const char *pinned_str(const IrModule *m, const Stacks *st, const IrBlock *b, const Flow *f, int i, char *buf,
+                              size_t n) {
+  char u[80];
+  unit_name(st, f->pin[i], u, sizeof u);
+  int s = f->by[i];
+  if (s >= 0 && s < m->states.n)
+    snprintf(buf, n, "the %s reading @%s (%s)", ir_ops[b->nodes[i].op].name, m->states.a[s].name, u);
+  else   /* every pin has its parameter; a fallback */
+    snprintf(buf, n, "a %s (%s)", ir_ops[b->nodes[i].op].name, u);
+  return buf;
 }
 
 /* Cuts between units: node positions cut[u] (u = 0 .. L), nodes at
  * positions >= cut[u] are in unit > u.  Also the bytes crossing each cut. */
-static int place_cuts(const IrBlock *b, const Flow *f, const Stacks *st, int *cut, double *cut_bytes, char *err,
-                      size_t errlen) {
+static int place_cuts(const IrModule *m, const IrBlock *b, const Flow *f, const Stacks *st, int *cut,
+                      double *cut_bytes, char *err, size_t errlen) {
   int n = b->n, L = f->L, nu = L + 2;
   /* cross[p] = bytes of anchored values made before p and read at or after p */
   double *cross = ts_xcalloc((size_t)n + 2, sizeof *cross);
@@ -276,19 +307,23 @@ static int place_cuts(const IrBlock *b, const Flow *f, const Stacks *st, int *cu
     int a = lastpin[u] + 1, z = firstpin[u + 1];   /* cut in [a, z] */
     if (a < prev) a = prev;
     if (a > z) {
-      char x[80], y[80], c[160];
+      char x[80], y[80], c[160], later[240], earlier[240];
+      pinned_str(m, st, b, f, z, later, sizeof later);
+      pinned_str(m, st, b, f, lastpin[u], earlier, sizeof earlier);
+      unit_name(st, u, x, sizeof x);
+      unit_name(st, u + 1, y, sizeof y);
       if (st->n == 1)
-        rc = ts_errf(err, errlen, "pipeline: the forward block cannot be cut between %s%d and %s%d: node %%%d of the "
-                                  "later one comes before node %%%d of the earlier one",
-                     u == 0 ? "E" : "layer ", u == 0 ? 0 : u - 1, u + 1 > L ? "L" : "layer ", u + 1 > L ? 0 : u,
-                     z, lastpin[u]);
+        rc = ts_errf(err, errlen, "pipeline: the forward block cannot be cut between %s and %s: %s comes before "
+                                  "%s in the model's code; the layers are cut in order, so the code of each must "
+                                  "come after the one before it: reorder the code, or drop --pp",
+                     x, y, later, earlier);
       else {
         stacks_str(st, c, sizeof c);
-        rc = ts_errf(err, errlen, "pipeline: the forward block cannot be cut between %s and %s: node %%%d of the "
-                                  "later one comes before node %%%d of the earlier one; the stacks %s are cut in "
-                                  "that order, so the code of one must come after the stack before it: write the "
-                                  "stacks one after the other, or drop --pp",
-                     unit_name(st, u, x, sizeof x), unit_name(st, u + 1, y, sizeof y), z, lastpin[u], c);
+        rc = ts_errf(err, errlen, "pipeline: the forward block cannot be cut between %s and %s: %s comes before "
+                                  "%s in the model's code; the stacks %s are cut in that order, so the code of one "
+                                  "must come after the stack before it: write the stacks one after the other, or "
+                                  "drop --pp",
+                     x, y, later, earlier, c);
       }
       break;
     }
@@ -500,7 +535,8 @@ static int chunks_from_layers(const PipeOptions *o, int L, int nchunks, int *beg
                    o->pp, nchunks / o->pp, nchunks);
   long sum = 0;
   for (int g = 0; g < nchunks; g++) {
-    if (o->layers[g] < 0) return ts_errf(err, errlen, "--pp-layers: a negative layer count (%d)", o->layers[g]);
+    if (o->layers[g] < 0)   /* api/options.c refuses it first */
+      return ts_errf(err, errlen, "--pp-layers: a negative layer count (%d)", o->layers[g]);   /* internal */
     sum += o->layers[g];
   }
   if (sum != L)
@@ -589,7 +625,7 @@ int pass_layer_units(const IrModule *m, const IrBlock *blk, int n, int *unit, un
     L = st.begin[st.n];
     double *cut_bytes = ts_xcalloc((size_t)L + 2, sizeof *cut_bytes);
     cut = ts_xmalloc((size_t)(L + 2) * sizeof *cut);
-    rc = place_cuts(&b, &f, &st, cut, cut_bytes, err, errlen);
+    rc = place_cuts(m, &b, &f, &st, cut, cut_bytes, err, errlen);
     free(cut_bytes);
   }
   if (rc == 0) {
@@ -628,9 +664,11 @@ void pass_pipe_partition_free(PipePartition *p) {
 int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   int fb = ir_block_find(m, "forward");
-  if (fb < 0) return ts_errf(err, errlen, "pipeline: the module has no block \"forward\" to partition");
+  if (fb < 0)   /* the frontend always makes it */
+    return ts_errf(err, errlen, "pipeline: the module has no block \"forward\" to partition");   /* internal */
   if (o->pp < 1) return ts_errf(err, errlen, "pipeline: pp=%d", o->pp);
-  if (o->vpp < 0) return ts_errf(err, errlen, "--vpp %d: must be at least 1", o->vpp);
+  if (o->vpp < 0)   /* api/options.c refuses it first */
+    return ts_errf(err, errlen, "--vpp %d: must be at least 1", o->vpp);   /* internal */
   if (o->layers && o->layout) return ts_errf(err, errlen, "--pp-layers and --pp-layout both say where the layers go: give one of them");
   if (o->only_stack && (o->layers || o->layout))
     return ts_errf(err, errlen, "--pp-stack and %s do not go together: %s already places every layer of every stack",
@@ -656,7 +694,7 @@ int pass_pipe_partition(const IrModule *m, const PipeOptions *o, PipePartition *
     out->cost = ts_xcalloc((size_t)nu, sizeof *out->cost);
     out->cut_bytes = ts_xcalloc((size_t)nu, sizeof *out->cut_bytes);
     cut = ts_xmalloc((size_t)nu * sizeof *cut);
-    rc = place_cuts(b, &f, &out->stacks, cut, out->cut_bytes, err, errlen);
+    rc = place_cuts(m, b, &f, &out->stacks, cut, out->cut_bytes, err, errlen);
   }
   if (rc == 0) {
     out->nnodes = b->n;

@@ -46,8 +46,11 @@ int scaler_on(const IrModule *m) { return m->train.lowp == IR_F16; }
 static int scaler_state(IrModule *m, PassCtx *cx, const char *name, double v) {
   int s = ir_state_find(m, name);
   if (s >= 0) {
-    if (m->states.a[s].kind != IR_STATE_SCALER || m->states.a[s].type.rank != 0)
-      return ts_errf(cx->err, sizeof cx->err, "loss scaling: state @%s exists and is not a scalar of kind scaler", name);
+    char tb[256];
+    if (m->states.a[s].kind != IR_STATE_SCALER || m->states.a[s].type.rank != 0)   /* a parameter of that name */
+      return ts_errf(cx->err, sizeof cx->err, "loss scaling: the model's @%s (%s) has a name that fp16's loss "
+                     "scaling keeps its state under: rename it in the model", name,
+                     ir_type_str(&m->states.a[s].type, tb, sizeof tb));
     return s;
   }
   IrState st;

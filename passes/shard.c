@@ -133,6 +133,21 @@ static int sh_fail(Sh *S, const char *fmt, ...) {
 
 static const IrNode *onode(const Sh *S, int v) { return &S->ob.nodes[v]; }
 static const char *tstr(const IrType *t, char *buf, size_t n) { return ir_type_str(t, buf, n); }
+/* " @name" when value v is a parameter (through casts and reshapes), else
+ * "": what a refusal names for an operand, as the user wrote it. */
+static const char *param_of(const Sh *S, int v, char *buf, size_t n) {
+  buf[0] = 0;
+  for (int hop = 0; hop < 8; hop++) {
+    const IrNode *x = onode(S, v);
+    if (x->op == IR_OP_STATE && x->ia[0] >= 0 && x->ia[0] < S->m->states.n) {
+      snprintf(buf, n, " @%s", S->m->states.a[x->ia[0]].name);
+      break;
+    }
+    if (x->nin != 1) break;
+    v = x->in[0];
+  }
+  return buf;
+}
 
 /* ---------------- axis states ---------------- */
 
@@ -695,9 +710,11 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     /* a [R, K] rows in expert layout, w [G, K, N] (tb: [G, N, K]) or dy [R, N] */
     want[2] = AX_R;
     if (a == IR_AXIS_EP) {
+      char pw[160];
       if (n->op == IR_OP_GMM && st[1] != 0)
-        return sh_fail(S, "gmm %%%d: under ep the expert weights must be split over ep along their expert dim "
-                       "(rules { experts: ep }), but they are %s", i, st[1] == AX_R ? "replicated" : "split elsewhere");
+        return sh_fail(S, "gmm: under ep the expert weights%s must be split over ep along their expert dim "
+                       "(rules { experts: ep } with the weights' first dim named experts), but they are %s",
+                       param_of(S, n->in[1], pw, sizeof pw), st[1] == AX_R ? "replicated" : "split elsewhere");
       want[0] = want[1] = 0;
       *out = 0;
       return 0;
@@ -714,8 +731,10 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     }
     int tb = (int)n->ia[0], wK = tb ? 2 : 1, wN = tb ? 1 : 2;
     if (st[0] == AX_P && st[1] == AX_R) { *out = AX_P; return 0; }   /* linear in a */
-    if (s1 == 0) return sh_fail(S, "gmm %%%d: the expert dim of the weights is split over %s; only ep may split it", i,
-                                ir_axis_name((IrAxis)a));
+    char pw[160];
+    if (s1 == 0)
+      return sh_fail(S, "gmm: the expert dim of the weights%s is split over %s; only ep may split it (rules { "
+                     "experts: ep })", param_of(S, n->in[1], pw, sizeof pw), ir_axis_name((IrAxis)a));
     if (s1 == wK) { want[0] = 1; want[1] = wK; *out = AX_P; }
     else if (s1 == wN) { want[0] = AX_R; want[1] = wN; *out = 1; }
     else { want[0] = AX_R; want[1] = AX_R; *out = AX_R; }
@@ -1131,30 +1150,32 @@ static int shard_moe_ep(Sh *S, int i, int *in, const IrSharding *osh, IrType *lt
   case IR_OP_GMM: case IR_OP_GMM_DW: want = XL_EXP; break;
   default:
     if (!(ir_ops[n->op].flags & OPF_EW))
-      return sh_fail(S, "%s %%%d reads a value in token-dispatch layout (rows of moe_perm, gmm, ...); only "
-                     "elementwise ops and the moe ops may read one", ir_ops[n->op].name, i);
+      return sh_fail(S, "%s reads a value in token-dispatch layout (rows of moe_perm, gmm, ...); only "
+                     "elementwise ops and the moe ops may read one: apply it after moe_unperm", ir_ops[n->op].name);
     want = (xin & XL_EXP) ? XL_EXP : XL_TOK;
     for (int k = 0; k < nin; k++)
       if (!S->xl[n->in[k]])
-        return sh_fail(S, "%s %%%d mixes a value in token-dispatch layout with an ordinary one", ir_ops[n->op].name, i);
+        return sh_fail(S, "%s mixes a value in token-dispatch layout (rows of moe_perm, gmm, ...) with an ordinary "
+                       "one", ir_ops[n->op].name);
   }
   int c = -1;   /* the counts that govern the result's rows */
   if (n->op == IR_OP_GMM || n->op == IR_OP_GMM_DW) c = n->in[2];
   else if (n->op == IR_OP_MOE_PERM) c = S->cnt_of[n->in[1]];
   else for (int k = 0; k < nin && c < 0; k++) if (S->xl[n->in[k]]) c = S->xc[n->in[k]];
   if (n->op == IR_OP_MOE_PERM && n->ia[0] % ir_axis_size(m, IR_AXIS_EP))
-    return sh_fail(S, "moe_perm %%%d: rows = %lld are not divisible by ep = %d", i, (long long)n->ia[0],
+    return sh_fail(S, "moe_perm: rows = %lld are not divisible by ep = %d (each ep rank holds rows / ep of them): "
+                   "make rows a multiple of %d", (long long)n->ia[0], ir_axis_size(m, IR_AXIS_EP),
                    ir_axis_size(m, IR_AXIS_EP));
   if (n->op == IR_OP_MOE_PERM && c < 0)
-    return sh_fail(S, "moe_perm %%%d: under ep its routing mask needs a moe_counts (the token dispatch exchanges "
-                   "the counts)", i);
+    return sh_fail(S, "moe_perm: under ep its routing mask needs a moe_counts of the same mask (the token dispatch "
+                   "exchanges the counts)");
   /* the row operands: rows of gmm / gmm_dw (0, and dy), rows of unperm / gate_grad (0), elementwise all */
   for (int k = 0; k < nin; k++) {
     int rows = (ir_ops[n->op].flags & OPF_EW) || k == 0 || (n->op == IR_OP_GMM_DW && k == 1);
     if (!rows || !want) continue;
     if (!S->xl[n->in[k]])
-      return sh_fail(S, "%s %%%d: operand %d is not in token-dispatch layout (its rows must come from moe_perm)",
-                     ir_ops[n->op].name, i, k + 1);
+      return sh_fail(S, "%s: operand %d is not in token-dispatch layout (its rows must come from moe_perm)",
+                     ir_ops[n->op].name, k + 1);
     in[k] = xconv(S, n->in[k], in[k], want);
   }
   if (S->failed) return -1;

@@ -1165,7 +1165,8 @@ static int parse_text_header(Tx *t, Plan *p) {
   const char *e;
   int r = tx_line(t, line, sizeof line);
   if (r < 0) return -1;
-  if (r == 0) return tx_fail(t, "empty plan text");
+  /* plan_read takes a text only when it starts with "tessera-plan": its first line is never empty */
+  if (r == 0) return tx_fail(t, "empty plan text");   /* internal */
   if (strncmp(line, "tessera-plan ", 13) != 0)
     return tx_fail(t, "not a Tessera plan text (expected 'tessera-plan %d')", PLAN_VERSION);
   int version = parse_int(line + 13, &e);

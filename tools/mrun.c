@@ -865,8 +865,9 @@ static int check_pipeline_dp(const Plan *plan, const PlanMesh *mesh, int64_t per
   if (!m) return 0;
   PipeSchedKind kind;
   if (plan_pipe_program_sched(&m->par, &kind) != 0)
+    /* the plan decoder refuses a schedule out of range (bad pipeline fields) */
     return ts_errf(err, errlen, "the plan's pipeline schedule %d is not one this mrun knows (a plan from a newer "
-                   "mcc?)", m->par.sched);
+                   "mcc?)", m->par.sched);   /* internal */
   char why[512];
   if (pipeline_runs_at(m, kind, mesh->dp, why, sizeof why)) return 0;
   /* the dp values that divide the step's micro batches and that the
@@ -1207,7 +1208,10 @@ static IrModule *pick_program(Plan *plan, const PlanMesh *mesh, int rank, int *i
   int pdp = plan->mesh.dp < 1 ? 1 : plan->mesh.dp;
   c[RT_AXIS_DP] %= pdp;
   int pr = rt_mesh_rank(&plan->mesh, c);
-  if (plan->nranks < 1 || !plan->rank_program) { ts_errf(err, errlen, "the plan has no ranks"); return NULL; }
+  if (plan->nranks < 1 || !plan->rank_program) {   /* plan_read refuses a plan without ranks: a second guard */
+    ts_errf(err, errlen, "the plan has no ranks");   /* internal */
+    return NULL;
+  }
   if (pr < 0 || pr >= plan->nranks) pr = pr < 0 ? 0 : pr % plan->nranks;
   int pi = plan->rank_program[pr];
   if (pi < 0 || pi >= plan->nprograms) { ts_errf(err, errlen, "the plan has no program for rank %d", pr); return NULL; }
@@ -1225,7 +1229,10 @@ static IrModule *prepare(Plan *plan, const PlanMesh *mesh, int rank, const Args 
   char why[1536];
   /* a plan from another build or edited by hand: refuse it with the
    * verifier's message rather than fail somewhere inside a kernel */
-  if (ir_verify(m, why, sizeof why) != 0) { ts_errf(err, errlen, "%s: the program is invalid: %s", a->plan, why); return NULL; }
+  if (ir_verify(m, why, sizeof why) != 0) {   /* plan_read verifies every program first: a second guard */
+    ts_errf(err, errlen, "%s: the program is invalid: %s", a->plan, why);   /* internal */
+    return NULL;
+  }
   if (ir_axis_size(m, IR_AXIS_DP) != mesh->dp) {
     if (pass_respecialize_dp(m, mesh->dp, why, sizeof why) != 0) {
       ts_errf(err, errlen, "%s was compiled for dp=%d; running it at dp=%d failed: %s", a->plan,

@@ -100,9 +100,10 @@ int rt_prefetch_get(RtPrefetch *p, int64_t step, int64_t j, int32_t *tok, int32_
   PfSlot *sl = &p->slot[step % 2];
   pthread_mutex_lock(&p->mu);
   if (step >= p->end || j < 0 || j >= p->nmicro || (sl->step >= 0 && sl->step != step)) {
+    /* the trainer asks in order: a bug */
     pthread_mutex_unlock(&p->mu);
     return ts_errf(err, errlen, "data prefetch: step %lld micro %lld asked out of order (a bug)", (long long)step,
-                   (long long)j);
+                   (long long)j);   /* internal */
   }
   while (!(sl->step == step && sl->ready)) pthread_cond_wait(&p->cv, &p->mu);
   int rc = sl->rc;

@@ -740,7 +740,9 @@ static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_
                    "coordinate %d (does the plan's rank_program match its mesh?)", par->stage - 1, par->stage, c);
   PipeSchedKind kind;
   if (plan_pipe_program_sched(par, &kind) != 0)
-    return ts_errf(err, errlen, "the program's pipeline schedule %d is not one this runtime knows", par->sched);
+    /* the plan decoder refuses a schedule out of range */
+    return ts_errf(err, errlen, "the program's pipeline schedule %d is not one this runtime knows",
+                   par->sched);   /* internal */
   if (n_local > (1 << 20)) return ts_errf(err, errlen, "%lld micro batches per step is too many to schedule", (long long)n_local);
   char why[1024];
   r->sched_kind = kind, r->sched_pp = pp, r->sched_vpp = vpp;
