@@ -273,12 +273,17 @@ static int build(Dx *d, const char *name, const unsigned char *live, int L) {
 
 static int drop_decode(const IrBlock *b) { return strcmp(b->name, "prefill") == 0 || strcmp(b->name, "step") == 0; }
 
-int pass_decode(IrModule *m, PassCtx *cx) {
-  if (!cx->decode) return 0;
+int pass_decode_layout(const IrModule *m, char *err, size_t errlen) {
   if (ir_axis_size(m, IR_AXIS_PP) > 1 || ir_axis_size(m, IR_AXIS_CP) > 1 || m->par.sp)
-    return ts_errf(cx->err, sizeof cx->err, "decode: generation needs a layout without pp, cp and sequence "
+    return ts_errf(err, errlen, "decode: generation needs a layout without pp, cp and sequence "
                    "parallelism (this one: pp=%d cp=%d sp=%d); tp and dp are fine", ir_axis_size(m, IR_AXIS_PP),
                    ir_axis_size(m, IR_AXIS_CP), m->par.sp);
+  return 0;
+}
+
+int pass_decode(IrModule *m, PassCtx *cx) {
+  if (!cx->decode) return 0;
+  if (pass_decode_layout(m, cx->err, sizeof cx->err) != 0) return -1;
   int nb = 0;
   for (int bi = 0; bi < m->blocks.n; bi++)
     if (!drop_decode(&m->blocks.a[bi])) m->blocks.a[nb++] = m->blocks.a[bi];

@@ -130,6 +130,9 @@ int pass_eval(IrModule *m, PassCtx *cx);
 /* with cx->decode: blocks "prefill" and "step" (generation with a KV cache)
  * derived from block "eval" (passes/decode.c, docs/generation.md) */
 int pass_decode(IrModule *m, PassCtx *cx);
+/* pass decode's layout rule (no pp, cp or sp): 0, or -1 with the message
+ * (mrun --generate asks before it starts its ranks). */
+int pass_decode_layout(const IrModule *m, char *err, size_t errlen);
 /* removes nodes whose value is never used (effects are roots) */
 int pass_dce(IrModule *m, PassCtx *cx);
 /* marks fusion groups (IrNode.group) that codegen lowers as one kernel,

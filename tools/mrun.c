@@ -1652,6 +1652,13 @@ static int run(int argc, char **argv, Args *a) {
     char given[64];
     int ok = plan && mesh_for(plan, a, a->gpus, ranks_given(a, a->gpus, given, sizeof given), &mesh, err, sizeof err) == 0 &&
              rt_packed_check(&a->gpt, (const IrModule *const *)plan->programs, plan->nprograms, err, sizeof err) == 0;
+    if (ok && a->generate && plan->nprograms > 0) {   /* one message, not one per rank after mpirun's start */
+      char why[512];
+      if (pass_decode_layout(plan->programs[0], why, sizeof why) != 0) {
+        ok = 0;
+        snprintf(err, sizeof err, "%s: --generate: %s", a->plan, why);
+      }
+    }
     plan_free(plan);
     if (!ok) { fprintf(stderr, "mrun: %s\n", err); return 1; }
     return launch(a->gpus, argv);
