@@ -7,14 +7,14 @@
 #include "kprint.h"
 
 static const CgDialect c_dialect = {
-    .type = {"void", "int", "int32_t", "int64_t", "float", "double", "uint16_t"},   /* in CgType's order */
+    .type = {"void", "int", "int32_t", "int64_t", "float", "double", "uint16_t", "uint16_t"},   /* in CgType's order */
     .u32 = "uint32_t", .u64 = "uint64_t", .i64_min = "INT64_MIN", .helper = "cg_", .param = "prm",
     .nan_f32 = "(float)NAN", .nan_f64 = "(double)NAN",
     .inf_f32 = "(double)INFINITY", .inf_f64 = "(double)INFINITY"};   /* a float where it is used */
 
 /* helpers the kernels call: NaN-propagating max (the max accumulator),
- * the saturating float -> integer casts of the kernel IR, and bf16 to and
- * from f32 (runtime/cpu/half.h's rounding: to nearest even, NaN kept quiet) */
+ * the saturating float -> integer casts of the kernel IR, and bf16 and f16
+ * to and from f32 (runtime/cpu/half.h's rounding: to nearest even, NaN kept quiet) */
 static const char *const c_prelude =
     "#include <math.h>\n"
     "#include <stdint.h>\n"
@@ -25,6 +25,23 @@ static const char *const c_prelude =
     "static inline uint16_t cg_f32_bf16(float f) {\n"
     "  union { float f; uint32_t u; } c = {f};\n"
     "  return (uint16_t)((f != f ? c.u | 0x400000u : c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);\n"
+    "}\n"
+    "static inline float cg_f16_f32(uint16_t h) {\n"
+    "  uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;\n"
+    "  if (e == 0) { float r = (float)m * 5.9604644775390625e-8f; return s ? -r : r; }\n"
+    "  union { uint32_t u; float f; } c = {e == 31 ? s | 0x7f800000u | (m << 13) : s | ((e + 112u) << 23) | (m << 13)};\n"
+    "  return c.f;\n"
+    "}\n"
+    "static inline uint16_t cg_f32_f16(float f) {\n"
+    "  union { float f; uint32_t u; } c = {f}, a;\n"
+    "  uint32_t ax = c.u & 0x7fffffffu;\n"
+    "  uint16_t s = (uint16_t)((c.u >> 16) & 0x8000u);\n"
+    "  if (ax > 0x7f800000u) return s | 0x7e00u;\n"
+    "  if (ax >= 0x477ff000u) return s | 0x7c00u;\n"
+    "  a.u = ax;\n"
+    "  if (ax < 0x38800000u) return s | (uint16_t)rintf(a.f * 16777216.0f);\n"
+    "  uint32_t m = ax - 0x38000000u;\n"
+    "  return s | (uint16_t)((m + 0xfffu + ((m >> 13) & 1u)) >> 13);\n"
     "}\n";
 
 int cg_kernel_c_text(const CgKernel *k, StrBuf *out, char *err, size_t errlen) {

@@ -73,6 +73,23 @@ static const char *const prelude =
     "  unsigned u = __float_as_uint(f);\n"
     "  return (unsigned short)((f != f ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u)) >> 16);\n"
     "}\n"
+    "/* f16 (IEEE binary16) <-> f32 as runtime/cpu/half.h: up exact (subnormals\n"
+    " * m 2^-24); down to nearest even, subnormals kept (rintf rounds to even),\n"
+    " * 65520 and up to inf, every NaN the quiet 0x7e00 with its sign */\n"
+    "static __device__ __forceinline__ float ts_f16_f32(unsigned short h) {\n"
+    "  unsigned s = (unsigned)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;\n"
+    "  if (e == 0) { float r = (float)m * 5.9604644775390625e-8f; return s ? -r : r; }\n"
+    "  return __uint_as_float(e == 31 ? s | 0x7f800000u | (m << 13) : s | ((e + 112u) << 23) | (m << 13));\n"
+    "}\n"
+    "static __device__ __forceinline__ unsigned short ts_f32_f16(float f) {\n"
+    "  unsigned x = __float_as_uint(f), ax = x & 0x7fffffffu;\n"
+    "  unsigned short s = (unsigned short)((x >> 16) & 0x8000u);\n"
+    "  if (ax > 0x7f800000u) return s | 0x7e00u;\n"
+    "  if (ax >= 0x477ff000u) return s | 0x7c00u;\n"
+    "  if (ax < 0x38800000u) return s | (unsigned short)rintf(__uint_as_float(ax) * 16777216.0f);\n"
+    "  unsigned m = ax - 0x38000000u;\n"
+    "  return s | (unsigned short)((m + 0xfffu + ((m >> 13) & 1u)) >> 13);\n"
+    "}\n"
     "/* sums and NaN-propagating maxima over a warp (every lane gets the\n"
     " * result) and over the block (every thread gets it; every thread of the\n"
     " * block must call: it has barriers; blockDim.x a multiple of 32) */\n"
@@ -137,12 +154,12 @@ const char *cg_cuda_prelude(void) { return prelude; }
 
 /* ---- what CUDA spells its own way inside an iteration (kprint.h) ---- */
 static const CgDialect cuda_dialect = {
-    .type = {"void", "int", "int", "long long", "float", "double", "unsigned short"},   /* in CgType's order */
+    .type = {"void", "int", "int", "long long", "float", "double", "unsigned short", "unsigned short"},   /* in CgType's order */
     .u32 = "unsigned", .u64 = "unsigned long long", .i64_min = "(-9223372036854775807LL - 1)", .narrow = 1,
     .helper = "ts_", .param = "a.run",
     .nan_f32 = "(float)TS_NAN", .nan_f64 = "TS_NAN", .inf_f32 = "(float)TS_INF", .inf_f64 = "TS_INF"};
 
-static size_t elem_size(CgType t) { return t == CG_F64 ? 8 : t == CG_BF16 ? 2 : 4; }
+static size_t elem_size(CgType t) { return t == CG_F64 ? 8 : cg_type_is_half(t) ? 2 : 4; }
 static int64_t buf_bytes(const CgBuf *b) { return b->n * (int64_t)elem_size(b->type); }
 
 /* Whether value v depends on instruction r (through operands); uses mark
@@ -298,7 +315,7 @@ static int vec_bytes(const CgKp *c) {
 /* ---- the kernel ---- */
 
 static const char *vec_type(CgType t) {
-  return t == CG_F64 ? "double2" : t == CG_F32 ? "float4" : t == CG_BF16 ? "ushort4" : "int4";
+  return t == CG_F64 ? "double2" : t == CG_F32 ? "float4" : cg_type_is_half(t) ? "ushort4" : "int4";
 }
 
 /* Whether buffer b may share memory with another buffer of k while one

@@ -74,7 +74,8 @@ typedef struct {
   int bdoc;
   int64_t Tdoc;
   int64_t window;   /* > 0: keys that many positions or more from the query are masked */
-  int tc;           /* attention_bwd: q, k, v and do are bf16 values (tensor cores when the tiles fit) */
+  IrDtype tc;       /* attention_bwd: q, k, v and do are values of this 16-bit dtype, bf16 or f16 (tensor
+                     * cores when the tiles fit); IR_VOID: not */
   /* ALiBi: the slopes' slot (-1: none) and type; each kernel's loop over
    * query heads sets `asl`, its head's slope (by global head, <name>_hpos) */
   int bslope;
@@ -904,7 +905,10 @@ static void print_dkv_f32(Att *a, const FTile *t, StrBuf *s, int k, int part) {
   sb_puts(s, "  }\n}\n");
 }
 
-/* ---- tensor cores: bf16 operands (docs/cuda.md "Attention on tensor cores") ----
+/* ---- tensor cores: bf16 or f16 operands (docs/cuda.md "Attention on tensor cores") ----
+ * (written for bf16; an f16 kernel is the same text with the element
+ * type's two names swapped, tc_retype: WMMA takes __half the same way,
+ * its fragments are wider, 8 registers for 4)
  * attention whose q, k and v are bf16 values (the f32 operands are casts
  * of bf16 values, as pass precision makes them under --precision bf16:
  * the conversion back to bf16 in the shared-memory loads is exact) runs
@@ -948,16 +952,42 @@ static int tc_choose(const Att *a, TcTile *t) {
   return 1;
 }
 
-/* Whether value v is a cast to f32 of a bf16 value (an exact bf16 value). */
-static int tc_from_bf16(const IrBlock *b, int v) {
-  const IrNode *n = &b->nodes[v];
-  return n->op == IR_OP_CAST && n->nin == 1 && n->type.dtype == IR_F32 && b->nodes[n->in[0]].type.dtype == IR_BF16;
+/* The 16-bit dtype (bf16 or f16) whose values the operands in[0 .. n) of
+ * nd all are, as casts to f32 of such values (exact); IR_VOID if none. */
+static IrDtype tc_from_half(const IrBlock *b, const IrNode *nd, const int *in, int n) {
+  IrDtype h = IR_VOID;
+  for (int i = 0; i < n; i++) {
+    const IrNode *c = &b->nodes[nd->in[in[i]]];
+    IrDtype d = c->op == IR_OP_CAST && c->nin == 1 ? b->nodes[c->in[0]].type.dtype : IR_VOID;
+    if (c->type.dtype != IR_F32 || (d != IR_BF16 && d != IR_F16) || (i && d != h)) return IR_VOID;
+    h = d;
+  }
+  return h;
 }
 
-/* attention_bwd's q, k, v and do (operands 1, 2, 3, 5) are bf16 values */
-static int tc_bwd_operands(const IrBlock *b, const IrNode *nd) {
-  return nd->type.dtype == IR_F32 && tc_from_bf16(b, nd->in[0]) && tc_from_bf16(b, nd->in[1]) &&
-         tc_from_bf16(b, nd->in[2]) && tc_from_bf16(b, nd->in[4]);
+/* attention_bwd's q, k, v and do (operands 1, 2, 3, 5) are values of one 16-bit dtype */
+static IrDtype tc_bwd_operands(const IrBlock *b, const IrNode *nd) {
+  return nd->type.dtype == IR_F32 ? tc_from_half(b, nd, (const int[]){0, 1, 2, 4}, 4) : IR_VOID;
+}
+
+/* An f16 kernel from its bf16 text, src[from ..): the WMMA element type
+ * and the rounding into it renamed (the two names only the tensor-core
+ * kernels print; the prelude defines both types). */
+static void tc_retype(StrBuf *src, size_t from, IrDtype h) {
+  if (h != IR_F16) return;
+  static const char *const pat[2][2] = {{"ts_wmma::bf16", "ts_wmma::f16"}, {"ts_f32_bf16(", "ts_f32_f16("}};
+  StrBuf out = {0};
+  sb_write(&out, src->p, from);
+  for (size_t i = from; i < src->n;) {
+    int k = -1;
+    for (int j = 0; j < 2 && k < 0; j++)
+      if (src->n - i >= strlen(pat[j][0]) && !memcmp(src->p + i, pat[j][0], strlen(pat[j][0]))) k = j;
+    if (k < 0) { sb_putc(&out, src->p[i++]); continue; }
+    sb_puts(&out, pat[k][1]);
+    i += strlen(pat[k][0]);
+  }
+  sb_free(src);
+  *src = out;
 }
 
 /* The WMMA subset as ts_wmma (once per module). */
@@ -965,16 +995,18 @@ static void tc_prelude(StrBuf *s) {
   sb_puts(s,
     "#ifndef TS_WMMA_DEFINED\n#define TS_WMMA_DEFINED 1\n"
     "#ifdef TS_CUDA_EMU_H\n"
-    "namespace ts_wmma {\nusing namespace nvcuda::wmma;\ntypedef __nv_bfloat16 bf16;\n}\n"
+    "namespace ts_wmma {\nusing namespace nvcuda::wmma;\ntypedef __nv_bfloat16 bf16;\ntypedef __half f16;\n}\n"
     "#else\n"
     "namespace ts_wmma {\n"
-    "struct bf16 { unsigned short x; };\n"
+    "struct bf16 { unsigned short x; };\nstruct f16 { unsigned short x; };\n"
     "struct matrix_a {}; struct matrix_b {}; struct accumulator {}; struct row_major {}; struct col_major {};\n"
     "enum layout_t { mem_row_major, mem_col_major };\n"
     "template <class L> struct lay_ { enum { col = 0 }; };\n"
     "template <> struct lay_<col_major> { enum { col = 1 }; };\n"
     "template <class U, int M, int N, int K, class T, class L = void> struct fragment { int x[4]; };\n"
     "template <> struct fragment<accumulator, 16, 16, 16, float, void> { float x[8]; };\n"
+    "template <class L> struct fragment<matrix_a, 16, 16, 16, f16, L> { int x[8]; };\n"
+    "template <class L> struct fragment<matrix_b, 16, 16, 16, f16, L> { int x[8]; };\n"
     "typedef fragment<accumulator, 16, 16, 16, float, void> acc_;\n"
     "static __device__ __forceinline__ void fill_fragment(acc_ &f, float v) {\n"
     "#pragma unroll\n  for (int i = 0; i < 8; i++) f.x[i] = v;\n}\n"
@@ -982,6 +1014,10 @@ static void tc_prelude(StrBuf *s) {
     "  __mma_bf16_m16n16k16_ld_a(f.x, (const int *)p, ldm, lay_<L>::col);\n}\n"
     "template <class L> static __device__ __forceinline__ void load_matrix_sync(fragment<matrix_b, 16, 16, 16, bf16, L> &f, const bf16 *p, unsigned ldm) {\n"
     "  __mma_bf16_m16n16k16_ld_b(f.x, (const int *)p, ldm, lay_<L>::col);\n}\n"
+    "template <class L> static __device__ __forceinline__ void load_matrix_sync(fragment<matrix_a, 16, 16, 16, f16, L> &f, const f16 *p, unsigned ldm) {\n"
+    "  __hmma_m16n16k16_ld_a(f.x, (const int *)p, ldm, lay_<L>::col);\n}\n"
+    "template <class L> static __device__ __forceinline__ void load_matrix_sync(fragment<matrix_b, 16, 16, 16, f16, L> &f, const f16 *p, unsigned ldm) {\n"
+    "  __hmma_m16n16k16_ld_b(f.x, (const int *)p, ldm, lay_<L>::col);\n}\n"
     "static __device__ __forceinline__ void load_matrix_sync(acc_ &f, const float *p, unsigned ldm, layout_t l) {\n"
     "  if (l == mem_col_major) __hmma_m16n16k16_ld_c_f32(f.x, p, ldm, 1);\n  else __hmma_m16n16k16_ld_c_f32(f.x, p, ldm, 0);\n}\n"
     "static __device__ __forceinline__ void store_matrix_sync(float *p, const acc_ &f, unsigned ldm, layout_t l) {\n"
@@ -989,6 +1025,9 @@ static void tc_prelude(StrBuf *s) {
     "template <class LA, class LB> static __device__ __forceinline__ void mma_sync(acc_ &d, const fragment<matrix_a, 16, 16, 16, bf16, LA> &a,\n"
     "    const fragment<matrix_b, 16, 16, 16, bf16, LB> &b, const acc_ &c) {\n"
     "  __mma_bf16_m16n16k16_mma_f32(d.x, a.x, b.x, c.x, lay_<LA>::col * 2 + lay_<LB>::col, 0);\n}\n"
+    "template <class LA, class LB> static __device__ __forceinline__ void mma_sync(acc_ &d, const fragment<matrix_a, 16, 16, 16, f16, LA> &a,\n"
+    "    const fragment<matrix_b, 16, 16, 16, f16, LB> &b, const acc_ &c) {\n"
+    "  __hmma_m16n16k16_mma_f32f32(d.x, a.x, b.x, c.x, lay_<LA>::col * 2 + lay_<LB>::col, 0);\n}\n"
     "}\n#endif\n"
     "struct alignas(32) ts_smem32 { float v[8]; };\n"
     "#endif\n");
@@ -1395,7 +1434,8 @@ static int attn_bwd(Att *a, StrBuf *src, const int res[3], int scr, CgCudaLaunch
   if (res[0] >= 0) {
     a->bres = res[0];
     int64_t rows = tc ? 64 : f32 ? ft[1].R : a->BQ;
-    if (tc) print_dq_tc(a, &tq, src, k);
+    size_t from = src->n;
+    if (tc) print_dq_tc(a, &tq, src, k), tc_retype(src, from, a->tc);
     else if (f32) print_dq_f32(a, &ft[1], src, k);
     else print_dq(a, src, k);
     cg_cuda_launch(&l[(*nl)++], a->name, k++, a->B * a->Hq * ((a->Tq + rows - 1) / rows) * ATTN_THREADS, ATTN_THREADS);
@@ -1406,7 +1446,8 @@ static int attn_bwd(Att *a, StrBuf *src, const int res[3], int scr, CgCudaLaunch
     akv.bres2 = kv == 3 ? res[2] : -1;
     int64_t rows = tc ? 16 * tk.NW : f32 ? ft[2].R : akv.BK;
     int threads = tc ? 32 * tk.NW : ATTN_THREADS;
-    if (tc) print_dkv_tc(&akv, &tk, src, k, kv);
+    size_t from = src->n;
+    if (tc) print_dkv_tc(&akv, &tk, src, k, kv), tc_retype(src, from, a->tc);
     else if (f32) print_dkv_f32(&akv, &ft[2], src, k, kv);
     else print_dkv(&akv, src, k, kv);
     cg_cuda_launch(&l[(*nl)++], a->name, k++, a->B * a->Hkv * ((a->Tk + rows - 1) / rows) * threads, threads);
@@ -1504,10 +1545,12 @@ int cg_cuda_attn_kernel(const IrModule *m, const IrBlock *b, int i, const char *
   switch (nd->op) {
   case IR_OP_ATTENTION: {   /* q, k, v[, doc] -> o */
     TcTile tt;
-    if (dt == IR_F32 && a.D % 16 == 0 && tc_from_bf16(b, nd->in[0]) && tc_from_bf16(b, nd->in[1]) &&
-        tc_from_bf16(b, nd->in[2]) && !tc_choose(&a, &tt)) {
+    IrDtype h = dt == IR_F32 ? tc_from_half(b, nd, (const int[]){0, 1, 2}, 3) : IR_VOID;
+    if (h != IR_VOID && a.D % 16 == 0 && !tc_choose(&a, &tt)) {
       a.bres = 3 + sh;
+      size_t from = src->n;
       print_fwd_tc(&a, &tt, src);
+      tc_retype(src, from, h);
       cg_cuda_launch(&l[0], name, 0, a.B * a.Hq * ((a.Tq + TC_BQ - 1) / TC_BQ) * ATTN_THREADS, ATTN_THREADS);
       *nl = 1;
       return 0;

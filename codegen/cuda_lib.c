@@ -7,7 +7,8 @@
  * walks the ids serially per column, as the reference does).
  *
  * Ops: embedding, embedding_bwd, clip_coef, accum, zero, assign,
- * shard_slice, rope, take, onehot, pad_fill; the fused attention, its backward and the ring steps
+ * shard_slice, rope, take, onehot, pad_fill, and fp16's loss scaling
+ * (nonfinite, scale_update: docs/precision.md "fp16: loss scaling"); the fused attention, its backward and the ring steps
  * are in cuda_attn.c, the mixture-of-experts ops in cuda_moe.c. */
 #include "cuda_priv.h"
 
@@ -16,7 +17,7 @@ int cg_cuda_lib_op(IrOp op) {
   switch (op) {
   case IR_OP_EMBEDDING: case IR_OP_EMBEDDING_BWD: case IR_OP_CLIP_COEF: case IR_OP_ACCUM: case IR_OP_ZERO:
   case IR_OP_ASSIGN: case IR_OP_SHARD_SLICE: case IR_OP_ROPE: case IR_OP_ROPE_AT: case IR_OP_TAKE: case IR_OP_ONEHOT:
-  case IR_OP_PAD_FILL:
+  case IR_OP_PAD_FILL: case IR_OP_NONFINITE: case IR_OP_SCALE_UPDATE:
     return 1;
   default:
     return 0;
@@ -140,6 +141,44 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
     sb_printf(src, "  if (blockIdx.x != 0 || threadIdx.x != 0) return;\n"
                    "  const double c = %s / ((double)((const %s *)a.b[0])[0] + 1e-6);\n"
                    "  ((%s *)a.b[1])[0] = (%s)(c < 1 ? c : 1.0);\n}\n", mx, T, T, T);
+    cg_cuda_launch(&l[0], name, 0, 1, 32);
+    *nl = 1;
+    return 0;
+  }
+  case IR_OP_NONFINITE: {   /* b0 x (f32 / f64), b1 out[]: 1 if any element is inf or NaN */
+    const IrType *xt = &b->nodes[nd->in[0]].type;
+    if (!ir_dtype_is_float(xt->dtype) || nd->type.dtype != xt->dtype) { snprintf(why, whylen, "x must be f32 or f64"); return 1; }
+    int64_t n = ir_type_numel(xt);
+    const char *T = ctype(xt->dtype);
+    CG_CUDA_HEAD(src, name, 0);   /* out = 0, then every thread that sees an inf or NaN stores 1 (the same bits) */
+    sb_printf(src, "  if (blockIdx.x == 0 && threadIdx.x == 0) ((%s *)a.b[1])[0] = 0;\n}\n", T);
+    CG_CUDA_HEAD(src, name, 1);   /* x - x is 0 exactly for every finite x, NaN otherwise (the reference's test) */
+    sb_printf(src, "  const %s *x = (const %s *)a.b[0];\n  %s *y = (%s *)a.b[1];\n", T, T, T, T);
+    CG_CUDA_GRID_LOOP(src, "e", n);
+    sb_puts(src, "    if (!(x[e] - x[e] == 0)) y[0] = 1;\n  }\n}\n");
+    cg_cuda_launch(&l[0], name, 0, 1, 32);
+    cg_cuda_launch(&l[1], name, 1, n, 256);
+    *nl = 2;
+    return 0;
+  }
+  case IR_OP_SCALE_UPDATE: {   /* b0 found[], b1..b4 @scale @good @hyst @skipped: rt_scale_update (kernels.h) */
+    const char *TF = ctype(b->nodes[nd->in[0]].type.dtype), *TS[4];
+    for (int k = 0; k < 4; k++) TS[k] = ctype(m->states.a[nd->ia[k]].type.dtype);
+    char mn[40];
+    cg_cuda_dlit(mn, sizeof mn, nd->fa[0]);
+    CG_CUDA_HEAD(src, name, 0);   /* one thread, in f64 as the reference */
+    sb_printf(src, "  if (blockIdx.x != 0 || threadIdx.x != 0) return;\n"
+                   "  %s *sc = (%s *)a.b[1];\n  %s *gd = (%s *)a.b[2];\n  %s *hy = (%s *)a.b[3];\n  %s *sk = (%s *)a.b[4];\n"
+                   "  double scale = sc[0], good = gd[0], hyst = hy[0], skipped = sk[0];\n"
+                   "  const int found = ((const %s *)a.b[0])[0] != 0;\n"
+                   "  if (found) skipped += 1;\n",
+              TS[0], TS[0], TS[1], TS[1], TS[2], TS[2], TS[3], TS[3], TF);
+    if (nd->ia[6])   /* dynamic: Megatron's DynamicGradScaler.update */
+      sb_printf(src, "  if (found) {\n    good = 0;\n    hyst -= 1;\n    if (hyst <= 0) scale = fmax(scale * 0.5, %s);\n"
+                     "  } else {\n    good += 1;\n    if (good == %lld.0) { good = 0; hyst = %lld.0; scale *= 2.0; }\n  }\n",
+                mn, (long long)nd->ia[4], (long long)nd->ia[5]);
+    sb_printf(src, "  sc[0] = (%s)scale;\n  gd[0] = (%s)good;\n  hy[0] = (%s)hyst;\n  sk[0] = (%s)skipped;\n}\n", TS[0], TS[1],
+              TS[2], TS[3]);
     cg_cuda_launch(&l[0], name, 0, 1, 32);
     *nl = 1;
     return 0;

@@ -17,7 +17,7 @@ const int cg_op_nargs[CG_OP_COUNT] = {
 };
 
 const char *cg_type_name(CgType t) {
-  static const char *const names[CG_TYPE_COUNT] = {"void", "i1", "i32", "i64", "f32", "f64", "bf16"};
+  static const char *const names[CG_TYPE_COUNT] = {"void", "i1", "i32", "i64", "f32", "f64", "bf16", "f16"};
   return t >= 0 && t < CG_TYPE_COUNT ? names[t] : "?";
 }
 
@@ -27,7 +27,8 @@ CgType cg_type_of_dtype(IrDtype d) {
   case IR_F64: return CG_F64;
   case IR_I32: return CG_I32;
   case IR_BF16: return CG_BF16;
-  default: return CG_VOID;   /* f16: no kernel type yet (its groups run on the reference kernels) */
+  case IR_F16: return CG_F16;
+  default: return CG_VOID;
   }
 }
 
@@ -62,7 +63,7 @@ static CgType ty(const CgKernel *k, int v) {
 }
 
 int cg_buf(CgKernel *k, CgType t, int64_t n, int written) {
-  TS_ASSERT(k->nbuf < CG_MAX_BUFS && (t == CG_F32 || t == CG_F64 || t == CG_I32 || t == CG_BF16));
+  TS_ASSERT(k->nbuf < CG_MAX_BUFS && (t == CG_F32 || t == CG_F64 || t == CG_I32 || cg_type_is_half(t)));
   k->buf[k->nbuf] = (CgBuf){t, n, written};
   return k->nbuf++;
 }

@@ -50,11 +50,13 @@
 #define TS_CG_KIR_H
 #include "ir/ir.h"
 
-/* CG_BF16 is a storage type only: a bf16 buffer's elements are loaded and
- * stored as such and cast to or from f32 / f64 (round to nearest even on
- * the way down, after rounding to f32 first: runtime/cpu/half.h, bit for
- * bit); no arithmetic takes it. */
-typedef enum { CG_VOID, CG_I1, CG_I32, CG_I64, CG_F32, CG_F64, CG_BF16, CG_TYPE_COUNT } CgType;
+/* CG_BF16 and CG_F16 (IEEE binary16) are storage types only: a 16-bit
+ * buffer's elements are loaded and stored as such and cast to or from f32 /
+ * f64 (round to nearest even on the way down, after rounding to f32 first;
+ * f16 keeps subnormals and overflows to inf: runtime/cpu/half.h, bit for
+ * bit); no arithmetic takes them. */
+typedef enum { CG_VOID, CG_I1, CG_I32, CG_I64, CG_F32, CG_F64, CG_BF16, CG_F16, CG_TYPE_COUNT } CgType;
+static inline int cg_type_is_half(CgType t) { return t == CG_BF16 || t == CG_F16; }
 const char *cg_type_name(CgType t);             /* "f32" ... */
 static inline int cg_type_is_float(CgType t) { return t == CG_F32 || t == CG_F64; }
 /* The kernel type of a tensor dtype (IR_F32 -> CG_F32 ...); CG_VOID for void. */
@@ -119,7 +121,7 @@ typedef struct {
 
 #define CG_MAX_BUFS 32
 typedef struct {
-  CgType type;      /* CG_F32, CG_F64, CG_I32 or CG_BF16 */
+  CgType type;      /* CG_F32, CG_F64, CG_I32, CG_BF16 or CG_F16 */
   int64_t n;        /* elements */
   int written;      /* the kernel stores into it */
 } CgBuf;

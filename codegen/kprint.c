@@ -221,10 +221,10 @@ static void kp_expr(const CgKp *p, int i, StrBuf *out) {
     if (fl && (in->type == CG_I32 || in->type == CG_I64))
       sb_printf(out, "%sto_%s(v%d)", d->helper, in->type == CG_I32 ? "i32" : "i64", x);
     else if (fl && in->type == CG_I1) sb_printf(out, "v%d != 0", x);
-    else if (a0 && a0->type == CG_BF16)   /* bf16 widens through f32 (kir.h) */
-      sb_printf(out, "(%s)%sbf16_f32(v%d)", d->type[in->type], d->helper, x);
-    else if (in->type == CG_BF16)   /* to nearest even from f32: a double is rounded to f32 first */
-      sb_printf(out, "%sf32_bf16((float)v%d)", d->helper, x);
+    else if (a0 && cg_type_is_half(a0->type))   /* bf16 / f16 widen through f32 (kir.h) */
+      sb_printf(out, "(%s)%s%s_f32(v%d)", d->type[in->type], d->helper, cg_type_name(a0->type), x);
+    else if (cg_type_is_half(in->type))   /* to nearest even from f32: a double is rounded to f32 first */
+      sb_printf(out, "%sf32_%s((float)v%d)", d->helper, cg_type_name(in->type), x);
     else sb_printf(out, "(%s)v%d", d->type[in->type], x);
     return;
   default: TS_DIE("kprint: %s has no expression", cg_op_names[in->op]);

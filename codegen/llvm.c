@@ -155,12 +155,52 @@ static LLVMValueRef f32_to_bf16(Em *e, LLVMValueRef f) {
   return LLVMBuildTrunc(e->b, LLVMBuildLShr(e->b, v, LLVMConstInt(i32, 16, 0), ""), e->t[CG_BF16], "");
 }
 
+/* f16 (IEEE binary16, held as i16) <-> f32, bit for bit as
+ * runtime/cpu/half.h: up exact (a subnormal is m 2^-24, its sign or'ed
+ * in); down to nearest even with subnormals (roundeven of |f| 2^24), 65520
+ * and up to inf, every NaN 0x7e00 with its sign.  Branch-free: the arms
+ * not selected may be poison, which select does not propagate. */
+static LLVMValueRef k32(Em *e, unsigned v) { return LLVMConstInt(e->t[CG_I32], v, 0); }
+static LLVMValueRef f16_to_f32(Em *e, LLVMValueRef x) {
+  LLVMBuilderRef b = e->b;
+  LLVMValueRef h = LLVMBuildZExt(b, x, e->t[CG_I32], "");
+  LLVMValueRef s = LLVMBuildShl(b, LLVMBuildAnd(b, h, k32(e, 0x8000), ""), k32(e, 16), "");
+  LLVMValueRef ex = LLVMBuildAnd(b, LLVMBuildLShr(b, h, k32(e, 10), ""), k32(e, 0x1f), "");
+  LLVMValueRef m = LLVMBuildAnd(b, h, k32(e, 0x3ff), ""), m13 = LLVMBuildShl(b, m, k32(e, 13), "");
+  LLVMValueRef sub = LLVMBuildFMul(b, LLVMBuildUIToFP(b, m, e->t[CG_F32], ""), LLVMConstReal(e->t[CG_F32], 0x1p-24), "");
+  sub = LLVMBuildOr(b, LLVMBuildBitCast(b, sub, e->t[CG_I32], ""), s, "");
+  LLVMValueRef inf = LLVMBuildOr(b, LLVMBuildOr(b, s, k32(e, 0x7f800000), ""), m13, "");
+  LLVMValueRef nrm = LLVMBuildOr(b, LLVMBuildOr(b, s, LLVMBuildShl(b, LLVMBuildAdd(b, ex, k32(e, 112), ""), k32(e, 23), ""), ""), m13, "");
+  LLVMValueRef u = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntEQ, ex, k32(e, 31), ""), inf, nrm, "");
+  u = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntEQ, ex, k32(e, 0), ""), sub, u, "");
+  return LLVMBuildBitCast(b, u, e->t[CG_F32], "");
+}
+static LLVMValueRef f32_to_f16(Em *e, LLVMValueRef f) {
+  LLVMBuilderRef b = e->b;
+  LLVMValueRef x = LLVMBuildBitCast(b, f, e->t[CG_I32], "");
+  LLVMValueRef ax = LLVMBuildAnd(b, x, k32(e, 0x7fffffff), "");
+  LLVMValueRef s = LLVMBuildAnd(b, LLVMBuildLShr(b, x, k32(e, 16), ""), k32(e, 0x8000), "");
+  LLVMValueRef a = LLVMBuildFMul(b, LLVMBuildBitCast(b, ax, e->t[CG_F32], ""), LLVMConstReal(e->t[CG_F32], 16777216.0), "");
+  LLVMTypeRef f32 = e->t[CG_F32];
+  LLVMValueRef sub = LLVMBuildFPToUI(b, intrinsic(e, "llvm.roundeven", &f32, 1, &a, 1), e->t[CG_I32], "");
+  LLVMValueRef m = LLVMBuildSub(b, ax, k32(e, 0x38000000), "");
+  LLVMValueRef lsb = LLVMBuildAnd(b, LLVMBuildLShr(b, m, k32(e, 13), ""), k32(e, 1), "");
+  LLVMValueRef nrm = LLVMBuildLShr(b, LLVMBuildAdd(b, m, LLVMBuildAdd(b, lsb, k32(e, 0xfff), ""), ""), k32(e, 13), "");
+  LLVMValueRef r = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntULT, ax, k32(e, 0x38800000), ""), sub, nrm, "");
+  r = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntUGE, ax, k32(e, 0x477ff000), ""), k32(e, 0x7c00), r, "");
+  r = LLVMBuildSelect(b, LLVMBuildICmp(b, LLVMIntUGT, ax, k32(e, 0x7f800000), ""), k32(e, 0x7e00), r, "");
+  return LLVMBuildTrunc(b, LLVMBuildOr(b, s, r, ""), e->t[CG_F16], "");
+}
+
 static LLVMValueRef emit_cast(Em *e, CgType to, CgType from, LLVMValueRef x) {
   LLVMTypeRef tt = e->t[to];
-  if (from == CG_BF16) return to == CG_F32 ? bf16_to_f32(e, x) : emit_cast(e, to, CG_F32, bf16_to_f32(e, x));
-  if (to == CG_BF16) {   /* through f32: f64 -> f32 -> bf16 as the reference stores it */
+  if (cg_type_is_half(from)) {   /* through f32 */
+    LLVMValueRef w = from == CG_BF16 ? bf16_to_f32(e, x) : f16_to_f32(e, x);
+    return to == CG_F32 ? w : emit_cast(e, to, CG_F32, w);
+  }
+  if (cg_type_is_half(to)) {   /* through f32: f64 -> f32 -> 16 bits as the reference stores it */
     if (from != CG_F32) x = emit_cast(e, CG_F32, from, x);
-    return f32_to_bf16(e, x);
+    return to == CG_BF16 ? f32_to_bf16(e, x) : f32_to_f16(e, x);
   }
   int fi = cg_type_is_float(from), ti = cg_type_is_float(to);
   if (fi && ti) return to == CG_F64 ? LLVMBuildFPExt(e->b, x, tt, "") : LLVMBuildFPTrunc(e->b, x, tt, "");
@@ -310,6 +350,7 @@ static LLVMModuleRef emit_module(const CgKernel *k, const char *sym, LLVMContext
   e.t[CG_F32] = LLVMFloatTypeInContext(cx);
   e.t[CG_F64] = LLVMDoubleTypeInContext(cx);
   e.t[CG_BF16] = LLVMInt16TypeInContext(cx);
+  e.t[CG_F16] = LLVMInt16TypeInContext(cx);
   LLVMTypeRef ptr = LLVMPointerTypeInContext(cx, 0);
   LLVMTypeRef params[3] = {ptr, e.t[CG_I64], e.t[CG_I64]};
   e.fn = LLVMAddFunction(e.mod, sym, LLVMFunctionType(LLVMVoidTypeInContext(cx), params, 3, 0));

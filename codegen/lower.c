@@ -783,11 +783,11 @@ static int group_f32(const Lw *L) {
   for (int i = 0; i < L->n; i++) {
     const IrNode *nd = node(L, L->nodes[i]);
     CgType t = cg_type_of_dtype(nd->type.dtype);
-    if (t != CG_F32 && t != CG_BF16) return 0;
+    if (t != CG_F32 && !cg_type_is_half(t)) return 0;
     for (int j = 0; j < nd->nin; j++) {
       if ((nd->op == IR_OP_CROSS_ENTROPY || nd->op == IR_OP_CROSS_ENTROPY_BWD) && j == 1) continue;
       CgType a = cg_type_of_dtype(node(L, nd->in[j])->type.dtype);
-      if (a != CG_F32 && a != CG_BF16) return 0;
+      if (a != CG_F32 && !cg_type_is_half(a)) return 0;
     }
   }
   return 1;

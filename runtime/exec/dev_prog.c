@@ -239,11 +239,6 @@ void rt_dev_plan_free(RtDevPlan *P) {
 
 /* The kernel planning of m for a device, no device open (cuda mode). */
 static RtJit *cuda_planning(const IrModule *m, char *err, size_t errlen) {
-  if (m->train.lowp == IR_F16) {   /* bf16 has CUDA kernels (bf16 storage, f32 arithmetic) */
-    ts_errf(err, errlen, "the plan trains in fp16: no fp16 CUDA kernels yet (issue 20, deliverable 4): run "
-            "fp16 plans on CPU ranks (mrun --cpu), or compile with --precision f32 for the GPU");
-    return NULL;
-  }
   if (rt_fp8_refused_on_gpu(m, err, errlen)) return NULL;
   RtExecOpts o = rt_exec_default();
   o.backend = RT_BACKEND_LLVM;

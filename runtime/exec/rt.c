@@ -654,14 +654,6 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
     }
   }
   p->copies_stale = 1;
-  if (m->train.lowp != IR_VOID && m->train.lowp != IR_BF16 && (o->dev || o->cuda)) {
-    ts_errf(err, errlen, "this plan trains in %s (parameters' %s copies, %s activations), and there are no %s "
-            "CUDA kernels yet (issue 20, deliverable 4; bf16 has them): run it on CPU ranks (mrun --cpu), or compile "
-            "it with --precision bf16 or f32 for the GPU", ir_dtype_name(m->train.lowp), ir_dtype_name(m->train.lowp),
-            ir_dtype_name(m->train.lowp), ir_dtype_name(m->train.lowp));
-    rt_program_free(p);
-    return NULL;
-  }
   if ((o->dev || o->cuda) && rt_fp8_refused_on_gpu(m, err, errlen)) {
     rt_program_free(p);
     return NULL;

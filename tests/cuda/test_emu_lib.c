@@ -602,7 +602,9 @@ static void test_moe_overflow(RtDev *d) {
  * (relative error 2^-9 per weight), so the limit is 1e-2 of the output's
  * largest element.  Head dims 64 and 128, lengths not a multiple of the
  * tiles (BQ 64; BK 64 at head dim 64, 32 at 128), causal and not, grouped
- * queries, ALiBi. */
+ * queries, ALiBi.  The same for f16 values (tests *_f16: the kernels'
+ * __half form, P rounded to f16, 2^-11 per weight). */
+static const char *tc_h = "bf16";   /* the 16-bit dtype of the tc cases */
 static char *tc_text(const Case *c, int parts) {
   Mod m = {.dt = "f32", .sh = ""};
   char qs[64], ks[64], sc[96], ds[32];
@@ -615,7 +617,7 @@ static char *tc_text(const Case *c, int parts) {
   for (int i = 0; i < (parts ? 4 : 3); i++) {   /* q k v (do): bf16 values widened to f32 */
     const char *sh = i == 1 || i == 2 ? ks : qs;
     int st = m_state(&m, nm[i], sh, "normal(0.0, 1.0)");
-    sb_printf(&m.body, "  %%%d = cast %%%d : bf16%s\n", m.n, st, sh);
+    sb_printf(&m.body, "  %%%d = cast %%%d : %s%s\n", m.n, st, tc_h, sh);
     m.n++;
     x[i] = m_op(&m, sh, "cast %%%d", m.n - 1);
   }
@@ -646,7 +648,9 @@ static int tc_used(const char *text, int parts) {
   if (!m) return 0;
   RtCudaModule cm;
   int built = rt_cuda_module_build(m, &cm, err, sizeof err) == 0;
-  int used = built && strstr(cm.src.p, "prow[c].x = ts_f32_bf16") != NULL;
+  char rnd[64];
+  snprintf(rnd, sizeof rnd, "prow[c].x = ts_f32_%s(", tc_h);
+  int used = built && strstr(cm.src.p, rnd) != NULL;
   if (built && (parts & 1)) used &= strstr(cm.src.p, "ts_wmma::load_matrix_sync(df[d]") != NULL;
   if (built && (parts & 2)) used &= strstr(cm.src.p, "float> gk[") != NULL;
   if (built && (parts & 4)) used &= strstr(cm.src.p, "float> gv[") != NULL;
@@ -663,12 +667,12 @@ static void test_tc(RtDev *d) {
     case_alibi = i == sizeof tc_cases / sizeof tc_cases[0];   /* the last: case 0 with ALiBi */
     const Case *c = &tc_cases[case_alibi ? 0 : i];
     char label[128];
-    snprintf(label, sizeof label, "tc B%d Hq%d Hkv%d T%d Tk%d D%d %s%s parts %d", c->B, c->Hq, c->Hkv, c->T,
+    snprintf(label, sizeof label, "tc %s B%d Hq%d Hkv%d T%d Tk%d D%d %s%s parts %d", tc_h, c->B, c->Hq, c->Hkv, c->T,
              c->Tk ? c->Tk : c->T, c->D, c->causal ? "causal" : "full", case_alibi ? " alibi" : "", tc_parts);
     char *text = tc_text(c, tc_parts);
     CHECK(tc_used(text, tc_parts), "%s: the device module has no tensor-core attention", label);
     double e = run_case(d, text, 1, 0, label);
-    CHECK(e > 1e-6, "%s: error %.2e: equal to f32 attention, P was not rounded to bf16?", label, e);
+    CHECK(e > 1e-6, "%s: error %.2e: equal to f32 attention, P was not rounded to %s?", label, e, tc_h);
     free(text);
   }
   case_alibi = 0;
@@ -719,7 +723,7 @@ static void test_nvrtc_tc(void) {
   for (int g = 0; g < 3; g++) {
     case_alibi = g == 2;
     char *text = tc_text(&gpt2[g % 2], 7), label[128];
-    snprintf(label, sizeof label, "tensor cores bf16 seq 1024 head_dim %d causal%s", gpt2[g % 2].D,
+    snprintf(label, sizeof label, "tensor cores %s seq 1024 head_dim %d causal%s", tc_h, gpt2[g % 2].D,
              case_alibi ? " alibi" : "");
     printf("%s\n", label);
     CHECK(tc_used(text, 7), "%s: the device module has no tensor-core attention", label);
@@ -810,7 +814,14 @@ static void test_nvrtc(void) {
 }
 
 int main(int argc, char **argv) {
-  const char *what = argc > 1 ? argv[1] : "fused";
+  char whatb[64];
+  snprintf(whatb, sizeof whatb, "%s", argc > 1 ? argv[1] : "fused");
+  size_t wl = strlen(whatb);
+  if (wl > 4 && strncmp(whatb, "tc", 2) == 0 && strcmp(whatb + wl - 4, "_f16") == 0) {   /* tc*_f16: f16 values */
+    whatb[wl - 4] = 0;
+    tc_h = "f16";
+  }
+  const char *what = whatb;
   if (strcmp(what, "nvrtc") == 0) {
     test_nvrtc();
   } else if (strcmp(what, "tc_nvrtc") == 0) {
@@ -838,7 +849,7 @@ int main(int argc, char **argv) {
         test_tc(d);
       }
     }
-    else { fprintf(stderr, "usage: test_emu_lib fused|ring|docs|grads|vocab|decode|moe_overflow|tc|tc_grads|tc_nvrtc|nvrtc\n"); return 2; }
+    else { fprintf(stderr, "usage: test_emu_lib fused|ring|docs|grads|vocab|decode|moe_overflow|tc|tc_grads|tc_nvrtc|nvrtc (tc*_f16: f16)\n"); return 2; }
     long long launches = 0;
     ts_emu_dev_counts(d, &launches, NULL, NULL);
     printf("emulated device: %lld launches\n", launches);

@@ -235,20 +235,26 @@ int main(int argc, char **argv) {
           "only %lld of %lld dp buckets were issued before backward compute: the reduction waited for the backward",
           res.dp_dev_overlapped, res.dp_buckets);
   }
-  /* the GEMMs cuBLASLt was given: under --precision bf16 every one reads
-   * bf16 A and B (CUDA_R_16BF, f32 accumulation), none f32 copies, and the
-   * weight gradients go into their f32 main grads (D CUDA_R_32F) */
+  /* the GEMMs cuBLASLt was given: under --precision bf16 (fp16) every one
+   * reads bf16 (f16) A and B (CUDA_R_16BF, CUDA_R_16F; f32 accumulation),
+   * none f32 copies, and the weight gradients go into their f32 main grads
+   * (D CUDA_R_32F) */
   void *lt = dlopen(getenv("TS_CUBLASLT_LIB") ? getenv("TS_CUBLASLT_LIB") : "libcublasLt.so.13", RTLD_NOW | RTLD_NOLOAD);
   long (*lt_count)(int, int) = lt ? (long (*)(int, int))dlsym(lt, "fake_cublaslt_matmuls") : NULL;
   CHECK(lt_count, "the fake cuBLASLt is not the one loaded (TS_CUBLASLT_LIB)");
   if (lt_count) {
     long g32 = lt_count(0, -1), g64 = lt_count(1, -1), g16 = lt_count(14, -1), g16_32 = lt_count(14, 0);
-    printf("rank %d: cuBLASLt matmuls: %ld f32, %ld f64, %ld bf16 (%ld of them into f32)\n", me, g32, g64, g16, g16_32);
+    long h16 = lt_count(2, -1), h16_32 = lt_count(2, 0);
+    printf("rank %d: cuBLASLt matmuls: %ld f32, %ld f64, %ld bf16 (%ld of them into f32), %ld f16 (%ld into f32)\n", me,
+           g32, g64, g16, g16_32, h16, h16_32);
     if (m->train.lowp == IR_BF16)
-      CHECK(g16 > 0 && g16_32 > 0 && g32 == 0 && g64 == 0, "bf16 plan: %ld bf16 GEMMs (%ld into f32), %ld f32, %ld f64: "
-            "every GEMM must read bf16 operands", g16, g16_32, g32, g64);
+      CHECK(g16 > 0 && g16_32 > 0 && g32 == 0 && g64 == 0 && h16 == 0, "bf16 plan: %ld bf16 GEMMs (%ld into f32), "
+            "%ld f32, %ld f64, %ld f16: every GEMM must read bf16 operands", g16, g16_32, g32, g64, h16);
+    else if (m->train.lowp == IR_F16)
+      CHECK(h16 > 0 && h16_32 > 0 && g32 == 0 && g64 == 0 && g16 == 0, "fp16 plan: %ld f16 GEMMs (%ld into f32), "
+            "%ld f32, %ld f64, %ld bf16: every GEMM must read f16 operands", h16, h16_32, g32, g64, g16);
     else
-      CHECK(g16 == 0, "%ld bf16 GEMMs in a %s plan", g16, ir_dtype_name(m->train.precision));
+      CHECK(g16 == 0 && h16 == 0, "%ld bf16 and %ld f16 GEMMs in a %s plan", g16, h16, ir_dtype_name(m->train.precision));
   }
   CHECK(nops > 0, "no NCCL operation");
   CHECK(!last_stream || last_stream() == comm_stream, "NCCL was not given the device's comm stream");

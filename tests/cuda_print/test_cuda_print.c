@@ -57,18 +57,20 @@ static IrType mkty(IrDtype dt, int rank, const int64_t *dims) {
 }
 #define TY(dt, ...) mkty(dt, (int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__})
 
-static size_t cg_size(CgType t) { return t == CG_F64 ? 8 : t == CG_BF16 ? 2 : 4; }
+static size_t cg_size(CgType t) { return t == CG_F64 ? 8 : cg_type_is_half(t) ? 2 : 4; }
 static size_t bytes_of(const CgBuf *b) { return (size_t)b->n * cg_size(b->type); }
 static double ldc(const void *p, CgType t, int64_t i) {
   return t == CG_F32    ? ((const float *)p)[i]
          : t == CG_F64  ? ((const double *)p)[i]
          : t == CG_BF16 ? ts_bf16_to_f32(((const uint16_t *)p)[i])
+         : t == CG_F16  ? ts_f16_to_f32(((const uint16_t *)p)[i])
                         : ((const int32_t *)p)[i];
 }
 static double ldd(const void *p, IrDtype t, int64_t i) {
   return t == IR_F32    ? ((const float *)p)[i]
          : t == IR_F64  ? ((const double *)p)[i]
          : t == IR_BF16 ? ts_bf16_to_f32(((const uint16_t *)p)[i])
+         : t == IR_F16  ? ts_f16_to_f32(((const uint16_t *)p)[i])
                         : ((const int32_t *)p)[i];
 }
 
@@ -197,6 +199,7 @@ static int input(Case *c, IrType t, double lo, double hi) {
     if (t.dtype == IR_F32) ((float *)p)[k] = (float)v;
     else if (t.dtype == IR_F64) ((double *)p)[k] = v;
     else if (t.dtype == IR_BF16) ((uint16_t *)p)[k] = ts_f32_to_bf16((float)v);
+    else if (t.dtype == IR_F16) ((uint16_t *)p)[k] = ts_f32_to_f16((float)v);
     else ((int32_t *)p)[k] = (int32_t)floor(v);
   }
   c->data[i] = p;
@@ -298,7 +301,8 @@ static unsigned char g_covered[IR_OP_COUNT];
 
 /* The kernels the shape checks look at. */
 static int g_add_vec[2], g_add_odd[2], g_cast_vec, g_cast_mixed, g_softmax_long[2], g_softmax_short[2];
-static int g_sum_axis0, g_adamw_vec, g_adamw_odd, g_big, g_bf16_vec = -1, g_bf16_round = -1;
+static int g_sum_axis0, g_adamw_vec, g_adamw_odd, g_big, g_bf16_vec = -1, g_bf16_round = -1, g_f16_vec = -1,
+           g_f16_round = -1;
 
 /* Elementwise ops on R x C. */
 static void ew(IrDtype dt, int64_t R, int64_t C) {
@@ -957,54 +961,69 @@ static void big(void) {
   }
 }
 
-/* bf16 storage as the precision pass leaves it (docs/precision.md): bf16
- * values widened to f32 by casts, f32 arithmetic, the result rounded back
- * to bf16 -- a bias add, a row softmax, a reduction, a pure bf16 copy
- * (vectors of 4) and layout op, and the rounding itself on chosen values
- * (ties to even, NaN, infinities, overflow past bf16's largest finite). */
-static void bf16(int64_t R, int64_t C) {
+/* 16-bit storage (bf16 or f16) as the precision pass leaves it
+ * (docs/precision.md): 16-bit values widened to f32 by casts, f32
+ * arithmetic, the result rounded back to dt -- a bias add, a row softmax, a
+ * reduction, a pure 16-bit copy (vectors of 4) and layout op, and the
+ * rounding itself on chosen values (ties to even, NaN, infinities,
+ * overflow past the largest finite, f16's subnormals). */
+static void half16(IrDtype dt, int64_t R, int64_t C) {
   char what[96];
+  const char *dn = ir_dtype_name(dt);
   Case c;
   case_init(&c);
-  IrType tb = TY(IR_BF16, R, C), tf = TY(IR_F32, R, C);
+  IrType tb = TY(dt, R, C), tf = TY(IR_F32, R, C);
   int x = input(&c, tb, -2, 2), b = input(&c, tb, -1, 1);
   int xf = emit(&c, IR_OP_CAST, &x, 1, NULL, NULL, &tf), bf = emit(&c, IR_OP_CAST, &b, 1, NULL, NULL, &tf);
   int sum = E2(&c, IR_OP_ADD, xf, bf);
-  snprintf(what, sizeof what, "bf16 bias add %lldx%lld", (long long)R, (long long)C);
+  snprintf(what, sizeof what, "%s bias add %lldx%lld", dn, (long long)R, (long long)C);
   group(&c, (int[]){xf, bf, sum, emit(&c, IR_OP_CAST, &sum, 1, NULL, NULL, &tb)}, 4, what, PLAIN);
   int xf2 = emit(&c, IR_OP_CAST, &x, 1, NULL, NULL, &tf), sm = E1(&c, IR_OP_SOFTMAX, xf2);
-  snprintf(what, sizeof what, "bf16 softmax rows of %lld", (long long)C);
+  snprintf(what, sizeof what, "%s softmax rows of %lld", dn, (long long)C);
   group(&c, (int[]){xf2, sm, emit(&c, IR_OP_CAST, &sm, 1, NULL, NULL, &tb)}, 3, what, PLAIN);
   int xf3 = emit(&c, IR_OP_CAST, &x, 1, NULL, NULL, &tf);
-  snprintf(what, sizeof what, "bf16 sum over rows of %lld", (long long)C);
+  snprintf(what, sizeof what, "%s sum over rows of %lld", dn, (long long)C);
   group(&c, (int[]){xf3, emit(&c, IR_OP_SUM, &xf3, 1, (int64_t[]){1, 1}, NULL, NULL)}, 2, what, PLAIN);
-  IrType r1 = TY(IR_BF16, R * C);
-  snprintf(what, sizeof what, "bf16 reshape (copy) %lld", (long long)(R * C));
+  IrType r1 = TY(dt, R * C);
+  snprintf(what, sizeof what, "%s reshape (copy) %lld", dn, (long long)(R * C));
   Kept *cp = one(&c, emit(&c, IR_OP_RESHAPE, &x, 1, NULL, NULL, &r1), what);
-  if ((R * C) % 4 == 0 && cp) g_bf16_vec = g_kept.n - 1;
-  snprintf(what, sizeof what, "bf16 permute %lldx%lld", (long long)R, (long long)C);
+  if ((R * C) % 4 == 0 && cp) *(dt == IR_BF16 ? &g_bf16_vec : &g_f16_vec) = g_kept.n - 1;
+  snprintf(what, sizeof what, "%s permute %lldx%lld", dn, (long long)R, (long long)C);
   one(&c, emit(&c, IR_OP_PERMUTE, &x, 1, (int64_t[]){1, 0}, NULL, NULL), what);
   case_free(&c);
 }
 
-/* f32 -> bf16 rounding on values chosen to hit each rule; the kernel's
- * bits must equal runtime/cpu/half.h's (emu: checked in check_bf16_bits). */
+/* f32 -> bf16 / f16 rounding on values chosen to hit each rule; the
+ * kernel's bits must equal runtime/cpu/half.h's (run_kept: tolerance 0
+ * and the bits compared). */
 static const float g_round_in[] = {1.0f, 1.00390625f /* tie, even below */, 1.01171875f /* tie, odd: up */,
                                    1.0078125f, -3.14159274f, 3.3895314e38f /* past bf16's max: inf */, 1e-40f,
                                    -0.0f, 0.0f, 65504.0f, 1.00390637f};
-static void bf16_round(void) {
+static const float g_round_in_f16[] = {
+    1.0f, 1.00048828125f /* 1 + 2^-11: tie, even below */, 1.00146484375f /* 1 + 3 2^-11: tie, odd: up */,
+    -3.14159274f, 65504.0f /* the largest finite */, 65519.99f /* rounds down to it */, 65520.0f /* tie: inf */,
+    1e6f, 6.103515625e-05f /* 2^-14, the smallest normal */, 6.0975551605224609e-05f /* subnormal below it */,
+    8.9406967163085938e-08f /* 1.5 2^-24: tie between subnormals, up to even 2^-23 */,
+    2.9802322387695312e-08f /* 2^-25: tie, down to 0 */, 4.4703483581542969e-08f /* 0.75 2^-24: up to 2^-24 */,
+    -1e-40f, -0.0f, 0.0f};
+static void half_round(IrDtype dt) {
+  const float *in = dt == IR_BF16 ? g_round_in : g_round_in_f16;
+  int64_t nin = dt == IR_BF16 ? (int64_t)(sizeof g_round_in / sizeof *g_round_in)
+                              : (int64_t)(sizeof g_round_in_f16 / sizeof *g_round_in_f16);
+  char what[64];
   Case c;
   case_init(&c);
-  int64_t n = (int64_t)(sizeof g_round_in / sizeof *g_round_in) + 3;
-  IrType tf = TY(IR_F32, n), tb = TY(IR_BF16, n);
+  int64_t n = nin + 3;
+  IrType tf = TY(IR_F32, n), tb = TY(dt, n);
   int x = input(&c, tf, -1, 1);
   float *d = c.data[c.nfeed - 1];
-  for (int64_t i = 0; i < n - 3; i++) d[i] = g_round_in[i];
+  for (int64_t i = 0; i < n - 3; i++) d[i] = in[i];
   d[n - 3] = NAN;
   d[n - 2] = INFINITY;
   d[n - 1] = -INFINITY;
-  one(&c, emit(&c, IR_OP_CAST, &x, 1, NULL, NULL, &tb), "f32 -> bf16 rounding");
-  g_bf16_round = g_kept.n - 1;
+  snprintf(what, sizeof what, "f32 -> %s rounding", ir_dtype_name(dt));
+  one(&c, emit(&c, IR_OP_CAST, &x, 1, NULL, NULL, &tb), what);
+  *(dt == IR_BF16 ? &g_bf16_round : &g_f16_round) = g_kept.n - 1;
   g_covered[IR_OP_CAST] = 1;
   case_free(&c);
 }
@@ -1023,9 +1042,12 @@ static void build_all(void) {
     dropout(dts[i], 67);
     dropout(dts[i], 64);
   }
-  bf16(5, 37);
-  bf16(4, 300);
-  bf16_round();
+  for (int h = 0; h < 2; h++) {
+    IrDtype dt = h ? IR_F16 : IR_BF16;
+    half16(dt, 5, 37);
+    half16(dt, 4, 300);
+    half_round(dt);
+  }
   opt_step(IR_OP_ADAMW, CG_F32, 1000, 0, 0);
   opt_step(IR_OP_ADAMW, CG_F32, 1000, 1, 0);
   opt_step(IR_OP_ADAMW, CG_F32, 999, 0, 0);
@@ -1113,21 +1135,26 @@ static void check_shapes(void) {
   CHECK(!has(g_adamw_odd, "16-byte"), "adamw f32 of 999 uses vectors");
   CHECK(g_kept.a[g_big].l.blocks == 4 && g_kept.a[g_big].l.threads == 256, "4000 elements in float4: %lld x %d",
         (long long)g_kept.a[g_big].l.blocks, g_kept.a[g_big].l.threads);
-  /* bf16: 8-byte ushort4 vectors on a pure bf16 copy; f32 arithmetic and
-   * the prelude's conversions in the mixed kernels */
-  CHECK(g_bf16_vec >= 0 && has(g_bf16_vec, "ushort4") && has(g_bf16_vec, "8-byte vectors of 4") &&
-            has(g_bf16_vec, "& 7) == 0"),
-        "bf16 copy: no ushort4 vectors with an 8-byte alignment test");
-  int bf16_kernels = 0;
-  for (int i = 0; i < g_kept.n; i++) {
-    if (strncmp(g_kept.a[i].what, "bf16 ", 5) != 0) continue;
-    bf16_kernels++;
-    CHECK(strstr(g_kept.a[i].what, "bias add") == NULL ||
-              (has(i, "ts_bf16_f32(") && has(i, "ts_f32_bf16(") && !has(i, "double")),
-          "%s: not f32 arithmetic between ts_bf16_f32 and ts_f32_bf16", g_kept.a[i].what);
+  /* bf16 and f16: 8-byte ushort4 vectors on a pure 16-bit copy; f32
+   * arithmetic and the prelude's conversions in the mixed kernels */
+  for (int h = 0; h < 2; h++) {
+    const char *dn = h ? "f16" : "bf16";
+    int vec = h ? g_f16_vec : g_bf16_vec, rnd = h ? g_f16_round : g_bf16_round;
+    char up[32], down[32], pre[8];
+    snprintf(up, sizeof up, "ts_%s_f32(", dn);
+    snprintf(down, sizeof down, "ts_f32_%s(", dn);
+    snprintf(pre, sizeof pre, "%s ", dn);
+    CHECK(vec >= 0 && has(vec, "ushort4") && has(vec, "8-byte vectors of 4") && has(vec, "& 7) == 0"),
+          "%s copy: no ushort4 vectors with an 8-byte alignment test", dn);
+    int kernels = 0;
+    for (int i = 0; i < g_kept.n; i++) {
+      if (strncmp(g_kept.a[i].what, pre, strlen(pre)) != 0) continue;
+      kernels++;
+      CHECK(strstr(g_kept.a[i].what, "bias add") == NULL || (has(i, up) && has(i, down) && !has(i, "double")),
+            "%s: not f32 arithmetic between %s and %s", g_kept.a[i].what, up, down);
+    }
+    CHECK(kernels >= 8 && rnd >= 0 && has(rnd, down), "%s cases: %d kernels", dn, kernels);
   }
-  CHECK(bf16_kernels >= 8 && g_bf16_round >= 0 && has(g_bf16_round, "ts_f32_bf16("), "bf16 cases: %d kernels",
-        bf16_kernels);
   int rows = 0, vecs = 0;
   for (int i = 0; i < g_kept.n; i++) {
     rows += has(i, "row mode");
@@ -1287,8 +1314,15 @@ static void emu_run(TsEmu *e, const Kept *kp, const CgCudaLaunch *l, const char 
     const CgBuf *cb = &kp->buf[b];
     /* bf16 results: within one bf16 ulp (the reference rounds f64 results,
      * the kernel f32 ones) */
-    double tol = cb->type == CG_F64 ? 1e-12 : cb->type == CG_BF16 ? 0x1p-7 : 1e-5;
-    if (kp == &g_kept.a[g_bf16_round]) tol = 0;   /* the rounding itself: bit for bit */
+    double tol = cb->type == CG_F64 ? 1e-12 : cb->type == CG_BF16 ? 0x1p-7 : cb->type == CG_F16 ? 0x1p-10 : 1e-5;
+    int rounding = kp == &g_kept.a[g_bf16_round] || kp == &g_kept.a[g_f16_round];
+    if (rounding) tol = 0;   /* the rounding itself: bit for bit, NaN's bits included */
+    for (int64_t x = 0; rounding && x < cb->n; x++) {
+      float in = ((const float *)kp->init[0])[x];
+      uint16_t got = ((const uint16_t *)at[b])[x], want = cb->type == CG_BF16 ? ts_f32_to_bf16(in) : ts_f32_to_f16(in);
+      CHECK(got == want, "%s (%s): element %lld = %.9g: bits 0x%04x, half.h 0x%04x", kp->what, how, (long long)x,
+            (double)in, got, want);
+    }
     /* f32 kernels compute in f32: a result that cancels (softmax_bwd's
      * y (dy - sum y dy)) is off by f32 rounding of the terms it cancels,
      * so its error is measured against the buffer's largest element */
