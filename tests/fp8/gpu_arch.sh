@@ -17,7 +17,8 @@ export FAKE_CUDART_DEVICES=1 LD_LIBRARY_PATH=$fake/nccl TS_CACHE_DIR=off
 out=$("$bin/mrun" b.plan --steps 1 --metrics m.jsonl 2>&1); rc=$?
 echo "$out"
 [ $rc -ne 0 ] || fail "mrun ran an --fp8 plan on an sm_80 GPU (exit 0)"
-for want in "and this GPU is sm_80: cuBLASLt's fp8 GEMMs need sm_89 or newer" "mrun --cpu"; do
+for want in "this plan trains with --fp8 (matmul8 on f8e4m3 / f8e5m2 operands), and this GPU is sm_80" \
+            ": cuBLASLt's fp8 GEMMs need sm_89 or newer (Ada, Hopper: sm_90 for H100 / H200): run it on CPU ranks" "mrun --cpu"; do
   echo "$out" | grep -qF "$want" || fail "the refusal does not say: $want"
 done
 [ ! -s m.jsonl ] || fail "a step ran"
