@@ -82,6 +82,15 @@ int cg_kernel_cuda_text(const CgKernel *k, StrBuf *out, CgCudaLaunch *launch, ch
 #define CG_CUDA_LIB_MAX_LAUNCH 4
 int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src,
                        CgCudaLaunch *launch, int *nlaunch, int64_t *scratch, char *why, size_t whylen);
+/* matmul8's scratch (cuda_fp8.c's transposes, runtime/exec's gemm8):
+ * cuBLASLt's fp8 GEMM takes only the TN form, so A stored transposed
+ * (ta) is copied to A' [batch, M, K] at byte 0 of the scratch and B not
+ * stored transposed (!tb) to B' [batch or 1, N, K] at this offset (na:
+ * A's bytes there, 0 when A is used in place). */
+static inline int64_t cg_cuda_mm8_b_offset(int64_t na) { return (na + 255) / 256 * 256; }
+/* The fp8 conversions the fp8 library kernels call (cuda_fp8.c), printed
+ * after cg_cuda_prelude in a module that has them. */
+const char *cg_cuda_fp8_prelude(void);
 /* Whether op has a library kernel at all (for reports). */
 int cg_cuda_lib_op(IrOp op);
 /* The backward of one attention as ONE launch group (cuda_attn.c): the

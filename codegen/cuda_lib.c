@@ -15,6 +15,7 @@
 int cg_cuda_lib_op(IrOp op) {
   if (cg_cuda_attn_op(op) || cg_cuda_moe_op(op) || cg_cuda_decode_op(op)) return 1;
   switch (op) {
+  case IR_OP_QUANT8: case IR_OP_AMAX_ACC: case IR_OP_FP8_SCALE:   /* cuda_fp8.c */
   case IR_OP_EMBEDDING: case IR_OP_EMBEDDING_BWD: case IR_OP_CLIP_COEF: case IR_OP_ACCUM: case IR_OP_ZERO:
   case IR_OP_ASSIGN: case IR_OP_SHARD_SLICE: case IR_OP_ROPE: case IR_OP_ROPE_AT: case IR_OP_TAKE: case IR_OP_ONEHOT:
   case IR_OP_PAD_FILL: case IR_OP_NONFINITE: case IR_OP_SCALE_UPDATE:
@@ -85,6 +86,7 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
   *scratch = 0;
   if (cg_cuda_attn_op(nd->op)) return cg_cuda_attn_kernel(m, b, i, name, src, l, nl, scratch, why, whylen);
   if (cg_cuda_moe_op(nd->op)) return cg_cuda_moe_kernel(m, b, i, name, src, l, nl, scratch, why, whylen);
+  if (cg_cuda_fp8_node(b, i)) return cg_cuda_fp8_kernel(m, b, i, name, src, l, nl, scratch, why, whylen);
   if (guard_16(m, b, nd, why, whylen)) return 1;
   if (cg_cuda_decode_op(nd->op)) return cg_cuda_decode_kernel(m, b, i, name, src, l, nl, scratch, why, whylen);
   char blk[512];

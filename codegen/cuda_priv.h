@@ -42,4 +42,12 @@ int cg_cuda_decode_op(IrOp op);
 int cg_cuda_decode_kernel(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src,
                           CgCudaLaunch *l, int *nl, int64_t *scratch, char *why, size_t whylen);
 
+/* --fp8's kernels (cuda_fp8.c): quant8, amax_acc, fp8_scale, and a cast
+ * into or out of f8e4m3 / f8e5m2, an fp8 reshape (cg_cuda_fp8_node: node i of b is one of
+ * them).  Same contract as cg_cuda_lib_kernel; the module needs
+ * cg_cuda_fp8_prelude (cuda.h) after the prelude. */
+int cg_cuda_fp8_node(const IrBlock *b, int i);
+int cg_cuda_fp8_kernel(const IrModule *m, const IrBlock *b, int i, const char *name, StrBuf *src,
+                       CgCudaLaunch *l, int *nl, int64_t *scratch, char *why, size_t whylen);
+
 #endif

@@ -58,7 +58,7 @@ static int nc_type(IrDtype dt) {
   case IR_I32: return NC_INT32;
   case IR_BF16: return NC_BFLOAT16;
   case IR_F16: return NC_FLOAT16;
-  case IR_F8E4M3: return NC_FLOAT8E4M3;   /* NCCL 2.24+ (fp8 plans are CPU-only today) */
+  case IR_F8E4M3: return NC_FLOAT8E4M3;   /* NCCL 2.24+ */
   case IR_F8E5M2: return NC_FLOAT8E5M2;
   case IR_VOID: case IR_DTYPE_COUNT: break;
   }

@@ -107,6 +107,7 @@ static int lt_fail(const RtLtLib *L, LtStatus s, const char *fn, const char *wha
 
 typedef struct {
   int elem, elem_c, ta, tb, epilogue;   /* elem: A and B; elem_c: C = D and the bias */
+  int elem_b8;                          /* fp8: our B's element (elem is our A's); else 0 */
   int64_t m, n, k, lda, ldb, ldc, batch, sa, sb, sc;
   unsigned align_a, align_b, align_c, align_bias;
 } LtPlanKey;
@@ -149,12 +150,14 @@ typedef struct {
   const char *name;
 } ElemInfo;
 
-static ElemInfo elem_info(RtLtElem e) {
+static ElemInfo elem_info(int e) {   /* RtLtElem, or RT_LT_ELEM_E4M3 / E5M2 */
   int tf32 = getenv("TS_CUDA_TF32") && !strcmp(getenv("TS_CUDA_TF32"), "1");
   switch (e) {
   case RT_LT_ELEM_F64: return (ElemInfo){RT_LT_R_64F, RT_LT_COMPUTE_64F, RT_LT_R_64F, 8, "f64"};
   case RT_LT_ELEM_BF16: return (ElemInfo){RT_LT_R_16BF, RT_LT_COMPUTE_32F, RT_LT_R_32F, 2, "bf16"};
   case RT_LT_ELEM_F16: return (ElemInfo){RT_LT_R_16F, RT_LT_COMPUTE_32F, RT_LT_R_32F, 2, "f16"};
+  case RT_LT_ELEM_E4M3: return (ElemInfo){RT_LT_R_8F_E4M3, RT_LT_COMPUTE_32F, RT_LT_R_32F, 1, "e4m3"};
+  case RT_LT_ELEM_E5M2: return (ElemInfo){RT_LT_R_8F_E5M2, RT_LT_COMPUTE_32F, RT_LT_R_32F, 1, "e5m2"};
   default:
     return (ElemInfo){RT_LT_R_32F, tf32 ? RT_LT_COMPUTE_32F_FAST_TF32 : RT_LT_COMPUTE_32F, RT_LT_R_32F, 4, "f32"};
   }
@@ -182,6 +185,7 @@ static LtPlan *lt_plan_try(RtLtState *S, const LtPlanKey *k, int split, const vo
                       char *err, size_t n) {
   const RtLtLib *L = S->L;
   ElemInfo E = elem_info((RtLtElem)k->elem), EC = elem_info((RtLtElem)k->elem_c);
+  ElemInfo EB = k->elem_b8 ? elem_info((RtLtElem)k->elem_b8) : E;   /* cuBLASLt's A: our B */
   LtPlan *P = ts_xcalloc(1, sizeof *P);
   P->key = *k;
   P->split = split;
@@ -206,7 +210,7 @@ static LtPlan *lt_plan_try(RtLtState *S, const LtPlanKey *k, int split, const vo
                                  RT_LT_DESC_BIAS_BATCH_STRIDE, &bias_stride, sizeof bias_stride))))
     goto fail;
   /* row-major X (r x c, row stride ld) is column-major X^T (c x r, ld) */
-  if (layout(L, &P->la, E.data, k->tb ? k->k : k->n, k->tb ? k->n : k->k, k->ldb, k->batch, k->sb, what, err, n) ||
+  if (layout(L, &P->la, EB.data, k->tb ? k->k : k->n, k->tb ? k->n : k->k, k->ldb, k->batch, k->sb, what, err, n) ||
       layout(L, &P->lb, E.data, k->ta ? k->m : k->k, k->ta ? k->k : k->m, k->lda, k->batch, k->sa, what, err, n) ||
       layout(L, &P->lc, EC.data, k->n, k->m, k->ldc, k->batch, k->sc, what, err, n))
     goto fail;
@@ -373,9 +377,12 @@ int rt_cublaslt_gemm(RtDev *d, const RtGemm *g, RtLtElem elem, RtLtElem elem_c, 
   k.align_b = align_of(g->b);
   k.align_c = align_of(g->c);
   k.align_bias = g->epilogue != RT_GEMM_PLAIN ? align_of(g->bias) : 0;
+  int fp8 = elem == (RtLtElem)RT_LT_ELEM_E4M3 || elem == (RtLtElem)RT_LT_ELEM_E5M2;
+  if (fp8) k.elem_b8 = g->b8_dtype == IR_F8E5M2 ? RT_LT_ELEM_E5M2 : g->b8_dtype == IR_F8E4M3 ? RT_LT_ELEM_E4M3 : elem;
   ElemInfo E = elem_info(elem), EC = elem_info(elem_c);
   char what[200], names[32];
-  if (elem == elem_c) snprintf(names, sizeof names, "%s", E.name);
+  if (fp8) snprintf(names, sizeof names, "%s x %s->%s", E.name, elem_info((RtLtElem)k.elem_b8).name, EC.name);
+  else if (elem == elem_c) snprintf(names, sizeof names, "%s", E.name);
   else snprintf(names, sizeof names, "%s->%s", E.name, EC.name);
   snprintf(what, sizeof what, "GEMM %s m=%lld n=%lld k=%lld%s%s batch %lld%s", names, (long long)g->m,
            (long long)g->n, (long long)g->k, g->ta ? " A^T" : "", g->tb ? " B^T" : "", (long long)k.batch,
@@ -386,6 +393,12 @@ int rt_cublaslt_gemm(RtDev *d, const RtGemm *g, RtLtElem elem, RtLtElem elem_c, 
   if (g->epilogue != RT_GEMM_PLAIN &&
       LT_CHECK(L, DescSetAttribute, "cublasLtMatmulDescSetAttribute", what, err, n, P->desc, RT_LT_DESC_BIAS_POINTER,
                &g->bias, sizeof g->bias))
+    return -1;
+  /* fp8: cuBLASLt's A is our B, so its A scale is our B's scale_inv */
+  if (fp8 && (LT_CHECK(L, DescSetAttribute, "cublasLtMatmulDescSetAttribute", what, err, n, P->desc,
+                       RT_LT_DESC_A_SCALE_POINTER, &g->scale_b, sizeof g->scale_b) ||
+              LT_CHECK(L, DescSetAttribute, "cublasLtMatmulDescSetAttribute", what, err, n, P->desc,
+                       RT_LT_DESC_B_SCALE_POINTER, &g->scale_a, sizeof g->scale_a)))
     return -1;
   /* alpha and beta in the scale type, read from host memory when the
    * call is issued (so a captured graph keeps these values) */
@@ -412,7 +425,31 @@ static int lt_elem(IrDtype t) {
          : t == IR_F16 ? RT_LT_ELEM_F16 : -1;
 }
 
+/* cuBLASLt's fp8 rules (its cublasLtMatmul documentation, "FP8"), in our
+ * terms: our B is its A, which must be transposed (tb = 1), our A its B,
+ * not transposed (ta = 0); the type pairs; compute and scale type f32; D
+ * bf16 or f32 here (cuBLASLt also writes fp8 D with a D scale: not used). */
+int rt_cublaslt_gemm8(RtDev *d, const RtGemm *g, int stream, char *err, size_t n) {
+  IrDtype a8 = g->ab_dtype, b8 = g->b8_dtype != IR_VOID ? g->b8_dtype : g->ab_dtype;
+  if (d->sm > 0 && d->sm < 89)
+    return ts_errf(err, n, "an fp8 GEMM on sm_%d: cuBLASLt's fp8 GEMMs need sm_89 or newer (Ada, Hopper); run this "
+                   "--fp8 plan on CPU ranks (mrun --cpu) or on an sm_89+ GPU", d->sm);
+  if (!ir_dtype_is_8(a8) || !ir_dtype_is_8(b8) || (a8 == IR_F8E5M2 && b8 == IR_F8E5M2))
+    return ts_errf(err, n, "internal error: an fp8 GEMM of %s x %s: cuBLASLt takes e4m3 x e4m3, e4m3 x e5m2 and "
+                   "e5m2 x e4m3 (not e5m2 x e5m2)", ir_dtype_name(a8), ir_dtype_name(b8));
+  if (g->dtype != IR_BF16 && g->dtype != IR_F32)
+    return ts_errf(err, n, "internal error: an fp8 GEMM into %s (bf16 or f32 here)", ir_dtype_name(g->dtype));
+  if (g->ta || !g->tb)
+    return ts_errf(err, n, "internal error: an fp8 GEMM with ta=%d tb=%d: cuBLASLt's fp8 GEMMs take only the TN form "
+                   "(ta=0 tb=1 here: B stored [n, k]); transpose the operand first", g->ta, g->tb);
+  if (!g->scale_a || !g->scale_b || g->epilogue != RT_GEMM_PLAIN)
+    return ts_errf(err, n, "internal error: an fp8 GEMM without its scale pointers or with an epilogue");
+  RtLtElem e = a8 == IR_F8E4M3 ? (RtLtElem)RT_LT_ELEM_E4M3 : (RtLtElem)RT_LT_ELEM_E5M2;
+  return rt_cublaslt_gemm(d, g, e, g->dtype == IR_BF16 ? RT_LT_ELEM_BF16 : RT_LT_ELEM_F32, stream, err, n);
+}
+
 int rt_cuda_gemm(RtDev *d, const RtGemm *g, int stream, char *err, size_t n) {
+  if (ir_dtype_is_8(g->ab_dtype)) return rt_cublaslt_gemm8(d, g, stream, err, n);
   IrDtype ab = g->ab_dtype != IR_VOID ? g->ab_dtype : g->dtype, bias = g->bias_dtype != IR_VOID ? g->bias_dtype : g->dtype;
   int ea = lt_elem(ab), ec = lt_elem(g->dtype);
   /* cuBLASLt's pairs (A = B, C = D): f32 f32, f64 f64, and 16-bit A and B

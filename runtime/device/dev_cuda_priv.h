@@ -166,7 +166,9 @@ enum {
   RT_LT_LAYOUT_BATCH_COUNT = 5, RT_LT_LAYOUT_STRIDED_BATCH_OFFSET = 6,      /* cublasLtMatrixLayoutAttribute_t */
   RT_LT_PREF_MAX_WORKSPACE_BYTES = 1,                                        /* cublasLtMatmulPreferenceAttributes_t */
   RT_LT_PREF_MIN_ALIGNMENT_A_BYTES = 5, RT_LT_PREF_MIN_ALIGNMENT_B_BYTES = 6,
-  RT_LT_PREF_MIN_ALIGNMENT_C_BYTES = 7, RT_LT_PREF_MIN_ALIGNMENT_D_BYTES = 8
+  RT_LT_PREF_MIN_ALIGNMENT_C_BYTES = 7, RT_LT_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+  RT_LT_R_8F_E4M3 = 28, RT_LT_R_8F_E5M2 = 29,                               /* fp8 (--fp8): cudaDataType */
+  RT_LT_DESC_A_SCALE_POINTER = 17, RT_LT_DESC_B_SCALE_POINTER = 18           /* device float *: D = sa sb op(A) op(B) */
 };
 
 typedef struct {
@@ -233,6 +235,9 @@ int rt_cuda_current(RtDev *d, char *err, size_t n);
  * fp16 A and B compute in f32 (CUBLAS_COMPUTE_32F) into a D of their type
  * or f32. */
 typedef enum { RT_LT_ELEM_F32, RT_LT_ELEM_F64, RT_LT_ELEM_BF16, RT_LT_ELEM_F16 } RtLtElem;
+/* fp8 A and B (--fp8; no ones vector, no bias epilogue): rt_cublaslt_gemm
+ * takes them when g->ab_dtype is an fp8 type (rt_cublaslt_gemm8's rules) */
+enum { RT_LT_ELEM_E4M3 = 8, RT_LT_ELEM_E5M2 = 9 };
 /* Loads cuBLASLt (TS_CUBLASLT_LIB, else libcublasLt.so.13), makes the
  * handle and the workspace.  Failure is not fatal to the device: the
  * reason goes to lt_why and every GEMM returns it. */
@@ -242,6 +247,13 @@ int rt_cublaslt_gemm(RtDev *d, const RtGemm *g, RtLtElem ab, RtLtElem cd, int st
 /* The RtDevOps.gemm entry: the elements from g->ab_dtype and g->dtype;
  * a pair cuBLASLt does not take is refused naming the pairs it does. */
 int rt_cuda_gemm(RtDev *d, const RtGemm *g, int stream, char *err, size_t n);
+/* An fp8 GEMM (--fp8, matmul8): A g->ab_dtype, B g->b8_dtype (IR_VOID:
+ * A's), f8e4m3 / f8e5m2 but not both e5m2; D bf16 or f32; the TN form
+ * only (ta = 0, tb = 1 in the row-major terms of RtGemm: the executor
+ * transposes an operand stored the other way); g->scale_a / scale_b the
+ * operands' scale_inv (device f32 scalars); sm_89 or newer.  cuBLASLt's
+ * rules, each refused by name before cuBLASLt sees the call. */
+int rt_cublaslt_gemm8(RtDev *d, const RtGemm *g, int stream, char *err, size_t n);
 /* How many plans (cached descriptor sets + algorithm) the device holds. */
 int rt_cublaslt_plans(RtDev *d);
 

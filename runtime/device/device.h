@@ -69,6 +69,11 @@ typedef struct {
   void *c;
   const void *bias;
   int epilogue;
+  /* fp8 (ab_dtype f8e4m3 / f8e5m2; dev_cublaslt.c's rt_cublaslt_gemm8):
+   * B's type when it differs from A's (IR_VOID: A's), and the operands'
+   * scale_inv as device f32 scalars: C = sa sb op(A) op(B) */
+  IrDtype b8_dtype;
+  const void *scale_a, *scale_b;
 } RtGemm;
 
 typedef struct {

@@ -195,12 +195,16 @@ RtDevPlan *rt_dev_plan_new(const IrModule *m, RtJit *jit, const MemPlan *const *
         break;
       }
       db->kind[i] = (unsigned char)kind;
-      if (kind != RT_DS_LIB && kind != RT_DS_COMM) continue;
+      /* an fp8 reshape's byte copy (the kernel IR has no byte type) is in
+       * the module whether or not the memory plan makes it a view, so the
+       * module is the same with and without plans (mcc's, mrun's) */
+      int fp8_view = kind == RT_DS_ALIAS && b->nodes[i].op == IR_OP_RESHAPE && ir_dtype_is_8(b->nodes[i].type.dtype);
+      if (kind != RT_DS_LIB && kind != RT_DS_COMM && !fp8_view) continue;
       /* a collective may need a re-layout around NCCL, on the comm stream's scratch */
       RtDevLib l;
-      LibJob job = {kind == RT_DS_LIB ? cg_cuda_lib_kernel : cg_cuda_comm_relayout, NULL, 0};
+      LibJob job = {kind != RT_DS_COMM ? cg_cuda_lib_kernel : cg_cuda_comm_relayout, NULL, 0};
       if (lib_kernel(m, b, i, &job, &lib, &seen, &info, &l, err, errlen) != 0) { rc = -1; break; }
-      int64_t *most = kind == RT_DS_LIB ? &P->scratch : &P->comm_scratch;
+      int64_t *most = kind != RT_DS_COMM ? &P->scratch : &P->comm_scratch;
       if (l.scratch > *most) *most = l.scratch;
       if (l.nl == 0) continue;
       VEC_PUSH(P->lib, l);
@@ -208,7 +212,9 @@ RtDevPlan *rt_dev_plan_new(const IrModule *m, RtJit *jit, const MemPlan *const *
     }
   }
   if (rc == 0) {
-    sb_printf(&P->mod.src, "%s", cg_cuda_prelude());
+    const char *lt = lib.p ? lib.p : "";   /* the fp8 conversions, for the modules that call them */
+    sb_printf(&P->mod.src, "%s%s", cg_cuda_prelude(),
+              strstr(lt, "ts_f8") || strstr(lt, "ts_f32_f8") ? cg_cuda_fp8_prelude() : "");
     const StrBuf *gen = rt_jit_cuda_source(jit);
     if (gen->n) sb_printf(&P->mod.src, "%s", gen->p);
     if (lib.n) sb_printf(&P->mod.src, "%s", lib.p);
@@ -239,7 +245,6 @@ void rt_dev_plan_free(RtDevPlan *P) {
 
 /* The kernel planning of m for a device, no device open (cuda mode). */
 static RtJit *cuda_planning(const IrModule *m, char *err, size_t errlen) {
-  if (rt_fp8_refused_on_gpu(m, err, errlen)) return NULL;
   RtExecOpts o = rt_exec_default();
   o.backend = RT_BACKEND_LLVM;
   o.cuda = 1;

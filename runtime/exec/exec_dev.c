@@ -770,6 +770,56 @@ static int gemm(RtDevExec *x, const IrBlock *b, const IrNode *mm, const void *A,
   return x->dev->ops->gemm(x->dev, &g, RT_STREAM_COMPUTE, msg, n);
 }
 
+/* matmul8 (--fp8): cuBLASLt's fp8 GEMM, which takes only the TN form
+ * (RtGemm ta=0 tb=1): an operand stored the other way is first transposed
+ * into the scratch by the node's library kernels l (cuda_fp8.c; none when
+ * both are in place), then the GEMM reads A' / B' there, the operands'
+ * scale_inv (in[2], in[3]) as cuBLASLt's scale pointers. */
+static int gemm8(RtDevExec *x, const IrBlock *b, const IrNode *nd, const void *const *in, void *out,
+                 const RtDevLib *l, char *msg, size_t n) {
+  int64_t M, N, K, batch;
+  int shared;
+  if (rt_gemm_shape(b, nd, &M, &N, &K, &batch, &shared) != 0) {
+    snprintf(msg, n, "internal error: an fp8 product the device GEMM does not take");
+    return -1;
+  }
+  int ta = nd->ia[0] != 0, tb = nd->ia[1] != 0;
+  if (l && l->nl) {
+    CgCudaArgs a;
+    memset(&a, 0, sizeof a);
+    for (int k = 0; k < 4; k++) a.b[k] = (void *)in[k];
+    a.b[4] = out;
+    a.b[5] = x->scratch;
+    a.run = x->run_dev;
+    for (int k = 0; k < l->nl; k++)
+      if (launch(x, &l->l[k], &a, msg, n) != 0) return -1;
+  }
+  char *s = x->scratch;
+  RtGemm g;
+  memset(&g, 0, sizeof g);
+  g.dtype = nd->type.dtype;
+  g.ab_dtype = b->nodes[nd->in[0]].type.dtype;
+  g.b8_dtype = b->nodes[nd->in[1]].type.dtype;
+  g.tb = 1;
+  g.m = shared ? batch * M : M;   /* A' rows are contiguous: one product for every item of a shared B */
+  g.n = N;
+  g.k = K;
+  g.lda = g.ldb = K;
+  g.ldc = N;
+  g.batch = shared ? 1 : batch;
+  g.stride_a = shared ? 0 : M * K;
+  g.stride_b = shared ? 0 : N * K;
+  g.stride_c = shared ? 0 : M * N;
+  g.alpha = 1;
+  g.a = ta ? s : in[0];
+  g.b = tb ? in[1] : s + cg_cuda_mm8_b_offset(ta ? batch * M * K : 0);
+  g.c = out;
+  g.scale_a = in[2];
+  g.scale_b = in[3];
+  if (batch * M * N == 0) return 0;
+  return x->dev->ops->gemm(x->dev, &g, RT_STREAM_COMPUTE, msg, n);
+}
+
 int rt_dev_exec_kernel(RtDevExec *x, RtProgram *p, int bi, const RtJitKernel *K, void **bufs, void *const *vals,
                        const RtRunInfo *info, char *msg, size_t n) {
   const IrBlock *b = &rt_program_module(p)->blocks.a[bi];
@@ -862,6 +912,8 @@ int rt_dev_exec_node(RtDevExec *x, RtProgram *p, int bi, int i, const void *cons
     return rt_ref_kernels[nd->op](&kc);
   }
   case RT_DS_LIB: {
+    if (nd->op == IR_OP_MATMUL8)
+      return gemm8(x, b, nd, in, out, db->lib[i] >= 0 ? &x->plan->lib.a[db->lib[i]] : NULL, msg, n);
     const RtDevLib *l = &x->plan->lib.a[db->lib[i]];
     CgCudaArgs a;
     memset(&a, 0, sizeof a);

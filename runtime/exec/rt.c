@@ -580,12 +580,13 @@ int rt_program_sync_states(RtProgram *p, char *err, size_t errlen) {
 
 int rt_program_push_states(RtProgram *p, char *err, size_t errlen) { return p->dx ? push_slab(p, "loaded", err, errlen) : 0; }
 
-int rt_fp8_refused_on_gpu(const IrModule *m, char *err, size_t errlen) {
+int rt_fp8_refused_on_gpu(const IrModule *m, int sm, char *err, size_t errlen) {
+  if (sm <= 0 || sm >= 89) return 0;   /* unknown (the layer refuses the GEMM itself) or Ada / Hopper and newer */
   for (int i = 0; i < m->states.n; i++)
     if (m->states.a[i].kind == IR_STATE_FP8)
-      return ts_errf(err, errlen, "this plan trains with --fp8 (matmul8 on f8e4m3 / f8e5m2 operands), and its GPU "
-                     "path (cuBLASLt's fp8 GEMMs, the quantizing kernels) is not built yet: run it on CPU ranks (mrun "
-                     "--cpu), or compile it without --fp8 for the GPU"), 1;
+      return ts_errf(err, errlen, "this plan trains with --fp8 (matmul8 on f8e4m3 / f8e5m2 operands), and this GPU "
+                     "is sm_%d: cuBLASLt's fp8 GEMMs need sm_89 or newer (Ada, Hopper: sm_90 for H100 / H200): run it "
+                     "on CPU ranks (mrun --cpu), on an sm_89+ GPU, or compile it without --fp8 for this one", sm), 1;
   return 0;
 }
 
@@ -654,7 +655,7 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
     }
   }
   p->copies_stale = 1;
-  if ((o->dev || o->cuda) && rt_fp8_refused_on_gpu(m, err, errlen)) {
+  if (o->dev && rt_fp8_refused_on_gpu(m, o->dev->sm, err, errlen)) {
     rt_program_free(p);
     return NULL;
   }

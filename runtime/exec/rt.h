@@ -182,9 +182,10 @@ size_t rt_program_slab_bytes(const RtProgram *p);
 size_t rt_program_arena_bytes(const RtProgram *p);
 int rt_program_block_memory(const RtProgram *p, int b, size_t *used, size_t *live);
 
-/* 1 with a message when m trains with --fp8 (states of kind fp8): its GPU
- * path is not built (docs/precision.md "FP8"); 0 otherwise. */
-int rt_fp8_refused_on_gpu(const IrModule *m, char *err, size_t errlen);
+/* 1 with a message when m trains with --fp8 (states of kind fp8) and the
+ * GPU is below sm_89 (sm: compute capability * 10; 0 unknown): cuBLASLt
+ * has no fp8 GEMM there (docs/precision.md "FP8"); 0 otherwise. */
+int rt_fp8_refused_on_gpu(const IrModule *m, int sm, char *err, size_t errlen);
 /* Contiguous row-major data of state s (dtype and shape of its IrState). */
 void *rt_state_data(RtProgram *p, int s);
 /* A program on a device works on a device copy of the states: this copies

@@ -107,6 +107,14 @@ static int e_gemm(RtDev *d, const RtGemm *g, int stream, char *err, size_t n) {
   IrDtype ab = g->ab_dtype ? g->ab_dtype : g->dtype;
   int ok = (g->dtype == IR_F32 || g->dtype == IR_F64) && ab == g->dtype;
   ok |= ir_dtype_is_16(ab) && (g->dtype == ab || g->dtype == IR_F32);
+  /* fp8 (matmul8): cuBLASLt's fp8 rules as the device layer states them
+   * (dev_cublaslt.c's rt_cublaslt_gemm8), so the executor is held to them */
+  IrDtype b8 = g->b8_dtype ? g->b8_dtype : ab;
+  if (ir_dtype_is_8(ab) && (!ir_dtype_is_8(b8) || (ab == IR_F8E5M2 && b8 == IR_F8E5M2) || g->ta || !g->tb ||
+                            !g->scale_a || !g->scale_b || g->epilogue != RT_GEMM_PLAIN))
+    return ts_errf(err, n, "the emulated fp8 GEMM takes e4m3 / e5m2 (not both e5m2) in the TN form (ta=0 tb=1) with "
+                   "both scale pointers, not %s x %s ta=%d tb=%d", ir_dtype_name(ab), ir_dtype_name(b8), g->ta, g->tb);
+  ok |= ir_dtype_is_8(ab) && (g->dtype == IR_BF16 || g->dtype == IR_F32);
   if (!ok || (g->bias_dtype && g->bias_dtype != g->dtype))
     return ts_errf(err, n, "the emulated GEMM takes f32 and f64, and bf16 / f16 operands into their dtype or f32 "
                    "(the bias in C's dtype), not %s into %s", ir_dtype_name(ab), ir_dtype_name(g->dtype));
@@ -123,16 +131,18 @@ static int64_t span(int64_t batch, int64_t stride, int64_t rows, int64_t ld) {
 
 /* C = alpha op(A) op(B) + beta C (+ bias per column, gelu), row-major.
  * bf16 / f16 A and B: converted to f32 (exact), the f32 GEMM, C rounded
- * once to its dtype (as the CPU's matmul, ops_ref.c). */
+ * once to its dtype (as the CPU's matmul, ops_ref.c); fp8 A and B (TN) the
+ * same, alpha times the scales. */
 static void host_gemm(const RtGemm *g) {
   IrDtype ab = g->ab_dtype ? g->ab_dtype : g->dtype;
-  if (!ir_dtype_is_16(ab)) { host_gemm32(g); return; }
+  if (!ir_dtype_is_16(ab) && !ir_dtype_is_8(ab)) { host_gemm32(g); return; }
+  IrDtype bd = ir_dtype_is_8(ab) && g->b8_dtype ? g->b8_dtype : ab;
   int64_t batch = g->batch > 0 ? g->batch : 1;
   int64_t na = span(batch, g->stride_a, g->ta ? g->k : g->m, g->lda), nb = span(batch, g->stride_b, g->tb ? g->n : g->k, g->ldb);
   int64_t nc = span(batch, g->stride_c, g->m, g->ldc);
   float *a = ts_xmalloc((size_t)na * 4), *b = ts_xmalloc((size_t)nb * 4), *c = g->c, *bias = NULL;
   rt_convert(a, IR_F32, g->a, ab, na);
-  rt_convert(b, IR_F32, g->b, ab, nb);
+  rt_convert(b, IR_F32, g->b, bd, nb);
   if (g->dtype != IR_F32) {
     c = ts_xmalloc((size_t)nc * 4);
     rt_convert(c, IR_F32, g->c, g->dtype, nc);
@@ -144,6 +154,8 @@ static void host_gemm(const RtGemm *g) {
   RtGemm g32 = *g;
   g32.dtype = IR_F32;
   g32.ab_dtype = IR_VOID;
+  if (ir_dtype_is_8(ab))   /* the scales' product in f32, as the CPU's matmul8 (ops_ref.c) */
+    g32.alpha = g->alpha * (double)(*(const float *)g->scale_a * *(const float *)g->scale_b);
   g32.a = a;
   g32.b = b;
   g32.c = c;

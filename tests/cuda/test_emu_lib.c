@@ -47,6 +47,14 @@
  *                         0 with NaN): row 0 all NaN on the emulated device
  *                         whatever order its threads and blocks run in
  *                         (TS_EMU_ORDER fifo, reverse, random)
+ *   test_emu_lib fp8      --fp8's kernels (codegen/cuda_fp8.c): quant8 of f32
+ *                         and bf16 into e4m3 and e5m2 (scale 1 and ~3),
+ *                         cast back to f32, amax_acc, fp8_scale (algo 0
+ *                         and 1, margin, a NaN amax), on NaN, infinities,
+ *                         saturation, ties of both formats, subnormals of
+ *                         both formats and of f32: every state bit for bit
+ *                         against the CPU (runtime/cpu/half.h's bits), the
+ *                         module also through NVRTC (sm_90, sm_89)
  *   test_emu_lib nvrtc    every module above compiled by NVRTC for sm_80
  *                         and sm_90, and the backward's launch group at
  *                         GPT-2's shapes (seq 1024, head_dim 64 and 128);
@@ -56,6 +64,7 @@
  */
 #include "runtime/exec/rt.h"
 #include "runtime/exec/dev_prog.h"
+#include "runtime/cpu/half.h"
 #include "emu_dev.h"
 #include <math.h>
 #include <stdarg.h>
@@ -681,6 +690,174 @@ static void test_tc(RtDev *d) {
 
 /* Every attention kernel of text through NVRTC for sm_80 and sm_90,
  * ptxas' report checked. */
+
+/* ---- fp8 (test "fp8") ---- */
+
+enum { F8N = 96 };
+
+/* f32 inputs that decide fp8 roundings: NaN (both signs), infinities,
+ * E4M3's saturation at 448 (449, the tie 464, 480 and far above), E5M2's at
+ * 57344, ties to even in both formats (1.0625 and 1.1875 in E4M3, 1.125
+ * and 1.375 in E5M2, negative too), subnormals of both (2^-9 .. 2^-10
+ * ties, 2^-16 .. 2^-17 ties), f32 subnormals and zeros; the rest random
+ * over many binades. */
+static void fp8_inputs(float *x, uint16_t *xb) {
+  static const float special[] = {
+    NAN, -NAN, INFINITY, -INFINITY, 448.0f, -448.0f, 449.0f, 464.0f, 470.0f, 480.0f, 1e9f, -1e9f,
+    57344.0f, 57345.0f, 61440.0f, -61441.0f, 1e30f, 1.0625f, 1.1875f, -1.0625f, -1.1875f, 3.125f, 1.125f, 1.375f,
+    -1.375f, 0.001953125f /* 2^-9 */, 0.0009765625f /* 2^-10, tie -> 0 */, 0.0029296875f /* 1.5 * 2^-9 */,
+    0.0048828125f /* 2.5 * 2^-9 */, 0.015625f /* 2^-6 */, 0.0146484375f /* 7.5 * 2^-9: tie into the normals */,
+    1.52587890625e-05f /* 2^-16 */, 7.62939453125e-06f /* 2^-17 */, 2.288818359375e-05f /* 1.5 * 2^-16 */,
+    6.103515625e-05f /* 2^-14 */, 1e-40f, -1e-40f, 0.0f, -0.0f, 1e-30f, 240.0f, 232.0f, 0.3f, -0.7f};
+  int ns = (int)(sizeof special / sizeof special[0]);
+  uint64_t r = 0x8f8f8f8full;
+  for (int i = 0; i < F8N; i++) {
+    r = r * 6364136223846793005ull + 1442695040888963407ull;
+    double u = (double)(r >> 11) / 9007199254740992.0;
+    x[i] = i < ns ? special[i] : (float)((u - 0.5) * ldexp(1.0, (int)(r % 40) - 20));
+    xb[i] = ts_f32_to_bf16(x[i]);
+  }
+}
+
+static char *fp8_text(void) {
+  StrBuf st = {0}, b = {0};
+  int n = 0, nout = 0;
+  sb_printf(&b, "  %%%d = input \"x\" : f32[%d]\n  %%%d = input \"xb\" : bf16[%d]\n", n, F8N, n + 1, F8N);
+  n += 2;
+  sb_printf(&st, "state @s0 : f32[] fp8 start=1.0\nstate @s1 : f32[] param init=uniform(2.5, 3.5)\n");
+  sb_printf(&b, "  %%%d = state @s0 : f32[]\n  %%%d = state @s1 : f32[]\n", n, n + 1);
+  int sc[2] = {n, n + 1};
+  n += 2;
+  static const char *const f8[] = {"f8e4m3", "f8e5m2"};
+  for (int xi = 0; xi < 2; xi++)
+    for (int s = 0; s < 2; s++)
+      for (int f = 0; f < 2; f++) {
+        sb_printf(&b, "  %%%d = quant8 %%%d, %%%d : %s[%d]\n", n, xi, sc[s], f8[f], F8N);
+        sb_printf(&b, "  %%%d = cast %%%d : %s[%d]\n", n + 1, n, xi ? "bf16" : "f32", F8N);
+        sb_printf(&st, "state @out%d : %s[%d] param init=zeros\n", nout, xi ? "bf16" : "f32", F8N);
+        sb_printf(&b, "  assign %%%d @out%d\n", n + 1, nout++);
+        n += 3;   /* the assign is numbered too */
+      }
+  /* the f32 -> fp8 cast (no scale) */
+  sb_printf(&b, "  %%%d = cast %%0 : f8e4m3[%d]\n  %%%d = cast %%%d : f32[%d]\n", n, F8N, n + 1, n, F8N);
+  sb_printf(&st, "state @out%d : f32[%d] param init=zeros\n", nout, F8N);
+  sb_printf(&b, "  assign %%%d @out%d\n", n + 1, nout++);
+  n += 3;
+  /* amax: of x (a NaN: kept), of x's finite part (the slice after the
+   * NaNs), of bf16; then the scale updates, one per algo, and a NaN amax */
+  sb_printf(&b, "  %%%d = slice %%0 axis=0 start=4 end=%d : f32[%d]\n", n, F8N, F8N - 4);
+  int fin = n++;
+  const int amx[3] = {0, fin, 1};
+  for (int k = 0; k < 3; k++) {
+    sb_printf(&st, "state @amax%d : f32[] fp8 start=%s\n", k, k == 1 ? "0.5" : "0.0");
+    sb_printf(&b, "  amax_acc %%%d @amax%d\n", amx[k], k);
+    n++;
+  }
+  for (int k = 0; k < 3; k++) {
+    int len = k == 0 ? 16 : k == 1 ? 1024 : 300;
+    sb_printf(&st, "state @hist%d : f32[%d] fp8 start=%s\nstate @scale%d : f32[] fp8 start=1.0\n"
+                   "state @sinv%d : f32[] fp8 start=1.0\n", k, len, k == 0 ? "0.0" : k == 1 ? "2.5" : "0.25", k, k);
+    sb_printf(&b, "  %%%d = state @amax%d : f32[]\n", n, k == 0 ? 1 : k == 1 ? 2 : 0);
+    sb_printf(&b, "  fp8_scale %%%d @hist%d @scale%d @sinv%d algo=%d margin=%s fmax=%s\n", n, k, k, k, k == 1,
+              k == 0 ? "1.0" : "0.0", k == 1 ? "57344.0" : "448.0");
+    n += 2;
+  }
+  StrBuf t = {0};
+  sb_printf(&t, "module fp8\ntrain lr=0.01 seed=99 precision=f32\nparallel tp=1 pp=1 cp=1 ep=1 dp=0 sp=0\n%s"
+                "block main {\n%s}\nend\n", st.p, b.p);
+  sb_free(&st);
+  sb_free(&b);
+  return t.p;
+}
+
+/* Every state of the fp8 module, bit for bit, the device against the CPU. */
+static void test_fp8(RtDev *d) {
+  static float x[F8N];
+  static uint16_t xb[F8N];
+  fp8_inputs(x, xb);
+  RtFeed f[2] = {{"x", x}, {"xb", xb}};
+  char *text = fp8_text(), err[2048];
+  IrModule *m = ir_parse_module(text, "<fp8>", err, sizeof err);
+  CHECK(m, "the fp8 module does not parse: %s\n%s", err, text);
+  free(text);
+  if (!m) return;
+  RtRank rank = rt_rank_single();
+  RtExecOpts oc = {.backend = RT_BACKEND_LLVM}, od = {.backend = RT_BACKEND_LLVM, .dev = d};
+  RtProgram *cpu = rt_program_new_opts(m, &rank, &oc, err, sizeof err);
+  CHECK(cpu, "CPU program: %s", err);
+  RtProgram *dev = cpu ? rt_program_new_opts(m, &rank, &od, err, sizeof err) : NULL;
+  CHECK(!cpu || dev, "device program: %s", err);
+  RtRunInfo info = {1, 0, 0.01, 0};
+  int bi = ir_block_find(m, "main");
+  /* twice: the histories hold two amaxes, the second max over both */
+  int ok = dev != NULL;
+  for (int r = 0; r < 2 && ok; r++) {
+    ok = rt_run_block(cpu, bi, f, 2, &info, err, sizeof err) == 0;
+    CHECK(ok, "CPU run: %s", err);
+    ok = ok && rt_run_block(dev, bi, f, 2, &info, err, sizeof err) == 0;
+    CHECK(!dev || ok, "device run: %s", err);
+  }
+  ok = ok && rt_program_sync_states(dev, err, sizeof err) == 0;
+  int nbits = 0, nnan = 0, nsat = 0, nsub = 0;
+  for (int s = 0; ok && s < m->states.n; s++) {
+    const IrState *st = &m->states.a[s];
+    size_t bytes = (size_t)ir_type_numel(&st->type) * ir_dtype_size(st->type.dtype);
+    const unsigned char *a = rt_state_data(dev, s), *c = rt_state_data(cpu, s);
+    size_t at = 0;
+    while (at < bytes && a[at] == c[at]) at++;
+    CHECK(at == bytes, "@%s differs at byte %zu: device 0x%02x, cpu 0x%02x", st->name, at, at < bytes ? a[at] : 0,
+          at < bytes ? c[at] : 0);
+    nbits += (int)bytes;
+    if (strncmp(st->name, "out", 3) || st->type.dtype != IR_F32) continue;
+    for (int i = 0; i < F8N; i++) {
+      float v = ((const float *)c)[i];
+      nnan += isnan(v);
+      nsat += fabsf(v) == 448.0f || fabsf(v) == 57344.0f;
+      nsub += v != 0 && fabsf(v) < 0.015625f;
+    }
+  }
+  /* the cases above must have happened (a quant8 that never saturates or
+   * never meets a NaN would pass vacuously) */
+  const float *s0 = ok ? rt_state_data(cpu, ir_state_find(m, "scale0")) : NULL;
+  printf("fp8: %d state bytes equal, %d NaN, %d saturated, %d subnormal-range results; scale0 %.9g\n", nbits, nnan, nsat,
+         nsub, s0 ? *s0 : 0.0);
+  CHECK(!ok || (nnan >= 4 && nsat >= 8 && nsub >= 8), "the special cases did not occur");
+  /* the same module through NVRTC for the fp8 archs: every kernel within
+   * ptxas' limits, with no spill and no stack frame */
+  char why[256] = "";
+  RtCudaModule cm;
+  if (!cg_nvrtc_available(why, sizeof why)) {
+    printf("fp8: NVRTC: SKIPPED (%s)\n", why);
+  } else if (rt_cuda_module_build(m, &cm, err, sizeof err) != 0) {
+    CHECK(0, "fp8 module: %s", err);
+  } else {
+    static const char *const archs[] = {"sm_89", "sm_90"};
+    for (int a = 0; a < 2; a++) {
+      CgNvrtcOut o;
+      if (cg_nvrtc_compile(cm.src.p, archs[a], &o, err, sizeof err) != 0) {
+        CHECK(0, "fp8 %s: NVRTC: %s", archs[a], err);
+        continue;
+      }
+      int n8 = 0;
+      for (int k = 0; k < o.nkern; k++) {
+        const CgPtxasInfo *pi = &o.kern[k];
+        CHECK(cg_ptxas_check(pi, archs[a], err, sizeof err) == 0, "fp8 %s: %s", archs[a], err);
+        CHECK(pi->spill_stores == 0 && pi->spill_loads == 0 && pi->stack == 0, "fp8 %s: %s spills %lld/%lld, stack %lld",
+              archs[a], pi->name, (long long)pi->spill_stores, (long long)pi->spill_loads, (long long)pi->stack);
+        n8 += strstr(pi->name, "quant8") || strstr(pi->name, "amax_acc") || strstr(pi->name, "fp8_scale") ||
+              strstr(pi->name, "cast");
+      }
+      printf("fp8: NVRTC %s: %d kernels, %d of them fp8, no spills\n", archs[a], o.nkern, n8);
+      CHECK(n8 >= 4, "fp8 %s: %d fp8 kernels in ptxas' report", archs[a], n8);
+      cg_nvrtc_out_free(&o);
+    }
+    rt_cuda_module_free(&cm);
+  }
+  rt_program_free(dev);
+  rt_program_free(cpu);
+  ir_module_free(m);
+}
+
 static void nvrtc_module(const char *text, const char *label) {
   char err[2048];
   IrModule *m = ir_parse_module(text, "<attn>", err, sizeof err);
@@ -841,6 +1018,7 @@ int main(int argc, char **argv) {
     else if (strcmp(what, "vocab") == 0) test_vocab(d);
     else if (strcmp(what, "decode") == 0) test_decode(d);
     else if (strcmp(what, "moe_overflow") == 0) test_moe_overflow(d);
+    else if (strcmp(what, "fp8") == 0) test_fp8(d);
     else if (strcmp(what, "tc") == 0) test_tc(d);
     else if (strcmp(what, "tc_grads") == 0) {   /* all three parts (one launch group), then dk + dv, dq, dk, dv */
       static const int sets[] = {7, 6, 1, 2, 4};
@@ -849,7 +1027,7 @@ int main(int argc, char **argv) {
         test_tc(d);
       }
     }
-    else { fprintf(stderr, "usage: test_emu_lib fused|ring|docs|grads|vocab|decode|moe_overflow|tc|tc_grads|tc_nvrtc|nvrtc (tc*_f16: f16)\n"); return 2; }
+    else { fprintf(stderr, "usage: test_emu_lib fused|ring|docs|grads|vocab|decode|moe_overflow|fp8|tc|tc_grads|tc_nvrtc|nvrtc (tc*_f16: f16)\n"); return 2; }
     long long launches = 0;
     ts_emu_dev_counts(d, &launches, NULL, NULL);
     printf("emulated device: %lld launches\n", launches);

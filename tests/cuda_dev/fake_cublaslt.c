@@ -23,7 +23,16 @@
  * preference promised and inside device memory (the fake driver's
  * fake_cuda_ptr_ok).  The matmul runs in stream order through the fake
  * driver's cuLaunchHostFunc (so it is captured into graphs and replayed),
- * found by dlopen of TS_CUDA_DRIVER; without it, at once. */
+ * found by dlopen of TS_CUDA_DRIVER; without it, at once.
+ *
+ * fp8 (CUDA_R_8F_E4M3 / E5M2 A and B), as cuBLASLt documents its fp8
+ * GEMMs: the pairs e4m3 x e4m3, e4m3 x e5m2, e5m2 x e4m3 (not e5m2 x
+ * e5m2); CUBLAS_COMPUTE_32F with scale type f32; C = D bf16 or f32; A
+ * transposed and B not (the "TN" form), anything else NOT_SUPPORTED; a
+ * device of sm_89 or newer (the fake driver's current one: ARCH_MISMATCH
+ * below); A_SCALE_POINTER / B_SCALE_POINTER device floats multiplying the
+ * product (D = alpha sa sb op(A) op(B) + beta C).  Counted apart
+ * (fake_cublaslt_fp8_matmuls). */
 #include <dlfcn.h>
 #include <math.h>
 #include <stddef.h>
@@ -37,7 +46,9 @@
 typedef int St;
 enum { S_OK = 0, S_NOT_INITIALIZED = 1, S_ALLOC_FAILED = 3, S_INVALID_VALUE = 7, S_EXECUTION_FAILED = 13,
        S_NOT_SUPPORTED = 15 };
-enum { R_32F = 0, R_64F = 1, R_16F = 2, R_16BF = 14 };
+enum { R_32F = 0, R_64F = 1, R_16F = 2, R_16BF = 14, R_8F_E4M3 = 28, R_8F_E5M2 = 29 };
+enum { S_ARCH_MISMATCH = 8 };
+static int is_fp8(uint32_t t) { return t == R_8F_E4M3 || t == R_8F_E5M2; }
 enum { C_32F = 68, C_32F_PEDANTIC = 69, C_32F_FAST_TF32 = 77, C_64F = 70 };
 enum { EPI_DEFAULT = 1, EPI_BIAS = 4, EPI_GELU_BIAS = 36 };
 enum { MAGIC_HANDLE = 0x4c74, MAGIC_DESC = 0x4465, MAGIC_LAYOUT = 0x4c61, MAGIC_PREF = 0x5072,
@@ -56,6 +67,7 @@ typedef struct {
   uint32_t epilogue;
   const void *bias;
   int64_t bias_stride;
+  const void *scale_a, *scale_b;   /* fp8: A_SCALE_POINTER, B_SCALE_POINTER (device floats) */
 } Desc;
 
 typedef struct {
@@ -97,6 +109,7 @@ static struct {
   int (*host_fn)(void *stream, void (*fn)(void *), void *user);
   int (*is_capturing)(void *stream, int *status);
   int (*ptr_ok)(unsigned long long p, size_t bytes);
+  int (*current_sm)(void);
   void *h;
 } drv;
 
@@ -109,6 +122,7 @@ static void driver(void) {
   *(void **)&drv.host_fn = dlsym(drv.h, "cuLaunchHostFunc");
   *(void **)&drv.is_capturing = dlsym(drv.h, "cuStreamIsCapturing");
   *(void **)&drv.ptr_ok = dlsym(drv.h, "fake_cuda_ptr_ok");
+  *(void **)&drv.current_sm = dlsym(drv.h, "fake_cuda_current_sm");
 }
 
 /* ---- status names ---- */
@@ -121,6 +135,7 @@ EXPORT const char *cublasLtGetStatusName(St s) {
   case S_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
   case S_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
   case S_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+  case S_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
   default: return "CUBLAS_STATUS_UNKNOWN";
   }
 }
@@ -183,6 +198,8 @@ EXPORT St cublasLtMatmulDescSetAttribute(Desc *d, int attr, const void *buf, siz
   case 7: field = &d->epilogue; want = 4; break;
   case 8: field = &d->bias; want = sizeof(void *); break;
   case 10: field = &d->bias_stride; want = 8; break;
+  case 17: field = &d->scale_a; want = sizeof(void *); break;
+  case 18: field = &d->scale_b; want = sizeof(void *); break;
   default: return S_NOT_SUPPORTED;   /* a fake limitation: the device layer must not rely on it */
   }
   if (size != want) return S_INVALID_VALUE;
@@ -195,7 +212,7 @@ EXPORT St cublasLtMatmulDescSetAttribute(Desc *d, int attr, const void *buf, siz
 }
 
 EXPORT St cublasLtMatrixLayoutCreate(Layout **l, uint32_t type, uint64_t rows, uint64_t cols, int64_t ld) {
-  if (!l || (type != R_32F && type != R_64F && type != R_16F && type != R_16BF)) return S_INVALID_VALUE;
+  if (!l || (type != R_32F && type != R_64F && type != R_16F && type != R_16BF && !is_fp8(type))) return S_INVALID_VALUE;
   if (!rows || !cols || ld < (int64_t)rows) return S_INVALID_VALUE;   /* column order: ld >= rows */
   *l = calloc(1, sizeof **l);
   if (!*l) return S_ALLOC_FAILED;
@@ -262,6 +279,18 @@ EXPORT St cublasLtMatmulPreferenceSetAttribute(Pref *p, int attr, const void *bu
 /* ---- what ran: the tests ask how many matmuls of each A type ---- */
 static long matmuls[4];   /* R_32F, R_64F, R_16F, other (R_16BF) */
 static int type_slot(uint32_t t) { return t == R_32F ? 0 : t == R_64F ? 1 : t == R_16F ? 2 : 3; }
+/* fp8 matmuls by cuBLASLt's A and B type (0 E4M3, 1 E5M2), not in
+ * matmuls[]: counted when they RUN (run_job), so a graph's replays count */
+static long matmuls8[2][2];
+/* The fp8 matmuls run so far whose A is of CUDA data type type_a and B
+ * of type_b (28 CUDA_R_8F_E4M3, 29 CUDA_R_8F_E5M2; -1: any). */
+EXPORT long fake_cublaslt_fp8_matmuls(int type_a, int type_b) {
+  long n = 0;
+  for (int a = 0; a < 2; a++)
+    for (int b = 0; b < 2; b++)
+      if ((type_a < 0 || type_a == R_8F_E4M3 + a) && (type_b < 0 || type_b == R_8F_E4M3 + b)) n += matmuls8[a][b];
+  return n;
+}
 /* The matmuls issued so far whose A and B are of CUDA data type `type`
  * (0 CUDA_R_32F, 1 CUDA_R_64F, 2 CUDA_R_16F, 14 CUDA_R_16BF) and whose D
  * is `dtype` (-1: any). */
@@ -273,7 +302,7 @@ EXPORT long fake_cublaslt_matmuls(int type, int dtype) {
 
 /* ---- heuristic and matmul ---- */
 
-static size_t type_size(uint32_t t) { return t == R_64F ? 8 : t == R_32F ? 4 : 2; }
+static size_t type_size(uint32_t t) { return t == R_64F ? 8 : t == R_32F ? 4 : is_fp8(t) ? 1 : 2; }
 
 /* The configuration an algorithm is for (data[1] of the algo). */
 static uint64_t config_hash(const Desc *d, const Layout *a, const Layout *b, const Layout *c, const Layout *dl) {
@@ -284,6 +313,7 @@ static uint64_t config_hash(const Desc *d, const Layout *a, const Layout *b, con
     const unsigned char *q = parts[p];
     for (size_t i = 0; i < sizes[p]; i++) {
       if (p == 0 && i >= offsetof(Desc, bias) && i < offsetof(Desc, bias) + sizeof(void *)) continue;
+      if (p == 0 && i >= offsetof(Desc, scale_a) && i < offsetof(Desc, scale_b) + sizeof(void *)) continue;
       h = (h ^ q[i]) * 1099511628211ull;
     }
   }
@@ -305,7 +335,16 @@ static St check(const Desc *d, const Layout *a, const Layout *b, const Layout *c
    * with CUBLAS_COMPUTE_32F (or its pedantic form), never FAST_TF32;
    * everything else (f32 into bf16, bf16 into f64, mixed A and B) is
    * CUBLAS_STATUS_NOT_SUPPORTED */
-  if (a->type != b->type || c->type != dl->type) return S_NOT_SUPPORTED;
+  if (c->type != dl->type) return S_NOT_SUPPORTED;
+  if (is_fp8(a->type) || is_fp8(b->type)) {   /* fp8: its own rules (the head of this file) */
+    if (!is_fp8(a->type) || !is_fp8(b->type) || (a->type == R_8F_E5M2 && b->type == R_8F_E5M2)) return S_NOT_SUPPORTED;
+    if (d->compute != C_32F || d->scale != R_32F || (c->type != R_16BF && c->type != R_32F)) return S_NOT_SUPPORTED;
+    if (d->transa != 1 || d->transb != 0) return S_NOT_SUPPORTED;   /* "TN" only */
+    if (d->epilogue != EPI_DEFAULT) return S_NOT_SUPPORTED;
+    if (drv.current_sm && drv.current_sm() < 89) return S_ARCH_MISMATCH;
+    return S_OK;
+  }
+  if (a->type != b->type) return S_NOT_SUPPORTED;
   int ok = 0;
   if (d->compute == C_64F) ok = a->type == R_64F && c->type == R_64F;
   else if (a->type == R_32F) ok = c->type == R_32F;
@@ -339,8 +378,20 @@ EXPORT St cublasLtMatmulAlgoGetHeuristic(Handle *h, Desc *d, Layout *a, Layout *
   return S_OK;
 }
 
+/* fp8 code c with mbits mantissa bits and exponent bias (E4M3: S.1111.111
+ * NaN, no infinity; E5M2: IEEE) */
+static double load8(uint8_t c, int mbits, int bias) {
+  int eb = 7 - mbits, e = (c >> mbits) & ((1 << eb) - 1), m = c & ((1 << mbits) - 1);
+  double v = e == 0 ? ldexp(m, 1 - bias - mbits) : ldexp(m + (1 << mbits), e - bias - mbits);
+  if (eb == 4 && e == 15 && m == 7) v = NAN;
+  if (eb == 5 && e == 31) v = m ? NAN : INFINITY;
+  return c & 0x80 ? -v : v;
+}
+
 static double load(const void *p, uint32_t t, int64_t i) {
   switch (t) {
+  case R_8F_E4M3: return load8(((const uint8_t *)p)[i], 3, 7);
+  case R_8F_E5M2: return load8(((const uint8_t *)p)[i], 2, 15);
   case R_64F: return ((const double *)p)[i];
   case R_32F: return ((const float *)p)[i];
   case R_16BF: {
@@ -388,6 +439,7 @@ static void store(void *p, uint32_t t, int64_t i, double v) {
 static void run_job(void *user) {
   Job *j = user;
   const Desc *d = &j->d;
+  if (is_fp8(j->a.type)) __atomic_add_fetch(&matmuls8[j->a.type - R_8F_E4M3][j->b.type - R_8F_E4M3], 1, __ATOMIC_RELAXED);
   uint64_t M = j->dl.rows, N = j->dl.cols, K = d->transa ? j->a.rows : j->a.cols;
   int f32 = d->compute != C_64F;
   for (int32_t bi = 0; bi < j->dl.batch; bi++) {
@@ -409,6 +461,8 @@ static void run_job(void *user) {
           else acc += x * y;
         }
         double v = j->alpha * (f32 ? (double)accf : acc);
+        if (d->scale_a) v *= *(const float *)d->scale_a;   /* fp8: D = alpha sa sb op(A) op(B) */
+        if (d->scale_b) v *= *(const float *)d->scale_b;
         if (j->beta != 0) v += j->beta * load(C, j->c.type, (int64_t)(i + jj * j->c.ld));
         if (d->epilogue == EPI_BIAS || d->epilogue == EPI_GELU_BIAS) v += load(bias, j->dl.type, (int64_t)i);
         if (d->epilogue == EPI_GELU_BIAS) v = 0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
@@ -449,8 +503,14 @@ EXPORT St cublasLtMatmul(Handle *h, Desc *d, const void *alpha, const void *A, L
   }
   Job *j = calloc(1, sizeof *j);
   if (!j) return S_ALLOC_FAILED;
-  matmuls[type_slot(la->type)]++;
-  matmuls_d[type_slot(la->type)][type_slot(ld->type)]++;
+  if (is_fp8(la->type)) {
+    if (!d->scale_a || !d->scale_b || (drv.ptr_ok && (!drv.ptr_ok((uintptr_t)d->scale_a, 4) ||
+                                                     !drv.ptr_ok((uintptr_t)d->scale_b, 4))))
+      return S_INVALID_VALUE;   /* the scales: device pointers (cuBLASLt reads them at run time) */
+  } else {
+    matmuls[type_slot(la->type)]++;
+    matmuls_d[type_slot(la->type)][type_slot(ld->type)]++;
+  }
   *j = (Job){.d = *d, .a = *la, .b = *lb, .c = *lc, .dl = *ld, .A = A, .B = B, .C = C, .D = D};
   /* alpha and beta are read now (host pointer mode), as documented */
   j->alpha = d->scale == R_64F ? *(const double *)alpha : *(const float *)alpha;

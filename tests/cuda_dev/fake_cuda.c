@@ -277,6 +277,9 @@ static Alloc *find_alloc(unsigned long long p, size_t bytes) {
 }
 
 EXPORT int fake_cuda_ptr_ok(unsigned long long p, size_t bytes) { return find_alloc(p, bytes ? bytes : 1) != NULL; }
+/* The compute capability * 10 of the current context's device (0: none):
+ * the fake cuBLASLt's fp8 GEMMs need 89 or more, as cuBLASLt's. */
+EXPORT int fake_cuda_current_sm(void) { return cur && cur->dev >= 0 && cur->dev < F.ndev ? F.sm[cur->dev] : 0; }
 
 /* ---- the common prologue of every entry point ---- */
 

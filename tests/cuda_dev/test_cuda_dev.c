@@ -914,6 +914,113 @@ static const char *case_str(const Case *c, char *buf, size_t n) {
   return buf;
 }
 
+
+/* fp8 GEMMs (--fp8; dev_cublaslt.c's rt_cublaslt_gemm8) on the fake
+ * cuBLASLt, which keeps cuBLASLt's fp8 rules: the three type pairs, D bf16
+ * or f32, the TN form (ta=0 tb=1 in RtGemm's row-major terms), the
+ * operands' scale_inv as device pointers multiplying the product, sm_89+.
+ * Each legal case against a double loop over the decoded codes; the fake's
+ * fp8 counter; the refusals, by the device layer and (asked directly) by
+ * the fake: a non-TN call, e5m2 x e5m2, an sm_80 device. */
+static long (*fp8_matmuls)(int, int);
+static double gemm8_case(RtDev *d, IrDtype a8, IrDtype b8, IrDtype dt, int64_t m, int64_t n, int64_t k, float sa,
+                         float sb) {
+  uint8_t *A = malloc((size_t)(m * k)), *B = malloc((size_t)(n * k));   /* A [m, k], B [n, k]: TN */
+  for (int64_t i = 0; i < m * k; i++) A[i] = a8 == IR_F8E4M3 ? ts_f32_to_f8e4m3(8 * (float)urand()) : ts_f32_to_f8e5m2(8 * (float)urand());
+  for (int64_t i = 0; i < n * k; i++) B[i] = b8 == IR_F8E4M3 ? ts_f32_to_f8e4m3(8 * (float)urand()) : ts_f32_to_f8e5m2(8 * (float)urand());
+  size_t es = dt == IR_F32 ? 4 : 2;
+  unsigned char *dA = dalloc(d, (size_t)(m * k)), *dB = dalloc(d, (size_t)(n * k)), *dC = dalloc(d, (size_t)(m * n) * es);
+  float *ds = dalloc(d, 8), sc[2] = {sa, sb};
+  unsigned char *R = malloc((size_t)(m * n) * es);
+  OK(d->ops->h2d(d, dA, A, (size_t)(m * k), RT_STREAM_COMPUTE, E));
+  OK(d->ops->h2d(d, dB, B, (size_t)(n * k), RT_STREAM_COMPUTE, E));
+  OK(d->ops->h2d(d, ds, sc, 8, RT_STREAM_COMPUTE, E));
+  RtGemm g = {.dtype = dt, .ab_dtype = a8, .b8_dtype = b8, .ta = 0, .tb = 1, .m = m, .n = n, .k = k, .lda = k,
+              .ldb = k, .ldc = n, .batch = 1, .alpha = 1, .a = dA, .b = dB, .c = dC, .scale_a = ds, .scale_b = ds + 1};
+  OK(d->ops->gemm(d, &g, RT_STREAM_COMPUTE, E));
+  OK(d->ops->d2h(d, R, dC, (size_t)(m * n) * es, RT_STREAM_COMPUTE, E));
+  OK(d->ops->sync(d, RT_STREAM_COMPUTE, E));
+  double worst = 0;
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t j = 0; j < n; j++) {
+      double acc = 0;
+      for (int64_t p = 0; p < k; p++)
+        acc += (a8 == IR_F8E4M3 ? ts_f8e4m3_to_f32(A[i * k + p]) : ts_f8e5m2_to_f32(A[i * k + p])) *
+               (double)(b8 == IR_F8E4M3 ? ts_f8e4m3_to_f32(B[j * k + p]) : ts_f8e5m2_to_f32(B[j * k + p]));
+      double want = (double)sa * sb * acc, got = get(R, dt == IR_F32 ? RT_LT_ELEM_F32 : RT_LT_ELEM_BF16, (size_t)(i * n + j));
+      double e = fabs(got - want) / fmax(fabs(want), 1);
+      if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+    }
+  d->ops->free(d, dA), d->ops->free(d, dB), d->ops->free(d, dC), d->ops->free(d, ds);
+  free(A), free(B), free(R);
+  return worst;
+}
+
+static void test_gemm8(const char *cuda, const char *lt) {
+  int sm[2] = {90, 80};
+  use_fakes(cuda, lt, 2, sm, 0);
+  void *h = dlopen(lt, RTLD_NOW | RTLD_LOCAL);
+  CHECK(h, "cannot load the fake cuBLASLt %s", lt);
+  if (!h) return;
+  *(void **)&fp8_matmuls = sym(h, "fake_cublaslt_fp8_matmuls");
+  RtDev *d = open_dev(0);
+  static const IrDtype pairs[3][2] = {{IR_F8E4M3, IR_F8E4M3}, {IR_F8E4M3, IR_F8E5M2}, {IR_F8E5M2, IR_F8E4M3}};
+  static const int64_t shapes[][3] = {{7, 5, 3}, {16, 32, 48}, {1, 9, 4}};
+  double w[2] = {0, 0};
+  int ncases = 0;
+  for (int p = 0; p < 3; p++)
+    for (int f = 0; f < 2; f++)
+      for (int s = 0; s < 3; s++) {
+        IrDtype dt = f ? IR_F32 : IR_BF16;
+        double e = gemm8_case(d, pairs[p][0], pairs[p][1], dt, shapes[s][0], shapes[s][1], shapes[s][2],
+                              s == 1 ? 0.03125f : 1.0f, s == 2 ? 3.0f : 0.5f);
+        CHECK(e <= (f ? 1e-5 : 8e-3), "fp8 %s x %s -> %s m=%lld: error %.3g", ir_dtype_name(pairs[p][0]),
+              ir_dtype_name(pairs[p][1]), ir_dtype_name(dt), (long long)shapes[s][0], e);
+        w[f] = fmax(w[f], e);
+        ncases++;
+      }
+  /* cuBLASLt's A is our B: our (e4m3, e5m2) is its (e5m2, e4m3) */
+  long all = fp8_matmuls(-1, -1), e45 = fp8_matmuls(28, 29), e54 = fp8_matmuls(29, 28);
+  printf("%d fp8 GEMM cases (e4m3 x e4m3, e4m3 x e5m2, e5m2 x e4m3; D bf16 or f32): worst relative error %.2e (bf16 D), "
+         "%.2e (f32 D); the fake counted %ld fp8 GEMMs (%ld e4m3 x e5m2, %ld e5m2 x e4m3 in its terms)\n", ncases, w[0],
+         w[1], all, e45, e54);
+  CHECK(all == ncases && e45 == 6 && e54 == 6, "fp8 GEMMs counted %ld (%ld, %ld), want %d (6, 6)", all, e45, e54, ncases);
+  /* refusals by the device layer, in its terms */
+  char err[512];
+  unsigned char *dm = dalloc(d, 256);
+  RtGemm g = {.dtype = IR_BF16, .ab_dtype = IR_F8E4M3, .m = 2, .n = 2, .k = 16, .lda = 16, .ldb = 2, .ldc = 2,
+              .alpha = 1, .a = dm, .b = dm, .c = dm, .scale_a = dm, .scale_b = dm};
+  CHECK(d->ops->gemm(d, &g, 0, err, sizeof err) == -1, "a non-TN fp8 GEMM accepted");
+  MSG(err, "ta=0 tb=0", "only the TN form");
+  g.tb = 1, g.ldb = 16, g.ab_dtype = IR_F8E5M2;
+  CHECK(d->ops->gemm(d, &g, 0, err, sizeof err) == -1, "e5m2 x e5m2 accepted");
+  MSG(err, "f8e5m2 x f8e5m2", "not e5m2 x e5m2");
+  /* ... and by the fake cuBLASLt when asked directly, as cuBLASLt would */
+  g.ab_dtype = IR_F8E4M3, g.ta = 1, g.tb = 0, g.lda = 2, g.ldb = 2;
+  CHECK(rt_cublaslt_gemm(d, &g, (RtLtElem)RT_LT_ELEM_E4M3, RT_LT_ELEM_BF16, 0, err, sizeof err) == -1,
+        "the fake cuBLASLt took a non-TN fp8 GEMM");
+  MSG(err, "CUBLAS_STATUS_NOT_SUPPORTED");
+  g.ta = 0, g.tb = 1, g.lda = 16, g.ldb = 16, g.ab_dtype = IR_F8E5M2, g.b8_dtype = IR_F8E5M2;
+  CHECK(rt_cublaslt_gemm(d, &g, (RtLtElem)RT_LT_ELEM_E5M2, RT_LT_ELEM_BF16, 0, err, sizeof err) == -1,
+        "the fake cuBLASLt took e5m2 x e5m2");
+  MSG(err, "CUBLAS_STATUS_NOT_SUPPORTED");
+  CHECK(fp8_matmuls(-1, -1) == all, "a refused fp8 GEMM was counted");
+  d->ops->free(d, dm);
+  d->ops->close(d);
+  /* an sm_80 device: refused naming the arch (the layer), ARCH_MISMATCH (the fake) */
+  d = open_dev(1);
+  dm = dalloc(d, 256);
+  g = (RtGemm){.dtype = IR_BF16, .ab_dtype = IR_F8E4M3, .tb = 1, .m = 2, .n = 2, .k = 16, .lda = 16, .ldb = 16,
+               .ldc = 2, .alpha = 1, .a = dm, .b = dm, .c = dm, .scale_a = dm, .scale_b = dm};
+  CHECK(d->ops->gemm(d, &g, 0, err, sizeof err) == -1, "an fp8 GEMM on sm_80 accepted");
+  MSG(err, "an fp8 GEMM on sm_80", "sm_89 or newer", "mrun --cpu");
+  CHECK(rt_cublaslt_gemm(d, &g, (RtLtElem)RT_LT_ELEM_E4M3, RT_LT_ELEM_BF16, 0, err, sizeof err) == -1,
+        "the fake cuBLASLt ran fp8 on sm_80");
+  MSG(err, "CUBLAS_STATUS_ARCH_MISMATCH");
+  d->ops->free(d, dm);
+  d->ops->close(d);
+}
+
 static void test_gemm(const char *cuda, const char *lt) {
   int sm[1] = {80};
   use_fakes(cuda, lt, 1, sm, 0);
@@ -1052,6 +1159,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(mode, "old_driver")) test_old_driver(cuda, lt);
   else if (!strcmp(mode, "nolt")) test_nolt(cuda);
   else if (!strcmp(mode, "gemm")) test_gemm(cuda, lt);
+  else if (!strcmp(mode, "gemm8")) test_gemm8(cuda, lt);
   else {
     fprintf(stderr, "test_cuda_dev: unknown mode %s\n", mode);
     return 2;

@@ -59,6 +59,50 @@ static int run_kernel(const char *name, long long blocks, int threads, const voi
   return 0;
 }
 
+
+/* The largest relative difference between the f32 fp8 states (kind=fp8 in
+ * rank_RRRRR.idx: amax, amax_history, scale, scale_inv) of two
+ * checkpoints of `step` of world rank `me` (docs/checkpoints.md; each
+ * element relative to max(|value|, 1e-3)); -1 when unreadable.  *n: the
+ * states compared, *nz: their elements that are not a start value (0, 1). */
+static double fp8_states_diff(const char *a, const char *b, int me, int step, int *n, int *nz, char *where, size_t wn) {
+  char ia[1200], ba[1200], bb[1200];
+  snprintf(ia, sizeof ia, "%s/iter_%07d/rank_%05d.idx", a, step, me);
+  snprintf(ba, sizeof ba, "%s/iter_%07d/rank_%05d.bin", a, step, me);
+  snprintf(bb, sizeof bb, "%s/iter_%07d/rank_%05d.bin", b, step, me);
+  size_t la = 0, lb = 0, li = 0;
+  char *idx = ts_read_file(ia, &li), *da = ts_read_file(ba, &la), *db = ts_read_file(bb, &lb);
+  double worst = idx && da && db && la == lb ? 0 : -1;
+  *n = *nz = 0;
+  for (char *line = idx; worst >= 0 && line && *line;) {
+    char *end = strchr(line, '\n');
+    if (end) *end = 0;
+    char name[256];
+    long long at = -1, bytes = -1;
+    const char *pa = strstr(line, " at="), *pb = strstr(line, " bytes=");
+    if (sscanf(line, "tensor %255s", name) == 1 && strstr(line, " kind=fp8") && pa && pb) {
+      at = atoll(pa + 4);
+      bytes = atoll(pb + 7);
+      if (at < 0 || bytes < 0 || (size_t)(at + bytes) > la) { worst = -1; break; }
+      (*n)++;
+      for (long long i = 0; i < bytes / 4; i++) {
+        float x, y;
+        memcpy(&x, da + at + 4 * i, 4);
+        memcpy(&y, db + at + 4 * i, 4);
+        double e = x == y ? 0 : fabs((double)x - y) / fmax(fabs((double)x), 1e-3);
+        *nz += x != 0 && x != 1;   /* not the start values: an amax seen, a scale moved */
+        if (!(e <= worst)) {
+          worst = isnan(e) ? INFINITY : e;
+          snprintf(where, wn, "%s[%lld]: cpu %.9g gpu %.9g", name, i, x, y);
+        }
+      }
+    }
+    line = end ? end + 1 : NULL;
+  }
+  free(idx), free(da), free(db);
+  return worst;
+}
+
 int main(int argc, char **argv) {
   char err[2048] = "";
   RtComm *world = rt_comm_init_mpi(&argc, &argv, 300, err, sizeof err);
@@ -91,7 +135,13 @@ int main(int argc, char **argv) {
     if (!(rank.group[a] = rt_comm_mesh_group(world, &rank.mesh, (RtMeshAxis)a, err, sizeof err)))
       rt_comm_abort(world, "%s", err);
   }
-  char pc[1024], pd[1024], mc[1024], md[1024];
+  /* --fp8 (states of kind fp8): their final values compared too, through
+   * a checkpoint of each run (fp8_states_diff) */
+  int fp8 = 0;
+  for (int s = 0; s < m->states.n; s++) fp8 |= m->states.a[s].kind == IR_STATE_FP8;
+  char pc[1024], pd[1024], mc[1024], md[1024], kc[1024], kd[1024];
+  snprintf(kc, sizeof kc, "%s/cpu.ckpt", dir);
+  snprintf(kd, sizeof kd, "%s/gpu.ckpt", dir);
   snprintf(pc, sizeof pc, "%s/cpu.params", dir);
   snprintf(pd, sizeof pd, "%s/gpu.params", dir);
   snprintf(mc, sizeof mc, "%s/cpu.jsonl", dir);
@@ -119,6 +169,7 @@ int main(int argc, char **argv) {
   RtExecOpts xo = {.backend = RT_BACKEND_LLVM, .threads = 1, .dp_bucket_bytes = bucket, .no_overlap = !bk};
   rt_exec_set_default(&xo);
   RtTrainOpts to = {.quiet = 1, .metrics_path = mc, .save_params_path = pc, .rank = &rank, .world = world};
+  if (fp8) to.ckpt.save_dir = kc;   /* one checkpoint, after the last step */
   if (gen) to = (RtTrainOpts){.quiet = 1, .rank = &rank, .world = world, .generate = &go, .log = gen_log};
   RtTrainResult res;
   if (rt_train(m, &to, &res, err, sizeof err) != 0) rt_comm_abort(world, "CPU run: %s", err);
@@ -157,6 +208,7 @@ int main(int argc, char **argv) {
   RtTrainOpts tg = to;
   tg.metrics_path = gen ? NULL : md;
   tg.save_params_path = gen ? NULL : pd;
+  if (fp8) tg.ckpt.save_dir = kd;
   if (gen && !(tg.log = fopen(gd, "w"))) rt_comm_abort(world, "%s: %s", gd, strerror(errno));
   if (rt_train(m, &tg, &res, err, sizeof err) != 0) rt_comm_abort(world, "GPU run: %s", err);
   if (gen) {
@@ -192,7 +244,9 @@ int main(int argc, char **argv) {
   *(void **)&last_module = dlsym(fake, "fake_cuda_last_module");
   const char *lm = last_module ? last_module() : "?";
   printf("rank %d: the module loaded as %s; %ld graph launches\n", me, lm, calls("cuGraphLaunch"));
-  CHECK(strcmp(lm, "cubin sm_80") == 0, "the module was loaded as %s, not NVRTC's cubin for sm_80", lm);
+  char want_lm[32];   /* sm_80, or the sm_90 of an --fp8 cell (FAKE_CUDA_DEVICES=90,90) */
+  snprintf(want_lm, sizeof want_lm, "cubin sm_%d", dev->sm);
+  CHECK(strcmp(lm, want_lm) == 0, "the module was loaded as %s, not NVRTC's %s", lm, want_lm);
   /* block micro is captured with its collectives and replayed, unless it
    * has host work: the pipeline's blocks are not "micro", and expert
    * parallelism's all_to_all_v brings counts to the host */
@@ -247,6 +301,20 @@ int main(int argc, char **argv) {
     long h16 = lt_count(2, -1), h16_32 = lt_count(2, 0);
     printf("rank %d: cuBLASLt matmuls: %ld f32, %ld f64, %ld bf16 (%ld of them into f32), %ld f16 (%ld into f32)\n", me,
            g32, g64, g16, g16_32, h16, h16_32);
+    if (fp8) {
+      /* --fp8: every matmul8 of block micro is one fp8 GEMM per micro
+       * batch (dp ranks share the global batch); the others stay bf16 */
+      long (*lt8)(int, int) = (long (*)(int, int))dlsym(lt, "fake_cublaslt_fp8_matmuls");
+      long g8 = lt8 ? lt8(-1, -1) : -1, g8_45 = lt8 ? lt8(28, 29) + lt8(29, 28) : -1, nmm8 = 0;
+      int bm = ir_block_find(m, "micro");
+      for (int i = 0; bm >= 0 && i < m->blocks.a[bm].n; i++) nmm8 += m->blocks.a[bm].nodes[i].op == IR_OP_MATMUL8;
+      int64_t dp = plan->mesh.dp > 1 ? plan->mesh.dp : 1, mb = m->train.micro_batch > 0 ? m->train.micro_batch : 1;
+      long want = nmm8 * (long)(m->train.global_batch / (mb * dp)) * (long)m->train.steps;
+      printf("rank %d: cuBLASLt fp8 GEMMs: %ld (%ld of them e4m3 x e5m2 or e5m2 x e4m3: the gradients); %ld matmul8 in "
+             "block micro x %lld micro batches x %lld steps = %ld\n", me, g8, g8_45, nmm8,
+             (long long)(m->train.global_batch / (mb * dp)), (long long)m->train.steps, want);
+      CHECK(nmm8 > 0 && g8 == want && g8_45 > 0, "fp8 GEMMs: %ld run, %ld wanted (%ld mixed)", g8, want, g8_45);
+    }
     if (m->train.lowp == IR_BF16)
       CHECK(g16 > 0 && g16_32 > 0 && g32 == 0 && g64 == 0 && h16 == 0, "bf16 plan: %ld bf16 GEMMs (%ld into f32), "
             "%ld f32, %ld f64, %ld f16: every GEMM must read bf16 operands", g16, g16_32, g32, g64, h16);
@@ -278,6 +346,14 @@ int main(int argc, char **argv) {
     }
     rt_params_free(a);
     rt_params_free(b);
+  }
+  if (fp8) {   /* each rank its own file: the fp8 states (scales, amax histories) */
+    char where[512] = "";
+    int nst = 0, nz = 0;
+    double e = fp8_states_diff(kc, kd, me, (int)m->train.steps, &nst, &nz, where, sizeof where);
+    printf("rank %d: %d fp8 states (%d values not at their start) after %d steps: max rel diff %.3e (%s)\n", me, nst,
+           nz, (int)m->train.steps, e, where);
+    CHECK(nst > 0 && nz > 0 && e >= 0 && e <= tol, "fp8 states differ by %.3e > %.1e (%s)", e, tol, where);
   }
 finish:;
   double bad = check_bad();

@@ -58,6 +58,31 @@ done
 run gpt_sgd_dp2 gpt $tiny_gpt --optimizer sgd --nesterov --dp 2
 run llama_lion_dp2 llama $tiny_llama --optimizer lion --dp 2
 run gpt_muon_dp2 gpt $tiny_gpt --optimizer muon --dp 2
+# --fp8 (cuBLASLt's fp8 GEMMs: sm_89 and newer, so sm_90 alone): the quantizing
+# kernels, the amax block reductions, the scale updates and matmul8's TN
+# transposes (codegen/cuda_fp8.c) of gpt and llama in the module, all of
+# it within ptxas' limits (mcc --target's check)
+run90() {   # NAME MODEL ARGS...
+  local name=$1 model=$2
+  shift 2
+  rm -rf "$name.cu"
+  if "$mcc" "$src/samples/$model.mdl" "$@" --target sm_90 --emit=cuda "$name.cu" 2> "$name.log" &&
+     grep -q "sm_90: .* registers, \(no spills\|at most [0-9]* bytes of spills or stack\)" "$name.log"; then
+    local k missing=""
+    for k in quant8 amax_acc fp8_scale matmul8; do
+      grep -q "__global__ .*${k}_[0-9a-f]*_[0-9](TsArgs" "$name".cu/*.cu || missing="$missing $k"
+    done
+    if [ -n "$missing" ]; then echo "FAIL $name: no kernel for$missing"; fails=$((fails + 1)); return; fi
+    echo "ok   $name: $(grep "sm_90" "$name.log" | head -1 | sed 's/^mcc: //')"
+  else
+    echo "FAIL $name:"; cat "$name.log"; fails=$((fails + 1))
+  fi
+}
+fp8="--precision bf16 --fp8 hybrid --fp8-all-layers"
+run90 gpt_fp8 gpt $tiny_gpt $fp8
+run90 gpt_fp8_dp2_tp2 gpt $tiny_gpt $fp8 --dp 2 --tp 2 --sp
+run90 llama_fp8 llama $tiny_llama $fp8
+run90 gpt_wide_fp8 gpt $wide_gpt $fp8 --fp8-amax-compute-algo max --fp8-margin 1
 # the images are in the plan, in its text form too
 "$mcc" "$src/samples/gpt.mdl" $tiny_gpt --target sm_90 --emit=plan-text -o gpt.txt 2> /dev/null
 if ! grep -q "^cuda 1$" gpt.txt || ! grep -q "^image program 0 sm_90 hash" gpt.txt; then
