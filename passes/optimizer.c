@@ -111,7 +111,10 @@ typedef struct {
   int g, p;          /* grad state, param state */
   int w;             /* the state adamw updates: p, or (ZeRO-3) p's shard */
   unsigned split;    /* live non-dp axes splitting the grad: its square sum is partial over them */
-  int64_t n, c;      /* numel of the local param; ZeRO chunk ceil(n / dp) */
+  int64_t n, c;      /* numel of the local param; ZeRO chunk ceil(n / zn) */
+  unsigned zax;      /* ZeRO-1: the axes its optimizer state is sharded over, DP_BIT and the live cp / ep
+                        axes its gradient is partial over (Megatron's data-parallel group: docs/sharding.md) */
+  int zn;            /* the number of ranks of zax (dp without ZeRO-1) */
   int val;           /* the rank's true local gradient [param type], or (ZeRO) its reduced chunk [c] */
   uint64_t ranks;    /* pipeline: pp coordinates whose chunks use it (bit r); 0 with pp = 1 */
   int in_norm;       /* counted in this block's norm (pipeline: only on its lowest rank) */
@@ -128,17 +131,21 @@ static IrSharding sh_partial(unsigned mask) {
   s.partial = (uint8_t)mask;
   return s;
 }
-static IrSharding sh_flat_dp(void) {
+/* A ZeRO moment state: a flat chunk over the parameter's data-parallel
+ * axes (dp, or dp+cp / dp+ep: Grad.zax). */
+static IrSharding sh_flat(unsigned zax) {
   IrSharding s;
   memset(&s, 0, sizeof s);
-  s.flat = (uint8_t)DP_BIT;
+  s.flat = (uint8_t)zax;
   return s;
 }
-/* A dp chunk of a flattened vector: its dim 0 split over dp. */
-static IrSharding sh_chunk_dp(void) {
+/* A chunk of a flattened vector: its dim 0 split over the axes zax.  Its
+ * cp level is contiguous (cp*), not the sequence's causal zigzag: a flat
+ * vector is cut into plain blocks, block dp_coord * cp + cp_coord. */
+static IrSharding sh_chunk(unsigned zax) {
   IrSharding s;
   memset(&s, 0, sizeof s);
-  s.split[0] = (uint8_t)DP_BIT;
+  s.split[0] = (uint8_t)(zax | (zax & (1u << IR_AXIS_CP) ? IR_SPLIT_CP_MINOR : 0));
   return s;
 }
 static void type_vec(IrType *t, IrDtype dt, int64_t n) {
@@ -158,8 +165,9 @@ static int flat_padded(Em *e, int x, const Grad *gr, const Mesh *ms, const IrSha
     type_vec(&ft, t.dtype, gr->n);
     x = em(e, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &ft, sh);
   }
-  if (gr->c * ms->dp > gr->n) {
-    int64_t ia[3] = {0, 0, gr->c * ms->dp - gr->n};
+  (void)ms;
+  if (gr->c * gr->zn > gr->n) {
+    int64_t ia[3] = {0, 0, gr->c * gr->zn - gr->n};
     x = em(e, IR_OP_PAD, &x, 1, ia, NULL, NULL, NULL, sh);
   }
   return x;
@@ -172,6 +180,49 @@ static void say(Em *e, int id, const char *fmt, const char *param) {
   char buf[512];
   snprintf(buf, sizeof buf, fmt, param);
   e->m->blocks.a[e->b].nodes[id].why = ts_intern(buf);
+}
+
+/* ZeRO-1: the rank's chunk [c] of gradient v (partial over dp and over
+ * the axes of `partial` among gr->zax, replicated over the others): the
+ * flattened, padded vector [zn*c] cut over the axes of zax, outer axis
+ * major (block dp_coord * cp + cp_coord for dp+cp).  Axis by axis, outer
+ * to inner: a reduce-scatter over a run of axes it is partial over (one
+ * collective over dp+cp when the cp ranks hold partial sums, as Megatron's
+ * reduce-scatter over its data-parallel group), a shard_slice over a run
+ * of axes it is replicated over (each cp rank keeps its part of the dp
+ * rank's block: no communication). */
+static int zero_chunk(Em *e, int v, const Grad *gr, const Mesh *ms, unsigned partial) {
+  unsigned pend = (partial & gr->zax) | DP_BIT, done = 0;
+  IrSharding cur = sh_partial(pend);
+  v = flat_padded(e, v, gr, ms, &cur);
+  const char *name = e->m->states.a[gr->p].name;
+  for (int a = 0; a < IR_AXIS_COUNT;) {
+    if (!(gr->zax & (1u << a))) { a++; continue; }
+    unsigned part = (pend >> a) & 1u, run = 0;
+    int b = a;
+    for (; b < IR_AXIS_COUNT; b++) {
+      if (!(gr->zax & (1u << b))) continue;
+      if (((pend >> b) & 1u) != part) break;
+      run |= 1u << b;
+    }
+    done |= run;
+    cur.partial &= (uint8_t)~run;
+    cur.split[0] = sh_chunk(done).split[0];
+    int64_t ia[2] = {ir_axes_attr(run), 0};
+    v = em(e, part ? IR_OP_REDUCE_SCATTER : IR_OP_SHARD_SLICE, &v, 1, ia, NULL, NULL, NULL, &cur);
+    if (!part)
+      say(e, v, "ZeRO-1 over the joint data-parallel group: the gradient of %s is the same on these ranks (its "
+          "micro block gathered the activations), so each keeps its part of the chunk without communicating", name);
+    else if (run == DP_BIT)
+      say(e, v, "ZeRO-1: the gradient of %s is summed over the dp ranks once per step, each rank getting the chunk "
+          "whose optimizer state it holds", name);
+    else
+      say(e, v, "ZeRO-1 over the joint data-parallel group: the gradient of %s, a partial sum over dp and over the "
+          "cp / ep ranks (each saw its share of the tokens), is summed over all of them once per step in one "
+          "reduce-scatter, each rank getting the chunk whose optimizer state it holds", name);
+    a = b;
+  }
+  return v;
 }
 
 /* Step 1: the gradient value G of gr (sets gr->val). */
@@ -205,7 +256,8 @@ static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
    * over pp a gradient is summed by group_sum only */
   sh.partial &= (uint8_t)((ms->live | DP_BIT) & ~PP_BIT);
   for (int a = 0; a < IR_AXIS_COUNT; a++) {
-    if (a == IR_AXIS_DP || !(sh.partial & (1u << a))) continue;
+    /* ZeRO-1: the data-parallel axes (zax) are reduce-scattered together below */
+    if (a == IR_AXIS_DP || !(sh.partial & (1u << a)) || (ms->zero && !gs->sh.flat && (gr->zax & (1u << a)))) continue;
     sh.partial &= (uint8_t)~(1u << a);
     int64_t ia[2] = {a, 0};
     v = em(e, IR_OP_ALL_REDUCE, &v, 1, ia, NULL, NULL, NULL, &sh);
@@ -223,12 +275,7 @@ static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
     say(e, v, "data parallelism (--no-zero): the gradient of %s is summed over the dp ranks once per step",
         e->m->states.a[gr->p].name);
   } else if (ms->zero) {
-    IrSharding pd = sh_partial(DP_BIT), ch = sh_chunk_dp();
-    v = flat_padded(e, v, gr, ms, &pd);
-    int64_t ia[2] = {IR_AXIS_DP, 0};
-    v = em(e, IR_OP_REDUCE_SCATTER, &v, 1, ia, NULL, NULL, NULL, &ch);
-    say(e, v, "ZeRO-1: the gradient of %s is summed over the dp ranks once per step, each rank getting the chunk "
-        "whose optimizer state it holds", e->m->states.a[gr->p].name);
+    v = zero_chunk(e, v, gr, ms, sh.partial);
   }
   gr->val = v;
 }
@@ -236,7 +283,7 @@ static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
 /* Step 2 for one gradient: its square sum as a precision scalar, partial
  * over the axes splitting it (and over dp with ZeRO: chunks are disjoint). */
 static int grad_sumsq(Em *e, const Grad *gr, const Mesh *ms) {
-  IrSharding sh = sh_partial(gr->split | (ms->zero ? DP_BIT : 0) | ms->ppn);
+  IrSharding sh = sh_partial(gr->split | (ms->zero ? gr->zax : 0) | ms->ppn);
   int sq = em(e, IR_OP_SUMSQ, &gr->val, 1, NULL, NULL, NULL, NULL, &sh);
   if (!e->failed && e->m->blocks.a[e->b].nodes[sq].type.dtype != ms->prec) {
     IrType ct = {ms->prec, 0, {0}, {0}};
@@ -283,7 +330,8 @@ static int values_and_norm(Em *e, Grad *grads, int ng, const Mesh *ms) {
     if (!comm_first) grad_value(e, &grads[k], ms);
     if (!grads[k].in_norm) continue;
     int sq = grad_sumsq(e, &grads[k], ms);
-    unsigned s = grads[k].split;
+    /* a ZeRO chunk over dp+cp: its square sum is partial over cp too */
+    unsigned s = grads[k].split | (ms->zero ? grads[k].zax & ~DP_BIT : 0);
     if (sum[s] < 0) { sum[s] = sq; order[nsets++] = (int)s; continue; }
     IrSharding sh = sh_partial(s | zdp);
     int in[2] = {sum[s], sq};
@@ -325,7 +373,7 @@ static int moment_state(Em *e, const Grad *gr, int flat, IrStateKind kind, const
   IrState *d = &m->states.a[s];
   if (flat) {
     type_vec(&d->type, ps->type.dtype, gr->c);
-    d->sh = sh_flat_dp();
+    d->sh = sh_flat(gr->zax);
     memset(d->logical, 0, sizeof d->logical);
   } else {
     d->type = ps->type;
@@ -536,11 +584,11 @@ static void step_muon(Em *e, const Grad *gr, const Mesh *ms, int coef) {
   int g = step_grad(e, gr);
   if (ms->zero) {   /* the reduced chunk [c] -> the whole (tp-local) gradient */
     IrSharding none = sh_partial(0);
-    int64_t ia[2] = {IR_AXIS_DP, 0};
+    int64_t ia[2] = {ir_axes_attr(gr->zax), 0};
     g = em(e, IR_OP_ALL_GATHER, &g, 1, ia, NULL, NULL, NULL, &none);
     say(e, g, "muon: the update of %s needs the whole matrix: the dp ranks' reduced chunks of its gradient are "
         "gathered (with the reduce_scatter, the bytes of an all_reduce)", name);
-    if (gr->c * ms->dp > gr->n) {
+    if (gr->c * gr->zn > gr->n) {
       int64_t sa[3] = {0, 0, gr->n};
       g = em(e, IR_OP_SLICE, &g, 1, sa, NULL, NULL, NULL, &none);
     }
@@ -638,15 +686,17 @@ static const struct {
 static void rebuild_param(Em *e, const Grad *gr, const Mesh *ms) {
   const IrState *ps = &e->m->states.a[gr->p];
   IrType pt = ps->type;
-  IrSharding psh = ps->sh, none = sh_partial(0), ch = sh_chunk_dp();
+  IrSharding psh = ps->sh, none = sh_partial(0), ch = sh_chunk(gr->zax);
   int64_t pi[1] = {gr->p};
   int x = em(e, IR_OP_STATE, NULL, 0, pi, NULL, NULL, &pt, &psh);
   x = flat_padded(e, x, gr, ms, &none);
-  int64_t ia[2] = {IR_AXIS_DP, 0};
+  int64_t ia[2] = {ir_axes_attr(gr->zax), 0};
   x = em(e, IR_OP_SHARD_SLICE, &x, 1, ia, NULL, NULL, NULL, &ch);
   x = em(e, IR_OP_ALL_GATHER, &x, 1, ia, NULL, NULL, NULL, &none);
-  say(e, x, "ZeRO-1: %s is re-assembled from the chunks the dp ranks updated", ps->name);
-  if (gr->c * ms->dp > gr->n) {
+  say(e, x, gr->zax == DP_BIT ? "ZeRO-1: %s is re-assembled from the chunks the dp ranks updated"
+                              : "ZeRO-1: %s is re-assembled from the chunks the ranks of its joint data-parallel "
+                                "group (dp+cp / dp+ep) updated", ps->name);
+  if (gr->c * gr->zn > gr->n) {
     int64_t sa[3] = {0, 0, gr->n};
     x = em(e, IR_OP_SLICE, &x, 1, sa, NULL, NULL, NULL, &none);
   }
@@ -799,6 +849,8 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
       g->w = sh;
       g->n = ir_type_numel(&ps->type);
       g->c = ir_type_numel(&gs->type);
+      g->zax = DP_BIT;   /* ZeRO-3's shards are over dp (the update all-reduces them over cp / ep) */
+      g->zn = ms->dp;
       for (int d = 0; d < IR_MAX_RANK; d++) g->split |= ps->sh.split[d];
       g->split &= ms->live;
       g->val = -1;
@@ -844,7 +896,16 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
     g->w = p;
     g->split = split & ms->live;
     g->n = ir_type_numel(&ps->type);
-    g->c = (g->n + ms->dp - 1) / ms->dp;
+    /* ZeRO-1's data-parallel group: dp, and the cp / ep ranks the
+     * parameter is replicated over (Megatron-Core shards the distributed
+     * optimizer over dp x cp, and non-expert parameters over dp x ep too;
+     * an expert is split over ep, so its group is dp) */
+    g->zax = DP_BIT;
+    if (ms->zero && !ms->z3) g->zax |= ms->live & ~split & ((1u << IR_AXIS_CP) | (1u << IR_AXIS_EP));
+    g->zn = 1;
+    for (int a = 0; a < IR_AXIS_COUNT; a++)
+      if (g->zax & (1u << a)) g->zn *= ir_axis_size(m, (IrAxis)a);
+    g->c = (g->n + g->zn - 1) / g->zn;
     g->val = -1;
     g->ranks = 0;
     g->in_norm = 1;
