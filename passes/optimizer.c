@@ -1220,8 +1220,53 @@ static double muon_sent(const IrModule *m, int a) {
   return sent;
 }
 
+/* ZeRO-1 over the joint data-parallel group (dp+cp / dp+ep: the moments'
+ * flat mask wider than dp): the update block's gradient reduce-scatters
+ * and parameter all-gathers over dp and over the set, ring bytes, next to
+ * Megatron's distributed optimizer over dp x cp, 2 (N-1)/N P E. */
+static void zero_joint_report(const IrModule *m, StrBuf *out) {
+  unsigned zmask = 0;
+  double P = 0;
+  for (int s = 0; s < m->states.n; s++) {
+    const IrState *st = &m->states.a[s];
+    if (st->kind != IR_STATE_ADAM_M || !st->sh.flat || st->of < 0) continue;
+    zmask |= st->sh.flat;
+    P += (double)ir_type_numel(&m->states.a[st->of].type);
+  }
+  if (!(zmask & ~DP_BIT) || !m->par.zero || m->par.zero == 3) return;
+  double rs_set = 0, rs_dp = 0, ag = 0;
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    if (strncmp(b->name, "update", 6)) continue;
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *nd = &b->nodes[i];
+      unsigned mask = ir_axes_mask(nd->ia[0]);
+      if ((nd->op != IR_OP_REDUCE_SCATTER && nd->op != IR_OP_ALL_GATHER) || !(mask & DP_BIT) || (mask & ~zmask))
+        continue;
+      int n = ir_axes_size(m, nd->ia[0]);
+      const IrType *x = nd->op == IR_OP_ALL_GATHER ? &nd->type : &b->nodes[nd->in[0]].type;
+      double bytes = (double)(n - 1) / n * (double)ir_type_numel(x) * (double)ir_dtype_size(x->dtype);
+      if (nd->op == IR_OP_ALL_GATHER) ag += bytes;
+      else if (mask == DP_BIT) rs_dp += bytes;
+      else rs_set += bytes;
+    }
+  }
+  char an[32];
+  int zn = 1, N = ir_axis_size(m, IR_AXIS_DP) * ir_axis_size(m, IR_AXIS_CP);
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (zmask & (1u << a)) zn *= ir_axis_size(m, (IrAxis)a);
+  double E = (double)ir_dtype_size(m->train.precision), meg = 2.0 * (N - 1) / N * P * E;
+  sb_printf(out, "ZeRO-1 over the joint data-parallel group %s (%d ranks; moments 1/%d): ring bytes per rank per step: "
+            "gradients reduce-scattered over %s %.0f (partial over every axis of the group) + over dp %.0f (whole "
+            "over the others: each rank then keeps its part, shard_slice), parameters all-gathered %.0f; total %.0f.  "
+            "Megatron's distributed optimizer over dp x cp = %d, closed form 2 x (N-1)/N x %.0f parameters x %g "
+            "bytes = %.0f\n", ir_axes_str(ir_axes_attr(zmask), an, sizeof an), zn, zn, an, rs_set, rs_dp, ag,
+            rs_set + rs_dp + ag, N, P, E, meg);
+}
+
 int pass_optimizer_report(const IrModule *m, StrBuf *out) {
   const IrTrain *t = &m->train;
+  zero_joint_report(m, out);
   if (t->optimizer != IR_OPT_MUON) {
     sb_printf(out, "optimizer: %s", ir_optimizer_name(t->optimizer));
     if (t->optimizer == IR_OPT_SGD) sb_printf(out, " (momentum %g%s)", t->momentum, t->nesterov ? ", nesterov" : "");

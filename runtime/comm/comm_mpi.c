@@ -230,15 +230,18 @@ fail:
   return NULL;
 }
 
+/* 0 when c has the mesh's ranks, else -1 with the message. */
+static int mesh_fits(const RtComm *c, const PlanMesh *m, char *err, size_t errlen) {
+  if (rt_mesh_size(m) == c->size) return 0;
+  return ts_errf(err, errlen, "mesh dp=%d pp=%d cp=%d ep=%d tp=%d has %d ranks but group %s has %d "
+                 "(hint: start as many ranks as the plan's mesh, mpirun -np %d)",
+                 m->dp, m->pp, m->cp, m->ep, m->tp, rt_mesh_size(m), c->name, c->size, rt_mesh_size(m));
+}
+
 RtComm *rt_comm_mesh_group(RtComm *c, const PlanMesh *m, RtMeshAxis a, char *err, size_t errlen) {
   int coord[RT_AXIS_COUNT];
   if (a >= RT_AXIS_COUNT) { ts_errf(err, errlen, "rt_comm_mesh_group: no mesh axis %d", (int)a); return NULL; }
-  if (rt_mesh_size(m) != c->size) {
-    ts_errf(err, errlen, "mesh dp=%d pp=%d cp=%d ep=%d tp=%d has %d ranks but group %s has %d "
-            "(hint: start as many ranks as the plan's mesh, mpirun -np %d)",
-            m->dp, m->pp, m->cp, m->ep, m->tp, rt_mesh_size(m), c->name, c->size, rt_mesh_size(m));
-    return NULL;
-  }
+  if (mesh_fits(c, m, err, errlen) != 0) return NULL;
   rt_mesh_coords(m, c->rank, coord);
   /* color: this rank with its coordinate on a set to 0 (shared by the group);
    * key: the coordinate on a, so group rank i is coordinate i. */
@@ -261,12 +264,7 @@ RtComm *rt_comm_mesh_axes_group(RtComm *c, const PlanMesh *m, unsigned mask, cha
     ts_errf(err, errlen, "rt_comm_mesh_axes_group: bad axis mask %#x", mask);
     return NULL;
   }
-  if (rt_mesh_size(m) != c->size) {
-    ts_errf(err, errlen, "mesh dp=%d pp=%d cp=%d ep=%d tp=%d has %d ranks but group %s has %d "
-            "(hint: start as many ranks as the plan's mesh, mpirun -np %d)",
-            m->dp, m->pp, m->cp, m->ep, m->tp, rt_mesh_size(m), c->name, c->size, rt_mesh_size(m));
-    return NULL;
-  }
+  if (mesh_fits(c, m, err, errlen) != 0) return NULL;
   rt_mesh_coords(m, c->rank, coord);
   int key = rt_mesh_axes_index(m, mask, coord);
   char name[32];

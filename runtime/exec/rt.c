@@ -296,7 +296,7 @@ int rt_rank_gpu_groups(RtRank *r, RtDev *dev, char *err, size_t errlen) {
     if (!(r->dev_sets[k] = rt_comm_init_nccl(r->sets[k], dev->ordinal, why, sizeof why)) ||
         rt_comm_nccl_bind(r->dev_sets[k], stream, dev->ordinal, why, sizeof why) != 0) {
       rt_rank_gpu_groups_free(r);
-      return ts_errf(err, errlen, "NCCL for the axes %s on %s: %s", rt_comm_name(r->sets[k]), dev->label, why);
+      return ts_errf(err, errlen, "NCCL for the %s axis on %s: %s", rt_comm_name(r->sets[k]), dev->label, why);
     }
   }
   return 0;

@@ -91,6 +91,8 @@ int main(int argc, char **argv) {
     if (!(rank.group[a] = rt_comm_mesh_group(world, &rank.mesh, (RtMeshAxis)a, err, sizeof err)))
       rt_comm_abort(world, "%s", err);
   }
+  /* the sets ZeRO-1 shards over (dp+cp), as mrun makes them */
+  if (rt_rank_axes_groups(&rank, world, err, sizeof err) != 0) rt_comm_abort(world, "%s", err);
   char pc[1024], pd[1024], mc[1024], md[1024];
   snprintf(pc, sizeof pc, "%s/cpu.params", dir);
   snprintf(pd, sizeof pd, "%s/gpu.params", dir);
@@ -283,6 +285,7 @@ finish:;
   xo.dev = NULL;
   rt_exec_set_default(&xo);
   dev->ops->close(dev);
+  rt_rank_axes_groups_free(&rank);
   for (int a = 0; a < IR_AXIS_COUNT; a++) rt_comm_free(rank.group[a]);
   plan_free(plan);
   rt_comm_free(world);
