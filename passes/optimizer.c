@@ -1199,16 +1199,17 @@ int pass_optimizer(IrModule *m, PassCtx *cx) { return optimizer_run(m, cx, NULL)
 /* ---- pass_optimizer_report (mcc --report comm / memory) ---- */
 
 /* Bytes a rank sends per step, ring algorithm, in m's update blocks for
- * the collectives whose note (IrNode.why) starts with "muon:" over axis a. */
+ * the collectives whose note (IrNode.why) starts with "muon:" over axis a
+ * (or a set of axes with a: ZeRO over dp+cp gathers over the set). */
 static double muon_sent(const IrModule *m, int a) {
   double sent = 0;
-  int n = ir_axis_size(m, (IrAxis)a);
-  for (int bi = 0; bi < m->blocks.n && n > 1; bi++) {
+  for (int bi = 0; bi < m->blocks.n && ir_axis_size(m, (IrAxis)a) > 1; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
     if (strncmp(b->name, "update", 6)) continue;
     for (int i = 0; i < b->n; i++) {
       const IrNode *nd = &b->nodes[i];
-      if (!nd->why || strncmp(nd->why, "muon:", 5) || nd->ia[0] != a) continue;
+      if (!nd->why || strncmp(nd->why, "muon:", 5) || !(ir_axes_mask(nd->ia[0]) & (1u << a))) continue;
+      int n = ir_axes_size(m, nd->ia[0]);
       if (nd->op == IR_OP_ALL_REDUCE) {
         const IrNode *x = &b->nodes[nd->in[0]];
         sent += 2.0 * (n - 1) / n * (double)(ir_type_numel(&x->type) * ir_dtype_size(x->type.dtype));
@@ -1226,12 +1227,11 @@ static double muon_sent(const IrModule *m, int a) {
  * Megatron's distributed optimizer over dp x cp, 2 (N-1)/N P E. */
 static void zero_joint_report(const IrModule *m, StrBuf *out) {
   unsigned zmask = 0;
-  double P = 0;
+  double P = 0;   /* every trained parameter (Megatron shards them all; Muon's too) */
   for (int s = 0; s < m->states.n; s++) {
     const IrState *st = &m->states.a[s];
-    if (st->kind != IR_STATE_ADAM_M || !st->sh.flat || st->of < 0) continue;
-    zmask |= st->sh.flat;
-    P += (double)ir_type_numel(&m->states.a[st->of].type);
+    if (st->kind == IR_STATE_ADAM_M && st->sh.flat) zmask |= st->sh.flat;
+    if (st->kind == IR_STATE_GRAD && st->of >= 0) P += (double)ir_type_numel(&m->states.a[st->of].type);
   }
   if (!(zmask & ~DP_BIT) || !m->par.zero || m->par.zero == 3) return;
   double rs_set = 0, rs_dp = 0, ag = 0;
