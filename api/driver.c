@@ -454,14 +454,15 @@ static int64_t block_runs(const IrBlock *b, int64_t nmicro) {
   return strcmp(b->name, "micro") == 0 || g >= 0 ? nmicro : 1;
 }
 
-/* Node i of b as communication: its kind, axis, payload and ring bytes per
- * run; 0 if it moves nothing (not communication, or an axis of size 1). */
+/* Node i of b as communication: its kind, axes (a mask: one axis, or a set
+ * such as dp+cp), payload and ring bytes per run; 0 if it moves nothing
+ * (not communication, or axes of size 1). */
 static int comm_node(const IrModule *m, const IrBlock *b, int i, int *kind, int *axis, double *payload, double *ring) {
   const IrNode *nd = &b->nodes[i];
   int k = comm_kind(nd->op);
   if (k < 0) return 0;
-  int ax = (int)nd->ia[0];
-  int n = ax >= 0 && ax < IR_AXIS_COUNT ? ir_axis_size(m, (IrAxis)ax) : 1;
+  int ax = (int)ir_axes_mask(nd->ia[0]);
+  int n = ax ? ir_axes_size(m, nd->ia[0]) : 1;
   if (n < 2) return 0;
   /* all_to_all_v: the larger of its two buffers, the worst routing (its
    * traffic follows the routing; the static plan bounds it) */
@@ -486,7 +487,7 @@ static void comm_uniform(const IrModule *m, const IrBlock *b, int i, int kind, d
   const IrNode *nd = &b->nodes[i];
   const IrType *s = &b->nodes[nd->in[0]].type;
   if (ir_type_numel(&nd->type) < ir_type_numel(s)) s = &nd->type;
-  int n = ir_axis_size(m, (IrAxis)nd->ia[0]);
+  int n = ir_axes_size(m, nd->ia[0]);
   total->a2av_ring += ring * (double)runs;
   total->a2av_uniform += (double)(n - 1) / n * (double)ir_type_numel(s) * (double)ir_dtype_size(s->dtype) * (double)runs;
 }
@@ -500,7 +501,7 @@ static void comm_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSum *t
     const IrBlock *b = &m->blocks.a[bi];
     int64_t runs = block_runs(b, nmicro);
     if (!runs) continue;
-    CommSum row[COMM_KINDS][IR_AXIS_COUNT];
+    CommSum row[COMM_KINDS][1u << IR_AXIS_COUNT];   /* by axis mask: one axis, or a set (dp+cp) */
     memset(row, 0, sizeof row);
     for (int i = 0; i < b->n; i++) {
       int k, ax;
@@ -512,10 +513,12 @@ static void comm_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSum *t
       comm_uniform(m, b, i, k, ring, runs, total);
     }
     for (int k = 0; k < COMM_KINDS; k++)
-      for (int ax = 0; ax < IR_AXIS_COUNT; ax++) {
+      for (unsigned ax = 1; ax < (1u << IR_AXIS_COUNT); ax++) {   /* masks 1, 2, 4...: the axes in order */
         const CommSum *c = &row[k][ax];
         if (!c->count) continue;
-        sb_printf(out, "  %-8s %-15s %-4s %10lld %16.0f %16.0f\n", b->name, comm_names[k], ir_axis_name((IrAxis)ax),
+        char an[32];
+        sb_printf(out, "  %-8s %-15s %-4s %10lld %16.0f %16.0f\n", b->name, comm_names[k],
+                  ir_axes_str(ir_axes_attr(ax), an, sizeof an),
                   (long long)c->count, c->payload, c->ring);
         total->count += c->count;
         total->payload += c->payload;
@@ -543,9 +546,9 @@ static void sharding_rows(const IrModule *m, int64_t nmicro, StrBuf *out, CommSu
       if (!comm_node(m, b, i, &k, &ax, &bytes, &ring)) continue;
       const IrNode *nd = &b->nodes[i];
       const IrType *t = nd->op == IR_OP_ALL_GATHER ? &nd->type : &b->nodes[nd->in[0]].type;
-      char ts[256];
+      char ts[256], an[32];
       sb_printf(out, "  %s %%%d: %s over %s of %s, %lld per step, %.0f bytes sent per step\n      %s\n", b->name, i,
-                comm_names[k], ir_axis_name((IrAxis)ax), ir_type_str(t, ts, sizeof ts), (long long)runs,
+                comm_names[k], ir_axes_str(ir_axes_attr((unsigned)ax), an, sizeof an), ir_type_str(t, ts, sizeof ts), (long long)runs,
                 ring * (double)runs, nd->why ? nd->why : "(no note recorded: a compiler bug, please report it)");
       total->count += runs;
       total->payload += bytes * (double)runs;

@@ -569,3 +569,38 @@ for r in "${mrows[@]}"; do
     echo "| $name | tp=$t | $(mb "$got") | $(mb "$gram") | $(mb "$gath") | $(ratio "$got" "$best") |"
   done
 done
+
+# ZeRO-1 over the joint data-parallel group (issue 19, docs/sharding.md
+# "ZeRO-1 over dp x cp"): with cp the moments are flat over dp x cp = N
+# ranks, as Megatron's distributed optimizer shards over its dp x cp group.
+# Whole model, one micro batch per rank: Adam bytes per f32 parameter
+# (--report memory) next to Megatron's 12/N (master and moments; Tessera
+# keeps the f32 parameter whole, so its 8/N is moments only), and the update
+# block's ring bytes per rank per step (--report comm: the gradients'
+# reduce-scatters, the parameters' all-gathers, any cp all-reduce of
+# gradients) next to Megatron's 2 (N-1)/N P E.  Tessera's micro block also
+# gathers activations over cp for the weight gradients (not in these
+# columns; Megatron leaves those gradients partial over cp instead).
+echo
+echo "| model | layout | adam bytes / parameter | Megatron 12/N | update ring bytes / step (MB) | Megatron 2(N-1)/N P E (MB) | ratio |"
+echo "|---|---|---:|---:|---:|---:|---:|"
+zrows=("llama (tests/parallel)|llama|-D layers=2 -D d_model=32 -D heads=8 -D kv_heads=4 -D ffn=64 -D seq_len=16 -D vocab=256"
+       "gpt d256 s128 4 layers|gpt|-D layers=4 -D d_model=256 -D heads=4 -D seq_len=128 -D dropout=0")
+for r in "${zrows[@]}"; do
+  IFS='|' read -r name model defs <<<"$r"
+  for lay in "2 2" "2 4" "4 2"; do
+    read -r c d <<<"$lay"
+    n=$((c * d))
+    # shellcheck disable=SC2086
+    fl="$defs -D batch=$d -D micro_batch=1 --cp $c --dp $d"
+    # shellcheck disable=SC2086
+    adam=$("$mcc" "samples/$model.mdl" $fl --report memory 2>&1 |
+           sed -n 's/^  state bytes per parameter: .* + \([0-9.]*\) (adam m+v.*/\1/p' | head -1)
+    # shellcheck disable=SC2086
+    cr=$("$mcc" "samples/$model.mdl" $fl --report comm 2>&1)
+    upd=$(printf '%s\n' "$cr" | awk '$1 == "update" && ($2 == "reduce_scatter" || $2 == "all_gather" || ($2 == "all_reduce" && $5 > 8)) { s += $6 } END { printf "%.0f", s }')
+    P=$(printf '%s\n' "$cr" | sed -n 's/.*closed form 2 x (N-1)\/N x \([0-9]*\) parameters.*/\1/p')
+    meg=$(awk -v n="$n" -v p="${P:-0}" 'BEGIN { printf "%.0f", 2 * (n - 1) / n * p * 4 }')
+    echo "| $name | cp=$c x dp=$d | ${adam:-?} | $(awk -v n="$n" 'BEGIN { printf "%.4g", 12 / n }') | $(mb "$upd") | $(mb "$meg") | $(ratio "$upd" "$meg") |"
+  done
+done

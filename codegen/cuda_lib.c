@@ -208,8 +208,14 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
   case IR_OP_SHARD_SLICE: {   /* b0 x[outer, len, inner], b1 y[outer, len / S, inner]: this rank's block */
     const IrType *xt = &b->nodes[nd->in[0]].type;
     int a = (int)nd->ia[0], d = (int)(nd->ia[1] < 0 ? nd->ia[1] + xt->rank : nd->ia[1]);
-    if (a < 0 || a >= IR_AXIS_COUNT || d < 0 || d >= xt->rank) { snprintf(why, whylen, "bad axis or dim"); return 1; }
-    int S = cg_cuda_axis_size(m, a);
+    unsigned amask = ir_axes_mask(nd->ia[0]);
+    if (!amask || d < 0 || d >= xt->rank) { snprintf(why, whylen, "bad axis or dim"); return 1; }
+    /* one axis, or a set (dp+cp: the block at the flat index, outer axis major) */
+    char cexpr[512];
+    int64_t nblk;
+    block_expr(m, amask, cexpr, sizeof cexpr, &nblk);
+    int S = (int)nblk;
+    if (a >= 0 && a < IR_AXIS_COUNT) snprintf(cexpr, sizeof cexpr, "a.run[%d]", CG_RUN_COORD + a);
     int64_t len = xt->dim[d], inner = 1;
     for (int q = d + 1; q < xt->rank; q++) inner *= xt->dim[q];
     if (len % S) { snprintf(why, whylen, "dim %d is not divisible by %d", d, S); return 1; }
@@ -222,8 +228,8 @@ int cg_cuda_lib_kernel(const IrModule *m, const IrBlock *b, int i, const char *n
     }
     const char *T = ctype(nd->type.dtype);
     CG_CUDA_HEAD(src, name, 0);
-    sb_printf(src, "  const %s *x = (const %s *)a.b[0];\n  %s *y = (%s *)a.b[1];\n  const long long c = a.run[%d];\n", T, T,
-              T, T, CG_RUN_COORD + a);
+    sb_printf(src, "  const %s *x = (const %s *)a.b[0];\n  %s *y = (%s *)a.b[1];\n  const long long c = %s;\n", T, T,
+              T, T, cexpr);
     CG_CUDA_GRID_LOOP(src, "e", n);
     sb_printf(src, "    const long long in = e %% %lldLL, l = e / %lldLL %% %lldLL, o = e / (%lldLL * %lldLL);\n",
               (long long)inner, (long long)inner, (long long)L, (long long)inner, (long long)L);
@@ -444,7 +450,9 @@ int cg_cuda_comm_relayout(const IrModule *m, const IrBlock *b, int i, const char
   }
   if (nd->op == IR_OP_ALL_TO_ALL) return relayout_a2a(m, b, i, name, src, l, nl, scratch, why, whylen);
   if (nd->op != IR_OP_ALL_GATHER && nd->op != IR_OP_REDUCE_SCATTER) return 0;
-  int a = (int)nd->ia[0], S = a >= 0 && a < IR_AXIS_COUNT ? cg_cuda_axis_size(m, a) : 1;
+  int a = (int)nd->ia[0], S = 1;
+  for (int q = 0; q < IR_AXIS_COUNT; q++)   /* one axis or a set (dp+cp) */
+    if (ir_axes_mask(nd->ia[0]) & (1u << q)) S *= cg_cuda_axis_size(m, q);
   const IrType *t = &b->nodes[nd->in[0]].type;
   int d = (int)(nd->ia[1] < 0 ? nd->ia[1] + t->rank : nd->ia[1]);
   if (S <= 1 || d < 0 || d >= t->rank) return 0;

@@ -382,6 +382,29 @@ int ir_axis_size(const IrModule *m, IrAxis a) {
   }
   return v < 1 ? 1 : v;
 }
+int ir_axes_size(const IrModule *m, int64_t v) {
+  unsigned mask = ir_axes_mask(v);
+  int k = 1;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (mask & (1u << a)) k *= ir_axis_size(m, (IrAxis)a);
+  return k;
+}
+int64_t ir_axes_attr(unsigned mask) {
+  mask &= (1u << IR_AXIS_COUNT) - 1;
+  if (mask && !(mask & (mask - 1)))
+    for (int a = 0; a < IR_AXIS_COUNT; a++)
+      if (mask == 1u << a) return a;
+  return IR_AXES_SET | (int64_t)mask;
+}
+char *ir_axes_str(int64_t v, char *buf, size_t n) {
+  unsigned mask = ir_axes_mask(v);
+  size_t k = 0;
+  if (n) buf[0] = 0;
+  if (!mask) { snprintf(buf, n, "?"); return buf; }
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if ((mask & (1u << a)) && k < n) k += (size_t)snprintf(buf + k, n - k, "%s%s", k ? "+" : "", axis_names[a]);
+  return buf;
+}
 int ir_sharding_equal(const IrSharding *a, const IrSharding *b) { return memcmp(a, b, sizeof *a) == 0; }
 
 static void put_axes(StrBuf *b, unsigned mask) {

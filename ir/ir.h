@@ -120,6 +120,25 @@ char *ir_type_str(const IrType *t, char *buf, size_t n);
 typedef enum { IR_AXIS_DP, IR_AXIS_PP, IR_AXIS_CP, IR_AXIS_EP, IR_AXIS_TP, IR_AXIS_COUNT } IrAxis;
 const char *ir_axis_name(IrAxis a);            /* "dp" ... "tp" */
 int ir_axis_lookup(const char *name);          /* -1 if unknown */
+/* A collective's mesh-axis attribute (`~axis` in ops.def) names one axis
+ * (its IrAxis, printed "dp") or a set of at least two axes:
+ * IR_AXES_SET | mask, printed "dp+cp" (outer to inner).  The set's group is
+ * the ranks that share every other coordinate, ordered with the outer axis
+ * major (group rank = dp_coord * cp + cp_coord for dp+cp), as a split over
+ * several axes orders its blocks: block k of a `{0:dp+cp}` chunk vector is
+ * group rank k's (Megatron's data-parallel group with cp, docs/sharding.md).
+ * ir_axes_attr makes the canonical value (one axis: the plain IrAxis, so
+ * single-axis collectives are unchanged); ir_axes_mask is 0 when v is
+ * neither form. */
+#define IR_AXES_SET 0x100
+static inline unsigned ir_axes_mask(int64_t v) {
+  if (v >= 0 && v < IR_AXIS_COUNT) return 1u << v;
+  unsigned m = (unsigned)(v & 0xff);
+  if ((v & ~(int64_t)0xff) != IR_AXES_SET || (m >> IR_AXIS_COUNT) || !(m & (m - 1))) return 0;
+  return m;
+}
+int64_t ir_axes_attr(unsigned mask);           /* mask != 0 of axes -> the attribute */
+char *ir_axes_str(int64_t v, char *buf, size_t n);   /* "dp+cp"; "?" if invalid */
 typedef struct IrSharding {
   uint8_t split[IR_MAX_RANK];   /* per dim: mask of axes (1u << IrAxis) splitting it */
   uint8_t partial;              /* mask of axes over which the value is a partial sum */
@@ -347,6 +366,9 @@ int ir_state_shard_of(const IrModule *m, int p);
 
 /* Size of mesh axis a in m (m->par; sizes < 1 count as 1). */
 int ir_axis_size(const IrModule *m, IrAxis a);
+/* Product of the sizes of the axes of a collective's axis attribute v
+ * (ir_axes_mask); 1 when invalid. */
+int ir_axes_size(const IrModule *m, int64_t v);
 
 /* ---- building ---- */
 IrModule *ir_module_new(const char *name);

@@ -594,9 +594,9 @@ static int parse_node(P *p, int bi) {
         goto out;
       }
     } else if (at->is_axis[i]) {
-      int a;
-      if (parse_axis(p, &a)) goto out;
-      ia[i] = a;
+      uint8_t mask;   /* one axis, or a set "dp+cp" (ir_axes_mask) */
+      if (parse_axes(p, &mask, 0)) goto out;
+      ia[i] = ir_axes_attr(mask);
     } else if (parse_int(p, &ia[i])) {
       goto out;
     }

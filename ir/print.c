@@ -73,7 +73,8 @@ void ir_print_node(const IrModule *m, const IrBlock *b, int id, StrBuf *out) {
       for (int k = 0; k < len; k++) sb_printf(out, "%s%lld", k ? ", " : "", (long long)n->ia[i + k]);
       sb_putc(out, ']');
     } else if (at->is_axis[i]) {
-      sb_printf(out, " %s=%s", at->iname[i], ir_axis_name((IrAxis)n->ia[i]));
+      char ax[32];
+      sb_printf(out, " %s=%s", at->iname[i], ir_axes_str(n->ia[i], ax, sizeof ax));
     } else {
       sb_printf(out, " %s=%lld", at->iname[i], (long long)n->ia[i]);
     }

@@ -959,7 +959,10 @@ static int shape_opt_step(Sx *x, int nmom) {
   const IrType *want = s[1]->sh.flat ? &s[1]->type : &s[0]->type;
   if (s[1]->sh.flat) {
     int64_t n = ir_type_numel(&s[0]->type), c = s[1]->type.dim[0];
-    if (s[1]->type.rank != 1 || c * ir_axis_size(x->m, IR_AXIS_DP) < n)
+    int64_t k = 1;   /* the ranks holding chunks: dp, or dp+cp (ZeRO over the joint group) */
+    for (int a = 0; a < IR_AXIS_COUNT; a++)
+      if (s[1]->sh.flat & (1u << a)) k *= ir_axis_size(x->m, (IrAxis)a);
+    if (s[1]->type.rank != 1 || c * k < n)
       return fail(x, "flat moment @%s : %s cannot hold a chunk of param @%s : %s", s[1]->name,
                   tstr(x, &s[1]->type), s[0]->name, tstr(x, &s[0]->type));
   }
@@ -1014,10 +1017,20 @@ static int shape_ASSIGN(Sx *x) { return state_operand(x); }
 static int mesh_axis(Sx *x, int slot) {
   int64_t v = x->n->ia[slot];
   if (v >= 0 && v < IR_AXIS_COUNT) return 0;
+  if (ir_axes_mask(v)) {
+    char ax[32];
+    return fail(x, "%s takes one mesh axis, not the set %s (only all_reduce, all_gather, reduce_scatter and "
+                "shard_slice run over a set of axes)", ir_ops[x->n->op].name, ir_axes_str(v, ax, sizeof ax));
+  }
   return fail(x, "mesh axis %lld out of range", (long long)v);
 }
+/* One axis or a set of axes (ir_axes_mask): the collectives a flat ZeRO
+ * chunk over dp+cp needs. */
+static int mesh_axes(Sx *x, int slot) {
+  return ir_axes_mask(x->n->ia[slot]) ? 0 : mesh_axis(x, slot);
+}
 static int shape_ALL_REDUCE(Sx *x) {
-  if (mesh_axis(x, 0) || need_float(x, 0)) return -1;
+  if (mesh_axes(x, 0) || need_float(x, 0)) return -1;
   if (x->n->ia[1] != 0 && x->n->ia[1] != 1) return fail(x, "red must be 0 (sum) or 1 (max)");
   *x->out = *opnd(x, 0);
   return 0;
@@ -1026,16 +1039,17 @@ static int shape_ALL_REDUCE(Sx *x) {
  * shard_slice divide it (which must be exact). */
 static int axis_resize(Sx *x, int grow) {
   const IrType *a = opnd(x, 0);
-  if (mesh_axis(x, 0) || need_axis(x, 1, a->rank)) return -1;
-  int k = ir_axis_size(x->m, (IrAxis)x->n->ia[0]);
+  if (mesh_axes(x, 0) || need_axis(x, 1, a->rank)) return -1;
+  int k = ir_axes_size(x->m, x->n->ia[0]);
   int d = (int)x->n->ia[1];
   *x->out = *a;
   if (grow) {
     x->out->dim[d] *= k;
   } else {
+    char ax[32];
     if (a->dim[d] % k)
       return fail(x, "dim %d of %s is not divisible by the %s size %d", d, tstr(x, a),
-                  ir_axis_name((IrAxis)x->n->ia[0]), k);
+                  ir_axes_str(x->n->ia[0], ax, sizeof ax), k);
     x->out->dim[d] /= k;
   }
   return 0;

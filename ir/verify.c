@@ -121,27 +121,28 @@ static int same_but_dp(const IrSharding *a, const IrSharding *b) {
 
 /* Collective ops against their operand's layout; NULL if consistent. */
 static const char *collective_problem(const IrNode *n, const IrSharding *in) {
-  unsigned a = 1u << (n->ia[0] & 7);
+  /* a set of axes (dp+cp) acts on all of them at once */
+  unsigned a = ir_axes_mask(n->ia[0]);
   const IrSharding *out = &n->sh;
   int d = (int)n->ia[1];
   switch (n->op) {
   case IR_OP_ALL_REDUCE:
-    if (n->ia[1] == 0 && !(in->partial & a)) return "all_reduce (sum) of a value that is not a partial sum over its axis";
+    if (n->ia[1] == 0 && (in->partial & a) != a) return "all_reduce (sum) of a value that is not a partial sum over its axis";
     if ((out->partial & a)) return "all_reduce result is still partial over its axis";
     return NULL;
   case IR_OP_ALL_GATHER:
-    if (!(in->split[d] & a)) return "all_gather of a value that is not split along its dim over its axis";
+    if ((in->split[d] & a) != a) return "all_gather of a value that is not split along its dim over its axis";
     if (out->split[d] & a) return "all_gather result is still split over its axis";
     return NULL;
   case IR_OP_REDUCE_SCATTER:
-    if (!(in->partial & a)) return "reduce_scatter of a value that is not a partial sum over its axis";
-    if (!(out->split[d] & a) || (out->partial & a)) return "reduce_scatter result is not split along its dim over its axis";
+    if ((in->partial & a) != a) return "reduce_scatter of a value that is not a partial sum over its axis";
+    if ((out->split[d] & a) != a || (out->partial & a)) return "reduce_scatter result is not split along its dim over its axis";
     return NULL;
   case IR_OP_SHARD_SLICE:
     if (in->partial & a) return "shard_slice of a partial sum";
     for (int k = 0; k < IR_MAX_RANK; k++)
       if (in->split[k] & a) return "shard_slice of a value already split over its axis";
-    if (!(out->split[d] & a)) return "shard_slice result is not split along its dim over its axis";
+    if ((out->split[d] & a) != a) return "shard_slice result is not split along its dim over its axis";
     return NULL;
   default:
     return NULL;

@@ -148,11 +148,33 @@ static void report_per_param(const IrModule *m, StrBuf *out, size_t par, size_t 
   if (n <= 0) return;
   int dp = ir_axis_size(m, IR_AXIS_DP);
   int zero = dp > 1 && m->par.zero, z3 = zero && m->par.zero == 3;
+  /* ZeRO-1's moments are flat over the joint data-parallel group (dp, or
+   * dp+cp: the optimizer pass's Grad.zax); Megatron's distributed
+   * optimizer always shards over dp x cp (mdp) */
+  unsigned zmask = 0;
+  for (int i = 0; i < m->states.n; i++)
+    if (m->states.a[i].kind == IR_STATE_ADAM_M) zmask |= m->states.a[i].sh.flat;
+  int zn = 1, mdp = dp * ir_axis_size(m, IR_AXIS_CP);
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (zmask & (1u << a)) zn *= ir_axis_size(m, (IrAxis)a);
+  char zover[64] = ", ZeRO-1 over dp";
+  if (zero && !z3 && zn != dp) {
+    char an[32];
+    snprintf(zover, sizeof zover, ", ZeRO-1 over %s (%d ranks)", ir_axes_str(ir_axes_attr(zmask), an, sizeof an), zn);
+  }
   const char *pr = ir_dtype_name(m->train.precision);
   sb_printf(out, "  state bytes per parameter: %.4g = %.4g (%s master%s) + %.4g (%s copy) + %.4g (%s grad%s) + %.4g (adam m+v%s)\n",
             (double)(par + cpy + grad + opt) / n, (double)par / n, pr, z3 ? ", ZeRO-3 shard over dp" : "",
             (double)cpy / n, cpy ? ir_dtype_name(m->train.lowp) : "no", (double)grad / n, pr,
-            z3 ? ", ZeRO-3 shard over dp" : "", (double)opt / n, z3 ? ", ZeRO-3 over dp" : zero ? ", ZeRO-1 over dp" : "");
+            z3 ? ", ZeRO-3 shard over dp" : "", (double)opt / n, z3 ? ", ZeRO-3 over dp" : zero ? zover : "");
+  if (zero && !z3 && zn != dp) {
+    char an[32];
+    sb_printf(out, "  ZeRO-1 over the joint data-parallel group %s = %d ranks: adam m+v 2 x %d / %d = %.4g bytes per "
+              "%s parameter; Megatron's distributed optimizer over dp x cp = %d: 12 / %d = %.4g (f32 master and "
+              "moments; Tessera keeps the parameter whole)\n", ir_axes_str(ir_axes_attr(zmask), an, sizeof an), zn,
+              (int)ir_dtype_size(m->train.precision), zn, 2.0 * (double)ir_dtype_size(m->train.precision) / zn, pr,
+              mdp, mdp, 12.0 / mdp);
+  }
   if (dp > 1 && m->train.lowp == IR_VOID) {
     /* the closed forms of the stages at this dp, per parameter element (E bytes per element) */
     double e = (double)ir_dtype_size(m->train.precision);

@@ -111,7 +111,10 @@ typedef struct {
   int g, p;          /* grad state, param state */
   int w;             /* the state adamw updates: p, or (ZeRO-3) p's shard */
   unsigned split;    /* live non-dp axes splitting the grad: its square sum is partial over them */
-  int64_t n, c;      /* numel of the local param; ZeRO chunk ceil(n / dp) */
+  int64_t n, c;      /* numel of the local param; ZeRO chunk ceil(n / zn) */
+  unsigned zax;      /* ZeRO-1: the axes its optimizer state is sharded over, DP_BIT and the live cp / ep
+                        axes its gradient is partial over (Megatron's data-parallel group: docs/sharding.md) */
+  int zn;            /* the number of ranks of zax (dp without ZeRO-1) */
   int val;           /* the rank's true local gradient [param type], or (ZeRO) its reduced chunk [c] */
   uint64_t ranks;    /* pipeline: pp coordinates whose chunks use it (bit r); 0 with pp = 1 */
   int in_norm;       /* counted in this block's norm (pipeline: only on its lowest rank) */
@@ -128,17 +131,21 @@ static IrSharding sh_partial(unsigned mask) {
   s.partial = (uint8_t)mask;
   return s;
 }
-static IrSharding sh_flat_dp(void) {
+/* A ZeRO moment state: a flat chunk over the parameter's data-parallel
+ * axes (dp, or dp+cp / dp+ep: Grad.zax). */
+static IrSharding sh_flat(unsigned zax) {
   IrSharding s;
   memset(&s, 0, sizeof s);
-  s.flat = (uint8_t)DP_BIT;
+  s.flat = (uint8_t)zax;
   return s;
 }
-/* A dp chunk of a flattened vector: its dim 0 split over dp. */
-static IrSharding sh_chunk_dp(void) {
+/* A chunk of a flattened vector: its dim 0 split over the axes zax.  Its
+ * cp level is contiguous (cp*), not the sequence's causal zigzag: a flat
+ * vector is cut into plain blocks, block dp_coord * cp + cp_coord. */
+static IrSharding sh_chunk(unsigned zax) {
   IrSharding s;
   memset(&s, 0, sizeof s);
-  s.split[0] = (uint8_t)DP_BIT;
+  s.split[0] = (uint8_t)(zax | (zax & (1u << IR_AXIS_CP) ? IR_SPLIT_CP_MINOR : 0));
   return s;
 }
 static void type_vec(IrType *t, IrDtype dt, int64_t n) {
@@ -158,8 +165,9 @@ static int flat_padded(Em *e, int x, const Grad *gr, const Mesh *ms, const IrSha
     type_vec(&ft, t.dtype, gr->n);
     x = em(e, IR_OP_RESHAPE, &x, 1, NULL, NULL, NULL, &ft, sh);
   }
-  if (gr->c * ms->dp > gr->n) {
-    int64_t ia[3] = {0, 0, gr->c * ms->dp - gr->n};
+  (void)ms;
+  if (gr->c * gr->zn > gr->n) {
+    int64_t ia[3] = {0, 0, gr->c * gr->zn - gr->n};
     x = em(e, IR_OP_PAD, &x, 1, ia, NULL, NULL, NULL, sh);
   }
   return x;
@@ -172,6 +180,49 @@ static void say(Em *e, int id, const char *fmt, const char *param) {
   char buf[512];
   snprintf(buf, sizeof buf, fmt, param);
   e->m->blocks.a[e->b].nodes[id].why = ts_intern(buf);
+}
+
+/* ZeRO-1: the rank's chunk [c] of gradient v (partial over dp and over
+ * the axes of `partial` among gr->zax, replicated over the others): the
+ * flattened, padded vector [zn*c] cut over the axes of zax, outer axis
+ * major (block dp_coord * cp + cp_coord for dp+cp).  Axis by axis, outer
+ * to inner: a reduce-scatter over a run of axes it is partial over (one
+ * collective over dp+cp when the cp ranks hold partial sums, as Megatron's
+ * reduce-scatter over its data-parallel group), a shard_slice over a run
+ * of axes it is replicated over (each cp rank keeps its part of the dp
+ * rank's block: no communication). */
+static int zero_chunk(Em *e, int v, const Grad *gr, const Mesh *ms, unsigned partial) {
+  unsigned pend = (partial & gr->zax) | DP_BIT, done = 0;
+  IrSharding cur = sh_partial(pend);
+  v = flat_padded(e, v, gr, ms, &cur);
+  const char *name = e->m->states.a[gr->p].name;
+  for (int a = 0; a < IR_AXIS_COUNT;) {
+    if (!(gr->zax & (1u << a))) { a++; continue; }
+    unsigned part = (pend >> a) & 1u, run = 0;
+    int b = a;
+    for (; b < IR_AXIS_COUNT; b++) {
+      if (!(gr->zax & (1u << b))) continue;
+      if (((pend >> b) & 1u) != part) break;
+      run |= 1u << b;
+    }
+    done |= run;
+    cur.partial &= (uint8_t)~run;
+    cur.split[0] = sh_chunk(done).split[0];
+    int64_t ia[2] = {ir_axes_attr(run), 0};
+    v = em(e, part ? IR_OP_REDUCE_SCATTER : IR_OP_SHARD_SLICE, &v, 1, ia, NULL, NULL, NULL, &cur);
+    if (!part)
+      say(e, v, "ZeRO-1 over the joint data-parallel group: the gradient of %s is the same on these ranks (its "
+          "micro block gathered the activations), so each keeps its part of the chunk without communicating", name);
+    else if (run == DP_BIT)
+      say(e, v, "ZeRO-1: the gradient of %s is summed over the dp ranks once per step, each rank getting the chunk "
+          "whose optimizer state it holds", name);
+    else
+      say(e, v, "ZeRO-1 over the joint data-parallel group: the gradient of %s, a partial sum over dp and over the "
+          "cp / ep ranks (each saw its share of the tokens), is summed over all of them once per step in one "
+          "reduce-scatter, each rank getting the chunk whose optimizer state it holds", name);
+    a = b;
+  }
+  return v;
 }
 
 /* Step 1: the gradient value G of gr (sets gr->val). */
@@ -205,7 +256,8 @@ static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
    * over pp a gradient is summed by group_sum only */
   sh.partial &= (uint8_t)((ms->live | DP_BIT) & ~PP_BIT);
   for (int a = 0; a < IR_AXIS_COUNT; a++) {
-    if (a == IR_AXIS_DP || !(sh.partial & (1u << a))) continue;
+    /* ZeRO-1: the data-parallel axes (zax) are reduce-scattered together below */
+    if (a == IR_AXIS_DP || !(sh.partial & (1u << a)) || (ms->zero && !gs->sh.flat && (gr->zax & (1u << a)))) continue;
     sh.partial &= (uint8_t)~(1u << a);
     int64_t ia[2] = {a, 0};
     v = em(e, IR_OP_ALL_REDUCE, &v, 1, ia, NULL, NULL, NULL, &sh);
@@ -223,12 +275,7 @@ static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
     say(e, v, "data parallelism (--no-zero): the gradient of %s is summed over the dp ranks once per step",
         e->m->states.a[gr->p].name);
   } else if (ms->zero) {
-    IrSharding pd = sh_partial(DP_BIT), ch = sh_chunk_dp();
-    v = flat_padded(e, v, gr, ms, &pd);
-    int64_t ia[2] = {IR_AXIS_DP, 0};
-    v = em(e, IR_OP_REDUCE_SCATTER, &v, 1, ia, NULL, NULL, NULL, &ch);
-    say(e, v, "ZeRO-1: the gradient of %s is summed over the dp ranks once per step, each rank getting the chunk "
-        "whose optimizer state it holds", e->m->states.a[gr->p].name);
+    v = zero_chunk(e, v, gr, ms, sh.partial);
   }
   gr->val = v;
 }
@@ -236,7 +283,7 @@ static void grad_value(Em *e, Grad *gr, const Mesh *ms) {
 /* Step 2 for one gradient: its square sum as a precision scalar, partial
  * over the axes splitting it (and over dp with ZeRO: chunks are disjoint). */
 static int grad_sumsq(Em *e, const Grad *gr, const Mesh *ms) {
-  IrSharding sh = sh_partial(gr->split | (ms->zero ? DP_BIT : 0) | ms->ppn);
+  IrSharding sh = sh_partial(gr->split | (ms->zero ? gr->zax : 0) | ms->ppn);
   int sq = em(e, IR_OP_SUMSQ, &gr->val, 1, NULL, NULL, NULL, NULL, &sh);
   if (!e->failed && e->m->blocks.a[e->b].nodes[sq].type.dtype != ms->prec) {
     IrType ct = {ms->prec, 0, {0}, {0}};
@@ -283,7 +330,8 @@ static int values_and_norm(Em *e, Grad *grads, int ng, const Mesh *ms) {
     if (!comm_first) grad_value(e, &grads[k], ms);
     if (!grads[k].in_norm) continue;
     int sq = grad_sumsq(e, &grads[k], ms);
-    unsigned s = grads[k].split;
+    /* a ZeRO chunk over dp+cp: its square sum is partial over cp too */
+    unsigned s = grads[k].split | (ms->zero ? grads[k].zax & ~DP_BIT : 0);
     if (sum[s] < 0) { sum[s] = sq; order[nsets++] = (int)s; continue; }
     IrSharding sh = sh_partial(s | zdp);
     int in[2] = {sum[s], sq};
@@ -325,7 +373,7 @@ static int moment_state(Em *e, const Grad *gr, int flat, IrStateKind kind, const
   IrState *d = &m->states.a[s];
   if (flat) {
     type_vec(&d->type, ps->type.dtype, gr->c);
-    d->sh = sh_flat_dp();
+    d->sh = sh_flat(gr->zax);
     memset(d->logical, 0, sizeof d->logical);
   } else {
     d->type = ps->type;
@@ -536,11 +584,11 @@ static void step_muon(Em *e, const Grad *gr, const Mesh *ms, int coef) {
   int g = step_grad(e, gr);
   if (ms->zero) {   /* the reduced chunk [c] -> the whole (tp-local) gradient */
     IrSharding none = sh_partial(0);
-    int64_t ia[2] = {IR_AXIS_DP, 0};
+    int64_t ia[2] = {ir_axes_attr(gr->zax), 0};
     g = em(e, IR_OP_ALL_GATHER, &g, 1, ia, NULL, NULL, NULL, &none);
     say(e, g, "muon: the update of %s needs the whole matrix: the dp ranks' reduced chunks of its gradient are "
         "gathered (with the reduce_scatter, the bytes of an all_reduce)", name);
-    if (gr->c * ms->dp > gr->n) {
+    if (gr->c * gr->zn > gr->n) {
       int64_t sa[3] = {0, 0, gr->n};
       g = em(e, IR_OP_SLICE, &g, 1, sa, NULL, NULL, NULL, &none);
     }
@@ -638,15 +686,17 @@ static const struct {
 static void rebuild_param(Em *e, const Grad *gr, const Mesh *ms) {
   const IrState *ps = &e->m->states.a[gr->p];
   IrType pt = ps->type;
-  IrSharding psh = ps->sh, none = sh_partial(0), ch = sh_chunk_dp();
+  IrSharding psh = ps->sh, none = sh_partial(0), ch = sh_chunk(gr->zax);
   int64_t pi[1] = {gr->p};
   int x = em(e, IR_OP_STATE, NULL, 0, pi, NULL, NULL, &pt, &psh);
   x = flat_padded(e, x, gr, ms, &none);
-  int64_t ia[2] = {IR_AXIS_DP, 0};
+  int64_t ia[2] = {ir_axes_attr(gr->zax), 0};
   x = em(e, IR_OP_SHARD_SLICE, &x, 1, ia, NULL, NULL, NULL, &ch);
   x = em(e, IR_OP_ALL_GATHER, &x, 1, ia, NULL, NULL, NULL, &none);
-  say(e, x, "ZeRO-1: %s is re-assembled from the chunks the dp ranks updated", ps->name);
-  if (gr->c * ms->dp > gr->n) {
+  say(e, x, gr->zax == DP_BIT ? "ZeRO-1: %s is re-assembled from the chunks the dp ranks updated"
+                              : "ZeRO-1: %s is re-assembled from the chunks the ranks of its joint data-parallel "
+                                "group (dp+cp / dp+ep) updated", ps->name);
+  if (gr->c * gr->zn > gr->n) {
     int64_t sa[3] = {0, 0, gr->n};
     x = em(e, IR_OP_SLICE, &x, 1, sa, NULL, NULL, NULL, &none);
   }
@@ -799,6 +849,8 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
       g->w = sh;
       g->n = ir_type_numel(&ps->type);
       g->c = ir_type_numel(&gs->type);
+      g->zax = DP_BIT;   /* ZeRO-3's shards are over dp (the update all-reduces them over cp / ep) */
+      g->zn = ms->dp;
       for (int d = 0; d < IR_MAX_RANK; d++) g->split |= ps->sh.split[d];
       g->split &= ms->live;
       g->val = -1;
@@ -844,7 +896,16 @@ static int collect_grads(IrModule *m, PassCtx *cx, const Mesh *ms, Grad *grads) 
     g->w = p;
     g->split = split & ms->live;
     g->n = ir_type_numel(&ps->type);
-    g->c = (g->n + ms->dp - 1) / ms->dp;
+    /* ZeRO-1's data-parallel group: dp, and the cp / ep ranks the
+     * parameter is replicated over (Megatron-Core shards the distributed
+     * optimizer over dp x cp, and non-expert parameters over dp x ep too;
+     * an expert is split over ep, so its group is dp) */
+    g->zax = DP_BIT;
+    if (ms->zero && !ms->z3) g->zax |= ms->live & ~split & ((1u << IR_AXIS_CP) | (1u << IR_AXIS_EP));
+    g->zn = 1;
+    for (int a = 0; a < IR_AXIS_COUNT; a++)
+      if (g->zax & (1u << a)) g->zn *= ir_axis_size(m, (IrAxis)a);
+    g->c = (g->n + g->zn - 1) / g->zn;
     g->val = -1;
     g->ranks = 0;
     g->in_norm = 1;
@@ -1138,16 +1199,17 @@ int pass_optimizer(IrModule *m, PassCtx *cx) { return optimizer_run(m, cx, NULL)
 /* ---- pass_optimizer_report (mcc --report comm / memory) ---- */
 
 /* Bytes a rank sends per step, ring algorithm, in m's update blocks for
- * the collectives whose note (IrNode.why) starts with "muon:" over axis a. */
+ * the collectives whose note (IrNode.why) starts with "muon:" over axis a
+ * (or a set of axes with a: ZeRO over dp+cp gathers over the set). */
 static double muon_sent(const IrModule *m, int a) {
   double sent = 0;
-  int n = ir_axis_size(m, (IrAxis)a);
-  for (int bi = 0; bi < m->blocks.n && n > 1; bi++) {
+  for (int bi = 0; bi < m->blocks.n && ir_axis_size(m, (IrAxis)a) > 1; bi++) {
     const IrBlock *b = &m->blocks.a[bi];
     if (strncmp(b->name, "update", 6)) continue;
     for (int i = 0; i < b->n; i++) {
       const IrNode *nd = &b->nodes[i];
-      if (!nd->why || strncmp(nd->why, "muon:", 5) || nd->ia[0] != a) continue;
+      if (!nd->why || strncmp(nd->why, "muon:", 5) || !(ir_axes_mask(nd->ia[0]) & (1u << a))) continue;
+      int n = ir_axes_size(m, nd->ia[0]);
       if (nd->op == IR_OP_ALL_REDUCE) {
         const IrNode *x = &b->nodes[nd->in[0]];
         sent += 2.0 * (n - 1) / n * (double)(ir_type_numel(&x->type) * ir_dtype_size(x->type.dtype));
@@ -1159,8 +1221,52 @@ static double muon_sent(const IrModule *m, int a) {
   return sent;
 }
 
+/* ZeRO-1 over the joint data-parallel group (dp+cp / dp+ep: the moments'
+ * flat mask wider than dp): the update block's gradient reduce-scatters
+ * and parameter all-gathers over dp and over the set, ring bytes, next to
+ * Megatron's distributed optimizer over dp x cp, 2 (N-1)/N P E. */
+static void zero_joint_report(const IrModule *m, StrBuf *out) {
+  unsigned zmask = 0;
+  double P = 0;   /* every trained parameter (Megatron shards them all; Muon's too) */
+  for (int s = 0; s < m->states.n; s++) {
+    const IrState *st = &m->states.a[s];
+    if (st->kind == IR_STATE_ADAM_M && st->sh.flat) zmask |= st->sh.flat;
+    if (st->kind == IR_STATE_GRAD && st->of >= 0) P += (double)ir_type_numel(&m->states.a[st->of].type);
+  }
+  if (!(zmask & ~DP_BIT) || !m->par.zero || m->par.zero == 3) return;
+  double rs_set = 0, rs_dp = 0, ag = 0;
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    if (strncmp(b->name, "update", 6)) continue;
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *nd = &b->nodes[i];
+      unsigned mask = ir_axes_mask(nd->ia[0]);
+      if ((nd->op != IR_OP_REDUCE_SCATTER && nd->op != IR_OP_ALL_GATHER) || !(mask & DP_BIT) || (mask & ~zmask))
+        continue;
+      int n = ir_axes_size(m, nd->ia[0]);
+      const IrType *x = nd->op == IR_OP_ALL_GATHER ? &nd->type : &b->nodes[nd->in[0]].type;
+      double bytes = (double)(n - 1) / n * (double)ir_type_numel(x) * (double)ir_dtype_size(x->dtype);
+      if (nd->op == IR_OP_ALL_GATHER) ag += bytes;
+      else if (mask == DP_BIT) rs_dp += bytes;
+      else rs_set += bytes;
+    }
+  }
+  char an[32];
+  int zn = 1, N = ir_axis_size(m, IR_AXIS_DP) * ir_axis_size(m, IR_AXIS_CP);
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (zmask & (1u << a)) zn *= ir_axis_size(m, (IrAxis)a);
+  double E = (double)ir_dtype_size(m->train.precision), meg = 2.0 * (N - 1) / N * P * E;
+  sb_printf(out, "ZeRO-1 over the joint data-parallel group %s (%d ranks; moments 1/%d): ring bytes per rank per step: "
+            "gradients reduce-scattered over %s %.0f (partial over every axis of the group) + over dp %.0f (whole "
+            "over the others: each rank then keeps its part, shard_slice), parameters all-gathered %.0f; total %.0f.  "
+            "Megatron's distributed optimizer over dp x cp = %d, closed form 2 x (N-1)/N x %.0f parameters x %g "
+            "bytes = %.0f\n", ir_axes_str(ir_axes_attr(zmask), an, sizeof an), zn, zn, an, rs_set, rs_dp, ag,
+            rs_set + rs_dp + ag, N, P, E, meg);
+}
+
 int pass_optimizer_report(const IrModule *m, StrBuf *out) {
   const IrTrain *t = &m->train;
+  zero_joint_report(m, out);
   if (t->optimizer != IR_OPT_MUON) {
     sb_printf(out, "optimizer: %s", ir_optimizer_name(t->optimizer));
     if (t->optimizer == IR_OPT_SGD) sb_printf(out, " (momentum %g%s)", t->momentum, t->nesterov ? ", nesterov" : "");

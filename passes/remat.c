@@ -202,7 +202,7 @@ static void held_plan(const Held *h, const unsigned char *keep, unsigned char *a
 
 /* Bytes an all_gather node sends with a ring: (n-1)/n of its result. */
 static int64_t gather_sent(const IrModule *m, const IrNode *nd) {
-  int n = ir_axis_size(m, (IrAxis)nd->ia[0]);
+  int n = ir_axes_size(m, nd->ia[0]);
   int64_t bytes = ir_type_numel(&nd->type) * (int64_t)ir_dtype_size(nd->type.dtype);
   return n > 1 ? bytes / n * (n - 1) : 0;
 }

@@ -66,9 +66,12 @@ static double comm_time(const IrModule *m, const IrBlock *b, const IrNode *n, co
   case IR_OP_SEND: case IR_OP_RING_SHIFT: c = HW_SEND; break;
   default: return 0;
   }
-  int ax = (int)n->ia[0];
-  if (ax < 0 || ax >= IR_AXIS_COUNT) return 0;
-  int size = ir_axis_size(m, (IrAxis)ax), k = size;
+  /* a set of axes (ZeRO over dp+cp) runs on the link of its innermost
+   * axis (the closest members) and is charged to its outermost */
+  unsigned mask = ir_axes_mask(n->ia[0]);
+  if (!mask) return 0;
+  int ax = __builtin_ctz(mask), inner = 31 - __builtin_clz(mask);
+  int size = ir_axes_size(m, n->ia[0]), k = size;
   if (size < 2) return 0;
   if (n->op == IR_OP_GROUP_SUM) k = __builtin_popcountll((unsigned long long)n->ia[1]);
   if (k < 2) return 0;
@@ -76,7 +79,7 @@ static double comm_time(const IrModule *m, const IrBlock *b, const IrNode *n, co
    * others their operand (all_to_all_v: the larger buffer) */
   const IrType *t = n->op == IR_OP_ALL_GATHER ? &n->type : &b->nodes[n->in[0]].type;
   if (n->op == IR_OP_ALL_TO_ALL_V && ir_type_numel(&n->type) > ir_type_numel(t)) t = &n->type;
-  int64_t stride = axis_stride(m, ax);
+  int64_t stride = axis_stride(m, inner);
   /* a send goes to the neighbour on the axis: its link is the one between
    * two members (n = 2) */
   HwLink l = hw_link(hw, c == HW_SEND ? 2 : size, stride);

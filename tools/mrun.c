@@ -1562,6 +1562,8 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
     rank.group[ax] = rt_comm_mesh_group(world, &mesh, (RtMeshAxis)ax, err, sizeof err);
     if (!rank.group[ax]) rt_comm_abort(world, "mrun: %s", err);
   }
+  /* ZeRO over the data-parallel axes together (dp+cp: docs/sharding.md) */
+  if (rt_rank_axes_groups(&rank, world, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   /* on GPUs the device's collectives go through NCCL on its comm stream */
   if (gpu.dev && rt_rank_gpu_groups(&rank, gpu.dev, err, sizeof err) != 0) rt_comm_abort(world, "mrun: %s", err);
   RtTrainOpts o = {.data_path = a->data, .metrics_path = a->metrics, .trace_path = a->trace, .quiet = a->quiet, .log = stdout,
@@ -1583,6 +1585,7 @@ static int run_rank(int *argc, char ***argv, const Args *a) {
   fflush(stdout);
   rt_rank_gpu_groups_free(&rank);   /* before the device's context */
   gpu_close(&gpu);
+  rt_rank_axes_groups_free(&rank);
   for (int ax = 0; ax < IR_AXIS_COUNT; ax++) rt_comm_free(rank.group[ax]);
   plan_free(plan);
   rt_comm_free(world);   /* MPI_Finalize */

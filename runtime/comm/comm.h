@@ -92,6 +92,14 @@ RtComm *rt_comm_split(RtComm *c, int color, int key, const char *name, char *err
 /* Collective over c (whose size must equal the mesh size, rank i of c being
  * mesh rank i): the group of this rank along axis a, named after the axis. */
 RtComm *rt_comm_mesh_group(RtComm *c, const PlanMesh *m, RtMeshAxis a, char *err, size_t errlen);
+/* The same for a set of at least two axes (mask of 1u << RtMeshAxis): the
+ * ranks that share every coordinate outside the set, group rank k the flat
+ * index of the rank's coordinates on the set with the outer axis major
+ * (dp+cp: k = dp_coord * cp + cp_coord), the order of the blocks of a
+ * dim split over those axes (ir.h, IR_AXES_SET).  Named "dp+cp". */
+RtComm *rt_comm_mesh_axes_group(RtComm *c, const PlanMesh *m, unsigned mask, char *err, size_t errlen);
+/* Group rank of coord in the set's group (the key above). */
+int rt_mesh_axes_index(const PlanMesh *m, unsigned mask, const int coord[RT_AXIS_COUNT]);
 
 /* ---- collectives (dtype IR_F32 or IR_F64; 0 on success, -1 + err on an
  * argument error; communication failures abort the job, see above) ---- */
@@ -202,7 +210,27 @@ typedef struct RtRank {
   int coord[IR_AXIS_COUNT];
   RtComm *group[IR_AXIS_COUNT];
   RtComm *dev_group[IR_AXIS_COUNT];
+  /* sets[mask], dev_sets[mask]: the groups over a set of axes
+   * (rt_comm_mesh_axes_group), made by rt_rank_axes_groups for the sets
+   * the ZeRO optimizer shards over (data-parallel axes: dp with cp and/or
+   * ep) whose axes have size > 1; NULL elsewhere.  Reach them with
+   * rt_rank_axes_group. */
+  RtComm *sets[1u << IR_AXIS_COUNT];
+  RtComm *dev_sets[1u << IR_AXIS_COUNT];
 } RtRank;
+/* The group of a collective's axis attribute v (ir_axes_mask): one axis'
+ * group, or the set's; axes of size 1 dropped (a set with one axis of
+ * size > 1 left is that axis' group); NULL when every axis has size 1 or
+ * the group was not made.  dev: the NCCL groups. */
+RtComm *rt_rank_axes_group(const RtRank *r, int64_t v, int dev);
+/* Product of the sizes of v's axes. */
+int rt_rank_axes_size(const RtRank *r, int64_t v);
+/* Makes r->sets (over world, rank i of world being mesh rank i): the sets
+ * {dp, cp}, {dp, ep}, {dp, cp, ep} restricted to axes of size > 1, when at
+ * least two are left.  Collective over world.  rt_rank_axes_groups_free
+ * frees them (and nothing else). */
+int rt_rank_axes_groups(RtRank *r, RtComm *world, char *err, size_t errlen);
+void rt_rank_axes_groups_free(RtRank *r);
 /* The single-rank context: 1x1x1x1x1 mesh, coordinates 0, no groups. */
 RtRank rt_rank_single(void);
 /* Size of axis a of r's mesh (sizes < 1 count as 1). */

@@ -230,21 +230,52 @@ fail:
   return NULL;
 }
 
+/* 0 when c has the mesh's ranks, else -1 with the message. */
+static int mesh_fits(const RtComm *c, const PlanMesh *m, char *err, size_t errlen) {
+  if (rt_mesh_size(m) == c->size) return 0;
+  return ts_errf(err, errlen, "mesh dp=%d pp=%d cp=%d ep=%d tp=%d has %d ranks but group %s has %d "
+                 "(hint: start as many ranks as the plan's mesh, mpirun -np %d)",
+                 m->dp, m->pp, m->cp, m->ep, m->tp, rt_mesh_size(m), c->name, c->size, rt_mesh_size(m));
+}
+
 RtComm *rt_comm_mesh_group(RtComm *c, const PlanMesh *m, RtMeshAxis a, char *err, size_t errlen) {
   int coord[RT_AXIS_COUNT];
   if (a >= RT_AXIS_COUNT) { ts_errf(err, errlen, "rt_comm_mesh_group: no mesh axis %d", (int)a); return NULL; }
-  if (rt_mesh_size(m) != c->size) {
-    ts_errf(err, errlen, "mesh dp=%d pp=%d cp=%d ep=%d tp=%d has %d ranks but group %s has %d "
-            "(hint: start as many ranks as the plan's mesh, mpirun -np %d)",
-            m->dp, m->pp, m->cp, m->ep, m->tp, rt_mesh_size(m), c->name, c->size, rt_mesh_size(m));
-    return NULL;
-  }
+  if (mesh_fits(c, m, err, errlen) != 0) return NULL;
   rt_mesh_coords(m, c->rank, coord);
   /* color: this rank with its coordinate on a set to 0 (shared by the group);
    * key: the coordinate on a, so group rank i is coordinate i. */
   int key = coord[a];
   coord[a] = 0;
   return rt_comm_split(c, rt_mesh_rank(m, coord), key, rt_mesh_axis_name(a), err, errlen);
+}
+
+int rt_mesh_axes_index(const PlanMesh *m, unsigned mask, const int coord[RT_AXIS_COUNT]) {
+  const int size[RT_AXIS_COUNT] = {m->dp, m->pp, m->cp, m->ep, m->tp};
+  int k = 0;
+  for (int a = 0; a < RT_AXIS_COUNT; a++)   /* outer axis major */
+    if (mask & (1u << a)) k = k * (size[a] < 1 ? 1 : size[a]) + coord[a];
+  return k;
+}
+
+RtComm *rt_comm_mesh_axes_group(RtComm *c, const PlanMesh *m, unsigned mask, char *err, size_t errlen) {
+  int coord[RT_AXIS_COUNT];
+  if (!mask || (mask >> RT_AXIS_COUNT)) {
+    ts_errf(err, errlen, "rt_comm_mesh_axes_group: bad axis mask %#x", mask);
+    return NULL;
+  }
+  if (mesh_fits(c, m, err, errlen) != 0) return NULL;
+  rt_mesh_coords(m, c->rank, coord);
+  int key = rt_mesh_axes_index(m, mask, coord);
+  char name[32];
+  size_t k = 0;
+  name[0] = 0;
+  for (int a = 0; a < RT_AXIS_COUNT; a++) {
+    if (!(mask & (1u << a))) continue;
+    k += (size_t)snprintf(name + k, sizeof name - k, "%s%s", k ? "+" : "", rt_mesh_axis_name((RtMeshAxis)a));
+    coord[a] = 0;   /* color: the coordinates outside the set */
+  }
+  return rt_comm_split(c, rt_mesh_rank(m, coord), key, name, err, errlen);
 }
 
 /* ---------------- the rank in the mesh ---------------- */
@@ -267,6 +298,53 @@ int rt_rank_axis_size(const RtRank *r, IrAxis a) {
   default: break;
   }
   return v < 1 ? 1 : v;
+}
+
+/* the axes of v with size > 1 */
+static unsigned live_axes(const RtRank *r, int64_t v) {
+  unsigned mask = ir_axes_mask(v), live = 0;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if ((mask & (1u << a)) && rt_rank_axis_size(r, (IrAxis)a) > 1) live |= 1u << a;
+  return live;
+}
+
+int rt_rank_axes_size(const RtRank *r, int64_t v) {
+  unsigned mask = ir_axes_mask(v);
+  int k = 1;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (mask & (1u << a)) k *= rt_rank_axis_size(r, (IrAxis)a);
+  return k;
+}
+
+RtComm *rt_rank_axes_group(const RtRank *r, int64_t v, int dev) {
+  unsigned live = live_axes(r, v);
+  if (!live) return NULL;
+  if (!(live & (live - 1))) {
+    int a = __builtin_ctz(live);
+    return dev ? r->dev_group[a] : r->group[a];
+  }
+  return dev ? r->dev_sets[live] : r->sets[live];
+}
+
+int rt_rank_axes_groups(RtRank *r, RtComm *world, char *err, size_t errlen) {
+  const unsigned D = 1u << IR_AXIS_DP, C = 1u << IR_AXIS_CP, E = 1u << IR_AXIS_EP;
+  const unsigned want[3] = {D | C, D | E, D | C | E};
+  for (int i = 0; i < 3; i++) {
+    unsigned live = live_axes(r, IR_AXES_SET | (int64_t)want[i]);
+    if (!(live & (live - 1)) || r->sets[live]) continue;   /* one axis: its own group */
+    if (!(r->sets[live] = rt_comm_mesh_axes_group(world, &r->mesh, live, err, errlen))) {
+      rt_rank_axes_groups_free(r);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+void rt_rank_axes_groups_free(RtRank *r) {
+  for (unsigned k = 0; k < (1u << IR_AXIS_COUNT); k++) {
+    rt_comm_free(r->sets[k]);
+    r->sets[k] = NULL;
+  }
 }
 
 /* ---------------- waiting with a deadline ---------------- */

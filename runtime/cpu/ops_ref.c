@@ -917,6 +917,19 @@ static int ref_ASSIGN(RtKctx *k) {
  * size 1).  -1 with a message when the axis is bad or a group is missing. */
 int rt_kaxis(RtKctx *k, IrAxis *ax, int *size, RtComm **g) {
   int64_t a = k->n->ia[0];
+  if (ir_axes_mask(a) && (a < 0 || a >= IR_AXIS_COUNT)) {
+    /* a set of axes (dp+cp): *ax = IR_AXIS_COUNT, no axis of its own */
+    char nm[32];
+    *ax = IR_AXIS_COUNT;
+    *size = rt_rank_axes_size(k->env->rank, a);
+    *g = rt_rank_axes_group(k->env->rank, a, 0);
+    ir_axes_str(a, nm, sizeof nm);
+    if (*size > 1 && !*g)
+      return rt_kfail(k, "the axes %s have %d ranks but this rank has no %s group (mrun makes it)", nm, *size, nm);
+    if (*g && rt_comm_size(*g) != *size)
+      return rt_kfail(k, "the %s group has %d ranks, the mesh says %d", nm, rt_comm_size(*g), *size);
+    return 0;
+  }
   if (a < 0 || a >= IR_AXIS_COUNT) return rt_kfail(k, "mesh axis %lld out of range", (long long)a);
   *ax = (IrAxis)a;
   *size = rt_rank_axis_size(k->env->rank, *ax);
@@ -1018,7 +1031,7 @@ static int ref_REDUCE_SCATTER(RtKctx *k) {
   RtComm *g;
   int64_t outer, len, inner;
   if (kfloat(k) || rt_kaxis(k, &ax, &size, &g) || kdim(k, &outer, &len, &inner)) return -1;
-  if (len % size) return rt_kfail(k, "dim of %s is not divisible by the %s size %d", rt_tstr(k->it[0], 0), ir_axis_name(ax), size);
+  if (len % size) return rt_kfail(k, "dim of %s is not divisible by the size %d of its axes", rt_tstr(k->it[0], 0), size);
   int64_t L = len / size;
   size_t es = ir_dtype_size(k->ot->dtype), blk = (size_t)(outer * L * inner);
   if (ir_type_numel(k->ot) != (int64_t)blk) return rt_kfail(k, "result size is not 1/%d of the operand's", size);
@@ -1050,13 +1063,17 @@ static int ref_REDUCE_SCATTER(RtKctx *k) {
 static int ref_SHARD_SLICE(RtKctx *k) {
   int64_t a = k->n->ia[0], outer, len, inner;
   if (same_dtype(k) != 0 || kdim(k, &outer, &len, &inner)) return -1;
-  if (a < 0 || a >= IR_AXIS_COUNT) return rt_kfail(k, "mesh axis %lld out of range", (long long)a);
-  int size = rt_rank_axis_size(k->env->rank, (IrAxis)a), c = k->env->rank->coord[a];
-  if (len % size) return rt_kfail(k, "dim of %s is not divisible by the %s size %d", rt_tstr(k->it[0], 0), ir_axis_name((IrAxis)a), size);
+  unsigned mask = ir_axes_mask(a);
+  if (!mask) return rt_kfail(k, "mesh axis %lld out of range", (long long)a);
+  /* a set (dp+cp): the block at the rank's flat index, outer axis major */
+  int size = rt_rank_axes_size(k->env->rank, a);
+  int c = a < IR_AXIS_COUNT ? k->env->rank->coord[a] : (int)rt_shard_block(k->env->rank, mask, NULL);
+  char nm[32];
+  if (len % size) return rt_kfail(k, "dim of %s is not divisible by the %s size %d", rt_tstr(k->it[0], 0), ir_axes_str(a, nm, sizeof nm), size);
   int64_t L = len / size;
   if (ir_type_numel(k->ot) != outer * L * inner) return rt_kfail(k, "result size is not 1/%d of the operand's", size);
   size_t es = ir_dtype_size(k->ot->dtype);
-  int zz = cp_zigzag_dim(k, (IrAxis)a, size, &k->n->sh, L);
+  int zz = a < IR_AXIS_COUNT ? cp_zigzag_dim(k, (IrAxis)a, size, &k->n->sh, L) : 0;
   if (zz < 0) return -1;
   if (!zz) {
     copy_axis(k->out, L, 0, k->in[0], len, c * L, L, outer, inner, es);

@@ -207,15 +207,16 @@ static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
     if (out == in) return rt_dev_exec_order(x, rw, 2, msg, n);
     return rt_dev_exec_order(x, rw, 2, msg, n) || d->ops->d2d(d, out, in, bytes, RT_STREAM_COMPUTE, msg, n);
   }
-  IrAxis ax = (IrAxis)nd->ia[0];
   IrDtype dt = nd->type.dtype;
   size_t es = ir_dtype_size(dt), cin = (size_t)ir_type_numel(&b->nodes[nd->in[0]].type);
   size_t cout = (size_t)ir_type_numel(&nd->type);
-  int size = rt_program_axis_size(p, ax);
-  RtComm *g = size > 1 ? rt_program_dev_group(p, ax) : NULL;
+  /* one axis, or a set of axes (ZeRO's dp+cp: one NCCL group over both) */
+  int size = rt_rank_axes_size(rt_program_rank(p), nd->ia[0]);
+  RtComm *g = size > 1 ? rt_rank_axes_group(rt_program_rank(p), nd->ia[0], 1) : NULL;
   if (size > 1 && !g) {
+    char ax[32];
     snprintf(msg, n, "%s on %s: the rank has no NCCL group for the %s axis (mrun makes them on GPU ranks)",
-             ir_ops[nd->op].name, d->label, ir_axis_name(ax));
+             ir_ops[nd->op].name, d->label, ir_axes_str(nd->ia[0], ax, sizeof ax));
     return -1;
   }
   RtDevRange rw[2] = {{in, cin * es}, {out, cout * es}};

@@ -292,6 +292,15 @@ int rt_rank_gpu_groups(RtRank *r, RtDev *dev, char *err, size_t errlen) {
       return ts_errf(err, errlen, "NCCL for the %s axis on %s: %s", ir_axis_name((IrAxis)a), dev->label, why);
     }
   }
+  for (unsigned k = 0; k < (1u << IR_AXIS_COUNT); k++) {   /* the sets of axes (ZeRO over dp+cp) */
+    if (!r->sets[k]) continue;
+    char why[1024];
+    if (!(r->dev_sets[k] = rt_comm_init_nccl(r->sets[k], dev->ordinal, why, sizeof why)) ||
+        rt_comm_nccl_bind(r->dev_sets[k], stream, dev->ordinal, why, sizeof why) != 0) {
+      rt_rank_gpu_groups_free(r);
+      return ts_errf(err, errlen, "NCCL for the %s axis on %s: %s", rt_comm_name(r->sets[k]), dev->label, why);
+    }
+  }
   return 0;
 }
 
@@ -299,6 +308,10 @@ void rt_rank_gpu_groups_free(RtRank *r) {
   for (int a = 0; a < IR_AXIS_COUNT; a++) {
     rt_comm_free(r->dev_group[a]);
     r->dev_group[a] = NULL;
+  }
+  for (unsigned k = 0; k < (1u << IR_AXIS_COUNT); k++) {
+    rt_comm_free(r->dev_sets[k]);
+    r->dev_sets[k] = NULL;
   }
 }
 

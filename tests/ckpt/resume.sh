@@ -56,6 +56,7 @@ layouts)
   resume dp2_zero_f64 gpt 2 $GPT --dp 2 --precision f64
   resume pp2_interleaved_f64 gpt 2 ${GPT/layers=2/layers=4} --pp 2 --vpp 2 --precision f64
   resume cp2_f64 gpt 2 ${GPT/dropout=0.1/dropout=0} --cp 2 --precision f64
+  resume cp2_dp2_f64 gpt 4 ${GPT/dropout=0.1/dropout=0} --cp 2 --dp 2 --precision f64   # ZeRO-1 chunks flat over dp+cp
   resume ep2_f64 moe 2 $MOE --ep 2 --precision f64
   SAVE_FLAGS="--save-interval 1 --async-save" resume dp2_zero_async gpt 2 $GPT --dp 2
   resume dp2_zero3 gpt 2 $GPT --dp 2 --zero 3    # ZeRO-3: the shards saved under their parameters' names
@@ -81,6 +82,7 @@ reshard)
   plan dp2_nozero gpt 2 $G8 --dp 2 --no-zero; plan cp2 gpt 2 $G8 --cp 2; plan tp2_sp gpt 2 $G8 --tp 2 --sp
   plan tp2_dp2 gpt 4 $G8 --tp 2 --dp 2; plan moe moe 1 $M64; plan ep2 moe 2 $M64 --ep 2
   plan ep2_tp2 moe 4 $M64 --ep 2 --tp 2; plan ep2_dp2 moe 4 $M64 --ep 2 --dp 2
+  plan cp2_dp2 gpt 4 $G8 --cp 2 --dp 2   # ZeRO-1 moments flat over dp+cp
   plan one_v251 gpt 1 $G8 -D vocab=251; plan tp2_dp2_v251 gpt 4 $G8 --tp 2 --dp 2 -D vocab=251   # padding in ZeRO chunks
   plan dp2_z3 gpt 2 $G8 --dp 2 --zero 3; plan tp2_dp2_z3 gpt 4 $G8 --tp 2 --dp 2 --zero 3 -D vocab=251   # ZeRO-3 shards
   run() { local name=$1; shift; "$MRUN" "$name.plan" --gpus "${gpus[$name]}" --data corpus.txt --quiet --timeout 60 "$@"; }
@@ -111,6 +113,7 @@ reshard)
   reshard one tp2_dp2; reshard tp2_dp2 pp2_split; reshard pp4_vpp2 dp2_nozero; reshard dp4 tp2_sp
   reshard dp2_nozero cp2; reshard one_v250 tp4; reshard tp4 one_v250; reshard moe ep2_tp2; reshard ep2_dp2 ep2
   reshard tp2_dp2_v251 one_v251
+  reshard cp2_dp2 dp2; reshard dp4 cp2_dp2
   reshard dp2_z3 one; reshard dp4 dp2_z3; reshard tp2_dp2_z3 one_v251; reshard one_v251 tp2_dp2_z3
   # the general path in the saved layout equals reading the files as they are
   TS_CKPT_RESHARD=1 run tp2_dp2 --steps 6 --load ck_tp2_dp2 --save-params forced.bin > out.txt 2>&1 ||

@@ -147,6 +147,49 @@ static void test_mesh_groups(RtComm *w, const PlanMesh *m) {
   }
 }
 
+/* The groups over a set of axes (ZeRO over dp x cp): every set of two or
+ * more axes with a live one; members are the ranks sharing every other
+ * coordinate, group rank k the flat index over the set, outer axis major. */
+static void test_mesh_axes_groups(RtComm *w, const PlanMesh *m) {
+  int coord[RT_AXIS_COUNT], c2[RT_AXIS_COUNT];
+  const int size[RT_AXIS_COUNT] = {m->dp, m->pp, m->cp, m->ep, m->tp};
+  int me = rt_comm_rank(w), p = rt_comm_size(w);
+  rt_mesh_coords(m, me, coord);
+  for (unsigned mask = 1; mask < (1u << RT_AXIS_COUNT); mask++) {
+    int live = 0, n = 1;
+    for (int a = 0; a < RT_AXIS_COUNT; a++)
+      if (mask & (1u << a)) live |= size[a] > 1, n *= size[a];
+    if (!(mask & (mask - 1)) || !live) continue;
+    RtComm *g = rt_comm_mesh_axes_group(w, m, mask, err, sizeof err);
+    CHECK(g != NULL, "axes group %#x: %s", mask, err);
+    if (!g) continue;
+    int want[64];
+    for (int r = 0; r < p; r++) {   /* the members, by their index over the set */
+      rt_mesh_coords(m, r, c2);
+      int same = 1;
+      for (int a = 0; a < RT_AXIS_COUNT; a++)
+        if (!(mask & (1u << a)) && c2[a] != coord[a]) same = 0;
+      if (same) want[rt_mesh_axes_index(m, mask, c2)] = r;
+    }
+    CHECK(rt_comm_size(g) == n, "axes %#x: group size %d, want %d", mask, rt_comm_size(g), n);
+    CHECK(rt_comm_rank(g) == rt_mesh_axes_index(m, mask, coord), "axes %#x: group rank %d", mask, rt_comm_rank(g));
+    CHECK(strchr(rt_comm_name(g), '+') != NULL, "axes group name %s", rt_comm_name(g));
+    double x = rt_comm_world_rank(w), got[64];
+    OK(rt_comm_all_gather(g, IR_F64, &x, got, 1, err, sizeof err));
+    for (int i = 0; i < n && i < rt_comm_size(g); i++)
+      CHECK(got[i] == want[i], "mesh dp=%d pp=%d cp=%d ep=%d tp=%d axes %#x member %d: rank %g, want %d", m->dp,
+            m->pp, m->cp, m->ep, m->tp, mask, i, got[i], want[i]);
+    rt_comm_free(g);
+  }
+  if (m->dp == 2 && m->cp == 2 && p == 4) {   /* dp x cp by hand: ranks (dp, cp) = 0 (0,0), 1 (0,1), 2 (1,0), 3 (1,1) */
+    RtComm *g = rt_comm_mesh_axes_group(w, m, (1u << RT_AXIS_DP) | (1u << RT_AXIS_CP), err, sizeof err);
+    CHECK(g && rt_comm_rank(g) == me && strcmp(rt_comm_name(g), "dp+cp") == 0, "2x2 dp+cp group: %s", err);
+    rt_comm_free(g);
+  }
+  CHECK(rt_comm_mesh_axes_group(w, m, 1u << RT_AXIS_COUNT, err, sizeof err) == NULL && strstr(err, "bad axis mask"),
+        "a mask beyond the axes: '%s'", err);
+}
+
 /* Every assignment of the factors of size to the 5 axes (size <= 4 here). */
 static void test_all_meshes(RtComm *w) {
   int p = rt_comm_size(w), meshes = 0;
@@ -155,6 +198,7 @@ static void test_all_meshes(RtComm *w) {
       if (dp * pp * cp * ep * tp != p) continue;
       PlanMesh m = {dp, pp, cp, ep, tp};
       test_mesh_groups(w, &m);
+      test_mesh_axes_groups(w, &m);
       meshes++;
     }
   CHECK(meshes > 0, "no mesh tried");

@@ -135,6 +135,8 @@ int main(int argc, char **argv) {
     if (!(rank.group[a] = rt_comm_mesh_group(world, &rank.mesh, (RtMeshAxis)a, err, sizeof err)))
       rt_comm_abort(world, "%s", err);
   }
+  /* the sets ZeRO-1 shards over (dp+cp), as mrun makes them */
+  if (rt_rank_axes_groups(&rank, world, err, sizeof err) != 0) rt_comm_abort(world, "%s", err);
   /* --fp8 (states of kind fp8): their final values compared too, through
    * a checkpoint of each run (fp8_states_diff) */
   int fp8 = 0;
@@ -365,6 +367,7 @@ finish:;
   xo.dev = NULL;
   rt_exec_set_default(&xo);
   dev->ops->close(dev);
+  rt_rank_axes_groups_free(&rank);
   for (int a = 0; a < IR_AXIS_COUNT; a++) rt_comm_free(rank.group[a]);
   plan_free(plan);
   rt_comm_free(world);

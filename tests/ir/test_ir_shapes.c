@@ -598,6 +598,74 @@ static void test_fp8(void) {
   }
 }
 
+/* Collectives over a set of mesh axes (ZeRO-1 over dp x cp: ir.h,
+ * IR_AXES_SET): "axis=dp+cp" parses to the set, prints back the same, sizes
+ * are the product; one axis stays the plain IrAxis; the ops that take one
+ * axis refuse a set; the verifier wants the value partial (split) over
+ * every axis of the set. */
+static const char *axes_text =
+    "module t\n"
+    "parallel tp=1 pp=1 cp=2 ep=1 dp=3 sp=0\n"
+    "block update {\n"
+    "  %0 = input \"g\" : f32[24] {partial:dp+cp}\n"
+    "  %1 = reduce_scatter %0 axis=dp+cp dim=0 : f32[4] {0:dp+cp*}\n"
+    "  %2 = all_gather %1 axis=dp+cp dim=0 : f32[24]\n"
+    "  %3 = shard_slice %2 axis=dp+cp dim=0 : f32[4] {0:dp+cp*}\n"
+    "  %4 = input \"h\" : f32[24] {partial:dp}\n"
+    "  %5 = reduce_scatter %4 axis=dp dim=0 : f32[8] {0:dp}\n"
+    "  %6 = shard_slice %5 axis=cp dim=0 : f32[4] {0:dp+cp*}\n"
+    "  %7 = all_reduce %0 axis=dp+cp red=0 : f32[24]\n"
+    "}\n"
+    "end\n";
+static IrModule *axes_case(const char *from, const char *to, char *err, size_t errlen) {
+  StrBuf b = {0};
+  const char *at = strstr(axes_text, from);
+  sb_printf(&b, "%.*s%s%s", (int)(at - axes_text), axes_text, to, at + strlen(from));
+  IrModule *m = ir_parse_module(b.p, "axes", err, errlen);
+  if (m && ir_verify(m, err, errlen) != 0) { ir_module_free(m); m = NULL; }
+  sb_free(&b);
+  return m;
+}
+static void test_axes_sets(void) {
+  char err[512] = "";
+  IrModule *m = ir_parse_module(axes_text, "axes", err, sizeof err);
+  CHECK(m != NULL, "axes: %s", err);
+  if (!m) return;
+  CHECK(ir_verify(m, err, sizeof err) == 0, "axes: verify: %s", err);
+  const IrBlock *b = &m->blocks.a[0];
+  CHECK(b->nodes[1].ia[0] == (IR_AXES_SET | (1 << IR_AXIS_DP) | (1 << IR_AXIS_CP)), "dp+cp parsed as %lld",
+        (long long)b->nodes[1].ia[0]);
+  CHECK(b->nodes[6].ia[0] == IR_AXIS_CP, "one axis stays the IrAxis: %lld", (long long)b->nodes[6].ia[0]);
+  CHECK(ir_axes_size(m, b->nodes[1].ia[0]) == 6 && ir_axes_size(m, IR_AXIS_DP) == 3, "sizes");
+  CHECK(ir_axes_attr(1u << IR_AXIS_TP) == IR_AXIS_TP && ir_axes_mask(IR_AXES_SET | 4) == 0 &&
+        ir_axes_mask(IR_AXES_SET | 0x25) == 0 && ir_axes_mask(-1) == 0, "canonical forms");
+  StrBuf t = {0};
+  ir_print_module(m, &t);
+  CHECK(strstr(t.p, strstr(axes_text, "block update")) != NULL, "axes: printed differently:\n%s", t.p);
+  sb_free(&t);
+  ir_module_free(m);
+  /* cp+dp is the same set, printed outer to inner */
+  m = axes_case("axis=dp+cp dim=0 : f32[4]", "axis=cp+dp dim=0 : f32[4]", err, sizeof err);
+  CHECK(m != NULL, "cp+dp: %s", err);
+  ir_module_free(m);
+  static const struct { const char *from, *to, *want; } bad[] = {
+    {"%1 = reduce_scatter %0 axis=dp+cp dim=0 : f32[4]", "%1 = reduce_scatter %0 axis=dp+cp dim=0 : f32[5]",
+     "written type f32[5] but the operands give f32[4]"},
+    {"%0 = input \"g\" : f32[24]", "%0 = input \"g\" : f32[21]", "not divisible by the dp+cp size 6"},
+    {"%1 = reduce_scatter %0 axis=dp+cp", "%1 = all_to_all %0 axis=dp+cp split=0 concat=0 : f32[24]\n  %9 = reduce_scatter %0 axis=dp+cp",
+     "all_to_all takes one mesh axis, not the set dp+cp"},
+    {"%0 = input \"g\" : f32[24] {partial:dp+cp}", "%0 = input \"g\" : f32[24] {partial:dp}",
+     "reduce_scatter of a value that is not a partial sum over its axis"},
+    {"axis=dp+cp dim=0 : f32[4]", "axis=dp+dp dim=0 : f32[4]", "mesh axis dp given twice"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    err[0] = 0;
+    m = axes_case(bad[i].from, bad[i].to, err, sizeof err);
+    CHECK(m == NULL && strstr(err, bad[i].want), "axes bad %zu: want '%s', got '%s'", i, bad[i].want, err);
+    ir_module_free(m);
+  }
+}
+
 int main(void) {
   int ncases = (int)(sizeof cases / sizeof cases[0]);
   for (int op = 0; op < IR_OP_COUNT; op++) {
@@ -637,6 +705,7 @@ int main(void) {
   test_decode();
   test_moe();
   test_fp8();
+  test_axes_sets();
   printf("%d shape-rule cases\n", ncases);
   return check_exit("test_ir_shapes");
 }
