@@ -18,7 +18,10 @@
  *     its 16-bit operands as they are, an f32 operand rounded to 16 bits
  *     first, and stores its result in 16 bits (no cast after it) or, when
  *     an accum reads it or the policy says gemm=f32, in f32 (a GEMM of bf16
- *     operands with f32 accumulation, Megatron's); gmm and gmm_dw read f32
+ *     operands with f32 accumulation, Megatron's); in a bf16 plan a matmul
+ *     whose only reader (through reshapes) is a bias add keeps its f32
+ *     product too, the bias cast to f32 before its broadcast, so the add
+ *     rounds once (cuBLASLt's bias epilogue); gmm and gmm_dw read f32
  *     casts of operands rounded to 16 bits;
  *     every parameter read becomes a read of its 16-bit copy, a new state
  *     of kind `copy` (ir.h) that the runtime refreshes from the f32 master
@@ -238,6 +241,32 @@ int pass_precision(IrModule *m, PassCtx *cx) {
     const IrNode *nd = &old.nodes[i];
     if (keep32[i] && op_class(nd->op) == PC_LAYOUT && nd->nin == 1 && readers[nd->in[0]] == 1) keep32[nd->in[0]] = 1;
   }
+  /* GEMM bias adds (bf16): a matmul whose only reader, through reshapes
+   * each read once, is an add of a broadcast read once (`x @ W + b`, the
+   * epilogue form of plan_epilogue_match) keeps its f32 product, and the
+   * bias is cast to f32 before its broadcast, so the add reads both in f32
+   * and rounds once to bf16 after it -- cuBLASLt's bias epilogue (f32
+   * accumulator + bias, one rounding into D), not the product rounded to
+   * bf16 and the sum rounded again; the fusion pass then makes the matmul,
+   * reshapes, broadcast and add one epilogue as in an f32 plan.  bf16 only:
+   * fp16 plans keep their rounding points. */
+  unsigned char *bias32 = arena_alloc(&cx->scratch, (size_t)n + 1);
+  memset(bias32, 0, (size_t)n + 1);
+  if (lowp == IR_BF16 && store16[PC_GEMM])
+    for (int i = 0; i < n; i++) {
+      const IrNode *a = &old.nodes[i];
+      if (a->op != IR_OP_ADD || a->nin != 2 || a->in[0] == a->in[1]) continue;
+      for (int side = 0; side < 2; side++) {
+        int bc = a->in[side], v = a->in[1 - side];
+        if (old.nodes[bc].op != IR_OP_BROADCAST || readers[bc] != 1) continue;
+        while (old.nodes[v].op == IR_OP_RESHAPE && readers[v] == 1) v = old.nodes[v].in[0];
+        if (old.nodes[v].op != IR_OP_MATMUL || readers[v] != 1) continue;
+        for (int u = a->in[1 - side]; u != v; u = old.nodes[u].in[0]) keep32[u] = 1;
+        keep32[v] = 1;
+        bias32[bc] = 1;
+        break;
+      }
+    }
   int *nv = arena_alloc(&cx->scratch, ((size_t)n + 1) * sizeof *nv);
   int ops[64];
   for (int i = 0; i < n && !x.failed; i++) {
@@ -280,7 +309,7 @@ int pass_precision(IrModule *m, PassCtx *cx) {
       if (gemm16 && d == x.prec) {
         /* the 16-bit GEMM: an f32 operand (the loss's gradient) is rounded to 16 bits */
         in[k] = emit_cast(&x, in[k], lowp);
-      } else if (ir_dtype_is_16(d) && !reads16) {
+      } else if (ir_dtype_is_16(d) && (!reads16 || bias32[i])) {   /* bias32: the bias, cast before its broadcast */
         in[k] = emit_cast(&x, in[k], x.prec);
       } else if (pc == PC_GEMM && lowp != IR_VOID && d == x.prec && store16[PC_GEMM]) {
         /* a GEMM of 16-bit operands computed in f32 (gmm, gmm_dw): an f32 operand is rounded first */
@@ -288,6 +317,7 @@ int pass_precision(IrModule *m, PassCtx *cx) {
       }
     }
     if (x.failed) break;
+    if (bias32[i]) follow = x.prec;   /* the broadcast of the f32 cast of the bias */
     /* parameter reads become reads of the 16-bit copy */
     if (nd.op == IR_OP_STATE && lowp != IR_VOID && m->states.a[nd.ia[0]].kind == IR_STATE_PARAM &&
         m->states.a[nd.ia[0]].type.dtype == x.prec) {

@@ -462,14 +462,33 @@ static int FN(k_EMBEDDING)(RtKctx *k) {
 
 /* Columns [lo, hi) of the scatter-add: every thread walks all ids in
  * order, so each table element adds its rows in the serial order. */
-typedef struct { const int32_t *ids; const T *dy; T *g; int64_t n, C, off, V; } FN(EmbBwdJob);
+typedef struct {
+  const int32_t *ids;
+  const T *dy;
+  T *g;
+  int64_t n, C, off, V;
+  const int64_t *next;          /* adding into values (below), else NULL */
+  const unsigned char *later;
+} FN(EmbBwdJob);
 static void FN(emb_bwd_cols)(void *jp, int64_t lo, int64_t hi) {
   const FN(EmbBwdJob) *j = jp;
   for (int64_t i = 0; i < j->n; i++) {
     if (j->ids[i] < j->off || j->ids[i] >= j->off + j->V) continue;
     T *row = j->g + ((int64_t)j->ids[i] - j->off) * j->C;
     const T *d = j->dy + i * j->C;
-    for (int64_t c = lo; c < hi; c++) row[c] += d[c];
+    if (!j->next) {
+      for (int64_t c = lo; c < hi; c++) row[c] += d[c];
+      continue;
+    }
+    /* into a table that holds values (a state): a token's rows summed
+     * first, from its first position on, then added once -- the bits of
+     * the scatter into zeros followed by the accum, as the reference */
+    if (j->later[i]) continue;   /* added with the token's first position */
+    for (int64_t c = lo; c < hi; c++) {
+      T acc = d[c];
+      for (int64_t k = j->next[i]; k >= 0; k = j->next[k]) acc += j->dy[k * j->C + c];
+      row[c] += acc;
+    }
   }
 }
 
@@ -487,8 +506,28 @@ static int FN(emb_bwd)(RtKctx *k, int zero) {
     if (ids[i] < 0 || ids[i] >= Vg)
       return rt_kfail(k, "token id %d at position %lld is outside the table [0, %lld)", ids[i], (long long)i, (long long)Vg);
   if (zero) rt_par_memset(k->out, 0, (size_t)(V * C) * sizeof(T));
-  FN(EmbBwdJob) j = {ids, k->in[1], k->out, n, C, off, V};
+  /* adding into values: next[i] = the token's next position (-1: none),
+   * later[i] = 1 where it is not the token's first */
+  int64_t *next = NULL, *last = NULL;
+  unsigned char *later = NULL;
+  if (!zero) {
+    next = ts_xmalloc((size_t)(n ? n : 1) * sizeof *next);
+    later = ts_xcalloc((size_t)(n ? n : 1), 1);
+    last = ts_xmalloc((size_t)(V ? V : 1) * sizeof *last);
+    for (int64_t v = 0; v < V; v++) last[v] = -1;
+    for (int64_t i = 0; i < n; i++) {
+      next[i] = -1;
+      if (ids[i] < off || ids[i] >= off + V) continue;
+      int64_t *l = &last[ids[i] - off];
+      if (*l >= 0) next[*l] = i, later[i] = 1;
+      *l = i;
+    }
+  }
+  FN(EmbBwdJob) j = {ids, k->in[1], k->out, n, C, off, V, next, later};
   rt_par_for(C, 64, FN(emb_bwd_cols), &j);
+  free(next);
+  free(later);
+  free(last);
   return 0;
 }
 static int FN(k_EMBEDDING_BWD)(RtKctx *k) { return FN(emb_bwd)(k, 1); }

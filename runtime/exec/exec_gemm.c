@@ -66,8 +66,11 @@ int rt_gemm_epilogue_ok(const IrBlock *b, int mm) {
   if (mm < 0 || mm >= b->n) return 0;
   const IrNode *n = &b->nodes[mm];
   if (n->op != IR_OP_MATMUL || n->nin != 2) return 0;
-  IrDtype dt = n->type.dtype;
-  if ((dt != IR_F32 && dt != IR_F64) || b->nodes[n->in[0]].type.dtype != dt || b->nodes[n->in[1]].type.dtype != dt)
+  IrDtype dt = n->type.dtype, ab = b->nodes[n->in[0]].type.dtype;
+  /* f32 or f64 throughout, or a bf16 plan's bias GEMM: 16-bit operands,
+   * the f32 product (pass precision) */
+  int mixed = ir_dtype_is_16(ab) && dt == IR_F32;
+  if ((dt != IR_F32 && dt != IR_F64) || (ab != dt && !mixed) || b->nodes[n->in[1]].type.dtype != ab)
     return 0;
   int64_t M, N, K, batch;
   int shared;
@@ -159,12 +162,36 @@ int rt_accum_direct_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, vo
  * pool threads with BLAS single-threaded (the reference's RT_SMALL_GEMM). */
 #define GEMM_SMALL (64.0 * 1024 * 1024)
 
+/* A bf16 plan's bias GEMM (16-bit operands, f32 product; pass precision):
+ * out = the reference's f32 product (converted operands, sgemm), then
+ * out += broadcast(bias) in f32 -- the two roundings of the reference's
+ * matmul and add nodes, so both backends give the same bits (tests/bf16);
+ * beta = 1 into the bias would let BLAS add it to partial sums.  The
+ * broadcast bias is this call's own buffer, as the f32 operand copies. */
+static int mixed_epilogue(RtProgram *p, const IrBlock *b, const IrNode *mm, const IrNode *bc, void **bufs,
+                          const RtRunInfo *info, char *msg, size_t n) {
+  const void *min[2] = {bufs[0], bufs[1]};
+  const IrType *mty[2] = {&b->nodes[mm->in[0]].type, &b->nodes[mm->in[1]].type};
+  RtKctx km = {rt_program_kenv(p), b, mm, info, bufs[3], &mm->type, min, mty, msg, n};
+  if (rt_ref_kernels[IR_OP_MATMUL](&km) != 0) return -1;
+  int64_t cnt = ir_type_numel(&bc->type);
+  float *bias = ts_xmalloc((size_t)(cnt ? cnt : 1) * sizeof *bias), *out = bufs[3];
+  const void *bin[1] = {bufs[2]};
+  const IrType *bty[1] = {&b->nodes[bc->in[0]].type};
+  RtKctx kb = {rt_program_kenv(p), b, bc, info, bias, &bc->type, bin, bty, msg, n};
+  int rc = rt_ref_kernels[IR_OP_BROADCAST](&kb);
+  for (int64_t i = 0; rc == 0 && i < cnt; i++) out[i] += bias[i];
+  free(bias);
+  return rc;
+}
+
 int rt_gemm_epilogue_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, void **bufs, const RtRunInfo *info,
                          char *msg, size_t n) {
   const IrNode *mm = &b->nodes[K->gemm_mm - 1], *add = &b->nodes[K->at];
   int bci = add->in[0];
   if (b->nodes[bci].op != IR_OP_BROADCAST) bci = add->in[1];
   const IrNode *bc = &b->nodes[bci];
+  if (ir_dtype_is_16(b->nodes[mm->in[0]].type.dtype)) return mixed_epilogue(p, b, mm, bc, bufs, info, msg, n);
   /* 1. out = broadcast(bias): the reference kernel of the broadcast node */
   const void *bin[1] = {bufs[2]};
   const IrType *bty[1] = {&b->nodes[bc->in[0]].type};

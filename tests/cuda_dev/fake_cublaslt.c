@@ -299,6 +299,10 @@ EXPORT long fake_cublaslt_matmuls(int type, int dtype) {
   int a = type_slot((uint32_t)type);
   return dtype < 0 ? matmuls[a] : matmuls_d[a][type_slot((uint32_t)dtype)];
 }
+/* ... and of those, how many had a BIAS or GELU_BIAS epilogue (A and B of
+ * `type`). */
+static long matmuls_epi[4];
+EXPORT long fake_cublaslt_epilogues(int type) { return matmuls_epi[type_slot((uint32_t)type)]; }
 
 /* ---- heuristic and matmul ---- */
 
@@ -511,6 +515,7 @@ EXPORT St cublasLtMatmul(Handle *h, Desc *d, const void *alpha, const void *A, L
     matmuls[type_slot(la->type)]++;
     matmuls_d[type_slot(la->type)][type_slot(ld->type)]++;
   }
+  if (d->epilogue != EPI_DEFAULT) matmuls_epi[type_slot(la->type)]++;
   *j = (Job){.d = *d, .a = *la, .b = *lb, .c = *lc, .dl = *ld, .A = A, .B = B, .C = C, .D = D};
   /* alpha and beta are read now (host pointer mode), as documented */
   j->alpha = d->scale == R_64F ? *(const double *)alpha : *(const float *)alpha;

@@ -27,6 +27,7 @@
 #include "runtime/device/device.h"
 #include "runtime/exec/dev_prog.h"
 #include "runtime/exec/train.h"
+#include "plan/groups.h"
 #include "emu_host.h"
 #include <dlfcn.h>
 #include <errno.h>
@@ -36,6 +37,20 @@
 #include <string.h>
 #include "read_losses.h"
 #include "../check.h"
+
+/* The GEMM bias epilogue groups of m's blocks: a fusion group ending in
+ * the add of plan_epilogue_match, its matmul in the same group. */
+static int epilogue_groups(const IrModule *m) {
+  int k = 0;
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    for (int i = 0; i < b->n; i++) {
+      PlanEpilogue e;
+      k += b->nodes[i].group && plan_epilogue_match(b, i, &e) && b->nodes[e.matmul].group == b->nodes[i].group;
+    }
+  }
+  return k;
+}
 
 typedef int (*Launcher)(const char *name, long long blocks, int threads, const void *args);
 
@@ -325,6 +340,17 @@ int main(int argc, char **argv) {
             "%ld f32, %ld f64, %ld bf16: every GEMM must read f16 operands", h16, h16_32, g32, g64, g16);
     else
       CHECK(g16 == 0 && h16 == 0, "%ld bf16 and %ld f16 GEMMs in a %s plan", g16, h16, ir_dtype_name(m->train.precision));
+    /* a plan with GEMM bias epilogue groups (x @ W + b; in a bf16 plan the
+     * f32 product of bf16 operands, pass precision) runs them as cuBLASLt
+     * epilogues */
+    long (*lt_epi)(int) = (long (*)(int))dlsym(lt, "fake_cublaslt_epilogues");
+    long e16 = lt_epi ? lt_epi(14) : -1, eall = lt_epi ? lt_epi(0) + lt_epi(1) + lt_epi(2) + e16 : -1;   /* f32 f64 f16 bf16 */
+    int groups = epilogue_groups(m);
+    printf("rank %d: GEMM bias epilogue groups in the plan: %d; cuBLASLt epilogues run: %ld (%ld bf16)\n", me, groups,
+           eall, e16);
+    if (groups > 0)
+      CHECK(m->train.lowp == IR_BF16 ? e16 > 0 : eall > 0, "%d GEMM bias epilogue groups, but %ld cuBLASLt epilogues "
+            "(%ld of bf16 operands) ran", groups, eall, e16);
   }
   CHECK(nops > 0, "no NCCL operation");
   CHECK(!last_stream || last_stream() == comm_stream, "NCCL was not given the device's comm stream");

@@ -54,15 +54,19 @@ def rmsnorm(P, pre, x):
 
 def rope(x, base=10000.0):
     """x: [B, T, H, D] -> same; rotary embedding, rotate-half pairing
-    (dim i with dim i + D/2), position = index along T."""
+    (dim i with dim i + D/2), position = index along T.  A 16-bit x (under
+    autocast, autocast.py) is rotated in f32 and stored in its dtype again,
+    as Megatron's fused rope and Tessera's `rope` do; f64 is untouched."""
     T, D = x.shape[1], x.shape[-1]
     dev = x.device
     inv_freq = base ** (-torch.arange(0, D // 2, dtype=torch.float64, device=dev) * 2.0 / D)   # [D/2]
     ang = torch.arange(T, dtype=torch.float64, device=dev)[:, None] * inv_freq[None, :]        # [T, D/2]
-    cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :]                  # [1, T, 1, D]
-    sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :]
-    x1, x2 = x[..., : D // 2], x[..., D // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
+    ct = torch.float64 if x.dtype == torch.float64 else torch.float32
+    cos = torch.cat([ang.cos(), ang.cos()], -1)[None, :, None, :].to(ct)           # [1, T, 1, D]
+    sin = torch.cat([ang.sin(), ang.sin()], -1)[None, :, None, :].to(ct)
+    xc = x.to(ct)
+    x1, x2 = xc[..., : D // 2], xc[..., D // 2:]
+    return (xc * cos + torch.cat([-x2, x1], -1) * sin).to(x.dtype)
 
 
 def attention(P, pre, x, bias, use_rope):
