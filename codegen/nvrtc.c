@@ -7,8 +7,10 @@
  * rounding: the CPU backends round after each operation and the tests
  * compare bits (a real run may prefer fmad=true; the generated kernels
  * are memory-bound, so it costs little); -lineinfo for profilers; and
- * -Xptxas -v for the resource report.  PTX comes from a compile for the
- * virtual arch (compute_80), the cubin from one for the real arch. */
+ * -Xptxas -v for the resource report.  One compile for the real arch
+ * gives both the cubin and the PTX (the PTX a compile for the virtual arch
+ * compute_80 gives, byte for byte; it was two compiles, a third of the
+ * time). */
 #include "cuda.h"
 #include "ir/dl.h"
 #include <stdlib.h>
@@ -75,33 +77,31 @@ int cg_nvrtc_available(char *why, size_t whylen) {
 
 /* One compile for `arch` ("compute_80" or "sm_80"): the log always, PTX
  * or the cubin. */
-static int compile_one(const char *src, const char *arch, char **log, char **ptx, size_t *ptx_len, void **cubin,
-                       size_t *cubin_len, char *err, size_t errlen) {
+/* One NVRTC run for a real arch: its PTX (the same text a compile for the
+ * virtual arch gives: checked with CUDA 13's NVRTC) and its cubin, with
+ * ptxas' verbose report in the log. */
+static int compile_one(const char *src, const char *arch, CgNvrtcOut *o, char *err, size_t errlen) {
   NvProgram prog = NULL;
   char archopt[64];
   snprintf(archopt, sizeof archopt, "-arch=%s", arch);
   /* 177: a value computed and not used (the printer emits every instruction) */
   const char *opts[] = {archopt, "-std=c++17", "--fmad=false", "-lineinfo", "--diag-suppress=177", "-Xptxas", "-v"};
-  int nopt = ptx ? 5 : 7;   /* the ptxas report only comes with a cubin */
   NVCHECK(nv.create(&prog, src, "tessera.cu", 0, NULL, NULL), "nvrtcCreateProgram", "out of memory?");
-  NvResult rc = nv.compile(prog, nopt, opts);
+  NvResult rc = nv.compile(prog, (int)(sizeof opts / sizeof *opts), opts);
   size_t ls = 0;
   NVCHECK(nv.log_size(prog, &ls), "nvrtcGetProgramLogSize", "internal NVRTC error");
-  *log = ts_xcalloc(ls + 1, 1);
-  if (ls) NVCHECK(nv.log(prog, *log), "nvrtcGetProgramLog", "internal NVRTC error");
+  o->log = ts_xcalloc(ls + 1, 1);
+  if (ls) NVCHECK(nv.log(prog, o->log), "nvrtcGetProgramLog", "internal NVRTC error");
   if (rc != 0) {
     ts_errf(err, errlen, "NVRTC rejected the module for %s: %s", arch, nv.errstr(rc));
     goto fail;
   }
-  if (ptx) {
-    NVCHECK(nv.ptx_size(prog, ptx_len), "nvrtcGetPTXSize", "compiled for a real arch?");
-    *ptx = ts_xcalloc(*ptx_len + 1, 1);
-    NVCHECK(nv.ptx(prog, *ptx), "nvrtcGetPTX", "internal NVRTC error");
-  } else {
-    NVCHECK(nv.cubin_size(prog, cubin_len), "nvrtcGetCUBINSize", "compiled for a virtual arch?");
-    *cubin = ts_xmalloc(*cubin_len ? *cubin_len : 1);
-    NVCHECK(nv.cubin(prog, *cubin), "nvrtcGetCUBIN", "internal NVRTC error");
-  }
+  NVCHECK(nv.ptx_size(prog, &o->ptx_len), "nvrtcGetPTXSize", "internal NVRTC error");
+  o->ptx = ts_xcalloc(o->ptx_len + 1, 1);
+  NVCHECK(nv.ptx(prog, o->ptx), "nvrtcGetPTX", "internal NVRTC error");
+  NVCHECK(nv.cubin_size(prog, &o->cubin_len), "nvrtcGetCUBINSize", "compiled for a virtual arch?");
+  o->cubin = ts_xmalloc(o->cubin_len ? o->cubin_len : 1);
+  NVCHECK(nv.cubin(prog, o->cubin), "nvrtcGetCUBIN", "internal NVRTC error");
   nv.destroy(&prog);
   return 0;
 fail:
@@ -208,16 +208,7 @@ int cg_nvrtc_compile(const char *src, const char *arch, CgNvrtcOut *out, char *e
       w += (size_t)snprintf(list + w, sizeof list - w, "%ssm_%d", i ? ", " : "", archs[i]);
     return ts_errf(err, errlen, "this NVRTC cannot compile for %s (it supports %s)", arch, list);
   }
-  char virt[16];
-  snprintf(virt, sizeof virt, "compute_%s", arch + 3);
-  char *log1 = NULL;
-  if (compile_one(src, virt, &log1, &out->ptx, &out->ptx_len, NULL, NULL, err, errlen) != 0 ||
-      compile_one(src, arch, &out->log, NULL, NULL, &out->cubin, &out->cubin_len, err, errlen) != 0) {
-    if (!out->log) out->log = log1, log1 = NULL;
-    free(log1);
-    return -1;
-  }
-  free(log1);
+  if (compile_one(src, arch, out, err, errlen) != 0) return -1;
   parse_report(out);
   return 0;
 }

@@ -3,6 +3,10 @@
 # per harness.  TS_CLANG is empty, and every target skipped, without a
 # clang that can link libFuzzer (its runtime is libclang-rt-*-dev).
 find_program(TS_CLANG NAMES clang-14 clang)
+# Seconds each fuzz test runs in the suite (libFuzzer's -max_total_time):
+# a smoke run from the seeds and the regression corpora; longer runs:
+# bench/fuzz.sh --seconds N.
+set(TS_FUZZ_SECONDS 10 CACHE STRING "seconds each fuzz test of the suite runs")
 if(TS_CLANG)
   set(probe ${CMAKE_CURRENT_BINARY_DIR}/fuzz_probe.c)
   file(WRITE ${probe} "#include <stddef.h>\n#include <stdint.h>\nint LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }\n")

@@ -4,8 +4,8 @@
 # each.  Prints ctest's summary per build and exits non-zero if either failed.
 #
 # The ASan run skips tests labelled `slow` (the 200-step end-to-end training
-# runs, tests/e2e; the 64-rank run; NVRTC's resource reports; all fake-GPU
-# layouts but dp2_f64_zero, tests/cuda_dev) and `mpi_matrix` (the many-layout
+# runs, tests/e2e; the 64-rank run; NVRTC's resource reports; the fake-GPU
+# layouts but one per host path, tests/cuda_dev/CMakeLists.txt) and `mpi_matrix` (the many-layout
 # equivalence matrices of tests/parallel, tests/shard, tests/rank, tests/fuse:
 # the sanitizer run keeps one layout of each family -- tp x dp x sp, cp, ep,
 # the LLVM backend -- and every fault and refusal test): under the
@@ -13,6 +13,7 @@
 # kept ones do not.  Set TESSERA_ASAN_SLOW=1 to run them there too.  It
 # also skips the tests labelled `fuzz` (the libFuzzer targets): they are
 # clang builds with ASan and UBSan of their own, whichever build runs them.
+# The sanitizer build is Debug at -O1 (CMakeLists.txt: ASan's advice).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

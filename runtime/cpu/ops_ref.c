@@ -295,8 +295,9 @@ static int ref_MATMUL(RtKctx *k) {
 static int matmul_f32_of(RtKctx *k, float alpha) {
   IrDtype ft = k->ot->dtype;
   int64_t na = ir_type_numel(k->it[0]), nb = ir_type_numel(k->it[1]), no = ir_type_numel(k->ot);
-  float *a = ts_xmalloc((size_t)(na ? na : 1) * sizeof *a), *b = ts_xmalloc((size_t)(nb ? nb : 1) * sizeof *b);
-  float *c = ft == IR_F32 ? k->out : ts_xmalloc((size_t)(no ? no : 1) * sizeof *c);
+  /* the copies in this thread's scratch (par.h): made again on every call */
+  float *a = rt_scratch(0, (size_t)na * sizeof *a), *b = rt_scratch(1, (size_t)nb * sizeof *b);
+  float *c = ft == IR_F32 ? k->out : rt_scratch(2, (size_t)no * sizeof *c);
   rt_convert(a, IR_F32, k->in[0], k->it[0]->dtype, na);
   rt_convert(b, IR_F32, k->in[1], k->it[1]->dtype, nb);
   IrType at = *k->it[0], bt = *k->it[1], ct = *k->ot;
@@ -312,9 +313,6 @@ static int matmul_f32_of(RtKctx *k, float alpha) {
   if (rc == 0 && alpha != 1.0f)
     for (int64_t i = 0; i < no; i++) c[i] *= alpha;
   if (rc == 0 && ft != IR_F32) rt_convert(k->out, ft, c, IR_F32, no);
-  free(a);
-  free(b);
-  if (c != k->out) free(c);
   return rc;
 }
 FLOAT_ROW_OP(SOFTMAX, "T")
@@ -378,14 +376,35 @@ static int ref_NE_SCALAR(RtKctx *k) {
     rt_st(k->out, k->ot->dtype, i, rt_ld(k->in[0], k->it[0]->dtype, i) != k->n->fa[0]);
   return 0;
 }
-void rt_convert(void *dst, IrDtype to, const void *src, IrDtype from, int64_t n) {
-  if (from == IR_F32 && to == IR_BF16) {   /* the copies of every step: the common case, no double */
-    const float *x = src;
-    uint16_t *y = dst;
-    for (int64_t i = 0; i < n; i++) y[i] = ts_f32_to_bf16(x[i]);
-    return;
+/* rt_convert's pairs between f32 and the 16-bit types, one typed loop each
+ * (the copies of every step and the GEMMs' f32 operands of 16-bit plans);
+ * the same bits as through rt_ld / rt_st (f32 -> double -> f32 is exact). */
+typedef struct { void *dst; const void *src; IrDtype to, from; } ConvJob;
+static void convert_range(void *ctx, int64_t lo, int64_t hi) {
+  const ConvJob *j = ctx;
+  if (j->from == IR_F32 && j->to == IR_BF16) {
+    const float *x = j->src;
+    uint16_t *y = j->dst;
+    for (int64_t i = lo; i < hi; i++) y[i] = ts_f32_to_bf16(x[i]);
+  } else if (j->from == IR_F32 && j->to == IR_F16) {
+    const float *x = j->src;
+    uint16_t *y = j->dst;
+    for (int64_t i = lo; i < hi; i++) y[i] = ts_f32_to_f16(x[i]);
+  } else if (j->from == IR_BF16 && j->to == IR_F32) {
+    const uint16_t *x = j->src;
+    float *y = j->dst;
+    for (int64_t i = lo; i < hi; i++) y[i] = ts_bf16_to_f32(x[i]);
+  } else if (j->from == IR_F16 && j->to == IR_F32) {
+    const uint16_t *x = j->src;
+    float *y = j->dst;
+    for (int64_t i = lo; i < hi; i++) y[i] = ts_f16_to_f32(x[i]);
+  } else {
+    for (int64_t i = lo; i < hi; i++) rt_st(j->dst, j->to, i, rt_ld(j->src, j->from, i));
   }
-  for (int64_t i = 0; i < n; i++) rt_st(dst, to, i, rt_ld(src, from, i));
+}
+void rt_convert(void *dst, IrDtype to, const void *src, IrDtype from, int64_t n) {
+  ConvJob j = {dst, src, to, from};
+  rt_par_for(n, 1 << 16, convert_range, &j);
 }
 static int ref_CAST(RtKctx *k) {
   if (check_sig(k, "*", IR_VOID) != 0) return -1;

@@ -10,6 +10,7 @@
  * sequential); a concurrent or nested call finds the pool busy and runs
  * its loop serially instead of waiting. */
 #include "par.h"
+#include "ir/util.h"
 #include <cblas.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -194,4 +195,33 @@ void rt_par_blas_serial(RtParFn fn, void *ctx, int64_t n, int64_t grain) {
   if (prev > 1) openblas_set_num_threads(1);
   rt_par_for(n, grain, fn, ctx);
   if (prev > 1) openblas_set_num_threads(prev);
+}
+
+/* ---- rt_scratch: per-thread buffers, freed by the key's destructor at
+ * thread exit (the main thread's stay reachable until the process ends) */
+typedef struct { void *p[RT_SCRATCH_SLOTS]; size_t n[RT_SCRATCH_SLOTS]; } Scratch;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static void scratch_free(void *v) {
+  Scratch *s = v;
+  for (int i = 0; i < RT_SCRATCH_SLOTS; i++) free(s->p[i]);
+  free(s);
+}
+static void scratch_init(void) { TS_ASSERT(pthread_key_create(&scratch_key, scratch_free) == 0); }
+
+void *rt_scratch(int slot, size_t bytes) {
+  TS_ASSERT(slot >= 0 && slot < RT_SCRATCH_SLOTS);
+  pthread_once(&scratch_once, scratch_init);
+  Scratch *s = pthread_getspecific(scratch_key);
+  if (!s) {
+    s = ts_xcalloc(1, sizeof *s);
+    TS_ASSERT(pthread_setspecific(scratch_key, s) == 0);
+  }
+  if (bytes == 0) bytes = 1;
+  if (s->n[slot] < bytes) {
+    free(s->p[slot]);
+    s->p[slot] = ts_xmalloc(bytes);
+    s->n[slot] = bytes;
+  }
+  return s->p[slot];
 }

@@ -48,6 +48,15 @@ void rt_par_memset(void *dst, int c, size_t bytes);
  * run many small GEMMs in parallel, one per pool thread. */
 void rt_par_blas_serial(RtParFn fn, void *ctx, int64_t n, int64_t grain);
 
+/* Scratch memory kept between calls: slot `slot` (0 .. RT_SCRATCH_SLOTS-1)
+ * of the calling thread, at least `bytes` long, contents undefined, valid
+ * until the thread's next rt_scratch of that slot.  For temporaries made on
+ * every call (the f32 operand copies of a 16-bit GEMM): a fresh malloc of
+ * some MiB is an mmap, a page fault per 4 KiB and a munmap each time (a
+ * tenth of a bf16 step on the tiny gpt).  Freed when the thread exits. */
+#define RT_SCRATCH_SLOTS 4
+void *rt_scratch(int slot, size_t bytes);
+
 /* NAME_SUF: the float and double instances of a kernel written once and
  * included twice (ops_ref_t.h, attn_t.h). */
 #define RT_CAT_(a, b) a##_##b

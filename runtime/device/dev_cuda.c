@@ -182,8 +182,10 @@ static int c_module_load(RtDev *d, const RtDevImage *img, RtDevModule **out, cha
     char arch[16], why[1024];
     snprintf(arch, sizeof arch, "sm_%d", d->sm);
     CgNvrtcOut o;
-    if (cg_nvrtc_compile(img->source, arch, &o, why, sizeof why) != 0)
+    if (cg_nvrtc_compile(img->source, arch, &o, why, sizeof why) != 0) {
+      cg_nvrtc_out_free(&o);
       return ts_errf(err, n, "the image has no cubin or PTX for %s and compiling its source failed: %s", arch, why);
+    }
     int rc = RT_CU_CHECK(c->cu, ModuleLoadDataEx, "loading the cubin NVRTC made from the source", err, n, &m,
                          o.cubin, 0, NULL, NULL);
     cg_nvrtc_out_free(&o);

@@ -143,8 +143,8 @@ int rt_accum_direct_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, vo
   float *a32 = NULL, *b32 = NULL;
   const void *A = bufs[0], *B = bufs[1];
   if (ir_dtype_is_16(ad)) {
-    a32 = ts_xmalloc((size_t)(M * Kd) * sizeof *a32);
-    b32 = ts_xmalloc((size_t)(Kd * N) * sizeof *b32);
+    a32 = rt_scratch(0, (size_t)(M * Kd) * sizeof *a32);   /* par.h: kept between calls */
+    b32 = rt_scratch(1, (size_t)(Kd * N) * sizeof *b32);
     rt_convert(a32, IR_F32, bufs[0], ad, M * Kd);
     rt_convert(b32, IR_F32, bufs[1], b->nodes[mm->in[1]].type.dtype, Kd * N);
     A = a32;
@@ -153,8 +153,6 @@ int rt_accum_direct_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, vo
   GemmJob j = {mm->type.dtype == IR_F64, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                (int)M, (int)N, (int)Kd, (int)(ta ? M : Kd), (int)(tb ? Kd : N), A, B, C, 0, 0, 0};
   gemm_items(&j, 0, 1);
-  free(a32);
-  free(b32);
   return 0;
 }
 
