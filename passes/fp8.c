@@ -4,7 +4,9 @@
  * Expects: block "micro" after pass precision under --precision bf16 (the
  *   GEMMs are 16-bit matmuls reading bf16 operands), the forward ending at
  *   `output "loss"`, a repeat stack (pass_layer_units' rule: parameters
- *   named <stack>.<i>.*), pp = 1.
+ *   named <stack>.<i>.*).  With pp > 1, the partition pass's chunk tags on
+ *   the nodes (the new nodes take their GEMM's: a layer's tensors are
+ *   quantized in its chunk, the fp8 copies stashed like other values).
  * Guarantees (with cx->fp8 set; otherwise the module is unchanged):
  *   - the layers chosen: every layer of each repeat stack but its first and
  *     last (Megatron's --first-last-layers-bf16), or all of them with
@@ -25,11 +27,13 @@
  *     <t>.amax [] (this step's, 0), <t>.amax_history [len] (0), <t>.scale
  *     [] (1) and <t>.scale_inv [] (1); t is fp8.<stack>.<i>.<role><j>, role
  *     w (a parameter's copy), x (a forward activation) or dy (a gradient);
- *   - fp8_update_ops (the optimizer pass calls it at the end of "update"):
- *     per t: the amax all-reduced with max over every axis of size > 1
- *     (dp, cp, ep, tp: the ranks sharing the tensor, so every rank gets the
- *     same scale), `fp8_scale` (history, scale, scale_inv), `zero` the amax.
- * Refuses: --fp8 without --precision bf16, with pp > 1, a history length
+ *   - fp8_update_ops (the optimizer pass calls it at the end of "update",
+ *     with pp of "update.<r>" for the rank r holding the tensor's chunk):
+ *     per t: the amax all-reduced with max over every axis of size > 1 but
+ *     pp (dp, cp, ep, tp: the ranks sharing the tensor, so every rank gets
+ *     the same scale), `fp8_scale` (history, scale, scale_inv), `zero` the
+ *     amax.
+ * Refuses: --fp8 without --precision bf16, a history length
  *   < 1, a model without a repeat stack or with no GEMM to rewrite. */
 #include "passes.h"
 #include "pipe.h"
@@ -145,10 +149,6 @@ int pass_fp8(IrModule *m, PassCtx *cx) {
     return ts_errf(cx->err, sizeof cx->err, "--fp8 %s quantizes the GEMMs of a bf16 model (Megatron: --fp8-format "
                    "with --bf16), but this module trains in %s: add --precision bf16", fmtname,
                    ir_dtype_name(m->train.lowp != IR_VOID ? m->train.lowp : m->train.precision));
-  if (ir_axis_size(m, IR_AXIS_PP) > 1)
-    return ts_errf(cx->err, sizeof cx->err, "--fp8 %s with --pp %d: fp8 with pipeline parallelism is not built yet "
-                   "(the amax states would live on the stage of their layer); drop --pp or --fp8", fmtname,
-                   ir_axis_size(m, IR_AXIS_PP));
   if (cx->fp8_history < 1 || cx->fp8_history > 1000000)
     return ts_errf(cx->err, sizeof cx->err, "--fp8-amax-history-len %lld: must be 1 to 1000000",   /* internal */
                    (long long)cx->fp8_history);
@@ -293,23 +293,50 @@ int pass_fp8(IrModule *m, PassCtx *cx) {
 }
 
 /* The scale update of every fp8 tensor (found by its quant8's scale state
- * in block micro) at the end of block "update". */
+ * in block micro, or with pp in the chunk blocks fwd / bwd / wgt.<g>) at
+ * the end of the update block of the rank quantizing it: "update", or in
+ * a whole-model pipeline module "update.<g % pp>" for chunk g.  A tensor
+ * belongs to one layer, so to one chunk and one pipeline rank. */
 int fp8_update_ops(IrModule *m, PassCtx *cx) {
-  int mb = ir_block_find(m, "micro"), ub = ir_block_find(m, "update");
-  if (mb < 0 || ub < 0) return 0;
-  const IrBlock *b = &m->blocks.a[mb];
-  unsigned char *done = arena_alloc(&cx->scratch, (size_t)m->states.n + 1);
-  memset(done, 0, (size_t)m->states.n + 1);
-  for (int i = 0; i < m->blocks.a[mb].n; i++) {
-    b = &m->blocks.a[mb];
-    const IrNode *q = &b->nodes[i];
-    if (q->op != IR_OP_QUANT8) continue;
-    const IrNode *sn = &b->nodes[q->in[1]];
-    if (sn->op != IR_OP_STATE) continue;
-    int scale = (int)sn->ia[0];
-    if (done[scale]) continue;
-    done[scale] = 1;
-    double fmax = q->type.dtype == IR_F8E5M2 ? FP8_E5M2_MAX : FP8_E4M3_MAX;
+  int pp = ir_axis_size(m, IR_AXIS_PP), whole = pp > 1 && m->par.stage == 0;
+  int ns = m->states.n;
+  int *owner = arena_alloc(&cx->scratch, ((size_t)ns + 1) * sizeof *owner);
+  int *order = arena_alloc(&cx->scratch, ((size_t)ns + 1) * sizeof *order);
+  IrDtype *fmt = arena_alloc(&cx->scratch, ((size_t)ns + 1) * sizeof *fmt);
+  int nq = 0;
+  for (int s = 0; s < ns; s++) owner[s] = -1;
+  for (int bi = 0; bi < m->blocks.n; bi++) {
+    const IrBlock *b = &m->blocks.a[bi];
+    IrChunkKind kind;
+    int g = ir_block_chunk_kind(b, &kind), r;
+    if (b->name && !strcmp(b->name, "micro")) r = 0;
+    else if (g >= 0 && kind != IR_CHUNK_EVAL) r = whole ? g % pp : 0;
+    else continue;
+    for (int i = 0; i < b->n; i++) {
+      const IrNode *q = &b->nodes[i];
+      if (q->op != IR_OP_QUANT8 || b->nodes[q->in[1]].op != IR_OP_STATE) continue;
+      int scale = (int)b->nodes[q->in[1]].ia[0];
+      if (scale < 0 || scale >= ns) continue;
+      if (owner[scale] < 0) {
+        owner[scale] = r;
+        fmt[scale] = q->type.dtype;
+        order[nq++] = scale;
+      } else if (owner[scale] != r) {
+        return ts_errf(cx->err, sizeof cx->err, "internal error: fp8: @%s is quantized on pipeline ranks %d and %d "   /* internal */
+                       "(a tensor's scale belongs to the rank of its layer)", m->states.a[scale].name, owner[scale], r);
+      }
+    }
+  }
+  for (int k = 0; k < nq; k++) {
+    int scale = order[k];
+    char uname[32];
+    if (whole) snprintf(uname, sizeof uname, "update.%d", owner[scale]);
+    else snprintf(uname, sizeof uname, "update");
+    int ub = ir_block_find(m, uname);
+    if (ub < 0)
+      return ts_errf(cx->err, sizeof cx->err, "internal error: fp8: no block \"%s\" for @%s's scale update", uname,   /* internal */
+                     m->states.a[scale].name);
+    double fmax = fmt[scale] == IR_F8E5M2 ? FP8_E5M2_MAX : FP8_E4M3_MAX;
     const char *sname = m->states.a[scale].name;
     size_t bl = strlen(sname) - strlen(".scale");
     char base[512];
