@@ -1117,7 +1117,10 @@ static int optimizer_run(IrModule *m, PassCtx *cx, const uint64_t *stage_ranks) 
   ms.prec = m->train.precision;
   if (!ir_dtype_is_float(ms.prec)) { snprintf(cx->err, sizeof cx->err, "optimizer: precision must be f32 or f64"); return -1; }
   ms.dp = ir_axis_size(m, IR_AXIS_DP);
-  ms.zero = ms.dp > 1 && m->par.zero;
+  /* ZeRO-1 shards over the joint data-parallel group: dp, and cp / ep
+   * where they replicate parameters (collect_grads), so also at dp 1 */
+  int joint = ms.dp * ir_axis_size(m, IR_AXIS_CP) * ir_axis_size(m, IR_AXIS_EP);
+  ms.zero = (ms.dp > 1 || joint > 1) && m->par.zero && (ms.dp > 1 || m->par.zero != 3);
   ms.z3 = ms.dp > 1 && m->par.zero == 3;
   ms.live = 0;
   ms.ppn = pipe ? PP_BIT : 0;
@@ -1148,7 +1151,7 @@ static int optimizer_run(IrModule *m, PassCtx *cx, const uint64_t *stage_ranks) 
     }
   int nacc;
   SavedSh *acc = save_accum_operands(m, &cx->scratch, &nacc);
-  dp_marks(m, ms.dp > 1);
+  dp_marks(m, ms.dp > 1 || ms.zero);
 
   int rc = 0;
   if (!pipe) {

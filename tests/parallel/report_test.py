@@ -75,7 +75,9 @@ def rows(section):
     return out
 
 
-def check_memory(model, defs, tp, dp, zero, extra):
+def check_memory(model, defs, tp, dp, zero, extra, cp=1):
+    """cp: ranks replicating every parameter besides dp; ZeRO-1 shards the
+    moments over dp x cp (the joint data-parallel group), also at dp 1"""
     before = failures
     params, rules = frontend_params(model, defs)
     tp_dims = {d for d, axes in rules.items() if "tp" in axes}
@@ -91,11 +93,11 @@ def check_memory(model, defs, tp, dp, zero, extra):
         whole += math.prod(n for _, n in dims) * size
         loc += local * size
         par += (math.ceil(local / dp) if zero == 3 and dp > 1 else local) * size
-        adam += 2 * (math.ceil(local / dp) if zero and dp > 1 else local) * size
+        adam += 2 * (math.ceil(local / (dp * cp)) if zero and dp * cp > 1 else local) * size
     args = ["%s/samples/%s.mdl" % (SRC, model)] + defs + extra + ["--report", "memory"]
     text = mcc(args).splitlines()
     what = "%s %s" % (model, " ".join(extra))
-    n = tp * dp
+    n = tp * dp * cp
     head = [i for i, l in enumerate(text) if re.match(r"ranks? ", l)]
     uns = [i for i, l in enumerate(text) if l.startswith("unsharded")]
     if len(head) != 1 or len(uns) != 1:
@@ -238,6 +240,10 @@ check_memory("llama", LLAMA + ["-D", "vocab=256"], 2, 2, True, ["--tp", "2", "--
 check_memory("gpt", GPT + ["-D", "vocab=256"], 1, 4, True, ["--dp", "4"])
 check_memory("gpt", GPT + ["-D", "vocab=256"], 1, 4, False, ["--dp", "4", "--no-zero"])
 check_memory("llama", LLAMA + ["-D", "vocab=256", "-D", "heads=8", "-D", "kv_heads=4"], 4, 1, True, ["--tp", "4"])
+# ZeRO-1 over the joint group at dp 1: cp alone shards the moments (Megatron's dp x cp group), --no-zero does not
+check_memory("llama", LLAMA + ["-D", "vocab=256"], 1, 1, True, ["--cp", "2"], cp=2)
+check_memory("llama", LLAMA + ["-D", "vocab=256"], 1, 1, False, ["--cp", "2", "--no-zero"], cp=2)
+check_memory("llama", LLAMA + ["-D", "vocab=256"], 1, 2, True, ["--cp", "2", "--dp", "2"], cp=2)
 check_comm("gpt", GPT + ["-D", "vocab=256"], ["--tp", "2", "--dp", "2", "--sp"], {"tp": 2, "dp": 2})
 check_comm("llama", LLAMA + ["-D", "vocab=256"], ["--tp", "2"], {"tp": 2})
 check_comm("gpt", GPT + ["-D", "vocab=256"], ["--dp", "4", "--no-zero"], {"dp": 4})
