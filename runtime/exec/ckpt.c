@@ -553,7 +553,9 @@ static char *map_shard_file(const char *path, int64_t step, size_t *len_out, cha
 }
 
 /* Reads this rank's shard file into the program's states (the checkpoint
- * was saved in this layout: the file holds exactly the program's states). */
+ * was saved in this layout: its index says the file holds exactly the
+ * program's states, so a file that does not is not the one saved with
+ * that index). */
 static int read_rank(RtProgram *p, const char *path, int64_t step, char *err, size_t errlen) {
   const IrModule *m = rt_program_module(p);
   size_t len = 0, pos = 12;   /* the tensor count, after magic and version */
@@ -591,10 +593,12 @@ static int read_rank(RtProgram *p, const char *path, int64_t step, char *err, si
       for (uint32_t d = 0; d < rank; d++) t.dim[d] = dim[d];
       ir_type_str(&t, have, sizeof have);
       if (st) ir_type_str(&st->type, want, sizeof want);
-      rc = ts_errf(err, errlen, "the checkpoint does not fit this program: tensor '%s' (%s %s in '%s') %s%s%s", name,
-                   kind_name((IrStateKind)kind), have, path, st ? "is " : "is not in the program",
-                   st ? kind_name((IrStateKind)ck_kind(st)) : "", st ? " " : "");
-      if (st) snprintf(err + strlen(err), errlen - strlen(err), "%s here", want);
+      /* the index beside the file matched this program (index_is_mine),
+       * so the file itself is not what was saved with it */
+      rc = ts_errf(err, errlen, "'%s' does not match its index (.idx), which fits this program: tensor '%s' is %s %s "
+                   "in the file, %s%s%s%s in the index: the file is from another checkpoint or was replaced; restore the "
+                   "checkpoint directory as it was saved", path, name, kind_name((IrStateKind)kind), have,
+                   st ? kind_name((IrStateKind)ck_kind(st)) : "not", st ? " " : "", st ? want : "", "");
       goto out;
     }
     if (ts_hash64(b + pos, nbytes, 0) != h) {
@@ -607,7 +611,12 @@ static int read_rank(RtProgram *p, const char *path, int64_t step, char *err, si
   }
   if (pos != len) { rc = ts_errf(err, errlen, "'%s' is corrupted: %zu bytes after its last tensor", path, len - pos); goto out; }
   for (int s = 0; s < m->states.n; s++)
-    if (!got[s] && !ck_skip(&m->states.a[s])) { rc = ts_errf(err, errlen, "the checkpoint does not fit this program: '%s' lacks tensor '%s'", path, m->states.a[s].name); goto out; }
+    if (!got[s] && !ck_skip(&m->states.a[s])) {
+      rc = ts_errf(err, errlen, "'%s' does not match its index (.idx), which fits this program: it lacks tensor '%s' "
+                   "the index lists: the file is from another checkpoint or was replaced; restore the checkpoint "
+                   "directory as it was saved", path, m->states.a[s].name);
+      goto out;
+    }
 #undef NEED
 out:
   free(got);
