@@ -102,13 +102,17 @@ int pass_dp_overlap_report(const IrModule *m, int64_t bucket_bytes, int overlap,
   }
   PlanDpPlan pl;
   if (plan_dp_buckets(m, bucket_bytes, &pl, err, errlen) != 0) return -1;
+  /* dp, or the joint data-parallel group (ZeRO-1 over dp+cp: also at dp 1):
+   * the largest group a bucket reduces over */
   int dp = pl.dp;
+  for (int k = 0; k < pl.nb; k++)
+    if (pl.b[k].size > dp) dp = pl.b[k].size;
   if (dp <= 1) { plan_dp_free(&pl); return 0; }
   int zero = m->par.zero != 0;   /* ZeRO-1 when dp > 1 (passes/optimizer.c) */
   int64_t stride = 1;   /* dp is the outermost axis: its neighbours are every other axis' ranks apart */
   for (int a = IR_AXIS_DP + 1; a < IR_AXIS_COUNT; a++) stride *= ir_axis_size(m, (IrAxis)a);
   HwLink link = hw ? hw_link(hw, dp, stride) : (HwLink){0, 0, 0};
-  sb_printf(out, "dp gradient reduction: dp=%d, %s, buckets of >= %lld bytes%s\n", dp,
+  sb_printf(out, "dp gradient reduction: %s=%d, %s, buckets of >= %lld bytes%s\n", dp > pl.dp ? "joint dp group" : "dp", dp,
             zero ? "ZeRO-1 (reduce_scatter)" : "all_reduce", (long long)pl.bucket_bytes,
             overlap ? ", each issued during the last micro batch's backward once its gradients are final"
                     : " (--no-overlap-grad-reduce: all in the update block, after the backward)");
@@ -124,7 +128,7 @@ int pass_dp_overlap_report(const IrModule *m, int64_t bucket_bytes, int overlap,
     const IrBlock *b = &m->blocks.a[bk->wblock];
     double flops = 0;
     for (int i = bk->at + 1; i < b->n; i++) flops += pass_node_flops(b, &b->nodes[i]);
-    double ring = ring_bytes(bk->op, dp, (double)bk->bytes), exposed = overlap && flops > 0 ? 0 : ring;
+    double ring = ring_bytes(bk->op, bk->size, (double)bk->bytes), exposed = overlap && flops > 0 ? 0 : ring;
     char at[64];
     snprintf(at, sizeof at, "%%%d %s", bk->at, ir_ops[b->nodes[bk->at].op].name);
     sb_printf(out, "  %6d %-8s %-22s %5d %-15s %14lld %14.0f %14.4g", k, b->name, at, bk->n,
@@ -138,7 +142,7 @@ int pass_dp_overlap_report(const IrModule *m, int64_t bucket_bytes, int overlap,
         free_at = 0;
         last_wblock = bk->wblock;
       }
-      double comm = hw_coll_time(&link, bk->op == IR_OP_ALL_REDUCE ? HW_ALL_REDUCE : HW_REDUCE_SCATTER, dp,
+      double comm = hw_coll_time(&link, bk->op == IR_OP_ALL_REDUCE ? HW_ALL_REDUCE : HW_REDUCE_SCATTER, bk->size,
                                  (double)bk->bytes);
       double issue = overlap ? prefix_time(m, b, bk->at + 1, hw) : end;
       double start = issue > free_at ? issue : free_at, done = start + comm;

@@ -184,7 +184,7 @@ static double copy_time(const HwDesc *hw, double bytes) { return hw->kernel_over
  * then its collective over dp, as comm_time costs a dp collective of the
  * bucket's bytes. */
 static double bucket_time(const IrModule *m, const PlanDpBucket *bk, const HwDesc *hw) {
-  int dp = ir_axis_size(m, IR_AXIS_DP);
+  int dp = bk->size;   /* dp, or the joint group dp+cp ... */
   HwLink l = hw_link(hw, dp, axis_stride(m, IR_AXIS_DP));
   return copy_time(hw, (double)bk->bytes) +
          hw_coll_time(&l, bk->op == IR_OP_ALL_REDUCE ? HW_ALL_REDUCE : HW_REDUCE_SCATTER, dp, (double)bk->bytes);
@@ -413,7 +413,7 @@ static int time_report(IrModule *const *progs, int nprogs, const HwDesc *hw, dou
 
   /* the overlapped dp reduction's buckets, per program, as mrun makes them
    * (none with --no-overlap-grad-reduce: the update block reduces) */
-  int overlap = dp > 1 && (!dpo || dpo->overlap);
+  int overlap = !dpo || dpo->overlap;   /* no buckets where no group holding dp has 2 ranks */
   PlanDpPlan *dpl = ts_xcalloc((size_t)nprogs, sizeof *dpl);
   for (int r = 0; overlap && r < nprogs; r++)
     if (plan_dp_buckets(progs[r], dpo ? dpo->bucket_bytes : 0, &dpl[r], err, errlen) != 0) {

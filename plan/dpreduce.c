@@ -16,7 +16,7 @@ static int is_update(const IrBlock *b) { return strcmp(b->name, "update") == 0 |
  * from the state (dpreduce.h), or -1. */
 static int reduced_state(const IrModule *m, const IrBlock *b, int i) {
   const IrNode *nd = &b->nodes[i];
-  if (nd->nin != 1 || nd->ia[0] != IR_AXIS_DP || nd->ia[1] != 0) return -1;
+  if (nd->nin != 1 || !(ir_axes_mask(nd->ia[0]) & (1u << IR_AXIS_DP)) || nd->ia[1] != 0) return -1;
   if (nd->type.dtype != IR_F32 && nd->type.dtype != IR_F64) return -1;
   int x = nd->in[0];
   if (nd->op == IR_OP_REDUCE_SCATTER) {
@@ -35,13 +35,14 @@ static int reduced_state(const IrModule *m, const IrBlock *b, int i) {
   return (int)s->ia[0];
 }
 
-typedef struct { PlanDpGrad g; int wblock; IrOp op; IrDtype dt; } Cand;
+typedef struct { PlanDpGrad g; int wblock; IrOp op; int64_t axes; int size; IrDtype dt; } Cand;
 
 static int cand_cmp(const void *pa, const void *pb) {
   const Cand *a = pa, *b = pb;
   if (a->wblock != b->wblock) return a->wblock - b->wblock;
   if (a->g.ublock != b->g.ublock) return a->g.ublock - b->g.ublock;
   if (a->op != b->op) return (int)a->op - (int)b->op;
+  if (a->axes != b->axes) return a->axes < b->axes ? -1 : 1;
   if (a->dt != b->dt) return (int)a->dt - (int)b->dt;
   if (a->g.wpos != b->g.wpos) return a->g.wpos - b->g.wpos;
   return a->g.unode - b->g.unode;
@@ -56,7 +57,6 @@ int plan_dp_buckets(const IrModule *m, int64_t bucket_bytes, PlanDpPlan *out, ch
                    "0 for the default of %lld)", (long long)bucket_bytes, (long long)plan_dp_bucket_default(dp, IR_F32));
   if (bucket_bytes <= 0) bucket_bytes = plan_dp_bucket_default(dp, m->train.precision);
   out->bucket_bytes = bucket_bytes;
-  if (dp <= 1) return 0;
   /* the block writing each state, and where last; -2 when several do */
   int *wblock = ts_xmalloc(((size_t)m->states.n + 1) * sizeof *wblock), *wpos = ts_xmalloc(((size_t)m->states.n + 1) * sizeof *wpos);
   for (int s = 0; s < m->states.n; s++) wblock[s] = -1, wpos[s] = -1;
@@ -82,8 +82,12 @@ int plan_dp_buckets(const IrModule *m, int64_t bucket_bytes, PlanDpPlan *out, ch
     if (!is_update(b)) continue;
     for (int i = 0; i < b->n; i++) {
       const IrNode *nd = &b->nodes[i];
-      if ((nd->op != IR_OP_ALL_REDUCE && nd->op != IR_OP_REDUCE_SCATTER) || nd->ia[0] != IR_AXIS_DP) continue;
+      if ((nd->op != IR_OP_ALL_REDUCE && nd->op != IR_OP_REDUCE_SCATTER) ||
+          !(ir_axes_mask(nd->ia[0]) & (1u << IR_AXIS_DP)))
+        continue;
       if (nd->type.rank == 0) continue;   /* a scalar: the gradient norm's square sums, not a gradient */
+      int size = ir_axes_size(m, nd->ia[0]);
+      if (size <= 1) continue;            /* over one rank: nothing to reduce */
       int s = reduced_state(m, b, i);
       int64_t bytes = ir_type_numel(&b->nodes[nd->in[0]].type) * (int64_t)ir_dtype_size(nd->type.dtype);
       if (s < 0 || wblock[s] < 0 || wpos[s] < 0) {
@@ -102,6 +106,8 @@ int plan_dp_buckets(const IrModule *m, int64_t bucket_bytes, PlanDpPlan *out, ch
       q->g.wpos = wpos[s];
       q->wblock = wblock[s];
       q->op = nd->op;
+      q->axes = nd->ia[0];
+      q->size = size;
       q->dt = nd->type.dtype;
     }
   }
@@ -113,10 +119,10 @@ int plan_dp_buckets(const IrModule *m, int64_t bucket_bytes, PlanDpPlan *out, ch
   for (int k = 0; k < nc; k++) {
     PlanDpBucket *bk = out->nb ? &out->b[out->nb - 1] : NULL;
     int same = bk && bk->wblock == c[k].wblock && bk->ublock == c[k].g.ublock && bk->op == c[k].op &&
-               bk->dt == c[k].dt && bk->bytes < bucket_bytes;
+               bk->axes == c[k].axes && bk->dt == c[k].dt && bk->bytes < bucket_bytes;
     if (!same) {
       bk = &out->b[out->nb++];
-      *bk = (PlanDpBucket){c[k].wblock, c[k].g.ublock, -1, c[k].op, c[k].dt, k, 0, 0, 0};
+      *bk = (PlanDpBucket){c[k].wblock, c[k].g.ublock, -1, c[k].op, c[k].axes, c[k].size, c[k].dt, k, 0, 0, 0};
     }
     PlanDpGrad *g = &out->g[out->ng++];
     *g = c[k].g;
@@ -125,7 +131,7 @@ int plan_dp_buckets(const IrModule *m, int64_t bucket_bytes, PlanDpPlan *out, ch
     bk->count += g->c;
     bk->n++;
     if (g->wpos > bk->at) bk->at = g->wpos;
-    bk->bytes = bk->count * (int64_t)ir_dtype_size(bk->dt) * (bk->op == IR_OP_REDUCE_SCATTER ? dp : 1);
+    bk->bytes = bk->count * (int64_t)ir_dtype_size(bk->dt) * (bk->op == IR_OP_REDUCE_SCATTER ? bk->size : 1);
   }
   free(c);
   return 0;

@@ -100,13 +100,14 @@ void rt_dev_exec_comm_stats(const RtDevExec *x, long long *collectives, long lon
 /* A bucket of the overlapped dp reduction (rt.c, "Overlapped dp
  * reduction") posted on the comm stream: after the compute issued so far,
  * pack[0..npack) copied into buf (src NULL: zeros), then NCCL's sum over
- * the rank's dp group, in place (all-reduce, buf[count]) or into recv
- * (reduce-scatter, buf[dp*count] -> recv[count]); pending like any
+ * the rank's group for `axes` (dp, or a set holding dp such as dp+cp), in
+ * place (all-reduce, buf[count]) or into recv (reduce-scatter,
+ * buf[N*count] -> recv[count]); pending like any
  * collective, so compute issued after it overlaps it.  0, or -1 with a
  * message. */
 typedef struct { size_t off; const void *src; size_t bytes; } RtDevPack;
-int rt_dev_exec_dp_post(RtDevExec *x, RtProgram *p, IrOp op, IrDtype dt, const RtDevPack *pack, int npack, void *buf,
-                        void *recv, size_t count, char *msg, size_t len);
+int rt_dev_exec_dp_post(RtDevExec *x, RtProgram *p, IrOp op, int64_t axes, IrDtype dt, const RtDevPack *pack,
+                        int npack, void *buf, void *recv, size_t count, char *msg, size_t len);
 /* Buckets posted so far, and of them those after which the block issued
  * compute work before its end (the recorded issue order: a bucket posted
  * only when the backward is over has none). */

@@ -270,13 +270,15 @@ static int dev_comm(RtDevExec *x, RtProgram *p, const IrBlock *b, const IrNode *
   return comm_end(x, rw[0], rw[1], msg, n);
 }
 
-int rt_dev_exec_dp_post(RtDevExec *x, RtProgram *p, IrOp op, IrDtype dt, const RtDevPack *pack, int npack, void *buf,
-                        void *recv, size_t count, char *msg, size_t n) {
+int rt_dev_exec_dp_post(RtDevExec *x, RtProgram *p, IrOp op, int64_t axes, IrDtype dt, const RtDevPack *pack,
+                        int npack, void *buf, void *recv, size_t count, char *msg, size_t n) {
   RtDev *d = x->dev;
-  RtComm *g = rt_program_dev_group(p, IR_AXIS_DP);
-  int size = rt_program_axis_size(p, IR_AXIS_DP);
+  RtComm *g = rt_rank_axes_group(rt_program_rank(p), axes, 1);
+  int size = rt_rank_axes_size(rt_program_rank(p), axes);
   if (!g) {
-    snprintf(msg, n, "dp bucket on %s: the rank has no NCCL group for the dp axis", d->label);
+    char ax[32];
+    snprintf(msg, n, "dp bucket on %s: the rank has no NCCL group for the %s axis", d->label,   /* internal */
+             ir_axes_str(axes, ax, sizeof ax));
     return -1;
   }
   if (comm_begin(x, msg, n) != 0) return -1;

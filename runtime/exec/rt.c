@@ -946,21 +946,31 @@ static void print_memory(const RtProgram *p) {
  * block eagerly (not its CUDA graph, which posts nothing). */
 static int dp_dev(const RtProgram *p) { return p->dx && !rt_dev_exec_dev(p->dx)->host_memory; }
 
+/* The group bucket b's collective runs on (dp, or a set such as dp+cp),
+ * NULL when the rank has none it can post a bucket on. */
+static RtComm *dp_group(const RtProgram *p, const PlanDpBucket *b) {
+  RtComm *g = rt_rank_axes_group(&p->rank, b->axes, p->dx ? 1 : 0);
+  if (!g || rt_rank_axes_size(&p->rank, b->axes) != b->size) return NULL;
+  return p->dx ? (dp_dev(p) ? g : NULL) : (rt_comm_is_nccl(g) ? NULL : g);
+}
+
 static int dp_overlap_setup(RtProgram *p, char *err, size_t errlen) {
-  if (p->opts.no_overlap || rt_rank_axis_size(&p->rank, IR_AXIS_DP) <= 1) return 0;
-  if (p->dx ? !dp_dev(p) || !p->rank.dev_group[IR_AXIS_DP]
-            : !p->rank.group[IR_AXIS_DP] || rt_comm_is_nccl(p->rank.group[IR_AXIS_DP]))
-    return 0;
+  if (p->opts.no_overlap) return 0;
   int64_t bytes = p->opts.dp_bucket_bytes;
   if (bytes < 0) bytes = -bytes * (int64_t)ir_dtype_size(p->m->train.precision);   /* given in elements */
   if (plan_dp_buckets(p->m, bytes, &p->dpr, err, errlen) != 0) return -1;
+  for (int k = 0; k < p->dpr.nb; k++)
+    if (!dp_group(p, &p->dpr.b[k])) {   /* no group to post on: the update block reduces as written */
+      plan_dp_free(&p->dpr);
+      return 0;
+    }
+  if (!p->dpr.nb) return 0;
   p->dpb = ts_xcalloc((size_t)p->dpr.nb + 1, sizeof *p->dpb);
-  int dp = p->dpr.dp;
   for (int k = 0; k < p->dpr.nb; k++) {
     const PlanDpBucket *b = &p->dpr.b[k];
     size_t es = ir_dtype_size(b->dt);
     int rs = b->op == IR_OP_REDUCE_SCATTER;
-    size_t nb = ((size_t)b->count * (rs ? (size_t)dp : 1) + 1) * es, nr = ((size_t)b->count + 1) * es;
+    size_t nb = ((size_t)b->count * (rs ? (size_t)b->size : 1) + 1) * es, nr = ((size_t)b->count + 1) * es;
     p->dpb[k].at = -1;
     if (p->dx) {
       RtDev *d = rt_dev_exec_dev(p->dx);
@@ -981,7 +991,7 @@ static int dp_post_dev(RtProgram *p, int k, char *msg, size_t n) {
   const PlanDpBucket *b = &p->dpr.b[k];
   RtDpRun *r = &p->dpb[k];
   size_t es = ir_dtype_size(b->dt);
-  int dp = p->dpr.dp, np = 0;
+  int dp = b->size, np = 0;
   RtDevPack *pk = ts_xmalloc(((size_t)b->n * (size_t)dp * 2 + 1) * sizeof *pk);
   for (int j = b->first; j < b->first + b->n; j++) {
     const PlanDpGrad *g = &p->dpr.g[j];
@@ -997,7 +1007,7 @@ static int dp_post_dev(RtProgram *p, int k, char *msg, size_t n) {
       if (have < (size_t)g->c) pk[np++] = (RtDevPack){at + have * es, NULL, ((size_t)g->c - have) * es};
     }
   }
-  int rc = rt_dev_exec_dp_post(p->dx, p, b->op, b->dt, pk, np, r->buf, r->recv, (size_t)b->count, msg, n);
+  int rc = rt_dev_exec_dp_post(p->dx, p, b->op, b->axes, b->dt, pk, np, r->buf, r->recv, (size_t)b->count, msg, n);
   free(pk);
   if (rc != 0) return -1;
   r->posted = 1;
@@ -1031,7 +1041,7 @@ static int dp_post(RtProgram *p, int k, char *msg, size_t n) {
   const PlanDpBucket *b = &p->dpr.b[k];
   RtDpRun *r = &p->dpb[k];
   size_t es = ir_dtype_size(b->dt);
-  int dp = p->dpr.dp;
+  int dp = b->size;
   double t0 = ts_now_s();
   char *buf = r->buf;
   if (p->dx) return dp_post_dev(p, k, msg, n);
@@ -1050,7 +1060,7 @@ static int dp_post(RtProgram *p, int k, char *msg, size_t n) {
       if (have < (size_t)g->c) memset(dst + have * es, 0, ((size_t)g->c - have) * es);
     }
   }
-  RtComm *c = p->rank.group[IR_AXIS_DP];
+  RtComm *c = dp_group(p, b);
   int rc = b->op == IR_OP_ALL_REDUCE ? rt_comm_iall_reduce(c, b->dt, buf, (size_t)b->count, &r->req, msg, n)
                                      : rt_comm_ireduce_scatter(c, b->dt, buf, r->recv, (size_t)b->count, &r->req, msg, n);
   if (rc != 0) return -1;
@@ -1380,7 +1390,8 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
   int rc;
   if (nd->op == IR_OP_OUTPUT && nd->sa && strcmp(nd->sa, "loss") == 0 && r->live + r->ext_live > r->bm->held)
     r->bm->held = r->live + r->ext_live;
-  int taken = (nd->op == IR_OP_ALL_REDUCE || nd->op == IR_OP_REDUCE_SCATTER) && nd->ia[0] == IR_AXIS_DP && p->dpb
+  int taken = (nd->op == IR_OP_ALL_REDUCE || nd->op == IR_OP_REDUCE_SCATTER) &&
+              (ir_axes_mask(nd->ia[0]) & (1u << IR_AXIS_DP)) && p->dpb
               ? dp_take(p, (int)(b - p->m->blocks.a), i, out, msg, n) : 0;
   if (taken) {
     rc = taken < 0 ? -1 : 0;
@@ -1391,8 +1402,9 @@ static int run_node(RtProgram *p, const IrBlock *b, int i, RtRun *r,
   } else if (nd->op == IR_OP_OUTPUT) {
     if (ir_type_numel(inty[0]) != 1) rc = rt_kfail(&k, "output \"%s\" is not a scalar", nd->sa ? nd->sa : "");
     else { record_output(p, ts_intern(nd->sa ? nd->sa : ""), load_scalar(ind[0], inty[0]->dtype)); rc = 0; }
-  } else if ((nd->op == IR_OP_ALL_REDUCE || nd->op == IR_OP_REDUCE_SCATTER) && nd->ia[0] == IR_AXIS_DP &&
-             nd->type.rank > 0 && rt_rank_axis_size(&p->rank, IR_AXIS_DP) > 1) {
+  } else if ((nd->op == IR_OP_ALL_REDUCE || nd->op == IR_OP_REDUCE_SCATTER) &&
+             (ir_axes_mask(nd->ia[0]) & (1u << IR_AXIS_DP)) && nd->type.rank > 0 &&
+             rt_rank_axes_size(&p->rank, nd->ia[0]) > 1) {
     double t0 = ts_now_s();   /* a dp reduction the update block waits for in full */
     rc = rt_ref_kernels[nd->op](&k);
     p->dp_blocking++;
