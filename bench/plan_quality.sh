@@ -330,7 +330,8 @@ done
 # closed form: (d-1)/d P E ring bytes (P = gradient elements of the rank),
 # exposed = its last bucket, the remainder of P cut into buckets of exactly
 # the size (P - B floor((P-1)/B) elements).  Before this change every byte
-# was exposed (the reduction ran after the backward).
+# was exposed (the reduction ran after the backward).  The cp 2 x dp 4 row:
+# ZeRO-1 over the joint group dp x cp = 8, buckets over the set dp+cp.
 echo
 echo "| model | layout | bucket (MB) | buckets | dp ring bytes / step (MB) | exposed after overlap (MB) | Megatron ring (MB) | Megatron exposed (MB) |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|"
@@ -338,6 +339,7 @@ dps=(
   "gpt d1024 s256|gpt|-D layers=8 -D d_model=1024 -D heads=16 -D seq_len=256 -D dropout=0 -D vocab=50304|--dp 8"
   "GPT-3 175B|gpt|-D layers=8 -D d_model=12288 -D heads=96 -D seq_len=2048 -D vocab=51200|--tp 8 --dp 8"
   "Llama-2-70B|llama|-D layers=8 -D d_model=8192 -D heads=64 -D kv_heads=8 -D ffn=28672 -D seq_len=4096 -D vocab=32000|--tp 8 --dp 8"
+  "Llama-2-70B|llama|-D layers=8 -D d_model=8192 -D heads=64 -D kv_heads=8 -D ffn=28672 -D seq_len=4096 -D vocab=32000|--tp 8 --cp 2 --dp 4"
 )
 for d in "${dps[@]}"; do
   IFS='|' read -r name model defs lay <<<"$d"
