@@ -313,6 +313,7 @@ static int matmul_f32_of(RtKctx *k, float alpha) {
   if (rc == 0 && alpha != 1.0f)
     for (int64_t i = 0; i < no; i++) c[i] *= alpha;
   if (rc == 0 && ft != IR_F32) rt_convert(k->out, ft, c, IR_F32, no);
+  for (int slot = 0; slot < 3; slot++) rt_scratch_done(slot);
   return rc;
 }
 FLOAT_ROW_OP(SOFTMAX, "T")

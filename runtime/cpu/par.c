@@ -225,3 +225,13 @@ void *rt_scratch(int slot, size_t bytes) {
   }
   return s->p[slot];
 }
+
+void rt_scratch_done(int slot) {
+  TS_ASSERT(slot >= 0 && slot < RT_SCRATCH_SLOTS);
+  pthread_once(&scratch_once, scratch_init);
+  Scratch *s = pthread_getspecific(scratch_key);
+  if (!s || s->n[slot] <= RT_SCRATCH_KEEP) return;
+  free(s->p[slot]);
+  s->p[slot] = NULL;
+  s->n[slot] = 0;
+}

@@ -50,12 +50,18 @@ void rt_par_blas_serial(RtParFn fn, void *ctx, int64_t n, int64_t grain);
 
 /* Scratch memory kept between calls: slot `slot` (0 .. RT_SCRATCH_SLOTS-1)
  * of the calling thread, at least `bytes` long, contents undefined, valid
- * until the thread's next rt_scratch of that slot.  For temporaries made on
- * every call (the f32 operand copies of a 16-bit GEMM): a fresh malloc of
- * some MiB is an mmap, a page fault per 4 KiB and a munmap each time (a
- * tenth of a bf16 step on the tiny gpt).  Freed when the thread exits. */
+ * until the thread's next rt_scratch or rt_scratch_done of that slot.  For
+ * temporaries made on every call (the f32 operand copies of a 16-bit
+ * GEMM): a fresh malloc of some MiB is an mmap, a page fault per 4 KiB and
+ * a munmap each time (a tenth of a bf16 step on the tiny gpt).
+ * rt_scratch_done(slot) after the use frees a buffer larger than
+ * RT_SCRATCH_KEEP (GPT-2's f32 logits of 4096 tokens, 823 MB, would
+ * otherwise stay resident; at that size the faults cost a few percent of
+ * the GEMM).  The rest is freed when the thread exits. */
 #define RT_SCRATCH_SLOTS 4
+#define RT_SCRATCH_KEEP ((size_t)256 << 20)
 void *rt_scratch(int slot, size_t bytes);
+void rt_scratch_done(int slot);
 
 /* NAME_SUF: the float and double instances of a kernel written once and
  * included twice (ops_ref_t.h, attn_t.h). */

@@ -153,6 +153,7 @@ int rt_accum_direct_run(RtProgram *p, const IrBlock *b, const RtJitKernel *K, vo
   GemmJob j = {mm->type.dtype == IR_F64, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                (int)M, (int)N, (int)Kd, (int)(ta ? M : Kd), (int)(tb ? Kd : N), A, B, C, 0, 0, 0};
   gemm_items(&j, 0, 1);
+  if (a32) rt_scratch_done(0), rt_scratch_done(1);
   return 0;
 }
 
