@@ -13,10 +13,10 @@
 # kept ones do not.  Set TESSERA_ASAN_SLOW=1 to run them there too.  It
 # also skips the tests labelled `fuzz` (the libFuzzer targets): they are
 # clang builds with ASan and UBSan of their own, whichever build runs them.
-# The sanitizer build is Debug at -O1 (CMakeLists.txt: ASan's advice).  The
-# MPI fake-GPU cells but one run there without the leak check (its
-# full-stack unwinding per malloc, for Open MPI's unloaded plugins, was
-# two thirds of their time: tests/cuda_dev/CMakeLists.txt).
+# The sanitizer build is Debug at -O1 (CMakeLists.txt: ASan's advice).  Its
+# largest MPI tests run without the leak check (its full-stack unwinding
+# per malloc, for Open MPI's unloaded plugins, was most of their time:
+# ts_no_leak_check in tests/CMakeLists.txt; each family keeps one with it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
