@@ -75,8 +75,6 @@ int cg_nvrtc_available(char *why, size_t whylen) {
     }                                                                                             \
   } while (0)
 
-/* One compile for `arch` ("compute_80" or "sm_80"): the log always, PTX
- * or the cubin. */
 /* One NVRTC run for a real arch: its PTX (the same text a compile for the
  * virtual arch gives: checked with CUDA 13's NVRTC) and its cubin, with
  * ptxas' verbose report in the log. */

@@ -1120,7 +1120,7 @@ static int optimizer_run(IrModule *m, PassCtx *cx, const uint64_t *stage_ranks) 
   /* ZeRO-1 shards over the joint data-parallel group: dp, and cp / ep
    * where they replicate parameters (collect_grads), so also at dp 1 */
   int joint = ms.dp * ir_axis_size(m, IR_AXIS_CP) * ir_axis_size(m, IR_AXIS_EP);
-  ms.zero = (ms.dp > 1 || joint > 1) && m->par.zero && (ms.dp > 1 || m->par.zero != 3);
+  ms.zero = m->par.zero && (ms.dp > 1 || (joint > 1 && m->par.zero != 3));
   ms.z3 = ms.dp > 1 && m->par.zero == 3;
   ms.live = 0;
   ms.ppn = pipe ? PP_BIT : 0;

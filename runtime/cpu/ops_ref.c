@@ -383,25 +383,19 @@ static int ref_NE_SCALAR(RtKctx *k) {
 typedef struct { void *dst; const void *src; IrDtype to, from; } ConvJob;
 static void convert_range(void *ctx, int64_t lo, int64_t hi) {
   const ConvJob *j = ctx;
-  if (j->from == IR_F32 && j->to == IR_BF16) {
-    const float *x = j->src;
-    uint16_t *y = j->dst;
-    for (int64_t i = lo; i < hi; i++) y[i] = ts_f32_to_bf16(x[i]);
-  } else if (j->from == IR_F32 && j->to == IR_F16) {
-    const float *x = j->src;
-    uint16_t *y = j->dst;
-    for (int64_t i = lo; i < hi; i++) y[i] = ts_f32_to_f16(x[i]);
-  } else if (j->from == IR_BF16 && j->to == IR_F32) {
-    const uint16_t *x = j->src;
-    float *y = j->dst;
-    for (int64_t i = lo; i < hi; i++) y[i] = ts_bf16_to_f32(x[i]);
-  } else if (j->from == IR_F16 && j->to == IR_F32) {
-    const uint16_t *x = j->src;
-    float *y = j->dst;
-    for (int64_t i = lo; i < hi; i++) y[i] = ts_f16_to_f32(x[i]);
-  } else {
-    for (int64_t i = lo; i < hi; i++) rt_st(j->dst, j->to, i, rt_ld(j->src, j->from, i));
+#define CONVERT(FROM, TO, TIN, TOUT, FN)                                \
+  if (j->from == FROM && j->to == TO) {                                 \
+    const TIN *x = j->src;                                              \
+    TOUT *y = j->dst;                                                   \
+    for (int64_t i = lo; i < hi; i++) y[i] = FN(x[i]);                  \
+    return;                                                             \
   }
+  CONVERT(IR_F32, IR_BF16, float, uint16_t, ts_f32_to_bf16)
+  CONVERT(IR_F32, IR_F16, float, uint16_t, ts_f32_to_f16)
+  CONVERT(IR_BF16, IR_F32, uint16_t, float, ts_bf16_to_f32)
+  CONVERT(IR_F16, IR_F32, uint16_t, float, ts_f16_to_f32)
+#undef CONVERT
+  for (int64_t i = lo; i < hi; i++) rt_st(j->dst, j->to, i, rt_ld(j->src, j->from, i));
 }
 void rt_convert(void *dst, IrDtype to, const void *src, IrDtype from, int64_t n) {
   ConvJob j = {dst, src, to, from};

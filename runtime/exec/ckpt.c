@@ -596,9 +596,9 @@ static int read_rank(RtProgram *p, const char *path, int64_t step, char *err, si
       /* the index beside the file matched this program (index_is_mine),
        * so the file itself is not what was saved with it */
       rc = ts_errf(err, errlen, "'%s' does not match its index (.idx), which fits this program: tensor '%s' is %s %s "
-                   "in the file, %s%s%s%s in the index: the file is from another checkpoint or was replaced; restore the "
+                   "in the file, %s%s%s in the index: the file is from another checkpoint or was replaced; restore the "
                    "checkpoint directory as it was saved", path, name, kind_name((IrStateKind)kind), have,
-                   st ? kind_name((IrStateKind)ck_kind(st)) : "not", st ? " " : "", st ? want : "", "");
+                   st ? kind_name((IrStateKind)ck_kind(st)) : "not", st ? " " : "", st ? want : "");
       goto out;
     }
     if (ts_hash64(b + pos, nbytes, 0) != h) {
