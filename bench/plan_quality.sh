@@ -231,6 +231,34 @@ for cl in "${cps[@]}"; do
   done
 done
 
+# The same at micro batch 4 (4 sequences per micro batch, one micro batch per
+# step): per layer and micro batch, 4x the closed form at micro batch 1.  The
+# weight gradients read each rank's rows of batch x seq merged (not one
+# contiguous block of them): each is a partial sum over cp, as at micro batch
+# 1, not a reason to gather the activations (passes/shard.c, merged rows;
+# before it, Llama-2-70B cp=2 ring sent 15.4 GB per 3 layers and step instead
+# of 0.6 GB).
+echo
+echo "| model | layout | micro batch | bytes sent / layer / micro batch (MB) | closed form (MB) | ratio |"
+echo "|---|---|---:|---:|---:|---:|"
+for cl in "${cps[@]}"; do
+  IFS='|' read -r name model defs dims <<<"$cl"
+  read -r s b h hkv <<<"$dims"
+  b=4
+  for c in 2 4; do
+    for form in ring allgather a2a; do
+      opts="-D batch=$b -D micro_batch=$b --cp $c --cp-attn $form"
+      # shellcheck disable=SC2086
+      a=$(micro_bytes "$model" 2 $defs $opts); bb=$(micro_bytes "$model" 3 $defs $opts)
+      got=$((bb - a))
+      cf=$(awk -v f="$form" -v c="$c" -v s="$s" -v b="$b" -v h="$h" -v hkv="$hkv" 'BEGIN {
+        if (f == "a2a") x = (c - 1) / c * (s / c) * b * (4 * h + 4 * hkv) * 4; else x = 6 * (c - 1) / c * s * b * hkv * 4
+        printf "%.0f", x }')
+      echo "| $name | cp=$c $form | $b | $(mb "$got") | $(mb "$cf") | $(ratio "$got" "$cf") |"
+    done
+  done
+done
+
 # Pipeline parallelism, whole step: the busiest pipeline rank's bytes next to
 # Megatron's: a middle stage sends each micro batch's activation forward and
 # its gradient backward, 2 m s b h E (m micro batches); the first and last

@@ -39,7 +39,9 @@
 enum { AX_R = -1, AX_P = -2 };
 #define BIT(a) ((uint8_t)(1u << (a)))
 
-typedef struct { IrSharding sh; int id; } ConvEntry;
+/* keep: the merged-row axes (Sh.scr) along which the variant keeps its
+ * value's merged order (conv_ex) */
+typedef struct { IrSharding sh; int id; uint8_t keep; } ConvEntry;
 typedef struct { int from, to, id; } XEntry;   /* new value `from` re-laid out to XL_* `to` */
 enum { XL_TOK = 1, XL_EXP = 2 };
 typedef struct { int logits, targets; int L, mx, e, se, valid; } CeStats;
@@ -78,6 +80,21 @@ typedef struct {
    * attention_bwd node the lse and rowsum(do * o) its parts share */
   int *ring_st, *ring_lse, *ring_drow;
   int *ring_out;             /* attention_bwd parts lowered with a sibling: their value (-1: not yet) */
+  /* Merged rows.  A reshape that merges a split dim into a larger one
+   * behind an unsplit major dim ([batch, seq/cp, d] -> [batch*seq, d]: a
+   * weight gradient's rows under cp at micro batch > 1) cannot keep a
+   * contiguous split: each rank's rows are every batch's block.  When every
+   * use of the reshape reduces over the merged dim (a matmul contracting
+   * it, a sum or mean over it), the order of the rows does not matter: the
+   * reshape stays local, its result is marked split along the merged dim
+   * for the axes in scr[v] (rows in the source's order, not a block), and
+   * a matmul of two such values with the same merged source dims and
+   * splits, or a sum over it, gives the partial sum over the axis, as with
+   * a contiguous split, with no bytes moved.  Other uses (and a matmul's
+   * along axes only one operand merged: scr_use) see it as replicated
+   * along those axes and get it gathered through its source.  red[v]: the dims every use of old value v reduces over. */
+  uint8_t *scr;
+  uint8_t *red;
   /* why each communication node is there (IrNode.why, mcc --report
    * sharding): the old node being sharded and which operand it converts,
    * the matmul rule's weighing of its sides, or a lowering's own note */
@@ -316,21 +333,64 @@ static int reshape_gathered(Sh *S, int v, const IrSharding *want) {
   return emit(S, IR_OP_RESHAPE, &src, 1, NULL, NULL, NULL, &lt, want);
 }
 
+/* The axes of `keep` (merged-row axes of v, Sh.scr) along which `want`
+ * keeps v's merged order: their split unchanged, no other axis changing a
+ * split of the merged dim, and none of v's other merged axes splitting it
+ * again (they are gathered through the source).  0 when none. */
+static uint8_t scr_kept(const Sh *S, int v, const IrSharding *want, uint8_t keep) {
+  int md = -1;
+  uint8_t k = 0;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (S->scr[v] & BIT(a)) {
+      md = ax_get(&S->sh[v], a);
+      if ((keep & BIT(a)) && ax_get(want, a) == md) k |= BIT(a);
+    }
+  for (int a = 0; a < IR_AXIS_COUNT; a++) {   /* merged axes not kept are gathered through the source */
+    int f = ax_get(&S->sh[v], a), t = ax_get(want, a);
+    if (k & BIT(a)) continue;
+    if ((S->scr[v] & BIT(a)) ? t == md : (f != t && (f == md || t == md))) return 0;
+  }
+  return k;
+}
+
+/* Merged-row value v (a reshape) made whole along its merged axes but
+ * `keep`: its source gathered along them and reshaped (the rows of the
+ * axes kept stay in merged order).  *cur: the result's layout. */
+static int scr_gathered(Sh *S, int v, uint8_t keep, IrSharding *cur) {
+  int x = onode(S, v)->in[0];
+  IrSharding wx = S->sh[x];
+  *cur = S->sh[v];
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if ((S->scr[v] & ~keep) & BIT(a)) {
+      ax_set(&wx, a, AX_R);
+      ax_set(cur, a, AX_R);
+    }
+  int xi = conv(S, x, &wx);
+  if (xi < 0) return -1;
+  IrType lt = local_type(S, gtype(S, v), cur);
+  return emit(S, IR_OP_RESHAPE, &xi, 1, NULL, NULL, NULL, &lt, cur);
+}
+
 /* Old value v in layout `want`: the canonical value, or a cached or new
- * conversion of it. */
-static int conv(Sh *S, int v, const IrSharding *want) {
+ * conversion of it.  For a value in merged-row order (Sh.scr), `keep` says
+ * along which of its merged axes the use reduces over the rows in that
+ * order (scr_use); along the others `want` has its ordinary meaning. */
+static int conv_ex(Sh *S, int v, const IrSharding *want, uint8_t keep) {
   if (S->failed) return -1;
-  if (ir_sharding_equal(&S->sh[v], want)) return S->nv[v];
+  keep = S->scr[v] ? scr_kept(S, v, want, keep) : 0;
+  if (keep == S->scr[v] && ir_sharding_equal(&S->sh[v], want)) return S->nv[v];
   for (int i = 0; i < S->conv[v].n; i++)
-    if (ir_sharding_equal(&S->conv[v].a[i].sh, want)) return S->conv[v].a[i].id;
-  int id = remake_local(S, v, want);
-  if (id == -2) id = reshape_gathered(S, v, want);
+    if (ir_sharding_equal(&S->conv[v].a[i].sh, want) && S->conv[v].a[i].keep == keep) return S->conv[v].a[i].id;
+  int id = S->scr[v] ? -2 : remake_local(S, v, want);
+  if (id == -2 && !S->scr[v]) id = reshape_gathered(S, v, want);
   if (id == -2) {
     /* Several axes may split one dim (outer axis major), so the order
      * matters: splits are removed inner axis first and added outer axis
      * first; an inner split on a dim whose outer splits change is removed
      * and added back around the change. */
     IrSharding cur = S->sh[v];
+    id = S->nv[v];
+    if (S->scr[v]) id = scr_gathered(S, v, keep, &cur);
     int from[IR_AXIS_COUNT], to[IR_AXIS_COUNT], force[IR_AXIS_COUNT] = {0};
     for (int a = 0; a < IR_AXIS_COUNT; a++) { from[a] = ax_get(&cur, a); to[a] = ax_get(want, a); }
     for (int a = 0; a < IR_AXIS_COUNT; a++) {
@@ -338,16 +398,16 @@ static int conv(Sh *S, int v, const IrSharding *want) {
       for (int b = a + 1; b < IR_AXIS_COUNT; b++)
         if ((from[a] >= 0 && from[b] == from[a]) || (to[a] >= 0 && from[b] == to[a])) force[b] = 1;
     }
-    id = S->nv[v];
     for (int a = IR_AXIS_COUNT - 1; a >= 0 && id >= 0; a--)        /* remove, inner first */
       if ((from[a] != to[a] || force[a]) && from[a] >= 0) id = conv_axis(S, v, id, &cur, a, AX_R);
       else if (from[a] == AX_P && to[a] == AX_R) id = conv_axis(S, v, id, &cur, a, AX_R);
     for (int a = 0; a < IR_AXIS_COUNT && id >= 0; a++)             /* add, outer first */
       if (ax_get(&cur, a) != to[a]) id = conv_axis(S, v, id, &cur, a, to[a]);
   }
-  if (id >= 0) VEC_PUSH(S->conv[v], ((ConvEntry){*want, id}));
+  if (id >= 0) VEC_PUSH(S->conv[v], ((ConvEntry){*want, id, keep}));
   return id;
 }
+static int conv(Sh *S, int v, const IrSharding *want) { return conv_ex(S, v, want, 0xff); }
 
 /* ---------------- per-axis rules ---------------- */
 
@@ -389,10 +449,10 @@ static int is_weight(const Sh *S, int v) {
   }
 }
 
-/* Reshape: the output dim carrying in-dim d's split (d must be the major
- * dim of its group and the matching output major dim divisible by k), or
- * -1.  in / out are global types. */
-static int reshape_map(const IrType *in, const IrType *out, int d, int k) {
+/* Reshape in -> out as groups of in-dims [g[0], g[1]) becoming out-dims
+ * [g[2], g[3]) of equal size: the group holding in-dim d (d >= 0) or else
+ * out-dim od.  0, or -1 when there is none. */
+static int reshape_group(const IrType *in, const IrType *out, int d, int od, int g[4]) {
   int i = 0, j = 0;
   while (i < in->rank && j < out->rank) {
     int i0 = i, j0 = j;
@@ -403,15 +463,183 @@ static int reshape_map(const IrType *in, const IrType *out, int d, int k) {
     }
     /* trailing size-1 dims join this group */
     while (i < in->rank && in->dim[i] == 1 && (j >= out->rank || out->dim[j] != 1)) i++;
-    if (d >= i0 && d < i) {
-      int mi = i0, mj = j0;
-      while (mi < i && in->dim[mi] == 1) mi++;
-      while (mj < j && out->dim[mj] == 1) mj++;
-      if (d != mi || mj >= j || out->dim[mj] % k) return -1;
-      return mj;
+    if (d >= 0 ? (d >= i0 && d < i) : (od >= j0 && od < j)) {
+      g[0] = i0, g[1] = i, g[2] = j0, g[3] = j;
+      return 0;
     }
   }
   return -1;
+}
+
+/* Reshape: the output dim carrying in-dim d's split (d must be the major
+ * dim of its group and the matching output major dim divisible by k), or
+ * -1.  in / out are global types. */
+static int reshape_map(const IrType *in, const IrType *out, int d, int k) {
+  int g[4];
+  if (reshape_group(in, out, d, -1, g)) return -1;
+  int mi = g[0], mj = g[2];
+  while (mi < g[1] && in->dim[mi] == 1) mi++;
+  while (mj < g[3] && out->dim[mj] == 1) mj++;
+  if (d != mi || mj >= g[3] || out->dim[mj] % k) return -1;
+  return mj;
+}
+
+/* Reshape: the one output dim (besides 1s) that the group of in-dims
+ * holding d becomes, or -1; [*i0, *i1): the group.  Where reshape_map
+ * finds no dim for d's split (d not the group's major dim), this is where
+ * merged rows put it (Sh.scr). */
+static int reshape_merge_dim(const IrType *in, const IrType *out, int d, int *i0_, int *i1_) {
+  int g[4], mj = -1;
+  if (reshape_group(in, out, d, -1, g)) return -1;
+  for (int jj = g[2]; jj < g[3]; jj++)
+    if (out->dim[jj] != 1) { if (mj >= 0) return -1; mj = jj; }
+  if (i0_) *i0_ = g[0];
+  if (i1_) *i1_ = g[1];
+  return mj;
+}
+
+/* The dim matmul node i contracts in its operand k. */
+static int matmul_kdim(const Sh *S, int i, int k) {
+  const IrNode *n = onode(S, i);
+  int r = onode(S, n->in[k])->type.rank, t = (int)n->ia[k];
+  return k == 0 ? (t ? r - 2 : r - 1) : (t ? r - 1 : r - 2);
+}
+
+/* The merged dim of merged-row value v: where its merged axes split it
+ * (-1 when they split two dims). */
+static int scr_dim(const Sh *S, int v) {
+  int md = -1;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (S->scr[v] & BIT(a)) {
+      if (md >= 0 && ax_get(&S->sh[v], a) != md) return -1;
+      md = ax_get(&S->sh[v], a);
+    }
+  return md;
+}
+
+/* Merged-row values u and v, operands of one matmul, hold their rows in the
+ * same order once each is gathered along its merged axes outside `keep`:
+ * their sources merge the same dims, split alike but for those axes. */
+static int scr_same_order(const Sh *S, int u, int v, uint8_t keep) {
+  int xu = onode(S, u)->in[0], xv = onode(S, v)->in[0];
+  IrType tu = gtype(S, xu), tv = gtype(S, xv), ou = gtype(S, u), ov = gtype(S, v);
+  uint8_t gu = S->scr[u] & ~keep, gv = S->scr[v] & ~keep;
+  int a = 0;
+  while (!(keep & BIT(a))) a++;
+  int du = ax_get(&S->sh[xu], a), dv = ax_get(&S->sh[xv], a), u0, u1, v0, v1;
+  if (du < 0 || dv < 0) return 0;
+  if (reshape_merge_dim(&tu, &ou, du, &u0, &u1) < 0 || reshape_merge_dim(&tv, &ov, dv, &v0, &v1) < 0) return 0;
+  if (du - u0 != dv - v0 || u1 - u0 != v1 - v0) return 0;
+  for (int k = 0; k < u1 - u0; k++)
+    if (tu.dim[u0 + k] != tv.dim[v0 + k] ||
+        (S->sh[xu].split[u0 + k] & ~gu) != (S->sh[xv].split[v0 + k] & ~gv)) return 0;
+  return 1;
+}
+
+/* The merged axes along which node i reduces its merged-row operand k in
+ * merged order (Sh.scr): all of them for a sum or mean over the merged
+ * dim; for a matmul contracting it, those the other operand has merged
+ * the same way (the rest are gathered first); 0: the use sees the value
+ * in its ordinary meaning. */
+static uint8_t scr_use(const Sh *S, int i, int k) {
+  const IrNode *n = onode(S, i);
+  int v = n->in[k], md = scr_dim(S, v);
+  if (md < 0) return 0;
+  if ((n->op == IR_OP_SUM || n->op == IR_OP_MEAN) && k == 0) return n->ia[0] == md ? S->scr[v] : 0;
+  if (n->op != IR_OP_MATMUL || k > 1) return 0;
+  int u = n->in[1 - k];
+  if (!S->scr[u] || scr_dim(S, u) < 0) return 0;
+  int Kv = matmul_kdim(S, i, k), Ku = matmul_kdim(S, i, 1 - k);
+  uint8_t keep = S->scr[u] & S->scr[v];
+  if (!keep || Kv != md || scr_dim(S, u) != Ku || !scr_same_order(S, u, v, keep)) return 0;
+  return keep;
+}
+
+/* The group of in-dims [*i0, *i1) that reshape in -> out merges into
+ * output dim od (its group's one dim other than 1), or -1. */
+static int merge_group_of(const IrType *in, const IrType *out, int od, int *i0_, int *i1_) {
+  int g[4];
+  if (reshape_group(in, out, -1, od, g)) return -1;
+  for (int jj = g[2]; jj < g[3]; jj++)
+    if (jj != od && out->dim[jj] != 1) return -1;
+  *i0_ = g[0];
+  *i1_ = g[1];
+  return 0;
+}
+
+/* Matmul node i reads merged-row value v = in[k] (contracting its merged
+ * dim) and an ordinary reshape u = in[1 - k] of the same merged dims that
+ * no merged axis of v splits (replicated, or partial: a key / value
+ * gradient under --cp-attn allgather).  Then u can be merged on demand
+ * (scr_merge): its source split (sliced, or reduce-scattered) as v's
+ * source is along v's merged axes, and reshaped, holding its rows in v's
+ * order.  Returns v's merged axes, or 0. */
+static uint8_t scr_pairable(const Sh *S, int i, int k) {
+  const IrNode *n = onode(S, i);
+  if (n->op != IR_OP_MATMUL || k > 1) return 0;
+  int v = n->in[k], u = n->in[1 - k], md = scr_dim(S, v);
+  if (md < 0 || S->scr[u] || onode(S, u)->op != IR_OP_RESHAPE) return 0;
+  int Kv = matmul_kdim(S, i, k), Ku = matmul_kdim(S, i, 1 - k);
+  int xu = onode(S, u)->in[0], xv = onode(S, v)->in[0], u0, u1, v0, v1;
+  if (Kv != md || S->taint[xu]) return 0;
+  IrType tu_ = gtype(S, xu), tv_ = gtype(S, xv), ou = gtype(S, u), ov = gtype(S, v);
+  if (merge_group_of(&tu_, &ou, Ku, &u0, &u1) < 0 || merge_group_of(&tv_, &ov, md, &v0, &v1) < 0) return 0;
+  if (u1 - u0 != v1 - v0) return 0;
+  for (int g = 0; g < u1 - u0; g++)
+    if (tu_.dim[u0 + g] != tv_.dim[v0 + g] ||
+        S->sh[xu].split[u0 + g] != (S->sh[xv].split[v0 + g] & (uint8_t)~S->scr[v])) return 0;
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (S->scr[v] & BIT(a)) {
+      int d = ax_get(&S->sh[xv], a);
+      if (d < v0 || d >= v1 || ax_get(&S->sh[xu], a) >= 0 || ax_get(&S->sh[u], a) >= 0) return 0;
+    }
+  return S->scr[v];
+}
+
+/* scr_pairable's u in layout `want` (its merged axes split along the
+ * contracted dim), its rows in v's merged order: the source converted to
+ * v's source's split along those axes, then reshaped. */
+static int scr_merge(Sh *S, int u, int v, const IrSharding *want, uint8_t axes) {
+  for (int i = 0; i < S->conv[u].n; i++)
+    if (ir_sharding_equal(&S->conv[u].a[i].sh, want) && S->conv[u].a[i].keep == axes) return S->conv[u].a[i].id;
+  int xu = onode(S, u)->in[0], xv = onode(S, v)->in[0], u0, u1, v0, v1;
+  IrType tu = gtype(S, xu), tv = gtype(S, xv), ou = gtype(S, u), ov = gtype(S, v);
+  int Ku = -1;
+  for (int a = 0; a < IR_AXIS_COUNT && Ku < 0; a++)
+    if (axes & BIT(a)) Ku = ax_get(want, a);
+  if (Ku < 0 || merge_group_of(&tu, &ou, Ku, &u0, &u1) < 0 || merge_group_of(&tv, &ov, scr_dim(S, v), &v0, &v1) < 0)
+    return sh_fail(S, "internal error: merged rows of %%%d for %%%d", u, v);
+  IrSharding wx = S->sh[xu];
+  for (int a = 0; a < IR_AXIS_COUNT; a++)
+    if (axes & BIT(a)) ax_set(&wx, a, u0 + ax_get(&S->sh[xv], a) - v0);
+  int xi = conv(S, xu, &wx);
+  if (xi < 0) return -1;
+  IrType lt = local_type(S, ou, want);
+  int id = emit(S, IR_OP_RESHAPE, &xi, 1, NULL, NULL, NULL, &lt, want);
+  if (id >= 0) VEC_PUSH(S->conv[u], ((ConvEntry){*want, id, axes}));
+  return id;
+}
+
+/* Sh.red: for each value, the dims every use reduces over (a sum or mean
+ * over the dim, a matmul contracting it). */
+static void compute_red(Sh *S) {
+  int n = S->ob.n;
+  memset(S->red, 0xff, (size_t)(n + 1));
+  for (int i = 0; i < n; i++) {
+    const IrNode *nd = onode(S, i);
+    for (int k = 0; k < nd->nin; k++) {
+      int v = nd->in[k];
+      uint8_t r = 0;
+      if ((nd->op == IR_OP_SUM || nd->op == IR_OP_MEAN) && k == 0 && nd->ia[0] >= 0 && nd->ia[0] < 8)
+        r = BIT(nd->ia[0]);
+      else if (nd->op == IR_OP_MATMUL && k < 2) {
+        int rk = onode(S, v)->type.rank, t = (int)nd->ia[k];
+        int K = k == 0 ? (t ? rk - 2 : rk - 1) : (t ? rk - 1 : rk - 2);
+        if (K >= 0 && K < 8) r = BIT(K);
+      }
+      if (v >= 0 && v < n) S->red[v] &= r;
+    }
+  }
 }
 
 /* Elementwise ops whose result is a partial sum when some operands are
@@ -501,8 +729,17 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     if (st[0] == AX_P || st[0] == AX_R) { *out = st[0]; return 0; }
     IrType in = gtype(S, n->in[0]), o = gtype(S, i);
     int d = reshape_map(&in, &o, st[0], ir_axis_size(S->m, (IrAxis)a));
-    if (d < 0) { want[0] = AX_R; *out = AX_R; }
-    else *out = d;
+    if (d < 0) {
+      /* merged rows (Sh.scr), when every use reduces over them */
+      int md = reshape_merge_dim(&in, &o, st[0], NULL, NULL);
+      if (md >= 0 && md < 8 && (S->red[i] & BIT(md)) && !S->taint[n->in[0]]) {
+        S->scr[i] |= BIT(a);
+        *out = md;
+        return 0;
+      }
+      want[0] = AX_R;
+      *out = AX_R;
+    } else *out = d;
     return 0;
   }
   case IR_OP_PERMUTE:
@@ -1436,7 +1673,7 @@ static int a2a_to_heads(Sh *S, int v, int id, const IrSharding *sh, int64_t rep)
            "heads over the whole sequence (4 all_to_all forward and 4 backward per layer and micro batch)";
   int r = emit(S, IR_OP_ALL_TO_ALL, &id, 1, ia, NULL, NULL, NULL, &h);
   S->why = NULL;
-  if (r >= 0) VEC_PUSH(S->conv[v], ((ConvEntry){h, r}));
+  if (r >= 0) VEC_PUSH(S->conv[v], ((ConvEntry){h, r, 0}));
   return r;
 }
 
@@ -1481,7 +1718,7 @@ static int lower_a2a(Sh *S, int i, const int *in, const IrSharding *ish, const I
   IrSharding rsh = a2a_heads_sh(osh);
   int r = emit(S, n->op, hin, n->nin, n->ia, n->fa, NULL, NULL, &rsh);
   if (r < 0) return -1;
-  if (fwd) VEC_PUSH(S->conv[i], ((ConvEntry){rsh, r}));   /* the backward reads o head-split */
+  if (fwd) VEC_PUSH(S->conv[i], ((ConvEntry){rsh, r, 0}));   /* the backward reads o head-split */
   int64_t ia[3] = {IR_AXIS_CP, 2, 1};
   S->why = fwd ? "all-to-all attention under cp (--cp-attn a2a): the result, head-split over the whole sequence, "
                  "exchanged back to the sequence split"
@@ -1511,6 +1748,7 @@ static void shard_node(Sh *S, int i) {
   IrModule *m = S->m;
   int nin = n->nin;
   int st[64], want[64], out;
+  uint8_t keep[64], mk[64];
   IrSharding ish[64], osh = {0};
   if (nin > 64) { sh_fail(S, "node %%%d has more than 64 operands", i); return; }
   S->tag = n->stage;   /* pipeline stage: everything emitted for node i is i's */
@@ -1519,13 +1757,45 @@ static void shard_node(Sh *S, int i) {
   int t = taint_of(S, i);
   if (t < 0) return;
   if (n->op != IR_OP_EMBEDDING_BWD) S->taint[i] = (uint8_t)t;
-  for (int k = 0; k < nin; k++) ish[k] = S->sh[n->in[k]];
-  for (int a = 0; a < IR_AXIS_COUNT; a++) {
-    if (!active(S, a)) continue;
-    for (int k = 0; k < nin; k++) st[k] = ax_get(&S->sh[n->in[k]], a);
-    if (rule(S, i, a, st, want, &out)) return;
-    for (int k = 0; k < nin; k++) ax_set(&ish[k], a, want[k]);
-    ax_set(&osh, a, out);
+  /* merged rows (Sh.scr): keep[k], the axes operand k is used along in
+   * merged order; mk[k], those an ordinary operand is merged along on
+   * demand (scr_merge), seen by the rules as split along its contracted
+   * dim.  If the rules then want more of such an operand than that split,
+   * they run again without merging on demand. */
+  for (int attempt = 0; attempt < 2; attempt++) {
+    int merged = 0;
+    osh = (IrSharding){0};
+    for (int k = 0; k < nin; k++) {
+      ish[k] = S->sh[n->in[k]];
+      keep[k] = S->scr[n->in[k]] ? scr_use(S, i, k) : 0;
+      mk[k] = 0;
+    }
+    for (int k = 0; k < nin && k < 2 && attempt == 0; k++)
+      if (S->scr[n->in[k]] && !keep[k] && (mk[1 - k] = scr_pairable(S, i, k))) {
+        keep[k] = mk[1 - k];
+        merged = 1;
+        break;
+      }
+    for (int a = 0; a < IR_AXIS_COUNT; a++) {
+      if (!active(S, a)) continue;
+      for (int k = 0; k < nin; k++) {
+        st[k] = ((S->scr[n->in[k]] & ~keep[k]) & BIT(a)) ? AX_R : ax_get(&S->sh[n->in[k]], a);
+        if (mk[k] & BIT(a)) st[k] = matmul_kdim(S, i, k);
+      }
+      if (rule(S, i, a, st, want, &out)) return;
+      for (int k = 0; k < nin; k++) ax_set(&ish[k], a, want[k]);
+      ax_set(&osh, a, out);
+    }
+    if (!merged) break;
+    int ok = 1;
+    for (int k = 0; k < nin && k < 2; k++) {
+      if (!mk[k]) continue;
+      IrSharding e = S->sh[n->in[k]];
+      for (int a = 0; a < IR_AXIS_COUNT; a++)
+        if (mk[k] & BIT(a)) ax_set(&e, a, matmul_kdim(S, i, k));
+      ok = ok && ir_sharding_equal(&e, &ish[k]);
+    }
+    if (ok) break;
   }
   /* leaves and effects */
   IrType gt = gtype(S, i);
@@ -1615,7 +1885,7 @@ static void shard_node(Sh *S, int i) {
   int in[64];
   for (int k = 0; k < nin; k++) {
     S->cur_k = k;
-    in[k] = conv(S, n->in[k], &ish[k]);
+    in[k] = mk[k] ? scr_merge(S, n->in[k], n->in[1 - k], &ish[k], mk[k]) : conv_ex(S, n->in[k], &ish[k], keep[k]);
   }
   S->cur_k = -1;
   if (S->failed) return;
@@ -1740,6 +2010,10 @@ int pass_shard(IrModule *m, PassCtx *cx) {
   S.ring_lse = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.ring_lse);
   S.ring_drow = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.ring_drow);
   S.ring_out = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.ring_out);
+  S.scr = arena_alloc(&cx->scratch, (size_t)(n + 1));
+  S.red = arena_alloc(&cx->scratch, (size_t)(n + 1));
+  memset(S.scr, 0, (size_t)(n + 1));
+  compute_red(&S);
   for (int i = 0; i <= n; i++)
     S.xc[i] = S.cntl[i] = S.cnt_of[i] = S.ring_st[i] = S.ring_lse[i] = S.ring_drow[i] = S.ring_out[i] = -1;
   for (int i = 0; i < n; i++)

@@ -241,6 +241,49 @@ check_memory("gpt", GPT + ["-D", "vocab=256"], 1, 4, True, ["--dp", "4"])
 check_memory("gpt", GPT + ["-D", "vocab=256"], 1, 4, False, ["--dp", "4", "--no-zero"])
 check_memory("llama", LLAMA + ["-D", "vocab=256", "-D", "heads=8", "-D", "kv_heads=4"], 4, 1, True, ["--tp", "4"])
 # ZeRO-1 over the joint group at dp 1: cp alone shards the moments (Megatron's dp x cp group), --no-zero does not
+def micro_bytes(src):
+    """bytes sent per step by the micro block's collectives and sends that
+    move more than a scalar (--report sharding's lines), and the number of
+    its all_gathers over cp"""
+    text = mcc(src + ["--report", "sharding"])
+    ring = gathers = 0
+    for m in re.finditer(r"^  micro %\d+: (\w+) over (\S+) of (\S+\[[^\]]*\]), (\d+) per step, (\d+) bytes sent",
+                         text, re.M):
+        op, axis, (_, dims), count, sent = m.group(1), m.group(2), parse_type(m.group(3)), int(m.group(4)), \
+            int(m.group(5))
+        if dims:
+            ring += sent
+        if op == "all_gather" and "cp" in axis.split("+"):
+            gathers += count
+    return ring, gathers
+
+
+def check_micro_batch_invariant(model, defs, extra, gathers_ok=False):
+    """At a fixed global batch the micro block moves the same bytes per step
+    whatever the micro batch: its collectives carry tokens, and a weight
+    gradient over the micro batch's rows (batch x seq merged) is a partial
+    sum over cp, not a reason to gather the activations (shard.c, merged
+    rows).  Scalars (the loss's token count) are left out: one per micro
+    batch."""
+    what = "%s %s" % (model, " ".join(extra))
+    got = {}
+    for mb in (1, 2, 4):
+        src = ["%s/samples/%s.mdl" % (SRC, model)] + defs + ["-D", "batch=4", "-D", "micro_batch=%d" % mb] + extra
+        got[mb] = micro_bytes(src)
+    rings = {mb: r for mb, (r, _) in got.items()}
+    if len(set(rings.values())) != 1 or rings[1] == 0:
+        fail("%s: micro-block ring bytes per step by micro batch %s, expected equal and > 0" % (what, rings))
+    elif not gathers_ok and any(g for _, g in got.values()):
+        fail("%s: the micro block all-gathers over cp: %s" % (what, {mb: g for mb, (_, g) in got.items()}))
+    else:
+        print("ok: micro batch 1/2/4 %s: %d ring bytes per step each" % (what, rings[1]))
+
+
+check_micro_batch_invariant("gpt", GPT + ["-D", "vocab=256", "-D", "dropout=0.0"], ["--cp", "2"])
+check_micro_batch_invariant("llama", LLAMA + ["-D", "vocab=256"], ["--cp", "2", "--cp-attn", "a2a"])
+check_micro_batch_invariant("llama", LLAMA + ["-D", "vocab=256"], ["--cp", "2", "--tp", "2", "--sp"])
+check_micro_batch_invariant("llama", LLAMA + ["-D", "vocab=256"], ["--cp", "2", "--cp-attn", "allgather"], True)
+check_micro_batch_invariant("gpt", GPT + ["-D", "vocab=256"], ["--tp", "2", "--sp"])
 check_memory("llama", LLAMA + ["-D", "vocab=256"], 1, 1, True, ["--cp", "2"], cp=2)
 check_memory("llama", LLAMA + ["-D", "vocab=256"], 1, 1, False, ["--cp", "2", "--no-zero"], cp=2)
 check_memory("llama", LLAMA + ["-D", "vocab=256"], 1, 2, True, ["--cp", "2", "--dp", "2"], cp=2)
