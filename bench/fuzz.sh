@@ -7,15 +7,24 @@
 # in a temporary directory (seeded from the suite's corpus when the suite
 # has run).  Not a test.
 #
-#   bench/fuzz.sh [--build DIR] [--seconds N]      defaults: build, 60
+#   bench/fuzz.sh [--build DIR] [--seconds N] [--runs N] [--keep DIR] [--only NAME]
+#
+# defaults: build, 60 s.  --runs N stops a target after N executions (or at
+# --seconds, whichever is first: give both for a campaign of N executions
+# with a time cap).  --keep DIR keeps each target's grown corpus in DIR/NAME
+# and starts from it next time, so campaigns add up across runs.  --only
+# runs the one target named NAME (as in the table).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=build secs=60
+build=build secs=60 runs=-1 keep= only=
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=${2:?}; shift ;;
     --seconds) secs=${2:?}; shift ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --runs) runs=${2:?}; shift ;;
+    --keep) keep=${2:?}; shift ;;
+    --only) only=${2:?}; shift ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "fuzz.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -33,20 +42,29 @@ for t in "mdl|tests/frontend/fuzz_mdl|tests/frontend/fuzz_corpus samples stdlib 
          "tokenizer|tests/tok/fuzz_tok|tests/tok/fuzz_corpus tests/tok/seeds|65536" \
          "indexed dataset|tests/idx/fuzz_idx|tests/idx/fuzz_corpus tests/idx/seeds|4096"; do
   IFS='|' read -r name bin seeds maxlen <<<"$t"
+  [ -z "$only" ] || [ "$name" = "$only" ] || continue
   [ -x "$build/$bin" ] || { echo "| $name | - | not built (clang with libFuzzer?) | | | |"; continue; }
   dirs=()
   for s in $seeds; do
     for d in "$build/$s" "$s"; do [ -d "$d" ] && { dirs+=("$(realpath "$d")"); break; }; done
   done
   work="$TMP/${name// /_}"
-  mkdir -p "$work/corpus" "$work/findings"
+  mkdir -p "$work/findings"
+  if [ -n "$keep" ]; then
+    mkdir -p "$keep/${name// /_}"
+    ln -s "$(realpath "$keep/${name// /_}")" "$work/corpus"
+  else
+    mkdir -p "$work/corpus"
+  fi
   exe=$(realpath "$build/$bin")
-  (cd "$work" && "$exe" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len="$maxlen" \
+  t0=$(date +%s)
+  (cd "$work" && "$exe" -max_total_time="$secs" -runs="$runs" -timeout=10 -rss_limit_mb=2048 -max_len="$maxlen" \
      -print_final_stats=1 -artifact_prefix=findings/ corpus "${dirs[@]}" >log 2>&1) || true
+  el=$(( $(date +%s) - t0 ))
   n=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/log")
   r=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/log")
   c=$(grep -o 'cov: [0-9]*' "$work/log" | tail -1 | awk '{print $2}')
   f=$(find "$work/findings" -type f | wc -l)
-  echo "| $name | $secs | ${n:-?} | ${r:-?} | ${c:-?} | $f |"
+  echo "| $name | $el | ${n:-?} | ${r:-?} | ${c:-?} | $f |"
   [ "$f" = 0 ] || { mkdir -p fuzz-findings; cp "$work"/findings/* fuzz-findings/; echo "fuzz.sh: $name's findings copied to fuzz-findings/" >&2; }
 done
