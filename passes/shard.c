@@ -1297,6 +1297,39 @@ static int shard_params(Sh *S) {
   return 0;
 }
 
+/* A layout flag that splits nothing is refused, not ignored: under cp
+ * some computation must run on the rank's part of the sequence.  When the
+ * inputs are gathered whole where they are first read (a slice of the
+ * sequence dim: T5's source and target halves), every cp rank would
+ * compute the whole sequence. */
+static void cp_splits_something(Sh *S) {
+  const IrBlock *b = &S->m->blocks.a[S->nb];
+  for (int i = 0; i < b->n; i++) {
+    const IrNode *n = &b->nodes[i];
+    if (ir_ops[n->op].flags & (OPF_LEAF | OPF_LATE | OPF_EFFECT)) continue;
+    if (n->sh.partial & BIT(IR_AXIS_CP)) return;
+    for (int d = 0; d < n->type.rank; d++)
+      if (n->sh.split[d] & BIT(IR_AXIS_CP)) return;
+  }
+  /* the first reader of a gathered input, in the user's terms */
+  const char *in = NULL, *op = NULL;
+  for (int i = 0; i < b->n && !op; i++) {
+    const IrNode *n = &b->nodes[i];
+    if (n->op != IR_OP_ALL_GATHER || b->nodes[n->in[0]].op != IR_OP_INPUT) continue;
+    in = b->nodes[n->in[0]].sa;
+    for (int j = i + 1; j < b->n && !op; j++)
+      for (int k = 0; k < b->nodes[j].nin; k++)
+        if (b->nodes[j].in[k] == i) op = ir_ops[b->nodes[j].op].name;
+  }
+  char where[256] = "";
+  if (in && op)
+    snprintf(where, sizeof where, " (input \"%s\" is gathered whole over cp for the %s that first reads it)", in, op);
+  sh_fail(S, "cp = %d splits nothing: no computation keeps the sequence split%s, so every cp rank would compute the "
+          "whole sequence. Context parallelism needs the ops along '%s' to keep it split (a slice or a "
+          "reshape of the sequence dim does not: an encoder-decoder that cuts each sequence into its source and "
+          "target halves cannot use it); use --dp %d or --tp instead", S->C, where, S->seq_name, S->C);
+}
+
 /* ---------------- the pass ---------------- */
 
 /* ---------------- token dispatch under ep ----------------
@@ -2030,6 +2063,7 @@ int pass_shard(IrModule *m, PassCtx *cx) {
     compute_hints(&S);
     m->blocks.a[bi] = (IrBlock){S.ob.name, NULL, 0, 0};
     for (int i = 0; i < n && !S.failed; i++) shard_node(&S, i);
+    if (!S.failed && C > 1) cp_splits_something(&S);
   }
   for (int i = 0; i < n + 1; i++) { free(S.conv[i].a); free(S.xconv[i].a); }
   free(S.conv);
