@@ -565,7 +565,7 @@ static int report_dp_overlap(const ApiSession *a, const IrModule *m, const HwDes
   DpOverlapSum sum;
   char err[512];
   if (pass_dp_overlap_report(m, bytes, !a->no_overlap, hw, out, &sum, err, sizeof err) != 0) {
-    api_diag(a, "error: --dp-bucket-size: %s\n", err);
+    api_diag(a, "error: --dp-bucket-size: %s\n", err);  /* internal */
     return 1;
   }
   return 0;

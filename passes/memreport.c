@@ -74,14 +74,14 @@ static int report_stash(const IrModule *m, StrBuf *out, size_t *peak, char *err,
     free(stash);
     free(wstash);
     free(wnew);
-    return ts_errf(err, errlen, "memplan: the pipeline schedule of stage %d: %s", r, why);
+    return ts_errf(err, errlen, "memplan: the pipeline schedule of stage %d: %s", r, why);  /* internal */
   }
   if (plan_pipe_simulate(&sc, NULL, 2.0, &tl, why, sizeof why) != 0) {
     plan_pipe_schedule_free(&sc);
     free(stash);
     free(wstash);
     free(wnew);
-    return ts_errf(err, errlen, "memplan: simulating the pipeline schedule of stage %d: %s", r, why);
+    return ts_errf(err, errlen, "memplan: simulating the pipeline schedule of stage %d: %s", r, why);  /* internal */
   }
   size_t held = 0;
   for (int k = 0; k < sc.nsteps[r]; k++) {

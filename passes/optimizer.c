@@ -1063,7 +1063,7 @@ static uint64_t *pipe_state_ranks(IrModule *m, PassCtx *cx, int pp) {
       }
   }
   if (!nchunk_blocks) {
-    ts_errf(cx->err, sizeof cx->err, "optimizer: pp=%d but the module has no pipeline blocks fwd.<g> / bwd.<g> "
+    ts_errf(cx->err, sizeof cx->err, "optimizer: pp=%d but the module has no pipeline blocks fwd.<g> / bwd.<g> "  /* internal */
             "(run the partition and pipeline passes first)", pp);
     return NULL;
   }

@@ -193,9 +193,9 @@ int pass_precision(IrModule *m, PassCtx *cx) {
   int mb = ir_block_find(m, "micro");
   IrDtype lowp = m->train.lowp;
   if (lowp != IR_VOID && !ir_dtype_is_16(lowp))
-    return ts_errf(cx->err, sizeof cx->err, "precision: train lowp=%s is not a 16-bit type", ir_dtype_name(lowp));
+    return ts_errf(cx->err, sizeof cx->err, "precision: train lowp=%s is not a 16-bit type", ir_dtype_name(lowp));  /* internal */
   if (lowp != IR_VOID && m->train.precision != IR_F32)
-    return ts_errf(cx->err, sizeof cx->err, "precision: precision %s keeps f32 masters; the model's arithmetic "
+    return ts_errf(cx->err, sizeof cx->err, "precision: precision %s keeps f32 masters; the model's arithmetic "  /* internal */
                    "type is %s (compile it with --precision %s alone)", ir_dtype_name(lowp),
                    ir_dtype_name(m->train.precision), ir_dtype_name(lowp));
   if (cx->loss_scale_flag && lowp != IR_F16)
@@ -337,7 +337,7 @@ int pass_precision(IrModule *m, PassCtx *cx) {
     int id = ir_emit(m, mb, nd.op, in, nd.nin, nd.ia, nd.fa, nd.sa,
                      ir_op_given_type(nd.op, &t), msg, sizeof msg);
     if (id < 0) {
-      ts_errf(cx->err, sizeof cx->err, "precision: node %d (%s): %s", i, ir_ops[nd.op].name, msg);
+      ts_errf(cx->err, sizeof cx->err, "precision: node %d (%s): %s", i, ir_ops[nd.op].name, msg);  /* internal */
       x.failed = 1;
       break;
     }

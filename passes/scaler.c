@@ -94,7 +94,7 @@ static int emit(IrModule *m, int b, IrOp op, const int *in, int nin, const int64
                 const char *sa, const IrType *t, PassCtx *cx) {
   char msg[512];
   int id = ir_emit(m, b, op, in, nin, ia, fa, sa, t, msg, sizeof msg);
-  if (id < 0) ts_errf(cx->err, sizeof cx->err, "loss scaling: cannot emit %s: %s", ir_ops[op].name, msg);
+  if (id < 0) ts_errf(cx->err, sizeof cx->err, "loss scaling: cannot emit %s: %s", ir_ops[op].name, msg);  /* internal */
   return id;
 }
 
@@ -173,7 +173,7 @@ int scaler_blocks(IrModule *m, PassCtx *cx) {
   take_old_blocks(m, cx);
   if (!(cx->loss_scale >= 0) || !(cx->initial_loss_scale > 0) || !(cx->min_loss_scale > 0) ||
       cx->loss_scale_window < 1 || cx->hysteresis < 1)
-    return ts_errf(cx->err, sizeof cx->err, "loss scaling: --loss-scale %g, --initial-loss-scale %g, "
+    return ts_errf(cx->err, sizeof cx->err, "loss scaling: --loss-scale %g, --initial-loss-scale %g, "  /* internal */
                    "--min-loss-scale %g, --loss-scale-window %lld, --hysteresis %lld: the scales must be > 0 (a "
                    "fixed --loss-scale, or 0 for dynamic) and the window and hysteresis >= 1", cx->loss_scale,
                    cx->initial_loss_scale, cx->min_loss_scale, (long long)cx->loss_scale_window,
@@ -188,7 +188,7 @@ int scaler_blocks(IrModule *m, PassCtx *cx) {
   if (ub >= 0) {
     int any = 0;
     for (int s = 0; s < m->states.n; s++) any |= m->states.a[s].kind == IR_STATE_GRAD;
-    if (!any) return ts_errf(cx->err, sizeof cx->err, "loss scaling: the module has no gradient to check");
+    if (!any) return ts_errf(cx->err, sizeof cx->err, "loss scaling: the module has no gradient to check");  /* internal */
     return scaler_pair(m, cx, st, "scaler", "skip", ub, NULL);
   }
   /* the whole-model pipeline module: one update block per pipeline rank */
@@ -209,7 +209,7 @@ int scaler_blocks(IrModule *m, PassCtx *cx) {
         mine[b->nodes[i].ia[0]] = 1;
     if (scaler_pair(m, cx, st, sn, kn, rb, mine) != 0) return -1;
   }
-  if (!nupd) return ts_errf(cx->err, sizeof cx->err, "loss scaling: the module has no block \"update\"%s",
+  if (!nupd) return ts_errf(cx->err, sizeof cx->err, "loss scaling: the module has no block \"update\"%s",  /* internal */
                             pp > 1 ? " nor \"update.<r>\" blocks" : "");
   return 0;
 }

@@ -401,7 +401,7 @@ int pass_zero3(IrModule *m, PassCtx *cx) {
   for (int p = 0; p < ns0; p++) {
     if (zp[p].shard < 0) continue;
     if (!ir_dtype_is_float(m->states.a[p].type.dtype))
-      return ts_errf(cx->err, sizeof cx->err, "zero3: parameter @%s is %s; ZeRO-3 shards float parameters only",
+      return ts_errf(cx->err, sizeof cx->err, "zero3: parameter @%s is %s; ZeRO-3 shards float parameters only",  /* internal */
                      m->states.a[p].name, ir_dtype_name(m->states.a[p].type.dtype));
     int s = ir_state_derived(m, p, IR_STATE_SHARD, "shard", cx->err, sizeof cx->err);
     if (s < 0) return -1;

@@ -53,7 +53,7 @@ int plan_dp_buckets(const IrModule *m, int64_t bucket_bytes, PlanDpPlan *out, ch
   int dp = ir_axis_size(m, IR_AXIS_DP);
   out->dp = dp;
   if (bucket_bytes > (int64_t)1 << 50)
-    return ts_errf(err, errlen, "a dp bucket of %lld bytes is more than 2^50 (use at most 1125899906842624, or "
+    return ts_errf(err, errlen, "a dp bucket of %lld bytes is more than 2^50 (use at most 1125899906842624, or "  /* internal */
                    "0 for the default of %lld)", (long long)bucket_bytes, (long long)plan_dp_bucket_default(dp, IR_F32));
   if (bucket_bytes <= 0) bucket_bytes = plan_dp_bucket_default(dp, m->train.precision);
   out->bucket_bytes = bucket_bytes;

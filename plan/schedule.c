@@ -35,7 +35,7 @@ int plan_pipe_nmicro(const IrTrain *t, int dp, int *nmicro, char *err, size_t er
   if (dp < 1) dp = 1;
   int64_t per = t->micro_batch * (int64_t)dp;
   if (t->micro_batch < 1 || t->global_batch < 1 || t->global_batch % per != 0)
-    return ts_errf(err, errlen, "pipeline: the micro batches per step, global_batch %lld / (micro_batch %lld x dp %d), "
+    return ts_errf(err, errlen, "pipeline: the micro batches per step, global_batch %lld / (micro_batch %lld x dp %d), "  /* internal */
                                 "is not a whole number", (long long)t->global_batch, (long long)t->micro_batch, dp);
   if (t->global_batch / per > (1 << 20))
     return ts_errf(err, errlen, "pipeline: global_batch %lld / (micro_batch %lld x dp %d) = %lld micro batches per "
@@ -242,12 +242,12 @@ static int check_steps(const PipeSchedule *s, char *err, size_t errlen) {
     for (int i = 0; i < s->nsteps[r] && rc == 0; i++) {
       const PipeStep *st = &s->steps[r][i];
       if (st->kind != 'F' && st->kind != 'B' && !(split && st->kind == 'W')) {
-        rc = ts_errf(err, errlen, "pipeline schedule: rank %d step %d has kind '%c' (%s expected)", r, i, st->kind,
+        rc = ts_errf(err, errlen, "pipeline schedule: rank %d step %d has kind '%c' (%s expected)", r, i, st->kind,  /* internal */
                      split ? "F, B or W" : "F or B; W only where the backward is split, --schedule zb-h1");
         break;
       }
       if (st->micro < 0 || st->micro >= s->nmicro || st->chunk < 0 || st->chunk >= nch || st->chunk % s->pp != r) {
-        rc = ts_errf(err, errlen, "pipeline schedule: rank %d step %d (%c micro %d chunk %d) names %s", r, i,
+        rc = ts_errf(err, errlen, "pipeline schedule: rank %d step %d (%c micro %d chunk %d) names %s", r, i,  /* internal */
                      st->kind, st->micro, st->chunk,
                      st->micro < 0 || st->micro >= s->nmicro ? "a micro batch out of range" : "a chunk of another rank");
         break;
@@ -295,12 +295,12 @@ static int check_links(const RankOps *ro, char *err, size_t errlen) {
         char a[128], b[128];
         if (hs) msg_str(&ro->ops[src][i], a, sizeof a);
         if (hr) msg_str(&ro->ops[dst][j], b, sizeof b);
-        if (!hr) { rc = ts_errf(err, errlen, "pipeline schedule: rank %d sends the %s to rank %d (message %d on that "
+        if (!hr) { rc = ts_errf(err, errlen, "pipeline schedule: rank %d sends the %s to rank %d (message %d on that "  /* internal */
                                              "link), which never receives it", src, a, dst, k + 1); break; }
         if (!hs) { rc = ts_errf(err, errlen, "pipeline schedule: rank %d waits for the %s from rank %d (message %d on "
                                              "that link), which never sends it", dst, b, src, k + 1); break; }
         if (!same_msg(&ro->ops[src][i], &ro->ops[dst][j])) {
-          rc = ts_errf(err, errlen, "pipeline schedule: message %d from rank %d to rank %d does not match: rank %d "
+          rc = ts_errf(err, errlen, "pipeline schedule: message %d from rank %d to rank %d does not match: rank %d "  /* internal */
                                     "sends the %s, rank %d expects the %s (messages on a link are matched in order)",
                        k + 1, src, dst, src, a, dst, b);
           break;
@@ -374,7 +374,7 @@ static int run_ranks(const PipeSchedule *s, const RankOps *ro, const double *fwd
         sb_printf(&b, "%srank %d at step %d (%c of micro batch %d) waits for the %s from rank %d", b.n ? "; " : "", r,
                   o->step, st->kind, st->micro, m, o->peer);
       }
-      rc = ts_errf(err, errlen, "pipeline schedule deadlocks: %s", b.p ? b.p : "");
+      rc = ts_errf(err, errlen, "pipeline schedule deadlocks: %s", b.p ? b.p : "");  /* internal */
       sb_free(&b);
       break;
     }
@@ -396,7 +396,7 @@ static int run_ranks(const PipeSchedule *s, const RankOps *ro, const double *fwd
 
 int plan_pipe_check(const PipeSchedule *s, char *err, size_t errlen) {
   if (s->pp < 1 || s->vpp < 1 || s->nmicro < 1 || !s->nsteps || !s->steps)
-    return ts_errf(err, errlen, "pipeline schedule: empty");
+    return ts_errf(err, errlen, "pipeline schedule: empty");  /* internal */
   int rc = check_steps(s, err, errlen);
   if (rc != 0) return rc;
   RankOps ro;
@@ -437,7 +437,7 @@ int plan_pipe_simulate_fbw(const PipeSchedule *s, const double *fwd, const doubl
                            double bwd_ratio, PipeTimeline *t, char *err, size_t errlen) {
   memset(t, 0, sizeof *t);
   if (s->pp < 1 || s->vpp < 1 || s->nmicro < 1 || !s->nsteps || !s->steps)
-    return ts_errf(err, errlen, "pipeline schedule: empty");
+    return ts_errf(err, errlen, "pipeline schedule: empty");  /* internal */
   if (check_steps(s, err, errlen) != 0) return -1;     /* indices below are trusted after this */
   int pp = s->pp;
   t->pp = pp;

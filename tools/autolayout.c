@@ -510,7 +510,7 @@ int al_search(const IrModule *f, const AlCompiler *c, const AlOptions *o, StrBuf
   int L = part.nlayers;
   pass_pipe_partition_free(&part);
   int64_t gb = f->train.global_batch, mb0 = f->train.micro_batch, seq = f->train.seq_len;
-  if (gb < 1 || mb0 < 1) return ts_errf(err, errlen, "auto-layout: the train block needs global_batch and micro_batch");
+  if (gb < 1 || mb0 < 1) return ts_errf(err, errlen, "auto-layout: the train block needs global_batch and micro_batch");  /* internal */
 
   /* stage A, 1: the intra-layer layouts, one short copy each */
   int use_ep = axis_used(f, IR_AXIS_EP), use_cp = axis_used(f, IR_AXIS_CP) || seq > 0;

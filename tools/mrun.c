@@ -1204,7 +1204,7 @@ static int launch(int64_t n, char **argv) {
  * message. */
 static IrModule *pick_program(Plan *plan, const PlanMesh *mesh, int rank, int *index, char *err, size_t errlen) {
   int c[RT_AXIS_COUNT];
-  if (rt_mesh_coords(mesh, rank, c) != 0) { ts_errf(err, errlen, "rank %d is outside the mesh", rank); return NULL; }
+  if (rt_mesh_coords(mesh, rank, c) != 0) { ts_errf(err, errlen, "rank %d is outside the mesh", rank); return NULL; }  /* internal */
   int pdp = plan->mesh.dp < 1 ? 1 : plan->mesh.dp;
   c[RT_AXIS_DP] %= pdp;
   int pr = rt_mesh_rank(&plan->mesh, c);
@@ -1612,7 +1612,7 @@ static int calibrate_rank(RtComm *world, const Args *a) {
   } else if (me == 0) {
     HwDesc hw;
     if (hw_parse(b.p ? b.p : "", a->calibrate, &hw, err, sizeof err) != 0) {
-      fprintf(stderr, "mrun: --calibrate: internal error: the description does not parse: %s\n", err);
+      fprintf(stderr, "mrun: --calibrate: internal error: the description does not parse: %s\n", err);  /* internal */
       rc = 1;
     } else if (ts_write_file(a->calibrate, b.p, b.n) != 0) {
       fprintf(stderr, "mrun: --calibrate: %s\n", ts_io_error());

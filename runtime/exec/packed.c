@@ -47,7 +47,7 @@ int rt_packed_check(const RtGptOpts *g, const IrModule *const *progs, int n, cha
   for (int k = 0; k < 3; k++) {
     if (!on[k]) continue;
     if (!g->has_eod)
-      return ts_errf(err, errlen, "%s needs the end-of-document token id: give --tokenizer PATH (its EOD token) "
+      return ts_errf(err, errlen, "%s needs the end-of-document token id: give --tokenizer PATH (its EOD token) "  /* internal */
                      "or --eod-id N", need[k].flag);
     if (!declares(progs, n, ir_feed_name(need[k].feed)))
       return ts_errf(err, errlen, "%s needs the model input %s (%s); this model does not declare it",

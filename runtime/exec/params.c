@@ -217,7 +217,7 @@ static int pipe_collect(RtComm *g, SavedParam **ps, int *n, char *err, size_t er
         r.lt.dtype = r.dtype;
         r.lt.rank = (int)hdr[1];
         if (rc == 0 && (r.lt.rank < 0 || r.lt.rank > IR_MAX_RANK || (r.dtype != IR_F32 && r.dtype != IR_F64)))
-          rc = ts_errf(err, errlen, "parameter %s from pipeline rank %d: bad header", name, q);
+          rc = ts_errf(err, errlen, "parameter %s from pipeline rank %d: bad header", name, q);  /* internal */
         for (int d = 0; rc == 0 && d < r.lt.rank; d++) r.lt.dim[d] = (int64_t)hdr[2 + d];
         if (rc == 0) {
           int64_t ne = ir_type_numel(&r.lt);

@@ -412,7 +412,7 @@ static int fill_param_or_shard(const RtProgram *p, const IrState *s, void *data,
                                double (*val)(const void *ctx, int64_t g), const void *ctx, char *err, size_t errlen) {
   if (!(s->flags & IR_STATE_SHARDED)) return fill_param(p, s, data, val, ctx, err, errlen);
   int sh = ir_state_shard_of(p->m, (int)(s - p->m->states.a));
-  if (sh < 0) return ts_errf(err, errlen, "parameter @%s is sharded but has no shard state", s->name);
+  if (sh < 0) return ts_errf(err, errlen, "parameter @%s is sharded but has no shard state", s->name);  /* internal */
   const IrState *st = &p->m->states.a[sh];
   size_t es = ir_dtype_size(s->type.dtype);
   int64_t n = ir_type_numel(&s->type), c = ir_type_numel(&st->type);
@@ -451,7 +451,7 @@ int rt_program_set_param(RtProgram *p, int s, const double *global, char *err, s
   TS_ASSERT(s >= 0 && s < m->states.n && m->states.a[s].kind == IR_STATE_PARAM);
   const IrState *st = &m->states.a[s];
   int at = (st->flags & IR_STATE_SHARDED) ? ir_state_shard_of(m, s) : s;
-  if (at < 0) return ts_errf(err, errlen, "parameter @%s is sharded but has no shard state", st->name);
+  if (at < 0) return ts_errf(err, errlen, "parameter @%s is sharded but has no shard state", st->name);  /* internal */
   return fill_param_or_shard(p, st, p->slab + p->off[at], global_value, global, err, errlen);
 }
 
@@ -606,8 +606,8 @@ int rt_fp8_refused_on_gpu(const IrModule *m, int sm, char *err, size_t errlen) {
 RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecOpts *o, char *err, size_t errlen) {
   RtExecOpts dflt = {0};
   if (!o) o = &dflt;
-  if (!m) { ts_errf(err, errlen, "rt_program_new: no module"); return NULL; }
-  if (!r) { ts_errf(err, errlen, "rt_program_new_rank: no rank"); return NULL; }
+  if (!m) { ts_errf(err, errlen, "rt_program_new: no module"); return NULL; }  /* internal */
+  if (!r) { ts_errf(err, errlen, "rt_program_new_rank: no rank"); return NULL; }  /* internal */
   for (int a = 0; a < IR_AXIS_COUNT; a++) {
     int want = ir_axis_size(m, (IrAxis)a), have = rt_rank_axis_size(r, (IrAxis)a);
     if (want != have) {
@@ -616,7 +616,7 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
       return NULL;
     }
     if (r->coord[a] < 0 || r->coord[a] >= have) {
-      ts_errf(err, errlen, "rank coordinate %s=%d is outside the mesh (size %d)", ir_axis_name((IrAxis)a),
+      ts_errf(err, errlen, "rank coordinate %s=%d is outside the mesh (size %d)", ir_axis_name((IrAxis)a),  /* internal */
               r->coord[a], have);
       return NULL;
     }
@@ -635,7 +635,7 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
     size_t es = ir_dtype_size(s->type.dtype);
     int64_t n = ir_type_numel(&s->type);
     if (es == 0 || n < 0) {
-      ts_errf(err, errlen, "state @%s: unsupported type", s->name);
+      ts_errf(err, errlen, "state @%s: unsupported type", s->name);  /* internal */
       rt_program_free(p);
       return NULL;
     }
@@ -662,7 +662,7 @@ RtProgram *rt_program_new_opts(const IrModule *m, const RtRank *r, const RtExecO
       for (int64_t e = 0; e < ir_type_numel(&s->type); e++) ((float *)(p->slab + p->off[i]))[e] = (float)s->init_a;
     int at = (s->flags & IR_STATE_SHARDED) ? ir_state_shard_of(m, i) : i;
     if (s->kind == IR_STATE_PARAM && (at < 0 || init_param(p, s, m->train.seed, p->slab + p->off[at], err, errlen) != 0)) {
-      if (at < 0) ts_errf(err, errlen, "parameter @%s is sharded but has no shard state", s->name);
+      if (at < 0) ts_errf(err, errlen, "parameter @%s is sharded but has no shard state", s->name);  /* internal */
       rt_program_free(p);
       return NULL;
     }

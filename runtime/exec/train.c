@@ -743,7 +743,7 @@ static int pipe_setup(TrainRun *r, const IrModule *m, const RtRank *rank, int64_
     /* the plan decoder refuses a schedule out of range */
     return ts_errf(err, errlen, "the program's pipeline schedule %d is not one this runtime knows",
                    par->sched);   /* internal */
-  if (n_local > (1 << 20)) return ts_errf(err, errlen, "%lld micro batches per step is too many to schedule", (long long)n_local);
+  if (n_local > (1 << 20)) return ts_errf(err, errlen, "%lld micro batches per step is too many to schedule", (long long)n_local);  /* internal */
   char why[1024];
   r->sched_kind = kind, r->sched_pp = pp, r->sched_vpp = vpp;
   if (pipe_sched_for(r, n_local, err, errlen) != 0) return -1;
@@ -961,7 +961,7 @@ int rt_train(const IrModule *m, const RtTrainOpts *o, RtTrainResult *res, char *
     return ts_errf(err, errlen, "--eval-interval / --test: the program has no forward-only block \"eval\" "
                    "(compiled by an mcc without pass eval? compile it again)");
   if (o->eval_interval < 0 || o->eval_iters < 0)
-    return ts_errf(err, errlen, "--eval-interval and --eval-iters must be >= 0");
+    return ts_errf(err, errlen, "--eval-interval and --eval-iters must be >= 0");  /* internal */
   const IrTrain *tr = &m->train;
   if (tr->micro_batch <= 0 || tr->global_batch <= 0 || tr->global_batch % tr->micro_batch != 0) {
     snprintf(err, errlen, "global_batch %lld is not a positive multiple of micro_batch %lld",
