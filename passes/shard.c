@@ -300,10 +300,12 @@ static int remake_local(Sh *S, int v, const IrSharding *want) {
 static int reshape_map(const IrType *in, const IrType *out, int d, int k);
 
 /* Old value v = reshape(x) wanted in a layout that only gathers some of
- * its splits, when x has a gathered copy for those axes already: that
- * copy's id (its reshape is v in `want`, no bytes moved: a layer input
- * gathered for the forward matmul serves the weight gradient's reshaped
- * read of it), else -1. */
+ * its splits, or reduces some of its partial sums, when x has such a copy
+ * for those axes already: that copy's id (its reshape is v in `want`, no
+ * bytes moved: a layer input gathered for the forward matmul serves the
+ * weight gradient's reshaped read of it; a key / value gradient
+ * reduce-scattered for its projection serves its weight gradient), else
+ * -1. */
 static int reshape_gathered_src(const Sh *S, int v, const IrSharding *want) {
   const IrNode *n = onode(S, v);
   if (n->op != IR_OP_RESHAPE || want->partial) return -1;
@@ -312,10 +314,17 @@ static int reshape_gathered_src(const Sh *S, int v, const IrSharding *want) {
   IrSharding wx = S->sh[x];
   for (int a = 0; a < IR_AXIS_COUNT; a++) {
     int sv = ax_get(&S->sh[v], a), sw = ax_get(want, a), sx = ax_get(&S->sh[x], a);
+    int k = ir_axis_size(S->m, (IrAxis)a);
     if (sw == sv) {   /* kept: x's layout must reshape to it */
-      if ((sx < 0 ? sx : reshape_map(&xt, &vt, sx, ir_axis_size(S->m, (IrAxis)a))) != sw) return -1;
-    } else if (sw == AX_R && sv >= 0) {
+      if ((sx < 0 ? sx : reshape_map(&xt, &vt, sx, k)) != sw) return -1;
+    } else if (sw == AX_R && (sv >= 0 || sv == AX_P)) {
       ax_set(&wx, a, AX_R);
+    } else if (sv == AX_P && sw >= 0 && sx == AX_P) {   /* reduce-scattered: along the x dim that maps to sw */
+      int dx = -1;
+      for (int d = 0; d < xt.rank && dx < 0; d++)
+        if (!S->sh[x].split[d] && reshape_map(&xt, &vt, d, k) == sw) dx = d;
+      if (dx < 0) return -1;
+      ax_set(&wx, a, dx);
     } else {
       return -1;
     }
@@ -426,10 +435,19 @@ static int64_t axes_size(const Sh *S, unsigned mask) {
 }
 
 /* Where a partial value goes when nothing asks for a layout: all-reduce,
- * or with sequence parallelism a reduce-scatter along the sequence dim. */
+ * or with sequence parallelism a reduce-scatter along the sequence dim.
+ * Under cp likewise a reduce-scatter along a whole sequence dim (a key /
+ * value gradient under --cp-attn allgather: the rest of the backward runs
+ * on the rank's part of the sequence); the sequence must hold two chunks
+ * per cp rank (the causal load-balancing layout). */
 static int resolve_default(const Sh *S, int v, int a) {
-  if (!(S->sp && a == IR_AXIS_TP)) return AX_R;
   IrType t = gtype(S, v);
+  if (a == IR_AXIS_CP && S->C > 1) {
+    for (int d = 0; d < t.rank; d++)
+      if (t.dname[d] && t.dname[d] == S->seq_name && !S->sh[v].split[d] && t.dim[d] % (2 * S->C) == 0) return d;
+    return AX_R;
+  }
+  if (!(S->sp && a == IR_AXIS_TP)) return AX_R;
   for (int d = 0; d < t.rank; d++) {
     uint8_t by = S->sh[v].split[d];
     if (t.dname[d] && t.dname[d] == S->seq_name && !(by & BIT(a)) && (t.dim[d] / axes_size(S, by)) % S->T == 0)
@@ -790,8 +808,16 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     int aM = ta ? ra - 1 : ra - 2, aK = ta ? ra - 2 : ra - 1;
     int bK = tb ? rb - 1 : rb - 2, bN = tb ? rb - 2 : rb - 1;
     int sa = st[0], sb = st[1];
-    /* partial sums: linear in each operand separately */
-    if (sa == AX_P && sb == AX_R) { *out = AX_P; return 0; }
+    /* partial sums: linear in each operand separately.  Under cp a partial
+     * a that is smaller than the result (a key / value gradient times its
+     * projection) is reduce-scattered along its sequence first: the bytes
+     * of a, not of the result, and the product on the rank's rows. */
+    if (sa == AX_P && sb == AX_R) {
+      int d = a == IR_AXIS_CP ? resolve_default(S, n->in[0], a) : AX_R;
+      IrType gat = gtype(S, n->in[0]), got = gtype(S, i);
+      if (d < 0 || d == aK || ir_type_numel(&gat) >= ir_type_numel(&got)) { *out = AX_P; return 0; }
+      sa = d;
+    }
     if (sb == AX_P && sa == AX_R) { *out = AX_P; return 0; }
     if (sa == AX_P) sa = resolve_default(S, n->in[0], a);
     if (sb == AX_P) sb = resolve_default(S, n->in[1], a);
