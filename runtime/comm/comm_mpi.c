@@ -110,6 +110,12 @@ void rt_comm_abort(RtComm *c, const char *fmt, ...) {
   va_end(ap);
   fprintf(stderr, "%s\n", msg);
   fflush(stderr);
+  /* When every rank fails together (an error they agreed on), rank 0's
+   * message is the one that says what happened to the job ("another rank
+   * could not ..."): the other ranks give it 0.2 s to be written before
+   * their abort takes the job down. */
+  int wr = c ? c->world_rank : world_rank_now();
+  if (wr > 0) usleep(200000);
   MPI_Abort(MPI_COMM_WORLD, 1);
   _exit(1);   /* MPI_Abort does not return; this is for a broken MPI */
 }

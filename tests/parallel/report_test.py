@@ -279,6 +279,27 @@ def check_micro_batch_invariant(model, defs, extra, gathers_ok=False):
         print("ok: micro batch 1/2/4 %s: %d ring bytes per step each" % (what, rings[1]))
 
 
+def check_cp_attention(form, c):
+    """llama (grouped-query: 2 kv heads of 4) under cp: the bytes one layer
+    adds per micro batch are at most the closed form of the ring / all-gather
+    forms, 6 (c-1)/c s b h_kv E (k and v forward, again backward, dk and dv
+    home); the all-gather form once reduced its key / value gradients whole
+    (3.5x it).  f32, s = 16, b = 1, h_kv = 2 x 8."""
+    defs = LLAMA + ["-D", "vocab=256", "--cp", str(c), "--cp-attn", form, "--precision", "f32"]
+    nmicro = 4   # batch 4, micro batch 1
+    per_layer = [micro_bytes(["%s/samples/llama.mdl" % SRC] + defs + ["-D", "layers=%d" % L])[0] for L in (2, 3)]
+    got = (per_layer[1] - per_layer[0]) / nmicro
+    closed = 6 * (c - 1) / c * 16 * 1 * 16 * 4
+    what = "llama --cp %d --cp-attn %s" % (c, form)
+    if not 0 < got <= closed:
+        fail("%s: %g bytes per layer and micro batch, the closed form %g" % (what, got, closed))
+    else:
+        print("ok: %s: %g bytes per layer and micro batch, closed form %g" % (what, got, closed))
+
+
+for form in ("ring", "allgather"):
+    for c in (2, 4):
+        check_cp_attention(form, c)
 check_micro_batch_invariant("gpt", GPT + ["-D", "vocab=256", "-D", "dropout=0.0"], ["--cp", "2"])
 check_micro_batch_invariant("llama", LLAMA + ["-D", "vocab=256"], ["--cp", "2", "--cp-attn", "a2a"])
 check_micro_batch_invariant("llama", LLAMA + ["-D", "vocab=256"], ["--cp", "2", "--tp", "2", "--sp"])
