@@ -707,10 +707,11 @@ static void rebuild_param(Em *e, const Grad *gr, const Mesh *ms) {
 }
 
 /* Step 5b: each 16-bit copy of parameter gr->p = cast(p) (rounded as
- * runtime/cpu/half.h), so a device keeps its copies on the device. */
-static void remake_copies(Em *e, const Grad *gr) {
-  for (int s = 0; s < e->m->states.n; s++) {
-    if (e->m->states.a[s].kind != IR_STATE_COPY || e->m->states.a[s].of != gr->p) continue;
+ * runtime/cpu/half.h), so a device keeps its copies on the device.
+ * next_copy: per state, the next copy state of the same parameter (-1 at
+ * the end); first: per parameter, its first copy (both in state order). */
+static void remake_copies(Em *e, const Grad *gr, const int *first, const int *next_copy) {
+  for (int s = first[gr->p]; s >= 0; s = next_copy[s]) {
     IrType pt = e->m->states.a[gr->p].type, ct = e->m->states.a[s].type;
     IrSharding psh = e->m->states.a[gr->p].sh;
     int64_t pi[1] = {gr->p}, ci[1] = {s};
@@ -1027,7 +1028,18 @@ static int build_update(IrModule *m, PassCtx *cx, const char *name, Grad *grads,
 
   /* 5b. the 16-bit copies (pass precision) made again from their updated
    * masters, as the update's last writes: the next forward reads them */
-  for (int k = 0; k < ng && !e.failed; k++) remake_copies(&e, &grads[k]);
+  int nst = m->states.n;
+  int *first = ts_xmalloc(((size_t)nst + 1) * sizeof *first), *next_copy = ts_xmalloc(((size_t)nst + 1) * sizeof *next_copy);
+  for (int s = 0; s < nst; s++) first[s] = next_copy[s] = -1;
+  for (int s = nst - 1; s >= 0; s--) {   /* one pass, not one per gradient: quadratic in the states */
+    int of = m->states.a[s].of;
+    if (m->states.a[s].kind != IR_STATE_COPY || of < 0 || of >= nst) continue;
+    next_copy[s] = first[of];
+    first[of] = s;
+  }
+  for (int k = 0; k < ng && !e.failed; k++) remake_copies(&e, &grads[k], first, next_copy);
+  free(first);
+  free(next_copy);
 
   /* 6. clear the accumulators */
   for (int k = 0; k < ng; k++) {
