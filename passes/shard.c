@@ -965,8 +965,16 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
      * token rows are this rank's block (dim 0) and moe_counts exchanges
      * the counts (shard_node); along every other axis all operands whole. */
     int t = a == IR_AXIS_EP ? 0 : AX_R;
+    /* Under cp (without ep) a dropless layer's tokens stay on their cp
+     * rank: each rank routes, permutes and multiplies its own rows with
+     * every expert, and its counts are its own rows' (a partial sum over
+     * cp of the layer's counts, which only this rank's gmm reads).  A
+     * capacity mask reads the tokens whole (their order decides the
+     * drops), so its routing is replicated and so is the dispatch. */
+    int routed = n->op == IR_OP_MOE_COUNTS ? 0 : n->op == IR_OP_MOE_GATE_GRAD ? 2 : 1;
+    if (a == IR_AXIS_CP && !active(S, IR_AXIS_EP) && st[routed] == 0) t = 0;
     for (int k = 0; k < nin; k++) want[k] = t;
-    *out = n->op == IR_OP_MOE_COUNTS ? AX_R : t;
+    *out = n->op == IR_OP_MOE_COUNTS ? (t == 0 && a == IR_AXIS_CP ? AX_P : AX_R) : t;
     return 0;
   }
   case IR_OP_GMM: case IR_OP_GMM_DW: {
@@ -980,6 +988,15 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
                        param_of(S, n->in[1], pw, sizeof pw), st[1] == AX_R ? "replicated" : "split elsewhere");
       want[0] = want[1] = 0;
       *out = 0;
+      return 0;
+    }
+    if (a == IR_AXIS_CP && !active(S, IR_AXIS_EP) && st[0] == 0 && st[2] == AX_P) {
+      /* a cp rank's own rows (moe_counts above) with every expert: the
+       * rows stay split, the weights' gradient is a partial sum */
+      want[0] = 0;
+      want[1] = n->op == IR_OP_GMM_DW ? 0 : AX_R;
+      want[2] = AX_P;
+      *out = n->op == IR_OP_GMM_DW ? AX_P : 0;
       return 0;
     }
     int s0 = st[0] == AX_P ? AX_R : st[0], s1 = st[1] == AX_P ? AX_R : st[1];
@@ -1963,6 +1980,7 @@ static void shard_node(Sh *S, int i) {
   uint8_t red_axes = (n->op == IR_OP_MAX || n->op == IR_OP_MEAN) ? ish[0].split[n->ia[0]] : 0;
   int64_t ia[IR_MAX_IATTR];
   memcpy(ia, n->ia, sizeof ia);
+  if (n->op == IR_OP_MOE_PERM && (osh.split[0] & BIT(IR_AXIS_CP))) ia[0] = lt.dim[0];   /* the rank's rows */
   if ((n->op == IR_OP_ATTENTION || n->op == IR_OP_ATTENTION_BWD) && S->cp_a2a && ax_get(&ish[0], IR_AXIS_CP) == 2 &&
       S->C > 1) {   /* all-to-all to head-split layouts and back */
     S->nv[i] = lower_a2a(S, i, in, ish, &osh);
