@@ -104,7 +104,7 @@ static int in_buf(const Lw *L, int id) {
 
 static int is_ew_like(IrOp op) {
   return (ir_ops[op].flags & OPF_EW) || op == IR_OP_FULL || op == IR_OP_ARANGE || op == IR_OP_BROADCAST ||
-         op == IR_OP_CAUSAL_MASK || op == IR_OP_MASKED_FILL || op == IR_OP_DROPOUT;
+         op == IR_OP_CAUSAL_MASK || op == IR_OP_MASKED_FILL || op == IR_OP_DROPOUT || op == IR_OP_RAND;
 }
 static int is_row_op(IrOp op) {
   switch (op) {
@@ -415,6 +415,19 @@ static int elem_ew(Lw *L, const IrNode *nd) {
     int keep = cg_bin(L->k, CG_LE, cg_const_f(L->k, CG_F64, c), dropout_u(L, nd, pos_flat(L)));
     return sel(L, keep, mul(L, x, F(L, scale)), F(L, 0));
   }
+  case IR_OP_RAND: {         /* lo + u (hi - lo) in f64, i32: its floor (ops_ref.c ref_RAND, bit for bit) */
+    double lo = nd->fa[0], hi = nd->fa[1];
+    int v = cg_bin(L->k, CG_ADD, cg_const_f(L->k, CG_F64, lo),
+                   cg_bin(L->k, CG_MUL, dropout_u(L, nd, pos_flat(L)), cg_const_f(L->k, CG_F64, hi - lo)));
+    if (nd->type.dtype == IR_I32) {
+      int t = cg_cast(L->k, CG_F64, cg_cast(L->k, CG_I64, v));        /* truncated, then down for v < 0 */
+      t = sel(L, cg_bin(L->k, CG_LT, v, t), cg_bin(L->k, CG_SUB, t, cg_const_f(L->k, CG_F64, 1)), t);
+      v = sel(L, cg_bin(L->k, CG_LE, cg_const_f(L->k, CG_F64, hi), t), cg_const_f(L->k, CG_F64, hi - 1), t);
+    } else {
+      v = sel(L, cg_bin(L->k, CG_LE, cg_const_f(L->k, CG_F64, hi), v), cg_const_f(L->k, CG_F64, lo), v);   /* u -> 1 */
+    }
+    return cg_cast(L->k, L->ct, v);
+  }
   default: TS_DIE("lower: %s is not elementwise", ir_ops[nd->op].name);
   }
 }
@@ -663,6 +676,9 @@ static int check_group(Lw *L) {
       if (!(nd->fa[0] >= 0 && nd->fa[0] <= 1))
         return ts_errf(L->err, L->errlen, "group: %%%d = dropout has p = %g outside [0, 1]", id, nd->fa[0]);
     }
+    for (int d = 0; d < nd->type.rank && nd->op == IR_OP_RAND; d++)   /* hashes global indices, as dropout */
+      if (nd->sh.split[d])
+        return ts_errf(L->err, L->errlen, "group: %%%d = rand is split across ranks (it needs global indices)", id);  /* internal */
     if (nd->op == IR_OP_ARANGE && nd->ia[0] >= 0 && nd->ia[0] < nd->type.rank && nd->sh.split[nd->ia[0]])
       return ts_errf(L->err, L->errlen, "group: %%%d = arange is split across ranks along its axis (its values are "
                      "global indices)", id);

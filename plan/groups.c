@@ -18,7 +18,7 @@ int plan_kernel_node_ok(const IrModule *m, const IrBlock *b, int i) {
     return 0;
   /* likewise dropout: its mask hashes global indices, the kernel has the
    * local ones, equal only when no dim is split */
-  if (n->op == IR_OP_DROPOUT)
+  if (n->op == IR_OP_DROPOUT || n->op == IR_OP_RAND)
     for (int d = 0; d < n->type.rank; d++)
       if (n->sh.split[d]) return 0;
   /* and arange, whose values are the global indices along its axis */

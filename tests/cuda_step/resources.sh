@@ -56,6 +56,18 @@ for prec in bf16 fp16; do
   run moe_tiny_$prec moe $tiny_moe -D capacity_factor=1.0 --precision $prec
 done
 
+# the other samples in both 16-bit types: bert (rand's masking, non-causal
+# ALiBi attention), bloom (causal ALiBi), gpt_packed (document masks, a
+# sliding window), t5 (encoder-decoder, cross-attention; its relative-position
+# score bias has no CUDA attention kernel yet: mcc says so)
+tiny_any="-D d_model=32 -D heads=4 -D seq_len=16 -D vocab=256 -D batch=4 -D micro_batch=1"
+for prec in bf16 fp16; do
+  run bert_$prec bert $tiny_any -D layers=2 --precision $prec
+  run bloom_$prec bloom $tiny_any -D layers=2 --precision $prec
+  run gpt_packed_$prec gpt_packed $tiny_any -D layers=2 -D window=5 --precision $prec
+  run t5_$prec t5 $tiny_any -D enc_layers=1 -D dec_layers=1 --precision $prec
+done
+
 # the other update rules' step kernels (sgd, lion, muon's lr_step next to its AdamW group), ZeRO-1 at dp 2
 run gpt_sgd_dp2 gpt $tiny_gpt --optimizer sgd --nesterov --dp 2
 run llama_lion_dp2 llama $tiny_llama --optimizer lion --dp 2
