@@ -227,7 +227,8 @@ static int load_vocab(RtTokenizer *t, const TsJson *v, const char *where, char *
     size_t len = strlen(k);
     strmap_put(&t->vocab, k, len, id);
     set_decode(t, id, k, len);
-    strmap_put(&t->raw, t->dec_pool.p + t->dec_off[id], t->dec_len[id], id);
+    /* an empty token ("": id) leaves the pool unallocated: no offset into NULL */
+    strmap_put(&t->raw, t->dec_pool.p ? t->dec_pool.p + t->dec_off[id] : "", t->dec_len[id], id);
   }
   t->vocab_entries = v->n;
   StrBuf one = {0};

@@ -25,5 +25,8 @@ for name, path in (("gpt2", "tokenizer.json"), ("llama3", "llama3-style/tokenize
         open("seeds/pair", "wb").write(b"G" + json.dumps(vocab).encode() + b"\0" + merges.encode())
 PY
 head -c 3000 "$src/samples/data/kjv.txt" > seeds/kjv
+# a vocab.json whose only token is "" (bench/fuzz.sh's campaign of 2026-11-28:
+# the empty key's offset into a pool not yet allocated, UBSan's null + 0)
+printf 'G{"":\r2}' > seeds/empty_token
 printf "x's 'S 'LL \r\n\r  \t\t 12345 <|endoftext|>a<|endoftext\xff\xed\xa0\x80\xf0\x9f\x98\x80 \xc3\xa9\xcc\x81" > seeds/mixed
 exec "$fuzz" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 fuzz_corpus seeds
