@@ -95,6 +95,7 @@ typedef struct {
    * along those axes and get it gathered through its source.  red[v]: the dims every use of old value v reduces over. */
   uint8_t *scr;
   uint8_t *red;
+  IrSharding *scr_src;       /* merged-row value -> the layout its source was read in (its rows' order) */
   /* why each communication node is there (IrNode.why, mcc --report
    * sharding): the old node being sharded and which operand it converts,
    * the matmul rule's weighing of its sides, or a lowering's own note */
@@ -367,7 +368,7 @@ static uint8_t scr_kept(const Sh *S, int v, const IrSharding *want, uint8_t keep
  * axes kept stay in merged order).  *cur: the result's layout. */
 static int scr_gathered(Sh *S, int v, uint8_t keep, IrSharding *cur) {
   int x = onode(S, v)->in[0];
-  IrSharding wx = S->sh[x];
+  IrSharding wx = S->scr_src[v];
   *cur = S->sh[v];
   for (int a = 0; a < IR_AXIS_COUNT; a++)
     if ((S->scr[v] & ~keep) & BIT(a)) {
@@ -544,13 +545,13 @@ static int scr_same_order(const Sh *S, int u, int v, uint8_t keep) {
   uint8_t gu = S->scr[u] & ~keep, gv = S->scr[v] & ~keep;
   int a = 0;
   while (!(keep & BIT(a))) a++;
-  int du = ax_get(&S->sh[xu], a), dv = ax_get(&S->sh[xv], a), u0, u1, v0, v1;
+  int du = ax_get(&S->scr_src[u], a), dv = ax_get(&S->scr_src[v], a), u0, u1, v0, v1;
   if (du < 0 || dv < 0) return 0;
   if (reshape_merge_dim(&tu, &ou, du, &u0, &u1) < 0 || reshape_merge_dim(&tv, &ov, dv, &v0, &v1) < 0) return 0;
   if (du - u0 != dv - v0 || u1 - u0 != v1 - v0) return 0;
   for (int k = 0; k < u1 - u0; k++)
     if (tu.dim[u0 + k] != tv.dim[v0 + k] ||
-        (S->sh[xu].split[u0 + k] & ~gu) != (S->sh[xv].split[v0 + k] & ~gv)) return 0;
+        (S->scr_src[u].split[u0 + k] & ~gu) != (S->scr_src[v].split[v0 + k] & ~gv)) return 0;
   return 1;
 }
 
@@ -605,10 +606,10 @@ static uint8_t scr_pairable(const Sh *S, int i, int k) {
   if (u1 - u0 != v1 - v0) return 0;
   for (int g = 0; g < u1 - u0; g++)
     if (tu_.dim[u0 + g] != tv_.dim[v0 + g] ||
-        S->sh[xu].split[u0 + g] != (S->sh[xv].split[v0 + g] & (uint8_t)~S->scr[v])) return 0;
+        S->sh[xu].split[u0 + g] != (S->scr_src[v].split[v0 + g] & (uint8_t)~S->scr[v])) return 0;
   for (int a = 0; a < IR_AXIS_COUNT; a++)
     if (S->scr[v] & BIT(a)) {
-      int d = ax_get(&S->sh[xv], a);
+      int d = ax_get(&S->scr_src[v], a);
       if (d < v0 || d >= v1 || ax_get(&S->sh[xu], a) >= 0 || ax_get(&S->sh[u], a) >= 0) return 0;
     }
   return S->scr[v];
@@ -629,7 +630,7 @@ static int scr_merge(Sh *S, int u, int v, const IrSharding *want, uint8_t axes) 
     return sh_fail(S, "internal error: merged rows of %%%d for %%%d", u, v);
   IrSharding wx = S->sh[xu];
   for (int a = 0; a < IR_AXIS_COUNT; a++)
-    if (axes & BIT(a)) ax_set(&wx, a, u0 + ax_get(&S->sh[xv], a) - v0);
+    if (axes & BIT(a)) ax_set(&wx, a, u0 + ax_get(&S->scr_src[v], a) - v0);
   int xi = conv(S, xu, &wx);
   if (xi < 0) return -1;
   IrType lt = local_type(S, ou, want);
@@ -748,9 +749,10 @@ static int rule(Sh *S, int i, int a, const int *st, int *want, int *out) {
     IrType in = gtype(S, n->in[0]), o = gtype(S, i);
     int d = reshape_map(&in, &o, st[0], ir_axis_size(S->m, (IrAxis)a));
     if (d < 0) {
-      /* merged rows (Sh.scr), when every use reduces over them */
+      /* merged rows (Sh.scr), when every use reduces over them: along cp
+       * (along tp under sp a weight gradient reads its input gathered) */
       int md = reshape_merge_dim(&in, &o, st[0], NULL, NULL);
-      if (md >= 0 && md < 8 && (S->red[i] & BIT(md)) && !S->taint[n->in[0]]) {
+      if (a == IR_AXIS_CP && md >= 0 && md < 8 && (S->red[i] & BIT(md)) && !S->taint[n->in[0]]) {
         S->scr[i] |= BIT(a);
         *out = md;
         return 0;
@@ -1862,6 +1864,7 @@ static void shard_node(Sh *S, int i) {
       for (int k = 0; k < nin; k++) ax_set(&ish[k], a, want[k]);
       ax_set(&osh, a, out);
     }
+    if (n->op == IR_OP_RESHAPE && S->scr[i]) S->scr_src[i] = ish[0];
     if (!merged) break;
     int ok = 1;
     for (int k = 0; k < nin && k < 2; k++) {
@@ -2088,6 +2091,7 @@ int pass_shard(IrModule *m, PassCtx *cx) {
   S.ring_drow = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.ring_drow);
   S.ring_out = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.ring_out);
   S.scr = arena_alloc(&cx->scratch, (size_t)(n + 1));
+  S.scr_src = arena_alloc(&cx->scratch, (size_t)(n + 1) * sizeof *S.scr_src);
   S.red = arena_alloc(&cx->scratch, (size_t)(n + 1));
   memset(S.scr, 0, (size_t)(n + 1));
   compute_red(&S);

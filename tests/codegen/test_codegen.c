@@ -905,9 +905,10 @@ int main(int argc, char **argv) {
     test_layout(dts[i]);
     test_fused(dts[i]);
   }
-  /* every op the lowering accepts has a case above; dropout's kernels need
-   * run-time scalars and are checked bit for bit in test_dropout.c */
-  g_covered[IR_OP_DROPOUT] = 1;
+  /* every op the lowering accepts has a case above; dropout's and rand's
+   * kernels need run-time scalars and are checked bit for bit in
+   * test_dropout.c */
+  g_covered[IR_OP_DROPOUT] = g_covered[IR_OP_RAND] = 1;
   for (int op = 0; op < IR_OP_COUNT; op++)
     CHECK(!cg_op_lowerable((IrOp)op) || g_covered[op], "op %s is lowerable but has no test", ir_ops[op].name);
   /* identical kernels (the same op and shapes, as in every layer) compile once */

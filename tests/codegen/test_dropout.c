@@ -12,7 +12,8 @@
  * near p (a mask that kept everything would also agree on p = 0 only);
  * different steps, micro batches or seeds must give different masks.
  * Plus: p = 0, the kernel text names its params, and the
- * lowering refuses a split dropout and p outside [0, 1]. */
+ * lowering refuses a split dropout and p outside [0, 1].  And rand, which
+ * draws with the same hash (test_rand). */
 #include "codegen/cg.h"
 #include "runtime/exec/rt.h"
 #include <dlfcn.h>
@@ -252,8 +253,76 @@ static void test_refusals(void) {
   drop_free(&d);
 }
 
+/* rand (the counter-based draw of BERT's masking, ops_ref.c ref_RAND): the
+ * same hash as dropout's, lo + u (hi - lo) in f64 and, for i32, its floor.
+ * The group rand -> cast to f64, accumulated into a state: the kernel's
+ * bits equal the reference's at several (step, micro), every value is in
+ * [lo, hi) (an integer for i32), and the draw is not constant; a split rand
+ * is refused by the lowering (it needs global indices). */
+static void test_rand(IrDtype dt, double lo, double hi) {
+  IrModule *m = ir_module_new("rand");
+  ir_block_add(m, "forward");
+  uint64_t seed = 777;
+  m->train.seed = seed;
+  IrType t = ty3(dt), t64 = ty3(IR_F64);
+  int r = emit(m, IR_OP_RAND, NULL, 0, (int64_t[]){5}, (double[]){lo, hi}, NULL, &t);
+  int c = emit(m, IR_OP_CAST, &r, 1, NULL, NULL, NULL, &t64);
+  IrState st;
+  memset(&st, 0, sizeof st);
+  st.name = ts_intern("z_out");
+  st.type = t64;
+  st.kind = IR_STATE_GRAD;
+  st.of = -1;
+  int sid = ir_state_add(m, &st);
+  emit(m, IR_OP_ACCUM, &c, 1, (int64_t[]){sid}, NULL, NULL, NULL);
+  int nodes[2] = {r, c};
+  CgGroupIO io;
+  CgKernel *k = cg_lower_group(m, &m->blocks.a[0], nodes, 2, &io, err, sizeof err);
+  CHECK(k != NULL && io.nin == 0 && io.nout == 1, "lowering rand %s: %s", ir_dtype_name(dt), err);
+  CgFn fn = k ? cg_jit_compile(g_jit, k, err, sizeof err) : NULL;
+  CHECK(!k || fn != NULL, "JIT: %s", err);
+  double *want = ts_xmalloc(N * sizeof *want), *got = ts_xmalloc(N * sizeof *got);
+  for (int64_t step = 0; step < 3 && fn; step++)
+    for (int micro = 0; micro < 2; micro++) {
+      RtProgram *p = rt_program_new(m, err, sizeof err);
+      CHECK(p != NULL, "rt_program_new: %s", err);
+      if (!p) continue;
+      RtRunInfo info = {step, micro, 1e-3, 0};
+      int rc = rt_run_block(p, 0, NULL, 0, &info, err, sizeof err);
+      CHECK(rc == 0, "reference run: %s", err);
+      if (rc == 0) memcpy(want, rt_state_data(p, sid), N * sizeof *want);
+      rt_program_free(p);
+      if (rc) continue;
+      int64_t prm[CG_PARAM_COUNT] = {(int64_t)seed, step, micro};
+      void *bufs[CG_MAX_BUFS + 1] = {got, prm};
+      memset(got, 0xff, N * sizeof *got);
+      fn(bufs, 0, k->grid / 2);
+      fn(bufs, k->grid / 2, k->grid);
+      CHECK(memcmp(got, want, N * sizeof *got) == 0, "rand %s [%g, %g) step %lld micro %d: the kernel's bits differ "
+            "from the reference", ir_dtype_name(dt), lo, hi, (long long)step, micro);
+      int ok = 1, distinct = 0;
+      for (int i = 0; i < N; i++) {
+        ok &= want[i] >= lo && want[i] < hi && (dt != IR_I32 || want[i] == floor(want[i]));
+        distinct += i > 0 && want[i] != want[i - 1];
+      }
+      CHECK(ok && distinct > N / 2, "rand %s [%g, %g): values outside the range, not integers, or constant (%d changes)",
+            ir_dtype_name(dt), lo, hi, distinct);
+    }
+  free(want), free(got);
+  cg_kernel_free(k);
+  m->blocks.a[0].nodes[r].sh.split[1] = 1u << IR_AXIS_CP;
+  k = cg_lower_group(m, &m->blocks.a[0], nodes, 2, &io, err, sizeof err);
+  CHECK(k == NULL && strstr(err, "split"), "a split rand lowered (or message '%s')", err);
+  cg_kernel_free(k);
+  ir_module_free(m);
+}
+
 int main(void) {
   codegen_test_init();
+  test_rand(IR_I32, 0, 256);
+  test_rand(IR_I32, -7, 5);
+  test_rand(IR_F32, -1, 1);
+  test_rand(IR_F64, 0, 1);
   IrDtype dts[2] = {IR_F32, IR_F64};
   for (int i = 0; i < 2; i++) {
     test_bits(dts[i], 0.1);
