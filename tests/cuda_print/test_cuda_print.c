@@ -682,6 +682,30 @@ static void dropout(IrDtype dt, int64_t C) {
     }
 }
 
+/* rand (BERT's masking draw: dropout's hash, lo + u (hi - lo), for i32 its
+ * floor) into a residual add, i32 over [-3, 250) cast to the float type and
+ * the float type over [-1, 1), with the run-time scalars */
+static void rand_draw(IrDtype dt, int64_t C) {
+  char what[96];
+  for (int si = 0; si < 2; si++) {
+    Case c;
+    case_init(&c);
+    c.m->train.seed = 99 + (uint64_t)si;
+    c.info.step = 3 * si;
+    c.info.micro = si;
+    IrType t = TY(dt, 4, 5, C), ti = TY(IR_I32, 4, 5, C);
+    int x = input(&c, t, -1, 1);
+    int ri = emit(&c, IR_OP_RAND, NULL, 0, (int64_t[]){5}, (double[]){-3, 250}, &ti);
+    int rc = emit(&c, IR_OP_CAST, &ri, 1, NULL, NULL, &t);
+    int rf = emit(&c, IR_OP_RAND, NULL, 0, (int64_t[]){6}, (double[]){-1, 1}, &t);
+    int a = E2(&c, IR_OP_ADD, x, rc), z = E2(&c, IR_OP_ADD, a, rf);
+    snprintf(what, sizeof what, "rand i32 + rand %s + residual C=%lld seed+%d", ir_dtype_name(dt), (long long)C, si);
+    group(&c, (int[]){ri, rc, rf, a, z}, 5, what, PLAIN);
+    g_covered[IR_OP_RAND] = 1;
+    case_free(&c);
+  }
+}
+
 static void st(void *p, CgType t, int64_t i, double v) {
   if (t == CG_F32) ((float *)p)[i] = (float)v;
   else ((double *)p)[i] = v;
@@ -1041,6 +1065,7 @@ static void build_all(void) {
     fused(dts[i], 520);
     dropout(dts[i], 67);
     dropout(dts[i], 64);
+    rand_draw(dts[i], 67);
   }
   for (int h = 0; h < 2; h++) {
     IrDtype dt = h ? IR_F16 : IR_BF16;
