@@ -49,6 +49,20 @@ static int emit(IrModule *m, IrOp op, const int *in, int nin, const int64_t *ia,
 }
 
 
+/* z accumulated into a new state z_out of type t (so the reference's
+ * result can be read back): the state's index. */
+static int accum_out(IrModule *m, int z, const IrType *t) {
+  IrState st;
+  memset(&st, 0, sizeof st);
+  st.name = ts_intern("z_out");
+  st.type = *t;
+  st.kind = IR_STATE_GRAD;
+  st.of = -1;
+  int sid = ir_state_add(m, &st);
+  emit(m, IR_OP_ACCUM, &z, 1, (int64_t[]){sid}, NULL, NULL, NULL);
+  return sid;
+}
+
 typedef struct {
   IrModule *m;
   int nodes[4], ngroup;   /* broadcast, add, dropout, add */
@@ -88,14 +102,7 @@ static void drop_init(Drop *d, IrDtype dt, double p, int64_t stream, uint64_t se
   int z = emit(d->m, IR_OP_ADD, (int[]){dr, d->r}, 2, NULL, NULL, NULL, NULL);
   d->nodes[0] = bb, d->nodes[1] = a, d->nodes[2] = dr, d->nodes[3] = z;
   d->ngroup = 4;
-  IrState st;
-  memset(&st, 0, sizeof st);
-  st.name = ts_intern("z_out");
-  st.type = t;
-  st.kind = IR_STATE_GRAD;
-  st.of = -1;
-  d->st = ir_state_add(d->m, &st);
-  emit(d->m, IR_OP_ACCUM, &z, 1, (int64_t[]){d->st}, NULL, NULL, NULL);
+  d->st = accum_out(d->m, z, &t);
 }
 static void drop_free(Drop *d) {
   ir_module_free(d->m);
@@ -267,14 +274,7 @@ static void test_rand(IrDtype dt, double lo, double hi) {
   IrType t = ty3(dt), t64 = ty3(IR_F64);
   int r = emit(m, IR_OP_RAND, NULL, 0, (int64_t[]){5}, (double[]){lo, hi}, NULL, &t);
   int c = emit(m, IR_OP_CAST, &r, 1, NULL, NULL, NULL, &t64);
-  IrState st;
-  memset(&st, 0, sizeof st);
-  st.name = ts_intern("z_out");
-  st.type = t64;
-  st.kind = IR_STATE_GRAD;
-  st.of = -1;
-  int sid = ir_state_add(m, &st);
-  emit(m, IR_OP_ACCUM, &c, 1, (int64_t[]){sid}, NULL, NULL, NULL);
+  int sid = accum_out(m, c, &t64);
   int nodes[2] = {r, c};
   CgGroupIO io;
   CgKernel *k = cg_lower_group(m, &m->blocks.a[0], nodes, 2, &io, err, sizeof err);
